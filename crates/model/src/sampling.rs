@@ -1,0 +1,151 @@
+//! Sampling parameters and the one sampling procedure both backends follow.
+//!
+//! Procedure, for one sequence's logits `z` (`[vocab]`, f32):
+//! 1. Log-probabilities reported to the user are `log_softmax(z)` of the raw
+//!    logits (before penalties and temperature), like OpenAI and vLLM.
+//! 2. Repetition penalty `r != 1`: for each distinct token in the history,
+//!    `z = z / r` if `z > 0` else `z * r`.
+//! 3. `temperature == 0` (greedy): the argmax, lowest id on ties. Stop.
+//! 4. Otherwise `p = softmax(z / temperature)`; candidates sorted by
+//!    probability descending (lowest id first on ties); keep the first
+//!    `top_k` (0 = all); keep the shortest prefix whose mass reaches `top_p`
+//!    (at least one); drop candidates with `p < min_p * p_max`.
+//! 5. Draw `u = uniform(seed, step)` in `[0, 1)` and return the first candidate
+//!    whose running sum exceeds `u * (kept mass)`.
+//!
+//! The draw is counter-based ([`uniform`]): it depends only on the request's
+//! seed and the index of the token being generated, never on batching, so a
+//! seeded request is reproducible across runs, batch mixes and preemptions.
+
+/// Per-request sampling settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables top-k.
+    pub top_k: usize,
+    /// In (0, 1]; 1 disables top-p.
+    pub top_p: f32,
+    /// In [0, 1]; 0 disables min-p.
+    pub min_p: f32,
+    /// > 0; 1 disables the penalty.
+    pub repetition_penalty: f32,
+    /// Seed of the counter-based draw.
+    pub seed: u64,
+    /// How many top alternatives to report with each token (0 = none).
+    pub logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            logprobs: 0,
+        }
+    }
+}
+
+/// Most top log-probabilities a request may ask for.
+pub const MAX_LOGPROBS: usize = 20;
+
+/// An out-of-range sampling parameter; names the parameter and the value.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid `{param}`: {reason}")]
+pub struct ParamError {
+    pub param: &'static str,
+    pub reason: String,
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    /// True when the result is the argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0
+    }
+
+    /// Checks every field's range; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        let err = |param, reason: String| Err(ParamError { param, reason });
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return err("temperature", format!("must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return err("top_p", format!("must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return err("min_p", format!("must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return err(
+                "repetition_penalty",
+                format!("must be > 0, got {}", self.repetition_penalty),
+            );
+        }
+        if self.logprobs > MAX_LOGPROBS {
+            return err(
+                "logprobs",
+                format!("at most {MAX_LOGPROBS} alternatives, got {}", self.logprobs),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64 finaliser: a bijective 64-bit mix.
+pub const fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The counter-based uniform draw in `[0, 1)` for token `step` of a request
+/// seeded with `seed`: 24 random bits, exactly representable in f32, so the
+/// CUDA sampler computes the identical value.
+pub fn uniform(seed: u64, step: u64) -> f32 {
+    let bits = splitmix64(seed ^ splitmix64(step)) >> 40;
+    bits as f32 / (1u32 << 24) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_parameter() {
+        let p = SamplingParams {
+            top_p: 1.5,
+            ..SamplingParams::default()
+        };
+        let e = p.validate().unwrap_err();
+        assert_eq!(e.param, "top_p");
+        assert!(e.to_string().contains("1.5"));
+        assert!(SamplingParams { temperature: -0.1, ..Default::default() }.validate().is_err());
+        assert!(SamplingParams::greedy().validate().is_ok());
+    }
+
+    #[test]
+    fn uniform_is_deterministic_and_in_range() {
+        let mut seen = std::collections::HashSet::new();
+        for step in 0..1000 {
+            let u = uniform(42, step);
+            assert!((0.0..1.0).contains(&u));
+            assert_eq!(u, uniform(42, step));
+            seen.insert(u.to_bits());
+        }
+        assert!(seen.len() > 990);
+        assert_ne!(uniform(1, 0), uniform(2, 0));
+    }
+}

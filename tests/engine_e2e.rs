@@ -1,0 +1,1 @@
+//! engine_e2e end-to-end tests (being written).

@@ -1,0 +1,1 @@
+//! golden end-to-end tests (being written).
