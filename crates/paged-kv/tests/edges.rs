@@ -1,0 +1,346 @@
+//! Unit tests for the edges named in the issue (block size 1, exactly-full
+//! blocks, zero free blocks, a prompt that is a strict prefix of a cached
+//! one, forking a sequence of length 0) and for the documented behaviours
+//! (copy-on-write fork, LRU eviction order, collision safety, dedup, config
+//! validation, error reporting).
+
+use paged_kv::{KvConfig, KvError, KvManager};
+
+fn kv(num_blocks: usize, block_size: usize) -> KvManager {
+    let m = KvManager::try_new(KvConfig {
+        num_blocks,
+        block_size,
+        enable_prefix_cache: true,
+    });
+    m.unwrap_or_else(|e| panic!("config: {e}"))
+}
+
+fn ok<T>(r: Result<T, KvError>) -> T {
+    r.unwrap_or_else(|e| panic!("unexpected error: {e}"))
+}
+
+fn checked(m: &KvManager) {
+    ok(m.check_invariants());
+}
+
+/// Admits `tokens` as `seq`, computes them all, returns the cached count.
+fn run_prompt(m: &mut KvManager, seq: u64, tokens: &[u32]) -> usize {
+    let cached = ok(m.admit(seq, tokens));
+    ok(m.mark_computed(seq, tokens.len()));
+    checked(m);
+    cached
+}
+
+#[test]
+fn block_size_one() {
+    let mut m = kv(8, 1);
+    assert_eq!(run_prompt(&mut m, 1, &[5, 6, 7]), 0);
+    assert_eq!(m.block_table(1).map(<[u32]>::len), Some(3));
+    let t = m.block_table(1).unwrap_or_default().to_vec();
+    for (pos, &b) in t.iter().enumerate() {
+        assert_eq!(m.slot(1, pos), Some(b));
+    }
+    ok(m.free(1));
+    assert_eq!(m.num_evictable_blocks(), 3);
+    // Extension of the cached prompt reuses all three blocks...
+    assert_eq!(run_prompt(&mut m, 2, &[5, 6, 7, 8]), 3);
+    // ...the same prompt again reuses all but its last token.
+    assert_eq!(run_prompt(&mut m, 3, &[5, 6, 7]), 2);
+    // Once computed, its last block equals the cached one and is deduplicated.
+    assert_eq!(m.block_table(3), Some(&t[..]));
+    assert_eq!(m.ref_count(t[0]), Some(2));
+    ok(m.append(3, &[9]));
+    assert_eq!(m.block_table(3).map(<[u32]>::len), Some(4));
+}
+
+#[test]
+fn exactly_full_blocks() {
+    let mut m = kv(4, 4);
+    let prompt: Vec<u32> = (0..8).collect();
+    assert_eq!(run_prompt(&mut m, 1, &prompt), 0);
+    assert_eq!(
+        m.num_used_blocks(),
+        2,
+        "8 tokens fill exactly 2 blocks of 4"
+    );
+    // A full last block: the next token needs a new block, more tokens up to B do not.
+    ok(m.append(1, &[8]));
+    assert_eq!(m.num_used_blocks(), 3);
+    ok(m.append(1, &[9, 10, 11]));
+    assert_eq!(m.num_used_blocks(), 3);
+    assert!(m.can_append(1, 4) && !m.can_append(1, 9));
+    // The same block-aligned prompt again: the last block is not reused, so
+    // the last token is computed in a block of its own.
+    assert_eq!(m.admit(2, &prompt), Ok(4));
+    let (a, b) = (
+        m.block_table(1).unwrap_or_default().to_vec(),
+        m.block_table(2).unwrap_or_default().to_vec(),
+    );
+    assert_eq!(a[0], b[0]);
+    assert_ne!(a[1], b[1]);
+    assert_eq!(m.ref_count(b[1]), Some(1));
+    checked(&m);
+}
+
+#[test]
+fn zero_free_blocks() {
+    let mut m = kv(0, 16);
+    assert!(m.can_admit(&[]));
+    assert_eq!(m.admit(1, &[]), Ok(0));
+    assert!(!m.can_admit(&[1]));
+    assert_eq!(
+        m.admit(2, &[1]),
+        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+    );
+    assert!(!m.can_append(1, 1));
+    assert_eq!(
+        m.append(1, &[1]),
+        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+    );
+    assert_eq!(m.seq_len(1), Some(0), "a failed append changes nothing");
+    assert!(m.can_append(1, 0));
+    checked(&m);
+
+    // A full pool: every act that needs a block fails and changes nothing.
+    let mut m = kv(2, 2);
+    run_prompt(&mut m, 1, &[1, 2, 3]);
+    assert_eq!(m.num_free_blocks(), 0);
+    assert!(!m.can_admit(&[7]) && !m.can_append(1, 2) && !m.can_fork(1));
+    assert!(m.can_append(1, 1), "room left in the partial last block");
+    assert_eq!(
+        m.admit(2, &[7]),
+        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+    );
+    assert_eq!(
+        m.fork(1, 2),
+        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+    );
+    assert_eq!(
+        m.append(1, &[4, 5]),
+        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+    );
+    assert_eq!(
+        (m.num_seqs(), m.seq_len(1), m.num_used_blocks()),
+        (1, Some(3), 2)
+    );
+    checked(&m);
+}
+
+#[test]
+fn prompt_strictly_prefix_of_cached_one() {
+    let mut m = kv(16, 4);
+    let long: Vec<u32> = (100..112).collect(); // 3 full blocks
+    run_prompt(&mut m, 1, &long);
+    ok(m.free(1));
+    assert_eq!(m.cached_prefix_len(&long[..9]), 8);
+    assert_eq!(
+        m.cached_prefix_len(&long[..8]),
+        4,
+        "last token of a block-aligned prefix is recomputed"
+    );
+    assert_eq!(m.cached_prefix_len(&long[..5]), 4);
+    assert_eq!(m.cached_prefix_len(&long[..4]), 0);
+    assert_eq!(m.cached_prefix_len(&long[..1]), 0);
+    assert_eq!(m.cached_prefix_len(&[]), 0);
+    assert_eq!(run_prompt(&mut m, 2, &long[..9]), 8);
+    for (i, &b) in m.block_table(2).unwrap_or_default()[..2].iter().enumerate() {
+        assert_eq!(m.cached_block_tokens(b), Some(&long[i * 4..(i + 1) * 4]));
+    }
+    // A prompt diverging inside block 1 reuses only block 0.
+    let mut other = long.clone();
+    other[6] = 0;
+    assert_eq!(m.cached_prefix_len(&other), 4);
+}
+
+#[test]
+fn fork_of_length_zero() {
+    let mut m = kv(4, 4);
+    assert_eq!(m.admit(1, &[]), Ok(0));
+    assert!(m.can_fork(1));
+    assert_eq!(m.fork(1, 2), Ok(None));
+    assert_eq!(
+        (m.seq_len(2), m.block_table(2).map(<[u32]>::len)),
+        (Some(0), Some(0))
+    );
+    ok(m.append(1, &[1]));
+    ok(m.append(2, &[2]));
+    assert_ne!(m.block_table(1), m.block_table(2));
+    checked(&m);
+}
+
+#[test]
+fn fork_copies_the_partial_last_block() {
+    let mut m = kv(8, 4);
+    run_prompt(&mut m, 1, &[1, 2, 3, 4, 5, 6]);
+    let p = m.block_table(1).unwrap_or_default().to_vec();
+    let copy = ok(m.fork(1, 2));
+    let c = m.block_table(2).unwrap_or_default().to_vec();
+    assert_eq!(c[0], p[0]);
+    assert_eq!(m.ref_count(p[0]), Some(2));
+    assert_eq!(copy, Some((p[1], c[1])));
+    assert_ne!(p[1], c[1]);
+    assert_eq!(m.num_computed(2), Some(6));
+    // Full last block: everything shared, nothing to copy.
+    ok(m.append(1, &[7, 8]));
+    ok(m.mark_computed(1, 8));
+    assert_eq!(m.fork(1, 3), Ok(None));
+    assert_eq!(m.block_table(3), m.block_table(1));
+    assert_eq!(m.fork(1, 3), Err(KvError::SeqExists(3)));
+    assert_eq!(m.fork(9, 4), Err(KvError::UnknownSeq(9)));
+    checked(&m);
+}
+
+#[test]
+fn lru_evicts_least_recently_freed_tail_first() {
+    let mut m = kv(4, 2);
+    run_prompt(&mut m, 1, &[1, 2, 3, 4, 5]); // blocks: [1,2] [3,4] [5]
+    ok(m.free(1));
+    assert_eq!(m.num_evictable_blocks(), 2);
+    // Needs 3 blocks, 2 truly free: evicts one cached block, the tail [3,4].
+    run_prompt(&mut m, 2, &[9, 9, 9, 9, 9]);
+    assert_eq!(m.num_evictable_blocks(), 1);
+    assert_eq!(
+        m.cached_prefix_len(&[1, 2, 3, 4, 5]),
+        2,
+        "head survives, tail evicted"
+    );
+    assert_eq!(m.evict_cached(5), 1);
+    assert_eq!(m.cached_prefix_len(&[1, 2, 3]), 0);
+    checked(&m);
+}
+
+#[test]
+fn colliding_hashes_never_serve_wrong_kv() {
+    let all_collide = |_: Option<u64>, _: &[u32]| 7;
+    let cfg = KvConfig {
+        num_blocks: 8,
+        block_size: 2,
+        enable_prefix_cache: true,
+    };
+    let mut m = ok(KvManager::with_block_hasher(cfg, all_collide));
+    run_prompt(&mut m, 1, &[1, 2, 3, 4, 5]);
+    assert_eq!(
+        m.cached_prefix_len(&[1, 9, 3]),
+        0,
+        "same hash, other tokens"
+    );
+    assert_eq!(
+        m.cached_prefix_len(&[3, 4, 3, 4, 1]),
+        0,
+        "block [3,4] cached, but after another parent"
+    );
+    ok(m.free(1));
+    checked(&m);
+}
+
+#[test]
+fn identical_prompts_computed_together_are_deduplicated() {
+    let mut m = kv(8, 2);
+    let p = [1, 2, 3, 4, 5];
+    assert_eq!(m.admit(1, &p), Ok(0));
+    assert_eq!(m.admit(2, &p), Ok(0), "nothing cached yet");
+    assert_eq!(m.num_used_blocks(), 6);
+    ok(m.mark_computed(1, 5));
+    ok(m.mark_computed(2, 5));
+    let (a, b) = (
+        m.block_table(1).unwrap_or_default(),
+        m.block_table(2).unwrap_or_default(),
+    );
+    assert_eq!(
+        a[..2],
+        b[..2],
+        "full computed blocks are shared after dedup"
+    );
+    assert_ne!(a[2], b[2]);
+    assert_eq!(m.num_used_blocks(), 4);
+    checked(&m);
+}
+
+#[test]
+fn cache_disabled_shares_nothing_and_clear_frees_everything() {
+    let cfg = KvConfig {
+        num_blocks: 4,
+        block_size: 2,
+        enable_prefix_cache: false,
+    };
+    let mut m = ok(KvManager::try_new(cfg));
+    run_prompt(&mut m, 1, &[1, 2, 3]);
+    ok(m.free(1));
+    assert_eq!((m.num_evictable_blocks(), m.num_free_blocks()), (0, 4));
+    assert_eq!(run_prompt(&mut m, 2, &[1, 2, 3]), 0);
+
+    let mut m = kv(4, 2);
+    run_prompt(&mut m, 1, &[1, 2, 3]);
+    run_prompt(&mut m, 2, &[1, 2, 4]);
+    ok(m.free(1));
+    m.clear_prefix_cache();
+    assert_eq!(m.num_evictable_blocks(), 0);
+    assert!(!m.is_cached(m.block_table(2).unwrap_or_default()[0]));
+    // A running sequence re-offers its blocks at its next mark_computed.
+    ok(m.mark_computed(2, 3));
+    assert_eq!(m.cached_prefix_len(&[1, 2, 9]), 2);
+    ok(m.free(2));
+    m.clear_prefix_cache();
+    assert_eq!((m.num_free_blocks(), m.num_used_blocks()), (4, 0));
+    checked(&m);
+}
+
+#[test]
+fn errors_name_what_is_wrong() {
+    let mut m = kv(4, 2);
+    assert_eq!(m.append(3, &[1]), Err(KvError::UnknownSeq(3)));
+    assert_eq!(m.free(3), Err(KvError::UnknownSeq(3)));
+    assert_eq!(m.mark_computed(3, 0), Err(KvError::UnknownSeq(3)));
+    ok(m.admit(1, &[1, 2]));
+    assert_eq!(m.admit(1, &[1]), Err(KvError::SeqExists(1)));
+    let e = m.mark_computed(1, 3);
+    assert_eq!(
+        e,
+        Err(KvError::ComputedBeyondLength {
+            seq: 1,
+            computed: 3,
+            len: 2
+        })
+    );
+    assert_eq!(m.slot(1, 2), None);
+    assert!(!m.can_append(3, 0));
+    let msg = KvError::OutOfBlocks { needed: 3, free: 1 }.to_string();
+    assert_eq!(msg, "out of KV blocks: 3 needed, 1 allocatable");
+
+    let bad = KvManager::try_new(KvConfig {
+        num_blocks: 4,
+        block_size: 0,
+        enable_prefix_cache: true,
+    });
+    assert!(matches!(
+        bad,
+        Err(KvError::InvalidConfig {
+            field: "block_size",
+            ..
+        })
+    ));
+    let huge = KvManager::try_new(KvConfig {
+        num_blocks: 1 << 29,
+        block_size: 16,
+        enable_prefix_cache: false,
+    });
+    assert!(matches!(
+        huge,
+        Err(KvError::InvalidConfig {
+            field: "num_blocks",
+            ..
+        })
+    ));
+    let max = KvManager::try_new(KvConfig {
+        num_blocks: 2,
+        block_size: 1 << 31,
+        enable_prefix_cache: false,
+    });
+    assert!(max.is_ok(), "exactly 2^32 slots are addressable");
+    let over = KvManager::try_new(KvConfig {
+        num_blocks: 3,
+        block_size: 1 << 31,
+        enable_prefix_cache: false,
+    });
+    assert!(over.is_err());
+}
