@@ -1,0 +1,339 @@
+//! The public handles: [`Engine`] (submit, stats, shutdown) and
+//! [`RequestHandle`] (a request's event stream).
+//!
+//! Contract: `Engine` is a cheap `Clone + Send + Sync` handle; the step loop
+//! runs on its own thread (see [`crate::worker`]). `submit` validates in the
+//! caller's thread and never disturbs other requests: an empty prompt, a
+//! token outside the vocabulary, bad sampling parameters, `max_tokens` 0,
+//! prompt + max_tokens beyond the context, a prompt needing more KV blocks
+//! than the whole pool, a full queue or a shutdown are refused with a
+//! [`SubmitError`] naming the numbers. Events go through an unbounded tokio
+//! channel, so async code awaits [`RequestHandle::next`] and threads call
+//! [`RequestHandle::blocking_next`]. Dropping a handle (or `cancel`) ends the
+//! request at the next step and frees its blocks. Dropping the last `Engine`
+//! clone shuts the loop down like [`Engine::shutdown`].
+//!
+//! Costs: `submit` is O(prompt) (the vocabulary check) plus one channel send;
+//! `stats` is a handful of relaxed atomic loads.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use model::tokenizer::Tokenizer;
+use model::{Backend, ParamError};
+use paged_kv::KvConfig;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::scheduler::Scheduler;
+use crate::types::{
+    EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SubmitError,
+    Usage,
+};
+use crate::worker::{Msg, NewRequest, Shared, Worker};
+
+/// Handle to a running engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tx: Sender<Msg>,
+    shared: Arc<Shared>,
+    join: Mutex<Option<JoinHandle<()>>>,
+    cfg: EngineConfig,
+    max_context: usize,
+    vocab_size: usize,
+    num_blocks: usize,
+    block_size: usize,
+    next_id: AtomicU64,
+}
+
+impl Engine {
+    /// Starts the step loop on its own thread with a KV manager sized from
+    /// `backend.kv_shape()`. `eos_ids` end a request unless it ignores EOS.
+    pub fn start(
+        backend: Box<dyn Backend>,
+        tokenizer: Arc<Tokenizer>,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Engine, EngineError> {
+        let bad = |field, reason: String| Err(EngineError::InvalidConfig { field, reason });
+        if cfg.max_num_seqs == 0 {
+            return bad("max_num_seqs", "must be at least 1".into());
+        }
+        if cfg.max_batch_tokens < cfg.max_num_seqs {
+            return bad(
+                "max_batch_tokens",
+                format!(
+                    "must be at least max_num_seqs ({}) so every running decode fits a step, got {}",
+                    cfg.max_num_seqs, cfg.max_batch_tokens
+                ),
+            );
+        }
+        let shape = backend.kv_shape();
+        if shape.num_blocks == 0 || shape.block_size == 0 {
+            return bad(
+                "kv_shape",
+                format!(
+                    "the backend's KV pool must have blocks of at least one token, got {} blocks of {}",
+                    shape.num_blocks, shape.block_size
+                ),
+            );
+        }
+        let max_context = backend.config().max_position_embeddings;
+        let vocab_size = backend.config().vocab_size;
+        let sched = Scheduler::new(
+            KvConfig {
+                num_blocks: shape.num_blocks,
+                block_size: shape.block_size,
+                enable_prefix_cache: cfg.enable_prefix_cache,
+            },
+            cfg.max_num_seqs,
+            cfg.max_batch_tokens,
+        );
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        tracing::info!(
+            backend = %backend.name(),
+            kv_blocks = shape.num_blocks,
+            block_size = shape.block_size,
+            max_num_seqs = cfg.max_num_seqs,
+            max_batch_tokens = cfg.max_batch_tokens,
+            "engine starting"
+        );
+        let worker = Worker::new(backend, sched, tokenizer, eos_ids, shared.clone(), rx);
+        let join = std::thread::Builder::new()
+            .name("lamina-engine".into())
+            .spawn(move || worker.run())?;
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                tx,
+                shared,
+                join: Mutex::new(Some(join)),
+                cfg,
+                max_context,
+                vocab_size,
+                num_blocks: shape.num_blocks,
+                block_size: shape.block_size,
+                next_id: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Queues a request; its events arrive on the returned handle.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestHandle, SubmitError> {
+        let inner = &*self.inner;
+        if inner.shared.shutting_down.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        inner.validate(&req)?;
+        let max_queue = inner.cfg.max_queue;
+        let admitted = inner
+            .shared
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (max_queue == 0 || q < max_queue).then_some(q + 1)
+            });
+        if admitted.is_err() {
+            return Err(SubmitError::QueueFull);
+        }
+        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (etx, erx) = unbounded_channel();
+        let msg = Msg::Submit(Box::new(NewRequest { id, req, tx: etx }));
+        if inner.tx.send(msg).is_err() {
+            inner.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(SubmitError::ShuttingDown);
+        }
+        Ok(RequestHandle {
+            id,
+            rx: erx,
+            tx: inner.tx.clone(),
+            done: false,
+        })
+    }
+
+    /// Counters and gauges, as of the end of the last step.
+    pub fn stats(&self) -> EngineStats {
+        self.inner.shared.snapshot()
+    }
+
+    /// The model's context length: prompt + max_tokens may not exceed it.
+    pub fn max_context(&self) -> usize {
+        self.inner.max_context
+    }
+
+    /// Tokens per KV block and blocks in the pool.
+    pub fn kv_shape(&self) -> (usize, usize) {
+        (self.inner.block_size, self.inner.num_blocks)
+    }
+
+    /// Stops accepting requests, cancels those in flight and joins the loop.
+    /// Idempotent; later submits fail with [`SubmitError::ShuttingDown`].
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}
+
+impl Inner {
+    fn validate(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
+        let prompt = req.prompt.len();
+        if prompt == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        req.sampling
+            .validate()
+            .map_err(SubmitError::InvalidParams)?;
+        if req.max_tokens == 0 {
+            return Err(SubmitError::InvalidParams(ParamError {
+                param: "max_tokens",
+                reason: "must be at least 1, got 0".into(),
+            }));
+        }
+        if let Some((position, &token)) = req
+            .prompt
+            .iter()
+            .enumerate()
+            .find(|(_, t)| **t as usize >= self.vocab_size)
+        {
+            return Err(SubmitError::TokenOutOfVocab {
+                token,
+                position,
+                vocab: self.vocab_size,
+            });
+        }
+        let limit = self.max_context;
+        if prompt >= limit {
+            return Err(SubmitError::PromptTooLong { prompt, limit });
+        }
+        if prompt.saturating_add(req.max_tokens) > limit {
+            return Err(SubmitError::ContextExceeded {
+                prompt,
+                max_tokens: req.max_tokens,
+                limit,
+            });
+        }
+        let needed_blocks = prompt.div_ceil(self.block_size);
+        if needed_blocks > self.num_blocks {
+            return Err(SubmitError::ExceedsKvPool {
+                prompt,
+                needed_blocks,
+                block_size: self.block_size,
+                pool_blocks: self.num_blocks,
+            });
+        }
+        Ok(())
+    }
+
+    fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        let _ = self.tx.send(Msg::Shutdown);
+        let join = match self.join.lock() {
+            Ok(mut j) => j.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        if let Some(j) = join
+            && j.join().is_err()
+        {
+            tracing::error!("the engine thread panicked");
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// One request's event stream. Dropping it cancels the request.
+pub struct RequestHandle {
+    pub id: u64,
+    rx: UnboundedReceiver<Event>,
+    tx: Sender<Msg>,
+    done: bool,
+}
+
+/// Everything a request produced, collected by [`RequestHandle::blocking_collect`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    pub text: String,
+    /// Per token: its log-probability and the requested alternatives.
+    pub logprobs: Vec<(f32, Vec<(u32, f32)>)>,
+    pub reason: FinishReason,
+    pub usage: Usage,
+    pub error: Option<String>,
+}
+
+impl RequestHandle {
+    /// The next event; `None` after `Done` (or if the engine is gone).
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        self.note(&ev);
+        ev
+    }
+
+    /// Like [`RequestHandle::next`] for threads outside an async runtime
+    /// (panics when called from inside one, like tokio's `blocking_recv`).
+    pub fn blocking_next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.blocking_recv();
+        self.note(&ev);
+        ev
+    }
+
+    /// Drains the request to its end (blocking; not from async code).
+    pub fn blocking_collect(mut self) -> Completion {
+        let mut c = Completion {
+            tokens: Vec::new(),
+            text: String::new(),
+            logprobs: Vec::new(),
+            reason: FinishReason::Error,
+            usage: Usage::default(),
+            error: Some("the engine stopped before the request finished".into()),
+        };
+        while let Some(ev) = self.blocking_next() {
+            match ev {
+                Event::Token(t) => {
+                    c.tokens.push(t.token);
+                    c.text.push_str(&t.text);
+                    c.logprobs.push((t.logprob, t.top_logprobs));
+                }
+                Event::Done(f) => {
+                    c.reason = f.reason;
+                    c.usage = f.usage;
+                    c.error = f.error;
+                }
+            }
+        }
+        c
+    }
+
+    /// Stops the request at the next step; a `Done(Cancelled)` event follows
+    /// unless it finished first.
+    pub fn cancel(&self) {
+        let _ = self.tx.send(Msg::Cancel(self.id));
+    }
+
+    fn note(&mut self, ev: &Option<Event>) {
+        if matches!(ev, None | Some(Event::Done(_))) {
+            self.done = true;
+        }
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        if !self.done {
+            self.cancel();
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! One request's output side: detokenizing, stop conditions and streaming.
+//!
+//! Contract: [`Output::on_token`] is called once per sampled token, in order.
+//! It sends one [`Event::Token`] per token (an EOS that ends the request
+//! included, with empty text) and says whether the request is finished:
+//! EOS (unless `ignore_eos`) or a stop string -> `Stop`, `max_tokens`
+//! generated -> `Length`, the handle gone -> `Cancelled`, a detokenizer
+//! failure -> `Error`. Text is held back while it could still become a stop
+//! string and released at the end; streamed text never contains a stop string.
+//!
+//! Costs per token: O(new text + Σ stop lengths²) (see [`crate::stop`]); one
+//! channel send.
+
+use std::sync::Arc;
+
+use model::SampledToken;
+use model::detok::IncrementalDecoder;
+use model::tokenizer::{Tokenizer, TokenizerError};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::stop::{Pushed, StopText};
+use crate::types::{Event, FinishReason, Finished, TokenEvent, Usage};
+
+/// Whether a request goes on after a token.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Verdict {
+    Continue,
+    Finish(FinishReason, Option<String>),
+}
+
+/// Per-request output state, owned by the engine loop.
+pub(crate) struct Output {
+    tx: UnboundedSender<Event>,
+    detok: IncrementalDecoder,
+    stop: StopText,
+    max_tokens: usize,
+    ignore_eos: bool,
+    generated: usize,
+}
+
+impl Output {
+    pub(crate) fn new(
+        tx: UnboundedSender<Event>,
+        tokenizer: Arc<Tokenizer>,
+        stop: &[String],
+        max_tokens: usize,
+        ignore_eos: bool,
+    ) -> Self {
+        Output {
+            tx,
+            detok: IncrementalDecoder::new(tokenizer, true),
+            stop: StopText::new(stop),
+            max_tokens,
+            ignore_eos,
+            generated: 0,
+        }
+    }
+
+    /// Handles one sampled token; `eos` is the model's EOS list.
+    pub(crate) fn on_token(&mut self, t: SampledToken, eos: &[u32]) -> Verdict {
+        self.generated += 1;
+        let is_eos = !self.ignore_eos && eos.contains(&t.token);
+        let ending = is_eos || self.generated >= self.max_tokens;
+        let mut piece = if is_eos {
+            String::new()
+        } else {
+            match self.detok.push(t.token) {
+                Ok(p) => p,
+                Err(e) => return detok_failed(t.token, e),
+            }
+        };
+        if ending {
+            // an incomplete character left at the end becomes U+FFFD
+            match self.detok.flush() {
+                Ok(rest) => piece.push_str(&rest),
+                Err(e) => return detok_failed(t.token, e),
+            }
+        }
+        let (text, verdict) = match self.stop.push(&piece) {
+            Pushed::Stop(delta) => (delta, Verdict::Finish(FinishReason::Stop, None)),
+            Pushed::Continue(mut delta) if ending => {
+                delta.push_str(&self.stop.flush());
+                let reason = if is_eos {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                };
+                (delta, Verdict::Finish(reason, None))
+            }
+            Pushed::Continue(delta) => (delta, Verdict::Continue),
+        };
+        if self
+            .tx
+            .send(Event::Token(TokenEvent::new(t, text)))
+            .is_err()
+        {
+            return Verdict::Finish(FinishReason::Cancelled, None);
+        }
+        verdict
+    }
+
+    /// Sends the final event (ignored when the handle is gone).
+    pub(crate) fn finish(self, reason: FinishReason, usage: Usage, error: Option<String>) {
+        let _ = self.tx.send(Event::Done(Finished {
+            reason,
+            usage,
+            error,
+        }));
+    }
+}
+
+fn detok_failed(token: u32, e: TokenizerError) -> Verdict {
+    Verdict::Finish(
+        FinishReason::Error,
+        Some(format!("cannot detokenize token {token}: {e}")),
+    )
+}

@@ -1,0 +1,220 @@
+//! Test support: a deterministic fake [`Backend`] that really uses the paged
+//! metadata, and a matching byte-level tokenizer. For the engine's tests and
+//! benchmark, and for other crates' tests (the server's) that need an engine
+//! without a model.
+//!
+//! Contract: [`FakeBackend::step`] validates the batch, stores every token id
+//! into its KV slot (`slot_mapping`), and for each sampled sequence reads its
+//! whole context back through its block table and returns
+//! [`fake_next_token`] of that context. A wrong slot, a wrong block table, a
+//! prefix-cache hit on stale blocks or a wrong preemption recompute therefore
+//! changes the tokens (or fails the step on a never-written slot). Tokens are
+//! a pure function of (context, seed, step), so [`reference_generate`]
+//! predicts what any correct engine must produce, however it batches.
+//!
+//! Costs: O(T) writes plus O(context) reads per sampled sequence per step; the
+//! `cheap` variant skips the context read (O(T + S)) for overhead benchmarks.
+
+use std::time::Duration;
+
+use model::sampling::splitmix64;
+use model::synth::Preset;
+use model::synth::byte_tokenizer::{tokenizer_config_json, tokenizer_json};
+use model::tokenizer::{Tokenizer, TokenizerError};
+use model::{Backend, BackendError, KvShape, LlamaConfig, SampleRequest, SampledToken, StepBatch};
+
+/// Marks a KV slot no step has written.
+const EMPTY: u32 = u32::MAX;
+
+/// The configuration the fake imitates: the synthetic `tiny` preset.
+pub fn fake_config() -> Result<LlamaConfig, model::ConfigError> {
+    Preset::Tiny.config()
+}
+
+/// The byte-level tokenizer matching [`fake_config`] (its vocabulary, BOS and EOS).
+pub fn fake_tokenizer(config: &LlamaConfig) -> Result<Tokenizer, TokenizerError> {
+    let bos = config.bos_token_id.unwrap_or(0);
+    let eos = config.eos_token_ids.first().copied().unwrap_or(1);
+    Tokenizer::from_json(
+        &tokenizer_json(config.vocab_size, bos, eos),
+        Some(&tokenizer_config_json(config.max_position_embeddings)),
+        "fake tokenizer",
+    )
+}
+
+/// The token the fake model produces after `context` (prompt + generated so
+/// far) for the sample request `req`: a hash of the context, mixed with the
+/// seed and step unless greedy.
+pub fn fake_next_token(context: &[u32], vocab: usize, req: &SampleRequest) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &t in context {
+        h = (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3);
+    }
+    if !req.params.is_greedy() {
+        h = splitmix64(h ^ splitmix64(req.params.seed ^ splitmix64(req.step)));
+    }
+    (splitmix64(h) % vocab as u64) as u32
+}
+
+/// What a correct engine generates for `prompt`: up to `max_tokens` tokens,
+/// stopping after the first of `eos` unless `ignore_eos`.
+pub fn reference_generate(
+    prompt: &[u32],
+    vocab: usize,
+    params: &model::SamplingParams,
+    max_tokens: usize,
+    eos: &[u32],
+    ignore_eos: bool,
+) -> Vec<u32> {
+    let mut ctx = prompt.to_vec();
+    let mut out = Vec::new();
+    while out.len() < max_tokens {
+        let req = SampleRequest {
+            params: params.clone(),
+            step: out.len() as u64,
+            history: Vec::new(),
+        };
+        let t = fake_next_token(&ctx, vocab, &req);
+        ctx.push(t);
+        out.push(t);
+        if !ignore_eos && eos.contains(&t) {
+            break;
+        }
+    }
+    out
+}
+
+/// A deterministic backend over a KV pool of token ids.
+pub struct FakeBackend {
+    config: LlamaConfig,
+    shape: KvShape,
+    /// `[num_blocks * block_size]` token id stored in each slot.
+    kv: Vec<u32>,
+    read_context: bool,
+    step_delay: Option<Duration>,
+    fail_on_token: Option<u32>,
+    context: Vec<u32>,
+}
+
+impl FakeBackend {
+    /// A fake that reads each sampled sequence's context back through its block table.
+    pub fn new(config: LlamaConfig, shape: KvShape) -> Self {
+        FakeBackend {
+            config,
+            shape,
+            kv: vec![EMPTY; shape.num_blocks * shape.block_size],
+            read_context: true,
+            step_delay: None,
+            fail_on_token: None,
+            context: Vec::new(),
+        }
+    }
+
+    /// A fake that only hashes the last token and its position (O(T + S) per
+    /// step), for measuring the engine's own overhead.
+    pub fn cheap(config: LlamaConfig, shape: KvShape) -> Self {
+        FakeBackend {
+            read_context: false,
+            ..Self::new(config, shape)
+        }
+    }
+
+    /// Sleeps this long in every step (to make timing-dependent tests robust).
+    pub fn with_step_delay(mut self, d: Duration) -> Self {
+        self.step_delay = Some(d);
+        self
+    }
+
+    /// Fails every step whose batch contains `token` (to test error paths).
+    pub fn with_fail_on_token(mut self, token: u32) -> Self {
+        self.fail_on_token = Some(token);
+        self
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> String {
+        "fake".into()
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        let bs = self.shape.block_size;
+        batch.validate(self.shape.num_blocks, bs)?;
+        if let Some(d) = self.step_delay {
+            std::thread::sleep(d);
+        }
+        if let Some(bad) = self.fail_on_token
+            && batch.tokens.contains(&bad)
+        {
+            return Err(BackendError::Device(format!(
+                "injected failure on token {bad}"
+            )));
+        }
+        for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
+            self.kv[slot as usize] = tok;
+        }
+        let vocab = self.config.vocab_size;
+        let mut out = Vec::with_capacity(batch.num_seqs());
+        for (s, sample) in batch.samples.iter().enumerate() {
+            let Some(req) = sample else {
+                out.push(None);
+                continue;
+            };
+            let ctx = batch.context_lens[s] as usize;
+            let token = if self.read_context {
+                let table = batch.block_table(s);
+                self.context.clear();
+                for p in 0..ctx {
+                    let v = self.kv[table[p / bs] as usize * bs + p % bs];
+                    if v == EMPTY {
+                        return Err(BackendError::InvalidBatch(format!(
+                            "sequence {s} reads position {p}, whose slot was never written"
+                        )));
+                    }
+                    self.context.push(v);
+                }
+                fake_next_token(&self.context, vocab, req)
+            } else {
+                let last = batch.tokens[batch.cu_seqlens[s + 1] as usize - 1];
+                fake_next_token(&[last, ctx as u32], vocab, req)
+            };
+            let top = (0..req.params.logprobs)
+                .map(|i| ((token + i as u32) % vocab as u32, -(i as f32)))
+                .collect();
+            out.push(Some(SampledToken {
+                token,
+                logprob: -((token % 10) as f32) / 10.0,
+                top_logprobs: top,
+            }));
+        }
+        Ok(out)
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        // one-hot logits of the tokens `step` would sample at those rows
+        let vocab = self.config.vocab_size;
+        let sampled = self.step(batch)?;
+        let mut out = vec![0.0; rows.len() * vocab];
+        for (r, &row) in rows.iter().enumerate() {
+            let seq = batch.cu_seqlens.iter().position(|&c| c as usize == row + 1);
+            let tok = seq.and_then(|s| sampled.get(s.checked_sub(1)?)?.as_ref());
+            match tok {
+                Some(t) => out[r * vocab + t.token as usize] = 1.0,
+                None => {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "row {row} is not a sampled sequence's last token"
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,198 @@
+//! The engine's public value types: configuration, requests, the events a
+//! request streams, finish reasons, usage, statistics and errors.
+//!
+//! Contract: plain data, no behaviour beyond validation and display. Every
+//! error's `Display` names the value at fault and the limit it broke.
+
+use model::{ParamError, SampledToken, SamplingParams};
+
+/// Scheduler limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Most sequences running (holding KV blocks) at once.
+    pub max_num_seqs: usize,
+    /// Most tokens in one step: every running decode plus prefill chunks.
+    /// Must be at least `max_num_seqs` so every running decode fits a step.
+    pub max_batch_tokens: usize,
+    /// Reuse KV blocks of identical prompt prefixes across requests.
+    pub enable_prefix_cache: bool,
+    /// Most requests waiting for their first admission; 0 = unbounded.
+    pub max_queue: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_num_seqs: 256,
+            max_batch_tokens: 2048,
+            enable_prefix_cache: true,
+            max_queue: 0,
+        }
+    }
+}
+
+/// One generation request: prompt token ids and how to continue them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Most tokens to generate (at least 1); prompt + max_tokens must fit the context.
+    pub max_tokens: usize,
+    /// Stop when any of these texts appears in the output; the text returned
+    /// excludes it.
+    pub stop: Vec<String>,
+    /// Keep generating past EOS tokens.
+    pub ignore_eos: bool,
+}
+
+/// What a request streams.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// One generated token (never an EOS that ended the request).
+    Token(TokenEvent),
+    /// The last event of every request.
+    Done(Finished),
+}
+
+/// One generated token and the text it completed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEvent {
+    pub token: u32,
+    /// New output text: may be empty (an incomplete UTF-8 character, or text
+    /// held back because it could still become a stop string) and may carry
+    /// text held back by earlier tokens.
+    pub text: String,
+    /// Log-probability of `token` under the raw model distribution.
+    pub logprob: f32,
+    /// The requested top alternatives, best first.
+    pub top_logprobs: Vec<(u32, f32)>,
+}
+
+impl TokenEvent {
+    pub(crate) fn new(s: SampledToken, text: String) -> Self {
+        TokenEvent {
+            token: s.token,
+            text,
+            logprob: s.logprob,
+            top_logprobs: s.top_logprobs,
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: FinishReason,
+    pub usage: Usage,
+    /// Why, when `reason` is [`FinishReason::Error`].
+    pub error: Option<String>,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// An EOS token or a stop string.
+    Stop,
+    /// `max_tokens` generated, or the sequence outgrew the whole KV pool.
+    Length,
+    /// Cancelled by the client (handle dropped, `cancel()`) or by shutdown.
+    Cancelled,
+    /// The backend or the detokenizer failed; see [`Finished::error`].
+    Error,
+}
+
+impl FinishReason {
+    /// The OpenAI-style name: `stop`, `length`, `cancelled`, `error`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache at first admission.
+    pub cached_tokens: usize,
+    /// Tokens sampled, including an EOS that ended the request.
+    pub completion_tokens: usize,
+}
+
+/// A snapshot of the engine's counters (totals since start).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub running: u64,
+    pub waiting: u64,
+    pub kv_blocks_used: u64,
+    pub kv_blocks_total: u64,
+    pub prompt_tokens_total: u64,
+    pub cached_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    /// Backend steps run.
+    pub steps_total: u64,
+    /// Sequences preempted (blocks freed, later recomputed).
+    pub preemptions_total: u64,
+    /// Nanoseconds spent in `Backend::step`.
+    pub backend_ns_total: u64,
+    /// Nanoseconds spent planning steps (scheduling, KV bookkeeping, batch
+    /// building) and committing their results: the scheduler proper.
+    pub schedule_ns_total: u64,
+    /// Nanoseconds spent on host work between steps (scheduling, batch
+    /// building, detokenizing, stop checks, sending events).
+    pub host_ns_total: u64,
+}
+
+/// Why [`crate::Engine::start`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("invalid engine config: `{field}`: {reason}")]
+    InvalidConfig { field: &'static str, reason: String },
+    #[error("cannot start the engine thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}
+
+/// Why [`crate::Engine::submit`] refused a request; other requests are unaffected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the waiting queue is full; retry later")]
+    QueueFull,
+    #[error("the prompt has {prompt} tokens; the model's context is {limit}")]
+    PromptTooLong { prompt: usize, limit: usize },
+    #[error(
+        "the prompt has {prompt} tokens and max_tokens is {max_tokens}: {} in all, beyond the model's context of {limit}",
+        prompt + max_tokens
+    )]
+    ContextExceeded {
+        prompt: usize,
+        max_tokens: usize,
+        limit: usize,
+    },
+    #[error(
+        "the prompt has {prompt} tokens, needing {needed_blocks} KV blocks of {block_size}; the whole KV pool has {pool_blocks}"
+    )]
+    ExceedsKvPool {
+        prompt: usize,
+        needed_blocks: usize,
+        block_size: usize,
+        pool_blocks: usize,
+    },
+    #[error(
+        "token id {token} at prompt position {position} is outside the vocabulary (size {vocab})"
+    )]
+    TokenOutOfVocab {
+        token: u32,
+        position: usize,
+        vocab: usize,
+    },
+    #[error("{0}")]
+    InvalidParams(ParamError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}

@@ -1,0 +1,535 @@
+//! Engine behaviour on the deterministic fake backend: concurrency, chunked
+//! prefill, preemption, prefix caching, cancellation, stops, validation and
+//! shutdown. Every expected token comes from `reference_generate`, the fake
+//! model run alone with no paging at all.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::testing::{FakeBackend, fake_config, fake_tokenizer, reference_generate};
+use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, SubmitError};
+use model::{KvShape, LlamaConfig, SamplingParams};
+
+struct Setup {
+    engine: Engine,
+    config: LlamaConfig,
+    eos: Vec<u32>,
+}
+
+fn start_with(
+    blocks: usize,
+    block_size: usize,
+    cfg: EngineConfig,
+    tweak: impl FnOnce(FakeBackend) -> FakeBackend,
+) -> Setup {
+    let config = fake_config().unwrap();
+    let tok = Arc::new(fake_tokenizer(&config).unwrap());
+    let eos = config.eos_token_ids.clone();
+    let backend = tweak(FakeBackend::new(
+        config.clone(),
+        KvShape {
+            num_blocks: blocks,
+            block_size,
+        },
+    ));
+    let engine = Engine::start(Box::new(backend), tok, eos.clone(), cfg).unwrap();
+    Setup {
+        engine,
+        config,
+        eos,
+    }
+}
+
+fn start(blocks: usize, block_size: usize, cfg: EngineConfig) -> Setup {
+    start_with(blocks, block_size, cfg, |b| b)
+}
+
+fn cfg(max_num_seqs: usize, max_batch_tokens: usize) -> EngineConfig {
+    EngineConfig {
+        max_num_seqs,
+        max_batch_tokens,
+        enable_prefix_cache: true,
+        max_queue: 0,
+    }
+}
+
+/// A prompt of `len` tokens, distinct per `salt`, all plain bytes.
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 7 + salt * 13 + 1) % 250)
+        .collect()
+}
+
+fn req(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        sampling: params,
+        max_tokens,
+        stop: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+fn run_all(engine: &Engine, reqs: Vec<GenerateRequest>) -> Vec<Completion> {
+    let handles: Vec<_> = reqs
+        .into_iter()
+        .map(|r| engine.submit(r).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = handles
+            .into_iter()
+            .map(|h| s.spawn(move || h.blocking_collect()))
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    })
+}
+
+fn wait_idle(engine: &Engine) {
+    for _ in 0..2000 {
+        let s = engine.stats();
+        if s.running == 0 && s.waiting == 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("engine did not go idle: {:?}", engine.stats());
+}
+
+fn lengths() -> Vec<usize> {
+    vec![1, 3, 17, 64, 5, 130, 2, 33, 16, 15, 200, 9, 48, 90, 4, 31]
+}
+
+#[test]
+fn sixteen_concurrent_prompts_match_the_reference() {
+    let s = start(256, 4, cfg(16, 64));
+    let vocab = s.config.vocab_size;
+    let reqs: Vec<_> = lengths()
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| req(prompt(n, i as u32), 20 + i * 3, SamplingParams::greedy()))
+        .collect();
+    let outs = run_all(&s.engine, reqs.clone());
+    for (r, out) in reqs.iter().zip(&outs) {
+        let want = reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+        assert_eq!(out.tokens, want, "prompt of {} tokens", r.prompt.len());
+        assert_eq!(out.reason, FinishReason::Length);
+        assert_eq!(out.usage.prompt_tokens, r.prompt.len());
+        assert_eq!(out.usage.completion_tokens, r.max_tokens);
+    }
+    // and each alone gives the same
+    for r in reqs.iter().take(4) {
+        let alone = run_all(&s.engine, vec![r.clone()]);
+        let conc = &outs[reqs.iter().position(|x| x == r).unwrap()];
+        assert_eq!(alone[0].tokens, conc.tokens);
+    }
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+    assert!(s.engine.stats().steps_total > 0);
+}
+
+#[test]
+fn small_pool_preempts_and_still_matches() {
+    // 64 blocks of 4 = 256 slots for 16 sequences of up to 150 + 40 tokens
+    let s = start(64, 4, cfg(16, 32));
+    let vocab = s.config.vocab_size;
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let reqs: Vec<_> = lengths()
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let p = if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams {
+                    seed: i as u64,
+                    ..seeded.clone()
+                }
+            };
+            req(prompt(n.min(150), i as u32), 40, p)
+        })
+        .collect();
+    let outs = run_all(&s.engine, reqs.clone());
+    for (r, out) in reqs.iter().zip(&outs) {
+        let want = reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+        assert_eq!(out.tokens, want, "prompt of {} tokens", r.prompt.len());
+    }
+    wait_idle(&s.engine);
+    let st = s.engine.stats();
+    assert!(
+        st.preemptions_total > 0,
+        "the pool should have forced preemption: {st:?}"
+    );
+    assert_eq!(st.kv_blocks_used, 0);
+    assert_eq!(st.kv_blocks_total, 64);
+}
+
+#[test]
+fn chunked_prefill_with_tiny_budget_matches() {
+    // budget 4 tokens per step: long prompts go in many chunks beside decodes
+    let s = start(512, 8, cfg(4, 4));
+    let vocab = s.config.vocab_size;
+    let reqs: Vec<_> = [37usize, 3, 90, 12]
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| req(prompt(n, 40 + i as u32), 10, SamplingParams::greedy()))
+        .collect();
+    let outs = run_all(&s.engine, reqs.clone());
+    for (r, out) in reqs.iter().zip(&outs) {
+        let want = reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+        assert_eq!(out.tokens, want);
+    }
+}
+
+#[test]
+fn cancelling_half_frees_blocks_and_others_finish_unchanged() {
+    let s = start_with(512, 4, cfg(16, 64), |b| {
+        b.with_step_delay(Duration::from_micros(200))
+    });
+    let vocab = s.config.vocab_size;
+    let reqs: Vec<_> = (0..8)
+        .map(|i| {
+            req(
+                prompt(10 + i * 9, 100 + i as u32),
+                400,
+                SamplingParams::greedy(),
+            )
+        })
+        .collect();
+    let handles: Vec<_> = reqs
+        .iter()
+        .map(|r| s.engine.submit(r.clone()).unwrap())
+        .collect();
+    let outs: Vec<Option<Completion>> = std::thread::scope(|sc| {
+        let joins: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut h)| {
+                sc.spawn(move || {
+                    if i % 2 == 1 {
+                        // read two tokens, then cancel (odd) or drop (i % 4 == 3)
+                        for _ in 0..2 {
+                            assert!(matches!(h.blocking_next(), Some(Event::Token(_))));
+                        }
+                        if i % 4 == 3 {
+                            drop(h);
+                            return None;
+                        }
+                        h.cancel();
+                        let mut last = None;
+                        while let Some(ev) = h.blocking_next() {
+                            last = Some(ev);
+                        }
+                        match last {
+                            Some(Event::Done(d)) => assert_eq!(d.reason, FinishReason::Cancelled),
+                            other => panic!("expected Done(Cancelled), got {other:?}"),
+                        }
+                        None
+                    } else {
+                        Some(h.blocking_collect())
+                    }
+                })
+            })
+            .collect();
+        joins.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    for (r, out) in reqs.iter().zip(&outs) {
+        if let Some(out) = out {
+            let want =
+                reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+            assert_eq!(out.tokens, want);
+        }
+    }
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn shared_prefix_reports_cached_tokens_and_same_output() {
+    let s = start(256, 4, cfg(8, 64));
+    let vocab = s.config.vocab_size;
+    let base = prompt(40, 3);
+    let first = run_all(
+        &s.engine,
+        vec![req(base.clone(), 5, SamplingParams::greedy())],
+    );
+    assert_eq!(first[0].usage.cached_tokens, 0);
+    let mut longer = base.clone();
+    longer.extend([11, 12, 13, 14, 15]);
+    let second = run_all(
+        &s.engine,
+        vec![req(longer.clone(), 12, SamplingParams::greedy())],
+    );
+    assert_eq!(
+        second[0].usage.cached_tokens, 40,
+        "the 10 full blocks of the shared prefix"
+    );
+    let want = reference_generate(&longer, vocab, &SamplingParams::greedy(), 12, &s.eos, true);
+    assert_eq!(second[0].tokens, want);
+    // the same prompt again: all but the last token can come from the cache
+    let again = run_all(
+        &s.engine,
+        vec![req(base.clone(), 5, SamplingParams::greedy())],
+    );
+    assert_eq!(again[0].tokens, first[0].tokens);
+    assert!(again[0].usage.cached_tokens >= 36);
+    let st = s.engine.stats();
+    assert!(st.cached_tokens_total >= 76);
+    assert_eq!(st.prompt_tokens_total, 40 + 45 + 40);
+}
+
+#[test]
+fn rejections_name_the_numbers_and_leave_others_alone() {
+    let s = start(32, 4, cfg(8, 64));
+    let vocab = s.config.vocab_size;
+    let ctx = s.engine.max_context();
+    let good = req(prompt(20, 1), 30, SamplingParams::greedy());
+    let h = s.engine.submit(good.clone()).unwrap();
+    let cases: Vec<(GenerateRequest, &str)> = vec![
+        (req(vec![], 5, SamplingParams::greedy()), "empty"),
+        (req(prompt(ctx, 2), 5, SamplingParams::greedy()), "context"),
+        (
+            req(prompt(100, 2), ctx, SamplingParams::greedy()),
+            "beyond the model's context",
+        ),
+        (
+            req(prompt(129, 2), 5, SamplingParams::greedy()),
+            "33 KV blocks of 4; the whole KV pool has 32",
+        ),
+        (req(prompt(5, 2), 0, SamplingParams::greedy()), "max_tokens"),
+        (
+            req(vec![1, vocab as u32], 5, SamplingParams::greedy()),
+            "token id 300 at prompt position 1",
+        ),
+        (
+            req(
+                prompt(5, 2),
+                5,
+                SamplingParams {
+                    top_p: 0.0,
+                    ..SamplingParams::default()
+                },
+            ),
+            "top_p",
+        ),
+    ];
+    for (r, needle) in cases {
+        let err = s.engine.submit(r).err().expect("must be rejected");
+        assert!(
+            err.to_string().contains(needle),
+            "`{err}` should mention `{needle}`"
+        );
+    }
+    assert!(matches!(
+        s.engine.submit(req(prompt(ctx, 2), 1, SamplingParams::greedy())),
+        Err(SubmitError::PromptTooLong { prompt, limit }) if prompt == ctx && limit == ctx
+    ));
+    let out = h.blocking_collect();
+    assert_eq!(
+        out.tokens,
+        reference_generate(&good.prompt, vocab, &good.sampling, 30, &s.eos, true)
+    );
+}
+
+#[test]
+fn queue_full_is_reported() {
+    let mut c = cfg(1, 8);
+    c.max_queue = 2;
+    let s = start_with(64, 4, c, |b| b.with_step_delay(Duration::from_millis(2)));
+    let mut handles = Vec::new();
+    let mut full = 0;
+    for i in 0..10 {
+        match s
+            .engine
+            .submit(req(prompt(5, i), 50, SamplingParams::greedy()))
+        {
+            Ok(h) => handles.push(h),
+            Err(SubmitError::QueueFull) => full += 1,
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert!(
+        full > 0,
+        "10 quick submits into a queue of 2 behind one slot"
+    );
+    assert!(handles.len() <= 3 + 1);
+    for h in handles {
+        assert_eq!(h.blocking_collect().reason, FinishReason::Length);
+    }
+    // the queue drained, so submits work again
+    assert!(
+        s.engine
+            .submit(req(prompt(5, 1), 2, SamplingParams::greedy()))
+            .is_ok()
+    );
+}
+
+#[test]
+fn stop_string_spanning_tokens_cuts_the_text() {
+    let s = start(256, 4, cfg(8, 64));
+    let base = req(prompt(12, 9), 120, SamplingParams::greedy());
+    let full = run_all(&s.engine, vec![base.clone()]).remove(0);
+    let chars: Vec<char> = full.text.chars().collect();
+    // a 3-character stop of plain ASCII, at its first occurrence
+    let (at, stop) = (5..chars.len().saturating_sub(3))
+        .find_map(|i| {
+            let w: String = chars[i..i + 3].iter().collect();
+            let byte = chars[..i].iter().map(|c| c.len_utf8()).sum::<usize>();
+            (w.chars().all(|c| c.is_ascii_graphic()) && full.text.find(&w) == Some(byte))
+                .then_some((byte, w))
+        })
+        .expect("a plain-ASCII window in the output");
+    let mut r = base.clone();
+    r.stop = vec!["\u{1}never".into(), stop.clone()];
+    let out = run_all(&s.engine, vec![r]).remove(0);
+    assert_eq!(out.reason, FinishReason::Stop);
+    assert_eq!(out.text, full.text[..at], "stop `{stop}`");
+    assert!(out.tokens.len() < full.tokens.len());
+    assert_eq!(out.tokens[..], full.tokens[..out.tokens.len()]);
+}
+
+#[test]
+fn eos_stops_unless_ignored() {
+    let s = start(256, 4, cfg(8, 64));
+    let vocab = s.config.vocab_size;
+    // find a prompt whose greedy continuation hits EOS early
+    let (p, want) = (0..5000u32)
+        .find_map(|salt| {
+            let p = prompt(6, salt);
+            let w = reference_generate(&p, vocab, &SamplingParams::greedy(), 40, &s.eos, false);
+            (w.len() < 40).then_some((p, w))
+        })
+        .expect("some prompt reaches EOS");
+    let mut r = req(p.clone(), 40, SamplingParams::greedy());
+    r.ignore_eos = false;
+    let out = run_all(&s.engine, vec![r.clone()]).remove(0);
+    assert_eq!(out.reason, FinishReason::Stop);
+    assert_eq!(out.tokens, want);
+    assert!(s.eos.contains(out.tokens.last().unwrap()));
+    assert_eq!(out.usage.completion_tokens, want.len());
+    r.ignore_eos = true;
+    let out = run_all(&s.engine, vec![r]).remove(0);
+    assert_eq!(out.reason, FinishReason::Length);
+    assert_eq!(out.tokens.len(), 40);
+}
+
+#[test]
+fn backend_failure_ends_only_that_step() {
+    let s = start_with(128, 4, cfg(8, 64), |b| b.with_fail_on_token(249));
+    let out = run_all(
+        &s.engine,
+        vec![req(vec![3, 249, 5], 5, SamplingParams::greedy())],
+    )
+    .remove(0);
+    assert_eq!(out.reason, FinishReason::Error);
+    assert!(out.error.unwrap().contains("injected failure on token 249"));
+    let vocab = s.config.vocab_size;
+    let p = vec![3, 4, 5];
+    let ok = run_all(&s.engine, vec![req(p.clone(), 2, SamplingParams::greedy())]).remove(0);
+    assert_eq!(ok.reason, FinishReason::Length);
+    assert_eq!(
+        ok.tokens,
+        reference_generate(&p, vocab, &SamplingParams::greedy(), 2, &s.eos, true)
+    );
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn sequence_outgrowing_the_pool_ends_with_length() {
+    // 4 blocks of 4 = 16 slots; prompt 10 + up to 30 tokens cannot fit
+    let s = start(4, 4, cfg(2, 16));
+    let out = run_all(
+        &s.engine,
+        vec![req(prompt(10, 1), 30, SamplingParams::greedy())],
+    )
+    .remove(0);
+    assert_eq!(out.reason, FinishReason::Length);
+    assert!(
+        out.tokens.len() >= 6 && out.tokens.len() < 30,
+        "{}",
+        out.tokens.len()
+    );
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+}
+
+#[test]
+fn shutdown_cancels_in_flight_and_refuses_new() {
+    let s = start_with(256, 4, cfg(8, 64), |b| {
+        b.with_step_delay(Duration::from_millis(1))
+    });
+    let mut h = s
+        .engine
+        .submit(req(prompt(8, 1), 400, SamplingParams::greedy()))
+        .unwrap();
+    assert!(matches!(h.blocking_next(), Some(Event::Token(_))));
+    s.engine.shutdown();
+    let mut last = None;
+    while let Some(ev) = h.blocking_next() {
+        last = Some(ev);
+    }
+    assert!(matches!(last, Some(Event::Done(d)) if d.reason == FinishReason::Cancelled));
+    assert_eq!(
+        s.engine
+            .submit(req(prompt(8, 1), 4, SamplingParams::greedy()))
+            .err(),
+        Some(SubmitError::ShuttingDown)
+    );
+    s.engine.shutdown();
+}
+
+#[test]
+fn async_consumers_and_logprobs() {
+    let s = start(256, 4, cfg(8, 64));
+    let vocab = s.config.vocab_size;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let params = SamplingParams {
+        logprobs: 3,
+        ..SamplingParams::greedy()
+    };
+    let p = prompt(9, 4);
+    let tokens = rt.block_on(async {
+        let mut h = s.engine.submit(req(p.clone(), 6, params.clone())).unwrap();
+        let mut toks = Vec::new();
+        while let Some(ev) = h.next().await {
+            match ev {
+                Event::Token(t) => {
+                    assert_eq!(t.top_logprobs.len(), 3);
+                    toks.push(t.token);
+                }
+                Event::Done(d) => assert_eq!(d.reason, FinishReason::Length),
+            }
+        }
+        toks
+    });
+    assert_eq!(
+        tokens,
+        reference_generate(&p, vocab, &params, 6, &s.eos, true)
+    );
+}
+
+#[test]
+fn invalid_engine_config_is_refused() {
+    let config = fake_config().unwrap();
+    let tok = Arc::new(fake_tokenizer(&config).unwrap());
+    let shape = KvShape {
+        num_blocks: 8,
+        block_size: 4,
+    };
+    let err = Engine::start(
+        Box::new(FakeBackend::new(config, shape)),
+        tok,
+        vec![],
+        cfg(16, 8),
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("max_batch_tokens"), "{err}");
+}
