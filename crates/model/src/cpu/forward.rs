@@ -1,0 +1,72 @@
+//! The Llama forward pass of one step on the CPU.
+//!
+//! Contract: [`CpuBackend::forward`] runs every token of a validated
+//! [`StepBatch`] through all layers (embedding, then per layer RMSNorm, Q/K/V
+//! projections, RoPE, KV write at `slot_mapping`, paged causal attention,
+//! output projection, residual, RMSNorm, SwiGLU MLP, residual), then the final
+//! norm and LM head for the requested token rows only. It follows the oracle's
+//! textbook order of operations in f32.
+//!
+//! Costs per step of `T` tokens and `R` output rows: one pass over every
+//! layer's weights (each row converted once and applied to all `T` tokens),
+//! `R * vocab * hidden` multiply-adds for the head (not `T`), attention as in
+//! [`super::attention`]. Scratch memory O(T * max(intermediate, q_dim)).
+
+use super::CpuBackend;
+use super::attention::{AttnDims, attention};
+use super::linear::{add_assign, matmul_bf16, rms_norm, silu_mul};
+use crate::backend::StepBatch;
+use half::slice::HalfFloatSliceExt;
+
+impl CpuBackend {
+    /// Runs `batch` (already validated) and returns the logits of token rows
+    /// `rows`, `[rows.len(), vocab]` row-major.
+    pub(super) fn forward(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
+        let c = &self.config;
+        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let dims = AttnDims {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let (inter, eps) = (c.intermediate_size, c.rms_norm_eps);
+        let t = batch.num_tokens();
+        // [T, hidden] residual stream
+        let mut x = vec![0f32; t * hidden];
+        for (row, &tok) in x.chunks_exact_mut(hidden).zip(&batch.tokens) {
+            let e = &self.weights.embed.data[tok as usize * hidden..][..hidden];
+            e.convert_to_f32_slice(row);
+        }
+        for (l, lw) in self.weights.layers.iter().enumerate() {
+            let norms = &self.norms[l];
+            let h = rms_norm(&x, &norms.input, eps); // [T, hidden]
+            let mut q = matmul_bf16(&h, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
+            let mut k = matmul_bf16(&h, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let v = matmul_bf16(&h, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
+            for (i, &pos) in batch.positions.iter().enumerate() {
+                self.rope
+                    .apply(&mut q[i * q_dim..(i + 1) * q_dim], pos as usize);
+                self.rope
+                    .apply(&mut k[i * kv_dim..(i + 1) * kv_dim], pos as usize);
+            }
+            self.pool.write(l, &k, &v, &batch.slot_mapping);
+            let o = attention(&q, &self.pool, l, batch, dims); // [T, q_dim]
+            add_assign(&mut x, &matmul_bf16(&o, &lw.o_proj.data, q_dim, hidden));
+            let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
+            let mut gate = matmul_bf16(&h, &lw.gate_proj.data, hidden, inter); // [T, inter]
+            let up = matmul_bf16(&h, &lw.up_proj.data, hidden, inter); // [T, inter]
+            silu_mul(&mut gate, &up);
+            add_assign(
+                &mut x,
+                &matmul_bf16(&gate, &lw.down_proj.data, inter, hidden),
+            );
+        }
+        // [R, hidden] only the rows whose logits are wanted
+        let picked: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x[r * hidden..(r + 1) * hidden].iter().copied())
+            .collect();
+        let h = rms_norm(&picked, &self.final_norm, eps);
+        matmul_bf16(&h, &self.weights.head().data, hidden, c.vocab_size) // [R, vocab]
+    }
+}

@@ -1,0 +1,235 @@
+//! The CPU backend: the numerical reference implementation of [`Backend`].
+//!
+//! Contract: [`CpuBackend`] runs any [`StepBatch`] that passes
+//! [`StepBatch::validate`] plus the checks of [`CpuBackend::check_batch`]
+//! (token ids inside the vocabulary, positions inside the RoPE table, every
+//! block-table entry attention will read inside the pool); anything else is a
+//! [`BackendError::InvalidBatch`] naming the field, never a panic. BF16
+//! weights are converted to f32 on the fly, arithmetic is f32, RoPE tables
+//! are built once, and the KV cache lives in a paged pool (see
+//! [`attention::KvPool`]) addressed only through the batch's slots and block
+//! tables. Logits are computed only for sampled rows (or the rows
+//! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
+//!
+//! Costs: memory = the BF16 weights + `2 * layers * num_blocks * block_size *
+//! kv_dim * 4` bytes of KV pool + RoPE tables `min(max_position_embeddings,
+//! pool slots) * head_dim * 4` bytes. Per step, see [`forward`]. Parallel with
+//! rayon's global pool.
+
+pub mod attention;
+pub mod batch;
+mod forward;
+pub mod linear;
+
+#[cfg(test)]
+mod tests;
+
+use crate::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
+use crate::config::LlamaConfig;
+use crate::sampler::sample;
+use crate::weights::{LlamaWeights, Tensor};
+use attention::{KvPool, Rope};
+use rayon::prelude::*;
+
+/// One layer's norm weights, converted to f32 once.
+struct LayerNorms {
+    input: Vec<f32>, // [hidden]
+    post: Vec<f32>,  // [hidden]
+}
+
+/// The CPU reference backend (see the module doc).
+pub struct CpuBackend {
+    config: LlamaConfig,
+    weights: LlamaWeights,
+    kv: KvShape,
+    norms: Vec<LayerNorms>,
+    final_norm: Vec<f32>, // [hidden]
+    rope: Rope,
+    pool: KvPool,
+}
+
+impl CpuBackend {
+    /// Builds the backend, checking every tensor's shape against `config` and
+    /// allocating a zeroed KV pool of `kv.num_blocks * kv.block_size` slots.
+    pub fn new(
+        config: LlamaConfig,
+        weights: LlamaWeights,
+        kv: KvShape,
+    ) -> Result<Self, BackendError> {
+        check_weights(&config, &weights)?;
+        if kv.num_blocks == 0 || kv.block_size == 0 {
+            return Err(BackendError::Device(format!(
+                "cpu: KV pool needs num_blocks > 0 and block_size > 0, got {kv:?}"
+            )));
+        }
+        let slots = kv.num_blocks * kv.block_size;
+        let rope = Rope::new(&config, config.max_position_embeddings.min(slots));
+        let pool = KvPool::new(config.num_layers, slots, config.kv_dim(), kv.block_size);
+        let norms = weights
+            .layers
+            .iter()
+            .map(|l| LayerNorms {
+                input: l.input_norm.to_f32(),
+                post: l.post_norm.to_f32(),
+            })
+            .collect();
+        let final_norm = weights.norm.to_f32();
+        Ok(CpuBackend {
+            config,
+            weights,
+            kv,
+            norms,
+            final_norm,
+            rope,
+            pool,
+        })
+    }
+
+    /// Copies every layer's K/V of block `src` into block `dst` (the copy a
+    /// fork's copy-on-write of a partial block asks for).
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), BackendError> {
+        let n = self.kv.num_blocks;
+        if src as usize >= n || dst as usize >= n {
+            return Err(BackendError::InvalidBatch(format!(
+                "copy_block: block {src} or {dst} outside the pool of {n} blocks"
+            )));
+        }
+        self.pool.copy_block(src as usize, dst as usize);
+        Ok(())
+    }
+
+    /// [`StepBatch::validate`] plus what this backend indexes with: token ids
+    /// below the vocabulary, positions below the RoPE table, and every block
+    /// attention reads (`ceil(context_len / block_size)` per sequence) in the pool.
+    pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
+        let KvShape {
+            num_blocks,
+            block_size,
+        } = self.kv;
+        batch.validate(num_blocks, block_size)?;
+        let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        let vocab = self.config.vocab_size;
+        if let Some((i, id)) = batch
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
+            return bad(format!(
+                "tokens[{i}] = {id} is outside the vocabulary of {vocab}"
+            ));
+        }
+        let limit = self.rope.positions();
+        if let Some((i, p)) = batch
+            .positions
+            .iter()
+            .enumerate()
+            .find(|(_, p)| **p as usize >= limit)
+        {
+            return bad(format!(
+                "positions[{i}] = {p} exceeds the context of {limit} (max_position_embeddings or KV pool)"
+            ));
+        }
+        for s in 0..batch.num_seqs() {
+            let used = (batch.context_lens[s] as usize).div_ceil(block_size);
+            if let Some(b) = batch.block_table(s)[..used]
+                .iter()
+                .find(|b| **b as usize >= num_blocks)
+            {
+                return bad(format!(
+                    "block_tables row {s}: block {b} outside the pool of {num_blocks} blocks"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        self.kv
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        self.check_batch(batch)?;
+        // [R] (sequence, token row) of every sampled sequence
+        let sampled: Vec<(usize, usize)> = (0..batch.num_seqs())
+            .filter(|&s| batch.samples[s].is_some())
+            .map(|s| (s, batch.cu_seqlens[s + 1] as usize - 1))
+            .collect();
+        let rows: Vec<usize> = sampled.iter().map(|&(_, r)| r).collect();
+        let logits = self.forward(batch, &rows); // [R, vocab]
+        let vocab = self.config.vocab_size;
+        let tokens: Vec<(usize, SampledToken)> = sampled
+            .par_iter()
+            .zip(logits.par_chunks(vocab))
+            .filter_map(|(&(s, _), z)| batch.samples[s].as_ref().map(|req| (s, sample(z, req))))
+            .collect();
+        let mut out = vec![None; batch.num_seqs()];
+        for (s, tok) in tokens {
+            out[s] = Some(tok);
+        }
+        Ok(out)
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        self.check_batch(batch)?;
+        let t = batch.num_tokens();
+        if let Some(r) = rows.iter().find(|&&r| r >= t) {
+            return Err(BackendError::InvalidBatch(format!(
+                "logits row {r} outside the step's {t} tokens"
+            )));
+        }
+        Ok(self.forward(batch, rows))
+    }
+}
+
+/// Checks every tensor's shape against the config (weights built in memory
+/// bypass the loader's checks).
+fn check_weights(c: &LlamaConfig, w: &LlamaWeights) -> Result<(), BackendError> {
+    let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let shape = |t: &Tensor, want: &[usize]| {
+        if t.shape != want || t.data.len() != t.numel() {
+            Err(BackendError::Device(format!(
+                "cpu: tensor `{}` has shape {:?} ({} values), expected {want:?}",
+                t.name,
+                t.shape,
+                t.data.len()
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    if w.layers.len() != c.num_layers {
+        return Err(BackendError::Device(format!(
+            "cpu: weights have {} layers, config has {}",
+            w.layers.len(),
+            c.num_layers
+        )));
+    }
+    shape(&w.embed, &[c.vocab_size, h])?;
+    shape(&w.norm, &[h])?;
+    if let Some(head) = &w.lm_head {
+        shape(head, &[c.vocab_size, h])?;
+    }
+    for l in &w.layers {
+        shape(&l.input_norm, &[h])?;
+        shape(&l.post_norm, &[h])?;
+        shape(&l.q_proj, &[q, h])?;
+        shape(&l.k_proj, &[kv, h])?;
+        shape(&l.v_proj, &[kv, h])?;
+        shape(&l.o_proj, &[h, q])?;
+        shape(&l.gate_proj, &[i, h])?;
+        shape(&l.up_proj, &[i, h])?;
+        shape(&l.down_proj, &[h, i])?;
+    }
+    Ok(())
+}

@@ -1,0 +1,399 @@
+//! Unit tests of the CPU backend on small random in-memory models: an
+//! independent naive f64 forward pass, prefill vs decode, batching and
+//! block-layout invariance, and batch validation.
+
+use super::batch::{SeqChunk, build_step, contiguous_blocks, generate_greedy};
+use super::*;
+use crate::backend::SampleRequest;
+use crate::sampling::{SamplingParams, splitmix64};
+use crate::weights::LayerWeights;
+use half::bf16;
+
+const BS: usize = 4; // block size of the test pools
+
+fn config(tied: bool) -> LlamaConfig {
+    let text = format!(
+        r#"{{"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_theta": 10000.0,
+        "tie_word_embeddings": {tied},
+        "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}}}"#
+    );
+    LlamaConfig::from_json(&text, "test").unwrap()
+}
+
+fn tensor(name: &str, shape: &[usize], seed: u64, scale: f32, offset: f32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let data = (0..n as u64)
+        .map(|i| {
+            let u = (splitmix64(i ^ seed.wrapping_mul(0x9E37)) >> 40) as f32 / (1u32 << 24) as f32;
+            bf16::from_f32(offset + scale * (2.0 * u - 1.0))
+        })
+        .collect();
+    Tensor {
+        name: name.into(),
+        shape: shape.to_vec(),
+        data,
+    }
+}
+
+fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
+    let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let layers = (0..c.num_layers as u64)
+        .map(|l| {
+            let s = 100 * (l + 1);
+            LayerWeights {
+                input_norm: tensor("in", &[h], s, 0.2, 1.0),
+                q_proj: tensor("q", &[q, h], s + 1, 0.4, 0.0),
+                k_proj: tensor("k", &[kv, h], s + 2, 0.4, 0.0),
+                v_proj: tensor("v", &[kv, h], s + 3, 0.4, 0.0),
+                o_proj: tensor("o", &[h, q], s + 4, 0.3, 0.0),
+                post_norm: tensor("post", &[h], s + 5, 0.2, 1.0),
+                gate_proj: tensor("gate", &[i, h], s + 6, 0.3, 0.0),
+                up_proj: tensor("up", &[i, h], s + 7, 0.3, 0.0),
+                down_proj: tensor("down", &[h, i], s + 8, 0.3, 0.0),
+            }
+        })
+        .collect();
+    LlamaWeights {
+        embed: tensor("embed", &[c.vocab_size, h], 1, 1.0, 0.0),
+        layers,
+        norm: tensor("norm", &[h], 2, 0.2, 1.0),
+        lm_head: (!tied).then(|| tensor("lm_head", &[c.vocab_size, h], 3, 0.5, 0.0)),
+    }
+}
+
+fn backend(tied: bool, num_blocks: usize) -> CpuBackend {
+    let c = config(tied);
+    let w = weights(&c, tied);
+    CpuBackend::new(
+        c,
+        w,
+        KvShape {
+            num_blocks,
+            block_size: BS,
+        },
+    )
+    .unwrap()
+}
+
+/// The textbook forward pass in f64 over a whole sequence: logits `[T][vocab]`.
+fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
+    let f = |t: &Tensor| {
+        t.data
+            .iter()
+            .map(|v| v.to_f32() as f64)
+            .collect::<Vec<f64>>()
+    };
+    let mm = |x: &[f64], m: &Tensor| -> Vec<f64> {
+        let (o, i) = (m.shape[0], m.shape[1]);
+        let m = f(m);
+        (0..o)
+            .map(|r| (0..i).map(|k| x[k] * m[r * i + k]).sum())
+            .collect()
+    };
+    let rms = |x: &[f64], g: &Tensor| -> Vec<f64> {
+        let inv = 1.0
+            / (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + c.rms_norm_eps as f64)
+                .sqrt();
+        x.iter().zip(f(g)).map(|(v, g)| v * inv * g).collect()
+    };
+    let (hd, nh, nkv) = (c.head_dim, c.num_heads, c.num_kv_heads);
+    let inv = c.rope_inv_freq();
+    let rope = |x: &mut [f64], p: usize| {
+        for head in x.chunks_mut(hd) {
+            for i in 0..hd / 2 {
+                let (s, co) = (p as f64 * inv[i]).sin_cos();
+                let (a, b) = (head[i], head[i + hd / 2]);
+                head[i] = a * co - b * s;
+                head[i + hd / 2] = b * co + a * s;
+            }
+        }
+    };
+    let emb = f(&w.embed);
+    let h = c.hidden_size;
+    let mut xs: Vec<Vec<f64>> = toks
+        .iter()
+        .map(|&t| emb[t as usize * h..][..h].to_vec())
+        .collect();
+    for lw in &w.layers {
+        let mut ks = Vec::new();
+        let mut vs = Vec::new();
+        let mut qs = Vec::new();
+        for (p, x) in xs.iter().enumerate() {
+            let n = rms(x, &lw.input_norm);
+            let (mut q, mut k) = (mm(&n, &lw.q_proj), mm(&n, &lw.k_proj));
+            rope(&mut q, p);
+            rope(&mut k, p);
+            qs.push(q);
+            ks.push(k);
+            vs.push(mm(&n, &lw.v_proj));
+        }
+        for (p, x) in xs.iter_mut().enumerate() {
+            let mut o = vec![0f64; nh * hd];
+            for hh in 0..nh {
+                let g = hh / (nh / nkv);
+                let sc: Vec<f64> = (0..=p)
+                    .map(|j| {
+                        (0..hd)
+                            .map(|d| qs[p][hh * hd + d] * ks[j][g * hd + d])
+                            .sum::<f64>()
+                            / (hd as f64).sqrt()
+                    })
+                    .collect();
+                let m = sc.iter().copied().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for (j, ej) in e.iter().enumerate() {
+                    for d in 0..hd {
+                        o[hh * hd + d] += ej / z * vs[j][g * hd + d];
+                    }
+                }
+            }
+            for (a, b) in x.iter_mut().zip(mm(&o, &lw.o_proj)) {
+                *a += b;
+            }
+            let n = rms(x, &lw.post_norm);
+            let (gt, up) = (mm(&n, &lw.gate_proj), mm(&n, &lw.up_proj));
+            let act: Vec<f64> = gt
+                .iter()
+                .zip(&up)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            for (a, b) in x.iter_mut().zip(mm(&act, &lw.down_proj)) {
+                *a += b;
+            }
+        }
+    }
+    xs.iter().map(|x| mm(&rms(x, &w.norm), w.head())).collect()
+}
+
+fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den).sqrt()
+}
+
+fn chunk(tokens: &[u32], start: usize, blocks: Vec<u32>) -> SeqChunk {
+    SeqChunk {
+        tokens: tokens.to_vec(),
+        start,
+        blocks,
+        sample: None,
+    }
+}
+
+const PROMPT: [u32; 11] = [3, 17, 42, 8, 8, 23, 1, 49, 0, 30, 12];
+
+#[test]
+fn prefill_matches_naive_reference_tied_and_untied() {
+    for tied in [true, false] {
+        let mut b = backend(tied, 8);
+        let want = naive(b.config(), &b.weights, &PROMPT);
+        let batch = build_step(
+            &[chunk(&PROMPT, 0, contiguous_blocks(0, PROMPT.len(), BS))],
+            BS,
+        )
+        .unwrap();
+        let rows: Vec<usize> = (0..PROMPT.len()).collect();
+        let got = b.logits(&batch, &rows).unwrap();
+        for (r, w) in want.iter().enumerate() {
+            let e = rel_err(&got[r * 50..(r + 1) * 50], w);
+            assert!(e < 1e-5, "tied={tied} row {r}: rel err {e}");
+        }
+    }
+}
+
+#[test]
+fn prefill_equals_token_by_token_decode_and_chunked_prefill() {
+    let mut b = backend(true, 8);
+    let blocks = contiguous_blocks(2, PROMPT.len(), BS);
+    let one = build_step(&[chunk(&PROMPT, 0, blocks.clone())], BS).unwrap();
+    let all = b
+        .logits(&one, &(0..PROMPT.len()).collect::<Vec<_>>())
+        .unwrap();
+    for (p, tok) in PROMPT.iter().enumerate() {
+        let step = build_step(&[chunk(&[*tok], p, blocks.clone())], BS).unwrap();
+        let row = b.logits(&step, &[0]).unwrap();
+        assert!(
+            rel_err(
+                &row,
+                &all[p * 50..(p + 1) * 50]
+                    .iter()
+                    .map(|&v| v as f64)
+                    .collect::<Vec<_>>()
+            ) < 1e-5
+        );
+    }
+    // chunked prefill: 5 tokens, then the remaining 6
+    b.logits(
+        &build_step(&[chunk(&PROMPT[..5], 0, blocks.clone())], BS).unwrap(),
+        &[],
+    )
+    .unwrap();
+    let rest = b
+        .logits(
+            &build_step(&[chunk(&PROMPT[5..], 5, blocks)], BS).unwrap(),
+            &[5],
+        )
+        .unwrap();
+    let last: Vec<f64> = all[10 * 50..].iter().map(|&v| v as f64).collect();
+    assert!(rel_err(&rest, &last) < 1e-5);
+}
+
+#[test]
+fn mixed_batch_with_scattered_blocks_equals_each_alone() {
+    let a: &[u32] = &PROMPT;
+    let bseq: &[u32] = &[5, 9, 44, 2, 2];
+    // alone, contiguous blocks at the start of the pool
+    let mut alone = backend(false, 16);
+    let la = alone
+        .logits(
+            &build_step(&[chunk(a, 0, contiguous_blocks(0, a.len(), BS))], BS).unwrap(),
+            &[10],
+        )
+        .unwrap();
+    let lb = alone
+        .logits(
+            &build_step(&[chunk(bseq, 0, contiguous_blocks(0, 5, BS))], BS).unwrap(),
+            &[4],
+        )
+        .unwrap();
+    // together, interleaved non-contiguous blocks
+    let (ta, tb) = (vec![13, 2, 7], vec![9, 0]);
+    let mut both = backend(false, 16);
+    let batch = build_step(&[chunk(a, 0, ta.clone()), chunk(bseq, 0, tb.clone())], BS).unwrap();
+    let l = both.logits(&batch, &[10, a.len() + 4]).unwrap();
+    assert!(rel_err(&l[..50], &la.iter().map(|&v| v as f64).collect::<Vec<_>>()) < 1e-6);
+    assert!(rel_err(&l[50..], &lb.iter().map(|&v| v as f64).collect::<Vec<_>>()) < 1e-6);
+    // a following decode step of both, with B's prefill chunked against A's decode
+    let mut dec_alone = backend(false, 16);
+    let ga = generate_greedy(&mut dec_alone, &[a], &[contiguous_blocks(0, 16, BS)], 4).unwrap();
+    let gb = generate_greedy(&mut dec_alone, &[bseq], &[contiguous_blocks(4, 16, BS)], 4).unwrap();
+    let mut dec_both = backend(false, 16);
+    let g = generate_greedy(
+        &mut dec_both,
+        &[a, bseq],
+        &[vec![13, 2, 7, 11], vec![9, 0, 15, 3]],
+        4,
+    )
+    .unwrap();
+    assert_eq!(g, vec![ga[0].clone(), gb[0].clone()]);
+}
+
+#[test]
+fn step_samples_exactly_the_requested_sequences() {
+    let mut b = backend(true, 16);
+    let greedy = Some(SampleRequest {
+        params: SamplingParams {
+            logprobs: 2,
+            ..SamplingParams::greedy()
+        },
+        step: 0,
+        history: vec![],
+    });
+    let mut c0 = chunk(&PROMPT, 0, contiguous_blocks(0, 11, BS));
+    c0.sample = greedy.clone();
+    let c1 = chunk(&[1, 2], 0, vec![5]);
+    let batch = build_step(&[c0.clone(), c1], BS).unwrap();
+    let out = b.step(&batch).unwrap();
+    assert!(out[1].is_none());
+    let s = out[0].clone().unwrap();
+    let z = backend(true, 16)
+        .logits(&build_step(&[c0], BS).unwrap(), &[10])
+        .unwrap();
+    assert_eq!(s.token, crate::sampler::argmax(&z));
+    assert_eq!(s.top_logprobs.len(), 2);
+    assert_eq!(s.top_logprobs[0].0, s.token);
+    assert!((s.logprob - s.top_logprobs[0].1).abs() < 1e-6 && s.logprob < 0.0);
+}
+
+#[test]
+fn copy_block_gives_a_fork_the_parents_kv() {
+    let mut b = backend(true, 8);
+    let blocks = vec![0, 1, 2];
+    b.logits(
+        &build_step(&[chunk(&PROMPT[..10], 0, blocks.clone())], BS).unwrap(),
+        &[],
+    )
+    .unwrap();
+    let parent = b
+        .logits(
+            &build_step(&[chunk(&PROMPT[10..], 10, blocks)], BS).unwrap(),
+            &[0],
+        )
+        .unwrap();
+    // the child shares blocks 0 and 1 and owns a copy (5) of the partial block 2
+    b.copy_block(2, 5).unwrap();
+    let child = b
+        .logits(
+            &build_step(&[chunk(&PROMPT[10..], 10, vec![0, 1, 5])], BS).unwrap(),
+            &[0],
+        )
+        .unwrap();
+    assert_eq!(parent, child);
+    assert!(b.copy_block(2, 8).is_err());
+}
+
+#[test]
+fn bad_batches_and_weights_are_errors_naming_the_field() {
+    let mut b = backend(true, 4);
+    let ok = build_step(&[chunk(&PROMPT[..3], 0, vec![1])], BS).unwrap();
+    let err =
+        |b: &mut CpuBackend, batch: &StepBatch| b.logits(batch, &[0]).unwrap_err().to_string();
+    let mut bad = ok.clone();
+    bad.tokens[1] = 50;
+    assert!(err(&mut b, &bad).contains("tokens[1] = 50"));
+    let mut bad = ok.clone();
+    bad.slot_mapping[0] = 0;
+    assert!(err(&mut b, &bad).contains("slot"));
+    // a sequence at position 20 whose table points outside the 4-block pool
+    let far = build_step(&[chunk(&[1], 16, vec![0, 1, 2, 3, 9])], BS);
+    assert!(err(&mut b, &far.unwrap()).contains("slot"));
+    let past = build_step(&[chunk(&[1], 17, vec![0, 1, 2, 3, 3])], BS).unwrap();
+    assert!(err(&mut b, &past).contains("positions[0] = 17"));
+    let mut unread = build_step(&[chunk(&[1], 5, vec![7, 1])], BS).unwrap();
+    assert!(err(&mut b, &unread).contains("block 7"));
+    unread.block_tables[0] = 0;
+    assert!(
+        b.logits(&unread, &[1])
+            .unwrap_err()
+            .to_string()
+            .contains("logits row 1")
+    );
+    assert!(build_step(&[chunk(&PROMPT, 0, vec![0])], BS).is_err());
+    let c = config(true);
+    let mut w = weights(&c, true);
+    w.layers[1].k_proj = tensor(
+        "model.layers.1.self_attn.k_proj.weight",
+        &[3, 32],
+        0,
+        1.0,
+        0.0,
+    );
+    let e = CpuBackend::new(
+        c.clone(),
+        w,
+        KvShape {
+            num_blocks: 1,
+            block_size: 1,
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(
+        e.to_string()
+            .contains("model.layers.1.self_attn.k_proj.weight"),
+        "{e}"
+    );
+    let e = CpuBackend::new(
+        c.clone(),
+        weights(&c, true),
+        KvShape {
+            num_blocks: 0,
+            block_size: 4,
+        },
+    );
+    assert!(e.is_err());
+}

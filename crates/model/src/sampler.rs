@@ -1,0 +1,366 @@
+//! The CPU implementation of the sampling procedure documented in
+//! [`crate::sampling`]: one sequence's logits in, one [`SampledToken`] out.
+//!
+//! Contract: [`sample`] follows `sampling.rs` step by step (raw-logit
+//! log-probabilities, repetition penalty over distinct history tokens, greedy
+//! argmax with lowest id on ties, otherwise softmax at the temperature, top-k,
+//! top-p over the full distribution's mass, min-p, and the counter-based draw
+//! [`uniform`]). It never panics: a temperature that is not `> 0` is greedy,
+//! history ids outside the vocabulary are ignored, an empty logits slice
+//! yields token 0 with logprob `-inf`.
+//!
+//! Costs, for a vocabulary `V` and `K = params.logprobs`: greedy is O(V) plus
+//! O(V * K) for the top-K alternatives; sampling adds an O(V) softmax and a
+//! sort of the candidates (O(k log k) after an O(V) selection when top-k is
+//! set, O(V log V) otherwise). Probabilities are f32, running masses f64.
+
+use crate::backend::{SampleRequest, SampledToken};
+use crate::sampling::uniform;
+use std::cmp::Ordering;
+
+/// Samples the next token from `logits` (`[vocab]`) as `req` asks.
+pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
+    let params = &req.params;
+    let lse = log_sum_exp(logits);
+    let top_logprobs = log_softmax_top(logits, params.logprobs, lse);
+    let penalised;
+    let z: &[f32] = if params.repetition_penalty != 1.0 && !req.history.is_empty() {
+        penalised = apply_repetition_penalty(logits, &req.history, params.repetition_penalty);
+        &penalised
+    } else {
+        logits
+    };
+    let token = if params.temperature > 0.0 && params.temperature.is_finite() {
+        draw(z, req)
+    } else {
+        argmax(z)
+    };
+    let logprob = logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&v| v - lse);
+    SampledToken {
+        token,
+        logprob,
+        top_logprobs,
+    }
+}
+
+/// `log(sum(exp(z)))`, computed stably (max-shifted, f64 sum).
+/// `-inf` for an empty slice or all `-inf` logits.
+pub fn log_sum_exp(z: &[f32]) -> f32 {
+    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m;
+    }
+    let s: f64 = z.iter().map(|&v| ((v - m) as f64).exp()).sum();
+    m + s.ln() as f32
+}
+
+/// The `k` highest `(token, log_softmax)` pairs of `z`, best first, lowest id
+/// first on ties; `lse` is [`log_sum_exp`] of `z`. O(V * k).
+pub fn log_softmax_top(z: &[f32], k: usize, lse: f32) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return top;
+    }
+    for (i, &v) in z.iter().enumerate() {
+        if top.len() == k && (v.is_nan() || v <= top[k - 1].1) {
+            continue;
+        }
+        // first place whose value is below v: keeps equal values in id order
+        let at = top.iter().position(|&(_, w)| v > w).unwrap_or(top.len());
+        top.insert(at, (i as u32, v));
+        top.truncate(k);
+    }
+    top.into_iter().map(|(i, v)| (i, v - lse)).collect()
+}
+
+/// Index of the largest value, lowest index on ties (NaN never wins).
+pub fn argmax(z: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in z.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+/// `z / r` where positive, `z * r` otherwise, once per distinct history token.
+fn apply_repetition_penalty(logits: &[f32], history: &[u32], r: f32) -> Vec<f32> {
+    let mut z = logits.to_vec();
+    let mut seen = vec![false; z.len()];
+    for &id in history {
+        let i = id as usize;
+        if i < z.len() && !seen[i] {
+            seen[i] = true;
+            z[i] = if z[i] > 0.0 { z[i] / r } else { z[i] * r };
+        }
+    }
+    z
+}
+
+/// Steps 4-5 of the procedure: softmax at the temperature, filters, draw.
+fn draw(z: &[f32], req: &SampleRequest) -> u32 {
+    let params = &req.params;
+    let t = params.temperature;
+    let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return argmax(z);
+    }
+    // [V] unnormalised weights exp((z - max) / T) and their f64 sum
+    let e: Vec<f32> = z.iter().map(|&v| ((v - m) / t).exp()).collect();
+    let total: f64 = e.iter().map(|&x| x as f64).sum();
+    let by_prob =
+        |a: &u32, b: &u32| -> Ordering { e[*b as usize].total_cmp(&e[*a as usize]).then(a.cmp(b)) };
+    let mut cand: Vec<u32> = (0..z.len() as u32)
+        .filter(|&i| e[i as usize] > 0.0)
+        .collect();
+    if params.top_k > 0 && params.top_k < cand.len() {
+        cand.select_nth_unstable_by(params.top_k - 1, by_prob);
+        cand.truncate(params.top_k);
+    }
+    cand.sort_unstable_by(by_prob);
+    let p = |i: u32| e[i as usize] as f64 / total;
+    if params.top_p < 1.0 {
+        let mut mass = 0.0;
+        let mut keep = cand.len();
+        for (n, &i) in cand.iter().enumerate() {
+            mass += p(i);
+            if mass >= params.top_p as f64 {
+                keep = n + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    if params.min_p > 0.0
+        && let Some(&first) = cand.first()
+    {
+        let floor = params.min_p as f64 * p(first);
+        let keep = cand.iter().take_while(|&&i| p(i) >= floor).count();
+        cand.truncate(keep.max(1));
+    }
+    let kept: f64 = cand.iter().map(|&i| p(i)).sum();
+    let target = uniform(params.seed, req.step) as f64 * kept;
+    let mut run = 0.0;
+    for &i in &cand {
+        run += p(i);
+        if run > target {
+            return i;
+        }
+    }
+    cand.last().copied().unwrap_or_else(|| argmax(z))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+
+    fn req(params: SamplingParams, step: u64) -> SampleRequest {
+        SampleRequest {
+            params,
+            step,
+            history: Vec::new(),
+        }
+    }
+
+    fn seeded(seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// A fixed pseudo-random logits vector over a vocabulary of `n`.
+    fn logits(n: usize, salt: u64) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                (crate::sampling::splitmix64(i ^ (salt << 32)) >> 40) as f32 / (1 << 24) as f32
+                    * 8.0
+                    - 4.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn greedy_equals_temperature_zero_and_ties_pick_lowest_id() {
+        let z = logits(1000, 1);
+        let best = z
+            .iter()
+            .enumerate()
+            .fold((0, f32::MIN), |a, (i, &v)| if v > a.1 { (i, v) } else { a });
+        let g = sample(&z, &req(SamplingParams::greedy(), 0));
+        assert_eq!(g.token, best.0 as u32);
+        let t0 = SamplingParams {
+            temperature: 0.0,
+            seed: 99,
+            top_k: 5,
+            ..Default::default()
+        };
+        assert_eq!(sample(&z, &req(t0, 7)).token, g.token);
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 1.0]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_result_and_seeds_differ() {
+        let z = logits(500, 2);
+        let a: Vec<u32> = (0..64)
+            .map(|s| sample(&z, &req(seeded(7), s)).token)
+            .collect();
+        let b: Vec<u32> = (0..64)
+            .map(|s| sample(&z, &req(seeded(7), s)).token)
+            .collect();
+        let c: Vec<u32> = (0..64)
+            .map(|s| sample(&z, &req(seeded(8), s)).token)
+            .collect();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // a flat-ish distribution: many distinct tokens drawn
+        let distinct: std::collections::HashSet<_> = a.iter().collect();
+        assert!(distinct.len() > 20, "{}", distinct.len());
+    }
+
+    #[test]
+    fn top_k_one_and_tiny_top_p_are_greedy() {
+        let z = logits(300, 3);
+        let g = argmax(&z);
+        for step in 0..50 {
+            let k1 = SamplingParams {
+                top_k: 1,
+                ..seeded(step)
+            };
+            assert_eq!(sample(&z, &req(k1, step)).token, g);
+            let p0 = SamplingParams {
+                top_p: 1e-6,
+                ..seeded(step)
+            };
+            assert_eq!(sample(&z, &req(p0, step)).token, g);
+            let m1 = SamplingParams {
+                min_p: 1.0,
+                ..seeded(step)
+            };
+            assert_eq!(sample(&z, &req(m1, step)).token, g);
+        }
+    }
+
+    #[test]
+    fn top_k_and_min_p_restrict_the_support() {
+        // probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625
+        let z: Vec<f32> = [0.5f32, 0.25, 0.125, 0.0625, 0.0625]
+            .iter()
+            .map(|p| p.ln())
+            .collect();
+        let draws = |params: SamplingParams| -> std::collections::BTreeSet<u32> {
+            (0..2000)
+                .map(|s| sample(&z, &req(params.clone(), s)).token)
+                .collect()
+        };
+        assert_eq!(
+            draws(SamplingParams {
+                top_k: 2,
+                ..seeded(1)
+            }),
+            [0, 1].into()
+        );
+        // min_p 0.3: keeps p >= 0.15, i.e. tokens 0 and 1
+        assert_eq!(
+            draws(SamplingParams {
+                min_p: 0.3,
+                ..seeded(2)
+            }),
+            [0, 1].into()
+        );
+        // top_p 0.8: 0.5 + 0.25 = 0.75 < 0.8, so token 2 is needed too
+        assert_eq!(
+            draws(SamplingParams {
+                top_p: 0.8,
+                ..seeded(3)
+            }),
+            [0, 1, 2].into()
+        );
+        assert_eq!(draws(seeded(4)), [0, 1, 2, 3, 4].into());
+    }
+
+    #[test]
+    fn frequencies_follow_the_distribution() {
+        let z = [1.0f32, 2.0, 0.5, -1.0, 1.5, 0.0];
+        let t = 0.8f32;
+        let w: Vec<f64> = z.iter().map(|&v| ((v / t) as f64).exp()).collect();
+        let sum: f64 = w.iter().sum();
+        let n = 40_000u64;
+        let mut counts = [0u64; 6];
+        let params = SamplingParams {
+            temperature: t,
+            seed: 1234,
+            ..Default::default()
+        };
+        for step in 0..n {
+            counts[sample(&z, &req(params.clone(), step)).token as usize] += 1;
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let p = w[i] / sum;
+            let freq = c as f64 / n as f64;
+            let sd = (p * (1.0 - p) / n as f64).sqrt();
+            assert!(
+                (freq - p).abs() < 5.0 * sd,
+                "token {i}: freq {freq} vs p {p}"
+            );
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let z = [3.0f32, 2.9, -1.0, -1.1];
+        let mut r = req(
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..SamplingParams::greedy()
+            },
+            0,
+        );
+        r.history = vec![0, 0, 0, 99];
+        // 3.0 / 2 = 1.5 < 2.9: token 1 wins; a repeated id is penalised once
+        assert_eq!(sample(&z, &r).token, 1);
+        r.history = vec![0, 1];
+        assert_eq!(
+            apply_repetition_penalty(&z, &r.history, 2.0),
+            vec![1.5, 1.45, -1.0, -1.1]
+        );
+        assert_eq!(apply_repetition_penalty(&z, &[2], 2.0)[2], -2.0);
+        // the reported logprob is of the raw logits
+        let lse = log_sum_exp(&z);
+        let s = sample(&z, &r);
+        assert!((s.logprob - (z[s.token as usize] - lse)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn logprobs_are_raw_log_softmax_best_first() {
+        let z = [0.0f32, 2.0, 1.0, 2.0, -3.0];
+        let params = SamplingParams {
+            logprobs: 3,
+            ..SamplingParams::greedy()
+        };
+        let s = sample(&z, &req(params, 0));
+        let lse = (z.iter().map(|&v| (v as f64).exp()).sum::<f64>()).ln() as f32;
+        assert_eq!(s.token, 1);
+        assert!((s.logprob - (2.0 - lse)).abs() < 1e-6);
+        let ids: Vec<u32> = s.top_logprobs.iter().map(|p| p.0).collect();
+        assert_eq!(ids, vec![1, 3, 2]);
+        for (id, lp) in s.top_logprobs {
+            assert!((lp - (z[id as usize] - lse)).abs() < 1e-6);
+        }
+        let total: f32 = z.iter().map(|&v| (v - lse).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!(
+            sample(&[], &req(SamplingParams::greedy(), 0))
+                .logprob
+                .is_infinite()
+        );
+    }
+}
