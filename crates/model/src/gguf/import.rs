@@ -1,0 +1,341 @@
+//! Import of a llama-architecture GGUF into a Hugging Face model directory.
+//!
+//! Contract: [`import_to_dir`] writes `config.json` (from the `llama.*`
+//! metadata), `generation_config.json` (BOS/EOS from `tokenizer.ggml.*`),
+//! `model.safetensors` (every tensor dequantised to BF16 under its Hugging
+//! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation undone),
+//! `tokenizer.json` (via [`crate::bpe_from_gguf::build_tokenizer_json`]) and
+//! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`).
+//! Before any weight is written, the tensor set is checked against the config:
+//! an unknown, missing or misshapen tensor is an error naming it. Features the
+//! importer cannot reproduce in a Hugging Face config (rope scaling types,
+//! `rope_freqs` factors, non-BPE vocabularies) are errors, not silent drift.
+//!
+//! Costs: one tensor dequantised at a time (the largest, the embedding, is
+//! `vocab × hidden` f32), streamed to disk; the output is the model in BF16.
+
+use super::{Gguf, GgufError, TensorInfo};
+use crate::config::LlamaConfig;
+use crate::loader::{SINGLE_FILE, SafetensorsWriter, tensor_specs};
+use half::bf16;
+use indicatif::ProgressBar;
+use rayon::prelude::*;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The Hugging Face name of a llama.cpp tensor name, or `None` if unknown.
+pub fn hf_name(gguf_name: &str) -> Option<String> {
+    match gguf_name {
+        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
+        "output_norm.weight" => return Some("model.norm.weight".into()),
+        "output.weight" => return Some("lm_head.weight".into()),
+        _ => {}
+    }
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (kind, suffix) = rest.split_once('.')?;
+    let hf = match kind {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
+}
+
+/// f32 of an f32 metadata value, printed shortest (1e-5, not 9.99999974e-6).
+fn short_f32(v: f64) -> Value {
+    let s = (v as f32).to_string();
+    s.parse::<f64>().map(|x| json!(x)).unwrap_or(json!(v))
+}
+
+/// The Hugging Face `config.json` for this GGUF.
+pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
+    let arch = g.get_str("general.architecture")?;
+    if arch != "llama" {
+        return Err(GgufError::Metadata {
+            key: "general.architecture".into(),
+            reason: format!("only `llama` is supported, got `{arch}`"),
+        });
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    if let Some(v) = g.metadata.get(&key("rope.scaling.type"))
+        && v.as_str() != Some("none")
+    {
+        return Err(GgufError::Metadata {
+            key: key("rope.scaling.type"),
+            reason: format!("rope scaling {v:?} is not supported by the importer"),
+        });
+    }
+    if g.tensor("rope_freqs.weight").is_some() {
+        return Err(GgufError::Tensor {
+            tensor: "rope_freqs.weight".into(),
+            reason: "per-frequency rope factors (llama3 scaling) are not supported by the importer"
+                .into(),
+        });
+    }
+    let hidden = g.get_u64(&key("embedding_length"))?;
+    let heads = g.get_u64(&key("attention.head_count"))?;
+    let kv_heads = match g.metadata.get(&key("attention.head_count_kv")) {
+        Some(_) => g.get_u64(&key("attention.head_count_kv"))?,
+        None => heads,
+    };
+    let head_dim = match (
+        g.metadata.get(&key("attention.key_length")),
+        g.metadata.get(&key("rope.dimension_count")),
+    ) {
+        (Some(_), _) => g.get_u64(&key("attention.key_length"))?,
+        (None, Some(_)) => g.get_u64(&key("rope.dimension_count"))?,
+        (None, None) => hidden / heads.max(1),
+    };
+    let vocab = match g.metadata.get(&key("vocab_size")) {
+        Some(_) => g.get_u64(&key("vocab_size"))?,
+        None => g
+            .get("tokenizer.ggml.tokens")?
+            .as_array()
+            .map(|a| a.len() as u64)
+            .unwrap_or(0),
+    };
+    let theta = match g.metadata.get(&key("rope.freq_base")) {
+        Some(_) => g.get_f64(&key("rope.freq_base"))?,
+        None => 10000.0,
+    };
+    let tied = g.tensor("output.weight").is_none();
+    let mut cfg = json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": g.get_u64(&key("feed_forward_length"))?,
+        "num_hidden_layers": g.get_u64(&key("block_count"))?,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "rms_norm_eps": short_f32(g.get_f64(&key("attention.layer_norm_rms_epsilon"))?),
+        "rope_theta": short_f32(theta),
+        "rope_scaling": null,
+        "max_position_embeddings": g.get_u64(&key("context_length"))?,
+        "tie_word_embeddings": tied,
+        "torch_dtype": "bfloat16",
+    });
+    if let Some(b) = g
+        .metadata
+        .get("tokenizer.ggml.bos_token_id")
+        .and_then(|v| v.as_u64())
+    {
+        cfg["bos_token_id"] = json!(b);
+    }
+    if let Some(e) = g
+        .metadata
+        .get("tokenizer.ggml.eos_token_id")
+        .and_then(|v| v.as_u64())
+    {
+        cfg["eos_token_id"] = json!(e);
+    }
+    Ok(cfg)
+}
+
+fn string_array(g: &Gguf, key: &str) -> Result<Vec<String>, GgufError> {
+    let bad = || GgufError::Metadata {
+        key: key.to_string(),
+        reason: "expected an array of strings".into(),
+    };
+    let arr = g.get(key)?.as_array().ok_or_else(bad)?;
+    arr.iter()
+        .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
+        .collect()
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` texts for this GGUF.
+fn tokenizer_files(g: &Gguf, max_len: u64) -> Result<(String, Value), GgufError> {
+    let model = g.get_str("tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(GgufError::Metadata {
+            key: "tokenizer.ggml.model".into(),
+            reason: format!(
+                "only byte-level BPE (`gpt2`) vocabularies are supported, got `{model}`"
+            ),
+        });
+    }
+    let tokens = string_array(g, "tokenizer.ggml.tokens")?;
+    let merges = string_array(g, "tokenizer.ggml.merges")?;
+    let types_key = "tokenizer.ggml.token_type";
+    let types = g
+        .get(types_key)?
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
+                .collect::<Option<Vec<i32>>>()
+        })
+        .and_then(|x| x)
+        .ok_or_else(|| GgufError::Metadata {
+            key: types_key.into(),
+            reason: "expected an array of integers".into(),
+        })?;
+    let pre = match g.metadata.get("tokenizer.ggml.pre") {
+        Some(_) => g.get_str("tokenizer.ggml.pre")?,
+        None => "default",
+    };
+    let json = crate::bpe_from_gguf::build_tokenizer_json(&tokens, &merges, &types, pre)
+        .map_err(|e| GgufError::Tokenizer(e.to_string()))?;
+    let token_str = |key: &str| -> Option<String> {
+        let id = g.metadata.get(key)?.as_u64()?;
+        tokens.get(usize::try_from(id).ok()?).cloned()
+    };
+    let mut cfg = json!({
+        "add_bos_token": g.metadata.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        "add_eos_token": g.metadata.get("tokenizer.ggml.add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        "clean_up_tokenization_spaces": false,
+        "model_max_length": max_len,
+        "tokenizer_class": "GPT2Tokenizer",
+    });
+    for (field, key) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+    ] {
+        if let Some(s) = token_str(key) {
+            cfg[field] = json!(s);
+        }
+    }
+    if let Some(t) = g
+        .metadata
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+    {
+        cfg["chat_template"] = json!(t);
+    }
+    Ok((json, cfg))
+}
+
+/// Undoes llama.cpp's Q/K row permutation of a `[rows, cols]` matrix with
+/// `heads` heads: GGUF row `h·hd + 2i + j` becomes row `h·hd + j·hd/2 + i`.
+pub fn unpermute_rows(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    heads: usize,
+) -> Result<Vec<f32>, String> {
+    if heads == 0
+        || !rows.is_multiple_of(heads)
+        || !(rows / heads).is_multiple_of(2)
+        || w.len() != rows * cols
+    {
+        return Err(format!(
+            "cannot unpermute [{rows}, {cols}] over {heads} heads"
+        ));
+    }
+    let hd = rows / heads;
+    let half = hd / 2;
+    let mut out = vec![0f32; w.len()];
+    out.par_chunks_exact_mut(cols)
+        .enumerate()
+        .for_each(|(r, dst)| {
+            let (h, within) = (r / hd, r % hd);
+            let (j, i) = (within / half, within % half);
+            let src = h * hd + 2 * i + j;
+            dst.copy_from_slice(&w[src * cols..(src + 1) * cols]);
+        });
+    Ok(out)
+}
+
+/// Imports the GGUF (`g` parsed from `buf`) into `dir`; see the module doc.
+pub fn import_to_dir(
+    g: &Gguf,
+    buf: &[u8],
+    dir: &Path,
+    progress: Option<&ProgressBar>,
+) -> Result<(), GgufError> {
+    let cfg_json = config_json(g)?;
+    let cfg = LlamaConfig::from_json(
+        &cfg_json.to_string(),
+        &format!("config.json from {}", g.path),
+    )?;
+    let write = |name: &str, text: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).map_err(|source| GgufError::Io {
+            path: p.display().to_string(),
+            source,
+        })
+    };
+    // every tensor known, present and of the right shape before writing anything
+    let mut by_hf: HashMap<String, &TensorInfo> = HashMap::new();
+    for t in &g.tensors {
+        let name = hf_name(&t.name).ok_or_else(|| GgufError::Tensor {
+            tensor: t.name.clone(),
+            reason: "not a llama tensor this importer knows".into(),
+        })?;
+        by_hf.insert(name, t);
+    }
+    let specs = tensor_specs(&cfg, !cfg.tie_word_embeddings);
+    let mut plan = Vec::with_capacity(specs.len());
+    for s in &specs {
+        let t = *by_hf.get(&s.name).ok_or_else(|| GgufError::Tensor {
+            tensor: s.name.clone(),
+            reason: format!("missing from {}", g.path),
+        })?;
+        plan.push((s, t));
+        if t.shape() != s.shape {
+            return Err(GgufError::Tensor {
+                tensor: t.name.clone(),
+                reason: format!(
+                    "shape {:?} does not match the config's {:?}",
+                    t.shape(),
+                    s.shape
+                ),
+            });
+        }
+    }
+    let (tok_json, tok_cfg) = tokenizer_files(g, cfg.max_position_embeddings as u64)?;
+    let mut gen_cfg = json!({});
+    for k in ["bos_token_id", "eos_token_id"] {
+        if let Some(v) = cfg_json.get(k) {
+            gen_cfg[k] = v.clone();
+        }
+    }
+    write("config.json", format!("{cfg_json:#}\n"))?;
+    write("generation_config.json", format!("{gen_cfg:#}\n"))?;
+    write("tokenizer.json", tok_json)?;
+    write("tokenizer_config.json", format!("{tok_cfg:#}\n"))?;
+
+    let path = dir.join(SINGLE_FILE);
+    let io = |source| GgufError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut w = SafetensorsWriter::create(&path, specs.clone()).map_err(io)?;
+    for (s, t) in plan {
+        let mut data = g.dequantize(buf, t)?; // [rows, cols] row-major (GGUF order)
+        let heads = if s.name.ends_with("q_proj.weight") {
+            Some(cfg.num_heads)
+        } else if s.name.ends_with("k_proj.weight") {
+            Some(cfg.num_kv_heads)
+        } else {
+            None
+        };
+        if let Some(heads) = heads {
+            data = unpermute_rows(&data, s.shape[0], s.shape[1], heads).map_err(|reason| {
+                GgufError::Tensor {
+                    tensor: t.name.clone(),
+                    reason,
+                }
+            })?;
+        }
+        let bf: Vec<bf16> = data.par_iter().map(|&x| bf16::from_f32(x)).collect();
+        w.write_chunk(&bf).map_err(io)?;
+        if let Some(p) = progress {
+            p.inc(1);
+        }
+    }
+    w.finish().map_err(io)
+}

@@ -1,0 +1,379 @@
+//! Loading a Hugging Face model directory: `config.json`,
+//! `generation_config.json` and safetensors weights.
+//!
+//! Contract: [`load_weights`] returns a [`LlamaWeights`] only after every
+//! tensor the [`LlamaConfig`] implies was found and checked for dtype and
+//! shape; a missing, misshapen, wrongly typed or truncated tensor is a
+//! [`LoadError`] naming the file and the tensor. Weights come from a single
+//! `model.safetensors` or from the shards listed in
+//! `model.safetensors.index.json`; BF16, F16 and F32 on disk are all converted
+//! to BF16. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored.
+//! `lm_head.weight` is used whenever present; when absent the head is tied to
+//! the embedding, which is an error unless `tie_word_embeddings` is set.
+//!
+//! Costs: files are memory-mapped (no read of unused bytes); every needed
+//! tensor is copied once into an owned BF16 buffer (the model's size in BF16),
+//! converted in parallel with rayon. The maps are dropped before returning.
+
+#[cfg(test)]
+mod tests;
+mod writer;
+
+pub use writer::{SafetensorsWriter, TensorSpec};
+
+use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
+use crate::weights::{LayerWeights, LlamaWeights, Tensor};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Name of the single-file weights.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// Name of the shard index.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// A model directory's configuration, without weights.
+#[derive(Debug, Clone)]
+pub struct LoadedModel {
+    pub dir: PathBuf,
+    pub config: LlamaConfig,
+    pub generation: GenerationConfig,
+    /// EOS ids of `config.json` extended by those of `generation_config.json`.
+    pub eos_ids: Vec<u32>,
+}
+
+/// Errors loading a model directory.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("model directory {0} does not exist")]
+    MissingDir(PathBuf),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no weights in {dir}: expected {SINGLE_FILE} or {INDEX_FILE}")]
+    NoWeights { dir: PathBuf },
+    #[error("malformed shard index {path}: {reason}")]
+    Index { path: PathBuf, reason: String },
+    #[error("invalid safetensors file {path}: {reason}")]
+    Safetensors { path: PathBuf, reason: String },
+    #[error(
+        "truncated safetensors file {path}: tensor `{tensor}` ends at byte {end} but the file has {len} data bytes"
+    )]
+    Truncated {
+        path: PathBuf,
+        tensor: String,
+        end: usize,
+        len: usize,
+    },
+    #[error("tensor `{tensor}` not found in {path}")]
+    MissingTensor { path: PathBuf, tensor: String },
+    #[error("tensor `{tensor}` in {path} has shape {found:?}, expected {expected:?}")]
+    Shape {
+        path: PathBuf,
+        tensor: String,
+        found: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("tensor `{tensor}` in {path} has dtype {dtype}, expected BF16, F16 or F32")]
+    Dtype {
+        path: PathBuf,
+        tensor: String,
+        dtype: String,
+    },
+}
+
+/// Reads `config.json` and `generation_config.json` of `dir` (no weights).
+pub fn load_config(dir: &Path) -> Result<LoadedModel, LoadError> {
+    if !dir.is_dir() {
+        return Err(LoadError::MissingDir(dir.to_path_buf()));
+    }
+    let config = LlamaConfig::from_dir(dir)?;
+    let generation = GenerationConfig::from_dir(dir)?;
+    let eos_ids = generation.eos_ids(&config.eos_token_ids);
+    Ok(LoadedModel {
+        dir: dir.to_path_buf(),
+        config,
+        generation,
+        eos_ids,
+    })
+}
+
+/// The tensors a model with config `cfg` stores, in Hugging Face names and
+/// shapes, sorted by name. `lm_head.weight` is listed when `with_lm_head`.
+pub fn tensor_specs(cfg: &LlamaConfig, with_lm_head: bool) -> Vec<TensorSpec> {
+    let h = cfg.hidden_size;
+    let spec = |name: String, shape: Vec<usize>| TensorSpec { name, shape };
+    let mut out = vec![
+        spec("model.embed_tokens.weight".into(), vec![cfg.vocab_size, h]),
+        spec("model.norm.weight".into(), vec![h]),
+    ];
+    if with_lm_head {
+        out.push(spec("lm_head.weight".into(), vec![cfg.vocab_size, h]));
+    }
+    for i in 0..cfg.num_layers {
+        let p = format!("model.layers.{i}.");
+        out.extend([
+            spec(format!("{p}input_layernorm.weight"), vec![h]),
+            spec(format!("{p}self_attn.q_proj.weight"), vec![cfg.q_dim(), h]),
+            spec(format!("{p}self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]),
+            spec(format!("{p}self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]),
+            spec(format!("{p}self_attn.o_proj.weight"), vec![h, cfg.q_dim()]),
+            spec(format!("{p}post_attention_layernorm.weight"), vec![h]),
+            spec(
+                format!("{p}mlp.gate_proj.weight"),
+                vec![cfg.intermediate_size, h],
+            ),
+            spec(
+                format!("{p}mlp.up_proj.weight"),
+                vec![cfg.intermediate_size, h],
+            ),
+            spec(
+                format!("{p}mlp.down_proj.weight"),
+                vec![h, cfg.intermediate_size],
+            ),
+        ]);
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// One memory-mapped safetensors file.
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+}
+
+/// Loads and checks every weight of `dir` against `cfg`.
+pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadError> {
+    if !dir.is_dir() {
+        return Err(LoadError::MissingDir(dir.to_path_buf()));
+    }
+    let (shards, placement) = open_shards(dir)?;
+    let parsed = shards
+        .iter()
+        .map(parse_shard)
+        .collect::<Result<Vec<_>, _>>()?;
+    // name -> shard index: from the index file, or every tensor of the single file
+    let placement: HashMap<String, usize> = match placement {
+        Some(p) => p,
+        None => parsed[0]
+            .names()
+            .into_iter()
+            .map(|n| (n.to_string(), 0))
+            .collect(),
+    };
+    let get = |name: &str, shape: Vec<usize>| -> Result<Tensor, LoadError> {
+        let Some(&i) = placement.get(name) else {
+            let path = match shards.len() {
+                1 => shards[0].path.clone(),
+                _ => dir.join(INDEX_FILE),
+            };
+            return Err(LoadError::MissingTensor {
+                path,
+                tensor: name.to_string(),
+            });
+        };
+        read_tensor(&shards[i].path, &parsed[i], name, shape)
+    };
+    let h = cfg.hidden_size;
+    let embed = get("model.embed_tokens.weight", vec![cfg.vocab_size, h])?; // [vocab, hidden]
+    let norm = get("model.norm.weight", vec![h])?; // [hidden]
+    let lm_head = if placement.contains_key("lm_head.weight") || !cfg.tie_word_embeddings {
+        Some(get("lm_head.weight", vec![cfg.vocab_size, h])?) // [vocab, hidden]
+    } else {
+        None
+    };
+    let layers = (0..cfg.num_layers)
+        .map(|i| {
+            let p = format!("model.layers.{i}.");
+            let t = |suffix: &str, shape: Vec<usize>| get(&format!("{p}{suffix}"), shape);
+            Ok(LayerWeights {
+                input_norm: t("input_layernorm.weight", vec![h])?,
+                q_proj: t("self_attn.q_proj.weight", vec![cfg.q_dim(), h])?,
+                k_proj: t("self_attn.k_proj.weight", vec![cfg.kv_dim(), h])?,
+                v_proj: t("self_attn.v_proj.weight", vec![cfg.kv_dim(), h])?,
+                o_proj: t("self_attn.o_proj.weight", vec![h, cfg.q_dim()])?,
+                post_norm: t("post_attention_layernorm.weight", vec![h])?,
+                gate_proj: t("mlp.gate_proj.weight", vec![cfg.intermediate_size, h])?,
+                up_proj: t("mlp.up_proj.weight", vec![cfg.intermediate_size, h])?,
+                down_proj: t("mlp.down_proj.weight", vec![h, cfg.intermediate_size])?,
+            })
+        })
+        .collect::<Result<Vec<_>, LoadError>>()?;
+    Ok(LlamaWeights {
+        embed,
+        layers,
+        norm,
+        lm_head,
+    })
+}
+
+/// Maps the weight files of `dir`; with an index, also returns its name -> shard placement.
+#[allow(clippy::type_complexity)]
+fn open_shards(dir: &Path) -> Result<(Vec<Shard>, Option<HashMap<String, usize>>), LoadError> {
+    let index_path = dir.join(INDEX_FILE);
+    let single = dir.join(SINGLE_FILE);
+    if index_path.is_file() {
+        let text = std::fs::read_to_string(&index_path).map_err(|source| LoadError::Io {
+            path: index_path.clone(),
+            source,
+        })?;
+        #[derive(serde::Deserialize)]
+        struct Index {
+            weight_map: BTreeMap<String, String>,
+        }
+        let index: Index = serde_json::from_str(&text).map_err(|e| LoadError::Index {
+            path: index_path.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut files: Vec<&String> = index.weight_map.values().collect();
+        files.sort();
+        files.dedup();
+        if files.is_empty() {
+            return Err(LoadError::Index {
+                path: index_path,
+                reason: "weight_map is empty".into(),
+            });
+        }
+        let mut shards = Vec::with_capacity(files.len());
+        for f in &files {
+            if Path::new(f).components().count() != 1 {
+                return Err(LoadError::Index {
+                    path: index_path,
+                    reason: format!("shard name `{f}` is not a plain file name"),
+                });
+            }
+            shards.push(map_file(&dir.join(f))?);
+        }
+        let placement = index
+            .weight_map
+            .iter()
+            .filter_map(|(name, f)| {
+                files
+                    .iter()
+                    .position(|x| *x == f)
+                    .map(|i| (name.clone(), i))
+            })
+            .collect();
+        Ok((shards, Some(placement)))
+    } else if single.is_file() {
+        Ok((vec![map_file(&single)?], None))
+    } else {
+        Err(LoadError::NoWeights {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+fn map_file(path: &Path) -> Result<Shard, LoadError> {
+    let io = |source| LoadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only and private to this load; the model files are
+    // not expected to change while loading (as with every mmap-based loader). A
+    // concurrent truncation could fault, which no file API can rule out.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    Ok(Shard {
+        path: path.to_path_buf(),
+        map,
+    })
+}
+
+/// Parses a shard's header; a file shorter than its header promises is a
+/// [`LoadError::Truncated`] naming the first tensor that does not fit.
+fn parse_shard(shard: &Shard) -> Result<SafeTensors<'_>, LoadError> {
+    SafeTensors::deserialize(&shard.map).map_err(|e| {
+        if let Some((tensor, end, len)) = first_truncated(&shard.map) {
+            return LoadError::Truncated {
+                path: shard.path.clone(),
+                tensor,
+                end,
+                len,
+            };
+        }
+        LoadError::Safetensors {
+            path: shard.path.clone(),
+            reason: format!("{e} (truncated or corrupt)"),
+        }
+    })
+}
+
+/// For a file whose header parses but whose data is short: the first tensor
+/// (by offset) extending past the end, its end offset and the data length.
+fn first_truncated(buf: &[u8]) -> Option<(String, usize, usize)> {
+    let n = usize::try_from(u64::from_le_bytes(buf.get(..8)?.try_into().ok()?)).ok()?;
+    let header = buf.get(8..8usize.checked_add(n)?)?;
+    let len = buf.len() - 8 - n;
+    #[derive(serde::Deserialize)]
+    struct Info {
+        data_offsets: (usize, usize),
+    }
+    let map: BTreeMap<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    map.into_iter()
+        .filter(|(k, _)| k != "__metadata__")
+        .filter_map(|(k, v)| {
+            serde_json::from_value::<Info>(v)
+                .ok()
+                .map(|i| (k, i.data_offsets))
+        })
+        .filter(|(_, (_, end))| *end > len)
+        .min_by_key(|(_, (start, _))| *start)
+        .map(|(k, (_, end))| (k, end, len))
+}
+
+/// Reads one tensor, checking dtype and shape, converting to BF16.
+fn read_tensor(
+    path: &Path,
+    st: &SafeTensors<'_>,
+    name: &str,
+    shape: Vec<usize>,
+) -> Result<Tensor, LoadError> {
+    let view = st.tensor(name).map_err(|_| LoadError::MissingTensor {
+        path: path.to_path_buf(),
+        tensor: name.to_string(),
+    })?;
+    if view.shape() != shape.as_slice() {
+        return Err(LoadError::Shape {
+            path: path.to_path_buf(),
+            tensor: name.to_string(),
+            found: view.shape().to_vec(),
+            expected: shape,
+        });
+    }
+    let bytes = view.data();
+    let data: Vec<bf16> = match view.dtype() {
+        Dtype::BF16 => bytes
+            .par_chunks_exact(2)
+            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+            .collect(),
+        Dtype::F16 => bytes
+            .par_chunks_exact(2)
+            .map(|c| bf16::from_f32(f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+            .collect(),
+        Dtype::F32 => bytes
+            .par_chunks_exact(4)
+            .map(|c| bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        other => {
+            return Err(LoadError::Dtype {
+                path: path.to_path_buf(),
+                tensor: name.to_string(),
+                dtype: format!("{other:?}"),
+            });
+        }
+    };
+    Ok(Tensor {
+        name: name.to_string(),
+        shape,
+        data,
+    })
+}

