@@ -1,0 +1,124 @@
+use super::*;
+
+/// SmolLM2-135M-Instruct's template (GGUF `tokenizer.chat_template`).
+const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn tpl(src: &str) -> ChatTemplate {
+    ok(ChatTemplate::new(
+        src.to_string(),
+        "<s>".to_string(),
+        "</s>".to_string(),
+        "test/tokenizer_config.json",
+    ))
+}
+
+fn msg(role: &str, content: &str) -> ChatMessage {
+    ChatMessage::new(role, content)
+}
+
+// Expected strings below were rendered by Python jinja2 3.1 with
+// trim_blocks=True, lstrip_blocks=True (what transformers uses).
+#[test]
+fn smollm2_template_adds_default_system_prompt() {
+    let t = tpl(SMOLLM2_TEMPLATE);
+    let out = ok(t.render(&[msg("user", "What is 2+2?")], true));
+    assert_eq!(
+        out,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    );
+}
+
+#[test]
+fn smollm2_template_multi_turn_with_system() {
+    let t = tpl(SMOLLM2_TEMPLATE);
+    let conv = [
+        msg("system", "Be brief."),
+        msg("user", "Hi"),
+        msg("assistant", "Hello!"),
+        msg("user", "Bye"),
+    ];
+    let out = ok(t.render(&conv, false));
+    assert_eq!(
+        out,
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+         <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+    );
+}
+
+#[test]
+fn llama3_fallback_format() {
+    let t = ok(ChatTemplate::llama3_fallback("<|eot_id|>".into(), "l3"));
+    let conv = [msg("system", "S"), msg("user", "U")];
+    assert_eq!(
+        ok(t.render(&conv, true)),
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    assert_eq!(
+        ok(t.render(&conv[1..], false)),
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nU<|eot_id|>"
+    );
+}
+
+#[test]
+fn block_whitespace_and_python_methods_match_jinja2() {
+    let src = "{% for m in messages %}\n  {% if m.role == 'user' %}\n    U: {{ m.content.strip() }}\n  {% else %}\n    A: {{ m.content }}\n  {% endif %}\n{% endfor %}\n";
+    let out = ok(tpl(src).render(&[msg("user", "  hi  "), msg("assistant", "yo")], false));
+    assert_eq!(out, "    U: hi\n    A: yo\n");
+    let src =
+        "{{ bos_token }}{% if messages[0]['content'].startswith('x') %}X{% endif %}{{ eos_token }}";
+    assert_eq!(ok(tpl(src).render(&[msg("user", "xy")], false)), "<s>X</s>");
+}
+
+#[test]
+fn raise_exception_fails_the_render_with_its_message() {
+    let src = "{% if messages[0].role != 'system' %}{{ raise_exception('first message must be system') }}{% endif %}ok";
+    let t = tpl(src);
+    let err = t
+        .render(&[msg("user", "hi")], true)
+        .err()
+        .map(|e| e.to_string());
+    let err = err.unwrap_or_default();
+    assert!(err.contains("first message must be system"), "{err}");
+    assert!(err.contains("test/tokenizer_config.json"), "{err}");
+    assert_eq!(ok(t.render(&[msg("system", "s")], true)), "ok");
+}
+
+#[test]
+fn syntax_errors_name_the_origin() {
+    let r = ChatTemplate::new(
+        "{% for %}".into(),
+        String::new(),
+        String::new(),
+        "m/tokenizer_config.json",
+    );
+    let err = r.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        err.contains("m/tokenizer_config.json") && err.contains("chat template"),
+        "{err}"
+    );
+}
+
+#[test]
+fn strftime_directives() {
+    let date = ok(time::Date::from_calendar_date(2024, time::Month::July, 5));
+    let t = ok(date.with_hms(14, 3, 9)).assume_utc();
+    assert_eq!(ok(strftime(&t, "%d %b %Y")), "05 Jul 2024");
+    assert_eq!(
+        ok(strftime(&t, "%A %B %e, %y %H:%M:%S %I%p %j %m %%")),
+        "Friday July  5, 24 14:03:09 02PM 187 07 %"
+    );
+    assert!(strftime(&t, "%Q").is_err());
+    // and from a template
+    let out = ok(tpl("{{ strftime_now('%Y') }}").render(&[], false));
+    assert!(out.len() == 4 && out.starts_with('2'), "{out}");
+}

@@ -1,0 +1,372 @@
+//! The model's tokenizer: Hugging Face `tokenizer.json` (through the
+//! `tokenizers` crate) plus the parts of `tokenizer_config.json` that matter
+//! for serving: the BOS / EOS tokens, `add_bos_token` and the chat template.
+//!
+//! Contract:
+//! - [`Tokenizer::encode`] with `add_special_tokens` returns exactly what the
+//!   model expects at the start of a prompt: the tokenizer.json post-processor
+//!   decides (Llama 3's adds BOS 128000 itself); only when tokenizer_config says
+//!   `add_bos_token: true` and the post-processor does not add it is BOS
+//!   prepended here. BOS is never added twice.
+//! - [`Tokenizer::decode`] rejects ids outside the vocabulary instead of
+//!   silently dropping them. No `clean_up_tokenization_spaces` pass is applied
+//!   (it is lossy and would break incremental decoding; see `detok`).
+//! - [`Tokenizer::encode_chat`] renders the chat template and encodes it so that
+//!   a template that already writes the BOS text does not get a second BOS.
+//! - Every error names the file (or the in-memory origin) at fault.
+//!
+//! Costs: loading parses tokenizer.json once (tens of ms for a 128k vocabulary)
+//! and compiles the chat template once; encode/decode are linear in the text /
+//! ids; the struct is immutable and shared as `Arc<Tokenizer>`.
+
+use crate::chat::{ChatTemplate, LLAMA3_HEADER_TOKEN};
+use config::{RawSpecialToken, RawTokenizerConfig, pick_template};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+mod config;
+
+/// File names read by [`Tokenizer::from_dir`].
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// Newer `transformers` versions save the chat template beside the config.
+pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
+
+/// Errors from loading or using a tokenizer, each naming its file or origin.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("malformed {path}: {reason}")]
+    Parse { path: String, reason: String },
+    #[error("{path}: field `{field}`: {reason}")]
+    Invalid {
+        path: String,
+        field: &'static str,
+        reason: String,
+    },
+    #[error("{origin}: cannot encode text: {reason}")]
+    Encode { origin: String, reason: String },
+    #[error("{origin}: cannot decode ids: {reason}")]
+    Decode { origin: String, reason: String },
+    #[error("{origin}: token id {id} is outside the vocabulary (size {vocab_size})")]
+    UnknownId {
+        origin: String,
+        id: u32,
+        vocab_size: usize,
+    },
+    #[error(
+        "{origin}: the model has no chat template (none in tokenizer_config.json or \
+         chat_template.jinja) and its vocabulary is not Llama 3's, so no fallback applies"
+    )]
+    NoChatTemplate { origin: String },
+    #[error("{origin}: chat template: {reason}")]
+    Template { origin: String, reason: String },
+    #[error("GGUF tokenizer: `{field}`: {reason}")]
+    Gguf { field: &'static str, reason: String },
+    #[error("unknown GGUF pre-tokenizer type `{0}` (supported: smollm, llama-bpe)")]
+    UnknownPreTokenizer(String),
+}
+
+/// One chat message, as in the OpenAI API and Hugging Face chat templates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A special token resolved against the vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Special {
+    text: String,
+    id: u32,
+}
+
+/// Tokenizer + special tokens + chat template of one model.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    /// Names the source in errors (the tokenizer.json path).
+    origin: String,
+    bos: Option<Special>,
+    eos: Option<Special>,
+    /// Prepend BOS in `encode` (config asks for it, post-processor does not).
+    prepend_bos: bool,
+    /// One past the largest id (model vocabulary and added tokens); cached
+    /// because `tokenizers` rebuilds the whole vocabulary map to count it.
+    vocab_size: usize,
+    chat: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("origin", &self.origin)
+            .field("vocab_size", &self.vocab_size())
+            .field("bos", &self.bos)
+            .field("eos", &self.eos)
+            .field("prepend_bos", &self.prepend_bos)
+            .field("has_chat_template", &self.chat.is_some())
+            .finish()
+    }
+}
+
+fn read_text(path: &Path) -> Result<String, TokenizerError> {
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`
+    /// and `dir/chat_template.jinja` (used when the config carries no template).
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
+        let tok_path = dir.join(TOKENIZER_FILE);
+        let tok_json = read_text(&tok_path)?;
+        let cfg_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let cfg_json = if cfg_path.is_file() {
+            Some(read_text(&cfg_path)?)
+        } else {
+            None
+        };
+        let tpl_path = dir.join(CHAT_TEMPLATE_FILE);
+        let template_file = if tpl_path.is_file() {
+            Some((read_text(&tpl_path)?, tpl_path.display().to_string()))
+        } else {
+            None
+        };
+        Self::build(
+            &tok_json,
+            cfg_json.as_deref(),
+            template_file,
+            &tok_path.display().to_string(),
+            &cfg_path.display().to_string(),
+        )
+    }
+
+    /// Builds a tokenizer from in-memory JSON (tokenizer.json text and an
+    /// optional tokenizer_config.json text); `origin` names them in errors.
+    pub fn from_json(
+        tokenizer_json: &str,
+        config_json: Option<&str>,
+        origin: &str,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let cfg_origin = format!("{origin} ({TOKENIZER_CONFIG_FILE})");
+        Self::build(tokenizer_json, config_json, None, origin, &cfg_origin)
+    }
+
+    fn build(
+        tokenizer_json: &str,
+        config_json: Option<&str>,
+        template_file: Option<(String, String)>,
+        origin: &str,
+        cfg_origin: &str,
+    ) -> Result<Tokenizer, TokenizerError> {
+        let inner = tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes()).map_err(|e| {
+            TokenizerError::Parse {
+                path: origin.to_string(),
+                reason: e.to_string(),
+            }
+        })?;
+        let cfg = match config_json {
+            Some(text) => RawTokenizerConfig::parse(text, cfg_origin)?,
+            None => RawTokenizerConfig::default(),
+        };
+        let resolve = |tok: Option<RawSpecialToken>, field: &'static str| {
+            tok.map(|t| {
+                let text = t.into_text();
+                match inner.token_to_id(&text) {
+                    Some(id) => Ok(Special { text, id }),
+                    None => Err(TokenizerError::Invalid {
+                        path: cfg_origin.to_string(),
+                        field,
+                        reason: format!("token {text:?} is not in the vocabulary of {origin}"),
+                    }),
+                }
+            })
+            .transpose()
+        };
+        let bos = resolve(cfg.bos_token, "bos_token")?;
+        let eos = resolve(cfg.eos_token, "eos_token")?;
+
+        let prepend_bos = match (&bos, cfg.add_bos_token) {
+            (Some(b), Some(true)) => {
+                let probe = inner
+                    .encode("a", true)
+                    .map_err(|e| TokenizerError::Encode {
+                        origin: origin.to_string(),
+                        reason: e.to_string(),
+                    })?;
+                probe.get_ids().first() != Some(&b.id)
+            }
+            (None, Some(true)) => {
+                return Err(TokenizerError::Invalid {
+                    path: cfg_origin.to_string(),
+                    field: "add_bos_token",
+                    reason: "is true but no `bos_token` is given".to_string(),
+                });
+            }
+            _ => false,
+        };
+
+        let template = pick_template(cfg.chat_template, template_file, cfg_origin)?;
+        let bos_text = bos.as_ref().map(|b| b.text.clone()).unwrap_or_default();
+        let eos_text = eos.as_ref().map(|e| e.text.clone()).unwrap_or_default();
+        let chat = match template {
+            Some((src, from)) => Some(ChatTemplate::new(src, bos_text, eos_text, &from)?),
+            None if inner.token_to_id(LLAMA3_HEADER_TOKEN).is_some() => {
+                Some(ChatTemplate::llama3_fallback(eos_text, cfg_origin)?)
+            }
+            None => None,
+        };
+        let vocab_size = inner
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |&m| m as usize + 1);
+        Ok(Tokenizer {
+            vocab_size,
+            inner,
+            origin: origin.to_string(),
+            bos,
+            eos,
+            prepend_bos,
+            chat,
+        })
+    }
+
+    /// Encodes `text`; with `add_special_tokens` the result starts with BOS
+    /// exactly when the model's tokenizer adds one.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        let enc =
+            self.inner
+                .encode(text, add_special_tokens)
+                .map_err(|e| TokenizerError::Encode {
+                    origin: self.origin.clone(),
+                    reason: e.to_string(),
+                })?;
+        let ids = enc.get_ids();
+        match (&self.bos, add_special_tokens && self.prepend_bos) {
+            (Some(b), true) if ids.first() != Some(&b.id) => {
+                let mut out = Vec::with_capacity(ids.len() + 1);
+                out.push(b.id);
+                out.extend_from_slice(ids);
+                Ok(out)
+            }
+            _ => Ok(ids.to_vec()),
+        }
+    }
+
+    /// Decodes `ids` to text (invalid UTF-8 becomes U+FFFD); special tokens are
+    /// left out when `skip_special`. An id outside the vocabulary is an error.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizerError> {
+        let vocab_size = self.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(TokenizerError::UnknownId {
+                origin: self.origin.clone(),
+                id,
+                vocab_size,
+            });
+        }
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| TokenizerError::Decode {
+                origin: self.origin.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Renders the chat template (the model's own, or the Llama 3 header format
+    /// for a Llama 3 vocabulary without one).
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        match &self.chat {
+            Some(t) => t.render(messages, add_generation_prompt),
+            None => Err(TokenizerError::NoChatTemplate {
+                origin: self.origin.clone(),
+            }),
+        }
+    }
+
+    /// The prompt ids for a conversation, ending with the assistant's turn
+    /// header: the template is rendered with `add_generation_prompt` and
+    /// encoded with the tokenizer's special tokens unless the rendered text
+    /// already starts with the BOS text (so BOS appears once, never twice).
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template(messages, true)?;
+        self.encode_rendered_prompt(&text)
+    }
+
+    /// Encodes an already-rendered chat prompt with the BOS rule of
+    /// [`Tokenizer::encode_chat`].
+    pub fn encode_rendered_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let starts_with_bos = self
+            .bos
+            .as_ref()
+            .is_some_and(|b| !b.text.is_empty() && text.starts_with(&b.text));
+        self.encode(text, !starts_with_bos)
+    }
+
+    /// The EOS id(s) from tokenizer_config.json's `eos_token` (empty if none).
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos.iter().map(|e| e.id).collect()
+    }
+
+    /// The BOS id from tokenizer_config.json's `bos_token`, if any.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos.as_ref().map(|b| b.id)
+    }
+
+    /// Number of ids (one past the largest), added tokens included. It may
+    /// differ from the model's `vocab_size` (embedding rows).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The vocabulary piece of `id` as stored (byte-level BPE shows a leading
+    /// space as `Ġ`); `None` outside the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The id of a vocabulary piece or added token.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The text `id` decodes to on its own (what logprobs report for a token;
+    /// a lone byte of a multi-byte character shows as U+FFFD).
+    pub fn token_text(&self, id: u32) -> Result<String, TokenizerError> {
+        self.decode(&[id], false)
+    }
+
+    /// The chat template source in use, if any (the Llama 3 fallback included).
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat.as_ref().map(|c| c.source())
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+#[cfg(test)]
+mod real_models;
+#[cfg(test)]
+mod tests;

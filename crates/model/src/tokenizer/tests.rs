@@ -1,0 +1,237 @@
+use super::*;
+use crate::bpe_from_gguf::fixture;
+
+fn ok<T, E: std::fmt::Display>(r: Result<T, E>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn err_msg<T, E: std::fmt::Display>(r: Result<T, E>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Fixture tokenizer.json whose post-processor adds `<|endoftext|>` (id 0) as BOS.
+fn json_with_bos_post_processor() -> String {
+    let mut v: serde_json::Value = ok(serde_json::from_str(&fixture::tokenizer_json(
+        false, "smollm",
+    )));
+    v["post_processor"] = serde_json::json!({
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}
+    });
+    v.to_string()
+}
+
+const BOS_CFG: &str = r#"{"bos_token": {"content": "<|endoftext|>", "special": true}, "eos_token": "<|im_end|>", "add_bos_token": true}"#;
+
+#[test]
+fn add_bos_token_prepends_bos_once() {
+    let tok = fixture::tokenizer(false, Some(BOS_CFG));
+    let with = ok(tok.encode(" the", true));
+    let without = ok(tok.encode(" the", false));
+    assert_eq!(with[0], 0);
+    assert_eq!(&with[1..], &without[..]);
+    assert_ne!(without[0], 0);
+    // text that already starts with BOS still gets only the one BOS from encode
+    let pre = ok(tok.encode("<|endoftext|> the", true));
+    assert_eq!(pre.iter().filter(|&&i| i == 0).count(), 1, "{pre:?}");
+    assert_eq!(tok.eos_ids(), vec![2]);
+    assert_eq!(tok.bos_id(), Some(0));
+}
+
+#[test]
+fn bos_from_the_post_processor_is_not_doubled() {
+    let tok = ok(Tokenizer::from_json(
+        &json_with_bos_post_processor(),
+        Some(BOS_CFG),
+        "pp",
+    ));
+    let ids = ok(tok.encode(" the", true));
+    assert_eq!(ids.iter().filter(|&&i| i == 0).count(), 1, "{ids:?}");
+    assert_eq!(ids[0], 0);
+    assert!(!ok(tok.encode(" the", false)).contains(&0));
+}
+
+#[test]
+fn no_bos_without_add_bos_token() {
+    let cfg = r#"{"bos_token": "<|endoftext|>", "eos_token": null, "add_bos_token": false}"#;
+    let tok = fixture::tokenizer(false, Some(cfg));
+    assert!(!ok(tok.encode("The", true)).contains(&0));
+    assert!(tok.eos_ids().is_empty());
+}
+
+#[test]
+fn from_dir_reads_both_files_and_names_missing_ones() {
+    let dir = ok(tempfile::tempdir());
+    let missing = err_msg(Tokenizer::from_dir(dir.path()));
+    assert!(missing.contains("tokenizer.json"), "{missing}");
+
+    ok(std::fs::write(
+        dir.path().join(TOKENIZER_FILE),
+        fixture::tokenizer_json(false, "smollm"),
+    ));
+    // tokenizer_config.json is optional
+    let tok = ok(Tokenizer::from_dir(dir.path()));
+    assert!(tok.eos_ids().is_empty());
+
+    ok(std::fs::write(
+        dir.path().join(TOKENIZER_CONFIG_FILE),
+        BOS_CFG,
+    ));
+    let tok = ok(Tokenizer::from_dir(dir.path()));
+    assert_eq!(tok.eos_ids(), vec![2]);
+    assert_eq!(tok.vocab_size(), 3 + 256 + fixture_merged_tokens());
+
+    ok(std::fs::write(
+        dir.path().join(TOKENIZER_CONFIG_FILE),
+        "{not json",
+    ));
+    let bad = err_msg(Tokenizer::from_dir(dir.path()));
+    assert!(
+        bad.contains("tokenizer_config.json") && bad.contains("malformed"),
+        "{bad}"
+    );
+
+    ok(std::fs::write(
+        dir.path().join(TOKENIZER_FILE),
+        "{\"model\": 3}",
+    ));
+    let bad = err_msg(Tokenizer::from_dir(dir.path()));
+    assert!(
+        bad.contains("tokenizer.json") && bad.contains("malformed"),
+        "{bad}"
+    );
+}
+
+fn fixture_merged_tokens() -> usize {
+    fixture::vocab(false).1.len()
+}
+
+#[test]
+fn special_tokens_missing_from_the_vocabulary_are_errors() {
+    let cfg = r#"{"eos_token": "</s>"}"#;
+    let msg = err_msg(Tokenizer::from_json(
+        &fixture::tokenizer_json(false, "smollm"),
+        Some(cfg),
+        "fx",
+    ));
+    assert!(msg.contains("eos_token") && msg.contains("</s>"), "{msg}");
+    let cfg = r#"{"add_bos_token": true}"#;
+    let msg = err_msg(Tokenizer::from_json(
+        &fixture::tokenizer_json(false, "smollm"),
+        Some(cfg),
+        "fx",
+    ));
+    assert!(msg.contains("add_bos_token"), "{msg}");
+}
+
+#[test]
+fn decode_rejects_ids_outside_the_vocabulary() {
+    let tok = fixture::tokenizer(false, None);
+    let n = tok.vocab_size() as u32;
+    let msg = err_msg(tok.decode(&[5, n], false));
+    assert!(
+        msg.contains(&format!("token id {n}")) && msg.contains("fixture"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn token_lookup_for_logprobs() {
+    let tok = fixture::tokenizer(false, None);
+    let id = ok(tok.encode(" the", false));
+    assert_eq!(id.len(), 1);
+    assert_eq!(tok.id_to_token(id[0]).as_deref(), Some("Ġthe"));
+    assert_eq!(ok(tok.token_text(id[0])), " the");
+    assert_eq!(tok.token_to_id("<|im_end|>"), Some(2));
+    assert_eq!(tok.id_to_token(tok.vocab_size() as u32), None);
+}
+
+#[test]
+fn chat_template_list_picks_default_and_file_is_a_fallback() {
+    let cfg = r#"{"chat_template": [
+        {"name": "tool_use", "template": "TOOLS"},
+        {"name": "default", "template": "{% for m in messages %}[{{ m.role }}]{% endfor %}"}]}"#;
+    let tok = fixture::tokenizer(false, Some(cfg));
+    let msgs = [ChatMessage::new("user", "hi")];
+    assert_eq!(ok(tok.apply_chat_template(&msgs, false)), "[user]");
+
+    let dir = ok(tempfile::tempdir());
+    ok(std::fs::write(
+        dir.path().join(TOKENIZER_FILE),
+        fixture::tokenizer_json(false, "smollm"),
+    ));
+    ok(std::fs::write(
+        dir.path().join(CHAT_TEMPLATE_FILE),
+        "{{ messages[0].content }}!",
+    ));
+    let tok = ok(Tokenizer::from_dir(dir.path()));
+    assert_eq!(ok(tok.apply_chat_template(&msgs, true)), "hi!");
+}
+
+#[test]
+fn no_template_and_no_llama3_vocabulary_is_a_clear_error() {
+    let tok = fixture::tokenizer(false, None);
+    let msg = err_msg(tok.apply_chat_template(&[ChatMessage::new("user", "hi")], true));
+    assert!(
+        msg.contains("no chat template") && msg.contains("fixture"),
+        "{msg}"
+    );
+    assert!(tok.chat_template().is_none());
+}
+
+#[test]
+fn llama3_vocabulary_without_template_uses_the_header_format() {
+    let j = fixture::tokenizer_json(true, "smollm");
+    let cfg =
+        r#"{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": true}"#;
+    let tok = ok(Tokenizer::from_json(&j, Some(cfg), "l3"));
+    let msgs = [ChatMessage::new("user", "Hello")];
+    let text = ok(tok.apply_chat_template(&msgs, true));
+    assert_eq!(
+        text,
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    // encode_chat: the rendered text starts with BOS, so no second one
+    let ids = ok(tok.encode_chat(&msgs));
+    let bos = tok.bos_id().unwrap_or(u32::MAX);
+    assert_eq!(ids[0], bos);
+    assert_eq!(ids.iter().filter(|&&i| i == bos).count(), 1, "{ids:?}");
+    assert_eq!(ok(tok.decode(&ids, false)), text);
+}
+
+#[test]
+fn encode_chat_adds_bos_when_the_template_does_not() {
+    let cfg = r#"{"bos_token": "<|endoftext|>", "add_bos_token": true,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"}"#;
+    let tok = fixture::tokenizer(false, Some(cfg));
+    let ids = ok(tok.encode_chat(&[ChatMessage::new("user", "Hello")]));
+    assert_eq!(ids[0], 0);
+    assert_eq!(ids[1], 1);
+    assert_eq!(ids.iter().filter(|&&i| i == 0).count(), 1);
+}
+
+#[test]
+fn chat_message_serde_roundtrip() {
+    let m: ChatMessage = ok(serde_json::from_str(r#"{"role":"user","content":"x"}"#));
+    assert_eq!(m, ChatMessage::new("user", "x"));
+    assert_eq!(
+        ok(serde_json::to_string(&m)),
+        r#"{"role":"user","content":"x"}"#
+    );
+}
+
+#[test]
+fn tokenizer_and_decoder_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<crate::detok::IncrementalDecoder>();
+}
