@@ -1,0 +1,173 @@
+//! `lamina bench`: the workloads of `../shared/bench/torch_baseline.py`, run
+//! through the engine on random prompt tokens, greedy, EOS ignored.
+//!
+//! - b1: one stream, `--b1-prompt` prompt tokens then `--b1-gen` tokens: decode tok/s
+//!   (first to last token) and TTFT.
+//! - b2: time to first token for a `--b2-prompt`-token prompt (median of `--repeats`).
+//! - b3: `--b3-batch` prompts of `--b3-prompt` tokens, `--b3-gen` new tokens each,
+//!   submitted at once: output tok/s over the whole run, prefill included.
+//!
+//! Defaults are the baseline's sizes; shrink them for the CPU backend.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use engine::{Event, GenerateRequest, RequestHandle};
+use model::SamplingParams;
+use model::sampling::splitmix64;
+use serde_json::json;
+
+use crate::setup::{self, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Comma-separated workloads among b1, b2, b3.
+    #[arg(long, default_value = "b1,b2,b3", value_delimiter = ',')]
+    pub workloads: Vec<String>,
+    #[arg(long, default_value_t = 128)]
+    pub b1_prompt: usize,
+    #[arg(long, default_value_t = 256)]
+    pub b1_gen: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub b2_prompt: usize,
+    #[arg(long, default_value_t = 256)]
+    pub b3_batch: usize,
+    #[arg(long, default_value_t = 512)]
+    pub b3_prompt: usize,
+    #[arg(long, default_value_t = 256)]
+    pub b3_gen: usize,
+    /// Timed repetitions of b1 and b2 (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Write the results as JSON here too.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// Timings of one request.
+struct Timing {
+    ttft: Duration,
+    decode: Duration,
+    tokens: usize,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.repeats == 0 {
+        bail!("invalid `--repeats`: must be at least 1");
+    }
+    let loaded = setup::open(&args.model, 0)?;
+    let vocab = loaded.model.config.vocab_size as u64;
+    let mut rng = 0u64;
+    let mut prompt = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                rng += 1;
+                (splitmix64(rng) % vocab) as u32
+            })
+            .collect()
+    };
+    let submit = |p: Vec<u32>, n: usize| -> Result<RequestHandle> {
+        Ok(loaded.engine.submit(GenerateRequest {
+            prompt: p,
+            sampling: SamplingParams::greedy(),
+            max_tokens: n,
+            stop: Vec::new(),
+            ignore_eos: true,
+        })?)
+    };
+    let mut res = serde_json::Map::new();
+    res.insert("engine".into(), json!(format!("lamina {}", env!("CARGO_PKG_VERSION"))));
+    res.insert("model".into(), json!(loaded.model_id));
+    // warm-up: first-use costs (graph capture, page faults) stay out of the figures
+    time(submit(prompt(16), 4)?)?;
+    for w in &args.workloads {
+        match w.as_str() {
+            "b1" => {
+                let mut rates = Vec::new();
+                for _ in 0..args.repeats {
+                    let t = time(submit(prompt(args.b1_prompt), args.b1_gen)?)?;
+                    let steps = t.tokens.saturating_sub(1).max(1);
+                    rates.push(steps as f64 / t.decode.as_secs_f64().max(1e-9));
+                }
+                let r = median(rates);
+                println!(
+                    "b1 single stream ({} prompt, {} new): {r:.1} tok/s decode ({:.3} ms/token)",
+                    args.b1_prompt,
+                    args.b1_gen,
+                    1e3 / r
+                );
+                res.insert("b1_decode_tok_s".into(), json!(r));
+            }
+            "b2" => {
+                let mut ms = Vec::new();
+                for _ in 0..args.repeats {
+                    let t = time(submit(prompt(args.b2_prompt), 1)?)?;
+                    ms.push(t.ttft.as_secs_f64() * 1e3);
+                }
+                let m = median(ms);
+                println!("b2 TTFT {} tokens: {m:.2} ms", args.b2_prompt);
+                res.insert("b2_ttft_ms".into(), json!(m));
+            }
+            "b3" => {
+                let start = Instant::now();
+                let handles = (0..args.b3_batch)
+                    .map(|_| submit(prompt(args.b3_prompt), args.b3_gen))
+                    .collect::<Result<Vec<_>>>()?;
+                let total: usize = std::thread::scope(|s| {
+                    let joins: Vec<_> = handles.into_iter().map(|h| s.spawn(move || time(h))).collect();
+                    joins
+                        .into_iter()
+                        .map(|j| j.join().map_err(|_| anyhow::anyhow!("bench thread panicked"))?.map(|t| t.tokens))
+                        .sum::<Result<usize>>()
+                })?;
+                let rate = total as f64 / start.elapsed().as_secs_f64();
+                println!(
+                    "b3 throughput {} x ({} in, {} out): {rate:.0} output tok/s",
+                    args.b3_batch, args.b3_prompt, args.b3_gen
+                );
+                res.insert("b3_out_tok_s".into(), json!(rate));
+            }
+            other => bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3)"),
+        }
+    }
+    loaded.engine.shutdown();
+    let res = serde_json::Value::Object(res);
+    println!("{res}");
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&res)?)?;
+    }
+    Ok(())
+}
+
+fn time(mut h: RequestHandle) -> Result<Timing> {
+    let start = Instant::now();
+    let mut first = None;
+    let mut tokens = 0;
+    while let Some(ev) = h.blocking_next() {
+        match ev {
+            Event::Token(_) => {
+                tokens += 1;
+                first.get_or_insert_with(Instant::now);
+            }
+            Event::Done(d) => {
+                if let Some(e) = d.error {
+                    bail!("benchmark request failed: {e}");
+                }
+                let first = first.unwrap_or_else(Instant::now);
+                return Ok(Timing {
+                    ttft: first - start,
+                    decode: first.elapsed(),
+                    tokens,
+                });
+            }
+        }
+    }
+    bail!("the engine stopped during the benchmark")
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,83 @@
+//! Sampling and stopping options shared by `generate`, `chat` and `bench`, and
+//! their conversion to an engine request.
+//!
+//! Defaults follow vLLM: a model's `generation_config.json` supplies
+//! temperature / top-p / top-k when the flag is absent, else OpenAI's
+//! defaults (temperature 1, top-p 1). An absent seed is drawn from the clock.
+
+use anyhow::{Result, bail};
+use engine::GenerateRequest;
+use model::{GenerationConfig, SamplingParams};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, in (0, 1].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Drop tokens below this fraction of the top probability.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalise tokens already seen (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Seed for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Report the top-K log-probabilities of each generated token.
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+    /// Stop when this text is generated (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep going past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    /// The sampling parameters, validated; errors name the flag.
+    pub fn params(&self, defaults: &GenerationConfig) -> Result<SamplingParams> {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        let p = SamplingParams {
+            temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
+            top_k: self.top_k.or(defaults.top_k).unwrap_or(0),
+            top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed,
+            logprobs: self.logprobs.unwrap_or(0),
+        };
+        if let Err(e) = p.validate() {
+            bail!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason);
+        }
+        Ok(p)
+    }
+
+    /// An engine request for `prompt`.
+    pub fn request(&self, prompt: Vec<u32>, defaults: &GenerationConfig) -> Result<GenerateRequest> {
+        if self.max_tokens == 0 {
+            bail!("invalid `--max-tokens`: must be at least 1");
+        }
+        Ok(GenerateRequest {
+            prompt,
+            sampling: self.params(defaults)?,
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}

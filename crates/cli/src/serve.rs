@@ -1,0 +1,83 @@
+//! `lamina serve`: the OpenAI-compatible HTTP server (`server` crate) over
+//! the engine, on 127.0.0.1:8000 unless told otherwise.
+//!
+//! Loads the model (fetching it on first use), binds, prints the address to
+//! stderr, and serves until Ctrl-C / SIGTERM; then stops accepting, lets
+//! in-flight requests finish for `--grace` seconds, cancels the rest and
+//! exits 0.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::setup::{self, ModelArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; the default only accepts local clients.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Require `Authorization: Bearer <KEY>` on /v1/* and /tokenize.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Most requests waiting for admission; more get 429 (0 = unbounded).
+    #[arg(long, default_value_t = 1024)]
+    pub max_queue: usize,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = server::DEFAULT_BODY_LIMIT)]
+    pub body_limit: usize,
+    /// Seconds in-flight requests may run after Ctrl-C / SIGTERM before being cancelled.
+    #[arg(long, default_value_t = 10.0)]
+    pub grace: f64,
+    /// Name clients use for the model (default: the --model id or directory name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    if !(args.grace >= 0.0 && args.grace.is_finite()) {
+        bail!(
+            "invalid `--grace`: must be a non-negative number of seconds, got {}",
+            args.grace
+        );
+    }
+    if args.body_limit == 0 {
+        bail!("invalid `--body-limit`: must be at least 1 byte");
+    }
+    if args.api_key.as_deref().is_some_and(str::is_empty) {
+        bail!("invalid `--api-key`: must not be empty");
+    }
+    let addr = if args.host.contains(':') {
+        format!("[{}]:{}", args.host, args.port)
+    } else {
+        format!("{}:{}", args.host, args.port)
+    };
+    let loaded = setup::open(&args.model, args.max_queue)?;
+    let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
+    let cfg = server::ServerConfig {
+        model_id: model_id.clone(),
+        api_key: args.api_key.clone(),
+        body_limit: args.body_limit,
+        grace: Duration::from_secs_f64(args.grace),
+        defaults: loaded.model.generation.clone(),
+    };
+    let state = server::AppState::new(loaded.engine, loaded.tokenizer, cfg);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lamina-http")
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = server::bind(&addr).await?;
+        let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+        eprintln!("lamina: serving `{model_id}` on http://{local} (Ctrl-C to stop)");
+        server::serve(state, listener, server::shutdown_signal()).await
+    })?;
+    eprintln!("lamina: server stopped");
+    Ok(())
+}

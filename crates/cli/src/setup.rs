@@ -1,0 +1,177 @@
+//! Opening a model for a command: resolve the id or directory (fetching on
+//! first use), load config, tokenizer and weights, pick the device, size the
+//! KV pool and start the engine.
+//!
+//! Costs: loading reads every weight once (the safetensors files are memory
+//! mapped and converted to BF16); the KV pool is allocated once, here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use engine::{Engine, EngineConfig};
+use model::loader::LoadedModel;
+use model::tokenizer::Tokenizer;
+use model::{Backend, KvShape};
+
+/// Tokens per KV block.
+pub const BLOCK_SIZE: usize = 16;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The CPU reference backend.
+    Cpu,
+    /// The CUDA backend on GPU 0.
+    Cuda,
+    /// CUDA when it is available, else the CPU.
+    Auto,
+}
+
+/// Options every model-running command shares.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model id in the store (fetched on first use) or a model directory.
+    #[arg(long, default_value = model::store::DEFAULT_MODEL)]
+    pub model: String,
+    /// Device to run on.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Cap the KV pool at this many blocks of 16 tokens (default: sized from memory).
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// Memory for the KV pool in GiB when --kv-blocks is not given.
+    #[arg(long, default_value_t = 2.0)]
+    pub kv_memory_gib: f64,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Most tokens in one step (decodes plus prefill chunks).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Disable reuse of cached prompt prefixes.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
+}
+
+/// A model opened for serving requests.
+pub struct Loaded {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model: LoadedModel,
+    /// The name shown to API clients (the id, or the directory's name).
+    pub model_id: String,
+}
+
+/// Resolves `args.model` to a directory, fetching a known id on first use.
+pub fn model_dir(model: &str) -> Result<PathBuf> {
+    Ok(model::store::resolve(model, true)?)
+}
+
+/// The name a model is shown under: the id as given, or a directory's last component.
+pub fn display_name(model: &str) -> String {
+    let path = std::path::Path::new(model);
+    if path.is_dir() {
+        if let Some(name) = path.file_name() {
+            return name.to_string_lossy().into_owned();
+        }
+    }
+    model.to_string()
+}
+
+/// Opens the model and starts the engine.
+pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
+    if args.max_num_seqs == 0 {
+        bail!("invalid `--max-num-seqs`: must be at least 1");
+    }
+    if args.max_batch_tokens == 0 {
+        bail!("invalid `--max-batch-tokens`: must be at least 1");
+    }
+    let dir = model_dir(&args.model)?;
+    let loaded = model::loader::load_config(&dir)?;
+    let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
+    let backend = open_backend(args, &loaded)?;
+    let mut eos = loaded.eos_ids.clone();
+    for id in tokenizer.eos_ids() {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    let engine = Engine::start(
+        backend,
+        tokenizer.clone(),
+        eos,
+        EngineConfig {
+            max_num_seqs: args.max_num_seqs,
+            max_batch_tokens: args.max_batch_tokens,
+            enable_prefix_cache: !args.no_prefix_cache,
+            max_queue,
+        },
+    )?;
+    Ok(Loaded {
+        engine,
+        tokenizer,
+        model: loaded,
+        model_id: display_name(&args.model),
+    })
+}
+
+/// Loads the weights onto the chosen device with a KV pool sized from the options.
+pub fn open_backend(args: &ModelArgs, loaded: &LoadedModel) -> Result<Box<dyn Backend>> {
+    let cuda = match args.device {
+        DeviceArg::Cpu => false,
+        DeviceArg::Cuda => {
+            if let Err(why) = model::cuda::available() {
+                bail!("--device cuda is unavailable: {why}");
+            }
+            true
+        }
+        DeviceArg::Auto => model::cuda::available().is_ok(),
+    };
+    let cfg = &loaded.config;
+    // CPU keeps its KV cache in f32, the GPU in bf16.
+    let dtype_bytes = if cuda { 2 } else { 4 };
+    let per_block = paged_kv::bytes_per_block(
+        cfg.num_layers,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        dtype_bytes,
+        BLOCK_SIZE,
+    );
+    let num_blocks = match args.kv_blocks {
+        Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
+        Some(n) => n,
+        None => {
+            if !(args.kv_memory_gib > 0.0 && args.kv_memory_gib.is_finite()) {
+                bail!("invalid `--kv-memory-gib`: must be positive, got {}", args.kv_memory_gib);
+            }
+            let budget = (args.kv_memory_gib * (1u64 << 30) as f64) as usize;
+            // never more than the context of max_num_seqs sequences
+            let useful = args
+                .max_num_seqs
+                .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
+            paged_kv::blocks_for_budget(budget, per_block).min(useful).max(1)
+        }
+    };
+    let kv = KvShape {
+        num_blocks,
+        block_size: BLOCK_SIZE,
+    };
+    let weights = model::loader::load_weights(&loaded.dir, cfg)?;
+    let backend: Box<dyn Backend> = if cuda {
+        Box::new(
+            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, 0)
+                .context("starting the CUDA backend")?,
+        )
+    } else {
+        Box::new(model::cpu::CpuBackend::new(cfg.clone(), weights, kv)?)
+    };
+    tracing::info!(
+        backend = %backend.name(),
+        kv_blocks = num_blocks,
+        block_size = BLOCK_SIZE,
+        "model loaded"
+    );
+    Ok(backend)
+}

@@ -1,0 +1,196 @@
+//! End-to-end tests of the `lamina` binary: the first-run command on the real
+//! SmolLM2, tokenization, reproducible sampling, and each kind of bad input
+//! giving a non-zero exit with one clear line naming the cause and no panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn lamina(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lamina"))
+        .args(args)
+        .output()
+        .expect("the lamina binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A `tiny` synthetic model written once per test run through the CLI itself.
+fn tiny() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("lamina-cli-tiny-{}", std::process::id()));
+        let out = lamina(&["synth-model", "--preset", "tiny", "--seed", "3", "--out", dir.to_str().unwrap()]);
+        assert!(out.status.success(), "synth-model failed: {}", stderr(&out));
+        dir
+    })
+}
+
+/// A private copy of the tiny model to break.
+fn tiny_copy(name: &str) -> PathBuf {
+    let dst = std::env::temp_dir().join(format!("lamina-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for entry in std::fs::read_dir(tiny()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
+    }
+    dst
+}
+
+/// Asserts a failure with exactly one non-empty stderr line containing every `needle`.
+fn assert_clear_error(out: &Output, needles: &[&str]) {
+    let err = stderr(out);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "`{}` should mention `{n}`", lines[0]);
+    }
+}
+
+fn gen_json(model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["generate", "--device", "cpu", "--json", "--model", model.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = lamina(&args);
+    assert!(out.status.success(), "generate failed: {}", stderr(&out));
+    serde_json::from_str(stdout(&out).trim()).expect("one JSON object")
+}
+
+#[test]
+fn first_run_command_says_paris() {
+    // the README's main command, on the default model (fetched on first use)
+    let out = lamina(&["generate", "--device", "cpu", "--max-tokens", "8", "--temperature", "0", "The capital of France is"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("Paris"), "got: {}", stdout(&out));
+}
+
+#[test]
+fn json_output_has_every_field_and_logprobs() {
+    let v = gen_json(tiny(), &["--max-tokens", "5", "--temperature", "0", "--logprobs", "3", "--ignore-eos", "hello"]);
+    let tokens = v["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 5);
+    assert_eq!(v["finish_reason"], "length");
+    assert!(v["prompt_tokens"].as_array().unwrap().len() > 1);
+    assert!(v["text"].is_string());
+    let lps = v["logprobs"].as_array().unwrap();
+    assert_eq!(lps.len(), 5);
+    for (row, tok) in lps.iter().zip(tokens) {
+        let row = row.as_array().unwrap();
+        assert_eq!(row.len(), 3);
+        assert_eq!(&row[0][0], tok, "the chosen token comes first");
+        // greedy: the chosen token is the most likely one
+        assert!(row[0][1].as_f64().unwrap() >= row[1][1].as_f64().unwrap());
+    }
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_greedy_is_temperature_zero() {
+    let args = ["--max-tokens", "12", "--temperature", "1.0", "--seed", "1234", "--ignore-eos", "--prompt-tokens", "5,6,7"];
+    let a = gen_json(tiny(), &args);
+    let b = gen_json(tiny(), &args);
+    assert_eq!(a["tokens"], b["tokens"]);
+    let other = gen_json(tiny(), &["--max-tokens", "12", "--temperature", "1.0", "--seed", "99", "--ignore-eos", "--prompt-tokens", "5,6,7"]);
+    assert_ne!(a["tokens"], other["tokens"], "a different seed should change a 12-token sample");
+    let greedy = gen_json(tiny(), &["--max-tokens", "12", "--temperature", "0", "--ignore-eos", "--prompt-tokens", "5,6,7"]);
+    let top1 = gen_json(tiny(), &["--max-tokens", "12", "--temperature", "0.8", "--top-k", "1", "--seed", "5", "--ignore-eos", "--prompt-tokens", "5,6,7"]);
+    assert_eq!(greedy["tokens"], top1["tokens"]);
+}
+
+#[test]
+fn prompts_file_runs_all_in_input_order() {
+    let file = std::env::temp_dir().join(format!("lamina-prompts-{}.txt", std::process::id()));
+    std::fs::write(&file, "a\nlonger prompt here\n\nb c\n").unwrap();
+    let out = lamina(&[
+        "generate", "--device", "cpu", "--json", "--temperature", "0", "--max-tokens", "4", "--ignore-eos",
+        "--model", tiny().to_str().unwrap(), "--prompts-file", file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 3);
+    for (row, prompt) in rows.iter().zip(["a", "longer prompt here", "b c"]) {
+        let alone = gen_json(tiny(), &["--temperature", "0", "--max-tokens", "4", "--ignore-eos", prompt]);
+        assert_eq!(row["tokens"], alone["tokens"], "prompt {prompt:?}");
+        assert_eq!(row["prompt_tokens"], alone["prompt_tokens"]);
+    }
+}
+
+#[test]
+fn tokenize_prints_ids_with_bos() {
+    let out = lamina(&["tokenize", "--model", tiny().to_str().unwrap(), "hi"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // the tiny byte-level tokenizer: BOS 256, then the two bytes
+    assert_eq!(stdout(&out).trim(), "256, 104, 105");
+}
+
+#[test]
+fn missing_model_directory() {
+    let out = lamina(&["generate", "--device", "cpu", "--model", "/nonexistent/lamina-model", "hi"]);
+    assert_clear_error(&out, &["/nonexistent/lamina-model", "does not exist"]);
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = tiny_copy("truncated");
+    let file = dir.join("model.safetensors");
+    let len = std::fs::metadata(&file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.set_len(len / 2).unwrap();
+    let out = lamina(&["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["model.safetensors"]);
+    assert!(stderr(&out).contains("model."), "names a tensor: {}", stderr(&out));
+}
+
+#[test]
+fn tensor_with_wrong_shape() {
+    // the config now says the MLP is wider than the stored tensors
+    let dir = tiny_copy("shape");
+    let cfg_path = dir.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let inter = cfg["intermediate_size"].as_u64().unwrap();
+    cfg["intermediate_size"] = (inter + 8).into();
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let out = lamina(&["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["model.safetensors", "mlp", "shape"]);
+}
+
+#[test]
+fn malformed_config_json() {
+    let dir = tiny_copy("config");
+    std::fs::write(dir.join("config.json"), "{\"hidden_size\": 64,").unwrap();
+    let out = lamina(&["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["config.json"]);
+}
+
+#[test]
+fn prompt_longer_than_context() {
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
+    let ctx = cfg["max_position_embeddings"].as_u64().unwrap() as usize;
+    let ids = vec!["7"; ctx + 10].join(",");
+    let out = lamina(&["generate", "--device", "cpu", "--model", tiny().to_str().unwrap(), "--prompt-tokens", &ids]);
+    assert_clear_error(&out, &["prompt", &ctx.to_string()]);
+}
+
+#[test]
+fn top_p_out_of_range() {
+    let out = lamina(&["generate", "--device", "cpu", "--model", tiny().to_str().unwrap(), "--top-p", "1.5", "hi"]);
+    assert_clear_error(&out, &["--top-p", "1.5"]);
+}
+
+#[test]
+fn cuda_without_a_gpu_says_why() {
+    if model::cuda::available().is_ok() {
+        return; // a GPU machine: nothing to check here
+    }
+    let out = lamina(&["generate", "--device", "cuda", "--model", tiny().to_str().unwrap(), "hi"]);
+    assert_clear_error(&out, &["--device cuda is unavailable"]);
+}

@@ -1,0 +1,261 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: parse, check the
+//! model and parameters, build the prompt (chat template or raw text / ids),
+//! submit to the engine and answer streamed or whole.
+//!
+//! Costs per request: one JSON parse, one tokenisation (and template render
+//! for chat), O(1) engine submission; then O(1) work per generated token.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use model::tokenizer::ChatMessage;
+
+use crate::error::{ApiError, from_submit};
+use crate::generate::{Job, Kind};
+use crate::middleware::RequestId;
+use crate::params;
+use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Message, Prompt};
+use crate::state::AppState;
+
+/// Chat roles the server accepts (`developer` is read as `system`).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// The body, or the API error for a refused one (413 over the limit).
+pub fn body_bytes(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rej| {
+        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                code: Some("request_too_large"),
+                ..ApiError::from_status(
+                    rej.status(),
+                    format!(
+                        "The request body is larger than this server's limit of {} bytes.",
+                        state.cfg.body_limit
+                    ),
+                )
+            }
+        } else {
+            ApiError::from_status(rej.status(), rej.body_text())
+        }
+    })
+}
+
+/// 404 unless `model` is absent or names the served model.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != state.cfg.model_id => Err(ApiError::unknown_model(m)),
+        _ => Ok(()),
+    }
+}
+
+/// The request's messages as template input; text parts are joined by newlines.
+pub fn chat_messages(msgs: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+    if msgs.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "`messages` must not be empty.",
+        ));
+    }
+    msgs.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].role"),
+                    format!("Unknown role `{}`; expected one of {ROLES:?}.", m.role),
+                ));
+            }
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                m.role.as_str()
+            };
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => {
+                    let mut texts = Vec::with_capacity(parts.len());
+                    for (j, p) in parts.iter().enumerate() {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => texts.push(t.as_str()),
+                            _ => {
+                                return Err(ApiError::invalid_param(
+                                    format!("messages[{i}].content[{j}]"),
+                                    format!(
+                                        "Only text content parts are supported, got type `{}`.",
+                                        p.kind
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    texts.join("\n")
+                }
+            };
+            Ok(ChatMessage {
+                role: role.to_string(),
+                content,
+            })
+        })
+        .collect()
+}
+
+fn refuse_if_draining(state: &AppState) -> Result<(), ApiError> {
+    if state.is_draining() {
+        Err(ApiError::shutting_down())
+    } else {
+        Ok(())
+    }
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestId(rid)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    refuse_if_draining(&state)?;
+    let body = body_bytes(&state, body)?;
+    let req: ChatRequest = protocol::parse(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (_, Some(k)) if k < 0 => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("`top_logprobs` must be >= 0, got {k}."),
+            ));
+        }
+        (Some(true), k) => Some(usize::try_from(k.unwrap_or(0)).unwrap_or(usize::MAX)),
+        (_, Some(k)) if k > 0 => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs` to be true.",
+            ));
+        }
+        _ => None,
+    };
+    let checked = params::check(
+        &req.common(),
+        logprobs.unwrap_or(0),
+        req.max_tokens_param(),
+        &state.cfg.defaults,
+    )
+    .map_err(|e| match e.param.as_deref() {
+        Some("logprobs") => ApiError {
+            param: Some("top_logprobs".into()),
+            ..e
+        },
+        _ => e,
+    })?;
+    let messages = chat_messages(&req.messages)?;
+    let prompt = state.tokenizer.encode_chat(&messages).map_err(|e| {
+        ApiError::invalid_param("messages", format!("Cannot apply the chat template: {e}"))
+    })?;
+    let greq = checked.request(prompt, state.max_context(), "messages")?;
+    let handle = state
+        .engine
+        .submit(greq)
+        .map_err(|e| from_submit(e, "messages"))?;
+    tracing::debug!(engine_id = handle.id, "submitted");
+    let mut job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    job.logprobs = logprobs;
+    job.include_usage = checked.include_usage;
+    job.respond(handle, checked.stream).await
+}
+
+/// The completion prompt as token ids (text gets the tokenizer's special tokens).
+fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    let one = |n: usize| {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::invalid_param(
+                "prompt",
+                format!("Only one prompt per request is supported, got {n}."),
+            ))
+        }
+    };
+    let ids = match prompt {
+        Prompt::Text(t) => encode(state, &t)?,
+        Prompt::Texts(mut v) => {
+            one(v.len())?;
+            encode(state, &v.remove(0))?
+        }
+        Prompt::Tokens(ids) => ids,
+        Prompt::TokenLists(mut v) => {
+            one(v.len())?;
+            v.remove(0)
+        }
+    };
+    let vocab = state.tokenizer.vocab_size();
+    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!("Token id {bad} is outside the vocabulary (size {vocab})."),
+        ));
+    }
+    Ok(ids)
+}
+
+fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
+    state
+        .tokenizer
+        .encode(text, true)
+        .map_err(|e| ApiError::invalid_param("prompt", format!("Cannot tokenize the prompt: {e}")))
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestId(rid)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    refuse_if_draining(&state)?;
+    let body = body_bytes(&state, body)?;
+    let req: CompletionRequest = protocol::parse(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    if req.echo == Some(true) {
+        return Err(ApiError::invalid_param("echo", "`echo` is not supported."));
+    }
+    if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid_param(
+            "suffix",
+            "`suffix` is not supported.",
+        ));
+    }
+    let logprobs = match req.logprobs {
+        Some(k) if k < 0 => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("`logprobs` must be >= 0, got {k}."),
+            ));
+        }
+        Some(k) => Some(usize::try_from(k).unwrap_or(usize::MAX)),
+        None => None,
+    };
+    let checked = params::check(
+        &req.common(),
+        logprobs.unwrap_or(0),
+        "max_tokens",
+        &state.cfg.defaults,
+    )?;
+    let prompt = completion_prompt(&state, req.prompt)?;
+    let greq = checked.request(prompt, state.max_context(), "prompt")?;
+    let handle = state
+        .engine
+        .submit(greq)
+        .map_err(|e| from_submit(e, "prompt"))?;
+    tracing::debug!(engine_id = handle.id, "submitted");
+    let mut job = Job::new(state.clone(), Kind::Completion, rid, arrived);
+    job.logprobs = logprobs;
+    job.include_usage = checked.include_usage;
+    job.respond(handle, checked.stream).await
+}

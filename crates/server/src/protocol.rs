@@ -1,0 +1,333 @@
+//! Request bodies of the OpenAI-compatible endpoints, as sent on the wire,
+//! and their parsing: malformed JSON and wrongly typed fields become 400
+//! errors naming the field (via `serde_path_to_error`). Range checks happen
+//! later, in [`crate::params`]. Unknown fields are ignored, as OpenAI does.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by chat and text completions (duplicated in each request
+/// struct rather than flattened, so type errors keep their field path).
+#[derive(Debug, Clone, Default)]
+pub struct CommonFields {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub n: Option<i64>,
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub ignore_eos: bool,
+}
+
+/// One chat message's `content`: a string or a list of content parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// `{"type": "text", "text": "..."}`; other part types are refused.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// One message of `messages`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Message {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Message>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+}
+
+impl ChatRequest {
+    /// The shared fields; `max_completion_tokens` wins over `max_tokens`.
+    pub fn common(&self) -> CommonFields {
+        CommonFields {
+            model: self.model.clone(),
+            max_tokens: self.max_completion_tokens.or(self.max_tokens),
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            n: self.n,
+            stream: self.stream.unwrap_or(false),
+            stream_options: self.stream_options.clone(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        }
+    }
+
+    /// Name of the `max_tokens` parameter the client used, for error messages.
+    pub fn max_tokens_param(&self) -> &'static str {
+        if self.max_completion_tokens.is_some() {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        }
+    }
+}
+
+/// `prompt` of a text completion: text or token ids, alone or in a list of one.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+}
+
+impl CompletionRequest {
+    pub fn common(&self) -> CommonFields {
+        CommonFields {
+            model: self.model.clone(),
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            n: self.n,
+            stream: self.stream.unwrap_or(false),
+            stream_options: self.stream_options.clone(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        }
+    }
+}
+
+/// `POST /tokenize`: a `prompt`, or chat `messages` rendered with the template.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<Message>>,
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+}
+
+/// Parses a JSON body: a syntax error is "malformed JSON", a type error
+/// names the field path (`messages[0].content`, `temperature`).
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    // serde would read a struct from an array too; a request is an object
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => ApiError::invalid_request("The request body must be a JSON object."),
+                Err(e) => {
+                    ApiError::malformed_json(format!("The request body is not valid JSON: {e}"))
+                }
+            },
+        );
+    }
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(de);
+    match parsed {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if inner.is_syntax() || inner.is_eof() {
+                Err(ApiError::malformed_json(format!(
+                    "The request body is not valid JSON: {inner}"
+                )))
+            } else if path.is_empty() || path == "." {
+                let msg = inner.to_string();
+                // serde names a missing field as "missing field `x` at line.."
+                let missing = msg
+                    .strip_prefix("missing field `")
+                    .and_then(|rest| rest.split('`').next())
+                    .map(str::to_owned);
+                Err(match missing {
+                    Some(field) => ApiError::invalid_param(
+                        field.clone(),
+                        format!("Missing required parameter `{field}`."),
+                    ),
+                    None => ApiError::invalid_request(format!("Invalid request body: {msg}")),
+                })
+            } else {
+                Err(ApiError::invalid_param(
+                    path.clone(),
+                    format!("Invalid value for `{path}`: {inner}"),
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_error_names_the_field() {
+        let e = parse::<ChatRequest>(br#"{"messages": [], "temperature": "hot"}"#).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let e = parse::<ChatRequest>(br#"{"messages": [{"role": 3}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+    }
+
+    #[test]
+    fn syntax_error_is_malformed_json() {
+        let e = parse::<ChatRequest>(br#"{"messages": ["#).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.code, Some("invalid_json"));
+        assert!(e.param.is_none());
+    }
+
+    #[test]
+    fn missing_required_field_is_named() {
+        let e = parse::<CompletionRequest>(br#"{"model": "m"}"#).unwrap_err();
+        assert_eq!(e.status, 400);
+        assert_eq!(e.param.as_deref(), Some("prompt"), "{}", e.message);
+        let e = parse::<CompletionRequest>(b"[1]").unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param), (400, None));
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        let r: CompletionRequest = parse(br#"{"prompt": [1, 2, 3]}"#).unwrap();
+        assert!(matches!(r.prompt, Prompt::Tokens(ref t) if t == &[1, 2, 3]));
+        let r: CompletionRequest = parse(br#"{"prompt": ["a"]}"#).unwrap();
+        assert!(matches!(r.prompt, Prompt::Texts(ref t) if t.len() == 1));
+        let r: ChatRequest = parse(
+            br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(r.messages[0].content, Some(Content::Parts(_))));
+    }
+}

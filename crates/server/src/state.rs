@@ -1,0 +1,105 @@
+//! The state every handler shares: the engine handle, the tokenizer, the
+//! served model's name and defaults, the metrics, the request-id counter and
+//! the draining flag set when shutdown begins.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use engine::Engine;
+use model::GenerationConfig;
+use model::tokenizer::Tokenizer;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+/// Request bodies larger than this are refused with 413 unless configured otherwise.
+pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
+
+/// How the server is set up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The name clients address the model by (`/v1/models`, `model` fields).
+    pub model_id: String,
+    /// When set, `/v1/*` and `/tokenize` require `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// Largest accepted request body in bytes (413 above).
+    pub body_limit: usize,
+    /// After a shutdown signal, how long in-flight requests may run before being cancelled.
+    pub grace: Duration,
+    /// Sampling defaults (`generation_config.json`) for fields a request leaves out.
+    pub defaults: GenerationConfig,
+}
+
+impl ServerConfig {
+    pub fn new(model_id: impl Into<String>) -> Self {
+        ServerConfig {
+            model_id: model_id.into(),
+            api_key: None,
+            body_limit: DEFAULT_BODY_LIMIT,
+            grace: Duration::from_secs(10),
+            defaults: GenerationConfig::default(),
+        }
+    }
+}
+
+/// Shared by all handlers behind an `Arc`.
+pub struct AppState {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub cfg: ServerConfig,
+    pub metrics: Metrics,
+    /// Unix time the server started (the model's `created`).
+    pub started: u64,
+    next_id: AtomicU64,
+    draining: watch::Sender<bool>,
+}
+
+impl AppState {
+    pub fn new(engine: Engine, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Arc<Self> {
+        Arc::new(AppState {
+            engine,
+            tokenizer,
+            cfg,
+            metrics: Metrics::default(),
+            started: unix_now(),
+            next_id: AtomicU64::new(1),
+            draining: watch::Sender::new(false),
+        })
+    }
+
+    /// A fresh request id (unique for this server's lifetime).
+    pub fn next_request_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True once shutdown has begun: new generation requests get 503.
+    pub fn is_draining(&self) -> bool {
+        *self.draining.borrow()
+    }
+
+    /// Starts draining (idempotent).
+    pub fn begin_drain(&self) {
+        self.draining.send_replace(true);
+    }
+
+    /// Resolves once draining has begun.
+    pub async fn drained(&self) {
+        let mut rx = self.draining.subscribe();
+        // the sender lives in `self`, so this only errs if `self` is gone
+        let _ = rx.wait_for(|d| *d).await;
+    }
+
+    /// The longest prompt + completion a request may have.
+    pub fn max_context(&self) -> usize {
+        self.engine.max_context()
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

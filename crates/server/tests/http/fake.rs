@@ -1,0 +1,130 @@
+//! A deterministic fake model for the server's tests: over the synthetic
+//! `tiny` preset's byte-level vocabulary (byte `b` is id `b`), the next
+//! token after a letter `a`..`x` is the following letter, after `y` it is
+//! EOS, after anything else `a`. So a prompt ending in `a` continues
+//! "bcdefghijklmnopqrstuvwxy" and stops; with `ignore_eos` it cycles.
+//! Each chosen token has logprob -0.5; the k alternatives follow it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::{Engine, EngineConfig};
+use model::synth::Preset;
+use model::synth::byte_tokenizer::{tokenizer_config_json, tokenizer_json};
+use model::tokenizer::Tokenizer;
+use model::{Backend, BackendError, KvShape, LlamaConfig, SampledToken, StepBatch};
+
+pub const BLOCK_SIZE: usize = 16;
+
+pub struct LetterBackend {
+    config: LlamaConfig,
+    shape: KvShape,
+    eos: u32,
+    delay: Duration,
+}
+
+impl LetterBackend {
+    pub fn next(&self, last: u32) -> u32 {
+        match u8::try_from(last) {
+            Ok(b) if (b'a'..=b'x').contains(&b) => u32::from(b + 1),
+            Ok(b'y') => self.eos,
+            _ => u32::from(b'a'),
+        }
+    }
+}
+
+impl Backend for LetterBackend {
+    fn name(&self) -> String {
+        "letters".into()
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        batch.validate(self.shape.num_blocks, self.shape.block_size)?;
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        let out = (0..batch.num_seqs())
+            .map(|s| {
+                let req = batch.samples[s].as_ref()?;
+                let last = batch.tokens[batch.cu_seqlens[s + 1] as usize - 1];
+                let token = self.next(last);
+                let top = (0..req.params.logprobs as u32)
+                    .map(|i| ((token + i) % self.config.vocab_size as u32, -0.5 - i as f32))
+                    .collect();
+                Some(SampledToken {
+                    token,
+                    logprob: -0.5,
+                    top_logprobs: top,
+                })
+            })
+            .collect();
+        Ok(out)
+    }
+
+    fn logits(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        Err(BackendError::Device("the letter fake has no logits".into()))
+    }
+}
+
+/// Knobs of a test engine.
+pub struct Setup {
+    pub delay: Duration,
+    pub max_num_seqs: usize,
+    pub max_queue: usize,
+    pub num_blocks: usize,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            delay: Duration::ZERO,
+            max_num_seqs: 8,
+            max_queue: 0,
+            num_blocks: 64,
+        }
+    }
+}
+
+/// An engine over the letter fake and its tokenizer.
+pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
+    let config = Preset::Tiny.config().expect("tiny preset config");
+    let bos = config.bos_token_id.expect("tiny preset has a BOS");
+    let eos = config.eos_token_ids[0];
+    let tok = Tokenizer::from_json(
+        &tokenizer_json(config.vocab_size, bos, eos),
+        Some(&tokenizer_config_json(config.max_position_embeddings)),
+        "letters",
+    )
+    .expect("byte tokenizer");
+    let tok = Arc::new(tok);
+    let backend = LetterBackend {
+        shape: KvShape {
+            num_blocks: setup.num_blocks,
+            block_size: BLOCK_SIZE,
+        },
+        config,
+        eos,
+        delay: setup.delay,
+    };
+    let engine = Engine::start(
+        Box::new(backend),
+        tok.clone(),
+        vec![eos],
+        EngineConfig {
+            max_num_seqs: setup.max_num_seqs,
+            max_batch_tokens: 512,
+            enable_prefix_cache: true,
+            max_queue: setup.max_queue,
+        },
+    )
+    .expect("engine starts");
+    (engine, tok)
+}

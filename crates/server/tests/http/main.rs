@@ -1,0 +1,150 @@
+//! In-process tests of the HTTP API over a real `engine::Engine` driving a
+//! deterministic fake backend (`fake.rs`): every error case, both response
+//! shapes, the SSE stream format, disconnect cancellation, metrics and
+//! graceful shutdown.
+
+mod errors;
+mod fake;
+mod responses;
+mod shutdown;
+mod streams;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use server::{AppState, ServerConfig};
+use tower::ServiceExt;
+
+pub const MODEL: &str = "letters";
+
+pub struct App {
+    pub state: Arc<AppState>,
+    pub router: Router,
+}
+
+pub fn app_with(setup: fake::Setup, tweak: impl FnOnce(&mut ServerConfig)) -> App {
+    let (engine, tok) = fake::engine(setup);
+    let mut cfg = ServerConfig::new(MODEL);
+    tweak(&mut cfg);
+    let state = AppState::new(engine, tok, cfg);
+    App {
+        router: server::router(state.clone()),
+        state,
+    }
+}
+
+pub fn app() -> App {
+    app_with(fake::Setup::default(), |_| {})
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Asserts an OpenAI error body with this status and parameter.
+    pub fn assert_error(&self, status: u16, param: Option<&str>) -> Value {
+        assert_eq!(self.status.as_u16(), status, "{}", self.text());
+        let v = self.json();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert!(e["type"].as_str().is_some(), "{v}");
+        assert!(e.get("code").is_some(), "{v}");
+        assert_eq!(e["param"].as_str(), param, "{v}");
+        v
+    }
+}
+
+impl App {
+    pub async fn send(&self, req: Request<Body>) -> Reply {
+        let resp = self.router.clone().oneshot(req).await.expect("infallible");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn post(&self, path: &str, body: impl Into<Body>) -> Reply {
+        self.send(post(path, body)).await
+    }
+
+    pub async fn post_json(&self, path: &str, v: &Value) -> Reply {
+        self.post(path, v.to_string()).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        let req = Request::get(path).body(Body::empty()).expect("request");
+        self.send(req).await
+    }
+
+    /// Waits until the engine runs nothing and holds no KV blocks.
+    pub async fn wait_idle(&self) {
+        let start = Instant::now();
+        loop {
+            let s = self.state.engine.stats();
+            if s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "engine never went idle: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+pub fn post(path: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .expect("request")
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            e.lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect()
+}
+
+/// The JSON chunks of an SSE body, checking it ends with exactly one `[DONE]`.
+pub fn sse_chunks(body: &str) -> Vec<Value> {
+    let data = sse_data(body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{body}");
+    assert_eq!(data.iter().filter(|d| *d == "[DONE]").count(), 1, "{body}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("chunk {d:?}: {e}")))
+        .collect()
+}
+
+/// The letters a prompt ending in a non-letter continues with before EOS.
+pub const LETTERS: &str = "abcdefghijklmnopqrstuvwxy";
