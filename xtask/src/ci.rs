@@ -1,0 +1,83 @@
+//! `cargo xtask test`: the project's one test command (README, `.ci/run`).
+//!
+//! Installs what the tests need into project-local folders (idempotent, so a
+//! second run costs seconds): the pinned nvcc wheels, so that every CUDA
+//! kernel is compiled even on machines without a GPU, and the `openai`
+//! Python client the server's end-to-end tests drive. Then runs
+//! `cargo test --release --workspace` with those on the paths. Models the
+//! tests need (SmolLM2) are fetched by the tests themselves through the store.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Pinned Python packages for the end-to-end tests.
+const PY_DEPS: &[&str] = &["openai==3.57.0"];
+
+#[derive(clap::Args, Debug)]
+pub struct TestArgs {
+    /// Extra arguments passed to `cargo test` (after `--workspace`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub cargo_args: Vec<String>,
+}
+
+/// The repository root (the parent of xtask/).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+pub fn run(args: TestArgs) -> Result<()> {
+    let root = repo_root();
+    crate::nvcc::run().context("installing nvcc (needed to compile the CUDA kernels)")?;
+    let pydeps = root.join(".cache/pydeps");
+    let marker = pydeps.join(".installed");
+    let want = PY_DEPS.join(" ");
+    if std::fs::read_to_string(&marker).ok().as_deref() != Some(want.as_str()) {
+        eprintln!(
+            "installing Python test dependencies ({want}) into {}",
+            pydeps.display()
+        );
+        let status = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--upgrade",
+                "--target",
+            ])
+            .arg(&pydeps)
+            .args(PY_DEPS)
+            .status()
+            .context("running python3 -m pip (is Python 3 with pip installed?)")?;
+        if !status.success() {
+            bail!("pip install of {want} failed ({status})");
+        }
+        std::fs::write(&marker, &want)?;
+    }
+    let pythonpath = match std::env::var_os("PYTHONPATH") {
+        Some(p) if !p.is_empty() => {
+            let mut v = pydeps.clone().into_os_string();
+            v.push(":");
+            v.push(p);
+            v
+        }
+        _ => pydeps.clone().into_os_string(),
+    };
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .current_dir(&root)
+        .env("PYTHONPATH", pythonpath)
+        .args(["test", "--release", "--workspace"])
+        .args(&args.cargo_args)
+        .status()
+        .context("running cargo test")?;
+    if !status.success() {
+        bail!("cargo test failed ({status})");
+    }
+    Ok(())
+}
