@@ -12,6 +12,7 @@ mod setup;
 mod synth;
 mod tokenize;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -44,7 +45,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let serving = matches!(cli.command, Command::Serve(_));
     let level = match cli.verbose {
+        // a server logs each request (with its id) by default
+        0 if serving => "info",
         0 => "warn",
         1 => "info",
         _ => "debug",
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),

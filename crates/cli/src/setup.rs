@@ -72,10 +72,10 @@ pub fn model_dir(model: &str) -> Result<PathBuf> {
 /// The name a model is shown under: the id as given, or a directory's last component.
 pub fn display_name(model: &str) -> String {
     let path = std::path::Path::new(model);
-    if path.is_dir() {
-        if let Some(name) = path.file_name() {
-            return name.to_string_lossy().into_owned();
-        }
+    if path.is_dir()
+        && let Some(name) = path.file_name()
+    {
+        return name.to_string_lossy().into_owned();
     }
     model.to_string()
 }
