@@ -33,6 +33,8 @@ enum Command {
     RegenReferences(regen::RegenArgs),
     /// Run the project's test suite, installing what it needs.
     Test(ci::TestArgs),
+    /// Install the pinned nvcc wheels into .cache/nvcc (for compiling the CUDA kernels).
+    InstallNvcc,
 }
 
 #[derive(clap::Args, Debug)]
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Command::SynthModel(a) => synth(a),
         Command::RegenReferences(a) => regen::run(a),
         Command::Test(a) => ci::run(a),
+        Command::InstallNvcc => nvcc::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,6 +15,16 @@ use model::loader::LoadedModel;
 use model::tokenizer::Tokenizer;
 use model::{Backend, KvShape};
 
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Physical memory of this machine (`MemTotal`), when it can be read.
+fn host_memory_bytes() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// Tokens per KV block.
 pub const BLOCK_SIZE: usize = 16;
 
@@ -144,16 +154,33 @@ pub fn open_backend(args: &ModelArgs, loaded: &LoadedModel) -> Result<Box<dyn Ba
         Some(n) => n,
         None => {
             if !(args.kv_memory_gib > 0.0 && args.kv_memory_gib.is_finite()) {
-                bail!("invalid `--kv-memory-gib`: must be positive, got {}", args.kv_memory_gib);
+                bail!(
+                    "invalid `--kv-memory-gib`: must be positive, got {}",
+                    args.kv_memory_gib
+                );
             }
-            let budget = (args.kv_memory_gib * (1u64 << 30) as f64) as usize;
+            let budget = (args.kv_memory_gib * GIB) as usize;
             // never more than the context of max_num_seqs sequences
             let useful = args
                 .max_num_seqs
                 .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
-            paged_kv::blocks_for_budget(budget, per_block).min(useful).max(1)
+            paged_kv::blocks_for_budget(budget, per_block)
+                .min(useful)
+                .max(1)
         }
     };
+    if !cuda {
+        let need = per_block.saturating_mul(num_blocks);
+        if let Some(total) = host_memory_bytes()
+            && need > total
+        {
+            bail!(
+                "invalid `--kv-blocks`: {num_blocks} blocks need {:.1} GiB of KV cache, more than this machine's {:.1} GiB",
+                need as f64 / GIB,
+                total as f64 / GIB
+            );
+        }
+    }
     let kv = KvShape {
         num_blocks,
         block_size: BLOCK_SIZE,

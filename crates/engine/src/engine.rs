@@ -93,7 +93,11 @@ impl Engine {
             },
             cfg.max_num_seqs,
             cfg.max_batch_tokens,
-        );
+        )
+        .map_err(|e| EngineError::InvalidConfig {
+            field: "kv_shape",
+            reason: e.to_string(),
+        })?;
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         tracing::info!(

@@ -97,9 +97,13 @@ pub(crate) struct Scheduler {
 }
 
 impl Scheduler {
-    pub(crate) fn new(kv: KvConfig, max_num_seqs: usize, max_batch_tokens: usize) -> Self {
-        Scheduler {
-            kv: KvManager::new(kv),
+    pub(crate) fn new(
+        kv: KvConfig,
+        max_num_seqs: usize,
+        max_batch_tokens: usize,
+    ) -> Result<Self, paged_kv::KvError> {
+        Ok(Scheduler {
+            kv: KvManager::try_new(kv)?,
             max_num_seqs,
             max_batch_tokens,
             seqs: HashMap::new(),
@@ -110,7 +114,7 @@ impl Scheduler {
             aborted: Vec::new(),
             first_admitted: Vec::new(),
             preemptions_total: 0,
-        }
+        })
     }
 
     /// Queues a new sequence (ids must increase with arrival).

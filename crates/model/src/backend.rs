@@ -57,14 +57,66 @@ impl StepBatch {
         &self.block_tables[s * self.max_blocks..(s + 1) * self.max_blocks]
     }
 
+    /// [`StepBatch::validate`] plus what a backend indexes with: token ids below
+    /// `vocab`, positions below `max_positions` (its RoPE table), and every block
+    /// attention reads (`ceil(context_len / block_size)` per sequence) inside the pool.
+    /// Both backends run exactly this check before a step.
+    pub fn check(
+        &self,
+        kv: KvShape,
+        vocab: usize,
+        max_positions: usize,
+    ) -> Result<(), BackendError> {
+        self.validate(kv.num_blocks, kv.block_size)?;
+        let bad = |m: String| Err(BackendError::InvalidBatch(m));
+        if let Some((i, id)) = self
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
+            return bad(format!(
+                "tokens[{i}] = {id} is outside the vocabulary of {vocab}"
+            ));
+        }
+        if let Some((i, p)) = self
+            .positions
+            .iter()
+            .enumerate()
+            .find(|(_, p)| **p as usize >= max_positions)
+        {
+            return bad(format!(
+                "positions[{i}] = {p} exceeds the context of {max_positions} (max_position_embeddings or KV pool)"
+            ));
+        }
+        for s in 0..self.num_seqs() {
+            let used = (self.context_lens[s] as usize).div_ceil(kv.block_size);
+            if let Some(b) = self.block_table(s)[..used]
+                .iter()
+                .find(|b| **b as usize >= kv.num_blocks)
+            {
+                return bad(format!(
+                    "block_tables row {s}: block {b} outside the pool of {} blocks",
+                    kv.num_blocks
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the batch's internal consistency against a KV pool of
     /// `num_blocks` blocks of `block_size` tokens; the error names the field.
     pub fn validate(&self, num_blocks: usize, block_size: usize) -> Result<(), BackendError> {
         let bad = |what: String| Err(BackendError::InvalidBatch(what));
         let t = self.tokens.len();
         let s = self.num_seqs();
-        if self.cu_seqlens.first() != Some(&0) || self.cu_seqlens.last().map(|&x| x as usize) != Some(t) {
-            return bad(format!("cu_seqlens must run from 0 to {t}, got {:?}", self.cu_seqlens));
+        if self.cu_seqlens.first() != Some(&0)
+            || self.cu_seqlens.last().map(|&x| x as usize) != Some(t)
+        {
+            return bad(format!(
+                "cu_seqlens must run from 0 to {t}, got {:?}",
+                self.cu_seqlens
+            ));
         }
         if self.cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
             return bad("cu_seqlens must be strictly increasing (no empty segment)".into());
@@ -77,20 +129,32 @@ impl StepBatch {
             ));
         }
         if self.context_lens.len() != s || self.samples.len() != s {
-            return bad(format!("context_lens and samples must have one entry per sequence ({s})"));
+            return bad(format!(
+                "context_lens and samples must have one entry per sequence ({s})"
+            ));
         }
         if self.block_tables.len() != s * self.max_blocks {
-            return bad(format!("block_tables must be {s} x {} entries", self.max_blocks));
+            return bad(format!(
+                "block_tables must be {s} x {} entries",
+                self.max_blocks
+            ));
         }
         let capacity = num_blocks * block_size;
         for seq in 0..s {
-            let (a, b) = (self.cu_seqlens[seq] as usize, self.cu_seqlens[seq + 1] as usize);
+            let (a, b) = (
+                self.cu_seqlens[seq] as usize,
+                self.cu_seqlens[seq + 1] as usize,
+            );
             let ctx = self.context_lens[seq] as usize;
             if self.positions[b - 1] as usize + 1 != ctx {
-                return bad(format!("sequence {seq}: last position + 1 != context_len {ctx}"));
+                return bad(format!(
+                    "sequence {seq}: last position + 1 != context_len {ctx}"
+                ));
             }
             if ctx.div_ceil(block_size) > self.max_blocks {
-                return bad(format!("sequence {seq}: context_len {ctx} exceeds its block table"));
+                return bad(format!(
+                    "sequence {seq}: context_len {ctx} exceeds its block table"
+                ));
             }
             let table = self.block_table(seq);
             for i in a..b {

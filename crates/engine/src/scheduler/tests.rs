@@ -11,7 +11,7 @@ fn sched(blocks: usize, bs: usize, seqs: usize, budget: usize) -> Scheduler {
         block_size: bs,
         enable_prefix_cache: false,
     };
-    Scheduler::new(kv, seqs, budget)
+    Scheduler::new(kv, seqs, budget).expect("valid kv config")
 }
 
 fn segs(b: &StepBatch) -> Vec<u32> {

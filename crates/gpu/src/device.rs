@@ -1,0 +1,332 @@
+//! The device: context, stream, module loading, kernel launch, copies, timing.
+//!
+//! Contract: every method binds the context to the calling thread first (the
+//! backend runs on the engine's thread, not the one that built it) and orders
+//! its work on the one stream. Copies named `*_to_host` block until the data
+//! is on the host; everything else is asynchronous.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cudarc::driver::{CudaContext, CudaStream, result, sys};
+
+use crate::buffer::{DevSlice, DeviceBuffer, PinnedBuffer};
+use crate::error::{GpuError, drv};
+use crate::launch::{Function, LaunchArgs, LaunchConfig, Module};
+
+/// Checks that the CUDA driver library can be opened and sees a device,
+/// without panicking; the error says why not.
+pub fn driver_available() -> Result<(), String> {
+    // SAFETY: probing for the shared library only opens it.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(
+            "the CUDA driver library (libcuda.so) was not found; install the NVIDIA driver".into(),
+        );
+    }
+    result::init().map_err(|e| format!("cuInit failed: {e}"))?;
+    match result::device::get_count() {
+        Ok(0) => Err("the CUDA driver reports no device".into()),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("cuDeviceGetCount failed: {e}")),
+    }
+}
+
+/// One CUDA device with its context and the stream all work is ordered on.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: its primary context and a fresh non-blocking stream.
+    pub fn new(ordinal: usize) -> Result<Arc<Gpu>, GpuError> {
+        driver_available().map_err(GpuError::NoDriver)?;
+        let ctx = drv("cuDevicePrimaryCtxRetain", CudaContext::new(ordinal))?;
+        // SAFETY: this crate never uses cudarc's tracked slices; all work is
+        // ordered on one stream, so cudarc's per-buffer events are not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = drv("cuStreamCreate", ctx.new_stream())?;
+        Ok(Arc::new(Gpu { ctx, stream }))
+    }
+
+    fn bind(&self) -> Result<(), GpuError> {
+        drv("cuCtxSetCurrent", self.ctx.bind_to_thread())
+    }
+
+    /// The raw stream handle (for cuBLAS).
+    pub(crate) fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Device name and compute capability, e.g. `NVIDIA H200 (sm_90)`.
+    pub fn describe(&self) -> Result<String, GpuError> {
+        let name = drv("cuDeviceGetName", self.ctx.name())?;
+        let (maj, min) = drv("cuDeviceGetAttribute", self.ctx.compute_capability())?;
+        Ok(format!("{name} (sm_{maj}{min})"))
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> Result<usize, GpuError> {
+        let n = drv(
+            "cuDeviceGetAttribute",
+            self.ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        )?;
+        Ok(n.max(1) as usize)
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize), GpuError> {
+        drv("cuMemGetInfo", self.ctx.mem_get_info())
+    }
+
+    /// Allocates `len` zeroed elements.
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>, GpuError> {
+        self.bind()?;
+        let bytes = len.max(1) * std::mem::size_of::<T>();
+        // SAFETY: a plain allocation in the bound context.
+        let ptr = drv("cuMemAlloc", unsafe { result::malloc_sync(bytes) })?;
+        let buf = DeviceBuffer {
+            ptr,
+            len,
+            ctx: self.ctx.clone(),
+            _t: PhantomData,
+        };
+        // SAFETY: `ptr` holds `bytes` bytes just allocated.
+        drv("cuMemsetD8", unsafe {
+            result::memset_d8_sync(ptr, 0, bytes)
+        })?;
+        Ok(buf)
+    }
+
+    /// Allocates a buffer holding a copy of `host` (blocking).
+    pub fn upload<T: Pod>(&self, host: &[T]) -> Result<DeviceBuffer<T>, GpuError> {
+        let buf = self.alloc::<T>(host.len())?;
+        self.bind()?;
+        if !host.is_empty() {
+            // SAFETY: `buf` holds exactly `host.len()` elements of T; the copy is synchronous.
+            drv("cuMemcpyHtoD", unsafe {
+                result::memcpy_htod_sync(buf.ptr, host)
+            })?;
+        }
+        Ok(buf)
+    }
+
+    /// Allocates `len` elements of page-locked host memory.
+    pub fn alloc_pinned<T: Pod>(&self, len: usize) -> Result<PinnedBuffer<T>, GpuError> {
+        PinnedBuffer::new(&self.ctx, len)
+    }
+
+    /// Enqueues a copy of `src` into `dst` (lengths must match). With pageable
+    /// `src` the driver stages it before returning; with pinned memory the
+    /// caller keeps `src` untouched until the stream has passed this point.
+    pub fn copy_to_device<T: Pod>(&self, src: &[T], dst: DevSlice<'_, T>) -> Result<(), GpuError> {
+        if src.len() != dst.len() {
+            return Err(GpuError::Buffer {
+                what: "host-to-device copy".into(),
+                reason: format!(
+                    "source has {} elements, destination {}",
+                    src.len(),
+                    dst.len()
+                ),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` is a live view of exactly `src.len()` elements of T.
+        drv("cuMemcpyHtoDAsync", unsafe {
+            result::memcpy_htod_async(dst.ptr(), src, self.cu_stream())
+        })
+    }
+
+    /// Enqueues a device-to-device copy (lengths must match).
+    pub fn copy_on_device<T: Pod>(
+        &self,
+        src: DevSlice<'_, T>,
+        dst: DevSlice<'_, T>,
+    ) -> Result<(), GpuError> {
+        if src.len() != dst.len() {
+            return Err(GpuError::Buffer {
+                what: "device-to-device copy".into(),
+                reason: format!(
+                    "source has {} elements, destination {}",
+                    src.len(),
+                    dst.len()
+                ),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both views are live and hold `num_bytes` bytes.
+        drv("cuMemcpyDtoDAsync", unsafe {
+            result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.num_bytes(), self.cu_stream())
+        })
+    }
+
+    /// Enqueues a copy of `src` into pinned `dst[..src.len()]`; valid on the
+    /// host after [`Gpu::synchronize`].
+    pub fn copy_to_pinned<T: Pod>(
+        &self,
+        src: DevSlice<'_, T>,
+        dst: &mut PinnedBuffer<T>,
+    ) -> Result<(), GpuError> {
+        if src.len() > dst.len() {
+            return Err(GpuError::Buffer {
+                what: "device-to-pinned copy".into(),
+                reason: format!(
+                    "source has {} elements, destination {}",
+                    src.len(),
+                    dst.len()
+                ),
+            });
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let n = src.len();
+        // SAFETY: `dst` holds at least `n` elements and outlives the copy
+        // because the caller synchronizes before reading or freeing it.
+        drv("cuMemcpyDtoHAsync", unsafe {
+            result::memcpy_dtoh_async(&mut dst.as_mut_slice()[..n], src.ptr(), self.cu_stream())
+        })
+    }
+
+    /// Copies `src` to a new host vector, waiting for all earlier work.
+    pub fn to_host<T: Pod>(&self, src: DevSlice<'_, T>) -> Result<Vec<T>, GpuError> {
+        self.synchronize()?;
+        let mut out = vec![T::zeroed(); src.len()];
+        if !out.is_empty() {
+            // SAFETY: `out` holds `src.len()` elements; the copy is synchronous.
+            drv("cuMemcpyDtoH", unsafe {
+                result::memcpy_dtoh_sync(&mut out, src.ptr())
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Enqueues filling every byte of `dst` with `byte` (tests poison outputs with it).
+    pub fn fill_bytes<T>(&self, dst: DevSlice<'_, T>, byte: u8) -> Result<(), GpuError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: `dst` is a live view of `num_bytes` bytes.
+        drv("cuMemsetD8Async", unsafe {
+            result::memset_d8_async(dst.ptr(), byte, dst.num_bytes(), self.cu_stream())
+        })
+    }
+
+    /// Blocks until all work on the stream is done; reports errors of earlier
+    /// asynchronous work (e.g. a faulting kernel).
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        drv("cuStreamSynchronize", self.stream.synchronize())
+    }
+
+    /// Loads a module from a fatbin / cubin / PTX image.
+    pub fn load_module(&self, image: &[u8]) -> Result<Module, GpuError> {
+        self.bind()?;
+        let mut owned = image.to_vec();
+        owned.push(0); // PTX images must be NUL-terminated; binaries ignore the tail.
+        // SAFETY: `owned` is a complete module image that lives through the call.
+        let module = drv("cuModuleLoadData", unsafe {
+            result::module::load_data(owned.as_ptr() as *const c_void)
+        })?;
+        Ok(Module {
+            module,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    /// Launches `f` on the stream.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameter list in number, order and
+    /// size, and every device address in it must stay valid, with room for
+    /// everything the kernel reads and writes at this configuration, until
+    /// the stream has run the kernel.
+    pub unsafe fn launch(
+        &self,
+        f: &Function,
+        cfg: LaunchConfig,
+        args: &mut LaunchArgs,
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        let mut ptrs = args.pointers();
+        // SAFETY: delegated to the caller (see above); `ptrs` point into `args`,
+        // which outlives the call, and cuLaunchKernel copies the values.
+        let r = unsafe {
+            result::launch_kernel(
+                f.func,
+                cfg.grid,
+                cfg.block,
+                cfg.shared_bytes,
+                self.cu_stream(),
+                &mut ptrs,
+            )
+        };
+        r.map_err(|source| GpuError::Launch {
+            name: f.name.clone(),
+            source,
+        })
+    }
+
+    /// Starts capturing the stream's work into a graph (see [`crate::Graph`]).
+    pub fn begin_capture(&self) -> Result<(), GpuError> {
+        self.bind()?;
+        drv(
+            "cuStreamBeginCapture",
+            self.stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+        )
+    }
+
+    /// A pair of timing events.
+    pub fn timer(&self) -> Result<Timer, GpuError> {
+        self.bind()?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = drv("cuEventCreate", self.ctx.new_event(flags))?;
+        let end = drv("cuEventCreate", self.ctx.new_event(flags))?;
+        Ok(Timer {
+            start,
+            end,
+            stream: self.stream.clone(),
+        })
+    }
+
+    pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+/// Two events around a region of stream work.
+pub struct Timer {
+    start: cudarc::driver::CudaEvent,
+    end: cudarc::driver::CudaEvent,
+    stream: Arc<CudaStream>,
+}
+
+impl Timer {
+    /// Records the start event.
+    pub fn start(&self) -> Result<(), GpuError> {
+        drv("cuEventRecord", self.start.record(&self.stream))
+    }
+
+    /// Records the end event, waits for it and returns the milliseconds between.
+    pub fn stop_ms(&self) -> Result<f32, GpuError> {
+        drv("cuEventRecord", self.end.record(&self.stream))?;
+        drv("cuEventSynchronize", self.end.synchronize())?;
+        drv("cuEventElapsedTime", self.start.elapsed_ms(&self.end))
+    }
+}

@@ -1,0 +1,153 @@
+//! Modules, kernel entry points and launch arguments.
+//!
+//! Contract: a [`Module`] stays loaded while it lives; a [`Function`] is a
+//! handle into it (the kernels crate keeps both together). [`LaunchArgs`]
+//! stores each argument in its own 8-byte slot so the driver reads 4- or
+//! 8-byte values at the slot's start (little-endian). Costs: none beyond the
+//! driver calls named.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, result, sys};
+
+use crate::buffer::DevSlice;
+use crate::error::{GpuError, drv};
+
+/// A loaded module (unloaded on drop).
+pub struct Module {
+    pub(crate) module: sys::CUmodule,
+    pub(crate) ctx: Arc<CudaContext>,
+}
+
+// SAFETY: a module handle is usable from any thread bound to its context.
+unsafe impl Send for Module {}
+// SAFETY: lookups on a loaded module are thread-safe in the driver.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Looks up kernel `name` (an `extern "C"` symbol).
+    pub fn function(&self, name: &str) -> Result<Function, GpuError> {
+        drv("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        let cname = std::ffi::CString::new(name).map_err(|_| GpuError::Buffer {
+            what: format!("kernel name {name:?}"),
+            reason: "contains a NUL byte".into(),
+        })?;
+        // SAFETY: the module is loaded and `cname` is NUL-terminated.
+        let func =
+            unsafe { result::module::get_function(self.module, cname) }.map_err(|source| {
+                GpuError::MissingKernel {
+                    name: name.to_string(),
+                    source,
+                }
+            })?;
+        Ok(Function {
+            func,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: the module was loaded once and its functions are not used after drop
+            // (the kernels crate keeps the module alive as long as its functions).
+            let r = unsafe { result::module::unload(self.module) };
+            self.ctx.record_err(r);
+        }
+    }
+}
+
+/// A kernel entry point of a loaded [`Module`].
+#[derive(Debug, Clone)]
+pub struct Function {
+    pub(crate) func: sys::CUfunction,
+    pub(crate) name: String,
+}
+
+// SAFETY: a function handle is an immutable driver object usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Allows `bytes` of dynamic shared memory (needed above 48 KiB).
+    pub fn set_max_dynamic_shared(&self, bytes: usize) -> Result<(), GpuError> {
+        // SAFETY: a plain attribute set on a valid function handle.
+        drv("cuFuncSetAttribute", unsafe {
+            result::function::set_function_attribute(
+                self.func,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        })
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D launch of `blocks` x `threads`.
+    pub fn linear(blocks: u32, threads: u32) -> Self {
+        LaunchConfig {
+            grid: (blocks.max(1), 1, 1),
+            block: (threads, 1, 1),
+            shared_bytes: 0,
+        }
+    }
+}
+
+/// Kernel arguments, each stored in its own 8-byte slot.
+#[derive(Debug, Default, Clone)]
+pub struct LaunchArgs {
+    slots: Vec<u64>,
+}
+
+impl LaunchArgs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A device address (`T*` in the kernel).
+    pub fn ptr<T>(&mut self, s: DevSlice<'_, T>) -> &mut Self {
+        self.slots.push(s.ptr());
+        self
+    }
+
+    /// A 32-bit unsigned value (`unsigned int` / `uint32_t`).
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.slots.push(v as u64);
+        self
+    }
+
+    /// A 32-bit signed value (`int`).
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.slots.push(v as u32 as u64);
+        self
+    }
+
+    /// A 32-bit float.
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.slots.push(v.to_bits() as u64);
+        self
+    }
+
+    pub(crate) fn pointers(&mut self) -> Vec<*mut c_void> {
+        self.slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut c_void)
+            .collect()
+    }
+}

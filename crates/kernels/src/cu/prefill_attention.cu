@@ -1,0 +1,119 @@
+// Prefill attention: causal, flash-style (tiled, online softmax, no T x T
+// score matrix), over packed variable-length sequences, GQA-aware, reading
+// every key and value from the paged cache (the chunk's own K/V were written
+// there by rope_kv_write, earlier positions by earlier steps).
+//
+// Grid (ceil(max_seqlen / tok_per_block), S, n_kv); block tok_per_block * G
+// threads (G = n_heads / n_kv): thread r serves query token tile0 + r / G of
+// head kvh * G + r % G, so the G query heads of a KV head share each K/V tile
+// load. Query i of sequence s sits at position context_len - seqlen + i and
+// attends to cached positions 0..=that position. q, acc live in registers,
+// K/V tiles of BK keys in shared memory as f32; scores use exp2 with the
+// scale folded into q.
+#include "common.cuh"
+
+template <int D, int BK>
+__device__ __forceinline__ void prefill_attention_impl(
+    const bf16* __restrict__ qkv,              // [T, (n_heads + 2 n_kv) D], q roped
+    const bf16* __restrict__ k_cache,          // [slots, n_kv, D]
+    const bf16* __restrict__ v_cache,          // [slots, n_kv, D]
+    const uint32_t* __restrict__ cu_seqlens,   // [S + 1]
+    const uint32_t* __restrict__ context_lens, // [S]
+    const uint32_t* __restrict__ block_tables, // [S, max_blocks]
+    bf16* __restrict__ out,                    // [T, n_heads D]
+    uint32_t max_blocks, uint32_t n_heads, uint32_t n_kv, uint32_t block_size, uint32_t tok_per_block,
+    float scale) {
+    __shared__ float Ks[BK][D];
+    __shared__ float Vs[BK][D];
+    const uint32_t G = n_heads / n_kv;
+    const uint32_t s = blockIdx.y, kvh = blockIdx.z;
+    const uint32_t seq0 = cu_seqlens[s], len = cu_seqlens[s + 1] - seq0;
+    const uint32_t tile0 = blockIdx.x * tok_per_block;
+    if (tile0 >= len) return;  // uniform over the block
+    const uint32_t ctx = context_lens[s];
+    const uint32_t first_pos = ctx - len;
+    const uint32_t tl = threadIdx.x / G, g = threadIdx.x % G;
+    const uint32_t ti = tile0 + tl;
+    const bool active = tl < tok_per_block && ti < len;
+    const uint32_t qpos = first_pos + ti;
+    const uint32_t head = kvh * G + g;
+    const size_t row_stride = (size_t)(n_heads + 2 * n_kv) * D;
+    const uint32_t* table = block_tables + (size_t)s * max_blocks;
+    const float qscale = scale * 1.4426950408889634f;  // log2(e)
+
+    float q[D], acc[D];
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        q[d] = active ? bf2f(qkv[(seq0 + ti) * row_stride + (size_t)head * D + d]) * qscale : 0.f;
+        acc[d] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    const uint32_t last = min(len, tile0 + tok_per_block) - 1;
+    const uint32_t kend = first_pos + last + 1;
+    for (uint32_t kt = 0; kt < kend; kt += BK) {
+        const uint32_t nk = min((uint32_t)BK, kend - kt);
+        __syncthreads();
+        for (uint32_t e = threadIdx.x; e < (uint32_t)(BK * D); e += blockDim.x) {
+            uint32_t j = e / D, d = e % D;
+            float kv = 0.f, vv = 0.f;
+            if (j < nk) {
+                size_t off = (kv_slot(table, kt + j, block_size) * n_kv + kvh) * D + d;
+                kv = bf2f(k_cache[off]);
+                vv = bf2f(v_cache[off]);
+            }
+            Ks[j][d] = kv;
+            Vs[j][d] = vv;
+        }
+        __syncthreads();
+        if (!active || kt > qpos) continue;
+        const uint32_t jmax = min(nk, qpos - kt + 1);
+        for (uint32_t j0 = 0; j0 < jmax; j0 += 16) {
+            float sc[16];
+            float mt = m;
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++) {
+                float v = -INFINITY;
+                if (j0 + jj < jmax) {
+                    v = 0.f;
+#pragma unroll
+                    for (int d = 0; d < D; d++) v += q[d] * Ks[j0 + jj][d];
+                }
+                sc[jj] = v;
+                mt = fmaxf(mt, v);
+            }
+            const float corr = exp2f(m - mt);
+            l *= corr;
+#pragma unroll
+            for (int d = 0; d < D; d++) acc[d] *= corr;
+#pragma unroll
+            for (int jj = 0; jj < 16; jj++) {
+                if (j0 + jj < jmax) {
+                    const float p = exp2f(sc[jj] - mt);
+                    l += p;
+#pragma unroll
+                    for (int d = 0; d < D; d++) acc[d] += p * Vs[j0 + jj][d];
+                }
+            }
+            m = mt;
+        }
+    }
+    if (active) {
+        const float inv = 1.f / l;
+        bf16* o = out + (seq0 + ti) * (size_t)n_heads * D + (size_t)head * D;
+#pragma unroll
+        for (int d = 0; d < D; d++) o[d] = f2bf(acc[d] * inv);
+    }
+}
+
+#define PREFILL_ATTENTION(D)                                                                                  \
+    extern "C" __global__ void prefill_attention_d##D(                                                       \
+        const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const uint32_t* cu_seqlens,               \
+        const uint32_t* context_lens, const uint32_t* block_tables, bf16* out, uint32_t max_blocks,          \
+        uint32_t n_heads, uint32_t n_kv, uint32_t block_size, uint32_t tok_per_block, float scale) {         \
+        prefill_attention_impl<D, 4096 / D>(qkv, k_cache, v_cache, cu_seqlens, context_lens, block_tables,   \
+                                            out, max_blocks, n_heads, n_kv, block_size, tok_per_block, scale); \
+    }
+PREFILL_ATTENTION(16)
+PREFILL_ATTENTION(32)
+PREFILL_ATTENTION(64)
+PREFILL_ATTENTION(128)

@@ -1,0 +1,47 @@
+// RoPE (rotate-half, Hugging Face order) from one precomputed f32 table,
+// fused with writing K and V into the paged cache.
+// rope_kv_write: per token t (grid = T blocks):
+//   q heads of qkv[t] are rotated in place; k heads are rotated and written to
+//   k_cache[slot[t]]; v heads are copied to v_cache[slot[t]].
+//   qkv row = [q (n_heads*D) | k (n_kv*D) | v (n_kv*D)], bf16.
+//   cache layout [slots, n_kv, D] bf16, slot = block * block_size + offset.
+//   cos/sin tables [max_pos, D/2] f32 (LlamaConfig::rope_table), shared with decode.
+//   positions >= max_pos are rejected on the host; the kernel skips them.
+#include "common.cuh"
+
+extern "C" __global__ void rope_kv_write(bf16* __restrict__ qkv,                 // [T, (n_heads + 2 n_kv) D]
+                                         const uint32_t* __restrict__ positions, // [T]
+                                         const uint32_t* __restrict__ slots,     // [T]
+                                         const float* __restrict__ cos_t,        // [max_pos, D/2]
+                                         const float* __restrict__ sin_t,        // [max_pos, D/2]
+                                         bf16* __restrict__ k_cache,             // [slots, n_kv, D]
+                                         bf16* __restrict__ v_cache,             // [slots, n_kv, D]
+                                         uint32_t n_heads, uint32_t n_kv, uint32_t head_dim, uint32_t max_pos) {
+    uint32_t t = blockIdx.x;
+    uint32_t pos = positions[t];
+    if (pos >= max_pos) return;
+    size_t slot = slots[t];
+    uint32_t half = head_dim / 2;
+    bf16* row = qkv + (size_t)t * (n_heads + 2 * n_kv) * head_dim;
+    const float* c = cos_t + (size_t)pos * half;
+    const float* s = sin_t + (size_t)pos * half;
+    uint32_t pairs = (n_heads + n_kv) * half;
+    for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+        uint32_t h = i / half, j = i % half;
+        bf16* b = row + (size_t)h * head_dim;
+        float x1 = bf2f(b[j]), x2 = bf2f(b[j + half]);
+        float o1 = x1 * c[j] - x2 * s[j];
+        float o2 = x2 * c[j] + x1 * s[j];
+        if (h < n_heads) {
+            b[j] = f2bf(o1);
+            b[j + half] = f2bf(o2);
+        } else {
+            bf16* kc = k_cache + (slot * n_kv + (h - n_heads)) * head_dim;
+            kc[j] = f2bf(o1);
+            kc[j + half] = f2bf(o2);
+        }
+    }
+    const bf16* v = row + (size_t)(n_heads + n_kv) * head_dim;
+    bf16* vc = v_cache + slot * n_kv * head_dim;
+    for (uint32_t i = threadIdx.x; i < n_kv * head_dim; i += blockDim.x) vc[i] = v[i];
+}

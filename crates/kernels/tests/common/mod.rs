@@ -1,0 +1,87 @@
+//! Helpers shared by the GPU kernel tests: device setup, random inputs,
+//! errors, the head shapes tested and random paged batches.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use gpu::Gpu;
+use half::bf16;
+use kernels::{HeadShape, Kernels};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+pub const POISON: u8 = 0xFF;
+
+pub fn setup() -> (Arc<Gpu>, Kernels) {
+    let gpu = Gpu::new(0).expect("a CUDA device");
+    let k = Kernels::load(&gpu).expect("kernels load");
+    (gpu, k)
+}
+
+pub fn rand_bf16(rng: &mut StdRng, n: usize, scale: f32) -> Vec<bf16> {
+    (0..n)
+        .map(|_| {
+            let mut v: f32 = rng.random_range(-1.0..1.0) * scale;
+            if v == 0.0 {
+                v = 0.5 * scale;
+            }
+            bf16::from_f32(v)
+        })
+        .collect()
+}
+
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(
+        a.iter().all(|x| x.is_finite()),
+        "output holds non-finite values (unwritten?)"
+    );
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+pub fn f32s(v: &[bf16]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+
+pub fn rope_tables(max_pos: usize, half: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut c = Vec::new();
+    let mut s = Vec::new();
+    for p in 0..max_pos {
+        for j in 0..half {
+            let a = p as f64 * 500000f64.powf(-(2.0 * j as f64) / (2.0 * half as f64));
+            c.push(a.cos() as f32);
+            s.push(a.sin() as f32);
+        }
+    }
+    (c, s)
+}
+
+pub const SHAPES: [HeadShape; 5] = [
+    HeadShape {
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 16,
+    },
+    HeadShape {
+        num_heads: 6,
+        num_kv_heads: 1,
+        head_dim: 32,
+    },
+    HeadShape {
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 64,
+    },
+    HeadShape {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+    },
+    HeadShape {
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim: 128,
+    },
+];

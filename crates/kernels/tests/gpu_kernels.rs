@@ -1,0 +1,309 @@
+//! Kernel tests on the GPU: each kernel against its CPU reference on random
+//! non-zero inputs, with the output poisoned (NaN bytes) first, at several
+//! sizes including non-powers of two and lengths above 1024. Attention and
+//! RoPE are in `gpu_attention.rs`.
+//! They need a CUDA device and are `#[ignore]`d: `scripts/gpu/kernels.sh` runs
+//! them (the release test binaries with `--ignored`).
+
+mod common;
+
+use common::*;
+use gpu::{Blas, GemmDims, Gpu, Graph};
+use half::bf16;
+use kernels::SampleParams;
+use kernels::sampling::{SampleOutputs, sample_ref};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn embedding_and_row_gather() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(1);
+    for (vocab, hidden, tokens) in [(1000, 576, 7), (3001, 2048, 1500)] {
+        let table = rand_bf16(&mut rng, vocab * hidden, 1.0);
+        let ids: Vec<u32> = (0..tokens)
+            .map(|_| rng.random_range(0..vocab as u32))
+            .collect();
+        let d_table = gpu.upload(&table).unwrap();
+        let d_ids = gpu.upload(&ids).unwrap();
+        let out = gpu.alloc::<f32>(tokens * hidden).unwrap();
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        // SAFETY: ids drawn below vocab.
+        unsafe {
+            k.embedding_gather(
+                out.view(),
+                d_table.view(),
+                d_ids.view(),
+                tokens,
+                hidden,
+                vocab,
+            )
+        }
+        .unwrap();
+        let got = gpu.to_host(out.view()).unwrap();
+        assert_eq!(
+            got,
+            kernels::embedding::embedding_gather_ref(&table, &ids, hidden)
+        );
+
+        let rows: Vec<u32> = (0..tokens.div_ceil(3))
+            .map(|_| rng.random_range(0..vocab as u32))
+            .collect();
+        let d_rows = gpu.upload(&rows).unwrap();
+        let g = gpu.alloc::<bf16>(rows.len() * hidden).unwrap();
+        gpu.fill_bytes(g.view(), POISON).unwrap();
+        // SAFETY: rows drawn below vocab (the source row count).
+        unsafe {
+            k.gather_rows(
+                g.view(),
+                d_table.view(),
+                d_rows.view(),
+                rows.len(),
+                hidden,
+                vocab,
+            )
+        }
+        .unwrap();
+        assert_eq!(
+            gpu.to_host(g.view()).unwrap(),
+            kernels::embedding::gather_rows_ref(&table, &rows, hidden)
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn add_rmsnorm_matches_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(2);
+    for (tokens, hidden, with_delta) in [(3, 576, false), (1100, 2048, true), (17, 2050, true)] {
+        let mut resid: Vec<f32> = (0..tokens * hidden)
+            .map(|_| rng.random_range(-2.0..2.0))
+            .collect();
+        let delta = rand_bf16(&mut rng, tokens * hidden, 1.5);
+        let weight = rand_bf16(&mut rng, hidden, 1.0);
+        let d_res = gpu.upload(&resid).unwrap();
+        let d_delta = gpu.upload(&delta).unwrap();
+        let d_w = gpu.upload(&weight).unwrap();
+        let out = gpu.alloc::<bf16>(tokens * hidden).unwrap();
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        let dv = with_delta.then(|| d_delta.view());
+        k.add_rmsnorm(
+            d_res.view(),
+            dv,
+            d_w.view(),
+            out.view(),
+            tokens,
+            hidden,
+            1e-5,
+        )
+        .unwrap();
+        let want = kernels::rmsnorm::add_rmsnorm_ref(
+            &mut resid,
+            with_delta.then_some(&delta[..]),
+            &weight,
+            hidden,
+            1e-5,
+        );
+        let got = f32s(&gpu.to_host(out.view()).unwrap());
+        let e = rel_err(&got, &want);
+        assert!(e < 5e-3, "rmsnorm T={tokens} H={hidden}: rel err {e}");
+        let e = rel_err(&gpu.to_host(d_res.view()).unwrap(), &resid);
+        assert!(e < 1e-6, "residual update: rel err {e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn silu_mul_matches_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(3);
+    for (tokens, inter) in [(5, 1536), (1025, 8192), (3, 777)] {
+        let gu = rand_bf16(&mut rng, tokens * 2 * inter, 4.0);
+        let d_gu = gpu.upload(&gu).unwrap();
+        let out = gpu.alloc::<bf16>(tokens * inter).unwrap();
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        k.silu_mul(out.view(), d_gu.view(), tokens, inter).unwrap();
+        let e = rel_err(
+            &f32s(&gpu.to_host(out.view()).unwrap()),
+            &kernels::activation::silu_mul_ref(&gu, tokens, inter),
+        );
+        assert!(e < 5e-3, "silu T={tokens}: rel err {e}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sampling_matches_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(7);
+    let max_lp = 20;
+    for vocab in [1000usize, 128_256] {
+        let mut params = Vec::new();
+        let mut hist_all = Vec::new();
+        let mut hists = Vec::new();
+        let kinds = 12;
+        for i in 0..kinds {
+            let mut p = SampleParams::greedy();
+            p.u = rng.random_range(0.0..1.0);
+            p.n_logprobs = (i % 4 * 5) as u32;
+            match i % 6 {
+                0 => {}
+                1 => p.temperature = 0.8,
+                2 => (p.temperature, p.top_k) = (1.0, 40),
+                3 => (p.temperature, p.top_p) = (0.7, 0.9),
+                4 => (p.temperature, p.min_p, p.top_k) = (1.3, 0.05, 200),
+                _ => (p.temperature, p.repetition_penalty, p.top_p) = (0.0, 1.3, 0.95),
+            }
+            if i >= 6 {
+                p.repetition_penalty = 1.2;
+            }
+            let mut h: Vec<u32> = (0..vocab as u32).collect();
+            h.shuffle(&mut rng);
+            h.truncate(rng.random_range(1..300));
+            p.hist_off = hist_all.len() as u32;
+            p.hist_len = h.len() as u32;
+            hist_all.extend_from_slice(&h);
+            hists.push(h);
+            params.push(p);
+        }
+        let rows = params.len();
+        let logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| rng.random_range(-8.0f32..8.0))
+            .collect();
+        let d_logits = gpu.upload(&logits).unwrap();
+        let work = gpu.alloc::<f32>(rows * vocab).unwrap();
+        let d_params = gpu.upload(&params).unwrap();
+        let d_hist = gpu.upload(&hist_all).unwrap();
+        let (tok, lp) = (
+            gpu.alloc::<u32>(rows).unwrap(),
+            gpu.alloc::<f32>(rows).unwrap(),
+        );
+        let (tid, tlp) = (
+            gpu.alloc::<u32>(rows * max_lp).unwrap(),
+            gpu.alloc::<f32>(rows * max_lp).unwrap(),
+        );
+        gpu.fill_bytes(tok.view(), POISON).unwrap();
+        gpu.fill_bytes(lp.view(), POISON).unwrap();
+        let out = SampleOutputs {
+            tokens: tok.view(),
+            logprobs: lp.view(),
+            top_ids: tid.view(),
+            top_lps: tlp.view(),
+        };
+        // SAFETY: history ranges lie inside the uploaded history, ids distinct.
+        unsafe {
+            k.sample_rows(
+                d_logits.view(),
+                work.view(),
+                d_params.view(),
+                d_hist.view(),
+                out,
+                rows,
+                vocab,
+                max_lp,
+            )
+        }
+        .unwrap();
+        let (gt, gl) = (
+            gpu.to_host(tok.view()).unwrap(),
+            gpu.to_host(lp.view()).unwrap(),
+        );
+        let (gti, gtl) = (
+            gpu.to_host(tid.view()).unwrap(),
+            gpu.to_host(tlp.view()).unwrap(),
+        );
+        for r in 0..rows {
+            let (t, l, top) = sample_ref(&logits[r * vocab..][..vocab], &params[r], &hists[r]);
+            assert_eq!(gt[r], t, "row {r} ({:?}) token", params[r]);
+            assert!((gl[r] - l).abs() < 1e-3, "row {r} logprob {} vs {l}", gl[r]);
+            for (j, (id, v)) in top.iter().enumerate() {
+                assert_eq!(gti[r * max_lp + j], *id, "row {r} top {j}");
+                assert!((gtl[r * max_lp + j] - v).abs() < 1e-3);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemm_matches_reference_and_rejects_bad_layouts() {
+    let gpu = Gpu::new(0).unwrap();
+    let blas = Blas::new(&gpu).unwrap();
+    let mut rng = StdRng::seed_from_u64(8);
+    for (m, n, kk) in [
+        (1, 1000, 576),
+        (7, 3072, 2048),
+        (300, 577, 64),
+        (1100, 256, 1536),
+    ] {
+        let x = rand_bf16(&mut rng, m * kk, 1.0);
+        let w = rand_bf16(&mut rng, n * kk, 1.0);
+        let (dx, dw) = (gpu.upload(&x).unwrap(), gpu.upload(&w).unwrap());
+        let y = gpu.alloc::<f32>(m * n).unwrap();
+        let yb = gpu.alloc::<bf16>(m * n).unwrap();
+        gpu.fill_bytes(y.view(), POISON).unwrap();
+        gpu.fill_bytes(yb.view(), POISON).unwrap();
+        let d = GemmDims { m, n, k: kk };
+        blas.matmul_nt(dx.view(), dw.view(), y.view(), d).unwrap();
+        blas.matmul_nt(dx.view(), dw.view(), yb.view(), d).unwrap();
+        let (xf, wf) = (f32s(&x), f32s(&w));
+        let want: Vec<f32> = (0..m * n)
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                (0..kk)
+                    .map(|j| xf[r * kk + j] as f64 * wf[c * kk + j] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect();
+        let e = rel_err(&gpu.to_host(y.view()).unwrap(), &want);
+        assert!(e < 1e-4, "gemm f32 out {m}x{n}x{kk}: {e}");
+        let e = rel_err(&f32s(&gpu.to_host(yb.view()).unwrap()), &want);
+        assert!(e < 1e-2, "gemm bf16 out: {e}");
+        let err = blas
+            .matmul_nt(
+                dx.view(),
+                dw.view(),
+                y.view(),
+                GemmDims { m: m + 1, n, k: kk },
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("x [m, k]"), "{err}");
+        let err = blas
+            .matmul_nt(dx.view(), dw.view(), y.view(), GemmDims { m, n, k: 0 })
+            .unwrap_err();
+        assert!(err.to_string().contains("dimension k"), "{err}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn captured_graph_replays_with_new_inputs() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(9);
+    let (tokens, inter) = (4, 1000);
+    let gu = gpu.alloc::<bf16>(tokens * 2 * inter).unwrap();
+    let out = gpu.alloc::<bf16>(tokens * inter).unwrap();
+    gpu.synchronize().unwrap();
+    let graph = Graph::capture(&gpu, || {
+        k.silu_mul(out.view(), gu.view(), tokens, inter)
+            .map_err(|e| gpu::GpuError::Buffer {
+                what: "silu_mul capture".into(),
+                reason: e.to_string(),
+            })
+    })
+    .unwrap();
+    for _ in 0..3 {
+        let h = rand_bf16(&mut rng, tokens * 2 * inter, 3.0);
+        gpu.copy_to_device(&h, gu.view()).unwrap();
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        graph.launch(&gpu).unwrap();
+        let e = rel_err(
+            &f32s(&gpu.to_host(out.view()).unwrap()),
+            &kernels::activation::silu_mul_ref(&h, tokens, inter),
+        );
+        assert!(e < 5e-3, "graph replay: {e}");
+    }
+}

@@ -1,0 +1,332 @@
+//! The layer pipeline on the device: workspace buffers and the enqueue of
+//! one step's kernels.
+//!
+//! Contract: [`CudaBackend::enqueue`] only enqueues work on the stream, with
+//! no allocation, no synchronisation and no host branching on device data,
+//! reading its inputs from the staging buffer at a fixed [`Layout`]; that is
+//! what lets a pure-decode step be captured as a CUDA graph and replayed.
+//! Per layer: fused add+RMSNorm, QKV GEMM, RoPE + KV write, attention
+//! (decode kernel for pure-decode steps, flash prefill kernel otherwise),
+//! O GEMM, add+RMSNorm, gate/up GEMM, SiLU·up, down GEMM: 4 GEMMs and 5 or 6
+//! kernels. Then the final norm, the gather of the rows to sample, the LM
+//! head GEMM on those rows only, and sampling.
+//! Costs: workspace = `T_cap * (hidden * 10 + qkv + 3 * intermediate) * 2`
+//! bytes + `R_cap * vocab * 8` bytes (logits and the sampler's scratch) +
+//! decode partials `S_cap * heads * max_splits * (head_dim + 2) * 4` bytes.
+
+use gpu::{DevSlice, DeviceBuffer, GemmDims, Gpu, PinnedBuffer};
+use half::bf16;
+use kernels::decode_attention::DecodeParams;
+use kernels::prefill_attention::PrefillParams;
+use kernels::sampling::SampleOutputs;
+use kernels::{DecodePlan, HeadShape, SampleParams};
+
+use crate::backend::BackendError;
+use crate::config::LlamaConfig;
+use crate::sampling::MAX_LOGPROBS;
+
+use super::staging::{Layout, PARAM_WORDS};
+use super::{CudaBackend, dev_err};
+
+/// Capacities a [`Workspace`] was allocated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Caps {
+    pub tokens: usize,
+    pub rows: usize,
+    pub decode_seqs: usize,
+    pub meta: usize,
+}
+
+/// Activations, staging and outputs, allocated once per capacity.
+pub(super) struct Workspace {
+    pub caps: Caps,
+    pub x: DeviceBuffer<f32>,       // [T, hidden] residual stream
+    pub xn: DeviceBuffer<bf16>,     // [T, hidden] normed
+    pub qkv: DeviceBuffer<bf16>,    // [T, qkv_width]
+    pub attn: DeviceBuffer<bf16>,   // [T, heads * head_dim]
+    pub delta: DeviceBuffer<bf16>,  // [T, hidden] o / down projection output
+    pub gu: DeviceBuffer<bf16>,     // [T, 2 * intermediate]
+    pub act: DeviceBuffer<bf16>,    // [T, intermediate]
+    pub part_o: DeviceBuffer<f32>,  // [S_dec, heads, max_splits, head_dim]
+    pub part_ml: DeviceBuffer<f32>, // [S_dec, heads, max_splits, 2]
+    pub xs: DeviceBuffer<bf16>,     // [R, hidden] rows to sample
+    pub logits: DeviceBuffer<f32>,  // [R, vocab]
+    pub work: DeviceBuffer<f32>,    // [R, vocab] sampler scratch
+    pub tok: DeviceBuffer<u32>,     // [R]
+    pub lp: DeviceBuffer<f32>,      // [R]
+    pub top_ids: DeviceBuffer<u32>, // [R, MAX_LOGPROBS]
+    pub top_lps: DeviceBuffer<f32>, // [R, MAX_LOGPROBS]
+    pub meta: DeviceBuffer<u32>,    // staging, see Layout
+    pub host_meta: PinnedBuffer<u32>,
+    pub host_tok: PinnedBuffer<u32>,
+    pub host_lp: PinnedBuffer<f32>,
+    pub host_top_ids: PinnedBuffer<u32>,
+    pub host_top_lps: PinnedBuffer<f32>,
+}
+
+impl Workspace {
+    pub fn new(
+        gpu: &Gpu,
+        c: &LlamaConfig,
+        shape: HeadShape,
+        plan: DecodePlan,
+        caps: Caps,
+    ) -> Result<Workspace, BackendError> {
+        let e = |what: &'static str| {
+            move |err: gpu::GpuError| dev_err(&format!("allocating the workspace ({what})"), err)
+        };
+        let (t, r, h, i, v) = (
+            caps.tokens,
+            caps.rows,
+            c.hidden_size,
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        Ok(Workspace {
+            caps,
+            x: gpu.alloc(t * h).map_err(e("x"))?,
+            xn: gpu.alloc(t * h).map_err(e("xn"))?,
+            qkv: gpu.alloc(t * shape.qkv_width()).map_err(e("qkv"))?,
+            attn: gpu.alloc(t * c.q_dim()).map_err(e("attn"))?,
+            delta: gpu.alloc(t * h).map_err(e("delta"))?,
+            gu: gpu.alloc(t * 2 * i).map_err(e("gate_up"))?,
+            act: gpu.alloc(t * i).map_err(e("act"))?,
+            part_o: gpu
+                .alloc(plan.partial_o_len(shape, caps.decode_seqs))
+                .map_err(e("part_o"))?,
+            part_ml: gpu
+                .alloc(plan.partial_ml_len(shape, caps.decode_seqs))
+                .map_err(e("part_ml"))?,
+            xs: gpu.alloc(r * h).map_err(e("xs"))?,
+            logits: gpu.alloc(r * v).map_err(e("logits"))?,
+            work: gpu.alloc(r * v).map_err(e("work"))?,
+            tok: gpu.alloc(r).map_err(e("tok"))?,
+            lp: gpu.alloc(r).map_err(e("lp"))?,
+            top_ids: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_ids"))?,
+            top_lps: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_lps"))?,
+            meta: gpu.alloc(caps.meta).map_err(e("meta"))?,
+            host_meta: gpu.alloc_pinned(caps.meta).map_err(e("host_meta"))?,
+            host_tok: gpu.alloc_pinned(r).map_err(e("host_tok"))?,
+            host_lp: gpu.alloc_pinned(r).map_err(e("host_lp"))?,
+            host_top_ids: gpu
+                .alloc_pinned(r * MAX_LOGPROBS)
+                .map_err(e("host_top_ids"))?,
+            host_top_lps: gpu
+                .alloc_pinned(r * MAX_LOGPROBS)
+                .map_err(e("host_top_lps"))?,
+        })
+    }
+}
+
+/// Which attention kernel a step runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Attn {
+    /// One token per sequence: the split-KV decode kernel.
+    Decode,
+    /// Anything else: the flash prefill kernel; the longest segment.
+    Prefill { max_seqlen: usize },
+}
+
+impl CudaBackend {
+    /// Enqueues the forward pass of the step staged at `lay`, then sampling
+    /// (`sample`) or nothing (logits stay in the workspace).
+    pub(super) fn enqueue(
+        &self,
+        lay: &Layout,
+        attn: Attn,
+        sample: bool,
+    ) -> Result<(), BackendError> {
+        let c = &self.config;
+        let ws = &self.ws;
+        let (t, s, r) = (lay.t, lay.s, lay.r);
+        let (h, inter, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let shape = self.shape;
+        let g = |what: &'static str| move |e: gpu::GpuError| dev_err(what, e);
+        let k = |what: &'static str| move |e: kernels::KernelError| dev_err(what, e);
+        let meta = ws.meta.view();
+        let part = |off: usize, len: usize| meta.sub(off, len).map_err(g("staging view"));
+        let tokens = part(lay.tokens, t)?;
+        let positions = part(lay.positions, t)?;
+        let slots = part(lay.slots, t)?;
+        let cu = part(lay.cu_seqlens, s + 1)?;
+        let ctx = part(lay.context_lens, s)?;
+        let tables = part(lay.tables, s * lay.max_blocks)?;
+        let rows = part(lay.rows, r)?;
+        let params: DevSlice<'_, SampleParams> = part(lay.params, r * PARAM_WORDS)?
+            .cast()
+            .map_err(g("params view"))?;
+        let history = part(lay.history, lay.hist_cap.max(1))?;
+        let gemm = |x: DevSlice<'_, bf16>,
+                    w: &DeviceBuffer<bf16>,
+                    y: DevSlice<'_, bf16>,
+                    n: usize,
+                    kk: usize| {
+            self.blas
+                .matmul_nt(x, w.view(), y, GemmDims { m: t, n, k: kk })
+                .map_err(g("GEMM"))
+        };
+        let eps = c.rms_norm_eps;
+        // SAFETY: check_batch verified every token id < vocab; the staged ids are those (or 0 for padding).
+        unsafe {
+            self.k
+                .embedding_gather(ws.x.view(), self.w.embed.view(), tokens, t, h, v)
+        }
+        .map_err(k("embedding"))?;
+        for (l, layer) in self.w.layers.iter().enumerate() {
+            let delta = (l > 0).then(|| ws.delta.view());
+            self.k
+                .add_rmsnorm(
+                    ws.x.view(),
+                    delta,
+                    layer.input_norm.view(),
+                    ws.xn.view(),
+                    t,
+                    h,
+                    eps,
+                )
+                .map_err(k("input norm"))?;
+            gemm(
+                ws.xn.view(),
+                &layer.qkv,
+                ws.qkv.view(),
+                shape.qkv_width(),
+                h,
+            )?;
+            let (kc, vc) = (self.cache.k[l].view(), self.cache.v[l].view());
+            // SAFETY: check_batch verified slots against the pool (padding uses the
+            // scratch block past it, which the cache holds) and positions < rope_rows.
+            unsafe {
+                self.k.rope_kv_write(
+                    ws.qkv.view(),
+                    positions,
+                    slots,
+                    self.rope_cos.view(),
+                    self.rope_sin.view(),
+                    kc,
+                    vc,
+                    shape,
+                    t,
+                    self.rope_rows,
+                )
+            }
+            .map_err(k("rope/kv write"))?;
+            match attn {
+                Attn::Decode => {
+                    let p = DecodeParams {
+                        shape,
+                        plan: self.plan,
+                        num_seqs: s,
+                        max_blocks: lay.max_blocks,
+                        block_size: self.kv.block_size,
+                    };
+                    // SAFETY: contexts <= max_context (check_batch), tables in the pool
+                    // (padding points at the scratch block), and every position up to
+                    // each context was written by this or an earlier step.
+                    unsafe {
+                        self.k.decode_attention(
+                            ws.qkv.view(),
+                            kc,
+                            vc,
+                            ctx,
+                            tables,
+                            ws.part_o.view(),
+                            ws.part_ml.view(),
+                            ws.attn.view(),
+                            p,
+                        )
+                    }
+                    .map_err(k("decode attention"))?;
+                }
+                Attn::Prefill { max_seqlen } => {
+                    let p = PrefillParams {
+                        shape,
+                        tokens: t,
+                        num_seqs: s,
+                        max_seqlen,
+                        max_blocks: lay.max_blocks,
+                        block_size: self.kv.block_size,
+                    };
+                    // SAFETY: as for decode; the batch passed StepBatch::validate.
+                    unsafe {
+                        self.k.prefill_attention(
+                            ws.qkv.view(),
+                            kc,
+                            vc,
+                            cu,
+                            ctx,
+                            tables,
+                            ws.attn.view(),
+                            p,
+                        )
+                    }
+                    .map_err(k("prefill attention"))?;
+                }
+            }
+            gemm(ws.attn.view(), &layer.o, ws.delta.view(), h, c.q_dim())?;
+            self.k
+                .add_rmsnorm(
+                    ws.x.view(),
+                    Some(ws.delta.view()),
+                    layer.post_norm.view(),
+                    ws.xn.view(),
+                    t,
+                    h,
+                    eps,
+                )
+                .map_err(k("post-attention norm"))?;
+            gemm(ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
+            self.k
+                .silu_mul(ws.act.view(), ws.gu.view(), t, inter)
+                .map_err(k("silu"))?;
+            gemm(ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
+        }
+        self.k
+            .add_rmsnorm(
+                ws.x.view(),
+                Some(ws.delta.view()),
+                self.w.norm.view(),
+                ws.xn.view(),
+                t,
+                h,
+                eps,
+            )
+            .map_err(k("final norm"))?;
+        // SAFETY: every staged row index is < T (checked on the host, padding rows < bucket).
+        unsafe {
+            self.k
+                .gather_rows(ws.xs.view(), ws.xn.view(), rows, r, h, t)
+        }
+        .map_err(k("row gather"))?;
+        self.blas
+            .matmul_nt(
+                ws.xs.view(),
+                self.w.head().view(),
+                ws.logits.view(),
+                GemmDims { m: r, n: v, k: h },
+            )
+            .map_err(g("LM head GEMM"))?;
+        if sample {
+            let out = SampleOutputs {
+                tokens: ws.tok.view(),
+                logprobs: ws.lp.view(),
+                top_ids: ws.top_ids.view(),
+                top_lps: ws.top_lps.view(),
+            };
+            // SAFETY: each row's history range was staged inside the history area, ids distinct.
+            unsafe {
+                self.k.sample_rows(
+                    ws.logits.view(),
+                    ws.work.view(),
+                    params,
+                    history,
+                    out,
+                    r,
+                    v,
+                    MAX_LOGPROBS,
+                )
+            }
+            .map_err(k("sampling"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,310 @@
+//! The CUDA backend: the Llama forward pass on an NVIDIA GPU through our own
+//! kernels (crate `kernels`) and cuBLAS (crate `gpu`).
+//!
+//! Contract: [`CudaBackend`] implements [`Backend`] exactly like the CPU
+//! backend: any [`StepBatch`] passing [`CudaBackend::check_batch`] runs;
+//! anything else is a [`BackendError::InvalidBatch`] naming the field, never a
+//! panic; device failures are [`BackendError::Device`] naming the operation.
+//! Weights are uploaded once as bf16 (Q/K/V and gate/up fused, tied head =
+//! embedding); the KV pool is bf16 on the device. Logits are computed only
+//! for the rows that are sampled (gathered before the LM head), and sampling
+//! runs on the GPU with the procedure of [`crate::sampling`]. A pure-decode
+//! step is replayed from a CUDA graph captured once per batch-size bucket
+//! (powers of two up to [`MAX_GRAPH_BATCH`]); padded rows write to a scratch
+//! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off.
+//! [`available`] says why CUDA cannot be used, without panicking.
+//!
+//! Costs: one host-to-device copy of the packed metadata, the kernels (or one
+//! graph launch) and one device-to-host copy of the sampled tokens per step,
+//! with one synchronisation at the end. Memory: see `weights` and `forward`.
+
+mod forward;
+mod run;
+mod staging;
+mod weights;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use gpu::{Blas, DeviceBuffer, Gpu, Graph};
+use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
+
+use crate::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
+use crate::config::LlamaConfig;
+use crate::weights::LlamaWeights;
+use forward::{Caps, Workspace};
+use staging::sample_params;
+use weights::{DeviceWeights, KvCache, upload_weights};
+
+/// Largest pure-decode batch replayed from a captured graph.
+pub const MAX_GRAPH_BATCH: usize = 256;
+/// History ids (for the repetition penalty) a graph bucket can stage.
+const GRAPH_HISTORY: usize = 1 << 16;
+
+/// `Ok` when this binary carries CUDA kernels and a CUDA driver with a
+/// device is present; otherwise the reason and how to fix it.
+pub fn available() -> Result<(), String> {
+    if let Some(why) = kernels::unavailable_reason() {
+        return Err(why);
+    }
+    gpu::driver_available().map_err(|e| format!("no CUDA driver found: {e}"))
+}
+
+pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
+    BackendError::Device(format!("cuda: {what}: {e}"))
+}
+
+/// The CUDA backend (see the module doc).
+pub struct CudaBackend {
+    config: LlamaConfig,
+    kv: KvShape,
+    device: usize,
+    shape: HeadShape,
+    plan: DecodePlan,
+    /// Rows of the RoPE table = longest context: min(max_position_embeddings, pool slots).
+    rope_rows: usize,
+    /// Block-table row length of graph buckets: `ceil(rope_rows / block_size)`.
+    graph_max_blocks: usize,
+    graphs: HashMap<usize, Graph>,
+    graphs_enabled: bool,
+    ws: Workspace,
+    rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
+    rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
+    cache: KvCache,
+    w: DeviceWeights,
+    blas: Blas,
+    k: Kernels,
+    gpu: Arc<Gpu>,
+}
+
+impl CudaBackend {
+    /// Uploads `weights` to device `device` and allocates a KV pool of
+    /// `kv.num_blocks` blocks of `kv.block_size` tokens.
+    pub fn new(
+        config: LlamaConfig,
+        weights: &LlamaWeights,
+        kv: KvShape,
+        device: usize,
+    ) -> Result<CudaBackend, BackendError> {
+        available().map_err(BackendError::Device)?;
+        if kv.num_blocks == 0 || kv.block_size == 0 {
+            return Err(BackendError::Device(format!(
+                "cuda: KV pool needs num_blocks > 0 and block_size > 0, got {kv:?}"
+            )));
+        }
+        let gpu = Gpu::new(device).map_err(|e| dev_err(&format!("opening device {device}"), e))?;
+        let k = Kernels::load(&gpu).map_err(|e| dev_err("loading kernels", e))?;
+        let blas = Blas::new(&gpu).map_err(|e| dev_err("creating the cuBLAS handle", e))?;
+        let shape = HeadShape {
+            num_heads: config.num_heads,
+            num_kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+        };
+        let rope_rows = config
+            .max_position_embeddings
+            .min(kv.num_blocks * kv.block_size);
+        let plan = DecodePlan::new(shape, rope_rows)
+            .map_err(|e| dev_err("planning decode attention", e))?;
+        let (cos, sin) = config.rope_table(rope_rows);
+        let rope_cos = gpu
+            .upload(&cos)
+            .map_err(|e| dev_err("uploading the RoPE table", e))?;
+        let rope_sin = gpu
+            .upload(&sin)
+            .map_err(|e| dev_err("uploading the RoPE table", e))?;
+        let w = upload_weights(&gpu, &config, weights)?;
+        let cache = KvCache::new(&gpu, &config, kv)?;
+        let caps = Caps {
+            tokens: 16,
+            rows: 1,
+            decode_seqs: 1,
+            meta: 1024,
+        };
+        let ws = Workspace::new(&gpu, &config, shape, plan, caps)?;
+        gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
+        Ok(CudaBackend {
+            graph_max_blocks: rope_rows.div_ceil(kv.block_size),
+            graphs_enabled: std::env::var("LAMINA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+            graphs: HashMap::new(),
+            config,
+            kv,
+            device,
+            shape,
+            plan,
+            rope_rows,
+            ws,
+            rope_cos,
+            rope_sin,
+            cache,
+            w,
+            blas,
+            k,
+            gpu,
+        })
+    }
+
+    /// Turns graph capture/replay of pure-decode steps on or off (tests compare both).
+    pub fn set_graphs(&mut self, enabled: bool) {
+        self.graphs_enabled = enabled;
+        if !enabled {
+            self.graphs.clear();
+        }
+    }
+
+    /// Number of captured decode graphs (one per batch-size bucket seen).
+    pub fn num_graphs(&self) -> usize {
+        self.graphs.len()
+    }
+
+    /// [`StepBatch::validate`] plus what this backend indexes with: token ids
+    /// below the vocabulary, positions below the RoPE table (the longest
+    /// context), and every block attention reads inside the pool.
+    pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
+        batch.check(self.kv, self.config.vocab_size, self.rope_rows)
+    }
+
+    /// Copies KV block `src` to block `dst` in every layer (copy-on-write of a fork).
+    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), BackendError> {
+        let n = self.kv.num_blocks as u32;
+        if src >= n || dst >= n {
+            return Err(BackendError::InvalidBatch(format!(
+                "copy_block {src} -> {dst}: outside the pool of {n} blocks"
+            )));
+        }
+        let width = self.kv.block_size * self.config.kv_dim();
+        for l in 0..self.config.num_layers {
+            for buf in [&self.cache.k[l], &self.cache.v[l]] {
+                let from = buf.slice(src as usize * width..(src as usize + 1) * width);
+                let to = buf.slice(dst as usize * width..(dst as usize + 1) * width);
+                let (from, to) = (
+                    from.map_err(|e| dev_err("copy_block", e))?,
+                    to.map_err(|e| dev_err("copy_block", e))?,
+                );
+                self.gpu
+                    .copy_on_device(from, to)
+                    .map_err(|e| dev_err("copy_block", e))?;
+            }
+        }
+        self.gpu.synchronize().map_err(|e| dev_err("copy_block", e))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda:{}", self.device)
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        self.kv
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        self.check_batch(batch)?;
+        let s = batch.num_seqs();
+        let mut hist = Vec::new();
+        // Graph steps sample every sequence (row s = sequence s); eager steps only the requested ones.
+        let all: Vec<SampleParams> = batch
+            .samples
+            .iter()
+            .map(|r| sample_params(r.as_ref(), &mut hist))
+            .collect();
+        let out_rows: Vec<usize> = if self.run_graph(batch, &all, &hist)? {
+            (0..s).collect()
+        } else {
+            let mut hist = Vec::new();
+            let mut rows = Vec::new();
+            let mut params = Vec::new();
+            for (q, req) in batch.samples.iter().enumerate() {
+                if let Some(req) = req {
+                    rows.push(batch.cu_seqlens[q + 1] - 1);
+                    params.push(sample_params(Some(req), &mut hist));
+                }
+            }
+            if rows.is_empty() {
+                self.run_eager(batch, &[0], &[SampleParams::greedy()], &hist, false)?;
+                self.gpu
+                    .synchronize()
+                    .map_err(|e| dev_err("running a step", e))?;
+                return Ok(vec![None; s]);
+            }
+            self.run_eager(batch, &rows, &params, &hist, true)?;
+            let mut next = 0;
+            batch
+                .samples
+                .iter()
+                .map(|r| {
+                    let i = next;
+                    next += usize::from(r.is_some());
+                    i
+                })
+                .collect()
+        };
+        let r = out_rows.iter().copied().max().map_or(0, |m| m + 1);
+        let ws = &mut self.ws;
+        let e = |e| dev_err("reading sampled tokens", e);
+        let copy = |gpu: &Gpu, ws: &mut Workspace| -> Result<(), gpu::GpuError> {
+            gpu.copy_to_pinned(ws.tok.slice(0..r)?, &mut ws.host_tok)?;
+            gpu.copy_to_pinned(ws.lp.slice(0..r)?, &mut ws.host_lp)?;
+            let n = r * crate::sampling::MAX_LOGPROBS;
+            gpu.copy_to_pinned(ws.top_ids.slice(0..n)?, &mut ws.host_top_ids)?;
+            gpu.copy_to_pinned(ws.top_lps.slice(0..n)?, &mut ws.host_top_lps)?;
+            gpu.synchronize()
+        };
+        copy(&self.gpu, ws).map_err(e)?;
+        let max_lp = crate::sampling::MAX_LOGPROBS;
+        Ok(batch
+            .samples
+            .iter()
+            .zip(&out_rows)
+            .map(|(req, &row)| {
+                req.as_ref().map(|req| {
+                    let n = req.params.logprobs.min(max_lp);
+                    let ids = &ws.host_top_ids.as_slice()[row * max_lp..row * max_lp + n];
+                    let lps = &ws.host_top_lps.as_slice()[row * max_lp..row * max_lp + n];
+                    SampledToken {
+                        token: ws.host_tok.as_slice()[row],
+                        logprob: ws.host_lp.as_slice()[row],
+                        top_logprobs: ids.iter().copied().zip(lps.iter().copied()).collect(),
+                    }
+                })
+            })
+            .collect())
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        self.check_batch(batch)?;
+        let t = batch.num_tokens();
+        if let Some(r) = rows.iter().find(|&&r| r >= t) {
+            return Err(BackendError::InvalidBatch(format!(
+                "logits row {r} is outside the step's {t} tokens"
+            )));
+        }
+        if rows.is_empty() {
+            let none = [0u32];
+            self.run_eager(batch, &none, &[SampleParams::greedy()], &[], false)?;
+            self.gpu
+                .synchronize()
+                .map_err(|e| dev_err("running a step", e))?;
+            return Ok(Vec::new());
+        }
+        let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let params = vec![SampleParams::greedy(); rows.len()];
+        self.run_eager(batch, &rows32, &params, &[], false)?;
+        let n = rows.len() * self.config.vocab_size;
+        let view = self
+            .ws
+            .logits
+            .slice(0..n)
+            .map_err(|e| dev_err("reading logits", e))?;
+        self.gpu
+            .to_host(view)
+            .map_err(|e| dev_err("reading logits", e))
+    }
+}

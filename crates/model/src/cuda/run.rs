@@ -1,0 +1,175 @@
+//! Running a step: growing the workspace, staging the metadata, and either
+//! replaying the pure-decode graph of the batch's bucket (captured on first
+//! use) or enqueueing the kernels eagerly.
+//!
+//! Contract: growth and capture happen only between steps (growth drops the
+//! graphs, which point into the old buffers); a failed capture turns graphs
+//! off with a warning and the step runs eagerly. Costs: one host-to-device
+//! copy of the staging buffer per step; capture + instantiate once per bucket.
+
+use gpu::Graph;
+use kernels::SampleParams;
+
+use super::forward::{Attn, Caps, Workspace};
+use super::staging::{Layout, Pad, pack};
+use super::{CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, dev_err};
+use crate::backend::{BackendError, StepBatch};
+
+impl CudaBackend {
+    /// Grows the workspace to hold `need` (dropping captured graphs, which
+    /// point into the old buffers). Never called inside a capture.
+    fn ensure(&mut self, need: Caps) -> Result<(), BackendError> {
+        let have = self.ws.caps;
+        if need.tokens <= have.tokens
+            && need.rows <= have.rows
+            && need.decode_seqs <= have.decode_seqs
+            && need.meta <= have.meta
+        {
+            return Ok(());
+        }
+        self.graphs.clear();
+        self.gpu
+            .synchronize()
+            .map_err(|e| dev_err("growing the workspace", e))?;
+        let caps = Caps {
+            tokens: need.tokens.max(have.tokens),
+            rows: need.rows.max(have.rows),
+            decode_seqs: need.decode_seqs.max(have.decode_seqs),
+            meta: need.meta.max(have.meta),
+        };
+        self.ws = Workspace::new(&self.gpu, &self.config, self.shape, self.plan, caps)?;
+        Ok(())
+    }
+
+    /// Stages `batch` at `lay` and copies the staging buffer to the device.
+    fn stage(
+        &mut self,
+        lay: &Layout,
+        batch: &StepBatch,
+        rows: &[u32],
+        params: &[SampleParams],
+        hist: &[u32],
+        pad: bool,
+    ) -> Result<(), BackendError> {
+        let pad = pad.then_some(Pad {
+            block: self.kv.num_blocks as u32,
+            block_size: self.kv.block_size as u32,
+        });
+        pack(
+            self.ws.host_meta.as_mut_slice(),
+            lay,
+            batch,
+            rows,
+            params,
+            hist,
+            pad,
+        );
+        let dst = self
+            .ws
+            .meta
+            .slice(0..lay.total)
+            .map_err(|e| dev_err("staging", e))?;
+        self.gpu
+            .copy_to_device(&self.ws.host_meta.as_slice()[..lay.total], dst)
+            .map_err(|e| dev_err("copying step metadata", e))
+    }
+
+    /// Runs a pure-decode step from its bucket's graph (capturing it on first
+    /// use). Returns false, having done nothing, when this step cannot use one.
+    pub(super) fn run_graph(
+        &mut self,
+        batch: &StepBatch,
+        params: &[SampleParams],
+        hist: &[u32],
+    ) -> Result<bool, BackendError> {
+        let s = batch.num_seqs();
+        if !self.graphs_enabled
+            || !batch.is_pure_decode()
+            || s > MAX_GRAPH_BATCH
+            || hist.len() > GRAPH_HISTORY
+        {
+            return Ok(false);
+        }
+        let sb = s.next_power_of_two();
+        let lay = Layout::new(sb, sb, self.graph_max_blocks, sb, GRAPH_HISTORY);
+        self.ensure(Caps {
+            tokens: sb,
+            rows: sb,
+            decode_seqs: sb,
+            meta: lay.total,
+        })?;
+        let rows: Vec<u32> = (0..s as u32).collect();
+        self.stage(&lay, batch, &rows, params, hist, true)?;
+        if !self.graphs.contains_key(&sb) {
+            let mut inner = None;
+            let captured = Graph::capture(&self.gpu, || {
+                self.enqueue(&lay, Attn::Decode, true).map_err(|e| {
+                    let msg = e.to_string();
+                    inner = Some(e);
+                    gpu::GpuError::Buffer {
+                        what: "decode graph capture".into(),
+                        reason: msg,
+                    }
+                })
+            });
+            match captured {
+                Ok(graph) => {
+                    graph
+                        .upload()
+                        .map_err(|e| dev_err("uploading a decode graph", e))?;
+                    self.graphs.insert(sb, graph);
+                }
+                Err(e) => {
+                    if let Some(inner) = inner {
+                        return Err(inner);
+                    }
+                    tracing::warn!(error = %e, "CUDA graph capture failed; running decode steps eagerly");
+                    self.graphs_enabled = false;
+                    self.enqueue(&lay, Attn::Decode, true)?;
+                    return Ok(true);
+                }
+            }
+        }
+        match self.graphs.get(&sb) {
+            Some(graph) => graph
+                .launch(&self.gpu)
+                .map_err(|e| dev_err("replaying a decode graph", e))?,
+            None => self.enqueue(&lay, Attn::Decode, true)?,
+        }
+        Ok(true)
+    }
+
+    /// Stages and enqueues `batch` without a graph; `rows` are the token rows
+    /// to sample or return.
+    pub(super) fn run_eager(
+        &mut self,
+        batch: &StepBatch,
+        rows: &[u32],
+        params: &[SampleParams],
+        hist: &[u32],
+        sample: bool,
+    ) -> Result<(), BackendError> {
+        let (t, s) = (batch.num_tokens(), batch.num_seqs());
+        let lay = Layout::new(t, s, batch.max_blocks, rows.len(), hist.len());
+        let decode = batch.is_pure_decode();
+        self.ensure(Caps {
+            tokens: t,
+            rows: rows.len().max(1),
+            decode_seqs: if decode { s } else { 1 },
+            meta: lay.total,
+        })?;
+        self.stage(&lay, batch, rows, params, hist, false)?;
+        let attn = if decode {
+            Attn::Decode
+        } else {
+            let max_seqlen = batch
+                .cu_seqlens
+                .windows(2)
+                .map(|w| (w[1] - w[0]) as usize)
+                .max()
+                .unwrap_or(0);
+            Attn::Prefill { max_seqlen }
+        };
+        self.enqueue(&lay, attn, sample)
+    }
+}

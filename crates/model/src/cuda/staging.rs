@@ -1,0 +1,234 @@
+//! Host-side packing of a step's metadata into one `u32` staging buffer,
+//! copied to the device with a single asynchronous copy per step.
+//!
+//! Contract: a [`Layout`] fixes where each array lives for a given
+//! `(T, S, max_blocks, R, history)` capacity. Eager steps use the exact
+//! sizes; a captured decode graph uses its bucket's fixed layout (the graph
+//! bakes the offsets in), with rows past the real batch padded to a scratch
+//! slot/block that no sequence reads. Sampling parameters are laid out as
+//! [`SampleParams`] words at a 16-byte aligned offset.
+//! Costs: O(T + S * max_blocks + R + history) host writes per step.
+
+use kernels::SampleParams;
+
+use crate::backend::{SampleRequest, StepBatch};
+use crate::sampling::{MAX_LOGPROBS, uniform};
+
+/// `u32` words of one [`SampleParams`].
+pub(super) const PARAM_WORDS: usize = std::mem::size_of::<SampleParams>() / 4;
+
+/// Offsets (in `u32` words) of each array in the staging buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Layout {
+    pub t: usize,
+    pub s: usize,
+    pub max_blocks: usize,
+    pub r: usize,
+    pub hist_cap: usize,
+    pub tokens: usize,       // [T]
+    pub positions: usize,    // [T]
+    pub slots: usize,        // [T]
+    pub cu_seqlens: usize,   // [S + 1]
+    pub context_lens: usize, // [S]
+    pub tables: usize,       // [S, max_blocks]
+    pub rows: usize,         // [R] token rows to sample / return
+    pub params: usize,       // [R, PARAM_WORDS]
+    pub history: usize,      // [hist_cap]
+    pub total: usize,
+}
+
+impl Layout {
+    pub fn new(t: usize, s: usize, max_blocks: usize, r: usize, hist_cap: usize) -> Layout {
+        let tokens = 0;
+        let positions = tokens + t;
+        let slots = positions + t;
+        let cu_seqlens = slots + t;
+        let context_lens = cu_seqlens + s + 1;
+        let tables = context_lens + s;
+        let rows = tables + s * max_blocks;
+        let params = (rows + r).next_multiple_of(4);
+        let history = params + r * PARAM_WORDS;
+        Layout {
+            t,
+            s,
+            max_blocks,
+            r,
+            hist_cap,
+            tokens,
+            positions,
+            slots,
+            cu_seqlens,
+            context_lens,
+            tables,
+            rows,
+            params,
+            history,
+            total: history + hist_cap.max(1),
+        }
+    }
+}
+
+/// Where padded rows of a graph bucket write and read.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pad {
+    pub block: u32,
+    pub block_size: u32,
+}
+
+/// Kernel parameters for one sample request; distinct history ids (only
+/// when the penalty is active) are appended to `history`.
+pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>) -> SampleParams {
+    let Some(req) = req else {
+        return SampleParams::greedy();
+    };
+    let p = &req.params;
+    let greedy = !(p.temperature > 0.0 && p.temperature.is_finite());
+    let mut out = SampleParams {
+        temperature: if greedy { 0.0 } else { p.temperature },
+        top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        u: uniform(p.seed, req.step),
+        hist_off: history.len() as u32,
+        hist_len: 0,
+        n_logprobs: p.logprobs.min(MAX_LOGPROBS) as u32,
+        _pad: [0; 3],
+    };
+    if p.repetition_penalty != 1.0 && !req.history.is_empty() {
+        let mut h = req.history.clone();
+        h.sort_unstable();
+        h.dedup();
+        out.hist_len = h.len() as u32;
+        history.extend_from_slice(&h);
+    }
+    out
+}
+
+/// Fills `buf[..lay.total]` for `batch`; `rows` are the token rows to
+/// sample (or return), `params` their settings. Sequences and rows past the
+/// batch (graph padding) get one token at position 0 in `pad`'s block.
+pub(super) fn pack(
+    buf: &mut [u32],
+    lay: &Layout,
+    batch: &StepBatch,
+    rows: &[u32],
+    params: &[SampleParams],
+    history: &[u32],
+    pad: Option<Pad>,
+) {
+    let (t, s) = (batch.num_tokens(), batch.num_seqs());
+    buf[lay.tokens..lay.tokens + t].copy_from_slice(&batch.tokens);
+    buf[lay.positions..lay.positions + t].copy_from_slice(&batch.positions);
+    buf[lay.slots..lay.slots + t].copy_from_slice(&batch.slot_mapping);
+    buf[lay.cu_seqlens..lay.cu_seqlens + s + 1].copy_from_slice(&batch.cu_seqlens);
+    buf[lay.context_lens..lay.context_lens + s].copy_from_slice(&batch.context_lens);
+    let w = batch.max_blocks.min(lay.max_blocks);
+    for q in 0..s {
+        let dst = lay.tables + q * lay.max_blocks;
+        buf[dst..dst + w].copy_from_slice(&batch.block_table(q)[..w]);
+        buf[dst + w..dst + lay.max_blocks].fill(0);
+    }
+    buf[lay.rows..lay.rows + rows.len()].copy_from_slice(rows);
+    for (i, p) in params.iter().enumerate() {
+        let dst = lay.params + i * PARAM_WORDS;
+        buf[dst..dst + PARAM_WORDS].copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(p)));
+    }
+    buf[lay.history..lay.history + history.len()].copy_from_slice(history);
+    if let Some(pad) = pad {
+        let slot = pad.block * pad.block_size;
+        for i in t..lay.t {
+            buf[lay.tokens + i] = 0;
+            buf[lay.positions + i] = 0;
+            buf[lay.slots + i] = slot;
+        }
+        for q in s..lay.s {
+            buf[lay.cu_seqlens + q + 1] = buf[lay.cu_seqlens + q] + 1;
+            buf[lay.context_lens + q] = 1;
+            let dst = lay.tables + q * lay.max_blocks;
+            buf[dst..dst + lay.max_blocks].fill(pad.block);
+        }
+        for i in rows.len()..lay.r {
+            buf[lay.rows + i] = i as u32;
+        }
+        let greedy = SampleParams::greedy();
+        for i in params.len()..lay.r {
+            let dst = lay.params + i * PARAM_WORDS;
+            buf[dst..dst + PARAM_WORDS]
+                .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&greedy)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sampling::SamplingParams;
+
+    #[test]
+    fn layout_is_dense_and_aligned() {
+        let l = Layout::new(5, 2, 3, 2, 7);
+        assert_eq!(l.positions, 5);
+        assert_eq!(l.cu_seqlens, 15);
+        assert_eq!(l.tables, 15 + 3 + 2);
+        assert_eq!(l.params % 4, 0);
+        assert_eq!(l.total, l.history + 7);
+    }
+
+    #[test]
+    fn pads_graph_rows_to_the_scratch_block() {
+        let batch = StepBatch {
+            tokens: vec![9, 8],
+            positions: vec![4, 0],
+            cu_seqlens: vec![0, 1, 2],
+            slot_mapping: vec![4, 16],
+            context_lens: vec![5, 1],
+            block_tables: vec![0, 1],
+            max_blocks: 1,
+            samples: vec![None, None],
+        };
+        let lay = Layout::new(4, 4, 2, 4, 4);
+        let mut buf = vec![u32::MAX; lay.total];
+        let params = vec![SampleParams::greedy(); 2];
+        pack(
+            &mut buf,
+            &lay,
+            &batch,
+            &[0, 1],
+            &params,
+            &[],
+            Some(Pad {
+                block: 7,
+                block_size: 16,
+            }),
+        );
+        assert_eq!(&buf[lay.slots..lay.slots + 4], &[4, 16, 112, 112]);
+        assert_eq!(&buf[lay.cu_seqlens..lay.cu_seqlens + 5], &[0, 1, 2, 3, 4]);
+        assert_eq!(&buf[lay.context_lens..lay.context_lens + 4], &[5, 1, 1, 1]);
+        assert_eq!(&buf[lay.tables..lay.tables + 8], &[0, 0, 1, 0, 7, 7, 7, 7]);
+        assert_eq!(&buf[lay.rows..lay.rows + 4], &[0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn sample_params_follow_the_request() {
+        let mut hist = Vec::new();
+        let req = SampleRequest {
+            params: SamplingParams {
+                temperature: 0.7,
+                top_k: 5,
+                repetition_penalty: 1.2,
+                seed: 3,
+                logprobs: 99,
+                ..SamplingParams::default()
+            },
+            step: 4,
+            history: vec![5, 3, 5, 1],
+        };
+        let p = sample_params(Some(&req), &mut hist);
+        assert_eq!(hist, vec![1, 3, 5]);
+        assert_eq!((p.hist_off, p.hist_len, p.top_k), (0, 3, 5));
+        assert_eq!(p.u, uniform(3, 4));
+        assert_eq!(p.n_logprobs as usize, MAX_LOGPROBS);
+        assert_eq!(sample_params(None, &mut hist).temperature, 0.0);
+    }
+}

