@@ -37,6 +37,7 @@ case "$stage" in
   small|all)
     run smollm2 200 $T --ignored --exact cuda::tests::small::cuda_smollm2_matches_cpu --nocapture
     run shortgen 60 $T --ignored --exact cuda::tests::small::cuda_short_generation --nocapture
+    run partial 60 $T --ignored --exact cuda::tests::small::cuda_partial_sampling --nocapture
     run memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 9 $T --ignored --exact cuda::tests::small::cuda_short_generation
     run racecheck 150 env LAMINA_SHORTGEN_PRESET=tiny compute-sanitizer --tool racecheck --error-exitcode 9 $T --ignored --exact cuda::tests::small::cuda_short_generation
     ;;

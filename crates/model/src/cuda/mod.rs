@@ -246,7 +246,15 @@ impl Backend for CudaBackend {
                 })
                 .collect()
         };
-        let r = out_rows.iter().copied().max().map_or(0, |m| m + 1);
+        // rows written by the sampler: only sequences that asked for a sample own one
+        let r = batch
+            .samples
+            .iter()
+            .zip(&out_rows)
+            .filter(|(req, _)| req.is_some())
+            .map(|(_, &row)| row + 1)
+            .max()
+            .unwrap_or(0);
         let ws = &mut self.ws;
         let e = |e| dev_err("reading sampled tokens", e);
         let copy = |gpu: &Gpu, ws: &mut Workspace| -> Result<(), gpu::GpuError> {

@@ -205,3 +205,54 @@ fn cuda_short_generation() {
         assert_eq!(a[0], b[0], "sequence {s}: first token differs");
     }
 }
+
+/// A mixed step where some sequences are mid-prefill (no sample request):
+/// results come back exactly where asked, each the argmax of that row's logits.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_partial_sampling() {
+    let (cfg, w) = load(&synth_dir(Preset::Tiny));
+    let vocab = cfg.vocab_size;
+    let kv = KvShape {
+        num_blocks: 64,
+        block_size: BS,
+    };
+    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    for pattern in [
+        [false, true, false],
+        [true, false, false],
+        [false, false, true],
+        [true, false, true],
+    ] {
+        let mut pool = Pool::new(kv.num_blocks);
+        let chunks: Vec<SeqChunk> = [20usize, 5, 33]
+            .iter()
+            .zip(pattern)
+            .map(|(&n, sampled)| {
+                let toks = tokens(n as u64 + 11, n, vocab);
+                SeqChunk {
+                    sample: sampled.then(|| greedy(0)).flatten(),
+                    blocks: pool.take(n),
+                    tokens: toks,
+                    start: 0,
+                }
+            })
+            .collect();
+        let batch = build_step(&chunks, BS).unwrap();
+        let res = b.step(&batch).unwrap();
+        assert_eq!(res.len(), 3);
+        for (s, (r, sampled)) in res.iter().zip(pattern).enumerate() {
+            assert_eq!(r.is_some(), sampled, "pattern {pattern:?}, sequence {s}");
+            if let Some(r) = r {
+                let row = batch.cu_seqlens[s + 1] as usize - 1;
+                let logits = b.logits(&batch, &[row]).unwrap();
+                assert_eq!(
+                    r.token,
+                    argmax(&logits),
+                    "pattern {pattern:?}, sequence {s}"
+                );
+            }
+        }
+    }
+    println!("RESULT partial sampling: ok");
+}
