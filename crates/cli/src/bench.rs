@@ -78,7 +78,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         })?)
     };
     let mut res = serde_json::Map::new();
-    res.insert("engine".into(), json!(format!("lamina {}", env!("CARGO_PKG_VERSION"))));
+    res.insert(
+        "engine".into(),
+        json!(format!("lamina {}", env!("CARGO_PKG_VERSION"))),
+    );
     res.insert("model".into(), json!(loaded.model_id));
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
@@ -116,10 +119,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     .map(|_| submit(prompt(args.b3_prompt), args.b3_gen))
                     .collect::<Result<Vec<_>>>()?;
                 let total: usize = std::thread::scope(|s| {
-                    let joins: Vec<_> = handles.into_iter().map(|h| s.spawn(move || time(h))).collect();
+                    let joins: Vec<_> = handles
+                        .into_iter()
+                        .map(|h| s.spawn(move || time(h)))
+                        .collect();
                     joins
                         .into_iter()
-                        .map(|j| j.join().map_err(|_| anyhow::anyhow!("bench thread panicked"))?.map(|t| t.tokens))
+                        .map(|j| {
+                            j.join()
+                                .map_err(|_| anyhow::anyhow!("bench thread panicked"))?
+                                .map(|t| t.tokens)
+                        })
                         .sum::<Result<usize>>()
                 })?;
                 let rate = total as f64 / start.elapsed().as_secs_f64();

@@ -29,7 +29,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let mut messages = initial(&args);
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
-    eprintln!("chatting with {} (/reset clears, /exit quits)", loaded.model_id);
+    eprintln!(
+        "chatting with {} (/reset clears, /exit quits)",
+        loaded.model_id
+    );
     loop {
         eprint!("> ");
         std::io::stderr().flush()?;
@@ -50,7 +53,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
             content: line,
         });
         let prompt = loaded.tokenizer.encode_chat(&messages)?;
-        let req = args.sampling.request(prompt.clone(), &loaded.model.generation)?;
+        let req = args
+            .sampling
+            .request(prompt.clone(), &loaded.model.generation)?;
         let handle = match loaded.engine.submit(req) {
             Ok(h) => h,
             Err(e) => {

@@ -109,7 +109,9 @@ fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool) -> Result<Vec<u32>> {
     match prompt {
         Prompt::Tokens(ids) => {
             if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-                bail!("invalid `--prompt-tokens`: token id {bad} is outside the vocabulary (size {vocab})");
+                bail!(
+                    "invalid `--prompt-tokens`: token id {bad} is outside the vocabulary (size {vocab})"
+                );
             }
             Ok(ids.clone())
         }
@@ -152,7 +154,12 @@ pub fn collect(
                 out.text.push_str(&t.text);
                 if let (Some(k), Some(lp)) = (logprobs, out.logprobs.as_mut()) {
                     let mut row = vec![(t.token, t.logprob)];
-                    row.extend(t.top_logprobs.iter().copied().filter(|(id, _)| *id != t.token));
+                    row.extend(
+                        t.top_logprobs
+                            .iter()
+                            .copied()
+                            .filter(|(id, _)| *id != t.token),
+                    );
                     row.truncate(k.max(1));
                     lp.push(row);
                 }
@@ -186,7 +193,10 @@ fn run_many(loaded: &Loaded, args: &GenerateArgs, prompts: Vec<Vec<u32>>) -> Res
             .collect();
         joins
             .into_iter()
-            .map(|j| j.join().unwrap_or_else(|_| bail!("a collector thread panicked")))
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| bail!("a collector thread panicked"))
+            })
             .collect()
     });
     loaded.engine.shutdown();

@@ -18,7 +18,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "lamina", version, about = "Fast inference for Llama-family models")]
+#[command(
+    name = "lamina",
+    version,
+    about = "Fast inference for Llama-family models"
+)]
 struct Cli {
     /// Log more (-v: info, -vv: debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]

@@ -68,7 +68,11 @@ impl SamplingArgs {
     }
 
     /// An engine request for `prompt`.
-    pub fn request(&self, prompt: Vec<u32>, defaults: &GenerationConfig) -> Result<GenerateRequest> {
+    pub fn request(
+        &self,
+        prompt: Vec<u32>,
+        defaults: &GenerationConfig,
+    ) -> Result<GenerateRequest> {
         if self.max_tokens == 0 {
             bail!("invalid `--max-tokens`: must be at least 1");
         }

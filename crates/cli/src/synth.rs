@@ -31,8 +31,18 @@ pub fn run(args: SynthArgs) -> Result<()> {
         seed: args.seed,
         tokenizer_wheel: args.tokenizer_wheel,
     };
-    synth_model_with(&opts, &args.out)
-        .with_context(|| format!("writing the {} model to {}", args.preset, args.out.display()))?;
-    eprintln!("wrote {} (seed {}) to {}", args.preset, args.seed, args.out.display());
+    synth_model_with(&opts, &args.out).with_context(|| {
+        format!(
+            "writing the {} model to {}",
+            args.preset,
+            args.out.display()
+        )
+    })?;
+    eprintln!(
+        "wrote {} (seed {}) to {}",
+        args.preset,
+        args.seed,
+        args.out.display()
+    );
     Ok(())
 }

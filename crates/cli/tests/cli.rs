@@ -26,7 +26,15 @@ fn tiny() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("lamina-cli-tiny-{}", std::process::id()));
-        let out = lamina(&["synth-model", "--preset", "tiny", "--seed", "3", "--out", dir.to_str().unwrap()]);
+        let out = lamina(&[
+            "synth-model",
+            "--preset",
+            "tiny",
+            "--seed",
+            "3",
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
         assert!(out.status.success(), "synth-model failed: {}", stderr(&out));
         dir
     })
@@ -47,7 +55,10 @@ fn tiny_copy(name: &str) -> PathBuf {
 /// Asserts a failure with exactly one non-empty stderr line containing every `needle`.
 fn assert_clear_error(out: &Output, needles: &[&str]) {
     let err = stderr(out);
-    assert!(!out.status.success(), "expected failure, got success; stderr: {err}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {err}"
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
@@ -58,7 +69,14 @@ fn assert_clear_error(out: &Output, needles: &[&str]) {
 }
 
 fn gen_json(model: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["generate", "--device", "cpu", "--json", "--model", model.to_str().unwrap()];
+    let mut args = vec![
+        "generate",
+        "--device",
+        "cpu",
+        "--json",
+        "--model",
+        model.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     let out = lamina(&args);
     assert!(out.status.success(), "generate failed: {}", stderr(&out));
@@ -68,14 +86,35 @@ fn gen_json(model: &Path, extra: &[&str]) -> serde_json::Value {
 #[test]
 fn first_run_command_says_paris() {
     // the README's main command, on the default model (fetched on first use)
-    let out = lamina(&["generate", "--device", "cpu", "--max-tokens", "8", "--temperature", "0", "The capital of France is"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "The capital of France is",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("Paris"), "got: {}", stdout(&out));
 }
 
 #[test]
 fn json_output_has_every_field_and_logprobs() {
-    let v = gen_json(tiny(), &["--max-tokens", "5", "--temperature", "0", "--logprobs", "3", "--ignore-eos", "hello"]);
+    let v = gen_json(
+        tiny(),
+        &[
+            "--max-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--logprobs",
+            "3",
+            "--ignore-eos",
+            "hello",
+        ],
+    );
     let tokens = v["tokens"].as_array().unwrap();
     assert_eq!(tokens.len(), 5);
     assert_eq!(v["finish_reason"], "length");
@@ -94,14 +133,66 @@ fn json_output_has_every_field_and_logprobs() {
 
 #[test]
 fn seeded_sampling_is_reproducible_and_greedy_is_temperature_zero() {
-    let args = ["--max-tokens", "12", "--temperature", "1.0", "--seed", "1234", "--ignore-eos", "--prompt-tokens", "5,6,7"];
+    let args = [
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "1.0",
+        "--seed",
+        "1234",
+        "--ignore-eos",
+        "--prompt-tokens",
+        "5,6,7",
+    ];
     let a = gen_json(tiny(), &args);
     let b = gen_json(tiny(), &args);
     assert_eq!(a["tokens"], b["tokens"]);
-    let other = gen_json(tiny(), &["--max-tokens", "12", "--temperature", "1.0", "--seed", "99", "--ignore-eos", "--prompt-tokens", "5,6,7"]);
-    assert_ne!(a["tokens"], other["tokens"], "a different seed should change a 12-token sample");
-    let greedy = gen_json(tiny(), &["--max-tokens", "12", "--temperature", "0", "--ignore-eos", "--prompt-tokens", "5,6,7"]);
-    let top1 = gen_json(tiny(), &["--max-tokens", "12", "--temperature", "0.8", "--top-k", "1", "--seed", "5", "--ignore-eos", "--prompt-tokens", "5,6,7"]);
+    let other = gen_json(
+        tiny(),
+        &[
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "1.0",
+            "--seed",
+            "99",
+            "--ignore-eos",
+            "--prompt-tokens",
+            "5,6,7",
+        ],
+    );
+    assert_ne!(
+        a["tokens"], other["tokens"],
+        "a different seed should change a 12-token sample"
+    );
+    let greedy = gen_json(
+        tiny(),
+        &[
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--prompt-tokens",
+            "5,6,7",
+        ],
+    );
+    let top1 = gen_json(
+        tiny(),
+        &[
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "1",
+            "--seed",
+            "5",
+            "--ignore-eos",
+            "--prompt-tokens",
+            "5,6,7",
+        ],
+    );
     assert_eq!(greedy["tokens"], top1["tokens"]);
 }
 
@@ -110,14 +201,38 @@ fn prompts_file_runs_all_in_input_order() {
     let file = std::env::temp_dir().join(format!("lamina-prompts-{}.txt", std::process::id()));
     std::fs::write(&file, "a\nlonger prompt here\n\nb c\n").unwrap();
     let out = lamina(&[
-        "generate", "--device", "cpu", "--json", "--temperature", "0", "--max-tokens", "4", "--ignore-eos",
-        "--model", tiny().to_str().unwrap(), "--prompts-file", file.to_str().unwrap(),
+        "generate",
+        "--device",
+        "cpu",
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "4",
+        "--ignore-eos",
+        "--model",
+        tiny().to_str().unwrap(),
+        "--prompts-file",
+        file.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let rows: Vec<serde_json::Value> = stdout(&out).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(rows.len(), 3);
     for (row, prompt) in rows.iter().zip(["a", "longer prompt here", "b c"]) {
-        let alone = gen_json(tiny(), &["--temperature", "0", "--max-tokens", "4", "--ignore-eos", prompt]);
+        let alone = gen_json(
+            tiny(),
+            &[
+                "--temperature",
+                "0",
+                "--max-tokens",
+                "4",
+                "--ignore-eos",
+                prompt,
+            ],
+        );
         assert_eq!(row["tokens"], alone["tokens"], "prompt {prompt:?}");
         assert_eq!(row["prompt_tokens"], alone["prompt_tokens"]);
     }
@@ -133,7 +248,14 @@ fn tokenize_prints_ids_with_bos() {
 
 #[test]
 fn missing_model_directory() {
-    let out = lamina(&["generate", "--device", "cpu", "--model", "/nonexistent/lamina-model", "hi"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        "/nonexistent/lamina-model",
+        "hi",
+    ]);
     assert_clear_error(&out, &["/nonexistent/lamina-model", "does not exist"]);
 }
 
@@ -144,9 +266,20 @@ fn truncated_safetensors() {
     let len = std::fs::metadata(&file).unwrap().len();
     let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
     f.set_len(len / 2).unwrap();
-    let out = lamina(&["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "hi"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "hi",
+    ]);
     assert_clear_error(&out, &["model.safetensors"]);
-    assert!(stderr(&out).contains("model."), "names a tensor: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("model."),
+        "names a tensor: {}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -154,11 +287,19 @@ fn tensor_with_wrong_shape() {
     // the config now says the MLP is wider than the stored tensors
     let dir = tiny_copy("shape");
     let cfg_path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     let inter = cfg["intermediate_size"].as_u64().unwrap();
     cfg["intermediate_size"] = (inter + 8).into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let out = lamina(&["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "hi"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "hi",
+    ]);
     assert_clear_error(&out, &["model.safetensors", "mlp", "shape"]);
 }
 
@@ -166,23 +307,48 @@ fn tensor_with_wrong_shape() {
 fn malformed_config_json() {
     let dir = tiny_copy("config");
     std::fs::write(dir.join("config.json"), "{\"hidden_size\": 64,").unwrap();
-    let out = lamina(&["generate", "--device", "cpu", "--model", dir.to_str().unwrap(), "hi"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+        "hi",
+    ]);
     assert_clear_error(&out, &["config.json"]);
 }
 
 #[test]
 fn prompt_longer_than_context() {
     let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(tiny().join("config.json")).unwrap())
+            .unwrap();
     let ctx = cfg["max_position_embeddings"].as_u64().unwrap() as usize;
     let ids = vec!["7"; ctx + 10].join(",");
-    let out = lamina(&["generate", "--device", "cpu", "--model", tiny().to_str().unwrap(), "--prompt-tokens", &ids]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        tiny().to_str().unwrap(),
+        "--prompt-tokens",
+        &ids,
+    ]);
     assert_clear_error(&out, &["prompt", &ctx.to_string()]);
 }
 
 #[test]
 fn top_p_out_of_range() {
-    let out = lamina(&["generate", "--device", "cpu", "--model", tiny().to_str().unwrap(), "--top-p", "1.5", "hi"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        tiny().to_str().unwrap(),
+        "--top-p",
+        "1.5",
+        "hi",
+    ]);
     assert_clear_error(&out, &["--top-p", "1.5"]);
 }
 
@@ -191,6 +357,13 @@ fn cuda_without_a_gpu_says_why() {
     if model::cuda::available().is_ok() {
         return; // a GPU machine: nothing to check here
     }
-    let out = lamina(&["generate", "--device", "cuda", "--model", tiny().to_str().unwrap(), "hi"]);
+    let out = lamina(&[
+        "generate",
+        "--device",
+        "cuda",
+        "--model",
+        tiny().to_str().unwrap(),
+        "hi",
+    ]);
     assert_clear_error(&out, &["--device cuda is unavailable"]);
 }

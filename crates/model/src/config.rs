@@ -197,7 +197,10 @@ impl LlamaConfig {
         if let Some(act) = &raw.hidden_act
             && act != "silu"
         {
-            return Err(bad("hidden_act", format!("only `silu` is supported, got `{act}`")));
+            return Err(bad(
+                "hidden_act",
+                format!("only `silu` is supported, got `{act}`"),
+            ));
         }
         if raw.attention_bias == Some(true) {
             return Err(bad("attention_bias", "biases are not supported".into()));
@@ -236,11 +239,17 @@ impl LlamaConfig {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(bad("head_dim", format!("must be even for RoPE, got {head_dim}")));
+            return Err(bad(
+                "head_dim",
+                format!("must be even for RoPE, got {head_dim}"),
+            ));
         }
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
-            return Err(bad("rms_norm_eps", format!("must be positive, got {rms_norm_eps}")));
+            return Err(bad(
+                "rms_norm_eps",
+                format!("must be positive, got {rms_norm_eps}"),
+            ));
         }
         let max_position_embeddings = need(
             Some(raw.max_position_embeddings.unwrap_or(2048)),
@@ -252,7 +261,10 @@ impl LlamaConfig {
             .or(params.and_then(|p| p.rope_theta))
             .unwrap_or(10000.0);
         if !(rope_theta > 0.0 && rope_theta.is_finite()) {
-            return Err(bad("rope_theta", format!("must be positive, got {rope_theta}")));
+            return Err(bad(
+                "rope_theta",
+                format!("must be positive, got {rope_theta}"),
+            ));
         }
         let rope_scaling = match raw.rope_scaling.as_ref().or(params) {
             None => RopeScaling::None,
@@ -272,21 +284,30 @@ impl LlamaConfig {
             rope_theta,
             rope_scaling,
             bos_token_id: raw.bos_token_id,
-            eos_token_ids: raw.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default(),
+            eos_token_ids: raw
+                .eos_token_id
+                .as_ref()
+                .map(EosIds::to_vec)
+                .unwrap_or_default(),
         })
     }
 
     fn resolve_rope(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigError> {
-        let kind = r.rope_type.as_deref().or(r.kind.as_deref()).unwrap_or("default");
+        let kind = r
+            .rope_type
+            .as_deref()
+            .or(r.kind.as_deref())
+            .unwrap_or("default");
         match kind {
             "default" => Ok(RopeScaling::None),
             "llama3" => {
                 let f = |v: Option<f64>, field: &'static str| {
-                    v.filter(|x| *x > 0.0 && x.is_finite()).ok_or(ConfigError::Invalid {
-                        path: path.to_string(),
-                        field,
-                        reason: "llama3 rope scaling needs a positive value".into(),
-                    })
+                    v.filter(|x| *x > 0.0 && x.is_finite())
+                        .ok_or(ConfigError::Invalid {
+                            path: path.to_string(),
+                            field,
+                            reason: "llama3 rope scaling needs a positive value".into(),
+                        })
                 };
                 let factor = f(r.factor, "rope_scaling.factor")?;
                 let low_freq_factor = f(r.low_freq_factor, "rope_scaling.low_freq_factor")?;
@@ -359,7 +380,8 @@ impl LlamaConfig {
                         } else if wl > low_wl {
                             f / factor
                         } else {
-                            let s = (old / wl - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            let s =
+                                (old / wl - low_freq_factor) / (high_freq_factor - low_freq_factor);
                             (1.0 - s) * f / factor + s * f
                         }
                     })
@@ -407,7 +429,9 @@ impl GenerationConfig {
         let path = dir.join("generation_config.json");
         let p = path.display().to_string();
         match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|source| ConfigError::Parse { path: p, source }),
+            Ok(text) => {
+                serde_json::from_str(&text).map_err(|source| ConfigError::Parse { path: p, source })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
             Err(source) => Err(ConfigError::Io { path: p, source }),
         }
@@ -416,7 +440,12 @@ impl GenerationConfig {
     /// The union of this file's EOS ids and `base` (the ids from `config.json`), in order.
     pub fn eos_ids(&self, base: &[u32]) -> Vec<u32> {
         let mut out: Vec<u32> = base.to_vec();
-        for id in self.eos_token_id.as_ref().map(EosIds::to_vec).unwrap_or_default() {
+        for id in self
+            .eos_token_id
+            .as_ref()
+            .map(EosIds::to_vec)
+            .unwrap_or_default()
+        {
             if !out.contains(&id) {
                 out.push(id);
             }
@@ -441,7 +470,10 @@ mod tests {
     #[test]
     fn parses_llama_3_2_1b() {
         let c = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
-        assert_eq!((c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim), (2048, 32, 8, 64));
+        assert_eq!(
+            (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim),
+            (2048, 32, 8, 64)
+        );
         assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
         assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { .. }));
         let inv = c.rope_inv_freq();
@@ -454,9 +486,10 @@ mod tests {
 
     #[test]
     fn reads_rope_parameters_object() {
-        let text = LLAMA_1B
-            .replace("\"rope_theta\": 500000.0,", "")
-            .replace("\"rope_scaling\": {\"rope_type\"", "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\"");
+        let text = LLAMA_1B.replace("\"rope_theta\": 500000.0,", "").replace(
+            "\"rope_scaling\": {\"rope_type\"",
+            "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\"",
+        );
         let c = LlamaConfig::from_json(&text, "config.json").unwrap();
         let d = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
         assert_eq!(c, d);
@@ -471,27 +504,43 @@ mod tests {
     #[test]
     fn rejects_inconsistent_configs_naming_the_field() {
         let cases = [
-            (LLAMA_1B.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 7"), "num_key_value_heads"),
             (
-                LLAMA_1B.replace("\"head_dim\": 64,", "").replace("\"hidden_size\": 2048", "\"hidden_size\": 2050"),
+                LLAMA_1B.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 7"),
+                "num_key_value_heads",
+            ),
+            (
+                LLAMA_1B
+                    .replace("\"head_dim\": 64,", "")
+                    .replace("\"hidden_size\": 2048", "\"hidden_size\": 2050"),
                 "hidden_size",
             ),
             (LLAMA_1B.replace("\"llama3\"", "\"yarn\""), "rope_type"),
-            (LLAMA_1B.replace("\"vocab_size\": 128256,", ""), "vocab_size"),
-            (LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 0"), "num_hidden_layers"),
+            (
+                LLAMA_1B.replace("\"vocab_size\": 128256,", ""),
+                "vocab_size",
+            ),
+            (
+                LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 0"),
+                "num_hidden_layers",
+            ),
         ];
         for (text, field) in cases {
-            let err = LlamaConfig::from_json(&text, "m/config.json").unwrap_err().to_string();
+            let err = LlamaConfig::from_json(&text, "m/config.json")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(field), "{err} should name {field}");
             assert!(err.contains("m/config.json"), "{err}");
         }
-        let err = LlamaConfig::from_json("{not json", "m/config.json").unwrap_err().to_string();
+        let err = LlamaConfig::from_json("{not json", "m/config.json")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("malformed m/config.json"), "{err}");
     }
 
     #[test]
     fn generation_config_extends_eos() {
-        let g: GenerationConfig = serde_json::from_str(r#"{"eos_token_id": [128001, 128008, 128009]}"#).unwrap();
+        let g: GenerationConfig =
+            serde_json::from_str(r#"{"eos_token_id": [128001, 128008, 128009]}"#).unwrap();
         assert_eq!(g.eos_ids(&[128009]), vec![128009, 128001, 128008]);
     }
 }

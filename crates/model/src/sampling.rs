@@ -79,7 +79,10 @@ impl SamplingParams {
     pub fn validate(&self) -> Result<(), ParamError> {
         let err = |param, reason: String| Err(ParamError { param, reason });
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return err("temperature", format!("must be >= 0, got {}", self.temperature));
+            return err(
+                "temperature",
+                format!("must be >= 0, got {}", self.temperature),
+            );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return err("top_p", format!("must be in (0, 1], got {}", self.top_p));
@@ -132,7 +135,14 @@ mod tests {
         let e = p.validate().unwrap_err();
         assert_eq!(e.param, "top_p");
         assert!(e.to_string().contains("1.5"));
-        assert!(SamplingParams { temperature: -0.1, ..Default::default() }.validate().is_err());
+        assert!(
+            SamplingParams {
+                temperature: -0.1,
+                ..Default::default()
+            }
+            .validate()
+            .is_err()
+        );
         assert!(SamplingParams::greedy().validate().is_ok());
     }
 

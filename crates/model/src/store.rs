@@ -230,7 +230,9 @@ impl Store {
         // one fetch at a time in this process (threads share the pid-named
         // temporary directory); other processes are kept apart by that pid
         static FETCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _guard = FETCH_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _guard = FETCH_LOCK
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let dir = self.model_dir(id);
         if dir.is_dir() {
             return Ok(dir);
