@@ -127,16 +127,7 @@ impl Gpu {
     /// `src` the driver stages it before returning; with pinned memory the
     /// caller keeps `src` untouched until the stream has passed this point.
     pub fn copy_to_device<T: Pod>(&self, src: &[T], dst: DevSlice<'_, T>) -> Result<(), GpuError> {
-        if src.len() != dst.len() {
-            return Err(GpuError::Buffer {
-                what: "host-to-device copy".into(),
-                reason: format!(
-                    "source has {} elements, destination {}",
-                    src.len(),
-                    dst.len()
-                ),
-            });
-        }
+        copy_lengths("host-to-device copy", src.len(), dst.len(), true)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -153,16 +144,7 @@ impl Gpu {
         src: DevSlice<'_, T>,
         dst: DevSlice<'_, T>,
     ) -> Result<(), GpuError> {
-        if src.len() != dst.len() {
-            return Err(GpuError::Buffer {
-                what: "device-to-device copy".into(),
-                reason: format!(
-                    "source has {} elements, destination {}",
-                    src.len(),
-                    dst.len()
-                ),
-            });
-        }
+        copy_lengths("device-to-device copy", src.len(), dst.len(), true)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -180,16 +162,7 @@ impl Gpu {
         src: DevSlice<'_, T>,
         dst: &mut PinnedBuffer<T>,
     ) -> Result<(), GpuError> {
-        if src.len() > dst.len() {
-            return Err(GpuError::Buffer {
-                what: "device-to-pinned copy".into(),
-                reason: format!(
-                    "source has {} elements, destination {}",
-                    src.len(),
-                    dst.len()
-                ),
-            });
-        }
+        copy_lengths("device-to-pinned copy", src.len(), dst.len(), false)?;
         if src.is_empty() {
             return Ok(());
         }
@@ -329,4 +302,16 @@ impl Timer {
         drv("cuEventSynchronize", self.end.synchronize())?;
         drv("cuEventElapsedTime", self.start.elapsed_ms(&self.end))
     }
+}
+
+/// Checks a copy's lengths: equal when `exact`, else the source fitting the
+/// destination; the error names the copy and both lengths.
+fn copy_lengths(what: &str, src: usize, dst: usize, exact: bool) -> Result<(), GpuError> {
+    if src == dst || (!exact && src < dst) {
+        return Ok(());
+    }
+    Err(GpuError::Buffer {
+        what: what.into(),
+        reason: format!("source has {src} elements, destination {dst}"),
+    })
 }
