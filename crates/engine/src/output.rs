@@ -99,6 +99,30 @@ impl Output {
         verdict
     }
 
+    /// Whether the next sampled token `token` ends the request on its id alone
+    /// (EOS unless ignored, or `max_tokens` reached), given `generated` tokens
+    /// committed so far including it. Decided at commit time, before its text
+    /// is processed, so the scheduler never runs such a sequence again.
+    pub(crate) fn ends_on(
+        &self,
+        token: u32,
+        generated: usize,
+        eos: &[u32],
+    ) -> Option<FinishReason> {
+        if !self.ignore_eos && eos.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if generated >= self.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+
+    /// Tokens handled so far (what the user has been sent).
+    pub(crate) fn generated(&self) -> usize {
+        self.generated
+    }
+
     /// Sends the final event (ignored when the handle is gone).
     pub(crate) fn finish(self, reason: FinishReason, usage: Usage, error: Option<String>) {
         let _ = self.tx.send(Event::Done(Finished {

@@ -4,7 +4,15 @@
 //! Contract: the loop sleeps on the submission channel while nothing is
 //! queued or running; otherwise each iteration drains the channel (submits,
 //! cancels, shutdown), plans a step, runs it on the backend, commits the
-//! results and streams them. A backend failure ends the requests of that
+//! results and streams them.
+//!
+//! Output work is kept off the critical path: the text of step N's tokens
+//! (detokenization, stop strings, events) is processed on a scoped helper
+//! thread while the backend runs step N + 1. Endings decided by token id
+//! alone (EOS, `max_tokens`) are applied at commit, so such a sequence is
+//! never scheduled again; a stop string found in step N's text ends its
+//! request after step N + 1, whose extra token is dropped unseen (usage counts
+//! what was sent). Output is therefore identical to processing in line. A backend failure ends the requests of that
 //! step with `FinishReason::Error` (their blocks freed); the others go on. A
 //! scheduler invariant failure (a bug) ends every request with an error
 //! rather than panicking. Shutdown (or every sender gone) cancels all requests
@@ -90,8 +98,33 @@ pub(crate) struct Worker {
     pub shared: Arc<Shared>,
     pub rx: Receiver<Msg>,
     outputs: HashMap<u64, Output>,
-    sampled: Vec<(u64, SampledToken)>,
-    finished: Vec<(u64, FinishReason, Option<String>)>,
+    /// Tokens of the last step whose text is not processed yet.
+    pending: Vec<(u64, SampledToken)>,
+    /// Requests retired from the scheduler at commit (EOS / max_tokens) whose
+    /// last token's text is still pending: their reason and usage.
+    closing: HashMap<u64, (FinishReason, Usage)>,
+}
+
+/// Below this many pending tokens the text is processed in line: a helper
+/// thread costs more than it saves.
+const OVERLAP_MIN_TOKENS: usize = 16;
+
+/// Processes tokens' text in order; returns the requests that a verdict ends.
+fn process_text(
+    outputs: &mut HashMap<u64, Output>,
+    tokens: Vec<(u64, SampledToken)>,
+    eos: &[u32],
+) -> Vec<(u64, FinishReason, Option<String>)> {
+    let mut ended = Vec::new();
+    for (id, tok) in tokens {
+        let Some(out) = outputs.get_mut(&id) else {
+            continue; // ended meanwhile: the token is dropped unseen
+        };
+        if let Verdict::Finish(reason, err) = out.on_token(tok, eos) {
+            ended.push((id, reason, err));
+        }
+    }
+    ended
 }
 
 impl Worker {
@@ -111,8 +144,8 @@ impl Worker {
             shared,
             rx,
             outputs: HashMap::new(),
-            sampled: Vec::new(),
-            finished: Vec::new(),
+            pending: Vec::new(),
+            closing: HashMap::new(),
         }
     }
 
@@ -121,6 +154,8 @@ impl Worker {
         self.publish();
         loop {
             if self.sched.is_idle() {
+                self.drain_pending();
+                self.publish();
                 match self.rx.recv() {
                     Ok(msg) => {
                         if !self.handle(msg) {
@@ -165,6 +200,7 @@ impl Worker {
             self.shared.host_ns_total.fetch_add(host, Ordering::Relaxed);
             self.publish();
         }
+        self.drain_pending();
         self.fail_all(FinishReason::Cancelled, None);
         // requests submitted after the last drain
         while let Ok(msg) = self.rx.try_recv() {
@@ -233,11 +269,29 @@ impl Worker {
             self.end(id, FinishReason::Length, None);
         }
         if self.sched.batch().num_seqs() == 0 {
+            self.drain_pending();
             return Ok(0);
         }
-        let t0 = Instant::now();
-        let result = self.backend.step(self.sched.batch());
-        let backend_ns = t0.elapsed().as_nanos() as u64;
+        let pending = std::mem::take(&mut self.pending);
+        let timed_step = |backend: &mut Box<dyn Backend>, batch| {
+            let t0 = Instant::now();
+            let r = backend.step(batch);
+            (r, t0.elapsed().as_nanos() as u64)
+        };
+        let ((result, backend_ns), ended) = if pending.len() < OVERLAP_MIN_TOKENS {
+            let ended = process_text(&mut self.outputs, pending, &self.eos);
+            (timed_step(&mut self.backend, self.sched.batch()), ended)
+        } else {
+            let (outputs, eos) = (&mut self.outputs, &self.eos);
+            let (backend, batch) = (&mut self.backend, self.sched.batch());
+            std::thread::scope(|scope| {
+                let text = scope.spawn(move || process_text(outputs, pending, eos));
+                let result = timed_step(backend, batch);
+                // the helper only detokenizes and sends events: it cannot panic on user input
+                let ended = text.join().unwrap_or_else(|_| Vec::new());
+                (result, ended)
+            })
+        };
         self.shared
             .backend_ns_total
             .fetch_add(backend_ns, Ordering::Relaxed);
@@ -245,6 +299,7 @@ impl Worker {
         let results = match result {
             Ok(r) => r,
             Err(e) => {
+                self.apply_endings(ended);
                 let ids: Vec<u64> = self.sched.planned_ids().collect();
                 tracing::error!(error = %e, seqs = ids.len(), "backend step failed");
                 for id in ids {
@@ -257,33 +312,80 @@ impl Worker {
                 return Ok(backend_ns);
             }
         };
-        let mut sampled = std::mem::take(&mut self.sampled);
+        let mut sampled = Vec::new();
         let t_commit = Instant::now();
         self.sched.commit(results, &mut sampled)?;
         self.add_schedule_ns(t_commit);
+        // after the commit: a request a stop string ended leaves the scheduler
+        // with this step's token, which is never shown
+        self.apply_endings(ended);
+        sampled.retain(|(id, _)| self.outputs.contains_key(id));
         self.shared
             .generation_tokens_total
             .fetch_add(sampled.len() as u64, Ordering::Relaxed);
-        for (id, tok) in sampled.drain(..) {
-            let Some(out) = self.outputs.get_mut(&id) else {
-                continue;
-            };
-            if let Verdict::Finish(reason, err) = out.on_token(tok, &self.eos) {
-                self.finished.push((id, reason, err));
+        for (id, tok) in &sampled {
+            let generated = self.sched.seq(*id).map(|s| s.generated()).unwrap_or(0);
+            let ends = self
+                .outputs
+                .get(id)
+                .and_then(|out| out.ends_on(tok.token, generated, &self.eos));
+            if let Some(reason) = ends {
+                self.retire(*id, reason);
             }
         }
-        self.sampled = sampled;
-        let mut finished = std::mem::take(&mut self.finished);
-        for (id, reason, err) in finished.drain(..) {
+        self.pending = sampled;
+        Ok(backend_ns)
+    }
+
+    /// Processes every pending token's text now and closes what it ends.
+    fn drain_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let ended = process_text(&mut self.outputs, pending, &self.eos);
+        self.apply_endings(ended);
+        let closing: Vec<u64> = self.closing.keys().copied().collect();
+        for id in closing {
+            if let Some((reason, usage)) = self.closing.remove(&id)
+                && let Some(out) = self.outputs.remove(&id)
+            {
+                out.finish(reason, usage, None);
+            }
+        }
+    }
+
+    /// Ends the requests whose text processing returned a verdict.
+    fn apply_endings(&mut self, ended: Vec<(u64, FinishReason, Option<String>)>) {
+        for (id, reason, err) in ended {
             self.end(id, reason, err);
         }
-        self.finished = finished;
-        Ok(backend_ns)
+    }
+
+    /// Takes a sequence out of the scheduler at commit (its blocks freed) while
+    /// its last token's text is still pending; `Done` follows that text.
+    fn retire(&mut self, id: u64, reason: FinishReason) {
+        match self.sched.finish(id) {
+            Ok(seq) => {
+                let usage = Usage {
+                    prompt_tokens: seq.prompt_len,
+                    cached_tokens: seq.cached_tokens,
+                    completion_tokens: seq.generated(),
+                };
+                self.closing.insert(id, (reason, usage));
+            }
+            Err(e) => tracing::error!(seq = id, error = %e, "retiring an unknown sequence"),
+        }
     }
 
     /// Ends one request: frees its blocks and sends `Done`.
     fn end(&mut self, id: u64, reason: FinishReason, error: Option<String>) {
         let out = self.outputs.remove(&id);
+        if let Some((_, usage)) = self.closing.remove(&id) {
+            // already out of the scheduler (EOS / max_tokens at commit)
+            if let Some(out) = out {
+                out.finish(reason, usage, error);
+            }
+            return;
+        }
+        let sent = out.as_ref().map(Output::generated);
         let usage = match self.sched.finish(id) {
             Ok(seq) => {
                 if !seq.admitted_once {
@@ -292,7 +394,8 @@ impl Worker {
                 Usage {
                     prompt_tokens: seq.prompt_len,
                     cached_tokens: seq.cached_tokens,
-                    completion_tokens: seq.generated(),
+                    // tokens computed but never shown (after a stop string) do not count
+                    completion_tokens: sent.unwrap_or(seq.generated()).min(seq.generated()),
                 }
             }
             Err(e) => {
@@ -306,7 +409,8 @@ impl Worker {
     }
 
     fn fail_all(&mut self, reason: FinishReason, error: Option<String>) {
-        for id in self.sched.ids() {
+        let closing: Vec<u64> = self.closing.keys().copied().collect();
+        for id in self.sched.ids().into_iter().chain(closing) {
             self.end(id, reason, error.clone());
         }
     }

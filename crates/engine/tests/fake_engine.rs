@@ -533,3 +533,54 @@ fn invalid_engine_config_is_refused() {
     .unwrap();
     assert!(err.to_string().contains("max_batch_tokens"), "{err}");
 }
+
+/// With many sequences the previous step's text is processed while the
+/// backend runs the next (overlap path); stop strings, EOS and max_tokens must
+/// end every request exactly as when it runs alone (processed in line).
+#[test]
+fn overlapped_output_processing_matches_alone() {
+    let s = start(1024, 4, cfg(32, 256));
+    let mut reqs = Vec::new();
+    for i in 0..24u32 {
+        let mut r = req(
+            prompt(5 + (i as usize * 7) % 40, 100 + i),
+            30 + i as usize,
+            SamplingParams::greedy(),
+        );
+        r.ignore_eos = i % 3 != 0;
+        let full = run_all(&s.engine, vec![r.clone()]).remove(0);
+        let chars: Vec<char> = full.text.chars().collect();
+        // every other request stops on a plain-ASCII window from the middle of its text
+        if i % 2 == 0 {
+            let stop = (chars.len() / 3..chars.len().saturating_sub(3)).find_map(|j| {
+                let w: String = chars[j..j + 3].iter().collect();
+                w.chars().all(|c| c.is_ascii_graphic()).then_some(w)
+            });
+            if let Some(stop) = stop {
+                r.stop = vec![stop];
+            }
+        }
+        reqs.push(r);
+    }
+    let alone: Vec<Completion> = reqs
+        .iter()
+        .map(|r| run_all(&s.engine, vec![r.clone()]).remove(0))
+        .collect();
+    assert!(
+        alone.iter().any(|c| c.reason == FinishReason::Stop),
+        "some request stops"
+    );
+    let together = run_all(&s.engine, reqs.clone());
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(t.tokens, a.tokens, "request {i}");
+        assert_eq!(t.text, a.text, "request {i}");
+        assert_eq!(t.reason, a.reason, "request {i}");
+        assert_eq!(
+            t.usage.completion_tokens, a.usage.completion_tokens,
+            "request {i}"
+        );
+        assert_eq!(t.usage.completion_tokens, t.tokens.len(), "request {i}");
+    }
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+}
