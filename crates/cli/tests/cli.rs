@@ -21,6 +21,19 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `lamina generate --device cpu --model DIR ARGS...`.
+fn generate_on(model: &Path, args: &[&str]) -> Output {
+    let mut all = vec![
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        model.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    lamina(&all)
+}
+
 /// A `tiny` synthetic model written once per test run through the CLI itself.
 fn tiny() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -69,16 +82,9 @@ fn assert_clear_error(out: &Output, needles: &[&str]) {
 }
 
 fn gen_json(model: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "generate",
-        "--device",
-        "cpu",
-        "--json",
-        "--model",
-        model.to_str().unwrap(),
-    ];
+    let mut args = vec!["--json"];
     args.extend_from_slice(extra);
-    let out = lamina(&args);
+    let out = generate_on(model, &args);
     assert!(out.status.success(), "generate failed: {}", stderr(&out));
     serde_json::from_str(stdout(&out).trim()).expect("one JSON object")
 }
@@ -248,14 +254,7 @@ fn tokenize_prints_ids_with_bos() {
 
 #[test]
 fn missing_model_directory() {
-    let out = lamina(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        "/nonexistent/lamina-model",
-        "hi",
-    ]);
+    let out = generate_on(Path::new("/nonexistent/lamina-model"), &["hi"]);
     assert_clear_error(&out, &["/nonexistent/lamina-model", "does not exist"]);
 }
 
@@ -266,14 +265,7 @@ fn truncated_safetensors() {
     let len = std::fs::metadata(&file).unwrap().len();
     let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
     f.set_len(len / 2).unwrap();
-    let out = lamina(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        dir.to_str().unwrap(),
-        "hi",
-    ]);
+    let out = generate_on(&dir, &["hi"]);
     assert_clear_error(&out, &["model.safetensors"]);
     assert!(
         stderr(&out).contains("model."),
@@ -292,14 +284,7 @@ fn tensor_with_wrong_shape() {
     let inter = cfg["intermediate_size"].as_u64().unwrap();
     cfg["intermediate_size"] = (inter + 8).into();
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let out = lamina(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        dir.to_str().unwrap(),
-        "hi",
-    ]);
+    let out = generate_on(&dir, &["hi"]);
     assert_clear_error(&out, &["model.safetensors", "mlp", "shape"]);
 }
 
@@ -307,14 +292,7 @@ fn tensor_with_wrong_shape() {
 fn malformed_config_json() {
     let dir = tiny_copy("config");
     std::fs::write(dir.join("config.json"), "{\"hidden_size\": 64,").unwrap();
-    let out = lamina(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        dir.to_str().unwrap(),
-        "hi",
-    ]);
+    let out = generate_on(&dir, &["hi"]);
     assert_clear_error(&out, &["config.json"]);
 }
 
@@ -325,30 +303,13 @@ fn prompt_longer_than_context() {
             .unwrap();
     let ctx = cfg["max_position_embeddings"].as_u64().unwrap() as usize;
     let ids = vec!["7"; ctx + 10].join(",");
-    let out = lamina(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        tiny().to_str().unwrap(),
-        "--prompt-tokens",
-        &ids,
-    ]);
+    let out = generate_on(tiny(), &["--prompt-tokens", &ids]);
     assert_clear_error(&out, &["prompt", &ctx.to_string()]);
 }
 
 #[test]
 fn top_p_out_of_range() {
-    let out = lamina(&[
-        "generate",
-        "--device",
-        "cpu",
-        "--model",
-        tiny().to_str().unwrap(),
-        "--top-p",
-        "1.5",
-        "hi",
-    ]);
+    let out = generate_on(tiny(), &["--top-p", "1.5", "hi"]);
     assert_clear_error(&out, &["--top-p", "1.5"]);
 }
 
