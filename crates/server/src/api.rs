@@ -108,12 +108,17 @@ pub fn chat_messages(msgs: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-fn refuse_if_draining(state: &AppState) -> Result<(), ApiError> {
+/// The common start of a generation request: refused while draining, the
+/// body within the limit, then parsed.
+fn accept<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
     if state.is_draining() {
-        Err(ApiError::shutting_down())
-    } else {
-        Ok(())
+        return Err(ApiError::shutting_down());
     }
+    let body = body_bytes(state, body)?;
+    protocol::parse(&body)
 }
 
 pub async fn chat_completions(
@@ -122,9 +127,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    refuse_if_draining(&state)?;
-    let body = body_bytes(&state, body)?;
-    let req: ChatRequest = protocol::parse(&body)?;
+    let req: ChatRequest = accept(&state, body)?;
     check_model(&state, req.model.as_deref())?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k < 0 => {
@@ -218,9 +221,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    refuse_if_draining(&state)?;
-    let body = body_bytes(&state, body)?;
-    let req: CompletionRequest = protocol::parse(&body)?;
+    let req: CompletionRequest = accept(&state, body)?;
     check_model(&state, req.model.as_deref())?;
     if req.echo == Some(true) {
         return Err(ApiError::invalid_param("echo", "`echo` is not supported."));
