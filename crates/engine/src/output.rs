@@ -59,8 +59,9 @@ impl Output {
     /// Handles one sampled token; `eos` is the model's EOS list.
     pub(crate) fn on_token(&mut self, t: SampledToken, eos: &[u32]) -> Verdict {
         self.generated += 1;
-        let is_eos = !self.ignore_eos && eos.contains(&t.token);
-        let ending = is_eos || self.generated >= self.max_tokens;
+        let ends = self.ends_on(t.token, self.generated, eos);
+        let is_eos = ends == Some(FinishReason::Stop);
+        let ending = ends.is_some();
         let mut piece = if is_eos {
             String::new()
         } else {

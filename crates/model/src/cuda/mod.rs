@@ -218,15 +218,13 @@ impl Backend for CudaBackend {
         let out_rows: Vec<usize> = if self.run_graph(batch, &all, &hist)? {
             (0..s).collect()
         } else {
-            let mut hist = Vec::new();
-            let mut rows = Vec::new();
-            let mut params = Vec::new();
-            for (q, req) in batch.samples.iter().enumerate() {
-                if let Some(req) = req {
-                    rows.push(batch.cu_seqlens[q + 1] - 1);
-                    params.push(sample_params(Some(req), &mut hist));
-                }
-            }
+            // the requested rows only, with the settings (and history) already staged
+            let sampled: Vec<usize> = (0..s).filter(|&q| batch.samples[q].is_some()).collect();
+            let rows: Vec<u32> = sampled
+                .iter()
+                .map(|&q| batch.cu_seqlens[q + 1] - 1)
+                .collect();
+            let params: Vec<SampleParams> = sampled.iter().map(|&q| all[q]).collect();
             if rows.is_empty() {
                 self.run_eager(batch, &[0], &[SampleParams::greedy()], &hist, false)?;
                 self.gpu
