@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use checkpoint::synth::{Preset, synth_model};
+use contract::{KvShape, SamplingParams};
 use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, SubmitError};
-use model::synth::{Preset, synth_model};
-use model::tokenizer::Tokenizer;
-use model::{KvShape, SamplingParams};
+use tokenizer::Tokenizer;
 
 const BLOCK_SIZE: usize = 16;
 
@@ -36,8 +36,8 @@ fn start(
     prefix_cache: bool,
 ) -> Engine {
     let dir = model_dir();
-    let loaded = model::loader::load_config(dir).expect("config");
-    let weights = model::loader::load_weights(dir, &loaded.config).expect("weights");
+    let loaded = checkpoint::loader::load_config(dir).expect("config");
+    let weights = checkpoint::loader::load_weights(dir, &loaded.config).expect("weights");
     let tok = Arc::new(Tokenizer::from_dir(dir).expect("tokenizer"));
     let kv = KvShape {
         num_blocks,

@@ -15,10 +15,10 @@
 //! weights and runs ~4 prompts x 16 tokens of a 135M model (a few seconds in
 //! release, longer in debug), plus a one-time fetch (~93 MB download).
 
+use checkpoint::loader::{load_config, load_weights};
+use contract::{Backend, KvShape};
 use model::cpu::CpuBackend;
 use model::cpu::batch::{SeqChunk, build_step, generate_greedy};
-use model::loader::{load_config, load_weights};
-use model::{Backend, KvShape};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -157,9 +157,10 @@ fn tiny_synthetic_model_matches_oracle() {
     let Source::Synth { preset, seed } = &golden.source else {
         panic!("tiny.json: expected a synth source");
     };
-    let preset: model::synth::Preset = preset.parse().unwrap_or_else(|e: String| panic!("{e}"));
+    let preset: contract::presets::Preset =
+        preset.parse().unwrap_or_else(|e: String| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
-    model::synth::synth_model(preset, *seed, dir.path()).unwrap_or_else(|e| panic!("{e}"));
+    checkpoint::synth::synth_model(preset, *seed, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     check(&golden, dir.path());
 }
 
@@ -169,6 +170,6 @@ fn smollm2_matches_oracle() {
     let Source::Store { id } = &golden.source else {
         panic!("smollm2.json: expected a store source");
     };
-    let dir: PathBuf = model::store::resolve(id, true).unwrap_or_else(|e| panic!("{e}"));
+    let dir: PathBuf = checkpoint::store::resolve(id, true).unwrap_or_else(|e| panic!("{e}"));
     check(&golden, &dir);
 }

@@ -10,9 +10,9 @@ mod nvcc;
 mod regen;
 
 use anyhow::Result;
+use checkpoint::store;
+use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
 use clap::{Parser, Subcommand};
-use model::store;
-use model::synth::{Preset, SynthOptions, synth_model_with};
 use std::path::PathBuf;
 use std::process::ExitCode;
 

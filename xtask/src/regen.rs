@@ -3,7 +3,7 @@
 //! (`../shared/oracle/llama_ref.py`).
 //!
 //! Contract: for each reference model (the `tiny` synthetic model written by
-//! `model::synth` with [`TINY_SEED`], and SmolLM2-135M-Instruct as converted
+//! `checkpoint::synth` with [`TINY_SEED`], and SmolLM2-135M-Instruct as converted
 //! by the store), each prompt of [`PROMPTS`] is encoded with the model's own
 //! tokenizer (special tokens included), the oracle is run with
 //! `--steps N --json`, and `tests/golden/<name>.json` is written:
@@ -16,12 +16,12 @@
 //! seconds for `tiny`, about a minute for SmolLM2 (plus its first fetch).
 
 use anyhow::{Context, Result, bail};
-use model::store;
-use model::synth::{Preset, synth_model};
-use model::tokenizer::Tokenizer;
+use checkpoint::store;
+use checkpoint::synth::{Preset, synth_model};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tokenizer::Tokenizer;
 
 /// Seed of the `tiny` synthetic reference model.
 pub const TINY_SEED: u64 = 7;

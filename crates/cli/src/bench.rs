@@ -12,9 +12,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use contract::SamplingParams;
+use contract::sampling::splitmix64;
 use engine::{Event, GenerateRequest, RequestHandle};
-use model::SamplingParams;
-use model::sampling::splitmix64;
 use serde_json::json;
 
 use crate::setup::{self, ModelArgs};

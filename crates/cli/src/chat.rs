@@ -7,7 +7,7 @@
 use std::io::{BufRead, Write};
 
 use anyhow::Result;
-use model::tokenizer::ChatMessage;
+use tokenizer::ChatMessage;
 
 use crate::generate::collect;
 use crate::sampling_args::SamplingArgs;

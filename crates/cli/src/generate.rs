@@ -116,7 +116,7 @@ fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool) -> Result<Vec<u32>> {
             Ok(ids.clone())
         }
         Prompt::Text(text) if chat => {
-            let msg = model::tokenizer::ChatMessage {
+            let msg = tokenizer::ChatMessage {
                 role: "user".into(),
                 content: text.clone(),
             };

@@ -6,8 +6,8 @@
 //! defaults (temperature 1, top-p 1). An absent seed is drawn from the clock.
 
 use anyhow::{Result, bail};
+use contract::{GenerationConfig, SamplingParams};
 use engine::GenerateRequest;
-use model::{GenerationConfig, SamplingParams};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
+use checkpoint::loader::LoadedModel;
 use clap::ValueEnum;
+use contract::{Backend, KvShape};
 use engine::{Engine, EngineConfig};
-use model::loader::LoadedModel;
-use model::tokenizer::Tokenizer;
-use model::{Backend, KvShape};
+use tokenizer::Tokenizer;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -43,7 +43,7 @@ pub enum DeviceArg {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model id in the store (fetched on first use) or a model directory.
-    #[arg(long, default_value = model::store::DEFAULT_MODEL)]
+    #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL)]
     pub model: String,
     /// Device to run on.
     #[arg(long, value_enum, default_value = "auto")]
@@ -76,7 +76,7 @@ pub struct Loaded {
 
 /// Resolves `args.model` to a directory, fetching a known id on first use.
 pub fn model_dir(model: &str) -> Result<PathBuf> {
-    Ok(model::store::resolve(model, true)?)
+    Ok(checkpoint::store::resolve(model, true)?)
 }
 
 /// The name a model is shown under: the id as given, or a directory's last component.
@@ -99,7 +99,7 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
     let dir = model_dir(&args.model)?;
-    let loaded = model::loader::load_config(&dir)?;
+    let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let backend = open_backend(args, &loaded)?;
     let mut eos = loaded.eos_ids.clone();
@@ -185,7 +185,7 @@ pub fn open_backend(args: &ModelArgs, loaded: &LoadedModel) -> Result<Box<dyn Ba
         num_blocks,
         block_size: BLOCK_SIZE,
     };
-    let weights = model::loader::load_weights(&loaded.dir, cfg)?;
+    let weights = checkpoint::loader::load_weights(&loaded.dir, cfg)?;
     let backend: Box<dyn Backend> = if cuda {
         Box::new(
             model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, 0)

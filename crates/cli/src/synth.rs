@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use model::synth::{Preset, SynthOptions, synth_model_with};
+use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
 
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {

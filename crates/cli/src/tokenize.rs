@@ -2,12 +2,12 @@
 //! model's tokenizer adds), comma-separated, or as JSON with their strings.
 
 use anyhow::Result;
-use model::tokenizer::Tokenizer;
+use tokenizer::Tokenizer;
 
 #[derive(clap::Args, Debug)]
 pub struct TokenizeArgs {
     /// Model id in the store (fetched on first use) or a model directory.
-    #[arg(long, default_value = model::store::DEFAULT_MODEL)]
+    #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL)]
     pub model: String,
     /// Print `[{"id", "token"}]` instead of bare ids.
     #[arg(long)]

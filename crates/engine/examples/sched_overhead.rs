@@ -10,9 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use contract::{KvShape, SamplingParams};
 use engine::testing::{FakeBackend, fake_config, fake_tokenizer};
 use engine::{Engine, EngineConfig, GenerateRequest};
-use model::{KvShape, SamplingParams};
 
 fn arg(i: usize, default: usize) -> usize {
     std::env::args()

@@ -21,9 +21,9 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use model::tokenizer::Tokenizer;
-use model::{Backend, ParamError};
+use contract::{Backend, ParamError};
 use paged_kv::KvConfig;
+use tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::scheduler::Scheduler;

@@ -1,7 +1,7 @@
 //! engine: requests, the continuous-batching scheduler (chunked prefill,
 //! preemption, prefix caching through `paged-kv`) and streaming.
 //!
-//! [`Engine::start`] spawns one thread that owns the [`model::Backend`] and a
+//! [`Engine::start`] spawns one thread that owns the [`contract::Backend`] and a
 //! `paged_kv::KvManager` sized from `backend.kv_shape()`. Each step it builds
 //! one flat `StepBatch` (design brief): every running decode plus prefill
 //! chunks under `max_batch_tokens`, admitting a waiting request only when its

@@ -13,9 +13,9 @@
 
 use std::sync::Arc;
 
-use model::SampledToken;
-use model::detok::IncrementalDecoder;
-use model::tokenizer::{Tokenizer, TokenizerError};
+use contract::SampledToken;
+use tokenizer::detok::IncrementalDecoder;
+use tokenizer::{Tokenizer, TokenizerError};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::stop::{Pushed, StopText};

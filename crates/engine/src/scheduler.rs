@@ -25,7 +25,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use model::{SampleRequest, SampledToken, SamplingParams, StepBatch};
+use contract::{SampleRequest, SampledToken, SamplingParams, StepBatch};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 /// A scheduling invariant broke (a bug in the engine, `paged-kv` or the backend).

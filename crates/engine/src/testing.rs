@@ -17,17 +17,19 @@
 
 use std::time::Duration;
 
-use model::sampling::splitmix64;
-use model::synth::Preset;
-use model::synth::byte_tokenizer::{tokenizer_config_json, tokenizer_json};
-use model::tokenizer::{Tokenizer, TokenizerError};
-use model::{Backend, BackendError, KvShape, LlamaConfig, SampleRequest, SampledToken, StepBatch};
+use contract::presets::Preset;
+use contract::sampling::splitmix64;
+use contract::{
+    Backend, BackendError, KvShape, LlamaConfig, SampleRequest, SampledToken, StepBatch,
+};
+use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
+use tokenizer::{Tokenizer, TokenizerError};
 
 /// Marks a KV slot no step has written.
 const EMPTY: u32 = u32::MAX;
 
 /// The configuration the fake imitates: the synthetic `tiny` preset.
-pub fn fake_config() -> Result<LlamaConfig, model::ConfigError> {
+pub fn fake_config() -> Result<LlamaConfig, contract::ConfigError> {
     Preset::Tiny.config()
 }
 
@@ -61,7 +63,7 @@ pub fn fake_next_token(context: &[u32], vocab: usize, req: &SampleRequest) -> u3
 pub fn reference_generate(
     prompt: &[u32],
     vocab: usize,
-    params: &model::SamplingParams,
+    params: &contract::SamplingParams,
     max_tokens: usize,
     eos: &[u32],
     ignore_eos: bool,

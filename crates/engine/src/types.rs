@@ -4,7 +4,7 @@
 //! Contract: plain data, no behaviour beyond validation and display. Every
 //! error's `Display` names the value at fault and the limit it broke.
 
-use model::{ParamError, SampledToken, SamplingParams};
+use contract::{ParamError, SampledToken, SamplingParams};
 
 /// Scheduler limits.
 #[derive(Debug, Clone, PartialEq, Eq)]

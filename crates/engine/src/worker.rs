@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
-use model::tokenizer::Tokenizer;
-use model::{Backend, SampledToken};
+use contract::{Backend, SampledToken};
+use tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::output::{Output, Verdict};

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use contract::{KvShape, LlamaConfig, SamplingParams};
 use engine::testing::{FakeBackend, fake_config, fake_tokenizer, reference_generate};
 use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, SubmitError};
-use model::{KvShape, LlamaConfig, SamplingParams};
 
 struct Setup {
     engine: Engine,

@@ -255,6 +255,41 @@ impl Gpu {
         })
     }
 
+    /// Launches `f` with one by-value argument: a `#[repr(C)]` struct whose
+    /// layout matches the kernel's parameter struct (the kernels crate asserts
+    /// size and field offsets on both sides).
+    ///
+    /// # Safety
+    /// `T` must have exactly the layout of the kernel's single parameter, and
+    /// every device address in it must be valid for what the kernel does with
+    /// it under `cfg` (the same contract as [`Gpu::launch`]).
+    pub unsafe fn launch_struct<T: Copy>(
+        &self,
+        f: &Function,
+        cfg: LaunchConfig,
+        args: &T,
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        let mut ptrs = [args as *const T as *mut std::ffi::c_void];
+        // SAFETY: delegated to the caller (see above); the one parameter
+        // pointer points at `args`, which outlives the call, and
+        // cuLaunchKernel copies the value.
+        let r = unsafe {
+            result::launch_kernel(
+                f.func,
+                cfg.grid,
+                cfg.block,
+                cfg.shared_bytes,
+                self.cu_stream(),
+                &mut ptrs,
+            )
+        };
+        r.map_err(|source| GpuError::Launch {
+            name: f.name.clone(),
+            source,
+        })
+    }
+
     /// Starts capturing the stream's work into a graph (see [`crate::Graph`]).
     pub fn begin_capture(&self) -> Result<(), GpuError> {
         self.bind()?;

@@ -1,23 +1,12 @@
-//! The model layer: configuration, weights, tokenizer and chat template, the
-//! Llama forward pass for each backend, and sampling.
+//! model: the Llama layer pipeline, once per backend.
+//!
+//! [`cpu`] is the reference backend (f32 arithmetic over BF16 weights) and the
+//! fallback; [`cuda`] runs the same step on an NVIDIA GPU with our kernels and
+//! cuBLAS. Both implement [`contract::Backend`] over the same
+//! [`contract::StepBatch`] and sample with the procedure of [`sampler`].
+//! Configuration, weights and tokenizers come from the crates below
+//! (`contract`, `checkpoint`); nothing above this crate sees CUDA.
 
-pub mod backend;
-pub mod bpe_from_gguf;
-pub mod chat;
-pub mod config;
 pub mod cpu;
 pub mod cuda;
-pub mod detok;
-pub mod gguf;
-pub mod loader;
 pub mod sampler;
-pub mod sampling;
-pub mod store;
-pub mod synth;
-pub mod tokenizer;
-pub mod weights;
-
-pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
-pub use config::{ConfigError, GenerationConfig, LlamaConfig};
-pub use sampling::{ParamError, SamplingParams};
-pub use weights::{LayerWeights, LlamaWeights, Tensor};

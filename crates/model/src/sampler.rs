@@ -1,5 +1,5 @@
 //! The CPU implementation of the sampling procedure documented in
-//! [`crate::sampling`]: one sequence's logits in, one [`SampledToken`] out.
+//! [`contract::sampling`]: one sequence's logits in, one [`SampledToken`] out.
 //!
 //! Contract: [`sample`] follows `sampling.rs` step by step (raw-logit
 //! log-probabilities, repetition penalty over distinct history tokens, greedy
@@ -14,8 +14,8 @@
 //! sort of the candidates (O(k log k) after an O(V) selection when top-k is
 //! set, O(V log V) otherwise). Probabilities are f32, running masses f64.
 
-use crate::backend::{SampleRequest, SampledToken};
-use crate::sampling::uniform;
+use contract::backend::{SampleRequest, SampledToken};
+use contract::sampling::uniform;
 use std::cmp::Ordering;
 
 /// Samples the next token from `logits` (`[vocab]`) as `req` asks.
@@ -158,7 +158,7 @@ fn draw(z: &[f32], req: &SampleRequest) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::SamplingParams;
+    use contract::sampling::SamplingParams;
 
     fn req(params: SamplingParams, step: u64) -> SampleRequest {
         SampleRequest {
@@ -180,7 +180,7 @@ mod tests {
     fn logits(n: usize, salt: u64) -> Vec<f32> {
         (0..n as u64)
             .map(|i| {
-                (crate::sampling::splitmix64(i ^ (salt << 32)) >> 40) as f32 / (1 << 24) as f32
+                (contract::sampling::splitmix64(i ^ (salt << 32)) >> 40) as f32 / (1 << 24) as f32
                     * 8.0
                     - 4.0
             })

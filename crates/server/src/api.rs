@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use model::tokenizer::ChatMessage;
+use tokenizer::ChatMessage;
 
 use crate::error::{ApiError, from_submit};
 use crate::generate::{Job, Kind};

@@ -7,8 +7,8 @@
 //! OpenAI does (JSON has no infinity). O(top_logprobs) per token.
 
 use engine::TokenEvent;
-use model::tokenizer::Tokenizer;
 use serde_json::{Map, Value, json};
+use tokenizer::Tokenizer;
 
 /// What OpenAI reports for a log-probability of zero probability.
 const NEG_INF_LOGPROB: f32 = -9999.0;

@@ -8,8 +8,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use contract::{GenerationConfig, SamplingParams, sampling::MAX_LOGPROBS};
 use engine::GenerateRequest;
-use model::{GenerationConfig, SamplingParams, sampling::MAX_LOGPROBS};
 
 use crate::error::ApiError;
 use crate::protocol::CommonFields;
@@ -41,7 +41,7 @@ fn fresh_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    model::sampling::splitmix64(nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(32))
+    contract::sampling::splitmix64(nanos ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(32))
 }
 
 /// Checks the shared fields; `logprobs` is the number of top alternatives asked for.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use contract::GenerationConfig;
 use engine::Engine;
-use model::GenerationConfig;
-use model::tokenizer::Tokenizer;
+use tokenizer::Tokenizer;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;

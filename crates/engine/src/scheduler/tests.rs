@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::testing::{FakeBackend, fake_config};
-use model::{Backend, KvShape};
+use contract::{Backend, KvShape};
 
 fn sched(blocks: usize, bs: usize, seqs: usize, budget: usize) -> Scheduler {
     let kv = KvConfig {

@@ -17,8 +17,8 @@
 //! (p + 1) * heads * head_dim) reads of the pool, parallel over
 //! (token, head) pairs with one reusable score buffer per rayon worker.
 
-use crate::backend::StepBatch;
-use crate::config::LlamaConfig;
+use contract::backend::StepBatch;
+use contract::config::LlamaConfig;
 use rayon::prelude::*;
 
 /// Precomputed rotary tables.

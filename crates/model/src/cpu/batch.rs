@@ -11,8 +11,8 @@
 //! Costs: O(T + S * max_blocks) to build a step; the driver runs
 //! `1 + steps - 1` backend steps.
 
-use crate::backend::{Backend, BackendError, SampleRequest, StepBatch};
-use crate::sampling::SamplingParams;
+use contract::backend::{Backend, BackendError, SampleRequest, StepBatch};
+use contract::sampling::SamplingParams;
 
 /// One sequence's share of a hand-built step.
 #[derive(Debug, Clone, PartialEq)]

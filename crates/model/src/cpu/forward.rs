@@ -15,7 +15,7 @@
 use super::CpuBackend;
 use super::attention::{AttnDims, attention};
 use super::linear::{add_assign, matmul_bf16, rms_norm, silu_mul};
-use crate::backend::StepBatch;
+use contract::backend::StepBatch;
 use half::slice::HalfFloatSliceExt;
 
 impl CpuBackend {

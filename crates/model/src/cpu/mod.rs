@@ -24,11 +24,11 @@ pub mod linear;
 #[cfg(test)]
 mod tests;
 
-use crate::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
-use crate::config::LlamaConfig;
 use crate::sampler::sample;
-use crate::weights::{LlamaWeights, Tensor};
 use attention::{KvPool, Rope};
+use checkpoint::weights::{LlamaWeights, Tensor};
+use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
+use contract::config::LlamaConfig;
 use rayon::prelude::*;
 
 /// One layer's norm weights, converted to f32 once.

@@ -4,9 +4,9 @@
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks, generate_greedy};
 use super::*;
-use crate::backend::SampleRequest;
-use crate::sampling::{SamplingParams, splitmix64};
-use crate::weights::LayerWeights;
+use checkpoint::weights::LayerWeights;
+use contract::backend::SampleRequest;
+use contract::sampling::{SamplingParams, splitmix64};
 use half::bf16;
 
 const BS: usize = 4; // block size of the test pools

@@ -21,9 +21,9 @@ use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::SampleOutputs;
 use kernels::{DecodePlan, HeadShape, SampleParams};
 
-use crate::backend::BackendError;
-use crate::config::LlamaConfig;
-use crate::sampling::MAX_LOGPROBS;
+use contract::backend::BackendError;
+use contract::config::LlamaConfig;
+use contract::sampling::MAX_LOGPROBS;
 
 use super::staging::{Layout, PARAM_WORDS};
 use super::{CudaBackend, dev_err};

@@ -8,7 +8,7 @@
 //! Weights are uploaded once as bf16 (Q/K/V and gate/up fused, tied head =
 //! embedding); the KV pool is bf16 on the device. Logits are computed only
 //! for the rows that are sampled (gathered before the LM head), and sampling
-//! runs on the GPU with the procedure of [`crate::sampling`]. A pure-decode
+//! runs on the GPU with the procedure of [`contract::sampling`]. A pure-decode
 //! step is replayed from a CUDA graph captured once per batch-size bucket
 //! (powers of two up to [`MAX_GRAPH_BATCH`]); padded rows write to a scratch
 //! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off.
@@ -32,9 +32,9 @@ use std::sync::Arc;
 use gpu::{Blas, DeviceBuffer, Gpu, Graph};
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
-use crate::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
-use crate::config::LlamaConfig;
-use crate::weights::LlamaWeights;
+use checkpoint::weights::LlamaWeights;
+use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
+use contract::config::LlamaConfig;
 use forward::{Caps, Workspace};
 use staging::sample_params;
 use weights::{DeviceWeights, KvCache, upload_weights};
@@ -258,13 +258,13 @@ impl Backend for CudaBackend {
         let copy = |gpu: &Gpu, ws: &mut Workspace| -> Result<(), gpu::GpuError> {
             gpu.copy_to_pinned(ws.tok.slice(0..r)?, &mut ws.host_tok)?;
             gpu.copy_to_pinned(ws.lp.slice(0..r)?, &mut ws.host_lp)?;
-            let n = r * crate::sampling::MAX_LOGPROBS;
+            let n = r * contract::sampling::MAX_LOGPROBS;
             gpu.copy_to_pinned(ws.top_ids.slice(0..n)?, &mut ws.host_top_ids)?;
             gpu.copy_to_pinned(ws.top_lps.slice(0..n)?, &mut ws.host_top_lps)?;
             gpu.synchronize()
         };
         copy(&self.gpu, ws).map_err(e)?;
-        let max_lp = crate::sampling::MAX_LOGPROBS;
+        let max_lp = contract::sampling::MAX_LOGPROBS;
         Ok(batch
             .samples
             .iter()

@@ -13,7 +13,7 @@ use kernels::SampleParams;
 use super::forward::{Attn, Caps, Workspace};
 use super::staging::{Layout, Pad, pack};
 use super::{CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, dev_err};
-use crate::backend::{BackendError, StepBatch};
+use contract::backend::{BackendError, StepBatch};
 
 impl CudaBackend {
     /// Grows the workspace to hold `need` (dropping captured graphs, which

@@ -11,8 +11,8 @@
 
 use kernels::SampleParams;
 
-use crate::backend::{SampleRequest, StepBatch};
-use crate::sampling::{MAX_LOGPROBS, uniform};
+use contract::backend::{SampleRequest, StepBatch};
+use contract::sampling::{MAX_LOGPROBS, uniform};
 
 /// `u32` words of one [`SampleParams`].
 pub(super) const PARAM_WORDS: usize = std::mem::size_of::<SampleParams>() / 4;
@@ -163,7 +163,7 @@ pub(super) fn pack(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::SamplingParams;
+    use contract::sampling::SamplingParams;
 
     #[test]
     fn layout_is_dense_and_aligned() {

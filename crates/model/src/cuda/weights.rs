@@ -14,9 +14,9 @@
 use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
 
-use crate::backend::{BackendError, KvShape};
-use crate::config::LlamaConfig;
-use crate::weights::{LlamaWeights, Tensor};
+use checkpoint::weights::{LlamaWeights, Tensor};
+use contract::backend::{BackendError, KvShape};
+use contract::config::LlamaConfig;
 
 use super::dev_err;
 

@@ -8,11 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use contract::presets::Preset;
+use contract::{Backend, BackendError, KvShape, LlamaConfig, SampledToken, StepBatch};
 use engine::{Engine, EngineConfig};
-use model::synth::Preset;
-use model::synth::byte_tokenizer::{tokenizer_config_json, tokenizer_json};
-use model::tokenizer::Tokenizer;
-use model::{Backend, BackendError, KvShape, LlamaConfig, SampledToken, StepBatch};
+use tokenizer::Tokenizer;
+use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
 
 pub const BLOCK_SIZE: usize = 16;
 

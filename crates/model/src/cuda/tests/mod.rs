@@ -14,10 +14,10 @@ use super::*;
 
 mod llama;
 mod small;
-use crate::backend::SampleRequest;
 use crate::cpu::batch::{SeqChunk, build_step};
-use crate::sampling::{SamplingParams, splitmix64};
-use crate::synth::{Preset, SynthOptions, synth_model_with};
+use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
+use contract::backend::SampleRequest;
+use contract::sampling::{SamplingParams, splitmix64};
 
 #[test]
 fn unavailable_cuda_is_an_error_not_a_panic() {
@@ -30,13 +30,13 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
             );
             let cfg = Preset::Tiny.config().unwrap();
             let w = LlamaWeights {
-                embed: crate::weights::Tensor {
+                embed: checkpoint::weights::Tensor {
                     name: "e".into(),
                     shape: vec![0],
                     data: vec![],
                 },
                 layers: vec![],
-                norm: crate::weights::Tensor {
+                norm: checkpoint::weights::Tensor {
                     name: "n".into(),
                     shape: vec![0],
                     data: vec![],
@@ -73,8 +73,8 @@ pub(super) fn synth_dir(preset: Preset) -> PathBuf {
 }
 
 pub(super) fn load(dir: &Path) -> (LlamaConfig, LlamaWeights) {
-    let m = crate::loader::load_config(dir).expect("config");
-    let w = crate::loader::load_weights(dir, &m.config).expect("weights");
+    let m = checkpoint::loader::load_config(dir).expect("config");
+    let w = checkpoint::loader::load_weights(dir, &m.config).expect("weights");
     (m.config, w)
 }
 

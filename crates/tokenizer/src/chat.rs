@@ -17,7 +17,7 @@
 //! Costs: the template is compiled once in [`ChatTemplate::new`]; a render is
 //! linear in the conversation.
 
-use crate::tokenizer::{ChatMessage, TokenizerError};
+use crate::{ChatMessage, TokenizerError};
 use minijinja::{Environment, Error, ErrorKind, context};
 
 /// A token present in every Llama 3 vocabulary (and the header format).

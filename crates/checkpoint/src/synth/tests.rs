@@ -2,8 +2,8 @@
 //! byte-level tokenizer, and the presets' configs.
 
 use super::*;
-use crate::config::RopeScaling;
 use crate::loader::{load_config, load_weights};
+use contract::config::RopeScaling;
 use tempfile::TempDir;
 
 fn read_all(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -123,21 +123,30 @@ fn byte_tokenizer_round_trips_and_every_id_decodes() {
         assert!(tok.id_to_token(id).is_some(), "id {id} has no token");
         tok.decode(&[id], false).unwrap();
     }
-    assert_eq!(tok.id_to_token(257).as_deref(), Some(byte_tokenizer::EOS));
+    assert_eq!(
+        tok.id_to_token(257).as_deref(),
+        Some(tokenizer::byte_level::EOS)
+    );
     let tc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(d.path().join("tokenizer_config.json")).unwrap())
             .unwrap();
-    assert_eq!(tc["eos_token"], byte_tokenizer::EOS);
+    assert_eq!(tc["eos_token"], tokenizer::byte_level::EOS);
     assert_eq!(tc["add_bos_token"], true);
 }
 
 #[test]
 fn byte_tokenizer_places_specials_where_the_config_says() {
     // SmolLM2's layout: BOS 1, EOS 2, so bytes start at 0 and skip them
-    let json = byte_tokenizer::tokenizer_json(300, 1, 2);
+    let json = tokenizer::byte_level::tokenizer_json(300, 1, 2);
     let tok: tokenizers::Tokenizer = json.parse().unwrap();
-    assert_eq!(tok.id_to_token(1).as_deref(), Some(byte_tokenizer::BOS));
-    assert_eq!(tok.id_to_token(2).as_deref(), Some(byte_tokenizer::EOS));
+    assert_eq!(
+        tok.id_to_token(1).as_deref(),
+        Some(tokenizer::byte_level::BOS)
+    );
+    assert_eq!(
+        tok.id_to_token(2).as_deref(),
+        Some(tokenizer::byte_level::EOS)
+    );
     assert_eq!(tok.id_to_token(0).as_deref(), Some("Ā")); // byte 0
     assert_eq!(tok.encode("A", false).unwrap().get_ids(), &[65 + 2]);
     assert_eq!(tok.id_to_token(299).as_deref(), Some("<|filler_41|>"));

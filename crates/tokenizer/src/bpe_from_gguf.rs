@@ -24,7 +24,7 @@
 //! Costs: linear in vocabulary + merges (about 100k strings for SmolLM2);
 //! the validation parse roughly doubles it. Tens of milliseconds.
 
-use crate::tokenizer::TokenizerError;
+use crate::TokenizerError;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 

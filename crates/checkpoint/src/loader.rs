@@ -21,8 +21,8 @@ mod writer;
 
 pub use writer::{SafetensorsWriter, TensorSpec};
 
-use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::weights::{LayerWeights, LlamaWeights, Tensor};
+use contract::config::{ConfigError, GenerationConfig, LlamaConfig};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use rayon::prelude::*;

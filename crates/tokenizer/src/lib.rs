@@ -24,7 +24,11 @@ use config::{RawSpecialToken, RawTokenizerConfig, pick_template};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+pub mod bpe_from_gguf;
+pub mod byte_level;
+pub mod chat;
 mod config;
+pub mod detok;
 
 /// File names read by [`Tokenizer::from_dir`].
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -366,7 +370,5 @@ impl Tokenizer {
     }
 }
 
-#[cfg(test)]
-mod real_models;
 #[cfg(test)]
 mod tests;

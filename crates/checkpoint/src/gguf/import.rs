@@ -4,7 +4,7 @@
 //! metadata), `generation_config.json` (BOS/EOS from `tokenizer.ggml.*`),
 //! `model.safetensors` (every tensor dequantised to BF16 under its Hugging
 //! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation undone),
-//! `tokenizer.json` (via [`crate::bpe_from_gguf::build_tokenizer_json`]) and
+//! `tokenizer.json` (via [`tokenizer::bpe_from_gguf::build_tokenizer_json`]) and
 //! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`).
 //! Before any weight is written, the tensor set is checked against the config:
 //! an unknown, missing or misshapen tensor is an error naming it. Features the
@@ -15,8 +15,8 @@
 //! `vocab × hidden` f32), streamed to disk; the output is the model in BF16.
 
 use super::{Gguf, GgufError, TensorInfo};
-use crate::config::LlamaConfig;
 use crate::loader::{SINGLE_FILE, SafetensorsWriter, tensor_specs};
+use contract::config::LlamaConfig;
 use half::bf16;
 use indicatif::ProgressBar;
 use rayon::prelude::*;
@@ -185,7 +185,7 @@ fn tokenizer_files(g: &Gguf, max_len: u64) -> Result<(String, Value), GgufError>
         Some(_) => g.get_str("tokenizer.ggml.pre")?,
         None => "default",
     };
-    let json = crate::bpe_from_gguf::build_tokenizer_json(&tokens, &merges, &types, pre)
+    let json = tokenizer::bpe_from_gguf::build_tokenizer_json(&tokens, &merges, &types, pre)
         .map_err(|e| GgufError::Tokenizer(e.to_string()))?;
     let token_str = |key: &str| -> Option<String> {
         let id = g.metadata.get(key)?.as_u64()?;

@@ -24,7 +24,7 @@
 //! independent of the sequence length. Memory: the ids of the current window
 //! and the accumulated text.
 
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::{Tokenizer, TokenizerError};
 use std::sync::Arc;
 
 /// Streams the text of a growing id sequence.

@@ -53,7 +53,7 @@ pub enum GgufError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] contract::config::ConfigError),
     #[error("building tokenizer.json: {0}")]
     Tokenizer(String),
 }

@@ -1,0 +1,15 @@
+//! checkpoint: model files. Reading and checking safetensors into
+//! [`weights::LlamaWeights`] ([`loader`]), GGUF reading and import to the
+//! Hugging Face layout ([`gguf`]), the model store with its pip and hub
+//! downloads ([`store`]) and deterministic synthetic models ([`synth`]).
+//!
+//! Everything here runs once at start-up (or in tools); nothing here runs
+//! per step. Errors name the file and the tensor or field that is wrong.
+
+pub mod gguf;
+pub mod loader;
+pub mod store;
+pub mod synth;
+pub mod weights;
+
+pub use weights::{LayerWeights, LlamaWeights, Tensor};

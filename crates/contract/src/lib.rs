@@ -1,0 +1,17 @@
+//! contract: what the engine and every backend agree on, and nothing else.
+//!
+//! The model's validated configuration ([`config`]), the known model shapes
+//! ([`presets`]), the step contract ([`backend`]: `StepBatch`, the `Backend`
+//! trait, sampled tokens) and the sampling parameters with their
+//! counter-based draw ([`sampling`]). No tensors, no CUDA, no I/O beyond
+//! reading a `config.json`: the engine and the server build on this crate
+//! alone, so a kernel change never recompiles them.
+
+pub mod backend;
+pub mod config;
+pub mod presets;
+pub mod sampling;
+
+pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
+pub use config::{ConfigError, GenerationConfig, LlamaConfig};
+pub use sampling::{ParamError, SamplingParams};

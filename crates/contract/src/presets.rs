@@ -1,0 +1,110 @@
+//! Known model shapes: the `config.json` (and `generation_config.json`) of
+//! the models lamina imitates with synthetic weights and tests against.
+//! Pure data, so the engine's and server's test doubles can use a real
+//! model shape without depending on the model-file crate.
+
+use crate::config::{ConfigError, LlamaConfig};
+use serde_json::{Value, json};
+
+/// Which model's shape to imitate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// A few layers, hidden 64, GQA 4/2, llama3 RoPE scaling, untied head, vocab 300.
+    Tiny,
+    /// SmolLM2-135M's dimensions (30 layers, hidden 576, 9/3 heads, vocab 49152, tied).
+    Smollm2_135m,
+    /// Llama-3.2-1B(-Instruct)'s config, with the real Llama 3 tokenizer.
+    Llama3_2_1b,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 3] = [Preset::Tiny, Preset::Smollm2_135m, Preset::Llama3_2_1b];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::Smollm2_135m => "smollm2-135m",
+            Preset::Llama3_2_1b => "llama-3.2-1b",
+        }
+    }
+
+    /// The `config.json` this preset writes.
+    pub fn config_json(self) -> Value {
+        match self {
+            Preset::Tiny => json!({
+                "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+                "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                "vocab_size": 300, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+                "max_position_embeddings": 512, "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                "bos_token_id": 256, "eos_token_id": 257, "torch_dtype": "bfloat16"
+            }),
+            Preset::Smollm2_135m => json!({
+                "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+                "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 64,
+                "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.041666666666666664,
+                "intermediate_size": 1536, "is_llama_config": true, "max_position_embeddings": 8192,
+                "mlp_bias": false, "model_type": "llama", "num_attention_heads": 9,
+                "num_hidden_layers": 30, "num_key_value_heads": 3, "pad_token_id": 2,
+                "pretraining_tp": 1, "rms_norm_eps": 1e-5, "rope_interleaved": false,
+                "rope_scaling": null, "rope_theta": 100000.0, "tie_word_embeddings": true,
+                "torch_dtype": "bfloat16", "transformers_version": "4.42.3", "use_cache": true,
+                "vocab_size": 49152
+            }),
+            Preset::Llama3_2_1b => json!({
+                "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+                "attention_dropout": 0.0, "bos_token_id": 128000,
+                "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu",
+                "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+                "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+                "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+                "pretraining_tp": 1, "rms_norm_eps": 1e-5,
+                "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+                "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+                "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
+            }),
+        }
+    }
+
+    /// The `generation_config.json` this preset writes.
+    pub fn generation_config_json(self) -> Value {
+        let cfg = self.config_json();
+        let mut g =
+            json!({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]});
+        if self == Preset::Llama3_2_1b {
+            g["do_sample"] = json!(true);
+            g["temperature"] = json!(0.6);
+            g["top_p"] = json!(0.9);
+        }
+        g
+    }
+
+    /// The validated config of this preset.
+    pub fn config(self) -> Result<LlamaConfig, ConfigError> {
+        LlamaConfig::from_json(&self.config_json().to_string(), self.name())
+    }
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Preset::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown preset `{s}` (known: {})", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
