@@ -4,6 +4,7 @@
 //! non-zero exit status; nothing the user can type makes it panic.
 
 mod bench;
+mod bench_serve;
 mod chat;
 mod generate;
 mod sampling_args;
@@ -41,6 +42,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Measure decode speed, time to first token and throughput.
     Bench(bench::BenchArgs),
+    /// Load-test a running OpenAI-compatible server (Poisson arrivals, streamed).
+    BenchServe(bench_serve::BenchServeArgs),
     /// Print the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::SynthModel(a) => synth::run(a),
     };

@@ -121,6 +121,13 @@ pub async fn serve(
         tracing::info!("shutdown requested: no new connections; finishing in-flight requests");
         drain_state.begin_drain();
     };
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
+    // algorithm holds each one until the client's delayed ACK (~40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     let server = axum::serve(listener, router(state.clone()))
         .with_graceful_shutdown(signal)
         .into_future();
