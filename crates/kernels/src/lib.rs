@@ -17,6 +17,7 @@
 pub mod activation;
 pub mod decode_attention;
 pub mod embedding;
+pub mod gemv;
 pub mod prefill_attention;
 pub mod rmsnorm;
 pub mod rope_kv;
@@ -118,8 +119,12 @@ pub struct Kernels {
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
     pub(crate) prefill: [Function; 4],
-    pub(crate) decode: [Function; 4],
+    /// `[head dim index][group cap index]` (see `decode_attention::GROUP_CAPS`).
+    pub(crate) decode: [[Function; 2]; 4],
     pub(crate) decode_combine: Function,
+    /// `[variant][row tile]` (see `gemv::VARIANTS`).
+    pub(crate) gemv: [[Function; 5]; 5],
+    pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     _module: Module,
 }
@@ -129,6 +134,10 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
+        let tiles = |v: &str| -> Result<[Function; 5], GpuError> {
+            let t = |m: usize| f(&format!("{v}_m{m}"));
+            Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
+        };
         Ok(Kernels {
             gpu: gpu.clone(),
             embedding_gather: f("embedding_gather")?,
@@ -143,12 +152,20 @@ impl Kernels {
                 f("prefill_attention_d128")?,
             ],
             decode: [
-                f("decode_attention_d16")?,
-                f("decode_attention_d32")?,
-                f("decode_attention_d64")?,
-                f("decode_attention_d128")?,
+                [f("decode_attention_d16_g4")?, f("decode_attention_d16_g8")?],
+                [f("decode_attention_d32_g4")?, f("decode_attention_d32_g8")?],
+                [f("decode_attention_d64_g4")?, f("decode_attention_d64_g8")?],
+                [f("decode_attention_d128_g4")?, f("decode_attention_d128_g8")?],
             ],
             decode_combine: f("decode_combine")?,
+            gemv: [
+                tiles(gemv::VARIANTS[0])?,
+                tiles(gemv::VARIANTS[1])?,
+                tiles(gemv::VARIANTS[2])?,
+                tiles(gemv::VARIANTS[3])?,
+                tiles(gemv::VARIANTS[4])?,
+            ],
+            sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
             _module: module,
         })

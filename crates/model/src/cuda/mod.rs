@@ -11,7 +11,8 @@
 //! runs on the GPU with the procedure of [`contract::sampling`]. A pure-decode
 //! step is replayed from a CUDA graph captured once per batch-size bucket
 //! (powers of two up to [`MAX_GRAPH_BATCH`]); padded rows write to a scratch
-//! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off.
+//! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off;
+//! `LAMINA_GEMV=0` runs small steps' projections on cuBLAS too.
 //! [`available`] says why CUDA cannot be used, without panicking.
 //!
 //! Costs: one host-to-device copy of the packed metadata, the kernels (or one
@@ -57,6 +58,17 @@ pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("cuda: {what}: {e}"))
 }
 
+/// Largest step run on the GEMV projections: [`kernels::gemv::MAX_ROWS`],
+/// or 0 (always cuBLAS) with `LAMINA_GEMV=0` or when an input width is not
+/// a multiple of 8 (the GEMVs' 16-byte loads).
+fn gemv_rows(c: &LlamaConfig) -> usize {
+    let off = std::env::var("LAMINA_GEMV").is_ok_and(|v| v == "0");
+    let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
+        .iter()
+        .all(|k| k.is_multiple_of(8));
+    if off || !fits { 0 } else { kernels::gemv::MAX_ROWS }
+}
+
 /// The CUDA backend (see the module doc).
 pub struct CudaBackend {
     config: LlamaConfig,
@@ -70,6 +82,9 @@ pub struct CudaBackend {
     graph_max_blocks: usize,
     graphs: HashMap<usize, Graph>,
     graphs_enabled: bool,
+    /// Steps of at most this many tokens use the fused GEMV projections
+    /// (`kernels::gemv::MAX_ROWS`; 0 with `LAMINA_GEMV=0`: always cuBLAS).
+    gemv_rows: usize,
     ws: Workspace,
     rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
     rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
@@ -106,7 +121,9 @@ impl CudaBackend {
         let rope_rows = config
             .max_position_embeddings
             .min(kv.num_blocks * kv.block_size);
-        let plan = DecodePlan::new(shape, rope_rows)
+        // two waves of blocks: enough to hide the latency of short contexts
+        let sms = gpu.sm_count().map_err(|e| dev_err("querying the SM count", e))?;
+        let plan = DecodePlan::new(shape, 2 * sms)
             .map_err(|e| dev_err("planning decode attention", e))?;
         let (cos, sin) = config.rope_table(rope_rows);
         let rope_cos = gpu
@@ -129,6 +146,7 @@ impl CudaBackend {
             graph_max_blocks: rope_rows.div_ceil(kv.block_size),
             graphs_enabled: std::env::var("LAMINA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
+            gemv_rows: gemv_rows(&config),
             config,
             kv,
             device,
