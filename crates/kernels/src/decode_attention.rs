@@ -89,7 +89,9 @@ const _: () = {
 /// (the kernels' `decode_chunk`): `ceil(ctx / splits)` rounded up to
 /// [`CHUNK_GRAN`], at least [`CHUNK_GRAN`].
 pub fn chunk_of(ctx: usize, splits: usize) -> usize {
-    ctx.div_ceil(splits.max(1)).max(1).next_multiple_of(CHUNK_GRAN)
+    ctx.div_ceil(splits.max(1))
+        .max(1)
+        .next_multiple_of(CHUNK_GRAN)
 }
 
 /// How decode attention spreads a step over the GPU: enough blocks of
@@ -217,11 +219,7 @@ impl Kernels {
             scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
         };
         let cfg = LaunchConfig {
-            grid: (
-                splits as u32,
-                u32_of(K, "num_seqs", p.num_seqs)?,
-                args.n_kv,
-            ),
+            grid: (splits as u32, u32_of(K, "num_seqs", p.num_seqs)?, args.n_kv),
             block: (THREADS as u32, 1, 1),
             shared_bytes: 0,
         };
@@ -229,7 +227,7 @@ impl Kernels {
         // kernel's static shared memory is within the default limit; the
         // metadata indexes inside the caches by contract; DecodeArgs mirrors
         // the kernel's struct (asserted on both sides).
-        unsafe { self.gpu.launch_struct(func, cfg, &args)? };
+        unsafe { self.launch_pdl(func, cfg, &args)? };
         if splits == 1 {
             return Ok(());
         }
@@ -250,7 +248,7 @@ impl Kernels {
         };
         // SAFETY: partial buffers and out checked above for [S, heads, splits, ...];
         // the combine reads only the splits the attention kernel wrote.
-        unsafe { self.gpu.launch_struct(&self.decode_combine, cfg, &cargs)? };
+        unsafe { self.launch_pdl(&self.decode_combine, cfg, &cargs)? };
         Ok(())
     }
 }

@@ -65,7 +65,7 @@ pub enum GemvOp<'a> {
     },
     /// `residual += bf16(x · Wᵀ)` (the O and down projections).
     Resid {
-        x: DevSlice<'a, bf16>,        // [m, k]
+        x: DevSlice<'a, bf16>,       // [m, k]
         residual: DevSlice<'a, f32>, // [m, n]
     },
     /// `y = RMSNorm(residual) · Wᵀ` (the QKV projection).
@@ -126,7 +126,9 @@ impl Kernels {
         if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !k.is_multiple_of(8) {
             return Err(KernelError::Unsupported {
                 kernel: K,
-                reason: format!("m = {m}, n = {n}, k = {k} (m in 1..={MAX_ROWS}, k a multiple of 8)"),
+                reason: format!(
+                    "m = {m}, n = {n}, k = {k} (m in 1..={MAX_ROWS}, k a multiple of 8)"
+                ),
             });
         }
         let silu = matches!(op, GemvOp::NormSilu { .. });
@@ -168,7 +170,10 @@ impl Kernels {
             }
         };
         aligned(K, "x", x)?;
-        let tile = TILES.iter().position(|&t| m <= t).unwrap_or(TILES.len() - 1);
+        let tile = TILES
+            .iter()
+            .position(|&t| m <= t)
+            .unwrap_or(TILES.len() - 1);
         let func = &self.gemv[op.variant()][tile];
         let per_block = if silu { WARPS } else { WARPS * ROWS_PER_WARP };
         let args = GemvArgs {
@@ -189,7 +194,7 @@ impl Kernels {
         // SAFETY: every operand was checked for its shape and 16-byte
         // alignment above; GemvArgs mirrors the kernel's struct (asserted on
         // both sides); the kernel touches only rows < m, outputs < n, inputs < k.
-        unsafe { self.gpu.launch_struct(func, cfg, &args)? };
+        unsafe { self.launch_pdl(func, cfg, &args)? };
         Ok(())
     }
 }
@@ -233,7 +238,10 @@ pub fn gemv_ref(
         };
         let dot = |j: usize| -> f32 {
             let wr = &w[j * k..(j + 1) * k];
-            wr.iter().zip(&xin).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32
+            wr.iter()
+                .zip(&xin)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32
         };
         for j in 0..n {
             let out = &mut y[r * n + j];
@@ -257,7 +265,9 @@ mod tests {
     #[test]
     fn reference_fuses_norm_and_silu_like_the_unfused_steps() {
         let (m, n, k) = (3, 5, 16);
-        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0)
+            .collect();
         let g: Vec<f32> = (0..k).map(|i| 0.5 + i as f32 / 16.0).collect();
         let w: Vec<f32> = (0..2 * n * k)
             .map(|i| round_bf16(((i * 5 % 13) as f32 - 6.0) / 8.0))

@@ -126,6 +126,9 @@ pub struct Kernels {
     pub(crate) gemv: [[Function; 5]; 5],
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
+    /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
+    /// programmatic dependent launch: sm_90+ unless `LAMINA_PDL=0`.
+    pub(crate) pdl: bool,
     _module: Module,
 }
 
@@ -155,7 +158,10 @@ impl Kernels {
                 [f("decode_attention_d16_g4")?, f("decode_attention_d16_g8")?],
                 [f("decode_attention_d32_g4")?, f("decode_attention_d32_g8")?],
                 [f("decode_attention_d64_g4")?, f("decode_attention_d64_g8")?],
-                [f("decode_attention_d128_g4")?, f("decode_attention_d128_g8")?],
+                [
+                    f("decode_attention_d128_g4")?,
+                    f("decode_attention_d128_g8")?,
+                ],
             ],
             decode_combine: f("decode_combine")?,
             gemv: [
@@ -167,8 +173,30 @@ impl Kernels {
             ],
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
+            pdl: gpu.supports_pdl()? && std::env::var("LAMINA_PDL").map_or(true, |v| v != "0"),
             _module: module,
         })
+    }
+
+    /// Launches a kernel that calls `pdl_wait()` before touching data of
+    /// earlier kernels: with programmatic dependent launch when enabled.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_struct`]; the kernel waits as `cu/pdl.cuh` says.
+    pub(crate) unsafe fn launch_pdl<T: Copy>(
+        &self,
+        f: &Function,
+        cfg: gpu::LaunchConfig,
+        args: &T,
+    ) -> Result<(), GpuError> {
+        // SAFETY: delegated to the caller.
+        unsafe {
+            if self.pdl {
+                self.gpu.launch_struct_pdl(f, cfg, args)
+            } else {
+                self.gpu.launch_struct(f, cfg, args)
+            }
+        }
     }
 
     /// The device the kernels run on.

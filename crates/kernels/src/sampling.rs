@@ -162,7 +162,7 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn sample_rows(
         &self,
-        logits: DevSlice<'_, f32>,          // [R, vocab]
+        logits: DevSlice<'_, f32>, // [R, vocab]
         scratch: SampleScratch<'_>,
         params: DevSlice<'_, SampleParams>, // [R]
         history: DevSlice<'_, u32>,
@@ -174,7 +174,12 @@ impl Kernels {
         const K: &str = "sample_rows";
         need(K, "logits", &logits, rows * vocab)?;
         need(K, "work", &scratch.work, rows * vocab)?;
-        need(K, "stats", &scratch.stats, SampleScratch::stats_len(rows, vocab))?;
+        need(
+            K,
+            "stats",
+            &scratch.stats,
+            SampleScratch::stats_len(rows, vocab),
+        )?;
         need(
             K,
             "keys",
@@ -212,7 +217,7 @@ impl Kernels {
         };
         // SAFETY: views checked above for [R, ...]; history ranges by contract;
         // the struct mirrors the kernel's (asserted on both sides).
-        unsafe { self.gpu.launch_struct(&self.sample_partials, cfg, &pa)? };
+        unsafe { self.launch_pdl(&self.sample_partials, cfg, &pa)? };
         let ra = SampleRowsArgs {
             logits: logits.ptr(),
             work: scratch.work.ptr(),
@@ -229,10 +234,7 @@ impl Kernels {
             pad: 0,
         };
         // SAFETY: as above; reads only what sample_partials wrote for these rows.
-        unsafe {
-            self.gpu
-                .launch_struct(&self.sample_rows, LaunchConfig::linear(r32, THREADS), &ra)?
-        };
+        unsafe { self.launch_pdl(&self.sample_rows, LaunchConfig::linear(r32, THREADS), &ra)? };
         Ok(())
     }
 }

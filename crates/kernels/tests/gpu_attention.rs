@@ -212,7 +212,14 @@ fn decode_inputs(
 
 /// The reference of a decode batch: causal attention of the last position
 /// (zeros for an empty context, like the kernel).
-fn decode_want(b: &PagedBatch, q: &[f32], kc: &[f32], vc: &[f32], shape: kernels::HeadShape, bs: usize) -> Vec<f32> {
+fn decode_want(
+    b: &PagedBatch,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    shape: kernels::HeadShape,
+    bs: usize,
+) -> Vec<f32> {
     let qw = shape.num_heads * shape.head_dim;
     let mut want = vec![0f32; q.len()];
     for (s, &ctx) in b.ctx.iter().enumerate() {
@@ -248,7 +255,15 @@ fn decode_split_reference_matches_attention() {
         let want = decode_want(&b, &q, &kc, &vc, shape, block_size);
         for splits in [1, 3, 33, 128] {
             let got = kernels::decode_attention::decode_split_ref(
-                &q, &kc, &vc, &b.ctx, &b.tables, b.max_blocks, block_size, shape, splits,
+                &q,
+                &kc,
+                &vc,
+                &b.ctx,
+                &b.tables,
+                b.max_blocks,
+                block_size,
+                shape,
+                splits,
             );
             let e = rel_err(&got, &want);
             assert!(e < 1e-5, "{shape:?} splits {splits}: rel err {e}");
@@ -309,7 +324,10 @@ fn decode_attention_matches_reference() {
                 }
                 .unwrap();
                 let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
-                assert!(e < 1e-2, "decode {shape:?} bs {block_size} target {target}: rel err {e}");
+                assert!(
+                    e < 1e-2,
+                    "decode {shape:?} bs {block_size} target {target}: rel err {e}"
+                );
             }
         }
     }
@@ -330,14 +348,22 @@ fn decode_attention_timing() {
         let seqs: Vec<(usize, usize)> = (0..n).map(|_| (1, ctx)).collect();
         let b = paged_batch(&mut rng, &seqs, block_size);
         let slots = b.num_blocks * block_size;
-        let d_kc = gpu.upload(&rand_bf16(&mut rng, slots * shape.kv_width(), 1.0)).unwrap();
-        let d_vc = gpu.upload(&rand_bf16(&mut rng, slots * shape.kv_width(), 1.0)).unwrap();
-        let d_qkv = gpu.upload(&rand_bf16(&mut rng, n * shape.qkv_width(), 1.0)).unwrap();
+        let d_kc = gpu
+            .upload(&rand_bf16(&mut rng, slots * shape.kv_width(), 1.0))
+            .unwrap();
+        let d_vc = gpu
+            .upload(&rand_bf16(&mut rng, slots * shape.kv_width(), 1.0))
+            .unwrap();
+        let d_qkv = gpu
+            .upload(&rand_bf16(&mut rng, n * shape.qkv_width(), 1.0))
+            .unwrap();
         let (d_ctx, d_tab) = (gpu.upload(&b.ctx).unwrap(), gpu.upload(&b.tables).unwrap());
         let plan = DecodePlan::new(shape, target).unwrap();
         let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
         let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
-        let out = gpu.alloc::<bf16>(n * shape.num_heads * shape.head_dim).unwrap();
+        let out = gpu
+            .alloc::<bf16>(n * shape.num_heads * shape.head_dim)
+            .unwrap();
         let p = DecodeParams {
             shape,
             plan,

@@ -347,9 +347,16 @@ fn sampling_timing() {
         let d_params = gpu.upload(&vec![p; rows]).unwrap();
         let d_hist = gpu.alloc::<u32>(1).unwrap();
         let work = gpu.alloc::<f32>(rows * vocab).unwrap();
-        let stats = gpu.alloc::<f32>(SampleScratch::stats_len(rows, vocab)).unwrap();
-        let keys = gpu.alloc::<u64>(SampleScratch::keys_len(rows, vocab, max_lp)).unwrap();
-        let (tok, lp) = (gpu.alloc::<u32>(rows).unwrap(), gpu.alloc::<f32>(rows).unwrap());
+        let stats = gpu
+            .alloc::<f32>(SampleScratch::stats_len(rows, vocab))
+            .unwrap();
+        let keys = gpu
+            .alloc::<u64>(SampleScratch::keys_len(rows, vocab, max_lp))
+            .unwrap();
+        let (tok, lp) = (
+            gpu.alloc::<u32>(rows).unwrap(),
+            gpu.alloc::<f32>(rows).unwrap(),
+        );
         let (tid, tlp) = (
             gpu.alloc::<u32>(rows * max_lp).unwrap(),
             gpu.alloc::<f32>(rows * max_lp).unwrap(),
@@ -424,7 +431,9 @@ fn gemv_matches_reference() {
                 let w = rand_bf16(&mut rng, wrows * kk, 0.5);
                 let norm_w = rand_bf16(&mut rng, kk, 1.0);
                 let xb = rand_bf16(&mut rng, m * kk, 1.0);
-                let xf: Vec<f32> = (0..m * kk).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+                let xf: Vec<f32> = (0..m * kk)
+                    .map(|_| rng.random_range(-3.0f32..3.0))
+                    .collect();
                 let resid: Vec<f32> = (0..m * n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
                 let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormSilu);
                 let x_ref = if norm_in { xf.clone() } else { f32s(&xb) };
@@ -433,7 +442,17 @@ fn gemv_matches_reference() {
                 } else {
                     vec![0f32; m * n]
                 };
-                gemv_ref(kind, &x_ref, &f32s(&norm_w), 1e-5, &f32s(&w), &mut want, m, n, kk);
+                gemv_ref(
+                    kind,
+                    &x_ref,
+                    &f32s(&norm_w),
+                    1e-5,
+                    &f32s(&w),
+                    &mut want,
+                    m,
+                    n,
+                    kk,
+                );
                 let (d_w, d_g) = (gpu.upload(&w).unwrap(), gpu.upload(&norm_w).unwrap());
                 let (d_xb, d_xf) = (gpu.upload(&xb).unwrap(), gpu.upload(&xf).unwrap());
                 let d_res = gpu.upload(&resid).unwrap();
@@ -442,8 +461,14 @@ fn gemv_matches_reference() {
                 gpu.fill_bytes(yb.view(), POISON).unwrap();
                 gpu.fill_bytes(yf.view(), POISON).unwrap();
                 let op = match kind {
-                    GemvKind::Bf16 => GemvOp::Bf16 { x: d_xb.view(), y: yb.view() },
-                    GemvKind::Resid => GemvOp::Resid { x: d_xb.view(), residual: d_res.view() },
+                    GemvKind::Bf16 => GemvOp::Bf16 {
+                        x: d_xb.view(),
+                        y: yb.view(),
+                    },
+                    GemvKind::Resid => GemvOp::Resid {
+                        x: d_xb.view(),
+                        residual: d_res.view(),
+                    },
                     GemvKind::Norm => GemvOp::Norm {
                         residual: d_xf.view(),
                         norm_w: d_g.view(),
@@ -456,7 +481,10 @@ fn gemv_matches_reference() {
                         eps: 1e-5,
                         y: yb.view(),
                     },
-                    GemvKind::F32 => GemvOp::F32 { x: d_xb.view(), y: yf.view() },
+                    GemvKind::F32 => GemvOp::F32 {
+                        x: d_xb.view(),
+                        y: yf.view(),
+                    },
                 };
                 k.gemv(op, d_w.view(), m, n, kk).unwrap();
                 let got = match kind {
@@ -475,7 +503,10 @@ fn gemv_matches_reference() {
         gpu.alloc::<bf16>(12 * 4).unwrap(),
         gpu.alloc::<bf16>(17 * 4).unwrap(),
     );
-    let op = GemvOp::Bf16 { x: x.view(), y: y.view() };
+    let op = GemvOp::Bf16 {
+        x: x.view(),
+        y: y.view(),
+    };
     assert!(k.gemv(op, w.view(), 1, 4, 12).is_err());
     assert!(k.gemv(op, w.view(), 17, 4, 8).is_err());
 }
@@ -503,14 +534,28 @@ fn gemv_timing() {
         ("lm head (f32)", vocab, h, vocab),
     ] {
         let w = gpu.alloc::<bf16>(wrows * kk).unwrap();
-        for m in [1usize, 16] {
+        for m in [1usize, 2, 4, 8, 16] {
             let op = match name {
-                "qkv (norm)" => GemvOp::Norm { residual: xf.view(), norm_w: g.view(), eps: 1e-5, y: yb.view() },
-                "gate/up (norm+silu)" => {
-                    GemvOp::NormSilu { residual: xf.view(), norm_w: g.view(), eps: 1e-5, y: yb.view() }
-                }
-                "lm head (f32)" => GemvOp::F32 { x: x.view(), y: yf.view() },
-                _ => GemvOp::Resid { x: x.view(), residual: resid.view() },
+                "qkv (norm)" => GemvOp::Norm {
+                    residual: xf.view(),
+                    norm_w: g.view(),
+                    eps: 1e-5,
+                    y: yb.view(),
+                },
+                "gate/up (norm+silu)" => GemvOp::NormSilu {
+                    residual: xf.view(),
+                    norm_w: g.view(),
+                    eps: 1e-5,
+                    y: yb.view(),
+                },
+                "lm head (f32)" => GemvOp::F32 {
+                    x: x.view(),
+                    y: yf.view(),
+                },
+                _ => GemvOp::Resid {
+                    x: x.view(),
+                    residual: resid.view(),
+                },
             };
             let run = || k.gemv(op, w.view(), m, n, kk).unwrap();
             run();

@@ -17,6 +17,7 @@
 // decode_combine: grid (S, n_heads), max(32, D) threads: merges the
 //   ceil(ctx / chunk) partials of each head into out (bf16).
 #include "common.cuh"
+#include "pdl.cuh"
 
 // Shared with decode_attention.rs (THREADS, CHUNK_GRAN): keep equal.
 #define DECODE_THREADS 128
@@ -109,6 +110,8 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 
     const uint32_t split = blockIdx.x, s = blockIdx.y, kvh = blockIdx.z;
     const uint32_t G = a.n_heads / a.n_kv;
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t ctx = a.context_lens[s];
     const uint32_t chunk = decode_chunk(ctx, a.splits);
     const uint32_t start = split * chunk;
@@ -252,6 +255,8 @@ DECODE_ATTENTION(128, 8)
 
 extern "C" __global__ void decode_combine(const DecodeCombineArgs a) {
     const uint32_t s = blockIdx.x, h = blockIdx.y;
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t ctx = a.context_lens[s];
     const uint32_t chunk = decode_chunk(ctx, a.splits);
     const uint32_t ns = min((ctx + chunk - 1) / chunk, a.splits);

@@ -20,12 +20,15 @@
 // Epilogues round like the unfused path: projections to bf16 before the
 // residual add, gate and up to bf16 before silu·up.
 #include "common.cuh"
+#include "pdl.cuh"
 
 // Shared with gemv.rs (WARPS, ROWS_PER_WARP, MAX_ROWS): keep equal.
 #define GEMV_WARPS 4
 #define GEMV_ROWS_PER_WARP 2
 #define GEMV_MAX_ROWS 16
 #define GEMV_UNROLL 4
+// 128-byte lines of each weight row prefetched to L2 before the PDL wait (<= 16).
+#define GEMV_PREFETCH_LINES 16
 
 struct GemvArgs {
     const void* x;        // [m, K] bf16, or the f32 residual for the norm variants
@@ -67,6 +70,19 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     __shared__ float inv_rms[MT];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t K = a.k, m = a.m;
+    {
+        // Weights do not depend on the previous kernel: start pulling this
+        // warp's first GEMV_PREFETCH_LINES lines of each row into L2 first.
+        const uint32_t wr = (OUT == OUT_SILU ? blockIdx.x * GEMV_WARPS + warp
+                                             : (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS_PER_WARP);
+        const uint32_t rows = OUT == OUT_SILU ? 2 * a.n : a.n;
+        const uint32_t line = lane % GEMV_PREFETCH_LINES, which = lane / GEMV_PREFETCH_LINES;
+        const uint32_t r = OUT == OUT_SILU ? (which == 0 ? wr : a.n + wr) : wr + which;
+        if (which < 2 && r < rows && line * 64 < K && (OUT != OUT_SILU || wr < a.n))
+            prefetch_l2(a.w + (size_t)r * K + line * 64);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
     if (IN == IN_NORM) {
         const float* x = static_cast<const float*>(a.x);
         for (uint32_t r = warp; r < m; r += GEMV_WARPS) {

@@ -25,6 +25,7 @@
 // merge (a few microseconds at V = 128k); sampled rows add one write of the
 // logits and up to ~260 single-block passes (binary searches).
 #include "common.cuh"
+#include "pdl.cuh"
 
 // Shared with sampling.rs (THREADS, PART_THREADS, SLICE): keep equal.
 #define SAMPLE_THREADS 1024
@@ -145,6 +146,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
     __shared__ float fs[32];
     __shared__ unsigned long long ks[32];
     const uint32_t b = blockIdx.x, r = blockIdx.y;
+    pdl_wait();
+    pdl_launch_dependents();
     const uint32_t lo = b * SAMPLE_SLICE, hi = min(a.V, lo + SAMPLE_SLICE);
     const float* z = a.logits + (size_t)r * a.V;
     const SampleParams P = a.params[r];
@@ -216,6 +219,8 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const S
     __shared__ unsigned us[32];
     __shared__ unsigned long long ks[32];
     const uint32_t r = blockIdx.x, V = a.V, nb = a.nb, max_lp = a.max_lp;
+    pdl_wait();
+    pdl_launch_dependents();
     const float* z = a.logits + (size_t)r * V;
     float* w = a.work + (size_t)r * V;
     const SampleParams P = a.params[r];

@@ -9,10 +9,10 @@
 //! add+RMSNorm, QKV GEMM, RoPE + KV write, attention (decode kernel for
 //! pure-decode steps, flash prefill kernel otherwise), O GEMM, add+RMSNorm,
 //! gate/up GEMM, SiLU·up, down GEMM: 4 GEMMs and 5 or 6 kernels. Small
-//! steps (decode at batch <= 16) use the fused GEMVs instead: RMSNorm+QKV,
+//! steps (decode at small batch, `gemv_rows`) use the fused GEMVs instead: RMSNorm+QKV,
 //! RoPE + KV write, attention, O + residual, RMSNorm+gate/up+SiLU·up,
 //! down + residual: 6 or 7 kernels. Then the final norm, the gather of the
-//! rows to sample, the LM head (GEMV for <= 16 rows) on those rows only,
+//! rows to sample, the LM head (GEMV for one row) on those rows only,
 //! and sampling.
 //! Costs: workspace = `T_cap * (hidden * 10 + qkv + 3 * intermediate) * 2`
 //! bytes + `R_cap * vocab * 8` bytes (logits and the sampler's scratch) +
@@ -46,25 +46,25 @@ pub(super) struct Caps {
 /// Activations, staging and outputs, allocated once per capacity.
 pub(super) struct Workspace {
     pub caps: Caps,
-    pub x: DeviceBuffer<f32>,       // [T, hidden] residual stream
-    pub xn: DeviceBuffer<bf16>,     // [T, hidden] normed
-    pub qkv: DeviceBuffer<bf16>,    // [T, qkv_width]
-    pub attn: DeviceBuffer<bf16>,   // [T, heads * head_dim]
-    pub delta: DeviceBuffer<bf16>,  // [T, hidden] o / down projection output
-    pub gu: DeviceBuffer<bf16>,     // [T, 2 * intermediate]
-    pub act: DeviceBuffer<bf16>,    // [T, intermediate]
-    pub part_o: DeviceBuffer<f32>,  // [S_dec, heads, splits, head_dim]
-    pub part_ml: DeviceBuffer<f32>, // [S_dec, heads, splits, 2]
-    pub xs: DeviceBuffer<bf16>,     // [R, hidden] rows to sample
-    pub logits: DeviceBuffer<f32>,  // [R, vocab]
-    pub work: DeviceBuffer<f32>,    // [R, vocab] sampler scratch
+    pub x: DeviceBuffer<f32>,          // [T, hidden] residual stream
+    pub xn: DeviceBuffer<bf16>,        // [T, hidden] normed
+    pub qkv: DeviceBuffer<bf16>,       // [T, qkv_width]
+    pub attn: DeviceBuffer<bf16>,      // [T, heads * head_dim]
+    pub delta: DeviceBuffer<bf16>,     // [T, hidden] o / down projection output
+    pub gu: DeviceBuffer<bf16>,        // [T, 2 * intermediate]
+    pub act: DeviceBuffer<bf16>,       // [T, intermediate]
+    pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
+    pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
+    pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
+    pub logits: DeviceBuffer<f32>,     // [R, vocab]
+    pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
     pub samp_stats: DeviceBuffer<f32>, // [R, vocab / SLICE, 2] sampler partials
     pub samp_keys: DeviceBuffer<u64>,  // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
-    pub tok: DeviceBuffer<u32>,     // [R]
-    pub lp: DeviceBuffer<f32>,      // [R]
-    pub top_ids: DeviceBuffer<u32>, // [R, MAX_LOGPROBS]
-    pub top_lps: DeviceBuffer<f32>, // [R, MAX_LOGPROBS]
-    pub meta: DeviceBuffer<u32>,    // staging, see Layout
+    pub tok: DeviceBuffer<u32>,        // [R]
+    pub lp: DeviceBuffer<f32>,         // [R]
+    pub top_ids: DeviceBuffer<u32>,    // [R, MAX_LOGPROBS]
+    pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
+    pub meta: DeviceBuffer<u32>,       // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
     pub host_tok: PinnedBuffer<u32>,
     pub host_lp: PinnedBuffer<f32>,
@@ -348,7 +348,7 @@ impl CudaBackend {
                 .gather_rows(ws.xs.view(), ws.xn.view(), rows, r, h, t)
         }
         .map_err(k("row gather"))?;
-        if r >= 1 && r <= self.gemv_rows {
+        if r >= 1 && r <= self.gemv_rows.min(super::HEAD_GEMV_ROWS) {
             let op = GemvOp::F32 {
                 x: ws.xs.view(),
                 y: ws.logits.view(),
