@@ -12,7 +12,7 @@ use std::mem::{offset_of, size_of};
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
-use crate::{KernelError, Kernels, need, round_bf16, u32_of};
+use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
 // Shared with gemv.cu (GEMV_WARPS, GEMV_ROWS_PER_WARP, GEMV_MAX_ROWS): keep equal.
 const WARPS: usize = 4;
@@ -22,17 +22,20 @@ pub const MAX_ROWS: usize = 16;
 /// Row tiles the kernels are instantiated for (index = entry in `Kernels::gemv[variant]`).
 const TILES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Entry-point prefixes, in [`GemvOp::variant`] order.
-pub(crate) const VARIANTS: [&str; 5] = [
+pub(crate) const VARIANTS: [&str; 6] = [
     "gemv_bf16",
     "gemv_resid",
     "gemv_norm",
     "gemv_norm_silu",
     "gemv_f32",
+    "gemv_norm_rope",
 ];
+/// Index of `gemv_norm_rope` in [`VARIANTS`].
+const ROPE_VARIANT: usize = 5;
 
 /// Argument block of every `gemv_*` kernel (`struct GemvArgs`).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct GemvArgs {
     x: u64,      // [m, k] bf16, or the f32 residual (norm variants)
     norm_w: u64, // [k] bf16 (norm variants)
@@ -42,9 +45,20 @@ struct GemvArgs {
     n: u32,
     k: u32,
     eps: f32,
+    // gemv_norm_rope only
+    positions: u64, // [m]
+    slots: u64,     // [m]
+    cos: u64,       // [max_pos, D/2]
+    sin: u64,       // [max_pos, D/2]
+    k_cache: u64,   // [slots, kv_heads, D]
+    v_cache: u64,   // [slots, kv_heads, D]
+    n_heads: u32,
+    n_kv: u32,
+    head_dim: u32,
+    max_pos: u32,
 }
 const _: () = {
-    assert!(size_of::<GemvArgs>() == 48);
+    assert!(size_of::<GemvArgs>() == 112);
     assert!(offset_of!(GemvArgs, x) == 0);
     assert!(offset_of!(GemvArgs, norm_w) == 8);
     assert!(offset_of!(GemvArgs, w) == 16);
@@ -53,7 +67,30 @@ const _: () = {
     assert!(offset_of!(GemvArgs, n) == 36);
     assert!(offset_of!(GemvArgs, k) == 40);
     assert!(offset_of!(GemvArgs, eps) == 44);
+    assert!(offset_of!(GemvArgs, positions) == 48);
+    assert!(offset_of!(GemvArgs, slots) == 56);
+    assert!(offset_of!(GemvArgs, cos) == 64);
+    assert!(offset_of!(GemvArgs, sin) == 72);
+    assert!(offset_of!(GemvArgs, k_cache) == 80);
+    assert!(offset_of!(GemvArgs, v_cache) == 88);
+    assert!(offset_of!(GemvArgs, n_heads) == 96);
+    assert!(offset_of!(GemvArgs, n_kv) == 100);
+    assert!(offset_of!(GemvArgs, head_dim) == 104);
+    assert!(offset_of!(GemvArgs, max_pos) == 108);
 };
+
+/// The RoPE + KV-write epilogue of [`Kernels::gemv_qkv_rope`] (as `rope_kv_write`).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeKv<'a> {
+    pub positions: DevSlice<'a, u32>, // [m]
+    pub slots: DevSlice<'a, u32>,     // [m]
+    pub cos: DevSlice<'a, f32>,       // [max_pos, D/2]
+    pub sin: DevSlice<'a, f32>,       // [max_pos, D/2]
+    pub k_cache: DevSlice<'a, bf16>,  // [slots, kv_heads, D]
+    pub v_cache: DevSlice<'a, bf16>,  // [slots, kv_heads, D]
+    pub shape: HeadShape,
+    pub max_pos: usize,
+}
 
 /// What a GEMV reads and writes (shapes for `m` rows, `n` outputs, `k` inputs).
 #[derive(Debug, Clone, Copy)]
@@ -185,6 +222,7 @@ impl Kernels {
             n: u32_of(K, "n", n)?,
             k: u32_of(K, "k", k)?,
             eps,
+            ..GemvArgs::default()
         };
         let cfg = LaunchConfig {
             grid: (u32_of(K, "blocks", n.div_ceil(per_block))?, 1, 1),
@@ -195,6 +233,100 @@ impl Kernels {
         // alignment above; GemvArgs mirrors the kernel's struct (asserted on
         // both sides); the kernel touches only rows < m, outputs < n, inputs < k.
         unsafe { self.launch_pdl(func, cfg, &args)? };
+        Ok(())
+    }
+
+    /// `qkv = RMSNorm(residual) · Wᵀ` for `m` token rows, then RoPE and the
+    /// KV write of `rope_kv_write` in the epilogue: q rotated in `qkv`, k
+    /// rotated into `k_cache[slots[t]]`, v into `v_cache[slots[t]]`
+    /// (`qkv`'s k and v keep the un-rotated projection).
+    ///
+    /// # Safety
+    /// Every `slots[t]` indexes a slot inside the caches; positions at or past
+    /// `max_pos` are skipped (no rotation, no cache write), as `rope_kv_write`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemv_qkv_rope(
+        &self,
+        residual: DevSlice<'_, f32>, // [m, hidden]
+        norm_w: DevSlice<'_, bf16>,  // [hidden]
+        eps: f32,
+        w: DevSlice<'_, bf16>,   // [qkv_width, hidden]
+        qkv: DevSlice<'_, bf16>, // [m, qkv_width]
+        rope: RopeKv<'_>,
+        m: usize,
+        hidden: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv_qkv_rope";
+        let sh = rope.shape;
+        sh.check(K)?;
+        let n = sh.qkv_width();
+        if m == 0
+            || m > MAX_ROWS
+            || hidden == 0
+            || !hidden.is_multiple_of(8)
+            || sh.head_dim % 2 != 0
+        {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!(
+                    "m = {m}, hidden = {hidden}, head_dim = {} (m in 1..={MAX_ROWS}, hidden a multiple of 8, even head_dim)",
+                    sh.head_dim
+                ),
+            });
+        }
+        need(K, "residual", &residual, m * hidden)?;
+        need(K, "norm_w", &norm_w, hidden)?;
+        need(K, "w", &w, n * hidden)?;
+        need(K, "qkv", &qkv, m * n)?;
+        need(K, "positions", &rope.positions, m)?;
+        need(K, "slots", &rope.slots, m)?;
+        need(K, "cos", &rope.cos, rope.max_pos * sh.head_dim / 2)?;
+        need(K, "sin", &rope.sin, rope.max_pos * sh.head_dim / 2)?;
+        need(K, "k_cache", &rope.k_cache, sh.kv_width())?;
+        need(K, "v_cache", &rope.v_cache, sh.kv_width())?;
+        for (what, p) in [
+            ("w", w.ptr()),
+            ("residual", residual.ptr()),
+            ("norm_w", norm_w.ptr()),
+        ] {
+            aligned(K, what, p)?;
+        }
+        let tile = TILES
+            .iter()
+            .position(|&t| m <= t)
+            .unwrap_or(TILES.len() - 1);
+        let args = GemvArgs {
+            x: residual.ptr(),
+            norm_w: norm_w.ptr(),
+            w: w.ptr(),
+            y: qkv.ptr(),
+            m: m as u32,
+            n: u32_of(K, "qkv_width", n)?,
+            k: u32_of(K, "hidden", hidden)?,
+            eps,
+            positions: rope.positions.ptr(),
+            slots: rope.slots.ptr(),
+            cos: rope.cos.ptr(),
+            sin: rope.sin.ptr(),
+            k_cache: rope.k_cache.ptr(),
+            v_cache: rope.v_cache.ptr(),
+            n_heads: u32_of(K, "num_heads", sh.num_heads)?,
+            n_kv: u32_of(K, "num_kv_heads", sh.num_kv_heads)?,
+            head_dim: u32_of(K, "head_dim", sh.head_dim)?,
+            max_pos: u32_of(K, "max_pos", rope.max_pos)?,
+        };
+        let cfg = LaunchConfig {
+            grid: (
+                u32_of(K, "blocks", n.div_ceil(WARPS * ROWS_PER_WARP))?,
+                1,
+                1,
+            ),
+            block: ((WARPS * 32) as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: dense operands checked for shape and alignment above; cache
+        // slots in range by contract; GemvArgs mirrors the kernel's struct.
+        unsafe { self.launch_pdl(&self.gemv[ROPE_VARIANT][tile], cfg, &args)? };
         Ok(())
     }
 }

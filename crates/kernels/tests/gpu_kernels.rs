@@ -580,3 +580,108 @@ fn gemv_timing() {
         }
     }
 }
+
+/// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by `rope_kv_ref`:
+/// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_qkv_rope_matches_reference() {
+    use kernels::gemv::{GemvKind, RopeKv, gemv_ref};
+    use kernels::rope_kv::rope_kv_ref;
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(20);
+    let max_pos = 512;
+    for shape in SHAPES {
+        let (hidden, n, d) = (200usize, shape.qkv_width(), shape.head_dim);
+        let (cos, sin) = rope_tables(max_pos, d / 2);
+        for m in [1usize, 3, 16] {
+            let w = rand_bf16(&mut rng, n * hidden, 0.5);
+            let g = rand_bf16(&mut rng, hidden, 1.0);
+            let x: Vec<f32> = (0..m * hidden)
+                .map(|_| rng.random_range(-3.0f32..3.0))
+                .collect();
+            let positions: Vec<u32> = (0..m)
+                .map(|_| rng.random_range(0..max_pos as u32))
+                .collect();
+            let num_slots = m + 7;
+            let mut slots: Vec<u32> = (0..num_slots as u32).collect();
+            slots.shuffle(&mut rng);
+            slots.truncate(m);
+            let mut qkv_want = vec![0f32; m * n];
+            gemv_ref(
+                GemvKind::Norm,
+                &x,
+                &f32s(&g),
+                1e-5,
+                &f32s(&w),
+                &mut qkv_want,
+                m,
+                n,
+                hidden,
+            );
+            let qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
+            let mut kr = vec![0f32; num_slots * shape.kv_width()];
+            let mut vr = kr.clone();
+            let q_want = rope_kv_ref(
+                &qkv_b, &positions, &slots, &cos, &sin, shape, &mut kr, &mut vr,
+            );
+            let (d_w, d_g, d_x) = (
+                gpu.upload(&w).unwrap(),
+                gpu.upload(&g).unwrap(),
+                gpu.upload(&x).unwrap(),
+            );
+            let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
+            let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
+            let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
+            let vc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
+            let qkv = gpu.alloc::<bf16>(m * n).unwrap();
+            for b in [&kc, &vc, &qkv] {
+                gpu.fill_bytes(b.view(), POISON).unwrap();
+            }
+            let rope = RopeKv {
+                positions: d_pos.view(),
+                slots: d_slots.view(),
+                cos: d_cos.view(),
+                sin: d_sin.view(),
+                k_cache: kc.view(),
+                v_cache: vc.view(),
+                shape,
+                max_pos,
+            };
+            // SAFETY: slots below num_slots, positions below max_pos.
+            unsafe {
+                k.gemv_qkv_rope(
+                    d_x.view(),
+                    d_g.view(),
+                    1e-5,
+                    d_w.view(),
+                    qkv.view(),
+                    rope,
+                    m,
+                    hidden,
+                )
+            }
+            .unwrap();
+            let got = f32s(&gpu.to_host(qkv.view()).unwrap());
+            let qw = shape.num_heads * d;
+            let q_got: Vec<f32> = (0..m).flat_map(|t| got[t * n..][..qw].to_vec()).collect();
+            let e = rel_err(&q_got, &q_want);
+            assert!(e < 1e-2, "{shape:?} m={m}: q rel err {e}");
+            let kvw = shape.kv_width();
+            let pick = |c: &[f32]| -> Vec<f32> {
+                slots
+                    .iter()
+                    .flat_map(|&s| c[s as usize * kvw..][..kvw].to_vec())
+                    .collect()
+            };
+            let (kg, vg) = (
+                f32s(&gpu.to_host(kc.view()).unwrap()),
+                f32s(&gpu.to_host(vc.view()).unwrap()),
+            );
+            let e = rel_err(&pick(&kg), &pick(&kr));
+            assert!(e < 1e-2, "{shape:?} m={m}: k rel err {e}");
+            let e = rel_err(&pick(&vg), &pick(&vr));
+            assert!(e < 1e-2, "{shape:?} m={m}: v rel err {e}");
+        }
+    }
+}

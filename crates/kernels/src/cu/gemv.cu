@@ -15,6 +15,10 @@
 //  gemv_norm_silu_mMT   RMSNorm(residual) -> silu(g)·u, bf16, with W = [gate | up]
 //                       and the warp computing gate row n with up row I + n
 //  gemv_f32_mMT         x bf16 -> y f32                            (LM head logits)
+//  gemv_norm_rope_mMT   RMSNorm(residual) -> qkv bf16, then RoPE (rotate-half,
+//                       the warp owning rows j and j + D/2 of a head) on q in
+//                       qkv and on k into k_cache[slot], v into v_cache[slot]:
+//                       what rope_kv_write does, without its launch
 // The normed input is bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
 // add_rmsnorm writes; each block recomputes the inverse RMS of its m rows.
 // Epilogues round like the unfused path: projections to bf16 before the
@@ -39,8 +43,19 @@ struct GemvArgs {
     uint32_t n;           // outputs per row
     uint32_t k;           // inputs per row, multiple of 8
     float eps;
+    // norm_rope only (else zero): RoPE + KV write in the epilogue, as rope_kv_write.
+    const uint32_t* positions;  // [m]
+    const uint32_t* slots;      // [m]
+    const float* cos_t;         // [max_pos, D/2]
+    const float* sin_t;         // [max_pos, D/2]
+    bf16* k_cache;              // [slots, n_kv, D]
+    bf16* v_cache;              // [slots, n_kv, D]
+    uint32_t n_heads;
+    uint32_t n_kv;
+    uint32_t head_dim;
+    uint32_t max_pos;
 };
-static_assert(sizeof(GemvArgs) == 48, "GemvArgs layout");
+static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
 static_assert(offsetof(GemvArgs, x) == 0, "GemvArgs.x");
 static_assert(offsetof(GemvArgs, norm_w) == 8, "GemvArgs.norm_w");
 static_assert(offsetof(GemvArgs, w) == 16, "GemvArgs.w");
@@ -49,9 +64,49 @@ static_assert(offsetof(GemvArgs, m) == 32, "GemvArgs.m");
 static_assert(offsetof(GemvArgs, n) == 36, "GemvArgs.n");
 static_assert(offsetof(GemvArgs, k) == 40, "GemvArgs.k");
 static_assert(offsetof(GemvArgs, eps) == 44, "GemvArgs.eps");
+static_assert(offsetof(GemvArgs, positions) == 48, "GemvArgs.positions");
+static_assert(offsetof(GemvArgs, slots) == 56, "GemvArgs.slots");
+static_assert(offsetof(GemvArgs, cos_t) == 64, "GemvArgs.cos_t");
+static_assert(offsetof(GemvArgs, sin_t) == 72, "GemvArgs.sin_t");
+static_assert(offsetof(GemvArgs, k_cache) == 80, "GemvArgs.k_cache");
+static_assert(offsetof(GemvArgs, v_cache) == 88, "GemvArgs.v_cache");
+static_assert(offsetof(GemvArgs, n_heads) == 96, "GemvArgs.n_heads");
+static_assert(offsetof(GemvArgs, n_kv) == 100, "GemvArgs.n_kv");
+static_assert(offsetof(GemvArgs, head_dim) == 104, "GemvArgs.head_dim");
+static_assert(offsetof(GemvArgs, max_pos) == 108, "GemvArgs.max_pos");
 
 enum GemvIn { IN_BF16 = 0, IN_NORM = 1 };
-enum GemvOut { OUT_BF16 = 0, OUT_RESID = 1, OUT_F32 = 2, OUT_SILU = 3 };
+enum GemvOut { OUT_BF16 = 0, OUT_RESID = 1, OUT_F32 = 2, OUT_SILU = 3, OUT_ROPE = 4 };
+
+// The two weight rows of warp `gw` and whether each exists. SILU: gate row gw
+// and up row n + gw. ROPE: warps below (n_heads + n_kv) * D/2 own a rotate-half
+// pair (h*D + j, h*D + j + D/2) of a q or k head; the rest own two adjacent v rows.
+template <int OUT>
+__device__ __forceinline__ void gemv_rows_of(const GemvArgs& a, uint32_t gw, uint32_t& r0, uint32_t& r1, bool& ok0,
+                                             bool& ok1) {
+    if (OUT == OUT_SILU) {
+        r0 = gw;
+        r1 = a.n + gw;
+        ok0 = ok1 = gw < a.n;
+    } else if (OUT == OUT_ROPE) {
+        const uint32_t half = a.head_dim / 2, pairs = (a.n_heads + a.n_kv) * half;
+        if (gw < pairs) {
+            r0 = (gw / half) * a.head_dim + gw % half;
+            r1 = r0 + half;
+        } else {
+            r0 = (a.n_heads + a.n_kv) * a.head_dim + (gw - pairs) * 2;
+            r1 = r0 + 1;
+        }
+        ok0 = r0 < a.n;
+        ok1 = r1 < a.n;
+    } else {
+        r0 = gw * GEMV_ROWS_PER_WARP;
+        r1 = r0 + 1;
+        ok0 = r0 < a.n;
+        ok1 = r1 < a.n;
+    }
+}
+
 
 __device__ __forceinline__ void bf8(const uint4 raw, float* f) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -70,16 +125,16 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     __shared__ float inv_rms[MT];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t K = a.k, m = a.m;
+    const uint32_t gw = blockIdx.x * GEMV_WARPS + warp;
+    uint32_t r0, r1;
+    bool ok0, ok1;
+    gemv_rows_of<OUT>(a, gw, r0, r1, ok0, ok1);
     {
         // Weights do not depend on the previous kernel: start pulling this
         // warp's first GEMV_PREFETCH_LINES lines of each row into L2 first.
-        const uint32_t wr = (OUT == OUT_SILU ? blockIdx.x * GEMV_WARPS + warp
-                                             : (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS_PER_WARP);
-        const uint32_t rows = OUT == OUT_SILU ? 2 * a.n : a.n;
         const uint32_t line = lane % GEMV_PREFETCH_LINES, which = lane / GEMV_PREFETCH_LINES;
-        const uint32_t r = OUT == OUT_SILU ? (which == 0 ? wr : a.n + wr) : wr + which;
-        if (which < 2 && r < rows && line * 64 < K && (OUT != OUT_SILU || wr < a.n))
-            prefetch_l2(a.w + (size_t)r * K + line * 64);
+        const bool ok = which == 0 ? ok0 : ok1;
+        if (which < 2 && ok && line * 64 < K) prefetch_l2(a.w + (size_t)(which == 0 ? r0 : r1) * K + line * 64);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -96,22 +151,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         }
         __syncthreads();
     }
-    // Output index of this warp's rows; SILU: row0 = gate n, row1 = up n (at N/2 + n).
-    const uint32_t outs = a.n;
-    uint32_t o0, r0, r1;
-    bool ok0, ok1;
-    if (OUT == OUT_SILU) {
-        o0 = blockIdx.x * GEMV_WARPS + warp;
-        ok0 = ok1 = o0 < outs;
-        r0 = o0;
-        r1 = outs + o0;
-    } else {
-        o0 = (blockIdx.x * GEMV_WARPS + warp) * GEMV_ROWS_PER_WARP;
-        ok0 = o0 < outs;
-        ok1 = o0 + 1 < outs;
-        r0 = o0;
-        r1 = o0 + 1;
-    }
+    const uint32_t outs = a.n, o0 = r0;
     if (!ok0) return;  // no block-wide barrier follows
     const bf16* w0 = a.w + (size_t)r0 * K;
     const bf16* w1 = a.w + (size_t)(ok1 ? r1 : r0) * K;
@@ -174,6 +214,40 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         if (OUT == OUT_SILU) {
             const float g = round_bf(acc0[r]), u = round_bf(acc1[r]);
             static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(g / (1.f + __expf(-g)) * u);
+        } else if (OUT == OUT_ROPE) {
+            // qkv keeps the GEMM output (q roped, as rope_kv_write leaves it);
+            // k (roped) and v go to the cache slot of token r.
+            bf16* y = static_cast<bf16*>(a.y) + (size_t)r * outs;
+            const float x1 = round_bf(acc0[r]), x2 = round_bf(acc1[r]);
+            const uint32_t pos = a.positions[r];
+            const size_t slot = a.slots[r];
+            const uint32_t D = a.head_dim, half = D / 2, h = r0 / D, kvw = a.n_kv * D;
+            if (h >= a.n_heads + a.n_kv) {  // two v values
+                y[r0] = f2bf(x1);
+                if (ok1) y[r1] = f2bf(x2);
+                if (pos < a.max_pos) {
+                    const uint32_t vi = r0 - (a.n_heads + a.n_kv) * D;
+                    a.v_cache[slot * kvw + vi] = f2bf(x1);
+                    if (ok1) a.v_cache[slot * kvw + vi + 1] = f2bf(x2);
+                }
+            } else if (pos < a.max_pos) {
+                const uint32_t j = r0 % D;
+                const float c = a.cos_t[(size_t)pos * half + j], sn = a.sin_t[(size_t)pos * half + j];
+                const float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
+                if (h < a.n_heads) {
+                    y[r0] = f2bf(o1);
+                    y[r1] = f2bf(o2);
+                } else {
+                    y[r0] = f2bf(x1);
+                    y[r1] = f2bf(x2);
+                    bf16* kc = a.k_cache + slot * kvw + (size_t)(h - a.n_heads) * D;
+                    kc[j] = f2bf(o1);
+                    kc[j + half] = f2bf(o2);
+                }
+            } else {
+                y[r0] = f2bf(x1);
+                y[r1] = f2bf(x2);
+            }
         } else if (OUT == OUT_BF16) {
             bf16* y = static_cast<bf16*>(a.y) + (size_t)r * outs;
             y[o0] = f2bf(acc0[r]);
@@ -205,3 +279,4 @@ GEMV_TILES(gemv_resid, IN_BF16, OUT_RESID)
 GEMV_TILES(gemv_norm, IN_NORM, OUT_BF16)
 GEMV_TILES(gemv_norm_silu, IN_NORM, OUT_SILU)
 GEMV_TILES(gemv_f32, IN_BF16, OUT_F32)
+GEMV_TILES(gemv_norm_rope, IN_NORM, OUT_ROPE)

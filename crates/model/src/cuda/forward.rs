@@ -9,9 +9,9 @@
 //! add+RMSNorm, QKV GEMM, RoPE + KV write, attention (decode kernel for
 //! pure-decode steps, flash prefill kernel otherwise), O GEMM, add+RMSNorm,
 //! gate/up GEMM, SiLU·up, down GEMM: 4 GEMMs and 5 or 6 kernels. Small
-//! steps (decode at small batch, `gemv_rows`) use the fused GEMVs instead: RMSNorm+QKV,
-//! RoPE + KV write, attention, O + residual, RMSNorm+gate/up+SiLU·up,
-//! down + residual: 6 or 7 kernels. Then the final norm, the gather of the
+//! steps (decode at small batch, `gemv_rows`) use the fused GEMVs instead:
+//! RMSNorm+QKV+RoPE+KV write, attention, O + residual, RMSNorm+gate/up+SiLU·up,
+//! down + residual: 5 or 6 kernels. Then the final norm, the gather of the
 //! rows to sample, the LM head (GEMV for one row) on those rows only,
 //! and sampling.
 //! Costs: workspace = `T_cap * (hidden * 10 + qkv + 3 * intermediate) * 2`
@@ -22,7 +22,7 @@
 use gpu::{DevSlice, DeviceBuffer, GemmDims, Gpu, PinnedBuffer};
 use half::bf16;
 use kernels::decode_attention::DecodeParams;
-use kernels::gemv::GemvOp;
+use kernels::gemv::{GemvOp, RopeKv};
 use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 use kernels::{DecodePlan, HeadShape, SampleParams};
@@ -194,14 +194,33 @@ impl CudaBackend {
             self.k.gemv(op, w.view(), t, n, kk).map_err(k("GEMV"))
         };
         for (l, layer) in self.w.layers.iter().enumerate() {
+            let (kc, vc) = (self.cache.k[l].view(), self.cache.v[l].view());
             if small {
-                let op = GemvOp::Norm {
-                    residual: ws.x.view(),
-                    norm_w: layer.input_norm.view(),
-                    eps,
-                    y: ws.qkv.view(),
+                let rope = RopeKv {
+                    positions,
+                    slots,
+                    cos: self.rope_cos.view(),
+                    sin: self.rope_sin.view(),
+                    k_cache: kc,
+                    v_cache: vc,
+                    shape,
+                    max_pos: self.rope_rows,
                 };
-                gemv(op, &layer.qkv, shape.qkv_width(), h)?;
+                // SAFETY: as for rope_kv_write below: check_batch verified slots
+                // against the pool (padding uses the scratch block) and positions.
+                unsafe {
+                    self.k.gemv_qkv_rope(
+                        ws.x.view(),
+                        layer.input_norm.view(),
+                        eps,
+                        layer.qkv.view(),
+                        ws.qkv.view(),
+                        rope,
+                        t,
+                        h,
+                    )
+                }
+                .map_err(k("QKV + RoPE GEMV"))?;
             } else {
                 let delta = (l > 0).then(|| ws.delta.view());
                 self.k
@@ -222,25 +241,24 @@ impl CudaBackend {
                     shape.qkv_width(),
                     h,
                 )?;
+                // SAFETY: check_batch verified slots against the pool (padding uses the
+                // scratch block past it, which the cache holds) and positions < rope_rows.
+                unsafe {
+                    self.k.rope_kv_write(
+                        ws.qkv.view(),
+                        positions,
+                        slots,
+                        self.rope_cos.view(),
+                        self.rope_sin.view(),
+                        kc,
+                        vc,
+                        shape,
+                        t,
+                        self.rope_rows,
+                    )
+                }
+                .map_err(k("rope/kv write"))?;
             }
-            let (kc, vc) = (self.cache.k[l].view(), self.cache.v[l].view());
-            // SAFETY: check_batch verified slots against the pool (padding uses the
-            // scratch block past it, which the cache holds) and positions < rope_rows.
-            unsafe {
-                self.k.rope_kv_write(
-                    ws.qkv.view(),
-                    positions,
-                    slots,
-                    self.rope_cos.view(),
-                    self.rope_sin.view(),
-                    kc,
-                    vc,
-                    shape,
-                    t,
-                    self.rope_rows,
-                )
-            }
-            .map_err(k("rope/kv write"))?;
             match attn {
                 Attn::Decode => {
                     let p = DecodeParams {
