@@ -1,73 +1,154 @@
-//! Launcher for `cu/decode_attention.cu`: paged decode attention split over
-//! the KV length, plus its combine step. The split plan is fixed per model
-//! and maximum context so a captured graph can replay it for any context
-//! length up to that maximum (splits past a context exit at once).
-//! Costs: two launches; reads each sequence's K/V once.
+//! Launcher for `cu/decode_attention.cu`: paged flash-decoding whose cost
+//! follows the real context. The host fixes only the number of splits per
+//! (sequence, KV head), from the batch size and the GPU size
+//! ([`DecodePlan::splits`]); each block derives its key range from the
+//! device-side context length ([`chunk_of`]), so a captured graph replayed
+//! at any context does work proportional to that context.
+//! Costs: one launch (splits = 1, large batches) or two (split partials and
+//! their combine); reads each sequence's K/V once, 16 bytes per lane load,
+//! each load serving all query heads of a GQA group.
 
-use gpu::{DevSlice, LaunchArgs, LaunchConfig};
+use std::mem::{offset_of, size_of};
+
+use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
+// Shared with decode_attention.cu (DECODE_THREADS, DECODE_CHUNK_GRAN): keep equal.
 const THREADS: usize = 128;
-const MAX_HEADS_PER_THREAD: usize = 16;
-const SMEM_LIMIT: usize = 48 * 1024;
+/// Keys per split are a multiple of this (`DECODE_CHUNK_GRAN`).
+pub const CHUNK_GRAN: usize = 16;
+/// Query heads per KV head the kernels are instantiated for (index 0: <= 4, 1: <= 8).
+pub const GROUP_CAPS: [usize; 2] = [4, 8];
+/// Upper bound on splits per (sequence, KV head).
+const MAX_SPLITS: usize = 128;
 
-/// How decode attention splits a context: `chunk` keys per split, at most
-/// `max_splits` splits (covering the longest context it was planned for).
+/// Argument block of `decode_attention_d*_g*` (`struct DecodeArgs`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct DecodeArgs {
+    pub qkv: u64,          // [S, qkv_width]
+    pub k_cache: u64,      // [slots, kv_heads, D]
+    pub v_cache: u64,      // [slots, kv_heads, D]
+    pub context_lens: u64, // [S]
+    pub block_tables: u64, // [S, max_blocks]
+    pub part_o: u64,       // [S, heads, splits, D]
+    pub part_ml: u64,      // [S, heads, splits, 2]
+    pub out: u64,          // [S, heads * D]
+    pub max_blocks: u32,
+    pub n_heads: u32,
+    pub n_kv: u32,
+    pub block_size: u32,
+    pub splits: u32,
+    pub scale_log2: f32,
+}
+const _: () = {
+    assert!(size_of::<DecodeArgs>() == 88);
+    assert!(offset_of!(DecodeArgs, qkv) == 0);
+    assert!(offset_of!(DecodeArgs, k_cache) == 8);
+    assert!(offset_of!(DecodeArgs, v_cache) == 16);
+    assert!(offset_of!(DecodeArgs, context_lens) == 24);
+    assert!(offset_of!(DecodeArgs, block_tables) == 32);
+    assert!(offset_of!(DecodeArgs, part_o) == 40);
+    assert!(offset_of!(DecodeArgs, part_ml) == 48);
+    assert!(offset_of!(DecodeArgs, out) == 56);
+    assert!(offset_of!(DecodeArgs, max_blocks) == 64);
+    assert!(offset_of!(DecodeArgs, n_heads) == 68);
+    assert!(offset_of!(DecodeArgs, n_kv) == 72);
+    assert!(offset_of!(DecodeArgs, block_size) == 76);
+    assert!(offset_of!(DecodeArgs, splits) == 80);
+    assert!(offset_of!(DecodeArgs, scale_log2) == 84);
+};
+
+/// Argument block of `decode_combine` (`struct DecodeCombineArgs`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct DecodeCombineArgs {
+    pub part_o: u64,       // [S, heads, splits, D]
+    pub part_ml: u64,      // [S, heads, splits, 2]
+    pub context_lens: u64, // [S]
+    pub out: u64,          // [S, heads * D]
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub splits: u32,
+    pub pad: u32,
+}
+const _: () = {
+    assert!(size_of::<DecodeCombineArgs>() == 48);
+    assert!(offset_of!(DecodeCombineArgs, part_o) == 0);
+    assert!(offset_of!(DecodeCombineArgs, part_ml) == 8);
+    assert!(offset_of!(DecodeCombineArgs, context_lens) == 16);
+    assert!(offset_of!(DecodeCombineArgs, out) == 24);
+    assert!(offset_of!(DecodeCombineArgs, n_heads) == 32);
+    assert!(offset_of!(DecodeCombineArgs, head_dim) == 36);
+    assert!(offset_of!(DecodeCombineArgs, splits) == 40);
+};
+
+/// Keys per split for a context of `ctx` keys split `splits` ways
+/// (the kernels' `decode_chunk`): `ceil(ctx / splits)` rounded up to
+/// [`CHUNK_GRAN`], at least [`CHUNK_GRAN`].
+pub fn chunk_of(ctx: usize, splits: usize) -> usize {
+    ctx.div_ceil(splits.max(1))
+        .max(1)
+        .next_multiple_of(CHUNK_GRAN)
+}
+
+/// How decode attention spreads a step over the GPU: enough blocks of
+/// (split, sequence, KV head) to reach `target_blocks` (two waves of the
+/// SMs is a good target), one split per (sequence, KV head) once the batch
+/// alone fills that many.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
-    pub chunk: usize,
-    pub max_splits: usize,
+    pub target_blocks: usize,
 }
 
 impl DecodePlan {
-    /// Plans for contexts up to `max_context` tokens.
-    pub fn new(shape: HeadShape, max_context: usize) -> Result<DecodePlan, KernelError> {
+    /// Checks `shape` is supported and plans for about `target_blocks` blocks a step.
+    pub fn new(shape: HeadShape, target_blocks: usize) -> Result<DecodePlan, KernelError> {
         const K: &str = "decode_attention";
         shape.check(K)?;
-        let (g, d) = (shape.group(), shape.head_dim);
-        head_dim_index(K, d)?;
-        if g > MAX_HEADS_PER_THREAD * (THREADS / d) {
-            return Err(KernelError::Unsupported {
-                kernel: K,
-                reason: format!(
-                    "{g} query heads per KV head (at most {})",
-                    MAX_HEADS_PER_THREAD * (THREADS / d)
-                ),
-            });
-        }
-        let mut chunk = 512;
-        while Self::smem(g, d, chunk) > SMEM_LIMIT && chunk > 32 {
-            chunk /= 2;
-        }
-        if Self::smem(g, d, chunk) > SMEM_LIMIT {
-            return Err(KernelError::Unsupported {
-                kernel: K,
-                reason: format!(
-                    "{g} query heads of size {d}: shared memory over {SMEM_LIMIT} bytes"
-                ),
-            });
-        }
+        head_dim_index(K, shape.head_dim)?;
+        group_index(shape.group())?;
         Ok(DecodePlan {
-            chunk,
-            max_splits: max_context.max(1).div_ceil(chunk),
+            target_blocks: target_blocks.max(1),
         })
     }
 
-    fn smem(g: usize, d: usize, chunk: usize) -> usize {
-        (g * d + g * chunk + 2 * g) * 4
+    /// Splits per (sequence, KV head) for a step of `num_seqs` sequences.
+    pub fn splits(&self, shape: HeadShape, num_seqs: usize) -> usize {
+        let per = num_seqs.max(1) * shape.num_kv_heads.max(1);
+        self.target_blocks.div_ceil(per).clamp(1, MAX_SPLITS)
     }
 
-    /// Elements of the partial-output buffer for `num_seqs` sequences.
+    /// Split rows (`seqs * splits`) a buffer must hold for any step of at most `num_seqs`.
+    fn split_rows(&self, shape: HeadShape, num_seqs: usize) -> usize {
+        (1..=num_seqs)
+            .map(|s| s * self.splits(shape, s))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Elements of the partial-output buffer for steps of up to `num_seqs` sequences.
     pub fn partial_o_len(&self, shape: HeadShape, num_seqs: usize) -> usize {
-        num_seqs * shape.num_heads * self.max_splits * shape.head_dim
+        self.split_rows(shape, num_seqs) * shape.num_heads * shape.head_dim
     }
 
-    /// Elements of the partial (max, sum) buffer for `num_seqs` sequences.
+    /// Elements of the partial (max, sum) buffer for steps of up to `num_seqs` sequences.
     pub fn partial_ml_len(&self, shape: HeadShape, num_seqs: usize) -> usize {
-        num_seqs * shape.num_heads * self.max_splits * 2
+        self.split_rows(shape, num_seqs) * shape.num_heads * 2
     }
+}
+
+/// Index of the kernel instantiated for `group` query heads per KV head.
+fn group_index(group: usize) -> Result<usize, KernelError> {
+    GROUP_CAPS
+        .iter()
+        .position(|&c| group <= c)
+        .ok_or(KernelError::Unsupported {
+            kernel: "decode_attention",
+            reason: format!("{group} query heads per KV head (at most {GROUP_CAPS:?})"),
+        })
 }
 
 /// Sizes of one decode launch.
@@ -82,12 +163,13 @@ pub struct DecodeParams {
 
 impl Kernels {
     /// One query per sequence (token `s` of `qkv` belongs to sequence `s`):
-    /// `out[s, h*D..] = softmax(q·Kᵀ / sqrt(D)) V` over positions `0..context_lens[s]`.
+    /// `out[s, h*D..] = softmax(q·Kᵀ / sqrt(D)) V` over positions `0..context_lens[s]`
+    /// (zeros for an empty context).
     ///
     /// # Safety
-    /// Every context length is in `1..=plan.max_splits * plan.chunk`, every
-    /// block id in the tables' first `ceil(ctx / block_size)` entries indexes
-    /// inside the caches, and those positions' K/V were written.
+    /// For each sequence, the first `ceil(ctx / block_size)` entries of its
+    /// table row (ctx <= max_blocks * block_size) index blocks inside the
+    /// caches, and the K/V of positions `0..ctx` were written.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn decode_attention(
         &self,
@@ -96,80 +178,181 @@ impl Kernels {
         v_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
         context_lens: DevSlice<'_, u32>, // [S]
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
-        part_o: DevSlice<'_, f32>,       // [S, heads, max_splits, D]
-        part_ml: DevSlice<'_, f32>,      // [S, heads, max_splits, 2]
+        part_o: DevSlice<'_, f32>,       // [S, heads, splits, D]
+        part_ml: DevSlice<'_, f32>,      // [S, heads, splits, 2]
         out: DevSlice<'_, bf16>,         // [S, heads * D]
         p: DecodeParams,
     ) -> Result<(), KernelError> {
         const K: &str = "decode_attention";
         let s = p.shape;
-        let plan = DecodePlan::new(s, p.plan.max_splits * p.plan.chunk)?;
-        if plan.chunk != p.plan.chunk {
-            return Err(KernelError::Shape {
-                kernel: K,
-                reason: format!(
-                    "plan chunk {} differs from this shape's {}",
-                    p.plan.chunk, plan.chunk
-                ),
-            });
-        }
-        let func = &self.decode[head_dim_index(K, s.head_dim)?];
+        DecodePlan::new(s, p.plan.target_blocks)?;
+        let func = &self.decode[head_dim_index(K, s.head_dim)?][group_index(s.group())?];
+        let splits = p.plan.splits(s, p.num_seqs);
         need(K, "qkv", &qkv, p.num_seqs * s.qkv_width())?;
         need(K, "context_lens", &context_lens, p.num_seqs)?;
         need(K, "block_tables", &block_tables, p.num_seqs * p.max_blocks)?;
-        need(K, "part_o", &part_o, p.plan.partial_o_len(s, p.num_seqs))?;
-        need(K, "part_ml", &part_ml, p.plan.partial_ml_len(s, p.num_seqs))?;
+        if splits > 1 {
+            let rows = p.num_seqs * splits * s.num_heads;
+            need(K, "part_o", &part_o, rows * s.head_dim)?;
+            need(K, "part_ml", &part_ml, rows * 2)?;
+        }
         need(K, "out", &out, p.num_seqs * s.num_heads * s.head_dim)?;
         need(K, "k_cache", &k_cache, p.block_size * s.kv_width())?;
         need(K, "v_cache", &v_cache, p.block_size * s.kv_width())?;
         if p.num_seqs == 0 {
             return Ok(());
         }
-        let g = s.group();
-        let cfg = LaunchConfig {
-            grid: (
-                u32_of(K, "max_splits", p.plan.max_splits)?,
-                u32_of(K, "num_seqs", p.num_seqs)?,
-                u32_of(K, "num_kv_heads", s.num_kv_heads)?,
-            ),
-            block: (THREADS as u32, 1, 1),
-            shared_bytes: DecodePlan::smem(g, s.head_dim, p.plan.chunk) as u32,
+        let args = DecodeArgs {
+            qkv: qkv.ptr(),
+            k_cache: k_cache.ptr(),
+            v_cache: v_cache.ptr(),
+            context_lens: context_lens.ptr(),
+            block_tables: block_tables.ptr(),
+            part_o: part_o.ptr(),
+            part_ml: part_ml.ptr(),
+            out: out.ptr(),
+            max_blocks: u32_of(K, "max_blocks", p.max_blocks)?,
+            n_heads: u32_of(K, "num_heads", s.num_heads)?,
+            n_kv: u32_of(K, "num_kv_heads", s.num_kv_heads)?,
+            block_size: u32_of(K, "block_size", p.block_size)?,
+            splits: splits as u32,
+            scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
         };
-        let mut a = LaunchArgs::new();
-        a.ptr(qkv)
-            .ptr(k_cache)
-            .ptr(v_cache)
-            .ptr(context_lens)
-            .ptr(block_tables)
-            .ptr(part_o)
-            .ptr(part_ml)
-            .u32(u32_of(K, "max_blocks", p.max_blocks)?)
-            .u32(u32_of(K, "num_heads", s.num_heads)?)
-            .u32(u32_of(K, "num_kv_heads", s.num_kv_heads)?)
-            .u32(u32_of(K, "block_size", p.block_size)?)
-            .u32(p.plan.chunk as u32)
-            .u32(p.plan.max_splits as u32)
-            .f32(1.0 / (s.head_dim as f32).sqrt());
-        // SAFETY: dense views checked above, shared memory within the plan's
-        // limit; the metadata indexes inside the caches by contract.
-        unsafe { self.gpu.launch(func, cfg, &mut a)? };
         let cfg = LaunchConfig {
-            grid: (p.num_seqs as u32, s.num_heads as u32, 1),
+            grid: (splits as u32, u32_of(K, "num_seqs", p.num_seqs)?, args.n_kv),
+            block: (THREADS as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: dense views checked above (partials only when used); the
+        // kernel's static shared memory is within the default limit; the
+        // metadata indexes inside the caches by contract; DecodeArgs mirrors
+        // the kernel's struct (asserted on both sides).
+        unsafe { self.launch_pdl(func, cfg, &args)? };
+        if splits == 1 {
+            return Ok(());
+        }
+        let cargs = DecodeCombineArgs {
+            part_o: part_o.ptr(),
+            part_ml: part_ml.ptr(),
+            context_lens: context_lens.ptr(),
+            out: out.ptr(),
+            n_heads: args.n_heads,
+            head_dim: s.head_dim as u32,
+            splits: splits as u32,
+            pad: 0,
+        };
+        let cfg = LaunchConfig {
+            grid: (p.num_seqs as u32, args.n_heads, 1),
             block: (s.head_dim.clamp(32, 1024) as u32, 1, 1),
             shared_bytes: 0,
         };
-        let mut a = LaunchArgs::new();
-        a.ptr(part_o)
-            .ptr(part_ml)
-            .ptr(context_lens)
-            .ptr(out)
-            .u32(s.num_heads as u32)
-            .u32(s.head_dim as u32)
-            .u32(p.plan.chunk as u32)
-            .u32(p.plan.max_splits as u32);
-        // SAFETY: partial buffers and out checked above for [S, heads, ...];
+        // SAFETY: partial buffers and out checked above for [S, heads, splits, ...];
         // the combine reads only the splits the attention kernel wrote.
-        unsafe { self.gpu.launch(&self.decode_combine, cfg, &mut a)? };
+        unsafe { self.launch_pdl(&self.decode_combine, cfg, &cargs)? };
         Ok(())
+    }
+}
+
+/// CPU model of the kernels' arithmetic for one step (`q`: `[S, heads * D]`,
+/// caches `[slots, kv_heads * D]`): per split an online softmax in the log2
+/// domain over keys `[split * chunk, min(ctx, (split + 1) * chunk))`, then
+/// the combine. Tests check it against `prefill_attention::attention_ref`,
+/// which validates the split arithmetic (chunking, empty splits, merging).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_split_ref(
+    q: &[f32],            // [S, heads * D]
+    k_cache: &[f32],      // [slots, kv_heads * D]
+    v_cache: &[f32],      // [slots, kv_heads * D]
+    context_lens: &[u32], // [S]
+    block_tables: &[u32], // [S, max_blocks]
+    max_blocks: usize,
+    block_size: usize,
+    shape: HeadShape,
+    splits: usize,
+) -> Vec<f32> {
+    let (d, g, kvw) = (shape.head_dim, shape.group(), shape.kv_width());
+    let qw = shape.num_heads * d;
+    let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+    let mut out = vec![0f32; q.len()];
+    for (s, &ctx) in context_lens.iter().enumerate() {
+        let ctx = ctx as usize;
+        let table = &block_tables[s * max_blocks..(s + 1) * max_blocks];
+        let slot = |p: usize| table[p / block_size] as usize * block_size + p % block_size;
+        let chunk = chunk_of(ctx, splits);
+        for h in 0..shape.num_heads {
+            let kvh = h / g;
+            let qv = &q[s * qw + h * d..][..d];
+            // (max, sum, acc) per split
+            let mut parts = Vec::new();
+            for sp in 0..splits {
+                let (a, e) = (sp * chunk, ((sp + 1) * chunk).min(ctx));
+                if a >= e {
+                    continue;
+                }
+                let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, vec![0f32; d]);
+                for j in a..e {
+                    let k = &k_cache[slot(j) * kvw + kvh * d..][..d];
+                    let v = &v_cache[slot(j) * kvw + kvh * d..][..d];
+                    let x: f32 = qv.iter().zip(k).map(|(x, y)| x * scale * y).sum();
+                    let mn = m.max(x);
+                    let (c, p) = ((m - mn).exp2(), (x - mn).exp2());
+                    l = l * c + p;
+                    acc.iter_mut().zip(v).for_each(|(o, v)| *o = *o * c + p * v);
+                    m = mn;
+                }
+                parts.push((m, l, acc));
+            }
+            let mm = parts.iter().map(|p| p.0).fold(f32::NEG_INFINITY, f32::max);
+            let l: f32 = parts.iter().map(|p| p.1 * (p.0 - mm).exp2()).sum();
+            for i in 0..d {
+                let o: f32 = parts.iter().map(|p| p.2[i] * (p.0 - mm).exp2()).sum();
+                out[s * qw + h * d + i] = if l > 0.0 { o / l } else { 0.0 };
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: HeadShape = HeadShape {
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 64,
+    };
+
+    #[test]
+    fn splits_follow_the_batch_and_buffers_hold_every_batch() {
+        let plan = DecodePlan::new(SHAPE, 264).unwrap();
+        assert_eq!(plan.splits(SHAPE, 1), 33);
+        assert_eq!(plan.splits(SHAPE, 64), 1);
+        for n in 1..300 {
+            let rows = n * plan.splits(SHAPE, n) * SHAPE.num_heads;
+            assert!(plan.partial_ml_len(SHAPE, n) >= rows * 2);
+            assert!(plan.partial_o_len(SHAPE, 300) >= rows * SHAPE.head_dim);
+        }
+    }
+
+    #[test]
+    fn chunks_cover_the_context_in_at_most_splits_pieces() {
+        for ctx in 0..600 {
+            for splits in [1, 2, 3, 7, 33, 128] {
+                let c = chunk_of(ctx, splits);
+                assert!(c % CHUNK_GRAN == 0 && c >= CHUNK_GRAN);
+                assert!(c * splits >= ctx, "ctx {ctx} splits {splits}");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_groups_over_the_instantiated_caps() {
+        let s = HeadShape {
+            num_heads: 32,
+            num_kv_heads: 2,
+            head_dim: 64,
+        };
+        assert!(DecodePlan::new(s, 100).is_err());
     }
 }

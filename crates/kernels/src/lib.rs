@@ -17,6 +17,7 @@
 pub mod activation;
 pub mod decode_attention;
 pub mod embedding;
+pub mod gemv;
 pub mod prefill_attention;
 pub mod rmsnorm;
 pub mod rope_kv;
@@ -118,9 +119,17 @@ pub struct Kernels {
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
     pub(crate) prefill: [Function; 4],
-    pub(crate) decode: [Function; 4],
+    /// `[head dim index][group cap index]` (see `decode_attention::GROUP_CAPS`).
+    pub(crate) decode: [[Function; 2]; 4],
     pub(crate) decode_combine: Function,
+    /// `[variant][row tile]` (see `gemv::VARIANTS`).
+    pub(crate) gemv: [[Function; 5]; 6],
+    pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
+    /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
+    /// programmatic dependent launch: sm_90+ with `LAMINA_PDL=1` (off by
+    /// default: on the H200 it cost ~4% at batch 1 in graphs, gained ~5% at 8).
+    pub(crate) pdl: bool,
     _module: Module,
 }
 
@@ -129,6 +138,10 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
+        let tiles = |v: &str| -> Result<[Function; 5], GpuError> {
+            let t = |m: usize| f(&format!("{v}_m{m}"));
+            Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
+        };
         Ok(Kernels {
             gpu: gpu.clone(),
             embedding_gather: f("embedding_gather")?,
@@ -143,15 +156,49 @@ impl Kernels {
                 f("prefill_attention_d128")?,
             ],
             decode: [
-                f("decode_attention_d16")?,
-                f("decode_attention_d32")?,
-                f("decode_attention_d64")?,
-                f("decode_attention_d128")?,
+                [f("decode_attention_d16_g4")?, f("decode_attention_d16_g8")?],
+                [f("decode_attention_d32_g4")?, f("decode_attention_d32_g8")?],
+                [f("decode_attention_d64_g4")?, f("decode_attention_d64_g8")?],
+                [
+                    f("decode_attention_d128_g4")?,
+                    f("decode_attention_d128_g8")?,
+                ],
             ],
             decode_combine: f("decode_combine")?,
+            gemv: [
+                tiles(gemv::VARIANTS[0])?,
+                tiles(gemv::VARIANTS[1])?,
+                tiles(gemv::VARIANTS[2])?,
+                tiles(gemv::VARIANTS[3])?,
+                tiles(gemv::VARIANTS[4])?,
+                tiles(gemv::VARIANTS[5])?,
+            ],
+            sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
+            pdl: gpu.supports_pdl()? && std::env::var("LAMINA_PDL").is_ok_and(|v| v == "1"),
             _module: module,
         })
+    }
+
+    /// Launches a kernel that calls `pdl_wait()` before touching data of
+    /// earlier kernels: with programmatic dependent launch when enabled.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_struct`]; the kernel waits as `cu/pdl.cuh` says.
+    pub(crate) unsafe fn launch_pdl<T: Copy>(
+        &self,
+        f: &Function,
+        cfg: gpu::LaunchConfig,
+        args: &T,
+    ) -> Result<(), GpuError> {
+        // SAFETY: delegated to the caller.
+        unsafe {
+            if self.pdl {
+                self.gpu.launch_struct_pdl(f, cfg, args)
+            } else {
+                self.gpu.launch_struct(f, cfg, args)
+            }
+        }
     }
 
     /// The device the kernels run on.

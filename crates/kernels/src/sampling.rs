@@ -1,12 +1,18 @@
 //! Launcher for `cu/sampling.cu`: sampling on the GPU with the procedure of
-//! `model::sampling` (the draw `u` is computed on the host with
-//! `model::sampling::uniform(seed, step)` and passed in), and its CPU
+//! `model::sampler` (the draw `u` is computed on the host with
+//! `contract::sampling::uniform(seed, step)` and passed in), and its CPU
 //! reference, which sorts the candidates exactly as that procedure says.
-//! Costs: one launch, one 1024-thread block per row; greedy rows make three
-//! passes over the vocabulary, sampled rows up to ~260 (binary searches).
+//! Costs: two launches. `sample_partials` reads each row once over
+//! `ceil(vocab / SLICE)` blocks (logsumexp, greedy argmax, the penalty, the
+//! blocks' top log-probability candidates); `sample_rows` merges them with
+//! one block per row: a few microseconds for greedy rows at a 128k
+//! vocabulary. Sampled rows add one write of the row and up to ~260
+//! single-block passes (binary searches over the key space).
+
+use std::mem::{offset_of, size_of};
 
 use bytemuck::{Pod, Zeroable};
-use gpu::{DevSlice, LaunchArgs, LaunchConfig};
+use gpu::{DevSlice, LaunchConfig};
 
 use crate::{KernelError, Kernels, need, u32_of};
 
@@ -47,6 +53,97 @@ impl SampleParams {
     }
 }
 
+// Shared with sampling.cu (SAMPLE_THREADS, SAMPLE_PART_THREADS, SAMPLE_SLICE): keep equal.
+const THREADS: u32 = 1024;
+const PART_THREADS: u32 = 256;
+/// Vocabulary ids each `sample_partials` block owns.
+pub const SLICE: usize = 1024;
+
+/// Argument block of `sample_partials` (`struct SamplePartialArgs`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SamplePartialArgs {
+    logits: u64,  // [R, V]
+    work: u64,    // [R, V]
+    params: u64,  // [R]
+    history: u64, // flat
+    stats: u64,   // [R, NB, 2]
+    keys: u64,    // [R, NB, 1 + max_lp]
+    v: u32,
+    max_lp: u32,
+    nb: u32,
+    pad: u32,
+}
+const _: () = {
+    assert!(size_of::<SamplePartialArgs>() == 64);
+    assert!(offset_of!(SamplePartialArgs, logits) == 0);
+    assert!(offset_of!(SamplePartialArgs, work) == 8);
+    assert!(offset_of!(SamplePartialArgs, params) == 16);
+    assert!(offset_of!(SamplePartialArgs, history) == 24);
+    assert!(offset_of!(SamplePartialArgs, stats) == 32);
+    assert!(offset_of!(SamplePartialArgs, keys) == 40);
+    assert!(offset_of!(SamplePartialArgs, v) == 48);
+    assert!(offset_of!(SamplePartialArgs, max_lp) == 52);
+    assert!(offset_of!(SamplePartialArgs, nb) == 56);
+};
+
+/// Argument block of `sample_rows` (`struct SampleRowsArgs`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SampleRowsArgs {
+    logits: u64,      // [R, V]
+    work: u64,        // [R, V]
+    params: u64,      // [R]
+    stats: u64,       // [R, NB, 2]
+    keys: u64,        // [R, NB, 1 + max_lp]
+    out_tok: u64,     // [R]
+    out_lp: u64,      // [R]
+    out_top_ids: u64, // [R, max_lp]
+    out_top_lp: u64,  // [R, max_lp]
+    v: u32,
+    max_lp: u32,
+    nb: u32,
+    pad: u32,
+}
+const _: () = {
+    assert!(size_of::<SampleRowsArgs>() == 88);
+    assert!(offset_of!(SampleRowsArgs, logits) == 0);
+    assert!(offset_of!(SampleRowsArgs, work) == 8);
+    assert!(offset_of!(SampleRowsArgs, params) == 16);
+    assert!(offset_of!(SampleRowsArgs, stats) == 24);
+    assert!(offset_of!(SampleRowsArgs, keys) == 32);
+    assert!(offset_of!(SampleRowsArgs, out_tok) == 40);
+    assert!(offset_of!(SampleRowsArgs, out_lp) == 48);
+    assert!(offset_of!(SampleRowsArgs, out_top_ids) == 56);
+    assert!(offset_of!(SampleRowsArgs, out_top_lp) == 64);
+    assert!(offset_of!(SampleRowsArgs, v) == 72);
+    assert!(offset_of!(SampleRowsArgs, max_lp) == 76);
+    assert!(offset_of!(SampleRowsArgs, nb) == 80);
+};
+
+/// Scratch of [`Kernels::sample_rows`] (sizes from [`SampleScratch::stats_len`] / [`SampleScratch::keys_len`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SampleScratch<'a> {
+    pub work: DevSlice<'a, f32>,  // [R, vocab]
+    pub stats: DevSlice<'a, f32>, // [R, NB, 2]
+    pub keys: DevSlice<'a, u64>,  // [R, NB, 1 + max_logprobs]
+}
+
+impl SampleScratch<'_> {
+    /// Blocks per row: `ceil(vocab / SLICE)`.
+    pub fn blocks(vocab: usize) -> usize {
+        vocab.div_ceil(SLICE).max(1)
+    }
+    /// Elements of `stats` for `rows` rows.
+    pub fn stats_len(rows: usize, vocab: usize) -> usize {
+        rows * Self::blocks(vocab) * 2
+    }
+    /// Elements of `keys` for `rows` rows.
+    pub fn keys_len(rows: usize, vocab: usize, max_logprobs: usize) -> usize {
+        rows * Self::blocks(vocab) * (1 + max_logprobs)
+    }
+}
+
 /// Output views of [`Kernels::sample_rows`].
 #[derive(Debug, Clone, Copy)]
 pub struct SampleOutputs<'a> {
@@ -65,8 +162,8 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn sample_rows(
         &self,
-        logits: DevSlice<'_, f32>,          // [R, vocab]
-        work: DevSlice<'_, f32>,            // [R, vocab]
+        logits: DevSlice<'_, f32>, // [R, vocab]
+        scratch: SampleScratch<'_>,
         params: DevSlice<'_, SampleParams>, // [R]
         history: DevSlice<'_, u32>,
         out: SampleOutputs<'_>,
@@ -76,7 +173,19 @@ impl Kernels {
     ) -> Result<(), KernelError> {
         const K: &str = "sample_rows";
         need(K, "logits", &logits, rows * vocab)?;
-        need(K, "work", &work, rows * vocab)?;
+        need(K, "work", &scratch.work, rows * vocab)?;
+        need(
+            K,
+            "stats",
+            &scratch.stats,
+            SampleScratch::stats_len(rows, vocab),
+        )?;
+        need(
+            K,
+            "keys",
+            &scratch.keys,
+            SampleScratch::keys_len(rows, vocab, max_logprobs),
+        )?;
         need(K, "params", &params, rows)?;
         need(K, "tokens", &out.tokens, rows)?;
         need(K, "logprobs", &out.logprobs, rows)?;
@@ -85,25 +194,47 @@ impl Kernels {
         if rows == 0 {
             return Ok(());
         }
-        let mut a = LaunchArgs::new();
-        a.ptr(logits)
-            .ptr(work)
-            .ptr(params)
-            .ptr(history)
-            .u32(u32_of(K, "vocab", vocab)?)
-            .u32(u32_of(K, "max_logprobs", max_logprobs)?)
-            .ptr(out.tokens)
-            .ptr(out.logprobs)
-            .ptr(out.top_ids)
-            .ptr(out.top_lps);
-        // SAFETY: views checked above; history ranges by contract; args match.
-        unsafe {
-            self.gpu.launch(
-                &self.sample_rows,
-                LaunchConfig::linear(u32_of(K, "rows", rows)?, 1024),
-                &mut a,
-            )?
+        let (v, nb) = (u32_of(K, "vocab", vocab)?, SampleScratch::blocks(vocab));
+        let max_lp = u32_of(K, "max_logprobs", max_logprobs)?;
+        let nb32 = u32_of(K, "blocks", nb)?;
+        let r32 = u32_of(K, "rows", rows)?;
+        let pa = SamplePartialArgs {
+            logits: logits.ptr(),
+            work: scratch.work.ptr(),
+            params: params.ptr(),
+            history: history.ptr(),
+            stats: scratch.stats.ptr(),
+            keys: scratch.keys.ptr(),
+            v,
+            max_lp,
+            nb: nb32,
+            pad: 0,
         };
+        let cfg = LaunchConfig {
+            grid: (nb32, r32, 1),
+            block: (PART_THREADS, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: views checked above for [R, ...]; history ranges by contract;
+        // the struct mirrors the kernel's (asserted on both sides).
+        unsafe { self.launch_pdl(&self.sample_partials, cfg, &pa)? };
+        let ra = SampleRowsArgs {
+            logits: logits.ptr(),
+            work: scratch.work.ptr(),
+            params: params.ptr(),
+            stats: scratch.stats.ptr(),
+            keys: scratch.keys.ptr(),
+            out_tok: out.tokens.ptr(),
+            out_lp: out.logprobs.ptr(),
+            out_top_ids: out.top_ids.ptr(),
+            out_top_lp: out.top_lps.ptr(),
+            v,
+            max_lp,
+            nb: nb32,
+            pad: 0,
+        };
+        // SAFETY: as above; reads only what sample_partials wrote for these rows.
+        unsafe { self.launch_pdl(&self.sample_rows, LaunchConfig::linear(r32, THREADS), &ra)? };
         Ok(())
     }
 }

@@ -192,35 +192,178 @@ fn prefill_attention_matches_reference() {
     }
 }
 
+/// Contexts of a decode test batch: odd lengths, one empty, one long.
+const DECODE_CTXS: [usize; 8] = [1, 5, 513, 2000, 1030, 64, 17, 0];
+
+/// Random decode inputs for `shape`: (batch, K cache, V cache, qkv).
+fn decode_inputs(
+    rng: &mut StdRng,
+    shape: kernels::HeadShape,
+    block_size: usize,
+) -> (PagedBatch, Vec<bf16>, Vec<bf16>, Vec<bf16>) {
+    let seqs: Vec<(usize, usize)> = DECODE_CTXS.iter().map(|&c| (1, c)).collect();
+    let b = paged_batch(rng, &seqs, block_size);
+    let slots = b.num_blocks * block_size;
+    let kc = rand_bf16(rng, slots * shape.kv_width(), 1.0);
+    let vc = rand_bf16(rng, slots * shape.kv_width(), 1.0);
+    let qkv = rand_bf16(rng, seqs.len() * shape.qkv_width(), 1.0);
+    (b, kc, vc, qkv)
+}
+
+/// The reference of a decode batch: causal attention of the last position
+/// (zeros for an empty context, like the kernel).
+fn decode_want(
+    b: &PagedBatch,
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    shape: kernels::HeadShape,
+    bs: usize,
+) -> Vec<f32> {
+    let qw = shape.num_heads * shape.head_dim;
+    let mut want = vec![0f32; q.len()];
+    for (s, &ctx) in b.ctx.iter().enumerate() {
+        if ctx == 0 {
+            continue;
+        }
+        let rb = RefBatch {
+            cu_seqlens: &[0, 1],
+            context_lens: &b.ctx[s..s + 1],
+            block_tables: &b.tables[s * b.max_blocks..(s + 1) * b.max_blocks],
+            max_blocks: b.max_blocks,
+            block_size: bs,
+        };
+        let o = attention_ref(&q[s * qw..(s + 1) * qw], kc, vc, rb, shape);
+        want[s * qw..(s + 1) * qw].copy_from_slice(&o);
+    }
+    want
+}
+
+/// Runs on the CPU: the split arithmetic the kernels use (chunks from the
+/// context, empty splits, log2-domain merge) equals plain attention.
+#[test]
+fn decode_split_reference_matches_attention() {
+    let mut rng = StdRng::seed_from_u64(16);
+    let block_size = 16;
+    for shape in [SHAPES[0], SHAPES[3]] {
+        let (b, kc, vc, qkv) = decode_inputs(&mut rng, shape, block_size);
+        let qw = shape.num_heads * shape.head_dim;
+        let q: Vec<f32> = (0..b.ctx.len())
+            .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
+            .collect();
+        let (kc, vc) = (f32s(&kc), f32s(&vc));
+        let want = decode_want(&b, &q, &kc, &vc, shape, block_size);
+        for splits in [1, 3, 33, 128] {
+            let got = kernels::decode_attention::decode_split_ref(
+                &q,
+                &kc,
+                &vc,
+                &b.ctx,
+                &b.tables,
+                b.max_blocks,
+                block_size,
+                shape,
+                splits,
+            );
+            let e = rel_err(&got, &want);
+            assert!(e < 1e-5, "{shape:?} splits {splits}: rel err {e}");
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn decode_attention_matches_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(6);
-    let block_size = 16;
     for shape in SHAPES {
-        let ctxs = [1usize, 5, 513, 2000, 1030, 64];
-        let seqs: Vec<(usize, usize)> = ctxs.iter().map(|&c| (1, c)).collect();
+        for block_size in [16, 5] {
+            let (b, kc, vc, qkv) = decode_inputs(&mut rng, shape, block_size);
+            let n = b.ctx.len();
+            let (d_kc, d_vc, d_qkv) = (
+                gpu.upload(&kc).unwrap(),
+                gpu.upload(&vc).unwrap(),
+                gpu.upload(&qkv).unwrap(),
+            );
+            let (d_ctx, d_tab) = (gpu.upload(&b.ctx).unwrap(), gpu.upload(&b.tables).unwrap());
+            let qw = shape.num_heads * shape.head_dim;
+            let q: Vec<f32> = (0..n)
+                .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
+                .collect();
+            let want = decode_want(&b, &q, &f32s(&kc), &f32s(&vc), shape, block_size);
+            // 1 block: one split per (sequence, KV head), the direct bf16 output;
+            // 264: the H200 batch-1 plan; 5000: up to 128 splits, most of them empty.
+            for target in [1, 264, 5000] {
+                let plan = DecodePlan::new(shape, target).unwrap();
+                let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
+                let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
+                let out = gpu.alloc::<bf16>(n * qw).unwrap();
+                gpu.fill_bytes(po.view(), POISON).unwrap();
+                gpu.fill_bytes(pm.view(), POISON).unwrap();
+                gpu.fill_bytes(out.view(), POISON).unwrap();
+                let p = DecodeParams {
+                    shape,
+                    plan,
+                    num_seqs: n,
+                    max_blocks: b.max_blocks,
+                    block_size,
+                };
+                // SAFETY: block ids < num_blocks, every table entry in range.
+                unsafe {
+                    k.decode_attention(
+                        d_qkv.view(),
+                        d_kc.view(),
+                        d_vc.view(),
+                        d_ctx.view(),
+                        d_tab.view(),
+                        po.view(),
+                        pm.view(),
+                        out.view(),
+                        p,
+                    )
+                }
+                .unwrap();
+                let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
+                assert!(
+                    e < 1e-2,
+                    "decode {shape:?} bs {block_size} target {target}: rel err {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Prints decode attention times (Llama-3.2-1B heads, block size 16) for
+/// batch 1 at 200 and 2000 tokens of context and batch 64 at 500, with the
+/// H200 plan (264 blocks). Informational: asserts nothing about speed.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn decode_attention_timing() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(26);
+    let shape = SHAPES[2];
+    let block_size = 16;
+    let target = 2 * gpu.sm_count().unwrap();
+    for (n, ctx) in [(1usize, 200usize), (1, 2000), (64, 500)] {
+        let seqs: Vec<(usize, usize)> = (0..n).map(|_| (1, ctx)).collect();
         let b = paged_batch(&mut rng, &seqs, block_size);
-        let n = seqs.len();
         let slots = b.num_blocks * block_size;
-        let kc = rand_bf16(&mut rng, slots * shape.kv_width(), 1.0);
-        let vc = rand_bf16(&mut rng, slots * shape.kv_width(), 1.0);
-        let qkv = rand_bf16(&mut rng, n * shape.qkv_width(), 1.0);
-        let plan = DecodePlan::new(shape, 4096).unwrap();
-        let (d_kc, d_vc, d_qkv) = (
-            gpu.upload(&kc).unwrap(),
-            gpu.upload(&vc).unwrap(),
-            gpu.upload(&qkv).unwrap(),
-        );
+        let d_kc = gpu
+            .upload(&rand_bf16(&mut rng, slots * shape.kv_width(), 1.0))
+            .unwrap();
+        let d_vc = gpu
+            .upload(&rand_bf16(&mut rng, slots * shape.kv_width(), 1.0))
+            .unwrap();
+        let d_qkv = gpu
+            .upload(&rand_bf16(&mut rng, n * shape.qkv_width(), 1.0))
+            .unwrap();
         let (d_ctx, d_tab) = (gpu.upload(&b.ctx).unwrap(), gpu.upload(&b.tables).unwrap());
+        let plan = DecodePlan::new(shape, target).unwrap();
         let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
         let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
-        let qw = shape.num_heads * shape.head_dim;
-        let out = gpu.alloc::<bf16>(n * qw).unwrap();
-        gpu.fill_bytes(po.view(), POISON).unwrap();
-        gpu.fill_bytes(pm.view(), POISON).unwrap();
-        gpu.fill_bytes(out.view(), POISON).unwrap();
+        let out = gpu
+            .alloc::<bf16>(n * shape.num_heads * shape.head_dim)
+            .unwrap();
         let p = DecodeParams {
             shape,
             plan,
@@ -228,33 +371,45 @@ fn decode_attention_matches_reference() {
             max_blocks: b.max_blocks,
             block_size,
         };
-        // SAFETY: contexts <= 4096, block ids < num_blocks.
-        unsafe {
-            k.decode_attention(
-                d_qkv.view(),
-                d_kc.view(),
-                d_vc.view(),
-                d_ctx.view(),
-                d_tab.view(),
-                po.view(),
-                pm.view(),
-                out.view(),
-                p,
-            )
-        }
-        .unwrap();
-        let q: Vec<f32> = (0..n)
-            .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
-            .collect();
-        let rb = RefBatch {
-            cu_seqlens: &b.cu,
-            context_lens: &b.ctx,
-            block_tables: &b.tables,
-            max_blocks: b.max_blocks,
-            block_size,
+        let run = || {
+            // SAFETY: block ids < num_blocks, every table entry in range.
+            unsafe {
+                k.decode_attention(
+                    d_qkv.view(),
+                    d_kc.view(),
+                    d_vc.view(),
+                    d_ctx.view(),
+                    d_tab.view(),
+                    po.view(),
+                    pm.view(),
+                    out.view(),
+                    p,
+                )
+            }
+            .unwrap()
         };
-        let want = attention_ref(&q, &f32s(&kc), &f32s(&vc), rb, shape);
-        let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
-        assert!(e < 1e-2, "decode {shape:?}: rel err {e}");
+        // time a captured graph of `per` calls, as a decode step replays them
+        let per = 20;
+        let graph = gpu::Graph::capture(&gpu, || {
+            for _ in 0..per {
+                run();
+            }
+            Ok(())
+        })
+        .unwrap();
+        graph.launch(&gpu).unwrap();
+        let reps = 10;
+        let t = gpu.timer().unwrap();
+        t.start().unwrap();
+        for _ in 0..reps {
+            graph.launch(&gpu).unwrap();
+        }
+        let us = t.stop_ms().unwrap() as f64 * 1000.0 / (reps * per) as f64;
+        let kv_mb = (n * ctx * shape.kv_width() * 4) as f64 / 1e6;
+        println!(
+            "decode attention S={n} ctx={ctx} splits={}: {us:.1} us/call (incl. combine), {:.0} GB/s of K+V",
+            plan.splits(shape, n),
+            kv_mb * 1e3 / us
+        );
     }
 }

@@ -1,22 +1,37 @@
-// Sampling on the GPU, one block of SAMPLE_THREADS threads per sampled row,
-// following crates/model/src/sampling.rs step by step:
-//  1. logsumexp of the raw logits (reported log-probabilities);
-//  2. repetition penalty on a working copy (history ids are distinct);
-//  3. temperature 0: argmax, lowest id on ties;
-//  4. else p = softmax(z / T); candidates ordered by (p desc, id asc), i.e. by
-//     the 64-bit key (bits(p) << 32 | ~id); the kept set is the longest
-//     prefix allowed by top_k, top_p (shortest prefix reaching top_p) and
-//     min_p, found as a key cut-off by bitwise binary search over the key
-//     space (64 passes each, no sort);
-//  5. the chosen token is the first kept candidate whose running mass exceeds
-//     u * kept mass: the largest key whose prefix mass exceeds that target.
+// Sampling on the GPU following crates/model/src/sampler.rs step by step, in
+// two launches:
+//  sample_partials: grid (NB = ceil(V / SAMPLE_SLICE), R), SAMPLE_PART_THREADS
+//    threads; block b owns ids [b*SLICE, (b+1)*SLICE) of row r and writes
+//    (a) its (max, sum exp(z - max)) of the raw logits (for the logsumexp),
+//    (b) the repetition penalty applied to its ids (history ids are distinct)
+//        and, for sampled rows, the penalised logits to `work`,
+//    (c) its best key of the penalised logits (greedy: argmax, lowest id on
+//        ties) and (d) its top `n_logprobs` keys of the raw logits.
+//  sample_rows: grid R, SAMPLE_THREADS threads, per row:
+//   1. logsumexp of the raw logits from the NB partials;
+//   2. temperature 0: the best of the NB greedy keys;
+//   3. else p = softmax(work / T); candidates ordered by (p desc, id asc),
+//      i.e. by the 64-bit key (bits(p) << 32 | ~id); the kept set is the
+//      longest prefix allowed by top_k, top_p (shortest prefix reaching top_p)
+//      and min_p, found as a key cut-off by bitwise binary search over the
+//      key space (64 passes each, no sort);
+//   4. the chosen token is the first kept candidate whose running mass exceeds
+//      u * kept mass: the largest key whose prefix mass exceeds that target;
+//   5. the top `n_logprobs` raw log-probabilities: repeated key-max passes
+//      over the NB * n candidates of the partials.
 // Prefix masses are deterministic block sums (fixed tree), monotone in the
-// cut-off, so a seeded draw is reproducible. The top `n_logprobs` raw
-// log-probabilities are found by repeated key-max passes.
-// Costs: greedy rows 3 passes over the vocabulary; sampled rows up to ~260.
+// cut-off, so a seeded draw is reproducible.
+// Costs: greedy rows one read of the logits spread over NB blocks plus a tiny
+// merge (a few microseconds at V = 128k); sampled rows add one write of the
+// logits and up to ~260 single-block passes (binary searches).
 #include "common.cuh"
+#include "pdl.cuh"
 
+// Shared with sampling.rs (THREADS, PART_THREADS, SLICE): keep equal.
 #define SAMPLE_THREADS 1024
+#define SAMPLE_PART_THREADS 256
+#define SAMPLE_SLICE 1024
+#define SAMPLE_PER_THREAD (SAMPLE_SLICE / SAMPLE_PART_THREADS)
 
 struct SampleParams {   // mirrors kernels::sampling::SampleParams (12 x 4 bytes)
     float temperature;
@@ -30,6 +45,59 @@ struct SampleParams {   // mirrors kernels::sampling::SampleParams (12 x 4 bytes
     uint32_t n_logprobs;
     uint32_t pad0, pad1, pad2;
 };
+static_assert(sizeof(SampleParams) == 48, "SampleParams layout");
+
+struct SamplePartialArgs {
+    const float* logits;          // [R, V] raw logits
+    float* work;                  // [R, V] penalised logits (sampled rows only)
+    const SampleParams* params;   // [R]
+    const uint32_t* history;      // flat, distinct ids per row
+    float* stats;                 // [R, NB, 2] (max, sum exp(z - max))
+    unsigned long long* keys;     // [R, NB, 1 + max_lp] greedy key, top raw keys
+    uint32_t V;
+    uint32_t max_lp;
+    uint32_t nb;
+    uint32_t pad;
+};
+static_assert(sizeof(SamplePartialArgs) == 64, "SamplePartialArgs layout");
+static_assert(offsetof(SamplePartialArgs, logits) == 0, "SamplePartialArgs.logits");
+static_assert(offsetof(SamplePartialArgs, work) == 8, "SamplePartialArgs.work");
+static_assert(offsetof(SamplePartialArgs, params) == 16, "SamplePartialArgs.params");
+static_assert(offsetof(SamplePartialArgs, history) == 24, "SamplePartialArgs.history");
+static_assert(offsetof(SamplePartialArgs, stats) == 32, "SamplePartialArgs.stats");
+static_assert(offsetof(SamplePartialArgs, keys) == 40, "SamplePartialArgs.keys");
+static_assert(offsetof(SamplePartialArgs, V) == 48, "SamplePartialArgs.V");
+static_assert(offsetof(SamplePartialArgs, max_lp) == 52, "SamplePartialArgs.max_lp");
+static_assert(offsetof(SamplePartialArgs, nb) == 56, "SamplePartialArgs.nb");
+
+struct SampleRowsArgs {
+    const float* logits;              // [R, V] raw logits
+    float* work;                      // [R, V] penalised logits (sampled rows)
+    const SampleParams* params;       // [R]
+    const float* stats;               // [R, NB, 2]
+    const unsigned long long* keys;   // [R, NB, 1 + max_lp]
+    uint32_t* out_tok;                // [R]
+    float* out_lp;                    // [R]
+    uint32_t* out_top_ids;            // [R, max_lp]
+    float* out_top_lp;                // [R, max_lp]
+    uint32_t V;
+    uint32_t max_lp;
+    uint32_t nb;
+    uint32_t pad;
+};
+static_assert(sizeof(SampleRowsArgs) == 88, "SampleRowsArgs layout");
+static_assert(offsetof(SampleRowsArgs, logits) == 0, "SampleRowsArgs.logits");
+static_assert(offsetof(SampleRowsArgs, work) == 8, "SampleRowsArgs.work");
+static_assert(offsetof(SampleRowsArgs, params) == 16, "SampleRowsArgs.params");
+static_assert(offsetof(SampleRowsArgs, stats) == 24, "SampleRowsArgs.stats");
+static_assert(offsetof(SampleRowsArgs, keys) == 32, "SampleRowsArgs.keys");
+static_assert(offsetof(SampleRowsArgs, out_tok) == 40, "SampleRowsArgs.out_tok");
+static_assert(offsetof(SampleRowsArgs, out_lp) == 48, "SampleRowsArgs.out_lp");
+static_assert(offsetof(SampleRowsArgs, out_top_ids) == 56, "SampleRowsArgs.out_top_ids");
+static_assert(offsetof(SampleRowsArgs, out_top_lp) == 64, "SampleRowsArgs.out_top_lp");
+static_assert(offsetof(SampleRowsArgs, V) == 72, "SampleRowsArgs.V");
+static_assert(offsetof(SampleRowsArgs, max_lp) == 76, "SampleRowsArgs.max_lp");
+static_assert(offsetof(SampleRowsArgs, nb) == 80, "SampleRowsArgs.nb");
 
 __device__ __forceinline__ uint32_t ord_bits(float f) {
     uint32_t b = __float_as_uint(f);
@@ -73,50 +141,105 @@ __device__ unsigned long long mass_key(const float* p, uint32_t V, float target,
     return k;
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
-    const float* __restrict__ logits,         // [R, V] raw logits
-    float* __restrict__ work,                 // [R, V] scratch
-    const SampleParams* __restrict__ params,  // [R]
-    const uint32_t* __restrict__ history,     // flat, distinct ids per row
-    uint32_t V, uint32_t max_lp,
-    uint32_t* __restrict__ out_tok,           // [R]
-    float* __restrict__ out_lp,               // [R]
-    uint32_t* __restrict__ out_top_ids,       // [R, max_lp]
-    float* __restrict__ out_top_lp) {         // [R, max_lp]
+extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partials(const SamplePartialArgs a) {
+    __shared__ float sv[SAMPLE_SLICE];
+    __shared__ float fs[32];
+    __shared__ unsigned long long ks[32];
+    const uint32_t b = blockIdx.x, r = blockIdx.y;
+    pdl_wait();
+    pdl_launch_dependents();
+    const uint32_t lo = b * SAMPLE_SLICE, hi = min(a.V, lo + SAMPLE_SLICE);
+    const float* z = a.logits + (size_t)r * a.V;
+    const SampleParams P = a.params[r];
+    float zv[SAMPLE_PER_THREAD];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
+        const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+        zv[i] = id < hi ? z[id] : -INFINITY;
+        sv[threadIdx.x + i * SAMPLE_PART_THREADS] = zv[i];
+        mx = fmaxf(mx, zv[i]);
+    }
+    mx = block_max(mx, fs);
+    float se = 0.f;
+#pragma unroll
+    for (int i = 0; i < SAMPLE_PER_THREAD; i++) se += zv[i] == -INFINITY ? 0.f : expf(zv[i] - mx);
+    se = block_sum(se, fs);
+    // Repetition penalty on the ids of this slice (history ids are distinct).
+    if (P.rep_penalty != 1.f) {
+        for (uint32_t i = threadIdx.x; i < P.hist_len; i += SAMPLE_PART_THREADS) {
+            const uint32_t id = a.history[P.hist_off + i];
+            if (id >= lo && id < hi) {
+                const float v = sv[id - lo];
+                sv[id - lo] = v > 0.f ? v / P.rep_penalty : v * P.rep_penalty;
+            }
+        }
+    }
+    __syncthreads();
+    unsigned long long best = 0;
+    float* w = a.work + (size_t)r * a.V;
+#pragma unroll
+    for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
+        const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+        if (id < hi) {
+            const float v = sv[threadIdx.x + i * SAMPLE_PART_THREADS];
+            if (P.temperature != 0.f) w[id] = v;
+            const unsigned long long k = make_key(v, id);
+            best = k > best ? k : best;
+        }
+    }
+    best = block_max_u64(best, ks);
+    unsigned long long* keys = a.keys + ((size_t)r * a.nb + b) * (1 + a.max_lp);
+    if (threadIdx.x == 0) {
+        a.stats[((size_t)r * a.nb + b) * 2] = mx;
+        a.stats[((size_t)r * a.nb + b) * 2 + 1] = se;
+        keys[0] = best;
+    }
+    // Top raw keys of the slice, largest first (0 = none left).
+    const uint32_t nlp = min(P.n_logprobs, a.max_lp);
+    unsigned long long prev = ~0ull;
+    for (uint32_t k = 0; k < nlp; k++) {
+        unsigned long long top = 0;
+#pragma unroll
+        for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
+            const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+            if (id < hi) {
+                const unsigned long long key = make_key(zv[i], id);
+                if (key < prev && key > top) top = key;
+            }
+        }
+        top = block_max_u64(top, ks);
+        if (threadIdx.x == 0) keys[1 + k] = top;
+        prev = top;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const SampleRowsArgs a) {
     __shared__ float fs[32];
     __shared__ unsigned us[32];
     __shared__ unsigned long long ks[32];
-    const uint32_t r = blockIdx.x;
-    const float* z = logits + (size_t)r * V;
-    float* w = work + (size_t)r * V;
-    const SampleParams P = params[r];
+    const uint32_t r = blockIdx.x, V = a.V, nb = a.nb, max_lp = a.max_lp;
+    pdl_wait();
+    pdl_launch_dependents();
+    const float* z = a.logits + (size_t)r * V;
+    float* w = a.work + (size_t)r * V;
+    const SampleParams P = a.params[r];
+    const float* st = a.stats + (size_t)r * nb * 2;
+    const unsigned long long* kb = a.keys + (size_t)r * nb * (1 + max_lp);
 
     float mx = -INFINITY;
-    for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, z[i]);
+    for (uint32_t i = threadIdx.x; i < nb; i += blockDim.x) mx = fmaxf(mx, st[2 * i]);
     mx = block_max(mx, fs);
     float se = 0.f;
-    for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) se += expf(z[i] - mx);
+    for (uint32_t i = threadIdx.x; i < nb; i += blockDim.x) se += st[2 * i + 1] * expf(st[2 * i] - mx);
     se = block_sum(se, fs);
     const float lse = mx + logf(se);
-
-    for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) w[i] = z[i];
-    __syncthreads();
-    if (P.rep_penalty != 1.f) {
-        for (uint32_t i = threadIdx.x; i < P.hist_len; i += blockDim.x) {
-            uint32_t id = history[P.hist_off + i];
-            if (id < V) {
-                float v = w[id];
-                w[id] = v > 0.f ? v / P.rep_penalty : v * P.rep_penalty;
-            }
-        }
-        __syncthreads();
-    }
 
     uint32_t token;
     if (P.temperature == 0.f) {
         unsigned long long best = 0;
-        for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) {
-            unsigned long long k = make_key(w[i], i);
+        for (uint32_t i = threadIdx.x; i < nb; i += blockDim.x) {
+            const unsigned long long k = kb[(size_t)i * (1 + max_lp)];
             best = k > best ? k : best;
         }
         best = block_max_u64(best, ks);
@@ -158,22 +281,23 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(
         token = key_id(sel);
     }
     if (threadIdx.x == 0) {
-        out_tok[r] = token;
-        out_lp[r] = token < V ? z[token] - lse : -INFINITY;
+        a.out_tok[r] = token;
+        a.out_lp[r] = token < V ? z[token] - lse : -INFINITY;
     }
+    // Top raw log-probabilities: key-max passes over the blocks' candidates.
     unsigned long long prev = ~0ull;
     const uint32_t nlp = min(P.n_logprobs, max_lp);
     for (uint32_t k = 0; k < nlp; k++) {
         unsigned long long best = 0;
-        for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) {
-            unsigned long long key = make_key(z[i], i);
+        for (uint32_t e = threadIdx.x; e < nb * nlp; e += blockDim.x) {
+            const unsigned long long key = kb[(size_t)(e / nlp) * (1 + max_lp) + 1 + e % nlp];
             if (key < prev && key > best) best = key;
         }
         best = block_max_u64(best, ks);
         if (threadIdx.x == 0) {
-            uint32_t id = key_id(best);
-            out_top_ids[(size_t)r * max_lp + k] = id;
-            out_top_lp[(size_t)r * max_lp + k] = id < V ? z[id] - lse : -INFINITY;
+            const uint32_t id = key_id(best);
+            a.out_top_ids[(size_t)r * max_lp + k] = id;
+            a.out_top_lp[(size_t)r * max_lp + k] = id < V ? z[id] - lse : -INFINITY;
         }
         prev = best;
     }

@@ -5,20 +5,26 @@
 //! no allocation, no synchronisation and no host branching on device data,
 //! reading its inputs from the staging buffer at a fixed [`Layout`]; that is
 //! what lets a pure-decode step be captured as a CUDA graph and replayed.
-//! Per layer: fused add+RMSNorm, QKV GEMM, RoPE + KV write, attention
-//! (decode kernel for pure-decode steps, flash prefill kernel otherwise),
-//! O GEMM, add+RMSNorm, gate/up GEMM, SiLU·up, down GEMM: 4 GEMMs and 5 or 6
-//! kernels. Then the final norm, the gather of the rows to sample, the LM
-//! head GEMM on those rows only, and sampling.
+//! Per layer, steps of more than `gemv_rows` tokens (cuBLAS): fused
+//! add+RMSNorm, QKV GEMM, RoPE + KV write, attention (decode kernel for
+//! pure-decode steps, flash prefill kernel otherwise), O GEMM, add+RMSNorm,
+//! gate/up GEMM, SiLU·up, down GEMM: 4 GEMMs and 5 or 6 kernels. Small
+//! steps (decode at small batch, `gemv_rows`) use the fused GEMVs instead:
+//! RMSNorm+QKV+RoPE+KV write, attention, O + residual, RMSNorm+gate/up+SiLU·up,
+//! down + residual: 5 or 6 kernels. Then the final norm, the gather of the
+//! rows to sample, the LM head (GEMV for one row) on those rows only,
+//! and sampling.
 //! Costs: workspace = `T_cap * (hidden * 10 + qkv + 3 * intermediate) * 2`
 //! bytes + `R_cap * vocab * 8` bytes (logits and the sampler's scratch) +
-//! decode partials `S_cap * heads * max_splits * (head_dim + 2) * 4` bytes.
+//! decode partials `max_S(S * splits(S)) * heads * (head_dim + 2) * 4` bytes
+//! (about `2 * SMs * group * (head_dim + 2) * 4`: a few hundred KiB).
 
 use gpu::{DevSlice, DeviceBuffer, GemmDims, Gpu, PinnedBuffer};
 use half::bf16;
 use kernels::decode_attention::DecodeParams;
+use kernels::gemv::{GemvOp, RopeKv};
 use kernels::prefill_attention::PrefillParams;
-use kernels::sampling::SampleOutputs;
+use kernels::sampling::{SampleOutputs, SampleScratch};
 use kernels::{DecodePlan, HeadShape, SampleParams};
 
 use contract::backend::BackendError;
@@ -40,23 +46,25 @@ pub(super) struct Caps {
 /// Activations, staging and outputs, allocated once per capacity.
 pub(super) struct Workspace {
     pub caps: Caps,
-    pub x: DeviceBuffer<f32>,       // [T, hidden] residual stream
-    pub xn: DeviceBuffer<bf16>,     // [T, hidden] normed
-    pub qkv: DeviceBuffer<bf16>,    // [T, qkv_width]
-    pub attn: DeviceBuffer<bf16>,   // [T, heads * head_dim]
-    pub delta: DeviceBuffer<bf16>,  // [T, hidden] o / down projection output
-    pub gu: DeviceBuffer<bf16>,     // [T, 2 * intermediate]
-    pub act: DeviceBuffer<bf16>,    // [T, intermediate]
-    pub part_o: DeviceBuffer<f32>,  // [S_dec, heads, max_splits, head_dim]
-    pub part_ml: DeviceBuffer<f32>, // [S_dec, heads, max_splits, 2]
-    pub xs: DeviceBuffer<bf16>,     // [R, hidden] rows to sample
-    pub logits: DeviceBuffer<f32>,  // [R, vocab]
-    pub work: DeviceBuffer<f32>,    // [R, vocab] sampler scratch
-    pub tok: DeviceBuffer<u32>,     // [R]
-    pub lp: DeviceBuffer<f32>,      // [R]
-    pub top_ids: DeviceBuffer<u32>, // [R, MAX_LOGPROBS]
-    pub top_lps: DeviceBuffer<f32>, // [R, MAX_LOGPROBS]
-    pub meta: DeviceBuffer<u32>,    // staging, see Layout
+    pub x: DeviceBuffer<f32>,          // [T, hidden] residual stream
+    pub xn: DeviceBuffer<bf16>,        // [T, hidden] normed
+    pub qkv: DeviceBuffer<bf16>,       // [T, qkv_width]
+    pub attn: DeviceBuffer<bf16>,      // [T, heads * head_dim]
+    pub delta: DeviceBuffer<bf16>,     // [T, hidden] o / down projection output
+    pub gu: DeviceBuffer<bf16>,        // [T, 2 * intermediate]
+    pub act: DeviceBuffer<bf16>,       // [T, intermediate]
+    pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
+    pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
+    pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
+    pub logits: DeviceBuffer<f32>,     // [R, vocab]
+    pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
+    pub samp_stats: DeviceBuffer<f32>, // [R, vocab / SLICE, 2] sampler partials
+    pub samp_keys: DeviceBuffer<u64>,  // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
+    pub tok: DeviceBuffer<u32>,        // [R]
+    pub lp: DeviceBuffer<f32>,         // [R]
+    pub top_ids: DeviceBuffer<u32>,    // [R, MAX_LOGPROBS]
+    pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
+    pub meta: DeviceBuffer<u32>,       // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
     pub host_tok: PinnedBuffer<u32>,
     pub host_lp: PinnedBuffer<f32>,
@@ -100,6 +108,12 @@ impl Workspace {
             xs: gpu.alloc(r * h).map_err(e("xs"))?,
             logits: gpu.alloc(r * v).map_err(e("logits"))?,
             work: gpu.alloc(r * v).map_err(e("work"))?,
+            samp_stats: gpu
+                .alloc(SampleScratch::stats_len(r, v))
+                .map_err(e("sampler stats"))?,
+            samp_keys: gpu
+                .alloc(SampleScratch::keys_len(r, v, MAX_LOGPROBS))
+                .map_err(e("sampler keys"))?,
             tok: gpu.alloc(r).map_err(e("tok"))?,
             lp: gpu.alloc(r).map_err(e("lp"))?,
             top_ids: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_ids"))?,
@@ -172,44 +186,79 @@ impl CudaBackend {
                 .embedding_gather(ws.x.view(), self.w.embed.view(), tokens, t, h, v)
         }
         .map_err(k("embedding"))?;
+        // Steps of at most `gemv_rows` tokens run the projections as GEMVs
+        // with the norms, residual adds and SiLU·up fused in; the residual
+        // stream `x` then always holds every delta already.
+        let small = t >= 1 && t <= self.gemv_rows;
+        let gemv = |op: GemvOp<'_>, w: &DeviceBuffer<bf16>, n: usize, kk: usize| {
+            self.k.gemv(op, w.view(), t, n, kk).map_err(k("GEMV"))
+        };
         for (l, layer) in self.w.layers.iter().enumerate() {
-            let delta = (l > 0).then(|| ws.delta.view());
-            self.k
-                .add_rmsnorm(
-                    ws.x.view(),
-                    delta,
-                    layer.input_norm.view(),
-                    ws.xn.view(),
-                    t,
-                    h,
-                    eps,
-                )
-                .map_err(k("input norm"))?;
-            gemm(
-                ws.xn.view(),
-                &layer.qkv,
-                ws.qkv.view(),
-                shape.qkv_width(),
-                h,
-            )?;
             let (kc, vc) = (self.cache.k[l].view(), self.cache.v[l].view());
-            // SAFETY: check_batch verified slots against the pool (padding uses the
-            // scratch block past it, which the cache holds) and positions < rope_rows.
-            unsafe {
-                self.k.rope_kv_write(
-                    ws.qkv.view(),
+            if small {
+                let rope = RopeKv {
                     positions,
                     slots,
-                    self.rope_cos.view(),
-                    self.rope_sin.view(),
-                    kc,
-                    vc,
+                    cos: self.rope_cos.view(),
+                    sin: self.rope_sin.view(),
+                    k_cache: kc,
+                    v_cache: vc,
                     shape,
-                    t,
-                    self.rope_rows,
-                )
+                    max_pos: self.rope_rows,
+                };
+                // SAFETY: as for rope_kv_write below: check_batch verified slots
+                // against the pool (padding uses the scratch block) and positions.
+                unsafe {
+                    self.k.gemv_qkv_rope(
+                        ws.x.view(),
+                        layer.input_norm.view(),
+                        eps,
+                        layer.qkv.view(),
+                        ws.qkv.view(),
+                        rope,
+                        t,
+                        h,
+                    )
+                }
+                .map_err(k("QKV + RoPE GEMV"))?;
+            } else {
+                let delta = (l > 0).then(|| ws.delta.view());
+                self.k
+                    .add_rmsnorm(
+                        ws.x.view(),
+                        delta,
+                        layer.input_norm.view(),
+                        ws.xn.view(),
+                        t,
+                        h,
+                        eps,
+                    )
+                    .map_err(k("input norm"))?;
+                gemm(
+                    ws.xn.view(),
+                    &layer.qkv,
+                    ws.qkv.view(),
+                    shape.qkv_width(),
+                    h,
+                )?;
+                // SAFETY: check_batch verified slots against the pool (padding uses the
+                // scratch block past it, which the cache holds) and positions < rope_rows.
+                unsafe {
+                    self.k.rope_kv_write(
+                        ws.qkv.view(),
+                        positions,
+                        slots,
+                        self.rope_cos.view(),
+                        self.rope_sin.view(),
+                        kc,
+                        vc,
+                        shape,
+                        t,
+                        self.rope_rows,
+                    )
+                }
+                .map_err(k("rope/kv write"))?;
             }
-            .map_err(k("rope/kv write"))?;
             match attn {
                 Attn::Decode => {
                     let p = DecodeParams {
@@ -262,6 +311,26 @@ impl CudaBackend {
                     .map_err(k("prefill attention"))?;
                 }
             }
+            if small {
+                let op = GemvOp::Resid {
+                    x: ws.attn.view(),
+                    residual: ws.x.view(),
+                };
+                gemv(op, &layer.o, h, c.q_dim())?;
+                let op = GemvOp::NormSilu {
+                    residual: ws.x.view(),
+                    norm_w: layer.post_norm.view(),
+                    eps,
+                    y: ws.act.view(),
+                };
+                gemv(op, &layer.gate_up, inter, h)?;
+                let op = GemvOp::Resid {
+                    x: ws.act.view(),
+                    residual: ws.x.view(),
+                };
+                gemv(op, &layer.down, h, inter)?;
+                continue;
+            }
             gemm(ws.attn.view(), &layer.o, ws.delta.view(), h, c.q_dim())?;
             self.k
                 .add_rmsnorm(
@@ -283,7 +352,7 @@ impl CudaBackend {
         self.k
             .add_rmsnorm(
                 ws.x.view(),
-                Some(ws.delta.view()),
+                (!small).then(|| ws.delta.view()),
                 self.w.norm.view(),
                 ws.xn.view(),
                 t,
@@ -297,14 +366,24 @@ impl CudaBackend {
                 .gather_rows(ws.xs.view(), ws.xn.view(), rows, r, h, t)
         }
         .map_err(k("row gather"))?;
-        self.blas
-            .matmul_nt(
-                ws.xs.view(),
-                self.w.head().view(),
-                ws.logits.view(),
-                GemmDims { m: r, n: v, k: h },
-            )
-            .map_err(g("LM head GEMM"))?;
+        if r >= 1 && r <= self.gemv_rows.min(super::HEAD_GEMV_ROWS) {
+            let op = GemvOp::F32 {
+                x: ws.xs.view(),
+                y: ws.logits.view(),
+            };
+            self.k
+                .gemv(op, self.w.head().view(), r, v, h)
+                .map_err(k("LM head GEMV"))?;
+        } else {
+            self.blas
+                .matmul_nt(
+                    ws.xs.view(),
+                    self.w.head().view(),
+                    ws.logits.view(),
+                    GemmDims { m: r, n: v, k: h },
+                )
+                .map_err(g("LM head GEMM"))?;
+        }
         if sample {
             let out = SampleOutputs {
                 tokens: ws.tok.view(),
@@ -316,7 +395,11 @@ impl CudaBackend {
             unsafe {
                 self.k.sample_rows(
                     ws.logits.view(),
-                    ws.work.view(),
+                    SampleScratch {
+                        work: ws.work.view(),
+                        stats: ws.samp_stats.view(),
+                        keys: ws.samp_keys.view(),
+                    },
                     params,
                     history,
                     out,

@@ -11,7 +11,10 @@
 //! runs on the GPU with the procedure of [`contract::sampling`]. A pure-decode
 //! step is replayed from a CUDA graph captured once per batch-size bucket
 //! (powers of two up to [`MAX_GRAPH_BATCH`]); padded rows write to a scratch
-//! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off.
+//! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off;
+//! `LAMINA_GEMV_ROWS=n` sets the largest step run on the fused GEMV
+//! projections (0: cuBLAS always), `LAMINA_PDL=1` turns programmatic
+//! dependent launch on.
 //! [`available`] says why CUDA cannot be used, without panicking.
 //!
 //! Costs: one host-to-device copy of the packed metadata, the kernels (or one
@@ -57,6 +60,29 @@ pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("cuda: {what}: {e}"))
 }
 
+/// Steps of at most this many tokens use the fused GEMV projections by
+/// default: at more rows the GEMVs (which re-read their inputs per warp) lose
+/// to cuBLAS plus the unfused norm / SiLU kernels (H200, Llama-3.2-1B).
+const DEFAULT_GEMV_ROWS: usize = 2;
+/// The LM head runs as a GEMV only for this many rows (at one row it matches
+/// cuBLAS; beyond, cuBLAS wins).
+const HEAD_GEMV_ROWS: usize = 1;
+
+/// Largest step run on the GEMV projections: `LAMINA_GEMV_ROWS` (0 = always
+/// cuBLAS, at most [`kernels::gemv::MAX_ROWS`]) or [`DEFAULT_GEMV_ROWS`];
+/// 0 when an input width is not a multiple of 8 (the GEMVs' 16-byte loads).
+fn gemv_rows(c: &LlamaConfig) -> usize {
+    let rows = std::env::var("LAMINA_GEMV_ROWS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(DEFAULT_GEMV_ROWS)
+        .min(kernels::gemv::MAX_ROWS);
+    let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
+        .iter()
+        .all(|k| k.is_multiple_of(8));
+    if fits { rows } else { 0 }
+}
+
 /// The CUDA backend (see the module doc).
 pub struct CudaBackend {
     config: LlamaConfig,
@@ -70,6 +96,9 @@ pub struct CudaBackend {
     graph_max_blocks: usize,
     graphs: HashMap<usize, Graph>,
     graphs_enabled: bool,
+    /// Steps of at most this many tokens use the fused GEMV projections
+    /// (see [`gemv_rows`]); the LM head for at most `min(gemv_rows, HEAD_GEMV_ROWS)` rows.
+    gemv_rows: usize,
     ws: Workspace,
     rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
     rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
@@ -106,8 +135,12 @@ impl CudaBackend {
         let rope_rows = config
             .max_position_embeddings
             .min(kv.num_blocks * kv.block_size);
-        let plan = DecodePlan::new(shape, rope_rows)
-            .map_err(|e| dev_err("planning decode attention", e))?;
+        // two waves of blocks: enough to hide the latency of short contexts
+        let sms = gpu
+            .sm_count()
+            .map_err(|e| dev_err("querying the SM count", e))?;
+        let plan =
+            DecodePlan::new(shape, 2 * sms).map_err(|e| dev_err("planning decode attention", e))?;
         let (cos, sin) = config.rope_table(rope_rows);
         let rope_cos = gpu
             .upload(&cos)
@@ -129,6 +162,7 @@ impl CudaBackend {
             graph_max_blocks: rope_rows.div_ceil(kv.block_size),
             graphs_enabled: std::env::var("LAMINA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
+            gemv_rows: gemv_rows(&config),
             config,
             kv,
             device,

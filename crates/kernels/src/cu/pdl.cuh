@@ -1,0 +1,25 @@
+// Programmatic dependent launch (sm_90+; no-ops on older targets and when a
+// kernel was launched without the attribute). A kernel launched with
+// `Gpu::launch_struct_pdl` may start while its predecessor still runs: it
+// must call pdl_wait() before reading what the predecessor writes or writing
+// what it reads; only reads of data no kernel of the step writes (weights)
+// may come before. pdl_launch_dependents() lets the next PDL launch start
+// early (its own pdl_wait still waits for this grid to complete).
+#pragma once
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Prefetches `bytes` from `p` into L2 (one 128-byte line per call site and lane).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}

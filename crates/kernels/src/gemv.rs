@@ -1,0 +1,428 @@
+//! Launcher for `cu/gemv.cu`: bf16 projections for steps of at most
+//! [`MAX_ROWS`] token rows, with the RMSNorm before them, the residual add
+//! or SiLU·up after them fused in (see [`GemvOp`]), and their CPU reference.
+//! Contract: `y[m, n] = x[m, k] · W[n, k]ᵀ`, fp32 accumulation, rounding
+//! like the unfused path (cuBLAS to bf16, then add_rmsnorm / silu_mul).
+//! `k` must be a multiple of 8 and every operand 16-byte aligned.
+//! Costs: one launch; reads W once (16-byte loads) whatever `m`, plus the
+//! inputs from L1/L2 once per block.
+
+use std::mem::{offset_of, size_of};
+
+use gpu::{DevSlice, LaunchConfig};
+use half::bf16;
+
+use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
+
+// Shared with gemv.cu (GEMV_WARPS, GEMV_ROWS_PER_WARP, GEMV_MAX_ROWS): keep equal.
+const WARPS: usize = 4;
+const ROWS_PER_WARP: usize = 2;
+/// Most token rows one launch handles (larger steps use cuBLAS).
+pub const MAX_ROWS: usize = 16;
+/// Row tiles the kernels are instantiated for (index = entry in `Kernels::gemv[variant]`).
+const TILES: [usize; 5] = [1, 2, 4, 8, 16];
+/// Entry-point prefixes, in [`GemvOp::variant`] order.
+pub(crate) const VARIANTS: [&str; 6] = [
+    "gemv_bf16",
+    "gemv_resid",
+    "gemv_norm",
+    "gemv_norm_silu",
+    "gemv_f32",
+    "gemv_norm_rope",
+];
+/// Index of `gemv_norm_rope` in [`VARIANTS`].
+const ROPE_VARIANT: usize = 5;
+
+/// Argument block of every `gemv_*` kernel (`struct GemvArgs`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvArgs {
+    x: u64,      // [m, k] bf16, or the f32 residual (norm variants)
+    norm_w: u64, // [k] bf16 (norm variants)
+    w: u64,      // [n, k] bf16 ([2n, k] for norm_silu)
+    y: u64,      // [m, n]
+    m: u32,
+    n: u32,
+    k: u32,
+    eps: f32,
+    // gemv_norm_rope only
+    positions: u64, // [m]
+    slots: u64,     // [m]
+    cos: u64,       // [max_pos, D/2]
+    sin: u64,       // [max_pos, D/2]
+    k_cache: u64,   // [slots, kv_heads, D]
+    v_cache: u64,   // [slots, kv_heads, D]
+    n_heads: u32,
+    n_kv: u32,
+    head_dim: u32,
+    max_pos: u32,
+}
+const _: () = {
+    assert!(size_of::<GemvArgs>() == 112);
+    assert!(offset_of!(GemvArgs, x) == 0);
+    assert!(offset_of!(GemvArgs, norm_w) == 8);
+    assert!(offset_of!(GemvArgs, w) == 16);
+    assert!(offset_of!(GemvArgs, y) == 24);
+    assert!(offset_of!(GemvArgs, m) == 32);
+    assert!(offset_of!(GemvArgs, n) == 36);
+    assert!(offset_of!(GemvArgs, k) == 40);
+    assert!(offset_of!(GemvArgs, eps) == 44);
+    assert!(offset_of!(GemvArgs, positions) == 48);
+    assert!(offset_of!(GemvArgs, slots) == 56);
+    assert!(offset_of!(GemvArgs, cos) == 64);
+    assert!(offset_of!(GemvArgs, sin) == 72);
+    assert!(offset_of!(GemvArgs, k_cache) == 80);
+    assert!(offset_of!(GemvArgs, v_cache) == 88);
+    assert!(offset_of!(GemvArgs, n_heads) == 96);
+    assert!(offset_of!(GemvArgs, n_kv) == 100);
+    assert!(offset_of!(GemvArgs, head_dim) == 104);
+    assert!(offset_of!(GemvArgs, max_pos) == 108);
+};
+
+/// The RoPE + KV-write epilogue of [`Kernels::gemv_qkv_rope`] (as `rope_kv_write`).
+#[derive(Debug, Clone, Copy)]
+pub struct RopeKv<'a> {
+    pub positions: DevSlice<'a, u32>, // [m]
+    pub slots: DevSlice<'a, u32>,     // [m]
+    pub cos: DevSlice<'a, f32>,       // [max_pos, D/2]
+    pub sin: DevSlice<'a, f32>,       // [max_pos, D/2]
+    pub k_cache: DevSlice<'a, bf16>,  // [slots, kv_heads, D]
+    pub v_cache: DevSlice<'a, bf16>,  // [slots, kv_heads, D]
+    pub shape: HeadShape,
+    pub max_pos: usize,
+}
+
+/// What a GEMV reads and writes (shapes for `m` rows, `n` outputs, `k` inputs).
+#[derive(Debug, Clone, Copy)]
+pub enum GemvOp<'a> {
+    /// `y = x · Wᵀ` in bf16.
+    Bf16 {
+        x: DevSlice<'a, bf16>, // [m, k]
+        y: DevSlice<'a, bf16>, // [m, n]
+    },
+    /// `residual += bf16(x · Wᵀ)` (the O and down projections).
+    Resid {
+        x: DevSlice<'a, bf16>,       // [m, k]
+        residual: DevSlice<'a, f32>, // [m, n]
+    },
+    /// `y = RMSNorm(residual) · Wᵀ` (the QKV projection).
+    Norm {
+        residual: DevSlice<'a, f32>, // [m, k]
+        norm_w: DevSlice<'a, bf16>,  // [k]
+        eps: f32,
+        y: DevSlice<'a, bf16>, // [m, n]
+    },
+    /// `y = silu(g) · u` with `[g | u] = RMSNorm(residual) · Wᵀ`, W `[2n, k]` (gate/up).
+    NormSilu {
+        residual: DevSlice<'a, f32>, // [m, k]
+        norm_w: DevSlice<'a, bf16>,  // [k]
+        eps: f32,
+        y: DevSlice<'a, bf16>, // [m, n]
+    },
+    /// `y = x · Wᵀ` in f32 (the LM head's logits).
+    F32 {
+        x: DevSlice<'a, bf16>, // [m, k]
+        y: DevSlice<'a, f32>,  // [m, n]
+    },
+}
+
+impl GemvOp<'_> {
+    fn variant(&self) -> usize {
+        match self {
+            GemvOp::Bf16 { .. } => 0,
+            GemvOp::Resid { .. } => 1,
+            GemvOp::Norm { .. } => 2,
+            GemvOp::NormSilu { .. } => 3,
+            GemvOp::F32 { .. } => 4,
+        }
+    }
+}
+
+fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError> {
+    if ptr % 16 != 0 {
+        return Err(KernelError::Unsupported {
+            kernel,
+            reason: format!("operand `{what}` not 16-byte aligned"),
+        });
+    }
+    Ok(())
+}
+
+impl Kernels {
+    /// Runs `op` with weights `w` (`[n, k]`, `[2n, k]` for [`GemvOp::NormSilu`])
+    /// for `m` rows in `1..=MAX_ROWS`; `k` a multiple of 8.
+    pub fn gemv(
+        &self,
+        op: GemvOp<'_>,
+        w: DevSlice<'_, bf16>, // [n, k] or [2n, k]
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv";
+        if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !k.is_multiple_of(8) {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!(
+                    "m = {m}, n = {n}, k = {k} (m in 1..={MAX_ROWS}, k a multiple of 8)"
+                ),
+            });
+        }
+        let silu = matches!(op, GemvOp::NormSilu { .. });
+        need(K, "w", &w, if silu { 2 * n * k } else { n * k })?;
+        aligned(K, "w", w.ptr())?;
+        let (x, norm_w, y, eps) = match op {
+            GemvOp::Bf16 { x, y } => {
+                need(K, "x", &x, m * k)?;
+                need(K, "y", &y, m * n)?;
+                (x.ptr(), 0, y.ptr(), 0.0)
+            }
+            GemvOp::Resid { x, residual } => {
+                need(K, "x", &x, m * k)?;
+                need(K, "residual", &residual, m * n)?;
+                (x.ptr(), 0, residual.ptr(), 0.0)
+            }
+            GemvOp::Norm {
+                residual,
+                norm_w,
+                eps,
+                y,
+            }
+            | GemvOp::NormSilu {
+                residual,
+                norm_w,
+                eps,
+                y,
+            } => {
+                need(K, "residual", &residual, m * k)?;
+                need(K, "norm_w", &norm_w, k)?;
+                need(K, "y", &y, m * n)?;
+                aligned(K, "norm_w", norm_w.ptr())?;
+                (residual.ptr(), norm_w.ptr(), y.ptr(), eps)
+            }
+            GemvOp::F32 { x, y } => {
+                need(K, "x", &x, m * k)?;
+                need(K, "y", &y, m * n)?;
+                (x.ptr(), 0, y.ptr(), 0.0)
+            }
+        };
+        aligned(K, "x", x)?;
+        let tile = TILES
+            .iter()
+            .position(|&t| m <= t)
+            .unwrap_or(TILES.len() - 1);
+        let func = &self.gemv[op.variant()][tile];
+        let per_block = if silu { WARPS } else { WARPS * ROWS_PER_WARP };
+        let args = GemvArgs {
+            x,
+            norm_w,
+            w: w.ptr(),
+            y,
+            m: m as u32,
+            n: u32_of(K, "n", n)?,
+            k: u32_of(K, "k", k)?,
+            eps,
+            ..GemvArgs::default()
+        };
+        let cfg = LaunchConfig {
+            grid: (u32_of(K, "blocks", n.div_ceil(per_block))?, 1, 1),
+            block: ((WARPS * 32) as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: every operand was checked for its shape and 16-byte
+        // alignment above; GemvArgs mirrors the kernel's struct (asserted on
+        // both sides); the kernel touches only rows < m, outputs < n, inputs < k.
+        unsafe { self.launch_pdl(func, cfg, &args)? };
+        Ok(())
+    }
+
+    /// `qkv = RMSNorm(residual) · Wᵀ` for `m` token rows, then RoPE and the
+    /// KV write of `rope_kv_write` in the epilogue: q rotated in `qkv`, k
+    /// rotated into `k_cache[slots[t]]`, v into `v_cache[slots[t]]`
+    /// (`qkv`'s k and v keep the un-rotated projection).
+    ///
+    /// # Safety
+    /// Every `slots[t]` indexes a slot inside the caches; positions at or past
+    /// `max_pos` are skipped (no rotation, no cache write), as `rope_kv_write`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemv_qkv_rope(
+        &self,
+        residual: DevSlice<'_, f32>, // [m, hidden]
+        norm_w: DevSlice<'_, bf16>,  // [hidden]
+        eps: f32,
+        w: DevSlice<'_, bf16>,   // [qkv_width, hidden]
+        qkv: DevSlice<'_, bf16>, // [m, qkv_width]
+        rope: RopeKv<'_>,
+        m: usize,
+        hidden: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv_qkv_rope";
+        let sh = rope.shape;
+        sh.check(K)?;
+        let n = sh.qkv_width();
+        if m == 0
+            || m > MAX_ROWS
+            || hidden == 0
+            || !hidden.is_multiple_of(8)
+            || sh.head_dim % 2 != 0
+        {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!(
+                    "m = {m}, hidden = {hidden}, head_dim = {} (m in 1..={MAX_ROWS}, hidden a multiple of 8, even head_dim)",
+                    sh.head_dim
+                ),
+            });
+        }
+        need(K, "residual", &residual, m * hidden)?;
+        need(K, "norm_w", &norm_w, hidden)?;
+        need(K, "w", &w, n * hidden)?;
+        need(K, "qkv", &qkv, m * n)?;
+        need(K, "positions", &rope.positions, m)?;
+        need(K, "slots", &rope.slots, m)?;
+        need(K, "cos", &rope.cos, rope.max_pos * sh.head_dim / 2)?;
+        need(K, "sin", &rope.sin, rope.max_pos * sh.head_dim / 2)?;
+        need(K, "k_cache", &rope.k_cache, sh.kv_width())?;
+        need(K, "v_cache", &rope.v_cache, sh.kv_width())?;
+        for (what, p) in [
+            ("w", w.ptr()),
+            ("residual", residual.ptr()),
+            ("norm_w", norm_w.ptr()),
+        ] {
+            aligned(K, what, p)?;
+        }
+        let tile = TILES
+            .iter()
+            .position(|&t| m <= t)
+            .unwrap_or(TILES.len() - 1);
+        let args = GemvArgs {
+            x: residual.ptr(),
+            norm_w: norm_w.ptr(),
+            w: w.ptr(),
+            y: qkv.ptr(),
+            m: m as u32,
+            n: u32_of(K, "qkv_width", n)?,
+            k: u32_of(K, "hidden", hidden)?,
+            eps,
+            positions: rope.positions.ptr(),
+            slots: rope.slots.ptr(),
+            cos: rope.cos.ptr(),
+            sin: rope.sin.ptr(),
+            k_cache: rope.k_cache.ptr(),
+            v_cache: rope.v_cache.ptr(),
+            n_heads: u32_of(K, "num_heads", sh.num_heads)?,
+            n_kv: u32_of(K, "num_kv_heads", sh.num_kv_heads)?,
+            head_dim: u32_of(K, "head_dim", sh.head_dim)?,
+            max_pos: u32_of(K, "max_pos", rope.max_pos)?,
+        };
+        let cfg = LaunchConfig {
+            grid: (
+                u32_of(K, "blocks", n.div_ceil(WARPS * ROWS_PER_WARP))?,
+                1,
+                1,
+            ),
+            block: ((WARPS * 32) as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: dense operands checked for shape and alignment above; cache
+        // slots in range by contract; GemvArgs mirrors the kernel's struct.
+        unsafe { self.launch_pdl(&self.gemv[ROPE_VARIANT][tile], cfg, &args)? };
+        Ok(())
+    }
+}
+
+/// Which [`GemvOp`] [`gemv_ref`] models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvKind {
+    Bf16,
+    Resid,
+    Norm,
+    NormSilu,
+    F32,
+}
+
+/// CPU reference: `x` is `[m, k]` (the f32 residual for the norm kinds, bf16
+/// values otherwise), `w` `[n, k]` (`[2n, k]` for NormSilu), `y` `[m, n]`
+/// (read for Resid). Rounds where the kernels round.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_ref(
+    kind: GemvKind,
+    x: &[f32],
+    norm_w: &[f32],
+    eps: f32,
+    w: &[f32],
+    y: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) {
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let xin: Vec<f32> = if matches!(kind, GemvKind::Norm | GemvKind::NormSilu) {
+            let ss: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum();
+            let inv = 1.0 / (ss / k as f64 + eps as f64).sqrt();
+            row.iter()
+                .zip(norm_w)
+                .map(|(v, g)| round_bf16((*v as f64 * inv) as f32 * g))
+                .collect()
+        } else {
+            row.to_vec()
+        };
+        let dot = |j: usize| -> f32 {
+            let wr = &w[j * k..(j + 1) * k];
+            wr.iter()
+                .zip(&xin)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32
+        };
+        for j in 0..n {
+            let out = &mut y[r * n + j];
+            match kind {
+                GemvKind::Bf16 | GemvKind::Norm => *out = round_bf16(dot(j)),
+                GemvKind::Resid => *out += round_bf16(dot(j)),
+                GemvKind::F32 => *out = dot(j),
+                GemvKind::NormSilu => {
+                    let (g, u) = (round_bf16(dot(j)), round_bf16(dot(n + j)));
+                    *out = round_bf16(g / (1.0 + (-g).exp()) * u);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_fuses_norm_and_silu_like_the_unfused_steps() {
+        let (m, n, k) = (3, 5, 16);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0)
+            .collect();
+        let g: Vec<f32> = (0..k).map(|i| 0.5 + i as f32 / 16.0).collect();
+        let w: Vec<f32> = (0..2 * n * k)
+            .map(|i| round_bf16(((i * 5 % 13) as f32 - 6.0) / 8.0))
+            .collect();
+        // unfused: norm, GEMM to bf16 (both halves), silu·up
+        let mut xn = vec![0f32; m * k];
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-5).sqrt();
+            for i in 0..k {
+                xn[r * k + i] = round_bf16(row[i] * inv * g[i]);
+            }
+        }
+        let mut gu = vec![0f32; m * 2 * n];
+        gemv_ref(GemvKind::Bf16, &xn, &[], 0.0, &w, &mut gu, m, 2 * n, k);
+        let mut fused = vec![0f32; m * n];
+        gemv_ref(GemvKind::NormSilu, &x, &g, 1e-5, &w, &mut fused, m, n, k);
+        for r in 0..m {
+            for j in 0..n {
+                let (a, b) = (gu[r * 2 * n + j], gu[r * 2 * n + n + j]);
+                let want = round_bf16(a / (1.0 + (-a).exp()) * b);
+                assert!((fused[r * n + j] - want).abs() <= 1e-2 * want.abs().max(1e-2));
+            }
+        }
+    }
+}

