@@ -4,17 +4,17 @@
 //! - A KV cache is one `[slots, kv_heads * head_dim]` f32 array per K and V
 //!   (the CUDA layout `[slots, kv_heads, head_dim]`, widened). [`kv_write`]
 //!   writes token `i`'s row at physical slot `slots[i]`; attention reads
-//!   position `j` of sequence `s` at slot `table[j / block_size] * block_size
-//!   + j % block_size`, so any block layout the scheduler hands out is read
-//!   back correctly.
+//!   position `j` of sequence `s` at slot
+//!   `table[j / block_size] * block_size + j % block_size`, so any block
+//!   layout the scheduler hands out is read back correctly.
 //! - [`paged_attention`] lets each token of sequence `s` at position `p`
 //!   attend to positions `0..=p` of `s` (earlier steps' K/V included), with
 //!   GQA (query head `h` reads KV head `h / (heads / kv_heads)`), scale
 //!   `1 / sqrt(head_dim)`, f32 softmax.
 //!
-//! Costs: the write O(T * kv_width); attention O(sum over tokens of (p + 1)
-//! * heads * head_dim) reads of the cache, parallel over (token, head) pairs
-//! with one reusable score buffer per rayon worker.
+//! Costs: the write O(T * kv_width); attention O(sum over tokens of
+//! (p + 1) heads head_dim) reads of the cache, parallel over (token, head)
+//! pairs with one reusable score buffer per rayon worker.
 
 use crate::linear::dot;
 use rayon::prelude::*;
