@@ -1,9 +1,13 @@
 //! Launcher for `cu/activation.cu`: SwiGLU, `silu(gate) * up` over the fused
-//! `[gate | up]` GEMM output. Costs: one grid-stride launch over `T * inter`.
+//! `[gate | up]` GEMM output; the kernel takes one [`SiluMulArgs`]. CPU
+//! reference: `ops::activation::silu_mul`.
+//! Costs: one grid-stride launch over `T * inter`.
 
-use gpu::{DevSlice, LaunchArgs, LaunchConfig};
+use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
+use crate::abi::SiluMulArgs;
+use crate::consts::{ROW_THREADS, SILU_MAX_BLOCKS};
 use crate::{KernelError, Kernels, need, u32_of};
 
 impl Kernels {
@@ -21,33 +25,17 @@ impl Kernels {
         if tokens == 0 {
             return Ok(());
         }
-        let blocks = (tokens * inter).div_ceil(256).min(65_535);
-        let mut a = LaunchArgs::new();
-        a.ptr(out)
-            .ptr(gu)
-            .u32(u32_of(K, "tokens", tokens)?)
-            .u32(u32_of(K, "inter", inter)?);
-        // SAFETY: views checked for [T, inter] and [T, 2 inter]; args match the signature.
-        unsafe {
-            self.gpu.launch(
-                &self.silu_mul,
-                LaunchConfig::linear(blocks as u32, 256),
-                &mut a,
-            )?
+        let blocks = (tokens * inter).div_ceil(ROW_THREADS).min(SILU_MAX_BLOCKS);
+        let args = SiluMulArgs {
+            out: out.ptr(),
+            gu: gu.ptr(),
+            tokens: u32_of(K, "tokens", tokens)?,
+            inter: u32_of(K, "inter", inter)?,
         };
+        let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
+        // SAFETY: views checked for [T, inter] and [T, 2 inter]; the kernel
+        // takes `SiluMulArgs`.
+        unsafe { self.gpu.launch_struct(&self.silu_mul, cfg, &args)? };
         Ok(())
     }
-}
-
-/// CPU reference of [`Kernels::silu_mul`].
-pub fn silu_mul_ref(gu: &[bf16], tokens: usize, inter: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(tokens * inter);
-    for t in 0..tokens {
-        for i in 0..inter {
-            let g = gu[t * 2 * inter + i].to_f32();
-            let u = gu[t * 2 * inter + inter + i].to_f32();
-            out.push(g / (1.0 + (-g).exp()) * u);
-        }
-    }
-    out
 }

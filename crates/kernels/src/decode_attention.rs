@@ -15,12 +15,12 @@ use half::bf16;
 
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
-// Shared with decode_attention.cu (DECODE_THREADS, DECODE_CHUNK_GRAN): keep equal.
-const THREADS: usize = 128;
+// Checked against decode_attention.cu's #defines by the generated lamina_checks.cuh.
+use crate::consts::DECODE_THREADS as THREADS;
 /// Keys per split are a multiple of this (`DECODE_CHUNK_GRAN`).
-pub const CHUNK_GRAN: usize = 16;
+pub use crate::consts::DECODE_CHUNK_GRAN as CHUNK_GRAN;
 /// Query heads per KV head the kernels are instantiated for (index 0: <= 4, 1: <= 8).
-pub const GROUP_CAPS: [usize; 2] = [4, 8];
+pub use crate::consts::DECODE_GROUP_CAPS as GROUP_CAPS;
 /// Upper bound on splits per (sequence, KV head).
 const MAX_SPLITS: usize = 128;
 
@@ -256,7 +256,7 @@ impl Kernels {
 /// CPU model of the kernels' arithmetic for one step (`q`: `[S, heads * D]`,
 /// caches `[slots, kv_heads * D]`): per split an online softmax in the log2
 /// domain over keys `[split * chunk, min(ctx, (split + 1) * chunk))`, then
-/// the combine. Tests check it against `prefill_attention::attention_ref`,
+/// the combine. Tests check it against `ops::paged_attention` (the one reference),
 /// which validates the split arithmetic (chunking, empty splits, merging).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_split_ref(

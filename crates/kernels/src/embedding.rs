@@ -1,10 +1,14 @@
 //! Launchers for `cu/embedding.cu`: embedding gather into the f32 residual
-//! stream, and row gather (the rows to sample, before the LM head).
+//! stream, and row gather (the rows to sample, before the LM head). Each
+//! kernel takes one argument struct ([`EmbeddingGatherArgs`],
+//! [`GatherRowsArgs`]). CPU references: `ops::embedding::{embed, gather_rows}`.
 //! Costs: one launch each, `rows * width` element copies.
 
-use gpu::{DevSlice, LaunchArgs, LaunchConfig};
+use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
+use crate::abi::{EmbeddingGatherArgs, GatherRowsArgs};
+use crate::consts::ROW_THREADS;
 use crate::{KernelError, Kernels, need, u32_of};
 
 impl Kernels {
@@ -29,21 +33,18 @@ impl Kernels {
         if tokens == 0 {
             return Ok(());
         }
-        let mut a = LaunchArgs::new();
-        a.ptr(out)
-            .ptr(table)
-            .ptr(ids)
-            .u32(u32_of(K, "hidden", hidden)?)
-            .u32(u32_of(K, "vocab", vocab)?);
-        // SAFETY: views checked above for [T, hidden], [vocab, hidden], [T];
-        // ids are in range by this function's contract; args match the signature.
-        unsafe {
-            self.gpu.launch(
-                &self.embedding_gather,
-                LaunchConfig::linear(u32_of(K, "tokens", tokens)?, 256),
-                &mut a,
-            )?
+        let args = EmbeddingGatherArgs {
+            out: out.ptr(),
+            table: table.ptr(),
+            ids: ids.ptr(),
+            hidden: u32_of(K, "hidden", hidden)?,
+            vocab: u32_of(K, "vocab", vocab)?,
         };
+        let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROW_THREADS as u32);
+        // SAFETY: views checked above for [T, hidden], [vocab, hidden], [T];
+        // ids are in range by this function's contract; the kernel takes
+        // `EmbeddingGatherArgs` (layout asserted against the C++ struct).
+        unsafe { self.gpu.launch_struct(&self.embedding_gather, cfg, &args)? };
         Ok(())
     }
 
@@ -67,42 +68,17 @@ impl Kernels {
         if num_rows == 0 {
             return Ok(());
         }
-        let mut a = LaunchArgs::new();
-        a.ptr(out)
-            .ptr(src)
-            .ptr(rows)
-            .u32(u32_of(K, "width", width)?)
-            .u32(u32_of(K, "src_rows", src_rows)?);
-        // SAFETY: views checked above; row indices in range by contract.
-        unsafe {
-            self.gpu.launch(
-                &self.gather_rows_bf16,
-                LaunchConfig::linear(u32_of(K, "rows", num_rows)?, 256),
-                &mut a,
-            )?
+        let args = GatherRowsArgs {
+            out: out.ptr(),
+            src: src.ptr(),
+            rows: rows.ptr(),
+            width: u32_of(K, "width", width)?,
+            num_src_rows: u32_of(K, "src_rows", src_rows)?,
         };
+        let cfg = LaunchConfig::linear(u32_of(K, "rows", num_rows)?, ROW_THREADS as u32);
+        // SAFETY: views checked above; row indices in range by contract; the
+        // kernel takes `GatherRowsArgs`.
+        unsafe { self.gpu.launch_struct(&self.gather_rows_bf16, cfg, &args)? };
         Ok(())
     }
-}
-
-/// CPU reference of [`Kernels::embedding_gather`].
-pub fn embedding_gather_ref(table: &[bf16], ids: &[u32], hidden: usize) -> Vec<f32> {
-    ids.iter()
-        .flat_map(|&id| {
-            table[id as usize * hidden..(id as usize + 1) * hidden]
-                .iter()
-                .map(|x| x.to_f32())
-        })
-        .collect()
-}
-
-/// CPU reference of [`Kernels::gather_rows`].
-pub fn gather_rows_ref(src: &[bf16], rows: &[u32], width: usize) -> Vec<bf16> {
-    rows.iter()
-        .flat_map(|&r| {
-            src[r as usize * width..(r as usize + 1) * width]
-                .iter()
-                .copied()
-        })
-        .collect()
 }

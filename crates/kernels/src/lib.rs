@@ -10,9 +10,23 @@
 //! [`KernelError`]. Launchers whose kernels index memory through device-side
 //! tables (token ids, slots, block tables) are `unsafe fn`: the caller
 //! guarantees those indices are in range (the backend validates each batch
-//! on the host). The `*_ref` functions are the CPU references the GPU tests
-//! compare against.
+//! on the host). The CPU references the GPU tests compare against are the
+//! `ops` crate's operations (the CPU backend's own code).
+//!
+//! Kernels that cannot drift: each kernel of the converted families takes
+//! one `#[repr(C)]` argument struct by value ([`abi`]), whose C++ twin,
+//! with size and offset asserts on both sides, `build.rs` generates from the
+//! same description; launch constants and the head-dim list live in
+//! [`consts`] and reach the `.cu` files through a generated header.
 //! Costs: loading the module takes milliseconds; launches are asynchronous.
+
+/// The kernels' argument structs: one `#[repr(C)]` struct per kernel, size
+/// and every field offset const-asserted here and `static_assert`ed in the
+/// C++ structs `build.rs` generates from the same description.
+pub mod abi;
+/// Launch constants shared with the CUDA side (`OUT_DIR/lamina_consts.cuh`):
+/// the one place for the head-dim list, block sizes and tile sizes.
+pub mod consts;
 
 pub mod activation;
 pub mod decode_attention;
@@ -27,8 +41,27 @@ use std::sync::Arc;
 
 use gpu::{Function, Gpu, GpuError, Module};
 
+pub use consts::HEAD_DIMS;
 pub use decode_attention::DecodePlan;
 pub use sampling::SampleParams;
+
+// `SampleParams` (sampling.rs) against the layout of `consts`, which the
+// generated `lamina_checks.cuh` holds the C++ struct of sampling.cu to.
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    let c = &consts::SAMPLE_PARAMS_C_FIELDS;
+    assert!(size_of::<SampleParams>() == consts::SAMPLE_PARAMS_BYTES);
+    assert!(offset_of!(SampleParams, temperature) == c[0].1);
+    assert!(offset_of!(SampleParams, top_k) == c[1].1);
+    assert!(offset_of!(SampleParams, top_p) == c[2].1);
+    assert!(offset_of!(SampleParams, min_p) == c[3].1);
+    assert!(offset_of!(SampleParams, repetition_penalty) == c[4].1);
+    assert!(offset_of!(SampleParams, u) == c[5].1);
+    assert!(offset_of!(SampleParams, hist_off) == c[6].1);
+    assert!(offset_of!(SampleParams, hist_len) == c[7].1);
+    assert!(offset_of!(SampleParams, n_logprobs) == c[8].1);
+    assert!(offset_of!(SampleParams, _pad) == c[9].1);
+};
 
 /// Errors loading or launching kernels.
 #[derive(Debug, thiserror::Error)]
@@ -118,9 +151,11 @@ pub struct Kernels {
     pub(crate) add_rmsnorm: Function,
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
-    pub(crate) prefill: [Function; 4],
-    /// `[head dim index][group cap index]` (see `decode_attention::GROUP_CAPS`).
-    pub(crate) decode: [[Function; 2]; 4],
+    /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
+    pub(crate) prefill: [Function; HEAD_DIMS.len()],
+    /// `[head dim index][group cap index]`: `decode_attention_d{D}_g{G}` for
+    /// each `D` of [`HEAD_DIMS`] and `G` of `decode_attention::GROUP_CAPS`.
+    pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
     pub(crate) decode_combine: Function,
     /// `[variant][row tile]` (see `gemv::VARIANTS`).
     pub(crate) gemv: [[Function; 5]; 6],
@@ -149,21 +184,8 @@ impl Kernels {
             add_rmsnorm: f("add_rmsnorm")?,
             rope_kv_write: f("rope_kv_write")?,
             silu_mul: f("silu_mul")?,
-            prefill: [
-                f("prefill_attention_d16")?,
-                f("prefill_attention_d32")?,
-                f("prefill_attention_d64")?,
-                f("prefill_attention_d128")?,
-            ],
-            decode: [
-                [f("decode_attention_d16_g4")?, f("decode_attention_d16_g8")?],
-                [f("decode_attention_d32_g4")?, f("decode_attention_d32_g8")?],
-                [f("decode_attention_d64_g4")?, f("decode_attention_d64_g8")?],
-                [
-                    f("decode_attention_d128_g4")?,
-                    f("decode_attention_d128_g8")?,
-                ],
-            ],
+            prefill: per_head_dim(&module, "prefill_attention_d")?,
+            decode: decode_kernels(&module)?,
             decode_combine: f("decode_combine")?,
             gemv: [
                 tiles(gemv::VARIANTS[0])?,
@@ -207,8 +229,35 @@ impl Kernels {
     }
 }
 
-/// Head sizes the attention kernels are instantiated for (index = entry in `Kernels::prefill` / `decode`).
-pub const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+/// Resolves `{prefix}{D}` for every `D` of [`HEAD_DIMS`], in order.
+fn per_head_dim(module: &Module, prefix: &str) -> Result<[Function; HEAD_DIMS.len()], KernelError> {
+    let mut fs = Vec::with_capacity(HEAD_DIMS.len());
+    for d in HEAD_DIMS {
+        fs.push(module.function(&format!("{prefix}{d}"))?);
+    }
+    // The loop pushed exactly HEAD_DIMS.len() functions.
+    fs.try_into()
+        .map_err(|_| KernelError::Unavailable(format!("{prefix}*: wrong count")))
+}
+
+/// `decode_attention_d{D}_g{G}` for each head dim and group cap, in order.
+fn decode_kernels(
+    module: &Module,
+) -> Result<[[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()], KernelError> {
+    let mut rows = Vec::with_capacity(HEAD_DIMS.len());
+    for d in HEAD_DIMS {
+        let mut row = Vec::with_capacity(decode_attention::GROUP_CAPS.len());
+        for g in decode_attention::GROUP_CAPS {
+            row.push(module.function(&format!("decode_attention_d{d}_g{g}"))?);
+        }
+        let row: [Function; decode_attention::GROUP_CAPS.len()] = row
+            .try_into()
+            .map_err(|_| KernelError::Unavailable("decode_attention_*: wrong count".into()))?;
+        rows.push(row);
+    }
+    rows.try_into()
+        .map_err(|_| KernelError::Unavailable("decode_attention_*: wrong count".into()))
+}
 
 /// Index of `head_dim` in [`HEAD_DIMS`], or the error naming the kernel.
 pub(crate) fn head_dim_index(kernel: &'static str, head_dim: usize) -> Result<usize, KernelError> {

@@ -1,9 +1,13 @@
-//! Launcher for `cu/rmsnorm.cu`: RMSNorm fused with the residual add.
+//! Launcher for `cu/rmsnorm.cu`: RMSNorm fused with the residual add; the
+//! kernel takes one [`AddRmsnormArgs`]. CPU reference: `ops::linear::add_assign`
+//! then `ops::norm::rms_norm` (the CPU backend's own code).
 //! Costs: one launch, one block per row, two passes over the row.
 
-use gpu::{DevSlice, LaunchArgs, LaunchConfig};
+use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
+use crate::abi::AddRmsnormArgs;
+use crate::consts::ROW_THREADS;
 use crate::{KernelError, Kernels, need, u32_of};
 
 impl Kernels {
@@ -30,46 +34,18 @@ impl Kernels {
         if tokens == 0 {
             return Ok(());
         }
-        let mut a = LaunchArgs::new();
-        a.ptr(residual)
-            .ptr(delta.unwrap_or(DevSlice::null()))
-            .ptr(weight)
-            .ptr(out)
-            .u32(u32_of(K, "hidden", hidden)?)
-            .f32(eps);
-        // SAFETY: every view was checked for its [T, hidden] / [hidden] shape;
-        // a null delta is handled by the kernel; args match the signature.
-        unsafe {
-            self.gpu.launch(
-                &self.add_rmsnorm,
-                LaunchConfig::linear(u32_of(K, "tokens", tokens)?, 256),
-                &mut a,
-            )?
+        let args = AddRmsnormArgs {
+            residual: residual.ptr(),
+            delta: delta.map_or(0, |d| d.ptr()),
+            weight: weight.ptr(),
+            out: out.ptr(),
+            hidden: u32_of(K, "hidden", hidden)?,
+            eps,
         };
+        let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROW_THREADS as u32);
+        // SAFETY: every view was checked for its [T, hidden] / [hidden] shape;
+        // a null delta is handled by the kernel; the kernel takes `AddRmsnormArgs`.
+        unsafe { self.gpu.launch_struct(&self.add_rmsnorm, cfg, &args)? };
         Ok(())
     }
-}
-
-/// CPU reference of [`Kernels::add_rmsnorm`]: updates `residual`, returns `out` as f32.
-pub fn add_rmsnorm_ref(
-    residual: &mut [f32],
-    delta: Option<&[bf16]>,
-    weight: &[bf16],
-    hidden: usize,
-    eps: f32,
-) -> Vec<f32> {
-    let mut out = vec![0f32; residual.len()];
-    for (t, row) in residual.chunks_mut(hidden).enumerate() {
-        if let Some(d) = delta {
-            for (x, dv) in row.iter_mut().zip(&d[t * hidden..(t + 1) * hidden]) {
-                *x += dv.to_f32();
-            }
-        }
-        let ss: f64 = row.iter().map(|&x| (x as f64) * (x as f64)).sum();
-        let inv = 1.0 / ((ss / hidden as f64) + eps as f64).sqrt();
-        for i in 0..hidden {
-            out[t * hidden + i] = (row[i] as f64 * inv) as f32 * weight[i].to_f32();
-        }
-    }
-    out
 }

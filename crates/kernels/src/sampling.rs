@@ -53,11 +53,11 @@ impl SampleParams {
     }
 }
 
-// Shared with sampling.cu (SAMPLE_THREADS, SAMPLE_PART_THREADS, SAMPLE_SLICE): keep equal.
-const THREADS: u32 = 1024;
-const PART_THREADS: u32 = 256;
+// Checked against sampling.cu's #defines by the generated lamina_checks.cuh.
+const THREADS: u32 = crate::consts::SAMPLE_THREADS as u32;
+const PART_THREADS: u32 = crate::consts::SAMPLE_PART_THREADS as u32;
 /// Vocabulary ids each `sample_partials` block owns.
-pub const SLICE: usize = 1024;
+pub use crate::consts::SAMPLE_SLICE as SLICE;
 
 /// Argument block of `sample_partials` (`struct SamplePartialArgs`).
 #[repr(C)]

@@ -1,5 +1,6 @@
-//! GPU tests of RoPE + KV write, prefill and decode attention against their
-//! CPU references (poisoned outputs, random paged batches with scrambled
+//! GPU tests of RoPE + KV write, prefill and decode attention against the
+//! `ops` crate's RoPE, KV write and paged attention (the CPU backend's own
+//! code) (poisoned outputs, random paged batches with scrambled
 //! block tables, head sizes 16 to 128, lengths above 1024). `#[ignore]`d:
 //! they need a CUDA device (`scripts/gpu/kernels.sh`).
 
@@ -9,7 +10,9 @@ use common::*;
 use half::bf16;
 use kernels::DecodePlan;
 use kernels::decode_attention::DecodeParams;
-use kernels::prefill_attention::{PrefillParams, RefBatch, attention_ref};
+use kernels::prefill_attention::PrefillParams;
+use ops::PagedSeqs;
+use ops::attention::positions_of;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -22,7 +25,8 @@ fn rope_kv_write_matches_reference() {
     let max_pos = 4096;
     for (shape, tokens) in SHAPES.iter().zip([5usize, 1030, 1300, 7, 300]) {
         let d = shape.head_dim;
-        let (cos, sin) = rope_tables(max_pos, d / 2);
+        let rope = rope(max_pos, d);
+        let (cos, sin) = (rope.cos(), rope.sin());
         let num_slots = tokens + 50;
         let qkv = rand_bf16(&mut rng, tokens * shape.qkv_width(), 2.0);
         let positions: Vec<u32> = (0..tokens)
@@ -33,7 +37,7 @@ fn rope_kv_write_matches_reference() {
         slots.truncate(tokens);
         let d_qkv = gpu.upload(&qkv).unwrap();
         let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
-        let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
+        let (d_cos, d_sin) = (gpu.upload(cos).unwrap(), gpu.upload(sin).unwrap());
         let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
         let vc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
         gpu.fill_bytes(kc.view(), POISON).unwrap();
@@ -54,13 +58,18 @@ fn rope_kv_write_matches_reference() {
             )
         }
         .unwrap();
-        let mut kr = vec![0f32; num_slots * shape.kv_width()];
+        // reference: rotate the q and k parts, write k and v at the slots
+        let (w, qw, kvw) = (shape.qkv_width(), shape.num_heads * d, shape.kv_width());
+        let x = f32s(&qkv);
+        let mut q_want = columns(&x, w, 0, qw);
+        rope.apply_rows(&mut q_want, qw, &positions);
+        let mut k_new = columns(&x, w, qw, kvw);
+        rope.apply_rows(&mut k_new, kvw, &positions);
+        let v_new = columns(&x, w, qw + kvw, kvw);
+        let mut kr = vec![0f32; num_slots * kvw];
         let mut vr = kr.clone();
-        let q_want = kernels::rope_kv::rope_kv_ref(
-            &qkv, &positions, &slots, &cos, &sin, *shape, &mut kr, &mut vr,
-        );
+        ops::kv_write(&mut kr, &mut vr, &k_new, &v_new, &slots, kvw);
         let got = f32s(&gpu.to_host(d_qkv.view()).unwrap());
-        let qw = shape.num_heads * d;
         let q_got: Vec<f32> = (0..tokens)
             .flat_map(|t| got[t * shape.qkv_width()..][..qw].to_vec())
             .collect();
@@ -178,14 +187,15 @@ fn prefill_attention_matches_reference() {
             let q: Vec<f32> = (0..tokens)
                 .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
                 .collect();
-            let rb = RefBatch {
+            let positions = positions_of(&b.cu, &b.ctx);
+            let seqs = PagedSeqs {
                 cu_seqlens: &b.cu,
-                context_lens: &b.ctx,
+                positions: &positions,
                 block_tables: &b.tables,
                 max_blocks: b.max_blocks,
                 block_size,
             };
-            let want = attention_ref(&q, &f32s(&kc), &f32s(&vc), rb, shape);
+            let want = ops::paged_attention(&q, &f32s(&kc), &f32s(&vc), seqs, dims(shape));
             let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
             assert!(e < 1e-2, "prefill {shape:?} {seqs:?}: rel err {e}");
         }
@@ -226,14 +236,15 @@ fn decode_want(
         if ctx == 0 {
             continue;
         }
-        let rb = RefBatch {
+        let positions = [ctx as u32 - 1];
+        let seq = PagedSeqs {
             cu_seqlens: &[0, 1],
-            context_lens: &b.ctx[s..s + 1],
+            positions: &positions,
             block_tables: &b.tables[s * b.max_blocks..(s + 1) * b.max_blocks],
             max_blocks: b.max_blocks,
             block_size: bs,
         };
-        let o = attention_ref(&q[s * qw..(s + 1) * qw], kc, vc, rb, shape);
+        let o = ops::paged_attention(&q[s * qw..(s + 1) * qw], kc, vc, seq, dims(shape));
         want[s * qw..(s + 1) * qw].copy_from_slice(&o);
     }
     want

@@ -43,10 +43,7 @@ fn embedding_and_row_gather() {
         }
         .unwrap();
         let got = gpu.to_host(out.view()).unwrap();
-        assert_eq!(
-            got,
-            kernels::embedding::embedding_gather_ref(&table, &ids, hidden)
-        );
+        assert_eq!(got, ops::embedding::embed(&table, &ids, hidden));
 
         let rows: Vec<u32> = (0..tokens.div_ceil(3))
             .map(|_| rng.random_range(0..vocab as u32))
@@ -66,9 +63,10 @@ fn embedding_and_row_gather() {
             )
         }
         .unwrap();
+        let rows: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
         assert_eq!(
             gpu.to_host(g.view()).unwrap(),
-            kernels::embedding::gather_rows_ref(&table, &rows, hidden)
+            ops::embedding::gather_rows(&table, &rows, hidden)
         );
     }
 }
@@ -100,19 +98,23 @@ fn add_rmsnorm_matches_reference() {
             1e-5,
         )
         .unwrap();
-        let want = kernels::rmsnorm::add_rmsnorm_ref(
-            &mut resid,
-            with_delta.then_some(&delta[..]),
-            &weight,
-            hidden,
-            1e-5,
-        );
+        if with_delta {
+            ops::linear::add_assign(&mut resid, &f32s(&delta));
+        }
+        let want = ops::norm::rms_norm(&resid, &f32s(&weight), 1e-5);
         let got = f32s(&gpu.to_host(out.view()).unwrap());
         let e = rel_err(&got, &want);
         assert!(e < 5e-3, "rmsnorm T={tokens} H={hidden}: rel err {e}");
         let e = rel_err(&gpu.to_host(d_res.view()).unwrap(), &resid);
         assert!(e < 1e-6, "residual update: rel err {e}");
     }
+}
+
+/// `ops::activation::silu_mul` over fused `[gate | up]` rows (`[T, 2 inter]`).
+fn silu_mul_ref(gu: &[bf16], inter: usize) -> Vec<f32> {
+    let (mut gate, up) = ops::activation::split_gate_up(&f32s(gu), inter);
+    ops::activation::silu_mul(&mut gate, &up);
+    gate
 }
 
 #[test]
@@ -128,7 +130,7 @@ fn silu_mul_matches_reference() {
         k.silu_mul(out.view(), d_gu.view(), tokens, inter).unwrap();
         let e = rel_err(
             &f32s(&gpu.to_host(out.view()).unwrap()),
-            &kernels::activation::silu_mul_ref(&gu, tokens, inter),
+            &silu_mul_ref(&gu, inter),
         );
         assert!(e < 5e-3, "silu T={tokens}: rel err {e}");
     }
@@ -323,7 +325,7 @@ fn captured_graph_replays_with_new_inputs() {
         graph.launch(&gpu).unwrap();
         let e = rel_err(
             &f32s(&gpu.to_host(out.view()).unwrap()),
-            &kernels::activation::silu_mul_ref(&h, tokens, inter),
+            &silu_mul_ref(&h, inter),
         );
         assert!(e < 5e-3, "graph replay: {e}");
     }
@@ -581,19 +583,44 @@ fn gemv_timing() {
     }
 }
 
-/// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by `rope_kv_ref`:
+/// The RoPE + KV-write reference on `ops`: returns the rotated q rows
+/// `[T, heads * D]`; rotated k and raw v land in their cache slots.
+fn rope_kv_want(
+    qkv: &[bf16],
+    positions: &[u32],
+    slots: &[u32],
+    rope: &ops::Rope,
+    shape: kernels::HeadShape,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+) -> Vec<f32> {
+    let (w, qw, kvw) = (shape.qkv_width(), shape.num_heads * shape.head_dim, shape.kv_width());
+    let mut q = Vec::with_capacity(positions.len() * qw);
+    let (mut k_new, mut v_new) = (Vec::new(), Vec::new());
+    for (t, &pos) in positions.iter().enumerate() {
+        let mut row = f32s(&qkv[t * w..(t + 1) * w]);
+        rope.apply(&mut row[..qw + kvw], pos as usize);
+        q.extend_from_slice(&row[..qw]);
+        k_new.extend_from_slice(&row[qw..qw + kvw]);
+        v_new.extend_from_slice(&row[qw + kvw..]);
+    }
+    ops::kv_write(k_cache, v_cache, &k_new, &v_new, slots, kvw);
+    q
+}
+
+/// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by the RoPE + KV-write reference:
 /// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
     use kernels::gemv::{GemvKind, RopeKv, gemv_ref};
-    use kernels::rope_kv::rope_kv_ref;
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(20);
     let max_pos = 512;
     for shape in SHAPES {
         let (hidden, n, d) = (200usize, shape.qkv_width(), shape.head_dim);
-        let (cos, sin) = rope_tables(max_pos, d / 2);
+        let table = common::rope(max_pos, d);
+        let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
         for m in [1usize, 3, 16] {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
             let g = rand_bf16(&mut rng, hidden, 1.0);
@@ -622,9 +649,7 @@ fn gemv_qkv_rope_matches_reference() {
             let qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
             let mut kr = vec![0f32; num_slots * shape.kv_width()];
             let mut vr = kr.clone();
-            let q_want = rope_kv_ref(
-                &qkv_b, &positions, &slots, &cos, &sin, shape, &mut kr, &mut vr,
-            );
+            let q_want = rope_kv_want(&qkv_b, &positions, &slots, &table, shape, &mut kr, &mut vr);
             let (d_w, d_g, d_x) = (
                 gpu.upload(&w).unwrap(),
                 gpu.upload(&g).unwrap(),

@@ -9,8 +9,15 @@
 // load. Query i of sequence s sits at position context_len - seqlen + i and
 // attends to cached positions 0..=that position. q, acc live in registers,
 // K/V tiles of BK keys in shared memory as f32; scores use exp2 with the
-// scale folded into q.
+// scale folded into q. K/V tiles hold BK = LAMINA_PREFILL_TILE_ELEMS / D keys;
+// one kernel per head size of LAMINA_FOR_EACH_HEAD_DIM, each taking the one
+// argument struct PrefillAttentionArgs (lamina_args.cuh, from src/abi.rs).
 #include "common.cuh"
+#include "lamina_args.cuh"
+#include "lamina_consts.cuh"
+
+static_assert(2 * LAMINA_PREFILL_TILE_ELEMS * sizeof(float) <= LAMINA_STATIC_SMEM_LIMIT,
+              "prefill K/V tiles exceed static shared memory");
 
 template <int D, int BK>
 __device__ __forceinline__ void prefill_attention_impl(
@@ -67,11 +74,11 @@ __device__ __forceinline__ void prefill_attention_impl(
         __syncthreads();
         if (!active || kt > qpos) continue;
         const uint32_t jmax = min(nk, qpos - kt + 1);
-        for (uint32_t j0 = 0; j0 < jmax; j0 += 16) {
-            float sc[16];
+        for (uint32_t j0 = 0; j0 < jmax; j0 += LAMINA_PREFILL_SCORE_STEP) {
+            float sc[LAMINA_PREFILL_SCORE_STEP];
             float mt = m;
 #pragma unroll
-            for (int jj = 0; jj < 16; jj++) {
+            for (int jj = 0; jj < LAMINA_PREFILL_SCORE_STEP; jj++) {
                 float v = -INFINITY;
                 if (j0 + jj < jmax) {
                     v = 0.f;
@@ -86,7 +93,7 @@ __device__ __forceinline__ void prefill_attention_impl(
 #pragma unroll
             for (int d = 0; d < D; d++) acc[d] *= corr;
 #pragma unroll
-            for (int jj = 0; jj < 16; jj++) {
+            for (int jj = 0; jj < LAMINA_PREFILL_SCORE_STEP; jj++) {
                 if (j0 + jj < jmax) {
                     const float p = exp2f(sc[jj] - mt);
                     l += p;
@@ -105,15 +112,12 @@ __device__ __forceinline__ void prefill_attention_impl(
     }
 }
 
-#define PREFILL_ATTENTION(D)                                                                                  \
-    extern "C" __global__ void prefill_attention_d##D(                                                       \
-        const bf16* qkv, const bf16* k_cache, const bf16* v_cache, const uint32_t* cu_seqlens,               \
-        const uint32_t* context_lens, const uint32_t* block_tables, bf16* out, uint32_t max_blocks,          \
-        uint32_t n_heads, uint32_t n_kv, uint32_t block_size, uint32_t tok_per_block, float scale) {         \
-        prefill_attention_impl<D, 4096 / D>(qkv, k_cache, v_cache, cu_seqlens, context_lens, block_tables,   \
-                                            out, max_blocks, n_heads, n_kv, block_size, tok_per_block, scale); \
+#define PREFILL_ATTENTION(D)                                                                            \
+    extern "C" __global__ void prefill_attention_d##D(const PrefillAttentionArgs a) {                  \
+        static_assert(LAMINA_PREFILL_TILE_ELEMS % D == 0, "tile must hold whole keys");                \
+        prefill_attention_impl<D, LAMINA_PREFILL_TILE_ELEMS / D>(                                      \
+            a.qkv, a.k_cache, a.v_cache, a.cu_seqlens, a.context_lens, a.block_tables, a.out,            \
+            a.max_blocks, a.n_heads, a.n_kv, a.block_size, a.tok_per_block, a.scale);                    \
     }
-PREFILL_ATTENTION(16)
-PREFILL_ATTENTION(32)
-PREFILL_ATTENTION(64)
-PREFILL_ATTENTION(128)
+LAMINA_FOR_EACH_HEAD_DIM(PREFILL_ATTENTION)
+#undef PREFILL_ATTENTION

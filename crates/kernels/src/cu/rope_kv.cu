@@ -7,16 +7,20 @@
 //   cache layout [slots, n_kv, D] bf16, slot = block * block_size + offset.
 //   cos/sin tables [max_pos, D/2] f32 (LlamaConfig::rope_table), shared with decode.
 //   positions >= max_pos are rejected on the host; the kernel skips them.
+// Takes its one argument struct (lamina_args.cuh, from src/abi.rs); block
+// LAMINA_ROPE_THREADS.
 #include "common.cuh"
+#include "lamina_args.cuh"
 
-extern "C" __global__ void rope_kv_write(bf16* __restrict__ qkv,                 // [T, (n_heads + 2 n_kv) D]
-                                         const uint32_t* __restrict__ positions, // [T]
-                                         const uint32_t* __restrict__ slots,     // [T]
-                                         const float* __restrict__ cos_t,        // [max_pos, D/2]
-                                         const float* __restrict__ sin_t,        // [max_pos, D/2]
-                                         bf16* __restrict__ k_cache,             // [slots, n_kv, D]
-                                         bf16* __restrict__ v_cache,             // [slots, n_kv, D]
-                                         uint32_t n_heads, uint32_t n_kv, uint32_t head_dim, uint32_t max_pos) {
+extern "C" __global__ void rope_kv_write(const RopeKvArgs a) {
+    bf16* __restrict__ qkv = a.qkv;                      // [T, (n_heads + 2 n_kv) D]
+    const uint32_t* __restrict__ positions = a.positions; // [T]
+    const uint32_t* __restrict__ slots = a.slots;         // [T]
+    const float* __restrict__ cos_t = a.cos_t;            // [max_pos, D/2]
+    const float* __restrict__ sin_t = a.sin_t;            // [max_pos, D/2]
+    bf16* __restrict__ k_cache = a.k_cache;               // [slots, n_kv, D]
+    bf16* __restrict__ v_cache = a.v_cache;               // [slots, n_kv, D]
+    const uint32_t n_heads = a.n_heads, n_kv = a.n_kv, head_dim = a.head_dim, max_pos = a.max_pos;
     uint32_t t = blockIdx.x;
     uint32_t pos = positions[t];
     if (pos >= max_pos) return;

@@ -1,5 +1,6 @@
 //! Helpers shared by the GPU kernel tests: device setup, random inputs,
-//! errors, the head shapes tested and random paged batches.
+//! errors, the head shapes tested, and the RoPE tables. The references
+//! themselves are the `ops` crate's operations (the CPU backend's code).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -45,17 +46,30 @@ pub fn f32s(v: &[bf16]) -> Vec<f32> {
     v.iter().map(|x| x.to_f32()).collect()
 }
 
-pub fn rope_tables(max_pos: usize, half: usize) -> (Vec<f32>, Vec<f32>) {
-    let mut c = Vec::new();
-    let mut s = Vec::new();
-    for p in 0..max_pos {
-        for j in 0..half {
-            let a = p as f64 * 500000f64.powf(-(2.0 * j as f64) / (2.0 * half as f64));
-            c.push(a.cos() as f32);
-            s.push(a.sin() as f32);
-        }
+/// RoPE of Llama 3.2 1B's settings (theta 500000, llama3 scaling) at head
+/// size `head_dim`, from `LlamaConfig::rope_table` like both backends.
+pub fn rope(max_pos: usize, head_dim: usize) -> ops::Rope {
+    let mut c = contract::presets::Preset::Llama3_2_1b
+        .config()
+        .expect("preset parses");
+    c.head_dim = head_dim;
+    ops::Rope::new(&c, max_pos)
+}
+
+/// `[T, width]` rows `t` of `[T, stride]` rows starting at column `col`.
+pub fn columns(x: &[f32], stride: usize, col: usize, width: usize) -> Vec<f32> {
+    x.chunks_exact(stride)
+        .flat_map(|r| r[col..col + width].iter().copied())
+        .collect()
+}
+
+/// The `ops` attention dimensions of a kernel head shape.
+pub fn dims(s: HeadShape) -> ops::AttnDims {
+    ops::AttnDims {
+        heads: s.num_heads,
+        kv_heads: s.num_kv_heads,
+        head_dim: s.head_dim,
     }
-    (c, s)
 }
 
 pub const SHAPES: [HeadShape; 5] = [

@@ -10,13 +10,16 @@
 //! Costs per step of `T` tokens and `R` output rows: one pass over every
 //! layer's weights (each row converted once and applied to all `T` tokens),
 //! `R * vocab * hidden` multiply-adds for the head (not `T`), attention as in
-//! [`super::attention`]. Scratch memory O(T * max(intermediate, q_dim)).
+//! [`ops::attention`]. Scratch memory O(T * max(intermediate, q_dim)).
+//! Every operation is the `ops` crate's (shared with the kernels' tests).
 
 use super::CpuBackend;
-use super::attention::{AttnDims, attention};
-use super::linear::{add_assign, matmul_bf16, rms_norm, silu_mul};
 use contract::backend::StepBatch;
-use half::slice::HalfFloatSliceExt;
+use ops::AttnDims;
+use ops::activation::silu_mul;
+use ops::embedding::{embed, gather_rows};
+use ops::linear::{add_assign, matmul_bf16};
+use ops::norm::rms_norm;
 
 impl CpuBackend {
     /// Runs `batch` (already validated) and returns the logits of token rows
@@ -32,25 +35,18 @@ impl CpuBackend {
         let (inter, eps) = (c.intermediate_size, c.rms_norm_eps);
         let t = batch.num_tokens();
         // [T, hidden] residual stream
-        let mut x = vec![0f32; t * hidden];
-        for (row, &tok) in x.chunks_exact_mut(hidden).zip(&batch.tokens) {
-            let e = &self.weights.embed.data[tok as usize * hidden..][..hidden];
-            e.convert_to_f32_slice(row);
-        }
+        let mut x = embed(&self.weights.embed.data, &batch.tokens, hidden);
+        debug_assert_eq!(x.len(), t * hidden);
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let h = rms_norm(&x, &norms.input, eps); // [T, hidden]
             let mut q = matmul_bf16(&h, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
             let mut k = matmul_bf16(&h, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
             let v = matmul_bf16(&h, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
-            for (i, &pos) in batch.positions.iter().enumerate() {
-                self.rope
-                    .apply(&mut q[i * q_dim..(i + 1) * q_dim], pos as usize);
-                self.rope
-                    .apply(&mut k[i * kv_dim..(i + 1) * kv_dim], pos as usize);
-            }
+            self.rope.apply_rows(&mut q, q_dim, &batch.positions);
+            self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
             self.pool.write(l, &k, &v, &batch.slot_mapping);
-            let o = attention(&q, &self.pool, l, batch, dims); // [T, q_dim]
+            let o = self.pool.attention(&q, l, batch, dims); // [T, q_dim]
             add_assign(&mut x, &matmul_bf16(&o, &lw.o_proj.data, q_dim, hidden));
             let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
             let mut gate = matmul_bf16(&h, &lw.gate_proj.data, hidden, inter); // [T, inter]
@@ -62,10 +58,7 @@ impl CpuBackend {
             );
         }
         // [R, hidden] only the rows whose logits are wanted
-        let picked: Vec<f32> = rows
-            .iter()
-            .flat_map(|&r| x[r * hidden..(r + 1) * hidden].iter().copied())
-            .collect();
+        let picked = gather_rows(&x, rows, hidden);
         let h = rms_norm(&picked, &self.final_norm, eps);
         matmul_bf16(&h, &self.weights.head().data, hidden, c.vocab_size) // [R, vocab]
     }

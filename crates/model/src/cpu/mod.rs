@@ -8,7 +8,9 @@
 //! weights are converted to f32 on the fly, arithmetic is f32, RoPE tables
 //! are built once, and the KV cache lives in a paged pool (see
 //! [`attention::KvPool`]) addressed only through the batch's slots and block
-//! tables. Logits are computed only for sampled rows (or the rows
+//! tables. Every operation (matmul, RMSNorm, RoPE, attention, SwiGLU,
+//! embedding) is the `ops` crate's, the same code the CUDA kernels' tests
+//! use as their reference. Logits are computed only for sampled rows (or the rows
 //! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
 //!
 //! Costs: memory = the BF16 weights + `2 * layers * num_blocks * block_size *
@@ -19,16 +21,16 @@
 pub mod attention;
 pub mod batch;
 mod forward;
-pub mod linear;
 
 #[cfg(test)]
 mod tests;
 
 use crate::sampler::sample;
-use attention::{KvPool, Rope};
+use attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
+use ops::Rope;
 use rayon::prelude::*;
 
 /// One layer's norm weights, converted to f32 once.

@@ -1,0 +1,25 @@
+//! ops: the one reference implementation of each operation of the Llama
+//! forward pass, in plain Rust (no CUDA, no device).
+//!
+//! Contract: these functions ARE the CPU backend's forward pass
+//! (`model::cpu` calls them and nothing else for these operations), and the
+//! CUDA kernels' GPU tests compare against the same functions, so the CPU
+//! backend, the golden tests and the kernel tests share one definition of
+//! RoPE, RMSNorm, SwiGLU, embedding / row gather, the paged KV write and
+//! paged causal attention. Arithmetic is f32 (RMSNorm's mean of squares in
+//! f64); BF16 inputs are widened to f32 exactly. The RoPE tables come from
+//! [`contract::config::LlamaConfig::rope_table`].
+//!
+//! Layouts are row-major and stated on every function (`[T, hidden]` = `T`
+//! rows of `hidden`). Costs are stated per module; the heavy operations
+//! (matmul, attention, RMSNorm) run in parallel on rayon's global pool.
+
+pub mod activation;
+pub mod attention;
+pub mod embedding;
+pub mod linear;
+pub mod norm;
+pub mod rope;
+
+pub use attention::{AttnDims, PagedSeqs, kv_write, paged_attention};
+pub use rope::Rope;

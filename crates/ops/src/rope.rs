@@ -1,0 +1,91 @@
+//! RoPE from the one precomputed table.
+//!
+//! Contract: [`Rope`] holds `cos`/`sin` tables `[positions, head_dim / 2]`
+//! built once by [`LlamaConfig::rope_table`] (the CUDA backend uploads the
+//! same tables) and rotates in the rotate-half convention of the Hugging
+//! Face layout (pairs `i` and `i + head_dim / 2` of each head).
+//! Costs: tables `2 * positions * head_dim / 2 * 4` bytes; `apply` is
+//! O(len) per token.
+
+use contract::config::LlamaConfig;
+
+/// Precomputed rotary tables.
+pub struct Rope {
+    cos: Vec<f32>, // [positions, half]
+    sin: Vec<f32>, // [positions, half]
+    half: usize,
+    positions: usize,
+}
+
+impl Rope {
+    /// Tables for positions `0..positions` of `config`'s head size and scaling.
+    pub fn new(config: &LlamaConfig, positions: usize) -> Self {
+        let (cos, sin) = config.rope_table(positions);
+        Rope {
+            cos,
+            sin,
+            half: config.head_dim / 2,
+            positions,
+        }
+    }
+
+    /// Number of positions covered by the tables.
+    pub fn positions(&self) -> usize {
+        self.positions
+    }
+
+    /// The cosine table, `[positions, head_dim / 2]`.
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// The sine table, `[positions, head_dim / 2]`.
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
+
+    /// Rotates every head of one token's `x` (`[heads * head_dim]`) to `pos`.
+    /// `pos` must be below [`Rope::positions`] (checked by the backend).
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.half;
+        let cos = &self.cos[pos * half..(pos + 1) * half];
+        let sin = &self.sin[pos * half..(pos + 1) * half];
+        for head in x.chunks_exact_mut(2 * half) {
+            let (a, b) = head.split_at_mut(half);
+            for i in 0..half {
+                let (x0, x1) = (a[i], b[i]);
+                a[i] = x0 * cos[i] - x1 * sin[i];
+                b[i] = x1 * cos[i] + x0 * sin[i];
+            }
+        }
+    }
+
+    /// Rotates each of the `T` rows of `x` (`[T, width]`, `width` a multiple
+    /// of `head_dim`) to its position `positions[t]`.
+    pub fn apply_rows(&self, x: &mut [f32], width: usize, positions: &[u32]) {
+        for (row, &pos) in x.chunks_exact_mut(width).zip(positions) {
+            self.apply(row, pos as usize);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contract::presets::Preset;
+
+    #[test]
+    fn position_zero_is_identity_and_rotation_keeps_norm() {
+        let c = Preset::Tiny.config().unwrap();
+        let rope = Rope::new(&c, 8);
+        assert_eq!(rope.cos().len(), 8 * c.head_dim / 2);
+        let x: Vec<f32> = (0..2 * c.head_dim).map(|i| i as f32 / 7.0 - 1.0).collect();
+        let mut y = x.clone();
+        rope.apply(&mut y, 0);
+        assert_eq!(x, y);
+        rope.apply_rows(&mut y, c.head_dim, &[5, 3]);
+        let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>();
+        assert!((n(&x) - n(&y)).abs() < 1e-3);
+        assert_ne!(x, y);
+    }
+}
