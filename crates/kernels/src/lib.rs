@@ -17,6 +17,7 @@
 pub mod activation;
 pub mod decode_attention;
 pub mod embedding;
+pub mod flash_prefill;
 pub mod prefill_attention;
 pub mod rmsnorm;
 pub mod rope_kv;
@@ -119,6 +120,7 @@ pub struct Kernels {
     pub(crate) silu_mul: Function,
     pub(crate) prefill: [Function; 4],
     pub(crate) decode: [Function; 4],
+    pub(crate) flash_prefill: [Function; 2],
     pub(crate) decode_combine: Function,
     pub(crate) sample_rows: Function,
     _module: Module,
@@ -148,6 +150,7 @@ impl Kernels {
                 f("decode_attention_d64")?,
                 f("decode_attention_d128")?,
             ],
+            flash_prefill: flash_prefill::load_functions(&module)?,
             decode_combine: f("decode_combine")?,
             sample_rows: f("sample_rows")?,
             _module: module,
