@@ -4,9 +4,9 @@
 //! [`Kernels::prefill_attention`] (causal, GQA, scale `1/sqrt(D)`), for the
 //! head sizes in [`FLASH_HEAD_DIMS`] and at most [`FLASH_MAX_GROUP`] query
 //! heads per KV head ([`Kernels::flash_prefill_supports`]).
-//! Costs: one launch of `ceil(max_seqlen / (64 / G)) x S x kv_heads` CTAs of
-//! 128 threads and `(64 + 4 * 64) * D * 2` bytes of shared memory; O(Σ seqlen
-//! · context · D) tensor-core FLOPs, K/V read once per 64-row query tile; no
+//! Costs: one launch of `ceil(max_seqlen / (128 / G)) x S x kv_heads` CTAs of
+//! 256 threads and `(128 + 4 * 64) * D * 2` bytes of shared memory; O(Σ seqlen
+//! · context · D) tensor-core FLOPs, K/V read once per 128-row query tile; no
 //! T x T buffer, no atomics (deterministic).
 
 use std::mem::{offset_of, size_of};
@@ -19,11 +19,11 @@ use crate::{KernelError, Kernels, need, u32_of};
 
 /// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Query rows of one CTA (16 per warp, 4 warps): tokens x query heads of one KV head.
-const ROWS: usize = 64;
+/// Query rows of one CTA (16 per warp, 8 warps): tokens x query heads of one KV head.
+const ROWS: usize = 128;
 /// Keys per shared-memory tile.
 const KEYS: usize = 64;
-const THREADS: u32 = 128;
+const THREADS: u32 = 256;
 /// Most query heads per KV head one CTA can pack.
 pub const FLASH_MAX_GROUP: usize = ROWS;
 

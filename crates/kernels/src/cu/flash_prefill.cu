@@ -18,7 +18,7 @@
 // are zero-filled, padding rows (past the sequence, or past tok_per_tile * G)
 // are computed on zero queries and never stored. Tiles are visited heaviest
 // first (blockIdx.x reversed). Deterministic: no atomics, fixed order.
-// Shared memory: (FP_BM + 4 FP_BN) * D bf16 (40 KiB at D = 64, 80 at 128).
+// Shared memory: (FP_BM + 4 FP_BN) * D bf16 (48 KiB at D = 64, 96 at 128).
 #include <stddef.h>
 
 #include "common.cuh"
@@ -53,7 +53,7 @@ static_assert(offsetof(FlashPrefillArgs, block_size) == 68, "block_size");
 static_assert(offsetof(FlashPrefillArgs, tok_per_tile) == 72, "tok_per_tile");
 static_assert(offsetof(FlashPrefillArgs, scale_log2) == 76, "scale_log2");
 
-#define FP_WARPS 4
+#define FP_WARPS 8
 #define FP_THREADS (32 * FP_WARPS)
 #define FP_BM (16 * FP_WARPS)
 #define FP_BN 64
