@@ -16,11 +16,11 @@ use half::bf16;
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
 // Checked against decode_attention.cu's #defines by the generated lamina_checks.cuh.
-use crate::consts::DECODE_THREADS as THREADS;
 /// Keys per split are a multiple of this (`DECODE_CHUNK_GRAN`).
 pub use crate::consts::DECODE_CHUNK_GRAN as CHUNK_GRAN;
 /// Query heads per KV head the kernels are instantiated for (index 0: <= 4, 1: <= 8).
 pub use crate::consts::DECODE_GROUP_CAPS as GROUP_CAPS;
+use crate::consts::DECODE_THREADS as THREADS;
 /// Upper bound on splits per (sequence, KV head).
 const MAX_SPLITS: usize = 128;
 

@@ -31,6 +31,7 @@ pub mod consts;
 pub mod activation;
 pub mod decode_attention;
 pub mod embedding;
+pub mod flash_prefill;
 pub mod gemv;
 pub mod prefill_attention;
 pub mod rmsnorm;
@@ -156,6 +157,8 @@ pub struct Kernels {
     /// `[head dim index][group cap index]`: `decode_attention_d{D}_g{G}` for
     /// each `D` of [`HEAD_DIMS`] and `G` of `decode_attention::GROUP_CAPS`.
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
+    /// `flash_prefill_d64`, `flash_prefill_d128` (see `flash_prefill`).
+    pub(crate) flash_prefill: [Function; 2],
     pub(crate) decode_combine: Function,
     /// `[variant][row tile]` (see `gemv::VARIANTS`).
     pub(crate) gemv: [[Function; 5]; 6],
@@ -186,6 +189,7 @@ impl Kernels {
             silu_mul: f("silu_mul")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             decode: decode_kernels(&module)?,
+            flash_prefill: flash_prefill::load_functions(&module)?,
             decode_combine: f("decode_combine")?,
             gemv: [
                 tiles(gemv::VARIANTS[0])?,

@@ -5,6 +5,7 @@
 //! they need a CUDA device (`scripts/gpu/kernels.sh`).
 
 mod common;
+mod flash_prefill;
 
 use common::*;
 use half::bf16;

@@ -594,7 +594,11 @@ fn rope_kv_want(
     k_cache: &mut [f32],
     v_cache: &mut [f32],
 ) -> Vec<f32> {
-    let (w, qw, kvw) = (shape.qkv_width(), shape.num_heads * shape.head_dim, shape.kv_width());
+    let (w, qw, kvw) = (
+        shape.qkv_width(),
+        shape.num_heads * shape.head_dim,
+        shape.kv_width(),
+    );
     let mut q = Vec::with_capacity(positions.len() * qw);
     let (mut k_new, mut v_new) = (Vec::new(), Vec::new());
     for (t, &pos) in positions.iter().enumerate() {

@@ -295,18 +295,32 @@ impl CudaBackend {
                         max_blocks: lay.max_blocks,
                         block_size: self.kv.block_size,
                     };
+                    // Tensor-core kernel where it serves the head shape, the old one otherwise.
                     // SAFETY: as for decode; the batch passed StepBatch::validate.
                     unsafe {
-                        self.k.prefill_attention(
-                            ws.qkv.view(),
-                            kc,
-                            vc,
-                            cu,
-                            ctx,
-                            tables,
-                            ws.attn.view(),
-                            p,
-                        )
+                        if self.k.flash_prefill_supports(&p) {
+                            self.k.flash_prefill(
+                                ws.qkv.view(),
+                                kc,
+                                vc,
+                                cu,
+                                ctx,
+                                tables,
+                                ws.attn.view(),
+                                p,
+                            )
+                        } else {
+                            self.k.prefill_attention(
+                                ws.qkv.view(),
+                                kc,
+                                vc,
+                                cu,
+                                ctx,
+                                tables,
+                                ws.attn.view(),
+                                p,
+                            )
+                        }
                     }
                     .map_err(k("prefill attention"))?;
                 }

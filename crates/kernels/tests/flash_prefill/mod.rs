@@ -1,0 +1,298 @@
+//! GPU tests of the tensor-core flash prefill kernel against `ops::paged_attention`
+//! (odd lengths, packed sequences, chunked prefill against the whole prompt,
+//! GQA 32/8, 9/3 and 16/2, head sizes 64 and 128, scrambled block tables,
+//! poisoned outputs) and its speed on a 4,096-token prompt. Part of the
+//! `gpu_attention` test binary; `#[ignore]`d: they need a CUDA device.
+
+use super::{PagedBatch, paged_batch};
+use crate::common::*;
+use gpu::{DeviceBuffer, Gpu};
+use half::bf16;
+use kernels::prefill_attention::PrefillParams;
+use kernels::{HeadShape, Kernels};
+use ops::PagedSeqs;
+use ops::attention::positions_of;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+const BLOCK: usize = 16;
+
+/// One batch on the device: random caches and qkv, a poisoned output.
+struct Case {
+    b: PagedBatch,
+    seqs: Vec<(usize, usize)>,
+    shape: HeadShape,
+    kc: Vec<bf16>,  // [slots, kv_heads, D]
+    vc: Vec<bf16>,  // [slots, kv_heads, D]
+    qkv: Vec<bf16>, // [T, qkv_width]
+}
+
+impl Case {
+    fn new(rng: &mut StdRng, shape: HeadShape, seqs: &[(usize, usize)]) -> Case {
+        let b = paged_batch(rng, seqs, BLOCK);
+        let slots = b.num_blocks * BLOCK;
+        let tokens = *b.cu.last().unwrap() as usize;
+        Case {
+            kc: rand_bf16(rng, slots * shape.kv_width(), 1.0),
+            vc: rand_bf16(rng, slots * shape.kv_width(), 1.0),
+            qkv: rand_bf16(rng, tokens * shape.qkv_width(), 1.0),
+            b,
+            seqs: seqs.to_vec(),
+            shape,
+        }
+    }
+
+    fn params(&self) -> PrefillParams {
+        PrefillParams {
+            shape: self.shape,
+            tokens: *self.b.cu.last().unwrap() as usize,
+            num_seqs: self.seqs.len(),
+            max_seqlen: self.seqs.iter().map(|s| s.0).max().unwrap(),
+            max_blocks: self.b.max_blocks,
+            block_size: BLOCK,
+        }
+    }
+
+    /// Runs the flash kernel (or the old one when `old`) and returns `[T, heads * D]`.
+    fn run(&self, gpu: &Gpu, k: &Kernels, old: bool) -> Vec<f32> {
+        let p = self.params();
+        let dev = Dev::new(gpu, self);
+        let out = gpu
+            .alloc::<bf16>(p.tokens * self.shape.num_heads * self.shape.head_dim)
+            .unwrap();
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        dev.launch(k, &out, p, old);
+        f32s(&gpu.to_host(out.view()).unwrap())
+    }
+
+    /// `[T, heads * D]` query rows of the tokens `rows` of the batch.
+    fn q_rows(&self, rows: std::ops::Range<usize>) -> Vec<f32> {
+        let (w, qw) = (
+            self.shape.qkv_width(),
+            self.shape.num_heads * self.shape.head_dim,
+        );
+        rows.flat_map(|t| f32s(&self.qkv[t * w..][..qw])).collect()
+    }
+
+    /// CPU reference for tokens `i0..i1` of sequence `s` (a sub-batch of one
+    /// segment ending at position `ctx - len + i1 - 1`).
+    fn reference(&self, s: usize, i0: usize, i1: usize) -> Vec<f32> {
+        let (len, ctx) = self.seqs[s];
+        let t0 = self.b.cu[s] as usize;
+        let cu = [0, (i1 - i0) as u32];
+        let cl = [(ctx - len + i1) as u32];
+        let positions = positions_of(&cu, &cl);
+        let seq = PagedSeqs {
+            cu_seqlens: &cu,
+            positions: &positions,
+            block_tables: &self.b.tables[s * self.b.max_blocks..][..self.b.max_blocks],
+            max_blocks: self.b.max_blocks,
+            block_size: BLOCK,
+        };
+        let q = self.q_rows(t0 + i0..t0 + i1);
+        ops::paged_attention(&q, &f32s(&self.kc), &f32s(&self.vc), seq, dims(self.shape))
+    }
+}
+
+/// Device copies of a case's inputs.
+struct Dev {
+    kc: DeviceBuffer<bf16>,
+    vc: DeviceBuffer<bf16>,
+    qkv: DeviceBuffer<bf16>,
+    cu: DeviceBuffer<u32>,
+    ctx: DeviceBuffer<u32>,
+    tab: DeviceBuffer<u32>,
+}
+
+impl Dev {
+    fn new(gpu: &Gpu, c: &Case) -> Dev {
+        Dev {
+            kc: gpu.upload(&c.kc).unwrap(),
+            vc: gpu.upload(&c.vc).unwrap(),
+            qkv: gpu.upload(&c.qkv).unwrap(),
+            cu: gpu.upload(&c.b.cu).unwrap(),
+            ctx: gpu.upload(&c.b.ctx).unwrap(),
+            tab: gpu.upload(&c.b.tables).unwrap(),
+        }
+    }
+
+    fn launch(&self, k: &Kernels, out: &DeviceBuffer<bf16>, p: PrefillParams, old: bool) {
+        let (q, kc, vc) = (self.qkv.view(), self.kc.view(), self.vc.view());
+        let (cu, ctx, tab) = (self.cu.view(), self.ctx.view(), self.tab.view());
+        // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
+        let r = unsafe {
+            if old {
+                k.prefill_attention(q, kc, vc, cu, ctx, tab, out.view(), p)
+            } else {
+                k.flash_prefill(q, kc, vc, cu, ctx, tab, out.view(), p)
+            }
+        };
+        r.unwrap();
+    }
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Checks `got` (the whole batch) against the reference on every segment, or
+/// on three 64-token windows of segments longer than 1,100 tokens.
+fn check(c: &Case, got: &[f32], what: &str) {
+    let qw = c.shape.num_heads * c.shape.head_dim;
+    for (s, &(len, _)) in c.seqs.iter().enumerate() {
+        let windows = if len > 1100 {
+            vec![(0, 64), (len / 2 - 31, len / 2 + 33), (len - 64, len)]
+        } else {
+            vec![(0, len)]
+        };
+        for (i0, i1) in windows {
+            let t0 = c.b.cu[s] as usize;
+            let g = &got[(t0 + i0) * qw..(t0 + i1) * qw];
+            let want = c.reference(s, i0, i1);
+            let (e, a) = (rel_err(g, &want), max_abs(g, &want));
+            assert!(
+                e < 1e-2 && a < 2e-2,
+                "{what} {:?} seq {s} {:?} rows {i0}..{i1}: rel err {e}, max abs err {a}",
+                c.shape,
+                c.seqs[s]
+            );
+        }
+    }
+}
+
+const FLASH_SHAPES: [HeadShape; 4] = [
+    HeadShape {
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 64,
+    },
+    HeadShape {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+    },
+    HeadShape {
+        num_heads: 32,
+        num_kv_heads: 8,
+        head_dim: 128,
+    },
+    HeadShape {
+        num_heads: 16,
+        num_kv_heads: 2,
+        head_dim: 128,
+    },
+];
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_prefill_matches_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(11);
+    let cases: [&[(usize, usize)]; 4] = [
+        &[
+            (1, 1),
+            (7, 7),
+            (63, 63),
+            (64, 64),
+            (65, 65),
+            (300, 300),
+            (1000, 1000),
+        ],
+        &[
+            (5, 40),
+            (33, 1200),
+            (1, 17),
+            (64, 129),
+            (100, 1000),
+            (17, 17),
+        ],
+        &[(5000, 5000)],
+        &[(1, 1)],
+    ];
+    for shape in FLASH_SHAPES {
+        for seqs in cases {
+            let c = Case::new(&mut rng, shape, seqs);
+            assert!(k.flash_prefill_supports(&c.params()));
+            check(&c, &c.run(&gpu, &k, false), "flash");
+        }
+    }
+}
+
+/// A chunk whose earlier positions are cached gives the whole prompt's rows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_prefill_chunk_matches_whole_prompt() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(12);
+    for shape in FLASH_SHAPES {
+        let n = 777;
+        let whole = Case::new(&mut rng, shape, &[(n, n)]);
+        let full = whole.run(&gpu, &k, false);
+        let qw = shape.num_heads * shape.head_dim;
+        for chunk in [1usize, 63, 200, n] {
+            // Same caches and block table, q of the last `chunk` tokens only.
+            let mut c = Case {
+                b: PagedBatch {
+                    cu: vec![0, chunk as u32],
+                    ctx: vec![n as u32],
+                    tables: whole.b.tables.clone(),
+                    max_blocks: whole.b.max_blocks,
+                    num_blocks: whole.b.num_blocks,
+                },
+                seqs: vec![(chunk, n)],
+                shape,
+                kc: whole.kc.clone(),
+                vc: whole.vc.clone(),
+                qkv: Vec::new(),
+            };
+            let w = shape.qkv_width();
+            c.qkv = whole.qkv[(n - chunk) * w..].to_vec();
+            let got = c.run(&gpu, &k, false);
+            let want = &full[(n - chunk) * qw..];
+            let a = max_abs(&got, want);
+            assert!(a < 1e-2, "{shape:?} chunk {chunk} of {n}: max abs diff {a}");
+            check(&c, &got, "flash chunk");
+        }
+    }
+}
+
+/// Prints the flash kernel's speed (and the old kernel's) on one 4,096-token
+/// causal prompt; FLOPs counted as 4 T² D heads / 2.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_prefill_timing_4096() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(13);
+    let t = 4096;
+    for shape in [FLASH_SHAPES[0], FLASH_SHAPES[2]] {
+        let c = Case::new(&mut rng, shape, &[(t, t)]);
+        let p = c.params();
+        let dev = Dev::new(&gpu, &c);
+        let out = gpu
+            .alloc::<bf16>(t * shape.num_heads * shape.head_dim)
+            .unwrap();
+        let flops = 4.0 * (t as f64).powi(2) * (shape.head_dim * shape.num_heads) as f64 / 2.0;
+        for old in [false, true] {
+            let iters = if old { 3 } else { 20 };
+            dev.launch(&k, &out, p, old);
+            let timer = gpu.timer().unwrap();
+            timer.start().unwrap();
+            for _ in 0..iters {
+                dev.launch(&k, &out, p, old);
+            }
+            let us = timer.stop_ms().unwrap() as f64 * 1e3 / iters as f64;
+            let name = if old {
+                "old prefill_attention"
+            } else {
+                "flash_prefill"
+            };
+            println!(
+                "RESULT {name} {shape:?} T={t}: {us:.1} us, {:.1} TFLOP/s",
+                flops / us * 1e-6
+            );
+        }
+    }
+}
