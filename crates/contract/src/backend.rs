@@ -10,7 +10,10 @@
 //! Both backends (CPU reference, CUDA) take exactly the same batch. A batch
 //! whose every sequence contributes one token is a *pure-decode* step.
 
+use std::sync::Arc;
+
 use crate::config::LlamaConfig;
+use crate::history::PenaltyHistory;
 use crate::sampling::SamplingParams;
 
 /// One scheduler step, flattened. `T` = tokens in the step, `S` = sequences.
@@ -183,9 +186,11 @@ pub struct SampleRequest {
     /// (0 for the first); with `params.seed` it fixes the random draw, so a
     /// run is reproducible however it is batched or preempted.
     pub step: u64,
-    /// Tokens already seen by the request (prompt + generated), for the
-    /// repetition penalty; may be empty when the penalty is 1.
-    pub history: Vec<u32>,
+    /// The distinct tokens the request has seen (prompt + generated), for the
+    /// repetition penalty: `Some` exactly when `params.repetition_penalty != 1`
+    /// (a backend ignores it otherwise). Shared, not copied: the engine keeps
+    /// it per sequence and updates it in place between steps.
+    pub history: Option<Arc<PenaltyHistory>>,
 }
 
 /// The token a backend sampled for one sequence.

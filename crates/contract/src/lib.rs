@@ -2,16 +2,21 @@
 //!
 //! The model's validated configuration ([`config`]), the known model shapes
 //! ([`presets`]), the step contract ([`backend`]: `StepBatch`, the `Backend`
-//! trait, sampled tokens) and the sampling parameters with their
+//! trait, sampled tokens; [`step_builder`], the one builder of step batches;
+//! [`history`], the repetition-penalty token set) and the sampling parameters with their
 //! counter-based draw ([`sampling`]). No tensors, no CUDA, no I/O beyond
 //! reading a `config.json`: the engine and the server build on this crate
 //! alone, so a kernel change never recompiles them.
 
 pub mod backend;
 pub mod config;
+pub mod history;
 pub mod presets;
 pub mod sampling;
+pub mod step_builder;
 
 pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
 pub use config::{ConfigError, GenerationConfig, LlamaConfig};
+pub use history::PenaltyHistory;
 pub use sampling::{ParamError, SamplingParams};
+pub use step_builder::{StepBuildError, StepBuilder};

@@ -2,7 +2,7 @@
 //! the next step, and the KV bookkeeping (through `paged-kv`) that goes with it.
 //!
 //! Contract, per [`Scheduler::schedule`]:
-//! 1. Every running sequence gets KV room for the tokens it sampled last step,
+//! 1. Every running sequence gets KV room for the token it sampled last step,
 //!    oldest first; when the pool is short, the youngest running sequence is
 //!    preempted (blocks freed, tokens kept, put at the front of the waiting
 //!    queue) until the room is there.
@@ -18,14 +18,32 @@
 //!    generated so far). A sequence that cannot fit even into an empty pool
 //!    is reported in [`Scheduler::aborted`].
 //!
+//! The batch ([`Scheduler::batch`]) is valid from `schedule` until
+//! [`Scheduler::commit`], which releases it (so the repetition-penalty sets it
+//! shared are updated in place, not copied).
+//!
+//! # One owner per fact
+//! `paged_kv::KvManager` owns a running sequence's tokens and its computed
+//! count: it needs both anyway (prefix-cache hashing, block registration,
+//! forks), so the scheduler reads them from there and keeps no copy to keep
+//! in agreement. What `paged-kv` cannot hold stays here, each in one place:
+//! a waiting sequence's tokens (`Seq::parked`; it holds no blocks, so
+//! `paged-kv` does not know it), and the one token sampled by the last step
+//! that has no KV room yet (`Seq::next`; the room is found, or a preemption
+//! made, at the next `schedule`). Running, `parked` is empty; waiting, `next`
+//! is `None`; so a token lives in exactly one of the three.
+//!
 //! Costs: O(S + T + S * max_blocks) per step for S scheduled sequences and T
-//! tokens, plus O(running) per preemption and per finish; the batch buffers
-//! are reused, so a step allocates nothing once warm (except the history copy
-//! a repetition penalty needs).
+//! tokens, plus O(running + len) per preemption, O(len) per admission and
+//! O(running) per finish; the batch is built by one reused
+//! [`contract::StepBuilder`] and the penalty history is an `Arc` updated in
+//! place, so a warm step allocates nothing (a new distinct token may grow a
+//! history set).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
-use contract::{SampleRequest, SampledToken, SamplingParams, StepBatch};
+use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBuilder};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 /// A scheduling invariant broke (a bug in the engine, `paged-kv` or the backend).
@@ -33,43 +51,40 @@ use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 pub(crate) enum SchedError {
     #[error("KV bookkeeping failed: {0}")]
     Kv(#[from] KvError),
+    #[error("step batch: {0}")]
+    Build(#[from] StepBuildError),
     #[error("sequence {0} is not known to the scheduler")]
     UnknownSeq(u64),
-    #[error(
-        "sequence {seq}: planned to compute from position {start} but paged-kv has {computed} computed"
-    )]
-    PlanMismatch {
-        seq: u64,
-        start: usize,
-        computed: usize,
-    },
     #[error("backend returned {got} results for a step of {want} sequences")]
     ResultCount { got: usize, want: usize },
     #[error("backend result for sequence {seq}: {what}")]
     ResultMismatch { seq: u64, what: &'static str },
 }
 
-/// One sequence's token-level state.
+/// What the scheduler keeps of one sequence beside `paged-kv` (module doc).
 #[derive(Debug)]
-pub(crate) struct Seq {
-    /// Prompt followed by the generated tokens.
-    pub tokens: Vec<u32>,
-    pub prompt_len: usize,
-    pub params: SamplingParams,
-    /// Tokens whose KV is written (0 while waiting).
-    pub num_computed: usize,
-    /// Tokens that have KV slots allocated (0 while waiting).
-    pub kv_len: usize,
+struct Seq {
+    /// Known tokens while waiting; empty while running.
+    parked: Vec<u32>,
+    /// Sampled by the last step, KV room not found yet (running only).
+    next: Option<u32>,
+    prompt_len: usize,
+    params: SamplingParams,
+    /// Distinct tokens seen, when `params.repetition_penalty != 1`.
+    history: Option<Arc<PenaltyHistory>>,
     /// Set at the first admission; a preempted sequence keeps it.
-    pub admitted_once: bool,
+    admitted_once: bool,
     /// Prompt tokens reused from the prefix cache at the first admission.
-    pub cached_tokens: usize,
+    cached_tokens: usize,
 }
 
-impl Seq {
-    pub(crate) fn generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
+/// Token counts of one sequence, for usage and stop decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SeqSummary {
+    pub prompt_len: usize,
+    pub cached_tokens: usize,
+    /// Tokens sampled so far.
+    pub generated: usize,
 }
 
 /// One sequence's part of the planned step: tokens `start..end` run.
@@ -80,7 +95,7 @@ struct Planned {
     end: usize,
 }
 
-/// Waiting queue, running set, KV manager and the reusable step batch.
+/// Waiting queue, running set, KV manager and the reusable step builder.
 pub(crate) struct Scheduler {
     kv: KvManager,
     max_num_seqs: usize,
@@ -90,7 +105,7 @@ pub(crate) struct Scheduler {
     /// Sorted by id (= arrival order): the youngest is last.
     running: Vec<u64>,
     plan: Vec<Planned>,
-    batch: StepBatch,
+    builder: StepBuilder,
     aborted: Vec<u64>,
     first_admitted: Vec<u64>,
     pub preemptions_total: u64,
@@ -110,7 +125,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::with_capacity(max_num_seqs),
             plan: Vec::with_capacity(max_num_seqs),
-            batch: StepBatch::default(),
+            builder: StepBuilder::new(kv.block_size),
             aborted: Vec::new(),
             first_admitted: Vec::new(),
             preemptions_total: 0,
@@ -119,19 +134,18 @@ impl Scheduler {
 
     /// Queues a new sequence (ids must increase with arrival).
     pub(crate) fn add(&mut self, id: u64, prompt: Vec<u32>, params: SamplingParams) {
-        let prompt_len = prompt.len();
-        self.seqs.insert(
-            id,
-            Seq {
-                tokens: prompt,
-                prompt_len,
-                params,
-                num_computed: 0,
-                kv_len: 0,
-                admitted_once: false,
-                cached_tokens: 0,
-            },
-        );
+        let history = (params.repetition_penalty != 1.0)
+            .then(|| Arc::new(PenaltyHistory::from_tokens(&prompt)));
+        let seq = Seq {
+            prompt_len: prompt.len(),
+            parked: prompt,
+            next: None,
+            params,
+            history,
+            admitted_once: false,
+            cached_tokens: 0,
+        };
+        self.seqs.insert(id, seq);
         self.waiting.push_back(id);
     }
 
@@ -147,16 +161,9 @@ impl Scheduler {
     pub(crate) fn kv(&self) -> &KvManager {
         &self.kv
     }
-    pub(crate) fn seq(&self, id: u64) -> Option<&Seq> {
-        self.seqs.get(&id)
-    }
-    /// The ids of every sequence, running or waiting.
-    pub(crate) fn ids(&self) -> Vec<u64> {
-        self.seqs.keys().copied().collect()
-    }
-    /// The batch planned by the last [`Scheduler::schedule`].
+    /// The batch planned by the last [`Scheduler::schedule`] (until `commit`).
     pub(crate) fn batch(&self) -> &StepBatch {
-        &self.batch
+        self.builder.batch()
     }
     /// Sequences that can never fit the KV pool, found by the last schedule.
     pub(crate) fn aborted(&self) -> &[u64] {
@@ -171,18 +178,33 @@ impl Scheduler {
         self.plan.iter().map(|p| p.id)
     }
 
+    /// Known tokens of `id` (prompt + generated), wherever they are held.
+    fn len_of(&self, id: u64, seq: &Seq) -> usize {
+        let held = self.kv.seq_len(id as SeqId).unwrap_or(seq.parked.len());
+        held + usize::from(seq.next.is_some())
+    }
+
+    /// Token counts of `id`.
+    pub(crate) fn summary(&self, id: u64) -> Option<SeqSummary> {
+        let seq = self.seqs.get(&id)?;
+        Some(SeqSummary {
+            prompt_len: seq.prompt_len,
+            cached_tokens: seq.cached_tokens,
+            generated: self.len_of(id, seq) - seq.prompt_len,
+        })
+    }
+
     /// Removes a sequence wherever it is and frees its blocks.
-    pub(crate) fn finish(&mut self, id: u64) -> Result<Seq, SchedError> {
-        let seq = self.seqs.remove(&id).ok_or(SchedError::UnknownSeq(id))?;
+    pub(crate) fn finish(&mut self, id: u64) -> Result<SeqSummary, SchedError> {
+        let summary = self.summary(id).ok_or(SchedError::UnknownSeq(id))?;
+        self.seqs.remove(&id);
         if let Some(i) = self.running.iter().position(|&r| r == id) {
             self.running.remove(i);
+            self.kv.free(id as SeqId)?;
         } else if let Some(i) = self.waiting.iter().position(|&w| w == id) {
             self.waiting.remove(i);
         }
-        if seq.kv_len > 0 {
-            self.kv.free(id as SeqId)?;
-        }
-        Ok(seq)
+        Ok(summary)
     }
 
     /// Plans the next step into [`Scheduler::batch`] (empty when nothing can run).
@@ -195,8 +217,13 @@ impl Scheduler {
         // decodes first, then chunks of partial prefills, oldest first
         for decodes in [true, false] {
             for &id in &self.running {
-                let seq = self.seqs.get(&id).ok_or(SchedError::UnknownSeq(id))?;
-                let left = seq.tokens.len() - seq.num_computed;
+                let sid = id as SeqId;
+                let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(id))?;
+                let computed = self
+                    .kv
+                    .num_computed(sid)
+                    .ok_or(SchedError::UnknownSeq(id))?;
+                let left = len - computed;
                 if budget == 0 || (left == 1) != decodes {
                     continue;
                 }
@@ -204,8 +231,8 @@ impl Scheduler {
                 budget -= n;
                 self.plan.push(Planned {
                     id,
-                    start: seq.num_computed,
-                    end: seq.num_computed + n,
+                    start: computed,
+                    end: computed + n,
                 });
             }
         }
@@ -222,10 +249,9 @@ impl Scheduler {
         while i < self.running.len() {
             let id = self.running[i];
             let seq = self.seqs.get(&id).ok_or(SchedError::UnknownSeq(id))?;
-            let need = seq.tokens.len() - seq.kv_len;
-            if need > 0 {
+            if let Some(token) = seq.next {
                 let mut lost_self = false;
-                while !self.kv.can_append(id as SeqId, need) {
+                while !self.kv.can_append(id as SeqId, 1) {
                     let Some(&victim) = self.running.last() else {
                         break;
                     };
@@ -239,24 +265,31 @@ impl Scheduler {
                 if lost_self {
                     break;
                 }
-                let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
-                self.kv.append(id as SeqId, &seq.tokens[seq.kv_len..])?;
-                seq.kv_len = seq.tokens.len();
+                self.kv.append(id as SeqId, &[token])?;
+                if let Some(seq) = self.seqs.get_mut(&id) {
+                    seq.next = None;
+                }
             }
             i += 1;
         }
         Ok(preempted)
     }
 
+    /// Frees `id`'s blocks and parks its tokens at the front of the queue.
     fn preempt(&mut self, id: u64) -> Result<(), SchedError> {
         let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
+        let held = self
+            .kv
+            .seq_tokens(id as SeqId)
+            .ok_or(SchedError::UnknownSeq(id))?;
+        seq.parked.clear();
+        seq.parked.extend_from_slice(held);
+        seq.parked.extend(seq.next.take());
         self.kv.free(id as SeqId)?;
-        seq.num_computed = 0;
-        seq.kv_len = 0;
         self.running.retain(|&r| r != id);
         self.waiting.push_front(id);
         self.preemptions_total += 1;
-        tracing::debug!(seq = id, tokens = seq.tokens.len(), "preempted");
+        tracing::debug!(seq = id, tokens = seq.parked.len(), "preempted");
         Ok(())
     }
 
@@ -267,7 +300,7 @@ impl Scheduler {
                 break;
             };
             let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
-            if !self.kv.can_admit(&seq.tokens) {
+            if !self.kv.can_admit(&seq.parked) {
                 if self.running.is_empty() {
                     // the whole pool is allocatable and still too small
                     self.waiting.pop_front();
@@ -277,15 +310,15 @@ impl Scheduler {
                 break;
             }
             self.waiting.pop_front();
-            let cached = self.kv.admit(id as SeqId, &seq.tokens)?;
-            seq.num_computed = cached;
-            seq.kv_len = seq.tokens.len();
+            let cached = self.kv.admit(id as SeqId, &seq.parked)?;
+            let len = seq.parked.len();
+            seq.parked = Vec::new(); // paged-kv holds the tokens now
             if !seq.admitted_once {
                 seq.admitted_once = true;
                 seq.cached_tokens = cached;
                 self.first_admitted.push(id);
             }
-            let n = (seq.tokens.len() - cached).min(budget);
+            let n = (len - cached).min(budget);
             budget -= n;
             self.plan.push(Planned {
                 id,
@@ -297,113 +330,8 @@ impl Scheduler {
         }
         Ok(())
     }
-
-    /// Fills the reused [`StepBatch`] from the plan.
-    fn build_batch(&mut self) -> Result<(), SchedError> {
-        let bs = self.kv.block_size();
-        let b = &mut self.batch;
-        b.tokens.clear();
-        b.positions.clear();
-        b.cu_seqlens.clear();
-        b.slot_mapping.clear();
-        b.context_lens.clear();
-        b.block_tables.clear();
-        b.samples.clear();
-        b.max_blocks = self
-            .plan
-            .iter()
-            .map(|p| p.end.div_ceil(bs))
-            .max()
-            .unwrap_or(0);
-        b.cu_seqlens.push(0);
-        for p in &self.plan {
-            let seq = self.seqs.get(&p.id).ok_or(SchedError::UnknownSeq(p.id))?;
-            let table = self
-                .kv
-                .block_table(p.id as SeqId)
-                .ok_or(SchedError::UnknownSeq(p.id))?;
-            let computed = self.kv.num_computed(p.id as SeqId).unwrap_or(usize::MAX);
-            if computed != p.start {
-                return Err(SchedError::PlanMismatch {
-                    seq: p.id,
-                    start: p.start,
-                    computed,
-                });
-            }
-            let blocks = p.end.div_ceil(bs);
-            if table.len() < blocks {
-                return Err(SchedError::Kv(KvError::UnknownSeq(p.id as SeqId)));
-            }
-            for pos in p.start..p.end {
-                b.tokens.push(seq.tokens[pos]);
-                b.positions.push(pos as u32);
-                b.slot_mapping
-                    .push(table[pos / bs] * bs as u32 + (pos % bs) as u32);
-            }
-            b.cu_seqlens.push(b.tokens.len() as u32);
-            b.context_lens.push(p.end as u32);
-            // [S, max_blocks]
-            b.block_tables.extend_from_slice(&table[..blocks]);
-            b.block_tables
-                .resize(b.block_tables.len() + b.max_blocks - blocks, 0);
-            b.samples
-                .push((p.end == seq.tokens.len()).then(|| SampleRequest {
-                    params: seq.params.clone(),
-                    step: seq.generated() as u64,
-                    history: if seq.params.repetition_penalty != 1.0 {
-                        seq.tokens.clone()
-                    } else {
-                        Vec::new()
-                    },
-                }));
-        }
-        Ok(())
-    }
-
-    /// Records a finished step: KV written, sampled tokens appended. The
-    /// sampled `(id, token)` pairs are pushed to `out` in batch order.
-    pub(crate) fn commit(
-        &mut self,
-        results: Vec<Option<SampledToken>>,
-        out: &mut Vec<(u64, SampledToken)>,
-    ) -> Result<(), SchedError> {
-        if results.len() != self.plan.len() {
-            return Err(SchedError::ResultCount {
-                got: results.len(),
-                want: self.plan.len(),
-            });
-        }
-        for (p, r) in self.plan.iter().zip(results) {
-            let seq = self
-                .seqs
-                .get_mut(&p.id)
-                .ok_or(SchedError::UnknownSeq(p.id))?;
-            let sample = p.end == seq.tokens.len();
-            seq.num_computed = p.end;
-            self.kv.mark_computed(p.id as SeqId, p.end)?;
-            match (sample, r) {
-                (true, Some(t)) => {
-                    seq.tokens.push(t.token);
-                    out.push((p.id, t));
-                }
-                (false, None) => {}
-                (true, None) => {
-                    return Err(SchedError::ResultMismatch {
-                        seq: p.id,
-                        what: "no token where one was requested",
-                    });
-                }
-                (false, Some(_)) => {
-                    return Err(SchedError::ResultMismatch {
-                        seq: p.id,
-                        what: "a token where none was requested",
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
+mod step;
 #[cfg(test)]
 mod tests;

@@ -74,7 +74,7 @@ pub fn reference_generate(
         let req = SampleRequest {
             params: params.clone(),
             step: out.len() as u64,
-            history: Vec::new(),
+            history: None,
         };
         let t = fake_next_token(&ctx, vocab, &req);
         ctx.push(t);

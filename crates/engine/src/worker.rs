@@ -12,11 +12,16 @@
 //! alone (EOS, `max_tokens`) are applied at commit, so such a sequence is
 //! never scheduled again; a stop string found in step N's text ends its
 //! request after step N + 1, whose extra token is dropped unseen (usage counts
-//! what was sent). Output is therefore identical to processing in line. A backend failure ends the requests of that
+//! what was sent). Output is therefore identical to processing in line.
+//! A backend failure ends the requests of that
 //! step with `FinishReason::Error` (their blocks freed); the others go on. A
 //! scheduler invariant failure (a bug) ends every request with an error
 //! rather than panicking. Shutdown (or every sender gone) cancels all requests
 //! and returns.
+//!
+//! Every request follows one state machine (`Queued -> Running ->
+//! Finishing -> Done`, see [`request`]); `Worker::end` is the only way a
+//! request ends and usage is counted there. Counters live in [`shared`].
 //!
 //! Costs per iteration: the scheduler's O(batch) plus O(sampled tokens) of
 //! output work and O(messages) of channel work; counters are published to
@@ -24,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
@@ -34,7 +39,13 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::output::{Output, Verdict};
 use crate::scheduler::{SchedError, Scheduler};
-use crate::types::{EngineStats, Event, FinishReason, GenerateRequest, Usage};
+use crate::types::{Event, FinishReason, GenerateRequest};
+
+mod request;
+mod shared;
+
+use request::{Phase, Request};
+pub(crate) use shared::Shared;
 
 /// Messages from handles to the loop.
 pub(crate) enum Msg {
@@ -49,46 +60,6 @@ pub(crate) struct NewRequest {
     pub tx: UnboundedSender<Event>,
 }
 
-/// State shared between the loop and the handles.
-#[derive(Default)]
-pub(crate) struct Shared {
-    /// Requests submitted and not yet admitted once nor finished.
-    pub queued: AtomicUsize,
-    pub shutting_down: AtomicBool,
-    running: AtomicU64,
-    waiting: AtomicU64,
-    kv_blocks_used: AtomicU64,
-    kv_blocks_total: AtomicU64,
-    prompt_tokens_total: AtomicU64,
-    cached_tokens_total: AtomicU64,
-    generation_tokens_total: AtomicU64,
-    steps_total: AtomicU64,
-    preemptions_total: AtomicU64,
-    backend_ns_total: AtomicU64,
-    schedule_ns_total: AtomicU64,
-    host_ns_total: AtomicU64,
-}
-
-impl Shared {
-    pub(crate) fn snapshot(&self) -> EngineStats {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        EngineStats {
-            running: l(&self.running),
-            waiting: l(&self.waiting),
-            kv_blocks_used: l(&self.kv_blocks_used),
-            kv_blocks_total: l(&self.kv_blocks_total),
-            prompt_tokens_total: l(&self.prompt_tokens_total),
-            cached_tokens_total: l(&self.cached_tokens_total),
-            generation_tokens_total: l(&self.generation_tokens_total),
-            steps_total: l(&self.steps_total),
-            preemptions_total: l(&self.preemptions_total),
-            backend_ns_total: l(&self.backend_ns_total),
-            schedule_ns_total: l(&self.schedule_ns_total),
-            host_ns_total: l(&self.host_ns_total),
-        }
-    }
-}
-
 /// Everything the loop owns.
 pub(crate) struct Worker {
     pub backend: Box<dyn Backend>,
@@ -97,12 +68,10 @@ pub(crate) struct Worker {
     pub eos: Vec<u32>,
     pub shared: Arc<Shared>,
     pub rx: Receiver<Msg>,
-    outputs: HashMap<u64, Output>,
+    /// Every live request (see [`request`] for the state machine).
+    requests: HashMap<u64, Request>,
     /// Tokens of the last step whose text is not processed yet.
     pending: Vec<(u64, SampledToken)>,
-    /// Requests retired from the scheduler at commit (EOS / max_tokens) whose
-    /// last token's text is still pending: their reason and usage.
-    closing: HashMap<u64, (FinishReason, Usage)>,
 }
 
 /// Below this many pending tokens the text is processed in line: a helper
@@ -111,16 +80,16 @@ const OVERLAP_MIN_TOKENS: usize = 16;
 
 /// Processes tokens' text in order; returns the requests that a verdict ends.
 fn process_text(
-    outputs: &mut HashMap<u64, Output>,
+    requests: &mut HashMap<u64, Request>,
     tokens: Vec<(u64, SampledToken)>,
     eos: &[u32],
 ) -> Vec<(u64, FinishReason, Option<String>)> {
     let mut ended = Vec::new();
     for (id, tok) in tokens {
-        let Some(out) = outputs.get_mut(&id) else {
+        let Some(req) = requests.get_mut(&id) else {
             continue; // ended meanwhile: the token is dropped unseen
         };
-        if let Verdict::Finish(reason, err) = out.on_token(tok, eos) {
+        if let Verdict::Finish(reason, err) = req.out.on_token(tok, eos) {
             ended.push((id, reason, err));
         }
     }
@@ -143,9 +112,8 @@ impl Worker {
             eos,
             shared,
             rx,
-            outputs: HashMap::new(),
+            requests: HashMap::new(),
             pending: Vec::new(),
-            closing: HashMap::new(),
         }
     }
 
@@ -189,7 +157,7 @@ impl Worker {
                 Ok(ns) => ns,
                 Err(e) => {
                     tracing::error!(error = %e, "scheduler invariant broken; failing every request");
-                    self.fail_all(
+                    self.end_all(
                         FinishReason::Error,
                         Some(format!("internal engine error: {e}")),
                     );
@@ -201,47 +169,39 @@ impl Worker {
             self.publish();
         }
         self.drain_pending();
-        self.fail_all(FinishReason::Cancelled, None);
-        // requests submitted after the last drain
+        // requests submitted after the last drain are accepted to be cancelled
         while let Ok(msg) = self.rx.try_recv() {
             if let Msg::Submit(r) = msg {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
-                let _ = r.tx.send(Event::Done(crate::types::Finished {
-                    reason: FinishReason::Cancelled,
-                    usage: Usage {
-                        prompt_tokens: r.req.prompt.len(),
-                        ..Usage::default()
-                    },
-                    error: None,
-                }));
+                self.accept(*r);
             }
         }
+        self.end_all(FinishReason::Cancelled, None);
         self.publish();
     }
 
     /// Applies one message; false on shutdown.
     fn handle(&mut self, msg: Msg) -> bool {
         match msg {
-            Msg::Submit(r) => {
-                let NewRequest { id, req, tx } = *r;
-                let out = Output::new(
-                    tx,
-                    self.tokenizer.clone(),
-                    &req.stop,
-                    req.max_tokens,
-                    req.ignore_eos,
-                );
-                self.outputs.insert(id, out);
-                self.sched.add(id, req.prompt, req.sampling);
-            }
-            Msg::Cancel(id) => {
-                if self.outputs.contains_key(&id) {
-                    self.end(id, FinishReason::Cancelled, None);
-                }
-            }
+            Msg::Submit(r) => self.accept(*r),
+            Msg::Cancel(id) => self.end(id, FinishReason::Cancelled, None),
             Msg::Shutdown => return false,
         }
         true
+    }
+
+    /// A submitted request enters the scheduler, `Queued`.
+    fn accept(&mut self, r: NewRequest) {
+        let NewRequest { id, req, tx } = r;
+        let out = Output::new(
+            tx,
+            self.tokenizer.clone(),
+            &req.stop,
+            req.max_tokens,
+            req.ignore_eos,
+        );
+        let phase = Phase::Queued;
+        self.requests.insert(id, Request { phase, out });
+        self.sched.add(id, req.prompt, req.sampling);
     }
 
     /// Plans, runs and commits one step; returns the nanoseconds spent in the backend.
@@ -251,21 +211,15 @@ impl Worker {
         self.add_schedule_ns(t_plan);
         let first: Vec<u64> = self.sched.first_admitted().to_vec();
         for id in first {
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
-            if let Some(seq) = self.sched.seq(id) {
-                let (p, c) = (seq.prompt_len as u64, seq.cached_tokens as u64);
-                self.shared
-                    .prompt_tokens_total
-                    .fetch_add(p, Ordering::Relaxed);
-                self.shared
-                    .cached_tokens_total
-                    .fetch_add(c, Ordering::Relaxed);
-            }
+            self.on_admitted(id);
         }
         let aborted: Vec<u64> = self.sched.aborted().to_vec();
         for id in aborted {
-            let why = self.sched.seq(id).map(|s| s.tokens.len()).unwrap_or(0);
-            tracing::warn!(seq = id, tokens = why, "sequence outgrew the whole KV pool");
+            let len = self
+                .sched
+                .summary(id)
+                .map_or(0, |c| c.prompt_len + c.generated);
+            tracing::warn!(seq = id, tokens = len, "sequence outgrew the whole KV pool");
             self.end(id, FinishReason::Length, None);
         }
         if self.sched.batch().num_seqs() == 0 {
@@ -279,13 +233,13 @@ impl Worker {
             (r, t0.elapsed().as_nanos() as u64)
         };
         let ((result, backend_ns), ended) = if pending.len() < OVERLAP_MIN_TOKENS {
-            let ended = process_text(&mut self.outputs, pending, &self.eos);
+            let ended = process_text(&mut self.requests, pending, &self.eos);
             (timed_step(&mut self.backend, self.sched.batch()), ended)
         } else {
-            let (outputs, eos) = (&mut self.outputs, &self.eos);
+            let (requests, eos) = (&mut self.requests, &self.eos);
             let (backend, batch) = (&mut self.backend, self.sched.batch());
             std::thread::scope(|scope| {
-                let text = scope.spawn(move || process_text(outputs, pending, eos));
+                let text = scope.spawn(move || process_text(requests, pending, eos));
                 let result = timed_step(backend, batch);
                 // the helper only detokenizes and sends events: it cannot panic on user input
                 let ended = text.join().unwrap_or_else(|_| Vec::new());
@@ -319,16 +273,14 @@ impl Worker {
         // after the commit: a request a stop string ended leaves the scheduler
         // with this step's token, which is never shown
         self.apply_endings(ended);
-        sampled.retain(|(id, _)| self.outputs.contains_key(id));
-        self.shared
-            .generation_tokens_total
-            .fetch_add(sampled.len() as u64, Ordering::Relaxed);
+        sampled.retain(|(id, _)| self.requests.contains_key(id));
+        Shared::add(&self.shared.generation_tokens_total, sampled.len() as u64);
         for (id, tok) in &sampled {
-            let generated = self.sched.seq(*id).map(|s| s.generated()).unwrap_or(0);
+            let generated = self.sched.summary(*id).map_or(0, |c| c.generated);
             let ends = self
-                .outputs
+                .requests
                 .get(id)
-                .and_then(|out| out.ends_on(tok.token, generated, &self.eos));
+                .and_then(|r| r.out.ends_on(tok.token, generated, &self.eos));
             if let Some(reason) = ends {
                 self.retire(*id, reason);
             }
@@ -337,81 +289,19 @@ impl Worker {
         Ok(backend_ns)
     }
 
-    /// Processes every pending token's text now and closes what it ends.
+    /// Processes every pending token's text now and ends what it ends,
+    /// then the `Finishing` requests whose text is now all sent.
     fn drain_pending(&mut self) {
         let pending = std::mem::take(&mut self.pending);
-        let ended = process_text(&mut self.outputs, pending, &self.eos);
+        let ended = process_text(&mut self.requests, pending, &self.eos);
         self.apply_endings(ended);
-        let closing: Vec<u64> = self.closing.keys().copied().collect();
-        for id in closing {
-            if let Some((reason, usage)) = self.closing.remove(&id)
-                && let Some(out) = self.outputs.remove(&id)
-            {
-                out.finish(reason, usage, None);
-            }
-        }
+        self.end_finishing();
     }
 
     /// Ends the requests whose text processing returned a verdict.
     fn apply_endings(&mut self, ended: Vec<(u64, FinishReason, Option<String>)>) {
         for (id, reason, err) in ended {
             self.end(id, reason, err);
-        }
-    }
-
-    /// Takes a sequence out of the scheduler at commit (its blocks freed) while
-    /// its last token's text is still pending; `Done` follows that text.
-    fn retire(&mut self, id: u64, reason: FinishReason) {
-        match self.sched.finish(id) {
-            Ok(seq) => {
-                let usage = Usage {
-                    prompt_tokens: seq.prompt_len,
-                    cached_tokens: seq.cached_tokens,
-                    completion_tokens: seq.generated(),
-                };
-                self.closing.insert(id, (reason, usage));
-            }
-            Err(e) => tracing::error!(seq = id, error = %e, "retiring an unknown sequence"),
-        }
-    }
-
-    /// Ends one request: frees its blocks and sends `Done`.
-    fn end(&mut self, id: u64, reason: FinishReason, error: Option<String>) {
-        let out = self.outputs.remove(&id);
-        if let Some((_, usage)) = self.closing.remove(&id) {
-            // already out of the scheduler (EOS / max_tokens at commit)
-            if let Some(out) = out {
-                out.finish(reason, usage, error);
-            }
-            return;
-        }
-        let sent = out.as_ref().map(Output::generated);
-        let usage = match self.sched.finish(id) {
-            Ok(seq) => {
-                if !seq.admitted_once {
-                    self.shared.queued.fetch_sub(1, Ordering::Relaxed);
-                }
-                Usage {
-                    prompt_tokens: seq.prompt_len,
-                    cached_tokens: seq.cached_tokens,
-                    // tokens computed but never shown (after a stop string) do not count
-                    completion_tokens: sent.unwrap_or(seq.generated()).min(seq.generated()),
-                }
-            }
-            Err(e) => {
-                tracing::error!(seq = id, error = %e, "finishing an unknown sequence");
-                Usage::default()
-            }
-        };
-        if let Some(out) = out {
-            out.finish(reason, usage, error);
-        }
-    }
-
-    fn fail_all(&mut self, reason: FinishReason, error: Option<String>) {
-        let closing: Vec<u64> = self.closing.keys().copied().collect();
-        for id in self.sched.ids().into_iter().chain(closing) {
-            self.end(id, reason, error.clone());
         }
     }
 

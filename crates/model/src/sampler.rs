@@ -15,6 +15,7 @@
 //! set, O(V log V) otherwise). Probabilities are f32, running masses f64.
 
 use contract::backend::{SampleRequest, SampledToken};
+use contract::history::PenaltyHistory;
 use contract::sampling::uniform;
 use std::cmp::Ordering;
 
@@ -24,11 +25,12 @@ pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
     let lse = log_sum_exp(logits);
     let top_logprobs = log_softmax_top(logits, params.logprobs, lse);
     let penalised;
-    let z: &[f32] = if params.repetition_penalty != 1.0 && !req.history.is_empty() {
-        penalised = apply_repetition_penalty(logits, &req.history, params.repetition_penalty);
-        &penalised
-    } else {
-        logits
+    let z: &[f32] = match &req.history {
+        Some(h) if params.repetition_penalty != 1.0 && !h.is_empty() => {
+            penalised = apply_repetition_penalty(logits, h, params.repetition_penalty);
+            &penalised
+        }
+        _ => logits,
     };
     let token = if params.temperature > 0.0 && params.temperature.is_finite() {
         draw(z, req)
@@ -88,15 +90,13 @@ pub fn argmax(z: &[f32]) -> u32 {
     best as u32
 }
 
-/// `z / r` where positive, `z * r` otherwise, once per distinct history token.
-fn apply_repetition_penalty(logits: &[f32], history: &[u32], r: f32) -> Vec<f32> {
+/// `z / r` where positive, `z * r` otherwise, once per distinct history token
+/// (the set is distinct by construction: no per-step sort or dedup).
+fn apply_repetition_penalty(logits: &[f32], history: &PenaltyHistory, r: f32) -> Vec<f32> {
     let mut z = logits.to_vec();
-    let mut seen = vec![false; z.len()];
-    for &id in history {
-        let i = id as usize;
-        if i < z.len() && !seen[i] {
-            seen[i] = true;
-            z[i] = if z[i] > 0.0 { z[i] / r } else { z[i] * r };
+    for &id in history.as_slice() {
+        if let Some(v) = z.get_mut(id as usize) {
+            *v = if *v > 0.0 { *v / r } else { *v * r };
         }
     }
     z
@@ -159,12 +159,13 @@ fn draw(z: &[f32], req: &SampleRequest) -> u32 {
 mod tests {
     use super::*;
     use contract::sampling::SamplingParams;
+    use std::sync::Arc;
 
     fn req(params: SamplingParams, step: u64) -> SampleRequest {
         SampleRequest {
             params,
             step,
-            history: Vec::new(),
+            history: None,
         }
     }
 
@@ -324,15 +325,17 @@ mod tests {
             },
             0,
         );
-        r.history = vec![0, 0, 0, 99];
+        r.history = Some(Arc::new(PenaltyHistory::from_tokens(&[0, 0, 0, 99])));
         // 3.0 / 2 = 1.5 < 2.9: token 1 wins; a repeated id is penalised once
         assert_eq!(sample(&z, &r).token, 1);
-        r.history = vec![0, 1];
+        let h = PenaltyHistory::from_tokens(&[0, 1]);
+        r.history = Some(Arc::new(h.clone()));
         assert_eq!(
-            apply_repetition_penalty(&z, &r.history, 2.0),
+            apply_repetition_penalty(&z, &h, 2.0),
             vec![1.5, 1.45, -1.0, -1.1]
         );
-        assert_eq!(apply_repetition_penalty(&z, &[2], 2.0)[2], -2.0);
+        let two = PenaltyHistory::from_tokens(&[2]);
+        assert_eq!(apply_repetition_penalty(&z, &two, 2.0)[2], -2.0);
         // the reported logprob is of the raw logits
         let lse = log_sum_exp(&z);
         let s = sample(&z, &r);

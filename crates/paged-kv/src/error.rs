@@ -24,17 +24,6 @@ pub enum KvError {
         computed: usize,
         len: usize,
     },
-    /// Step metadata asked for positions `start..end` past the sequence's length.
-    #[error("sequence {seq}: positions {start}..{end} run past its length {len}")]
-    PositionOutOfRange {
-        seq: SeqId,
-        start: usize,
-        end: usize,
-        len: usize,
-    },
-    /// Step metadata asked for an empty run of positions.
-    #[error("sequence {seq}: empty run of positions at {start}")]
-    EmptyRun { seq: SeqId, start: usize },
     /// The pool configuration is unusable; `field` names the [`crate::KvConfig`] field.
     #[error("invalid KV config: {field} = {value}: {reason}")]
     InvalidConfig {

@@ -37,7 +37,7 @@
 //! - [`KvManager::can_append`] O(1); [`KvManager::append`] O(n + new blocks).
 //! - [`KvManager::mark_computed`]: O(newly full blocks x `B`).
 //! - [`KvManager::fork`]: O(len) (table and token copy); [`KvManager::free`]: O(b).
-//! - [`KvManager::slot`]: O(1); step metadata: O(tokens + S x max_blocks).
+//! - [`KvManager::slot`]: O(1).
 //! - [`KvManager::clear_prefix_cache`]: O(cached blocks + sequences).
 //! - Memory: O(num_blocks) per-block state, plus `num_blocks x B` recorded
 //!   token ids when the prefix cache is on; each sequence keeps its tokens.
@@ -49,7 +49,8 @@
 //! 2. After each step, `mark_computed(seq, tokens_now_written)`. Newly full
 //!    computed blocks enter the cache; one whose content is already cached in
 //!    another block is swapped for it (dedup), so read tables again before
-//!    building the next step ([`StepMetadataBuilder`] does).
+//!    building the next step (the engine's batch builder,
+//!    `contract::StepBuilder`, takes each table from [`KvManager::block_table`]).
 //! 3. Decode: `can_append(seq, 1)` then `append(seq, &[token])`; when out of
 //!    blocks, preempt (`free`, re-`admit` prompt + generated tokens later).
 //! 4. `fork(parent, child)` returns the `(src, dst)` block copy the backend
@@ -60,7 +61,6 @@ mod error;
 mod hash;
 mod lru;
 mod manager;
-mod metadata;
 mod pool;
 mod prefix;
 mod sizing;
@@ -68,7 +68,6 @@ mod sizing;
 pub use error::KvError;
 pub use hash::{BlockHasher, default_block_hash};
 pub use manager::KvManager;
-pub use metadata::{StepMetadata, StepMetadataBuilder, build_step_metadata};
 pub use sizing::{blocks_for_budget, bytes_per_block};
 
 /// Identifies a sequence; chosen by the caller (the engine's request id).

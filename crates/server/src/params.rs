@@ -1,6 +1,15 @@
 //! Range checks of the sampling and stopping parameters shared by chat and
 //! text completions, and the engine request built from them.
 //!
+//! Only what is OpenAI-specific is checked here: unsupported fields and
+//! combinations (`n`, presence/frequency penalties, `stream_options`),
+//! OpenAI's encodings (`top_k` -1, negative seeds) and limits named by the
+//! client's field names (`max_tokens` / `max_completion_tokens`,
+//! `logprobs` / `top_logprobs`, `stop`, the context length against the
+//! prompt's field). Value ranges of the sampling parameters are validated
+//! once, by `engine::Engine::submit`, whose `SubmitError` the handlers map
+//! to the same 400 naming the parameter (`error::from_submit`).
+//!
 //! Every error is a 400 naming the parameter. Absent sampling fields take
 //! the model's `generation_config.json` values, else OpenAI's defaults
 //! (temperature 1, top-p 1), like vLLM; an absent `max_tokens` means "up to
@@ -66,21 +75,6 @@ pub fn check(
         }
         Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
     };
-    let finite_in = |v: Option<f32>, param: &str, ok: fn(f32) -> bool, range: &str| match v {
-        Some(x) if !(x.is_finite() && ok(x)) => {
-            Err(bad(param, format!("`{param}` must be {range}, got {x}.")))
-        }
-        _ => Ok(()),
-    };
-    finite_in(c.temperature, "temperature", |x| x >= 0.0, ">= 0")?;
-    finite_in(c.top_p, "top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?;
-    finite_in(c.min_p, "min_p", |x| (0.0..=1.0).contains(&x), "in [0, 1]")?;
-    finite_in(
-        c.repetition_penalty,
-        "repetition_penalty",
-        |x| x > 0.0,
-        "> 0",
-    )?;
     for (param, v) in [
         ("presence_penalty", c.presence_penalty),
         ("frequency_penalty", c.frequency_penalty),
@@ -142,10 +136,9 @@ pub fn check(
         seed: c.seed.map(|s| s as u64).unwrap_or_else(fresh_seed),
         logprobs,
     };
-    // a generation_config default out of range is still caught here
-    sampling
-        .validate()
-        .map_err(|e| bad(e.param, format!("Invalid `{}`: {}.", e.param, e.reason)))?;
+    // ranges (temperature, top_p, min_p, repetition_penalty, a
+    // generation_config default out of range) are checked once, by
+    // `Engine::submit`; `error::from_submit` names the parameter
     Ok(Checked {
         sampling,
         max_tokens,
@@ -167,9 +160,7 @@ impl Checked {
         prompt_param: &str,
     ) -> Result<GenerateRequest, ApiError> {
         let n = prompt.len();
-        if n == 0 {
-            return Err(bad(prompt_param, "The prompt is empty.".into()));
-        }
+        // an empty prompt is the engine's refusal (`SubmitError::EmptyPrompt`)
         if n >= max_context {
             return Err(ApiError::context_length(
                 prompt_param,
@@ -215,35 +206,8 @@ mod tests {
 
     #[test]
     fn each_out_of_range_value_names_its_parameter() {
+        // sampling ranges are the engine's (see crates/server/tests/http/errors.rs)
         let cases: Vec<(CommonFields, &str)> = vec![
-            (
-                CommonFields {
-                    temperature: Some(-0.5),
-                    ..Default::default()
-                },
-                "temperature",
-            ),
-            (
-                CommonFields {
-                    top_p: Some(0.0),
-                    ..Default::default()
-                },
-                "top_p",
-            ),
-            (
-                CommonFields {
-                    top_p: Some(1.5),
-                    ..Default::default()
-                },
-                "top_p",
-            ),
-            (
-                CommonFields {
-                    min_p: Some(2.0),
-                    ..Default::default()
-                },
-                "min_p",
-            ),
             (
                 CommonFields {
                     top_k: Some(-2),

@@ -5,6 +5,47 @@ use super::*;
 use crate::testing::{FakeBackend, fake_config};
 use contract::{Backend, KvShape};
 
+#[test]
+fn the_penalty_history_is_shared_and_updated_in_place() {
+    let mut s = sched(64, 4, 8, 64);
+    let mut fake = FakeBackend::new(
+        fake_config().unwrap(),
+        KvShape {
+            num_blocks: 64,
+            block_size: 4,
+        },
+    );
+    let params = SamplingParams {
+        repetition_penalty: 1.3,
+        ..SamplingParams::greedy()
+    };
+    s.add(0, vec![5, 3, 5, 1], params);
+    s.add(1, vec![5, 3], SamplingParams::greedy());
+    let mut seen = vec![5, 3, 5, 1];
+    for _ in 0..4 {
+        s.schedule().unwrap();
+        let h = s.batch().samples[0]
+            .as_ref()
+            .unwrap()
+            .history
+            .clone()
+            .unwrap();
+        assert!(s.batch().samples[1].as_ref().unwrap().history.is_none());
+        let mut want = seen.clone();
+        want.sort_unstable();
+        want.dedup();
+        assert_eq!(h.as_slice(), want.as_slice());
+        let at = Arc::as_ptr(&h);
+        drop(h);
+        let res = fake.step(s.batch()).unwrap();
+        let mut out = Vec::new();
+        s.commit(res, &mut out).unwrap();
+        seen.push(out[0].1.token);
+        let kept = s.seqs[&0].history.as_ref().unwrap();
+        assert_eq!(Arc::as_ptr(kept), at, "updated in place, not copied");
+    }
+}
+
 fn sched(blocks: usize, bs: usize, seqs: usize, budget: usize) -> Scheduler {
     let kv = KvConfig {
         num_blocks: blocks,
@@ -18,13 +59,15 @@ fn segs(b: &StepBatch) -> Vec<u32> {
     b.cu_seqlens.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
-/// Runs one step on the fake and commits it; returns the sampled ids.
-fn step(s: &mut Scheduler, fake: &mut FakeBackend) -> Vec<u64> {
+/// Runs one step on the fake and commits it; returns the sampled ids and
+/// the step's batch (the scheduler releases its own at commit).
+fn step(s: &mut Scheduler, fake: &mut FakeBackend) -> (Vec<u64>, StepBatch) {
     s.schedule().unwrap();
-    let res = fake.step(s.batch()).unwrap();
+    let batch = s.batch().clone();
+    let res = fake.step(&batch).unwrap();
     let mut out = Vec::new();
     s.commit(res, &mut out).unwrap();
-    out.into_iter().map(|(id, _)| id).collect()
+    (out.into_iter().map(|(id, _)| id).collect(), batch)
 }
 
 #[test]
@@ -40,17 +83,18 @@ fn decodes_first_then_chunks_under_the_budget() {
     s.add(0, vec![1, 2, 3], SamplingParams::greedy());
     s.add(1, (0..25).collect(), SamplingParams::greedy());
     // step 1: seq 0 whole (3), seq 1 its first 7
-    assert_eq!(step(&mut s, &mut fake), vec![0]);
-    assert_eq!(segs(s.batch()), vec![3, 7]);
+    let (ids, b) = step(&mut s, &mut fake);
+    assert_eq!((ids, segs(&b)), (vec![0], vec![3, 7]));
     // step 2: seq 0 decodes (1), seq 1 gets the remaining 9 of the budget
-    assert_eq!(step(&mut s, &mut fake), vec![0]);
-    assert_eq!(segs(s.batch()), vec![1, 9]);
-    assert_eq!(s.batch().positions[..2], [3, 7]);
+    let (ids, b) = step(&mut s, &mut fake);
+    assert_eq!((ids, segs(&b)), (vec![0], vec![1, 9]));
+    assert_eq!(b.positions[..2], [3, 7]);
     // step 3: the decode, then seq 1's last 9 tokens, sampled
-    assert_eq!(step(&mut s, &mut fake), vec![0, 1]);
-    assert_eq!(segs(s.batch()), vec![1, 9]);
-    assert!(s.batch().samples.iter().all(Option::is_some));
-    assert_eq!(s.seq(0).unwrap().generated(), 3);
+    let (ids, b) = step(&mut s, &mut fake);
+    assert_eq!((ids, segs(&b)), (vec![0, 1], vec![1, 9]));
+    assert!(b.samples.iter().all(Option::is_some));
+    assert_eq!(s.summary(0).unwrap().generated, 3);
+    assert_eq!(s.batch().num_seqs(), 0, "released at commit");
 }
 
 #[test]
@@ -66,14 +110,17 @@ fn the_youngest_is_preempted_and_recomputed_first() {
     );
     s.add(0, vec![1, 2, 3], SamplingParams::greedy());
     s.add(1, vec![4, 5, 6], SamplingParams::greedy());
-    assert_eq!(step(&mut s, &mut fake), vec![0, 1]); // 4 tokens each, 4 blocks
-    assert_eq!(step(&mut s, &mut fake), vec![0, 1]); // 5 tokens each need 6 blocks
+    assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 4 tokens each, 4 blocks
+    assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 5 tokens each need 6 blocks
     s.schedule().unwrap();
     assert_eq!(s.preemptions_total, 1);
     assert_eq!(s.num_running(), 1);
     assert_eq!(s.waiting.front(), Some(&1));
-    assert_eq!(s.seq(1).unwrap().num_computed, 0);
-    assert_eq!(s.seq(1).unwrap().tokens.len(), 5);
+    // parked with its sampled token, nothing held by paged-kv
+    assert_eq!(s.kv().seq_len(1), None);
+    assert_eq!(s.seqs[&1].parked.len(), 5);
+    assert_eq!(s.seqs[&1].next, None);
+    assert_eq!(s.summary(1).unwrap().generated, 2);
     assert_eq!(s.planned_ids().collect::<Vec<_>>(), vec![0]);
     s.finish(0).unwrap();
     // re-admitted: all 5 known tokens recomputed, its 3rd token sampled

@@ -2,17 +2,19 @@
 //! comparisons and benchmarks that run a [`Backend`] without the engine.
 //!
 //! Contract: [`build_step`] turns per-sequence chunks (tokens, first
-//! position, block table, optional sample request) into a [`StepBatch`] that
-//! satisfies [`StepBatch::validate`] whenever the tables cover the positions
-//! (otherwise an error naming the sequence). [`generate_greedy`] prefills
+//! position, block table, optional sample request) into a [`StepBatch`]
+//! through the one batch builder ([`contract::step_builder::StepBuilder`],
+//! the scheduler's too); it satisfies [`StepBatch::validate`] whenever the
+//! tables cover the positions (otherwise an error naming the sequence). [`generate_greedy`] prefills
 //! several prompts in one step and then decodes them together, one token per
 //! sequence per step, returning each sequence's greedy tokens.
 //!
 //! Costs: O(T + S * max_blocks) to build a step; the driver runs
-//! `1 + steps - 1` backend steps.
+//! `1 + steps - 1` backend steps, reusing one builder's buffers.
 
 use contract::backend::{Backend, BackendError, SampleRequest, StepBatch};
 use contract::sampling::SamplingParams;
+use contract::step_builder::StepBuilder;
 
 /// One sequence's share of a hand-built step.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,35 +38,20 @@ pub fn contiguous_blocks(first: u32, tokens: usize, block_size: usize) -> Vec<u3
 
 /// Packs `chunks` into one [`StepBatch`] for a pool of `block_size`-token blocks.
 pub fn build_step(chunks: &[SeqChunk], block_size: usize) -> Result<StepBatch, BackendError> {
-    let max_blocks = chunks.iter().map(|c| c.blocks.len()).max().unwrap_or(0);
-    let mut b = StepBatch {
-        cu_seqlens: vec![0],
-        max_blocks,
-        ..StepBatch::default()
-    };
-    for (s, c) in chunks.iter().enumerate() {
-        let end = c.start + c.tokens.len();
-        if c.tokens.is_empty() || end.div_ceil(block_size) > c.blocks.len() {
-            return Err(BackendError::InvalidBatch(format!(
-                "chunk {s}: {} blocks of {block_size} do not cover positions {}..{end} (or no tokens)",
-                c.blocks.len(),
-                c.start
-            )));
-        }
-        for (i, &tok) in c.tokens.iter().enumerate() {
-            let p = c.start + i;
-            b.tokens.push(tok);
-            b.positions.push(p as u32);
-            b.slot_mapping
-                .push(c.blocks[p / block_size] * block_size as u32 + (p % block_size) as u32);
-        }
-        b.cu_seqlens.push(b.tokens.len() as u32);
-        b.context_lens.push(end as u32);
-        b.block_tables.extend(&c.blocks);
-        b.block_tables.resize((s + 1) * max_blocks, 0);
-        b.samples.push(c.sample.clone());
+    let mut b = StepBuilder::new(block_size);
+    push_chunks(&mut b, chunks)?;
+    b.finish();
+    Ok(b.take())
+}
+
+/// Pushes `chunks` as one step into `b` (after `begin`); errors name the chunk.
+fn push_chunks(b: &mut StepBuilder, chunks: &[SeqChunk]) -> Result<(), BackendError> {
+    b.begin();
+    for c in chunks {
+        b.push(&c.tokens, c.start, &c.blocks, c.sample.clone())
+            .map_err(|e| BackendError::InvalidBatch(e.to_string()))?;
     }
-    Ok(b)
+    Ok(())
 }
 
 /// Greedy-decodes `steps` tokens after each prompt, all sequences batched
@@ -82,7 +69,7 @@ pub fn generate_greedy(
         Some(SampleRequest {
             params: SamplingParams::greedy(),
             step,
-            history: Vec::new(),
+            history: None,
         })
     };
     let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(steps); prompts.len()];
@@ -99,14 +86,17 @@ pub fn generate_greedy(
             sample: req(0),
         })
         .collect();
+    // one builder for every step: its buffers are reused
+    let mut builder = StepBuilder::new(block_size);
     for step in 0..steps {
-        let batch = build_step(&chunks, block_size)?;
-        let sampled = backend.step(&batch)?;
+        push_chunks(&mut builder, &chunks)?;
+        let sampled = backend.step(builder.finish())?;
         for ((c, o), s) in chunks.iter_mut().zip(out.iter_mut()).zip(sampled) {
             let tok = s.ok_or_else(|| BackendError::Device("backend returned no sample".into()))?;
             o.push(tok.token);
             c.start += c.tokens.len();
-            c.tokens = vec![tok.token];
+            c.tokens.clear();
+            c.tokens.push(tok.token);
             c.sample = req(step as u64 + 1);
         }
     }

@@ -291,7 +291,7 @@ fn step_samples_exactly_the_requested_sequences() {
             ..SamplingParams::greedy()
         },
         step: 0,
-        history: vec![],
+        history: None,
     });
     let mut c0 = chunk(&PROMPT, 0, contiguous_blocks(0, 11, BS));
     c0.sample = greedy.clone();

@@ -75,8 +75,9 @@ pub(super) struct Pad {
     pub block_size: u32,
 }
 
-/// Kernel parameters for one sample request; distinct history ids (only
-/// when the penalty is active) are appended to `history`.
+/// Kernel parameters for one sample request; its distinct history ids (only
+/// when the penalty is active; kept sorted and distinct by the engine, so
+/// copied without a sort) are appended to `history`.
 pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>) -> SampleParams {
     let Some(req) = req else {
         return SampleParams::greedy();
@@ -95,12 +96,12 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
         n_logprobs: p.logprobs.min(MAX_LOGPROBS) as u32,
         _pad: [0; 3],
     };
-    if p.repetition_penalty != 1.0 && !req.history.is_empty() {
-        let mut h = req.history.clone();
-        h.sort_unstable();
-        h.dedup();
+    if let Some(h) = &req.history
+        && p.repetition_penalty != 1.0
+    {
+        // already sorted and distinct (`PenaltyHistory`): copied as is
         out.hist_len = h.len() as u32;
-        history.extend_from_slice(&h);
+        history.extend_from_slice(h.as_slice());
     }
     out
 }
@@ -222,7 +223,9 @@ mod tests {
                 ..SamplingParams::default()
             },
             step: 4,
-            history: vec![5, 3, 5, 1],
+            history: Some(std::sync::Arc::new(
+                contract::history::PenaltyHistory::from_tokens(&[5, 3, 5, 1]),
+            )),
         };
         let p = sample_params(Some(&req), &mut hist);
         assert_eq!(hist, vec![1, 3, 5]);

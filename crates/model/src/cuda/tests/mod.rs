@@ -161,7 +161,7 @@ pub(super) fn greedy(step: u64) -> Option<SampleRequest> {
     Some(SampleRequest {
         params: SamplingParams::greedy(),
         step,
-        history: Vec::new(),
+        history: None,
     })
 }
 

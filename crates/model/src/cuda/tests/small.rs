@@ -4,6 +4,8 @@
 
 use super::*;
 use crate::cpu::CpuBackend;
+use contract::history::PenaltyHistory;
+use std::sync::Arc;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -93,7 +95,7 @@ fn cuda_smollm2_matches_cpu() {
         let req = SampleRequest {
             params,
             step: 5,
-            history: toks.clone(),
+            history: Some(Arc::new(PenaltyHistory::from_tokens(&toks))),
         };
         let chunk = SeqChunk {
             tokens: toks.clone(),
@@ -169,7 +171,7 @@ fn cuda_short_generation() {
                     sample: Some(SampleRequest {
                         params: p.clone(),
                         step: 0,
-                        history: toks.clone(),
+                        history: Some(Arc::new(PenaltyHistory::from_tokens(&toks))),
                     }),
                     blocks: pool.take(n + 8),
                     tokens: toks,
@@ -188,7 +190,9 @@ fn cuda_short_generation() {
                 c.tokens = vec![r.token];
                 if let Some(s) = c.sample.as_mut() {
                     s.step = step + 1;
-                    s.history.push(r.token);
+                    if let Some(h) = s.history.as_mut() {
+                        Arc::make_mut(h).insert(r.token);
+                    }
                 }
             }
         }

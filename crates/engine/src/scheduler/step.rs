@@ -1,0 +1,90 @@
+//! The scheduler's two per-step halves around the backend: building the
+//! planned batch through the reused [`contract::StepBuilder`] (tokens and
+//! block tables read from `paged-kv`, the owner), and committing the
+//! backend's results (KV marked computed, sampled tokens recorded, penalty
+//! histories updated in place). Costs are the scheduler's (module doc above).
+
+use std::sync::Arc;
+
+use contract::{SampleRequest, SampledToken};
+use paged_kv::SeqId;
+
+use super::{SchedError, Scheduler};
+
+impl Scheduler {
+    /// Fills the reused batch from the plan.
+    pub(super) fn build_batch(&mut self) -> Result<(), SchedError> {
+        self.builder.begin();
+        for p in &self.plan {
+            let sid = p.id as SeqId;
+            let seq = self.seqs.get(&p.id).ok_or(SchedError::UnknownSeq(p.id))?;
+            let tokens = self
+                .kv
+                .seq_tokens(sid)
+                .ok_or(SchedError::UnknownSeq(p.id))?;
+            let table = self
+                .kv
+                .block_table(sid)
+                .ok_or(SchedError::UnknownSeq(p.id))?;
+            let sample = (p.end == tokens.len()).then(|| SampleRequest {
+                params: seq.params.clone(),
+                step: (tokens.len() - seq.prompt_len) as u64,
+                history: seq.history.clone(),
+            });
+            self.builder
+                .push(&tokens[p.start..p.end], p.start, table, sample)?;
+        }
+        self.builder.finish();
+        Ok(())
+    }
+
+    /// Records a finished step: KV written, sampled tokens kept for the next
+    /// schedule. The sampled `(id, token)` pairs are pushed to `out` in batch
+    /// order. Releases the batch first, so no history is shared while updated.
+    pub(crate) fn commit(
+        &mut self,
+        results: Vec<Option<SampledToken>>,
+        out: &mut Vec<(u64, SampledToken)>,
+    ) -> Result<(), SchedError> {
+        self.builder.begin();
+        if results.len() != self.plan.len() {
+            return Err(SchedError::ResultCount {
+                got: results.len(),
+                want: self.plan.len(),
+            });
+        }
+        for (p, r) in self.plan.iter().zip(results) {
+            let sid = p.id as SeqId;
+            let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(p.id))?;
+            let seq = self
+                .seqs
+                .get_mut(&p.id)
+                .ok_or(SchedError::UnknownSeq(p.id))?;
+            self.kv.mark_computed(sid, p.end)?;
+            match (p.end == len, r) {
+                (true, Some(t)) => {
+                    seq.next = Some(t.token);
+                    if let Some(h) = seq.history.as_mut() {
+                        // unique now that the batch is released: updated in place
+                        Arc::make_mut(h).insert(t.token);
+                    }
+                    out.push((p.id, t));
+                }
+                (false, None) => {}
+                (true, None) => {
+                    return Err(SchedError::ResultMismatch {
+                        seq: p.id,
+                        what: "no token where one was requested",
+                    });
+                }
+                (false, Some(_)) => {
+                    return Err(SchedError::ResultMismatch {
+                        seq: p.id,
+                        what: "a token where none was requested",
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,52 @@
+//! [`Shared`]: the counters and gauges the loop publishes and the handles
+//! read (`Engine::stats`), plus the queue count and shutdown flag `submit`
+//! checks. Every access is one relaxed (or acquire/release) atomic operation.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::types::EngineStats;
+
+/// State shared between the loop and the handles.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Requests submitted and not yet admitted once nor finished.
+    pub queued: AtomicUsize,
+    pub shutting_down: AtomicBool,
+    pub(super) running: AtomicU64,
+    pub(super) waiting: AtomicU64,
+    pub(super) kv_blocks_used: AtomicU64,
+    pub(super) kv_blocks_total: AtomicU64,
+    pub(super) prompt_tokens_total: AtomicU64,
+    pub(super) cached_tokens_total: AtomicU64,
+    pub(super) generation_tokens_total: AtomicU64,
+    pub(super) steps_total: AtomicU64,
+    pub(super) preemptions_total: AtomicU64,
+    pub(super) backend_ns_total: AtomicU64,
+    pub(super) schedule_ns_total: AtomicU64,
+    pub(super) host_ns_total: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn snapshot(&self) -> EngineStats {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EngineStats {
+            running: l(&self.running),
+            waiting: l(&self.waiting),
+            kv_blocks_used: l(&self.kv_blocks_used),
+            kv_blocks_total: l(&self.kv_blocks_total),
+            prompt_tokens_total: l(&self.prompt_tokens_total),
+            cached_tokens_total: l(&self.cached_tokens_total),
+            generation_tokens_total: l(&self.generation_tokens_total),
+            steps_total: l(&self.steps_total),
+            preemptions_total: l(&self.preemptions_total),
+            backend_ns_total: l(&self.backend_ns_total),
+            schedule_ns_total: l(&self.schedule_ns_total),
+            host_ns_total: l(&self.host_ns_total),
+        }
+    }
+
+    /// Adds `n` to a counter.
+    pub(super) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,174 @@
+//! Outputs under batching, chunked prefill, preemption, prefix caching and
+//! overlapped output processing match the reference run alone.
+
+use super::*;
+
+#[test]
+fn sixteen_concurrent_prompts_match_the_reference() {
+    let s = start(256, 4, cfg(16, 64));
+    let vocab = s.config.vocab_size;
+    let reqs: Vec<_> = lengths()
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| req(prompt(n, i as u32), 20 + i * 3, SamplingParams::greedy()))
+        .collect();
+    let outs = run_all(&s.engine, reqs.clone());
+    for (r, out) in reqs.iter().zip(&outs) {
+        let want = reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+        assert_eq!(out.tokens, want, "prompt of {} tokens", r.prompt.len());
+        assert_eq!(out.reason, FinishReason::Length);
+        assert_eq!(out.usage.prompt_tokens, r.prompt.len());
+        assert_eq!(out.usage.completion_tokens, r.max_tokens);
+    }
+    // and each alone gives the same
+    for r in reqs.iter().take(4) {
+        let alone = run_all(&s.engine, vec![r.clone()]);
+        let conc = &outs[reqs.iter().position(|x| x == r).unwrap()];
+        assert_eq!(alone[0].tokens, conc.tokens);
+    }
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+    assert!(s.engine.stats().steps_total > 0);
+}
+
+#[test]
+fn small_pool_preempts_and_still_matches() {
+    // 64 blocks of 4 = 256 slots for 16 sequences of up to 150 + 40 tokens
+    let s = start(64, 4, cfg(16, 32));
+    let vocab = s.config.vocab_size;
+    let seeded = SamplingParams {
+        temperature: 0.8,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let reqs: Vec<_> = lengths()
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let p = if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams {
+                    seed: i as u64,
+                    ..seeded.clone()
+                }
+            };
+            req(prompt(n.min(150), i as u32), 40, p)
+        })
+        .collect();
+    let outs = run_all(&s.engine, reqs.clone());
+    for (r, out) in reqs.iter().zip(&outs) {
+        let want = reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+        assert_eq!(out.tokens, want, "prompt of {} tokens", r.prompt.len());
+    }
+    wait_idle(&s.engine);
+    let st = s.engine.stats();
+    assert!(
+        st.preemptions_total > 0,
+        "the pool should have forced preemption: {st:?}"
+    );
+    assert_eq!(st.kv_blocks_used, 0);
+    assert_eq!(st.kv_blocks_total, 64);
+}
+
+#[test]
+fn chunked_prefill_with_tiny_budget_matches() {
+    // budget 4 tokens per step: long prompts go in many chunks beside decodes
+    let s = start(512, 8, cfg(4, 4));
+    let vocab = s.config.vocab_size;
+    let reqs: Vec<_> = [37usize, 3, 90, 12]
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| req(prompt(n, 40 + i as u32), 10, SamplingParams::greedy()))
+        .collect();
+    let outs = run_all(&s.engine, reqs.clone());
+    for (r, out) in reqs.iter().zip(&outs) {
+        let want = reference_generate(&r.prompt, vocab, &r.sampling, r.max_tokens, &s.eos, true);
+        assert_eq!(out.tokens, want);
+    }
+}
+
+#[test]
+fn shared_prefix_reports_cached_tokens_and_same_output() {
+    let s = start(256, 4, cfg(8, 64));
+    let vocab = s.config.vocab_size;
+    let base = prompt(40, 3);
+    let first = run_all(
+        &s.engine,
+        vec![req(base.clone(), 5, SamplingParams::greedy())],
+    );
+    assert_eq!(first[0].usage.cached_tokens, 0);
+    let mut longer = base.clone();
+    longer.extend([11, 12, 13, 14, 15]);
+    let second = run_all(
+        &s.engine,
+        vec![req(longer.clone(), 12, SamplingParams::greedy())],
+    );
+    assert_eq!(
+        second[0].usage.cached_tokens, 40,
+        "the 10 full blocks of the shared prefix"
+    );
+    let want = reference_generate(&longer, vocab, &SamplingParams::greedy(), 12, &s.eos, true);
+    assert_eq!(second[0].tokens, want);
+    // the same prompt again: all but the last token can come from the cache
+    let again = run_all(
+        &s.engine,
+        vec![req(base.clone(), 5, SamplingParams::greedy())],
+    );
+    assert_eq!(again[0].tokens, first[0].tokens);
+    assert!(again[0].usage.cached_tokens >= 36);
+    let st = s.engine.stats();
+    assert!(st.cached_tokens_total >= 76);
+    assert_eq!(st.prompt_tokens_total, 40 + 45 + 40);
+}
+
+/// With many sequences the previous step's text is processed while the
+/// backend runs the next (overlap path); stop strings, EOS and max_tokens must
+/// end every request exactly as when it runs alone (processed in line).
+#[test]
+fn overlapped_output_processing_matches_alone() {
+    let s = start(1024, 4, cfg(32, 256));
+    let mut reqs = Vec::new();
+    for i in 0..24u32 {
+        let mut r = req(
+            prompt(5 + (i as usize * 7) % 40, 100 + i),
+            30 + i as usize,
+            SamplingParams::greedy(),
+        );
+        r.ignore_eos = i % 3 != 0;
+        let full = run_all(&s.engine, vec![r.clone()]).remove(0);
+        let chars: Vec<char> = full.text.chars().collect();
+        // every other request stops on a plain-ASCII window from the middle of its text
+        if i % 2 == 0 {
+            let stop = (chars.len() / 3..chars.len().saturating_sub(3)).find_map(|j| {
+                let w: String = chars[j..j + 3].iter().collect();
+                w.chars().all(|c| c.is_ascii_graphic()).then_some(w)
+            });
+            if let Some(stop) = stop {
+                r.stop = vec![stop];
+            }
+        }
+        reqs.push(r);
+    }
+    let alone: Vec<Completion> = reqs
+        .iter()
+        .map(|r| run_all(&s.engine, vec![r.clone()]).remove(0))
+        .collect();
+    assert!(
+        alone.iter().any(|c| c.reason == FinishReason::Stop),
+        "some request stops"
+    );
+    let together = run_all(&s.engine, reqs.clone());
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(t.tokens, a.tokens, "request {i}");
+        assert_eq!(t.text, a.text, "request {i}");
+        assert_eq!(t.reason, a.reason, "request {i}");
+        assert_eq!(
+            t.usage.completion_tokens, a.usage.completion_tokens,
+            "request {i}"
+        );
+        assert_eq!(t.usage.completion_tokens, t.tokens.len(), "request {i}");
+    }
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+}
