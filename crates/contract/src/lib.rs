@@ -11,6 +11,8 @@ pub mod backend;
 pub mod config;
 pub mod presets;
 pub mod sampling;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
 pub use config::{ConfigError, GenerationConfig, LlamaConfig};

@@ -91,15 +91,6 @@ impl KvPool {
             self.v[layer][s..s + d].copy_from_slice(&v[i * d..(i + 1) * d]);
         }
     }
-
-    /// Copies every layer's K/V rows of block `src` into block `dst`
-    /// (copy-on-write of a forked sequence's partial block).
-    pub fn copy_block(&mut self, src: usize, dst: usize) {
-        let n = self.block_size * self.kv_dim;
-        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
-            pool.copy_within(src * n..(src + 1) * n, dst * n);
-        }
-    }
 }
 
 /// Dimensions attention needs.
