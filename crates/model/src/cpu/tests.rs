@@ -322,8 +322,8 @@ fn bad_batches_and_weights_are_errors_naming_the_field() {
     let mut bad = ok.clone();
     bad.slot_mapping[0] = 0;
     assert!(err(&mut b, &bad).contains("slot"));
-    // a sequence at position 16 whose table points outside the 4-block pool
-    let far = build_step(&[chunk(&[1], 16, vec![0, 1, 2, 3, 9])], BS);
+    // a sequence at position 12 whose table points outside the 4-block pool
+    let far = build_step(&[chunk(&[1], 12, vec![0, 1, 2, 9])], BS);
     assert!(err(&mut b, &far.unwrap()).contains("block 9 outside the pool"));
     let past = build_step(&[chunk(&[1], 17, vec![0, 1, 2, 3, 3])], BS).unwrap();
     assert!(err(&mut b, &past).contains("positions[0] = 17"));
