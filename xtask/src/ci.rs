@@ -1,6 +1,8 @@
 //! `cargo xtask test`: the project's one test command (README, `.ci/run`).
 //!
-//! Installs what the tests need into project-local folders (idempotent, so a
+//! First runs `cargo xtask check-arch` (the architecture invariants,
+//! `arch.rs`; seconds), failing before anything is installed. Then installs
+//! what the tests need into project-local folders (idempotent, so a
 //! second run costs seconds): the pinned nvcc wheels, so that every CUDA
 //! kernel is compiled even on machines without a GPU, and the `openai`
 //! Python client the server's end-to-end tests drive. Then runs
@@ -32,6 +34,7 @@ pub fn repo_root() -> PathBuf {
 
 pub fn run(args: TestArgs) -> Result<()> {
     let root = repo_root();
+    crate::arch::run().context("check-arch (the architecture invariants)")?;
     crate::nvcc::run().context("installing nvcc (needed to compile the CUDA kernels)")?;
     let pydeps = root.join(".cache/pydeps");
     let marker = pydeps.join(".installed");

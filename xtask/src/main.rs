@@ -1,10 +1,11 @@
 //! `cargo xtask`: project automation (fetching weights, synthetic models,
-//! golden references, the test command).
+//! golden references, the architecture check, the test command).
 //!
 //! Contract: each subcommand lives in its own module with a clap `Args`
 //! struct and a `run` function; this file only dispatches. Errors print as
 //! one `error: ...` line (with causes) and exit non-zero.
 
+mod arch;
 mod ci;
 mod nvcc;
 mod regen;
@@ -33,6 +34,8 @@ enum Command {
     RegenReferences(regen::RegenArgs),
     /// Run the project's test suite, installing what it needs.
     Test(ci::TestArgs),
+    /// Check the architecture invariants (dependency layering, SAFETY comments).
+    CheckArch,
     /// Install the pinned nvcc wheels into .cache/nvcc (for compiling the CUDA kernels).
     InstallNvcc,
 }
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
         Command::SynthModel(a) => synth(a),
         Command::RegenReferences(a) => regen::run(a),
         Command::Test(a) => ci::run(a),
+        Command::CheckArch => arch::run(),
         Command::InstallNvcc => nvcc::run(),
     };
     match result {

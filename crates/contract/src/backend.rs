@@ -7,8 +7,10 @@
 //! every sequence whose [`StepBatch::samples`] entry is `Some`, i.e. that
 //! reached its last known position. Logits are computed only for those rows.
 //!
-//! Both backends (CPU reference, CUDA) take exactly the same batch. A batch
-//! whose every sequence contributes one token is a *pure-decode* step.
+//! Both backends (CPU reference, CUDA) take exactly the same batch and run
+//! the same [`StepBatch::check`] on it first; it cannot panic, so a malformed
+//! batch is an error naming the field. A batch whose every sequence
+//! contributes one token is a *pure-decode* step.
 
 use std::sync::Arc;
 
@@ -55,62 +57,47 @@ impl StepBatch {
         self.num_seqs() == self.num_tokens()
     }
 
-    /// The block-table row of sequence `s`.
+    /// The block-table row of sequence `s` (`[max_blocks]`); empty when `s`
+    /// has no full row in `block_tables` (never panics).
     pub fn block_table(&self, s: usize) -> &[u32] {
-        &self.block_tables[s * self.max_blocks..(s + 1) * self.max_blocks]
+        s.checked_mul(self.max_blocks)
+            .and_then(|a| Some(a..a.checked_add(self.max_blocks)?))
+            .and_then(|r| self.block_tables.get(r))
+            .unwrap_or(&[])
     }
 
-    /// [`StepBatch::validate`] plus what a backend indexes with: token ids below
-    /// `vocab`, positions below `max_positions` (its RoPE table), and every block
-    /// attention reads (`ceil(context_len / block_size)` per sequence) inside the pool.
-    /// Both backends run exactly this check before a step.
+    /// The one validation of a batch, run by both backends before a step:
+    /// every length and bound is checked before anything is indexed, so any
+    /// malformed batch is an [`BackendError::InvalidBatch`] naming the field,
+    /// never a panic. In order:
+    /// - `kv`: `block_size > 0` and `num_blocks x block_size` fits `usize`;
+    /// - `cu_seqlens`: runs from 0 to `T`, strictly increasing (no empty segment);
+    /// - `positions`, `slot_mapping`: `T` entries; `context_lens`, `samples`:
+    ///   `S` entries; `block_tables`: `S x max_blocks` entries;
+    /// - `tokens`: every id below `vocab`;
+    /// - per sequence: positions consecutive, the last one + 1 equal to its
+    ///   `context_lens` entry, that context at most `max_positions` (the RoPE
+    ///   table) and within its block-table row; every block attention reads
+    ///   (`ceil(context_len / block_size)`) inside the pool; every slot equal to
+    ///   `table[p / block_size] * block_size + p % block_size`.
+    ///
+    /// Cost: O(T + S + blocks read), no allocation on success.
     pub fn check(
         &self,
         kv: KvShape,
         vocab: usize,
         max_positions: usize,
     ) -> Result<(), BackendError> {
-        self.validate(kv.num_blocks, kv.block_size)?;
         let bad = |m: String| Err(BackendError::InvalidBatch(m));
-        if let Some((i, id)) = self
-            .tokens
-            .iter()
-            .enumerate()
-            .find(|(_, id)| **id as usize >= vocab)
-        {
+        let KvShape {
+            num_blocks,
+            block_size: bs,
+        } = kv;
+        if bs == 0 || num_blocks.checked_mul(bs).is_none() {
             return bad(format!(
-                "tokens[{i}] = {id} is outside the vocabulary of {vocab}"
+                "kv shape: {num_blocks} blocks of {bs} tokens is not a pool"
             ));
         }
-        if let Some((i, p)) = self
-            .positions
-            .iter()
-            .enumerate()
-            .find(|(_, p)| **p as usize >= max_positions)
-        {
-            return bad(format!(
-                "positions[{i}] = {p} exceeds the context of {max_positions} (max_position_embeddings or KV pool)"
-            ));
-        }
-        for s in 0..self.num_seqs() {
-            let used = (self.context_lens[s] as usize).div_ceil(kv.block_size);
-            if let Some(b) = self.block_table(s)[..used]
-                .iter()
-                .find(|b| **b as usize >= kv.num_blocks)
-            {
-                return bad(format!(
-                    "block_tables row {s}: block {b} outside the pool of {} blocks",
-                    kv.num_blocks
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks the batch's internal consistency against a KV pool of
-    /// `num_blocks` blocks of `block_size` tokens; the error names the field.
-    pub fn validate(&self, num_blocks: usize, block_size: usize) -> Result<(), BackendError> {
-        let bad = |what: String| Err(BackendError::InvalidBatch(what));
         let t = self.tokens.len();
         let s = self.num_seqs();
         if self.cu_seqlens.first() != Some(&0)
@@ -124,57 +111,108 @@ impl StepBatch {
         if self.cu_seqlens.windows(2).any(|w| w[1] <= w[0]) {
             return bad("cu_seqlens must be strictly increasing (no empty segment)".into());
         }
-        if self.positions.len() != t || self.slot_mapping.len() != t {
+        if self.positions.len() != t {
             return bad(format!(
-                "positions ({}) and slot_mapping ({}) must have one entry per token ({t})",
-                self.positions.len(),
+                "positions has {} entries, want one per token ({t})",
+                self.positions.len()
+            ));
+        }
+        if self.slot_mapping.len() != t {
+            return bad(format!(
+                "slot_mapping has {} entries, want one per token ({t})",
                 self.slot_mapping.len()
             ));
         }
-        if self.context_lens.len() != s || self.samples.len() != s {
+        if self.context_lens.len() != s {
             return bad(format!(
-                "context_lens and samples must have one entry per sequence ({s})"
+                "context_lens has {} entries, want one per sequence ({s})",
+                self.context_lens.len()
             ));
         }
-        if self.block_tables.len() != s * self.max_blocks {
+        if self.samples.len() != s {
             return bad(format!(
-                "block_tables must be {s} x {} entries",
+                "samples has {} entries, want one per sequence ({s})",
+                self.samples.len()
+            ));
+        }
+        if s.checked_mul(self.max_blocks) != Some(self.block_tables.len()) {
+            return bad(format!(
+                "block_tables has {} entries, want {s} x max_blocks {}",
+                self.block_tables.len(),
                 self.max_blocks
             ));
         }
-        let capacity = num_blocks * block_size;
-        for seq in 0..s {
-            let (a, b) = (
-                self.cu_seqlens[seq] as usize,
-                self.cu_seqlens[seq + 1] as usize,
-            );
+        if let Some((i, id)) = self
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
+            return bad(format!(
+                "tokens[{i}] = {id} is outside the vocabulary of {vocab}"
+            ));
+        }
+        // Lengths hold: cu_seqlens is increasing from 0 to T, so every segment
+        // lies inside the per-token vectors, and each row is max_blocks long.
+        for (seq, w) in self.cu_seqlens.windows(2).enumerate() {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            let seg = &self.positions[a..b];
+            if let Some(k) = (1..seg.len()).find(|&k| seg[k - 1].checked_add(1) != Some(seg[k])) {
+                return bad(format!(
+                    "positions[{}] = {}: sequence {seq}'s positions are not consecutive",
+                    a + k,
+                    seg[k]
+                ));
+            }
             let ctx = self.context_lens[seq] as usize;
-            if self.positions[b - 1] as usize + 1 != ctx {
+            let last = seg[seg.len() - 1] as usize;
+            if last + 1 != ctx {
                 return bad(format!(
-                    "sequence {seq}: last position + 1 != context_len {ctx}"
+                    "context_lens[{seq}] = {ctx}, but the sequence's last position is {last}"
                 ));
             }
-            if ctx.div_ceil(block_size) > self.max_blocks {
+            if ctx > max_positions {
                 return bad(format!(
-                    "sequence {seq}: context_len {ctx} exceeds its block table"
+                    "positions[{}] = {last} exceeds the context of {max_positions} (max_position_embeddings or KV pool)",
+                    b - 1
                 ));
             }
-            let table = self.block_table(seq);
-            for i in a..b {
-                if i > a && self.positions[i] != self.positions[i - 1] + 1 {
-                    return bad(format!("sequence {seq}: positions are not consecutive"));
-                }
-                let p = self.positions[i] as usize;
-                let want = table[p / block_size] as usize * block_size + p % block_size;
-                if self.slot_mapping[i] as usize != want || want >= capacity {
+            let used = ctx.div_ceil(bs);
+            if used > self.max_blocks {
+                return bad(format!(
+                    "block_tables row {seq}: context_len {ctx} needs {used} blocks, the row holds {}",
+                    self.max_blocks
+                ));
+            }
+            let table = &self.block_tables[seq * self.max_blocks..][..used];
+            if let Some(blk) = table.iter().find(|b| **b as usize >= num_blocks) {
+                return bad(format!(
+                    "block_tables row {seq}: block {blk} outside the pool of {num_blocks} blocks"
+                ));
+            }
+            for (i, &p) in (a..b).zip(seg) {
+                // p < ctx, so p / bs < used and the slot is inside the pool
+                let p = p as usize;
+                let want = table[p / bs] as usize * bs + p % bs;
+                if self.slot_mapping[i] as usize != want {
                     return bad(format!(
-                        "token {i}: slot {} does not match block table (expected {want})",
+                        "slot_mapping[{i}] = {} does not match the block table (expected {want})",
                         self.slot_mapping[i]
                     ));
                 }
             }
         }
         Ok(())
+    }
+
+    /// [`StepBatch::check`] without the vocabulary and RoPE bounds, for
+    /// engine-side fakes that only know the pool's shape.
+    pub fn validate(&self, num_blocks: usize, block_size: usize) -> Result<(), BackendError> {
+        let kv = KvShape {
+            num_blocks,
+            block_size,
+        };
+        self.check(kv, usize::MAX, usize::MAX)
     }
 }
 
@@ -242,3 +280,6 @@ pub trait Backend: Send {
     /// For tests and reference comparisons.
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError>;
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,10 +8,15 @@
 //! KV heads, a known RoPE type, positive sizes. Errors name the field.
 //!
 //! Both RoPE spellings are accepted: the classic top-level `rope_theta` +
-//! `rope_scaling` keys and the newer `rope_parameters` object.
+//! `rope_scaling` keys and the newer `rope_parameters` object; resolving
+//! them and the one RoPE definition live in `config/rope.rs`, the tests in
+//! `config/tests.rs`.
 
 use serde::Deserialize;
 use std::path::Path;
+
+mod rope;
+pub use rope::RopeScaling;
 
 /// Errors reading or validating a model configuration.
 #[derive(Debug, thiserror::Error)]
@@ -111,20 +116,6 @@ impl EosIds {
             EosIds::Many(ids) => ids.clone(),
         }
     }
-}
-
-/// RoPE frequency scaling.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE: `inv_freq[i] = theta^(-2i/head_dim)`.
-    None,
-    /// Llama 3 piecewise scaling of the low frequencies.
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: usize,
-    },
 }
 
 /// A validated Llama-family configuration. All dimensions in the engine come from here.
@@ -268,7 +259,7 @@ impl LlamaConfig {
         }
         let rope_scaling = match raw.rope_scaling.as_ref().or(params) {
             None => RopeScaling::None,
-            Some(r) => Self::resolve_rope(r, path)?,
+            Some(r) => rope::resolve(r, path)?,
         };
         Ok(LlamaConfig {
             hidden_size,
@@ -292,58 +283,6 @@ impl LlamaConfig {
         })
     }
 
-    fn resolve_rope(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigError> {
-        let kind = r
-            .rope_type
-            .as_deref()
-            .or(r.kind.as_deref())
-            .unwrap_or("default");
-        match kind {
-            "default" => Ok(RopeScaling::None),
-            "llama3" => {
-                let f = |v: Option<f64>, field: &'static str| {
-                    v.filter(|x| *x > 0.0 && x.is_finite())
-                        .ok_or(ConfigError::Invalid {
-                            path: path.to_string(),
-                            field,
-                            reason: "llama3 rope scaling needs a positive value".into(),
-                        })
-                };
-                let factor = f(r.factor, "rope_scaling.factor")?;
-                let low_freq_factor = f(r.low_freq_factor, "rope_scaling.low_freq_factor")?;
-                let high_freq_factor = f(r.high_freq_factor, "rope_scaling.high_freq_factor")?;
-                if high_freq_factor <= low_freq_factor {
-                    return Err(ConfigError::Invalid {
-                        path: path.to_string(),
-                        field: "rope_scaling.high_freq_factor",
-                        reason: format!(
-                            "must exceed low_freq_factor ({high_freq_factor} <= {low_freq_factor})"
-                        ),
-                    });
-                }
-                let original = r
-                    .original_max_position_embeddings
-                    .filter(|n| *n > 0)
-                    .ok_or(ConfigError::Invalid {
-                        path: path.to_string(),
-                        field: "rope_scaling.original_max_position_embeddings",
-                        reason: "llama3 rope scaling needs a positive value".into(),
-                    })?;
-                Ok(RopeScaling::Llama3 {
-                    factor,
-                    low_freq_factor,
-                    high_freq_factor,
-                    original_max_position_embeddings: original,
-                })
-            }
-            other => Err(ConfigError::Invalid {
-                path: path.to_string(),
-                field: "rope_scaling.rope_type",
-                reason: format!("unknown rope type `{other}` (supported: default, llama3)"),
-            }),
-        }
-    }
-
     /// Query width: `num_heads * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
@@ -352,59 +291,6 @@ impl LlamaConfig {
     /// Key (= value) width: `num_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
-    }
-
-    /// The RoPE inverse frequencies, `[head_dim / 2]`, computed in f64 with llama3
-    /// scaling applied. The one RoPE definition both backends build their tables from.
-    pub fn rope_inv_freq(&self) -> Vec<f64> {
-        let d = self.head_dim as f64;
-        let base: Vec<f64> = (0..self.head_dim / 2)
-            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d))
-            .collect();
-        match &self.rope_scaling {
-            RopeScaling::None => base,
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                original_max_position_embeddings,
-            } => {
-                let old = *original_max_position_embeddings as f64;
-                let low_wl = old / low_freq_factor;
-                let high_wl = old / high_freq_factor;
-                base.into_iter()
-                    .map(|f| {
-                        let wl = 2.0 * std::f64::consts::PI / f;
-                        if wl < high_wl {
-                            f
-                        } else if wl > low_wl {
-                            f / factor
-                        } else {
-                            let s =
-                                (old / wl - low_freq_factor) / (high_freq_factor - low_freq_factor);
-                            (1.0 - s) * f / factor + s * f
-                        }
-                    })
-                    .collect()
-            }
-        }
-    }
-
-    /// `(cos, sin)` tables, each `[positions, head_dim / 2]` row-major, in f32,
-    /// angles computed in f64. Built once per backend.
-    pub fn rope_table(&self, positions: usize) -> (Vec<f32>, Vec<f32>) {
-        let inv = self.rope_inv_freq();
-        let half = inv.len();
-        let mut cos = Vec::with_capacity(positions * half);
-        let mut sin = Vec::with_capacity(positions * half);
-        for p in 0..positions {
-            for f in &inv {
-                let a = p as f64 * f;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
-        (cos, sin)
     }
 }
 
@@ -455,92 +341,4 @@ impl GenerationConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const LLAMA_1B: &str = r#"{
-      "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
-      "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-      "vocab_size": 128256, "rms_norm_eps": 1e-5, "tie_word_embeddings": true,
-      "max_position_embeddings": 131072, "rope_theta": 500000.0,
-      "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-      "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}"#;
-
-    #[test]
-    fn parses_llama_3_2_1b() {
-        let c = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
-        assert_eq!(
-            (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim),
-            (2048, 32, 8, 64)
-        );
-        assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
-        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { .. }));
-        let inv = c.rope_inv_freq();
-        assert_eq!(inv.len(), 32);
-        // the highest frequency is untouched, the lowest divided by the factor
-        assert!((inv[0] - 1.0).abs() < 1e-12);
-        let plain = 1.0 / 500000f64.powf(62.0 / 64.0);
-        assert!((inv[31] - plain / 32.0).abs() < 1e-15);
-    }
-
-    #[test]
-    fn reads_rope_parameters_object() {
-        let text = LLAMA_1B.replace("\"rope_theta\": 500000.0,", "").replace(
-            "\"rope_scaling\": {\"rope_type\"",
-            "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\"",
-        );
-        let c = LlamaConfig::from_json(&text, "config.json").unwrap();
-        let d = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
-        assert_eq!(c, d);
-    }
-
-    #[test]
-    fn head_dim_derived() {
-        let text = LLAMA_1B.replace("\"head_dim\": 64,", "");
-        assert_eq!(LlamaConfig::from_json(&text, "c").unwrap().head_dim, 64);
-    }
-
-    #[test]
-    fn rejects_inconsistent_configs_naming_the_field() {
-        let cases = [
-            (
-                LLAMA_1B.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 7"),
-                "num_key_value_heads",
-            ),
-            (
-                LLAMA_1B
-                    .replace("\"head_dim\": 64,", "")
-                    .replace("\"hidden_size\": 2048", "\"hidden_size\": 2050"),
-                "hidden_size",
-            ),
-            (LLAMA_1B.replace("\"llama3\"", "\"yarn\""), "rope_type"),
-            (
-                LLAMA_1B.replace("\"vocab_size\": 128256,", ""),
-                "vocab_size",
-            ),
-            (
-                LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 0"),
-                "num_hidden_layers",
-            ),
-        ];
-        for (text, field) in cases {
-            let err = LlamaConfig::from_json(&text, "m/config.json")
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(field), "{err} should name {field}");
-            assert!(err.contains("m/config.json"), "{err}");
-        }
-        let err = LlamaConfig::from_json("{not json", "m/config.json")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("malformed m/config.json"), "{err}");
-    }
-
-    #[test]
-    fn generation_config_extends_eos() {
-        let g: GenerationConfig =
-            serde_json::from_str(r#"{"eos_token_id": [128001, 128008, 128009]}"#).unwrap();
-        assert_eq!(g.eos_ids(&[128009]), vec![128009, 128001, 128008]);
-    }
-}
+mod tests;

@@ -14,6 +14,8 @@ pub mod history;
 pub mod presets;
 pub mod sampling;
 pub mod step_builder;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
 pub use config::{ConfigError, GenerationConfig, LlamaConfig};

@@ -24,8 +24,8 @@
 //!
 //! # One owner per fact
 //! `paged_kv::KvManager` owns a running sequence's tokens and its computed
-//! count: it needs both anyway (prefix-cache hashing, block registration,
-//! forks), so the scheduler reads them from there and keeps no copy to keep
+//! count: it needs both anyway (prefix-cache hashing, block registration),
+//! so the scheduler reads them from there and keeps no copy to keep
 //! in agreement. What `paged-kv` cannot hold stays here, each in one place:
 //! a waiting sequence's tokens (`Seq::parked`; it holds no blocks, so
 //! `paged-kv` does not know it), and the one token sampled by the last step

@@ -20,7 +20,7 @@
 //! 3. A sequence's *writable* blocks (those holding positions at or past its
 //!    computed count) have refcount 1 and are not in the prefix cache, so no
 //!    block is ever writable by two sequences. Only full, computed blocks are
-//!    shared (by prefix hits and forks).
+//!    shared (by prefix hits).
 //! 4. A block is registered in the prefix cache iff the hash index maps its
 //!    hash to it; a registered block records its `B` token ids and a link to
 //!    the exact parent block instance (`id`, generation) whose KV preceded it.
@@ -36,7 +36,7 @@
 //!   one planning routine, so they agree exactly.
 //! - [`KvManager::can_append`] O(1); [`KvManager::append`] O(n + new blocks).
 //! - [`KvManager::mark_computed`]: O(newly full blocks x `B`).
-//! - [`KvManager::fork`]: O(len) (table and token copy); [`KvManager::free`]: O(b).
+//! - [`KvManager::free`]: O(b).
 //! - [`KvManager::slot`]: O(1).
 //! - [`KvManager::clear_prefix_cache`]: O(cached blocks + sequences).
 //! - Memory: O(num_blocks) per-block state, plus `num_blocks x B` recorded
@@ -53,8 +53,7 @@
 //!    `contract::StepBuilder`, takes each table from [`KvManager::block_table`]).
 //! 3. Decode: `can_append(seq, 1)` then `append(seq, &[token])`; when out of
 //!    blocks, preempt (`free`, re-`admit` prompt + generated tokens later).
-//! 4. `fork(parent, child)` returns the `(src, dst)` block copy the backend
-//!    must do before running `child`; `free(seq)` when done.
+//! 4. `free(seq)` when done.
 
 mod check;
 mod error;

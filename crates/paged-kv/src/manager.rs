@@ -1,6 +1,6 @@
 //! [`KvManager`]: per-sequence block tables over a [`BlockPool`], with the
-//! scheduler's check/act pairs (`can_admit`/`admit`, `can_append`/`append`,
-//! `can_fork`/`fork`). Each `can_*` answers exactly whether the act succeeds.
+//! scheduler's check/act pairs (`can_admit`/`admit`, `can_append`/`append`).
+//! Each `can_*` answers exactly whether the act succeeds.
 //! Acts either fully succeed or change nothing. Prefix-cache operations live
 //! in `prefix.rs`, the invariant checker in `check.rs`; costs are listed in
 //! the crate doc.
@@ -247,45 +247,6 @@ impl KvManager {
         allocate_into(pool, &mut s.table, needed, keep)?;
         s.tokens.extend_from_slice(tokens);
         Ok(())
-    }
-
-    /// Exact: whether `fork(parent, _)` would succeed (ignoring an id clash).
-    pub fn can_fork(&self, parent: SeqId) -> bool {
-        self.seqs.get(&parent).is_some_and(|p| {
-            p.table.len() - p.computed / self.block_size <= self.pool.num_allocatable()
-        })
-    }
-
-    /// Makes `child` a copy of `parent`: full computed blocks are shared
-    /// (refcount + 1); the rest get fresh blocks. When the parent's computed
-    /// tokens end inside a block, returns `(src, dst)`: the backend must copy
-    /// block `src` to block `dst` before `child` is run (copy-on-write).
-    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<Option<(u32, u32)>, KvError> {
-        if self.seqs.contains_key(&child) {
-            return Err(KvError::SeqExists(child));
-        }
-        let p = self.seqs.get(&parent).ok_or(KvError::UnknownSeq(parent))?;
-        let shared = p.computed / self.block_size;
-        let needed = p.table.len() - shared;
-        let free = self.pool.num_allocatable();
-        if needed > free {
-            return Err(KvError::OutOfBlocks { needed, free });
-        }
-        let mut c = Seq {
-            tokens: p.tokens.clone(),
-            table: p.table[..shared].to_vec(),
-            computed: p.computed,
-            hashes: p.hashes.clone(),
-            registered: p.registered.min(shared),
-        };
-        let copy_src = (!p.computed.is_multiple_of(self.block_size)).then(|| p.table[shared]);
-        for &b in &c.table {
-            self.pool.incref(b);
-        }
-        allocate_into(&mut self.pool, &mut c.table, needed, 0)?;
-        let copy = copy_src.map(|src| (src, c.table[shared]));
-        self.seqs.insert(child, c);
-        Ok(copy)
     }
 
     /// Releases `seq`'s blocks, last block first, so that its cached tail

@@ -1,8 +1,7 @@
 //! Unit tests for the edges named in the issue (block size 1, exactly-full
 //! blocks, zero free blocks, a prompt that is a strict prefix of a cached
-//! one, forking a sequence of length 0) and for the documented behaviours
-//! (copy-on-write fork, LRU eviction order, collision safety, dedup, config
-//! validation, error reporting).
+//! one) and for the documented behaviours (LRU eviction order, collision
+//! safety, dedup, config validation, error reporting).
 
 use paged_kv::{KvConfig, KvError, KvManager};
 
@@ -105,14 +104,10 @@ fn zero_free_blocks() {
     let mut m = kv(2, 2);
     run_prompt(&mut m, 1, &[1, 2, 3]);
     assert_eq!(m.num_free_blocks(), 0);
-    assert!(!m.can_admit(&[7]) && !m.can_append(1, 2) && !m.can_fork(1));
+    assert!(!m.can_admit(&[7]) && !m.can_append(1, 2));
     assert!(m.can_append(1, 1), "room left in the partial last block");
     assert_eq!(
         m.admit(2, &[7]),
-        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
-    );
-    assert_eq!(
-        m.fork(1, 2),
         Err(KvError::OutOfBlocks { needed: 1, free: 0 })
     );
     assert_eq!(
@@ -150,44 +145,6 @@ fn prompt_strictly_prefix_of_cached_one() {
     let mut other = long.clone();
     other[6] = 0;
     assert_eq!(m.cached_prefix_len(&other), 4);
-}
-
-#[test]
-fn fork_of_length_zero() {
-    let mut m = kv(4, 4);
-    assert_eq!(m.admit(1, &[]), Ok(0));
-    assert!(m.can_fork(1));
-    assert_eq!(m.fork(1, 2), Ok(None));
-    assert_eq!(
-        (m.seq_len(2), m.block_table(2).map(<[u32]>::len)),
-        (Some(0), Some(0))
-    );
-    ok(m.append(1, &[1]));
-    ok(m.append(2, &[2]));
-    assert_ne!(m.block_table(1), m.block_table(2));
-    checked(&m);
-}
-
-#[test]
-fn fork_copies_the_partial_last_block() {
-    let mut m = kv(8, 4);
-    run_prompt(&mut m, 1, &[1, 2, 3, 4, 5, 6]);
-    let p = m.block_table(1).unwrap_or_default().to_vec();
-    let copy = ok(m.fork(1, 2));
-    let c = m.block_table(2).unwrap_or_default().to_vec();
-    assert_eq!(c[0], p[0]);
-    assert_eq!(m.ref_count(p[0]), Some(2));
-    assert_eq!(copy, Some((p[1], c[1])));
-    assert_ne!(p[1], c[1]);
-    assert_eq!(m.num_computed(2), Some(6));
-    // Full last block: everything shared, nothing to copy.
-    ok(m.append(1, &[7, 8]));
-    ok(m.mark_computed(1, 8));
-    assert_eq!(m.fork(1, 3), Ok(None));
-    assert_eq!(m.block_table(3), m.block_table(1));
-    assert_eq!(m.fork(1, 3), Err(KvError::SeqExists(3)));
-    assert_eq!(m.fork(9, 4), Err(KvError::UnknownSeq(9)));
-    checked(&m);
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Property tests: random sequences of admit / append / mark_computed / fork /
-//! free / prefix-lookup / evict / clear against a shadow model of what KV
+//! Property tests: random sequences of admit / append / mark_computed / free
+//! / prefix-lookup / evict / clear against a shadow model of what KV
 //! each physical block holds. After every step: the crate's own invariant
 //! checker, free + in use (+ cached-evictable) = total, refcounts equal table
 //! references, writable blocks exclusive, every computed position of every
@@ -19,7 +19,6 @@ enum Op {
     Admit(SeqId, Vec<u32>),
     Append(SeqId, Vec<u32>),
     Compute(SeqId, usize),
-    Fork(SeqId, SeqId),
     Free(SeqId),
     Lookup(Vec<u32>),
     Evict(usize),
@@ -36,7 +35,6 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (id.clone(), tokens(14)).prop_map(|(s, t)| Op::Admit(s, t)),
         3 => (id.clone(), tokens(5)).prop_map(|(s, t)| Op::Append(s, t)),
         5 => (id.clone(), any::<usize>()).prop_map(|(s, n)| Op::Compute(s, n)),
-        2 => (id.clone(), id.clone()).prop_map(|(p, c)| Op::Fork(p, c)),
         3 => id.prop_map(Op::Free),
         2 => tokens(14).prop_map(Op::Lookup),
         1 => (0usize..4).prop_map(Op::Evict),
@@ -174,36 +172,6 @@ impl Harness {
                 }
                 prop_assert_eq!(self.kv.mark_computed(*s, n), Ok(()));
                 prop_assert_eq!(self.kv.num_computed(*s), Some(n.max(done)));
-            }
-            Op::Fork(p, c) => {
-                let can = self.kv.can_fork(*p);
-                match self.kv.fork(*p, *c) {
-                    Ok(copy) => {
-                        prop_assert!(can);
-                        let done = self.kv.num_computed(*p).unwrap_or(0);
-                        let (pt, ct) = (
-                            self.kv.block_table(*p).unwrap_or_default(),
-                            self.kv.block_table(*c).unwrap_or_default(),
-                        );
-                        prop_assert_eq!(pt.len(), ct.len());
-                        prop_assert_eq!(&pt[..done / bs], &ct[..done / bs]);
-                        match copy {
-                            Some((src, dst)) => {
-                                prop_assert!(!done.is_multiple_of(bs));
-                                prop_assert_eq!((src, dst), (pt[done / bs], ct[done / bs]));
-                                self.shadow[dst as usize] = self.shadow[src as usize].clone();
-                            }
-                            None => prop_assert_eq!(done % bs, 0),
-                        }
-                        self.live.insert(*c, ());
-                    }
-                    Err(KvError::SeqExists(_) | KvError::UnknownSeq(_)) => unchanged(&self.kv)?,
-                    Err(KvError::OutOfBlocks { .. }) => {
-                        prop_assert!(!can);
-                        unchanged(&self.kv)?;
-                    }
-                    Err(e) => prop_assert!(false, "unexpected fork error {e}"),
-                }
             }
             Op::Free(s) => match self.kv.free(*s) {
                 Ok(()) => {

@@ -59,13 +59,4 @@ impl KvPool {
         };
         ops::paged_attention(q, &self.k[layer], &self.v[layer], seqs, dims)
     }
-
-    /// Copies every layer's K/V rows of block `src` into block `dst`
-    /// (copy-on-write of a forked sequence's partial block).
-    pub fn copy_block(&mut self, src: usize, dst: usize) {
-        let n = self.block_size * self.kv_dim;
-        for pool in self.k.iter_mut().chain(self.v.iter_mut()) {
-            pool.copy_within(src * n..(src + 1) * n, dst * n);
-        }
-    }
 }

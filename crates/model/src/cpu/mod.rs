@@ -1,9 +1,10 @@
 //! The CPU backend: the numerical reference implementation of [`Backend`].
 //!
 //! Contract: [`CpuBackend`] runs any [`StepBatch`] that passes
-//! [`StepBatch::validate`] plus the checks of [`CpuBackend::check_batch`]
-//! (token ids inside the vocabulary, positions inside the RoPE table, every
-//! block-table entry attention will read inside the pool); anything else is a
+//! [`StepBatch::check`] against its vocabulary, RoPE table and KV pool
+//! ([`CpuBackend::check_batch`]: token ids inside the vocabulary, positions
+//! inside the RoPE table, every block-table entry attention will read inside
+//! the pool, slots matching the tables); anything else is a
 //! [`BackendError::InvalidBatch`] naming the field, never a panic. BF16
 //! weights are converted to f32 on the fly, arithmetic is f32, RoPE tables
 //! are built once, and the KV cache lives in a paged pool (see
@@ -87,20 +88,7 @@ impl CpuBackend {
         })
     }
 
-    /// Copies every layer's K/V of block `src` into block `dst` (the copy a
-    /// fork's copy-on-write of a partial block asks for).
-    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), BackendError> {
-        let n = self.kv.num_blocks;
-        if src as usize >= n || dst as usize >= n {
-            return Err(BackendError::InvalidBatch(format!(
-                "copy_block: block {src} or {dst} outside the pool of {n} blocks"
-            )));
-        }
-        self.pool.copy_block(src as usize, dst as usize);
-        Ok(())
-    }
-
-    /// [`StepBatch::validate`] plus what this backend indexes with: token ids
+    /// [`StepBatch::check`] with what this backend indexes with: token ids
     /// below the vocabulary, positions below the RoPE table, and every block
     /// attention reads (`ceil(context_len / block_size)` per sequence) in the pool.
     pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {

@@ -7,6 +7,7 @@ use super::*;
 use checkpoint::weights::LayerWeights;
 use contract::backend::SampleRequest;
 use contract::sampling::{SamplingParams, splitmix64};
+use contract::testing::{Malformation, malform, malformed_batches, well_formed};
 use half::bf16;
 
 const BS: usize = 4; // block size of the test pools
@@ -310,33 +311,6 @@ fn step_samples_exactly_the_requested_sequences() {
 }
 
 #[test]
-fn copy_block_gives_a_fork_the_parents_kv() {
-    let mut b = backend(true, 8);
-    let blocks = vec![0, 1, 2];
-    b.logits(
-        &build_step(&[chunk(&PROMPT[..10], 0, blocks.clone())], BS).unwrap(),
-        &[],
-    )
-    .unwrap();
-    let parent = b
-        .logits(
-            &build_step(&[chunk(&PROMPT[10..], 10, blocks)], BS).unwrap(),
-            &[0],
-        )
-        .unwrap();
-    // the child shares blocks 0 and 1 and owns a copy (5) of the partial block 2
-    b.copy_block(2, 5).unwrap();
-    let child = b
-        .logits(
-            &build_step(&[chunk(&PROMPT[10..], 10, vec![0, 1, 5])], BS).unwrap(),
-            &[0],
-        )
-        .unwrap();
-    assert_eq!(parent, child);
-    assert!(b.copy_block(2, 8).is_err());
-}
-
-#[test]
 fn bad_batches_and_weights_are_errors_naming_the_field() {
     let mut b = backend(true, 4);
     let ok = build_step(&[chunk(&PROMPT[..3], 0, vec![1])], BS).unwrap();
@@ -348,9 +322,9 @@ fn bad_batches_and_weights_are_errors_naming_the_field() {
     let mut bad = ok.clone();
     bad.slot_mapping[0] = 0;
     assert!(err(&mut b, &bad).contains("slot"));
-    // a sequence at position 20 whose table points outside the 4-block pool
-    let far = build_step(&[chunk(&[1], 16, vec![0, 1, 2, 3, 9])], BS);
-    assert!(err(&mut b, &far.unwrap()).contains("slot"));
+    // a sequence at position 12 whose table points outside the 4-block pool
+    let far = build_step(&[chunk(&[1], 12, vec![0, 1, 2, 9])], BS);
+    assert!(err(&mut b, &far.unwrap()).contains("block 9 outside the pool"));
     let past = build_step(&[chunk(&[1], 17, vec![0, 1, 2, 3, 3])], BS).unwrap();
     assert!(err(&mut b, &past).contains("positions[0] = 17"));
     let mut unread = build_step(&[chunk(&[1], 5, vec![7, 1])], BS).unwrap();
@@ -396,4 +370,54 @@ fn bad_batches_and_weights_are_errors_naming_the_field() {
         },
     );
     assert!(e.is_err());
+}
+
+/// The named malformed batches of `contract::testing` on the tiny synthetic
+/// preset: every one is an `InvalidBatch` error, and the backend still runs
+/// a well-formed step afterwards.
+#[test]
+fn malformed_batches_are_errors_on_the_tiny_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint::synth::synth_model(contract::presets::Preset::Tiny, 7, dir.path()).unwrap();
+    let m = checkpoint::loader::load_config(dir.path()).unwrap();
+    let w = checkpoint::loader::load_weights(dir.path(), &m.config).unwrap();
+    let kv = KvShape {
+        num_blocks: 8,
+        block_size: BS,
+    };
+    let vocab = m.config.vocab_size;
+    let mut b = CpuBackend::new(m.config, w, kv).unwrap();
+    let max_pos = b.rope.positions();
+    for (what, batch) in malformed_batches(kv, vocab, max_pos) {
+        let r = b.step(&batch);
+        assert!(
+            matches!(r, Err(BackendError::InvalidBatch(_))),
+            "{what}: {r:?}"
+        );
+        assert!(b.logits(&batch, &[0]).is_err(), "{what}");
+    }
+    let ok = well_formed(kv, &[(5, 5), (3, 1)], |s, j| (2 * s + j) as u32);
+    assert_eq!(b.step(&ok).unwrap(), vec![None, None]);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// A random well-formed batch with one field broken is an error from
+    /// `step`, never a panic.
+    #[test]
+    fn any_malformed_batch_is_an_error(
+        plan in proptest::collection::vec((1usize..=16, 1usize..=16), 1..=3),
+        m in proptest::sample::select(Malformation::ALL.to_vec()),
+        at in proptest::prelude::any::<usize>(),
+        by in proptest::prelude::any::<u32>(),
+    ) {
+        let mut b = backend(true, 16);
+        let kv = b.kv;
+        let ok = well_formed(kv, &plan, |s, j| (4 * s + j) as u32);
+        proptest::prop_assert!(b.check_batch(&ok).is_ok());
+        let bad = malform(&ok, m, at, by, kv, b.config.vocab_size);
+        let r = b.step(&bad);
+        proptest::prop_assert!(matches!(r, Err(BackendError::InvalidBatch(_))), "{:?}: {:?}", m, r);
+    }
 }

@@ -193,36 +193,11 @@ impl CudaBackend {
         self.graphs.len()
     }
 
-    /// [`StepBatch::validate`] plus what this backend indexes with: token ids
+    /// [`StepBatch::check`] with what this backend indexes with: token ids
     /// below the vocabulary, positions below the RoPE table (the longest
     /// context), and every block attention reads inside the pool.
     pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
         batch.check(self.kv, self.config.vocab_size, self.rope_rows)
-    }
-
-    /// Copies KV block `src` to block `dst` in every layer (copy-on-write of a fork).
-    pub fn copy_block(&mut self, src: u32, dst: u32) -> Result<(), BackendError> {
-        let n = self.kv.num_blocks as u32;
-        if src >= n || dst >= n {
-            return Err(BackendError::InvalidBatch(format!(
-                "copy_block {src} -> {dst}: outside the pool of {n} blocks"
-            )));
-        }
-        let width = self.kv.block_size * self.config.kv_dim();
-        for l in 0..self.config.num_layers {
-            for buf in [&self.cache.k[l], &self.cache.v[l]] {
-                let from = buf.slice(src as usize * width..(src as usize + 1) * width);
-                let to = buf.slice(dst as usize * width..(dst as usize + 1) * width);
-                let (from, to) = (
-                    from.map_err(|e| dev_err("copy_block", e))?,
-                    to.map_err(|e| dev_err("copy_block", e))?,
-                );
-                self.gpu
-                    .copy_on_device(from, to)
-                    .map_err(|e| dev_err("copy_block", e))?;
-            }
-        }
-        self.gpu.synchronize().map_err(|e| dev_err("copy_block", e))
     }
 }
 

@@ -260,3 +260,30 @@ fn cuda_partial_sampling() {
     }
     println!("RESULT partial sampling: ok");
 }
+
+/// The named malformed batches of `contract::testing` (the same the CPU
+/// backend rejects): each is an `InvalidBatch` error before anything is
+/// staged or launched, and a well-formed step still runs afterwards.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_rejects_malformed_batches() {
+    use contract::testing::{malformed_batches, well_formed};
+    let (cfg, w) = load(&synth_dir(Preset::Tiny));
+    let vocab = cfg.vocab_size;
+    let kv = KvShape {
+        num_blocks: 8,
+        block_size: BS,
+    };
+    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let max_pos = b.rope_rows;
+    for (what, batch) in malformed_batches(kv, vocab, max_pos) {
+        let r = b.step(&batch);
+        assert!(
+            matches!(r, Err(BackendError::InvalidBatch(_))),
+            "{what}: {r:?}"
+        );
+    }
+    let ok = well_formed(kv, &[(20, 20), (3, 1)], |s, j| (2 * s + j) as u32);
+    assert_eq!(b.step(&ok).unwrap(), vec![None, None]);
+    println!("RESULT malformed batches: rejected");
+}

@@ -1,0 +1,131 @@
+//! RoPE: the scaling a config asks for ([`RopeScaling`], resolved from
+//! `rope_scaling` or `rope_parameters`) and the one RoPE definition both
+//! backends build their tables from ([`LlamaConfig::rope_inv_freq`],
+//! [`LlamaConfig::rope_table`]).
+//!
+//! Costs: `rope_inv_freq` O(head_dim); `rope_table` O(positions x head_dim)
+//! time and memory, computed in f64 and stored in f32, once per backend.
+
+use super::{ConfigError, LlamaConfig, RawRope};
+
+/// RoPE frequency scaling.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE: `inv_freq[i] = theta^(-2i/head_dim)`.
+    None,
+    /// Llama 3 piecewise scaling of the low frequencies.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+/// Resolves a `rope_scaling` / `rope_parameters` object; errors name the field.
+pub(super) fn resolve(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigError> {
+    let kind = r
+        .rope_type
+        .as_deref()
+        .or(r.kind.as_deref())
+        .unwrap_or("default");
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "llama3" => {
+            let f = |v: Option<f64>, field: &'static str| {
+                v.filter(|x| *x > 0.0 && x.is_finite())
+                    .ok_or(ConfigError::Invalid {
+                        path: path.to_string(),
+                        field,
+                        reason: "llama3 rope scaling needs a positive value".into(),
+                    })
+            };
+            let factor = f(r.factor, "rope_scaling.factor")?;
+            let low_freq_factor = f(r.low_freq_factor, "rope_scaling.low_freq_factor")?;
+            let high_freq_factor = f(r.high_freq_factor, "rope_scaling.high_freq_factor")?;
+            if high_freq_factor <= low_freq_factor {
+                return Err(ConfigError::Invalid {
+                    path: path.to_string(),
+                    field: "rope_scaling.high_freq_factor",
+                    reason: format!(
+                        "must exceed low_freq_factor ({high_freq_factor} <= {low_freq_factor})"
+                    ),
+                });
+            }
+            let original = r
+                .original_max_position_embeddings
+                .filter(|n| *n > 0)
+                .ok_or(ConfigError::Invalid {
+                    path: path.to_string(),
+                    field: "rope_scaling.original_max_position_embeddings",
+                    reason: "llama3 rope scaling needs a positive value".into(),
+                })?;
+            Ok(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: original,
+            })
+        }
+        other => Err(ConfigError::Invalid {
+            path: path.to_string(),
+            field: "rope_scaling.rope_type",
+            reason: format!("unknown rope type `{other}` (supported: default, llama3)"),
+        }),
+    }
+}
+
+impl LlamaConfig {
+    /// The RoPE inverse frequencies, `[head_dim / 2]`, computed in f64 with llama3
+    /// scaling applied. The one RoPE definition both backends build their tables from.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim as f64;
+        let base: Vec<f64> = (0..self.head_dim / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d))
+            .collect();
+        match &self.rope_scaling {
+            RopeScaling::None => base,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old = *original_max_position_embeddings as f64;
+                let low_wl = old / low_freq_factor;
+                let high_wl = old / high_freq_factor;
+                base.into_iter()
+                    .map(|f| {
+                        let wl = 2.0 * std::f64::consts::PI / f;
+                        if wl < high_wl {
+                            f
+                        } else if wl > low_wl {
+                            f / factor
+                        } else {
+                            let s =
+                                (old / wl - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - s) * f / factor + s * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// `(cos, sin)` tables, each `[positions, head_dim / 2]` row-major, in f32,
+    /// angles computed in f64. Built once per backend.
+    pub fn rope_table(&self, positions: usize) -> (Vec<f32>, Vec<f32>) {
+        let inv = self.rope_inv_freq();
+        let half = inv.len();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            for f in &inv {
+                let a = p as f64 * f;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+}

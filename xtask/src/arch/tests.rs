@@ -1,0 +1,215 @@
+use super::*;
+use serde_json::json;
+
+/// A `cargo metadata`-shaped document over `edges` (`from`, `to`, kind:
+/// `None` for normal, `Some("dev")`, `Some("build")`).
+fn metadata(edges: &[(&str, &str, Option<&str>)]) -> Value {
+    let mut names: Vec<&str> = edges.iter().flat_map(|(a, b, _)| [*a, *b]).collect();
+    names.sort_unstable();
+    names.dedup();
+    let id = |n: &str| format!("path+file:///ws/{n}#0.1.0");
+    let packages: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"id": id(n), "name": n}))
+        .collect();
+    let nodes: Vec<Value> = names
+        .iter()
+        .map(|n| {
+            let deps: Vec<Value> = edges
+                .iter()
+                .filter(|(a, _, _)| a == n)
+                .map(|(_, b, k)| {
+                    json!({"name": b.replace('-', "_"), "pkg": id(b),
+                           "dep_kinds": [{"kind": k, "target": null}]})
+                })
+                .collect();
+            json!({"id": id(n), "deps": deps})
+        })
+        .collect();
+    json!({"packages": packages, "resolve": {"nodes": nodes, "root": null}})
+}
+
+/// The layering of ARCHITECTURE.md, which passes.
+const GOOD: [(&str, &str, Option<&str>); 14] = [
+    ("cli", "server", None),
+    ("cli", "model", None),
+    ("cli", "checkpoint", None),
+    ("server", "engine", None),
+    ("server", "contract", None),
+    ("engine", "paged-kv", None),
+    ("engine", "contract", None),
+    ("engine", "tokenizer", None),
+    ("model", "kernels", None),
+    ("model", "gpu", None),
+    ("model", "contract", None),
+    ("kernels", "gpu", None),
+    ("gpu", "cudarc", None),
+    ("checkpoint", "hf-hub", None),
+];
+
+fn with(extra: &[(&'static str, &'static str, Option<&'static str>)]) -> Value {
+    let mut edges = GOOD.to_vec();
+    edges.extend_from_slice(extra);
+    metadata(&edges)
+}
+
+fn deps(meta: &Value) -> Vec<String> {
+    check_deps(meta)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn the_intended_layering_passes() {
+    assert_eq!(deps(&with(&[])), Vec::<String>::new());
+}
+
+#[test]
+fn a_transitive_cuda_edge_is_named_with_its_path() {
+    let v = deps(&with(&[("engine", "model", None)]));
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("engine -> model -> gpu -> cudarc:"))
+    );
+    assert!(v.iter().any(|v| v.starts_with("engine -> model:")));
+    // server reaches it through engine
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("server -> engine -> model -> kernels:"))
+    );
+}
+
+#[test]
+fn contract_and_paged_kv_stay_cuda_free() {
+    let v = deps(&with(&[("contract", "gpu", None)]));
+    assert!(v.iter().any(|v| v.starts_with("contract -> gpu:")));
+    let v = deps(&with(&[("paged-kv", "kernels", None)]));
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("paged-kv -> kernels -> gpu -> cudarc:"))
+    );
+}
+
+#[test]
+fn engine_and_server_never_reach_checkpoint_or_its_downloads() {
+    let v = deps(&with(&[("engine", "checkpoint", None)]));
+    assert!(v.iter().any(|v| v.starts_with("engine -> checkpoint:")));
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("engine -> checkpoint -> hf-hub:"))
+    );
+    let v = deps(&with(&[("server", "zip", None)]));
+    assert!(v.iter().any(|v| v.starts_with("server -> zip:")));
+}
+
+#[test]
+fn nothing_depends_on_cli_and_only_gpu_on_cudarc() {
+    let v = deps(&with(&[("server", "cli", None)]));
+    assert!(v.iter().any(|v| v.starts_with("server -> cli:")));
+    let v = deps(&with(&[("kernels", "cudarc", None)]));
+    assert_eq!(
+        v,
+        ["kernels -> cudarc: only gpu may depend on cudarc directly"]
+    );
+}
+
+#[test]
+fn dev_and_build_edges_are_not_dependencies() {
+    let v = deps(&with(&[
+        ("engine", "model", Some("dev")),
+        ("contract", "gpu", Some("build")),
+    ]));
+    assert_eq!(v, Vec::<String>::new());
+}
+
+#[test]
+fn malformed_metadata_is_an_error() {
+    assert!(check_deps(&json!({"packages": []})).is_err());
+    assert!(check_deps(&json!({})).is_err());
+}
+
+fn unsafe_report(src: &str) -> Vec<String> {
+    check_unsafe_source("f.rs", src)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn an_unsafe_block_without_safety_fails() {
+    let src = "fn f(p: *const u8) -> u8 {\n    let x = 1;\n    unsafe { *p }\n}\n";
+    assert_eq!(
+        unsafe_report(src),
+        ["f.rs:3: unsafe block or impl without a `// SAFETY:` comment right before it"]
+    );
+}
+
+#[test]
+fn safety_on_the_line_or_right_above_passes() {
+    let ok = [
+        "fn f(p: *const u8) -> u8 {\n    // SAFETY: p is valid.\n    unsafe { *p }\n}\n",
+        "fn f(p: *const u8) -> u8 {\n    unsafe { *p } // SAFETY: p is valid.\n}\n",
+        "fn f(p: *const u8) -> u8 {\n    // SAFETY: p is valid\n    // for reads.\n    unsafe { *p }\n}\n",
+        // the comment sits above the statement, the block on its next line
+        "fn f(p: *const u8) -> u8 {\n    // SAFETY: p is valid.\n    let x =\n        unsafe { *p };\n    x\n}\n",
+        "/* SAFETY: no state. */\nunsafe impl Send for X {}\n",
+        "// SAFETY: no state.\n#[allow(dead_code)]\nunsafe impl Sync for X {}\n",
+    ];
+    for src in ok {
+        assert_eq!(unsafe_report(src), Vec::<String>::new(), "{src}");
+    }
+}
+
+#[test]
+fn safety_separated_by_code_or_a_blank_line_fails() {
+    let bad = [
+        "// SAFETY: p is valid.\nlet y = 2;\nunsafe { *p };\n",
+        "// SAFETY: p is valid.\n\nunsafe { *p };\n",
+        "// safety: lower case is not the marker\nunsafe { *p };\n",
+        "unsafe impl Send for X {}\n",
+        "unsafe extern \"C\" {\n    fn abs(x: i32) -> i32;\n}\n",
+    ];
+    for src in bad {
+        assert_eq!(unsafe_report(src).len(), 1, "{src}");
+    }
+}
+
+#[test]
+fn unsafe_in_comments_strings_and_names_is_ignored() {
+    let src = concat!(
+        "// unsafe { }\n",
+        "/* unsafe { /* nested */ unsafe impl } */\n",
+        "let a = \"unsafe { }\";\n",
+        "let b = r#\"unsafe { \"# ;\n",
+        "let c = '\"'; let d = \"\\\" unsafe {\";\n",
+        "fn not_unsafe() {} let unsafe_x = 1;\n",
+        "type F = unsafe fn(u8) -> u8;\n",
+        "#[unsafe(no_mangle)]\n",
+        "fn g<'a>(x: &'a u8) -> &'a u8 { x }\n",
+    );
+    assert_eq!(unsafe_report(src), Vec::<String>::new());
+}
+
+#[test]
+fn unsafe_fn_needs_a_safety_doc_section() {
+    let bad = "/// Reads.\npub unsafe fn read(p: *const u8) -> u8 {\n    // SAFETY: by contract.\n    unsafe { *p }\n}\n";
+    assert_eq!(
+        unsafe_report(bad),
+        ["f.rs:2: unsafe fn without a `# Safety` section in its doc comment"]
+    );
+    let good = "/// Reads.\n///\n/// # Safety\n/// `p` is valid.\n#[inline]\npub unsafe fn read(p: *const u8) -> u8 {\n    // SAFETY: by contract.\n    unsafe { *p }\n}\n";
+    assert_eq!(unsafe_report(good), Vec::<String>::new());
+}
+
+#[test]
+fn the_workspace_passes() {
+    let root = crate::ci::repo_root();
+    let meta = cargo_metadata(&root).unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(deps(&meta), Vec::<String>::new());
+    let (files, v) = check_unsafe_tree(&root).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(files > 50, "only {files} .rs files found");
+    let v: Vec<String> = v.iter().map(ToString::to_string).collect();
+    assert_eq!(v, Vec::<String>::new());
+}
