@@ -108,6 +108,12 @@ fn consts_header() -> String {
         ("DECODE_CHUNK_GRAN", DECODE_CHUNK_GRAN),
         ("SAMPLE_THREADS", SAMPLE_THREADS),
         ("SAMPLE_PART_THREADS", SAMPLE_PART_THREADS),
+        ("GEMV_WARPS", GEMV_WARPS),
+        ("GEMV_ROWS_PER_WARP", GEMV_ROWS_PER_WARP),
+        ("GEMV_MAX_ROWS", GEMV_MAX_ROWS),
+        ("FLASH_ROWS", FLASH_ROWS),
+        ("FLASH_KEYS", FLASH_KEYS),
+        ("FLASH_THREADS", FLASH_THREADS),
         ("SAMPLE_SLICE", SAMPLE_SLICE),
         ("SAMPLE_PARAMS_BYTES", SAMPLE_PARAMS_BYTES),
     ] {
@@ -130,6 +136,16 @@ fn checks_header() -> String {
          #endif\n\
          #ifdef DECODE_CHUNK_GRAN\n\
          static_assert(DECODE_CHUNK_GRAN == LAMINA_DECODE_CHUNK_GRAN, \"DECODE_CHUNK_GRAN differs from src/consts.rs\");\n\
+         #endif\n\
+         #ifdef GEMV_WARPS\n\
+         static_assert(GEMV_WARPS == LAMINA_GEMV_WARPS, \"GEMV_WARPS differs from src/consts.rs\");\n\
+         static_assert(GEMV_ROWS_PER_WARP == LAMINA_GEMV_ROWS_PER_WARP, \"GEMV_ROWS_PER_WARP differs from src/consts.rs\");\n\
+         static_assert(GEMV_MAX_ROWS == LAMINA_GEMV_MAX_ROWS, \"GEMV_MAX_ROWS differs from src/consts.rs\");\n\
+         #endif\n\
+         #ifdef FP_BM\n\
+         static_assert(FP_BM == LAMINA_FLASH_ROWS, \"FP_BM differs from src/consts.rs FLASH_ROWS\");\n\
+         static_assert(FP_BN == LAMINA_FLASH_KEYS, \"FP_BN differs from src/consts.rs FLASH_KEYS\");\n\
+         static_assert(FP_THREADS == LAMINA_FLASH_THREADS, \"FP_THREADS differs from src/consts.rs FLASH_THREADS\");\n\
          #endif\n\
          #ifdef SAMPLE_THREADS\n\
          static_assert(SAMPLE_THREADS == LAMINA_SAMPLE_THREADS, \"SAMPLE_THREADS differs from src/consts.rs\");\n\

@@ -55,6 +55,18 @@ pub const SAMPLE_THREADS: usize = 1024;
 pub const SAMPLE_PART_THREADS: usize = 256;
 /// `SAMPLE_SLICE` of sampling.cu: vocabulary ids one `sample_partials` block owns.
 pub const SAMPLE_SLICE: usize = 1024;
+/// `GEMV_WARPS` of gemv.cu: warps per GEMV block.
+pub const GEMV_WARPS: usize = 4;
+/// `GEMV_ROWS_PER_WARP` of gemv.cu: weight rows one warp computes.
+pub const GEMV_ROWS_PER_WARP: usize = 2;
+/// `GEMV_MAX_ROWS` of gemv.cu: most token rows a GEMV launch takes.
+pub const GEMV_MAX_ROWS: usize = 16;
+/// `FP_BM` of flash_prefill.cu: query rows (tokens x heads) of one block.
+pub const FLASH_ROWS: usize = 128;
+/// `FP_BN` of flash_prefill.cu: keys of one K/V tile.
+pub const FLASH_KEYS: usize = 64;
+/// `FP_THREADS` of flash_prefill.cu: 32 x (FLASH_ROWS / 16) warps.
+pub const FLASH_THREADS: usize = 32 * FLASH_ROWS / 16;
 /// Size of one `SampleParams` row (Rust and C++).
 pub const SAMPLE_PARAMS_BYTES: usize = 48;
 /// Offsets of the C++ `SampleParams` fields (sampling.cu names), in order.

@@ -340,7 +340,7 @@ mod tests {
         for ctx in 0..600 {
             for splits in [1, 2, 3, 7, 33, 128] {
                 let c = chunk_of(ctx, splits);
-                assert!(c % CHUNK_GRAN == 0 && c >= CHUNK_GRAN);
+                assert!(c.is_multiple_of(CHUNK_GRAN) && c >= CHUNK_GRAN);
                 assert!(c * splits >= ctx, "ctx {ctx} splits {splits}");
             }
         }

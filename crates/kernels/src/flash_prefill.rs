@@ -19,11 +19,11 @@ use crate::{KernelError, Kernels, need, u32_of};
 
 /// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Query rows of one CTA (16 per warp, 8 warps): tokens x query heads of one KV head.
-const ROWS: usize = 128;
 /// Keys per shared-memory tile.
-const KEYS: usize = 64;
-const THREADS: u32 = 256;
+use crate::consts::FLASH_KEYS as KEYS;
+/// Query rows of one CTA (16 per warp, 8 warps): tokens x query heads of one KV head.
+use crate::consts::FLASH_ROWS as ROWS;
+const THREADS: u32 = crate::consts::FLASH_THREADS as u32;
 /// Most query heads per KV head one CTA can pack.
 pub const FLASH_MAX_GROUP: usize = ROWS;
 

@@ -14,11 +14,10 @@ use half::bf16;
 
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
-// Shared with gemv.cu (GEMV_WARPS, GEMV_ROWS_PER_WARP, GEMV_MAX_ROWS): keep equal.
-const WARPS: usize = 4;
-const ROWS_PER_WARP: usize = 2;
+// Checked against gemv.cu's #defines by the generated lamina_checks.cuh.
 /// Most token rows one launch handles (larger steps use cuBLAS).
-pub const MAX_ROWS: usize = 16;
+pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
+use crate::consts::{GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS};
 /// Row tiles the kernels are instantiated for (index = entry in `Kernels::gemv[variant]`).
 const TILES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Entry-point prefixes, in [`GemvOp::variant`] order.
@@ -139,7 +138,7 @@ impl GemvOp<'_> {
 }
 
 fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError> {
-    if ptr % 16 != 0 {
+    if !ptr.is_multiple_of(16) {
         return Err(KernelError::Unsupported {
             kernel,
             reason: format!("operand `{what}` not 16-byte aligned"),
@@ -264,7 +263,7 @@ impl Kernels {
             || m > MAX_ROWS
             || hidden == 0
             || !hidden.is_multiple_of(8)
-            || sh.head_dim % 2 != 0
+            || !sh.head_dim.is_multiple_of(2)
         {
             return Err(KernelError::Unsupported {
                 kernel: K,
@@ -358,12 +357,11 @@ pub fn gemv_ref(
 ) {
     for r in 0..m {
         let row = &x[r * k..(r + 1) * k];
+        // the norm and SiLU·up are `ops`' (the CPU backend's own code)
         let xin: Vec<f32> = if matches!(kind, GemvKind::Norm | GemvKind::NormSilu) {
-            let ss: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum();
-            let inv = 1.0 / (ss / k as f64 + eps as f64).sqrt();
-            row.iter()
-                .zip(norm_w)
-                .map(|(v, g)| round_bf16((*v as f64 * inv) as f32 * g))
+            ops::norm::rms_norm(row, norm_w, eps)
+                .into_iter()
+                .map(round_bf16)
                 .collect()
         } else {
             row.to_vec()
@@ -382,8 +380,9 @@ pub fn gemv_ref(
                 GemvKind::Resid => *out += round_bf16(dot(j)),
                 GemvKind::F32 => *out = dot(j),
                 GemvKind::NormSilu => {
-                    let (g, u) = (round_bf16(dot(j)), round_bf16(dot(n + j)));
-                    *out = round_bf16(g / (1.0 + (-g).exp()) * u);
+                    let mut g = [round_bf16(dot(j))];
+                    ops::activation::silu_mul(&mut g, &[round_bf16(dot(n + j))]);
+                    *out = round_bf16(g[0]);
                 }
             }
         }

@@ -237,7 +237,7 @@ fn decode_want(
         if ctx == 0 {
             continue;
         }
-        let positions = [ctx as u32 - 1];
+        let positions = [ctx - 1];
         let seq = PagedSeqs {
             cu_seqlens: &[0, 1],
             positions: &positions,

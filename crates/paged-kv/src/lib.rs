@@ -36,8 +36,8 @@
 //!   one planning routine, so they agree exactly.
 //! - [`KvManager::can_append`] O(1); [`KvManager::append`] O(n + new blocks).
 //! - [`KvManager::mark_computed`]: O(newly full blocks x `B`).
-//! - [`KvManager::free`]: O(b).
-//! - [`KvManager::slot`]: O(1).
+//! - freeing a sequence ([`KvManager::free`]): O(b).
+//! - a slot lookup ([`KvManager::slot`]): O(1).
 //! - [`KvManager::clear_prefix_cache`]: O(cached blocks + sequences).
 //! - Memory: O(num_blocks) per-block state, plus `num_blocks x B` recorded
 //!   token ids when the prefix cache is on; each sequence keeps its tokens.

@@ -1,0 +1,313 @@
+//! GPU tests of the GEMV projections (`kernels::gemv`) against `gemv_ref`
+//! (composed of `ops`' norm and SiLU·up) and of the fused QKV + RoPE + KV
+//! write against `ops`' RoPE and KV write; part of the `gpu_kernels` binary.
+
+use crate::common::*;
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+/// Every GEMV variant against `gemv_ref`: odd output counts, inputs an odd
+/// multiple of 8, 1 to 16 rows, a Llama-1B-sized projection; outputs poisoned.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_matches_reference() {
+    use kernels::gemv::{GemvKind, GemvOp, gemv_ref};
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(18);
+    let kinds = [
+        GemvKind::Bf16,
+        GemvKind::Resid,
+        GemvKind::Norm,
+        GemvKind::NormSilu,
+        GemvKind::F32,
+    ];
+    for (n, kk) in [(37usize, 264usize), (1001, 8), (3072, 2048)] {
+        for m in [1usize, 3, 16, 5] {
+            for kind in kinds {
+                let wrows = if kind == GemvKind::NormSilu { 2 * n } else { n };
+                let w = rand_bf16(&mut rng, wrows * kk, 0.5);
+                let norm_w = rand_bf16(&mut rng, kk, 1.0);
+                let xb = rand_bf16(&mut rng, m * kk, 1.0);
+                let xf: Vec<f32> = (0..m * kk)
+                    .map(|_| rng.random_range(-3.0f32..3.0))
+                    .collect();
+                let resid: Vec<f32> = (0..m * n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+                let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormSilu);
+                let x_ref = if norm_in { xf.clone() } else { f32s(&xb) };
+                let mut want = if kind == GemvKind::Resid {
+                    resid.clone()
+                } else {
+                    vec![0f32; m * n]
+                };
+                gemv_ref(
+                    kind,
+                    &x_ref,
+                    &f32s(&norm_w),
+                    1e-5,
+                    &f32s(&w),
+                    &mut want,
+                    m,
+                    n,
+                    kk,
+                );
+                let (d_w, d_g) = (gpu.upload(&w).unwrap(), gpu.upload(&norm_w).unwrap());
+                let (d_xb, d_xf) = (gpu.upload(&xb).unwrap(), gpu.upload(&xf).unwrap());
+                let d_res = gpu.upload(&resid).unwrap();
+                let yb = gpu.alloc::<bf16>(m * n).unwrap();
+                let yf = gpu.alloc::<f32>(m * n).unwrap();
+                gpu.fill_bytes(yb.view(), POISON).unwrap();
+                gpu.fill_bytes(yf.view(), POISON).unwrap();
+                let op = match kind {
+                    GemvKind::Bf16 => GemvOp::Bf16 {
+                        x: d_xb.view(),
+                        y: yb.view(),
+                    },
+                    GemvKind::Resid => GemvOp::Resid {
+                        x: d_xb.view(),
+                        residual: d_res.view(),
+                    },
+                    GemvKind::Norm => GemvOp::Norm {
+                        residual: d_xf.view(),
+                        norm_w: d_g.view(),
+                        eps: 1e-5,
+                        y: yb.view(),
+                    },
+                    GemvKind::NormSilu => GemvOp::NormSilu {
+                        residual: d_xf.view(),
+                        norm_w: d_g.view(),
+                        eps: 1e-5,
+                        y: yb.view(),
+                    },
+                    GemvKind::F32 => GemvOp::F32 {
+                        x: d_xb.view(),
+                        y: yf.view(),
+                    },
+                };
+                k.gemv(op, d_w.view(), m, n, kk).unwrap();
+                let got = match kind {
+                    GemvKind::Resid => gpu.to_host(d_res.view()).unwrap(),
+                    GemvKind::F32 => gpu.to_host(yf.view()).unwrap(),
+                    _ => f32s(&gpu.to_host(yb.view()).unwrap()),
+                };
+                let e = rel_err(&got, &want);
+                assert!(e < 1e-2, "gemv {kind:?} m={m} n={n} k={kk}: rel err {e}");
+            }
+        }
+    }
+    // shapes the kernels refuse: k not a multiple of 8, too many rows
+    let (x, w, y) = (
+        gpu.alloc::<bf16>(17 * 12).unwrap(),
+        gpu.alloc::<bf16>(12 * 4).unwrap(),
+        gpu.alloc::<bf16>(17 * 4).unwrap(),
+    );
+    let op = GemvOp::Bf16 {
+        x: x.view(),
+        y: y.view(),
+    };
+    assert!(k.gemv(op, w.view(), 1, 4, 12).is_err());
+    assert!(k.gemv(op, w.view(), 17, 4, 8).is_err());
+}
+
+/// Prints GEMV times and bandwidth for Llama-3.2-1B's decode projections at
+/// 1 and 16 rows (graph-captured). Informational.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_timing() {
+    use kernels::gemv::GemvOp;
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(19);
+    let (h, inter, qkv, vocab) = (2048usize, 8192usize, 3072usize, 128_256usize);
+    let x = gpu.upload(&rand_bf16(&mut rng, 16 * inter, 1.0)).unwrap();
+    let xf = gpu.upload(&vec![0.5f32; 16 * h]).unwrap();
+    let g = gpu.upload(&rand_bf16(&mut rng, h, 1.0)).unwrap();
+    let yb = gpu.alloc::<bf16>(16 * 2 * inter).unwrap();
+    let yf = gpu.alloc::<f32>(16 * vocab).unwrap();
+    let resid = gpu.alloc::<f32>(16 * h).unwrap();
+    for (name, n, kk, wrows) in [
+        ("qkv (norm)", qkv, h, qkv),
+        ("o (resid)", h, h, h),
+        ("gate/up (norm+silu)", inter, h, 2 * inter),
+        ("down (resid)", h, inter, h),
+        ("lm head (f32)", vocab, h, vocab),
+    ] {
+        let w = gpu.alloc::<bf16>(wrows * kk).unwrap();
+        for m in [1usize, 2, 4, 8, 16] {
+            let op = match name {
+                "qkv (norm)" => GemvOp::Norm {
+                    residual: xf.view(),
+                    norm_w: g.view(),
+                    eps: 1e-5,
+                    y: yb.view(),
+                },
+                "gate/up (norm+silu)" => GemvOp::NormSilu {
+                    residual: xf.view(),
+                    norm_w: g.view(),
+                    eps: 1e-5,
+                    y: yb.view(),
+                },
+                "lm head (f32)" => GemvOp::F32 {
+                    x: x.view(),
+                    y: yf.view(),
+                },
+                _ => GemvOp::Resid {
+                    x: x.view(),
+                    residual: resid.view(),
+                },
+            };
+            let run = || k.gemv(op, w.view(), m, n, kk).unwrap();
+            run();
+            let per = 20;
+            let graph = gpu::Graph::capture(&gpu, || {
+                for _ in 0..per {
+                    run();
+                }
+                Ok(())
+            })
+            .unwrap();
+            graph.launch(&gpu).unwrap();
+            let reps = 10;
+            let t = gpu.timer().unwrap();
+            t.start().unwrap();
+            for _ in 0..reps {
+                graph.launch(&gpu).unwrap();
+            }
+            let us = t.stop_ms().unwrap() as f64 * 1000.0 / (reps * per) as f64;
+            let gbs = (wrows * kk * 2) as f64 / us / 1e3;
+            println!("gemv {name} m={m}: {us:.1} us, {gbs:.0} GB/s of weights");
+        }
+    }
+}
+
+/// The RoPE + KV-write reference on `ops`: returns the rotated q rows
+/// `[T, heads * D]`; rotated k and raw v land in their cache slots.
+fn rope_kv_want(
+    qkv: &[bf16],
+    positions: &[u32],
+    slots: &[u32],
+    rope: &ops::Rope,
+    shape: kernels::HeadShape,
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+) -> Vec<f32> {
+    let (w, qw, kvw) = (
+        shape.qkv_width(),
+        shape.num_heads * shape.head_dim,
+        shape.kv_width(),
+    );
+    let mut q = Vec::with_capacity(positions.len() * qw);
+    let (mut k_new, mut v_new) = (Vec::new(), Vec::new());
+    for (t, &pos) in positions.iter().enumerate() {
+        let mut row = f32s(&qkv[t * w..(t + 1) * w]);
+        rope.apply(&mut row[..qw + kvw], pos as usize);
+        q.extend_from_slice(&row[..qw]);
+        k_new.extend_from_slice(&row[qw..qw + kvw]);
+        v_new.extend_from_slice(&row[qw + kvw..]);
+    }
+    ops::kv_write(k_cache, v_cache, &k_new, &v_new, slots, kvw);
+    q
+}
+
+/// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by the RoPE + KV-write reference:
+/// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gemv_qkv_rope_matches_reference() {
+    use kernels::gemv::{GemvKind, RopeKv, gemv_ref};
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(20);
+    let max_pos = 512;
+    for shape in SHAPES {
+        let (hidden, n, d) = (200usize, shape.qkv_width(), shape.head_dim);
+        let table = rope(max_pos, d);
+        let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
+        for m in [1usize, 3, 16] {
+            let w = rand_bf16(&mut rng, n * hidden, 0.5);
+            let g = rand_bf16(&mut rng, hidden, 1.0);
+            let x: Vec<f32> = (0..m * hidden)
+                .map(|_| rng.random_range(-3.0f32..3.0))
+                .collect();
+            let positions: Vec<u32> = (0..m)
+                .map(|_| rng.random_range(0..max_pos as u32))
+                .collect();
+            let num_slots = m + 7;
+            let mut slots: Vec<u32> = (0..num_slots as u32).collect();
+            slots.shuffle(&mut rng);
+            slots.truncate(m);
+            let mut qkv_want = vec![0f32; m * n];
+            gemv_ref(
+                GemvKind::Norm,
+                &x,
+                &f32s(&g),
+                1e-5,
+                &f32s(&w),
+                &mut qkv_want,
+                m,
+                n,
+                hidden,
+            );
+            let qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
+            let mut kr = vec![0f32; num_slots * shape.kv_width()];
+            let mut vr = kr.clone();
+            let q_want = rope_kv_want(&qkv_b, &positions, &slots, &table, shape, &mut kr, &mut vr);
+            let (d_w, d_g, d_x) = (
+                gpu.upload(&w).unwrap(),
+                gpu.upload(&g).unwrap(),
+                gpu.upload(&x).unwrap(),
+            );
+            let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
+            let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
+            let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
+            let vc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
+            let qkv = gpu.alloc::<bf16>(m * n).unwrap();
+            for b in [&kc, &vc, &qkv] {
+                gpu.fill_bytes(b.view(), POISON).unwrap();
+            }
+            let rope = RopeKv {
+                positions: d_pos.view(),
+                slots: d_slots.view(),
+                cos: d_cos.view(),
+                sin: d_sin.view(),
+                k_cache: kc.view(),
+                v_cache: vc.view(),
+                shape,
+                max_pos,
+            };
+            // SAFETY: slots below num_slots, positions below max_pos.
+            unsafe {
+                k.gemv_qkv_rope(
+                    d_x.view(),
+                    d_g.view(),
+                    1e-5,
+                    d_w.view(),
+                    qkv.view(),
+                    rope,
+                    m,
+                    hidden,
+                )
+            }
+            .unwrap();
+            let got = f32s(&gpu.to_host(qkv.view()).unwrap());
+            let qw = shape.num_heads * d;
+            let q_got: Vec<f32> = (0..m).flat_map(|t| got[t * n..][..qw].to_vec()).collect();
+            let e = rel_err(&q_got, &q_want);
+            assert!(e < 1e-2, "{shape:?} m={m}: q rel err {e}");
+            let kvw = shape.kv_width();
+            let pick = |c: &[f32]| -> Vec<f32> {
+                slots
+                    .iter()
+                    .flat_map(|&s| c[s as usize * kvw..][..kvw].to_vec())
+                    .collect()
+            };
+            let (kg, vg) = (
+                f32s(&gpu.to_host(kc.view()).unwrap()),
+                f32s(&gpu.to_host(vc.view()).unwrap()),
+            );
+            let e = rel_err(&pick(&kg), &pick(&kr));
+            assert!(e < 1e-2, "{shape:?} m={m}: k rel err {e}");
+            let e = rel_err(&pick(&vg), &pick(&vr));
+            assert!(e < 1e-2, "{shape:?} m={m}: v rel err {e}");
+        }
+    }
+}
