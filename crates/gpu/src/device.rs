@@ -14,7 +14,7 @@ use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
 use crate::buffer::{DevSlice, DeviceBuffer, PinnedBuffer};
 use crate::error::{GpuError, drv};
-use crate::launch::{Function, LaunchArgs, LaunchConfig, Module};
+use crate::launch::{Function, LaunchConfig, Module};
 
 /// Checks that the CUDA driver library can be opened and sees a device,
 /// without panicking; the error says why not.
@@ -138,23 +138,6 @@ impl Gpu {
         })
     }
 
-    /// Enqueues a device-to-device copy (lengths must match).
-    pub fn copy_on_device<T: Pod>(
-        &self,
-        src: DevSlice<'_, T>,
-        dst: DevSlice<'_, T>,
-    ) -> Result<(), GpuError> {
-        copy_lengths("device-to-device copy", src.len(), dst.len(), true)?;
-        if src.is_empty() {
-            return Ok(());
-        }
-        self.bind()?;
-        // SAFETY: both views are live and hold `num_bytes` bytes.
-        drv("cuMemcpyDtoDAsync", unsafe {
-            result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.num_bytes(), self.cu_stream())
-        })
-    }
-
     /// Enqueues a copy of `src` into pinned `dst[..src.len()]`; valid on the
     /// host after [`Gpu::synchronize`].
     pub fn copy_to_pinned<T: Pod>(
@@ -222,39 +205,6 @@ impl Gpu {
         })
     }
 
-    /// Launches `f` on the stream.
-    ///
-    /// # Safety
-    /// `args` must match the kernel's parameter list in number, order and
-    /// size, and every device address in it must stay valid, with room for
-    /// everything the kernel reads and writes at this configuration, until
-    /// the stream has run the kernel.
-    pub unsafe fn launch(
-        &self,
-        f: &Function,
-        cfg: LaunchConfig,
-        args: &mut LaunchArgs,
-    ) -> Result<(), GpuError> {
-        self.bind()?;
-        let mut ptrs = args.pointers();
-        // SAFETY: delegated to the caller (see above); `ptrs` point into `args`,
-        // which outlives the call, and cuLaunchKernel copies the values.
-        let r = unsafe {
-            result::launch_kernel(
-                f.func,
-                cfg.grid,
-                cfg.block,
-                cfg.shared_bytes,
-                self.cu_stream(),
-                &mut ptrs,
-            )
-        };
-        r.map_err(|source| GpuError::Launch {
-            name: f.name.clone(),
-            source,
-        })
-    }
-
     /// Launches `f` with one by-value argument: a `#[repr(C)]` struct whose
     /// layout matches the kernel's parameter struct (the kernels crate asserts
     /// size and field offsets on both sides).
@@ -262,7 +212,7 @@ impl Gpu {
     /// # Safety
     /// `T` must have exactly the layout of the kernel's single parameter, and
     /// every device address in it must be valid for what the kernel does with
-    /// it under `cfg` (the same contract as [`Gpu::launch`]).
+    /// it under `cfg` (valid, with room for everything the kernel reads and writes, until the stream has run it).
     pub unsafe fn launch_struct<T: Copy>(
         &self,
         f: &Function,

@@ -1,17 +1,13 @@
 //! Modules, kernel entry points and launch arguments.
 //!
 //! Contract: a [`Module`] stays loaded while it lives; a [`Function`] is a
-//! handle into it (the kernels crate keeps both together). [`LaunchArgs`]
-//! stores each argument in its own 8-byte slot so the driver reads 4- or
-//! 8-byte values at the slot's start (little-endian). Costs: none beyond the
+//! handle into it (the kernels crate keeps both together). Costs: none beyond the
 //! driver calls named.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, result, sys};
 
-use crate::buffer::DevSlice;
 use crate::error::{GpuError, drv};
 
 /// A loaded module (unloaded on drop).
@@ -106,48 +102,5 @@ impl LaunchConfig {
             block: (threads, 1, 1),
             shared_bytes: 0,
         }
-    }
-}
-
-/// Kernel arguments, each stored in its own 8-byte slot.
-#[derive(Debug, Default, Clone)]
-pub struct LaunchArgs {
-    slots: Vec<u64>,
-}
-
-impl LaunchArgs {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// A device address (`T*` in the kernel).
-    pub fn ptr<T>(&mut self, s: DevSlice<'_, T>) -> &mut Self {
-        self.slots.push(s.ptr());
-        self
-    }
-
-    /// A 32-bit unsigned value (`unsigned int` / `uint32_t`).
-    pub fn u32(&mut self, v: u32) -> &mut Self {
-        self.slots.push(v as u64);
-        self
-    }
-
-    /// A 32-bit signed value (`int`).
-    pub fn i32(&mut self, v: i32) -> &mut Self {
-        self.slots.push(v as u32 as u64);
-        self
-    }
-
-    /// A 32-bit float.
-    pub fn f32(&mut self, v: f32) -> &mut Self {
-        self.slots.push(v.to_bits() as u64);
-        self
-    }
-
-    pub(crate) fn pointers(&mut self) -> Vec<*mut c_void> {
-        self.slots
-            .iter_mut()
-            .map(|s| s as *mut u64 as *mut c_void)
-            .collect()
     }
 }
