@@ -106,11 +106,15 @@ fn consts_header() -> String {
         ("STATIC_SMEM_LIMIT", STATIC_SMEM_LIMIT),
         ("DECODE_THREADS", DECODE_THREADS),
         ("DECODE_CHUNK_GRAN", DECODE_CHUNK_GRAN),
+        ("DECODE_MIN_CHUNK", DECODE_MIN_CHUNK),
         ("SAMPLE_THREADS", SAMPLE_THREADS),
         ("SAMPLE_PART_THREADS", SAMPLE_PART_THREADS),
         ("GEMV_WARPS", GEMV_WARPS),
         ("GEMV_ROWS_PER_WARP", GEMV_ROWS_PER_WARP),
         ("GEMV_MAX_ROWS", GEMV_MAX_ROWS),
+        ("GEMV_CHUNKS_SMALL", GEMV_CHUNKS_SMALL),
+        ("GEMV_CHUNKS_LARGE", GEMV_CHUNKS_LARGE),
+        ("GEMV_CHUNKS_PLAIN_M1", GEMV_CHUNKS_PLAIN_M1),
         ("FLASH_ROWS", FLASH_ROWS),
         ("FLASH_KEYS", FLASH_KEYS),
         ("FLASH_THREADS", FLASH_THREADS),
@@ -136,11 +140,15 @@ fn checks_header() -> String {
          #endif\n\
          #ifdef DECODE_CHUNK_GRAN\n\
          static_assert(DECODE_CHUNK_GRAN == LAMINA_DECODE_CHUNK_GRAN, \"DECODE_CHUNK_GRAN differs from src/consts.rs\");\n\
+         static_assert(DECODE_MIN_CHUNK == LAMINA_DECODE_MIN_CHUNK, \"DECODE_MIN_CHUNK differs from src/consts.rs\");\n\
          #endif\n\
          #ifdef GEMV_WARPS\n\
          static_assert(GEMV_WARPS == LAMINA_GEMV_WARPS, \"GEMV_WARPS differs from src/consts.rs\");\n\
          static_assert(GEMV_ROWS_PER_WARP == LAMINA_GEMV_ROWS_PER_WARP, \"GEMV_ROWS_PER_WARP differs from src/consts.rs\");\n\
          static_assert(GEMV_MAX_ROWS == LAMINA_GEMV_MAX_ROWS, \"GEMV_MAX_ROWS differs from src/consts.rs\");\n\
+         static_assert(GEMV_CHUNKS(1, 1) == LAMINA_GEMV_CHUNKS_SMALL && GEMV_CHUNKS(2, 1) == LAMINA_GEMV_CHUNKS_SMALL && GEMV_CHUNKS(2, 0) == LAMINA_GEMV_CHUNKS_SMALL, \"GEMV_CHUNKS differs from src/consts.rs\");\n\
+         static_assert(GEMV_CHUNKS(4, 1) == LAMINA_GEMV_CHUNKS_LARGE && GEMV_CHUNKS(16, 0) == LAMINA_GEMV_CHUNKS_LARGE, \"GEMV_CHUNKS differs from src/consts.rs\");\n\
+         static_assert(GEMV_CHUNKS(1, 0) == LAMINA_GEMV_CHUNKS_PLAIN_M1, \"GEMV_CHUNKS differs from src/consts.rs\");\n\
          #endif\n\
          #ifdef FP_BM\n\
          static_assert(FP_BM == LAMINA_FLASH_ROWS, \"FP_BM differs from src/consts.rs FLASH_ROWS\");\n\

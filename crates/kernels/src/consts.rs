@@ -46,6 +46,8 @@ pub const STATIC_SMEM_LIMIT: usize = 48 * 1024;
 pub const DECODE_THREADS: usize = 128;
 /// `DECODE_CHUNK_GRAN` of decode_attention.cu: keys per split are a multiple of it.
 pub const DECODE_CHUNK_GRAN: usize = 16;
+/// `DECODE_MIN_CHUNK` of decode_attention.cu: fewest keys one split takes.
+pub const DECODE_MIN_CHUNK: usize = 64;
 /// Query heads per KV head the decode kernels are instantiated for
 /// (`decode_attention_d{D}_g{G}`; a group uses the first cap that holds it).
 pub const DECODE_GROUP_CAPS: [usize; 2] = [4, 8];
@@ -61,6 +63,12 @@ pub const GEMV_WARPS: usize = 4;
 pub const GEMV_ROWS_PER_WARP: usize = 2;
 /// `GEMV_MAX_ROWS` of gemv.cu: most token rows a GEMV launch takes.
 pub const GEMV_MAX_ROWS: usize = 16;
+/// `GEMV_CHUNKS(MT, NORM)` of gemv.cu: 16-byte weight chunks per row and lane
+/// in one pass: SMALL for row tiles of at most 2 rows, LARGE for larger
+/// tiles, PLAIN_M1 for one row of a variant without the norm.
+pub const GEMV_CHUNKS_SMALL: usize = 8;
+pub const GEMV_CHUNKS_LARGE: usize = 4;
+pub const GEMV_CHUNKS_PLAIN_M1: usize = 4;
 /// `FP_BM` of flash_prefill.cu: query rows (tokens x heads) of one block.
 pub const FLASH_ROWS: usize = 128;
 /// `FP_BN` of flash_prefill.cu: keys of one K/V tile.

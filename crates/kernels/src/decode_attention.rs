@@ -4,9 +4,12 @@
 //! ([`DecodePlan::splits`]); each block derives its key range from the
 //! device-side context length ([`chunk_of`]), so a captured graph replayed
 //! at any context does work proportional to that context.
-//! Costs: one launch (splits = 1, large batches) or two (split partials and
-//! their combine); reads each sequence's K/V once, 16 bytes per lane load,
-//! each load serving all query heads of a GQA group.
+//! Splits take at least [`MIN_CHUNK`] keys, and the last split block of a
+//! (sequence, KV head) to finish merges the partials (a zeroed arrival
+//! counter per (sequence, KV head), [`DecodePlan::counters_len`]).
+//! Costs: one launch; reads each sequence's K/V once, 16 bytes per lane
+//! load, each load serving all query heads of a GQA group; split partials
+//! cost `2 * (D + 2) * 4` bytes per (split, head) written and read once.
 
 use std::mem::{offset_of, size_of};
 
@@ -20,6 +23,8 @@ use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 pub use crate::consts::DECODE_CHUNK_GRAN as CHUNK_GRAN;
 /// Query heads per KV head the kernels are instantiated for (index 0: <= 4, 1: <= 8).
 pub use crate::consts::DECODE_GROUP_CAPS as GROUP_CAPS;
+/// Fewest keys one split takes (`DECODE_MIN_CHUNK`).
+pub use crate::consts::DECODE_MIN_CHUNK as MIN_CHUNK;
 use crate::consts::DECODE_THREADS as THREADS;
 /// Upper bound on splits per (sequence, KV head).
 const MAX_SPLITS: usize = 128;
@@ -36,6 +41,7 @@ pub(crate) struct DecodeArgs {
     pub part_o: u64,       // [S, heads, splits, D]
     pub part_ml: u64,      // [S, heads, splits, 2]
     pub out: u64,          // [S, heads * D]
+    pub counters: u64,     // [S, kv_heads] arrival counters, zero between launches
     pub max_blocks: u32,
     pub n_heads: u32,
     pub n_kv: u32,
@@ -44,7 +50,7 @@ pub(crate) struct DecodeArgs {
     pub scale_log2: f32,
 }
 const _: () = {
-    assert!(size_of::<DecodeArgs>() == 88);
+    assert!(size_of::<DecodeArgs>() == 96);
     assert!(offset_of!(DecodeArgs, qkv) == 0);
     assert!(offset_of!(DecodeArgs, k_cache) == 8);
     assert!(offset_of!(DecodeArgs, v_cache) == 16);
@@ -53,44 +59,21 @@ const _: () = {
     assert!(offset_of!(DecodeArgs, part_o) == 40);
     assert!(offset_of!(DecodeArgs, part_ml) == 48);
     assert!(offset_of!(DecodeArgs, out) == 56);
-    assert!(offset_of!(DecodeArgs, max_blocks) == 64);
-    assert!(offset_of!(DecodeArgs, n_heads) == 68);
-    assert!(offset_of!(DecodeArgs, n_kv) == 72);
-    assert!(offset_of!(DecodeArgs, block_size) == 76);
-    assert!(offset_of!(DecodeArgs, splits) == 80);
-    assert!(offset_of!(DecodeArgs, scale_log2) == 84);
-};
-
-/// Argument block of `decode_combine` (`struct DecodeCombineArgs`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct DecodeCombineArgs {
-    pub part_o: u64,       // [S, heads, splits, D]
-    pub part_ml: u64,      // [S, heads, splits, 2]
-    pub context_lens: u64, // [S]
-    pub out: u64,          // [S, heads * D]
-    pub n_heads: u32,
-    pub head_dim: u32,
-    pub splits: u32,
-    pub pad: u32,
-}
-const _: () = {
-    assert!(size_of::<DecodeCombineArgs>() == 48);
-    assert!(offset_of!(DecodeCombineArgs, part_o) == 0);
-    assert!(offset_of!(DecodeCombineArgs, part_ml) == 8);
-    assert!(offset_of!(DecodeCombineArgs, context_lens) == 16);
-    assert!(offset_of!(DecodeCombineArgs, out) == 24);
-    assert!(offset_of!(DecodeCombineArgs, n_heads) == 32);
-    assert!(offset_of!(DecodeCombineArgs, head_dim) == 36);
-    assert!(offset_of!(DecodeCombineArgs, splits) == 40);
+    assert!(offset_of!(DecodeArgs, counters) == 64);
+    assert!(offset_of!(DecodeArgs, max_blocks) == 72);
+    assert!(offset_of!(DecodeArgs, n_heads) == 76);
+    assert!(offset_of!(DecodeArgs, n_kv) == 80);
+    assert!(offset_of!(DecodeArgs, block_size) == 84);
+    assert!(offset_of!(DecodeArgs, splits) == 88);
+    assert!(offset_of!(DecodeArgs, scale_log2) == 92);
 };
 
 /// Keys per split for a context of `ctx` keys split `splits` ways
-/// (the kernels' `decode_chunk`): `ceil(ctx / splits)` rounded up to
-/// [`CHUNK_GRAN`], at least [`CHUNK_GRAN`].
+/// (the kernels' `decode_chunk`): `ceil(ctx / splits)`, at least
+/// [`MIN_CHUNK`], rounded up to [`CHUNK_GRAN`].
 pub fn chunk_of(ctx: usize, splits: usize) -> usize {
     ctx.div_ceil(splits.max(1))
-        .max(1)
+        .max(MIN_CHUNK)
         .next_multiple_of(CHUNK_GRAN)
 }
 
@@ -132,6 +115,12 @@ impl DecodePlan {
     /// Elements of the partial-output buffer for steps of up to `num_seqs` sequences.
     pub fn partial_o_len(&self, shape: HeadShape, num_seqs: usize) -> usize {
         self.split_rows(shape, num_seqs) * shape.num_heads * shape.head_dim
+    }
+
+    /// Arrival counters (`u32`, zeroed once at allocation) for steps of up to
+    /// `num_seqs` sequences; the kernel leaves them zero after every launch.
+    pub fn counters_len(&self, shape: HeadShape, num_seqs: usize) -> usize {
+        num_seqs * shape.num_kv_heads
     }
 
     /// Elements of the partial (max, sum) buffer for steps of up to `num_seqs` sequences.
@@ -180,6 +169,7 @@ impl Kernels {
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
         part_o: DevSlice<'_, f32>,       // [S, heads, splits, D]
         part_ml: DevSlice<'_, f32>,      // [S, heads, splits, 2]
+        counters: DevSlice<'_, u32>,     // [S, kv_heads], zero
         out: DevSlice<'_, bf16>,         // [S, heads * D]
         p: DecodeParams,
     ) -> Result<(), KernelError> {
@@ -195,6 +185,7 @@ impl Kernels {
             let rows = p.num_seqs * splits * s.num_heads;
             need(K, "part_o", &part_o, rows * s.head_dim)?;
             need(K, "part_ml", &part_ml, rows * 2)?;
+            need(K, "counters", &counters, p.num_seqs * s.num_kv_heads)?;
         }
         need(K, "out", &out, p.num_seqs * s.num_heads * s.head_dim)?;
         need(K, "k_cache", &k_cache, p.block_size * s.kv_width())?;
@@ -211,6 +202,7 @@ impl Kernels {
             part_o: part_o.ptr(),
             part_ml: part_ml.ptr(),
             out: out.ptr(),
+            counters: counters.ptr(),
             max_blocks: u32_of(K, "max_blocks", p.max_blocks)?,
             n_heads: u32_of(K, "num_heads", s.num_heads)?,
             n_kv: u32_of(K, "num_kv_heads", s.num_kv_heads)?,
@@ -223,32 +215,11 @@ impl Kernels {
             block: (THREADS as u32, 1, 1),
             shared_bytes: 0,
         };
-        // SAFETY: dense views checked above (partials only when used); the
-        // kernel's static shared memory is within the default limit; the
-        // metadata indexes inside the caches by contract; DecodeArgs mirrors
-        // the kernel's struct (asserted on both sides).
+        // SAFETY: dense views checked above (partials and counters only when
+        // used); the kernel's static shared memory is within the default
+        // limit; the metadata indexes inside the caches by contract;
+        // DecodeArgs mirrors the kernel's struct (asserted on both sides).
         unsafe { self.launch_pdl(func, cfg, &args)? };
-        if splits == 1 {
-            return Ok(());
-        }
-        let cargs = DecodeCombineArgs {
-            part_o: part_o.ptr(),
-            part_ml: part_ml.ptr(),
-            context_lens: context_lens.ptr(),
-            out: out.ptr(),
-            n_heads: args.n_heads,
-            head_dim: s.head_dim as u32,
-            splits: splits as u32,
-            pad: 0,
-        };
-        let cfg = LaunchConfig {
-            grid: (p.num_seqs as u32, args.n_heads, 1),
-            block: (s.head_dim.clamp(32, 1024) as u32, 1, 1),
-            shared_bytes: 0,
-        };
-        // SAFETY: partial buffers and out checked above for [S, heads, splits, ...];
-        // the combine reads only the splits the attention kernel wrote.
-        unsafe { self.launch_pdl(&self.decode_combine, cfg, &cargs)? };
         Ok(())
     }
 }
@@ -340,8 +311,10 @@ mod tests {
         for ctx in 0..600 {
             for splits in [1, 2, 3, 7, 33, 128] {
                 let c = chunk_of(ctx, splits);
-                assert!(c.is_multiple_of(CHUNK_GRAN) && c >= CHUNK_GRAN);
+                assert!(c.is_multiple_of(CHUNK_GRAN) && c >= MIN_CHUNK);
                 assert!(c * splits >= ctx, "ctx {ctx} splits {splits}");
+                // no split smaller than MIN_CHUNK is made just to use all splits
+                assert!(ctx.div_ceil(c) <= ctx.div_ceil(MIN_CHUNK).max(1));
             }
         }
     }

@@ -4,8 +4,10 @@
 //! Contract: `y[m, n] = x[m, k] · W[n, k]ᵀ`, fp32 accumulation, rounding
 //! like the unfused path (cuBLAS to bf16, then add_rmsnorm / silu_mul).
 //! `k` must be a multiple of 8 and every operand 16-byte aligned.
-//! Costs: one launch; reads W once (16-byte loads) whatever `m`, plus the
-//! inputs from L1/L2 once per block.
+//! Costs: one launch; reads W once (16-byte loads, issued before the PDL
+//! wait) whatever `m`, plus the inputs from L1/L2 once per block; the norm
+//! variants take `m * k * 2` bytes of dynamic shared memory (at most
+//! [`MAX_NORM_SMEM`], see [`fits`]).
 
 use std::mem::{offset_of, size_of};
 
@@ -17,7 +19,15 @@ use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 // Checked against gemv.cu's #defines by the generated lamina_checks.cuh.
 /// Most token rows one launch handles (larger steps use cuBLAS).
 pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
-use crate::consts::{GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS};
+use crate::consts::{
+    GEMV_CHUNKS_LARGE as CHUNKS_LARGE, GEMV_CHUNKS_PLAIN_M1 as CHUNKS_PLAIN_M1,
+    GEMV_CHUNKS_SMALL as CHUNKS_SMALL, GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS,
+};
+/// Dynamic shared memory the norm variants may take (their `m * k` bf16
+/// normalised inputs); within every sm_80+ GPU's opt-in limit.
+pub const MAX_NORM_SMEM: usize = 96 * 1024;
+/// Variants that stage normalised inputs in shared memory.
+pub(crate) const NORM_VARIANTS: [usize; 3] = [2, 3, 5];
 /// Row tiles the kernels are instantiated for (index = entry in `Kernels::gemv[variant]`).
 const TILES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Entry-point prefixes, in [`GemvOp::variant`] order.
@@ -55,9 +65,11 @@ struct GemvArgs {
     n_kv: u32,
     head_dim: u32,
     max_pos: u32,
+    ksplit: u32, // warps sharing a row pair (see `ksplit`)
+    pad: u32,
 }
 const _: () = {
-    assert!(size_of::<GemvArgs>() == 112);
+    assert!(size_of::<GemvArgs>() == 120);
     assert!(offset_of!(GemvArgs, x) == 0);
     assert!(offset_of!(GemvArgs, norm_w) == 8);
     assert!(offset_of!(GemvArgs, w) == 16);
@@ -76,7 +88,56 @@ const _: () = {
     assert!(offset_of!(GemvArgs, n_kv) == 100);
     assert!(offset_of!(GemvArgs, head_dim) == 104);
     assert!(offset_of!(GemvArgs, max_pos) == 108);
+    assert!(offset_of!(GemvArgs, ksplit) == 112);
 };
+
+/// Whether a norm-variant GEMV of `m` rows over `k` inputs fits its shared
+/// memory (`m * k` bf16 at most [`MAX_NORM_SMEM`]); the other variants take any `m <= MAX_ROWS`.
+pub fn fits(m: usize, k: usize) -> bool {
+    m * k * size_of::<bf16>() <= MAX_NORM_SMEM
+}
+
+/// Index into `TILES` for `m` rows.
+fn tile_of(m: usize) -> usize {
+    TILES
+        .iter()
+        .position(|&t| m <= t)
+        .unwrap_or(TILES.len() - 1)
+}
+
+/// Warps sharing one row pair for row tile `tile`, `k` inputs and a norm
+/// (`norm`) or plain variant: the fewest (a power of two, at most WARPS)
+/// whose column ranges one pass of the kernel's register chunks covers
+/// (`GEMV_CHUNKS(MT, NORM)`, 256 columns each).
+fn ksplit(tile: usize, k: usize, norm: bool) -> usize {
+    let chunks = match TILES[tile] {
+        1 if !norm => CHUNKS_PLAIN_M1,
+        1 | 2 => CHUNKS_SMALL,
+        _ => CHUNKS_LARGE,
+    };
+    k.div_ceil(256 * chunks).next_power_of_two().min(WARPS)
+}
+
+/// Grid and shared memory of a launch of `pairs` row pairs.
+fn launch_config(
+    pairs: usize,
+    tile: usize,
+    m: usize,
+    k: usize,
+    norm: bool,
+) -> Result<(LaunchConfig, u32), KernelError> {
+    let ks = ksplit(tile, k, norm);
+    let cfg = LaunchConfig {
+        grid: (u32_of("gemv", "blocks", pairs.div_ceil(WARPS / ks))?, 1, 1),
+        block: ((WARPS * 32) as u32, 1, 1),
+        shared_bytes: if norm {
+            (m * k * size_of::<bf16>()) as u32
+        } else {
+            0
+        },
+    };
+    Ok((cfg, ks as u32))
+}
 
 /// The RoPE + KV-write epilogue of [`Kernels::gemv_qkv_rope`] (as `rope_kv_write`).
 #[derive(Debug, Clone, Copy)]
@@ -206,12 +267,19 @@ impl Kernels {
             }
         };
         aligned(K, "x", x)?;
-        let tile = TILES
-            .iter()
-            .position(|&t| m <= t)
-            .unwrap_or(TILES.len() - 1);
+        let norm = NORM_VARIANTS.contains(&op.variant());
+        if norm && !fits(m, k) {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!(
+                    "m = {m}, k = {k}: normalised inputs over {MAX_NORM_SMEM} bytes of shared memory"
+                ),
+            });
+        }
+        let tile = tile_of(m);
         let func = &self.gemv[op.variant()][tile];
-        let per_block = if silu { WARPS } else { WARPS * ROWS_PER_WARP };
+        let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
+        let (cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
         let args = GemvArgs {
             x,
             norm_w,
@@ -221,12 +289,8 @@ impl Kernels {
             n: u32_of(K, "n", n)?,
             k: u32_of(K, "k", k)?,
             eps,
+            ksplit,
             ..GemvArgs::default()
-        };
-        let cfg = LaunchConfig {
-            grid: (u32_of(K, "blocks", n.div_ceil(per_block))?, 1, 1),
-            block: ((WARPS * 32) as u32, 1, 1),
-            shared_bytes: 0,
         };
         // SAFETY: every operand was checked for its shape and 16-byte
         // alignment above; GemvArgs mirrors the kernel's struct (asserted on
@@ -264,11 +328,12 @@ impl Kernels {
             || hidden == 0
             || !hidden.is_multiple_of(8)
             || !sh.head_dim.is_multiple_of(2)
+            || !fits(m, hidden)
         {
             return Err(KernelError::Unsupported {
                 kernel: K,
                 reason: format!(
-                    "m = {m}, hidden = {hidden}, head_dim = {} (m in 1..={MAX_ROWS}, hidden a multiple of 8, even head_dim)",
+                    "m = {m}, hidden = {hidden}, head_dim = {} (m in 1..={MAX_ROWS}, hidden a multiple of 8, even head_dim, m * hidden * 2 <= {MAX_NORM_SMEM})",
                     sh.head_dim
                 ),
             });
@@ -290,10 +355,9 @@ impl Kernels {
         ] {
             aligned(K, what, p)?;
         }
-        let tile = TILES
-            .iter()
-            .position(|&t| m <= t)
-            .unwrap_or(TILES.len() - 1);
+        let tile = tile_of(m);
+        let (cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
+        let func = &self.gemv[ROPE_VARIANT][tile];
         let args = GemvArgs {
             x: residual.ptr(),
             norm_w: norm_w.ptr(),
@@ -313,19 +377,12 @@ impl Kernels {
             n_kv: u32_of(K, "num_kv_heads", sh.num_kv_heads)?,
             head_dim: u32_of(K, "head_dim", sh.head_dim)?,
             max_pos: u32_of(K, "max_pos", rope.max_pos)?,
-        };
-        let cfg = LaunchConfig {
-            grid: (
-                u32_of(K, "blocks", n.div_ceil(WARPS * ROWS_PER_WARP))?,
-                1,
-                1,
-            ),
-            block: ((WARPS * 32) as u32, 1, 1),
-            shared_bytes: 0,
+            ksplit,
+            pad: 0,
         };
         // SAFETY: dense operands checked for shape and alignment above; cache
         // slots in range by contract; GemvArgs mirrors the kernel's struct.
-        unsafe { self.launch_pdl(&self.gemv[ROPE_VARIANT][tile], cfg, &args)? };
+        unsafe { self.launch_pdl(func, cfg, &args)? };
         Ok(())
     }
 }

@@ -159,14 +159,13 @@ pub struct Kernels {
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
     /// `flash_prefill_d64`, `flash_prefill_d128` (see `flash_prefill`).
     pub(crate) flash_prefill: [Function; 2],
-    pub(crate) decode_combine: Function,
     /// `[variant][row tile]` (see `gemv::VARIANTS`).
     pub(crate) gemv: [[Function; 5]; 6],
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
-    /// programmatic dependent launch: sm_90+ with `LAMINA_PDL=1` (off by
-    /// default: on the H200 it cost ~4% at batch 1 in graphs, gained ~5% at 8).
+    /// programmatic dependent launch: sm_90+ unless `LAMINA_PDL=0` (the
+    /// GEMVs' weight loads then overlap the previous kernel's tail).
     pub(crate) pdl: bool,
     _module: Module,
 }
@@ -176,8 +175,14 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
-        let tiles = |v: &str| -> Result<[Function; 5], GpuError> {
-            let t = |m: usize| f(&format!("{v}_m{m}"));
+        let tiles = |i: usize| -> Result<[Function; 5], GpuError> {
+            let t = |m: usize| -> Result<Function, GpuError> {
+                let func = f(&format!("{}_m{m}", gemv::VARIANTS[i]))?;
+                if gemv::NORM_VARIANTS.contains(&i) {
+                    func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
+                }
+                Ok(func)
+            };
             Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
         };
         Ok(Kernels {
@@ -190,18 +195,17 @@ impl Kernels {
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             decode: decode_kernels(&module)?,
             flash_prefill: flash_prefill::load_functions(&module)?,
-            decode_combine: f("decode_combine")?,
             gemv: [
-                tiles(gemv::VARIANTS[0])?,
-                tiles(gemv::VARIANTS[1])?,
-                tiles(gemv::VARIANTS[2])?,
-                tiles(gemv::VARIANTS[3])?,
-                tiles(gemv::VARIANTS[4])?,
-                tiles(gemv::VARIANTS[5])?,
+                tiles(0)?,
+                tiles(1)?,
+                tiles(2)?,
+                tiles(3)?,
+                tiles(4)?,
+                tiles(5)?,
             ],
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
-            pdl: gpu.supports_pdl()? && std::env::var("LAMINA_PDL").is_ok_and(|v| v == "1"),
+            pdl: gpu.supports_pdl()? && std::env::var("LAMINA_PDL").map_or(true, |v| v != "0"),
             _module: module,
         })
     }

@@ -309,10 +309,10 @@ fn decode_attention_matches_reference() {
                 let plan = DecodePlan::new(shape, target).unwrap();
                 let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
                 let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
+                let pc = gpu.alloc::<u32>(plan.counters_len(shape, n)).unwrap();
                 let out = gpu.alloc::<bf16>(n * qw).unwrap();
                 gpu.fill_bytes(po.view(), POISON).unwrap();
                 gpu.fill_bytes(pm.view(), POISON).unwrap();
-                gpu.fill_bytes(out.view(), POISON).unwrap();
                 let p = DecodeParams {
                     shape,
                     plan,
@@ -320,25 +320,35 @@ fn decode_attention_matches_reference() {
                     max_blocks: b.max_blocks,
                     block_size,
                 };
-                // SAFETY: block ids < num_blocks, every table entry in range.
-                unsafe {
-                    k.decode_attention(
-                        d_qkv.view(),
-                        d_kc.view(),
-                        d_vc.view(),
-                        d_ctx.view(),
-                        d_tab.view(),
-                        po.view(),
-                        pm.view(),
-                        out.view(),
-                        p,
-                    )
+                // Twice on the same buffers: the second launch relies on the
+                // first leaving its split arrival counters at zero.
+                for round in 0..2 {
+                    gpu.fill_bytes(out.view(), POISON).unwrap();
+                    // SAFETY: block ids < num_blocks, every table entry in range.
+                    unsafe {
+                        k.decode_attention(
+                            d_qkv.view(),
+                            d_kc.view(),
+                            d_vc.view(),
+                            d_ctx.view(),
+                            d_tab.view(),
+                            po.view(),
+                            pm.view(),
+                            pc.view(),
+                            out.view(),
+                            p,
+                        )
+                    }
+                    .unwrap();
+                    let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
+                    assert!(
+                        e < 1e-2,
+                        "decode {shape:?} bs {block_size} target {target} round {round}: rel err {e}"
+                    );
                 }
-                .unwrap();
-                let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
                 assert!(
-                    e < 1e-2,
-                    "decode {shape:?} bs {block_size} target {target}: rel err {e}"
+                    gpu.to_host(pc.view()).unwrap().iter().all(|&c| c == 0),
+                    "split arrival counters left non-zero"
                 );
             }
         }
@@ -373,6 +383,7 @@ fn decode_attention_timing() {
         let plan = DecodePlan::new(shape, target).unwrap();
         let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
         let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
+        let pc = gpu.alloc::<u32>(plan.counters_len(shape, n)).unwrap();
         let out = gpu
             .alloc::<bf16>(n * shape.num_heads * shape.head_dim)
             .unwrap();
@@ -394,6 +405,7 @@ fn decode_attention_timing() {
                     d_tab.view(),
                     po.view(),
                     pm.view(),
+                    pc.view(),
                     out.view(),
                     p,
                 )

@@ -5,25 +5,32 @@
 // decode_attention_dD_gC: grid (splits, S, n_kv), DECODE_THREADS threads.
 //   `splits` is fixed on the host from S (enough blocks to fill the GPU);
 //   each block computes its key range from the device-side context length:
-//   chunk = round_up(ceil(ctx / splits), DECODE_CHUNK_GRAN), keys
-//   [split*chunk, min(ctx, (split+1)*chunk)); blocks past the context exit.
+//   chunk = round_up(max(ceil(ctx / splits), DECODE_MIN_CHUNK), DECODE_CHUNK_GRAN),
+//   keys [split*chunk, min(ctx, (split+1)*chunk)); blocks past the context
+//   exit, so ns = ceil(ctx / chunk) splits do the work.
 //   Within a block, each key is read by D/8 lanes (one 16-byte uint4 of K and
 //   of V each), so a warp works on 32/(D/8) keys at once; every K/V load
 //   serves all G = n_heads/n_kv query heads of the group (G <= C). Each lane
 //   group keeps an online softmax (log2 domain: q is pre-scaled by
 //   log2(e)/sqrt(D)); states are merged across the warp with shuffles, then
-//   across warps in shared memory. With splits == 1 the block writes the
-//   normalised bf16 output; otherwise un-normalised partials + (max, sum).
-// decode_combine: grid (S, n_heads), max(32, D) threads: merges the
-//   ceil(ctx / chunk) partials of each head into out (bf16).
+//   across warps in shared memory. A block alone on its (sequence, KV head)
+//   (ns == 1) writes the normalised bf16 output; otherwise it writes
+//   un-normalised partials + (max, sum), and the last of the ns blocks to
+//   finish (a per-(sequence, KV head) arrival counter, reset by that block)
+//   merges them in split order: no second launch, same result whichever
+//   block finishes last.
 #include "common.cuh"
 #include "pdl.cuh"
 
 // Shared with decode_attention.rs (THREADS, CHUNK_GRAN): keep equal.
 #define DECODE_THREADS 128
 #define DECODE_CHUNK_GRAN 16
-// Keys each lane group loads before using them (memory-level parallelism).
-#define DECODE_UNROLL 2
+// Fewest keys a split takes: short contexts use few splits (few partials to merge).
+#define DECODE_MIN_CHUNK 64
+// Keys each lane group loads before using them (memory-level parallelism);
+// the first DECODE_UNROLL * STEP keys of a split (64 at D = 64, MIN_CHUNK)
+// are loaded before the PDL wait.
+#define DECODE_UNROLL 4
 
 struct DecodeArgs {
     const bf16* qkv;               // [S, (n_heads + 2 n_kv) D], q roped
@@ -33,7 +40,8 @@ struct DecodeArgs {
     const uint32_t* block_tables;  // [S, max_blocks]
     float* part_o;                 // [S, n_heads, splits, D] (splits > 1)
     float* part_ml;                // [S, n_heads, splits, 2] (splits > 1)
-    bf16* out;                     // [S, n_heads D] (splits == 1)
+    bf16* out;                     // [S, n_heads D]
+    uint32_t* counters;            // [S, n_kv] arrival counters, zero between launches
     uint32_t max_blocks;
     uint32_t n_heads;
     uint32_t n_kv;
@@ -41,7 +49,7 @@ struct DecodeArgs {
     uint32_t splits;
     float scale_log2;              // log2(e) / sqrt(D)
 };
-static_assert(sizeof(DecodeArgs) == 88, "DecodeArgs layout");
+static_assert(sizeof(DecodeArgs) == 96, "DecodeArgs layout");
 static_assert(offsetof(DecodeArgs, qkv) == 0, "DecodeArgs.qkv");
 static_assert(offsetof(DecodeArgs, k_cache) == 8, "DecodeArgs.k_cache");
 static_assert(offsetof(DecodeArgs, v_cache) == 16, "DecodeArgs.v_cache");
@@ -50,42 +58,34 @@ static_assert(offsetof(DecodeArgs, block_tables) == 32, "DecodeArgs.block_tables
 static_assert(offsetof(DecodeArgs, part_o) == 40, "DecodeArgs.part_o");
 static_assert(offsetof(DecodeArgs, part_ml) == 48, "DecodeArgs.part_ml");
 static_assert(offsetof(DecodeArgs, out) == 56, "DecodeArgs.out");
-static_assert(offsetof(DecodeArgs, max_blocks) == 64, "DecodeArgs.max_blocks");
-static_assert(offsetof(DecodeArgs, n_heads) == 68, "DecodeArgs.n_heads");
-static_assert(offsetof(DecodeArgs, n_kv) == 72, "DecodeArgs.n_kv");
-static_assert(offsetof(DecodeArgs, block_size) == 76, "DecodeArgs.block_size");
-static_assert(offsetof(DecodeArgs, splits) == 80, "DecodeArgs.splits");
-static_assert(offsetof(DecodeArgs, scale_log2) == 84, "DecodeArgs.scale_log2");
+static_assert(offsetof(DecodeArgs, counters) == 64, "DecodeArgs.counters");
+static_assert(offsetof(DecodeArgs, max_blocks) == 72, "DecodeArgs.max_blocks");
+static_assert(offsetof(DecodeArgs, n_heads) == 76, "DecodeArgs.n_heads");
+static_assert(offsetof(DecodeArgs, n_kv) == 80, "DecodeArgs.n_kv");
+static_assert(offsetof(DecodeArgs, block_size) == 84, "DecodeArgs.block_size");
+static_assert(offsetof(DecodeArgs, splits) == 88, "DecodeArgs.splits");
+static_assert(offsetof(DecodeArgs, scale_log2) == 92, "DecodeArgs.scale_log2");
 
-struct DecodeCombineArgs {
-    const float* part_o;           // [S, n_heads, splits, D]
-    const float* part_ml;          // [S, n_heads, splits, 2]
-    const uint32_t* context_lens;  // [S]
-    bf16* out;                     // [S, n_heads D]
-    uint32_t n_heads;
-    uint32_t head_dim;
-    uint32_t splits;
-    uint32_t pad;
-};
-static_assert(sizeof(DecodeCombineArgs) == 48, "DecodeCombineArgs layout");
-static_assert(offsetof(DecodeCombineArgs, part_o) == 0, "DecodeCombineArgs.part_o");
-static_assert(offsetof(DecodeCombineArgs, part_ml) == 8, "DecodeCombineArgs.part_ml");
-static_assert(offsetof(DecodeCombineArgs, context_lens) == 16, "DecodeCombineArgs.context_lens");
-static_assert(offsetof(DecodeCombineArgs, out) == 24, "DecodeCombineArgs.out");
-static_assert(offsetof(DecodeCombineArgs, n_heads) == 32, "DecodeCombineArgs.n_heads");
-static_assert(offsetof(DecodeCombineArgs, head_dim) == 36, "DecodeCombineArgs.head_dim");
-static_assert(offsetof(DecodeCombineArgs, splits) == 40, "DecodeCombineArgs.splits");
-
-// Keys per split for a context of `ctx` keys (>= DECODE_CHUNK_GRAN, also for ctx 0).
+// Keys per split for a context of `ctx` keys (>= DECODE_MIN_CHUNK, also for ctx 0).
 // decode_attention.rs `chunk_of` mirrors it.
 __device__ __forceinline__ uint32_t decode_chunk(uint32_t ctx, uint32_t splits) {
     uint32_t c = (ctx + splits - 1) / splits;
-    c = c > 0 ? c : 1;
+    c = c > DECODE_MIN_CHUNK ? c : DECODE_MIN_CHUNK;
     return (c + DECODE_CHUNK_GRAN - 1) / DECODE_CHUNK_GRAN * DECODE_CHUNK_GRAN;
 }
 
 // exp2(m - M) with an empty state (m = -inf) weighing 0, also when M = -inf.
 __device__ __forceinline__ float decode_weight(float m, float M) { return m == -INFINITY ? 0.f : exp2f(m - M); }
+
+__device__ __forceinline__ void unpack8(const uint4 raw, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
 
 __device__ __forceinline__ void load8(const bf16* p, float* f) {
     const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
@@ -110,16 +110,53 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 
     const uint32_t split = blockIdx.x, s = blockIdx.y, kvh = blockIdx.z;
     const uint32_t G = a.n_heads / a.n_kv;
-    pdl_wait();
-    pdl_launch_dependents();
-    const uint32_t ctx = a.context_lens[s];
+    // Context lengths and block tables are staged before the step's first
+    // kernel, so the key range and the cache slots are known before the PDL wait.
+    const uint32_t ctx = ld_before_wait_u32(a.context_lens + s);
     const uint32_t chunk = decode_chunk(ctx, a.splits);
     const uint32_t start = split * chunk;
     const uint32_t end = min(ctx, start + chunk);
-    if (start >= end && a.splits > 1) return;  // uniform over the block; combine skips it
-
+    // Splits with keys (at least one, so an empty context still writes zeros).
+    const uint32_t ns = max(1u, min((ctx + chunk - 1) / chunk, a.splits));
+    if (split >= ns) return;  // uniform over the block; never counted
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t ks = lane / LPK, part = lane % LPK;
+    const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
+    // The first DECODE_UNROLL steps' keys are loaded before the PDL wait:
+    // every key but the newest (position ctx - 1, which the previous kernel
+    // writes) is final before the step starts.
+    uint4 kr[DECODE_UNROLL], vr[DECODE_UNROLL];
+    size_t off[DECODE_UNROLL];
+    bool valid[DECODE_UNROLL];
+    // (All table entries first, then all K/V rows: these loads keep their
+    // program order, so interleaving them would serialise the round trips.)
+    uint32_t blk[DECODE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < DECODE_UNROLL; u++) {
+        const uint32_t j = start + u * STEP + warp * KPW + ks;
+        valid[u] = j < end;
+        blk[u] = valid[u] ? ld_before_wait_u32(table + j / a.block_size) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < DECODE_UNROLL; u++) {
+        const uint32_t j = start + u * STEP + warp * KPW + ks;
+        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+        off[u] = (((size_t)blk[u] * a.block_size + j % a.block_size) * a.n_kv + kvh) * D + part * 8;
+        if (valid[u] && j + 1 < ctx) {
+            kr[u] = ld_before_wait(a.k_cache + off[u]);
+            vr[u] = ld_before_wait(a.v_cache + off[u]);
+        }
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int u = 0; u < DECODE_UNROLL; u++) {
+        if (valid[u] && start + u * STEP + warp * KPW + ks + 1 >= ctx) {
+            kr[u] = __ldg(reinterpret_cast<const uint4*>(a.k_cache + off[u]));
+            vr[u] = __ldg(reinterpret_cast<const uint4*>(a.v_cache + off[u]));
+        }
+    }
+
     const size_t row = (size_t)(a.n_heads + 2 * a.n_kv) * D;
     const bf16* qrow = a.qkv + s * row + (size_t)kvh * G * D + part * 8;
     float q[C][8], acc[C][8], m[C], l[C];
@@ -140,30 +177,18 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         l[g] = 0.f;
     }
 
-    const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
-    for (uint32_t base = start; base < end; base += STEP * DECODE_UNROLL) {
-        float kf[DECODE_UNROLL][8], vf[DECODE_UNROLL][8];
-        bool valid[DECODE_UNROLL];
+    // Online softmax over one batch of DECODE_UNROLL keys per lane group.
+    auto consume = [&]() {
 #pragma unroll
         for (int u = 0; u < DECODE_UNROLL; u++) {
-            const uint32_t j = base + u * STEP + warp * KPW + ks;
-            valid[u] = j < end;
-            if (valid[u]) {
-                const size_t off = (kv_slot(table, j, a.block_size) * a.n_kv + kvh) * D + part * 8;
-                load8(a.k_cache + off, kf[u]);
-                load8(a.v_cache + off, vf[u]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < 8; i++) kf[u][i] = vf[u][i] = 0.f;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < DECODE_UNROLL; u++) {
+            float kf[8], vf[8];
+            unpack8(kr[u], kf);
+            unpack8(vr[u], vf);
 #pragma unroll
             for (int g = 0; g < C; g++) {
                 float dot = 0.f;
 #pragma unroll
-                for (int i = 0; i < 8; i++) dot = fmaf(q[g][i], kf[u][i], dot);
+                for (int i = 0; i < 8; i++) dot = fmaf(q[g][i], kf[i], dot);
 #pragma unroll
                 for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
                 if (valid[u] && g < (int)G) {
@@ -172,11 +197,26 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
                     const float p = exp2f(dot - mn);
                     l[g] = l[g] * c + p;
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc[g][i] = fmaf(acc[g][i], c, p * vf[u][i]);
+                    for (int i = 0; i < 8; i++) acc[g][i] = fmaf(acc[g][i], c, p * vf[i]);
                     m[g] = mn;
                 }
             }
         }
+    };
+    consume();
+    for (uint32_t base = start + STEP * DECODE_UNROLL; base < end; base += STEP * DECODE_UNROLL) {
+#pragma unroll
+        for (int u = 0; u < DECODE_UNROLL; u++) {
+            const uint32_t j = base + u * STEP + warp * KPW + ks;
+            valid[u] = j < end;
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            if (valid[u]) {
+                const size_t o = (kv_slot(table, j, a.block_size) * a.n_kv + kvh) * D + part * 8;
+                kr[u] = __ldg(reinterpret_cast<const uint4*>(a.k_cache + o));
+                vr[u] = __ldg(reinterpret_cast<const uint4*>(a.v_cache + o));
+            }
+        }
+        consume();
     }
 
     // Merge the key slots of the warp (lanes with the same `part`).
@@ -226,7 +266,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
             O += sm_o[w][g][d] * wt;
         }
         const uint32_t h = kvh * G + g;
-        if (a.splits == 1) {
+        if (ns == 1) {
             a.out[((size_t)s * a.n_heads + h) * D + d] = f2bf(L > 0.f ? O / L : 0.f);
         } else {
             const size_t idx = ((size_t)s * a.n_heads + h) * a.splits + split;
@@ -236,6 +276,38 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
                 a.part_ml[idx * 2 + 1] = L;
             }
         }
+    }
+    if (ns == 1) return;
+
+    // The last of the ns blocks merges the partials of the G heads.
+    __shared__ uint32_t sm_last;
+    // Release this block's partials before its arrival; the last block's
+    // acquire fence below pairs with it through the counter.
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t* cnt = a.counters + (size_t)s * a.n_kv + kvh;
+        const uint32_t arrived = atomicAdd(cnt, 1u) + 1;
+        sm_last = arrived == ns;
+        if (arrived == ns) *cnt = 0;  // ready for the next launch
+    }
+    __syncthreads();
+    if (!sm_last) return;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    for (uint32_t e = threadIdx.x; e < G * D; e += DECODE_THREADS) {
+        const uint32_t g = e / D, d = e % D;
+        const size_t base = ((size_t)s * a.n_heads + kvh * G + g) * a.splits;
+        float M = -INFINITY;
+#pragma unroll 8
+        for (uint32_t i = 0; i < ns; i++) M = fmaxf(M, __ldcg(a.part_ml + (base + i) * 2));
+        float L = 0.f, O = 0.f;
+#pragma unroll 8
+        for (uint32_t i = 0; i < ns; i++) {
+            const float wt = decode_weight(__ldcg(a.part_ml + (base + i) * 2), M);
+            L += __ldcg(a.part_ml + (base + i) * 2 + 1) * wt;
+            O += __ldcg(a.part_o + (base + i) * D + d) * wt;
+        }
+        a.out[((size_t)s * a.n_heads + kvh * G + g) * D + d] = f2bf(L > 0.f ? O / L : 0.f);
     }
 }
 
@@ -252,24 +324,3 @@ DECODE_ATTENTION(64, 4)
 DECODE_ATTENTION(64, 8)
 DECODE_ATTENTION(128, 4)
 DECODE_ATTENTION(128, 8)
-
-extern "C" __global__ void decode_combine(const DecodeCombineArgs a) {
-    const uint32_t s = blockIdx.x, h = blockIdx.y;
-    pdl_wait();
-    pdl_launch_dependents();
-    const uint32_t ctx = a.context_lens[s];
-    const uint32_t chunk = decode_chunk(ctx, a.splits);
-    const uint32_t ns = min((ctx + chunk - 1) / chunk, a.splits);
-    const size_t base = ((size_t)s * a.n_heads + h) * a.splits;
-    float M = -INFINITY;
-    for (uint32_t i = 0; i < ns; i++) M = fmaxf(M, a.part_ml[(base + i) * 2]);
-    float L = 0.f;
-    for (uint32_t i = 0; i < ns; i++) L += a.part_ml[(base + i) * 2 + 1] * decode_weight(a.part_ml[(base + i) * 2], M);
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    for (uint32_t d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-        float o = 0.f;
-        for (uint32_t i = 0; i < ns; i++)
-            o += a.part_o[(base + i) * a.head_dim + d] * decode_weight(a.part_ml[(base + i) * 2], M);
-        a.out[((size_t)s * a.n_heads + h) * a.head_dim + d] = f2bf(o * inv);
-    }
-}

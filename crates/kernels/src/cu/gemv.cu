@@ -2,11 +2,15 @@
 // y[m, n] = x[m, K] · W[n, K]ᵀ with bf16 weights (nn.Linear, row-major),
 // fp32 accumulation, every weight row read once for all m rows.
 //
-// Grid ceil(outputs / (GEMV_WARPS * GEMV_ROWS_PER_WARP)) blocks of
-// GEMV_WARPS warps; each warp owns GEMV_ROWS_PER_WARP weight rows and streams
-// them with 16-byte loads (8 bf16 per lane, GEMV_UNROLL chunks in flight per
-// row), reading the matching 8 inputs of each of the m rows (L1/L2 resident),
-// then reduces over the warp. Requires K % 8 == 0 (16-byte aligned rows).
+// Grid ceil(pairs / (GEMV_WARPS / ksplit)) blocks of GEMV_WARPS warps. A warp
+// owns a pair of weight rows and one of `ksplit` (1, 2 or 4, from the host)
+// equal column ranges of them; the ksplit warps of a pair sit in one block
+// and add their dots in shared memory in split order (deterministic). Each
+// lane holds GEMV_CHUNKS(MT, NORM) 16-byte chunks of both rows in registers:
+// the whole range when it is at most 256 * chunks columns (every Llama-1B
+// projection at m = 1), so a warp's weight bytes are all in flight at once,
+// and they are requested before the PDL wait, overlapping the previous
+// kernel's tail. Requires K % 8 == 0 (16-byte aligned rows).
 //
 // Variants (template flags, one entry point each per row tile MT):
 //  gemv_bf16_mMT        x bf16 -> y bf16                           (plain)
@@ -19,20 +23,29 @@
 //                       the warp owning rows j and j + D/2 of a head) on q in
 //                       qkv and on k into k_cache[slot], v into v_cache[slot]:
 //                       what rope_kv_write does, without its launch
-// The normed input is bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
-// add_rmsnorm writes; each block recomputes the inverse RMS of its m rows.
-// Epilogues round like the unfused path: projections to bf16 before the
-// residual add, gate and up to bf16 before silu·up.
+// Norm variants stage bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
+// add_rmsnorm writes, in dynamic shared memory (m * K * 2 bytes) once per
+// block; the others read x through L1. Epilogues round like the unfused path:
+// projections to bf16 before the residual add, gate and up to bf16 before silu·up.
 #include "common.cuh"
 #include "pdl.cuh"
 
 // Shared with gemv.rs (WARPS, ROWS_PER_WARP, MAX_ROWS): keep equal.
+#ifndef GEMV_WARPS
 #define GEMV_WARPS 4
+#endif
 #define GEMV_ROWS_PER_WARP 2
 #define GEMV_MAX_ROWS 16
-#define GEMV_UNROLL 4
-// 128-byte lines of each weight row prefetched to L2 before the PDL wait (<= 16).
-#define GEMV_PREFETCH_LINES 16
+// 16-byte chunks per row and lane held in registers in one pass (row tile
+// MT; NORM: the norm variants). Fewer chunks mean more warps (ksplit) with
+// fewer registers each; the norm variants prefer fewer, larger blocks (each
+// block stages the normalised inputs once), single-row plain ones more warps.
+#ifndef GEMV_PLAIN_M1_CHUNKS
+#define GEMV_PLAIN_M1_CHUNKS 4
+#endif
+#define GEMV_CHUNKS(MT, NORM) (((MT) == 1 && !(NORM)) ? GEMV_PLAIN_M1_CHUNKS : (MT) <= 2 ? 8 : 4)
+// 16-byte chunks of norm weights per thread loaded before the PDL wait (K <= 2048 all).
+#define GEMV_NORM_REGS 2
 
 struct GemvArgs {
     const void* x;        // [m, K] bf16, or the f32 residual for the norm variants
@@ -54,8 +67,10 @@ struct GemvArgs {
     uint32_t n_kv;
     uint32_t head_dim;
     uint32_t max_pos;
+    uint32_t ksplit;  // warps sharing a row pair: 1, 2 or 4 (divides GEMV_WARPS)
+    uint32_t pad;
 };
-static_assert(sizeof(GemvArgs) == 112, "GemvArgs layout");
+static_assert(sizeof(GemvArgs) == 120, "GemvArgs layout");
 static_assert(offsetof(GemvArgs, x) == 0, "GemvArgs.x");
 static_assert(offsetof(GemvArgs, norm_w) == 8, "GemvArgs.norm_w");
 static_assert(offsetof(GemvArgs, w) == 16, "GemvArgs.w");
@@ -74,6 +89,7 @@ static_assert(offsetof(GemvArgs, n_heads) == 96, "GemvArgs.n_heads");
 static_assert(offsetof(GemvArgs, n_kv) == 100, "GemvArgs.n_kv");
 static_assert(offsetof(GemvArgs, head_dim) == 104, "GemvArgs.head_dim");
 static_assert(offsetof(GemvArgs, max_pos) == 108, "GemvArgs.max_pos");
+static_assert(offsetof(GemvArgs, ksplit) == 112, "GemvArgs.ksplit");
 
 enum GemvIn { IN_BF16 = 0, IN_NORM = 1 };
 enum GemvOut { OUT_BF16 = 0, OUT_RESID = 1, OUT_F32 = 2, OUT_SILU = 3, OUT_ROPE = 4 };
@@ -120,147 +136,240 @@ __device__ __forceinline__ void bf8(const uint4 raw, float* f) {
 
 __device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
 
+// One pass of a warp: NC 16-byte chunks of each of its two rows per lane,
+// columns base + u * 256 (u < NC) below kend; zeros past kend or for absent rows.
+template <int NC>
+__device__ __forceinline__ void gemv_load(const bf16* w0, const bf16* w1, bool ok0, bool ok1, uint32_t base,
+                                          uint32_t kend, uint4* wa, uint4* wb) {
+#pragma unroll
+    for (int u = 0; u < NC; u++) {
+        const uint32_t kk = base + u * 256;
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        wa[u] = ok0 && kk < kend ? ld_before_wait(w0 + kk) : z;
+        wb[u] = ok1 && kk < kend ? ld_before_wait(w1 + kk) : z;
+    }
+}
+
 template <int MT, int IN, int OUT>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
-    __shared__ float inv_rms[MT];
+    constexpr int NC = GEMV_CHUNKS(MT, IN == IN_NORM);
+    // IN_NORM: the block's normalised inputs, bf16 [m, K] (dynamic, m * K * 2 bytes).
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    __shared__ float part[GEMV_WARPS][MT];     // inverse-RMS partial sums
+    __shared__ float red[GEMV_WARPS][2][MT];   // split-K partial dots
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const uint32_t K = a.k, m = a.m;
-    const uint32_t gw = blockIdx.x * GEMV_WARPS + warp;
+    const uint32_t K = a.k, m = a.m, nsplit = a.ksplit;
+    const uint32_t ks = warp % nsplit, gw = blockIdx.x * (GEMV_WARPS / nsplit) + warp / nsplit;
     uint32_t r0, r1;
     bool ok0, ok1;
     gemv_rows_of<OUT>(a, gw, r0, r1, ok0, ok1);
-    {
-        // Weights do not depend on the previous kernel: start pulling this
-        // warp's first GEMV_PREFETCH_LINES lines of each row into L2 first.
-        const uint32_t line = lane % GEMV_PREFETCH_LINES, which = lane / GEMV_PREFETCH_LINES;
-        const bool ok = which == 0 ? ok0 : ok1;
-        if (which < 2 && ok && line * 64 < K) prefetch_l2(a.w + (size_t)(which == 0 ? r0 : r1) * K + line * 64);
+    const uint32_t span = (K / 8 + nsplit - 1) / nsplit * 8;
+    const uint32_t kbeg = min(K, ks * span), kend = min(K, kbeg + span);
+    const bf16* w0 = a.w + (size_t)(ok0 ? r0 : 0) * K;
+    const bf16* w1 = a.w + (size_t)(ok1 ? r1 : 0) * K;
+    // Weights do not depend on earlier kernels: the first pass's loads are
+    // in flight before the PDL wait (and before the norm prologue).
+    uint4 wa[NC], wb[NC];
+    gemv_load<NC>(w0, w1, ok0, ok1, kbeg + lane * 8, kend, wa, wb);
+    // So are the norm weights: thread t normalises columns t * 8 + j * 1024.
+    constexpr int NJ = GEMV_NORM_REGS;
+    uint4 nwv[NJ];
+    if (IN == IN_NORM) {
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const uint32_t i = threadIdx.x * 8 + j * GEMV_WARPS * 256;
+            nwv[j] = i < K ? ld_before_wait(a.norm_w + i) : make_uint4(0, 0, 0, 0);
+        }
     }
     pdl_wait();
     pdl_launch_dependents();
+    // Everything the epilogue reads from earlier kernels is requested now, in
+    // the shadow of the input loads: the residual (RESID) and the position,
+    // slot and rotation of token row `lane` (ROPE).
+    const uint32_t er = lane < m ? lane : 0;
+    float res0 = 0.f, res1 = 0.f, rc = 1.f, rs = 0.f;
+    uint32_t rpos = 0;
+    size_t rslot = 0;
+    if (OUT == OUT_RESID && ok0 && ks == 0 && lane < m) {
+        const float* y = static_cast<const float*>(a.y) + (size_t)er * a.n;
+        res0 = y[r0];
+        if (ok1) res1 = y[r1];
+    }
+    if (OUT == OUT_ROPE && ok0 && ks == 0 && lane < m) {
+        rpos = a.positions[er];
+        rslot = a.slots[er];
+    }
+    bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
     if (IN == IN_NORM) {
+        // inv_rms of each row (all threads), then xs = bf16(x * inv_rms * norm_w).
         const float* x = static_cast<const float*>(a.x);
-        for (uint32_t r = warp; r < m; r += GEMV_WARPS) {
-            float ss = 0.f;
-            for (uint32_t i = lane * 4; i < K; i += 128) {
-                const float4 v = *reinterpret_cast<const float4*>(x + (size_t)r * K + i);
-                ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        float ss[MT];
+#pragma unroll
+        for (int r = 0; r < MT; r++) {
+            ss[r] = 0.f;
+            if (r < (int)m) {
+                // Four float4 per thread in flight at once (one L2 round trip per 2,048 columns).
+                for (uint32_t i0 = threadIdx.x * 4; i0 < K; i0 += 4 * GEMV_WARPS * 128) {
+                    float4 v[4];
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint32_t i = i0 + j * GEMV_WARPS * 128;
+                        v[j] = i < K ? *reinterpret_cast<const float4*>(x + (size_t)r * K + i) : make_float4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; j++) ss[r] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+                }
             }
-            ss = warp_sum(ss);
-            if (lane == 0) inv_rms[r] = rsqrtf(ss / (float)K + a.eps);
+            ss[r] = warp_sum(ss[r]);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < MT; r++) part[warp][r] = ss[r];
+        }
+        __syncthreads();
+        for (uint32_t r = 0; r < m; r++) {
+            float t = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) t += part[w][r];
+            const float inv = rsqrtf(t / (float)K + a.eps);
+            uint32_t j = 0;
+            for (uint32_t i = threadIdx.x * 8; i < K; i += GEMV_WARPS * 256, j++) {
+                const float* xr = x + (size_t)r * K + i;
+                const float4 p = *reinterpret_cast<const float4*>(xr);
+                const float4 q = *reinterpret_cast<const float4*>(xr + 4);
+                const float raw[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+                uint4 nraw = make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int jj = 0; jj < NJ; jj++)
+                    if (j == (uint32_t)jj) nraw = nwv[jj];
+                if (j >= (uint32_t)NJ) nraw = __ldg(reinterpret_cast<const uint4*>(a.norm_w + i));
+                float nw[8];
+                bf8(nraw, nw);
+                uint4 o;
+                __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++)
+                    oh[jj] = __floats2bfloat162_rn(raw[2 * jj] * inv * nw[2 * jj], raw[2 * jj + 1] * inv * nw[2 * jj + 1]);
+                *reinterpret_cast<uint4*>(xs + (size_t)r * K + i) = o;
+            }
         }
         __syncthreads();
     }
-    const uint32_t outs = a.n, o0 = r0;
-    if (!ok0) return;  // no block-wide barrier follows
-    const bf16* w0 = a.w + (size_t)r0 * K;
-    const bf16* w1 = a.w + (size_t)(ok1 ? r1 : r0) * K;
+    // The rotation of row r0 at the token's position (its position has arrived by now).
+    if (OUT == OUT_ROPE && ok0 && ks == 0 && lane < m) {
+        const uint32_t D = a.head_dim, half = D / 2;
+        if (r0 / D < a.n_heads + a.n_kv && rpos < a.max_pos) {
+            rc = a.cos_t[(size_t)rpos * half + r0 % D];
+            rs = a.sin_t[(size_t)rpos * half + r0 % D];
+        }
+    }
     float acc0[MT], acc1[MT];
 #pragma unroll
     for (int r = 0; r < MT; r++) acc0[r] = acc1[r] = 0.f;
-
-    for (uint32_t base = lane * 8; base < K; base += 256 * GEMV_UNROLL) {
-        uint4 wa[GEMV_UNROLL], wb[GEMV_UNROLL];
+    if (ok0) {
+        for (uint32_t pass = kbeg; pass < kend; pass += 256 * NC) {
+            if (pass != kbeg) gemv_load<NC>(w0, w1, ok0, ok1, pass + lane * 8, kend, wa, wb);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            const uint32_t kk = base + u * 256;
-            if (kk < K) {
-                wa[u] = __ldg(reinterpret_cast<const uint4*>(w0 + kk));
-                wb[u] = __ldg(reinterpret_cast<const uint4*>(w1 + kk));
-            }
-        }
+            for (int u = 0; u < NC; u++) {
+                const uint32_t kk = pass + lane * 8 + u * 256;
+                if (kk >= kend) break;
+                float fa[8], fb[8];
+                bf8(wa[u], fa);
+                bf8(wb[u], fb);
 #pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++) {
-            const uint32_t kk = base + u * 256;
-            if (kk >= K) break;
-            float fa[8], fb[8], nw[8];
-            bf8(wa[u], fa);
-            bf8(wb[u], fb);
-            if (IN == IN_NORM) bf8(__ldg(reinterpret_cast<const uint4*>(a.norm_w + kk)), nw);
+                for (int r = 0; r < MT; r++) {
+                    if (r < (int)m) {
+                        float xv[8];
+                        if (IN == IN_NORM)
+                            bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk), xv);
+                        else
+                            bf8(__ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) + (size_t)r * K +
+                                                                     kk)),
+                                xv);
 #pragma unroll
-            for (int r = 0; r < MT; r++) {
-                if (r < (int)m) {
-                    float xv[8];
-                    if (IN == IN_NORM) {
-                        const float* xr = static_cast<const float*>(a.x) + (size_t)r * K + kk;
-                        const float4 p = *reinterpret_cast<const float4*>(xr);
-                        const float4 q = *reinterpret_cast<const float4*>(xr + 4);
-                        const float raw[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-                        const float inv = inv_rms[r];
-#pragma unroll
-                        for (int i = 0; i < 8; i++) xv[i] = round_bf(raw[i] * inv * nw[i]);
-                    } else {
-                        bf8(__ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) + (size_t)r * K + kk)),
-                            xv);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        acc0[r] = fmaf(fa[i], xv[i], acc0[r]);
-                        acc1[r] = fmaf(fb[i], xv[i], acc1[r]);
+                        for (int i = 0; i < 8; i++) {
+                            acc0[r] = fmaf(fa[i], xv[i], acc0[r]);
+                            acc1[r] = fmaf(fb[i], xv[i], acc1[r]);
+                        }
                     }
                 }
             }
         }
     }
+    // Lane r ends with token row r's two dots (warp sums, then the split-K
+    // partials of the pair's warps added in split order).
+    float d0 = 0.f, d1 = 0.f;
 #pragma unroll
     for (int r = 0; r < MT; r++) {
-        acc0[r] = warp_sum(acc0[r]);
-        acc1[r] = warp_sum(acc1[r]);
+        const float s0 = warp_sum(acc0[r]), s1 = warp_sum(acc1[r]);
+        if (lane == (uint32_t)r) {
+            d0 = s0;
+            d1 = s1;
+        }
     }
-    // Lane r writes token row r (values are warp-uniform after the sums).
-#pragma unroll
-    for (int r = 0; r < MT; r++) {
-        if (lane != (uint32_t)r || r >= (int)m) continue;
-        if (OUT == OUT_SILU) {
-            const float g = round_bf(acc0[r]), u = round_bf(acc1[r]);
-            static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(g / (1.f + __expf(-g)) * u);
-        } else if (OUT == OUT_ROPE) {
-            // qkv keeps the GEMM output (q roped, as rope_kv_write leaves it);
-            // k (roped) and v go to the cache slot of token r.
-            bf16* y = static_cast<bf16*>(a.y) + (size_t)r * outs;
-            const float x1 = round_bf(acc0[r]), x2 = round_bf(acc1[r]);
-            const uint32_t pos = a.positions[r];
-            const size_t slot = a.slots[r];
-            const uint32_t D = a.head_dim, half = D / 2, h = r0 / D, kvw = a.n_kv * D;
-            if (h >= a.n_heads + a.n_kv) {  // two v values
-                y[r0] = f2bf(x1);
-                if (ok1) y[r1] = f2bf(x2);
-                if (pos < a.max_pos) {
-                    const uint32_t vi = r0 - (a.n_heads + a.n_kv) * D;
-                    a.v_cache[slot * kvw + vi] = f2bf(x1);
-                    if (ok1) a.v_cache[slot * kvw + vi + 1] = f2bf(x2);
-                }
-            } else if (pos < a.max_pos) {
-                const uint32_t j = r0 % D;
-                const float c = a.cos_t[(size_t)pos * half + j], sn = a.sin_t[(size_t)pos * half + j];
-                const float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
-                if (h < a.n_heads) {
-                    y[r0] = f2bf(o1);
-                    y[r1] = f2bf(o2);
-                } else {
-                    y[r0] = f2bf(x1);
-                    y[r1] = f2bf(x2);
-                    bf16* kc = a.k_cache + slot * kvw + (size_t)(h - a.n_heads) * D;
-                    kc[j] = f2bf(o1);
-                    kc[j + half] = f2bf(o2);
-                }
+    if (nsplit > 1) {
+        if (lane < m) {
+            red[warp][0][lane] = d0;
+            red[warp][1][lane] = d1;
+        }
+        __syncthreads();
+        if (ks != 0) return;
+        if (lane < m) {
+            d0 = d1 = 0.f;
+            for (uint32_t j = 0; j < nsplit; j++) {
+                d0 += red[warp + j][0][lane];
+                d1 += red[warp + j][1][lane];
+            }
+        }
+    }
+    if (!ok0 || lane >= m) return;
+    const uint32_t r = lane, outs = a.n, o0 = r0;
+    if (OUT == OUT_SILU) {
+        const float g = round_bf(d0), u = round_bf(d1);
+        static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(g / (1.f + __expf(-g)) * u);
+    } else if (OUT == OUT_ROPE) {
+        // qkv keeps the GEMM output (q roped, as rope_kv_write leaves it);
+        // k (roped) and v go to the cache slot of token r.
+        bf16* y = static_cast<bf16*>(a.y) + (size_t)r * outs;
+        const float x1 = round_bf(d0), x2 = round_bf(d1);
+        const uint32_t D = a.head_dim, half = D / 2, h = r0 / D, kvw = a.n_kv * D;
+        if (h >= a.n_heads + a.n_kv) {  // two v values
+            y[r0] = f2bf(x1);
+            if (ok1) y[r1] = f2bf(x2);
+            if (rpos < a.max_pos) {
+                const uint32_t vi = r0 - (a.n_heads + a.n_kv) * D;
+                a.v_cache[rslot * kvw + vi] = f2bf(x1);
+                if (ok1) a.v_cache[rslot * kvw + vi + 1] = f2bf(x2);
+            }
+        } else if (rpos < a.max_pos) {
+            const uint32_t j = r0 % D;
+            const float o1 = x1 * rc - x2 * rs, o2 = x2 * rc + x1 * rs;
+            if (h < a.n_heads) {
+                y[r0] = f2bf(o1);
+                y[r1] = f2bf(o2);
             } else {
                 y[r0] = f2bf(x1);
                 y[r1] = f2bf(x2);
+                bf16* kc = a.k_cache + rslot * kvw + (size_t)(h - a.n_heads) * D;
+                kc[j] = f2bf(o1);
+                kc[j + half] = f2bf(o2);
             }
-        } else if (OUT == OUT_BF16) {
-            bf16* y = static_cast<bf16*>(a.y) + (size_t)r * outs;
-            y[o0] = f2bf(acc0[r]);
-            if (ok1) y[o0 + 1] = f2bf(acc1[r]);
-        } else if (OUT == OUT_RESID) {
-            float* y = static_cast<float*>(a.y) + (size_t)r * outs;
-            y[o0] += round_bf(acc0[r]);
-            if (ok1) y[o0 + 1] += round_bf(acc1[r]);
         } else {
-            float* y = static_cast<float*>(a.y) + (size_t)r * outs;
-            y[o0] = acc0[r];
-            if (ok1) y[o0 + 1] = acc1[r];
+            y[r0] = f2bf(x1);
+            y[r1] = f2bf(x2);
         }
+    } else if (OUT == OUT_BF16) {
+        bf16* y = static_cast<bf16*>(a.y) + (size_t)r * outs;
+        y[o0] = f2bf(d0);
+        if (ok1) y[o0 + 1] = f2bf(d1);
+    } else if (OUT == OUT_RESID) {
+        float* y = static_cast<float*>(a.y) + (size_t)r * outs;
+        y[o0] = res0 + round_bf(d0);
+        if (ok1) y[o0 + 1] = res1 + round_bf(d1);
+    } else {
+        float* y = static_cast<float*>(a.y) + (size_t)r * outs;
+        y[o0] = d0;
+        if (ok1) y[o0 + 1] = d1;
     }
 }
 

@@ -55,6 +55,7 @@ pub(super) struct Workspace {
     pub act: DeviceBuffer<bf16>,       // [T, intermediate]
     pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
     pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
+    pub part_cnt: DeviceBuffer<u32>,   // [S_dec, kv_heads] split arrival counters (zero)
     pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
     pub logits: DeviceBuffer<f32>,     // [R, vocab]
     pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
@@ -105,6 +106,9 @@ impl Workspace {
             part_ml: gpu
                 .alloc(plan.partial_ml_len(shape, caps.decode_seqs))
                 .map_err(e("part_ml"))?,
+            part_cnt: gpu
+                .alloc(plan.counters_len(shape, caps.decode_seqs))
+                .map_err(e("part_cnt"))?,
             xs: gpu.alloc(r * h).map_err(e("xs"))?,
             logits: gpu.alloc(r * v).map_err(e("logits"))?,
             work: gpu.alloc(r * v).map_err(e("work"))?,
@@ -143,12 +147,14 @@ pub(super) enum Attn {
 
 impl CudaBackend {
     /// Enqueues the forward pass of the step staged at `lay`, then sampling
-    /// (`sample`) or nothing (logits stay in the workspace).
+    /// (`sample`) or nothing (logits stay in the workspace). `identity_rows`:
+    /// the staged rows are `0, 1, ..` (the LM head may then skip the gather).
     pub(super) fn enqueue(
         &self,
         lay: &Layout,
         attn: Attn,
         sample: bool,
+        identity_rows: bool,
     ) -> Result<(), BackendError> {
         let c = &self.config;
         let ws = &self.ws;
@@ -189,7 +195,7 @@ impl CudaBackend {
         // Steps of at most `gemv_rows` tokens run the projections as GEMVs
         // with the norms, residual adds and SiLU·up fused in; the residual
         // stream `x` then always holds every delta already.
-        let small = t >= 1 && t <= self.gemv_rows;
+        let small = t >= 1 && t <= self.gemv_rows && kernels::gemv::fits(t, h);
         let gemv = |op: GemvOp<'_>, w: &DeviceBuffer<bf16>, n: usize, kk: usize| {
             self.k.gemv(op, w.view(), t, n, kk).map_err(k("GEMV"))
         };
@@ -280,6 +286,7 @@ impl CudaBackend {
                             tables,
                             ws.part_o.view(),
                             ws.part_ml.view(),
+                            ws.part_cnt.view(),
                             ws.attn.view(),
                             p,
                         )
@@ -374,15 +381,22 @@ impl CudaBackend {
                 eps,
             )
             .map_err(k("final norm"))?;
-        // SAFETY: every staged row index is < T (checked on the host, padding rows < bucket).
-        unsafe {
-            self.k
-                .gather_rows(ws.xs.view(), ws.xn.view(), rows, r, h, t)
-        }
-        .map_err(k("row gather"))?;
+        // Rows 0..t in order (every pure-decode step): the LM head reads the
+        // normed rows in place, one launch fewer.
+        let head_in = if identity_rows && r == t {
+            ws.xn.view()
+        } else {
+            // SAFETY: every staged row index is < T (checked on the host, padding rows < bucket).
+            unsafe {
+                self.k
+                    .gather_rows(ws.xs.view(), ws.xn.view(), rows, r, h, t)
+            }
+            .map_err(k("row gather"))?;
+            ws.xs.view()
+        };
         if r >= 1 && r <= self.gemv_rows.min(super::HEAD_GEMV_ROWS) {
             let op = GemvOp::F32 {
-                x: ws.xs.view(),
+                x: head_in,
                 y: ws.logits.view(),
             };
             self.k
@@ -391,7 +405,7 @@ impl CudaBackend {
         } else {
             self.blas
                 .matmul_nt(
-                    ws.xs.view(),
+                    head_in,
                     self.w.head().view(),
                     ws.logits.view(),
                     GemmDims { m: r, n: v, k: h },

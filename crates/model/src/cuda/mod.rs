@@ -13,8 +13,8 @@
 //! (powers of two up to [`MAX_GRAPH_BATCH`]); padded rows write to a scratch
 //! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off;
 //! `LAMINA_GEMV_ROWS=n` sets the largest step run on the fused GEMV
-//! projections (0: cuBLAS always), `LAMINA_PDL=1` turns programmatic
-//! dependent launch on.
+//! projections (0: cuBLAS always), `LAMINA_PDL=0` turns programmatic
+//! dependent launch off.
 //! [`available`] says why CUDA cannot be used, without panicking.
 //!
 //! Costs: one host-to-device copy of the packed metadata, the kernels (or one

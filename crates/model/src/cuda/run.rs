@@ -103,7 +103,7 @@ impl CudaBackend {
         if !self.graphs.contains_key(&sb) {
             let mut inner = None;
             let captured = Graph::capture(&self.gpu, || {
-                self.enqueue(&lay, Attn::Decode, true).map_err(|e| {
+                self.enqueue(&lay, Attn::Decode, true, true).map_err(|e| {
                     let msg = e.to_string();
                     inner = Some(e);
                     gpu::GpuError::Buffer {
@@ -125,7 +125,7 @@ impl CudaBackend {
                     }
                     tracing::warn!(error = %e, "CUDA graph capture failed; running decode steps eagerly");
                     self.graphs_enabled = false;
-                    self.enqueue(&lay, Attn::Decode, true)?;
+                    self.enqueue(&lay, Attn::Decode, true, true)?;
                     return Ok(true);
                 }
             }
@@ -134,7 +134,7 @@ impl CudaBackend {
             Some(graph) => graph
                 .launch(&self.gpu)
                 .map_err(|e| dev_err("replaying a decode graph", e))?,
-            None => self.enqueue(&lay, Attn::Decode, true)?,
+            None => self.enqueue(&lay, Attn::Decode, true, true)?,
         }
         Ok(true)
     }
@@ -170,6 +170,7 @@ impl CudaBackend {
                 .unwrap_or(0);
             Attn::Prefill { max_seqlen }
         };
-        self.enqueue(&lay, attn, sample)
+        let identity = rows.iter().enumerate().all(|(i, &r)| r as usize == i);
+        self.enqueue(&lay, attn, sample, identity)
     }
 }

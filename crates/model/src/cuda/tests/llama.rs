@@ -155,6 +155,22 @@ fn cuda_llama_1b_step_timing() {
                 "RESULT decode batch {bs} graphs {graphs}: {ms:.3} ms/step ({:.0} tok/s)",
                 bs as f64 * 1e3 / ms
             );
+            if graphs {
+                // The GPU's share of a step: the bucket's graph replayed back
+                // to back (same inputs), no host work in between.
+                let graph = &b.graphs[&bs.next_power_of_two()];
+                let reps = 50;
+                let t = b.gpu.timer().unwrap();
+                t.start().unwrap();
+                for _ in 0..reps {
+                    graph.launch(&b.gpu).unwrap();
+                }
+                let us = t.stop_ms().unwrap() as f64 * 1e3 / reps as f64;
+                println!(
+                    "RESULT decode batch {bs} graph replay alone: {us:.1} us/step (host and sync: {:.1} us/step)",
+                    ms * 1e3 - us
+                );
+            }
             for c in chunks {
                 pool.free.extend(c.blocks);
             }
