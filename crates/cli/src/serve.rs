@@ -49,8 +49,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.body_limit == 0 {
         bail!("invalid `--body-limit`: must be at least 1 byte");
     }
-    if args.api_key.as_deref().is_some_and(str::is_empty) {
-        bail!("invalid `--api-key`: must not be empty");
+    if let Some(Err(why)) = args.api_key.as_deref().map(server::check_api_key) {
+        bail!("invalid `--api-key`: {why}");
     }
     let addr = if args.host.contains(':') {
         format!("[{}]:{}", args.host, args.port)

@@ -39,6 +39,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
 pub use error::ApiError;
+pub use middleware::check_api_key;
 pub use state::{AppState, DEFAULT_BODY_LIMIT, ServerConfig};
 
 /// After the grace period the engine is shut down; connections get this much

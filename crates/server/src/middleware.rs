@@ -61,31 +61,68 @@ pub async fn request_context(
     resp
 }
 
-/// Compares two byte strings in time independent of where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// SHA-256 of an API key: keys are compared as fixed-length digests, so the
+/// comparison's time says nothing about the key's length either.
+pub(crate) fn key_digest(key: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key).into()
 }
 
-/// Requires `Authorization: Bearer <key>` when the server has a key.
+/// Compares two digests in time independent of where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Why an API key cannot be used (checked at start-up): it must be
+/// non-empty printable ASCII without surrounding spaces, or no client could
+/// ever send it in an `Authorization` header.
+pub fn check_api_key(key: &str) -> Result<(), String> {
+    if key.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if key.starts_with(' ') || key.ends_with(' ') {
+        return Err("must not start or end with a space".into());
+    }
+    if let Some(c) = key.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "must be printable ASCII; found {:?} (U+{:04X})",
+            c, c as u32
+        ));
+    }
+    Ok(())
+}
+
+/// Requires `Authorization: Bearer <key>` when the server has a key (the
+/// scheme name case-insensitive, as HTTP says; any other scheme, or a bare
+/// key, is refused).
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let Some(key) = state.cfg.api_key.as_deref() else {
+    let Some(want) = state.api_key_digest.as_ref() else {
         return next.run(req).await;
     };
-    let given = req
+    let header = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+        .map(|v| v.to_str().unwrap_or(""));
+    let Some(header) = header else {
+        return ApiError::unauthorized(
+            "Missing API key: send it as `Authorization: Bearer <key>`.",
+        )
+        .into_response();
+    };
+    let given = header
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim_start_matches(' '));
     match given {
-        None => {
-            ApiError::unauthorized("Missing API key: send it as `Authorization: Bearer <key>`.")
-                .into_response()
-        }
-        Some(k) if !same(k.as_bytes(), key.as_bytes()) => {
+        None => ApiError::unauthorized(
+            "Malformed `Authorization` header: send the key as `Authorization: Bearer <key>`.",
+        )
+        .into_response(),
+        Some(k) if !same(&key_digest(k.as_bytes()), want) => {
             ApiError::unauthorized("Incorrect API key provided.").into_response()
         }
         Some(_) => next.run(req).await,

@@ -21,7 +21,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
 pub struct ServerConfig {
     /// The name clients address the model by (`/v1/models`, `model` fields).
     pub model_id: String,
-    /// When set, `/v1/*` and `/tokenize` require `Authorization: Bearer <key>`.
+    /// When set, `/v1/*` and `/tokenize` require `Authorization: Bearer <key>`
+    /// (check it with [`crate::check_api_key`] first: a key no header can
+    /// carry would lock every client out).
     pub api_key: Option<String>,
     /// Largest accepted request body in bytes (413 above).
     pub body_limit: usize,
@@ -49,6 +51,8 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     pub cfg: ServerConfig,
     pub metrics: Metrics,
+    /// SHA-256 of `cfg.api_key` (what requests are compared against).
+    pub api_key_digest: Option<[u8; 32]>,
     /// Unix time the server started (the model's `created`).
     pub started: u64,
     next_id: AtomicU64,
@@ -57,11 +61,16 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(engine: Engine, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Arc<Self> {
+        let api_key_digest = cfg
+            .api_key
+            .as_deref()
+            .map(|k| crate::middleware::key_digest(k.as_bytes()));
         Arc::new(AppState {
             engine,
             tokenizer,
             cfg,
             metrics: Metrics::default(),
+            api_key_digest,
             started: unix_now(),
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),

@@ -14,8 +14,13 @@
 //! Known gap: `tojson` is minijinja's (HTML-safe escaping, compact
 //! separators), not Python's `json.dumps`; only tool-calling templates use it.
 //!
-//! Costs: the template is compiled once in [`ChatTemplate::new`]; a render is
-//! linear in the conversation.
+//! A render may execute at most [`TEMPLATE_FUEL`] template instructions (a
+//! template that loops longer is an error for that conversation, not a hung
+//! server); [`ChatTemplate::new`] renders a one-message conversation once and
+//! refuses a template that exhausts the budget there.
+//!
+//! Costs: the template is compiled and trial-rendered once in
+//! [`ChatTemplate::new`]; a render is linear in the conversation.
 
 use crate::{ChatMessage, TokenizerError};
 use minijinja::{Environment, Error, ErrorKind, context};
@@ -30,6 +35,10 @@ pub const LLAMA3_FALLBACK_TEMPLATE: &str = "<|begin_of_text|>\
 {% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
 
 const TEMPLATE_NAME: &str = "chat";
+
+/// Template instructions one render may execute (minijinja's fuel): a few
+/// thousand per message for real templates, well under 0.1 s of CPU.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -58,18 +67,34 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| TokenizerError::Template {
                 origin: origin.to_string(),
                 reason: format!("{e:#}"),
             })?;
-        Ok(ChatTemplate {
+        let template = ChatTemplate {
             env,
             source,
             bos_token,
             eos_token,
             origin: origin.to_string(),
-        })
+        };
+        // A template that cannot render one user message within the budget
+        // would fail (or, without one, hang) every request: refuse it now.
+        // Other trial errors are left to requests (a template may reject a
+        // conversation without a system turn, say).
+        let trial = [ChatMessage {
+            role: "user".into(),
+            content: "Hello".into(),
+        }];
+        if let Err(e) = template.render(&trial, true)
+            && let TokenizerError::Template { reason, .. } = &e
+            && reason.contains(OUT_OF_FUEL)
+        {
+            return Err(e);
+        }
+        Ok(template)
     }
 
     /// The Llama 3 header format ([`LLAMA3_FALLBACK_TEMPLATE`]).
@@ -94,7 +119,11 @@ impl ChatTemplate {
     ) -> Result<String, TokenizerError> {
         let err = |e: Error| TokenizerError::Template {
             origin: self.origin.clone(),
-            reason: format!("{e:#}"),
+            reason: if e.kind() == ErrorKind::OutOfFuel {
+                format!("{OUT_OF_FUEL} ({TEMPLATE_FUEL} instructions) rendering this conversation")
+            } else {
+                format!("{e:#}")
+            },
         };
         let tpl = self.env.get_template(TEMPLATE_NAME).map_err(err)?;
         tpl.render(context! {
@@ -111,6 +140,9 @@ impl ChatTemplate {
         &self.source
     }
 }
+
+/// How a render that ran out of fuel is reported.
+const OUT_OF_FUEL: &str = "the chat template exceeded its execution budget";
 
 /// `raise_exception(msg)`: templates call it to reject a conversation.
 fn raise_exception(msg: String) -> Result<String, Error> {

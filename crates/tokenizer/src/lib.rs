@@ -101,6 +101,12 @@ struct Special {
 /// Tokenizer + special tokens + chat template of one model.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special tokens encoded as plain text (message contents).
+    text_only: tokenizers::Tokenizer,
+    /// Texts of the special added tokens, longest first.
+    specials: Vec<String>,
+    /// Whether a byte starts some special token's text (a cheap pre-filter).
+    special_first: [bool; 256],
     /// Names the source in errors (the tokenizer.json path).
     origin: String,
     bos: Option<Special>,
@@ -240,8 +246,24 @@ impl Tokenizer {
             .values()
             .max()
             .map_or(0, |&m| m as usize + 1);
+        let mut specials: Vec<String> = inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        specials.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        let mut special_first = [false; 256];
+        for t in &specials {
+            special_first[t.as_bytes()[0] as usize] = true;
+        }
+        let mut text_only = inner.clone();
+        text_only.set_encode_special_tokens(true);
         Ok(Tokenizer {
             vocab_size,
+            text_only,
+            specials,
+            special_first,
             inner,
             origin: origin.to_string(),
             bos,
@@ -311,9 +333,102 @@ impl Tokenizer {
     /// header: the template is rendered with `add_generation_prompt` and
     /// encoded with the tokenizer's special tokens unless the rendered text
     /// already starts with the BOS text (so BOS appears once, never twice).
+    ///
+    /// Special-token texts inside message contents stay text (a user cannot
+    /// write `<|im_end|>` and open a system turn): a content holding one is
+    /// located in the rendered prompt and encoded with special tokens as
+    /// plain text, the template's own text around it as usual. Prompts whose
+    /// contents hold none are encoded in one piece, exactly as `transformers`
+    /// does. [`Tokenizer::encode_chat_trusted`] keeps the old behaviour.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
         let text = self.apply_chat_template(messages, true)?;
+        // Byte spans of `text` that must be encoded as plain text, in order.
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        let mut from = 0;
+        for (i, m) in messages.iter().enumerate() {
+            if !self.has_special_text(&m.content) {
+                continue;
+            }
+            let found = [m.content.as_str(), m.content.trim()]
+                .into_iter()
+                .filter(|c| !c.is_empty())
+                .find_map(|c| {
+                    text[from..]
+                        .find(c)
+                        .map(|at| (from + at, from + at + c.len()))
+                });
+            let Some((a, b)) = found else {
+                return Err(TokenizerError::Encode {
+                    origin: self.origin.clone(),
+                    reason: format!(
+                        "message {i} holds special-token text and the chat template transforms its content, so it cannot be kept as text"
+                    ),
+                });
+            };
+            spans.push((a, b));
+            from = b;
+        }
+        if spans.is_empty() {
+            return self.encode_rendered_prompt(&text);
+        }
+        let mut ids = Vec::new();
+        let mut at = 0;
+        for (a, b) in spans {
+            if a > at {
+                ids.extend(self.encode_piece(&self.inner, &text[at..a])?);
+            }
+            ids.extend(self.encode_piece(&self.text_only, &text[a..b])?);
+            at = b;
+        }
+        if at < text.len() {
+            ids.extend(self.encode_piece(&self.inner, &text[at..])?);
+        }
+        // the BOS rule of encode_rendered_prompt
+        if let Some(b) = &self.bos
+            && self.prepend_bos
+            && (b.text.is_empty() || !text.starts_with(&b.text))
+            && ids.first() != Some(&b.id)
+        {
+            ids.insert(0, b.id);
+        }
+        Ok(ids)
+    }
+
+    /// [`Tokenizer::encode_chat`] with special-token texts in message
+    /// contents parsed as control tokens (for callers that build control
+    /// sequences on purpose and trust every message).
+    pub fn encode_chat_trusted(
+        &self,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template(messages, true)?;
         self.encode_rendered_prompt(&text)
+    }
+
+    /// Whether `s` contains the text of a special token.
+    fn has_special_text(&self, s: &str) -> bool {
+        let b = s.as_bytes();
+        (0..b.len()).any(|i| {
+            self.special_first[b[i] as usize]
+                && self
+                    .specials
+                    .iter()
+                    .any(|t| b[i..].starts_with(t.as_bytes()))
+        })
+    }
+
+    /// Encodes a piece of a prompt without adding BOS / EOS.
+    fn encode_piece(
+        &self,
+        tok: &tokenizers::Tokenizer,
+        text: &str,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        tok.encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode {
+                origin: self.origin.clone(),
+                reason: e.to_string(),
+            })
     }
 
     /// Encodes an already-rendered chat prompt with the BOS rule of

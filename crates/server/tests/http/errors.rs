@@ -144,12 +144,51 @@ async fn api_key_is_required_when_set() {
     };
     app.send(with_key("wrong")).await.assert_error(401, None);
     app.send(with_key("sekri")).await.assert_error(401, None);
+    app.send(with_key("sekrit2")).await.assert_error(401, None);
     let r = app.send(with_key("sekrit")).await;
     assert_eq!(r.status, 200, "{}", r.text());
+    // the scheme is required (a bare key, or another scheme, is refused) and
+    // matched case-insensitively
+    let with_header = |h: &str| {
+        Request::post("/v1/chat/completions")
+            .header("authorization", h)
+            .body(Body::from(body.clone()))
+            .expect("request")
+    };
+    for bad in [
+        "sekrit",
+        "Basic sekrit",
+        "Bearersekrit",
+        "Bearer",
+        "Bearer  sekrit2",
+    ] {
+        let v = app.send(with_header(bad)).await.assert_error(401, None);
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{bad}");
+    }
+    for good in ["bearer sekrit", "BEARER sekrit", "Bearer  sekrit"] {
+        let r = app.send(with_header(good)).await;
+        assert_eq!(r.status, 200, "{good}: {}", r.text());
+    }
     app.get("/v1/models").await.assert_error(401, None);
     // health and metrics stay open for probes and scrapers
     assert_eq!(app.get("/health").await.status, 200);
     assert_eq!(app.get("/metrics").await.status, 200);
+}
+
+#[test]
+fn api_keys_no_header_can_carry_are_refused() {
+    for bad in [
+        "",
+        " sekrit",
+        "sekrit ",
+        "sek\u{e9}rit",
+        "sek\trit",
+        "sek\nrit",
+    ] {
+        let e = server::check_api_key(bad).expect_err(bad);
+        assert!(!e.is_empty());
+    }
+    assert!(server::check_api_key("sk-abc DEF_123~!").is_ok());
 }
 
 #[tokio::test]

@@ -122,3 +122,38 @@ fn strftime_directives() {
     let out = ok(tpl("{{ strftime_now('%Y') }}").render(&[], false));
     assert!(out.len() == 4 && out.starts_with('2'), "{out}");
 }
+
+/// A template that loops (nested loops escape minijinja's range cap) is
+/// refused at load when even one user message exhausts the budget, and is an
+/// error for the one conversation that triggers it otherwise.
+#[test]
+fn looping_templates_exhaust_their_budget() {
+    let nested =
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}hi";
+    let e = ChatTemplate::new(nested.into(), String::new(), String::new(), "looping.json")
+        .err()
+        .expect("a template that loops on every conversation is refused");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("execution budget") && msg.contains("looping.json"),
+        "{msg}"
+    );
+
+    let trap = "{% if messages[0].content == 'loop' %}{% for i in range(100000) %}\
+                {% for j in range(100000) %}{% endfor %}{% endfor %}{% endif %}ok";
+    let t = ChatTemplate::new(trap.into(), String::new(), String::new(), "trap.json").unwrap();
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "fine")], true).unwrap(),
+        "ok"
+    );
+    let e = t
+        .render(&[ChatMessage::new("user", "loop")], true)
+        .unwrap_err();
+    assert!(e.to_string().contains("execution budget"), "{e}");
+    // the budget holds per render: the template still renders afterwards
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "again")], true)
+            .unwrap(),
+        "ok"
+    );
+}
