@@ -76,6 +76,9 @@ impl SamplingArgs {
         if self.max_tokens == 0 {
             bail!("invalid `--max-tokens`: must be at least 1");
         }
+        if self.stop.iter().any(String::is_empty) {
+            bail!("invalid `--stop`: a stop string must not be empty");
+        }
         Ok(GenerateRequest {
             prompt,
             sampling: self.params(defaults)?,
@@ -83,5 +86,27 @@ impl SamplingArgs {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        s: SamplingArgs,
+    }
+
+    #[test]
+    fn empty_stop_strings_are_refused_like_the_server_does() {
+        let defaults = GenerationConfig::default();
+        let cmd = Cmd::try_parse_from(["t", "--stop", "x", "--stop", ""]).unwrap();
+        let e = cmd.s.request(vec![1], &defaults).unwrap_err().to_string();
+        assert!(e.contains("--stop") && e.contains("empty"), "{e}");
+        let cmd = Cmd::try_parse_from(["t", "--stop", "x"]).unwrap();
+        assert!(cmd.s.request(vec![1], &defaults).is_ok());
     }
 }

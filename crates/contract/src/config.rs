@@ -251,10 +251,12 @@ impl LlamaConfig {
             .rope_theta
             .or(params.and_then(|p| p.rope_theta))
             .unwrap_or(10000.0);
-        if !(rope_theta > 0.0 && rope_theta.is_finite()) {
+        // The base of the rotary frequencies: below 1 the "slowest" pair
+        // would turn fastest (real models use 1e4 .. 1e6).
+        if !(rope_theta >= 1.0 && rope_theta.is_finite()) {
             return Err(bad(
                 "rope_theta",
-                format!("must be positive, got {rope_theta}"),
+                format!("must be a finite number of at least 1, got {rope_theta}"),
             ));
         }
         let rope_scaling = match raw.rope_scaling.as_ref().or(params) {
@@ -316,11 +318,41 @@ impl GenerationConfig {
         let p = path.display().to_string();
         match std::fs::read_to_string(&path) {
             Ok(text) => {
-                serde_json::from_str(&text).map_err(|source| ConfigError::Parse { path: p, source })
+                let g: Self = serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
+                    path: p.clone(),
+                    source,
+                })?;
+                g.check(&p)?;
+                Ok(g)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
             Err(source) => Err(ConfigError::Io { path: p, source }),
         }
+    }
+
+    /// The sampling defaults must be usable (requests fall back on them, so
+    /// a bad one would fail requests that never set the field): temperature
+    /// finite and >= 0, top_p in (0, 1]. `path` names the file in errors.
+    pub fn check(&self, path: &str) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| ConfigError::Invalid {
+            path: path.to_string(),
+            field,
+            reason,
+        };
+        if let Some(t) = self.temperature
+            && !(t >= 0.0 && t.is_finite())
+        {
+            return Err(bad(
+                "temperature",
+                format!("must be a finite number >= 0, got {t}"),
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(bad("top_p", format!("must be in (0, 1], got {p}")));
+        }
+        Ok(())
     }
 
     /// The union of this file's EOS ids and `base` (the ids from `config.json`), in order.

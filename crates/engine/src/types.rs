@@ -93,11 +93,12 @@ pub struct Finished {
 pub enum FinishReason {
     /// An EOS token or a stop string.
     Stop,
-    /// `max_tokens` generated, or the sequence outgrew the whole KV pool.
+    /// `max_tokens` generated.
     Length,
     /// Cancelled by the client (handle dropped, `cancel()`) or by shutdown.
     Cancelled,
-    /// The backend or the detokenizer failed; see [`Finished::error`].
+    /// The backend or the detokenizer failed, or the sequence outgrew the
+    /// whole KV pool; see [`Finished::error`].
     Error,
 }
 

@@ -219,8 +219,18 @@ impl Worker {
                 .sched
                 .summary(id)
                 .map_or(0, |c| c.prompt_len + c.generated);
+            let kv = self.sched.kv();
+            let (blocks, bs) = (kv.num_blocks(), kv.block_size());
             tracing::warn!(seq = id, tokens = len, "sequence outgrew the whole KV pool");
-            self.end(id, FinishReason::Length, None);
+            self.end(
+                id,
+                FinishReason::Error,
+                Some(format!(
+                    "the KV cache ran out: the sequence reached {len} tokens and the whole KV pool holds {} ({blocks} blocks of {bs}); \
+                     give the server more KV memory or ask for fewer tokens",
+                    blocks * bs
+                )),
+            );
         }
         if self.sched.batch().num_seqs() == 0 {
             self.drain_pending();

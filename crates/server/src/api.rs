@@ -159,7 +159,12 @@ pub async fn chat_completions(
         _ => e,
     })?;
     let messages = chat_messages(&req.messages)?;
-    let prompt = state.tokenizer.encode_chat(&messages).map_err(|e| {
+    let prompt = if req.parse_special_tokens.unwrap_or(false) {
+        state.tokenizer.encode_chat_trusted(&messages)
+    } else {
+        state.tokenizer.encode_chat(&messages)
+    }
+    .map_err(|e| {
         ApiError::invalid_param("messages", format!("Cannot apply the chat template: {e}"))
     })?;
     let greq = checked.request(prompt, state.max_context(), "messages")?;

@@ -68,7 +68,12 @@ pub async fn tokenize(
             .map_err(|e| ApiError::invalid_param("prompt", format!("Cannot tokenize: {e}")))?,
         (None, Some(msgs)) => {
             let msgs = chat_messages(msgs)?;
-            tok.encode_chat(&msgs).map_err(|e| {
+            if req.parse_special_tokens.unwrap_or(false) {
+                tok.encode_chat_trusted(&msgs)
+            } else {
+                tok.encode_chat(&msgs)
+            }
+            .map_err(|e| {
                 ApiError::invalid_param("messages", format!("Cannot apply the chat template: {e}"))
             })?
         }

@@ -118,6 +118,10 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// lamina extension: parse special-token text in message contents as
+    /// control tokens (default false: it is text).
+    #[serde(default)]
+    pub parse_special_tokens: Option<bool>,
 }
 
 impl ChatRequest {
@@ -237,6 +241,9 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<Message>>,
     #[serde(default)]
     pub add_special_tokens: Option<bool>,
+    /// As [`ChatRequest::parse_special_tokens`], for `messages`.
+    #[serde(default)]
+    pub parse_special_tokens: Option<bool>,
 }
 
 /// Parses a JSON body: a syntax error is "malformed JSON", a type error
@@ -254,9 +261,15 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         );
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let parsed: Result<T, _> = serde_path_to_error::deserialize(de);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut *de);
     match parsed {
-        Ok(v) => Ok(v),
+        // one object and nothing after it but whitespace
+        Ok(v) => match de.end() {
+            Ok(()) => Ok(v),
+            Err(e) => Err(ApiError::malformed_json(format!(
+                "The request body is not valid JSON: {e} (data after the JSON object)"
+            ))),
+        },
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();

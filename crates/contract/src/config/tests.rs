@@ -68,6 +68,11 @@ fn rejects_inconsistent_configs_naming_the_field() {
             LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 0"),
             "num_hidden_layers",
         ),
+        // a rotary base below 1 (1e-300 once generated garbage)
+        (
+            LLAMA_1B.replace("\"rope_theta\": 500000.0", "\"rope_theta\": 1e-300"),
+            "rope_theta",
+        ),
     ];
     for (text, field) in cases {
         let err = LlamaConfig::from_json(&text, "m/config.json")
@@ -87,4 +92,31 @@ fn generation_config_extends_eos() {
     let g: GenerationConfig =
         serde_json::from_str(r#"{"eos_token_id": [128001, 128008, 128009]}"#).unwrap();
     assert_eq!(g.eos_ids(&[128009]), vec![128009, 128001, 128008]);
+}
+
+/// Sampling defaults a request would fall back on are checked when the file
+/// is read, naming the file and the field (not a flag the user never gave).
+#[test]
+fn generation_config_defaults_must_be_usable() {
+    let dir = std::env::temp_dir().join(format!("lamina-gencfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (text, field) in [
+        (r#"{"temperature": -5}"#, "temperature"),
+        (r#"{"top_p": 0}"#, "top_p"),
+        (r#"{"top_p": 1.5}"#, "top_p"),
+    ] {
+        std::fs::write(dir.join("generation_config.json"), text).unwrap();
+        let err = GenerationConfig::from_dir(&dir).unwrap_err().to_string();
+        assert!(
+            err.contains(field) && err.contains("generation_config.json"),
+            "{err}"
+        );
+    }
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"temperature": 0.6, "top_p": 0.9}"#,
+    )
+    .unwrap();
+    assert_eq!(GenerationConfig::from_dir(&dir).unwrap().top_p, Some(0.9));
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -225,7 +225,7 @@ fn backend_failure_ends_only_that_step() {
 }
 
 #[test]
-fn sequence_outgrowing_the_pool_ends_with_length() {
+fn sequence_outgrowing_the_pool_ends_with_an_error_naming_the_pool() {
     // 4 blocks of 4 = 16 slots; prompt 10 + up to 30 tokens cannot fit
     let s = start(4, 4, cfg(2, 16));
     let out = run_all(
@@ -233,7 +233,13 @@ fn sequence_outgrowing_the_pool_ends_with_length() {
         vec![req(prompt(10, 1), 30, SamplingParams::greedy())],
     )
     .remove(0);
-    assert_eq!(out.reason, FinishReason::Length);
+    // never `length`: the client asked for 30 tokens and did not get them
+    assert_eq!(out.reason, FinishReason::Error);
+    let msg = out.error.clone().unwrap_or_default();
+    assert!(
+        msg.contains("KV cache ran out") && msg.contains("holds 16 (4 blocks of 4)"),
+        "{msg}"
+    );
     assert!(
         out.tokens.len() >= 6 && out.tokens.len() < 30,
         "{}",

@@ -110,6 +110,25 @@ async fn malformed_json_is_400() {
     let r = app.post("/v1/completions", "{\"prompt\": ").await;
     let v = r.assert_error(400, None);
     assert_eq!(v["error"]["code"], "invalid_json");
+    // one object, then trailing data or a second object: refused, not half-read
+    for body in [
+        "{\"prompt\": \"a\", \"max_tokens\": 1} xyz",
+        "{\"prompt\": \"a\", \"max_tokens\": 1}{\"prompt\": \"b\"}",
+    ] {
+        let v = app
+            .post("/v1/completions", body)
+            .await
+            .assert_error(400, None);
+        assert_eq!(v["error"]["code"], "invalid_json", "{body}");
+    }
+    // trailing whitespace is fine
+    let r = app
+        .post(
+            "/v1/completions",
+            "{\"prompt\": \"a\", \"max_tokens\": 1} \n",
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
 }
 
 #[tokio::test]
