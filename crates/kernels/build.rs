@@ -118,6 +118,10 @@ fn consts_header() -> String {
         ("FLASH_ROWS", FLASH_ROWS),
         ("FLASH_KEYS", FLASH_KEYS),
         ("FLASH_THREADS", FLASH_THREADS),
+        ("FLASH_M_TILES", FLASH_M_TILES),
+        ("FLASH_NARROW_ROWS", FLASH_NARROW_ROWS),
+        ("FLASH_NARROW_KEYS", FLASH_NARROW_KEYS),
+        ("FLASH_NARROW_THREADS", FLASH_NARROW_THREADS),
         ("SAMPLE_SLICE", SAMPLE_SLICE),
         ("SAMPLE_PARAMS_BYTES", SAMPLE_PARAMS_BYTES),
     ] {
@@ -154,6 +158,8 @@ fn checks_header() -> String {
          static_assert(FP_BM == LAMINA_FLASH_ROWS, \"FP_BM differs from src/consts.rs FLASH_ROWS\");\n\
          static_assert(FP_BN == LAMINA_FLASH_KEYS, \"FP_BN differs from src/consts.rs FLASH_KEYS\");\n\
          static_assert(FP_THREADS == LAMINA_FLASH_THREADS, \"FP_THREADS differs from src/consts.rs FLASH_THREADS\");\n\
+         static_assert(FP_MT == LAMINA_FLASH_M_TILES, \"FP_MT differs from src/consts.rs FLASH_M_TILES\");\n\
+         static_assert(FN_BM == LAMINA_FLASH_NARROW_ROWS && FN_BN == LAMINA_FLASH_NARROW_KEYS && FN_THREADS == LAMINA_FLASH_NARROW_THREADS, \"FN_* differ from src/consts.rs FLASH_NARROW_*\");\n\
          #endif\n\
          #ifdef SAMPLE_THREADS\n\
          static_assert(SAMPLE_THREADS == LAMINA_SAMPLE_THREADS, \"SAMPLE_THREADS differs from src/consts.rs\");\n\

@@ -114,6 +114,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 res.insert("b2_ttft_ms".into(), json!(m));
             }
             "b3" => {
+                let before = loaded.engine.stats();
                 let start = Instant::now();
                 let handles = (0..args.b3_batch)
                     .map(|_| submit(prompt(args.b3_prompt), args.b3_gen))
@@ -138,6 +139,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     args.b3_batch, args.b3_prompt, args.b3_gen
                 );
                 res.insert("b3_out_tok_s".into(), json!(rate));
+                let after = loaded.engine.stats();
+                let ms = |a: u64, b: u64| (a - b) as f64 / 1e6;
+                let steps = after.steps_total - before.steps_total;
+                let backend = ms(after.backend_ns_total, before.backend_ns_total);
+                let host = ms(after.host_ns_total, before.host_ns_total);
+                println!(
+                    "b3 steps: {steps}, backend {backend:.1} ms ({:.3} ms/step), host between steps {host:.1} ms",
+                    backend / steps.max(1) as f64
+                );
+                res.insert("b3_steps".into(), json!(steps));
+                res.insert("b3_backend_ms".into(), json!(backend));
+                res.insert("b3_host_ms".into(), json!(host));
             }
             other => bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3)"),
         }

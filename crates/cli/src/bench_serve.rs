@@ -8,7 +8,9 @@
 //! length. Requests arrive as a Poisson process at each `--request-rate`
 //! (requests/s; `inf` sends them all at once), optionally capped at
 //! `--max-concurrency` in flight. The same `--seed` gives the same prompts,
-//! lengths and arrival times. For each rate it reports request throughput,
+//! lengths and arrival times. `--warmup N` first sends N untimed requests at
+//! once (a server's first-use costs stay out of the figures; a failed warm-up
+//! request stops the benchmark). For each rate it reports request throughput,
 //! output and total tok/s, and mean / p50 / p90 / p99 of time to first token
 //! (TTFT), time per output token after the first (TPOT), inter-token latency
 //! (ITL: the gaps between streamed chunks) and end-to-end latency.
@@ -63,6 +65,11 @@ pub struct BenchServeArgs {
     /// Seed of the prompts, lengths and arrival times.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Requests sent all at once before the timed runs and not reported (the
+    /// server's first-use costs, such as CUDA graph captures, stay out of the
+    /// figures); drawn like the timed ones under another seed.
+    #[arg(long, default_value_t = 0)]
+    pub warmup: usize,
     /// Seconds a request may take before it counts as failed.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
@@ -143,17 +150,17 @@ fn uniform01(seed: u64, stream: u64, i: u64) -> f64 {
     (draw(seed, stream, i) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The requests of one run and their arrival offsets from its start.
-fn plan(args: &BenchServeArgs, rate: Rate) -> Vec<(Duration, Spec)> {
+/// The `n` requests of one run under `seed` and their arrival offsets from its start.
+fn plan(args: &BenchServeArgs, rate: Rate, n: usize, seed: u64) -> Vec<(Duration, Spec)> {
     let pick = |r: LenRange, stream: u64, i: u64| {
-        r.min + (draw(args.seed, stream, i) % (r.max - r.min + 1) as u64) as usize
+        r.min + (draw(seed, stream, i) % (r.max - r.min + 1) as u64) as usize
     };
     let mut t = 0.0f64;
-    (0..args.num_prompts as u64)
+    (0..n as u64)
         .map(|i| {
             let len = pick(args.input_len, 1, i);
             let prompt = (0..len as u64)
-                .map(|j| (draw(args.seed, 2 + i, j) % args.max_token_id as u64) as u32)
+                .map(|j| (draw(seed, 2 + i, j) % args.max_token_id as u64) as u32)
                 .collect();
             let spec = Spec {
                 prompt,
@@ -162,7 +169,7 @@ fn plan(args: &BenchServeArgs, rate: Rate) -> Vec<(Duration, Spec)> {
             let at = Duration::from_secs_f64(t);
             if rate.0.is_finite() {
                 // exponential inter-arrival times: a Poisson process
-                t += -(1.0 - uniform01(args.seed, u64::MAX, i)).ln() / rate.0;
+                t += -(1.0 - uniform01(seed, u64::MAX, i)).ln() / rate.0;
             }
             (at, spec)
         })
@@ -204,9 +211,21 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         model: model.clone(),
         api_key: args.api_key.clone(),
     });
+    if args.warmup > 0 {
+        let requests = plan(&args, Rate(f64::INFINITY), args.warmup, !args.seed);
+        let (outcomes, took) = drive(&ctx, requests, args.max_concurrency).await;
+        if let Some(e) = outcomes.iter().find_map(|o| o.error.clone()) {
+            bail!("a warm-up request failed: {e}");
+        }
+        eprintln!(
+            "bench-serve: {} warm-up requests in {:.2} s (not reported)",
+            args.warmup,
+            took.as_secs_f64()
+        );
+    }
     let mut runs = Vec::new();
     for &rate in &args.request_rate {
-        let requests = plan(&args, rate);
+        let requests = plan(&args, rate, args.num_prompts, args.seed);
         let requested: usize = requests.iter().map(|(_, s)| s.max_tokens).sum();
         let prompt_tokens: usize = requests.iter().map(|(_, s)| s.prompt.len()).sum();
         let outcomes = drive(&ctx, requests, args.max_concurrency).await;
@@ -306,6 +325,7 @@ mod tests {
             max_concurrency: 0,
             max_token_id: 50,
             seed: rate_seed,
+            warmup: 0,
             timeout: 1,
             json: None,
         }
@@ -313,9 +333,14 @@ mod tests {
 
     #[test]
     fn plans_are_seeded_poisson_within_the_ranges() {
-        let a = plan(&args(1), Rate(20.0));
-        assert_eq!(a, plan(&args(1), Rate(20.0)));
-        assert_ne!(a, plan(&args(2), Rate(20.0)));
+        let p = |seed: u64, rate: f64| plan(&args(seed), Rate(rate), 4000, seed);
+        let a = p(1, 20.0);
+        assert_eq!(a, p(1, 20.0));
+        assert_ne!(a, p(2, 20.0));
+        // the warm-up's draw: its own count and seed
+        let w = plan(&args(1), Rate(f64::INFINITY), 7, !1);
+        assert_eq!(w.len(), 7);
+        assert_ne!(w[0].1, a[0].1);
         for (_, s) in &a {
             assert!((3..=9).contains(&s.prompt.len()) && (2..=5).contains(&s.max_tokens));
             assert!(s.prompt.iter().all(|&id| id < 50));
@@ -328,10 +353,6 @@ mod tests {
         let sigma = 0.05 / ((a.len() - 1) as f64).sqrt();
         assert!((mean - 0.05).abs() < 5.0 * sigma, "mean gap {mean}");
         // `inf`: all at once
-        assert!(
-            plan(&args(1), Rate(f64::INFINITY))
-                .iter()
-                .all(|(t, _)| t.is_zero())
-        );
+        assert!(p(1, f64::INFINITY).iter().all(|(t, _)| t.is_zero()));
     }
 }

@@ -69,7 +69,14 @@ fn bench_serve_reports_every_request_of_a_sweep() {
     let json = tmp.path().join("bench.json");
     let out = Command::new(lamina())
         .args(["bench-serve", "--url", &format!("http://127.0.0.1:{port}")])
-        .args(["--num-prompts", "10", "--request-rate", "inf,40"])
+        .args([
+            "--num-prompts",
+            "10",
+            "--request-rate",
+            "inf,40",
+            "--warmup",
+            "3",
+        ])
         .args([
             "--input-len",
             "5:40",
@@ -89,6 +96,8 @@ fn bench_serve_reports_every_request_of_a_sweep() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("rate inf req/s") && stdout.contains("rate 40 req/s"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("3 warm-up requests"), "{stderr}");
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
             .expect("valid json");

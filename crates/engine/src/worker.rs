@@ -260,6 +260,14 @@ impl Worker {
             .backend_ns_total
             .fetch_add(backend_ns, Ordering::Relaxed);
         self.shared.steps_total.fetch_add(1, Ordering::Relaxed);
+        let batch = self.sched.batch();
+        tracing::trace!(
+            seqs = batch.num_seqs(),
+            tokens = batch.num_tokens(),
+            decode = batch.is_pure_decode(),
+            us = backend_ns / 1000,
+            "step"
+        );
         let results = match result {
             Ok(r) => r,
             Err(e) => {

@@ -1,7 +1,8 @@
 //! Launcher for `cu/activation.cu`: SwiGLU, `silu(gate) * up` over the fused
 //! `[gate | up]` GEMM output; the kernel takes one [`SiluMulArgs`]. CPU
 //! reference: `ops::activation::silu_mul`.
-//! Costs: one grid-stride launch over `T * inter`.
+//! Costs: one grid-stride launch over `T * inter / 8` 16-byte chunks (one
+//! read of `gu`, one write of `out`); `T * inter` must fit in `u32`.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
@@ -25,7 +26,11 @@ impl Kernels {
         if tokens == 0 {
             return Ok(());
         }
-        let blocks = (tokens * inter).div_ceil(ROW_THREADS).min(SILU_MAX_BLOCKS);
+        u32_of(K, "tokens * inter", tokens * inter)?;
+        // one thread per 16-byte chunk (8 elements); the kernel grid-strides
+        let blocks = (tokens * inter)
+            .div_ceil(8 * ROW_THREADS)
+            .min(SILU_MAX_BLOCKS);
         let args = SiluMulArgs {
             out: out.ptr(),
             gu: gu.ptr(),

@@ -73,8 +73,17 @@ pub const GEMV_CHUNKS_PLAIN_M1: usize = 4;
 pub const FLASH_ROWS: usize = 128;
 /// `FP_BN` of flash_prefill.cu: keys of one K/V tile.
 pub const FLASH_KEYS: usize = 64;
-/// `FP_THREADS` of flash_prefill.cu: 32 x (FLASH_ROWS / 16) warps.
-pub const FLASH_THREADS: usize = 32 * FLASH_ROWS / 16;
+/// `FP_MT` of flash_prefill.cu: m16 row tiles per warp (each K/V fragment
+/// read from shared memory feeds this many MMAs).
+pub const FLASH_M_TILES: usize = 2;
+/// `FP_THREADS` of flash_prefill.cu: 32 x (FLASH_ROWS / (16 FLASH_M_TILES)) warps.
+pub const FLASH_THREADS: usize = 32 * FLASH_ROWS / (16 * FLASH_M_TILES);
+/// `FN_BM` of flash_prefill.cu: query rows of one narrow (decode) CTA.
+pub const FLASH_NARROW_ROWS: usize = 16;
+/// `FN_BN` of flash_prefill.cu: keys of one narrow K/V tile.
+pub const FLASH_NARROW_KEYS: usize = 64;
+/// `FN_THREADS` of flash_prefill.cu: one warp.
+pub const FLASH_NARROW_THREADS: usize = 32;
 /// Size of one `SampleParams` row (Rust and C++).
 pub const SAMPLE_PARAMS_BYTES: usize = 48;
 /// Offsets of the C++ `SampleParams` fields (sampling.cu names), in order.

@@ -4,10 +4,14 @@
 //! [`Kernels::prefill_attention`] (causal, GQA, scale `1/sqrt(D)`), for the
 //! head sizes in [`FLASH_HEAD_DIMS`] and at most [`FLASH_MAX_GROUP`] query
 //! heads per KV head ([`Kernels::flash_prefill_supports`]).
-//! Costs: one launch of `ceil(max_seqlen / (128 / G)) x S x kv_heads` CTAs of
-//! 256 threads and `(128 + 4 * 64) * D * 2` bytes of shared memory; O(Σ seqlen
-//! · context · D) tensor-core FLOPs, K/V read once per 128-row query tile; no
-//! T x T buffer, no atomics (deterministic).
+//! Two tilings of the same kernel ([`FlashTiles`]): `Wide` (prefill: 128
+//! query rows = tokens x heads per CTA of 4 warps, two m16 tiles a warp) and
+//! `Narrow` (decode steps at large batch: 16 rows, one warp per CTA, so a
+//! one-token query does not drag 112 rows of padding through the MMAs).
+//! Costs: one launch of `ceil(max_seqlen / (rows / G)) x S x kv_heads` CTAs
+//! and `(rows + 4 * 64) * D * 2` bytes of shared memory each; O(Σ seqlen ·
+//! context · D) tensor-core FLOPs, K/V read once per query tile; no T x T
+//! buffer, no atomics (deterministic).
 
 use std::mem::{offset_of, size_of};
 
@@ -19,13 +23,62 @@ use crate::{KernelError, Kernels, need, u32_of};
 
 /// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Keys per shared-memory tile.
-use crate::consts::FLASH_KEYS as KEYS;
-/// Query rows of one CTA (16 per warp, 8 warps): tokens x query heads of one KV head.
-use crate::consts::FLASH_ROWS as ROWS;
-const THREADS: u32 = crate::consts::FLASH_THREADS as u32;
-/// Most query heads per KV head one CTA can pack.
-pub const FLASH_MAX_GROUP: usize = ROWS;
+use crate::consts::{
+    FLASH_KEYS, FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_THREADS, FLASH_ROWS,
+    FLASH_THREADS,
+};
+
+/// Which tiling of the flash kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashTiles {
+    /// 128 query rows (tokens x heads of one KV head) per CTA of 4 warps: prefill.
+    Wide,
+    /// 16 query rows per CTA of one warp: decode steps (one token per
+    /// sequence) with enough sequences to fill the GPU without splitting keys.
+    Narrow,
+}
+
+impl FlashTiles {
+    /// Query rows (tokens x query heads of one KV head) of one CTA.
+    pub const fn rows(self) -> usize {
+        match self {
+            FlashTiles::Wide => FLASH_ROWS,
+            FlashTiles::Narrow => FLASH_NARROW_ROWS,
+        }
+    }
+    const fn threads(self) -> u32 {
+        match self {
+            FlashTiles::Wide => FLASH_THREADS as u32,
+            FlashTiles::Narrow => FLASH_NARROW_THREADS as u32,
+        }
+    }
+    const fn name(self) -> &'static str {
+        match self {
+            FlashTiles::Wide => "flash_prefill",
+            FlashTiles::Narrow => "flash_narrow",
+        }
+    }
+    const fn keys(self) -> usize {
+        match self {
+            FlashTiles::Wide => FLASH_KEYS,
+            FlashTiles::Narrow => FLASH_NARROW_KEYS,
+        }
+    }
+    /// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V tiles.
+    fn shared_bytes(self, head_dim: usize) -> usize {
+        (self.rows() + 4 * self.keys()) * head_dim * size_of::<bf16>()
+    }
+    /// Index of this tiling's entry points in `Kernels::flash_prefill`.
+    fn slot(self, dim_idx: usize) -> usize {
+        match self {
+            FlashTiles::Wide => dim_idx,
+            FlashTiles::Narrow => FLASH_HEAD_DIMS.len() + dim_idx,
+        }
+    }
+}
+
+/// Most query heads per KV head one (wide) CTA can pack.
+pub const FLASH_MAX_GROUP: usize = FLASH_ROWS;
 
 /// Mirrors `struct FlashPrefillArgs` in `cu/flash_prefill.cu`.
 #[repr(C)]
@@ -44,9 +97,11 @@ pub(crate) struct FlashPrefillArgs {
     block_size: u32,
     tok_per_tile: u32,
     scale_log2: f32,
+    min_len: u32, // segments shorter than this are left to another launch
+    max_len: u32, // ... and longer ones
 }
 const _: () = {
-    assert!(size_of::<FlashPrefillArgs>() == 80);
+    assert!(size_of::<FlashPrefillArgs>() == 88);
     assert!(offset_of!(FlashPrefillArgs, qkv) == 0);
     assert!(offset_of!(FlashPrefillArgs, k_cache) == 8);
     assert!(offset_of!(FlashPrefillArgs, v_cache) == 16);
@@ -60,31 +115,39 @@ const _: () = {
     assert!(offset_of!(FlashPrefillArgs, block_size) == 68);
     assert!(offset_of!(FlashPrefillArgs, tok_per_tile) == 72);
     assert!(offset_of!(FlashPrefillArgs, scale_log2) == 76);
+    assert!(offset_of!(FlashPrefillArgs, min_len) == 80);
+    assert!(offset_of!(FlashPrefillArgs, max_len) == 84);
 };
 
-/// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V tiles.
-fn shared_bytes(head_dim: usize) -> usize {
-    (ROWS + 4 * KEYS) * head_dim * size_of::<bf16>()
-}
-
-/// Resolves the flash entry points and allows their shared memory.
-pub(crate) fn load_functions(module: &Module) -> Result<[Function; 2], KernelError> {
-    let f = |d: usize| -> Result<Function, KernelError> {
-        let func = module.function(&format!("flash_prefill_d{d}"))?;
-        func.set_max_dynamic_shared(shared_bytes(d))?;
-        Ok(func)
+/// Resolves the flash entry points (wide d64, d128, narrow d64, d128) and
+/// allows their shared memory; returns each one's dynamic shared memory too.
+pub(crate) fn load_functions(module: &Module) -> Result<([Function; 4], [u32; 4]), KernelError> {
+    let f = |tiles: FlashTiles, d: usize| {
+        let bytes = tiles.shared_bytes(d);
+        let func = module.function(&format!("{}_d{d}", tiles.name()))?;
+        func.set_max_dynamic_shared(bytes)?;
+        Ok::<_, KernelError>((func, bytes as u32))
     };
-    Ok([f(FLASH_HEAD_DIMS[0])?, f(FLASH_HEAD_DIMS[1])?])
+    let [d0, d1] = FLASH_HEAD_DIMS;
+    let (w0, w1) = (f(FlashTiles::Wide, d0)?, f(FlashTiles::Wide, d1)?);
+    let (n0, n1) = (f(FlashTiles::Narrow, d0)?, f(FlashTiles::Narrow, d1)?);
+    Ok(([w0.0, w1.0, n0.0, n1.0], [w0.1, w1.1, n0.1, n1.1]))
 }
 
 impl Kernels {
     /// Whether [`Kernels::flash_prefill`] serves `p`'s head shape.
     pub fn flash_prefill_supports(&self, p: &PrefillParams) -> bool {
+        self.flash_supports(FlashTiles::Wide, p)
+    }
+
+    /// Whether the `tiles` variant serves `p`'s head shape (a CTA must hold
+    /// at least one token's G query heads).
+    pub fn flash_supports(&self, tiles: FlashTiles, p: &PrefillParams) -> bool {
         let s = p.shape;
         FLASH_HEAD_DIMS.contains(&s.head_dim)
             && s.num_kv_heads > 0
             && s.num_heads.is_multiple_of(s.num_kv_heads)
-            && s.group() <= FLASH_MAX_GROUP
+            && s.group() <= tiles.rows()
     }
 
     /// `out[t, h*D..] = softmax(q_t·Kᵀ / sqrt(D)) V` over the cached
@@ -107,13 +170,53 @@ impl Kernels {
         out: DevSlice<'_, bf16>,         // [T, heads * D]
         p: PrefillParams,
     ) -> Result<(), KernelError> {
-        const K: &str = "flash_prefill";
+        // SAFETY: the caller upholds this function's contract, which is flash's.
+        unsafe {
+            self.flash(
+                FlashTiles::Wide,
+                1..=u32::MAX,
+                qkv,
+                k_cache,
+                v_cache,
+                cu_seqlens,
+                context_lens,
+                block_tables,
+                out,
+                p,
+            )
+        }
+    }
+
+    /// [`Kernels::flash_prefill`] with the tiling chosen by the caller
+    /// (`Narrow` for decode steps at large batch), for the sequences whose
+    /// segment length lies in `seg_lens` (the others' rows are left alone, for
+    /// another launch: a mixed step sends its one-token segments to `Narrow`
+    /// and the rest to `Wide`).
+    ///
+    /// # Safety
+    /// As [`Kernels::flash_prefill`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn flash(
+        &self,
+        tiles: FlashTiles,
+        seg_lens: std::ops::RangeInclusive<u32>,
+        qkv: DevSlice<'_, bf16>,         // [T, qkv_width], q roped
+        k_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
+        v_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
+        cu_seqlens: DevSlice<'_, u32>,   // [S + 1]
+        context_lens: DevSlice<'_, u32>, // [S]
+        block_tables: DevSlice<'_, u32>, // [S, max_blocks]
+        out: DevSlice<'_, bf16>,         // [T, heads * D]
+        p: PrefillParams,
+    ) -> Result<(), KernelError> {
+        let kname = tiles.name();
         let s = p.shape;
-        if !self.flash_prefill_supports(&p) {
+        if !self.flash_supports(tiles, &p) {
             return Err(KernelError::Unsupported {
-                kernel: K,
+                kernel: kname,
                 reason: format!(
-                    "{s:?} (head dims {FLASH_HEAD_DIMS:?}, at most {FLASH_MAX_GROUP} query heads per KV head)"
+                    "{s:?} (head dims {FLASH_HEAD_DIMS:?}, at most {} query heads per KV head)",
+                    tiles.rows()
                 ),
             });
         }
@@ -121,25 +224,42 @@ impl Kernels {
             .iter()
             .position(|&d| d == s.head_dim)
             .unwrap_or_default();
-        need(K, "qkv", &qkv, p.tokens * s.qkv_width())?;
-        need(K, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
-        need(K, "context_lens", &context_lens, p.num_seqs)?;
-        need(K, "block_tables", &block_tables, p.num_seqs * p.max_blocks)?;
-        need(K, "out", &out, p.tokens * s.num_heads * s.head_dim)?;
-        need(K, "k_cache", &k_cache, p.block_size * s.kv_width())?;
-        need(K, "v_cache", &v_cache, p.block_size * s.kv_width())?;
+        need(kname, "qkv", &qkv, p.tokens * s.qkv_width())?;
+        need(kname, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
+        need(kname, "context_lens", &context_lens, p.num_seqs)?;
+        need(
+            kname,
+            "block_tables",
+            &block_tables,
+            p.num_seqs * p.max_blocks,
+        )?;
+        need(kname, "out", &out, p.tokens * s.num_heads * s.head_dim)?;
+        need(kname, "k_cache", &k_cache, p.block_size * s.kv_width())?;
+        need(kname, "v_cache", &v_cache, p.block_size * s.kv_width())?;
         if p.tokens == 0 || p.num_seqs == 0 || p.max_seqlen == 0 {
             return Ok(());
         }
-        let tok_per_tile = ROWS / s.group();
+        let tok_per_tile = tiles.rows() / s.group();
+        let q_tiles = p.max_seqlen.div_ceil(tok_per_tile);
+        if q_tiles > 65_535 {
+            return Err(KernelError::Unsupported {
+                kernel: kname,
+                reason: format!(
+                    "a {}-token segment needs {q_tiles} query tiles of {tok_per_tile} tokens; \
+                     the grid holds 65,535 (use shorter prefill chunks)",
+                    p.max_seqlen
+                ),
+            });
+        }
         let cfg = LaunchConfig {
+            // query tiles slowest (gridDim.z <= 65,535: 2M+ tokens), heaviest first
             grid: (
-                u32_of(K, "tiles", p.max_seqlen.div_ceil(tok_per_tile))?,
-                u32_of(K, "num_seqs", p.num_seqs)?,
-                u32_of(K, "num_kv_heads", s.num_kv_heads)?,
+                u32_of(kname, "num_kv_heads", s.num_kv_heads)?,
+                u32_of(kname, "num_seqs", p.num_seqs)?,
+                q_tiles as u32,
             ),
-            block: (THREADS, 1, 1),
-            shared_bytes: shared_bytes(s.head_dim) as u32,
+            block: (tiles.threads(), 1, 1),
+            shared_bytes: self.flash_smem[tiles.slot(idx)],
         };
         let args = FlashPrefillArgs {
             qkv: qkv.ptr(),
@@ -149,19 +269,21 @@ impl Kernels {
             context_lens: context_lens.ptr(),
             block_tables: block_tables.ptr(),
             out: out.ptr(),
-            max_blocks: u32_of(K, "max_blocks", p.max_blocks)?,
-            num_heads: u32_of(K, "num_heads", s.num_heads)?,
-            num_kv_heads: u32_of(K, "num_kv_heads", s.num_kv_heads)?,
-            block_size: u32_of(K, "block_size", p.block_size)?,
+            max_blocks: u32_of(kname, "max_blocks", p.max_blocks)?,
+            num_heads: u32_of(kname, "num_heads", s.num_heads)?,
+            num_kv_heads: u32_of(kname, "num_kv_heads", s.num_kv_heads)?,
+            block_size: u32_of(kname, "block_size", p.block_size)?,
             tok_per_tile: tok_per_tile as u32,
             scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
+            min_len: *seg_lens.start(),
+            max_len: *seg_lens.end(),
         };
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; `args` mirrors the kernel's
         // `FlashPrefillArgs` (layout asserted on both sides).
         unsafe {
             self.gpu
-                .launch_struct(&self.flash_prefill[idx], cfg, &args)?
+                .launch_struct(&self.flash_prefill[tiles.slot(idx)], cfg, &args)?
         };
         Ok(())
     }

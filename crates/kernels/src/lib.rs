@@ -157,8 +157,11 @@ pub struct Kernels {
     /// `[head dim index][group cap index]`: `decode_attention_d{D}_g{G}` for
     /// each `D` of [`HEAD_DIMS`] and `G` of `decode_attention::GROUP_CAPS`.
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
-    /// `flash_prefill_d64`, `flash_prefill_d128` (see `flash_prefill`).
-    pub(crate) flash_prefill: [Function; 2],
+    /// `flash_prefill_d64`, `flash_prefill_d128`, `flash_narrow_d64`,
+    /// `flash_narrow_d128` (see `flash_prefill::FlashTiles`).
+    pub(crate) flash_prefill: [Function; 4],
+    /// Dynamic shared memory of each `flash_prefill` entry.
+    pub(crate) flash_smem: [u32; 4],
     /// `[variant][row tile]` (see `gemv::VARIANTS`).
     pub(crate) gemv: [[Function; 5]; 6],
     pub(crate) sample_partials: Function,
@@ -185,6 +188,7 @@ impl Kernels {
             };
             Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
         };
+        let flash = flash_prefill::load_functions(&module)?;
         Ok(Kernels {
             gpu: gpu.clone(),
             embedding_gather: f("embedding_gather")?,
@@ -194,7 +198,8 @@ impl Kernels {
             silu_mul: f("silu_mul")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             decode: decode_kernels(&module)?,
-            flash_prefill: flash_prefill::load_functions(&module)?,
+            flash_prefill: flash.0,
+            flash_smem: flash.1,
             gemv: [
                 tiles(0)?,
                 tiles(1)?,

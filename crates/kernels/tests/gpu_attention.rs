@@ -9,9 +9,10 @@ mod flash_prefill;
 
 use common::*;
 use half::bf16;
-use kernels::DecodePlan;
 use kernels::decode_attention::DecodeParams;
+use kernels::flash_prefill::FlashTiles;
 use kernels::prefill_attention::PrefillParams;
+use kernels::{DecodePlan, HeadShape};
 use ops::PagedSeqs;
 use ops::attention::positions_of;
 use rand::rngs::StdRng;
@@ -24,7 +25,14 @@ fn rope_kv_write_matches_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(4);
     let max_pos = 4096;
-    for (shape, tokens) in SHAPES.iter().zip([5usize, 1030, 1300, 7, 300]) {
+    // head dim 6: odd D / 2, the kernel's one-pair-per-thread path
+    let odd = HeadShape {
+        num_heads: 3,
+        num_kv_heads: 1,
+        head_dim: 6,
+    };
+    let shapes = SHAPES.iter().chain(std::iter::once(&odd));
+    for (shape, tokens) in shapes.zip([5usize, 1030, 1300, 7, 300, 9]) {
         let d = shape.head_dim;
         let rope = rope(max_pos, d);
         let (cos, sin) = (rope.cos(), rope.sin());
@@ -366,7 +374,13 @@ fn decode_attention_timing() {
     let shape = SHAPES[2];
     let block_size = 16;
     let target = 2 * gpu.sm_count().unwrap();
-    for (n, ctx) in [(1usize, 200usize), (1, 2000), (64, 500)] {
+    for (n, ctx) in [
+        (1usize, 200usize),
+        (1, 2000),
+        (64, 500),
+        (256, 640),
+        (128, 1000),
+    ] {
         let seqs: Vec<(usize, usize)> = (0..n).map(|_| (1, ctx)).collect();
         let b = paged_batch(&mut rng, &seqs, block_size);
         let slots = b.num_blocks * block_size;
@@ -433,6 +447,52 @@ fn decode_attention_timing() {
         println!(
             "decode attention S={n} ctx={ctx} splits={}: {us:.1} us/call (incl. combine), {:.0} GB/s of K+V",
             plan.splits(shape, n),
+            kv_mb * 1e3 / us
+        );
+        if n < 32 {
+            continue;
+        }
+        // the same step through the narrow tensor-core flash kernel
+        let cu: Vec<u32> = (0..=n as u32).collect();
+        let d_cu = gpu.upload(&cu).unwrap();
+        let fp = PrefillParams {
+            shape,
+            tokens: n,
+            num_seqs: n,
+            max_seqlen: 1,
+            max_blocks: b.max_blocks,
+            block_size,
+        };
+        let graph = gpu::Graph::capture(&gpu, || {
+            for _ in 0..per {
+                // SAFETY: as above; cu_seqlens 0..=n, one token per sequence.
+                unsafe {
+                    k.flash(
+                        FlashTiles::Narrow,
+                        1..=u32::MAX,
+                        d_qkv.view(),
+                        d_kc.view(),
+                        d_vc.view(),
+                        d_cu.view(),
+                        d_ctx.view(),
+                        d_tab.view(),
+                        out.view(),
+                        fp,
+                    )
+                }
+                .unwrap();
+            }
+            Ok(())
+        })
+        .unwrap();
+        graph.launch(&gpu).unwrap();
+        t.start().unwrap();
+        for _ in 0..reps {
+            graph.launch(&gpu).unwrap();
+        }
+        let us = t.stop_ms().unwrap() as f64 * 1000.0 / (reps * per) as f64;
+        println!(
+            "flash_narrow S={n} ctx={ctx}: {us:.1} us/call, {:.0} GB/s of K+V",
             kv_mb * 1e3 / us
         );
     }

@@ -135,6 +135,19 @@ fn silu_mul_matches_reference() {
         );
         assert!(e < 5e-3, "silu T={tokens}: rel err {e}");
     }
+    // a view one element in: not 16-byte aligned, the element-wise path
+    let (tokens, inter) = (7, 1024);
+    let gu = rand_bf16(&mut rng, tokens * 2 * inter + 1, 4.0);
+    let d_gu = gpu.upload(&gu).unwrap();
+    let out = gpu.alloc::<bf16>(tokens * inter + 1).unwrap();
+    let (src, dst) = (
+        d_gu.view().sub(1, tokens * 2 * inter).unwrap(),
+        out.view().sub(1, tokens * inter).unwrap(),
+    );
+    k.silu_mul(dst, src, tokens, inter).unwrap();
+    let got = f32s(&gpu.to_host(out.view()).unwrap()[1..]);
+    let e = rel_err(&got, &silu_mul_ref(&gu[1..], inter));
+    assert!(e < 5e-3, "silu unaligned: rel err {e}");
 }
 
 #[test]

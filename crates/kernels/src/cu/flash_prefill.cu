@@ -2,23 +2,32 @@
 // causal, packed variable-length sequences, GQA, every key and value read
 // from the paged cache (the chunk's own K/V were written there first).
 //
-// Grid (ceil(max_seqlen / tok_per_tile), S, n_kv), FP_THREADS threads
-// (FP_WARPS warps). A CTA serves tok_per_tile query tokens x the G = n_heads /
-// n_kv query heads of one KV head, packed into FP_BM = 16 * FP_WARPS rows
-// (row r = token r / G, head r % G), so each K/V tile load serves all G heads;
-// warp w owns rows 16w..16w+15. Query i of sequence s sits at position
-// context_len - seqlen + i and attends to positions 0..=that.
-// Per 64-key tile (FP_BN): K and V are gathered through the block table with
+// Grid (n_kv, S, ceil(max_seqlen / tok_per_tile)). A CTA serves tok_per_tile
+// query tokens x the G = n_heads / n_kv query heads of one KV head, packed
+// into BM = 16 * MT * WARPS rows (row r = token r / G, head r % G), so each
+// K/V tile load serves all G heads; warp w owns MT m16 tiles (rows 16 MT w ..
+// 16 MT (w + 1) - 1), so every K/V fragment it reads from shared memory feeds
+// MT MMAs. Two tilings: flash_prefill_dD (FP_*: 4 warps x 2 m16 tiles = 128
+// rows, prefill) and flash_narrow_dD (FN_*: one warp, 16 rows, decode rows:
+// one token x G heads a sequence, without 112 rows of padding). A CTA whose
+// sequence's query length lies outside [min_len, max_len] exits (a mixed
+// step sends its one-token segments to the narrow launch).
+// Query i of sequence s sits at position context_len - seqlen + i and
+// attends to positions 0..=that.
+// Per 64-key tile (BN): K and V are gathered through the block table with
 // 16-byte cp.async copies into XOR-swizzled shared memory (double-buffered:
 // tile n+1 loads while tile n computes), S = Q Kᵀ and O += P V run on
 // mma.sync m16n8k16 bf16 (f32 accumulate) with ldmatrix operands (.trans for
-// V), the online softmax stays in registers (exp2, scale folded in), the
-// causal mask is applied only on tiles that reach past the CTA's first query
-// position, and tiles past its last one are never loaded. Keys past the end
-// are zero-filled, padding rows (past the sequence, or past tok_per_tile * G)
-// are computed on zero queries and never stored. Tiles are visited heaviest
-// first (blockIdx.x reversed). Deterministic: no atomics, fixed order.
-// Shared memory: (FP_BM + 4 FP_BN) * D bf16 (48 KiB at D = 64, 96 at 128).
+// V), the online softmax stays in registers (max over raw scores, then
+// p = 2^(s * scale - m) in one FFMA and ex2.approx.ftz), the causal mask is
+// applied only on tiles that reach past the CTA's first query position, and
+// tiles past its last one are never loaded. Keys past the end are
+// zero-filled, padding rows (past the sequence, or past tok_per_tile * G)
+// are computed on zero queries and never stored. Query tiles are the grid's
+// slowest dimension, reversed, so the heaviest (last) tiles of every sequence
+// and KV head start first and the light ones fill the tail. Deterministic: no
+// atomics, fixed order.
+// Shared memory: (BM + 4 BN) * D bf16 (48 KiB wide / 34 KiB narrow at D = 64).
 #include <stddef.h>
 
 #include "common.cuh"
@@ -35,10 +44,12 @@ struct FlashPrefillArgs {
     uint32_t num_heads;
     uint32_t num_kv_heads;
     uint32_t block_size;
-    uint32_t tok_per_tile;  // query tokens per CTA; tok_per_tile * G <= FP_BM
+    uint32_t tok_per_tile;  // query tokens per CTA; tok_per_tile * G <= rows of a CTA
     float scale_log2;       // log2(e) / sqrt(D)
+    uint32_t min_len;       // sequences with fewer query tokens are left to another launch
+    uint32_t max_len;       // ... and those with more
 };
-static_assert(sizeof(FlashPrefillArgs) == 80, "FlashPrefillArgs layout");
+static_assert(sizeof(FlashPrefillArgs) == 88, "FlashPrefillArgs layout");
 static_assert(offsetof(FlashPrefillArgs, qkv) == 0, "qkv");
 static_assert(offsetof(FlashPrefillArgs, k_cache) == 8, "k_cache");
 static_assert(offsetof(FlashPrefillArgs, v_cache) == 16, "v_cache");
@@ -52,11 +63,23 @@ static_assert(offsetof(FlashPrefillArgs, num_kv_heads) == 64, "num_kv_heads");
 static_assert(offsetof(FlashPrefillArgs, block_size) == 68, "block_size");
 static_assert(offsetof(FlashPrefillArgs, tok_per_tile) == 72, "tok_per_tile");
 static_assert(offsetof(FlashPrefillArgs, scale_log2) == 76, "scale_log2");
+static_assert(offsetof(FlashPrefillArgs, min_len) == 80, "min_len");
+static_assert(offsetof(FlashPrefillArgs, max_len) == 84, "max_len");
 
-#define FP_WARPS 8
+// Wide tiling (measured on the H200, 4,096-token causal prompt, D = 64: 4
+// warps x 2 m16 tiles 224 TFLOP/s; 8 warps x 1: 199; 4 x 2 with 32-key
+// tiles: 184).
+#define FP_WARPS 4
+#define FP_MT 2
 #define FP_THREADS (32 * FP_WARPS)
-#define FP_BM (16 * FP_WARPS)
+#define FP_BM (16 * FP_MT * FP_WARPS)
 #define FP_BN 64
+// Narrow tiling: one warp, one m16 tile, for decode rows at large batch
+// (256 sequences x 640 keys: 95 us against the split-KV decode kernel's 154;
+// 32-key tiles with 4 stages or 64 with 3 were not faster in `lamina bench`).
+#define FN_THREADS 32
+#define FN_BM 16
+#define FN_BN 64
 
 extern __shared__ uint4 fp_smem[];
 
@@ -87,6 +110,13 @@ __device__ __forceinline__ void fp_mma(float (&c)[4], const uint32_t (&a)[4], ui
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// 2^x on the MUFU unit, denormal results flushed to zero (exp2f would add a
+// range check and two multiplies per call); 2^-inf = 0.
+__device__ __forceinline__ float fp_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 __device__ __forceinline__ uint32_t fp_pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -99,44 +129,53 @@ __device__ __forceinline__ uint32_t fp_swz(uint32_t r, uint32_t c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
-template <int D>
+template <int D, int WARPS, int MT, int BN>
 __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
+    constexpr int BM = 16 * MT * WARPS, THREADS = 32 * WARPS;
     static_assert(D % 16 == 0 && D >= 64, "head dim: multiple of 16, at least 64 (8 chunks for the swizzle)");
     constexpr int CH = D / 8;  // 16-byte chunks per row
-    bf16* Qs = reinterpret_cast<bf16*>(fp_smem);  // [FP_BM][D]
-    bf16* Ks = Qs + FP_BM * D;                    // [2][FP_BN][D]
-    bf16* Vs = Ks + 2 * FP_BN * D;                // [2][FP_BN][D]
+    bf16* Qs = reinterpret_cast<bf16*>(fp_smem);  // [BM][D]
+    bf16* Ks = Qs + BM * D;                    // [2][BN][D]
+    bf16* Vs = Ks + 2 * BN * D;                // [2][BN][D]
 
     const uint32_t G = a.num_heads / a.num_kv_heads;
-    const uint32_t s = blockIdx.y, kvh = blockIdx.z;
+    const uint32_t kvh = blockIdx.x, s = blockIdx.y;
     const uint32_t seq0 = a.cu_seqlens[s], len = a.cu_seqlens[s + 1] - seq0;
-    const uint32_t tok0 = (gridDim.x - 1 - blockIdx.x) * a.tok_per_tile;
-    if (tok0 >= len) return;  // uniform over the CTA
+    const uint32_t tok0 = (gridDim.z - 1 - blockIdx.z) * a.tok_per_tile;
+    if (tok0 >= len || len < a.min_len || len > a.max_len) return;  // uniform over the CTA
     const uint32_t first_pos = a.context_lens[s] - len;
     const uint32_t ntok = min(a.tok_per_tile, len - tok0);
     const uint32_t rows = ntok * G;
     const uint32_t min_pos = first_pos + tok0;  // first query's position
     const uint32_t kend = min_pos + ntok;       // keys 0..kend are needed
-    const uint32_t ntiles = (kend + FP_BN - 1) / FP_BN;
+    const uint32_t ntiles = (kend + BN - 1) / BN;
     const size_t row_stride = (size_t)(a.num_heads + 2 * a.num_kv_heads) * D;
     const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
 
-    for (uint32_t i = tid; i < FP_BM * CH; i += FP_THREADS) {
+    for (uint32_t i = tid; i < BM * CH; i += THREADS) {
         const uint32_t r = i / CH, c = i % CH;
         const bool valid = r < rows;
         const uint32_t t = valid ? r / G : 0, g = valid ? r % G : 0;
         const bf16* src = a.qkv + (size_t)(seq0 + tok0 + t) * row_stride + (size_t)(kvh * G + g) * D + c * 8;
         fp_cp16(fp_saddr(Qs + fp_swz<D>(r, c)), src, valid);
     }
+    // Block sizes that are powers of two (all in practice) index by shift and mask.
+    const uint32_t bs = a.block_size;
+    const bool pow2 = (bs & (bs - 1)) == 0;
+    const uint32_t bshift = __ffs(bs) - 1;
     auto load_kv = [&](uint32_t kt, uint32_t buf) {
-        bf16* kd = Ks + buf * FP_BN * D;
-        bf16* vd = Vs + buf * FP_BN * D;
-        for (uint32_t i = tid; i < FP_BN * CH; i += FP_THREADS) {
-            const uint32_t j = i / CH, c = i % CH, pos = kt + j;
+        bf16* kd = Ks + buf * BN * D;
+        bf16* vd = Vs + buf * BN * D;
+        static_assert((BN * CH) % THREADS == 0 && THREADS % CH == 0, "whole K/V tile rows per pass");
+#pragma unroll 4
+        for (int it = 0; it < BN * CH / THREADS; it++) {
+            // this thread's chunk c of key rows tid / CH + it * THREADS / CH
+            const uint32_t j = tid / CH + it * (THREADS / CH), c = tid % CH, pos = kt + j;
             const bool valid = pos < kend;
-            const size_t off =
-                valid ? (kv_slot(table, pos, a.block_size) * a.num_kv_heads + kvh) * D + c * 8 : 0;
+            const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
+            const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
+            const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
             fp_cp16(fp_saddr(kd + fp_swz<D>(j, c)), a.k_cache + off, valid);
             fp_cp16(fp_saddr(vd + fp_swz<D>(j, c)), a.v_cache + off, valid);
         }
@@ -144,122 +183,171 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     load_kv(0, 0);
     fp_commit();
 
-    // This thread's two rows (fragment rows lane / 4 and lane / 4 + 8) and
-    // their positions; padding rows take the last valid row's position.
-    uint32_t qpos[2];
+    // This thread's fragment rows (lane / 4 and lane / 4 + 8 of each of its
+    // m16 tiles) and their positions; padding rows take the last valid row's.
+    const uint32_t wrow = warp * 16 * MT;
+    uint32_t qpos[MT][2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const uint32_t r = min(warp * 16 + lane / 4 + 8 * i, rows - 1);
-        qpos[i] = min_pos + r / G;
-    }
-    float o[D / 8][4];
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    uint32_t qf[D / 16][4];
+        for (int i = 0; i < 2; i++) {
+            const uint32_t r = min(wrow + mt * 16 + lane / 4 + 8 * i, rows - 1);
+            qpos[mt][i] = min_pos + r / G;
+        }
+    float o[MT][D / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
+    // Q fragments stay in registers up to D * MT = 128; beyond (D = 128 with
+    // two m16 tiles) they would not fit beside o and the scores (spills), so
+    // they are re-read from shared memory per tile there (+25% smem reads).
+    constexpr bool QREG = D * MT <= 128;
+    uint32_t qf[MT][QREG ? D / 16 : 1][4];
 
     for (uint32_t n = 0; n < ntiles; n++) {
         fp_wait_all();
         __syncthreads();  // tile n (and Q) visible; every warp is done with tile n - 1
-        if (n == 0) {
+        if (QREG && n == 0) {
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++)
-                fp_ldsm(qf[kk], fp_saddr(Qs + fp_swz<D>(warp * 16 + lane % 16, kk * 2 + lane / 16)));
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++)
+                    fp_ldsm(qf[mt][QREG ? kk : 0], fp_saddr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
         }
-        if (n + 1 < ntiles) load_kv((n + 1) * FP_BN, (n + 1) & 1);
+        if (n + 1 < ntiles) load_kv((n + 1) * BN, (n + 1) & 1);
         fp_commit();
-        const bf16* K = Ks + (n & 1) * FP_BN * D;
-        const bf16* V = Vs + (n & 1) * FP_BN * D;
+        const bf16* K = Ks + (n & 1) * BN * D;
+        const bf16* V = Vs + (n & 1) * BN * D;
 
-        float sc[FP_BN / 8][4];
+        float sc[MT][BN / 8][4];
 #pragma unroll
-        for (int j = 0; j < FP_BN / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
+            if (!QREG) {
 #pragma unroll
-            for (int nb = 0; nb < FP_BN / 16; nb++) {
+                for (int mt = 0; mt < MT; mt++)
+                    fp_ldsm(qf[mt][0], fp_saddr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
+            }
+#pragma unroll
+            for (int nb = 0; nb < BN / 16; nb++) {
                 uint32_t b[4];
                 fp_ldsm(b, fp_saddr(K + fp_swz<D>(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2)));
-                fp_mma(sc[2 * nb], qf[kk], b[0], b[1]);
-                fp_mma(sc[2 * nb + 1], qf[kk], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    fp_mma(sc[mt][2 * nb], qf[mt][QREG ? kk : 0], b[0], b[1]);
+                    fp_mma(sc[mt][2 * nb + 1], qf[mt][QREG ? kk : 0], b[2], b[3]);
+                }
             }
         }
 
-        const uint32_t kt = n * FP_BN;
-        const bool masked = kt + FP_BN - 1 > min_pos;
-        float mx[2] = {m[0], m[1]};
+        const uint32_t kt = n * BN;
+        // Only tiles reaching past the CTA's first query position need the mask.
+        if (kt + BN - 1 > min_pos) {
 #pragma unroll
-        for (int j = 0; j < FP_BN / 8; j++) {
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = sc[j][e] * a.scale_log2;
-                if (masked && kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[e >> 1]) v = -INFINITY;
-                sc[j][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[mt][e >> 1]) sc[mt][j][e] = -INFINITY;
+        }
+        uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            // Max over raw scores (the scale is positive), then the running
+            // max in the log2 domain; p = 2^(s * scale - m) in one FFMA.
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][j][e]);
             }
-        }
-        float corr[2], rs[2] = {0.f, 0.f};
+            float corr[2], rs[2] = {0.f, 0.f}, neg_m[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            corr[i] = exp2f(m[i] - mx[i]);  // 0 on the first tile (m = -inf, mx finite: key 0 is never masked)
-            m[i] = mx[i];
-        }
-#pragma unroll
-        for (int j = 0; j < FP_BN / 8; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(sc[j][e] - m[e >> 1]);
-                sc[j][e] = p;
-                rs[e >> 1] += p;
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                const float mn = fmaxf(m[mt][i], mx[i] * a.scale_log2);
+                corr[i] = fp_exp2(m[mt][i] - mn);  // 0 on the first tile (m = -inf, mn finite: key 0 is never masked)
+                m[mt][i] = mn;
+                neg_m[i] = -mn;
             }
-        }
 #pragma unroll
-        for (int i = 0; i < 2; i++) l[i] = l[i] * corr[i] + rs[i];
+            for (int j = 0; j < BN / 8; j++) {
 #pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            o[j][2] *= corr[1];
-            o[j][3] *= corr[1];
+                for (int e = 0; e < 4; e++) {
+                    const float p = fp_exp2(fmaf(sc[mt][j][e], a.scale_log2, neg_m[e >> 1]));
+                    sc[mt][j][e] = p;
+                    rs[e >> 1] += p;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) l[mt][i] = l[mt][i] * corr[i] + rs[i];
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) {
+                o[mt][j][0] *= corr[0];
+                o[mt][j][1] *= corr[0];
+                o[mt][j][2] *= corr[1];
+                o[mt][j][3] *= corr[1];
+            }
+#pragma unroll
+            for (int kc = 0; kc < BN / 16; kc++) {
+                pa[mt][kc][0] = fp_pack(sc[mt][2 * kc][0], sc[mt][2 * kc][1]);
+                pa[mt][kc][1] = fp_pack(sc[mt][2 * kc][2], sc[mt][2 * kc][3]);
+                pa[mt][kc][2] = fp_pack(sc[mt][2 * kc + 1][0], sc[mt][2 * kc + 1][1]);
+                pa[mt][kc][3] = fp_pack(sc[mt][2 * kc + 1][2], sc[mt][2 * kc + 1][3]);
+            }
         }
 
 #pragma unroll
-        for (int kc = 0; kc < FP_BN / 16; kc++) {
-            const uint32_t pa[4] = {fp_pack(sc[2 * kc][0], sc[2 * kc][1]), fp_pack(sc[2 * kc][2], sc[2 * kc][3]),
-                                    fp_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                                    fp_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+        for (int kc = 0; kc < BN / 16; kc++) {
 #pragma unroll
             for (int db = 0; db < D / 16; db++) {
                 uint32_t b[4];
                 fp_ldsm_t(b, fp_saddr(V + fp_swz<D>(kc * 16 + ((lane / 8) % 2) * 8 + lane % 8, db * 2 + lane / 16)));
-                fp_mma(o[2 * db], pa, b[0], b[1]);
-                fp_mma(o[2 * db + 1], pa, b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    fp_mma(o[mt][2 * db], pa[mt][kc], b[0], b[1]);
+                    fp_mma(o[mt][2 * db + 1], pa[mt][kc], b[2], b[3]);
+                }
             }
         }
     }
     fp_wait_all();
 
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        const uint32_t r = warp * 16 + lane / 4 + 8 * i;
-        if (r >= rows) continue;
-        const float inv = 1.f / l[i];
-        const uint32_t t = r / G, g = r % G;
-        bf16* dst = a.out + (size_t)(seq0 + tok0 + t) * a.num_heads * D + (size_t)(kvh * G + g) * D + (lane % 4) * 2;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<__nv_bfloat162*>(dst + j * 8) =
-                __floats2bfloat162_rn(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-    }
+        for (int i = 0; i < 2; i++) {
+            float li = l[mt][i];
+            li += __shfl_xor_sync(0xffffffffu, li, 1);
+            li += __shfl_xor_sync(0xffffffffu, li, 2);
+            const uint32_t r = wrow + mt * 16 + lane / 4 + 8 * i;
+            if (r >= rows) continue;
+            const float inv = 1.f / li;
+            const uint32_t t = r / G, g = r % G;
+            bf16* dst =
+                a.out + (size_t)(seq0 + tok0 + t) * a.num_heads * D + (size_t)(kvh * G + g) * D + (lane % 4) * 2;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+                *reinterpret_cast<__nv_bfloat162*>(dst + j * 8) =
+                    __floats2bfloat162_rn(o[mt][j][2 * i] * inv, o[mt][j][2 * i + 1] * inv);
+        }
 }
 
-#define FLASH_PREFILL(D)                                                                       \
-    extern "C" __global__ void __launch_bounds__(FP_THREADS) flash_prefill_d##D(const FlashPrefillArgs a) { \
-        flash_prefill_impl<D>(a);                                                              \
+#define FLASH_PREFILL(D)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(FP_THREADS) flash_prefill_d##D(const FlashPrefillArgs a) {  \
+        flash_prefill_impl<D, FP_WARPS, FP_MT, FP_BN>(a);                                                   \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_d##D(const FlashPrefillArgs a) {   \
+        flash_prefill_impl<D, 1, 1, FN_BN>(a);                                                              \
     }
 FLASH_PREFILL(64)
 FLASH_PREFILL(128)

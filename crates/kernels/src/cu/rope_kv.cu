@@ -7,6 +7,8 @@
 //   cache layout [slots, n_kv, D] bf16, slot = block * block_size + offset.
 //   cos/sin tables [max_pos, D/2] f32 (LlamaConfig::rope_table), shared with decode.
 //   positions >= max_pos are rejected on the host; the kernel skips them.
+// Even D / 2: two rotation pairs per thread (bf16x2, float2); V rows copied
+// 16 bytes at a time when aligned.
 // Takes its one argument struct (lamina_args.cuh, from src/abi.rs); block
 // LAMINA_ROPE_THREADS.
 #include "common.cuh"
@@ -29,23 +31,41 @@ extern "C" __global__ void rope_kv_write(const RopeKvArgs a) {
     bf16* row = qkv + (size_t)t * (n_heads + 2 * n_kv) * head_dim;
     const float* c = cos_t + (size_t)pos * half;
     const float* s = sin_t + (size_t)pos * half;
-    uint32_t pairs = (n_heads + n_kv) * half;
-    for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
-        uint32_t h = i / half, j = i % half;
-        bf16* b = row + (size_t)h * head_dim;
-        float x1 = bf2f(b[j]), x2 = bf2f(b[j + half]);
-        float o1 = x1 * c[j] - x2 * s[j];
-        float o2 = x2 * c[j] + x1 * s[j];
-        if (h < n_heads) {
-            b[j] = f2bf(o1);
-            b[j + half] = f2bf(o2);
-        } else {
-            bf16* kc = k_cache + (slot * n_kv + (h - n_heads)) * head_dim;
-            kc[j] = f2bf(o1);
-            kc[j + half] = f2bf(o2);
+    if (half % 2 == 0) {
+        // two adjacent pairs (j, j + 1) per thread: bf16x2 / float2 accesses
+        const uint32_t h2 = half / 2, quads = (n_heads + n_kv) * h2;
+        for (uint32_t i = threadIdx.x; i < quads; i += blockDim.x) {
+            const uint32_t h = i / h2, j = (i - h * h2) * 2;
+            bf16* b = row + (size_t)h * head_dim;
+            const float2 x1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(b + j));
+            const float2 x2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(b + j + half));
+            const float2 cj = *reinterpret_cast<const float2*>(c + j), sj = *reinterpret_cast<const float2*>(s + j);
+            const __nv_bfloat162 o1 = __floats2bfloat162_rn(x1.x * cj.x - x2.x * sj.x, x1.y * cj.y - x2.y * sj.y);
+            const __nv_bfloat162 o2 = __floats2bfloat162_rn(x2.x * cj.x + x1.x * sj.x, x2.y * cj.y + x1.y * sj.y);
+            bf16* dst = h < n_heads ? b : k_cache + (slot * n_kv + (h - n_heads)) * head_dim;
+            *reinterpret_cast<__nv_bfloat162*>(dst + j) = o1;
+            *reinterpret_cast<__nv_bfloat162*>(dst + j + half) = o2;
+        }
+    } else {
+        const uint32_t pairs = (n_heads + n_kv) * half;
+        for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+            const uint32_t h = i / half, j = i % half;
+            bf16* b = row + (size_t)h * head_dim;
+            const float x1 = bf2f(b[j]), x2 = bf2f(b[j + half]);
+            const float o1 = x1 * c[j] - x2 * s[j];
+            const float o2 = x2 * c[j] + x1 * s[j];
+            bf16* dst = h < n_heads ? b : k_cache + (slot * n_kv + (h - n_heads)) * head_dim;
+            dst[j] = f2bf(o1);
+            dst[j + half] = f2bf(o2);
         }
     }
     const bf16* v = row + (size_t)(n_heads + n_kv) * head_dim;
     bf16* vc = v_cache + slot * n_kv * head_dim;
-    for (uint32_t i = threadIdx.x; i < n_kv * head_dim; i += blockDim.x) vc[i] = v[i];
+    const uint32_t nv = n_kv * head_dim;
+    if (nv % 8 == 0 && ((uintptr_t)v % 16) == 0 && ((uintptr_t)vc % 16) == 0) {
+        for (uint32_t i = threadIdx.x; i < nv / 8; i += blockDim.x)
+            reinterpret_cast<uint4*>(vc)[i] = reinterpret_cast<const uint4*>(v)[i];
+    } else {
+        for (uint32_t i = threadIdx.x; i < nv; i += blockDim.x) vc[i] = v[i];
+    }
 }

@@ -8,6 +8,7 @@ use super::{PagedBatch, paged_batch};
 use crate::common::*;
 use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
+use kernels::flash_prefill::FlashTiles;
 use kernels::prefill_attention::PrefillParams;
 use kernels::{HeadShape, Kernels};
 use ops::PagedSeqs;
@@ -53,15 +54,15 @@ impl Case {
         }
     }
 
-    /// Runs the flash kernel (or the old one when `old`) and returns `[T, heads * D]`.
-    fn run(&self, gpu: &Gpu, k: &Kernels, old: bool) -> Vec<f32> {
+    /// Runs the flash kernel with `tiles` (the old one when `None`) and returns `[T, heads * D]`.
+    fn run(&self, gpu: &Gpu, k: &Kernels, tiles: Option<FlashTiles>) -> Vec<f32> {
         let p = self.params();
         let dev = Dev::new(gpu, self);
         let out = gpu
             .alloc::<bf16>(p.tokens * self.shape.num_heads * self.shape.head_dim)
             .unwrap();
         gpu.fill_bytes(out.view(), POISON).unwrap();
-        dev.launch(k, &out, p, old);
+        dev.launch(k, &out, p, tiles);
         f32s(&gpu.to_host(out.view()).unwrap())
     }
 
@@ -116,15 +117,20 @@ impl Dev {
         }
     }
 
-    fn launch(&self, k: &Kernels, out: &DeviceBuffer<bf16>, p: PrefillParams, old: bool) {
+    fn launch(
+        &self,
+        k: &Kernels,
+        out: &DeviceBuffer<bf16>,
+        p: PrefillParams,
+        tiles: Option<FlashTiles>,
+    ) {
         let (q, kc, vc) = (self.qkv.view(), self.kc.view(), self.vc.view());
         let (cu, ctx, tab) = (self.cu.view(), self.ctx.view(), self.tab.view());
         // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
         let r = unsafe {
-            if old {
-                k.prefill_attention(q, kc, vc, cu, ctx, tab, out.view(), p)
-            } else {
-                k.flash_prefill(q, kc, vc, cu, ctx, tab, out.view(), p)
+            match tiles {
+                None => k.prefill_attention(q, kc, vc, cu, ctx, tab, out.view(), p),
+                Some(t) => k.flash(t, 1..=u32::MAX, q, kc, vc, cu, ctx, tab, out.view(), p),
             }
         };
         r.unwrap();
@@ -216,8 +222,68 @@ fn flash_prefill_matches_reference() {
         for seqs in cases {
             let c = Case::new(&mut rng, shape, seqs);
             assert!(k.flash_prefill_supports(&c.params()));
-            check(&c, &c.run(&gpu, &k, false), "flash");
+            check(&c, &c.run(&gpu, &k, Some(FlashTiles::Wide)), "flash");
         }
+    }
+}
+
+/// The narrow tiling (one warp, 16 rows: decode steps at large batch) on
+/// decode-shaped batches (one token per sequence, odd contexts) and on
+/// multi-token segments, which it serves too.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_narrow_matches_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(14);
+    let decode: Vec<(usize, usize)> = [1usize, 2, 15, 16, 17, 63, 64, 65, 300, 1001, 2047]
+        .iter()
+        .map(|&c| (1, c))
+        .collect();
+    let cases: [&[(usize, usize)]; 2] = [&decode, &[(7, 7), (33, 1200), (1, 17), (5, 40)]];
+    for shape in FLASH_SHAPES {
+        for seqs in cases {
+            let c = Case::new(&mut rng, shape, seqs);
+            assert!(k.flash_supports(FlashTiles::Narrow, &c.params()));
+            check(
+                &c,
+                &c.run(&gpu, &k, Some(FlashTiles::Narrow)),
+                "flash narrow",
+            );
+        }
+    }
+    // a mixed step: one-token segments on the narrow tiling, the rest on the
+    // wide one, two launches into one output; each leaves the other's rows alone
+    let mixed: &[(usize, usize)] = &[(1, 300), (40, 40), (1, 17), (129, 1000), (1, 1), (2, 65)];
+    for shape in FLASH_SHAPES {
+        let c = Case::new(&mut rng, shape, mixed);
+        let p = c.params();
+        let dev = Dev::new(&gpu, &c);
+        let out = gpu
+            .alloc::<bf16>(p.tokens * shape.num_heads * shape.head_dim)
+            .unwrap();
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        let (q, kc, vc) = (dev.qkv.view(), dev.kc.view(), dev.vc.view());
+        let (cu, ctx, tab) = (dev.cu.view(), dev.ctx.view(), dev.tab.view());
+        let o = out.view();
+        // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
+        unsafe {
+            k.flash(
+                FlashTiles::Wide,
+                2..=u32::MAX,
+                q,
+                kc,
+                vc,
+                cu,
+                ctx,
+                tab,
+                o,
+                p,
+            )
+            .unwrap();
+            k.flash(FlashTiles::Narrow, 1..=1, q, kc, vc, cu, ctx, tab, o, p)
+                .unwrap();
+        }
+        check(&c, &f32s(&gpu.to_host(out.view()).unwrap()), "flash mixed");
     }
 }
 
@@ -230,7 +296,7 @@ fn flash_prefill_chunk_matches_whole_prompt() {
     for shape in FLASH_SHAPES {
         let n = 777;
         let whole = Case::new(&mut rng, shape, &[(n, n)]);
-        let full = whole.run(&gpu, &k, false);
+        let full = whole.run(&gpu, &k, Some(FlashTiles::Wide));
         let qw = shape.num_heads * shape.head_dim;
         for chunk in [1usize, 63, 200, n] {
             // Same caches and block table, q of the last `chunk` tokens only.
@@ -250,7 +316,7 @@ fn flash_prefill_chunk_matches_whole_prompt() {
             };
             let w = shape.qkv_width();
             c.qkv = whole.qkv[(n - chunk) * w..].to_vec();
-            let got = c.run(&gpu, &k, false);
+            let got = c.run(&gpu, &k, Some(FlashTiles::Wide));
             let want = &full[(n - chunk) * qw..];
             let a = max_abs(&got, want);
             assert!(a < 1e-2, "{shape:?} chunk {chunk} of {n}: max abs diff {a}");
@@ -260,14 +326,18 @@ fn flash_prefill_chunk_matches_whole_prompt() {
 }
 
 /// Prints the flash kernel's speed (and the old kernel's) on one 4,096-token
-/// causal prompt; FLOPs counted as 4 T² D heads / 2.
+/// causal prompt, and the flash kernel's on 2,048 tokens; FLOPs counted as
+/// 4 T² D heads / 2.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn flash_prefill_timing_4096() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(13);
-    let t = 4096;
-    for shape in [FLASH_SHAPES[0], FLASH_SHAPES[2]] {
+    for (shape, t) in [
+        (FLASH_SHAPES[0], 4096),
+        (FLASH_SHAPES[2], 4096),
+        (FLASH_SHAPES[0], 2048),
+    ] {
         let c = Case::new(&mut rng, shape, &[(t, t)]);
         let p = c.params();
         let dev = Dev::new(&gpu, &c);
@@ -275,13 +345,15 @@ fn flash_prefill_timing_4096() {
             .alloc::<bf16>(t * shape.num_heads * shape.head_dim)
             .unwrap();
         let flops = 4.0 * (t as f64).powi(2) * (shape.head_dim * shape.num_heads) as f64 / 2.0;
-        for old in [false, true] {
+        let kernels: &[bool] = if t == 4096 { &[false, true] } else { &[false] };
+        for &old in kernels {
             let iters = if old { 3 } else { 20 };
-            dev.launch(&k, &out, p, old);
+            let tiles = (!old).then_some(FlashTiles::Wide);
+            dev.launch(&k, &out, p, tiles);
             let timer = gpu.timer().unwrap();
             timer.start().unwrap();
             for _ in 0..iters {
-                dev.launch(&k, &out, p, old);
+                dev.launch(&k, &out, p, tiles);
             }
             let us = timer.stop_ms().unwrap() as f64 * 1e3 / iters as f64;
             let name = if old {

@@ -22,6 +22,7 @@
 use gpu::{DevSlice, DeviceBuffer, GemmDims, Gpu, PinnedBuffer};
 use half::bf16;
 use kernels::decode_attention::DecodeParams;
+use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvOp, RopeKv};
 use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::{SampleOutputs, SampleScratch};
@@ -141,8 +142,9 @@ impl Workspace {
 pub(super) enum Attn {
     /// One token per sequence: the split-KV decode kernel.
     Decode,
-    /// Anything else: the flash prefill kernel; the longest segment.
-    Prefill { max_seqlen: usize },
+    /// Anything else: the flash prefill kernel; the longest segment and the
+    /// number of one-token segments (decode rows of a mixed step).
+    Prefill { max_seqlen: usize, singles: usize },
 }
 
 impl CudaBackend {
@@ -199,6 +201,18 @@ impl CudaBackend {
         let gemv = |op: GemvOp<'_>, w: &DeviceBuffer<bf16>, n: usize, kk: usize| {
             self.k.gemv(op, w.view(), t, n, kk).map_err(k("GEMV"))
         };
+        // Decode steps with enough sequences: attention on the narrow
+        // tensor-core flash kernel (one token per sequence, cu_seqlens 0..=S).
+        let narrow = (attn == Attn::Decode && s >= self.narrow_decode_seqs)
+            .then_some(PrefillParams {
+                shape,
+                tokens: t,
+                num_seqs: s,
+                max_seqlen: 1,
+                max_blocks: lay.max_blocks,
+                block_size: self.kv.block_size,
+            })
+            .filter(|p| self.k.flash_supports(FlashTiles::Narrow, p));
         for (l, layer) in self.w.layers.iter().enumerate() {
             let (kc, vc) = (self.cache.k[l].view(), self.cache.v[l].view());
             if small {
@@ -265,8 +279,27 @@ impl CudaBackend {
                 }
                 .map_err(k("rope/kv write"))?;
             }
-            match attn {
-                Attn::Decode => {
+            match (attn, narrow) {
+                (Attn::Decode, Some(p)) => {
+                    // SAFETY: as for decode below; cu_seqlens of a decode step are 0..=S
+                    // (one token per sequence, staged), so max_seqlen 1 bounds every segment.
+                    unsafe {
+                        self.k.flash(
+                            FlashTiles::Narrow,
+                            1..=u32::MAX,
+                            ws.qkv.view(),
+                            kc,
+                            vc,
+                            cu,
+                            ctx,
+                            tables,
+                            ws.attn.view(),
+                            p,
+                        )
+                    }
+                    .map_err(k("decode attention (narrow flash)"))?;
+                }
+                (Attn::Decode, None) => {
                     let p = DecodeParams {
                         shape,
                         plan: self.plan,
@@ -293,7 +326,13 @@ impl CudaBackend {
                     }
                     .map_err(k("decode attention"))?;
                 }
-                Attn::Prefill { max_seqlen } => {
+                (
+                    Attn::Prefill {
+                        max_seqlen,
+                        singles,
+                    },
+                    _,
+                ) => {
                     let p = PrefillParams {
                         shape,
                         tokens: t,
@@ -302,31 +341,30 @@ impl CudaBackend {
                         max_blocks: lay.max_blocks,
                         block_size: self.kv.block_size,
                     };
+                    // A mixed step with many decode rows: those on the narrow
+                    // tiling, the multi-token segments on the wide one.
+                    let split = singles >= self.narrow_decode_seqs
+                        && max_seqlen > 1
+                        && self.k.flash_prefill_supports(&p)
+                        && self.k.flash_supports(FlashTiles::Narrow, &p);
+                    let (q, out) = (ws.qkv.view(), ws.attn.view());
                     // Tensor-core kernel where it serves the head shape, the old one otherwise.
                     // SAFETY: as for decode; the batch passed StepBatch::validate.
                     unsafe {
-                        if self.k.flash_prefill_supports(&p) {
-                            self.k.flash_prefill(
-                                ws.qkv.view(),
-                                kc,
-                                vc,
-                                cu,
-                                ctx,
-                                tables,
-                                ws.attn.view(),
-                                p,
-                            )
+                        if split {
+                            let (wide, narrow) = (FlashTiles::Wide, FlashTiles::Narrow);
+                            self.k
+                                .flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
+                                .and_then(|()| {
+                                    // only one-token segments: one query tile each
+                                    let p = PrefillParams { max_seqlen: 1, ..p };
+                                    self.k
+                                        .flash(narrow, 1..=1, q, kc, vc, cu, ctx, tables, out, p)
+                                })
+                        } else if self.k.flash_prefill_supports(&p) {
+                            self.k.flash_prefill(q, kc, vc, cu, ctx, tables, out, p)
                         } else {
-                            self.k.prefill_attention(
-                                ws.qkv.view(),
-                                kc,
-                                vc,
-                                cu,
-                                ctx,
-                                tables,
-                                ws.attn.view(),
-                                p,
-                            )
+                            self.k.prefill_attention(q, kc, vc, cu, ctx, tables, out, p)
                         }
                     }
                     .map_err(k("prefill attention"))?;

@@ -83,6 +83,22 @@ fn gemv_rows(c: &LlamaConfig) -> usize {
     if fits { rows } else { 0 }
 }
 
+/// Decode steps of at least this many sequences run attention on the narrow
+/// tensor-core flash kernel instead of the split-KV decode kernel:
+/// `LAMINA_NARROW_DECODE_SEQS` (0 = never), by default from the point where
+/// the decode plan stops splitting keys (`seqs * kv_heads >= 2 * SMs`: one
+/// block per (sequence, KV head) fills the GPU).
+fn narrow_decode_seqs(num_kv_heads: usize, sms: usize) -> usize {
+    match std::env::var("LAMINA_NARROW_DECODE_SEQS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(0) => usize::MAX,
+        Some(n) => n,
+        None => (2 * sms).div_ceil(num_kv_heads.max(1)),
+    }
+}
+
 /// The CUDA backend (see the module doc).
 pub struct CudaBackend {
     config: LlamaConfig,
@@ -99,6 +115,9 @@ pub struct CudaBackend {
     /// Steps of at most this many tokens use the fused GEMV projections
     /// (see [`gemv_rows`]); the LM head for at most `min(gemv_rows, HEAD_GEMV_ROWS)` rows.
     gemv_rows: usize,
+    /// Decode steps of at least this many sequences use the narrow flash
+    /// kernel for attention (see [`narrow_decode_seqs`]).
+    narrow_decode_seqs: usize,
     ws: Workspace,
     rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
     rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
@@ -163,6 +182,7 @@ impl CudaBackend {
             graphs_enabled: std::env::var("LAMINA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
             gemv_rows: gemv_rows(&config),
+            narrow_decode_seqs: narrow_decode_seqs(config.num_kv_heads, sms),
             config,
             kv,
             device,

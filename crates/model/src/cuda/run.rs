@@ -162,13 +162,13 @@ impl CudaBackend {
         let attn = if decode {
             Attn::Decode
         } else {
-            let max_seqlen = batch
-                .cu_seqlens
-                .windows(2)
-                .map(|w| (w[1] - w[0]) as usize)
-                .max()
-                .unwrap_or(0);
-            Attn::Prefill { max_seqlen }
+            let lens = batch.cu_seqlens.windows(2).map(|w| (w[1] - w[0]) as usize);
+            let max_seqlen = lens.clone().max().unwrap_or(0);
+            let singles = lens.filter(|&n| n == 1).count();
+            Attn::Prefill {
+                max_seqlen,
+                singles,
+            }
         };
         let identity = rows.iter().enumerate().all(|(i, &r)| r as usize == i);
         self.enqueue(&lay, attn, sample, identity)
