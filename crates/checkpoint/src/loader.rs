@@ -2,9 +2,12 @@
 //! `generation_config.json` and safetensors weights.
 //!
 //! Contract: [`load_weights`] returns a [`LlamaWeights`] only after every
-//! tensor the [`LlamaConfig`] implies was found and checked for dtype and
-//! shape; a missing, misshapen, wrongly typed or truncated tensor is a
-//! [`LoadError`] naming the file and the tensor. Weights come from a single
+//! tensor the [`LlamaConfig`] implies was found and checked for dtype, shape
+//! and finite values; a missing, misshapen, wrongly typed or truncated
+//! tensor, or one holding a NaN or an infinity, is a [`LoadError`] naming the
+//! file (or directory) and the tensor. The finiteness scan is one parallel
+//! pass over the bf16 bits (about a quarter second for 1B parameters on two
+//! cores). Weights come from a single
 //! `model.safetensors` or from the shards listed in
 //! `model.safetensors.index.json`; BF16, F16 and F32 on disk are all converted
 //! to BF16. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored.
@@ -71,6 +74,16 @@ pub enum LoadError {
         tensor: String,
         end: usize,
         len: usize,
+    },
+    #[error(
+        "tensor `{tensor}` of the model in {path} holds a non-finite value ({value} at flat index {index}); \
+         the weights are damaged"
+    )]
+    NonFinite {
+        path: PathBuf,
+        tensor: String,
+        index: usize,
+        value: f32,
     },
     #[error("tensor `{tensor}` not found in {path}")]
     MissingTensor { path: PathBuf, tensor: String },
@@ -207,12 +220,22 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
             })
         })
         .collect::<Result<Vec<_>, LoadError>>()?;
-    Ok(LlamaWeights {
+    let weights = LlamaWeights {
         embed,
         layers,
         norm,
         lm_head,
-    })
+    };
+    // NaN or infinite weights give garbage silently: refuse them here
+    if let Some((t, index, value)) = weights.first_non_finite() {
+        return Err(LoadError::NonFinite {
+            path: dir.to_path_buf(),
+            tensor: t.name.clone(),
+            index,
+            value,
+        });
+    }
+    Ok(weights)
 }
 
 /// Maps the weight files of `dir`; with an index, also returns its name -> shard placement.

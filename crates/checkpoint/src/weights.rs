@@ -43,6 +43,19 @@ pub struct LayerWeights {
     pub down_proj: Tensor,  // [hidden, intermediate]
 }
 
+/// Index of the first NaN or infinity of `data`: branch-free passes over
+/// 4,096-element chunks (vectorised), a search only inside a bad chunk.
+fn first_bad(data: &[bf16]) -> Option<usize> {
+    // exponent all ones: an infinity or a NaN
+    let bad = |x: &bf16| x.to_bits() & 0x7f80 == 0x7f80;
+    const CHUNK: usize = 4096;
+    data.chunks(CHUNK).enumerate().find_map(|(c, chunk)| {
+        let any = chunk.iter().fold(false, |acc, x| acc | bad(x));
+        any.then(|| chunk.iter().position(bad).map(|i| c * CHUNK + i))
+            .flatten()
+    })
+}
+
 /// The whole model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaWeights {
@@ -57,5 +70,63 @@ impl LlamaWeights {
     /// The LM head matrix: `lm_head` or, when tied, the embedding.
     pub fn head(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Every tensor: embedding, layers in order, final norm, untied head.
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        let mut all = vec![&self.embed];
+        for l in &self.layers {
+            all.extend([
+                &l.input_norm,
+                &l.q_proj,
+                &l.k_proj,
+                &l.v_proj,
+                &l.o_proj,
+                &l.post_norm,
+                &l.gate_proj,
+                &l.up_proj,
+                &l.down_proj,
+            ]);
+        }
+        all.push(&self.norm);
+        all.extend(self.lm_head.as_ref());
+        all
+    }
+
+    /// The first non-finite element (NaN or an infinity), in [`Self::tensors`]
+    /// order: `(tensor, flat index, value)`. One pass over the bf16 bits,
+    /// spread over the machine's cores (tensors dealt out by size).
+    pub fn first_non_finite(&self) -> Option<(&Tensor, usize, f32)> {
+        let all = self.tensors();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // deal the tensors (largest first) to the least loaded worker
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(all[i].data.len()));
+        let mut work: Vec<(usize, Vec<usize>)> =
+            vec![(0, Vec::new()); threads.min(all.len()).max(1)];
+        for i in order {
+            if let Some(w) = work.iter_mut().min_by_key(|w| w.0) {
+                w.0 += all[i].data.len();
+                w.1.push(i);
+            }
+        }
+        let found: Vec<(usize, usize)> = std::thread::scope(|s| {
+            let jobs: Vec<_> = work
+                .iter()
+                .map(|(_, mine)| {
+                    let all = &all;
+                    s.spawn(move || {
+                        mine.iter()
+                            .filter_map(|&t| first_bad(&all[t].data).map(|i| (t, i)))
+                            .min()
+                    })
+                })
+                .collect();
+            jobs.into_iter()
+                .filter_map(|j| j.join().ok().flatten())
+                .collect()
+        });
+        let (t, i) = found.into_iter().min()?;
+        Some((all[t], i, all[t].data[i].to_f32()))
     }
 }

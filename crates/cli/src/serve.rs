@@ -34,6 +34,17 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after Ctrl-C / SIGTERM before being cancelled.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
+    /// Most connections open at once; more are closed as they arrive (each
+    /// holds a file descriptor: raise `ulimit -n` with it).
+    #[arg(long, default_value_t = server::DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Seconds to receive a request's headers; also how long a keep-alive
+    /// connection may sit idle between requests.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Seconds a request body may stall between two chunks (then 408).
+    #[arg(long, default_value_t = 30.0)]
+    pub body_timeout: f64,
     /// Name clients use for the model (default: the --model id or directory name).
     #[arg(long)]
     pub served_model_name: Option<String>,
@@ -48,6 +59,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     if args.body_limit == 0 {
         bail!("invalid `--body-limit`: must be at least 1 byte");
+    }
+    if args.max_connections == 0 {
+        bail!("invalid `--max-connections`: must be at least 1");
+    }
+    for (flag, v) in [
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+    ] {
+        if !(v > 0.0 && v.is_finite() && v <= 86_400.0) {
+            bail!(
+                "invalid `{flag}`: must be a positive number of seconds (at most a day), got {v}"
+            );
+        }
     }
     if let Some(Err(why)) = args.api_key.as_deref().map(server::check_api_key) {
         bail!("invalid `--api-key`: {why}");
@@ -64,6 +88,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         api_key: args.api_key.clone(),
         body_limit: args.body_limit,
         grace: Duration::from_secs_f64(args.grace),
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs_f64(args.header_timeout),
+        body_timeout: Duration::from_secs_f64(args.body_timeout),
         defaults: loaded.model.generation.clone(),
     };
     let state = server::AppState::new(loaded.engine, loaded.tokenizer, cfg);

@@ -95,6 +95,7 @@ pub struct FakeBackend {
     read_context: bool,
     step_delay: Option<Duration>,
     fail_on_token: Option<u32>,
+    nan_on_token: Option<u32>,
     context: Vec<u32>,
 }
 
@@ -108,6 +109,7 @@ impl FakeBackend {
             read_context: true,
             step_delay: None,
             fail_on_token: None,
+            nan_on_token: None,
             context: Vec::new(),
         }
     }
@@ -130,6 +132,13 @@ impl FakeBackend {
     /// Fails every step whose batch contains `token` (to test error paths).
     pub fn with_fail_on_token(mut self, token: u32) -> Self {
         self.fail_on_token = Some(token);
+        self
+    }
+
+    /// Samples with a NaN log-probability (what non-finite logits give) for
+    /// every sequence whose context holds `token` (needs a context-reading fake).
+    pub fn with_nan_on_token(mut self, token: u32) -> Self {
+        self.nan_on_token = Some(token);
         self
     }
 }
@@ -191,9 +200,17 @@ impl Backend for FakeBackend {
             let top = (0..req.params.logprobs)
                 .map(|i| ((token + i as u32) % vocab as u32, -(i as f32)))
                 .collect();
+            let poisoned = self.read_context
+                && self
+                    .nan_on_token
+                    .is_some_and(|bad| self.context.contains(&bad));
             out.push(Some(SampledToken {
                 token,
-                logprob: -((token % 10) as f32) / 10.0,
+                logprob: if poisoned {
+                    f32::NAN
+                } else {
+                    -((token % 10) as f32) / 10.0
+                },
                 top_logprobs: top,
             }));
         }

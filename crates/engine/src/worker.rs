@@ -292,6 +292,27 @@ impl Worker {
         // with this step's token, which is never shown
         self.apply_endings(ended);
         sampled.retain(|(id, _)| self.requests.contains_key(id));
+        // A NaN log-probability is the backends' sign of non-finite logits
+        // (NaN or infinite activations): that token means nothing, and the
+        // sequence cannot recover. It ends with an error; the others go on.
+        let poisoned: Vec<u64> = sampled
+            .iter()
+            .filter(|(_, t)| t.logprob.is_nan())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in poisoned {
+            tracing::error!(seq = id, "non-finite logits");
+            self.end(
+                id,
+                FinishReason::Error,
+                Some(
+                    "the model produced non-finite logits (NaN or infinity) for this sequence; \
+                     its weights or activations overflowed"
+                        .into(),
+                ),
+            );
+        }
+        sampled.retain(|(id, _)| self.requests.contains_key(id));
         Shared::add(&self.shared.generation_tokens_total, sampled.len() as u64);
         for (id, tok) in &sampled {
             let generated = self.sched.summary(*id).map_or(0, |c| c.generated);

@@ -264,6 +264,89 @@ fn sampling_matches_reference() {
     }
 }
 
+/// Non-finite logits (a NaN, an infinity, a NaN row) give a NaN
+/// log-probability for the sampled token, greedy or sampled: the flag the
+/// engine ends such a request on (hardening issue, finding 3). A clean row
+/// beside them stays finite.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(9);
+    let (vocab, max_lp) = (3001usize, 1usize);
+    let mut logits: Vec<f32> = (0..5 * vocab)
+        .map(|_| rng.random_range(-8.0f32..8.0))
+        .collect();
+    logits[17] = f32::NAN; // row 0: one NaN, greedy
+    logits[vocab + 2000] = f32::NAN; // row 1: one NaN, sampled
+    logits[2 * vocab + 5] = f32::INFINITY; // row 2: +inf, greedy
+    logits[3 * vocab..4 * vocab].fill(f32::NAN); // row 3: all NaN
+    let mut params = vec![SampleParams::greedy(); 5]; // row 4: clean
+    (params[1].temperature, params[1].top_p, params[1].u) = (1.0, 0.9, 0.5);
+    let rows = params.len();
+    let d_logits = gpu.upload(&logits).unwrap();
+    let work = gpu.alloc::<f32>(rows * vocab).unwrap();
+    let stats = gpu
+        .alloc::<f32>(SampleScratch::stats_len(rows, vocab))
+        .unwrap();
+    let keys = gpu
+        .alloc::<u64>(SampleScratch::keys_len(rows, vocab, max_lp))
+        .unwrap();
+    let scratch = SampleScratch {
+        work: work.view(),
+        stats: stats.view(),
+        keys: keys.view(),
+    };
+    let d_params = gpu.upload(&params).unwrap();
+    let d_hist = gpu.upload(&[0u32]).unwrap();
+    let (tok, lp) = (
+        gpu.alloc::<u32>(rows).unwrap(),
+        gpu.alloc::<f32>(rows).unwrap(),
+    );
+    let (tid, tlp) = (
+        gpu.alloc::<u32>(rows * max_lp).unwrap(),
+        gpu.alloc::<f32>(rows * max_lp).unwrap(),
+    );
+    let out = SampleOutputs {
+        tokens: tok.view(),
+        logprobs: lp.view(),
+        top_ids: tid.view(),
+        top_lps: tlp.view(),
+    };
+    // SAFETY: no history (every hist_len is 0).
+    unsafe {
+        k.sample_rows(
+            d_logits.view(),
+            scratch,
+            d_params.view(),
+            d_hist.view(),
+            out,
+            rows,
+            vocab,
+            max_lp,
+        )
+    }
+    .unwrap();
+    let (gt, gl) = (
+        gpu.to_host(tok.view()).unwrap(),
+        gpu.to_host(lp.view()).unwrap(),
+    );
+    for r in 0..4 {
+        assert!(
+            gl[r].is_nan(),
+            "row {r}: logprob {} (token {})",
+            gl[r],
+            gt[r]
+        );
+        assert!(
+            (gt[r] as usize) < vocab,
+            "row {r}: token {} outside the vocabulary",
+            gt[r]
+        );
+    }
+    assert!(gl[4].is_finite(), "clean row: logprob {}", gl[4]);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemm_matches_reference_and_rejects_bad_layouts() {

@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use tokenizer::ChatMessage;
 
+use crate::encode::{Input, encode};
 use crate::error::{ApiError, from_submit};
 use crate::generate::{Job, Kind};
 use crate::middleware::RequestId;
@@ -42,10 +43,30 @@ pub fn body_bytes(
                     ),
                 )
             }
+        } else if stalled(&rej) {
+            ApiError::from_status(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "The request body stalled for longer than this server's limit of {:.1} s between chunks.",
+                    state.cfg.body_timeout.as_secs_f64()
+                ),
+            )
         } else {
             ApiError::from_status(rej.status(), rej.body_text())
         }
     })
+}
+
+/// Whether reading the body failed on the body timeout (`listen`'s layer).
+fn stalled(rej: &BytesRejection) -> bool {
+    let mut e: Option<&(dyn std::error::Error + 'static)> = Some(rej);
+    while let Some(err) = e {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        e = err.source();
+    }
+    false
 }
 
 /// 404 unless `model` is absent or names the served model.
@@ -158,15 +179,11 @@ pub async fn chat_completions(
         },
         _ => e,
     })?;
-    let messages = chat_messages(&req.messages)?;
-    let prompt = if req.parse_special_tokens.unwrap_or(false) {
-        state.tokenizer.encode_chat_trusted(&messages)
-    } else {
-        state.tokenizer.encode_chat(&messages)
-    }
-    .map_err(|e| {
-        ApiError::invalid_param("messages", format!("Cannot apply the chat template: {e}"))
-    })?;
+    let input = Input::Chat {
+        messages: chat_messages(&req.messages)?,
+        trusted: req.parse_special_tokens.unwrap_or(false),
+    };
+    let prompt = encode(&state, input, "messages").await?;
     let greq = checked.request(prompt, state.max_context(), "messages")?;
     let handle = state
         .engine
@@ -180,7 +197,7 @@ pub async fn chat_completions(
 }
 
 /// The completion prompt as token ids (text gets the tokenizer's special tokens).
-fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+async fn completion_prompt(state: &Arc<AppState>, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
     let one = |n: usize| {
         if n == 1 {
             Ok(())
@@ -191,11 +208,15 @@ fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiEr
             ))
         }
     };
+    let text = |text: String| Input::Text {
+        text,
+        add_special: true,
+    };
     let ids = match prompt {
-        Prompt::Text(t) => encode(state, &t)?,
+        Prompt::Text(t) => encode(state, text(t), "prompt").await?,
         Prompt::Texts(mut v) => {
             one(v.len())?;
-            encode(state, &v.remove(0))?
+            encode(state, text(v.remove(0)), "prompt").await?
         }
         Prompt::Tokens(ids) => ids,
         Prompt::TokenLists(mut v) => {
@@ -211,13 +232,6 @@ fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiEr
         ));
     }
     Ok(ids)
-}
-
-fn encode(state: &AppState, text: &str) -> Result<Vec<u32>, ApiError> {
-    state
-        .tokenizer
-        .encode(text, true)
-        .map_err(|e| ApiError::invalid_param("prompt", format!("Cannot tokenize the prompt: {e}")))
 }
 
 pub async fn completions(
@@ -253,7 +267,7 @@ pub async fn completions(
         "max_tokens",
         &state.cfg.defaults,
     )?;
-    let prompt = completion_prompt(&state, req.prompt)?;
+    let prompt = completion_prompt(&state, req.prompt).await?;
     let greq = checked.request(prompt, state.max_context(), "prompt")?;
     let handle = state
         .engine

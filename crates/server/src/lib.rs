@@ -16,12 +16,15 @@
 //! - Every request runs in a tracing span carrying its request id, which is
 //!   echoed in `x-request-id`.
 //!
-//! Costs: the server adds one JSON parse and one tokenisation per request and
-//! O(1) work per streamed token; generation itself runs on the engine thread.
+//! Costs: the server adds one JSON parse and one tokenisation per request
+//! (on the blocking pool, [`encode`]) and O(1) work per streamed token;
+//! generation itself runs on the engine thread.
 
 pub mod api;
+pub mod encode;
 pub mod error;
 pub mod generate;
+pub mod listen;
 pub mod logprobs;
 pub mod metrics;
 pub mod middleware;
@@ -40,7 +43,7 @@ use axum::routing::{get, post};
 
 pub use error::ApiError;
 pub use middleware::check_api_key;
-pub use state::{AppState, DEFAULT_BODY_LIMIT, ServerConfig};
+pub use state::{AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_CONNECTIONS, ServerConfig};
 
 /// After the grace period the engine is shut down; connections get this much
 /// longer to close before `serve` returns anyway.
@@ -116,41 +119,30 @@ pub async fn serve(
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     tracing::info!(%addr, model = %state.cfg.model_id, "listening");
-    let drain_state = state.clone();
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutdown requested: no new connections; finishing in-flight requests");
-        drain_state.begin_drain();
+    let limits = listen::Limits {
+        max_connections: state.cfg.max_connections,
+        header_timeout: state.cfg.header_timeout,
+        body_timeout: state.cfg.body_timeout,
     };
-    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
-    // algorithm holds each one until the client's delayed ACK (~40 ms).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    let server = axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(signal)
-        .into_future();
-    tokio::pin!(server);
+    let graceful = listen::run(router(state.clone()), listener, limits, shutdown).await;
+    tracing::info!("shutdown requested: no new connections; finishing in-flight requests");
+    state.begin_drain();
+    let closed = graceful.shutdown();
+    tokio::pin!(closed);
     let grace = state.cfg.grace;
-    let result = tokio::select! {
-        r = &mut server => r,
-        _ = async { state.drained().await; tokio::time::sleep(grace).await } => {
+    tokio::select! {
+        _ = &mut closed => {}
+        _ = tokio::time::sleep(grace) => {
             tracing::warn!(grace_s = grace.as_secs_f64(), "grace period over: cancelling in-flight requests");
             stop_engine(&state).await;
-            match tokio::time::timeout(CLOSE_TIMEOUT, &mut server).await {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::warn!("connections still open after cancellation; exiting anyway");
-                    Ok(())
-                }
+            if tokio::time::timeout(CLOSE_TIMEOUT, &mut closed).await.is_err() {
+                tracing::warn!("connections still open after cancellation; exiting anyway");
             }
         }
-    };
+    }
     stop_engine(&state).await;
-    tracing::info!("server stopped");
-    result.map_err(|source| ServerError::Io { addr, source })
+    tracing::info!(%addr, "server stopped");
+    Ok(())
 }
 
 /// Shuts the engine down (joins its thread) off the async workers.

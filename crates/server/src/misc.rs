@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::api::{body_bytes, chat_messages, check_model};
+use crate::encode::{Input, encode};
 use crate::error::ApiError;
 use crate::protocol::{self, TokenizeRequest};
 use crate::state::AppState;
@@ -61,21 +62,17 @@ pub async fn tokenize(
     let body = body_bytes(&state, body)?;
     let req: TokenizeRequest = protocol::parse(&body)?;
     check_model(&state, req.model.as_deref())?;
-    let tok = &state.tokenizer;
-    let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => tok
-            .encode(p, req.add_special_tokens.unwrap_or(true))
-            .map_err(|e| ApiError::invalid_param("prompt", format!("Cannot tokenize: {e}")))?,
+    let tokens = match (req.prompt, &req.messages) {
+        (Some(text), None) => {
+            let add_special = req.add_special_tokens.unwrap_or(true);
+            encode(&state, Input::Text { text, add_special }, "prompt").await?
+        }
         (None, Some(msgs)) => {
-            let msgs = chat_messages(msgs)?;
-            if req.parse_special_tokens.unwrap_or(false) {
-                tok.encode_chat_trusted(&msgs)
-            } else {
-                tok.encode_chat(&msgs)
-            }
-            .map_err(|e| {
-                ApiError::invalid_param("messages", format!("Cannot apply the chat template: {e}"))
-            })?
+            let input = Input::Chat {
+                messages: chat_messages(msgs)?,
+                trusted: req.parse_special_tokens.unwrap_or(false),
+            };
+            encode(&state, input, "messages").await?
         }
         _ => {
             return Err(ApiError::invalid_param(

@@ -15,6 +15,9 @@ use crate::metrics::Metrics;
 
 /// Request bodies larger than this are refused with 413 unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
+/// Default cap on open connections (each holds a file descriptor; raise the
+/// process's descriptor limit with it).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 /// How the server is set up.
 #[derive(Debug, Clone)]
@@ -29,6 +32,13 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// After a shutdown signal, how long in-flight requests may run before being cancelled.
     pub grace: Duration,
+    /// Most connections open at once; more are closed as they are accepted.
+    pub max_connections: usize,
+    /// Time to receive a request's headers, also the idle limit between the
+    /// requests of a keep-alive connection.
+    pub header_timeout: Duration,
+    /// Longest wait between two chunks of a request body (408 after it).
+    pub body_timeout: Duration,
     /// Sampling defaults (`generation_config.json`) for fields a request leaves out.
     pub defaults: GenerationConfig,
 }
@@ -40,6 +50,9 @@ impl ServerConfig {
             api_key: None,
             body_limit: DEFAULT_BODY_LIMIT,
             grace: Duration::from_secs(10),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
             defaults: GenerationConfig::default(),
         }
     }
@@ -55,6 +68,8 @@ pub struct AppState {
     pub api_key_digest: Option<[u8; 32]>,
     /// Unix time the server started (the model's `created`).
     pub started: u64,
+    /// Requests tokenizing at once ([`AppState::tokenize_permits`]).
+    pub tokenize_gate: tokio::sync::Semaphore,
     next_id: AtomicU64,
     draining: watch::Sender<bool>,
 }
@@ -72,9 +87,19 @@ impl AppState {
             metrics: Metrics::default(),
             api_key_digest,
             started: unix_now(),
+            tokenize_gate: tokio::sync::Semaphore::new(Self::tokenize_permits()),
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),
         })
+    }
+
+    /// How many requests may tokenize at once: all cores but one (at least
+    /// one), so tokenization never takes every core from the engine thread.
+    pub fn tokenize_permits() -> usize {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .saturating_sub(1)
+            .max(1)
     }
 
     /// A fresh request id (unique for this server's lifetime).

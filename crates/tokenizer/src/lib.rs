@@ -116,6 +116,9 @@ pub struct Tokenizer {
     /// One past the largest id (model vocabulary and added tokens); cached
     /// because `tokenizers` rebuilds the whole vocabulary map to count it.
     vocab_size: usize,
+    /// The longest vocabulary piece in UTF-8 bytes (at least 1); `None` when
+    /// a normalizer may shrink the input (then no byte bound holds).
+    max_piece_bytes: Option<usize>,
     chat: Option<ChatTemplate>,
 }
 
@@ -241,11 +244,12 @@ impl Tokenizer {
             }
             None => None,
         };
-        let vocab_size = inner
-            .get_vocab(true)
-            .values()
-            .max()
-            .map_or(0, |&m| m as usize + 1);
+        let vocab = inner.get_vocab(true);
+        let vocab_size = vocab.values().max().map_or(0, |&m| m as usize + 1);
+        let max_piece_bytes = inner
+            .get_normalizer()
+            .is_none()
+            .then(|| vocab.keys().map(String::len).max().unwrap_or(1).max(1));
         let mut specials: Vec<String> = inner
             .get_added_tokens_decoder()
             .into_values()
@@ -261,6 +265,7 @@ impl Tokenizer {
         text_only.set_encode_special_tokens(true);
         Ok(Tokenizer {
             vocab_size,
+            max_piece_bytes,
             text_only,
             specials,
             special_first,
@@ -455,6 +460,15 @@ impl Tokenizer {
     /// differ from the model's `vocab_size` (embedding rows).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
+    }
+
+    /// The most bytes of text that can encode to at most `max_tokens` tokens:
+    /// every token covers at most the longest vocabulary piece's bytes, so a
+    /// longer text surely exceeds `max_tokens` and can be refused without
+    /// tokenizing it. `None` when the tokenizer has a normalizer (it may
+    /// delete input, and no bound holds).
+    pub fn max_text_bytes(&self, max_tokens: usize) -> Option<usize> {
+        self.max_piece_bytes.map(|b| b.saturating_mul(max_tokens))
     }
 
     /// The vocabulary piece of `id` as stored (byte-level BPE shows a leading

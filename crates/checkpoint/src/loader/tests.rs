@@ -18,6 +18,18 @@ fn tiny_cfg() -> LlamaConfig {
 /// Writes `config.json` (tiny preset, optionally edited) and weights from
 /// `specs` in `dtype`, spread over `shards` files (index when > 1).
 fn write_model(dir: &Path, config: &str, specs: &[TensorSpec], dtype: Dtype, shards: usize) {
+    write_model_with(dir, config, specs, dtype, shards, &val)
+}
+
+/// [`write_model`] with element `i` of tensor `t` given by `value(t, i)`.
+fn write_model_with(
+    dir: &Path,
+    config: &str,
+    specs: &[TensorSpec],
+    dtype: Dtype,
+    shards: usize,
+    value: &dyn Fn(usize, usize) -> f32,
+) {
     std::fs::write(dir.join("config.json"), config).unwrap();
     let mut weight_map = serde_json::Map::new();
     let per = specs.len().div_ceil(shards);
@@ -34,9 +46,9 @@ fn write_model(dir: &Path, config: &str, specs: &[TensorSpec], dtype: Dtype, sha
                 let t = k * per + j;
                 let bytes = (0..s.numel())
                     .flat_map(|i| match dtype {
-                        Dtype::BF16 => bf16::from_f32(val(t, i)).to_le_bytes().to_vec(),
-                        Dtype::F16 => f16::from_f32(val(t, i)).to_le_bytes().to_vec(),
-                        Dtype::F32 => val(t, i).to_le_bytes().to_vec(),
+                        Dtype::BF16 => bf16::from_f32(value(t, i)).to_le_bytes().to_vec(),
+                        Dtype::F16 => f16::from_f32(value(t, i)).to_le_bytes().to_vec(),
+                        Dtype::F32 => value(t, i).to_le_bytes().to_vec(),
                         Dtype::I32 => (i as i32).to_le_bytes().to_vec(),
                         _ => unreachable!("test dtype"),
                     })
@@ -184,6 +196,36 @@ fn missing_tensor_names_file_and_tensor() {
         err.contains("model.layers.2.mlp.up_proj.weight") && err.contains(INDEX_FILE),
         "{err}"
     );
+}
+
+/// Finding 3 of the hardening issue: one NaN in a layer's `down_proj` (or an
+/// infinity anywhere) is refused at load with the tensor named, never served.
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor() {
+    let cfg = tiny_cfg();
+    let specs = tensor_specs(&cfg, true);
+    let target = "model.layers.1.mlp.down_proj.weight";
+    let t = specs.iter().position(|s| s.name == target).unwrap();
+    for (bad, dtype, shards, what) in [
+        (f32::NAN, Dtype::BF16, 1, "NaN"),
+        (f32::INFINITY, Dtype::F32, 2, "inf"),
+        (f32::NEG_INFINITY, Dtype::F16, 1, "-inf"),
+    ] {
+        let d = TempDir::new().unwrap();
+        let value = |tt: usize, i: usize| if tt == t && i == 37 { bad } else { val(tt, i) };
+        write_model_with(d.path(), &tiny_json(), &specs, dtype, shards, &value);
+        let err = load_weights(d.path(), &cfg).unwrap_err();
+        assert!(
+            matches!(err, LoadError::NonFinite { index: 37, .. }),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(target) && msg.contains(what), "{msg}");
+    }
+    // the clean model loads
+    let d = TempDir::new().unwrap();
+    write_model(d.path(), &tiny_json(), &specs, Dtype::BF16, 1);
+    assert!(load_weights(d.path(), &cfg).is_ok());
 }
 
 #[test]

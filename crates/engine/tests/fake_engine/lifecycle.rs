@@ -224,6 +224,35 @@ fn backend_failure_ends_only_that_step() {
     assert_eq!(s.engine.stats().kv_blocks_used, 0);
 }
 
+/// Finding 3 of the hardening issue: non-finite logits (a NaN log-probability
+/// from the sampler) end that request with an error naming the cause; the
+/// request beside it in the same steps completes, and no block leaks.
+#[test]
+fn non_finite_logits_end_the_request_with_an_error() {
+    let s = start_with(128, 4, cfg(8, 64), |b| b.with_nan_on_token(249));
+    let p = vec![3, 4, 5];
+    let mut outs = run_all(
+        &s.engine,
+        vec![
+            req(vec![3, 249, 5], 5, SamplingParams::greedy()),
+            req(p.clone(), 4, SamplingParams::greedy()),
+        ],
+    );
+    let ok = outs.remove(1);
+    let bad = outs.remove(0);
+    assert_eq!(bad.reason, FinishReason::Error);
+    assert!(bad.error.unwrap().contains("non-finite logits"));
+    assert!(bad.tokens.is_empty(), "no token of a NaN step is shown");
+    assert_eq!(ok.reason, FinishReason::Length);
+    let vocab = s.config.vocab_size;
+    assert_eq!(
+        ok.tokens,
+        reference_generate(&p, vocab, &SamplingParams::greedy(), 4, &s.eos, true)
+    );
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0);
+}
+
 #[test]
 fn sequence_outgrowing_the_pool_ends_with_an_error_naming_the_pool() {
     // 4 blocks of 4 = 16 slots; prompt 10 + up to 30 tokens cannot fit

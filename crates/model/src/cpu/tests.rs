@@ -421,3 +421,43 @@ proptest::proptest! {
         proptest::prop_assert!(matches!(r, Err(BackendError::InvalidBatch(_))), "{:?}: {:?}", m, r);
     }
 }
+
+/// Finding 3 of the hardening issue: a NaN weight makes the logits
+/// non-finite, and the sampled token's log-probability says so (NaN): the
+/// flag the engine ends such a request on, without a host scan of the logits.
+#[test]
+fn non_finite_weights_give_a_nan_logprob() {
+    let c = config(true);
+    let mut w = weights(&c, true);
+    w.layers[1].down_proj.data[5] = bf16::NAN;
+    let mut b = CpuBackend::new(
+        c,
+        w,
+        KvShape {
+            num_blocks: 8,
+            block_size: BS,
+        },
+    )
+    .unwrap();
+    let blocks = contiguous_blocks(2, PROMPT.len(), BS);
+    let mut ch = chunk(&PROMPT, 0, blocks);
+    ch.sample = Some(SampleRequest {
+        params: SamplingParams::greedy(),
+        step: 0,
+        history: None,
+    });
+    let out = b.step(&build_step(&[ch], BS).unwrap()).unwrap();
+    let tok = out[0].as_ref().expect("a sampled token");
+    assert!(tok.logprob.is_nan(), "logprob {}", tok.logprob);
+    // the healthy model's is finite
+    let mut good = backend(true, 8);
+    let blocks = contiguous_blocks(2, PROMPT.len(), BS);
+    let mut ch = chunk(&PROMPT, 0, blocks);
+    ch.sample = Some(SampleRequest {
+        params: SamplingParams::greedy(),
+        step: 0,
+        history: None,
+    });
+    let out = good.step(&build_step(&[ch], BS).unwrap()).unwrap();
+    assert!(out[0].as_ref().unwrap().logprob.is_finite());
+}

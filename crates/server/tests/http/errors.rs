@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::Request;
+use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 
 use crate::fake::Setup;
@@ -275,4 +275,47 @@ async fn open_stream(app: &crate::App, body: &Value) -> axum::response::Response
     let resp = app.router.clone().oneshot(req).await.expect("infallible");
     assert_eq!(resp.status(), 200);
     resp
+}
+
+/// Finding 2 of the hardening issue: text longer than the whole context can
+/// hold (context x the longest vocabulary piece) is refused before it is
+/// tokenized, naming the parameter, for completions, chat and /tokenize.
+#[tokio::test]
+async fn prompts_longer_than_the_context_can_hold_are_refused_untokenized() {
+    let app = app();
+    let ctx = app.state.max_context();
+    let limit = app
+        .state
+        .tokenizer
+        .max_text_bytes(ctx)
+        .expect("the fake tokenizer has no normalizer");
+    let long = "a".repeat(limit + 1);
+    let r = app
+        .post_json(
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": long, "max_tokens": 1}),
+        )
+        .await;
+    let v = r.assert_error(400, Some("prompt"));
+    assert!(v.to_string().contains("not tokenized"), "{v}");
+    let r = app
+        .post_json(
+            "/v1/chat/completions",
+            &chat(json!({"messages": [{"role": "user", "content": long}]})),
+        )
+        .await;
+    r.assert_error(400, Some("messages"));
+    let r = app
+        .post_json("/tokenize", &json!({"model": MODEL, "prompt": long}))
+        .await;
+    r.assert_error(400, Some("prompt"));
+    // just under the bound it is tokenized (and then too long for the context)
+    let r = app
+        .post_json(
+            "/tokenize",
+            &json!({"model": MODEL, "prompt": "a".repeat(limit)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    app.wait_idle().await;
 }

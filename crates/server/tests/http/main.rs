@@ -5,6 +5,7 @@
 
 mod errors;
 mod fake;
+mod limits;
 mod responses;
 mod shutdown;
 mod streams;

@@ -1,0 +1,83 @@
+//! Tokenization and chat-template rendering off the async workers.
+//!
+//! Contract: [`encode`] turns a request's prompt text or chat messages into
+//! token ids without ever running the tokenizer on an async worker thread:
+//! the work goes to tokio's blocking pool, at most [`AppState::tokenize_permits`]
+//! requests at a time (the others wait their turn without holding a thread),
+//! so a client sending huge prompts delays only its own requests, never
+//! another request's stream or `/health`. Text longer than the model's whole
+//! context can possibly hold (context tokens x the longest vocabulary piece,
+//! [`tokenizer::Tokenizer::max_text_bytes`]) is refused before any
+//! tokenization, naming the parameter.
+//! Costs: one blocking-pool hop per request (microseconds) besides the
+//! tokenization itself; the byte check is O(1) per message.
+
+use std::sync::Arc;
+
+use tokenizer::ChatMessage;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// What to encode.
+pub enum Input {
+    /// A completion prompt; `add_special`: the tokenizer's BOS and the like.
+    Text { text: String, add_special: bool },
+    /// Chat messages rendered with the template; `trusted`: special-token
+    /// text in contents becomes control tokens (`parse_special_tokens`).
+    Chat {
+        messages: Vec<ChatMessage>,
+        trusted: bool,
+    },
+}
+
+impl Input {
+    fn text_bytes(&self) -> usize {
+        match self {
+            Input::Text { text, .. } => text.len(),
+            Input::Chat { messages, .. } => messages.iter().map(|m| m.content.len()).sum(),
+        }
+    }
+}
+
+/// Encodes `input` on the blocking pool (see the module doc); errors name `param`.
+pub async fn encode(
+    state: &Arc<AppState>,
+    input: Input,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let ctx = state.max_context();
+    let bytes = input.text_bytes();
+    if let Some(limit) = state.tokenizer.max_text_bytes(ctx)
+        && bytes > limit
+    {
+        return Err(ApiError::invalid_param(
+            param,
+            format!(
+                "The prompt text is {bytes} bytes: more than this model's context of {ctx} tokens can hold \
+                 (at most {limit} bytes); it was not tokenized."
+            ),
+        ));
+    }
+    let _permit = state
+        .tokenize_gate
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("The tokenizer pool is closed."))?;
+    let tok = state.tokenizer.clone();
+    let job = tokio::task::spawn_blocking(move || match input {
+        Input::Text { text, add_special } => tok
+            .encode(&text, add_special)
+            .map_err(|e| format!("Cannot tokenize the prompt: {e}")),
+        Input::Chat { messages, trusted } => if trusted {
+            tok.encode_chat_trusted(&messages)
+        } else {
+            tok.encode_chat(&messages)
+        }
+        .map_err(|e| format!("Cannot apply the chat template: {e}")),
+    });
+    match job.await {
+        Ok(r) => r.map_err(|msg| ApiError::invalid_param(param, msg)),
+        Err(e) => Err(ApiError::internal(format!("Tokenization failed: {e}"))),
+    }
+}
