@@ -295,22 +295,35 @@ impl Worker {
         // A NaN log-probability is the backends' sign of non-finite logits
         // (NaN or infinite activations): that token means nothing, and the
         // sequence cannot recover. It ends with an error; the others go on.
-        let poisoned: Vec<u64> = sampled
+        // (A token outside the vocabulary, which no backend should return,
+        // is treated alike rather than poisoning the next step's batch.)
+        let vocab = self.backend.config().vocab_size;
+        let poisoned: Vec<(u64, String)> = sampled
             .iter()
-            .filter(|(_, t)| t.logprob.is_nan())
-            .map(|(id, _)| *id)
+            .filter_map(|(id, t)| {
+                if t.logprob.is_nan() {
+                    Some((
+                        *id,
+                        "the model produced non-finite logits (NaN or infinity) for this sequence; \
+                         its weights or activations overflowed"
+                            .to_string(),
+                    ))
+                } else if t.token as usize >= vocab {
+                    Some((
+                        *id,
+                        format!(
+                            "the backend sampled token {} outside the vocabulary of {vocab}",
+                            t.token
+                        ),
+                    ))
+                } else {
+                    None
+                }
+            })
             .collect();
-        for id in poisoned {
-            tracing::error!(seq = id, "non-finite logits");
-            self.end(
-                id,
-                FinishReason::Error,
-                Some(
-                    "the model produced non-finite logits (NaN or infinity) for this sequence; \
-                     its weights or activations overflowed"
-                        .into(),
-                ),
-            );
+        for (id, why) in poisoned {
+            tracing::error!(seq = id, reason = %why, "unusable sample");
+            self.end(id, FinishReason::Error, Some(why));
         }
         sampled.retain(|(id, _)| self.requests.contains_key(id));
         Shared::add(&self.shared.generation_tokens_total, sampled.len() as u64);

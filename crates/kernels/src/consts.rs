@@ -56,7 +56,7 @@ pub const SAMPLE_THREADS: usize = 1024;
 /// `SAMPLE_PART_THREADS` of sampling.cu (`sample_partials` block size).
 pub const SAMPLE_PART_THREADS: usize = 256;
 /// `SAMPLE_SLICE` of sampling.cu: vocabulary ids one `sample_partials` block owns.
-pub const SAMPLE_SLICE: usize = 1024;
+pub const SAMPLE_SLICE: usize = 4096;
 /// `GEMV_WARPS` of gemv.cu: warps per GEMV block.
 pub const GEMV_WARPS: usize = 4;
 /// `GEMV_ROWS_PER_WARP` of gemv.cu: weight rows one warp computes.

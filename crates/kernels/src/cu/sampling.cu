@@ -20,7 +20,9 @@
 //   5. the top `n_logprobs` raw log-probabilities: repeated key-max passes
 //      over the NB * n candidates of the partials.
 // Prefix masses are deterministic block sums (fixed tree), monotone in the
-// cut-off, so a seeded draw is reproducible.
+// cut-off, so a seeded draw is reproducible. A row whose logits are not all
+// finite (non-finite logsumexp) yields token 0 with a NaN log-probability:
+// the engine's signal to end that request, never an out-of-vocabulary id.
 // Costs: greedy rows one read of the logits spread over NB blocks plus a tiny
 // merge (a few microseconds at V = 128k); sampled rows add one write of the
 // logits and up to ~260 single-block passes (binary searches).
@@ -30,7 +32,7 @@
 // Shared with sampling.rs (THREADS, PART_THREADS, SLICE): keep equal.
 #define SAMPLE_THREADS 1024
 #define SAMPLE_PART_THREADS 256
-#define SAMPLE_SLICE 1024
+#define SAMPLE_SLICE 4096
 #define SAMPLE_PER_THREAD (SAMPLE_SLICE / SAMPLE_PART_THREADS)
 
 struct SampleParams {   // mirrors kernels::sampling::SampleParams (12 x 4 bytes)
@@ -281,8 +283,12 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const S
         token = key_id(sel);
     }
     if (threadIdx.x == 0) {
-        a.out_tok[r] = token;
-        a.out_lp[r] = token < V ? z[token] - lse : -INFINITY;
+        // Non-finite logits (a NaN or an infinity: lse is not finite) or no
+        // valid draw: report token 0 with a NaN log-probability, the flag the
+        // engine ends the request on; never an id outside the vocabulary.
+        const bool bad = token >= V || !isfinite(lse);
+        a.out_tok[r] = bad ? 0u : token;
+        a.out_lp[r] = bad ? __int_as_float(0x7fc00000) : z[token] - lse;
     }
     // Top raw log-probabilities: key-max passes over the blocks' candidates.
     unsigned long long prev = ~0ull;

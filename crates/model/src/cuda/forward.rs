@@ -187,7 +187,26 @@ impl CudaBackend {
                 .matmul_nt(x, w.view(), y, GemmDims { m: t, n, k: kk })
                 .map_err(g("GEMM"))
         };
+        let gemm_rows = |m: usize,
+                         x: DevSlice<'_, bf16>,
+                         w: &DeviceBuffer<bf16>,
+                         y: DevSlice<'_, bf16>,
+                         n: usize,
+                         kk: usize| {
+            self.blas
+                .matmul_nt(x, w.view(), y, GemmDims { m, n, k: kk })
+                .map_err(g("GEMM"))
+        };
         let eps = c.rms_norm_eps;
+        // Past the last layer's attention only the sampled rows matter (the
+        // K/V of every token are in the cache by then): a prefill step whose
+        // sampled rows are fewer than its tokens runs the last layer's O
+        // projection, MLP and the final norm on those rows alone (b2: 1 of
+        // 2,048 rows; about 1/16 of the step's GEMM work saved). Compacted
+        // rows live in buffers free by then: attention rows in `qkv`, the f32
+        // residual rows in the sampler's `work`.
+        let prune = !identity_rows && r >= 1 && r < t && v >= h && c.num_layers >= 1;
+        let last = c.num_layers.saturating_sub(1);
         // SAFETY: check_batch verified every token id < vocab; the staged ids are those (or 0 for padding).
         unsafe {
             self.k
@@ -390,6 +409,45 @@ impl CudaBackend {
                 gemv(op, &layer.down, h, inter)?;
                 continue;
             }
+            if prune && l == last {
+                // compact the sampled rows: attention rows into `qkv`, the
+                // residual rows (f32, copied as bf16 pairs) into `work`
+                let q = c.q_dim();
+                let attn_r = ws.qkv.view().sub(0, r * q).map_err(g("row views"))?;
+                let x_r: DevSlice<'_, bf16> = ws
+                    .work
+                    .view()
+                    .sub(0, r * h)
+                    .and_then(|v| v.cast())
+                    .map_err(g("row views"))?;
+                let x_all: DevSlice<'_, bf16> = ws.x.view().cast().map_err(g("row views"))?;
+                // SAFETY: every staged row index is < T (checked on the host).
+                unsafe {
+                    self.k
+                        .gather_rows(attn_r, ws.attn.view(), rows, r, q, t)
+                        .and_then(|()| self.k.gather_rows(x_r, x_all, rows, r, 2 * h, t))
+                }
+                .map_err(k("row gather (last layer)"))?;
+                let x_r = ws.work.view().sub(0, r * h).map_err(g("row views"))?;
+                gemm_rows(r, attn_r, &layer.o, ws.delta.view(), h, q)?;
+                self.k
+                    .add_rmsnorm(
+                        x_r,
+                        Some(ws.delta.view()),
+                        layer.post_norm.view(),
+                        ws.xn.view(),
+                        r,
+                        h,
+                        eps,
+                    )
+                    .map_err(k("post-attention norm"))?;
+                gemm_rows(r, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
+                self.k
+                    .silu_mul(ws.act.view(), ws.gu.view(), r, inter)
+                    .map_err(k("silu"))?;
+                gemm_rows(r, ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
+                continue;
+            }
             gemm(ws.attn.view(), &layer.o, ws.delta.view(), h, c.q_dim())?;
             self.k
                 .add_rmsnorm(
@@ -408,20 +466,27 @@ impl CudaBackend {
                 .map_err(k("silu"))?;
             gemm(ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
         }
+        let pruned = prune && !small;
+        let (resid, norm_rows) = if pruned {
+            let x_r = ws.work.view().sub(0, r * h).map_err(g("row views"))?;
+            (x_r, r)
+        } else {
+            (ws.x.view(), t)
+        };
         self.k
             .add_rmsnorm(
-                ws.x.view(),
+                resid,
                 (!small).then(|| ws.delta.view()),
                 self.w.norm.view(),
                 ws.xn.view(),
-                t,
+                norm_rows,
                 h,
                 eps,
             )
             .map_err(k("final norm"))?;
-        // Rows 0..t in order (every pure-decode step): the LM head reads the
-        // normed rows in place, one launch fewer.
-        let head_in = if identity_rows && r == t {
+        // Rows 0..t in order (every pure-decode step), or rows compacted at
+        // the last layer: the LM head reads the normed rows in place.
+        let head_in = if pruned || (identity_rows && r == t) {
             ws.xn.view()
         } else {
             // SAFETY: every staged row index is < T (checked on the host, padding rows < bucket).

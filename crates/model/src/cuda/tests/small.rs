@@ -287,3 +287,51 @@ fn cuda_rejects_malformed_batches() {
     assert_eq!(b.step(&ok).unwrap(), vec![None, None]);
     println!("RESULT malformed batches: rejected");
 }
+
+/// Logits of a few rows of a prefill (the last layer then runs its O
+/// projection and MLP on those rows alone) equal the same rows of the
+/// all-rows logits, within bf16 noise (log-probabilities within 2e-2).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_row_subsets_match_all_rows() {
+    let (cfg, w) = load(&synth_dir(Preset::Tiny));
+    let vocab = cfg.vocab_size;
+    let kv = KvShape {
+        num_blocks: 64,
+        block_size: BS,
+    };
+    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let n = 300;
+    let toks = tokens(77, n, vocab);
+    let blocks: Vec<u32> = (0..n.div_ceil(BS) as u32).collect();
+    let all = chunk_logits(&mut b, &toks, 0, &blocks);
+    let chunk = SeqChunk {
+        tokens: toks,
+        start: 0,
+        blocks,
+        sample: None,
+    };
+    let batch = build_step(&[chunk], BS).unwrap();
+    let subset = [0usize, 7, 150, 298, 299];
+    let some = b.logits(&batch, &subset).unwrap();
+    let logp = |z: &[f32]| {
+        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f32>().ln();
+        z.iter().map(|v| v - lse).collect::<Vec<f32>>()
+    };
+    let mut worst = 0f32;
+    for (i, &row) in subset.iter().enumerate() {
+        let (a, s) = (
+            logp(&all[row * vocab..][..vocab]),
+            logp(&some[i * vocab..][..vocab]),
+        );
+        let d = a
+            .iter()
+            .zip(&s)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        worst = worst.max(d);
+    }
+    assert!(worst < 2e-2, "row subset vs all rows: max |dlogp| {worst}");
+    println!("RESULT row subsets vs all rows: max |dlogp| {worst:.2e}");
+}
