@@ -6,16 +6,22 @@
 //! 2. Repetition penalty `r != 1`: for each distinct token in the history,
 //!    `z = z / r` if `z > 0` else `z * r`.
 //! 3. `temperature == 0` (greedy): the argmax, lowest id on ties. Stop.
-//! 4. Otherwise `p = softmax(z / temperature)`; candidates sorted by
-//!    probability descending (lowest id first on ties); keep the first
-//!    `top_k` (0 = all); keep the shortest prefix whose mass reaches `top_p`
-//!    (at least one); drop candidates with `p < min_p * p_max`.
+//! 4. Otherwise `p = softmax(z / temperature)`; candidates sorted by their
+//!    (penalised) logit descending, lowest id first on ties (the order of `p`,
+//!    without the ties `p` gets in f32 at huge temperatures: `top_k = 1` is
+//!    greedy at any temperature); keep the first `top_k` (0 = all); keep the
+//!    shortest prefix whose mass reaches `top_p` (at least one); drop
+//!    candidates with `p < min_p * p_max`.
 //! 5. Draw `u = uniform(seed, step)` in `[0, 1)` and return the first candidate
 //!    whose running sum exceeds `u * (kept mass)`.
 //!
 //! The draw is counter-based ([`uniform`]): it depends only on the request's
 //! seed and the index of the token being generated, never on batching, so a
 //! seeded request is reproducible across runs, batch mixes and preemptions.
+
+/// Largest accepted temperature: far above any useful value (OpenAI allows 2)
+/// and far below where `z / T` stops telling logits apart in f32.
+pub const MAX_TEMPERATURE: f32 = 100.0;
 
 /// Per-request sampling settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,10 +84,13 @@ impl SamplingParams {
     /// Checks every field's range; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ParamError> {
         let err = |param, reason: String| Err(ParamError { param, reason });
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+        if !(self.temperature >= 0.0 && self.temperature <= MAX_TEMPERATURE) {
             return err(
                 "temperature",
-                format!("must be >= 0, got {}", self.temperature),
+                format!(
+                    "must be in [0, {MAX_TEMPERATURE}], got {}",
+                    self.temperature
+                ),
             );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
@@ -144,6 +153,21 @@ mod tests {
             .is_err()
         );
         assert!(SamplingParams::greedy().validate().is_ok());
+        // finding 6 of the hardening issue: absurd temperatures are refused
+        for t in [1e8f32, f32::INFINITY, f32::NAN, MAX_TEMPERATURE * 1.01] {
+            let e = SamplingParams {
+                temperature: t,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap_err();
+            assert_eq!(e.param, "temperature", "{t}");
+        }
+        let hot = SamplingParams {
+            temperature: MAX_TEMPERATURE,
+            ..Default::default()
+        };
+        assert!(hot.validate().is_ok());
     }
 
     #[test]

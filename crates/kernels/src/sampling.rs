@@ -282,7 +282,8 @@ pub fn sample_ref(
             .enumerate()
             .map(|(i, &v)| (i, ((v - m2) as f64).exp() as f32 / zsum as f32))
             .collect();
-        cand.sort_by(by_key);
+        // ranked by the scaled logit (the kernel's key), masses from p
+        cand.sort_by(|a, b| scaled[b.0].total_cmp(&scaled[a.0]).then(a.0.cmp(&b.0)));
         let mut n = cand.len();
         if p.top_k > 0 {
             n = n.min(p.top_k as usize);

@@ -11,8 +11,8 @@ mod gemv;
 use common::*;
 use gpu::{Blas, GemmDims, Gpu, Graph};
 use half::bf16;
-use kernels::SampleParams;
 use kernels::sampling::{SampleOutputs, SampleScratch, sample_ref};
+use kernels::{Kernels, SampleParams};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -264,27 +264,17 @@ fn sampling_matches_reference() {
     }
 }
 
-/// Non-finite logits (a NaN, an infinity, a NaN row) give a NaN
-/// log-probability for the sampled token, greedy or sampled: the flag the
-/// engine ends such a request on (hardening issue, finding 3). A clean row
-/// beside them stays finite.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
-    let (gpu, k) = setup();
-    let mut rng = StdRng::seed_from_u64(9);
-    let (vocab, max_lp) = (3001usize, 1usize);
-    let mut logits: Vec<f32> = (0..5 * vocab)
-        .map(|_| rng.random_range(-8.0f32..8.0))
-        .collect();
-    logits[17] = f32::NAN; // row 0: one NaN, greedy
-    logits[vocab + 2000] = f32::NAN; // row 1: one NaN, sampled
-    logits[2 * vocab + 5] = f32::INFINITY; // row 2: +inf, greedy
-    logits[3 * vocab..4 * vocab].fill(f32::NAN); // row 3: all NaN
-    let mut params = vec![SampleParams::greedy(); 5]; // row 4: clean
-    (params[1].temperature, params[1].top_p, params[1].u) = (1.0, 0.9, 0.5);
-    let rows = params.len();
-    let d_logits = gpu.upload(&logits).unwrap();
+/// Runs the GPU sampler (no history, no top logprobs) on `rows` rows of
+/// `logits`; returns the tokens and log-probabilities.
+fn sample_on_gpu(
+    gpu: &Gpu,
+    k: &Kernels,
+    logits: &[f32],
+    params: &[SampleParams],
+    vocab: usize,
+) -> (Vec<u32>, Vec<f32>) {
+    let (rows, max_lp) = (params.len(), 1usize);
+    let d_logits = gpu.upload(logits).unwrap();
     let work = gpu.alloc::<f32>(rows * vocab).unwrap();
     let stats = gpu
         .alloc::<f32>(SampleScratch::stats_len(rows, vocab))
@@ -297,7 +287,7 @@ fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
         stats: stats.view(),
         keys: keys.view(),
     };
-    let d_params = gpu.upload(&params).unwrap();
+    let d_params = gpu.upload(params).unwrap();
     let d_hist = gpu.upload(&[0u32]).unwrap();
     let (tok, lp) = (
         gpu.alloc::<u32>(rows).unwrap(),
@@ -327,10 +317,32 @@ fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
         )
     }
     .unwrap();
-    let (gt, gl) = (
+    (
         gpu.to_host(tok.view()).unwrap(),
         gpu.to_host(lp.view()).unwrap(),
-    );
+    )
+}
+
+/// Non-finite logits (a NaN, an infinity, a NaN row) give a NaN
+/// log-probability for the sampled token, greedy or sampled: the flag the
+/// engine ends such a request on (hardening issue, finding 3). A clean row
+/// beside them stays finite.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(9);
+    let vocab = 3001usize;
+    let mut logits: Vec<f32> = (0..5 * vocab)
+        .map(|_| rng.random_range(-8.0f32..8.0))
+        .collect();
+    logits[17] = f32::NAN; // row 0: one NaN, greedy
+    logits[vocab + 2000] = f32::NAN; // row 1: one NaN, sampled
+    logits[2 * vocab + 5] = f32::INFINITY; // row 2: +inf, greedy
+    logits[3 * vocab..4 * vocab].fill(f32::NAN); // row 3: all NaN
+    let mut params = vec![SampleParams::greedy(); 5]; // row 4: clean
+    (params[1].temperature, params[1].top_p, params[1].u) = (1.0, 0.9, 0.5);
+    let (gt, gl) = sample_on_gpu(&gpu, &k, &logits, &params, vocab);
     for r in 0..4 {
         assert!(
             gl[r].is_nan(),
@@ -345,6 +357,42 @@ fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
         );
     }
     assert!(gl[4].is_finite(), "clean row: logprob {}", gl[4]);
+}
+
+/// Candidates rank by logit, so `top_k = 1` (or a tiny `top_p`) is greedy at
+/// any temperature, even where every probability ties in f32 (T = 1e8; the
+/// API refuses T > 100): hardening issue, finding 6.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sampling_top_k_one_is_greedy_at_any_temperature() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(10);
+    let vocab = 128_256usize;
+    let cases: [(f32, u32, f32); 5] = [
+        (0.7, 1, 1.0),
+        (100.0, 1, 1.0),
+        (1e8, 1, 1.0),
+        (1e10, 1, 1.0),
+        (1e8, 0, 1e-7),
+    ];
+    let logits: Vec<f32> = (0..cases.len() * vocab)
+        .map(|_| rng.random_range(-4.0f32..4.0))
+        .collect();
+    let params: Vec<SampleParams> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, top_k, top_p))| {
+            let mut p = SampleParams::greedy();
+            (p.temperature, p.top_k, p.top_p, p.u) = (t, top_k, top_p, 0.37 + 0.1 * i as f32);
+            p
+        })
+        .collect();
+    let (gt, _) = sample_on_gpu(&gpu, &k, &logits, &params, vocab);
+    for (r, case) in cases.iter().enumerate() {
+        let row = &logits[r * vocab..][..vocab];
+        let best = (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+        assert_eq!(gt[r] as usize, best, "(T, top_k, top_p) = {case:?}");
+    }
 }
 
 #[test]

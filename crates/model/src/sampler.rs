@@ -113,8 +113,10 @@ fn draw(z: &[f32], req: &SampleRequest) -> u32 {
     // [V] unnormalised weights exp((z - max) / T) and their f64 sum
     let e: Vec<f32> = z.iter().map(|&v| ((v - m) / t).exp()).collect();
     let total: f64 = e.iter().map(|&x| x as f64).sum();
+    // rank by the (penalised) logit: the order of `e`, without the ties `e`
+    // gets in f32 at huge temperatures (top_k = 1 stays greedy)
     let by_prob =
-        |a: &u32, b: &u32| -> Ordering { e[*b as usize].total_cmp(&e[*a as usize]).then(a.cmp(b)) };
+        |a: &u32, b: &u32| -> Ordering { z[*b as usize].total_cmp(&z[*a as usize]).then(a.cmp(b)) };
     let mut cand: Vec<u32> = (0..z.len() as u32)
         .filter(|&i| e[i as usize] > 0.0)
         .collect();
@@ -186,6 +188,35 @@ mod tests {
                     - 4.0
             })
             .collect()
+    }
+
+    /// Finding 6 of the hardening issue: candidates rank by logit, so
+    /// `top_k = 1` is greedy at any temperature, even where every
+    /// probability ties in f32 (T = 1e8 here; the API refuses T > 100).
+    #[test]
+    fn top_k_one_is_greedy_at_any_temperature() {
+        let z = logits(1000, 9);
+        let best = argmax(&z);
+        assert_ne!(best, 0);
+        for t in [0.5f32, 1.0, 100.0, 1e8, 1e10] {
+            for step in 0..20 {
+                let p = SamplingParams {
+                    temperature: t,
+                    top_k: 1,
+                    seed: 5,
+                    ..SamplingParams::default()
+                };
+                assert_eq!(sample(&z, &req(p, step)).token, best, "T = {t}");
+            }
+        }
+        // top_p keeps the best candidate first too
+        let p = SamplingParams {
+            temperature: 1e8,
+            top_p: 1e-6,
+            seed: 5,
+            ..SamplingParams::default()
+        };
+        assert_eq!(sample(&z, &req(p, 0)).token, best);
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //  sample_rows: grid R, SAMPLE_THREADS threads, per row:
 //   1. logsumexp of the raw logits from the NB partials;
 //   2. temperature 0: the best of the NB greedy keys;
-//   3. else p = softmax(work / T); candidates ordered by (p desc, id asc),
-//      i.e. by the 64-bit key (bits(p) << 32 | ~id); the kept set is the
+//   3. else p = softmax(work / T); candidates ordered by (logit desc, id
+//      asc), i.e. by the 64-bit key (bits(work / T) << 32 | ~id): the order of
+//      p without its f32 ties at huge T (top_k = 1 stays greedy); the kept set is the
 //      longest prefix allowed by top_k, top_p (shortest prefix reaching top_p)
 //      and min_p, found as a key cut-off by bitwise binary search over the
 //      key space (64 passes each, no sort);
@@ -110,34 +111,40 @@ __device__ __forceinline__ unsigned long long make_key(float f, uint32_t id) {
 }
 __device__ __forceinline__ uint32_t key_id(unsigned long long k) { return 0xffffffffu - (uint32_t)(k & 0xffffffffu); }
 
+// Candidates are ranked by their scaled logit s (key = (bits(s), ~id)), the
+// order of p without the ties p gets in f32 at huge temperatures; masses use
+// p = exp(s - m2) / Z, recomputed on the fly from s.
+__device__ __forceinline__ float prob_of(float s, float m2, float inv_z) { return expf(s - m2) * inv_z; }
+
 // Sum of p over candidates whose key is >= k.
-__device__ float mass_ge(const float* p, uint32_t V, unsigned long long k, float* fs) {
+__device__ float mass_ge(const float* s, uint32_t V, unsigned long long k, float m2, float inv_z, float* fs) {
     float acc = 0.f;
     for (uint32_t i = threadIdx.x; i < V; i += blockDim.x)
-        if (make_key(p[i], i) >= k) acc += p[i];
+        if (make_key(s[i], i) >= k) acc += prob_of(s[i], m2, inv_z);
     return block_sum(acc, fs);
 }
-__device__ uint32_t count_ge(const float* p, uint32_t V, unsigned long long k, unsigned* us) {
+__device__ uint32_t count_ge(const float* s, uint32_t V, unsigned long long k, unsigned* us) {
     uint32_t c = 0;
     for (uint32_t i = threadIdx.x; i < V; i += blockDim.x)
-        if (make_key(p[i], i) >= k) c++;
+        if (make_key(s[i], i) >= k) c++;
     return block_sum_u32(c, us);
 }
 // Key of the n-th candidate (1-based) in key order.
-__device__ unsigned long long kth_key(const float* p, uint32_t V, uint32_t n, unsigned* us) {
+__device__ unsigned long long kth_key(const float* s, uint32_t V, uint32_t n, unsigned* us) {
     unsigned long long k = 0;
     for (int b = 63; b >= 0; b--) {
         unsigned long long c = k | (1ull << b);
-        if (count_ge(p, V, c, us) >= n) k = c;
+        if (count_ge(s, V, c, us) >= n) k = c;
     }
     return k;
 }
 // Largest key whose prefix mass is >= target (strict = false) or > target (strict = true).
-__device__ unsigned long long mass_key(const float* p, uint32_t V, float target, bool strict, float* fs) {
+__device__ unsigned long long mass_key(const float* s, uint32_t V, float target, bool strict, float m2, float inv_z,
+                                       float* fs) {
     unsigned long long k = 0;
     for (int b = 63; b >= 0; b--) {
         unsigned long long c = k | (1ull << b);
-        float m = mass_ge(p, V, c, fs);
+        float m = mass_ge(s, V, c, m2, inv_z, fs);
         if (strict ? (m > target) : (m >= target)) k = c;
     }
     return k;
@@ -257,28 +264,28 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const S
         float Z = 0.f;
         for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) Z += expf(w[i] - m2);
         Z = block_sum(Z, fs);
-        for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) w[i] = expf(w[i] - m2) / Z;
         __syncthreads();
-        const float pmax = 1.f / Z;
+        // w holds the scaled logits s = z / T: the ranking; p from them
+        const float inv_z = 1.f / Z;
         unsigned long long cut = 0;
         if (P.top_k > 0 && P.top_k < V) {
             unsigned long long k = kth_key(w, V, P.top_k, us);
             cut = k > cut ? k : cut;
         }
         if (P.top_p < 1.f) {
-            unsigned long long k = mass_key(w, V, P.top_p, false, fs);
+            unsigned long long k = mass_key(w, V, P.top_p, false, m2, inv_z, fs);
             cut = k > cut ? k : cut;
         }
         if (P.min_p > 0.f) {
-            const float thr = P.min_p * pmax;
+            // p >= min_p * p_max, with p_max = exp(0) / Z
             uint32_t c = 0;
-            for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) c += (w[i] >= thr) ? 1u : 0u;
+            for (uint32_t i = threadIdx.x; i < V; i += blockDim.x) c += (expf(w[i] - m2) >= P.min_p) ? 1u : 0u;
             c = block_sum_u32(c, us);
             unsigned long long k = kth_key(w, V, c > 0 ? c : 1, us);
             cut = k > cut ? k : cut;
         }
-        const float kept = mass_ge(w, V, cut, fs);
-        unsigned long long sel = mass_key(w, V, P.u * kept, true, fs);
+        const float kept = mass_ge(w, V, cut, m2, inv_z, fs);
+        unsigned long long sel = mass_key(w, V, P.u * kept, true, m2, inv_z, fs);
         sel = sel < cut ? cut : sel;
         token = key_id(sel);
     }

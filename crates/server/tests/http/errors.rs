@@ -25,6 +25,7 @@ async fn bad_inputs_are_400_naming_the_parameter() {
     let cases: Vec<(Value, Option<&str>)> = vec![
         (json!({"temperature": -1}), Some("temperature")),
         (json!({"temperature": "hot"}), Some("temperature")),
+        (json!({"temperature": 1e8}), Some("temperature")),
         (json!({"top_p": 0}), Some("top_p")),
         (json!({"top_p": 1.5}), Some("top_p")),
         (json!({"top_k": -5}), Some("top_k")),
