@@ -10,7 +10,9 @@
 //! cores). Weights come from a single
 //! `model.safetensors` or from the shards listed in
 //! `model.safetensors.index.json`; BF16, F16 and F32 on disk are all converted
-//! to BF16. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored.
+//! to BF16. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
+//! except layers past `num_hidden_layers` (a config that undercounts the
+//! file's layers is an error naming both).
 //! `lm_head.weight` is used whenever present; when absent the head is tied to
 //! the embedding, which is an error unless `tie_word_embeddings` is set.
 //!
@@ -84,6 +86,14 @@ pub enum LoadError {
         tensor: String,
         index: usize,
         value: f32,
+    },
+    #[error(
+        "the weights in {dir} hold {layers} layers but config.json's `num_hidden_layers` is {config}"
+    )]
+    ExtraLayers {
+        dir: PathBuf,
+        layers: usize,
+        config: usize,
     },
     #[error("tensor `{tensor}` not found in {path}")]
     MissingTensor { path: PathBuf, tensor: String },
@@ -182,6 +192,25 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
             .map(|n| (n.to_string(), 0))
             .collect(),
     };
+    // a file with more layers than the config says: the config is wrong
+    if let Some(extra) = placement
+        .keys()
+        .filter_map(|n| {
+            n.strip_prefix("model.layers.")?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .filter(|&l| l >= cfg.num_layers)
+        .max()
+    {
+        return Err(LoadError::ExtraLayers {
+            dir: dir.to_path_buf(),
+            layers: extra + 1,
+            config: cfg.num_layers,
+        });
+    }
     let get = |name: &str, shape: Vec<usize>| -> Result<Tensor, LoadError> {
         let Some(&i) = placement.get(name) else {
             let path = match shards.len() {

@@ -228,6 +228,29 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
     assert!(load_weights(d.path(), &cfg).is_ok());
 }
 
+/// Item 9 of the hardening issue: a config that undercounts the file's
+/// layers (29 of 30) is refused naming both counts, not loaded short.
+#[test]
+fn more_layers_in_the_file_than_the_config_is_an_error() {
+    let cfg = tiny_cfg();
+    let specs = tensor_specs(&cfg, true);
+    let d = TempDir::new().unwrap();
+    let mut fewer: serde_json::Value = serde_json::from_str(&tiny_json()).unwrap();
+    fewer["num_hidden_layers"] = (cfg.num_layers - 1).into();
+    let short_cfg = LlamaConfig::from_json(&fewer.to_string(), "test").unwrap();
+    for shards in [1, 2] {
+        write_model(d.path(), &fewer.to_string(), &specs, Dtype::BF16, shards);
+        let err = load_weights(d.path(), &short_cfg).unwrap_err();
+        assert!(matches!(err, LoadError::ExtraLayers { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("{} layers", cfg.num_layers))
+                && msg.contains(&format!("is {}", cfg.num_layers - 1)),
+            "{msg}"
+        );
+    }
+}
+
 #[test]
 fn wrong_shape_names_file_and_tensor() {
     let d = TempDir::new().unwrap();
