@@ -103,7 +103,7 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
-    let backend = open_backend(args, &loaded)?;
+    let backend = open_backend(args, &loaded, cuda)?;
     let mut eos = loaded.eos_ids.clone();
     for id in tokenizer.eos_ids() {
         if !eos.contains(&id) {
@@ -159,9 +159,9 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
     })
 }
 
-/// Loads the weights onto the chosen device with a KV pool sized from the options.
-pub fn open_backend(args: &ModelArgs, loaded: &LoadedModel) -> Result<Box<dyn Backend>> {
-    let cuda = use_cuda(args.device)?;
+/// Loads the weights onto CUDA (`cuda`, from [`use_cuda`]) or the CPU with a
+/// KV pool sized from the options.
+fn open_backend(args: &ModelArgs, loaded: &LoadedModel, cuda: bool) -> Result<Box<dyn Backend>> {
     let cfg = &loaded.config;
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };

@@ -439,25 +439,20 @@ fn non_finite_weights_give_a_nan_logprob() {
         },
     )
     .unwrap();
-    let blocks = contiguous_blocks(2, PROMPT.len(), BS);
-    let mut ch = chunk(&PROMPT, 0, blocks);
-    ch.sample = Some(SampleRequest {
-        params: SamplingParams::greedy(),
-        step: 0,
-        history: None,
-    });
-    let out = b.step(&build_step(&[ch], BS).unwrap()).unwrap();
+    // PROMPT, its last token sampled greedily
+    let step = || {
+        let mut ch = chunk(&PROMPT, 0, contiguous_blocks(2, PROMPT.len(), BS));
+        ch.sample = Some(SampleRequest {
+            params: SamplingParams::greedy(),
+            step: 0,
+            history: None,
+        });
+        build_step(&[ch], BS).unwrap()
+    };
+    let out = b.step(&step()).unwrap();
     let tok = out[0].as_ref().expect("a sampled token");
     assert!(tok.logprob.is_nan(), "logprob {}", tok.logprob);
     // the healthy model's is finite
-    let mut good = backend(true, 8);
-    let blocks = contiguous_blocks(2, PROMPT.len(), BS);
-    let mut ch = chunk(&PROMPT, 0, blocks);
-    ch.sample = Some(SampleRequest {
-        params: SamplingParams::greedy(),
-        step: 0,
-        history: None,
-    });
-    let out = good.step(&build_step(&[ch], BS).unwrap()).unwrap();
+    let out = backend(true, 8).step(&step()).unwrap();
     assert!(out[0].as_ref().unwrap().logprob.is_finite());
 }
