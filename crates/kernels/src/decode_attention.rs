@@ -48,9 +48,11 @@ pub(crate) struct DecodeArgs {
     pub block_size: u32,
     pub splits: u32,
     pub scale_log2: f32,
+    pub min_chunk: u32,
+    pub pad: u32,
 }
 const _: () = {
-    assert!(size_of::<DecodeArgs>() == 96);
+    assert!(size_of::<DecodeArgs>() == 104);
     assert!(offset_of!(DecodeArgs, qkv) == 0);
     assert!(offset_of!(DecodeArgs, k_cache) == 8);
     assert!(offset_of!(DecodeArgs, v_cache) == 16);
@@ -66,24 +68,28 @@ const _: () = {
     assert!(offset_of!(DecodeArgs, block_size) == 84);
     assert!(offset_of!(DecodeArgs, splits) == 88);
     assert!(offset_of!(DecodeArgs, scale_log2) == 92);
+    assert!(offset_of!(DecodeArgs, min_chunk) == 96);
 };
 
 /// Keys per split for a context of `ctx` keys split `splits` ways
 /// (the kernels' `decode_chunk`): `ceil(ctx / splits)`, at least
-/// [`MIN_CHUNK`], rounded up to [`CHUNK_GRAN`].
-pub fn chunk_of(ctx: usize, splits: usize) -> usize {
+/// `min_chunk` ([`DecodePlan::min_chunk`]), rounded up to [`CHUNK_GRAN`].
+pub fn chunk_of(ctx: usize, splits: usize, min_chunk: usize) -> usize {
     ctx.div_ceil(splits.max(1))
-        .max(MIN_CHUNK)
+        .max(min_chunk)
         .next_multiple_of(CHUNK_GRAN)
 }
 
 /// How decode attention spreads a step over the GPU: enough blocks of
 /// (split, sequence, KV head) to reach `target_blocks` (two waves of the
 /// SMs is a good target), one split per (sequence, KV head) once the batch
-/// alone fills that many.
+/// alone fills that many; no split takes fewer than `min_chunk` keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
     pub target_blocks: usize,
+    /// Fewest keys a split takes ([`MIN_CHUNK`] unless set): larger means
+    /// fewer partials to merge and fewer blocks, smaller more parallelism.
+    pub min_chunk: usize,
 }
 
 impl DecodePlan {
@@ -95,6 +101,23 @@ impl DecodePlan {
         group_index(shape.group())?;
         Ok(DecodePlan {
             target_blocks: target_blocks.max(1),
+            min_chunk: MIN_CHUNK,
+        })
+    }
+
+    /// The same plan with splits of at least `keys` keys (a positive multiple of [`CHUNK_GRAN`]).
+    pub fn with_min_chunk(self, keys: usize) -> Result<DecodePlan, KernelError> {
+        if keys == 0 || !keys.is_multiple_of(CHUNK_GRAN) || u32::try_from(keys).is_err() {
+            return Err(KernelError::Unsupported {
+                kernel: "decode_attention",
+                reason: format!(
+                    "a minimum split of {keys} keys (must be a positive multiple of {CHUNK_GRAN})"
+                ),
+            });
+        }
+        Ok(DecodePlan {
+            min_chunk: keys,
+            ..self
         })
     }
 
@@ -175,7 +198,7 @@ impl Kernels {
     ) -> Result<(), KernelError> {
         const K: &str = "decode_attention";
         let s = p.shape;
-        DecodePlan::new(s, p.plan.target_blocks)?;
+        DecodePlan::new(s, p.plan.target_blocks)?.with_min_chunk(p.plan.min_chunk)?;
         let func = &self.decode[head_dim_index(K, s.head_dim)?][group_index(s.group())?];
         let splits = p.plan.splits(s, p.num_seqs);
         need(K, "qkv", &qkv, p.num_seqs * s.qkv_width())?;
@@ -209,6 +232,8 @@ impl Kernels {
             block_size: u32_of(K, "block_size", p.block_size)?,
             splits: splits as u32,
             scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
+            min_chunk: p.plan.min_chunk as u32,
+            pad: 0,
         };
         let cfg = LaunchConfig {
             grid: (splits as u32, u32_of(K, "num_seqs", p.num_seqs)?, args.n_kv),
@@ -240,6 +265,7 @@ pub fn decode_split_ref(
     block_size: usize,
     shape: HeadShape,
     splits: usize,
+    min_chunk: usize,
 ) -> Vec<f32> {
     let (d, g, kvw) = (shape.head_dim, shape.group(), shape.kv_width());
     let qw = shape.num_heads * d;
@@ -249,7 +275,7 @@ pub fn decode_split_ref(
         let ctx = ctx as usize;
         let table = &block_tables[s * max_blocks..(s + 1) * max_blocks];
         let slot = |p: usize| table[p / block_size] as usize * block_size + p % block_size;
-        let chunk = chunk_of(ctx, splits);
+        let chunk = chunk_of(ctx, splits, min_chunk);
         for h in 0..shape.num_heads {
             let kvh = h / g;
             let qv = &q[s * qw + h * d..][..d];
@@ -308,14 +334,27 @@ mod tests {
 
     #[test]
     fn chunks_cover_the_context_in_at_most_splits_pieces() {
-        for ctx in 0..600 {
-            for splits in [1, 2, 3, 7, 33, 128] {
-                let c = chunk_of(ctx, splits);
-                assert!(c.is_multiple_of(CHUNK_GRAN) && c >= MIN_CHUNK);
-                assert!(c * splits >= ctx, "ctx {ctx} splits {splits}");
-                // no split smaller than MIN_CHUNK is made just to use all splits
-                assert!(ctx.div_ceil(c) <= ctx.div_ceil(MIN_CHUNK).max(1));
+        for min in [MIN_CHUNK, CHUNK_GRAN, 256] {
+            for ctx in 0..600 {
+                for splits in [1, 2, 3, 7, 33, 128] {
+                    let c = chunk_of(ctx, splits, min);
+                    assert!(c.is_multiple_of(CHUNK_GRAN) && c >= min);
+                    assert!(c * splits >= ctx, "ctx {ctx} splits {splits}");
+                    // no split smaller than `min` is made just to use all splits
+                    assert!(ctx.div_ceil(c) <= ctx.div_ceil(min).max(1));
+                }
             }
+        }
+    }
+
+    #[test]
+    fn min_chunk_must_be_a_multiple_of_the_granule() {
+        let plan = DecodePlan::new(SHAPE, 264).unwrap();
+        assert_eq!(plan.min_chunk, MIN_CHUNK);
+        assert_eq!(plan.with_min_chunk(256).unwrap().min_chunk, 256);
+        for bad in [0, CHUNK_GRAN + 1] {
+            let e = plan.with_min_chunk(bad).unwrap_err().to_string();
+            assert!(e.contains(&bad.to_string()), "{e}");
         }
     }
 

@@ -273,7 +273,7 @@ fn decode_split_reference_matches_attention() {
             .collect();
         let (kc, vc) = (f32s(&kc), f32s(&vc));
         let want = decode_want(&b, &q, &kc, &vc, shape, block_size);
-        for splits in [1, 3, 33, 128] {
+        for (splits, min_chunk) in [(1, 64), (3, 16), (33, 64), (33, 256), (128, 16)] {
             let got = kernels::decode_attention::decode_split_ref(
                 &q,
                 &kc,
@@ -284,9 +284,13 @@ fn decode_split_reference_matches_attention() {
                 block_size,
                 shape,
                 splits,
+                min_chunk,
             );
             let e = rel_err(&got, &want);
-            assert!(e < 1e-5, "{shape:?} splits {splits}: rel err {e}");
+            assert!(
+                e < 1e-5,
+                "{shape:?} splits {splits} min {min_chunk}: rel err {e}"
+            );
         }
     }
 }
@@ -312,9 +316,14 @@ fn decode_attention_matches_reference() {
                 .collect();
             let want = decode_want(&b, &q, &f32s(&kc), &f32s(&vc), shape, block_size);
             // 1 block: one split per (sequence, KV head), the direct bf16 output;
-            // 264: the H200 batch-1 plan; 5000: up to 128 splits, most of them empty.
-            for target in [1, 264, 5000] {
-                let plan = DecodePlan::new(shape, target).unwrap();
+            // 264: the H200 batch-1 plan; 5000: up to 128 splits, most of them
+            // empty; minimum splits of 16 keys (many partials) and 256 (one
+            // split up to 256 keys, loops past the keys loaded before the wait).
+            for (target, min_chunk) in [(1, 64), (264, 64), (5000, 64), (5000, 16), (264, 256)] {
+                let plan = DecodePlan::new(shape, target)
+                    .unwrap()
+                    .with_min_chunk(min_chunk)
+                    .unwrap();
                 let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
                 let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
                 let pc = gpu.alloc::<u32>(plan.counters_len(shape, n)).unwrap();
@@ -351,7 +360,7 @@ fn decode_attention_matches_reference() {
                     let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
                     assert!(
                         e < 1e-2,
-                        "decode {shape:?} bs {block_size} target {target} round {round}: rel err {e}"
+                        "decode {shape:?} bs {block_size} target {target} min {min_chunk} round {round}: rel err {e}"
                     );
                 }
                 assert!(
@@ -364,7 +373,8 @@ fn decode_attention_matches_reference() {
 }
 
 /// Prints decode attention times (Llama-3.2-1B heads, block size 16) for
-/// batch 1 at 200 and 2000 tokens of context and batch 64 at 500, with the
+/// batch 1 at 200, 600 and 2000 tokens of context, batches 8 to 64 at 500
+/// and larger batches (also through the narrow flash kernel), with the
 /// H200 plan (264 blocks). Informational: asserts nothing about speed.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -376,7 +386,10 @@ fn decode_attention_timing() {
     let target = 2 * gpu.sm_count().unwrap();
     for (n, ctx) in [
         (1usize, 200usize),
+        (1, 600),
         (1, 2000),
+        (8, 500),
+        (32, 500),
         (64, 500),
         (256, 640),
         (128, 1000),
@@ -394,61 +407,65 @@ fn decode_attention_timing() {
             .upload(&rand_bf16(&mut rng, n * shape.qkv_width(), 1.0))
             .unwrap();
         let (d_ctx, d_tab) = (gpu.upload(&b.ctx).unwrap(), gpu.upload(&b.tables).unwrap());
-        let plan = DecodePlan::new(shape, target).unwrap();
-        let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
-        let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
-        let pc = gpu.alloc::<u32>(plan.counters_len(shape, n)).unwrap();
         let out = gpu
             .alloc::<bf16>(n * shape.num_heads * shape.head_dim)
             .unwrap();
-        let p = DecodeParams {
-            shape,
-            plan,
-            num_seqs: n,
-            max_blocks: b.max_blocks,
-            block_size,
-        };
-        let run = || {
-            // SAFETY: block ids < num_blocks, every table entry in range.
-            unsafe {
-                k.decode_attention(
-                    d_qkv.view(),
-                    d_kc.view(),
-                    d_vc.view(),
-                    d_ctx.view(),
-                    d_tab.view(),
-                    po.view(),
-                    pm.view(),
-                    pc.view(),
-                    out.view(),
-                    p,
-                )
-            }
-            .unwrap()
-        };
-        // time a captured graph of `per` calls, as a decode step replays them
-        let per = 20;
-        let graph = gpu::Graph::capture(&gpu, || {
-            for _ in 0..per {
-                run();
-            }
-            Ok(())
-        })
-        .unwrap();
-        graph.launch(&gpu).unwrap();
-        let reps = 10;
-        let t = gpu.timer().unwrap();
-        t.start().unwrap();
-        for _ in 0..reps {
+        let (per, reps) = (20, 10);
+        for min_chunk in [64, 128, 256] {
+            let plan = DecodePlan::new(shape, target)
+                .unwrap()
+                .with_min_chunk(min_chunk)
+                .unwrap();
+            let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
+            let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
+            let pc = gpu.alloc::<u32>(plan.counters_len(shape, n)).unwrap();
+            let p = DecodeParams {
+                shape,
+                plan,
+                num_seqs: n,
+                max_blocks: b.max_blocks,
+                block_size,
+            };
+            let run = || {
+                // SAFETY: block ids < num_blocks, every table entry in range.
+                unsafe {
+                    k.decode_attention(
+                        d_qkv.view(),
+                        d_kc.view(),
+                        d_vc.view(),
+                        d_ctx.view(),
+                        d_tab.view(),
+                        po.view(),
+                        pm.view(),
+                        pc.view(),
+                        out.view(),
+                        p,
+                    )
+                }
+                .unwrap()
+            };
+            // time a captured graph of `per` calls, as a decode step replays them
+            let graph = gpu::Graph::capture(&gpu, || {
+                for _ in 0..per {
+                    run();
+                }
+                Ok(())
+            })
+            .unwrap();
             graph.launch(&gpu).unwrap();
+            let t = gpu.timer().unwrap();
+            t.start().unwrap();
+            for _ in 0..reps {
+                graph.launch(&gpu).unwrap();
+            }
+            let us = t.stop_ms().unwrap() as f64 * 1000.0 / (reps * per) as f64;
+            let kv_mb = (n * ctx * shape.kv_width() * 4) as f64 / 1e6;
+            println!(
+                "decode attention S={n} ctx={ctx} splits={} min chunk {min_chunk}: {us:.1} us/call (incl. merge), {:.0} GB/s of K+V",
+                plan.splits(shape, n),
+                kv_mb * 1e3 / us
+            );
         }
-        let us = t.stop_ms().unwrap() as f64 * 1000.0 / (reps * per) as f64;
-        let kv_mb = (n * ctx * shape.kv_width() * 4) as f64 / 1e6;
-        println!(
-            "decode attention S={n} ctx={ctx} splits={}: {us:.1} us/call (incl. combine), {:.0} GB/s of K+V",
-            plan.splits(shape, n),
-            kv_mb * 1e3 / us
-        );
         if n < 32 {
             continue;
         }
@@ -486,11 +503,13 @@ fn decode_attention_timing() {
         })
         .unwrap();
         graph.launch(&gpu).unwrap();
+        let t = gpu.timer().unwrap();
         t.start().unwrap();
         for _ in 0..reps {
             graph.launch(&gpu).unwrap();
         }
         let us = t.stop_ms().unwrap() as f64 * 1000.0 / (reps * per) as f64;
+        let kv_mb = (n * ctx * shape.kv_width() * 4) as f64 / 1e6;
         println!(
             "flash_narrow S={n} ctx={ctx}: {us:.1} us/call, {:.0} GB/s of K+V",
             kv_mb * 1e3 / us

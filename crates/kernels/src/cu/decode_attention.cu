@@ -5,9 +5,10 @@
 // decode_attention_dD_gC: grid (splits, S, n_kv), DECODE_THREADS threads.
 //   `splits` is fixed on the host from S (enough blocks to fill the GPU);
 //   each block computes its key range from the device-side context length:
-//   chunk = round_up(max(ceil(ctx / splits), DECODE_MIN_CHUNK), DECODE_CHUNK_GRAN),
+//   chunk = round_up(max(ceil(ctx / splits), min_chunk), DECODE_CHUNK_GRAN),
 //   keys [split*chunk, min(ctx, (split+1)*chunk)); blocks past the context
-//   exit, so ns = ceil(ctx / chunk) splits do the work.
+//   exit, so ns = ceil(ctx / chunk) splits do the work (one split up to
+//   min_chunk keys, whatever `splits` is).
 //   Within a block, each key is read by D/8 lanes (one 16-byte uint4 of K and
 //   of V each), so a warp works on 32/(D/8) keys at once; every K/V load
 //   serves all G = n_heads/n_kv query heads of the group (G <= C). Each lane
@@ -23,13 +24,20 @@
 #include "pdl.cuh"
 
 // Shared with decode_attention.rs (THREADS, CHUNK_GRAN): keep equal.
+// 128 threads: a block fits beside the QKV GEMV's blocks, so it is resident,
+// its first keys loaded, before that kernel ends. (256 threads holding 8 keys
+// per lane group ran alone faster, 5.7 vs 8.1 us at batch 1 and 200 keys, but
+// lost 2% of a batch-1 step: 1 block per SM no longer overlaps the QKV GEMV.)
 #define DECODE_THREADS 128
 #define DECODE_CHUNK_GRAN 16
-// Fewest keys a split takes: short contexts use few splits (few partials to merge).
+// Default fewest keys a split takes (the host may pass another multiple of
+// DECODE_CHUNK_GRAN in DecodeArgs.min_chunk): short contexts use few splits,
+// so few partials to merge. (128 and 256 were slower at batch 1: every key
+// past the first 64 of a split is loaded after the PDL wait.)
 #define DECODE_MIN_CHUNK 64
 // Keys each lane group loads before using them (memory-level parallelism);
-// the first DECODE_UNROLL * STEP keys of a split (64 at D = 64, MIN_CHUNK)
-// are loaded before the PDL wait.
+// the first DECODE_UNROLL * STEP keys of a split (64 at D = 64) are loaded
+// before the PDL wait.
 #define DECODE_UNROLL 4
 
 struct DecodeArgs {
@@ -48,8 +56,10 @@ struct DecodeArgs {
     uint32_t block_size;
     uint32_t splits;
     float scale_log2;              // log2(e) / sqrt(D)
+    uint32_t min_chunk;            // fewest keys a split takes, multiple of DECODE_CHUNK_GRAN
+    uint32_t pad;
 };
-static_assert(sizeof(DecodeArgs) == 96, "DecodeArgs layout");
+static_assert(sizeof(DecodeArgs) == 104, "DecodeArgs layout");
 static_assert(offsetof(DecodeArgs, qkv) == 0, "DecodeArgs.qkv");
 static_assert(offsetof(DecodeArgs, k_cache) == 8, "DecodeArgs.k_cache");
 static_assert(offsetof(DecodeArgs, v_cache) == 16, "DecodeArgs.v_cache");
@@ -65,12 +75,13 @@ static_assert(offsetof(DecodeArgs, n_kv) == 80, "DecodeArgs.n_kv");
 static_assert(offsetof(DecodeArgs, block_size) == 84, "DecodeArgs.block_size");
 static_assert(offsetof(DecodeArgs, splits) == 88, "DecodeArgs.splits");
 static_assert(offsetof(DecodeArgs, scale_log2) == 92, "DecodeArgs.scale_log2");
+static_assert(offsetof(DecodeArgs, min_chunk) == 96, "DecodeArgs.min_chunk");
 
-// Keys per split for a context of `ctx` keys (>= DECODE_MIN_CHUNK, also for ctx 0).
+// Keys per split for a context of `ctx` keys (>= min_chunk, also for ctx 0).
 // decode_attention.rs `chunk_of` mirrors it.
-__device__ __forceinline__ uint32_t decode_chunk(uint32_t ctx, uint32_t splits) {
+__device__ __forceinline__ uint32_t decode_chunk(uint32_t ctx, uint32_t splits, uint32_t min_chunk) {
     uint32_t c = (ctx + splits - 1) / splits;
-    c = c > DECODE_MIN_CHUNK ? c : DECODE_MIN_CHUNK;
+    c = c > min_chunk ? c : min_chunk;
     return (c + DECODE_CHUNK_GRAN - 1) / DECODE_CHUNK_GRAN * DECODE_CHUNK_GRAN;
 }
 
@@ -104,6 +115,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     constexpr int KPW = 32 / LPK; // keys per warp per step
     constexpr int NW = DECODE_THREADS / 32;
     constexpr uint32_t STEP = NW * KPW; // keys per block per step
+    constexpr int U = DECODE_UNROLL;
     static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head dim");
     __shared__ float sm_ml[NW][C][2];
     __shared__ float sm_o[NW][C][D];
@@ -113,7 +125,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     // Context lengths and block tables are staged before the step's first
     // kernel, so the key range and the cache slots are known before the PDL wait.
     const uint32_t ctx = ld_before_wait_u32(a.context_lens + s);
-    const uint32_t chunk = decode_chunk(ctx, a.splits);
+    const uint32_t chunk = decode_chunk(ctx, a.splits, a.min_chunk);
     const uint32_t start = split * chunk;
     const uint32_t end = min(ctx, start + chunk);
     // Splits with keys (at least one, so an empty context still writes zeros).
@@ -122,23 +134,23 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t ks = lane / LPK, part = lane % LPK;
     const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
-    // The first DECODE_UNROLL steps' keys are loaded before the PDL wait:
+    // The first U steps' keys are loaded before the PDL wait:
     // every key but the newest (position ctx - 1, which the previous kernel
     // writes) is final before the step starts.
-    uint4 kr[DECODE_UNROLL], vr[DECODE_UNROLL];
-    size_t off[DECODE_UNROLL];
-    bool valid[DECODE_UNROLL];
+    uint4 kr[U], vr[U];
+    size_t off[U];
+    bool valid[U];
     // (All table entries first, then all K/V rows: these loads keep their
     // program order, so interleaving them would serialise the round trips.)
-    uint32_t blk[DECODE_UNROLL];
+    uint32_t blk[U];
 #pragma unroll
-    for (int u = 0; u < DECODE_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         const uint32_t j = start + u * STEP + warp * KPW + ks;
         valid[u] = j < end;
         blk[u] = valid[u] ? ld_before_wait_u32(table + j / a.block_size) : 0;
     }
 #pragma unroll
-    for (int u = 0; u < DECODE_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         const uint32_t j = start + u * STEP + warp * KPW + ks;
         kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
         off[u] = (((size_t)blk[u] * a.block_size + j % a.block_size) * a.n_kv + kvh) * D + part * 8;
@@ -150,7 +162,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     pdl_wait();
     pdl_launch_dependents();
 #pragma unroll
-    for (int u = 0; u < DECODE_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
         if (valid[u] && start + u * STEP + warp * KPW + ks + 1 >= ctx) {
             kr[u] = __ldg(reinterpret_cast<const uint4*>(a.k_cache + off[u]));
             vr[u] = __ldg(reinterpret_cast<const uint4*>(a.v_cache + off[u]));
@@ -177,10 +189,10 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         l[g] = 0.f;
     }
 
-    // Online softmax over one batch of DECODE_UNROLL keys per lane group.
+    // Online softmax over one batch of U keys per lane group.
     auto consume = [&]() {
 #pragma unroll
-        for (int u = 0; u < DECODE_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             float kf[8], vf[8];
             unpack8(kr[u], kf);
             unpack8(vr[u], vf);
@@ -204,9 +216,9 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         }
     };
     consume();
-    for (uint32_t base = start + STEP * DECODE_UNROLL; base < end; base += STEP * DECODE_UNROLL) {
+    for (uint32_t base = start + STEP * U; base < end; base += STEP * U) {
 #pragma unroll
-        for (int u = 0; u < DECODE_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             const uint32_t j = base + u * STEP + warp * KPW + ks;
             valid[u] = j < end;
             kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
