@@ -34,10 +34,14 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may run after Ctrl-C / SIGTERM before being cancelled.
     #[arg(long, default_value_t = 10.0)]
     pub grace: f64,
-    /// Most connections open at once; more are closed as they arrive (each
-    /// holds a file descriptor: raise `ulimit -n` with it).
+    /// Most connections open at once (each holds a file descriptor: raise
+    /// `ulimit -n` with it). When all are taken, the one idle the longest is
+    /// closed to make room; with none idle, new ones are closed as they arrive.
     #[arg(long, default_value_t = server::DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// Requests in flight per client address before 429 (0: no cap).
+    #[arg(long, default_value_t = server::DEFAULT_MAX_CLIENT_REQUESTS)]
+    pub max_client_requests: usize,
     /// Seconds to receive a request's headers; also how long a keep-alive
     /// connection may sit idle between requests.
     #[arg(long, default_value_t = 10.0)]
@@ -91,6 +95,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_connections: args.max_connections,
         header_timeout: Duration::from_secs_f64(args.header_timeout),
         body_timeout: Duration::from_secs_f64(args.body_timeout),
+        max_client_requests: args.max_client_requests,
         defaults: loaded.model.generation.clone(),
     };
     let state = server::AppState::new(loaded.engine, loaded.tokenizer, cfg);

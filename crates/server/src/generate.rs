@@ -236,15 +236,21 @@ fn engine_gone() -> ApiError {
 async fn complete(mut active: Active) -> Result<Response, ApiError> {
     let mut text = String::new();
     let mut events = Vec::new();
+    let mut align = logprobs::Aligner::default();
     let finished = loop {
         match active.next().await {
             Some(Event::Token(t)) => {
                 text.push_str(&t.text);
-                if active.job.logprobs.is_some() {
-                    events.push(t);
+                if active.job.logprobs.is_some()
+                    && let Some(out) = align.push(t)
+                {
+                    events.extend(out);
                 }
             }
-            Some(Event::Done(f)) => break f,
+            Some(Event::Done(f)) => {
+                events.extend(align.finish(f.reason));
+                break f;
+            }
             None => return Err(engine_gone()),
         }
     };
@@ -285,6 +291,8 @@ struct StreamState {
     phase: Phase,
     /// Completion `text_offset` of the next token.
     offset: usize,
+    /// Log-probability entries waiting for their text.
+    align: logprobs::Aligner,
 }
 
 /// The SSE events of a streamed request. Owns the engine handle: dropping
@@ -294,6 +302,7 @@ fn sse_stream(active: Active) -> impl Stream<Item = Result<SseEvent, Infallible>
         active,
         phase: Phase::Start,
         offset: 0,
+        align: logprobs::Aligner::default(),
     };
     stream::unfold(st, |mut st| async move {
         let events = step(&mut st).await?;
@@ -324,12 +333,17 @@ async fn step(st: &mut StreamState) -> Option<Vec<SseEvent>> {
         Phase::Tokens => loop {
             match st.active.next().await {
                 Some(Event::Token(t)) => {
-                    // held-back text (a possible stop string) gives empty deltas
+                    // held-back text (a possible stop string) gives empty
+                    // deltas: no chunk; its logprobs go with the text
                     if t.text.is_empty() && job.logprobs.is_none() {
                         continue;
                     }
-                    let lp = job.logprobs_value(std::slice::from_ref(&t), &mut st.offset);
-                    let choice = job.choice(&t.text, lp, None, true);
+                    let text = t.text.clone();
+                    let Some(evs) = st.align.push(t) else {
+                        continue;
+                    };
+                    let lp = job.logprobs_value(&evs, &mut st.offset);
+                    let choice = job.choice(&text, lp, None, true);
                     return Some(vec![data(&job.chunk(vec![choice]))]);
                 }
                 Some(Event::Done(f)) => {
@@ -338,12 +352,18 @@ async fn step(st: &mut StreamState) -> Option<Vec<SseEvent>> {
                         return Some(vec![data(&err.body()), done_marker()]);
                     }
                     let reason = f.reason.as_str();
-                    let mut out = vec![data(&job.chunk(vec![job.choice(
+                    let mut out = Vec::new();
+                    let rest = st.align.finish(f.reason);
+                    if !rest.is_empty() {
+                        let lp = job.logprobs_value(&rest, &mut st.offset);
+                        out.push(data(&job.chunk(vec![job.choice("", lp, None, true)])));
+                    }
+                    out.push(data(&job.chunk(vec![job.choice(
                         "",
                         Value::Null,
                         Some(reason),
                         true,
-                    )]))];
+                    )])));
                     if job.include_usage {
                         let mut last = job.chunk(Vec::new());
                         last["usage"] = usage_json(&f.usage);

@@ -8,9 +8,9 @@
 //! Contract:
 //! - [`router`] builds the whole app for a shared [`AppState`] (used in
 //!   process by tests); [`serve`] runs it on a listener until `shutdown`
-//!   resolves, then stops accepting, lets in-flight requests run for the
-//!   configured grace period, cancels what is left (engine shutdown) and
-//!   returns `Ok`.
+//!   resolves, then drains: in-flight requests run for the configured grace
+//!   period while new ones get 503 (`/health` too), what is left is
+//!   cancelled (engine shutdown), the listener closes and `serve` returns `Ok`.
 //! - A client that disconnects mid-stream cancels its request: the engine
 //!   handle lives in the response stream and cancels on drop.
 //! - Every request runs in a tracing span carrying its request id, which is
@@ -43,7 +43,10 @@ use axum::routing::{get, post};
 
 pub use error::ApiError;
 pub use middleware::check_api_key;
-pub use state::{AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_CONNECTIONS, ServerConfig};
+pub use state::{
+    AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_CLIENT_REQUESTS, DEFAULT_MAX_CONNECTIONS,
+    ServerConfig,
+};
 
 /// After the grace period the engine is shut down; connections get this much
 /// longer to close before `serve` returns anyway.
@@ -123,24 +126,33 @@ pub async fn serve(
         max_connections: state.cfg.max_connections,
         header_timeout: state.cfg.header_timeout,
         body_timeout: state.cfg.body_timeout,
+        max_client_requests: state.cfg.max_client_requests,
     };
-    let graceful = listen::run(router(state.clone()), listener, limits, shutdown).await;
-    tracing::info!("shutdown requested: no new connections; finishing in-flight requests");
+    let listen = listen::Listener::spawn(router(state.clone()), listener, limits);
+    shutdown.await;
+    tracing::info!(
+        "shutdown requested: draining (new requests get 503); finishing in-flight requests"
+    );
     state.begin_drain();
-    let closed = graceful.shutdown();
-    tokio::pin!(closed);
+    listen.begin_drain();
     let grace = state.cfg.grace;
     tokio::select! {
-        _ = &mut closed => {}
+        _ = listen.drained() => {}
         _ = tokio::time::sleep(grace) => {
             tracing::warn!(grace_s = grace.as_secs_f64(), "grace period over: cancelling in-flight requests");
             stop_engine(&state).await;
-            if tokio::time::timeout(CLOSE_TIMEOUT, &mut closed).await.is_err() {
+            if tokio::time::timeout(CLOSE_TIMEOUT, listen.drained()).await.is_err() {
                 tracing::warn!("connections still open after cancellation; exiting anyway");
             }
         }
     }
     stop_engine(&state).await;
+    if tokio::time::timeout(CLOSE_TIMEOUT, listen.stop())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections opened during the drain still open; exiting anyway");
+    }
     tracing::info!(%addr, "server stopped");
     Ok(())
 }

@@ -1,68 +1,290 @@
-//! The accept loop: connection limits and timeouts, then graceful shutdown.
+//! The accept loop: connection limits and timeouts, per-client request caps,
+//! and a drain that keeps answering.
 //!
-//! Contract: [`run`] accepts connections on the listener until `shutdown`
-//! resolves and serves each with hyper (HTTP/1.1), with
-//! - at most `max_connections` open at once: a connection accepted beyond
-//!   that is closed at once, before any byte is read (the listener never
-//!   runs the process out of file descriptors);
+//! Contract: [`Listener::spawn`] accepts connections until [`Listener::stop`]
+//! and serves each with hyper (HTTP/1.1), with
+//! - at most `max_connections` open at once. When all are taken, the
+//!   connection idle the longest (no request in flight) is asked to close
+//!   to make room, so idle sockets cannot lock new clients out; with none
+//!   idle, the new connection is closed before any byte is read (the
+//!   process never runs out of file descriptors);
 //! - `header_timeout` to receive a request's headers, also between the
-//!   requests of a keep-alive connection (so idle and slow-header
-//!   connections are closed);
-//! - `body_timeout` between two chunks of a request body (a client that
-//!   stalls mid-body gets 408, never holds the handler).
+//!   requests of a keep-alive connection (idle and slow-header connections
+//!   are closed);
+//! - `body_timeout` between two chunks of a request body (408);
+//! - at most `max_client_requests` requests in flight per client address
+//!   (a streamed response counts until its last byte); more get 429;
+//! - half-closed connections served (a client that shuts its write side
+//!   after sending still gets the response).
 //!
-//! After `shutdown` it stops accepting, asks every connection to close once
-//! its in-flight request is done, and returns when all are closed.
+//! [`Listener::begin_drain`] (shutdown) asks every open connection to close
+//! once its in-flight request is done; the listener stays open, so `/health`
+//! answers 503 while the server drains, and connections accepted meanwhile
+//! serve one request (keep-alive off). [`Listener::drained`] resolves when
+//! every connection accepted before the drain has closed.
 //!
-//! Costs: one tokio task per connection; the limits are O(1) per connection.
+//! Costs: one tokio task per connection; O(1) per request (two short mutex
+//! sections); O(open connections) only when the cap is full.
 
-use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::response::{IntoResponse, Response};
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
-/// Limits of [`run`].
+use crate::error::ApiError;
+
+/// Limits of the accept loop.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    /// Requests in flight per client address (0: no cap).
+    pub max_client_requests: usize,
 }
 
-/// Serves `app` on `listener` under `limits` until `shutdown`, then returns
-/// a graceful-shutdown handle whose `shutdown()` resolves once every
-/// connection has closed.
-pub async fn run(
-    app: Router,
-    listener: TcpListener,
+/// How long a new connection waits for an evicted idle one to close.
+const EVICT_WAIT: Duration = Duration::from_millis(200);
+
+/// One open connection, as the accept loop sees it.
+struct Conn {
+    close: Notify,
+    /// Milliseconds since the listener started, at the last request's start.
+    last_active: AtomicU64,
+    in_flight: AtomicUsize,
+    /// Asked to close (never picked for eviction twice).
+    closing: AtomicBool,
+    /// Accepted before the drain began ([`Listener::drained`] waits for these).
+    before_drain: bool,
+}
+
+impl Conn {
+    fn ask_close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.close.notify_one();
+    }
+}
+
+/// What the accept loop shares with its connections.
+struct Shared {
     limits: Limits,
-    shutdown: impl Future<Output = ()>,
-) -> GracefulShutdown {
+    epoch: Instant,
+    next_id: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Requests in flight per client address.
+    clients: Mutex<HashMap<IpAddr, usize>>,
+    draining: AtomicBool,
+    /// Signalled whenever a connection closes.
+    closed: Notify,
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the connection idle the longest to close; false when none is idle.
+    fn evict_idle(&self) -> bool {
+        let conns = self.conns();
+        let victim = conns
+            .values()
+            .filter(|c| {
+                c.in_flight.load(Ordering::Acquire) == 0 && !c.closing.load(Ordering::Acquire)
+            })
+            .min_by_key(|c| c.last_active.load(Ordering::Relaxed));
+        match victim {
+            Some(c) => {
+                c.ask_close();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Counts a request of `ip` in flight, or None when it already has the most allowed.
+    fn admit(self: &Arc<Self>, ip: IpAddr, conn: &Arc<Conn>) -> Option<RequestGuard> {
+        let cap = self.limits.max_client_requests;
+        let mut clients = self.clients();
+        let n = clients.entry(ip).or_insert(0);
+        if cap > 0 && *n >= cap {
+            return None;
+        }
+        *n += 1;
+        conn.in_flight.fetch_add(1, Ordering::AcqRel);
+        Some(RequestGuard {
+            shared: self.clone(),
+            conn: conn.clone(),
+            ip,
+        })
+    }
+}
+
+/// A request in flight: released when its response body is done or dropped.
+struct RequestGuard {
+    shared: Arc<Shared>,
+    conn: Arc<Conn>,
+    ip: IpAddr,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.conn
+            .last_active
+            .store(self.shared.now_ms(), Ordering::Relaxed);
+        self.conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let mut clients = self.shared.clients();
+        if let Some(n) = clients.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                clients.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A response body that holds its request's [`RequestGuard`] until it ends.
+struct Guarded {
+    inner: Body,
+    _guard: RequestGuard,
+}
+
+impl http_body::Body for Guarded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The running accept loop (see the module doc).
+pub struct Listener {
+    shared: Arc<Shared>,
+    stop: Arc<Notify>,
+    task: JoinHandle<()>,
+}
+
+impl Listener {
+    /// Starts accepting on `listener`, serving `app` under `limits`.
+    pub fn spawn(app: Router, listener: TcpListener, limits: Limits) -> Listener {
+        let shared = Arc::new(Shared {
+            limits,
+            epoch: Instant::now(),
+            next_id: AtomicU64::new(0),
+            conns: Mutex::new(HashMap::new()),
+            clients: Mutex::new(HashMap::new()),
+            draining: AtomicBool::new(false),
+            closed: Notify::new(),
+        });
+        let stop = Arc::new(Notify::new());
+        let task = tokio::spawn(accept_loop(app, listener, shared.clone(), stop.clone()));
+        Listener { shared, stop, task }
+    }
+
+    /// Starts the drain: every open connection closes once its in-flight
+    /// request is done; new ones serve a single request.
+    pub fn begin_drain(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+        for c in self.shared.conns().values() {
+            c.ask_close();
+        }
+    }
+
+    /// Resolves once every connection accepted before the drain has closed.
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.shared.closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.shared.conns().values().any(|c| c.before_drain) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Stops accepting and asks every connection to close; resolves once
+    /// all have closed (callers bound the wait).
+    pub async fn stop(self) {
+        self.stop.notify_one();
+        let _ = self.task.await;
+        loop {
+            let notified = self.shared.closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let conns = self.shared.conns();
+                if conns.is_empty() {
+                    return;
+                }
+                for c in conns.values() {
+                    c.ask_close();
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+async fn accept_loop(app: Router, listener: TcpListener, shared: Arc<Shared>, stop: Arc<Notify>) {
+    let limits = shared.limits;
     let app = tower::ServiceBuilder::new()
         .layer(RequestBodyTimeoutLayer::new(limits.body_timeout))
         .service(app);
     // HTTP/1.1 only: the auto-detecting builder waits for the first bytes
     // (the HTTP/2 preface) without any timeout, which a silent client holds
-    // forever.
+    // forever. Connections accepted while draining serve one request.
     let mut builder = Builder::new(TokioExecutor::new()).http1_only();
+    // half_close: a client may shut its write side after the request and
+    // still read the response (hyper otherwise drops the connection on EOF).
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    let graceful = GracefulShutdown::new();
+        .header_read_timeout(limits.header_timeout)
+        .half_close(true);
+    let mut closing = builder.clone();
+    closing.http1().keep_alive(false);
     let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
-            _ = &mut shutdown => break,
+            _ = stop.notified() => break,
             r = listener.accept() => match r {
                 Ok(c) => c,
                 Err(e) => {
@@ -73,26 +295,109 @@ pub async fn run(
                 }
             },
         };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
+        let Some(permit) = connection_permit(&open, &shared).await else {
             tracing::debug!(%peer, max = limits.max_connections, "connection limit reached: closing");
             drop(tcp);
             continue;
         };
-        // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
-        // algorithm holds each one until the client's delayed ACK (~40 ms).
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-        let conn = builder
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()))
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _permit = permit;
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+        let draining = shared.draining.load(Ordering::Acquire);
+        let b = if draining { &closing } else { &builder };
+        serve(b, tcp, peer.ip(), permit, &app, &shared, !draining);
     }
-    graceful
+}
+
+/// A connection slot: free, or freed by evicting the longest-idle connection.
+async fn connection_permit(
+    open: &Arc<Semaphore>,
+    shared: &Arc<Shared>,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(p) = open.clone().try_acquire_owned() {
+        return Some(p);
+    }
+    if !shared.evict_idle() {
+        return None;
+    }
+    tokio::time::timeout(EVICT_WAIT, open.clone().acquire_owned())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+type App = tower_http::timeout::RequestBodyTimeout<Router>;
+
+/// Spawns the task serving one connection.
+fn serve(
+    builder: &Builder<TokioExecutor>,
+    tcp: TcpStream,
+    ip: IpAddr,
+    permit: OwnedSemaphorePermit,
+    app: &App,
+    shared: &Arc<Shared>,
+    before_drain: bool,
+) {
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
+    // algorithm holds each one until the client's delayed ACK (~40 ms).
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let conn = Arc::new(Conn {
+        close: Notify::new(),
+        last_active: AtomicU64::new(shared.now_ms()),
+        in_flight: AtomicUsize::new(0),
+        closing: AtomicBool::new(false),
+        before_drain,
+    });
+    shared.conns().insert(id, conn.clone());
+    let (sh, c, app) = (shared.clone(), conn.clone(), app.clone());
+    let service = tower::service_fn(move |req: hyper::Request<Incoming>| {
+        let (sh, c, app) = (sh.clone(), c.clone(), app.clone());
+        async move {
+            let Some(guard) = sh.admit(ip, &c) else {
+                return Ok::<_, Infallible>(too_many_requests(sh.limits.max_client_requests));
+            };
+            let resp = match app.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            Ok(resp.map(|inner| {
+                Body::new(Guarded {
+                    inner,
+                    _guard: guard,
+                })
+            }))
+        }
+    });
+    let hyper_conn = builder
+        .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service))
+        .into_owned();
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        tokio::pin!(hyper_conn);
+        let ended = tokio::select! {
+            r = hyper_conn.as_mut() => r,
+            _ = conn.close.notified() => {
+                hyper_conn.as_mut().graceful_shutdown();
+                hyper_conn.await
+            }
+        };
+        if let Err(e) = ended {
+            tracing::debug!(%ip, error = %e, "connection ended with an error");
+        }
+        shared.conns().remove(&id);
+        drop(_permit);
+        shared.closed.notify_waiters();
+    });
+}
+
+fn too_many_requests(cap: usize) -> Response {
+    ApiError::from_status(
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        format!(
+            "too many requests in flight from this client address (at most {cap}: \
+             `--max-client-requests`); retry when one has finished"
+        ),
+    )
+    .into_response()
 }

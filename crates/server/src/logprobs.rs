@@ -5,8 +5,14 @@
 //! A token's text is its own decoding (`decode([id])`, special tokens kept);
 //! `bytes` are that text's UTF-8 bytes. `-inf` is reported as -9999.0, as
 //! OpenAI does (JSON has no infinity). O(top_logprobs) per token.
+//!
+//! Entries follow the returned text ([`Aligner`]): a token whose text is
+//! held back (a possible stop string, a partial UTF-8 character) is reported
+//! with the token that releases it, and the tokens of a matched stop string
+//! and the end-of-sequence token, which add no text, are not reported, so
+//! `tokens` and `text_offset` never run past the text.
 
-use engine::TokenEvent;
+use engine::{FinishReason, TokenEvent};
 use serde_json::{Map, Value, json};
 use tokenizer::Tokenizer;
 
@@ -109,9 +115,64 @@ pub fn completion(tok: &Tokenizer, events: &[TokenEvent], k: usize, offset: &mut
     })
 }
 
+/// Holds back the log-probability entries of tokens whose text is not out
+/// yet (see the module doc).
+#[derive(Default)]
+pub struct Aligner {
+    pending: Vec<TokenEvent>,
+}
+
+impl Aligner {
+    /// Takes the next token; returns the entries to report with its text
+    /// (the held-back ones first), or None while its text is held back.
+    pub fn push(&mut self, ev: TokenEvent) -> Option<Vec<TokenEvent>> {
+        let empty = ev.text.is_empty();
+        self.pending.push(ev);
+        (!empty).then(|| std::mem::take(&mut self.pending))
+    }
+
+    /// Entries still held when the request ends: none when it ended on a
+    /// stop string or EOS (those tokens add no text), else all of them.
+    pub fn finish(&mut self, reason: FinishReason) -> Vec<TokenEvent> {
+        let rest = std::mem::take(&mut self.pending);
+        if reason == FinishReason::Stop {
+            Vec::new()
+        } else {
+            rest
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ev(token: u32, text: &str) -> TokenEvent {
+        TokenEvent {
+            token,
+            text: text.into(),
+            logprob: -1.0,
+            top_logprobs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn held_back_tokens_follow_their_text_and_stop_tokens_are_dropped() {
+        let mut a = Aligner::default();
+        let ids =
+            |v: Option<Vec<TokenEvent>>| v.map(|v| v.iter().map(|e| e.token).collect::<Vec<_>>());
+        assert_eq!(ids(a.push(ev(1, "x"))), Some(vec![1]));
+        // 2 held back (a possible stop string), released with 3
+        assert_eq!(ids(a.push(ev(2, ""))), None);
+        assert_eq!(ids(a.push(ev(3, "az"))), Some(vec![2, 3]));
+        // 4 and 5 complete a stop string: never reported
+        assert_eq!(ids(a.push(ev(4, ""))), None);
+        assert_eq!(ids(a.push(ev(5, ""))), None);
+        assert!(a.finish(FinishReason::Stop).is_empty());
+        // at max_tokens, held-back tokens are still reported
+        assert_eq!(ids(a.push(ev(6, ""))), None);
+        assert_eq!(a.finish(FinishReason::Length).len(), 1);
+    }
 
     #[test]
     fn byte_level_alphabet_round_trips() {

@@ -18,6 +18,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
 /// Default cap on open connections (each holds a file descriptor; raise the
 /// process's descriptor limit with it).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default cap on requests in flight per client address (`--max-client-requests`):
+/// the engine's default queue, so one client alone can still fill it.
+pub const DEFAULT_MAX_CLIENT_REQUESTS: usize = 1024;
 
 /// How the server is set up.
 #[derive(Debug, Clone)]
@@ -39,6 +42,8 @@ pub struct ServerConfig {
     pub header_timeout: Duration,
     /// Longest wait between two chunks of a request body (408 after it).
     pub body_timeout: Duration,
+    /// Requests in flight per client address before 429 (0: no cap).
+    pub max_client_requests: usize,
     /// Sampling defaults (`generation_config.json`) for fields a request leaves out.
     pub defaults: GenerationConfig,
 }
@@ -53,6 +58,7 @@ impl ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            max_client_requests: DEFAULT_MAX_CLIENT_REQUESTS,
             defaults: GenerationConfig::default(),
         }
     }

@@ -142,6 +142,31 @@ fn read_text(path: &Path) -> Result<String, TokenizerError> {
     })
 }
 
+/// Refuses a vocabulary (model vocabulary and added tokens together) that
+/// gives one id to two different strings: decoding that id would be
+/// ambiguous and the token counts of the two would mix.
+fn check_unique_ids(
+    vocab: &std::collections::HashMap<String, u32>,
+    origin: &str,
+) -> Result<(), TokenizerError> {
+    let mut by_id: std::collections::HashMap<u32, &str> = std::collections::HashMap::new();
+    for (text, &id) in vocab {
+        if let Some(other) = by_id.insert(id, text) {
+            let (a, b) = if other < text.as_str() {
+                (other, text.as_str())
+            } else {
+                (text.as_str(), other)
+            };
+            return Err(TokenizerError::Invalid {
+                path: origin.to_string(),
+                field: "model.vocab / added_tokens",
+                reason: format!("id {id} is given to two different tokens, {a:?} and {b:?}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Tokenizer {
     /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`
     /// and `dir/chat_template.jinja` (used when the config carries no template).
@@ -245,6 +270,7 @@ impl Tokenizer {
             None => None,
         };
         let vocab = inner.get_vocab(true);
+        check_unique_ids(&vocab, origin)?;
         let vocab_size = vocab.values().max().map_or(0, |&m| m as usize + 1);
         let max_piece_bytes = inner
             .get_normalizer()

@@ -276,3 +276,32 @@ fn tokenizer_and_decoder_can_be_shared_across_threads() {
     assert_send_sync::<Tokenizer>();
     assert_send_sync::<crate::detok::IncrementalDecoder>();
 }
+
+/// Hardening item 9: one id given to two different strings of the model
+/// vocabulary is refused, naming the id and both strings. (An added token
+/// whose JSON id is taken gets a fresh id from `tokenizers` itself.)
+#[test]
+fn duplicate_ids_are_refused_naming_both_tokens() {
+    let base: serde_json::Value = ok(serde_json::from_str(&fixture::tokenizer_json(
+        false, "smollm",
+    )));
+    assert!(Tokenizer::from_json(&base.to_string(), None, "fx").is_ok());
+    let vocab = base["model"]["vocab"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let (first, id) = vocab
+        .iter()
+        .next()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .expect("a vocabulary");
+    // a second vocabulary string with the same id
+    let mut v = base.clone();
+    v["model"]["vocab"]["zzz-duplicate"] = id.clone();
+    let msg = err_msg(Tokenizer::from_json(&v.to_string(), None, "fx"));
+    assert!(
+        msg.contains("zzz-duplicate") && msg.contains(&format!("{first:?}")),
+        "{msg}"
+    );
+    assert!(msg.contains(&format!("id {id}")), "{msg}");
+}

@@ -6,6 +6,7 @@
 mod errors;
 mod fake;
 mod limits;
+mod load;
 mod responses;
 mod shutdown;
 mod streams;

@@ -1,8 +1,8 @@
 //! Non-streamed responses and the small endpoints.
 
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::{LETTERS, MODEL, app};
+use crate::{LETTERS, MODEL, app, sse_chunks};
 
 #[tokio::test]
 async fn chat_completion_has_openai_shape() {
@@ -275,4 +275,69 @@ async fn request_ids_are_echoed() {
         .body(axum::body::Body::empty())
         .unwrap();
     assert_eq!(app.send(req).await.headers["x-request-id"], "trace-42");
+}
+
+/// Finding 9: log-probabilities follow the returned text. The tokens of a
+/// matched stop string ("fgh") and the EOS token add no text and are not
+/// reported; `tokens` joined equal the text and no `text_offset` runs past it.
+#[tokio::test]
+async fn logprobs_match_the_text_after_a_stop_string_or_eos() {
+    let app = app();
+    for stream in [false, true] {
+        let req = json!({"prompt": "a", "stop": ["fgh"], "logprobs": 2, "stream": stream});
+        let r = app.post_json("/v1/completions", &req).await;
+        let (mut text, mut tokens, mut offsets) = (String::new(), Vec::new(), Vec::new());
+        let choices: Vec<Value> = if stream {
+            sse_chunks(&r.text())
+                .iter()
+                .map(|c| c["choices"][0].clone())
+                .collect()
+        } else {
+            vec![r.json()["choices"][0].clone()]
+        };
+        for c in &choices {
+            text.push_str(c["text"].as_str().unwrap_or(""));
+            if let Some(lp) = c["logprobs"].as_object() {
+                tokens.extend(lp["tokens"].as_array().cloned().unwrap_or_default());
+                offsets.extend(lp["text_offset"].as_array().cloned().unwrap_or_default());
+            }
+        }
+        assert_eq!(text, "bcde", "stream {stream}");
+        let joined: String = tokens.iter().filter_map(|t| t.as_str()).collect();
+        assert_eq!(joined, text, "stream {stream}: {tokens:?}");
+        assert!(
+            offsets
+                .iter()
+                .all(|o| o.as_u64().is_some_and(|o| (o as usize) < text.len())),
+            "stream {stream}: {offsets:?}"
+        );
+        // chat: the reply ends on EOS, which is not in `logprobs.content`
+        let req = json!({"messages": [{"role": "user", "content": "a"}], "logprobs": true,
+                         "max_tokens": 40, "stream": stream});
+        let r = app.post_json("/v1/chat/completions", &req).await;
+        let (mut text, mut toks) = (String::new(), String::new());
+        let choices: Vec<Value> = if stream {
+            sse_chunks(&r.text())
+                .iter()
+                .map(|c| c["choices"][0].clone())
+                .collect()
+        } else {
+            vec![r.json()["choices"][0].clone()]
+        };
+        for c in &choices {
+            let m = if stream { &c["delta"] } else { &c["message"] };
+            text.push_str(m["content"].as_str().unwrap_or(""));
+            for e in c["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                toks.push_str(e["token"].as_str().unwrap_or(""));
+            }
+        }
+        let last = choices.last().map(|c| c["finish_reason"].clone());
+        assert_eq!(last, Some(json!("stop")), "stream {stream}");
+        assert!(!text.is_empty());
+        assert_eq!(toks, text, "stream {stream}");
+    }
 }

@@ -109,3 +109,43 @@ async fn requests_past_grace_are_cancelled() {
     // 450 tokens at 5 ms would take over 2 s
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
+
+/// Finding 9: while the server drains, it still accepts connections and
+/// answers `/health` with 503 and new work with 503; the in-flight stream
+/// finishes; then the listener closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_503_while_draining() {
+    let (addr, stop, task) = start(Duration::from_secs(20), Duration::from_millis(10)).await;
+    let (s, first) = open(addr, 40).await;
+    assert!(String::from_utf8_lossy(&first).starts_with("HTTP/1.1 200"));
+    stop.send(()).expect("server alive");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let get = |req: String| async move {
+        let mut c = TcpStream::connect(addr)
+            .await
+            .expect("still accepting while draining");
+        c.write_all(req.as_bytes()).await.expect("write");
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut got))
+            .await
+            .expect("the server closed the draining connection")
+            .expect("read");
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let h = get("GET /health HTTP/1.1\r\nhost: t\r\n\r\n".into()).await;
+    assert!(h.starts_with("HTTP/1.1 503"), "{h}");
+    assert!(h.contains("shutting_down"), "{h}");
+    let body = r#"{"prompt": "a", "max_tokens": 2}"#;
+    let c = get(format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    ))
+    .await;
+    assert!(c.starts_with("HTTP/1.1 503"), "{c}");
+    let raw = read_to_end(s, first).await;
+    assert!(raw.contains("\"finish_reason\":\"length\""), "{raw}");
+    let res = tokio::time::timeout(Duration::from_secs(10), task).await;
+    assert!(matches!(res, Ok(Ok(Ok(())))), "{res:?}");
+    assert!(TcpStream::connect(addr).await.is_err());
+}
