@@ -15,7 +15,10 @@
 //! - at most `max_client_requests` requests in flight per client address
 //!   (a streamed response counts until its last byte); more get 429;
 //! - half-closed connections served (a client that shuts its write side
-//!   after sending still gets the response).
+//!   after sending still gets the response). The price: a client that
+//!   closes while waiting for a non-streamed response is only noticed when
+//!   the response is written (streams notice at the next token), so such a
+//!   request runs to its `max_tokens`.
 //!
 //! [`Listener::begin_drain`] (shutdown) asks every open connection to close
 //! once its in-flight request is done; the listener stays open, so `/health`
