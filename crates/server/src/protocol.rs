@@ -1,10 +1,19 @@
 //! Request bodies of the OpenAI-compatible endpoints, as sent on the wire,
 //! and their parsing: malformed JSON and wrongly typed fields become 400
 //! errors naming the field (via `serde_path_to_error`). Range checks happen
-//! later, in [`crate::params`]. Unknown fields are ignored, as OpenAI does.
+//! later, in [`crate::params`].
+//!
+//! Never silently ignored: a field lamina does not implement (`tools`,
+//! `response_format`, `logit_bias`, a message's `tool_calls`, ...) is a 400
+//! naming it. Accepted and ignored on purpose, because they cannot change
+//! the output: `user` (an end-user id for abuse tracking) and a message's
+//! `name`. ([`IGNORED_FIELDS`]; the README lists them too.)
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
+
+/// Fields accepted and ignored on purpose (see the module doc).
+pub const IGNORED_FIELDS: [&str; 2] = ["user", "messages[].name"];
 
 use crate::error::ApiError;
 
@@ -27,6 +36,7 @@ impl Stop {
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
@@ -63,6 +73,7 @@ pub enum Content {
 
 /// `{"type": "text", "text": "..."}`; other part types are refused.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -72,14 +83,19 @@ pub struct ContentPart {
 
 /// One message of `messages`.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// Accepted and ignored (the chat templates do not render it).
+    #[serde(default)]
+    pub name: Option<IgnoredAny>,
 }
 
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
     #[serde(default)]
@@ -122,6 +138,9 @@ pub struct ChatRequest {
     /// control tokens (default false: it is text).
     #[serde(default)]
     pub parse_special_tokens: Option<bool>,
+    /// Accepted and ignored (an end-user id).
+    #[serde(default)]
+    pub user: Option<IgnoredAny>,
 }
 
 impl ChatRequest {
@@ -168,6 +187,7 @@ pub enum Prompt {
 
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
     #[serde(default)]
@@ -206,6 +226,9 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Accepted and ignored (an end-user id).
+    #[serde(default)]
+    pub user: Option<IgnoredAny>,
 }
 
 impl CompletionRequest {
@@ -232,6 +255,7 @@ impl CompletionRequest {
 
 /// `POST /tokenize`: a `prompt`, or chat `messages` rendered with the template.
 #[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     #[serde(default)]
     pub model: Option<String>,
@@ -277,6 +301,21 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
                 Err(ApiError::malformed_json(format!(
                     "The request body is not valid JSON: {inner}"
                 )))
+            } else if let Some(field) = unknown_field(&inner.to_string()) {
+                // the path already ends with the unknown field
+                let param = if path.is_empty() || path == "." {
+                    field
+                } else {
+                    path
+                };
+                Err(ApiError::invalid_param(
+                    param.clone(),
+                    format!(
+                        "Unsupported parameter `{param}`: lamina does not implement it, and it \
+                         is refused rather than ignored. (Accepted and ignored on purpose: {}.)",
+                        IGNORED_FIELDS.join(", ")
+                    ),
+                ))
             } else if path.is_empty() || path == "." {
                 let msg = inner.to_string();
                 // serde names a missing field as "missing field `x` at line.."
@@ -301,9 +340,57 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     }
 }
 
+/// The field serde's `deny_unknown_fields` names in `msg`, if that is the error.
+fn unknown_field(msg: &str) -> Option<String> {
+    msg.strip_prefix("unknown field `")
+        .and_then(|rest| rest.split('`').next())
+        .map(str::to_owned)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsupported_fields_are_refused_naming_them() {
+        for (body, param) in [
+            (r#"{"messages": [], "tools": []}"#, "tools"),
+            (
+                r#"{"messages": [], "response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
+            (r#"{"messages": [], "logit_bias": {"1": 5}}"#, "logit_bias"),
+            (
+                r#"{"messages": [{"role": "user", "content": "a", "tool_calls": []}]}"#,
+                "messages[0].tool_calls",
+            ),
+            (
+                r#"{"messages": [], "stream_options": {"continuous_usage_stats": true}}"#,
+                "stream_options.continuous_usage_stats",
+            ),
+        ] {
+            let e = parse::<ChatRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{}",
+                e.message
+            );
+            assert!(e.message.contains("Unsupported parameter"), "{}", e.message);
+        }
+        let e = parse::<CompletionRequest>(br#"{"prompt": "a", "best_of": 2}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("best_of"));
+        let e = parse::<TokenizeRequest>(br#"{"prompt": "a", "foo": 1}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("foo"));
+        // accepted and ignored on purpose
+        assert!(
+            parse::<ChatRequest>(
+                br#"{"messages": [{"role": "user", "content": "a", "name": "x"}], "user": "u"}"#
+            )
+            .is_ok()
+        );
+        assert!(parse::<CompletionRequest>(br#"{"prompt": "a", "user": "u"}"#).is_ok());
+    }
 
     #[test]
     fn type_error_names_the_field() {
