@@ -169,6 +169,14 @@ impl Engine {
         self.inner.max_context
     }
 
+    /// The longest sequence (prompt + max_tokens) this engine can finish:
+    /// the model's context, or what the whole KV pool holds when that is
+    /// less (the `max_model_len` to advertise and to default `max_tokens` from).
+    pub fn max_sequence(&self) -> usize {
+        let pool = self.inner.num_blocks.saturating_mul(self.inner.block_size);
+        self.inner.max_context.min(pool)
+    }
+
     /// Tokens per KV block and blocks in the pool.
     pub fn kv_shape(&self) -> (usize, usize) {
         (self.inner.block_size, self.inner.num_blocks)
@@ -226,6 +234,16 @@ impl Inner {
                 needed_blocks,
                 block_size: self.block_size,
                 pool_blocks: self.num_blocks,
+            });
+        }
+        // Alone in the pool (every other sequence preempted) a request can
+        // always finish unless it needs more than the pool holds.
+        let pool_tokens = self.num_blocks.saturating_mul(self.block_size);
+        if prompt.saturating_add(req.max_tokens) > pool_tokens {
+            return Err(SubmitError::NeverFitsKvPool {
+                prompt,
+                max_tokens: req.max_tokens,
+                pool_tokens,
             });
         }
         Ok(())

@@ -183,6 +183,15 @@ pub enum SubmitError {
         pool_blocks: usize,
     },
     #[error(
+        "the prompt has {prompt} tokens and max_tokens is {max_tokens}: {} in all, more than the whole KV pool holds ({pool_tokens} tokens), so the request could never finish; lower max_tokens or give the pool more memory (--kv-memory-gib / --kv-blocks)",
+        prompt + max_tokens
+    )]
+    NeverFitsKvPool {
+        prompt: usize,
+        max_tokens: usize,
+        pool_tokens: usize,
+    },
+    #[error(
         "token id {token} at prompt position {position} is outside the vocabulary (size {vocab})"
     )]
     TokenOutOfVocab {

@@ -193,7 +193,9 @@ pub fn from_submit(err: SubmitError, prompt_param: &str) -> ApiError {
         SubmitError::PromptTooLong { .. } | SubmitError::ExceedsKvPool { .. } => {
             ApiError::context_length(prompt_param, msg)
         }
-        SubmitError::ContextExceeded { .. } => ApiError::context_length("max_tokens", msg),
+        SubmitError::ContextExceeded { .. } | SubmitError::NeverFitsKvPool { .. } => {
+            ApiError::context_length("max_tokens", msg)
+        }
         SubmitError::TokenOutOfVocab { .. } | SubmitError::EmptyPrompt => {
             ApiError::invalid_param(prompt_param, msg)
         }
@@ -252,5 +254,18 @@ mod tests {
             e.message,
             "The prompt has 9 tokens; the model's context is 8."
         );
+        let e = from_submit(
+            SubmitError::NeverFitsKvPool {
+                prompt: 10,
+                max_tokens: 30,
+                pool_tokens: 16,
+            },
+            "prompt",
+        );
+        assert_eq!(
+            (e.status.as_u16(), e.param.as_deref()),
+            (400, Some("max_tokens"))
+        );
+        assert!(e.message.contains("16 tokens"), "{}", e.message);
     }
 }

@@ -132,7 +132,7 @@ impl AppState {
 
     /// The longest prompt + completion a request may have.
     pub fn max_context(&self) -> usize {
-        self.engine.max_context()
+        self.engine.max_sequence()
     }
 }
 

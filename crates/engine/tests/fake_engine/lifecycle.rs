@@ -253,27 +253,31 @@ fn non_finite_logits_end_the_request_with_an_error() {
     assert_eq!(s.engine.stats().kv_blocks_used, 0);
 }
 
+/// Hardening finding 7: a request that could not finish even alone in the
+/// KV pool is refused at submit, naming the pool and the fix, never cut
+/// short later as `length`; one that exactly fits runs to its end.
 #[test]
-fn sequence_outgrowing_the_pool_ends_with_an_error_naming_the_pool() {
-    // 4 blocks of 4 = 16 slots; prompt 10 + up to 30 tokens cannot fit
+fn a_request_the_pool_can_never_hold_is_refused_at_submit() {
+    // 4 blocks of 4 = 16 slots; prompt 10 + 30 tokens can never fit
     let s = start(4, 4, cfg(2, 16));
+    let e = s
+        .engine
+        .submit(req(prompt(10, 1), 30, SamplingParams::greedy()))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("16 tokens") && e.contains("max_tokens is 30") && e.contains("--kv-memory-gib"),
+        "{e}"
+    );
+    assert_eq!(s.engine.max_sequence(), 16);
+    // prompt 10 + 6 fills the pool exactly: it finishes with all 6 tokens
     let out = run_all(
         &s.engine,
-        vec![req(prompt(10, 1), 30, SamplingParams::greedy())],
+        vec![req(prompt(10, 1), 6, SamplingParams::greedy())],
     )
     .remove(0);
-    // never `length`: the client asked for 30 tokens and did not get them
-    assert_eq!(out.reason, FinishReason::Error);
-    let msg = out.error.clone().unwrap_or_default();
-    assert!(
-        msg.contains("KV cache ran out") && msg.contains("holds 16 (4 blocks of 4)"),
-        "{msg}"
-    );
-    assert!(
-        out.tokens.len() >= 6 && out.tokens.len() < 30,
-        "{}",
-        out.tokens.len()
-    );
+    assert_eq!((out.reason, out.tokens.len()), (FinishReason::Length, 6));
     wait_idle(&s.engine);
     assert_eq!(s.engine.stats().kv_blocks_used, 0);
 }
