@@ -6,7 +6,7 @@
 //!
 //! Contract: allocation itself is the system allocator's; requests above
 //! [`HARD_CAP`] while a limit is set return null (the process aborts with
-//! the size, instead of paging the machine to death). Costs: two
+//! the size and a backtrace, instead of paging the machine to death). Costs: two
 //! thread-local reads per allocation.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -25,10 +25,20 @@ pub struct LimitedAlloc;
 
 fn note(size: usize) -> bool {
     let limited = LIMITED.try_with(Cell::get).unwrap_or(false);
-    if limited {
-        let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    if !limited {
+        return true;
     }
-    !(limited && size > HARD_CAP)
+    let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    if size > HARD_CAP {
+        // unlimited while reporting (the report allocates)
+        let _ = LIMITED.try_with(|l| l.set(false));
+        eprintln!(
+            "fuzzkit: refusing a {size}-byte allocation, made at:\n{}",
+            std::backtrace::Backtrace::force_capture()
+        );
+        return false;
+    }
+    true
 }
 
 // SAFETY: every method forwards to `System` with the caller's layout

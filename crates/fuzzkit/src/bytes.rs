@@ -40,7 +40,7 @@ fn interesting() -> impl Strategy<Value = u64> {
     prop_oneof![
         3 => proptest::sample::select(&INTERESTING[..]),
         1 => any::<u64>(),
-        1 => (0u64..4096),
+        1 => 0u64..4096,
     ]
 }
 
