@@ -287,9 +287,19 @@ impl LlamaConfig {
         let mlp = tensor(intermediate_size, hidden_size)
             .ok_or_else(|| overflow("intermediate_size", "gate_proj [intermediate, hidden]"))?;
         // per layer: q, o, and k, v (at most q's size: kv heads divide heads), 3 MLP, 2 norms
-        let per_layer = [attn, attn, attn, attn, mlp, mlp, mlp, hidden_size, hidden_size]
-            .into_iter()
-            .try_fold(0usize, usize::checked_add);
+        let per_layer = [
+            attn,
+            attn,
+            attn,
+            attn,
+            mlp,
+            mlp,
+            mlp,
+            hidden_size,
+            hidden_size,
+        ]
+        .into_iter()
+        .try_fold(0usize, usize::checked_add);
         per_layer
             .and_then(|l| l.checked_mul(num_layers))
             .and_then(|l| l.checked_add(embed.checked_mul(2)?))
@@ -297,9 +307,8 @@ impl LlamaConfig {
             .ok_or_else(|| overflow("num_hidden_layers", "the whole model"))?;
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
         // stored as f32: 1e-50 would become 0 (a division by zero) and 1e39 infinity
-        if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite())
-            || !(rms_norm_eps as f32 > 0.0 && (rms_norm_eps as f32).is_finite())
-        {
+        let eps32 = rms_norm_eps as f32; // NaN and inf stay so
+        if !(eps32 > 0.0 && eps32.is_finite()) {
             return Err(bad(
                 "rms_norm_eps",
                 format!("must be a positive f32 (from 1.2e-38 to 3.4e38), got {rms_norm_eps}"),

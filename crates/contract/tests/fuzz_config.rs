@@ -23,7 +23,10 @@ fn seeds(target: &str) -> Vec<Value> {
 }
 
 fn raw_seeds(target: &str) -> Vec<Vec<u8>> {
-    fuzzkit::corpus(target).into_iter().map(|(_, b)| b).collect()
+    fuzzkit::corpus(target)
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect()
 }
 
 /// The error contract: the file is named, the field whenever the error is
@@ -62,9 +65,14 @@ fn check_valid(c: &LlamaConfig) {
     assert!(dims.iter().all(|&d| d > 0), "{c:?}");
     assert_eq!(c.num_heads % c.num_kv_heads, 0, "{c:?}");
     assert_eq!(c.head_dim % 2, 0, "{c:?}");
-    let q = c.num_heads.checked_mul(c.head_dim).expect("q_dim overflows");
+    let q = c
+        .num_heads
+        .checked_mul(c.head_dim)
+        .expect("q_dim overflows");
     for rows in [c.vocab_size, q, c.intermediate_size] {
-        let n = rows.checked_mul(c.hidden_size).expect("tensor size overflows");
+        let n = rows
+            .checked_mul(c.hidden_size)
+            .expect("tensor size overflows");
         assert!(n.checked_mul(4).is_some_and(|b| b <= isize::MAX as usize));
     }
     assert_eq!((c.q_dim(), c.kv_dim()), (q, c.num_kv_heads * c.head_dim));

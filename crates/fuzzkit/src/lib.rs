@@ -64,7 +64,11 @@ pub fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
             let path = e.expect("corpus entry").path();
             let bytes = std::fs::read(&path)
                 .unwrap_or_else(|e| panic!("fuzz corpus {}: {e}", path.display()));
-            let name = path.file_name().unwrap_or_default().to_string_lossy().into();
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into();
             (name, bytes)
         })
         .collect();

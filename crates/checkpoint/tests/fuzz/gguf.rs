@@ -42,7 +42,11 @@ fn run(buf: &[u8]) {
     };
     let mut names = std::collections::HashSet::new();
     for t in &g.tensors {
-        assert!(names.insert(&t.name), "duplicate tensor `{}` accepted", t.name);
+        assert!(
+            names.insert(&t.name),
+            "duplicate tensor `{}` accepted",
+            t.name
+        );
         match g.dequantize(buf, t) {
             Ok(v) => {
                 let want: u128 = t.dims.iter().map(|&d| u128::from(d)).product();
@@ -159,7 +163,10 @@ impl Edit {
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let mut s: Vec<Vec<u8>> = fuzzkit::corpus("gguf").into_iter().map(|(_, b)| b).collect();
+    let mut s: Vec<Vec<u8>> = fuzzkit::corpus("gguf")
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
     s.push(micro_llama().bytes());
     s
 }
@@ -222,7 +229,10 @@ fn element_count_overflow_is_refused() {
     // 2^32 x 2^32 F32 elements wrapped to 0: an empty tensor that "fit"
     let buf = one_tensor(&[1 << 32, 1 << 32], 0);
     let e = Gguf::parse(&buf, PATH).unwrap_err().to_string();
-    assert!(e.contains("token_embd.weight") && e.contains("overflow"), "{e}");
+    assert!(
+        e.contains("token_embd.weight") && e.contains("overflow"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -231,12 +241,18 @@ fn duplicate_tensor_and_key_are_refused() {
     let copy = d.tensors[1].clone();
     d.tensors.push(copy);
     let e = Gguf::parse(&d.bytes(), PATH).unwrap_err().to_string();
-    assert!(e.contains("output_norm.weight") && e.contains("twice"), "{e}");
+    assert!(
+        e.contains("output_norm.weight") && e.contains("twice"),
+        "{e}"
+    );
     let mut d = micro_llama();
     let copy = d.kvs[1].clone();
     d.kvs.push(copy);
     let e = Gguf::parse(&d.bytes(), PATH).unwrap_err().to_string();
-    assert!(e.contains("llama.embedding_length") && e.contains("twice"), "{e}");
+    assert!(
+        e.contains("llama.embedding_length") && e.contains("twice"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -256,14 +272,21 @@ fn huge_counts_fail_before_allocating() {
 fn huge_block_count_is_refused_before_allocating() {
     // block_count 2^32 - 1 built 9 tensor specs a layer: a 4.4 GB allocation
     let mut d = micro_llama();
-    let kv = d.kvs.iter_mut().find(|k| k.key == "llama.block_count").unwrap();
+    let kv = d
+        .kvs
+        .iter_mut()
+        .find(|k| k.key == "llama.block_count")
+        .unwrap();
     kv.payload = u32::MAX.to_le_bytes().to_vec();
     let buf = d.bytes();
     let g = Gguf::parse(&buf, PATH).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (r, largest) = largest_allocation(|| import_to_dir(&g, &buf, dir.path(), None));
     let e = r.unwrap_err().to_string();
-    assert!(e.contains("llama.block_count") && e.contains("4294967295"), "{e}");
+    assert!(
+        e.contains("llama.block_count") && e.contains("4294967295"),
+        "{e}"
+    );
     assert!(largest < 1 << 20, "{largest} bytes allocated");
 }
 

@@ -43,7 +43,11 @@ pub fn micro_safetensors() -> Vec<u8> {
 pub fn safetensors_input(file: &[u8]) {
     let ((), largest) = largest_allocation(|| run(file));
     let bound = 256 * file.len() + (64 << 20);
-    assert!(largest <= bound, "{} bytes made a {largest}-byte allocation", file.len());
+    assert!(
+        largest <= bound,
+        "{} bytes made a {largest}-byte allocation",
+        file.len()
+    );
 }
 
 fn run(file: &[u8]) {
@@ -56,7 +60,10 @@ fn run(file: &[u8]) {
             assert_eq!(w.layers.len(), cfg.num_layers);
             for l in &w.layers {
                 assert_eq!(l.q_proj.shape, [cfg.q_dim(), cfg.hidden_size]);
-                assert_eq!(l.down_proj.data.len(), cfg.hidden_size * cfg.intermediate_size);
+                assert_eq!(
+                    l.down_proj.data.len(),
+                    cfg.hidden_size * cfg.intermediate_size
+                );
             }
         }
         Err(e) => {
@@ -86,19 +93,31 @@ fn join(header: &Value, prefix: Option<u64>, data: &[u8]) -> Vec<u8> {
 /// that do not fit, besides arbitrary JSON.
 fn entry_value() -> impl Strategy<Value = Value> {
     prop_oneof![
-        proptest::sample::select(vec!["BF16", "F16", "F32", "F64", "I8", "U8", "BOOL", "F8_E4M3", "bf16", ""])
-            .prop_map(Value::from),
+        proptest::sample::select(vec![
+            "BF16", "F16", "F32", "F64", "I8", "U8", "BOOL", "F8_E4M3", "bf16", ""
+        ])
+        .prop_map(Value::from),
         proptest::collection::vec(
-            prop_oneof![Just(0u64), Just(1), Just(4), Just(8), Just(1 << 32), Just(u64::MAX)],
+            prop_oneof![
+                Just(0u64),
+                Just(1),
+                Just(4),
+                Just(8),
+                Just(1 << 32),
+                Just(u64::MAX)
+            ],
             0..4
         )
-        .prop_map(|v| Value::from(v)),
+        .prop_map(Value::from),
         fuzzkit::arb_json(),
     ]
 }
 
 fn seeds() -> Vec<Vec<u8>> {
-    let mut s: Vec<Vec<u8>> = fuzzkit::corpus("safetensors").into_iter().map(|(_, b)| b).collect();
+    let mut s: Vec<Vec<u8>> = fuzzkit::corpus("safetensors")
+        .into_iter()
+        .map(|(_, b)| b)
+        .collect();
     s.push(micro_safetensors());
     s
 }
@@ -147,8 +166,16 @@ fn regen_safetensors_corpus() {
     let (h, data) = split(&micro_safetensors());
     let mut overlap = h.clone();
     overlap["model.norm.weight"]["data_offsets"] = serde_json::json!([0, 8]);
-    std::fs::write(dir.join("overlapping-offsets.safetensors"), join(&overlap, None, &data)).unwrap();
-    std::fs::write(dir.join("truncated.safetensors"), join(&h, None, &data[..data.len() / 2])).unwrap();
+    std::fs::write(
+        dir.join("overlapping-offsets.safetensors"),
+        join(&overlap, None, &data),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("truncated.safetensors"),
+        join(&h, None, &data[..data.len() / 2]),
+    )
+    .unwrap();
 }
 
 #[test]

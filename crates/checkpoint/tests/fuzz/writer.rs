@@ -188,7 +188,12 @@ pub fn micro_llama() -> GgufDesc {
         tensor("blk.0.ffn_norm.weight", &[4], 0, f32s(4, 0.3)),
         tensor("blk.0.ffn_gate.weight", &[4, 8], 8, block(&[0.01], 32)),
         tensor("blk.0.ffn_up.weight", &[4, 8], 2, block(&[0.02], 16)),
-        tensor("blk.0.ffn_down.weight", &[8, 4], 3, block(&[0.01, -0.1], 16)),
+        tensor(
+            "blk.0.ffn_down.weight",
+            &[8, 4],
+            3,
+            block(&[0.01, -0.1], 16),
+        ),
     ];
     GgufDesc {
         version: 3,

@@ -47,7 +47,9 @@ pub(super) fn resolve(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigErro
                 return Err(ConfigError::Invalid {
                     path: path.to_string(),
                     field: "rope_scaling.factor",
-                    reason: format!("llama3 rope scaling needs a factor of at least 1, got {factor}"),
+                    reason: format!(
+                        "llama3 rope scaling needs a factor of at least 1, got {factor}"
+                    ),
                 });
             }
             let low_freq_factor = f(r.low_freq_factor, "rope_scaling.low_freq_factor")?;
