@@ -44,6 +44,8 @@ fn note(size: usize) -> bool {
 // SAFETY: every method forwards to `System` with the caller's layout
 // unchanged (or returns null, which the GlobalAlloc contract allows).
 unsafe impl GlobalAlloc for LimitedAlloc {
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`]: the caller's contract is `System`'s.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !note(layout.size()) {
             return std::ptr::null_mut();
@@ -52,6 +54,8 @@ unsafe impl GlobalAlloc for LimitedAlloc {
         unsafe { System.alloc(layout) }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`]: the caller's contract is `System`'s.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if !note(layout.size()) {
             return std::ptr::null_mut();
@@ -60,11 +64,15 @@ unsafe impl GlobalAlloc for LimitedAlloc {
         unsafe { System.alloc_zeroed(layout) }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`]: the caller's contract is `System`'s.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from `System` with this layout (alloc above).
         unsafe { System.dealloc(ptr, layout) }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`]: the caller's contract is `System`'s.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if !note(new_size) {
             return std::ptr::null_mut();
