@@ -5,7 +5,9 @@
 //! scalar types, strings, nested arrays), the tensor infos and the alignment
 //! (`general.alignment`, default 32) from a byte slice, bounds-checking every
 //! read: a short or corrupt file is a [`GgufError`] naming the file and what
-//! was being read, never a panic or a huge allocation. Tensor dims are kept as
+//! was being read, never a panic or a huge allocation. A key or tensor name
+//! given twice, or dims whose element count overflows, is an error naming
+//! it. Tensor dims are kept as
 //! GGUF stores them, fastest-varying first (the reverse of the row-major
 //! shape). [`dequantize`] supports F32, F16, BF16, Q8_0, Q4_0 and Q4_1 with
 //! ggml's block layouts; other types are an error naming the tensor.
@@ -204,9 +206,17 @@ impl Gguf {
             let what = || format!("metadata `{key}`");
             let ty = c.u32(&what)?;
             let v = c.value(ty, &what, 0)?;
+            if metadata.contains_key(&key) {
+                return Err(GgufError::Invalid {
+                    path: path.to_string(),
+                    what: what(),
+                    reason: "the key appears twice".into(),
+                });
+            }
             metadata.insert(key, v);
         }
         let mut tensors = Vec::with_capacity(n_tensors);
+        let mut names = std::collections::HashSet::with_capacity(n_tensors);
         for i in 0..n_tensors {
             let name = c.string(&|| format!("tensor info #{i}"))?;
             let what = || format!("tensor info `{name}`");
@@ -221,6 +231,25 @@ impl Gguf {
             let dims = (0..n_dims)
                 .map(|_| c.u64(&what))
                 .collect::<Result<Vec<_>, _>>()?;
+            // numel() and shape() may then multiply and convert freely
+            if dims
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+                .is_none()
+            {
+                return Err(GgufError::Invalid {
+                    path: path.to_string(),
+                    what: what(),
+                    reason: format!("dims {dims:?}: the element count overflows"),
+                });
+            }
+            if !names.insert(name.clone()) {
+                return Err(GgufError::Invalid {
+                    path: path.to_string(),
+                    what: what(),
+                    reason: "the tensor name appears twice".into(),
+                });
+            }
             let ty = GgmlType::from_u32(c.u32(&what)?);
             let offset = c.u64(&what)?;
             tensors.push(TensorInfo {

@@ -5,7 +5,11 @@
 //! from a `LlamaConfig`, which is only built through [`LlamaConfig::from_raw`]
 //! (or the file helpers), so every one that exists has passed validation:
 //! hidden divisible by heads (unless `head_dim` is given), heads divisible by
-//! KV heads, a known RoPE type, positive sizes. Errors name the field.
+//! KV heads, a known RoPE type, positive sizes, every tensor and the whole
+//! model addressable in f32 (no size product downstream can overflow),
+//! `rms_norm_eps` a positive f32, a llama3 RoPE factor of at least 1.
+//! Errors name the file and the field (a wrongly typed value too, by its
+//! path: `rope_scaling.factor`).
 //!
 //! Both RoPE spellings are accepted: the classic top-level `rope_theta` +
 //! `rope_scaling` keys and the newer `rope_parameters` object; resolving
@@ -26,9 +30,12 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    #[error("malformed {path}: {source}")]
+    /// Bad JSON, or a value of the wrong type; `field` is the path of the
+    /// value (`rope_scaling.factor`), empty for a syntax error.
+    #[error("malformed {path}: {}{source}", in_field(.field))]
     Parse {
         path: String,
+        field: String,
         source: serde_json::Error,
     },
     #[error("invalid config {path}: field `{field}`: {reason}")]
@@ -38,6 +45,32 @@ pub enum ConfigError {
         reason: String,
     },
 }
+
+fn in_field(field: &str) -> String {
+    match field {
+        "" | "." => String::new(),
+        f => format!("field `{f}`: "),
+    }
+}
+
+/// Parses JSON `text` into `T`; a type error names the field path.
+fn parse_json<T: serde::de::DeserializeOwned>(text: &str, path: &str) -> Result<T, ConfigError> {
+    let de = &mut serde_json::Deserializer::from_str(text);
+    let err = |field: String, source| ConfigError::Parse {
+        path: path.to_string(),
+        field,
+        source,
+    };
+    let v: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+        let field = e.path().to_string();
+        err(field, e.into_inner())
+    })?;
+    de.end().map_err(|e| err(String::new(), e))?;
+    Ok(v)
+}
+
+/// Bytes of f32 data no model may exceed (the largest allocation Rust allows).
+const MAX_BYTES: usize = isize::MAX as usize;
 
 /// `config.json` as written by Hugging Face, before validation.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -156,10 +189,7 @@ impl LlamaConfig {
 
     /// Parses and validates JSON text; `path` only labels errors.
     pub fn from_json(text: &str, path: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_string(),
-            source,
-        })?;
+        let raw: RawConfig = parse_json(text, path)?;
         Self::from_raw(&raw, path)
     }
 
@@ -235,11 +265,53 @@ impl LlamaConfig {
                 format!("must be even for RoPE, got {head_dim}"),
             ));
         }
+        // every tensor (and the whole model) must be addressable in f32:
+        // no size computed from this config can overflow downstream
+        let overflow = |field: &'static str, what: &str| {
+            bad(
+                field,
+                format!("{what} would exceed {MAX_BYTES} bytes in f32 (the sizes overflow)"),
+            )
+        };
+        let q_dim = num_heads
+            .checked_mul(head_dim)
+            .ok_or_else(|| overflow("head_dim", "num_attention_heads x head_dim"))?;
+        let tensor = |rows: usize, cols: usize| {
+            rows.checked_mul(cols)
+                .filter(|n| n.checked_mul(4).is_some_and(|b| b <= MAX_BYTES))
+        };
+        let embed = tensor(vocab_size, hidden_size)
+            .ok_or_else(|| overflow("vocab_size", "the embedding [vocab_size, hidden_size]"))?;
+        let attn = tensor(q_dim, hidden_size)
+            .ok_or_else(|| overflow("num_attention_heads", "q_proj [heads x head_dim, hidden]"))?;
+        let mlp = tensor(intermediate_size, hidden_size)
+            .ok_or_else(|| overflow("intermediate_size", "gate_proj [intermediate, hidden]"))?;
+        // per layer: q, o, and k, v (at most q's size: kv heads divide heads), 3 MLP, 2 norms
+        let per_layer = [
+            attn,
+            attn,
+            attn,
+            attn,
+            mlp,
+            mlp,
+            mlp,
+            hidden_size,
+            hidden_size,
+        ]
+        .into_iter()
+        .try_fold(0usize, usize::checked_add);
+        per_layer
+            .and_then(|l| l.checked_mul(num_layers))
+            .and_then(|l| l.checked_add(embed.checked_mul(2)?))
+            .filter(|n| n.checked_mul(4).is_some_and(|b| b <= MAX_BYTES))
+            .ok_or_else(|| overflow("num_hidden_layers", "the whole model"))?;
         let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
-        if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
+        // stored as f32: 1e-50 would become 0 (a division by zero) and 1e39 infinity
+        let eps32 = rms_norm_eps as f32; // NaN and inf stay so
+        if !(eps32 > 0.0 && eps32.is_finite()) {
             return Err(bad(
                 "rms_norm_eps",
-                format!("must be positive, got {rms_norm_eps}"),
+                format!("must be a positive f32 (from 1.2e-38 to 3.4e38), got {rms_norm_eps}"),
             ));
         }
         let max_position_embeddings = need(
@@ -317,17 +389,17 @@ impl GenerationConfig {
         let path = dir.join("generation_config.json");
         let p = path.display().to_string();
         match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                let g: Self = serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
-                    path: p.clone(),
-                    source,
-                })?;
-                g.check(&p)?;
-                Ok(g)
-            }
+            Ok(text) => Self::from_json(&text, &p),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
             Err(source) => Err(ConfigError::Io { path: p, source }),
         }
+    }
+
+    /// Parses and checks `generation_config.json` text; `path` only labels errors.
+    pub fn from_json(text: &str, path: &str) -> Result<Self, ConfigError> {
+        let g: Self = parse_json(text, path)?;
+        g.check(path)?;
+        Ok(g)
     }
 
     /// The sampling defaults must be usable (requests fall back on them, so

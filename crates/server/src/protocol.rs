@@ -302,11 +302,17 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
                     "The request body is not valid JSON: {inner}"
                 )))
             } else if let Some(field) = unknown_field(&inner.to_string()) {
-                // the path already ends with the unknown field
+                // the path already ends with the unknown field; a key with
+                // an empty name is shown as `""` (found by the HTTP fuzzer)
                 let param = if path.is_empty() || path == "." {
                     field
                 } else {
                     path
+                };
+                let param = if param.is_empty() || param.ends_with('.') {
+                    format!("{param}\"\"")
+                } else {
+                    param
                 };
                 Err(ApiError::invalid_param(
                     param.clone(),
@@ -382,6 +388,9 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("best_of"));
         let e = parse::<TokenizeRequest>(br#"{"prompt": "a", "foo": 1}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("foo"));
+        // regression (HTTP fuzzer): a key with an empty name is still named
+        let e = parse::<CompletionRequest>(br#"{"prompt": "a", "": 1}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("\"\""), "{}", e.message);
         // accepted and ignored on purpose
         assert!(
             parse::<ChatRequest>(

@@ -11,6 +11,18 @@
 
 use super::{GgufError, Value};
 
+/// The fewest bytes a value of type `ty` takes (a string or an array its
+/// length prefix), so an array count can be checked against the bytes left.
+fn min_size(ty: u32) -> usize {
+    match ty {
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        9 => 12,
+        _ => 1,
+    }
+}
+
 pub(super) struct Cursor<'a> {
     pub(super) buf: &'a [u8],
     /// Next byte to read.
@@ -104,7 +116,7 @@ impl<'a> Cursor<'a> {
             8 => Value::String(self.string(what)?),
             9 if depth < 8 => {
                 let inner = self.u32(what)?;
-                let n = self.count(1, what)?;
+                let n = self.count(min_size(inner), what)?;
                 let mut items = Vec::with_capacity(n);
                 for _ in 0..n {
                     items.push(self.value(inner, what, depth + 1)?);

@@ -6,7 +6,8 @@
 //! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation undone),
 //! `tokenizer.json` (via [`tokenizer::bpe_from_gguf::build_tokenizer_json`]) and
 //! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`).
-//! Before any weight is written, the tensor set is checked against the config:
+//! Before any weight is written, the tensor set is checked against the config
+//! (first its size, so a huge `block_count` allocates nothing):
 //! an unknown, missing or misshapen tensor is an error naming it. Features the
 //! importer cannot reproduce in a Hugging Face config (rope scaling types,
 //! `rope_freqs` factors, non-BPE vocabularies) are errors, not silent drift.
@@ -276,6 +277,23 @@ pub fn import_to_dir(
             reason: "not a llama tensor this importer knows".into(),
         })?;
         by_hf.insert(name, t);
+    }
+    // the tensor list is sized by the config: a block count the file cannot
+    // hold is refused before it is allocated for
+    let needed = cfg
+        .num_layers
+        .checked_mul(9)
+        .and_then(|n| n.checked_add(2 + usize::from(!cfg.tie_word_embeddings)));
+    if needed.is_none_or(|n| n > g.tensors.len()) {
+        return Err(GgufError::Metadata {
+            key: format!("{}.block_count", g.get_str("general.architecture")?),
+            reason: format!(
+                "{} layers need more tensors than the {} in {}",
+                cfg.num_layers,
+                g.tensors.len(),
+                g.path
+            ),
+        });
     }
     let specs = tensor_specs(&cfg, !cfg.tie_word_embeddings);
     let mut plan = Vec::with_capacity(specs.len());

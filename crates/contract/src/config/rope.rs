@@ -41,6 +41,17 @@ pub(super) fn resolve(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigErro
                     })
             };
             let factor = f(r.factor, "rope_scaling.factor")?;
+            // as transformers requires: a factor below 1 would speed the low
+            // frequencies up (1e-320 turns them infinite)
+            if factor < 1.0 {
+                return Err(ConfigError::Invalid {
+                    path: path.to_string(),
+                    field: "rope_scaling.factor",
+                    reason: format!(
+                        "llama3 rope scaling needs a factor of at least 1, got {factor}"
+                    ),
+                });
+            }
             let low_freq_factor = f(r.low_freq_factor, "rope_scaling.low_freq_factor")?;
             let high_freq_factor = f(r.high_freq_factor, "rope_scaling.high_freq_factor")?;
             if high_freq_factor <= low_freq_factor {

@@ -1,10 +1,11 @@
 //! In-process tests of the HTTP API over a real `engine::Engine` driving a
 //! deterministic fake backend (`fake.rs`): every error case, both response
 //! shapes, the SSE stream format, disconnect cancellation, metrics and
-//! graceful shutdown.
+//! graceful shutdown; and the request parsing under fuzzing (`fuzz.rs`).
 
 mod errors;
 mod fake;
+mod fuzz;
 mod limits;
 mod load;
 mod responses;

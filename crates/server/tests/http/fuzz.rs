@@ -1,0 +1,152 @@
+//! Fuzzing the request parsing of `/v1/chat/completions`,
+//! `/v1/completions` and `/tokenize` through the whole router: the seed
+//! bodies of `tests/fuzz-corpus/http` (`chat-*`, `completion-*`,
+//! `tokenize-*`, each posted to its route) with fields removed or replaced
+//! by arbitrary JSON, as mutated bytes under odd content types, and random
+//! bytes.
+//!
+//! Property: no panic and no 5xx; every refusal is OpenAI's error shape
+//! with a message (and a non-empty `param` when one is given); every
+//! success is a JSON completion or an SSE stream ending in one `[DONE]`;
+//! afterwards the engine is idle (no request leaked). `LAMINA_FUZZ_CASES`
+//! sets the number of cases.
+
+use std::sync::OnceLock;
+
+use axum::body::Body;
+use axum::http::Request;
+use proptest::prelude::*;
+use serde_json::Value;
+
+use crate::{App, Reply, app, sse_chunks};
+
+/// One app and runtime for all cases (an engine start per case would
+/// dominate the run).
+fn shared() -> &'static (tokio::runtime::Runtime, App) {
+    static APP: OnceLock<(tokio::runtime::Runtime, App)> = OnceLock::new();
+    APP.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let app = rt.block_on(async { app() });
+        (rt, app)
+    })
+}
+
+fn route(seed_name: &str) -> &'static str {
+    match seed_name.split('-').next() {
+        Some("chat") => "/v1/chat/completions",
+        Some("completion") => "/v1/completions",
+        Some("tokenize") => "/tokenize",
+        _ => panic!("seed {seed_name}: name must start with chat-, completion- or tokenize-"),
+    }
+}
+
+fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    fuzzkit::corpus("http")
+        .into_iter()
+        .map(|(name, b)| (route(&name), b))
+        .collect()
+}
+
+fn json_seeds() -> Vec<(&'static str, Value)> {
+    seeds()
+        .into_iter()
+        .map(|(r, b)| (r, serde_json::from_slice(&b).expect("seed JSON")))
+        .collect()
+}
+
+/// Posts `body` to `path` and checks the reply contract.
+fn request_input(path: &str, content_type: Option<&str>, body: Vec<u8>) {
+    let (rt, app) = shared();
+    let mut req = Request::post(path);
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let req = req.body(Body::from(body)).expect("request");
+    let reply: Reply = rt.block_on(app.send(req));
+    let status = reply.status.as_u16();
+    assert!(status < 500, "{path}: {status}: {}", reply.text());
+    if status >= 400 {
+        let v = reply.json();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        if let Some(p) = e.get("param").filter(|p| !p.is_null()) {
+            assert!(p.as_str().is_some_and(|p| !p.is_empty()), "{v}");
+        }
+        return;
+    }
+    let sse = reply
+        .headers
+        .get("content-type")
+        .is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
+    if sse {
+        for chunk in sse_chunks(&reply.text()) {
+            assert!(chunk.get("error").is_none(), "{chunk}");
+        }
+    } else {
+        let v = reply.json();
+        assert!(v.get("error").is_none(), "{v}");
+    }
+}
+
+fn content_type() -> impl Strategy<Value = Option<&'static str>> {
+    proptest::sample::select(vec![
+        Some("application/json"),
+        Some("text/plain"),
+        Some("application/json; charset=latin1"),
+        Some("multipart/form-data; boundary=x"),
+        None,
+    ])
+}
+
+proptest! {
+    #![proptest_config(fuzzkit::config(fuzzkit::DEFAULT_CASES))]
+
+    #[test]
+    fn requests_with_mutated_fields(
+        (path, v) in proptest::sample::select(json_seeds())
+            .prop_flat_map(|(p, v)| (Just(p), fuzzkit::mutated_json(v)))
+    ) {
+        request_input(path, Some("application/json"), v.to_string().into_bytes());
+    }
+
+    #[test]
+    fn requests_as_mutated_bytes(
+        (path, b) in proptest::sample::select(seeds())
+            .prop_flat_map(|(p, b)| (Just(p), fuzzkit::mutated(b))),
+        ct in content_type(),
+    ) {
+        request_input(path, ct, b);
+    }
+
+    #[test]
+    fn requests_of_random_bytes(
+        path in proptest::sample::select(vec!["/v1/chat/completions", "/v1/completions", "/tokenize"]),
+        b in proptest::collection::vec(any::<u8>(), 0..128),
+    ) {
+        request_input(path, Some("application/json"), b);
+    }
+}
+
+#[test]
+fn every_seed_is_served() {
+    for (path, b) in seeds() {
+        let (rt, app) = shared();
+        let reply = rt.block_on(app.send(crate::post(path, b)));
+        assert_eq!(reply.status.as_u16(), 200, "{path}: {}", reply.text());
+    }
+}
+
+#[test]
+fn fuzzed_requests_leave_the_engine_idle() {
+    for (path, v) in json_seeds() {
+        let mut v = v;
+        v["ignore_eos"] = Value::Bool(true);
+        request_input(path, None, v.to_string().into_bytes());
+    }
+    let (rt, app) = shared();
+    rt.block_on(app.wait_idle());
+}

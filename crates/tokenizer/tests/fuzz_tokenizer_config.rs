@@ -1,0 +1,108 @@
+//! Fuzzing `tokenizer_config.json` resolution: the seed corpus
+//! (`tests/fuzz-corpus/tokenizer-config`) over the byte-level vocabulary
+//! with fields removed or replaced by arbitrary JSON, with mutated chat
+//! templates, and as mutated bytes.
+//!
+//! Property: building the tokenizer never panics; an error names the file
+//! (the origin) and the field at fault; a tokenizer that builds encodes
+//! text and renders a conversation (or refuses with an error naming the
+//! origin) without panicking or running unbounded (template fuel).
+//! `LAMINA_FUZZ_CASES` sets the number of cases.
+
+use proptest::prelude::*;
+use serde_json::Value;
+use tokenizer::byte_level::tokenizer_json;
+use tokenizer::{ChatMessage, Tokenizer, TokenizerError};
+
+const ORIGIN: &str = "fuzz-tokenizer";
+
+fn vocab() -> String {
+    tokenizer_json(300, 256, 257)
+}
+
+fn seeds() -> Vec<(String, Vec<u8>)> {
+    fuzzkit::corpus("tokenizer-config")
+}
+
+fn json_seeds() -> Vec<Value> {
+    seeds()
+        .into_iter()
+        .map(|(n, b)| serde_json::from_slice(&b).unwrap_or_else(|e| panic!("seed {n}: {e}")))
+        .collect()
+}
+
+/// Builds over the byte-level vocabulary and uses the result.
+fn config_input(vocab: &str, cfg: &str) {
+    let tok = match Tokenizer::from_json(vocab, Some(cfg), ORIGIN) {
+        Ok(t) => t,
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains(ORIGIN), "error without the origin: {msg}");
+            if let TokenizerError::Invalid { field, .. } = e {
+                assert!(msg.contains(field), "error without `{field}`: {msg}");
+            }
+            return;
+        }
+    };
+    let ids = tok
+        .encode("héllo <|end_of_text|>", true)
+        .expect("byte-level encode");
+    assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
+    let msgs = [
+        ChatMessage::new("system", "be brief"),
+        ChatMessage::new("user", "hi <|eot_id|>"),
+    ];
+    match tok.encode_chat(&msgs) {
+        Ok(ids) => assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size())),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains(ORIGIN), "chat error without the origin: {msg}");
+        }
+    }
+}
+
+/// A chat template with bytes mutated (kept UTF-8).
+fn mutated_template() -> impl Strategy<Value = String> {
+    let templates: Vec<Vec<u8>> = json_seeds()
+        .iter()
+        .filter_map(|v| v["chat_template"].as_str().map(|s| s.as_bytes().to_vec()))
+        .collect();
+    fuzzkit::mutated_from(templates).prop_map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+proptest! {
+    #![proptest_config(fuzzkit::config(fuzzkit::DEFAULT_CASES))]
+
+    #[test]
+    fn tokenizer_config_with_mutated_fields(
+        v in proptest::sample::select(json_seeds()).prop_flat_map(fuzzkit::mutated_json)
+    ) {
+        config_input(&vocab(), &v.to_string());
+    }
+
+    #[test]
+    fn tokenizer_config_with_mutated_template(
+        v in proptest::sample::select(json_seeds()),
+        t in mutated_template(),
+    ) {
+        let mut v = v;
+        v["chat_template"] = Value::String(t);
+        config_input(&vocab(), &v.to_string());
+    }
+
+    #[test]
+    fn tokenizer_config_as_mutated_bytes(
+        b in fuzzkit::mutated_from(seeds().into_iter().map(|(_, b)| b).collect())
+    ) {
+        config_input(&vocab(), &String::from_utf8_lossy(&b));
+    }
+}
+
+#[test]
+fn every_seed_builds() {
+    for (name, b) in seeds() {
+        let text = String::from_utf8(b).unwrap();
+        Tokenizer::from_json(&vocab(), Some(&text), ORIGIN)
+            .unwrap_or_else(|e| panic!("seed {name}: {e}"));
+    }
+}
