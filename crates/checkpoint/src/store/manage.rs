@@ -177,7 +177,7 @@ fn type_summary(g: &Gguf) -> String {
             None => counts.push((name, 1)),
         }
     }
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     counts
         .iter()
         .map(|(n, c)| format!("{n} x{c}"))
