@@ -57,10 +57,16 @@ pub fn list(_args: ListArgs) -> Result<()> {
         return Ok(());
     }
     let width = models.iter().map(|m| m.id.len()).max().unwrap_or(2).max(2);
-    println!("{:width$}  {:>9}  {:<40}  PATH", "ID", "SIZE", "SOURCE");
+    let src = models
+        .iter()
+        .map(|m| m.source.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!("{:width$}  {:>9}  {:<src$}  PATH", "ID", "SIZE", "SOURCE");
     for m in models {
         println!(
-            "{:width$}  {:>9}  {:<40}  {}",
+            "{:width$}  {:>9}  {:<src$}  {}",
             m.id,
             human_size(m.size_bytes),
             m.source,

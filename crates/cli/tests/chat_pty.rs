@@ -3,7 +3,8 @@
 //! Ctrl-C in the middle of a reply followed by a question whose prompt
 //! still holds the earlier turns, `/help`, an unknown command, `"""`
 //! multi-line input, `/save`, and Ctrl-D ending the session cleanly with
-//! the history kept under `$LAMINA_HOME`.
+//! the history kept under `$LAMINA_HOME`; and the spinner of `generate`
+//! while a long prompt is processed on a terminal.
 
 mod support;
 
@@ -72,6 +73,13 @@ fn chat_repl_through_a_terminal() {
     ] {
         assert!(help.contains(cmd), "{cmd} missing from {help}");
     }
+    // line editing: arrow keys move the cursor (`/hlp`, two left, `e`: `/help`)
+    p.send("/hlp\x1b[D\x1b[De").unwrap();
+    p.send_line("").unwrap();
+    // (the editor redraws the line, prompt included, as it is edited)
+    let edited = p.exp_string("/system TEXT").expect("/help ran");
+    assert!(!edited.contains("^[[D"), "{edited}");
+    prompt(&mut p);
     p.send_line("/frobnicate now").unwrap();
     let hint = prompt(&mut p);
     assert!(
@@ -151,4 +159,33 @@ fn chat_repl_through_a_terminal() {
         history.contains("My name is Ada") && history.contains("/help"),
         "{history}"
     );
+}
+
+/// A long prompt on the CPU shows a spinner with the prompt tokens done.
+#[test]
+fn long_prompts_show_progress_on_a_terminal() {
+    let model = smollm2_dir();
+    let ids: Vec<String> = (0..1500).map(|i| (1000 + i % 500).to_string()).collect();
+    let ids = ids.join(",");
+    let mut cmd = Command::new(support::bin());
+    cmd.args([
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        &model,
+        "--max-tokens",
+        "1",
+        "--prompt-tokens",
+        &ids,
+    ]);
+    let opts = Options::new()
+        .timeout_ms(Some(180_000))
+        .strip_ansi_escape_codes(true);
+    let mut p = spawn_with_options(cmd, opts).expect("spawn lamina generate in a pty");
+    p.exp_string("processing the prompt: ").expect("a spinner");
+    p.exp_string("/1500 tokens").expect("with the tokens done");
+    p.exp_string("generated 1 tokens")
+        .expect("then the timings");
+    p.exp_eof().unwrap();
 }
