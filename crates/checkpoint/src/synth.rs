@@ -70,6 +70,16 @@ pub fn synth_model(preset: Preset, seed: u64, out_dir: &Path) -> Result<(), Synt
 
 /// [`synth_model`] with all options.
 pub fn synth_model_with(opts: &SynthOptions, out_dir: &Path) -> Result<(), SynthError> {
+    synth_model_progress(opts, out_dir, None)
+}
+
+/// [`synth_model_with`], advancing `progress` by the weight bytes written
+/// (its length is set to the total).
+pub fn synth_model_progress(
+    opts: &SynthOptions,
+    out_dir: &Path,
+    progress: Option<&indicatif::ProgressBar>,
+) -> Result<(), SynthError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SynthError::Io { path, source }
@@ -119,14 +129,23 @@ pub fn synth_model_with(opts: &SynthOptions, out_dir: &Path) -> Result<(), Synth
     }
     let final_path = out_dir.join(crate::loader::SINGLE_FILE);
     let partial = out_dir.join("model.safetensors.partial");
-    write_weights(&cfg, opts.seed, &partial).map_err(io(&partial))?;
+    write_weights(&cfg, opts.seed, &partial, progress).map_err(io(&partial))?;
     std::fs::rename(&partial, &final_path).map_err(io(&final_path))
 }
 
 /// Streams the weights of `cfg` for `seed` into `path`.
-fn write_weights(cfg: &LlamaConfig, seed: u64, path: &Path) -> std::io::Result<()> {
+fn write_weights(
+    cfg: &LlamaConfig,
+    seed: u64,
+    path: &Path,
+    progress: Option<&indicatif::ProgressBar>,
+) -> std::io::Result<()> {
     const CHUNK: usize = 1 << 20;
     let specs = tensor_specs(cfg, !cfg.tie_word_embeddings);
+    if let Some(p) = progress {
+        let total: usize = specs.iter().map(|s| s.numel()).sum();
+        p.set_length((total * std::mem::size_of::<bf16>()) as u64);
+    }
     let mut w = SafetensorsWriter::create(path, specs.clone())?;
     let mut buf = vec![bf16::ZERO; CHUNK];
     for spec in &specs {
@@ -141,6 +160,9 @@ fn write_weights(cfg: &LlamaConfig, seed: u64, path: &Path) -> std::io::Result<(
                 *x = bf16::from_f32(if norm { 1.0 + 0.05 * z } else { 0.02 * z });
             });
             w.write_chunk(&buf[..len])?;
+            if let Some(p) = progress {
+                p.inc((len * std::mem::size_of::<bf16>()) as u64);
+            }
             start += len;
         }
     }

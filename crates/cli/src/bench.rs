@@ -7,7 +7,10 @@
 //! - b3: `--b3-batch` prompts of `--b3-prompt` tokens, `--b3-gen` new tokens each,
 //!   submitted at once: output tok/s over the whole run, prefill included.
 //!
-//! Defaults are the baseline's sizes; shrink them for the CPU backend.
+//! Defaults are the baseline's sizes on CUDA and smaller ones on the CPU
+//! (where the baseline's would run for tens of minutes): see [`Sizes`].
+//! Each workload prints a progress line to stderr as it starts and as its
+//! requests finish.
 
 use std::time::{Duration, Instant};
 
@@ -26,24 +29,75 @@ pub struct BenchArgs {
     /// Comma-separated workloads among b1, b2, b3.
     #[arg(long, default_value = "b1,b2,b3", value_delimiter = ',')]
     pub workloads: Vec<String>,
-    #[arg(long, default_value_t = 128)]
-    pub b1_prompt: usize,
-    #[arg(long, default_value_t = 256)]
-    pub b1_gen: usize,
-    #[arg(long, default_value_t = 2048)]
-    pub b2_prompt: usize,
-    #[arg(long, default_value_t = 256)]
-    pub b3_batch: usize,
-    #[arg(long, default_value_t = 512)]
-    pub b3_prompt: usize,
-    #[arg(long, default_value_t = 256)]
-    pub b3_gen: usize,
+    /// b1 prompt tokens [default: 128 on CUDA, 32 on the CPU].
+    #[arg(long)]
+    pub b1_prompt: Option<usize>,
+    /// b1 generated tokens [default: 256 on CUDA, 32 on the CPU].
+    #[arg(long)]
+    pub b1_gen: Option<usize>,
+    /// b2 prompt tokens [default: 2048 on CUDA, 256 on the CPU].
+    #[arg(long)]
+    pub b2_prompt: Option<usize>,
+    /// b3 requests [default: 256 on CUDA, 8 on the CPU].
+    #[arg(long)]
+    pub b3_batch: Option<usize>,
+    /// b3 prompt tokens each [default: 512 on CUDA, 64 on the CPU].
+    #[arg(long)]
+    pub b3_prompt: Option<usize>,
+    /// b3 generated tokens each [default: 256 on CUDA, 32 on the CPU].
+    #[arg(long)]
+    pub b3_gen: Option<usize>,
     /// Timed repetitions of b1 and b2 (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+}
+
+/// The workload sizes in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub b1_prompt: usize,
+    pub b1_gen: usize,
+    pub b2_prompt: usize,
+    pub b3_batch: usize,
+    pub b3_prompt: usize,
+    pub b3_gen: usize,
+}
+
+impl Sizes {
+    /// The baseline's sizes (`torch_baseline.py`).
+    pub const CUDA: Sizes = Sizes {
+        b1_prompt: 128,
+        b1_gen: 256,
+        b2_prompt: 2048,
+        b3_batch: 256,
+        b3_prompt: 512,
+        b3_gen: 256,
+    };
+    /// About a minute for SmolLM2-135M on two cores.
+    pub const CPU: Sizes = Sizes {
+        b1_prompt: 32,
+        b1_gen: 32,
+        b2_prompt: 256,
+        b3_batch: 8,
+        b3_prompt: 64,
+        b3_gen: 32,
+    };
+
+    /// The device's defaults with the flags given applied.
+    fn resolve(args: &BenchArgs, cuda: bool) -> Sizes {
+        let d = if cuda { Sizes::CUDA } else { Sizes::CPU };
+        Sizes {
+            b1_prompt: args.b1_prompt.unwrap_or(d.b1_prompt),
+            b1_gen: args.b1_gen.unwrap_or(d.b1_gen),
+            b2_prompt: args.b2_prompt.unwrap_or(d.b2_prompt),
+            b3_batch: args.b3_batch.unwrap_or(d.b3_batch),
+            b3_prompt: args.b3_prompt.unwrap_or(d.b3_prompt),
+            b3_gen: args.b3_gen.unwrap_or(d.b3_gen),
+        }
+    }
 }
 
 /// Timings of one request.
@@ -58,6 +112,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("invalid `--repeats`: must be at least 1");
     }
     let loaded = setup::open(&args.model, 0)?;
+    let z = Sizes::resolve(&args, loaded.cuda);
+    if !loaded.cuda {
+        eprintln!(
+            "bench: CPU backend: smaller default sizes than the baseline's (b1 {}+{}, b2 {}, b3 {} x {}+{}); give --b1-prompt etc. to change them",
+            z.b1_prompt, z.b1_gen, z.b2_prompt, z.b3_batch, z.b3_prompt, z.b3_gen
+        );
+    }
     let vocab = loaded.model.config.vocab_size as u64;
     let mut rng = 0u64;
     let mut prompt = |n: usize| -> Vec<u32> {
@@ -83,46 +144,68 @@ pub fn run(args: BenchArgs) -> Result<()> {
         json!(format!("lamina {}", env!("CARGO_PKG_VERSION"))),
     );
     res.insert("model".into(), json!(loaded.model_id));
+    res.insert(
+        "sizes".into(),
+        json!({"b1_prompt": z.b1_prompt, "b1_gen": z.b1_gen, "b2_prompt": z.b2_prompt,
+               "b3_batch": z.b3_batch, "b3_prompt": z.b3_prompt, "b3_gen": z.b3_gen}),
+    );
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
     for w in &args.workloads {
+        eprintln!("bench: {w} ...");
         match w.as_str() {
             "b1" => {
                 let mut rates = Vec::new();
-                for _ in 0..args.repeats {
-                    let t = time(submit(prompt(args.b1_prompt), args.b1_gen)?)?;
+                for i in 0..args.repeats {
+                    let t = time(submit(prompt(z.b1_prompt), z.b1_gen)?)?;
+                    eprintln!("bench: b1 run {}/{} done", i + 1, args.repeats);
                     let steps = t.tokens.saturating_sub(1).max(1);
                     rates.push(steps as f64 / t.decode.as_secs_f64().max(1e-9));
                 }
                 let r = median(rates);
                 println!(
                     "b1 single stream ({} prompt, {} new): {r:.1} tok/s decode ({:.3} ms/token)",
-                    args.b1_prompt,
-                    args.b1_gen,
+                    z.b1_prompt,
+                    z.b1_gen,
                     1e3 / r
                 );
                 res.insert("b1_decode_tok_s".into(), json!(r));
             }
             "b2" => {
                 let mut ms = Vec::new();
-                for _ in 0..args.repeats {
-                    let t = time(submit(prompt(args.b2_prompt), 1)?)?;
+                for i in 0..args.repeats {
+                    let t = time(submit(prompt(z.b2_prompt), 1)?)?;
                     ms.push(t.ttft.as_secs_f64() * 1e3);
+                    eprintln!("bench: b2 run {}/{} done", i + 1, args.repeats);
                 }
                 let m = median(ms);
-                println!("b2 TTFT {} tokens: {m:.2} ms", args.b2_prompt);
+                println!("b2 TTFT {} tokens: {m:.2} ms", z.b2_prompt);
                 res.insert("b2_ttft_ms".into(), json!(m));
             }
             "b3" => {
                 let before = loaded.engine.stats();
                 let start = Instant::now();
-                let handles = (0..args.b3_batch)
-                    .map(|_| submit(prompt(args.b3_prompt), args.b3_gen))
+                let handles = (0..z.b3_batch)
+                    .map(|_| submit(prompt(z.b3_prompt), z.b3_gen))
                     .collect::<Result<Vec<_>>>()?;
+                let finished = std::sync::atomic::AtomicUsize::new(0);
                 let total: usize = std::thread::scope(|s| {
+                    let finished = &finished;
                     let joins: Vec<_> = handles
                         .into_iter()
-                        .map(|h| s.spawn(move || time(h)))
+                        .map(|h| {
+                            s.spawn(move || {
+                                let t = time(h);
+                                let n =
+                                    finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                                if n.is_multiple_of(z.b3_batch.div_ceil(8).max(1))
+                                    || n == z.b3_batch
+                                {
+                                    eprintln!("bench: b3 {n}/{} requests done", z.b3_batch);
+                                }
+                                t
+                            })
+                        })
                         .collect();
                     joins
                         .into_iter()
@@ -136,7 +219,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let rate = total as f64 / start.elapsed().as_secs_f64();
                 println!(
                     "b3 throughput {} x ({} in, {} out): {rate:.0} output tok/s",
-                    args.b3_batch, args.b3_prompt, args.b3_gen
+                    z.b3_batch, z.b3_prompt, z.b3_gen
                 );
                 res.insert("b3_out_tok_s".into(), json!(rate));
                 let after = loaded.engine.stats();

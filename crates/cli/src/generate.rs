@@ -1,16 +1,23 @@
-//! `lamina generate`: one prompt streamed to stdout, or many prompts
-//! (`--prompts-file`) run concurrently through the engine with one JSON line
-//! each, in input order.
+//! `lamina generate`: one prompt streamed to stdout (from the argument, or
+//! from stdin when none is given), or many prompts (`--prompts-file`) run
+//! concurrently through the engine with one JSON line each, in input order.
+//!
+//! After a single prompt the timings go to stderr (`timings.rs`), also with
+//! `--json`, whose output stays the same for the same seed. A request the KV pool cannot
+//! hold ends with a non-zero exit and the `--kv-blocks` that would fit it.
 
-use std::io::Write;
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use engine::{Event, FinishReason, RequestHandle};
 use serde::Serialize;
 
+use crate::progress::PrefillSpinner;
 use crate::sampling_args::SamplingArgs;
 use crate::setup::{self, Loaded, ModelArgs};
+use crate::timings::{Clock, Timings};
+use crate::tokenize::TokenIds;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -18,10 +25,11 @@ pub struct GenerateArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Raw prompt token ids, comma-separated, instead of a text prompt.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "prompts_file"])]
-    pub prompt_tokens: Option<Vec<u32>>,
-    /// Run every line of this file as a prompt, concurrently.
+    /// Raw prompt token ids instead of a text prompt: `504,3575,282` (as
+    /// `lamina tokenize` prints them), spaces or a JSON array also work.
+    #[arg(long, conflicts_with_all = ["prompt", "prompts_file"])]
+    pub prompt_tokens: Option<TokenIds>,
+    /// Run every non-blank line of this file as a prompt, concurrently.
     #[arg(long, conflicts_with = "prompt")]
     pub prompts_file: Option<PathBuf>,
     /// Wrap the prompt in the model's chat template as one user message.
@@ -30,19 +38,28 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt instead of streaming text.
     #[arg(long)]
     pub json: bool,
-    /// The prompt text.
+    /// The prompt text; read from stdin when left out (or `-`).
     pub prompt: Option<String>,
 }
 
 /// What `--json` prints for one prompt.
 #[derive(Debug, Serialize)]
 pub struct Output {
+    /// With `--prompts-file`: the prompt's 0-based position among the prompts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// With `--prompts-file`: the prompt's 1-based line in the file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
     pub prompt_tokens: Vec<u32>,
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish_reason: &'static str,
     /// Per generated token, the top-K `[id, logprob]` pairs, the chosen one first.
     pub logprobs: Option<Vec<Vec<(u32, f32)>>>,
+    /// On stderr, never in the JSON (seeded runs print identical JSON).
+    #[serde(skip)]
+    pub timings: Option<Timings>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
@@ -50,58 +67,155 @@ pub struct Output {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let prompts = read_prompts(&args)?;
     let loaded = setup::open(&args.model, 0)?;
+    tracing::info!("{}", args.sampling.describe(&loaded.model.generation));
     let encoded = prompts
         .iter()
-        .map(|p| encode(&loaded, p, args.chat))
+        .map(|p| encode(&loaded, &p.prompt, args.chat))
         .collect::<Result<Vec<_>>>()?;
     if args.prompts_file.is_some() {
-        return run_many(&loaded, &args, encoded);
+        return run_many(&loaded, &args, prompts, encoded);
     }
     let prompt = encoded.into_iter().next().context("no prompt")?;
     let handle = submit(&loaded, &args.sampling, prompt.clone())?;
-    let out = collect(handle, prompt, args.sampling.logprobs, !args.json)?;
+    let spinner = (!args.json)
+        .then(|| spinner(&loaded, prompt.len()))
+        .flatten();
+    let out = collect(handle, prompt, args.sampling.logprobs, !args.json, spinner)?;
     loaded.engine.shutdown();
     if args.json {
         println!("{}", serde_json::to_string(&out)?);
     } else {
         println!();
+        if out.finish_reason == FinishReason::Length.as_str() {
+            eprintln!("[stopped at --max-tokens {}]", args.sampling.max_tokens);
+        }
     }
-    if let Some(err) = out.error {
-        bail!("generation failed: {err}");
+    if let Some(t) = out.timings.as_ref().filter(|_| out.error.is_none()) {
+        eprintln!("{t}");
+    }
+    if let Some(err) = &out.error {
+        bail!("{}", failure(&loaded, err, &args.model));
     }
     Ok(())
 }
 
-/// A prompt as given on the command line.
+/// The prefill spinner for the one request of `generate` / `chat`.
+pub fn spinner(loaded: &Loaded, prompt_len: usize) -> Option<PrefillSpinner> {
+    PrefillSpinner::start(&loaded.engine, prompt_len, loaded.max_batch_tokens)
+}
+
+/// A failed request's message; an outgrown KV pool says how to size it.
+pub fn failure(loaded: &Loaded, err: &str, model: &ModelArgs) -> String {
+    if !err.contains("KV cache ran out") {
+        return format!("generation failed: {err}");
+    }
+    let (block, blocks) = loaded.engine.kv_shape();
+    let need = loaded.engine.max_context().div_ceil(block);
+    let how = if model.kv_blocks.is_some() {
+        format!(
+            "raise `--kv-blocks` (now {blocks}; {need} hold the whole context) or leave it out to size the pool from `--kv-memory-gib`"
+        )
+    } else {
+        format!(
+            "raise `--kv-memory-gib` (now {}) or give `--kv-blocks {need}` (the whole context)",
+            model.kv_memory_gib
+        )
+    };
+    format!(
+        "the KV pool is too small for this request: it holds {} tokens ({blocks} blocks of {block}); {how}, or lower `--max-tokens`",
+        blocks * block
+    )
+}
+
+/// A prompt as given on the command line, and where in a prompts file.
+struct Given {
+    prompt: Prompt,
+    line: Option<usize>,
+}
+
+/// A prompt's content.
 enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
 }
 
-fn read_prompts(args: &GenerateArgs) -> Result<Vec<Prompt>> {
+fn read_prompts(args: &GenerateArgs) -> Result<Vec<Given>> {
     if let Some(ids) = &args.prompt_tokens {
-        if ids.is_empty() {
-            bail!("invalid `--prompt-tokens`: no token ids given");
-        }
-        return Ok(vec![Prompt::Tokens(ids.clone())]);
+        return Ok(vec![Given {
+            prompt: Prompt::Tokens(ids.0.clone()),
+            line: None,
+        }]);
     }
     if let Some(path) = &args.prompts_file {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read prompts file {}", path.display()))?;
-        let lines: Vec<Prompt> = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| Prompt::Text(l.to_string()))
-            .collect();
-        if lines.is_empty() {
-            bail!("prompts file {} has no prompts", path.display());
+        return read_prompts_file(path);
+    }
+    let text = match args.prompt.as_deref() {
+        Some("-") | None => read_stdin()?,
+        Some(p) => p.to_string(),
+    };
+    Ok(vec![Given {
+        prompt: Prompt::Text(text),
+        line: None,
+    }])
+}
+
+/// The prompt piped on stdin (one trailing newline dropped).
+fn read_stdin() -> Result<String> {
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        bail!(
+            "no prompt: give one as an argument (`lamina generate \"Once upon a time\"`), pipe it on stdin (`echo hi | lamina generate`), or use --prompt-tokens / --prompts-file"
+        );
+    }
+    let mut text = String::new();
+    stdin
+        .lock()
+        .read_to_string(&mut text)
+        .context("cannot read the prompt from stdin")?;
+    let text = text
+        .strip_suffix('\n')
+        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+        .unwrap_or(&text)
+        .to_string();
+    if text.trim().is_empty() {
+        bail!(
+            "no prompt: stdin was empty; give a prompt as an argument or pipe one in (`echo hi | lamina generate`)"
+        );
+    }
+    Ok(text)
+}
+
+fn read_prompts_file(path: &std::path::Path) -> Result<Vec<Given>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read prompts file {}", path.display()))?;
+    let mut prompts = Vec::new();
+    let mut blank = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            blank.push((i + 1).to_string());
+        } else {
+            prompts.push(Given {
+                prompt: Prompt::Text(l.to_string()),
+                line: Some(i + 1),
+            });
         }
-        return Ok(lines);
     }
-    match &args.prompt {
-        Some(p) => Ok(vec![Prompt::Text(p.clone())]),
-        None => bail!("no prompt: give a prompt, --prompt-tokens or --prompts-file"),
+    // a blank last line is just the file's final newline, already dropped by `lines`
+    if prompts.is_empty() {
+        bail!(
+            "prompts file {} has no prompts: it needs one prompt per line",
+            path.display()
+        );
     }
+    if !blank.is_empty() {
+        eprintln!(
+            "note: {} blank line(s) of {} skipped (line {}); each output names its line",
+            blank.len(),
+            path.display(),
+            blank.join(", ")
+        );
+    }
+    Ok(prompts)
 }
 
 fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool) -> Result<Vec<u32>> {
@@ -131,25 +245,35 @@ fn submit(loaded: &Loaded, sampling: &SamplingArgs, prompt: Vec<u32>) -> Result<
     Ok(loaded.engine.submit(req)?)
 }
 
-/// Drains a request's events; with `stream`, prints text deltas as they arrive.
+/// Drains a request's events; with `stream`, prints text deltas as they
+/// arrive. `spinner` (if any) is cleared at the first event.
 pub fn collect(
     mut handle: RequestHandle,
     prompt_tokens: Vec<u32>,
     logprobs: Option<usize>,
     stream: bool,
+    mut spinner: Option<PrefillSpinner>,
 ) -> Result<Output> {
     let mut out = Output {
+        index: None,
+        line: None,
         prompt_tokens,
         tokens: Vec::new(),
         text: String::new(),
         finish_reason: FinishReason::Error.as_str(),
         logprobs: logprobs.map(|_| Vec::new()),
+        timings: None,
         error: None,
     };
+    let mut clock = Clock::start();
     let stdout = std::io::stdout();
     while let Some(event) = handle.blocking_next() {
+        if let Some(s) = spinner.take() {
+            s.finish();
+        }
         match event {
             Event::Token(t) => {
+                clock.token();
                 out.tokens.push(t.token);
                 out.text.push_str(&t.text);
                 if let (Some(k), Some(lp)) = (logprobs, out.logprobs.as_mut()) {
@@ -172,6 +296,9 @@ pub fn collect(
             Event::Done(done) => {
                 out.finish_reason = done.reason.as_str();
                 out.error = done.error;
+                let u = done.usage;
+                out.timings =
+                    Some(clock.finish(u.prompt_tokens, u.cached_tokens, u.completion_tokens));
                 return Ok(out);
             }
         }
@@ -180,7 +307,12 @@ pub fn collect(
     Ok(out)
 }
 
-fn run_many(loaded: &Loaded, args: &GenerateArgs, prompts: Vec<Vec<u32>>) -> Result<()> {
+fn run_many(
+    loaded: &Loaded,
+    args: &GenerateArgs,
+    given: Vec<Given>,
+    prompts: Vec<Vec<u32>>,
+) -> Result<()> {
     let handles = prompts
         .into_iter()
         .map(|p| Ok((submit(loaded, &args.sampling, p.clone())?, p)))
@@ -189,7 +321,7 @@ fn run_many(loaded: &Loaded, args: &GenerateArgs, prompts: Vec<Vec<u32>>) -> Res
     let outputs: Vec<Result<Output>> = std::thread::scope(|s| {
         let joins: Vec<_> = handles
             .into_iter()
-            .map(|(h, p)| s.spawn(move || collect(h, p, logprobs, false)))
+            .map(|(h, p)| s.spawn(move || collect(h, p, logprobs, false, None)))
             .collect();
         joins
             .into_iter()
@@ -200,13 +332,28 @@ fn run_many(loaded: &Loaded, args: &GenerateArgs, prompts: Vec<Vec<u32>>) -> Res
             .collect()
     });
     loaded.engine.shutdown();
-    for (i, out) in outputs.into_iter().enumerate() {
-        let out = out?;
+    let mut failed = None;
+    for (i, (out, g)) in outputs.into_iter().zip(&given).enumerate() {
+        let mut out = out?;
+        out.index = Some(i);
+        out.line = g.line;
+        let line = g.line.unwrap_or(i + 1);
+        if let Some(e) = &out.error {
+            failed.get_or_insert_with(|| (line, failure(loaded, e, &args.model)));
+        }
         if args.json {
             println!("{}", serde_json::to_string(&out)?);
         } else {
-            println!("### prompt {} ({})\n{}", i + 1, out.finish_reason, out.text);
+            println!(
+                "### prompt {} (line {line}, {})\n{}",
+                i + 1,
+                out.finish_reason,
+                out.text
+            );
         }
+    }
+    if let Some((line, why)) = failed {
+        bail!("the prompt on line {line} failed: {why}");
     }
     Ok(())
 }

@@ -1,16 +1,23 @@
-//! `lamina`: generate, chat, serve, bench, tokenize and synth-model.
+//! `lamina`: generate, chat, serve, bench, tokenize, synth-model and the
+//! model store (pull, list, rm).
 //!
 //! Errors reach the user as one line, `error: <cause>: <detail>`, and a
 //! non-zero exit status; nothing the user can type makes it panic.
+//! `-v` turns on info logs (model loading, one line per served request),
+//! `-vv` debug logs; `RUST_LOG` overrides both.
 
 mod bench;
 mod bench_serve;
 mod chat;
 mod generate;
+mod models;
+mod progress;
+mod repl;
 mod sampling_args;
 mod serve;
 mod setup;
 mod synth;
+mod timings;
 mod tokenize;
 
 use std::io::IsTerminal;
@@ -25,7 +32,8 @@ use clap::{Parser, Subcommand};
     about = "Fast inference for Llama-family models"
 )]
 struct Cli {
-    /// Log more (-v: info, -vv: debug); RUST_LOG overrides.
+    /// Log more (-v: info, with one line per served request and the
+    /// sampling settings; -vv: debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
     #[command(subcommand)]
@@ -48,14 +56,21 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
     SynthModel(synth::SynthArgs),
+    /// Fetch a known model or import a .gguf file into the store.
+    Pull(models::PullArgs),
+    /// List the models in the store (id, size, source, path).
+    List(models::ListArgs),
+    /// Delete a model from the store.
+    Rm(models::RmArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let serving = matches!(cli.command, Command::Serve(_));
     let level = match cli.verbose {
-        // a server logs each request (with its id) by default
-        0 if serving => "info",
+        // a request that fails ends the command with its own error line;
+        // the engine's warning about it is for server logs
+        0 if !serving => "warn,engine::worker=error",
         0 => "warn",
         1 => "info",
         _ => "debug",
@@ -69,18 +84,50 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Generate(a) => generate::run(a),
-        Command::Chat(a) => chat::run(a),
+        Command::Chat(a) => chat::run(a, cli.verbose),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::SynthModel(a) => synth::run(a),
+        Command::Pull(a) => models::pull(a),
+        Command::List(a) => models::list(a),
+        Command::Rm(a) => models::rm(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line, `a: b: c`, leaving out a cause
+/// whose text the line already holds (an error that prints its source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn causes_already_printed_are_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address in use");
+        let e = anyhow::Error::new(io).context("cannot bind :80: Address in use");
+        assert_eq!(super::one_line(&e), "cannot bind :80: Address in use");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(super::one_line(&e), "outer: inner");
     }
 }

@@ -1,9 +1,11 @@
 //! Sampling and stopping options shared by `generate`, `chat` and `bench`, and
 //! their conversion to an engine request.
 //!
-//! Defaults follow vLLM: a model's `generation_config.json` supplies
-//! temperature / top-p / top-k when the flag is absent, else OpenAI's
-//! defaults (temperature 1, top-p 1). An absent seed is drawn from the clock.
+//! A flag left out takes the model's `generation_config.json` value (neutral
+//! values for the ones it leaves out); a model that ships no sampling values
+//! gets llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95, min-p
+//! 0.05): see `GenerationConfig::sampling_defaults`. An absent seed is drawn
+//! from the clock.
 
 use anyhow::{Result, bail};
 use contract::{GenerationConfig, SamplingParams};
@@ -23,9 +25,9 @@ pub struct SamplingArgs {
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Drop tokens below this fraction of the top probability.
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    /// Drop tokens below this fraction of the top probability (0 = off).
+    #[arg(long)]
+    pub min_p: Option<f32>,
     /// Penalise tokens already seen (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
@@ -52,11 +54,12 @@ impl SamplingArgs {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0)
         });
+        let d = defaults.sampling_defaults();
         let p = SamplingParams {
-            temperature: self.temperature.or(defaults.temperature).unwrap_or(1.0),
-            top_k: self.top_k.or(defaults.top_k).unwrap_or(0),
-            top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
-            min_p: self.min_p,
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
             repetition_penalty: self.repetition_penalty,
             seed,
             logprobs: self.logprobs.unwrap_or(0),
@@ -65,6 +68,34 @@ impl SamplingArgs {
             bail!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason);
         }
         Ok(p)
+    }
+
+    /// One line naming the sampling settings in effect and where the ones
+    /// not given on the command line come from.
+    pub fn describe(&self, defaults: &GenerationConfig) -> String {
+        let d = defaults.sampling_defaults();
+        let flags = [
+            self.temperature.is_some(),
+            self.top_k.is_some(),
+            self.top_p.is_some(),
+            self.min_p.is_some(),
+        ];
+        let from = if flags.iter().all(|&f| f) {
+            "all from the command line".to_string()
+        } else {
+            d.to_string()
+                .split_once('(')
+                .map(|(_, src)| src.trim_end_matches(')').to_string())
+                .unwrap_or_default()
+        };
+        format!(
+            "sampling: temperature {}, top-k {}, top-p {}, min-p {}, repetition penalty {} ({from})",
+            self.temperature.unwrap_or(d.temperature),
+            self.top_k.unwrap_or(d.top_k),
+            self.top_p.unwrap_or(d.top_p),
+            self.min_p.unwrap_or(d.min_p),
+            self.repetition_penalty,
+        )
     }
 
     /// An engine request for `prompt`.
@@ -108,5 +139,25 @@ mod tests {
         assert!(e.contains("--stop") && e.contains("empty"), "{e}");
         let cmd = Cmd::try_parse_from(["t", "--stop", "x"]).unwrap();
         assert!(cmd.s.request(vec![1], &defaults).is_ok());
+    }
+
+    #[test]
+    fn flags_override_the_model_defaults_and_the_rest_are_named() {
+        let none = GenerationConfig::default();
+        let cmd = Cmd::try_parse_from(["t", "--temperature", "0.5"]).unwrap();
+        let p = cmd.s.params(&none).unwrap();
+        assert_eq!(
+            (p.temperature, p.top_k, p.top_p, p.min_p),
+            (0.5, 40, 0.95, 0.05)
+        );
+        let line = cmd.s.describe(&none);
+        assert!(
+            line.contains("temperature 0.5") && line.contains("min-p 0.05"),
+            "{line}"
+        );
+        assert!(line.contains("llama.cpp"), "{line}");
+        let cmd = Cmd::try_parse_from(["t", "--min-p", "1.5"]).unwrap();
+        let e = cmd.s.params(&none).unwrap_err().to_string();
+        assert!(e.contains("--min-p"), "{e}");
     }
 }

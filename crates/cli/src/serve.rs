@@ -1,10 +1,12 @@
 //! `lamina serve`: the OpenAI-compatible HTTP server (`server` crate) over
 //! the engine, on 127.0.0.1:8000 unless told otherwise.
 //!
-//! Loads the model (fetching it on first use), binds, prints the address to
-//! stderr, and serves until Ctrl-C / SIGTERM; then stops accepting, lets
-//! in-flight requests finish for `--grace` seconds, cancels the rest and
-//! exits 0.
+//! Binds the port first (a port in use fails at once, before the model
+//! loads, with one line naming the cause and the fix), loads the model
+//! (fetching it on first use), prints the address and the sampling settings
+//! in effect to stderr, and serves until Ctrl-C / SIGTERM; then stops
+//! accepting, lets in-flight requests finish for `--grace` seconds, cancels
+//! the rest and exits 0.
 
 use std::time::Duration;
 
@@ -85,6 +87,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     } else {
         format!("{}:{}", args.host, args.port)
     };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("lamina-http")
+        .build()
+        .context("cannot start the async runtime")?;
+    let listener = runtime
+        .block_on(server::bind(&addr))
+        .map_err(|e| bind_error(e, &args))?;
     let loaded = setup::open(&args.model, args.max_queue)?;
     let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
     let cfg = server::ServerConfig {
@@ -98,18 +108,36 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_client_requests: args.max_client_requests,
         defaults: loaded.model.generation.clone(),
     };
+    let defaults = loaded.model.generation.sampling_defaults();
     let state = server::AppState::new(loaded.engine, loaded.tokenizer, cfg);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("lamina-http")
-        .build()
-        .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let listener = server::bind(&addr).await?;
         let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
         eprintln!("lamina: serving `{model_id}` on http://{local} (Ctrl-C to stop)");
+        eprintln!("lamina: requests that set no sampling fields get {defaults}");
         server::serve(state, listener, server::shutdown_signal()).await
     })?;
     eprintln!("lamina: server stopped");
     Ok(())
+}
+
+/// The bind failure as one line: the address, the cause and what to do.
+fn bind_error(e: server::ServerError, args: &ServeArgs) -> anyhow::Error {
+    let server::ServerError::Bind { addr, source } = e else {
+        return e.into();
+    };
+    let fix = match source.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "another program (another `lamina serve`?) is listening on port {}: stop it or choose another `--port`",
+            args.port
+        ),
+        std::io::ErrorKind::PermissionDenied => {
+            "ports below 1024 need privileges: choose a `--port` above 1024".to_string()
+        }
+        std::io::ErrorKind::AddrNotAvailable => format!(
+            "`--host {}` is not an address of this machine: use 127.0.0.1 (local) or 0.0.0.0 (every interface)",
+            args.host
+        ),
+        _ => "check `--host` and `--port`".to_string(),
+    };
+    anyhow::anyhow!("cannot listen on {addr}: {source}; {fix}")
 }

@@ -42,7 +42,9 @@ pub enum DeviceArg {
 /// Options every model-running command shares.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model id in the store (fetched on first use) or a model directory.
+    /// Model id in the store (fetched on first use; `lamina list`), a model
+    /// directory in Hugging Face layout or a .gguf file (imported into the
+    /// store once).
     #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL)]
     pub model: String,
     /// Device to run on.
@@ -73,6 +75,10 @@ pub struct Loaded {
     pub model: LoadedModel,
     /// The name shown to API clients (the id, or the directory's name).
     pub model_id: String,
+    /// Most tokens in one engine step (the prefill chunk of a lone request).
+    pub max_batch_tokens: usize,
+    /// Whether the model runs on the CUDA backend.
+    pub cuda: bool,
 }
 
 /// Resolves `args.model` to a directory, fetching a known id on first use.
@@ -110,17 +116,18 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
             eos.push(id);
         }
     }
+    let max_batch_tokens = args.max_batch_tokens.unwrap_or(if cuda {
+        CUDA_MAX_BATCH_TOKENS
+    } else {
+        CPU_MAX_BATCH_TOKENS
+    });
     let engine = Engine::start(
         backend,
         tokenizer.clone(),
         eos,
         EngineConfig {
             max_num_seqs: args.max_num_seqs,
-            max_batch_tokens: args.max_batch_tokens.unwrap_or(if cuda {
-                CUDA_MAX_BATCH_TOKENS
-            } else {
-                CPU_MAX_BATCH_TOKENS
-            }),
+            max_batch_tokens,
             enable_prefix_cache: !args.no_prefix_cache,
             max_queue,
         },
@@ -130,6 +137,8 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
         tokenizer,
         model: loaded,
         model_id: display_name(&args.model),
+        max_batch_tokens,
+        cuda,
     })
 }
 

@@ -368,6 +368,52 @@ impl LlamaConfig {
     }
 }
 
+/// Where [`SamplingDefaults`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultsSource {
+    /// The model's `generation_config.json`.
+    Model,
+    /// llama.cpp's defaults (the model ships no sampling settings).
+    LlamaCpp,
+}
+
+/// The sampling settings in effect when a request sets none of them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    pub source: DefaultsSource,
+}
+
+impl SamplingDefaults {
+    /// llama.cpp's `common_params_sampling` defaults.
+    pub const LLAMA_CPP: SamplingDefaults = SamplingDefaults {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        min_p: 0.05,
+        source: DefaultsSource::LlamaCpp,
+    };
+}
+
+impl std::fmt::Display for SamplingDefaults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let from = match self.source {
+            DefaultsSource::Model => "from the model's generation_config.json",
+            DefaultsSource::LlamaCpp => "llama.cpp's defaults: the model ships none",
+        };
+        write!(
+            f,
+            "temperature {}, top-k {}, top-p {}, min-p {} ({from})",
+            self.temperature, self.top_k, self.top_p, self.min_p
+        )
+    }
+}
+
 /// `generation_config.json`: the EOS list and default sampling settings.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct GenerationConfig {
@@ -381,6 +427,8 @@ pub struct GenerationConfig {
     pub top_p: Option<f32>,
     #[serde(default)]
     pub top_k: Option<usize>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
 }
 
 impl GenerationConfig {
@@ -424,7 +472,34 @@ impl GenerationConfig {
         {
             return Err(bad("top_p", format!("must be in (0, 1], got {p}")));
         }
+        if let Some(p) = self.min_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return Err(bad("min_p", format!("must be in [0, 1], got {p}")));
+        }
         Ok(())
+    }
+
+    /// The sampling settings a request that sets none falls back on: the
+    /// values this file ships, the others neutral (temperature 1, no top-k,
+    /// top-p 1, no min-p); when it ships none at all, llama.cpp's defaults
+    /// ([`SamplingDefaults::LLAMA_CPP`]), because a small model sampled at
+    /// temperature 1 with no truncation rambles.
+    pub fn sampling_defaults(&self) -> SamplingDefaults {
+        if self.temperature.is_none()
+            && self.top_p.is_none()
+            && self.top_k.is_none()
+            && self.min_p.is_none()
+        {
+            return SamplingDefaults::LLAMA_CPP;
+        }
+        SamplingDefaults {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k: self.top_k.unwrap_or(0),
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            source: DefaultsSource::Model,
+        }
     }
 
     /// The union of this file's EOS ids and `base` (the ids from `config.json`), in order.

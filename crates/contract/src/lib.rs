@@ -18,7 +18,7 @@ pub mod step_builder;
 pub mod testing;
 
 pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
-pub use config::{ConfigError, GenerationConfig, LlamaConfig};
+pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, SamplingDefaults};
 pub use history::PenaltyHistory;
 pub use sampling::{ParamError, SamplingParams};
 pub use step_builder::{StepBuildError, StepBuilder};

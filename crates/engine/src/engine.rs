@@ -278,6 +278,20 @@ pub struct RequestHandle {
     done: bool,
 }
 
+/// Cancels one request from any thread; see [`RequestHandle::canceller`].
+#[derive(Clone)]
+pub struct Canceller {
+    id: u64,
+    tx: Sender<Msg>,
+}
+
+impl Canceller {
+    /// Like [`RequestHandle::cancel`]; a no-op once the request has ended.
+    pub fn cancel(&self) {
+        let _ = self.tx.send(Msg::Cancel(self.id));
+    }
+}
+
 /// Everything a request produced, collected by [`RequestHandle::blocking_collect`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
@@ -343,6 +357,15 @@ impl RequestHandle {
     /// unless it finished first.
     pub fn cancel(&self) {
         let _ = self.tx.send(Msg::Cancel(self.id));
+    }
+
+    /// A handle that cancels this request from another thread (a Ctrl-C
+    /// handler) while this one waits on its events.
+    pub fn canceller(&self) -> Canceller {
+        Canceller {
+            id: self.id,
+            tx: self.tx.clone(),
+        }
     }
 
     fn note(&mut self, ev: &Option<Event>) {

@@ -27,7 +27,7 @@ pub mod testing;
 pub mod types;
 mod worker;
 
-pub use engine::{Completion, Engine, RequestHandle};
+pub use engine::{Canceller, Completion, Engine, RequestHandle};
 pub use types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, Finished, GenerateRequest,
     SubmitError, TokenEvent, Usage,

@@ -80,6 +80,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             middleware::require_api_key,
         ));
     Router::new()
+        .route("/", get(misc::root))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .merge(guarded)

@@ -1,14 +1,20 @@
 //! Per-request layers: a request id (from `x-request-id` when the client
 //! sends a short printable one, else a fresh number) carried in a tracing
 //! span and echoed in the response header, and the API-key check.
+//!
+//! The `response` log line carries the request's real duration: for a
+//! streamed (SSE) response it is written when the body ends or the client
+//! goes away, not when the headers leave.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use tracing::Instrument;
 
 use crate::error::ApiError;
@@ -46,19 +52,53 @@ pub async fn request_context(
         span.record("client_request_id", c.as_str());
     }
     let start = Instant::now();
-    let mut resp = next.run(req).instrument(span.clone()).await;
-    span.in_scope(|| {
-        tracing::info!(
-            status = resp.status().as_u16(),
-            elapsed_ms = start.elapsed().as_millis() as u64,
-            "response"
-        )
-    });
+    let resp = next.run(req).instrument(span.clone()).await;
+    let done = LogOnDrop {
+        span,
+        start,
+        status: resp.status().as_u16(),
+    };
+    let streamed = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let mut resp = if streamed {
+        // logged when the stream (and with it `done`) is dropped: at its end,
+        // or when the client disconnects
+        let (parts, body) = resp.into_parts();
+        let stream = body.into_data_stream().map(move |chunk| {
+            let _alive = &done;
+            chunk
+        });
+        Response::from_parts(parts, Body::from_stream(stream))
+    } else {
+        drop(done);
+        resp
+    };
     let echoed = client_id.unwrap_or_else(|| id.to_string());
     if let Ok(v) = HeaderValue::from_str(&echoed) {
         resp.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
     resp
+}
+
+/// Writes a request's `response` log line when dropped.
+struct LogOnDrop {
+    span: tracing::Span,
+    start: Instant,
+    status: u16,
+}
+
+impl Drop for LogOnDrop {
+    fn drop(&mut self) {
+        self.span.in_scope(|| {
+            tracing::info!(
+                status = self.status,
+                elapsed_ms = self.start.elapsed().as_millis() as u64,
+                "response"
+            )
+        });
+    }
 }
 
 /// SHA-256 of an API key: keys are compared as fixed-length digests, so the

@@ -1,5 +1,5 @@
-//! The small endpoints: `GET /health`, `GET /v1/models[/{id}]`,
-//! `POST /tokenize`, `GET /metrics`.
+//! The small endpoints: `GET /` (name, version, model, endpoints),
+//! `GET /health`, `GET /v1/models[/{id}]`, `POST /tokenize`, `GET /metrics`.
 
 use std::sync::Arc;
 
@@ -28,6 +28,42 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     } else {
         Json(json!({"status": "ok"})).into_response()
     }
+}
+
+/// Every route, for `GET /` (method, path, what).
+pub const ENDPOINTS: [(&str, &str, &str); 8] = [
+    (
+        "POST",
+        "/v1/chat/completions",
+        "chat with the model's template",
+    ),
+    ("POST", "/v1/completions", "text or token-id prompt"),
+    ("GET", "/v1/models", "the served model"),
+    ("GET", "/v1/models/{id}", "one model"),
+    ("POST", "/tokenize", "token ids of a prompt or messages"),
+    (
+        "GET",
+        "/health",
+        "200 while serving, 503 while shutting down",
+    ),
+    ("GET", "/metrics", "Prometheus metrics"),
+    ("GET", "/", "this page"),
+];
+
+/// `GET /`: who is serving what, and where (no API key needed, like `/health`).
+pub async fn root(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let endpoints: Vec<Value> = ENDPOINTS
+        .iter()
+        .map(|(method, path, what)| json!({"method": method, "path": path, "description": what}))
+        .collect();
+    Json(json!({
+        "name": "lamina",
+        "version": env!("CARGO_PKG_VERSION"),
+        "status": if state.is_draining() { "shutting_down" } else { "running" },
+        "model": state.cfg.model_id,
+        "max_model_len": state.max_context(),
+        "endpoints": endpoints,
+    }))
 }
 
 fn model_card(state: &AppState) -> Value {

@@ -11,8 +11,9 @@
 //! to the same 400 naming the parameter (`error::from_submit`).
 //!
 //! Every error is a 400 naming the parameter. Absent sampling fields take
-//! the model's `generation_config.json` values, else OpenAI's defaults
-//! (temperature 1, top-p 1), like vLLM; an absent `max_tokens` means "up to
+//! the model's `generation_config.json` values (neutral values for those it
+//! leaves out), or llama.cpp's defaults when it ships none
+//! (`GenerationConfig::sampling_defaults`); an absent `max_tokens` means "up to
 //! the context"; an absent `seed` is drawn per request.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,8 +91,9 @@ pub fn check(
             ));
         }
     }
+    let fallback = defaults.sampling_defaults();
     let top_k = match c.top_k {
-        None => defaults.top_k.unwrap_or(0),
+        None => fallback.top_k,
         Some(-1) | Some(0) => 0,
         Some(k) if k < -1 => {
             return Err(bad(
@@ -127,10 +129,10 @@ pub fn check(
         ));
     }
     let sampling = SamplingParams {
-        temperature: c.temperature.or(defaults.temperature).unwrap_or(1.0),
+        temperature: c.temperature.unwrap_or(fallback.temperature),
         top_k,
-        top_p: c.top_p.or(defaults.top_p).unwrap_or(1.0),
-        min_p: c.min_p.unwrap_or(0.0),
+        top_p: c.top_p.unwrap_or(fallback.top_p),
+        min_p: c.min_p.unwrap_or(fallback.min_p),
         repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
         // negative seeds are accepted, as OpenAI does, by their two's complement
         seed: c.seed.map(|s| s as u64).unwrap_or_else(fresh_seed),
@@ -291,6 +293,13 @@ mod tests {
         .unwrap();
         assert!(c.sampling.is_greedy());
         assert_eq!(c.sampling.top_k, 0);
+        // a model that ships no sampling values: llama.cpp's defaults
+        let c = run(CommonFields::default()).unwrap();
+        let s = &c.sampling;
+        assert_eq!(
+            (s.temperature, s.top_k, s.top_p, s.min_p),
+            (0.8, 40, 0.95, 0.05)
+        );
     }
 
     #[test]

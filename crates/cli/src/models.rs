@@ -1,0 +1,106 @@
+//! `lamina pull`, `lamina list`, `lamina rm`: the model store
+//! (`$LAMINA_HOME/models`, `checkpoint::store`) from the command line.
+//!
+//! `pull` takes a known id (downloaded and converted) or a `.gguf` file
+//! (converted into the store under its lower-cased stem); a Hugging Face
+//! `org/name` is refused with the way around it. `list` prints id, size,
+//! source and path; `rm` deletes one model directory.
+
+use std::path::Path;
+
+use anyhow::Result;
+use checkpoint::store::Store;
+
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// A store id (`lamina list`; known: smollm2-135m-instruct,
+    /// llama-3.2-1b-instruct, llama-3.2-1b) or a .gguf file.
+    pub model: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ListArgs {}
+
+#[derive(clap::Args, Debug)]
+pub struct RmArgs {
+    /// The store id to delete (as `lamina list` shows it).
+    pub id: String,
+}
+
+pub fn pull(args: PullArgs) -> Result<()> {
+    let store = Store::default_home();
+    let path = Path::new(&args.model);
+    let (id, dir) = if path.is_file() {
+        store.import_gguf(path)?
+    } else if path.is_dir() {
+        anyhow::bail!(
+            "{} is a model directory: use it directly with `--model {}`; `lamina pull` takes a store id or a .gguf file",
+            path.display(),
+            path.display()
+        );
+    } else {
+        let dir = store.resolve(&args.model, true)?;
+        (args.model.clone(), dir)
+    };
+    println!("{id}\t{}", dir.display());
+    Ok(())
+}
+
+pub fn list(_args: ListArgs) -> Result<()> {
+    let store = Store::default_home();
+    let models = store.list()?;
+    if models.is_empty() {
+        eprintln!(
+            "no models in {} (`lamina pull ID` or `lamina pull FILE.gguf` adds one)",
+            store.root.join("models").display()
+        );
+        return Ok(());
+    }
+    let width = models.iter().map(|m| m.id.len()).max().unwrap_or(2).max(2);
+    let src = models
+        .iter()
+        .map(|m| m.source.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!("{:width$}  {:>9}  {:<src$}  PATH", "ID", "SIZE", "SOURCE");
+    for m in models {
+        println!(
+            "{:width$}  {:>9}  {:<src$}  {}",
+            m.id,
+            human_size(m.size_bytes),
+            m.source,
+            m.path.display()
+        );
+    }
+    Ok(())
+}
+
+pub fn rm(args: RmArgs) -> Result<()> {
+    let dir = Store::default_home().remove(&args.id)?;
+    eprintln!("removed `{}` ({})", args.id, dir.display());
+    Ok(())
+}
+
+/// Bytes in B / KB / MB / GB (powers of 1000, one decimal).
+pub fn human_size(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        0..1_000 => format!("{bytes} B"),
+        1_000..1_000_000 => format!("{:.1} KB", b / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} MB", b / 1e6),
+        _ => format!("{:.1} GB", b / 1e9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_size;
+
+    #[test]
+    fn sizes_read_like_ls_h() {
+        assert_eq!(human_size(12), "12 B");
+        assert_eq!(human_size(269_060_552), "269.1 MB");
+        assert_eq!(human_size(2_500_000_000), "2.5 GB");
+    }
+}
