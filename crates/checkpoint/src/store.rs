@@ -269,20 +269,25 @@ impl Store {
         if looks_like_path {
             return StoreError::MissingDir(PathBuf::from(model));
         }
+        StoreError::UnknownId {
+            id: model.to_string(),
+            known: known_list(),
+            stored: self.stored_ids(),
+        }
+    }
+
+    /// The ids in the store, comma-separated, or "none" (for error messages).
+    pub(crate) fn stored_ids(&self) -> String {
         let stored: Vec<String> = self
             .list()
             .unwrap_or_default()
             .into_iter()
             .map(|m| m.id)
             .collect();
-        StoreError::UnknownId {
-            id: model.to_string(),
-            known: known_list(),
-            stored: if stored.is_empty() {
-                "none".into()
-            } else {
-                stored.join(", ")
-            },
+        if stored.is_empty() {
+            "none".into()
+        } else {
+            stored.join(", ")
         }
     }
 

@@ -94,7 +94,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("{t}");
     }
     if let Some(err) = &out.error {
-        bail!("{}", failure(&loaded, err, &args.model));
+        bail!("{}", failure(err));
     }
     Ok(())
 }
@@ -104,27 +104,10 @@ pub fn spinner(loaded: &Loaded, prompt_len: usize) -> Option<PrefillSpinner> {
     PrefillSpinner::start(&loaded.engine, prompt_len, loaded.max_batch_tokens)
 }
 
-/// A failed request's message; an outgrown KV pool says how to size it.
-pub fn failure(loaded: &Loaded, err: &str, model: &ModelArgs) -> String {
-    if !err.contains("KV cache ran out") {
-        return format!("generation failed: {err}");
-    }
-    let (block, blocks) = loaded.engine.kv_shape();
-    let need = loaded.engine.max_context().div_ceil(block);
-    let how = if model.kv_blocks.is_some() {
-        format!(
-            "raise `--kv-blocks` (now {blocks}; {need} hold the whole context) or leave it out to size the pool from `--kv-memory-gib`"
-        )
-    } else {
-        format!(
-            "raise `--kv-memory-gib` (now {}) or give `--kv-blocks {need}` (the whole context)",
-            model.kv_memory_gib
-        )
-    };
-    format!(
-        "the KV pool is too small for this request: it holds {} tokens ({blocks} blocks of {block}); {how}, or lower `--max-tokens`",
-        blocks * block
-    )
+/// A failed request's message. (A request the KV pool could never hold is
+/// refused at submit by the engine, with the flags that size the pool.)
+pub fn failure(err: &str) -> String {
+    format!("generation failed: {err}")
 }
 
 /// A prompt as given on the command line, and where in a prompts file.
@@ -339,7 +322,7 @@ fn run_many(
         out.line = g.line;
         let line = g.line.unwrap_or(i + 1);
         if let Some(e) = &out.error {
-            failed.get_or_insert_with(|| (line, failure(loaded, e, &args.model)));
+            failed.get_or_insert_with(|| (line, failure(e)));
         }
         if args.json {
             println!("{}", serde_json::to_string(&out)?);

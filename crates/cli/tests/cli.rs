@@ -2,24 +2,13 @@
 //! SmolLM2, tokenization, reproducible sampling, and each kind of bad input
 //! giving a non-zero exit with one clear line naming the cause and no panic.
 
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::OnceLock;
 
-fn lamina(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lamina"))
-        .args(args)
-        .output()
-        .expect("the lamina binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use support::{clear_error as assert_clear_error, lamina, stderr, stdout};
 
 /// `lamina generate --device cpu --model DIR ARGS...`.
 fn generate_on(model: &Path, args: &[&str]) -> Output {
@@ -63,22 +52,6 @@ fn tiny_copy(name: &str) -> PathBuf {
         std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
     }
     dst
-}
-
-/// Asserts a failure with exactly one non-empty stderr line containing every `needle`.
-fn assert_clear_error(out: &Output, needles: &[&str]) {
-    let err = stderr(out);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {err}"
-    );
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(lines.len(), 1, "expected one error line, got: {err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    for n in needles {
-        assert!(lines[0].contains(n), "`{}` should mention `{n}`", lines[0]);
-    }
 }
 
 fn gen_json(model: &Path, extra: &[&str]) -> serde_json::Value {

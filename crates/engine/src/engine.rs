@@ -173,8 +173,7 @@ impl Engine {
     /// the model's context, or what the whole KV pool holds when that is
     /// less (the `max_model_len` to advertise and to default `max_tokens` from).
     pub fn max_sequence(&self) -> usize {
-        let pool = self.inner.num_blocks.saturating_mul(self.inner.block_size);
-        self.inner.max_context.min(pool)
+        self.inner.max_context.min(self.inner.pool_tokens())
     }
 
     /// Tokens per KV block and blocks in the pool.
@@ -190,6 +189,11 @@ impl Engine {
 }
 
 impl Inner {
+    /// Tokens the whole KV pool holds.
+    fn pool_tokens(&self) -> usize {
+        self.num_blocks.saturating_mul(self.block_size)
+    }
+
     fn validate(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
         let prompt = req.prompt.len();
         if prompt == 0 {
@@ -238,7 +242,7 @@ impl Inner {
         }
         // Alone in the pool (every other sequence preempted) a request can
         // always finish unless it needs more than the pool holds.
-        let pool_tokens = self.num_blocks.saturating_mul(self.block_size);
+        let pool_tokens = self.pool_tokens();
         if prompt.saturating_add(req.max_tokens) > pool_tokens {
             return Err(SubmitError::NeverFitsKvPool {
                 prompt,

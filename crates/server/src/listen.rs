@@ -112,6 +112,26 @@ impl Shared {
         self.clients.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn ask_all_close(&self) {
+        for c in self.conns().values() {
+            c.ask_close();
+        }
+    }
+
+    /// Resolves once no open connection matches `which`.
+    async fn closed_all(&self, which: impl Fn(&Conn) -> bool) {
+        loop {
+            let notified = self.closed.notified();
+            tokio::pin!(notified);
+            // registered before the check, so a close in between is not missed
+            notified.as_mut().enable();
+            if !self.conns().values().any(|c| which(c)) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Asks the connection idle the longest to close; false when none is idle.
     fn evict_idle(&self) -> bool {
         let conns = self.conns();
@@ -225,44 +245,22 @@ impl Listener {
     /// request is done; new ones serve a single request.
     pub fn begin_drain(&self) {
         self.shared.draining.store(true, Ordering::Release);
-        for c in self.shared.conns().values() {
-            c.ask_close();
-        }
+        self.shared.ask_all_close();
     }
 
     /// Resolves once every connection accepted before the drain has closed.
     pub async fn drained(&self) {
-        loop {
-            let notified = self.shared.closed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if !self.shared.conns().values().any(|c| c.before_drain) {
-                return;
-            }
-            notified.await;
-        }
+        self.shared.closed_all(|c| c.before_drain).await;
     }
 
     /// Stops accepting and asks every connection to close; resolves once
     /// all have closed (callers bound the wait).
     pub async fn stop(self) {
         self.stop.notify_one();
+        // once the accept loop has returned, no connection is added
         let _ = self.task.await;
-        loop {
-            let notified = self.shared.closed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let conns = self.shared.conns();
-                if conns.is_empty() {
-                    return;
-                }
-                for c in conns.values() {
-                    c.ask_close();
-                }
-            }
-            notified.await;
-        }
+        self.shared.ask_all_close();
+        self.shared.closed_all(|_| true).await;
     }
 }
 

@@ -301,7 +301,7 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
                 Err(ApiError::malformed_json(format!(
                     "The request body is not valid JSON: {inner}"
                 )))
-            } else if let Some(field) = unknown_field(&inner.to_string()) {
+            } else if let Some(field) = serde_field(&inner.to_string(), "unknown field `") {
                 // the path already ends with the unknown field; a key with
                 // an empty name is shown as `""` (found by the HTTP fuzzer)
                 let param = if path.is_empty() || path == "." {
@@ -325,10 +325,7 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             } else if path.is_empty() || path == "." {
                 let msg = inner.to_string();
                 // serde names a missing field as "missing field `x` at line.."
-                let missing = msg
-                    .strip_prefix("missing field `")
-                    .and_then(|rest| rest.split('`').next())
-                    .map(str::to_owned);
+                let missing = serde_field(&msg, "missing field `");
                 Err(match missing {
                     Some(field) => ApiError::invalid_param(
                         field.clone(),
@@ -346,9 +343,10 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     }
 }
 
-/// The field serde's `deny_unknown_fields` names in `msg`, if that is the error.
-fn unknown_field(msg: &str) -> Option<String> {
-    msg.strip_prefix("unknown field `")
+/// The field a serde error message names after `prefix` ("missing field `",
+/// "unknown field `" from `deny_unknown_fields`), if it is that error.
+fn serde_field(msg: &str, prefix: &str) -> Option<String> {
+    msg.strip_prefix(prefix)
         .and_then(|rest| rest.split('`').next())
         .map(str::to_owned)
 }

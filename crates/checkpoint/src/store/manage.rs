@@ -287,22 +287,12 @@ impl Store {
     }
 
     fn not_stored(&self, id: &str) -> StoreError {
-        let stored: Vec<String> = self
-            .list()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.id)
-            .collect();
         StoreError::BadId {
             id: id.to_string(),
             reason: format!(
                 "not in the store at {} (in the store: {}); `lamina list` shows the store",
                 self.root.join("models").display(),
-                if stored.is_empty() {
-                    "none".into()
-                } else {
-                    stored.join(", ")
-                }
+                self.stored_ids()
             ),
         }
     }

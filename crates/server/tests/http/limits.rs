@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::completion_request;
 use crate::fake::{Setup, engine};
 use server::{AppState, ServerConfig};
 
@@ -201,11 +202,7 @@ async fn a_cap_full_of_idle_connections_still_answers_within_100_ms() {
     let t0 = Instant::now();
     let mut s = TcpStream::connect(srv.addr).await.expect("connect");
     let body = r#"{"prompt": "a", "max_tokens": 3, "stream": true}"#;
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = completion_request(body, false);
     s.write_all(req.as_bytes()).await.expect("write");
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
@@ -241,11 +238,7 @@ async fn a_half_closed_connection_gets_its_response() {
     let srv = start_with(setup, |_| {}).await;
     let mut s = TcpStream::connect(srv.addr).await.expect("connect");
     let body = r#"{"prompt": "a", "max_tokens": 5, "ignore_eos": true}"#;
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = completion_request(body, false);
     s.write_all(req.as_bytes()).await.expect("write");
     s.shutdown().await.expect("half-close");
     let (reply, _) = until_closed(&mut s, Duration::from_secs(5)).await;
@@ -268,11 +261,7 @@ async fn requests_past_the_per_client_cap_get_429() {
         let body = format!(
             r#"{{"prompt": "a", "max_tokens": {max_tokens}, "ignore_eos": true, "stream": true}}"#
         );
-        let req = format!(
-            "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
-             connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req = completion_request(&body, true);
         s.write_all(req.as_bytes()).await.expect("write");
         let mut first = vec![0u8; 64];
         let k = s.read(&mut first).await.expect("read");

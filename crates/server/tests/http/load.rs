@@ -12,17 +12,14 @@ use tokio::net::TcpStream;
 
 use crate::fake::Setup;
 use crate::limits::start_with;
+use crate::{completion_head, completion_request};
 
 /// Streams `n` tokens; returns the worst gap between two reads carrying events.
 async fn worst_gap(addr: std::net::SocketAddr, n: usize) -> Duration {
     let mut s = TcpStream::connect(addr).await.expect("connect");
     let body =
         format!(r#"{{"prompt": "a", "max_tokens": {n}, "ignore_eos": true, "stream": true}}"#);
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = completion_request(&body, true);
     s.write_all(req.as_bytes()).await.expect("write");
     let (mut last, mut worst, mut events) = (None::<Instant>, Duration::ZERO, 0);
     let mut buf = vec![0u8; 1 << 16];
@@ -52,11 +49,7 @@ async fn worst_gap(addr: std::net::SocketAddr, n: usize) -> Duration {
 /// One 4 MB prompt (within the 4 MiB body limit); returns the status line.
 async fn post_big(addr: std::net::SocketAddr, body: &str) -> String {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
-         connection: close\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
+    let head = completion_head(body.len(), true);
     s.write_all(head.as_bytes()).await.expect("write");
     s.write_all(body.as_bytes()).await.expect("write");
     let mut got = Vec::new();

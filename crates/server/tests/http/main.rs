@@ -124,6 +124,22 @@ pub fn post(path: &str, body: impl Into<Body>) -> Request<Body> {
         .expect("request")
 }
 
+/// The head of a raw HTTP/1.1 `POST /v1/completions` carrying a JSON body
+/// of `len` bytes (`close`: ask the server to close after the response),
+/// for the tests that talk to a real socket.
+pub fn completion_head(len: usize, close: bool) -> String {
+    let conn = if close { "connection: close\r\n" } else { "" };
+    format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+         {conn}content-length: {len}\r\n\r\n"
+    )
+}
+
+/// A whole raw `POST /v1/completions` request with `body` (see [`completion_head`]).
+pub fn completion_request(body: &str, close: bool) -> String {
+    completion_head(body.len(), close) + body
+}
+
 /// The `data:` payloads of an SSE body, in order.
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")

@@ -277,6 +277,18 @@ async fn request_ids_are_echoed() {
     assert_eq!(app.send(req).await.headers["x-request-id"], "trace-42");
 }
 
+/// The first choice of a reply, or of each chunk of a streamed one.
+fn first_choices(r: &crate::Reply, stream: bool) -> Vec<Value> {
+    if stream {
+        sse_chunks(&r.text())
+            .iter()
+            .map(|c| c["choices"][0].clone())
+            .collect()
+    } else {
+        vec![r.json()["choices"][0].clone()]
+    }
+}
+
 /// Finding 9: log-probabilities follow the returned text. The tokens of a
 /// matched stop string ("fgh") and the EOS token add no text and are not
 /// reported; `tokens` joined equal the text and no `text_offset` runs past it.
@@ -287,14 +299,7 @@ async fn logprobs_match_the_text_after_a_stop_string_or_eos() {
         let req = json!({"prompt": "a", "stop": ["fgh"], "logprobs": 2, "stream": stream});
         let r = app.post_json("/v1/completions", &req).await;
         let (mut text, mut tokens, mut offsets) = (String::new(), Vec::new(), Vec::new());
-        let choices: Vec<Value> = if stream {
-            sse_chunks(&r.text())
-                .iter()
-                .map(|c| c["choices"][0].clone())
-                .collect()
-        } else {
-            vec![r.json()["choices"][0].clone()]
-        };
+        let choices = first_choices(&r, stream);
         for c in &choices {
             text.push_str(c["text"].as_str().unwrap_or(""));
             if let Some(lp) = c["logprobs"].as_object() {
@@ -316,14 +321,7 @@ async fn logprobs_match_the_text_after_a_stop_string_or_eos() {
                          "max_tokens": 40, "stream": stream});
         let r = app.post_json("/v1/chat/completions", &req).await;
         let (mut text, mut toks) = (String::new(), String::new());
-        let choices: Vec<Value> = if stream {
-            sse_chunks(&r.text())
-                .iter()
-                .map(|c| c["choices"][0].clone())
-                .collect()
-        } else {
-            vec![r.json()["choices"][0].clone()]
-        };
+        let choices = first_choices(&r, stream);
         for c in &choices {
             let m = if stream { &c["delta"] } else { &c["message"] };
             text.push_str(m["content"].as_str().unwrap_or(""));

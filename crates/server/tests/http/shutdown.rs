@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::fake::{Setup, engine};
-use crate::sse_data;
+use crate::{completion_request, sse_data};
 use server::{AppState, ServerConfig};
 
 /// Starts `serve` on a loopback port; returns the address, the shutdown
@@ -43,11 +43,7 @@ async fn open(addr: std::net::SocketAddr, max_tokens: usize) -> (TcpStream, Vec<
     let body = json!({"prompt": "a", "max_tokens": max_tokens, "ignore_eos": true, "stream": true})
         .to_string();
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: test\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = completion_request(&body, false);
     s.write_all(req.as_bytes()).await.expect("write");
     let mut buf = vec![0u8; 4096];
     let n = s.read(&mut buf).await.expect("read");
@@ -136,12 +132,7 @@ async fn health_answers_503_while_draining() {
     assert!(h.starts_with("HTTP/1.1 503"), "{h}");
     assert!(h.contains("shutting_down"), "{h}");
     let body = r#"{"prompt": "a", "max_tokens": 2}"#;
-    let c = get(format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    ))
-    .await;
+    let c = get(completion_request(body, false)).await;
     assert!(c.starts_with("HTTP/1.1 503"), "{c}");
     let raw = read_to_end(s, first).await;
     assert!(raw.contains("\"finish_reason\":\"length\""), "{raw}");
