@@ -243,8 +243,12 @@ impl Gpu {
     /// Whether kernels can be launched with programmatic dependent launch
     /// (compute capability 9.0 or newer).
     pub fn supports_pdl(&self) -> Result<bool, GpuError> {
-        let (major, _) = drv("cuDeviceGetAttribute", self.ctx.compute_capability())?;
-        Ok(major >= 9)
+        Ok(self.compute_capability()?.0 >= 9)
+    }
+
+    /// The device's compute capability, `(major, minor)`.
+    pub fn compute_capability(&self) -> Result<(i32, i32), GpuError> {
+        drv("cuDeviceGetAttribute", self.ctx.compute_capability())
     }
 
     /// [`Gpu::launch_struct`] with programmatic dependent launch: `f` may

@@ -24,8 +24,8 @@ use crate::{KernelError, Kernels, need, u32_of};
 /// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
 use crate::consts::{
-    FLASH_KEYS, FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_THREADS, FLASH_ROWS,
-    FLASH_THREADS,
+    FLASH_HOPPER_ALIGN, FLASH_HOPPER_KEYS, FLASH_HOPPER_ROWS, FLASH_HOPPER_THREADS, FLASH_KEYS,
+    FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_THREADS, FLASH_ROWS, FLASH_THREADS,
 };
 
 /// Which tiling of the flash kernel runs.
@@ -36,6 +36,10 @@ pub enum FlashTiles {
     /// 16 query rows per CTA of one warp: decode steps (one token per
     /// sequence) with enough sequences to fill the GPU without splitting keys.
     Narrow,
+    /// 128 query rows per CTA of two warpgroups, both products on Hopper's
+    /// warpgroup MMAs (`wgmma`): prefill on compute capability 9.0 only
+    /// ([`Kernels::has_flash_hopper`]).
+    Hopper,
 }
 
 impl FlashTiles {
@@ -44,35 +48,46 @@ impl FlashTiles {
         match self {
             FlashTiles::Wide => FLASH_ROWS,
             FlashTiles::Narrow => FLASH_NARROW_ROWS,
+            FlashTiles::Hopper => FLASH_HOPPER_ROWS,
         }
     }
     const fn threads(self) -> u32 {
         match self {
             FlashTiles::Wide => FLASH_THREADS as u32,
             FlashTiles::Narrow => FLASH_NARROW_THREADS as u32,
+            FlashTiles::Hopper => FLASH_HOPPER_THREADS as u32,
         }
     }
     const fn name(self) -> &'static str {
         match self {
             FlashTiles::Wide => "flash_prefill",
             FlashTiles::Narrow => "flash_narrow",
+            FlashTiles::Hopper => "flash_hopper",
         }
     }
     const fn keys(self) -> usize {
         match self {
             FlashTiles::Wide => FLASH_KEYS,
             FlashTiles::Narrow => FLASH_NARROW_KEYS,
+            FlashTiles::Hopper => FLASH_HOPPER_KEYS,
         }
     }
-    /// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V tiles.
+    /// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V
+    /// tiles (plus the Hopper tiling's alignment slack).
     fn shared_bytes(self, head_dim: usize) -> usize {
-        (self.rows() + 4 * self.keys()) * head_dim * size_of::<bf16>()
+        let slack = match self {
+            FlashTiles::Hopper => FLASH_HOPPER_ALIGN,
+            _ => 0,
+        };
+        (self.rows() + 4 * self.keys()) * head_dim * size_of::<bf16>() + slack
     }
     /// Index of this tiling's entry points in `Kernels::flash_prefill`.
     fn slot(self, dim_idx: usize) -> usize {
+        let n = FLASH_HEAD_DIMS.len();
         match self {
             FlashTiles::Wide => dim_idx,
-            FlashTiles::Narrow => FLASH_HEAD_DIMS.len() + dim_idx,
+            FlashTiles::Narrow => n + dim_idx,
+            FlashTiles::Hopper => 2 * n + dim_idx,
         }
     }
 }
@@ -119,9 +134,10 @@ const _: () = {
     assert!(offset_of!(FlashPrefillArgs, max_len) == 84);
 };
 
-/// Resolves the flash entry points (wide d64, d128, narrow d64, d128) and
-/// allows their shared memory; returns each one's dynamic shared memory too.
-pub(crate) fn load_functions(module: &Module) -> Result<([Function; 4], [u32; 4]), KernelError> {
+/// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
+/// Hopper d64, d128) and allows their shared memory; returns each one's
+/// dynamic shared memory too.
+pub(crate) fn load_functions(module: &Module) -> Result<([Function; 6], [u32; 6]), KernelError> {
     let f = |tiles: FlashTiles, d: usize| {
         let bytes = tiles.shared_bytes(d);
         let func = module.function(&format!("{}_d{d}", tiles.name()))?;
@@ -131,20 +147,40 @@ pub(crate) fn load_functions(module: &Module) -> Result<([Function; 4], [u32; 4]
     let [d0, d1] = FLASH_HEAD_DIMS;
     let (w0, w1) = (f(FlashTiles::Wide, d0)?, f(FlashTiles::Wide, d1)?);
     let (n0, n1) = (f(FlashTiles::Narrow, d0)?, f(FlashTiles::Narrow, d1)?);
-    Ok(([w0.0, w1.0, n0.0, n1.0], [w0.1, w1.1, n0.1, n1.1]))
+    let (h0, h1) = (f(FlashTiles::Hopper, d0)?, f(FlashTiles::Hopper, d1)?);
+    Ok((
+        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0],
+        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1],
+    ))
 }
 
 impl Kernels {
     /// Whether [`Kernels::flash_prefill`] serves `p`'s head shape.
     pub fn flash_prefill_supports(&self, p: &PrefillParams) -> bool {
-        self.flash_supports(FlashTiles::Wide, p)
+        self.flash_supports(self.prefill_tiles(), p)
+    }
+
+    /// Whether this device runs the Hopper (wgmma) tiling: compute
+    /// capability 9.0 and `LAMINA_WGMMA` not `0`.
+    pub fn has_flash_hopper(&self) -> bool {
+        self.flash_hopper
+    }
+
+    /// The tiling prefill runs with: `Hopper` where the device has it, else `Wide`.
+    pub fn prefill_tiles(&self) -> FlashTiles {
+        if self.flash_hopper {
+            FlashTiles::Hopper
+        } else {
+            FlashTiles::Wide
+        }
     }
 
     /// Whether the `tiles` variant serves `p`'s head shape (a CTA must hold
-    /// at least one token's G query heads).
+    /// at least one token's G query heads) on this device.
     pub fn flash_supports(&self, tiles: FlashTiles, p: &PrefillParams) -> bool {
         let s = p.shape;
-        FLASH_HEAD_DIMS.contains(&s.head_dim)
+        (tiles != FlashTiles::Hopper || self.flash_hopper)
+            && FLASH_HEAD_DIMS.contains(&s.head_dim)
             && s.num_kv_heads > 0
             && s.num_heads.is_multiple_of(s.num_kv_heads)
             && s.group() <= tiles.rows()
@@ -173,7 +209,7 @@ impl Kernels {
         // SAFETY: the caller upholds this function's contract, which is flash's.
         unsafe {
             self.flash(
-                FlashTiles::Wide,
+                self.prefill_tiles(),
                 1..=u32::MAX,
                 qkv,
                 k_cache,

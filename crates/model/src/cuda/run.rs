@@ -12,7 +12,7 @@ use kernels::SampleParams;
 
 use super::forward::{Attn, Caps, Workspace};
 use super::staging::{Layout, Pad, pack};
-use super::{CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, dev_err};
+use super::{CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, MIN_GRAPH_BLOCKS, dev_err};
 use contract::backend::{BackendError, StepBatch};
 
 impl CudaBackend {
@@ -64,13 +64,15 @@ impl CudaBackend {
             hist,
             pad,
         );
+        // Only the used prefix: a graph bucket's history capacity is mostly empty.
+        let used = lay.history + hist.len().max(1);
         let dst = self
             .ws
             .meta
-            .slice(0..lay.total)
+            .slice(0..used)
             .map_err(|e| dev_err("staging", e))?;
         self.gpu
-            .copy_to_device(&self.ws.host_meta.as_slice()[..lay.total], dst)
+            .copy_to_device(&self.ws.host_meta.as_slice()[..used], dst)
             .map_err(|e| dev_err("copying step metadata", e))
     }
 
@@ -91,7 +93,14 @@ impl CudaBackend {
             return Ok(false);
         }
         let sb = s.next_power_of_two();
-        let lay = Layout::new(sb, sb, self.graph_max_blocks, sb, GRAPH_HISTORY);
+        // Block-table rows as long as the batch needs, in powers of two: a
+        // bucket of the longest possible context would stage (and copy)
+        // S x 8,192 words a step at 131k positions.
+        let mb = batch.max_blocks.next_power_of_two().clamp(
+            MIN_GRAPH_BLOCKS,
+            self.graph_max_blocks.max(MIN_GRAPH_BLOCKS),
+        );
+        let lay = Layout::new(sb, sb, mb, sb, GRAPH_HISTORY);
         self.ensure(Caps {
             tokens: sb,
             rows: sb,
@@ -100,7 +109,8 @@ impl CudaBackend {
         })?;
         let rows: Vec<u32> = (0..s as u32).collect();
         self.stage(&lay, batch, &rows, params, hist, true)?;
-        if !self.graphs.contains_key(&sb) {
+        let key = (sb, mb);
+        if !self.graphs.contains_key(&key) {
             let mut inner = None;
             let captured = Graph::capture(&self.gpu, || {
                 self.enqueue(&lay, Attn::Decode, true, true).map_err(|e| {
@@ -117,7 +127,7 @@ impl CudaBackend {
                     graph
                         .upload()
                         .map_err(|e| dev_err("uploading a decode graph", e))?;
-                    self.graphs.insert(sb, graph);
+                    self.graphs.insert(key, graph);
                 }
                 Err(e) => {
                     if let Some(inner) = inner {
@@ -130,7 +140,7 @@ impl CudaBackend {
                 }
             }
         }
-        match self.graphs.get(&sb) {
+        match self.graphs.get(&key) {
             Some(graph) => graph
                 .launch(&self.gpu)
                 .map_err(|e| dev_err("replaying a decode graph", e))?,
