@@ -4,7 +4,8 @@
 //!
 //! Contract: growth and capture happen only between steps (growth drops the
 //! graphs, which point into the old buffers); a failed capture turns graphs
-//! off with a warning and the step runs eagerly. Costs: one host-to-device
+//! off with a warning and the step runs eagerly; row capacities grow by
+//! powers of two. Costs: one host-to-device
 //! copy of the staging buffer per step; capture + instantiate once per bucket.
 
 use gpu::Graph;
@@ -31,11 +32,23 @@ impl CudaBackend {
         self.gpu
             .synchronize()
             .map_err(|e| dev_err("growing the workspace", e))?;
+        // Grown row counts round up to a power of two: sampled rows that grow
+        // by a few each step (decode rows joining mixed steps) would otherwise
+        // reallocate every buffer, pinned ones included, and drop the graphs
+        // every step (~15 ms each at 8,192 tokens). Tokens grow exactly (the
+        // step budget caps them; rounding would double the largest buffers).
+        let grow = |need: usize, have: usize| {
+            if need <= have {
+                have
+            } else {
+                need.next_power_of_two()
+            }
+        };
         let caps = Caps {
             tokens: need.tokens.max(have.tokens),
-            rows: need.rows.max(have.rows),
-            decode_seqs: need.decode_seqs.max(have.decode_seqs),
-            meta: need.meta.max(have.meta),
+            rows: grow(need.rows, have.rows),
+            decode_seqs: grow(need.decode_seqs, have.decode_seqs),
+            meta: grow(need.meta, have.meta),
         };
         self.ws = Workspace::new(&self.gpu, &self.config, self.shape, self.plan, caps)?;
         Ok(())
