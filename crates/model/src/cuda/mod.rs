@@ -48,6 +48,12 @@ pub const MAX_GRAPH_BATCH: usize = 256;
 /// Shortest block-table row of a graph bucket (rows are powers of two from
 /// here up to `graph_max_blocks`).
 const MIN_GRAPH_BLOCKS: usize = 16;
+/// Steps a bucket is asked for before it is captured while a captured bucket
+/// up to 4x its batch can serve it padded (a capture costs ~10 ms at batch
+/// 128; a padded replay a fraction of a millisecond).
+const CAPTURE_AFTER: u32 = 16;
+/// Block-table row length [`CudaBackend::reserve_steps`] sizes the staging for.
+const RESERVE_BLOCKS: usize = 128;
 /// History ids (for the repetition penalty) a graph bucket can stage.
 const GRAPH_HISTORY: usize = 1 << 16;
 
@@ -116,6 +122,8 @@ pub struct CudaBackend {
     graph_max_blocks: usize,
     /// Captured decode graphs by (batch bucket, block-table row bucket).
     graphs: HashMap<(usize, usize), Graph>,
+    /// Steps that asked for each bucket (see `run_graph`'s capture policy).
+    bucket_uses: HashMap<(usize, usize), u32>,
     graphs_enabled: bool,
     /// Steps of at most this many tokens use the fused GEMV projections
     /// (see [`gemv_rows`]); the LM head for at most `min(gemv_rows, HEAD_GEMV_ROWS)` rows.
@@ -186,6 +194,7 @@ impl CudaBackend {
             graph_max_blocks: rope_rows.div_ceil(kv.block_size),
             graphs_enabled: std::env::var("LAMINA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
+            bucket_uses: HashMap::new(),
             gemv_rows: gemv_rows(&config),
             narrow_decode_seqs: narrow_decode_seqs(config.num_kv_heads, sms),
             config,
@@ -237,6 +246,10 @@ impl Backend for CudaBackend {
 
     fn kv_shape(&self) -> KvShape {
         self.kv
+    }
+
+    fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
+        self.reserve_steps(max_tokens, max_seqs)
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {

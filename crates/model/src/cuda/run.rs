@@ -13,7 +13,10 @@ use kernels::SampleParams;
 
 use super::forward::{Attn, Caps, Workspace};
 use super::staging::{Layout, Pad, pack};
-use super::{CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, MIN_GRAPH_BLOCKS, dev_err};
+use super::{
+    CAPTURE_AFTER, CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, MIN_GRAPH_BLOCKS, RESERVE_BLOCKS,
+    dev_err,
+};
 use contract::backend::{BackendError, StepBatch};
 
 impl CudaBackend {
@@ -29,6 +32,7 @@ impl CudaBackend {
             return Ok(());
         }
         self.graphs.clear();
+        self.bucket_uses.clear();
         self.gpu
             .synchronize()
             .map_err(|e| dev_err("growing the workspace", e))?;
@@ -52,6 +56,25 @@ impl CudaBackend {
         };
         self.ws = Workspace::new(&self.gpu, &self.config, self.shape, self.plan, caps)?;
         Ok(())
+    }
+
+    /// Sizes the workspace for eager steps of up to `max_tokens` tokens and
+    /// `max_seqs` sequences and for the decode graphs of up to `max_seqs`
+    /// (block-table rows of [`RESERVE_BLOCKS`]; longer ones grow it later).
+    pub(super) fn reserve_steps(
+        &mut self,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<(), BackendError> {
+        let seqs = max_seqs.max(1).next_power_of_two();
+        let eager = Layout::new(max_tokens, max_seqs, RESERVE_BLOCKS, max_seqs, 0);
+        let graph = Layout::new(seqs, seqs, RESERVE_BLOCKS, seqs, GRAPH_HISTORY);
+        self.ensure(Caps {
+            tokens: max_tokens.max(seqs),
+            rows: seqs,
+            decode_seqs: seqs,
+            meta: eager.total.max(graph.total),
+        })
     }
 
     /// Stages `batch` at `lay` and copies the staging buffer to the device.
@@ -90,7 +113,8 @@ impl CudaBackend {
     }
 
     /// Runs a pure-decode step from its bucket's graph (capturing it on first
-    /// use). Returns false, having done nothing, when this step cannot use one.
+    /// use, or on its `CAPTURE_AFTER`-th while a larger captured bucket serves
+    /// it padded). Returns false, having done nothing, when this step cannot use one.
     pub(super) fn run_graph(
         &mut self,
         batch: &StepBatch,
@@ -113,6 +137,28 @@ impl CudaBackend {
             MIN_GRAPH_BLOCKS,
             self.graph_max_blocks.max(MIN_GRAPH_BLOCKS),
         );
+        // This bucket's graph once captured. Before that, a captured bucket
+        // with the same block rows and up to 4x the batch replays it padded,
+        // until the bucket has been asked for CAPTURE_AFTER times: a batch
+        // shrinking through a bucket for a few steps (the tail of a burst)
+        // does not pay a capture; one that stays gets its own graph.
+        let uses = self.bucket_uses.entry((sb, mb)).or_insert(0);
+        *uses = uses.saturating_add(1);
+        // (Not for buckets on the fused GEMV path: a padded cuBLAS replay
+        // costs those up to half a step.)
+        let key = if self.graphs.contains_key(&(sb, mb))
+            || *uses >= CAPTURE_AFTER
+            || sb <= self.gemv_rows
+        {
+            (sb, mb)
+        } else {
+            [2, 4]
+                .into_iter()
+                .map(|k| (sb * k, mb))
+                .find(|b| b.0 <= MAX_GRAPH_BATCH && self.graphs.contains_key(b))
+                .unwrap_or((sb, mb))
+        };
+        let (sb, mb) = key;
         let lay = Layout::new(sb, sb, mb, sb, GRAPH_HISTORY);
         self.ensure(Caps {
             tokens: sb,
@@ -122,7 +168,6 @@ impl CudaBackend {
         })?;
         let rows: Vec<u32> = (0..s as u32).collect();
         self.stage(&lay, batch, &rows, params, hist, true)?;
-        let key = (sb, mb);
         if !self.graphs.contains_key(&key) {
             let mut inner = None;
             let captured = Graph::capture(&self.gpu, || {
