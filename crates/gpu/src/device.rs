@@ -81,6 +81,17 @@ impl Gpu {
         Ok(n.max(1) as usize)
     }
 
+    /// Shared memory of one streaming multiprocessor, in bytes.
+    pub fn smem_per_sm(&self) -> Result<usize, GpuError> {
+        let n = drv(
+            "cuDeviceGetAttribute",
+            self.ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            ),
+        )?;
+        Ok(n.max(0) as usize)
+    }
+
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize), GpuError> {
         drv("cuMemGetInfo", self.ctx.mem_get_info())

@@ -82,6 +82,8 @@ pub const FLASH_THREADS: usize = 32 * FLASH_ROWS / (16 * FLASH_M_TILES);
 pub const FLASH_NARROW_ROWS: usize = 16;
 /// `FN_BN` of flash_prefill.cu: keys of one narrow K/V tile.
 pub const FLASH_NARROW_KEYS: usize = 64;
+/// `FN_BN_SMALL` of flash_prefill.cu: keys of one small-tile narrow K/V tile.
+pub const FLASH_NARROW_SMALL_KEYS: usize = 32;
 /// `FN_THREADS` of flash_prefill.cu: one warp.
 pub const FLASH_NARROW_THREADS: usize = 32;
 /// `FH_BM` of flash_prefill.cu: query rows of one Hopper (wgmma) CTA, 64 a warpgroup.

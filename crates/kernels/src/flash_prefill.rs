@@ -25,7 +25,8 @@ use crate::{KernelError, Kernels, need, u32_of};
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
 use crate::consts::{
     FLASH_HOPPER_ALIGN, FLASH_HOPPER_KEYS, FLASH_HOPPER_ROWS, FLASH_HOPPER_THREADS, FLASH_KEYS,
-    FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_THREADS, FLASH_ROWS, FLASH_THREADS,
+    FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_SMALL_KEYS, FLASH_NARROW_THREADS,
+    FLASH_ROWS, FLASH_THREADS,
 };
 
 /// Which tiling of the flash kernel runs.
@@ -35,7 +36,12 @@ pub enum FlashTiles {
     Wide,
     /// 16 query rows per CTA of one warp: decode steps (one token per
     /// sequence) with enough sequences to fill the GPU without splitting keys.
+    /// [`Kernels::flash`] runs it with 32-key tiles ([`FlashTiles::NarrowSmall`])
+    /// when the grid outgrows one wave of the 64-key tiles.
     Narrow,
+    /// `Narrow` with 32-key tiles: half the shared memory, twice the CTAs an
+    /// SM holds, more loop overhead a key.
+    NarrowSmall,
     /// 128 query rows per CTA of two warpgroups, both products on Hopper's
     /// warpgroup MMAs (`wgmma`): prefill on compute capability 9.0 only
     /// ([`Kernels::has_flash_hopper`]).
@@ -47,14 +53,14 @@ impl FlashTiles {
     pub const fn rows(self) -> usize {
         match self {
             FlashTiles::Wide => FLASH_ROWS,
-            FlashTiles::Narrow => FLASH_NARROW_ROWS,
+            FlashTiles::Narrow | FlashTiles::NarrowSmall => FLASH_NARROW_ROWS,
             FlashTiles::Hopper => FLASH_HOPPER_ROWS,
         }
     }
     const fn threads(self) -> u32 {
         match self {
             FlashTiles::Wide => FLASH_THREADS as u32,
-            FlashTiles::Narrow => FLASH_NARROW_THREADS as u32,
+            FlashTiles::Narrow | FlashTiles::NarrowSmall => FLASH_NARROW_THREADS as u32,
             FlashTiles::Hopper => FLASH_HOPPER_THREADS as u32,
         }
     }
@@ -62,6 +68,7 @@ impl FlashTiles {
         match self {
             FlashTiles::Wide => "flash_prefill",
             FlashTiles::Narrow => "flash_narrow",
+            FlashTiles::NarrowSmall => "flash_narrow_small",
             FlashTiles::Hopper => "flash_hopper",
         }
     }
@@ -69,6 +76,7 @@ impl FlashTiles {
         match self {
             FlashTiles::Wide => FLASH_KEYS,
             FlashTiles::Narrow => FLASH_NARROW_KEYS,
+            FlashTiles::NarrowSmall => FLASH_NARROW_SMALL_KEYS,
             FlashTiles::Hopper => FLASH_HOPPER_KEYS,
         }
     }
@@ -88,6 +96,7 @@ impl FlashTiles {
             FlashTiles::Wide => dim_idx,
             FlashTiles::Narrow => n + dim_idx,
             FlashTiles::Hopper => 2 * n + dim_idx,
+            FlashTiles::NarrowSmall => 3 * n + dim_idx,
         }
     }
 }
@@ -135,9 +144,9 @@ const _: () = {
 };
 
 /// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
-/// Hopper d64, d128) and allows their shared memory; returns each one's
-/// dynamic shared memory too.
-pub(crate) fn load_functions(module: &Module) -> Result<([Function; 6], [u32; 6]), KernelError> {
+/// Hopper d64, d128, small narrow d64, d128) and allows their shared memory;
+/// returns each one's dynamic shared memory too.
+pub(crate) fn load_functions(module: &Module) -> Result<([Function; 8], [u32; 8]), KernelError> {
     let f = |tiles: FlashTiles, d: usize| {
         let bytes = tiles.shared_bytes(d);
         let func = module.function(&format!("{}_d{d}", tiles.name()))?;
@@ -148,9 +157,13 @@ pub(crate) fn load_functions(module: &Module) -> Result<([Function; 6], [u32; 6]
     let (w0, w1) = (f(FlashTiles::Wide, d0)?, f(FlashTiles::Wide, d1)?);
     let (n0, n1) = (f(FlashTiles::Narrow, d0)?, f(FlashTiles::Narrow, d1)?);
     let (h0, h1) = (f(FlashTiles::Hopper, d0)?, f(FlashTiles::Hopper, d1)?);
+    let (s0, s1) = (
+        f(FlashTiles::NarrowSmall, d0)?,
+        f(FlashTiles::NarrowSmall, d1)?,
+    );
     Ok((
-        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0],
-        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1],
+        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0, s0.0, s1.0],
+        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1, s0.1, s1.1],
     ))
 }
 
@@ -245,8 +258,23 @@ impl Kernels {
         out: DevSlice<'_, bf16>,         // [T, heads * D]
         p: PrefillParams,
     ) -> Result<(), KernelError> {
-        let kname = tiles.name();
         let s = p.shape;
+        let idx = FLASH_HEAD_DIMS
+            .iter()
+            .position(|&d| d == s.head_dim)
+            .unwrap_or_default();
+        // Narrow grids past one wave of 64-key CTAs (1 KiB a CTA reserved by
+        // the driver) run the 32-key tiles.
+        let per_sm = self.smem_per_sm / (self.flash_smem[tiles.slot(idx)] as usize + 1024);
+        let wave = self.sms * per_sm.max(1);
+        let tok_per_cta = (tiles.rows() / s.group().max(1)).max(1);
+        let ctas = s.num_kv_heads * p.num_seqs * p.max_seqlen.div_ceil(tok_per_cta);
+        let tiles = if tiles == FlashTiles::Narrow && ctas > wave {
+            FlashTiles::NarrowSmall
+        } else {
+            tiles
+        };
+        let kname = tiles.name();
         if !self.flash_supports(tiles, &p) {
             return Err(KernelError::Unsupported {
                 kernel: kname,
@@ -256,10 +284,6 @@ impl Kernels {
                 ),
             });
         }
-        let idx = FLASH_HEAD_DIMS
-            .iter()
-            .position(|&d| d == s.head_dim)
-            .unwrap_or_default();
         need(kname, "qkv", &qkv, p.tokens * s.qkv_width())?;
         need(kname, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
         need(kname, "context_lens", &context_lens, p.num_seqs)?;

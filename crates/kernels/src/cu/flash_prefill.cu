@@ -81,6 +81,12 @@ static_assert(offsetof(FlashPrefillArgs, max_len) == 84, "max_len");
 #define FN_THREADS 32
 #define FN_BM 16
 #define FN_BN 64
+// Small-tile narrow variant (flash_narrow_small_dD: 32-key tiles, half the
+// shared memory, twice the CTAs an SM holds): chosen by the launcher when the
+// grid outgrows one wave of the 64-key variant (S = 128 x 1,000 keys: 69.6 us
+// against 91.3; S = 256 x 640: 94.2 against 96.5; below one wave it is slower:
+// S = 64 x 500: 27.4 against 23.9).
+#define FN_BN_SMALL 32
 
 extern __shared__ uint4 fp_smem[];
 
@@ -349,6 +355,9 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_d##D(const FlashPrefillArgs a) {   \
         flash_prefill_impl<D, 1, 1, FN_BN>(a);                                                              \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_small_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, FN_BN_SMALL>(a);                                                        \
     }
 FLASH_PREFILL(64)
 FLASH_PREFILL(128)

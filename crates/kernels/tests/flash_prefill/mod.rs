@@ -256,11 +256,9 @@ fn flash_narrow_matches_reference() {
         for seqs in cases {
             let c = Case::new(&mut rng, shape, seqs);
             assert!(k.flash_supports(FlashTiles::Narrow, &c.params()));
-            check(
-                &c,
-                &c.run(&gpu, &k, Some(FlashTiles::Narrow)),
-                "flash narrow",
-            );
+            for t in [FlashTiles::Narrow, FlashTiles::NarrowSmall] {
+                check(&c, &c.run(&gpu, &k, Some(t)), &format!("flash {t:?}"));
+            }
         }
     }
     // a mixed step: one-token segments on the narrow tiling, the rest on the
