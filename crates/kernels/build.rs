@@ -123,6 +123,7 @@ fn consts_header() -> String {
         ("FLASH_NARROW_KEYS", FLASH_NARROW_KEYS),
         ("FLASH_NARROW_THREADS", FLASH_NARROW_THREADS),
         ("FLASH_NARROW_SMALL_KEYS", FLASH_NARROW_SMALL_KEYS),
+        ("FLASH_NARROW_TINY_KEYS", FLASH_NARROW_TINY_KEYS),
         ("FLASH_HOPPER_ROWS", FLASH_HOPPER_ROWS),
         ("FLASH_HOPPER_KEYS", FLASH_HOPPER_KEYS),
         ("FLASH_HOPPER_THREADS", FLASH_HOPPER_THREADS),
@@ -163,7 +164,7 @@ fn checks_header() -> String {
          static_assert(FP_BN == LAMINA_FLASH_KEYS, \"FP_BN differs from src/consts.rs FLASH_KEYS\");\n\
          static_assert(FP_THREADS == LAMINA_FLASH_THREADS, \"FP_THREADS differs from src/consts.rs FLASH_THREADS\");\n\
          static_assert(FP_MT == LAMINA_FLASH_M_TILES, \"FP_MT differs from src/consts.rs FLASH_M_TILES\");\n\
-         static_assert(FN_BM == LAMINA_FLASH_NARROW_ROWS && FN_BN == LAMINA_FLASH_NARROW_KEYS && FN_THREADS == LAMINA_FLASH_NARROW_THREADS && FN_BN_SMALL == LAMINA_FLASH_NARROW_SMALL_KEYS, \"FN_* differ from src/consts.rs FLASH_NARROW_*\");\n\
+         static_assert(FN_BM == LAMINA_FLASH_NARROW_ROWS && FN_BN == LAMINA_FLASH_NARROW_KEYS && FN_THREADS == LAMINA_FLASH_NARROW_THREADS && FN_BN_SMALL == LAMINA_FLASH_NARROW_SMALL_KEYS && FN_BN_TINY == LAMINA_FLASH_NARROW_TINY_KEYS, \"FN_* differ from src/consts.rs FLASH_NARROW_*\");\n\
          static_assert(FH_BM == LAMINA_FLASH_HOPPER_ROWS && FH_BN == LAMINA_FLASH_HOPPER_KEYS && FH_THREADS == LAMINA_FLASH_HOPPER_THREADS, \"FH_* differ from src/consts.rs FLASH_HOPPER_*\");\n\
          #endif\n\
          #ifdef SAMPLE_THREADS\n\

@@ -84,6 +84,8 @@ pub const FLASH_NARROW_ROWS: usize = 16;
 pub const FLASH_NARROW_KEYS: usize = 64;
 /// `FN_BN_SMALL` of flash_prefill.cu: keys of one small-tile narrow K/V tile.
 pub const FLASH_NARROW_SMALL_KEYS: usize = 32;
+/// `FN_BN_TINY` of flash_prefill.cu: keys of one tiny-tile narrow K/V tile.
+pub const FLASH_NARROW_TINY_KEYS: usize = 16;
 /// `FN_THREADS` of flash_prefill.cu: one warp.
 pub const FLASH_NARROW_THREADS: usize = 32;
 /// `FH_BM` of flash_prefill.cu: query rows of one Hopper (wgmma) CTA, 64 a warpgroup.

@@ -26,7 +26,7 @@ pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
 use crate::consts::{
     FLASH_HOPPER_ALIGN, FLASH_HOPPER_KEYS, FLASH_HOPPER_ROWS, FLASH_HOPPER_THREADS, FLASH_KEYS,
     FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_SMALL_KEYS, FLASH_NARROW_THREADS,
-    FLASH_ROWS, FLASH_THREADS,
+    FLASH_NARROW_TINY_KEYS, FLASH_ROWS, FLASH_THREADS,
 };
 
 /// Which tiling of the flash kernel runs.
@@ -36,12 +36,14 @@ pub enum FlashTiles {
     Wide,
     /// 16 query rows per CTA of one warp: decode steps (one token per
     /// sequence) with enough sequences to fill the GPU without splitting keys.
-    /// [`Kernels::flash`] runs it with 32-key tiles ([`FlashTiles::NarrowSmall`])
-    /// when the grid outgrows one wave of the 64-key tiles.
+    /// [`Kernels::flash`] runs it with 64-, 32- or 16-key tiles: the largest
+    /// whose grid fits on the device in one wave.
     Narrow,
     /// `Narrow` with 32-key tiles: half the shared memory, twice the CTAs an
     /// SM holds, more loop overhead a key.
     NarrowSmall,
+    /// `Narrow` with 16-key tiles.
+    NarrowTiny,
     /// 128 query rows per CTA of two warpgroups, both products on Hopper's
     /// warpgroup MMAs (`wgmma`): prefill on compute capability 9.0 only
     /// ([`Kernels::has_flash_hopper`]).
@@ -53,14 +55,18 @@ impl FlashTiles {
     pub const fn rows(self) -> usize {
         match self {
             FlashTiles::Wide => FLASH_ROWS,
-            FlashTiles::Narrow | FlashTiles::NarrowSmall => FLASH_NARROW_ROWS,
+            FlashTiles::Narrow | FlashTiles::NarrowSmall | FlashTiles::NarrowTiny => {
+                FLASH_NARROW_ROWS
+            }
             FlashTiles::Hopper => FLASH_HOPPER_ROWS,
         }
     }
     const fn threads(self) -> u32 {
         match self {
             FlashTiles::Wide => FLASH_THREADS as u32,
-            FlashTiles::Narrow | FlashTiles::NarrowSmall => FLASH_NARROW_THREADS as u32,
+            FlashTiles::Narrow | FlashTiles::NarrowSmall | FlashTiles::NarrowTiny => {
+                FLASH_NARROW_THREADS as u32
+            }
             FlashTiles::Hopper => FLASH_HOPPER_THREADS as u32,
         }
     }
@@ -69,6 +75,7 @@ impl FlashTiles {
             FlashTiles::Wide => "flash_prefill",
             FlashTiles::Narrow => "flash_narrow",
             FlashTiles::NarrowSmall => "flash_narrow_small",
+            FlashTiles::NarrowTiny => "flash_narrow_tiny",
             FlashTiles::Hopper => "flash_hopper",
         }
     }
@@ -77,6 +84,7 @@ impl FlashTiles {
             FlashTiles::Wide => FLASH_KEYS,
             FlashTiles::Narrow => FLASH_NARROW_KEYS,
             FlashTiles::NarrowSmall => FLASH_NARROW_SMALL_KEYS,
+            FlashTiles::NarrowTiny => FLASH_NARROW_TINY_KEYS,
             FlashTiles::Hopper => FLASH_HOPPER_KEYS,
         }
     }
@@ -97,6 +105,7 @@ impl FlashTiles {
             FlashTiles::Narrow => n + dim_idx,
             FlashTiles::Hopper => 2 * n + dim_idx,
             FlashTiles::NarrowSmall => 3 * n + dim_idx,
+            FlashTiles::NarrowTiny => 4 * n + dim_idx,
         }
     }
 }
@@ -144,9 +153,9 @@ const _: () = {
 };
 
 /// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
-/// Hopper d64, d128, small narrow d64, d128) and allows their shared memory;
-/// returns each one's dynamic shared memory too.
-pub(crate) fn load_functions(module: &Module) -> Result<([Function; 8], [u32; 8]), KernelError> {
+/// Hopper d64, d128, small narrow d64, d128, tiny narrow d64, d128) and
+/// allows their shared memory; returns each one's dynamic shared memory too.
+pub(crate) fn load_functions(module: &Module) -> Result<([Function; 10], [u32; 10]), KernelError> {
     let f = |tiles: FlashTiles, d: usize| {
         let bytes = tiles.shared_bytes(d);
         let func = module.function(&format!("{}_d{d}", tiles.name()))?;
@@ -161,9 +170,13 @@ pub(crate) fn load_functions(module: &Module) -> Result<([Function; 8], [u32; 8]
         f(FlashTiles::NarrowSmall, d0)?,
         f(FlashTiles::NarrowSmall, d1)?,
     );
+    let (t0, t1) = (
+        f(FlashTiles::NarrowTiny, d0)?,
+        f(FlashTiles::NarrowTiny, d1)?,
+    );
     Ok((
-        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0, s0.0, s1.0],
-        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1, s0.1, s1.1],
+        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0, s0.0, s1.0, t0.0, t1.0],
+        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1, s0.1, s1.1, t0.1, t1.1],
     ))
 }
 
@@ -263,14 +276,20 @@ impl Kernels {
             .iter()
             .position(|&d| d == s.head_dim)
             .unwrap_or_default();
-        // Narrow grids past one wave of 64-key CTAs (1 KiB a CTA reserved by
-        // the driver) run the 32-key tiles.
-        let per_sm = self.smem_per_sm / (self.flash_smem[tiles.slot(idx)] as usize + 1024);
-        let wave = self.sms * per_sm.max(1);
-        let tok_per_cta = (tiles.rows() / s.group().max(1)).max(1);
-        let ctas = s.num_kv_heads * p.num_seqs * p.max_seqlen.div_ceil(tok_per_cta);
-        let tiles = if tiles == FlashTiles::Narrow && ctas > wave {
-            FlashTiles::NarrowSmall
+        // Narrow: the largest key tile whose grid fits on the device in one
+        // wave (CTAs an SM holds by shared memory, 1 KiB a CTA reserved by
+        // the driver, at most 32), else the smallest.
+        let tiles = if tiles == FlashTiles::Narrow {
+            let tok_per_cta = (tiles.rows() / s.group().max(1)).max(1);
+            let ctas = s.num_kv_heads * p.num_seqs * p.max_seqlen.div_ceil(tok_per_cta);
+            let fits = |t: FlashTiles| {
+                let per_sm = self.smem_per_sm / (self.flash_smem[t.slot(idx)] as usize + 1024);
+                ctas <= self.sms * per_sm.clamp(1, 32)
+            };
+            [FlashTiles::Narrow, FlashTiles::NarrowSmall]
+                .into_iter()
+                .find(|&t| fits(t))
+                .unwrap_or(FlashTiles::NarrowTiny)
         } else {
             tiles
         };

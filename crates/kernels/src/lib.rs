@@ -158,11 +158,12 @@ pub struct Kernels {
     /// each `D` of [`HEAD_DIMS`] and `G` of `decode_attention::GROUP_CAPS`.
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
     /// `flash_prefill_d64`, `flash_prefill_d128`, `flash_narrow_d64`,
-    /// `flash_narrow_d128`, `flash_hopper_d64`, `flash_hopper_d128` (see
+    /// `flash_narrow_d128`, `flash_hopper_d64`, `flash_hopper_d128`,
+    /// `flash_narrow_small_d{64,128}`, `flash_narrow_tiny_d{64,128}` (see
     /// `flash_prefill::FlashTiles`).
-    pub(crate) flash_prefill: [Function; 8],
+    pub(crate) flash_prefill: [Function; 10],
     /// Dynamic shared memory of each `flash_prefill` entry.
-    pub(crate) flash_smem: [u32; 8],
+    pub(crate) flash_smem: [u32; 10],
     /// Streaming multiprocessors and the shared memory of one (sizes the
     /// narrow flash tiling's waves).
     pub(crate) sms: usize,

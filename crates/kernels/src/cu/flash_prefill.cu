@@ -81,12 +81,14 @@ static_assert(offsetof(FlashPrefillArgs, max_len) == 84, "max_len");
 #define FN_THREADS 32
 #define FN_BM 16
 #define FN_BN 64
-// Small-tile narrow variant (flash_narrow_small_dD: 32-key tiles, half the
-// shared memory, twice the CTAs an SM holds): chosen by the launcher when the
-// grid outgrows one wave of the 64-key variant (S = 128 x 1,000 keys: 69.6 us
-// against 91.3; S = 256 x 640: 94.2 against 96.5; below one wave it is slower:
-// S = 64 x 500: 27.4 against 23.9).
+// Smaller-tile narrow variants (flash_narrow_small_dD: 32-key tiles,
+// flash_narrow_tiny_dD: 16): less shared memory, more CTAs an SM holds, more
+// loop overhead a key. The launcher takes the largest tile whose CTAs all fit
+// on the device at once (H200, D = 64: S = 128 x 1,000 keys: 64 keys 91.3 us,
+// 32 keys 69.5, 16 keys 77.1; S = 256 x 640: 96.5 / 94.1 / 81.3; below one
+// wave the small tiles are slower: S = 64 x 500: 23.9 / 27.4 / 24.0).
 #define FN_BN_SMALL 32
+#define FN_BN_TINY 16
 
 extern __shared__ uint4 fp_smem[];
 
@@ -358,6 +360,9 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_small_d##D(const FlashPrefillArgs a) { \
         flash_prefill_impl<D, 1, 1, FN_BN_SMALL>(a);                                                        \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_tiny_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, FN_BN_TINY>(a);                                                         \
     }
 FLASH_PREFILL(64)
 FLASH_PREFILL(128)

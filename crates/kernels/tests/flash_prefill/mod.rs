@@ -256,7 +256,11 @@ fn flash_narrow_matches_reference() {
         for seqs in cases {
             let c = Case::new(&mut rng, shape, seqs);
             assert!(k.flash_supports(FlashTiles::Narrow, &c.params()));
-            for t in [FlashTiles::Narrow, FlashTiles::NarrowSmall] {
+            for t in [
+                FlashTiles::Narrow,
+                FlashTiles::NarrowSmall,
+                FlashTiles::NarrowTiny,
+            ] {
                 check(&c, &c.run(&gpu, &k, Some(t)), &format!("flash {t:?}"));
             }
         }
