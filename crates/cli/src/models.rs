@@ -1,10 +1,11 @@
 //! `lamina pull`, `lamina list`, `lamina rm`: the model store
 //! (`$LAMINA_HOME/models`, `checkpoint::store`) from the command line.
 //!
-//! `pull` takes a known id (downloaded and converted) or a `.gguf` file
-//! (converted into the store under its lower-cased stem); a Hugging Face
-//! `org/name` is refused with the way around it. `list` prints id, size,
-//! source and path; `rm` deletes one model directory.
+//! `pull` takes a known id (downloaded and converted), a Hugging Face repo
+//! `org/name[@revision]` (downloaded into the standard Hugging Face cache,
+//! `checkpoint::store::hub`, and used from there) or a `.gguf` file
+//! (converted into the store under its lower-cased stem). `list` prints id,
+//! size, source and path; `rm` deletes one model directory.
 
 use std::path::Path;
 
@@ -14,7 +15,8 @@ use checkpoint::store::Store;
 #[derive(clap::Args, Debug)]
 pub struct PullArgs {
     /// A store id (`lamina list`; known: smollm2-135m-instruct,
-    /// llama-3.2-1b-instruct, llama-3.2-1b) or a .gguf file.
+    /// llama-3.2-1b-instruct, llama-3.2-1b), a Hugging Face repo
+    /// `org/name[@revision]` or a .gguf file.
     pub model: String,
 }
 
@@ -34,7 +36,7 @@ pub fn pull(args: PullArgs) -> Result<()> {
         store.import_gguf(path)?
     } else if path.is_dir() {
         anyhow::bail!(
-            "{} is a model directory: use it directly with `--model {}`; `lamina pull` takes a store id or a .gguf file",
+            "{} is a model directory: use it directly with `--model {}`; `lamina pull` takes a store id, a Hugging Face repo id or a .gguf file",
             path.display(),
             path.display()
         );
