@@ -307,8 +307,15 @@ struct FileMeta {
 
 impl<'a> Client<'a> {
     fn new(hub: &'a Hub, r: &'a RepoRef) -> Self {
+        // HTTPS_PROXY / ALL_PROXY as other clients do; a local endpoint never
+        // goes through a proxy (ureq 2 does not read NO_PROXY)
+        let host = hub.endpoint.split("://").nth(1).unwrap_or("");
+        let local = ["localhost", "127.", "[::1]"]
+            .iter()
+            .any(|h| host.starts_with(h));
         let builder = || {
             ureq::AgentBuilder::new()
+                .try_proxy_from_env(!local)
                 .timeout_connect(Duration::from_secs(30))
                 .timeout_read(Duration::from_secs(60))
                 .user_agent(concat!("lamina/", env!("CARGO_PKG_VERSION")))
