@@ -185,6 +185,15 @@ fn any_repo_downloads_resumes_then_uses_the_cache_without_requests() {
         before,
         "the cache answers without requests"
     );
+    // `lamina list` shows it, with the size of its blobs
+    let listed = Hub::from_env().cached_models();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((listed[0].id.as_str(), &listed[0].path), (repo, &dir));
+    let total: u64 = std::fs::read_dir(&repo_dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert_eq!(listed[0].size_bytes, total);
 
     // the cached model runs and generates what the local copy generates
     assert_eq!(greedy(&dir), greedy(&local));

@@ -5,7 +5,9 @@
 //! `org/name[@revision]` (downloaded into the standard Hugging Face cache,
 //! `checkpoint::store::hub`, and used from there) or a `.gguf` file
 //! (converted into the store under its lower-cased stem). `list` prints id,
-//! size, source and path; `rm` deletes one model directory.
+//! size, source and path of the store's models and of the complete models
+//! in the Hugging Face cache; `rm` deletes one model directory of the store
+//! (never from the shared Hugging Face cache).
 
 use std::path::Path;
 
@@ -50,11 +52,14 @@ pub fn pull(args: PullArgs) -> Result<()> {
 
 pub fn list(_args: ListArgs) -> Result<()> {
     let store = Store::default_home();
-    let models = store.list()?;
+    let mut models = store.list()?;
+    let hub = checkpoint::store::hub::Hub::from_env();
+    models.extend(hub.cached_models());
     if models.is_empty() {
         eprintln!(
-            "no models in {} (`lamina pull ID` or `lamina pull FILE.gguf` adds one)",
-            store.root.join("models").display()
+            "no models in {} or in the Hugging Face cache {} (`lamina pull ID`, `lamina pull ORG/NAME` or `lamina pull FILE.gguf` adds one)",
+            store.root.join("models").display(),
+            hub.cache.display()
         );
         return Ok(());
     }
@@ -79,6 +84,14 @@ pub fn list(_args: ListArgs) -> Result<()> {
 }
 
 pub fn rm(args: RmArgs) -> Result<()> {
+    if let Some(r) = checkpoint::store::hub::RepoRef::parse(&args.id) {
+        let dir = checkpoint::store::hub::Hub::from_env().repo_dir(&r.repo);
+        anyhow::bail!(
+            "`{}` lives in the Hugging Face cache, which other tools share: remove it with `huggingface-cli delete-cache` or delete {}",
+            args.id,
+            dir.display()
+        );
+    }
     let dir = Store::default_home().remove(&args.id)?;
     eprintln!("removed `{}` ({})", args.id, dir.display());
     Ok(())

@@ -96,6 +96,10 @@ fn pull_list_generate_rm_a_gguf_file() {
         &["tiny-test", "not in the store", "lamina list"],
     );
     clear_error(&run(h, &["rm", "../models"], None), &["invalid model id"]);
+    clear_error(
+        &run(h, &["rm", "org/name"], None),
+        &["Hugging Face cache", "huggingface-cli delete-cache"],
+    );
 }
 
 #[test]

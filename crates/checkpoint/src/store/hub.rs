@@ -175,6 +175,57 @@ impl Hub {
         complete(&snap).then_some(snap)
     }
 
+    /// The complete models in the cache, one per ref (`org/name` for
+    /// `main`, `org/name@ref` for others), sorted, with their snapshot
+    /// directories and sizes (for `lamina list`).
+    pub fn cached_models(&self) -> Vec<super::StoredModel> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.cache) else {
+            return out;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            let dir_name = e.file_name().to_string_lossy().into_owned();
+            let Some(repo) = dir_name
+                .strip_prefix("models--")
+                .and_then(|r| r.split_once("--"))
+                .map(|(org, name)| format!("{org}/{name}"))
+            else {
+                continue;
+            };
+            let Ok(refs) = std::fs::read_dir(e.path().join("refs")) else {
+                continue;
+            };
+            for r in refs.filter_map(|r| r.ok()) {
+                let rr = RepoRef {
+                    repo: repo.clone(),
+                    revision: r.file_name().to_string_lossy().into_owned(),
+                };
+                let Some(snap) = self.cached(&rr) else {
+                    continue;
+                };
+                let id = rr.display();
+                // sizes of the blobs the snapshot's links point at
+                let size_bytes = std::fs::read_dir(&snap)
+                    .map(|files| {
+                        files
+                            .filter_map(|f| std::fs::metadata(f.ok()?.path()).ok())
+                            .filter(|m| m.is_file())
+                            .map(|m| m.len())
+                            .sum()
+                    })
+                    .unwrap_or(0);
+                out.push(super::StoredModel {
+                    id,
+                    size_bytes,
+                    source: "Hugging Face cache".into(),
+                    path: snap,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
     /// The snapshot of `r`, downloading what the cache lacks (module doc).
     pub fn snapshot(&self, r: &RepoRef) -> Result<PathBuf, StoreError> {
         if let Some(snap) = self.cached(r) {
