@@ -40,17 +40,11 @@ fn read_f32(path: &Path) -> Vec<f32> {
         .collect()
 }
 
-fn write_with_gguf_py(dir: &Path) {
-    let w = dir.join("w.f32");
-    let bytes: Vec<u8> = weights().iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(&w, bytes).unwrap();
+fn gguf_py(args: &[&std::ffi::OsStr]) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/gguf_types.py");
     let out = Command::new("python3")
         .arg(&script)
-        .arg(&w)
-        .arg(ROWS.to_string())
-        .arg(COLS.to_string())
-        .arg(dir)
+        .args(args)
         .output()
         .expect("run python3");
     assert!(
@@ -60,6 +54,14 @@ fn write_with_gguf_py(dir: &Path) {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn write_with_gguf_py(dir: &Path) {
+    let w = dir.join("w.f32");
+    let bytes: Vec<u8> = weights().iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(&w, bytes).unwrap();
+    let (rows, cols) = (ROWS.to_string(), COLS.to_string());
+    gguf_py(&[w.as_os_str(), rows.as_ref(), cols.as_ref(), dir.as_os_str()]);
 }
 
 #[test]
@@ -109,5 +111,37 @@ fn unsupported_types_name_tensor_and_type() {
     assert!(
         err.contains("w.unsupported") && err.contains("TQ2_0") && err.contains("Q4_K"),
         "{err}"
+    );
+}
+
+#[test]
+fn a_llama_of_every_type_imports_and_matches() {
+    let dir = tempfile::TempDir::new().unwrap();
+    gguf_py(&["model".as_ref(), dir.path().as_os_str()]);
+    let store = checkpoint::store::Store::new(dir.path().join("store"));
+    let (id, model) = store.import_gguf(&dir.path().join("llama.gguf")).unwrap();
+    assert_eq!(id, "llama");
+    let m = checkpoint::loader::load_config(&model).unwrap();
+    assert_eq!((m.config.hidden_size, m.config.num_layers), (256, 2));
+    let w = checkpoint::loader::load_weights(&model, &m.config).unwrap();
+    let tensors = w.tensors();
+    assert_eq!(tensors.len(), 2 + 1 + 2 * 9);
+    for t in tensors {
+        let reference = read_f32(&dir.path().join("ref").join(format!("{}.f32", t.name)));
+        assert_eq!(reference.len(), t.numel(), "{}", t.name);
+        for (i, (got, want)) in t.data.iter().zip(&reference).enumerate() {
+            assert_eq!(
+                got.to_bits(),
+                half::bf16::from_f32(*want).to_bits(),
+                "{} element {i}: {got} vs bf16({want})",
+                t.name
+            );
+        }
+    }
+    let listed = store.list().unwrap();
+    assert!(
+        listed[0].source.contains("Q4_K") && listed[0].source.contains("Q2_K"),
+        "{}",
+        listed[0].source
     );
 }
