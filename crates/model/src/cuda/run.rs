@@ -169,6 +169,7 @@ impl CudaBackend {
         let rows: Vec<u32> = (0..s as u32).collect();
         self.stage(&lay, batch, &rows, params, hist, true)?;
         if !self.graphs.contains_key(&key) {
+            let t0 = std::time::Instant::now();
             let mut inner = None;
             let captured = Graph::capture(&self.gpu, || {
                 self.enqueue(&lay, Attn::Decode, true, true).map_err(|e| {
@@ -186,6 +187,14 @@ impl CudaBackend {
                         .upload()
                         .map_err(|e| dev_err("uploading a decode graph", e))?;
                     self.graphs.insert(key, graph);
+                    // captured on first use of each bucket, between steps
+                    tracing::info!(
+                        batch_bucket = sb,
+                        block_bucket = mb,
+                        graphs = self.graphs.len(),
+                        ms = t0.elapsed().as_secs_f64() * 1e3,
+                        "captured a CUDA decode graph"
+                    );
                 }
                 Err(e) => {
                     if let Some(inner) = inner {
