@@ -110,7 +110,7 @@ impl std::fmt::Display for Sizing {
         if self.cuda {
             write!(
                 f,
-                "; decode CUDA graphs captured on first use of each batch size bucket (powers of two up to {})",
+                "; decode CUDA graphs captured on first use of each (batch, context) bucket (batches in powers of two up to {})",
                 model::cuda::MAX_GRAPH_BATCH
             )?;
         }
