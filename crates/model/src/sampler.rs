@@ -2,7 +2,9 @@
 //! [`contract::sampling`]: one sequence's logits in, one [`SampledToken`] out.
 //!
 //! Contract: [`sample`] follows `sampling.rs` step by step (raw-logit
-//! log-probabilities, repetition penalty over distinct history tokens, greedy
+//! log-probabilities, repetition penalty over distinct history tokens, the
+//! presence / frequency penalties and `logit_bias` as the additive terms of
+//! [`additive_terms`], greedy
 //! argmax with lowest id on ties, otherwise softmax at the temperature, top-k,
 //! top-p over the full distribution's mass, min-p, and the counter-based draw
 //! [`uniform`]). It never panics: a temperature that is not `> 0` is greedy,
@@ -15,7 +17,7 @@
 //! set, O(V log V) otherwise). Probabilities are f32, running masses f64.
 
 use contract::backend::{SampleRequest, SampledToken};
-use contract::history::PenaltyHistory;
+use contract::history::{PenaltyHistory, additive_terms};
 use contract::sampling::uniform;
 use std::cmp::Ordering;
 
@@ -25,12 +27,12 @@ pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
     let lse = log_sum_exp(logits);
     let top_logprobs = log_softmax_top(logits, params.logprobs, lse);
     let penalised;
-    let z: &[f32] = match &req.history {
-        Some(h) if params.repetition_penalty != 1.0 && !h.is_empty() => {
-            penalised = apply_repetition_penalty(logits, h, params.repetition_penalty);
+    let z: &[f32] = match penalise(logits, req) {
+        Some(p) => {
+            penalised = p;
             &penalised
         }
-        _ => logits,
+        None => logits,
     };
     let token = if params.temperature > 0.0 && params.temperature.is_finite() {
         draw(z, req)
@@ -88,6 +90,31 @@ pub fn argmax(z: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// Steps 2-3 of the procedure: the penalised logits, or `None` when no
+/// penalty or bias changes them.
+fn penalise(logits: &[f32], req: &SampleRequest) -> Option<Vec<f32>> {
+    let params = &req.params;
+    let mut adds = Vec::new();
+    additive_terms(params, req.history.as_deref(), &mut adds);
+    let rep = match &req.history {
+        Some(h) if params.repetition_penalty != 1.0 && !h.is_empty() => Some(h),
+        _ => None,
+    };
+    if rep.is_none() && adds.is_empty() {
+        return None;
+    }
+    let mut z = match rep {
+        Some(h) => apply_repetition_penalty(logits, h, params.repetition_penalty),
+        None => logits.to_vec(),
+    };
+    for (id, d) in adds {
+        if let Some(v) = z.get_mut(id as usize) {
+            *v += d;
+        }
+    }
+    Some(z)
 }
 
 /// `z / r` where positive, `z * r` otherwise, once per distinct history token
@@ -371,6 +398,131 @@ mod tests {
         let lse = log_sum_exp(&z);
         let s = sample(&z, &r);
         assert!((s.logprob - (z[s.token as usize] - lse)).abs() < 1e-6);
+    }
+
+    /// The straightforward reading of OpenAI's definition: count each
+    /// generated token, subtract `c * frequency + (c > 0) * presence`, add
+    /// the bias; the sampler must pick what sampling from these logits picks.
+    fn reference_penalised(z: &[f32], generated: &[u32], p: &SamplingParams) -> Vec<f32> {
+        let mut out = z.to_vec();
+        for (id, v) in out.iter_mut().enumerate() {
+            let c = generated.iter().filter(|&&t| t as usize == id).count() as f32;
+            let pres = if c > 0.0 { p.presence_penalty } else { 0.0 };
+            let bias = p
+                .logit_bias
+                .iter()
+                .find(|b| b.0 as usize == id)
+                .map_or(0.0, |b| b.1);
+            *v = *v - (c * p.frequency_penalty + pres) + bias;
+        }
+        out
+    }
+
+    #[test]
+    fn presence_frequency_and_bias_match_the_reference() {
+        let z = logits(200, 11);
+        let prompt = [3u32, 4, 5];
+        let generated: Vec<u32> = (0..40u32)
+            .map(|i| (argmax(&z) + (i % 3) * 7) % 200)
+            .collect();
+        let mut h = PenaltyHistory::from_tokens(&prompt);
+        for &t in &generated {
+            h.push_generated(t);
+        }
+        let h = Arc::new(h);
+        for (k, (pres, freq)) in [
+            (0.0f32, 0.0f32),
+            (1.5, 0.0),
+            (0.0, 0.7),
+            (-1.0, 2.0),
+            (2.0, -0.3),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let bias: Vec<(u32, f32)> = vec![(4, 3.5), (17, -2.0), (argmax(&z), -1.0 - k as f32)];
+            let mut bias = bias;
+            bias.sort_by_key(|b| b.0);
+            bias.dedup_by_key(|b| b.0);
+            let params = SamplingParams {
+                presence_penalty: pres,
+                frequency_penalty: freq,
+                logit_bias: Arc::from(bias),
+                ..seeded(k as u64)
+            };
+            let want = reference_penalised(&z, &generated, &params);
+            let got = penalise(
+                &z,
+                &SampleRequest {
+                    params: params.clone(),
+                    step: 0,
+                    history: Some(h.clone()),
+                },
+            )
+            .unwrap();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() < 1e-5, "token {i}: {a} vs {b}");
+            }
+            // greedy follows the penalised argmax; sampled draws equal
+            // drawing from the reference logits without any penalty
+            let g = SampleRequest {
+                params: SamplingParams {
+                    temperature: 0.0,
+                    ..params.clone()
+                },
+                step: 0,
+                history: Some(h.clone()),
+            };
+            assert_eq!(sample(&z, &g).token, argmax(&want));
+            for step in 0..50 {
+                let r = SampleRequest {
+                    params: params.clone(),
+                    step,
+                    history: Some(h.clone()),
+                };
+                let plain = SampleRequest {
+                    params: SamplingParams {
+                        presence_penalty: 0.0,
+                        frequency_penalty: 0.0,
+                        logit_bias: Arc::from(Vec::new()),
+                        ..params.clone()
+                    },
+                    step,
+                    history: None,
+                };
+                assert_eq!(sample(&z, &r).token, sample(&want, &plain).token);
+            }
+        }
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens() {
+        let z = logits(300, 12);
+        let best = argmax(&z);
+        let ban = SamplingParams {
+            logit_bias: Arc::from(vec![(best, -100.0)]),
+            ..SamplingParams::greedy()
+        };
+        let s = sample(&z, &req(ban, 0));
+        assert_ne!(s.token, best);
+        // the reported logprob stays the raw one
+        assert!((s.logprob - (z[s.token as usize] - log_sum_exp(&z))).abs() < 1e-6);
+        let force = SamplingParams {
+            logit_bias: Arc::from(vec![(7, 100.0)]),
+            ..seeded(3)
+        };
+        for step in 0..200 {
+            assert_eq!(sample(&z, &req(force.clone(), step)).token, 7);
+        }
+        // banned tokens never appear in seeded draws
+        let banned: Vec<(u32, f32)> = (0..150).map(|i| (i * 2, -100.0)).collect();
+        let p = SamplingParams {
+            logit_bias: Arc::from(banned),
+            ..seeded(4)
+        };
+        for step in 0..200 {
+            assert_eq!(sample(&z, &req(p.clone(), step)).token % 2, 1);
+        }
     }
 
     #[test]
