@@ -58,9 +58,8 @@ fn get_status_auth(port: u16, path: &str, key: &str) -> Option<u16> {
 fn get_status_with(port: u16, path: &str, headers: &str) -> Option<u16> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{headers}connection: close\r\n\r\n"
-    );
+    let req =
+        format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{headers}connection: close\r\n\r\n");
     s.write_all(req.as_bytes()).ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
@@ -237,9 +236,18 @@ fn lamina_serve_end_to_end() {
         "an API key shows in the command line: {cmdline}"
     );
     // both keys are accepted, a wrong one is not
-    assert_eq!(get_status_auth(strict.port, "/v1/models", API_KEY), Some(200));
-    assert_eq!(get_status_auth(strict.port, "/v1/models", SECOND_KEY), Some(200));
-    assert_eq!(get_status_auth(strict.port, "/v1/models", "nope"), Some(401));
+    assert_eq!(
+        get_status_auth(strict.port, "/v1/models", API_KEY),
+        Some(200)
+    );
+    assert_eq!(
+        get_status_auth(strict.port, "/v1/models", SECOND_KEY),
+        Some(200)
+    );
+    assert_eq!(
+        get_status_auth(strict.port, "/v1/models", "nope"),
+        Some(401)
+    );
     let _ = std::fs::remove_file(&key_file);
     strict.python(
         "bad_input.py",
