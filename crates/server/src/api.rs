@@ -147,6 +147,7 @@ fn accept<T: serde::de::DeserializeOwned>(
 /// Answers a `chat.completion` object, or with `stream: true` an SSE stream
 /// of `chat.completion.chunk` objects ending with `data: [DONE]`.
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    security(("api_key" = [])),
     request_body = ChatRequest,
     responses(
         (status = 200, description = "A `chat.completion` object, or an SSE stream of `chat.completion.chunk` objects", body = crate::responses::ChatCompletion),
@@ -256,6 +257,7 @@ async fn completion_prompt(state: &Arc<AppState>, prompt: Prompt) -> Result<Vec<
 /// Answers a `text_completion` object, or with `stream: true` an SSE stream
 /// of them ending with `data: [DONE]`.
 #[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    security(("api_key" = [])),
     request_body = CompletionRequest,
     responses(
         (status = 200, description = "A `text_completion` object, or an SSE stream of them", body = crate::responses::TextCompletion),

@@ -85,6 +85,7 @@ fn model_card(state: &AppState) -> ModelCard {
 
 /// The served model, with its `max_model_len`.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
+    security(("api_key" = [])),
     responses(
         (status = 200, description = "The served model", body = ModelList),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
@@ -98,6 +99,7 @@ pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<ModelList> 
 
 /// One model by id (404 unless it is the served one).
 #[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
+    security(("api_key" = [])),
     params(("id" = String, Path, description = "The model id")),
     responses(
         (status = 200, description = "The model", body = ModelCard),
@@ -115,6 +117,7 @@ pub async fn get_model(
 /// (special tokens added unless `add_special_tokens` is false) or chat
 /// `messages` (rendered with the template and the generation prompt).
 #[utoipa::path(post, path = "/tokenize", tag = "lamina",
+    security(("api_key" = [])),
     request_body = TokenizeRequest,
     responses(
         (status = 200, description = "The token ids", body = TokenizeResponse),
@@ -156,6 +159,7 @@ pub async fn tokenize(
 /// `{"prompt": "..."}`: the text of `tokens` (special tokens kept, as
 /// vLLM does); an id outside the vocabulary is a 400 naming `tokens`.
 #[utoipa::path(post, path = "/detokenize", tag = "lamina",
+    security(("api_key" = [])),
     request_body = DetokenizeRequest,
     responses(
         (status = 200, description = "The text", body = DetokenizeResponse),

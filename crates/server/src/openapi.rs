@@ -34,9 +34,26 @@ use crate::{api, misc};
     tags(
         (name = "openai", description = "OpenAI-compatible endpoints"),
         (name = "lamina", description = "Tokenization, health, metrics, documentation")
-    )
+    ),
+    modifiers(&BearerKey)
 )]
 struct ApiDoc;
+
+/// Declares the `api_key` security scheme (`Authorization: Bearer <key>`)
+/// that the guarded routes' `security(("api_key" = []))` refer to.
+struct BearerKey;
+
+impl utoipa::Modify for BearerKey {
+    fn modify(&self, doc: &mut Document) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+                "api_key",
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+    }
+}
 
 /// Routes behind the API key.
 pub(crate) fn guarded_routes() -> OpenApiRouter<Arc<AppState>> {

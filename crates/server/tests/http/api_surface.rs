@@ -67,6 +67,18 @@ async fn openapi_document_lists_every_route_and_is_valid() {
             r.text()
         );
     }
+    // the routes behind the API key declare it, the open ones do not
+    assert_eq!(
+        v["components"]["securitySchemes"]["api_key"]["scheme"]
+            .as_str()
+            .map(str::to_lowercase),
+        Some("bearer".to_string())
+    );
+    for (method, path) in &served {
+        let op = &v["paths"][path][method.to_lowercase()];
+        let guarded = path.starts_with("/v1/") || path.ends_with("tokenize");
+        assert_eq!(op.get("security").is_some(), guarded, "{method} {path}");
+    }
     // request and response bodies are described from their types
     let schemas = v["components"]["schemas"].as_object().expect("schemas");
     for name in [
