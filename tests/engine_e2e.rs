@@ -73,6 +73,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         max_tokens,
         stop: Vec::new(),
         ignore_eos: true,
+        stop_token_ids: Vec::new(),
     }
 }
 

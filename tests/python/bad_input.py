@@ -51,7 +51,11 @@ cases = [
     (400, "max_tokens", "POST", CHAT, chat(max_tokens=0), None),
     (400, "max_tokens", "POST", COMP, {"model": MODEL, "prompt": "Hi", "max_tokens": -1}, None),
     (400, "stop", "POST", CHAT, chat(stop=["a", "b", "c", "d", "e"]), None),
-    (400, "n", "POST", CHAT, chat(n=3), None),
+    (400, "n", "POST", CHAT, chat(n=0), None),
+    (400, "presence_penalty", "POST", CHAT, chat(presence_penalty=3), None),
+    (400, "logit_bias", "POST", CHAT, chat(logit_bias={"not-an-id": 1}), None),
+    (400, "logit_bias", "POST", CHAT, chat(logit_bias={"1": 200}), None),
+    (400, "best_of", "POST", COMP, {"model": MODEL, "prompt": "Hi", "n": 2, "best_of": 1}, None),
     # prompt + max_tokens beyond the context
     (400, "max_tokens", "POST", CHAT, chat(max_tokens=10_000_000), "context_length_exceeded"),
     # unknown model

@@ -136,6 +136,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             max_tokens: n,
             stop: Vec::new(),
             ignore_eos: true,
+            stop_token_ids: Vec::new(),
         })?)
     };
     let mut res = serde_json::Map::new();

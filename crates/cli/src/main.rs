@@ -130,4 +130,31 @@ mod tests {
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(super::one_line(&e), "outer: inner");
     }
+
+    /// Every `serve` flag (the model flags included) can come from a
+    /// `LAMINA_<FLAG>` environment variable, and the API key's value is
+    /// never printed by `--help`.
+    #[test]
+    fn every_serve_flag_has_an_environment_variable() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        let serve = cli.find_subcommand("serve").expect("a serve subcommand");
+        let mut flags = 0;
+        for arg in serve.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if matches!(long, "help" | "version" | "verbose") {
+                continue;
+            }
+            flags += 1;
+            let want = format!("LAMINA_{}", long.to_uppercase().replace('-', "_"));
+            let env = arg.get_env().and_then(|e| e.to_str());
+            assert_eq!(env, Some(want.as_str()), "--{long}");
+        }
+        assert!(flags >= 20, "only {flags} serve flags seen");
+        let key = serve
+            .get_arguments()
+            .find(|a| a.get_long() == Some("api-key"))
+            .expect("--api-key");
+        assert!(key.is_hide_env_values_set());
+    }
 }

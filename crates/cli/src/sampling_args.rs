@@ -31,6 +31,14 @@ pub struct SamplingArgs {
     /// Penalise tokens already seen (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repetition_penalty: f32,
+    /// Subtract this from every token already generated (OpenAI's
+    /// presence penalty, in [-2, 2]; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    pub presence_penalty: f32,
+    /// Subtract this per occurrence from every generated token (OpenAI's
+    /// frequency penalty, in [-2, 2]; 0 = off).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
     /// Seed for reproducible sampling.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -61,8 +69,11 @@ impl SamplingArgs {
             top_p: self.top_p.unwrap_or(d.top_p),
             min_p: self.min_p.unwrap_or(d.min_p),
             repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed,
             logprobs: self.logprobs.unwrap_or(0),
+            ..SamplingParams::default()
         };
         if let Err(e) = p.validate() {
             bail!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason);
@@ -116,6 +127,7 @@ impl SamplingArgs {
             max_tokens: self.max_tokens,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            stop_token_ids: Vec::new(),
         })
     }
 }

@@ -20,40 +20,61 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Address to listen on; the default only accepts local clients.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", env = "LAMINA_HOST")]
     pub host: String,
     /// Port to listen on.
-    #[arg(long, default_value_t = 8000)]
+    #[arg(long, default_value_t = 8000, env = "LAMINA_PORT")]
     pub port: u16,
-    /// Require `Authorization: Bearer <KEY>` on /v1/* and /tokenize.
-    #[arg(long)]
-    pub api_key: Option<String>,
+    /// Require `Authorization: Bearer <KEY>` on /v1/*, /tokenize and
+    /// /detokenize (repeatable: any of the keys is accepted). Prefer the
+    /// environment variable or `--api-key-file`: a flag shows in `ps`.
+    /// Several keys in the variable are separated by commas.
+    #[arg(
+        long,
+        env = "LAMINA_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_key: Vec<String>,
+    /// Read API keys from this file, one per line (blank lines and lines
+    /// starting with `#` are skipped); added to `--api-key`.
+    #[arg(long, env = "LAMINA_API_KEY_FILE")]
+    pub api_key_file: Option<std::path::PathBuf>,
+    /// Origins allowed to call the API from a browser (CORS), e.g.
+    /// `https://app.example.com`; repeatable or comma-separated, `*` for
+    /// any. None by default: no CORS headers are sent.
+    #[arg(long, env = "LAMINA_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Seconds without an event after which a streamed response sends an
+    /// SSE keep-alive comment (also while the request waits in the queue).
+    #[arg(long, env = "LAMINA_SSE_KEEP_ALIVE", default_value_t = 15.0)]
+    pub sse_keep_alive: f64,
     /// Most requests waiting for admission; more get 429 (0 = unbounded).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, env = "LAMINA_MAX_QUEUE")]
     pub max_queue: usize,
     /// Largest request body in bytes; larger ones get 413.
-    #[arg(long, default_value_t = server::DEFAULT_BODY_LIMIT)]
+    #[arg(long, default_value_t = server::DEFAULT_BODY_LIMIT, env = "LAMINA_BODY_LIMIT")]
     pub body_limit: usize,
     /// Seconds in-flight requests may run after Ctrl-C / SIGTERM before being cancelled.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, env = "LAMINA_GRACE")]
     pub grace: f64,
     /// Most connections open at once (each holds a file descriptor: raise
     /// `ulimit -n` with it). When all are taken, the one idle the longest is
     /// closed to make room; with none idle, new ones are closed as they arrive.
-    #[arg(long, default_value_t = server::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, default_value_t = server::DEFAULT_MAX_CONNECTIONS, env = "LAMINA_MAX_CONNECTIONS")]
     pub max_connections: usize,
     /// Requests in flight per client address before 429 (0: no cap).
-    #[arg(long, default_value_t = server::DEFAULT_MAX_CLIENT_REQUESTS)]
+    #[arg(long, default_value_t = server::DEFAULT_MAX_CLIENT_REQUESTS, env = "LAMINA_MAX_CLIENT_REQUESTS")]
     pub max_client_requests: usize,
     /// Seconds to receive a request's headers; also how long a keep-alive
     /// connection may sit idle between requests.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, env = "LAMINA_HEADER_TIMEOUT")]
     pub header_timeout: f64,
     /// Seconds a request body may stall between two chunks (then 408).
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, env = "LAMINA_BODY_TIMEOUT")]
     pub body_timeout: f64,
     /// Name clients use for the model (default: the --model id or directory name).
-    #[arg(long)]
+    #[arg(long, env = "LAMINA_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
 }
 
@@ -73,6 +94,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     for (flag, v) in [
         ("--header-timeout", args.header_timeout),
         ("--body-timeout", args.body_timeout),
+        ("--sse-keep-alive", args.sse_keep_alive),
     ] {
         if !(v > 0.0 && v.is_finite() && v <= 86_400.0) {
             bail!(
@@ -80,8 +102,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
             );
         }
     }
-    if let Some(Err(why)) = args.api_key.as_deref().map(server::check_api_key) {
-        bail!("invalid `--api-key`: {why}");
+    let api_keys = api_keys(&args)?;
+    for origin in &args.allowed_origins {
+        if let Err(why) = server::check_origin(origin) {
+            bail!("invalid `--allowed-origins`: {why}");
+        }
     }
     let addr = if args.host.contains(':') {
         format!("[{}]:{}", args.host, args.port)
@@ -106,7 +131,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
     let cfg = server::ServerConfig {
         model_id: model_id.clone(),
-        api_key: args.api_key.clone(),
+        api_keys,
+        allowed_origins: args.allowed_origins.clone(),
+        sse_keep_alive: Duration::from_secs_f64(args.sse_keep_alive),
         body_limit: args.body_limit,
         grace: Duration::from_secs_f64(args.grace),
         max_connections: args.max_connections,
@@ -125,6 +152,43 @@ pub fn run(args: ServeArgs) -> Result<()> {
     })?;
     eprintln!("lamina: server stopped");
     Ok(())
+}
+
+/// The API keys of `--api-key` and `--api-key-file`, each checked; the
+/// error names the flag (and the file's line), never the key.
+fn api_keys(args: &ServeArgs) -> Result<Vec<String>> {
+    let mut keys = Vec::new();
+    for k in &args.api_key {
+        if let Err(why) = server::check_api_key(k) {
+            bail!("invalid `--api-key` (or LAMINA_API_KEY): {why}");
+        }
+        keys.push(k.clone());
+    }
+    if let Some(path) = &args.api_key_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read `--api-key-file` {}", path.display()))?;
+        for (i, line) in text.lines().enumerate() {
+            let k = line.trim();
+            if k.is_empty() || k.starts_with('#') {
+                continue;
+            }
+            if let Err(why) = server::check_api_key(k) {
+                bail!(
+                    "invalid key on line {} of `--api-key-file` {}: {why}",
+                    i + 1,
+                    path.display()
+                );
+            }
+            keys.push(k.to_string());
+        }
+        if keys.is_empty() {
+            bail!(
+                "`--api-key-file` {} holds no key: the server would run without one",
+                path.display()
+            );
+        }
+    }
+    Ok(keys)
 }
 
 /// The bind failure as one line: the address, the cause and what to do.

@@ -47,26 +47,26 @@ pub struct ModelArgs {
     /// Face cache on first use; `HF_TOKEN` for gated repos), a model
     /// directory in Hugging Face layout or a .gguf file (imported into the
     /// store once).
-    #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL)]
+    #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL, env = "LAMINA_MODEL")]
     pub model: String,
     /// Device to run on.
-    #[arg(long, value_enum, default_value = "auto")]
+    #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DEVICE")]
     pub device: DeviceArg,
     /// Cap the KV pool at this many blocks of 16 tokens (default: sized from memory).
-    #[arg(long)]
+    #[arg(long, env = "LAMINA_KV_BLOCKS")]
     pub kv_blocks: Option<usize>,
     /// Memory for the KV pool in GiB when --kv-blocks is not given.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, env = "LAMINA_KV_MEMORY_GIB")]
     pub kv_memory_gib: f64,
     /// Most sequences running at once.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, env = "LAMINA_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
     /// Most tokens in one step (decodes plus prefill chunks) [default: 8192
     /// on CUDA, 512 on the CPU].
-    #[arg(long)]
+    #[arg(long, env = "LAMINA_MAX_BATCH_TOKENS")]
     pub max_batch_tokens: Option<usize>,
     /// Disable reuse of cached prompt prefixes.
-    #[arg(long)]
+    #[arg(long, env = "LAMINA_NO_PREFIX_CACHE")]
     pub no_prefix_cache: bool,
 }
 

@@ -3,10 +3,15 @@
 //! pytest-free scripts in tests/python/ with the official `openai` package:
 //! `openai_client.py` (chat whole and streamed, completion with stop,
 //! logprobs, seed reproducibility, /v1/models, greedy output equal to
-//! `lamina generate`) and `load.py` (64 concurrent streams, 32 hang-ups,
-//! then /metrics idle) against one server; `bad_input.py` (every malformed
-//! request, 401, 413, 429) against a second one started with an API key and
-//! a queue of one. Each server is stopped with SIGTERM and must exit 0.
+//! `lamina generate`), `sampling_api.py` (`n` / `best_of` with derived
+//! seeds, `logit_bias`, presence / frequency penalties, `stop_token_ids`,
+//! `echo`, unknown fields, /detokenize, /version, /openapi.json, /docs) and
+//! `load.py` (64 concurrent streams, 32 hang-ups, then /metrics idle)
+//! against one server; `bad_input.py` (every malformed request, 401, 413,
+//! 429) against a second one configured through `LAMINA_*` environment
+//! variables, its API keys from `LAMINA_API_KEY` and `--api-key-file` (never
+//! on its command line), and a queue of one. Each server is stopped with
+//! SIGTERM and must exit 0.
 //!
 //! Needs `python3` with `openai` importable (`cargo xtask test` installs it)
 //! and fetches SmolLM2 through the model store on first use. Costs a few
@@ -20,6 +25,8 @@ use std::time::{Duration, Instant};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const API_KEY: &str = "e2e-secret-key";
+/// A second key, from `--api-key-file`.
+const SECOND_KEY: &str = "e2e-second-key";
 /// Model flags shared by the servers and `lamina generate` (a small KV pool
 /// keeps the CPU backend's memory modest).
 const MODEL_ARGS: &str = "--model smollm2-135m-instruct --device cpu --kv-blocks 512";
@@ -40,9 +47,19 @@ fn free_port() -> u16 {
 
 /// `GET path` over a fresh connection; the status code, or `None` if unreachable.
 fn get_status(port: u16, path: &str) -> Option<u16> {
+    get_status_with(port, path, "")
+}
+
+/// Like [`get_status`] with `Authorization: Bearer <key>`.
+fn get_status_auth(port: u16, path: &str, key: &str) -> Option<u16> {
+    get_status_with(port, path, &format!("authorization: Bearer {key}\r\n"))
+}
+
+fn get_status_with(port: u16, path: &str, headers: &str) -> Option<u16> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+    let req =
+        format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{headers}connection: close\r\n\r\n");
     s.write_all(req.as_bytes()).ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
@@ -57,6 +74,10 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Self::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let port = free_port();
         let log =
             std::env::temp_dir().join(format!("lamina-e2e-{}-{port}.log", std::process::id()));
@@ -65,6 +86,7 @@ impl Server {
             .args(MODEL_ARGS.split_whitespace())
             .args(["--port", &port.to_string()])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -183,6 +205,7 @@ fn lamina_serve_end_to_end() {
     assert_eq!(get_status(server.port, "/metrics"), Some(200));
     let key = [("LAMINA_API_KEY", API_KEY.to_string())];
     server.python("openai_client.py", &key);
+    server.python("sampling_api.py", &key);
     server.python("load.py", &key);
     let log = server.terminate();
     assert!(
@@ -191,19 +214,41 @@ fn lamina_serve_end_to_end() {
     );
     assert!(log.contains("lamina: server stopped"), "{log}");
 
+    // configured through the environment: no key on the command line
     let limit = BODY_LIMIT.to_string();
-    let strict = Server::start(&[
-        "--api-key",
-        API_KEY,
-        "--max-num-seqs",
-        "1",
-        "--max-queue",
-        "1",
-        "--body-limit",
-        &limit,
-        "--grace",
-        "5",
-    ]);
+    let key_file = std::env::temp_dir().join(format!("lamina-e2e-keys-{}", std::process::id()));
+    std::fs::write(&key_file, format!("# second key\n\n{SECOND_KEY}\n")).expect("key file");
+    let key_path = key_file.display().to_string();
+    let strict = Server::start_with_env(
+        &["--max-num-seqs", "1"],
+        &[
+            ("LAMINA_API_KEY", API_KEY),
+            ("LAMINA_API_KEY_FILE", &key_path),
+            ("LAMINA_MAX_QUEUE", "1"),
+            ("LAMINA_BODY_LIMIT", &limit),
+            ("LAMINA_GRACE", "5"),
+        ],
+    );
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", strict.child.id())).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    assert!(
+        !cmdline.contains(API_KEY) && !cmdline.contains(SECOND_KEY),
+        "an API key shows in the command line: {cmdline}"
+    );
+    // both keys are accepted, a wrong one is not
+    assert_eq!(
+        get_status_auth(strict.port, "/v1/models", API_KEY),
+        Some(200)
+    );
+    assert_eq!(
+        get_status_auth(strict.port, "/v1/models", SECOND_KEY),
+        Some(200)
+    );
+    assert_eq!(
+        get_status_auth(strict.port, "/v1/models", "nope"),
+        Some(401)
+    );
+    let _ = std::fs::remove_file(&key_file);
     strict.python(
         "bad_input.py",
         &[

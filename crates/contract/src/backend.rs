@@ -225,9 +225,11 @@ pub struct SampleRequest {
     /// run is reproducible however it is batched or preempted.
     pub step: u64,
     /// The distinct tokens the request has seen (prompt + generated), for the
-    /// repetition penalty: `Some` exactly when `params.repetition_penalty != 1`
-    /// (a backend ignores it otherwise). Shared, not copied: the engine keeps
-    /// it per sequence and updates it in place between steps.
+    /// repetition penalty, and the counts of its generated tokens, for the
+    /// presence / frequency penalties: `Some` exactly when
+    /// `params.needs_history()` (a backend ignores what no penalty reads).
+    /// Shared, not copied: the engine keeps it per sequence and updates it in
+    /// place between steps.
     pub history: Option<Arc<PenaltyHistory>>,
 }
 

@@ -3,8 +3,9 @@
 //! The model's validated configuration ([`config`]), the known model shapes
 //! ([`presets`]), the step contract ([`backend`]: `StepBatch`, the `Backend`
 //! trait, sampled tokens; [`step_builder`], the one builder of step batches;
-//! [`history`], the repetition-penalty token set) and the sampling parameters with their
-//! counter-based draw ([`sampling`]). No tensors, no CUDA, no I/O beyond
+//! [`history`], the penalty history and the additive terms of the presence /
+//! frequency penalties and `logit_bias`) and the sampling parameters with their
+//! counter-based draw and per-choice seeds ([`sampling`]). No tensors, no CUDA, no I/O beyond
 //! reading a `config.json`: the engine and the server build on this crate
 //! alone, so a kernel change never recompiles them.
 

@@ -3,25 +3,42 @@
 //! Procedure, for one sequence's logits `z` (`[vocab]`, f32):
 //! 1. Log-probabilities reported to the user are `log_softmax(z)` of the raw
 //!    logits (before penalties and temperature), like OpenAI and vLLM.
-//! 2. Repetition penalty `r != 1`: for each distinct token in the history,
-//!    `z = z / r` if `z > 0` else `z * r`.
-//! 3. `temperature == 0` (greedy): the argmax, lowest id on ties. Stop.
-//! 4. Otherwise `p = softmax(z / temperature)`; candidates sorted by their
+//! 2. Repetition penalty `r != 1`: for each distinct token in the history
+//!    (prompt + generated), `z = z / r` if `z > 0` else `z * r`.
+//! 3. Presence and frequency penalties (OpenAI's definition), over the
+//!    tokens generated so far only (not the prompt): a token generated `c > 0`
+//!    times gets `z -= c * frequency_penalty + presence_penalty`. Then
+//!    `logit_bias`: `z += bias` for each listed token (OpenAI: -100 bans a
+//!    token, +100 makes it the only choice in practice).
+//! 4. `temperature == 0` (greedy): the argmax, lowest id on ties. Stop.
+//! 5. Otherwise `p = softmax(z / temperature)`; candidates sorted by their
 //!    (penalised) logit descending, lowest id first on ties (the order of `p`,
 //!    without the ties `p` gets in f32 at huge temperatures: `top_k = 1` is
 //!    greedy at any temperature); keep the first `top_k` (0 = all); keep the
 //!    shortest prefix whose mass reaches `top_p` (at least one); drop
 //!    candidates with `p < min_p * p_max`.
-//! 5. Draw `u = uniform(seed, step)` in `[0, 1)` and return the first candidate
+//! 6. Draw `u = uniform(seed, step)` in `[0, 1)` and return the first candidate
 //!    whose running sum exceeds `u * (kept mass)`.
 //!
 //! The draw is counter-based ([`uniform`]): it depends only on the request's
 //! seed and the index of the token being generated, never on batching, so a
 //! seeded request is reproducible across runs, batch mixes and preemptions.
+//!
+//! Several choices of one request (`n > 1`, `best_of`): choice `i` is
+//! sampled exactly like a request of its own seeded with
+//! [`choice_seed`]`(seed, i)`; choice 0 keeps `seed` itself, so `n = 1` and
+//! the first of `n` choices agree.
+
+use std::sync::Arc;
 
 /// Largest accepted temperature: far above any useful value (OpenAI allows 2)
 /// and far below where `z / T` stops telling logits apart in f32.
 pub const MAX_TEMPERATURE: f32 = 100.0;
+
+/// Largest `|presence_penalty|` and `|frequency_penalty|` (OpenAI's range).
+pub const MAX_PENALTY: f32 = 2.0;
+/// Largest `|logit_bias|` value (OpenAI's range).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
 /// Per-request sampling settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +53,14 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// > 0; 1 disables the penalty.
     pub repetition_penalty: f32,
+    /// In [-2, 2]; subtracted once from every token generated at least once.
+    pub presence_penalty: f32,
+    /// In [-2, 2]; subtracted per occurrence from every generated token.
+    pub frequency_penalty: f32,
+    /// `(token, bias)` added to the logits, ids ascending and distinct,
+    /// biases in [-100, 100]. Shared (`Arc`): cloning the parameters for a
+    /// step never copies it.
+    pub logit_bias: Arc<[(u32, f32)]>,
     /// Seed of the counter-based draw.
     pub seed: u64,
     /// How many top alternatives to report with each token (0 = none).
@@ -50,6 +75,9 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Arc::from(Vec::new()),
             seed: 0,
             logprobs: 0,
         }
@@ -74,6 +102,14 @@ impl SamplingParams {
             temperature: 0.0,
             ..Self::default()
         }
+    }
+
+    /// True when a penalty needs the token history (repetition, presence
+    /// or frequency); the engine keeps a [`crate::PenaltyHistory`] then.
+    pub fn needs_history(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 
     /// True when the result is the argmax (temperature 0).
@@ -105,6 +141,38 @@ impl SamplingParams {
                 format!("must be > 0, got {}", self.repetition_penalty),
             );
         }
+        for (param, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-MAX_PENALTY..=MAX_PENALTY).contains(&v) {
+                return err(
+                    param,
+                    format!("must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {v}"),
+                );
+            }
+        }
+        if let Some(&(id, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(b))
+        {
+            return err(
+                "logit_bias",
+                format!(
+                    "the bias of token {id} must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {b}"
+                ),
+            );
+        }
+        if let Some(w) = self.logit_bias.windows(2).find(|w| w[1].0 <= w[0].0) {
+            return err(
+                "logit_bias",
+                format!(
+                    "token ids must be ascending and distinct, got {} then {}",
+                    w[0].0, w[1].0
+                ),
+            );
+        }
         if self.logprobs > MAX_LOGPROBS {
             return err(
                 "logprobs",
@@ -114,6 +182,23 @@ impl SamplingParams {
         Ok(())
     }
 }
+
+/// The seed of choice `index` of a request seeded with `seed` (`n > 1`,
+/// `best_of`): `seed` itself for choice 0, otherwise
+/// `splitmix64(seed ^ splitmix64(CHOICE_STREAM ^ index))`, a counter-based
+/// stream of its own, so choice `i` of `n` equals a single-choice request
+/// with that seed.
+pub const fn choice_seed(seed: u64, index: u64) -> u64 {
+    if index == 0 {
+        seed
+    } else {
+        splitmix64(seed ^ splitmix64(CHOICE_STREAM ^ index))
+    }
+}
+
+/// Tag of the choice-seed stream (`"choices"` in ASCII), keeping it apart from
+/// the per-token draws of [`uniform`].
+pub const CHOICE_STREAM: u64 = 0x0063_686f_6963_6573;
 
 /// SplitMix64 finaliser: a bijective 64-bit mix.
 pub const fn splitmix64(mut x: u64) -> u64 {
@@ -168,6 +253,64 @@ mod tests {
             ..Default::default()
         };
         assert!(hot.validate().is_ok());
+    }
+
+    #[test]
+    fn penalties_and_bias_are_range_checked() {
+        for (p, name) in [
+            (
+                SamplingParams {
+                    presence_penalty: 2.5,
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::NAN,
+                    ..Default::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: Arc::from(vec![(3, 100.5)]),
+                    ..Default::default()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: Arc::from(vec![(3, 1.0), (3, 2.0)]),
+                    ..Default::default()
+                },
+                "logit_bias",
+            ),
+        ] {
+            assert_eq!(p.validate().unwrap_err().param, name);
+        }
+        let ok = SamplingParams {
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            logit_bias: Arc::from(vec![(1, -100.0), (7, 100.0)]),
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+        assert!(ok.needs_history());
+        assert!(!SamplingParams::default().needs_history());
+    }
+
+    #[test]
+    fn choice_seeds_keep_choice_zero_and_differ() {
+        assert_eq!(choice_seed(42, 0), 42);
+        let seeds: std::collections::HashSet<u64> = (0..100).map(|i| choice_seed(42, i)).collect();
+        assert_eq!(seeds.len(), 100);
+        assert_ne!(choice_seed(42, 1), choice_seed(43, 1));
+        // the documented formula (the HTTP tests recompute it in Python)
+        assert_eq!(
+            choice_seed(7, 2),
+            splitmix64(7 ^ splitmix64(CHOICE_STREAM ^ 2))
+        );
     }
 
     #[test]

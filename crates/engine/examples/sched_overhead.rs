@@ -59,6 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 max_tokens: gen_tokens,
                 stop: vec!["\u{7}never".into()],
                 ignore_eos: true,
+                stop_token_ids: Vec::new(),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

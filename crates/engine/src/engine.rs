@@ -21,6 +21,7 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use contract::sampling::choice_seed;
 use contract::{Backend, ParamError};
 use paged_kv::KvConfig;
 use tokenizer::Tokenizer;
@@ -133,9 +134,31 @@ impl Engine {
 
     /// Queues a request; its events arrive on the returned handle.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestHandle, SubmitError> {
+        let mut handles = self.submit_n(req, 1)?;
+        handles.pop().ok_or(SubmitError::ShuttingDown)
+    }
+
+    /// Queues `n` choices of one request (OpenAI's `n`, `best_of`), one
+    /// handle each, in choice order. Choice `i` is sampled with the seed
+    /// `contract::sampling::choice_seed(req.sampling.seed, i)`, so it equals
+    /// a single request with that seed; the prompt is computed once (choices
+    /// after the first fork its KV, see the scheduler), and each choice's
+    /// `Usage::prompt_tokens` is the whole prompt (count it once per
+    /// request). All or none are queued: `n` counts against `max_queue`.
+    pub fn submit_n(
+        &self,
+        req: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<RequestHandle>, SubmitError> {
         let inner = &*self.inner;
         if inner.shared.shutting_down.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
+        }
+        if n == 0 {
+            return Err(SubmitError::InvalidParams(ParamError {
+                param: "n",
+                reason: "must be at least 1, got 0".into(),
+            }));
         }
         inner.validate(&req)?;
         let max_queue = inner.cfg.max_queue;
@@ -143,24 +166,41 @@ impl Engine {
             .shared
             .queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (max_queue == 0 || q < max_queue).then_some(q + 1)
+                (max_queue == 0 || q.saturating_add(n) <= max_queue).then_some(q + n)
             });
         if admitted.is_err() {
             return Err(SubmitError::QueueFull);
         }
-        let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let (etx, erx) = unbounded_channel();
-        let msg = Msg::Submit(Box::new(NewRequest { id, req, tx: etx }));
-        if inner.tx.send(msg).is_err() {
-            inner.shared.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(SubmitError::ShuttingDown);
+        let first = inner.next_id.fetch_add(n as u64, Ordering::Relaxed);
+        let mut handles = Vec::with_capacity(n);
+        for i in 0..n as u64 {
+            let id = first + i;
+            let mut choice = req.clone();
+            choice.sampling.seed = choice_seed(req.sampling.seed, i);
+            let (etx, erx) = unbounded_channel();
+            let msg = Msg::Submit(Box::new(NewRequest {
+                id,
+                req: choice,
+                tx: etx,
+                fork_of: (i > 0).then_some(first),
+            }));
+            if inner.tx.send(msg).is_err() {
+                // the loop is gone: nothing of this request was queued
+                // beyond what the handles dropped here cancel
+                inner
+                    .shared
+                    .queued
+                    .fetch_sub(n - i as usize, Ordering::AcqRel);
+                return Err(SubmitError::ShuttingDown);
+            }
+            handles.push(RequestHandle {
+                id,
+                rx: erx,
+                tx: inner.tx.clone(),
+                done: false,
+            });
         }
-        Ok(RequestHandle {
-            id,
-            rx: erx,
-            tx: inner.tx.clone(),
-            done: false,
-        })
+        Ok(handles)
     }
 
     /// Counters and gauges, as of the end of the last step.
@@ -210,6 +250,33 @@ impl Inner {
             return Err(SubmitError::InvalidParams(ParamError {
                 param: "max_tokens",
                 reason: "must be at least 1, got 0".into(),
+            }));
+        }
+        if let Some(&(token, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= self.vocab_size)
+        {
+            return Err(SubmitError::InvalidParams(ParamError {
+                param: "logit_bias",
+                reason: format!(
+                    "token id {token} is outside the vocabulary (size {})",
+                    self.vocab_size
+                ),
+            }));
+        }
+        if let Some(&token) = req
+            .stop_token_ids
+            .iter()
+            .find(|t| **t as usize >= self.vocab_size)
+        {
+            return Err(SubmitError::InvalidParams(ParamError {
+                param: "stop_token_ids",
+                reason: format!(
+                    "token id {token} is outside the vocabulary (size {})",
+                    self.vocab_size
+                ),
             }));
         }
         if let Some((position, &token)) = req

@@ -3,7 +3,7 @@
 //! Contract: [`Output::on_token`] is called once per sampled token, in order.
 //! It sends one [`Event::Token`] per token (an EOS that ends the request
 //! included, with empty text) and says whether the request is finished:
-//! EOS (unless `ignore_eos`) or a stop string -> `Stop`, `max_tokens`
+//! EOS (unless `ignore_eos`), a stop token id or a stop string -> `Stop`, `max_tokens`
 //! generated -> `Length`, the handle gone -> `Cancelled`, a detokenizer
 //! failure -> `Error`. Text is held back while it could still become a stop
 //! string and released at the end; streamed text never contains a stop string.
@@ -35,6 +35,7 @@ pub(crate) struct Output {
     stop: StopText,
     max_tokens: usize,
     ignore_eos: bool,
+    stop_ids: Vec<u32>,
     generated: usize,
 }
 
@@ -45,6 +46,7 @@ impl Output {
         stop: &[String],
         max_tokens: usize,
         ignore_eos: bool,
+        stop_ids: Vec<u32>,
     ) -> Self {
         Output {
             tx,
@@ -52,6 +54,7 @@ impl Output {
             stop: StopText::new(stop),
             max_tokens,
             ignore_eos,
+            stop_ids,
             generated: 0,
         }
     }
@@ -101,7 +104,7 @@ impl Output {
     }
 
     /// Whether the next sampled token `token` ends the request on its id alone
-    /// (EOS unless ignored, or `max_tokens` reached), given `generated` tokens
+    /// (EOS unless ignored, a stop token id, or `max_tokens` reached), given `generated` tokens
     /// committed so far including it. Decided at commit time, before its text
     /// is processed, so the scheduler never runs such a sequence again.
     pub(crate) fn ends_on(
@@ -110,7 +113,7 @@ impl Output {
         generated: usize,
         eos: &[u32],
     ) -> Option<FinishReason> {
-        if !self.ignore_eos && eos.contains(&token) {
+        if (!self.ignore_eos && eos.contains(&token)) || self.stop_ids.contains(&token) {
             Some(FinishReason::Stop)
         } else if generated >= self.max_tokens {
             Some(FinishReason::Length)

@@ -17,6 +17,13 @@
 //!    its next token exactly as it would have (`SampleRequest::step` = tokens
 //!    generated so far). A sequence that cannot fit even into an empty pool
 //!    is reported in [`Scheduler::aborted`].
+//! 5. Choices of one request (`n > 1`): each later choice is a sequence
+//!    with `fork_of` = the first choice. It waits behind that sequence until
+//!    its prompt's full blocks are computed, then is admitted by
+//!    `KvManager::fork`: those blocks are shared (the prompt is computed
+//!    once) and only the last partial block's tokens (at most `B`) are
+//!    recomputed. If the first choice is gone or was preempted, the choice
+//!    is admitted like any sequence.
 //!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
 //! [`Scheduler::commit`], which releases it (so the repetition-penalty sets it
@@ -70,8 +77,11 @@ struct Seq {
     next: Option<u32>,
     prompt_len: usize,
     params: SamplingParams,
-    /// Distinct tokens seen, when `params.repetition_penalty != 1`.
+    /// Tokens seen and generated, when a penalty needs them
+    /// (`SamplingParams::needs_history`).
     history: Option<Arc<PenaltyHistory>>,
+    /// The first choice of the same request, whose prompt KV this one shares.
+    fork_of: Option<u64>,
     /// Set at the first admission; a preempted sequence keeps it.
     admitted_once: bool,
     /// Prompt tokens reused from the prefix cache at the first admission.
@@ -132,9 +142,17 @@ impl Scheduler {
         })
     }
 
-    /// Queues a new sequence (ids must increase with arrival).
-    pub(crate) fn add(&mut self, id: u64, prompt: Vec<u32>, params: SamplingParams) {
-        let history = (params.repetition_penalty != 1.0)
+    /// Queues a new sequence (ids must increase with arrival); `fork_of`
+    /// names the first choice of the same request (contract point 5).
+    pub(crate) fn add(
+        &mut self,
+        id: u64,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        fork_of: Option<u64>,
+    ) {
+        let history = params
+            .needs_history()
             .then(|| Arc::new(PenaltyHistory::from_tokens(&prompt)));
         let seq = Seq {
             prompt_len: prompt.len(),
@@ -142,6 +160,7 @@ impl Scheduler {
             next: None,
             params,
             history,
+            fork_of,
             admitted_once: false,
             cached_tokens: 0,
         };
@@ -299,8 +318,17 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            let fork = match self.fork_source(id)? {
+                Fork::Wait => break,
+                Fork::From(parent) => Some(parent),
+                Fork::Alone => None,
+            };
             let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
-            if !self.kv.can_admit(&seq.parked) {
+            let fits = match fork {
+                Some(parent) => self.kv.can_fork(parent as SeqId, &seq.parked),
+                None => self.kv.can_admit(&seq.parked),
+            };
+            if !fits {
                 if self.running.is_empty() {
                     // the whole pool is allocatable and still too small
                     self.waiting.pop_front();
@@ -310,7 +338,10 @@ impl Scheduler {
                 break;
             }
             self.waiting.pop_front();
-            let cached = self.kv.admit(id as SeqId, &seq.parked)?;
+            let cached = match fork {
+                Some(parent) => self.kv.fork(parent as SeqId, id as SeqId, &seq.parked)?,
+                None => self.kv.admit(id as SeqId, &seq.parked)?,
+            };
             let len = seq.parked.len();
             seq.parked = Vec::new(); // paged-kv holds the tokens now
             if !seq.admitted_once {
@@ -329,6 +360,43 @@ impl Scheduler {
             self.running.insert(at, id);
         }
         Ok(())
+    }
+}
+
+/// How a waiting sequence is admitted (contract point 5).
+enum Fork {
+    /// Its first choice is still computing the shared prompt: wait.
+    Wait,
+    /// Share the prompt blocks of this running first choice.
+    From(u64),
+    /// Like any sequence.
+    Alone,
+}
+
+impl Scheduler {
+    /// How waiting sequence `id` is to be admitted now.
+    fn fork_source(&self, id: u64) -> Result<Fork, SchedError> {
+        let seq = self.seqs.get(&id).ok_or(SchedError::UnknownSeq(id))?;
+        let (Some(parent_id), false) = (seq.fork_of, seq.admitted_once) else {
+            return Ok(Fork::Alone);
+        };
+        let Some(parent) = self.seqs.get(&parent_id) else {
+            return Ok(Fork::Alone);
+        };
+        if !parent.admitted_once {
+            return Ok(Fork::Wait);
+        }
+        let Some(computed) = self.kv.num_computed(parent_id as SeqId) else {
+            // preempted: it will recompute, this one does not wait for it
+            return Ok(Fork::Alone);
+        };
+        let bs = self.kv.block_size();
+        let shareable = (seq.prompt_len - 1) / bs * bs;
+        Ok(if computed >= shareable {
+            Fork::From(parent_id)
+        } else {
+            Fork::Wait
+        })
     }
 }
 

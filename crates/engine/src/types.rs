@@ -43,6 +43,10 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep generating past EOS tokens.
     pub ignore_eos: bool,
+    /// Stop when one of these token ids is sampled (vLLM's
+    /// `stop_token_ids`), even with `ignore_eos`; like an EOS, the token
+    /// adds no text and the finish reason is `Stop`.
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// What a request streams.

@@ -58,6 +58,8 @@ pub(crate) struct NewRequest {
     pub id: u64,
     pub req: GenerateRequest,
     pub tx: UnboundedSender<Event>,
+    /// The first choice of the same request (`n > 1`), to fork from.
+    pub fork_of: Option<u64>,
 }
 
 /// Everything the loop owns.
@@ -191,17 +193,23 @@ impl Worker {
 
     /// A submitted request enters the scheduler, `Queued`.
     fn accept(&mut self, r: NewRequest) {
-        let NewRequest { id, req, tx } = r;
+        let NewRequest {
+            id,
+            req,
+            tx,
+            fork_of,
+        } = r;
         let out = Output::new(
             tx,
             self.tokenizer.clone(),
             &req.stop,
             req.max_tokens,
             req.ignore_eos,
+            req.stop_token_ids,
         );
         let phase = Phase::Queued;
         self.requests.insert(id, Request { phase, out });
-        self.sched.add(id, req.prompt, req.sampling);
+        self.sched.add(id, req.prompt, req.sampling, fork_of);
     }
 
     /// Plans, runs and commits one step; returns the nanoseconds spent in the backend.

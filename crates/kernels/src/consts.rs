@@ -109,7 +109,7 @@ pub const SAMPLE_PARAMS_C_FIELDS: [(&str, usize); 12] = [
     ("hist_off", 24),
     ("hist_len", 28),
     ("n_logprobs", 32),
-    ("pad0", 36),
-    ("pad1", 40),
-    ("pad2", 44),
+    ("add_off", 36),
+    ("add_len", 40),
+    ("pad0", 44),
 ];

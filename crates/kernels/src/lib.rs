@@ -61,7 +61,9 @@ const _: () = {
     assert!(offset_of!(SampleParams, hist_off) == c[6].1);
     assert!(offset_of!(SampleParams, hist_len) == c[7].1);
     assert!(offset_of!(SampleParams, n_logprobs) == c[8].1);
-    assert!(offset_of!(SampleParams, _pad) == c[9].1);
+    assert!(offset_of!(SampleParams, add_off) == c[9].1);
+    assert!(offset_of!(SampleParams, add_len) == c[10].1);
+    assert!(offset_of!(SampleParams, _pad) == c[11].1);
 };
 
 /// Errors loading or launching kernels.

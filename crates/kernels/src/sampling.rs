@@ -1,6 +1,8 @@
 //! Launcher for `cu/sampling.cu`: sampling on the GPU with the procedure of
 //! `model::sampler` (the draw `u` is computed on the host with
-//! `contract::sampling::uniform(seed, step)` and passed in), and its CPU
+//! `contract::sampling::uniform(seed, step)` and passed in, and so are the
+//! additive terms of the presence / frequency penalties and `logit_bias`,
+//! merged per row by `contract::history::additive_terms`), and its CPU
 //! reference, which sorts the candidates exactly as that procedure says.
 //! Costs: two launches. `sample_partials` reads each row once over
 //! `ceil(vocab / SLICE)` blocks (logsumexp, greedy argmax, the penalty, the
@@ -32,7 +34,13 @@ pub struct SampleParams {
     pub hist_len: u32,
     /// How many top log-probabilities to report.
     pub n_logprobs: u32,
-    pub _pad: [u32; 3],
+    /// Offset (in `u32` words) of this row's additive terms in the flat
+    /// history buffer: `add_len` pairs of words `(id, f32 bits of delta)`,
+    /// ids distinct (`contract::history::additive_terms`: presence and
+    /// frequency penalties, `logit_bias`), added after the repetition penalty.
+    pub add_off: u32,
+    pub add_len: u32,
+    pub _pad: u32,
 }
 
 impl SampleParams {
@@ -48,7 +56,9 @@ impl SampleParams {
             hist_off: 0,
             hist_len: 0,
             n_logprobs: 0,
-            _pad: [0; 3],
+            add_off: 0,
+            add_len: 0,
+            _pad: 0,
         }
     }
 }
@@ -157,8 +167,9 @@ impl Kernels {
     /// Samples one token for each of `rows` rows of `logits`.
     ///
     /// # Safety
-    /// Each row's history range `hist_off..hist_off + hist_len` lies inside
-    /// `history`, its ids are distinct (ids >= vocab are ignored).
+    /// Each row's history range `hist_off..hist_off + hist_len` and additive
+    /// range `add_off..add_off + 2 * add_len` lie inside `history`; the ids
+    /// of each are distinct (ids >= vocab are ignored).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn sample_rows(
         &self,
@@ -240,11 +251,13 @@ impl Kernels {
 }
 
 /// CPU reference of one row: `(token, logprob, top logprobs)`, following the
-/// documented procedure with an explicit sort. `history` holds distinct ids.
+/// documented procedure with an explicit sort. `history` holds distinct ids,
+/// `adds` the row's additive `(id, delta)` terms (distinct ids).
 pub fn sample_ref(
     logits: &[f32],
     p: &SampleParams,
     history: &[u32],
+    adds: &[(u32, f32)],
 ) -> (u32, f32, Vec<(u32, f32)>) {
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = m + logits
@@ -262,6 +275,11 @@ pub fn sample_ref(
                     *v * p.repetition_penalty
                 };
             }
+        }
+    }
+    for &(id, d) in adds {
+        if let Some(v) = z.get_mut(id as usize) {
+            *v += d;
         }
     }
     let by_key = |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));

@@ -160,7 +160,9 @@ fn sampling_matches_reference() {
         let mut params = Vec::new();
         let mut hist_all = Vec::new();
         let mut hists = Vec::new();
-        let kinds = 12;
+        let mut adds_all = Vec::new();
+        // rows 12..18 add presence / frequency / logit_bias terms
+        let kinds = 18;
         for i in 0..kinds {
             let mut p = SampleParams::greedy();
             p.u = rng.random_range(0.0..1.0);
@@ -183,6 +185,26 @@ fn sampling_matches_reference() {
             p.hist_len = h.len() as u32;
             hist_all.extend_from_slice(&h);
             hists.push(h);
+            let mut adds: Vec<(u32, f32)> = Vec::new();
+            if i >= 12 {
+                let mut ids: Vec<u32> = (0..vocab as u32).collect();
+                ids.shuffle(&mut rng);
+                ids.truncate(rng.random_range(1..200usize).min(vocab));
+                for (j, id) in ids.into_iter().enumerate() {
+                    let d = match j {
+                        0 => -100.0,
+                        1 if i == 17 => 100.0,
+                        _ => rng.random_range(-3.0f32..3.0),
+                    };
+                    adds.push((id, d));
+                }
+                p.add_off = hist_all.len() as u32;
+                p.add_len = adds.len() as u32;
+                for &(id, d) in &adds {
+                    hist_all.extend_from_slice(&[id, d.to_bits()]);
+                }
+            }
+            adds_all.push(adds);
             params.push(p);
         }
         let rows = params.len();
@@ -253,7 +275,12 @@ fn sampling_matches_reference() {
             gpu.to_host(tlp.view()).unwrap(),
         );
         for r in 0..rows {
-            let (t, l, top) = sample_ref(&logits[r * vocab..][..vocab], &params[r], &hists[r]);
+            let (t, l, top) = sample_ref(
+                &logits[r * vocab..][..vocab],
+                &params[r],
+                &hists[r],
+                &adds_all[r],
+            );
             assert_eq!(gt[r], t, "row {r} ({:?}) token", params[r]);
             assert!((gl[r] - l).abs() < 1e-3, "row {r} logprob {} vs {l}", gl[r]);
             for (j, (id, v)) in top.iter().enumerate() {

@@ -222,6 +222,78 @@ impl KvManager {
         Ok(cached)
     }
 
+    /// Full blocks `fork(parent, _, tokens)` would share: the leading
+    /// blocks of `parent` that are computed, lie within `tokens[..len - 1]`
+    /// and hold the same token ids. O(shared tokens).
+    fn fork_shared_blocks(&self, parent: &Seq, tokens: &[u32]) -> usize {
+        let bs = self.block_size;
+        let limit = parent.computed.min(tokens.len().saturating_sub(1)) / bs;
+        (0..limit)
+            .take_while(|&b| {
+                parent.tokens.get(b * bs..(b + 1) * bs) == Some(&tokens[b * bs..(b + 1) * bs])
+            })
+            .count()
+    }
+
+    /// Exact: whether [`KvManager::fork`] of `parent` into a sequence of
+    /// `tokens` would succeed (ignoring an id clash): the blocks it does not
+    /// share fit the allocatable blocks.
+    pub fn can_fork(&self, parent: SeqId, tokens: &[u32]) -> bool {
+        self.seqs.get(&parent).is_some_and(|p| {
+            self.blocks_for(tokens.len()) - self.fork_shared_blocks(p, tokens)
+                <= self.pool.num_allocatable()
+        })
+    }
+
+    /// Admits `child` holding `tokens` (typically `parent`'s prompt, for
+    /// another choice of the same request) sharing `parent`'s leading full
+    /// computed blocks whose token ids match, at most `len - 1` tokens
+    /// (reference counts bumped, no KV copied), and allocating the rest. The
+    /// last, partial block is never shared: the child recomputes its fewer
+    /// than `B + 1` tokens into a block of its own, so both stay writable
+    /// without a device-side copy. Works with the prefix cache on or off.
+    /// Returns the tokens shared (a multiple of `B`). O(len).
+    pub fn fork(&mut self, parent: SeqId, child: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
+        if self.seqs.contains_key(&child) {
+            return Err(KvError::SeqExists(child));
+        }
+        let p = self.seqs.get(&parent).ok_or(KvError::UnknownSeq(parent))?;
+        let shared = self.fork_shared_blocks(p, tokens);
+        let table_head: Vec<u32> = p.table[..shared].to_vec();
+        let hashes: Vec<u64> = p.hashes[..shared.min(p.hashes.len())].to_vec();
+        let registered = shared.min(p.registered);
+        let new_blocks = self.blocks_for(tokens.len()) - shared;
+        let free = self.pool.num_allocatable();
+        if new_blocks > free {
+            return Err(KvError::OutOfBlocks {
+                needed: new_blocks,
+                free,
+            });
+        }
+        let mut table = Vec::with_capacity(shared + new_blocks);
+        for &b in &table_head {
+            self.pool.incref(b);
+            table.push(b);
+        }
+        if let Err(e) = allocate_into(&mut self.pool, &mut table, new_blocks, shared) {
+            for &b in &table_head {
+                self.pool.decref(b);
+            }
+            return Err(e);
+        }
+        self.seqs.insert(
+            child,
+            Seq {
+                tokens: tokens.to_vec(),
+                table,
+                computed: shared * self.block_size,
+                hashes,
+                registered,
+            },
+        );
+        Ok(shared * self.block_size)
+    }
+
     /// Exact: whether `append` of `n` tokens to `seq` would succeed.
     pub fn can_append(&self, seq: SeqId, n: usize) -> bool {
         self.seqs.get(&seq).is_some_and(|s| {

@@ -301,3 +301,48 @@ fn errors_name_what_is_wrong() {
     });
     assert!(over.is_err());
 }
+
+/// `n > 1` choices: a fork shares the parent's full computed blocks (never
+/// the last token's), with or without the prefix cache, and `can_fork`
+/// agrees with `fork`.
+#[test]
+fn fork_shares_full_computed_blocks() {
+    for cache in [false, true] {
+        let mut m = KvManager::try_new(KvConfig {
+            num_blocks: 8,
+            block_size: 4,
+            enable_prefix_cache: cache,
+        })
+        .unwrap_or_else(|e| panic!("config: {e}"));
+        let prompt: Vec<u32> = (0..10).collect();
+        ok(m.admit(1, &prompt));
+        // nothing computed yet: nothing to share
+        assert!(m.can_fork(1, &prompt));
+        ok(m.mark_computed(1, 10));
+        ok(m.append(1, &[77]));
+        checked(&m);
+        let parent: Vec<u32> = m.block_table(1).unwrap_or_default().to_vec();
+        assert_eq!(ok(m.fork(1, 2, &prompt)), 8, "cache {cache}");
+        checked(&m);
+        let child = m.block_table(2).unwrap_or_default().to_vec();
+        assert_eq!(&child[..2], &parent[..2]);
+        assert_ne!(child[2], parent[2]);
+        assert_eq!(m.ref_count(parent[0]), Some(2));
+        assert_eq!(m.num_computed(2), Some(8));
+        // an exact multiple of B: the last block is recomputed, not shared
+        assert_eq!(ok(m.fork(1, 3, &prompt[..8])), 4);
+        checked(&m);
+        assert!(matches!(m.fork(1, 3, &prompt), Err(KvError::SeqExists(3))));
+        assert!(matches!(m.fork(9, 4, &prompt), Err(KvError::UnknownSeq(9))));
+        // 8 blocks: parent 3, child 2 has 1 new, child 3 has 1 new; 3 left
+        assert_eq!(m.num_free_blocks(), 3);
+        let long: Vec<u32> = (0..30).collect();
+        assert_eq!(m.can_fork(1, &long), m.fork(1, 5, &long).is_ok());
+        checked(&m);
+        for s in [1, 2, 3] {
+            ok(m.free(s));
+        }
+        checked(&m);
+        assert_eq!(m.num_free_blocks(), 8);
+    }
+}

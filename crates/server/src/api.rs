@@ -142,6 +142,19 @@ fn accept<T: serde::de::DeserializeOwned>(
     protocol::parse(&body)
 }
 
+/// Chat completion: the messages rendered with the model's chat template.
+///
+/// Answers a `chat.completion` object, or with `stream: true` an SSE stream
+/// of `chat.completion.chunk` objects ending with `data: [DONE]`.
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    security(("api_key" = [])),
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "A `chat.completion` object, or an SSE stream of `chat.completion.chunk` objects", body = crate::responses::ChatCompletion),
+        (status = 400, description = "Bad input, naming the parameter", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 429, description = "The queue is full", body = crate::error::ErrorBody),
+    ))]
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     Extension(RequestId(rid)): Extension<RequestId>,
@@ -185,15 +198,20 @@ pub async fn chat_completions(
     };
     let prompt = encode(&state, input, "messages").await?;
     let greq = checked.request(prompt, state.max_context(), "messages")?;
-    let handle = state
+    let handles = state
         .engine
-        .submit(greq)
+        .submit_n(greq, checked.best_of)
         .map_err(|e| from_submit(e, "messages"))?;
-    tracing::debug!(engine_id = handle.id, "submitted");
+    tracing::debug!(
+        engine_id = handles[0].id,
+        choices = handles.len(),
+        "submitted"
+    );
     let mut job = Job::new(state.clone(), Kind::Chat, rid, arrived);
     job.logprobs = logprobs;
     job.include_usage = checked.include_usage;
-    job.respond(handle, checked.stream).await
+    job.n = checked.n;
+    job.respond(handles, checked.stream).await
 }
 
 /// The completion prompt as token ids (text gets the tokenizer's special tokens).
@@ -234,6 +252,19 @@ async fn completion_prompt(state: &Arc<AppState>, prompt: Prompt) -> Result<Vec<
     Ok(ids)
 }
 
+/// Text completion of a text or token-id prompt.
+///
+/// Answers a `text_completion` object, or with `stream: true` an SSE stream
+/// of them ending with `data: [DONE]`.
+#[utoipa::path(post, path = "/v1/completions", tag = "openai",
+    security(("api_key" = [])),
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "A `text_completion` object, or an SSE stream of them", body = crate::responses::TextCompletion),
+        (status = 400, description = "Bad input, naming the parameter", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+        (status = 429, description = "The queue is full", body = crate::error::ErrorBody),
+    ))]
 pub async fn completions(
     State(state): State<Arc<AppState>>,
     Extension(RequestId(rid)): Extension<RequestId>,
@@ -242,8 +273,12 @@ pub async fn completions(
     let arrived = Instant::now();
     let req: CompletionRequest = accept(&state, body)?;
     check_model(&state, req.model.as_deref())?;
-    if req.echo == Some(true) {
-        return Err(ApiError::invalid_param("echo", "`echo` is not supported."));
+    let echo = req.echo == Some(true);
+    if echo && req.logprobs.is_some() {
+        return Err(ApiError::invalid_param(
+            "echo",
+            "`echo` with `logprobs` is not supported: it needs the log-probabilities of the prompt tokens, which lamina does not compute.",
+        ));
     }
     if req.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param(
@@ -267,15 +302,37 @@ pub async fn completions(
         "max_tokens",
         &state.cfg.defaults,
     )?;
+    let echo_text = match (&req.prompt, echo) {
+        (_, false) => None,
+        (Prompt::Text(t), true) => Some(t.clone()),
+        (Prompt::Texts(v), true) if v.len() == 1 => Some(v[0].clone()),
+        // token ids (or a refused shape): the prompt's text is decoded below
+        _ => Some(String::new()),
+    };
     let prompt = completion_prompt(&state, req.prompt).await?;
+    let echo_text = match echo_text {
+        Some(t) if t.is_empty() => Some(state.tokenizer.decode(&prompt, false).map_err(|e| {
+            ApiError::invalid_param(
+                "prompt",
+                format!("Cannot decode the prompt to echo it: {e}"),
+            )
+        })?),
+        other => other,
+    };
     let greq = checked.request(prompt, state.max_context(), "prompt")?;
-    let handle = state
+    let handles = state
         .engine
-        .submit(greq)
+        .submit_n(greq, checked.best_of)
         .map_err(|e| from_submit(e, "prompt"))?;
-    tracing::debug!(engine_id = handle.id, "submitted");
+    tracing::debug!(
+        engine_id = handles[0].id,
+        choices = handles.len(),
+        "submitted"
+    );
     let mut job = Job::new(state.clone(), Kind::Completion, rid, arrived);
     job.logprobs = logprobs;
     job.include_usage = checked.include_usage;
-    job.respond(handle, checked.stream).await
+    job.n = checked.n;
+    job.echo = echo_text;
+    job.respond(handles, checked.stream).await
 }

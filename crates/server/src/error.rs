@@ -26,16 +26,20 @@ pub struct ApiError {
     pub code: Option<&'static str>,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Inner<'a>,
+/// The body of every error response.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody<'a> {
+    error: ErrorInner<'a>,
 }
 
-#[derive(Serialize)]
-struct Inner<'a> {
+/// OpenAI's error object.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorInner<'a> {
     message: &'a str,
+    /// `invalid_request_error`, `authentication_error`, ...
     #[serde(rename = "type")]
     kind: &'a str,
+    /// The request parameter at fault, if one is.
     param: Option<&'a str>,
     code: Option<&'a str>,
 }
@@ -147,8 +151,8 @@ impl ApiError {
 
     /// The JSON body, for SSE error events and responses.
     pub fn body(&self) -> serde_json::Value {
-        serde_json::to_value(Body {
-            error: Inner {
+        serde_json::to_value(ErrorBody {
+            error: ErrorInner {
                 message: &self.message,
                 kind: self.kind,
                 param: self.param.as_deref(),

@@ -2,28 +2,34 @@
 //! into an OpenAI response: a single JSON body, or an SSE stream of
 //! `data: {chunk}` events ending with `data: [DONE]`.
 //!
-//! Contract: the [`engine::RequestHandle`] lives inside the response future
-//! or the SSE stream, so when the client goes away (hyper drops the stream)
-//! the handle is dropped and the engine cancels the request and frees its KV
-//! blocks. `cancelled` never reaches a live client as a finish reason: it
-//! only happens on shutdown, which is reported as an error event / 503.
-//! Latency metrics (TTFT, inter-token, end-to-end) are recorded here, O(1)
-//! per token.
+//! Contract: the [`engine::RequestHandle`]s (one per choice, `n` / `best_of`)
+//! live inside the response future or the SSE stream, so when the client
+//! goes away (hyper drops the stream) the handles are dropped and the engine
+//! cancels every choice and frees its KV blocks. `cancelled` never reaches a
+//! live client as a finish reason: it only happens on shutdown, which is
+//! reported as an error event / 503. Choices stream interleaved, each chunk
+//! naming its `index`; usage counts the prompt once and the completion
+//! tokens of every choice generated (all of `best_of`). A streamed response
+//! sends an SSE comment (`: keep-alive`) whenever no event went out for
+//! `ServerConfig::sse_keep_alive`, also while the request waits in the
+//! engine's queue. Latency metrics (TTFT, inter-token, end-to-end) are
+//! recorded on choice 0, O(1) per token. The SSE side is in `generate/sse.rs`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Json;
-use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use engine::{Event, FinishReason, Finished, RequestHandle, TokenEvent, Usage};
-use futures::Stream;
-use futures::stream::{self, StreamExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::logprobs;
+use crate::responses::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
+    CompletionChoice, TextCompletion, UsageInfo,
+};
 use crate::state::{AppState, unix_now};
 
 /// Which API a request came through.
@@ -48,6 +54,10 @@ pub struct Job {
     pub include_usage: bool,
     /// When the request arrived (TTFT and end-to-end latency start here).
     pub arrived: Instant,
+    /// Completions with `echo`: the prompt text each choice starts with.
+    pub echo: Option<String>,
+    /// Choices returned (`n`); fewer than the handles when `best_of` > `n`.
+    pub n: usize,
 }
 
 impl Job {
@@ -67,6 +77,8 @@ impl Job {
             logprobs: None,
             include_usage: false,
             arrived,
+            echo: None,
+            n: 1,
         }
     }
 
@@ -78,13 +90,26 @@ impl Job {
         }
     }
 
-    /// The response (or stream) for an accepted request.
-    pub async fn respond(self, handle: RequestHandle, stream: bool) -> Result<Response, ApiError> {
-        let active = Active::new(self, handle);
+    /// The response (or stream) for an accepted request, one handle per
+    /// choice generated, in choice order.
+    pub async fn respond(
+        self,
+        handles: Vec<RequestHandle>,
+        stream: bool,
+    ) -> Result<Response, ApiError> {
+        let keep_alive = self.state.cfg.sse_keep_alive;
+        let actives: Vec<Active> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| Active::new(self.clone(), h, i))
+            .collect();
         if stream {
-            Ok(Sse::new(sse_stream(active)).into_response())
+            let sse = Sse::new(sse_stream(self, actives));
+            Ok(sse
+                .keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"))
+                .into_response())
         } else {
-            complete(active).await
+            complete(self, actives).await
         }
     }
 
@@ -99,71 +124,150 @@ impl Job {
         }
     }
 
-    /// One choice carrying `text`, with an optional finish reason.
-    fn choice(&self, text: &str, logprobs: Value, finish: Option<&str>, chunk: bool) -> Value {
+    /// Choice `index` carrying `text`, with an optional finish reason.
+    fn choice(
+        &self,
+        index: usize,
+        text: &str,
+        logprobs: Value,
+        finish: Option<&'static str>,
+        chunk: bool,
+    ) -> Choice {
         match (self.kind, chunk) {
-            (Kind::Chat, false) => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish,
+            (Kind::Chat, false) => Choice::Chat(ChatChoice {
+                index,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: text.to_string(),
+                },
+                logprobs,
+                finish_reason: finish,
             }),
             (Kind::Chat, true) => {
-                let delta = if finish.is_some() && text.is_empty() {
-                    json!({})
-                } else {
-                    json!({"content": text})
+                let delta = ChatDelta {
+                    role: None,
+                    content: (finish.is_none() || !text.is_empty()).then(|| text.to_string()),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+                Choice::ChatChunk(ChatChunkChoice {
+                    index,
+                    delta,
+                    logprobs,
+                    finish_reason: finish,
+                })
             }
-            (Kind::Completion, _) => json!({
-                "index": 0,
-                "text": text,
-                "logprobs": logprobs,
-                "finish_reason": finish,
+            (Kind::Completion, _) => Choice::Text(CompletionChoice {
+                index,
+                text: text.to_string(),
+                logprobs,
+                finish_reason: finish,
             }),
         }
+    }
+
+    /// The response object wrapping `choices`: a streamed chunk (`usage`
+    /// `null` while streaming when asked for, `usage_now` in the last), or
+    /// the whole answer (`chunk` false, `usage_now` set).
+    fn envelope(&self, choices: Vec<Choice>, usage_now: Option<UsageInfo>, chunk: bool) -> Value {
+        let usage = match (chunk, usage_now) {
+            (_, Some(u)) => Some(Some(u)),
+            (true, None) if self.include_usage => Some(None),
+            _ => None,
+        };
+        let (id, created, model) = (self.id.clone(), self.created, self.model.clone());
+        let object = self.object(chunk);
+        let v = match (self.kind, chunk) {
+            (Kind::Chat, false) => serde_json::to_value(ChatCompletion {
+                id,
+                object,
+                created,
+                model,
+                choices: choices.into_iter().filter_map(Choice::into_chat).collect(),
+                usage: usage
+                    .flatten()
+                    .unwrap_or_else(|| UsageInfo::from(&Usage::default())),
+            }),
+            (Kind::Chat, true) => serde_json::to_value(ChatCompletionChunk {
+                id,
+                object,
+                created,
+                model,
+                choices: choices.into_iter().filter_map(Choice::into_chunk).collect(),
+                usage,
+            }),
+            (Kind::Completion, _) => serde_json::to_value(TextCompletion {
+                id,
+                object,
+                created,
+                model,
+                choices: choices.into_iter().filter_map(Choice::into_text).collect(),
+                usage,
+            }),
+        };
+        // plain data of strings and numbers: serialization cannot fail
+        v.unwrap_or(Value::Null)
     }
 
     /// A streamed chunk wrapping `choices`.
-    fn chunk(&self, choices: Vec<Value>) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": self.object(true),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+    fn chunk(&self, choices: Vec<Choice>) -> Value {
+        self.envelope(choices, None, true)
     }
 }
 
-/// OpenAI's `usage` object.
-pub fn usage_json(u: &Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
+/// One choice in any of the three shapes.
+enum Choice {
+    Chat(ChatChoice),
+    ChatChunk(ChatChunkChoice),
+    Text(CompletionChoice),
 }
 
-/// A running request: the engine handle plus latency bookkeeping.
+impl Choice {
+    fn into_chat(self) -> Option<ChatChoice> {
+        match self {
+            Choice::Chat(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn into_chunk(self) -> Option<ChatChunkChoice> {
+        match self {
+            Choice::ChatChunk(c) => Some(c),
+            _ => None,
+        }
+    }
+    fn into_text(self) -> Option<CompletionChoice> {
+        match self {
+            Choice::Text(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// Usage of a whole request from its choices' usages: the prompt (and its
+/// cached part) once, the completion tokens of every choice.
+fn total_usage(choices: &[Usage]) -> Usage {
+    let first = choices.first().copied().unwrap_or_default();
+    Usage {
+        prompt_tokens: first.prompt_tokens,
+        cached_tokens: first.cached_tokens,
+        completion_tokens: choices.iter().map(|u| u.completion_tokens).sum(),
+    }
+}
+
+/// One running choice: the engine handle plus latency bookkeeping (kept
+/// for choice 0 only, so a request counts once in the metrics).
 struct Active {
     job: Job,
     handle: RequestHandle,
+    index: usize,
     last_token: Option<Instant>,
     done: bool,
 }
 
 impl Active {
-    fn new(job: Job, handle: RequestHandle) -> Self {
+    fn new(job: Job, handle: RequestHandle, index: usize) -> Self {
         Active {
             job,
             handle,
+            index,
             last_token: None,
             done: false,
         }
@@ -172,6 +276,12 @@ impl Active {
     /// The next engine event, with metrics recorded.
     async fn next(&mut self) -> Option<Event> {
         let ev = self.handle.next().await;
+        if self.index != 0 {
+            if matches!(ev, None | Some(Event::Done(_))) {
+                self.done = true;
+            }
+            return ev;
+        }
         let now = Instant::now();
         let m = &self.job.state.metrics;
         match &ev {
@@ -205,7 +315,7 @@ impl Active {
 
 impl Drop for Active {
     fn drop(&mut self) {
-        if !self.done {
+        if !self.done && self.index == 0 {
             // dropping `handle` right after this cancels the request in the engine
             self.job.state.metrics.finished("cancelled");
             tracing::info!(
@@ -232,14 +342,26 @@ fn engine_gone() -> ApiError {
     ApiError::internal("The engine stopped before the request finished.")
 }
 
-/// Drains the request and answers with one JSON body.
-async fn complete(mut active: Active) -> Result<Response, ApiError> {
+/// What one choice produced, for a whole (not streamed) answer.
+struct ChoiceOut {
+    text: String,
+    events: Vec<TokenEvent>,
+    finished: Finished,
+    /// Mean raw log-probability per sampled token (`best_of` ranking).
+    score: f64,
+}
+
+/// Drains one choice.
+async fn drain(mut active: Active) -> Result<ChoiceOut, ApiError> {
     let mut text = String::new();
     let mut events = Vec::new();
     let mut align = logprobs::Aligner::default();
+    let (mut sum, mut count) = (0f64, 0usize);
     let finished = loop {
         match active.next().await {
             Some(Event::Token(t)) => {
+                sum += f64::from(t.logprob);
+                count += 1;
                 text.push_str(&t.text);
                 if active.job.logprobs.is_some()
                     && let Some(out) = align.push(t)
@@ -257,126 +379,42 @@ async fn complete(mut active: Active) -> Result<Response, ApiError> {
     if let Some(err) = failure(&finished) {
         return Err(err);
     }
-    let job = &active.job;
-    let lp = job.logprobs_value(&events, &mut 0);
-    let choice = job.choice(&text, lp, Some(finished.reason.as_str()), false);
-    Ok(Json(json!({
-        "id": job.id,
-        "object": job.object(false),
-        "created": job.created,
-        "model": job.model,
-        "choices": [choice],
-        "usage": usage_json(&finished.usage),
-    }))
-    .into_response())
-}
-
-fn data(v: &Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
-}
-
-fn done_marker() -> SseEvent {
-    SseEvent::default().data("[DONE]")
-}
-
-/// Where a stream is.
-enum Phase {
-    Start,
-    Tokens,
-    End,
-}
-
-struct StreamState {
-    active: Active,
-    phase: Phase,
-    /// Completion `text_offset` of the next token.
-    offset: usize,
-    /// Log-probability entries waiting for their text.
-    align: logprobs::Aligner,
-}
-
-/// The SSE events of a streamed request. Owns the engine handle: dropping
-/// the stream (client disconnect) cancels the request.
-fn sse_stream(active: Active) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    let st = StreamState {
-        active,
-        phase: Phase::Start,
-        offset: 0,
-        align: logprobs::Aligner::default(),
-    };
-    stream::unfold(st, |mut st| async move {
-        let events = step(&mut st).await?;
-        Some((events, st))
-    })
-    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
-}
-
-/// The next batch of SSE events, or `None` once `[DONE]` was sent.
-async fn step(st: &mut StreamState) -> Option<Vec<SseEvent>> {
-    let job = st.active.job.clone();
-    match st.phase {
-        Phase::End => None,
-        Phase::Start => {
-            st.phase = Phase::Tokens;
-            let first = match job.kind {
-                // OpenAI opens a chat stream with the role
-                Kind::Chat => vec![data(&job.chunk(vec![json!({
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": null,
-                    "finish_reason": null,
-                })]))],
-                Kind::Completion => Vec::new(),
-            };
-            Some(first)
-        }
-        Phase::Tokens => loop {
-            match st.active.next().await {
-                Some(Event::Token(t)) => {
-                    // held-back text (a possible stop string) gives empty
-                    // deltas: no chunk; its logprobs go with the text
-                    if t.text.is_empty() && job.logprobs.is_none() {
-                        continue;
-                    }
-                    let text = t.text.clone();
-                    let Some(evs) = st.align.push(t) else {
-                        continue;
-                    };
-                    let lp = job.logprobs_value(&evs, &mut st.offset);
-                    let choice = job.choice(&text, lp, None, true);
-                    return Some(vec![data(&job.chunk(vec![choice]))]);
-                }
-                Some(Event::Done(f)) => {
-                    st.phase = Phase::End;
-                    if let Some(err) = failure(&f) {
-                        return Some(vec![data(&err.body()), done_marker()]);
-                    }
-                    let reason = f.reason.as_str();
-                    let mut out = Vec::new();
-                    let rest = st.align.finish(f.reason);
-                    if !rest.is_empty() {
-                        let lp = job.logprobs_value(&rest, &mut st.offset);
-                        out.push(data(&job.chunk(vec![job.choice("", lp, None, true)])));
-                    }
-                    out.push(data(&job.chunk(vec![job.choice(
-                        "",
-                        Value::Null,
-                        Some(reason),
-                        true,
-                    )])));
-                    if job.include_usage {
-                        let mut last = job.chunk(Vec::new());
-                        last["usage"] = usage_json(&f.usage);
-                        out.push(data(&last));
-                    }
-                    out.push(done_marker());
-                    return Some(out);
-                }
-                None => {
-                    st.phase = Phase::End;
-                    return Some(vec![data(&engine_gone().body()), done_marker()]);
-                }
-            }
+    Ok(ChoiceOut {
+        text,
+        events,
+        finished,
+        score: if count == 0 {
+            f64::NEG_INFINITY
+        } else {
+            sum / count as f64
         },
-    }
+    })
 }
+
+/// Drains every choice and answers with one JSON body: the `n` best by
+/// mean token log-probability when `best_of` generated more.
+async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> {
+    let outs = futures::future::join_all(actives.into_iter().map(drain)).await;
+    let mut outs: Vec<ChoiceOut> = outs.into_iter().collect::<Result<_, _>>()?;
+    let usage = total_usage(&outs.iter().map(|o| o.finished.usage).collect::<Vec<_>>());
+    if outs.len() > job.n {
+        // stable: equal scores keep choice order
+        outs.sort_by(|a, b| b.score.total_cmp(&a.score));
+        outs.truncate(job.n);
+    }
+    let echo = job.echo.as_deref().unwrap_or("");
+    let choices: Vec<Choice> = outs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| -> Choice {
+            let mut offset = echo.len();
+            let lp = job.logprobs_value(&o.events, &mut offset);
+            let text = format!("{echo}{}", o.text);
+            job.choice(i, &text, lp, Some(o.finished.reason.as_str()), false)
+        })
+        .collect();
+    Ok(Json(job.envelope(choices, Some(UsageInfo::from(&usage)), false)).into_response())
+}
+
+mod sse;
+use sse::sse_stream;

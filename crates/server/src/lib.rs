@@ -1,9 +1,13 @@
 //! lamina's OpenAI-compatible HTTP server over the continuous-batching engine.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streamed
-//! as SSE or whole), `GET /v1/models[/{id}]`, `POST /tokenize` (all behind
-//! the API key when one is set), and `GET /health`, `GET /metrics`
-//! (Prometheus text). Errors use OpenAI's JSON shape ([`error::ApiError`]).
+//! as SSE or whole), `GET /v1/models[/{id}]`, `POST /tokenize`,
+//! `POST /detokenize` (all behind the API keys when some are set), and
+//! `GET /`, `GET /health`, `GET /version`, `GET /metrics` (Prometheus
+//! text), `GET /openapi.json` and `GET /docs` (the generated OpenAPI
+//! document, [`openapi`]). Errors use OpenAI's JSON shape
+//! ([`error::ApiError`]). CORS headers are sent only for the configured
+//! `allowed_origins` (none by default).
 //!
 //! Contract:
 //! - [`router`] builds the whole app for a shared [`AppState`] (used in
@@ -29,8 +33,10 @@ pub mod logprobs;
 pub mod metrics;
 pub mod middleware;
 pub mod misc;
+pub mod openapi;
 pub mod params;
 pub mod protocol;
+pub mod responses;
 pub mod state;
 
 use std::future::Future;
@@ -39,7 +45,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
 
 pub use error::ApiError;
 pub use middleware::check_api_key;
@@ -67,30 +72,74 @@ pub enum ServerError {
     },
 }
 
-/// The whole application for `state`.
+/// The whole application for `state`. The routes are the ones
+/// [`openapi::api_doc`] documents (the same lists build both).
 pub fn router(state: Arc<AppState>) -> Router {
-    let guarded = Router::new()
-        .route("/v1/chat/completions", post(api::chat_completions))
-        .route("/v1/completions", post(api::completions))
-        .route("/v1/models", get(misc::list_models))
-        .route("/v1/models/{id}", get(misc::get_model))
-        .route("/tokenize", post(misc::tokenize))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            middleware::require_api_key,
-        ));
-    Router::new()
-        .route("/", get(misc::root))
-        .route("/health", get(misc::health))
-        .route("/metrics", get(misc::metrics))
+    let (guarded, _) = openapi::guarded_routes().split_for_parts();
+    let guarded = guarded.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        middleware::require_api_key,
+    ));
+    let (open, _) = openapi::open_routes().split_for_parts();
+    let app = open
         .merge(guarded)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.cfg.body_limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::request_context,
-        ))
-        .with_state(state)
+        ));
+    let app = match cors(&state.cfg.allowed_origins) {
+        Some(layer) => app.layer(layer),
+        None => app,
+    };
+    app.with_state(state)
+}
+
+/// The CORS layer for `origins` (`*` alone: any origin), or `None` when
+/// the list is empty (no CORS headers: browsers refuse cross-origin calls).
+/// Origins are checked at start-up by [`check_origins`].
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::from(Any)
+    } else {
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| axum::http::HeaderValue::from_str(o).ok()),
+        )
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods(Any)
+            .allow_headers(Any),
+    )
+}
+
+/// Why an `--allowed-origins` entry cannot be used: `*`, or an origin
+/// `scheme://host[:port]` without a path, printable ASCII.
+pub fn check_origin(origin: &str) -> Result<(), String> {
+    if origin == "*" {
+        return Ok(());
+    }
+    let Some((scheme, rest)) = origin.split_once("://") else {
+        return Err(format!(
+            "`{origin}` is not an origin like `https://example.com`"
+        ));
+    };
+    if !matches!(scheme, "http" | "https") || rest.is_empty() || rest.contains('/') {
+        return Err(format!(
+            "`{origin}` is not an origin (`http(s)://host[:port]`, no path)"
+        ));
+    }
+    axum::http::HeaderValue::from_str(origin)
+        .map(|_| ())
+        .map_err(|_| format!("`{origin}` has characters an HTTP header cannot carry"))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

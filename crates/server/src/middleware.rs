@@ -132,17 +132,19 @@ pub fn check_api_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Requires `Authorization: Bearer <key>` when the server has a key (the
-/// scheme name case-insensitive, as HTTP says; any other scheme, or a bare
-/// key, is refused).
+/// Requires `Authorization: Bearer <key>` when the server has keys, with
+/// any one of them (the scheme name case-insensitive, as HTTP says; any
+/// other scheme, or a bare key, is refused). The given key is compared with
+/// every configured key, each in constant time.
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
     req: Request,
     next: Next,
 ) -> Response {
-    let Some(want) = state.api_key_digest.as_ref() else {
+    let want = &state.api_key_digests;
+    if want.is_empty() {
         return next.run(req).await;
-    };
+    }
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -162,7 +164,12 @@ pub async fn require_api_key(
             "Malformed `Authorization` header: send the key as `Authorization: Bearer <key>`.",
         )
         .into_response(),
-        Some(k) if !same(&key_digest(k.as_bytes()), want) => {
+        Some(k)
+            if !{
+                let d = key_digest(k.as_bytes());
+                want.iter().fold(false, |hit, w| hit | same(&d, w))
+            } =>
+        {
             ApiError::unauthorized("Incorrect API key provided.").into_response()
         }
         Some(_) => next.run(req).await,

@@ -1,5 +1,6 @@
 //! The small endpoints: `GET /` (name, version, model, endpoints),
-//! `GET /health`, `GET /v1/models[/{id}]`, `POST /tokenize`, `GET /metrics`.
+//! `GET /health`, `GET /version`, `GET /v1/models[/{id}]`, `POST /tokenize`,
+//! `POST /detokenize`, `GET /metrics`.
 
 use std::sync::Arc;
 
@@ -9,81 +10,105 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
 
 use crate::api::{body_bytes, chat_messages, check_model};
 use crate::encode::{Input, encode};
 use crate::error::ApiError;
-use crate::protocol::{self, TokenizeRequest};
+use crate::protocol::{self, DetokenizeRequest, TokenizeRequest};
+use crate::responses::{
+    DetokenizeResponse, EndpointInfo, HealthResponse, IndexResponse, ModelCard, ModelList,
+    TokenizeResponse, VersionResponse,
+};
 use crate::state::AppState;
 
 /// 200 `{"status": "ok"}` while serving, 503 once shutdown has begun.
+#[utoipa::path(get, path = "/health", tag = "lamina",
+    responses(
+        (status = 200, description = "Serving", body = HealthResponse),
+        (status = 503, description = "Shutting down", body = HealthResponse),
+    ))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.is_draining() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting_down"})),
+            Json(HealthResponse {
+                status: "shutting_down",
+            }),
         )
             .into_response()
     } else {
-        Json(json!({"status": "ok"})).into_response()
+        Json(HealthResponse { status: "ok" }).into_response()
     }
 }
 
-/// Every route, for `GET /` (method, path, what).
-pub const ENDPOINTS: [(&str, &str, &str); 8] = [
-    (
-        "POST",
-        "/v1/chat/completions",
-        "chat with the model's template",
-    ),
-    ("POST", "/v1/completions", "text or token-id prompt"),
-    ("GET", "/v1/models", "the served model"),
-    ("GET", "/v1/models/{id}", "one model"),
-    ("POST", "/tokenize", "token ids of a prompt or messages"),
-    (
-        "GET",
-        "/health",
-        "200 while serving, 503 while shutting down",
-    ),
-    ("GET", "/metrics", "Prometheus metrics"),
-    ("GET", "/", "this page"),
-];
-
-/// `GET /`: who is serving what, and where (no API key needed, like `/health`).
-pub async fn root(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let endpoints: Vec<Value> = ENDPOINTS
-        .iter()
-        .map(|(method, path, what)| json!({"method": method, "path": path, "description": what}))
-        .collect();
-    Json(json!({
-        "name": "lamina",
-        "version": env!("CARGO_PKG_VERSION"),
-        "status": if state.is_draining() { "shutting_down" } else { "running" },
-        "model": state.cfg.model_id,
-        "max_model_len": state.max_context(),
-        "endpoints": endpoints,
-    }))
-}
-
-fn model_card(state: &AppState) -> Value {
-    json!({
-        "id": state.cfg.model_id,
-        "object": "model",
-        "created": state.started,
-        "owned_by": "lamina",
-        "max_model_len": state.max_context(),
+/// Name, version, model and every route (no API key needed, like `/health`).
+#[utoipa::path(get, path = "/", tag = "lamina",
+    responses((status = 200, description = "Who is serving what, and where", body = IndexResponse)))]
+pub async fn root(State(state): State<Arc<AppState>>) -> Json<IndexResponse> {
+    // the routes and their summaries come from the generated OpenAPI document
+    let doc = crate::openapi::api_doc();
+    let mut endpoints = Vec::new();
+    for (path, item) in &doc.paths.paths {
+        for (method, op) in [("GET", &item.get), ("POST", &item.post)] {
+            if let Some(op) = op {
+                endpoints.push(EndpointInfo {
+                    method: method.into(),
+                    path: path.clone(),
+                    description: op.summary.clone().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    Json(IndexResponse {
+        name: "lamina",
+        version: env!("CARGO_PKG_VERSION"),
+        status: if state.is_draining() {
+            "shutting_down"
+        } else {
+            "running"
+        },
+        model: state.cfg.model_id.clone(),
+        max_model_len: state.max_context(),
+        endpoints,
     })
 }
 
-pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_card(&state)]}))
+fn model_card(state: &AppState) -> ModelCard {
+    ModelCard {
+        id: state.cfg.model_id.clone(),
+        object: "model",
+        created: state.started,
+        owned_by: "lamina",
+        max_model_len: state.max_context(),
+    }
 }
 
+/// The served model, with its `max_model_len`.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The served model", body = ModelList),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+    ))]
+pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![model_card(&state)],
+    })
+}
+
+/// One model by id (404 unless it is the served one).
+#[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
+    security(("api_key" = [])),
+    params(("id" = String, Path, description = "The model id")),
+    responses(
+        (status = 200, description = "The model", body = ModelCard),
+        (status = 404, description = "Not served here", body = crate::error::ErrorBody),
+    ))]
 pub async fn get_model(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ModelCard>, ApiError> {
     check_model(&state, Some(&id))?;
     Ok(Json(model_card(&state)))
 }
@@ -91,10 +116,17 @@ pub async fn get_model(
 /// `{"tokens": [...], "count": n, "max_model_len": m}` for a `prompt`
 /// (special tokens added unless `add_special_tokens` is false) or chat
 /// `messages` (rendered with the template and the generation prompt).
+#[utoipa::path(post, path = "/tokenize", tag = "lamina",
+    security(("api_key" = [])),
+    request_body = TokenizeRequest,
+    responses(
+        (status = 200, description = "The token ids", body = TokenizeResponse),
+        (status = 400, description = "Bad input, naming the parameter", body = crate::error::ErrorBody),
+    ))]
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TokenizeResponse>, ApiError> {
     let body = body_bytes(&state, body)?;
     let req: TokenizeRequest = protocol::parse(&body)?;
     check_model(&state, req.model.as_deref())?;
@@ -117,14 +149,60 @@ pub async fn tokenize(
             ));
         }
     };
-    Ok(Json(json!({
-        "count": tokens.len(),
-        "tokens": tokens,
-        "max_model_len": state.max_context(),
-    })))
+    Ok(Json(TokenizeResponse {
+        count: tokens.len(),
+        tokens,
+        max_model_len: state.max_context(),
+    }))
+}
+
+/// `{"prompt": "..."}`: the text of `tokens` (special tokens kept, as
+/// vLLM does); an id outside the vocabulary is a 400 naming `tokens`.
+#[utoipa::path(post, path = "/detokenize", tag = "lamina",
+    security(("api_key" = [])),
+    request_body = DetokenizeRequest,
+    responses(
+        (status = 200, description = "The text", body = DetokenizeResponse),
+        (status = 400, description = "Bad input, naming the parameter", body = crate::error::ErrorBody),
+    ))]
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<DetokenizeResponse>, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let req: DetokenizeRequest = protocol::parse(&body)?;
+    check_model(&state, req.model.as_deref())?;
+    let vocab = state.tokenizer.vocab_size();
+    if let Some((i, id)) = req
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, id)| **id as usize >= vocab)
+    {
+        return Err(ApiError::invalid_param(
+            format!("tokens[{i}]"),
+            format!("Token id {id} is outside the vocabulary (size {vocab})."),
+        ));
+    }
+    let prompt = state
+        .tokenizer
+        .decode(&req.tokens, false)
+        .map_err(|e| ApiError::invalid_param("tokens", format!("Cannot decode `tokens`: {e}")))?;
+    Ok(Json(DetokenizeResponse { prompt }))
+}
+
+/// The server's version (vLLM's `/version`).
+#[utoipa::path(get, path = "/version", tag = "lamina",
+    responses((status = 200, description = "The version", body = VersionResponse)))]
+pub async fn version() -> Json<VersionResponse> {
+    Json(VersionResponse {
+        version: env!("CARGO_PKG_VERSION"),
+    })
 }
 
 /// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "lamina",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let text = state
         .metrics

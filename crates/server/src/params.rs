@@ -1,9 +1,9 @@
 //! Range checks of the sampling and stopping parameters shared by chat and
 //! text completions, and the engine request built from them.
 //!
-//! Only what is OpenAI-specific is checked here: unsupported fields and
-//! combinations (`n`, presence/frequency penalties, `stream_options`),
-//! OpenAI's encodings (`top_k` -1, negative seeds) and limits named by the
+//! Only what is OpenAI-specific is checked here: combinations
+//! (`n` / `best_of`, `stream_options`), OpenAI's encodings (`top_k` -1,
+//! negative seeds, `logit_bias` keys as strings) and limits named by the
 //! client's field names (`max_tokens` / `max_completion_tokens`,
 //! `logprobs` / `top_logprobs`, `stop`, the context length against the
 //! prompt's field). Value ranges of the sampling parameters are validated
@@ -16,6 +16,8 @@
 //! (`GenerationConfig::sampling_defaults`); an absent `max_tokens` means "up to
 //! the context"; an absent `seed` is drawn per request.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use contract::{GenerationConfig, SamplingParams, sampling::MAX_LOGPROBS};
@@ -26,6 +28,10 @@ use crate::protocol::CommonFields;
 
 /// Most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
+/// Most choices (`n`, `best_of`) a request may ask for (OpenAI's limit).
+pub const MAX_CHOICES: usize = 128;
+/// Most `logit_bias` entries (OpenAI's limit).
+pub const MAX_LOGIT_BIAS: usize = 300;
 
 /// The checked parameters of a request, before its prompt is known.
 #[derive(Debug, Clone)]
@@ -35,9 +41,15 @@ pub struct Checked {
     /// Which name the client used for `max_tokens`.
     pub max_tokens_param: &'static str,
     pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices returned.
+    pub n: usize,
+    /// Choices generated (`best_of`, at least `n`); the best `n` by mean
+    /// token log-probability are returned.
+    pub best_of: usize,
 }
 
 fn bad(param: &str, msg: String) -> ApiError {
@@ -61,10 +73,30 @@ pub fn check(
     max_tokens_param: &'static str,
     defaults: &GenerationConfig,
 ) -> Result<Checked, ApiError> {
-    if let Some(n) = c.n
-        && n != 1
-    {
-        return Err(bad("n", format!("Only n=1 is supported, got {n}.")));
+    let choices = |param: &str, v: Option<i64>| -> Result<Option<usize>, ApiError> {
+        match v {
+            None => Ok(None),
+            Some(k) if k < 1 || k > MAX_CHOICES as i64 => Err(bad(
+                param,
+                format!("`{param}` must be in [1, {MAX_CHOICES}], got {k}."),
+            )),
+            Some(k) => Ok(Some(k as usize)),
+        }
+    };
+    let n = choices("n", c.n)?.unwrap_or(1);
+    let best_of = choices("best_of", c.best_of)?.unwrap_or(n);
+    if best_of < n {
+        return Err(bad(
+            "best_of",
+            format!("`best_of` ({best_of}) must be at least `n` ({n})."),
+        ));
+    }
+    if best_of > n && c.stream {
+        return Err(bad(
+            "best_of",
+            "`best_of` greater than `n` cannot be streamed (the best choices are known only at the end)."
+                .into(),
+        ));
     }
     let max_tokens = match c.max_tokens {
         None => None,
@@ -76,21 +108,7 @@ pub fn check(
         }
         Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
     };
-    for (param, v) in [
-        ("presence_penalty", c.presence_penalty),
-        ("frequency_penalty", c.frequency_penalty),
-    ] {
-        if let Some(x) = v
-            && x != 0.0
-        {
-            return Err(bad(
-                param,
-                format!(
-                    "`{param}` is not supported by this server (got {x}); use `repetition_penalty`."
-                ),
-            ));
-        }
-    }
+    let logit_bias = logit_bias(c.logit_bias.as_ref())?;
     let fallback = defaults.sampling_defaults();
     let top_k = match c.top_k {
         None => fallback.top_k,
@@ -134,6 +152,9 @@ pub fn check(
         top_p: c.top_p.unwrap_or(fallback.top_p),
         min_p: c.min_p.unwrap_or(fallback.min_p),
         repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        logit_bias,
         // negative seeds are accepted, as OpenAI does, by their two's complement
         seed: c.seed.map(|s| s as u64).unwrap_or_else(fresh_seed),
         logprobs,
@@ -146,10 +167,49 @@ pub fn check(
         max_tokens,
         max_tokens_param,
         stop,
+        stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: c.ignore_eos,
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        n,
+        best_of,
     })
+}
+
+/// `logit_bias` (`{"token id": bias}`) as ascending distinct `(id, bias)`
+/// pairs; a key that is not a token id is a 400 naming it. Bias ranges and
+/// ids past the vocabulary are the engine's checks (`SamplingParams::validate`).
+fn logit_bias(map: Option<&HashMap<String, f32>>) -> Result<Arc<[(u32, f32)]>, ApiError> {
+    let Some(map) = map else {
+        return Ok(Arc::from(Vec::new()));
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(bad(
+            "logit_bias",
+            format!(
+                "At most {MAX_LOGIT_BIAS} entries are allowed, got {}.",
+                map.len()
+            ),
+        ));
+    }
+    let mut v = Vec::with_capacity(map.len());
+    for (k, &b) in map {
+        let Ok(id) = k.trim().parse::<u32>() else {
+            return Err(bad(
+                "logit_bias",
+                format!("Keys of `logit_bias` must be token ids, got `{k}`."),
+            ));
+        };
+        v.push((id, b));
+    }
+    v.sort_by_key(|&(id, _)| id);
+    if let Some(w) = v.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(bad(
+            "logit_bias",
+            format!("Token id {} is given twice in `logit_bias`.", w[0].0),
+        ));
+    }
+    Ok(Arc::from(v))
 }
 
 impl Checked {
@@ -193,6 +253,7 @@ impl Checked {
             max_tokens,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            stop_token_ids: self.stop_token_ids.clone(),
         })
     }
 }
@@ -226,17 +287,40 @@ mod tests {
             ),
             (
                 CommonFields {
-                    n: Some(2),
+                    n: Some(129),
                     ..Default::default()
                 },
                 "n",
             ),
             (
                 CommonFields {
-                    presence_penalty: Some(1.0),
+                    n: Some(0),
                     ..Default::default()
                 },
-                "presence_penalty",
+                "n",
+            ),
+            (
+                CommonFields {
+                    n: Some(3),
+                    best_of: Some(2),
+                    ..Default::default()
+                },
+                "best_of",
+            ),
+            (
+                CommonFields {
+                    best_of: Some(2),
+                    stream: true,
+                    ..Default::default()
+                },
+                "best_of",
+            ),
+            (
+                CommonFields {
+                    logit_bias: Some([("x".to_string(), 1.0)].into()),
+                    ..Default::default()
+                },
+                "logit_bias",
             ),
             (
                 CommonFields {
@@ -266,6 +350,24 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn penalties_bias_and_choices_pass_through() {
+        let c = run(CommonFields {
+            presence_penalty: Some(0.5),
+            frequency_penalty: Some(-1.0),
+            logit_bias: Some([("7".to_string(), -100.0), ("3".to_string(), 5.0)].into()),
+            n: Some(3),
+            stop_token_ids: Some(vec![9]),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(c.sampling.presence_penalty, 0.5);
+        assert_eq!(c.sampling.frequency_penalty, -1.0);
+        assert_eq!(&c.sampling.logit_bias[..], &[(3, 5.0), (7, -100.0)]);
+        assert_eq!((c.n, c.best_of), (3, 3));
+        assert_eq!(c.stop_token_ids, vec![9]);
     }
 
     #[test]

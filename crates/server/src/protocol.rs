@@ -4,10 +4,11 @@
 //! later, in [`crate::params`].
 //!
 //! Never silently ignored: a field lamina does not implement (`tools`,
-//! `response_format`, `logit_bias`, a message's `tool_calls`, ...) is a 400
-//! naming it. Accepted and ignored on purpose, because they cannot change
+//! `response_format`, a message's `tool_calls`, ...) is a 400 naming it. Accepted and ignored on purpose, because they cannot change
 //! the output: `user` (an end-user id for abuse tracking) and a message's
 //! `name`. ([`IGNORED_FIELDS`]; the README lists them too.)
+
+use std::collections::HashMap;
 
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -18,7 +19,7 @@ pub const IGNORED_FIELDS: [&str; 2] = ["user", "messages[].name"];
 use crate::error::ApiError;
 
 /// `stop`: one string or a list.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Stop {
     One(String),
@@ -35,7 +36,7 @@ impl Stop {
 }
 
 /// `stream_options`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     #[serde(default)]
@@ -58,13 +59,17 @@ pub struct CommonFields {
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<i64>,
+    /// Completions only: choices generated to return the best `n` of.
+    pub best_of: Option<i64>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub stop_token_ids: Option<Vec<u32>>,
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub ignore_eos: bool,
 }
 
 /// One chat message's `content`: a string or a list of content parts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Content {
     Text(String),
@@ -72,7 +77,7 @@ pub enum Content {
 }
 
 /// `{"type": "text", "text": "..."}`; other part types are refused.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ContentPart {
     #[serde(rename = "type")]
@@ -82,7 +87,7 @@ pub struct ContentPart {
 }
 
 /// One message of `messages`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Message {
     pub role: String,
@@ -90,11 +95,12 @@ pub struct Message {
     pub content: Option<Content>,
     /// Accepted and ignored (the chat templates do not render it).
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub name: Option<IgnoredAny>,
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatRequest {
     pub messages: Vec<Message>,
@@ -124,6 +130,12 @@ pub struct ChatRequest {
     pub stop: Option<Stop>,
     #[serde(default)]
     pub n: Option<i64>,
+    /// Token id (as a string key, OpenAI's encoding) -> bias in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// vLLM extension: stop when one of these token ids is generated.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]
@@ -140,6 +152,7 @@ pub struct ChatRequest {
     pub parse_special_tokens: Option<bool>,
     /// Accepted and ignored (an end-user id).
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub user: Option<IgnoredAny>,
 }
 
@@ -159,6 +172,9 @@ impl ChatRequest {
             seed: self.seed,
             stop: self.stop.clone(),
             n: self.n,
+            best_of: None,
+            logit_bias: self.logit_bias.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
             stream: self.stream.unwrap_or(false),
             stream_options: self.stream_options.clone(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
@@ -176,7 +192,7 @@ impl ChatRequest {
 }
 
 /// `prompt` of a text completion: text or token ids, alone or in a list of one.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum Prompt {
     Text(String),
@@ -186,7 +202,7 @@ pub enum Prompt {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     pub prompt: Prompt,
@@ -214,12 +230,20 @@ pub struct CompletionRequest {
     pub stop: Option<Stop>,
     #[serde(default)]
     pub n: Option<i64>,
+    /// Token id (as a string key, OpenAI's encoding) -> bias in [-100, 100].
+    #[serde(default)]
+    pub logit_bias: Option<HashMap<String, f32>>,
+    /// vLLM extension: stop when one of these token ids is generated.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub best_of: Option<i64>,
     #[serde(default)]
     pub echo: Option<bool>,
     #[serde(default)]
@@ -228,6 +252,7 @@ pub struct CompletionRequest {
     pub ignore_eos: Option<bool>,
     /// Accepted and ignored (an end-user id).
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub user: Option<IgnoredAny>,
 }
 
@@ -246,6 +271,9 @@ impl CompletionRequest {
             seed: self.seed,
             stop: self.stop.clone(),
             n: self.n,
+            best_of: self.best_of,
+            logit_bias: self.logit_bias.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
             stream: self.stream.unwrap_or(false),
             stream_options: self.stream_options.clone(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
@@ -254,7 +282,7 @@ impl CompletionRequest {
 }
 
 /// `POST /tokenize`: a `prompt`, or chat `messages` rendered with the template.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     #[serde(default)]
@@ -268,6 +296,15 @@ pub struct TokenizeRequest {
     /// As [`ChatRequest::parse_special_tokens`], for `messages`.
     #[serde(default)]
     pub parse_special_tokens: Option<bool>,
+}
+
+/// `POST /detokenize` (vLLM's shape): token ids back to text.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
 }
 
 /// Parses a JSON body: a syntax error is "malformed JSON", a type error
@@ -363,7 +400,10 @@ mod tests {
                 r#"{"messages": [], "response_format": {"type": "json_object"}}"#,
                 "response_format",
             ),
-            (r#"{"messages": [], "logit_bias": {"1": 5}}"#, "logit_bias"),
+            (
+                r#"{"messages": [], "logit_bias": {"1": 5}, "functions": []}"#,
+                "functions",
+            ),
             (
                 r#"{"messages": [{"role": "user", "content": "a", "tool_calls": []}]}"#,
                 "messages[0].tool_calls",
@@ -382,7 +422,11 @@ mod tests {
             );
             assert!(e.message.contains("Unsupported parameter"), "{}", e.message);
         }
-        let e = parse::<CompletionRequest>(br#"{"prompt": "a", "best_of": 2}"#).unwrap_err();
+        let e = parse::<CompletionRequest>(br#"{"prompt": "a", "best_of": 2, "suffixes": 1}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("suffixes"));
+        // chat has no best_of (OpenAI's chat API does not either)
+        let e = parse::<ChatRequest>(br#"{"messages": [], "best_of": 2}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("best_of"));
         let e = parse::<TokenizeRequest>(br#"{"prompt": "a", "foo": 1}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("foo"));

@@ -22,15 +22,26 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// the engine's default queue, so one client alone can still fill it.
 pub const DEFAULT_MAX_CLIENT_REQUESTS: usize = 1024;
 
+/// Default interval of SSE keep-alive comments (`--sse-keep-alive-secs`).
+pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
 /// How the server is set up.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The name clients address the model by (`/v1/models`, `model` fields).
     pub model_id: String,
-    /// When set, `/v1/*` and `/tokenize` require `Authorization: Bearer <key>`
-    /// (check it with [`crate::check_api_key`] first: a key no header can
-    /// carry would lock every client out).
-    pub api_key: Option<String>,
+    /// When not empty, `/v1/*`, `/tokenize` and `/detokenize` require
+    /// `Authorization: Bearer <key>` with one of these keys (check each with
+    /// [`crate::check_api_key`] first: a key no header can carry would lock
+    /// its clients out).
+    pub api_keys: Vec<String>,
+    /// Origins allowed by CORS (`*` allows any); empty: no CORS headers, so
+    /// browsers refuse cross-origin calls.
+    pub allowed_origins: Vec<String>,
+    /// A streamed response sends an SSE comment after this long without an
+    /// event (also while the request waits in the queue), so proxies and
+    /// clients do not time the connection out.
+    pub sse_keep_alive: Duration,
     /// Largest accepted request body in bytes (413 above).
     pub body_limit: usize,
     /// After a shutdown signal, how long in-flight requests may run before being cancelled.
@@ -52,7 +63,9 @@ impl ServerConfig {
     pub fn new(model_id: impl Into<String>) -> Self {
         ServerConfig {
             model_id: model_id.into(),
-            api_key: None,
+            api_keys: Vec::new(),
+            allowed_origins: Vec::new(),
+            sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
             body_limit: DEFAULT_BODY_LIMIT,
             grace: Duration::from_secs(10),
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -70,8 +83,8 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     pub cfg: ServerConfig,
     pub metrics: Metrics,
-    /// SHA-256 of `cfg.api_key` (what requests are compared against).
-    pub api_key_digest: Option<[u8; 32]>,
+    /// SHA-256 of each of `cfg.api_keys` (what requests are compared against).
+    pub api_key_digests: Vec<[u8; 32]>,
     /// Unix time the server started (the model's `created`).
     pub started: u64,
     /// Requests tokenizing at once ([`AppState::tokenize_permits`]).
@@ -82,16 +95,17 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(engine: Engine, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Arc<Self> {
-        let api_key_digest = cfg
-            .api_key
-            .as_deref()
-            .map(|k| crate::middleware::key_digest(k.as_bytes()));
+        let api_key_digests = cfg
+            .api_keys
+            .iter()
+            .map(|k| crate::middleware::key_digest(k.as_bytes()))
+            .collect();
         Arc::new(AppState {
             engine,
             tokenizer,
             cfg,
             metrics: Metrics::default(),
-            api_key_digest,
+            api_key_digests,
             started: unix_now(),
             tokenize_gate: tokio::sync::Semaphore::new(Self::tokenize_permits()),
             next_id: AtomicU64::new(1),

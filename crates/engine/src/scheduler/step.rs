@@ -66,7 +66,7 @@ impl Scheduler {
                     seq.next = Some(t.token);
                     if let Some(h) = seq.history.as_mut() {
                         // unique now that the batch is released: updated in place
-                        Arc::make_mut(h).insert(t.token);
+                        Arc::make_mut(h).push_generated(t.token);
                     }
                     out.push((p.id, t));
                 }

@@ -19,8 +19,8 @@ fn the_penalty_history_is_shared_and_updated_in_place() {
         repetition_penalty: 1.3,
         ..SamplingParams::greedy()
     };
-    s.add(0, vec![5, 3, 5, 1], params);
-    s.add(1, vec![5, 3], SamplingParams::greedy());
+    s.add(0, vec![5, 3, 5, 1], params, None);
+    s.add(1, vec![5, 3], SamplingParams::greedy(), None);
     let mut seen = vec![5, 3, 5, 1];
     for _ in 0..4 {
         s.schedule().unwrap();
@@ -80,8 +80,8 @@ fn decodes_first_then_chunks_under_the_budget() {
             block_size: 4,
         },
     );
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy());
-    s.add(1, (0..25).collect(), SamplingParams::greedy());
+    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None);
+    s.add(1, (0..25).collect(), SamplingParams::greedy(), None);
     // step 1: seq 0 whole (3), seq 1 its first 7
     let (ids, b) = step(&mut s, &mut fake);
     assert_eq!((ids, segs(&b)), (vec![0], vec![3, 7]));
@@ -108,8 +108,8 @@ fn the_youngest_is_preempted_and_recomputed_first() {
             block_size: 2,
         },
     );
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy());
-    s.add(1, vec![4, 5, 6], SamplingParams::greedy());
+    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None);
+    s.add(1, vec![4, 5, 6], SamplingParams::greedy(), None);
     assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 4 tokens each, 4 blocks
     assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 5 tokens each need 6 blocks
     s.schedule().unwrap();
@@ -138,8 +138,48 @@ fn the_youngest_is_preempted_and_recomputed_first() {
 #[test]
 fn a_sequence_that_cannot_fit_an_empty_pool_is_aborted() {
     let mut s = sched(2, 2, 4, 16);
-    s.add(0, vec![1, 2, 3, 4, 5], SamplingParams::greedy());
+    s.add(0, vec![1, 2, 3, 4, 5], SamplingParams::greedy(), None);
     s.schedule().unwrap();
     assert_eq!(s.aborted(), &[0]);
     assert_eq!(s.batch().num_seqs(), 0);
+}
+
+/// `n > 1`: later choices wait for the first one's prompt, then fork from
+/// it: the shared full blocks are not recomputed (prefix cache off here).
+#[test]
+fn choices_fork_after_the_prompt_is_computed() {
+    let mut s = sched(64, 4, 8, 4);
+    let mut fake = FakeBackend::new(
+        fake_config().unwrap(),
+        KvShape {
+            num_blocks: 64,
+            block_size: 4,
+        },
+    );
+    let prompt: Vec<u32> = (1..=10).collect();
+    s.add(0, prompt.clone(), SamplingParams::greedy(), None);
+    s.add(1, prompt.clone(), SamplingParams::greedy(), Some(0));
+    s.add(2, prompt.clone(), SamplingParams::greedy(), Some(0));
+    // a budget of 4: the first choice prefills in chunks, the others wait
+    let (_, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![4]);
+    assert_eq!(s.num_waiting(), 2);
+    let (_, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![4]);
+    // 8 of 10 computed: both full blocks exist, the others fork and run
+    // only the last two prompt tokens each (budget permitting)
+    let (sampled, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![2, 2]);
+    assert_eq!(sampled, vec![0, 1]);
+    let t0 = s.kv().block_table(0).unwrap().to_vec();
+    let t1 = s.kv().block_table(1).unwrap().to_vec();
+    assert_eq!(&t0[..2], &t1[..2]);
+    assert_ne!(t0[2], t1[2]);
+    let (sampled, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![1, 1, 2]);
+    assert_eq!(sampled, vec![0, 1, 2]);
+    s.kv().check_invariants().unwrap();
+    assert_eq!(s.summary(0).unwrap().generated, 2);
+    assert_eq!(s.summary(1).unwrap().generated, 2);
+    assert_eq!(s.summary(2).unwrap().generated, 1);
 }

@@ -75,6 +75,7 @@ fn req(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> GenerateR
         max_tokens,
         stop: Vec::new(),
         ignore_eos: true,
+        stop_token_ids: Vec::new(),
     }
 }
 

@@ -172,3 +172,84 @@ fn overlapped_output_processing_matches_alone() {
     wait_idle(&s.engine);
     assert_eq!(s.engine.stats().kv_blocks_used, 0);
 }
+
+/// `n > 1`: choice `i` equals a single request seeded with
+/// `choice_seed(seed, i)`, alone or batched with others, prefix cache on or
+/// off (the fork shares the prompt blocks either way; the fake reads every
+/// context back through the block tables, so a wrong share changes tokens),
+/// under preemption too; the prompt is computed once.
+#[test]
+fn n_choices_equal_single_requests_with_derived_seeds() {
+    use contract::sampling::choice_seed;
+    for (blocks, cache) in [(256, true), (256, false), (24, false)] {
+        let s = start(
+            blocks,
+            4,
+            EngineConfig {
+                enable_prefix_cache: cache,
+                ..cfg(8, 32)
+            },
+        );
+        let vocab = s.config.vocab_size;
+        let params = SamplingParams {
+            temperature: 0.9,
+            seed: 1234,
+            ..SamplingParams::default()
+        };
+        let r = req(prompt(37, 3), 25, params.clone());
+        let handles = s.engine.submit_n(r.clone(), 4).unwrap();
+        // other traffic in the same batches
+        let other = s
+            .engine
+            .submit(req(prompt(20, 9), 30, SamplingParams::greedy()))
+            .unwrap();
+        let outs: Vec<Completion> = std::thread::scope(|sc| {
+            let js: Vec<_> = handles
+                .into_iter()
+                .map(|h| sc.spawn(move || h.blocking_collect()))
+                .collect();
+            js.into_iter().map(|j| j.join().unwrap()).collect()
+        });
+        other.blocking_collect();
+        let mut distinct = std::collections::HashSet::new();
+        for (i, out) in outs.iter().enumerate() {
+            let p = SamplingParams {
+                seed: choice_seed(1234, i as u64),
+                ..params.clone()
+            };
+            let want = reference_generate(&r.prompt, vocab, &p, 25, &s.eos, true);
+            assert_eq!(
+                out.tokens, want,
+                "choice {i}, blocks {blocks}, cache {cache}"
+            );
+            assert_eq!(out.usage.prompt_tokens, 37);
+            distinct.insert(out.tokens.clone());
+            let single = run_all(&s.engine, vec![req(r.prompt.clone(), 25, p)]);
+            assert_eq!(single[0].tokens, out.tokens);
+        }
+        assert_eq!(distinct.len(), 4, "choices differ");
+        wait_idle(&s.engine);
+        assert_eq!(s.engine.stats().kv_blocks_used, 0);
+    }
+}
+
+/// `stop_token_ids` ends a request on that id even with `ignore_eos`.
+#[test]
+fn stop_token_ids_end_the_request() {
+    let s = start(256, 4, cfg(8, 64));
+    let vocab = s.config.vocab_size;
+    let mut r = req(prompt(12, 4), 40, SamplingParams::greedy());
+    let full = reference_generate(&r.prompt, vocab, &r.sampling, 40, &s.eos, true);
+    let stop_at = 5;
+    r.stop_token_ids = vec![full[stop_at]];
+    let out = run_all(&s.engine, vec![r.clone()]).remove(0);
+    let first = full.iter().position(|&t| t == full[stop_at]).unwrap();
+    assert_eq!(out.tokens, full[..=first].to_vec());
+    assert_eq!(out.reason, FinishReason::Stop);
+    // an id outside the vocabulary is refused, naming the field
+    r.stop_token_ids = vec![vocab as u32];
+    match s.engine.submit(r) {
+        Err(SubmitError::InvalidParams(e)) => assert_eq!(e.param, "stop_token_ids"),
+        other => panic!("{:?}", other.map(|h| h.id)),
+    }
+}

@@ -3,8 +3,10 @@
 //  sample_partials: grid (NB = ceil(V / SAMPLE_SLICE), R), SAMPLE_PART_THREADS
 //    threads; block b owns ids [b*SLICE, (b+1)*SLICE) of row r and writes
 //    (a) its (max, sum exp(z - max)) of the raw logits (for the logsumexp),
-//    (b) the repetition penalty applied to its ids (history ids are distinct)
-//        and, for sampled rows, the penalised logits to `work`,
+//    (b) the repetition penalty applied to its ids (history ids are distinct),
+//        then the additive terms (presence / frequency penalties, logit_bias:
+//        (id, delta) pairs with distinct ids, merged on the host) and, for
+//        sampled rows, the penalised logits to `work`,
 //    (c) its best key of the penalised logits (greedy: argmax, lowest id on
 //        ties) and (d) its top `n_logprobs` keys of the raw logits.
 //  sample_rows: grid R, SAMPLE_THREADS threads, per row:
@@ -46,7 +48,9 @@ struct SampleParams {   // mirrors kernels::sampling::SampleParams (12 x 4 bytes
     uint32_t hist_off;
     uint32_t hist_len;
     uint32_t n_logprobs;
-    uint32_t pad0, pad1, pad2;
+    uint32_t add_off;   // additive terms: add_len (id, f32 bits) word pairs
+    uint32_t add_len;
+    uint32_t pad0;
 };
 static_assert(sizeof(SampleParams) == 48, "SampleParams layout");
 
@@ -185,6 +189,14 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
         }
     }
     __syncthreads();
+    // Additive terms after the repetition penalty (ids distinct: no race).
+    if (P.add_len > 0) {
+        for (uint32_t i = threadIdx.x; i < P.add_len; i += SAMPLE_PART_THREADS) {
+            const uint32_t id = a.history[P.add_off + 2 * i];
+            if (id >= lo && id < hi) sv[id - lo] += __uint_as_float(a.history[P.add_off + 2 * i + 1]);
+        }
+        __syncthreads();
+    }
     unsigned long long best = 0;
     float* w = a.work + (size_t)r * a.V;
 #pragma unroll

@@ -12,6 +12,7 @@
 use kernels::SampleParams;
 
 use contract::backend::{SampleRequest, StepBatch};
+use contract::history::additive_terms;
 use contract::sampling::{MAX_LOGPROBS, uniform};
 
 /// `u32` words of one [`SampleParams`].
@@ -76,8 +77,10 @@ pub(super) struct Pad {
 }
 
 /// Kernel parameters for one sample request; its distinct history ids (only
-/// when the penalty is active; kept sorted and distinct by the engine, so
-/// copied without a sort) are appended to `history`.
+/// when the repetition penalty is active; kept sorted and distinct by the
+/// engine, so copied without a sort), then its additive terms (presence /
+/// frequency penalties, `logit_bias`: `(id, f32 bits)` word pairs from
+/// `contract::history::additive_terms`) are appended to `history`.
 pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>) -> SampleParams {
     let Some(req) = req else {
         return SampleParams::greedy();
@@ -94,7 +97,9 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
         hist_off: history.len() as u32,
         hist_len: 0,
         n_logprobs: p.logprobs.min(MAX_LOGPROBS) as u32,
-        _pad: [0; 3],
+        add_off: 0,
+        add_len: 0,
+        _pad: 0,
     };
     if let Some(h) = &req.history
         && p.repetition_penalty != 1.0
@@ -102,6 +107,13 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
         // already sorted and distinct (`PenaltyHistory`): copied as is
         out.hist_len = h.len() as u32;
         history.extend_from_slice(h.as_slice());
+    }
+    let mut adds = Vec::new();
+    additive_terms(p, req.history.as_deref(), &mut adds);
+    out.add_off = history.len() as u32;
+    out.add_len = adds.len() as u32;
+    for (id, d) in adds {
+        history.extend_from_slice(&[id, d.to_bits()]);
     }
     out
 }
@@ -230,6 +242,26 @@ mod tests {
         let p = sample_params(Some(&req), &mut hist);
         assert_eq!(hist, vec![1, 3, 5]);
         assert_eq!((p.hist_off, p.hist_len, p.top_k), (0, 3, 5));
+        assert_eq!((p.add_off, p.add_len), (3, 0));
+        // additive terms follow as (id, f32 bits) pairs
+        let mut h = contract::history::PenaltyHistory::from_tokens(&[2]);
+        h.push_generated(6);
+        h.push_generated(6);
+        let biased = SampleRequest {
+            params: SamplingParams {
+                frequency_penalty: 0.5,
+                logit_bias: std::sync::Arc::from(vec![(1, -100.0)]),
+                ..SamplingParams::default()
+            },
+            step: 0,
+            history: Some(std::sync::Arc::new(h)),
+        };
+        let q = sample_params(Some(&biased), &mut hist);
+        assert_eq!((q.hist_len, q.add_off, q.add_len), (0, 3, 2));
+        assert_eq!(
+            &hist[3..],
+            &[1, (-100.0f32).to_bits(), 6, (-1.0f32).to_bits()]
+        );
         assert_eq!(p.u, uniform(3, 4));
         assert_eq!(p.n_logprobs as usize, MAX_LOGPROBS);
         assert_eq!(sample_params(None, &mut hist).temperature, 0.0);

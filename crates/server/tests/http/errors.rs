@@ -37,7 +37,15 @@ async fn bad_inputs_are_400_naming_the_parameter() {
             Some("max_completion_tokens"),
         ),
         (json!({"max_tokens": "many"}), Some("max_tokens")),
-        (json!({"n": 2}), Some("n")),
+        (json!({"n": 0}), Some("n")),
+        (json!({"n": 129}), Some("n")),
+        (json!({"presence_penalty": 2.5}), Some("presence_penalty")),
+        (json!({"frequency_penalty": -3}), Some("frequency_penalty")),
+        (json!({"logit_bias": {"x": 1}}), Some("logit_bias")),
+        (json!({"logit_bias": {"5": 101}}), Some("logit_bias")),
+        (json!({"logit_bias": {"999999": 1}}), Some("logit_bias")),
+        (json!({"stop_token_ids": [999999]}), Some("stop_token_ids")),
+        (json!({"best_of": 2}), Some("best_of")),
         (json!({"stop": ["a", "b", "c", "d", "e"]}), Some("stop")),
         (json!({"stop": 7}), Some("stop")),
         (json!({"top_logprobs": 3}), Some("top_logprobs")),
@@ -73,7 +81,18 @@ async fn bad_inputs_are_400_naming_the_parameter() {
         (json!({"prompt": "a", "logprobs": 99}), Some("logprobs")),
         (json!({"prompt": ["a", "b"]}), Some("prompt")),
         (json!({"prompt": [1, 99999]}), Some("prompt")),
-        (json!({"prompt": "a", "echo": true}), Some("echo")),
+        (
+            json!({"prompt": "a", "echo": true, "logprobs": 1}),
+            Some("echo"),
+        ),
+        (
+            json!({"prompt": "a", "n": 3, "best_of": 2}),
+            Some("best_of"),
+        ),
+        (
+            json!({"prompt": "a", "best_of": 2, "stream": true}),
+            Some("best_of"),
+        ),
         (json!({"prompt": "a".repeat(600)}), Some("prompt")),
         (
             json!({"prompt": "a".repeat(500), "max_tokens": 20}),
@@ -151,7 +170,9 @@ async fn unknown_model_is_404() {
 
 #[tokio::test]
 async fn api_key_is_required_when_set() {
-    let app = app_with(Setup::default(), |c| c.api_key = Some("sekrit".into()));
+    let app = app_with(Setup::default(), |c| {
+        c.api_keys = vec!["other".into(), "sekrit".into()]
+    });
     let body = chat(json!({})).to_string();
     let r = app.post("/v1/chat/completions", body.clone()).await;
     let v = r.assert_error(401, None);
@@ -166,6 +187,9 @@ async fn api_key_is_required_when_set() {
     app.send(with_key("sekri")).await.assert_error(401, None);
     app.send(with_key("sekrit2")).await.assert_error(401, None);
     let r = app.send(with_key("sekrit")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // every configured key is accepted
+    let r = app.send(with_key("other")).await;
     assert_eq!(r.status, 200, "{}", r.text());
     // the scheme is required (a bare key, or another scheme, is refused) and
     // matched case-insensitively

@@ -3,6 +3,7 @@
 //! shapes, the SSE stream format, disconnect cancellation, metrics and
 //! graceful shutdown; and the request parsing under fuzzing (`fuzz.rs`).
 
+mod api_surface;
 mod errors;
 mod fake;
 mod fuzz;
@@ -140,10 +141,11 @@ pub fn completion_request(body: &str, close: bool) -> String {
     completion_head(body.len(), close) + body
 }
 
-/// The `data:` payloads of an SSE body, in order.
+/// The `data:` payloads of an SSE body, in order (comment-only events,
+/// the keep-alives, are skipped).
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
+        .filter(|e| e.lines().any(|l| l.starts_with("data:")))
         .map(|e| {
             e.lines()
                 .filter_map(|l| l.strip_prefix("data:"))

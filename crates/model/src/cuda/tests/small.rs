@@ -85,6 +85,23 @@ fn cuda_smollm2_matches_cpu() {
             logprobs: 2,
             ..SamplingParams::greedy()
         },
+        // presence / frequency penalties and logit_bias (issue 10)
+        SamplingParams {
+            temperature: 0.7,
+            repetition_penalty: 1.1,
+            presence_penalty: 1.5,
+            frequency_penalty: 0.8,
+            logit_bias: Arc::from(vec![(3, -100.0), (17, 5.0), (400, 2.5)]),
+            seed: 6,
+            logprobs: 2,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            frequency_penalty: -1.2,
+            presence_penalty: 0.4,
+            logit_bias: Arc::from(vec![(5, 100.0)]),
+            ..SamplingParams::greedy()
+        },
     ]
     .into_iter()
     .enumerate()
@@ -92,10 +109,15 @@ fn cuda_smollm2_matches_cpu() {
         let toks = tokens(1000 + i as u64, 50, vocab);
         let blocks = pool.take(50);
         let logits = chunk_logits(&mut gpu, &toks, 0, &blocks);
+        // the last 20 tokens count as generated (presence / frequency)
+        let mut history = PenaltyHistory::from_tokens(&toks[..30]);
+        for &t in &toks[30..] {
+            history.push_generated(t);
+        }
         let req = SampleRequest {
             params,
             step: 5,
-            history: Some(Arc::new(PenaltyHistory::from_tokens(&toks))),
+            history: Some(Arc::new(history)),
         };
         let chunk = SeqChunk {
             tokens: toks.clone(),
@@ -120,7 +142,7 @@ fn cuda_smollm2_matches_cpu() {
         assert_eq!(ids, want_ids);
         pool.free.extend(blocks);
     }
-    println!("RESULT smollm2 GPU sampler vs CPU sampler: {mism} of 4 draws differ");
+    println!("RESULT smollm2 GPU sampler vs CPU sampler: {mism} of 6 draws differ");
     assert_eq!(mism, 0);
 }
 
@@ -158,6 +180,9 @@ fn cuda_short_generation() {
                 temperature: 0.7,
                 top_k: 10,
                 repetition_penalty: 1.2,
+                presence_penalty: 0.6,
+                frequency_penalty: 0.4,
+                logit_bias: Arc::from(vec![(7, -3.0), (11, 2.0)]),
                 seed: 5,
                 ..SamplingParams::default()
             },
@@ -197,7 +222,7 @@ fn cuda_short_generation() {
                 if let Some(s) = c.sample.as_mut() {
                     s.step = step + 1;
                     if let Some(h) = s.history.as_mut() {
-                        Arc::make_mut(h).insert(r.token);
+                        Arc::make_mut(h).push_generated(r.token);
                     }
                 }
             }

@@ -1,0 +1,192 @@
+//! The SSE side of [`super::Job::respond`]: each choice's events become
+//! chunks tagged with its index, the choices' streams are merged as they
+//! come, and the response ends with the usage chunk (when asked for) and
+//! `data: [DONE]`; a failing choice ends the whole stream with its error.
+//! O(1) work per token.
+
+use std::convert::Infallible;
+
+use axum::response::sse::Event as SseEvent;
+use engine::{Event, Usage};
+use futures::Stream;
+use futures::stream::{self, StreamExt};
+use serde_json::Value;
+
+use super::{Active, Choice, Job, Kind, engine_gone, failure, total_usage};
+use crate::error::ApiError;
+use crate::logprobs;
+use crate::responses::{ChatChunkChoice, ChatDelta, UsageInfo};
+
+fn data(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+fn done_marker() -> SseEvent {
+    SseEvent::default().data("[DONE]")
+}
+
+/// What one choice's stream yields to the merged response stream.
+enum Piece {
+    Sse(SseEvent),
+    /// The choice ended normally, with its usage.
+    Finished(Usage),
+    /// The choice failed: the whole response ends with this error.
+    Failed(ApiError),
+}
+
+/// Where a choice's stream is.
+enum Phase {
+    Start,
+    Tokens,
+    End,
+}
+
+struct ChoiceStream {
+    active: Active,
+    phase: Phase,
+    /// Completion `text_offset` of the next token.
+    offset: usize,
+    /// Log-probability entries waiting for their text.
+    align: logprobs::Aligner,
+}
+
+/// The pieces of one choice, in order.
+fn choice_stream(active: Active) -> impl Stream<Item = Piece> {
+    let offset = active.job.echo.as_ref().map_or(0, String::len);
+    let st = ChoiceStream {
+        active,
+        phase: Phase::Start,
+        offset,
+        align: logprobs::Aligner::default(),
+    };
+    stream::unfold(st, |mut st| async move {
+        let pieces = step(&mut st).await?;
+        Some((pieces, st))
+    })
+    .flat_map(stream::iter)
+}
+
+/// The SSE events of a streamed request: the choices' chunks interleaved as
+/// they come, then the usage chunk (when asked for) and `[DONE]`. Owns the
+/// engine handles: dropping the stream (client disconnect) cancels them all.
+pub(super) fn sse_stream(
+    job: Job,
+    actives: Vec<Active>,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    struct Merge<S> {
+        inner: S,
+        usages: Vec<Usage>,
+        ended: bool,
+    }
+    let merged = stream::select_all(actives.into_iter().map(|a| choice_stream(a).boxed()));
+    let st = Merge {
+        inner: merged,
+        usages: Vec::new(),
+        ended: false,
+    };
+    stream::unfold((st, job), |(mut st, job)| async move {
+        if st.ended {
+            return None;
+        }
+        let out = match st.inner.next().await {
+            Some(Piece::Sse(ev)) => vec![ev],
+            Some(Piece::Finished(u)) => {
+                st.usages.push(u);
+                Vec::new()
+            }
+            Some(Piece::Failed(err)) => {
+                st.ended = true;
+                vec![data(&err.body()), done_marker()]
+            }
+            None => {
+                st.ended = true;
+                let mut out = Vec::new();
+                if job.include_usage {
+                    let usage = UsageInfo::from(&total_usage(&st.usages));
+                    out.push(data(&job.envelope(Vec::new(), Some(usage), true)));
+                }
+                out.push(done_marker());
+                out
+            }
+        };
+        Some((out, (st, job)))
+    })
+    .flat_map(|events| stream::iter(events.into_iter().map(Ok)))
+}
+
+/// The next pieces of one choice, or `None` once it ended.
+async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
+    let job = st.active.job.clone();
+    let index = st.active.index;
+    match st.phase {
+        Phase::End => None,
+        Phase::Start => {
+            st.phase = Phase::Tokens;
+            let first = match (job.kind, &job.echo) {
+                // OpenAI opens a chat stream with the role
+                (Kind::Chat, _) => vec![Piece::Sse(data(&job.chunk(vec![Choice::ChatChunk(
+                    ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                        },
+                        logprobs: Value::Null,
+                        finish_reason: None,
+                    },
+                )])))],
+                (Kind::Completion, Some(echo)) => vec![Piece::Sse(data(
+                    &job.chunk(vec![job.choice(index, echo, Value::Null, None, true)]),
+                ))],
+                (Kind::Completion, None) => Vec::new(),
+            };
+            Some(first)
+        }
+        Phase::Tokens => loop {
+            match st.active.next().await {
+                Some(Event::Token(t)) => {
+                    // held-back text (a possible stop string) gives empty
+                    // deltas: no chunk; its logprobs go with the text
+                    if t.text.is_empty() && job.logprobs.is_none() {
+                        continue;
+                    }
+                    let text = t.text.clone();
+                    let Some(evs) = st.align.push(t) else {
+                        continue;
+                    };
+                    let lp = job.logprobs_value(&evs, &mut st.offset);
+                    let choice = job.choice(index, &text, lp, None, true);
+                    return Some(vec![Piece::Sse(data(&job.chunk(vec![choice])))]);
+                }
+                Some(Event::Done(f)) => {
+                    st.phase = Phase::End;
+                    if let Some(err) = failure(&f) {
+                        return Some(vec![Piece::Failed(err)]);
+                    }
+                    let reason = f.reason.as_str();
+                    let mut out = Vec::new();
+                    let rest = st.align.finish(f.reason);
+                    if !rest.is_empty() {
+                        let lp = job.logprobs_value(&rest, &mut st.offset);
+                        out.push(Piece::Sse(data(
+                            &job.chunk(vec![job.choice(index, "", lp, None, true)]),
+                        )));
+                    }
+                    out.push(Piece::Sse(data(&job.chunk(vec![job.choice(
+                        index,
+                        "",
+                        Value::Null,
+                        Some(reason),
+                        true,
+                    )]))));
+                    out.push(Piece::Finished(f.usage));
+                    return Some(out);
+                }
+                None => {
+                    st.phase = Phase::End;
+                    return Some(vec![Piece::Failed(engine_gone())]);
+                }
+            }
+        },
+    }
+}
