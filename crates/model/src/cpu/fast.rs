@@ -1,0 +1,266 @@
+//! The fast CPU forward pass ([`CpuPath::Fast`](super::CpuPath)): the same
+//! Llama step as [`forward`](super::forward) on the `cpu-kernels` crate.
+//!
+//! Contract: [`FastWeights::pack`] takes each layer's projections once at
+//! construction and concatenates Q/K/V into one `[q_dim + 2 kv_dim, hidden]`
+//! and gate/up into one `[2 intermediate, hidden]` BF16 matrix (the layer's
+//! original tensors are released, so memory stays the model's BF16 size);
+//! [`CpuBackend::forward_fast`] runs embedding, per layer RMSNorm, the fused
+//! QKV product, RoPE, the KV write, paged causal attention, the output
+//! product and residual, RMSNorm, the fused gate/up product, SwiGLU, the down
+//! product and residual, then the final norm and the LM head for the asked
+//! rows only. The arithmetic is the reference's (f32 over exactly widened
+//! BF16 weights, RMSNorm's mean in f64, the same RoPE table and softmax);
+//! only the order of additions differs, so logits agree with the reference
+//! path to about `1e-5` relative (the golden tests hold it to `1e-3`).
+//!
+//! Costs per step of `T` tokens and `R` output rows: one read of the BF16
+//! weights per four tokens while `T < 16` (register-tiled GEMV, bound by
+//! memory bandwidth) or one widening pass per matrix plus a cache-blocked
+//! f32 GEMM (`gemm` crate) otherwise; attention as in [`ops::attention`],
+//! split over (token, head) on rayon when the step has enough of it. Every
+//! activation buffer lives in [`Workspace`] and is reused step after step
+//! (grown to the largest step seen); a step allocates only its returned
+//! logits and, for parallel attention, one score buffer per rayon task.
+
+use super::CpuBackend;
+use super::attention::KvPool;
+use checkpoint::weights::{LlamaWeights, Tensor};
+use contract::backend::StepBatch;
+use cpu_kernels::Isa;
+use cpu_kernels::matmul::{Scratch, matmul_bf16};
+use cpu_kernels::vector::{add_assign, axpy, dot, rms_norm, silu_mul};
+use half::bf16;
+use half::slice::HalfFloatSliceExt;
+use ops::AttnDims;
+use rayon::prelude::*;
+
+/// Attention work (query rows x keys x head size) below which a step's
+/// attention runs on the calling thread.
+const PARALLEL_ATTENTION_MIN: usize = 1 << 15;
+
+/// One layer's projections, packed for the fused products.
+struct FastLayer {
+    qkv: Vec<bf16>,     // [q_dim + 2 kv_dim, hidden]
+    o: Vec<bf16>,       // [hidden, q_dim]
+    gate_up: Vec<bf16>, // [2 intermediate, hidden]
+    down: Vec<bf16>,    // [hidden, intermediate]
+}
+
+/// Every layer's packed projections.
+pub(super) struct FastWeights {
+    layers: Vec<FastLayer>,
+}
+
+/// Moves `t`'s data out (the backend keeps the tensor's name and shape).
+fn take(t: &mut Tensor) -> Vec<bf16> {
+    std::mem::take(&mut t.data)
+}
+
+fn concat(parts: &mut [&mut Tensor]) -> Vec<bf16> {
+    let mut out = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
+    for t in parts {
+        out.extend_from_slice(&t.data);
+        t.data = Vec::new();
+    }
+    out
+}
+
+impl FastWeights {
+    /// Packs every layer of `w` (already shape-checked), releasing the
+    /// layer tensors' buffers as it goes.
+    pub(super) fn pack(w: &mut LlamaWeights) -> Self {
+        let layers = w
+            .layers
+            .iter_mut()
+            .map(|l| FastLayer {
+                qkv: concat(&mut [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj]),
+                o: take(&mut l.o_proj),
+                gate_up: concat(&mut [&mut l.gate_proj, &mut l.up_proj]),
+                down: take(&mut l.down_proj),
+            })
+            .collect();
+        FastWeights { layers }
+    }
+}
+
+/// The step's activation buffers, reused across steps.
+#[derive(Default)]
+pub(super) struct Workspace {
+    x: Vec<f32>,        // [T, hidden] residual stream
+    h: Vec<f32>,        // [T, hidden] normed
+    qkv: Vec<f32>,      // [T, q_dim + 2 kv_dim]
+    attn: Vec<f32>,     // [T, q_dim]
+    proj: Vec<f32>,     // [T, hidden]
+    gu: Vec<f32>,       // [T, 2 intermediate]
+    act: Vec<f32>,      // [T, intermediate]
+    scores: Vec<f32>,   // [context] (serial attention)
+    seq_of: Vec<usize>, // [T] sequence of each token
+    scratch: Scratch,
+}
+
+/// Sets `v` to `n` elements (contents unspecified), growing it only when needed.
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+impl CpuBackend {
+    /// The fast path's forward pass (see the module doc): logits of token
+    /// rows `rows`, `[rows.len(), vocab]` row-major.
+    pub(super) fn forward_fast(
+        &mut self,
+        fast: &FastWeights,
+        batch: &StepBatch,
+        rows: &[usize],
+    ) -> Vec<f32> {
+        let isa = self.isa;
+        let c = &self.config;
+        let ws = &mut self.ws;
+        let (hidden, q_dim, kv_dim, inter) =
+            (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let qkv_w = q_dim + 2 * kv_dim;
+        let eps = c.rms_norm_eps;
+        let t = batch.num_tokens();
+        let dims = AttnDims {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        {
+            let x = sized(&mut ws.x, t * hidden);
+            for (row, &id) in x.chunks_exact_mut(hidden).zip(&batch.tokens) {
+                self.weights.embed.data[id as usize * hidden..][..hidden].convert_to_f32_slice(row);
+            }
+        }
+        ws.seq_of.clear();
+        for s in 0..batch.num_seqs() {
+            let n = (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
+            ws.seq_of.extend(std::iter::repeat_n(s, n));
+        }
+        for (l, lw) in fast.layers.iter().enumerate() {
+            let norms = &self.norms[l];
+            let x = &mut ws.x[..t * hidden];
+            let h = sized(&mut ws.h, t * hidden);
+            rms_norm(x, &norms.input, eps, h);
+            let qkv = sized(&mut ws.qkv, t * qkv_w);
+            matmul_bf16(isa, h, &lw.qkv, hidden, qkv_w, qkv, &mut ws.scratch);
+            for (row, &pos) in qkv.chunks_exact_mut(qkv_w).zip(&batch.positions) {
+                let (q, rest) = row.split_at_mut(q_dim);
+                self.rope.apply(q, pos as usize);
+                self.rope.apply(&mut rest[..kv_dim], pos as usize);
+            }
+            self.pool
+                .write_packed(l, qkv, qkv_w, q_dim, &batch.slot_mapping);
+            let attn = sized(&mut ws.attn, t * q_dim);
+            attention(
+                isa,
+                &self.pool,
+                l,
+                qkv,
+                qkv_w,
+                batch,
+                &ws.seq_of,
+                dims,
+                attn,
+                &mut ws.scores,
+            );
+            let proj = sized(&mut ws.proj, t * hidden);
+            matmul_bf16(isa, attn, &lw.o, q_dim, hidden, proj, &mut ws.scratch);
+            add_assign(x, proj);
+            rms_norm(x, &norms.post, eps, h);
+            let gu = sized(&mut ws.gu, t * 2 * inter);
+            matmul_bf16(isa, h, &lw.gate_up, hidden, 2 * inter, gu, &mut ws.scratch);
+            let act = sized(&mut ws.act, t * inter);
+            for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
+                a.copy_from_slice(&g[..inter]);
+                silu_mul(a, &g[inter..]);
+            }
+            matmul_bf16(isa, act, &lw.down, inter, hidden, proj, &mut ws.scratch);
+            add_assign(x, proj);
+        }
+        // [R, hidden] only the rows whose logits are wanted, normed
+        let r = rows.len();
+        let picked = sized(&mut ws.proj, r * hidden);
+        for (dst, &row) in picked.chunks_exact_mut(hidden).zip(rows) {
+            dst.copy_from_slice(&ws.x[row * hidden..(row + 1) * hidden]);
+        }
+        let h = sized(&mut ws.h, r * hidden);
+        rms_norm(picked, &self.final_norm, eps, h);
+        let mut logits = vec![0f32; r * c.vocab_size]; // [R, vocab]
+        matmul_bf16(
+            isa,
+            h,
+            &self.weights.head().data,
+            hidden,
+            c.vocab_size,
+            &mut logits,
+            &mut ws.scratch,
+        );
+        logits
+    }
+}
+
+/// Causal paged attention of the queries in `qkv` (`[T, qkv_w]`, the first
+/// `q_dim` columns of each row, RoPE applied) over `layer`'s pool, into `out`
+/// (`[T, q_dim]`): `ops::paged_attention` with SIMD dot products, parallel
+/// over (token, head) when the step has [`PARALLEL_ATTENTION_MIN`] work.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    isa: Isa,
+    pool: &KvPool,
+    layer: usize,
+    qkv: &[f32],
+    qkv_w: usize,
+    batch: &StepBatch,
+    seq_of: &[usize],
+    dims: AttnDims,
+    out: &mut [f32],
+    scores: &mut Vec<f32>,
+) {
+    let (heads, hd) = (dims.heads, dims.head_dim);
+    let group = heads / dims.kv_heads;
+    let (kc, vc, kv_dim, bs) = pool.layer(layer);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let one = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+        let (t, h) = (idx / heads, idx % heads);
+        let s = seq_of[t];
+        let table = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
+        let ctx = batch.positions[t] as usize + 1;
+        let qh = &qkv[t * qkv_w + h * hd..][..hd];
+        let koff = (h / group) * hd;
+        let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kv_dim + koff;
+        scores.clear();
+        scores.extend((0..ctx).map(|j| dot(isa, qh, &kc[row(j)..row(j) + hd]) * scale));
+        let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - m).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        o.fill(0.0);
+        for (j, &p) in scores.iter().enumerate() {
+            let r = row(j);
+            axpy(isa, o, p * inv, &vc[r..r + hd]);
+        }
+    };
+    let work: usize = batch
+        .positions
+        .iter()
+        .map(|&p| p as usize + 1)
+        .sum::<usize>()
+        * heads
+        * hd;
+    if work < PARALLEL_ATTENTION_MIN {
+        for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
+            one(idx, o, scores);
+        }
+    } else {
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::<f32>::new, |scores, (idx, o)| one(idx, o, scores));
+    }
+}
