@@ -39,5 +39,5 @@ fi
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$OUT/cmake.log" 2>&1
-"$OUT/venv/bin/cmake" --build "$OUT/build" --target llama-bench -j "$JOBS" >"$OUT/build.log" 2>&1
+"$OUT/venv/bin/cmake" --build "$OUT/build" --target llama-bench llama-quantize -j "$JOBS" >"$OUT/build.log" 2>&1
 echo "$BIN"

@@ -39,6 +39,15 @@ pub enum DeviceArg {
     Auto,
 }
 
+/// Which CPU kernels the CPU backend runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuKernelsArg {
+    /// SIMD kernels chosen at run time (the default).
+    Fast,
+    /// The reference operations the golden tests hold to the oracle.
+    Reference,
+}
+
 /// Options every model-running command shares.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -66,6 +75,9 @@ pub struct ModelArgs {
     /// Disable reuse of cached prompt prefixes.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// CPU backend kernels.
+    #[arg(long, value_enum, default_value = "fast")]
+    pub cpu_kernels: CpuKernelsArg,
 }
 
 /// A model opened for serving requests.
@@ -224,7 +236,16 @@ fn open_backend(args: &ModelArgs, loaded: &LoadedModel, cuda: bool) -> Result<Bo
                 .context("starting the CUDA backend")?,
         )
     } else {
-        Box::new(model::cpu::CpuBackend::new(cfg.clone(), weights, kv)?)
+        let path = match args.cpu_kernels {
+            CpuKernelsArg::Fast => model::cpu::CpuPath::Fast,
+            CpuKernelsArg::Reference => model::cpu::CpuPath::Reference,
+        };
+        Box::new(model::cpu::CpuBackend::with_path(
+            cfg.clone(),
+            weights,
+            kv,
+            path,
+        )?)
     };
     tracing::info!(
         backend = %backend.name(),

@@ -15,13 +15,15 @@
 //! Modules: [`isa`] (detection), [`matmul`] (BF16 weights times f32
 //! activations: register-tiled kernels for few tokens, the `gemm` crate over
 //! weights widened to f32 in a reused buffer for many), [`vector`] (dot,
-//! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations).
+//! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations),
+//! [`threads`] (the rayon pool on the physical cores).
 //!
 //! Costs: see each module. No allocation per call except the growth of a
 //! caller-owned [`matmul::Scratch`].
 
 pub mod isa;
 pub mod matmul;
+pub mod threads;
 pub mod vector;
 
 pub use isa::Isa;
