@@ -21,6 +21,7 @@
 //! Costs: see each module. No allocation per call except the growth of a
 //! caller-owned [`matmul::Scratch`].
 
+pub mod gemm512;
 pub mod isa;
 pub mod matmul;
 pub mod threads;

@@ -203,10 +203,17 @@ impl CpuBackend {
     }
 }
 
+/// Segments at least this long run attention as two GEMMs per head
+/// ([`segment_attention`]); shorter ones (decode) per (token, head).
+const SEGMENT_GEMM_MIN: usize = 16;
+
 /// Causal paged attention of the queries in `qkv` (`[T, qkv_w]`, the first
 /// `q_dim` columns of each row, RoPE applied) over `layer`'s pool, into `out`
-/// (`[T, q_dim]`): `ops::paged_attention` with SIMD dot products, parallel
-/// over (token, head) when the step has [`PARALLEL_ATTENTION_MIN`] work.
+/// (`[T, q_dim]`): `ops::paged_attention`'s arithmetic. Segments of
+/// [`SEGMENT_GEMM_MIN`] tokens or more (prefill chunks) run
+/// [`segment_attention`]; the other tokens run per (token, head) with SIMD
+/// dot products, in parallel when the step has [`PARALLEL_ATTENTION_MIN`]
+/// work of that kind.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     isa: Isa,
@@ -224,9 +231,14 @@ fn attention(
     let group = heads / dims.kv_heads;
     let (kc, vc, kv_dim, bs) = pool.layer(layer);
     let scale = 1.0 / (hd as f32).sqrt();
+    let seg_len = |s: usize| (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
+    let long = |s: usize| seg_len(s) >= SEGMENT_GEMM_MIN;
     let one = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
         let (t, h) = (idx / heads, idx % heads);
         let s = seq_of[t];
+        if long(s) {
+            return;
+        }
         let table = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
         let ctx = batch.positions[t] as usize + 1;
         let qh = &qkv[t * qkv_w + h * hd..][..hd];
@@ -247,10 +259,9 @@ fn attention(
             axpy(isa, o, p * inv, &vc[r..r + hd]);
         }
     };
-    let work: usize = batch
-        .positions
-        .iter()
-        .map(|&p| p as usize + 1)
+    let work: usize = (0..batch.positions.len())
+        .filter(|&t| !long(seq_of[t]))
+        .map(|t| batch.positions[t] as usize + 1)
         .sum::<usize>()
         * heads
         * hd;
@@ -262,5 +273,158 @@ fn attention(
         out.par_chunks_mut(hd)
             .enumerate()
             .for_each_init(Vec::<f32>::new, |scores, (idx, o)| one(idx, o, scores));
+    }
+    let q_dim = heads * hd;
+    for s in (0..batch.num_seqs()).filter(|&s| long(s)) {
+        let (t0, t1) = (
+            batch.cu_seqlens[s] as usize,
+            batch.cu_seqlens[s + 1] as usize,
+        );
+        let table = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
+        let seg = Segment {
+            q: &qkv[t0 * qkv_w..t1 * qkv_w],
+            qkv_w,
+            positions: &batch.positions[t0..t1],
+            table,
+            kc,
+            vc,
+            kv_dim,
+            block_size: bs,
+        };
+        segment_attention(&seg, dims, scale, &mut out[t0 * q_dim..t1 * q_dim]);
+    }
+}
+
+/// One sequence's prefill chunk and its paged cache, for [`segment_attention`].
+struct Segment<'a> {
+    /// `[n, qkv_w]` packed rows; the queries are the first `q_dim` columns.
+    q: &'a [f32],
+    qkv_w: usize,
+    /// `[n]` positions of the chunk's tokens.
+    positions: &'a [u32],
+    /// The sequence's block table.
+    table: &'a [u32],
+    kc: &'a [f32],
+    vc: &'a [f32],
+    kv_dim: usize,
+    block_size: usize,
+}
+
+/// Causal attention of a whole chunk, per KV head: its keys and values
+/// gathered from the pool into contiguous `[ctx, head_dim]` buffers, then
+/// per query head `S = Q K^T * scale` (`[n, ctx]`, one GEMM), the causal
+/// row softmax (row `i` keeps keys `0..=positions[i]`) and `O = P V` (one
+/// GEMM) written into `out` (`[n, q_dim]`). Heads run in parallel on rayon,
+/// each GEMM on one thread. Costs: `2 * n * ctx * head_dim` multiply-adds
+/// per head (the masked upper triangle included), `n * ctx` floats of
+/// scores per head in flight, `2 * ctx * head_dim` floats per KV head.
+fn segment_attention(seg: &Segment<'_>, dims: AttnDims, scale: f32, out: &mut [f32]) {
+    let (heads, hd) = (dims.heads, dims.head_dim);
+    let group = heads / dims.kv_heads;
+    let q_dim = heads * hd;
+    let n = seg.positions.len();
+    let ctx = seg
+        .positions
+        .iter()
+        .map(|&p| p as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let bs = seg.block_size;
+    // [kv_heads][ctx, hd] contiguous K and V of each KV head
+    let gather = |cache: &[f32], g: usize| {
+        let mut dst = vec![0f32; ctx * hd];
+        for (j, d) in dst.chunks_exact_mut(hd).enumerate() {
+            let r = (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim + g * hd;
+            d.copy_from_slice(&cache[r..r + hd]);
+        }
+        dst
+    };
+    let kv: Vec<(Vec<f32>, Vec<f32>)> = (0..dims.kv_heads)
+        .into_par_iter()
+        .map(|g| (gather(seg.kc, g), gather(seg.vc, g)))
+        .collect();
+    // [heads][n, hd] each head's output, copied into `out` after
+    let per_head: Vec<Vec<f32>> = (0..heads)
+        .into_par_iter()
+        .map(|h| {
+            let (k, v) = &kv[h / group];
+            let mut sc = vec![0f32; n * ctx]; // [n, ctx]
+            // SAFETY: dst `sc` [n, ctx] row-major; lhs the head's queries
+            // [n, hd] at row stride qkv_w inside `seg.q` ([n, qkv_w], h * hd
+            // + hd <= q_dim <= qkv_w); rhs K^T [hd, ctx] from `k` [ctx, hd]
+            // (row stride 1, column stride hd). All indices are in bounds.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    ctx,
+                    hd,
+                    sc.as_mut_ptr(),
+                    1,
+                    ctx as isize,
+                    false,
+                    seg.q.as_ptr().add(h * hd),
+                    1,
+                    seg.qkv_w as isize,
+                    k.as_ptr(),
+                    hd as isize,
+                    1,
+                    0.0,
+                    scale,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            for (row, &p) in sc.chunks_exact_mut(ctx).zip(seg.positions) {
+                let keep = p as usize + 1;
+                let m = row[..keep]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0f32;
+                for s in &mut row[..keep] {
+                    *s = (*s - m).exp();
+                    sum += *s;
+                }
+                let inv = 1.0 / sum;
+                for s in &mut row[..keep] {
+                    *s *= inv;
+                }
+                row[keep..].fill(0.0);
+            }
+            let mut o = vec![0f32; n * hd]; // [n, hd]
+            // SAFETY: dst `o` [n, hd] row-major; lhs P `sc` [n, ctx]
+            // row-major; rhs `v` [ctx, hd] row-major. All in bounds.
+            unsafe {
+                gemm::gemm(
+                    n,
+                    hd,
+                    ctx,
+                    o.as_mut_ptr(),
+                    1,
+                    hd as isize,
+                    false,
+                    sc.as_ptr(),
+                    1,
+                    ctx as isize,
+                    v.as_ptr(),
+                    1,
+                    hd as isize,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+            o
+        })
+        .collect();
+    for (h, o) in per_head.iter().enumerate() {
+        for (dst, src) in out.chunks_exact_mut(q_dim).zip(o.chunks_exact(hd)) {
+            dst[h * hd..(h + 1) * hd].copy_from_slice(src);
+        }
     }
 }

@@ -228,6 +228,53 @@ fn prefill_equals_token_by_token_decode_and_chunked_prefill() {
     }
 }
 
+#[test]
+fn long_chunks_on_scattered_blocks_equal_decode_on_the_fast_path() {
+    // chunks of 16+ tokens take the fast path's GEMM attention; the cache
+    // blocks are scattered and the second chunk attends to the first's keys
+    let mut b = backend_on(CpuPath::Fast, false, 16);
+    let blocks: Vec<u32> = vec![9, 3, 14, 0, 6, 11];
+    let n = LONG_PROMPT.len();
+    let whole = build_step(&[chunk(&LONG_PROMPT, 0, blocks.clone())], BS).unwrap();
+    let all = b.logits(&whole, &(0..n).collect::<Vec<_>>()).unwrap();
+    let want = naive(b.config(), &weights(b.config(), false), &LONG_PROMPT);
+    for (r, w) in want.iter().enumerate() {
+        assert!(rel_err(&all[r * 50..(r + 1) * 50], w) < 1e-5, "row {r}");
+    }
+    let mut c = backend_on(CpuPath::Fast, false, 16);
+    let first = [LONG_PROMPT, LONG_PROMPT].concat();
+    let long = &first[..n + 16];
+    c.logits(
+        &build_step(
+            &[chunk(
+                &long[..16],
+                0,
+                vec![2, 8, 5, 1, 12, 7, 4, 10, 13, 15],
+            )],
+            BS,
+        )
+        .unwrap(),
+        &[],
+    )
+    .unwrap();
+    let rest = c
+        .logits(
+            &build_step(
+                &[chunk(
+                    &long[16..],
+                    16,
+                    vec![2, 8, 5, 1, 12, 7, 4, 10, 13, 15],
+                )],
+                BS,
+            )
+            .unwrap(),
+            &[n - 1],
+        )
+        .unwrap();
+    let want = naive(c.config(), &weights(c.config(), false), long);
+    assert!(rel_err(&rest, &want[n + 15]) < 1e-5);
+}
+
 fn prefill_equals_decode_on(path: CpuPath) {
     let mut b = backend_on(path, true, 8);
     let blocks = contiguous_blocks(2, PROMPT.len(), BS);
