@@ -75,6 +75,12 @@ pub struct ModelArgs {
     /// Disable reuse of cached prompt prefixes.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Target time of one engine step in milliseconds: prefill chunks are
+    /// cut to what the backend is measured to run in that time, so a long
+    /// prompt cannot stall other streams for longer; 0 turns the cap off
+    /// [default: 500 on the CPU, off on CUDA].
+    #[arg(long)]
+    pub max_step_ms: Option<u64>,
     /// CPU backend kernels.
     #[arg(long, value_enum, default_value = "fast")]
     pub cpu_kernels: CpuKernelsArg,
@@ -142,6 +148,13 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
             max_batch_tokens,
             enable_prefix_cache: !args.no_prefix_cache,
             max_queue,
+            max_step_time: match args
+                .max_step_ms
+                .unwrap_or(if cuda { 0 } else { CPU_MAX_STEP_MS })
+            {
+                0 => None,
+                ms => Some(std::time::Duration::from_millis(ms)),
+            },
         },
     )?;
     Ok(Loaded {
@@ -164,6 +177,9 @@ const CUDA_MAX_BATCH_TOKENS: usize = 8192;
 /// Default step budget on the CPU: a prefill chunk stalls every other stream
 /// for its whole duration there, so chunks stay short.
 const CPU_MAX_BATCH_TOKENS: usize = 512;
+/// Default step time target on the CPU (`--max-step-ms`): while one prompt
+/// prefills, every other stream still gets a token about twice a second.
+const CPU_MAX_STEP_MS: u64 = 500;
 
 /// Whether `device` resolves to the CUDA backend (an error when CUDA is
 /// asked for and unavailable).

@@ -108,7 +108,16 @@ impl Engine {
             max_batch_tokens = cfg.max_batch_tokens,
             "engine starting"
         );
-        let worker = Worker::new(backend, sched, tokenizer, eos_ids, shared.clone(), rx);
+        let clock = crate::step_time::StepClock::new(cfg.max_step_time);
+        let worker = Worker::new(
+            backend,
+            sched,
+            tokenizer,
+            eos_ids,
+            shared.clone(),
+            rx,
+            clock,
+        );
         let join = std::thread::Builder::new()
             .name("lamina-engine".into())
             .spawn(move || worker.run())?;
