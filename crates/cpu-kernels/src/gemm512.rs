@@ -23,6 +23,12 @@ pub const NR: usize = 32;
 /// A raw pointer to the output, shared by tasks that write disjoint columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: tasks write disjoint output columns (distinct panels) while the
 // owning `&mut [f32]` is not otherwise used.
 unsafe impl Send for OutPtr {}
@@ -33,7 +39,7 @@ unsafe impl Sync for OutPtr {}
 /// disagree or the processor lacks AVX-512F (callers check [`crate::Isa`]).
 pub fn matmul(x: &[f32], w: &[bf16], inp: usize, out: usize, y: &mut [f32]) {
     assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
-    assert!(inp > 0 && x.len() % inp == 0);
+    assert!(inp > 0 && x.len().is_multiple_of(inp));
     let t = x.len() / inp;
     assert!(w.len() == out * inp && y.len() == t * out);
     let panels = out.div_ceil(NR);
@@ -42,7 +48,6 @@ pub fn matmul(x: &[f32], w: &[bf16], inp: usize, out: usize, y: &mut [f32]) {
     (0..panels).into_par_iter().for_each_init(
         || vec![0f32; inp * NR],
         |panel, p| {
-            let yp = yp;
             let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
             pack(bits, inp, o0, o1, panel);
             let mut tile = [[0f32; NR]; MR];
@@ -56,7 +61,7 @@ pub fn matmul(x: &[f32], w: &[bf16], inp: usize, out: usize, y: &mut [f32]) {
                     for (j, &v) in row.iter().enumerate().take(o1 - o0) {
                         // SAFETY: t0 + m < t and o0 + j < out: inside y
                         // [t, out]; column o0 + j belongs to this panel only.
-                        unsafe { *yp.0.add((t0 + m) * out + o0 + j) = v };
+                        unsafe { *yp.get().add((t0 + m) * out + o0 + j) = v };
                     }
                 }
             }
@@ -99,6 +104,10 @@ unsafe fn micro_dispatch(
     go!(1 2 3 4 5 6 7 8 9 10 11 12)
 }
 
+/// Never called off x86-64 ([`matmul`] asserts AVX-512F first).
+///
+/// # Safety
+/// None needed; unsafe only to match the x86-64 signature.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn micro_dispatch(_: usize, _: &[f32], _: usize, _: &[f32], _: &mut [[f32; NR]; MR]) {
     unreachable!("AVX-512F is asserted before any call")

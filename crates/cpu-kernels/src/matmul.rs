@@ -57,7 +57,10 @@ pub fn matmul_bf16(
     y: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    assert!(inp > 0 && x.len() % inp == 0, "x is not [T, {inp}]");
+    assert!(
+        inp > 0 && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}]"
+    );
     let t = x.len() / inp;
     assert_eq!(w.len(), out * inp, "w is not [{out}, {inp}]");
     assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
@@ -79,7 +82,10 @@ pub fn matmul_bf16(
 /// [`GEMM_MIN_TOKENS`]): for benchmarks and tests. Same shapes as
 /// [`matmul_bf16`].
 pub fn matmul_bf16_tiled(isa: Isa, x: &[f32], w: &[bf16], inp: usize, out: usize, y: &mut [f32]) {
-    assert!(inp > 0 && x.len() % inp == 0, "x is not [T, {inp}]");
+    assert!(
+        inp > 0 && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}]"
+    );
     let t = x.len() / inp;
     assert_eq!(w.len(), out * inp, "w is not [{out}, {inp}]");
     assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
@@ -98,7 +104,10 @@ pub fn matmul_bf16_gemm(
     y: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    assert!(inp > 0 && x.len() % inp == 0, "x is not [T, {inp}]");
+    assert!(
+        inp > 0 && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}]"
+    );
     let t = x.len() / inp;
     assert_eq!(w.len(), out * inp, "w is not [{out}, {inp}]");
     assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
@@ -164,6 +173,12 @@ fn gemm_f32(
 /// A raw pointer to the output, shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 // SAFETY: tasks of `tiled` write disjoint elements (distinct weight rows)
 // through the pointer while the owning `&mut [f32]` is not otherwise used.
 unsafe impl Send for OutPtr {}
@@ -185,7 +200,6 @@ fn tiled(isa: Isa, x: &[f32], w: &[u16], inp: usize, out: usize, t: usize, y: &m
     let tasks = out.div_ceil(per_task);
     let yp = OutPtr(y.as_mut_ptr());
     let run = |task: usize| {
-        let yp = yp;
         let (r0, r1) = (task * per_task, ((task + 1) * per_task).min(out));
         let mut acc = [[0f32; TOKEN_TILE]; ROW_TILE];
         for rb in (r0..r1).step_by(ROW_TILE) {
@@ -200,7 +214,7 @@ fn tiled(isa: Isa, x: &[f32], w: &[u16], inp: usize, out: usize, t: usize, y: &m
                         // SAFETY: (tb + n) < t and (rb + r) < out, so the
                         // index is inside `y` [t, out]; row rb + r belongs
                         // to this task only (see OutPtr).
-                        unsafe { *yp.0.add((tb + n) * out + rb + r) = v };
+                        unsafe { *yp.get().add((tb + n) * out + rb + r) = v };
                     }
                 }
             }
@@ -340,10 +354,10 @@ unsafe fn tile_avx512<const R: usize, const N: usize>(
         }
         if k + 16 <= inp {
             let w0 = widen16(wr.wrapping_add(k));
-            for n in 0..N {
+            for (n, a) in a0.iter_mut().enumerate() {
                 // SAFETY: n * inp + k + 16 <= N * inp <= x.len() (asserted).
                 let x0 = unsafe { _mm512_loadu_ps(xp.add(n * inp + k)) };
-                a0[n] = _mm512_fmadd_ps(w0, x0, a0[n]);
+                *a = _mm512_fmadd_ps(w0, x0, *a);
             }
             k += 16;
         }
