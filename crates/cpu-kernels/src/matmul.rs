@@ -116,6 +116,68 @@ pub fn matmul_bf16_gemm(
     }
 }
 
+/// `y[i][o] = sum_k x[i][k] * w[o][k]` over f32 views, on the calling
+/// thread: `x` `t` rows `x_stride` apart, `w` `out` rows `w_stride` apart,
+/// `inp` values each, `y` `t` rows `y_stride` apart (the first `out`
+/// values of each written). The AVX-512 GEMM ([`crate::gemm512`]) where
+/// `isa` allows, else the `gemm` crate. For attention's `Q K^T` and `P V`.
+/// Panics if a view is out of bounds.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_nt_f32(
+    isa: Isa,
+    x: &[f32],
+    x_stride: usize,
+    t: usize,
+    w: &[f32],
+    w_stride: usize,
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    if t == 0 || out == 0 {
+        return;
+    }
+    assert!(inp > 0 && inp <= x_stride && inp <= w_stride && out <= y_stride);
+    assert!(x.len() >= (t - 1) * x_stride + inp, "x too short");
+    assert!(w.len() >= (out - 1) * w_stride + inp, "w too short");
+    assert!(y.len() >= (t - 1) * y_stride + out, "y too short");
+    if isa.checked() == Isa::Avx512 {
+        let w = crate::gemm512::Weights::F32 {
+            data: w,
+            stride: w_stride,
+        };
+        crate::gemm512::matmul_strided(x, x_stride, t, w, inp, out, y, y_stride, false);
+        return;
+    }
+    // SAFETY: dst y [t, out] at row stride y_stride; lhs x [t, inp] at row
+    // stride x_stride; rhs W^T [inp, out] read from w (row stride 1, column
+    // stride w_stride); every index is in bounds by the asserts above.
+    unsafe {
+        gemm::gemm(
+            t,
+            out,
+            inp,
+            y.as_mut_ptr(),
+            1,
+            y_stride as isize,
+            false,
+            x.as_ptr(),
+            1,
+            x_stride as isize,
+            w.as_ptr(),
+            w_stride as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
 /// Widens `w` into the scratch and runs `gemm` (the prefill regime).
 fn gemm_f32(
     x: &[f32],
@@ -485,6 +547,36 @@ mod tests {
                     assert!(
                         (a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()) * (inp as f64).sqrt(),
                         "{isa:?} T={t} in={inp} out={out} [{j}]: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn strided_f32_products_match_on_every_path() {
+        // x [5 rows of 37, stride 40], w [70 rows of 37, stride 39], y stride 75
+        let (t, inp, out, xs, ws, ys) = (5, 37, 70, 40, 39, 75);
+        let x: Vec<f32> = (0..t * xs)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0)
+            .collect();
+        let w: Vec<f32> = (0..out * ws)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0)
+            .collect();
+        for isa in Isa::available() {
+            let mut y = vec![f32::NAN; t * ys];
+            gemm_nt_f32(isa, &x, xs, t, &w, ws, inp, out, &mut y, ys);
+            for i in 0..t {
+                for o in 0..ys {
+                    let got = y[i * ys + o];
+                    if o >= out {
+                        assert!(got.is_nan(), "{isa:?} wrote past the row's {out} values");
+                        continue;
+                    }
+                    let want: f32 = (0..inp).map(|k| x[i * xs + k] * w[o * ws + k]).sum();
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "{isa:?} ({i},{o}) {got} vs {want}"
                     );
                 }
             }

@@ -28,7 +28,7 @@ use super::attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::backend::StepBatch;
 use cpu_kernels::Isa;
-use cpu_kernels::matmul::{Scratch, matmul_bf16};
+use cpu_kernels::matmul::{Scratch, gemm_nt_f32, matmul_bf16};
 use cpu_kernels::vector::{add_assign, axpy, dot, rms_norm, silu_mul};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -291,7 +291,7 @@ fn attention(
             kv_dim,
             block_size: bs,
         };
-        segment_attention(&seg, dims, scale, &mut out[t0 * q_dim..t1 * q_dim]);
+        segment_attention(isa, &seg, dims, scale, &mut out[t0 * q_dim..t1 * q_dim]);
     }
 }
 
@@ -310,15 +310,23 @@ struct Segment<'a> {
     block_size: usize,
 }
 
-/// Causal attention of a whole chunk, per KV head: its keys and values
-/// gathered from the pool into contiguous `[ctx, head_dim]` buffers, then
-/// per query head `S = Q K^T * scale` (`[n, ctx]`, one GEMM), the causal
-/// row softmax (row `i` keeps keys `0..=positions[i]`) and `O = P V` (one
-/// GEMM) written into `out` (`[n, q_dim]`). Heads run in parallel on rayon,
-/// each GEMM on one thread. Costs: `2 * n * ctx * head_dim` multiply-adds
-/// per head (the masked upper triangle included), `n * ctx` floats of
-/// scores per head in flight, `2 * ctx * head_dim` floats per KV head.
-fn segment_attention(seg: &Segment<'_>, dims: AttnDims, scale: f32, out: &mut [f32]) {
+/// Query rows per block of [`segment_attention`]: a block computes scores
+/// only up to its last row's position (the causal triangle, block-wise).
+/// The unit tests' chunks (up to 37 tokens) span several blocks of 8.
+const SEGMENT_ROWS: usize = if cfg!(test) { 8 } else { 96 };
+
+/// Causal attention of a whole chunk, per KV head: its keys (`[ctx,
+/// head_dim]`) and transposed values (`[head_dim, ctx]`) gathered from the
+/// pool into contiguous buffers, then per query head and block of
+/// [`SEGMENT_ROWS`] rows `S = Q K^T` over the keys the block can see (one
+/// GEMM), the scaled causal row softmax (row `i` keeps keys
+/// `0..=positions[i]`) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
+/// Heads run in parallel on rayon, each GEMM on one thread
+/// ([`gemm_nt_f32`]). Costs: about `n * ctx * head_dim` multiply-adds per
+/// head for the causal part plus a block's triangle, `SEGMENT_ROWS * ctx`
+/// floats of scores per head in flight, `2 * ctx * head_dim` floats per KV
+/// head.
+fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, out: &mut [f32]) {
     let (heads, hd) = (dims.heads, dims.head_dim);
     let group = heads / dims.kv_heads;
     let q_dim = heads * hd;
@@ -330,94 +338,54 @@ fn segment_attention(seg: &Segment<'_>, dims: AttnDims, scale: f32, out: &mut [f
         .max()
         .unwrap_or(0);
     let bs = seg.block_size;
-    // [kv_heads][ctx, hd] contiguous K and V of each KV head
-    let gather = |cache: &[f32], g: usize| {
-        let mut dst = vec![0f32; ctx * hd];
-        for (j, d) in dst.chunks_exact_mut(hd).enumerate() {
-            let r = (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim + g * hd;
-            d.copy_from_slice(&cache[r..r + hd]);
-        }
-        dst
-    };
+    let slot = |j: usize| (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim;
+    // per KV head: K [ctx, hd] and V^T [hd, ctx]
     let kv: Vec<(Vec<f32>, Vec<f32>)> = (0..dims.kv_heads)
         .into_par_iter()
-        .map(|g| (gather(seg.kc, g), gather(seg.vc, g)))
+        .map(|g| {
+            let mut k = vec![0f32; ctx * hd];
+            let mut vt = vec![0f32; hd * ctx];
+            for j in 0..ctx {
+                let r = slot(j) + g * hd;
+                k[j * hd..(j + 1) * hd].copy_from_slice(&seg.kc[r..r + hd]);
+                for (d, &v) in seg.vc[r..r + hd].iter().enumerate() {
+                    vt[d * ctx + j] = v;
+                }
+            }
+            (k, vt)
+        })
         .collect();
     // [heads][n, hd] each head's output, copied into `out` after
     let per_head: Vec<Vec<f32>> = (0..heads)
         .into_par_iter()
         .map(|h| {
-            let (k, v) = &kv[h / group];
-            let mut sc = vec![0f32; n * ctx]; // [n, ctx]
-            // SAFETY: dst `sc` [n, ctx] row-major; lhs the head's queries
-            // [n, hd] at row stride qkv_w inside `seg.q` ([n, qkv_w], h * hd
-            // + hd <= q_dim <= qkv_w); rhs K^T [hd, ctx] from `k` [ctx, hd]
-            // (row stride 1, column stride hd). All indices are in bounds.
-            unsafe {
-                gemm::gemm(
-                    n,
-                    ctx,
-                    hd,
-                    sc.as_mut_ptr(),
-                    1,
-                    ctx as isize,
-                    false,
-                    seg.q.as_ptr().add(h * hd),
-                    1,
-                    seg.qkv_w as isize,
-                    k.as_ptr(),
-                    hd as isize,
-                    1,
-                    0.0,
-                    scale,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-            for (row, &p) in sc.chunks_exact_mut(ctx).zip(seg.positions) {
-                let keep = p as usize + 1;
-                let m = row[..keep]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for s in &mut row[..keep] {
-                    *s = (*s - m).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                for s in &mut row[..keep] {
-                    *s *= inv;
-                }
-                row[keep..].fill(0.0);
-            }
+            let (k, vt) = &kv[h / group];
+            let mut sc = vec![0f32; SEGMENT_ROWS.min(n) * ctx]; // [rows, ctx]
             let mut o = vec![0f32; n * hd]; // [n, hd]
-            // SAFETY: dst `o` [n, hd] row-major; lhs P `sc` [n, ctx]
-            // row-major; rhs `v` [ctx, hd] row-major. All in bounds.
-            unsafe {
-                gemm::gemm(
-                    n,
-                    hd,
-                    ctx,
-                    o.as_mut_ptr(),
-                    1,
-                    hd as isize,
-                    false,
-                    sc.as_ptr(),
-                    1,
-                    ctx as isize,
-                    v.as_ptr(),
-                    1,
-                    hd as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
+            for r0 in (0..n).step_by(SEGMENT_ROWS) {
+                let r1 = (r0 + SEGMENT_ROWS).min(n);
+                let rows = &seg.positions[r0..r1];
+                let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+                let q = &seg.q[r0 * seg.qkv_w + h * hd..];
+                gemm_nt_f32(isa, q, seg.qkv_w, r1 - r0, k, hd, hd, kb, &mut sc, ctx);
+                for (row, &p) in sc.chunks_exact_mut(ctx).zip(rows) {
+                    let keep = p as usize + 1;
+                    let m = row[..keep]
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
+                    let mut sum = 0f32;
+                    for s in &mut row[..keep] {
+                        *s = (*s * scale - m).exp();
+                        sum += *s;
+                    }
+                    let inv = 1.0 / sum;
+                    for s in &mut row[..keep] {
+                        *s *= inv;
+                    }
+                    row[keep..kb].fill(0.0);
+                }
+                let ob = &mut o[r0 * hd..r1 * hd];
+                gemm_nt_f32(isa, &sc, ctx, r1 - r0, vt, ctx, kb, hd, ob, hd);
             }
             o
         })
