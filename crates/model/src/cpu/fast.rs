@@ -17,11 +17,14 @@
 //! Costs per step of `T` tokens and `R` output rows: one read of the BF16
 //! weights per four tokens while `T < 16` (register-tiled GEMV, bound by
 //! memory bandwidth) or one widening pass per matrix plus a cache-blocked
-//! f32 GEMM (`gemm` crate) otherwise; attention as in [`ops::attention`],
-//! split over (token, head) on rayon when the step has enough of it. Every
+//! f32 GEMM otherwise (`cpu-kernels`: AVX-512, else the `gemm` crate);
+//! attention per (token, head) with SIMD dot products for decodes (on rayon
+//! when the step has enough of it), and as two GEMMs per head and block of
+//! rows for prefill chunks of 16+ tokens (`segment_attention`). Every
 //! activation buffer lives in [`Workspace`] and is reused step after step
-//! (grown to the largest step seen); a step allocates only its returned
-//! logits and, for parallel attention, one score buffer per rayon task.
+//! (grown to the largest step seen); a decode step allocates only its
+//! returned logits (and, for parallel attention, one score buffer per rayon
+//! task); a prefill chunk also its gathered K/V and per-head scores.
 
 use super::CpuBackend;
 use super::attention::KvPool;
