@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-bench` from the pinned llama-cpp-python sdist, for
+# Builds llama.cpp's `llama-bench` (and `llama-quantize`, which makes a BF16
+# GGUF from the store's Q4_1 download) from the pinned llama-cpp-python sdist, for
 # `lamina bench --device cpu --llama-bench PATH` (the side-by-side comparison
 # of issue 17). CPU only, tuned for this machine (-DGGML_NATIVE=ON).
 #
@@ -17,7 +18,7 @@ JOBS="${JOBS:-$(nproc)}"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 BIN="$OUT/build/bin/llama-bench"
-if [[ -x "$BIN" ]]; then
+if [[ -x "$BIN" && -x "$OUT/build/bin/llama-quantize" ]]; then
     echo "$BIN"
     exit 0
 fi

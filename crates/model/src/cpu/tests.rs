@@ -502,32 +502,32 @@ proptest::proptest! {
 /// flag the engine ends such a request on, without a host scan of the logits.
 #[test]
 fn non_finite_weights_give_a_nan_logprob() {
-    let c = config(true);
-    let mut w = weights(&c, true);
-    w.layers[1].down_proj.data[5] = bf16::NAN;
-    let mut b = CpuBackend::new(
-        c,
-        w,
-        KvShape {
-            num_blocks: 8,
-            block_size: BS,
-        },
-    )
-    .unwrap();
-    // PROMPT, its last token sampled greedily
-    let step = || {
-        let mut ch = chunk(&PROMPT, 0, contiguous_blocks(2, PROMPT.len(), BS));
-        ch.sample = Some(SampleRequest {
-            params: SamplingParams::greedy(),
-            step: 0,
-            history: None,
-        });
-        build_step(&[ch], BS).unwrap()
-    };
-    let out = b.step(&step()).unwrap();
-    let tok = out[0].as_ref().expect("a sampled token");
-    assert!(tok.logprob.is_nan(), "logprob {}", tok.logprob);
-    // the healthy model's is finite
-    let out = backend(true, 8).step(&step()).unwrap();
-    assert!(out[0].as_ref().unwrap().logprob.is_finite());
+    for path in PATHS {
+        for prompt in [&PROMPT[..], &LONG_PROMPT[..]] {
+            let c = config(true);
+            let mut w = weights(&c, true);
+            w.layers[1].down_proj.data[5] = bf16::NAN;
+            let kv = KvShape {
+                num_blocks: 8,
+                block_size: BS,
+            };
+            let mut b = CpuBackend::with_path(c, w, kv, path).unwrap();
+            // the prompt, its last token sampled greedily
+            let step = || {
+                let mut ch = chunk(prompt, 0, contiguous_blocks(2, prompt.len(), BS));
+                ch.sample = Some(SampleRequest {
+                    params: SamplingParams::greedy(),
+                    step: 0,
+                    history: None,
+                });
+                build_step(&[ch], BS).unwrap()
+            };
+            let out = b.step(&step()).unwrap();
+            let tok = out[0].as_ref().expect("a sampled token");
+            assert!(tok.logprob.is_nan(), "{path:?}: logprob {}", tok.logprob);
+            // the healthy model's is finite
+            let out = backend_on(path, true, 8).step(&step()).unwrap();
+            assert!(out[0].as_ref().unwrap().logprob.is_finite(), "{path:?}");
+        }
+    }
 }
