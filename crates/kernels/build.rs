@@ -1,4 +1,4 @@
-//! Compiles every `src/cu/*.cu` with nvcc into one fatbin (sm_90 and sm_80
+//! Compiles every `src/cu/*.cu` with nvcc into one fatbin (sm_90a and sm_80
 //! machine code plus compute_80 PTX) that `src/lib.rs` embeds.
 //!
 //! Before that it writes three headers into `OUT_DIR` from the Rust sources
@@ -122,6 +122,11 @@ fn consts_header() -> String {
         ("FLASH_NARROW_ROWS", FLASH_NARROW_ROWS),
         ("FLASH_NARROW_KEYS", FLASH_NARROW_KEYS),
         ("FLASH_NARROW_THREADS", FLASH_NARROW_THREADS),
+        ("FLASH_NARROW_SMALL_KEYS", FLASH_NARROW_SMALL_KEYS),
+        ("FLASH_NARROW_TINY_KEYS", FLASH_NARROW_TINY_KEYS),
+        ("FLASH_HOPPER_ROWS", FLASH_HOPPER_ROWS),
+        ("FLASH_HOPPER_KEYS", FLASH_HOPPER_KEYS),
+        ("FLASH_HOPPER_THREADS", FLASH_HOPPER_THREADS),
         ("SAMPLE_SLICE", SAMPLE_SLICE),
         ("SAMPLE_PARAMS_BYTES", SAMPLE_PARAMS_BYTES),
     ] {
@@ -159,7 +164,8 @@ fn checks_header() -> String {
          static_assert(FP_BN == LAMINA_FLASH_KEYS, \"FP_BN differs from src/consts.rs FLASH_KEYS\");\n\
          static_assert(FP_THREADS == LAMINA_FLASH_THREADS, \"FP_THREADS differs from src/consts.rs FLASH_THREADS\");\n\
          static_assert(FP_MT == LAMINA_FLASH_M_TILES, \"FP_MT differs from src/consts.rs FLASH_M_TILES\");\n\
-         static_assert(FN_BM == LAMINA_FLASH_NARROW_ROWS && FN_BN == LAMINA_FLASH_NARROW_KEYS && FN_THREADS == LAMINA_FLASH_NARROW_THREADS, \"FN_* differ from src/consts.rs FLASH_NARROW_*\");\n\
+         static_assert(FN_BM == LAMINA_FLASH_NARROW_ROWS && FN_BN == LAMINA_FLASH_NARROW_KEYS && FN_THREADS == LAMINA_FLASH_NARROW_THREADS && FN_BN_SMALL == LAMINA_FLASH_NARROW_SMALL_KEYS && FN_BN_TINY == LAMINA_FLASH_NARROW_TINY_KEYS, \"FN_* differ from src/consts.rs FLASH_NARROW_*\");\n\
+         static_assert(FH_BM == LAMINA_FLASH_HOPPER_ROWS && FH_BN == LAMINA_FLASH_HOPPER_KEYS && FH_THREADS == LAMINA_FLASH_HOPPER_THREADS, \"FH_* differ from src/consts.rs FLASH_HOPPER_*\");\n\
          #endif\n\
          #ifdef SAMPLE_THREADS\n\
          static_assert(SAMPLE_THREADS == LAMINA_SAMPLE_THREADS, \"SAMPLE_THREADS differs from src/consts.rs\");\n\
@@ -272,7 +278,7 @@ fn main() {
             "-O3",
             "-lineinfo",
             "-std=c++17",
-            "-gencode=arch=compute_90,code=sm_90",
+            "-gencode=arch=compute_90a,code=sm_90a",
             "-gencode=arch=compute_80,code=sm_80",
             "-gencode=arch=compute_80,code=compute_80",
             "-I",

@@ -8,7 +8,7 @@
 #   STEPS: decode steps to profile (default 3); SKIP: kernels to skip first
 #   (default 4000 at batch 1, 8000 otherwise: past model load, prefill and
 #   graph capture); BATCH: sequences decoding together (default 1: `lamina
-#   bench` b1; more: b3 with that many 128-token prompts).
+#   bench` b1; more: b3 with that many prompts of $B3_PROMPT tokens, default 128).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/env.sh"
@@ -20,7 +20,7 @@ BATCH=${3:-1}
 if [ "$BATCH" = 1 ]; then
   SKIP=${2:-4000}; WORK=(--workloads b1)
 else
-  SKIP=${2:-8000}; WORK=(--workloads b3 --b3-batch "$BATCH" --b3-prompt 128 --b3-gen 96)
+  SKIP=${2:-8000}; WORK=(--workloads b3 --b3-batch "$BATCH" --b3-prompt "${B3_PROMPT:-128}" --b3-gen 96)
 fi
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }

@@ -6,7 +6,7 @@
 //!   and follows the resolve graph's *normal* edges (dev and build edges are
 //!   ignored). It fails, naming the shortest path, when
 //!   - a CUDA-free crate ([`CUDA_FREE`]) reaches one of [`CUDA_CRATES`];
-//!   - `engine` or `server` reaches `checkpoint`, `hf-hub` or `zip`;
+//!   - `engine` or `server` reaches `checkpoint`, `ureq` or `zip`;
 //!   - anything depends on `cli` (the binary sits on top of everything);
 //!   - any crate but `gpu` depends on `cudarc` directly.
 //! - **Unsafe** ([`check_unsafe_source`]): in every `.rs` file under `crates/`,
@@ -37,7 +37,7 @@ pub const CUDA_CRATES: [&str; 4] = ["cudarc", "gpu", "kernels", "model"];
 /// Crates that must not load checkpoints or touch the network for weights.
 pub const NO_CHECKPOINT: [&str; 2] = ["engine", "server"];
 /// What [`NO_CHECKPOINT`] crates may not reach.
-pub const CHECKPOINT_CRATES: [&str; 3] = ["checkpoint", "hf-hub", "zip"];
+pub const CHECKPOINT_CRATES: [&str; 3] = ["checkpoint", "ureq", "zip"];
 /// Folders (from the repository root) whose `.rs` files are scanned for `unsafe`.
 pub const SCANNED_DIRS: [&str; 3] = ["crates", "xtask", "tests"];
 

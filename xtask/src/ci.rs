@@ -4,8 +4,9 @@
 //! `arch.rs`; seconds), failing before anything is installed. Then installs
 //! what the tests need into project-local folders (idempotent, so a
 //! second run costs seconds): the pinned nvcc wheels, so that every CUDA
-//! kernel is compiled even on machines without a GPU, and the `openai`
-//! Python client the server's end-to-end tests drive. Then runs
+//! kernel is compiled even on machines without a GPU, the `openai`
+//! Python client the server's end-to-end tests drive, and the `gguf`
+//! package (with numpy) that writes the GGUF test files of every tensor type. Then runs
 //! `cargo test --release --workspace` with those on the paths. Models the
 //! tests need (SmolLM2) are fetched by the tests themselves through the store.
 
@@ -15,7 +16,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 /// Pinned Python packages for the end-to-end tests.
-const PY_DEPS: &[&str] = &["openai==3.57.0"];
+const PY_DEPS: &[&str] = &["openai==3.57.0", "gguf==0.17.1", "numpy==2.3.5"];
 
 #[derive(clap::Args, Debug)]
 pub struct TestArgs {

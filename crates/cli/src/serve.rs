@@ -3,8 +3,9 @@
 //!
 //! Binds the port first (a port in use fails at once, before the model
 //! loads, with one line naming the cause and the fix), loads the model
-//! (fetching it on first use), prints the address and the sampling settings
-//! in effect to stderr, and serves until Ctrl-C / SIGTERM; then stops
+//! (fetching it on first use), prints how long start-up took and what it
+//! sized (backend, KV blocks, batch limits, CUDA graphs), the address and
+//! the sampling settings in effect to stderr, and serves until Ctrl-C / SIGTERM; then stops
 //! accepting, lets in-flight requests finish for `--grace` seconds, cancels
 //! the rest and exits 0.
 
@@ -95,7 +96,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let listener = runtime
         .block_on(server::bind(&addr))
         .map_err(|e| bind_error(e, &args))?;
+    let t0 = std::time::Instant::now();
     let loaded = setup::open(&args.model, args.max_queue)?;
+    eprintln!(
+        "lamina: started in {:.1}s: {}",
+        t0.elapsed().as_secs_f64(),
+        loaded.sizing
+    );
     let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
     let cfg = server::ServerConfig {
         model_id: model_id.clone(),

@@ -51,7 +51,9 @@ pub enum CpuKernelsArg {
 /// Options every model-running command shares.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model id in the store (fetched on first use; `lamina list`), a model
+    /// Model id in the store (fetched on first use; `lamina list`), a
+    /// Hugging Face repo `org/name[@revision]` (downloaded into the Hugging
+    /// Face cache on first use; `HF_TOKEN` for gated repos), a model
     /// directory in Hugging Face layout or a .gguf file (imported into the
     /// store once).
     #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL)]
@@ -97,6 +99,41 @@ pub struct Loaded {
     pub max_batch_tokens: usize,
     /// Whether the model runs on the CUDA backend.
     pub cuda: bool,
+    /// What was sized at start-up, for the log.
+    pub sizing: Sizing,
+}
+
+/// What [`open`] sized, as `serve` logs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sizing {
+    pub kv_blocks: usize,
+    pub kv_bytes: usize,
+    pub max_num_seqs: usize,
+    pub max_batch_tokens: usize,
+    pub cuda: bool,
+}
+
+impl std::fmt::Display for Sizing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB); at most {} sequences and {} tokens a step",
+            if self.cuda { "CUDA" } else { "CPU" },
+            self.kv_blocks,
+            self.kv_blocks * BLOCK_SIZE,
+            self.kv_bytes as f64 / GIB,
+            self.max_num_seqs,
+            self.max_batch_tokens,
+        )?;
+        if self.cuda {
+            write!(
+                f,
+                "; decode CUDA graphs captured on first use of each (batch, context) bucket (batches in powers of two up to {})",
+                model::cuda::MAX_GRAPH_BATCH
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Resolves `args.model` to a directory, fetching a known id on first use.
@@ -127,7 +164,7 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
-    let backend = open_backend(args, &loaded, cuda)?;
+    let (backend, kv_blocks, kv_bytes) = open_backend(args, &loaded, cuda)?;
     let mut eos = loaded.eos_ids.clone();
     for id in tokenizer.eos_ids() {
         if !eos.contains(&id) {
@@ -164,6 +201,13 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
         model_id: display_name(&args.model),
         max_batch_tokens,
         cuda,
+        sizing: Sizing {
+            kv_blocks,
+            kv_bytes,
+            max_num_seqs: args.max_num_seqs,
+            max_batch_tokens,
+            cuda,
+        },
     })
 }
 
@@ -197,8 +241,12 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
 }
 
 /// Loads the weights onto CUDA (`cuda`, from [`use_cuda`]) or the CPU with a
-/// KV pool sized from the options.
-fn open_backend(args: &ModelArgs, loaded: &LoadedModel, cuda: bool) -> Result<Box<dyn Backend>> {
+/// KV pool sized from the options; returns it with the pool's blocks and bytes.
+fn open_backend(
+    args: &ModelArgs,
+    loaded: &LoadedModel,
+    cuda: bool,
+) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cfg = &loaded.config;
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };
@@ -269,5 +317,5 @@ fn open_backend(args: &ModelArgs, loaded: &LoadedModel, cuda: bool) -> Result<Bo
         block_size = BLOCK_SIZE,
         "model loaded"
     );
-    Ok(backend)
+    Ok((backend, num_blocks, per_block.saturating_mul(num_blocks)))
 }

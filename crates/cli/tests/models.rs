@@ -96,19 +96,23 @@ fn pull_list_generate_rm_a_gguf_file() {
         &["tiny-test", "not in the store", "lamina list"],
     );
     clear_error(&run(h, &["rm", "../models"], None), &["invalid model id"]);
+    clear_error(
+        &run(h, &["rm", "org/name"], None),
+        &["Hugging Face cache", "huggingface-cli delete-cache"],
+    );
 }
 
 #[test]
 fn model_values_that_cannot_be_used_name_the_fix() {
     let home = tempfile::tempdir().unwrap();
     let h = Some(home.path());
+    // a hub repo id is fetched from HF_ENDPOINT (here nothing listens)
     let e = generate(h, "HuggingFaceTB/SmolLM2-135M-Instruct", &["hi"], None);
     clear_error(
         &e,
         &[
-            "looks like a Hugging Face repo id",
-            "--local-dir",
-            "--model DIR",
+            "Hugging Face repo HuggingFaceTB/SmolLM2-135M-Instruct",
+            "cannot reach http://127.0.0.1:9",
         ],
     );
     let e = generate(h, "/no/such/model.gguf", &["hi"], None);
@@ -131,7 +135,7 @@ fn model_values_that_cannot_be_used_name_the_fix() {
     let e = generate(h, "no-such-id", &["hi"], None);
     clear_error(&e, &["unknown model `no-such-id`", "lamina list"]);
     let e = run(h, &["pull", "meta-llama/Llama-3.2-3B"], None);
-    clear_error(&e, &["looks like a Hugging Face repo id"]);
+    clear_error(&e, &["meta-llama/Llama-3.2-3B", "cannot reach"]);
     let e = run(h, &["pull", "no-such-id"], None);
     clear_error(&e, &["unknown model `no-such-id`"]);
 }

@@ -275,6 +275,15 @@ pub trait Backend: Send {
     /// Returns `[S]` entries, `Some` exactly where `batch.samples` is `Some`.
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError>;
 
+    /// Sizes the step buffers for steps of up to `max_tokens` tokens and
+    /// `max_seqs` sequences ahead of time, so the first large steps of a run
+    /// do not allocate (the engine calls it once at start; a failure is
+    /// logged and buffers then grow on demand). Default: nothing to size.
+    fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
+        let _ = (max_tokens, max_seqs);
+        Ok(())
+    }
+
     /// Runs one step like [`Backend::step`] but returns the float32 logits of
     /// the given token rows, `[rows.len(), vocab]` row-major, instead of sampling.
     /// For tests and reference comparisons.

@@ -8,6 +8,10 @@
 //! KV heads, a known RoPE type, positive sizes, every tensor and the whole
 //! model addressable in f32 (no size product downstream can overflow),
 //! `rms_norm_eps` a positive f32, a llama3 RoPE factor of at least 1.
+//! Architectures: Llama, and Mistral when its `sliding_window` covers the
+//! whole context (then it is the same network); Qwen2 (q/k/v biases), a
+//! shorter sliding window and anything else are refused naming the part
+//! that is not supported.
 //! Errors name the file and the field (a wrongly typed value too, by its
 //! path: `rope_scaling.factor`).
 //!
@@ -112,7 +116,17 @@ pub struct RawConfig {
     pub mlp_bias: Option<bool>,
     #[serde(default)]
     pub torch_dtype: Option<String>,
+    /// Mistral's (and Qwen2's) sliding attention window; supported only
+    /// when it covers the whole context (or is switched off).
+    #[serde(default)]
+    pub sliding_window: Option<usize>,
+    #[serde(default)]
+    pub use_sliding_window: Option<bool>,
 }
+
+/// Architectures that are exactly the Llama layer pipeline (Mistral without
+/// a sliding window is Llama with other dimensions and names kept).
+pub const SUPPORTED_ARCHITECTURES: [&str; 2] = ["LlamaForCausalLM", "MistralForCausalLM"];
 
 /// A RoPE scaling / parameters object (`rope_scaling` or `rope_parameters`).
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -208,12 +222,16 @@ impl LlamaConfig {
             }
         };
         if let Some(archs) = &raw.architectures
-            && !archs.iter().any(|a| a == "LlamaForCausalLM")
+            && !archs
+                .iter()
+                .any(|a| SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
         {
-            return Err(bad(
-                "architectures",
-                format!("expected LlamaForCausalLM, got {archs:?}"),
-            ));
+            let why = if archs.iter().any(|a| a == "Qwen2ForCausalLM") {
+                "Qwen2's q/k/v projection biases (tensors `model.layers.N.self_attn.q_proj.bias`, `k_proj.bias`, `v_proj.bias`) are not supported".to_string()
+            } else {
+                format!("supported: {}", SUPPORTED_ARCHITECTURES.join(", "))
+            };
+            return Err(bad("architectures", format!("{archs:?}: {why}")));
         }
         if let Some(act) = &raw.hidden_act
             && act != "silu"
@@ -319,6 +337,17 @@ impl LlamaConfig {
             "max_position_embeddings",
         )?;
         let params = raw.rope_parameters.as_ref();
+        if let Some(window) = raw.sliding_window
+            && raw.use_sliding_window != Some(false)
+            && window < max_position_embeddings
+        {
+            return Err(bad(
+                "sliding_window",
+                format!(
+                    "{window} is shorter than max_position_embeddings {max_position_embeddings}: sliding-window attention (Mistral v0.1) is not supported"
+                ),
+            ));
+        }
         let rope_theta = raw
             .rope_theta
             .or(params.and_then(|p| p.rope_theta))

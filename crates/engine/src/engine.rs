@@ -108,6 +108,10 @@ impl Engine {
             max_batch_tokens = cfg.max_batch_tokens,
             "engine starting"
         );
+        let mut backend = backend;
+        if let Err(e) = backend.reserve(cfg.max_batch_tokens, cfg.max_num_seqs) {
+            tracing::warn!(error = %e, "could not size the step buffers up front; they grow on demand");
+        }
         let clock = crate::step_time::StepClock::new(cfg.max_step_time);
         let worker = Worker::new(
             backend,

@@ -81,6 +81,17 @@ impl Gpu {
         Ok(n.max(1) as usize)
     }
 
+    /// Shared memory of one streaming multiprocessor, in bytes.
+    pub fn smem_per_sm(&self) -> Result<usize, GpuError> {
+        let n = drv(
+            "cuDeviceGetAttribute",
+            self.ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            ),
+        )?;
+        Ok(n.max(0) as usize)
+    }
+
     /// Free and total device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize), GpuError> {
         drv("cuMemGetInfo", self.ctx.mem_get_info())
@@ -243,8 +254,12 @@ impl Gpu {
     /// Whether kernels can be launched with programmatic dependent launch
     /// (compute capability 9.0 or newer).
     pub fn supports_pdl(&self) -> Result<bool, GpuError> {
-        let (major, _) = drv("cuDeviceGetAttribute", self.ctx.compute_capability())?;
-        Ok(major >= 9)
+        Ok(self.compute_capability()?.0 >= 9)
+    }
+
+    /// The device's compute capability, `(major, minor)`.
+    pub fn compute_capability(&self) -> Result<(i32, i32), GpuError> {
+        drv("cuDeviceGetAttribute", self.ctx.compute_capability())
     }
 
     /// [`Gpu::launch_struct`] with programmatic dependent launch: `f` may

@@ -82,8 +82,20 @@ pub const FLASH_THREADS: usize = 32 * FLASH_ROWS / (16 * FLASH_M_TILES);
 pub const FLASH_NARROW_ROWS: usize = 16;
 /// `FN_BN` of flash_prefill.cu: keys of one narrow K/V tile.
 pub const FLASH_NARROW_KEYS: usize = 64;
+/// `FN_BN_SMALL` of flash_prefill.cu: keys of one small-tile narrow K/V tile.
+pub const FLASH_NARROW_SMALL_KEYS: usize = 32;
+/// `FN_BN_TINY` of flash_prefill.cu: keys of one tiny-tile narrow K/V tile.
+pub const FLASH_NARROW_TINY_KEYS: usize = 16;
 /// `FN_THREADS` of flash_prefill.cu: one warp.
 pub const FLASH_NARROW_THREADS: usize = 32;
+/// `FH_BM` of flash_prefill.cu: query rows of one Hopper (wgmma) CTA, 64 a warpgroup.
+pub const FLASH_HOPPER_ROWS: usize = 128;
+/// `FH_BN` of flash_prefill.cu: keys of one Hopper K/V tile.
+pub const FLASH_HOPPER_KEYS: usize = 64;
+/// `FH_THREADS` of flash_prefill.cu: 128 threads per warpgroup.
+pub const FLASH_HOPPER_THREADS: usize = 128 * FLASH_HOPPER_ROWS / 64;
+/// Slack for aligning the Hopper tiles to 1,024 bytes (the 128-byte swizzle atom).
+pub const FLASH_HOPPER_ALIGN: usize = 1024;
 /// Size of one `SampleParams` row (Rust and C++).
 pub const SAMPLE_PARAMS_BYTES: usize = 48;
 /// Offsets of the C++ `SampleParams` fields (sampling.cu names), in order.

@@ -24,8 +24,9 @@ use crate::{KernelError, Kernels, need, u32_of};
 /// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
 use crate::consts::{
-    FLASH_KEYS, FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_THREADS, FLASH_ROWS,
-    FLASH_THREADS,
+    FLASH_HOPPER_ALIGN, FLASH_HOPPER_KEYS, FLASH_HOPPER_ROWS, FLASH_HOPPER_THREADS, FLASH_KEYS,
+    FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_SMALL_KEYS, FLASH_NARROW_THREADS,
+    FLASH_NARROW_TINY_KEYS, FLASH_ROWS, FLASH_THREADS,
 };
 
 /// Which tiling of the flash kernel runs.
@@ -35,7 +36,18 @@ pub enum FlashTiles {
     Wide,
     /// 16 query rows per CTA of one warp: decode steps (one token per
     /// sequence) with enough sequences to fill the GPU without splitting keys.
+    /// [`Kernels::flash`] runs it with 64-, 32- or 16-key tiles: the largest
+    /// whose grid fits on the device in one wave.
     Narrow,
+    /// `Narrow` with 32-key tiles: half the shared memory, twice the CTAs an
+    /// SM holds, more loop overhead a key.
+    NarrowSmall,
+    /// `Narrow` with 16-key tiles.
+    NarrowTiny,
+    /// 128 query rows per CTA of two warpgroups, both products on Hopper's
+    /// warpgroup MMAs (`wgmma`): prefill on compute capability 9.0 only
+    /// ([`Kernels::has_flash_hopper`]).
+    Hopper,
 }
 
 impl FlashTiles {
@@ -43,36 +55,57 @@ impl FlashTiles {
     pub const fn rows(self) -> usize {
         match self {
             FlashTiles::Wide => FLASH_ROWS,
-            FlashTiles::Narrow => FLASH_NARROW_ROWS,
+            FlashTiles::Narrow | FlashTiles::NarrowSmall | FlashTiles::NarrowTiny => {
+                FLASH_NARROW_ROWS
+            }
+            FlashTiles::Hopper => FLASH_HOPPER_ROWS,
         }
     }
     const fn threads(self) -> u32 {
         match self {
             FlashTiles::Wide => FLASH_THREADS as u32,
-            FlashTiles::Narrow => FLASH_NARROW_THREADS as u32,
+            FlashTiles::Narrow | FlashTiles::NarrowSmall | FlashTiles::NarrowTiny => {
+                FLASH_NARROW_THREADS as u32
+            }
+            FlashTiles::Hopper => FLASH_HOPPER_THREADS as u32,
         }
     }
     const fn name(self) -> &'static str {
         match self {
             FlashTiles::Wide => "flash_prefill",
             FlashTiles::Narrow => "flash_narrow",
+            FlashTiles::NarrowSmall => "flash_narrow_small",
+            FlashTiles::NarrowTiny => "flash_narrow_tiny",
+            FlashTiles::Hopper => "flash_hopper",
         }
     }
     const fn keys(self) -> usize {
         match self {
             FlashTiles::Wide => FLASH_KEYS,
             FlashTiles::Narrow => FLASH_NARROW_KEYS,
+            FlashTiles::NarrowSmall => FLASH_NARROW_SMALL_KEYS,
+            FlashTiles::NarrowTiny => FLASH_NARROW_TINY_KEYS,
+            FlashTiles::Hopper => FLASH_HOPPER_KEYS,
         }
     }
-    /// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V tiles.
+    /// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V
+    /// tiles (plus the Hopper tiling's alignment slack).
     fn shared_bytes(self, head_dim: usize) -> usize {
-        (self.rows() + 4 * self.keys()) * head_dim * size_of::<bf16>()
+        let slack = match self {
+            FlashTiles::Hopper => FLASH_HOPPER_ALIGN,
+            _ => 0,
+        };
+        (self.rows() + 4 * self.keys()) * head_dim * size_of::<bf16>() + slack
     }
     /// Index of this tiling's entry points in `Kernels::flash_prefill`.
     fn slot(self, dim_idx: usize) -> usize {
+        let n = FLASH_HEAD_DIMS.len();
         match self {
             FlashTiles::Wide => dim_idx,
-            FlashTiles::Narrow => FLASH_HEAD_DIMS.len() + dim_idx,
+            FlashTiles::Narrow => n + dim_idx,
+            FlashTiles::Hopper => 2 * n + dim_idx,
+            FlashTiles::NarrowSmall => 3 * n + dim_idx,
+            FlashTiles::NarrowTiny => 4 * n + dim_idx,
         }
     }
 }
@@ -119,9 +152,10 @@ const _: () = {
     assert!(offset_of!(FlashPrefillArgs, max_len) == 84);
 };
 
-/// Resolves the flash entry points (wide d64, d128, narrow d64, d128) and
+/// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
+/// Hopper d64, d128, small narrow d64, d128, tiny narrow d64, d128) and
 /// allows their shared memory; returns each one's dynamic shared memory too.
-pub(crate) fn load_functions(module: &Module) -> Result<([Function; 4], [u32; 4]), KernelError> {
+pub(crate) fn load_functions(module: &Module) -> Result<([Function; 10], [u32; 10]), KernelError> {
     let f = |tiles: FlashTiles, d: usize| {
         let bytes = tiles.shared_bytes(d);
         let func = module.function(&format!("{}_d{d}", tiles.name()))?;
@@ -131,20 +165,48 @@ pub(crate) fn load_functions(module: &Module) -> Result<([Function; 4], [u32; 4]
     let [d0, d1] = FLASH_HEAD_DIMS;
     let (w0, w1) = (f(FlashTiles::Wide, d0)?, f(FlashTiles::Wide, d1)?);
     let (n0, n1) = (f(FlashTiles::Narrow, d0)?, f(FlashTiles::Narrow, d1)?);
-    Ok(([w0.0, w1.0, n0.0, n1.0], [w0.1, w1.1, n0.1, n1.1]))
+    let (h0, h1) = (f(FlashTiles::Hopper, d0)?, f(FlashTiles::Hopper, d1)?);
+    let (s0, s1) = (
+        f(FlashTiles::NarrowSmall, d0)?,
+        f(FlashTiles::NarrowSmall, d1)?,
+    );
+    let (t0, t1) = (
+        f(FlashTiles::NarrowTiny, d0)?,
+        f(FlashTiles::NarrowTiny, d1)?,
+    );
+    Ok((
+        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0, s0.0, s1.0, t0.0, t1.0],
+        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1, s0.1, s1.1, t0.1, t1.1],
+    ))
 }
 
 impl Kernels {
     /// Whether [`Kernels::flash_prefill`] serves `p`'s head shape.
     pub fn flash_prefill_supports(&self, p: &PrefillParams) -> bool {
-        self.flash_supports(FlashTiles::Wide, p)
+        self.flash_supports(self.prefill_tiles(), p)
+    }
+
+    /// Whether this device runs the Hopper (wgmma) tiling: compute
+    /// capability 9.0 and `LAMINA_WGMMA` not `0`.
+    pub fn has_flash_hopper(&self) -> bool {
+        self.flash_hopper
+    }
+
+    /// The tiling prefill runs with: `Hopper` where the device has it, else `Wide`.
+    pub fn prefill_tiles(&self) -> FlashTiles {
+        if self.flash_hopper {
+            FlashTiles::Hopper
+        } else {
+            FlashTiles::Wide
+        }
     }
 
     /// Whether the `tiles` variant serves `p`'s head shape (a CTA must hold
-    /// at least one token's G query heads).
+    /// at least one token's G query heads) on this device.
     pub fn flash_supports(&self, tiles: FlashTiles, p: &PrefillParams) -> bool {
         let s = p.shape;
-        FLASH_HEAD_DIMS.contains(&s.head_dim)
+        (tiles != FlashTiles::Hopper || self.flash_hopper)
+            && FLASH_HEAD_DIMS.contains(&s.head_dim)
             && s.num_kv_heads > 0
             && s.num_heads.is_multiple_of(s.num_kv_heads)
             && s.group() <= tiles.rows()
@@ -173,7 +235,7 @@ impl Kernels {
         // SAFETY: the caller upholds this function's contract, which is flash's.
         unsafe {
             self.flash(
-                FlashTiles::Wide,
+                self.prefill_tiles(),
                 1..=u32::MAX,
                 qkv,
                 k_cache,
@@ -209,8 +271,29 @@ impl Kernels {
         out: DevSlice<'_, bf16>,         // [T, heads * D]
         p: PrefillParams,
     ) -> Result<(), KernelError> {
-        let kname = tiles.name();
         let s = p.shape;
+        let idx = FLASH_HEAD_DIMS
+            .iter()
+            .position(|&d| d == s.head_dim)
+            .unwrap_or_default();
+        // Narrow: the largest key tile whose grid fits on the device in one
+        // wave (CTAs an SM holds by shared memory, 1 KiB a CTA reserved by
+        // the driver, at most 32), else the smallest.
+        let tiles = if tiles == FlashTiles::Narrow {
+            let tok_per_cta = (tiles.rows() / s.group().max(1)).max(1);
+            let ctas = s.num_kv_heads * p.num_seqs * p.max_seqlen.div_ceil(tok_per_cta);
+            let fits = |t: FlashTiles| {
+                let per_sm = self.smem_per_sm / (self.flash_smem[t.slot(idx)] as usize + 1024);
+                ctas <= self.sms * per_sm.clamp(1, 32)
+            };
+            [FlashTiles::Narrow, FlashTiles::NarrowSmall]
+                .into_iter()
+                .find(|&t| fits(t))
+                .unwrap_or(FlashTiles::NarrowTiny)
+        } else {
+            tiles
+        };
+        let kname = tiles.name();
         if !self.flash_supports(tiles, &p) {
             return Err(KernelError::Unsupported {
                 kernel: kname,
@@ -220,10 +303,6 @@ impl Kernels {
                 ),
             });
         }
-        let idx = FLASH_HEAD_DIMS
-            .iter()
-            .position(|&d| d == s.head_dim)
-            .unwrap_or_default();
         need(kname, "qkv", &qkv, p.tokens * s.qkv_width())?;
         need(kname, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
         need(kname, "context_lens", &context_lens, p.num_seqs)?;

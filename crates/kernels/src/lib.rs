@@ -158,10 +158,19 @@ pub struct Kernels {
     /// each `D` of [`HEAD_DIMS`] and `G` of `decode_attention::GROUP_CAPS`.
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
     /// `flash_prefill_d64`, `flash_prefill_d128`, `flash_narrow_d64`,
-    /// `flash_narrow_d128` (see `flash_prefill::FlashTiles`).
-    pub(crate) flash_prefill: [Function; 4],
+    /// `flash_narrow_d128`, `flash_hopper_d64`, `flash_hopper_d128`,
+    /// `flash_narrow_small_d{64,128}`, `flash_narrow_tiny_d{64,128}` (see
+    /// `flash_prefill::FlashTiles`).
+    pub(crate) flash_prefill: [Function; 10],
     /// Dynamic shared memory of each `flash_prefill` entry.
-    pub(crate) flash_smem: [u32; 4],
+    pub(crate) flash_smem: [u32; 10],
+    /// Streaming multiprocessors and the shared memory of one (sizes the
+    /// narrow flash tiling's waves).
+    pub(crate) sms: usize,
+    pub(crate) smem_per_sm: usize,
+    /// The device runs `flash_hopper_*` (compute capability 9.0, whose code
+    /// in the fatbin is the sm_90a build) and `LAMINA_WGMMA` is not `0`.
+    pub(crate) flash_hopper: bool,
     /// `[variant][row tile]` (see `gemv::VARIANTS`).
     pub(crate) gemv: [[Function; 5]; 6],
     pub(crate) sample_partials: Function,
@@ -200,6 +209,10 @@ impl Kernels {
             decode: decode_kernels(&module)?,
             flash_prefill: flash.0,
             flash_smem: flash.1,
+            sms: gpu.sm_count()?,
+            smem_per_sm: gpu.smem_per_sm()?,
+            flash_hopper: gpu.compute_capability()? == (9, 0)
+                && std::env::var("LAMINA_WGMMA").map_or(true, |v| v != "0"),
             gemv: [
                 tiles(0)?,
                 tiles(1)?,

@@ -44,7 +44,7 @@ const GOOD: [(&str, &str, Option<&str>); 14] = [
     ("model", "contract", None),
     ("kernels", "gpu", None),
     ("gpu", "cudarc", None),
-    ("checkpoint", "hf-hub", None),
+    ("checkpoint", "ureq", None),
 ];
 
 fn with(extra: &[(&'static str, &'static str, Option<&'static str>)]) -> Value {
@@ -98,7 +98,7 @@ fn engine_and_server_never_reach_checkpoint_or_its_downloads() {
     assert!(v.iter().any(|v| v.starts_with("engine -> checkpoint:")));
     assert!(
         v.iter()
-            .any(|v| v.starts_with("engine -> checkpoint -> hf-hub:"))
+            .any(|v| v.starts_with("engine -> checkpoint -> ureq:"))
     );
     let v = deps(&with(&[("server", "zip", None)]));
     assert!(v.iter().any(|v| v.starts_with("server -> zip:")));

@@ -17,9 +17,9 @@
 
 use super::{Gguf, GgufError, TensorInfo};
 use crate::loader::{SINGLE_FILE, SafetensorsWriter, tensor_specs};
+use crate::progress::Progress;
 use contract::config::LlamaConfig;
 use half::bf16;
-use indicatif::ProgressBar;
 use rayon::prelude::*;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -255,7 +255,7 @@ pub fn import_to_dir(
     g: &Gguf,
     buf: &[u8],
     dir: &Path,
-    progress: Option<&ProgressBar>,
+    progress: Option<&Progress>,
 ) -> Result<(), GgufError> {
     let cfg_json = config_json(g)?;
     let cfg = LlamaConfig::from_json(
@@ -276,6 +276,12 @@ pub fn import_to_dir(
             tensor: t.name.clone(),
             reason: "not a llama tensor this importer knows".into(),
         })?;
+        // a type we cannot dequantise: refused before anything is written
+        t.ty.byte_size(t.numel())
+            .map_err(|reason| GgufError::Tensor {
+                tensor: t.name.clone(),
+                reason,
+            })?;
         by_hf.insert(name, t);
     }
     // the tensor list is sized by the config: a block count the file cannot

@@ -78,11 +78,55 @@ fn dequant_rejects_bad_sizes_and_types() {
             .unwrap_err()
             .contains("need 20 bytes")
     );
-    assert!(
-        dequantize(GgmlType::Other(12), &[0; 144], 256)
-            .unwrap_err()
-            .contains("type 12")
-    );
+    // an id ggml names is named; an unknown one by its number
+    let err = dequantize(GgmlType::Other(16), &[0; 66], 256).unwrap_err();
+    assert!(err.contains("IQ2_XXS") && err.contains("Q4_K"), "{err}");
+    let err = dequantize(GgmlType::Other(99), &[0; 4], 1).unwrap_err();
+    assert!(err.contains("type 99"), "{err}");
+    assert_eq!(GgmlType::from_u32(12), GgmlType::Q4_K);
+    assert_eq!(GgmlType::from_u32(14).name(), "Q6_K");
+}
+
+/// One Q4_K block by hand: scale/min pairs 0..3 in the low 6 bits, 4..7
+/// split over the high bits (ggml's `get_scale_min_k4`).
+#[test]
+fn dequant_q4_k_block() {
+    let mut b = Vec::new();
+    b.extend(h(0.5)); // d
+    b.extend(h(0.25)); // dmin
+    // scales 1..4 and mins 5..8 for sub-blocks 0..3; sub-blocks 4..7: scale 2, min 3
+    let mut sc = [0u8; 12];
+    for j in 0..4 {
+        sc[j] = (j + 1) as u8;
+        sc[j + 4] = (j + 5) as u8;
+        sc[j + 8] = 2 | (3 << 4);
+    }
+    b.extend(sc);
+    // byte l of group g: low nibble l % 16, high nibble 15 - l % 16
+    for _g in 0..4 {
+        b.extend((0..32u8).map(|l| (l % 16) | ((15 - l % 16) << 4)));
+    }
+    let out = dequantize(GgmlType::Q4_K, &b, 256).unwrap();
+    for g in 0..4 {
+        let (s1, m1, s2, m2) = if g < 2 {
+            (2 * g + 1, 2 * g + 5, 2 * g + 2, 2 * g + 6)
+        } else {
+            (2, 3, 2, 3)
+        };
+        for l in 0..32 {
+            let lo = (l % 16) as f32;
+            let hi = (15 - l % 16) as f32;
+            assert_eq!(
+                out[g * 64 + l],
+                0.5 * s1 as f32 * lo - 0.25 * m1 as f32,
+                "g{g} l{l}"
+            );
+            assert_eq!(
+                out[g * 64 + 32 + l],
+                0.5 * s2 as f32 * hi - 0.25 * m2 as f32
+            );
+        }
+    }
 }
 
 /// A little GGUF writer for tests.

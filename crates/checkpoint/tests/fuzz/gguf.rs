@@ -13,7 +13,7 @@ use fuzzkit::{Mutation, alloc::largest_allocation};
 use proptest::prelude::*;
 use proptest::sample::Index;
 
-use crate::writer::{GgufDesc, micro_llama};
+use crate::writer::{GgufDesc, TensorDesc, micro_llama};
 
 const PATH: &str = "fuzz.gguf";
 
@@ -115,7 +115,10 @@ fn edit() -> impl Strategy<Value = Edit> {
         (i(), wild()).prop_map(|(k, v)| Edit::KvNumber(k, v)),
         i().prop_map(Edit::DropKv),
         (i(), proptest::collection::vec(wild(), 0..6)).prop_map(|(t, d)| Edit::Dims(t, d)),
-        (i(), prop_oneof![0u32..4, Just(8), Just(30), any::<u32>()])
+        (
+            i(),
+            prop_oneof![0u32..4, 6u32..9, 10u32..15, Just(30), any::<u32>()]
+        )
             .prop_map(|(t, ty)| Edit::TensorType(t, ty)),
         (i(), wild()).prop_map(|(t, o)| Edit::Offset(t, o)),
         (i(), i()).prop_map(|(a, b)| Edit::Rename(a, b)),
@@ -211,6 +214,62 @@ fn regen_gguf_corpus() {
     let mut meta_only = micro_llama();
     meta_only.tensors.clear();
     std::fs::write(dir.join("metadata-only.gguf"), meta_only.bytes()).unwrap();
+    std::fs::write(dir.join("every-quant-type.gguf"), every_quant_type()).unwrap();
+}
+
+/// One 256-element tensor of each block type (Q4_0 .. Q6_K) with patterned
+/// bytes and finite f16 scales, so mutations reach every dequantiser.
+fn every_quant_type() -> Vec<u8> {
+    let mut d = micro_llama();
+    d.kvs.truncate(1);
+    // (type id, bytes per block, byte offsets of the f16 scales in a block)
+    let types: [(u32, usize, &[usize]); 9] = [
+        (2, 18, &[0]),
+        (3, 20, &[0, 2]),
+        (6, 22, &[0]),
+        (7, 24, &[0, 2]),
+        (10, 84, &[80, 82]),
+        (11, 110, &[108]),
+        (12, 144, &[0, 2]),
+        (13, 176, &[0, 2]),
+        (14, 210, &[208]),
+    ];
+    d.tensors = types
+        .iter()
+        .map(|&(ty, block, scales)| {
+            let blocks = if block < 84 { 8 } else { 1 };
+            let mut data: Vec<u8> = (0..block * blocks).map(|i| (i * 37 % 251) as u8).collect();
+            for b in 0..blocks {
+                for &o in scales {
+                    data[b * block + o..b * block + o + 2]
+                        .copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+                }
+            }
+            TensorDesc {
+                name: format!("t.{ty}"),
+                dims: vec![256],
+                ty,
+                data,
+                offset: None,
+            }
+        })
+        .collect();
+    d.bytes()
+}
+
+#[test]
+fn every_quant_type_seed_dequantises() {
+    let buf = every_quant_type();
+    let g = Gguf::parse(&buf, PATH).unwrap();
+    for t in &g.tensors {
+        let v = g.dequantize(&buf, t).unwrap();
+        assert_eq!(v.len(), 256, "{}", t.name);
+        assert!(
+            v.iter().all(|x| x.is_finite()) && v.iter().any(|&x| x != 0.0),
+            "{}",
+            t.name
+        );
+    }
 }
 
 // Regression tests: inputs the fuzzer found, minimal.

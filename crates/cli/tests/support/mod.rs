@@ -13,12 +13,21 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_lamina")
 }
 
-/// `lamina ARGS` with `LAMINA_HOME=home` (when given) and `stdin` piped in.
+/// Where the runs with a private store look for the Hugging Face hub:
+/// nothing listens there, so a repo id never reaches the real hub.
+pub const NO_HUB: &str = "http://127.0.0.1:9";
+
+/// `lamina ARGS` with `LAMINA_HOME=home` (when given; then also a private
+/// Hugging Face cache in it and the hub at [`NO_HUB`]) and `stdin` piped in.
 pub fn run(home: Option<&Path>, args: &[&str], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(bin());
     cmd.args(args);
     if let Some(h) = home {
-        cmd.env("LAMINA_HOME", h);
+        cmd.env("LAMINA_HOME", h)
+            .env("HF_HUB_CACHE", h.join("hf-hub"))
+            .env("HF_ENDPOINT", NO_HUB)
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_HUB_OFFLINE");
     }
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()

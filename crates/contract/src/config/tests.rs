@@ -87,6 +87,63 @@ fn rejects_inconsistent_configs_naming_the_field() {
     assert!(err.contains("malformed m/config.json"), "{err}");
 }
 
+/// Qwen2 (q/k/v biases) and Mistral v0.1 (a sliding window shorter than
+/// the context) are refused naming the part lamina lacks; Mistral without a
+/// window is Llama and is accepted.
+#[test]
+fn llama_family_variants() {
+    let qwen2 = LLAMA_1B.replace("LlamaForCausalLM", "Qwen2ForCausalLM");
+    let err = LlamaConfig::from_json(&qwen2, "q/config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("architectures") && err.contains("q_proj") && err.contains("bias"),
+        "{err}"
+    );
+    let mistral = LLAMA_1B.replace("LlamaForCausalLM", "MistralForCausalLM");
+    let windowed = mistral.replace(
+        "\"head_dim\": 64,",
+        "\"head_dim\": 64, \"sliding_window\": 4096,",
+    );
+    let err = LlamaConfig::from_json(&windowed, "m/config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sliding_window") && err.contains("4096") && err.contains("not supported"),
+        "{err}"
+    );
+    let llama = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
+    for ok in [
+        mistral.clone(),
+        mistral.replace(
+            "\"head_dim\": 64,",
+            "\"head_dim\": 64, \"sliding_window\": null,",
+        ),
+        windowed.replace(
+            "\"head_dim\": 64,",
+            "\"head_dim\": 64, \"use_sliding_window\": false,",
+        ),
+        mistral.replace(
+            "\"head_dim\": 64,",
+            "\"head_dim\": 64, \"sliding_window\": 131072,",
+        ),
+    ] {
+        assert_eq!(
+            LlamaConfig::from_json(&ok, "m/config.json").unwrap(),
+            llama,
+            "{ok}"
+        );
+    }
+    let other = LLAMA_1B.replace("LlamaForCausalLM", "GPT2LMHeadModel");
+    let err = LlamaConfig::from_json(&other, "g/config.json")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("GPT2LMHeadModel") && err.contains("MistralForCausalLM"),
+        "{err}"
+    );
+}
+
 #[test]
 fn generation_config_extends_eos() {
     let g: GenerationConfig =

@@ -31,6 +31,7 @@
 #include <stddef.h>
 
 #include "common.cuh"
+#include "wgmma.cuh"
 
 struct FlashPrefillArgs {
     const bf16* qkv;              // [T, (n_heads + 2 n_kv) D], q roped
@@ -80,6 +81,14 @@ static_assert(offsetof(FlashPrefillArgs, max_len) == 84, "max_len");
 #define FN_THREADS 32
 #define FN_BM 16
 #define FN_BN 64
+// Smaller-tile narrow variants (flash_narrow_small_dD: 32-key tiles,
+// flash_narrow_tiny_dD: 16): less shared memory, more CTAs an SM holds, more
+// loop overhead a key. The launcher takes the largest tile whose CTAs all fit
+// on the device at once (H200, D = 64: S = 128 x 1,000 keys: 64 keys 91.3 us,
+// 32 keys 69.5, 16 keys 77.1; S = 256 x 640: 96.5 / 94.1 / 81.3; below one
+// wave the small tiles are slower: S = 64 x 500: 23.9 / 27.4 / 24.0).
+#define FN_BN_SMALL 32
+#define FN_BN_TINY 16
 
 extern __shared__ uint4 fp_smem[];
 
@@ -348,6 +357,235 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_d##D(const FlashPrefillArgs a) {   \
         flash_prefill_impl<D, 1, 1, FN_BN>(a);                                                              \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_small_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, FN_BN_SMALL>(a);                                                        \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_tiny_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, FN_BN_TINY>(a);                                                         \
     }
 FLASH_PREFILL(64)
 FLASH_PREFILL(128)
+
+// ---------------------------------------------------------------------------
+// Hopper tiling (flash_hopper_dD, sm_90a only): the same contract, grid and
+// row packing as the wide tiling, with the two matrix products on warpgroup
+// MMAs. FH_WGS warpgroups of 128 threads each own 64 query rows; S = Q Kᵀ
+// reads Q and K straight from shared memory (K-major descriptors), O += P V
+// takes P from registers (the m16n8k16 A layout, as mma.sync) and V from
+// shared memory through a transposed (MN-major) descriptor, so neither
+// product issues ldmatrix. Tiles use the 128-byte swizzle the descriptors
+// describe (wgmma.cuh), in 64-column panels, from a 1024-byte aligned base
+// (1 KiB of slack in the dynamic shared memory). K/V tiles are gathered
+// through the block table with cp.async, double-buffered as in the wide
+// tiling; a proxy fence orders those writes before the wgmma reads.
+// Shared memory: (BM + 4 BN) * D bf16 + 1 KiB (49 KiB at D = 64).
+#define FH_WGS 2
+#define FH_THREADS (128 * FH_WGS)
+#define FH_BM (64 * FH_WGS)
+#define FH_BN 64
+
+// Byte offset of 16-byte chunk `c` of row `r` in a 128B-swizzled tile of R
+// rows stored as 64-column panels of R * 128 bytes.
+template <int R>
+__device__ __forceinline__ uint32_t fh_off(uint32_t r, uint32_t c) {
+    return (c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+#if defined(LAMINA_WGMMA)
+template <int BN>
+__device__ __forceinline__ void fh_scores(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t acc);
+template <>
+__device__ __forceinline__ void fh_scores<64>(float (&d)[32], uint64_t da, uint64_t db, uint32_t acc) {
+    wg_ss_n64(d, da, db, acc);
+}
+template <>
+__device__ __forceinline__ void fh_scores<128>(float (&d)[64], uint64_t da, uint64_t db, uint32_t acc) {
+    wg_ss_n128(d, da, db, acc);
+}
+template <int D>
+__device__ __forceinline__ void fh_pv(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t db);
+template <>
+__device__ __forceinline__ void fh_pv<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    wg_rs_n64_t(d, a, db);
+}
+template <>
+__device__ __forceinline__ void fh_pv<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    wg_rs_n128_t(d, a, db);
+}
+#endif
+
+template <int D, int WGS, int BN>
+__device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
+#if defined(LAMINA_WGMMA)
+    constexpr int BM = 64 * WGS, THREADS = 128 * WGS, CH = D / 8;
+    static_assert(D % 64 == 0, "head dim: whole 64-column panels");
+    const uint32_t base = (fp_saddr(fp_smem) + 1023u) & ~1023u;
+    const uint32_t Qs = base;                          // [D / 64][BM][64]
+    const uint32_t Ks = Qs + BM * D * 2;               // [2][D / 64][BN][64]
+    const uint32_t Vs = Ks + 2 * BN * D * 2;           // [2][D / 64][BN][64]
+
+    const uint32_t G = a.num_heads / a.num_kv_heads;
+    const uint32_t kvh = blockIdx.x, s = blockIdx.y;
+    const uint32_t seq0 = a.cu_seqlens[s], len = a.cu_seqlens[s + 1] - seq0;
+    const uint32_t tok0 = (gridDim.z - 1 - blockIdx.z) * a.tok_per_tile;
+    if (tok0 >= len || len < a.min_len || len > a.max_len) return;  // uniform over the CTA
+    const uint32_t first_pos = a.context_lens[s] - len;
+    const uint32_t ntok = min(a.tok_per_tile, len - tok0);
+    const uint32_t rows = ntok * G;
+    const uint32_t min_pos = first_pos + tok0;
+    const uint32_t kend = min_pos + ntok;
+    const uint32_t ntiles = (kend + BN - 1) / BN;
+    const size_t row_stride = (size_t)(a.num_heads + 2 * a.num_kv_heads) * D;
+    const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
+    const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
+
+    for (uint32_t i = tid; i < BM * CH; i += THREADS) {
+        const uint32_t r = i / CH, c = i % CH;
+        const bool valid = r < rows;
+        const uint32_t t = valid ? r / G : 0, g = valid ? r % G : 0;
+        const bf16* src = a.qkv + (size_t)(seq0 + tok0 + t) * row_stride + (size_t)(kvh * G + g) * D + c * 8;
+        fp_cp16(Qs + fh_off<BM>(r, c), src, valid);
+    }
+    const uint32_t bs = a.block_size;
+    const bool pow2 = (bs & (bs - 1)) == 0;
+    const uint32_t bshift = __ffs(bs) - 1;
+    auto load_kv = [&](uint32_t kt, uint32_t buf) {
+        const uint32_t kd = Ks + buf * BN * D * 2, vd = Vs + buf * BN * D * 2;
+        static_assert((BN * CH) % THREADS == 0 && THREADS % CH == 0, "whole K/V tile rows per pass");
+#pragma unroll
+        for (int it = 0; it < BN * CH / THREADS; it++) {
+            const uint32_t j = tid / CH + it * (THREADS / CH), c = tid % CH, pos = kt + j;
+            const bool valid = pos < kend;
+            const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
+            const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
+            const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
+            fp_cp16(kd + fh_off<BN>(j, c), a.k_cache + off, valid);
+            fp_cp16(vd + fh_off<BN>(j, c), a.v_cache + off, valid);
+        }
+    };
+    load_kv(0, 0);
+    fp_commit();
+
+    // This thread's accumulator rows: lane / 4 and lane / 4 + 8 of its warp's
+    // 16 rows of its warpgroup's 64; padding rows take the last valid row's position.
+    const uint32_t wrow = wg * 64 + (warp % 4) * 16;
+    uint32_t qpos[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) qpos[i] = min_pos + min(wrow + lane / 4 + 8 * i, rows - 1) / G;
+    float o[D / 2];  // [D / 8 column blocks][4]: (row g, 2 cols), (row g + 8, 2 cols)
+#pragma unroll
+    for (int j = 0; j < D / 2; j++) o[j] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float sc[BN / 2];
+
+    for (uint32_t n = 0; n < ntiles; n++) {
+        fp_wait_all();
+        wg_fence_proxy();
+        __syncthreads();  // tile n (and Q) visible to the async proxy; tile n - 1's reads are done
+        if (n + 1 < ntiles) load_kv((n + 1) * BN, (n + 1) & 1);
+        fp_commit();
+        const uint32_t K = Ks + (n & 1) * BN * D * 2, V = Vs + (n & 1) * BN * D * 2;
+
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const uint64_t da = wg_desc(Qs + (kk / 4) * BM * 128 + wg * 64 * 128 + (kk % 4) * 32, 16, 1024);
+            const uint64_t db = wg_desc(K + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+            fh_scores<BN>(sc, da, db, kk > 0 ? 1u : 0u);
+        }
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++) wg_reg_fence(sc[j]);
+
+        const uint32_t kt = n * BN;
+        if (kt + BN - 1 > min_pos) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[e >> 1]) sc[j * 4 + e] = -INFINITY;
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j * 4 + e]);
+        float corr[2], rs[2] = {0.f, 0.f}, neg_m[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float mn = fmaxf(m[i], mx[i] * a.scale_log2);
+            corr[i] = fp_exp2(m[i] - mn);
+            m[i] = mn;
+            neg_m[i] = -mn;
+        }
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = fp_exp2(fmaf(sc[j * 4 + e], a.scale_log2, neg_m[e >> 1]));
+                sc[j * 4 + e] = p;
+                rs[e >> 1] += p;
+            }
+#pragma unroll
+        for (int i = 0; i < 2; i++) l[i] = l[i] * corr[i] + rs[i];
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            o[j * 4 + 0] *= corr[0];
+            o[j * 4 + 1] *= corr[0];
+            o[j * 4 + 2] *= corr[1];
+            o[j * 4 + 3] *= corr[1];
+        }
+        uint32_t pa[BN / 16][4];
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; kc++) {
+            pa[kc][0] = fp_pack(sc[8 * kc + 0], sc[8 * kc + 1]);
+            pa[kc][1] = fp_pack(sc[8 * kc + 2], sc[8 * kc + 3]);
+            pa[kc][2] = fp_pack(sc[8 * kc + 4], sc[8 * kc + 5]);
+            pa[kc][3] = fp_pack(sc[8 * kc + 6], sc[8 * kc + 7]);
+        }
+#pragma unroll
+        for (int j = 0; j < D / 2; j++) wg_reg_fence(o[j]);
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < BN / 16; kc++) {
+            // keys 16 kc .. 16 kc + 15: two 8-row groups 1024 bytes apart; panels BN * 128 apart
+            const uint64_t db = wg_desc(V + kc * 16 * 128, BN * 128, 1024);
+            fh_pv<D>(o, pa[kc], db);
+        }
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int j = 0; j < D / 2; j++) wg_reg_fence(o[j]);
+    }
+    fp_wait_all();
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float li = l[i];
+        li += __shfl_xor_sync(0xffffffffu, li, 1);
+        li += __shfl_xor_sync(0xffffffffu, li, 2);
+        const uint32_t r = wrow + lane / 4 + 8 * i;
+        if (r >= rows) continue;
+        const float inv = 1.f / li;
+        const uint32_t t = r / G, g = r % G;
+        bf16* dst = a.out + (size_t)(seq0 + tok0 + t) * a.num_heads * D + (size_t)(kvh * G + g) * D + (lane % 4) * 2;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<__nv_bfloat162*>(dst + j * 8) =
+                __floats2bfloat162_rn(o[j * 4 + 2 * i] * inv, o[j * 4 + 2 * i + 1] * inv);
+    }
+#else
+    __trap();  // launched only on sm_90 devices, whose code is the sm_90a build
+#endif
+}
+
+#define FLASH_HOPPER(D)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(FH_THREADS) flash_hopper_d##D(const FlashPrefillArgs a) {   \
+        flash_hopper_impl<D, FH_WGS, FH_BN>(a);                                                              \
+    }
+FLASH_HOPPER(64)
+FLASH_HOPPER(128)

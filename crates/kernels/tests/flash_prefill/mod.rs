@@ -137,6 +137,16 @@ impl Dev {
     }
 }
 
+/// The prefill tilings this device runs: `Wide`, and `Hopper` on compute
+/// capability 9.0 (each is checked on its own).
+fn prefill_tilings(k: &Kernels) -> Vec<FlashTiles> {
+    let mut t = vec![FlashTiles::Wide];
+    if k.has_flash_hopper() {
+        t.push(FlashTiles::Hopper);
+    }
+    t
+}
+
 fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
@@ -222,7 +232,9 @@ fn flash_prefill_matches_reference() {
         for seqs in cases {
             let c = Case::new(&mut rng, shape, seqs);
             assert!(k.flash_prefill_supports(&c.params()));
-            check(&c, &c.run(&gpu, &k, Some(FlashTiles::Wide)), "flash");
+            for t in prefill_tilings(&k) {
+                check(&c, &c.run(&gpu, &k, Some(t)), &format!("flash {t:?}"));
+            }
         }
     }
 }
@@ -244,17 +256,22 @@ fn flash_narrow_matches_reference() {
         for seqs in cases {
             let c = Case::new(&mut rng, shape, seqs);
             assert!(k.flash_supports(FlashTiles::Narrow, &c.params()));
-            check(
-                &c,
-                &c.run(&gpu, &k, Some(FlashTiles::Narrow)),
-                "flash narrow",
-            );
+            for t in [
+                FlashTiles::Narrow,
+                FlashTiles::NarrowSmall,
+                FlashTiles::NarrowTiny,
+            ] {
+                check(&c, &c.run(&gpu, &k, Some(t)), &format!("flash {t:?}"));
+            }
         }
     }
     // a mixed step: one-token segments on the narrow tiling, the rest on the
     // wide one, two launches into one output; each leaves the other's rows alone
     let mixed: &[(usize, usize)] = &[(1, 300), (40, 40), (1, 17), (129, 1000), (1, 1), (2, 65)];
-    for shape in FLASH_SHAPES {
+    for (shape, wide) in FLASH_SHAPES
+        .into_iter()
+        .flat_map(|s| prefill_tilings(&k).into_iter().map(move |t| (s, t)))
+    {
         let c = Case::new(&mut rng, shape, mixed);
         let p = c.params();
         let dev = Dev::new(&gpu, &c);
@@ -267,23 +284,13 @@ fn flash_narrow_matches_reference() {
         let o = out.view();
         // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
         unsafe {
-            k.flash(
-                FlashTiles::Wide,
-                2..=u32::MAX,
-                q,
-                kc,
-                vc,
-                cu,
-                ctx,
-                tab,
-                o,
-                p,
-            )
-            .unwrap();
+            k.flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tab, o, p)
+                .unwrap();
             k.flash(FlashTiles::Narrow, 1..=1, q, kc, vc, cu, ctx, tab, o, p)
                 .unwrap();
         }
-        check(&c, &f32s(&gpu.to_host(out.view()).unwrap()), "flash mixed");
+        let got = f32s(&gpu.to_host(out.view()).unwrap());
+        check(&c, &got, &format!("flash mixed {wide:?}"));
     }
 }
 
@@ -293,10 +300,13 @@ fn flash_narrow_matches_reference() {
 fn flash_prefill_chunk_matches_whole_prompt() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(12);
-    for shape in FLASH_SHAPES {
+    for (shape, tiles) in FLASH_SHAPES
+        .into_iter()
+        .flat_map(|s| prefill_tilings(&k).into_iter().map(move |t| (s, t)))
+    {
         let n = 777;
         let whole = Case::new(&mut rng, shape, &[(n, n)]);
-        let full = whole.run(&gpu, &k, Some(FlashTiles::Wide));
+        let full = whole.run(&gpu, &k, Some(tiles));
         let qw = shape.num_heads * shape.head_dim;
         for chunk in [1usize, 63, 200, n] {
             // Same caches and block table, q of the last `chunk` tokens only.
@@ -316,10 +326,13 @@ fn flash_prefill_chunk_matches_whole_prompt() {
             };
             let w = shape.qkv_width();
             c.qkv = whole.qkv[(n - chunk) * w..].to_vec();
-            let got = c.run(&gpu, &k, Some(FlashTiles::Wide));
+            let got = c.run(&gpu, &k, Some(tiles));
             let want = &full[(n - chunk) * qw..];
             let a = max_abs(&got, want);
-            assert!(a < 1e-2, "{shape:?} chunk {chunk} of {n}: max abs diff {a}");
+            assert!(
+                a < 1e-2,
+                "{tiles:?} {shape:?} chunk {chunk} of {n}: max abs diff {a}"
+            );
             check(&c, &got, "flash chunk");
         }
     }
@@ -345,10 +358,14 @@ fn flash_prefill_timing_4096() {
             .alloc::<bf16>(t * shape.num_heads * shape.head_dim)
             .unwrap();
         let flops = 4.0 * (t as f64).powi(2) * (shape.head_dim * shape.num_heads) as f64 / 2.0;
-        let kernels: &[bool] = if t == 4096 { &[false, true] } else { &[false] };
-        for &old in kernels {
+        let mut kernels: Vec<Option<FlashTiles>> =
+            prefill_tilings(&k).into_iter().map(Some).collect();
+        if t == 4096 {
+            kernels.push(None);
+        }
+        for tiles in kernels {
+            let old = tiles.is_none();
             let iters = if old { 3 } else { 20 };
-            let tiles = (!old).then_some(FlashTiles::Wide);
             dev.launch(&k, &out, p, tiles);
             let timer = gpu.timer().unwrap();
             timer.start().unwrap();
@@ -356,10 +373,9 @@ fn flash_prefill_timing_4096() {
                 dev.launch(&k, &out, p, tiles);
             }
             let us = timer.stop_ms().unwrap() as f64 * 1e3 / iters as f64;
-            let name = if old {
-                "old prefill_attention"
-            } else {
-                "flash_prefill"
+            let name = match tiles {
+                None => "old prefill_attention".to_string(),
+                Some(t) => format!("flash {t:?}"),
             };
             println!(
                 "RESULT {name} {shape:?} T={t}: {us:.1} us, {:.1} TFLOP/s",

@@ -371,7 +371,7 @@ impl CudaBackend {
                     // SAFETY: as for decode; the batch passed StepBatch::validate.
                     unsafe {
                         if split {
-                            let (wide, narrow) = (FlashTiles::Wide, FlashTiles::Narrow);
+                            let (wide, narrow) = (self.k.prefill_tiles(), FlashTiles::Narrow);
                             self.k
                                 .flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
                                 .and_then(|()| {

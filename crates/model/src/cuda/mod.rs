@@ -9,8 +9,9 @@
 //! embedding); the KV pool is bf16 on the device. Logits are computed only
 //! for the rows that are sampled (gathered before the LM head), and sampling
 //! runs on the GPU with the procedure of [`contract::sampling`]. A pure-decode
-//! step is replayed from a CUDA graph captured once per batch-size bucket
-//! (powers of two up to [`MAX_GRAPH_BATCH`]); padded rows write to a scratch
+//! step is replayed from a CUDA graph captured once per bucket of batch size
+//! (powers of two up to [`MAX_GRAPH_BATCH`]) and block-table row length
+//! (powers of two from 16 blocks to the longest context); padded rows write to a scratch
 //! KV block no sequence reads. `LAMINA_CUDA_GRAPHS=0` turns graphs off;
 //! `LAMINA_GEMV_ROWS=n` sets the largest step run on the fused GEMV
 //! projections (0: cuBLAS always), `LAMINA_PDL=0` turns programmatic
@@ -44,6 +45,15 @@ use weights::{DeviceWeights, KvCache, upload_weights};
 
 /// Largest pure-decode batch replayed from a captured graph.
 pub const MAX_GRAPH_BATCH: usize = 256;
+/// Shortest block-table row of a graph bucket (rows are powers of two from
+/// here up to `graph_max_blocks`).
+const MIN_GRAPH_BLOCKS: usize = 16;
+/// Steps a bucket is asked for before it is captured while a captured bucket
+/// up to 4x its batch can serve it padded (a capture costs ~10 ms at batch
+/// 128; a padded replay a fraction of a millisecond).
+const CAPTURE_AFTER: u32 = 16;
+/// Block-table row length [`CudaBackend::reserve_steps`] sizes the staging for.
+const RESERVE_BLOCKS: usize = 128;
 /// History ids (for the repetition penalty) a graph bucket can stage.
 const GRAPH_HISTORY: usize = 1 << 16;
 
@@ -108,9 +118,12 @@ pub struct CudaBackend {
     plan: DecodePlan,
     /// Rows of the RoPE table = longest context: min(max_position_embeddings, pool slots).
     rope_rows: usize,
-    /// Block-table row length of graph buckets: `ceil(rope_rows / block_size)`.
+    /// Longest block-table row of a graph bucket: `ceil(rope_rows / block_size)`.
     graph_max_blocks: usize,
-    graphs: HashMap<usize, Graph>,
+    /// Captured decode graphs by (batch bucket, block-table row bucket).
+    graphs: HashMap<(usize, usize), Graph>,
+    /// Steps that asked for each bucket (see `run_graph`'s capture policy).
+    bucket_uses: HashMap<(usize, usize), u32>,
     graphs_enabled: bool,
     /// Steps of at most this many tokens use the fused GEMV projections
     /// (see [`gemv_rows`]); the LM head for at most `min(gemv_rows, HEAD_GEMV_ROWS)` rows.
@@ -181,6 +194,7 @@ impl CudaBackend {
             graph_max_blocks: rope_rows.div_ceil(kv.block_size),
             graphs_enabled: std::env::var("LAMINA_CUDA_GRAPHS").map_or(true, |v| v != "0"),
             graphs: HashMap::new(),
+            bucket_uses: HashMap::new(),
             gemv_rows: gemv_rows(&config),
             narrow_decode_seqs: narrow_decode_seqs(config.num_kv_heads, sms),
             config,
@@ -208,7 +222,7 @@ impl CudaBackend {
         }
     }
 
-    /// Number of captured decode graphs (one per batch-size bucket seen).
+    /// Number of captured decode graphs (one per bucket seen).
     pub fn num_graphs(&self) -> usize {
         self.graphs.len()
     }
@@ -232,6 +246,10 @@ impl Backend for CudaBackend {
 
     fn kv_shape(&self) -> KvShape {
         self.kv
+    }
+
+    fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
+        self.reserve_steps(max_tokens, max_seqs)
     }
 
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {

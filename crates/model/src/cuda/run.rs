@@ -4,7 +4,8 @@
 //!
 //! Contract: growth and capture happen only between steps (growth drops the
 //! graphs, which point into the old buffers); a failed capture turns graphs
-//! off with a warning and the step runs eagerly. Costs: one host-to-device
+//! off with a warning and the step runs eagerly; row capacities grow by
+//! powers of two. Costs: one host-to-device
 //! copy of the staging buffer per step; capture + instantiate once per bucket.
 
 use gpu::Graph;
@@ -12,7 +13,10 @@ use kernels::SampleParams;
 
 use super::forward::{Attn, Caps, Workspace};
 use super::staging::{Layout, Pad, pack};
-use super::{CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, dev_err};
+use super::{
+    CAPTURE_AFTER, CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, MIN_GRAPH_BLOCKS, RESERVE_BLOCKS,
+    dev_err,
+};
 use contract::backend::{BackendError, StepBatch};
 
 impl CudaBackend {
@@ -28,17 +32,49 @@ impl CudaBackend {
             return Ok(());
         }
         self.graphs.clear();
+        self.bucket_uses.clear();
         self.gpu
             .synchronize()
             .map_err(|e| dev_err("growing the workspace", e))?;
+        // Grown row counts round up to a power of two: sampled rows that grow
+        // by a few each step (decode rows joining mixed steps) would otherwise
+        // reallocate every buffer, pinned ones included, and drop the graphs
+        // every step (~15 ms each at 8,192 tokens). Tokens grow exactly (the
+        // step budget caps them; rounding would double the largest buffers).
+        let grow = |need: usize, have: usize| {
+            if need <= have {
+                have
+            } else {
+                need.next_power_of_two()
+            }
+        };
         let caps = Caps {
             tokens: need.tokens.max(have.tokens),
-            rows: need.rows.max(have.rows),
-            decode_seqs: need.decode_seqs.max(have.decode_seqs),
-            meta: need.meta.max(have.meta),
+            rows: grow(need.rows, have.rows),
+            decode_seqs: grow(need.decode_seqs, have.decode_seqs),
+            meta: grow(need.meta, have.meta),
         };
         self.ws = Workspace::new(&self.gpu, &self.config, self.shape, self.plan, caps)?;
         Ok(())
+    }
+
+    /// Sizes the workspace for eager steps of up to `max_tokens` tokens and
+    /// `max_seqs` sequences and for the decode graphs of up to `max_seqs`
+    /// (block-table rows of [`RESERVE_BLOCKS`]; longer ones grow it later).
+    pub(super) fn reserve_steps(
+        &mut self,
+        max_tokens: usize,
+        max_seqs: usize,
+    ) -> Result<(), BackendError> {
+        let seqs = max_seqs.max(1).next_power_of_two();
+        let eager = Layout::new(max_tokens, max_seqs, RESERVE_BLOCKS, max_seqs, 0);
+        let graph = Layout::new(seqs, seqs, RESERVE_BLOCKS, seqs, GRAPH_HISTORY);
+        self.ensure(Caps {
+            tokens: max_tokens.max(seqs),
+            rows: seqs,
+            decode_seqs: seqs,
+            meta: eager.total.max(graph.total),
+        })
     }
 
     /// Stages `batch` at `lay` and copies the staging buffer to the device.
@@ -64,18 +100,21 @@ impl CudaBackend {
             hist,
             pad,
         );
+        // Only the used prefix: a graph bucket's history capacity is mostly empty.
+        let used = lay.history + hist.len().max(1);
         let dst = self
             .ws
             .meta
-            .slice(0..lay.total)
+            .slice(0..used)
             .map_err(|e| dev_err("staging", e))?;
         self.gpu
-            .copy_to_device(&self.ws.host_meta.as_slice()[..lay.total], dst)
+            .copy_to_device(&self.ws.host_meta.as_slice()[..used], dst)
             .map_err(|e| dev_err("copying step metadata", e))
     }
 
     /// Runs a pure-decode step from its bucket's graph (capturing it on first
-    /// use). Returns false, having done nothing, when this step cannot use one.
+    /// use, or on its `CAPTURE_AFTER`-th while a larger captured bucket serves
+    /// it padded). Returns false, having done nothing, when this step cannot use one.
     pub(super) fn run_graph(
         &mut self,
         batch: &StepBatch,
@@ -91,7 +130,36 @@ impl CudaBackend {
             return Ok(false);
         }
         let sb = s.next_power_of_two();
-        let lay = Layout::new(sb, sb, self.graph_max_blocks, sb, GRAPH_HISTORY);
+        // Block-table rows as long as the batch needs, in powers of two: a
+        // bucket of the longest possible context would stage (and copy)
+        // S x 8,192 words a step at 131k positions.
+        let mb = batch.max_blocks.next_power_of_two().clamp(
+            MIN_GRAPH_BLOCKS,
+            self.graph_max_blocks.max(MIN_GRAPH_BLOCKS),
+        );
+        // This bucket's graph once captured. Before that, a captured bucket
+        // with the same block rows and up to 4x the batch replays it padded,
+        // until the bucket has been asked for CAPTURE_AFTER times: a batch
+        // shrinking through a bucket for a few steps (the tail of a burst)
+        // does not pay a capture; one that stays gets its own graph.
+        let uses = self.bucket_uses.entry((sb, mb)).or_insert(0);
+        *uses = uses.saturating_add(1);
+        // (Not for buckets on the fused GEMV path: a padded cuBLAS replay
+        // costs those up to half a step.)
+        let key = if self.graphs.contains_key(&(sb, mb))
+            || *uses >= CAPTURE_AFTER
+            || sb <= self.gemv_rows
+        {
+            (sb, mb)
+        } else {
+            [2, 4]
+                .into_iter()
+                .map(|k| (sb * k, mb))
+                .find(|b| b.0 <= MAX_GRAPH_BATCH && self.graphs.contains_key(b))
+                .unwrap_or((sb, mb))
+        };
+        let (sb, mb) = key;
+        let lay = Layout::new(sb, sb, mb, sb, GRAPH_HISTORY);
         self.ensure(Caps {
             tokens: sb,
             rows: sb,
@@ -100,7 +168,8 @@ impl CudaBackend {
         })?;
         let rows: Vec<u32> = (0..s as u32).collect();
         self.stage(&lay, batch, &rows, params, hist, true)?;
-        if !self.graphs.contains_key(&sb) {
+        if !self.graphs.contains_key(&key) {
+            let t0 = std::time::Instant::now();
             let mut inner = None;
             let captured = Graph::capture(&self.gpu, || {
                 self.enqueue(&lay, Attn::Decode, true, true).map_err(|e| {
@@ -117,7 +186,15 @@ impl CudaBackend {
                     graph
                         .upload()
                         .map_err(|e| dev_err("uploading a decode graph", e))?;
-                    self.graphs.insert(sb, graph);
+                    self.graphs.insert(key, graph);
+                    // captured on first use of each bucket, between steps
+                    tracing::info!(
+                        batch_bucket = sb,
+                        block_bucket = mb,
+                        graphs = self.graphs.len(),
+                        ms = t0.elapsed().as_secs_f64() * 1e3,
+                        "captured a CUDA decode graph"
+                    );
                 }
                 Err(e) => {
                     if let Some(inner) = inner {
@@ -130,7 +207,7 @@ impl CudaBackend {
                 }
             }
         }
-        match self.graphs.get(&sb) {
+        match self.graphs.get(&key) {
             Some(graph) => graph
                 .launch(&self.gpu)
                 .map_err(|e| dev_err("replaying a decode graph", e))?,

@@ -91,8 +91,15 @@ pub(super) fn upload_weights(
             c.num_layers
         )));
     }
+    let progress = checkpoint::progress::Progress::new(
+        "uploading weights to the GPU",
+        checkpoint::progress::Unit::Items("layers"),
+        c.num_layers as u64 + 1,
+        0,
+    );
     let mut layers = Vec::with_capacity(c.num_layers);
     for l in &w.layers {
+        progress.inc(1);
         layers.push(DeviceLayer {
             input_norm: upload(gpu, &l.input_norm, &[h])?,
             post_norm: upload(gpu, &l.post_norm, &[h])?,
@@ -114,7 +121,7 @@ pub(super) fn upload_weights(
             down: upload(gpu, &l.down_proj, &[h, i])?,
         });
     }
-    Ok(DeviceWeights {
+    let out = DeviceWeights {
         embed: upload(gpu, &w.embed, &[v, h])?,
         lm_head: match &w.lm_head {
             Some(t) => Some(upload(gpu, t, &[v, h])?),
@@ -122,7 +129,10 @@ pub(super) fn upload_weights(
         },
         norm: upload(gpu, &w.norm, &[h])?,
         layers,
-    })
+    };
+    progress.inc(1);
+    progress.finish();
+    Ok(out)
 }
 
 /// The paged KV pool: per layer K and V of `[(num_blocks + 1) * block_size, kv_heads, head_dim]`.
