@@ -82,6 +82,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             max_batch_tokens: 64,
             enable_prefix_cache: false,
             max_queue: 0,
+            max_step_time: None,
         },
     )
     .expect("engine");
@@ -91,6 +92,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             sampling: SamplingParams::greedy(),
             max_tokens: 8,
             stop: Vec::new(),
+            stop_token_ids: Vec::new(),
             ignore_eos: true,
         })
         .expect("submit")

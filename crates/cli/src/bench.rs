@@ -11,6 +11,12 @@
 //! (where the baseline's would run for tens of minutes): see [`Sizes`].
 //! Each workload prints a progress line to stderr as it starts and as its
 //! requests finish.
+//!
+//! With `--llama-bench PATH` (see [`crate::llama_bench`]) llama.cpp's
+//! `llama-bench` runs right after, on the same machine and thread count, on
+//! `--llama-gguf` (default: `--model` when it is a .gguf file) with b2's
+//! prompt and b1's generated token counts; both figures and lamina's ratio
+//! (prompt processing: b2 prompt tokens / b2 TTFT; decode: b1) are printed.
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +26,7 @@ use contract::sampling::splitmix64;
 use engine::{Event, GenerateRequest, RequestHandle};
 use serde_json::json;
 
+use crate::llama_bench::{self, LlamaRun};
 use crate::setup::{self, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -53,6 +60,15 @@ pub struct BenchArgs {
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// A llama.cpp `llama-bench` binary to run after lamina's workloads, on
+    /// the same machine, for a side-by-side comparison
+    /// (`scripts/build-llama-bench.sh` builds one).
+    #[arg(long)]
+    pub llama_bench: Option<std::path::PathBuf>,
+    /// The model as a .gguf file for llama-bench [default: --model when it
+    /// is a .gguf file].
+    #[arg(long)]
+    pub llama_gguf: Option<std::path::PathBuf>,
 }
 
 /// The workload sizes in effect.
@@ -111,6 +127,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repeats == 0 {
         bail!("invalid `--repeats`: must be at least 1");
     }
+    let llama_gguf = match (&args.llama_bench, &args.llama_gguf) {
+        (None, _) => None,
+        (Some(_), Some(g)) => Some(g.clone()),
+        (Some(_), None) if args.model.model.ends_with(".gguf") => {
+            Some(args.model.model.clone().into())
+        }
+        (Some(_), None) => bail!(
+            "`--llama-bench` needs the model as a .gguf file: give `--llama-gguf PATH` (or a .gguf `--model`)"
+        ),
+    };
     let loaded = setup::open(&args.model, 0)?;
     let z = Sizes::resolve(&args, loaded.cuda);
     if !loaded.cuda {
@@ -182,6 +208,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let m = median(ms);
                 println!("b2 TTFT {} tokens: {m:.2} ms", z.b2_prompt);
                 res.insert("b2_ttft_ms".into(), json!(m));
+                res.insert(
+                    "b2_prompt_tok_s".into(),
+                    json!(z.b2_prompt as f64 / (m / 1e3).max(1e-9)),
+                );
             }
             "b3" => {
                 let before = loaded.engine.stats();
@@ -240,10 +270,57 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     loaded.engine.shutdown();
+    if let (Some(bin), Some(gguf)) = (&args.llama_bench, &llama_gguf) {
+        compare_llama(bin, gguf, &z, args.repeats, &mut res)?;
+    }
     let res = serde_json::Value::Object(res);
     println!("{res}");
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&res)?)?;
+    }
+    Ok(())
+}
+
+/// Runs llama-bench with lamina's sizes and prints both and the ratios.
+fn compare_llama(
+    bin: &std::path::Path,
+    gguf: &std::path::Path,
+    z: &Sizes,
+    repeats: usize,
+    res: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<()> {
+    let threads = rayon::current_num_threads();
+    eprintln!("bench: llama-bench ({threads} threads) ...");
+    let r = llama_bench::run(
+        bin,
+        gguf,
+        LlamaRun {
+            threads,
+            prompt: z.b2_prompt,
+            generate: z.b1_gen,
+            repeats,
+        },
+    )?;
+    println!(
+        "llama.cpp ({threads} threads, {}): prompt processing {} tokens {:.1} tok/s, decode {} tokens {:.1} tok/s",
+        gguf.display(),
+        z.b2_prompt,
+        r.prompt_tok_s,
+        z.b1_gen,
+        r.decode_tok_s
+    );
+    res.insert("llama_prompt_tok_s".into(), json!(r.prompt_tok_s));
+    res.insert("llama_decode_tok_s".into(), json!(r.decode_tok_s));
+    let ratio = |ours: Option<&serde_json::Value>, theirs: f64| {
+        ours.and_then(|v| v.as_f64()).map(|v| v / theirs)
+    };
+    if let Some(x) = ratio(res.get("b2_prompt_tok_s"), r.prompt_tok_s) {
+        println!("lamina / llama.cpp prompt processing: {x:.2}x");
+        res.insert("ratio_prompt".into(), json!(x));
+    }
+    if let Some(x) = ratio(res.get("b1_decode_tok_s"), r.decode_tok_s) {
+        println!("lamina / llama.cpp decode: {x:.2}x");
+        res.insert("ratio_decode".into(), json!(x));
     }
     Ok(())
 }

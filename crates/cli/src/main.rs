@@ -10,6 +10,7 @@ mod bench;
 mod bench_serve;
 mod chat;
 mod generate;
+mod llama_bench;
 mod models;
 mod progress;
 mod repl;
@@ -66,6 +67,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // one rayon pool for the CPU backend and the loader, one thread a core
+    cpu_kernels::threads::init_pool();
     let serving = matches!(cli.command, Command::Serve(_));
     let level = match cli.verbose {
         // a request that fails ends the command with its own error line;

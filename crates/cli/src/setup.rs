@@ -39,6 +39,15 @@ pub enum DeviceArg {
     Auto,
 }
 
+/// Which CPU kernels the CPU backend runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuKernelsArg {
+    /// SIMD kernels chosen at run time (the default).
+    Fast,
+    /// The reference operations the golden tests hold to the oracle.
+    Reference,
+}
+
 /// Options every model-running command shares.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
@@ -68,6 +77,15 @@ pub struct ModelArgs {
     /// Disable reuse of cached prompt prefixes.
     #[arg(long, env = "LAMINA_NO_PREFIX_CACHE")]
     pub no_prefix_cache: bool,
+    /// Target time of one engine step in milliseconds: prefill chunks are
+    /// cut to what the backend is measured to run in that time, so a long
+    /// prompt cannot stall other streams for longer; 0 turns the cap off
+    /// [default: 500 on the CPU, off on CUDA].
+    #[arg(long)]
+    pub max_step_ms: Option<u64>,
+    /// CPU backend kernels.
+    #[arg(long, value_enum, default_value = "fast")]
+    pub cpu_kernels: CpuKernelsArg,
 }
 
 /// A model opened for serving requests.
@@ -167,6 +185,13 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
             max_batch_tokens,
             enable_prefix_cache: !args.no_prefix_cache,
             max_queue,
+            max_step_time: match args
+                .max_step_ms
+                .unwrap_or(if cuda { 0 } else { CPU_MAX_STEP_MS })
+            {
+                0 => None,
+                ms => Some(std::time::Duration::from_millis(ms)),
+            },
         },
     )?;
     Ok(Loaded {
@@ -196,6 +221,9 @@ const CUDA_MAX_BATCH_TOKENS: usize = 8192;
 /// Default step budget on the CPU: a prefill chunk stalls every other stream
 /// for its whole duration there, so chunks stay short.
 const CPU_MAX_BATCH_TOKENS: usize = 512;
+/// Default step time target on the CPU (`--max-step-ms`): while one prompt
+/// prefills, every other stream still gets a token about twice a second.
+const CPU_MAX_STEP_MS: u64 = 500;
 
 /// Whether `device` resolves to the CUDA backend (an error when CUDA is
 /// asked for and unavailable).
@@ -272,7 +300,16 @@ fn open_backend(
                 .context("starting the CUDA backend")?,
         )
     } else {
-        Box::new(model::cpu::CpuBackend::new(cfg.clone(), weights, kv)?)
+        let path = match args.cpu_kernels {
+            CpuKernelsArg::Fast => model::cpu::CpuPath::Fast,
+            CpuKernelsArg::Reference => model::cpu::CpuPath::Reference,
+        };
+        Box::new(model::cpu::CpuBackend::with_path(
+            cfg.clone(),
+            weights,
+            kv,
+            path,
+        )?)
     };
     tracing::info!(
         backend = %backend.name(),

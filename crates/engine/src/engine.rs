@@ -113,7 +113,16 @@ impl Engine {
         if let Err(e) = backend.reserve(cfg.max_batch_tokens, cfg.max_num_seqs) {
             tracing::warn!(error = %e, "could not size the step buffers up front; they grow on demand");
         }
-        let worker = Worker::new(backend, sched, tokenizer, eos_ids, shared.clone(), rx);
+        let clock = crate::step_time::StepClock::new(cfg.max_step_time);
+        let worker = Worker::new(
+            backend,
+            sched,
+            tokenizer,
+            eos_ids,
+            shared.clone(),
+            rx,
+            clock,
+        );
         let join = std::thread::Builder::new()
             .name("lamina-engine".into())
             .spawn(move || worker.run())?;

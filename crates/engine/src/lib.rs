@@ -22,6 +22,7 @@
 mod engine;
 mod output;
 mod scheduler;
+mod step_time;
 mod stop;
 pub mod testing;
 pub mod types;

@@ -8,7 +8,9 @@
 //!    queue) until the room is there.
 //! 2. Every running sequence with one uncomputed token (a decode) runs it.
 //! 3. Partially prefilled running sequences run a chunk each from the token
-//!    budget left (`max_batch_tokens`), oldest first (chunked prefill).
+//!    budget left (`max_batch_tokens`, further capped for prefill by
+//!    [`Scheduler::set_prefill_cap`], the step time budget, whenever another
+//!    sequence is running or waiting), oldest first (chunked prefill).
 //! 4. While budget and `max_num_seqs` allow and no one was preempted this step,
 //!    waiting sequences are admitted first come first served when
 //!    `KvManager::can_admit` says all their known tokens fit; admission
@@ -110,6 +112,8 @@ pub(crate) struct Scheduler {
     kv: KvManager,
     max_num_seqs: usize,
     max_batch_tokens: usize,
+    /// Most prefill tokens (chunks and admissions) in one step.
+    prefill_cap: usize,
     seqs: HashMap<u64, Seq>,
     waiting: VecDeque<u64>,
     /// Sorted by id (= arrival order): the youngest is last.
@@ -131,6 +135,7 @@ impl Scheduler {
             kv: KvManager::try_new(kv)?,
             max_num_seqs,
             max_batch_tokens,
+            prefill_cap: usize::MAX,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::with_capacity(max_num_seqs),
@@ -226,6 +231,13 @@ impl Scheduler {
         Ok(summary)
     }
 
+    /// Caps the prefill tokens (chunks of running sequences and admissions)
+    /// of the following steps at `cap` while more than one sequence is
+    /// running or waiting; decodes are never cut.
+    pub(crate) fn set_prefill_cap(&mut self, cap: usize) {
+        self.prefill_cap = cap.max(1);
+    }
+
     /// Plans the next step into [`Scheduler::batch`] (empty when nothing can run).
     pub(crate) fn schedule(&mut self) -> Result<(), SchedError> {
         self.plan.clear();
@@ -235,6 +247,10 @@ impl Scheduler {
         let mut budget = self.max_batch_tokens;
         // decodes first, then chunks of partial prefills, oldest first
         for decodes in [true, false] {
+            // the time cap protects other streams: a lone sequence runs whole chunks
+            if !decodes && self.running.len() + self.waiting.len() > 1 {
+                budget = budget.min(self.prefill_cap);
+            }
             for &id in &self.running {
                 let sid = id as SeqId;
                 let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(id))?;

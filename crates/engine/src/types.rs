@@ -18,6 +18,11 @@ pub struct EngineConfig {
     pub enable_prefix_cache: bool,
     /// Most requests waiting for their first admission; 0 = unbounded.
     pub max_queue: usize,
+    /// Target backend time of one step: prefill chunks are cut to the tokens
+    /// the backend is measured to run in that time (at least 16), so a long
+    /// prompt cannot stall the other streams for longer on a slow backend
+    /// (the CPU). `None`: the token budget alone.
+    pub max_step_time: Option<std::time::Duration>,
 }
 
 impl Default for EngineConfig {
@@ -27,6 +32,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 2048,
             enable_prefix_cache: true,
             max_queue: 0,
+            max_step_time: None,
         }
     }
 }

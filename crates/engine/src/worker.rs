@@ -19,6 +19,10 @@
 //! rather than panicking. Shutdown (or every sender gone) cancels all requests
 //! and returns.
 //!
+//! After each step the backend time and token count feed the step clock
+//! ([`crate::step_time`]), whose prefill cap the scheduler applies to the
+//! next steps.
+//!
 //! Every request follows one state machine (`Queued -> Running ->
 //! Finishing -> Done`, see [`request`]); `Worker::end` is the only way a
 //! request ends and usage is counted there. Counters live in [`shared`].
@@ -39,6 +43,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::output::{Output, Verdict};
 use crate::scheduler::{SchedError, Scheduler};
+use crate::step_time::StepClock;
 use crate::types::{Event, FinishReason, GenerateRequest};
 
 mod request;
@@ -70,6 +75,8 @@ pub(crate) struct Worker {
     pub eos: Vec<u32>,
     pub shared: Arc<Shared>,
     pub rx: Receiver<Msg>,
+    /// The step time budget: the prefill cap handed to the scheduler.
+    clock: StepClock,
     /// Every live request (see [`request`] for the state machine).
     requests: HashMap<u64, Request>,
     /// Tokens of the last step whose text is not processed yet.
@@ -106,10 +113,12 @@ impl Worker {
         eos: Vec<u32>,
         shared: Arc<Shared>,
         rx: Receiver<Msg>,
+        clock: StepClock,
     ) -> Self {
         Worker {
             backend,
             sched,
+            clock,
             tokenizer,
             eos,
             shared,
@@ -268,6 +277,9 @@ impl Worker {
             .backend_ns_total
             .fetch_add(backend_ns, Ordering::Relaxed);
         self.shared.steps_total.fetch_add(1, Ordering::Relaxed);
+        self.clock
+            .observe(self.sched.batch().num_tokens(), backend_ns);
+        self.sched.set_prefill_cap(self.clock.prefill_cap());
         let batch = self.sched.batch();
         tracing::trace!(
             seqs = batch.num_seqs(),

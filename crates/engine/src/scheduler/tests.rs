@@ -98,6 +98,31 @@ fn decodes_first_then_chunks_under_the_budget() {
 }
 
 #[test]
+fn the_prefill_cap_cuts_chunks_only_beside_other_sequences() {
+    let shape = KvShape {
+        num_blocks: 64,
+        block_size: 4,
+    };
+    let mut fake = FakeBackend::new(fake_config().unwrap(), shape);
+    // alone: the cap does not apply, the token budget does
+    let mut s = sched(64, 4, 8, 10);
+    s.set_prefill_cap(4);
+    s.add(0, (0..25).collect(), SamplingParams::greedy(), None);
+    let (_, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![10]);
+    // beside a decoding sequence: decodes whole, prefill cut to the cap
+    let mut s = sched(64, 4, 8, 10);
+    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None);
+    step(&mut s, &mut fake);
+    s.set_prefill_cap(4);
+    s.add(1, (0..25).collect(), SamplingParams::greedy(), None);
+    let (_, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![1, 4]);
+    let (_, b) = step(&mut s, &mut fake);
+    assert_eq!(segs(&b), vec![1, 4]);
+}
+
+#[test]
 fn the_youngest_is_preempted_and_recomputed_first() {
     // 4 blocks of 2: two sequences of 3 tokens fill 4 blocks after one decode each
     let mut s = sched(4, 2, 4, 16);

@@ -40,6 +40,31 @@ impl KvPool {
         ops::kv_write(kc, vc, k, v, slot_mapping, self.kv_dim);
     }
 
+    /// Writes the K and V columns of packed rows `qkv` (`[T, width]`: Q in
+    /// columns `0..k_col`, then K, then V, `kv_dim` each) of `layer` at the
+    /// step's slots (what [`KvPool::write`] does for separate K and V).
+    pub fn write_packed(
+        &mut self,
+        layer: usize,
+        qkv: &[f32],
+        width: usize,
+        k_col: usize,
+        slot_mapping: &[u32],
+    ) {
+        let d = self.kv_dim;
+        let (kc, vc) = (&mut self.k[layer], &mut self.v[layer]);
+        for (row, &slot) in qkv.chunks_exact(width).zip(slot_mapping) {
+            let s = slot as usize * d;
+            kc[s..s + d].copy_from_slice(&row[k_col..k_col + d]);
+            vc[s..s + d].copy_from_slice(&row[k_col + d..k_col + 2 * d]);
+        }
+    }
+
+    /// `layer`'s K and V pools with the row width and block size.
+    pub fn layer(&self, layer: usize) -> (&[f32], &[f32], usize, usize) {
+        (&self.k[layer], &self.v[layer], self.kv_dim, self.block_size)
+    }
+
     /// Causal attention of the step's queries `q` (`[T, heads * head_dim]`,
     /// RoPE applied) over `layer`'s pool (this step's rows already written).
     /// Returns `[T, heads * head_dim]`.

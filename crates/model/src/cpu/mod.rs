@@ -1,4 +1,5 @@
-//! The CPU backend: the numerical reference implementation of [`Backend`].
+//! The CPU backend: the numerical reference implementation of [`Backend`],
+//! and its fast path.
 //!
 //! Contract: [`CpuBackend`] runs any [`StepBatch`] that passes
 //! [`StepBatch::check`] against its vocabulary, RoPE table and KV pool
@@ -11,7 +12,12 @@
 //! [`attention::KvPool`]) addressed only through the batch's slots and block
 //! tables. Every operation (matmul, RMSNorm, RoPE, attention, SwiGLU,
 //! embedding) is the `ops` crate's, the same code the CUDA kernels' tests
-//! use as their reference. Logits are computed only for sampled rows (or the rows
+//! use as their reference ([`CpuPath::Reference`], what [`CpuBackend::new`]
+//! builds and the golden tests hold to the oracle). [`CpuPath::Fast`]
+//! ([`CpuBackend::with_path`], what the CLI runs) computes the same step
+//! with the `cpu-kernels` crate: SIMD chosen at run time, fused Q/K/V and
+//! gate/up products over weights packed once at construction, a blocked
+//! GEMM for prefill and reused activation buffers (see [`fast`]). Logits are computed only for sampled rows (or the rows
 //! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
 //!
 //! Costs: memory = the BF16 weights + `2 * layers * num_blocks * block_size *
@@ -21,6 +27,7 @@
 
 pub mod attention;
 pub mod batch;
+mod fast;
 mod forward;
 
 #[cfg(test)]
@@ -31,6 +38,8 @@ use attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
+use cpu_kernels::Isa;
+use fast::{FastWeights, Workspace};
 use ops::Rope;
 use rayon::prelude::*;
 
@@ -40,24 +49,52 @@ struct LayerNorms {
     post: Vec<f32>,  // [hidden]
 }
 
-/// The CPU reference backend (see the module doc).
+/// Which arithmetic the CPU backend runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuPath {
+    /// The `ops` reference operations, op by op (the golden tests' path).
+    #[default]
+    Reference,
+    /// The `cpu-kernels` operations: the same arithmetic, reordered sums,
+    /// run-time SIMD, fused projections, no per-step buffers.
+    Fast,
+}
+
+/// The CPU backend (see the module doc).
 pub struct CpuBackend {
     config: LlamaConfig,
+    /// The layer projections' buffers are empty on the fast path (moved
+    /// into `fast`); embedding, norms and head stay.
     weights: LlamaWeights,
     kv: KvShape,
     norms: Vec<LayerNorms>,
     final_norm: Vec<f32>, // [hidden]
     rope: Rope,
     pool: KvPool,
+    /// The packed projections of the fast path (`None`: reference path).
+    fast: Option<FastWeights>,
+    ws: Workspace,
+    isa: Isa,
 }
 
 impl CpuBackend {
-    /// Builds the backend, checking every tensor's shape against `config` and
-    /// allocating a zeroed KV pool of `kv.num_blocks * kv.block_size` slots.
+    /// The reference backend ([`CpuPath::Reference`]): see [`Self::with_path`].
     pub fn new(
         config: LlamaConfig,
         weights: LlamaWeights,
         kv: KvShape,
+    ) -> Result<Self, BackendError> {
+        Self::with_path(config, weights, kv, CpuPath::Reference)
+    }
+
+    /// Builds the backend on `path`, checking every tensor's shape against
+    /// `config` and allocating a zeroed KV pool of `kv.num_blocks *
+    /// kv.block_size` slots; the fast path packs the layer projections here.
+    pub fn with_path(
+        config: LlamaConfig,
+        mut weights: LlamaWeights,
+        kv: KvShape,
+        path: CpuPath,
     ) -> Result<Self, BackendError> {
         check_weights(&config, &weights)?;
         if kv.num_blocks == 0 || kv.block_size == 0 {
@@ -77,6 +114,7 @@ impl CpuBackend {
             })
             .collect();
         let final_norm = weights.norm.to_f32();
+        let fast = (path == CpuPath::Fast).then(|| FastWeights::pack(&mut weights));
         Ok(CpuBackend {
             config,
             weights,
@@ -85,7 +123,31 @@ impl CpuBackend {
             final_norm,
             rope,
             pool,
+            fast,
+            ws: Workspace::default(),
+            isa: Isa::best(),
         })
+    }
+
+    /// The path this backend runs.
+    pub fn path(&self) -> CpuPath {
+        if self.fast.is_some() {
+            CpuPath::Fast
+        } else {
+            CpuPath::Reference
+        }
+    }
+
+    /// The step's logits of token rows `rows` on this backend's path.
+    fn run(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
+        match self.fast.take() {
+            Some(fast) => {
+                let logits = self.forward_fast(&fast, batch, rows);
+                self.fast = Some(fast);
+                logits
+            }
+            None => self.forward(batch, rows),
+        }
     }
 
     /// [`StepBatch::check`] with what this backend indexes with: token ids
@@ -98,7 +160,10 @@ impl CpuBackend {
 
 impl Backend for CpuBackend {
     fn name(&self) -> String {
-        "cpu".into()
+        match self.path() {
+            CpuPath::Reference => "cpu (reference)".into(),
+            CpuPath::Fast => format!("cpu ({})", self.isa.name()),
+        }
     }
 
     fn config(&self) -> &LlamaConfig {
@@ -117,7 +182,7 @@ impl Backend for CpuBackend {
             .map(|s| (s, batch.cu_seqlens[s + 1] as usize - 1))
             .collect();
         let rows: Vec<usize> = sampled.iter().map(|&(_, r)| r).collect();
-        let logits = self.forward(batch, &rows); // [R, vocab]
+        let logits = self.run(batch, &rows); // [R, vocab]
         let vocab = self.config.vocab_size;
         let tokens: Vec<(usize, SampledToken)> = sampled
             .par_iter()
@@ -139,7 +204,7 @@ impl Backend for CpuBackend {
                 "logits row {r} outside the step's {t} tokens"
             )));
         }
-        Ok(self.forward(batch, rows))
+        Ok(self.run(batch, rows))
     }
 }
 

@@ -66,18 +66,25 @@ fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
 }
 
 fn backend(tied: bool, num_blocks: usize) -> CpuBackend {
+    backend_on(CpuPath::Reference, tied, num_blocks)
+}
+
+fn backend_on(path: CpuPath, tied: bool, num_blocks: usize) -> CpuBackend {
     let c = config(tied);
     let w = weights(&c, tied);
-    CpuBackend::new(
+    CpuBackend::with_path(
         c,
         w,
         KvShape {
             num_blocks,
             block_size: BS,
         },
+        path,
     )
     .unwrap()
 }
+
+const PATHS: [CpuPath; 2] = [CpuPath::Reference, CpuPath::Fast];
 
 /// The textbook forward pass in f64 over a whole sequence: logits `[T][vocab]`.
 fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
@@ -186,29 +193,90 @@ fn chunk(tokens: &[u32], start: usize, blocks: Vec<u32>) -> SeqChunk {
 }
 
 const PROMPT: [u32; 11] = [3, 17, 42, 8, 8, 23, 1, 49, 0, 30, 12];
+/// Long enough for the fast path's GEMM regime (16 tokens or more).
+const LONG_PROMPT: [u32; 21] = [
+    3, 17, 42, 8, 8, 23, 1, 49, 0, 30, 12, 7, 7, 19, 33, 2, 48, 11, 5, 26, 40,
+];
 
 #[test]
 fn prefill_matches_naive_reference_tied_and_untied() {
-    for tied in [true, false] {
-        let mut b = backend(tied, 8);
-        let want = naive(b.config(), &b.weights, &PROMPT);
-        let batch = build_step(
-            &[chunk(&PROMPT, 0, contiguous_blocks(0, PROMPT.len(), BS))],
-            BS,
-        )
-        .unwrap();
-        let rows: Vec<usize> = (0..PROMPT.len()).collect();
-        let got = b.logits(&batch, &rows).unwrap();
-        for (r, w) in want.iter().enumerate() {
-            let e = rel_err(&got[r * 50..(r + 1) * 50], w);
-            assert!(e < 1e-5, "tied={tied} row {r}: rel err {e}");
+    for path in PATHS {
+        for tied in [true, false] {
+            for prompt in [&PROMPT[..], &LONG_PROMPT[..]] {
+                let mut b = backend_on(path, tied, 8);
+                let want = naive(b.config(), &weights(b.config(), tied), prompt);
+                let batch = build_step(
+                    &[chunk(prompt, 0, contiguous_blocks(0, prompt.len(), BS))],
+                    BS,
+                )
+                .unwrap();
+                let rows: Vec<usize> = (0..prompt.len()).collect();
+                let got = b.logits(&batch, &rows).unwrap();
+                for (r, w) in want.iter().enumerate() {
+                    let e = rel_err(&got[r * 50..(r + 1) * 50], w);
+                    assert!(e < 1e-5, "{path:?} tied={tied} row {r}: rel err {e}");
+                }
+            }
         }
     }
 }
 
 #[test]
 fn prefill_equals_token_by_token_decode_and_chunked_prefill() {
-    let mut b = backend(true, 8);
+    for path in PATHS {
+        prefill_equals_decode_on(path);
+    }
+}
+
+#[test]
+fn long_chunks_on_scattered_blocks_equal_decode_on_the_fast_path() {
+    // chunks of 16+ tokens take the fast path's GEMM attention; the cache
+    // blocks are scattered and the second chunk attends to the first's keys
+    let mut b = backend_on(CpuPath::Fast, false, 16);
+    let blocks: Vec<u32> = vec![9, 3, 14, 0, 6, 11];
+    let n = LONG_PROMPT.len();
+    let whole = build_step(&[chunk(&LONG_PROMPT, 0, blocks.clone())], BS).unwrap();
+    let all = b.logits(&whole, &(0..n).collect::<Vec<_>>()).unwrap();
+    let want = naive(b.config(), &weights(b.config(), false), &LONG_PROMPT);
+    for (r, w) in want.iter().enumerate() {
+        assert!(rel_err(&all[r * 50..(r + 1) * 50], w) < 1e-5, "row {r}");
+    }
+    let mut c = backend_on(CpuPath::Fast, false, 16);
+    let first = [LONG_PROMPT, LONG_PROMPT].concat();
+    let long = &first[..n + 16];
+    c.logits(
+        &build_step(
+            &[chunk(
+                &long[..16],
+                0,
+                vec![2, 8, 5, 1, 12, 7, 4, 10, 13, 15],
+            )],
+            BS,
+        )
+        .unwrap(),
+        &[],
+    )
+    .unwrap();
+    let rest = c
+        .logits(
+            &build_step(
+                &[chunk(
+                    &long[16..],
+                    16,
+                    vec![2, 8, 5, 1, 12, 7, 4, 10, 13, 15],
+                )],
+                BS,
+            )
+            .unwrap(),
+            &[n - 1],
+        )
+        .unwrap();
+    let want = naive(c.config(), &weights(c.config(), false), long);
+    assert!(rel_err(&rest, &want[n + 15]) < 1e-5);
+}
+
+fn prefill_equals_decode_on(path: CpuPath) {
+    let mut b = backend_on(path, true, 8);
     let blocks = contiguous_blocks(2, PROMPT.len(), BS);
     let one = build_step(&[chunk(&PROMPT, 0, blocks.clone())], BS).unwrap();
     let all = b
@@ -245,6 +313,13 @@ fn prefill_equals_token_by_token_decode_and_chunked_prefill() {
 
 #[test]
 fn mixed_batch_with_scattered_blocks_equals_each_alone() {
+    for path in PATHS {
+        mixed_batch_equals_alone_on(path);
+    }
+}
+
+fn mixed_batch_equals_alone_on(path: CpuPath) {
+    let backend = |tied, n| backend_on(path, tied, n);
     let a: &[u32] = &PROMPT;
     let bseq: &[u32] = &[5, 9, 44, 2, 2];
     // alone, contiguous blocks at the start of the pool
@@ -427,32 +502,32 @@ proptest::proptest! {
 /// flag the engine ends such a request on, without a host scan of the logits.
 #[test]
 fn non_finite_weights_give_a_nan_logprob() {
-    let c = config(true);
-    let mut w = weights(&c, true);
-    w.layers[1].down_proj.data[5] = bf16::NAN;
-    let mut b = CpuBackend::new(
-        c,
-        w,
-        KvShape {
-            num_blocks: 8,
-            block_size: BS,
-        },
-    )
-    .unwrap();
-    // PROMPT, its last token sampled greedily
-    let step = || {
-        let mut ch = chunk(&PROMPT, 0, contiguous_blocks(2, PROMPT.len(), BS));
-        ch.sample = Some(SampleRequest {
-            params: SamplingParams::greedy(),
-            step: 0,
-            history: None,
-        });
-        build_step(&[ch], BS).unwrap()
-    };
-    let out = b.step(&step()).unwrap();
-    let tok = out[0].as_ref().expect("a sampled token");
-    assert!(tok.logprob.is_nan(), "logprob {}", tok.logprob);
-    // the healthy model's is finite
-    let out = backend(true, 8).step(&step()).unwrap();
-    assert!(out[0].as_ref().unwrap().logprob.is_finite());
+    for path in PATHS {
+        for prompt in [&PROMPT[..], &LONG_PROMPT[..]] {
+            let c = config(true);
+            let mut w = weights(&c, true);
+            w.layers[1].down_proj.data[5] = bf16::NAN;
+            let kv = KvShape {
+                num_blocks: 8,
+                block_size: BS,
+            };
+            let mut b = CpuBackend::with_path(c, w, kv, path).unwrap();
+            // the prompt, its last token sampled greedily
+            let step = || {
+                let mut ch = chunk(prompt, 0, contiguous_blocks(2, prompt.len(), BS));
+                ch.sample = Some(SampleRequest {
+                    params: SamplingParams::greedy(),
+                    step: 0,
+                    history: None,
+                });
+                build_step(&[ch], BS).unwrap()
+            };
+            let out = b.step(&step()).unwrap();
+            let tok = out[0].as_ref().expect("a sampled token");
+            assert!(tok.logprob.is_nan(), "{path:?}: logprob {}", tok.logprob);
+            // the healthy model's is finite
+            let out = backend_on(path, true, 8).step(&step()).unwrap();
+            assert!(out[0].as_ref().unwrap().logprob.is_finite(), "{path:?}");
+        }
+    }
 }

@@ -123,6 +123,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
             max_batch_tokens: 512,
             enable_prefix_cache: true,
             max_queue: setup.max_queue,
+            max_step_time: None,
         },
     )
     .expect("engine starts");

@@ -1,0 +1,279 @@
+//! The prefill GEMM on AVX-512F: `y = x @ W^T` for many tokens, BF16
+//! weights widened into packed f32 panels, a 12 x 32 register tile.
+//!
+//! Contract: [`matmul`] computes what [`crate::matmul::matmul_bf16`]
+//! computes (`x` `[T, inp]`, `w` `[out, inp]` BF16, `y` `[T, out]`), each
+//! output the sum over `k` in increasing order of exact f32 products (the
+//! naive order). The `gemm` crate's x86 kernels stop at AVX2 without its
+//! nightly feature; this one uses the 32 zmm registers: per `k` two 16-lane
+//! loads of the packed panel, twelve broadcasts of `x`, 24 FMAs.
+//!
+//! [`matmul_strided`] is the same kernel over strided f32 or BF16 views,
+//! serial or parallel (the fast path's attention products use it).
+//!
+//! Costs: `T * out * inp` multiply-adds; each task packs its panels of
+//! [`NR`] weight rows (`inp * NR * 4` bytes, reused for every token tile),
+//! so `W` is read once per call; work split over panels on rayon.
+
+use half::bf16;
+use rayon::prelude::*;
+
+/// Tokens per register tile.
+pub const MR: usize = 12;
+/// Weight rows (outputs) per register tile and packed panel.
+pub const NR: usize = 32;
+
+/// A raw pointer to the output, shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: tasks write disjoint output columns (distinct panels) while the
+// owning `&mut [f32]` is not otherwise used.
+unsafe impl Send for OutPtr {}
+// SAFETY: as for Send.
+unsafe impl Sync for OutPtr {}
+
+/// The weights of a product, `[out, inp]` row-major.
+#[derive(Clone, Copy)]
+pub enum Weights<'a> {
+    /// BF16 values, rows `inp` apart.
+    Bf16(&'a [bf16]),
+    /// f32 values, rows `stride` apart (`stride >= inp`).
+    F32 { data: &'a [f32], stride: usize },
+}
+
+/// `y = x @ W^T` on AVX-512F (see the module doc), parallel over panels.
+/// Panics if the lengths disagree or the processor lacks AVX-512F (callers
+/// check [`crate::Isa`]).
+pub fn matmul(x: &[f32], w: &[bf16], inp: usize, out: usize, y: &mut [f32]) {
+    assert!(inp > 0 && x.len().is_multiple_of(inp));
+    let t = x.len() / inp;
+    matmul_strided(x, inp, t, Weights::Bf16(w), inp, out, y, out, true);
+}
+
+/// `y[i][o] = sum_k x[i][k] * w[o][k]` for `i < t`, `o < out`, `k < inp`,
+/// with `x` rows `x_stride` apart and `y` rows `y_stride` apart (only the
+/// first `out` values of each `y` row are written); parallel over panels
+/// when `parallel`. Panics if a view is out of bounds or the processor
+/// lacks AVX-512F.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_strided(
+    x: &[f32],
+    x_stride: usize,
+    t: usize,
+    w: Weights<'_>,
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    y_stride: usize,
+    parallel: bool,
+) {
+    assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
+    if t == 0 || out == 0 {
+        return;
+    }
+    assert!(inp > 0 && inp <= x_stride && out <= y_stride);
+    assert!(x.len() >= (t - 1) * x_stride + inp, "x too short");
+    assert!(y.len() >= (t - 1) * y_stride + out, "y too short");
+    match w {
+        Weights::Bf16(d) => assert_eq!(d.len(), out * inp, "w is not [{out}, {inp}]"),
+        Weights::F32 { data, stride } => {
+            assert!(
+                stride >= inp && data.len() >= (out - 1) * stride + inp,
+                "w too short"
+            )
+        }
+    }
+    let panels = out.div_ceil(NR);
+    let yp = OutPtr(y.as_mut_ptr());
+    let run = |panel: &mut Vec<f32>, p: usize| {
+        let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
+        pack(w, inp, o0, o1, panel);
+        for t0 in (0..t).step_by(MR) {
+            let mr = MR.min(t - t0);
+            // SAFETY: AVX-512F asserted above; rows t0..t0 + mr of x (each
+            // inp values from t0 * x_stride on) and of y (o1 - o0 values
+            // from (t0 + m) * y_stride + o0) are in bounds (asserted);
+            // the panel holds inp * NR values; columns o0..o1 of y belong
+            // to this panel only.
+            unsafe {
+                micro_dispatch(
+                    mr,
+                    x.as_ptr().add(t0 * x_stride),
+                    x_stride,
+                    inp,
+                    panel.as_ptr(),
+                    yp.get().add(t0 * y_stride + o0),
+                    y_stride,
+                    o1 - o0,
+                )
+            };
+        }
+    };
+    if parallel && panels > 1 {
+        (0..panels)
+            .into_par_iter()
+            .for_each_init(|| vec![0f32; inp * NR], run);
+    } else {
+        let mut panel = vec![0f32; inp * NR];
+        for p in 0..panels {
+            run(&mut panel, p);
+        }
+    }
+}
+
+/// Packs weight rows `o0..o1` as f32 `[inp][NR]` (row `o` in lane `o - o0`,
+/// lanes past `o1` zero).
+fn pack(w: Weights<'_>, inp: usize, o0: usize, o1: usize, panel: &mut [f32]) {
+    if o1 - o0 < NR {
+        panel.fill(0.0);
+    }
+    match w {
+        Weights::Bf16(d) => {
+            let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(d);
+            for (j, o) in (o0..o1).enumerate() {
+                for (k, &b) in bits[o * inp..(o + 1) * inp].iter().enumerate() {
+                    panel[k * NR + j] = f32::from_bits((b as u32) << 16);
+                }
+            }
+        }
+        Weights::F32 { data, stride } => {
+            for (j, o) in (o0..o1).enumerate() {
+                for (k, &v) in data[o * stride..o * stride + inp].iter().enumerate() {
+                    panel[k * NR + j] = v;
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// AVX-512F; `x` points at `mr` rows of `inp` values `xs` apart, `panel` at
+/// `inp * NR` values, `y` at `mr` rows of `nv <= NR` writable values `ys`
+/// apart.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro_dispatch(
+    mr: usize,
+    x: *const f32,
+    xs: usize,
+    inp: usize,
+    panel: *const f32,
+    y: *mut f32,
+    ys: usize,
+    nv: usize,
+) {
+    macro_rules! go {
+        ($($m:literal)*) => {
+            match mr {
+                // SAFETY: forwarded from this function's contract.
+                $($m => unsafe { micro::<$m>(x, xs, inp, panel, y, ys, nv) },)*
+                _ => unreachable!("mr is 1..=MR"),
+            }
+        };
+    }
+    go!(1 2 3 4 5 6 7 8 9 10 11 12)
+}
+
+/// Never called off x86-64 ([`matmul_strided`] asserts AVX-512F first).
+///
+/// # Safety
+/// None needed; unsafe only to match the x86-64 signature.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro_dispatch(
+    _: usize,
+    _: *const f32,
+    _: usize,
+    _: usize,
+    _: *const f32,
+    _: *mut f32,
+    _: usize,
+    _: usize,
+) {
+    unreachable!("AVX-512F is asserted before any call")
+}
+
+/// `y[m][j] = sum_k x[m][k] * panel[k][j]` for `m < M`, `j < nv`, stored
+/// straight from the registers (masked for a partial panel).
+///
+/// # Safety
+/// As [`micro_dispatch`] with `mr = M`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn micro<const M: usize>(
+    x: *const f32,
+    xs: usize,
+    inp: usize,
+    panel: *const f32,
+    y: *mut f32,
+    ys: usize,
+    nv: usize,
+) {
+    use std::arch::x86_64::*;
+    let mut c0 = [_mm512_setzero_ps(); M];
+    let mut c1 = [_mm512_setzero_ps(); M];
+    for k in 0..inp {
+        // SAFETY: k * NR + 32 <= inp * NR panel values; x row m holds inp
+        // values (the contract).
+        unsafe {
+            let b0 = _mm512_loadu_ps(panel.add(k * NR));
+            let b1 = _mm512_loadu_ps(panel.add(k * NR + 16));
+            for m in 0..M {
+                let a = _mm512_set1_ps(*x.add(m * xs + k));
+                c0[m] = _mm512_fmadd_ps(a, b0, c0[m]);
+                c1[m] = _mm512_fmadd_ps(a, b1, c1[m]);
+            }
+        }
+    }
+    let lanes = |n: usize| -> __mmask16 { if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 } };
+    let (m0, m1) = (lanes(nv), lanes(nv.saturating_sub(16)));
+    for m in 0..M {
+        // SAFETY: row m of y has nv writable values (the contract); the
+        // masks write only those (the second pointer may lie past the end
+        // when nv <= 16: wrapping_add, and its mask is empty).
+        unsafe {
+            _mm512_mask_storeu_ps(y.add(m * ys), m0, c0[m]);
+            _mm512_mask_storeu_ps(y.wrapping_add(m * ys + 16), m1, c1[m]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matches_the_naive_product_on_ragged_shapes() {
+        if !crate::Isa::Avx512.supported() {
+            return; // the path this machine cannot run; the portable one is tested in matmul
+        }
+        for &(t, inp, out) in &[(1, 5, 3), (13, 37, 33), (25, 64, 70), (12, 100, 32)] {
+            let x: Vec<f32> = (0..t * inp)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0)
+                .collect();
+            let w: Vec<bf16> = (0..out * inp)
+                .map(|i| bf16::from_f32(((i * 5 % 11) as f32 - 5.0) / 8.0))
+                .collect();
+            let mut y = vec![f32::NAN; t * out];
+            matmul(&x, &w, inp, out, &mut y);
+            for ti in 0..t {
+                for o in 0..out {
+                    let want: f32 = (0..inp)
+                        .map(|i| x[ti * inp + i] * w[o * inp + i].to_f32())
+                        .sum();
+                    let got = y[ti * out + o];
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "T={t} ({ti},{o}) {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}

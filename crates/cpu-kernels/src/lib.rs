@@ -1,0 +1,31 @@
+//! cpu-kernels: the CPU backend's fast kernels, chosen at run time by what
+//! the processor has.
+//!
+//! Contract: every kernel computes what its reference in the `ops` crate
+//! computes (same inputs, same layout, f32 arithmetic over BF16 weights
+//! widened exactly), differing only in the order of the additions, so results
+//! agree with the reference to f32 rounding (about `1e-6` relative per dot
+//! product). The instruction set is picked once per process ([`Isa::best`]:
+//! AVX-512F, else AVX2 + FMA, else the portable code, which LLVM vectorises
+//! for the target's baseline, NEON on aarch64); every kernel also takes an
+//! explicit [`Isa`] so that tests run each path the machine can run against
+//! the portable one. Parallel work runs on rayon's global pool (the caller
+//! sizes it); small inputs run on the calling thread.
+//!
+//! Modules: [`isa`] (detection), [`matmul`] (BF16 weights times f32
+//! activations: register-tiled kernels for few tokens, the `gemm` crate over
+//! weights widened to f32 in a reused buffer for many), [`vector`] (dot,
+//! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations),
+//! [`threads`] (the rayon pool on the physical cores).
+//!
+//! Costs: see each module. No allocation per call except the growth of a
+//! caller-owned [`matmul::Scratch`].
+
+pub mod gemm512;
+pub mod isa;
+pub mod matmul;
+pub mod threads;
+pub mod vector;
+
+pub use isa::Isa;
+pub use matmul::{Scratch, matmul_bf16};
