@@ -54,6 +54,7 @@ fn start(
             max_batch_tokens,
             enable_prefix_cache: prefix_cache,
             max_queue: 0,
+            halt_on_backend_error: false,
         },
     )
     .expect("engine")

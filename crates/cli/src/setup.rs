@@ -130,6 +130,7 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
             max_batch_tokens,
             enable_prefix_cache: !args.no_prefix_cache,
             max_queue,
+            halt_on_backend_error: false,
         },
     )?;
     Ok(Loaded {

@@ -45,6 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_batch_tokens: seqs * prompt_len,
             enable_prefix_cache: true,
             max_queue: 0,
+            halt_on_backend_error: false,
         },
     )?;
     let start = Instant::now();

@@ -18,6 +18,12 @@ pub struct EngineConfig {
     pub enable_prefix_cache: bool,
     /// Most requests waiting for their first admission; 0 = unbounded.
     pub max_queue: usize,
+    /// A failed backend step fails the whole engine: every request ends
+    /// with an error naming the failure, later submits are refused with
+    /// [`SubmitError::EngineFailed`] and [`crate::Engine::failure`] says why.
+    /// For one engine among replicas (the server then takes it out of
+    /// rotation); off, a failed step ends only that step's requests.
+    pub halt_on_backend_error: bool,
 }
 
 impl Default for EngineConfig {
@@ -27,6 +33,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 2048,
             enable_prefix_cache: true,
             max_queue: 0,
+            halt_on_backend_error: false,
         }
     }
 }
@@ -90,6 +97,8 @@ pub struct Finished {
     pub usage: Usage,
     /// Why, when `reason` is [`FinishReason::Error`].
     pub error: Option<String>,
+    /// Time from submission to the first admission (`None` if never admitted).
+    pub queue_time: Option<std::time::Duration>,
 }
 
 /// Why a request ended.
@@ -133,6 +142,9 @@ pub struct Usage {
 pub struct EngineStats {
     pub running: u64,
     pub waiting: u64,
+    /// Prompt tokens of the requests submitted and not yet admitted (updated
+    /// at submit, not only per step: what a router balances on).
+    pub queued_prompt_tokens: u64,
     pub kv_blocks_used: u64,
     pub kv_blocks_total: u64,
     pub prompt_tokens_total: u64,
@@ -209,4 +221,6 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("the engine is shutting down")]
     ShuttingDown,
+    #[error("the engine failed: {0}")]
+    EngineFailed(String),
 }

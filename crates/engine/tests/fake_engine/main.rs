@@ -58,6 +58,7 @@ fn cfg(max_num_seqs: usize, max_batch_tokens: usize) -> EngineConfig {
         max_batch_tokens,
         enable_prefix_cache: true,
         max_queue: 0,
+        halt_on_backend_error: false,
     }
 }
 
