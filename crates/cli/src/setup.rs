@@ -5,6 +5,7 @@
 //! Costs: loading reads every weight once (the safetensors files are memory
 //! mapped and converted to BF16); the KV pool is allocated once, here.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -68,9 +69,26 @@ pub struct ModelArgs {
     pub no_prefix_cache: bool,
 }
 
+/// Which engines to start: one per listed CUDA device (data parallelism),
+/// or one per CPU replica; [`ReplicaPlan::ONE`] is one engine on the device
+/// `--device` picks (GPU 0 on CUDA).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaPlan {
+    /// These CUDA device ordinals, one engine each.
+    Gpus(Vec<usize>),
+    /// This many engines: on GPUs 0..n with CUDA, else on the CPU.
+    Count(usize),
+}
+
+impl ReplicaPlan {
+    pub const ONE: ReplicaPlan = ReplicaPlan::Count(1);
+}
+
 /// A model opened for serving requests.
 pub struct Loaded {
     pub engine: Engine,
+    /// The further replicas of a data-parallel plan (none for one engine).
+    pub replicas: Vec<Engine>,
     pub tokenizer: Arc<Tokenizer>,
     pub model: LoadedModel,
     /// The name shown to API clients (the id, or the directory's name).
@@ -99,6 +117,15 @@ pub fn display_name(model: &str) -> String {
 
 /// Opens the model and starts the engine.
 pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
+    open_replicas(args, max_queue, &ReplicaPlan::ONE)
+}
+
+/// Opens the model and starts one engine per replica of `plan`, each with
+/// its own backend (weights, KV pool of the configured size) and step loop.
+/// With several, an engine whose backend fails halts
+/// (`EngineConfig::halt_on_backend_error`) so the server takes it out of
+/// rotation.
+pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> Result<Loaded> {
     if args.max_num_seqs == 0 {
         bail!("invalid `--max-num-seqs`: must be at least 1");
     }
@@ -109,7 +136,46 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
-    let backend = open_backend(args, &loaded, cuda)?;
+    let devices: Vec<Option<usize>> = match (plan, cuda) {
+        (ReplicaPlan::Gpus(_), false) => bail!(
+            "`--devices` lists CUDA devices but the model runs on the CPU (`--device cpu`, or no CUDA here); use `--data-parallel-size N` for CPU replicas"
+        ),
+        (ReplicaPlan::Gpus(ids), true) => {
+            let count = model::cuda::device_count().map_err(anyhow::Error::msg)?;
+            if let Some(bad) = ids.iter().find(|&&i| i >= count) {
+                bail!(
+                    "invalid `--devices`: GPU {bad} does not exist; this machine has {count} (0..{count})"
+                );
+            }
+            ids.iter().copied().map(Some).collect()
+        }
+        (ReplicaPlan::Count(0), _) => bail!("invalid `--data-parallel-size`: must be at least 1"),
+        (ReplicaPlan::Count(n), true) => {
+            let count = model::cuda::device_count().map_err(anyhow::Error::msg)?;
+            if *n > count {
+                bail!("invalid `--data-parallel-size {n}`: this machine has {count} GPUs");
+            }
+            (0..*n).map(Some).collect()
+        }
+        (ReplicaPlan::Count(n), false) => vec![None; *n],
+    };
+    let mut weights = Some(checkpoint::loader::load_weights(
+        &loaded.dir,
+        &loaded.config,
+    )?);
+    let mut backends = Vec::with_capacity(devices.len());
+    for (i, device) in devices.iter().enumerate() {
+        // the last replica takes the host copy; earlier CPU replicas clone it
+        let w = match (i + 1 == devices.len(), &weights) {
+            (false, Some(w)) => Cow::Borrowed(w),
+            _ => Cow::Owned(
+                weights
+                    .take()
+                    .context("the weights were already handed over")?,
+            ),
+        };
+        backends.push(open_backend(args, &loaded, *device, w)?);
+    }
     let mut eos = loaded.eos_ids.clone();
     for id in tokenizer.eos_ids() {
         if !eos.contains(&id) {
@@ -121,20 +187,26 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     } else {
         CPU_MAX_BATCH_TOKENS
     });
-    let engine = Engine::start(
-        backend,
-        tokenizer.clone(),
-        eos,
-        EngineConfig {
-            max_num_seqs: args.max_num_seqs,
-            max_batch_tokens,
-            enable_prefix_cache: !args.no_prefix_cache,
-            max_queue,
-            halt_on_backend_error: false,
-        },
-    )?;
+    let halt = backends.len() > 1;
+    let mut engines = Vec::with_capacity(backends.len());
+    for backend in backends {
+        engines.push(Engine::start(
+            backend,
+            tokenizer.clone(),
+            eos.clone(),
+            EngineConfig {
+                max_num_seqs: args.max_num_seqs,
+                max_batch_tokens,
+                enable_prefix_cache: !args.no_prefix_cache,
+                max_queue,
+                halt_on_backend_error: halt,
+            },
+        )?);
+    }
+    let engine = engines.remove(0);
     Ok(Loaded {
         engine,
+        replicas: engines,
         tokenizer,
         model: loaded,
         model_id: display_name(&args.model),
@@ -169,9 +241,15 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
     })
 }
 
-/// Loads the weights onto CUDA (`cuda`, from [`use_cuda`]) or the CPU with a
-/// KV pool sized from the options.
-fn open_backend(args: &ModelArgs, loaded: &LoadedModel, cuda: bool) -> Result<Box<dyn Backend>> {
+/// Puts `weights` on CUDA device `device` or (`None`) the CPU with a KV
+/// pool sized from the options.
+fn open_backend(
+    args: &ModelArgs,
+    loaded: &LoadedModel,
+    device: Option<usize>,
+    weights: Cow<'_, checkpoint::LlamaWeights>,
+) -> Result<Box<dyn Backend>> {
+    let cuda = device.is_some();
     let cfg = &loaded.config;
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };
@@ -218,17 +296,20 @@ fn open_backend(args: &ModelArgs, loaded: &LoadedModel, cuda: bool) -> Result<Bo
         num_blocks,
         block_size: BLOCK_SIZE,
     };
-    let weights = checkpoint::loader::load_weights(&loaded.dir, cfg)?;
-    let backend: Box<dyn Backend> = if cuda {
-        Box::new(
-            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, 0)
-                .context("starting the CUDA backend")?,
-        )
-    } else {
-        Box::new(model::cpu::CpuBackend::new(cfg.clone(), weights, kv)?)
+    let backend: Box<dyn Backend> = match device {
+        Some(ordinal) => Box::new(
+            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal)
+                .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
+        ),
+        None => Box::new(model::cpu::CpuBackend::new(
+            cfg.clone(),
+            weights.into_owned(),
+            kv,
+        )?),
     };
     tracing::info!(
         backend = %backend.name(),
+        device = ?device,
         kv_blocks = num_blocks,
         block_size = BLOCK_SIZE,
         "model loaded"

@@ -124,7 +124,12 @@ pub struct ReplicaView {
 }
 
 /// One engine-derived series: name, type, help, value from the stats.
-type EngineSeries = (&'static str, &'static str, &'static str, fn(&EngineStats) -> f64);
+type EngineSeries = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&EngineStats) -> f64,
+);
 
 /// The series every replica reports (with `engine="<i>"`) and the server
 /// reports summed (no `engine` label, written last in each family so a
@@ -267,10 +272,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE {name} counter");
         for (reason, n) in REASONS.iter().zip(&self.finished) {
             let n = n.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{name}{{{label},finished_reason=\"{reason}\"}} {n}"
-            );
+            let _ = writeln!(out, "{name}{{{label},finished_reason=\"{reason}\"}} {n}");
         }
         self.ttft.render(
             &mut out,
@@ -336,10 +338,19 @@ mod tests {
         m.finished("length");
         let s = m.render(&[ReplicaView::default()], "m\"x");
         let l = "model_name=\"m\\\"x\"";
-        assert!(s.contains(&format!("lamina_requests_finished_total{{{l},finished_reason=\"stop\"}} 2")), "{s}");
-        assert!(s.contains(&format!("lamina_requests_finished_total{{{l},finished_reason=\"length\"}} 1")));
+        assert!(
+            s.contains(&format!(
+                "lamina_requests_finished_total{{{l},finished_reason=\"stop\"}} 2"
+            )),
+            "{s}"
+        );
+        assert!(s.contains(&format!(
+            "lamina_requests_finished_total{{{l},finished_reason=\"length\"}} 1"
+        )));
         assert!(s.contains(&format!("lamina_num_requests_running{{{l}}} 0")));
-        assert!(s.contains(&format!("lamina_time_to_first_token_seconds_count{{{l}}} 0")));
+        assert!(s.contains(&format!(
+            "lamina_time_to_first_token_seconds_count{{{l}}} 0"
+        )));
     }
 
     #[test]
@@ -370,11 +381,16 @@ mod tests {
                 "lamina_num_requests_running{model_name=\"m\"} 5",
             ]
         );
-        assert!(s.contains("lamina_kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.5\n"), "{s}");
+        assert!(
+            s.contains("lamina_kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.5\n"),
+            "{s}"
+        );
         assert!(s.contains("lamina_kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
         assert!(s.contains("lamina_num_preemptions_total{model_name=\"m\"} 5\n"));
         assert!(s.contains("lamina_engine_healthy{model_name=\"m\",engine=\"1\"} 0\n"));
-        assert!(s.contains("lamina_router_requests_total{model_name=\"m\",engine=\"1\",route=\"prefix\"} 3\n"));
+        assert!(s.contains(
+            "lamina_router_requests_total{model_name=\"m\",engine=\"1\",route=\"prefix\"} 3\n"
+        ));
         // every sample carries the model name
         for l in s.lines().filter(|l| !l.starts_with('#')) {
             assert!(l.contains("model_name=\"m\""), "{l}");

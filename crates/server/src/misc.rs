@@ -16,8 +16,8 @@ use crate::encode::{Input, encode};
 use crate::error::ApiError;
 use crate::protocol::{self, DetokenizeRequest, TokenizeRequest};
 use crate::responses::{
-    DetokenizeResponse, EndpointInfo, FailedEngine, HealthResponse, IndexResponse, ModelCard, ModelList,
-    TokenizeResponse, VersionResponse,
+    DetokenizeResponse, EndpointInfo, FailedEngine, HealthResponse, IndexResponse, ModelCard,
+    ModelList, TokenizeResponse, VersionResponse,
 };
 use crate::state::AppState;
 

@@ -372,7 +372,11 @@ mod tests {
         let new = block_hashes(&[5, 5, 6, 6], 2);
         ix.record(&new, 1);
         assert!(ix.owner.len() <= 3);
-        assert_eq!(ix.matched(&old, 2), vec![0, 0], "the oldest block went first");
+        assert_eq!(
+            ix.matched(&old, 2),
+            vec![0, 0],
+            "the oldest block went first"
+        );
         assert_eq!(ix.matched(&new, 2), vec![0, 2]);
         // refreshing keeps a block: re-sending `new` many times never grows the queue unboundedly
         for _ in 0..100 {

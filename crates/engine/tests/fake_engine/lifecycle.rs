@@ -253,7 +253,10 @@ fn halting_engine_fails_everything_and_refuses_more() {
     }
     let why = s.engine.failure().expect("the engine records its failure");
     assert!(why.contains("injected failure on token 249"), "{why}");
-    match s.engine.submit(req(vec![3, 4], 2, SamplingParams::greedy())) {
+    match s
+        .engine
+        .submit(req(vec![3, 4], 2, SamplingParams::greedy()))
+    {
         Err(SubmitError::EngineFailed(e)) => assert_eq!(e, why),
         Err(e) => panic!("refused for the wrong reason: {e}"),
         Ok(_) => panic!("a failed engine accepted a request"),

@@ -156,7 +156,10 @@ async fn a_failed_replica_leaves_the_others_serving() {
             assert!(r.text().contains("injected device fault"), "{}", r.text());
         }
     }
-    assert!(completed >= 1, "the healthy replica finished what it accepted");
+    assert!(
+        completed >= 1,
+        "the healthy replica finished what it accepted"
+    );
     // new requests all go to the survivor
     for i in 0..3 {
         let r = normal(10 + i).await;
@@ -212,7 +215,11 @@ async fn disconnect_frees_blocks_on_the_replica_that_ran_it() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     let mut stream: Body = resp.into_body();
-    let frame = stream.frame().await.expect("a first event").expect("no error");
+    let frame = stream
+        .frame()
+        .await
+        .expect("a first event")
+        .expect("no error");
     assert!(frame.into_data().is_ok());
     let per = app.state.replicas.per_engine_stats();
     let ran = per
