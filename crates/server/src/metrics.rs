@@ -121,6 +121,8 @@ pub struct ReplicaView {
     /// Requests the router placed on it by prefix affinity and by load.
     pub routed_prefix: u64,
     pub routed_load: u64,
+    /// Tokens per KV block.
+    pub block_size: u64,
 }
 
 /// One engine-derived series: name, type, help, value from the stats.
@@ -243,6 +245,18 @@ impl Metrics {
             }
             let _ = writeln!(out, "{name}{{{label}}} {}", value(&total));
         }
+        let name = "lamina_cache_config_info";
+        let _ = writeln!(
+            out,
+            "# HELP {name} KV cache configuration of the server (labels; value 1): tokens per block and blocks of all replicas."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let block_size = replicas.first().map_or(0, |r| r.block_size);
+        let _ = writeln!(
+            out,
+            "{name}{{{label},block_size=\"{block_size}\",num_gpu_blocks=\"{}\"}} 1",
+            total.kv_blocks_total
+        );
         let name = "lamina_engine_healthy";
         let _ = writeln!(
             out,
@@ -367,6 +381,7 @@ mod tests {
             failed,
             routed_prefix: 3,
             routed_load: 1,
+            block_size: 16,
         };
         let s = m.render(&[view(2, 5, false), view(3, 0, true)], "m");
         let lines: Vec<&str> = s
@@ -388,6 +403,9 @@ mod tests {
         assert!(s.contains("lamina_kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
         assert!(s.contains("lamina_num_preemptions_total{model_name=\"m\"} 5\n"));
         assert!(s.contains("lamina_engine_healthy{model_name=\"m\",engine=\"1\"} 0\n"));
+        assert!(s.contains(
+            "lamina_cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"20\"} 1\n"
+        ));
         assert!(s.contains(
             "lamina_router_requests_total{model_name=\"m\",engine=\"1\",route=\"prefix\"} 3\n"
         ));

@@ -118,6 +118,11 @@ impl Replicas {
         self.engines.is_empty()
     }
 
+    /// Tokens per KV block (every replica's).
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     /// The engine of replica `i`.
     pub fn engine(&self, i: usize) -> Option<&Engine> {
         self.engines.get(i)

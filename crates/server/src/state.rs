@@ -171,6 +171,7 @@ impl AppState {
             .map(|(i, stats)| {
                 let (routed_prefix, routed_load) = self.replicas.routed(i);
                 ReplicaView {
+                    block_size: self.replicas.block_size() as u64,
                     stats,
                     failed: failed.iter().any(|(j, _)| *j == i),
                     routed_prefix,
