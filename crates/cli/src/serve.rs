@@ -1,6 +1,9 @@
 //! `lamina serve`: the OpenAI-compatible HTTP server (`server` crate) over
 //! the engine, on 127.0.0.1:8000 unless told otherwise.
 //!
+//! `--devices 0,1` / `all` (or `--data-parallel-size N`, also CPU replicas)
+//! runs one engine per GPU behind the one server (`server::Replicas`).
+//!
 //! Binds the port first (a port in use fails at once, before the model
 //! loads, with one line naming the cause and the fix), loads the model
 //! (fetching it on first use), prints how long start-up took and what it
@@ -73,6 +76,19 @@ pub struct ServeArgs {
     /// Seconds a request body may stall between two chunks (then 408).
     #[arg(long, default_value_t = 30.0, env = "LAMINA_BODY_TIMEOUT")]
     pub body_timeout: f64,
+    /// Data parallelism: one engine (weights, KV pool, step loop) per listed
+    /// GPU behind this one server, e.g. `0,1` or `all` (default: GPU 0 only).
+    /// The router sends a request to the replica holding the longest cached
+    /// prefix of its prompt unless that one is overloaded, else to the least
+    /// loaded. Each replica gets `--kv-memory-gib` / `--kv-blocks` and
+    /// `--max-queue` of its own.
+    #[arg(long, env = "LAMINA_DEVICES", conflicts_with = "data_parallel_size")]
+    pub devices: Option<String>,
+    /// Number of replicas (vLLM's `--data-parallel-size`): GPUs 0..N with
+    /// CUDA; on the CPU (`--device cpu`) N CPU engines, for testing the
+    /// routing without a GPU.
+    #[arg(long, short = 'd', env = "LAMINA_DATA_PARALLEL_SIZE")]
+    pub data_parallel_size: Option<usize>,
     /// Name clients use for the model (default: the --model id or directory name).
     #[arg(long, env = "LAMINA_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
@@ -122,7 +138,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .block_on(server::bind(&addr))
         .map_err(|e| bind_error(e, &args))?;
     let t0 = std::time::Instant::now();
-    let loaded = setup::open(&args.model, args.max_queue)?;
+    let plan = replica_plan(&args)?;
+    let loaded = setup::open_replicas(&args.model, args.max_queue, &plan)?;
     eprintln!(
         "lamina: started in {:.1}s: {}",
         t0.elapsed().as_secs_f64(),
@@ -143,15 +160,58 @@ pub fn run(args: ServeArgs) -> Result<()> {
         defaults: loaded.model.generation.clone(),
     };
     let defaults = loaded.model.generation.sampling_defaults();
-    let state = server::AppState::new(loaded.engine, loaded.tokenizer, cfg);
+    let mut engines = vec![loaded.engine];
+    engines.extend(loaded.replicas);
+    let count = engines.len();
+    let replicas = server::Replicas::new(engines).map_err(anyhow::Error::msg)?;
+    let state = server::AppState::with_replicas(replicas, loaded.tokenizer, cfg);
     runtime.block_on(async move {
         let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
-        eprintln!("lamina: serving `{model_id}` on http://{local} (Ctrl-C to stop)");
+        let on = if count > 1 {
+            format!(" with {count} replicas")
+        } else {
+            String::new()
+        };
+        eprintln!("lamina: serving `{model_id}`{on} on http://{local} (Ctrl-C to stop)");
         eprintln!("lamina: requests that set no sampling fields get {defaults}");
         server::serve(state, listener, server::shutdown_signal()).await
     })?;
     eprintln!("lamina: server stopped");
     Ok(())
+}
+
+/// The replicas `--devices` / `--data-parallel-size` ask for (one engine by default).
+fn replica_plan(args: &ServeArgs) -> Result<setup::ReplicaPlan> {
+    if let Some(n) = args.data_parallel_size {
+        return Ok(setup::ReplicaPlan::Count(n));
+    }
+    let Some(list) = args.devices.as_deref() else {
+        return Ok(setup::ReplicaPlan::ONE);
+    };
+    parse_devices(list, || {
+        model::cuda::device_count().map_err(|why| anyhow::anyhow!("`--devices all`: {why}"))
+    })
+}
+
+/// `all` (every GPU `count` reports) or a comma-separated list of distinct GPU ordinals.
+fn parse_devices(list: &str, count: impl FnOnce() -> Result<usize>) -> Result<setup::ReplicaPlan> {
+    if list.trim() == "all" {
+        return Ok(setup::ReplicaPlan::Gpus((0..count()?).collect()));
+    }
+    let mut ids = Vec::new();
+    for item in list.split(',') {
+        let item = item.trim();
+        let id: usize = item.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "invalid `--devices {list}`: `{item}` is not a GPU number; use `all` or a list like `0,1`"
+            )
+        })?;
+        if ids.contains(&id) {
+            bail!("invalid `--devices {list}`: GPU {id} is listed twice");
+        }
+        ids.push(id);
+    }
+    Ok(setup::ReplicaPlan::Gpus(ids))
 }
 
 /// The API keys of `--api-key` and `--api-key-file`, each checked; the
@@ -211,4 +271,36 @@ fn bind_error(e: server::ServerError, args: &ServeArgs) -> anyhow::Error {
         _ => "check `--host` and `--port`".to_string(),
     };
     anyhow::anyhow!("cannot listen on {addr}: {source}; {fix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use setup::ReplicaPlan;
+
+    #[test]
+    fn devices_parse_lists_and_all() {
+        let none = || -> Result<usize> { bail!("no GPU here") };
+        assert_eq!(
+            parse_devices("0,1", none).unwrap(),
+            ReplicaPlan::Gpus(vec![0, 1])
+        );
+        assert_eq!(
+            parse_devices(" 2 ", none).unwrap(),
+            ReplicaPlan::Gpus(vec![2])
+        );
+        assert_eq!(
+            parse_devices("all", || Ok(3)).unwrap(),
+            ReplicaPlan::Gpus(vec![0, 1, 2])
+        );
+        let err = |s: &str| parse_devices(s, none).unwrap_err().to_string();
+        assert!(
+            err("0,x").contains("`x` is not a GPU number"),
+            "{}",
+            err("0,x")
+        );
+        assert!(err("1,1").contains("GPU 1 is listed twice"));
+        assert!(err("all").contains("no GPU here"));
+        assert!(err("").contains("is not a GPU number"));
+    }
 }

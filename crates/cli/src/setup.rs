@@ -5,6 +5,7 @@
 //! Costs: loading reads every weight once (the safetensors files are memory
 //! mapped and converted to BF16); the KV pool is allocated once, here.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -88,9 +89,26 @@ pub struct ModelArgs {
     pub cpu_kernels: CpuKernelsArg,
 }
 
+/// Which engines to start: one per listed CUDA device (data parallelism),
+/// or one per CPU replica; [`ReplicaPlan::ONE`] is one engine on the device
+/// `--device` picks (GPU 0 on CUDA).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaPlan {
+    /// These CUDA device ordinals, one engine each.
+    Gpus(Vec<usize>),
+    /// This many engines: on GPUs 0..n with CUDA, else on the CPU.
+    Count(usize),
+}
+
+impl ReplicaPlan {
+    pub const ONE: ReplicaPlan = ReplicaPlan::Count(1);
+}
+
 /// A model opened for serving requests.
 pub struct Loaded {
     pub engine: Engine,
+    /// The further replicas of a data-parallel plan (none for one engine).
+    pub replicas: Vec<Engine>,
     pub tokenizer: Arc<Tokenizer>,
     pub model: LoadedModel,
     /// The name shown to API clients (the id, or the directory's name).
@@ -111,13 +129,20 @@ pub struct Sizing {
     pub max_num_seqs: usize,
     pub max_batch_tokens: usize,
     pub cuda: bool,
+    /// Engines started (one per GPU, or CPU replicas), each sized as above.
+    pub replicas: usize,
 }
 
 impl std::fmt::Display for Sizing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB); at most {} sequences and {} tokens a step",
+            "{}{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB); at most {} sequences and {} tokens a step",
+            if self.replicas > 1 {
+                format!("{} replicas, each: ", self.replicas)
+            } else {
+                String::new()
+            },
             if self.cuda { "CUDA" } else { "CPU" },
             self.kv_blocks,
             self.kv_blocks * BLOCK_SIZE,
@@ -154,6 +179,15 @@ pub fn display_name(model: &str) -> String {
 
 /// Opens the model and starts the engine.
 pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
+    open_replicas(args, max_queue, &ReplicaPlan::ONE)
+}
+
+/// Opens the model and starts one engine per replica of `plan`, each with
+/// its own backend (weights, KV pool of the configured size) and step loop.
+/// With several, an engine whose backend fails halts
+/// (`EngineConfig::halt_on_backend_error`) so the server takes it out of
+/// rotation.
+pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> Result<Loaded> {
     if args.max_num_seqs == 0 {
         bail!("invalid `--max-num-seqs`: must be at least 1");
     }
@@ -164,7 +198,49 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
-    let (backend, kv_blocks, kv_bytes) = open_backend(args, &loaded, cuda)?;
+    let devices: Vec<Option<usize>> = match (plan, cuda) {
+        (ReplicaPlan::Gpus(_), false) => bail!(
+            "`--devices` lists CUDA devices but the model runs on the CPU (`--device cpu`, or no CUDA here); use `--data-parallel-size N` for CPU replicas"
+        ),
+        (ReplicaPlan::Gpus(ids), true) => {
+            let count = model::cuda::device_count().map_err(anyhow::Error::msg)?;
+            if let Some(bad) = ids.iter().find(|&&i| i >= count) {
+                bail!(
+                    "invalid `--devices`: GPU {bad} does not exist; this machine has {count} (0..{count})"
+                );
+            }
+            ids.iter().copied().map(Some).collect()
+        }
+        (ReplicaPlan::Count(0), _) => bail!("invalid `--data-parallel-size`: must be at least 1"),
+        (ReplicaPlan::Count(n), true) => {
+            let count = model::cuda::device_count().map_err(anyhow::Error::msg)?;
+            if *n > count {
+                bail!("invalid `--data-parallel-size {n}`: this machine has {count} GPUs");
+            }
+            (0..*n).map(Some).collect()
+        }
+        (ReplicaPlan::Count(n), false) => vec![None; *n],
+    };
+    let mut weights = Some(checkpoint::loader::load_weights(
+        &loaded.dir,
+        &loaded.config,
+    )?);
+    let mut backends = Vec::with_capacity(devices.len());
+    let (mut kv_blocks, mut kv_bytes) = (0, 0);
+    for (i, device) in devices.iter().enumerate() {
+        // the last replica takes the host copy; earlier CPU replicas clone it
+        let w = match (i + 1 == devices.len(), &weights) {
+            (false, Some(w)) => Cow::Borrowed(w),
+            _ => Cow::Owned(
+                weights
+                    .take()
+                    .context("the weights were already handed over")?,
+            ),
+        };
+        let (backend, blocks, bytes) = open_backend(args, &loaded, *device, w)?;
+        (kv_blocks, kv_bytes) = (blocks, bytes);
+        backends.push(backend);
+    }
     let mut eos = loaded.eos_ids.clone();
     for id in tokenizer.eos_ids() {
         if !eos.contains(&id) {
@@ -176,26 +252,35 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     } else {
         CPU_MAX_BATCH_TOKENS
     });
-    let engine = Engine::start(
-        backend,
-        tokenizer.clone(),
-        eos,
-        EngineConfig {
-            max_num_seqs: args.max_num_seqs,
-            max_batch_tokens,
-            enable_prefix_cache: !args.no_prefix_cache,
-            max_queue,
-            max_step_time: match args
-                .max_step_ms
-                .unwrap_or(if cuda { 0 } else { CPU_MAX_STEP_MS })
-            {
-                0 => None,
-                ms => Some(std::time::Duration::from_millis(ms)),
+    let halt = backends.len() > 1;
+    let replicas = backends.len();
+    let max_step_time = match args
+        .max_step_ms
+        .unwrap_or(if cuda { 0 } else { CPU_MAX_STEP_MS })
+    {
+        0 => None,
+        ms => Some(std::time::Duration::from_millis(ms)),
+    };
+    let mut engines = Vec::with_capacity(backends.len());
+    for backend in backends {
+        engines.push(Engine::start(
+            backend,
+            tokenizer.clone(),
+            eos.clone(),
+            EngineConfig {
+                max_num_seqs: args.max_num_seqs,
+                max_batch_tokens,
+                enable_prefix_cache: !args.no_prefix_cache,
+                max_queue,
+                max_step_time,
+                halt_on_backend_error: halt,
             },
-        },
-    )?;
+        )?);
+    }
+    let engine = engines.remove(0);
     Ok(Loaded {
         engine,
+        replicas: engines,
         tokenizer,
         model: loaded,
         model_id: display_name(&args.model),
@@ -207,6 +292,7 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
             max_num_seqs: args.max_num_seqs,
             max_batch_tokens,
             cuda,
+            replicas,
         },
     })
 }
@@ -240,13 +326,15 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
     })
 }
 
-/// Loads the weights onto CUDA (`cuda`, from [`use_cuda`]) or the CPU with a
-/// KV pool sized from the options; returns it with the pool's blocks and bytes.
+/// Puts `weights` on CUDA device `device` or (`None`) the CPU with a KV
+/// pool sized from the options; returns it with the pool's blocks and bytes.
 fn open_backend(
     args: &ModelArgs,
     loaded: &LoadedModel,
-    cuda: bool,
+    device: Option<usize>,
+    weights: Cow<'_, checkpoint::LlamaWeights>,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
+    let cuda = device.is_some();
     let cfg = &loaded.config;
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };
@@ -293,26 +381,27 @@ fn open_backend(
         num_blocks,
         block_size: BLOCK_SIZE,
     };
-    let weights = checkpoint::loader::load_weights(&loaded.dir, cfg)?;
-    let backend: Box<dyn Backend> = if cuda {
-        Box::new(
-            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, 0)
-                .context("starting the CUDA backend")?,
-        )
-    } else {
-        let path = match args.cpu_kernels {
-            CpuKernelsArg::Fast => model::cpu::CpuPath::Fast,
-            CpuKernelsArg::Reference => model::cpu::CpuPath::Reference,
-        };
-        Box::new(model::cpu::CpuBackend::with_path(
-            cfg.clone(),
-            weights,
-            kv,
-            path,
-        )?)
+    let backend: Box<dyn Backend> = match device {
+        Some(ordinal) => Box::new(
+            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal)
+                .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
+        ),
+        None => {
+            let path = match args.cpu_kernels {
+                CpuKernelsArg::Fast => model::cpu::CpuPath::Fast,
+                CpuKernelsArg::Reference => model::cpu::CpuPath::Reference,
+            };
+            Box::new(model::cpu::CpuBackend::with_path(
+                cfg.clone(),
+                weights.into_owned(),
+                kv,
+                path,
+            )?)
+        }
     };
     tracing::info!(
         backend = %backend.name(),
+        device = ?device,
         kv_blocks = num_blocks,
         block_size = BLOCK_SIZE,
         "model loaded"

@@ -36,6 +36,10 @@ fn synth_tiny(dir: &Path) {
 }
 
 fn serve(model: &Path, port: u16) -> Killed {
+    serve_with(model, port, &[])
+}
+
+fn serve_with(model: &Path, port: u16, extra: &[&str]) -> Killed {
     let child = Command::new(lamina())
         .args([
             "serve",
@@ -46,6 +50,7 @@ fn serve(model: &Path, port: u16) -> Killed {
             "--model",
         ])
         .arg(model)
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -115,6 +120,65 @@ fn bench_serve_reports_every_request_of_a_sweep() {
     }
     // the Poisson run is spread out: it lasts at least most of 10 arrivals at 40/s
     assert!(runs[1]["duration_s"].as_f64() > Some(0.05), "{}", runs[1]);
+}
+
+/// Two CPU replicas of a tiny synthetic model (`--data-parallel-size 2`):
+/// prompts sharing a 64-token prefix all land on the replica the first one
+/// went to; short unrelated prompts (no full KV block to be affine to)
+/// spread over both. bench-serve reports the per-replica load.
+#[test]
+fn two_cpu_replicas_route_by_prefix_and_by_load() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let model: PathBuf = tmp.path().join("tiny");
+    synth_tiny(&model);
+    let port = free_port();
+    let _server = serve_with(&model, port, &["--data-parallel-size", "2"]);
+    let bench = |extra: &[&str]| {
+        let out = Command::new(lamina())
+            .args(["bench-serve", "--url", &format!("http://127.0.0.1:{port}")])
+            .args([
+                "--num-prompts",
+                "12",
+                "--output-len",
+                "4",
+                "--max-token-id",
+                "250",
+            ])
+            .args(extra)
+            .output()
+            .expect("run bench-serve");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let shared = bench(&[
+        "--shared-prefix",
+        "64",
+        "--input-len",
+        "4:12",
+        "--request-rate",
+        "40",
+    ]);
+    let lines: Vec<&str> = shared.lines().filter(|l| l.contains("engine ")).collect();
+    assert_eq!(lines.len(), 2, "{shared}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("12 requests (11 by prefix, 1 by load)")),
+        "{shared}"
+    );
+    assert!(lines.iter().any(|l| l.contains(": 0 requests")), "{shared}");
+    let spread = bench(&["--input-len", "4:12", "--request-rate", "inf"]);
+    for l in spread.lines().filter(|l| l.contains("engine ")) {
+        assert!(
+            l.contains(" by prefix") && !l.contains(": 0 requests"),
+            "{spread}"
+        );
+    }
 }
 
 #[test]

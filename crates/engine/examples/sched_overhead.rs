@@ -46,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             enable_prefix_cache: true,
             max_queue: 0,
             max_step_time: None,
+            halt_on_backend_error: false,
         },
     )?;
     let start = Instant::now();

@@ -114,7 +114,7 @@ impl Engine {
             tracing::warn!(error = %e, "could not size the step buffers up front; they grow on demand");
         }
         let clock = crate::step_time::StepClock::new(cfg.max_step_time);
-        let worker = Worker::new(
+        let mut worker = Worker::new(
             backend,
             sched,
             tokenizer,
@@ -123,6 +123,7 @@ impl Engine {
             rx,
             clock,
         );
+        worker.halt_on_backend_error = cfg.halt_on_backend_error;
         let join = std::thread::Builder::new()
             .name("lamina-engine".into())
             .spawn(move || worker.run())?;
@@ -163,6 +164,9 @@ impl Engine {
         if inner.shared.shutting_down.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
+        if let Some(why) = inner.shared.failure() {
+            return Err(SubmitError::EngineFailed(why));
+        }
         if n == 0 {
             return Err(SubmitError::InvalidParams(ParamError {
                 param: "n",
@@ -180,6 +184,11 @@ impl Engine {
         if admitted.is_err() {
             return Err(SubmitError::QueueFull);
         }
+        let prompt_tokens = (req.prompt.len() as u64).saturating_mul(n as u64);
+        inner
+            .shared
+            .queued_prompt_tokens
+            .fetch_add(prompt_tokens, Ordering::AcqRel);
         let first = inner.next_id.fetch_add(n as u64, Ordering::Relaxed);
         let mut handles = Vec::with_capacity(n);
         for i in 0..n as u64 {
@@ -196,10 +205,12 @@ impl Engine {
             if inner.tx.send(msg).is_err() {
                 // the loop is gone: nothing of this request was queued
                 // beyond what the handles dropped here cancel
+                let left = n - i as usize;
+                inner.shared.queued.fetch_sub(left, Ordering::AcqRel);
                 inner
                     .shared
-                    .queued
-                    .fetch_sub(n - i as usize, Ordering::AcqRel);
+                    .queued_prompt_tokens
+                    .fetch_sub(req.prompt.len() as u64 * left as u64, Ordering::AcqRel);
                 return Err(SubmitError::ShuttingDown);
             }
             handles.push(RequestHandle {
@@ -215,6 +226,11 @@ impl Engine {
     /// Counters and gauges, as of the end of the last step.
     pub fn stats(&self) -> EngineStats {
         self.inner.shared.snapshot()
+    }
+
+    /// Why the engine failed (`EngineConfig::halt_on_backend_error`), once it has.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.shared.failure()
     }
 
     /// The model's context length: prompt + max_tokens may not exceed it.

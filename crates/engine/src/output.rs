@@ -128,11 +128,18 @@ impl Output {
     }
 
     /// Sends the final event (ignored when the handle is gone).
-    pub(crate) fn finish(self, reason: FinishReason, usage: Usage, error: Option<String>) {
+    pub(crate) fn finish(
+        self,
+        reason: FinishReason,
+        usage: Usage,
+        error: Option<String>,
+        queue_time: Option<std::time::Duration>,
+    ) {
         let _ = self.tx.send(Event::Done(Finished {
             reason,
             usage,
             error,
+            queue_time,
         }));
     }
 }

@@ -23,6 +23,12 @@ pub struct EngineConfig {
     /// prompt cannot stall the other streams for longer on a slow backend
     /// (the CPU). `None`: the token budget alone.
     pub max_step_time: Option<std::time::Duration>,
+    /// A failed backend step fails the whole engine: every request ends
+    /// with an error naming the failure, later submits are refused with
+    /// [`SubmitError::EngineFailed`] and [`crate::Engine::failure`] says why.
+    /// For one engine among replicas (the server then takes it out of
+    /// rotation); off, a failed step ends only that step's requests.
+    pub halt_on_backend_error: bool,
 }
 
 impl Default for EngineConfig {
@@ -33,6 +39,7 @@ impl Default for EngineConfig {
             enable_prefix_cache: true,
             max_queue: 0,
             max_step_time: None,
+            halt_on_backend_error: false,
         }
     }
 }
@@ -96,6 +103,8 @@ pub struct Finished {
     pub usage: Usage,
     /// Why, when `reason` is [`FinishReason::Error`].
     pub error: Option<String>,
+    /// Time from submission to the first admission (`None` if never admitted).
+    pub queue_time: Option<std::time::Duration>,
 }
 
 /// Why a request ended.
@@ -139,6 +148,9 @@ pub struct Usage {
 pub struct EngineStats {
     pub running: u64,
     pub waiting: u64,
+    /// Prompt tokens of the requests submitted and not yet admitted (updated
+    /// at submit, not only per step: what a router balances on).
+    pub queued_prompt_tokens: u64,
     pub kv_blocks_used: u64,
     pub kv_blocks_total: u64,
     pub prompt_tokens_total: u64,
@@ -215,4 +227,6 @@ pub enum SubmitError {
     EmptyPrompt,
     #[error("the engine is shutting down")]
     ShuttingDown,
+    #[error("the engine failed: {0}")]
+    EngineFailed(String),
 }

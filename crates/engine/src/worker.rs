@@ -14,7 +14,10 @@
 //! request after step N + 1, whose extra token is dropped unseen (usage counts
 //! what was sent). Output is therefore identical to processing in line.
 //! A backend failure ends the requests of that
-//! step with `FinishReason::Error` (their blocks freed); the others go on. A
+//! step with `FinishReason::Error` (their blocks freed); the others go on,
+//! unless the engine halts on backend errors: then every request ends with
+//! the failure, which is recorded in [`Shared`], and every request accepted
+//! later ends with it at once. A
 //! scheduler invariant failure (a bug) ends every request with an error
 //! rather than panicking. Shutdown (or every sender gone) cancels all requests
 //! and returns.
@@ -81,6 +84,10 @@ pub(crate) struct Worker {
     requests: HashMap<u64, Request>,
     /// Tokens of the last step whose text is not processed yet.
     pending: Vec<(u64, SampledToken)>,
+    /// `EngineConfig::halt_on_backend_error`.
+    pub halt_on_backend_error: bool,
+    /// Why the engine halted: every request accepted since ends at once with it.
+    halted: Option<String>,
 }
 
 /// Below this many pending tokens the text is processed in line: a helper
@@ -125,6 +132,8 @@ impl Worker {
             rx,
             requests: HashMap::new(),
             pending: Vec::new(),
+            halt_on_backend_error: false,
+            halted: None,
         }
     }
 
@@ -217,8 +226,19 @@ impl Worker {
             req.stop_token_ids,
         );
         let phase = Phase::Queued;
-        self.requests.insert(id, Request { phase, out });
+        let prompt_len = req.prompt.len();
+        let request = Request {
+            phase,
+            out,
+            prompt_len,
+            accepted: Instant::now(),
+            queue_time: None,
+        };
+        self.requests.insert(id, request);
         self.sched.add(id, req.prompt, req.sampling, fork_of);
+        if let Some(why) = self.halted.clone() {
+            self.end(id, FinishReason::Error, Some(why));
+        }
     }
 
     /// Plans, runs and commits one step; returns the nanoseconds spent in the backend.
@@ -294,6 +314,14 @@ impl Worker {
                 self.apply_endings(ended);
                 let ids: Vec<u64> = self.sched.planned_ids().collect();
                 tracing::error!(error = %e, seqs = ids.len(), "backend step failed");
+                if self.halt_on_backend_error {
+                    let why = format!("the engine failed: backend step failed: {e}");
+                    tracing::error!("engine halted: every request ends with the failure");
+                    self.shared.set_failure(why.clone());
+                    self.halted = Some(why.clone());
+                    self.end_all(FinishReason::Error, Some(why));
+                    return Ok(backend_ns);
+                }
                 for id in ids {
                     self.end(
                         id,

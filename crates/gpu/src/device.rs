@@ -33,6 +33,14 @@ pub fn driver_available() -> Result<(), String> {
     }
 }
 
+/// How many CUDA devices the driver sees (an error saying why when none can be used).
+pub fn device_count() -> Result<usize, String> {
+    driver_available()?;
+    result::device::get_count()
+        .map(|n| n.max(0) as usize)
+        .map_err(|e| format!("cuDeviceGetCount failed: {e}"))
+}
+
 /// One CUDA device with its context and the stream all work is ordered on.
 pub struct Gpu {
     ctx: Arc<CudaContext>,

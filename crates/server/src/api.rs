@@ -198,11 +198,15 @@ pub async fn chat_completions(
     };
     let prompt = encode(&state, input, "messages").await?;
     let greq = checked.request(prompt, state.max_context(), "messages")?;
-    let handles = state
-        .engine
+    let placed = state
+        .replicas
         .submit_n(greq, checked.best_of)
         .map_err(|e| from_submit(e, "messages"))?;
+    let handles = placed.handles;
     tracing::debug!(
+        engine = placed.replica,
+        route = ?placed.route,
+        matched_blocks = placed.matched_blocks,
         engine_id = handles[0].id,
         choices = handles.len(),
         "submitted"
@@ -211,6 +215,7 @@ pub async fn chat_completions(
     job.logprobs = logprobs;
     job.include_usage = checked.include_usage;
     job.n = checked.n;
+    job.replica = placed.replica;
     job.respond(handles, checked.stream).await
 }
 
@@ -320,11 +325,15 @@ pub async fn completions(
         other => other,
     };
     let greq = checked.request(prompt, state.max_context(), "prompt")?;
-    let handles = state
-        .engine
+    let placed = state
+        .replicas
         .submit_n(greq, checked.best_of)
         .map_err(|e| from_submit(e, "prompt"))?;
+    let handles = placed.handles;
     tracing::debug!(
+        engine = placed.replica,
+        route = ?placed.route,
+        matched_blocks = placed.matched_blocks,
         engine_id = handles[0].id,
         choices = handles.len(),
         "submitted"
@@ -333,6 +342,7 @@ pub async fn completions(
     job.logprobs = logprobs;
     job.include_usage = checked.include_usage;
     job.n = checked.n;
+    job.replica = placed.replica;
     job.echo = echo_text;
     job.respond(handles, checked.stream).await
 }

@@ -193,6 +193,10 @@ pub fn from_submit(err: SubmitError, prompt_param: &str) -> ApiError {
     match err {
         SubmitError::QueueFull => ApiError::queue_full(),
         SubmitError::ShuttingDown => ApiError::shutting_down(),
+        SubmitError::EngineFailed(_) => ApiError {
+            code: Some("engine_failed"),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg)
+        },
         SubmitError::InvalidParams(p) => ApiError::invalid_param(p.param, msg),
         SubmitError::PromptTooLong { .. } | SubmitError::ExceedsKvPool { .. } => {
             ApiError::context_length(prompt_param, msg)

@@ -58,6 +58,8 @@ pub struct Job {
     pub echo: Option<String>,
     /// Choices returned (`n`); fewer than the handles when `best_of` > `n`.
     pub n: usize,
+    /// The replica running it.
+    pub replica: usize,
 }
 
 impl Job {
@@ -79,6 +81,7 @@ impl Job {
             arrived,
             echo: None,
             n: 1,
+            replica: 0,
         }
     }
 
@@ -295,9 +298,13 @@ impl Active {
             Some(Event::Done(f)) => {
                 self.done = true;
                 m.e2e.observe(now - self.job.arrived);
+                if let Some(q) = f.queue_time {
+                    m.queue.observe(q);
+                }
                 m.finished(f.reason.as_str());
                 tracing::info!(
                     request_id = self.job.request_id,
+                    engine = self.job.replica,
                     finish_reason = f.reason.as_str(),
                     prompt_tokens = f.usage.prompt_tokens,
                     cached_tokens = f.usage.cached_tokens,

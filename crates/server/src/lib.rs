@@ -36,6 +36,7 @@ pub mod misc;
 pub mod openapi;
 pub mod params;
 pub mod protocol;
+pub mod replicas;
 pub mod responses;
 pub mod state;
 
@@ -48,6 +49,7 @@ use axum::extract::DefaultBodyLimit;
 
 pub use error::ApiError;
 pub use middleware::check_api_key;
+pub use replicas::Replicas;
 pub use state::{
     AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_CLIENT_REQUESTS, DEFAULT_MAX_CONNECTIONS,
     ServerConfig,
@@ -207,10 +209,10 @@ pub async fn serve(
     Ok(())
 }
 
-/// Shuts the engine down (joins its thread) off the async workers.
+/// Shuts every replica's engine down (joins their threads) off the async workers.
 async fn stop_engine(state: &Arc<AppState>) {
     let st = state.clone();
-    if tokio::task::spawn_blocking(move || st.engine.shutdown())
+    if tokio::task::spawn_blocking(move || st.replicas.shutdown())
         .await
         .is_err()
     {

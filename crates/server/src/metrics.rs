@@ -1,9 +1,12 @@
 //! Prometheus metrics in the text exposition format (`GET /metrics`).
 //!
-//! Gauges and token counters are read from [`engine::EngineStats`] at scrape
-//! time; the latency histograms (time to first token, inter-token latency,
-//! end-to-end latency) and the finished-request counter are recorded by the
-//! server as tokens stream out. Recording is lock-free (atomics), O(buckets)
+//! Gauges and token counters are read from each replica's
+//! [`engine::EngineStats`] at scrape time, written once per replica (label
+//! `engine="<i>"`) and once summed (no `engine` label, last in its family);
+//! the latency histograms (time to first token, inter-token latency,
+//! end-to-end latency, queue time) and the finished-request counter are
+//! recorded by the server as tokens stream out. Every series carries
+//! `model_name`. Recording is lock-free (atomics), O(buckets)
 //! per observation; a scrape is O(buckets) per histogram.
 
 use std::fmt::Write;
@@ -56,24 +59,35 @@ impl Histogram {
         self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
+    /// Writes the histogram with `labels` (`k="v",...`, may be empty) on every series.
+    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} histogram");
+        let (bucket_pre, plain) = if labels.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (format!("{labels},"), format!("{{{labels}}}"))
+        };
         let mut cum = 0u64;
         for (i, b) in self.bounds.iter().enumerate() {
             cum += self.counts[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+            let _ = writeln!(out, "{name}_bucket{{{bucket_pre}le=\"{b}\"}} {cum}");
         }
         cum += self.counts[self.bounds.len()].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+        let _ = writeln!(out, "{name}_bucket{{{bucket_pre}le=\"+Inf\"}} {cum}");
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {cum}");
+        let _ = writeln!(out, "{name}_sum{plain} {sum}");
+        let _ = writeln!(out, "{name}_count{plain} {cum}");
     }
 }
 
 /// Finish reasons counted in `lamina_requests_finished_total`.
 const REASONS: [&str; 4] = ["stop", "length", "cancelled", "error"];
+
+/// Upper bounds in seconds of the queue-time buckets.
+const QUEUE_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
+];
 
 /// The server's own metrics.
 #[derive(Debug)]
@@ -81,6 +95,8 @@ pub struct Metrics {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
+    /// Time from submission to the first admission (`Finished::queue_time`).
+    pub queue: Histogram,
     finished: [AtomicU64; 4],
 }
 
@@ -90,10 +106,120 @@ impl Default for Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            queue: Histogram::new(QUEUE_BUCKETS),
             finished: Default::default(),
         }
     }
 }
+
+/// What the scrape reads from one replica besides its [`EngineStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicaView {
+    pub stats: EngineStats,
+    /// Out of rotation (its engine failed).
+    pub failed: bool,
+    /// Requests the router placed on it by prefix affinity and by load.
+    pub routed_prefix: u64,
+    pub routed_load: u64,
+    /// Tokens per KV block.
+    pub block_size: u64,
+}
+
+/// One engine-derived series: name, type, help, value from the stats.
+type EngineSeries = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&EngineStats) -> f64,
+);
+
+/// The series every replica reports (with `engine="<i>"`) and the server
+/// reports summed (no `engine` label, written last in each family so a
+/// scraper that takes the last sample of a family, like the inference
+/// gateway's endpoint picker, reads the server's total). The three the
+/// Gateway API Inference Extension's model-server protocol asks for are
+/// `lamina_num_requests_waiting`, `lamina_num_requests_running` and
+/// `lamina_kv_cache_usage_perc`.
+const ENGINE_SERIES: &[EngineSeries] = &[
+    (
+        "lamina_num_requests_running",
+        "gauge",
+        "Requests being generated.",
+        |s| s.running as f64,
+    ),
+    (
+        "lamina_num_requests_waiting",
+        "gauge",
+        "Requests queued for admission.",
+        |s| s.waiting as f64,
+    ),
+    (
+        "lamina_kv_cache_usage_perc",
+        "gauge",
+        "Fraction of the KV cache blocks referenced by a sequence (0-1).",
+        |s| {
+            if s.kv_blocks_total == 0 {
+                0.0
+            } else {
+                s.kv_blocks_used as f64 / s.kv_blocks_total as f64
+            }
+        },
+    ),
+    (
+        "lamina_kv_blocks_used",
+        "gauge",
+        "KV cache blocks referenced by a sequence (prefix-cached blocks excluded).",
+        |s| s.kv_blocks_used as f64,
+    ),
+    (
+        "lamina_kv_blocks_total",
+        "gauge",
+        "KV cache blocks in the pool.",
+        |s| s.kv_blocks_total as f64,
+    ),
+    (
+        "lamina_queued_prompt_tokens",
+        "gauge",
+        "Prompt tokens of the requests waiting for their first admission.",
+        |s| s.queued_prompt_tokens as f64,
+    ),
+    (
+        "lamina_prompt_tokens_total",
+        "counter",
+        "Prompt tokens admitted.",
+        |s| s.prompt_tokens_total as f64,
+    ),
+    (
+        "lamina_cached_prompt_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        |s| s.cached_tokens_total as f64,
+    ),
+    (
+        "lamina_prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens looked up in the prefix cache.",
+        |s| s.prompt_tokens_total as f64,
+    ),
+    (
+        "lamina_prefix_cache_hits_total",
+        "counter",
+        "Prompt tokens found in the prefix cache.",
+        |s| s.cached_tokens_total as f64,
+    ),
+    (
+        "lamina_generation_tokens_total",
+        "counter",
+        "Tokens generated.",
+        |s| s.generation_tokens_total as f64,
+    ),
+    (
+        "lamina_num_preemptions_total",
+        "counter",
+        "Sequences preempted (KV blocks freed, recomputed later).",
+        |s| s.preemptions_total as f64,
+    ),
+];
 
 impl Metrics {
     /// Counts a finished request under its reason (`stop`, `length`, `cancelled`, `error`).
@@ -103,78 +229,88 @@ impl Metrics {
         }
     }
 
-    /// The full exposition text: the engine's gauges and counters, then ours.
-    pub fn render(&self, stats: &EngineStats, model: &str) -> String {
+    /// The full exposition text: each replica's gauges and counters
+    /// (`engine` label) and their sums, then the server's own series. Every
+    /// series carries `model_name`.
+    pub fn render(&self, replicas: &[ReplicaView], model: &str) -> String {
         let mut out = String::new();
         let label = format!("model_name=\"{}\"", escape(model));
-        let mut one = |name: &str, kind: &str, help: &str, v: u64| {
+        let stats: Vec<EngineStats> = replicas.iter().map(|r| r.stats).collect();
+        let total = crate::replicas::sum_stats(&stats);
+        for (name, kind, help, value) in ENGINE_SERIES {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
-            let _ = writeln!(out, "{name}{{{label}}} {v}");
-        };
-        one(
-            "lamina_num_requests_running",
-            "gauge",
-            "Requests being generated.",
-            stats.running,
+            for (i, s) in stats.iter().enumerate() {
+                let _ = writeln!(out, "{name}{{{label},engine=\"{i}\"}} {}", value(s));
+            }
+            let _ = writeln!(out, "{name}{{{label}}} {}", value(&total));
+        }
+        let name = "lamina_cache_config_info";
+        let _ = writeln!(
+            out,
+            "# HELP {name} KV cache configuration of the server (labels; value 1): tokens per block and blocks of all replicas."
         );
-        one(
-            "lamina_num_requests_waiting",
-            "gauge",
-            "Requests queued for admission.",
-            stats.waiting,
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let block_size = replicas.first().map_or(0, |r| r.block_size);
+        let _ = writeln!(
+            out,
+            "{name}{{{label},block_size=\"{block_size}\",num_gpu_blocks=\"{}\"}} 1",
+            total.kv_blocks_total
         );
-        one(
-            "lamina_kv_blocks_used",
-            "gauge",
-            "KV cache blocks referenced by a sequence (prefix-cached blocks excluded).",
-            stats.kv_blocks_used,
+        let name = "lamina_engine_healthy";
+        let _ = writeln!(
+            out,
+            "# HELP {name} 1 while the replica serves, 0 once its engine failed (out of rotation)."
         );
-        one(
-            "lamina_kv_blocks_total",
-            "gauge",
-            "KV cache blocks in the pool.",
-            stats.kv_blocks_total,
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (i, r) in replicas.iter().enumerate() {
+            let v = u8::from(!r.failed);
+            let _ = writeln!(out, "{name}{{{label},engine=\"{i}\"}} {v}");
+        }
+        let name = "lamina_router_requests_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests the router placed on each replica, by prefix affinity or by load."
         );
-        one(
-            "lamina_prompt_tokens_total",
-            "counter",
-            "Prompt tokens admitted.",
-            stats.prompt_tokens_total,
-        );
-        one(
-            "lamina_cached_prompt_tokens_total",
-            "counter",
-            "Prompt tokens served from the prefix cache.",
-            stats.cached_tokens_total,
-        );
-        one(
-            "lamina_generation_tokens_total",
-            "counter",
-            "Tokens generated.",
-            stats.generation_tokens_total,
-        );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (i, r) in replicas.iter().enumerate() {
+            for (route, v) in [("prefix", r.routed_prefix), ("load", r.routed_load)] {
+                let _ = writeln!(
+                    out,
+                    "{name}{{{label},engine=\"{i}\",route=\"{route}\"}} {v}"
+                );
+            }
+        }
         let name = "lamina_requests_finished_total";
         let _ = writeln!(out, "# HELP {name} Requests finished, by finish reason.");
         let _ = writeln!(out, "# TYPE {name} counter");
         for (reason, n) in REASONS.iter().zip(&self.finished) {
             let n = n.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}{{finished_reason=\"{reason}\"}} {n}");
+            let _ = writeln!(out, "{name}{{{label},finished_reason=\"{reason}\"}} {n}");
         }
         self.ttft.render(
             &mut out,
             "lamina_time_to_first_token_seconds",
             "Time from request arrival to its first generated token.",
+            &label,
         );
         self.itl.render(
             &mut out,
             "lamina_inter_token_latency_seconds",
             "Time between consecutive generated tokens of a request.",
+            &label,
         );
         self.e2e.render(
             &mut out,
             "lamina_e2e_request_latency_seconds",
             "Time from request arrival to its last token.",
+            &label,
+        );
+        self.queue.render(
+            &mut out,
+            "lamina_request_queue_time_seconds",
+            "Time a request waited in its replica's queue before its first admission.",
+            &label,
         );
         out
     }
@@ -199,7 +335,7 @@ mod tests {
         h.observe(Duration::from_millis(500));
         h.observe(Duration::from_secs(3));
         let mut s = String::new();
-        h.render(&mut s, "x", "help");
+        h.render(&mut s, "x", "help", "");
         assert!(s.contains("x_bucket{le=\"0.1\"} 2\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"1\"} 3\n"), "{s}");
         assert!(s.contains("x_bucket{le=\"+Inf\"} 4\n"), "{s}");
@@ -214,9 +350,68 @@ mod tests {
         m.finished("stop");
         m.finished("stop");
         m.finished("length");
-        let s = m.render(&EngineStats::default(), "m\"x");
-        assert!(s.contains("lamina_requests_finished_total{finished_reason=\"stop\"} 2"));
-        assert!(s.contains("lamina_requests_finished_total{finished_reason=\"length\"} 1"));
-        assert!(s.contains("lamina_num_requests_running{model_name=\"m\\\"x\"} 0"));
+        let s = m.render(&[ReplicaView::default()], "m\"x");
+        let l = "model_name=\"m\\\"x\"";
+        assert!(
+            s.contains(&format!(
+                "lamina_requests_finished_total{{{l},finished_reason=\"stop\"}} 2"
+            )),
+            "{s}"
+        );
+        assert!(s.contains(&format!(
+            "lamina_requests_finished_total{{{l},finished_reason=\"length\"}} 1"
+        )));
+        assert!(s.contains(&format!("lamina_num_requests_running{{{l}}} 0")));
+        assert!(s.contains(&format!(
+            "lamina_time_to_first_token_seconds_count{{{l}}} 0"
+        )));
+    }
+
+    #[test]
+    fn replicas_are_labelled_and_summed_with_the_total_last() {
+        let m = Metrics::default();
+        let view = |running, used, failed| ReplicaView {
+            stats: EngineStats {
+                running,
+                kv_blocks_used: used,
+                kv_blocks_total: 10,
+                preemptions_total: running,
+                ..EngineStats::default()
+            },
+            failed,
+            routed_prefix: 3,
+            routed_load: 1,
+            block_size: 16,
+        };
+        let s = m.render(&[view(2, 5, false), view(3, 0, true)], "m");
+        let lines: Vec<&str> = s
+            .lines()
+            .filter(|l| l.starts_with("lamina_num_requests_running{"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "lamina_num_requests_running{model_name=\"m\",engine=\"0\"} 2",
+                "lamina_num_requests_running{model_name=\"m\",engine=\"1\"} 3",
+                "lamina_num_requests_running{model_name=\"m\"} 5",
+            ]
+        );
+        assert!(
+            s.contains("lamina_kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.5\n"),
+            "{s}"
+        );
+        assert!(s.contains("lamina_kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
+        assert!(s.contains("lamina_num_preemptions_total{model_name=\"m\"} 5\n"));
+        assert!(s.contains("lamina_engine_healthy{model_name=\"m\",engine=\"1\"} 0\n"));
+        assert!(s.contains(
+            "lamina_cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"20\"} 1\n"
+        ));
+        assert!(s.contains(
+            "lamina_router_requests_total{model_name=\"m\",engine=\"1\",route=\"prefix\"} 3\n"
+        ));
+        // every sample carries the model name
+        for l in s.lines().filter(|l| !l.starts_with('#')) {
+            assert!(l.contains("model_name=\"m\""), "{l}");
+        }
     }
 }

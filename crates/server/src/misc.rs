@@ -16,29 +16,40 @@ use crate::encode::{Input, encode};
 use crate::error::ApiError;
 use crate::protocol::{self, DetokenizeRequest, TokenizeRequest};
 use crate::responses::{
-    DetokenizeResponse, EndpointInfo, HealthResponse, IndexResponse, ModelCard, ModelList,
-    TokenizeResponse, VersionResponse,
+    DetokenizeResponse, EndpointInfo, FailedEngine, HealthResponse, IndexResponse, ModelCard,
+    ModelList, TokenizeResponse, VersionResponse,
 };
 use crate::state::AppState;
 
-/// 200 `{"status": "ok"}` while serving, 503 once shutdown has begun.
+/// 200 `{"status": "ok"}` while serving (`degraded`, naming the failed
+/// replicas, while some replicas failed and others serve), 503 once
+/// shutdown has begun or when every replica failed.
 #[utoipa::path(get, path = "/health", tag = "lamina",
     responses(
         (status = 200, description = "Serving", body = HealthResponse),
-        (status = 503, description = "Shutting down", body = HealthResponse),
+        (status = 503, description = "Shutting down, or every replica failed", body = HealthResponse),
     ))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    if state.is_draining() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(HealthResponse {
-                status: "shutting_down",
-            }),
-        )
-            .into_response()
+    let failed_engines: Vec<FailedEngine> = state
+        .replicas
+        .failures()
+        .into_iter()
+        .map(|(engine, error)| FailedEngine { engine, error })
+        .collect();
+    let (code, status) = if state.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+    } else if failed_engines.len() == state.replicas.len() {
+        (StatusCode::SERVICE_UNAVAILABLE, "failed")
+    } else if !failed_engines.is_empty() {
+        (StatusCode::OK, "degraded")
     } else {
-        Json(HealthResponse { status: "ok" }).into_response()
-    }
+        (StatusCode::OK, "ok")
+    };
+    let body = HealthResponse {
+        status,
+        failed_engines,
+    };
+    (code, Json(body)).into_response()
 }
 
 /// Name, version, model and every route (no API key needed, like `/health`).
@@ -206,7 +217,7 @@ pub async fn version() -> Json<VersionResponse> {
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let text = state
         .metrics
-        .render(&state.engine.stats(), &state.cfg.model_id);
+        .render(&state.replica_views(), &state.cfg.model_id);
     (
         [(
             header::CONTENT_TYPE,

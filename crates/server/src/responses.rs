@@ -173,8 +173,21 @@ pub struct VersionResponse {
 /// `GET /health`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct HealthResponse {
-    /// `ok`, or `shutting_down` (with status 503).
+    /// `ok`; `degraded` when some replicas failed and others serve (200);
+    /// `failed` when every replica failed, or `shutting_down` (both 503).
     pub status: &'static str,
+    /// The replicas out of rotation and why (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_engines: Vec<FailedEngine>,
+}
+
+/// A replica taken out of rotation.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FailedEngine {
+    /// Its index (the `engine` label of its metrics).
+    pub engine: usize,
+    /// The failure that ended its requests.
+    pub error: String,
 }
 
 /// One route, as listed by `GET /`.

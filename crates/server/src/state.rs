@@ -1,4 +1,4 @@
-//! The state every handler shares: the engine handle, the tokenizer, the
+//! The state every handler shares: the replicas (engines) and their router, the tokenizer, the
 //! served model's name and defaults, the metrics, the request-id counter and
 //! the draining flag set when shutdown begins.
 
@@ -11,7 +11,8 @@ use engine::Engine;
 use tokenizer::Tokenizer;
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReplicaView};
+use crate::replicas::Replicas;
 
 /// Request bodies larger than this are refused with 413 unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
@@ -79,7 +80,8 @@ impl ServerConfig {
 
 /// Shared by all handlers behind an `Arc`.
 pub struct AppState {
-    pub engine: Engine,
+    /// The engines behind the server (one unless data parallel) and the router.
+    pub replicas: Replicas,
     pub tokenizer: Arc<Tokenizer>,
     pub cfg: ServerConfig,
     pub metrics: Metrics,
@@ -94,14 +96,24 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state over one engine.
     pub fn new(engine: Engine, tokenizer: Arc<Tokenizer>, cfg: ServerConfig) -> Arc<Self> {
+        Self::with_replicas(Replicas::single(engine), tokenizer, cfg)
+    }
+
+    /// The state over several replicas of one model (data parallelism).
+    pub fn with_replicas(
+        replicas: Replicas,
+        tokenizer: Arc<Tokenizer>,
+        cfg: ServerConfig,
+    ) -> Arc<Self> {
         let api_key_digests = cfg
             .api_keys
             .iter()
             .map(|k| crate::middleware::key_digest(k.as_bytes()))
             .collect();
         Arc::new(AppState {
-            engine,
+            replicas,
             tokenizer,
             cfg,
             metrics: Metrics::default(),
@@ -144,9 +156,29 @@ impl AppState {
         let _ = rx.wait_for(|d| *d).await;
     }
 
-    /// The longest prompt + completion a request may have.
+    /// The longest prompt + completion a request may have (on every replica).
     pub fn max_context(&self) -> usize {
-        self.engine.max_sequence()
+        self.replicas.max_sequence()
+    }
+
+    /// What `/metrics` reads from each replica.
+    pub fn replica_views(&self) -> Vec<ReplicaView> {
+        let failed = self.replicas.failures();
+        self.replicas
+            .per_engine_stats()
+            .into_iter()
+            .enumerate()
+            .map(|(i, stats)| {
+                let (routed_prefix, routed_load) = self.replicas.routed(i);
+                ReplicaView {
+                    block_size: self.replicas.block_size() as u64,
+                    stats,
+                    failed: failed.iter().any(|(j, _)| *j == i),
+                    routed_prefix,
+                    routed_load,
+                }
+            })
+            .collect()
     }
 }
 

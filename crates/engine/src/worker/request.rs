@@ -18,11 +18,13 @@
 //! Usage is computed in one place ([`usage`]) from the scheduler's counts;
 //! prompt and cached totals are counted at the `Queued -> Running` transition,
 //! `Shared::queued` is decremented exactly once (at that transition, or at the
-//! end of a request that never got there).
+//! end of a request that never got there), and so is its share of
+//! `Shared::queued_prompt_tokens`.
 //!
 //! Costs: each transition is O(1) plus the scheduler's `finish` (O(running)).
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::Worker;
 use super::shared::Shared;
@@ -45,6 +47,12 @@ pub(super) enum Phase {
 pub(super) struct Request {
     pub phase: Phase,
     pub out: Output,
+    /// Prompt tokens, counted in `Shared::queued_prompt_tokens` while `Queued`.
+    pub prompt_len: usize,
+    /// When the loop accepted it.
+    pub accepted: Instant,
+    /// Time from acceptance to the first admission, once admitted.
+    pub queue_time: Option<Duration>,
 }
 
 /// A request's usage: `counts` from the scheduler; `shown` caps the
@@ -71,7 +79,11 @@ impl Worker {
             return;
         }
         req.phase = Phase::Running;
+        req.queue_time = Some(req.accepted.elapsed());
         self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+        self.shared
+            .queued_prompt_tokens
+            .fetch_sub(req.prompt_len as u64, Ordering::Relaxed);
         if let Some(c) = self.sched.summary(id) {
             Shared::add(&self.shared.prompt_tokens_total, c.prompt_len as u64);
             Shared::add(&self.shared.cached_tokens_total, c.cached_tokens as u64);
@@ -102,6 +114,9 @@ impl Worker {
             Phase::Queued | Phase::Running => {
                 if req.phase == Phase::Queued {
                     self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                    self.shared
+                        .queued_prompt_tokens
+                        .fetch_sub(req.prompt_len as u64, Ordering::Relaxed);
                 }
                 match self.sched.finish(id) {
                     Ok(c) => (Some(c), Some(req.out.generated())),
@@ -112,7 +127,8 @@ impl Worker {
                 }
             }
         };
-        req.out.finish(reason, usage(counts, shown), error);
+        req.out
+            .finish(reason, usage(counts, shown), error, req.queue_time);
     }
 
     /// Ends every `Finishing` request whose last text produced no verdict of

@@ -1,7 +1,10 @@
 //! [`Shared`]: the counters and gauges the loop publishes and the handles
 //! read (`Engine::stats`), plus the queue count and shutdown flag `submit`
-//! checks. Every access is one relaxed (or acquire/release) atomic operation.
+//! checks, and the failure of a halted engine. Every access is one relaxed
+//! (or acquire/release) atomic operation, but the failure's (a mutex taken
+//! only when reading or setting it).
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::types::EngineStats;
@@ -12,6 +15,11 @@ pub(crate) struct Shared {
     /// Requests submitted and not yet admitted once nor finished.
     pub queued: AtomicUsize,
     pub shutting_down: AtomicBool,
+    /// Prompt tokens of the `queued` requests (added at submit, removed at
+    /// the first admission or the end of a request never admitted).
+    pub queued_prompt_tokens: AtomicU64,
+    /// Why the engine failed (`EngineConfig::halt_on_backend_error`); set once.
+    failure: Mutex<Option<String>>,
     pub(super) running: AtomicU64,
     pub(super) waiting: AtomicU64,
     pub(super) kv_blocks_used: AtomicU64,
@@ -32,6 +40,7 @@ impl Shared {
         EngineStats {
             running: l(&self.running),
             waiting: l(&self.waiting),
+            queued_prompt_tokens: l(&self.queued_prompt_tokens),
             kv_blocks_used: l(&self.kv_blocks_used),
             kv_blocks_total: l(&self.kv_blocks_total),
             prompt_tokens_total: l(&self.prompt_tokens_total),
@@ -43,6 +52,23 @@ impl Shared {
             schedule_ns_total: l(&self.schedule_ns_total),
             host_ns_total: l(&self.host_ns_total),
         }
+    }
+
+    /// Why the engine failed, once it has.
+    pub(crate) fn failure(&self) -> Option<String> {
+        match self.failure.lock() {
+            Ok(f) => f.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Records the engine's failure (the first one is kept).
+    pub(super) fn set_failure(&self, why: String) {
+        let mut f = match self.failure.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        f.get_or_insert(why);
     }
 
     /// Adds `n` to a counter.

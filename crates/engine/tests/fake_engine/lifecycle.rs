@@ -224,6 +224,81 @@ fn backend_failure_ends_only_that_step() {
     assert_eq!(s.engine.stats().kv_blocks_used, 0);
 }
 
+/// With `halt_on_backend_error` (one replica among several) a failed step
+/// fails the whole engine: the request queued beside the faulty one ends
+/// with the failure too, later submits are refused naming it, and no block
+/// or queued prompt token is left counted.
+#[test]
+fn halting_engine_fails_everything_and_refuses_more() {
+    let halting = EngineConfig {
+        halt_on_backend_error: true,
+        ..cfg(8, 64)
+    };
+    let s = start_with(128, 4, halting, |b| {
+        b.with_fail_on_token(249)
+            .with_step_delay(Duration::from_millis(1))
+    });
+    // the healthy request runs (40 steps of 1 ms) when the faulty one arrives
+    let outs = run_all(
+        &s.engine,
+        vec![
+            req(vec![3, 4, 5], 40, SamplingParams::greedy()),
+            req(vec![3, 249, 5], 5, SamplingParams::greedy()),
+        ],
+    );
+    for out in &outs {
+        assert_eq!(out.reason, FinishReason::Error);
+        let err = out.error.as_deref().unwrap();
+        assert!(err.contains("injected failure on token 249"), "{err}");
+    }
+    let why = s.engine.failure().expect("the engine records its failure");
+    assert!(why.contains("injected failure on token 249"), "{why}");
+    match s
+        .engine
+        .submit(req(vec![3, 4], 2, SamplingParams::greedy()))
+    {
+        Err(SubmitError::EngineFailed(e)) => assert_eq!(e, why),
+        Err(e) => panic!("refused for the wrong reason: {e}"),
+        Ok(_) => panic!("a failed engine accepted a request"),
+    }
+    wait_idle(&s.engine);
+    let st = s.engine.stats();
+    assert_eq!((st.kv_blocks_used, st.queued_prompt_tokens), (0, 0));
+}
+
+/// `queued_prompt_tokens` counts a request's prompt from submit until its
+/// first admission; a finished request reports how long it queued.
+#[test]
+fn queued_prompt_tokens_and_queue_time() {
+    // one sequence at a time: the second request waits for the first
+    let s = start_with(128, 4, cfg(1, 64), |b| {
+        b.with_step_delay(Duration::from_millis(1))
+    });
+    let long = s
+        .engine
+        .submit(req(vec![3; 8], 30, SamplingParams::greedy()))
+        .unwrap();
+    let queued = s
+        .engine
+        .submit(req(vec![4; 12], 2, SamplingParams::greedy()))
+        .unwrap();
+    assert!(s.engine.stats().queued_prompt_tokens >= 12);
+    let first = long.blocking_collect();
+    let mut queued = queued;
+    let done = loop {
+        match queued.blocking_next() {
+            Some(Event::Done(f)) => break f,
+            Some(Event::Token(_)) => {}
+            None => panic!("the stream ended without Done"),
+        }
+    };
+    assert_eq!(first.reason, FinishReason::Length);
+    let waited = done.queue_time.expect("admitted, so it has a queue time");
+    assert!(waited > Duration::ZERO);
+    wait_idle(&s.engine);
+    assert_eq!(s.engine.stats().queued_prompt_tokens, 0);
+}
+
 /// Finding 3 of the hardening issue: non-finite logits (a NaN log-probability
 /// from the sampler) end that request with an error naming the cause; the
 /// request beside it in the same steps completes, and no block leaks.

@@ -66,6 +66,12 @@ pub fn available() -> Result<(), String> {
     gpu::driver_available().map_err(|e| format!("no CUDA driver found: {e}"))
 }
 
+/// How many CUDA devices can run the backend (after [`available`]'s checks).
+pub fn device_count() -> Result<usize, String> {
+    available()?;
+    gpu::device_count()
+}
+
 pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("cuda: {what}: {e}"))
 }

@@ -272,7 +272,7 @@ async fn full_queue_is_429_with_retry_after() {
     // the first runs (held open by keeping its streaming response alive) ...
     let first = open_stream(&app, &long).await;
     let start = Instant::now();
-    while app.state.engine.stats().running < 1 {
+    while app.state.replicas.stats().running < 1 {
         assert!(start.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

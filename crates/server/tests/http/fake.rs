@@ -21,6 +21,7 @@ pub struct LetterBackend {
     shape: KvShape,
     eos: u32,
     delay: Duration,
+    fail_on: Option<u32>,
 }
 
 impl LetterBackend {
@@ -48,6 +49,13 @@ impl Backend for LetterBackend {
 
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         batch.validate(self.shape.num_blocks, self.shape.block_size)?;
+        if let Some(bad) = self.fail_on
+            && batch.tokens.contains(&bad)
+        {
+            return Err(BackendError::Device(format!(
+                "injected device fault on token {bad}"
+            )));
+        }
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
@@ -80,6 +88,9 @@ pub struct Setup {
     pub max_num_seqs: usize,
     pub max_queue: usize,
     pub num_blocks: usize,
+    /// A step holding this token id fails (an injected device fault).
+    pub fail_on: Option<u32>,
+    pub halt_on_backend_error: bool,
 }
 
 impl Default for Setup {
@@ -89,6 +100,8 @@ impl Default for Setup {
             max_num_seqs: 8,
             max_queue: 0,
             num_blocks: 64,
+            fail_on: None,
+            halt_on_backend_error: false,
         }
     }
 }
@@ -113,6 +126,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
         config,
         eos,
         delay: setup.delay,
+        fail_on: setup.fail_on,
     };
     let engine = Engine::start(
         Box::new(backend),
@@ -124,6 +138,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
             enable_prefix_cache: true,
             max_queue: setup.max_queue,
             max_step_time: None,
+            halt_on_backend_error: setup.halt_on_backend_error,
         },
     )
     .expect("engine starts");

@@ -9,6 +9,7 @@ mod fake;
 mod fuzz;
 mod limits;
 mod load;
+mod replicas;
 mod responses;
 mod shutdown;
 mod streams;
@@ -36,6 +37,27 @@ pub fn app_with(setup: fake::Setup, tweak: impl FnOnce(&mut ServerConfig)) -> Ap
     let mut cfg = ServerConfig::new(MODEL);
     tweak(&mut cfg);
     let state = AppState::new(engine, tok, cfg);
+    App {
+        router: server::router(state.clone()),
+        state,
+    }
+}
+
+/// An app over one engine per setup (data parallelism), routed by `server::Replicas`.
+pub fn app_replicas(setups: Vec<fake::Setup>) -> App {
+    let mut engines = Vec::new();
+    let mut tok = None;
+    for setup in setups {
+        let (engine, t) = fake::engine(setup);
+        engines.push(engine);
+        tok = Some(t);
+    }
+    let replicas = server::Replicas::new(engines).expect("replicas");
+    let state = AppState::with_replicas(
+        replicas,
+        tok.expect("one setup at least"),
+        ServerConfig::new(MODEL),
+    );
     App {
         router: server::router(state.clone()),
         state,
@@ -105,7 +127,7 @@ impl App {
     pub async fn wait_idle(&self) {
         let start = Instant::now();
         loop {
-            let s = self.state.engine.stats();
+            let s = self.state.replicas.stats();
             if s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 {
                 return;
             }

@@ -260,7 +260,12 @@ async fn metrics_report_engine_state_and_latencies() {
     assert_eq!(value("lamina_time_to_first_token_seconds_count"), 2.0);
     assert_eq!(value("lamina_inter_token_latency_seconds_count"), 6.0);
     assert_eq!(value("lamina_e2e_request_latency_seconds_count"), 2.0);
-    assert!(text.contains("lamina_requests_finished_total{finished_reason=\"length\"} 2"));
+    assert_eq!(value("lamina_request_queue_time_seconds_count"), 2.0);
+    assert_eq!(value("lamina_kv_cache_usage_perc"), 0.0);
+    assert_eq!(value("lamina_num_preemptions_total"), 0.0);
+    assert!(text.contains(
+        "lamina_requests_finished_total{model_name=\"letters\",finished_reason=\"length\"} 2"
+    ));
     assert!(text.contains("# TYPE lamina_time_to_first_token_seconds histogram"));
 }
 

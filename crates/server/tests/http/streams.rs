@@ -130,15 +130,17 @@ async fn disconnect_mid_stream_cancels_and_frees_blocks() {
         assert!(frame.into_data().is_ok());
         streams.push(body);
     }
-    let s = app.state.engine.stats();
+    let s = app.state.replicas.stats();
     assert!(s.running > 0 && s.kv_blocks_used > 0, "{s:?}");
     drop(streams);
     app.wait_idle().await;
     let m = app.get("/metrics").await.text();
     assert!(
-        m.contains("lamina_requests_finished_total{finished_reason=\"cancelled\"} 4"),
+        m.contains(
+            "lamina_requests_finished_total{model_name=\"letters\",finished_reason=\"cancelled\"} 4"
+        ),
         "{m}"
     );
     // generation went nowhere near max_tokens
-    assert!(app.state.engine.stats().generation_tokens_total < 4 * 450);
+    assert!(app.state.replicas.stats().generation_tokens_total < 4 * 450);
 }
