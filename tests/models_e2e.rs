@@ -83,6 +83,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             enable_prefix_cache: false,
             max_queue: 0,
             max_step_time: None,
+            halt_on_backend_error: false,
         },
     )
     .expect("engine");
