@@ -82,10 +82,10 @@ pub struct ModelArgs {
     /// cut to what the backend is measured to run in that time, so a long
     /// prompt cannot stall other streams for longer; 0 turns the cap off
     /// [default: 500 on the CPU, off on CUDA].
-    #[arg(long)]
+    #[arg(long, env = "LAMINA_MAX_STEP_MS")]
     pub max_step_ms: Option<u64>,
     /// CPU backend kernels.
-    #[arg(long, value_enum, default_value = "fast")]
+    #[arg(long, value_enum, default_value = "fast", env = "LAMINA_CPU_KERNELS")]
     pub cpu_kernels: CpuKernelsArg,
 }
 
