@@ -15,6 +15,7 @@
 //! [`NR`] weight rows (`inp * NR * 4` bytes, reused for every token tile),
 //! so `W` is read once per call; work split over panels on rayon.
 
+use crate::OutPtr;
 use half::bf16;
 use rayon::prelude::*;
 
@@ -22,21 +23,6 @@ use rayon::prelude::*;
 pub const MR: usize = 12;
 /// Weight rows (outputs) per register tile and packed panel.
 pub const NR: usize = 32;
-
-/// A raw pointer to the output, shared by tasks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-impl OutPtr {
-    /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: tasks write disjoint output columns (distinct panels) while the
-// owning `&mut [f32]` is not otherwise used.
-unsafe impl Send for OutPtr {}
-// SAFETY: as for Send.
-unsafe impl Sync for OutPtr {}
 
 /// The weights of a product, `[out, inp]` row-major.
 #[derive(Clone, Copy)]

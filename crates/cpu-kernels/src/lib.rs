@@ -27,5 +27,22 @@ pub mod matmul;
 pub mod threads;
 pub mod vector;
 
+/// A raw pointer to an output buffer, shared by rayon tasks that each write
+/// disjoint elements (distinct weight rows or panels) while the owning
+/// `&mut [f32]` is not otherwise used.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+impl OutPtr {
+    /// The pointer (a method, so closures capture the whole `Send` wrapper).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+// SAFETY: every user writes disjoint elements through the pointer while the
+// owning slice is borrowed mutably by that user alone.
+unsafe impl Send for OutPtr {}
+// SAFETY: as for Send: no two tasks touch the same element.
+unsafe impl Sync for OutPtr {}
+
 pub use isa::Isa;
 pub use matmul::{Scratch, matmul_bf16};

@@ -21,6 +21,7 @@
 //! the gemm regime once plus `4 * out * in` bytes of scratch. No allocation
 //! except the scratch's growth to the largest weight seen.
 
+use crate::OutPtr;
 use crate::isa::Isa;
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -231,21 +232,6 @@ fn gemm_f32(
         );
     }
 }
-
-/// A raw pointer to the output, shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-impl OutPtr {
-    /// The pointer (a method, so closures capture the whole `Send` wrapper).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-// SAFETY: tasks of `tiled` write disjoint elements (distinct weight rows)
-// through the pointer while the owning `&mut [f32]` is not otherwise used.
-unsafe impl Send for OutPtr {}
-// SAFETY: as for Send: no two tasks touch the same element.
-unsafe impl Sync for OutPtr {}
 
 /// The small-`T` regime: register tiles over weight rows, split on rayon.
 fn tiled(isa: Isa, x: &[f32], w: &[u16], inp: usize, out: usize, t: usize, y: &mut [f32]) {
