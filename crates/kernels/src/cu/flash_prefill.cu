@@ -138,6 +138,66 @@ __device__ __forceinline__ uint32_t fp_swz(uint32_t r, uint32_t c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
+// One key tile's causal mask and online-softmax update for one thread's two
+// accumulator rows (fragment rows lane / 4 and lane / 4 + 8 of an m16 tile,
+// at positions qpos[0..2]), shared by every tiling. sc [BN / 8][4] holds the
+// raw scores of keys kt.. in the m16n8 accumulator layout and becomes the
+// bf16-packed P in pa [BN / 16][4] (the m16n8k16 A layout); m, l and the
+// output o [OB][4] are rescaled. Max over raw scores (the scale is
+// positive), then p = 2^(s * scale - m) in one FFMA; the mask is applied
+// only on tiles that reach past the CTA's first query position min_pos.
+template <int BN, int OB>
+__device__ __forceinline__ void fp_softmax_tile(float (&sc)[BN / 8][4], float (&o)[OB][4], float (&m)[2], float (&l)[2],
+                                                uint32_t (&pa)[BN / 16][4], const uint32_t (&qpos)[2], uint32_t kt,
+                                                uint32_t min_pos, uint32_t lane, float scale_log2) {
+    if (kt + BN - 1 > min_pos) {
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[e >> 1]) sc[j][e] = -INFINITY;
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j][e]);
+    float corr[2], rs[2] = {0.f, 0.f}, neg_m[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        const float mn = fmaxf(m[i], mx[i] * scale_log2);
+        corr[i] = fp_exp2(m[i] - mn);  // 0 on the first tile (m = -inf, mn finite: key 0 is never masked)
+        m[i] = mn;
+        neg_m[i] = -mn;
+    }
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float p = fp_exp2(fmaf(sc[j][e], scale_log2, neg_m[e >> 1]));
+            sc[j][e] = p;
+            rs[e >> 1] += p;
+        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) l[i] = l[i] * corr[i] + rs[i];
+#pragma unroll
+    for (int j = 0; j < OB; j++) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+    }
+#pragma unroll
+    for (int kc = 0; kc < BN / 16; kc++) {
+        pa[kc][0] = fp_pack(sc[2 * kc][0], sc[2 * kc][1]);
+        pa[kc][1] = fp_pack(sc[2 * kc][2], sc[2 * kc][3]);
+        pa[kc][2] = fp_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
+        pa[kc][3] = fp_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+    }
+}
+
 template <int D, int WARPS, int MT, int BN>
 __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     constexpr int BM = 16 * MT * WARPS, THREADS = 32 * WARPS;
@@ -256,64 +316,11 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             }
         }
 
-        const uint32_t kt = n * BN;
-        // Only tiles reaching past the CTA's first query position need the mask.
-        if (kt + BN - 1 > min_pos) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[mt][e >> 1]) sc[mt][j][e] = -INFINITY;
-        }
         uint32_t pa[MT][BN / 16][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            // Max over raw scores (the scale is positive), then the running
-            // max in the log2 domain; p = 2^(s * scale - m) in one FFMA.
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[mt][j][e]);
-            }
-            float corr[2], rs[2] = {0.f, 0.f}, neg_m[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                const float mn = fmaxf(m[mt][i], mx[i] * a.scale_log2);
-                corr[i] = fp_exp2(m[mt][i] - mn);  // 0 on the first tile (m = -inf, mn finite: key 0 is never masked)
-                m[mt][i] = mn;
-                neg_m[i] = -mn;
-            }
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = fp_exp2(fmaf(sc[mt][j][e], a.scale_log2, neg_m[e >> 1]));
-                    sc[mt][j][e] = p;
-                    rs[e >> 1] += p;
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++) l[mt][i] = l[mt][i] * corr[i] + rs[i];
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) {
-                o[mt][j][0] *= corr[0];
-                o[mt][j][1] *= corr[0];
-                o[mt][j][2] *= corr[1];
-                o[mt][j][3] *= corr[1];
-            }
-#pragma unroll
-            for (int kc = 0; kc < BN / 16; kc++) {
-                pa[mt][kc][0] = fp_pack(sc[mt][2 * kc][0], sc[mt][2 * kc][1]);
-                pa[mt][kc][1] = fp_pack(sc[mt][2 * kc][2], sc[mt][2 * kc][3]);
-                pa[mt][kc][2] = fp_pack(sc[mt][2 * kc + 1][0], sc[mt][2 * kc + 1][1]);
-                pa[mt][kc][3] = fp_pack(sc[mt][2 * kc + 1][2], sc[mt][2 * kc + 1][3]);
-            }
-        }
+        for (int mt = 0; mt < MT; mt++)
+            fp_softmax_tile<BN, D / 8>(sc[mt], o[mt], m[mt], l[mt], pa[mt], qpos[mt], n * BN, min_pos, lane,
+                                       a.scale_log2);
 
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
@@ -393,25 +400,27 @@ __device__ __forceinline__ uint32_t fh_off(uint32_t r, uint32_t c) {
 }
 
 #if defined(LAMINA_WGMMA)
+// The accumulators as [n / 8][4] (the layout the softmax and the epilogue
+// index), handed to the wgmma wrappers as the flat [n / 2] they bind.
 template <int BN>
-__device__ __forceinline__ void fh_scores(float (&d)[BN / 2], uint64_t da, uint64_t db, uint32_t acc);
+__device__ __forceinline__ void fh_scores(float (&d)[BN / 8][4], uint64_t da, uint64_t db, uint32_t acc);
 template <>
-__device__ __forceinline__ void fh_scores<64>(float (&d)[32], uint64_t da, uint64_t db, uint32_t acc) {
-    wg_ss_n64(d, da, db, acc);
+__device__ __forceinline__ void fh_scores<64>(float (&d)[8][4], uint64_t da, uint64_t db, uint32_t acc) {
+    wg_ss_n64(reinterpret_cast<float(&)[32]>(d), da, db, acc);
 }
 template <>
-__device__ __forceinline__ void fh_scores<128>(float (&d)[64], uint64_t da, uint64_t db, uint32_t acc) {
-    wg_ss_n128(d, da, db, acc);
+__device__ __forceinline__ void fh_scores<128>(float (&d)[16][4], uint64_t da, uint64_t db, uint32_t acc) {
+    wg_ss_n128(reinterpret_cast<float(&)[64]>(d), da, db, acc);
 }
 template <int D>
-__device__ __forceinline__ void fh_pv(float (&d)[D / 2], const uint32_t (&a)[4], uint64_t db);
+__device__ __forceinline__ void fh_pv(float (&d)[D / 8][4], const uint32_t (&a)[4], uint64_t db);
 template <>
-__device__ __forceinline__ void fh_pv<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
-    wg_rs_n64_t(d, a, db);
+__device__ __forceinline__ void fh_pv<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
+    wg_rs_n64_t(reinterpret_cast<float(&)[32]>(d), a, db);
 }
 template <>
-__device__ __forceinline__ void fh_pv<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
-    wg_rs_n128_t(d, a, db);
+__device__ __forceinline__ void fh_pv<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
+    wg_rs_n128_t(reinterpret_cast<float(&)[64]>(d), a, db);
 }
 #endif
 
@@ -473,11 +482,11 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     uint32_t qpos[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) qpos[i] = min_pos + min(wrow + lane / 4 + 8 * i, rows - 1) / G;
-    float o[D / 2];  // [D / 8 column blocks][4]: (row g, 2 cols), (row g + 8, 2 cols)
+    float o[D / 8][4];  // [column block][(row g, 2 cols), (row g + 8, 2 cols)]
 #pragma unroll
-    for (int j = 0; j < D / 2; j++) o[j] = 0.f;
+    for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float sc[BN / 2];
+    float sc[BN / 8][4];
 
     for (uint32_t n = 0; n < ntiles; n++) {
         fp_wait_all();
@@ -497,58 +506,15 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
         wg_commit();
         wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < BN / 2; j++) wg_reg_fence(sc[j]);
-
-        const uint32_t kt = n * BN;
-        if (kt + BN - 1 > min_pos) {
-#pragma unroll
-            for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[e >> 1]) sc[j * 4 + e] = -INFINITY;
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], sc[j * 4 + e]);
-        float corr[2], rs[2] = {0.f, 0.f}, neg_m[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            const float mn = fmaxf(m[i], mx[i] * a.scale_log2);
-            corr[i] = fp_exp2(m[i] - mn);
-            m[i] = mn;
-            neg_m[i] = -mn;
-        }
-#pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = fp_exp2(fmaf(sc[j * 4 + e], a.scale_log2, neg_m[e >> 1]));
-                sc[j * 4 + e] = p;
-                rs[e >> 1] += p;
-            }
-#pragma unroll
-        for (int i = 0; i < 2; i++) l[i] = l[i] * corr[i] + rs[i];
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            o[j * 4 + 0] *= corr[0];
-            o[j * 4 + 1] *= corr[0];
-            o[j * 4 + 2] *= corr[1];
-            o[j * 4 + 3] *= corr[1];
-        }
+            for (int e = 0; e < 4; e++) wg_reg_fence(sc[j][e]);
         uint32_t pa[BN / 16][4];
+        fp_softmax_tile<BN, D / 8>(sc, o, m, l, pa, qpos, n * BN, min_pos, lane, a.scale_log2);
 #pragma unroll
-        for (int kc = 0; kc < BN / 16; kc++) {
-            pa[kc][0] = fp_pack(sc[8 * kc + 0], sc[8 * kc + 1]);
-            pa[kc][1] = fp_pack(sc[8 * kc + 2], sc[8 * kc + 3]);
-            pa[kc][2] = fp_pack(sc[8 * kc + 4], sc[8 * kc + 5]);
-            pa[kc][3] = fp_pack(sc[8 * kc + 6], sc[8 * kc + 7]);
-        }
+        for (int j = 0; j < D / 8; j++)
 #pragma unroll
-        for (int j = 0; j < D / 2; j++) wg_reg_fence(o[j]);
+            for (int e = 0; e < 4; e++) wg_reg_fence(o[j][e]);
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
@@ -559,7 +525,9 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
         wg_commit();
         wg_wait<0>();
 #pragma unroll
-        for (int j = 0; j < D / 2; j++) wg_reg_fence(o[j]);
+        for (int j = 0; j < D / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) wg_reg_fence(o[j][e]);
     }
     fp_wait_all();
 
@@ -576,7 +544,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
             *reinterpret_cast<__nv_bfloat162*>(dst + j * 8) =
-                __floats2bfloat162_rn(o[j * 4 + 2 * i] * inv, o[j * 4 + 2 * i + 1] * inv);
+                __floats2bfloat162_rn(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
     }
 #else
     __trap();  // launched only on sm_90 devices, whose code is the sm_90a build
