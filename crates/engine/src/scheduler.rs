@@ -55,6 +55,8 @@ use std::sync::Arc;
 use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBuilder};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
+use crate::grammar::SeqGrammar;
+
 /// A scheduling invariant broke (a bug in the engine, `paged-kv` or the backend).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SchedError {
@@ -88,6 +90,9 @@ struct Seq {
     admitted_once: bool,
     /// Prompt tokens reused from the prefix cache at the first admission.
     cached_tokens: usize,
+    /// The constraint's state (constrained decoding): kept across
+    /// preemption, advanced at commit, its mask sent with each sample.
+    grammar: Option<Box<SeqGrammar>>,
 }
 
 /// Token counts of one sequence, for usage and stop decisions.
@@ -122,6 +127,8 @@ pub(crate) struct Scheduler {
     builder: StepBuilder,
     aborted: Vec<u64>,
     first_admitted: Vec<u64>,
+    /// Constrained sequences whose grammar failed at the last commit, and why.
+    grammar_failures: Vec<(u64, String)>,
     pub preemptions_total: u64,
 }
 
@@ -143,6 +150,7 @@ impl Scheduler {
             builder: StepBuilder::new(kv.block_size),
             aborted: Vec::new(),
             first_admitted: Vec::new(),
+            grammar_failures: Vec::new(),
             preemptions_total: 0,
         })
     }
@@ -155,6 +163,7 @@ impl Scheduler {
         prompt: Vec<u32>,
         params: SamplingParams,
         fork_of: Option<u64>,
+        grammar: Option<SeqGrammar>,
     ) {
         let history = params
             .needs_history()
@@ -168,6 +177,7 @@ impl Scheduler {
             fork_of,
             admitted_once: false,
             cached_tokens: 0,
+            grammar: grammar.map(Box::new),
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);

@@ -2,7 +2,7 @@
 //! planned batch through the reused [`contract::StepBuilder`] (tokens and
 //! block tables read from `paged-kv`, the owner), and committing the
 //! backend's results (KV marked computed, sampled tokens recorded, penalty
-//! histories updated in place). Costs are the scheduler's (module doc above).
+//! histories updated in place, grammar states advanced). Costs are the scheduler's (module doc above).
 
 use std::sync::Arc;
 
@@ -30,12 +30,19 @@ impl Scheduler {
                 params: seq.params.clone(),
                 step: (tokens.len() - seq.prompt_len) as u64,
                 history: seq.history.clone(),
+                allowed: seq.grammar.as_ref().map(|g| g.mask()),
             });
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
         }
         self.builder.finish();
         Ok(())
+    }
+
+    /// Takes the constrained sequences whose grammar failed at the last
+    /// commit (the caller ends them).
+    pub(crate) fn take_grammar_failures(&mut self) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.grammar_failures)
     }
 
     /// Records a finished step: KV written, sampled tokens kept for the next
@@ -67,6 +74,11 @@ impl Scheduler {
                     if let Some(h) = seq.history.as_mut() {
                         // unique now that the batch is released: updated in place
                         Arc::make_mut(h).push_generated(t.token);
+                    }
+                    if let Some(g) = seq.grammar.as_mut()
+                        && let Err(why) = g.advance(t.token)
+                    {
+                        self.grammar_failures.push((p.id, why));
                     }
                     out.push((p.id, t));
                 }

@@ -118,6 +118,7 @@ fn cuda_smollm2_matches_cpu() {
             params,
             step: 5,
             history: Some(Arc::new(history)),
+            allowed: None,
         };
         let chunk = SeqChunk {
             tokens: toks.clone(),
@@ -197,6 +198,7 @@ fn cuda_short_generation() {
                         params: p.clone(),
                         step: 0,
                         history: Some(Arc::new(PenaltyHistory::from_tokens(&toks))),
+                        allowed: None,
                     }),
                     blocks: pool.take(n + 8),
                     tokens: toks,
