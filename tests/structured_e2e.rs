@@ -320,10 +320,11 @@ answer: "yes" | "no""#
     assert_eq!(outs[1].reason, FinishReason::Stop);
     assert!(
         date.len() == 10
-            && date
-                .chars()
-                .enumerate()
-                .all(|(i, c)| if i == 4 || i == 7 { c == '-' } else { c.is_ascii_digit() }),
+            && date.chars().enumerate().all(|(i, c)| if i == 4 || i == 7 {
+                c == '-'
+            } else {
+                c.is_ascii_digit()
+            }),
         "{date:?}"
     );
     assert!(
@@ -338,7 +339,9 @@ fn bad_constraints_are_refused_naming_the_reason_and_the_engine_goes_on() {
     let e = engine();
     let cases = [
         (
-            Constraint::JsonSchema(json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})),
+            Constraint::JsonSchema(
+                json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}),
+            ),
             "missing",
         ),
         (
@@ -346,7 +349,10 @@ fn bad_constraints_are_refused_naming_the_reason_and_the_engine_goes_on() {
             "frobnicate",
         ),
         (Constraint::Regex("[a-".into()), "regex"),
-        (Constraint::Lark("start: undefined_rule".into()), "undefined_rule"),
+        (
+            Constraint::Lark("start: undefined_rule".into()),
+            "undefined_rule",
+        ),
     ];
     for (c, needle) in cases {
         let kind = c.kind();
@@ -365,7 +371,11 @@ fn bad_constraints_are_refused_naming_the_reason_and_the_engine_goes_on() {
         );
     }
     // the engine still serves
-    let out = run_all(e, vec![request(chat("Say hi."), SamplingParams::greedy(), None)]).remove(0);
+    let out = run_all(
+        e,
+        vec![request(chat("Say hi."), SamplingParams::greedy(), None)],
+    )
+    .remove(0);
     assert!(!out.tokens.is_empty());
 }
 

@@ -239,7 +239,8 @@ impl Worker {
             queue_time: None,
         };
         self.requests.insert(id, request);
-        self.sched.add(id, req.prompt, req.sampling, fork_of, grammar);
+        self.sched
+            .add(id, req.prompt, req.sampling, fork_of, grammar);
         if let Some(why) = self.halted.clone() {
             self.end(id, FinishReason::Error, Some(why));
         }
