@@ -202,7 +202,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     res.insert(
         "sizes".into(),
         json!({"b1_prompt": z.b1_prompt, "b1_gen": z.b1_gen, "b2_prompt": z.b2_prompt,
-               "b3_batch": z.b3_batch, "b3_prompt": z.b3_prompt, "b3_gen": z.b3_gen}),
+               "b3_batch": z.b3_batch, "b3_prompt": z.b3_prompt, "b3_gen": z.b3_gen,
+               "s1_batch": z.s1_batch, "s1_prompt": z.s1_prompt, "s1_gen": z.s1_gen}),
     );
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
@@ -268,7 +269,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 res.insert("b3_host_ms".into(), json!(host));
             }
             "s1" => {
-                let prompts: Vec<Vec<u32>> = (0..z.s1_batch).map(|_| prompt(z.s1_prompt)).collect();
                 let schema = s1_schema();
                 let mut rates = Vec::new();
                 for constrained in [false, true] {
@@ -278,10 +278,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         "unconstrained"
                     };
                     let c = constrained.then(|| Constraint::JsonSchema(schema.clone()));
+                    // fresh prompts per run: the prefix cache must not serve the second
+                    let prompts: Vec<Vec<u32>> =
+                        (0..z.s1_batch).map(|_| prompt(z.s1_prompt)).collect();
                     let start = Instant::now();
                     let handles = prompts
-                        .iter()
-                        .map(|p| submit_with(p.clone(), z.s1_gen, c.clone()))
+                        .into_iter()
+                        .map(|p| submit_with(p, z.s1_gen, c.clone()))
                         .collect::<Result<Vec<_>>>()?;
                     let total = drain_all(handles, &format!("s1 {label}"))?;
                     rates.push(total as f64 / start.elapsed().as_secs_f64());

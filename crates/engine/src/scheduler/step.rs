@@ -10,6 +10,7 @@ use contract::{SampleRequest, SampledToken};
 use paged_kv::SeqId;
 
 use super::{SchedError, Scheduler};
+use crate::grammar::{SeqGrammar, advance_all};
 
 impl Scheduler {
     /// Fills the reused batch from the plan.
@@ -39,6 +40,22 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Advances the grammars of the constrained sequences that sampled
+    /// `(id, token)` this step and computes their next masks, spread over
+    /// threads when there are many ([`crate::grammar::advance_all`]).
+    fn advance_grammars(&mut self, advanced: &mut [(u64, u32)]) {
+        advanced.sort_unstable();
+        let mut work: Vec<(u64, u32, &mut SeqGrammar)> = self
+            .seqs
+            .iter_mut()
+            .filter_map(|(id, seq)| {
+                let at = advanced.binary_search_by_key(id, |&(i, _)| i).ok()?;
+                Some((*id, advanced[at].1, seq.grammar.as_deref_mut()?))
+            })
+            .collect();
+        advance_all(&mut work, &mut self.grammar_failures);
+    }
+
     /// Takes the constrained sequences whose grammar failed at the last
     /// commit (the caller ends them).
     pub(crate) fn take_grammar_failures(&mut self) -> Vec<(u64, String)> {
@@ -54,6 +71,7 @@ impl Scheduler {
         out: &mut Vec<(u64, SampledToken)>,
     ) -> Result<(), SchedError> {
         self.builder.begin();
+        let mut advanced: Vec<(u64, u32)> = Vec::new();
         if results.len() != self.plan.len() {
             return Err(SchedError::ResultCount {
                 got: results.len(),
@@ -75,10 +93,8 @@ impl Scheduler {
                         // unique now that the batch is released: updated in place
                         Arc::make_mut(h).push_generated(t.token);
                     }
-                    if let Some(g) = seq.grammar.as_mut()
-                        && let Err(why) = g.advance(t.token)
-                    {
-                        self.grammar_failures.push((p.id, why));
+                    if seq.grammar.is_some() {
+                        advanced.push((p.id, t.token));
                     }
                     out.push((p.id, t));
                 }
@@ -96,6 +112,9 @@ impl Scheduler {
                     });
                 }
             }
+        }
+        if !advanced.is_empty() {
+            self.advance_grammars(&mut advanced);
         }
         Ok(())
     }
