@@ -4,7 +4,8 @@
 //! parses and validates against its schema (checked by the `jsonschema`
 //! crate), greedy and seeded, batched together with unconstrained requests
 //! whose output equals what they produce alone; regex and Lark constraints
-//! match; bad schemas and grammars are refused at submit naming the reason.
+//! match; bad schemas and grammars are refused at submit naming the reason;
+//! preempted constrained requests give exactly what they give alone.
 //!
 //! Costs: SmolLM2 (270 MB) is loaded once (fetched through the store on
 //! first use); outputs are short (`max_tokens` 64), so the test takes well
@@ -38,11 +39,15 @@ fn model() -> &'static Model {
 }
 
 fn start(max_num_seqs: usize) -> Engine {
+    start_with(max_num_seqs, 256)
+}
+
+fn start_with(max_num_seqs: usize, num_blocks: usize) -> Engine {
     let m = model();
     let loaded = checkpoint::loader::load_config(&m.dir).expect("config");
     let weights = checkpoint::loader::load_weights(&m.dir, &loaded.config).expect("weights");
     let kv = KvShape {
-        num_blocks: 256,
+        num_blocks,
         block_size: 16,
     };
     let backend = model::cpu::CpuBackend::with_path(
@@ -394,4 +399,36 @@ fn a_constrained_request_cut_by_max_tokens_ends_with_length() {
     assert_eq!(out.reason, FinishReason::Length, "{:?}", out.error);
     assert_eq!(out.tokens.len(), 8);
     assert!(out.text.starts_with('['), "{:?}", out.text);
+}
+
+#[test]
+fn preempted_constrained_requests_give_what_they_give_alone() {
+    // a pool too small for the batch as it grows: sequences are preempted
+    // and recomputed, their grammar state kept
+    let small = start_with(16, 10);
+    let reqs: Vec<GenerateRequest> = schemas()
+        .into_iter()
+        .take(8)
+        .map(|(what, schema)| {
+            request(
+                prompt_for(what),
+                SamplingParams::greedy(),
+                Some(Constraint::JsonSchema(schema)),
+            )
+        })
+        .collect();
+    let outs = run_all(&small, reqs.clone());
+    assert!(
+        small.stats().preemptions_total > 0,
+        "no preemption: {:?}",
+        small.stats()
+    );
+    small.shutdown();
+    for (i, (r, out)) in reqs.into_iter().zip(&outs).enumerate() {
+        let alone = run_all(engine(), vec![r]).remove(0);
+        assert_eq!(
+            out.tokens, alone.tokens,
+            "request {i} changed under preemption"
+        );
+    }
 }

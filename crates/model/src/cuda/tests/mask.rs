@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// always `keep`.
 fn random_mask(vocab: usize, seed: u64, forbid: u32, keep: u32) -> TokenMask {
     let ids: Vec<u32> = (0..vocab as u32)
-        .filter(|&i| i == keep || (i != forbid && splitmix64(seed ^ i as u64) % 8 == 0))
+        .filter(|&i| i == keep || (i != forbid && splitmix64(seed ^ i as u64).is_multiple_of(8)))
         .collect();
     TokenMask::from_ids(vocab, &ids)
 }
