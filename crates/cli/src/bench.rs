@@ -281,6 +281,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     // fresh prompts per run: the prefix cache must not serve the second
                     let prompts: Vec<Vec<u32>> =
                         (0..z.s1_batch).map(|_| prompt(z.s1_prompt)).collect();
+                    let before = loaded.engine.stats();
                     let start = Instant::now();
                     let handles = prompts
                         .into_iter()
@@ -288,6 +289,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         .collect::<Result<Vec<_>>>()?;
                     let total = drain_all(handles, &format!("s1 {label}"))?;
                     rates.push(total as f64 / start.elapsed().as_secs_f64());
+                    // the grammar work is done at commit, inside the scheduler's time
+                    let after = loaded.engine.stats();
+                    let steps = (after.steps_total - before.steps_total).max(1) as f64;
+                    let per = |a: u64, b: u64| (a - b) as f64 / 1e6 / steps;
+                    println!(
+                        "s1 {label}: {steps} steps, backend {:.3} ms/step, scheduler (grammar included) {:.3} ms/step",
+                        per(after.backend_ns_total, before.backend_ns_total),
+                        per(after.schedule_ns_total, before.schedule_ns_total),
+                    );
                 }
                 let ratio = rates[1] / rates[0].max(1e-9);
                 println!(
