@@ -56,6 +56,7 @@ fn start(
             max_queue: 0,
             max_step_time: None,
             halt_on_backend_error: false,
+            async_steps: true,
         },
     )
     .expect("engine")

@@ -84,6 +84,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             max_queue: 0,
             max_step_time: None,
             halt_on_backend_error: false,
+            async_steps: true,
         },
     )
     .expect("engine");

@@ -87,6 +87,10 @@ pub struct ModelArgs {
     /// CPU backend kernels.
     #[arg(long, value_enum, default_value = "fast", env = "LAMINA_CPU_KERNELS")]
     pub cpu_kernels: CpuKernelsArg,
+    /// Run every engine step to completion before planning the next, instead
+    /// of launching step N + 1 while step N runs (same output; for comparison).
+    #[arg(long, env = "LAMINA_SYNC_STEPS")]
+    pub sync_steps: bool,
 }
 
 /// Which engines to start: one per listed CUDA device (data parallelism),
@@ -274,6 +278,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                 max_queue,
                 max_step_time,
                 halt_on_backend_error: halt,
+                async_steps: !args.sync_steps,
             },
         )?);
     }

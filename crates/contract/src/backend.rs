@@ -11,6 +11,13 @@
 //! the same [`StepBatch::check`] on it first; it cannot panic, so a malformed
 //! batch is an error naming the field. A batch whose every sequence
 //! contributes one token is a *pure-decode* step.
+//!
+//! Steps can be pipelined ([`Backend::launch`] / [`Backend::collect`]): the
+//! engine launches step N + 1 before it has read step N's sampled tokens, and
+//! the tokens of step N + 1 that are step N's samples are named in
+//! [`StepBatch::carried`] (their `tokens` entries are placeholders); the
+//! backend takes them from step N's results where they already are (on the
+//! device for CUDA), so no host round trip separates two steps.
 
 use std::sync::Arc;
 
@@ -40,6 +47,19 @@ pub struct StepBatch {
     pub max_blocks: usize,
     /// `[S]`: `Some` when the sequence's last token in this step is to be sampled.
     pub samples: Vec<Option<SampleRequest>>,
+    /// Tokens whose id is the sample of the previously launched step, still
+    /// unknown to the host (their `tokens` entry is a placeholder), by
+    /// increasing token index. Empty for a step that depends on no launch.
+    pub carried: Vec<Carried>,
+}
+
+/// A token of a step whose id is a sample of the previously launched step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carried {
+    /// Index of the token in [`StepBatch::tokens`].
+    pub token: u32,
+    /// Sequence row (index into `samples`) of the previous step whose sample it is.
+    pub from: u32,
 }
 
 impl StepBatch {
@@ -75,7 +95,9 @@ impl StepBatch {
     /// - `cu_seqlens`: runs from 0 to `T`, strictly increasing (no empty segment);
     /// - `positions`, `slot_mapping`: `T` entries; `context_lens`, `samples`:
     ///   `S` entries; `block_tables`: `S x max_blocks` entries;
-    /// - `tokens`: every id below `vocab`;
+    /// - `tokens`: every id below `vocab`; `carried`: token indices below `T`,
+    ///   strictly increasing (whether `from` names a sample of the previous
+    ///   step only the backend knows);
     /// - per sequence: positions consecutive, the last one + 1 equal to its
     ///   `context_lens` entry, that context at most `max_positions` (the RoPE
     ///   table) and within its block-table row; every block attention reads
@@ -151,6 +173,14 @@ impl StepBatch {
         {
             return bad(format!(
                 "tokens[{i}] = {id} is outside the vocabulary of {vocab}"
+            ));
+        }
+        if let Some((i, c)) = self.carried.iter().enumerate().find(|(i, c)| {
+            c.token as usize >= t || (*i > 0 && c.token <= self.carried[*i - 1].token)
+        }) {
+            return bad(format!(
+                "carried[{i}] names token {}: carried tokens must be below {t} and strictly increasing",
+                c.token
             ));
         }
         // Lengths hold: cu_seqlens is increasing from 0 to T, so every segment
@@ -249,6 +279,9 @@ pub struct SampledToken {
     pub top_logprobs: Vec<(u32, f32)>,
 }
 
+/// Most steps a pipelining backend holds in flight (launched, not collected).
+pub const MAX_IN_FLIGHT: usize = 2;
+
 /// Errors a backend reports for a step.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -281,6 +314,35 @@ pub trait Backend: Send {
     /// sequence with a sample request samples the next token.
     /// Returns `[S]` entries, `Some` exactly where `batch.samples` is `Some`.
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError>;
+
+    /// True when [`Backend::launch`] / [`Backend::collect`] are implemented.
+    /// Default: false (the engine then runs every step with [`Backend::step`]).
+    fn pipelines(&self) -> bool {
+        false
+    }
+
+    /// Starts a step like [`Backend::step`] without waiting for its samples,
+    /// which [`Backend::collect`] returns, in launch order. At most
+    /// [`MAX_IN_FLIGHT`] steps are in flight; the tokens in `batch.carried`
+    /// take their ids from the samples of the step launched just before
+    /// (which may still be running). On error nothing was launched.
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        let _ = batch;
+        Err(BackendError::Device(format!(
+            "backend {} does not pipeline steps",
+            self.name()
+        )))
+    }
+
+    /// Waits for the oldest launched step and returns its samples, as
+    /// [`Backend::step`] does. An error ends every step in flight (their
+    /// results are lost; later steps carried tokens from them).
+    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        Err(BackendError::Device(format!(
+            "backend {} has no launched step to collect",
+            self.name()
+        )))
+    }
 
     /// Sizes the step buffers for steps of up to `max_tokens` tokens and
     /// `max_seqs` sequences ahead of time, so the first large steps of a run

@@ -14,15 +14,19 @@ pub mod backend;
 pub mod config;
 pub mod history;
 pub mod mask;
+pub mod pipeline;
 pub mod presets;
 pub mod sampling;
 pub mod step_builder;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
+pub use backend::{
+    Backend, BackendError, Carried, KvShape, MAX_IN_FLIGHT, SampleRequest, SampledToken, StepBatch,
+};
 pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, SamplingDefaults};
 pub use history::PenaltyHistory;
 pub use mask::TokenMask;
+pub use pipeline::HostPipeline;
 pub use sampling::{ParamError, SamplingParams};
 pub use step_builder::{StepBuildError, StepBuilder};

@@ -8,6 +8,8 @@
 //! optional sample request. [`StepBuilder::finish`] pads every block-table
 //! row with 0 to the longest (`max_blocks`) and returns the batch, which then
 //! satisfies [`StepBatch::validate`] for any pool holding the tables' blocks.
+//! [`StepBuilder::carry_last`] marks the last token pushed as a sample of
+//! the previously launched step ([`StepBatch::carried`]).
 //! A rejected push adds nothing. Between `begin` and `finish` the block tables
 //! are unpadded: read the batch only after `finish`.
 //!
@@ -15,7 +17,7 @@
 //! (rows are moved to their padded place in the same buffer). Every buffer is
 //! kept across steps, so a warm builder allocates nothing per step.
 
-use crate::backend::{SampleRequest, StepBatch};
+use crate::backend::{Carried, SampleRequest, StepBatch};
 
 /// Why [`StepBuilder::push`] refused a sequence (`seq` = its index in the step).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,7 +81,21 @@ impl StepBuilder {
         b.block_tables.clear();
         b.max_blocks = 0;
         b.samples.clear();
+        b.carried.clear();
         self.row_ends.clear();
+    }
+
+    /// Marks the last token pushed so far as the sample of sequence row
+    /// `from` of the previously launched step (its pushed id is a
+    /// placeholder). Does nothing before the first push.
+    pub fn carry_last(&mut self, from: u32) {
+        let b = &mut self.batch;
+        if let Some(last) = b.tokens.len().checked_sub(1) {
+            b.carried.push(Carried {
+                token: last as u32,
+                from,
+            });
+        }
     }
 
     /// Sequences pushed since [`StepBuilder::begin`].

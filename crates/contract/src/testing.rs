@@ -181,6 +181,7 @@ pub fn malformed_batches(
         block_tables: table,
         samples: vec![None],
         positions,
+        carried: Vec::new(),
     };
     let mut out = vec![
         (
@@ -221,6 +222,13 @@ pub fn malformed_batches(
             },
         ),
         ("an empty cu_seqlens".to_string(), StepBatch::default()),
+        (
+            "a carried token past the tokens".to_string(),
+            StepBatch {
+                carried: vec![crate::backend::Carried { token: 1, from: 0 }],
+                ..one(vec![0], 1, vec![0], vec![0])
+            },
+        ),
     ];
     let base = well_formed(kv, &[(5, 5), (3, 1), (1, 1)], |s, j| (s + j) as u32);
     for (k, m) in Malformation::ALL.iter().enumerate() {

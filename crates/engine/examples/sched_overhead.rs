@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_queue: 0,
             max_step_time: None,
             halt_on_backend_error: false,
+            async_steps: true,
         },
     )?;
     let start = Instant::now();

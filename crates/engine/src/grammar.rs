@@ -17,7 +17,10 @@
 //!   schema carries its own `x-guidance` options.
 //! - The scheduler keeps the state with the sequence: a preempted sequence
 //!   keeps it (its generated tokens are kept too), a later choice of the
-//!   same request starts from a copy of the compiled state.
+//!   same request starts from a copy of the compiled state. The next mask
+//!   depends on the token just sampled, so a step holding a constrained row
+//!   lands before the next is planned (no pipelining for it, as with a
+//!   penalty history).
 //! - Once the grammar is complete only the EOS tokens are allowed, so a
 //!   constrained request ends with `Stop` (or `Length` at `max_tokens`).
 //!

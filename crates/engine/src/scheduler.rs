@@ -27,9 +27,20 @@
 //!    recomputed. If the first choice is gone or was preempted, the choice
 //!    is admitted like any sequence.
 //!
+//! 6. Pipelined steps: [`Scheduler::launched`] records a step as running
+//!    before its samples are known: its KV counts as computed and each
+//!    sampled sequence's next token is a placeholder ([`PENDING_TOKEN`])
+//!    whose value the next step reads from the launched one
+//!    ([`contract::StepBatch::carried`]); [`Scheduler::land`] writes the real
+//!    tokens in wherever the placeholders went (the KV manager's tokens, a
+//!    preempted sequence's parked tokens, or `next`) before the next
+//!    `launched`, so no block is ever hashed with a placeholder. A sequence
+//!    whose placeholder is its last token by `max_tokens` is not scheduled
+//!    again. [`Scheduler::commit`] is `launched` + `land` at once.
+//!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
-//! [`Scheduler::commit`], which releases it (so the repetition-penalty sets it
-//! shared are updated in place, not copied).
+//! [`Scheduler::launched`] (or `commit`), which releases it (so the
+//! repetition-penalty sets it shared are updated in place, not copied).
 //!
 //! # One owner per fact
 //! `paged_kv::KvManager` owns a running sequence's tokens and its computed
@@ -56,6 +67,10 @@ use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBu
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 use crate::grammar::SeqGrammar;
+
+/// The id a pipelined sample has until it lands (contract point 6); any
+/// in-vocabulary id would do, the backend never reads it.
+pub(crate) const PENDING_TOKEN: u32 = 0;
 
 /// A scheduling invariant broke (a bug in the engine, `paged-kv` or the backend).
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +103,13 @@ struct Seq {
     fork_of: Option<u64>,
     /// Set at the first admission; a preempted sequence keeps it.
     admitted_once: bool,
+    /// Its last token is the placeholder for the sample of this row of the
+    /// launched step, not landed yet.
+    carried_from: Option<u32>,
+    /// Most tokens to generate (`None`: no limit known here).
+    max_tokens: Option<usize>,
+    /// The placeholder is its last token by `max_tokens`: not scheduled again.
+    last_in_flight: bool,
     /// Prompt tokens reused from the prefix cache at the first admission.
     cached_tokens: usize,
     /// The constraint's state (constrained decoding): kept across
@@ -124,6 +146,10 @@ pub(crate) struct Scheduler {
     /// Sorted by id (= arrival order): the youngest is last.
     running: Vec<u64>,
     plan: Vec<Planned>,
+    /// The launched step not landed yet: `(sequence, row)` of each sampled
+    /// row, and the step's row count.
+    landing: Vec<(u64, u32)>,
+    landing_rows: usize,
     builder: StepBuilder,
     aborted: Vec<u64>,
     first_admitted: Vec<u64>,
@@ -147,6 +173,8 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::with_capacity(max_num_seqs),
             plan: Vec::with_capacity(max_num_seqs),
+            landing: Vec::with_capacity(max_num_seqs),
+            landing_rows: 0,
             builder: StepBuilder::new(kv.block_size),
             aborted: Vec::new(),
             first_admitted: Vec::new(),
@@ -176,11 +204,21 @@ impl Scheduler {
             history,
             fork_of,
             admitted_once: false,
+            carried_from: None,
+            max_tokens: None,
+            last_in_flight: false,
             cached_tokens: 0,
             grammar: grammar.map(Box::new),
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
+    }
+
+    /// Sets the most tokens `id` generates (contract point 6).
+    pub(crate) fn set_max_tokens(&mut self, id: u64, max_tokens: usize) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.max_tokens = Some(max_tokens);
+        }
     }
 
     pub(crate) fn is_idle(&self) -> bool {
@@ -262,6 +300,9 @@ impl Scheduler {
                 budget = budget.min(self.prefill_cap);
             }
             for &id in &self.running {
+                if self.seqs.get(&id).is_some_and(|q| q.last_in_flight) {
+                    continue;
+                }
                 let sid = id as SeqId;
                 let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(id))?;
                 let computed = self
@@ -294,7 +335,7 @@ impl Scheduler {
         while i < self.running.len() {
             let id = self.running[i];
             let seq = self.seqs.get(&id).ok_or(SchedError::UnknownSeq(id))?;
-            if let Some(token) = seq.next {
+            if let (Some(token), false) = (seq.next, seq.last_in_flight) {
                 let mut lost_self = false;
                 while !self.kv.can_append(id as SeqId, 1) {
                     let Some(&victim) = self.running.last() else {
@@ -344,6 +385,9 @@ impl Scheduler {
             let Some(&id) = self.waiting.front() else {
                 break;
             };
+            if self.seqs.get(&id).is_some_and(|q| q.carried_from.is_some()) {
+                break; // preempted with a placeholder: admitted once it has landed
+            }
             let fork = match self.fork_source(id)? {
                 Fork::Wait => break,
                 Fork::From(parent) => Some(parent),

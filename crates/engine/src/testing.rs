@@ -3,7 +3,9 @@
 //! benchmark, and for other crates' tests (the server's) that need an engine
 //! without a model.
 //!
-//! Contract: [`FakeBackend::step`] validates the batch, stores every token id
+//! Contract: a step ([`Backend::step`], or [`Backend::launch`] with its
+//! carried tokens resolved by [`HostPipeline`]; [`FakeBackend::unpipelined`]
+//! turns launches off) validates the batch, stores every token id
 //! into its KV slot (`slot_mapping`), and for each sampled sequence reads its
 //! whole context back through its block table and returns
 //! [`fake_next_token`] of that context. A wrong slot, a wrong block table, a
@@ -20,7 +22,8 @@ use std::time::Duration;
 use contract::presets::Preset;
 use contract::sampling::splitmix64;
 use contract::{
-    Backend, BackendError, KvShape, LlamaConfig, SampleRequest, SampledToken, StepBatch,
+    Backend, BackendError, HostPipeline, KvShape, LlamaConfig, SampleRequest, SampledToken,
+    StepBatch,
 };
 use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
 use tokenizer::{Tokenizer, TokenizerError};
@@ -98,6 +101,9 @@ pub struct FakeBackend {
     fail_on_token: Option<u32>,
     nan_on_token: Option<u32>,
     context: Vec<u32>,
+    /// Pipelined steps (computed at launch); `pipelines()` says `piped`.
+    pipe: HostPipeline,
+    piped: bool,
 }
 
 impl FakeBackend {
@@ -112,7 +118,16 @@ impl FakeBackend {
             fail_on_token: None,
             nan_on_token: None,
             context: Vec::new(),
+            pipe: HostPipeline::default(),
+            piped: true,
         }
+    }
+
+    /// A fake that does not pipeline steps (the engine then runs each step
+    /// to completion before planning the next).
+    pub fn unpipelined(mut self) -> Self {
+        self.piped = false;
+        self
     }
 
     /// A fake that only hashes the last token and its position (O(T + S) per
@@ -144,20 +159,9 @@ impl FakeBackend {
     }
 }
 
-impl Backend for FakeBackend {
-    fn name(&self) -> String {
-        "fake".into()
-    }
-
-    fn config(&self) -> &LlamaConfig {
-        &self.config
-    }
-
-    fn kv_shape(&self) -> KvShape {
-        self.shape
-    }
-
-    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+impl FakeBackend {
+    /// One step's samples (see the module doc) of a batch with no carried tokens.
+    fn compute(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         let bs = self.shape.block_size;
         batch.validate(self.shape.num_blocks, bs)?;
         if let Some(d) = self.step_delay {
@@ -216,6 +220,42 @@ impl Backend for FakeBackend {
             }));
         }
         Ok(out)
+    }
+}
+
+impl Backend for FakeBackend {
+    fn name(&self) -> String {
+        "fake".into()
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn pipelines(&self) -> bool {
+        self.piped
+    }
+
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.launch(batch, |b| self.compute(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        self.pipe.collect()
+    }
+
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.step(batch, |b| self.compute(b));
+        self.pipe = pipe;
+        r
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

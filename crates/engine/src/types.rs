@@ -31,6 +31,11 @@ pub struct EngineConfig {
     /// For one engine among replicas (the server then takes it out of
     /// rotation); off, a failed step ends only that step's requests.
     pub halt_on_backend_error: bool,
+    /// Pipeline the steps when the backend can: step N + 1 is planned and
+    /// launched before step N's samples are read, the tokens it needs from
+    /// step N taken on the device, so no host round trip separates two
+    /// steps. Output is the same either way.
+    pub async_steps: bool,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +47,7 @@ impl Default for EngineConfig {
             max_queue: 0,
             max_step_time: None,
             halt_on_backend_error: false,
+            async_steps: true,
         }
     }
 }

@@ -6,9 +6,17 @@
 //! cancels, shutdown), plans a step, runs it on the backend, commits the
 //! results and streams them.
 //!
-//! Output work is kept off the critical path: the text of step N's tokens
-//! (detokenization, stop strings, events) is processed on a scoped helper
-//! thread while the backend runs step N + 1. Endings decided by token id
+//! Steps are pipelined when the backend can (`EngineConfig::async_steps`):
+//! each iteration plans step N + 1, launches it while step N still runs,
+//! then lands step N (waits for its samples, commits them, processes their
+//! text while the device runs N + 1) and records N + 1 as launched (see the
+//! scheduler's contract point 6). A step whose samples feed a penalty
+//! history lands before the next plan. A failed launch ends its step's
+//! requests; a failed step ends its own and the one launched after it.
+//!
+//! Unpipelined, output work is kept off the critical path too: the text of
+//! step N's tokens (detokenization, stop strings, events) is processed on a
+//! scoped helper thread while the backend runs step N + 1. Endings decided by token id
 //! alone (EOS, `max_tokens`) are applied at commit, so such a sequence is
 //! never scheduled again; a stop string found in step N's text ends its
 //! request after step N + 1, whose extra token is dropped unseen (usage counts
@@ -40,7 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Instant;
 
-use contract::{Backend, SampledToken};
+use contract::{Backend, BackendError, SampledToken};
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -91,6 +99,21 @@ pub(crate) struct Worker {
     pub halt_on_backend_error: bool,
     /// Why the engine halted: every request accepted since ends at once with it.
     halted: Option<String>,
+    /// Steps are pipelined (`EngineConfig::async_steps` and a backend that can).
+    pub pipelined: bool,
+    /// The launched step not landed yet (pipelined).
+    in_flight: Option<InFlight>,
+    /// When the last step landed: the device's start of the next one.
+    last_landed: Option<Instant>,
+}
+
+/// What the loop keeps of a launched step until it lands.
+struct InFlight {
+    launched: Instant,
+    tokens: usize,
+    seqs: usize,
+    /// Its sequences, ended with an error if it fails.
+    ids: Vec<u64>,
 }
 
 /// Below this many pending tokens the text is processed in line: a helper
@@ -137,6 +160,9 @@ impl Worker {
             pending: Vec::new(),
             halt_on_backend_error: false,
             halted: None,
+            pipelined: false,
+            in_flight: None,
+            last_landed: None,
         }
     }
 
@@ -145,6 +171,9 @@ impl Worker {
         self.publish();
         loop {
             if self.sched.is_idle() {
+                // every sequence of a step in flight ended: it lands unseen
+                self.land();
+                self.last_landed = None;
                 self.drain_pending();
                 self.publish();
                 match self.rx.recv() {
@@ -191,6 +220,7 @@ impl Worker {
             self.shared.host_ns_total.fetch_add(host, Ordering::Relaxed);
             self.publish();
         }
+        self.land();
         self.drain_pending();
         // requests submitted after the last drain are accepted to be cancelled
         while let Ok(msg) = self.rx.try_recv() {
@@ -231,6 +261,7 @@ impl Worker {
         );
         let phase = Phase::Queued;
         let prompt_len = req.prompt.len();
+        let max_tokens = req.max_tokens;
         let request = Request {
             phase,
             out,
@@ -241,13 +272,173 @@ impl Worker {
         self.requests.insert(id, request);
         self.sched
             .add(id, req.prompt, req.sampling, fork_of, grammar);
+        self.sched.set_max_tokens(id, max_tokens);
         if let Some(why) = self.halted.clone() {
             self.end(id, FinishReason::Error, Some(why));
         }
     }
 
-    /// Plans, runs and commits one step; returns the nanoseconds spent in the backend.
+    /// Plans, runs and commits one step; returns the nanoseconds spent in
+    /// the backend (pipelined: the device time of the step that landed).
     fn step(&mut self) -> Result<u64, SchedError> {
+        if self.pipelined {
+            return self.step_pipelined();
+        }
+        if !self.plan()? {
+            self.drain_pending();
+            return Ok(0);
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let timed_step = |backend: &mut Box<dyn Backend>, batch| {
+            let t0 = Instant::now();
+            let r = backend.step(batch);
+            (r, t0.elapsed().as_nanos() as u64)
+        };
+        let ((result, backend_ns), ended) = if pending.len() < OVERLAP_MIN_TOKENS {
+            let ended = process_text(&mut self.requests, pending, &self.eos);
+            (timed_step(&mut self.backend, self.sched.batch()), ended)
+        } else {
+            let (requests, eos) = (&mut self.requests, &self.eos);
+            let (backend, batch) = (&mut self.backend, self.sched.batch());
+            std::thread::scope(|scope| {
+                let text = scope.spawn(move || process_text(requests, pending, eos));
+                let result = timed_step(backend, batch);
+                // the helper only detokenizes and sends events: it cannot panic on user input
+                let ended = text.join().unwrap_or_else(|_| Vec::new());
+                (result, ended)
+            })
+        };
+        let tokens = self.sched.batch().num_tokens();
+        self.observe_step(tokens, backend_ns);
+        let batch = self.sched.batch();
+        tracing::trace!(
+            seqs = batch.num_seqs(),
+            tokens = batch.num_tokens(),
+            decode = batch.is_pure_decode(),
+            us = backend_ns / 1000,
+            "step"
+        );
+        let results = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.apply_endings(ended);
+                let ids: Vec<u64> = self.sched.planned_ids().collect();
+                self.sched.abandon();
+                self.fail_step(ids, &e);
+                return Ok(backend_ns);
+            }
+        };
+        let mut sampled = Vec::new();
+        let t_commit = Instant::now();
+        self.sched.commit(results, &mut sampled)?;
+        self.add_schedule_ns(t_commit);
+        // after the commit: a request a stop string ended leaves the scheduler
+        // with this step's token, which is never shown
+        self.apply_endings(ended);
+        self.pending = self.accept_samples(sampled);
+        Ok(backend_ns)
+    }
+
+    /// One pipelined iteration (module doc): plans step N + 1 while step N
+    /// runs, launches it, then lands step N (its text processed while N + 1
+    /// runs) and records N + 1 as launched. A step whose samples the next
+    /// plan needs on the host (penalty histories) lands before planning.
+    fn step_pipelined(&mut self) -> Result<u64, SchedError> {
+        let mut landed_ns = 0;
+        if self.in_flight.is_some() && self.sched.landing_needs_host() {
+            landed_ns += self.land().unwrap_or(0);
+        }
+        if !self.plan()? {
+            match self.in_flight.is_some() {
+                true => landed_ns += self.land().unwrap_or(0),
+                false => self.drain_pending(),
+            }
+            return Ok(landed_ns);
+        }
+        let batch = self.sched.batch();
+        let step = InFlight {
+            launched: Instant::now(),
+            tokens: batch.num_tokens(),
+            seqs: batch.num_seqs(),
+            ids: self.sched.planned_ids().collect(),
+        };
+        if let Err(e) = self.backend.launch(batch) {
+            // nothing of this step runs; the step in flight still lands
+            self.sched.abandon_plan();
+            self.fail_step(step.ids, &e);
+            if self.in_flight.is_some() {
+                landed_ns += self.land().unwrap_or(0);
+            }
+            return Ok(landed_ns);
+        }
+        if self.in_flight.is_some() {
+            match self.land() {
+                Some(ns) => landed_ns += ns,
+                None => {
+                    // the backend dropped this step with the failed one
+                    self.sched.abandon();
+                    self.fail_step(
+                        step.ids,
+                        &BackendError::Device("the step before it failed".into()),
+                    );
+                    return Ok(landed_ns);
+                }
+            }
+        }
+        let t = Instant::now();
+        self.in_flight = Some(step);
+        self.sched.launched()?;
+        self.add_schedule_ns(t);
+        Ok(landed_ns)
+    }
+
+    /// Waits for the step in flight and commits its samples; returns its
+    /// device time, or `None` when it failed (its requests ended).
+    fn land(&mut self) -> Option<u64> {
+        let step = self.in_flight.take()?;
+        let result = self.backend.collect();
+        let now = Instant::now();
+        // the device ran it from its launch or from the end of the one before
+        let began = self
+            .last_landed
+            .map_or(step.launched, |t| t.max(step.launched));
+        let ns = now.duration_since(began).as_nanos() as u64;
+        self.last_landed = Some(now);
+        self.observe_step(step.tokens, ns);
+        tracing::trace!(
+            seqs = step.seqs,
+            tokens = step.tokens,
+            us = ns / 1000,
+            "step landed"
+        );
+        let results = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.sched.abandon_landing();
+                self.fail_step(step.ids, &e);
+                return None;
+            }
+        };
+        let mut sampled = Vec::new();
+        let t = Instant::now();
+        if let Err(e) = self.sched.land(results, &mut sampled) {
+            tracing::error!(error = %e, "scheduler invariant broken; failing every request");
+            self.end_all(
+                FinishReason::Error,
+                Some(format!("internal engine error: {e}")),
+            );
+            return None;
+        }
+        self.add_schedule_ns(t);
+        self.pending = self.accept_samples(sampled);
+        // the device is busy with the next step: the text is processed now
+        self.drain_pending();
+        Some(ns)
+    }
+
+    /// Schedules the next step and handles its first admissions and
+    /// aborts; false when it runs nothing.
+    fn plan(&mut self) -> Result<bool, SchedError> {
         let t_plan = Instant::now();
         self.sched.schedule()?;
         self.add_schedule_ns(t_plan);
@@ -274,76 +465,49 @@ impl Worker {
                 )),
             );
         }
-        if self.sched.batch().num_seqs() == 0 {
-            self.drain_pending();
-            return Ok(0);
-        }
-        let pending = std::mem::take(&mut self.pending);
-        let timed_step = |backend: &mut Box<dyn Backend>, batch| {
-            let t0 = Instant::now();
-            let r = backend.step(batch);
-            (r, t0.elapsed().as_nanos() as u64)
-        };
-        let ((result, backend_ns), ended) = if pending.len() < OVERLAP_MIN_TOKENS {
-            let ended = process_text(&mut self.requests, pending, &self.eos);
-            (timed_step(&mut self.backend, self.sched.batch()), ended)
-        } else {
-            let (requests, eos) = (&mut self.requests, &self.eos);
-            let (backend, batch) = (&mut self.backend, self.sched.batch());
-            std::thread::scope(|scope| {
-                let text = scope.spawn(move || process_text(requests, pending, eos));
-                let result = timed_step(backend, batch);
-                // the helper only detokenizes and sends events: it cannot panic on user input
-                let ended = text.join().unwrap_or_else(|_| Vec::new());
-                (result, ended)
-            })
-        };
+        Ok(self.sched.batch().num_seqs() > 0)
+    }
+
+    /// Counts a step that ran `tokens` tokens in `backend_ns` and updates
+    /// the prefill cap from the step clock.
+    fn observe_step(&mut self, tokens: usize, backend_ns: u64) {
         self.shared
             .backend_ns_total
             .fetch_add(backend_ns, Ordering::Relaxed);
         self.shared.steps_total.fetch_add(1, Ordering::Relaxed);
-        self.clock
-            .observe(self.sched.batch().num_tokens(), backend_ns);
+        self.clock.observe(tokens, backend_ns);
         self.sched.set_prefill_cap(self.clock.prefill_cap());
-        let batch = self.sched.batch();
-        tracing::trace!(
-            seqs = batch.num_seqs(),
-            tokens = batch.num_tokens(),
-            decode = batch.is_pure_decode(),
-            us = backend_ns / 1000,
-            "step"
-        );
-        let results = match result {
-            Ok(r) => r,
-            Err(e) => {
-                self.apply_endings(ended);
-                let ids: Vec<u64> = self.sched.planned_ids().collect();
-                tracing::error!(error = %e, seqs = ids.len(), "backend step failed");
-                if self.halt_on_backend_error {
-                    let why = format!("the engine failed: backend step failed: {e}");
-                    tracing::error!("engine halted: every request ends with the failure");
-                    self.shared.set_failure(why.clone());
-                    self.halted = Some(why.clone());
-                    self.end_all(FinishReason::Error, Some(why));
-                    return Ok(backend_ns);
-                }
-                for id in ids {
-                    self.end(
-                        id,
-                        FinishReason::Error,
-                        Some(format!("backend step failed: {e}")),
-                    );
-                }
-                return Ok(backend_ns);
-            }
-        };
-        let mut sampled = Vec::new();
-        let t_commit = Instant::now();
-        self.sched.commit(results, &mut sampled)?;
-        self.add_schedule_ns(t_commit);
-        // after the commit: a request a stop string ended leaves the scheduler
-        // with this step's token, which is never shown
-        self.apply_endings(ended);
+    }
+
+    /// Ends the requests of a failed step (or every request, when the
+    /// engine halts on backend errors).
+    fn fail_step(&mut self, ids: Vec<u64>, e: &BackendError) {
+        tracing::error!(error = %e, seqs = ids.len(), "backend step failed");
+        if self.halt_on_backend_error {
+            let why = format!("the engine failed: backend step failed: {e}");
+            tracing::error!("engine halted: every request ends with the failure");
+            self.shared.set_failure(why.clone());
+            self.halted = Some(why.clone());
+            self.end_all(FinishReason::Error, Some(why));
+            return;
+        }
+        for id in ids {
+            self.end(
+                id,
+                FinishReason::Error,
+                Some(format!("backend step failed: {e}")),
+            );
+        }
+    }
+
+    /// Checks committed samples: a NaN log-probability or an id outside
+    /// the vocabulary ends its request with an error; the rest are counted,
+    /// and those ending by id (EOS, `max_tokens`) retire their request.
+    /// Returns the samples whose text is still to be processed.
+    fn accept_samples(
+        &mut self,
+        mut sampled: Vec<(u64, SampledToken)>,
+    ) -> Vec<(u64, SampledToken)> {
         sampled.retain(|(id, _)| self.requests.contains_key(id));
         // A NaN log-probability is the backends' sign of non-finite logits
         // (NaN or infinite activations): that token means nothing, and the
@@ -395,8 +559,7 @@ impl Worker {
                 self.retire(*id, reason);
             }
         }
-        self.pending = sampled;
-        Ok(backend_ns)
+        sampled
     }
 
     /// Processes every pending token's text now and ends what it ends,

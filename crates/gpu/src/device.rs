@@ -177,6 +177,35 @@ impl Gpu {
         })
     }
 
+    /// Enqueues a device-to-device copy of `src` into `dst[..src.len()]`.
+    pub fn copy_device<T: Pod>(
+        &self,
+        src: DevSlice<'_, T>,
+        dst: DevSlice<'_, T>,
+    ) -> Result<(), GpuError> {
+        copy_lengths("device-to-device copy", src.len(), dst.len(), false)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both are live views; `dst` holds at least `src.num_bytes()` bytes.
+        drv("cuMemcpyDtoDAsync", unsafe {
+            result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.num_bytes(), self.cu_stream())
+        })
+    }
+
+    /// A [`Fence`]: an event marking a point of this stream's work.
+    pub fn fence(&self) -> Result<Fence, GpuError> {
+        self.bind()?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let event = drv("cuEventCreate", self.ctx.new_event(flags))?;
+        Ok(Fence {
+            event,
+            stream: self.stream.clone(),
+            recorded: false,
+        })
+    }
+
     /// Copies `src` to a new host vector, waiting for all earlier work.
     pub fn to_host<T: Pod>(&self, src: DevSlice<'_, T>) -> Result<Vec<T>, GpuError> {
         self.synchronize()?;
@@ -360,6 +389,32 @@ impl Timer {
         drv("cuEventRecord", self.end.record(&self.stream))?;
         drv("cuEventSynchronize", self.end.synchronize())?;
         drv("cuEventElapsedTime", self.start.elapsed_ms(&self.end))
+    }
+}
+
+/// A point in the stream's work the host can wait for without waiting for
+/// what was enqueued after it (pipelined steps: the samples of step N while
+/// step N + 1 runs).
+pub struct Fence {
+    event: cudarc::driver::CudaEvent,
+    stream: Arc<CudaStream>,
+    recorded: bool,
+}
+
+impl Fence {
+    /// Marks the work enqueued so far.
+    pub fn record(&mut self) -> Result<(), GpuError> {
+        drv("cuEventRecord", self.event.record(&self.stream))?;
+        self.recorded = true;
+        Ok(())
+    }
+
+    /// Blocks until the marked work is done (at once if never recorded).
+    pub fn wait(&self) -> Result<(), GpuError> {
+        if !self.recorded {
+            return Ok(());
+        }
+        drv("cuEventSynchronize", self.event.synchronize())
     }
 }
 

@@ -27,7 +27,7 @@ mod launch;
 
 pub use blas::{Blas, GemmDims, OutType};
 pub use buffer::{DevSlice, DeviceBuffer, PinnedBuffer};
-pub use device::{Gpu, Timer, device_count, driver_available};
+pub use device::{Fence, Gpu, Timer, device_count, driver_available};
 pub use error::GpuError;
 pub use graph::Graph;
 pub use launch::{Function, LaunchConfig, Module};

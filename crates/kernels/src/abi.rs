@@ -74,7 +74,7 @@ macro_rules! kernel_args {
 
 kernel_args! {
     /// Arguments of `embedding_gather` (cu/embedding.cu).
-    pub struct EmbeddingGatherArgs for "embedding_gather", size 32 {
+    pub struct EmbeddingGatherArgs for "embedding_gather", size 56 {
         /// [T, hidden] f32 residual rows written
         out: u64 as "float*" @ 0,
         /// [vocab, hidden] bf16
@@ -83,6 +83,13 @@ kernel_args! {
         ids: u64 as "const uint32_t*" @ 16,
         hidden: u32 as "uint32_t" @ 24,
         vocab: u32 as "uint32_t" @ 28,
+        /// [T] index into `prev` of a carried token's id, or >= num_prev;
+        /// null when nothing is carried
+        carry: u64 as "const uint32_t*" @ 32,
+        /// [num_prev] the previous step's sampled ids
+        prev: u64 as "const uint32_t*" @ 40,
+        num_prev: u32 as "uint32_t" @ 48,
+        pad: u32 as "uint32_t" @ 52,
     }
 
     /// Arguments of `gather_rows_bf16` (cu/embedding.cu).

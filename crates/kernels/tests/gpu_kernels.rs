@@ -37,6 +37,7 @@ fn embedding_and_row_gather() {
                 out.view(),
                 d_table.view(),
                 d_ids.view(),
+                None,
                 tokens,
                 hidden,
                 vocab,
@@ -45,6 +46,44 @@ fn embedding_and_row_gather() {
         .unwrap();
         let got = gpu.to_host(out.view()).unwrap();
         assert_eq!(got, ops::embedding::embed(&table, &ids, hidden));
+
+        // carried tokens: every third id comes from `prev` (a previous
+        // step's samples), the rest from `ids` (rows >= prev.len() included)
+        let prev: Vec<u32> = (0..5).map(|_| rng.random_range(0..vocab as u32)).collect();
+        let rows: Vec<u32> = (0..tokens as u32)
+            .map(|t| match t % 3 {
+                0 => t % 5,
+                1 => u32::MAX,
+                _ => 5 + t,
+            })
+            .collect();
+        let want_ids: Vec<u32> = (0..tokens)
+            .map(|t| match rows[t] {
+                r if r < 5 => prev[r as usize],
+                _ => ids[t],
+            })
+            .collect();
+        let (d_prev, d_rows) = (gpu.upload(&prev).unwrap(), gpu.upload(&rows).unwrap());
+        gpu.fill_bytes(out.view(), POISON).unwrap();
+        let carry = kernels::embedding::Carry {
+            rows: d_rows.view(),
+            prev: d_prev.view(),
+        };
+        // SAFETY: ids and prev drawn below vocab.
+        unsafe {
+            k.embedding_gather(
+                out.view(),
+                d_table.view(),
+                d_ids.view(),
+                Some(carry),
+                tokens,
+                hidden,
+                vocab,
+            )
+        }
+        .unwrap();
+        let got = gpu.to_host(out.view()).unwrap();
+        assert_eq!(got, ops::embedding::embed(&table, &want_ids, hidden));
 
         let rows: Vec<u32> = (0..tokens.div_ceil(3))
             .map(|_| rng.random_range(0..vocab as u32))

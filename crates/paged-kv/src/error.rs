@@ -24,6 +24,17 @@ pub enum KvError {
         computed: usize,
         len: usize,
     },
+    /// `set_token` was given a position that is computed (its block may be
+    /// cached under its tokens' hash) or past the sequence.
+    #[error(
+        "sequence {seq}: position {pos} cannot be rewritten ({computed} of {len} tokens computed)"
+    )]
+    NotRewritable {
+        seq: SeqId,
+        pos: usize,
+        computed: usize,
+        len: usize,
+    },
     /// The pool configuration is unusable; `field` names the [`crate::KvConfig`] field.
     #[error("invalid KV config: {field} = {value}: {reason}")]
     InvalidConfig {

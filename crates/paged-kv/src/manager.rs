@@ -321,6 +321,24 @@ impl KvManager {
         Ok(())
     }
 
+    /// Replaces the token at `pos` of `seq`, a position whose KV is not
+    /// computed yet (so no block holding it is hashed or cached): how a token
+    /// appended before its value was known (a pipelined step's sample) gets
+    /// its value. O(1).
+    pub fn set_token(&mut self, seq: SeqId, pos: usize, token: u32) -> Result<(), KvError> {
+        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if pos < s.computed || pos >= s.tokens.len() {
+            return Err(KvError::NotRewritable {
+                seq,
+                pos,
+                computed: s.computed,
+                len: s.tokens.len(),
+            });
+        }
+        s.tokens[pos] = token;
+        Ok(())
+    }
+
     /// Releases `seq`'s blocks, last block first, so that its cached tail
     /// is evicted before its (more shareable) head.
     pub fn free(&mut self, seq: SeqId) -> Result<(), KvError> {

@@ -346,3 +346,34 @@ fn fork_shares_full_computed_blocks() {
         assert_eq!(m.num_free_blocks(), 8);
     }
 }
+
+/// A token appended before its value is known (a pipelined step's sample)
+/// gets its value while uncomputed; the block it fills is cached under the
+/// real value; computed positions cannot be rewritten.
+#[test]
+fn set_token_rewrites_only_uncomputed_positions() {
+    let mut m = kv(4, 2);
+    assert_eq!(run_prompt(&mut m, 1, &[5, 6, 7]), 0);
+    ok(m.append(1, &[0])); // placeholder at position 3
+    ok(m.set_token(1, 3, 8));
+    assert_eq!(m.seq_tokens(1), Some(&[5, 6, 7, 8][..]));
+    assert!(matches!(
+        m.set_token(1, 2, 9),
+        Err(KvError::NotRewritable {
+            pos: 2,
+            computed: 3,
+            len: 4,
+            ..
+        })
+    ));
+    assert!(matches!(
+        m.set_token(1, 4, 9),
+        Err(KvError::NotRewritable { pos: 4, .. })
+    ));
+    assert!(matches!(m.set_token(9, 0, 1), Err(KvError::UnknownSeq(9))));
+    ok(m.mark_computed(1, 4));
+    checked(&m);
+    ok(m.free(1));
+    // the second block was cached under [7, 8], not the placeholder
+    assert_eq!(run_prompt(&mut m, 2, &[5, 6, 7, 8, 1]), 4);
+}

@@ -54,6 +54,7 @@ fn errors_name_the_field() {
     assert!(msg("a block beyond the pool").contains("block 13 outside the pool"));
     assert!(msg("a position past the RoPE table").contains("positions[0] = 32 exceeds"));
     assert!(msg("cu_seqlens past the tokens").contains("cu_seqlens"));
+    assert!(msg("a carried token past the tokens").contains("carried[0] names token 1"));
     let b = well_formed(shape, &[(6, 6)], |_, j| j as u32);
     assert_eq!(b.check(shape, VOCAB, 32).ok(), Some(()));
     assert!(
@@ -106,7 +107,7 @@ proptest! {
     ) {
         let b = StepBatch {
             tokens, positions, cu_seqlens, slot_mapping, context_lens, block_tables,
-            max_blocks, samples: vec![None; samples],
+            max_blocks, samples: vec![None; samples], carried: Vec::new(),
         };
         let _ = b.check(kv(num_blocks, block_size), VOCAB, max_positions);
         let _ = b.validate(num_blocks, block_size);

@@ -1,15 +1,18 @@
-//! The scheduler's two per-step halves around the backend: building the
-//! planned batch through the reused [`contract::StepBuilder`] (tokens and
-//! block tables read from `paged-kv`, the owner), and committing the
-//! backend's results (KV marked computed, sampled tokens recorded, penalty
-//! histories updated in place, grammar states advanced). Costs are the scheduler's (module doc above).
+//! The scheduler's per-step parts around the backend: building the planned
+//! batch through the reused [`contract::StepBuilder`] (tokens and block
+//! tables read from `paged-kv`, the owner; placeholders of a launched step's
+//! samples marked carried), recording a launched step (KV marked computed,
+//! placeholders for its samples) and landing its results (placeholders
+//! replaced by the sampled tokens, penalty histories updated in place,
+//! grammar states advanced and their next masks computed).
+//! Costs are the scheduler's (module doc above).
 
 use std::sync::Arc;
 
 use contract::{SampleRequest, SampledToken};
 use paged_kv::SeqId;
 
-use super::{SchedError, Scheduler};
+use super::{PENDING_TOKEN, SchedError, Scheduler};
 use crate::grammar::{SeqGrammar, advance_all};
 
 impl Scheduler {
@@ -35,14 +38,149 @@ impl Scheduler {
             });
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
+            if let (Some(row), true) = (seq.carried_from, p.end == tokens.len()) {
+                // the placeholder is the last token, and this step runs it
+                self.builder.carry_last(row);
+            }
         }
         self.builder.finish();
         Ok(())
     }
 
+    /// Records a finished step at once ([`Scheduler::launched`] then
+    /// [`Scheduler::land`]). The sampled `(id, token)` pairs are pushed to
+    /// `out` in batch order.
+    pub(crate) fn commit(
+        &mut self,
+        results: Vec<Option<SampledToken>>,
+        out: &mut Vec<(u64, SampledToken)>,
+    ) -> Result<(), SchedError> {
+        self.launched()?;
+        self.land(results, out)
+    }
+
+    /// Records the planned step as launched (contract point 6): its KV is
+    /// computed, and each sampled sequence's next token is a placeholder
+    /// carried into the next step. Call after the previous launch landed.
+    /// Releases the batch first, so no history is shared while updated.
+    pub(crate) fn launched(&mut self) -> Result<(), SchedError> {
+        self.landing.clear();
+        self.landing_rows = self.plan.len();
+        for (row, p) in self.plan.iter().enumerate() {
+            if self.builder.batch().samples[row].is_some() {
+                self.landing.push((p.id, row as u32));
+            }
+        }
+        self.builder.begin();
+        for (row, p) in self.plan.iter().enumerate() {
+            let sid = p.id as SeqId;
+            let Some(seq) = self.seqs.get_mut(&p.id) else {
+                continue; // ended since it was planned: its sample is dropped
+            };
+            let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(p.id))?;
+            self.kv.mark_computed(sid, p.end)?;
+            if p.end == len {
+                seq.next = Some(PENDING_TOKEN);
+                seq.carried_from = Some(row as u32);
+                let generated = len + 1 - seq.prompt_len;
+                seq.last_in_flight = seq.max_tokens.is_some_and(|m| generated >= m);
+            }
+        }
+        Ok(())
+    }
+
+    /// True when a sequence of the launched step needs its sample on the
+    /// host before its next step can be planned (its penalty history, or
+    /// its grammar, whose next mask depends on the token).
+    pub(crate) fn landing_needs_host(&self) -> bool {
+        self.landing.iter().any(|(id, _)| {
+            self.seqs.get(id).is_some_and(|q| {
+                q.carried_from.is_some() && (q.history.is_some() || q.grammar.is_some())
+            })
+        })
+    }
+
+    /// Lands the launched step's results (`[S]` of that step): each sample
+    /// replaces its sequence's placeholder wherever it is now, updates its
+    /// history, and is pushed to `out` with its id, in batch order. Results
+    /// of sequences ended since are dropped.
+    pub(crate) fn land(
+        &mut self,
+        results: Vec<Option<SampledToken>>,
+        out: &mut Vec<(u64, SampledToken)>,
+    ) -> Result<(), SchedError> {
+        if results.len() != self.landing_rows {
+            return Err(SchedError::ResultCount {
+                got: results.len(),
+                want: self.landing_rows,
+            });
+        }
+        let mut results: Vec<Option<SampledToken>> = results;
+        let mut want = self.landing.iter().peekable();
+        for (row, r) in results.iter().enumerate() {
+            let asked = want.peek().is_some_and(|(_, w)| *w as usize == row);
+            let id = if asked {
+                want.next().map_or(0, |(id, _)| *id)
+            } else {
+                0
+            };
+            match (asked, r.is_some()) {
+                (true, false) => {
+                    return Err(SchedError::ResultMismatch {
+                        seq: id,
+                        what: "no token where one was requested",
+                    });
+                }
+                (false, true) => {
+                    return Err(SchedError::ResultMismatch {
+                        seq: id,
+                        what: "a token where none was requested",
+                    });
+                }
+                _ => {}
+            }
+        }
+        let mut advanced: Vec<(u64, u32)> = Vec::new();
+        for &(id, row) in &self.landing {
+            let Some(t) = results[row as usize].take() else {
+                continue;
+            };
+            let Some(seq) = self.seqs.get_mut(&id) else {
+                continue; // ended meanwhile: the token is dropped unseen
+            };
+            if seq.carried_from != Some(row) {
+                continue;
+            }
+            seq.carried_from = None;
+            seq.last_in_flight = false;
+            let sid = id as SeqId;
+            if let Some(next) = seq.next.as_mut() {
+                *next = t.token;
+            } else if let Some(len) = self.kv.seq_len(sid) {
+                self.kv.set_token(sid, len - 1, t.token)?;
+            } else if let Some(last) = seq.parked.last_mut() {
+                *last = t.token;
+            }
+            if let Some(h) = seq.history.as_mut() {
+                // unique now that the batch is released: updated in place
+                Arc::make_mut(h).push_generated(t.token);
+            }
+            if seq.grammar.is_some() {
+                advanced.push((id, t.token));
+            }
+            out.push((id, t));
+        }
+        self.landing.clear();
+        self.landing_rows = 0;
+        if !advanced.is_empty() {
+            self.advance_grammars(&mut advanced);
+        }
+        Ok(())
+    }
+
     /// Advances the grammars of the constrained sequences that sampled
-    /// `(id, token)` this step and computes their next masks, spread over
-    /// threads when there are many ([`crate::grammar::advance_all`]).
+    /// `(id, token)` in the landed step and computes their next masks,
+    /// spread over threads when there are many ([`advance_all`]).
     fn advance_grammars(&mut self, advanced: &mut [(u64, u32)]) {
         advanced.sort_unstable();
         let mut work: Vec<(u64, u32, &mut SeqGrammar)> = self
@@ -57,65 +195,28 @@ impl Scheduler {
     }
 
     /// Takes the constrained sequences whose grammar failed at the last
-    /// commit (the caller ends them).
+    /// landing (the caller ends them).
     pub(crate) fn take_grammar_failures(&mut self) -> Vec<(u64, String)> {
         std::mem::take(&mut self.grammar_failures)
     }
 
-    /// Records a finished step: KV written, sampled tokens kept for the next
-    /// schedule. The sampled `(id, token)` pairs are pushed to `out` in batch
-    /// order. Releases the batch first, so no history is shared while updated.
-    pub(crate) fn commit(
-        &mut self,
-        results: Vec<Option<SampledToken>>,
-        out: &mut Vec<(u64, SampledToken)>,
-    ) -> Result<(), SchedError> {
+    /// Forgets the planned step (it failed or will never run); its
+    /// sequences are being ended.
+    pub(crate) fn abandon_plan(&mut self) {
         self.builder.begin();
-        let mut advanced: Vec<(u64, u32)> = Vec::new();
-        if results.len() != self.plan.len() {
-            return Err(SchedError::ResultCount {
-                got: results.len(),
-                want: self.plan.len(),
-            });
-        }
-        for (p, r) in self.plan.iter().zip(results) {
-            let sid = p.id as SeqId;
-            let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(p.id))?;
-            let seq = self
-                .seqs
-                .get_mut(&p.id)
-                .ok_or(SchedError::UnknownSeq(p.id))?;
-            self.kv.mark_computed(sid, p.end)?;
-            match (p.end == len, r) {
-                (true, Some(t)) => {
-                    seq.next = Some(t.token);
-                    if let Some(h) = seq.history.as_mut() {
-                        // unique now that the batch is released: updated in place
-                        Arc::make_mut(h).push_generated(t.token);
-                    }
-                    if seq.grammar.is_some() {
-                        advanced.push((p.id, t.token));
-                    }
-                    out.push((p.id, t));
-                }
-                (false, None) => {}
-                (true, None) => {
-                    return Err(SchedError::ResultMismatch {
-                        seq: p.id,
-                        what: "no token where one was requested",
-                    });
-                }
-                (false, Some(_)) => {
-                    return Err(SchedError::ResultMismatch {
-                        seq: p.id,
-                        what: "a token where none was requested",
-                    });
-                }
-            }
-        }
-        if !advanced.is_empty() {
-            self.advance_grammars(&mut advanced);
-        }
-        Ok(())
+        self.plan.clear();
+    }
+
+    /// Forgets the launched step (its results are lost); its sequences are
+    /// being ended.
+    pub(crate) fn abandon_landing(&mut self) {
+        self.landing.clear();
+        self.landing_rows = 0;
+    }
+
+    /// Both of the above.
+    pub(crate) fn abandon(&mut self) {
+        self.abandon_plan();
+        self.abandon_landing();
     }
 }

@@ -60,6 +60,7 @@ fn cfg(max_num_seqs: usize, max_batch_tokens: usize) -> EngineConfig {
         max_queue: 0,
         max_step_time: None,
         halt_on_backend_error: false,
+        async_steps: true,
     }
 }
 

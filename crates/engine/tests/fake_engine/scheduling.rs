@@ -253,3 +253,75 @@ fn stop_token_ids_end_the_request() {
         other => panic!("{:?}", other.map(|h| h.id)),
     }
 }
+
+/// Pipelined steps (the next step launched before the last one's samples are
+/// read, its tokens carried on the backend) give exactly what unpipelined
+/// steps give: EOS, stop strings and `max_tokens` endings, penalties (whose
+/// steps land before the next plan), seeds, `n > 1` forks, preemption in a
+/// small pool and prefix-cache hits, with every block freed at the end.
+#[test]
+fn pipelined_steps_equal_unpipelined_steps() {
+    let workload = |s: &Setup| {
+        let mut reqs = Vec::new();
+        for i in 0..20u32 {
+            let params = SamplingParams {
+                temperature: if i % 3 == 0 { 0.0 } else { 0.8 },
+                seed: u64::from(i),
+                repetition_penalty: if i % 5 == 0 { 1.2 } else { 1.0 },
+                ..SamplingParams::default()
+            };
+            // a shared prefix for every fourth request
+            let mut p = if i % 4 == 0 {
+                prompt(24, 1)
+            } else {
+                Vec::new()
+            };
+            p.extend(prompt(3 + (i as usize * 11) % 50, 200 + i));
+            let mut r = req(p, 8 + (i as usize * 5) % 40, params);
+            r.ignore_eos = i % 2 == 0;
+            if i % 7 == 3 {
+                r.stop = vec!["e".into()];
+            }
+            reqs.push(r);
+        }
+        let forked = s
+            .engine
+            .submit_n(req(prompt(30, 77), 20, SamplingParams::default()), 3)
+            .unwrap();
+        let mut outs = run_all(&s.engine, reqs);
+        outs.extend(forked.into_iter().map(|h| h.blocking_collect()));
+        wait_idle(&s.engine);
+        assert_eq!(s.engine.stats().kv_blocks_used, 0);
+        outs
+    };
+    for blocks in [48, 1024] {
+        let piped = start(blocks, 4, cfg(12, 64));
+        let plain = start(
+            blocks,
+            4,
+            EngineConfig {
+                async_steps: false,
+                ..cfg(12, 64)
+            },
+        );
+        let (a, b) = (workload(&piped), workload(&plain));
+        assert!(a.iter().any(|c| c.reason == FinishReason::Stop));
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(x.tokens, y.tokens, "request {i}, {blocks} blocks");
+            assert_eq!(x.text, y.text, "request {i}");
+            assert_eq!(x.reason, y.reason, "request {i}");
+            // (cached tokens depend on when each request arrived)
+            assert_eq!(x.usage.prompt_tokens, y.usage.prompt_tokens, "request {i}");
+            assert_eq!(
+                x.usage.completion_tokens, y.usage.completion_tokens,
+                "request {i}"
+            );
+        }
+        if blocks == 48 {
+            assert!(
+                piped.engine.stats().preemptions_total > 0,
+                "the small pool preempts"
+            );
+        }
+    }
+}

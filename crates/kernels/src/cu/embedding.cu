@@ -1,7 +1,9 @@
 // Embedding gather and row gather.
-// embedding_gather: out[t, :] (f32 residual stream) = table[ids[t], :] (bf16).
-//   grid = T blocks, block = LAMINA_ROW_THREADS; ids >= vocab (rejected on the
-//   host) produce NaN rows so such a bug cannot pass silently.
+// embedding_gather: out[t, :] (f32 residual stream) = table[id, :] (bf16),
+//   id = prev[carry[t]] when carry is given and carry[t] < num_prev (a token
+//   sampled by the previous step, still on the device: pipelined steps), else
+//   ids[t]. grid = T blocks, block = LAMINA_ROW_THREADS; ids >= vocab
+//   (rejected on the host) produce NaN rows so such a bug cannot pass silently.
 // gather_rows_bf16: out[r, :] = src[rows[r], :], both bf16 [*, width]; used to
 //   pick the rows to sample before the LM head.
 // Each kernel takes its one argument struct (lamina_args.cuh, from src/abi.rs).
@@ -14,6 +16,10 @@ extern "C" __global__ void embedding_gather(const EmbeddingGatherArgs a) {
     const uint32_t hidden = a.hidden;
     uint32_t t = blockIdx.x;
     uint32_t id = a.ids[t];
+    if (a.carry != nullptr) {
+        const uint32_t c = a.carry[t];
+        if (c < a.num_prev) id = a.prev[c];
+    }
     float* o = out + (size_t)t * hidden;
     if (id >= a.vocab) {
         for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __int_as_float(0x7fc00000);

@@ -36,6 +36,7 @@ mod tests;
 use crate::sampler::sample;
 use attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
+use contract::HostPipeline;
 use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
 use cpu_kernels::Isa;
@@ -75,6 +76,8 @@ pub struct CpuBackend {
     fast: Option<FastWeights>,
     ws: Workspace,
     isa: Isa,
+    /// Pipelined steps: computed at launch, collected in order.
+    pipe: HostPipeline,
 }
 
 impl CpuBackend {
@@ -126,6 +129,7 @@ impl CpuBackend {
             fast,
             ws: Workspace::default(),
             isa: Isa::best(),
+            pipe: HostPipeline::default(),
         })
     }
 
@@ -174,7 +178,46 @@ impl Backend for CpuBackend {
         self.kv
     }
 
+    fn pipelines(&self) -> bool {
+        true
+    }
+
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.launch(batch, |b| self.sample_step(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        self.pipe.collect()
+    }
+
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.step(batch, |b| self.sample_step(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        self.check_batch(batch)?;
+        let t = batch.num_tokens();
+        if let Some(r) = rows.iter().find(|&&r| r >= t) {
+            return Err(BackendError::InvalidBatch(format!(
+                "logits row {r} outside the step's {t} tokens"
+            )));
+        }
+        Ok(self.run(batch, rows))
+    }
+}
+
+impl CpuBackend {
+    /// One step's samples (`[S]`, `Some` where requested) of a batch with no carried tokens.
+    fn sample_step(
+        &mut self,
+        batch: &StepBatch,
+    ) -> Result<Vec<Option<SampledToken>>, BackendError> {
         self.check_batch(batch)?;
         // [R] (sequence, token row) of every sampled sequence
         let sampled: Vec<(usize, usize)> = (0..batch.num_seqs())
@@ -194,17 +237,6 @@ impl Backend for CpuBackend {
             out[s] = Some(tok);
         }
         Ok(out)
-    }
-
-    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        self.check_batch(batch)?;
-        let t = batch.num_tokens();
-        if let Some(r) = rows.iter().find(|&&r| r >= t) {
-            return Err(BackendError::InvalidBatch(format!(
-                "logits row {r} outside the step's {t} tokens"
-            )));
-        }
-        Ok(self.run(batch, rows))
     }
 }
 

@@ -68,10 +68,34 @@ pub(super) struct Workspace {
     pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
     pub meta: DeviceBuffer<u32>,       // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
-    pub host_tok: PinnedBuffer<u32>,
-    pub host_lp: PinnedBuffer<f32>,
-    pub host_top_ids: PinnedBuffer<u32>,
-    pub host_top_lps: PinnedBuffer<f32>,
+    /// Two slots for the samples of two steps in flight (pipelined).
+    pub host_out: [HostOut; 2],
+}
+
+/// Pinned copies of one step's samples.
+pub(super) struct HostOut {
+    pub tok: PinnedBuffer<u32>,     // [R]
+    pub lp: PinnedBuffer<f32>,      // [R]
+    pub top_ids: PinnedBuffer<u32>, // [R, MAX_LOGPROBS]
+    pub top_lps: PinnedBuffer<f32>, // [R, MAX_LOGPROBS]
+}
+
+impl HostOut {
+    fn new(gpu: &Gpu, r: usize) -> Result<HostOut, BackendError> {
+        let e = |what: &'static str| {
+            move |err: gpu::GpuError| dev_err(&format!("allocating the workspace ({what})"), err)
+        };
+        Ok(HostOut {
+            tok: gpu.alloc_pinned(r).map_err(e("host_tok"))?,
+            lp: gpu.alloc_pinned(r).map_err(e("host_lp"))?,
+            top_ids: gpu
+                .alloc_pinned(r * MAX_LOGPROBS)
+                .map_err(e("host_top_ids"))?,
+            top_lps: gpu
+                .alloc_pinned(r * MAX_LOGPROBS)
+                .map_err(e("host_top_lps"))?,
+        })
+    }
 }
 
 impl Workspace {
@@ -125,14 +149,7 @@ impl Workspace {
             top_lps: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_lps"))?,
             meta: gpu.alloc(caps.meta).map_err(e("meta"))?,
             host_meta: gpu.alloc_pinned(caps.meta).map_err(e("host_meta"))?,
-            host_tok: gpu.alloc_pinned(r).map_err(e("host_tok"))?,
-            host_lp: gpu.alloc_pinned(r).map_err(e("host_lp"))?,
-            host_top_ids: gpu
-                .alloc_pinned(r * MAX_LOGPROBS)
-                .map_err(e("host_top_ids"))?,
-            host_top_lps: gpu
-                .alloc_pinned(r * MAX_LOGPROBS)
-                .map_err(e("host_top_lps"))?,
+            host_out: [HostOut::new(gpu, r)?, HostOut::new(gpu, r)?],
         })
     }
 }
@@ -168,6 +185,10 @@ impl CudaBackend {
         let meta = ws.meta.view();
         let part = |off: usize, len: usize| meta.sub(off, len).map_err(g("staging view"));
         let tokens = part(lay.tokens, t)?;
+        let carry = kernels::embedding::Carry {
+            rows: part(lay.carry, t)?,
+            prev: ws.tok.view(),
+        };
         let positions = part(lay.positions, t)?;
         let slots = part(lay.slots, t)?;
         let cu = part(lay.cu_seqlens, s + 1)?;
@@ -207,10 +228,18 @@ impl CudaBackend {
         // residual rows in the sampler's `work`.
         let prune = !identity_rows && r >= 1 && r < t && v >= h && c.num_layers >= 1;
         let last = c.num_layers.saturating_sub(1);
-        // SAFETY: check_batch verified every token id < vocab; the staged ids are those (or 0 for padding).
+        // SAFETY: check_batch verified every token id < vocab; the staged ids
+        // are those (or 0 for padding); carried ids are the sampler's (< vocab).
         unsafe {
-            self.k
-                .embedding_gather(ws.x.view(), self.w.embed.view(), tokens, t, h, v)
+            self.k.embedding_gather(
+                ws.x.view(),
+                self.w.embed.view(),
+                tokens,
+                Some(carry),
+                t,
+                h,
+                v,
+            )
         }
         .map_err(k("embedding"))?;
         // Steps of at most `gemv_rows` tokens run the projections as GEMVs

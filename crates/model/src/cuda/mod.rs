@@ -18,11 +18,16 @@
 //! dependent launch off.
 //! [`available`] says why CUDA cannot be used, without panicking.
 //!
+//! Steps are pipelined ([`pipeline`]): a launch enqueues a step and the
+//! copy of its samples, a collect waits for that copy alone, and tokens
+//! carried from the previous launch are read on the device.
+//!
 //! Costs: one host-to-device copy of the packed metadata, the kernels (or one
 //! graph launch) and one device-to-host copy of the sampled tokens per step,
-//! with one synchronisation at the end. Memory: see `weights` and `forward`.
+//! with one fence wait per collect. Memory: see `weights` and `forward`.
 
 mod forward;
+mod pipeline;
 mod run;
 mod staging;
 mod weights;
@@ -30,17 +35,17 @@ mod weights;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use gpu::{Blas, DeviceBuffer, Gpu, Graph};
+use gpu::{Blas, DeviceBuffer, Fence, Gpu, Graph};
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
 use checkpoint::weights::LlamaWeights;
 use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
 use forward::{Caps, Workspace};
-use staging::sample_params;
+use pipeline::Flight;
 use weights::{DeviceWeights, KvCache, upload_weights};
 
 /// Largest pure-decode batch replayed from a captured graph.
@@ -141,6 +146,17 @@ pub struct CudaBackend {
     /// kernel for attention (see [`narrow_decode_seqs`]).
     narrow_decode_seqs: usize,
     ws: Workspace,
+    /// Launched steps not collected yet, oldest first.
+    flights: VecDeque<Flight>,
+    /// The pinned output slot of the next launch (0 or 1).
+    next_slot: usize,
+    /// Fences after each slot's sample copies.
+    fences: [Fence; 2],
+    /// Fence after the last copy of the pinned staging buffer.
+    meta_fence: Fence,
+    /// `[S]` of the last launch: the sampler row holding each sequence's
+    /// sample (`staging::NO_CARRY` where none), for carried tokens.
+    prev_rows: Vec<u32>,
     rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
     rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
     cache: KvCache,
@@ -198,6 +214,8 @@ impl CudaBackend {
             meta: 1024,
         };
         let ws = Workspace::new(&gpu, &config, shape, plan, caps)?;
+        let fence = || gpu.fence().map_err(|e| dev_err("creating events", e));
+        let (fences, meta_fence) = ([fence()?, fence()?], fence()?);
         gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
         Ok(CudaBackend {
             graph_max_blocks: rope_rows.div_ceil(kv.block_size),
@@ -213,6 +231,11 @@ impl CudaBackend {
             plan,
             rope_rows,
             ws,
+            flights: VecDeque::new(),
+            next_slot: 0,
+            fences,
+            meta_fence,
+            prev_rows: Vec::new(),
             rope_cos,
             rope_sin,
             cache,
@@ -261,87 +284,32 @@ impl Backend for CudaBackend {
         self.reserve_steps(max_tokens, max_seqs)
     }
 
+    fn pipelines(&self) -> bool {
+        true
+    }
+
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.launch_step(batch)
+    }
+
+    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        self.collect_step()
+    }
+
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        self.check_batch(batch)?;
-        let s = batch.num_seqs();
-        let mut hist = Vec::new();
-        // Graph steps sample every sequence (row s = sequence s); eager steps only the requested ones.
-        let all: Vec<SampleParams> = batch
-            .samples
-            .iter()
-            .map(|r| sample_params(r.as_ref(), &mut hist))
-            .collect();
-        let out_rows: Vec<usize> = if self.run_graph(batch, &all, &hist)? {
-            (0..s).collect()
-        } else {
-            // the requested rows only, with the settings (and history) already staged
-            let sampled: Vec<usize> = (0..s).filter(|&q| batch.samples[q].is_some()).collect();
-            let rows: Vec<u32> = sampled
-                .iter()
-                .map(|&q| batch.cu_seqlens[q + 1] - 1)
-                .collect();
-            let params: Vec<SampleParams> = sampled.iter().map(|&q| all[q]).collect();
-            if rows.is_empty() {
-                self.run_eager(batch, &[0], &[SampleParams::greedy()], &hist, false)?;
-                self.gpu
-                    .synchronize()
-                    .map_err(|e| dev_err("running a step", e))?;
-                return Ok(vec![None; s]);
-            }
-            self.run_eager(batch, &rows, &params, &hist, true)?;
-            let mut next = 0;
-            batch
-                .samples
-                .iter()
-                .map(|r| {
-                    let i = next;
-                    next += usize::from(r.is_some());
-                    i
-                })
-                .collect()
-        };
-        // rows written by the sampler: only sequences that asked for a sample own one
-        let r = batch
-            .samples
-            .iter()
-            .zip(&out_rows)
-            .filter(|(req, _)| req.is_some())
-            .map(|(_, &row)| row + 1)
-            .max()
-            .unwrap_or(0);
-        let ws = &mut self.ws;
-        let e = |e| dev_err("reading sampled tokens", e);
-        let copy = |gpu: &Gpu, ws: &mut Workspace| -> Result<(), gpu::GpuError> {
-            gpu.copy_to_pinned(ws.tok.slice(0..r)?, &mut ws.host_tok)?;
-            gpu.copy_to_pinned(ws.lp.slice(0..r)?, &mut ws.host_lp)?;
-            let n = r * contract::sampling::MAX_LOGPROBS;
-            gpu.copy_to_pinned(ws.top_ids.slice(0..n)?, &mut ws.host_top_ids)?;
-            gpu.copy_to_pinned(ws.top_lps.slice(0..n)?, &mut ws.host_top_lps)?;
-            gpu.synchronize()
-        };
-        copy(&self.gpu, ws).map_err(e)?;
-        let max_lp = contract::sampling::MAX_LOGPROBS;
-        Ok(batch
-            .samples
-            .iter()
-            .zip(&out_rows)
-            .map(|(req, &row)| {
-                req.as_ref().map(|req| {
-                    let n = req.params.logprobs.min(max_lp);
-                    let ids = &ws.host_top_ids.as_slice()[row * max_lp..row * max_lp + n];
-                    let lps = &ws.host_top_lps.as_slice()[row * max_lp..row * max_lp + n];
-                    SampledToken {
-                        token: ws.host_tok.as_slice()[row],
-                        logprob: ws.host_lp.as_slice()[row],
-                        top_logprobs: ids.iter().copied().zip(lps.iter().copied()).collect(),
-                    }
-                })
-            })
-            .collect())
+        self.require_idle("a plain step")?;
+        self.launch_step(batch)?;
+        self.collect_step()
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        self.require_idle("a logits call")?;
         self.check_batch(batch)?;
+        if !batch.carried.is_empty() {
+            return Err(BackendError::InvalidBatch(
+                "a logits call cannot carry tokens from a launched step".into(),
+            ));
+        }
         let t = batch.num_tokens();
         if let Some(r) = rows.iter().find(|&&r| r >= t) {
             return Err(BackendError::InvalidBatch(format!(
@@ -350,7 +318,7 @@ impl Backend for CudaBackend {
         }
         if rows.is_empty() {
             let none = [0u32];
-            self.run_eager(batch, &none, &[SampleParams::greedy()], &[], false)?;
+            self.run_eager(batch, &none, &[SampleParams::greedy()], &[], &[], false)?;
             self.gpu
                 .synchronize()
                 .map_err(|e| dev_err("running a step", e))?;
@@ -358,7 +326,7 @@ impl Backend for CudaBackend {
         }
         let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let params = vec![SampleParams::greedy(); rows.len()];
-        self.run_eager(batch, &rows32, &params, &[], false)?;
+        self.run_eager(batch, &rows32, &params, &[], &[], false)?;
         let n = rows.len() * self.config.vocab_size;
         let view = self
             .ws

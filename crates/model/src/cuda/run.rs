@@ -2,11 +2,14 @@
 //! replaying the pure-decode graph of the batch's bucket (captured on first
 //! use) or enqueueing the kernels eagerly.
 //!
-//! Contract: growth and capture happen only between steps (growth drops the
-//! graphs, which point into the old buffers); a failed capture turns graphs
-//! off with a warning and the step runs eagerly; row capacities grow by
-//! powers of two. Costs: one host-to-device
-//! copy of the staging buffer per step; capture + instantiate once per bucket.
+//! Contract: growth and capture happen only between launches (growth drops
+//! the graphs, which point into the old buffers; it waits for the steps in
+//! flight, reads their samples, and carries the last step's sampled ids over
+//! to the new buffers); a failed capture turns graphs off with a warning and
+//! the step runs eagerly; row capacities grow by powers of two. The pinned
+//! staging buffer is rewritten only once the previous step's copy of it has
+//! run (a fence). Costs: one host-to-device copy of the staging buffer per
+//! step; capture + instantiate once per bucket.
 
 use gpu::Graph;
 use kernels::SampleParams;
@@ -36,6 +39,8 @@ impl CudaBackend {
         self.gpu
             .synchronize()
             .map_err(|e| dev_err("growing the workspace", e))?;
+        // the steps in flight are done: their samples leave the old buffers
+        self.harvest();
         // Grown row counts round up to a power of two: sampled rows that grow
         // by a few each step (decode rows joining mixed steps) would otherwise
         // reallocate every buffer, pinned ones included, and drop the graphs
@@ -54,7 +59,16 @@ impl CudaBackend {
             decode_seqs: grow(need.decode_seqs, have.decode_seqs),
             meta: grow(need.meta, have.meta),
         };
-        self.ws = Workspace::new(&self.gpu, &self.config, self.shape, self.plan, caps)?;
+        let ws = Workspace::new(&self.gpu, &self.config, self.shape, self.plan, caps)?;
+        let old = std::mem::replace(&mut self.ws, ws);
+        // the next step may carry tokens the last one sampled into `tok`
+        let n = old.tok.len().min(self.ws.tok.len());
+        let copy = |old: &Workspace, ws: &Workspace| -> Result<(), gpu::GpuError> {
+            self.gpu
+                .copy_device(old.tok.slice(0..n)?, ws.tok.slice(0..n)?)?;
+            self.gpu.synchronize()
+        };
+        copy(&old, &self.ws).map_err(|e| dev_err("growing the workspace", e))?;
         Ok(())
     }
 
@@ -78,6 +92,7 @@ impl CudaBackend {
     }
 
     /// Stages `batch` at `lay` and copies the staging buffer to the device.
+    #[allow(clippy::too_many_arguments)]
     fn stage(
         &mut self,
         lay: &Layout,
@@ -85,12 +100,17 @@ impl CudaBackend {
         rows: &[u32],
         params: &[SampleParams],
         hist: &[u32],
+        carry: &[(u32, u32)],
         pad: bool,
     ) -> Result<(), BackendError> {
         let pad = pad.then_some(Pad {
             block: self.kv.num_blocks as u32,
             block_size: self.kv.block_size as u32,
         });
+        // the previous step's copy of the pinned buffer must have run
+        self.meta_fence
+            .wait()
+            .map_err(|e| dev_err("waiting for the last staging copy", e))?;
         pack(
             self.ws.host_meta.as_mut_slice(),
             lay,
@@ -98,6 +118,7 @@ impl CudaBackend {
             rows,
             params,
             hist,
+            carry,
             pad,
         );
         // Only the used prefix: a graph bucket's history capacity is mostly empty.
@@ -109,6 +130,9 @@ impl CudaBackend {
             .map_err(|e| dev_err("staging", e))?;
         self.gpu
             .copy_to_device(&self.ws.host_meta.as_slice()[..used], dst)
+            .map_err(|e| dev_err("copying step metadata", e))?;
+        self.meta_fence
+            .record()
             .map_err(|e| dev_err("copying step metadata", e))
     }
 
@@ -120,6 +144,7 @@ impl CudaBackend {
         batch: &StepBatch,
         params: &[SampleParams],
         hist: &[u32],
+        carry: &[(u32, u32)],
     ) -> Result<bool, BackendError> {
         let s = batch.num_seqs();
         if !self.graphs_enabled
@@ -167,7 +192,7 @@ impl CudaBackend {
             meta: lay.total,
         })?;
         let rows: Vec<u32> = (0..s as u32).collect();
-        self.stage(&lay, batch, &rows, params, hist, true)?;
+        self.stage(&lay, batch, &rows, params, hist, carry, true)?;
         if !self.graphs.contains_key(&key) {
             let t0 = std::time::Instant::now();
             let mut inner = None;
@@ -218,12 +243,14 @@ impl CudaBackend {
 
     /// Stages and enqueues `batch` without a graph; `rows` are the token rows
     /// to sample or return.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn run_eager(
         &mut self,
         batch: &StepBatch,
         rows: &[u32],
         params: &[SampleParams],
         hist: &[u32],
+        carry: &[(u32, u32)],
         sample: bool,
     ) -> Result<(), BackendError> {
         let (t, s) = (batch.num_tokens(), batch.num_seqs());
@@ -235,7 +262,7 @@ impl CudaBackend {
             decode_seqs: if decode { s } else { 1 },
             meta: lay.total,
         })?;
-        self.stage(&lay, batch, rows, params, hist, false)?;
+        self.stage(&lay, batch, rows, params, hist, carry, false)?;
         let attn = if decode {
             Attn::Decode
         } else {

@@ -29,6 +29,7 @@ pub(super) struct Layout {
     pub tokens: usize,       // [T]
     pub positions: usize,    // [T]
     pub slots: usize,        // [T]
+    pub carry: usize,        // [T] sampler row of the previous step, or NO_CARRY
     pub cu_seqlens: usize,   // [S + 1]
     pub context_lens: usize, // [S]
     pub tables: usize,       // [S, max_blocks]
@@ -43,7 +44,8 @@ impl Layout {
         let tokens = 0;
         let positions = tokens + t;
         let slots = positions + t;
-        let cu_seqlens = slots + t;
+        let carry = slots + t;
+        let cu_seqlens = carry + t;
         let context_lens = cu_seqlens + s + 1;
         let tables = context_lens + s;
         let rows = tables + s * max_blocks;
@@ -58,6 +60,7 @@ impl Layout {
             tokens,
             positions,
             slots,
+            carry,
             cu_seqlens,
             context_lens,
             tables,
@@ -68,6 +71,9 @@ impl Layout {
         }
     }
 }
+
+/// The `carry` entry of a token that is not carried.
+pub(super) const NO_CARRY: u32 = u32::MAX;
 
 /// Where padded rows of a graph bucket write and read.
 #[derive(Debug, Clone, Copy)]
@@ -127,8 +133,11 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
 }
 
 /// Fills `buf[..lay.total]` for `batch`; `rows` are the token rows to
-/// sample (or return), `params` their settings. Sequences and rows past the
-/// batch (graph padding) get one token at position 0 in `pad`'s block.
+/// sample (or return), `params` their settings; `carry` the `(token,
+/// sampler row of the previous step)` pairs of carried tokens. Sequences and
+/// rows past the batch (graph padding) get one token at position 0 in
+/// `pad`'s block.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn pack(
     buf: &mut [u32],
     lay: &Layout,
@@ -136,12 +145,17 @@ pub(super) fn pack(
     rows: &[u32],
     params: &[SampleParams],
     history: &[u32],
+    carry: &[(u32, u32)],
     pad: Option<Pad>,
 ) {
     let (t, s) = (batch.num_tokens(), batch.num_seqs());
     buf[lay.tokens..lay.tokens + t].copy_from_slice(&batch.tokens);
     buf[lay.positions..lay.positions + t].copy_from_slice(&batch.positions);
     buf[lay.slots..lay.slots + t].copy_from_slice(&batch.slot_mapping);
+    buf[lay.carry..lay.carry + lay.t].fill(NO_CARRY);
+    for &(tok, row) in carry {
+        buf[lay.carry + tok as usize] = row;
+    }
     buf[lay.cu_seqlens..lay.cu_seqlens + s + 1].copy_from_slice(&batch.cu_seqlens);
     buf[lay.context_lens..lay.context_lens + s].copy_from_slice(&batch.context_lens);
     let w = batch.max_blocks.min(lay.max_blocks);
@@ -190,8 +204,9 @@ mod tests {
     fn layout_is_dense_and_aligned() {
         let l = Layout::new(5, 2, 3, 2, 7);
         assert_eq!(l.positions, 5);
-        assert_eq!(l.cu_seqlens, 15);
-        assert_eq!(l.tables, 15 + 3 + 2);
+        assert_eq!(l.carry, 15);
+        assert_eq!(l.cu_seqlens, 20);
+        assert_eq!(l.tables, 20 + 3 + 2);
         assert_eq!(l.params % 4, 0);
         assert_eq!(l.total, l.history + 7);
     }
@@ -207,6 +222,7 @@ mod tests {
             block_tables: vec![0, 1],
             max_blocks: 1,
             samples: vec![None, None],
+            carried: Vec::new(),
         };
         let lay = Layout::new(4, 4, 2, 4, 4);
         let mut buf = vec![u32::MAX; lay.total];
@@ -218,12 +234,17 @@ mod tests {
             &[0, 1],
             &params,
             &[],
+            &[(1, 3)],
             Some(Pad {
                 block: 7,
                 block_size: 16,
             }),
         );
         assert_eq!(&buf[lay.slots..lay.slots + 4], &[4, 16, 112, 112]);
+        assert_eq!(
+            &buf[lay.carry..lay.carry + 4],
+            &[NO_CARRY, 3, NO_CARRY, NO_CARRY]
+        );
         assert_eq!(&buf[lay.cu_seqlens..lay.cu_seqlens + 5], &[0, 1, 2, 3, 4]);
         assert_eq!(&buf[lay.context_lens..lay.context_lens + 4], &[5, 1, 1, 1]);
         assert_eq!(&buf[lay.tables..lay.tables + 8], &[0, 0, 1, 0, 7, 7, 7, 7]);

@@ -139,6 +139,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
             max_queue: setup.max_queue,
             max_step_time: None,
             halt_on_backend_error: setup.halt_on_backend_error,
+            async_steps: true,
         },
     )
     .expect("engine starts");
