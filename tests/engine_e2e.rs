@@ -77,6 +77,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         stop: Vec::new(),
         ignore_eos: true,
         stop_token_ids: Vec::new(),
+        constraint: None,
     }
 }
 

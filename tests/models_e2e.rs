@@ -95,6 +95,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             max_tokens: 8,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
+            constraint: None,
             ignore_eos: true,
         })
         .expect("submit")

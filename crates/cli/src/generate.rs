@@ -5,12 +5,15 @@
 //! After a single prompt the timings go to stderr (`timings.rs`), also with
 //! `--json`, whose output stays the same for the same seed. A request the KV pool cannot
 //! hold ends with a non-zero exit and the `--kv-blocks` that would fit it.
+//! `--json-schema FILE` / `--regex R` constrain every prompt's output
+//! (`engine::grammar`); a schema or regex the grammar engine refuses is an
+//! error naming the flag.
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use engine::{Event, FinishReason, RequestHandle};
+use engine::{Constraint, Event, FinishReason, RequestHandle, SubmitError};
 use serde::Serialize;
 
 use crate::progress::PrefillSpinner;
@@ -38,6 +41,13 @@ pub struct GenerateArgs {
     /// Print one JSON object per prompt instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Constrain the output to JSON valid against the JSON schema in this
+    /// file (constrained decoding through llguidance).
+    #[arg(long, value_name = "FILE", conflicts_with = "regex")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to text fully matching this regular expression.
+    #[arg(long, value_name = "R")]
+    pub regex: Option<String>,
     /// The prompt text; read from stdin when left out (or `-`).
     pub prompt: Option<String>,
 }
@@ -66,6 +76,7 @@ pub struct Output {
 
 pub fn run(args: GenerateArgs) -> Result<()> {
     let prompts = read_prompts(&args)?;
+    let constraint = constraint(&args)?;
     let loaded = setup::open(&args.model, 0)?;
     tracing::info!("{}", args.sampling.describe(&loaded.model.generation));
     let encoded = prompts
@@ -73,10 +84,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         .map(|p| encode(&loaded, &p.prompt, args.chat))
         .collect::<Result<Vec<_>>>()?;
     if args.prompts_file.is_some() {
-        return run_many(&loaded, &args, prompts, encoded);
+        return run_many(&loaded, &args, prompts, encoded, constraint.as_ref());
     }
     let prompt = encoded.into_iter().next().context("no prompt")?;
-    let handle = submit(&loaded, &args.sampling, prompt.clone())?;
+    let handle = submit(&loaded, &args.sampling, prompt.clone(), constraint.as_ref())?;
     let spinner = (!args.json)
         .then(|| spinner(&loaded, prompt.len()))
         .flatten();
@@ -213,19 +224,44 @@ fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool) -> Result<Vec<u32>> {
             Ok(ids.clone())
         }
         Prompt::Text(text) if chat => {
-            let msg = tokenizer::ChatMessage {
-                role: "user".into(),
-                content: text.clone(),
-            };
+            let msg = tokenizer::ChatMessage::new("user", text.clone());
             Ok(loaded.tokenizer.encode_chat(&[msg])?)
         }
         Prompt::Text(text) => Ok(loaded.tokenizer.encode(text, true)?),
     }
 }
 
-fn submit(loaded: &Loaded, sampling: &SamplingArgs, prompt: Vec<u32>) -> Result<RequestHandle> {
-    let req = sampling.request(prompt, &loaded.model.generation)?;
-    Ok(loaded.engine.submit(req)?)
+/// The constraint of `--json-schema` / `--regex`; errors name the flag and file.
+fn constraint(args: &GenerateArgs) -> Result<Option<Constraint>> {
+    if let Some(path) = &args.json_schema {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read `--json-schema` {}", path.display()))?;
+        let schema: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("`--json-schema` {} is not JSON", path.display()))?;
+        return Ok(Some(Constraint::JsonSchema(schema)));
+    }
+    Ok(args.regex.clone().map(Constraint::Regex))
+}
+
+fn submit(
+    loaded: &Loaded,
+    sampling: &SamplingArgs,
+    prompt: Vec<u32>,
+    constraint: Option<&Constraint>,
+) -> Result<RequestHandle> {
+    let mut req = sampling.request(prompt, &loaded.model.generation)?;
+    req.constraint = constraint.cloned();
+    loaded.engine.submit(req).map_err(|e| match e {
+        SubmitError::Grammar(g) => {
+            let flag = if g.kind == "regex" {
+                "--regex"
+            } else {
+                "--json-schema"
+            };
+            anyhow::anyhow!("invalid `{flag}`: {}", g.reason)
+        }
+        e => e.into(),
+    })
 }
 
 /// Drains a request's events; with `stream`, prints text deltas as they
@@ -295,10 +331,11 @@ fn run_many(
     args: &GenerateArgs,
     given: Vec<Given>,
     prompts: Vec<Vec<u32>>,
+    constraint: Option<&Constraint>,
 ) -> Result<()> {
     let handles = prompts
         .into_iter()
-        .map(|p| Ok((submit(loaded, &args.sampling, p.clone())?, p)))
+        .map(|p| Ok((submit(loaded, &args.sampling, p.clone(), constraint)?, p)))
         .collect::<Result<Vec<_>>>()?;
     let logprobs = args.sampling.logprobs;
     let outputs: Vec<Result<Output>> = std::thread::scope(|s| {

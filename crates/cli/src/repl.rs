@@ -139,10 +139,7 @@ impl Conversation {
 }
 
 pub fn msg(role: &str, content: &str) -> ChatMessage {
-    ChatMessage {
-        role: role.into(),
-        content: content.into(),
-    }
+    ChatMessage::new(role, content)
 }
 
 #[cfg(test)]

@@ -128,6 +128,7 @@ impl SamplingArgs {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             stop_token_ids: Vec::new(),
+            constraint: None,
         })
     }
 }

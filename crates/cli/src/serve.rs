@@ -163,6 +163,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let mut engines = vec![loaded.engine];
     engines.extend(loaded.replicas);
     let count = engines.len();
+    // each engine's grammar engine (the token trie) built in the background,
+    // so the first constrained request does not build it on an async worker
+    for e in &engines {
+        let e = e.clone();
+        std::thread::spawn(move || {
+            if let Err(why) = e.check_constraint(&engine::Constraint::JsonObject) {
+                tracing::warn!(%why, "constrained decoding is unavailable for this model");
+            }
+        });
+    }
     let replicas = server::Replicas::new(engines).map_err(anyhow::Error::msg)?;
     let state = server::AppState::with_replicas(replicas, loaded.tokenizer, cfg);
     runtime.block_on(async move {

@@ -5,7 +5,10 @@
 //! logprobs, seed reproducibility, /v1/models, greedy output equal to
 //! `lamina generate`), `sampling_api.py` (`n` / `best_of` with derived
 //! seeds, `logit_bias`, presence / frequency penalties, `stop_token_ids`,
-//! `echo`, unknown fields, /detokenize, /version, /openapi.json, /docs) and
+//! `echo`, unknown fields, /detokenize, /version, /openapi.json, /docs),
+//! `structured.py` (`response_format` through `chat.completions.parse`,
+//! `guided_regex` / `guided_grammar`, tool-calling round trips whole and
+//! streamed, bad schemas / grammars / tools refused) and
 //! `load.py` (64 concurrent streams, 32 hang-ups, then /metrics idle)
 //! against one server; `bad_input.py` (every malformed request, 401, 413,
 //! 429) against a second one configured through `LAMINA_*` environment
@@ -206,6 +209,7 @@ fn lamina_serve_end_to_end() {
     let key = [("LAMINA_API_KEY", API_KEY.to_string())];
     server.python("openai_client.py", &key);
     server.python("sampling_api.py", &key);
+    server.python("structured.py", &key);
     server.python("load.py", &key);
     let log = server.terminate();
     assert!(

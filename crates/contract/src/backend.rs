@@ -23,6 +23,7 @@ use std::sync::Arc;
 
 use crate::config::LlamaConfig;
 use crate::history::PenaltyHistory;
+use crate::mask::TokenMask;
 use crate::sampling::SamplingParams;
 
 /// One scheduler step, flattened. `T` = tokens in the step, `S` = sequences.
@@ -261,6 +262,10 @@ pub struct SampleRequest {
     /// Shared, not copied: the engine keeps it per sequence and updates it in
     /// place between steps.
     pub history: Option<Arc<PenaltyHistory>>,
+    /// The tokens a grammar allows here (constrained decoding), applied after
+    /// the penalties: every other logit becomes `-inf` (see
+    /// [`crate::mask`]). `None`: unconstrained, no cost.
+    pub allowed: Option<Arc<TokenMask>>,
 }
 
 /// The token a backend sampled for one sequence.

@@ -4,7 +4,8 @@
 //! ([`presets`]), the step contract ([`backend`]: `StepBatch`, the `Backend`
 //! trait, sampled tokens; [`step_builder`], the one builder of step batches;
 //! [`history`], the penalty history and the additive terms of the presence /
-//! frequency penalties and `logit_bias`) and the sampling parameters with their
+//! frequency penalties and `logit_bias`; [`mask`], the
+//! allowed-token bitset of constrained decoding) and the sampling parameters with their
 //! counter-based draw and per-choice seeds ([`sampling`]). No tensors, no CUDA, no I/O beyond
 //! reading a `config.json`: the engine and the server build on this crate
 //! alone, so a kernel change never recompiles them.
@@ -12,6 +13,7 @@
 pub mod backend;
 pub mod config;
 pub mod history;
+pub mod mask;
 pub mod pipeline;
 pub mod presets;
 pub mod sampling;
@@ -24,6 +26,7 @@ pub use backend::{
 };
 pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, SamplingDefaults};
 pub use history::PenaltyHistory;
+pub use mask::TokenMask;
 pub use pipeline::HostPipeline;
 pub use sampling::{ParamError, SamplingParams};
 pub use step_builder::{StepBuildError, StepBuilder};

@@ -142,6 +142,7 @@ mod tests {
                 params: SamplingParams::greedy(),
                 step: 0,
                 history: None,
+                allowed: None,
             });
         }
         b

@@ -9,7 +9,9 @@
 //!    tokens generated so far only (not the prompt): a token generated `c > 0`
 //!    times gets `z -= c * frequency_penalty + presence_penalty`. Then
 //!    `logit_bias`: `z += bias` for each listed token (OpenAI: -100 bans a
-//!    token, +100 makes it the only choice in practice).
+//!    token, +100 makes it the only choice in practice). Then, for a
+//!    constrained sequence, every token the grammar's mask forbids gets
+//!    `z = -inf` ([`crate::mask`]).
 //! 4. `temperature == 0` (greedy): the argmax, lowest id on ties. Stop.
 //! 5. Otherwise `p = softmax(z / temperature)`; candidates sorted by their
 //!    (penalised) logit descending, lowest id first on ties (the order of `p`,

@@ -186,6 +186,7 @@ mod tests {
             params: SamplingParams::greedy(),
             step: 0,
             history: None,
+            allowed: None,
         })
     }
 

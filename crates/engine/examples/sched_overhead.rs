@@ -63,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 stop: vec!["\u{7}never".into()],
                 ignore_eos: true,
                 stop_token_ids: Vec::new(),
+                constraint: None,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -6,7 +6,8 @@
 //! caller's thread and never disturbs other requests: an empty prompt, a
 //! token outside the vocabulary, bad sampling parameters, `max_tokens` 0,
 //! prompt + max_tokens beyond the context, a prompt needing more KV blocks
-//! than the whole pool, a full queue or a shutdown are refused with a
+//! than the whole pool, a constraint `llguidance` cannot compile (see
+//! [`crate::grammar`]), a full queue or a shutdown are refused with a
 //! [`SubmitError`] naming the numbers. Events go through an unbounded tokio
 //! channel, so async code awaits [`RequestHandle::next`] and threads call
 //! [`RequestHandle::blocking_next`]. Dropping a handle (or `cancel`) ends the
@@ -27,6 +28,7 @@ use paged_kv::KvConfig;
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use crate::grammar::{Constraint, GrammarCompiler, GrammarError};
 use crate::scheduler::Scheduler;
 use crate::types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SubmitError,
@@ -50,6 +52,8 @@ struct Inner {
     num_blocks: usize,
     block_size: usize,
     next_id: AtomicU64,
+    /// Compiles the constraints of constrained requests (built lazily).
+    grammar: GrammarCompiler,
 }
 
 impl Engine {
@@ -115,6 +119,7 @@ impl Engine {
         }
         let pipelined = cfg.async_steps && backend.pipelines();
         let clock = crate::step_time::StepClock::new(cfg.max_step_time);
+        let grammar = GrammarCompiler::new(tokenizer.clone(), eos_ids.clone(), vocab_size);
         let mut worker = Worker::new(
             backend,
             sched,
@@ -140,6 +145,7 @@ impl Engine {
                 num_blocks: shape.num_blocks,
                 block_size: shape.block_size,
                 next_id: AtomicU64::new(0),
+                grammar,
             }),
         })
     }
@@ -176,6 +182,10 @@ impl Engine {
             }));
         }
         inner.validate(&req)?;
+        let mut grammar = match &req.constraint {
+            Some(c) => Some(inner.grammar.compile(c).map_err(SubmitError::Grammar)?),
+            None => None,
+        };
         let max_queue = inner.cfg.max_queue;
         let admitted = inner
             .shared
@@ -203,6 +213,12 @@ impl Engine {
                 req: choice,
                 tx: etx,
                 fork_of: (i > 0).then_some(first),
+                // the last choice takes the compiled state, the others a copy
+                grammar: if i + 1 == n as u64 {
+                    grammar.take()
+                } else {
+                    grammar.as_ref().map(|g| g.fork())
+                },
             }));
             if inner.tx.send(msg).is_err() {
                 // the loop is gone: nothing of this request was queued
@@ -223,6 +239,12 @@ impl Engine {
             });
         }
         Ok(handles)
+    }
+
+    /// Compiles `c` as a submit would and drops it: whether the grammar
+    /// engine accepts it (for definitions checked before they are used).
+    pub fn check_constraint(&self, c: &Constraint) -> Result<(), GrammarError> {
+        self.inner.grammar.compile(c).map(drop)
     }
 
     /// Counters and gauges, as of the end of the last step.

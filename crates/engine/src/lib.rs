@@ -14,12 +14,14 @@
 //! Module map: [`types`] (public values and errors), `engine` (handles and
 //! submit validation), `worker` (the loop), `scheduler` (batch planning and KV
 //! bookkeeping), `output` (detokenizing, stop conditions, events), `stop`
-//! (stop strings across tokens), [`testing`] (a fake backend for tests).
+//! (stop strings across tokens), [`grammar`] (constrained decoding through
+//! `llguidance`), [`testing`] (a fake backend for tests).
 //!
 //! Costs: per step O(S + T + S * max_blocks) host work for S sequences and T
 //! tokens, with reused buffers; see each module for its own.
 
 mod engine;
+pub mod grammar;
 mod output;
 mod scheduler;
 mod step_time;
@@ -29,6 +31,7 @@ pub mod types;
 mod worker;
 
 pub use engine::{Canceller, Completion, Engine, RequestHandle};
+pub use grammar::{Constraint, GrammarError};
 pub use types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, Finished, GenerateRequest,
     SubmitError, TokenEvent, Usage,

@@ -66,6 +66,8 @@ use std::sync::Arc;
 use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBuilder};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
+use crate::grammar::SeqGrammar;
+
 /// The id a pipelined sample has until it lands (contract point 6); any
 /// in-vocabulary id would do, the backend never reads it.
 pub(crate) const PENDING_TOKEN: u32 = 0;
@@ -110,6 +112,9 @@ struct Seq {
     last_in_flight: bool,
     /// Prompt tokens reused from the prefix cache at the first admission.
     cached_tokens: usize,
+    /// The constraint's state (constrained decoding): kept across
+    /// preemption, advanced at commit, its mask sent with each sample.
+    grammar: Option<Box<SeqGrammar>>,
 }
 
 /// Token counts of one sequence, for usage and stop decisions.
@@ -148,6 +153,8 @@ pub(crate) struct Scheduler {
     builder: StepBuilder,
     aborted: Vec<u64>,
     first_admitted: Vec<u64>,
+    /// Constrained sequences whose grammar failed at the last commit, and why.
+    grammar_failures: Vec<(u64, String)>,
     pub preemptions_total: u64,
 }
 
@@ -171,6 +178,7 @@ impl Scheduler {
             builder: StepBuilder::new(kv.block_size),
             aborted: Vec::new(),
             first_admitted: Vec::new(),
+            grammar_failures: Vec::new(),
             preemptions_total: 0,
         })
     }
@@ -183,6 +191,7 @@ impl Scheduler {
         prompt: Vec<u32>,
         params: SamplingParams,
         fork_of: Option<u64>,
+        grammar: Option<SeqGrammar>,
     ) {
         let history = params
             .needs_history()
@@ -199,6 +208,7 @@ impl Scheduler {
             max_tokens: None,
             last_in_flight: false,
             cached_tokens: 0,
+            grammar: grammar.map(Box::new),
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);

@@ -78,6 +78,7 @@ pub fn reference_generate(
             params: params.clone(),
             step: out.len() as u64,
             history: None,
+            allowed: None,
         };
         let t = fake_next_token(&ctx, vocab, &req);
         ctx.push(t);

@@ -6,6 +6,8 @@
 
 use contract::{ParamError, SampledToken, SamplingParams};
 
+use crate::grammar::{Constraint, GrammarError};
+
 /// Scheduler limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -66,6 +68,9 @@ pub struct GenerateRequest {
     /// `stop_token_ids`), even with `ignore_eos`; like an EOS, the token
     /// adds no text and the finish reason is `Stop`.
     pub stop_token_ids: Vec<u32>,
+    /// Constrained decoding: every sampled token keeps the output a prefix
+    /// of a text this constraint accepts (see [`crate::grammar`]).
+    pub constraint: Option<Constraint>,
 }
 
 /// What a request streams.
@@ -231,6 +236,8 @@ pub enum SubmitError {
     InvalidParams(ParamError),
     #[error("the prompt is empty")]
     EmptyPrompt,
+    #[error("invalid {0}")]
+    Grammar(GrammarError),
     #[error("the engine is shutting down")]
     ShuttingDown,
     #[error("the engine failed: {0}")]

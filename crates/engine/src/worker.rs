@@ -52,6 +52,7 @@ use contract::{Backend, BackendError, SampledToken};
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::grammar::SeqGrammar;
 use crate::output::{Output, Verdict};
 use crate::scheduler::{SchedError, Scheduler};
 use crate::step_time::StepClock;
@@ -76,6 +77,8 @@ pub(crate) struct NewRequest {
     pub tx: UnboundedSender<Event>,
     /// The first choice of the same request (`n > 1`), to fork from.
     pub fork_of: Option<u64>,
+    /// The compiled constraint's state, for a constrained request.
+    pub grammar: Option<SeqGrammar>,
 }
 
 /// Everything the loop owns.
@@ -246,6 +249,7 @@ impl Worker {
             req,
             tx,
             fork_of,
+            grammar,
         } = r;
         let out = Output::new(
             tx,
@@ -266,7 +270,8 @@ impl Worker {
             queue_time: None,
         };
         self.requests.insert(id, request);
-        self.sched.add(id, req.prompt, req.sampling, fork_of);
+        self.sched
+            .add(id, req.prompt, req.sampling, fork_of, grammar);
         self.sched.set_max_tokens(id, max_tokens);
         if let Some(why) = self.halted.clone() {
             self.end(id, FinishReason::Error, Some(why));
@@ -535,6 +540,11 @@ impl Worker {
             .collect();
         for (id, why) in poisoned {
             tracing::error!(seq = id, reason = %why, "unusable sample");
+            self.end(id, FinishReason::Error, Some(why));
+        }
+        // a grammar that refused its token or now allows none ends its request
+        for (id, why) in self.sched.take_grammar_failures() {
+            tracing::debug!(seq = id, reason = %why, "constrained sequence cannot go on");
             self.end(id, FinishReason::Error, Some(why));
         }
         sampled.retain(|(id, _)| self.requests.contains_key(id));

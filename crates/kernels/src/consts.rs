@@ -97,9 +97,9 @@ pub const FLASH_HOPPER_THREADS: usize = 128 * FLASH_HOPPER_ROWS / 64;
 /// Slack for aligning the Hopper tiles to 1,024 bytes (the 128-byte swizzle atom).
 pub const FLASH_HOPPER_ALIGN: usize = 1024;
 /// Size of one `SampleParams` row (Rust and C++).
-pub const SAMPLE_PARAMS_BYTES: usize = 48;
+pub const SAMPLE_PARAMS_BYTES: usize = 64;
 /// Offsets of the C++ `SampleParams` fields (sampling.cu names), in order.
-pub const SAMPLE_PARAMS_C_FIELDS: [(&str, usize); 12] = [
+pub const SAMPLE_PARAMS_C_FIELDS: [(&str, usize); 16] = [
     ("temperature", 0),
     ("top_k", 4),
     ("top_p", 8),
@@ -111,5 +111,9 @@ pub const SAMPLE_PARAMS_C_FIELDS: [(&str, usize); 12] = [
     ("n_logprobs", 32),
     ("add_off", 36),
     ("add_len", 40),
-    ("pad0", 44),
+    ("mask_off", 44),
+    ("mask_len", 48),
+    ("pad0", 52),
+    ("pad1", 56),
+    ("pad2", 60),
 ];

@@ -63,7 +63,9 @@ const _: () = {
     assert!(offset_of!(SampleParams, n_logprobs) == c[8].1);
     assert!(offset_of!(SampleParams, add_off) == c[9].1);
     assert!(offset_of!(SampleParams, add_len) == c[10].1);
-    assert!(offset_of!(SampleParams, _pad) == c[11].1);
+    assert!(offset_of!(SampleParams, mask_off) == c[11].1);
+    assert!(offset_of!(SampleParams, mask_len) == c[12].1);
+    assert!(offset_of!(SampleParams, _pad) == c[13].1);
 };
 
 /// Errors loading or launching kernels.

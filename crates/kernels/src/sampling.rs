@@ -40,7 +40,13 @@ pub struct SampleParams {
     /// frequency penalties, `logit_bias`), added after the repetition penalty.
     pub add_off: u32,
     pub add_len: u32,
-    pub _pad: u32,
+    /// Offset (in `u32` words) of this row's allowed-token mask in the flat
+    /// history buffer: `mask_len` words, bit `i % 32` of word `i / 32` set
+    /// when token `i` may be sampled (`contract::mask`); every other logit
+    /// is `-inf` after the additive terms. `mask_len` 0: no mask.
+    pub mask_off: u32,
+    pub mask_len: u32,
+    pub _pad: [u32; 3],
 }
 
 impl SampleParams {
@@ -58,7 +64,9 @@ impl SampleParams {
             n_logprobs: 0,
             add_off: 0,
             add_len: 0,
-            _pad: 0,
+            mask_off: 0,
+            mask_len: 0,
+            _pad: [0; 3],
         }
     }
 }

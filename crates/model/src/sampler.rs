@@ -4,7 +4,7 @@
 //! Contract: [`sample`] follows `sampling.rs` step by step (raw-logit
 //! log-probabilities, repetition penalty over distinct history tokens, the
 //! presence / frequency penalties and `logit_bias` as the additive terms of
-//! [`additive_terms`], greedy
+//! [`additive_terms`], the grammar's allowed-token mask, greedy
 //! argmax with lowest id on ties, otherwise softmax at the temperature, top-k,
 //! top-p over the full distribution's mass, min-p, and the counter-based draw
 //! [`uniform`]). It never panics: a temperature that is not `> 0` is greedy,
@@ -92,8 +92,9 @@ pub fn argmax(z: &[f32]) -> u32 {
     best as u32
 }
 
-/// Steps 2-3 of the procedure: the penalised logits, or `None` when no
-/// penalty or bias changes them.
+/// Steps 2-3 of the procedure, then the grammar's mask (every token it
+/// forbids set to `-inf`, `contract::mask`): the changed logits, or `None`
+/// when no penalty, bias or mask changes them.
 fn penalise(logits: &[f32], req: &SampleRequest) -> Option<Vec<f32>> {
     let params = &req.params;
     let mut adds = Vec::new();
@@ -102,7 +103,7 @@ fn penalise(logits: &[f32], req: &SampleRequest) -> Option<Vec<f32>> {
         Some(h) if params.repetition_penalty != 1.0 && !h.is_empty() => Some(h),
         _ => None,
     };
-    if rep.is_none() && adds.is_empty() {
+    if rep.is_none() && adds.is_empty() && req.allowed.is_none() {
         return None;
     }
     let mut z = match rep {
@@ -113,6 +114,9 @@ fn penalise(logits: &[f32], req: &SampleRequest) -> Option<Vec<f32>> {
         if let Some(v) = z.get_mut(id as usize) {
             *v += d;
         }
+    }
+    if let Some(mask) = &req.allowed {
+        mask.apply(&mut z);
     }
     Some(z)
 }

@@ -1,6 +1,8 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: parse, check the
-//! model and parameters, build the prompt (chat template or raw text / ids),
-//! submit to the engine and answer streamed or whole.
+//! model and parameters (with the constraint of `response_format` /
+//! `guided_*`, [`crate::structured`], and the tools, [`crate::tools`]),
+//! build the prompt (chat template or raw text / ids), submit to the engine
+//! and answer streamed or whole.
 //!
 //! Costs per request: one JSON parse, one tokenisation (and template render
 //! for chat), O(1) engine submission; then O(1) work per generated token.
@@ -22,6 +24,8 @@ use crate::middleware::RequestId;
 use crate::params;
 use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Message, Prompt};
 use crate::state::AppState;
+use crate::{structured, tools};
+use engine::SubmitError;
 
 /// Chat roles the server accepts (`developer` is read as `system`).
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -77,8 +81,14 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
     }
 }
 
-/// The request's messages as template input; text parts are joined by newlines.
-pub fn chat_messages(msgs: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
+/// The request's messages as template input; text parts are joined by
+/// newlines. An assistant turn's `tool_calls` go to the template when it
+/// renders tools (`calls_in_template`), else they become the turn's text
+/// (see [`crate::tools`]); a `tool` turn keeps its `tool_call_id`.
+pub fn chat_messages(
+    msgs: &[Message],
+    calls_in_template: bool,
+) -> Result<Vec<ChatMessage>, ApiError> {
     if msgs.is_empty() {
         return Err(ApiError::invalid_param(
             "messages",
@@ -121,10 +131,24 @@ pub fn chat_messages(msgs: &[Message]) -> Result<Vec<ChatMessage>, ApiError> {
                     texts.join("\n")
                 }
             };
-            Ok(ChatMessage {
-                role: role.to_string(),
-                content,
-            })
+            if m.tool_call_id.is_some() && m.role != "tool" {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].tool_call_id"),
+                    "Only `tool` messages carry `tool_call_id`.",
+                ));
+            }
+            let mut msg = ChatMessage::new(role, content);
+            msg.tool_call_id = m.tool_call_id.clone();
+            if let Some((calls, text)) = tools::history_calls(i, m)? {
+                if calls_in_template {
+                    msg.tool_calls = Some(calls);
+                } else if msg.content.is_empty() {
+                    msg.content = text;
+                } else {
+                    msg.content = format!("{}\n{text}", msg.content);
+                }
+            }
+            Ok(msg)
         })
         .collect()
 }
@@ -192,16 +216,64 @@ pub async fn chat_completions(
         },
         _ => e,
     })?;
+    let plan = tools::plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
+    let mut structured = structured::constraint(
+        req.response_format.as_ref(),
+        req.guided_regex.as_deref(),
+        req.guided_grammar.as_deref(),
+    )?;
+    if let Some(p) = &plan {
+        if logprobs.is_some() {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                "`logprobs` cannot be combined with `tools`: a tool call's tokens are not returned as content.",
+            ));
+        }
+        match &p.constraint {
+            Some(c) if structured.constraint.is_some() => {
+                let _ = c;
+                return Err(ApiError::invalid_param(
+                    "tool_choice",
+                    format!(
+                        "A forced tool call cannot be combined with `{}`: give one constraint.",
+                        structured.param
+                    ),
+                ));
+            }
+            Some(c) => {
+                structured.constraint = Some(c.clone());
+                structured.param = "tools";
+            }
+            // `auto` constrains nothing, but the definitions must still compile
+            None => check_tools(&state, p)?,
+        }
+    }
+    let in_template = state.tokenizer.template_renders_tools();
+    let mut messages = chat_messages(&req.messages, in_template)?;
+    if let Some(p) = &plan
+        && !in_template
+    {
+        tools::add_fallback_system(&mut messages, &p.tools);
+    }
     let input = Input::Chat {
-        messages: chat_messages(&req.messages)?,
+        messages,
         trusted: req.parse_special_tokens.unwrap_or(false),
+        tools: plan
+            .as_ref()
+            .filter(|_| in_template)
+            .map(|p| p.tools.clone()),
     };
     let prompt = encode(&state, input, "messages").await?;
-    let greq = checked.request(prompt, state.max_context(), "messages")?;
+    let mut greq = checked.request(prompt, state.max_context(), "messages")?;
+    greq.constraint = structured.constraint;
     let placed = state
         .replicas
         .submit_n(greq, checked.best_of)
-        .map_err(|e| from_submit(e, "messages"))?;
+        .map_err(|e| submit_error(e, "messages", structured.param))?;
     let handles = placed.handles;
     tracing::debug!(
         engine = placed.replica,
@@ -216,7 +288,31 @@ pub async fn chat_completions(
     job.include_usage = checked.include_usage;
     job.n = checked.n;
     job.replica = placed.replica;
+    job.tool_names = plan.map(|p| Arc::new(p.names));
     job.respond(handles, checked.stream).await
+}
+
+/// A submit refusal as an API error; a constraint the grammar engine
+/// refuses names the field it came from (`constraint_param`).
+fn submit_error(e: SubmitError, prompt_param: &str, constraint_param: &'static str) -> ApiError {
+    match e {
+        SubmitError::Grammar(g) => ApiError::invalid_param(
+            constraint_param,
+            format!("Invalid `{constraint_param}`: {}: {}", g.kind, g.reason),
+        ),
+        e => from_submit(e, prompt_param),
+    }
+}
+
+/// `tool_choice: auto`: the definitions' schemas compiled once (and
+/// dropped), so a bad `parameters` schema is a 400 naming `tools`.
+fn check_tools(state: &AppState, plan: &tools::ToolPlan) -> Result<(), ApiError> {
+    let Some(engine) = state.replicas.engine(0) else {
+        return Ok(());
+    };
+    engine
+        .check_constraint(&plan.check_constraint())
+        .map_err(|g| ApiError::invalid_param("tools", format!("Invalid `tools`: {}", g.reason)))
 }
 
 /// The completion prompt as token ids (text gets the tokenizer's special tokens).
@@ -324,11 +420,17 @@ pub async fn completions(
         })?),
         other => other,
     };
-    let greq = checked.request(prompt, state.max_context(), "prompt")?;
+    let structured = structured::constraint(
+        req.response_format.as_ref(),
+        req.guided_regex.as_deref(),
+        req.guided_grammar.as_deref(),
+    )?;
+    let mut greq = checked.request(prompt, state.max_context(), "prompt")?;
+    greq.constraint = structured.constraint;
     let placed = state
         .replicas
         .submit_n(greq, checked.best_of)
-        .map_err(|e| from_submit(e, "prompt"))?;
+        .map_err(|e| submit_error(e, "prompt", structured.param))?;
     let handles = placed.handles;
     tracing::debug!(
         engine = placed.replica,

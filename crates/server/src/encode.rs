@@ -28,6 +28,8 @@ pub enum Input {
     Chat {
         messages: Vec<ChatMessage>,
         trusted: bool,
+        /// Function definitions for a template that renders `tools`.
+        tools: Option<serde_json::Value>,
     },
 }
 
@@ -69,10 +71,14 @@ pub async fn encode(
         Input::Text { text, add_special } => tok
             .encode(&text, add_special)
             .map_err(|e| format!("Cannot tokenize the prompt: {e}")),
-        Input::Chat { messages, trusted } => if trusted {
-            tok.encode_chat_trusted(&messages)
+        Input::Chat {
+            messages,
+            trusted,
+            tools,
+        } => if trusted {
+            tok.encode_chat_trusted(&messages, tools.as_ref())
         } else {
-            tok.encode_chat(&messages)
+            tok.encode_chat_with_tools(&messages, tools.as_ref())
         }
         .map_err(|e| format!("Cannot apply the chat template: {e}")),
     });

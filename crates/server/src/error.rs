@@ -207,6 +207,7 @@ pub fn from_submit(err: SubmitError, prompt_param: &str) -> ApiError {
         SubmitError::TokenOutOfVocab { .. } | SubmitError::EmptyPrompt => {
             ApiError::invalid_param(prompt_param, msg)
         }
+        SubmitError::Grammar(_) => ApiError::invalid_param("response_format", msg),
     }
 }
 

@@ -13,7 +13,12 @@
 //! sends an SSE comment (`: keep-alive`) whenever no event went out for
 //! `ServerConfig::sse_keep_alive`, also while the request waits in the
 //! engine's queue. Latency metrics (TTFT, inter-token, end-to-end) are
-//! recorded on choice 0, O(1) per token. The SSE side is in `generate/sse.rs`.
+//! recorded on choice 0, O(1) per token. With tools, a reply that is a call
+//! of a known function (the whole reply, [`crate::tools::parse_call`]) is
+//! answered as `tool_calls` with `finish_reason: "tool_calls"`; streamed,
+//! a reply that starts with `{` is held back until it ends and then sent as
+//! `delta.tool_calls` chunks (or as content when it is no call). The SSE
+//! side is in `generate/sse.rs`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,9 +33,10 @@ use crate::error::ApiError;
 use crate::logprobs;
 use crate::responses::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
-    CompletionChoice, TextCompletion, UsageInfo,
+    CompletionChoice, FunctionCallOut, TextCompletion, ToolCallOut, UsageInfo,
 };
 use crate::state::{AppState, unix_now};
+use crate::tools;
 
 /// Which API a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +66,9 @@ pub struct Job {
     pub n: usize,
     /// The replica running it.
     pub replica: usize,
+    /// Chat with tools: the callable names; a reply that is a call of one
+    /// becomes `tool_calls` (see [`crate::tools`]).
+    pub tool_names: Option<Arc<Vec<String>>>,
 }
 
 impl Job {
@@ -82,6 +91,7 @@ impl Job {
             echo: None,
             n: 1,
             replica: 0,
+            tool_names: None,
         }
     }
 
@@ -141,7 +151,8 @@ impl Job {
                 index,
                 message: AssistantMessage {
                     role: "assistant",
-                    content: text.to_string(),
+                    content: Some(text.to_string()),
+                    tool_calls: None,
                 },
                 logprobs,
                 finish_reason: finish,
@@ -150,6 +161,7 @@ impl Job {
                 let delta = ChatDelta {
                     role: None,
                     content: (finish.is_none() || !text.is_empty()).then(|| text.to_string()),
+                    tool_calls: None,
                 };
                 Choice::ChatChunk(ChatChunkChoice {
                     index,
@@ -165,6 +177,24 @@ impl Job {
                 finish_reason: finish,
             }),
         }
+    }
+
+    /// The reply of choice `index` as a tool call when it is one of a
+    /// known function and ended normally (`stop`).
+    fn tool_call(&self, index: usize, text: &str, reason: FinishReason) -> Option<ToolCallOut> {
+        let names = self.tool_names.as_ref()?;
+        if reason != FinishReason::Stop {
+            return None;
+        }
+        let call = tools::parse_call(text, names)?;
+        Some(ToolCallOut {
+            id: format!("call_{}_{index}", self.request_id),
+            kind: "function",
+            function: FunctionCallOut {
+                name: call.name,
+                arguments: call.arguments,
+            },
+        })
     }
 
     /// The response object wrapping `choices`: a streamed chunk (`usage`
@@ -417,6 +447,18 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
             let mut offset = echo.len();
             let lp = job.logprobs_value(&o.events, &mut offset);
             let text = format!("{echo}{}", o.text);
+            if let Some(call) = job.tool_call(i, &text, o.finished.reason) {
+                return Choice::Chat(ChatChoice {
+                    index: i,
+                    message: AssistantMessage {
+                        role: "assistant",
+                        content: None,
+                        tool_calls: Some(vec![call]),
+                    },
+                    logprobs: lp,
+                    finish_reason: Some("tool_calls"),
+                });
+            }
             job.choice(i, &text, lp, Some(o.finished.reason.as_str()), false)
         })
         .collect();

@@ -39,6 +39,8 @@ pub mod protocol;
 pub mod replicas;
 pub mod responses;
 pub mod state;
+pub mod structured;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -148,7 +148,8 @@ pub async fn tokenize(
         }
         (None, Some(msgs)) => {
             let input = Input::Chat {
-                messages: chat_messages(msgs)?,
+                messages: chat_messages(msgs, state.tokenizer.template_renders_tools())?,
+                tools: None,
                 trusted: req.parse_special_tokens.unwrap_or(false),
             };
             encode(&state, input, "messages").await?

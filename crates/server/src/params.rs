@@ -254,6 +254,7 @@ impl Checked {
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
+            constraint: None,
         })
     }
 }

@@ -3,8 +3,8 @@
 //! errors naming the field (via `serde_path_to_error`). Range checks happen
 //! later, in [`crate::params`].
 //!
-//! Never silently ignored: a field lamina does not implement (`tools`,
-//! `response_format`, a message's `tool_calls`, ...) is a 400 naming it. Accepted and ignored on purpose, because they cannot change
+//! Never silently ignored: a field lamina does not implement (`functions`,
+//! `function_call`, `parallel_tool_calls: true`, ...) is a 400 naming it. Accepted and ignored on purpose, because they cannot change
 //! the output: `user` (an end-user id for abuse tracking) and a message's
 //! `name`. ([`IGNORED_FIELDS`]; the README lists them too.)
 
@@ -93,10 +93,113 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's function calls (history of a tool round trip).
+    #[serde(default)]
+    pub tool_calls: Option<Vec<MessageToolCall>>,
+    /// A `tool` turn: the id of the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
     /// Accepted and ignored (the chat templates do not render it).
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     pub name: Option<IgnoredAny>,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// With `json_schema`: the schema and its name.
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<serde_json::Value>,
+    /// Accepted; the schema is always enforced.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDef,
+}
+
+/// A function the model may call.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDef {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    /// A JSON schema of the arguments (an object); absent: no arguments.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<serde_json::Value>,
+    /// Accepted; the arguments are always held to the schema when enforced.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: a mode, or one named function.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    Named(NamedToolChoice),
+}
+
+/// `{"type": "function", "function": {"name": ...}}`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionName,
+}
+
+/// `{"name": ...}`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionName {
+    pub name: String,
+}
+
+/// A function call in an assistant message of the history.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageToolCall {
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// `{"name": ..., "arguments": "<JSON text>"}`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// `POST /v1/chat/completions`.
@@ -150,6 +253,24 @@ pub struct ChatRequest {
     /// control tokens (default false: it is text).
     #[serde(default)]
     pub parse_special_tokens: Option<bool>,
+    /// `text`, `json_object` or `json_schema` (constrained decoding).
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+    /// lamina extension: the output must fully match this regular expression.
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    /// lamina extension: the output must be in this Lark grammar's language.
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
+    /// Functions the model may call.
+    #[serde(default)]
+    pub tools: Option<Vec<Tool>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoice>,
+    /// At most one call per turn is made: `true` is refused.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// Accepted and ignored (an end-user id).
     #[serde(default)]
     #[schema(value_type = Option<String>)]
@@ -250,6 +371,15 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// `text`, `json_object` or `json_schema` (constrained decoding).
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+    /// lamina extension: the output must fully match this regular expression.
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    /// lamina extension: the output must be in this Lark grammar's language.
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
     /// Accepted and ignored (an end-user id).
     #[serde(default)]
     #[schema(value_type = Option<String>)]
@@ -395,18 +525,21 @@ mod tests {
     #[test]
     fn unsupported_fields_are_refused_naming_them() {
         for (body, param) in [
-            (r#"{"messages": [], "tools": []}"#, "tools"),
             (
-                r#"{"messages": [], "response_format": {"type": "json_object"}}"#,
-                "response_format",
+                r#"{"messages": [], "function_call": "auto"}"#,
+                "function_call",
+            ),
+            (
+                r#"{"messages": [], "response_format": {"type": "json_object", "foo": 1}}"#,
+                "response_format.foo",
             ),
             (
                 r#"{"messages": [], "logit_bias": {"1": 5}, "functions": []}"#,
                 "functions",
             ),
             (
-                r#"{"messages": [{"role": "user", "content": "a", "tool_calls": []}]}"#,
-                "messages[0].tool_calls",
+                r#"{"messages": [{"role": "user", "content": "a", "function_call": {}}]}"#,
+                "messages[0].function_call",
             ),
             (
                 r#"{"messages": [], "stream_options": {"continuous_usage_stats": true}}"#,

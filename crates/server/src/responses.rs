@@ -42,7 +42,28 @@ impl From<&Usage> for UsageInfo {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// The reply's text; `null` when it is a tool call.
+    pub content: Option<String>,
+    /// The function called, when the reply is a tool call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One function call of an assistant message.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ToolCallOut {
+    pub id: String,
+    /// `function`
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+/// `{"name", "arguments"}`: the arguments as a JSON text.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FunctionCallOut {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// One choice of a `chat.completion`.
@@ -53,7 +74,7 @@ pub struct ChatChoice {
     /// `{"content": [...]}` when log-probabilities were asked for.
     #[schema(value_type = Option<Object>)]
     pub logprobs: Value,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: Option<&'static str>,
 }
 
@@ -76,6 +97,12 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// A tool call, streamed as OpenAI does: the first chunk carries
+    /// `index`, `id`, `type` and `function.name` with empty arguments, the
+    /// next the arguments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 /// One choice of a `chat.completion.chunk`.

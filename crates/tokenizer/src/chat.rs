@@ -4,8 +4,10 @@
 //!
 //! Contract (matching `transformers`' `apply_chat_template`):
 //! - `trim_blocks` and `lstrip_blocks` are on, trailing newlines are dropped;
-//! - the context holds `messages` (`role`, `content`), `add_generation_prompt`,
-//!   `bos_token` and `eos_token` (empty strings when the model has none);
+//! - the context holds `messages` (`role`, `content`, and `tool_calls` /
+//!   `tool_call_id` where a message has them), `add_generation_prompt`,
+//!   `bos_token` and `eos_token` (empty strings when the model has none),
+//!   and `tools` when the caller passes function definitions;
 //! - `raise_exception(msg)` fails the render with `msg`; `strftime_now(fmt)`
 //!   formats the current UTC time with C `strftime` directives;
 //! - Python string / dict / list methods (`.strip()`, `.startswith()`,
@@ -84,10 +86,7 @@ impl ChatTemplate {
         // would fail (or, without one, hang) every request: refuse it now.
         // Other trial errors are left to requests (a template may reject a
         // conversation without a system turn, say).
-        let trial = [ChatMessage {
-            role: "user".into(),
-            content: "Hello".into(),
-        }];
+        let trial = [ChatMessage::new("user", "Hello")];
         if let Err(e) = template.render(&trial, true)
             && let TokenizerError::Template { reason, .. } = &e
             && reason.contains(OUT_OF_FUEL)
@@ -117,6 +116,18 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI's list of function
+    /// definitions) in the context; absent, `tools` is undefined, as in
+    /// `transformers` without tools.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let err = |e: Error| TokenizerError::Template {
             origin: self.origin.clone(),
             reason: if e.kind() == ErrorKind::OutOfFuel {
@@ -126,13 +137,17 @@ impl ChatTemplate {
             },
         };
         let tpl = self.env.get_template(TEMPLATE_NAME).map_err(err)?;
-        tpl.render(context! {
+        let base = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
-        })
-        .map_err(err)
+        };
+        let ctx = match tools {
+            Some(t) => context! { tools => minijinja::Value::from_serialize(t), ..base },
+            None => base,
+        };
+        tpl.render(ctx).map_err(err)
     }
 
     /// The template's Jinja source.

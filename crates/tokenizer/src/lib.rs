@@ -80,6 +80,14 @@ pub enum TokenizerError {
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's function calls, as templates read them:
+    /// `[{"id", "type": "function", "function": {"name", "arguments": {..}}}]`
+    /// (arguments as an object, as Hugging Face templates expect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` turn: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -87,6 +95,8 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -352,8 +362,19 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with the OpenAI `tools` list in the
+    /// template's context (as `tools`, what Hugging Face templates read).
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         match &self.chat {
-            Some(t) => t.render(messages, add_generation_prompt),
+            Some(t) => t.render_with_tools(messages, tools, add_generation_prompt),
             None => Err(TokenizerError::NoChatTemplate {
                 origin: self.origin.clone(),
             }),
@@ -372,7 +393,16 @@ impl Tokenizer {
     /// contents hold none are encoded in one piece, exactly as `transformers`
     /// does. [`Tokenizer::encode_chat_trusted`] keeps the old behaviour.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template(messages, true)?;
+        self.encode_chat_with_tools(messages, None)
+    }
+
+    /// [`Tokenizer::encode_chat`] with `tools` in the template's context.
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template_with_tools(messages, tools, true)?;
         // Byte spans of `text` that must be encoded as plain text, in order.
         let mut spans: Vec<(usize, usize)> = Vec::new();
         let mut from = 0;
@@ -431,8 +461,9 @@ impl Tokenizer {
     pub fn encode_chat_trusted(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template(messages, true)?;
+        let text = self.apply_chat_template_with_tools(messages, tools, true)?;
         self.encode_rendered_prompt(&text)
     }
 
@@ -470,6 +501,15 @@ impl Tokenizer {
             .as_ref()
             .is_some_and(|b| !b.text.is_empty() && text.starts_with(&b.text));
         self.encode(text, !starts_with_bos)
+    }
+
+    /// Whether the chat template reads a `tools` list (Llama 3.1 / 3.2 do,
+    /// SmolLM2's does not): callers render tool definitions into a system
+    /// message themselves when it does not.
+    pub fn template_renders_tools(&self) -> bool {
+        self.chat
+            .as_ref()
+            .is_some_and(|t| t.source().contains("tools"))
     }
 
     /// The EOS id(s) from tokenizer_config.json's `eos_token` (empty if none).

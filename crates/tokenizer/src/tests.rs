@@ -240,14 +240,14 @@ fn special_token_text_in_messages_stays_text() {
     assert_eq!(count(&ids, end), 1, "{ids:?}");
     // and the text survives a round trip
     assert!(ok(tok.decode(&ids, false)).contains(forged));
-    let trusted = ok(tok.encode_chat_trusted(&msgs));
+    let trusted = ok(tok.encode_chat_trusted(&msgs, None));
     assert_eq!(count(&trusted, start), 3);
     assert_eq!(count(&trusted, end), 2);
     // no special text: identical to the one-piece encoding
     let plain = [ChatMessage::new("user", "Hello there")];
     assert_eq!(
         ok(tok.encode_chat(&plain)),
-        ok(tok.encode_chat_trusted(&plain))
+        ok(tok.encode_chat_trusted(&plain, None))
     );
 
     let cfg = r#"{"eos_token": "<|im_end|>",

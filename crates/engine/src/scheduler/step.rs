@@ -3,7 +3,8 @@
 //! tables read from `paged-kv`, the owner; placeholders of a launched step's
 //! samples marked carried), recording a launched step (KV marked computed,
 //! placeholders for its samples) and landing its results (placeholders
-//! replaced by the sampled tokens, penalty histories updated in place).
+//! replaced by the sampled tokens, penalty histories updated in place,
+//! grammar states advanced and their next masks computed).
 //! Costs are the scheduler's (module doc above).
 
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use contract::{SampleRequest, SampledToken};
 use paged_kv::SeqId;
 
 use super::{PENDING_TOKEN, SchedError, Scheduler};
+use crate::grammar::{SeqGrammar, advance_all};
 
 impl Scheduler {
     /// Fills the reused batch from the plan.
@@ -32,6 +34,7 @@ impl Scheduler {
                 params: seq.params.clone(),
                 step: (tokens.len() - seq.prompt_len) as u64,
                 history: seq.history.clone(),
+                allowed: seq.grammar.as_ref().map(|g| g.mask()),
             });
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
@@ -87,12 +90,13 @@ impl Scheduler {
     }
 
     /// True when a sequence of the launched step needs its sample on the
-    /// host before its next step can be planned (its penalty history).
+    /// host before its next step can be planned (its penalty history, or
+    /// its grammar, whose next mask depends on the token).
     pub(crate) fn landing_needs_host(&self) -> bool {
         self.landing.iter().any(|(id, _)| {
-            self.seqs
-                .get(id)
-                .is_some_and(|q| q.carried_from.is_some() && q.history.is_some())
+            self.seqs.get(id).is_some_and(|q| {
+                q.carried_from.is_some() && (q.history.is_some() || q.grammar.is_some())
+            })
         })
     }
 
@@ -136,6 +140,7 @@ impl Scheduler {
                 _ => {}
             }
         }
+        let mut advanced: Vec<(u64, u32)> = Vec::new();
         for &(id, row) in &self.landing {
             let Some(t) = results[row as usize].take() else {
                 continue;
@@ -160,11 +165,39 @@ impl Scheduler {
                 // unique now that the batch is released: updated in place
                 Arc::make_mut(h).push_generated(t.token);
             }
+            if seq.grammar.is_some() {
+                advanced.push((id, t.token));
+            }
             out.push((id, t));
         }
         self.landing.clear();
         self.landing_rows = 0;
+        if !advanced.is_empty() {
+            self.advance_grammars(&mut advanced);
+        }
         Ok(())
+    }
+
+    /// Advances the grammars of the constrained sequences that sampled
+    /// `(id, token)` in the landed step and computes their next masks,
+    /// spread over threads when there are many ([`advance_all`]).
+    fn advance_grammars(&mut self, advanced: &mut [(u64, u32)]) {
+        advanced.sort_unstable();
+        let mut work: Vec<(u64, u32, &mut SeqGrammar)> = self
+            .seqs
+            .iter_mut()
+            .filter_map(|(id, seq)| {
+                let at = advanced.binary_search_by_key(id, |&(i, _)| i).ok()?;
+                Some((*id, advanced[at].1, seq.grammar.as_deref_mut()?))
+            })
+            .collect();
+        advance_all(&mut work, &mut self.grammar_failures);
+    }
+
+    /// Takes the constrained sequences whose grammar failed at the last
+    /// landing (the caller ends them).
+    pub(crate) fn take_grammar_failures(&mut self) -> Vec<(u64, String)> {
+        std::mem::take(&mut self.grammar_failures)
     }
 
     /// Forgets the planned step (it failed or will never run); its

@@ -19,8 +19,8 @@ fn the_penalty_history_is_shared_and_updated_in_place() {
         repetition_penalty: 1.3,
         ..SamplingParams::greedy()
     };
-    s.add(0, vec![5, 3, 5, 1], params, None);
-    s.add(1, vec![5, 3], SamplingParams::greedy(), None);
+    s.add(0, vec![5, 3, 5, 1], params, None, None);
+    s.add(1, vec![5, 3], SamplingParams::greedy(), None, None);
     let mut seen = vec![5, 3, 5, 1];
     for _ in 0..4 {
         s.schedule().unwrap();
@@ -80,8 +80,8 @@ fn decodes_first_then_chunks_under_the_budget() {
             block_size: 4,
         },
     );
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None);
-    s.add(1, (0..25).collect(), SamplingParams::greedy(), None);
+    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None, None);
+    s.add(1, (0..25).collect(), SamplingParams::greedy(), None, None);
     // step 1: seq 0 whole (3), seq 1 its first 7
     let (ids, b) = step(&mut s, &mut fake);
     assert_eq!((ids, segs(&b)), (vec![0], vec![3, 7]));
@@ -107,15 +107,15 @@ fn the_prefill_cap_cuts_chunks_only_beside_other_sequences() {
     // alone: the cap does not apply, the token budget does
     let mut s = sched(64, 4, 8, 10);
     s.set_prefill_cap(4);
-    s.add(0, (0..25).collect(), SamplingParams::greedy(), None);
+    s.add(0, (0..25).collect(), SamplingParams::greedy(), None, None);
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![10]);
     // beside a decoding sequence: decodes whole, prefill cut to the cap
     let mut s = sched(64, 4, 8, 10);
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None);
+    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None, None);
     step(&mut s, &mut fake);
     s.set_prefill_cap(4);
-    s.add(1, (0..25).collect(), SamplingParams::greedy(), None);
+    s.add(1, (0..25).collect(), SamplingParams::greedy(), None, None);
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![1, 4]);
     let (_, b) = step(&mut s, &mut fake);
@@ -133,8 +133,8 @@ fn the_youngest_is_preempted_and_recomputed_first() {
             block_size: 2,
         },
     );
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None);
-    s.add(1, vec![4, 5, 6], SamplingParams::greedy(), None);
+    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None, None);
+    s.add(1, vec![4, 5, 6], SamplingParams::greedy(), None, None);
     assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 4 tokens each, 4 blocks
     assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 5 tokens each need 6 blocks
     s.schedule().unwrap();
@@ -163,7 +163,7 @@ fn the_youngest_is_preempted_and_recomputed_first() {
 #[test]
 fn a_sequence_that_cannot_fit_an_empty_pool_is_aborted() {
     let mut s = sched(2, 2, 4, 16);
-    s.add(0, vec![1, 2, 3, 4, 5], SamplingParams::greedy(), None);
+    s.add(0, vec![1, 2, 3, 4, 5], SamplingParams::greedy(), None, None);
     s.schedule().unwrap();
     assert_eq!(s.aborted(), &[0]);
     assert_eq!(s.batch().num_seqs(), 0);
@@ -182,9 +182,9 @@ fn choices_fork_after_the_prompt_is_computed() {
         },
     );
     let prompt: Vec<u32> = (1..=10).collect();
-    s.add(0, prompt.clone(), SamplingParams::greedy(), None);
-    s.add(1, prompt.clone(), SamplingParams::greedy(), Some(0));
-    s.add(2, prompt.clone(), SamplingParams::greedy(), Some(0));
+    s.add(0, prompt.clone(), SamplingParams::greedy(), None, None);
+    s.add(1, prompt.clone(), SamplingParams::greedy(), Some(0), None);
+    s.add(2, prompt.clone(), SamplingParams::greedy(), Some(0), None);
     // a budget of 4: the first choice prefills in chunks, the others wait
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![4]);

@@ -79,6 +79,7 @@ fn req(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> GenerateR
         stop: Vec::new(),
         ignore_eos: true,
         stop_token_ids: Vec::new(),
+        constraint: None,
     }
 }
 

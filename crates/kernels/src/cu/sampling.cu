@@ -5,7 +5,8 @@
 //    (a) its (max, sum exp(z - max)) of the raw logits (for the logsumexp),
 //    (b) the repetition penalty applied to its ids (history ids are distinct),
 //        then the additive terms (presence / frequency penalties, logit_bias:
-//        (id, delta) pairs with distinct ids, merged on the host) and, for
+//        (id, delta) pairs with distinct ids, merged on the host), the
+//        grammar's allowed-token mask (forbidden ids -inf) and, for
 //        sampled rows, the penalised logits to `work`,
 //    (c) its best key of the penalised logits (greedy: argmax, lowest id on
 //        ties) and (d) its top `n_logprobs` keys of the raw logits.
@@ -38,7 +39,7 @@
 #define SAMPLE_SLICE 4096
 #define SAMPLE_PER_THREAD (SAMPLE_SLICE / SAMPLE_PART_THREADS)
 
-struct SampleParams {   // mirrors kernels::sampling::SampleParams (12 x 4 bytes)
+struct SampleParams {   // mirrors kernels::sampling::SampleParams (16 x 4 bytes)
     float temperature;
     uint32_t top_k;
     float top_p;
@@ -50,9 +51,11 @@ struct SampleParams {   // mirrors kernels::sampling::SampleParams (12 x 4 bytes
     uint32_t n_logprobs;
     uint32_t add_off;   // additive terms: add_len (id, f32 bits) word pairs
     uint32_t add_len;
-    uint32_t pad0;
+    uint32_t mask_off;  // allowed-token mask: mask_len words (bit i % 32 of word i / 32)
+    uint32_t mask_len;  // 0: no mask
+    uint32_t pad0, pad1, pad2;
 };
-static_assert(sizeof(SampleParams) == 48, "SampleParams layout");
+static_assert(sizeof(SampleParams) == 64, "SampleParams layout");
 
 struct SamplePartialArgs {
     const float* logits;          // [R, V] raw logits
@@ -196,6 +199,17 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
             if (id >= lo && id < hi) sv[id - lo] += __uint_as_float(a.history[P.add_off + 2 * i + 1]);
         }
         __syncthreads();
+    }
+    // The grammar's mask last: forbidden ids (and ids past the mask) become
+    // -inf. Each thread masks the entries it reads below: no barrier needed.
+    if (P.mask_len > 0) {
+#pragma unroll
+        for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
+            const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+            const uint32_t word = id / 32;
+            const bool allowed = word < P.mask_len && ((a.history[P.mask_off + word] >> (id % 32)) & 1u);
+            if (id < hi && !allowed) sv[threadIdx.x + i * SAMPLE_PART_THREADS] = -INFINITY;
+        }
     }
     unsigned long long best = 0;
     float* w = a.work + (size_t)r * a.V;

@@ -70,6 +70,7 @@ pub fn generate_greedy(
             params: SamplingParams::greedy(),
             step,
             history: None,
+            allowed: None,
         })
     };
     let mut out: Vec<Vec<u32>> = vec![Vec::with_capacity(steps); prompts.len()];

@@ -368,6 +368,7 @@ fn step_samples_exactly_the_requested_sequences() {
         },
         step: 0,
         history: None,
+        allowed: None,
     });
     let mut c0 = chunk(&PROMPT, 0, contiguous_blocks(0, 11, BS));
     c0.sample = greedy.clone();
@@ -519,6 +520,7 @@ fn non_finite_weights_give_a_nan_logprob() {
                     params: SamplingParams::greedy(),
                     step: 0,
                     history: None,
+                    allowed: None,
                 });
                 build_step(&[ch], BS).unwrap()
             };

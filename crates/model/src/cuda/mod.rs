@@ -59,8 +59,11 @@ const MIN_GRAPH_BLOCKS: usize = 16;
 const CAPTURE_AFTER: u32 = 16;
 /// Block-table row length [`CudaBackend::reserve_steps`] sizes the staging for.
 const RESERVE_BLOCKS: usize = 128;
-/// History ids (for the repetition penalty) a graph bucket can stage.
-const GRAPH_HISTORY: usize = 1 << 16;
+/// `u32` words of history a graph bucket can stage: repetition-penalty ids,
+/// additive terms and grammar masks (`V / 32` words per constrained row:
+/// 256 rows of a 128k vocabulary fit). 4 MiB of staging, of which a step
+/// copies only the used prefix.
+const GRAPH_HISTORY: usize = 1 << 20;
 
 /// `Ok` when this binary carries CUDA kernels and a CUDA driver with a
 /// device is present; otherwise the reason and how to fix it.

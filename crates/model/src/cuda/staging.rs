@@ -86,7 +86,8 @@ pub(super) struct Pad {
 /// when the repetition penalty is active; kept sorted and distinct by the
 /// engine, so copied without a sort), then its additive terms (presence /
 /// frequency penalties, `logit_bias`: `(id, f32 bits)` word pairs from
-/// `contract::history::additive_terms`) are appended to `history`.
+/// `contract::history::additive_terms`), then the grammar's allowed-token
+/// mask words (`contract::mask`, when constrained) are appended to `history`.
 pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>) -> SampleParams {
     let Some(req) = req else {
         return SampleParams::greedy();
@@ -105,7 +106,9 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
         n_logprobs: p.logprobs.min(MAX_LOGPROBS) as u32,
         add_off: 0,
         add_len: 0,
-        _pad: 0,
+        mask_off: 0,
+        mask_len: 0,
+        _pad: [0; 3],
     };
     if let Some(h) = &req.history
         && p.repetition_penalty != 1.0
@@ -120,6 +123,11 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
     out.add_len = adds.len() as u32;
     for (id, d) in adds {
         history.extend_from_slice(&[id, d.to_bits()]);
+    }
+    if let Some(mask) = &req.allowed {
+        out.mask_off = history.len() as u32;
+        out.mask_len = mask.words().len() as u32;
+        history.extend_from_slice(mask.words());
     }
     out
 }
@@ -259,6 +267,7 @@ mod tests {
             history: Some(std::sync::Arc::new(
                 contract::history::PenaltyHistory::from_tokens(&[5, 3, 5, 1]),
             )),
+            allowed: None,
         };
         let p = sample_params(Some(&req), &mut hist);
         assert_eq!(hist, vec![1, 3, 5]);
@@ -276,6 +285,7 @@ mod tests {
             },
             step: 0,
             history: Some(std::sync::Arc::new(h)),
+            allowed: None,
         };
         let q = sample_params(Some(&biased), &mut hist);
         assert_eq!((q.hist_len, q.add_off, q.add_len), (0, 3, 2));
@@ -284,6 +294,19 @@ mod tests {
             &[1, (-100.0f32).to_bits(), 6, (-1.0f32).to_bits()]
         );
         assert_eq!(p.u, uniform(3, 4));
+        // the grammar's mask words follow the additive terms
+        let masked = SampleRequest {
+            allowed: Some(std::sync::Arc::new(contract::TokenMask::from_ids(
+                40,
+                &[2, 33],
+            ))),
+            ..biased.clone()
+        };
+        let before = hist.len();
+        let m = sample_params(Some(&masked), &mut hist);
+        assert_eq!((m.mask_off as usize, m.mask_len), (before + 4, 2));
+        assert_eq!(&hist[before + 4..], &[1 << 2, 1 << 1]);
+        assert_eq!(q.mask_len, 0);
         assert_eq!(p.n_logprobs as usize, MAX_LOGPROBS);
         assert_eq!(sample_params(None, &mut hist).temperature, 0.0);
     }

@@ -9,6 +9,7 @@ fn req(params: SamplingParams, step: u64) -> SampleRequest {
         params,
         step,
         history: None,
+        allowed: None,
     }
 }
 
@@ -270,6 +271,7 @@ fn presence_frequency_and_bias_match_the_reference() {
                 params: params.clone(),
                 step: 0,
                 history: Some(h.clone()),
+                allowed: None,
             },
         )
         .unwrap();
@@ -285,6 +287,7 @@ fn presence_frequency_and_bias_match_the_reference() {
             },
             step: 0,
             history: Some(h.clone()),
+            allowed: None,
         };
         assert_eq!(sample(&z, &g).token, argmax(&want));
         for step in 0..50 {
@@ -292,6 +295,7 @@ fn presence_frequency_and_bias_match_the_reference() {
                 params: params.clone(),
                 step,
                 history: Some(h.clone()),
+                allowed: None,
             };
             let plain = SampleRequest {
                 params: SamplingParams {
@@ -302,6 +306,7 @@ fn presence_frequency_and_bias_match_the_reference() {
                 },
                 step,
                 history: None,
+                allowed: None,
             };
             assert_eq!(sample(&z, &r).token, sample(&want, &plain).token);
         }
@@ -361,4 +366,49 @@ fn logprobs_are_raw_log_softmax_best_first() {
             .logprob
             .is_infinite()
     );
+}
+
+/// The grammar's mask (issue 9): only allowed tokens are drawn, greedy or
+/// seeded, after the bias; the log-probability stays the raw model's.
+#[test]
+fn the_mask_limits_the_draw_to_allowed_tokens() {
+    let z = logits(500, 3);
+    let best = argmax(&z);
+    let allowed: Vec<u32> = (0..500).filter(|i| i % 7 == 3 && *i != best).collect();
+    let mask = Arc::new(contract::TokenMask::from_ids(500, &allowed));
+    let lse = log_sum_exp(&z);
+    for (params, n) in [(SamplingParams::greedy(), 1u64), (seeded(4), 50)] {
+        for step in 0..n {
+            let r = SampleRequest {
+                allowed: Some(mask.clone()),
+                ..req(params.clone(), step)
+            };
+            let t = sample(&z, &r);
+            assert!(mask.allows(t.token), "token {} is forbidden", t.token);
+            assert!((t.logprob - (z[t.token as usize] - lse)).abs() < 1e-6);
+        }
+    }
+    // greedy picks the best allowed logit
+    let want = allowed
+        .iter()
+        .copied()
+        .max_by(|a, b| z[*a as usize].total_cmp(&z[*b as usize]).then(b.cmp(a)))
+        .unwrap();
+    let r = SampleRequest {
+        allowed: Some(mask.clone()),
+        ..req(SamplingParams::greedy(), 0)
+    };
+    assert_eq!(sample(&z, &r).token, want);
+    // a bias cannot lift a forbidden token
+    let r = SampleRequest {
+        allowed: Some(mask),
+        ..req(
+            SamplingParams {
+                logit_bias: Arc::from(vec![(best, 100.0)]),
+                ..SamplingParams::greedy()
+            },
+            0,
+        )
+    };
+    assert_eq!(sample(&z, &r).token, want);
 }

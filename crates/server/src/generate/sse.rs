@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::{Active, Choice, Job, Kind, engine_gone, failure, total_usage};
 use crate::error::ApiError;
 use crate::logprobs;
-use crate::responses::{ChatChunkChoice, ChatDelta, UsageInfo};
+use crate::responses::{ChatChunkChoice, ChatDelta, ToolCallOut, UsageInfo};
 
 fn data(v: &Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
@@ -48,16 +48,21 @@ struct ChoiceStream {
     offset: usize,
     /// Log-probability entries waiting for their text.
     align: logprobs::Aligner,
+    /// Chat with tools: the reply held back while it may be a tool call
+    /// (empty or starting with `{`); `None` once it is content.
+    held: Option<String>,
 }
 
 /// The pieces of one choice, in order.
 fn choice_stream(active: Active) -> impl Stream<Item = Piece> {
     let offset = active.job.echo.as_ref().map_or(0, String::len);
+    let held = active.job.tool_names.is_some().then(String::new);
     let st = ChoiceStream {
         active,
         phase: Phase::Start,
         offset,
         align: logprobs::Aligner::default(),
+        held,
     };
     stream::unfold(st, |mut st| async move {
         let pieces = step(&mut st).await?;
@@ -130,6 +135,7 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                         delta: ChatDelta {
                             role: Some("assistant"),
                             content: Some(String::new()),
+                            tool_calls: None,
                         },
                         logprobs: Value::Null,
                         finish_reason: None,
@@ -145,6 +151,16 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
         Phase::Tokens => loop {
             match st.active.next().await {
                 Some(Event::Token(t)) => {
+                    if let Some(buf) = st.held.as_mut() {
+                        buf.push_str(&t.text);
+                        if may_be_call(buf) {
+                            continue;
+                        }
+                        // not a call: what was held goes out as content
+                        let text = st.held.take().unwrap_or_default();
+                        let choice = job.choice(index, &text, Value::Null, None, true);
+                        return Some(vec![Piece::Sse(data(&job.chunk(vec![choice])))]);
+                    }
                     // held-back text (a possible stop string) gives empty
                     // deltas: no chunk; its logprobs go with the text
                     if t.text.is_empty() && job.logprobs.is_none() {
@@ -163,8 +179,21 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                     if let Some(err) = failure(&f) {
                         return Some(vec![Piece::Failed(err)]);
                     }
-                    let reason = f.reason.as_str();
+                    let mut reason = f.reason.as_str();
                     let mut out = Vec::new();
+                    if let Some(held) = st.held.take() {
+                        match job.tool_call(index, &held, f.reason) {
+                            Some(call) => {
+                                reason = "tool_calls";
+                                out.extend(call_chunks(&job, index, call));
+                            }
+                            None if !held.is_empty() => {
+                                let choice = job.choice(index, &held, Value::Null, None, true);
+                                out.push(Piece::Sse(data(&job.chunk(vec![choice]))));
+                            }
+                            None => {}
+                        }
+                    }
                     let rest = st.align.finish(f.reason);
                     if !rest.is_empty() {
                         let lp = job.logprobs_value(&rest, &mut st.offset);
@@ -189,4 +218,39 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
             }
         },
     }
+}
+
+/// Whether a held reply may still turn out to be a tool call.
+fn may_be_call(held: &str) -> bool {
+    const TAG: &str = "<|python_tag|>";
+    let t = held.trim_start();
+    t.is_empty() || t.starts_with('{') || t.starts_with(TAG) || TAG.starts_with(t)
+}
+
+/// A tool call as OpenAI streams it: name first (empty arguments), then
+/// the arguments.
+fn call_chunks(job: &Job, index: usize, call: ToolCallOut) -> Vec<Piece> {
+    let delta = |calls: Value| {
+        Choice::ChatChunk(ChatChunkChoice {
+            index,
+            delta: ChatDelta {
+                role: None,
+                content: None,
+                tool_calls: Some(vec![calls]),
+            },
+            logprobs: Value::Null,
+            finish_reason: None,
+        })
+    };
+    let head = serde_json::json!({
+        "index": 0,
+        "id": call.id,
+        "type": call.kind,
+        "function": {"name": call.function.name, "arguments": ""},
+    });
+    let args = serde_json::json!({"index": 0, "function": {"arguments": call.function.arguments}});
+    vec![
+        Piece::Sse(data(&job.chunk(vec![delta(head)]))),
+        Piece::Sse(data(&job.chunk(vec![delta(args)]))),
+    ]
 }

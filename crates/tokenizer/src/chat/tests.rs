@@ -157,3 +157,33 @@ fn looping_templates_exhaust_their_budget() {
         "ok"
     );
 }
+
+/// Tool calling (issue 9): a template that reads `tools`, an assistant
+/// turn's `tool_calls` (arguments as an object) and a `tool` turn's
+/// `tool_call_id` gets them; without tools `tools` is undefined.
+#[test]
+fn tools_and_tool_calls_reach_the_template() {
+    let t = tpl(
+        "{% if tools is defined %}[{% for t in tools %}{{ t.function.name }};{% endfor %}]{% endif %}\
+         {% for m in messages %}<{{ m.role }}>\
+         {% if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function.name }}({{ c.function.arguments.city }}){% endfor %}\
+         {% else %}{{ m.content }}{% endif %}\
+         {% if m.tool_call_id %}#{{ m.tool_call_id }}{% endif %}{% endfor %}",
+    );
+    let tools = serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {}}},
+        {"type": "function", "function": {"name": "now"}}
+    ]);
+    let mut call = msg("assistant", "");
+    call.tool_calls = Some(serde_json::json!([
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    ]));
+    let mut result = msg("tool", "sunny");
+    result.tool_call_id = Some("c1".into());
+    let msgs = [msg("user", "Weather?"), call, result];
+    assert_eq!(
+        ok(t.render_with_tools(&msgs, Some(&tools), false)),
+        "[get_weather;now;]<user>Weather?<assistant>get_weather(Oslo)<tool>sunny#c1"
+    );
+    assert_eq!(ok(t.render(&msgs[..1], false)), "<user>Weather?");
+}

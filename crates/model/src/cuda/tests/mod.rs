@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 
 mod llama;
+mod mask;
 mod small;
 use crate::cpu::batch::{SeqChunk, build_step};
 use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
@@ -162,6 +163,7 @@ pub(super) fn greedy(step: u64) -> Option<SampleRequest> {
         params: SamplingParams::greedy(),
         step,
         history: None,
+        allowed: None,
     })
 }
 

@@ -118,6 +118,7 @@ fn cuda_smollm2_matches_cpu() {
             params,
             step: 5,
             history: Some(Arc::new(history)),
+            allowed: None,
         };
         let chunk = SeqChunk {
             tokens: toks.clone(),
@@ -197,6 +198,7 @@ fn cuda_short_generation() {
                         params: p.clone(),
                         step: 0,
                         history: Some(Arc::new(PenaltyHistory::from_tokens(&toks))),
+                        allowed: None,
                     }),
                     blocks: pool.take(n + 8),
                     tokens: toks,
@@ -442,6 +444,7 @@ fn cuda_pipelined_steps_equal_plain_steps() {
                                 params: params(s),
                                 step: (q.generated.len() + usize::from(in_flight)) as u64,
                                 history: None,
+                                allowed: None,
                             }),
                             blocks: q.blocks.clone(),
                             start: q.run,

@@ -1,0 +1,441 @@
+//! Tool calling on chat completions: `tools` and `tool_choice` checked and
+//! turned into what the prompt, the engine and the response need
+//! ([`ToolPlan`]), the history's tool turns rendered, and the model's
+//! output parsed back into `tool_calls`.
+//!
+//! Contract:
+//! - The call format the model is asked for (and held to when a call is
+//!   forced) is the one Llama 3.1 / 3.2 templates teach: the whole reply is
+//!   one JSON object `{"name": "<function>", "parameters": {<arguments>}}`
+//!   (`arguments` is read as a synonym). One call per turn:
+//!   `parallel_tool_calls: true` is refused.
+//! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
+//!   OpenAI's shape and the history's `tool_calls` with their arguments as
+//!   objects; for templates that do not (SmolLM2), [`fallback_system`]
+//!   describes the functions and the format in a system message (appended
+//!   to the first system message, or placed first), an assistant call turn
+//!   is rendered as its JSON text and a `tool` turn as a message of role
+//!   `tool`.
+//! - `tool_choice`: `none` renders no tools and parses nothing; `auto` (the
+//!   default with tools) renders them and parses a reply that is a call;
+//!   `required` and a named function also constrain decoding to a call
+//!   (of any tool, or of that one) with the arguments held to the
+//!   function's `parameters` schema.
+//! - Every definition is checked: `type` is `function`, the name is 1 to 64
+//!   letters, digits, `_` or `-` and unique, `parameters` a JSON object;
+//!   each error is a 400 naming the field (`tools[2].function.name`).
+//!
+//! Costs: O(size of the definitions) per request; parsing a reply is one
+//! JSON parse of the output.
+
+use engine::Constraint;
+use serde_json::{Value, json};
+use tokenizer::ChatMessage;
+
+use crate::error::ApiError;
+use crate::protocol::{Message, Tool, ToolChoice};
+use crate::structured::valid_name;
+
+/// What a request's tools mean for its prompt, decoding and response.
+#[derive(Debug, Clone)]
+pub struct ToolPlan {
+    /// The definitions in OpenAI's shape, for the template.
+    pub tools: Value,
+    /// The callable function names.
+    pub names: Vec<String>,
+    /// A forced call (`required` or a named function).
+    pub constraint: Option<Constraint>,
+}
+
+fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
+    ApiError::invalid_param(param, msg)
+}
+
+/// The schema of a call of `name` with arguments held to `parameters`.
+fn call_schema(name: &str, parameters: &Value) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": name}, "parameters": parameters},
+        "required": ["name", "parameters"],
+        "additionalProperties": false,
+    })
+}
+
+/// Checks `tools`, `tool_choice` and `parallel_tool_calls`; `None` when no
+/// tool is to be rendered (no tools, or `tool_choice: none`).
+pub fn plan(
+    tools: Option<&[Tool]>,
+    choice: Option<&ToolChoice>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolPlan>, ApiError> {
+    if parallel == Some(true) {
+        return Err(bad(
+            "parallel_tool_calls",
+            "`parallel_tool_calls: true` is not supported: lamina makes at most one tool call per turn; \
+             leave it out or set it to false.",
+        ));
+    }
+    let Some(tools) = tools else {
+        if choice.is_some() {
+            return Err(bad("tool_choice", "`tool_choice` needs `tools`."));
+        }
+        return Ok(None);
+    };
+    let mut names: Vec<String> = Vec::with_capacity(tools.len());
+    let mut defs = Vec::with_capacity(tools.len());
+    let mut schemas = Vec::with_capacity(tools.len());
+    for (i, t) in tools.iter().enumerate() {
+        if t.kind != "function" {
+            return Err(bad(
+                format!("tools[{i}].type"),
+                format!("Only `function` tools are supported, got `{}`.", t.kind),
+            ));
+        }
+        let f = &t.function;
+        if !valid_name(&f.name) {
+            return Err(bad(
+                format!("tools[{i}].function.name"),
+                format!(
+                    "A function name must be 1 to 64 letters, digits, `_` or `-`, got {:?}.",
+                    f.name
+                ),
+            ));
+        }
+        if names.contains(&f.name) {
+            return Err(bad(
+                format!("tools[{i}].function.name"),
+                format!("The function `{}` is defined twice.", f.name),
+            ));
+        }
+        let params = match &f.parameters {
+            None => json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            Some(p) if p.is_object() => p.clone(),
+            Some(_) => {
+                return Err(bad(
+                    format!("tools[{i}].function.parameters"),
+                    "`parameters` must be a JSON schema object.",
+                ));
+            }
+        };
+        let mut def = json!({"name": f.name, "parameters": params});
+        if let Some(d) = &f.description {
+            def["description"] = Value::String(d.clone());
+        }
+        defs.push(json!({"type": "function", "function": def}));
+        schemas.push(call_schema(&f.name, &params));
+        names.push(f.name.clone());
+    }
+    let forced = match choice {
+        None => None,
+        Some(ToolChoice::Mode(m)) => match m.as_str() {
+            "none" => return Ok(None),
+            "auto" => None,
+            "required" => Some(None),
+            other => {
+                return Err(bad(
+                    "tool_choice",
+                    format!(
+                        "Unknown `tool_choice` `{other}`; expected `none`, `auto`, `required` or a named function."
+                    ),
+                ));
+            }
+        },
+        Some(ToolChoice::Named(n)) => {
+            if n.kind != "function" {
+                return Err(bad(
+                    "tool_choice.type",
+                    format!("Only `function` can be chosen, got `{}`.", n.kind),
+                ));
+            }
+            match names.iter().position(|x| *x == n.function.name) {
+                Some(at) => Some(Some(at)),
+                None => {
+                    return Err(bad(
+                        "tool_choice.function.name",
+                        format!("`{}` is not one of `tools`.", n.function.name),
+                    ));
+                }
+            }
+        }
+    };
+    if tools.is_empty() && forced.is_some() {
+        return Err(bad(
+            "tool_choice",
+            "A call cannot be required of an empty `tools`.",
+        ));
+    }
+    if tools.is_empty() {
+        return Ok(None);
+    }
+    let constraint = forced.map(|which| match which {
+        Some(at) => Constraint::JsonSchema(schemas[at].clone()),
+        None if schemas.len() == 1 => Constraint::JsonSchema(schemas[0].clone()),
+        None => Constraint::JsonSchema(json!({"anyOf": schemas})),
+    });
+    Ok(Some(ToolPlan {
+        tools: Value::Array(defs),
+        names,
+        constraint,
+    }))
+}
+
+impl ToolPlan {
+    /// Every function's call schema (what `required` would force), for
+    /// checking the definitions with the grammar engine in `auto` mode too.
+    pub fn check_constraint(&self) -> Constraint {
+        let schemas: Vec<Value> = self
+            .tools
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| {
+                call_schema(
+                    t["function"]["name"].as_str().unwrap_or_default(),
+                    &t["function"]["parameters"],
+                )
+            })
+            .collect();
+        Constraint::JsonSchema(json!({"anyOf": schemas}))
+    }
+}
+
+/// The system text describing the functions and the call format, for
+/// templates that do not render `tools` themselves (module doc).
+pub fn fallback_system(tools: &Value) -> String {
+    let mut s = String::from(
+        "You can call functions. To call one, reply with only a JSON object of the form \
+         {\"name\": <function name>, \"parameters\": <arguments object>} and nothing else. \
+         Otherwise answer normally. The functions:",
+    );
+    for t in tools.as_array().into_iter().flatten() {
+        s.push('\n');
+        s.push_str(&t["function"].to_string());
+    }
+    s
+}
+
+/// An assistant call turn of the history: the template's `tool_calls`
+/// (arguments parsed to objects) and the call's JSON text (for templates
+/// that do not render calls). Errors name `messages[i].tool_calls[j]`.
+pub fn history_calls(i: usize, m: &Message) -> Result<Option<(Value, String)>, ApiError> {
+    let Some(calls) = &m.tool_calls else {
+        return Ok(None);
+    };
+    if m.role != "assistant" {
+        return Err(bad(
+            format!("messages[{i}].tool_calls"),
+            "Only assistant messages carry `tool_calls`.",
+        ));
+    }
+    let mut out = Vec::with_capacity(calls.len());
+    let mut text = Vec::with_capacity(calls.len());
+    for (j, c) in calls.iter().enumerate() {
+        if c.kind != "function" {
+            return Err(bad(
+                format!("messages[{i}].tool_calls[{j}].type"),
+                format!("Only `function` calls are supported, got `{}`.", c.kind),
+            ));
+        }
+        let args: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {
+            bad(
+                format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                format!("`arguments` must be a JSON text: {e}"),
+            )
+        })?;
+        text.push(json!({"name": c.function.name, "parameters": args}).to_string());
+        out.push(json!({
+            "id": c.id,
+            "type": "function",
+            "function": {"name": c.function.name, "arguments": args},
+        }));
+    }
+    Ok(Some((Value::Array(out), text.join("\n"))))
+}
+
+/// Places the tools' description for a template that does not render
+/// `tools`: appended to a leading system message, or as a new first one.
+pub fn add_fallback_system(messages: &mut Vec<ChatMessage>, tools: &Value) {
+    let text = fallback_system(tools);
+    match messages.first_mut() {
+        Some(m) if m.role == "system" => {
+            m.content = format!("{}\n\n{text}", m.content);
+        }
+        _ => messages.insert(0, ChatMessage::new("system", text)),
+    }
+}
+
+/// A call parsed from the model's reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    pub name: String,
+    /// The arguments as a JSON text (OpenAI's `function.arguments`).
+    pub arguments: String,
+}
+
+/// The call in `text` when the whole reply is one (module doc) of a known
+/// function; `None` otherwise (the reply is content).
+pub fn parse_call(text: &str, names: &[String]) -> Option<ParsedCall> {
+    let t = text.trim();
+    let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
+    let v: Value = serde_json::from_str(t).ok()?;
+    let obj = v.as_object()?;
+    let name = obj.get("name")?.as_str()?;
+    if !names.iter().any(|n| n == name) {
+        return None;
+    }
+    let args = obj
+        .get("parameters")
+        .or_else(|| obj.get("arguments"))
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let args = match args {
+        // some models write the arguments as a JSON string already
+        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
+        v if v.is_object() => v.to_string(),
+        _ => return None,
+    };
+    Some(ParsedCall {
+        name: name.to_string(),
+        arguments: args,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{FunctionDef, FunctionName, NamedToolChoice};
+
+    fn tool(name: &str, params: Option<Value>) -> Tool {
+        Tool {
+            kind: "function".into(),
+            function: FunctionDef {
+                name: name.into(),
+                description: Some("d".into()),
+                parameters: params,
+                strict: None,
+            },
+        }
+    }
+
+    #[test]
+    fn modes_and_forced_calls() {
+        let tools = vec![
+            tool(
+                "get_weather",
+                Some(json!({"type": "object", "properties": {"city": {"type": "string"}}})),
+            ),
+            tool("now", None),
+        ];
+        assert!(plan(None, None, None).unwrap().is_none());
+        let none = ToolChoice::Mode("none".into());
+        assert!(plan(Some(&tools), Some(&none), None).unwrap().is_none());
+        let auto = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
+        assert!(auto.constraint.is_none());
+        assert_eq!(auto.names, vec!["get_weather", "now"]);
+        let req = ToolChoice::Mode("required".into());
+        let p = plan(Some(&tools), Some(&req), None).unwrap().unwrap();
+        let Some(Constraint::JsonSchema(s)) = p.constraint else {
+            panic!("required forces a call");
+        };
+        assert_eq!(s["anyOf"].as_array().map(Vec::len), Some(2));
+        let named = ToolChoice::Named(NamedToolChoice {
+            kind: "function".into(),
+            function: FunctionName { name: "now".into() },
+        });
+        let p = plan(Some(&tools), Some(&named), None).unwrap().unwrap();
+        let Some(Constraint::JsonSchema(s)) = p.constraint else {
+            panic!("a named function forces its call");
+        };
+        assert_eq!(s["properties"]["name"]["const"], "now");
+    }
+
+    #[test]
+    fn bad_definitions_name_the_field() {
+        let dup = vec![tool("a", None), tool("a", None)];
+        let mut wrong_type = vec![tool("a", None)];
+        wrong_type[0].kind = "retrieval".into();
+        let cases: Vec<(Result<Option<ToolPlan>, ApiError>, &str)> = vec![
+            (plan(Some(&dup), None, None), "tools[1].function.name"),
+            (
+                plan(Some(&[tool("bad name", None)]), None, None),
+                "tools[0].function.name",
+            ),
+            (
+                plan(Some(&[tool("a", Some(json!(3)))]), None, None),
+                "tools[0].function.parameters",
+            ),
+            (plan(Some(&wrong_type), None, None), "tools[0].type"),
+            (
+                plan(Some(&[tool("a", None)]), None, Some(true)),
+                "parallel_tool_calls",
+            ),
+            (
+                plan(None, Some(&ToolChoice::Mode("auto".into())), None),
+                "tool_choice",
+            ),
+            (
+                plan(
+                    Some(&[tool("a", None)]),
+                    Some(&ToolChoice::Mode("always".into())),
+                    None,
+                ),
+                "tool_choice",
+            ),
+            (
+                plan(
+                    Some(&[tool("a", None)]),
+                    Some(&ToolChoice::Named(NamedToolChoice {
+                        kind: "function".into(),
+                        function: FunctionName { name: "b".into() },
+                    })),
+                    None,
+                ),
+                "tool_choice.function.name",
+            ),
+        ];
+        for (r, param) in cases {
+            let e = r.unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn replies_parse_into_calls_of_known_functions_only() {
+        let names = vec!["get_weather".to_string()];
+        let c = parse_call(
+            " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n",
+            &names,
+        )
+        .unwrap();
+        assert_eq!(c.name, "get_weather");
+        assert_eq!(
+            serde_json::from_str::<Value>(&c.arguments).unwrap(),
+            json!({"city": "Paris"})
+        );
+        let c = parse_call(
+            r#"{"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}"#,
+            &names,
+        )
+        .unwrap();
+        assert_eq!(c.arguments, r#"{"city": "Oslo"}"#);
+        assert!(parse_call(r#"{"name": "other", "parameters": {}}"#, &names).is_none());
+        assert!(parse_call("It is sunny.", &names).is_none());
+        assert!(parse_call(r#"{"name": "get_weather", "parameters": 3}"#, &names).is_none());
+    }
+
+    #[test]
+    fn fallback_system_goes_first_or_joins_the_system_turn() {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let mut m = vec![ChatMessage::new("user", "hi")];
+        add_fallback_system(&mut m, &tools);
+        assert_eq!(m[0].role, "system");
+        assert!(m[0].content.contains("\"name\":\"f\""), "{}", m[0].content);
+        let mut m = vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "hi"),
+        ];
+        add_fallback_system(&mut m, &tools);
+        assert_eq!(m.len(), 2);
+        assert!(m[0].content.starts_with("Be brief.\n\n"));
+    }
+}
