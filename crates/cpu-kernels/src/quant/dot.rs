@@ -3,10 +3,9 @@
 //!
 //! Contract: [`Kernel::dot`] returns `Σ_b dw_b·dx_b·(Σ_j qw_j·qx_j)` (Q8_0)
 //! plus `Σ_b m_b·sx_b` (Q4_1), the integer sums exact on every path (the
-//! 8-bit products are summed in i16 pairs then i32 by `vpmaddubsw` /
-//! `vpmaddwd`, or in i32 by `vpdpbusd`; a Q4_1 pair is at most `2·15·127`
-//! and a Q8_0 pair `2·128·127`, both inside i16), the f32 additions in an
-//! order that differs between paths. [`Kernel::pick`] chooses the best path
+//! weights widened to i16, products of pairs summed in i32 by `vpmaddwd` or
+//! `vpdpwssd`: a block's sum is at most `32·128·32767 < 2^31`), the f32
+//! additions in an order that differs between paths. [`Kernel::pick`] chooses the best path
 //! an [`Isa`] allows that the processor runs; [`Kernel::available`] lists
 //! every one for tests.
 //! Costs: one pass over the row's blocks, no allocation.
@@ -20,9 +19,9 @@ use half::f16;
 pub enum Kernel {
     /// Scalar integer sums (the reference).
     Portable,
-    /// AVX2 `vpmaddubsw` + `vpmaddwd`, F16C scales.
+    /// AVX2 `vpmaddwd` on 8 lanes, F16C scales.
     Avx2,
-    /// AVX-512 VNNI `vpdpbusd` on 256-bit vectors (AVX-512VL).
+    /// AVX-512 VNNI `vpdpwssd` on 16 lanes (one block per instruction).
     Vnni,
 }
 
@@ -40,8 +39,9 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Vnni => {
                 Kernel::Avx2.supported()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
                     && is_x86_feature_detected!("avx512vnni")
-                    && is_x86_feature_detected!("avx512vl")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -56,7 +56,7 @@ impl Kernel {
             .collect()
     }
 
-    /// The best path `isa` allows (VNNI under AVX-512, `vpmaddubsw` under
+    /// The best path `isa` allows (VNNI under AVX-512, `vpmaddwd` under
     /// AVX2) that the processor runs.
     pub fn pick(isa: Isa) -> Kernel {
         let want: &[Kernel] = match isa.checked() {
@@ -139,23 +139,6 @@ fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
     acc
 }
 
-/// The 32 nibbles of Q4_1 block `wb` as bytes in element order.
-///
-/// # Safety
-/// AVX2; `wb` points at a whole block (20 bytes).
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn nibbles(wb: *const u8) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    let mask = _mm_set1_epi8(0x0f);
-    // SAFETY: bytes 4..20 of the block (caller).
-    let bytes = unsafe { _mm_loadu_si128(wb.add(4) as *const __m128i) };
-    let lo = _mm_and_si128(bytes, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), mask);
-    _mm256_set_m128i(hi, lo)
-}
-
 /// `[d, m, 0, 0]` of the two f16 at `p`.
 ///
 /// # Safety
@@ -184,18 +167,23 @@ unsafe fn one_f16(p: *const u8) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(raw as i32)))
 }
 
-/// Eight i32 sums of four products each of unsigned `u` and signed `s`
-/// bytes by `vpmaddubsw` + `vpmaddwd` (exact for the ranges of the module
-/// doc; the VNNI kernels use `vpdpbusd` instead).
+/// The low and high nibbles of the 16 bytes at `p` (elements 0..16 and
+/// 16..32 of a Q4_1 block).
 ///
 /// # Safety
-/// AVX2.
+/// AVX2; 16 bytes readable at `p`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn madd_u8i8(u: std::arch::x86_64::__m256i, s: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+unsafe fn nibbles(p: *const u8) -> (std::arch::x86_64::__m128i, std::arch::x86_64::__m128i) {
     use std::arch::x86_64::*;
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    let mask = _mm_set1_epi8(0x0f);
+    // SAFETY: 16 bytes readable (caller).
+    let bytes = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    (
+        _mm_and_si128(bytes, mask),
+        _mm_and_si128(_mm_srli_epi16::<4>(bytes), mask),
+    )
 }
 
 /// # Safety
@@ -215,8 +203,13 @@ unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
             let wb = wp.add(b * 20);
             let dm = two_f16(wb);
             let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let qx = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
-            let p = madd_u8i8(nibbles(wb), qx);
+            let (lo, hi) = nibbles(wb.add(4));
+            let x0 = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
+            let x1 = _mm256_loadu_si256(xp.add(b * QK + 16) as *const __m256i);
+            let p = _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), x0),
+                _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), x1),
+            );
             let s = _mm256_set1_ps(dw * a.d[b]);
             acc[b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[b & 1]);
             macc += mw * a.s[b];
@@ -239,10 +232,14 @@ unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
         unsafe {
             let wb = wp.add(b * 34);
             let dw = one_f16(wb);
-            let qw = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-            let qx = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
-            // |w| times x with w's sign: an unsigned-by-signed product
-            let p = madd_u8i8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+            let w0 = _mm_loadu_si128(wb.add(2) as *const __m128i);
+            let w1 = _mm_loadu_si128(wb.add(18) as *const __m128i);
+            let x0 = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
+            let x1 = _mm256_loadu_si256(xp.add(b * QK + 16) as *const __m256i);
+            let p = _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), x0),
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), x1),
+            );
             let s = _mm256_set1_ps(dw * a.d[b]);
             acc[b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[b & 1]);
         }
@@ -251,14 +248,14 @@ unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
 }
 
 /// # Safety
-/// AVX2, FMA, F16C, AVX-512 VNNI and VL; lengths as [`q4_1_avx2`].
+/// AVX2, FMA, F16C, AVX-512F, BW and VNNI; lengths as [`q4_1_avx2`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
     use std::arch::x86_64::*;
     let nb = a.d.len();
     let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc = [_mm512_setzero_ps(); 2];
     let mut macc = 0f32;
     for b in 0..nb {
         // SAFETY: block b < nb is inside `w` and `a.q` (caller).
@@ -266,37 +263,38 @@ unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
             let wb = wp.add(b * 20);
             let dm = two_f16(wb);
             let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let qx = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
-            let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles(wb), qx);
-            let s = _mm256_set1_ps(dw * a.d[b]);
-            acc[b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[b & 1]);
+            let (lo, hi) = nibbles(wb.add(4));
+            let q = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+            let x = _mm512_loadu_si512(xp.add(b * QK) as *const _);
+            let p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, x);
+            let s = _mm512_set1_ps(dw * a.d[b]);
+            acc[b & 1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[b & 1]);
             macc += mw * a.s[b];
         }
     }
-    crate::vector::hsum256(_mm256_add_ps(acc[0], acc[1])) + macc
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + macc
 }
 
 /// # Safety
 /// As [`q4_1_vnni`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
     use std::arch::x86_64::*;
     let nb = a.d.len();
     let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 2];
+    let mut acc = [_mm512_setzero_ps(); 2];
     for b in 0..nb {
         // SAFETY: block b < nb is inside `w` and `a.q` (caller).
         unsafe {
             let wb = wp.add(b * 34);
             let dw = one_f16(wb);
-            let qw = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-            let qx = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
-            let u = _mm256_sign_epi8(qw, qw);
-            let p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, _mm256_sign_epi8(qx, qw));
-            let s = _mm256_set1_ps(dw * a.d[b]);
-            acc[b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[b & 1]);
+            let q = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wb.add(2) as *const __m256i));
+            let x = _mm512_loadu_si512(xp.add(b * QK) as *const _);
+            let p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, x);
+            let s = _mm512_set1_ps(dw * a.d[b]);
+            acc[b & 1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[b & 1]);
         }
     }
-    crate::vector::hsum256(_mm256_add_ps(acc[0], acc[1]))
+    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
 }
