@@ -86,10 +86,8 @@ impl QuantType {
 pub struct QuantActs {
     /// `[T, inp]` the 16-bit values.
     q: Vec<i16>,
-    /// `[T, inp / QK]` each block's scale.
-    d: Vec<f32>,
-    /// `[T, inp / QK]` each block's `d · Σ q`.
-    s: Vec<f32>,
+    /// `[T, inp / QK]` each block's scale `d` and `d · Σ q`.
+    ds: Vec<[f32; 2]>,
     blocks: usize,
 }
 
@@ -98,10 +96,8 @@ pub struct QuantActs {
 pub struct ActsRow<'a> {
     /// `[blocks * QK]`
     pub q: &'a [i16],
-    /// `[blocks]`
-    pub d: &'a [f32],
-    /// `[blocks]`
-    pub s: &'a [f32],
+    /// `[blocks]` each block's scale `d` and `d · Σ q`.
+    pub ds: &'a [[f32; 2]],
 }
 
 impl QuantActs {
@@ -113,14 +109,12 @@ impl QuantActs {
         );
         let blocks = x.len() / QK;
         self.q.resize(x.len(), 0);
-        self.d.resize(blocks, 0.0);
-        self.s.resize(blocks, 0.0);
+        self.ds.resize(blocks, [0.0; 2]);
         self.blocks = inp / QK;
-        for (((xb, qb), d), s) in x
+        for ((xb, qb), ds) in x
             .chunks_exact(QK)
             .zip(self.q.chunks_exact_mut(QK))
-            .zip(&mut self.d)
-            .zip(&mut self.s)
+            .zip(&mut self.ds)
         {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let scale = amax / ACT_MAX;
@@ -131,8 +125,7 @@ impl QuantActs {
                 *q = r as i16;
                 sum += r;
             }
-            *d = scale;
-            *s = scale * sum as f32;
+            *ds = [scale, scale * sum as f32];
         }
     }
 
@@ -141,8 +134,7 @@ impl QuantActs {
         let b = self.blocks;
         ActsRow {
             q: &self.q[n * b * QK..(n + 1) * b * QK],
-            d: &self.d[n * b..(n + 1) * b],
-            s: &self.s[n * b..(n + 1) * b],
+            ds: &self.ds[n * b..(n + 1) * b],
         }
     }
 }

@@ -79,11 +79,11 @@ impl Kernel {
         }
     }
 
-    /// `w · a` (see the module doc): `w` one row of `a.d.len()` blocks.
+    /// `w · a` (see the module doc): `w` one row of `a.ds.len()` blocks.
     /// Panics if `w` or `a.q` is shorter than that (a caller bug).
     pub fn dot(self, qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
-        let nb = a.d.len();
-        assert!(w.len() >= nb * qt.block_bytes() && a.q.len() >= nb * QK && a.s.len() >= nb);
+        let nb = a.ds.len();
+        assert!(w.len() >= nb * qt.block_bytes() && a.q.len() >= nb * QK);
         let k = if self.supported() {
             self
         } else {
@@ -112,7 +112,8 @@ impl Kernel {
 fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
     let bb = qt.block_bytes();
     let mut acc = 0f32;
-    for (b, wb) in w.chunks_exact(bb).take(a.d.len()).enumerate() {
+    for (b, wb) in w.chunks_exact(bb).take(a.ds.len()).enumerate() {
+        let [dx, sx] = a.ds[b];
         let dw = f16::from_le_bytes([wb[0], wb[1]]).to_f32();
         let qx = &a.q[b * QK..(b + 1) * QK];
         match qt {
@@ -122,7 +123,7 @@ fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
                     .zip(qx)
                     .map(|(&q, &x)| q as i8 as i32 * x as i32)
                     .sum();
-                acc += dw * a.d[b] * s as f32;
+                acc += dw * dx * s as f32;
             }
             QuantType::Q4_1 => {
                 let m = f16::from_le_bytes([wb[2], wb[3]]).to_f32();
@@ -132,7 +133,7 @@ fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
                             + (wb[4 + j] >> 4) as i32 * qx[j + QK / 2] as i32
                     })
                     .sum();
-                acc += dw * a.d[b] * s as f32 + m * a.s[b];
+                acc += dw * dx * s as f32 + m * sx;
             }
         }
     }
@@ -151,20 +152,6 @@ unsafe fn two_f16(p: *const u8) -> std::arch::x86_64::__m128 {
     // SAFETY: 4 bytes readable (caller).
     let raw = unsafe { std::ptr::read_unaligned(p as *const i32) };
     _mm_cvtph_ps(_mm_cvtsi32_si128(raw))
-}
-
-/// The f16 at `p`.
-///
-/// # Safety
-/// F16C; 2 bytes readable at `p`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn one_f16(p: *const u8) -> f32 {
-    use std::arch::x86_64::*;
-    // SAFETY: 2 bytes readable (caller).
-    let raw = unsafe { std::ptr::read_unaligned(p as *const u16) };
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(raw as i32)))
 }
 
 /// The low and high nibbles of the 16 bytes at `p` (elements 0..16 and
@@ -186,36 +173,148 @@ unsafe fn nibbles(p: *const u8) -> (std::arch::x86_64::__m128i, std::arch::x86_6
     )
 }
 
+/// The scales of block `b`: `[dw·dx, m·sx, 0, 0]` (Q4_1; `m·sx` is 0 for
+/// Q8_0, whose `m` lane reads the first two weights: callers ignore it).
+///
 /// # Safety
-/// AVX2, FMA, F16C; `w` and `a` hold `a.d.len()` blocks (checked by
+/// F16C; the block's first 4 bytes readable at `wb`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn scales(wb: *const u8, ds: &[f32; 2]) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    // SAFETY: 4 bytes readable (caller); `ds` is 8 bytes.
+    unsafe {
+        let xs = _mm_castpd_ps(_mm_load_sd(ds.as_ptr() as *const f64));
+        _mm_mul_ps(two_f16(wb), xs)
+    }
+}
+
+/// The i32 lane sums of Q4_1 block `wb` times the 32 activations at `x`.
+///
+/// # Safety
+/// AVX2; a whole block at `wb`, 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_1_sums_avx2(wb: *const u8, x: *const i16) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe {
+        let (lo, hi) = nibbles(wb.add(4));
+        let x0 = _mm256_loadu_si256(x as *const __m256i);
+        let x1 = _mm256_loadu_si256(x.add(16) as *const __m256i);
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), x0),
+            _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), x1),
+        )
+    }
+}
+
+/// The i32 lane sums of Q8_0 block `wb` times the 32 activations at `x`.
+///
+/// # Safety
+/// AVX2; a whole block at `wb`, 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q8_0_sums_avx2(wb: *const u8, x: *const i16) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe {
+        let w0 = _mm_loadu_si128(wb.add(2) as *const __m128i);
+        let w1 = _mm_loadu_si128(wb.add(18) as *const __m128i);
+        let x0 = _mm256_loadu_si256(x as *const __m256i);
+        let x1 = _mm256_loadu_si256(x.add(16) as *const __m256i);
+        _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), x0),
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), x1),
+        )
+    }
+}
+
+/// The i32 lane sums of Q4_1 block `wb` times the 32 activations at `x`.
+///
+/// # Safety
+/// AVX-512F, BW, VNNI; a whole block at `wb`, 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn q4_1_sums_vnni(wb: *const u8, x: *const i16) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe {
+        let (lo, hi) = nibbles(wb.add(4));
+        let q = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
+        _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(x as *const _))
+    }
+}
+
+/// The i32 lane sums of Q8_0 block `wb` times the 32 activations at `x`.
+///
+/// # Safety
+/// AVX-512F, BW, VNNI; a whole block at `wb`, 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_0_sums_vnni(wb: *const u8, x: *const i16) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe {
+        let q = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wb.add(2) as *const __m256i));
+        _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(x as *const _))
+    }
+}
+
+/// One row's dot product over 8-lane vectors: two blocks per iteration into
+/// independent accumulators (`$sums` gives a block's i32 lane sums; `$q41`
+/// adds Q4_1's `m·sx` terms).
+macro_rules! row_dot {
+    ($w:expr, $a:expr, $bb:expr, $sums:ident, $zero:ident, $bcast:ident, $fma:ident, $cvt:ident, $add:ident, $hsum:expr, $q41:expr) => {{
+        let (w, a) = ($w, $a);
+        let nb = a.ds.len();
+        let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
+        let (mut acc0, mut acc1) = ($zero(), $zero());
+        let (mut m0, mut m1) = (_mm_setzero_ps(), _mm_setzero_ps());
+        let mut b = 0;
+        // SAFETY (every block below): b < nb blocks are inside `w` and
+        // `a.q` (Kernel::dot asserts it).
+        while b + 2 <= nb {
+            unsafe {
+                let (w0, w1) = (wp.add(b * $bb), wp.add((b + 1) * $bb));
+                let s0 = scales(w0, &a.ds[b]);
+                let s1 = scales(w1, &a.ds[b + 1]);
+                let p0 = $sums(w0, xp.add(b * QK));
+                let p1 = $sums(w1, xp.add((b + 1) * QK));
+                acc0 = $fma($bcast(s0), $cvt(p0), acc0);
+                acc1 = $fma($bcast(s1), $cvt(p1), acc1);
+                m0 = _mm_add_ps(m0, s0);
+                m1 = _mm_add_ps(m1, s1);
+            }
+            b += 2;
+        }
+        if b < nb {
+            unsafe {
+                let w0 = wp.add(b * $bb);
+                let s0 = scales(w0, &a.ds[b]);
+                acc0 = $fma($bcast(s0), $cvt($sums(w0, xp.add(b * QK))), acc0);
+                m0 = _mm_add_ps(m0, s0);
+            }
+        }
+        let m = _mm_add_ps(m0, m1);
+        let total = $hsum($add(acc0, acc1));
+        if $q41 { total + _mm_cvtss_f32(_mm_movehdup_ps(m)) } else { total }
+    }};
+}
+
+/// # Safety
+/// AVX2, FMA, F16C; `w` and `a` hold `a.ds.len()` blocks (checked by
 /// [`Kernel::dot`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
     use std::arch::x86_64::*;
-    let nb = a.d.len();
-    let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 2];
-    let mut macc = 0f32;
-    for b in 0..nb {
-        // SAFETY: block b < nb is inside `w` and `a.q` (caller).
-        unsafe {
-            let wb = wp.add(b * 20);
-            let dm = two_f16(wb);
-            let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let (lo, hi) = nibbles(wb.add(4));
-            let x0 = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
-            let x1 = _mm256_loadu_si256(xp.add(b * QK + 16) as *const __m256i);
-            let p = _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_cvtepu8_epi16(lo), x0),
-                _mm256_madd_epi16(_mm256_cvtepu8_epi16(hi), x1),
-            );
-            let s = _mm256_set1_ps(dw * a.d[b]);
-            acc[b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[b & 1]);
-            macc += mw * a.s[b];
-        }
-    }
-    crate::vector::hsum256(_mm256_add_ps(acc[0], acc[1])) + macc
+    row_dot!(w, a, 20, q4_1_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, true)
 }
 
 /// # Safety
@@ -224,27 +323,7 @@ unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
     use std::arch::x86_64::*;
-    let nb = a.d.len();
-    let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 2];
-    for b in 0..nb {
-        // SAFETY: block b < nb is inside `w` and `a.q` (caller).
-        unsafe {
-            let wb = wp.add(b * 34);
-            let dw = one_f16(wb);
-            let w0 = _mm_loadu_si128(wb.add(2) as *const __m128i);
-            let w1 = _mm_loadu_si128(wb.add(18) as *const __m128i);
-            let x0 = _mm256_loadu_si256(xp.add(b * QK) as *const __m256i);
-            let x1 = _mm256_loadu_si256(xp.add(b * QK + 16) as *const __m256i);
-            let p = _mm256_add_epi32(
-                _mm256_madd_epi16(_mm256_cvtepi8_epi16(w0), x0),
-                _mm256_madd_epi16(_mm256_cvtepi8_epi16(w1), x1),
-            );
-            let s = _mm256_set1_ps(dw * a.d[b]);
-            acc[b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[b & 1]);
-        }
-    }
-    crate::vector::hsum256(_mm256_add_ps(acc[0], acc[1]))
+    row_dot!(w, a, 34, q8_0_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, false)
 }
 
 /// # Safety
@@ -253,26 +332,7 @@ unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
     use std::arch::x86_64::*;
-    let nb = a.d.len();
-    let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 2];
-    let mut macc = 0f32;
-    for b in 0..nb {
-        // SAFETY: block b < nb is inside `w` and `a.q` (caller).
-        unsafe {
-            let wb = wp.add(b * 20);
-            let dm = two_f16(wb);
-            let (dw, mw) = (_mm_cvtss_f32(dm), _mm_cvtss_f32(_mm_movehdup_ps(dm)));
-            let (lo, hi) = nibbles(wb.add(4));
-            let q = _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo));
-            let x = _mm512_loadu_si512(xp.add(b * QK) as *const _);
-            let p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, x);
-            let s = _mm512_set1_ps(dw * a.d[b]);
-            acc[b & 1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[b & 1]);
-            macc += mw * a.s[b];
-        }
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + macc
+    row_dot!(w, a, 20, q4_1_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, true)
 }
 
 /// # Safety
@@ -281,20 +341,5 @@ unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
 unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
     use std::arch::x86_64::*;
-    let nb = a.d.len();
-    let (wp, xp) = (w.as_ptr(), a.q.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for b in 0..nb {
-        // SAFETY: block b < nb is inside `w` and `a.q` (caller).
-        unsafe {
-            let wb = wp.add(b * 34);
-            let dw = one_f16(wb);
-            let q = _mm512_cvtepi8_epi16(_mm256_loadu_si256(wb.add(2) as *const __m256i));
-            let x = _mm512_loadu_si512(xp.add(b * QK) as *const _);
-            let p = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, x);
-            let s = _mm512_set1_ps(dw * a.d[b]);
-            acc[b & 1] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[b & 1]);
-        }
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    row_dot!(w, a, 34, q8_0_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, false)
 }
