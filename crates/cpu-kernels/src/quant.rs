@@ -166,7 +166,7 @@ pub fn matmul_quant(
     }
     acts.quantize(x, inp);
     let acts = &*acts;
-    let kernel = Kernel::pick(isa);
+    let kernel = Kernel::pick(isa); // supported by construction
     let threads = rayon::current_num_threads();
     let per_task = if t * out * inp < PARALLEL_MIN_WORK || threads == 1 {
         out
@@ -180,7 +180,7 @@ pub fn matmul_quant(
         for r in r0..r1 {
             let wr = &w[r * row_bytes..(r + 1) * row_bytes];
             for n in 0..t {
-                let v = kernel.dot(qt, wr, acts.row(n));
+                let v = kernel.dot_supported(qt, wr, acts.row(n));
                 // SAFETY: n < t and r < out, so the index is inside `y`
                 // [t, out]; row r belongs to this task only (see OutPtr).
                 unsafe { *yp.get().add(n * out + r) = v };

@@ -82,17 +82,23 @@ impl Kernel {
     /// `w · a` (see the module doc): `w` one row of `a.ds.len()` blocks.
     /// Panics if `w` or `a.q` is shorter than that (a caller bug).
     pub fn dot(self, qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
-        let nb = a.ds.len();
-        assert!(w.len() >= nb * qt.block_bytes() && a.q.len() >= nb * QK);
         let k = if self.supported() {
             self
         } else {
             Kernel::Portable
         };
-        match (k, qt) {
+        k.dot_supported(qt, w, a)
+    }
+
+    /// [`Self::dot`] for a kernel known to be supported (from [`Self::pick`]
+    /// or checked by the caller; an unsupported one would fault).
+    pub(crate) fn dot_supported(self, qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
+        let nb = a.ds.len();
+        assert!(w.len() >= nb * qt.block_bytes() && a.q.len() >= nb * QK);
+        match (self, qt) {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the processor supports the path (checked above); the
-            // lengths are asserted above.
+            // SAFETY: the processor supports the path (the caller's
+            // contract); the lengths are asserted above.
             (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2(w, a) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.

@@ -171,7 +171,9 @@ impl CpuBackend {
     fn run(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
         match self.fast.take() {
             Some(fast) => {
-                let logits = self.forward_fast(&fast, batch, rows);
+                // the whole step on a pool thread: the products' parallel
+                // loops then split work without a cold hand-off each
+                let logits = rayon::scope(|_| self.forward_fast(&fast, batch, rows));
                 self.fast = Some(fast);
                 logits
             }
