@@ -44,6 +44,9 @@ pub use dot::Kernel;
 pub const QK: usize = 32;
 /// The largest quantised activation value.
 const ACT_MAX: f32 = 32767.0;
+/// `1.5 * 2^23`: adding and subtracting it rounds an f32 of magnitude below
+/// `2^22` to the nearest integer.
+const ROUNDER: f32 = 12_582_912.0;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
@@ -121,7 +124,9 @@ impl QuantActs {
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
             let mut sum = 0i32;
             for (q, &v) in qb.iter_mut().zip(xb) {
-                let r = (v * inv).round() as i32;
+                // round to nearest (ties to even) by the 1.5 * 2^23 trick:
+                // branch-free and vectorised, exact for |v * inv| <= 32767
+                let r = ((v * inv + ROUNDER) - ROUNDER) as i32;
                 *q = r as i16;
                 sum += r;
             }
