@@ -96,9 +96,14 @@ fn every_kernel_matches_the_reference_on_random_rows() {
     }
 }
 
+/// `matmul_quant` on every ISA, both regimes (integer dots below
+/// `GEMM_MIN_TOKENS`, the AVX-512 GEMM over dequantised panels from there),
+/// serial and parallel: the dots' results where they run, and always the
+/// exact product of the dequantised weights within the activations' 16-bit
+/// rounding.
 #[test]
-fn matmul_matches_per_row_dots_on_every_isa_serial_and_parallel() {
-    for &(t, inp, out) in &[(1, 64, 7), (4, 576, 300), (20, 128, 64)] {
+fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
+    for &(t, inp, out) in &[(1, 64, 7), (4, 576, 300), (20, 128, 64), (33, 96, 70)] {
         let x = rand_vec(t * inp, 5, 1.0);
         let wf = rand_vec(out * inp, 6, 0.1);
         for qt in [QuantType::Q8_0, QuantType::Q4_1] {
@@ -106,17 +111,31 @@ fn matmul_matches_per_row_dots_on_every_isa_serial_and_parallel() {
             let rb = qt.matrix_bytes(1, inp);
             let mut acts = QuantActs::default();
             acts.quantize(&x, inp);
+            let mut deq = vec![0f32; out * inp];
+            for (r, d) in deq.chunks_exact_mut(inp).enumerate() {
+                dequantize_row(qt, &w[r * rb..(r + 1) * rb], d);
+            }
             for isa in Isa::available() {
+                let gemm = t >= crate::matmul::GEMM_MIN_TOKENS && isa == Isa::Avx512;
                 let mut y = vec![f32::NAN; t * out];
                 matmul_quant(isa, &x, &w, qt, inp, out, &mut y, &mut QuantActs::default());
                 for n in 0..t {
                     for r in 0..out {
-                        let want = Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
                         let got = y[n * out + r];
+                        let (dr, xn) = (&deq[r * inp..(r + 1) * inp], &x[n * inp..(n + 1) * inp]);
+                        let exact: f64 = dr.iter().zip(xn).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mass: f64 = dr.iter().zip(xn).map(|(&a, &b)| (a * b).abs() as f64).sum();
                         assert!(
-                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                            "{isa:?} {qt:?} ({n},{r}): {got} vs {want}"
+                            (got as f64 - exact).abs() <= mass * (1.5 / 32767.0 + 1e-6) + 1e-6,
+                            "{isa:?} {qt:?} ({n},{r}): {got} vs exact {exact}"
                         );
+                        if !gemm {
+                            let want = Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
+                            assert!(
+                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                                "{isa:?} {qt:?} ({n},{r}): {got} vs {want}"
+                            );
+                        }
                     }
                 }
             }
