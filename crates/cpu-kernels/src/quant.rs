@@ -195,14 +195,13 @@ pub fn matmul_quant(
     let yp = OutPtr(y.as_mut_ptr());
     let run = |task: usize| {
         let (r0, r1) = (task * per_task, ((task + 1) * per_task).min(out));
-        for r in r0..r1 {
-            let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-            for n in 0..t {
-                let v = kernel.dot_supported(qt, wr, acts.row(n));
-                // SAFETY: n < t and r < out, so the index is inside `y`
-                // [t, out]; row r belongs to this task only (see OutPtr).
-                unsafe { *yp.get().add(n * out + r) = v };
-            }
+        let wr = &w[r0 * row_bytes..r1 * row_bytes];
+        for n in 0..t {
+            // SAFETY: n < t and r0 <= r1 <= out, so the range is inside
+            // `y` [t, out]; rows r0..r1 belong to this task only (see
+            // OutPtr), and nothing else reads `y` meanwhile.
+            let yn = unsafe { std::slice::from_raw_parts_mut(yp.get().add(n * out + r0), r1 - r0) };
+            kernel.rows_supported(qt, wr, acts.row(n), yn);
         }
     };
     if tasks == 1 {

@@ -87,29 +87,38 @@ impl Kernel {
         } else {
             Kernel::Portable
         };
-        k.dot_supported(qt, w, a)
+        let mut y = [0f32];
+        k.rows_supported(qt, w, a, &mut y);
+        y[0]
     }
 
-    /// [`Self::dot`] for a kernel known to be supported (from [`Self::pick`]
-    /// or checked by the caller; an unsupported one would fault).
-    pub(crate) fn dot_supported(self, qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
+    /// `y[r] = w_r · a` for the `y.len()` rows of `a.ds.len()` blocks that
+    /// `w` holds back to back, for a kernel known to be supported (from
+    /// [`Self::pick`] or checked by the caller; an unsupported one would
+    /// fault). The row loop runs inside the SIMD function (no call per row).
+    pub(crate) fn rows_supported(self, qt: QuantType, w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
         let nb = a.ds.len();
-        assert!(w.len() >= nb * qt.block_bytes() && a.q.len() >= nb * QK);
+        assert!(w.len() >= y.len() * nb * qt.block_bytes() && a.q.len() >= nb * QK);
         match (self, qt) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the processor supports the path (the caller's
             // contract); the lengths are asserted above.
-            (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2(w, a) },
+            (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2(w, a, y) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (Kernel::Avx2, QuantType::Q8_0) => unsafe { q8_0_avx2(w, a) },
+            (Kernel::Avx2, QuantType::Q8_0) => unsafe { q8_0_avx2(w, a, y) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (Kernel::Vnni, QuantType::Q4_1) => unsafe { q4_1_vnni(w, a) },
+            (Kernel::Vnni, QuantType::Q4_1) => unsafe { q4_1_vnni(w, a, y) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            (Kernel::Vnni, QuantType::Q8_0) => unsafe { q8_0_vnni(w, a) },
-            _ => portable(qt, w, a),
+            (Kernel::Vnni, QuantType::Q8_0) => unsafe { q8_0_vnni(w, a, y) },
+            _ => {
+                let rb = nb * qt.block_bytes();
+                for (r, yr) in y.iter_mut().enumerate() {
+                    *yr = portable(qt, &w[r * rb..(r + 1) * rb], a);
+                }
+            }
         }
     }
 }
@@ -284,7 +293,7 @@ macro_rules! row_dot {
         let (mut m0, mut m1) = (_mm_setzero_ps(), _mm_setzero_ps());
         let mut b = 0;
         // SAFETY (every block below): b < nb blocks are inside `w` and
-        // `a.q` (Kernel::dot asserts it).
+        // `a.q` (Kernel::rows_supported asserts it).
         while b + 2 <= nb {
             unsafe {
                 let (w0, w1) = (wp.add(b * $bb), wp.add((b + 1) * $bb));
@@ -314,38 +323,54 @@ macro_rules! row_dot {
 }
 
 /// # Safety
-/// AVX2, FMA, F16C; `w` and `a` hold `a.ds.len()` blocks (checked by
-/// [`Kernel::dot`]).
+/// AVX2, FMA, F16C; `w` holds `y.len()` rows and `a` one row of
+/// `a.ds.len()` blocks (checked by [`Kernel::rows_supported`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
+unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     use std::arch::x86_64::*;
-    row_dot!(w, a, 20, q4_1_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, true)
+    let rb = a.ds.len() * 20;
+    for (r, yr) in y.iter_mut().enumerate() {
+        let wr = &w[r * rb..(r + 1) * rb];
+        *yr = row_dot!(wr, a, 20, q4_1_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, true);
+    }
 }
 
 /// # Safety
 /// As [`q4_1_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>) -> f32 {
+unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     use std::arch::x86_64::*;
-    row_dot!(w, a, 34, q8_0_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, false)
+    let rb = a.ds.len() * 34;
+    for (r, yr) in y.iter_mut().enumerate() {
+        let wr = &w[r * rb..(r + 1) * rb];
+        *yr = row_dot!(wr, a, 34, q8_0_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, false);
+    }
 }
 
 /// # Safety
 /// AVX2, FMA, F16C, AVX-512F, BW and VNNI; lengths as [`q4_1_avx2`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
+unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     use std::arch::x86_64::*;
-    row_dot!(w, a, 20, q4_1_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, true)
+    let rb = a.ds.len() * 20;
+    for (r, yr) in y.iter_mut().enumerate() {
+        let wr = &w[r * rb..(r + 1) * rb];
+        *yr = row_dot!(wr, a, 20, q4_1_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, true);
+    }
 }
 
 /// # Safety
 /// As [`q4_1_vnni`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>) -> f32 {
+unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     use std::arch::x86_64::*;
-    row_dot!(w, a, 34, q8_0_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, false)
+    let rb = a.ds.len() * 34;
+    for (r, yr) in y.iter_mut().enumerate() {
+        let wr = &w[r * rb..(r + 1) * rb];
+        *yr = row_dot!(wr, a, 34, q8_0_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, false);
+    }
 }
