@@ -59,7 +59,10 @@ fn logprobs(logits: &[f32], vocab: usize, next: &[u32]) -> Vec<f64> {
 fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/smollm2-q4_1.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (run `cargo xtask regen-references`)", path.display())
+        panic!(
+            "{}: {e} (run `cargo xtask regen-references`)",
+            path.display()
+        )
     });
     let golden: TeacherForced =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -74,7 +77,12 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
     let blocks = load_quantized(&gguf, &cfg, &KEPT_GGML_TYPES).unwrap_or_else(|e| panic!("{e}"));
     // every projection kept in its blocks (the file is Q4_1 with a Q8_0 head)
     assert_eq!(blocks.tensors().count(), 7 * cfg.num_layers + 1);
-    let longest = golden.cases.iter().map(|c| c.tokens.len()).max().unwrap_or(0);
+    let longest = golden
+        .cases
+        .iter()
+        .map(|c| c.tokens.len())
+        .max()
+        .unwrap_or(0);
     let kv = KvShape {
         num_blocks: longest.div_ceil(BLOCK_SIZE),
         block_size: BLOCK_SIZE,
@@ -104,7 +112,9 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         };
         let batch = build_step(&[chunk], BLOCK_SIZE).unwrap_or_else(|e| panic!("{e}"));
         let rows: Vec<usize> = (0..n - 1).collect();
-        let logits = backend.logits(&batch, &rows).unwrap_or_else(|e| panic!("{e}"));
+        let logits = backend
+            .logits(&batch, &rows)
+            .unwrap_or_else(|e| panic!("{e}"));
         let prefill = logprobs(&logits, vocab, next);
         // one token per step
         let mut decode = Vec::with_capacity(n - 1);
@@ -116,7 +126,9 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
                 sample: None,
             };
             let batch = build_step(&[chunk], BLOCK_SIZE).unwrap_or_else(|e| panic!("{e}"));
-            let z = backend.logits(&batch, &[0]).unwrap_or_else(|e| panic!("{e}"));
+            let z = backend
+                .logits(&batch, &[0])
+                .unwrap_or_else(|e| panic!("{e}"));
             decode.extend(logprobs(&z, vocab, &next[i..i + 1]));
         }
         for (what, got) in [("prefill", &prefill), ("decode", &decode)] {

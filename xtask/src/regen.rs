@@ -144,7 +144,11 @@ fn write_teacher_forced(args: &RegenArgs, oracle: &Path, out: &Path, scratch: &P
         .collect();
     let (inp, res) = (scratch.join("tf-in.json"), scratch.join("tf-out.json"));
     std::fs::write(&inp, json!({"sequences": seqs}).to_string())?;
-    eprintln!("regen smollm2-q4_1: oracle on {} ({} sequences)", gguf.display(), seqs.len());
+    eprintln!(
+        "regen smollm2-q4_1: oracle on {} ({} sequences)",
+        gguf.display(),
+        seqs.len()
+    );
     let script = repo_root().join("tests/python/teacher_forced.py");
     let status = Command::new(&args.python)
         .arg(&script)
@@ -165,7 +169,8 @@ fn write_teacher_forced(args: &RegenArgs, oracle: &Path, out: &Path, scratch: &P
         .map(|(s, lp)| json!({"tokens": s, "logprobs": lp}))
         .collect();
     let name = gguf.file_name().map(|n| n.to_string_lossy().into_owned());
-    let doc = json!({"model": id, "source": {"kind": "store", "id": id}, "gguf": name, "cases": cases});
+    let doc =
+        json!({"model": id, "source": {"kind": "store", "id": id}, "gguf": name, "cases": cases});
     let dest = out.join("smollm2-q4_1.json");
     std::fs::write(&dest, serde_json::to_string(&doc)? + "\n")
         .with_context(|| format!("writing {}", dest.display()))?;

@@ -143,8 +143,18 @@ pub fn load_quantized(
     for l in 0..cfg.num_layers {
         let p = format!("model.layers.{l}.");
         layers.push(QuantLayer {
-            q_proj: get(&format!("{p}self_attn.q_proj.weight"), q, h, Some(cfg.num_heads))?,
-            k_proj: get(&format!("{p}self_attn.k_proj.weight"), kv, h, Some(cfg.num_kv_heads))?,
+            q_proj: get(
+                &format!("{p}self_attn.q_proj.weight"),
+                q,
+                h,
+                Some(cfg.num_heads),
+            )?,
+            k_proj: get(
+                &format!("{p}self_attn.k_proj.weight"),
+                kv,
+                h,
+                Some(cfg.num_kv_heads),
+            )?,
             v_proj: get(&format!("{p}self_attn.v_proj.weight"), kv, h, None)?,
             o_proj: get(&format!("{p}self_attn.o_proj.weight"), h, q, None)?,
             gate_proj: get(&format!("{p}mlp.gate_proj.weight"), i, h, None)?,

@@ -3,8 +3,8 @@
 //! Prints the fastest call's ms and GB/s of weights read per type and path,
 //! single-threaded (`RAYON_NUM_THREADS=1`) or on the pool.
 
-use cpu_kernels::quant::{Kernel, QuantActs, QuantType, matmul_quant, quantize_row};
 use cpu_kernels::Isa;
+use cpu_kernels::quant::{Kernel, QuantActs, QuantType, matmul_quant, quantize_row};
 use std::time::Instant;
 
 fn main() {

@@ -83,8 +83,15 @@ pub fn matmul_strided(
             )
         }
         Weights::Quant { data, qt } => {
-            assert!(inp.is_multiple_of(crate::quant::QK), "rows are not whole blocks");
-            assert_eq!(data.len(), qt.matrix_bytes(out, inp), "w is not [{out}, {inp}]");
+            assert!(
+                inp.is_multiple_of(crate::quant::QK),
+                "rows are not whole blocks"
+            );
+            assert_eq!(
+                data.len(),
+                qt.matrix_bytes(out, inp),
+                "w is not [{out}, {inp}]"
+            );
         }
     }
     let panels = out.div_ceil(NR);

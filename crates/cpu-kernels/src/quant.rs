@@ -172,7 +172,11 @@ pub fn matmul_quant(
     );
     let t = x.len() / inp;
     let row_bytes = qt.matrix_bytes(1, inp);
-    assert_eq!(w.len(), out * row_bytes, "w is not [{out}, {inp}] of {qt:?}");
+    assert_eq!(
+        w.len(),
+        out * row_bytes,
+        "w is not [{out}, {inp}] of {qt:?}"
+    );
     assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
     if t == 0 || out == 0 {
         return;

@@ -318,7 +318,11 @@ macro_rules! row_dot {
         }
         let m = _mm_add_ps(m0, m1);
         let total = $hsum($add(acc0, acc1));
-        if $q41 { total + _mm_cvtss_f32(_mm_movehdup_ps(m)) } else { total }
+        if $q41 {
+            total + _mm_cvtss_f32(_mm_movehdup_ps(m))
+        } else {
+            total
+        }
     }};
 }
 
@@ -332,7 +336,19 @@ unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     let rb = a.ds.len() * 20;
     for (r, yr) in y.iter_mut().enumerate() {
         let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(wr, a, 20, q4_1_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, true);
+        *yr = row_dot!(
+            wr,
+            a,
+            20,
+            q4_1_sums_avx2,
+            _mm256_setzero_ps,
+            _mm256_broadcastss_ps,
+            _mm256_fmadd_ps,
+            _mm256_cvtepi32_ps,
+            _mm256_add_ps,
+            crate::vector::hsum256,
+            true
+        );
     }
 }
 
@@ -345,7 +361,19 @@ unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     let rb = a.ds.len() * 34;
     for (r, yr) in y.iter_mut().enumerate() {
         let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(wr, a, 34, q8_0_sums_avx2, _mm256_setzero_ps, _mm256_broadcastss_ps, _mm256_fmadd_ps, _mm256_cvtepi32_ps, _mm256_add_ps, crate::vector::hsum256, false);
+        *yr = row_dot!(
+            wr,
+            a,
+            34,
+            q8_0_sums_avx2,
+            _mm256_setzero_ps,
+            _mm256_broadcastss_ps,
+            _mm256_fmadd_ps,
+            _mm256_cvtepi32_ps,
+            _mm256_add_ps,
+            crate::vector::hsum256,
+            false
+        );
     }
 }
 
@@ -358,7 +386,19 @@ unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     let rb = a.ds.len() * 20;
     for (r, yr) in y.iter_mut().enumerate() {
         let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(wr, a, 20, q4_1_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, true);
+        *yr = row_dot!(
+            wr,
+            a,
+            20,
+            q4_1_sums_vnni,
+            _mm512_setzero_ps,
+            _mm512_broadcastss_ps,
+            _mm512_fmadd_ps,
+            _mm512_cvtepi32_ps,
+            _mm512_add_ps,
+            _mm512_reduce_add_ps,
+            true
+        );
     }
 }
 
@@ -371,6 +411,18 @@ unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
     let rb = a.ds.len() * 34;
     for (r, yr) in y.iter_mut().enumerate() {
         let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(wr, a, 34, q8_0_sums_vnni, _mm512_setzero_ps, _mm512_broadcastss_ps, _mm512_fmadd_ps, _mm512_cvtepi32_ps, _mm512_add_ps, _mm512_reduce_add_ps, false);
+        *yr = row_dot!(
+            wr,
+            a,
+            34,
+            q8_0_sums_vnni,
+            _mm512_setzero_ps,
+            _mm512_broadcastss_ps,
+            _mm512_fmadd_ps,
+            _mm512_cvtepi32_ps,
+            _mm512_add_ps,
+            _mm512_reduce_add_ps,
+            false
+        );
     }
 }

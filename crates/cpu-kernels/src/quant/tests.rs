@@ -33,14 +33,19 @@ fn quantize_then_dequantize_is_within_half_a_step() {
             dequantize_row(qt, &bytes[r * rb..(r + 1) * rb], o);
         }
         for (b, (wb, ob)) in w.chunks_exact(QK).zip(back.chunks_exact(QK)).enumerate() {
-            let (lo, hi) = wb.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            let (lo, hi) = wb
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
             let step = match qt {
                 QuantType::Q8_0 => lo.abs().max(hi.abs()) / 127.0,
                 QuantType::Q4_1 => (hi - lo) / 15.0,
             };
             for (&a, &o) in wb.iter().zip(ob) {
                 // half a step, plus the f16 rounding of the scale and minimum
-                assert!((a - o).abs() <= 0.5 * step + 2e-3 * hi.abs().max(lo.abs()), "{qt:?} block {b}: {a} vs {o}");
+                assert!(
+                    (a - o).abs() <= 0.5 * step + 2e-3 * hi.abs().max(lo.abs()),
+                    "{qt:?} block {b}: {a} vs {o}"
+                );
             }
         }
     }
@@ -84,8 +89,8 @@ fn every_kernel_matches_the_reference_on_random_rows() {
                         .sum();
                     // activation rounding: half of 3/32767 per element, times
                     // |w|, plus f32 rounding of the sum
-                    let bound: f64 = deq.iter().map(|a| a.abs() as f64).sum::<f64>()
-                        * (1.5 / 32767.0 + 1e-6);
+                    let bound: f64 =
+                        deq.iter().map(|a| a.abs() as f64).sum::<f64>() * (1.5 / 32767.0 + 1e-6);
                     assert!(
                         (want as f64 - exact).abs() <= bound,
                         "{qt:?} t={n} r={r}: {want} vs exact {exact} (bound {bound})"
@@ -123,14 +128,17 @@ fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
                     for r in 0..out {
                         let got = y[n * out + r];
                         let (dr, xn) = (&deq[r * inp..(r + 1) * inp], &x[n * inp..(n + 1) * inp]);
-                        let exact: f64 = dr.iter().zip(xn).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        let mass: f64 = dr.iter().zip(xn).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                        let exact: f64 =
+                            dr.iter().zip(xn).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mass: f64 =
+                            dr.iter().zip(xn).map(|(&a, &b)| (a * b).abs() as f64).sum();
                         assert!(
                             (got as f64 - exact).abs() <= mass * (1.5 / 32767.0 + 1e-6) + 1e-6,
                             "{isa:?} {qt:?} ({n},{r}): {got} vs exact {exact}"
                         );
                         if !gemm {
-                            let want = Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
+                            let want =
+                                Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
                             assert!(
                                 (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
                                 "{isa:?} {qt:?} ({n},{r}): {got} vs {want}"

@@ -76,7 +76,11 @@ impl FastWeights {
             layers.push(FastLayer {
                 qkv: pack_group(
                     &mut [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj],
-                    &[kept(|k| &k.q_proj), kept(|k| &k.k_proj), kept(|k| &k.v_proj)],
+                    &[
+                        kept(|k| &k.q_proj),
+                        kept(|k| &k.k_proj),
+                        kept(|k| &k.v_proj),
+                    ],
                     quantize_to,
                 )?,
                 o: pack_group(&mut [&mut l.o_proj], &[kept(|k| &k.o_proj)], quantize_to)?,
@@ -85,7 +89,11 @@ impl FastWeights {
                     &[kept(|k| &k.gate_proj), kept(|k| &k.up_proj)],
                     quantize_to,
                 )?,
-                down: pack_group(&mut [&mut l.down_proj], &[kept(|k| &k.down_proj)], quantize_to)?,
+                down: pack_group(
+                    &mut [&mut l.down_proj],
+                    &[kept(|k| &k.down_proj)],
+                    quantize_to,
+                )?,
             });
         }
         let head = pack_head(w.head(), format)?;
@@ -179,20 +187,20 @@ impl CpuBackend {
                 &mut ws.scores,
             );
             let proj = sized(&mut ws.proj, t * hidden);
-            lw.o
-                .matmul(isa, attn, q_dim, hidden, proj, &mut ws.scratch, &mut ws.acts);
-            add_assign(x, proj);
-            rms_norm(x, &norms.post, eps, h);
-            let gu = sized(&mut ws.gu, t * 2 * inter);
-            lw.gate_up.matmul(
+            lw.o.matmul(
                 isa,
-                h,
+                attn,
+                q_dim,
                 hidden,
-                2 * inter,
-                gu,
+                proj,
                 &mut ws.scratch,
                 &mut ws.acts,
             );
+            add_assign(x, proj);
+            rms_norm(x, &norms.post, eps, h);
+            let gu = sized(&mut ws.gu, t * 2 * inter);
+            lw.gate_up
+                .matmul(isa, h, hidden, 2 * inter, gu, &mut ws.scratch, &mut ws.acts);
             let act = sized(&mut ws.act, t * inter);
             for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
                 a.copy_from_slice(&g[..inter]);

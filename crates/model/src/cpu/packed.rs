@@ -99,7 +99,12 @@ impl Matrix {
 }
 
 /// Quantises the row-major `[rows, cols]` BF16 `data` to `qt` blocks.
-fn quantize(qt: QuantType, data: &[bf16], cols: usize, name: &str) -> Result<Vec<u8>, BackendError> {
+fn quantize(
+    qt: QuantType,
+    data: &[bf16],
+    cols: usize,
+    name: &str,
+) -> Result<Vec<u8>, BackendError> {
     if !cols.is_multiple_of(QK) {
         return Err(BackendError::Device(format!(
             "cpu: cannot quantise `{name}` to {}: its rows of {cols} values are not whole blocks of {QK}",
@@ -155,7 +160,10 @@ pub(super) fn pack_group(
 
 /// The LM head as the fast path multiplies it: `None` keeps the BF16 head
 /// of the weights (the embedding when tied, which the lookup still needs).
-pub(super) fn pack_head(head: &Tensor, format: &CpuWeights) -> Result<Option<Matrix>, BackendError> {
+pub(super) fn pack_head(
+    head: &Tensor,
+    format: &CpuWeights,
+) -> Result<Option<Matrix>, BackendError> {
     match format {
         CpuWeights::Bf16 => Ok(None),
         CpuWeights::Quantize(_) => Ok(Some(Matrix::Quant {

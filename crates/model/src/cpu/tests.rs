@@ -607,7 +607,12 @@ mod quant {
                     }
                     worst.push(max);
                 }
-                assert!(worst[0] < worst[1] / 3.0, "Q8_0 {} vs Q4_1 {}", worst[0], worst[1]);
+                assert!(
+                    worst[0] < worst[1] / 3.0,
+                    "Q8_0 {} vs Q4_1 {}",
+                    worst[0],
+                    worst[1]
+                );
             }
         }
     }
@@ -623,7 +628,10 @@ mod quant {
         for (p, tok) in LONG_PROMPT.iter().enumerate() {
             let step = build_step(&[chunk(&[*tok], p, blocks.clone())], BS).unwrap();
             let row = b.logits(&step, &[0]).unwrap();
-            let want: Vec<f64> = all[p * 50..(p + 1) * 50].iter().map(|&v| v as f64).collect();
+            let want: Vec<f64> = all[p * 50..(p + 1) * 50]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
             // decode rounds the activations to 16 bits per block, a
             // prefill chunk this long (the AVX-512 GEMM) keeps them f32:
             // about 1e-4 apart on this random model
@@ -657,9 +665,16 @@ mod quant {
             .map(|t| blocks(t, QuantType::Q8_0, GgmlType::Q8_0));
         let gguf = QuantWeights { layers, head };
         let mut from_gguf = quant_backend(tied, CpuWeights::Blocks(gguf.clone()));
-        assert!(from_gguf.name().contains("gguf Q4_1+Q8_0"), "{}", from_gguf.name());
+        assert!(
+            from_gguf.name().contains("gguf Q4_1+Q8_0"),
+            "{}",
+            from_gguf.name()
+        );
         let mut at_load = quant_backend(tied, CpuWeights::Quantize(QuantType::Q4_1));
-        assert_eq!(logits_of(&mut from_gguf, &PROMPT), logits_of(&mut at_load, &PROMPT));
+        assert_eq!(
+            logits_of(&mut from_gguf, &PROMPT),
+            logits_of(&mut at_load, &PROMPT)
+        );
         // one member of gate/up missing: the whole group runs BF16, as if
         // neither were kept
         let (mut mixed, mut neither) = (gguf.clone(), gguf);
@@ -698,6 +713,9 @@ mod quant {
         )
         .err()
         .expect("rows of 48");
-        assert!(err.to_string().contains("`down`") && err.to_string().contains("48"), "{err}");
+        assert!(
+            err.to_string().contains("`down`") && err.to_string().contains("48"),
+            "{err}"
+        );
     }
 }
