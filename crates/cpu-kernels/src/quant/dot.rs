@@ -292,9 +292,9 @@ macro_rules! row_dot {
         let (mut acc0, mut acc1) = ($zero(), $zero());
         let (mut m0, mut m1) = (_mm_setzero_ps(), _mm_setzero_ps());
         let mut b = 0;
-        // SAFETY (every block below): b < nb blocks are inside `w` and
-        // `a.q` (Kernel::rows_supported asserts it).
         while b + 2 <= nb {
+            // SAFETY: blocks b, b + 1 < nb are inside `w` and `a.q`
+            // (Kernel::rows_supported asserts it).
             unsafe {
                 let (w0, w1) = (wp.add(b * $bb), wp.add((b + 1) * $bb));
                 let s0 = scales(w0, &a.ds[b]);
@@ -309,6 +309,7 @@ macro_rules! row_dot {
             b += 2;
         }
         if b < nb {
+            // SAFETY: block b < nb is inside `w` and `a.q` (as above).
             unsafe {
                 let w0 = wp.add(b * $bb);
                 let s0 = scales(w0, &a.ds[b]);
