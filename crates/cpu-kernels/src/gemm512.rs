@@ -8,10 +8,8 @@
 //! nightly feature; this one uses the 32 zmm registers: per `k` two 16-lane
 //! loads of the packed panel, twelve broadcasts of `x`, 24 FMAs.
 //!
-//! [`matmul_strided`] is the same kernel over strided f32 or BF16 views or
-//! ggml Q8_0 / Q4_1 blocks (dequantised exactly while packing), serial or
-//! parallel (the fast path's attention products and quantised prefill use
-//! it).
+//! [`matmul_strided`] is the same kernel over strided f32 or BF16 views,
+//! serial or parallel (the fast path's attention products use it).
 //!
 //! Costs: `T * out * inp` multiply-adds; each task packs its panels of
 //! [`NR`] weight rows (`inp * NR * 4` bytes, reused for every token tile),
@@ -33,12 +31,6 @@ pub enum Weights<'a> {
     Bf16(&'a [bf16]),
     /// f32 values, rows `stride` apart (`stride >= inp`).
     F32 { data: &'a [f32], stride: usize },
-    /// ggml blocks of `qt` (`inp` a multiple of 32), dequantised exactly
-    /// into the panels ([`crate::quant`]'s prefill regime).
-    Quant {
-        data: &'a [u8],
-        qt: crate::quant::QuantType,
-    },
 }
 
 /// `y = x @ W^T` on AVX-512F (see the module doc), parallel over panels.
@@ -81,17 +73,6 @@ pub fn matmul_strided(
                 stride >= inp && data.len() >= (out - 1) * stride + inp,
                 "w too short"
             )
-        }
-        Weights::Quant { data, qt } => {
-            assert!(
-                inp.is_multiple_of(crate::quant::QK),
-                "rows are not whole blocks"
-            );
-            assert_eq!(
-                data.len(),
-                qt.matrix_bytes(out, inp),
-                "w is not [{out}, {inp}]"
-            );
         }
     }
     let panels = out.div_ceil(NR);
@@ -151,20 +132,6 @@ fn pack(w: Weights<'_>, inp: usize, o0: usize, o1: usize, panel: &mut [f32]) {
             for (j, o) in (o0..o1).enumerate() {
                 for (k, &v) in data[o * stride..o * stride + inp].iter().enumerate() {
                     panel[k * NR + j] = v;
-                }
-            }
-        }
-        Weights::Quant { data, qt } => {
-            use crate::quant::QK;
-            let (bb, rb) = (qt.block_bytes(), qt.matrix_bytes(1, inp));
-            let mut vals = [0f32; QK];
-            for (j, o) in (o0..o1).enumerate() {
-                let row = &data[o * rb..(o + 1) * rb];
-                for (b, block) in row.chunks_exact(bb).enumerate() {
-                    crate::quant::dequantize_row(qt, block, &mut vals);
-                    for (i, &v) in vals.iter().enumerate() {
-                        panel[(b * QK + i) * NR + j] = v;
-                    }
                 }
             }
         }

@@ -26,12 +26,12 @@
 //! activations by the activations' 16-bit rounding (`1.5e-5` of a block's
 //! largest value per element at most).
 //!
-//! From [`GEMM_MIN_TOKENS`] tokens on (prefill) with AVX-512, the product
-//! is instead [`crate::gemm512`]'s f32 GEMM over the blocks dequantised
-//! exactly while its panels are packed (the activations then stay f32): a
-//! dequantisation per weight per call, amortised over the tokens, for the
-//! GEMM's throughput, which integer dot products per (row, token) do not
-//! reach.
+//! Every token row is computed the same way whatever else its step holds
+//! (no regime switch at a token count, unlike the BF16 product): the
+//! activations' rounding turns any difference in the last bits into one of
+//! about `1e-5`, enough to change a sampled token, so a sequence's logits
+//! must not depend on its batch (a request's `n` choices equal single
+//! requests).
 //!
 //! Costs: `T * inp` quantisations per call, then `T * out * inp` 16-bit
 //! multiply-adds; the weights are read once per call (a weight row is
@@ -42,7 +42,6 @@ mod dot;
 
 use crate::OutPtr;
 use crate::isa::Isa;
-use crate::matmul::GEMM_MIN_TOKENS;
 use half::f16;
 use rayon::prelude::*;
 
@@ -179,11 +178,6 @@ pub fn matmul_quant(
     );
     assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
     if t == 0 || out == 0 {
-        return;
-    }
-    if t >= GEMM_MIN_TOKENS && isa.checked() == Isa::Avx512 {
-        let w = crate::gemm512::Weights::Quant { data: w, qt };
-        crate::gemm512::matmul_strided(x, inp, t, w, inp, out, y, out, true);
         return;
     }
     acts.quantize(x, inp);

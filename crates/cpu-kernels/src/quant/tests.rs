@@ -101,11 +101,9 @@ fn every_kernel_matches_the_reference_on_random_rows() {
     }
 }
 
-/// `matmul_quant` on every ISA, both regimes (integer dots below
-/// `GEMM_MIN_TOKENS`, the AVX-512 GEMM over dequantised panels from there),
-/// serial and parallel: the dots' results where they run, and always the
-/// exact product of the dequantised weights within the activations' 16-bit
-/// rounding.
+/// `matmul_quant` on every ISA, few and many tokens, serial and parallel:
+/// the dots' results, and the exact product of the dequantised weights
+/// within the activations' 16-bit rounding.
 #[test]
 fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
     for &(t, inp, out) in &[(1, 64, 7), (4, 576, 300), (20, 128, 64), (33, 96, 70)] {
@@ -121,7 +119,6 @@ fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
                 dequantize_row(qt, &w[r * rb..(r + 1) * rb], d);
             }
             for isa in Isa::available() {
-                let gemm = t >= crate::matmul::GEMM_MIN_TOKENS && isa == Isa::Avx512;
                 let mut y = vec![f32::NAN; t * out];
                 matmul_quant(isa, &x, &w, qt, inp, out, &mut y, &mut QuantActs::default());
                 for n in 0..t {
@@ -136,14 +133,11 @@ fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
                             (got as f64 - exact).abs() <= mass * (1.5 / 32767.0 + 1e-6) + 1e-6,
                             "{isa:?} {qt:?} ({n},{r}): {got} vs exact {exact}"
                         );
-                        if !gemm {
-                            let want =
-                                Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
-                            assert!(
-                                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
-                                "{isa:?} {qt:?} ({n},{r}): {got} vs {want}"
-                            );
-                        }
+                        let want = Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{isa:?} {qt:?} ({n},{r}): {got} vs {want}"
+                        );
                     }
                 }
             }
