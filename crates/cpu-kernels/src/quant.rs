@@ -46,6 +46,7 @@ use half::f16;
 use rayon::prelude::*;
 
 pub use dot::Kernel;
+use dot::TILE;
 
 /// Weights per block.
 pub const QK: usize = 32;
@@ -194,12 +195,21 @@ pub fn matmul_quant(
     let run = |task: usize| {
         let (r0, r1) = (task * per_task, ((task + 1) * per_task).min(out));
         let wr = &w[r0 * row_bytes..r1 * row_bytes];
-        for n in 0..t {
-            // SAFETY: n < t and r0 <= r1 <= out, so the range is inside
-            // `y` [t, out]; rows r0..r1 belong to this task only (see
-            // OutPtr), and nothing else reads `y` meanwhile.
-            let yn = unsafe { std::slice::from_raw_parts_mut(yp.get().add(n * out + r0), r1 - r0) };
-            kernel.rows_supported(qt, wr, acts.row(n), yn);
+        // SAFETY: n < t and r0 <= r1 <= out, so the range is inside `y`
+        // [t, out]; rows r0..r1 belong to this task only (see OutPtr),
+        // and each token's range is taken once per pass.
+        let y_of = |n: usize| unsafe {
+            std::slice::from_raw_parts_mut(yp.get().add(n * out + r0), r1 - r0)
+        };
+        let mut n = 0;
+        while n + TILE <= t {
+            let a: [ActsRow<'_>; TILE] = std::array::from_fn(|j| acts.row(n + j));
+            let mut ys: [&mut [f32]; TILE] = std::array::from_fn(|j| y_of(n + j));
+            kernel.tile_supported(qt, wr, &a, &mut ys);
+            n += TILE;
+        }
+        for n in n..t {
+            kernel.rows_supported(qt, wr, acts.row(n), y_of(n));
         }
     };
     if tasks == 1 {

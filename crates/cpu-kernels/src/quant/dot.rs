@@ -92,6 +92,43 @@ impl Kernel {
         y[0]
     }
 
+    /// [`Self::rows_supported`] for [`TILE`] activation rows at once
+    /// (`ys[j][r] = w_r · a[j]`), bit for bit the same results; each
+    /// block's weights are unpacked once for all of them. The portable path
+    /// runs the rows one activation row at a time.
+    pub(crate) fn tile_supported(
+        self,
+        qt: QuantType,
+        w: &[u8],
+        a: &[ActsRow<'_>; TILE],
+        ys: &mut [&mut [f32]; TILE],
+    ) {
+        let (nb, rows) = (a[0].ds.len(), ys[0].len());
+        assert!(w.len() >= rows * nb * qt.block_bytes());
+        assert!(a.iter().all(|a| a.ds.len() == nb && a.q.len() >= nb * QK));
+        assert!(ys.iter().all(|y| y.len() == rows));
+        match (self, qt) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the processor supports the path (the caller's
+            // contract); the lengths are asserted above.
+            (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2_tile(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Avx2, QuantType::Q8_0) => unsafe { q8_0_avx2_tile(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Vnni, QuantType::Q4_1) => unsafe { q4_1_vnni_tile(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Vnni, QuantType::Q8_0) => unsafe { q8_0_vnni_tile(w, a, ys) },
+            _ => {
+                for (aj, y) in a.iter().zip(ys.iter_mut()) {
+                    self.rows_supported(qt, w, *aj, y);
+                }
+            }
+        }
+    }
+
     /// `y[r] = w_r · a` for the `y.len()` rows of `a.ds.len()` blocks that
     /// `w` holds back to back, for a kernel known to be supported (from
     /// [`Self::pick`] or checked by the caller; an unsupported one would
@@ -427,3 +464,224 @@ unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
         );
     }
 }
+
+/// A Q4_1 block's 32 weights as two vectors of 16 i16 (AVX2).
+///
+/// # Safety
+/// AVX2; a whole block at `wb`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q4_1_unpack_avx2(
+    wb: *const u8,
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    let (lo, hi) = unsafe { nibbles(wb.add(4)) };
+    (_mm256_cvtepu8_epi16(lo), _mm256_cvtepu8_epi16(hi))
+}
+
+/// A Q8_0 block's 32 weights as two vectors of 16 i16 (AVX2).
+///
+/// # Safety
+/// AVX2; a whole block at `wb`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn q8_0_unpack_avx2(
+    wb: *const u8,
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe {
+        (
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(2) as *const __m128i)),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(wb.add(18) as *const __m128i)),
+        )
+    }
+}
+
+/// The i32 lane sums of unpacked weights `q` times the 32 activations at
+/// `x` (AVX2): what `q*_sums_avx2` computes.
+///
+/// # Safety
+/// AVX2; 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn mul_avx2(
+    q: (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+    x: *const i16,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe {
+        let x0 = _mm256_loadu_si256(x as *const __m256i);
+        let x1 = _mm256_loadu_si256(x.add(16) as *const __m256i);
+        _mm256_add_epi32(_mm256_madd_epi16(q.0, x0), _mm256_madd_epi16(q.1, x1))
+    }
+}
+
+/// A Q4_1 block's 32 weights as one vector of 32 i16 (AVX-512).
+///
+/// # Safety
+/// AVX-512F, BW; a whole block at `wb`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn q4_1_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    let (lo, hi) = unsafe { nibbles(wb.add(4)) };
+    _mm512_cvtepu8_epi16(_mm256_set_m128i(hi, lo))
+}
+
+/// A Q8_0 block's 32 weights as one vector of 32 i16 (AVX-512).
+///
+/// # Safety
+/// AVX-512F, BW; a whole block at `wb`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn q8_0_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe { _mm512_cvtepi8_epi16(_mm256_loadu_si256(wb.add(2) as *const __m256i)) }
+}
+
+/// The i32 lane sums of unpacked weights `q` times the 32 activations at
+/// `x` (AVX-512 VNNI): what `q*_sums_vnni` computes.
+///
+/// # Safety
+/// AVX-512F, BW, VNNI; 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn mul_vnni(q: std::arch::x86_64::__m512i, x: *const i16) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: in bounds (caller).
+    unsafe { _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(x as *const _)) }
+}
+
+/// [`row_dot`] for [`TILE`] activation rows at once, each block's weights
+/// unpacked once: every token's accumulators, their block order and their
+/// final sum are exactly [`row_dot`]'s, so results are bit for bit those of
+/// one token at a time (a sequence's logits do not depend on its batch).
+macro_rules! tile_dot {
+    ($w:expr, $a:expr, $bb:expr, $unpack:ident, $mul:ident, $zero:ident, $bcast:ident, $fma:ident, $cvt:ident, $add:ident, $hsum:expr, $q41:expr) => {{
+        let (w, a): (&[u8], &[ActsRow<'_>; TILE]) = ($w, $a);
+        let nb = a[0].ds.len();
+        let wp = w.as_ptr();
+        let mut acc = [[$zero(); 2]; TILE];
+        let mut m = [[_mm_setzero_ps(); 2]; TILE];
+        for b in 0..nb {
+            // SAFETY: block b < nb is inside `w` and every `a[j].q`
+            // (Kernel::tile_supported asserts it).
+            unsafe {
+                let wb = wp.add(b * $bb);
+                let q = $unpack(wb);
+                for j in 0..TILE {
+                    let s = scales(wb, &a[j].ds[b]);
+                    let p = $mul(q, a[j].q.as_ptr().add(b * QK));
+                    acc[j][b & 1] = $fma($bcast(s), $cvt(p), acc[j][b & 1]);
+                    m[j][b & 1] = _mm_add_ps(m[j][b & 1], s);
+                }
+            }
+        }
+        let mut out = [0f32; TILE];
+        for j in 0..TILE {
+            let mm = _mm_add_ps(m[j][0], m[j][1]);
+            let total = $hsum($add(acc[j][0], acc[j][1]));
+            out[j] = if $q41 {
+                total + _mm_cvtss_f32(_mm_movehdup_ps(mm))
+            } else {
+                total
+            };
+        }
+        out
+    }};
+}
+
+/// Activation rows one [`Kernel::tile_supported`] call covers.
+pub(crate) const TILE: usize = 4;
+
+macro_rules! tile_fn {
+    ($name:ident, $feat:literal, $bb:expr, $unpack:ident, $mul:ident, $zero:ident, $bcast:ident, $fma:ident, $cvt:ident, $add:ident, $hsum:expr, $q41:expr) => {
+        /// # Safety
+        /// The named target features; `w` holds `ys[0].len()` rows of
+        /// `a[0].ds.len()` blocks, every `a[j]` that many blocks and every
+        /// `ys[j]` the same length (checked by [`Kernel::tile_supported`]).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(w: &[u8], a: &[ActsRow<'_>; TILE], ys: &mut [&mut [f32]; TILE]) {
+            use std::arch::x86_64::*;
+            let rb = a[0].ds.len() * $bb;
+            for r in 0..ys[0].len() {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let out = tile_dot!(
+                    wr, a, $bb, $unpack, $mul, $zero, $bcast, $fma, $cvt, $add, $hsum, $q41
+                );
+                for (y, v) in ys.iter_mut().zip(out) {
+                    y[r] = v;
+                }
+            }
+        }
+    };
+}
+
+tile_fn!(
+    q4_1_avx2_tile,
+    "avx2,fma,f16c",
+    20,
+    q4_1_unpack_avx2,
+    mul_avx2,
+    _mm256_setzero_ps,
+    _mm256_broadcastss_ps,
+    _mm256_fmadd_ps,
+    _mm256_cvtepi32_ps,
+    _mm256_add_ps,
+    crate::vector::hsum256,
+    true
+);
+tile_fn!(
+    q8_0_avx2_tile,
+    "avx2,fma,f16c",
+    34,
+    q8_0_unpack_avx2,
+    mul_avx2,
+    _mm256_setzero_ps,
+    _mm256_broadcastss_ps,
+    _mm256_fmadd_ps,
+    _mm256_cvtepi32_ps,
+    _mm256_add_ps,
+    crate::vector::hsum256,
+    false
+);
+tile_fn!(
+    q4_1_vnni_tile,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni",
+    20,
+    q4_1_unpack_vnni,
+    mul_vnni,
+    _mm512_setzero_ps,
+    _mm512_broadcastss_ps,
+    _mm512_fmadd_ps,
+    _mm512_cvtepi32_ps,
+    _mm512_add_ps,
+    _mm512_reduce_add_ps,
+    true
+);
+tile_fn!(
+    q8_0_vnni_tile,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni",
+    34,
+    q8_0_unpack_vnni,
+    mul_vnni,
+    _mm512_setzero_ps,
+    _mm512_broadcastss_ps,
+    _mm512_fmadd_ps,
+    _mm512_cvtepi32_ps,
+    _mm512_add_ps,
+    _mm512_reduce_add_ps,
+    false
+);

@@ -155,3 +155,33 @@ fn zero_blocks_quantize_to_zero_without_nan() {
         assert_eq!(k.dot(QuantType::Q4_1, &w, acts.row(0)), 0.0);
     }
 }
+
+/// Tiles of several tokens give bit for bit what one token at a time gives
+/// on the same kernel (a sequence's logits must not depend on its batch).
+#[test]
+fn token_tiles_equal_single_tokens_bit_for_bit() {
+    let (t, inp, out) = (9, 160, 37);
+    let x = rand_vec(t * inp, 11, 2.0);
+    let wf = rand_vec(out * inp, 12, 0.3);
+    for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+        let w = quantized(qt, &wf, inp);
+        let rb = qt.matrix_bytes(1, inp);
+        let mut acts = QuantActs::default();
+        acts.quantize(&x, inp);
+        for isa in Isa::available() {
+            let k = Kernel::pick(isa);
+            let mut y = vec![f32::NAN; t * out];
+            matmul_quant(isa, &x, &w, qt, inp, out, &mut y, &mut QuantActs::default());
+            for n in 0..t {
+                for r in 0..out {
+                    let one = k.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
+                    assert_eq!(
+                        y[n * out + r].to_bits(),
+                        one.to_bits(),
+                        "{k:?} {qt:?} ({n},{r})"
+                    );
+                }
+            }
+        }
+    }
+}
