@@ -12,6 +12,10 @@
 //! "logits_last"}]}`, logits rounded to 7 significant digits. The golden test
 //! (`tests/golden.rs`) rebuilds the same model from `source` and compares.
 //!
+//! `tests/golden/smollm2-q4_1.json` holds the oracle's teacher-forced
+//! log-probabilities on SmolLM2's Q4_1 GGUF itself (dequantised by the
+//! oracle), for the quantised CPU path's test (`tests/quant_golden.rs`).
+//!
 //! Costs: the oracle recomputes the whole sequence per generated token; a few
 //! seconds for `tiny`, about a minute for SmolLM2 (plus its first fetch).
 
@@ -39,6 +43,10 @@ pub const PROMPTS: [&str; 4] = [
 pub enum Reference {
     Tiny,
     Smollm2,
+    /// Teacher-forced log-probabilities on SmolLM2's Q4_1 GGUF (the
+    /// sequences of `smollm2.json`, which must exist).
+    #[value(name = "smollm2-q4_1")]
+    Smollm2Q4_1,
 }
 
 #[derive(clap::Args, Debug)]
@@ -99,7 +107,74 @@ pub fn run(args: RegenArgs) -> Result<()> {
         let dest = out.join("smollm2.json");
         write_golden(&args, &oracle, &dir, id, source, &scratch, &dest)?;
     }
+    if wanted(Reference::Smollm2Q4_1) {
+        write_teacher_forced(&args, &oracle, &out, &scratch)?;
+    }
     std::fs::remove_dir_all(&scratch).ok();
+    Ok(())
+}
+
+/// Writes `smollm2-q4_1.json`: the oracle's teacher-forced log-probabilities
+/// on SmolLM2's own GGUF (the store's source of the default model,
+/// dequantised by the oracle) for each case of `smollm2.json` (prompt then
+/// greedy continuation), by `tests/python/teacher_forced.py`:
+/// `{"model", "source", "gguf", "cases": [{"tokens", "logprobs"}]}`.
+fn write_teacher_forced(args: &RegenArgs, oracle: &Path, out: &Path, scratch: &Path) -> Result<()> {
+    let id = store::DEFAULT_MODEL;
+    let dir = store::resolve(id, true).with_context(|| format!("fetching {id}"))?;
+    let gguf = store::source_gguf(&dir)?
+        .with_context(|| format!("{id} in the store names no source GGUF"))?;
+    let golden_path = out.join("smollm2.json");
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(&golden_path)
+            .with_context(|| format!("reading {}", golden_path.display()))?,
+    )?;
+    let seqs: Vec<Vec<u64>> = golden["cases"]
+        .as_array()
+        .context("smollm2.json has no cases")?
+        .iter()
+        .map(|c| {
+            let ids = |k: &str| -> Vec<u64> {
+                c[k].as_array()
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                    .unwrap_or_default()
+            };
+            [ids("tokens"), ids("generated")].concat()
+        })
+        .collect();
+    let (inp, res) = (scratch.join("tf-in.json"), scratch.join("tf-out.json"));
+    std::fs::write(&inp, json!({"sequences": seqs}).to_string())?;
+    eprintln!(
+        "regen smollm2-q4_1: oracle on {} ({} sequences)",
+        gguf.display(),
+        seqs.len()
+    );
+    let script = repo_root().join("tests/python/teacher_forced.py");
+    let status = Command::new(&args.python)
+        .arg(&script)
+        .arg(oracle)
+        .arg(&gguf)
+        .arg(&inp)
+        .arg(&res)
+        .status()
+        .with_context(|| format!("running {} {}", args.python, script.display()))?;
+    if !status.success() {
+        bail!("{} failed: {status}", script.display());
+    }
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&res)?)?;
+    let lps = r["logprobs"].as_array().context("no logprobs")?;
+    let cases: Vec<Value> = seqs
+        .iter()
+        .zip(lps)
+        .map(|(s, lp)| json!({"tokens": s, "logprobs": lp}))
+        .collect();
+    let name = gguf.file_name().map(|n| n.to_string_lossy().into_owned());
+    let doc =
+        json!({"model": id, "source": {"kind": "store", "id": id}, "gguf": name, "cases": cases});
+    let dest = out.join("smollm2-q4_1.json");
+    std::fs::write(&dest, serde_json::to_string(&doc)? + "\n")
+        .with_context(|| format!("writing {}", dest.display()))?;
+    eprintln!("regen smollm2-q4_1: wrote {}", dest.display());
     Ok(())
 }
 

@@ -29,7 +29,7 @@ mod import;
 mod tests;
 
 pub use dequant::{GgmlType, dequantize};
-pub use import::import_to_dir;
+pub use import::{hf_name, import_to_dir, unpermute_rows};
 
 use std::collections::BTreeMap;
 

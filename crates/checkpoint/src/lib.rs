@@ -9,6 +9,7 @@
 pub mod gguf;
 pub mod loader;
 pub mod progress;
+pub mod quantized;
 pub mod store;
 pub mod synth;
 pub mod weights;

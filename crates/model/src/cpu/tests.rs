@@ -13,8 +13,12 @@ use half::bf16;
 const BS: usize = 4; // block size of the test pools
 
 fn config(tied: bool) -> LlamaConfig {
+    config_with(tied, 48)
+}
+
+fn config_with(tied: bool, intermediate: usize) -> LlamaConfig {
     let text = format!(
-        r#"{{"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+        r#"{{"hidden_size": 32, "intermediate_size": {intermediate}, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
         "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_theta": 10000.0,
         "tie_word_embeddings": {tied},
@@ -531,5 +535,237 @@ fn non_finite_weights_give_a_nan_logprob() {
             let out = backend_on(path, true, 8).step(&step()).unwrap();
             assert!(out[0].as_ref().unwrap().logprob.is_finite(), "{path:?}");
         }
+    }
+}
+
+/// The quantised fast path: close to the exact product (Q8_0 tighter than
+/// Q4_1), prefill equal to decode, a GGUF's blocks equal to the same blocks
+/// quantised at load, and the refusals.
+mod quant {
+    use super::*;
+    use checkpoint::gguf::GgmlType;
+    use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
+    use cpu_kernels::quant::{QuantType, quantize_row};
+
+    fn kv(num_blocks: usize) -> KvShape {
+        KvShape {
+            num_blocks,
+            block_size: BS,
+        }
+    }
+
+    fn quant_backend(tied: bool, format: CpuWeights) -> CpuBackend {
+        let c = config_with(tied, 64);
+        let w = weights(&c, tied);
+        CpuBackend::with_weights(c, w, kv(8), CpuPath::Fast, format).unwrap()
+    }
+
+    fn logits_of(b: &mut CpuBackend, prompt: &[u32]) -> Vec<f32> {
+        let batch = build_step(
+            &[chunk(prompt, 0, contiguous_blocks(0, prompt.len(), BS))],
+            BS,
+        )
+        .unwrap();
+        b.logits(&batch, &(0..prompt.len()).collect::<Vec<_>>())
+            .unwrap()
+    }
+
+    /// `t`'s blocks in `qt`, as a GGUF would hold them.
+    fn blocks(t: &Tensor, qt: QuantType, ty: GgmlType) -> QuantTensor {
+        let cols = t.shape[1];
+        let mut data = Vec::new();
+        for r in t.data.chunks_exact(cols) {
+            let row: Vec<f32> = r.iter().map(|v| v.to_f32()).collect();
+            quantize_row(qt, &row, &mut data);
+        }
+        QuantTensor {
+            name: t.name.clone(),
+            rows: t.shape[0],
+            cols,
+            ty,
+            data,
+        }
+    }
+
+    #[test]
+    fn quantised_logits_track_the_exact_product() {
+        for tied in [true, false] {
+            let c = config_with(tied, 64);
+            let w = weights(&c, tied);
+            for prompt in [&PROMPT[..], &LONG_PROMPT[..]] {
+                let want = naive(&c, &w, prompt);
+                // random uniform weights are the worst case of a block
+                // format (no outliers to spend the range on)
+                let mut worst = Vec::new();
+                for (qt, bound) in [(QuantType::Q8_0, 0.05), (QuantType::Q4_1, 0.5)] {
+                    let mut b = quant_backend(tied, CpuWeights::Quantize(qt));
+                    assert!(b.name().contains(&qt.name().to_lowercase()), "{}", b.name());
+                    let got = logits_of(&mut b, prompt);
+                    let mut max = 0f64;
+                    for (r, w) in want.iter().enumerate() {
+                        let e = rel_err(&got[r * 50..(r + 1) * 50], w);
+                        assert!(e < bound, "{qt:?} tied={tied} row {r}: rel err {e}");
+                        max = max.max(e);
+                    }
+                    worst.push(max);
+                }
+                assert!(
+                    worst[0] < worst[1] / 3.0,
+                    "Q8_0 {} vs Q4_1 {}",
+                    worst[0],
+                    worst[1]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn quantised_prefill_equals_decode() {
+        let mut b = quant_backend(true, CpuWeights::Quantize(QuantType::Q4_1));
+        let blocks = contiguous_blocks(2, LONG_PROMPT.len(), BS);
+        let one = build_step(&[chunk(&LONG_PROMPT, 0, blocks.clone())], BS).unwrap();
+        let all = b
+            .logits(&one, &(0..LONG_PROMPT.len()).collect::<Vec<_>>())
+            .unwrap();
+        for (p, tok) in LONG_PROMPT.iter().enumerate() {
+            let step = build_step(&[chunk(&[*tok], p, blocks.clone())], BS).unwrap();
+            let row = b.logits(&step, &[0]).unwrap();
+            let want: Vec<f64> = all[p * 50..(p + 1) * 50]
+                .iter()
+                .map(|&v| v as f64)
+                .collect();
+            // a prefill chunk's attention (two GEMMs) and a decode's sum
+            // in different orders; the activations' rounding turns that
+            // into about 2e-5
+            let e = rel_err(&row, &want);
+            assert!(e < 1e-4, "position {p}: {e}");
+        }
+    }
+
+    /// A sequence's logits do not depend on what else its step runs
+    /// (batch vs alone bit for bit, decode rows of 1 and of 3 tokens).
+    #[test]
+    fn quantised_batch_equals_alone_bit_for_bit() {
+        let fmt = CpuWeights::Quantize(QuantType::Q4_1);
+        let a: &[u32] = &PROMPT;
+        let mut alone = quant_backend(false, fmt.clone());
+        let one = build_step(&[chunk(a, 0, contiguous_blocks(0, a.len(), BS))], BS).unwrap();
+        let la = alone.logits(&one, &[a.len() - 1]).unwrap();
+        let d1 = build_step(
+            &[chunk(&[7], a.len(), contiguous_blocks(0, a.len() + 1, BS))],
+            BS,
+        )
+        .unwrap();
+        let da = alone.logits(&d1, &[0]).unwrap();
+        let c = config_with(false, 64);
+        let mut both =
+            CpuBackend::with_weights(c.clone(), weights(&c, false), kv(16), CpuPath::Fast, fmt)
+                .unwrap();
+        let (ta, tb, tc) = (vec![13, 2, 7, 5], vec![9, 0, 1, 3], vec![4, 6, 8, 10]);
+        let batch = build_step(
+            &[
+                chunk(a, 0, ta.clone()),
+                chunk(&[5, 9, 44], 0, tb.clone()),
+                chunk(a, 0, tc.clone()),
+            ],
+            BS,
+        )
+        .unwrap();
+        let l = both
+            .logits(&batch, &[a.len() - 1, a.len() + 2 + a.len()])
+            .unwrap();
+        assert_eq!(&l[..50], &la[..]);
+        assert_eq!(&l[50..], &la[..]);
+        let d3 = build_step(
+            &[
+                chunk(&[7], a.len(), ta),
+                chunk(&[1], 3, tb),
+                chunk(&[7], a.len(), tc),
+            ],
+            BS,
+        )
+        .unwrap();
+        let d = both.logits(&d3, &[0, 2]).unwrap();
+        assert_eq!(&d[..50], &da[..]);
+        assert_eq!(&d[50..], &da[..]);
+    }
+
+    #[test]
+    fn gguf_blocks_equal_the_same_blocks_quantised_at_load_and_mixed_groups_run_bf16() {
+        let tied = false;
+        let c = config_with(tied, 64);
+        let w = weights(&c, tied);
+        let q = |t: &Tensor| Some(blocks(t, QuantType::Q4_1, GgmlType::Q4_1));
+        let layers: Vec<QuantLayer> = w
+            .layers
+            .iter()
+            .map(|l| QuantLayer {
+                q_proj: q(&l.q_proj),
+                k_proj: q(&l.k_proj),
+                v_proj: q(&l.v_proj),
+                o_proj: q(&l.o_proj),
+                gate_proj: q(&l.gate_proj),
+                up_proj: q(&l.up_proj),
+                down_proj: q(&l.down_proj),
+            })
+            .collect();
+        let head = w
+            .lm_head
+            .as_ref()
+            .map(|t| blocks(t, QuantType::Q8_0, GgmlType::Q8_0));
+        let gguf = QuantWeights { layers, head };
+        let mut from_gguf = quant_backend(tied, CpuWeights::Blocks(gguf.clone()));
+        assert!(
+            from_gguf.name().contains("gguf Q4_1+Q8_0"),
+            "{}",
+            from_gguf.name()
+        );
+        let mut at_load = quant_backend(tied, CpuWeights::Quantize(QuantType::Q4_1));
+        assert_eq!(
+            logits_of(&mut from_gguf, &PROMPT),
+            logits_of(&mut at_load, &PROMPT)
+        );
+        // one member of gate/up missing: the whole group runs BF16, as if
+        // neither were kept
+        let (mut mixed, mut neither) = (gguf.clone(), gguf);
+        for (m, n) in mixed.layers.iter_mut().zip(&mut neither.layers) {
+            m.up_proj = None;
+            (n.up_proj, n.gate_proj) = (None, None);
+        }
+        let mut m = quant_backend(tied, CpuWeights::Blocks(mixed));
+        let mut n = quant_backend(tied, CpuWeights::Blocks(neither));
+        let got = logits_of(&mut m, &PROMPT);
+        assert_eq!(got, logits_of(&mut n, &PROMPT));
+        assert_ne!(got, logits_of(&mut at_load, &PROMPT));
+    }
+
+    #[test]
+    fn quantised_formats_are_refused_where_they_cannot_run() {
+        let c = config_with(true, 64);
+        let err = CpuBackend::with_weights(
+            c.clone(),
+            weights(&c, true),
+            kv(8),
+            CpuPath::Reference,
+            CpuWeights::Quantize(QuantType::Q8_0),
+        )
+        .err()
+        .expect("reference path with quantised weights");
+        assert!(err.to_string().contains("reference"), "{err}");
+        // rows of 48 values are not whole blocks of 32
+        let c = config(true);
+        let err = CpuBackend::with_weights(
+            c.clone(),
+            weights(&c, true),
+            kv(8),
+            CpuPath::Fast,
+            CpuWeights::Quantize(QuantType::Q4_1),
+        )
+        .err()
+        .expect("rows of 48");
+        assert!(
+            err.to_string().contains("`down`") && err.to_string().contains("48"),
+            "{err}"
+        );
     }
 }

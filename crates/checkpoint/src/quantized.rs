@@ -1,0 +1,212 @@
+//! A llama GGUF's quantised projection matrices kept in their blocks, for
+//! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 path).
+//!
+//! Contract: [`load_quantized`] reads the GGUF at `path` and returns, for
+//! every layer projection (Q, K, V, O, gate, up, down) and the LM head (the
+//! untied `output.weight`, else the tied `token_embd.weight`), the tensor's
+//! raw blocks when its type is one of `keep`, and `None` otherwise (the
+//! caller then uses the BF16 copy the store imported). Shapes are checked
+//! against `cfg` (a tensor missing or of another shape is an error naming
+//! it); the row length must be a whole number of blocks. Blocks are copied
+//! byte for byte; only llama.cpp's Q/K row permutation is undone (whole
+//! rows of blocks moved, as [`crate::gguf::import_to_dir`] does for the
+//! dequantised rows), so row `r` is Hugging Face's row `r`.
+//!
+//! Costs: one read of the kept tensors (a memory map of the file, dropped
+//! on return); memory is their quantised size.
+
+use crate::gguf::{GgmlType, Gguf, GgufError, TensorInfo, hf_name};
+use contract::config::LlamaConfig;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One matrix in ggml blocks: `[rows, cols]`, `rows` rows of `cols / 32`
+/// blocks of `ty`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantTensor {
+    /// Hugging Face name.
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub ty: GgmlType,
+    pub data: Vec<u8>,
+}
+
+/// One layer's projections; `None` where the GGUF's type was not kept.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QuantLayer {
+    pub q_proj: Option<QuantTensor>,
+    pub k_proj: Option<QuantTensor>,
+    pub v_proj: Option<QuantTensor>,
+    pub o_proj: Option<QuantTensor>,
+    pub gate_proj: Option<QuantTensor>,
+    pub up_proj: Option<QuantTensor>,
+    pub down_proj: Option<QuantTensor>,
+}
+
+/// The kept matrices of a whole model.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QuantWeights {
+    pub layers: Vec<QuantLayer>,
+    /// `[vocab, hidden]` the LM head (tied: the embedding's blocks).
+    pub head: Option<QuantTensor>,
+}
+
+impl QuantWeights {
+    /// Every kept matrix (for summaries).
+    pub fn tensors(&self) -> impl Iterator<Item = &QuantTensor> {
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    &l.q_proj,
+                    &l.k_proj,
+                    &l.v_proj,
+                    &l.o_proj,
+                    &l.gate_proj,
+                    &l.up_proj,
+                    &l.down_proj,
+                ]
+            })
+            .chain([&self.head])
+            .flatten()
+    }
+}
+
+/// Reads the kept matrices of the GGUF at `path` (see the module doc).
+pub fn load_quantized(
+    path: &Path,
+    cfg: &LlamaConfig,
+    keep: &[GgmlType],
+) -> Result<QuantWeights, GgufError> {
+    let io = |source| GgufError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: read-only private map, read once here; a file changed
+    // underneath gives wrong weights or a parse error, never UB in safe
+    // code that only indexes through bounds-checked slices.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+    let g = Gguf::parse(&map, &path.display().to_string())?;
+    let by_hf: HashMap<String, &TensorInfo> = g
+        .tensors
+        .iter()
+        .filter_map(|t| hf_name(&t.name).map(|n| (n, t)))
+        .collect();
+    let get = |name: &str, rows: usize, cols: usize, heads: Option<usize>| {
+        let t = *by_hf.get(name).ok_or_else(|| GgufError::Tensor {
+            tensor: name.to_string(),
+            reason: format!("missing from {}", g.path),
+        })?;
+        if t.shape() != [rows, cols] {
+            return Err(GgufError::Tensor {
+                tensor: t.name.clone(),
+                reason: format!(
+                    "shape {:?} does not match the config's [{rows}, {cols}]",
+                    t.shape()
+                ),
+            });
+        }
+        if !keep.contains(&t.ty) {
+            return Ok(None);
+        }
+        let bytes = g.tensor_bytes(&map, t)?;
+        let mut data = bytes.to_vec();
+        if let Some(heads) = heads {
+            data = unpermute_row_bytes(&data, rows, heads).map_err(|reason| GgufError::Tensor {
+                tensor: t.name.clone(),
+                reason,
+            })?;
+        }
+        if !cols.is_multiple_of(32) {
+            return Err(GgufError::Tensor {
+                tensor: t.name.clone(),
+                reason: format!("rows of {cols} values are not whole blocks of 32"),
+            });
+        }
+        Ok(Some(QuantTensor {
+            name: name.to_string(),
+            rows,
+            cols,
+            ty: t.ty,
+            data,
+        }))
+    };
+    let (h, q, kv, i) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}.");
+        layers.push(QuantLayer {
+            q_proj: get(
+                &format!("{p}self_attn.q_proj.weight"),
+                q,
+                h,
+                Some(cfg.num_heads),
+            )?,
+            k_proj: get(
+                &format!("{p}self_attn.k_proj.weight"),
+                kv,
+                h,
+                Some(cfg.num_kv_heads),
+            )?,
+            v_proj: get(&format!("{p}self_attn.v_proj.weight"), kv, h, None)?,
+            o_proj: get(&format!("{p}self_attn.o_proj.weight"), h, q, None)?,
+            gate_proj: get(&format!("{p}mlp.gate_proj.weight"), i, h, None)?,
+            up_proj: get(&format!("{p}mlp.up_proj.weight"), i, h, None)?,
+            down_proj: get(&format!("{p}mlp.down_proj.weight"), h, i, None)?,
+        });
+    }
+    let head_name = if by_hf.contains_key("lm_head.weight") {
+        "lm_head.weight"
+    } else {
+        "model.embed_tokens.weight"
+    };
+    let head = get(head_name, cfg.vocab_size, h, None)?;
+    Ok(QuantWeights { layers, head })
+}
+
+/// Undoes llama.cpp's Q/K row permutation on whole rows of bytes (`rows`
+/// rows over `heads` heads): GGUF row `h·hd + 2i + j` becomes row `h·hd +
+/// j·hd/2 + i`, as [`crate::gguf::unpermute_rows`].
+fn unpermute_row_bytes(data: &[u8], rows: usize, heads: usize) -> Result<Vec<u8>, String> {
+    if rows == 0
+        || heads == 0
+        || !rows.is_multiple_of(heads)
+        || !(rows / heads).is_multiple_of(2)
+        || !data.len().is_multiple_of(rows)
+    {
+        return Err(format!("cannot unpermute {rows} rows over {heads} heads"));
+    }
+    let rb = data.len() / rows;
+    let (hd, half) = (rows / heads, rows / heads / 2);
+    let mut out = vec![0u8; data.len()];
+    for (r, dst) in out.chunks_exact_mut(rb).enumerate() {
+        let (h, within) = (r / hd, r % hd);
+        let (j, i) = (within / half, within % half);
+        let src = h * hd + 2 * i + j;
+        dst.copy_from_slice(&data[src * rb..(src + 1) * rb]);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_rows_are_unpermuted_like_the_f32_rows() {
+        let (rows, cols, heads) = (8, 3, 2);
+        let f: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+        let want = crate::gguf::unpermute_rows(&f, rows, cols, heads).unwrap();
+        let bytes: Vec<u8> = (0..rows * cols).map(|v| v as u8).collect();
+        let got = unpermute_row_bytes(&bytes, rows, heads).unwrap();
+        assert_eq!(got.iter().map(|&b| b as f32).collect::<Vec<_>>(), want);
+        assert!(unpermute_row_bytes(&bytes, 8, 3).is_err());
+    }
+}

@@ -1,0 +1,275 @@
+//! `y = x @ W^T` for weights kept in ggml's quantised blocks (Q8_0, Q4_1)
+//! and f32 activations: the CPU backend's quantised projections.
+//!
+//! Contract: a weight matrix `[out, inp]` is `out` rows of `inp / 32`
+//! blocks each, in ggml's byte layout, exactly as a GGUF file stores them
+//! (nothing is converted at load):
+//! - Q8_0: 34 bytes per 32 weights: f16 scale `d`, 32 × i8 `q`; `w = d·q`.
+//! - Q4_1: 20 bytes per 32 weights: f16 `d`, f16 `m`, 16 bytes of nibbles
+//!   (weight `j < 16` the low nibble of byte `j`, weight `j + 16` its high
+//!   nibble); `w = d·q + m`.
+//!
+//! [`matmul_quant`] works as llama.cpp does, with 16-bit activations where
+//! llama.cpp uses 8: each activation row is first quantised per block of 32
+//! ([`QuantActs`]: scale `dx = max|x| / 32767`, `qx = round(x / dx)` in
+//! i16, and `sx = dx · Σ qx` for Q4_1's offset term), then every output is
+//! a sum over blocks of integer dot products, `Σ_b dw·dx·(Σ q·qx) (+
+//! m·sx)`, with f32 accumulation. (8-bit activations moved SmolLM2's
+//! teacher-forced log-probabilities by up to 0.23 nats from the f32
+//! product; 16-bit ones keep them within the BF16 path's error, for twice
+//! the integer multiplies, which decode, bound by the weights' memory
+//! traffic, does not notice.) The integer dot products run on the best
+//! path the processor has ([`dot`]: AVX-512 VNNI `vpdpwssd`, else AVX2
+//! `vpmaddwd`, else portable code); every path computes the same integer
+//! sums and differs from the portable one only in the order of the f32
+//! additions. The result differs from the product with the exact
+//! activations by the activations' 16-bit rounding (`1.5e-5` of a block's
+//! largest value per element at most).
+//!
+//! Every token row is computed the same way whatever else its step holds
+//! (no regime switch at a token count, unlike the BF16 product): the
+//! activations' rounding turns any difference in the last bits into one of
+//! about `1e-5`, enough to change a sampled token, so a sequence's logits
+//! must not depend on its batch (a request's `n` choices equal single
+//! requests).
+//!
+//! Costs: `T * inp` quantisations per call, then `T * out * inp` 16-bit
+//! multiply-adds; the weights are read once per call (a weight row is
+//! reused from L1 for every token). Work is split over weight rows on
+//! rayon. No allocation except the growth of the caller's [`QuantActs`].
+
+mod dot;
+
+use crate::OutPtr;
+use crate::isa::Isa;
+use half::f16;
+use rayon::prelude::*;
+
+pub use dot::Kernel;
+use dot::TILE;
+
+/// Weights per block.
+pub const QK: usize = 32;
+/// The largest quantised activation value.
+const ACT_MAX: f32 = 32767.0;
+/// `1.5 * 2^23`: adding and subtracting it rounds an f32 of magnitude below
+/// `2^22` to the nearest integer.
+const ROUNDER: f32 = 12_582_912.0;
+/// Below this many multiply-adds a product runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 16;
+
+/// A quantised block format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantType {
+    /// 8-bit weights with one f16 scale per 32.
+    Q8_0,
+    /// 4-bit weights with an f16 scale and an f16 minimum per 32.
+    Q4_1,
+}
+
+impl QuantType {
+    /// Bytes of one block of [`QK`] weights.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            QuantType::Q8_0 => 34,
+            QuantType::Q4_1 => 20,
+        }
+    }
+
+    /// Bytes of a `[rows, cols]` matrix (`cols` a multiple of [`QK`]).
+    pub const fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
+        rows * (cols / QK) * self.block_bytes()
+    }
+
+    /// ggml's name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantType::Q8_0 => "Q8_0",
+            QuantType::Q4_1 => "Q4_1",
+        }
+    }
+}
+
+/// Activation rows quantised to 16 bits per block of [`QK`] (ggml's Q8_1
+/// with i16 values, held as three arrays): reused call after call.
+#[derive(Default)]
+pub struct QuantActs {
+    /// `[T, inp]` the 16-bit values.
+    q: Vec<i16>,
+    /// `[T, inp / QK]` each block's scale `d` and `d · Σ q`.
+    ds: Vec<[f32; 2]>,
+    blocks: usize,
+}
+
+/// One quantised activation row, as the dot products read it.
+#[derive(Clone, Copy)]
+pub struct ActsRow<'a> {
+    /// `[blocks * QK]`
+    pub q: &'a [i16],
+    /// `[blocks]` each block's scale `d` and `d · Σ q`.
+    pub ds: &'a [[f32; 2]],
+}
+
+impl QuantActs {
+    /// Quantises `x` (`[T, inp]`, `inp` a multiple of [`QK`]) into `self`.
+    pub fn quantize(&mut self, x: &[f32], inp: usize) {
+        assert!(
+            inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
+            "x is not [T, {inp}] with {inp} a multiple of {QK}"
+        );
+        let blocks = x.len() / QK;
+        self.q.resize(x.len(), 0);
+        self.ds.resize(blocks, [0.0; 2]);
+        self.blocks = inp / QK;
+        for ((xb, qb), ds) in x
+            .chunks_exact(QK)
+            .zip(self.q.chunks_exact_mut(QK))
+            .zip(&mut self.ds)
+        {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let scale = amax / ACT_MAX;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, &v) in qb.iter_mut().zip(xb) {
+                // round to nearest (ties to even) by the 1.5 * 2^23 trick:
+                // branch-free and vectorised, exact for |v * inv| <= 32767
+                let r = ((v * inv + ROUNDER) - ROUNDER) as i32;
+                *q = r as i16;
+                sum += r;
+            }
+            *ds = [scale, scale * sum as f32];
+        }
+    }
+
+    /// Row `n` of the last [`Self::quantize`].
+    pub fn row(&self, n: usize) -> ActsRow<'_> {
+        let b = self.blocks;
+        ActsRow {
+            q: &self.q[n * b * QK..(n + 1) * b * QK],
+            ds: &self.ds[n * b..(n + 1) * b],
+        }
+    }
+}
+
+/// `y = x @ W^T` (see the module doc): `x` `[T, inp]`, `w` `[out, inp]` in
+/// `qt` blocks, `y` `[T, out]`. Panics if the lengths disagree or `inp` is
+/// not a multiple of [`QK`] (a caller bug: loaders check shapes).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_quant(
+    isa: Isa,
+    x: &[f32],
+    w: &[u8],
+    qt: QuantType,
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    acts: &mut QuantActs,
+) {
+    assert!(
+        inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}] with {inp} a multiple of {QK}"
+    );
+    let t = x.len() / inp;
+    let row_bytes = qt.matrix_bytes(1, inp);
+    assert_eq!(
+        w.len(),
+        out * row_bytes,
+        "w is not [{out}, {inp}] of {qt:?}"
+    );
+    assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
+    if t == 0 || out == 0 {
+        return;
+    }
+    acts.quantize(x, inp);
+    let acts = &*acts;
+    let kernel = Kernel::pick(isa); // supported by construction
+    let threads = rayon::current_num_threads();
+    let per_task = if t * out * inp < PARALLEL_MIN_WORK || threads == 1 {
+        out
+    } else {
+        out.div_ceil(threads * 8).max(1)
+    };
+    let tasks = out.div_ceil(per_task);
+    let yp = OutPtr(y.as_mut_ptr());
+    let run = |task: usize| {
+        let (r0, r1) = (task * per_task, ((task + 1) * per_task).min(out));
+        let wr = &w[r0 * row_bytes..r1 * row_bytes];
+        // SAFETY: n < t and r0 <= r1 <= out, so the range is inside `y`
+        // [t, out]; rows r0..r1 belong to this task only (see OutPtr),
+        // and each token's range is taken once per pass.
+        let y_of = |n: usize| unsafe {
+            std::slice::from_raw_parts_mut(yp.get().add(n * out + r0), r1 - r0)
+        };
+        let mut n = 0;
+        while n + TILE <= t {
+            let a: [ActsRow<'_>; TILE] = std::array::from_fn(|j| acts.row(n + j));
+            let mut ys: [&mut [f32]; TILE] = std::array::from_fn(|j| y_of(n + j));
+            kernel.tile_supported(qt, wr, &a, &mut ys);
+            n += TILE;
+        }
+        for n in n..t {
+            kernel.rows_supported(qt, wr, acts.row(n), y_of(n));
+        }
+    };
+    if tasks == 1 {
+        run(0);
+    } else {
+        (0..tasks).into_par_iter().for_each(run);
+    }
+}
+
+/// Quantises `row` (a multiple of [`QK`] values) into `qt` blocks appended
+/// to `out`, as ggml's reference quantisers do (Q8_0: `d = max|x| / 127`,
+/// `q = round(x / d)`; Q4_1: `d = (max - min) / 15`, `m = min`, `q =
+/// round((x - m) / d)` clamped to 15).
+pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
+    assert!(row.len().is_multiple_of(QK), "row is not whole blocks");
+    for b in row.chunks_exact(QK) {
+        match qt {
+            QuantType::Q8_0 => {
+                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                out.extend(b.iter().map(|&v| (v * inv).round() as i8 as u8));
+            }
+            QuantType::Q4_1 => {
+                let min = b.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = b.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 15.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+                out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
+                let q = |v: f32| (((v - min) * inv + 0.5) as u8).min(15);
+                out.extend((0..QK / 2).map(|j| q(b[j]) | (q(b[j + QK / 2]) << 4)));
+            }
+        }
+    }
+}
+
+/// Dequantises one row of `qt` blocks into `out` (`blocks * QK` values).
+pub fn dequantize_row(qt: QuantType, row: &[u8], out: &mut [f32]) {
+    let bb = qt.block_bytes();
+    assert_eq!(row.len() / bb * QK, out.len(), "row and output disagree");
+    for (b, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+        match qt {
+            QuantType::Q8_0 => {
+                for (o, &q) in o.iter_mut().zip(&b[2..]) {
+                    *o = d * q as i8 as f32;
+                }
+            }
+            QuantType::Q4_1 => {
+                let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
+                for j in 0..QK / 2 {
+                    o[j] = d * (b[4 + j] & 15) as f32 + m;
+                    o[j + QK / 2] = d * (b[4 + j] >> 4) as f32 + m;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+use super::*;
+
+fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn quantized(qt: QuantType, w: &[f32], inp: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    for row in w.chunks_exact(inp) {
+        quantize_row(qt, row, &mut out);
+    }
+    out
+}
+
+#[test]
+fn quantize_then_dequantize_is_within_half_a_step() {
+    let inp = 96;
+    let w = rand_vec(3 * inp, 7, 2.0);
+    for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+        let bytes = quantized(qt, &w, inp);
+        assert_eq!(bytes.len(), qt.matrix_bytes(3, inp));
+        let mut back = vec![0f32; w.len()];
+        for (r, o) in back.chunks_exact_mut(inp).enumerate() {
+            let rb = qt.matrix_bytes(1, inp);
+            dequantize_row(qt, &bytes[r * rb..(r + 1) * rb], o);
+        }
+        for (b, (wb, ob)) in w.chunks_exact(QK).zip(back.chunks_exact(QK)).enumerate() {
+            let (lo, hi) = wb
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            let step = match qt {
+                QuantType::Q8_0 => lo.abs().max(hi.abs()) / 127.0,
+                QuantType::Q4_1 => (hi - lo) / 15.0,
+            };
+            for (&a, &o) in wb.iter().zip(ob) {
+                // half a step, plus the f16 rounding of the scale and minimum
+                assert!(
+                    (a - o).abs() <= 0.5 * step + 2e-3 * hi.abs().max(lo.abs()),
+                    "{qt:?} block {b}: {a} vs {o}"
+                );
+            }
+        }
+    }
+}
+
+/// Every kernel against the portable one and against the exact product of
+/// the dequantised weights with the unquantised activations.
+#[test]
+fn every_kernel_matches_the_reference_on_random_rows() {
+    let kernels = Kernel::available();
+    assert_eq!(kernels[0], Kernel::Portable);
+    for (i, &(t, inp, out)) in [(1, 32, 5), (3, 64, 9), (5, 576, 33), (17, 160, 70)]
+        .iter()
+        .enumerate()
+    {
+        let x = rand_vec(t * inp, 100 + i as u64, 3.0);
+        let wf = rand_vec(out * inp, 200 + i as u64, 0.5);
+        for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+            let w = quantized(qt, &wf, inp);
+            let rb = qt.matrix_bytes(1, inp);
+            let mut acts = QuantActs::default();
+            acts.quantize(&x, inp);
+            for n in 0..t {
+                for r in 0..out {
+                    let wr = &w[r * rb..(r + 1) * rb];
+                    let want = Kernel::Portable.dot(qt, wr, acts.row(n));
+                    for &k in &kernels[1..] {
+                        let got = k.dot(qt, wr, acts.row(n));
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{k:?} {qt:?} t={n} r={r}: {got} vs {want}"
+                        );
+                    }
+                    // against f64 over the dequantised weights and exact x
+                    let mut deq = vec![0f32; inp];
+                    dequantize_row(qt, wr, &mut deq);
+                    let exact: f64 = deq
+                        .iter()
+                        .zip(&x[n * inp..(n + 1) * inp])
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum();
+                    // activation rounding: half of 3/32767 per element, times
+                    // |w|, plus f32 rounding of the sum
+                    let bound: f64 =
+                        deq.iter().map(|a| a.abs() as f64).sum::<f64>() * (1.5 / 32767.0 + 1e-6);
+                    assert!(
+                        (want as f64 - exact).abs() <= bound,
+                        "{qt:?} t={n} r={r}: {want} vs exact {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `matmul_quant` on every ISA, few and many tokens, serial and parallel:
+/// the dots' results, and the exact product of the dequantised weights
+/// within the activations' 16-bit rounding.
+#[test]
+fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
+    for &(t, inp, out) in &[(1, 64, 7), (4, 576, 300), (20, 128, 64), (33, 96, 70)] {
+        let x = rand_vec(t * inp, 5, 1.0);
+        let wf = rand_vec(out * inp, 6, 0.1);
+        for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+            let w = quantized(qt, &wf, inp);
+            let rb = qt.matrix_bytes(1, inp);
+            let mut acts = QuantActs::default();
+            acts.quantize(&x, inp);
+            let mut deq = vec![0f32; out * inp];
+            for (r, d) in deq.chunks_exact_mut(inp).enumerate() {
+                dequantize_row(qt, &w[r * rb..(r + 1) * rb], d);
+            }
+            for isa in Isa::available() {
+                let mut y = vec![f32::NAN; t * out];
+                matmul_quant(isa, &x, &w, qt, inp, out, &mut y, &mut QuantActs::default());
+                for n in 0..t {
+                    for r in 0..out {
+                        let got = y[n * out + r];
+                        let (dr, xn) = (&deq[r * inp..(r + 1) * inp], &x[n * inp..(n + 1) * inp]);
+                        let exact: f64 =
+                            dr.iter().zip(xn).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let mass: f64 =
+                            dr.iter().zip(xn).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                        assert!(
+                            (got as f64 - exact).abs() <= mass * (1.5 / 32767.0 + 1e-6) + 1e-6,
+                            "{isa:?} {qt:?} ({n},{r}): {got} vs exact {exact}"
+                        );
+                        let want = Kernel::Portable.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
+                        assert!(
+                            (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                            "{isa:?} {qt:?} ({n},{r}): {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn zero_blocks_quantize_to_zero_without_nan() {
+    let x = vec![0f32; 64];
+    let mut acts = QuantActs::default();
+    acts.quantize(&x, 64);
+    let w = quantized(QuantType::Q4_1, &vec![0.25f32; 64], 64);
+    for k in Kernel::available() {
+        assert_eq!(k.dot(QuantType::Q4_1, &w, acts.row(0)), 0.0);
+    }
+}
+
+/// Tiles of several tokens give bit for bit what one token at a time gives
+/// on the same kernel (a sequence's logits must not depend on its batch).
+#[test]
+fn token_tiles_equal_single_tokens_bit_for_bit() {
+    let (t, inp, out) = (9, 160, 37);
+    let x = rand_vec(t * inp, 11, 2.0);
+    let wf = rand_vec(out * inp, 12, 0.3);
+    for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+        let w = quantized(qt, &wf, inp);
+        let rb = qt.matrix_bytes(1, inp);
+        let mut acts = QuantActs::default();
+        acts.quantize(&x, inp);
+        for isa in Isa::available() {
+            let k = Kernel::pick(isa);
+            let mut y = vec![f32::NAN; t * out];
+            matmul_quant(isa, &x, &w, qt, inp, out, &mut y, &mut QuantActs::default());
+            for n in 0..t {
+                for r in 0..out {
+                    let one = k.dot(qt, &w[r * rb..(r + 1) * rb], acts.row(n));
+                    assert_eq!(
+                        y[n * out + r].to_bits(),
+                        one.to_bits(),
+                        "{k:?} {qt:?} ({n},{r})"
+                    );
+                }
+            }
+        }
+    }
+}
