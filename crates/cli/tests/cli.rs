@@ -28,6 +28,8 @@ fn tiny() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("lamina-cli-tiny-{}", std::process::id()));
+        // a run of an earlier process with the same id may have left it
+        let _ = std::fs::remove_dir_all(&dir);
         let out = lamina(&[
             "synth-model",
             "--preset",

