@@ -98,7 +98,7 @@ pub struct ModelArgs {
     #[arg(long, env = "LAMINA_MAX_BATCH_TOKENS")]
     pub max_batch_tokens: Option<usize>,
     /// Disable reuse of cached prompt prefixes.
-    #[arg(long, env = "LAMINA_NO_PREFIX_CACHE")]
+    #[arg(long, env = "LAMINA_NO_PREFIX_CACHE", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_prefix_cache: bool,
     /// Target time of one engine step in milliseconds: prefill chunks are
     /// cut to what the backend is measured to run in that time, so a long
@@ -111,7 +111,7 @@ pub struct ModelArgs {
     pub cpu_kernels: CpuKernelsArg,
     /// Run every engine step to completion before planning the next, instead
     /// of launching step N + 1 while step N runs (same output; for comparison).
-    #[arg(long, env = "LAMINA_SYNC_STEPS")]
+    #[arg(long, env = "LAMINA_SYNC_STEPS", value_parser = clap::builder::BoolishValueParser::new())]
     pub sync_steps: bool,
     /// Weight format on the CPU's fast kernels (`auto`: a GGUF's own
     /// Q8_0 / Q4_1 blocks, else BF16; the reference kernels and CUDA run

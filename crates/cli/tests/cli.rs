@@ -335,3 +335,43 @@ fn dtype_quantises_on_the_fast_kernels_and_is_refused_on_the_reference_ones() {
     );
     assert_clear_error(&out, &["--dtype q4_1", "reference", "--cpu-kernels fast"]);
 }
+
+/// Pipelined engine steps (the default) and `--sync-steps` (also as
+/// `LAMINA_SYNC_STEPS=1` or `=true`) generate the same tokens; a value that
+/// is no boolean is refused naming the flag.
+#[test]
+fn sync_steps_give_the_same_tokens() {
+    let model = tiny().to_str().unwrap().to_string();
+    let run = |extra: &[&str], env: Option<&str>| {
+        let mut cmd = std::process::Command::new(support::bin());
+        cmd.args(["generate", "--device", "cpu", "--model", &model, "--json"]);
+        cmd.args([
+            "--max-tokens",
+            "10",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "7",
+            "--ignore-eos",
+            "--prompt-tokens",
+            "5,6,7",
+        ]);
+        cmd.args(extra);
+        match env {
+            Some(v) => cmd.env("LAMINA_SYNC_STEPS", v),
+            None => cmd.env_remove("LAMINA_SYNC_STEPS"),
+        };
+        cmd.output().unwrap()
+    };
+    let tokens = |o: &Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", stderr(o));
+        serde_json::from_str::<serde_json::Value>(stdout(o).trim()).unwrap()["tokens"].clone()
+    };
+    let piped = tokens(&run(&[], None));
+    assert_eq!(tokens(&run(&["--sync-steps"], None)), piped);
+    assert_eq!(tokens(&run(&[], Some("1"))), piped);
+    assert_eq!(tokens(&run(&[], Some("true"))), piped);
+    let bad = run(&[], Some("maybe"));
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("sync-steps"), "{}", stderr(&bad));
+}
