@@ -62,6 +62,17 @@ pub struct Carried {
     pub from: u32,
 }
 
+impl Carried {
+    /// The error for `carried[i]` (this) when row `from` of the previous
+    /// step, of `rows` rows, sampled nothing (or no step was launched).
+    pub fn unsampled(&self, i: usize, rows: usize) -> BackendError {
+        BackendError::InvalidBatch(format!(
+            "carried[{i}] takes the sample of row {} of the previous step, which sampled none there ({rows} rows)",
+            self.from
+        ))
+    }
+}
+
 impl StepBatch {
     /// Number of sequences `S`.
     pub fn num_seqs(&self) -> usize {

@@ -42,11 +42,7 @@ impl HostPipeline {
         b.carried.clear();
         for (i, c) in batch.carried.iter().enumerate() {
             let Some(&Some(tok)) = self.last.get(c.from as usize) else {
-                return Err(BackendError::InvalidBatch(format!(
-                    "carried[{i}] takes the sample of row {} of the previous step, which sampled none there ({} rows)",
-                    c.from,
-                    self.last.len()
-                )));
+                return Err(c.unsampled(i, self.last.len()));
             };
             match b.tokens.get_mut(c.token as usize) {
                 Some(t) => *t = tok,

@@ -268,28 +268,41 @@ pub async fn chat_completions(
             .map(|p| p.tools.clone()),
     };
     let prompt = encode(&state, input, "messages").await?;
-    let mut greq = checked.request(prompt, state.max_context(), "messages")?;
+    let mut job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    job.logprobs = logprobs;
+    job.tool_names = plan.map(|p| Arc::new(p.names));
+    let handles = place(&mut job, &checked, prompt, structured, "messages")?;
+    job.respond(handles, checked.stream).await
+}
+
+/// Places a checked request (its prompt in `prompt_param`) with its
+/// constraint on a replica; `job` takes the choices' settings and the replica.
+fn place(
+    job: &mut Job,
+    checked: &params::Checked,
+    prompt: Vec<u32>,
+    structured: structured::Structured,
+    prompt_param: &str,
+) -> Result<Vec<engine::RequestHandle>, ApiError> {
+    let state = &job.state;
+    let mut greq = checked.request(prompt, state.max_context(), prompt_param)?;
     greq.constraint = structured.constraint;
     let placed = state
         .replicas
         .submit_n(greq, checked.best_of)
-        .map_err(|e| submit_error(e, "messages", structured.param))?;
-    let handles = placed.handles;
+        .map_err(|e| submit_error(e, prompt_param, structured.param))?;
     tracing::debug!(
         engine = placed.replica,
         route = ?placed.route,
         matched_blocks = placed.matched_blocks,
-        engine_id = handles[0].id,
-        choices = handles.len(),
+        engine_id = placed.handles[0].id,
+        choices = placed.handles.len(),
         "submitted"
     );
-    let mut job = Job::new(state.clone(), Kind::Chat, rid, arrived);
-    job.logprobs = logprobs;
     job.include_usage = checked.include_usage;
     job.n = checked.n;
     job.replica = placed.replica;
-    job.tool_names = plan.map(|p| Arc::new(p.names));
-    job.respond(handles, checked.stream).await
+    Ok(placed.handles)
 }
 
 /// A submit refusal as an API error; a constraint the grammar engine
@@ -425,26 +438,9 @@ pub async fn completions(
         req.guided_regex.as_deref(),
         req.guided_grammar.as_deref(),
     )?;
-    let mut greq = checked.request(prompt, state.max_context(), "prompt")?;
-    greq.constraint = structured.constraint;
-    let placed = state
-        .replicas
-        .submit_n(greq, checked.best_of)
-        .map_err(|e| submit_error(e, "prompt", structured.param))?;
-    let handles = placed.handles;
-    tracing::debug!(
-        engine = placed.replica,
-        route = ?placed.route,
-        matched_blocks = placed.matched_blocks,
-        engine_id = handles[0].id,
-        choices = handles.len(),
-        "submitted"
-    );
     let mut job = Job::new(state.clone(), Kind::Completion, rid, arrived);
     job.logprobs = logprobs;
-    job.include_usage = checked.include_usage;
-    job.n = checked.n;
-    job.replica = placed.replica;
     job.echo = echo_text;
+    let handles = place(&mut job, &checked, prompt, structured, "prompt")?;
     job.respond(handles, checked.stream).await
 }

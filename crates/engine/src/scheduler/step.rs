@@ -106,7 +106,7 @@ impl Scheduler {
     /// of sequences ended since are dropped.
     pub(crate) fn land(
         &mut self,
-        results: Vec<Option<SampledToken>>,
+        mut results: Vec<Option<SampledToken>>,
         out: &mut Vec<(u64, SampledToken)>,
     ) -> Result<(), SchedError> {
         if results.len() != self.landing_rows {
@@ -115,7 +115,6 @@ impl Scheduler {
                 want: self.landing_rows,
             });
         }
-        let mut results: Vec<Option<SampledToken>> = results;
         let mut want = self.landing.iter().peekable();
         for (row, r) in results.iter().enumerate() {
             let asked = want.peek().is_some_and(|(_, w)| *w as usize == row);

@@ -68,13 +68,7 @@ impl CudaBackend {
         for (i, c) in batch.carried.iter().enumerate() {
             match self.prev_rows.get(c.from as usize) {
                 Some(&row) if row != NO_CARRY => carry.push((c.token, row)),
-                _ => {
-                    return Err(BackendError::InvalidBatch(format!(
-                        "carried[{i}] takes the sample of row {} of the previous step, which sampled none there ({} rows)",
-                        c.from,
-                        self.prev_rows.len()
-                    )));
-                }
+                _ => return Err(c.unsampled(i, self.prev_rows.len())),
             }
         }
         let r = self.enqueue_step(batch, &carry);
