@@ -17,7 +17,11 @@
 //! the tokens of step N + 1 that are step N's samples are named in
 //! [`StepBatch::carried`] (their `tokens` entries are placeholders); the
 //! backend takes them from step N's results where they already are (on the
-//! device for CUDA), so no host round trip separates two steps.
+//! device for CUDA), so no host round trip separates two steps. A step whose
+//! grammar masks depend on step N's samples is launched held
+//! ([`Backend::launch_held`]): its forward pass runs while the host reads
+//! step N's samples and computes the masks, and [`Backend::release`] then
+//! starts its sampling with them.
 
 use std::sync::Arc;
 
@@ -258,6 +262,44 @@ impl StepBatch {
     }
 }
 
+/// Checks the final requests of a held step ([`Backend::release`]) against
+/// the ones it was launched with (`held`): as many, `Some` exactly where
+/// those are, each with a mask of the same length where the launched one
+/// has a mask and none where it has none.
+pub fn check_release(
+    held: &[Option<SampleRequest>],
+    samples: &[Option<SampleRequest>],
+) -> Result<(), BackendError> {
+    let bad = |m: String| Err(BackendError::InvalidBatch(m));
+    if samples.len() != held.len() {
+        return bad(format!(
+            "release: {} sample requests for a held step of {} sequences",
+            samples.len(),
+            held.len()
+        ));
+    }
+    for (s, (was, now)) in held.iter().zip(samples).enumerate() {
+        let words = |r: &SampleRequest| r.allowed.as_ref().map(|m| m.words().len());
+        match (was, now) {
+            (None, None) => {}
+            (Some(a), Some(b)) if words(a) == words(b) => {}
+            (Some(_), Some(_)) => {
+                return bad(format!(
+                    "release: sample request {s} changes its mask's presence or length"
+                ));
+            }
+            _ => {
+                return bad(format!(
+                    "release: sample request {s} is {} where the held step's was {}",
+                    if now.is_some() { "set" } else { "absent" },
+                    if was.is_some() { "set" } else { "absent" },
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What to sample for one sequence at the end of a step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SampleRequest {
@@ -341,6 +383,34 @@ pub trait Backend: Send {
         let _ = batch;
         Err(BackendError::Device(format!(
             "backend {} does not pipeline steps",
+            self.name()
+        )))
+    }
+
+    /// Starts a step like [`Backend::launch`] whose sample requests are
+    /// not final: a grammar's mask for it depends on the sample of the step
+    /// launched just before, which the host has not read yet. The forward
+    /// pass may start now; sampling waits for [`Backend::release`], which
+    /// brings the final requests. Until then no step can be launched; the
+    /// step before can be collected. On error nothing was launched.
+    /// Default: an error (every backend that pipelines implements it).
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        let _ = batch;
+        Err(BackendError::Device(format!(
+            "backend {} does not hold steps for their sample requests",
+            self.name()
+        )))
+    }
+
+    /// Samples the held step ([`Backend::launch_held`]) with `samples`,
+    /// `[S]`: the launched batch's requests with only their `allowed` masks
+    /// changed (a mask where the launch had one, none where it had none).
+    /// The step is then in flight like a launched one. On error the held
+    /// step is dropped (its samples are lost).
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
+        let _ = samples;
+        Err(BackendError::Device(format!(
+            "backend {} holds no step to release",
             self.name()
         )))
     }

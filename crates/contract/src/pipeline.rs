@@ -5,7 +5,10 @@
 //! Contract: `launch` runs the step at once, after [`HostPipeline::resolve`]
 //! has written the previous launch's samples into the carried tokens; the
 //! results wait in a queue of at most [`MAX_IN_FLIGHT`] steps until `collect`
-//! takes them, oldest first. A carried token naming a row of the previous
+//! takes them, oldest first. A held step ([`HostPipeline::hold`]) is kept,
+//! resolved, and runs at [`HostPipeline::release`] with its final sample
+//! requests (a host backend has no device to overlap it with); it counts as
+//! in flight, and nothing can be launched while it is held. A carried token naming a row of the previous
 //! step that sampled nothing (or with no step launched before) is an
 //! [`BackendError::InvalidBatch`] naming it. [`HostPipeline::step`] is the
 //! plain [`Backend::step`]: only with nothing in flight and nothing carried.
@@ -28,6 +31,8 @@ pub struct HostPipeline {
     queue: VecDeque<Result<Vec<Option<SampledToken>>, BackendError>>,
     /// `[S]` of the last launched step: its sampled token ids.
     last: Vec<Option<u32>>,
+    /// The held step, its carried tokens resolved.
+    held: Option<StepBatch>,
 }
 
 type Results = Result<Vec<Option<SampledToken>>, BackendError>;
@@ -58,20 +63,28 @@ impl HostPipeline {
         Ok(Cow::Owned(b))
     }
 
-    /// [`crate::Backend::launch`] through `run`, which computes a resolved
-    /// batch's samples.
-    pub fn launch(
-        &mut self,
-        batch: &StepBatch,
-        run: impl FnOnce(&StepBatch) -> Results,
-    ) -> Result<(), BackendError> {
+    /// Fails unless another step can be launched now.
+    fn can_launch(&self) -> Result<(), BackendError> {
+        if self.held.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a held step is not released; release it first".into(),
+            ));
+        }
         if self.queue.len() >= MAX_IN_FLIGHT {
             return Err(BackendError::InvalidBatch(format!(
                 "{MAX_IN_FLIGHT} steps are in flight already; collect one first"
             )));
         }
-        let resolved = self.resolve(batch)?;
-        let results = run(&resolved)?;
+        Ok(())
+    }
+
+    /// Runs a resolved batch and queues its results.
+    fn run(
+        &mut self,
+        batch: &StepBatch,
+        run: impl FnOnce(&StepBatch) -> Results,
+    ) -> Result<(), BackendError> {
+        let results = run(batch)?;
         self.last.clear();
         self.last
             .extend(results.iter().map(|r| r.as_ref().map(|t| t.token)));
@@ -79,21 +92,59 @@ impl HostPipeline {
         Ok(())
     }
 
+    /// [`crate::Backend::launch`] through `run`, which computes a resolved
+    /// batch's samples.
+    pub fn launch(
+        &mut self,
+        batch: &StepBatch,
+        run: impl FnOnce(&StepBatch) -> Results,
+    ) -> Result<(), BackendError> {
+        self.can_launch()?;
+        let resolved = self.resolve(batch)?;
+        self.run(&resolved, run)
+    }
+
+    /// [`crate::Backend::launch_held`]: keeps `batch`, resolved, until
+    /// [`HostPipeline::release`].
+    pub fn hold(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.can_launch()?;
+        self.held = Some(self.resolve(batch)?.into_owned());
+        Ok(())
+    }
+
+    /// [`crate::Backend::release`]: runs the held step through `run` with
+    /// its final sample requests.
+    pub fn release(
+        &mut self,
+        samples: &[Option<crate::SampleRequest>],
+        run: impl FnOnce(&StepBatch) -> Results,
+    ) -> Result<(), BackendError> {
+        let Some(mut batch) = self.held.take() else {
+            return Err(BackendError::InvalidBatch(
+                "release: no step is held".into(),
+            ));
+        };
+        crate::backend::check_release(&batch.samples, samples)?;
+        batch.samples.clone_from_slice(samples);
+        self.run(&batch, run)
+    }
+
     /// [`crate::Backend::collect`]: the oldest launched step's samples.
     pub fn collect(&mut self) -> Results {
         self.queue.pop_front().unwrap_or_else(|| {
-            Err(BackendError::InvalidBatch(
-                "no launched step to collect".into(),
-            ))
+            Err(BackendError::InvalidBatch(match self.held {
+                Some(_) => "the only step in flight is held; release it first".into(),
+                None => "no launched step to collect".into(),
+            }))
         })
     }
 
     /// [`crate::Backend::step`]: `run` on `batch` with nothing in flight.
     pub fn step(&mut self, batch: &StepBatch, run: impl FnOnce(&StepBatch) -> Results) -> Results {
-        if !self.queue.is_empty() {
+        if !self.queue.is_empty() || self.held.is_some() {
             return Err(BackendError::InvalidBatch(format!(
                 "{} launched steps are not collected; a plain step cannot run before them",
-                self.queue.len()
+                self.queue.len() + usize::from(self.held.is_some())
             )));
         }
         self.launch(batch, run)?;
@@ -184,5 +235,55 @@ mod tests {
         p.collect().unwrap();
         p.collect().unwrap();
         assert_eq!(p.step(&plain, run).unwrap(), vec![tok(10), None]);
+    }
+    #[test]
+    fn a_held_step_runs_at_release_with_its_final_requests() {
+        use crate::TokenMask;
+        use std::sync::Arc;
+        let mask = |ids: &[u32]| Some(Arc::new(TokenMask::from_ids(64, ids)));
+        let mut p = HostPipeline::default();
+        let first = batch(&[(2, 2), (1, 1)], &[true, true]);
+        p.launch(&first, run).unwrap();
+        let mut held = batch(&[(3, 1), (2, 1)], &[true, true]);
+        held.carried = vec![Carried { token: 0, from: 0 }, Carried { token: 1, from: 1 }];
+        if let Some(r) = held.samples[0].as_mut() {
+            r.allowed = mask(&[1]);
+        }
+        p.hold(&held).unwrap();
+        assert!(
+            p.launch(&first, run).is_err(),
+            "a launch behind a held step"
+        );
+        assert!(p.hold(&first).is_err(), "a second held step");
+        assert!(
+            p.step(&first, run).is_err(),
+            "a plain step behind a held step"
+        );
+        // the step before it still collects; the held one does not
+        let got = p.collect().unwrap();
+        let e = p.collect().unwrap_err().to_string();
+        assert!(e.contains("held"), "{e}");
+        let mut fin = held.samples.clone();
+        if let Some(r) = fin[0].as_mut() {
+            r.allowed = mask(&[5, 6]);
+        }
+        let mut seen = None;
+        p.release(&fin, |b| {
+            seen = Some((b.tokens.clone(), b.samples.clone()));
+            run(b)
+        })
+        .unwrap();
+        let ids: Vec<u32> = got.iter().map(|t| t.as_ref().unwrap().token).collect();
+        assert_eq!(seen, Some((ids, fin)));
+        assert_eq!(p.collect().unwrap().len(), 2);
+        // final requests that change which rows sample are refused, and the
+        // held step is dropped
+        p.hold(&first).unwrap();
+        let mut bad = first.samples.clone();
+        bad[1] = None;
+        let e = p.release(&bad, run).unwrap_err().to_string();
+        assert!(e.contains("sample request 1"), "{e}");
+        let e = p.release(&first.samples, run).unwrap_err().to_string();
+        assert!(e.contains("no step is held"), "{e}");
     }
 }

@@ -168,6 +168,12 @@ impl StepBuilder {
         &self.batch
     }
 
+    /// The finished batch's sample requests, to change in place (a held
+    /// step's final grammar masks, `Backend::release`).
+    pub fn samples_mut(&mut self) -> &mut [Option<SampleRequest>] {
+        &mut self.batch.samples
+    }
+
     /// Takes the finished batch out, leaving an empty one (for one-shot use).
     pub fn take(&mut self) -> StepBatch {
         let out = std::mem::take(&mut self.batch);

@@ -11,27 +11,34 @@
 //!   no first token, is a [`GrammarError`] naming the reason, and the request
 //!   is refused before it is queued. The token trie is built from the
 //!   model's `tokenizer.json` once, at the first constrained request, so
-//!   engines that never see one pay nothing.
+//!   engines that never see one pay nothing. The compiled states of the
+//!   last [`CACHE_ENTRIES`] distinct constraints are kept: a request with
+//!   the same constraint (the same schema, spacing aside) starts from a
+//!   copy instead of compiling again (what vLLM and SGLang do).
 //! - JSON constraints are compiled with no free whitespace, `", "` and
 //!   `": "` as separators (so a model cannot loop on blanks), unless the
 //!   schema carries its own `x-guidance` options.
 //! - The scheduler keeps the state with the sequence: a preempted sequence
 //!   keeps it (its generated tokens are kept too), a later choice of the
 //!   same request starts from a copy of the compiled state. The next mask
-//!   depends on the token just sampled, so a step holding a constrained row
-//!   lands before the next is planned (no pipelining for it, as with a
-//!   penalty history).
+//!   depends on the token just sampled: pipelined, the next step is
+//!   launched held (its forward pass runs on the device while the host
+//!   lands the step before, advances the grammars and computes the masks),
+//!   and released with them (`contract::Backend::release`).
 //! - Once the grammar is complete only the EOS tokens are allowed, so a
 //!   constrained request ends with `Stop` (or `Length` at `max_tokens`).
 //!
 //! Costs: building the trie is O(vocabulary) once (tens of ms for 128k
-//! tokens); compiling a schema is typically well under a millisecond; each
+//! tokens); compiling a schema takes about a millisecond (a cached one: a
+//! copy of its parser state, tens of microseconds); each
 //! step a constrained row costs one `llguidance` mask computation (tens to
 //! hundreds of microseconds for JSON) plus a copy of `V / 32` words, done at
-//! commit and spread over threads for large batches ([`advance_all`]);
+//! commit and spread over the rayon pool for large batches ([`advance_all`]);
 //! unconstrained rows cost nothing.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use contract::TokenMask;
 use llguidance::api::TopLevelGrammar;
@@ -79,6 +86,25 @@ pub(crate) struct GrammarCompiler {
     eos: Vec<u32>,
     vocab: usize,
     factory: OnceLock<Result<ParserFactory, String>>,
+    /// Compiled initial states by constraint ([`cache_key`]), with the
+    /// tick of their last use.
+    cache: Mutex<HashMap<String, (u64, SeqGrammar)>>,
+    tick: AtomicU64,
+}
+
+/// Compiled constraints kept: the least recently used goes first.
+const CACHE_ENTRIES: usize = 64;
+
+/// The cache key of a constraint: its kind and its text (a JSON schema
+/// serialised compactly, keys in their order: the order of `properties` is
+/// the order the output's fields come in, so it is part of the grammar).
+fn cache_key(c: &Constraint) -> String {
+    match c {
+        Constraint::JsonObject => "json_object".into(),
+        Constraint::JsonSchema(s) => format!("json_schema:{s}"),
+        Constraint::Regex(r) => format!("regex:{r}"),
+        Constraint::Lark(g) => format!("grammar:{g}"),
+    }
 }
 
 /// The `llguidance` tokenizer environment over our tokenizer: the trie from
@@ -112,6 +138,8 @@ impl GrammarCompiler {
             eos,
             vocab,
             factory: OnceLock::new(),
+            cache: Mutex::new(HashMap::new()),
+            tick: AtomicU64::new(0),
         }
     }
 
@@ -180,8 +208,33 @@ impl GrammarCompiler {
         Ok(factory)
     }
 
-    /// Compiles `c` into a fresh grammar state (module doc).
+    /// A fresh grammar state for `c` (module doc): a copy of the cached
+    /// compiled state, or compiled now and cached.
     pub(crate) fn compile(&self, c: &Constraint) -> Result<SeqGrammar, GrammarError> {
+        let key = cache_key(c);
+        let tick = self.tick.fetch_add(1, Ordering::Relaxed);
+        let lock = || self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((used, g)) = lock().get_mut(&key) {
+            *used = tick;
+            return Ok(g.fork());
+        }
+        // compiled outside the lock: other requests' lookups do not wait
+        let g = self.compile_new(c)?;
+        let mut cache = lock();
+        if cache.len() >= CACHE_ENTRIES
+            && let Some(oldest) = cache
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            cache.remove(&oldest);
+        }
+        cache.insert(key, (tick, g.fork()));
+        Ok(g)
+    }
+
+    /// Compiles `c` into a fresh grammar state.
+    fn compile_new(&self, c: &Constraint) -> Result<SeqGrammar, GrammarError> {
         let kind = c.kind();
         let err = |reason: String| GrammarError { kind, reason };
         let factory = self.factory().map_err(err)?;
@@ -293,46 +346,33 @@ impl SeqGrammar {
 }
 
 /// Below this many constrained rows in a step their grammars advance on
-/// the engine thread: a helper thread costs more than it saves.
-const PARALLEL_MIN_ROWS: usize = 8;
-/// Rows each helper thread takes at least.
-const ROWS_PER_THREAD: usize = 4;
+/// the engine thread: handing work to the pool costs more than it saves.
+const PARALLEL_MIN_ROWS: usize = 4;
 
 /// Advances every `(id, token, grammar)` and computes its next mask; the
 /// sequences whose grammar fails are pushed to `failures` with the reason.
-/// With [`PARALLEL_MIN_ROWS`] rows or more the work is spread over scoped
-/// threads (at most the machine's parallelism, at least
-/// [`ROWS_PER_THREAD`] rows each), since a JSON mask costs tens to hundreds
-/// of microseconds and a batch of 64 would otherwise add milliseconds to
-/// the step.
+/// With [`PARALLEL_MIN_ROWS`] rows or more the rows are spread one by one
+/// over the global rayon pool (work stealing evens out masks of unequal
+/// cost), since a JSON mask costs tens to hundreds of microseconds and a
+/// batch of 64 would otherwise add milliseconds to the step.
 pub(crate) fn advance_all(
     work: &mut [(u64, u32, &mut SeqGrammar)],
     failures: &mut Vec<(u64, String)>,
 ) {
-    let run = |chunk: &mut [(u64, u32, &mut SeqGrammar)]| -> Vec<(u64, String)> {
-        chunk
-            .iter_mut()
-            .filter_map(|(id, tok, g)| g.advance(*tok).err().map(|why| (*id, why)))
-            .collect()
+    use rayon::prelude::*;
+    let advance = |(id, tok, g): &mut (u64, u32, &mut SeqGrammar)| {
+        g.advance(*tok).err().map(|why| (*id, why))
     };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(work.len() / ROWS_PER_THREAD);
-    if work.len() < PARALLEL_MIN_ROWS || threads < 2 {
-        failures.extend(run(work));
+    if work.len() < PARALLEL_MIN_ROWS || rayon::current_num_threads() < 2 {
+        failures.extend(work.iter_mut().filter_map(advance));
         return;
     }
-    let per = work.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        let joins: Vec<_> = work
-            .chunks_mut(per)
-            .map(|chunk| s.spawn(move || run(chunk)))
-            .collect();
-        for j in joins {
-            // advancing a matcher reports errors, it does not panic
-            failures.extend(j.join().unwrap_or_default());
-        }
-    });
+    let failed: Vec<(u64, String)> = work
+        .par_iter_mut()
+        .with_max_len(1)
+        .filter_map(advance)
+        .collect();
+    failures.extend(failed);
 }
 
 #[cfg(test)]
@@ -357,5 +397,52 @@ mod tests {
         assert!(mask.words().len() * 32 >= vocab && mask.words().len() * 32 < vocab + 32);
         assert!(mask.count() >= 1);
         assert!((0..vocab as u32).any(|id| mask.allows(id)));
+    }
+
+    /// A constraint seen before starts from a copy of its cached compiled
+    /// state: independent of the first request's (advancing one leaves the
+    /// other at the start), shared by schemas that differ in spacing only
+    /// but not by ones that order their keys differently (the order of
+    /// `properties` is the output's), and the cache keeps at most
+    /// `CACHE_ENTRIES` constraints.
+    #[test]
+    fn repeated_constraints_start_from_independent_cached_copies() {
+        let config = fake_config().unwrap();
+        let tok = Arc::new(fake_tokenizer(&config).unwrap());
+        let vocab = config.vocab_size;
+        let c = GrammarCompiler::new(tok.clone(), config.eos_token_ids.clone(), vocab);
+        let re = Constraint::Regex("ab+".into());
+        let mut first = c.compile(&re).unwrap();
+        let start = first.mask();
+        let a = (0..vocab as u32)
+            .find(|&t| start.allows(t))
+            .expect("a first token");
+        first.advance(a).unwrap();
+        assert_ne!(first.mask().words(), start.words());
+        let second = c.compile(&re).unwrap();
+        assert_eq!(second.mask().words(), start.words(), "a fresh start");
+        let one: Value = serde_json::from_str(
+            r#"{"type":"object","required":["a"],"properties":{"a":{"type":"integer"}}}"#,
+        )
+        .unwrap();
+        let spaced: Value = serde_json::from_str(
+            r#"{"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}"#,
+        )
+        .unwrap();
+        let reordered: Value = serde_json::from_str(
+            r#"{"properties": {"a": {"type": "integer"}}, "required": ["a"], "type": "object"}"#,
+        )
+        .unwrap();
+        let entries = || c.cache.lock().unwrap().len();
+        c.compile(&Constraint::JsonSchema(one)).unwrap();
+        c.compile(&Constraint::JsonSchema(spaced)).unwrap();
+        assert_eq!(entries(), 2, "the regex and one schema");
+        c.compile(&Constraint::JsonSchema(reordered)).unwrap();
+        assert_eq!(entries(), 3, "another key order is another grammar");
+        for i in 0..CACHE_ENTRIES + 3 {
+            c.compile(&Constraint::Regex(format!("x{{{}}}", i + 1)))
+                .unwrap();
+        }
+        assert_eq!(entries(), CACHE_ENTRIES);
     }
 }

@@ -36,7 +36,14 @@
 //!    preempted sequence's parked tokens, or `next`) before the next
 //!    `launched`, so no block is ever hashed with a placeholder. A sequence
 //!    whose placeholder is its last token by `max_tokens` is not scheduled
-//!    again. [`Scheduler::commit`] is `launched` + `land` at once.
+//!    again. A step in which a constrained sequence samples after such a
+//!    placeholder is held ([`Scheduler::batch_held`]): its grammar mask
+//!    depends on the token, so the caller lands the step before it, then
+//!    makes its requests final ([`Scheduler::finalize_samples`]) before
+//!    `launched`. A penalty history is shared with the batch, so a step
+//!    with one lands before the next is planned
+//!    ([`Scheduler::landing_needs_host`]). [`Scheduler::commit`] is
+//!    `launched` + `land` at once.
 //!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
 //! [`Scheduler::launched`] (or `commit`), which releases it (so the
@@ -155,6 +162,8 @@ pub(crate) struct Scheduler {
     first_admitted: Vec<u64>,
     /// Constrained sequences whose grammar failed at the last commit, and why.
     grammar_failures: Vec<(u64, String)>,
+    /// The planned step must be launched held ([`Scheduler::batch_held`]).
+    held: bool,
     pub preemptions_total: u64,
 }
 
@@ -179,6 +188,7 @@ impl Scheduler {
             aborted: Vec::new(),
             first_admitted: Vec::new(),
             grammar_failures: Vec::new(),
+            held: false,
             preemptions_total: 0,
         })
     }

@@ -17,6 +17,8 @@
 //! Costs: O(T) writes plus O(context) reads per sampled sequence per step; the
 //! `cheap` variant skips the context read (O(T + S)) for overhead benchmarks.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use contract::presets::Preset;
@@ -49,7 +51,8 @@ pub fn fake_tokenizer(config: &LlamaConfig) -> Result<Tokenizer, TokenizerError>
 
 /// The token the fake model produces after `context` (prompt + generated so
 /// far) for the sample request `req`: a hash of the context, mixed with the
-/// seed and step unless greedy.
+/// seed and step unless greedy; under a grammar's mask that the hash's token
+/// breaks, the allowed token of rank `hash % allowed count`.
 pub fn fake_next_token(context: &[u32], vocab: usize, req: &SampleRequest) -> u32 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &t in context {
@@ -58,7 +61,18 @@ pub fn fake_next_token(context: &[u32], vocab: usize, req: &SampleRequest) -> u3
     if !req.params.is_greedy() {
         h = splitmix64(h ^ splitmix64(req.params.seed ^ splitmix64(req.step)));
     }
-    (splitmix64(h) % vocab as u64) as u32
+    let h = splitmix64(h);
+    let token = (h % vocab as u64) as u32;
+    match &req.allowed {
+        Some(m) if !m.allows(token) && m.count() > 0 => {
+            let rank = (h % m.count() as u64) as usize;
+            (0..vocab as u32)
+                .filter(|&t| m.allows(t))
+                .nth(rank)
+                .unwrap_or(token)
+        }
+        _ => token,
+    }
 }
 
 /// What a correct engine generates for `prompt`: up to `max_tokens` tokens,
@@ -104,6 +118,8 @@ pub struct FakeBackend {
     /// Pipelined steps (computed at launch); `pipelines()` says `piped`.
     pipe: HostPipeline,
     piped: bool,
+    /// Steps launched held (`Backend::launch_held`), counted for tests.
+    held_steps: Arc<AtomicUsize>,
 }
 
 impl FakeBackend {
@@ -120,7 +136,14 @@ impl FakeBackend {
             context: Vec::new(),
             pipe: HostPipeline::default(),
             piped: true,
+            held_steps: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// The count of steps launched held so far (shared: read it after the
+    /// backend moved into an engine).
+    pub fn held_steps(&self) -> Arc<AtomicUsize> {
+        self.held_steps.clone()
     }
 
     /// A fake that does not pipeline steps (the engine then runs each step
@@ -243,6 +266,19 @@ impl Backend for FakeBackend {
     fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
         let mut pipe = std::mem::take(&mut self.pipe);
         let r = pipe.launch(batch, |b| self.compute(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.pipe.hold(batch)?;
+        self.held_steps.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.release(samples, |b| self.compute(b));
         self.pipe = pipe;
         r
     }

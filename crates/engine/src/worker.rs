@@ -11,7 +11,10 @@
 //! then lands step N (waits for its samples, commits them, processes their
 //! text while the device runs N + 1) and records N + 1 as launched (see the
 //! scheduler's contract point 6). A step whose samples feed a penalty
-//! history lands before the next plan. A failed launch ends its step's
+//! history lands before the next plan. A step N + 1 whose grammar masks
+//! wait for step N's samples is launched held: step N lands (the grammars
+//! advance and compute their masks while the device runs N + 1's forward
+//! pass), N + 1 is released with the masks, then N's text is processed. A failed launch ends its step's
 //! requests; a failed step ends its own and the one launched after it.
 //!
 //! Unpipelined, output work is kept off the critical path too: the text of
@@ -362,7 +365,12 @@ impl Worker {
             seqs: batch.num_seqs(),
             ids: self.sched.planned_ids().collect(),
         };
-        if let Err(e) = self.backend.launch(batch) {
+        let held = self.sched.batch_held();
+        let launched = match held {
+            true => self.backend.launch_held(batch),
+            false => self.backend.launch(batch),
+        };
+        if let Err(e) = launched {
             // nothing of this step runs; the step in flight still lands
             self.sched.abandon_plan();
             self.fail_step(step.ids, &e);
@@ -372,7 +380,7 @@ impl Worker {
             return Ok(landed_ns);
         }
         if self.in_flight.is_some() {
-            match self.land() {
+            match self.land_samples() {
                 Some(ns) => landed_ns += ns,
                 None => {
                     // the backend dropped this step with the failed one
@@ -385,6 +393,21 @@ impl Worker {
                 }
             }
         }
+        if held {
+            // the grammars have seen the landed tokens: sample with their masks
+            let t = Instant::now();
+            self.sched.finalize_samples();
+            self.add_schedule_ns(t);
+            // (a host backend runs the whole step here)
+            if let Err(e) = self.backend.release(&self.sched.batch().samples) {
+                self.sched.abandon_plan();
+                self.fail_step(step.ids, &e);
+                self.drain_pending();
+                return Ok(landed_ns);
+            }
+        }
+        // the device is busy with the next step: the landed text is processed now
+        self.drain_pending();
         let t = Instant::now();
         self.in_flight = Some(step);
         self.sched.launched()?;
@@ -392,9 +415,18 @@ impl Worker {
         Ok(landed_ns)
     }
 
-    /// Waits for the step in flight and commits its samples; returns its
-    /// device time, or `None` when it failed (its requests ended).
+    /// Lands the step in flight ([`Worker::land_samples`]) and processes
+    /// its text.
     fn land(&mut self) -> Option<u64> {
+        let ns = self.land_samples();
+        self.drain_pending();
+        ns
+    }
+
+    /// Waits for the step in flight and commits its samples (their text is
+    /// left pending); returns its device time, or `None` when it failed
+    /// (its requests ended).
+    fn land_samples(&mut self) -> Option<u64> {
         let step = self.in_flight.take()?;
         let result = self.backend.collect();
         let now = Instant::now();
@@ -431,8 +463,6 @@ impl Worker {
         }
         self.add_schedule_ns(t);
         self.pending = self.accept_samples(sampled);
-        // the device is busy with the next step: the text is processed now
-        self.drain_pending();
         Some(ns)
     }
 

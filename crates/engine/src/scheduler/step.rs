@@ -19,6 +19,7 @@ impl Scheduler {
     /// Fills the reused batch from the plan.
     pub(super) fn build_batch(&mut self) -> Result<(), SchedError> {
         self.builder.begin();
+        self.held = false;
         for p in &self.plan {
             let sid = p.id as SeqId;
             let seq = self.seqs.get(&p.id).ok_or(SchedError::UnknownSeq(p.id))?;
@@ -39,8 +40,10 @@ impl Scheduler {
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
             if let (Some(row), true) = (seq.carried_from, p.end == tokens.len()) {
-                // the placeholder is the last token, and this step runs it
+                // the placeholder is the last token, and this step runs it;
+                // a grammar's mask for it waits for that token (held step)
                 self.builder.carry_last(row);
+                self.held |= seq.grammar.is_some();
             }
         }
         self.builder.finish();
@@ -72,6 +75,7 @@ impl Scheduler {
             }
         }
         self.builder.begin();
+        self.held = false;
         for (row, p) in self.plan.iter().enumerate() {
             let sid = p.id as SeqId;
             let Some(seq) = self.seqs.get_mut(&p.id) else {
@@ -90,13 +94,14 @@ impl Scheduler {
     }
 
     /// True when a sequence of the launched step needs its sample on the
-    /// host before its next step can be planned (its penalty history, or
-    /// its grammar, whose next mask depends on the token).
+    /// host before its next step can be planned: its penalty history, which
+    /// the next batch shares (a grammar's mask does not: that step is held,
+    /// [`Scheduler::batch_held`]).
     pub(crate) fn landing_needs_host(&self) -> bool {
         self.landing.iter().any(|(id, _)| {
-            self.seqs.get(id).is_some_and(|q| {
-                q.carried_from.is_some() && (q.history.is_some() || q.grammar.is_some())
-            })
+            self.seqs
+                .get(id)
+                .is_some_and(|q| q.carried_from.is_some() && q.history.is_some())
         })
     }
 
@@ -193,6 +198,31 @@ impl Scheduler {
         advance_all(&mut work, &mut self.grammar_failures);
     }
 
+    /// True when the planned step must be launched held
+    /// (`Backend::launch_held`): a constrained sequence samples in it whose
+    /// last token is the sample of the launched step, so its mask is known
+    /// only once that step lands.
+    pub(crate) fn batch_held(&self) -> bool {
+        self.held
+    }
+
+    /// Makes the planned (held) step's sample requests final, once the step
+    /// before it has landed: each constrained sequence's mask as its grammar
+    /// now stands (for `Backend::release`, from [`Scheduler::batch`]). A
+    /// sequence ended since keeps the mask it was planned with (its sample
+    /// is dropped unseen).
+    pub(crate) fn finalize_samples(&mut self) {
+        let samples = self.builder.samples_mut();
+        for (p, sample) in self.plan.iter().zip(samples.iter_mut()) {
+            let (Some(req), Some(seq)) = (sample.as_mut(), self.seqs.get(&p.id)) else {
+                continue;
+            };
+            if let Some(g) = &seq.grammar {
+                req.allowed = Some(g.mask());
+            }
+        }
+    }
+
     /// Takes the constrained sequences whose grammar failed at the last
     /// landing (the caller ends them).
     pub(crate) fn take_grammar_failures(&mut self) -> Vec<(u64, String)> {
@@ -203,6 +233,7 @@ impl Scheduler {
     /// sequences are being ended.
     pub(crate) fn abandon_plan(&mut self) {
         self.builder.begin();
+        self.held = false;
         self.plan.clear();
     }
 

@@ -40,7 +40,7 @@ use crate::sampler::sample;
 use attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::HostPipeline;
-use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
+use contract::backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
@@ -216,6 +216,17 @@ impl Backend for CpuBackend {
     fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
         let mut pipe = std::mem::take(&mut self.pipe);
         let r = pipe.launch(batch, |b| self.sample_step(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.pipe.hold(batch)
+    }
+
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.release(samples, |b| self.sample_step(b));
         self.pipe = pipe;
         r
     }

@@ -68,6 +68,10 @@ pub(super) struct Workspace {
     pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
     pub meta: DeviceBuffer<u32>,       // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
+    /// A held step's final sampling parameters and history, staged at
+    /// release apart from `host_meta` (whose next packing must not wait for
+    /// the held step's forward pass).
+    pub host_release: PinnedBuffer<u32>,
     /// Two slots for the samples of two steps in flight (pipelined).
     pub host_out: [HostOut; 2],
 }
@@ -149,6 +153,7 @@ impl Workspace {
             top_lps: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_lps"))?,
             meta: gpu.alloc(caps.meta).map_err(e("meta"))?,
             host_meta: gpu.alloc_pinned(caps.meta).map_err(e("host_meta"))?,
+            host_release: gpu.alloc_pinned(caps.meta).map_err(e("host_release"))?,
             host_out: [HostOut::new(gpu, r)?, HostOut::new(gpu, r)?],
         })
     }
@@ -195,10 +200,6 @@ impl CudaBackend {
         let ctx = part(lay.context_lens, s)?;
         let tables = part(lay.tables, s * lay.max_blocks)?;
         let rows = part(lay.rows, r)?;
-        let params: DevSlice<'_, SampleParams> = part(lay.params, r * PARAM_WORDS)?
-            .cast()
-            .map_err(g("params view"))?;
-        let history = part(lay.history, lay.hist_cap.max(1))?;
         let gemm = |x: DevSlice<'_, bf16>,
                     w: &DeviceBuffer<bf16>,
                     y: DevSlice<'_, bf16>,
@@ -545,31 +546,47 @@ impl CudaBackend {
                 .map_err(g("LM head GEMM"))?;
         }
         if sample {
-            let out = SampleOutputs {
-                tokens: ws.tok.view(),
-                logprobs: ws.lp.view(),
-                top_ids: ws.top_ids.view(),
-                top_lps: ws.top_lps.view(),
-            };
-            // SAFETY: each row's history range was staged inside the history area, ids distinct.
-            unsafe {
-                self.k.sample_rows(
-                    ws.logits.view(),
-                    SampleScratch {
-                        work: ws.work.view(),
-                        stats: ws.samp_stats.view(),
-                        keys: ws.samp_keys.view(),
-                    },
-                    params,
-                    history,
-                    out,
-                    r,
-                    v,
-                    MAX_LOGPROBS,
-                )
-            }
-            .map_err(k("sampling"))?;
+            self.enqueue_sampler(lay)?;
         }
         Ok(())
+    }
+
+    /// Enqueues sampling of the `lay.r` rows of logits the forward pass of
+    /// the step staged at `lay` left in the workspace, with the parameters
+    /// and history staged there.
+    pub(super) fn enqueue_sampler(&self, lay: &Layout) -> Result<(), BackendError> {
+        let ws = &self.ws;
+        let g = |what: &'static str| move |e: gpu::GpuError| dev_err(what, e);
+        let meta = ws.meta.view();
+        let part = |off: usize, len: usize| meta.sub(off, len).map_err(g("staging view"));
+        let r = lay.r;
+        let params: DevSlice<'_, SampleParams> = part(lay.params, r * PARAM_WORDS)?
+            .cast()
+            .map_err(g("params view"))?;
+        let history = part(lay.history, lay.hist_cap.max(1))?;
+        let out = SampleOutputs {
+            tokens: ws.tok.view(),
+            logprobs: ws.lp.view(),
+            top_ids: ws.top_ids.view(),
+            top_lps: ws.top_lps.view(),
+        };
+        // SAFETY: each row's history range was staged inside the history area, ids distinct.
+        unsafe {
+            self.k.sample_rows(
+                ws.logits.view(),
+                SampleScratch {
+                    work: ws.work.view(),
+                    stats: ws.samp_stats.view(),
+                    keys: ws.samp_keys.view(),
+                },
+                params,
+                history,
+                out,
+                r,
+                self.config.vocab_size,
+                MAX_LOGPROBS,
+            )
+        }
+        .map_err(|e| dev_err("sampling", e))
     }
 }

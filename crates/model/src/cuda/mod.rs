@@ -20,7 +20,10 @@
 //!
 //! Steps are pipelined ([`pipeline`]): a launch enqueues a step and the
 //! copy of its samples, a collect waits for that copy alone, and tokens
-//! carried from the previous launch are read on the device.
+//! carried from the previous launch are read on the device. A held launch
+//! enqueues the forward pass alone (a decode graph without the sampler);
+//! its release stages the final sampling parameters and grammar masks and
+//! enqueues the sampler.
 //!
 //! Costs: one host-to-device copy of the packed metadata, the kernels (or one
 //! graph launch) and one device-to-host copy of the sampled tokens per step,
@@ -42,10 +45,10 @@ use gpu::{Blas, DeviceBuffer, Fence, Gpu, Graph};
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
 use checkpoint::weights::LlamaWeights;
-use contract::backend::{Backend, BackendError, KvShape, SampledToken, StepBatch};
+use contract::backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
 use forward::{Caps, Workspace};
-use pipeline::Flight;
+use pipeline::{Flight, Held};
 use weights::{DeviceWeights, KvCache, upload_weights};
 
 /// Largest pure-decode batch replayed from a captured graph.
@@ -134,8 +137,9 @@ pub struct CudaBackend {
     rope_rows: usize,
     /// Longest block-table row of a graph bucket: `ceil(rope_rows / block_size)`.
     graph_max_blocks: usize,
-    /// Captured decode graphs by (batch bucket, block-table row bucket).
-    graphs: HashMap<(usize, usize), Graph>,
+    /// Captured decode graphs by (batch bucket, block-table row bucket,
+    /// sampler inside: false for the forward pass of held steps).
+    graphs: HashMap<(usize, usize, bool), Graph>,
     /// Steps that asked for each bucket (see `run_graph`'s capture policy).
     bucket_uses: HashMap<(usize, usize), u32>,
     graphs_enabled: bool,
@@ -148,12 +152,16 @@ pub struct CudaBackend {
     ws: Workspace,
     /// Launched steps not collected yet, oldest first.
     flights: VecDeque<Flight>,
+    /// The held step (`Backend::launch_held`), not released yet.
+    held: Option<Held>,
     /// The pinned output slot of the next launch (0 or 1).
     next_slot: usize,
     /// Fences after each slot's sample copies.
     fences: [Fence; 2],
     /// Fence after the last copy of the pinned staging buffer.
     meta_fence: Fence,
+    /// Fence after the last copy of a held step's sampling staging.
+    release_fence: Fence,
     /// `[S]` of the last launch: the sampler row holding each sequence's
     /// sample (`staging::NO_CARRY` where none), for carried tokens.
     prev_rows: Vec<u32>,
@@ -215,7 +223,7 @@ impl CudaBackend {
         };
         let ws = Workspace::new(&gpu, &config, shape, plan, caps)?;
         let fence = || gpu.fence().map_err(|e| dev_err("creating events", e));
-        let (fences, meta_fence) = ([fence()?, fence()?], fence()?);
+        let (fences, meta_fence, release_fence) = ([fence()?, fence()?], fence()?, fence()?);
         gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
         Ok(CudaBackend {
             graph_max_blocks: rope_rows.div_ceil(kv.block_size),
@@ -232,9 +240,11 @@ impl CudaBackend {
             rope_rows,
             ws,
             flights: VecDeque::new(),
+            held: None,
             next_slot: 0,
             fences,
             meta_fence,
+            release_fence,
             prev_rows: Vec::new(),
             rope_cos,
             rope_sin,
@@ -289,7 +299,15 @@ impl Backend for CudaBackend {
     }
 
     fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        self.launch_step(batch)
+        self.launch_step(batch, false)
+    }
+
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.launch_step(batch, true)
+    }
+
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
+        self.release_step(samples)
     }
 
     fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
@@ -298,7 +316,7 @@ impl Backend for CudaBackend {
 
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         self.require_idle("a plain step")?;
-        self.launch_step(batch)?;
+        self.launch_step(batch, false)?;
         self.collect_step()
     }
 
@@ -318,7 +336,8 @@ impl Backend for CudaBackend {
         }
         if rows.is_empty() {
             let none = [0u32];
-            self.run_eager(batch, &none, &[SampleParams::greedy()], &[], &[], false)?;
+            let greedy = [SampleParams::greedy()];
+            self.run_eager(batch, &none, &run::Sampling::none(&greedy), &[])?;
             self.gpu
                 .synchronize()
                 .map_err(|e| dev_err("running a step", e))?;
@@ -326,7 +345,7 @@ impl Backend for CudaBackend {
         }
         let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let params = vec![SampleParams::greedy(); rows.len()];
-        self.run_eager(batch, &rows32, &params, &[], &[], false)?;
+        self.run_eager(batch, &rows32, &run::Sampling::none(&params), &[])?;
         let n = rows.len() * self.config.vocab_size;
         let view = self
             .ws

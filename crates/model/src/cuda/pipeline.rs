@@ -19,13 +19,29 @@
 //! [`Backend::collect`]: contract::Backend::collect
 //! [`Backend::step`]: contract::Backend::step
 
-use contract::backend::{BackendError, MAX_IN_FLIGHT, SampledToken, StepBatch};
+use contract::backend::{
+    BackendError, MAX_IN_FLIGHT, SampleRequest, SampledToken, StepBatch, check_release,
+};
 use contract::sampling::MAX_LOGPROBS;
 use kernels::SampleParams;
 
 use super::forward::HostOut;
-use super::staging::{NO_CARRY, sample_params};
+use super::run::Sampling;
+use super::staging::{Layout, NO_CARRY, sample_params};
 use super::{CudaBackend, dev_err};
+
+/// A held step: its forward pass enqueued, its sampling waiting for the
+/// final requests.
+pub(super) struct Held {
+    /// Where it was staged (the sampler reads its parameters there).
+    lay: Layout,
+    /// Replayed from a graph: every sequence owns a sampler row.
+    graph: bool,
+    /// `[S]` the launched requests (the final ones must match them).
+    samples: Vec<Option<SampleRequest>>,
+    /// `[S]` sampler row and top-logprob count of each sampled sequence.
+    rows: Vec<Option<(usize, usize)>>,
+}
 
 /// A launched step not collected yet.
 pub(super) struct Flight {
@@ -56,9 +72,19 @@ fn read(out: &HostOut, rows: &[Option<(usize, usize)>]) -> Vec<Option<SampledTok
 }
 
 impl CudaBackend {
-    /// Enqueues `batch` and the copies of its samples (module doc).
-    pub(super) fn launch_step(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+    /// Enqueues `batch` and the copies of its samples (module doc); `hold`:
+    /// its forward pass only, the sampling at [`CudaBackend::release_step`].
+    pub(super) fn launch_step(
+        &mut self,
+        batch: &StepBatch,
+        hold: bool,
+    ) -> Result<(), BackendError> {
         self.check_batch(batch)?;
+        if self.held.is_some() {
+            return Err(BackendError::InvalidBatch(
+                "a held step is not released; release it first".into(),
+            ));
+        }
         if self.flights.len() >= MAX_IN_FLIGHT {
             return Err(BackendError::InvalidBatch(format!(
                 "{MAX_IN_FLIGHT} steps are in flight already; collect one first"
@@ -71,18 +97,25 @@ impl CudaBackend {
                 _ => return Err(c.unsampled(i, self.prev_rows.len())),
             }
         }
-        let r = self.enqueue_step(batch, &carry);
+        let r = self.enqueue_step(batch, &carry, hold);
         if r.is_err() {
-            self.flights.clear();
-            self.prev_rows.clear();
+            self.drop_in_flight();
         }
         r
+    }
+
+    /// Forgets every step in flight and the held one (a failure).
+    fn drop_in_flight(&mut self) {
+        self.flights.clear();
+        self.prev_rows.clear();
+        self.held = None;
     }
 
     fn enqueue_step(
         &mut self,
         batch: &StepBatch,
         carry: &[(u32, u32)],
+        hold: bool,
     ) -> Result<(), BackendError> {
         let s = batch.num_seqs();
         let mut hist = Vec::new();
@@ -90,26 +123,44 @@ impl CudaBackend {
         let all: Vec<SampleParams> = batch
             .samples
             .iter()
-            .map(|r| sample_params(r.as_ref(), &mut hist))
+            .map(|r| sample_params(r.as_ref(), &mut hist, !hold))
             .collect();
-        let out_rows: Vec<usize> = if self.run_graph(batch, &all, &hist, carry)? {
-            (0..s).collect()
+        // a held step's masks are staged at release, into room kept for them
+        let masks: usize = batch
+            .samples
+            .iter()
+            .flatten()
+            .filter_map(|r| r.allowed.as_ref())
+            .map(|m| m.words().len())
+            .sum();
+        let smp = Sampling {
+            params: &all,
+            hist: &hist,
+            hist_cap: hist.len() + if hold { masks } else { 0 },
+            now: !hold,
+        };
+        let sampled: Vec<usize> = (0..s).filter(|&q| batch.samples[q].is_some()).collect();
+        let (lay, out_rows, graph) = if let Some(lay) = self.run_graph(batch, &smp, carry)? {
+            (lay, (0..s).collect(), true)
         } else {
             // the requested rows only, with the settings (and history) already staged
-            let sampled: Vec<usize> = (0..s).filter(|&q| batch.samples[q].is_some()).collect();
             let rows: Vec<u32> = sampled
                 .iter()
                 .map(|&q| batch.cu_seqlens[q + 1] - 1)
                 .collect();
             let params: Vec<SampleParams> = sampled.iter().map(|&q| all[q]).collect();
-            if rows.is_empty() {
+            let lay = if rows.is_empty() {
                 let greedy = [SampleParams::greedy()];
-                self.run_eager(batch, &[0], &greedy, &hist, carry, false)?;
+                self.run_eager(batch, &[0], &Sampling::none(&greedy), carry)?
             } else {
-                self.run_eager(batch, &rows, &params, &hist, carry, true)?;
-            }
+                let smp = Sampling {
+                    params: &params,
+                    ..smp
+                };
+                self.run_eager(batch, &rows, &smp, carry)?
+            };
             let mut next = 0;
-            batch
+            let out_rows: Vec<usize> = batch
                 .samples
                 .iter()
                 .map(|r| {
@@ -117,7 +168,8 @@ impl CudaBackend {
                     next += usize::from(r.is_some());
                     i
                 })
-                .collect()
+                .collect();
+            (lay, out_rows, false)
         };
         let rows: Vec<Option<(usize, usize)>> = batch
             .samples
@@ -128,6 +180,22 @@ impl CudaBackend {
                     .map(|q| (row, q.params.logprobs.min(MAX_LOGPROBS)))
             })
             .collect();
+        if hold {
+            self.held = Some(Held {
+                lay,
+                graph,
+                samples: batch.samples.clone(),
+                rows,
+            });
+            return Ok(());
+        }
+        self.push_flight(rows)
+    }
+
+    /// Enqueues the copies of a step's samples (`rows`: each sequence's
+    /// sampler row and top-logprob count) into the next pinned slot and
+    /// records it in flight.
+    fn push_flight(&mut self, rows: Vec<Option<(usize, usize)>>) -> Result<(), BackendError> {
         // rows written by the sampler: only sequences that asked for a sample own one
         let r = rows
             .iter()
@@ -163,6 +231,54 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Samples the held step with its final requests (`Backend::release`):
+    /// stages their settings, history and masks, enqueues the sampler and
+    /// the copies of its samples.
+    pub(super) fn release_step(
+        &mut self,
+        samples: &[Option<SampleRequest>],
+    ) -> Result<(), BackendError> {
+        let Some(held) = self.held.take() else {
+            return Err(BackendError::InvalidBatch(
+                "release: no step is held".into(),
+            ));
+        };
+        check_release(&held.samples, samples)?;
+        // graph steps have a sampler row per sequence, eager ones per request
+        let reqs: Vec<Option<&SampleRequest>> = match held.graph {
+            true => samples.iter().map(Option::as_ref).collect(),
+            false => samples.iter().flatten().map(Some).collect(),
+        };
+        let mut hist = Vec::new();
+        let mut params: Vec<SampleParams> = reqs
+            .iter()
+            .map(|r| sample_params(*r, &mut hist, false))
+            .collect();
+        // the masks follow every other history word, written straight into
+        // the pinned staging (no intermediate copy of V / 32 words a row)
+        let mut end = hist.len();
+        let mut masks = Vec::new();
+        for (p, r) in params.iter_mut().zip(&reqs) {
+            if let Some(m) = r.and_then(|r| r.allowed.as_ref()) {
+                p.mask_off = end as u32;
+                p.mask_len = m.words().len() as u32;
+                end += m.words().len();
+                masks.push(m.words());
+            }
+        }
+        let r = (|| {
+            if held.rows.iter().any(Option::is_some) {
+                self.stage_sampling(&held.lay, &params, &hist, &masks)?;
+                self.enqueue_sampler(&held.lay)?;
+            }
+            self.push_flight(held.rows)
+        })();
+        if r.is_err() {
+            self.drop_in_flight();
+        }
+        r
+    }
+
     /// Waits for the oldest step in flight and returns its samples.
     pub(super) fn collect_step(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
         let Some(f) = self.flights.pop_front() else {
@@ -174,8 +290,7 @@ impl CudaBackend {
             return Ok(ready);
         }
         if let Err(e) = self.fences[f.slot].wait() {
-            self.flights.clear();
-            self.prev_rows.clear();
+            self.drop_in_flight();
             return Err(dev_err("running a step", e));
         }
         Ok(read(&self.ws.host_out[f.slot], &f.rows))
@@ -192,12 +307,12 @@ impl CudaBackend {
     /// Fails with a message when steps are in flight (a plain step or a
     /// logits call cannot run before them).
     pub(super) fn require_idle(&self, what: &str) -> Result<(), BackendError> {
-        if self.flights.is_empty() {
+        if self.flights.is_empty() && self.held.is_none() {
             Ok(())
         } else {
             Err(BackendError::InvalidBatch(format!(
                 "{} launched steps are not collected; {what} cannot run before them",
-                self.flights.len()
+                self.flights.len() + usize::from(self.held.is_some())
             )))
         }
     }

@@ -15,6 +15,7 @@ use gpu::Graph;
 use kernels::SampleParams;
 
 use super::forward::{Attn, Caps, Workspace};
+use super::staging::PARAM_WORDS;
 use super::staging::{Layout, Pad, pack};
 use super::{
     CAPTURE_AFTER, CudaBackend, GRAPH_HISTORY, MAX_GRAPH_BATCH, MIN_GRAPH_BLOCKS, RESERVE_BLOCKS,
@@ -138,22 +139,24 @@ impl CudaBackend {
 
     /// Runs a pure-decode step from its bucket's graph (capturing it on first
     /// use, or on its `CAPTURE_AFTER`-th while a larger captured bucket serves
-    /// it padded). Returns false, having done nothing, when this step cannot use one.
+    /// it padded; graphs with and without the sampler are kept apart).
+    /// Returns the layout it staged, or `None`, having done nothing, when
+    /// this step cannot use one.
     pub(super) fn run_graph(
         &mut self,
         batch: &StepBatch,
-        params: &[SampleParams],
-        hist: &[u32],
+        smp: &Sampling<'_>,
         carry: &[(u32, u32)],
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<Layout>, BackendError> {
         let s = batch.num_seqs();
         if !self.graphs_enabled
             || !batch.is_pure_decode()
             || s > MAX_GRAPH_BATCH
-            || hist.len() > GRAPH_HISTORY
+            || smp.hist_cap > GRAPH_HISTORY
         {
-            return Ok(false);
+            return Ok(None);
         }
+        let sample = smp.now;
         let sb = s.next_power_of_two();
         // Block-table rows as long as the batch needs, in powers of two: a
         // bucket of the longest possible context would stage (and copy)
@@ -171,19 +174,19 @@ impl CudaBackend {
         *uses = uses.saturating_add(1);
         // (Not for buckets on the fused GEMV path: a padded cuBLAS replay
         // costs those up to half a step.)
-        let key = if self.graphs.contains_key(&(sb, mb))
+        let key = if self.graphs.contains_key(&(sb, mb, sample))
             || *uses >= CAPTURE_AFTER
             || sb <= self.gemv_rows
         {
-            (sb, mb)
+            (sb, mb, sample)
         } else {
             [2, 4]
                 .into_iter()
-                .map(|k| (sb * k, mb))
+                .map(|k| (sb * k, mb, sample))
                 .find(|b| b.0 <= MAX_GRAPH_BATCH && self.graphs.contains_key(b))
-                .unwrap_or((sb, mb))
+                .unwrap_or((sb, mb, sample))
         };
-        let (sb, mb) = key;
+        let (sb, mb, _) = key;
         let lay = Layout::new(sb, sb, mb, sb, GRAPH_HISTORY);
         self.ensure(Caps {
             tokens: sb,
@@ -192,12 +195,12 @@ impl CudaBackend {
             meta: lay.total,
         })?;
         let rows: Vec<u32> = (0..s as u32).collect();
-        self.stage(&lay, batch, &rows, params, hist, carry, true)?;
+        self.stage(&lay, batch, &rows, smp.params, smp.hist, carry, true)?;
         if !self.graphs.contains_key(&key) {
             let t0 = std::time::Instant::now();
             let mut inner = None;
             let captured = Graph::capture(&self.gpu, || {
-                self.enqueue(&lay, Attn::Decode, true, true).map_err(|e| {
+                self.enqueue(&lay, Attn::Decode, sample, true).map_err(|e| {
                     let msg = e.to_string();
                     inner = Some(e);
                     gpu::GpuError::Buffer {
@@ -216,6 +219,7 @@ impl CudaBackend {
                     tracing::info!(
                         batch_bucket = sb,
                         block_bucket = mb,
+                        sampler = sample,
                         graphs = self.graphs.len(),
                         ms = t0.elapsed().as_secs_f64() * 1e3,
                         "captured a CUDA decode graph"
@@ -227,8 +231,8 @@ impl CudaBackend {
                     }
                     tracing::warn!(error = %e, "CUDA graph capture failed; running decode steps eagerly");
                     self.graphs_enabled = false;
-                    self.enqueue(&lay, Attn::Decode, true, true)?;
-                    return Ok(true);
+                    self.enqueue(&lay, Attn::Decode, sample, true)?;
+                    return Ok(Some(lay));
                 }
             }
         }
@@ -236,25 +240,22 @@ impl CudaBackend {
             Some(graph) => graph
                 .launch(&self.gpu)
                 .map_err(|e| dev_err("replaying a decode graph", e))?,
-            None => self.enqueue(&lay, Attn::Decode, true, true)?,
+            None => self.enqueue(&lay, Attn::Decode, sample, true)?,
         }
-        Ok(true)
+        Ok(Some(lay))
     }
 
     /// Stages and enqueues `batch` without a graph; `rows` are the token rows
-    /// to sample or return.
-    #[allow(clippy::too_many_arguments)]
+    /// to sample or return. Returns the layout it staged.
     pub(super) fn run_eager(
         &mut self,
         batch: &StepBatch,
         rows: &[u32],
-        params: &[SampleParams],
-        hist: &[u32],
+        smp: &Sampling<'_>,
         carry: &[(u32, u32)],
-        sample: bool,
-    ) -> Result<(), BackendError> {
+    ) -> Result<Layout, BackendError> {
         let (t, s) = (batch.num_tokens(), batch.num_seqs());
-        let lay = Layout::new(t, s, batch.max_blocks, rows.len(), hist.len());
+        let lay = Layout::new(t, s, batch.max_blocks, rows.len(), smp.hist_cap);
         let decode = batch.is_pure_decode();
         self.ensure(Caps {
             tokens: t,
@@ -262,7 +263,7 @@ impl CudaBackend {
             decode_seqs: if decode { s } else { 1 },
             meta: lay.total,
         })?;
-        self.stage(&lay, batch, rows, params, hist, carry, false)?;
+        self.stage(&lay, batch, rows, smp.params, smp.hist, carry, false)?;
         let attn = if decode {
             Attn::Decode
         } else {
@@ -275,6 +276,83 @@ impl CudaBackend {
             }
         };
         let identity = rows.iter().enumerate().all(|(i, &r)| r as usize == i);
-        self.enqueue(&lay, attn, sample, identity)
+        self.enqueue(&lay, attn, smp.now, identity)?;
+        Ok(lay)
+    }
+
+    /// Stages the final sampling parameters and history of a held step
+    /// laid out at `lay` (`params` of its first rows, padded rows keeping
+    /// theirs; the history words `hist`, then each of `masks` in turn, as
+    /// the params' offsets say) and copies them to the device behind its
+    /// forward pass.
+    pub(super) fn stage_sampling(
+        &mut self,
+        lay: &Layout,
+        params: &[SampleParams],
+        hist: &[u32],
+        masks: &[&[u32]],
+    ) -> Result<(), BackendError> {
+        let words = hist.len() + masks.iter().map(|m| m.len()).sum::<usize>();
+        if words > lay.hist_cap || params.len() > lay.r {
+            return Err(BackendError::InvalidBatch(format!(
+                "release: {} sampler rows and {words} history words where the held step laid out {} and {}",
+                params.len(),
+                lay.r,
+                lay.hist_cap
+            )));
+        }
+        // the last release's copy must have run (long since: a step ago)
+        self.release_fence
+            .wait()
+            .map_err(|e| dev_err("waiting for the last sampling copy", e))?;
+        // params, padded rows' params (as the launch staged them) and
+        // history are contiguous: one copy of `from..to`
+        let (from, to) = (lay.params, lay.history + words.max(1));
+        let buf = self.ws.host_release.as_mut_slice();
+        buf[from..lay.history].copy_from_slice(&self.ws.host_meta.as_slice()[from..lay.history]);
+        for (i, p) in params.iter().enumerate() {
+            let dst = lay.params + i * PARAM_WORDS;
+            buf[dst..dst + PARAM_WORDS]
+                .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(p)));
+        }
+        let mut at = lay.history;
+        for part in std::iter::once(hist).chain(masks.iter().copied()) {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        let dst = self
+            .ws
+            .meta
+            .slice(from..to)
+            .map_err(|e| dev_err("staging", e))?;
+        self.gpu
+            .copy_to_device(&self.ws.host_release.as_slice()[from..to], dst)
+            .map_err(|e| dev_err("copying sampling parameters", e))?;
+        self.release_fence
+            .record()
+            .map_err(|e| dev_err("copying sampling parameters", e))
+    }
+}
+
+/// What a step samples: the settings of its sampler rows, their history
+/// words, the history capacity to lay out (at least `hist.len()`; a held
+/// step reserves its masks' words) and whether the sampler runs with the
+/// forward pass (`now`) or at release.
+pub(super) struct Sampling<'a> {
+    pub params: &'a [SampleParams],
+    pub hist: &'a [u32],
+    pub hist_cap: usize,
+    pub now: bool,
+}
+
+impl<'a> Sampling<'a> {
+    /// No sampling (logits stay in the workspace).
+    pub fn none(params: &'a [SampleParams]) -> Self {
+        Sampling {
+            params,
+            hist: &[],
+            hist_cap: 0,
+            now: false,
+        }
     }
 }

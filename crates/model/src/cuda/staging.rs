@@ -88,7 +88,13 @@ pub(super) struct Pad {
 /// frequency penalties, `logit_bias`: `(id, f32 bits)` word pairs from
 /// `contract::history::additive_terms`), then the grammar's allowed-token
 /// mask words (`contract::mask`, when constrained) are appended to `history`.
-pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>) -> SampleParams {
+/// The mask words are left out unless `masks` (a held step's launch: its
+/// masks are not final; its release stages them itself).
+pub(super) fn sample_params(
+    req: Option<&SampleRequest>,
+    history: &mut Vec<u32>,
+    masks: bool,
+) -> SampleParams {
     let Some(req) = req else {
         return SampleParams::greedy();
     };
@@ -124,7 +130,7 @@ pub(super) fn sample_params(req: Option<&SampleRequest>, history: &mut Vec<u32>)
     for (id, d) in adds {
         history.extend_from_slice(&[id, d.to_bits()]);
     }
-    if let Some(mask) = &req.allowed {
+    if let Some(mask) = req.allowed.as_ref().filter(|_| masks) {
         out.mask_off = history.len() as u32;
         out.mask_len = mask.words().len() as u32;
         history.extend_from_slice(mask.words());
@@ -269,7 +275,7 @@ mod tests {
             )),
             allowed: None,
         };
-        let p = sample_params(Some(&req), &mut hist);
+        let p = sample_params(Some(&req), &mut hist, true);
         assert_eq!(hist, vec![1, 3, 5]);
         assert_eq!((p.hist_off, p.hist_len, p.top_k), (0, 3, 5));
         assert_eq!((p.add_off, p.add_len), (3, 0));
@@ -287,7 +293,7 @@ mod tests {
             history: Some(std::sync::Arc::new(h)),
             allowed: None,
         };
-        let q = sample_params(Some(&biased), &mut hist);
+        let q = sample_params(Some(&biased), &mut hist, true);
         assert_eq!((q.hist_len, q.add_off, q.add_len), (0, 3, 2));
         assert_eq!(
             &hist[3..],
@@ -303,11 +309,11 @@ mod tests {
             ..biased.clone()
         };
         let before = hist.len();
-        let m = sample_params(Some(&masked), &mut hist);
+        let m = sample_params(Some(&masked), &mut hist, true);
         assert_eq!((m.mask_off as usize, m.mask_len), (before + 4, 2));
         assert_eq!(&hist[before + 4..], &[1 << 2, 1 << 1]);
         assert_eq!(q.mask_len, 0);
         assert_eq!(p.n_logprobs as usize, MAX_LOGPROBS);
-        assert_eq!(sample_params(None, &mut hist).temperature, 0.0);
+        assert_eq!(sample_params(None, &mut hist, true).temperature, 0.0);
     }
 }

@@ -162,8 +162,8 @@ fn cuda_llama_1b_step_timing() {
                 let graph = b
                     .graphs
                     .iter()
-                    .filter(|((sb, _), _)| *sb == bs.next_power_of_two())
-                    .max_by_key(|((_, mb), _)| *mb)
+                    .filter(|((sb, _, _), _)| *sb == bs.next_power_of_two())
+                    .max_by_key(|((_, mb, _), _)| *mb)
                     .map(|(_, g)| g)
                     .unwrap();
                 let reps = 50;

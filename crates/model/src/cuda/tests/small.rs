@@ -374,11 +374,15 @@ fn cuda_row_subsets_match_all_rows() {
 /// carried on the device (placeholder ids on the host). The batch changes
 /// on the way: a long prompt joins (a mixed eager step that grows the
 /// workspace while a step is in flight), a sequence leaves (another graph
-/// bucket); with graphs and without.
+/// bucket); with graphs and without. With grammar-like masks that depend on
+/// each sequence's last sample (even sequences), held steps (launched with
+/// stale masks, released with the final ones once the step before is
+/// collected) give exactly the tokens of plain steps with the final masks,
+/// and every masked sample is allowed by its mask.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_pipelined_steps_equal_plain_steps() {
-    use contract::Carried;
+    use contract::{Carried, TokenMask};
     /// A sequence: its prompt, the samples collected, the tokens run so far.
     struct Seq {
         prompt: Vec<u32>,
@@ -398,9 +402,29 @@ fn cuda_pipelined_steps_equal_plain_steps() {
         logprobs: i % 3,
         ..SamplingParams::default()
     };
+    // even sequences: 64 allowed ids picked from the last known token
+    let mask_for = |s: usize, known: &[u32]| -> Option<Arc<TokenMask>> {
+        if s % 2 == 1 {
+            return None;
+        }
+        let h = known.last().map_or(5, |&t| t as usize * 31 + known.len());
+        let ids: Vec<u32> = (0..64).map(|k| ((h + k * 7919) % vocab) as u32).collect();
+        Some(Arc::new(TokenMask::from_ids(vocab, &ids)))
+    };
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Mode {
+        Plain,
+        Piped,
+        Held,
+    }
     for graphs in [true, false] {
         let mut runs: Vec<Vec<Vec<u32>>> = Vec::new();
-        for piped in [false, true] {
+        for (mode, masked) in [
+            (Mode::Plain, false),
+            (Mode::Piped, false),
+            (Mode::Plain, true),
+            (Mode::Held, true),
+        ] {
             let mut b = CudaBackend::new(cfg.clone(), &w, kv, 0).unwrap();
             b.set_graphs(graphs);
             let mut pool = Pool::new(kv.num_blocks);
@@ -413,15 +437,29 @@ fn cuda_pipelined_steps_equal_plain_steps() {
                     blocks: pool.take(n + 24),
                 })
                 .collect();
+            let known =
+                |q: &Seq| -> Vec<u32> { q.prompt.iter().chain(&q.generated).copied().collect() };
+            // each masked sample must be one its final mask allows
             let land = |b: &mut CudaBackend, seqs: &mut [Seq], ids: &[usize]| {
                 for (&s, r) in ids.iter().zip(b.collect().unwrap()) {
                     let r = r.unwrap();
                     assert!((r.token as usize) < vocab && r.logprob.is_finite());
+                    if masked {
+                        let k = known(&seqs[s]);
+                        if let Some(m) = mask_for(s, &k) {
+                            assert!(
+                                m.allows(r.token),
+                                "sequence {s} sampled {} outside its mask",
+                                r.token
+                            );
+                        }
+                    }
                     seqs[s].generated.push(r.token);
                 }
             };
             // the sequences of the launch not collected yet, in batch order
             let mut pending: Option<Vec<usize>> = None;
+            let mut held_steps = 0;
             for i in 0..14 {
                 // sequence 3 joins at step 5, sequence 1 leaves after step 8
                 let ids: Vec<usize> = (0..seqs.len())
@@ -432,9 +470,8 @@ fn cuda_pipelined_steps_equal_plain_steps() {
                     .iter()
                     .map(|&s| {
                         let q = &seqs[s];
-                        let known: Vec<u32> =
-                            q.prompt.iter().chain(&q.generated).copied().collect();
-                        let mut toks = known[q.run.min(known.len())..].to_vec();
+                        let k = known(q);
+                        let mut toks = k[q.run.min(k.len())..].to_vec();
                         let in_flight = prev.contains(&s);
                         if in_flight {
                             toks.push(0); // its last sample is still on the device
@@ -444,7 +481,8 @@ fn cuda_pipelined_steps_equal_plain_steps() {
                                 params: params(s),
                                 step: (q.generated.len() + usize::from(in_flight)) as u64,
                                 history: None,
-                                allowed: None,
+                                // stale for a carried sequence: final at release
+                                allowed: if masked { mask_for(s, &k) } else { None },
                             }),
                             blocks: q.blocks.clone(),
                             start: q.run,
@@ -461,26 +499,52 @@ fn cuda_pipelined_steps_equal_plain_steps() {
                         });
                     }
                 }
-                b.launch(&batch).unwrap();
+                let hold = mode == Mode::Held && !batch.carried.is_empty();
+                if hold {
+                    b.launch_held(&batch).unwrap();
+                    held_steps += 1;
+                } else {
+                    b.launch(&batch).unwrap();
+                }
                 for (c, &s) in chunks.iter().zip(&ids) {
                     seqs[s].run += c.tokens.len();
                 }
-                if piped {
-                    if let Some(prev) = pending.replace(ids) {
-                        land(&mut b, &mut seqs, &prev);
+                match mode {
+                    Mode::Plain => land(&mut b, &mut seqs, &ids),
+                    Mode::Piped | Mode::Held => {
+                        if let Some(prev) = pending.replace(ids.clone()) {
+                            land(&mut b, &mut seqs, &prev);
+                        }
                     }
-                } else {
-                    land(&mut b, &mut seqs, &ids);
+                }
+                if hold {
+                    assert!(b.launch(&batch).is_err(), "a launch behind a held step");
+                    let mut fin = batch.samples.clone();
+                    for (f, &s) in fin.iter_mut().zip(&ids) {
+                        if let Some(r) = f.as_mut() {
+                            r.allowed = mask_for(s, &known(&seqs[s]));
+                        }
+                    }
+                    b.release(&fin).unwrap();
                 }
             }
             if let Some(prev) = pending.take() {
                 land(&mut b, &mut seqs, &prev);
             }
             assert!(b.collect().is_err(), "nothing left in flight");
+            if mode == Mode::Held {
+                assert!(held_steps >= 10, "{held_steps} held steps");
+            }
             runs.push(seqs.into_iter().map(|s| s.generated).collect());
         }
         println!("RESULT pipelined (graphs {graphs}): {:?}", runs[1]);
+        println!("RESULT held (graphs {graphs}): {:?}", runs[3]);
         assert_eq!(runs[0], runs[1], "graphs {graphs}: pipelined tokens differ");
+        assert_eq!(runs[2], runs[3], "graphs {graphs}: held-step tokens differ");
+        assert_ne!(
+            runs[0], runs[2],
+            "graphs {graphs}: the masks changed nothing"
+        );
         assert_eq!(
             runs[0][3].len(),
             9,
