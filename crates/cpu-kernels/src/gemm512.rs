@@ -114,28 +114,160 @@ pub fn matmul_strided(
 }
 
 /// Packs weight rows `o0..o1` as f32 `[inp][NR]` (row `o` in lane `o - o0`,
-/// lanes past `o1` zero).
+/// lanes past `o1` zero): 16 x 16 blocks through registers (16 rows' next
+/// 16 values loaded, widened, transposed, stored as 16 panel rows), the
+/// ragged edges value by value. The whole matrix is widened once per call,
+/// so this is `out * inp` of a product's `T * out * inp` work, at a few
+/// instructions per 16 values rather than a scalar load and store each.
 fn pack(w: Weights<'_>, inp: usize, o0: usize, o1: usize, panel: &mut [f32]) {
-    if o1 - o0 < NR {
+    let n = o1 - o0;
+    if n < NR {
         panel.fill(0.0);
     }
+    assert!(panel.len() >= inp * NR);
+    let whole = if n == NR { inp / 16 * 16 } else { 0 };
     match w {
         Weights::Bf16(d) => {
             let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(d);
-            for (j, o) in (o0..o1).enumerate() {
-                for (k, &b) in bits[o * inp..(o + 1) * inp].iter().enumerate() {
-                    panel[k * NR + j] = f32::from_bits((b as u32) << 16);
+            let rows = &bits[o0 * inp..o1 * inp];
+            if whole > 0 {
+                // SAFETY: AVX-512F (asserted by every caller); 32 rows of
+                // inp values, k + 16 <= whole <= inp, panel >= inp * NR.
+                unsafe { pack_blocks_bf16(rows.as_ptr(), inp, whole, panel.as_mut_ptr()) };
+            }
+            for (k, dst) in panel.chunks_exact_mut(NR).take(inp).enumerate().skip(whole) {
+                for (j, v) in dst[..n].iter_mut().enumerate() {
+                    *v = f32::from_bits((rows[j * inp + k] as u32) << 16);
                 }
             }
         }
         Weights::F32 { data, stride } => {
-            for (j, o) in (o0..o1).enumerate() {
-                for (k, &v) in data[o * stride..o * stride + inp].iter().enumerate() {
-                    panel[k * NR + j] = v;
+            let rows = &data[o0 * stride..];
+            if whole > 0 {
+                assert!(rows.len() >= (NR - 1) * stride + inp);
+                // SAFETY: as above, rows `stride` apart with inp values each (asserted).
+                unsafe { pack_blocks_f32(rows.as_ptr(), stride, whole, panel.as_mut_ptr()) };
+            }
+            for (k, dst) in panel.chunks_exact_mut(NR).take(inp).enumerate().skip(whole) {
+                for (j, v) in dst[..n].iter_mut().enumerate() {
+                    *v = rows[j * stride + k];
                 }
             }
         }
     }
+}
+
+/// Transposes the 16 x 16 block `r` (row `i` = lanes of `r[i]`) in place.
+///
+/// # Safety
+/// AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
+    use std::arch::x86_64::*;
+    let mut t = [_mm512_setzero_ps(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    let (lo, hi) = (
+        |a: __m512, b: __m512| {
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+        },
+        |a: __m512, b: __m512| {
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
+        },
+    );
+    for g in 0..4 {
+        let b = 4 * g;
+        r[b] = lo(t[b], t[b + 2]);
+        r[b + 1] = hi(t[b], t[b + 2]);
+        r[b + 2] = lo(t[b + 1], t[b + 3]);
+        r[b + 3] = hi(t[b + 1], t[b + 3]);
+    }
+    for h in 0..2 {
+        let b = 8 * h;
+        for i in 0..4 {
+            t[b + i] = _mm512_shuffle_f32x4::<0x88>(r[b + i], r[b + i + 4]);
+            t[b + i + 4] = _mm512_shuffle_f32x4::<0xdd>(r[b + i], r[b + i + 4]);
+        }
+    }
+    for i in 0..8 {
+        r[i] = _mm512_shuffle_f32x4::<0x88>(t[i], t[i + 8]);
+        r[i + 8] = _mm512_shuffle_f32x4::<0xdd>(t[i], t[i + 8]);
+    }
+}
+
+/// Packs columns `0..whole` (a multiple of 16) of [`NR`] BF16 rows `inp`
+/// apart into `panel` `[k][NR]`, widened.
+///
+/// # Safety
+/// AVX-512F; `rows` holds `NR` rows of `inp >= whole` values, `panel`
+/// `whole * NR` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_blocks_bf16(rows: *const u16, inp: usize, whole: usize, panel: *mut f32) {
+    use std::arch::x86_64::*;
+    for k0 in (0..whole).step_by(16) {
+        for g in 0..NR / 16 {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, v) in r.iter_mut().enumerate() {
+                // SAFETY: row g * 16 + i < NR, values k0..k0 + 16 <= inp (contract).
+                let h = unsafe { _mm256_loadu_si256(rows.add((g * 16 + i) * inp + k0).cast()) };
+                *v = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+            }
+            // SAFETY: AVX-512F (this function's contract).
+            unsafe { transpose16(&mut r) };
+            for (i, v) in r.iter().enumerate() {
+                // SAFETY: panel row k0 + i < whole, lanes g * 16.. + 16 <= NR.
+                unsafe { _mm512_storeu_ps(panel.add((k0 + i) * NR + g * 16), *v) };
+            }
+        }
+    }
+}
+
+/// [`pack_blocks_bf16`] for f32 rows `stride` apart.
+///
+/// # Safety
+/// AVX-512F; `rows` holds `NR` rows `stride` apart of at least `whole`
+/// values, `panel` `whole * NR` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_blocks_f32(rows: *const f32, stride: usize, whole: usize, panel: *mut f32) {
+    use std::arch::x86_64::*;
+    for k0 in (0..whole).step_by(16) {
+        for g in 0..NR / 16 {
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, v) in r.iter_mut().enumerate() {
+                // SAFETY: row g * 16 + i < NR, values k0..k0 + 16 (contract).
+                *v = unsafe { _mm512_loadu_ps(rows.add((g * 16 + i) * stride + k0)) };
+            }
+            // SAFETY: AVX-512F (this function's contract).
+            unsafe { transpose16(&mut r) };
+            for (i, v) in r.iter().enumerate() {
+                // SAFETY: panel row k0 + i < whole, lanes g * 16.. + 16 <= NR.
+                unsafe { _mm512_storeu_ps(panel.add((k0 + i) * NR + g * 16), *v) };
+            }
+        }
+    }
+}
+
+/// Never called off x86-64 (every caller asserts AVX-512F first).
+///
+/// # Safety
+/// None needed.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pack_blocks_bf16(_: *const u16, _: usize, _: usize, _: *mut f32) {
+    unreachable!("AVX-512F is asserted before any call")
+}
+
+/// Never called off x86-64 (every caller asserts AVX-512F first).
+///
+/// # Safety
+/// None needed.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn pack_blocks_f32(_: *const f32, _: usize, _: usize, _: *mut f32) {
+    unreachable!("AVX-512F is asserted before any call")
 }
 
 /// # Safety
@@ -258,6 +390,46 @@ mod tests {
                         (got - want).abs() < 1e-4,
                         "T={t} ({ti},{o}) {got} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    /// The blocked pack equals the value-by-value one on full and ragged
+    /// panels of both weight kinds.
+    #[test]
+    fn packs_like_the_scalar_transpose() {
+        if !crate::Isa::Avx512.supported() {
+            return;
+        }
+        for &(inp, out, o0, o1) in &[
+            (48, 32, 0, 32),
+            (37, 40, 0, 32),
+            (64, 70, 64, 70),
+            (16, 64, 32, 64),
+        ] {
+            let w: Vec<bf16> = (0..out * inp)
+                .map(|i| bf16::from_f32((i as f32 * 0.37).sin()))
+                .collect();
+            let stride = inp + 3;
+            let wf: Vec<f32> = (0..out * stride).map(|i| (i as f32 * 0.11).cos()).collect();
+            for kind in [Weights::Bf16(&w), Weights::F32 { data: &wf, stride }] {
+                let mut panel = vec![f32::NAN; inp * NR];
+                pack(kind, inp, o0, o1, &mut panel);
+                for k in 0..inp {
+                    for j in 0..NR {
+                        let o = o0 + j;
+                        let want = match (o < o1, kind) {
+                            (false, _) => 0.0,
+                            (true, Weights::Bf16(d)) => d[o * inp + k].to_f32(),
+                            (true, Weights::F32 { data, stride }) => data[o * stride + k],
+                        };
+                        assert_eq!(
+                            panel[k * NR + j],
+                            want,
+                            "inp {inp} rows {o0}..{o1} k {k} j {j}"
+                        );
+                    }
                 }
             }
         }

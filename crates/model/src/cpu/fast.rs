@@ -34,7 +34,7 @@ use contract::backend::{BackendError, StepBatch};
 use cpu_kernels::Isa;
 use cpu_kernels::matmul::{Scratch, gemm_nt_f32, matmul_bf16};
 use cpu_kernels::quant::QuantActs;
-use cpu_kernels::vector::{add_assign, axpy, dot, rms_norm, silu_mul};
+use cpu_kernels::vector::{add_assign, axpy, dot, exp_scaled_sum, rms_norm, silu_mul};
 use half::slice::HalfFloatSliceExt;
 use ops::AttnDims;
 use rayon::prelude::*;
@@ -204,7 +204,7 @@ impl CpuBackend {
             let act = sized(&mut ws.act, t * inter);
             for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
                 a.copy_from_slice(&g[..inter]);
-                silu_mul(a, &g[inter..]);
+                silu_mul(isa, a, &g[inter..]);
             }
             lw.down
                 .matmul(isa, act, inter, hidden, proj, &mut ws.scratch, &mut ws.acts);
@@ -287,12 +287,7 @@ fn attention(
         scores.clear();
         scores.extend((0..ctx).map(|j| dot(isa, qh, &kc[row(j)..row(j) + hd]) * scale));
         let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
-        for s in scores.iter_mut() {
-            *s = (*s - m).exp();
-            sum += *s;
-        }
-        let inv = 1.0 / sum;
+        let inv = 1.0 / exp_scaled_sum(isa, scores, 1.0, m);
         o.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {
             let r = row(j);
@@ -413,12 +408,7 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
                     let m = row[..keep]
                         .iter()
                         .fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
-                    let mut sum = 0f32;
-                    for s in &mut row[..keep] {
-                        *s = (*s * scale - m).exp();
-                        sum += *s;
-                    }
-                    let inv = 1.0 / sum;
+                    let inv = 1.0 / exp_scaled_sum(isa, &mut row[..keep], scale, m);
                     for s in &mut row[..keep] {
                         *s *= inv;
                     }
