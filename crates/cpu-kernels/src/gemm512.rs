@@ -163,7 +163,7 @@ fn pack(w: Weights<'_>, inp: usize, o0: usize, o1: usize, panel: &mut [f32]) {
 /// AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
+pub(crate) unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
     use std::arch::x86_64::*;
     let mut t = [_mm512_setzero_ps(); 16];
     for i in 0..8 {

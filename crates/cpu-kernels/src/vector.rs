@@ -1,13 +1,16 @@
 //! Vector operations of the fast CPU path: dot product and `y += a x` (the
-//! attention inner loops) with explicit SIMD paths, and RMSNorm, SwiGLU and
-//! the residual add written so that LLVM vectorises them.
+//! attention inner loops) with explicit SIMD paths, and RMSNorm, SwiGLU,
+//! softmax's exponentials ([`exp_scaled_sum`]) and the residual add written
+//! so that LLVM vectorises them (compiled per instruction set where a
+//! fused multiply-add matters).
 //!
 //! Contract: each function computes what its `ops` reference computes
 //! (RMSNorm's mean of squares in f64 as in `ops::norm::rms_norm`, SwiGLU
 //! `silu(g) * u` as in `ops::activation::silu_mul`), into caller-owned
 //! buffers, on the calling thread (these run per token row; the caller
 //! decides on parallelism). [`dot`] differs from a sequential sum only in
-//! the order of the additions.
+//! the order of the additions; [`exp`] (SwiGLU, softmax) is within 2.5e-7
+//! relative of `f32::exp` and gives the same bits on every path.
 //! Costs: O(n) per call, no allocation.
 
 use crate::isa::Isa;
@@ -68,6 +71,63 @@ unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
         s += a[i] * b[i];
     }
     s
+}
+
+/// `out[j] = q · key(j)` for `j < out.len()`, each key `q.len()` values.
+/// On AVX-512 each is the AVX-512 GEMM's arithmetic for one output, bit
+/// for bit: the fused chain `s = fma(q[k], key[k], s)` over `k` in order
+/// from `s = 0`, 16 keys at a time (their next 16 values transposed into
+/// lanes), so a decode token's attention scores equal the scores the same
+/// token gets inside a prefill chunk (whose `Q K^T` runs on that GEMM), and
+/// a prompt recomputed from the prefix cache samples what it sampled the
+/// first time. Elsewhere [`dot`] per key (the chunk's GEMM is then the
+/// `gemm` crate's, in another order anyway).
+pub fn dot_keys<'a>(isa: Isa, q: &[f32], key: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.checked() == Isa::Avx512 && q.len().is_multiple_of(16) {
+        for (j0, o) in (0..out.len()).step_by(16).zip(out.chunks_mut(16)) {
+            let keys: [Option<&[f32]>; 16] =
+                std::array::from_fn(|i| (i < o.len()).then(|| key(j0 + i)));
+            assert!(
+                keys.iter().flatten().all(|k| k.len() >= q.len()),
+                "a key shorter than q"
+            );
+            // SAFETY: AVX-512F (Isa::checked); every present key holds q.len() values (asserted).
+            unsafe { dot_keys_avx512(q, &keys, o) };
+        }
+        return;
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot(isa, q, key(j));
+    }
+}
+
+/// # Safety
+/// AVX-512F; `q.len()` a multiple of 16; each present key at least `q.len()`
+/// values; `out` at most 16 values, one per present key from the first.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_keys_avx512(q: &[f32], keys: &[Option<&[f32]>; 16], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut acc = _mm512_setzero_ps();
+    for k0 in (0..q.len()).step_by(16) {
+        let mut r = [_mm512_setzero_ps(); 16];
+        for (v, k) in r.iter_mut().zip(keys) {
+            if let Some(k) = k {
+                // SAFETY: k0 + 16 <= q.len() <= k.len() (the contract).
+                *v = unsafe { _mm512_loadu_ps(k.as_ptr().add(k0)) };
+            }
+        }
+        // SAFETY: AVX-512F (this function's contract).
+        unsafe { crate::gemm512::transpose16(&mut r) };
+        for (kk, v) in r.iter().enumerate() {
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(q[k0 + kk]), *v, acc);
+        }
+    }
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 writable values.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+    out.copy_from_slice(&lanes[..out.len()]);
 }
 
 /// # Safety
@@ -239,9 +299,11 @@ pub fn exp(x: f32) -> f32 {
     e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
-/// `row[i] = e^(row[i] * scale - m)` for every `i`; returns their sum
-/// (over 16 lanes, then the lanes in order: a fixed order for a given
-/// length). Softmax's numerator: `m` is the row's scaled maximum.
+/// `row[i] = e^(row[i] * scale - m)` for every `i` (the product and the
+/// difference each rounded, so pre-scaled scores with `scale = 1` give the
+/// same bits); returns their sum (over 16 lanes, then the lanes in order: a
+/// fixed order for a given length). Softmax's numerator: `m` is the row's
+/// scaled maximum.
 pub fn exp_scaled_sum(isa: Isa, row: &mut [f32], scale: f32, m: f32) -> f32 {
     match isa.checked() {
         #[cfg(target_arch = "x86_64")]
@@ -260,13 +322,13 @@ fn exp_scaled_sum_body(row: &mut [f32], scale: f32, m: f32) -> f32 {
     let mut chunks = row.chunks_exact_mut(16);
     for c in &mut chunks {
         for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
-            *v = exp(v.mul_add(scale, -m));
+            *v = exp(*v * scale - m);
             *l += *v;
         }
     }
     let mut sum = 0f32;
     for v in chunks.into_remainder() {
-        *v = exp(v.mul_add(scale, -m));
+        *v = exp(*v * scale - m);
         sum += *v;
     }
     lanes.iter().sum::<f32>() + sum
@@ -401,6 +463,31 @@ mod tests {
                 let s = exp_scaled_sum(isa, &mut got, 0.125, m);
                 assert_eq!(s.to_bits(), sum.to_bits(), "{isa:?} n={n}");
                 assert_eq!(got, want, "{isa:?} n={n}");
+            }
+        }
+    }
+
+    /// On AVX-512, `dot_keys` gives each score the AVX-512 GEMM's bits
+    /// (the prefill chunk's `Q K^T`); elsewhere it is `dot` per key.
+    #[test]
+    fn key_dots_equal_the_gemm_bit_for_bit() {
+        let hd = 64;
+        for n in [1, 5, 16, 17, 40] {
+            let q = data(hd, 0.3);
+            let keys: Vec<Vec<f32>> = (0..n).map(|j| data(hd, j as f32 * 1.7)).collect();
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; n];
+                dot_keys(isa, &q, |j| &keys[j], &mut got);
+                for (j, k) in keys.iter().enumerate() {
+                    let exact: f64 = q.iter().zip(k).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    assert!((got[j] as f64 - exact).abs() < 1e-4, "{isa:?} n={n} j={j}");
+                }
+                if isa == Isa::Avx512 {
+                    let flat: Vec<f32> = keys.concat();
+                    let mut want = vec![0f32; n];
+                    crate::matmul::gemm_nt_f32(isa, &q, hd, 1, &flat, hd, hd, n, &mut want, n);
+                    assert_eq!(got, want, "n={n}");
+                }
             }
         }
     }

@@ -34,7 +34,7 @@ use contract::backend::{BackendError, StepBatch};
 use cpu_kernels::Isa;
 use cpu_kernels::matmul::{Scratch, gemm_nt_f32, matmul_bf16};
 use cpu_kernels::quant::QuantActs;
-use cpu_kernels::vector::{add_assign, axpy, dot, exp_scaled_sum, rms_norm, silu_mul};
+use cpu_kernels::vector::{add_assign, axpy, dot_keys, exp_scaled_sum, rms_norm, silu_mul};
 use half::slice::HalfFloatSliceExt;
 use ops::AttnDims;
 use rayon::prelude::*;
@@ -284,8 +284,14 @@ fn attention(
         let qh = &qkv[t * qkv_w + h * hd..][..hd];
         let koff = (h / group) * hd;
         let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kv_dim + koff;
+        // the chunk path's arithmetic (`dot_keys`): a token recomputed from
+        // the prefix cache gets the scores it got inside the first prefill
         scores.clear();
-        scores.extend((0..ctx).map(|j| dot(isa, qh, &kc[row(j)..row(j) + hd]) * scale));
+        scores.resize(ctx, 0.0);
+        dot_keys(isa, qh, |j| &kc[row(j)..row(j) + hd], scores);
+        for s in scores.iter_mut() {
+            *s *= scale;
+        }
         let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let inv = 1.0 / exp_scaled_sum(isa, scores, 1.0, m);
         o.fill(0.0);

@@ -1,0 +1,86 @@
+//! The machine's multiply-add roofs: a loop of 16 independent zmm f32 FMAs
+//! (and of 16 `vdpbf16ps`, where the processor has AVX-512 BF16) on 1 and
+//! 2 threads, in GFLOP/s. `cargo run --release -p cpu-kernels --example
+//! fma_peak`. What the GEMM's GFLOP/s (`matmul_bench`) are measured against.
+
+use rayon::prelude::*;
+use std::time::Instant;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn fma_loop(n: usize) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let (a, b) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
+        for _ in 0..n {
+            for c in acc.iter_mut() {
+                *c = _mm512_fmadd_ps(*c, a, b);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
+        _mm512_reduce_add_ps(s)
+    }
+
+    /// # Safety
+    /// AVX-512F and AVX-512 BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub unsafe fn bf16_loop(n: usize) -> f32 {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        // 1.0 in every BF16 lane
+        // SAFETY: __m512i and __m512bh are both 512 plain bits.
+        let one: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi16(0x3f80)) };
+        for _ in 0..n {
+            for c in acc.iter_mut() {
+                *c = _mm512_dpbf16_ps(*c, one, one);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
+        _mm512_reduce_add_ps(s)
+    }
+}
+
+fn main() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !is_x86_feature_detected!("avx512f") {
+            println!("no AVX-512F on this processor");
+            return;
+        }
+        let bf16 = is_x86_feature_detected!("avx512bf16");
+        let n = 20_000_000usize;
+        for threads in [1usize, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a rayon pool");
+            let time = |f: unsafe fn(usize) -> f32, macs_per_op: usize| {
+                let t = Instant::now();
+                let r: f32 = pool.install(|| {
+                    (0..threads)
+                        .into_par_iter()
+                        // SAFETY: the features were detected above.
+                        .map(|_| unsafe { f(n) })
+                        .sum()
+                });
+                let flops = (threads * n * 16 * macs_per_op * 2) as f64;
+                (flops / t.elapsed().as_secs_f64() / 1e9, r)
+            };
+            let (g, r) = time(x86::fma_loop, 16);
+            println!("f32 FMA, {threads} threads: {g:.1} GFLOP/s (checksum {r})");
+            if bf16 {
+                let (g, r) = time(x86::bf16_loop, 32);
+                println!("vdpbf16ps, {threads} threads: {g:.1} GFLOP/s (checksum {r})");
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    println!("x86-64 only");
+}
