@@ -208,21 +208,12 @@ pub(crate) unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; 16]) {
 #[target_feature(enable = "avx512f")]
 unsafe fn pack_blocks_bf16(rows: *const u16, inp: usize, whole: usize, panel: *mut f32) {
     use std::arch::x86_64::*;
-    for k0 in (0..whole).step_by(16) {
-        for g in 0..NR / 16 {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (i, v) in r.iter_mut().enumerate() {
-                // SAFETY: row g * 16 + i < NR, values k0..k0 + 16 <= inp (contract).
-                let h = unsafe { _mm256_loadu_si256(rows.add((g * 16 + i) * inp + k0).cast()) };
-                *v = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
-            }
-            // SAFETY: AVX-512F (this function's contract).
-            unsafe { transpose16(&mut r) };
-            for (i, v) in r.iter().enumerate() {
-                // SAFETY: panel row k0 + i < whole, lanes g * 16.. + 16 <= NR.
-                unsafe { _mm512_storeu_ps(panel.add((k0 + i) * NR + g * 16), *v) };
-            }
-        }
+    // SAFETY: forwarded; each load reads 16 values of a row from k0 < whole.
+    unsafe {
+        pack_blocks(whole, panel, |i, k0| {
+            let h = _mm256_loadu_si256(rows.add(i * inp + k0).cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        })
     }
 }
 
@@ -235,13 +226,32 @@ unsafe fn pack_blocks_bf16(rows: *const u16, inp: usize, whole: usize, panel: *m
 #[target_feature(enable = "avx512f")]
 unsafe fn pack_blocks_f32(rows: *const f32, stride: usize, whole: usize, panel: *mut f32) {
     use std::arch::x86_64::*;
+    // SAFETY: forwarded; each load reads 16 values of a row from k0 < whole.
+    unsafe {
+        pack_blocks(whole, panel, |i, k0| {
+            _mm512_loadu_ps(rows.add(i * stride + k0))
+        })
+    }
+}
+
+/// The 16 x 16 blocks of the packs above: `load(i, k0)` gives row `i`'s
+/// values `k0..k0 + 16` as f32.
+///
+/// # Safety
+/// AVX-512F; `load` is sound for `i < NR` and `k0 + 16 <= whole`; `panel`
+/// holds `whole * NR` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn pack_blocks(
+    whole: usize,
+    panel: *mut f32,
+    load: impl Fn(usize, usize) -> std::arch::x86_64::__m512,
+) {
+    use std::arch::x86_64::*;
     for k0 in (0..whole).step_by(16) {
         for g in 0..NR / 16 {
-            let mut r = [_mm512_setzero_ps(); 16];
-            for (i, v) in r.iter_mut().enumerate() {
-                // SAFETY: row g * 16 + i < NR, values k0..k0 + 16 (contract).
-                *v = unsafe { _mm512_loadu_ps(rows.add((g * 16 + i) * stride + k0)) };
-            }
+            let mut r: [__m512; 16] = std::array::from_fn(|i| load(g * 16 + i, k0));
             // SAFETY: AVX-512F (this function's contract).
             unsafe { transpose16(&mut r) };
             for (i, v) in r.iter().enumerate() {
