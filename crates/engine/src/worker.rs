@@ -383,7 +383,13 @@ impl Worker {
             match self.land_samples() {
                 Some(ns) => landed_ns += ns,
                 None => {
-                    // the backend dropped this step with the failed one
+                    // the backend dropped this step with the failed one; a
+                    // held step it may still hold (the landing failed in the
+                    // scheduler, not the backend) is run and discarded, so
+                    // the next launch finds the backend free
+                    if held && self.backend.release(&self.sched.batch().samples).is_ok() {
+                        let _ = self.backend.collect();
+                    }
                     self.sched.abandon();
                     self.fail_step(
                         step.ids,
