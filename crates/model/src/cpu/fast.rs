@@ -362,10 +362,10 @@ const SEGMENT_ROWS: usize = if cfg!(test) { 8 } else { 96 };
 /// [`SEGMENT_ROWS`] rows `S = Q K^T` over the keys the block can see (one
 /// GEMM), the scaled causal row softmax (row `i` keeps keys
 /// `0..=positions[i]`) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
-/// Heads run in parallel on rayon, each GEMM on one thread
+/// (head, block) pairs run in parallel on rayon, each GEMM on one thread
 /// ([`gemm_nt_f32`]). Costs: about `n * ctx * head_dim` multiply-adds per
 /// head for the causal part plus a block's triangle, `SEGMENT_ROWS * ctx`
-/// floats of scores per head in flight, `2 * ctx * head_dim` floats per KV
+/// floats of scores per task in flight, `2 * ctx * head_dim` floats per KV
 /// head.
 fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, out: &mut [f32]) {
     let (heads, hd) = (dims.heads, dims.head_dim);
@@ -396,39 +396,43 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
             (k, vt)
         })
         .collect();
-    // [heads][n, hd] each head's output, copied into `out` after
-    let per_head: Vec<Vec<f32>> = (0..heads)
-        .into_par_iter()
-        .map(|h| {
+    // one task per (head, block of rows), so the work spreads over the
+    // threads however few heads there are; each block is computed exactly
+    // as a head's pass over its blocks would (the same GEMMs, the same rows)
+    let blocks: Vec<(usize, usize)> = (0..heads)
+        .flat_map(|h| (0..n).step_by(SEGMENT_ROWS).map(move |r0| (h, r0)))
+        .collect();
+    // [rows, hd] each block's output, copied into `out` after
+    let per_block: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|&(h, r0)| {
             let (k, vt) = &kv[h / group];
-            let mut sc = vec![0f32; SEGMENT_ROWS.min(n) * ctx]; // [rows, ctx]
-            let mut o = vec![0f32; n * hd]; // [n, hd]
-            for r0 in (0..n).step_by(SEGMENT_ROWS) {
-                let r1 = (r0 + SEGMENT_ROWS).min(n);
-                let rows = &seg.positions[r0..r1];
-                let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-                let q = &seg.q[r0 * seg.qkv_w + h * hd..];
-                gemm_nt_f32(isa, q, seg.qkv_w, r1 - r0, k, hd, hd, kb, &mut sc, ctx);
-                for (row, &p) in sc.chunks_exact_mut(ctx).zip(rows) {
-                    let keep = p as usize + 1;
-                    let m = row[..keep]
-                        .iter()
-                        .fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
-                    let inv = 1.0 / exp_scaled_sum(isa, &mut row[..keep], scale, m);
-                    for s in &mut row[..keep] {
-                        *s *= inv;
-                    }
-                    row[keep..kb].fill(0.0);
+            let r1 = (r0 + SEGMENT_ROWS).min(n);
+            let rows = &seg.positions[r0..r1];
+            let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+            let mut sc = vec![0f32; (r1 - r0) * ctx]; // [rows, ctx]
+            let q = &seg.q[r0 * seg.qkv_w + h * hd..];
+            gemm_nt_f32(isa, q, seg.qkv_w, r1 - r0, k, hd, hd, kb, &mut sc, ctx);
+            for (row, &p) in sc.chunks_exact_mut(ctx).zip(rows) {
+                let keep = p as usize + 1;
+                let m = row[..keep]
+                    .iter()
+                    .fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
+                let inv = 1.0 / exp_scaled_sum(isa, &mut row[..keep], scale, m);
+                for s in &mut row[..keep] {
+                    *s *= inv;
                 }
-                let ob = &mut o[r0 * hd..r1 * hd];
-                gemm_nt_f32(isa, &sc, ctx, r1 - r0, vt, ctx, kb, hd, ob, hd);
+                row[keep..kb].fill(0.0);
             }
+            let mut o = vec![0f32; (r1 - r0) * hd]; // [rows, hd]
+            gemm_nt_f32(isa, &sc, ctx, r1 - r0, vt, ctx, kb, hd, &mut o, hd);
             o
         })
         .collect();
-    for (h, o) in per_head.iter().enumerate() {
-        for (dst, src) in out.chunks_exact_mut(q_dim).zip(o.chunks_exact(hd)) {
-            dst[h * hd..(h + 1) * hd].copy_from_slice(src);
+    for (&(h, r0), o) in blocks.iter().zip(&per_block) {
+        let dst = out[r0 * q_dim..].chunks_exact_mut(q_dim);
+        for (d, src) in dst.zip(o.chunks_exact(hd)) {
+            d[h * hd..(h + 1) * hd].copy_from_slice(src);
         }
     }
 }
