@@ -262,6 +262,29 @@ impl StepBatch {
     }
 }
 
+/// The check before a pipelined launch ([`Backend::launch`],
+/// [`Backend::launch_held`]): an error while a step is `held` (it must be
+/// released first) or while `in_flight` launched steps, the held one not
+/// counted, reach [`MAX_IN_FLIGHT`].
+pub fn check_can_launch(held: bool, in_flight: usize) -> Result<(), BackendError> {
+    if held {
+        return Err(BackendError::InvalidBatch(
+            "a held step is not released; release it first".into(),
+        ));
+    }
+    if in_flight >= MAX_IN_FLIGHT {
+        return Err(BackendError::InvalidBatch(format!(
+            "{MAX_IN_FLIGHT} steps are in flight already; collect one first"
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a [`Backend::release`] with no step held.
+pub fn nothing_held() -> BackendError {
+    BackendError::InvalidBatch("release: no step is held".into())
+}
+
 /// Checks the final requests of a held step ([`Backend::release`]) against
 /// the ones it was launched with (`held`): as many, `Some` exactly where
 /// those are, each with a mask of the same length where the launched one

@@ -4,7 +4,7 @@
 //!
 //! Contract: `launch` runs the step at once, after [`HostPipeline::resolve`]
 //! has written the previous launch's samples into the carried tokens; the
-//! results wait in a queue of at most [`MAX_IN_FLIGHT`] steps until `collect`
+//! results wait in a queue of at most [`MAX_IN_FLIGHT`](crate::backend::MAX_IN_FLIGHT) steps until `collect`
 //! takes them, oldest first. A held step ([`HostPipeline::hold`]) is kept,
 //! resolved, and runs at [`HostPipeline::release`] with its final sample
 //! requests (a host backend has no device to overlap it with); it counts as
@@ -23,7 +23,7 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 
-use crate::backend::{BackendError, MAX_IN_FLIGHT, SampledToken, StepBatch};
+use crate::backend::{BackendError, SampledToken, StepBatch};
 
 /// Results of launched steps and the token ids of the last one.
 #[derive(Debug, Default)]
@@ -65,17 +65,7 @@ impl HostPipeline {
 
     /// Fails unless another step can be launched now.
     fn can_launch(&self) -> Result<(), BackendError> {
-        if self.held.is_some() {
-            return Err(BackendError::InvalidBatch(
-                "a held step is not released; release it first".into(),
-            ));
-        }
-        if self.queue.len() >= MAX_IN_FLIGHT {
-            return Err(BackendError::InvalidBatch(format!(
-                "{MAX_IN_FLIGHT} steps are in flight already; collect one first"
-            )));
-        }
-        Ok(())
+        crate::backend::check_can_launch(self.held.is_some(), self.queue.len())
     }
 
     /// Runs a resolved batch and queues its results.
@@ -120,9 +110,7 @@ impl HostPipeline {
         run: impl FnOnce(&StepBatch) -> Results,
     ) -> Result<(), BackendError> {
         let Some(mut batch) = self.held.take() else {
-            return Err(BackendError::InvalidBatch(
-                "release: no step is held".into(),
-            ));
+            return Err(crate::backend::nothing_held());
         };
         crate::backend::check_release(&batch.samples, samples)?;
         batch.samples.clone_from_slice(samples);

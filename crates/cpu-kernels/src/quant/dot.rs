@@ -364,106 +364,78 @@ macro_rules! row_dot {
     }};
 }
 
-/// # Safety
-/// AVX2, FMA, F16C; `w` holds `y.len()` rows and `a` one row of
-/// `a.ds.len()` blocks (checked by [`Kernel::rows_supported`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_1_avx2(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let rb = a.ds.len() * 20;
-    for (r, yr) in y.iter_mut().enumerate() {
-        let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(
-            wr,
-            a,
-            20,
-            q4_1_sums_avx2,
-            _mm256_setzero_ps,
-            _mm256_broadcastss_ps,
-            _mm256_fmadd_ps,
-            _mm256_cvtepi32_ps,
-            _mm256_add_ps,
-            crate::vector::hsum256,
-            true
-        );
-    }
+macro_rules! row_fn {
+    ($name:ident, $feat:literal, $bb:expr, $sums:ident, $zero:ident, $bcast:ident, $fma:ident, $cvt:ident, $add:ident, $hsum:expr, $q41:expr) => {
+        /// # Safety
+        /// The named target features; `w` holds `y.len()` rows and `a` one
+        /// row of `a.ds.len()` blocks (checked by [`Kernel::rows_supported`]).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
+            use std::arch::x86_64::*;
+            let rb = a.ds.len() * $bb;
+            for (r, yr) in y.iter_mut().enumerate() {
+                let wr = &w[r * rb..(r + 1) * rb];
+                *yr = row_dot!(
+                    wr, a, $bb, $sums, $zero, $bcast, $fma, $cvt, $add, $hsum, $q41
+                );
+            }
+        }
+    };
 }
 
-/// # Safety
-/// As [`q4_1_avx2`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q8_0_avx2(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let rb = a.ds.len() * 34;
-    for (r, yr) in y.iter_mut().enumerate() {
-        let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(
-            wr,
-            a,
-            34,
-            q8_0_sums_avx2,
-            _mm256_setzero_ps,
-            _mm256_broadcastss_ps,
-            _mm256_fmadd_ps,
-            _mm256_cvtepi32_ps,
-            _mm256_add_ps,
-            crate::vector::hsum256,
-            false
-        );
-    }
-}
-
-/// # Safety
-/// AVX2, FMA, F16C, AVX-512F, BW and VNNI; lengths as [`q4_1_avx2`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_1_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let rb = a.ds.len() * 20;
-    for (r, yr) in y.iter_mut().enumerate() {
-        let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(
-            wr,
-            a,
-            20,
-            q4_1_sums_vnni,
-            _mm512_setzero_ps,
-            _mm512_broadcastss_ps,
-            _mm512_fmadd_ps,
-            _mm512_cvtepi32_ps,
-            _mm512_add_ps,
-            _mm512_reduce_add_ps,
-            true
-        );
-    }
-}
-
-/// # Safety
-/// As [`q4_1_vnni`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_0_vnni(w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let rb = a.ds.len() * 34;
-    for (r, yr) in y.iter_mut().enumerate() {
-        let wr = &w[r * rb..(r + 1) * rb];
-        *yr = row_dot!(
-            wr,
-            a,
-            34,
-            q8_0_sums_vnni,
-            _mm512_setzero_ps,
-            _mm512_broadcastss_ps,
-            _mm512_fmadd_ps,
-            _mm512_cvtepi32_ps,
-            _mm512_add_ps,
-            _mm512_reduce_add_ps,
-            false
-        );
-    }
-}
+row_fn!(
+    q4_1_avx2,
+    "avx2,fma,f16c",
+    20,
+    q4_1_sums_avx2,
+    _mm256_setzero_ps,
+    _mm256_broadcastss_ps,
+    _mm256_fmadd_ps,
+    _mm256_cvtepi32_ps,
+    _mm256_add_ps,
+    crate::vector::hsum256,
+    true
+);
+row_fn!(
+    q8_0_avx2,
+    "avx2,fma,f16c",
+    34,
+    q8_0_sums_avx2,
+    _mm256_setzero_ps,
+    _mm256_broadcastss_ps,
+    _mm256_fmadd_ps,
+    _mm256_cvtepi32_ps,
+    _mm256_add_ps,
+    crate::vector::hsum256,
+    false
+);
+row_fn!(
+    q4_1_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni",
+    20,
+    q4_1_sums_vnni,
+    _mm512_setzero_ps,
+    _mm512_broadcastss_ps,
+    _mm512_fmadd_ps,
+    _mm512_cvtepi32_ps,
+    _mm512_add_ps,
+    _mm512_reduce_add_ps,
+    true
+);
+row_fn!(
+    q8_0_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni",
+    34,
+    q8_0_sums_vnni,
+    _mm512_setzero_ps,
+    _mm512_broadcastss_ps,
+    _mm512_fmadd_ps,
+    _mm512_cvtepi32_ps,
+    _mm512_add_ps,
+    _mm512_reduce_add_ps,
+    false
+);
 
 /// A Q4_1 block's 32 weights as two vectors of 16 i16 (AVX2).
 ///

@@ -1,7 +1,7 @@
 //! Pipelined steps on the device: [`Backend::launch`] enqueues a step and
 //! the copies of its samples, [`Backend::collect`] waits for them.
 //!
-//! Contract: at most [`MAX_IN_FLIGHT`] steps are in flight; each copies its
+//! Contract: at most [`MAX_IN_FLIGHT`](contract::backend::MAX_IN_FLIGHT) steps are in flight; each copies its
 //! samples into its own pinned slot (two, alternating) behind a fence, so
 //! collecting step N waits for step N alone, not for step N + 1 launched
 //! after it. A carried token ([`StepBatch::carried`]) is read by the
@@ -20,7 +20,8 @@
 //! [`Backend::step`]: contract::Backend::step
 
 use contract::backend::{
-    BackendError, MAX_IN_FLIGHT, SampleRequest, SampledToken, StepBatch, check_release,
+    BackendError, SampleRequest, SampledToken, StepBatch, check_can_launch, check_release,
+    nothing_held,
 };
 use contract::sampling::MAX_LOGPROBS;
 use kernels::SampleParams;
@@ -80,16 +81,7 @@ impl CudaBackend {
         hold: bool,
     ) -> Result<(), BackendError> {
         self.check_batch(batch)?;
-        if self.held.is_some() {
-            return Err(BackendError::InvalidBatch(
-                "a held step is not released; release it first".into(),
-            ));
-        }
-        if self.flights.len() >= MAX_IN_FLIGHT {
-            return Err(BackendError::InvalidBatch(format!(
-                "{MAX_IN_FLIGHT} steps are in flight already; collect one first"
-            )));
-        }
+        check_can_launch(self.held.is_some(), self.flights.len())?;
         let mut carry = Vec::with_capacity(batch.carried.len());
         for (i, c) in batch.carried.iter().enumerate() {
             match self.prev_rows.get(c.from as usize) {
@@ -126,17 +118,18 @@ impl CudaBackend {
             .map(|r| sample_params(r.as_ref(), &mut hist, !hold))
             .collect();
         // a held step's masks are staged at release, into room kept for them
-        let masks: usize = batch
-            .samples
-            .iter()
-            .flatten()
-            .filter_map(|r| r.allowed.as_ref())
-            .map(|m| m.words().len())
-            .sum();
+        let masks = |b: &StepBatch| -> usize {
+            b.samples
+                .iter()
+                .flatten()
+                .filter_map(|r| r.allowed.as_ref())
+                .map(|m| m.words().len())
+                .sum()
+        };
         let smp = Sampling {
             params: &all,
             hist: &hist,
-            hist_cap: hist.len() + if hold { masks } else { 0 },
+            hist_cap: hist.len() + if hold { masks(batch) } else { 0 },
             now: !hold,
         };
         let sampled: Vec<usize> = (0..s).filter(|&q| batch.samples[q].is_some()).collect();
@@ -239,9 +232,7 @@ impl CudaBackend {
         samples: &[Option<SampleRequest>],
     ) -> Result<(), BackendError> {
         let Some(held) = self.held.take() else {
-            return Err(BackendError::InvalidBatch(
-                "release: no step is held".into(),
-            ));
+            return Err(nothing_held());
         };
         check_release(&held.samples, samples)?;
         // graph steps have a sampler row per sequence, eager ones per request
