@@ -117,6 +117,7 @@ fn check_path(golden: &Golden, dir: &Path, path: CpuPath, max_err: f64) {
         CpuBackend::with_path(loaded.config, weights, kv, path).unwrap_or_else(|e| panic!("{e}"));
     for (i, case) in golden.cases.iter().enumerate() {
         let chunk = SeqChunk {
+            prompt_len: case.tokens.len(),
             tokens: case.tokens.clone(),
             start: 0,
             blocks: scattered_table(i, n, case.tokens.len()),

@@ -105,6 +105,7 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         let next = &case.tokens[1..];
         // the whole sequence as one prefill chunk
         let chunk = SeqChunk {
+            prompt_len: 0,
             tokens: case.tokens.clone(),
             start: 0,
             blocks: table.clone(),
@@ -120,6 +121,7 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         let mut decode = Vec::with_capacity(n - 1);
         for (i, &t) in case.tokens[..n - 1].iter().enumerate() {
             let chunk = SeqChunk {
+                prompt_len: 0,
                 tokens: vec![t],
                 start: i,
                 blocks: table.clone(),

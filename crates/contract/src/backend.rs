@@ -51,6 +51,12 @@ pub struct StepBatch {
     pub max_blocks: usize,
     /// `[S]`: `Some` when the sequence's last token in this step is to be sampled.
     pub samples: Vec<Option<SampleRequest>>,
+    /// `[S]`, or empty for none: each sequence's prompt length. Its tokens
+    /// at positions below it are prompt tokens, the others generated ones;
+    /// a backend may run the two kinds with different arithmetic (the CPU
+    /// runs prompt tokens' products on BF16 + 8-bit hardware), as long as a
+    /// token's result never depends on the rest of the step.
+    pub prompt_lens: Vec<u32>,
     /// Tokens whose id is the sample of the previously launched step, still
     /// unknown to the host (their `tokens` entry is a placeholder), by
     /// increasing token index. Empty for a step that depends on no launch.
@@ -88,6 +94,15 @@ impl StepBatch {
         self.tokens.len()
     }
 
+    /// Whether token `i` of sequence `s` (at `positions[i]`) is a prompt
+    /// token ([`StepBatch::prompt_lens`]); false past the tables.
+    pub fn is_prompt_token(&self, s: usize, i: usize) -> bool {
+        match (self.prompt_lens.get(s), self.positions.get(i)) {
+            (Some(&len), Some(&pos)) => pos < len,
+            _ => false,
+        }
+    }
+
     /// True when every sequence contributes exactly one token.
     pub fn is_pure_decode(&self) -> bool {
         self.num_seqs() == self.num_tokens()
@@ -109,7 +124,8 @@ impl StepBatch {
     /// - `kv`: `block_size > 0` and `num_blocks x block_size` fits `usize`;
     /// - `cu_seqlens`: runs from 0 to `T`, strictly increasing (no empty segment);
     /// - `positions`, `slot_mapping`: `T` entries; `context_lens`, `samples`:
-    ///   `S` entries; `block_tables`: `S x max_blocks` entries;
+    ///   `S` entries; `prompt_lens`: none or `S`; `block_tables`: `S x
+    ///   max_blocks` entries;
     /// - `tokens`: every id below `vocab`; `carried`: token indices below `T`,
     ///   strictly increasing (whether `from` names a sample of the previous
     ///   step only the backend knows);
@@ -171,6 +187,12 @@ impl StepBatch {
             return bad(format!(
                 "samples has {} entries, want one per sequence ({s})",
                 self.samples.len()
+            ));
+        }
+        if !self.prompt_lens.is_empty() && self.prompt_lens.len() != s {
+            return bad(format!(
+                "prompt_lens has {} entries, want none or one per sequence ({s})",
+                self.prompt_lens.len()
             ));
         }
         if s.checked_mul(self.max_blocks) != Some(self.block_tables.len()) {

@@ -9,7 +9,9 @@
 //! row with 0 to the longest (`max_blocks`) and returns the batch, which then
 //! satisfies [`StepBatch::validate`] for any pool holding the tables' blocks.
 //! [`StepBuilder::carry_last`] marks the last token pushed as a sample of
-//! the previously launched step ([`StepBatch::carried`]).
+//! the previously launched step ([`StepBatch::carried`]);
+//! [`StepBuilder::set_prompt_len`] gives the last sequence's prompt length
+//! ([`StepBatch::prompt_lens`], 0 otherwise).
 //! A rejected push adds nothing. Between `begin` and `finish` the block tables
 //! are unpadded: read the batch only after `finish`.
 //!
@@ -81,6 +83,7 @@ impl StepBuilder {
         b.block_tables.clear();
         b.max_blocks = 0;
         b.samples.clear();
+        b.prompt_lens.clear();
         b.carried.clear();
         self.row_ends.clear();
     }
@@ -95,6 +98,15 @@ impl StepBuilder {
                 token: last as u32,
                 from,
             });
+        }
+    }
+
+    /// Sets the prompt length of the last sequence pushed (0 until set:
+    /// every token generated; see [`StepBatch::prompt_lens`]). Does nothing
+    /// before the first push.
+    pub fn set_prompt_len(&mut self, len: usize) {
+        if let Some(last) = self.batch.prompt_lens.last_mut() {
+            *last = u32::try_from(len).unwrap_or(u32::MAX);
         }
     }
 
@@ -142,6 +154,7 @@ impl StepBuilder {
         b.block_tables.extend_from_slice(row);
         b.max_blocks = b.max_blocks.max(blocks);
         b.samples.push(sample);
+        b.prompt_lens.push(0);
         self.row_ends.push(b.block_tables.len());
         Ok(())
     }

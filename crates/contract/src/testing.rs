@@ -180,6 +180,7 @@ pub fn malformed_batches(
         max_blocks: table.len(),
         block_tables: table,
         samples: vec![None],
+        prompt_lens: Vec::new(),
         positions,
         carried: Vec::new(),
     };

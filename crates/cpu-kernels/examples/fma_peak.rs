@@ -1,5 +1,6 @@
 //! The machine's multiply-add roofs: a loop of 16 independent zmm f32 FMAs
-//! (and of 16 `vdpbf16ps`, where the processor has AVX-512 BF16) on 1 and
+//! (and of 16 `vdpbf16ps` / `vpdpbusd`, where the processor has AVX-512
+//! BF16 / VNNI) on 1 and
 //! 2 threads, in GFLOP/s. `cargo run --release -p cpu-kernels --example
 //! fma_peak`. What the GEMM's GFLOP/s (`matmul_bench`) are measured against.
 
@@ -45,6 +46,23 @@ mod x86 {
             .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
         _mm512_reduce_add_ps(s)
     }
+
+    /// # Safety
+    /// AVX-512F and AVX-512 VNNI.
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub unsafe fn vnni_loop(n: usize) -> f32 {
+        let mut acc = [_mm512_setzero_si512(); 16];
+        let (a, b) = (_mm512_set1_epi8(1), _mm512_set1_epi8(1));
+        for _ in 0..n {
+            for c in acc.iter_mut() {
+                *c = _mm512_dpbusd_epi32(*c, a, b);
+            }
+        }
+        let s = acc
+            .iter()
+            .fold(_mm512_setzero_si512(), |s, &c| _mm512_add_epi32(s, c));
+        _mm512_reduce_add_epi32(s) as f32
+    }
 }
 
 fn main() {
@@ -55,6 +73,7 @@ fn main() {
             return;
         }
         let bf16 = is_x86_feature_detected!("avx512bf16");
+        let vnni = is_x86_feature_detected!("avx512vnni");
         let n = 20_000_000usize;
         for threads in [1usize, 2] {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -78,6 +97,10 @@ fn main() {
             if bf16 {
                 let (g, r) = time(x86::bf16_loop, 32);
                 println!("vdpbf16ps, {threads} threads: {g:.1} GFLOP/s (checksum {r})");
+            }
+            if vnni {
+                let (g, r) = time(x86::vnni_loop, 64);
+                println!("vpdpbusd, {threads} threads: {g:.1} GOP/s (checksum {r})");
             }
         }
     }

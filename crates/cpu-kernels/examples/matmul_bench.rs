@@ -50,6 +50,37 @@ fn main() {
             (2 * t * inp * out) as f64 / sec / 1e9
         );
     }
+    if Isa::Avx512.supported() {
+        let pw = cpu_kernels::pairs::PairPanels::new(&w, inp, out);
+        let mut sec = f64::INFINITY;
+        for _ in 0..iters {
+            let start = Instant::now();
+            cpu_kernels::pairs::matmul_pairs(&x, &pw, &mut y);
+            sec = sec.min(start.elapsed().as_secs_f64());
+        }
+        println!(
+            "pair panels, f32 T={t} {inp}x{out}: {:.3} ms, {:.1} GB/s weights, {:.1} GFLOP/s",
+            sec * 1e3,
+            (w.len() * 2) as f64 / sec / 1e9,
+            (2 * t * inp * out) as f64 / sec / 1e9
+        );
+        if cpu_kernels::gemm_split::supported() {
+            use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
+            let lo = LoWeights::new(&w, inp, out);
+            let mut acts = SplitActs::default();
+            let mut sec = f64::INFINITY;
+            for _ in 0..iters {
+                let start = Instant::now();
+                matmul_split(&x, &pw, &lo, &mut y, &mut acts);
+                sec = sec.min(start.elapsed().as_secs_f64());
+            }
+            println!(
+                "pair panels, bf16+int8 split T={t} {inp}x{out}: {:.3} ms, {:.1} GFLOP/s",
+                sec * 1e3,
+                (2 * t * inp * out) as f64 / sec / 1e9
+            );
+        }
+    }
     for isa in Isa::available() {
         matmul_bf16(isa, &x, &w, inp, out, &mut y, &mut s);
         // the fastest call: the least disturbed by other processes

@@ -113,6 +113,115 @@ pub fn matmul_strided(
     }
 }
 
+/// An f32 matrix `[out, inp]` packed once as the micro-kernel's panels
+/// (`[out / NR][inp][NR]`, zero past `out`), for many products against it
+/// ([`matmul_packed`]): attention packs each KV head's keys and values once
+/// per chunk instead of once per (query head, block of rows).
+#[derive(Default)]
+pub struct Packed {
+    data: Vec<f32>,
+    inp: usize,
+    out: usize,
+}
+
+impl Packed {
+    /// Packs rows `row(o)` (`inp` values each, `o < out`), through the
+    /// register transpose. Panics if a row is shorter than `inp` or the
+    /// processor lacks AVX-512F.
+    pub fn from_rows<'a>(inp: usize, out: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+        assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
+        let panels = out.div_ceil(NR);
+        let mut data = vec![0f32; panels * inp * NR];
+        for (p, panel) in data.chunks_exact_mut(inp * NR.max(1)).enumerate() {
+            let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
+            let rows: Vec<&[f32]> = (o0..o1).map(|o| &row(o)[..inp]).collect();
+            let whole = if o1 - o0 == NR { inp / 16 * 16 } else { 0 };
+            #[cfg(target_arch = "x86_64")]
+            if whole > 0 {
+                // SAFETY: AVX-512F (asserted); every row holds inp >= k0 + 16
+                // values; the panel holds inp * NR >= whole * NR values.
+                unsafe {
+                    pack_blocks(whole, panel.as_mut_ptr(), |i, k0| {
+                        std::arch::x86_64::_mm512_loadu_ps(rows[i].as_ptr().add(k0))
+                    })
+                };
+            }
+            for (k, dst) in panel.chunks_exact_mut(NR).enumerate().skip(whole) {
+                for (v, r) in dst.iter_mut().zip(&rows) {
+                    *v = r[k];
+                }
+            }
+        }
+        Packed { data, inp, out }
+    }
+
+    /// Packs the transposed view: `col(k)` holds the `out` values of input
+    /// `k` (`k < inp`), copied as they are. Panics if one is shorter than `out`.
+    pub fn from_columns<'a>(inp: usize, out: usize, col: impl Fn(usize) -> &'a [f32]) -> Self {
+        let panels = out.div_ceil(NR);
+        let mut data = vec![0f32; panels * inp * NR];
+        for k in 0..inp {
+            let c = &col(k)[..out];
+            for (p, part) in c.chunks(NR).enumerate() {
+                data[(p * inp + k) * NR..][..part.len()].copy_from_slice(part);
+            }
+        }
+        Packed { data, inp, out }
+    }
+}
+
+/// `y[i][o] = sum_{k < inp} x[i][k] * w[o][k]` for `i < t`, `o < out`, over
+/// the first `inp <= w.inp` inputs and `out <= w.out` outputs of packed `w`,
+/// `x` rows `x_stride` apart and `y` rows `y_stride` apart, on the calling
+/// thread: the same kernel, so the same bits, as [`matmul_strided`] over
+/// the unpacked matrix. Panics if a view is out of bounds or the processor
+/// lacks AVX-512F.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_packed(
+    x: &[f32],
+    x_stride: usize,
+    t: usize,
+    w: &Packed,
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    y_stride: usize,
+) {
+    assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
+    if t == 0 || out == 0 {
+        return;
+    }
+    assert!(
+        inp > 0 && inp <= w.inp && out <= w.out,
+        "beyond the packed matrix"
+    );
+    assert!(inp <= x_stride && out <= y_stride);
+    assert!(x.len() >= (t - 1) * x_stride + inp, "x too short");
+    assert!(y.len() >= (t - 1) * y_stride + out, "y too short");
+    for p in 0..out.div_ceil(NR) {
+        let o0 = p * NR;
+        let nv = NR.min(out - o0);
+        let panel = &w.data[p * w.inp * NR..][..w.inp * NR];
+        for t0 in (0..t).step_by(MR) {
+            // SAFETY: AVX-512F asserted; rows t0.. of x hold inp values,
+            // of y out values from o0 (nv of them this panel's); the panel
+            // holds inp <= w.inp rows of NR values.
+            unsafe {
+                micro_dispatch(
+                    MR.min(t - t0),
+                    x.as_ptr().add(t0 * x_stride),
+                    x_stride,
+                    inp,
+                    panel.as_ptr(),
+                    y.as_mut_ptr().add(t0 * y_stride + o0),
+                    y_stride,
+                    nv,
+                )
+            };
+        }
+    }
+}
+
 /// Packs weight rows `o0..o1` as f32 `[inp][NR]` (row `o` in lane `o - o0`,
 /// lanes past `o1` zero): 16 x 16 blocks through registers (16 rows' next
 /// 16 values loaded, widened, transposed, stored as 16 panel rows), the
@@ -243,7 +352,7 @@ unsafe fn pack_blocks_f32(rows: *const f32, stride: usize, whole: usize, panel: 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn pack_blocks(
+pub(crate) unsafe fn pack_blocks(
     whole: usize,
     panel: *mut f32,
     load: impl Fn(usize, usize) -> std::arch::x86_64::__m512,
@@ -400,6 +509,37 @@ mod tests {
                         (got - want).abs() < 1e-4,
                         "T={t} ({ti},{o}) {got} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Products against packed rows and packed columns equal the
+    /// strided product bit for bit, on the leading inputs and outputs too.
+    #[test]
+    fn packed_products_equal_the_strided_one() {
+        if !crate::Isa::Avx512.supported() {
+            return;
+        }
+        for &(t, inp, out) in &[(5, 64, 40), (13, 37, 96), (30, 100, 33)] {
+            let x: Vec<f32> = (0..t * inp).map(|i| (i as f32 * 0.53).sin()).collect();
+            let w: Vec<f32> = (0..out * inp).map(|i| (i as f32 * 0.29).cos()).collect();
+            let wt: Vec<f32> = (0..inp * out)
+                .map(|i| w[(i % out) * inp + i / out])
+                .collect();
+            let rows = Packed::from_rows(inp, out, |o| &w[o * inp..][..inp]);
+            let cols = Packed::from_columns(inp, out, |k| &wt[k * out..][..out]);
+            for (i, o) in [(inp, out), (inp - 3, out - 5)] {
+                let mut want = vec![0f32; t * o];
+                let ws = Weights::F32 {
+                    data: &w,
+                    stride: inp,
+                };
+                matmul_strided(&x, inp, t, ws, i, o, &mut want, o, false);
+                for p in [&rows, &cols] {
+                    let mut got = vec![f32::NAN; t * o];
+                    matmul_packed(&x, inp, t, p, i, o, &mut got, o);
+                    assert_eq!(got, want, "T={t} {inp}x{out} using {i}x{o}");
                 }
             }
         }

@@ -2,7 +2,10 @@
 //!
 //! Contract: [`Isa::best`] is the fastest path this processor runs, detected
 //! once; `LAMINA_CPU_ISA=portable|avx2|avx512` lowers it (a request above
-//! what the processor has is ignored). [`Isa::available`] lists every path
+//! what the processor has is ignored). [`split_products`]: whether prompt
+//! products run on AVX-512 BF16 and VNNI ([`crate::gemm_split`]), which any
+//! of those three values also turns off (`avx512bf16`, like no value, keeps
+//! it where the processor has it). [`Isa::available`] lists every path
 //! the machine can run, for tests. A kernel given an [`Isa`] the machine
 //! lacks falls back to the portable path (never an illegal instruction).
 //! Costs: one CPUID query per process.
@@ -77,6 +80,20 @@ impl Isa {
             Isa::Avx512 => "avx512f",
         }
     }
+}
+
+/// Whether prompt products may run [`crate::gemm_split`]: the processor has
+/// AVX-512 BF16 and VNNI, [`Isa::best`] is AVX-512 and `LAMINA_CPU_ISA` is
+/// unset or `avx512bf16`. Detected once.
+pub fn split_products() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let capped = matches!(
+            std::env::var("LAMINA_CPU_ISA").as_deref(),
+            Ok("portable" | "avx2" | "avx512")
+        );
+        !capped && Isa::best() == Isa::Avx512 && crate::gemm_split::supported()
+    })
 }
 
 #[cfg(test)]

@@ -22,8 +22,10 @@
 //! caller-owned [`matmul::Scratch`].
 
 pub mod gemm512;
+pub mod gemm_split;
 pub mod isa;
 pub mod matmul;
+pub mod pairs;
 pub mod quant;
 pub mod threads;
 pub mod vector;

@@ -286,7 +286,8 @@ pub fn exp(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
     // n = round(x / ln 2), ties to even; r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2]
-    let n = x.mul_add(LOG2E, ROUND) - ROUND;
+    let shifted = x.mul_add(LOG2E, ROUND);
+    let n = shifted - ROUND;
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let mut p = 1.987_569_1e-4f32;
     p = p.mul_add(r, 1.398_199_9e-3);
@@ -295,8 +296,11 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let e = p.mul_add(r * r, r) + 1.0;
-    // n is an integer in [-126, 127]: 2^n from its exponent bits
-    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // n is an integer in [-126, 127], held in the low mantissa bits of
+    // `shifted` (1.5 * 2^23 + n): integer operations only, which vectorise
+    // (a float-to-int cast did not); 2^n from its exponent bits
+    let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits());
+    e * f32::from_bits(n_int.wrapping_add(127) << 23)
 }
 
 /// `row[i] = e^(row[i] * scale - m)` for every `i` (the product and the
@@ -350,6 +354,136 @@ unsafe fn exp_scaled_sum_avx2(row: &mut [f32], scale: f32, m: f32) -> f32 {
     exp_scaled_sum_body(row, scale, m)
 }
 
+/// Softmax of `row * scale` in place: `m = max(row[i] * scale)` (the
+/// product rounded, then the maximum, which is exact in any order), then
+/// [`exp_scaled_sum`] and every value times `1 / sum`. The same bits as
+/// those three steps written out, on every path.
+pub fn softmax_scaled(isa: Isa, row: &mut [f32], scale: f32) {
+    let m = match isa.checked() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the processor supports AVX-512F (Isa::checked).
+        Isa::Avx512 => unsafe { max_scaled_avx512(row, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the processor supports AVX2 (Isa::checked).
+        Isa::Avx2 => unsafe { max_scaled_avx2(row, scale) },
+        _ => max_scaled_body(row, scale),
+    };
+    let inv = 1.0 / exp_scaled_sum(isa, row, scale, m);
+    match isa.checked() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx512 => unsafe { scale_avx512(row, inv) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 => unsafe { scale_avx2(row, inv) },
+        _ => scale_body(row, inv),
+    }
+}
+
+#[inline(always)]
+fn max_scaled_body(row: &[f32], scale: f32) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v * scale);
+        }
+    }
+    let rest = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
+    lanes.iter().fold(rest, |m, &l| m.max(l))
+}
+
+#[inline(always)]
+fn scale_body(row: &mut [f32], a: f32) {
+    for v in row {
+        *v *= a;
+    }
+}
+
+/// # Safety
+/// The processor must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn max_scaled_avx512(row: &[f32], scale: f32) -> f32 {
+    max_scaled_body(row, scale)
+}
+
+/// # Safety
+/// The processor must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn max_scaled_avx2(row: &[f32], scale: f32) -> f32 {
+    max_scaled_body(row, scale)
+}
+
+/// # Safety
+/// The processor must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_avx512(row: &mut [f32], a: f32) {
+    scale_body(row, a)
+}
+
+/// # Safety
+/// The processor must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_avx2(row: &mut [f32], a: f32) {
+    scale_body(row, a)
+}
+
+/// Rotary embedding of every head of one token's `x` (`[heads * 2 *
+/// half]`, rotate-half pairs `i` and `i + half`) with `cos` and `sin`
+/// (`[half]`, the token's position's table rows): `a' = a cos - b sin`,
+/// `b' = b cos + a sin`, each product rounded (no fused multiply-add), so
+/// the same bits as `ops::Rope::apply` on every path.
+pub fn rope(isa: Isa, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    match isa.checked() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the processor supports AVX-512F (Isa::checked).
+        Isa::Avx512 => unsafe { rope_avx512(x, cos, sin) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the processor supports AVX2 (Isa::checked).
+        Isa::Avx2 => unsafe { rope_avx2(x, cos, sin) },
+        _ => rope_body(x, cos, sin),
+    }
+}
+
+#[inline(always)]
+fn rope_body(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len().min(sin.len());
+    if half == 0 {
+        return;
+    }
+    for head in x.chunks_exact_mut(2 * half) {
+        let (a, b) = head.split_at_mut(half);
+        for (((a, b), &c), &s) in a.iter_mut().zip(b.iter_mut()).zip(cos).zip(sin) {
+            let (x0, x1) = (*a, *b);
+            *a = x0 * c - x1 * s;
+            *b = x1 * c + x0 * s;
+        }
+    }
+}
+
+/// # Safety
+/// The processor must support AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn rope_avx512(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    rope_body(x, cos, sin)
+}
+
+/// # Safety
+/// The processor must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rope_avx2(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    rope_body(x, cos, sin)
+}
+
 /// `x += y`, elementwise (the residual connection).
 pub fn add_assign(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
@@ -363,6 +497,53 @@ mod tests {
 
     fn data(n: usize, seed: f32) -> Vec<f32> {
         (0..n).map(|i| (i as f32 * 0.37 + seed).sin()).collect()
+    }
+
+    /// The softmax equals its three steps written out, bit for bit, on
+    /// every path, and sums to 1.
+    #[test]
+    fn softmax_scaled_is_its_steps_on_every_path() {
+        for n in [1, 7, 16, 17, 100, 333] {
+            let x: Vec<f32> = data(n, 0.4).iter().map(|v| v * 9.0).collect();
+            let scale = 0.125;
+            let mut want = x.clone();
+            let m = want
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
+            let inv = 1.0 / exp_scaled_sum(Isa::Portable, &mut want, scale, m);
+            for v in &mut want {
+                *v *= inv;
+            }
+            for isa in Isa::available() {
+                let mut got = x.clone();
+                softmax_scaled(isa, &mut got, scale);
+                assert_eq!(got, want, "{isa:?} n={n}");
+                let sum: f32 = got.iter().sum();
+                assert!((sum - 1.0).abs() < 1e-5, "{isa:?} n={n}: {sum}");
+            }
+        }
+    }
+
+    /// RoPE equals the reference's per-pair formula bit for bit on every path.
+    #[test]
+    fn rope_is_the_reference_rotation_on_every_path() {
+        for half in [1, 5, 32, 64] {
+            let x = data(3 * 2 * half, 0.3);
+            let (cos, sin) = (data(half, 1.1), data(half, 2.7));
+            let mut want = x.clone();
+            for head in want.chunks_exact_mut(2 * half) {
+                for i in 0..half {
+                    let (x0, x1) = (head[i], head[i + half]);
+                    head[i] = x0 * cos[i] - x1 * sin[i];
+                    head[i + half] = x1 * cos[i] + x0 * sin[i];
+                }
+            }
+            for isa in Isa::available() {
+                let mut got = x.clone();
+                rope(isa, &mut got, &cos, &sin);
+                assert_eq!(got, want, "{isa:?} half={half}");
+            }
+        }
     }
 
     #[test]

@@ -39,6 +39,7 @@ impl Scheduler {
             });
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
+            self.builder.set_prompt_len(seq.prompt_len);
             if let (Some(row), true) = (seq.carried_from, p.end == tokens.len()) {
                 // the placeholder is the last token, and this step runs it;
                 // a grammar's mask for it waits for that token (held step)

@@ -2,7 +2,7 @@
 //! comparisons and benchmarks that run a [`Backend`] without the engine.
 //!
 //! Contract: [`build_step`] turns per-sequence chunks (tokens, first
-//! position, block table, optional sample request) into a [`StepBatch`]
+//! position, block table, optional sample request, prompt length) into a [`StepBatch`]
 //! through the one batch builder ([`contract::step_builder::StepBuilder`],
 //! the scheduler's too); it satisfies [`StepBatch::validate`] whenever the
 //! tables cover the positions (otherwise an error naming the sequence). [`generate_greedy`] prefills
@@ -27,6 +27,9 @@ pub struct SeqChunk {
     pub blocks: Vec<u32>,
     /// Sample the chunk's last token.
     pub sample: Option<SampleRequest>,
+    /// The sequence's prompt length: tokens at positions below it are
+    /// prompt tokens ([`StepBatch::prompt_lens`]; 0: every token generated).
+    pub prompt_len: usize,
 }
 
 /// The block table `[first, first + 1, ...]` covering `tokens` positions.
@@ -50,13 +53,15 @@ fn push_chunks(b: &mut StepBuilder, chunks: &[SeqChunk]) -> Result<(), BackendEr
     for c in chunks {
         b.push(&c.tokens, c.start, &c.blocks, c.sample.clone())
             .map_err(|e| BackendError::InvalidBatch(e.to_string()))?;
+        b.set_prompt_len(c.prompt_len);
     }
     Ok(())
 }
 
 /// Greedy-decodes `steps` tokens after each prompt, all sequences batched
 /// together: one prefill step of every prompt, then `steps - 1` decode
-/// steps. `tables[i]` is prompt `i`'s block table and must cover
+/// steps (the prompts' tokens run as prompt tokens, the generated ones as
+/// generated). `tables[i]` is prompt `i`'s block table and must cover
 /// `prompts[i].len() + steps` positions. Returns `[S][steps]` token ids.
 pub fn generate_greedy(
     backend: &mut dyn Backend,
@@ -81,6 +86,7 @@ pub fn generate_greedy(
         .iter()
         .zip(tables)
         .map(|(p, t)| SeqChunk {
+            prompt_len: p.len(),
             tokens: p.to_vec(),
             start: 0,
             blocks: t.clone(),

@@ -4,37 +4,48 @@
 //! Contract: [`FastWeights::pack`] takes each layer's projections once at
 //! construction and concatenates Q/K/V into one `[q_dim + 2 kv_dim, hidden]`
 //! and gate/up into one `[2 intermediate, hidden]` BF16 matrix (the layer's
-//! original tensors are released, so memory stays the model's BF16 size);
-//! [`CpuBackend::forward_fast`] runs embedding, per layer RMSNorm, the fused
-//! QKV product, RoPE, the KV write, paged causal attention, the output
-//! product and residual, RMSNorm, the fused gate/up product, SwiGLU, the down
-//! product and residual, then the final norm and the LM head for the asked
-//! rows only. The arithmetic is the reference's (f32 over exactly widened
-//! BF16 weights, RMSNorm's mean in f64, the same RoPE table and softmax);
-//! only the order of additions differs, so logits agree with the reference
-//! path to about `1e-5` relative (the golden tests hold it to `1e-3`).
+//! original tensors are released; on AVX-512 they are packed as `k`-pair
+//! panels, and where the processor has AVX-512 BF16 + VNNI an 8-bit copy
+//! is added, one byte per weight); [`CpuBackend::forward_fast`] runs
+//! embedding, per layer RMSNorm, the fused QKV product, RoPE, the KV write,
+//! paged causal attention, the output product and residual, RMSNorm, the
+//! fused gate/up product, SwiGLU, the down product and residual, then the
+//! final norm and the LM head for the asked rows only. The arithmetic of
+//! generated tokens is the reference's (f32 over exactly widened BF16
+//! weights, RMSNorm's mean in f64, the same RoPE table and softmax); only
+//! the order of additions differs, so their logits agree with the reference
+//! path to about `1e-5` relative. Prompt tokens
+//! ([`StepBatch::prompt_lens`]) run the projections on
+//! `cpu_kernels::gemm_split` where it runs: about `1e-4` relative (the
+//! golden tests hold both to `1e-3`). A token's logits never depend on the
+//! other tokens of its step.
 //!
-//! Costs per step of `T` tokens and `R` output rows: one read of the BF16
-//! weights per four tokens while `T < 16` (register-tiled GEMV, bound by
-//! memory bandwidth) or one widening pass per matrix plus a cache-blocked
-//! f32 GEMM otherwise (`cpu-kernels`: AVX-512, else the `gemm` crate);
-//! attention per (token, head) with SIMD dot products for decodes (on rayon
-//! when the step has enough of it), and as two GEMMs per head and block of
-//! rows for prefill chunks of 16+ tokens (`segment_attention`). Every
-//! activation buffer lives in [`Workspace`] and is reused step after step
-//! (grown to the largest step seen); a decode step allocates only its
-//! returned logits (and, for parallel attention, one score buffer per rayon
-//! task); a prefill chunk also its gathered K/V and per-head scores.
+//! Costs per step of `T` tokens and `R` output rows: on AVX-512 one read of
+//! the packed weights per step and 12 tokens (bound by memory bandwidth
+//! for decode), else one read of the BF16 weights per four tokens while `T
+//! < 16` (register-tiled GEMV) or one widening pass per matrix plus the
+//! `gemm` crate's GEMM; prompt rows also one split of their activations
+//! per product; a step mixing prompt and generated rows copies each kind's
+//! rows in and out. Attention per (token, head) with SIMD dot products for
+//! decodes (on rayon when the step has enough of it), and as two GEMMs per
+//! head and block of rows for prefill chunks of 16+ tokens
+//! (`segment_attention`, each KV head's keys and values gathered and
+//! packed once). The elementwise steps run over rows on rayon for steps of
+//! 32+ tokens. Every activation buffer lives in [`Workspace`] and is
+//! reused step after step (grown to the largest step seen); a decode step
+//! allocates only its returned logits (and, for parallel attention, one
+//! score buffer per rayon task); a prefill chunk also its gathered K/V and
+//! per-head scores.
 
 use super::CpuBackend;
 use super::attention::KvPool;
-use super::packed::{CpuWeights, Matrix, pack_group, pack_head};
+use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
 use checkpoint::weights::LlamaWeights;
 use contract::backend::{BackendError, StepBatch};
 use cpu_kernels::Isa;
-use cpu_kernels::matmul::{Scratch, gemm_nt_f32, matmul_bf16};
-use cpu_kernels::quant::QuantActs;
-use cpu_kernels::vector::{add_assign, axpy, dot_keys, exp_scaled_sum, rms_norm, silu_mul};
+use cpu_kernels::gemm512::{Packed, matmul_packed};
+use cpu_kernels::matmul::{gemm_nt_f32, matmul_bf16};
+use cpu_kernels::vector::{add_assign, axpy, dot_keys, rms_norm, rope, silu_mul, softmax_scaled};
 use half::slice::HalfFloatSliceExt;
 use ops::AttnDims;
 use rayon::prelude::*;
@@ -60,8 +71,13 @@ pub(super) struct FastWeights {
 
 impl FastWeights {
     /// Packs every layer of `w` (already shape-checked) in `format`,
-    /// releasing the layer tensors' BF16 buffers as it goes.
-    pub(super) fn pack(w: &mut LlamaWeights, format: &CpuWeights) -> Result<Self, BackendError> {
+    /// releasing the layer tensors' BF16 buffers as it goes; BF16
+    /// projections in `layout`.
+    pub(super) fn pack(
+        w: &mut LlamaWeights,
+        format: &CpuWeights,
+        layout: Layout,
+    ) -> Result<Self, BackendError> {
         let (blocks, quantize_to) = match format {
             CpuWeights::Bf16 => (None, None),
             CpuWeights::Quantize(qt) => (None, Some(*qt)),
@@ -82,39 +98,101 @@ impl FastWeights {
                         kept(|k| &k.v_proj),
                     ],
                     quantize_to,
+                    layout,
                 )?,
-                o: pack_group(&mut [&mut l.o_proj], &[kept(|k| &k.o_proj)], quantize_to)?,
+                o: pack_group(
+                    &mut [&mut l.o_proj],
+                    &[kept(|k| &k.o_proj)],
+                    quantize_to,
+                    layout,
+                )?,
                 gate_up: pack_group(
                     &mut [&mut l.gate_proj, &mut l.up_proj],
                     &[kept(|k| &k.gate_proj), kept(|k| &k.up_proj)],
                     quantize_to,
+                    layout,
                 )?,
                 down: pack_group(
                     &mut [&mut l.down_proj],
                     &[kept(|k| &k.down_proj)],
                     quantize_to,
+                    layout,
                 )?,
             });
         }
         let head = pack_head(w.head(), format)?;
         Ok(FastWeights { layers, head })
     }
+
+    /// Whether prompt rows run the split products.
+    pub(super) fn splits(&self) -> bool {
+        self.layers
+            .first()
+            .is_some_and(|l| matches!(l.qkv, Matrix::Panels { lo: Some(_), .. }))
+    }
+
+    /// Drops every 8-bit copy: prompt rows then run the f32 products.
+    pub(super) fn drop_split(&mut self) {
+        for l in &mut self.layers {
+            for m in [&mut l.qkv, &mut l.o, &mut l.gate_up, &mut l.down] {
+                m.drop_split();
+            }
+        }
+    }
 }
 
 /// The step's activation buffers, reused across steps.
 #[derive(Default)]
 pub(super) struct Workspace {
-    x: Vec<f32>,        // [T, hidden] residual stream
-    h: Vec<f32>,        // [T, hidden] normed
-    qkv: Vec<f32>,      // [T, q_dim + 2 kv_dim]
-    attn: Vec<f32>,     // [T, q_dim]
-    proj: Vec<f32>,     // [T, hidden]
-    gu: Vec<f32>,       // [T, 2 intermediate]
-    act: Vec<f32>,      // [T, intermediate]
-    scores: Vec<f32>,   // [context] (serial attention)
-    seq_of: Vec<usize>, // [T] sequence of each token
-    scratch: Scratch,
-    acts: QuantActs,
+    x: Vec<f32>,           // [T, hidden] residual stream
+    h: Vec<f32>,           // [T, hidden] normed
+    qkv: Vec<f32>,         // [T, q_dim + 2 kv_dim]
+    attn: Vec<f32>,        // [T, q_dim]
+    proj: Vec<f32>,        // [T, hidden]
+    gu: Vec<f32>,          // [T, 2 intermediate]
+    act: Vec<f32>,         // [T, intermediate]
+    scores: Vec<f32>,      // [context] (serial attention)
+    seq_of: Vec<usize>,    // [T] sequence of each token
+    prompt: Vec<usize>,    // prompt token rows (mixed steps)
+    generated: Vec<usize>, // generated token rows (mixed steps)
+    bufs: MatBufs,
+}
+
+/// Token rows per rayon task of the elementwise steps (norms, RoPE,
+/// residuals, SwiGLU); a step of fewer than twice as many runs them on the
+/// calling thread. Each row computes the same bits either way.
+const ROWS_PER_TASK: usize = 16;
+
+/// `f(i, row i of a)` over the `[T, w]` rows of `a`.
+fn each_row(a: &mut [f32], w: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if a.len() >= 2 * ROWS_PER_TASK * w {
+        a.par_chunks_exact_mut(w)
+            .enumerate()
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        a.chunks_exact_mut(w).enumerate().for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// `f(row i of a, row i of b)` over the `[T, wa]` rows of `a` and `[T, wb]` of `b`.
+fn each_row_pair(
+    a: &mut [f32],
+    wa: usize,
+    b: &[f32],
+    wb: usize,
+    f: impl Fn(&mut [f32], &[f32]) + Sync + Send,
+) {
+    if a.len() >= 2 * ROWS_PER_TASK * wa {
+        a.par_chunks_exact_mut(wa)
+            .zip(b.par_chunks_exact(wb))
+            .with_min_len(ROWS_PER_TASK)
+            .for_each(|(x, y)| f(x, y));
+    } else {
+        a.chunks_exact_mut(wa)
+            .zip(b.chunks_exact(wb))
+            .for_each(|(x, y)| f(x, y));
+    }
 }
 
 /// Sets `v` to `n` elements (contents unspecified), growing it only when needed.
@@ -154,23 +232,46 @@ impl CpuBackend {
             }
         }
         ws.seq_of.clear();
+        ws.prompt.clear();
+        ws.generated.clear();
         for s in 0..batch.num_seqs() {
-            let n = (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
-            ws.seq_of.extend(std::iter::repeat_n(s, n));
+            let (a, b) = (
+                batch.cu_seqlens[s] as usize,
+                batch.cu_seqlens[s + 1] as usize,
+            );
+            ws.seq_of.extend(std::iter::repeat_n(s, b - a));
+            for i in a..b {
+                match batch.is_prompt_token(s, i) {
+                    true => ws.prompt.push(i),
+                    false => ws.generated.push(i),
+                }
+            }
         }
+        let rows_kind = match (ws.prompt.len(), ws.generated.len()) {
+            (_, 0) => Rows::Prompt,
+            (0, _) => Rows::Generated,
+            _ => Rows::Mixed {
+                prompt: &ws.prompt,
+                generated: &ws.generated,
+            },
+        };
         for (l, lw) in fast.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let x = &mut ws.x[..t * hidden];
             let h = sized(&mut ws.h, t * hidden);
-            rms_norm(x, &norms.input, eps, h);
+            each_row_pair(h, hidden, x, hidden, |hr, xr| {
+                rms_norm(xr, &norms.input, eps, hr)
+            });
             let qkv = sized(&mut ws.qkv, t * qkv_w);
             lw.qkv
-                .matmul(isa, h, hidden, qkv_w, qkv, &mut ws.scratch, &mut ws.acts);
-            for (row, &pos) in qkv.chunks_exact_mut(qkv_w).zip(&batch.positions) {
-                let (q, rest) = row.split_at_mut(q_dim);
-                self.rope.apply(q, pos as usize);
-                self.rope.apply(&mut rest[..kv_dim], pos as usize);
-            }
+                .matmul(isa, h, hidden, qkv_w, qkv, rows_kind, &mut ws.bufs);
+            let (cos, sin, half) = (self.rope.cos(), self.rope.sin(), c.head_dim / 2);
+            each_row(qkv, qkv_w, |i, row| {
+                let pos = batch.positions[i] as usize;
+                let (cos, sin) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
+                // Q and K: the first q_dim + kv_dim values, whole heads
+                rope(isa, &mut row[..q_dim + kv_dim], cos, sin);
+            });
             self.pool
                 .write_packed(l, qkv, qkv_w, q_dim, &batch.slot_mapping);
             let attn = sized(&mut ws.attn, t * q_dim);
@@ -187,28 +288,22 @@ impl CpuBackend {
                 &mut ws.scores,
             );
             let proj = sized(&mut ws.proj, t * hidden);
-            lw.o.matmul(
-                isa,
-                attn,
-                q_dim,
-                hidden,
-                proj,
-                &mut ws.scratch,
-                &mut ws.acts,
-            );
-            add_assign(x, proj);
-            rms_norm(x, &norms.post, eps, h);
+            lw.o.matmul(isa, attn, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
+            each_row_pair(x, hidden, proj, hidden, add_assign);
+            each_row_pair(h, hidden, x, hidden, |hr, xr| {
+                rms_norm(xr, &norms.post, eps, hr)
+            });
             let gu = sized(&mut ws.gu, t * 2 * inter);
             lw.gate_up
-                .matmul(isa, h, hidden, 2 * inter, gu, &mut ws.scratch, &mut ws.acts);
+                .matmul(isa, h, hidden, 2 * inter, gu, rows_kind, &mut ws.bufs);
             let act = sized(&mut ws.act, t * inter);
-            for (a, g) in act.chunks_exact_mut(inter).zip(gu.chunks_exact(2 * inter)) {
+            each_row_pair(act, inter, gu, 2 * inter, |a, g| {
                 a.copy_from_slice(&g[..inter]);
                 silu_mul(isa, a, &g[inter..]);
-            }
+            });
             lw.down
-                .matmul(isa, act, inter, hidden, proj, &mut ws.scratch, &mut ws.acts);
-            add_assign(x, proj);
+                .matmul(isa, act, inter, hidden, proj, rows_kind, &mut ws.bufs);
+            each_row_pair(x, hidden, proj, hidden, add_assign);
         }
         // [R, hidden] only the rows whose logits are wanted, normed
         let r = rows.len();
@@ -226,8 +321,8 @@ impl CpuBackend {
                 hidden,
                 c.vocab_size,
                 &mut logits,
-                &mut ws.scratch,
-                &mut ws.acts,
+                Rows::Generated,
+                &mut ws.bufs,
             ),
             None => matmul_bf16(
                 isa,
@@ -236,7 +331,7 @@ impl CpuBackend {
                 hidden,
                 c.vocab_size,
                 &mut logits,
-                &mut ws.scratch,
+                &mut ws.bufs.scratch,
             ),
         }
         logits
@@ -293,7 +388,7 @@ fn attention(
             *s *= scale;
         }
         let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let inv = 1.0 / exp_scaled_sum(isa, scores, 1.0, m);
+        let inv = 1.0 / cpu_kernels::vector::exp_scaled_sum(isa, scores, 1.0, m);
         o.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {
             let r = row(j);
@@ -351,6 +446,16 @@ struct Segment<'a> {
     block_size: usize,
 }
 
+/// One KV head's keys and values as a chunk's attention products read
+/// them, gathered from the pool once per chunk.
+enum HeadKv {
+    /// AVX-512: packed for the micro-kernel (keys as rows, values as
+    /// columns), so no (head, block) task packs them again.
+    Packed { k: Packed, v: Packed },
+    /// Elsewhere: K `[ctx, head_dim]` and V^T `[head_dim, ctx]`.
+    Plain { k: Vec<f32>, vt: Vec<f32> },
+}
+
 /// Query rows per block of [`segment_attention`]: a block computes scores
 /// only up to its last row's position (the causal triangle, block-wise).
 /// The unit tests' chunks (up to 37 tokens) span several blocks of 8.
@@ -380,20 +485,28 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
         .unwrap_or(0);
     let bs = seg.block_size;
     let slot = |j: usize| (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim;
-    // per KV head: K [ctx, hd] and V^T [hd, ctx]
-    let kv: Vec<(Vec<f32>, Vec<f32>)> = (0..dims.kv_heads)
+    let packed = isa == Isa::Avx512;
+    // per KV head, gathered from the pool once
+    let kv: Vec<HeadKv> = (0..dims.kv_heads)
         .into_par_iter()
         .map(|g| {
+            let key = |j: usize| &seg.kc[slot(j) + g * hd..][..hd];
+            let value = |j: usize| &seg.vc[slot(j) + g * hd..][..hd];
+            if packed {
+                return HeadKv::Packed {
+                    k: Packed::from_rows(hd, ctx, key),
+                    v: Packed::from_columns(ctx, hd, value),
+                };
+            }
             let mut k = vec![0f32; ctx * hd];
             let mut vt = vec![0f32; hd * ctx];
             for j in 0..ctx {
-                let r = slot(j) + g * hd;
-                k[j * hd..(j + 1) * hd].copy_from_slice(&seg.kc[r..r + hd]);
-                for (d, &v) in seg.vc[r..r + hd].iter().enumerate() {
+                k[j * hd..(j + 1) * hd].copy_from_slice(key(j));
+                for (d, &v) in value(j).iter().enumerate() {
                     vt[d * ctx + j] = v;
                 }
             }
-            (k, vt)
+            HeadKv::Plain { k, vt }
         })
         .collect();
     // one task per (head, block of rows), so the work spreads over the
@@ -406,26 +519,30 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
     let per_block: Vec<Vec<f32>> = blocks
         .par_iter()
         .map(|&(h, r0)| {
-            let (k, vt) = &kv[h / group];
             let r1 = (r0 + SEGMENT_ROWS).min(n);
             let rows = &seg.positions[r0..r1];
             let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
             let mut sc = vec![0f32; (r1 - r0) * ctx]; // [rows, ctx]
             let q = &seg.q[r0 * seg.qkv_w + h * hd..];
-            gemm_nt_f32(isa, q, seg.qkv_w, r1 - r0, k, hd, hd, kb, &mut sc, ctx);
+            let m = r1 - r0;
+            match &kv[h / group] {
+                HeadKv::Packed { k, .. } => matmul_packed(q, seg.qkv_w, m, k, hd, kb, &mut sc, ctx),
+                HeadKv::Plain { k, .. } => {
+                    gemm_nt_f32(isa, q, seg.qkv_w, m, k, hd, hd, kb, &mut sc, ctx)
+                }
+            }
             for (row, &p) in sc.chunks_exact_mut(ctx).zip(rows) {
                 let keep = p as usize + 1;
-                let m = row[..keep]
-                    .iter()
-                    .fold(f32::NEG_INFINITY, |m, &s| m.max(s * scale));
-                let inv = 1.0 / exp_scaled_sum(isa, &mut row[..keep], scale, m);
-                for s in &mut row[..keep] {
-                    *s *= inv;
-                }
+                softmax_scaled(isa, &mut row[..keep], scale);
                 row[keep..kb].fill(0.0);
             }
-            let mut o = vec![0f32; (r1 - r0) * hd]; // [rows, hd]
-            gemm_nt_f32(isa, &sc, ctx, r1 - r0, vt, ctx, kb, hd, &mut o, hd);
+            let mut o = vec![0f32; m * hd]; // [rows, hd]
+            match &kv[h / group] {
+                HeadKv::Packed { v, .. } => matmul_packed(&sc, ctx, m, v, kb, hd, &mut o, hd),
+                HeadKv::Plain { vt, .. } => {
+                    gemm_nt_f32(isa, &sc, ctx, m, vt, ctx, kb, hd, &mut o, hd)
+                }
+            }
             o
         })
         .collect();

@@ -20,7 +20,9 @@
 //! GEMM for prefill and reused activation buffers (see [`fast`]). Logits are computed only for sampled rows (or the rows
 //! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
 //!
-//! Costs: memory = the BF16 weights + `2 * layers * num_blocks * block_size *
+//! Costs: memory = the BF16 weights (+ one byte per projection weight for
+//! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
+//! VNNI) + `2 * layers * num_blocks * block_size *
 //! kv_dim * 4` bytes of KV pool + RoPE tables `min(max_position_embeddings,
 //! pool slots) * head_dim * 4` bytes. Per step, see [`forward`]. Parallel with
 //! rayon's global pool.
@@ -33,6 +35,8 @@ mod packed;
 
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
+#[cfg(test)]
+mod split_tests;
 #[cfg(test)]
 mod tests;
 
@@ -142,7 +146,14 @@ impl CpuBackend {
             .collect();
         let final_norm = weights.norm.to_f32();
         let fast = match path {
-            CpuPath::Fast => Some(FastWeights::pack(&mut weights, &format)?),
+            CpuPath::Fast => {
+                let panels = Isa::best() == Isa::Avx512;
+                let layout = packed::Layout {
+                    panels,
+                    split: panels && cpu_kernels::isa::split_products(),
+                };
+                Some(FastWeights::pack(&mut weights, &format, layout)?)
+            }
             CpuPath::Reference => None,
         };
         let weights_name = format.describe();
@@ -160,6 +171,16 @@ impl CpuBackend {
             pipe: HostPipeline::default(),
             weights_name,
         })
+    }
+
+    /// Runs every row of the fast path's BF16 products in f32, prompt rows
+    /// too (drops the 8-bit copies [`cpu_kernels::gemm_split`] multiplies
+    /// prompt rows with): for comparisons of the two.
+    pub fn without_split_products(mut self) -> Self {
+        if let Some(f) = &mut self.fast {
+            f.drop_split();
+        }
+        self
     }
 
     /// The path this backend runs.
@@ -197,7 +218,13 @@ impl Backend for CpuBackend {
     fn name(&self) -> String {
         match self.path() {
             CpuPath::Reference => "cpu (reference)".into(),
-            CpuPath::Fast => format!("cpu ({}, {})", self.isa.name(), self.weights_name),
+            CpuPath::Fast => {
+                let split = match &self.fast {
+                    Some(f) if f.splits() => "+bf16/vnni prompts",
+                    _ => "",
+                };
+                format!("cpu ({}{split}, {})", self.isa.name(), self.weights_name)
+            }
         }
     }
 

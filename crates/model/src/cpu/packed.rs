@@ -3,7 +3,11 @@
 //!
 //! Contract: [`Matrix::matmul`] is `y = x @ W^T` over `[out, inp]` weights
 //! in whichever form the matrix holds: BF16 through
-//! [`cpu_kernels::matmul_bf16`] (f32 over exactly widened weights), or
+//! [`cpu_kernels::matmul_bf16`] (f32 over exactly widened weights), or on
+//! AVX-512 as `k`-pair panels packed at load through
+//! [`cpu_kernels::pairs::matmul_pairs`] (the same arithmetic; prompt rows
+//! through [`cpu_kernels::gemm_split`] where the processor has AVX-512 BF16
+//! and VNNI, against an 8-bit copy made at load), or
 //! ggml Q8_0 / Q4_1 blocks through [`cpu_kernels::quant::matmul_quant`]
 //! (activations rounded to 8 bits per block of 32, integer dot products).
 //! [`pack_group`] builds one fused matrix from several row-stacked tensors
@@ -12,15 +16,18 @@
 //! [`CpuWeights::Quantize`] asks for it). The BF16 buffers of packed
 //! tensors are released, so memory is the packed size.
 //!
-//! Costs: at load, quantising a BF16 matrix is one pass over it; per call,
-//! see the two kernels.
+//! Costs: at load, quantising a BF16 matrix is one pass over it (the split's
+//! 8-bit copy too: one byte per weight); per call, see the kernels, plus a
+//! gather and scatter of the rows of each kind when a step mixes them.
 
 use checkpoint::gguf::GgmlType;
 use checkpoint::quantized::{QuantTensor, QuantWeights};
 use checkpoint::weights::Tensor;
 use contract::backend::BackendError;
 use cpu_kernels::Isa;
+use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
 use cpu_kernels::matmul::{Scratch, matmul_bf16};
+use cpu_kernels::pairs::{PairPanels, matmul_pairs};
 use cpu_kernels::quant::{QK, QuantActs, QuantType, matmul_quant, quantize_row};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -74,12 +81,51 @@ fn quant_type(ty: GgmlType) -> Option<QuantType> {
 
 /// One weight matrix `[out, inp]` of the fast path.
 pub(super) enum Matrix {
+    /// Row-major BF16 (processors without AVX-512).
     Bf16(Vec<bf16>),
-    Quant { qt: QuantType, data: Vec<u8> },
+    /// AVX-512: BF16 as `k`-pair panels, and their 8-bit copy for prompt
+    /// rows when the processor runs [`cpu_kernels::gemm_split`].
+    Panels {
+        w: PairPanels,
+        lo: Option<LoWeights>,
+    },
+    Quant {
+        qt: QuantType,
+        data: Vec<u8>,
+    },
+}
+
+/// Which rows of a step's activations are prompt tokens (see
+/// [`contract::backend::StepBatch::prompt_lens`]).
+#[derive(Clone, Copy)]
+pub(super) enum Rows<'a> {
+    /// Every row generated (or prompt rows where no split runs).
+    Generated,
+    /// Every row a prompt token.
+    Prompt,
+    /// Both kinds: the row indices of each.
+    Mixed {
+        prompt: &'a [usize],
+        generated: &'a [usize],
+    },
+}
+
+/// The reused buffers of [`Matrix::matmul`].
+#[derive(Default)]
+pub(super) struct MatBufs {
+    pub(super) scratch: Scratch,
+    acts: QuantActs,
+    split: SplitActs,
+    /// `[rows, inp]` gathered rows of one kind (mixed steps).
+    xg: Vec<f32>,
+    /// `[rows, out]` their products.
+    yg: Vec<f32>,
 }
 
 impl Matrix {
-    /// `y = x @ W^T`: `x` `[T, inp]`, `y` `[T, out]`.
+    /// `y = x @ W^T`: `x` `[T, inp]`, `y` `[T, out]`. Prompt rows of a BF16
+    /// matrix with an 8-bit copy run [`matmul_split`], every other row the
+    /// f32 products; a row's result never depends on the other rows' kind.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
         &self,
@@ -88,12 +134,46 @@ impl Matrix {
         inp: usize,
         out: usize,
         y: &mut [f32],
-        scratch: &mut Scratch,
-        acts: &mut QuantActs,
+        rows: Rows<'_>,
+        b: &mut MatBufs,
     ) {
-        match self {
-            Matrix::Bf16(w) => matmul_bf16(isa, x, w, inp, out, y, scratch),
-            Matrix::Quant { qt, data } => matmul_quant(isa, x, data, *qt, inp, out, y, acts),
+        let (w, lo) = match self {
+            Matrix::Quant { qt, data } => {
+                return matmul_quant(isa, x, data, *qt, inp, out, y, &mut b.acts);
+            }
+            Matrix::Bf16(w) => return matmul_bf16(isa, x, w, inp, out, y, &mut b.scratch),
+            Matrix::Panels { w, lo: None } => return matmul_pairs(x, w, y),
+            Matrix::Panels { w, lo: Some(lo) } => (w, lo),
+        };
+        match rows {
+            Rows::Generated => matmul_pairs(x, w, y),
+            Rows::Prompt => matmul_split(x, w, lo, y, &mut b.split),
+            Rows::Mixed { prompt, generated } => {
+                for (kind, idx) in [(true, prompt), (false, generated)] {
+                    let n = idx.len();
+                    b.xg.clear();
+                    for &r in idx {
+                        b.xg.extend_from_slice(&x[r * inp..][..inp]);
+                    }
+                    b.yg.resize(n * out, 0.0);
+                    let yg = &mut b.yg[..n * out];
+                    if kind {
+                        matmul_split(&b.xg, w, lo, yg, &mut b.split);
+                    } else {
+                        matmul_pairs(&b.xg, w, yg);
+                    }
+                    for (&r, src) in idx.iter().zip(yg.chunks_exact(out)) {
+                        y[r * out..][..out].copy_from_slice(src);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops the 8-bit copy: every row then runs the f32 products.
+    pub(super) fn drop_split(&mut self) {
+        if let Matrix::Panels { lo, .. } = self {
+            *lo = None;
         }
     }
 }
@@ -120,13 +200,23 @@ fn quantize(
     Ok(out)
 }
 
+/// How the fast path lays out its BF16 matrices.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Layout {
+    /// `k`-pair panels (AVX-512) rather than rows.
+    pub(super) panels: bool,
+    /// With the 8-bit copy of [`cpu_kernels::gemm_split`] (needs `panels`).
+    pub(super) split: bool,
+}
+
 /// The fused matrix of `parts` (row-stacked, all `[_, cols]`): the kept
 /// blocks when every part has them in one type, else BF16 (quantised to
-/// `qt` when given). Releases the parts' BF16 buffers.
+/// `qt` when given) in `layout`. Releases the parts' BF16 buffers.
 pub(super) fn pack_group(
     parts: &mut [&mut Tensor],
     kept: &[Option<&QuantTensor>],
     quantize_to: Option<QuantType>,
+    layout: Layout,
 ) -> Result<Matrix, BackendError> {
     let cols = parts[0].shape[1];
     let types: Vec<Option<QuantType>> = kept
@@ -154,6 +244,12 @@ pub(super) fn pack_group(
             qt,
             data: quantize(qt, &bf, cols, &parts[0].name)?,
         }),
+        None if layout.panels => {
+            let rows = bf.len() / cols;
+            let lo = layout.split.then(|| LoWeights::new(&bf, cols, rows));
+            let w = PairPanels::new(&bf, cols, rows);
+            Ok(Matrix::Panels { w, lo })
+        }
         None => Ok(Matrix::Bf16(bf)),
     }
 }

@@ -10,9 +10,9 @@ use contract::sampling::{SamplingParams, splitmix64};
 use contract::testing::{Malformation, malform, malformed_batches, well_formed};
 use half::bf16;
 
-const BS: usize = 4; // block size of the test pools
+pub(super) const BS: usize = 4; // block size of the test pools
 
-fn config(tied: bool) -> LlamaConfig {
+pub(super) fn config(tied: bool) -> LlamaConfig {
     config_with(tied, 48)
 }
 
@@ -43,7 +43,7 @@ fn tensor(name: &str, shape: &[usize], seed: u64, scale: f32, offset: f32) -> Te
     }
 }
 
-fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
+pub(super) fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let layers = (0..c.num_layers as u64)
         .map(|l| {
@@ -73,7 +73,7 @@ fn backend(tied: bool, num_blocks: usize) -> CpuBackend {
     backend_on(CpuPath::Reference, tied, num_blocks)
 }
 
-fn backend_on(path: CpuPath, tied: bool, num_blocks: usize) -> CpuBackend {
+pub(super) fn backend_on(path: CpuPath, tied: bool, num_blocks: usize) -> CpuBackend {
     let c = config(tied);
     let w = weights(&c, tied);
     CpuBackend::with_path(
@@ -91,7 +91,7 @@ fn backend_on(path: CpuPath, tied: bool, num_blocks: usize) -> CpuBackend {
 const PATHS: [CpuPath; 2] = [CpuPath::Reference, CpuPath::Fast];
 
 /// The textbook forward pass in f64 over a whole sequence: logits `[T][vocab]`.
-fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
+pub(super) fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
     let f = |t: &Tensor| {
         t.data
             .iter()
@@ -181,14 +181,15 @@ fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
     xs.iter().map(|x| mm(&rms(x, &w.norm), w.head())).collect()
 }
 
-fn rel_err(a: &[f32], b: &[f64]) -> f64 {
+pub(super) fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
     let den: f64 = b.iter().map(|y| y * y).sum();
     (num / den).sqrt()
 }
 
-fn chunk(tokens: &[u32], start: usize, blocks: Vec<u32>) -> SeqChunk {
+pub(super) fn chunk(tokens: &[u32], start: usize, blocks: Vec<u32>) -> SeqChunk {
     SeqChunk {
+        prompt_len: 0,
         tokens: tokens.to_vec(),
         start,
         blocks,
@@ -196,9 +197,9 @@ fn chunk(tokens: &[u32], start: usize, blocks: Vec<u32>) -> SeqChunk {
     }
 }
 
-const PROMPT: [u32; 11] = [3, 17, 42, 8, 8, 23, 1, 49, 0, 30, 12];
+pub(super) const PROMPT: [u32; 11] = [3, 17, 42, 8, 8, 23, 1, 49, 0, 30, 12];
 /// Long enough for the fast path's GEMM regime (16 tokens or more).
-const LONG_PROMPT: [u32; 21] = [
+pub(super) const LONG_PROMPT: [u32; 21] = [
     3, 17, 42, 8, 8, 23, 1, 49, 0, 30, 12, 7, 7, 19, 33, 2, 48, 11, 5, 26, 40,
 ];
 

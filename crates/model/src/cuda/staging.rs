@@ -228,6 +228,7 @@ mod tests {
             block_tables: vec![0, 1],
             max_blocks: 1,
             samples: vec![None, None],
+            prompt_lens: Vec::new(),
             carried: Vec::new(),
         };
         let lay = Layout::new(4, 4, 2, 4, 4);

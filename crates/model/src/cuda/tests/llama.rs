@@ -112,6 +112,7 @@ fn cuda_llama_1b_step_timing() {
     let prompt = tokens(5, 2000, vocab);
     let blocks = pool.take(2000);
     let chunk = SeqChunk {
+        prompt_len: 0,
         tokens: prompt,
         start: 0,
         blocks,
@@ -132,6 +133,7 @@ fn cuda_llama_1b_step_timing() {
         for bs in [1usize, 8] {
             let mut chunks: Vec<SeqChunk> = (0..bs)
                 .map(|i| SeqChunk {
+                    prompt_len: 0,
                     tokens: tokens(i as u64, 512, vocab),
                     start: 0,
                     blocks: pool.take(512 + 130),

@@ -80,6 +80,7 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
             gpu.set_graphs(false);
             // alone: exactly the CPU sampler's token and log-probability
             let alone = SeqChunk {
+                prompt_len: 0,
                 tokens: toks.clone(),
                 start: 0,
                 blocks: blocks.clone(),
@@ -100,6 +101,7 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
             assert!((g.logprob - want.logprob).abs() < 1e-3, "{g:?} vs {want:?}");
             // batched with the same row unmasked: the mask stays on its row
             let twin_chunk = SeqChunk {
+                prompt_len: 0,
                 tokens: toks.clone(),
                 start: 0,
                 blocks: twin.clone(),
@@ -133,6 +135,7 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
             allowed: Some(Arc::new(TokenMask::from_ids(vocab, &[allowed]))),
         };
         let chunk = SeqChunk {
+            prompt_len: 0,
             tokens: vec![toks[19]],
             start: 19,
             blocks: blocks.clone(),

@@ -148,6 +148,7 @@ pub(super) fn chunk_logits(
     blocks: &[u32],
 ) -> Vec<f32> {
     let chunk = SeqChunk {
+        prompt_len: 0,
         tokens: toks.to_vec(),
         start,
         blocks: blocks.to_vec(),
@@ -170,6 +171,7 @@ pub(super) fn greedy(step: u64) -> Option<SampleRequest> {
 /// Greedy generation of `n` tokens after `prompt` through `step` (graphs when enabled).
 pub(super) fn generate(b: &mut dyn Backend, prompt: &[u32], blocks: &[u32], n: usize) -> Vec<u32> {
     let mut c = SeqChunk {
+        prompt_len: 0,
         tokens: prompt.to_vec(),
         start: 0,
         blocks: blocks.to_vec(),
@@ -221,6 +223,7 @@ pub(super) fn batch_last_logits(
         .zip(tables)
         .zip(starts)
         .map(|((t, bl), &s)| SeqChunk {
+            prompt_len: 0,
             tokens: t.clone(),
             start: s,
             blocks: bl.clone(),

@@ -121,6 +121,7 @@ fn cuda_smollm2_matches_cpu() {
             allowed: None,
         };
         let chunk = SeqChunk {
+            prompt_len: 0,
             tokens: toks.clone(),
             start: 0,
             blocks: blocks.clone(),
@@ -194,6 +195,7 @@ fn cuda_short_generation() {
             .map(|(&n, p)| {
                 let toks = tokens(n as u64, n, vocab);
                 SeqChunk {
+                    prompt_len: 0,
                     sample: Some(SampleRequest {
                         params: p.clone(),
                         step: 0,
@@ -268,6 +270,7 @@ fn cuda_partial_sampling() {
             .map(|(&n, sampled)| {
                 let toks = tokens(n as u64 + 11, n, vocab);
                 SeqChunk {
+                    prompt_len: 0,
                     sample: sampled.then(|| greedy(0)).flatten(),
                     blocks: pool.take(n),
                     tokens: toks,
@@ -339,6 +342,7 @@ fn cuda_row_subsets_match_all_rows() {
     let blocks: Vec<u32> = (0..n.div_ceil(BS) as u32).collect();
     let all = chunk_logits(&mut b, &toks, 0, &blocks);
     let chunk = SeqChunk {
+        prompt_len: 0,
         tokens: toks,
         start: 0,
         blocks,
@@ -477,6 +481,7 @@ fn cuda_pipelined_steps_equal_plain_steps() {
                             toks.push(0); // its last sample is still on the device
                         }
                         SeqChunk {
+                            prompt_len: 0,
                             sample: Some(SampleRequest {
                                 params: params(s),
                                 step: (q.generated.len() + usize::from(in_flight)) as u64,
