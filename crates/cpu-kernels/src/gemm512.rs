@@ -113,6 +113,9 @@ pub fn matmul_strided(
     }
 }
 
+/// Floats from which [`Packed`]'s constructors fill panels in parallel.
+const PARALLEL_PACK: usize = 1 << 15;
+
 /// An f32 matrix `[out, inp]` packed once as the micro-kernel's panels
 /// (`[out / NR][inp][NR]`, zero past `out`), for many products against it
 /// ([`matmul_packed`]): attention packs each KV head's keys and values once
@@ -128,11 +131,14 @@ impl Packed {
     /// Packs rows `row(o)` (`inp` values each, `o < out`), through the
     /// register transpose. Panics if a row is shorter than `inp` or the
     /// processor lacks AVX-512F.
-    pub fn from_rows<'a>(inp: usize, out: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+    pub fn from_rows<'a>(inp: usize, out: usize, row: impl Fn(usize) -> &'a [f32] + Sync) -> Self {
         assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
         let panels = out.div_ceil(NR);
         let mut data = vec![0f32; panels * inp * NR];
-        for (p, panel) in data.chunks_exact_mut(inp * NR.max(1)).enumerate() {
+        if inp == 0 {
+            return Packed { data, inp, out };
+        }
+        let pack_one = |(p, panel): (usize, &mut [f32])| {
             let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
             let rows: Vec<&[f32]> = (o0..o1).map(|o| &row(o)[..inp]).collect();
             let whole = if o1 - o0 == NR { inp / 16 * 16 } else { 0 };
@@ -151,20 +157,37 @@ impl Packed {
                     *v = r[k];
                 }
             }
+        };
+        if panels * inp * NR >= PARALLEL_PACK {
+            data.par_chunks_mut(inp * NR).enumerate().for_each(pack_one);
+        } else {
+            data.chunks_mut(inp * NR).enumerate().for_each(pack_one);
         }
         Packed { data, inp, out }
     }
 
     /// Packs the transposed view: `col(k)` holds the `out` values of input
     /// `k` (`k < inp`), copied as they are. Panics if one is shorter than `out`.
-    pub fn from_columns<'a>(inp: usize, out: usize, col: impl Fn(usize) -> &'a [f32]) -> Self {
+    pub fn from_columns<'a>(
+        inp: usize,
+        out: usize,
+        col: impl Fn(usize) -> &'a [f32] + Sync,
+    ) -> Self {
         let panels = out.div_ceil(NR);
         let mut data = vec![0f32; panels * inp * NR];
-        for k in 0..inp {
-            let c = &col(k)[..out];
-            for (p, part) in c.chunks(NR).enumerate() {
-                data[(p * inp + k) * NR..][..part.len()].copy_from_slice(part);
+        if inp == 0 {
+            return Packed { data, inp, out };
+        }
+        let pack_one = |(p, panel): (usize, &mut [f32])| {
+            let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
+            for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                dst[..o1 - o0].copy_from_slice(&col(k)[o0..o1]);
             }
+        };
+        if panels * inp * NR >= PARALLEL_PACK {
+            data.par_chunks_mut(inp * NR).enumerate().for_each(pack_one);
+        } else {
+            data.chunks_mut(inp * NR).enumerate().for_each(pack_one);
         }
         Packed { data, inp, out }
     }

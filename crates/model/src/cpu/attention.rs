@@ -14,6 +14,10 @@
 
 use contract::backend::StepBatch;
 use ops::{AttnDims, PagedSeqs};
+use rayon::prelude::*;
+
+/// Tokens from which [`KvPool::write_packed`] writes on rayon.
+const PARALLEL_WRITE_MIN: usize = 64;
 
 /// The paged KV cache memory of every layer.
 pub struct KvPool {
@@ -43,6 +47,10 @@ impl KvPool {
     /// Writes the K and V columns of packed rows `qkv` (`[T, width]`: Q in
     /// columns `0..k_col`, then K, then V, `kv_dim` each) of `layer` at the
     /// step's slots (what [`KvPool::write`] does for separate K and V).
+    /// Steps of [`PARALLEL_WRITE_MIN`] tokens or more write block by block
+    /// on rayon (each block's tokens in step order, so a slot written
+    /// twice ends as the serial loop leaves it); the first write to a page
+    /// costs a page fault, which then runs on every thread.
     pub fn write_packed(
         &mut self,
         layer: usize,
@@ -51,13 +59,35 @@ impl KvPool {
         k_col: usize,
         slot_mapping: &[u32],
     ) {
-        let d = self.kv_dim;
+        let (d, bs) = (self.kv_dim, self.block_size);
         let (kc, vc) = (&mut self.k[layer], &mut self.v[layer]);
-        for (row, &slot) in qkv.chunks_exact(width).zip(slot_mapping) {
-            let s = slot as usize * d;
-            kc[s..s + d].copy_from_slice(&row[k_col..k_col + d]);
-            vc[s..s + d].copy_from_slice(&row[k_col + d..k_col + 2 * d]);
+        let put = |kc: &mut [f32], vc: &mut [f32], row: &[f32], at: usize| {
+            kc[at..at + d].copy_from_slice(&row[k_col..k_col + d]);
+            vc[at..at + d].copy_from_slice(&row[k_col + d..k_col + 2 * d]);
+        };
+        if slot_mapping.len() < PARALLEL_WRITE_MIN || d == 0 {
+            for (row, &slot) in qkv.chunks_exact(width).zip(slot_mapping) {
+                put(kc, vc, row, slot as usize * d);
+            }
+            return;
         }
+        // (block, token) in block order, tokens in step order within one
+        let mut order: Vec<(usize, usize)> = slot_mapping
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| (s as usize / bs, i))
+            .collect();
+        order.sort_unstable();
+        kc.par_chunks_mut(bs * d)
+            .zip(vc.par_chunks_mut(bs * d))
+            .enumerate()
+            .for_each(|(b, (kb, vb))| {
+                let first = order.partition_point(|&(ob, _)| ob < b);
+                for &(_, i) in order[first..].iter().take_while(|&&(ob, _)| ob == b) {
+                    let at = (slot_mapping[i] as usize % bs) * d;
+                    put(kb, vb, &qkv[i * width..][..width], at);
+                }
+            });
     }
 
     /// `layer`'s K and V pools with the row width and block size.

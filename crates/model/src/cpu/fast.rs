@@ -518,17 +518,22 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
     // [rows, hd] each block's output, copied into `out` after
     let per_block: Vec<Vec<f32>> = blocks
         .par_iter()
-        .map(|&(h, r0)| {
+        .map_init(Vec::new, |sc, &(h, r0)| {
             let r1 = (r0 + SEGMENT_ROWS).min(n);
             let rows = &seg.positions[r0..r1];
             let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
-            let mut sc = vec![0f32; (r1 - r0) * ctx]; // [rows, ctx]
+            // [rows, ctx] scores, reused by the thread's next blocks: the
+            // first kb of each row are written below before any is read
+            if sc.len() < (r1 - r0) * ctx {
+                sc.resize((r1 - r0) * ctx, 0.0);
+            }
+            let sc = &mut sc[..(r1 - r0) * ctx];
             let q = &seg.q[r0 * seg.qkv_w + h * hd..];
             let m = r1 - r0;
             match &kv[h / group] {
-                HeadKv::Packed { k, .. } => matmul_packed(q, seg.qkv_w, m, k, hd, kb, &mut sc, ctx),
+                HeadKv::Packed { k, .. } => matmul_packed(q, seg.qkv_w, m, k, hd, kb, sc, ctx),
                 HeadKv::Plain { k, .. } => {
-                    gemm_nt_f32(isa, q, seg.qkv_w, m, k, hd, hd, kb, &mut sc, ctx)
+                    gemm_nt_f32(isa, q, seg.qkv_w, m, k, hd, hd, kb, sc, ctx)
                 }
             }
             for (row, &p) in sc.chunks_exact_mut(ctx).zip(rows) {
@@ -538,18 +543,24 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
             }
             let mut o = vec![0f32; m * hd]; // [rows, hd]
             match &kv[h / group] {
-                HeadKv::Packed { v, .. } => matmul_packed(&sc, ctx, m, v, kb, hd, &mut o, hd),
+                HeadKv::Packed { v, .. } => matmul_packed(sc, ctx, m, v, kb, hd, &mut o, hd),
                 HeadKv::Plain { vt, .. } => {
-                    gemm_nt_f32(isa, &sc, ctx, m, vt, ctx, kb, hd, &mut o, hd)
+                    gemm_nt_f32(isa, sc, ctx, m, vt, ctx, kb, hd, &mut o, hd)
                 }
             }
             o
         })
         .collect();
-    for (&(h, r0), o) in blocks.iter().zip(&per_block) {
-        let dst = out[r0 * q_dim..].chunks_exact_mut(q_dim);
-        for (d, src) in dst.zip(o.chunks_exact(hd)) {
-            d[h * hd..(h + 1) * hd].copy_from_slice(src);
-        }
-    }
+    // row i of head h is row i % SEGMENT_ROWS of block (h, i / SEGMENT_ROWS)
+    let per_head = n.div_ceil(SEGMENT_ROWS);
+    out[..n * q_dim]
+        .par_chunks_mut(q_dim)
+        .enumerate()
+        .with_min_len(ROWS_PER_TASK)
+        .for_each(|(i, row)| {
+            let (b, r) = (i / SEGMENT_ROWS, i % SEGMENT_ROWS);
+            for (h, dst) in row.chunks_exact_mut(hd).enumerate() {
+                dst.copy_from_slice(&per_block[h * per_head + b][r * hd..][..hd]);
+            }
+        });
 }
