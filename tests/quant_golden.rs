@@ -103,9 +103,9 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         let n = case.tokens.len();
         assert_eq!(case.logprobs.len(), n - 1);
         let next = &case.tokens[1..];
-        // the whole sequence as one prefill chunk
+        // the whole sequence as one prompt chunk (the prompt rows' GEMM)
         let chunk = SeqChunk {
-            prompt_len: 0,
+            prompt_len: n,
             tokens: case.tokens.clone(),
             start: 0,
             blocks: table.clone(),
@@ -117,7 +117,7 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
             .logits(&batch, &rows)
             .unwrap_or_else(|e| panic!("{e}"));
         let prefill = logprobs(&logits, vocab, next);
-        // one token per step
+        // one generated token per step (the row kernel)
         let mut decode = Vec::with_capacity(n - 1);
         for (i, &t) in case.tokens[..n - 1].iter().enumerate() {
             let chunk = SeqChunk {

@@ -33,12 +33,20 @@
 //! must not depend on its batch (a request's `n` choices equal single
 //! requests).
 //!
-//! Costs: `T * inp` quantisations per call, then `T * out * inp` 16-bit
-//! multiply-adds; the weights are read once per call (a weight row is
-//! reused from L1 for every token). Work is split over weight rows on
-//! rayon. No allocation except the growth of the caller's [`QuantActs`].
+//! [`gemm::matmul_quant_gemm`] computes the same integer sums as a GEMM
+//! (outputs in the vector lanes, each block's weights unpacked once per
+//! call for every token): 4x faster for many tokens, with another order of
+//! the f32 additions, so the CPU backend runs it for prompt tokens only
+//! (every prompt token, whatever its step holds).
+//!
+//! Costs: `T * inp` quantisations per call (in parallel for long steps),
+//! then `T * out * inp` 16-bit multiply-adds; the weights are read once per
+//! call (a weight row is reused from L1 for every token). Work is split
+//! over weight rows on rayon. No allocation except the growth of the
+//! caller's [`QuantActs`].
 
 mod dot;
+pub mod gemm;
 
 use crate::OutPtr;
 use crate::isa::Isa;
@@ -57,6 +65,8 @@ const ACT_MAX: f32 = 32767.0;
 const ROUNDER: f32 = 12_582_912.0;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
+/// From this many activations [`QuantActs::quantize`] runs on rayon.
+const PARALLEL_QUANTIZE: usize = 1 << 14;
 
 /// A quantised block format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -122,11 +132,7 @@ impl QuantActs {
         self.q.resize(x.len(), 0);
         self.ds.resize(blocks, [0.0; 2]);
         self.blocks = inp / QK;
-        for ((xb, qb), ds) in x
-            .chunks_exact(QK)
-            .zip(self.q.chunks_exact_mut(QK))
-            .zip(&mut self.ds)
-        {
+        let one = |((xb, qb), ds): ((&[f32], &mut [i16]), &mut [f32; 2])| {
             let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
             let scale = amax / ACT_MAX;
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
@@ -139,6 +145,19 @@ impl QuantActs {
                 sum += r;
             }
             *ds = [scale, scale * sum as f32];
+        };
+        // each block on its own: the same values on any number of threads
+        if x.len() >= PARALLEL_QUANTIZE {
+            x.par_chunks_exact(QK)
+                .zip(self.q.par_chunks_exact_mut(QK))
+                .zip(self.ds.par_iter_mut())
+                .with_min_len(64)
+                .for_each(one);
+        } else {
+            x.chunks_exact(QK)
+                .zip(self.q.chunks_exact_mut(QK))
+                .zip(self.ds.iter_mut())
+                .for_each(one);
         }
     }
 

@@ -501,7 +501,7 @@ unsafe fn mul_avx2(
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
-unsafe fn q4_1_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
+pub(super) unsafe fn q4_1_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
     // SAFETY: in bounds (caller).
     let (lo, hi) = unsafe { nibbles(wb.add(4)) };
@@ -515,7 +515,7 @@ unsafe fn q4_1_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
-unsafe fn q8_0_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
+pub(super) unsafe fn q8_0_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
     // SAFETY: in bounds (caller).
     unsafe { _mm512_cvtepi8_epi16(_mm256_loadu_si256(wb.add(2) as *const __m256i)) }

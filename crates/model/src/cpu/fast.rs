@@ -17,8 +17,10 @@
 //! path to about `1e-5` relative. Prompt tokens
 //! ([`StepBatch::prompt_lens`]) run the projections on
 //! `cpu_kernels::gemm_split` where it runs: about `1e-4` relative (the
-//! golden tests hold both to `1e-3`). A token's logits never depend on the
-//! other tokens of its step.
+//! golden tests hold both to `1e-3`); over quantised blocks, on
+//! `cpu_kernels::quant::gemm` (the row kernel's integer sums in another
+//! f32 order). A token's logits never depend on the other tokens of its
+//! step.
 //!
 //! Costs per step of `T` tokens and `R` output rows: on AVX-512 one read of
 //! the packed weights per step and 12 tokens (bound by memory bandwidth

@@ -9,7 +9,9 @@
 //! through [`cpu_kernels::gemm_split`] where the processor has AVX-512 BF16
 //! and VNNI, against an 8-bit copy made at load), or
 //! ggml Q8_0 / Q4_1 blocks through [`cpu_kernels::quant::matmul_quant`]
-//! (activations rounded to 8 bits per block of 32, integer dot products).
+//! (activations rounded to 16 bits per block of 32, integer dot products;
+//! prompt rows through [`cpu_kernels::quant::gemm`] where AVX-512 VNNI
+//! runs). [`by_kind`] runs a mixed step's prompt and generated rows apart.
 //! [`pack_group`] builds one fused matrix from several row-stacked tensors
 //! (Q/K/V, gate/up): from the GGUF's blocks when every tensor of the group
 //! was kept in one type, else from the BF16 tensors (quantised at load when
@@ -28,6 +30,7 @@ use cpu_kernels::Isa;
 use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
 use cpu_kernels::matmul::{Scratch, matmul_bf16};
 use cpu_kernels::pairs::{PairPanels, matmul_pairs};
+use cpu_kernels::quant::gemm::matmul_quant_gemm;
 use cpu_kernels::quant::{QK, QuantActs, QuantType, matmul_quant, quantize_row};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
@@ -116,10 +119,49 @@ pub(super) struct MatBufs {
     pub(super) scratch: Scratch,
     acts: QuantActs,
     split: SplitActs,
-    /// `[rows, inp]` gathered rows of one kind (mixed steps).
-    xg: Vec<f32>,
+    gather: Gather,
+}
+
+/// The rows of one kind of a mixed step, gathered.
+#[derive(Default)]
+struct Gather {
+    /// `[rows, inp]`
+    x: Vec<f32>,
     /// `[rows, out]` their products.
-    yg: Vec<f32>,
+    y: Vec<f32>,
+}
+
+/// Runs `f(prompt, x, y)` on the step's rows by kind: on all of `x` and `y`
+/// when the step holds one kind, else on each kind's rows gathered into
+/// `g` and scattered back (a row's result never depends on the others).
+#[allow(clippy::too_many_arguments)]
+fn by_kind(
+    x: &[f32],
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    rows: Rows<'_>,
+    g: &mut Gather,
+    mut f: impl FnMut(bool, &[f32], &mut [f32]),
+) {
+    let (prompt, generated) = match rows {
+        Rows::Generated => return f(false, x, y),
+        Rows::Prompt => return f(true, x, y),
+        Rows::Mixed { prompt, generated } => (prompt, generated),
+    };
+    for (kind, idx) in [(true, prompt), (false, generated)] {
+        let n = idx.len();
+        g.x.clear();
+        for &r in idx {
+            g.x.extend_from_slice(&x[r * inp..][..inp]);
+        }
+        g.y.resize(n * out, 0.0);
+        let yg = &mut g.y[..n * out];
+        f(kind, &g.x, yg);
+        for (&r, src) in idx.iter().zip(yg.chunks_exact(out)) {
+            y[r * out..][..out].copy_from_slice(src);
+        }
+    }
 }
 
 impl Matrix {
@@ -139,43 +181,57 @@ impl Matrix {
     ) {
         let (w, lo) = match self {
             Matrix::Quant { qt, data } => {
-                return matmul_quant(isa, x, data, *qt, inp, out, y, &mut b.acts);
+                return quant_rows(isa, x, data, *qt, inp, out, y, rows, b);
             }
             Matrix::Bf16(w) => return matmul_bf16(isa, x, w, inp, out, y, &mut b.scratch),
             Matrix::Panels { w, lo: None } => return matmul_pairs(x, w, y),
             Matrix::Panels { w, lo: Some(lo) } => (w, lo),
         };
-        match rows {
-            Rows::Generated => matmul_pairs(x, w, y),
-            Rows::Prompt => matmul_split(x, w, lo, y, &mut b.split),
-            Rows::Mixed { prompt, generated } => {
-                for (kind, idx) in [(true, prompt), (false, generated)] {
-                    let n = idx.len();
-                    b.xg.clear();
-                    for &r in idx {
-                        b.xg.extend_from_slice(&x[r * inp..][..inp]);
-                    }
-                    b.yg.resize(n * out, 0.0);
-                    let yg = &mut b.yg[..n * out];
-                    if kind {
-                        matmul_split(&b.xg, w, lo, yg, &mut b.split);
-                    } else {
-                        matmul_pairs(&b.xg, w, yg);
-                    }
-                    for (&r, src) in idx.iter().zip(yg.chunks_exact(out)) {
-                        y[r * out..][..out].copy_from_slice(src);
-                    }
-                }
+        let split = &mut b.split;
+        by_kind(x, inp, out, y, rows, &mut b.gather, |prompt, x, y| {
+            if prompt {
+                matmul_split(x, w, lo, y, split)
+            } else {
+                matmul_pairs(x, w, y)
             }
-        }
+        });
     }
 
     /// Drops the 8-bit copy: every row then runs the f32 products.
+    /// (Quantised matrices keep their prompt GEMM.)
     pub(super) fn drop_split(&mut self) {
         if let Matrix::Panels { lo, .. } = self {
             *lo = None;
         }
     }
+}
+
+/// [`Matrix::matmul`] over quantised blocks: prompt rows through
+/// [`matmul_quant_gemm`] where the processor runs it (the same integer
+/// sums in a GEMM's order), every other row through [`matmul_quant`].
+#[allow(clippy::too_many_arguments)]
+fn quant_rows(
+    isa: Isa,
+    x: &[f32],
+    w: &[u8],
+    qt: QuantType,
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    rows: Rows<'_>,
+    b: &mut MatBufs,
+) {
+    if !(isa == Isa::Avx512 && cpu_kernels::quant::gemm::supported()) {
+        return matmul_quant(isa, x, w, qt, inp, out, y, &mut b.acts);
+    }
+    let acts = &mut b.acts;
+    by_kind(x, inp, out, y, rows, &mut b.gather, |prompt, x, y| {
+        if prompt {
+            matmul_quant_gemm(x, w, qt, inp, out, y, acts)
+        } else {
+            matmul_quant(isa, x, w, qt, inp, out, y, acts)
+        }
+    });
 }
 
 /// Quantises the row-major `[rows, cols]` BF16 `data` to `qt` blocks.

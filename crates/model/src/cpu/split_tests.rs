@@ -1,10 +1,13 @@
 //! The fast path's prompt rows on the split products
 //! (`cpu_kernels::gemm_split`, where the processor has AVX-512 BF16 and
-//! VNNI): close to the exact forward pass, and a prompt token's logits the
-//! same bits whatever else its step runs.
+//! VNNI) and on the quantised GEMM (`cpu_kernels::quant::gemm`): close to
+//! the exact forward pass, and a prompt token's logits the same bits
+//! whatever else its step runs.
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks};
-use super::tests::{BS, LONG_PROMPT, PROMPT, backend_on, chunk, naive, rel_err, weights};
+use super::tests::{
+    BS, LONG_PROMPT, PROMPT, backend_on, chunk, config_with, naive, rel_err, weights,
+};
 use super::*;
 
 fn prompt(tokens: &[u32], start: usize, blocks: Vec<u32>, prompt_len: usize) -> SeqChunk {
@@ -51,15 +54,37 @@ fn prompt_rows_are_close_to_the_exact_pass_and_generated_rows_unchanged() {
 
 /// A prompt's rows give the same bits alone, beside another prompt and a
 /// generated token, and for one token; a generated row beside prompts the
-/// same bits as alone.
+/// same bits as alone: BF16 weights on the split products.
 #[test]
 fn a_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step() {
     if !cpu_kernels::isa::split_products() {
         return;
     }
+    independent_of_the_step(|| backend_on(CpuPath::Fast, false, 32));
+}
+
+/// The same for Q4_1 blocks, whose prompt rows run the quantised GEMM.
+#[test]
+fn a_quantised_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step() {
+    if !(Isa::best() == Isa::Avx512 && cpu_kernels::quant::gemm::supported()) {
+        return;
+    }
+    independent_of_the_step(|| {
+        let c = config_with(false, 64);
+        let w = weights(&c, false);
+        let kv = KvShape {
+            num_blocks: 32,
+            block_size: BS,
+        };
+        let fmt = CpuWeights::Quantize(cpu_kernels::quant::QuantType::Q4_1);
+        CpuBackend::with_weights(c, w, kv, CpuPath::Fast, fmt).unwrap()
+    });
+}
+
+fn independent_of_the_step(backend: impl Fn() -> CpuBackend) {
     let a: &[u32] = &LONG_PROMPT;
     let b: &[u32] = &PROMPT;
-    let mut alone = backend_on(CpuPath::Fast, false, 32);
+    let mut alone = backend();
     let la = alone
         .logits(
             &build_step(
@@ -81,7 +106,7 @@ fn a_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step() {
     let gen_step = build_step(&[prompt(&[7], b.len(), bt, b.len())], BS).unwrap();
     let lb = alone.logits(&gen_step, &[0]).unwrap();
     // together: b's generated token, a's prompt, and a one-token prompt
-    let mut both = backend_on(CpuPath::Fast, false, 32);
+    let mut both = backend();
     let bt2 = vec![20, 3, 17];
     both.logits(
         &build_step(&[prompt(b, 0, bt2.clone(), b.len())], BS).unwrap(),

@@ -16,7 +16,7 @@ pub(super) fn config(tied: bool) -> LlamaConfig {
     config_with(tied, 48)
 }
 
-fn config_with(tied: bool, intermediate: usize) -> LlamaConfig {
+pub(super) fn config_with(tied: bool, intermediate: usize) -> LlamaConfig {
     let text = format!(
         r#"{{"hidden_size": 32, "intermediate_size": {intermediate}, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
