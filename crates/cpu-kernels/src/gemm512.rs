@@ -133,12 +133,7 @@ impl Packed {
     /// processor lacks AVX-512F.
     pub fn from_rows<'a>(inp: usize, out: usize, row: impl Fn(usize) -> &'a [f32] + Sync) -> Self {
         assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
-        let panels = out.div_ceil(NR);
-        let mut data = vec![0f32; panels * inp * NR];
-        if inp == 0 {
-            return Packed { data, inp, out };
-        }
-        let pack_one = |(p, panel): (usize, &mut [f32])| {
+        Self::build(inp, out, |p, panel| {
             let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
             let rows: Vec<&[f32]> = (o0..o1).map(|o| &row(o)[..inp]).collect();
             let whole = if o1 - o0 == NR { inp / 16 * 16 } else { 0 };
@@ -157,13 +152,7 @@ impl Packed {
                     *v = r[k];
                 }
             }
-        };
-        if panels * inp * NR >= PARALLEL_PACK {
-            data.par_chunks_mut(inp * NR).enumerate().for_each(pack_one);
-        } else {
-            data.chunks_mut(inp * NR).enumerate().for_each(pack_one);
-        }
-        Packed { data, inp, out }
+        })
     }
 
     /// Packs the transposed view: `col(k)` holds the `out` values of input
@@ -173,21 +162,28 @@ impl Packed {
         out: usize,
         col: impl Fn(usize) -> &'a [f32] + Sync,
     ) -> Self {
-        let panels = out.div_ceil(NR);
-        let mut data = vec![0f32; panels * inp * NR];
-        if inp == 0 {
-            return Packed { data, inp, out };
-        }
-        let pack_one = |(p, panel): (usize, &mut [f32])| {
+        Self::build(inp, out, |p, panel| {
             let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
             for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
                 dst[..o1 - o0].copy_from_slice(&col(k)[o0..o1]);
             }
-        };
-        if panels * inp * NR >= PARALLEL_PACK {
-            data.par_chunks_mut(inp * NR).enumerate().for_each(pack_one);
-        } else {
-            data.chunks_mut(inp * NR).enumerate().for_each(pack_one);
+        })
+    }
+
+    /// Zeroed panels, each filled by `fill(p, panel)` (in parallel for
+    /// large matrices).
+    fn build(inp: usize, out: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Self {
+        let panels = out.div_ceil(NR);
+        let mut data = vec![0f32; panels * inp * NR];
+        if inp > 0 {
+            let chunks = data.par_chunks_mut(inp * NR).enumerate();
+            if panels * inp * NR >= PARALLEL_PACK {
+                chunks.for_each(|(p, panel)| fill(p, panel));
+            } else {
+                chunks
+                    .with_min_len(panels)
+                    .for_each(|(p, panel)| fill(p, panel));
+            }
         }
         Packed { data, inp, out }
     }

@@ -171,6 +171,33 @@ impl QuantActs {
     }
 }
 
+/// Checks the shapes of a quantised product (`x` `[T, inp]`, `w` `[out,
+/// inp]` in `qt` blocks, `y` `[T, out]`, `inp` a multiple of [`QK`]),
+/// panicking on a caller bug; `Some((T, bytes per weight row))` unless the
+/// product is empty.
+fn check_shapes(
+    x: &[f32],
+    w: &[u8],
+    qt: QuantType,
+    inp: usize,
+    out: usize,
+    y: &[f32],
+) -> Option<(usize, usize)> {
+    assert!(
+        inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}] with {inp} a multiple of {QK}"
+    );
+    let t = x.len() / inp;
+    let row_bytes = qt.matrix_bytes(1, inp);
+    assert_eq!(
+        w.len(),
+        out * row_bytes,
+        "w is not [{out}, {inp}] of {qt:?}"
+    );
+    assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
+    (t > 0 && out > 0).then_some((t, row_bytes))
+}
+
 /// `y = x @ W^T` (see the module doc): `x` `[T, inp]`, `w` `[out, inp]` in
 /// `qt` blocks, `y` `[T, out]`. Panics if the lengths disagree or `inp` is
 /// not a multiple of [`QK`] (a caller bug: loaders check shapes).
@@ -185,21 +212,9 @@ pub fn matmul_quant(
     y: &mut [f32],
     acts: &mut QuantActs,
 ) {
-    assert!(
-        inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
-        "x is not [T, {inp}] with {inp} a multiple of {QK}"
-    );
-    let t = x.len() / inp;
-    let row_bytes = qt.matrix_bytes(1, inp);
-    assert_eq!(
-        w.len(),
-        out * row_bytes,
-        "w is not [{out}, {inp}] of {qt:?}"
-    );
-    assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
-    if t == 0 || out == 0 {
+    let Some((t, row_bytes)) = check_shapes(x, w, qt, inp, out, y) else {
         return;
-    }
+    };
     acts.quantize(x, inp);
     let acts = &*acts;
     let kernel = Kernel::pick(isa); // supported by construction

@@ -52,21 +52,9 @@ pub fn matmul_quant_gemm(
     acts: &mut QuantActs,
 ) {
     assert!(supported(), "AVX-512 VNNI is required");
-    assert!(
-        inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
-        "x is not [T, {inp}] with {inp} a multiple of {QK}"
-    );
-    let t = x.len() / inp;
-    let row_bytes = qt.matrix_bytes(1, inp);
-    assert_eq!(
-        w.len(),
-        out * row_bytes,
-        "w is not [{out}, {inp}] of {qt:?}"
-    );
-    assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
-    if t == 0 || out == 0 {
+    let Some((t, row_bytes)) = super::check_shapes(x, w, qt, inp, out, y) else {
         return;
-    }
+    };
     acts.quantize(x, inp);
     let acts = &*acts;
     let blocks = inp / QK;
