@@ -138,3 +138,32 @@ fn independent_of_the_step(backend: impl Fn() -> CpuBackend) {
     let l1 = both.logits(&step, &[a.len() + 1]).unwrap();
     assert_eq!(l1, one, "the one-token prompt");
 }
+
+/// Sizes that are not whole panels, pairs or quads (hidden 40, an odd
+/// intermediate size, head size 8) run the split products close to the
+/// exact pass.
+#[test]
+fn ragged_shapes_run_the_split_products_close_to_the_exact_pass() {
+    let text = r#"{"hidden_size": 40, "intermediate_size": 75, "num_hidden_layers": 2,
+        "num_attention_heads": 5, "num_key_value_heads": 1, "vocab_size": 50,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_theta": 10000.0,
+        "tie_word_embeddings": false}"#;
+    let c = contract::config::LlamaConfig::from_json(text, "test").unwrap();
+    let kv = KvShape {
+        num_blocks: 16,
+        block_size: BS,
+    };
+    let mut b = CpuBackend::with_path(c.clone(), weights(&c, false), kv, CpuPath::Fast).unwrap();
+    let want = naive(&c, &weights(&c, false), &LONG_PROMPT);
+    let n = LONG_PROMPT.len();
+    let batch = build_step(
+        &[prompt(&LONG_PROMPT, 0, contiguous_blocks(0, n, BS), n)],
+        BS,
+    )
+    .unwrap();
+    let l = b.logits(&batch, &(0..n).collect::<Vec<_>>()).unwrap();
+    for (r, w) in want.iter().enumerate() {
+        let e = rel_err(&l[r * 50..][..50], w);
+        assert!(e < 1e-3, "row {r}: rel err {e:e}");
+    }
+}
