@@ -11,58 +11,60 @@ use std::time::Instant;
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// # Safety
-    /// AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn fma_loop(n: usize) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); 16];
-        let (a, b) = (_mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9));
-        for _ in 0..n {
-            for c in acc.iter_mut() {
-                *c = _mm512_fmadd_ps(*c, a, b);
+    /// `$name(n)`: `n` rounds of 16 independent `$op(acc)` on zmm
+    /// accumulators from `$zero`, summed into a checksum by `$fold`.
+    macro_rules! peak_loop {
+        ($name:ident, $feat:literal, $zero:expr, $op:expr, $fold:expr) => {
+            /// # Safety
+            /// The named target features.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $name(n: usize) -> f32 {
+                let mut acc = [$zero; 16];
+                for _ in 0..n {
+                    for c in acc.iter_mut() {
+                        *c = $op(*c);
+                    }
+                }
+                $fold(&acc)
             }
-        }
-        let s = acc
-            .iter()
-            .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
-        _mm512_reduce_add_ps(s)
+        };
     }
 
-    /// # Safety
-    /// AVX-512F and AVX-512 BF16.
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    pub unsafe fn bf16_loop(n: usize) -> f32 {
-        let mut acc = [_mm512_setzero_ps(); 16];
-        // 1.0 in every BF16 lane
-        // SAFETY: __m512i and __m512bh are both 512 plain bits.
-        let one: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi16(0x3f80)) };
-        for _ in 0..n {
-            for c in acc.iter_mut() {
-                *c = _mm512_dpbf16_ps(*c, one, one);
-            }
-        }
-        let s = acc
-            .iter()
-            .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c));
-        _mm512_reduce_add_ps(s)
-    }
-
-    /// # Safety
-    /// AVX-512F and AVX-512 VNNI.
-    #[target_feature(enable = "avx512f,avx512vnni")]
-    pub unsafe fn vnni_loop(n: usize) -> f32 {
-        let mut acc = [_mm512_setzero_si512(); 16];
-        let (a, b) = (_mm512_set1_epi8(1), _mm512_set1_epi8(1));
-        for _ in 0..n {
-            for c in acc.iter_mut() {
-                *c = _mm512_dpbusd_epi32(*c, a, b);
-            }
-        }
-        let s = acc
-            .iter()
-            .fold(_mm512_setzero_si512(), |s, &c| _mm512_add_epi32(s, c));
-        _mm512_reduce_add_epi32(s) as f32
-    }
+    peak_loop!(
+        fma_loop,
+        "avx512f",
+        _mm512_setzero_ps(),
+        |c| _mm512_fmadd_ps(c, _mm512_set1_ps(1.000_000_1), _mm512_set1_ps(0.999_999_9)),
+        |a: &[__m512; 16]| _mm512_reduce_add_ps(
+            a.iter()
+                .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c))
+        )
+    );
+    // 1.0 in every BF16 lane (__m512i and __m512bh are both 512 plain bits)
+    peak_loop!(
+        bf16_loop,
+        "avx512f,avx512bf16",
+        _mm512_setzero_ps(),
+        |c| {
+            // SAFETY: see above.
+            let one: __m512bh = unsafe { std::mem::transmute(_mm512_set1_epi16(0x3f80)) };
+            _mm512_dpbf16_ps(c, one, one)
+        },
+        |a: &[__m512; 16]| _mm512_reduce_add_ps(
+            a.iter()
+                .fold(_mm512_setzero_ps(), |s, &c| _mm512_add_ps(s, c))
+        )
+    );
+    peak_loop!(
+        vnni_loop,
+        "avx512f,avx512vnni",
+        _mm512_setzero_si512(),
+        |c| _mm512_dpbusd_epi32(c, _mm512_set1_epi8(1), _mm512_set1_epi8(1)),
+        |a: &[__m512i; 16]| _mm512_reduce_add_epi32(
+            a.iter()
+                .fold(_mm512_setzero_si512(), |s, &c| _mm512_add_epi32(s, c))
+        ) as f32
+    );
 }
 
 fn main() {

@@ -8,12 +8,14 @@
 //! nightly feature; this one uses the 32 zmm registers: per `k` two 16-lane
 //! loads of the packed panel, twelve broadcasts of `x`, 24 FMAs.
 //!
-//! [`matmul_strided`] is the same kernel over strided f32 or BF16 views,
-//! serial or parallel (the fast path's attention products use it).
+//! [`Packed`] / [`matmul_packed`] are the same kernel over an f32 matrix
+//! packed once, with strided activations and outputs, on the calling
+//! thread (attention's products, `matmul::gemm_nt_f32`).
 //!
-//! Costs: `T * out * inp` multiply-adds; each task packs its panels of
-//! [`NR`] weight rows (`inp * NR * 4` bytes, reused for every token tile),
-//! so `W` is read once per call; work split over panels on rayon.
+//! Costs: `T * out * inp` multiply-adds; [`matmul`]'s tasks each pack their
+//! panels of [`NR`] weight rows (`inp * NR * 4` bytes, reused for every
+//! token tile), so `W` is read once per call; work split over panels on
+//! rayon.
 
 use crate::OutPtr;
 use half::bf16;
@@ -24,93 +26,46 @@ pub const MR: usize = 12;
 /// Weight rows (outputs) per register tile and packed panel.
 pub const NR: usize = 32;
 
-/// The weights of a product, `[out, inp]` row-major.
-#[derive(Clone, Copy)]
-pub enum Weights<'a> {
-    /// BF16 values, rows `inp` apart.
-    Bf16(&'a [bf16]),
-    /// f32 values, rows `stride` apart (`stride >= inp`).
-    F32 { data: &'a [f32], stride: usize },
-}
-
 /// `y = x @ W^T` on AVX-512F (see the module doc), parallel over panels.
 /// Panics if the lengths disagree or the processor lacks AVX-512F (callers
 /// check [`crate::Isa`]).
 pub fn matmul(x: &[f32], w: &[bf16], inp: usize, out: usize, y: &mut [f32]) {
-    assert!(inp > 0 && x.len().is_multiple_of(inp));
-    let t = x.len() / inp;
-    matmul_strided(x, inp, t, Weights::Bf16(w), inp, out, y, out, true);
-}
-
-/// `y[i][o] = sum_k x[i][k] * w[o][k]` for `i < t`, `o < out`, `k < inp`,
-/// with `x` rows `x_stride` apart and `y` rows `y_stride` apart (only the
-/// first `out` values of each `y` row are written); parallel over panels
-/// when `parallel`. Panics if a view is out of bounds or the processor
-/// lacks AVX-512F.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_strided(
-    x: &[f32],
-    x_stride: usize,
-    t: usize,
-    w: Weights<'_>,
-    inp: usize,
-    out: usize,
-    y: &mut [f32],
-    y_stride: usize,
-    parallel: bool,
-) {
     assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
+    assert!(
+        inp > 0 && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}]"
+    );
+    let t = x.len() / inp;
+    assert_eq!(w.len(), out * inp, "w is not [{out}, {inp}]");
+    assert_eq!(y.len(), t * out, "y is not [{t}, {out}]");
     if t == 0 || out == 0 {
         return;
     }
-    assert!(inp > 0 && inp <= x_stride && out <= y_stride);
-    assert!(x.len() >= (t - 1) * x_stride + inp, "x too short");
-    assert!(y.len() >= (t - 1) * y_stride + out, "y too short");
-    match w {
-        Weights::Bf16(d) => assert_eq!(d.len(), out * inp, "w is not [{out}, {inp}]"),
-        Weights::F32 { data, stride } => {
-            assert!(
-                stride >= inp && data.len() >= (out - 1) * stride + inp,
-                "w too short"
-            )
-        }
-    }
-    let panels = out.div_ceil(NR);
     let yp = OutPtr(y.as_mut_ptr());
     let run = |panel: &mut Vec<f32>, p: usize| {
         let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
         pack(w, inp, o0, o1, panel);
         for t0 in (0..t).step_by(MR) {
-            let mr = MR.min(t - t0);
-            // SAFETY: AVX-512F asserted above; rows t0..t0 + mr of x (each
-            // inp values from t0 * x_stride on) and of y (o1 - o0 values
-            // from (t0 + m) * y_stride + o0) are in bounds (asserted);
-            // the panel holds inp * NR values; columns o0..o1 of y belong
-            // to this panel only.
+            // SAFETY: AVX-512F asserted above; rows t0..t0 + mr of x and y
+            // are in bounds (asserted); the panel holds inp * NR values;
+            // columns o0..o1 of y belong to this panel only.
             unsafe {
                 micro_dispatch(
-                    mr,
-                    x.as_ptr().add(t0 * x_stride),
-                    x_stride,
+                    MR.min(t - t0),
+                    x.as_ptr().add(t0 * inp),
+                    inp,
                     inp,
                     panel.as_ptr(),
-                    yp.get().add(t0 * y_stride + o0),
-                    y_stride,
+                    yp.get().add(t0 * out + o0),
+                    out,
                     o1 - o0,
                 )
             };
         }
     };
-    if parallel && panels > 1 {
-        (0..panels)
-            .into_par_iter()
-            .for_each_init(|| vec![0f32; inp * NR], run);
-    } else {
-        let mut panel = vec![0f32; inp * NR];
-        for p in 0..panels {
-            run(&mut panel, p);
-        }
-    }
+    (0..out.div_ceil(NR))
+        .into_par_iter()
+        .for_each_init(|| vec![0f32; inp * NR], run);
 }
 
 /// Floats from which [`Packed`]'s constructors fill panels in parallel.
@@ -247,40 +202,23 @@ pub fn matmul_packed(
 /// ragged edges value by value. The whole matrix is widened once per call,
 /// so this is `out * inp` of a product's `T * out * inp` work, at a few
 /// instructions per 16 values rather than a scalar load and store each.
-fn pack(w: Weights<'_>, inp: usize, o0: usize, o1: usize, panel: &mut [f32]) {
+fn pack(w: &[bf16], inp: usize, o0: usize, o1: usize, panel: &mut [f32]) {
     let n = o1 - o0;
     if n < NR {
         panel.fill(0.0);
     }
     assert!(panel.len() >= inp * NR);
     let whole = if n == NR { inp / 16 * 16 } else { 0 };
-    match w {
-        Weights::Bf16(d) => {
-            let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(d);
-            let rows = &bits[o0 * inp..o1 * inp];
-            if whole > 0 {
-                // SAFETY: AVX-512F (asserted by every caller); 32 rows of
-                // inp values, k + 16 <= whole <= inp, panel >= inp * NR.
-                unsafe { pack_blocks_bf16(rows.as_ptr(), inp, whole, panel.as_mut_ptr()) };
-            }
-            for (k, dst) in panel.chunks_exact_mut(NR).take(inp).enumerate().skip(whole) {
-                for (j, v) in dst[..n].iter_mut().enumerate() {
-                    *v = f32::from_bits((rows[j * inp + k] as u32) << 16);
-                }
-            }
-        }
-        Weights::F32 { data, stride } => {
-            let rows = &data[o0 * stride..];
-            if whole > 0 {
-                assert!(rows.len() >= (NR - 1) * stride + inp);
-                // SAFETY: as above, rows `stride` apart with inp values each (asserted).
-                unsafe { pack_blocks_f32(rows.as_ptr(), stride, whole, panel.as_mut_ptr()) };
-            }
-            for (k, dst) in panel.chunks_exact_mut(NR).take(inp).enumerate().skip(whole) {
-                for (j, v) in dst[..n].iter_mut().enumerate() {
-                    *v = rows[j * stride + k];
-                }
-            }
+    let bits: &[u16] = half::slice::HalfFloatSliceExt::reinterpret_cast(w);
+    let rows = &bits[o0 * inp..o1 * inp];
+    if whole > 0 {
+        // SAFETY: AVX-512F (asserted by every caller); 32 rows of inp
+        // values, k + 16 <= whole <= inp, panel >= inp * NR.
+        unsafe { pack_blocks_bf16(rows.as_ptr(), inp, whole, panel.as_mut_ptr()) };
+    }
+    for (k, dst) in panel.chunks_exact_mut(NR).take(inp).enumerate().skip(whole) {
+        for (j, v) in dst[..n].iter_mut().enumerate() {
+            *v = f32::from_bits((rows[j * inp + k] as u32) << 16);
         }
     }
 }
@@ -345,24 +283,7 @@ unsafe fn pack_blocks_bf16(rows: *const u16, inp: usize, whole: usize, panel: *m
     }
 }
 
-/// [`pack_blocks_bf16`] for f32 rows `stride` apart.
-///
-/// # Safety
-/// AVX-512F; `rows` holds `NR` rows `stride` apart of at least `whole`
-/// values, `panel` `whole * NR` values.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn pack_blocks_f32(rows: *const f32, stride: usize, whole: usize, panel: *mut f32) {
-    use std::arch::x86_64::*;
-    // SAFETY: forwarded; each load reads 16 values of a row from k0 < whole.
-    unsafe {
-        pack_blocks(whole, panel, |i, k0| {
-            _mm512_loadu_ps(rows.add(i * stride + k0))
-        })
-    }
-}
-
-/// The 16 x 16 blocks of the packs above: `load(i, k0)` gives row `i`'s
+/// The 16 x 16 blocks of the panel packs (here and in `pairs`, `quant::gemm`): `load(i, k0)` gives row `i`'s
 /// values `k0..k0 + 16` as f32.
 ///
 /// # Safety
@@ -396,15 +317,6 @@ pub(crate) unsafe fn pack_blocks(
 /// None needed.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn pack_blocks_bf16(_: *const u16, _: usize, _: usize, _: *mut f32) {
-    unreachable!("AVX-512F is asserted before any call")
-}
-
-/// Never called off x86-64 (every caller asserts AVX-512F first).
-///
-/// # Safety
-/// None needed.
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn pack_blocks_f32(_: *const f32, _: usize, _: usize, _: *mut f32) {
     unreachable!("AVX-512F is asserted before any call")
 }
 
@@ -533,10 +445,11 @@ mod tests {
         }
     }
 
-    /// Products against packed rows and packed columns equal the
-    /// strided product bit for bit, on the leading inputs and outputs too.
+    /// Products against packed rows and packed columns are the naive
+    /// product's fused chain (`k` in order) bit for bit, on the leading
+    /// inputs and outputs too.
     #[test]
-    fn packed_products_equal_the_strided_one() {
+    fn packed_products_are_the_naive_chain() {
         if !crate::Isa::Avx512.supported() {
             return;
         }
@@ -549,12 +462,12 @@ mod tests {
             let rows = Packed::from_rows(inp, out, |o| &w[o * inp..][..inp]);
             let cols = Packed::from_columns(inp, out, |k| &wt[k * out..][..out]);
             for (i, o) in [(inp, out), (inp - 3, out - 5)] {
-                let mut want = vec![0f32; t * o];
-                let ws = Weights::F32 {
-                    data: &w,
-                    stride: inp,
-                };
-                matmul_strided(&x, inp, t, ws, i, o, &mut want, o, false);
+                let want: Vec<f32> = (0..t * o)
+                    .map(|e| {
+                        let (r, c) = (e / o, e % o);
+                        (0..i).fold(0f32, |acc, k| x[r * inp + k].mul_add(w[c * inp + k], acc))
+                    })
+                    .collect();
                 for p in [&rows, &cols] {
                     let mut got = vec![f32::NAN; t * o];
                     matmul_packed(&x, inp, t, p, i, o, &mut got, o);
@@ -565,7 +478,7 @@ mod tests {
     }
 
     /// The blocked pack equals the value-by-value one on full and ragged
-    /// panels of both weight kinds.
+    /// panels.
     #[test]
     fn packs_like_the_scalar_transpose() {
         if !crate::Isa::Avx512.supported() {
@@ -580,25 +493,17 @@ mod tests {
             let w: Vec<bf16> = (0..out * inp)
                 .map(|i| bf16::from_f32((i as f32 * 0.37).sin()))
                 .collect();
-            let stride = inp + 3;
-            let wf: Vec<f32> = (0..out * stride).map(|i| (i as f32 * 0.11).cos()).collect();
-            for kind in [Weights::Bf16(&w), Weights::F32 { data: &wf, stride }] {
-                let mut panel = vec![f32::NAN; inp * NR];
-                pack(kind, inp, o0, o1, &mut panel);
-                for k in 0..inp {
-                    for j in 0..NR {
-                        let o = o0 + j;
-                        let want = match (o < o1, kind) {
-                            (false, _) => 0.0,
-                            (true, Weights::Bf16(d)) => d[o * inp + k].to_f32(),
-                            (true, Weights::F32 { data, stride }) => data[o * stride + k],
-                        };
-                        assert_eq!(
-                            panel[k * NR + j],
-                            want,
-                            "inp {inp} rows {o0}..{o1} k {k} j {j}"
-                        );
-                    }
+            let mut panel = vec![f32::NAN; inp * NR];
+            pack(&w, inp, o0, o1, &mut panel);
+            for k in 0..inp {
+                for j in 0..NR {
+                    let o = o0 + j;
+                    let want = if o < o1 { w[o * inp + k].to_f32() } else { 0.0 };
+                    assert_eq!(
+                        panel[k * NR + j],
+                        want,
+                        "inp {inp} rows {o0}..{o1} k {k} j {j}"
+                    );
                 }
             }
         }

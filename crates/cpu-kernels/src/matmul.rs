@@ -117,11 +117,11 @@ pub fn matmul_bf16_gemm(
     }
 }
 
-/// `y[i][o] = sum_k x[i][k] * w[o][k]` over f32 views, on the calling
-/// thread: `x` `t` rows `x_stride` apart, `w` `out` rows `w_stride` apart,
+/// `y[i][o] = sum_k x[i][k] * w[o][k]` over f32 views, the products on
+/// the calling thread: `x` `t` rows `x_stride` apart, `w` `out` rows `w_stride` apart,
 /// `inp` values each, `y` `t` rows `y_stride` apart (the first `out`
-/// values of each written). The AVX-512 GEMM ([`crate::gemm512`]) where
-/// `isa` allows, else the `gemm` crate. For attention's `Q K^T` and `P V`.
+/// values of each written). The AVX-512 GEMM over `w` packed once
+/// ([`crate::gemm512::Packed`]) where `isa` allows, else the `gemm` crate. For attention's `Q K^T` and `P V`.
 /// Panics if a view is out of bounds.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_nt_f32(
@@ -144,11 +144,8 @@ pub fn gemm_nt_f32(
     assert!(w.len() >= (out - 1) * w_stride + inp, "w too short");
     assert!(y.len() >= (t - 1) * y_stride + out, "y too short");
     if isa.checked() == Isa::Avx512 {
-        let w = crate::gemm512::Weights::F32 {
-            data: w,
-            stride: w_stride,
-        };
-        crate::gemm512::matmul_strided(x, x_stride, t, w, inp, out, y, y_stride, false);
+        let w = crate::gemm512::Packed::from_rows(inp, out, |o| &w[o * w_stride..][..inp]);
+        crate::gemm512::matmul_packed(x, x_stride, t, &w, inp, out, y, y_stride);
         return;
     }
     // SAFETY: dst y [t, out] at row stride y_stride; lhs x [t, inp] at row

@@ -16,7 +16,7 @@ use contract::backend::StepBatch;
 use ops::{AttnDims, PagedSeqs};
 use rayon::prelude::*;
 
-/// Tokens from which [`KvPool::write_packed`] writes on rayon.
+/// Tokens from which [`KvPool::write_order`] plans parallel writes.
 const PARALLEL_WRITE_MIN: usize = 64;
 
 /// The paged KV cache memory of every layer.
@@ -44,13 +44,31 @@ impl KvPool {
         ops::kv_write(kc, vc, k, v, slot_mapping, self.kv_dim);
     }
 
+    /// The step's writes in block order (`(block, token)`, tokens in step
+    /// order within a block) into `order`, for every layer's
+    /// [`KvPool::write_packed`]: left empty below [`PARALLEL_WRITE_MIN`]
+    /// tokens (those steps write serially).
+    pub fn write_order(&self, slot_mapping: &[u32], order: &mut Vec<(usize, usize)>) {
+        order.clear();
+        if slot_mapping.len() >= PARALLEL_WRITE_MIN && self.kv_dim > 0 {
+            let bs = self.block_size;
+            order.extend(
+                slot_mapping
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &s)| (s as usize / bs, i)),
+            );
+            order.sort_unstable();
+        }
+    }
+
     /// Writes the K and V columns of packed rows `qkv` (`[T, width]`: Q in
     /// columns `0..k_col`, then K, then V, `kv_dim` each) of `layer` at the
     /// step's slots (what [`KvPool::write`] does for separate K and V).
-    /// Steps of [`PARALLEL_WRITE_MIN`] tokens or more write block by block
-    /// on rayon (each block's tokens in step order, so a slot written
-    /// twice ends as the serial loop leaves it); the first write to a page
-    /// costs a page fault, which then runs on every thread.
+    /// With the step's [`KvPool::write_order`] non-empty, block by block on
+    /// rayon (each block's tokens in step order, so a slot written twice
+    /// ends as the serial loop leaves it); the first write to a page costs
+    /// a page fault, which then runs on every thread.
     pub fn write_packed(
         &mut self,
         layer: usize,
@@ -58,6 +76,7 @@ impl KvPool {
         width: usize,
         k_col: usize,
         slot_mapping: &[u32],
+        order: &[(usize, usize)],
     ) {
         let (d, bs) = (self.kv_dim, self.block_size);
         let (kc, vc) = (&mut self.k[layer], &mut self.v[layer]);
@@ -65,19 +84,12 @@ impl KvPool {
             kc[at..at + d].copy_from_slice(&row[k_col..k_col + d]);
             vc[at..at + d].copy_from_slice(&row[k_col + d..k_col + 2 * d]);
         };
-        if slot_mapping.len() < PARALLEL_WRITE_MIN || d == 0 {
+        if order.is_empty() {
             for (row, &slot) in qkv.chunks_exact(width).zip(slot_mapping) {
                 put(kc, vc, row, slot as usize * d);
             }
             return;
         }
-        // (block, token) in block order, tokens in step order within one
-        let mut order: Vec<(usize, usize)> = slot_mapping
-            .iter()
-            .enumerate()
-            .map(|(i, &s)| (s as usize / bs, i))
-            .collect();
-        order.sort_unstable();
         kc.par_chunks_mut(bs * d)
             .zip(vc.par_chunks_mut(bs * d))
             .enumerate()

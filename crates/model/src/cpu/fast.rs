@@ -146,17 +146,18 @@ impl FastWeights {
 /// The step's activation buffers, reused across steps.
 #[derive(Default)]
 pub(super) struct Workspace {
-    x: Vec<f32>,           // [T, hidden] residual stream
-    h: Vec<f32>,           // [T, hidden] normed
-    qkv: Vec<f32>,         // [T, q_dim + 2 kv_dim]
-    attn: Vec<f32>,        // [T, q_dim]
-    proj: Vec<f32>,        // [T, hidden]
-    gu: Vec<f32>,          // [T, 2 intermediate]
-    act: Vec<f32>,         // [T, intermediate]
-    scores: Vec<f32>,      // [context] (serial attention)
-    seq_of: Vec<usize>,    // [T] sequence of each token
-    prompt: Vec<usize>,    // prompt token rows (mixed steps)
-    generated: Vec<usize>, // generated token rows (mixed steps)
+    x: Vec<f32>,                      // [T, hidden] residual stream
+    h: Vec<f32>,                      // [T, hidden] normed
+    qkv: Vec<f32>,                    // [T, q_dim + 2 kv_dim]
+    attn: Vec<f32>,                   // [T, q_dim]
+    proj: Vec<f32>,                   // [T, hidden]
+    gu: Vec<f32>,                     // [T, 2 intermediate]
+    act: Vec<f32>,                    // [T, intermediate]
+    scores: Vec<f32>,                 // [context] (serial attention)
+    seq_of: Vec<usize>,               // [T] sequence of each token
+    prompt: Vec<usize>,               // prompt token rows (mixed steps)
+    write_order: Vec<(usize, usize)>, // the step's KV writes by block
+    generated: Vec<usize>,            // generated token rows (mixed steps)
     bufs: MatBufs,
 }
 
@@ -249,6 +250,8 @@ impl CpuBackend {
                 }
             }
         }
+        self.pool
+            .write_order(&batch.slot_mapping, &mut ws.write_order);
         let rows_kind = match (ws.prompt.len(), ws.generated.len()) {
             (_, 0) => Rows::Prompt,
             (0, _) => Rows::Generated,
@@ -275,7 +278,7 @@ impl CpuBackend {
                 rope(isa, &mut row[..q_dim + kv_dim], cos, sin);
             });
             self.pool
-                .write_packed(l, qkv, qkv_w, q_dim, &batch.slot_mapping);
+                .write_packed(l, qkv, qkv_w, q_dim, &batch.slot_mapping, &ws.write_order);
             let attn = sized(&mut ws.attn, t * q_dim);
             attention(
                 isa,
