@@ -1,5 +1,6 @@
 //! A llama GGUF's quantised projection matrices kept in their blocks, for
-//! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 path).
+//! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 / Q4_K
+//! path).
 //!
 //! Contract: [`load_quantized`] reads the GGUF at `path` and returns, for
 //! every layer projection (Q, K, V, O, gate, up, down) and the LM head (the
@@ -20,8 +21,8 @@ use contract::config::LlamaConfig;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// One matrix in ggml blocks: `[rows, cols]`, `rows` rows of `cols / 32`
-/// blocks of `ty`.
+/// One matrix in ggml blocks: `[rows, cols]`, `rows` rows of whole blocks
+/// of `ty`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantTensor {
     /// Hugging Face name.
@@ -119,10 +120,10 @@ pub fn load_quantized(
                 reason,
             })?;
         }
-        if !cols.is_multiple_of(32) {
+        if let Err(why) = t.ty.byte_size(cols) {
             return Err(GgufError::Tensor {
                 tensor: t.name.clone(),
-                reason: format!("rows of {cols} values are not whole blocks of 32"),
+                reason: format!("its rows: {why}"),
             });
         }
         Ok(Some(QuantTensor {

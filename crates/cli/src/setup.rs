@@ -1,7 +1,7 @@
 //! Opening a model for a command: resolve the id or directory (fetching on
 //! first use), load config, tokenizer and weights, pick the device, size the
 //! KV pool and start the engine. On the CPU, `--dtype` picks the weight
-//! format: `auto` keeps the Q8_0 / Q4_1 blocks of the GGUF the model was
+//! format: `auto` keeps the Q8_0 / Q4_1 / Q4_K blocks of the GGUF the model was
 //! imported from (`checkpoint::store::source_gguf`), so the default model
 //! runs from its 4-bit weights as llama.cpp does.
 //!
@@ -57,9 +57,10 @@ pub enum CpuKernelsArg {
 
 /// How the CPU backend holds the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(non_camel_case_types)]
 pub enum DtypeArg {
-    /// A GGUF model's own Q8_0 / Q4_1 blocks (the default model's 4-bit
-    /// weights), BF16 for every other model and tensor, and on CUDA.
+    /// A GGUF model's own Q8_0 / Q4_1 / Q4_K blocks (the default model's
+    /// 4-bit weights), BF16 for every other model and tensor, and on CUDA.
     Auto,
     /// The BF16 weights (a GGUF dequantised by the store's import).
     Bf16,
@@ -69,6 +70,10 @@ pub enum DtypeArg {
     /// Every projection quantised to Q4_1 at load (LM head Q8_0).
     #[value(name = "q4_1")]
     Q4_1,
+    /// Every projection quantised to Q4_K at load where its rows are whole
+    /// super-blocks of 256, else Q4_1 (LM head Q8_0).
+    #[value(name = "q4_k")]
+    Q4_K,
 }
 
 /// Options every model-running command shares.
@@ -114,7 +119,7 @@ pub struct ModelArgs {
     #[arg(long, env = "LAMINA_SYNC_STEPS", value_parser = clap::builder::BoolishValueParser::new())]
     pub sync_steps: bool,
     /// Weight format on the CPU's fast kernels (`auto`: a GGUF's own
-    /// Q8_0 / Q4_1 blocks, else BF16; the reference kernels and CUDA run
+    /// Q8_0 / Q4_1 / Q4_K blocks, else BF16; the reference kernels and CUDA run
     /// BF16 only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,
@@ -368,6 +373,7 @@ fn cpu_weights(
         DtypeArg::Auto => None,
         DtypeArg::Q8_0 => Some(QuantType::Q8_0),
         DtypeArg::Q4_1 => Some(QuantType::Q4_1),
+        DtypeArg::Q4_K => Some(QuantType::Q4_K),
     };
     if let Some(qt) = quantize {
         if cuda {

@@ -314,7 +314,7 @@ fn cuda_without_a_gpu_says_why() {
 
 #[test]
 fn dtype_quantises_on_the_fast_kernels_and_is_refused_on_the_reference_ones() {
-    for dtype in ["q8_0", "q4_1", "bf16", "auto"] {
+    for dtype in ["q8_0", "q4_1", "q4_k", "bf16", "auto"] {
         let out = generate_on(
             tiny(),
             &[

@@ -1,13 +1,18 @@
-//! `y = x @ W^T` for weights kept in ggml's quantised blocks (Q8_0, Q4_1)
-//! and f32 activations: the CPU backend's quantised projections.
+//! `y = x @ W^T` for weights kept in ggml's quantised blocks (Q8_0, Q4_1,
+//! Q4_K) and f32 activations: the CPU backend's quantised projections.
 //!
-//! Contract: a weight matrix `[out, inp]` is `out` rows of `inp / 32`
-//! blocks each, in ggml's byte layout, exactly as a GGUF file stores them
-//! (nothing is converted at load):
+//! Contract: a weight matrix `[out, inp]` is `out` rows of `inp /
+//! block_len` blocks each, in ggml's byte layout, exactly as a GGUF file
+//! stores them (nothing is converted at load):
 //! - Q8_0: 34 bytes per 32 weights: f16 scale `d`, 32 × i8 `q`; `w = d·q`.
 //! - Q4_1: 20 bytes per 32 weights: f16 `d`, f16 `m`, 16 bytes of nibbles
 //!   (weight `j < 16` the low nibble of byte `j`, weight `j + 16` its high
 //!   nibble); `w = d·q + m`.
+//! - Q4_K: 144 bytes per super-block of 256 weights ([`q4k`]): f16 `d` and
+//!   `dmin`, eight 6-bit scales `sc` and minimums `mn` packed in 12 bytes,
+//!   128 bytes of nibbles; sub-block `s` of 32 weights is `w = d·sc_s·q −
+//!   dmin·mn_s`, so per 32 weights it is Q4_1 with `(d·sc_s, −dmin·mn_s)`
+//!   for `(d, m)`, and every kernel below treats it so.
 //!
 //! [`matmul_quant`] works as llama.cpp does, with 16-bit activations where
 //! llama.cpp uses 8: each activation row is first quantised per block of 32
@@ -47,6 +52,7 @@
 
 mod dot;
 pub mod gemm;
+pub mod q4k;
 
 use crate::OutPtr;
 use crate::isa::Isa;
@@ -56,7 +62,8 @@ use rayon::prelude::*;
 pub use dot::Kernel;
 use dot::TILE;
 
-/// Weights per block.
+/// Weights per block of Q8_0 and Q4_1, per sub-block of Q4_K, and per
+/// block of quantised activations.
 pub const QK: usize = 32;
 /// The largest quantised activation value.
 const ACT_MAX: f32 = 32767.0;
@@ -76,20 +83,39 @@ pub enum QuantType {
     Q8_0,
     /// 4-bit weights with an f16 scale and an f16 minimum per 32.
     Q4_1,
+    /// 4-bit weights in super-blocks of 256: 6-bit scales and minimums per
+    /// 32 under two f16 ones.
+    Q4_K,
 }
 
 impl QuantType {
-    /// Bytes of one block of [`QK`] weights.
+    /// Weights per block (a row is a whole number of blocks).
+    pub const fn block_len(self) -> usize {
+        match self {
+            QuantType::Q8_0 | QuantType::Q4_1 => QK,
+            QuantType::Q4_K => q4k::QK_K,
+        }
+    }
+
+    /// Bytes of one block of [`Self::block_len`] weights.
     pub const fn block_bytes(self) -> usize {
         match self {
             QuantType::Q8_0 => 34,
             QuantType::Q4_1 => 20,
+            QuantType::Q4_K => q4k::BLOCK_BYTES,
         }
     }
 
-    /// Bytes of a `[rows, cols]` matrix (`cols` a multiple of [`QK`]).
+    /// Bytes of a `[rows, cols]` matrix (`cols` a multiple of
+    /// [`Self::block_len`]).
     pub const fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
-        rows * (cols / QK) * self.block_bytes()
+        rows * (cols / self.block_len()) * self.block_bytes()
+    }
+
+    /// Whether weights are `d·q + m` (Q4_1, Q4_K) rather than `d·q`: the
+    /// product then adds `m·sx` per block of [`QK`].
+    pub const fn has_min(self) -> bool {
+        !matches!(self, QuantType::Q8_0)
     }
 
     /// ggml's name of the type.
@@ -97,6 +123,7 @@ impl QuantType {
         match self {
             QuantType::Q8_0 => "Q8_0",
             QuantType::Q4_1 => "Q4_1",
+            QuantType::Q4_K => "Q4_K",
         }
     }
 }
@@ -172,7 +199,7 @@ impl QuantActs {
 }
 
 /// Checks the shapes of a quantised product (`x` `[T, inp]`, `w` `[out,
-/// inp]` in `qt` blocks, `y` `[T, out]`, `inp` a multiple of [`QK`]),
+/// inp]` in `qt` blocks, `y` `[T, out]`, `inp` a whole number of blocks),
 /// panicking on a caller bug; `Some((T, bytes per weight row))` unless the
 /// product is empty.
 fn check_shapes(
@@ -183,9 +210,10 @@ fn check_shapes(
     out: usize,
     y: &[f32],
 ) -> Option<(usize, usize)> {
+    let bl = qt.block_len();
     assert!(
-        inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
-        "x is not [T, {inp}] with {inp} a multiple of {QK}"
+        inp > 0 && inp.is_multiple_of(bl) && x.len().is_multiple_of(inp),
+        "x is not [T, {inp}] with {inp} a multiple of {bl} ({qt:?})"
     );
     let t = x.len() / inp;
     let row_bytes = qt.matrix_bytes(1, inp);
@@ -200,7 +228,7 @@ fn check_shapes(
 
 /// `y = x @ W^T` (see the module doc): `x` `[T, inp]`, `w` `[out, inp]` in
 /// `qt` blocks, `y` `[T, out]`. Panics if the lengths disagree or `inp` is
-/// not a multiple of [`QK`] (a caller bug: loaders check shapes).
+/// not a whole number of blocks (a caller bug: loaders check shapes).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_quant(
     isa: Isa,
@@ -253,12 +281,35 @@ pub fn matmul_quant(
     }
 }
 
-/// Quantises `row` (a multiple of [`QK`] values) into `qt` blocks appended
-/// to `out`, as ggml's reference quantisers do (Q8_0: `d = max|x| / 127`,
-/// `q = round(x / d)`; Q4_1: `d = (max - min) / 15`, `m = min`, `q =
-/// round((x - m) / d)` clamped to 15).
+/// `(d, m)` of block `b` of [`QK`] weights in `row` (Q4_K: its sub-block
+/// `b`; `m` is 0 for Q8_0): weight `i` of the block is `d·q_i + m`.
+fn block_scales(qt: QuantType, row: &[u8], b: usize) -> (f32, f32) {
+    let f16_at = |i: usize| f16::from_le_bytes([row[i], row[i + 1]]).to_f32();
+    let bb = qt.block_bytes();
+    match qt {
+        QuantType::Q8_0 => (f16_at(b * bb), 0.0),
+        QuantType::Q4_1 => (f16_at(b * bb), f16_at(b * bb + 2)),
+        QuantType::Q4_K => {
+            let per = q4k::QK_K / QK;
+            q4k::sub_block(&row[b / per * q4k::BLOCK_BYTES..], b % per)
+        }
+    }
+}
+
+/// Quantises `row` (a whole number of `qt` blocks) into `qt` blocks
+/// appended to `out`, as ggml's reference quantisers do (Q8_0: `d =
+/// max|x| / 127`, `q = round(x / d)`; Q4_1: `d = (max - min) / 15`, `m =
+/// min`, `q = round((x - m) / d)` clamped to 15; Q4_K: see
+/// [`q4k::quantize_block`]).
 pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
-    assert!(row.len().is_multiple_of(QK), "row is not whole blocks");
+    let bl = qt.block_len();
+    assert!(row.len().is_multiple_of(bl), "row is not whole blocks");
+    if qt == QuantType::Q4_K {
+        for b in row.chunks_exact(bl) {
+            q4k::quantize_block(b, out);
+        }
+        return;
+    }
     for b in row.chunks_exact(QK) {
         match qt {
             QuantType::Q8_0 => {
@@ -278,15 +329,17 @@ pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
                 let q = |v: f32| (((v - min) * inv + 0.5) as u8).min(15);
                 out.extend((0..QK / 2).map(|j| q(b[j]) | (q(b[j + QK / 2]) << 4)));
             }
+            QuantType::Q4_K => unreachable!("handled above"),
         }
     }
 }
 
-/// Dequantises one row of `qt` blocks into `out` (`blocks * QK` values).
+/// Dequantises one row of `qt` blocks into `out` (`blocks * block_len`
+/// values).
 pub fn dequantize_row(qt: QuantType, row: &[u8], out: &mut [f32]) {
-    let bb = qt.block_bytes();
-    assert_eq!(row.len() / bb * QK, out.len(), "row and output disagree");
-    for (b, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+    let (bb, bl) = (qt.block_bytes(), qt.block_len());
+    assert_eq!(row.len() / bb * bl, out.len(), "row and output disagree");
+    for (b, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
         let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
         match qt {
             QuantType::Q8_0 => {
@@ -299,6 +352,14 @@ pub fn dequantize_row(qt: QuantType, row: &[u8], out: &mut [f32]) {
                 for j in 0..QK / 2 {
                     o[j] = d * (b[4 + j] & 15) as f32 + m;
                     o[j + QK / 2] = d * (b[4 + j] >> 4) as f32 + m;
+                }
+            }
+            QuantType::Q4_K => {
+                for (s, o) in o.chunks_exact_mut(QK).enumerate() {
+                    let (ds, ms) = q4k::sub_block(b, s);
+                    for (i, o) in o.iter_mut().enumerate() {
+                        *o = ds * q4k::nibble(b, s, i) as f32 + ms;
+                    }
                 }
             }
         }

@@ -2,7 +2,8 @@
 //! ggml blocks times one quantised activation row, per instruction set.
 //!
 //! Contract: [`Kernel::dot`] returns `Σ_b dw_b·dx_b·(Σ_j qw_j·qx_j)` (Q8_0)
-//! plus `Σ_b m_b·sx_b` (Q4_1), the integer sums exact on every path (the
+//! plus `Σ_b m_b·sx_b` (Q4_1, and Q4_K per sub-block: its kernels are in
+//! [`super::q4k`]), the integer sums exact on every path (the
 //! weights widened to i16, products of pairs summed in i32 by `vpmaddwd` or
 //! `vpdpwssd`: a block's sum is at most `32·128·32767 < 2^31`), the f32
 //! additions in an order that differs between paths. [`Kernel::pick`] chooses the best path
@@ -10,7 +11,7 @@
 //! every one for tests.
 //! Costs: one pass over the row's blocks, no allocation.
 
-use super::{ActsRow, QK, QuantType};
+use super::{ActsRow, QK, QuantType, q4k};
 use crate::isa::Isa;
 use half::f16;
 
@@ -104,13 +105,20 @@ impl Kernel {
         ys: &mut [&mut [f32]; TILE],
     ) {
         let (nb, rows) = (a[0].ds.len(), ys[0].len());
-        assert!(w.len() >= rows * nb * qt.block_bytes());
+        assert!(nb.is_multiple_of(qt.block_len() / QK));
+        assert!(w.len() >= rows * qt.matrix_bytes(1, nb * QK));
         assert!(a.iter().all(|a| a.ds.len() == nb && a.q.len() >= nb * QK));
         assert!(ys.iter().all(|y| y.len() == rows));
         match (self, qt) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the processor supports the path (the caller's
             // contract); the lengths are asserted above.
+            (Kernel::Avx2, QuantType::Q4_K) => unsafe { q4k::rows_avx2(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Vnni, QuantType::Q4_K) => unsafe { q4k::rows_vnni(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
             (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2_tile(w, a, ys) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
@@ -135,11 +143,19 @@ impl Kernel {
     /// fault). The row loop runs inside the SIMD function (no call per row).
     pub(crate) fn rows_supported(self, qt: QuantType, w: &[u8], a: ActsRow<'_>, y: &mut [f32]) {
         let nb = a.ds.len();
-        assert!(w.len() >= y.len() * nb * qt.block_bytes() && a.q.len() >= nb * QK);
+        let rb = qt.matrix_bytes(1, nb * QK);
+        assert!(nb.is_multiple_of(qt.block_len() / QK));
+        assert!(w.len() >= y.len() * rb && a.q.len() >= nb * QK);
         match (self, qt) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the processor supports the path (the caller's
             // contract); the lengths are asserted above.
+            (Kernel::Avx2, QuantType::Q4_K) => unsafe { q4k::rows_avx2(w, &[a], &mut [y]) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Vnni, QuantType::Q4_K) => unsafe { q4k::rows_vnni(w, &[a], &mut [y]) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
             (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2(w, a, y) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
@@ -151,7 +167,6 @@ impl Kernel {
             // SAFETY: as above.
             (Kernel::Vnni, QuantType::Q8_0) => unsafe { q8_0_vnni(w, a, y) },
             _ => {
-                let rb = nb * qt.block_bytes();
                 for (r, yr) in y.iter_mut().enumerate() {
                     *yr = portable(qt, &w[r * rb..(r + 1) * rb], a);
                 }
@@ -162,6 +177,9 @@ impl Kernel {
 
 /// Scalar reference: integer block sums, f32 across blocks.
 fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
+    if qt == QuantType::Q4_K {
+        return q4k::dot_portable(w, a);
+    }
     let bb = qt.block_bytes();
     let mut acc = 0f32;
     for (b, wb) in w.chunks_exact(bb).take(a.ds.len()).enumerate() {
@@ -187,6 +205,7 @@ fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
                     .sum();
                 acc += dw * dx * s as f32 + m * sx;
             }
+            QuantType::Q4_K => unreachable!("handled above"),
         }
     }
     acc
@@ -481,7 +500,7 @@ unsafe fn q8_0_unpack_avx2(
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn mul_avx2(
+pub(super) unsafe fn mul_avx2(
     q: (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
     x: *const i16,
 ) -> std::arch::x86_64::__m256i {
@@ -529,7 +548,10 @@ pub(super) unsafe fn q8_0_unpack_vnni(wb: *const u8) -> std::arch::x86_64::__m51
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-unsafe fn mul_vnni(q: std::arch::x86_64::__m512i, x: *const i16) -> std::arch::x86_64::__m512i {
+pub(super) unsafe fn mul_vnni(
+    q: std::arch::x86_64::__m512i,
+    x: *const i16,
+) -> std::arch::x86_64::__m512i {
     use std::arch::x86_64::*;
     // SAFETY: in bounds (caller).
     unsafe { _mm512_dpwssd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(x as *const _)) }

@@ -31,8 +31,9 @@ pub fn supported() -> bool {
 }
 
 /// One panel's weights, unpacked: `q` `[inp / 2][NR]` words (two 16-bit
-/// weights of consecutive `k`), `d` and `m` `[blocks][NR]` the blocks'
-/// scales and minimums (0 past the matrix's rows and for Q8_0's `m`).
+/// weights of consecutive `k`), `d` and `m` `[blocks][NR]` the scales and
+/// minimums of the blocks of [`QK`] (Q4_K's sub-blocks; 0 past the
+/// matrix's rows and for Q8_0's `m`).
 struct Panel {
     q: Vec<u32>,
     d: Vec<f32>,
@@ -81,7 +82,7 @@ pub fn matmul_quant_gemm(
                     &rows[t0..t0 + mr],
                     panel,
                     blocks,
-                    qt == QuantType::Q4_1,
+                    qt.has_min(),
                     yp.get().add(t0 * out + o0),
                     out,
                     nv,
@@ -105,21 +106,14 @@ pub fn matmul_quant_gemm(
     }
 }
 
-/// Unpacks `nv <= NR` rows of `blocks` blocks into `panel` (rows past `nv`
-/// zero).
+/// Unpacks `nv <= NR` rows of `blocks` blocks of [`QK`] into `panel` (rows
+/// past `nv` zero).
 fn unpack(w: &[u8], qt: QuantType, blocks: usize, nv: usize, panel: &mut Panel) {
-    let bb = qt.block_bytes();
-    let row_bytes = blocks * bb;
-    for b in 0..blocks {
-        for j in 0..NR {
+    let row_bytes = qt.matrix_bytes(1, blocks * QK);
+    for j in 0..NR {
+        for b in 0..blocks {
             let (d, m) = if j < nv {
-                let wb = &w[j * row_bytes + b * bb..];
-                let d = half::f16::from_le_bytes([wb[0], wb[1]]).to_f32();
-                let m = match qt {
-                    QuantType::Q4_1 => half::f16::from_le_bytes([wb[2], wb[3]]).to_f32(),
-                    QuantType::Q8_0 => 0.0,
-                };
-                (d, m)
+                super::block_scales(qt, &w[j * row_bytes..(j + 1) * row_bytes], b)
             } else {
                 (0.0, 0.0)
             };
@@ -129,28 +123,28 @@ fn unpack(w: &[u8], qt: QuantType, blocks: usize, nv: usize, panel: &mut Panel) 
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let (wp, q41) = (w.as_ptr(), qt == QuantType::Q4_1);
+        let (wp, bb) = (w.as_ptr(), qt.block_bytes());
         // SAFETY: VNNI and BW (asserted by matmul_quant_gemm); every load
-        // reads whole block k0 / 16 < blocks of a row i < nv; the panel
-        // holds blocks * 16 * NR words.
+        // reads within block k0 / 16 < blocks (of QK) of a row i < nv; the
+        // panel holds blocks * 16 * NR words.
         unsafe {
             crate::gemm512::pack_blocks(blocks * 16, panel.q.as_mut_ptr().cast(), |i, k0| {
                 use std::arch::x86_64::*;
                 if i >= nv {
                     return _mm512_setzero_ps();
                 }
-                let wb = wp.add(i * row_bytes + k0 / 16 * bb);
-                _mm512_castsi512_ps(if q41 {
-                    super::dot::q4_1_unpack_vnni(wb)
-                } else {
-                    super::dot::q8_0_unpack_vnni(wb)
+                let row = wp.add(i * row_bytes);
+                _mm512_castsi512_ps(match qt {
+                    QuantType::Q4_1 => super::dot::q4_1_unpack_vnni(row.add(k0 / 16 * bb)),
+                    QuantType::Q8_0 => super::dot::q8_0_unpack_vnni(row.add(k0 / 16 * bb)),
+                    QuantType::Q4_K => super::q4k::unpack_sub_vnni(row, k0 / 16),
                 })
             })
         };
     }
 }
 
-crate::pairs::dispatch!(tile_dispatch, tile, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, q41: bool, y: *mut f32, ys: usize, nv: usize));
+crate::pairs::dispatch!(tile_dispatch, tile, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
 
 /// `y[m][j] = Σ_b (dw[b][j]·dx[m][b]) · (Σ_k q[j][k]·qx[m][k]) (+ m[b][j]
 /// · sx[m][b])` for `m < M`, `j < nv`: per `k` pair two panel loads, `M`
@@ -168,7 +162,7 @@ unsafe fn tile<const M: usize>(
     a: &[ActsRow<'_>],
     panel: &Panel,
     blocks: usize,
-    q41: bool,
+    has_min: bool,
     y: *mut f32,
     ys: usize,
     nv: usize,
@@ -207,7 +201,7 @@ unsafe fn tile<const M: usize>(
             let dx = _mm512_set1_ps(dx);
             f0[m] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(i0[m]), f0[m]);
             f1[m] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), _mm512_cvtepi32_ps(i1[m]), f1[m]);
-            if q41 {
+            if has_min {
                 let sx = _mm512_set1_ps(sx);
                 f0[m] = _mm512_fmadd_ps(m0, sx, f0[m]);
                 f1[m] = _mm512_fmadd_ps(m1, sx, f1[m]);
@@ -258,8 +252,17 @@ mod tests {
         if !supported() {
             return;
         }
-        for qt in [QuantType::Q4_1, QuantType::Q8_0] {
-            for &(t, inp, out) in &[(1, 32, 3), (7, 64, 33), (13, 96, 70), (12, 576, 64)] {
+        let shapes: [(usize, usize, usize); 6] = [
+            (1, 32, 3),
+            (7, 64, 33),
+            (13, 96, 70),
+            (12, 576, 64),
+            (6, 256, 40),
+            (11, 768, 33),
+        ];
+        for qt in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_K] {
+            let fits = shapes.iter().filter(|s| s.1.is_multiple_of(qt.block_len()));
+            for &(t, inp, out) in fits {
                 let x: Vec<f32> = (0..t * inp)
                     .map(|i| (i as f32 * 0.37).sin() * 2.0)
                     .collect();

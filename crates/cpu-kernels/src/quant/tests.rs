@@ -12,6 +12,19 @@ fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
+const TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_1, QuantType::Q4_K];
+
+/// The shapes of `shapes` whose rows are whole `qt` blocks (at least one).
+fn fitting(qt: QuantType, shapes: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
+    let v: Vec<_> = shapes
+        .iter()
+        .copied()
+        .filter(|s| s.1.is_multiple_of(qt.block_len()))
+        .collect();
+    assert!(!v.is_empty(), "no shape for {qt:?}");
+    v
+}
+
 fn quantized(qt: QuantType, w: &[f32], inp: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for row in w.chunks_exact(inp) {
@@ -22,9 +35,9 @@ fn quantized(qt: QuantType, w: &[f32], inp: usize) -> Vec<u8> {
 
 #[test]
 fn quantize_then_dequantize_is_within_half_a_step() {
-    let inp = 96;
+    let inp = 768;
     let w = rand_vec(3 * inp, 7, 2.0);
-    for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+    for qt in TYPES {
         let bytes = quantized(qt, &w, inp);
         assert_eq!(bytes.len(), qt.matrix_bytes(3, inp));
         let mut back = vec![0f32; w.len()];
@@ -32,13 +45,29 @@ fn quantize_then_dequantize_is_within_half_a_step() {
             let rb = qt.matrix_bytes(1, inp);
             dequantize_row(qt, &bytes[r * rb..(r + 1) * rb], o);
         }
+        let range = |v: &[f32]| {
+            v.iter()
+                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)))
+        };
         for (b, (wb, ob)) in w.chunks_exact(QK).zip(back.chunks_exact(QK)).enumerate() {
-            let (lo, hi) = wb
-                .iter()
-                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            let (lo, hi) = range(wb);
             let step = match qt {
                 QuantType::Q8_0 => lo.abs().max(hi.abs()) / 127.0,
                 QuantType::Q4_1 => (hi - lo) / 15.0,
+                // plus the 6-bit rounding of the step (up to half of the
+                // super-block's largest step / 63, on 15 steps) and of the
+                // minimum (half of the largest minimum / 63), as a fraction
+                // of half this step
+                QuantType::Q4_K => {
+                    let sb = &w[b / 8 * 256..][..256];
+                    let (slo, shi) = range(sb);
+                    let big = sb.chunks_exact(QK).fold(0f32, |m, v| {
+                        let (l, h) = range(v);
+                        m.max(h - l.min(0.0))
+                    }) / 15.0;
+                    (hi - lo.min(0.0)) / 15.0
+                        + 2.0 * (15.0 * big / 63.0 + slo.abs().max(shi.abs()) / 63.0)
+                }
             };
             for (&a, &o) in wb.iter().zip(ob) {
                 // half a step, plus the f16 rounding of the scale and minimum
@@ -57,13 +86,18 @@ fn quantize_then_dequantize_is_within_half_a_step() {
 fn every_kernel_matches_the_reference_on_random_rows() {
     let kernels = Kernel::available();
     assert_eq!(kernels[0], Kernel::Portable);
-    for (i, &(t, inp, out)) in [(1, 32, 5), (3, 64, 9), (5, 576, 33), (17, 160, 70)]
-        .iter()
-        .enumerate()
-    {
-        let x = rand_vec(t * inp, 100 + i as u64, 3.0);
-        let wf = rand_vec(out * inp, 200 + i as u64, 0.5);
-        for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+    let shapes = [
+        (1, 32, 5),
+        (3, 64, 9),
+        (5, 576, 33),
+        (17, 160, 70),
+        (2, 256, 7),
+        (6, 768, 19),
+    ];
+    for qt in TYPES {
+        for (i, &(t, inp, out)) in fitting(qt, &shapes).iter().enumerate() {
+            let x = rand_vec(t * inp, 100 + i as u64, 3.0);
+            let wf = rand_vec(out * inp, 200 + i as u64, 0.5);
             let w = quantized(qt, &wf, inp);
             let rb = qt.matrix_bytes(1, inp);
             let mut acts = QuantActs::default();
@@ -106,10 +140,18 @@ fn every_kernel_matches_the_reference_on_random_rows() {
 /// within the activations' 16-bit rounding.
 #[test]
 fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
-    for &(t, inp, out) in &[(1, 64, 7), (4, 576, 300), (20, 128, 64), (33, 96, 70)] {
-        let x = rand_vec(t * inp, 5, 1.0);
-        let wf = rand_vec(out * inp, 6, 0.1);
-        for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+    let shapes = [
+        (1, 64, 7),
+        (4, 576, 300),
+        (20, 128, 64),
+        (33, 96, 70),
+        (1, 512, 9),
+        (13, 1024, 130),
+    ];
+    for qt in TYPES {
+        for &(t, inp, out) in &fitting(qt, &shapes) {
+            let x = rand_vec(t * inp, 5, 1.0);
+            let wf = rand_vec(out * inp, 6, 0.1);
             let w = quantized(qt, &wf, inp);
             let rb = qt.matrix_bytes(1, inp);
             let mut acts = QuantActs::default();
@@ -147,12 +189,19 @@ fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
 
 #[test]
 fn zero_blocks_quantize_to_zero_without_nan() {
-    let x = vec![0f32; 64];
+    let x = vec![0f32; 256];
     let mut acts = QuantActs::default();
-    acts.quantize(&x, 64);
-    let w = quantized(QuantType::Q4_1, &vec![0.25f32; 64], 64);
-    for k in Kernel::available() {
-        assert_eq!(k.dot(QuantType::Q4_1, &w, acts.row(0)), 0.0);
+    acts.quantize(&x, 256);
+    for qt in TYPES {
+        let w = quantized(qt, &vec![0.25f32; 256], 256);
+        for k in Kernel::available() {
+            assert_eq!(k.dot(qt, &w, acts.row(0)), 0.0, "{k:?} {qt:?}");
+        }
+        // zero weights: scales of 0, no division by them
+        let w = quantized(qt, &vec![0f32; 256], 256);
+        let mut back = vec![f32::NAN; 256];
+        dequantize_row(qt, &w, &mut back);
+        assert!(back.iter().all(|&v| v == 0.0), "{qt:?}");
     }
 }
 
@@ -160,10 +209,10 @@ fn zero_blocks_quantize_to_zero_without_nan() {
 /// on the same kernel (a sequence's logits must not depend on its batch).
 #[test]
 fn token_tiles_equal_single_tokens_bit_for_bit() {
-    let (t, inp, out) = (9, 160, 37);
+    let (t, inp, out) = (9, 512, 37);
     let x = rand_vec(t * inp, 11, 2.0);
     let wf = rand_vec(out * inp, 12, 0.3);
-    for qt in [QuantType::Q8_0, QuantType::Q4_1] {
+    for qt in TYPES {
         let w = quantized(qt, &wf, inp);
         let rb = qt.matrix_bytes(1, inp);
         let mut acts = QuantActs::default();

@@ -36,6 +36,8 @@ mod packed;
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]
+mod q4k_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;

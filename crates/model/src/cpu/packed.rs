@@ -8,15 +8,17 @@
 //! [`cpu_kernels::pairs::matmul_pairs`] (the same arithmetic; prompt rows
 //! through [`cpu_kernels::gemm_split`] where the processor has AVX-512 BF16
 //! and VNNI, against an 8-bit copy made at load), or
-//! ggml Q8_0 / Q4_1 blocks through [`cpu_kernels::quant::matmul_quant`]
+//! ggml Q8_0 / Q4_1 / Q4_K blocks through [`cpu_kernels::quant::matmul_quant`]
 //! (activations rounded to 16 bits per block of 32, integer dot products;
 //! prompt rows through [`cpu_kernels::quant::gemm`] where AVX-512 VNNI
 //! runs). [`by_kind`] runs a mixed step's prompt and generated rows apart.
 //! [`pack_group`] builds one fused matrix from several row-stacked tensors
 //! (Q/K/V, gate/up): from the GGUF's blocks when every tensor of the group
 //! was kept in one type, else from the BF16 tensors (quantised at load when
-//! [`CpuWeights::Quantize`] asks for it). The BF16 buffers of packed
-//! tensors are released, so memory is the packed size.
+//! [`CpuWeights::Quantize`] asks for it; Q4_K only where rows are whole
+//! super-blocks of 256, Q4_1 elsewhere, as llama.cpp's quantiser falls
+//! back). The BF16 buffers of packed tensors are released, so memory is the
+//! packed size.
 //!
 //! Costs: at load, quantising a BF16 matrix is one pass over it (the split's
 //! 8-bit copy too: one byte per weight); per call, see the kernels, plus a
@@ -31,13 +33,13 @@ use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
 use cpu_kernels::matmul::{Scratch, matmul_bf16};
 use cpu_kernels::pairs::{PairPanels, matmul_pairs};
 use cpu_kernels::quant::gemm::matmul_quant_gemm;
-use cpu_kernels::quant::{QK, QuantActs, QuantType, matmul_quant, quantize_row};
+use cpu_kernels::quant::{QuantActs, QuantType, matmul_quant, quantize_row};
 use half::bf16;
 use half::slice::HalfFloatSliceExt;
 
 /// The GGUF block types the CPU multiplies directly (others are dequantised
 /// to BF16 by the store's import and run as BF16).
-pub const KEPT_GGML_TYPES: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_1];
+pub const KEPT_GGML_TYPES: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K];
 
 /// How the fast path holds the projections and the LM head.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -78,6 +80,7 @@ fn quant_type(ty: GgmlType) -> Option<QuantType> {
     match ty {
         GgmlType::Q8_0 => Some(QuantType::Q8_0),
         GgmlType::Q4_1 => Some(QuantType::Q4_1),
+        GgmlType::Q4_K => Some(QuantType::Q4_K),
         _ => None,
     }
 }
@@ -234,17 +237,25 @@ fn quant_rows(
     });
 }
 
-/// Quantises the row-major `[rows, cols]` BF16 `data` to `qt` blocks.
-fn quantize(
-    qt: QuantType,
-    data: &[bf16],
-    cols: usize,
-    name: &str,
-) -> Result<Vec<u8>, BackendError> {
-    if !cols.is_multiple_of(QK) {
+/// Quantises the row-major `[rows, cols]` BF16 `data` to `qt` blocks: a
+/// [`Matrix::Quant`]. Q4_K rows that are not whole super-blocks are
+/// quantised to Q4_1 instead (what llama.cpp's quantiser does for them,
+/// with Q5_0), with a log line naming the tensor.
+fn quantize(qt: QuantType, data: &[bf16], cols: usize, name: &str) -> Result<Matrix, BackendError> {
+    let qt = if qt == QuantType::Q4_K && !cols.is_multiple_of(qt.block_len()) {
+        tracing::info!(
+            "cpu: `{name}` has rows of {cols} values, not whole Q4_K super-blocks of {}: quantised to Q4_1",
+            qt.block_len()
+        );
+        QuantType::Q4_1
+    } else {
+        qt
+    };
+    if !cols.is_multiple_of(qt.block_len()) {
         return Err(BackendError::Device(format!(
-            "cpu: cannot quantise `{name}` to {}: its rows of {cols} values are not whole blocks of {QK}",
-            qt.name()
+            "cpu: cannot quantise `{name}` to {}: its rows of {cols} values are not whole blocks of {}",
+            qt.name(),
+            qt.block_len()
         )));
     }
     let mut out = Vec::with_capacity(qt.matrix_bytes(data.len() / cols, cols));
@@ -253,7 +264,7 @@ fn quantize(
         r.convert_to_f32_slice(&mut row);
         quantize_row(qt, &row, &mut out);
     }
-    Ok(out)
+    Ok(Matrix::Quant { qt, data: out })
 }
 
 /// How the fast path lays out its BF16 matrices.
@@ -296,10 +307,7 @@ pub(super) fn pack_group(
         p.data = Vec::new();
     }
     match quantize_to {
-        Some(qt) => Ok(Matrix::Quant {
-            qt,
-            data: quantize(qt, &bf, cols, &parts[0].name)?,
-        }),
+        Some(qt) => quantize(qt, &bf, cols, &parts[0].name),
         None if layout.panels => {
             let rows = bf.len() / cols;
             let lo = layout.split.then(|| LoWeights::new(&bf, cols, rows));
@@ -318,10 +326,12 @@ pub(super) fn pack_head(
 ) -> Result<Option<Matrix>, BackendError> {
     match format {
         CpuWeights::Bf16 => Ok(None),
-        CpuWeights::Quantize(_) => Ok(Some(Matrix::Quant {
-            qt: QuantType::Q8_0,
-            data: quantize(QuantType::Q8_0, &head.data, head.shape[1], &head.name)?,
-        })),
+        CpuWeights::Quantize(_) => Ok(Some(quantize(
+            QuantType::Q8_0,
+            &head.data,
+            head.shape[1],
+            &head.name,
+        )?)),
         CpuWeights::Blocks(q) => Ok(q.head.as_ref().and_then(|t| {
             quant_type(t.ty).map(|qt| Matrix::Quant {
                 qt,

@@ -92,12 +92,19 @@ const PATHS: [CpuPath; 2] = [CpuPath::Reference, CpuPath::Fast];
 
 /// The textbook forward pass in f64 over a whole sequence: logits `[T][vocab]`.
 pub(super) fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
-    let f = |t: &Tensor| {
-        t.data
-            .iter()
-            .map(|v| v.to_f32() as f64)
-            .collect::<Vec<f64>>()
-    };
+    naive_with(c, w, toks, &|t: &Tensor| {
+        t.data.iter().map(|v| v.to_f32() as f64).collect()
+    })
+}
+
+/// [`naive`] with each tensor's values given by `f` (the weights' exact
+/// values where BF16 cannot hold them).
+pub(super) fn naive_with(
+    c: &LlamaConfig,
+    w: &LlamaWeights,
+    toks: &[u32],
+    f: &dyn Fn(&Tensor) -> Vec<f64>,
+) -> Vec<Vec<f64>> {
     let mm = |x: &[f64], m: &Tensor| -> Vec<f64> {
         let (o, i) = (m.shape[0], m.shape[1]);
         let m = f(m);

@@ -1,0 +1,386 @@
+//! ggml's Q4_K super-blocks: their layout, a reference quantiser, and the
+//! dot products of [`super::Kernel`] over them.
+//!
+//! Contract: a super-block is 144 bytes for 256 weights: f16 `d`, f16
+//! `dmin`, 12 bytes packing eight 6-bit scales `sc_s` and minimums `mn_s`
+//! (for `s < 4` the low 6 bits of bytes `s` and `s + 4`; for `s >= 4` a low
+//! nibble from byte `s + 4` and two high bits from the top of bytes `s - 4`
+//! and `s`), then 128 bytes of nibbles: 32 bytes per pair of sub-blocks,
+//! sub-block `2g` in the low nibbles of bytes `32g..32g + 32`, sub-block
+//! `2g + 1` in their high nibbles. Weight `i` of sub-block `s` is `d·sc_s·q
+//! − dmin·mn_s`. The dot products take activations quantised per 32
+//! ([`super::QuantActs`]), so each sub-block is one integer dot product
+//! scaled by `d·sc_s·dx` plus `−dmin·mn_s·sx`, as for Q4_1; the kernels
+//! compute the same integer sums on every path and differ from
+//! [`dot_portable`] only in the order of the f32 additions, and a tile of
+//! several activation rows gives bit for bit what one row gives.
+//!
+//! Costs: per super-block and activation row one unpacking of the scales
+//! (a few integer operations and one 8-lane conversion), then per 32
+//! weights one 16-bit integer dot product and one FMA.
+
+use super::{ActsRow, QK};
+use half::f16;
+
+/// Weights per super-block.
+pub const QK_K: usize = 256;
+/// Bytes per super-block.
+pub const BLOCK_BYTES: usize = 144;
+/// Sub-blocks of [`QK`] per super-block.
+const SUB: usize = QK_K / QK;
+/// Offset of the nibbles in a super-block.
+const QS: usize = 16;
+
+/// The eight 6-bit scales and minimums packed in `p[..12]`.
+pub fn scales_mins(p: &[u8]) -> ([u8; SUB], [u8; SUB]) {
+    let word = |i: usize| u32::from_le_bytes([p[i], p[i + 1], p[i + 2], p[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let sc_hi = (c & LOW4) | (((a >> 6) & TOP2) << 4);
+    let mn_hi = ((c >> 4) & LOW4) | (((b >> 6) & TOP2) << 4);
+    let join = |lo: u32, hi: u32| {
+        let mut out = [0u8; SUB];
+        out[..4].copy_from_slice(&lo.to_le_bytes());
+        out[4..].copy_from_slice(&hi.to_le_bytes());
+        out
+    };
+    (join(a & LOW6, sc_hi), join(b & LOW6, mn_hi))
+}
+
+/// Packs eight 6-bit scales and minimums as [`scales_mins`] reads them.
+fn pack_scales(sc: &[u8; SUB], mn: &[u8; SUB]) -> [u8; 12] {
+    let mut p = [0u8; 12];
+    for j in 0..4 {
+        p[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+        p[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+        p[j + 8] = (sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4);
+    }
+    p
+}
+
+/// `(d·sc_s, −dmin·mn_s)` of sub-block `s` of the super-block `b`.
+pub fn sub_block(b: &[u8], s: usize) -> (f32, f32) {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let dmin = f16::from_le_bytes([b[2], b[3]]).to_f32();
+    let (sc, mn) = scales_mins(&b[4..16]);
+    (d * sc[s] as f32, -dmin * mn[s] as f32)
+}
+
+/// Weight `i`'s 4-bit value in sub-block `s` of the super-block `b`.
+pub fn nibble(b: &[u8], s: usize, i: usize) -> u8 {
+    (b[QS + 32 * (s / 2) + i] >> (4 * (s & 1))) & 15
+}
+
+/// Quantises 256 values into one super-block appended to `out`: per
+/// sub-block the range `[min(0, lo), hi]` over 15 steps, the sub-blocks'
+/// steps and minimums rounded to 6 bits of the largest (ggml's simplest
+/// Q4_K quantiser, without its search for better scales).
+pub fn quantize_block(x: &[f32], out: &mut Vec<u8>) {
+    assert_eq!(x.len(), QK_K, "a Q4_K block is {QK_K} values");
+    let mut step = [0f32; SUB];
+    let mut low = [0f32; SUB];
+    for (s, v) in x.chunks_exact(QK).enumerate() {
+        let lo = v.iter().copied().fold(0f32, f32::min);
+        let hi = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        step[s] = (hi - lo) / 15.0;
+        low[s] = -lo;
+    }
+    let d = step.iter().copied().fold(0f32, f32::max) / 63.0;
+    let dmin = low.iter().copied().fold(0f32, f32::max) / 63.0;
+    let (d, dmin) = (f16::from_f32(d), f16::from_f32(dmin));
+    let to6 = |v: f32, unit: f32| {
+        if unit > 0.0 {
+            (v / unit).round().clamp(0.0, 63.0) as u8
+        } else {
+            0
+        }
+    };
+    let sc: [u8; SUB] = std::array::from_fn(|s| to6(step[s], d.to_f32()));
+    let mn: [u8; SUB] = std::array::from_fn(|s| to6(low[s], dmin.to_f32()));
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&dmin.to_le_bytes());
+    out.extend_from_slice(&pack_scales(&sc, &mn));
+    let q = |s: usize, v: f32| {
+        let (ds, ms) = (d.to_f32() * sc[s] as f32, dmin.to_f32() * mn[s] as f32);
+        if ds > 0.0 {
+            ((v + ms) / ds).round().clamp(0.0, 15.0) as u8
+        } else {
+            0
+        }
+    };
+    for g in 0..SUB / 2 {
+        let (a, b) = (&x[2 * g * QK..][..QK], &x[(2 * g + 1) * QK..][..QK]);
+        out.extend((0..QK).map(|i| q(2 * g, a[i]) | (q(2 * g + 1, b[i]) << 4)));
+    }
+}
+
+/// Scalar reference: integer sub-block sums, f32 across them.
+pub(super) fn dot_portable(w: &[u8], a: ActsRow<'_>) -> f32 {
+    let mut acc = 0f32;
+    for (sb, wb) in w.chunks_exact(BLOCK_BYTES).take(a.ds.len() / SUB).enumerate() {
+        let d = f16::from_le_bytes([wb[0], wb[1]]).to_f32();
+        let dmin = f16::from_le_bytes([wb[2], wb[3]]).to_f32();
+        let (sc, mn) = scales_mins(&wb[4..16]);
+        for s in 0..SUB {
+            let b = sb * SUB + s;
+            let [dx, sx] = a.ds[b];
+            let (qs, shift) = (&wb[QS + 32 * (s / 2)..][..QK], 4 * (s & 1));
+            let qx = &a.q[b * QK..(b + 1) * QK];
+            let sum: i32 = qs
+                .iter()
+                .zip(qx)
+                .map(|(&q, &x)| ((q >> shift) & 15) as i32 * x as i32)
+                .sum();
+            acc += d * sc[s] as f32 * dx * sum as f32 - dmin * mn[s] as f32 * sx;
+        }
+    }
+    acc
+}
+
+/// `[d·sc_s]` and `[dmin·mn_s]` of the super-block at `wb`, 8 lanes each.
+///
+/// # Safety
+/// AVX2, F16C; a whole super-block at `wb`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scale_vectors(wb: *const u8) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    // SAFETY: 16 bytes readable at wb (caller).
+    let (head, packed) = unsafe {
+        (
+            std::ptr::read_unaligned(wb as *const i32),
+            std::slice::from_raw_parts(wb.add(4), 12),
+        )
+    };
+    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(head)); // [d, dmin, 0, 0]
+    let (sc, mn) = scales_mins(packed);
+    let lanes = |v: [u8; SUB]| {
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
+            v,
+        ))))
+    };
+    (
+        _mm256_mul_ps(_mm256_broadcastss_ps(dd), lanes(sc)),
+        _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), lanes(mn)),
+    )
+}
+
+/// The 8 activation scales `dx` and sums `sx` of the blocks at `ds`.
+///
+/// # Safety
+/// AVX2; 8 `[dx, sx]` pairs readable at `ds`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn act_scales(
+    ds: *const [f32; 2],
+) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    // SAFETY: 16 floats readable (caller).
+    let (a, b) = unsafe {
+        let p = ds as *const f32;
+        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+    };
+    // shuffle gives [0 1 4 5 | 2 3 6 7] of the wanted lanes; the 64-bit
+    // permute puts them in order
+    let order =
+        |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
+    (
+        order(_mm256_shuffle_ps::<0b10_00_10_00>(a, b)),
+        order(_mm256_shuffle_ps::<0b11_01_11_01>(a, b)),
+    )
+}
+
+/// The two sub-blocks of the 32 nibble bytes at `p`, each as 2 x 16 i16.
+///
+/// # Safety
+/// AVX2; 32 bytes readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::type_complexity)]
+unsafe fn unpack_avx2(
+    p: *const u8,
+) -> (
+    (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+    (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 bytes readable (caller).
+    let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    let mask = _mm256_set1_epi8(0x0f);
+    let lo = _mm256_and_si256(bytes, mask);
+    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
+    let widen = |v: __m256i| {
+        (
+            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
+        )
+    };
+    (widen(lo), widen(hi))
+}
+
+/// The two sub-blocks of the 32 nibble bytes at `p`, each as 32 i16.
+///
+/// # Safety
+/// AVX-512F, BW; 32 bytes readable at `p`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn unpack_vnni(p: *const u8) -> (std::arch::x86_64::__m512i, std::arch::x86_64::__m512i) {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 bytes readable (caller).
+    let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
+    let mask = _mm256_set1_epi8(0x0f);
+    (
+        _mm512_cvtepu8_epi16(_mm256_and_si256(bytes, mask)),
+        _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask)),
+    )
+}
+
+/// Sub-block `b` (of 32 weights, counted along the row) of the row at `row`
+/// as 32 i16, for the prompt GEMM's panels.
+///
+/// # Safety
+/// AVX-512F, BW; super-block `b / 8` of the row readable.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+pub(super) unsafe fn unpack_sub_vnni(row: *const u8, b: usize) -> std::arch::x86_64::__m512i {
+    let (sb, s) = (b / SUB, b % SUB);
+    // SAFETY: the pair's 32 bytes lie in super-block sb (caller).
+    let (lo, hi) = unsafe { unpack_vnni(row.add(sb * BLOCK_BYTES + QS + 32 * (s / 2))) };
+    if s & 1 == 0 { lo } else { hi }
+}
+
+/// One Q4_K dot-product path over `N` activation rows: `ys[j][r] = w_r ·
+/// a[j]`, each super-block's weights unpacked once for all `N`; every
+/// row's operations are the same whatever `N` is (bit for bit).
+macro_rules! q4k_fn {
+    ($name:ident, $feat:literal, $unpack:ident, $mul:path, $zero:ident, $set1:ident, $fma:ident, $cvt:ident, $add:ident, $hsum:expr) => {
+        /// # Safety
+        /// The named target features; `w` holds `ys[0].len()` rows of
+        /// `a[0].ds.len() / 8` super-blocks, every `a[j]` that many
+        /// sub-blocks of activations and every `ys[j]` the same length
+        /// (checked by [`super::Kernel`]).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        pub(super) unsafe fn $name<const N: usize>(
+            w: &[u8],
+            a: &[ActsRow<'_>; N],
+            ys: &mut [&mut [f32]; N],
+        ) {
+            use std::arch::x86_64::*;
+            let sbs = a[0].ds.len() / SUB;
+            let rb = sbs * BLOCK_BYTES;
+            for r in 0..ys[0].len() {
+                let mut acc = [[$zero(); 2]; N];
+                let mut mins = [_mm256_setzero_ps(); N];
+                for sb in 0..sbs {
+                    // SAFETY: super-block sb of row r lies in `w`; the
+                    // activations' sub-blocks sb * 8.. sb * 8 + 8 in every
+                    // a[j] (the caller's contract).
+                    unsafe {
+                        let wb = w.as_ptr().add(r * rb + sb * BLOCK_BYTES);
+                        let (dsc, dmn) = scale_vectors(wb);
+                        let mut f = [[0f32; SUB]; N];
+                        for j in 0..N {
+                            let (dx, sx) = act_scales(a[j].ds.as_ptr().add(sb * SUB));
+                            _mm256_storeu_ps(f[j].as_mut_ptr(), _mm256_mul_ps(dsc, dx));
+                            mins[j] = _mm256_fmadd_ps(dmn, sx, mins[j]);
+                        }
+                        for g in 0..SUB / 2 {
+                            let (lo, hi) = $unpack(wb.add(QS + 32 * g));
+                            for j in 0..N {
+                                let x = a[j].q.as_ptr().add((sb * SUB + 2 * g) * QK);
+                                let p0 = $mul(lo, x);
+                                let p1 = $mul(hi, x.add(QK));
+                                acc[j][0] = $fma($set1(f[j][2 * g]), $cvt(p0), acc[j][0]);
+                                acc[j][1] = $fma($set1(f[j][2 * g + 1]), $cvt(p1), acc[j][1]);
+                            }
+                        }
+                    }
+                }
+                for j in 0..N {
+                    let total = $hsum($add(acc[j][0], acc[j][1]));
+                    ys[j][r] = total - crate::vector::hsum256(mins[j]);
+                }
+            }
+        }
+    };
+}
+
+q4k_fn!(
+    rows_avx2,
+    "avx2,fma,f16c",
+    unpack_avx2,
+    super::dot::mul_avx2,
+    _mm256_setzero_ps,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_cvtepi32_ps,
+    _mm256_add_ps,
+    crate::vector::hsum256
+);
+q4k_fn!(
+    rows_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vnni",
+    unpack_vnni,
+    super::dot::mul_vnni,
+    _mm512_setzero_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_cvtepi32_ps,
+    _mm512_add_ps,
+    _mm512_reduce_add_ps
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The format's definition of scale / minimum `j`, written out apart
+    /// from [`scales_mins`]'s word arithmetic.
+    fn by_definition(p: &[u8], j: usize) -> (u8, u8) {
+        if j < 4 {
+            (p[j] & 63, p[j + 4] & 63)
+        } else {
+            (
+                (p[j + 4] & 15) | ((p[j - 4] >> 6) << 4),
+                (p[j + 4] >> 4) | ((p[j] >> 6) << 4),
+            )
+        }
+    }
+
+    #[test]
+    fn scales_unpack_as_defined_and_pack_back() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..500 {
+            let p: [u8; 12] = std::array::from_fn(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            });
+            let (sc, mn) = scales_mins(&p);
+            for j in 0..SUB {
+                assert_eq!((sc[j], mn[j]), by_definition(&p, j), "{p:?} j={j}");
+            }
+            // every bit of the 12 bytes is one of the 96 scale bits
+            assert_eq!(pack_scales(&sc, &mn), p);
+        }
+    }
+
+    #[test]
+    fn nibbles_follow_the_pair_layout() {
+        let mut b = vec![0u8; BLOCK_BYTES];
+        b[QS + 32 + 5] = 0xa7; // pair 1, byte 5
+        assert_eq!(nibble(&b, 2, 5), 0x7);
+        assert_eq!(nibble(&b, 3, 5), 0xa);
+        assert_eq!(nibble(&b, 2, 4), 0);
+        assert_eq!(nibble(&b, 0, 5), 0);
+    }
+}
