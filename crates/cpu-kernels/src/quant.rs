@@ -16,20 +16,22 @@
 //!
 //! [`matmul_quant`] works as llama.cpp does, with 16-bit activations where
 //! llama.cpp uses 8: each activation row is first quantised per block of 32
-//! ([`QuantActs`]: scale `dx = max|x| / 32767`, `qx = round(x / dx)` in
-//! i16, and `sx = dx · Σ qx` for Q4_1's offset term), then every output is
-//! a sum over blocks of integer dot products, `Σ_b dw·dx·(Σ q·qx) (+
-//! m·sx)`, with f32 accumulation. (8-bit activations moved SmolLM2's
-//! teacher-forced log-probabilities by up to 0.23 nats from the f32
-//! product; 16-bit ones keep them within the BF16 path's error, for twice
-//! the integer multiplies, which decode, bound by the weights' memory
-//! traffic, does not notice.) The integer dot products run on the best
+//! (per 256 for Q4_K; [`QuantActs`]: scale `dx = max|x| / 32767`, `qx =
+//! round(x / dx)` in i16, and per 32 `sx = dx · Σ qx` for the offset
+//! term), then every output is a sum over blocks of integer dot products,
+//! `Σ_b dw·dx·(Σ q·qx) (+ m·sx)`, with f32 accumulation (Q4_K sums a whole
+//! super-block in integers first: [`q4k`]). (8-bit activations moved
+//! SmolLM2's teacher-forced log-probabilities by up to 0.23 nats from the
+//! f32 product; 16-bit ones keep them within the BF16 path's error, for
+//! twice the integer multiplies: Q8_0 and Q4_1 decode, bound by the
+//! weights' memory traffic, does not notice; Q4_K's row kernel is
+//! compute-bound at about 3/4 of the memory's rate.) The integer dot products run on the best
 //! path the processor has ([`dot`]: AVX-512 VNNI `vpdpwssd`, else AVX2
 //! `vpmaddwd`, else portable code); every path computes the same integer
 //! sums and differs from the portable one only in the order of the f32
 //! additions. The result differs from the product with the exact
-//! activations by the activations' 16-bit rounding (`1.5e-5` of a block's
-//! largest value per element at most).
+//! activations by the activations' 16-bit rounding (`1.5e-5` of a
+//! group's largest value per element at most).
 //!
 //! Every token row is computed the same way whatever else its step holds
 //! (no regime switch at a token count, unlike the BF16 product): the
@@ -128,15 +130,19 @@ impl QuantType {
     }
 }
 
-/// Activation rows quantised to 16 bits per block of [`QK`] (ggml's Q8_1
-/// with i16 values, held as three arrays): reused call after call.
+/// Activation rows quantised to 16 bits (ggml's Q8_1 with i16 values,
+/// held as three arrays), one scale per group of [`QK`] values, or of 256
+/// for Q4_K ([`QuantType::act_group`]); reused call after call.
 #[derive(Default)]
 pub struct QuantActs {
     /// `[T, inp]` the 16-bit values.
     q: Vec<i16>,
-    /// `[T, inp / QK]` each block's scale `d` and `d · Σ q`.
+    /// `[T, inp / QK]` each block's scale `d` (its group's) and `d · Σ q`.
     ds: Vec<[f32; 2]>,
+    /// `[T, inp / QK]` each block's `d · Σ q` again, contiguous.
+    sx: Vec<f32>,
     blocks: usize,
+    group: usize,
 }
 
 /// One quantised activation row, as the dot products read it.
@@ -146,54 +152,100 @@ pub struct ActsRow<'a> {
     pub q: &'a [i16],
     /// `[blocks]` each block's scale `d` and `d · Σ q`.
     pub ds: &'a [[f32; 2]],
+    /// `[blocks]` each block's `d · Σ q` (as in `ds`).
+    pub sx: &'a [f32],
+    /// Values sharing one scale (a multiple of [`QK`]).
+    pub group: usize,
+}
+
+impl QuantType {
+    /// Activation values per scale for products with this type: 256 for
+    /// Q4_K (its kernels then sum a whole super-block in integers, each
+    /// sub-block's weights times its 6-bit scale), else [`QK`].
+    pub const fn act_group(self) -> usize {
+        match self {
+            QuantType::Q4_K => q4k::QK_K,
+            _ => QK,
+        }
+    }
 }
 
 impl QuantActs {
-    /// Quantises `x` (`[T, inp]`, `inp` a multiple of [`QK`]) into `self`.
+    /// Quantises `x` (`[T, inp]`, `inp` a multiple of [`QK`]) into `self`,
+    /// one scale per block of [`QK`].
     pub fn quantize(&mut self, x: &[f32], inp: usize) {
+        self.quantize_grouped(x, inp, QK);
+    }
+
+    /// Quantises `x` (`[T, inp]`, `inp` a multiple of `group`, itself a
+    /// multiple of [`QK`]) into `self`, one scale per `group` values: `d =
+    /// max|x| / 32767` over the group, `q = round(x / d)`, and per block of
+    /// [`QK`] `d · Σ q`.
+    pub fn quantize_grouped(&mut self, x: &[f32], inp: usize, group: usize) {
         assert!(
-            inp > 0 && inp.is_multiple_of(QK) && x.len().is_multiple_of(inp),
-            "x is not [T, {inp}] with {inp} a multiple of {QK}"
+            group > 0
+                && group.is_multiple_of(QK)
+                && inp > 0
+                && inp.is_multiple_of(group)
+                && x.len().is_multiple_of(inp),
+            "x is not [T, {inp}] with {inp} a multiple of {group} (a multiple of {QK})"
         );
         let blocks = x.len() / QK;
         self.q.resize(x.len(), 0);
         self.ds.resize(blocks, [0.0; 2]);
+        self.sx.resize(blocks, 0.0);
         self.blocks = inp / QK;
-        let one = |((xb, qb), ds): ((&[f32], &mut [i16]), &mut [f32; 2])| {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        self.group = group;
+        // one group: its values, 16-bit values, block scales and sums
+        type Group<'a> = (
+            ((&'a [f32], &'a mut [i16]), &'a mut [[f32; 2]]),
+            &'a mut [f32],
+        );
+        let one = |(((xg, qg), dg), sg): Group<'_>| {
+            let amax = xg.iter().fold(0f32, |m, v| m.max(v.abs()));
             let scale = amax / ACT_MAX;
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                // round to nearest (ties to even) by the 1.5 * 2^23 trick:
-                // branch-free and vectorised, exact for |v * inv| <= 32767
-                let r = ((v * inv + ROUNDER) - ROUNDER) as i32;
-                *q = r as i16;
-                sum += r;
+            let blocks = xg.chunks_exact(QK).zip(qg.chunks_exact_mut(QK));
+            for (((xb, qb), ds), sx) in blocks.zip(dg).zip(sg) {
+                let mut sum = 0i32;
+                for (q, &v) in qb.iter_mut().zip(xb) {
+                    // round to nearest (ties to even) by the 1.5 * 2^23
+                    // trick: branch-free and vectorised, exact for |v *
+                    // inv| <= 32767
+                    let r = ((v * inv + ROUNDER) - ROUNDER) as i32;
+                    *q = r as i16;
+                    sum += r;
+                }
+                *ds = [scale, scale * sum as f32];
+                *sx = ds[1];
             }
-            *ds = [scale, scale * sum as f32];
         };
-        // each block on its own: the same values on any number of threads
+        // each group on its own: the same values on any number of threads
+        let per = group / QK;
         if x.len() >= PARALLEL_QUANTIZE {
-            x.par_chunks_exact(QK)
-                .zip(self.q.par_chunks_exact_mut(QK))
-                .zip(self.ds.par_iter_mut())
-                .with_min_len(64)
+            x.par_chunks_exact(group)
+                .zip(self.q.par_chunks_exact_mut(group))
+                .zip(self.ds.par_chunks_exact_mut(per))
+                .zip(self.sx.par_chunks_exact_mut(per))
+                .with_min_len(64 / per)
                 .for_each(one);
         } else {
-            x.chunks_exact(QK)
-                .zip(self.q.chunks_exact_mut(QK))
-                .zip(self.ds.iter_mut())
+            x.chunks_exact(group)
+                .zip(self.q.chunks_exact_mut(group))
+                .zip(self.ds.chunks_exact_mut(per))
+                .zip(self.sx.chunks_exact_mut(per))
                 .for_each(one);
         }
     }
 
-    /// Row `n` of the last [`Self::quantize`].
+    /// Row `n` of the last quantisation.
     pub fn row(&self, n: usize) -> ActsRow<'_> {
         let b = self.blocks;
         ActsRow {
             q: &self.q[n * b * QK..(n + 1) * b * QK],
             ds: &self.ds[n * b..(n + 1) * b],
+            sx: &self.sx[n * b..(n + 1) * b],
+            group: self.group,
         }
     }
 }
@@ -243,7 +295,7 @@ pub fn matmul_quant(
     let Some((t, row_bytes)) = check_shapes(x, w, qt, inp, out, y) else {
         return;
     };
-    acts.quantize(x, inp);
+    acts.quantize_grouped(x, inp, qt.act_group());
     let acts = &*acts;
     let kernel = Kernel::pick(isa); // supported by construction
     let threads = rayon::current_num_threads();

@@ -106,8 +106,12 @@ impl Kernel {
     ) {
         let (nb, rows) = (a[0].ds.len(), ys[0].len());
         assert!(nb.is_multiple_of(qt.block_len() / QK));
+        assert!(a.iter().all(|a| a.group.is_multiple_of(qt.act_group())));
         assert!(w.len() >= rows * qt.matrix_bytes(1, nb * QK));
-        assert!(a.iter().all(|a| a.ds.len() == nb && a.q.len() >= nb * QK));
+        assert!(
+            a.iter()
+                .all(|a| a.ds.len() == nb && a.sx.len() == nb && a.q.len() >= nb * QK)
+        );
         assert!(ys.iter().all(|y| y.len() == rows));
         match (self, qt) {
             #[cfg(target_arch = "x86_64")]
@@ -145,7 +149,11 @@ impl Kernel {
         let nb = a.ds.len();
         let rb = qt.matrix_bytes(1, nb * QK);
         assert!(nb.is_multiple_of(qt.block_len() / QK));
-        assert!(w.len() >= y.len() * rb && a.q.len() >= nb * QK);
+        assert!(
+            a.group.is_multiple_of(qt.act_group()),
+            "activations not grouped for {qt:?}"
+        );
+        assert!(w.len() >= y.len() * rb && a.q.len() >= nb * QK && a.sx.len() == nb);
         match (self, qt) {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the processor supports the path (the caller's

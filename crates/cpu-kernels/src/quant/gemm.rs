@@ -56,7 +56,7 @@ pub fn matmul_quant_gemm(
     let Some((t, row_bytes)) = super::check_shapes(x, w, qt, inp, out, y) else {
         return;
     };
-    acts.quantize(x, inp);
+    acts.quantize_grouped(x, inp, qt.act_group());
     let acts = &*acts;
     let blocks = inp / QK;
     let yp = OutPtr(y.as_mut_ptr());

@@ -8,16 +8,28 @@
 //! and `s`), then 128 bytes of nibbles: 32 bytes per pair of sub-blocks,
 //! sub-block `2g` in the low nibbles of bytes `32g..32g + 32`, sub-block
 //! `2g + 1` in their high nibbles. Weight `i` of sub-block `s` is `d·sc_s·q
-//! − dmin·mn_s`. The dot products take activations quantised per 32
-//! ([`super::QuantActs`]), so each sub-block is one integer dot product
-//! scaled by `d·sc_s·dx` plus `−dmin·mn_s·sx`, as for Q4_1; the kernels
-//! compute the same integer sums on every path and differ from
-//! [`dot_portable`] only in the order of the f32 additions, and a tile of
-//! several activation rows gives bit for bit what one row gives.
+//! − dmin·mn_s`.
 //!
-//! Costs: per super-block and activation row one unpacking of the scales
-//! (a few integer operations and one 8-lane conversion), then per 32
-//! weights one 16-bit integer dot product and one FMA.
+//! The row kernels ([`super::Kernel`]'s AVX2 and VNNI paths) take
+//! activations with one scale `dx` per 256 ([`super::QuantType::act_group`]):
+//! each sub-block's 16-bit weights are multiplied by its 6-bit scale
+//! (`q·sc_s <= 945`) and the whole super-block is summed in i32 (a lane
+//! gathers at most 16 products of `945 · 32767`: below `2^31`), then
+//! scaled by `d·dx` once, plus the minimums' term `Σ_s dmin·mn_s·sx_s` in
+//! 8 f32 lanes. [`dot_portable`] (per sub-block, any activation grouping)
+//! is the reference; the paths compute the same integer values and differ
+//! in the order of the f32 additions, and a tile of several activation
+//! rows gives bit for bit what one row gives. The prompt GEMM reads the
+//! super-blocks as eight Q4_1-like blocks (`(d·sc_s, −dmin·mn_s)` per 32:
+//! [`sub_block`], [`unpack_sub_vnni`]).
+//!
+//! Costs: per super-block and weight row one unpacking of the scales (a
+//! few integer operations, one 8-lane conversion), per 64 weights one
+//! widening, two nibble extractions, two 16-bit multiplies by the scales,
+//! and per activation row two 16-bit dot products (`vpdpwssd`); one
+//! conversion and two FMAs per super-block and activation row. Measured on
+//! 2 Zen 4 cores: about 42 GB/s of Q4_K weights (compute-bound; Q8_0's
+//! row kernel reaches 58, the memory's rate).
 
 use super::{ActsRow, QK};
 use half::f16;
@@ -119,7 +131,11 @@ pub fn quantize_block(x: &[f32], out: &mut Vec<u8>) {
 /// Scalar reference: integer sub-block sums, f32 across them.
 pub(super) fn dot_portable(w: &[u8], a: ActsRow<'_>) -> f32 {
     let mut acc = 0f32;
-    for (sb, wb) in w.chunks_exact(BLOCK_BYTES).take(a.ds.len() / SUB).enumerate() {
+    for (sb, wb) in w
+        .chunks_exact(BLOCK_BYTES)
+        .take(a.ds.len() / SUB)
+        .enumerate()
+    {
         let d = f16::from_le_bytes([wb[0], wb[1]]).to_f32();
         let dmin = f16::from_le_bytes([wb[2], wb[3]]).to_f32();
         let (sc, mn) = scales_mins(&wb[4..16]);
@@ -139,62 +155,36 @@ pub(super) fn dot_portable(w: &[u8], a: ActsRow<'_>) -> f32 {
     acc
 }
 
-/// `[d·sc_s]` and `[dmin·mn_s]` of the super-block at `wb`, 8 lanes each.
+/// `d` of the super-block at `wb`, its 6-bit scales (each in both i16
+/// halves of an i32), and `[dmin·mn_s]` in 8 lanes.
 ///
 /// # Safety
 /// AVX2, F16C; a whole super-block at `wb`.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scale_vectors(wb: *const u8) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+unsafe fn head(wb: *const u8) -> (f32, [i32; SUB], std::arch::x86_64::__m256) {
     use std::arch::x86_64::*;
     // SAFETY: 16 bytes readable at wb (caller).
-    let (head, packed) = unsafe {
+    let (raw, packed) = unsafe {
         (
             std::ptr::read_unaligned(wb as *const i32),
             std::slice::from_raw_parts(wb.add(4), 12),
         )
     };
-    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(head)); // [d, dmin, 0, 0]
+    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(raw)); // [d, dmin, 0, 0]
     let (sc, mn) = scales_mins(packed);
-    let lanes = |v: [u8; SUB]| {
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
-            v,
-        ))))
-    };
-    (
-        _mm256_mul_ps(_mm256_broadcastss_ps(dd), lanes(sc)),
-        _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), lanes(mn)),
-    )
+    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
+        mn,
+    ))));
+    let dmn = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mn);
+    // each scale twice in an i32: broadcast from memory by a plain load
+    (_mm_cvtss_f32(dd), sc.map(|s| s as i32 * 0x1_0001), dmn)
 }
 
-/// The 8 activation scales `dx` and sums `sx` of the blocks at `ds`.
-///
-/// # Safety
-/// AVX2; 8 `[dx, sx]` pairs readable at `ds`.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2")]
-unsafe fn act_scales(
-    ds: *const [f32; 2],
-) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
-    use std::arch::x86_64::*;
-    // SAFETY: 16 floats readable (caller).
-    let (a, b) = unsafe {
-        let p = ds as *const f32;
-        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-    };
-    // shuffle gives [0 1 4 5 | 2 3 6 7] of the wanted lanes; the 64-bit
-    // permute puts them in order
-    let order =
-        |v: __m256| _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(_mm256_castps_pd(v)));
-    (
-        order(_mm256_shuffle_ps::<0b10_00_10_00>(a, b)),
-        order(_mm256_shuffle_ps::<0b11_01_11_01>(a, b)),
-    )
-}
-
-/// The two sub-blocks of the 32 nibble bytes at `p`, each as 2 x 16 i16.
+/// The two sub-blocks of the 32 nibble bytes at `p`, each as 2 x 16 i16
+/// (the bytes widened first, then both nibbles taken from each 16-bit
+/// lane).
 ///
 /// # Safety
 /// AVX2; 32 bytes readable at `p`.
@@ -210,20 +200,21 @@ unsafe fn unpack_avx2(
 ) {
     use std::arch::x86_64::*;
     // SAFETY: 32 bytes readable (caller).
-    let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-    let mask = _mm256_set1_epi8(0x0f);
-    let lo = _mm256_and_si256(bytes, mask);
-    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
-    let widen = |v: __m256i| {
+    let (a, b) = unsafe {
         (
-            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
-            _mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)),
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i)),
+            _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i)),
         )
     };
-    (widen(lo), widen(hi))
+    let mask = _mm256_set1_epi16(0x0f);
+    (
+        (_mm256_and_si256(a, mask), _mm256_and_si256(b, mask)),
+        (_mm256_srli_epi16::<4>(a), _mm256_srli_epi16::<4>(b)),
+    )
 }
 
-/// The two sub-blocks of the 32 nibble bytes at `p`, each as 32 i16.
+/// The two sub-blocks of the 32 nibble bytes at `p`, each as 32 i16 (the
+/// bytes widened first, then both nibbles taken from each 16-bit lane).
 ///
 /// # Safety
 /// AVX-512F, BW; 32 bytes readable at `p`.
@@ -233,12 +224,77 @@ unsafe fn unpack_avx2(
 unsafe fn unpack_vnni(p: *const u8) -> (std::arch::x86_64::__m512i, std::arch::x86_64::__m512i) {
     use std::arch::x86_64::*;
     // SAFETY: 32 bytes readable (caller).
-    let bytes = unsafe { _mm256_loadu_si256(p as *const __m256i) };
-    let mask = _mm256_set1_epi8(0x0f);
+    let wide = _mm512_cvtepu8_epi16(unsafe { _mm256_loadu_si256(p as *const __m256i) });
     (
-        _mm512_cvtepu8_epi16(_mm256_and_si256(bytes, mask)),
-        _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask)),
+        _mm512_and_si512(wide, _mm512_set1_epi16(0x0f)),
+        _mm512_srli_epi16::<4>(wide),
     )
+}
+
+/// 16-bit weights (2 x 16, AVX2) times a sub-block's 6-bit scale (in both
+/// halves of `s`).
+///
+/// # Safety
+/// AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn scale_avx2(
+    w: (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+    s: &i32,
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    let s = _mm256_set1_epi32(*s);
+    (_mm256_mullo_epi16(w.0, s), _mm256_mullo_epi16(w.1, s))
+}
+
+/// 16-bit weights (32, AVX-512) times a sub-block's 6-bit scale (in both
+/// halves of `s`).
+///
+/// # Safety
+/// AVX-512F, BW.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+unsafe fn scale_vnni(w: std::arch::x86_64::__m512i, s: &i32) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    _mm512_mullo_epi16(w, _mm512_set1_epi32(*s))
+}
+
+/// `acc` plus the i32 lane sums of `w` times the 32 activations at `x`
+/// (AVX2).
+///
+/// # Safety
+/// AVX2; 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn dp_avx2(
+    acc: std::arch::x86_64::__m256i,
+    w: (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+    x: *const i16,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 values at x (caller).
+    _mm256_add_epi32(acc, unsafe { super::dot::mul_avx2(w, x) })
+}
+
+/// `acc` plus the i32 lane sums of `w` times the 32 activations at `x`
+/// (AVX-512 VNNI, one `vpdpwssd`).
+///
+/// # Safety
+/// AVX-512F, BW, VNNI; 32 values at `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
+unsafe fn dp_vnni(
+    acc: std::arch::x86_64::__m512i,
+    w: std::arch::x86_64::__m512i,
+    x: *const i16,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 values at x (caller).
+    _mm512_dpwssd_epi32(acc, w, unsafe { _mm512_loadu_si512(x as *const _) })
 }
 
 /// Sub-block `b` (of 32 weights, counted along the row) of the row at `row`
@@ -257,15 +313,22 @@ pub(super) unsafe fn unpack_sub_vnni(row: *const u8, b: usize) -> std::arch::x86
 }
 
 /// One Q4_K dot-product path over `N` activation rows: `ys[j][r] = w_r ·
-/// a[j]`, each super-block's weights unpacked once for all `N`; every
-/// row's operations are the same whatever `N` is (bit for bit).
+/// a[j]`, each super-block's weights unpacked and scaled once for all `N`;
+/// every row's operations are the same whatever `N` is (bit for bit).
+///
+/// Per super-block the weights are multiplied by their sub-block's 6-bit
+/// scale in 16 bits (`15 · 63 = 945` at most) and the whole super-block is
+/// summed in i32 against activations with one scale per 256 (each lane
+/// gathers at most 16 products of `945 · 32767`: below `2^31`); one
+/// conversion and FMA by `d · dx` per super-block, plus the minimums' 8
+/// lanes `dmin·mn_s · sx_s`.
 macro_rules! q4k_fn {
-    ($name:ident, $feat:literal, $unpack:ident, $mul:path, $zero:ident, $set1:ident, $fma:ident, $cvt:ident, $add:ident, $hsum:expr) => {
+    ($name:ident, $feat:literal, $unpack:ident, $scale:ident, $dp:ident, $izero:ident, $iadd:ident, $zero:ident, $set1:ident, $fma:ident, $cvt:ident, $hsum:expr) => {
         /// # Safety
         /// The named target features; `w` holds `ys[0].len()` rows of
         /// `a[0].ds.len() / 8` super-blocks, every `a[j]` that many
-        /// sub-blocks of activations and every `ys[j]` the same length
-        /// (checked by [`super::Kernel`]).
+        /// sub-blocks of activations with one scale per 256 and every
+        /// `ys[j]` the same length (checked by [`super::Kernel`]).
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $feat)]
         pub(super) unsafe fn $name<const N: usize>(
@@ -277,7 +340,7 @@ macro_rules! q4k_fn {
             let sbs = a[0].ds.len() / SUB;
             let rb = sbs * BLOCK_BYTES;
             for r in 0..ys[0].len() {
-                let mut acc = [[$zero(); 2]; N];
+                let mut acc = [$zero(); N];
                 let mut mins = [_mm256_setzero_ps(); N];
                 for sb in 0..sbs {
                     // SAFETY: super-block sb of row r lies in `w`; the
@@ -285,28 +348,27 @@ macro_rules! q4k_fn {
                     // a[j] (the caller's contract).
                     unsafe {
                         let wb = w.as_ptr().add(r * rb + sb * BLOCK_BYTES);
-                        let (dsc, dmn) = scale_vectors(wb);
-                        let mut f = [[0f32; SUB]; N];
-                        for j in 0..N {
-                            let (dx, sx) = act_scales(a[j].ds.as_ptr().add(sb * SUB));
-                            _mm256_storeu_ps(f[j].as_mut_ptr(), _mm256_mul_ps(dsc, dx));
-                            mins[j] = _mm256_fmadd_ps(dmn, sx, mins[j]);
-                        }
+                        let (d, sc, dmn) = head(wb);
+                        let mut ia = [[$izero(); 2]; N];
                         for g in 0..SUB / 2 {
                             let (lo, hi) = $unpack(wb.add(QS + 32 * g));
+                            let (lo, hi) = ($scale(lo, &sc[2 * g]), $scale(hi, &sc[2 * g + 1]));
                             for j in 0..N {
                                 let x = a[j].q.as_ptr().add((sb * SUB + 2 * g) * QK);
-                                let p0 = $mul(lo, x);
-                                let p1 = $mul(hi, x.add(QK));
-                                acc[j][0] = $fma($set1(f[j][2 * g]), $cvt(p0), acc[j][0]);
-                                acc[j][1] = $fma($set1(f[j][2 * g + 1]), $cvt(p1), acc[j][1]);
+                                ia[j][0] = $dp(ia[j][0], lo, x);
+                                ia[j][1] = $dp(ia[j][1], hi, x.add(QK));
                             }
+                        }
+                        for j in 0..N {
+                            let dx = $set1(d * (*a[j].ds.as_ptr().add(sb * SUB))[0]);
+                            acc[j] = $fma($cvt($iadd(ia[j][0], ia[j][1])), dx, acc[j]);
+                            let sx = _mm256_loadu_ps(a[j].sx.as_ptr().add(sb * SUB));
+                            mins[j] = _mm256_fmadd_ps(dmn, sx, mins[j]);
                         }
                     }
                 }
                 for j in 0..N {
-                    let total = $hsum($add(acc[j][0], acc[j][1]));
-                    ys[j][r] = total - crate::vector::hsum256(mins[j]);
+                    ys[j][r] = $hsum(acc[j]) - crate::vector::hsum256(mins[j]);
                 }
             }
         }
@@ -317,27 +379,30 @@ q4k_fn!(
     rows_avx2,
     "avx2,fma,f16c",
     unpack_avx2,
-    super::dot::mul_avx2,
+    scale_avx2,
+    dp_avx2,
+    _mm256_setzero_si256,
+    _mm256_add_epi32,
     _mm256_setzero_ps,
     _mm256_set1_ps,
     _mm256_fmadd_ps,
     _mm256_cvtepi32_ps,
-    _mm256_add_ps,
     crate::vector::hsum256
 );
 q4k_fn!(
     rows_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vnni",
     unpack_vnni,
-    super::dot::mul_vnni,
+    scale_vnni,
+    dp_vnni,
+    _mm512_setzero_si512,
+    _mm512_add_epi32,
     _mm512_setzero_ps,
     _mm512_set1_ps,
     _mm512_fmadd_ps,
     _mm512_cvtepi32_ps,
-    _mm512_add_ps,
     _mm512_reduce_add_ps
 );
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,7 +101,7 @@ fn every_kernel_matches_the_reference_on_random_rows() {
             let w = quantized(qt, &wf, inp);
             let rb = qt.matrix_bytes(1, inp);
             let mut acts = QuantActs::default();
-            acts.quantize(&x, inp);
+            acts.quantize_grouped(&x, inp, qt.act_group());
             for n in 0..t {
                 for r in 0..out {
                     let wr = &w[r * rb..(r + 1) * rb];
@@ -155,7 +155,7 @@ fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
             let w = quantized(qt, &wf, inp);
             let rb = qt.matrix_bytes(1, inp);
             let mut acts = QuantActs::default();
-            acts.quantize(&x, inp);
+            acts.quantize_grouped(&x, inp, qt.act_group());
             let mut deq = vec![0f32; out * inp];
             for (r, d) in deq.chunks_exact_mut(inp).enumerate() {
                 dequantize_row(qt, &w[r * rb..(r + 1) * rb], d);
@@ -191,7 +191,7 @@ fn matmul_matches_the_dots_and_the_exact_product_on_every_isa() {
 fn zero_blocks_quantize_to_zero_without_nan() {
     let x = vec![0f32; 256];
     let mut acts = QuantActs::default();
-    acts.quantize(&x, 256);
+    acts.quantize_grouped(&x, 256, 256);
     for qt in TYPES {
         let w = quantized(qt, &vec![0.25f32; 256], 256);
         for k in Kernel::available() {
@@ -216,7 +216,7 @@ fn token_tiles_equal_single_tokens_bit_for_bit() {
         let w = quantized(qt, &wf, inp);
         let rb = qt.matrix_bytes(1, inp);
         let mut acts = QuantActs::default();
-        acts.quantize(&x, inp);
+        acts.quantize_grouped(&x, inp, qt.act_group());
         for isa in Isa::available() {
             let k = Kernel::pick(isa);
             let mut y = vec![f32::NAN; t * out];
