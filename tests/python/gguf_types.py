@@ -125,8 +125,11 @@ def model(out):
         for norm in ["attn_norm", "ffn_norm"]:
             writer.add_tensor(f"blk.{layer}.{norm}.weight", 1.0 + normal(HIDDEN, scale=0.05))
         for kind, shape, t in zip(kinds, shapes, types):
-            writer.add_tensor(f"blk.{layer}.{kind}.weight", quantised(normal(*shape), t, rng),
-                              raw_dtype=t)
+            # the K types' random scale bits reach ~30x the block maximum:
+            # start them smaller so every layer's weights are of one size
+            k_type = any(kt == t for kt, _, _ in K_TYPES)
+            w = normal(*shape, scale=0.02 / 16 if k_type else 0.02)
+            writer.add_tensor(f"blk.{layer}.{kind}.weight", quantised(w, t, rng), raw_dtype=t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -130,7 +130,7 @@ impl FastWeights {
     pub(super) fn splits(&self) -> bool {
         self.layers
             .first()
-            .is_some_and(|l| matches!(l.qkv, Matrix::Panels { lo: Some(_), .. }))
+            .is_some_and(|l| l.qkv.has_split() || l.gate_up.has_split())
     }
 
     /// Drops every 8-bit copy: prompt rows then run the f32 products.

@@ -14,8 +14,10 @@
 //! runs). [`by_kind`] runs a mixed step's prompt and generated rows apart.
 //! [`pack_group`] builds one fused matrix from several row-stacked tensors
 //! (Q/K/V, gate/up): from the GGUF's blocks when every tensor of the group
-//! was kept in one type, else from the BF16 tensors (quantised at load when
-//! [`CpuWeights::Quantize`] asks for it; Q4_K only where rows are whole
+//! was kept in one type; as a [`Matrix::Stack`] of parts each in its own
+//! form when the GGUF keeps them in different types or only some of them
+//! (a Q4_K_M file's Q4_K Q/K and Q6_K V); else from the BF16 tensors
+//! (quantised at load when [`CpuWeights::Quantize`] asks for it; Q4_K only where rows are whole
 //! super-blocks of 256, Q4_1 elsewhere, as llama.cpp's quantiser falls
 //! back). The BF16 buffers of packed tensors are released, so memory is the
 //! packed size.
@@ -99,6 +101,9 @@ pub(super) enum Matrix {
         qt: QuantType,
         data: Vec<u8>,
     },
+    /// Row-stacked parts in different forms, each multiplied on its own
+    /// and its outputs copied into its columns: `(part, its rows)`.
+    Stack(Vec<(Matrix, usize)>),
 }
 
 /// Which rows of a step's activations are prompt tokens (see
@@ -123,6 +128,8 @@ pub(super) struct MatBufs {
     acts: QuantActs,
     split: SplitActs,
     gather: Gather,
+    /// `[T, rows]` one [`Matrix::Stack`] part's products.
+    part: Vec<f32>,
 }
 
 /// The rows of one kind of a mixed step, gathered.
@@ -183,6 +190,21 @@ impl Matrix {
         b: &mut MatBufs,
     ) {
         let (w, lo) = match self {
+            Matrix::Stack(parts) => {
+                let t = x.len() / inp;
+                let mut o0 = 0;
+                let mut tmp = std::mem::take(&mut b.part);
+                for (m, n) in parts {
+                    tmp.resize(t * n, 0.0);
+                    m.matmul(isa, x, inp, *n, &mut tmp, rows, b);
+                    for (yr, pr) in y.chunks_exact_mut(out).zip(tmp.chunks_exact(*n)) {
+                        yr[o0..o0 + n].copy_from_slice(pr);
+                    }
+                    o0 += n;
+                }
+                b.part = tmp;
+                return;
+            }
             Matrix::Quant { qt, data } => {
                 return quant_rows(isa, x, data, *qt, inp, out, y, rows, b);
             }
@@ -203,8 +225,19 @@ impl Matrix {
     /// Drops the 8-bit copy: every row then runs the f32 products.
     /// (Quantised matrices keep their prompt GEMM.)
     pub(super) fn drop_split(&mut self) {
-        if let Matrix::Panels { lo, .. } = self {
-            *lo = None;
+        match self {
+            Matrix::Panels { lo, .. } => *lo = None,
+            Matrix::Stack(parts) => parts.iter_mut().for_each(|(m, _)| m.drop_split()),
+            _ => {}
+        }
+    }
+
+    /// Whether prompt rows of some BF16 part run the split products.
+    pub(super) fn has_split(&self) -> bool {
+        match self {
+            Matrix::Panels { lo, .. } => lo.is_some(),
+            Matrix::Stack(parts) => parts.iter().any(|(m, _)| m.has_split()),
+            _ => false,
         }
     }
 }
@@ -277,8 +310,10 @@ pub(super) struct Layout {
 }
 
 /// The fused matrix of `parts` (row-stacked, all `[_, cols]`): the kept
-/// blocks when every part has them in one type, else BF16 (quantised to
-/// `qt` when given) in `layout`. Releases the parts' BF16 buffers.
+/// blocks when every part has them in one type, a [`Matrix::Stack`] of the
+/// parts packed alone when some are kept but not all in one type, else
+/// BF16 (quantised to `qt` when given) in `layout`. Releases the parts'
+/// BF16 buffers.
 pub(super) fn pack_group(
     parts: &mut [&mut Tensor],
     kept: &[Option<&QuantTensor>],
@@ -300,6 +335,17 @@ pub(super) fn pack_group(
             p.data = Vec::new();
         }
         return Ok(Matrix::Quant { qt, data });
+    }
+    if parts.len() > 1 && types.iter().any(Option::is_some) {
+        let mut stack = Vec::with_capacity(parts.len());
+        for (p, k) in parts.iter_mut().zip(kept) {
+            let rows = p.shape[0];
+            stack.push((
+                pack_group(&mut [&mut **p], &[*k], quantize_to, layout)?,
+                rows,
+            ));
+        }
+        return Ok(Matrix::Stack(stack));
     }
     let mut bf = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
     for p in parts.iter_mut() {
@@ -338,5 +384,63 @@ pub(super) fn pack_head(
                 data: t.data.clone(),
             })
         })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16_rows(rows: usize, cols: usize, seed: u64) -> Vec<bf16> {
+        (0..rows * cols)
+            .map(|i| {
+                let u = checkpoint::synth::splitmix64(i as u64 ^ seed) >> 40;
+                bf16::from_f32(u as f32 / (1u64 << 24) as f32 - 0.5)
+            })
+            .collect()
+    }
+
+    /// A stack of parts gives the fused matrix's bits (each output is its
+    /// weight row's product alone), for prompt, generated and mixed rows.
+    #[test]
+    fn a_stack_of_parts_equals_the_fused_matrix() {
+        let (cols, a, b, t) = (64, 40, 24, 7);
+        let (wa, wb) = (bf16_rows(a, cols, 1), bf16_rows(b, cols, 2));
+        let fused_w: Vec<bf16> = wa.iter().chain(&wb).copied().collect();
+        let x: Vec<f32> = (0..t * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let isa = Isa::best();
+        let panels = isa == Isa::Avx512;
+        let layout = Layout {
+            panels,
+            split: panels && cpu_kernels::isa::split_products(),
+        };
+        let pack = |w: &[bf16], qt: Option<QuantType>| {
+            let mut t = Tensor {
+                name: "w".into(),
+                shape: vec![w.len() / cols, cols],
+                data: w.to_vec(),
+            };
+            pack_group(&mut [&mut t], &[None], qt, layout).unwrap()
+        };
+        for qt in [None, Some(QuantType::Q4_1)] {
+            let fused = pack(&fused_w, qt);
+            let stack = Matrix::Stack(vec![(pack(&wa, qt), a), (pack(&wb, qt), b)]);
+            let (prompt, generated) = ([0, 3, 4], [1, 2, 5, 6]);
+            for rows in [
+                Rows::Generated,
+                Rows::Prompt,
+                Rows::Mixed {
+                    prompt: &prompt,
+                    generated: &generated,
+                },
+            ] {
+                let run = |m: &Matrix| {
+                    let mut y = vec![f32::NAN; t * (a + b)];
+                    m.matmul(isa, &x, cols, a + b, &mut y, rows, &mut MatBufs::default());
+                    y
+                };
+                assert_eq!(run(&stack), run(&fused), "{qt:?}");
+            }
+        }
     }
 }
