@@ -115,7 +115,10 @@ def model(out):
     writer.add_tensor("token_embd.weight", quantize(normal(len(tokens), HIDDEN), T.Q8_0),
                       raw_dtype=T.Q8_0)
     writer.add_tensor("output_norm.weight", 1.0 + normal(HIDDEN, scale=0.05))
-    writer.add_tensor("output.weight", quantised(normal(len(tokens), HIDDEN), T.Q6_K, rng),
+    # the K types' random scale bits reach ~30x (Q6_K: ~130x) the block
+    # maximum: start them smaller so every tensor's weights are of one size
+    writer.add_tensor("output.weight",
+                      quantised(normal(len(tokens), HIDDEN, scale=0.02 / 64), T.Q6_K, rng),
                       raw_dtype=T.Q6_K)
     head_dim = HIDDEN // HEADS
     shapes = [(HIDDEN, HIDDEN), (KV_HEADS * head_dim, HIDDEN), (KV_HEADS * head_dim, HIDDEN),
@@ -125,8 +128,7 @@ def model(out):
         for norm in ["attn_norm", "ffn_norm"]:
             writer.add_tensor(f"blk.{layer}.{norm}.weight", 1.0 + normal(HIDDEN, scale=0.05))
         for kind, shape, t in zip(kinds, shapes, types):
-            # the K types' random scale bits reach ~30x the block maximum:
-            # start them smaller so every layer's weights are of one size
+            # (as the head's)
             k_type = any(kt == t for kt, _, _ in K_TYPES)
             w = normal(*shape, scale=0.02 / 16 if k_type else 0.02)
             writer.add_tensor(f"blk.{layer}.{kind}.weight", quantised(w, t, rng), raw_dtype=t)

@@ -1,6 +1,6 @@
 //! A llama GGUF's quantised projection matrices kept in their blocks, for
-//! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 / Q4_K
-//! path).
+//! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 / Q4_K /
+//! Q6_K path).
 //!
 //! Contract: [`load_quantized`] reads the GGUF at `path` and returns, for
 //! every layer projection (Q, K, V, O, gate, up, down) and the LM head (the

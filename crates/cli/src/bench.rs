@@ -23,7 +23,7 @@
 //! With `--llama-bench PATH` (see [`crate::llama_bench`]) llama.cpp's
 //! `llama-bench` runs right after, on the same machine and thread count, on
 //! `--llama-gguf` (default: `--model` when it is a .gguf file, else the GGUF
-//! whose Q8_0 / Q4_1 / Q4_K blocks lamina runs with `--dtype auto`) with b2's
+//! whose Q8_0 / Q4_1 / Q4_K / Q6_K blocks lamina runs with `--dtype auto`) with b2's
 //! prompt and b1's generated token counts; both figures and lamina's ratio
 //! (prompt processing: b2 prompt tokens / b2 TTFT; decode: b1) are printed.
 

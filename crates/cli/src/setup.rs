@@ -1,7 +1,7 @@
 //! Opening a model for a command: resolve the id or directory (fetching on
 //! first use), load config, tokenizer and weights, pick the device, size the
 //! KV pool and start the engine. On the CPU, `--dtype` picks the weight
-//! format: `auto` keeps the Q8_0 / Q4_1 / Q4_K blocks of the GGUF the model was
+//! format: `auto` keeps the Q8_0 / Q4_1 / Q4_K / Q6_K blocks of the GGUF the model was
 //! imported from (`checkpoint::store::source_gguf`), so the default model
 //! runs from its 4-bit weights as llama.cpp does.
 //!
@@ -59,7 +59,7 @@ pub enum CpuKernelsArg {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 #[allow(non_camel_case_types)]
 pub enum DtypeArg {
-    /// A GGUF model's own Q8_0 / Q4_1 / Q4_K blocks (the default model's
+    /// A GGUF model's own Q8_0 / Q4_1 / Q4_K / Q6_K blocks (the default model's
     /// 4-bit weights), BF16 for every other model and tensor, and on CUDA.
     Auto,
     /// The BF16 weights (a GGUF dequantised by the store's import).
@@ -119,7 +119,7 @@ pub struct ModelArgs {
     #[arg(long, env = "LAMINA_SYNC_STEPS", value_parser = clap::builder::BoolishValueParser::new())]
     pub sync_steps: bool,
     /// Weight format on the CPU's fast kernels (`auto`: a GGUF's own
-    /// Q8_0 / Q4_1 / Q4_K blocks, else BF16; the reference kernels and CUDA run
+    /// Q8_0 / Q4_1 / Q4_K / Q6_K blocks, else BF16; the reference kernels and CUDA run
     /// BF16 only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,

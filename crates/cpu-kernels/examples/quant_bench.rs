@@ -1,7 +1,7 @@
 //! Times `matmul_quant` on one shape for every dot-product path: `cargo run
 //! --release -p cpu-kernels --example quant_bench -- T IN OUT [ITERS]`.
 //! Prints the fastest call's ms and GB/s of weights read per type and path
-//! (Q4_K where `IN` is a multiple of 256),
+//! (Q4_K and Q6_K where `IN` is a multiple of 256),
 //! single-threaded (`RAYON_NUM_THREADS=1`) or on the pool.
 
 use cpu_kernels::Isa;
@@ -24,7 +24,12 @@ fn main() {
     let wf: Vec<f32> = (0..inp).map(|i| ((i % 5) as f32 - 2.0) * 0.01).collect();
     let mut y = vec![0f32; t * out];
     let mut acts = QuantActs::default();
-    for qt in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_K] {
+    for qt in [
+        QuantType::Q4_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q6_K,
+    ] {
         if !inp.is_multiple_of(qt.block_len()) {
             println!(
                 "{:>4} skipped: {inp} is not whole blocks of {}",

@@ -1,5 +1,6 @@
 //! `y = x @ W^T` for weights kept in ggml's quantised blocks (Q8_0, Q4_1,
-//! Q4_K) and f32 activations: the CPU backend's quantised projections.
+//! Q4_K, Q6_K) and f32 activations: the CPU backend's quantised
+//! projections.
 //!
 //! Contract: a weight matrix `[out, inp]` is `out` rows of `inp /
 //! block_len` blocks each, in ggml's byte layout, exactly as a GGUF file
@@ -13,6 +14,9 @@
 //!   128 bytes of nibbles; sub-block `s` of 32 weights is `w = d·sc_s·q −
 //!   dmin·mn_s`, so per 32 weights it is Q4_1 with `(d·sc_s, −dmin·mn_s)`
 //!   for `(d, m)`, and every kernel below treats it so.
+//! - Q6_K: 210 bytes per super-block of 256 weights ([`q6k`]): 6-bit
+//!   values `q` in low and high bit planes, an i8 scale `sc` per 16, f16
+//!   `d`; `w = d·sc·(q − 32)`.
 //!
 //! [`matmul_quant`] works as llama.cpp does, with 16-bit activations where
 //! llama.cpp uses 8: each activation row is first quantised per block of 32
@@ -55,6 +59,7 @@
 mod dot;
 pub mod gemm;
 pub mod q4k;
+pub mod q6k;
 
 use crate::OutPtr;
 use crate::isa::Isa;
@@ -88,6 +93,9 @@ pub enum QuantType {
     /// 4-bit weights in super-blocks of 256: 6-bit scales and minimums per
     /// 32 under two f16 ones.
     Q4_K,
+    /// 6-bit weights in super-blocks of 256: an i8 scale per 16 under an
+    /// f16 one.
+    Q6_K,
 }
 
 impl QuantType {
@@ -96,6 +104,7 @@ impl QuantType {
         match self {
             QuantType::Q8_0 | QuantType::Q4_1 => QK,
             QuantType::Q4_K => q4k::QK_K,
+            QuantType::Q6_K => q6k::QK_K,
         }
     }
 
@@ -105,6 +114,7 @@ impl QuantType {
             QuantType::Q8_0 => 34,
             QuantType::Q4_1 => 20,
             QuantType::Q4_K => q4k::BLOCK_BYTES,
+            QuantType::Q6_K => q6k::BLOCK_BYTES,
         }
     }
 
@@ -117,7 +127,7 @@ impl QuantType {
     /// Whether weights are `d·q + m` (Q4_1, Q4_K) rather than `d·q`: the
     /// product then adds `m·sx` per block of [`QK`].
     pub const fn has_min(self) -> bool {
-        !matches!(self, QuantType::Q8_0)
+        matches!(self, QuantType::Q4_1 | QuantType::Q4_K)
     }
 
     /// ggml's name of the type.
@@ -126,6 +136,7 @@ impl QuantType {
             QuantType::Q8_0 => "Q8_0",
             QuantType::Q4_1 => "Q4_1",
             QuantType::Q4_K => "Q4_K",
+            QuantType::Q6_K => "Q6_K",
         }
     }
 }
@@ -164,7 +175,16 @@ impl QuantType {
     /// sub-block's weights times its 6-bit scale), else [`QK`].
     pub const fn act_group(self) -> usize {
         match self {
-            QuantType::Q4_K => q4k::QK_K,
+            QuantType::Q4_K | QuantType::Q6_K => q4k::QK_K,
+            QuantType::Q8_0 | QuantType::Q4_1 => QK,
+        }
+    }
+
+    /// Weights per scale in the prompt GEMM's panels: 16 for Q6_K (its
+    /// scales are per 16), else [`QK`].
+    pub const fn scale_len(self) -> usize {
+        match self {
+            QuantType::Q6_K => 16,
             _ => QK,
         }
     }
@@ -333,18 +353,18 @@ pub fn matmul_quant(
     }
 }
 
-/// `(d, m)` of block `b` of [`QK`] weights in `row` (Q4_K: its sub-block
-/// `b`; `m` is 0 for Q8_0): weight `i` of the block is `d·q_i + m`.
-fn block_scales(qt: QuantType, row: &[u8], b: usize) -> (f32, f32) {
+/// `(d, m)` of scale unit `u` ([`QuantType::scale_len`] weights) of
+/// `row`: Q4_K's sub-block `u`, Q6_K's group of 16 `u` (`m` is 0 for Q8_0
+/// and Q6_K): weight `i` of the unit is `d·q_i + m` (Q6_K: `q − 32`).
+fn unit_scales(qt: QuantType, row: &[u8], u: usize) -> (f32, f32) {
     let f16_at = |i: usize| f16::from_le_bytes([row[i], row[i + 1]]).to_f32();
     let bb = qt.block_bytes();
+    let per = qt.block_len() / qt.scale_len();
     match qt {
-        QuantType::Q8_0 => (f16_at(b * bb), 0.0),
-        QuantType::Q4_1 => (f16_at(b * bb), f16_at(b * bb + 2)),
-        QuantType::Q4_K => {
-            let per = q4k::QK_K / QK;
-            q4k::sub_block(&row[b / per * q4k::BLOCK_BYTES..], b % per)
-        }
+        QuantType::Q8_0 => (f16_at(u * bb), 0.0),
+        QuantType::Q4_1 => (f16_at(u * bb), f16_at(u * bb + 2)),
+        QuantType::Q4_K => q4k::sub_block(&row[u / per * bb..], u % per),
+        QuantType::Q6_K => (q6k::half_scale(&row[u / per * bb..], u % per), 0.0),
     }
 }
 
@@ -356,9 +376,13 @@ fn block_scales(qt: QuantType, row: &[u8], b: usize) -> (f32, f32) {
 pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
     let bl = qt.block_len();
     assert!(row.len().is_multiple_of(bl), "row is not whole blocks");
-    if qt == QuantType::Q4_K {
+    if qt == QuantType::Q4_K || qt == QuantType::Q6_K {
         for b in row.chunks_exact(bl) {
-            q4k::quantize_block(b, out);
+            if qt == QuantType::Q4_K {
+                q4k::quantize_block(b, out);
+            } else {
+                q6k::quantize_block(b, out);
+            }
         }
         return;
     }
@@ -381,7 +405,7 @@ pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
                 let q = |v: f32| (((v - min) * inv + 0.5) as u8).min(15);
                 out.extend((0..QK / 2).map(|j| q(b[j]) | (q(b[j + QK / 2]) << 4)));
             }
-            QuantType::Q4_K => unreachable!("handled above"),
+            QuantType::Q4_K | QuantType::Q6_K => unreachable!("handled above"),
         }
     }
 }
@@ -414,6 +438,7 @@ pub fn dequantize_row(qt: QuantType, row: &[u8], out: &mut [f32]) {
                     }
                 }
             }
+            QuantType::Q6_K => q6k::dequantize_block(b, o),
         }
     }
 }

@@ -2,8 +2,9 @@
 //! ggml blocks times one quantised activation row, per instruction set.
 //!
 //! Contract: [`Kernel::dot`] returns `Σ_b dw_b·dx_b·(Σ_j qw_j·qx_j)` (Q8_0)
-//! plus `Σ_b m_b·sx_b` (Q4_1, and Q4_K per sub-block: its kernels are in
-//! [`super::q4k`]), the integer sums exact on every path (the
+//! plus `Σ_b m_b·sx_b` (Q4_1, and Q4_K per sub-block; Q4_K's and Q6_K's
+//! kernels are in [`super::q4k`] and [`super::q6k`]), the integer sums
+//! exact on every path (the
 //! weights widened to i16, products of pairs summed in i32 by `vpmaddwd` or
 //! `vpdpwssd`: a block's sum is at most `32·128·32767 < 2^31`), the f32
 //! additions in an order that differs between paths. [`Kernel::pick`] chooses the best path
@@ -11,7 +12,7 @@
 //! every one for tests.
 //! Costs: one pass over the row's blocks, no allocation.
 
-use super::{ActsRow, QK, QuantType, q4k};
+use super::{ActsRow, QK, QuantType, q4k, q6k};
 use crate::isa::Isa;
 use half::f16;
 
@@ -123,6 +124,12 @@ impl Kernel {
             (Kernel::Vnni, QuantType::Q4_K) => unsafe { q4k::rows_vnni(w, a, ys) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
+            (Kernel::Avx2, QuantType::Q6_K) => unsafe { q6k::rows_avx2(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Vnni, QuantType::Q6_K) => unsafe { q6k::rows_vnni(w, a, ys) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
             (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2_tile(w, a, ys) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
@@ -164,6 +171,12 @@ impl Kernel {
             (Kernel::Vnni, QuantType::Q4_K) => unsafe { q4k::rows_vnni(w, &[a], &mut [y]) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
+            (Kernel::Avx2, QuantType::Q6_K) => unsafe { q6k::rows_avx2(w, &[a], &mut [y]) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            (Kernel::Vnni, QuantType::Q6_K) => unsafe { q6k::rows_vnni(w, &[a], &mut [y]) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
             (Kernel::Avx2, QuantType::Q4_1) => unsafe { q4_1_avx2(w, a, y) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
@@ -185,8 +198,10 @@ impl Kernel {
 
 /// Scalar reference: integer block sums, f32 across blocks.
 fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
-    if qt == QuantType::Q4_K {
-        return q4k::dot_portable(w, a);
+    match qt {
+        QuantType::Q4_K => return q4k::dot_portable(w, a),
+        QuantType::Q6_K => return q6k::dot_portable(w, a),
+        QuantType::Q8_0 | QuantType::Q4_1 => {}
     }
     let bb = qt.block_bytes();
     let mut acc = 0f32;
@@ -213,7 +228,7 @@ fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
                     .sum();
                 acc += dw * dx * s as f32 + m * sx;
             }
-            QuantType::Q4_K => unreachable!("handled above"),
+            QuantType::Q4_K | QuantType::Q6_K => unreachable!("handled above"),
         }
     }
     acc

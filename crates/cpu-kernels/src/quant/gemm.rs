@@ -31,9 +31,10 @@ pub fn supported() -> bool {
 }
 
 /// One panel's weights, unpacked: `q` `[inp / 2][NR]` words (two 16-bit
-/// weights of consecutive `k`), `d` and `m` `[blocks][NR]` the scales and
-/// minimums of the blocks of [`QK`] (Q4_K's sub-blocks; 0 past the
-/// matrix's rows and for Q8_0's `m`).
+/// weights of consecutive `k`), `d` and `m` `[units][NR]` the scales and
+/// minimums of the scale units ([`QuantType::scale_len`] weights: blocks
+/// of [`QK`], Q4_K's sub-blocks, Q6_K's groups of 16; 0 past the matrix's
+/// rows and for `m` without minimums).
 struct Panel {
     q: Vec<u32>,
     d: Vec<f32>,
@@ -74,10 +75,16 @@ pub fn matmul_quant_gemm(
             let mr = MR.min(t - t0);
             // SAFETY: VNNI (asserted); rows t0..t0 + mr exist, each with
             // blocks * QK values and blocks scales; the panel holds inp / 2
-            // * NR words and blocks * NR scales; y's rows hold out values
-            // from o0 with nv of them this panel's alone.
+            // * NR words and (blocks * units per block) * NR scales; y's
+            // rows hold out values from o0 with nv of them this panel's
+            // alone.
             unsafe {
-                tile_dispatch(
+                let tile = if qt.scale_len() == QK {
+                    tile_dispatch
+                } else {
+                    tile_dispatch_halves
+                };
+                tile(
                     mr,
                     &rows[t0..t0 + mr],
                     panel,
@@ -90,10 +97,11 @@ pub fn matmul_quant_gemm(
             };
         }
     };
+    let units = inp / qt.scale_len();
     let new_panel = || Panel {
         q: vec![0; inp / 2 * NR],
-        d: vec![0.0; blocks * NR],
-        m: vec![0.0; blocks * NR],
+        d: vec![0.0; units * NR],
+        m: vec![0.0; units * NR],
     };
     let panels = out.div_ceil(NR);
     if panels > 1 && t * inp * out >= 1 << 16 {
@@ -110,15 +118,16 @@ pub fn matmul_quant_gemm(
 /// past `nv` zero).
 fn unpack(w: &[u8], qt: QuantType, blocks: usize, nv: usize, panel: &mut Panel) {
     let row_bytes = qt.matrix_bytes(1, blocks * QK);
+    let units = blocks * QK / qt.scale_len();
     for j in 0..NR {
-        for b in 0..blocks {
+        for u in 0..units {
             let (d, m) = if j < nv {
-                super::block_scales(qt, &w[j * row_bytes..(j + 1) * row_bytes], b)
+                super::unit_scales(qt, &w[j * row_bytes..(j + 1) * row_bytes], u)
             } else {
                 (0.0, 0.0)
             };
-            panel.d[b * NR + j] = d;
-            panel.m[b * NR + j] = m;
+            panel.d[u * NR + j] = d;
+            panel.m[u * NR + j] = m;
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -138,27 +147,66 @@ fn unpack(w: &[u8], qt: QuantType, blocks: usize, nv: usize, panel: &mut Panel) 
                     QuantType::Q4_1 => super::dot::q4_1_unpack_vnni(row.add(k0 / 16 * bb)),
                     QuantType::Q8_0 => super::dot::q8_0_unpack_vnni(row.add(k0 / 16 * bb)),
                     QuantType::Q4_K => super::q4k::unpack_sub_vnni(row, k0 / 16),
+                    QuantType::Q6_K => super::q6k::unpack_sub_vnni(row, k0 / 16),
                 })
             })
         };
     }
 }
 
-crate::pairs::dispatch!(tile_dispatch, tile, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
+crate::pairs::dispatch!(tile_dispatch, tile_whole, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
+crate::pairs::dispatch!(tile_dispatch_halves, tile_halves, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
 
-/// `y[m][j] = Σ_b (dw[b][j]·dx[m][b]) · (Σ_k q[j][k]·qx[m][k]) (+ m[b][j]
-/// · sx[m][b])` for `m < M`, `j < nv`: per `k` pair two panel loads, `M`
-/// broadcasts, `2 M` `vpdpwssd`; per block one conversion, scale and FMA
+/// [`tile`] with one scale per block of [`QK`].
+///
+/// # Safety
+/// As [`tile`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_whole<const M: usize>(
+    a: &[ActsRow<'_>],
+    panel: &Panel,
+    blocks: usize,
+    has_min: bool,
+    y: *mut f32,
+    ys: usize,
+    nv: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe { tile::<M, 1>(a, panel, blocks, has_min, y, ys, nv) }
+}
+
+/// [`tile`] with one scale per 16 weights (Q6_K).
+///
+/// # Safety
+/// As [`tile`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_halves<const M: usize>(
+    a: &[ActsRow<'_>],
+    panel: &Panel,
+    blocks: usize,
+    has_min: bool,
+    y: *mut f32,
+    ys: usize,
+    nv: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe { tile::<M, 2>(a, panel, blocks, has_min, y, ys, nv) }
+}
+
+/// `y[m][j] = Σ_u (dw[u][j]·dx[m][b]) · (Σ_{k in u} q[j][k]·qx[m][k]) (+
+/// m[u][j] · sx[m][b])` over the `H` scale units `u` of each block `b`, for
+/// `m < M`, `j < nv`: per `k` pair two panel loads, `M`
+/// broadcasts, `2 M` `vpdpwssd`; per unit one conversion, scale and FMA
 /// per accumulator.
 ///
 /// # Safety
 /// AVX-512F, BW and VNNI; `a` holds `M` rows of `blocks` blocks, the panel
-/// `blocks * 16 * NR` words and `blocks * NR` scales, `y` `M` rows of `nv
+/// `blocks * 16 * NR` words and `blocks * H * NR` scales, `y` `M` rows of `nv
 /// <= NR` writable values `ys` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const M: usize>(
+unsafe fn tile<const M: usize, const H: usize>(
     a: &[ActsRow<'_>],
     panel: &Panel,
     blocks: usize,
@@ -172,39 +220,44 @@ unsafe fn tile<const M: usize>(
     let mut f1 = [_mm512_setzero_ps(); M];
     let xs: [*const i32; M] = std::array::from_fn(|m| a[m].q.as_ptr().cast());
     let qp = panel.q.as_ptr();
+    let per = 16 / H; // k pairs per scale unit
     for b in 0..blocks {
-        let mut i0 = [_mm512_setzero_si512(); M];
-        let mut i1 = [_mm512_setzero_si512(); M];
-        for k in b * 16..(b + 1) * 16 {
-            // SAFETY: pair k < blocks * 16 of every row and of the panel.
-            unsafe {
-                let w0 = _mm512_loadu_si512(qp.add(k * NR).cast());
-                let w1 = _mm512_loadu_si512(qp.add(k * NR + 16).cast());
-                for m in 0..M {
-                    let x = _mm512_set1_epi32(*xs[m].add(k));
-                    i0[m] = _mm512_dpwssd_epi32(i0[m], w0, x);
-                    i1[m] = _mm512_dpwssd_epi32(i1[m], w1, x);
+        for h in 0..H {
+            let mut i0 = [_mm512_setzero_si512(); M];
+            let mut i1 = [_mm512_setzero_si512(); M];
+            let k0 = b * 16 + h * per;
+            for k in k0..k0 + per {
+                // SAFETY: pair k < blocks * 16 of every row and of the panel.
+                unsafe {
+                    let w0 = _mm512_loadu_si512(qp.add(k * NR).cast());
+                    let w1 = _mm512_loadu_si512(qp.add(k * NR + 16).cast());
+                    for m in 0..M {
+                        let x = _mm512_set1_epi32(*xs[m].add(k));
+                        i0[m] = _mm512_dpwssd_epi32(i0[m], w0, x);
+                        i1[m] = _mm512_dpwssd_epi32(i1[m], w1, x);
+                    }
                 }
             }
-        }
-        // SAFETY: block b's NR scales and minimums.
-        let (d0, d1, m0, m1) = unsafe {
-            (
-                _mm512_loadu_ps(panel.d.as_ptr().add(b * NR)),
-                _mm512_loadu_ps(panel.d.as_ptr().add(b * NR + 16)),
-                _mm512_loadu_ps(panel.m.as_ptr().add(b * NR)),
-                _mm512_loadu_ps(panel.m.as_ptr().add(b * NR + 16)),
-            )
-        };
-        for m in 0..M {
-            let [dx, sx] = a[m].ds[b];
-            let dx = _mm512_set1_ps(dx);
-            f0[m] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(i0[m]), f0[m]);
-            f1[m] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), _mm512_cvtepi32_ps(i1[m]), f1[m]);
-            if has_min {
-                let sx = _mm512_set1_ps(sx);
-                f0[m] = _mm512_fmadd_ps(m0, sx, f0[m]);
-                f1[m] = _mm512_fmadd_ps(m1, sx, f1[m]);
+            let u = b * H + h;
+            // SAFETY: unit u's NR scales and minimums.
+            let (d0, d1, m0, m1) = unsafe {
+                (
+                    _mm512_loadu_ps(panel.d.as_ptr().add(u * NR)),
+                    _mm512_loadu_ps(panel.d.as_ptr().add(u * NR + 16)),
+                    _mm512_loadu_ps(panel.m.as_ptr().add(u * NR)),
+                    _mm512_loadu_ps(panel.m.as_ptr().add(u * NR + 16)),
+                )
+            };
+            for m in 0..M {
+                let [dx, sx] = a[m].ds[b];
+                let dx = _mm512_set1_ps(dx);
+                f0[m] = _mm512_fmadd_ps(_mm512_mul_ps(d0, dx), _mm512_cvtepi32_ps(i0[m]), f0[m]);
+                f1[m] = _mm512_fmadd_ps(_mm512_mul_ps(d1, dx), _mm512_cvtepi32_ps(i1[m]), f1[m]);
+                if has_min {
+                    let sx = _mm512_set1_ps(sx);
+                    f0[m] = _mm512_fmadd_ps(m0, sx, f0[m]);
+                    f1[m] = _mm512_fmadd_ps(m1, sx, f1[m]);
+                }
             }
         }
     }
@@ -226,7 +279,7 @@ unsafe fn tile<const M: usize>(
 /// None needed.
 #[cfg(not(target_arch = "x86_64"))]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile<const M: usize>(
+unsafe fn tile<const M: usize, const H: usize>(
     _: &[ActsRow<'_>],
     _: &Panel,
     _: usize,
@@ -260,7 +313,12 @@ mod tests {
             (6, 256, 40),
             (11, 768, 33),
         ];
-        for qt in [QuantType::Q4_1, QuantType::Q8_0, QuantType::Q4_K] {
+        for qt in [
+            QuantType::Q4_1,
+            QuantType::Q8_0,
+            QuantType::Q4_K,
+            QuantType::Q6_K,
+        ] {
             let fits = shapes.iter().filter(|s| s.1.is_multiple_of(qt.block_len()));
             for &(t, inp, out) in fits {
                 let x: Vec<f32> = (0..t * inp)

@@ -269,7 +269,7 @@ unsafe fn scale_vnni(w: std::arch::x86_64::__m512i, s: &i32) -> std::arch::x86_6
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn dp_avx2(
+pub(super) unsafe fn dp_avx2(
     acc: std::arch::x86_64::__m256i,
     w: (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
     x: *const i16,
@@ -287,7 +287,7 @@ unsafe fn dp_avx2(
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vnni")]
-unsafe fn dp_vnni(
+pub(super) unsafe fn dp_vnni(
     acc: std::arch::x86_64::__m512i,
     w: std::arch::x86_64::__m512i,
     x: *const i16,

@@ -12,7 +12,12 @@ fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-const TYPES: [QuantType; 3] = [QuantType::Q8_0, QuantType::Q4_1, QuantType::Q4_K];
+const TYPES: [QuantType; 4] = [
+    QuantType::Q8_0,
+    QuantType::Q4_1,
+    QuantType::Q4_K,
+    QuantType::Q6_K,
+];
 
 /// The shapes of `shapes` whose rows are whole `qt` blocks (at least one).
 fn fitting(qt: QuantType, shapes: &[(usize, usize, usize)]) -> Vec<(usize, usize, usize)> {
@@ -67,6 +72,14 @@ fn quantize_then_dequantize_is_within_half_a_step() {
                     }) / 15.0;
                     (hi - lo.min(0.0)) / 15.0
                         + 2.0 * (15.0 * big / 63.0 + slo.abs().max(shi.abs()) / 63.0)
+                }
+                // plus the scale's rounding to an i8 multiple of the
+                // super-block's largest step / 127, on up to 32 steps
+                QuantType::Q6_K => {
+                    let sb = &w[b / 8 * 256..][..256];
+                    let (slo, shi) = range(sb);
+                    let big = slo.abs().max(shi.abs()) / 32.0;
+                    lo.abs().max(hi.abs()) / 32.0 + 2.0 * 16.0 * big / 127.0
                 }
             };
             for (&a, &o) in wb.iter().zip(ob) {
@@ -228,6 +241,72 @@ fn token_tiles_equal_single_tokens_bit_for_bit() {
                         y[n * out + r].to_bits(),
                         one.to_bits(),
                         "{k:?} {qt:?} ({n},{r})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Super-blocks of random bits (negative Q6_K scales, every Q4_K scale and
+/// minimum, beyond what the reference quantisers write): every kernel, the
+/// prompt GEMM and the portable reference agree, and match the exact
+/// product of the dequantised weights.
+#[test]
+fn k_types_of_random_bits_match_on_every_kernel() {
+    let (t, inp, out) = (5, 512, 11);
+    let x = rand_vec(t * inp, 31, 2.0);
+    for qt in [QuantType::Q4_K, QuantType::Q6_K] {
+        let bb = qt.block_bytes();
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut w: Vec<u8> = (0..qt.matrix_bytes(out, inp))
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                s as u8
+            })
+            .collect();
+        for (b, block) in w.chunks_exact_mut(bb).enumerate() {
+            let d = f16::from_f32(0.001 * (1 + b % 5) as f32).to_le_bytes();
+            let dmin = f16::from_f32(0.002 * (1 + b % 3) as f32).to_le_bytes();
+            match qt {
+                QuantType::Q4_K => block[..4].copy_from_slice(&[d[0], d[1], dmin[0], dmin[1]]),
+                _ => block[bb - 2..].copy_from_slice(&d),
+            }
+        }
+        let rb = qt.matrix_bytes(1, inp);
+        let mut acts = QuantActs::default();
+        acts.quantize_grouped(&x, inp, qt.act_group());
+        let mut gemm = vec![f32::NAN; t * out];
+        if gemm::supported() {
+            gemm::matmul_quant_gemm(&x, &w, qt, inp, out, &mut gemm, &mut QuantActs::default());
+        }
+        for n in 0..t {
+            for r in 0..out {
+                let wr = &w[r * rb..(r + 1) * rb];
+                let mut deq = vec![0f32; inp];
+                dequantize_row(qt, wr, &mut deq);
+                let xn = &x[n * inp..(n + 1) * inp];
+                let exact: f64 = deq.iter().zip(xn).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mass: f64 = deq.iter().map(|a| a.abs() as f64).sum();
+                let want = Kernel::Portable.dot(qt, wr, acts.row(n));
+                assert!(
+                    (want as f64 - exact).abs() <= mass * (2.0 / 32767.0),
+                    "{qt:?} ({n},{r}): {want} vs exact {exact}"
+                );
+                for k in Kernel::available() {
+                    let got = k.dot(qt, wr, acts.row(n));
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{k:?} {qt:?} ({n},{r}): {got} vs {want}"
+                    );
+                }
+                if gemm::supported() {
+                    let g = gemm[n * out + r];
+                    assert!(
+                        (g - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "gemm {qt:?} ({n},{r}): {g} vs {want}"
                     );
                 }
             }

@@ -36,7 +36,7 @@ mod packed;
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]
-mod q4k_tests;
+mod k_quant_tests;
 #[cfg(test)]
 mod split_tests;
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! [`cpu_kernels::pairs::matmul_pairs`] (the same arithmetic; prompt rows
 //! through [`cpu_kernels::gemm_split`] where the processor has AVX-512 BF16
 //! and VNNI, against an 8-bit copy made at load), or
-//! ggml Q8_0 / Q4_1 / Q4_K blocks through [`cpu_kernels::quant::matmul_quant`]
+//! ggml Q8_0 / Q4_1 / Q4_K / Q6_K blocks through [`cpu_kernels::quant::matmul_quant`]
 //! (activations rounded to 16 bits per block of 32, integer dot products;
 //! prompt rows through [`cpu_kernels::quant::gemm`] where AVX-512 VNNI
 //! runs). [`by_kind`] runs a mixed step's prompt and generated rows apart.
@@ -41,7 +41,12 @@ use half::slice::HalfFloatSliceExt;
 
 /// The GGUF block types the CPU multiplies directly (others are dequantised
 /// to BF16 by the store's import and run as BF16).
-pub const KEPT_GGML_TYPES: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q4_K];
+pub const KEPT_GGML_TYPES: [GgmlType; 4] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_1,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 /// How the fast path holds the projections and the LM head.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -83,6 +88,7 @@ fn quant_type(ty: GgmlType) -> Option<QuantType> {
         GgmlType::Q8_0 => Some(QuantType::Q8_0),
         GgmlType::Q4_1 => Some(QuantType::Q4_1),
         GgmlType::Q4_K => Some(QuantType::Q4_K),
+        GgmlType::Q6_K => Some(QuantType::Q6_K),
         _ => None,
     }
 }

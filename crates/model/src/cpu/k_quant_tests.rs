@@ -1,8 +1,8 @@
-//! The fast path on Q4_K: the kernels' dequantisation equal to the GGUF
-//! reader's, a model whose rows are whole super-blocks of 256 close to the
-//! exact forward pass on prompt and generated rows, a GGUF's Q4_K blocks
-//! equal to the same blocks quantised at load, and `Quantize(Q4_K)` falling
-//! back to Q4_1 for narrower rows.
+//! The fast path on the K types (Q4_K, Q6_K): the kernels' dequantisation
+//! equal to the GGUF reader's, a model whose rows are whole super-blocks of
+//! 256 close to the exact forward pass on prompt and generated rows, a
+//! GGUF's blocks equal to the same blocks quantised at load, and
+//! `Quantize(Q4_K)` falling back to Q4_1 for narrower rows.
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks};
 use super::tests::{BS, LONG_PROMPT, PROMPT, chunk, config_with, naive_with, rel_err, weights};
@@ -46,23 +46,37 @@ fn logits_of(b: &mut CpuBackend, tokens: &[u32], as_prompt: bool) -> Vec<f32> {
 }
 
 #[test]
-fn kernels_dequantise_q4k_like_the_gguf_reader() {
+fn kernels_dequantise_k_types_like_the_gguf_reader() {
     let blocks = 40;
-    let mut bytes: Vec<u8> = (0..blocks * 144)
-        .map(|i| splitmix64(i as u64 ^ 0x51) as u8)
-        .collect();
-    for (b, block) in bytes.chunks_exact_mut(144).enumerate() {
-        // finite scales of either sign (random bits may be NaN or Inf)
-        let d = half::f16::from_f32(((b % 7) as f32 - 3.0) * 0.01);
-        let dmin = half::f16::from_f32(((b % 5) as f32 - 1.5) * 0.003);
-        block[..2].copy_from_slice(&d.to_le_bytes());
-        block[2..4].copy_from_slice(&dmin.to_le_bytes());
-    }
-    let want = checkpoint::gguf::dequantize(GgmlType::Q4_K, &bytes, blocks * 256).unwrap();
-    let mut got = vec![f32::NAN; blocks * 256];
-    dequantize_row(QuantType::Q4_K, &bytes, &mut got);
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!((g - w).abs() <= 1e-6 * w.abs(), "weight {i}: {g} vs {w}");
+    for (qt, ty) in [
+        (QuantType::Q4_K, GgmlType::Q4_K),
+        (QuantType::Q6_K, GgmlType::Q6_K),
+    ] {
+        let bb = qt.block_bytes();
+        let mut bytes: Vec<u8> = (0..blocks * bb)
+            .map(|i| splitmix64(i as u64 ^ 0x51) as u8)
+            .collect();
+        for (b, block) in bytes.chunks_exact_mut(bb).enumerate() {
+            // finite f16 scales of either sign (random bits may be NaN or
+            // Inf): Q4_K's d and dmin lead the block, Q6_K's d ends it
+            let d = half::f16::from_f32(((b % 7) as f32 - 3.0) * 0.01);
+            let dmin = half::f16::from_f32(((b % 5) as f32 - 1.5) * 0.003);
+            if qt == QuantType::Q4_K {
+                block[..2].copy_from_slice(&d.to_le_bytes());
+                block[2..4].copy_from_slice(&dmin.to_le_bytes());
+            } else {
+                block[bb - 2..].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        let want = checkpoint::gguf::dequantize(ty, &bytes, blocks * 256).unwrap();
+        let mut got = vec![f32::NAN; blocks * 256];
+        dequantize_row(qt, &bytes, &mut got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-6 * w.abs(),
+                "{qt:?} weight {i}: {g} vs {w}"
+            );
+        }
     }
 }
 
@@ -84,12 +98,12 @@ fn blocks_of(t: &Tensor, qt: QuantType, ty: GgmlType) -> QuantTensor {
     }
 }
 
-/// The exact values of the blocks `q`.
-fn dequantised(q: &QuantTensor) -> Vec<f64> {
+/// The exact values of the `qt` blocks `q`.
+fn dequantised(qt: QuantType, q: &QuantTensor) -> Vec<f64> {
     let mut f = vec![0f32; q.rows * q.cols];
-    let rb = QuantType::Q4_K.matrix_bytes(1, q.cols);
+    let rb = qt.matrix_bytes(1, q.cols);
     for (r, out) in f.chunks_exact_mut(q.cols).enumerate() {
-        dequantize_row(QuantType::Q4_K, &q.data[r * rb..(r + 1) * rb], out);
+        dequantize_row(qt, &q.data[r * rb..(r + 1) * rb], out);
     }
     f.iter().map(|&v| v as f64).collect()
 }
@@ -98,8 +112,13 @@ fn dequantised(q: &QuantTensor) -> Vec<f64> {
 /// values), on prompt rows and generated rows;
 /// the same blocks from a GGUF and quantised at load give the same bits.
 #[test]
-fn q4k_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
-    for tied in [true, false] {
+fn k_type_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
+    for (qt, ty, tied) in [
+        (QuantType::Q4_K, GgmlType::Q4_K, true),
+        (QuantType::Q4_K, GgmlType::Q4_K, false),
+        (QuantType::Q6_K, GgmlType::Q6_K, true),
+        (QuantType::Q6_K, GgmlType::Q6_K, false),
+    ] {
         let c = wide_config(tied);
         let mut w = weights(&c, tied);
         // names unique across layers (the exact values are found by name)
@@ -111,7 +130,7 @@ fn q4k_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
                 t.name = format!("{i}.{}", t.name);
             }
         }
-        let q = |t: &Tensor| blocks_of(t, QuantType::Q4_K, GgmlType::Q4_K);
+        let q = |t: &Tensor| blocks_of(t, qt, ty);
         let layers: Vec<QuantLayer> = w
             .layers
             .iter()
@@ -140,7 +159,7 @@ fn q4k_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
                 ]
             })
             .flatten()
-            .map(|t| (t.name.clone(), dequantised(t)))
+            .map(|t| (t.name.clone(), dequantised(qt, t)))
             .collect();
         let values = |t: &Tensor| {
             exact
@@ -151,24 +170,25 @@ fn q4k_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
         let want = naive_with(&c, &w, &LONG_PROMPT, &values);
         let blocks = QuantWeights { layers, head: None };
         let mut from_gguf = backend(&c, w.clone(), CpuWeights::Blocks(blocks.clone()));
-        assert!(
-            from_gguf.name().contains("gguf Q4_K"),
-            "{}",
-            from_gguf.name()
-        );
+        let name = format!("gguf {}", qt.name());
+        assert!(from_gguf.name().contains(&name), "{}", from_gguf.name());
         let mut worst = 0f64;
         for as_prompt in [true, false] {
             let got = logits_of(&mut from_gguf, &LONG_PROMPT, as_prompt);
             for (r, w) in want.iter().enumerate() {
                 // the activations' 16-bit rounding and f32 sums: 3.2e-4
+                // (Q4_K) and 8.1e-4 (Q6_K)
                 // measured (these flat random-weight logits amplify any
                 // rounding ~25x); a wrong block layout or scale: order 1
                 let e = rel_err(&got[r * 50..(r + 1) * 50], w);
                 worst = worst.max(e);
-                assert!(e < 2e-3, "tied={tied} prompt={as_prompt} row {r}: {e}");
+                assert!(
+                    e < 2e-3,
+                    "{qt:?} tied={tied} prompt={as_prompt} row {r}: {e}"
+                );
             }
         }
-        eprintln!("tied={tied}: largest relative error {worst:.2e}");
+        eprintln!("{qt:?} tied={tied}: largest relative error {worst:.2e}");
         // quantised at load: the same projections, the head Q8_0
         let head = blocks_of(w.head(), QuantType::Q8_0, GgmlType::Q8_0);
         let blocks = QuantWeights {
@@ -176,8 +196,9 @@ fn q4k_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
             ..blocks
         };
         let mut from_gguf = backend(&c, w.clone(), CpuWeights::Blocks(blocks));
-        let mut at_load = backend(&c, w, CpuWeights::Quantize(QuantType::Q4_K));
-        assert!(at_load.name().contains("q4_k"), "{}", at_load.name());
+        let mut at_load = backend(&c, w, CpuWeights::Quantize(qt));
+        let name = qt.name().to_lowercase();
+        assert!(at_load.name().contains(&name), "{}", at_load.name());
         for as_prompt in [true, false] {
             assert_eq!(
                 logits_of(&mut from_gguf, &PROMPT, as_prompt),
