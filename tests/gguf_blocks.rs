@@ -21,6 +21,7 @@
 use checkpoint::loader::{load_config, load_weights};
 use checkpoint::quantized::load_quantized;
 use contract::{Backend, KvShape};
+use lamina_tests::log_softmax;
 use model::cpu::batch::{SeqChunk, build_step};
 use model::cpu::{CpuBackend, CpuPath, CpuWeights, KEPT_GGML_TYPES};
 use std::path::Path;
@@ -34,13 +35,9 @@ const TOKENS: [u32; 12] = [5, 0, 1, 2, 3, 4, 7, 2, 2, 0, 4, 1];
 
 /// The largest difference of two rows' log-probabilities (nats).
 fn logprob_diff(a: &[f32], b: &[f64]) -> f64 {
-    let log_softmax = |z: Vec<f64>| {
-        let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
-        z.into_iter().map(move |v| v - lse)
-    };
-    log_softmax(a.iter().map(|&v| v as f64).collect())
-        .zip(log_softmax(b.to_vec()))
+    let a = log_softmax(a.iter().map(|&v| v as f64));
+    a.iter()
+        .zip(log_softmax(b.iter().copied()))
         .fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
 

@@ -47,11 +47,7 @@ fn logprobs(logits: &[f32], vocab: usize, next: &[u32]) -> Vec<f64> {
     logits
         .chunks_exact(vocab)
         .zip(next)
-        .map(|(z, &t)| {
-            let m = z.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
-            let lse = m + z.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
-            z[t as usize] as f64 - lse
-        })
+        .map(|(z, &t)| lamina_tests::log_softmax(z.iter().map(|&v| v as f64))[t as usize])
         .collect()
 }
 

@@ -5,12 +5,14 @@
 //! `Quantize(Q4_K)` falling back to Q4_1 for narrower rows.
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks};
-use super::tests::{BS, LONG_PROMPT, PROMPT, chunk, config_with, naive_with, rel_err, weights};
+use super::tests::{
+    BS, LONG_PROMPT, PROMPT, blocks as blocks_of, chunk, config_with, naive_with, rel_err, weights,
+};
 use super::*;
 use checkpoint::gguf::GgmlType;
 use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
 use checkpoint::synth::splitmix64;
-use cpu_kernels::quant::{QuantType, dequantize_row, quantize_row};
+use cpu_kernels::quant::{QuantType, dequantize_row};
 use std::collections::HashMap;
 
 /// Hidden 256, intermediate 512, 4 heads of 64: every projection's rows
@@ -80,24 +82,6 @@ fn kernels_dequantise_k_types_like_the_gguf_reader() {
     }
 }
 
-/// `t`'s rows quantised to `qt` (GGUF type `ty`), as a GGUF would hold
-/// them.
-fn blocks_of(t: &Tensor, qt: QuantType, ty: GgmlType) -> QuantTensor {
-    let cols = t.shape[1];
-    let mut data = Vec::new();
-    for r in t.data.chunks_exact(cols) {
-        let row: Vec<f32> = r.iter().map(|v| v.to_f32()).collect();
-        quantize_row(qt, &row, &mut data);
-    }
-    QuantTensor {
-        name: t.name.clone(),
-        rows: t.shape[0],
-        cols,
-        ty,
-        data,
-    }
-}
-
 /// The exact values of the `qt` blocks `q`.
 fn dequantised(qt: QuantType, q: &QuantTensor) -> Vec<f64> {
     let mut f = vec![0f32; q.rows * q.cols];
@@ -144,21 +128,10 @@ fn k_type_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
                 down_proj: Some(q(&l.down_proj)),
             })
             .collect();
+        let blocks = QuantWeights { layers, head: None };
         // the projections' exact values, the other tensors' BF16 ones
-        let exact: HashMap<String, Vec<f64>> = layers
-            .iter()
-            .flat_map(|l| {
-                [
-                    &l.q_proj,
-                    &l.k_proj,
-                    &l.v_proj,
-                    &l.o_proj,
-                    &l.gate_proj,
-                    &l.up_proj,
-                    &l.down_proj,
-                ]
-            })
-            .flatten()
+        let exact: HashMap<String, Vec<f64>> = blocks
+            .tensors()
             .map(|t| (t.name.clone(), dequantised(qt, t)))
             .collect();
         let values = |t: &Tensor| {
@@ -168,7 +141,6 @@ fn k_type_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
                 .unwrap_or_else(|| t.data.iter().map(|v| v.to_f32() as f64).collect())
         };
         let want = naive_with(&c, &w, &LONG_PROMPT, &values);
-        let blocks = QuantWeights { layers, head: None };
         let mut from_gguf = backend(&c, w.clone(), CpuWeights::Blocks(blocks.clone()));
         let name = format!("gguf {}", qt.name());
         assert!(from_gguf.name().contains(&name), "{}", from_gguf.name());

@@ -188,6 +188,28 @@ pub(super) fn naive_with(
     xs.iter().map(|x| mm(&rms(x, &w.norm), w.head())).collect()
 }
 
+/// `t`'s rows quantised to `qt` (GGUF type `ty`), as a GGUF would hold
+/// them.
+pub(super) fn blocks(
+    t: &Tensor,
+    qt: cpu_kernels::quant::QuantType,
+    ty: checkpoint::gguf::GgmlType,
+) -> checkpoint::quantized::QuantTensor {
+    let cols = t.shape[1];
+    let mut data = Vec::new();
+    for r in t.data.chunks_exact(cols) {
+        let row: Vec<f32> = r.iter().map(|v| v.to_f32()).collect();
+        cpu_kernels::quant::quantize_row(qt, &row, &mut data);
+    }
+    checkpoint::quantized::QuantTensor {
+        name: t.name.clone(),
+        rows: t.shape[0],
+        cols,
+        ty,
+        data,
+    }
+}
+
 pub(super) fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     let num: f64 = a.iter().zip(b).map(|(x, y)| (*x as f64 - y).powi(2)).sum();
     let den: f64 = b.iter().map(|y| y * y).sum();
@@ -552,8 +574,8 @@ fn non_finite_weights_give_a_nan_logprob() {
 mod quant {
     use super::*;
     use checkpoint::gguf::GgmlType;
-    use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
-    use cpu_kernels::quant::{QuantType, quantize_row};
+    use checkpoint::quantized::{QuantLayer, QuantWeights};
+    use cpu_kernels::quant::QuantType;
 
     fn kv(num_blocks: usize) -> KvShape {
         KvShape {
@@ -576,23 +598,6 @@ mod quant {
         .unwrap();
         b.logits(&batch, &(0..prompt.len()).collect::<Vec<_>>())
             .unwrap()
-    }
-
-    /// `t`'s blocks in `qt`, as a GGUF would hold them.
-    fn blocks(t: &Tensor, qt: QuantType, ty: GgmlType) -> QuantTensor {
-        let cols = t.shape[1];
-        let mut data = Vec::new();
-        for r in t.data.chunks_exact(cols) {
-            let row: Vec<f32> = r.iter().map(|v| v.to_f32()).collect();
-            quantize_row(qt, &row, &mut data);
-        }
-        QuantTensor {
-            name: t.name.clone(),
-            rows: t.shape[0],
-            cols,
-            ty,
-            data,
-        }
     }
 
     #[test]
