@@ -123,6 +123,21 @@ impl FastWeights {
             });
         }
         let head = pack_head(w.head(), format)?;
+        if let Some(want) = quantize_to {
+            let all: Vec<&Matrix> = layers
+                .iter()
+                .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+                .collect();
+            let other = all.iter().filter(|m| m.quant_type() != Some(want)).count();
+            if other > 0 {
+                tracing::info!(
+                    "cpu: {other} of {} projections quantised to Q4_1, not {} (rows not whole blocks of {})",
+                    all.len(),
+                    want.name(),
+                    want.block_len()
+                );
+            }
+        }
         Ok(FastWeights { layers, head })
     }
 

@@ -238,6 +238,14 @@ impl Matrix {
         }
     }
 
+    /// The block type of a quantised matrix.
+    pub(super) fn quant_type(&self) -> Option<QuantType> {
+        match self {
+            Matrix::Quant { qt, .. } => Some(*qt),
+            _ => None,
+        }
+    }
+
     /// Whether prompt rows of some BF16 part run the split products.
     pub(super) fn has_split(&self) -> bool {
         match self {
@@ -279,10 +287,11 @@ fn quant_rows(
 /// Quantises the row-major `[rows, cols]` BF16 `data` to `qt` blocks: a
 /// [`Matrix::Quant`]. Q4_K rows that are not whole super-blocks are
 /// quantised to Q4_1 instead (what llama.cpp's quantiser does for them,
-/// with Q5_0), with a log line naming the tensor.
+/// with Q5_0), with a debug line naming the tensor (the backend logs how
+/// many).
 fn quantize(qt: QuantType, data: &[bf16], cols: usize, name: &str) -> Result<Matrix, BackendError> {
     let qt = if qt == QuantType::Q4_K && !cols.is_multiple_of(qt.block_len()) {
-        tracing::info!(
+        tracing::debug!(
             "cpu: `{name}` has rows of {cols} values, not whole Q4_K super-blocks of {}: quantised to Q4_1",
             qt.block_len()
         );
