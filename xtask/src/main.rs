@@ -26,7 +26,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Fetch a model into the store ($LAMINA_HOME/models/<id>, default ~/.cache/lamina).
+    /// Fetch a model into the store (`$LAMINA_HOME/models/<id>`, default `~/.cache/lamina`).
     FetchWeights(FetchArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
     SynthModel(SynthArgs),

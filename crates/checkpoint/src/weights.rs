@@ -1,7 +1,7 @@
 //! Model weights in Hugging Face names and layout, held as BF16.
 //!
 //! Contract: a [`LlamaWeights`] exists only after every expected tensor was
-//! found and checked for dtype and shape against the [`LlamaConfig`]
+//! found and checked for dtype and shape against the [`contract::LlamaConfig`]
 //! (see `loader`), so backends index it without further checks. Matrices are
 //! row-major `[out_features, in_features]`, exactly as in the safetensors
 //! files (Q/K rows in Hugging Face's rotate-half order).

@@ -147,7 +147,7 @@ impl Packed {
 /// `y[i][o] = sum_{k < inp} x[i][k] * w[o][k]` for `i < t`, `o < out`, over
 /// the first `inp <= w.inp` inputs and `out <= w.out` outputs of packed `w`,
 /// `x` rows `x_stride` apart and `y` rows `y_stride` apart, on the calling
-/// thread: the same kernel, so the same bits, as [`matmul_strided`] over
+/// thread: the same kernel, so the same bits, as [`matmul`] over
 /// the unpacked matrix. Panics if a view is out of bounds or the processor
 /// lacks AVX-512F.
 #[allow(clippy::too_many_arguments)]

@@ -30,7 +30,7 @@
 //! twice the integer multiplies: Q8_0 and Q4_1 decode, bound by the
 //! weights' memory traffic, does not notice; Q4_K's row kernel is
 //! compute-bound at about 3/4 of the memory's rate.) The integer dot products run on the best
-//! path the processor has ([`dot`]: AVX-512 VNNI `vpdpwssd`, else AVX2
+//! path the processor has ([`Kernel`]: AVX-512 VNNI `vpdpwssd`, else AVX2
 //! `vpmaddwd`, else portable code); every path computes the same integer
 //! sums and differs from the portable one only in the order of the f32
 //! additions. The result differs from the product with the exact

@@ -1,18 +1,18 @@
 //! Constrained decoding: a request's [`Constraint`] (a JSON schema, any
 //! JSON object, a regular expression or a Lark grammar) compiled by
-//! `llguidance` into one grammar state per sequence ([`SeqGrammar`]) that
+//! `llguidance` into one grammar state per sequence (`SeqGrammar`) that
 //! yields the allowed-token mask of each sampling position
 //! (`contract::TokenMask`, handed to the backend in `SampleRequest::allowed`)
 //! and is advanced with each sampled token.
 //!
 //! Contract:
-//! - [`GrammarCompiler::compile`] runs at submit, in the caller's thread: a
+//! - `GrammarCompiler::compile` runs at submit, in the caller's thread: a
 //!   schema, regex or grammar that `llguidance` rejects, or one that allows
 //!   no first token, is a [`GrammarError`] naming the reason, and the request
 //!   is refused before it is queued. The token trie is built from the
 //!   model's `tokenizer.json` once, at the first constrained request, so
 //!   engines that never see one pay nothing. The compiled states of the
-//!   last [`CACHE_ENTRIES`] distinct constraints are kept: a request with
+//!   last `CACHE_ENTRIES` distinct constraints are kept: a request with
 //!   the same constraint (the same schema, spacing aside) starts from a
 //!   copy instead of compiling again (what vLLM and SGLang do).
 //! - JSON constraints are compiled with no free whitespace, `", "` and
@@ -33,7 +33,7 @@
 //! copy of its parser state, tens of microseconds); each
 //! step a constrained row costs one `llguidance` mask computation (tens to
 //! hundreds of microseconds for JSON) plus a copy of `V / 32` words, done at
-//! commit and spread over the rayon pool for large batches ([`advance_all`]);
+//! commit and spread over the rayon pool for large batches (`advance_all`);
 //! unconstrained rows cost nothing.
 
 use std::collections::HashMap;

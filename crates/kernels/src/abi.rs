@@ -79,14 +79,14 @@ kernel_args! {
         out: u64 as "float*" @ 0,
         /// [vocab, hidden] bf16
         table: u64 as "const bf16*" @ 8,
-        /// [T] token ids
+        /// `[T]` token ids
         ids: u64 as "const uint32_t*" @ 16,
         hidden: u32 as "uint32_t" @ 24,
         vocab: u32 as "uint32_t" @ 28,
-        /// [T] index into `prev` of a carried token's id, or >= num_prev;
+        /// `[T]` index into `prev` of a carried token's id, or >= num_prev;
         /// null when nothing is carried
         carry: u64 as "const uint32_t*" @ 32,
-        /// [num_prev] the previous step's sampled ids
+        /// `[num_prev]` the previous step's sampled ids
         prev: u64 as "const uint32_t*" @ 40,
         num_prev: u32 as "uint32_t" @ 48,
         pad: u32 as "uint32_t" @ 52,
@@ -98,7 +98,7 @@ kernel_args! {
         out: u64 as "bf16*" @ 0,
         /// [num_src_rows, width] bf16
         src: u64 as "const bf16*" @ 8,
-        /// [R] source row of each output row
+        /// `[R]` source row of each output row
         rows: u64 as "const uint32_t*" @ 16,
         width: u32 as "uint32_t" @ 24,
         num_src_rows: u32 as "uint32_t" @ 28,
@@ -110,7 +110,7 @@ kernel_args! {
         residual: u64 as "float*" @ 0,
         /// [T, hidden] bf16, or 0 (no residual add)
         delta: u64 as "const bf16*" @ 8,
-        /// [hidden] bf16
+        /// `[hidden]` bf16
         weight: u64 as "const bf16*" @ 16,
         /// [T, hidden] bf16
         out: u64 as "bf16*" @ 24,
@@ -132,9 +132,9 @@ kernel_args! {
     pub struct RopeKvArgs for "rope_kv_write", size 72 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q heads rotated in place
         qkv: u64 as "bf16*" @ 0,
-        /// [T]
+        /// `[T]`
         positions: u64 as "const uint32_t*" @ 8,
-        /// [T] physical KV slot of each token
+        /// `[T]` physical KV slot of each token
         slots: u64 as "const uint32_t*" @ 16,
         /// [max_pos, D/2] f32 (LlamaConfig::rope_table)
         cos_t: u64 as "const float*" @ 24,
@@ -160,7 +160,7 @@ kernel_args! {
         v_cache: u64 as "const bf16*" @ 16,
         /// [S + 1]
         cu_seqlens: u64 as "const uint32_t*" @ 24,
-        /// [S]
+        /// `[S]`
         context_lens: u64 as "const uint32_t*" @ 32,
         /// [S, max_blocks]
         block_tables: u64 as "const uint32_t*" @ 40,

@@ -16,12 +16,12 @@
 //! (`q·sc_s <= 945`) and the whole super-block is summed in i32 (a lane
 //! gathers at most 16 products of `945 · 32767`: below `2^31`), then
 //! scaled by `d·dx` once, plus the minimums' term `Σ_s dmin·mn_s·sx_s` in
-//! 8 f32 lanes. [`dot_portable`] (per sub-block, any activation grouping)
+//! 8 f32 lanes. `dot_portable` (per sub-block, any activation grouping)
 //! is the reference; the paths compute the same integer values and differ
 //! in the order of the f32 additions, and a tile of several activation
 //! rows gives bit for bit what one row gives. The prompt GEMM reads the
 //! super-blocks as eight Q4_1-like blocks (`(d·sc_s, −dmin·mn_s)` per 32:
-//! [`sub_block`], [`unpack_sub_vnni`]).
+//! [`sub_block`], `unpack_sub_vnni`).
 //!
 //! Costs: per super-block and weight row one unpacking of the scales (a
 //! few integer operations, one 8-lane conversion), per 64 weights one

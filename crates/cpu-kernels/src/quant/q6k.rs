@@ -3,22 +3,22 @@
 //!
 //! Contract: a super-block is 210 bytes for 256 weights: `ql[128]` (low 4
 //! bits), `qh[64]` (high 2 bits), sixteen i8 scales, f16 `d`. Weight `i`
-//! (half `n = i / 128`, `k = i % 128 / 32`, `l = i % 32`) is `q = (ql[64n
-//! + 32(k & 1) + l]`'s low nibble for `k < 2`, else its high one`) | (((qh[32n
-//! + l] >> 2k) & 3) << 4)`, and its value `d·sc[i / 16]·(q − 32)`. So
-//! sub-block `s` of 32 weights (our activation blocks) has two scales,
-//! `sc[2s]` and `sc[2s + 1]`, one per 16.
+//! (half `n = i / 128`, `k = i % 128 / 32`, `l = i % 32`) has the low bits
+//! of byte `ql[64n + 32(k & 1) + l]` (its low nibble for `k < 2`, else its
+//! high one) and the high bits `(qh[32n + l] >> 2k) & 3`; its value is
+//! `d·sc[i / 16]·(q − 32)`. So sub-block `s` of 32 weights (our activation
+//! blocks) has two scales, `sc[2s]` and `sc[2s + 1]`, one per 16.
 //!
 //! The row kernels take activations with one scale `dx` per 256
 //! ([`super::QuantType::act_group`]): each sub-block's values `q − 32`
 //! are multiplied by their scales in 16 bits (`|(q − 32)·sc| <= 32 · 128 =
 //! 4096`) and summed in i32 in two accumulators of four sub-blocks each (a
 //! lane gathers at most 16 products of `4096 · 32767`: below `2^31`), each
-//! converted and scaled by `d·dx` once per super-block. [`dot_portable`]
+//! converted and scaled by `d·dx` once per super-block. `dot_portable`
 //! (any activation grouping) is the reference; the paths compute the same
 //! integer values and differ in the order of the f32 additions, and a tile
 //! of several activation rows gives bit for bit what one row gives. The
-//! prompt GEMM reads `q − 32` per sub-block ([`unpack_sub_vnni`]) with one
+//! prompt GEMM reads `q − 32` per sub-block (`unpack_sub_vnni`) with one
 //! scale `d·sc` per 16 ([`half_scale`]).
 //!
 //! Costs: per super-block and weight row one widening of the scales, per 32

@@ -46,7 +46,7 @@ impl KvPool {
 
     /// The step's writes in block order (`(block, token)`, tokens in step
     /// order within a block) into `order`, for every layer's
-    /// [`KvPool::write_packed`]: left empty below [`PARALLEL_WRITE_MIN`]
+    /// [`KvPool::write_packed`]: left empty below `PARALLEL_WRITE_MIN`
     /// tokens (those steps write serially).
     pub fn write_order(&self, slot_mapping: &[u32], order: &mut Vec<(usize, usize)>) {
         order.clear();

@@ -17,14 +17,14 @@
 //! ([`CpuBackend::with_path`], what the CLI runs) computes the same step
 //! with the `cpu-kernels` crate: SIMD chosen at run time, fused Q/K/V and
 //! gate/up products over weights packed once at construction, a blocked
-//! GEMM for prefill and reused activation buffers (see [`fast`]). Logits are computed only for sampled rows (or the rows
+//! GEMM for prefill and reused activation buffers (see `fast`). Logits are computed only for sampled rows (or the rows
 //! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
 //!
 //! Costs: memory = the BF16 weights (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
 //! VNNI) + `2 * layers * num_blocks * block_size *
 //! kv_dim * 4` bytes of KV pool + RoPE tables `min(max_position_embeddings,
-//! pool slots) * head_dim * 4` bytes. Per step, see [`forward`]. Parallel with
+//! pool slots) * head_dim * 4` bytes. Per step, see `forward`. Parallel with
 //! rayon's global pool.
 
 pub mod attention;

@@ -18,7 +18,7 @@
 //! dependent launch off.
 //! [`available`] says why CUDA cannot be used, without panicking.
 //!
-//! Steps are pipelined ([`pipeline`]): a launch enqueues a step and the
+//! Steps are pipelined (`pipeline`): a launch enqueues a step and the
 //! copy of its samples, a collect waits for that copy alone, and tokens
 //! carried from the previous launch are read on the device. A held launch
 //! enqueues the forward pass alone (a decode graph without the sampler);
