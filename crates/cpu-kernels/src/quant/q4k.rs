@@ -156,7 +156,8 @@ pub(super) fn dot_portable(w: &[u8], a: ActsRow<'_>) -> f32 {
 }
 
 /// `d` of the super-block at `wb`, its 6-bit scales (each in both i16
-/// halves of an i32), and `[dmin·mn_s]` in 8 lanes.
+/// halves of an i32), and `[dmin·mn_s]` in 8 lanes: [`scales_mins`]'s
+/// word arithmetic on one 128-bit register (no scalar work).
 ///
 /// # Safety
 /// AVX2, F16C; a whole super-block at `wb`.
@@ -166,20 +167,31 @@ pub(super) fn dot_portable(w: &[u8], a: ActsRow<'_>) -> f32 {
 unsafe fn head(wb: *const u8) -> (f32, [i32; SUB], std::arch::x86_64::__m256) {
     use std::arch::x86_64::*;
     // SAFETY: 16 bytes readable at wb (caller).
-    let (raw, packed) = unsafe {
-        (
-            std::ptr::read_unaligned(wb as *const i32),
-            std::slice::from_raw_parts(wb.add(4), 12),
+    let v = unsafe { _mm_loadu_si128(wb as *const __m128i) };
+    let dd = _mm_cvtph_ps(v); // [d, dmin, _, _]
+    // 32-bit lanes of v: [d dmin | a | b | c], a, b, c the packed words
+    let abcc = _mm_shuffle_epi32::<0b11_11_10_01>(v);
+    let low6 = _mm_and_si128(abcc, _mm_set1_epi8(0x3f)); // [sc 0..4, mn 0..4, _, _]
+    let ccab = _mm_shuffle_epi32::<0b10_01_11_11>(v);
+    let bits = _mm_and_si128(
+        _mm_srlv_epi32(ccab, _mm_setr_epi32(0, 4, 6, 6)),
+        _mm_setr_epi32(0x0f0f_0f0f, 0x0f0f_0f0f, 0x0303_0303, 0x0303_0303),
+    );
+    let top = _mm_shuffle_epi32::<0b11_10_11_10>(_mm_slli_epi32::<4>(bits));
+    let high = _mm_or_si128(bits, top); // [sc 4..8, mn 4..8, _, _]
+    let scmn = _mm_unpacklo_epi32(low6, high); // bytes: sc 0..8, mn 0..8
+    let sc = _mm256_cvtepu8_epi32(scmn);
+    let mut doubled = [0i32; SUB];
+    // SAFETY: 32 bytes written into the array.
+    unsafe {
+        _mm256_storeu_si256(
+            doubled.as_mut_ptr() as *mut __m256i,
+            _mm256_or_si256(sc, _mm256_slli_epi32::<16>(sc)),
         )
     };
-    let dd = _mm_cvtph_ps(_mm_cvtsi32_si128(raw)); // [d, dmin, 0, 0]
-    let (sc, mn) = scales_mins(packed);
-    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
-        mn,
-    ))));
+    let mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(scmn)));
     let dmn = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), mn);
-    // each scale twice in an i32: broadcast from memory by a plain load
-    (_mm_cvtss_f32(dd), sc.map(|s| s as i32 * 0x1_0001), dmn)
+    (_mm_cvtss_f32(dd), doubled, dmn)
 }
 
 /// The two sub-blocks of the 32 nibble bytes at `p`, each as 2 x 16 i16
