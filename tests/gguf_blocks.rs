@@ -24,6 +24,7 @@ use contract::{Backend, KvShape};
 use lamina_tests::log_softmax;
 use model::cpu::batch::{SeqChunk, build_step};
 use model::cpu::{CpuBackend, CpuPath, CpuWeights, KEPT_GGML_TYPES};
+use model::exact::{ExactWeights, forward};
 use std::path::Path;
 use std::process::Command;
 
@@ -44,98 +45,15 @@ fn logprob_diff(a: &[f32], b: &[f64]) -> f64 {
 /// The f64 forward pass of [`TOKENS`] over the exact tensors in `dir`
 /// (`<Hugging Face name>.f32`): `[position][vocab]` logits.
 fn exact_logits(c: &contract::LlamaConfig, dir: &Path) -> Vec<Vec<f64>> {
-    let t = |name: &str| -> Vec<f64> {
+    let w = ExactWeights::from_names(c, |name| {
         let path = dir.join(format!("{name}.f32"));
         std::fs::read(&path)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
             .collect()
-    };
-    let mm = |x: &[f64], w: &[f64]| -> Vec<f64> {
-        w.chunks_exact(x.len())
-            .map(|r| r.iter().zip(x).map(|(a, b)| a * b).sum())
-            .collect()
-    };
-    let rms = |x: &[f64], g: &[f64]| -> Vec<f64> {
-        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
-        let inv = 1.0 / (ms + c.rms_norm_eps as f64).sqrt();
-        x.iter().zip(g).map(|(v, g)| v * inv * g).collect()
-    };
-    let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads);
-    let inv = c.rope_inv_freq();
-    let rope = |x: &mut [f64], p: usize| {
-        for head in x.chunks_mut(hd) {
-            for i in 0..hd / 2 {
-                let (s, co) = (p as f64 * inv[i]).sin_cos();
-                let (a, b) = (head[i], head[i + hd / 2]);
-                head[i] = a * co - b * s;
-                head[i + hd / 2] = b * co + a * s;
-            }
-        }
-    };
-    let emb = t("model.embed_tokens.weight");
-    let mut xs: Vec<Vec<f64>> = TOKENS
-        .iter()
-        .map(|&tok| emb[tok as usize * h..][..h].to_vec())
-        .collect();
-    for l in 0..c.num_layers {
-        let w = |n: &str| t(&format!("model.layers.{l}.{n}.weight"));
-        let (wq, wk, wv, wo) = (
-            w("self_attn.q_proj"),
-            w("self_attn.k_proj"),
-            w("self_attn.v_proj"),
-            w("self_attn.o_proj"),
-        );
-        let (wg, wu, wd) = (w("mlp.gate_proj"), w("mlp.up_proj"), w("mlp.down_proj"));
-        let (n1, n2) = (w("input_layernorm"), w("post_attention_layernorm"));
-        let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
-        for (p, x) in xs.iter().enumerate() {
-            let n = rms(x, &n1);
-            let (mut q, mut k) = (mm(&n, &wq), mm(&n, &wk));
-            rope(&mut q, p);
-            rope(&mut k, p);
-            qs.push(q);
-            ks.push(k);
-            vs.push(mm(&n, &wv));
-        }
-        for (p, x) in xs.iter_mut().enumerate() {
-            let mut o = vec![0f64; nh * hd];
-            for hh in 0..nh {
-                let g = hh / (nh / nkv);
-                let sc: Vec<f64> = (0..=p)
-                    .map(|j| {
-                        (0..hd)
-                            .map(|d| qs[p][hh * hd + d] * ks[j][g * hd + d])
-                            .sum::<f64>()
-                            / (hd as f64).sqrt()
-                    })
-                    .collect();
-                let m = sc.iter().copied().fold(f64::MIN, f64::max);
-                let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                for (j, ej) in e.iter().enumerate() {
-                    for d in 0..hd {
-                        o[hh * hd + d] += ej / z * vs[j][g * hd + d];
-                    }
-                }
-            }
-            for (a, b) in x.iter_mut().zip(mm(&o, &wo)) {
-                *a += b;
-            }
-            let n = rms(x, &n2);
-            let act: Vec<f64> = mm(&n, &wg)
-                .iter()
-                .zip(mm(&n, &wu))
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
-            for (a, b) in x.iter_mut().zip(mm(&act, &wd)) {
-                *a += b;
-            }
-        }
-    }
-    let (norm, head) = (t("model.norm.weight"), t("lm_head.weight"));
-    xs.iter().map(|x| mm(&rms(x, &norm), &head)).collect()
+    });
+    forward(c, &w, &TOKENS)
 }
 
 fn write_model(dir: &Path) {

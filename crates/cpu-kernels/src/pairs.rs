@@ -132,9 +132,10 @@ pub(crate) fn masks(nv: usize) -> (u16, u16) {
 }
 
 /// `pub(crate)` for [`crate::gemm_split`]: a function `$name(mr, args..)`
-/// running `$micro::<mr>(args..)` for `mr` in `1..=MR`.
+/// running `$micro::<mr>(args..)` for `mr` in `1..=MR` (with `$micro
+/// [G, ..]`, `$micro::<mr, G, ..>`).
 macro_rules! dispatch {
-    ($name:ident, $micro:ident, ($($arg:ident: $ty:ty),*)) => {
+    ($name:ident, $micro:ident $([$($extra:tt),*])?, ($($arg:ident: $ty:ty),*)) => {
         /// Runs the `mr`-row kernel (`mr` in `1..=MR`).
         ///
         /// # Safety
@@ -144,18 +145,18 @@ macro_rules! dispatch {
             // SAFETY: every arm is forwarded from this function's contract.
             unsafe {
                 match mr {
-                    1 => $micro::<1>($($arg),*),
-                    2 => $micro::<2>($($arg),*),
-                    3 => $micro::<3>($($arg),*),
-                    4 => $micro::<4>($($arg),*),
-                    5 => $micro::<5>($($arg),*),
-                    6 => $micro::<6>($($arg),*),
-                    7 => $micro::<7>($($arg),*),
-                    8 => $micro::<8>($($arg),*),
-                    9 => $micro::<9>($($arg),*),
-                    10 => $micro::<10>($($arg),*),
-                    11 => $micro::<11>($($arg),*),
-                    12 => $micro::<12>($($arg),*),
+                    1 => $micro::<1 $($(, $extra)*)?>($($arg),*),
+                    2 => $micro::<2 $($(, $extra)*)?>($($arg),*),
+                    3 => $micro::<3 $($(, $extra)*)?>($($arg),*),
+                    4 => $micro::<4 $($(, $extra)*)?>($($arg),*),
+                    5 => $micro::<5 $($(, $extra)*)?>($($arg),*),
+                    6 => $micro::<6 $($(, $extra)*)?>($($arg),*),
+                    7 => $micro::<7 $($(, $extra)*)?>($($arg),*),
+                    8 => $micro::<8 $($(, $extra)*)?>($($arg),*),
+                    9 => $micro::<9 $($(, $extra)*)?>($($arg),*),
+                    10 => $micro::<10 $($(, $extra)*)?>($($arg),*),
+                    11 => $micro::<11 $($(, $extra)*)?>($($arg),*),
+                    12 => $micro::<12 $($(, $extra)*)?>($($arg),*),
                     _ => unreachable!("mr is 1..=MR"),
                 }
             }

@@ -150,7 +150,9 @@ pub struct QuantActs {
     q: Vec<i16>,
     /// `[T, inp / QK]` each block's scale `d` (its group's) and `d · Σ q`.
     ds: Vec<[f32; 2]>,
-    /// `[T, inp / QK]` each block's `d · Σ q` again, contiguous.
+    /// `[T, inp / QK]` each block's `d · Σ q` again, contiguous: the K
+    /// types' row kernels load eight at once (taking them out of `ds`'s
+    /// pairs cost them 10 % in shuffles).
     sx: Vec<f32>,
     blocks: usize,
     group: usize,
@@ -353,18 +355,30 @@ pub fn matmul_quant(
     }
 }
 
-/// `(d, m)` of scale unit `u` ([`QuantType::scale_len`] weights) of
-/// `row`: Q4_K's sub-block `u`, Q6_K's group of 16 `u` (`m` is 0 for Q8_0
-/// and Q6_K): weight `i` of the unit is `d·q_i + m` (Q6_K: `q − 32`).
-fn unit_scales(qt: QuantType, row: &[u8], u: usize) -> (f32, f32) {
-    let f16_at = |i: usize| f16::from_le_bytes([row[i], row[i + 1]]).to_f32();
-    let bb = qt.block_bytes();
+/// `f(u, d, m)` for every scale unit `u` ([`QuantType::scale_len`]
+/// weights) of `row`, in order: Q4_K's sub-blocks, Q6_K's groups of 16
+/// (`m` is 0 for Q8_0 and Q6_K): weight `i` of the unit is `d·q_i + m`
+/// (Q6_K: `q − 32`). A super-block's scales are unpacked once.
+fn for_each_unit(qt: QuantType, row: &[u8], mut f: impl FnMut(usize, f32, f32)) {
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     let per = qt.block_len() / qt.scale_len();
-    match qt {
-        QuantType::Q8_0 => (f16_at(u * bb), 0.0),
-        QuantType::Q4_1 => (f16_at(u * bb), f16_at(u * bb + 2)),
-        QuantType::Q4_K => q4k::sub_block(&row[u / per * bb..], u % per),
-        QuantType::Q6_K => (q6k::half_scale(&row[u / per * bb..], u % per), 0.0),
+    for (b, wb) in row.chunks_exact(qt.block_bytes()).enumerate() {
+        match qt {
+            QuantType::Q8_0 => f(b, f16_at(wb, 0), 0.0),
+            QuantType::Q4_1 => f(b, f16_at(wb, 0), f16_at(wb, 2)),
+            QuantType::Q4_K => {
+                let (d, dmin) = (f16_at(wb, 0), f16_at(wb, 2));
+                let (sc, mn) = q4k::scales_mins(&wb[4..16]);
+                for s in 0..per {
+                    f(b * per + s, d * sc[s] as f32, -dmin * mn[s] as f32);
+                }
+            }
+            QuantType::Q6_K => {
+                for h in 0..per {
+                    f(b * per + h, q6k::half_scale(wb, h), 0.0);
+                }
+            }
+        }
     }
 }
 
@@ -376,17 +390,7 @@ fn unit_scales(qt: QuantType, row: &[u8], u: usize) -> (f32, f32) {
 pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
     let bl = qt.block_len();
     assert!(row.len().is_multiple_of(bl), "row is not whole blocks");
-    if qt == QuantType::Q4_K || qt == QuantType::Q6_K {
-        for b in row.chunks_exact(bl) {
-            if qt == QuantType::Q4_K {
-                q4k::quantize_block(b, out);
-            } else {
-                q6k::quantize_block(b, out);
-            }
-        }
-        return;
-    }
-    for b in row.chunks_exact(QK) {
+    for b in row.chunks_exact(bl) {
         match qt {
             QuantType::Q8_0 => {
                 let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -405,7 +409,8 @@ pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
                 let q = |v: f32| (((v - min) * inv + 0.5) as u8).min(15);
                 out.extend((0..QK / 2).map(|j| q(b[j]) | (q(b[j + QK / 2]) << 4)));
             }
-            QuantType::Q4_K | QuantType::Q6_K => unreachable!("handled above"),
+            QuantType::Q4_K => q4k::quantize_block(b, out),
+            QuantType::Q6_K => q6k::quantize_block(b, out),
         }
     }
 }
@@ -415,29 +420,23 @@ pub fn quantize_row(qt: QuantType, row: &[f32], out: &mut Vec<u8>) {
 pub fn dequantize_row(qt: QuantType, row: &[u8], out: &mut [f32]) {
     let (bb, bl) = (qt.block_bytes(), qt.block_len());
     assert_eq!(row.len() / bb * bl, out.len(), "row and output disagree");
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     for (b, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(bl)) {
-        let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
         match qt {
             QuantType::Q8_0 => {
+                let d = f16_at(b, 0);
                 for (o, &q) in o.iter_mut().zip(&b[2..]) {
                     *o = d * q as i8 as f32;
                 }
             }
             QuantType::Q4_1 => {
-                let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
+                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
                 for j in 0..QK / 2 {
                     o[j] = d * (b[4 + j] & 15) as f32 + m;
                     o[j + QK / 2] = d * (b[4 + j] >> 4) as f32 + m;
                 }
             }
-            QuantType::Q4_K => {
-                for (s, o) in o.chunks_exact_mut(QK).enumerate() {
-                    let (ds, ms) = q4k::sub_block(b, s);
-                    for (i, o) in o.iter_mut().enumerate() {
-                        *o = ds * q4k::nibble(b, s, i) as f32 + ms;
-                    }
-                }
-            }
+            QuantType::Q4_K => q4k::dequantize_block(b, o),
             QuantType::Q6_K => q6k::dequantize_block(b, o),
         }
     }

@@ -9,4 +9,6 @@
 
 pub mod cpu;
 pub mod cuda;
+#[cfg(any(test, feature = "testing"))]
+pub mod exact;
 pub mod sampler;

@@ -198,38 +198,41 @@ impl Kernel {
 
 /// Scalar reference: integer block sums, f32 across blocks.
 fn portable(qt: QuantType, w: &[u8], a: ActsRow<'_>) -> f32 {
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
     match qt {
-        QuantType::Q4_K => return q4k::dot_portable(w, a),
-        QuantType::Q6_K => return q6k::dot_portable(w, a),
-        QuantType::Q8_0 | QuantType::Q4_1 => {}
+        QuantType::Q4_K => q4k::dot_portable(w, a),
+        QuantType::Q6_K => q6k::dot_portable(w, a),
+        QuantType::Q8_0 => blocks_portable(w, a, qt.block_bytes(), |wb, qx, [dx, _]| {
+            let s: i32 = wb[2..]
+                .iter()
+                .zip(qx)
+                .map(|(&q, &x)| q as i8 as i32 * x as i32)
+                .sum();
+            f16_at(wb, 0) * dx * s as f32
+        }),
+        QuantType::Q4_1 => blocks_portable(w, a, qt.block_bytes(), |wb, qx, [dx, sx]| {
+            let s: i32 = (0..QK / 2)
+                .map(|j| {
+                    (wb[4 + j] & 15) as i32 * qx[j] as i32
+                        + (wb[4 + j] >> 4) as i32 * qx[j + QK / 2] as i32
+                })
+                .sum();
+            f16_at(wb, 0) * dx * s as f32 + f16_at(wb, 2) * sx
+        }),
     }
-    let bb = qt.block_bytes();
+}
+
+/// `Σ_b block(w_b, qx_b, [dx_b, sx_b])` over the blocks of [`QK`] (`bb`
+/// bytes each) of one row, in order.
+fn blocks_portable(
+    w: &[u8],
+    a: ActsRow<'_>,
+    bb: usize,
+    block: impl Fn(&[u8], &[i16], [f32; 2]) -> f32,
+) -> f32 {
     let mut acc = 0f32;
     for (b, wb) in w.chunks_exact(bb).take(a.ds.len()).enumerate() {
-        let [dx, sx] = a.ds[b];
-        let dw = f16::from_le_bytes([wb[0], wb[1]]).to_f32();
-        let qx = &a.q[b * QK..(b + 1) * QK];
-        match qt {
-            QuantType::Q8_0 => {
-                let s: i32 = wb[2..]
-                    .iter()
-                    .zip(qx)
-                    .map(|(&q, &x)| q as i8 as i32 * x as i32)
-                    .sum();
-                acc += dw * dx * s as f32;
-            }
-            QuantType::Q4_1 => {
-                let m = f16::from_le_bytes([wb[2], wb[3]]).to_f32();
-                let s: i32 = (0..QK / 2)
-                    .map(|j| {
-                        (wb[4 + j] & 15) as i32 * qx[j] as i32
-                            + (wb[4 + j] >> 4) as i32 * qx[j + QK / 2] as i32
-                    })
-                    .sum();
-                acc += dw * dx * s as f32 + m * sx;
-            }
-            QuantType::Q4_K | QuantType::Q6_K => unreachable!("handled above"),
-        }
+        acc += block(wb, &a.q[b * QK..(b + 1) * QK], a.ds[b]);
     }
     acc
 }

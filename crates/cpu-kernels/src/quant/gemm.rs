@@ -43,7 +43,8 @@ struct Panel {
 
 /// `y = x @ W^T` (see the module doc): `x` `[T, inp]`, `w` `[out, inp]` in
 /// `qt` blocks, `y` `[T, out]`. Panics if the lengths disagree, `inp` is
-/// not a multiple of [`QK`] or the processor lacks what [`supported`] checks.
+/// not a whole number of blocks or the processor lacks what [`supported`]
+/// checks.
 pub fn matmul_quant_gemm(
     x: &[f32],
     w: &[u8],
@@ -61,7 +62,6 @@ pub fn matmul_quant_gemm(
     let acts = &*acts;
     let blocks = inp / QK;
     let yp = OutPtr(y.as_mut_ptr());
-    let rows: Vec<ActsRow<'_>> = (0..t).map(|n| acts.row(n)).collect();
     let run = |panel: &mut Panel, p: usize| {
         let (o0, nv) = (p * NR, NR.min(out - p * NR));
         unpack(
@@ -73,6 +73,7 @@ pub fn matmul_quant_gemm(
         );
         for t0 in (0..t).step_by(MR) {
             let mr = MR.min(t - t0);
+            let rows: [ActsRow<'_>; MR] = std::array::from_fn(|m| acts.row((t0 + m).min(t - 1)));
             // SAFETY: VNNI (asserted); rows t0..t0 + mr exist, each with
             // blocks * QK values and blocks scales; the panel holds inp / 2
             // * NR words and (blocks * units per block) * NR scales; y's
@@ -86,7 +87,7 @@ pub fn matmul_quant_gemm(
                 };
                 tile(
                     mr,
-                    &rows[t0..t0 + mr],
+                    &rows[..mr],
                     panel,
                     blocks,
                     qt.has_min(),
@@ -120,14 +121,16 @@ fn unpack(w: &[u8], qt: QuantType, blocks: usize, nv: usize, panel: &mut Panel) 
     let row_bytes = qt.matrix_bytes(1, blocks * QK);
     let units = blocks * QK / qt.scale_len();
     for j in 0..NR {
-        for u in 0..units {
-            let (d, m) = if j < nv {
-                super::unit_scales(qt, &w[j * row_bytes..(j + 1) * row_bytes], u)
-            } else {
-                (0.0, 0.0)
-            };
-            panel.d[u * NR + j] = d;
-            panel.m[u * NR + j] = m;
+        if j < nv {
+            super::for_each_unit(qt, &w[j * row_bytes..(j + 1) * row_bytes], |u, d, m| {
+                panel.d[u * NR + j] = d;
+                panel.m[u * NR + j] = m;
+            });
+        } else {
+            for u in 0..units {
+                panel.d[u * NR + j] = 0.0;
+                panel.m[u * NR + j] = 0.0;
+            }
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -154,44 +157,8 @@ fn unpack(w: &[u8], qt: QuantType, blocks: usize, nv: usize, panel: &mut Panel) 
     }
 }
 
-crate::pairs::dispatch!(tile_dispatch, tile_whole, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
-crate::pairs::dispatch!(tile_dispatch_halves, tile_halves, (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
-
-/// [`tile`] with one scale per block of [`QK`].
-///
-/// # Safety
-/// As [`tile`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_whole<const M: usize>(
-    a: &[ActsRow<'_>],
-    panel: &Panel,
-    blocks: usize,
-    has_min: bool,
-    y: *mut f32,
-    ys: usize,
-    nv: usize,
-) {
-    // SAFETY: forwarded.
-    unsafe { tile::<M, 1>(a, panel, blocks, has_min, y, ys, nv) }
-}
-
-/// [`tile`] with one scale per 16 weights (Q6_K).
-///
-/// # Safety
-/// As [`tile`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_halves<const M: usize>(
-    a: &[ActsRow<'_>],
-    panel: &Panel,
-    blocks: usize,
-    has_min: bool,
-    y: *mut f32,
-    ys: usize,
-    nv: usize,
-) {
-    // SAFETY: forwarded.
-    unsafe { tile::<M, 2>(a, panel, blocks, has_min, y, ys, nv) }
-}
+crate::pairs::dispatch!(tile_dispatch, tile [1], (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
+crate::pairs::dispatch!(tile_dispatch_halves, tile [2], (a: &[ActsRow<'_>], panel: &Panel, blocks: usize, has_min: bool, y: *mut f32, ys: usize, nv: usize));
 
 /// `y[m][j] = Σ_u (dw[u][j]·dx[m][b]) · (Σ_{k in u} q[j][k]·qx[m][k]) (+
 /// m[u][j] · sx[m][b])` over the `H` scale units `u` of each block `b`, for

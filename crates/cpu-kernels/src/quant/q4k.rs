@@ -21,7 +21,7 @@
 //! in the order of the f32 additions, and a tile of several activation
 //! rows gives bit for bit what one row gives. The prompt GEMM reads the
 //! super-blocks as eight Q4_1-like blocks (`(d·sc_s, −dmin·mn_s)` per 32:
-//! [`sub_block`], `unpack_sub_vnni`).
+//! `unpack_sub_vnni`).
 //!
 //! Costs: per super-block and weight row one unpacking of the scales (a
 //! few integer operations, one 8-lane conversion), per 64 weights one
@@ -72,17 +72,22 @@ fn pack_scales(sc: &[u8; SUB], mn: &[u8; SUB]) -> [u8; 12] {
     p
 }
 
-/// `(d·sc_s, −dmin·mn_s)` of sub-block `s` of the super-block `b`.
-pub fn sub_block(b: &[u8], s: usize) -> (f32, f32) {
-    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-    let dmin = f16::from_le_bytes([b[2], b[3]]).to_f32();
-    let (sc, mn) = scales_mins(&b[4..16]);
-    (d * sc[s] as f32, -dmin * mn[s] as f32)
-}
-
 /// Weight `i`'s 4-bit value in sub-block `s` of the super-block `b`.
 pub fn nibble(b: &[u8], s: usize, i: usize) -> u8 {
     (b[QS + 32 * (s / 2) + i] >> (4 * (s & 1))) & 15
+}
+
+/// Dequantises one super-block into `out` (256 values).
+pub fn dequantize_block(b: &[u8], out: &mut [f32]) {
+    let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+    let dmin = f16::from_le_bytes([b[2], b[3]]).to_f32();
+    let (sc, mn) = scales_mins(&b[4..16]);
+    for (s, o) in out.chunks_exact_mut(QK).enumerate() {
+        let (ds, ms) = (d * sc[s] as f32, -dmin * mn[s] as f32);
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = ds * nibble(b, s, i) as f32 + ms;
+        }
+    }
 }
 
 /// Quantises 256 values into one super-block appended to `out`: per
@@ -434,17 +439,11 @@ mod tests {
 
     #[test]
     fn scales_unpack_as_defined_and_pack_back() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        for _ in 0..500 {
-            let p: [u8; 12] = std::array::from_fn(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            });
-            let (sc, mn) = scales_mins(&p);
+        for p in super::super::tests::random_bytes(500 * 12, 0x2545_f491_4f6c_dd1d).chunks_exact(12)
+        {
+            let (sc, mn) = scales_mins(p);
             for j in 0..SUB {
-                assert_eq!((sc[j], mn[j]), by_definition(&p, j), "{p:?} j={j}");
+                assert_eq!((sc[j], mn[j]), by_definition(p, j), "{p:?} j={j}");
             }
             // every bit of the 12 bytes is one of the 96 scale bits
             assert_eq!(pack_scales(&sc, &mn), p);

@@ -472,15 +472,7 @@ mod tests {
 
     #[test]
     fn values_follow_the_reference_loop_and_quantise_back() {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut block: Vec<u8> = (0..BLOCK_BYTES)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect();
+        let mut block = super::super::tests::random_bytes(BLOCK_BYTES, 0x9e37_79b9_7f4a_7c15);
         block[D..].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
         let mut got = vec![0f32; QK_K];
         dequantize_block(&block, &mut got);

@@ -1,5 +1,18 @@
 use super::*;
 
+/// `n` bytes of a xorshift sequence from `seed` (random bits for block
+/// layouts).
+pub(super) fn random_bytes(n: usize, mut seed: u64) -> Vec<u8> {
+    (0..n)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect()
+}
+
 fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed;
     (0..n)
@@ -258,15 +271,7 @@ fn k_types_of_random_bits_match_on_every_kernel() {
     let x = rand_vec(t * inp, 31, 2.0);
     for qt in [QuantType::Q4_K, QuantType::Q6_K] {
         let bb = qt.block_bytes();
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut w: Vec<u8> = (0..qt.matrix_bytes(out, inp))
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s as u8
-            })
-            .collect();
+        let mut w = random_bytes(qt.matrix_bytes(out, inp), 0x2545_f491_4f6c_dd1d);
         for (b, block) in w.chunks_exact_mut(bb).enumerate() {
             let d = f16::from_f32(0.001 * (1 + b % 5) as f32).to_le_bytes();
             let dmin = f16::from_f32(0.002 * (1 + b % 3) as f32).to_le_bytes();

@@ -326,9 +326,9 @@ pub(super) struct Layout {
 
 /// The fused matrix of `parts` (row-stacked, all `[_, cols]`): the kept
 /// blocks when every part has them in one type, a [`Matrix::Stack`] of the
-/// parts packed alone when some are kept but not all in one type, else
-/// BF16 (quantised to `qt` when given) in `layout`. Releases the parts'
-/// BF16 buffers.
+/// runs of parts in one form when some are kept but not all in one type,
+/// else BF16 (quantised to `qt` when given) in `layout`. Releases the
+/// parts' BF16 buffers.
 pub(super) fn pack_group(
     parts: &mut [&mut Tensor],
     kept: &[Option<&QuantTensor>],
@@ -352,13 +352,16 @@ pub(super) fn pack_group(
         return Ok(Matrix::Quant { qt, data });
     }
     if parts.len() > 1 && types.iter().any(Option::is_some) {
-        let mut stack = Vec::with_capacity(parts.len());
-        for (p, k) in parts.iter_mut().zip(kept) {
-            let rows = p.shape[0];
-            stack.push((
-                pack_group(&mut [&mut **p], &[*k], quantize_to, layout)?,
-                rows,
-            ));
+        // each run of parts in one form is one matrix (Q4_K Q and K
+        // together beside a Q6_K V)
+        let mut stack = Vec::new();
+        let mut i = 0;
+        while i < parts.len() {
+            let n = types[i..].iter().take_while(|t| **t == types[i]).count();
+            let rows = parts[i..i + n].iter().map(|p| p.shape[0]).sum();
+            let m = pack_group(&mut parts[i..i + n], &kept[i..i + n], quantize_to, layout)?;
+            stack.push((m, rows));
+            i += n;
         }
         return Ok(Matrix::Stack(stack));
     }
