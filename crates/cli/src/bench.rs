@@ -21,11 +21,15 @@
 //! requests finish.
 //!
 //! With `--llama-bench PATH` (see [`crate::llama_bench`]) llama.cpp's
-//! `llama-bench` runs right after, on the same machine and thread count, on
+//! `llama-bench` runs on the same machine and thread count, on
 //! `--llama-gguf` (default: `--model` when it is a .gguf file, else the GGUF
 //! whose Q8_0 / Q4_1 / Q4_K / Q6_K blocks lamina runs with `--dtype auto`) with b2's
-//! prompt and b1's generated token counts; both figures and lamina's ratio
-//! (prompt processing: b2 prompt tokens / b2 TTFT; decode: b1) are printed.
+//! prompt and b1's generated token counts, alternating with lamina's b1 and
+//! b2 for `--rounds` rounds (default 3), so that a machine whose speed
+//! drifts from minute to minute slows both sides of a round alike. Each
+//! round prints both figures and lamina's ratio (prompt processing: b2
+//! prompt tokens / b2 TTFT; decode: b1); the summary gives every figure's
+//! and every ratio's median over the rounds, with the ratios' range.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +39,7 @@ use contract::sampling::splitmix64;
 use engine::{Constraint, Event, GenerateRequest, RequestHandle};
 use serde_json::json;
 
-use crate::llama_bench::{self, LlamaRun};
+use crate::llama_bench::{self, LlamaRates, LlamaRun};
 use crate::setup::{self, ModelArgs};
 
 #[derive(clap::Args, Debug)]
@@ -75,11 +79,15 @@ pub struct BenchArgs {
     /// Timed repetitions of b1 and b2 (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+    /// With `--llama-bench`: rounds of lamina's b1 and b2 alternating with
+    /// one llama-bench run each (medians over the rounds are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
-    /// A llama.cpp `llama-bench` binary to run after lamina's workloads, on
-    /// the same machine, for a side-by-side comparison
+    /// A llama.cpp `llama-bench` binary to run alternately with lamina's b1
+    /// and b2, on the same machine, for a side-by-side comparison
     /// (`scripts/build-llama-bench.sh` builds one).
     #[arg(long)]
     pub llama_bench: Option<std::path::PathBuf>,
@@ -157,6 +165,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repeats == 0 {
         bail!("invalid `--repeats`: must be at least 1");
     }
+    if args.rounds == 0 {
+        bail!("invalid `--rounds`: must be at least 1");
+    }
     if args.llama_bench.is_some()
         && args.llama_gguf.is_none()
         && !args.model.model.ends_with(".gguf")
@@ -225,144 +236,158 @@ pub fn run(args: BenchArgs) -> Result<()> {
     );
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
-    for w in &args.workloads {
-        eprintln!("bench: {w} ...");
-        match w.as_str() {
-            "b1" => {
-                let mut rates = Vec::new();
-                for i in 0..args.repeats {
-                    let t = time(submit(prompt(z.b1_prompt), z.b1_gen)?)?;
-                    eprintln!("bench: b1 run {}/{} done", i + 1, args.repeats);
-                    let steps = t.tokens.saturating_sub(1).max(1);
-                    rates.push(steps as f64 / t.decode.as_secs_f64().max(1e-9));
-                }
-                let r = median(rates);
-                println!(
-                    "b1 single stream ({} prompt, {} new): {r:.1} tok/s decode ({:.3} ms/token)",
-                    z.b1_prompt,
-                    z.b1_gen,
-                    1e3 / r
-                );
-                res.insert("b1_decode_tok_s".into(), json!(r));
+    let rounds = if llama_gguf.is_some() { args.rounds } else { 1 };
+    // one figure per round: b1 decode tok/s, b2 TTFT ms, llama.cpp's rates
+    let (mut b1_rates, mut b2_ms, mut llama) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let tag = if rounds > 1 {
+            eprintln!("bench: round {}/{rounds}", round + 1);
+            format!("round {}/{rounds}: ", round + 1)
+        } else {
+            String::new()
+        };
+        for w in &args.workloads {
+            // b3 and s1 are not compared with llama.cpp: once is enough
+            if round > 0 && !matches!(w.as_str(), "b1" | "b2") {
+                continue;
             }
-            "b2" => {
-                let mut ms = Vec::new();
-                for i in 0..args.repeats {
-                    let t = time(submit(prompt(z.b2_prompt), 1)?)?;
-                    ms.push(t.ttft.as_secs_f64() * 1e3);
-                    eprintln!("bench: b2 run {}/{} done", i + 1, args.repeats);
-                }
-                let m = median(ms);
-                println!("b2 TTFT {} tokens: {m:.2} ms", z.b2_prompt);
-                res.insert("b2_ttft_ms".into(), json!(m));
-                res.insert(
-                    "b2_prompt_tok_s".into(),
-                    json!(z.b2_prompt as f64 / (m / 1e3).max(1e-9)),
-                );
-            }
-            "b3" => {
-                let before = loaded.engine.stats();
-                let start = Instant::now();
-                let handles = (0..z.b3_batch)
-                    .map(|_| submit(prompt(z.b3_prompt), z.b3_gen))
-                    .collect::<Result<Vec<_>>>()?;
-                let total = drain_all(handles, "b3")?;
-                let rate = total as f64 / start.elapsed().as_secs_f64();
-                println!(
-                    "b3 throughput {} x ({} in, {} out): {rate:.0} output tok/s",
-                    z.b3_batch, z.b3_prompt, z.b3_gen
-                );
-                res.insert("b3_out_tok_s".into(), json!(rate));
-                let after = loaded.engine.stats();
-                let ms = |a: u64, b: u64| (a - b) as f64 / 1e6;
-                let steps = after.steps_total - before.steps_total;
-                let backend = ms(after.backend_ns_total, before.backend_ns_total);
-                let host = ms(after.host_ns_total, before.host_ns_total);
-                println!(
-                    "b3 steps: {steps}, backend {backend:.1} ms ({:.3} ms/step), host between steps {host:.1} ms",
-                    backend / steps.max(1) as f64
-                );
-                res.insert("b3_steps".into(), json!(steps));
-                res.insert("b3_backend_ms".into(), json!(backend));
-                res.insert("b3_host_ms".into(), json!(host));
-            }
-            "s1" => {
-                // the token trie is built at the first constrained request:
-                // once, before anything is timed
-                let warm = submit_with(prompt(8), 1, Some(Constraint::JsonObject))?;
-                drain_all(vec![warm], "s1 warm-up")?;
-                // A first, untimed round captures the decode graphs of the
-                // batch's buckets (with and without the sampler) and warms
-                // cuBLAS for both runs; it uses another schema, so the timed
-                // constrained run still compiles its own once (its first
-                // request; the others start from the engine's cached copy).
-                let mut rates = Vec::new();
-                for (timed, schema) in [(false, s1_schema(15)), (true, s1_schema(16))] {
-                    rates.clear();
-                    for constrained in [false, true] {
-                        let label = match (timed, constrained) {
-                            (false, _) => "warm-up round",
-                            (true, false) => "unconstrained",
-                            (true, true) => "JSON schema",
-                        };
-                        let c = constrained.then(|| Constraint::JsonSchema(schema.clone()));
-                        // fresh prompts per run: the prefix cache must not serve the second
-                        let prompts: Vec<Vec<u32>> =
-                            (0..z.s1_batch).map(|_| prompt(z.s1_prompt)).collect();
-                        let before = loaded.engine.stats();
-                        let start = Instant::now();
-                        let handles = prompts
-                            .into_iter()
-                            .map(|p| submit_with(p, z.s1_gen, c.clone()))
-                            .collect::<Result<Vec<_>>>()?;
-                        // submitting compiles (or copies) each request's
-                        // schema, one after another on this thread (the
-                        // server does it in parallel, per connection)
-                        let submitted = start.elapsed();
-                        let total = drain_all(handles, &format!("s1 {label}"))?;
-                        rates.push(total as f64 / start.elapsed().as_secs_f64());
-                        if !timed {
-                            continue;
-                        }
-                        println!(
-                            "s1 {label}: submitting {} requests took {:.1} ms (included in the rate)",
-                            z.s1_batch,
-                            submitted.as_secs_f64() * 1e3
-                        );
-                        // the grammar work is done at landing, inside the scheduler's time
-                        let after = loaded.engine.stats();
-                        let steps = (after.steps_total - before.steps_total).max(1) as f64;
-                        let per = |a: u64, b: u64| (a - b) as f64 / 1e6 / steps;
-                        println!(
-                            "s1 {label}: {steps} steps, backend {:.3} ms/step, scheduler (grammar included) {:.3} ms/step",
-                            per(after.backend_ns_total, before.backend_ns_total),
-                            per(after.schedule_ns_total, before.schedule_ns_total),
-                        );
+            eprintln!("bench: {w} ...");
+            match w.as_str() {
+                "b1" => {
+                    let mut rates = Vec::new();
+                    for i in 0..args.repeats {
+                        let t = time(submit(prompt(z.b1_prompt), z.b1_gen)?)?;
+                        eprintln!("bench: b1 run {}/{} done", i + 1, args.repeats);
+                        let steps = t.tokens.saturating_sub(1).max(1);
+                        rates.push(steps as f64 / t.decode.as_secs_f64().max(1e-9));
                     }
+                    let r = median(rates);
+                    println!(
+                        "{tag}b1 single stream ({} prompt, {} new): {r:.1} tok/s decode ({:.3} ms/token)",
+                        z.b1_prompt,
+                        z.b1_gen,
+                        1e3 / r
+                    );
+                    b1_rates.push(r);
                 }
-                let ratio = rates[1] / rates[0].max(1e-9);
-                println!(
-                    "s1 constrained decoding {} x ({} in, {} out): unconstrained {:.0} output tok/s, JSON schema {:.0} output tok/s, ratio {ratio:.3} (cost {:.1}%)",
-                    z.s1_batch,
-                    z.s1_prompt,
-                    z.s1_gen,
-                    rates[0],
-                    rates[1],
-                    (1.0 - ratio) * 100.0
-                );
-                res.insert("s1_free_out_tok_s".into(), json!(rates[0]));
-                res.insert("s1_json_out_tok_s".into(), json!(rates[1]));
-                res.insert("s1_ratio".into(), json!(ratio));
+                "b2" => {
+                    let mut ms = Vec::new();
+                    for i in 0..args.repeats {
+                        let t = time(submit(prompt(z.b2_prompt), 1)?)?;
+                        ms.push(t.ttft.as_secs_f64() * 1e3);
+                        eprintln!("bench: b2 run {}/{} done", i + 1, args.repeats);
+                    }
+                    let m = median(ms);
+                    println!("{tag}b2 TTFT {} tokens: {m:.2} ms", z.b2_prompt);
+                    b2_ms.push(m);
+                }
+                "b3" => {
+                    let before = loaded.engine.stats();
+                    let start = Instant::now();
+                    let handles = (0..z.b3_batch)
+                        .map(|_| submit(prompt(z.b3_prompt), z.b3_gen))
+                        .collect::<Result<Vec<_>>>()?;
+                    let total = drain_all(handles, "b3")?;
+                    let rate = total as f64 / start.elapsed().as_secs_f64();
+                    println!(
+                        "b3 throughput {} x ({} in, {} out): {rate:.0} output tok/s",
+                        z.b3_batch, z.b3_prompt, z.b3_gen
+                    );
+                    res.insert("b3_out_tok_s".into(), json!(rate));
+                    let after = loaded.engine.stats();
+                    let ms = |a: u64, b: u64| (a - b) as f64 / 1e6;
+                    let steps = after.steps_total - before.steps_total;
+                    let backend = ms(after.backend_ns_total, before.backend_ns_total);
+                    let host = ms(after.host_ns_total, before.host_ns_total);
+                    println!(
+                        "b3 steps: {steps}, backend {backend:.1} ms ({:.3} ms/step), host between steps {host:.1} ms",
+                        backend / steps.max(1) as f64
+                    );
+                    res.insert("b3_steps".into(), json!(steps));
+                    res.insert("b3_backend_ms".into(), json!(backend));
+                    res.insert("b3_host_ms".into(), json!(host));
+                }
+                "s1" => {
+                    // the token trie is built at the first constrained request:
+                    // once, before anything is timed
+                    let warm = submit_with(prompt(8), 1, Some(Constraint::JsonObject))?;
+                    drain_all(vec![warm], "s1 warm-up")?;
+                    // A first, untimed round captures the decode graphs of the
+                    // batch's buckets (with and without the sampler) and warms
+                    // cuBLAS for both runs; it uses another schema, so the timed
+                    // constrained run still compiles its own once (its first
+                    // request; the others start from the engine's cached copy).
+                    let mut rates = Vec::new();
+                    for (timed, schema) in [(false, s1_schema(15)), (true, s1_schema(16))] {
+                        rates.clear();
+                        for constrained in [false, true] {
+                            let label = match (timed, constrained) {
+                                (false, _) => "warm-up round",
+                                (true, false) => "unconstrained",
+                                (true, true) => "JSON schema",
+                            };
+                            let c = constrained.then(|| Constraint::JsonSchema(schema.clone()));
+                            // fresh prompts per run: the prefix cache must not serve the second
+                            let prompts: Vec<Vec<u32>> =
+                                (0..z.s1_batch).map(|_| prompt(z.s1_prompt)).collect();
+                            let before = loaded.engine.stats();
+                            let start = Instant::now();
+                            let handles = prompts
+                                .into_iter()
+                                .map(|p| submit_with(p, z.s1_gen, c.clone()))
+                                .collect::<Result<Vec<_>>>()?;
+                            // submitting compiles (or copies) each request's
+                            // schema, one after another on this thread (the
+                            // server does it in parallel, per connection)
+                            let submitted = start.elapsed();
+                            let total = drain_all(handles, &format!("s1 {label}"))?;
+                            rates.push(total as f64 / start.elapsed().as_secs_f64());
+                            if !timed {
+                                continue;
+                            }
+                            println!(
+                                "s1 {label}: submitting {} requests took {:.1} ms (included in the rate)",
+                                z.s1_batch,
+                                submitted.as_secs_f64() * 1e3
+                            );
+                            // the grammar work is done at landing, inside the scheduler's time
+                            let after = loaded.engine.stats();
+                            let steps = (after.steps_total - before.steps_total).max(1) as f64;
+                            let per = |a: u64, b: u64| (a - b) as f64 / 1e6 / steps;
+                            println!(
+                                "s1 {label}: {steps} steps, backend {:.3} ms/step, scheduler (grammar included) {:.3} ms/step",
+                                per(after.backend_ns_total, before.backend_ns_total),
+                                per(after.schedule_ns_total, before.schedule_ns_total),
+                            );
+                        }
+                    }
+                    let ratio = rates[1] / rates[0].max(1e-9);
+                    println!(
+                        "s1 constrained decoding {} x ({} in, {} out): unconstrained {:.0} output tok/s, JSON schema {:.0} output tok/s, ratio {ratio:.3} (cost {:.1}%)",
+                        z.s1_batch,
+                        z.s1_prompt,
+                        z.s1_gen,
+                        rates[0],
+                        rates[1],
+                        (1.0 - ratio) * 100.0
+                    );
+                    res.insert("s1_free_out_tok_s".into(), json!(rates[0]));
+                    res.insert("s1_json_out_tok_s".into(), json!(rates[1]));
+                    res.insert("s1_ratio".into(), json!(ratio));
+                }
+                other => {
+                    bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1)")
+                }
             }
-            other => {
-                bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1)")
-            }
+        }
+        if let (Some(bin), Some(gguf)) = (&args.llama_bench, &llama_gguf) {
+            let r = run_llama(bin, gguf, &z, args.repeats)?;
+            print_ratios(&tag, b1_rates.last(), b2_ms.last(), &z, &r);
+            llama.push(r);
         }
     }
     loaded.engine.shutdown();
-    if let (Some(bin), Some(gguf)) = (&args.llama_bench, &llama_gguf) {
-        compare_llama(bin, gguf, &z, args.repeats, &mut res)?;
-    }
+    summarize(&z, &b1_rates, &b2_ms, &llama, &mut res);
     let res = serde_json::Value::Object(res);
     println!("{res}");
     if let Some(path) = &args.json {
@@ -371,14 +396,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs llama-bench with lamina's sizes and prints both and the ratios.
-fn compare_llama(
+/// Runs llama-bench once with lamina's sizes (`repeats` repetitions) and
+/// prints its rates.
+fn run_llama(
     bin: &std::path::Path,
     gguf: &std::path::Path,
     z: &Sizes,
     repeats: usize,
-    res: &mut serde_json::Map<String, serde_json::Value>,
-) -> Result<()> {
+) -> Result<LlamaRates> {
     let threads = rayon::current_num_threads();
     eprintln!("bench: llama-bench ({threads} threads) ...");
     let r = llama_bench::run(
@@ -399,20 +424,93 @@ fn compare_llama(
         z.b1_gen,
         r.decode_tok_s
     );
-    res.insert("llama_prompt_tok_s".into(), json!(r.prompt_tok_s));
-    res.insert("llama_decode_tok_s".into(), json!(r.decode_tok_s));
-    let ratio = |ours: Option<&serde_json::Value>, theirs: f64| {
-        ours.and_then(|v| v.as_f64()).map(|v| v / theirs)
+    Ok(r)
+}
+
+/// Prompt tokens per second of a b2 TTFT.
+fn prompt_rate(z: &Sizes, ttft_ms: f64) -> f64 {
+    z.b2_prompt as f64 / (ttft_ms / 1e3).max(1e-9)
+}
+
+/// One round's ratios, printed after its llama-bench line.
+fn print_ratios(tag: &str, b1: Option<&f64>, b2_ms: Option<&f64>, z: &Sizes, r: &LlamaRates) {
+    if let Some(&ms) = b2_ms {
+        let x = prompt_rate(z, ms) / r.prompt_tok_s;
+        println!("{tag}lamina / llama.cpp prompt processing: {x:.2}x");
+    }
+    if let Some(&tok_s) = b1 {
+        println!(
+            "{tag}lamina / llama.cpp decode: {:.2}x",
+            tok_s / r.decode_tok_s
+        );
+    }
+}
+
+/// The medians over the rounds into `res` (and, for several rounds, the
+/// summary lines; every round's ratio under `*_rounds`).
+fn summarize(
+    z: &Sizes,
+    b1: &[f64],
+    b2_ms: &[f64],
+    llama: &[LlamaRates],
+    res: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    let rounds = b1.len().max(b2_ms.len());
+    let many = rounds > 1;
+    if !b1.is_empty() {
+        let r = median(b1.to_vec());
+        if many {
+            println!("b1 decode, median of {rounds} rounds: {r:.1} tok/s");
+        }
+        res.insert("b1_decode_tok_s".into(), json!(r));
+    }
+    if !b2_ms.is_empty() {
+        let m = median(b2_ms.to_vec());
+        if many {
+            println!(
+                "b2 TTFT {} tokens, median of {rounds} rounds: {m:.2} ms",
+                z.b2_prompt
+            );
+        }
+        res.insert("b2_ttft_ms".into(), json!(m));
+        res.insert("b2_prompt_tok_s".into(), json!(prompt_rate(z, m)));
+    }
+    if llama.is_empty() {
+        return;
+    }
+    let pick = |f: fn(&LlamaRates) -> f64| median(llama.iter().map(f).collect());
+    res.insert("llama_prompt_tok_s".into(), json!(pick(|r| r.prompt_tok_s)));
+    res.insert("llama_decode_tok_s".into(), json!(pick(|r| r.decode_tok_s)));
+    // each round's ratio pairs figures taken minutes apart at most
+    let mut ratio = |key: &str, what: &str, ratios: Vec<f64>| {
+        if ratios.is_empty() {
+            return;
+        }
+        let m = median(ratios.clone());
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(a, b), &x| (a.min(x), b.max(x)));
+        if many {
+            println!(
+                "lamina / llama.cpp {what}: {m:.2}x (median of {} rounds, {lo:.2}-{hi:.2}x)",
+                ratios.len()
+            );
+        }
+        res.insert(key.into(), json!(m));
+        res.insert(format!("{key}_rounds"), json!(ratios));
     };
-    if let Some(x) = ratio(res.get("b2_prompt_tok_s"), r.prompt_tok_s) {
-        println!("lamina / llama.cpp prompt processing: {x:.2}x");
-        res.insert("ratio_prompt".into(), json!(x));
-    }
-    if let Some(x) = ratio(res.get("b1_decode_tok_s"), r.decode_tok_s) {
-        println!("lamina / llama.cpp decode: {x:.2}x");
-        res.insert("ratio_decode".into(), json!(x));
-    }
-    Ok(())
+    let prompt: Vec<f64> = b2_ms
+        .iter()
+        .zip(llama)
+        .map(|(&ms, r)| prompt_rate(z, ms) / r.prompt_tok_s)
+        .collect();
+    ratio("ratio_prompt", "prompt processing", prompt);
+    let decode: Vec<f64> = b1
+        .iter()
+        .zip(llama)
+        .map(|(&tok_s, r)| tok_s / r.decode_tok_s)
+        .collect();
+    ratio("ratio_decode", "decode", decode);
 }
 
 fn time(mut h: RequestHandle) -> Result<Timing> {
@@ -441,9 +539,15 @@ fn time(mut h: RequestHandle) -> Result<Timing> {
     bail!("the engine stopped during the benchmark")
 }
 
+/// The middle value (the mean of the two middle ones for an even count).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    if n.is_multiple_of(2) {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    }
 }
 
 /// s1's schema: an array of at least 10,000 small objects, so the grammar
@@ -495,4 +599,43 @@ fn drain_all(handles: Vec<RequestHandle>, label: &str) -> Result<usize> {
             })
             .sum::<Result<usize>>()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+
+    #[test]
+    fn each_round_is_paired_with_its_own_llama_run() {
+        let z = Sizes {
+            b2_prompt: 512,
+            ..Sizes::CPU
+        };
+        let rates = |p, d| LlamaRates {
+            prompt_tok_s: p,
+            decode_tok_s: d,
+        };
+        // round 2 is slow on both sides: paired ratios stay at 1.0x, 1.0x, 2.0x
+        let b1 = [100.0, 50.0, 200.0];
+        let b2_ms = [512.0, 1024.0, 256.0];
+        let llama = [
+            rates(1000.0, 100.0),
+            rates(500.0, 50.0),
+            rates(1000.0, 100.0),
+        ];
+        let mut res = serde_json::Map::new();
+        summarize(&z, &b1, &b2_ms, &llama, &mut res);
+        assert_eq!(res["ratio_prompt_rounds"], json!([1.0, 1.0, 2.0]));
+        assert_eq!(res["ratio_prompt"], json!(1.0));
+        assert_eq!(res["ratio_decode_rounds"], json!([1.0, 1.0, 2.0]));
+        assert_eq!(res["b1_decode_tok_s"], json!(100.0));
+        assert_eq!(res["b2_ttft_ms"], json!(512.0));
+        assert_eq!(res["llama_prompt_tok_s"], json!(1000.0));
+    }
 }

@@ -87,8 +87,21 @@ impl Packed {
     /// register transpose. Panics if a row is shorter than `inp` or the
     /// processor lacks AVX-512F.
     pub fn from_rows<'a>(inp: usize, out: usize, row: impl Fn(usize) -> &'a [f32] + Sync) -> Self {
+        let mut p = Packed::default();
+        p.refill_rows(inp, out, row);
+        p
+    }
+
+    /// [`Packed::from_rows`] into this matrix's storage (grown, never
+    /// shrunk: a caller packing every chunk allocates once).
+    pub fn refill_rows<'a>(
+        &mut self,
+        inp: usize,
+        out: usize,
+        row: impl Fn(usize) -> &'a [f32] + Sync,
+    ) {
         assert!(crate::Isa::Avx512.supported(), "AVX-512F is required");
-        Self::build(inp, out, |p, panel| {
+        self.build(inp, out, |p, panel| {
             let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
             let rows: Vec<&[f32]> = (o0..o1).map(|o| &row(o)[..inp]).collect();
             let whole = if o1 - o0 == NR { inp / 16 * 16 } else { 0 };
@@ -117,7 +130,19 @@ impl Packed {
         out: usize,
         col: impl Fn(usize) -> &'a [f32] + Sync,
     ) -> Self {
-        Self::build(inp, out, |p, panel| {
+        let mut p = Packed::default();
+        p.refill_columns(inp, out, col);
+        p
+    }
+
+    /// [`Packed::from_columns`] into this matrix's storage (grown, never shrunk).
+    pub fn refill_columns<'a>(
+        &mut self,
+        inp: usize,
+        out: usize,
+        col: impl Fn(usize) -> &'a [f32] + Sync,
+    ) {
+        self.build(inp, out, |p, panel| {
             let (o0, o1) = (p * NR, ((p + 1) * NR).min(out));
             for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
                 dst[..o1 - o0].copy_from_slice(&col(k)[o0..o1]);
@@ -125,13 +150,15 @@ impl Packed {
         })
     }
 
-    /// Zeroed panels, each filled by `fill(p, panel)` (in parallel for
-    /// large matrices).
-    fn build(inp: usize, out: usize, fill: impl Fn(usize, &mut [f32]) + Sync) -> Self {
+    /// Zeroed panels in this matrix's storage, each filled by `fill(p,
+    /// panel)` (in parallel for large matrices).
+    fn build(&mut self, inp: usize, out: usize, fill: impl Fn(usize, &mut [f32]) + Sync) {
         let panels = out.div_ceil(NR);
-        let mut data = vec![0f32; panels * inp * NR];
+        self.data.clear();
+        self.data.resize(panels * inp * NR, 0.0);
+        (self.inp, self.out) = (inp, out);
         if inp > 0 {
-            let chunks = data.par_chunks_mut(inp * NR).enumerate();
+            let chunks = self.data.par_chunks_mut(inp * NR).enumerate();
             if panels * inp * NR >= PARALLEL_PACK {
                 chunks.for_each(|(p, panel)| fill(p, panel));
             } else {
@@ -140,7 +167,6 @@ impl Packed {
                     .for_each(|(p, panel)| fill(p, panel));
             }
         }
-        Packed { data, inp, out }
     }
 }
 

@@ -34,10 +34,10 @@
 //! (`segment_attention`, each KV head's keys and values gathered and
 //! packed once). The elementwise steps run over rows on rayon for steps of
 //! 32+ tokens. Every activation buffer lives in [`Workspace`] and is
-//! reused step after step (grown to the largest step seen); a decode step
-//! allocates only its returned logits (and, for parallel attention, one
-//! score buffer per rayon task); a prefill chunk also its gathered K/V and
-//! per-head scores.
+//! reused step after step (grown to the largest step seen), as are a
+//! chunk's gathered K/V and per-block outputs ([`SegmentScratch`]) and
+//! each pool thread's attention scores: once the largest step has run, a
+//! step allocates only its returned logits.
 
 use super::CpuBackend;
 use super::attention::KvPool;
@@ -169,6 +169,7 @@ pub(super) struct Workspace {
     gu: Vec<f32>,                     // [T, 2 intermediate]
     act: Vec<f32>,                    // [T, intermediate]
     scores: Vec<f32>,                 // [context] (serial attention)
+    segment: SegmentScratch,          // prefill chunks' attention
     seq_of: Vec<usize>,               // [T] sequence of each token
     prompt: Vec<usize>,               // prompt token rows (mixed steps)
     write_order: Vec<(usize, usize)>, // the step's KV writes by block
@@ -306,6 +307,7 @@ impl CpuBackend {
                 dims,
                 attn,
                 &mut ws.scores,
+                &mut ws.segment,
             );
             let proj = sized(&mut ws.proj, t * hidden);
             lw.o.matmul(isa, attn, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
@@ -381,6 +383,7 @@ fn attention(
     dims: AttnDims,
     out: &mut [f32],
     scores: &mut Vec<f32>,
+    seg_scratch: &mut SegmentScratch,
 ) {
     let (heads, hd) = (dims.heads, dims.head_dim);
     let group = heads / dims.kv_heads;
@@ -428,7 +431,7 @@ fn attention(
     } else {
         out.par_chunks_mut(hd)
             .enumerate()
-            .for_each_init(Vec::<f32>::new, |scores, (idx, o)| one(idx, o, scores));
+            .for_each(|(idx, o)| SCORES.with_borrow_mut(|scores| one(idx, o, scores)));
     }
     let q_dim = heads * hd;
     for s in (0..batch.num_seqs()).filter(|&s| long(s)) {
@@ -447,7 +450,14 @@ fn attention(
             kv_dim,
             block_size: bs,
         };
-        segment_attention(isa, &seg, dims, scale, &mut out[t0 * q_dim..t1 * q_dim]);
+        segment_attention(
+            isa,
+            &seg,
+            dims,
+            scale,
+            &mut out[t0 * q_dim..t1 * q_dim],
+            seg_scratch,
+        );
     }
 }
 
@@ -464,6 +474,22 @@ struct Segment<'a> {
     vc: &'a [f32],
     kv_dim: usize,
     block_size: usize,
+}
+
+thread_local! {
+    /// Each pool thread's attention scores (a parallel decode's per
+    /// token and head, a chunk's per block of rows), reused call after call.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What [`segment_attention`] keeps from chunk to chunk, so that a chunk
+/// allocates nothing once the largest one has run: every KV head's
+/// gathered keys and values, and the (head, block of rows) outputs.
+#[derive(Default)]
+pub(super) struct SegmentScratch {
+    kv: Vec<HeadKv>,
+    /// `[heads * blocks, SEGMENT_ROWS, head_dim]`
+    outs: Vec<f32>,
 }
 
 /// One KV head's keys and values as a chunk's attention products read
@@ -492,7 +518,14 @@ const SEGMENT_ROWS: usize = if cfg!(test) { 8 } else { 96 };
 /// head for the causal part plus a block's triangle, `SEGMENT_ROWS * ctx`
 /// floats of scores per task in flight, `2 * ctx * head_dim` floats per KV
 /// head.
-fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, out: &mut [f32]) {
+fn segment_attention(
+    isa: Isa,
+    seg: &Segment<'_>,
+    dims: AttnDims,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut SegmentScratch,
+) {
     let (heads, hd) = (dims.heads, dims.head_dim);
     let group = heads / dims.kv_heads;
     let q_dim = heads * hd;
@@ -506,50 +539,73 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
     let bs = seg.block_size;
     let slot = |j: usize| (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim;
     let packed = isa == Isa::Avx512;
-    // per KV head, gathered from the pool once
-    let kv: Vec<HeadKv> = (0..dims.kv_heads)
-        .into_par_iter()
-        .map(|g| {
-            let key = |j: usize| &seg.kc[slot(j) + g * hd..][..hd];
-            let value = |j: usize| &seg.vc[slot(j) + g * hd..][..hd];
-            if packed {
-                return HeadKv::Packed {
-                    k: Packed::from_rows(hd, ctx, key),
-                    v: Packed::from_columns(ctx, hd, value),
-                };
+    // per KV head, gathered from the pool once, into the storage of the
+    // previous chunk's (no allocation once the largest chunk has run)
+    let SegmentScratch { kv, outs } = scratch;
+    let fresh = || {
+        if packed {
+            HeadKv::Packed {
+                k: Packed::default(),
+                v: Packed::default(),
             }
-            let mut k = vec![0f32; ctx * hd];
-            let mut vt = vec![0f32; hd * ctx];
-            for j in 0..ctx {
-                k[j * hd..(j + 1) * hd].copy_from_slice(key(j));
-                for (d, &v) in value(j).iter().enumerate() {
-                    vt[d * ctx + j] = v;
+        } else {
+            HeadKv::Plain {
+                k: Vec::new(),
+                vt: Vec::new(),
+            }
+        }
+    };
+    if kv.len() != dims.kv_heads || matches!(kv.first(), Some(HeadKv::Packed { .. })) != packed {
+        kv.clear();
+        kv.resize_with(dims.kv_heads, fresh);
+    }
+    kv.par_iter_mut().enumerate().for_each(|(g, head)| {
+        let key = |j: usize| &seg.kc[slot(j) + g * hd..][..hd];
+        let value = |j: usize| &seg.vc[slot(j) + g * hd..][..hd];
+        match head {
+            HeadKv::Packed { k, v } => {
+                k.refill_rows(hd, ctx, key);
+                v.refill_columns(ctx, hd, value);
+            }
+            HeadKv::Plain { k, vt } => {
+                k.clear();
+                k.resize(ctx * hd, 0.0);
+                vt.clear();
+                vt.resize(hd * ctx, 0.0);
+                for j in 0..ctx {
+                    k[j * hd..(j + 1) * hd].copy_from_slice(key(j));
+                    for (d, &v) in value(j).iter().enumerate() {
+                        vt[d * ctx + j] = v;
+                    }
                 }
             }
-            HeadKv::Plain { k, vt }
-        })
-        .collect();
+        }
+    });
+    let kv = &*kv;
     // one task per (head, block of rows), so the work spreads over the
     // threads however few heads there are; each block is computed exactly
-    // as a head's pass over its blocks would (the same GEMMs, the same rows)
-    let blocks: Vec<(usize, usize)> = (0..heads)
-        .flat_map(|h| (0..n).step_by(SEGMENT_ROWS).map(move |r0| (h, r0)))
-        .collect();
-    // [rows, hd] each block's output, copied into `out` after
-    let per_block: Vec<Vec<f32>> = blocks
-        .par_iter()
-        .map_init(Vec::new, |sc, &(h, r0)| {
-            let r1 = (r0 + SEGMENT_ROWS).min(n);
-            let rows = &seg.positions[r0..r1];
-            let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+    // as a head's pass over its blocks would (the same GEMMs, the same rows).
+    // Block i is head i / per_head's rows from (i % per_head) * SEGMENT_ROWS;
+    // its [rows, hd] output goes to its own stretch of `outs`, copied into
+    // `out` after.
+    let per_head = n.div_ceil(SEGMENT_ROWS);
+    let span = SEGMENT_ROWS * hd;
+    outs.resize(heads * per_head * span, 0.0);
+    outs.par_chunks_mut(span).enumerate().for_each(|(i, o)| {
+        let (h, r0) = (i / per_head, (i % per_head) * SEGMENT_ROWS);
+        let r1 = (r0 + SEGMENT_ROWS).min(n);
+        let rows = &seg.positions[r0..r1];
+        let kb = rows.iter().map(|&p| p as usize + 1).max().unwrap_or(0);
+        let m = r1 - r0;
+        let o = &mut o[..m * hd];
+        SCORES.with_borrow_mut(|sc| {
             // [rows, ctx] scores, reused by the thread's next blocks: the
             // first kb of each row are written below before any is read
-            if sc.len() < (r1 - r0) * ctx {
-                sc.resize((r1 - r0) * ctx, 0.0);
+            if sc.len() < m * ctx {
+                sc.resize(m * ctx, 0.0);
             }
-            let sc = &mut sc[..(r1 - r0) * ctx];
+            let sc = &mut sc[..m * ctx];
             let q = &seg.q[r0 * seg.qkv_w + h * hd..];
-            let m = r1 - r0;
             match &kv[h / group] {
                 HeadKv::Packed { k, .. } => matmul_packed(q, seg.qkv_w, m, k, hd, kb, sc, ctx),
                 HeadKv::Plain { k, .. } => {
@@ -561,18 +617,15 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
                 softmax_scaled(isa, &mut row[..keep], scale);
                 row[keep..kb].fill(0.0);
             }
-            let mut o = vec![0f32; m * hd]; // [rows, hd]
+            o.fill(0.0);
             match &kv[h / group] {
-                HeadKv::Packed { v, .. } => matmul_packed(sc, ctx, m, v, kb, hd, &mut o, hd),
-                HeadKv::Plain { vt, .. } => {
-                    gemm_nt_f32(isa, sc, ctx, m, vt, ctx, kb, hd, &mut o, hd)
-                }
+                HeadKv::Packed { v, .. } => matmul_packed(sc, ctx, m, v, kb, hd, o, hd),
+                HeadKv::Plain { vt, .. } => gemm_nt_f32(isa, sc, ctx, m, vt, ctx, kb, hd, o, hd),
             }
-            o
-        })
-        .collect();
+        });
+    });
     // row i of head h is row i % SEGMENT_ROWS of block (h, i / SEGMENT_ROWS)
-    let per_head = n.div_ceil(SEGMENT_ROWS);
+    let outs = &*outs;
     out[..n * q_dim]
         .par_chunks_mut(q_dim)
         .enumerate()
@@ -580,7 +633,7 @@ fn segment_attention(isa: Isa, seg: &Segment<'_>, dims: AttnDims, scale: f32, ou
         .for_each(|(i, row)| {
             let (b, r) = (i / SEGMENT_ROWS, i % SEGMENT_ROWS);
             for (h, dst) in row.chunks_exact_mut(hd).enumerate() {
-                dst.copy_from_slice(&per_block[h * per_head + b][r * hd..][..hd]);
+                dst.copy_from_slice(&outs[(h * per_head + b) * span + r * hd..][..hd]);
             }
         });
 }
