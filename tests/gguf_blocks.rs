@@ -18,12 +18,12 @@
 //!
 //! Needs `python3` with `gguf` importable (`cargo xtask test` installs it).
 
-use checkpoint::loader::{load_config, load_weights};
+use checkpoint::loader::load_config;
 use checkpoint::quantized::load_quantized;
-use contract::{Backend, KvShape};
+use contract::Backend;
 use lamina_tests::log_softmax;
 use model::cpu::batch::{SeqChunk, build_step};
-use model::cpu::{CpuBackend, CpuPath, CpuWeights, KEPT_GGML_TYPES};
+use model::cpu::{CpuBackend, KEPT_GGML_TYPES};
 use model::exact::{ExactWeights, forward};
 use std::path::Path;
 use std::process::Command;
@@ -119,19 +119,8 @@ fn k_type_and_q4_1_blocks_of_a_gguf_match_the_exact_pass() {
     assert_eq!(kept.len(), 9, "{kept:?}");
     assert_eq!(kept.iter().filter(|k| k.ends_with("Q4_K")).count(), 5);
     assert_eq!(kept.iter().filter(|k| k.ends_with("Q6_K")).count(), 3);
-    let kv = KvShape {
-        num_blocks: TOKENS.len().div_ceil(BLOCK_SIZE),
-        block_size: BLOCK_SIZE,
-    };
-    let weights = load_weights(&model, &cfg).unwrap_or_else(|e| panic!("{e}"));
-    let mut fast = CpuBackend::with_weights(
-        cfg.clone(),
-        weights,
-        kv,
-        CpuPath::Fast,
-        CpuWeights::Blocks(blocks),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut fast =
+        lamina_tests::fast_blocks_backend(&model, &cfg, blocks, TOKENS.len(), BLOCK_SIZE);
     // layer 0's Q/K/V is a stack (Q and K Q4_K, V Q6_K); O and gate/up
     // run Q4_K, its down Q6_K, layer 1's down Q4_1, the head Q6_K
     assert!(fast.name().contains("Q4_1+Q4_K+Q6_K"), "{}", fast.name());

@@ -17,11 +17,11 @@
 //! Costs: loads the BF16 model and the GGUF's blocks, about 4 x 2 passes
 //! over ~30 tokens of a 135M model.
 
-use checkpoint::loader::{load_config, load_weights};
+use checkpoint::loader::load_config;
 use checkpoint::quantized::load_quantized;
-use contract::{Backend, KvShape};
+use contract::Backend;
+use model::cpu::KEPT_GGML_TYPES;
 use model::cpu::batch::{SeqChunk, build_step};
-use model::cpu::{CpuBackend, CpuPath, CpuWeights, KEPT_GGML_TYPES};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -69,7 +69,6 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         .unwrap_or_else(|| panic!("{} names no source GGUF", dir.display()));
     let loaded = load_config(&dir).unwrap_or_else(|e| panic!("{e}"));
     let cfg = loaded.config;
-    let weights = load_weights(&dir, &cfg).unwrap_or_else(|e| panic!("{e}"));
     let blocks = load_quantized(&gguf, &cfg, &KEPT_GGML_TYPES).unwrap_or_else(|e| panic!("{e}"));
     // every projection kept in its blocks (the file is Q4_1 with a Q8_0 head)
     assert_eq!(blocks.tensors().count(), 7 * cfg.num_layers + 1);
@@ -79,21 +78,10 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         .map(|c| c.tokens.len())
         .max()
         .unwrap_or(0);
-    let kv = KvShape {
-        num_blocks: longest.div_ceil(BLOCK_SIZE),
-        block_size: BLOCK_SIZE,
-    };
-    let mut backend = CpuBackend::with_weights(
-        cfg.clone(),
-        weights,
-        kv,
-        CpuPath::Fast,
-        CpuWeights::Blocks(blocks),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut backend = lamina_tests::fast_blocks_backend(&dir, &cfg, blocks, longest, BLOCK_SIZE);
     assert!(backend.name().contains("Q4_1"), "{}", backend.name());
     let vocab = cfg.vocab_size;
-    let table: Vec<u32> = (0..kv.num_blocks as u32).collect();
+    let table: Vec<u32> = (0..longest.div_ceil(BLOCK_SIZE) as u32).collect();
     let mut worst = 0f64;
     for case in &golden.cases {
         let n = case.tokens.len();

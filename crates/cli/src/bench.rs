@@ -432,17 +432,20 @@ fn prompt_rate(z: &Sizes, ttft_ms: f64) -> f64 {
     z.b2_prompt as f64 / (ttft_ms / 1e3).max(1e-9)
 }
 
+/// lamina's prompt-processing rate (from a b2 TTFT) over llama.cpp's.
+fn prompt_ratio(z: &Sizes, ttft_ms: f64, r: &LlamaRates) -> f64 {
+    prompt_rate(z, ttft_ms) / r.prompt_tok_s
+}
+
 /// One round's ratios, printed after its llama-bench line.
 fn print_ratios(tag: &str, b1: Option<&f64>, b2_ms: Option<&f64>, z: &Sizes, r: &LlamaRates) {
     if let Some(&ms) = b2_ms {
-        let x = prompt_rate(z, ms) / r.prompt_tok_s;
+        let x = prompt_ratio(z, ms, r);
         println!("{tag}lamina / llama.cpp prompt processing: {x:.2}x");
     }
     if let Some(&tok_s) = b1 {
-        println!(
-            "{tag}lamina / llama.cpp decode: {:.2}x",
-            tok_s / r.decode_tok_s
-        );
+        let x = tok_s / r.decode_tok_s;
+        println!("{tag}lamina / llama.cpp decode: {x:.2}x");
     }
 }
 
@@ -502,7 +505,7 @@ fn summarize(
     let prompt: Vec<f64> = b2_ms
         .iter()
         .zip(llama)
-        .map(|(&ms, r)| prompt_rate(z, ms) / r.prompt_tok_s)
+        .map(|(&ms, r)| prompt_ratio(z, ms, r))
         .collect();
     ratio("ratio_prompt", "prompt processing", prompt);
     let decode: Vec<f64> = b1

@@ -168,7 +168,6 @@ pub(super) struct Workspace {
     proj: Vec<f32>,                   // [T, hidden]
     gu: Vec<f32>,                     // [T, 2 intermediate]
     act: Vec<f32>,                    // [T, intermediate]
-    scores: Vec<f32>,                 // [context] (serial attention)
     segment: SegmentScratch,          // prefill chunks' attention
     seq_of: Vec<usize>,               // [T] sequence of each token
     prompt: Vec<usize>,               // prompt token rows (mixed steps)
@@ -306,7 +305,6 @@ impl CpuBackend {
                 &ws.seq_of,
                 dims,
                 attn,
-                &mut ws.scores,
                 &mut ws.segment,
             );
             let proj = sized(&mut ws.proj, t * hidden);
@@ -382,7 +380,6 @@ fn attention(
     seq_of: &[usize],
     dims: AttnDims,
     out: &mut [f32],
-    scores: &mut Vec<f32>,
     seg_scratch: &mut SegmentScratch,
 ) {
     let (heads, hd) = (dims.heads, dims.head_dim);
@@ -391,7 +388,7 @@ fn attention(
     let scale = 1.0 / (hd as f32).sqrt();
     let seg_len = |s: usize| (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
     let long = |s: usize| seg_len(s) >= SEGMENT_GEMM_MIN;
-    let one = |idx: usize, o: &mut [f32], scores: &mut Vec<f32>| {
+    let one = |idx: usize, o: &mut [f32]| {
         let (t, h) = (idx / heads, idx % heads);
         let s = seq_of[t];
         if long(s) {
@@ -404,19 +401,21 @@ fn attention(
         let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kv_dim + koff;
         // the chunk path's arithmetic (`dot_keys`): a token recomputed from
         // the prefix cache gets the scores it got inside the first prefill
-        scores.clear();
-        scores.resize(ctx, 0.0);
-        dot_keys(isa, qh, |j| &kc[row(j)..row(j) + hd], scores);
-        for s in scores.iter_mut() {
-            *s *= scale;
-        }
-        let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let inv = 1.0 / cpu_kernels::vector::exp_scaled_sum(isa, scores, 1.0, m);
-        o.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            let r = row(j);
-            axpy(isa, o, p * inv, &vc[r..r + hd]);
-        }
+        SCORES.with_borrow_mut(|scores| {
+            scores.clear();
+            scores.resize(ctx, 0.0);
+            dot_keys(isa, qh, |j| &kc[row(j)..row(j) + hd], scores);
+            for s in scores.iter_mut() {
+                *s *= scale;
+            }
+            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let inv = 1.0 / cpu_kernels::vector::exp_scaled_sum(isa, scores, 1.0, m);
+            o.fill(0.0);
+            for (j, &p) in scores.iter().enumerate() {
+                let r = row(j);
+                axpy(isa, o, p * inv, &vc[r..r + hd]);
+            }
+        });
     };
     let work: usize = (0..batch.positions.len())
         .filter(|&t| !long(seq_of[t]))
@@ -426,12 +425,12 @@ fn attention(
         * hd;
     if work < PARALLEL_ATTENTION_MIN {
         for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
-            one(idx, o, scores);
+            one(idx, o);
         }
     } else {
         out.par_chunks_mut(hd)
             .enumerate()
-            .for_each(|(idx, o)| SCORES.with_borrow_mut(|scores| one(idx, o, scores)));
+            .for_each(|(idx, o)| one(idx, o));
     }
     let q_dim = heads * hd;
     for s in (0..batch.num_seqs()).filter(|&s| long(s)) {
@@ -477,8 +476,8 @@ struct Segment<'a> {
 }
 
 thread_local! {
-    /// Each pool thread's attention scores (a parallel decode's per
-    /// token and head, a chunk's per block of rows), reused call after call.
+    /// Each thread's attention scores (a decode's per token and head, a
+    /// chunk's per block of rows), reused call after call.
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -540,9 +539,10 @@ fn segment_attention(
     let slot = |j: usize| (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim;
     let packed = isa == Isa::Avx512;
     // per KV head, gathered from the pool once, into the storage of the
-    // previous chunk's (no allocation once the largest chunk has run)
+    // previous chunk's (no allocation once the largest chunk has run; the
+    // backend's ISA, hence each head's form, never changes)
     let SegmentScratch { kv, outs } = scratch;
-    let fresh = || {
+    kv.resize_with(dims.kv_heads, || {
         if packed {
             HeadKv::Packed {
                 k: Packed::default(),
@@ -554,11 +554,7 @@ fn segment_attention(
                 vt: Vec::new(),
             }
         }
-    };
-    if kv.len() != dims.kv_heads || matches!(kv.first(), Some(HeadKv::Packed { .. })) != packed {
-        kv.clear();
-        kv.resize_with(dims.kv_heads, fresh);
-    }
+    });
     kv.par_iter_mut().enumerate().for_each(|(g, head)| {
         let key = |j: usize| &seg.kc[slot(j) + g * hd..][..hd];
         let value = |j: usize| &seg.vc[slot(j) + g * hd..][..hd];
