@@ -8,7 +8,10 @@
 //! length. Requests arrive as a Poisson process at each `--request-rate`
 //! (requests/s; `inf` sends them all at once), optionally capped at
 //! `--max-concurrency` in flight. The same `--seed` gives the same prompts,
-//! lengths and arrival times. `--warmup N` first sends N untimed requests at
+//! lengths and arrival times. Each rate's run draws its own prompt tokens
+//! (the same lengths and arrival times, and the same `--shared-prefix`), so a
+//! later rate does not find the earlier runs' prompts in the server's prefix
+//! cache. `--warmup N` first sends N untimed requests at
 //! once (a server's first-use costs stay out of the figures; a failed warm-up
 //! request stops the benchmark). For each rate it reports request throughput,
 //! output and total tok/s, and mean / p50 / p90 / p99 of time to first token
@@ -155,8 +158,10 @@ fn uniform01(seed: u64, stream: u64, i: u64) -> f64 {
     (draw(seed, stream, i) >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The `n` requests of one run under `seed` and their arrival offsets from its start.
-fn plan(args: &BenchServeArgs, rate: Rate, n: usize, seed: u64) -> Vec<(Duration, Spec)> {
+/// The `n` requests of run `run` under `seed` and their arrival offsets from
+/// its start. The run only changes the prompts' own tokens.
+fn plan(args: &BenchServeArgs, rate: Rate, n: usize, seed: u64, run: u64) -> Vec<(Duration, Spec)> {
+    let ids_seed = seed.wrapping_add(run.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let pick = |r: LenRange, stream: u64, i: u64| {
         r.min + (draw(seed, stream, i) % (r.max - r.min + 1) as u64) as usize
     };
@@ -169,7 +174,8 @@ fn plan(args: &BenchServeArgs, rate: Rate, n: usize, seed: u64) -> Vec<(Duration
             let len = pick(args.input_len, 1, i);
             let mut prompt = shared.clone();
             prompt.extend(
-                (0..len as u64).map(|j| (draw(seed, 2 + i, j) % args.max_token_id as u64) as u32),
+                (0..len as u64)
+                    .map(|j| (draw(ids_seed, 2 + i, j) % args.max_token_id as u64) as u32),
             );
             let spec = Spec {
                 prompt,
@@ -221,7 +227,7 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         api_key: args.api_key.clone(),
     });
     if args.warmup > 0 {
-        let requests = plan(&args, Rate(f64::INFINITY), args.warmup, !args.seed);
+        let requests = plan(&args, Rate(f64::INFINITY), args.warmup, !args.seed, 0);
         let (outcomes, took) = drive(&ctx, requests, args.max_concurrency).await;
         if let Some(e) = outcomes.iter().find_map(|o| o.error.clone()) {
             bail!("a warm-up request failed: {e}");
@@ -233,13 +239,13 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         );
     }
     let mut runs = Vec::new();
-    for &rate in &args.request_rate {
-        let requests = plan(&args, rate, args.num_prompts, args.seed);
+    for (run, &rate) in args.request_rate.iter().enumerate() {
+        let requests = plan(&args, rate, args.num_prompts, args.seed, run as u64);
         let requested: usize = requests.iter().map(|(_, s)| s.max_tokens).sum();
-        let prompt_tokens: usize = requests.iter().map(|(_, s)| s.prompt.len()).sum();
+        let prompt_lens: Vec<usize> = requests.iter().map(|(_, s)| s.prompt.len()).collect();
         let before = replicas::scrape(&ctx.http, &base).await;
         let outcomes = drive(&ctx, requests, args.max_concurrency).await;
-        let report = RunReport::new(rate, &outcomes.0, outcomes.1, prompt_tokens, requested);
+        let report = RunReport::new(rate, &outcomes.0, outcomes.1, &prompt_lens, requested);
         report.print(&mut std::io::stdout())?;
         if let (Some(b), Some(a)) = (before, replicas::scrape(&ctx.http, &base).await) {
             for line in replicas::report(&b, &a) {
@@ -349,12 +355,12 @@ mod tests {
 
     #[test]
     fn plans_are_seeded_poisson_within_the_ranges() {
-        let p = |seed: u64, rate: f64| plan(&args(seed), Rate(rate), 4000, seed);
+        let p = |seed: u64, rate: f64| plan(&args(seed), Rate(rate), 4000, seed, 0);
         let a = p(1, 20.0);
         assert_eq!(a, p(1, 20.0));
         assert_ne!(a, p(2, 20.0));
         // the warm-up's draw: its own count and seed
-        let w = plan(&args(1), Rate(f64::INFINITY), 7, !1);
+        let w = plan(&args(1), Rate(f64::INFINITY), 7, !1, 0);
         assert_eq!(w.len(), 7);
         assert_ne!(w[0].1, a[0].1);
         for (_, s) in &a {
@@ -370,5 +376,27 @@ mod tests {
         assert!((mean - 0.05).abs() < 5.0 * sigma, "mean gap {mean}");
         // `inf`: all at once
         assert!(p(1, f64::INFINITY).iter().all(|(t, _)| t.is_zero()));
+    }
+
+    #[test]
+    fn each_run_draws_fresh_prompt_tokens_over_the_same_shape() {
+        let mut a = args(3);
+        a.shared_prefix = 5;
+        let (first, second) = (
+            plan(&a, Rate(8.0), 200, 3, 0),
+            plan(&a, Rate(8.0), 200, 3, 1),
+        );
+        assert_eq!(first, plan(&a, Rate(8.0), 200, 3, 0));
+        let mut same_tokens = 0;
+        for ((t0, s0), (t1, s1)) in first.iter().zip(&second) {
+            assert_eq!(
+                (t0, s0.prompt.len(), s0.max_tokens),
+                (t1, s1.prompt.len(), s1.max_tokens)
+            );
+            assert_eq!(s0.prompt[..5], s1.prompt[..5], "the shared prefix stays");
+            same_tokens += usize::from(s0.prompt[5..] == s1.prompt[5..]);
+        }
+        // 3..=9 own tokens below 50: two draws agree by chance about never
+        assert!(same_tokens <= 1, "{same_tokens} of 200 prompts repeated");
     }
 }

@@ -81,7 +81,9 @@ pub struct ServeArgs {
     /// The router sends a request to the replica holding the longest cached
     /// prefix of its prompt unless that one is overloaded, else to the least
     /// loaded. Each replica gets `--kv-memory-gib` / `--kv-blocks` and
-    /// `--max-queue` of its own.
+    /// `--max-queue` of its own. A GPU listed twice (`0,0`) hosts two
+    /// replicas that share its SMs and memory: more throughput only where
+    /// one engine leaves the GPU idle (small batches).
     #[arg(long, env = "LAMINA_DEVICES", conflicts_with = "data_parallel_size")]
     pub devices: Option<String>,
     /// Number of replicas (vLLM's `--data-parallel-size`): GPUs 0..N with
@@ -203,7 +205,8 @@ fn replica_plan(args: &ServeArgs) -> Result<setup::ReplicaPlan> {
     })
 }
 
-/// `all` (every GPU `count` reports) or a comma-separated list of distinct GPU ordinals.
+/// `all` (every GPU `count` reports) or a comma-separated list of GPU
+/// ordinals; a GPU listed `k` times hosts `k` replicas (`0,0`).
 fn parse_devices(list: &str, count: impl FnOnce() -> Result<usize>) -> Result<setup::ReplicaPlan> {
     if list.trim() == "all" {
         return Ok(setup::ReplicaPlan::Gpus((0..count()?).collect()));
@@ -216,9 +219,6 @@ fn parse_devices(list: &str, count: impl FnOnce() -> Result<usize>) -> Result<se
                 "invalid `--devices {list}`: `{item}` is not a GPU number; use `all` or a list like `0,1`"
             )
         })?;
-        if ids.contains(&id) {
-            bail!("invalid `--devices {list}`: GPU {id} is listed twice");
-        }
         ids.push(id);
     }
     Ok(setup::ReplicaPlan::Gpus(ids))
@@ -309,7 +309,10 @@ mod tests {
             "{}",
             err("0,x")
         );
-        assert!(err("1,1").contains("GPU 1 is listed twice"));
+        assert_eq!(
+            parse_devices("0,0,1", none).unwrap(),
+            ReplicaPlan::Gpus(vec![0, 0, 1])
+        );
         assert!(err("all").contains("no GPU here"));
         assert!(err("").contains("is not a GPU number"));
     }

@@ -130,7 +130,8 @@ pub struct ModelArgs {
 /// `--device` picks (GPU 0 on CUDA).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicaPlan {
-    /// These CUDA device ordinals, one engine each.
+    /// These CUDA device ordinals, one engine each (an ordinal listed
+    /// twice hosts two engines, which share that GPU).
     Gpus(Vec<usize>),
     /// This many engines: on GPUs 0..n with CUDA, else on the CPU.
     Count(usize),

@@ -5,7 +5,8 @@
 //! more than one token; ITL = every gap between consecutive text chunks of a
 //! request; E2E = finish - send. Percentiles are nearest-rank over the
 //! successful requests. Throughputs divide by the run's wall time, from the
-//! first send to the last finish.
+//! first send to the last finish, and count the successful requests' tokens
+//! only (a refused request's prompt was never processed).
 
 use std::io::Write;
 use std::time::Duration;
@@ -56,6 +57,7 @@ pub struct RunReport {
     pub failed: usize,
     pub first_error: Option<String>,
     pub duration_s: f64,
+    /// The successful requests' prompt tokens.
     pub prompt_tokens: usize,
     pub output_tokens: usize,
     pub output_tokens_requested: usize,
@@ -73,13 +75,20 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl RunReport {
+    /// `prompt_lens[i]` is the prompt length of the request of `outcomes[i]`.
     pub fn new(
         rate: Rate,
         outcomes: &[Outcome],
         duration: Duration,
-        prompt_tokens: usize,
+        prompt_lens: &[usize],
         output_tokens_requested: usize,
     ) -> RunReport {
+        let prompt_tokens = outcomes
+            .iter()
+            .zip(prompt_lens)
+            .filter(|(o, _)| o.error.is_none())
+            .map(|(_, n)| n)
+            .sum();
         let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
         let (mut ttft, mut tpot, mut itl, mut e2e) = (vec![], vec![], vec![], vec![]);
         for o in &ok {
@@ -209,8 +218,11 @@ mod tests {
             error: None,
         };
         let bad = Outcome::failed("HTTP 500".into());
-        let r = RunReport::new(Rate(1.0), &[ok, bad], Duration::from_secs(2), 10, 6);
+        let r = RunReport::new(Rate(1.0), &[ok, bad], Duration::from_secs(2), &[10, 7], 6);
         assert_eq!((r.completed, r.failed), (1, 1));
+        // the refused request's 7 prompt tokens count nowhere
+        assert_eq!(r.prompt_tokens, 10);
+        assert!((r.total_throughput - 6.5).abs() < 1e-9);
         assert_eq!(r.first_error.as_deref(), Some("HTTP 500"));
         assert!((r.ttft.p50 - 100.0).abs() < 1e-6);
         assert!((r.tpot.mean - 15.0).abs() < 1e-6);
