@@ -242,10 +242,9 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
     for (run, &rate) in args.request_rate.iter().enumerate() {
         let requests = plan(&args, rate, args.num_prompts, args.seed, run as u64);
         let requested: usize = requests.iter().map(|(_, s)| s.max_tokens).sum();
-        let prompt_lens: Vec<usize> = requests.iter().map(|(_, s)| s.prompt.len()).collect();
         let before = replicas::scrape(&ctx.http, &base).await;
         let outcomes = drive(&ctx, requests, args.max_concurrency).await;
-        let report = RunReport::new(rate, &outcomes.0, outcomes.1, &prompt_lens, requested);
+        let report = RunReport::new(rate, &outcomes.0, outcomes.1, requested);
         report.print(&mut std::io::stdout())?;
         if let (Some(b), Some(a)) = (before, replicas::scrape(&ctx.http, &base).await) {
             for line in replicas::report(&b, &a) {

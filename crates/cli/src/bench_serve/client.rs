@@ -37,6 +37,8 @@ pub struct Outcome {
     /// Arrival of each chunk that carried text.
     pub chunks: Vec<Instant>,
     pub finished: Option<Instant>,
+    /// The request's prompt length (0 when no request was made).
+    pub prompt_tokens: usize,
     /// `usage.completion_tokens`, else the number of text chunks.
     pub output_tokens: usize,
     pub error: Option<String>,
@@ -48,6 +50,7 @@ impl Outcome {
             sent: None,
             chunks: Vec::new(),
             finished: None,
+            prompt_tokens: 0,
             output_tokens: 0,
             error: Some(why),
         }
@@ -85,6 +88,7 @@ pub async fn send(ctx: &Ctx, spec: &Spec) -> Outcome {
         sent: Some(sent),
         chunks: Vec::with_capacity(spec.max_tokens),
         finished: None,
+        prompt_tokens: spec.prompt.len(),
         output_tokens: 0,
         error: None,
     };

@@ -75,20 +75,12 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl RunReport {
-    /// `prompt_lens[i]` is the prompt length of the request of `outcomes[i]`.
     pub fn new(
         rate: Rate,
         outcomes: &[Outcome],
         duration: Duration,
-        prompt_lens: &[usize],
         output_tokens_requested: usize,
     ) -> RunReport {
-        let prompt_tokens = outcomes
-            .iter()
-            .zip(prompt_lens)
-            .filter(|(o, _)| o.error.is_none())
-            .map(|(_, n)| n)
-            .sum();
         let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.error.is_none()).collect();
         let (mut ttft, mut tpot, mut itl, mut e2e) = (vec![], vec![], vec![], vec![]);
         for o in &ok {
@@ -105,6 +97,7 @@ impl RunReport {
             itl.extend(o.chunks.windows(2).map(|w| ms(w[1] - w[0])));
         }
         let secs = duration.as_secs_f64().max(1e-9);
+        let prompt_tokens: usize = ok.iter().map(|o| o.prompt_tokens).sum();
         let output_tokens: usize = ok.iter().map(|o| o.output_tokens).sum();
         RunReport {
             rate,
@@ -214,11 +207,15 @@ mod tests {
             sent: Some(t0),
             chunks: vec![at(100), at(110), at(130)],
             finished: Some(at(140)),
+            prompt_tokens: 10,
             output_tokens: 3,
             error: None,
         };
-        let bad = Outcome::failed("HTTP 500".into());
-        let r = RunReport::new(Rate(1.0), &[ok, bad], Duration::from_secs(2), &[10, 7], 6);
+        let bad = Outcome {
+            prompt_tokens: 7,
+            ..Outcome::failed("HTTP 500".into())
+        };
+        let r = RunReport::new(Rate(1.0), &[ok, bad], Duration::from_secs(2), 6);
         assert_eq!((r.completed, r.failed), (1, 1));
         // the refused request's 7 prompt tokens count nowhere
         assert_eq!(r.prompt_tokens, 10);

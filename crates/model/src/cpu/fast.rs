@@ -564,9 +564,8 @@ fn segment_attention(
                 v.refill_columns(ctx, hd, value);
             }
             HeadKv::Plain { k, vt } => {
-                k.clear();
+                // every value is written below: only growth is zeroed
                 k.resize(ctx * hd, 0.0);
-                vt.clear();
                 vt.resize(hd * ctx, 0.0);
                 for j in 0..ctx {
                     k[j * hd..(j + 1) * hd].copy_from_slice(key(j));

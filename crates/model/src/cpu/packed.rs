@@ -356,8 +356,8 @@ pub(super) fn pack_group(
         // together beside a Q6_K V)
         let mut stack = Vec::new();
         let mut i = 0;
-        while i < parts.len() {
-            let n = types[i..].iter().take_while(|t| **t == types[i]).count();
+        for run in types.chunk_by(|a, b| a == b) {
+            let n = run.len();
             let rows = parts[i..i + n].iter().map(|p| p.shape[0]).sum();
             let m = pack_group(&mut parts[i..i + n], &kept[i..i + n], quantize_to, layout)?;
             stack.push((m, rows));
