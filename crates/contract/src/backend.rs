@@ -398,6 +398,13 @@ pub struct KvShape {
 
 /// A model executor. Owns the weights and the KV pool memory; the engine owns
 /// the KV bookkeeping (`paged-kv`) and hands each step its slots and tables.
+///
+/// One step protocol, pipelined: [`Backend::launch`] (or
+/// [`Backend::launch_held`] + [`Backend::release`]) starts a step and
+/// [`Backend::collect`] returns its samples, in launch order, with at most
+/// [`MAX_IN_FLIGHT`] steps in flight. A backend that computes on the
+/// calling thread implements it with [`crate::HostPipeline`]. Running steps
+/// one at a time is the same protocol at depth one ([`Backend::step`]).
 pub trait Backend: Send {
     /// Short name for logs (`cpu`, `cuda:0`).
     fn name(&self) -> String;
@@ -408,29 +415,12 @@ pub trait Backend: Send {
     /// The KV pool this backend was built with.
     fn kv_shape(&self) -> KvShape;
 
-    /// Runs one step: writes every token's K/V into its slot, and for each
-    /// sequence with a sample request samples the next token.
-    /// Returns `[S]` entries, `Some` exactly where `batch.samples` is `Some`.
-    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError>;
-
-    /// True when [`Backend::launch`] / [`Backend::collect`] are implemented.
-    /// Default: false (the engine then runs every step with [`Backend::step`]).
-    fn pipelines(&self) -> bool {
-        false
-    }
-
-    /// Starts a step like [`Backend::step`] without waiting for its samples,
-    /// which [`Backend::collect`] returns, in launch order. At most
-    /// [`MAX_IN_FLIGHT`] steps are in flight; the tokens in `batch.carried`
-    /// take their ids from the samples of the step launched just before
-    /// (which may still be running). On error nothing was launched.
-    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        let _ = batch;
-        Err(BackendError::Device(format!(
-            "backend {} does not pipeline steps",
-            self.name()
-        )))
-    }
+    /// Starts a step: it writes every token's K/V into its slot and, for each
+    /// sequence with a sample request, samples the next token, which
+    /// [`Backend::collect`] returns. The tokens in `batch.carried` take their
+    /// ids from the samples of the step launched just before (which may
+    /// still be running). On error nothing was launched.
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError>;
 
     /// Starts a step like [`Backend::launch`] whose sample requests are
     /// not final: a grammar's mask for it depends on the sample of the step
@@ -438,37 +428,23 @@ pub trait Backend: Send {
     /// pass may start now; sampling waits for [`Backend::release`], which
     /// brings the final requests. Until then no step can be launched; the
     /// step before can be collected. On error nothing was launched.
-    /// Default: an error (every backend that pipelines implements it).
-    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        let _ = batch;
-        Err(BackendError::Device(format!(
-            "backend {} does not hold steps for their sample requests",
-            self.name()
-        )))
-    }
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError>;
 
     /// Samples the held step ([`Backend::launch_held`]) with `samples`,
     /// `[S]`: the launched batch's requests with only their `allowed` masks
     /// changed (a mask where the launch had one, none where it had none).
     /// The step is then in flight like a launched one. On error the held
     /// step is dropped (its samples are lost).
-    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
-        let _ = samples;
-        Err(BackendError::Device(format!(
-            "backend {} holds no step to release",
-            self.name()
-        )))
-    }
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError>;
 
-    /// Waits for the oldest launched step and returns its samples, as
-    /// [`Backend::step`] does. An error ends every step in flight (their
-    /// results are lost; later steps carried tokens from them).
-    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        Err(BackendError::Device(format!(
-            "backend {} has no launched step to collect",
-            self.name()
-        )))
-    }
+    /// Waits for the oldest launched step and returns its samples: `[S]`
+    /// entries, `Some` exactly where its `batch.samples` is `Some`. An error
+    /// ends every step in flight (their results are lost; later steps
+    /// carried tokens from them).
+    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError>;
+
+    /// Steps launched (held ones included) and not collected yet.
+    fn in_flight(&self) -> usize;
 
     /// Sizes the step buffers for steps of up to `max_tokens` tokens and
     /// `max_seqs` sequences ahead of time, so the first large steps of a run
@@ -481,8 +457,27 @@ pub trait Backend: Send {
 
     /// Runs one step like [`Backend::step`] but returns the float32 logits of
     /// the given token rows, `[rows.len(), vocab]` row-major, instead of sampling.
-    /// For tests and reference comparisons.
+    /// For tests and reference comparisons; nothing may be in flight.
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError>;
+
+    /// The protocol at depth one: launches `batch` and collects it. An error
+    /// when steps are in flight (their results would come first).
+    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        check_idle(self.in_flight(), "a plain step")?;
+        self.launch(batch)?;
+        self.collect()
+    }
+}
+
+/// The error of a call that needs nothing in flight (a plain step, a
+/// logits call) while `in_flight` steps are.
+pub fn check_idle(in_flight: usize, what: &str) -> Result<(), BackendError> {
+    match in_flight {
+        0 => Ok(()),
+        n => Err(BackendError::InvalidBatch(format!(
+            "{n} launched steps are not collected; {what} cannot run before them"
+        ))),
+    }
 }
 
 #[cfg(test)]

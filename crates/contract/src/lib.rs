@@ -23,7 +23,7 @@ pub mod testing;
 
 pub use backend::{
     Backend, BackendError, Carried, KvShape, MAX_IN_FLIGHT, SampleRequest, SampledToken, StepBatch,
-    check_release,
+    check_idle, check_release,
 };
 pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, SamplingDefaults};
 pub use history::PenaltyHistory;

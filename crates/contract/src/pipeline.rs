@@ -10,15 +10,13 @@
 //! requests (a host backend has no device to overlap it with); it counts as
 //! in flight, and nothing can be launched while it is held. A carried token naming a row of the previous
 //! step that sampled nothing (or with no step launched before) is an
-//! [`BackendError::InvalidBatch`] naming it. [`HostPipeline::step`] is the
-//! plain [`Backend::step`]: only with nothing in flight and nothing carried.
+//! [`BackendError::InvalidBatch`] naming it.
 //!
 //! Costs: a batch with carried tokens is copied once (O(T + S x max_blocks));
 //! the previous step's token ids are kept (O(S)).
 //!
 //! [`Backend::launch`]: crate::Backend::launch
 //! [`Backend::collect`]: crate::Backend::collect
-//! [`Backend::step`]: crate::Backend::step
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -127,16 +125,10 @@ impl HostPipeline {
         })
     }
 
-    /// [`crate::Backend::step`]: `run` on `batch` with nothing in flight.
-    pub fn step(&mut self, batch: &StepBatch, run: impl FnOnce(&StepBatch) -> Results) -> Results {
-        if !self.queue.is_empty() || self.held.is_some() {
-            return Err(BackendError::InvalidBatch(format!(
-                "{} launched steps are not collected; a plain step cannot run before them",
-                self.queue.len() + usize::from(self.held.is_some())
-            )));
-        }
-        self.launch(batch, run)?;
-        self.collect()
+    /// [`crate::Backend::in_flight`]: launched steps not collected, the
+    /// held one included.
+    pub fn in_flight(&self) -> usize {
+        self.queue.len() + usize::from(self.held.is_some())
     }
 }
 
@@ -219,10 +211,12 @@ mod tests {
         assert!(e.contains("row 1"), "{e}");
         p.launch(&plain, run).unwrap();
         assert!(p.launch(&plain, run).is_err(), "a third step in flight");
-        assert!(p.step(&plain, run).is_err(), "a plain step behind launches");
+        assert_eq!(p.in_flight(), 2);
         p.collect().unwrap();
         p.collect().unwrap();
-        assert_eq!(p.step(&plain, run).unwrap(), vec![tok(10), None]);
+        assert_eq!(p.in_flight(), 0);
+        p.launch(&plain, run).unwrap();
+        assert_eq!(p.collect().unwrap(), vec![tok(10), None]);
     }
     #[test]
     fn a_held_step_runs_at_release_with_its_final_requests() {
@@ -243,10 +237,7 @@ mod tests {
             "a launch behind a held step"
         );
         assert!(p.hold(&first).is_err(), "a second held step");
-        assert!(
-            p.step(&first, run).is_err(),
-            "a plain step behind a held step"
-        );
+        assert_eq!(p.in_flight(), 2, "the launched step and the held one");
         // the step before it still collects; the held one does not
         let got = p.collect().unwrap();
         let e = p.collect().unwrap_err().to_string();

@@ -114,9 +114,11 @@ impl SamplingParams {
             || self.frequency_penalty != 0.0
     }
 
-    /// True when the result is the argmax (temperature 0).
+    /// True when the result is the argmax: temperature 0 (or, for
+    /// parameters that skipped [`SamplingParams::validate`], not a positive
+    /// finite number). The one definition every backend follows.
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        !(self.temperature > 0.0 && self.temperature.is_finite())
     }
 
     /// Checks every field's range; the error names the first bad one.

@@ -117,7 +117,7 @@ impl Engine {
         if let Err(e) = backend.reserve(cfg.max_batch_tokens, cfg.max_num_seqs) {
             tracing::warn!(error = %e, "could not size the step buffers up front; they grow on demand");
         }
-        let pipelined = cfg.async_steps && backend.pipelines();
+        let pipelined = cfg.async_steps;
         let clock = crate::step_time::StepClock::new(cfg.max_step_time);
         let grammar = GrammarCompiler::new(tokenizer.clone(), eos_ids.clone(), vocab_size);
         let mut worker = Worker::new(

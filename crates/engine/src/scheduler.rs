@@ -42,11 +42,10 @@
 //!    makes its requests final ([`Scheduler::finalize_samples`]) before
 //!    `launched`. A penalty history is shared with the batch, so a step
 //!    with one lands before the next is planned
-//!    ([`Scheduler::landing_needs_host`]). [`Scheduler::commit`] is
-//!    `launched` + `land` at once.
+//!    ([`Scheduler::landing_needs_host`]).
 //!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
-//! [`Scheduler::launched`] (or `commit`), which releases it (so the
+//! [`Scheduler::launched`], which releases it (so the
 //! repetition-penalty sets it shared are updated in place, not copied).
 //!
 //! # One owner per fact
@@ -124,6 +123,30 @@ struct Seq {
     grammar: Option<Box<SeqGrammar>>,
 }
 
+/// A sequence to queue ([`Scheduler::add`]).
+pub(crate) struct NewSeq {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    /// Most tokens to generate (`None`: no limit known here).
+    pub max_tokens: Option<usize>,
+    pub fork_of: Option<u64>,
+    pub grammar: Option<SeqGrammar>,
+}
+
+impl NewSeq {
+    /// An unconstrained sequence with no token limit.
+    #[cfg(test)]
+    pub(crate) fn plain(prompt: Vec<u32>, params: SamplingParams) -> Self {
+        NewSeq {
+            prompt,
+            params,
+            max_tokens: None,
+            fork_of: None,
+            grammar: None,
+        }
+    }
+}
+
 /// Token counts of one sequence, for usage and stop decisions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SeqSummary {
@@ -194,15 +217,16 @@ impl Scheduler {
     }
 
     /// Queues a new sequence (ids must increase with arrival); `fork_of`
-    /// names the first choice of the same request (contract point 5).
-    pub(crate) fn add(
-        &mut self,
-        id: u64,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-        fork_of: Option<u64>,
-        grammar: Option<SeqGrammar>,
-    ) {
+    /// names the first choice of the same request (contract point 5),
+    /// `max_tokens` the most tokens it generates (contract point 6).
+    pub(crate) fn add(&mut self, id: u64, new: NewSeq) {
+        let NewSeq {
+            prompt,
+            params,
+            max_tokens,
+            fork_of,
+            grammar,
+        } = new;
         let history = params
             .needs_history()
             .then(|| Arc::new(PenaltyHistory::from_tokens(&prompt)));
@@ -215,7 +239,7 @@ impl Scheduler {
             fork_of,
             admitted_once: false,
             carried_from: None,
-            max_tokens: None,
+            max_tokens,
             last_in_flight: false,
             cached_tokens: 0,
             grammar: grammar.map(Box::new),
@@ -224,26 +248,17 @@ impl Scheduler {
         self.waiting.push_back(id);
     }
 
-    /// Sets the most tokens `id` generates (contract point 6).
-    pub(crate) fn set_max_tokens(&mut self, id: u64, max_tokens: usize) {
-        if let Some(seq) = self.seqs.get_mut(&id) {
-            seq.max_tokens = Some(max_tokens);
-        }
-    }
-
     pub(crate) fn is_idle(&self) -> bool {
         self.seqs.is_empty()
     }
-    pub(crate) fn num_running(&self) -> usize {
-        self.running.len()
-    }
-    pub(crate) fn num_waiting(&self) -> usize {
-        self.waiting.len()
+    /// Sequences `(running, waiting)`.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (self.running.len(), self.waiting.len())
     }
     pub(crate) fn kv(&self) -> &KvManager {
         &self.kv
     }
-    /// The batch planned by the last [`Scheduler::schedule`] (until `commit`).
+    /// The batch planned by the last [`Scheduler::schedule`] (until `launched`).
     pub(crate) fn batch(&self) -> &StepBatch {
         self.builder.batch()
     }

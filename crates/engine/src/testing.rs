@@ -115,9 +115,8 @@ pub struct FakeBackend {
     fail_on_token: Option<u32>,
     nan_on_token: Option<u32>,
     context: Vec<u32>,
-    /// Pipelined steps (computed at launch); `pipelines()` says `piped`.
+    /// Launched steps (computed at launch).
     pipe: HostPipeline,
-    piped: bool,
     /// Steps launched held (`Backend::launch_held`), counted for tests.
     held_steps: Arc<AtomicUsize>,
 }
@@ -135,7 +134,6 @@ impl FakeBackend {
             nan_on_token: None,
             context: Vec::new(),
             pipe: HostPipeline::default(),
-            piped: true,
             held_steps: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -144,13 +142,6 @@ impl FakeBackend {
     /// backend moved into an engine).
     pub fn held_steps(&self) -> Arc<AtomicUsize> {
         self.held_steps.clone()
-    }
-
-    /// A fake that does not pipeline steps (the engine then runs each step
-    /// to completion before planning the next).
-    pub fn unpipelined(mut self) -> Self {
-        self.piped = false;
-        self
     }
 
     /// A fake that only hashes the last token and its position (O(T + S) per
@@ -259,10 +250,6 @@ impl Backend for FakeBackend {
         self.shape
     }
 
-    fn pipelines(&self) -> bool {
-        self.piped
-    }
-
     fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
         let mut pipe = std::mem::take(&mut self.pipe);
         let r = pipe.launch(batch, |b| self.compute(b));
@@ -287,11 +274,8 @@ impl Backend for FakeBackend {
         self.pipe.collect()
     }
 
-    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.step(batch, |b| self.compute(b));
-        self.pipe = pipe;
-        r
+    fn in_flight(&self) -> usize {
+        self.pipe.in_flight()
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

@@ -31,10 +31,10 @@ pub struct EngineConfig {
     /// For one engine among replicas (the server then takes it out of
     /// rotation); off, a failed step ends only that step's requests.
     pub halt_on_backend_error: bool,
-    /// Pipeline the steps when the backend can: step N + 1 is planned and
-    /// launched before step N's samples are read, the tokens it needs from
-    /// step N taken on the device, so no host round trip separates two
-    /// steps. Output is the same either way.
+    /// Pipeline the steps: step N + 1 is planned and launched before step
+    /// N's samples are read, the tokens it needs from step N taken on the
+    /// device, so no host round trip separates two steps. Off, each step
+    /// lands before the next is planned. Output is the same either way.
     pub async_steps: bool,
 }
 

@@ -6,7 +6,7 @@
 //! cancels, shutdown), plans a step, runs it on the backend, commits the
 //! results and streams them.
 //!
-//! Steps are pipelined when the backend can (`EngineConfig::async_steps`):
+//! One loop, over the backend's one step protocol (`launch` / `collect`):
 //! each iteration plans step N + 1, launches it while step N still runs,
 //! then lands step N (waits for its samples, commits them, processes their
 //! text while the device runs N + 1) and records N + 1 as launched (see the
@@ -14,16 +14,17 @@
 //! history lands before the next plan. A step N + 1 whose grammar masks
 //! wait for step N's samples is launched held: step N lands (the grammars
 //! advance and compute their masks while the device runs N + 1's forward
-//! pass), N + 1 is released with the masks, then N's text is processed. A failed launch ends its step's
-//! requests; a failed step ends its own and the one launched after it.
+//! pass), N + 1 is released with the masks, then N's text is processed. A
+//! failed launch ends its step's requests; a failed step ends its own and
+//! the one launched after it. With `EngineConfig::async_steps` off the
+//! same loop runs at depth one: each step lands in the iteration that
+//! launched it, and its text is processed after the next launch.
 //!
-//! Unpipelined, output work is kept off the critical path too: the text of
-//! step N's tokens (detokenization, stop strings, events) is processed on a
-//! scoped helper thread while the backend runs step N + 1. Endings decided by token id
-//! alone (EOS, `max_tokens`) are applied at commit, so such a sequence is
-//! never scheduled again; a stop string found in step N's text ends its
-//! request after step N + 1, whose extra token is dropped unseen (usage counts
-//! what was sent). Output is therefore identical to processing in line.
+//! Endings decided by token id alone (EOS, `max_tokens`) are applied when a
+//! step lands, so such a sequence is never scheduled again; a stop string
+//! found in step N's text ends its request after step N + 1, whose extra
+//! token is dropped unseen (usage counts what was sent). Output is
+//! therefore identical to processing in line, at either depth.
 //! A backend failure ends the requests of that
 //! step with `FinishReason::Error` (their blocks freed); the others go on,
 //! unless the engine halts on backend errors: then every request ends with
@@ -57,7 +58,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::grammar::SeqGrammar;
 use crate::output::{Output, Verdict};
-use crate::scheduler::{SchedError, Scheduler};
+use crate::scheduler::{NewSeq, SchedError, Scheduler};
 use crate::step_time::StepClock;
 use crate::types::{Event, FinishReason, GenerateRequest};
 
@@ -102,7 +103,8 @@ pub(crate) struct Worker {
     pub halt_on_backend_error: bool,
     /// Why the engine halted: every request accepted since ends at once with it.
     halted: Option<String>,
-    /// Steps are pipelined (`EngineConfig::async_steps` and a backend that can).
+    /// Steps are pipelined, two in flight (`EngineConfig::async_steps`);
+    /// off, one.
     pub pipelined: bool,
     /// The launched step not landed yet (pipelined).
     in_flight: Option<InFlight>,
@@ -118,10 +120,6 @@ struct InFlight {
     /// Its sequences, ended with an error if it fails.
     ids: Vec<u64>,
 }
-
-/// Below this many pending tokens the text is processed in line: a helper
-/// thread costs more than it saves.
-const OVERLAP_MIN_TOKENS: usize = 16;
 
 /// Processes tokens' text in order; returns the requests that a verdict ends.
 fn process_text(
@@ -264,7 +262,6 @@ impl Worker {
         );
         let phase = Phase::Queued;
         let prompt_len = req.prompt.len();
-        let max_tokens = req.max_tokens;
         let request = Request {
             phase,
             out,
@@ -273,80 +270,26 @@ impl Worker {
             queue_time: None,
         };
         self.requests.insert(id, request);
-        self.sched
-            .add(id, req.prompt, req.sampling, fork_of, grammar);
-        self.sched.set_max_tokens(id, max_tokens);
+        let seq = NewSeq {
+            prompt: req.prompt,
+            params: req.sampling,
+            max_tokens: Some(req.max_tokens),
+            fork_of,
+            grammar,
+        };
+        self.sched.add(id, seq);
         if let Some(why) = self.halted.clone() {
             self.end(id, FinishReason::Error, Some(why));
         }
     }
 
-    /// Plans, runs and commits one step; returns the nanoseconds spent in
-    /// the backend (pipelined: the device time of the step that landed).
+    /// One iteration of the step loop (module doc): lands the step in
+    /// flight first when the next plan needs its samples on the host
+    /// (penalty histories), plans the next step and launches it, then lands
+    /// the step before it (its text processed while the new one runs) and
+    /// records the new one as launched; at depth one (`pipelined` off) it
+    /// lands at once. Returns the device time of the steps that landed.
     fn step(&mut self) -> Result<u64, SchedError> {
-        if self.pipelined {
-            return self.step_pipelined();
-        }
-        if !self.plan()? {
-            self.drain_pending();
-            return Ok(0);
-        }
-        let pending = std::mem::take(&mut self.pending);
-        let timed_step = |backend: &mut Box<dyn Backend>, batch| {
-            let t0 = Instant::now();
-            let r = backend.step(batch);
-            (r, t0.elapsed().as_nanos() as u64)
-        };
-        let ((result, backend_ns), ended) = if pending.len() < OVERLAP_MIN_TOKENS {
-            let ended = process_text(&mut self.requests, pending, &self.eos);
-            (timed_step(&mut self.backend, self.sched.batch()), ended)
-        } else {
-            let (requests, eos) = (&mut self.requests, &self.eos);
-            let (backend, batch) = (&mut self.backend, self.sched.batch());
-            std::thread::scope(|scope| {
-                let text = scope.spawn(move || process_text(requests, pending, eos));
-                let result = timed_step(backend, batch);
-                // the helper only detokenizes and sends events: it cannot panic on user input
-                let ended = text.join().unwrap_or_else(|_| Vec::new());
-                (result, ended)
-            })
-        };
-        let tokens = self.sched.batch().num_tokens();
-        self.observe_step(tokens, backend_ns);
-        let batch = self.sched.batch();
-        tracing::trace!(
-            seqs = batch.num_seqs(),
-            tokens = batch.num_tokens(),
-            decode = batch.is_pure_decode(),
-            us = backend_ns / 1000,
-            "step"
-        );
-        let results = match result {
-            Ok(r) => r,
-            Err(e) => {
-                self.apply_endings(ended);
-                let ids: Vec<u64> = self.sched.planned_ids().collect();
-                self.sched.abandon();
-                self.fail_step(ids, &e);
-                return Ok(backend_ns);
-            }
-        };
-        let mut sampled = Vec::new();
-        let t_commit = Instant::now();
-        self.sched.commit(results, &mut sampled)?;
-        self.add_schedule_ns(t_commit);
-        // after the commit: a request a stop string ended leaves the scheduler
-        // with this step's token, which is never shown
-        self.apply_endings(ended);
-        self.pending = self.accept_samples(sampled);
-        Ok(backend_ns)
-    }
-
-    /// One pipelined iteration (module doc): plans step N + 1 while step N
-    /// runs, launches it, then lands step N (its text processed while N + 1
-    /// runs) and records N + 1 as launched. A step whose samples the next
-    /// plan needs on the host (penalty histories) lands before planning.
-    fn step_pipelined(&mut self) -> Result<u64, SchedError> {
         let mut landed_ns = 0;
         if self.in_flight.is_some() && self.sched.landing_needs_host() {
             landed_ns += self.land().unwrap_or(0);
@@ -390,7 +333,7 @@ impl Worker {
                     if held && self.backend.release(&self.sched.batch().samples).is_ok() {
                         let _ = self.backend.collect();
                     }
-                    self.sched.abandon();
+                    self.sched.abandon_plan();
                     self.fail_step(
                         step.ids,
                         &BackendError::Device("the step before it failed".into()),
@@ -418,6 +361,10 @@ impl Worker {
         self.in_flight = Some(step);
         self.sched.launched()?;
         self.add_schedule_ns(t);
+        if !self.pipelined {
+            // depth one: the step lands before the next is planned
+            landed_ns += self.land_samples().unwrap_or(0);
+        }
         Ok(landed_ns)
     }
 
@@ -460,6 +407,7 @@ impl Worker {
         let mut sampled = Vec::new();
         let t = Instant::now();
         if let Err(e) = self.sched.land(results, &mut sampled) {
+            self.sched.abandon_landing();
             tracing::error!(error = %e, "scheduler invariant broken; failing every request");
             self.end_all(
                 FinishReason::Error,
@@ -624,8 +572,9 @@ impl Worker {
     fn publish(&self) {
         let s = &self.shared;
         let st = |a: &AtomicU64, v: usize| a.store(v as u64, Ordering::Relaxed);
-        st(&s.running, self.sched.num_running());
-        st(&s.waiting, self.sched.num_waiting());
+        let (running, waiting) = self.sched.counts();
+        st(&s.running, running);
+        st(&s.waiting, waiting);
         st(&s.kv_blocks_used, self.sched.kv().num_used_blocks());
         st(&s.kv_blocks_total, self.sched.kv().num_blocks());
         s.preemptions_total

@@ -51,18 +51,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Records a finished step at once ([`Scheduler::launched`] then
-    /// [`Scheduler::land`]). The sampled `(id, token)` pairs are pushed to
-    /// `out` in batch order.
-    pub(crate) fn commit(
-        &mut self,
-        results: Vec<Option<SampledToken>>,
-        out: &mut Vec<(u64, SampledToken)>,
-    ) -> Result<(), SchedError> {
-        self.launched()?;
-        self.land(results, out)
-    }
-
     /// Records the planned step as launched (contract point 6): its KV is
     /// computed, and each sampled sequence's next token is a placeholder
     /// carried into the next step. Call after the previous launch landed.
@@ -243,11 +231,5 @@ impl Scheduler {
     pub(crate) fn abandon_landing(&mut self) {
         self.landing.clear();
         self.landing_rows = 0;
-    }
-
-    /// Both of the above.
-    pub(crate) fn abandon(&mut self) {
-        self.abandon_plan();
-        self.abandon_landing();
     }
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::testing::{FakeBackend, fake_config};
-use contract::{Backend, KvShape};
+use contract::{Backend, KvShape, SampledToken};
 
 #[test]
 fn the_penalty_history_is_shared_and_updated_in_place() {
@@ -19,8 +19,8 @@ fn the_penalty_history_is_shared_and_updated_in_place() {
         repetition_penalty: 1.3,
         ..SamplingParams::greedy()
     };
-    s.add(0, vec![5, 3, 5, 1], params, None, None);
-    s.add(1, vec![5, 3], SamplingParams::greedy(), None, None);
+    s.add(0, NewSeq::plain(vec![5, 3, 5, 1], params));
+    s.add(1, NewSeq::plain(vec![5, 3], SamplingParams::greedy()));
     let mut seen = vec![5, 3, 5, 1];
     for _ in 0..4 {
         s.schedule().unwrap();
@@ -39,11 +39,17 @@ fn the_penalty_history_is_shared_and_updated_in_place() {
         drop(h);
         let res = fake.step(s.batch()).unwrap();
         let mut out = Vec::new();
-        s.commit(res, &mut out).unwrap();
+        commit(&mut s, res, &mut out);
         seen.push(out[0].1.token);
         let kept = s.seqs[&0].history.as_ref().unwrap();
         assert_eq!(Arc::as_ptr(kept), at, "updated in place, not copied");
     }
+}
+
+/// Records a step at once: launched, then landed with `res`.
+fn commit(s: &mut Scheduler, res: Vec<Option<SampledToken>>, out: &mut Vec<(u64, SampledToken)>) {
+    s.launched().unwrap();
+    s.land(res, out).unwrap();
 }
 
 fn sched(blocks: usize, bs: usize, seqs: usize, budget: usize) -> Scheduler {
@@ -60,13 +66,13 @@ fn segs(b: &StepBatch) -> Vec<u32> {
 }
 
 /// Runs one step on the fake and commits it; returns the sampled ids and
-/// the step's batch (the scheduler releases its own at commit).
+/// the step's batch (the scheduler releases its own at launch).
 fn step(s: &mut Scheduler, fake: &mut FakeBackend) -> (Vec<u64>, StepBatch) {
     s.schedule().unwrap();
     let batch = s.batch().clone();
     let res = fake.step(&batch).unwrap();
     let mut out = Vec::new();
-    s.commit(res, &mut out).unwrap();
+    commit(s, res, &mut out);
     (out.into_iter().map(|(id, _)| id).collect(), batch)
 }
 
@@ -80,8 +86,11 @@ fn decodes_first_then_chunks_under_the_budget() {
             block_size: 4,
         },
     );
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None, None);
-    s.add(1, (0..25).collect(), SamplingParams::greedy(), None, None);
+    s.add(0, NewSeq::plain(vec![1, 2, 3], SamplingParams::greedy()));
+    s.add(
+        1,
+        NewSeq::plain((0..25).collect(), SamplingParams::greedy()),
+    );
     // step 1: seq 0 whole (3), seq 1 its first 7
     let (ids, b) = step(&mut s, &mut fake);
     assert_eq!((ids, segs(&b)), (vec![0], vec![3, 7]));
@@ -94,7 +103,7 @@ fn decodes_first_then_chunks_under_the_budget() {
     assert_eq!((ids, segs(&b)), (vec![0, 1], vec![1, 9]));
     assert!(b.samples.iter().all(Option::is_some));
     assert_eq!(s.summary(0).unwrap().generated, 3);
-    assert_eq!(s.batch().num_seqs(), 0, "released at commit");
+    assert_eq!(s.batch().num_seqs(), 0, "released at launch");
 }
 
 #[test]
@@ -107,15 +116,21 @@ fn the_prefill_cap_cuts_chunks_only_beside_other_sequences() {
     // alone: the cap does not apply, the token budget does
     let mut s = sched(64, 4, 8, 10);
     s.set_prefill_cap(4);
-    s.add(0, (0..25).collect(), SamplingParams::greedy(), None, None);
+    s.add(
+        0,
+        NewSeq::plain((0..25).collect(), SamplingParams::greedy()),
+    );
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![10]);
     // beside a decoding sequence: decodes whole, prefill cut to the cap
     let mut s = sched(64, 4, 8, 10);
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None, None);
+    s.add(0, NewSeq::plain(vec![1, 2, 3], SamplingParams::greedy()));
     step(&mut s, &mut fake);
     s.set_prefill_cap(4);
-    s.add(1, (0..25).collect(), SamplingParams::greedy(), None, None);
+    s.add(
+        1,
+        NewSeq::plain((0..25).collect(), SamplingParams::greedy()),
+    );
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![1, 4]);
     let (_, b) = step(&mut s, &mut fake);
@@ -133,13 +148,13 @@ fn the_youngest_is_preempted_and_recomputed_first() {
             block_size: 2,
         },
     );
-    s.add(0, vec![1, 2, 3], SamplingParams::greedy(), None, None);
-    s.add(1, vec![4, 5, 6], SamplingParams::greedy(), None, None);
+    s.add(0, NewSeq::plain(vec![1, 2, 3], SamplingParams::greedy()));
+    s.add(1, NewSeq::plain(vec![4, 5, 6], SamplingParams::greedy()));
     assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 4 tokens each, 4 blocks
     assert_eq!(step(&mut s, &mut fake).0, vec![0, 1]); // 5 tokens each need 6 blocks
     s.schedule().unwrap();
     assert_eq!(s.preemptions_total, 1);
-    assert_eq!(s.num_running(), 1);
+    assert_eq!(s.counts().0, 1);
     assert_eq!(s.waiting.front(), Some(&1));
     // parked with its sampled token, nothing held by paged-kv
     assert_eq!(s.kv().seq_len(1), None);
@@ -154,7 +169,7 @@ fn the_youngest_is_preempted_and_recomputed_first() {
     assert_eq!(s.batch().samples[0].as_ref().unwrap().step, 2);
     assert!(s.first_admitted().is_empty());
     let res = fake.step(s.batch()).unwrap();
-    s.commit(res, &mut Vec::new()).unwrap();
+    commit(&mut s, res, &mut Vec::new());
     s.finish(1).unwrap();
     assert_eq!(s.kv().num_used_blocks(), 0);
     assert!(s.is_idle());
@@ -163,7 +178,10 @@ fn the_youngest_is_preempted_and_recomputed_first() {
 #[test]
 fn a_sequence_that_cannot_fit_an_empty_pool_is_aborted() {
     let mut s = sched(2, 2, 4, 16);
-    s.add(0, vec![1, 2, 3, 4, 5], SamplingParams::greedy(), None, None);
+    s.add(
+        0,
+        NewSeq::plain(vec![1, 2, 3, 4, 5], SamplingParams::greedy()),
+    );
     s.schedule().unwrap();
     assert_eq!(s.aborted(), &[0]);
     assert_eq!(s.batch().num_seqs(), 0);
@@ -182,13 +200,25 @@ fn choices_fork_after_the_prompt_is_computed() {
         },
     );
     let prompt: Vec<u32> = (1..=10).collect();
-    s.add(0, prompt.clone(), SamplingParams::greedy(), None, None);
-    s.add(1, prompt.clone(), SamplingParams::greedy(), Some(0), None);
-    s.add(2, prompt.clone(), SamplingParams::greedy(), Some(0), None);
+    s.add(0, NewSeq::plain(prompt.clone(), SamplingParams::greedy()));
+    s.add(
+        1,
+        NewSeq {
+            fork_of: Some(0),
+            ..NewSeq::plain(prompt.clone(), SamplingParams::greedy())
+        },
+    );
+    s.add(
+        2,
+        NewSeq {
+            fork_of: Some(0),
+            ..NewSeq::plain(prompt.clone(), SamplingParams::greedy())
+        },
+    );
     // a budget of 4: the first choice prefills in chunks, the others wait
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![4]);
-    assert_eq!(s.num_waiting(), 2);
+    assert_eq!(s.counts().1, 2);
     let (_, b) = step(&mut s, &mut fake);
     assert_eq!(segs(&b), vec![4]);
     // 8 of 10 computed: both full blocks exist, the others fork and run

@@ -238,10 +238,6 @@ impl Backend for CpuBackend {
         self.kv
     }
 
-    fn pipelines(&self) -> bool {
-        true
-    }
-
     fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
         let mut pipe = std::mem::take(&mut self.pipe);
         let r = pipe.launch(batch, |b| self.sample_step(b));
@@ -264,14 +260,12 @@ impl Backend for CpuBackend {
         self.pipe.collect()
     }
 
-    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.step(batch, |b| self.sample_step(b));
-        self.pipe = pipe;
-        r
+    fn in_flight(&self) -> usize {
+        self.pipe.in_flight()
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        contract::check_idle(self.pipe.in_flight(), "a logits call")?;
         self.check_batch(batch)?;
         let t = batch.num_tokens();
         if let Some(r) = rows.iter().find(|&&r| r >= t) {

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contract::presets::Preset;
-use contract::{Backend, BackendError, KvShape, LlamaConfig, SampledToken, StepBatch};
+use contract::{
+    Backend, BackendError, HostPipeline, KvShape, LlamaConfig, SampleRequest, SampledToken,
+    StepBatch,
+};
 use engine::{Engine, EngineConfig};
 use tokenizer::Tokenizer;
 use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
@@ -22,6 +25,7 @@ pub struct LetterBackend {
     eos: u32,
     delay: Duration,
     fail_on: Option<u32>,
+    pipe: HostPipeline,
 }
 
 impl LetterBackend {
@@ -47,7 +51,40 @@ impl Backend for LetterBackend {
         self.shape
     }
 
-    fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.launch(batch, |b| self.compute(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.pipe.hold(batch)
+    }
+
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(&mut self.pipe);
+        let r = pipe.release(samples, |b| self.compute(b));
+        self.pipe = pipe;
+        r
+    }
+
+    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
+        self.pipe.collect()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pipe.in_flight()
+    }
+
+    fn logits(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        Err(BackendError::Device("the letter fake has no logits".into()))
+    }
+}
+
+impl LetterBackend {
+    /// One step's samples (a resolved batch).
+    fn compute(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         batch.validate(self.shape.num_blocks, self.shape.block_size)?;
         if let Some(bad) = self.fail_on
             && batch.tokens.contains(&bad)
@@ -75,10 +112,6 @@ impl Backend for LetterBackend {
             })
             .collect();
         Ok(out)
-    }
-
-    fn logits(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        Err(BackendError::Device("the letter fake has no logits".into()))
     }
 }
 
@@ -127,6 +160,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
         eos,
         delay: setup.delay,
         fail_on: setup.fail_on,
+        pipe: HostPipeline::default(),
     };
     let engine = Engine::start(
         Box::new(backend),
