@@ -20,6 +20,7 @@ mod setup;
 mod synth;
 mod timings;
 mod tokenize;
+mod tuning;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

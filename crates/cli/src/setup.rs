@@ -33,7 +33,7 @@ fn host_memory_bytes() -> Option<usize> {
 }
 
 /// Tokens per KV block.
-pub const BLOCK_SIZE: usize = 16;
+pub const BLOCK_SIZE: usize = paged_kv::DEFAULT_BLOCK_SIZE;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -123,6 +123,8 @@ pub struct ModelArgs {
     /// BF16 only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,
+    #[command(flatten)]
+    pub tuning: crate::tuning::TuningArgs,
 }
 
 /// Which engines to start: one per listed CUDA device (data parallelism),
@@ -235,6 +237,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     if args.max_batch_tokens == Some(0) {
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
+    args.tuning.cuda_options()?;
     let dir = model_dir(&args.model)?;
     let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
@@ -427,6 +430,7 @@ fn open_backend(
     cpu_weights: &CpuWeights,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cuda = device.is_some();
+    let cuda_options = args.tuning.cuda_options()?;
     let cfg = &loaded.config;
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };
@@ -475,7 +479,7 @@ fn open_backend(
     };
     let backend: Box<dyn Backend> = match device {
         Some(ordinal) => Box::new(
-            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal)
+            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal, cuda_options)
                 .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
         ),
         None => {

@@ -34,10 +34,10 @@ pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
         }
         None => logits,
     };
-    let token = if params.temperature > 0.0 && params.temperature.is_finite() {
-        draw(z, req)
-    } else {
+    let token = if params.is_greedy() {
         argmax(z)
+    } else {
+        draw(z, req)
     };
     let logprob = logits
         .get(token as usize)

@@ -1,554 +1,396 @@
-//! The layer pipeline on the device: workspace buffers and the enqueue of
-//! one step's kernels.
+//! The layer pipeline on the device: executes a [`StepPlan`].
 //!
 //! Contract: [`CudaBackend::enqueue`] only enqueues work on the stream, with
 //! no allocation, no synchronisation and no host branching on device data,
 //! reading its inputs from the staging buffer at a fixed [`Layout`]; that is
 //! what lets a pure-decode step be captured as a CUDA graph and replayed.
-//! Per layer, steps of more than `gemv_rows` tokens (cuBLAS): fused
-//! add+RMSNorm, QKV GEMM, RoPE + KV write, attention (decode kernel for
-//! pure-decode steps, flash prefill kernel otherwise), O GEMM, add+RMSNorm,
-//! gate/up GEMM, SiLU·up, down GEMM: 4 GEMMs and 5 or 6 kernels. Small
-//! steps (decode at small batch, `gemv_rows`) use the fused GEMVs instead:
-//! RMSNorm+QKV+RoPE+KV write, attention, O + residual, RMSNorm+gate/up+SiLU·up,
-//! down + residual: 5 or 6 kernels. Then the final norm, the gather of the
-//! rows to sample, the LM head (GEMV for one row) on those rows only,
-//! and sampling.
-//! Costs: workspace = `T_cap * (hidden * 10 + qkv + 3 * intermediate) * 2`
-//! bytes + `R_cap * vocab * 8` bytes (logits and the sampler's scratch) +
-//! decode partials `max_S(S * splits(S)) * heads * (head_dim + 2) * 4` bytes
-//! (about `2 * SMs * group * (head_dim + 2) * 4`: a few hundred KiB).
+//! Every choice between kernels was made by the plan (`plan`); the
+//! functions here run it:
+//! - a GEMV layer: RMSNorm+QKV+RoPE+KV write, attention, O + residual,
+//!   RMSNorm+gate/up+SiLU·up, down + residual (5 or 6 kernels);
+//! - a GEMM layer: add+RMSNorm, QKV GEMM, RoPE + KV write, attention, O
+//!   GEMM, add+RMSNorm, gate/up GEMM, SiLU·up, down GEMM (4 GEMMs and 5 or
+//!   6 kernels), the last one on the sampled rows alone when pruned;
+//! - then the final norm, the LM head on the sampled rows, and sampling.
 
-use gpu::{DevSlice, DeviceBuffer, GemmDims, Gpu, PinnedBuffer};
+use gpu::{DevSlice, DeviceBuffer, GemmDims};
 use half::bf16;
-use kernels::decode_attention::DecodeParams;
+use kernels::KernelError;
+use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvOp, RopeKv};
-use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::{SampleOutputs, SampleScratch};
-use kernels::{DecodePlan, HeadShape, SampleParams};
 
 use contract::backend::BackendError;
-use contract::config::LlamaConfig;
 use contract::sampling::MAX_LOGPROBS;
 
+use super::plan::{AttnPlan, HeadIn, Proj, StepPlan};
 use super::staging::{Layout, PARAM_WORDS};
+use super::weights::DeviceLayer;
 use super::{CudaBackend, dev_err};
 
-/// Capacities a [`Workspace`] was allocated for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Caps {
-    pub tokens: usize,
-    pub rows: usize,
-    pub decode_seqs: usize,
-    pub meta: usize,
+/// A device error of operation `what`.
+fn ge(what: &'static str) -> impl FnOnce(gpu::GpuError) -> BackendError {
+    move |e| dev_err(what, e)
 }
 
-/// Activations, staging and outputs, allocated once per capacity.
-pub(super) struct Workspace {
-    pub caps: Caps,
-    pub x: DeviceBuffer<f32>,          // [T, hidden] residual stream
-    pub xn: DeviceBuffer<bf16>,        // [T, hidden] normed
-    pub qkv: DeviceBuffer<bf16>,       // [T, qkv_width]
-    pub attn: DeviceBuffer<bf16>,      // [T, heads * head_dim]
-    pub delta: DeviceBuffer<bf16>,     // [T, hidden] o / down projection output
-    pub gu: DeviceBuffer<bf16>,        // [T, 2 * intermediate]
-    pub act: DeviceBuffer<bf16>,       // [T, intermediate]
-    pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
-    pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
-    pub part_cnt: DeviceBuffer<u32>,   // [S_dec, kv_heads] split arrival counters (zero)
-    pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
-    pub logits: DeviceBuffer<f32>,     // [R, vocab]
-    pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
-    pub samp_stats: DeviceBuffer<f32>, // [R, vocab / SLICE, 2] sampler partials
-    pub samp_keys: DeviceBuffer<u64>,  // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
-    pub tok: DeviceBuffer<u32>,        // [R]
-    pub lp: DeviceBuffer<f32>,         // [R]
-    pub top_ids: DeviceBuffer<u32>,    // [R, MAX_LOGPROBS]
-    pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
-    pub meta: DeviceBuffer<u32>,       // staging, see Layout
-    pub host_meta: PinnedBuffer<u32>,
-    /// A held step's final sampling parameters and history, staged at
-    /// release apart from `host_meta` (whose next packing must not wait for
-    /// the held step's forward pass).
-    pub host_release: PinnedBuffer<u32>,
-    /// Two slots for the samples of two steps in flight (pipelined).
-    pub host_out: [HostOut; 2],
+/// A kernel error of operation `what`.
+fn ke(what: &'static str) -> impl FnOnce(KernelError) -> BackendError {
+    move |e| dev_err(what, e)
 }
 
-/// Pinned copies of one step's samples.
-pub(super) struct HostOut {
-    pub tok: PinnedBuffer<u32>,     // [R]
-    pub lp: PinnedBuffer<f32>,      // [R]
-    pub top_ids: PinnedBuffer<u32>, // [R, MAX_LOGPROBS]
-    pub top_lps: PinnedBuffer<f32>, // [R, MAX_LOGPROBS]
-}
-
-impl HostOut {
-    fn new(gpu: &Gpu, r: usize) -> Result<HostOut, BackendError> {
-        let e = |what: &'static str| {
-            move |err: gpu::GpuError| dev_err(&format!("allocating the workspace ({what})"), err)
-        };
-        Ok(HostOut {
-            tok: gpu.alloc_pinned(r).map_err(e("host_tok"))?,
-            lp: gpu.alloc_pinned(r).map_err(e("host_lp"))?,
-            top_ids: gpu
-                .alloc_pinned(r * MAX_LOGPROBS)
-                .map_err(e("host_top_ids"))?,
-            top_lps: gpu
-                .alloc_pinned(r * MAX_LOGPROBS)
-                .map_err(e("host_top_lps"))?,
-        })
-    }
-}
-
-impl Workspace {
-    pub fn new(
-        gpu: &Gpu,
-        c: &LlamaConfig,
-        shape: HeadShape,
-        plan: DecodePlan,
-        caps: Caps,
-    ) -> Result<Workspace, BackendError> {
-        let e = |what: &'static str| {
-            move |err: gpu::GpuError| dev_err(&format!("allocating the workspace ({what})"), err)
-        };
-        let (t, r, h, i, v) = (
-            caps.tokens,
-            caps.rows,
-            c.hidden_size,
-            c.intermediate_size,
-            c.vocab_size,
-        );
-        Ok(Workspace {
-            caps,
-            x: gpu.alloc(t * h).map_err(e("x"))?,
-            xn: gpu.alloc(t * h).map_err(e("xn"))?,
-            qkv: gpu.alloc(t * shape.qkv_width()).map_err(e("qkv"))?,
-            attn: gpu.alloc(t * c.q_dim()).map_err(e("attn"))?,
-            delta: gpu.alloc(t * h).map_err(e("delta"))?,
-            gu: gpu.alloc(t * 2 * i).map_err(e("gate_up"))?,
-            act: gpu.alloc(t * i).map_err(e("act"))?,
-            part_o: gpu
-                .alloc(plan.partial_o_len(shape, caps.decode_seqs))
-                .map_err(e("part_o"))?,
-            part_ml: gpu
-                .alloc(plan.partial_ml_len(shape, caps.decode_seqs))
-                .map_err(e("part_ml"))?,
-            part_cnt: gpu
-                .alloc(plan.counters_len(shape, caps.decode_seqs))
-                .map_err(e("part_cnt"))?,
-            xs: gpu.alloc(r * h).map_err(e("xs"))?,
-            logits: gpu.alloc(r * v).map_err(e("logits"))?,
-            work: gpu.alloc(r * v).map_err(e("work"))?,
-            samp_stats: gpu
-                .alloc(SampleScratch::stats_len(r, v))
-                .map_err(e("sampler stats"))?,
-            samp_keys: gpu
-                .alloc(SampleScratch::keys_len(r, v, MAX_LOGPROBS))
-                .map_err(e("sampler keys"))?,
-            tok: gpu.alloc(r).map_err(e("tok"))?,
-            lp: gpu.alloc(r).map_err(e("lp"))?,
-            top_ids: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_ids"))?,
-            top_lps: gpu.alloc(r * MAX_LOGPROBS).map_err(e("top_lps"))?,
-            meta: gpu.alloc(caps.meta).map_err(e("meta"))?,
-            host_meta: gpu.alloc_pinned(caps.meta).map_err(e("host_meta"))?,
-            host_release: gpu.alloc_pinned(caps.meta).map_err(e("host_release"))?,
-            host_out: [HostOut::new(gpu, r)?, HostOut::new(gpu, r)?],
-        })
-    }
-}
-
-/// Which attention kernel a step runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Attn {
-    /// One token per sequence: the split-KV decode kernel.
-    Decode,
-    /// Anything else: the flash prefill kernel; the longest segment and the
-    /// number of one-token segments (decode rows of a mixed step).
-    Prefill { max_seqlen: usize, singles: usize },
+/// The staged per-step arrays of a [`Layout`], as device views.
+struct Staged<'a> {
+    tokens: DevSlice<'a, u32>,     // [T]
+    carry: DevSlice<'a, u32>,      // [T]
+    positions: DevSlice<'a, u32>,  // [T]
+    slots: DevSlice<'a, u32>,      // [T]
+    cu_seqlens: DevSlice<'a, u32>, // [S + 1]
+    ctx: DevSlice<'a, u32>,        // [S]
+    tables: DevSlice<'a, u32>,     // [S, max_blocks]
+    rows: DevSlice<'a, u32>,       // [R]
 }
 
 impl CudaBackend {
-    /// Enqueues the forward pass of the step staged at `lay`, then sampling
-    /// (`sample`) or nothing (logits stay in the workspace). `identity_rows`:
-    /// the staged rows are `0, 1, ..` (the LM head may then skip the gather).
+    /// The staged arrays of the step at `lay`.
+    fn staged(&self, lay: &Layout) -> Result<Staged<'_>, BackendError> {
+        let meta = self.ws.meta.view();
+        let part = |off: usize, len: usize| meta.sub(off, len).map_err(ge("staging view"));
+        Ok(Staged {
+            tokens: part(lay.tokens, lay.t)?,
+            carry: part(lay.carry, lay.t)?,
+            positions: part(lay.positions, lay.t)?,
+            slots: part(lay.slots, lay.t)?,
+            cu_seqlens: part(lay.cu_seqlens, lay.s + 1)?,
+            ctx: part(lay.context_lens, lay.s)?,
+            tables: part(lay.tables, lay.s * lay.max_blocks)?,
+            rows: part(lay.rows, lay.r)?,
+        })
+    }
+
+    /// Enqueues the forward pass of the step staged at `lay` as `plan`
+    /// says, then sampling (`sample`) or nothing (the logits stay in the
+    /// workspace).
     pub(super) fn enqueue(
         &self,
         lay: &Layout,
-        attn: Attn,
+        plan: &StepPlan,
         sample: bool,
-        identity_rows: bool,
     ) -> Result<(), BackendError> {
-        let c = &self.config;
-        let ws = &self.ws;
-        let (t, s, r) = (lay.t, lay.s, lay.r);
-        let (h, inter, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-        let shape = self.shape;
-        let g = |what: &'static str| move |e: gpu::GpuError| dev_err(what, e);
-        let k = |what: &'static str| move |e: kernels::KernelError| dev_err(what, e);
-        let meta = ws.meta.view();
-        let part = |off: usize, len: usize| meta.sub(off, len).map_err(g("staging view"));
-        let tokens = part(lay.tokens, t)?;
-        let carry = kernels::embedding::Carry {
-            rows: part(lay.carry, t)?,
-            prev: ws.tok.view(),
-        };
-        let positions = part(lay.positions, t)?;
-        let slots = part(lay.slots, t)?;
-        let cu = part(lay.cu_seqlens, s + 1)?;
-        let ctx = part(lay.context_lens, s)?;
-        let tables = part(lay.tables, s * lay.max_blocks)?;
-        let rows = part(lay.rows, r)?;
-        let gemm = |x: DevSlice<'_, bf16>,
-                    w: &DeviceBuffer<bf16>,
-                    y: DevSlice<'_, bf16>,
-                    n: usize,
-                    kk: usize| {
-            self.blas
-                .matmul_nt(x, w.view(), y, GemmDims { m: t, n, k: kk })
-                .map_err(g("GEMM"))
-        };
-        let gemm_rows = |m: usize,
-                         x: DevSlice<'_, bf16>,
-                         w: &DeviceBuffer<bf16>,
-                         y: DevSlice<'_, bf16>,
-                         n: usize,
-                         kk: usize| {
-            self.blas
-                .matmul_nt(x, w.view(), y, GemmDims { m, n, k: kk })
-                .map_err(g("GEMM"))
-        };
-        let eps = c.rms_norm_eps;
-        // Past the last layer's attention only the sampled rows matter (the
-        // K/V of every token are in the cache by then): a prefill step whose
-        // sampled rows are fewer than its tokens runs the last layer's O
-        // projection, MLP and the final norm on those rows alone (b2: 1 of
-        // 2,048 rows; about 1/16 of the step's GEMM work saved). Compacted
-        // rows live in buffers free by then: attention rows in `qkv`, the f32
-        // residual rows in the sampler's `work`.
-        let prune = !identity_rows && r >= 1 && r < t && v >= h && c.num_layers >= 1;
-        let last = c.num_layers.saturating_sub(1);
-        // SAFETY: check_batch verified every token id < vocab; the staged ids
-        // are those (or 0 for padding); carried ids are the sampler's (< vocab).
-        unsafe {
-            self.k.embedding_gather(
-                ws.x.view(),
-                self.w.embed.view(),
-                tokens,
-                Some(carry),
-                t,
-                h,
-                v,
-            )
+        let io = self.staged(lay)?;
+        self.embed(&io, plan)?;
+        let last = self.model.w.layers.len().saturating_sub(1);
+        for (l, layer) in self.model.w.layers.iter().enumerate() {
+            match plan.proj {
+                Proj::Gemv => self.gemv_layer(l, layer, &io, plan)?,
+                Proj::Gemm => self.gemm_layer(l, layer, &io, plan, l == last)?,
+            }
         }
-        .map_err(k("embedding"))?;
-        // Steps of at most `gemv_rows` tokens run the projections as GEMVs
-        // with the norms, residual adds and SiLU·up fused in; the residual
-        // stream `x` then always holds every delta already.
-        let small = t >= 1 && t <= self.gemv_rows && kernels::gemv::fits(t, h);
-        let gemv = |op: GemvOp<'_>, w: &DeviceBuffer<bf16>, n: usize, kk: usize| {
-            self.k.gemv(op, w.view(), t, n, kk).map_err(k("GEMV"))
-        };
-        // Decode steps with enough sequences: attention on the narrow
-        // tensor-core flash kernel (one token per sequence, cu_seqlens 0..=S).
-        let narrow = (attn == Attn::Decode && s >= self.narrow_decode_seqs)
-            .then_some(PrefillParams {
-                shape,
-                tokens: t,
-                num_seqs: s,
-                max_seqlen: 1,
-                max_blocks: lay.max_blocks,
-                block_size: self.kv.block_size,
-            })
-            .filter(|p| self.k.flash_supports(FlashTiles::Narrow, p));
-        for (l, layer) in self.w.layers.iter().enumerate() {
-            let (kc, vc) = (self.cache.k[l].view(), self.cache.v[l].view());
-            if small {
-                let rope = RopeKv {
-                    positions,
-                    slots,
-                    cos: self.rope_cos.view(),
-                    sin: self.rope_sin.view(),
-                    k_cache: kc,
-                    v_cache: vc,
-                    shape,
-                    max_pos: self.rope_rows,
-                };
-                // SAFETY: as for rope_kv_write below: check_batch verified slots
-                // against the pool (padding uses the scratch block) and positions.
-                unsafe {
-                    self.k.gemv_qkv_rope(
-                        ws.x.view(),
-                        layer.input_norm.view(),
-                        eps,
-                        layer.qkv.view(),
-                        ws.qkv.view(),
-                        rope,
-                        t,
-                        h,
-                    )
-                }
-                .map_err(k("QKV + RoPE GEMV"))?;
-            } else {
-                let delta = (l > 0).then(|| ws.delta.view());
-                self.k
-                    .add_rmsnorm(
-                        ws.x.view(),
-                        delta,
-                        layer.input_norm.view(),
-                        ws.xn.view(),
-                        t,
-                        h,
-                        eps,
-                    )
-                    .map_err(k("input norm"))?;
-                gemm(
-                    ws.xn.view(),
-                    &layer.qkv,
-                    ws.qkv.view(),
-                    shape.qkv_width(),
-                    h,
-                )?;
-                // SAFETY: check_batch verified slots against the pool (padding uses the
-                // scratch block past it, which the cache holds) and positions < rope_rows.
-                unsafe {
-                    self.k.rope_kv_write(
-                        ws.qkv.view(),
-                        positions,
-                        slots,
-                        self.rope_cos.view(),
-                        self.rope_sin.view(),
-                        kc,
-                        vc,
-                        shape,
-                        t,
-                        self.rope_rows,
-                    )
-                }
-                .map_err(k("rope/kv write"))?;
-            }
-            match (attn, narrow) {
-                (Attn::Decode, Some(p)) => {
-                    // SAFETY: as for decode below; cu_seqlens of a decode step are 0..=S
-                    // (one token per sequence, staged), so max_seqlen 1 bounds every segment.
-                    unsafe {
-                        self.k.flash(
-                            FlashTiles::Narrow,
-                            1..=u32::MAX,
-                            ws.qkv.view(),
-                            kc,
-                            vc,
-                            cu,
-                            ctx,
-                            tables,
-                            ws.attn.view(),
-                            p,
-                        )
-                    }
-                    .map_err(k("decode attention (narrow flash)"))?;
-                }
-                (Attn::Decode, None) => {
-                    let p = DecodeParams {
-                        shape,
-                        plan: self.plan,
-                        num_seqs: s,
-                        max_blocks: lay.max_blocks,
-                        block_size: self.kv.block_size,
-                    };
-                    // SAFETY: contexts <= max_context (check_batch), tables in the pool
-                    // (padding points at the scratch block), and every position up to
-                    // each context was written by this or an earlier step.
-                    unsafe {
-                        self.k.decode_attention(
-                            ws.qkv.view(),
-                            kc,
-                            vc,
-                            ctx,
-                            tables,
-                            ws.part_o.view(),
-                            ws.part_ml.view(),
-                            ws.part_cnt.view(),
-                            ws.attn.view(),
-                            p,
-                        )
-                    }
-                    .map_err(k("decode attention"))?;
-                }
-                (
-                    Attn::Prefill {
-                        max_seqlen,
-                        singles,
-                    },
-                    _,
-                ) => {
-                    let p = PrefillParams {
-                        shape,
-                        tokens: t,
-                        num_seqs: s,
-                        max_seqlen,
-                        max_blocks: lay.max_blocks,
-                        block_size: self.kv.block_size,
-                    };
-                    // A mixed step with many decode rows: those on the narrow
-                    // tiling, the multi-token segments on the wide one.
-                    let split = singles >= self.narrow_decode_seqs
-                        && max_seqlen > 1
-                        && self.k.flash_prefill_supports(&p)
-                        && self.k.flash_supports(FlashTiles::Narrow, &p);
-                    let (q, out) = (ws.qkv.view(), ws.attn.view());
-                    // Tensor-core kernel where it serves the head shape, the old one otherwise.
-                    // SAFETY: as for decode; the batch passed StepBatch::validate.
-                    unsafe {
-                        if split {
-                            let (wide, narrow) = (self.k.prefill_tiles(), FlashTiles::Narrow);
-                            self.k
-                                .flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
-                                .and_then(|()| {
-                                    // only one-token segments: one query tile each
-                                    let p = PrefillParams { max_seqlen: 1, ..p };
-                                    self.k
-                                        .flash(narrow, 1..=1, q, kc, vc, cu, ctx, tables, out, p)
-                                })
-                        } else if self.k.flash_prefill_supports(&p) {
-                            self.k.flash_prefill(q, kc, vc, cu, ctx, tables, out, p)
-                        } else {
-                            self.k.prefill_attention(q, kc, vc, cu, ctx, tables, out, p)
-                        }
-                    }
-                    .map_err(k("prefill attention"))?;
-                }
-            }
-            if small {
-                let op = GemvOp::Resid {
-                    x: ws.attn.view(),
-                    residual: ws.x.view(),
-                };
-                gemv(op, &layer.o, h, c.q_dim())?;
-                let op = GemvOp::NormSilu {
-                    residual: ws.x.view(),
-                    norm_w: layer.post_norm.view(),
-                    eps,
-                    y: ws.act.view(),
-                };
-                gemv(op, &layer.gate_up, inter, h)?;
-                let op = GemvOp::Resid {
-                    x: ws.act.view(),
-                    residual: ws.x.view(),
-                };
-                gemv(op, &layer.down, h, inter)?;
-                continue;
-            }
-            if prune && l == last {
-                // compact the sampled rows: attention rows into `qkv`, the
-                // residual rows (f32, copied as bf16 pairs) into `work`
-                let q = c.q_dim();
-                let attn_r = ws.qkv.view().sub(0, r * q).map_err(g("row views"))?;
-                let x_r: DevSlice<'_, bf16> = ws
-                    .work
-                    .view()
-                    .sub(0, r * h)
-                    .and_then(|v| v.cast())
-                    .map_err(g("row views"))?;
-                let x_all: DevSlice<'_, bf16> = ws.x.view().cast().map_err(g("row views"))?;
-                // SAFETY: every staged row index is < T (checked on the host).
-                unsafe {
-                    self.k
-                        .gather_rows(attn_r, ws.attn.view(), rows, r, q, t)
-                        .and_then(|()| self.k.gather_rows(x_r, x_all, rows, r, 2 * h, t))
-                }
-                .map_err(k("row gather (last layer)"))?;
-                let x_r = ws.work.view().sub(0, r * h).map_err(g("row views"))?;
-                gemm_rows(r, attn_r, &layer.o, ws.delta.view(), h, q)?;
-                self.k
-                    .add_rmsnorm(
-                        x_r,
-                        Some(ws.delta.view()),
-                        layer.post_norm.view(),
-                        ws.xn.view(),
-                        r,
-                        h,
-                        eps,
-                    )
-                    .map_err(k("post-attention norm"))?;
-                gemm_rows(r, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
-                self.k
-                    .silu_mul(ws.act.view(), ws.gu.view(), r, inter)
-                    .map_err(k("silu"))?;
-                gemm_rows(r, ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
-                continue;
-            }
-            gemm(ws.attn.view(), &layer.o, ws.delta.view(), h, c.q_dim())?;
-            self.k
-                .add_rmsnorm(
-                    ws.x.view(),
-                    Some(ws.delta.view()),
-                    layer.post_norm.view(),
-                    ws.xn.view(),
-                    t,
-                    h,
-                    eps,
-                )
-                .map_err(k("post-attention norm"))?;
-            gemm(ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
-            self.k
-                .silu_mul(ws.act.view(), ws.gu.view(), t, inter)
-                .map_err(k("silu"))?;
-            gemm(ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
-        }
-        let pruned = prune && !small;
-        let (resid, norm_rows) = if pruned {
-            let x_r = ws.work.view().sub(0, r * h).map_err(g("row views"))?;
-            (x_r, r)
-        } else {
-            (ws.x.view(), t)
-        };
-        self.k
-            .add_rmsnorm(
-                resid,
-                (!small).then(|| ws.delta.view()),
-                self.w.norm.view(),
-                ws.xn.view(),
-                norm_rows,
-                h,
-                eps,
-            )
-            .map_err(k("final norm"))?;
-        // Rows 0..t in order (every pure-decode step), or rows compacted at
-        // the last layer: the LM head reads the normed rows in place.
-        let head_in = if pruned || (identity_rows && r == t) {
-            ws.xn.view()
-        } else {
-            // SAFETY: every staged row index is < T (checked on the host, padding rows < bucket).
-            unsafe {
-                self.k
-                    .gather_rows(ws.xs.view(), ws.xn.view(), rows, r, h, t)
-            }
-            .map_err(k("row gather"))?;
-            ws.xs.view()
-        };
-        if r >= 1 && r <= self.gemv_rows.min(super::HEAD_GEMV_ROWS) {
-            let op = GemvOp::F32 {
-                x: head_in,
-                y: ws.logits.view(),
-            };
-            self.k
-                .gemv(op, self.w.head().view(), r, v, h)
-                .map_err(k("LM head GEMV"))?;
-        } else {
-            self.blas
-                .matmul_nt(
-                    head_in,
-                    self.w.head().view(),
-                    ws.logits.view(),
-                    GemmDims { m: r, n: v, k: h },
-                )
-                .map_err(g("LM head GEMM"))?;
-        }
+        self.final_norm_and_head(&io, plan)?;
         if sample {
             self.enqueue_sampler(lay)?;
         }
         Ok(())
+    }
+
+    /// The residual stream `x` from the token embeddings (carried tokens'
+    /// ids read from the previous step's samples).
+    fn embed(&self, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+        let c = &self.config;
+        let carry = Carry {
+            rows: io.carry,
+            prev: self.ws.tok.view(),
+        };
+        // SAFETY: check_batch verified every token id < vocab; the staged ids
+        // are those (or 0 for padding); carried ids are the sampler's (< vocab).
+        unsafe {
+            self.k.embedding_gather(
+                self.ws.x.view(),
+                self.model.w.embed.view(),
+                io.tokens,
+                Some(carry),
+                plan.t,
+                c.hidden_size,
+                c.vocab_size,
+            )
+        }
+        .map_err(ke("embedding"))
+    }
+
+    /// One layer on the fused GEMVs; `x` holds every delta afterwards.
+    fn gemv_layer(
+        &self,
+        l: usize,
+        layer: &DeviceLayer,
+        io: &Staged<'_>,
+        plan: &StepPlan,
+    ) -> Result<(), BackendError> {
+        let (c, ws, t) = (&self.config, &self.ws, plan.t);
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let rope = RopeKv {
+            positions: io.positions,
+            slots: io.slots,
+            cos: self.model.rope_cos.view(),
+            sin: self.model.rope_sin.view(),
+            k_cache: self.model.cache.k[l].view(),
+            v_cache: self.model.cache.v[l].view(),
+            shape: self.tuning.shape,
+            max_pos: self.model.rope_rows,
+        };
+        // SAFETY: check_batch verified slots against the pool (padding uses the
+        // scratch block past it, which the cache holds) and positions < rope_rows.
+        unsafe {
+            self.k.gemv_qkv_rope(
+                ws.x.view(),
+                layer.input_norm.view(),
+                c.rms_norm_eps,
+                layer.qkv.view(),
+                ws.qkv.view(),
+                rope,
+                t,
+                h,
+            )
+        }
+        .map_err(ke("QKV + RoPE GEMV"))?;
+        self.attention(l, io, plan)?;
+        let gemv = |op: GemvOp<'_>, w: &DeviceBuffer<bf16>, n: usize, k: usize| {
+            self.k.gemv(op, w.view(), t, n, k).map_err(ke("GEMV"))
+        };
+        let (attn, act, x) = (ws.attn.view(), ws.act.view(), ws.x.view());
+        gemv(
+            GemvOp::Resid {
+                x: attn,
+                residual: x,
+            },
+            &layer.o,
+            h,
+            c.q_dim(),
+        )?;
+        let norm_silu = GemvOp::NormSilu {
+            residual: x,
+            norm_w: layer.post_norm.view(),
+            eps: c.rms_norm_eps,
+            y: act,
+        };
+        gemv(norm_silu, &layer.gate_up, inter, h)?;
+        gemv(
+            GemvOp::Resid {
+                x: act,
+                residual: x,
+            },
+            &layer.down,
+            h,
+            inter,
+        )
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS.
+    fn gemm(
+        &self,
+        m: usize,
+        x: DevSlice<'_, bf16>,
+        w: &DeviceBuffer<bf16>,
+        y: DevSlice<'_, bf16>,
+        n: usize,
+        k: usize,
+    ) -> Result<(), BackendError> {
+        self.blas
+            .matmul_nt(x, w.view(), y, GemmDims { m, n, k })
+            .map_err(ge("GEMM"))
+    }
+
+    /// One layer on cuBLAS GEMMs; the last one (`last`) on the sampled rows
+    /// alone after attention when the plan prunes it. Leaves the layer's
+    /// last delta in `delta` (added by the next norm).
+    fn gemm_layer(
+        &self,
+        l: usize,
+        layer: &DeviceLayer,
+        io: &Staged<'_>,
+        plan: &StepPlan,
+        last: bool,
+    ) -> Result<(), BackendError> {
+        let (c, ws, t) = (&self.config, &self.ws, plan.t);
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        let delta = (l > 0).then(|| ws.delta.view());
+        let norm = layer.input_norm.view();
+        self.k
+            .add_rmsnorm(ws.x.view(), delta, norm, ws.xn.view(), t, h, eps)
+            .map_err(ke("input norm"))?;
+        let qkv_width = self.tuning.shape.qkv_width();
+        self.gemm(t, ws.xn.view(), &layer.qkv, ws.qkv.view(), qkv_width, h)?;
+        // SAFETY: check_batch verified slots against the pool (padding uses the
+        // scratch block past it, which the cache holds) and positions < rope_rows.
+        unsafe {
+            self.k.rope_kv_write(
+                ws.qkv.view(),
+                io.positions,
+                io.slots,
+                self.model.rope_cos.view(),
+                self.model.rope_sin.view(),
+                self.model.cache.k[l].view(),
+                self.model.cache.v[l].view(),
+                self.tuning.shape,
+                t,
+                self.model.rope_rows,
+            )
+        }
+        .map_err(ke("rope/kv write"))?;
+        self.attention(l, io, plan)?;
+        if last && plan.prune_last {
+            let (attn, x) = self.compact_sampled_rows(io, plan)?;
+            return self.o_and_mlp(layer, plan.r, attn, x);
+        }
+        self.o_and_mlp(layer, t, ws.attn.view(), ws.x.view())
+    }
+
+    /// Past the last layer's attention only the sampled rows matter (every
+    /// token's K/V is in the cache): copies them into buffers free by then,
+    /// attention rows into `qkv` and the f32 residual rows (as bf16 pairs)
+    /// into the sampler's `work`. Returns both `[R, ..]` views.
+    fn compact_sampled_rows(
+        &self,
+        io: &Staged<'_>,
+        plan: &StepPlan,
+    ) -> Result<(DevSlice<'_, bf16>, DevSlice<'_, f32>), BackendError> {
+        let (ws, h, q) = (&self.ws, self.config.hidden_size, self.config.q_dim());
+        let (r, t) = (plan.r, plan.t);
+        let attn_r = ws.qkv.view().sub(0, r * q).map_err(ge("row views"))?;
+        let x_r: DevSlice<'_, bf16> = ws
+            .work
+            .view()
+            .sub(0, r * h)
+            .and_then(|v| v.cast())
+            .map_err(ge("row views"))?;
+        let x_all: DevSlice<'_, bf16> = ws.x.view().cast().map_err(ge("row views"))?;
+        // SAFETY: every staged row index is < T (checked on the host).
+        unsafe {
+            self.k
+                .gather_rows(attn_r, ws.attn.view(), io.rows, r, q, t)
+                .and_then(|()| self.k.gather_rows(x_r, x_all, io.rows, r, 2 * h, t))
+        }
+        .map_err(ke("row gather (last layer)"))?;
+        let x_r = ws.work.view().sub(0, r * h).map_err(ge("row views"))?;
+        Ok((attn_r, x_r))
+    }
+
+    /// O projection, add+RMSNorm, gate/up, SiLU·up and down over `m` rows
+    /// of attention output `attn` and residual `x`; the down projection's
+    /// output is left in `delta`.
+    fn o_and_mlp(
+        &self,
+        layer: &DeviceLayer,
+        m: usize,
+        attn: DevSlice<'_, bf16>,
+        x: DevSlice<'_, f32>,
+    ) -> Result<(), BackendError> {
+        let (c, ws) = (&self.config, &self.ws);
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        self.gemm(m, attn, &layer.o, ws.delta.view(), h, c.q_dim())?;
+        let norm = layer.post_norm.view();
+        let delta = Some(ws.delta.view());
+        self.k
+            .add_rmsnorm(x, delta, norm, ws.xn.view(), m, h, c.rms_norm_eps)
+            .map_err(ke("post-attention norm"))?;
+        self.gemm(m, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
+        self.k
+            .silu_mul(ws.act.view(), ws.gu.view(), m, inter)
+            .map_err(ke("silu"))?;
+        self.gemm(m, ws.act.view(), &layer.down, ws.delta.view(), h, inter)
+    }
+
+    /// Layer `l`'s attention over the paged KV cache, on the plan's path.
+    fn attention(&self, l: usize, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+        let ws = &self.ws;
+        let (kc, vc) = (self.model.cache.k[l].view(), self.model.cache.v[l].view());
+        let (q, out) = (ws.qkv.view(), ws.attn.view());
+        let (cu, ctx, tables) = (io.cu_seqlens, io.ctx, io.tables);
+        // SAFETY (every arm): check_batch verified contexts <= the RoPE table,
+        // tables inside the pool (padding points at the scratch block), and
+        // every position up to each context was written by this or an earlier
+        // step; a decode step's cu_seqlens are 0..=S (staged).
+        let r = unsafe {
+            match plan.attn {
+                AttnPlan::Decode(p) => self.k.decode_attention(
+                    q,
+                    kc,
+                    vc,
+                    ctx,
+                    tables,
+                    ws.part_o.view(),
+                    ws.part_ml.view(),
+                    ws.part_cnt.view(),
+                    out,
+                    p,
+                ),
+                AttnPlan::Narrow(p) => {
+                    let tiles = FlashTiles::Narrow;
+                    self.k
+                        .flash(tiles, 1..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
+                }
+                AttnPlan::Flash(p) => self.k.flash_prefill(q, kc, vc, cu, ctx, tables, out, p),
+                AttnPlan::FlashSplit { wide, p } => self
+                    .k
+                    .flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
+                    .and_then(|()| {
+                        // only one-token segments: one query tile each
+                        let p = kernels::prefill_attention::PrefillParams { max_seqlen: 1, ..p };
+                        let tiles = FlashTiles::Narrow;
+                        self.k
+                            .flash(tiles, 1..=1, q, kc, vc, cu, ctx, tables, out, p)
+                    }),
+                AttnPlan::Scalar(p) => self.k.prefill_attention(q, kc, vc, cu, ctx, tables, out, p),
+            }
+        };
+        r.map_err(ke("attention"))
+    }
+
+    /// The final norm and the LM head on the rows to sample, into `logits`.
+    fn final_norm_and_head(&self, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+        let (c, ws) = (&self.config, &self.ws);
+        let (h, v, r, t) = (c.hidden_size, c.vocab_size, plan.r, plan.t);
+        let (resid, rows) = match plan.prune_last {
+            true => (ws.work.view().sub(0, r * h).map_err(ge("row views"))?, r),
+            false => (ws.x.view(), t),
+        };
+        // after a GEMV layer `x` holds every delta already
+        let delta = (plan.proj == Proj::Gemm).then(|| ws.delta.view());
+        let norm = self.model.w.norm.view();
+        self.k
+            .add_rmsnorm(resid, delta, norm, ws.xn.view(), rows, h, c.rms_norm_eps)
+            .map_err(ke("final norm"))?;
+        let head_in = match plan.head_in {
+            HeadIn::InPlace => ws.xn.view(),
+            HeadIn::Gather => {
+                // SAFETY: every staged row index is < T (checked on the host,
+                // padding rows < bucket).
+                unsafe {
+                    self.k
+                        .gather_rows(ws.xs.view(), ws.xn.view(), io.rows, r, h, t)
+                }
+                .map_err(ke("row gather"))?;
+                ws.xs.view()
+            }
+        };
+        let head = self.model.w.head().view();
+        match plan.head {
+            Proj::Gemv => {
+                let op = GemvOp::F32 {
+                    x: head_in,
+                    y: ws.logits.view(),
+                };
+                self.k.gemv(op, head, r, v, h).map_err(ke("LM head GEMV"))
+            }
+            Proj::Gemm => self
+                .blas
+                .matmul_nt(
+                    head_in,
+                    head,
+                    ws.logits.view(),
+                    GemmDims { m: r, n: v, k: h },
+                )
+                .map_err(ge("LM head GEMM")),
+        }
     }
 
     /// Enqueues sampling of the `lay.r` rows of logits the forward pass of
@@ -556,13 +398,12 @@ impl CudaBackend {
     /// and history staged there.
     pub(super) fn enqueue_sampler(&self, lay: &Layout) -> Result<(), BackendError> {
         let ws = &self.ws;
-        let g = |what: &'static str| move |e: gpu::GpuError| dev_err(what, e);
         let meta = ws.meta.view();
-        let part = |off: usize, len: usize| meta.sub(off, len).map_err(g("staging view"));
+        let part = |off: usize, len: usize| meta.sub(off, len).map_err(ge("staging view"));
         let r = lay.r;
-        let params: DevSlice<'_, SampleParams> = part(lay.params, r * PARAM_WORDS)?
+        let params = part(lay.params, r * PARAM_WORDS)?
             .cast()
-            .map_err(g("params view"))?;
+            .map_err(ge("params view"))?;
         let history = part(lay.history, lay.hist_cap.max(1))?;
         let out = SampleOutputs {
             tokens: ws.tok.view(),
@@ -570,23 +411,17 @@ impl CudaBackend {
             top_ids: ws.top_ids.view(),
             top_lps: ws.top_lps.view(),
         };
+        let scratch = SampleScratch {
+            work: ws.work.view(),
+            stats: ws.samp_stats.view(),
+            keys: ws.samp_keys.view(),
+        };
+        let (logits, v) = (ws.logits.view(), self.config.vocab_size);
         // SAFETY: each row's history range was staged inside the history area, ids distinct.
         unsafe {
-            self.k.sample_rows(
-                ws.logits.view(),
-                SampleScratch {
-                    work: ws.work.view(),
-                    stats: ws.samp_stats.view(),
-                    keys: ws.samp_keys.view(),
-                },
-                params,
-                history,
-                out,
-                r,
-                self.config.vocab_size,
-                MAX_LOGPROBS,
-            )
+            self.k
+                .sample_rows(logits, scratch, params, history, out, r, v, MAX_LOGPROBS)
         }
-        .map_err(|e| dev_err("sampling", e))
+        .map_err(ke("sampling"))
     }
 }

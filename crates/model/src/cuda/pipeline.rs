@@ -7,9 +7,8 @@
 //! after it. A carried token ([`StepBatch::carried`]) is read by the
 //! embedding kernel from the sampler's output of the previous launch, which
 //! stays in the workspace until the next sampler runs (after that embedding,
-//! in stream order; a workspace growth copies it over). A plain
-//! [`Backend::step`] is a launch and a collect with nothing in flight.
-//! Any failure drops every step in flight.
+//! in stream order; a workspace growth copies it over). Any failure drops
+//! every step in flight.
 //!
 //! Costs: per step one fence record and, per collect, one fence wait; the
 //! host-side work of step N + 1 (planning, staging, graph launch) runs
@@ -17,23 +16,25 @@
 //!
 //! [`Backend::launch`]: contract::Backend::launch
 //! [`Backend::collect`]: contract::Backend::collect
-//! [`Backend::step`]: contract::Backend::step
+
+use std::collections::VecDeque;
 
 use contract::backend::{
     BackendError, SampleRequest, SampledToken, StepBatch, check_can_launch, check_release,
     nothing_held,
 };
 use contract::sampling::MAX_LOGPROBS;
+use gpu::{Fence, Gpu};
 use kernels::SampleParams;
 
-use super::forward::HostOut;
 use super::run::Sampling;
 use super::staging::{Layout, NO_CARRY, sample_params};
+use super::workspace::{HostOut, Workspace};
 use super::{CudaBackend, dev_err};
 
 /// A held step: its forward pass enqueued, its sampling waiting for the
 /// final requests.
-pub(super) struct Held {
+struct Held {
     /// Where it was staged (the sampler reads its parameters there).
     lay: Layout,
     /// Replayed from a graph: every sequence owns a sampler row.
@@ -44,8 +45,56 @@ pub(super) struct Held {
     rows: Vec<Option<(usize, usize)>>,
 }
 
+/// The steps in flight and what the next launch needs of the last one.
+pub(super) struct Pipe {
+    /// Launched steps not collected yet, oldest first.
+    flights: VecDeque<Flight>,
+    /// The held step (`Backend::launch_held`), not released yet.
+    held: Option<Held>,
+    /// The pinned output slot of the next launch (0 or 1).
+    next_slot: usize,
+    /// Fences after each slot's sample copies.
+    fences: [Fence; 2],
+    /// `[S]` of the last launch: the sampler row holding each sequence's
+    /// sample ([`NO_CARRY`] where none), for carried tokens.
+    prev_rows: Vec<u32>,
+}
+
+impl Pipe {
+    pub fn new(gpu: &Gpu) -> Result<Pipe, BackendError> {
+        let fence = || gpu.fence().map_err(|e| dev_err("creating events", e));
+        Ok(Pipe {
+            flights: VecDeque::new(),
+            held: None,
+            next_slot: 0,
+            fences: [fence()?, fence()?],
+            prev_rows: Vec::new(),
+        })
+    }
+
+    /// Steps launched (the held one included) and not collected.
+    pub fn in_flight(&self) -> usize {
+        self.flights.len() + usize::from(self.held.is_some())
+    }
+
+    /// Forgets every step in flight and the held one (a failure).
+    fn drop_all(&mut self) {
+        self.flights.clear();
+        self.prev_rows.clear();
+        self.held = None;
+    }
+
+    /// Reads the samples of every step in flight into the host (call after
+    /// a synchronisation, before `ws`'s pinned slots are dropped).
+    pub fn harvest(&mut self, ws: &Workspace) {
+        for f in self.flights.iter_mut().filter(|f| f.ready.is_none()) {
+            f.ready = Some(read(&ws.host_out[f.slot], &f.rows));
+        }
+    }
+}
+
 /// A launched step not collected yet.
-pub(super) struct Flight {
+struct Flight {
     /// Its pinned output slot (and fence).
     slot: usize,
     /// `[S]` sampler row and top-logprob count of each sampled sequence.
@@ -81,26 +130,20 @@ impl CudaBackend {
         hold: bool,
     ) -> Result<(), BackendError> {
         self.check_batch(batch)?;
-        check_can_launch(self.held.is_some(), self.flights.len())?;
+        check_can_launch(self.pipe.held.is_some(), self.pipe.flights.len())?;
+        let prev = &self.pipe.prev_rows;
         let mut carry = Vec::with_capacity(batch.carried.len());
         for (i, c) in batch.carried.iter().enumerate() {
-            match self.prev_rows.get(c.from as usize) {
+            match prev.get(c.from as usize) {
                 Some(&row) if row != NO_CARRY => carry.push((c.token, row)),
-                _ => return Err(c.unsampled(i, self.prev_rows.len())),
+                _ => return Err(c.unsampled(i, prev.len())),
             }
         }
         let r = self.enqueue_step(batch, &carry, hold);
         if r.is_err() {
-            self.drop_in_flight();
+            self.pipe.drop_all();
         }
         r
-    }
-
-    /// Forgets every step in flight and the held one (a failure).
-    fn drop_in_flight(&mut self) {
-        self.flights.clear();
-        self.prev_rows.clear();
-        self.held = None;
     }
 
     fn enqueue_step(
@@ -174,7 +217,7 @@ impl CudaBackend {
             })
             .collect();
         if hold {
-            self.held = Some(Held {
+            self.pipe.held = Some(Held {
                 lay,
                 graph,
                 samples: batch.samples.clone(),
@@ -196,8 +239,8 @@ impl CudaBackend {
             .map(|&(row, _)| row + 1)
             .max()
             .unwrap_or(0);
-        let slot = self.next_slot;
-        self.next_slot ^= 1;
+        let slot = self.pipe.next_slot;
+        self.pipe.next_slot ^= 1;
         let ws = &mut self.ws;
         let out = &mut ws.host_out[slot];
         let mut copy = |gpu: &gpu::Gpu| -> Result<(), gpu::GpuError> {
@@ -208,15 +251,16 @@ impl CudaBackend {
             gpu.copy_to_pinned(ws.top_lps.slice(0..n)?, &mut out.top_lps)
         };
         copy(&self.gpu).map_err(|e| dev_err("copying sampled tokens", e))?;
-        self.fences[slot]
+        self.pipe.fences[slot]
             .record()
             .map_err(|e| dev_err("copying sampled tokens", e))?;
-        self.prev_rows.clear();
-        self.prev_rows.extend(
+        let prev = &mut self.pipe.prev_rows;
+        prev.clear();
+        prev.extend(
             rows.iter()
                 .map(|r| r.map_or(NO_CARRY, |(row, _)| row as u32)),
         );
-        self.flights.push_back(Flight {
+        self.pipe.flights.push_back(Flight {
             slot,
             rows,
             ready: None,
@@ -231,7 +275,7 @@ impl CudaBackend {
         &mut self,
         samples: &[Option<SampleRequest>],
     ) -> Result<(), BackendError> {
-        let Some(held) = self.held.take() else {
+        let Some(held) = self.pipe.held.take() else {
             return Err(nothing_held());
         };
         check_release(&held.samples, samples)?;
@@ -265,14 +309,14 @@ impl CudaBackend {
             self.push_flight(held.rows)
         })();
         if r.is_err() {
-            self.drop_in_flight();
+            self.pipe.drop_all();
         }
         r
     }
 
     /// Waits for the oldest step in flight and returns its samples.
     pub(super) fn collect_step(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        let Some(f) = self.flights.pop_front() else {
+        let Some(f) = self.pipe.flights.pop_front() else {
             return Err(BackendError::InvalidBatch(
                 "no launched step to collect".into(),
             ));
@@ -280,31 +324,10 @@ impl CudaBackend {
         if let Some(ready) = f.ready {
             return Ok(ready);
         }
-        if let Err(e) = self.fences[f.slot].wait() {
-            self.drop_in_flight();
+        if let Err(e) = self.pipe.fences[f.slot].wait() {
+            self.pipe.drop_all();
             return Err(dev_err("running a step", e));
         }
         Ok(read(&self.ws.host_out[f.slot], &f.rows))
-    }
-
-    /// Reads the samples of every step in flight into the host (call after a
-    /// synchronisation, before the pinned slots are dropped).
-    pub(super) fn harvest(&mut self) {
-        for f in self.flights.iter_mut().filter(|f| f.ready.is_none()) {
-            f.ready = Some(read(&self.ws.host_out[f.slot], &f.rows));
-        }
-    }
-
-    /// Fails with a message when steps are in flight (a plain step or a
-    /// logits call cannot run before them).
-    pub(super) fn require_idle(&self, what: &str) -> Result<(), BackendError> {
-        if self.flights.is_empty() && self.held.is_none() {
-            Ok(())
-        } else {
-            Err(BackendError::InvalidBatch(format!(
-                "{} launched steps are not collected; {what} cannot run before them",
-                self.flights.len() + usize::from(self.held.is_some())
-            )))
-        }
     }
 }

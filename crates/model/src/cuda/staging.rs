@@ -7,13 +7,20 @@
 //! bakes the offsets in), with rows past the real batch padded to a scratch
 //! slot/block that no sequence reads. Sampling parameters are laid out as
 //! [`SampleParams`] words at a 16-byte aligned offset.
-//! Costs: O(T + S * max_blocks + R + history) host writes per step.
+//! [`CudaBackend::stage`] packs a step into the pinned buffer once the
+//! previous step's copy of it has run (a fence) and copies the used prefix
+//! to the device; a held step's final sampling settings are staged apart
+//! ([`CudaBackend::stage_sampling`]).
+//! Costs: O(T + S * max_blocks + R + history) host writes and one
+//! host-to-device copy per step.
 
 use kernels::SampleParams;
 
-use contract::backend::{SampleRequest, StepBatch};
+use contract::backend::{BackendError, SampleRequest, StepBatch};
 use contract::history::additive_terms;
 use contract::sampling::{MAX_LOGPROBS, uniform};
+
+use super::{CudaBackend, dev_err};
 
 /// `u32` words of one [`SampleParams`].
 pub(super) const PARAM_WORDS: usize = std::mem::size_of::<SampleParams>() / 4;
@@ -99,9 +106,9 @@ pub(super) fn sample_params(
         return SampleParams::greedy();
     };
     let p = &req.params;
-    let greedy = !(p.temperature > 0.0 && p.temperature.is_finite());
     let mut out = SampleParams {
-        temperature: if greedy { 0.0 } else { p.temperature },
+        // the kernels' encoding of greedy
+        temperature: if p.is_greedy() { 0.0 } else { p.temperature },
         top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
         top_p: p.top_p,
         min_p: p.min_p,
@@ -198,6 +205,110 @@ pub(super) fn pack(
             buf[dst..dst + PARAM_WORDS]
                 .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(&greedy)));
         }
+    }
+}
+
+impl CudaBackend {
+    /// Stages `batch` at `lay` and copies the staging buffer to the device.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stage(
+        &mut self,
+        lay: &Layout,
+        batch: &StepBatch,
+        rows: &[u32],
+        params: &[SampleParams],
+        hist: &[u32],
+        carry: &[(u32, u32)],
+        pad: bool,
+    ) -> Result<(), BackendError> {
+        let pad = pad.then_some(Pad {
+            block: self.kv.num_blocks as u32,
+            block_size: self.kv.block_size as u32,
+        });
+        // the previous step's copy of the pinned buffer must have run
+        self.ws
+            .meta_fence
+            .wait()
+            .map_err(|e| dev_err("waiting for the last staging copy", e))?;
+        pack(
+            self.ws.host_meta.as_mut_slice(),
+            lay,
+            batch,
+            rows,
+            params,
+            hist,
+            carry,
+            pad,
+        );
+        // Only the used prefix: a graph bucket's history capacity is mostly empty.
+        let used = lay.history + hist.len().max(1);
+        let dst = self
+            .ws
+            .meta
+            .slice(0..used)
+            .map_err(|e| dev_err("staging", e))?;
+        self.gpu
+            .copy_to_device(&self.ws.host_meta.as_slice()[..used], dst)
+            .map_err(|e| dev_err("copying step metadata", e))?;
+        self.ws
+            .meta_fence
+            .record()
+            .map_err(|e| dev_err("copying step metadata", e))
+    }
+
+    /// Stages the final sampling parameters and history of a held step
+    /// laid out at `lay` (`params` of its first rows, padded rows keeping
+    /// theirs; the history words `hist`, then each of `masks` in turn, as
+    /// the params' offsets say) and copies them to the device behind its
+    /// forward pass.
+    pub(super) fn stage_sampling(
+        &mut self,
+        lay: &Layout,
+        params: &[SampleParams],
+        hist: &[u32],
+        masks: &[&[u32]],
+    ) -> Result<(), BackendError> {
+        let words = hist.len() + masks.iter().map(|m| m.len()).sum::<usize>();
+        if words > lay.hist_cap || params.len() > lay.r {
+            return Err(BackendError::InvalidBatch(format!(
+                "release: {} sampler rows and {words} history words where the held step laid out {} and {}",
+                params.len(),
+                lay.r,
+                lay.hist_cap
+            )));
+        }
+        // the last release's copy must have run (long since: a step ago)
+        self.ws
+            .release_fence
+            .wait()
+            .map_err(|e| dev_err("waiting for the last sampling copy", e))?;
+        // params, padded rows' params (as the launch staged them) and
+        // history are contiguous: one copy of `from..to`
+        let (from, to) = (lay.params, lay.history + words.max(1));
+        let buf = self.ws.host_release.as_mut_slice();
+        buf[from..lay.history].copy_from_slice(&self.ws.host_meta.as_slice()[from..lay.history]);
+        for (i, p) in params.iter().enumerate() {
+            let dst = lay.params + i * PARAM_WORDS;
+            buf[dst..dst + PARAM_WORDS]
+                .copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(p)));
+        }
+        let mut at = lay.history;
+        for part in std::iter::once(hist).chain(masks.iter().copied()) {
+            buf[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        let dst = self
+            .ws
+            .meta
+            .slice(from..to)
+            .map_err(|e| dev_err("staging", e))?;
+        self.gpu
+            .copy_to_device(&self.ws.host_release.as_slice()[from..to], dst)
+            .map_err(|e| dev_err("copying sampling parameters", e))?;
+        self.ws
+            .release_fence
+            .record()
+            .map_err(|e| dev_err("copying sampling parameters", e))
     }
 }
 

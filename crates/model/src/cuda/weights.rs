@@ -78,7 +78,7 @@ fn upload_fused(
 }
 
 /// Uploads `w`, fusing Q/K/V and gate/up, checking every shape against `c`.
-pub(super) fn upload_weights(
+fn upload_weights(
     gpu: &Gpu,
     c: &LlamaConfig,
     w: &LlamaWeights,
@@ -157,5 +157,41 @@ impl KvCache {
             );
         }
         Ok(KvCache { k, v })
+    }
+}
+
+/// Everything of the model on the device: weights, the KV pool and the
+/// RoPE table.
+pub(super) struct DeviceModel {
+    pub w: DeviceWeights,
+    pub cache: KvCache,
+    pub rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
+    pub rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
+    /// Rows of the RoPE table = longest context:
+    /// min(max_position_embeddings, pool slots).
+    pub rope_rows: usize,
+}
+
+impl DeviceModel {
+    /// Uploads `w` and the RoPE table and allocates the KV pool `kv`.
+    pub fn upload(
+        gpu: &Gpu,
+        c: &LlamaConfig,
+        w: &LlamaWeights,
+        kv: KvShape,
+    ) -> Result<DeviceModel, BackendError> {
+        let rope_rows = c.max_position_embeddings.min(kv.num_blocks * kv.block_size);
+        let (cos, sin) = c.rope_table(rope_rows);
+        let table = |t: &[f32]| {
+            gpu.upload(t)
+                .map_err(|e| dev_err("uploading the RoPE table", e))
+        };
+        Ok(DeviceModel {
+            rope_cos: table(&cos)?,
+            rope_sin: table(&sin)?,
+            w: upload_weights(gpu, c, w)?,
+            cache: KvCache::new(gpu, c, kv)?,
+            rope_rows,
+        })
     }
 }

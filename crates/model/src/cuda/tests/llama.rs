@@ -17,7 +17,7 @@ fn cuda_llama_1b_dump_for_oracle() {
         num_blocks: 1024,
         block_size: BS,
     };
-    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let mut b = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
     drop(w);
     let mut pool = Pool::new(kv.num_blocks);
     let mut summary = serde_json::Map::new();
@@ -83,6 +83,7 @@ fn cuda_llama_1b_batch_matches_alone() {
             block_size: BS,
         },
         0,
+        CudaOptions::default(),
     )
     .unwrap();
     drop(w);
@@ -105,6 +106,7 @@ fn cuda_llama_1b_step_timing() {
             block_size: BS,
         },
         0,
+        CudaOptions::default(),
     )
     .unwrap();
     drop(w);
@@ -162,6 +164,7 @@ fn cuda_llama_1b_step_timing() {
                 // to back (same inputs), no host work in between.
                 // the bucket of the last step (its block-table rows are the longest)
                 let graph = b
+                    .graphs
                     .graphs
                     .iter()
                     .filter(|((sb, _, _), _)| *sb == bs.next_power_of_two())

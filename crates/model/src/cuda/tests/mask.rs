@@ -27,7 +27,7 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
         num_blocks: 256,
         block_size: BS,
     };
-    let mut gpu = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let mut gpu = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
     let params = [
         SamplingParams {

@@ -48,7 +48,7 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
                 num_blocks: 4,
                 block_size: 16,
             };
-            let err = CudaBackend::new(cfg, &w, kv, 0)
+            let err = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default())
                 .err()
                 .expect("no CUDA here");
             assert!(err.to_string().contains(&why), "{err}");

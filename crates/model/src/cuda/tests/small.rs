@@ -16,7 +16,7 @@ fn cuda_smollm2_matches_cpu() {
         num_blocks: 512,
         block_size: BS,
     };
-    let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0).unwrap();
+    let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
     let mut cpu = CpuBackend::new(cfg, w, kv).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
     let mut worst = (0.0f64, 0.0f64);
@@ -164,7 +164,7 @@ fn cuda_short_generation() {
         num_blocks: 64,
         block_size: BS,
     };
-    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let mut b = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
     let mut runs = Vec::new();
     for graphs in [true, false] {
         b.set_graphs(graphs);
@@ -212,7 +212,7 @@ fn cuda_short_generation() {
         for step in 0..8 {
             if step == 5 {
                 // the batch shrinks from bucket 4 to bucket 2 (a GEMV bucket,
-                // captured at once; with LAMINA_GEMV_ROWS=0 bucket 4's graph
+                // captured at once; with `CudaOptions::gemv_rows` 0 bucket 4's graph
                 // serves it padded until bucket 2 is captured)
                 chunks.truncate(2);
             }
@@ -256,7 +256,7 @@ fn cuda_partial_sampling() {
         num_blocks: 64,
         block_size: BS,
     };
-    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let mut b = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
     for pattern in [
         [false, true, false],
         [true, false, false],
@@ -310,8 +310,8 @@ fn cuda_rejects_malformed_batches() {
         num_blocks: 8,
         block_size: BS,
     };
-    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
-    let max_pos = b.rope_rows;
+    let mut b = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
+    let max_pos = b.model.rope_rows;
     for (what, batch) in malformed_batches(kv, vocab, max_pos) {
         let r = b.step(&batch);
         assert!(
@@ -336,7 +336,7 @@ fn cuda_row_subsets_match_all_rows() {
         num_blocks: 64,
         block_size: BS,
     };
-    let mut b = CudaBackend::new(cfg, &w, kv, 0).unwrap();
+    let mut b = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
     let n = 300;
     let toks = tokens(77, n, vocab);
     let blocks: Vec<u32> = (0..n.div_ceil(BS) as u32).collect();
@@ -429,7 +429,7 @@ fn cuda_pipelined_steps_equal_plain_steps() {
             (Mode::Plain, true),
             (Mode::Held, true),
         ] {
-            let mut b = CudaBackend::new(cfg.clone(), &w, kv, 0).unwrap();
+            let mut b = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
             b.set_graphs(graphs);
             let mut pool = Pool::new(kv.num_blocks);
             let mut seqs: Vec<Seq> = [9usize, 40, 3, 700]

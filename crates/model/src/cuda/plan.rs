@@ -1,0 +1,369 @@
+//! The step plan: the one place that decides which kernels a step runs.
+//!
+//! Contract: [`StepPlan::new`] turns a step's shape ([`StepShape`]: tokens,
+//! sequences, sampled rows, attention kind) and the backend's fixed
+//! [`Tuning`] into every kernel choice of the step: fused GEMVs or cuBLAS
+//! GEMMs for the projections, the attention path, whether the last layer
+//! runs on the sampled rows alone, how the LM head reads its rows and which
+//! product it runs on. `forward` executes a plan and decides nothing; the
+//! same plan is what a captured decode graph replays, so a plan depends on
+//! the staged shape alone, never on device data.
+//!
+//! The rules (H200, Llama-3.2-1B; `docs/performance.md` has the figures):
+//! - projections: steps of at most `gemv_rows` tokens run the fused GEMVs
+//!   (norm, RoPE + KV write, SiLU and residual adds inside), larger ones
+//!   cuBLAS plus the unfused kernels;
+//! - attention: pure-decode steps run the split-KV decode kernel, or the
+//!   narrow flash tiling from `narrow_decode_seqs` sequences on; other steps
+//!   the flash prefill kernel where it serves the head shape (a mixed step
+//!   with many one-token segments splits them onto the narrow tiling), else
+//!   the scalar prefill kernel;
+//! - last layer: a GEMM step sampling fewer rows than it has tokens runs
+//!   the last layer's O projection, MLP and the final norm on those rows;
+//! - LM head: a GEMV for at most [`HEAD_GEMV_ROWS`] rows, else cuBLAS,
+//!   reading the normed rows in place when they are already the sampled
+//!   ones in order.
+//!
+//! Costs: O(1) per step.
+
+use kernels::decode_attention::DecodeParams;
+use kernels::flash_prefill::FlashTiles;
+use kernels::prefill_attention::PrefillParams;
+use kernels::{DecodePlan, HeadShape, Kernels};
+
+/// The LM head runs as a GEMV only for this many rows (at one row it
+/// matches cuBLAS; beyond, cuBLAS wins).
+pub(super) const HEAD_GEMV_ROWS: usize = 1;
+
+/// What a plan depends on besides the step, fixed when the backend is built.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tuning {
+    pub shape: HeadShape,
+    pub decode: DecodePlan,
+    pub block_size: usize,
+    pub hidden: usize,
+    pub vocab: usize,
+    pub num_layers: usize,
+    /// Steps of at most this many tokens run the fused GEMV projections
+    /// (0: never).
+    pub gemv_rows: usize,
+    /// Decode steps of at least this many sequences run attention on the
+    /// narrow flash tiling (`usize::MAX`: never).
+    pub narrow_decode_seqs: usize,
+}
+
+/// The kernels' capabilities a plan asks about (the flash kernel's tilings
+/// on this device); [`Kernels`] answers them.
+pub(super) trait FlashCaps {
+    /// The tiling prefill runs with on this device.
+    fn prefill_tiles(&self) -> FlashTiles;
+    /// Whether `tiles` serves `p`'s head shape on this device.
+    fn flash_supports(&self, tiles: FlashTiles, p: &PrefillParams) -> bool;
+}
+
+impl FlashCaps for Kernels {
+    fn prefill_tiles(&self) -> FlashTiles {
+        Kernels::prefill_tiles(self)
+    }
+    fn flash_supports(&self, tiles: FlashTiles, p: &PrefillParams) -> bool {
+        Kernels::flash_supports(self, tiles, p)
+    }
+}
+
+/// The attention kind of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StepKind {
+    /// One token per sequence.
+    Decode,
+    /// Anything else: the longest segment and the number of one-token
+    /// segments (decode rows of a mixed step).
+    Prefill { max_seqlen: usize, singles: usize },
+}
+
+/// A step as staged: `t` tokens of `s` sequences, `r` rows to sample or
+/// return, block-table rows of `max_blocks`; `identity_rows` when the rows
+/// are `0, 1, ..` in order.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepShape {
+    pub t: usize,
+    pub s: usize,
+    pub r: usize,
+    pub max_blocks: usize,
+    pub kind: StepKind,
+    pub identity_rows: bool,
+}
+
+/// How a group of projections runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Proj {
+    /// Our fused GEMV kernels.
+    Gemv,
+    /// cuBLAS GEMMs plus the unfused norm / RoPE / SiLU kernels.
+    Gemm,
+}
+
+/// The attention path of a step.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum AttnPlan {
+    /// The split-KV decode kernel.
+    Decode(DecodeParams),
+    /// A decode step on the narrow flash tiling.
+    Narrow(PrefillParams),
+    /// The flash prefill kernel on the device's prefill tiling.
+    Flash(PrefillParams),
+    /// A mixed step: multi-token segments on `wide`, one-token segments on
+    /// the narrow tiling.
+    FlashSplit { wide: FlashTiles, p: PrefillParams },
+    /// The scalar prefill kernel (head shapes flash does not serve).
+    Scalar(PrefillParams),
+}
+
+/// Where the LM head reads its input rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeadIn {
+    /// The normed rows are the sampled rows, in order.
+    InPlace,
+    /// The sampled rows are gathered first.
+    Gather,
+}
+
+/// Every kernel choice of one step (module doc).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepPlan {
+    pub t: usize,
+    pub r: usize,
+    pub proj: Proj,
+    pub attn: AttnPlan,
+    /// The last layer's O projection, MLP and the final norm run on the
+    /// `r` sampled rows only.
+    pub prune_last: bool,
+    pub head_in: HeadIn,
+    pub head: Proj,
+}
+
+impl StepPlan {
+    /// The plan of a step of shape `st` (module doc).
+    pub fn new(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> StepPlan {
+        let StepShape { t, r, .. } = st;
+        let proj = if t >= 1 && t <= tu.gemv_rows && kernels::gemv::fits(t, tu.hidden) {
+            Proj::Gemv
+        } else {
+            Proj::Gemm
+        };
+        let prune_last = proj == Proj::Gemm
+            && !st.identity_rows
+            && r >= 1
+            && r < t
+            && tu.vocab >= tu.hidden
+            && tu.num_layers >= 1;
+        let head_in = if prune_last || (st.identity_rows && r == t) {
+            HeadIn::InPlace
+        } else {
+            HeadIn::Gather
+        };
+        let head = if r >= 1 && r <= tu.gemv_rows.min(HEAD_GEMV_ROWS) {
+            Proj::Gemv
+        } else {
+            Proj::Gemm
+        };
+        StepPlan {
+            t,
+            r,
+            proj,
+            attn: attention(tu, caps, st),
+            prune_last,
+            head_in,
+            head,
+        }
+    }
+}
+
+/// The attention path of a step of shape `st`.
+fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
+    let prefill = |max_seqlen: usize| PrefillParams {
+        shape: tu.shape,
+        tokens: st.t,
+        num_seqs: st.s,
+        max_seqlen,
+        max_blocks: st.max_blocks,
+        block_size: tu.block_size,
+    };
+    match st.kind {
+        StepKind::Decode => {
+            let p = prefill(1);
+            if st.s >= tu.narrow_decode_seqs && caps.flash_supports(FlashTiles::Narrow, &p) {
+                AttnPlan::Narrow(p)
+            } else {
+                AttnPlan::Decode(DecodeParams {
+                    shape: tu.shape,
+                    plan: tu.decode,
+                    num_seqs: st.s,
+                    max_blocks: st.max_blocks,
+                    block_size: tu.block_size,
+                })
+            }
+        }
+        StepKind::Prefill {
+            max_seqlen,
+            singles,
+        } => {
+            let p = prefill(max_seqlen);
+            let wide = caps.prefill_tiles();
+            let flash = caps.flash_supports(wide, &p);
+            if flash
+                && singles >= tu.narrow_decode_seqs
+                && max_seqlen > 1
+                && caps.flash_supports(FlashTiles::Narrow, &p)
+            {
+                AttnPlan::FlashSplit { wide, p }
+            } else if flash {
+                AttnPlan::Flash(p)
+            } else {
+                AttnPlan::Scalar(p)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device whose flash tilings serve every head shape (`flash`) or none.
+    struct Caps {
+        flash: bool,
+    }
+
+    impl FlashCaps for Caps {
+        fn prefill_tiles(&self) -> FlashTiles {
+            FlashTiles::Hopper
+        }
+        fn flash_supports(&self, _: FlashTiles, _: &PrefillParams) -> bool {
+            self.flash
+        }
+    }
+
+    fn tuning() -> Tuning {
+        Tuning {
+            shape: HeadShape {
+                num_heads: 32,
+                num_kv_heads: 8,
+                head_dim: 64,
+            },
+            decode: DecodePlan {
+                target_blocks: 264,
+                min_chunk: 64,
+            },
+            block_size: 16,
+            hidden: 2048,
+            vocab: 128_256,
+            num_layers: 16,
+            gemv_rows: 2,
+            narrow_decode_seqs: 66,
+        }
+    }
+
+    fn decode(s: usize) -> StepShape {
+        StepShape {
+            t: s,
+            s,
+            r: s,
+            max_blocks: 16,
+            kind: StepKind::Decode,
+            identity_rows: true,
+        }
+    }
+
+    fn prefill(t: usize, r: usize, singles: usize) -> StepShape {
+        StepShape {
+            t,
+            s: singles + 1,
+            r,
+            max_blocks: 128,
+            kind: StepKind::Prefill {
+                max_seqlen: t - singles,
+                singles,
+            },
+            identity_rows: false,
+        }
+    }
+
+    #[test]
+    fn small_decode_runs_the_fused_gemvs_and_the_head_gemv() {
+        let p = StepPlan::new(&tuning(), &Caps { flash: true }, decode(1));
+        assert_eq!(
+            (p.proj, p.head, p.head_in),
+            (Proj::Gemv, Proj::Gemv, HeadIn::InPlace)
+        );
+        assert!(matches!(p.attn, AttnPlan::Decode(d) if d.num_seqs == 1));
+        assert!(!p.prune_last);
+        let p = StepPlan::new(&tuning(), &Caps { flash: true }, decode(2));
+        assert_eq!((p.proj, p.head), (Proj::Gemv, Proj::Gemm));
+        let p = StepPlan::new(&tuning(), &Caps { flash: true }, decode(3));
+        assert_eq!(p.proj, Proj::Gemm);
+    }
+
+    #[test]
+    fn large_decode_moves_to_the_narrow_tiling_where_it_serves() {
+        let tu = tuning();
+        let at = |s, flash| StepPlan::new(&tu, &Caps { flash }, decode(s)).attn;
+        assert!(matches!(at(65, true), AttnPlan::Decode(_)));
+        assert!(matches!(at(66, true), AttnPlan::Narrow(p) if p.max_seqlen == 1));
+        assert!(matches!(at(256, false), AttnPlan::Decode(_)));
+        let never = Tuning {
+            narrow_decode_seqs: usize::MAX,
+            ..tu
+        };
+        let p = StepPlan::new(&never, &Caps { flash: true }, decode(256));
+        assert!(matches!(p.attn, AttnPlan::Decode(_)));
+    }
+
+    #[test]
+    fn prefill_prunes_the_last_layer_to_the_sampled_rows() {
+        let tu = tuning();
+        let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(2048, 1, 0));
+        assert_eq!((p.proj, p.head_in), (Proj::Gemm, HeadIn::InPlace));
+        assert!(p.prune_last);
+        assert!(matches!(p.attn, AttnPlan::Flash(q) if q.max_seqlen == 2048));
+        // every row sampled: nothing to prune, the rows gathered for the head
+        let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(64, 64, 63));
+        assert!(!p.prune_last);
+        assert_eq!(p.head_in, HeadIn::Gather);
+        // no sampled row (a logits-free chunk): nothing pruned either
+        let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(64, 0, 0));
+        assert!(!p.prune_last);
+    }
+
+    #[test]
+    fn mixed_steps_split_their_decode_rows_and_fall_back_without_flash() {
+        let tu = tuning();
+        let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(600, 80, 70));
+        assert!(matches!(
+            p.attn,
+            AttnPlan::FlashSplit {
+                wide: FlashTiles::Hopper,
+                ..
+            }
+        ));
+        let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(600, 10, 8));
+        assert!(matches!(p.attn, AttnPlan::Flash(_)));
+        let p = StepPlan::new(&tu, &Caps { flash: false }, prefill(600, 80, 70));
+        assert!(matches!(p.attn, AttnPlan::Scalar(_)));
+    }
+
+    #[test]
+    fn no_gemv_when_turned_off_or_too_wide() {
+        let off = Tuning {
+            gemv_rows: 0,
+            ..tuning()
+        };
+        let p = StepPlan::new(&off, &Caps { flash: true }, decode(1));
+        assert_eq!((p.proj, p.head), (Proj::Gemm, Proj::Gemm));
+        let wide = Tuning {
+            hidden: 1 << 20,
+            ..tuning()
+        };
+        let p = StepPlan::new(&wide, &Caps { flash: true }, decode(1));
+        assert_eq!(p.proj, Proj::Gemm);
+    }
+}
