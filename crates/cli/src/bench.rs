@@ -1,4 +1,4 @@
-//! `lamina bench`: the workloads of `../shared/bench/torch_baseline.py`, run
+//! `lamina bench`: the workloads of `scripts/bench/torch_baseline.py`, run
 //! through the engine on random prompt tokens, greedy, EOS ignored.
 //!
 //! - b1: one stream, `--b1-prompt` prompt tokens then `--b1-gen` tokens: decode tok/s
