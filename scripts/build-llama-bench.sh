@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-bench` (and `llama-quantize`, which makes a BF16
 # GGUF from the store's Q4_1 download) from the pinned llama-cpp-python sdist, for
-# `lamina bench --device cpu --llama-bench PATH` (the side-by-side comparison
-# of issue 17). CPU only, tuned for this machine (-DGGML_NATIVE=ON).
+# `lamina bench --device cpu --llama-bench PATH` (the side-by-side
+# comparison). CPU only, tuned for this machine (-DGGML_NATIVE=ON).
 #
 # Usage: scripts/build-llama-bench.sh [OUT_DIR]   (default .cache/llama-bench)
 #   JOBS=N    parallel compile jobs (default: all cores; about 10 minutes on 2)

@@ -1,5 +1,5 @@
 //! The continuous-batching engine on the real CPU backend with the synthetic
-//! `tiny` model (issue 5's acceptance tests): concurrency, preemption,
+//! `tiny` model: concurrency, preemption,
 //! cancellation, prefix caching and rejection never change a request's
 //! greedy tokens, and every KV block comes back.
 //!

@@ -1,5 +1,5 @@
 //! Golden tests: the CPU backend against the independent numpy oracle
-//! (`../shared/oracle/llama_ref.py`), through the golden files that
+//! (`scripts/reference/llama_ref.py`), through the golden files that
 //! `cargo xtask regen-references` writes under `tests/golden/`.
 //!
 //! Contract: for each golden file, the model is rebuilt from its `source`

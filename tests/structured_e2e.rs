@@ -1,4 +1,4 @@
-//! Constrained decoding on the CPU backend with SmolLM2 (issue 9): 20 JSON
+//! Constrained decoding on the CPU backend with SmolLM2: 20 JSON
 //! schemas of varied shape (nested objects, arrays, enums, bounded numbers,
 //! optional fields, `additionalProperties: false`) each give output that
 //! parses and validates against its schema (checked by the `jsonschema`

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Output tok/s against batch size, lamina and transformers in one device call.
+"""Output tok/s against batch size, lamina and transformers in one GPU run.
 
   batch_sweep.py --model DIR [--batches 1,2,...,256] [--prompt 128] [--gen 64]
                  [--lamina devrun/lamina] [--json OUT] [--plot OUT.svg]

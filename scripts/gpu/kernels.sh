@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run 1: the kernel tests (each kernel vs its CPU reference).
+# The kernel tests (each kernel vs its CPU reference).
 # Expects devrun/gpu_kernels and devrun/gpu_attention (the release test
 # binaries of crates/kernels, `cargo test -p kernels --release --no-run`,
 # copied and stripped).

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Device runs 2 and 3: whole-model checks of the CUDA backend.
+# Whole-model checks of the CUDA backend.
 #   model.sh 1b     kernels, 1B dump + oracle comparison, 1B batch-vs-alone
 #   model.sh all    both, without the kernel tests
 #   model.sh small  smollm2 CUDA-vs-CPU, short generation, compute-sanitizer
 #  - kernel tests (devrun/gpu_kernels),
 #  - synthetic llama-3.2-1b and smollm2-135m models made on the machine,
-#  - the 1B dump vs ../shared/oracle/llama_ref.py (devrun/llama_ref.py),
+#  - the 1B dump vs scripts/reference/llama_ref.py (devrun/llama_ref.py),
 #  - batch-vs-alone, CUDA-vs-CPU on smollm2, graph replay, short generation,
 #  - compute-sanitizer memcheck and racecheck on the short generation.
 # Expects in devrun/: gpu_kernels and model_tests (release test binaries),

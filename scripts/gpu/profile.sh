@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run: per-kernel GPU times of a decode step under Nsight Compute
+# Per-kernel GPU times of a decode step under Nsight Compute
 # (graph nodes profiled one by one, clocks left alone, caches flushed between
 # kernels, so small kernels read slower than inside a replayed graph),
 # printed as a table of microseconds per step. Expects devrun/lamina and the

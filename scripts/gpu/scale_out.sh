@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run (2-GPU kind): data parallelism. The same `lamina bench-serve`
+# Data parallelism (needs two GPUs). The same `lamina bench-serve`
 # load against `serve --devices 0` and `serve --devices 0,1` on a synthetic
 # Llama-3.2-1B (output tok/s ratio, TTFT p99 of each), then a shared-prefix
 # check on both GPUs: requests sharing a long system prompt should land on
@@ -9,7 +9,7 @@
 # once: both saturated), TTFT p99 no worse at every rate.
 # Usage: [TWO=0,0] scripts/gpu/scale_out.sh [RATES] [NUM_PROMPTS]
 #   TWO: the two-replica `--devices` (default 0,1; `0,0` runs both replicas
-#   on GPU 0, which checks the replica path on the one-GPU kind but cannot
+#   on GPU 0, which checks the replica path on a one-GPU machine but cannot
 #   show the 1.9x)
 #   RATES: comma-separated requests/s for bench-serve (default inf,64)
 #   Writes $OUT/scale_{1,2}.{txt,json}, $OUT/prefix.txt, $OUT/serve_*.log.

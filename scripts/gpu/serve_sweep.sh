@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device run: `lamina serve` on the H200 and a `lamina bench-serve` rate sweep
+# `lamina serve` on the GPU and a `lamina bench-serve` rate sweep
 # against it over HTTP (loopback), then the latency-against-throughput plot.
 # Expects devrun/lamina (scripts/gpu/prepare.sh).
 # Usage: scripts/gpu/serve_sweep.sh MODEL_DIR [RATES] [NUM_PROMPTS]

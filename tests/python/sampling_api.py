@@ -1,5 +1,5 @@
-"""The official `openai` client against `lamina serve` for the sampling API
-of issue 10: `n` choices (whole and streamed) each equal to a single request
+"""The official `openai` client against `lamina serve` for the sampling API:
+`n` choices (whole and streamed) each equal to a single request
 with the documented derived seed, usage counting the prompt once, `best_of`,
 `logit_bias` (-100 bans a token, +100 forces it), presence and frequency
 penalties reducing repetition, `stop_token_ids`, `echo`, unknown fields

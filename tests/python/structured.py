@@ -1,5 +1,5 @@
-"""Structured output and tool calling through the official `openai` client
-(issue 9): `chat.completions.parse` with a Pydantic model returns a parsed
+"""Structured output and tool calling through the official `openai` client:
+`chat.completions.parse` with a Pydantic model returns a parsed
 object; `json_object` and `guided_regex` hold; a tool-calling round trip
 (the model calls a function, the client sends the `tool` result, the model
 answers) works whole and streamed; bad schemas, grammars and tool

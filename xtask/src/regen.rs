@@ -1,6 +1,6 @@
 //! `cargo xtask regen-references`: rebuilds the golden files under
-//! `tests/golden/` from the independent numpy oracle
-//! (`../shared/oracle/llama_ref.py`).
+//! `tests/golden/` from the independent numpy fp32 reference
+//! (`scripts/reference/llama_ref.py`, the "oracle").
 //!
 //! Contract: for each reference model (the `tiny` synthetic model written by
 //! `checkpoint::synth` with [`TINY_SEED`], and SmolLM2-135M-Instruct as converted
@@ -60,10 +60,10 @@ pub struct RegenArgs {
     /// Output directory (default: tests/golden in the repository)
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// The oracle script (default: ../shared/oracle/llama_ref.py from the repository root)
+    /// The oracle script (default: scripts/reference/llama_ref.py in the repository)
     #[arg(long)]
     pub oracle: Option<PathBuf>,
-    /// Python interpreter with numpy
+    /// Python interpreter with numpy (and `gguf` for smollm2-q4_1)
     #[arg(long, default_value = "python3")]
     pub python: String,
 }
@@ -85,7 +85,7 @@ pub fn run(args: RegenArgs) -> Result<()> {
     let oracle = args
         .oracle
         .clone()
-        .unwrap_or_else(|| root.join("../shared/oracle/llama_ref.py"));
+        .unwrap_or_else(|| root.join("scripts/reference/llama_ref.py"));
     if !oracle.is_file() {
         bail!("oracle {} not found (pass --oracle)", oracle.display());
     }

@@ -1,4 +1,4 @@
-//! `lamina bench`: the workloads of `../shared/bench/torch_baseline.py`, run
+//! `lamina bench`: the workloads of `scripts/bench/torch_baseline.py`, run
 //! through the engine on random prompt tokens, greedy, EOS ignored.
 //!
 //! - b1: one stream, `--b1-prompt` prompt tokens then `--b1-gen` tokens: decode tok/s
@@ -6,7 +6,7 @@
 //! - b2: time to first token for a `--b2-prompt`-token prompt (median of `--repeats`).
 //! - b3: `--b3-batch` prompts of `--b3-prompt` tokens, `--b3-gen` new tokens each,
 //!   submitted at once: output tok/s over the whole run, prefill included.
-//! - s1: constrained decoding (issue 9): `--s1-batch` prompts of
+//! - s1: constrained decoding: `--s1-batch` prompts of
 //!   `--s1-prompt` tokens, `--s1-gen` new tokens each, run once
 //!   unconstrained and once held to a JSON schema (an array of at least
 //!   10,000 small objects, so the grammar is live at every token and never

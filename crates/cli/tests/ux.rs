@@ -1,4 +1,4 @@
-//! The command line as a new user meets it (issue 11): sampling defaults
+//! The command line as a new user meets it: sampling defaults
 //! that answer a factual question, token ids that paste between commands,
 //! prompts from stdin, prompts files with their line numbers, timings, the
 //! KV pool's sizing advice, `serve` binding first and logging requests only
@@ -37,7 +37,7 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 /// SmolLM2's recommended sampling (temperature 0.2, top-p 0.9), written by
 /// the store, answers the question with Paris in 6 of these 10 seeds (the
 /// first token is nearly a tie between "The" and "L'" in this 4-bit
-/// conversion); the old defaults (temperature 1, no truncation) managed 2,
+/// conversion); temperature 1 with no truncation managed 2,
 /// llama.cpp's defaults 5.
 #[test]
 fn default_sampling_answers_paris_more_often() {

@@ -242,7 +242,7 @@ mod tests {
             .is_err()
         );
         assert!(SamplingParams::greedy().validate().is_ok());
-        // finding 6 of the hardening issue: absurd temperatures are refused
+        // absurd temperatures are refused
         for t in [1e8f32, f32::INFINITY, f32::NAN, MAX_TEMPERATURE * 1.01] {
             let e = SamplingParams {
                 temperature: t,

@@ -1,5 +1,4 @@
-//! Scheduler overhead per step with 256 running sequences (issue 5's
-//! benchmark): the engine's host time between backend steps (planning,
+//! Scheduler overhead per step with 256 running sequences: the engine's host time between backend steps (planning,
 //! KV bookkeeping, batch building, detokenizing, stop checks, event sends),
 //! measured on the fake backend in its cheap mode (O(T + S) per step), so the
 //! figure is the engine's own cost, not a model's.

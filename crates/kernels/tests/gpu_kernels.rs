@@ -391,7 +391,7 @@ fn sample_on_gpu(
 
 /// Non-finite logits (a NaN, an infinity, a NaN row) give a NaN
 /// log-probability for the sampled token, greedy or sampled: the flag the
-/// engine ends such a request on (hardening issue, finding 3). A clean row
+/// engine ends such a request on. A clean row
 /// beside them stays finite.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -427,7 +427,7 @@ fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
 
 /// Candidates rank by logit, so `top_k = 1` (or a tiny `top_p`) is greedy at
 /// any temperature, even where every probability ties in f32 (T = 1e8; the
-/// API refuses T > 100): hardening issue, finding 6.
+/// API refuses T > 100).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn sampling_top_k_one_is_greedy_at_any_temperature() {

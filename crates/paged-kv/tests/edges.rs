@@ -1,4 +1,4 @@
-//! Unit tests for the edges named in the issue (block size 1, exactly-full
+//! Unit tests for the allocator's edges (block size 1, exactly-full
 //! blocks, zero free blocks, a prompt that is a strict prefix of a cached
 //! one) and for the documented behaviours (LRU eviction order, collision
 //! safety, dedup, config validation, error reporting).

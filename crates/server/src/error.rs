@@ -1,6 +1,6 @@
 //! API errors in OpenAI's JSON shape:
-//! `{"error": {"message", "type", "param", "code"}}` with the HTTP status the
-//! issue specifies (400 bad input naming the parameter, 401 API key, 404
+//! `{"error": {"message", "type", "param", "code"}}` with these HTTP statuses
+//! (400 bad input naming the parameter, 401 API key, 404
 //! unknown model, 413 body too large, 429 queue full with `Retry-After`,
 //! 503 shutting down, 500 engine failure).
 //!

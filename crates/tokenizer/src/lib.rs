@@ -391,7 +391,7 @@ impl Tokenizer {
     /// located in the rendered prompt and encoded with special tokens as
     /// plain text, the template's own text around it as usual. Prompts whose
     /// contents hold none are encoded in one piece, exactly as `transformers`
-    /// does. [`Tokenizer::encode_chat_trusted`] keeps the old behaviour.
+    /// does. [`Tokenizer::encode_chat_trusted`] parses them as control tokens.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
         self.encode_chat_with_tools(messages, None)
     }

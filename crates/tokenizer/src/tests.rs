@@ -277,7 +277,7 @@ fn tokenizer_and_decoder_can_be_shared_across_threads() {
     assert_send_sync::<crate::detok::IncrementalDecoder>();
 }
 
-/// Hardening item 9: one id given to two different strings of the model
+/// One id given to two different strings of the model
 /// vocabulary is refused, naming the id and both strings. (An added token
 /// whose JSON id is taken gets a fresh id from `tokenizers` itself.)
 #[test]

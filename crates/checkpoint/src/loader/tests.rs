@@ -198,7 +198,7 @@ fn missing_tensor_names_file_and_tensor() {
     );
 }
 
-/// Finding 3 of the hardening issue: one NaN in a layer's `down_proj` (or an
+/// One NaN in a layer's `down_proj` (or an
 /// infinity anywhere) is refused at load with the tensor named, never served.
 #[test]
 fn non_finite_weights_are_refused_naming_the_tensor() {
@@ -228,7 +228,7 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
     assert!(load_weights(d.path(), &cfg).is_ok());
 }
 
-/// Item 9 of the hardening issue: a config that undercounts the file's
+/// A config that undercounts the file's
 /// layers (29 of 30) is refused naming both counts, not loaded short.
 #[test]
 fn more_layers_in_the_file_than_the_config_is_an_error() {

@@ -1,4 +1,4 @@
-//! Helpers shared by the newer end-to-end tests of the `lamina` binary: runs
+//! Helpers shared by end-to-end tests of the `lamina` binary: runs
 //! with a private store (`LAMINA_HOME`), stdin, and a synthetic tiny model.
 
 #![allow(dead_code)]

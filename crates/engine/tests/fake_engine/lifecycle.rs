@@ -299,7 +299,7 @@ fn queued_prompt_tokens_and_queue_time() {
     assert_eq!(s.engine.stats().queued_prompt_tokens, 0);
 }
 
-/// Finding 3 of the hardening issue: non-finite logits (a NaN log-probability
+/// Non-finite logits (a NaN log-probability
 /// from the sampler) end that request with an error naming the cause; the
 /// request beside it in the same steps completes, and no block leaks.
 #[test]
@@ -328,7 +328,7 @@ fn non_finite_logits_end_the_request_with_an_error() {
     assert_eq!(s.engine.stats().kv_blocks_used, 0);
 }
 
-/// Hardening finding 7: a request that could not finish even alone in the
+/// A request that could not finish even alone in the
 /// KV pool is refused at submit, naming the pool and the fix, never cut
 /// short later as `length`; one that exactly fits runs to its end.
 #[test]

@@ -452,7 +452,7 @@ proptest::proptest! {
     }
 }
 
-/// Finding 3 of the hardening issue: a NaN weight makes the logits
+/// A NaN weight makes the logits
 /// non-finite, and the sampled token's log-probability says so (NaN): the
 /// flag the engine ends such a request on, without a host scan of the logits.
 #[test]

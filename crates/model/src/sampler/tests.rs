@@ -31,7 +31,7 @@ fn logits(n: usize, salt: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Finding 6 of the hardening issue: candidates rank by logit, so
+/// Candidates rank by logit, so
 /// `top_k = 1` is greedy at any temperature, even where every
 /// probability ties in f32 (T = 1e8 here; the API refuses T > 100).
 #[test]
@@ -368,7 +368,7 @@ fn logprobs_are_raw_log_softmax_best_first() {
     );
 }
 
-/// The grammar's mask (issue 9): only allowed tokens are drawn, greedy or
+/// The grammar's mask: only allowed tokens are drawn, greedy or
 /// seeded, after the bias; the log-probability stays the raw model's.
 #[test]
 fn the_mask_limits_the_draw_to_allowed_tokens() {

@@ -1,4 +1,4 @@
-//! The API surface of issue 10 in process: the generated OpenAPI document
+//! The HTTP API's surface in process: the generated OpenAPI document
 //! (every served route, validated by an independent OpenAPI 3.1 parser),
 //! `/docs`, `/detokenize`, `/version`, `n` / `best_of` / `echo` shapes and
 //! usage, SSE keep-alive comments while a request is queued, and CORS.

@@ -303,7 +303,7 @@ async fn open_stream(app: &crate::App, body: &Value) -> axum::response::Response
     resp
 }
 
-/// Finding 2 of the hardening issue: text longer than the whole context can
+/// Text longer than the whole context can
 /// hold (context x the longest vocabulary piece) is refused before it is
 /// tokenized, naming the parameter, for completions, chat and /tokenize.
 #[tokio::test]

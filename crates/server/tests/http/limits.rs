@@ -1,4 +1,4 @@
-//! Connection limits over a real socket (hardening issue, findings 1 and 9):
+//! Connection limits over a real socket:
 //! slow headers, idle keep-alive connections and stalled bodies are closed
 //! within the configured timeouts; connections past the cap evict the
 //! longest-idle ones, so a cap full of idle connections still answers
@@ -174,7 +174,7 @@ fn fd_limit() -> usize {
         .unwrap_or(1024)
 }
 
-/// The issue's criterion: 10,000 idle connections (fewer if this process
+/// 10,000 idle connections (fewer if this process
 /// may not open twice as many descriptors) filling the cap leave `/health`
 /// and a stream's first token answering within 100 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -226,7 +226,7 @@ async fn a_cap_full_of_idle_connections_still_answers_within_100_ms() {
     drop(idle);
 }
 
-/// Finding 9: a client that shuts its write side after the request still
+/// A client that shuts its write side after the request still
 /// gets the whole response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_closed_connection_gets_its_response() {

@@ -1,4 +1,4 @@
-//! Hardening finding 2 over a real socket: clients posting 4 MB prompts in a
+//! Over a real socket: clients posting 4 MB prompts in a
 //! loop (parsed, refused as longer than the context, never run) do not raise
 //! another client's worst gap between streamed tokens above twice its
 //! unloaded value.

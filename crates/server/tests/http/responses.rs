@@ -294,7 +294,7 @@ fn first_choices(r: &crate::Reply, stream: bool) -> Vec<Value> {
     }
 }
 
-/// Finding 9: log-probabilities follow the returned text. The tokens of a
+/// Log-probabilities follow the returned text. The tokens of a
 /// matched stop string ("fgh") and the EOS token add no text and are not
 /// reported; `tokens` joined equal the text and no `text_offset` runs past it.
 #[tokio::test]

@@ -106,7 +106,7 @@ async fn requests_past_grace_are_cancelled() {
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
 }
 
-/// Finding 9: while the server drains, it still accepts connections and
+/// While the server drains, it still accepts connections and
 /// answers `/health` with 503 and new work with 503; the in-flight stream
 /// finishes; then the listener closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

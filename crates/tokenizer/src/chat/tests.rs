@@ -158,7 +158,7 @@ fn looping_templates_exhaust_their_budget() {
     );
 }
 
-/// Tool calling (issue 9): a template that reads `tools`, an assistant
+/// Tool calling: a template that reads `tools`, an assistant
 /// turn's `tool_calls` (arguments as an object) and a `tool` turn's
 /// `tool_call_id` gets them; without tools `tools` is undefined.
 #[test]

@@ -1,4 +1,4 @@
-//! The grammar's allowed-token mask (`SampleRequest::allowed`, issue 9) in
+//! The grammar's allowed-token mask (`SampleRequest::allowed`) in
 //! the GPU sampler against the CPU sampler on the same logits: greedy and
 //! sampled rows, with penalties and `logit_bias`, masks allowing a random
 //! eighth of the vocabulary (the unmasked best token forbidden), one token,

@@ -1,7 +1,7 @@
 //! Checks of the CUDA backend. The first runs anywhere (no GPU: a clear
 //! error, no panic); the `#[ignore]`d ones need a CUDA device and synthetic
 //! models, and are run by `scripts/gpu/model.sh` (which then compares the
-//! dumped logits with `../shared/oracle/llama_ref.py`).
+//! dumped logits with `scripts/reference/llama_ref.py`).
 //!
 //! Environment: `LAMINA_SYNTH_ROOT` (where synthetic models are made or
 //! found, default `/tmp/lamina-synth`), `LAMINA_TOKENIZER_WHEEL` (a local

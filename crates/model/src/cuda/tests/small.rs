@@ -85,7 +85,7 @@ fn cuda_smollm2_matches_cpu() {
             logprobs: 2,
             ..SamplingParams::greedy()
         },
-        // presence / frequency penalties and logit_bias (issue 10)
+        // presence / frequency penalties and logit_bias
         SamplingParams {
             temperature: 0.7,
             repetition_penalty: 1.1,

@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Float32 numpy reference of the Llama forward pass: the oracle the golden
+files and the GPU whole-model checks are measured against.
+
+It shares no code with the engine on purpose (an independent second reading
+of the architecture): embeddings, RMSNorm, rotate-half RoPE (with llama3
+frequency scaling), grouped-query causal attention, SwiGLU, final norm and a
+tied or untied LM head, every sequence recomputed from its first token.
+
+Inputs: a Hugging Face model directory (`config.json` and `*.safetensors` in
+BF16, F16 or F32; rope settings under `rope_theta` / `rope_scaling` or
+`rope_parameters`), or a llama-architecture `.gguf` file, dequantised to
+float32 by the `gguf` package (pinned in `xtask/src/ci.rs`) with llama.cpp's
+Q/K row order turned back into Hugging Face's.
+
+  llama_ref.py --model DIR_OR_GGUF --tokens 1,2,3 [--steps N] [--json OUT]
+
+Greedy-decodes N tokens (default 8) after the prompt and prints them with
+the top-5 logits of each step. `--json OUT` writes {"tokens", "generated",
+"top5": [[[id, logit] x5] per step], "logits_last": every logit at the last
+prompt position}.
+
+As a module: `Model.load(path)` then `model.logits(tokens)` -> float32
+array [len(tokens), vocab] (used by `tests/python/teacher_forced.py` and
+`scripts/gpu/compare_oracle.py`).
+"""
+import argparse
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class Config:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    vocab: int
+    inv_freq: np.ndarray  # float64 [head_dim / 2]
+
+
+# ---------------------------------------------------------------- RoPE setup
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
+    """Inverse frequencies of rotary pairs, llama3-scaled when asked."""
+    freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return freq
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / freq
+    # between the two bounds the frequency blends from scaled to unscaled
+    blend = (original / wavelength - low) / (high - low)
+    mid = (1 - blend) * freq / factor + blend * freq
+    out = np.where(wavelength > original / low, freq / factor, mid)
+    return np.where(wavelength < original / high, freq, out)
+
+
+def hf_config(raw: dict) -> Config:
+    params = raw.get("rope_parameters") or {}
+    theta = raw.get("rope_theta") or params.get("rope_theta") or 10000.0
+    scaling = raw.get("rope_scaling") or params
+    heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+    return Config(
+        hidden=raw["hidden_size"],
+        layers=raw["num_hidden_layers"],
+        heads=heads,
+        kv_heads=raw.get("num_key_value_heads", heads),
+        head_dim=head_dim,
+        eps=raw["rms_norm_eps"],
+        vocab=raw["vocab_size"],
+        inv_freq=rope_frequencies(head_dim, theta, scaling),
+    )
+
+
+# ------------------------------------------------------------------- loading
+
+SAFETENSORS_DTYPES = {"F16": np.float16, "F32": np.float32}
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    data = path.read_bytes()
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    header = json.loads(data[8 : 8 + header_len])
+    body = memoryview(data)[8 + header_len :]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        raw = body[start:end]
+        if info["dtype"] == "BF16":
+            # bf16 is the high half of a float32
+            values = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif info["dtype"] in SAFETENSORS_DTYPES:
+            values = np.frombuffer(raw, SAFETENSORS_DTYPES[info["dtype"]]).astype(np.float32)
+        else:
+            raise SystemExit(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+        tensors[name] = values.reshape(info["shape"])
+    return tensors
+
+
+def load_hf(directory: Path) -> tuple[Config, dict[str, np.ndarray]]:
+    cfg = hf_config(json.loads((directory / "config.json").read_text()))
+    weights: dict[str, np.ndarray] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        weights.update(read_safetensors(file))
+    return cfg, weights
+
+
+GGUF_GLOBAL = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+GGUF_LAYER = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp interleaves each head's rotary halves (row pairs 0,d/2 ->
+    0,1); this puts the halves back one after the other."""
+    rows, cols = w.shape
+    return w.reshape(heads, rows // heads // 2, 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def load_gguf(path: Path) -> tuple[Config, dict[str, np.ndarray]]:
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(path))
+
+    def meta(key: str, default=None):
+        field = reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    heads = meta("llama.attention.head_count")
+    kv_heads = meta("llama.attention.head_count_kv", heads)
+    weights = {}
+    for t in reader.tensors:
+        # GGUF lists dimensions fastest-varying first
+        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(list(reversed(t.shape.tolist())))
+        if t.name in GGUF_GLOBAL:
+            weights[GGUF_GLOBAL[t.name]] = w
+            continue
+        _, layer, kind, suffix = t.name.split(".")
+        if kind == "attn_q":
+            w = unpermute_rows(w, heads)
+        elif kind == "attn_k":
+            w = unpermute_rows(w, kv_heads)
+        weights[f"model.layers.{layer}.{GGUF_LAYER[kind]}.{suffix}"] = w
+    hidden = meta("llama.embedding_length")
+    raw = {
+        "hidden_size": hidden,
+        "num_hidden_layers": meta("llama.block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": meta("llama.attention.key_length", hidden // heads),
+        "rms_norm_eps": meta("llama.attention.layer_norm_rms_epsilon"),
+        "rope_theta": meta("llama.rope.freq_base", 10000.0),
+        "vocab_size": weights["model.embed_tokens.weight"].shape[0],
+    }
+    return hf_config(raw), weights
+
+
+# ------------------------------------------------------------------- forward
+
+
+def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1 + np.exp(-x))
+
+
+class Model:
+    def __init__(self, cfg: Config, weights: dict[str, np.ndarray]):
+        self.cfg = cfg
+        self.w = weights
+        self.head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Model":
+        path = Path(path)
+        return cls(*(load_gguf(path) if path.suffix == ".gguf" else load_hf(path)))
+
+    def rotate(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x [T, heads, head_dim]: rotate-half RoPE at positions 0..T."""
+        half = self.cfg.head_dim // 2
+        lo, hi = x[..., :half], x[..., half:]
+        return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
+
+    def attention(self, p: str, h: np.ndarray, cos, sin, mask) -> np.ndarray:
+        c, w, n = self.cfg, self.w, len(h)
+        q = self.rotate((h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, c.heads, c.head_dim), cos, sin)
+        k = self.rotate((h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, c.kv_heads, c.head_dim), cos, sin)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, c.kv_heads, c.head_dim)
+        group = c.heads // c.kv_heads
+        out = np.empty_like(q)
+        for head in range(c.heads):
+            kv = head // group
+            scores = q[:, head] @ k[:, kv].T / math.sqrt(c.head_dim) + mask
+            probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs /= probs.sum(axis=-1, keepdims=True)
+            out[:, head] = probs @ v[:, kv]
+        return out.reshape(n, c.heads * c.head_dim) @ w[p + "self_attn.o_proj.weight"].T
+
+    def mlp(self, p: str, h: np.ndarray) -> np.ndarray:
+        w = self.w
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        up = h @ w[p + "mlp.up_proj.weight"].T
+        return (silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+
+    def logits(self, tokens) -> np.ndarray:
+        """Causal forward over `tokens`: float32 logits [len(tokens), vocab]."""
+        c, w = self.cfg, self.w
+        n = len(tokens)
+        angles = np.outer(np.arange(n), c.inv_freq)
+        cos = np.cos(angles).astype(np.float32)[:, None, :]
+        sin = np.sin(angles).astype(np.float32)[:, None, :]
+        mask = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
+        x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+        for layer in range(c.layers):
+            p = f"model.layers.{layer}."
+            x = x + self.attention(p, rms_norm(x, w[p + "input_layernorm.weight"], c.eps), cos, sin, mask)
+            x = x + self.mlp(p, rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps))
+        return rms_norm(x, w["model.norm.weight"], c.eps) @ self.head.T
+
+
+# ----------------------------------------------------------------------- CLI
+
+
+def greedy(model: Model, prompt: list[int], steps: int):
+    """Greedy continuation: (generated ids, top-5 per step, prompt's last logits)."""
+    seq = list(prompt)
+    last = model.logits(seq)[-1]
+    logits, generated, top5 = last, [], []
+    for step in range(steps):
+        best = np.argsort(-logits, kind="stable")[:5]
+        top5.append([[int(t), float(logits[t])] for t in best])
+        generated.append(int(best[0]))
+        seq.append(int(best[0]))
+        if step + 1 < steps:
+            logits = model.logits(seq)[-1]
+    return generated, top5, last
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="Hugging Face directory or .gguf file")
+    ap.add_argument("--tokens", required=True, help="comma-separated prompt token ids")
+    ap.add_argument("--steps", type=int, default=8, help="greedy tokens to generate")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    model = Model.load(args.model)
+    prompt = [int(t) for t in args.tokens.split(",")]
+    bad = [t for t in prompt if not 0 <= t < model.cfg.vocab]
+    if bad:
+        raise SystemExit(f"--tokens: ids {bad} outside the vocabulary (size {model.cfg.vocab})")
+    generated, top5, last = greedy(model, prompt, args.steps)
+    print("prompt:", prompt)
+    print("greedy:", generated)
+    for step, row in enumerate(top5):
+        print(f"step {step}: " + "  ".join(f"{t}:{v:.4f}" for t, v in row))
+    if args.json:
+        out = {"tokens": prompt, "generated": generated, "top5": top5, "logits_last": [float(v) for v in last]}
+        Path(args.json).write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
