@@ -190,7 +190,8 @@ impl CudaBackend {
             )));
         }
         let gpu = Gpu::new(device).map_err(|e| dev_err(&format!("opening device {device}"), e))?;
-        let k = Kernels::load(&gpu).map_err(|e| dev_err("loading kernels", e))?;
+        let k = Kernels::load(&gpu, crate::kernel_options())
+            .map_err(|e| dev_err("loading kernels", e))?;
         let blas = Blas::new(&gpu).map_err(|e| dev_err("creating the cuBLAS handle", e))?;
         let shape = HeadShape {
             num_heads: config.num_heads,
