@@ -17,6 +17,7 @@ use anyhow::{Context, Result, bail};
 use checkpoint::loader::LoadedModel;
 use clap::ValueEnum;
 use contract::{Backend, KvShape};
+use cpu_kernels::IsaCap;
 use cpu_kernels::quant::QuantType;
 use engine::{Engine, EngineConfig};
 use model::cpu::CpuWeights;
@@ -123,6 +124,63 @@ pub struct ModelArgs {
     /// BF16 only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,
+    /// Most capable instruction set the CPU kernels may use (for comparing
+    /// paths): portable, avx2, avx512 (AVX-512F without the BF16 / VNNI
+    /// prompt products) or avx512bf16 (everything the processor has).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "avx512bf16",
+        env = "LAMINA_CPU_ISA",
+        hide = true
+    )]
+    pub cpu_isa: CpuIsaArg,
+    /// Prefill on the Hopper warpgroup-MMA flash kernels where the GPU has
+    /// them (`false`: the mma.sync kernels everywhere).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LAMINA_WGMMA",
+          value_parser = clap::builder::BoolishValueParser::new(), hide = true)]
+    pub wgmma: bool,
+    /// Launch kernels with programmatic dependent launch where the GPU
+    /// supports it (`false`: plain launches).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LAMINA_PDL",
+          value_parser = clap::builder::BoolishValueParser::new(), hide = true)]
+    pub pdl: bool,
+}
+
+/// The `--cpu-isa` cap (see `cpu_kernels::IsaCap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuIsaArg {
+    #[value(name = "portable")]
+    Portable,
+    #[value(name = "avx2")]
+    Avx2,
+    #[value(name = "avx512")]
+    Avx512,
+    #[value(name = "avx512bf16")]
+    Avx512bf16,
+}
+
+impl ModelArgs {
+    /// Applies the kernel options (`--cpu-isa`, `--wgmma`, `--pdl`) to the
+    /// process: before any kernel runs, once per process.
+    fn apply_kernel_options(&self) -> Result<()> {
+        let cap = match self.cpu_isa {
+            CpuIsaArg::Portable => IsaCap::Portable,
+            CpuIsaArg::Avx2 => IsaCap::Avx2,
+            CpuIsaArg::Avx512 => IsaCap::Avx512,
+            CpuIsaArg::Avx512bf16 => IsaCap::Avx512Bf16,
+        };
+        cpu_kernels::isa::set_cap(cap).context("applying `--cpu-isa`")?;
+        let options = model::KernelOptions {
+            wgmma: self.wgmma,
+            pdl: self.pdl,
+        };
+        model::set_kernel_options(options).map_err(|current| {
+            anyhow::anyhow!(
+                "applying `--wgmma` / `--pdl`: the CUDA kernels already run with {current:?}"
+            )
+        })
+    }
 }
 
 /// Which engines to start: one per listed CUDA device (data parallelism),
@@ -229,6 +287,7 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
 /// (`EngineConfig::halt_on_backend_error`) so the server takes it out of
 /// rotation.
 pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> Result<Loaded> {
+    args.apply_kernel_options()?;
     if args.max_num_seqs == 0 {
         bail!("invalid `--max-num-seqs`: must be at least 1");
     }
