@@ -10,7 +10,6 @@ mod flash_prefill;
 use common::*;
 use half::bf16;
 use kernels::decode_attention::DecodeParams;
-use kernels::flash_prefill::FlashTiles;
 use kernels::prefill_attention::PrefillParams;
 use kernels::{DecodePlan, HeadShape};
 use ops::PagedSeqs;
