@@ -181,14 +181,17 @@ fn check_sources(sources: &[PathBuf]) {
                 Some("struct") => words.get(1).filter(|w| structs.contains(w)).copied(),
                 _ => None,
             };
-            if let Some(name) = bad {
-                panic!(
-                    "{}:{}: `{name}` is generated from src/consts.rs or src/abi.rs; \
-                     use the generated LAMINA_{name} / struct {name} instead of redefining or testing it",
-                    path.display(),
-                    i + 1
-                );
-            }
+            let Some(name) = bad else { continue };
+            let what = if structs.contains(&name) {
+                format!("struct `{name}` is generated from src/abi.rs (lamina_args.cuh)")
+            } else {
+                let base = name.strip_prefix("LAMINA_").unwrap_or(name);
+                format!(
+                    "`{name}` is the launch constant {base} of src/consts.rs; use the generated \
+                     `constexpr int LAMINA_{base}` (lamina_consts.cuh), never a macro of that name"
+                )
+            };
+            panic!("{}:{}: {what}", path.display(), i + 1);
         }
     }
 }
