@@ -15,7 +15,7 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
   echo "=== $name" >>"$log"; timeout "$limit" "$@" >>"$log" 2>&1; local rc=$?
   echo "STEP $name exit $rc ($((SECONDS - t0)) s)" | tee -a "$log"; }
 T=./devrun/model_tests
-step kernels 90 ./devrun/gpu_kernels --ignored --test-threads=1 --skip timing
+step kernels 90 ./devrun/gpu_kernels --ignored --test-threads=1
 step attention 120 ./devrun/gpu_attention --ignored --test-threads=1 --nocapture
 step dump 60 $T --ignored --exact cuda::tests::llama::cuda_llama_1b_dump_for_oracle --nocapture
 step oracle 90 python3 "$here/compare_oracle.py" $LAMINA_SYNTH_ROOT/llama-3.2-1b $LAMINA_CHECK_OUT devrun

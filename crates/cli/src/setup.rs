@@ -237,7 +237,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     if args.max_batch_tokens == Some(0) {
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
-    args.tuning.cuda_options()?;
+    args.tuning.apply()?;
     let dir = model_dir(&args.model)?;
     let loaded = checkpoint::loader::load_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);

@@ -3,12 +3,35 @@
 //! environment. The defaults are the measured best; the flags exist for
 //! measurements and comparisons (`docs/performance.md`).
 
-use anyhow::{Result, bail};
-use model::cuda::{CudaOptions, DEFAULT_GEMV_ROWS, MAX_GEMV_ROWS};
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use cpu_kernels::IsaCap;
+use model::cuda::{CudaOptions, DEFAULT_GEMV_ROWS, KernelOptions, MAX_GEMV_ROWS};
 
-/// Tuning flags of the CUDA backend.
+/// Tuning flags of the CPU kernels and the CUDA backend.
 #[derive(clap::Args, Clone, Debug)]
 pub struct TuningArgs {
+    /// Most capable instruction set the CPU kernels may use (for comparing
+    /// paths): portable, avx2, avx512 (AVX-512F without the BF16 / VNNI
+    /// prompt products) or avx512bf16 (everything the processor has).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "avx512bf16",
+        env = "LAMINA_CPU_ISA",
+        hide = true
+    )]
+    pub cpu_isa: CpuIsaArg,
+    /// Prefill on the Hopper warpgroup-MMA flash kernels where the GPU has
+    /// them (`false`: the mma.sync kernels everywhere).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LAMINA_WGMMA",
+          value_parser = clap::builder::BoolishValueParser::new(), hide = true)]
+    pub wgmma: bool,
+    /// Launch kernels with programmatic dependent launch where the GPU
+    /// supports it (`false`: plain launches).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "LAMINA_PDL",
+          value_parser = clap::builder::BoolishValueParser::new(), hide = true)]
+    pub pdl: bool,
     /// Run pure-decode steps eagerly instead of replaying captured CUDA graphs.
     #[arg(long, hide = true, env = "LAMINA_NO_CUDA_GRAPHS", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_cuda_graphs: bool,
@@ -22,7 +45,33 @@ pub struct TuningArgs {
     pub narrow_decode_seqs: Option<usize>,
 }
 
+/// The `--cpu-isa` cap (see `cpu_kernels::IsaCap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CpuIsaArg {
+    #[value(name = "portable")]
+    Portable,
+    #[value(name = "avx2")]
+    Avx2,
+    #[value(name = "avx512")]
+    Avx512,
+    #[value(name = "avx512bf16")]
+    Avx512bf16,
+}
+
 impl TuningArgs {
+    /// Checks every flag and applies the CPU kernels' instruction-set cap
+    /// (once per process, before any kernel runs).
+    pub fn apply(&self) -> Result<()> {
+        self.cuda_options()?;
+        let cap = match self.cpu_isa {
+            CpuIsaArg::Portable => IsaCap::Portable,
+            CpuIsaArg::Avx2 => IsaCap::Avx2,
+            CpuIsaArg::Avx512 => IsaCap::Avx512,
+            CpuIsaArg::Avx512bf16 => IsaCap::Avx512Bf16,
+        };
+        cpu_kernels::isa::set_cap(cap).context("applying `--cpu-isa`")
+    }
+
     /// The CUDA backend's options, or an error naming the flag out of range.
     pub fn cuda_options(&self) -> Result<CudaOptions> {
         let most = MAX_GEMV_ROWS;
@@ -33,6 +82,10 @@ impl TuningArgs {
             );
         }
         Ok(CudaOptions {
+            kernels: KernelOptions {
+                wgmma: self.wgmma,
+                pdl: self.pdl,
+            },
             graphs: !self.no_cuda_graphs,
             gemv_rows: self.gemv_rows,
             narrow_decode_seqs: self.narrow_decode_seqs,

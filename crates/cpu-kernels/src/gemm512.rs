@@ -444,8 +444,15 @@ mod tests {
 
     #[test]
     fn matches_the_naive_product_on_ragged_shapes() {
-        if !crate::Isa::Avx512.supported() {
-            return; // the path this machine cannot run; the portable one is tested in matmul
+        if !crate::isa::test_runs_here(
+            crate::Isa::Avx512.supported(),
+            concat!(
+                module_path!(),
+                "::matches_the_naive_product_on_ragged_shapes"
+            ),
+            "AVX-512F",
+        ) {
+            return;
         }
         for &(t, inp, out) in &[(1, 5, 3), (13, 37, 33), (25, 64, 70), (12, 100, 32)] {
             let x: Vec<f32> = (0..t * inp)
@@ -476,7 +483,11 @@ mod tests {
     /// inputs and outputs too.
     #[test]
     fn packed_products_are_the_naive_chain() {
-        if !crate::Isa::Avx512.supported() {
+        if !crate::isa::test_runs_here(
+            crate::Isa::Avx512.supported(),
+            concat!(module_path!(), "::packed_products_are_the_naive_chain"),
+            "AVX-512F",
+        ) {
             return;
         }
         for &(t, inp, out) in &[(5, 64, 40), (13, 37, 96), (30, 100, 33)] {
@@ -507,7 +518,11 @@ mod tests {
     /// panels.
     #[test]
     fn packs_like_the_scalar_transpose() {
-        if !crate::Isa::Avx512.supported() {
+        if !crate::isa::test_runs_here(
+            crate::Isa::Avx512.supported(),
+            concat!(module_path!(), "::packs_like_the_scalar_transpose"),
+            "AVX-512F",
+        ) {
             return;
         }
         for &(inp, out, o0, o1) in &[

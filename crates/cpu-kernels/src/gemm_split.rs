@@ -528,8 +528,15 @@ mod tests {
     /// bits independent of the rows beside it.
     #[test]
     fn matches_the_exact_product_within_the_remainder_rounding() {
-        if !supported() {
-            return; // the machine cannot run it; the f32 GEMM is tested in gemm512
+        if !crate::isa::test_runs_here(
+            supported(),
+            concat!(
+                module_path!(),
+                "::matches_the_exact_product_within_the_remainder_rounding"
+            ),
+            "AVX-512 BF16 and VNNI",
+        ) {
+            return;
         }
         for &(t, inp, out) in &[
             (1, 5, 3),
@@ -586,7 +593,11 @@ mod tests {
     /// The split is far closer to the exact product than BF16 activations.
     #[test]
     fn is_far_closer_than_bf16_activations() {
-        if !supported() {
+        if !crate::isa::test_runs_here(
+            supported(),
+            concat!(module_path!(), "::is_far_closer_than_bf16_activations"),
+            "AVX-512 BF16 and VNNI",
+        ) {
             return;
         }
         let (t, inp, out) = (16, 576, 64);
@@ -626,7 +637,14 @@ mod tests {
     /// quads, with the offset's bias; zero rows and edges stay zero.
     #[test]
     fn quantises_each_row_like_the_scalar_definition() {
-        if !supported() {
+        if !crate::isa::test_runs_here(
+            supported(),
+            concat!(
+                module_path!(),
+                "::quantises_each_row_like_the_scalar_definition"
+            ),
+            "AVX-512 BF16 and VNNI",
+        ) {
             return;
         }
         let (inp, out) = (37, 45);

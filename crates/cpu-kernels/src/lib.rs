@@ -47,5 +47,5 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as for Send: no two tasks touch the same element.
 unsafe impl Sync for OutPtr {}
 
-pub use isa::Isa;
+pub use isa::{Isa, IsaCap};
 pub use matmul::{Scratch, matmul_bf16};

@@ -312,7 +312,11 @@ mod tests {
     /// shapes (odd `inp`, partial panels and tiles).
     #[test]
     fn equal_the_row_major_gemm_bit_for_bit() {
-        if !crate::Isa::Avx512.supported() {
+        if !crate::isa::test_runs_here(
+            crate::Isa::Avx512.supported(),
+            concat!(module_path!(), "::equal_the_row_major_gemm_bit_for_bit"),
+            "AVX-512F",
+        ) {
             return;
         }
         for &(t, inp, out) in &[
@@ -339,7 +343,11 @@ mod tests {
 
     #[test]
     fn packs_pairs_like_the_scalar_regrouping() {
-        if !crate::Isa::Avx512.supported() {
+        if !crate::isa::test_runs_here(
+            crate::Isa::Avx512.supported(),
+            concat!(module_path!(), "::packs_pairs_like_the_scalar_regrouping"),
+            "AVX-512F",
+        ) {
             return;
         }
         for &(inp, out, o0, o1) in &[

@@ -1,21 +1,25 @@
 // The argument structs of the kernels: the single description of every
-// kernel's one by-value parameter. Each `kernel_args!` entry defines the Rust
-// `#[repr(C)]` struct, const-asserts its size and every field's offset
-// against the numbers written here, and records the field list in
-// [`ALL_ARGS`]. `build.rs` `include!`s this file (so these asserts run there
-// too) and writes `OUT_DIR/lamina_args.cuh` from [`ALL_ARGS`]: the matching
-// C++ structs with `static_assert(sizeof / offsetof == N)` for the same
-// numbers. A field moved, retyped or resized on either side fails a build.
-// Pointers are device addresses (`u64` here, the C type after `as`), sizes
-// `u32`, scalars `f32`. No `//!` docs: the module doc is in `lib.rs`.
+// kernel's by-value parameter (and of `SampleParams`, the per-row record the
+// sampling kernels read through a pointer). Each `kernel_args!` entry
+// defines the Rust `#[repr(C)]` struct, const-asserts its size and every
+// field's offset against the numbers written here, and records the field
+// list in [`ALL_ARGS`]. `build.rs` `include!`s this file (so these asserts
+// run there too) and writes `OUT_DIR/lamina_args.cuh` from [`ALL_ARGS`]: the
+// matching C++ structs, field names and all, with
+// `static_assert(sizeof / offsetof == N)` for the same numbers. No `.cu`
+// file declares an argument struct of its own, so a field renamed, moved,
+// retyped or resized on either side fails a build. Pointers are device
+// addresses (`u64` here, the C type after `as`), sizes `u32`, scalars `f32`,
+// fixed arrays `[u32; N]` (C type `uint32_t[N]`). No `//!` docs: the module
+// doc is in `lib.rs`.
 
 /// One field of an argument struct, as the C++ generator reads it.
 #[derive(Debug, Clone, Copy)]
 pub struct FieldDesc {
     pub name: &'static str,
-    /// `u64` (device pointer), `u32` or `f32`.
+    /// `u64` (device pointer), `u32`, `f32` or `[u32; N]`.
     pub rust_type: &'static str,
-    /// The C++ type of the field in the generated struct.
+    /// The C++ type of the field in the generated struct (`T[N]` for an array).
     pub c_type: &'static str,
     pub offset: usize,
     /// The field's doc lines (shape comments), copied into the header.
@@ -34,18 +38,18 @@ pub struct ArgsDesc {
 
 macro_rules! kernel_args {
     ($(
-        $(#[doc = $doc:literal])*
+        $(#[$meta:meta])*
         pub struct $name:ident for $kernel:literal, size $size:literal {
             $(
                 $(#[doc = $fdoc:literal])*
-                $field:ident : $ty:ident as $cty:literal @ $off:literal
+                $field:ident : $ty:ty as $cty:literal @ $off:literal
             ),* $(,)?
         }
     )*) => {
         $(
-            $(#[doc = $doc])*
+            $(#[$meta])*
             #[repr(C)]
-            #[derive(Debug, Clone, Copy, Default, PartialEq)]
+            #[derive(Debug, Clone, Copy, PartialEq)]
             pub struct $name {
                 $( $(#[doc = $fdoc])* pub $field: $ty, )*
             }
@@ -74,6 +78,7 @@ macro_rules! kernel_args {
 
 kernel_args! {
     /// Arguments of `embedding_gather` (cu/embedding.cu).
+    #[derive(Default)]
     pub struct EmbeddingGatherArgs for "embedding_gather", size 56 {
         /// [T, hidden] f32 residual rows written
         out: u64 as "float*" @ 0,
@@ -93,6 +98,7 @@ kernel_args! {
     }
 
     /// Arguments of `gather_rows_bf16` (cu/embedding.cu).
+    #[derive(Default)]
     pub struct GatherRowsArgs for "gather_rows_bf16", size 32 {
         /// [R, width] bf16
         out: u64 as "bf16*" @ 0,
@@ -105,6 +111,7 @@ kernel_args! {
     }
 
     /// Arguments of `add_rmsnorm` (cu/rmsnorm.cu).
+    #[derive(Default)]
     pub struct AddRmsnormArgs for "add_rmsnorm", size 40 {
         /// [T, hidden] f32, updated in place when delta is set
         residual: u64 as "float*" @ 0,
@@ -119,6 +126,7 @@ kernel_args! {
     }
 
     /// Arguments of `silu_mul` (cu/activation.cu).
+    #[derive(Default)]
     pub struct SiluMulArgs for "silu_mul", size 24 {
         /// [T, inter] bf16
         out: u64 as "bf16*" @ 0,
@@ -129,6 +137,7 @@ kernel_args! {
     }
 
     /// Arguments of `rope_kv_write` (cu/rope_kv.cu).
+    #[derive(Default)]
     pub struct RopeKvArgs for "rope_kv_write", size 72 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q heads rotated in place
         qkv: u64 as "bf16*" @ 0,
@@ -151,6 +160,7 @@ kernel_args! {
     }
 
     /// Arguments of `prefill_attention_d{D}` (cu/prefill_attention.cu).
+    #[derive(Default)]
     pub struct PrefillAttentionArgs for "prefill_attention_d*", size 80 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
@@ -173,5 +183,188 @@ kernel_args! {
         tok_per_block: u32 as "uint32_t" @ 72,
         /// 1 / sqrt(D)
         scale: f32 as "float" @ 76,
+    }
+
+    /// Arguments of `decode_attention_d{D}_g{G}` (cu/decode_attention.cu).
+    #[derive(Default)]
+    pub struct DecodeArgs for "decode_attention_d*_g*", size 104 {
+        /// [S, (n_heads + 2 n_kv) D] bf16, q roped
+        qkv: u64 as "const bf16*" @ 0,
+        /// [slots, n_kv, D] bf16
+        k_cache: u64 as "const bf16*" @ 8,
+        /// [slots, n_kv, D] bf16
+        v_cache: u64 as "const bf16*" @ 16,
+        /// `[S]`
+        context_lens: u64 as "const uint32_t*" @ 24,
+        /// [S, max_blocks]
+        block_tables: u64 as "const uint32_t*" @ 32,
+        /// [S, n_heads, splits, D] f32 (splits > 1)
+        part_o: u64 as "float*" @ 40,
+        /// [S, n_heads, splits, 2] f32 (splits > 1)
+        part_ml: u64 as "float*" @ 48,
+        /// [S, n_heads D] bf16
+        out: u64 as "bf16*" @ 56,
+        /// [S, n_kv] arrival counters, zero between launches
+        counters: u64 as "uint32_t*" @ 64,
+        max_blocks: u32 as "uint32_t" @ 72,
+        n_heads: u32 as "uint32_t" @ 76,
+        n_kv: u32 as "uint32_t" @ 80,
+        block_size: u32 as "uint32_t" @ 84,
+        splits: u32 as "uint32_t" @ 88,
+        /// log2(e) / sqrt(D)
+        scale_log2: f32 as "float" @ 92,
+        /// fewest keys a split takes, a multiple of DECODE_CHUNK_GRAN
+        min_chunk: u32 as "uint32_t" @ 96,
+        pad: u32 as "uint32_t" @ 100,
+    }
+
+    /// Arguments of the `flash_*` kernels (cu/flash_prefill.cu).
+    #[derive(Default)]
+    pub struct FlashPrefillArgs for "flash_*", size 88 {
+        /// [T, (n_heads + 2 n_kv) D] bf16, q roped
+        qkv: u64 as "const bf16*" @ 0,
+        /// [slots, n_kv, D] bf16
+        k_cache: u64 as "const bf16*" @ 8,
+        /// [slots, n_kv, D] bf16
+        v_cache: u64 as "const bf16*" @ 16,
+        /// [S + 1]
+        cu_seqlens: u64 as "const uint32_t*" @ 24,
+        /// `[S]`
+        context_lens: u64 as "const uint32_t*" @ 32,
+        /// [S, max_blocks]
+        block_tables: u64 as "const uint32_t*" @ 40,
+        /// [T, n_heads D] bf16
+        out: u64 as "bf16*" @ 48,
+        max_blocks: u32 as "uint32_t" @ 56,
+        num_heads: u32 as "uint32_t" @ 60,
+        num_kv_heads: u32 as "uint32_t" @ 64,
+        block_size: u32 as "uint32_t" @ 68,
+        /// query tokens per CTA; tok_per_tile * G <= rows of a CTA
+        tok_per_tile: u32 as "uint32_t" @ 72,
+        /// log2(e) / sqrt(D)
+        scale_log2: f32 as "float" @ 76,
+        /// sequences with fewer query tokens are left to another launch
+        min_len: u32 as "uint32_t" @ 80,
+        /// ... and those with more
+        max_len: u32 as "uint32_t" @ 84,
+    }
+
+    /// Arguments of every `gemv_*` kernel (cu/gemv.cu).
+    #[derive(Default)]
+    pub struct GemvArgs for "gemv_*", size 120 {
+        /// [m, k] bf16, or the f32 residual for the norm variants
+        x: u64 as "const void*" @ 0,
+        /// `[k]` bf16 (norm variants), else unused
+        norm_w: u64 as "const bf16*" @ 8,
+        /// [n, k] bf16 ([2n, k] for norm_silu)
+        w: u64 as "const bf16*" @ 16,
+        /// [m, n] bf16 / f32 (resid: the f32 residual, read and written)
+        y: u64 as "void*" @ 24,
+        /// token rows, 1..=MT
+        m: u32 as "uint32_t" @ 32,
+        /// outputs per row
+        n: u32 as "uint32_t" @ 36,
+        /// inputs per row, a multiple of 8
+        k: u32 as "uint32_t" @ 40,
+        eps: f32 as "float" @ 44,
+        /// `[m]` (norm_rope only, else zero: RoPE + KV write in the epilogue)
+        positions: u64 as "const uint32_t*" @ 48,
+        /// `[m]` (norm_rope only)
+        slots: u64 as "const uint32_t*" @ 56,
+        /// [max_pos, D/2] f32 (norm_rope only)
+        cos_t: u64 as "const float*" @ 64,
+        /// [max_pos, D/2] f32 (norm_rope only)
+        sin_t: u64 as "const float*" @ 72,
+        /// [slots, n_kv, D] bf16 (norm_rope only)
+        k_cache: u64 as "bf16*" @ 80,
+        /// [slots, n_kv, D] bf16 (norm_rope only)
+        v_cache: u64 as "bf16*" @ 88,
+        n_heads: u32 as "uint32_t" @ 96,
+        n_kv: u32 as "uint32_t" @ 100,
+        head_dim: u32 as "uint32_t" @ 104,
+        max_pos: u32 as "uint32_t" @ 108,
+        /// warps sharing a row pair: 1, 2 or 4 (divides GEMV_WARPS)
+        ksplit: u32 as "uint32_t" @ 112,
+        pad: u32 as "uint32_t" @ 116,
+    }
+
+    /// Per-row sampling settings as the sampling kernels read them
+    /// (cu/sampling.cu, through `SamplePartialArgs::params`).
+    pub struct SampleParams for "sample_partials, sample_rows (one per row)", size 64 {
+        temperature: f32 as "float" @ 0,
+        top_k: u32 as "uint32_t" @ 4,
+        top_p: f32 as "float" @ 8,
+        min_p: f32 as "float" @ 12,
+        repetition_penalty: f32 as "float" @ 16,
+        /// The draw in `[0, 1)`.
+        u: f32 as "float" @ 20,
+        /// Offset of this row's distinct history ids in the flat history buffer.
+        hist_off: u32 as "uint32_t" @ 24,
+        hist_len: u32 as "uint32_t" @ 28,
+        /// How many top log-probabilities to report.
+        n_logprobs: u32 as "uint32_t" @ 32,
+        /// Offset (in `u32` words) of this row's additive terms in the flat
+        /// history buffer: `add_len` pairs of words `(id, f32 bits of delta)`,
+        /// ids distinct (`contract::history::additive_terms`: presence and
+        /// frequency penalties, `logit_bias`), added after the repetition penalty.
+        add_off: u32 as "uint32_t" @ 36,
+        add_len: u32 as "uint32_t" @ 40,
+        /// Offset (in `u32` words) of this row's allowed-token mask in the flat
+        /// history buffer: `mask_len` words, bit `i % 32` of word `i / 32` set
+        /// when token `i` may be sampled (`contract::mask`); every other logit
+        /// is `-inf` after the additive terms. `mask_len` 0: no mask.
+        mask_off: u32 as "uint32_t" @ 44,
+        mask_len: u32 as "uint32_t" @ 48,
+        _pad: [u32; 3] as "uint32_t[3]" @ 52,
+    }
+
+    /// Arguments of `sample_partials` (cu/sampling.cu).
+    #[derive(Default)]
+    pub struct SamplePartialArgs for "sample_partials", size 64 {
+        /// [R, V] raw logits
+        logits: u64 as "const float*" @ 0,
+        /// [R, V] penalised logits (sampled rows only)
+        work: u64 as "float*" @ 8,
+        /// `[R]`
+        params: u64 as "const SampleParams*" @ 16,
+        /// flat, distinct ids per row (then additive terms and masks)
+        history: u64 as "const uint32_t*" @ 24,
+        /// [R, NB, 2] f32 (max, sum exp(z - max))
+        stats: u64 as "float*" @ 32,
+        /// [R, NB, 1 + max_lp] greedy key, top raw keys
+        keys: u64 as "unsigned long long*" @ 40,
+        /// vocabulary size
+        v: u32 as "uint32_t" @ 48,
+        max_lp: u32 as "uint32_t" @ 52,
+        nb: u32 as "uint32_t" @ 56,
+        pad: u32 as "uint32_t" @ 60,
+    }
+
+    /// Arguments of `sample_rows` (cu/sampling.cu).
+    #[derive(Default)]
+    pub struct SampleRowsArgs for "sample_rows", size 88 {
+        /// [R, V] raw logits
+        logits: u64 as "const float*" @ 0,
+        /// [R, V] penalised logits (sampled rows)
+        work: u64 as "float*" @ 8,
+        /// `[R]`
+        params: u64 as "const SampleParams*" @ 16,
+        /// [R, NB, 2] f32
+        stats: u64 as "const float*" @ 24,
+        /// [R, NB, 1 + max_lp]
+        keys: u64 as "const unsigned long long*" @ 32,
+        /// `[R]`
+        out_tok: u64 as "uint32_t*" @ 40,
+        /// `[R]`
+        out_lp: u64 as "float*" @ 48,
+        /// [R, max_lp]
+        out_top_ids: u64 as "uint32_t*" @ 56,
+        /// [R, max_lp]
+        out_top_lp: u64 as "float*" @ 64,
+        /// vocabulary size
+        v: u32 as "uint32_t" @ 72,
+        max_lp: u32 as "uint32_t" @ 76,
+        nb: u32 as "uint32_t" @ 80,
+        pad: u32 as "uint32_t" @ 84,
     }
 }

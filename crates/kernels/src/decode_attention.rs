@@ -11,14 +11,12 @@
 //! load, each load serving all query heads of a GQA group; split partials
 //! cost `2 * (D + 2) * 4` bytes per (split, head) written and read once.
 
-use std::mem::{offset_of, size_of};
-
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
+use crate::abi::DecodeArgs;
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
-// Checked against decode_attention.cu's #defines by the generated lamina_checks.cuh.
 /// Keys per split are a multiple of this (`DECODE_CHUNK_GRAN`).
 pub use crate::consts::DECODE_CHUNK_GRAN as CHUNK_GRAN;
 /// Query heads per KV head the kernels are instantiated for (index 0: <= 4, 1: <= 8).
@@ -28,48 +26,6 @@ pub use crate::consts::DECODE_MIN_CHUNK as MIN_CHUNK;
 use crate::consts::DECODE_THREADS as THREADS;
 /// Upper bound on splits per (sequence, KV head).
 const MAX_SPLITS: usize = 128;
-
-/// Argument block of `decode_attention_d*_g*` (`struct DecodeArgs`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct DecodeArgs {
-    pub qkv: u64,          // [S, qkv_width]
-    pub k_cache: u64,      // [slots, kv_heads, D]
-    pub v_cache: u64,      // [slots, kv_heads, D]
-    pub context_lens: u64, // [S]
-    pub block_tables: u64, // [S, max_blocks]
-    pub part_o: u64,       // [S, heads, splits, D]
-    pub part_ml: u64,      // [S, heads, splits, 2]
-    pub out: u64,          // [S, heads * D]
-    pub counters: u64,     // [S, kv_heads] arrival counters, zero between launches
-    pub max_blocks: u32,
-    pub n_heads: u32,
-    pub n_kv: u32,
-    pub block_size: u32,
-    pub splits: u32,
-    pub scale_log2: f32,
-    pub min_chunk: u32,
-    pub pad: u32,
-}
-const _: () = {
-    assert!(size_of::<DecodeArgs>() == 104);
-    assert!(offset_of!(DecodeArgs, qkv) == 0);
-    assert!(offset_of!(DecodeArgs, k_cache) == 8);
-    assert!(offset_of!(DecodeArgs, v_cache) == 16);
-    assert!(offset_of!(DecodeArgs, context_lens) == 24);
-    assert!(offset_of!(DecodeArgs, block_tables) == 32);
-    assert!(offset_of!(DecodeArgs, part_o) == 40);
-    assert!(offset_of!(DecodeArgs, part_ml) == 48);
-    assert!(offset_of!(DecodeArgs, out) == 56);
-    assert!(offset_of!(DecodeArgs, counters) == 64);
-    assert!(offset_of!(DecodeArgs, max_blocks) == 72);
-    assert!(offset_of!(DecodeArgs, n_heads) == 76);
-    assert!(offset_of!(DecodeArgs, n_kv) == 80);
-    assert!(offset_of!(DecodeArgs, block_size) == 84);
-    assert!(offset_of!(DecodeArgs, splits) == 88);
-    assert!(offset_of!(DecodeArgs, scale_log2) == 92);
-    assert!(offset_of!(DecodeArgs, min_chunk) == 96);
-};
 
 /// Keys per split for a context of `ctx` keys split `splits` ways
 /// (the kernels' `decode_chunk`): `ceil(ctx / splits)`, at least

@@ -13,11 +13,10 @@
 //! context · D) tensor-core FLOPs, K/V read once per query tile; no T x T
 //! buffer, no atomics (deterministic).
 
-use std::mem::{offset_of, size_of};
-
 use gpu::{DevSlice, Function, LaunchConfig, Module};
 use half::bf16;
 
+use crate::abi::FlashPrefillArgs;
 use crate::prefill_attention::PrefillParams;
 use crate::{KernelError, Kernels, need, u32_of};
 
@@ -113,45 +112,6 @@ impl FlashTiles {
 /// Most query heads per KV head one (wide) CTA can pack.
 pub const FLASH_MAX_GROUP: usize = FLASH_ROWS;
 
-/// Mirrors `struct FlashPrefillArgs` in `cu/flash_prefill.cu`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct FlashPrefillArgs {
-    qkv: u64,          // [T, qkv_width], q roped
-    k_cache: u64,      // [slots, kv_heads, D]
-    v_cache: u64,      // [slots, kv_heads, D]
-    cu_seqlens: u64,   // [S + 1]
-    context_lens: u64, // [S]
-    block_tables: u64, // [S, max_blocks]
-    out: u64,          // [T, heads * D]
-    max_blocks: u32,
-    num_heads: u32,
-    num_kv_heads: u32,
-    block_size: u32,
-    tok_per_tile: u32,
-    scale_log2: f32,
-    min_len: u32, // segments shorter than this are left to another launch
-    max_len: u32, // ... and longer ones
-}
-const _: () = {
-    assert!(size_of::<FlashPrefillArgs>() == 88);
-    assert!(offset_of!(FlashPrefillArgs, qkv) == 0);
-    assert!(offset_of!(FlashPrefillArgs, k_cache) == 8);
-    assert!(offset_of!(FlashPrefillArgs, v_cache) == 16);
-    assert!(offset_of!(FlashPrefillArgs, cu_seqlens) == 24);
-    assert!(offset_of!(FlashPrefillArgs, context_lens) == 32);
-    assert!(offset_of!(FlashPrefillArgs, block_tables) == 40);
-    assert!(offset_of!(FlashPrefillArgs, out) == 48);
-    assert!(offset_of!(FlashPrefillArgs, max_blocks) == 56);
-    assert!(offset_of!(FlashPrefillArgs, num_heads) == 60);
-    assert!(offset_of!(FlashPrefillArgs, num_kv_heads) == 64);
-    assert!(offset_of!(FlashPrefillArgs, block_size) == 68);
-    assert!(offset_of!(FlashPrefillArgs, tok_per_tile) == 72);
-    assert!(offset_of!(FlashPrefillArgs, scale_log2) == 76);
-    assert!(offset_of!(FlashPrefillArgs, min_len) == 80);
-    assert!(offset_of!(FlashPrefillArgs, max_len) == 84);
-};
-
 /// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
 /// Hopper d64, d128, small narrow d64, d128, tiny narrow d64, d128) and
 /// allows their shared memory; returns each one's dynamic shared memory too.
@@ -187,7 +147,7 @@ impl Kernels {
     }
 
     /// Whether this device runs the Hopper (wgmma) tiling: compute
-    /// capability 9.0 and `LAMINA_WGMMA` not `0`.
+    /// capability 9.0 and [`crate::KernelOptions::wgmma`] set.
     pub fn has_flash_hopper(&self) -> bool {
         self.flash_hopper
     }

@@ -9,20 +9,15 @@
 //! variants take `m * k * 2` bytes of dynamic shared memory (at most
 //! [`MAX_NORM_SMEM`], see [`fits`]).
 
-use std::mem::{offset_of, size_of};
-
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
+use crate::abi::GemvArgs;
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
-// Checked against gemv.cu's #defines by the generated lamina_checks.cuh.
 /// Most token rows one launch handles (larger steps use cuBLAS).
 pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
-use crate::consts::{
-    GEMV_CHUNKS_LARGE as CHUNKS_LARGE, GEMV_CHUNKS_PLAIN_M1 as CHUNKS_PLAIN_M1,
-    GEMV_CHUNKS_SMALL as CHUNKS_SMALL, GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS,
-};
+use crate::consts::{GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS, gemv_chunks};
 /// Dynamic shared memory the norm variants may take (their `m * k` bf16
 /// normalised inputs); within every sm_80+ GPU's opt-in limit.
 pub const MAX_NORM_SMEM: usize = 96 * 1024;
@@ -42,55 +37,6 @@ pub(crate) const VARIANTS: [&str; 6] = [
 /// Index of `gemv_norm_rope` in [`VARIANTS`].
 const ROPE_VARIANT: usize = 5;
 
-/// Argument block of every `gemv_*` kernel (`struct GemvArgs`).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct GemvArgs {
-    x: u64,      // [m, k] bf16, or the f32 residual (norm variants)
-    norm_w: u64, // [k] bf16 (norm variants)
-    w: u64,      // [n, k] bf16 ([2n, k] for norm_silu)
-    y: u64,      // [m, n]
-    m: u32,
-    n: u32,
-    k: u32,
-    eps: f32,
-    // gemv_norm_rope only
-    positions: u64, // [m]
-    slots: u64,     // [m]
-    cos: u64,       // [max_pos, D/2]
-    sin: u64,       // [max_pos, D/2]
-    k_cache: u64,   // [slots, kv_heads, D]
-    v_cache: u64,   // [slots, kv_heads, D]
-    n_heads: u32,
-    n_kv: u32,
-    head_dim: u32,
-    max_pos: u32,
-    ksplit: u32, // warps sharing a row pair (see `ksplit`)
-    pad: u32,
-}
-const _: () = {
-    assert!(size_of::<GemvArgs>() == 120);
-    assert!(offset_of!(GemvArgs, x) == 0);
-    assert!(offset_of!(GemvArgs, norm_w) == 8);
-    assert!(offset_of!(GemvArgs, w) == 16);
-    assert!(offset_of!(GemvArgs, y) == 24);
-    assert!(offset_of!(GemvArgs, m) == 32);
-    assert!(offset_of!(GemvArgs, n) == 36);
-    assert!(offset_of!(GemvArgs, k) == 40);
-    assert!(offset_of!(GemvArgs, eps) == 44);
-    assert!(offset_of!(GemvArgs, positions) == 48);
-    assert!(offset_of!(GemvArgs, slots) == 56);
-    assert!(offset_of!(GemvArgs, cos) == 64);
-    assert!(offset_of!(GemvArgs, sin) == 72);
-    assert!(offset_of!(GemvArgs, k_cache) == 80);
-    assert!(offset_of!(GemvArgs, v_cache) == 88);
-    assert!(offset_of!(GemvArgs, n_heads) == 96);
-    assert!(offset_of!(GemvArgs, n_kv) == 100);
-    assert!(offset_of!(GemvArgs, head_dim) == 104);
-    assert!(offset_of!(GemvArgs, max_pos) == 108);
-    assert!(offset_of!(GemvArgs, ksplit) == 112);
-};
-
 /// Whether a norm-variant GEMV of `m` rows over `k` inputs fits its shared
 /// memory (`m * k` bf16 at most [`MAX_NORM_SMEM`]); the other variants take any `m <= MAX_ROWS`.
 pub fn fits(m: usize, k: usize) -> bool {
@@ -108,13 +54,9 @@ fn tile_of(m: usize) -> usize {
 /// Warps sharing one row pair for row tile `tile`, `k` inputs and a norm
 /// (`norm`) or plain variant: the fewest (a power of two, at most WARPS)
 /// whose column ranges one pass of the kernel's register chunks covers
-/// (`GEMV_CHUNKS(MT, NORM)`, 256 columns each).
+/// ([`gemv_chunks`], 256 columns each).
 fn ksplit(tile: usize, k: usize, norm: bool) -> usize {
-    let chunks = match TILES[tile] {
-        1 if !norm => CHUNKS_PLAIN_M1,
-        1 | 2 => CHUNKS_SMALL,
-        _ => CHUNKS_LARGE,
-    };
+    let chunks = gemv_chunks(TILES[tile], norm);
     k.div_ceil(256 * chunks).next_power_of_two().min(WARPS)
 }
 
@@ -369,8 +311,8 @@ impl Kernels {
             eps,
             positions: rope.positions.ptr(),
             slots: rope.slots.ptr(),
-            cos: rope.cos.ptr(),
-            sin: rope.sin.ptr(),
+            cos_t: rope.cos.ptr(),
+            sin_t: rope.sin.ptr(),
             k_cache: rope.k_cache.ptr(),
             v_cache: rope.v_cache.ptr(),
             n_heads: u32_of(K, "num_heads", sh.num_heads)?,

@@ -13,11 +13,14 @@
 //! on the host). The CPU references the GPU tests compare against are the
 //! `ops` crate's operations (the CPU backend's own code).
 //!
-//! Kernels that cannot drift: each kernel of the converted families takes
-//! one `#[repr(C)]` argument struct by value ([`abi`]), whose C++ twin,
-//! with size and offset asserts on both sides, `build.rs` generates from the
-//! same description; launch constants and the head-dim list live in
-//! [`consts`] and reach the `.cu` files through a generated header.
+//! Kernels that cannot drift: every kernel takes one `#[repr(C)]` argument
+//! struct by value ([`abi`], with `SampleParams`, the sampling kernels'
+//! per-row record), whose C++ twin, with size and offset asserts on both
+//! sides, `build.rs` generates from the same description; every launch
+//! constant, the head-dim list and the GEMV chunk rule live in [`consts`] and
+//! reach the `.cu` files through a generated header. No `.cu` file declares
+//! such a struct or constant itself (`build.rs` refuses one that does), so a
+//! rename on either side fails the build.
 //! Costs: loading the module takes milliseconds; launches are asynchronous.
 
 /// The kernels' argument structs: one `#[repr(C)]` struct per kernel, size
@@ -45,28 +48,6 @@ use gpu::{Function, Gpu, GpuError, Module};
 pub use consts::HEAD_DIMS;
 pub use decode_attention::DecodePlan;
 pub use sampling::SampleParams;
-
-// `SampleParams` (sampling.rs) against the layout of `consts`, which the
-// generated `lamina_checks.cuh` holds the C++ struct of sampling.cu to.
-const _: () = {
-    use std::mem::{offset_of, size_of};
-    let c = &consts::SAMPLE_PARAMS_C_FIELDS;
-    assert!(size_of::<SampleParams>() == consts::SAMPLE_PARAMS_BYTES);
-    assert!(offset_of!(SampleParams, temperature) == c[0].1);
-    assert!(offset_of!(SampleParams, top_k) == c[1].1);
-    assert!(offset_of!(SampleParams, top_p) == c[2].1);
-    assert!(offset_of!(SampleParams, min_p) == c[3].1);
-    assert!(offset_of!(SampleParams, repetition_penalty) == c[4].1);
-    assert!(offset_of!(SampleParams, u) == c[5].1);
-    assert!(offset_of!(SampleParams, hist_off) == c[6].1);
-    assert!(offset_of!(SampleParams, hist_len) == c[7].1);
-    assert!(offset_of!(SampleParams, n_logprobs) == c[8].1);
-    assert!(offset_of!(SampleParams, add_off) == c[9].1);
-    assert!(offset_of!(SampleParams, add_len) == c[10].1);
-    assert!(offset_of!(SampleParams, mask_off) == c[11].1);
-    assert!(offset_of!(SampleParams, mask_len) == c[12].1);
-    assert!(offset_of!(SampleParams, _pad) == c[13].1);
-};
 
 /// Errors loading or launching kernels.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +129,27 @@ impl HeadShape {
     }
 }
 
+/// Choices the caller makes for the kernels of one [`Kernels`]; the default
+/// takes every fast path the device has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// Prefill on the warpgroup-MMA (`wgmma`) flash kernels where the device
+    /// is compute capability 9.0; off: the mma.sync tiling everywhere.
+    pub wgmma: bool,
+    /// Launch the kernels that wait on `griddepcontrol` with programmatic
+    /// dependent launch where the device supports it (sm_90+).
+    pub pdl: bool,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        KernelOptions {
+            wgmma: true,
+            pdl: true,
+        }
+    }
+}
+
 /// Every entry point of the loaded kernel module.
 pub struct Kernels {
     pub(crate) gpu: Arc<Gpu>,
@@ -173,14 +175,14 @@ pub struct Kernels {
     pub(crate) sms: usize,
     pub(crate) smem_per_sm: usize,
     /// The device runs `flash_hopper_*` (compute capability 9.0, whose code
-    /// in the fatbin is the sm_90a build) and `LAMINA_WGMMA` is not `0`.
+    /// in the fatbin is the sm_90a build) and [`KernelOptions::wgmma`] is set.
     pub(crate) flash_hopper: bool,
     /// `[variant][row tile]` (see `gemv::VARIANTS`).
     pub(crate) gemv: [[Function; 5]; 6],
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
-    /// programmatic dependent launch: sm_90+ unless `LAMINA_PDL=0` (the
+    /// programmatic dependent launch: sm_90+ with [`KernelOptions::pdl`] (the
     /// GEMVs' weight loads then overlap the previous kernel's tail).
     pub(crate) pdl: bool,
     _module: Module,
@@ -188,7 +190,7 @@ pub struct Kernels {
 
 impl Kernels {
     /// Loads the embedded fatbin on `gpu` and resolves every kernel.
-    pub fn load(gpu: &Arc<Gpu>) -> Result<Kernels, KernelError> {
+    pub fn load(gpu: &Arc<Gpu>, options: KernelOptions) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
         let tiles = |i: usize| -> Result<[Function; 5], GpuError> {
@@ -215,8 +217,7 @@ impl Kernels {
             flash_smem: flash.1,
             sms: gpu.sm_count()?,
             smem_per_sm: gpu.smem_per_sm()?,
-            flash_hopper: gpu.compute_capability()? == (9, 0)
-                && std::env::var("LAMINA_WGMMA").map_or(true, |v| v != "0"),
+            flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),
             gemv: [
                 tiles(0)?,
                 tiles(1)?,
@@ -227,7 +228,7 @@ impl Kernels {
             ],
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
-            pdl: gpu.supports_pdl()? && std::env::var("LAMINA_PDL").map_or(true, |v| v != "0"),
+            pdl: options.pdl && gpu.supports_pdl()?,
             _module: module,
         })
     }

@@ -11,43 +11,22 @@
 //! vocabulary. Sampled rows add one write of the row and up to ~260
 //! single-block passes (binary searches over the key space).
 
-use std::mem::{offset_of, size_of};
-
 use bytemuck::{Pod, Zeroable};
 use gpu::{DevSlice, LaunchConfig};
 
 use crate::{KernelError, Kernels, need, u32_of};
 
-/// Per-row sampling settings as the kernel reads them (48 bytes, `repr(C)`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Pod, Zeroable)]
-pub struct SampleParams {
-    pub temperature: f32,
-    pub top_k: u32,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    /// The draw in `[0, 1)`.
-    pub u: f32,
-    /// Offset of this row's distinct history ids in the flat history buffer.
-    pub hist_off: u32,
-    pub hist_len: u32,
-    /// How many top log-probabilities to report.
-    pub n_logprobs: u32,
-    /// Offset (in `u32` words) of this row's additive terms in the flat
-    /// history buffer: `add_len` pairs of words `(id, f32 bits of delta)`,
-    /// ids distinct (`contract::history::additive_terms`: presence and
-    /// frequency penalties, `logit_bias`), added after the repetition penalty.
-    pub add_off: u32,
-    pub add_len: u32,
-    /// Offset (in `u32` words) of this row's allowed-token mask in the flat
-    /// history buffer: `mask_len` words, bit `i % 32` of word `i / 32` set
-    /// when token `i` may be sampled (`contract::mask`); every other logit
-    /// is `-inf` after the additive terms. `mask_len` 0: no mask.
-    pub mask_off: u32,
-    pub mask_len: u32,
-    pub _pad: [u32; 3],
-}
+pub use crate::abi::SampleParams;
+use crate::abi::{SamplePartialArgs, SampleRowsArgs};
+
+// SAFETY: `SampleParams` is `repr(C)` with only `f32` / `u32` / `[u32; 3]`
+// fields, and `abi.rs` const-asserts its size (64) equal to the sum of its
+// fields' sizes at consecutive offsets: no padding, every bit pattern valid,
+// all zeros a valid value.
+unsafe impl Zeroable for SampleParams {}
+// SAFETY: as for `Zeroable` above; the type is `Copy` and `'static`.
+unsafe impl Pod for SampleParams {}
+const _: () = assert!(size_of::<SampleParams>() == 16 * size_of::<u32>());
 
 impl SampleParams {
     /// Greedy, no penalty, no log-probabilities.
@@ -71,73 +50,11 @@ impl SampleParams {
     }
 }
 
-// Checked against sampling.cu's #defines by the generated lamina_checks.cuh.
+// The kernels take these from the generated lamina_consts.cuh.
 const THREADS: u32 = crate::consts::SAMPLE_THREADS as u32;
 const PART_THREADS: u32 = crate::consts::SAMPLE_PART_THREADS as u32;
 /// Vocabulary ids each `sample_partials` block owns.
 pub use crate::consts::SAMPLE_SLICE as SLICE;
-
-/// Argument block of `sample_partials` (`struct SamplePartialArgs`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct SamplePartialArgs {
-    logits: u64,  // [R, V]
-    work: u64,    // [R, V]
-    params: u64,  // [R]
-    history: u64, // flat
-    stats: u64,   // [R, NB, 2]
-    keys: u64,    // [R, NB, 1 + max_lp]
-    v: u32,
-    max_lp: u32,
-    nb: u32,
-    pad: u32,
-}
-const _: () = {
-    assert!(size_of::<SamplePartialArgs>() == 64);
-    assert!(offset_of!(SamplePartialArgs, logits) == 0);
-    assert!(offset_of!(SamplePartialArgs, work) == 8);
-    assert!(offset_of!(SamplePartialArgs, params) == 16);
-    assert!(offset_of!(SamplePartialArgs, history) == 24);
-    assert!(offset_of!(SamplePartialArgs, stats) == 32);
-    assert!(offset_of!(SamplePartialArgs, keys) == 40);
-    assert!(offset_of!(SamplePartialArgs, v) == 48);
-    assert!(offset_of!(SamplePartialArgs, max_lp) == 52);
-    assert!(offset_of!(SamplePartialArgs, nb) == 56);
-};
-
-/// Argument block of `sample_rows` (`struct SampleRowsArgs`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct SampleRowsArgs {
-    logits: u64,      // [R, V]
-    work: u64,        // [R, V]
-    params: u64,      // [R]
-    stats: u64,       // [R, NB, 2]
-    keys: u64,        // [R, NB, 1 + max_lp]
-    out_tok: u64,     // [R]
-    out_lp: u64,      // [R]
-    out_top_ids: u64, // [R, max_lp]
-    out_top_lp: u64,  // [R, max_lp]
-    v: u32,
-    max_lp: u32,
-    nb: u32,
-    pad: u32,
-}
-const _: () = {
-    assert!(size_of::<SampleRowsArgs>() == 88);
-    assert!(offset_of!(SampleRowsArgs, logits) == 0);
-    assert!(offset_of!(SampleRowsArgs, work) == 8);
-    assert!(offset_of!(SampleRowsArgs, params) == 16);
-    assert!(offset_of!(SampleRowsArgs, stats) == 24);
-    assert!(offset_of!(SampleRowsArgs, keys) == 32);
-    assert!(offset_of!(SampleRowsArgs, out_tok) == 40);
-    assert!(offset_of!(SampleRowsArgs, out_lp) == 48);
-    assert!(offset_of!(SampleRowsArgs, out_top_ids) == 56);
-    assert!(offset_of!(SampleRowsArgs, out_top_lp) == 64);
-    assert!(offset_of!(SampleRowsArgs, v) == 72);
-    assert!(offset_of!(SampleRowsArgs, max_lp) == 76);
-    assert!(offset_of!(SampleRowsArgs, nb) == 80);
-};
 
 /// Scratch of [`Kernels::sample_rows`] (sizes from [`SampleScratch::stats_len`] / [`SampleScratch::keys_len`]).
 #[derive(Debug, Clone, Copy)]

@@ -269,7 +269,14 @@ mod tests {
     /// alone as in a batch.
     #[test]
     fn agrees_with_the_row_kernel_and_rows_are_independent() {
-        if !supported() {
+        if !crate::isa::test_runs_here(
+            supported(),
+            concat!(
+                module_path!(),
+                "::agrees_with_the_row_kernel_and_rows_are_independent"
+            ),
+            "AVX-512 VNNI",
+        ) {
             return;
         }
         let shapes: [(usize, usize, usize); 6] = [

@@ -2,10 +2,10 @@
 // flash-decoding with a device-side chunk so the work follows the real
 // context, not the longest context a captured graph may meet.
 //
-// decode_attention_dD_gC: grid (splits, S, n_kv), DECODE_THREADS threads.
+// decode_attention_dD_gC: grid (splits, S, n_kv), LAMINA_DECODE_THREADS threads.
 //   `splits` is fixed on the host from S (enough blocks to fill the GPU);
 //   each block computes its key range from the device-side context length:
-//   chunk = round_up(max(ceil(ctx / splits), min_chunk), DECODE_CHUNK_GRAN),
+//   chunk = round_up(max(ceil(ctx / splits), min_chunk), LAMINA_DECODE_CHUNK_GRAN),
 //   keys [split*chunk, min(ctx, (split+1)*chunk)); blocks past the context
 //   exit, so ns = ceil(ctx / chunk) splits do the work (one split up to
 //   min_chunk keys, whatever `splits` is).
@@ -21,68 +21,30 @@
 //   merges them in split order: no second launch, same result whichever
 //   block finishes last.
 #include "common.cuh"
+#include "lamina_args.cuh"
+#include "lamina_consts.cuh"
 #include "pdl.cuh"
 
-// Shared with decode_attention.rs (THREADS, CHUNK_GRAN): keep equal.
-// 128 threads: a block fits beside the QKV GEMV's blocks, so it is resident,
-// its first keys loaded, before that kernel ends. (256 threads holding 8 keys
-// per lane group ran alone faster, 5.7 vs 8.1 us at batch 1 and 200 keys, but
-// lost 2% of a batch-1 step: 1 block per SM no longer overlaps the QKV GEMV.)
-#define DECODE_THREADS 128
-#define DECODE_CHUNK_GRAN 16
-// Default fewest keys a split takes (the host may pass another multiple of
-// DECODE_CHUNK_GRAN in DecodeArgs.min_chunk): short contexts use few splits,
-// so few partials to merge. (128 and 256 were slower at batch 1: every key
-// past the first 64 of a split is loaded after the PDL wait.)
-#define DECODE_MIN_CHUNK 64
+// LAMINA_DECODE_THREADS (src/consts.rs) is 128: a block fits beside the QKV
+// GEMV's blocks, so it is resident, its first keys loaded, before that
+// kernel ends. (256 threads holding 8 keys per lane group ran alone faster,
+// 5.7 vs 8.1 us at batch 1 and 200 keys, but lost 2% of a batch-1 step: 1
+// block per SM no longer overlaps the QKV GEMV.) LAMINA_DECODE_MIN_CHUNK is
+// the default fewest keys a split takes (the host may pass another multiple
+// of LAMINA_DECODE_CHUNK_GRAN in DecodeArgs.min_chunk): short contexts use
+// few splits, so few partials to merge. (128 and 256 were slower at batch 1:
+// every key past the first 64 of a split is loaded after the PDL wait.)
 // Keys each lane group loads before using them (memory-level parallelism);
 // the first DECODE_UNROLL * STEP keys of a split (64 at D = 64) are loaded
 // before the PDL wait.
 #define DECODE_UNROLL 4
-
-struct DecodeArgs {
-    const bf16* qkv;               // [S, (n_heads + 2 n_kv) D], q roped
-    const bf16* k_cache;           // [slots, n_kv, D]
-    const bf16* v_cache;           // [slots, n_kv, D]
-    const uint32_t* context_lens;  // [S]
-    const uint32_t* block_tables;  // [S, max_blocks]
-    float* part_o;                 // [S, n_heads, splits, D] (splits > 1)
-    float* part_ml;                // [S, n_heads, splits, 2] (splits > 1)
-    bf16* out;                     // [S, n_heads D]
-    uint32_t* counters;            // [S, n_kv] arrival counters, zero between launches
-    uint32_t max_blocks;
-    uint32_t n_heads;
-    uint32_t n_kv;
-    uint32_t block_size;
-    uint32_t splits;
-    float scale_log2;              // log2(e) / sqrt(D)
-    uint32_t min_chunk;            // fewest keys a split takes, multiple of DECODE_CHUNK_GRAN
-    uint32_t pad;
-};
-static_assert(sizeof(DecodeArgs) == 104, "DecodeArgs layout");
-static_assert(offsetof(DecodeArgs, qkv) == 0, "DecodeArgs.qkv");
-static_assert(offsetof(DecodeArgs, k_cache) == 8, "DecodeArgs.k_cache");
-static_assert(offsetof(DecodeArgs, v_cache) == 16, "DecodeArgs.v_cache");
-static_assert(offsetof(DecodeArgs, context_lens) == 24, "DecodeArgs.context_lens");
-static_assert(offsetof(DecodeArgs, block_tables) == 32, "DecodeArgs.block_tables");
-static_assert(offsetof(DecodeArgs, part_o) == 40, "DecodeArgs.part_o");
-static_assert(offsetof(DecodeArgs, part_ml) == 48, "DecodeArgs.part_ml");
-static_assert(offsetof(DecodeArgs, out) == 56, "DecodeArgs.out");
-static_assert(offsetof(DecodeArgs, counters) == 64, "DecodeArgs.counters");
-static_assert(offsetof(DecodeArgs, max_blocks) == 72, "DecodeArgs.max_blocks");
-static_assert(offsetof(DecodeArgs, n_heads) == 76, "DecodeArgs.n_heads");
-static_assert(offsetof(DecodeArgs, n_kv) == 80, "DecodeArgs.n_kv");
-static_assert(offsetof(DecodeArgs, block_size) == 84, "DecodeArgs.block_size");
-static_assert(offsetof(DecodeArgs, splits) == 88, "DecodeArgs.splits");
-static_assert(offsetof(DecodeArgs, scale_log2) == 92, "DecodeArgs.scale_log2");
-static_assert(offsetof(DecodeArgs, min_chunk) == 96, "DecodeArgs.min_chunk");
 
 // Keys per split for a context of `ctx` keys (>= min_chunk, also for ctx 0).
 // decode_attention.rs `chunk_of` mirrors it.
 __device__ __forceinline__ uint32_t decode_chunk(uint32_t ctx, uint32_t splits, uint32_t min_chunk) {
     uint32_t c = (ctx + splits - 1) / splits;
     c = c > min_chunk ? c : min_chunk;
-    return (c + DECODE_CHUNK_GRAN - 1) / DECODE_CHUNK_GRAN * DECODE_CHUNK_GRAN;
+    return (c + LAMINA_DECODE_CHUNK_GRAN - 1) / LAMINA_DECODE_CHUNK_GRAN * LAMINA_DECODE_CHUNK_GRAN;
 }
 
 // exp2(m - M) with an empty state (m = -inf) weighing 0, also when M = -inf.
@@ -113,7 +75,7 @@ template <int D, int C>
 __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     constexpr int LPK = D / 8;   // lanes per key (8 bf16 = 16 bytes each)
     constexpr int KPW = 32 / LPK; // keys per warp per step
-    constexpr int NW = DECODE_THREADS / 32;
+    constexpr int NW = LAMINA_DECODE_THREADS / 32;
     constexpr uint32_t STEP = NW * KPW; // keys per block per step
     constexpr int U = DECODE_UNROLL;
     static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head dim");
@@ -265,7 +227,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     __syncthreads();
 
     // Merge the warps: one thread per (head, dim).
-    for (uint32_t e = threadIdx.x; e < G * D; e += DECODE_THREADS) {
+    for (uint32_t e = threadIdx.x; e < G * D; e += LAMINA_DECODE_THREADS) {
         const uint32_t g = e / D, d = e % D;
         float M = -INFINITY;
 #pragma unroll
@@ -306,7 +268,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     __syncthreads();
     if (!sm_last) return;
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    for (uint32_t e = threadIdx.x; e < G * D; e += DECODE_THREADS) {
+    for (uint32_t e = threadIdx.x; e < G * D; e += LAMINA_DECODE_THREADS) {
         const uint32_t g = e / D, d = e % D;
         const size_t base = ((size_t)s * a.n_heads + kvh * G + g) * a.splits;
         float M = -INFINITY;
@@ -324,7 +286,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 }
 
 #define DECODE_ATTENTION(D, C)                                                                  \
-    extern "C" __global__ void __launch_bounds__(DECODE_THREADS) decode_attention_d##D##_g##C( \
+    extern "C" __global__ void __launch_bounds__(LAMINA_DECODE_THREADS) decode_attention_d##D##_g##C( \
         const DecodeArgs a) {                                                                   \
         decode_attention_impl<D, C>(a);                                                         \
     }

@@ -7,8 +7,8 @@
 // into BM = 16 * MT * WARPS rows (row r = token r / G, head r % G), so each
 // K/V tile load serves all G heads; warp w owns MT m16 tiles (rows 16 MT w ..
 // 16 MT (w + 1) - 1), so every K/V fragment it reads from shared memory feeds
-// MT MMAs. Two tilings: flash_prefill_dD (FP_*: 4 warps x 2 m16 tiles = 128
-// rows, prefill) and flash_narrow_dD (FN_*: one warp, 16 rows, decode rows:
+// MT MMAs. Two tilings: flash_prefill_dD (LAMINA_FLASH_*: 4 warps x 2 m16 tiles = 128
+// rows, prefill) and flash_narrow_dD (LAMINA_FLASH_NARROW_*: one warp, 16 rows, decode rows:
 // one token x G heads a sequence, without 112 rows of padding). A CTA whose
 // sequence's query length lies outside [min_len, max_len] exits (a mixed
 // step sends its one-token segments to the narrow launch).
@@ -31,64 +31,27 @@
 #include <stddef.h>
 
 #include "common.cuh"
+#include "lamina_args.cuh"
+#include "lamina_consts.cuh"
 #include "wgmma.cuh"
 
-struct FlashPrefillArgs {
-    const bf16* qkv;              // [T, (n_heads + 2 n_kv) D], q roped
-    const bf16* k_cache;          // [slots, n_kv, D]
-    const bf16* v_cache;          // [slots, n_kv, D]
-    const uint32_t* cu_seqlens;   // [S + 1]
-    const uint32_t* context_lens; // [S]
-    const uint32_t* block_tables; // [S, max_blocks]
-    bf16* out;                    // [T, n_heads D]
-    uint32_t max_blocks;
-    uint32_t num_heads;
-    uint32_t num_kv_heads;
-    uint32_t block_size;
-    uint32_t tok_per_tile;  // query tokens per CTA; tok_per_tile * G <= rows of a CTA
-    float scale_log2;       // log2(e) / sqrt(D)
-    uint32_t min_len;       // sequences with fewer query tokens are left to another launch
-    uint32_t max_len;       // ... and those with more
-};
-static_assert(sizeof(FlashPrefillArgs) == 88, "FlashPrefillArgs layout");
-static_assert(offsetof(FlashPrefillArgs, qkv) == 0, "qkv");
-static_assert(offsetof(FlashPrefillArgs, k_cache) == 8, "k_cache");
-static_assert(offsetof(FlashPrefillArgs, v_cache) == 16, "v_cache");
-static_assert(offsetof(FlashPrefillArgs, cu_seqlens) == 24, "cu_seqlens");
-static_assert(offsetof(FlashPrefillArgs, context_lens) == 32, "context_lens");
-static_assert(offsetof(FlashPrefillArgs, block_tables) == 40, "block_tables");
-static_assert(offsetof(FlashPrefillArgs, out) == 48, "out");
-static_assert(offsetof(FlashPrefillArgs, max_blocks) == 56, "max_blocks");
-static_assert(offsetof(FlashPrefillArgs, num_heads) == 60, "num_heads");
-static_assert(offsetof(FlashPrefillArgs, num_kv_heads) == 64, "num_kv_heads");
-static_assert(offsetof(FlashPrefillArgs, block_size) == 68, "block_size");
-static_assert(offsetof(FlashPrefillArgs, tok_per_tile) == 72, "tok_per_tile");
-static_assert(offsetof(FlashPrefillArgs, scale_log2) == 76, "scale_log2");
-static_assert(offsetof(FlashPrefillArgs, min_len) == 80, "min_len");
-static_assert(offsetof(FlashPrefillArgs, max_len) == 84, "max_len");
-
-// Wide tiling (measured on the H200, 4,096-token causal prompt, D = 64: 4
-// warps x 2 m16 tiles 224 TFLOP/s; 8 warps x 1: 199; 4 x 2 with 32-key
-// tiles: 184).
-#define FP_WARPS 4
-#define FP_MT 2
-#define FP_THREADS (32 * FP_WARPS)
-#define FP_BM (16 * FP_MT * FP_WARPS)
-#define FP_BN 64
+// Wide tiling: LAMINA_FLASH_THREADS / 32 warps of LAMINA_FLASH_M_TILES m16
+// tiles, LAMINA_FLASH_KEYS-key tiles (measured on the H200, 4,096-token
+// causal prompt, D = 64: 4 warps x 2 m16 tiles 224 TFLOP/s; 8 warps x 1:
+// 199; 4 x 2 with 32-key tiles: 184).
+static_assert(16 * LAMINA_FLASH_M_TILES * (LAMINA_FLASH_THREADS / 32) == LAMINA_FLASH_ROWS,
+              "wide flash tiling: rows = 16 x m-tiles x warps");
 // Narrow tiling: one warp, one m16 tile, for decode rows at large batch
 // (256 sequences x 640 keys: 95 us against the split-KV decode kernel's 154;
 // 32-key tiles with 4 stages or 64 with 3 were not faster in `lamina bench`).
-#define FN_THREADS 32
-#define FN_BM 16
-#define FN_BN 64
 // Smaller-tile narrow variants (flash_narrow_small_dD: 32-key tiles,
 // flash_narrow_tiny_dD: 16): less shared memory, more CTAs an SM holds, more
 // loop overhead a key. The launcher takes the largest tile whose CTAs all fit
 // on the device at once (H200, D = 64: S = 128 x 1,000 keys: 64 keys 91.3 us,
 // 32 keys 69.5, 16 keys 77.1; S = 256 x 640: 96.5 / 94.1 / 81.3; below one
 // wave the small tiles are slower: S = 64 x 500: 23.9 / 27.4 / 24.0).
-#define FN_BN_SMALL 32
-#define FN_BN_TINY 16
+static_assert(LAMINA_FLASH_NARROW_THREADS == 32 && LAMINA_FLASH_NARROW_ROWS == 16,
+              "narrow flash tiling: one warp, one m16 tile");
 
 extern __shared__ uint4 fp_smem[];
 
@@ -359,17 +322,17 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
 }
 
 #define FLASH_PREFILL(D)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(FP_THREADS) flash_prefill_d##D(const FlashPrefillArgs a) {  \
-        flash_prefill_impl<D, FP_WARPS, FP_MT, FP_BN>(a);                                                   \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_THREADS) flash_prefill_d##D(const FlashPrefillArgs a) {  \
+        flash_prefill_impl<D, LAMINA_FLASH_THREADS / 32, LAMINA_FLASH_M_TILES, LAMINA_FLASH_KEYS>(a);                                                   \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_d##D(const FlashPrefillArgs a) {   \
-        flash_prefill_impl<D, 1, 1, FN_BN>(a);                                                              \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_d##D(const FlashPrefillArgs a) {   \
+        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_KEYS>(a);                                                              \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_small_d##D(const FlashPrefillArgs a) { \
-        flash_prefill_impl<D, 1, 1, FN_BN_SMALL>(a);                                                        \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_small_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_SMALL_KEYS>(a);                                                        \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(FN_THREADS) flash_narrow_tiny_d##D(const FlashPrefillArgs a) { \
-        flash_prefill_impl<D, 1, 1, FN_BN_TINY>(a);                                                         \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_tiny_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_TINY_KEYS>(a);                                                         \
     }
 FLASH_PREFILL(64)
 FLASH_PREFILL(128)
@@ -377,7 +340,7 @@ FLASH_PREFILL(128)
 // ---------------------------------------------------------------------------
 // Hopper tiling (flash_hopper_dD, sm_90a only): the same contract, grid and
 // row packing as the wide tiling, with the two matrix products on warpgroup
-// MMAs. FH_WGS warpgroups of 128 threads each own 64 query rows; S = Q Kᵀ
+// MMAs. LAMINA_FLASH_HOPPER_THREADS / 128 warpgroups of 128 threads each own 64 query rows; S = Q Kᵀ
 // reads Q and K straight from shared memory (K-major descriptors), O += P V
 // takes P from registers (the m16n8k16 A layout, as mma.sync) and V from
 // shared memory through a transposed (MN-major) descriptor, so neither
@@ -387,10 +350,8 @@ FLASH_PREFILL(128)
 // through the block table with cp.async, double-buffered as in the wide
 // tiling; a proxy fence orders those writes before the wgmma reads.
 // Shared memory: (BM + 4 BN) * D bf16 + 1 KiB (49 KiB at D = 64).
-#define FH_WGS 2
-#define FH_THREADS (128 * FH_WGS)
-#define FH_BM (64 * FH_WGS)
-#define FH_BN 64
+static_assert(64 * (LAMINA_FLASH_HOPPER_THREADS / 128) == LAMINA_FLASH_HOPPER_ROWS,
+              "Hopper flash tiling: 64 rows per warpgroup of 128 threads");
 
 // Byte offset of 16-byte chunk `c` of row `r` in a 128B-swizzled tile of R
 // rows stored as 64-column panels of R * 128 bytes.
@@ -429,7 +390,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #if defined(LAMINA_WGMMA)
     constexpr int BM = 64 * WGS, THREADS = 128 * WGS, CH = D / 8;
     static_assert(D % 64 == 0, "head dim: whole 64-column panels");
-    const uint32_t base = (fp_saddr(fp_smem) + 1023u) & ~1023u;
+    const uint32_t base = (fp_saddr(fp_smem) + (LAMINA_FLASH_HOPPER_ALIGN - 1u)) & ~(LAMINA_FLASH_HOPPER_ALIGN - 1u);
     const uint32_t Qs = base;                          // [D / 64][BM][64]
     const uint32_t Ks = Qs + BM * D * 2;               // [2][D / 64][BN][64]
     const uint32_t Vs = Ks + 2 * BN * D * 2;           // [2][D / 64][BN][64]
@@ -552,8 +513,8 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 }
 
 #define FLASH_HOPPER(D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(FH_THREADS) flash_hopper_d##D(const FlashPrefillArgs a) {   \
-        flash_hopper_impl<D, FH_WGS, FH_BN>(a);                                                              \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_HOPPER_THREADS) flash_hopper_d##D(const FlashPrefillArgs a) {   \
+        flash_hopper_impl<D, LAMINA_FLASH_HOPPER_THREADS / 128, LAMINA_FLASH_HOPPER_KEYS>(a);                                                              \
     }
 FLASH_HOPPER(64)
 FLASH_HOPPER(128)

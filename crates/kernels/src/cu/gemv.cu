@@ -1,12 +1,12 @@
-// GEMV-shaped projections for small steps (m <= GEMV_MAX_ROWS token rows):
+// GEMV-shaped projections for small steps (m <= LAMINA_GEMV_MAX_ROWS token rows):
 // y[m, n] = x[m, K] · W[n, K]ᵀ with bf16 weights (nn.Linear, row-major),
 // fp32 accumulation, every weight row read once for all m rows.
 //
-// Grid ceil(pairs / (GEMV_WARPS / ksplit)) blocks of GEMV_WARPS warps. A warp
+// Grid ceil(pairs / (LAMINA_GEMV_WARPS / ksplit)) blocks of LAMINA_GEMV_WARPS warps. A warp
 // owns a pair of weight rows and one of `ksplit` (1, 2 or 4, from the host)
 // equal column ranges of them; the ksplit warps of a pair sit in one block
 // and add their dots in shared memory in split order (deterministic). Each
-// lane holds GEMV_CHUNKS(MT, NORM) 16-byte chunks of both rows in registers:
+// lane holds lamina_gemv_chunks<MT, NORM> 16-byte chunks of both rows in registers:
 // the whole range when it is at most 256 * chunks columns (every Llama-1B
 // projection at m = 1), so a warp's weight bytes are all in flight at once,
 // and they are requested before the PDL wait, overlapping the previous
@@ -28,68 +28,14 @@
 // block; the others read x through L1. Epilogues round like the unfused path:
 // projections to bf16 before the residual add, gate and up to bf16 before silu·up.
 #include "common.cuh"
+#include "lamina_args.cuh"
+#include "lamina_consts.cuh"
 #include "pdl.cuh"
 
-// Shared with gemv.rs (WARPS, ROWS_PER_WARP, MAX_ROWS): keep equal.
-#ifndef GEMV_WARPS
-#define GEMV_WARPS 4
-#endif
-#define GEMV_ROWS_PER_WARP 2
-#define GEMV_MAX_ROWS 16
-// 16-byte chunks per row and lane held in registers in one pass (row tile
-// MT; NORM: the norm variants). Fewer chunks mean more warps (ksplit) with
-// fewer registers each; the norm variants prefer fewer, larger blocks (each
-// block stages the normalised inputs once), single-row plain ones more warps.
-#ifndef GEMV_PLAIN_M1_CHUNKS
-#define GEMV_PLAIN_M1_CHUNKS 4
-#endif
-#define GEMV_CHUNKS(MT, NORM) (((MT) == 1 && !(NORM)) ? GEMV_PLAIN_M1_CHUNKS : (MT) <= 2 ? 8 : 4)
+// Warps per block, rows per warp, the most rows and the register chunks per
+// pass (lamina_gemv_chunks<MT, NORM>) come from src/consts.rs.
 // 16-byte chunks of norm weights per thread loaded before the PDL wait (K <= 2048 all).
 #define GEMV_NORM_REGS 2
-
-struct GemvArgs {
-    const void* x;        // [m, K] bf16, or the f32 residual for the norm variants
-    const bf16* norm_w;   // [K] (norm variants) else unused
-    const bf16* w;        // [N, K]; N = 2 * n for norm_silu
-    void* y;              // [m, n] bf16 / f32 (resid: the f32 residual, read and written)
-    uint32_t m;           // token rows, 1..=MT
-    uint32_t n;           // outputs per row
-    uint32_t k;           // inputs per row, multiple of 8
-    float eps;
-    // norm_rope only (else zero): RoPE + KV write in the epilogue, as rope_kv_write.
-    const uint32_t* positions;  // [m]
-    const uint32_t* slots;      // [m]
-    const float* cos_t;         // [max_pos, D/2]
-    const float* sin_t;         // [max_pos, D/2]
-    bf16* k_cache;              // [slots, n_kv, D]
-    bf16* v_cache;              // [slots, n_kv, D]
-    uint32_t n_heads;
-    uint32_t n_kv;
-    uint32_t head_dim;
-    uint32_t max_pos;
-    uint32_t ksplit;  // warps sharing a row pair: 1, 2 or 4 (divides GEMV_WARPS)
-    uint32_t pad;
-};
-static_assert(sizeof(GemvArgs) == 120, "GemvArgs layout");
-static_assert(offsetof(GemvArgs, x) == 0, "GemvArgs.x");
-static_assert(offsetof(GemvArgs, norm_w) == 8, "GemvArgs.norm_w");
-static_assert(offsetof(GemvArgs, w) == 16, "GemvArgs.w");
-static_assert(offsetof(GemvArgs, y) == 24, "GemvArgs.y");
-static_assert(offsetof(GemvArgs, m) == 32, "GemvArgs.m");
-static_assert(offsetof(GemvArgs, n) == 36, "GemvArgs.n");
-static_assert(offsetof(GemvArgs, k) == 40, "GemvArgs.k");
-static_assert(offsetof(GemvArgs, eps) == 44, "GemvArgs.eps");
-static_assert(offsetof(GemvArgs, positions) == 48, "GemvArgs.positions");
-static_assert(offsetof(GemvArgs, slots) == 56, "GemvArgs.slots");
-static_assert(offsetof(GemvArgs, cos_t) == 64, "GemvArgs.cos_t");
-static_assert(offsetof(GemvArgs, sin_t) == 72, "GemvArgs.sin_t");
-static_assert(offsetof(GemvArgs, k_cache) == 80, "GemvArgs.k_cache");
-static_assert(offsetof(GemvArgs, v_cache) == 88, "GemvArgs.v_cache");
-static_assert(offsetof(GemvArgs, n_heads) == 96, "GemvArgs.n_heads");
-static_assert(offsetof(GemvArgs, n_kv) == 100, "GemvArgs.n_kv");
-static_assert(offsetof(GemvArgs, head_dim) == 104, "GemvArgs.head_dim");
-static_assert(offsetof(GemvArgs, max_pos) == 108, "GemvArgs.max_pos");
-static_assert(offsetof(GemvArgs, ksplit) == 112, "GemvArgs.ksplit");
 
 enum GemvIn { IN_BF16 = 0, IN_NORM = 1 };
 enum GemvOut { OUT_BF16 = 0, OUT_RESID = 1, OUT_F32 = 2, OUT_SILU = 3, OUT_ROPE = 4 };
@@ -116,7 +62,7 @@ __device__ __forceinline__ void gemv_rows_of(const GemvArgs& a, uint32_t gw, uin
         ok0 = r0 < a.n;
         ok1 = r1 < a.n;
     } else {
-        r0 = gw * GEMV_ROWS_PER_WARP;
+        r0 = gw * LAMINA_GEMV_ROWS_PER_WARP;
         r1 = r0 + 1;
         ok0 = r0 < a.n;
         ok1 = r1 < a.n;
@@ -152,14 +98,14 @@ __device__ __forceinline__ void gemv_load(const bf16* w0, const bf16* w1, bool o
 
 template <int MT, int IN, int OUT>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
-    constexpr int NC = GEMV_CHUNKS(MT, IN == IN_NORM);
+    constexpr int NC = lamina_gemv_chunks<MT, IN == IN_NORM>::value;
     // IN_NORM: the block's normalised inputs, bf16 [m, K] (dynamic, m * K * 2 bytes).
     extern __shared__ __align__(16) unsigned char gemv_smem[];
-    __shared__ float part[GEMV_WARPS][MT];     // inverse-RMS partial sums
-    __shared__ float red[GEMV_WARPS][2][MT];   // split-K partial dots
+    __shared__ float part[LAMINA_GEMV_WARPS][MT];     // inverse-RMS partial sums
+    __shared__ float red[LAMINA_GEMV_WARPS][2][MT];   // split-K partial dots
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t K = a.k, m = a.m, nsplit = a.ksplit;
-    const uint32_t ks = warp % nsplit, gw = blockIdx.x * (GEMV_WARPS / nsplit) + warp / nsplit;
+    const uint32_t ks = warp % nsplit, gw = blockIdx.x * (LAMINA_GEMV_WARPS / nsplit) + warp / nsplit;
     uint32_t r0, r1;
     bool ok0, ok1;
     gemv_rows_of<OUT>(a, gw, r0, r1, ok0, ok1);
@@ -177,7 +123,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     if (IN == IN_NORM) {
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
-            const uint32_t i = threadIdx.x * 8 + j * GEMV_WARPS * 256;
+            const uint32_t i = threadIdx.x * 8 + j * LAMINA_GEMV_WARPS * 256;
             nwv[j] = i < K ? ld_before_wait(a.norm_w + i) : make_uint4(0, 0, 0, 0);
         }
     }
@@ -209,11 +155,11 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
             ss[r] = 0.f;
             if (r < (int)m) {
                 // Four float4 per thread in flight at once (one L2 round trip per 2,048 columns).
-                for (uint32_t i0 = threadIdx.x * 4; i0 < K; i0 += 4 * GEMV_WARPS * 128) {
+                for (uint32_t i0 = threadIdx.x * 4; i0 < K; i0 += 4 * LAMINA_GEMV_WARPS * 128) {
                     float4 v[4];
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
-                        const uint32_t i = i0 + j * GEMV_WARPS * 128;
+                        const uint32_t i = i0 + j * LAMINA_GEMV_WARPS * 128;
                         v[j] = i < K ? *reinterpret_cast<const float4*>(x + (size_t)r * K + i) : make_float4(0, 0, 0, 0);
                     }
 #pragma unroll
@@ -230,10 +176,10 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         for (uint32_t r = 0; r < m; r++) {
             float t = 0.f;
 #pragma unroll
-            for (int w = 0; w < GEMV_WARPS; w++) t += part[w][r];
+            for (int w = 0; w < LAMINA_GEMV_WARPS; w++) t += part[w][r];
             const float inv = rsqrtf(t / (float)K + a.eps);
             uint32_t j = 0;
-            for (uint32_t i = threadIdx.x * 8; i < K; i += GEMV_WARPS * 256, j++) {
+            for (uint32_t i = threadIdx.x * 8; i < K; i += LAMINA_GEMV_WARPS * 256, j++) {
                 const float* xr = x + (size_t)r * K + i;
                 const float4 p = *reinterpret_cast<const float4*>(xr);
                 const float4 q = *reinterpret_cast<const float4*>(xr + 4);
@@ -374,7 +320,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
 }
 
 #define GEMV_ENTRY(NAME, MT, IN, OUT)                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
+    extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
         gemv_impl<MT, IN, OUT>(a);                                                                     \
     }
 #define GEMV_TILES(NAME, IN, OUT) \

@@ -1,6 +1,6 @@
 // Sampling on the GPU following crates/model/src/sampler.rs step by step, in
 // two launches:
-//  sample_partials: grid (NB = ceil(V / SAMPLE_SLICE), R), SAMPLE_PART_THREADS
+//  sample_partials: grid (NB = ceil(V / LAMINA_SAMPLE_SLICE), R), LAMINA_SAMPLE_PART_THREADS
 //    threads; block b owns ids [b*SLICE, (b+1)*SLICE) of row r and writes
 //    (a) its (max, sum exp(z - max)) of the raw logits (for the logsumexp),
 //    (b) the repetition penalty applied to its ids (history ids are distinct),
@@ -10,7 +10,7 @@
 //        sampled rows, the penalised logits to `work`,
 //    (c) its best key of the penalised logits (greedy: argmax, lowest id on
 //        ties) and (d) its top `n_logprobs` keys of the raw logits.
-//  sample_rows: grid R, SAMPLE_THREADS threads, per row:
+//  sample_rows: grid R, LAMINA_SAMPLE_THREADS threads, per row:
 //   1. logsumexp of the raw logits from the NB partials;
 //   2. temperature 0: the best of the NB greedy keys;
 //   3. else p = softmax(work / T); candidates ordered by (logit desc, id
@@ -31,83 +31,11 @@
 // merge (a few microseconds at V = 128k); sampled rows add one write of the
 // logits and up to ~260 single-block passes (binary searches).
 #include "common.cuh"
+#include "lamina_args.cuh"
+#include "lamina_consts.cuh"
 #include "pdl.cuh"
 
-// Shared with sampling.rs (THREADS, PART_THREADS, SLICE): keep equal.
-#define SAMPLE_THREADS 1024
-#define SAMPLE_PART_THREADS 256
-#define SAMPLE_SLICE 4096
-#define SAMPLE_PER_THREAD (SAMPLE_SLICE / SAMPLE_PART_THREADS)
-
-struct SampleParams {   // mirrors kernels::sampling::SampleParams (16 x 4 bytes)
-    float temperature;
-    uint32_t top_k;
-    float top_p;
-    float min_p;
-    float rep_penalty;
-    float u;
-    uint32_t hist_off;
-    uint32_t hist_len;
-    uint32_t n_logprobs;
-    uint32_t add_off;   // additive terms: add_len (id, f32 bits) word pairs
-    uint32_t add_len;
-    uint32_t mask_off;  // allowed-token mask: mask_len words (bit i % 32 of word i / 32)
-    uint32_t mask_len;  // 0: no mask
-    uint32_t pad0, pad1, pad2;
-};
-static_assert(sizeof(SampleParams) == 64, "SampleParams layout");
-
-struct SamplePartialArgs {
-    const float* logits;          // [R, V] raw logits
-    float* work;                  // [R, V] penalised logits (sampled rows only)
-    const SampleParams* params;   // [R]
-    const uint32_t* history;      // flat, distinct ids per row
-    float* stats;                 // [R, NB, 2] (max, sum exp(z - max))
-    unsigned long long* keys;     // [R, NB, 1 + max_lp] greedy key, top raw keys
-    uint32_t V;
-    uint32_t max_lp;
-    uint32_t nb;
-    uint32_t pad;
-};
-static_assert(sizeof(SamplePartialArgs) == 64, "SamplePartialArgs layout");
-static_assert(offsetof(SamplePartialArgs, logits) == 0, "SamplePartialArgs.logits");
-static_assert(offsetof(SamplePartialArgs, work) == 8, "SamplePartialArgs.work");
-static_assert(offsetof(SamplePartialArgs, params) == 16, "SamplePartialArgs.params");
-static_assert(offsetof(SamplePartialArgs, history) == 24, "SamplePartialArgs.history");
-static_assert(offsetof(SamplePartialArgs, stats) == 32, "SamplePartialArgs.stats");
-static_assert(offsetof(SamplePartialArgs, keys) == 40, "SamplePartialArgs.keys");
-static_assert(offsetof(SamplePartialArgs, V) == 48, "SamplePartialArgs.V");
-static_assert(offsetof(SamplePartialArgs, max_lp) == 52, "SamplePartialArgs.max_lp");
-static_assert(offsetof(SamplePartialArgs, nb) == 56, "SamplePartialArgs.nb");
-
-struct SampleRowsArgs {
-    const float* logits;              // [R, V] raw logits
-    float* work;                      // [R, V] penalised logits (sampled rows)
-    const SampleParams* params;       // [R]
-    const float* stats;               // [R, NB, 2]
-    const unsigned long long* keys;   // [R, NB, 1 + max_lp]
-    uint32_t* out_tok;                // [R]
-    float* out_lp;                    // [R]
-    uint32_t* out_top_ids;            // [R, max_lp]
-    float* out_top_lp;                // [R, max_lp]
-    uint32_t V;
-    uint32_t max_lp;
-    uint32_t nb;
-    uint32_t pad;
-};
-static_assert(sizeof(SampleRowsArgs) == 88, "SampleRowsArgs layout");
-static_assert(offsetof(SampleRowsArgs, logits) == 0, "SampleRowsArgs.logits");
-static_assert(offsetof(SampleRowsArgs, work) == 8, "SampleRowsArgs.work");
-static_assert(offsetof(SampleRowsArgs, params) == 16, "SampleRowsArgs.params");
-static_assert(offsetof(SampleRowsArgs, stats) == 24, "SampleRowsArgs.stats");
-static_assert(offsetof(SampleRowsArgs, keys) == 32, "SampleRowsArgs.keys");
-static_assert(offsetof(SampleRowsArgs, out_tok) == 40, "SampleRowsArgs.out_tok");
-static_assert(offsetof(SampleRowsArgs, out_lp) == 48, "SampleRowsArgs.out_lp");
-static_assert(offsetof(SampleRowsArgs, out_top_ids) == 56, "SampleRowsArgs.out_top_ids");
-static_assert(offsetof(SampleRowsArgs, out_top_lp) == 64, "SampleRowsArgs.out_top_lp");
-static_assert(offsetof(SampleRowsArgs, V) == 72, "SampleRowsArgs.V");
-static_assert(offsetof(SampleRowsArgs, max_lp) == 76, "SampleRowsArgs.max_lp");
-static_assert(offsetof(SampleRowsArgs, nb) == 80, "SampleRowsArgs.nb");
+#define SAMPLE_PER_THREAD (LAMINA_SAMPLE_SLICE / LAMINA_SAMPLE_PART_THREADS)
 
 __device__ __forceinline__ uint32_t ord_bits(float f) {
     uint32_t b = __float_as_uint(f);
@@ -157,23 +85,23 @@ __device__ unsigned long long mass_key(const float* s, uint32_t V, float target,
     return k;
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partials(const SamplePartialArgs a) {
-    __shared__ float sv[SAMPLE_SLICE];
+extern "C" __global__ void __launch_bounds__(LAMINA_SAMPLE_PART_THREADS) sample_partials(const SamplePartialArgs a) {
+    __shared__ float sv[LAMINA_SAMPLE_SLICE];
     __shared__ float fs[32];
     __shared__ unsigned long long ks[32];
     const uint32_t b = blockIdx.x, r = blockIdx.y;
     pdl_wait();
     pdl_launch_dependents();
-    const uint32_t lo = b * SAMPLE_SLICE, hi = min(a.V, lo + SAMPLE_SLICE);
-    const float* z = a.logits + (size_t)r * a.V;
+    const uint32_t lo = b * LAMINA_SAMPLE_SLICE, hi = min(a.v, lo + LAMINA_SAMPLE_SLICE);
+    const float* z = a.logits + (size_t)r * a.v;
     const SampleParams P = a.params[r];
     float zv[SAMPLE_PER_THREAD];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
-        const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+        const uint32_t id = lo + threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS;
         zv[i] = id < hi ? z[id] : -INFINITY;
-        sv[threadIdx.x + i * SAMPLE_PART_THREADS] = zv[i];
+        sv[threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS] = zv[i];
         mx = fmaxf(mx, zv[i]);
     }
     mx = block_max(mx, fs);
@@ -182,19 +110,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
     for (int i = 0; i < SAMPLE_PER_THREAD; i++) se += zv[i] == -INFINITY ? 0.f : expf(zv[i] - mx);
     se = block_sum(se, fs);
     // Repetition penalty on the ids of this slice (history ids are distinct).
-    if (P.rep_penalty != 1.f) {
-        for (uint32_t i = threadIdx.x; i < P.hist_len; i += SAMPLE_PART_THREADS) {
+    if (P.repetition_penalty != 1.f) {
+        for (uint32_t i = threadIdx.x; i < P.hist_len; i += LAMINA_SAMPLE_PART_THREADS) {
             const uint32_t id = a.history[P.hist_off + i];
             if (id >= lo && id < hi) {
                 const float v = sv[id - lo];
-                sv[id - lo] = v > 0.f ? v / P.rep_penalty : v * P.rep_penalty;
+                sv[id - lo] = v > 0.f ? v / P.repetition_penalty : v * P.repetition_penalty;
             }
         }
     }
     __syncthreads();
     // Additive terms after the repetition penalty (ids distinct: no race).
     if (P.add_len > 0) {
-        for (uint32_t i = threadIdx.x; i < P.add_len; i += SAMPLE_PART_THREADS) {
+        for (uint32_t i = threadIdx.x; i < P.add_len; i += LAMINA_SAMPLE_PART_THREADS) {
             const uint32_t id = a.history[P.add_off + 2 * i];
             if (id >= lo && id < hi) sv[id - lo] += __uint_as_float(a.history[P.add_off + 2 * i + 1]);
         }
@@ -205,19 +133,19 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
     if (P.mask_len > 0) {
 #pragma unroll
         for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
-            const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+            const uint32_t id = lo + threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS;
             const uint32_t word = id / 32;
             const bool allowed = word < P.mask_len && ((a.history[P.mask_off + word] >> (id % 32)) & 1u);
-            if (id < hi && !allowed) sv[threadIdx.x + i * SAMPLE_PART_THREADS] = -INFINITY;
+            if (id < hi && !allowed) sv[threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS] = -INFINITY;
         }
     }
     unsigned long long best = 0;
-    float* w = a.work + (size_t)r * a.V;
+    float* w = a.work + (size_t)r * a.v;
 #pragma unroll
     for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
-        const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+        const uint32_t id = lo + threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS;
         if (id < hi) {
-            const float v = sv[threadIdx.x + i * SAMPLE_PART_THREADS];
+            const float v = sv[threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS];
             if (P.temperature != 0.f) w[id] = v;
             const unsigned long long k = make_key(v, id);
             best = k > best ? k : best;
@@ -237,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
         unsigned long long top = 0;
 #pragma unroll
         for (int i = 0; i < SAMPLE_PER_THREAD; i++) {
-            const uint32_t id = lo + threadIdx.x + i * SAMPLE_PART_THREADS;
+            const uint32_t id = lo + threadIdx.x + i * LAMINA_SAMPLE_PART_THREADS;
             if (id < hi) {
                 const unsigned long long key = make_key(zv[i], id);
                 if (key < prev && key > top) top = key;
@@ -249,11 +177,11 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PART_THREADS) sample_partial
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS) sample_rows(const SampleRowsArgs a) {
+extern "C" __global__ void __launch_bounds__(LAMINA_SAMPLE_THREADS) sample_rows(const SampleRowsArgs a) {
     __shared__ float fs[32];
     __shared__ unsigned us[32];
     __shared__ unsigned long long ks[32];
-    const uint32_t r = blockIdx.x, V = a.V, nb = a.nb, max_lp = a.max_lp;
+    const uint32_t r = blockIdx.x, V = a.v, nb = a.nb, max_lp = a.max_lp;
     pdl_wait();
     pdl_launch_dependents();
     const float* z = a.logits + (size_t)r * V;

@@ -7,15 +7,16 @@ use std::sync::Arc;
 
 use gpu::Gpu;
 use half::bf16;
-use kernels::{HeadShape, Kernels};
+use kernels::{HeadShape, KernelOptions, Kernels};
 use rand::Rng;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 
 pub const POISON: u8 = 0xFF;
 
 pub fn setup() -> (Arc<Gpu>, Kernels) {
     let gpu = Gpu::new(0).expect("a CUDA device");
-    let k = Kernels::load(&gpu).expect("kernels load");
+    let k = Kernels::load(&gpu, KernelOptions::default()).expect("kernels load");
     (gpu, k)
 }
 
@@ -99,3 +100,41 @@ pub const SHAPES: [HeadShape; 5] = [
         head_dim: 128,
     },
 ];
+
+/// A random paged batch: sequences with `(seqlen, context_len)`, blocks shuffled.
+pub struct PagedBatch {
+    pub cu: Vec<u32>,
+    pub ctx: Vec<u32>,
+    pub tables: Vec<u32>,
+    pub max_blocks: usize,
+    pub num_blocks: usize,
+}
+
+pub fn paged_batch(rng: &mut StdRng, seqs: &[(usize, usize)], block_size: usize) -> PagedBatch {
+    let max_blocks = seqs
+        .iter()
+        .map(|s| s.1.div_ceil(block_size))
+        .max()
+        .unwrap_or(1);
+    let total: usize = seqs.iter().map(|s| s.1.div_ceil(block_size)).sum();
+    let num_blocks = total + 3;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut tables = vec![0u32; seqs.len() * max_blocks];
+    let mut next = 0;
+    let mut cu = vec![0u32];
+    for (s, &(len, ctx)) in seqs.iter().enumerate() {
+        for b in 0..ctx.div_ceil(block_size) {
+            tables[s * max_blocks + b] = ids[next];
+            next += 1;
+        }
+        cu.push(cu[s] + len as u32);
+    }
+    PagedBatch {
+        cu,
+        ctx: seqs.iter().map(|s| s.1 as u32).collect(),
+        tables,
+        max_blocks,
+        num_blocks,
+    }
+}

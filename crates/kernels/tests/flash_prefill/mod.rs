@@ -1,10 +1,9 @@
 //! GPU tests of the tensor-core flash prefill kernel against `ops::paged_attention`
 //! (odd lengths, packed sequences, chunked prefill against the whole prompt,
 //! GQA 32/8, 9/3 and 16/2, head sizes 64 and 128, scrambled block tables,
-//! poisoned outputs) and its speed on a 4,096-token prompt. Part of the
-//! `gpu_attention` test binary; `#[ignore]`d: they need a CUDA device.
+//! poisoned outputs). Part of the `gpu_attention` test binary; `#[ignore]`d:
+//! they need a CUDA device.
 
-use super::{PagedBatch, paged_batch};
 use crate::common::*;
 use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
@@ -334,53 +333,6 @@ fn flash_prefill_chunk_matches_whole_prompt() {
                 "{tiles:?} {shape:?} chunk {chunk} of {n}: max abs diff {a}"
             );
             check(&c, &got, "flash chunk");
-        }
-    }
-}
-
-/// Prints the flash kernel's speed (and the old kernel's) on one 4,096-token
-/// causal prompt, and the flash kernel's on 2,048 tokens; FLOPs counted as
-/// 4 T² D heads / 2.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn flash_prefill_timing_4096() {
-    let (gpu, k) = setup();
-    let mut rng = StdRng::seed_from_u64(13);
-    for (shape, t) in [
-        (FLASH_SHAPES[0], 4096),
-        (FLASH_SHAPES[2], 4096),
-        (FLASH_SHAPES[0], 2048),
-    ] {
-        let c = Case::new(&mut rng, shape, &[(t, t)]);
-        let p = c.params();
-        let dev = Dev::new(&gpu, &c);
-        let out = gpu
-            .alloc::<bf16>(t * shape.num_heads * shape.head_dim)
-            .unwrap();
-        let flops = 4.0 * (t as f64).powi(2) * (shape.head_dim * shape.num_heads) as f64 / 2.0;
-        let mut kernels: Vec<Option<FlashTiles>> =
-            prefill_tilings(&k).into_iter().map(Some).collect();
-        if t == 4096 {
-            kernels.push(None);
-        }
-        for tiles in kernels {
-            let old = tiles.is_none();
-            let iters = if old { 3 } else { 20 };
-            dev.launch(&k, &out, p, tiles);
-            let timer = gpu.timer().unwrap();
-            timer.start().unwrap();
-            for _ in 0..iters {
-                dev.launch(&k, &out, p, tiles);
-            }
-            let us = timer.stop_ms().unwrap() as f64 * 1e3 / iters as f64;
-            let name = match tiles {
-                None => "old prefill_attention".to_string(),
-                Some(t) => format!("flash {t:?}"),
-            };
-            println!(
-                "RESULT {name} {shape:?} T={t}: {us:.1} us, {:.1} TFLOP/s",
-                flops / us * 1e-6
-            );
         }
     }
 }

@@ -19,8 +19,15 @@ fn prompt(tokens: &[u32], start: usize, blocks: Vec<u32>, prompt_len: usize) -> 
 
 #[test]
 fn prompt_rows_are_close_to_the_exact_pass_and_generated_rows_unchanged() {
-    if !cpu_kernels::isa::split_products() {
-        return; // the f32 products, tested everywhere else
+    if !cpu_kernels::isa::test_runs_here(
+        cpu_kernels::isa::split_products(),
+        concat!(
+            module_path!(),
+            "::prompt_rows_are_close_to_the_exact_pass_and_generated_rows_unchanged"
+        ),
+        "AVX-512 BF16 and VNNI",
+    ) {
+        return;
     }
     let mut split = backend_on(CpuPath::Fast, false, 16);
     assert!(split.name().contains("bf16/vnni"), "{}", split.name());
@@ -57,7 +64,14 @@ fn prompt_rows_are_close_to_the_exact_pass_and_generated_rows_unchanged() {
 /// same bits as alone: BF16 weights on the split products.
 #[test]
 fn a_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step() {
-    if !cpu_kernels::isa::split_products() {
+    if !cpu_kernels::isa::test_runs_here(
+        cpu_kernels::isa::split_products(),
+        concat!(
+            module_path!(),
+            "::a_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step"
+        ),
+        "AVX-512 BF16 and VNNI",
+    ) {
         return;
     }
     independent_of_the_step(|| backend_on(CpuPath::Fast, false, 32));
@@ -66,7 +80,14 @@ fn a_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step() {
 /// The same for Q4_1 blocks, whose prompt rows run the quantised GEMM.
 #[test]
 fn a_quantised_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step() {
-    if !(Isa::best() == Isa::Avx512 && cpu_kernels::quant::gemm::supported()) {
+    if !cpu_kernels::isa::test_runs_here(
+        Isa::best() == Isa::Avx512 && cpu_kernels::quant::gemm::supported(),
+        concat!(
+            module_path!(),
+            "::a_quantised_prompt_tokens_logits_do_not_depend_on_the_rest_of_the_step"
+        ),
+        "AVX-512 VNNI",
+    ) {
         return;
     }
     independent_of_the_step(|| {

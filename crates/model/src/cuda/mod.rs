@@ -49,6 +49,7 @@ mod tests;
 use std::sync::Arc;
 
 use gpu::{Blas, Gpu};
+pub use kernels::KernelOptions;
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
 use checkpoint::weights::LlamaWeights;
@@ -79,9 +80,12 @@ pub const DEFAULT_GEMV_ROWS: usize = 2;
 pub const MAX_GEMV_ROWS: usize = kernels::gemv::MAX_ROWS;
 
 /// The CUDA backend's tuning knobs, set by its caller (the CLI's hidden
-/// `--cuda-*` flags). The defaults are the measured best on an H200.
+/// tuning flags). The defaults are the measured best on an H200.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaOptions {
+    /// The kernels' own choices (the Hopper prefill tiling, programmatic
+    /// dependent launch).
+    pub kernels: KernelOptions,
     /// Replay pure-decode steps from captured CUDA graphs.
     pub graphs: bool,
     /// Largest step run on the fused GEMV projections (0: cuBLAS always;
@@ -96,6 +100,7 @@ pub struct CudaOptions {
 impl Default for CudaOptions {
     fn default() -> Self {
         CudaOptions {
+            kernels: KernelOptions::default(),
             graphs: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             narrow_decode_seqs: None,
@@ -195,7 +200,7 @@ impl CudaBackend {
             )));
         }
         let gpu = Gpu::new(device).map_err(|e| dev_err(&format!("opening device {device}"), e))?;
-        let k = Kernels::load(&gpu).map_err(|e| dev_err("loading kernels", e))?;
+        let k = Kernels::load(&gpu, opts.kernels).map_err(|e| dev_err("loading kernels", e))?;
         let blas = Blas::new(&gpu).map_err(|e| dev_err("creating the cuBLAS handle", e))?;
         let sms = gpu
             .sm_count()
