@@ -239,7 +239,9 @@ mod tests {
             }
             let hold = stops
                 .iter()
-                .flat_map(|s| (1..s.len()).filter(|&k| text.ends_with(&s[..k])))
+                .flat_map(|s| {
+                    (1..s.len()).filter(|&k| text.as_bytes().ends_with(&s.as_bytes()[..k]))
+                })
                 .max()
                 .unwrap_or(0);
             if text.len() - hold > streamed.len() {
@@ -265,10 +267,16 @@ mod tests {
             let word = |next: &mut dyn FnMut(u64) -> usize, len: usize| -> String {
                 (0..len).map(|_| alphabet[next(4)]).collect()
             };
-            let stops: Vec<String> = (0..1 + next(3))
-                .map(|_| word(&mut next, 1 + next(4)))
-                .collect();
-            let pieces: Vec<String> = (0..next(8)).map(|_| word(&mut next, next(3))).collect();
+            let mut stops = Vec::new();
+            for _ in 0..1 + next(3) {
+                let len = 1 + next(4);
+                stops.push(word(&mut next, len));
+            }
+            let mut pieces = Vec::new();
+            for _ in 0..next(8) {
+                let len = next(3);
+                pieces.push(word(&mut next, len));
+            }
             let stop_refs: Vec<&str> = stops.iter().map(String::as_str).collect();
             let piece_refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
             let (r, text) = run(&stop_refs, &piece_refs);
