@@ -37,6 +37,9 @@
 //! - Once the grammar is complete only the EOS tokens are allowed, so a
 //!   constrained request ends with `Stop` (or `Length` at `max_tokens`).
 //!
+//! (Slightly past the usual file size: the compiler, its cache and the
+//! per-sequence state share the `llguidance` types and are read together.)
+//!
 //! Costs: building the trie is O(vocabulary) once (tens of ms for 128k
 //! tokens); compiling a schema takes about a millisecond (a cached one: a
 //! copy of its parser state, tens of microseconds); each

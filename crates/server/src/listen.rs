@@ -35,6 +35,10 @@
 //! serve one request (keep-alive off). [`Listener::drained`] resolves when
 //! every connection accepted before the drain has closed.
 //!
+//! One file past the usual size: the accept loop, the connection table and
+//! the eviction policy are one state machine; the body meter and the
+//! socket watcher are in `listen/`.
+//!
 //! Costs: one tokio task per connection; O(1) per request (two short mutex
 //! sections); O(open connections) only when the cap is full.
 
