@@ -16,6 +16,7 @@ mod progress;
 mod repl;
 mod sampling_args;
 mod serve;
+mod serve_limits;
 mod setup;
 mod synth;
 mod timings;

@@ -94,6 +94,8 @@ pub struct ServeArgs {
     /// Name clients use for the model (default: the --model id or directory name).
     #[arg(long, env = "LAMINA_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    #[command(flatten)]
+    pub limits: crate::serve_limits::LimitArgs,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -120,6 +122,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             );
         }
     }
+    args.limits.check()?;
     let api_keys = api_keys(&args)?;
     for origin in &args.allowed_origins {
         if let Err(why) = server::check_origin(origin) {
@@ -148,7 +151,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         loaded.sizing
     );
     let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
-    let cfg = server::ServerConfig {
+    let mut cfg = server::ServerConfig {
         model_id: model_id.clone(),
         api_keys,
         allowed_origins: args.allowed_origins.clone(),
@@ -160,7 +163,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         body_timeout: Duration::from_secs_f64(args.body_timeout),
         max_client_requests: args.max_client_requests,
         defaults: loaded.model.generation.clone(),
+        ..server::ServerConfig::new(model_id.clone())
     };
+    args.limits.apply(&mut cfg);
     let defaults = loaded.model.generation.sampling_defaults();
     let mut engines = vec![loaded.engine];
     engines.extend(loaded.replicas);

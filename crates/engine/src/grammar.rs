@@ -15,6 +15,15 @@
 //!   last `CACHE_ENTRIES` distinct constraints are kept: a request with
 //!   the same constraint (the same schema, spacing aside) starts from a
 //!   copy instead of compiling again (what vLLM and SGLang do).
+//!   Reasons are one short line (the grammar engine's state and grammar
+//!   are left out); a regex ending inside an escape (`a\`) is refused,
+//!   since `llguidance` would drop the lone backslash. The caller bounds
+//!   the size of what it compiles and runs this on a thread whose stack
+//!   fits it (the grammar engine recurses over the grammar).
+//! - A grammar that fails during generation (refuses the sampled token or
+//!   then allows none) ends its request with an error starting with
+//!   [`Constraint::FAILURE_PREFIX`], so callers can tell it from an
+//!   engine failure.
 //! - JSON constraints are compiled with no free whitespace, `", "` and
 //!   `": "` as separators (so a model cannot loop on blanks), unless the
 //!   schema carries its own `x-guidance` options.
@@ -27,6 +36,9 @@
 //!   and released with them (`contract::Backend::release`).
 //! - Once the grammar is complete only the EOS tokens are allowed, so a
 //!   constrained request ends with `Stop` (or `Length` at `max_tokens`).
+//!
+//! (Slightly past the usual file size: the compiler, its cache and the
+//! per-sequence state share the `llguidance` types and are read together.)
 //!
 //! Costs: building the trie is O(vocabulary) once (tens of ms for 128k
 //! tokens); compiling a schema takes about a millisecond (a cached one: a
@@ -61,6 +73,11 @@ pub enum Constraint {
 }
 
 impl Constraint {
+    /// How the error of a request whose constraint failed during
+    /// generation (the grammar engine refused a step) starts; a short
+    /// reason follows, never the engine's state.
+    pub const FAILURE_PREFIX: &'static str = "constraint failed: ";
+
     /// Short name for errors: `json_object`, `json_schema`, `regex`, `grammar`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -205,6 +222,8 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| format!("cannot build the grammar engine: {e}"))?;
         factory.quiet();
+        // errors name the reason, not the parser's state and grammar
+        factory.limits_mut().verbose_errors = false;
         Ok(factory)
     }
 
@@ -236,7 +255,13 @@ impl GrammarCompiler {
     /// Compiles `c` into a fresh grammar state.
     fn compile_new(&self, c: &Constraint) -> Result<SeqGrammar, GrammarError> {
         let kind = c.kind();
-        let err = |reason: String| GrammarError { kind, reason };
+        let err = |reason: String| GrammarError {
+            kind,
+            reason: short(&reason),
+        };
+        if let Constraint::Regex(r) = c {
+            check_escapes(r).map_err(err)?;
+        }
         let factory = self.factory().map_err(err)?;
         let grammar = match c {
             Constraint::JsonObject => {
@@ -259,9 +284,40 @@ impl GrammarCompiler {
             mask: Arc::new(TokenMask::default()),
         };
         // a constraint that allows nothing at all is refused here, not at the first step
-        g.mask = g.next_mask().map_err(err)?;
+        g.mask = g.next_mask().map_err(|e| {
+            err(e
+                .strip_prefix(Constraint::FAILURE_PREFIX)
+                .unwrap_or(&e)
+                .to_string())
+        })?;
         Ok(g)
     }
+}
+
+/// Most bytes of a reason the grammar engine gives.
+const REASON_BYTES: usize = 200;
+
+/// The first line of `reason`, cut to [`REASON_BYTES`].
+fn short(reason: &str) -> String {
+    let line = reason.lines().next().unwrap_or_default().trim();
+    if line.len() <= REASON_BYTES {
+        return line.to_string();
+    }
+    let mut end = REASON_BYTES;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &line[..end])
+}
+
+/// A regex ending inside an escape (an odd run of trailing `\`) is
+/// refused: `llguidance` would drop the lone backslash and accept the rest.
+fn check_escapes(re: &str) -> Result<(), String> {
+    let trailing = re.bytes().rev().take_while(|&b| b == b'\\').count();
+    if trailing % 2 == 1 {
+        return Err("the regex ends with an unfinished escape `\\`".into());
+    }
+    Ok(())
 }
 
 /// The JSON options of the module doc, unless the schema sets its own.
@@ -318,9 +374,9 @@ impl SeqGrammar {
         let vob = self
             .matcher
             .compute_mask_or_eos()
-            .map_err(|e| format!("the grammar engine failed: {e}"))?;
+            .map_err(|e| failed(&format!("the grammar engine failed: {e}")))?;
         if vob.is_zero() {
-            return Err("the grammar allows no further token".into());
+            return Err(failed("the grammar allows no further token"));
         }
         let mut words = vob.as_slice().to_vec();
         words.truncate(self.vocab.div_ceil(32));
@@ -339,10 +395,15 @@ impl SeqGrammar {
         }
         self.matcher
             .consume_token(token)
-            .map_err(|e| format!("the grammar refused sampled token {token}: {e}"))?;
+            .map_err(|e| failed(&format!("the grammar refused sampled token {token}: {e}")))?;
         self.mask = self.next_mask()?;
         Ok(())
     }
+}
+
+/// A failure during generation: [`Constraint::FAILURE_PREFIX`] and a short reason.
+fn failed(reason: &str) -> String {
+    format!("{}{}", Constraint::FAILURE_PREFIX, short(reason))
 }
 
 /// Below this many constrained rows in a step their grammars advance on

@@ -1,7 +1,8 @@
 //! fuzzkit: what the parsers' property tests share: the seed corpus
 //! (`tests/fuzz-corpus/<target>/` at the repository root), the number of
 //! cases (`LAMINA_FUZZ_CASES`), byte-level mutations of a seed and arbitrary
-//! or mutated JSON values, and an allocator that measures the largest
+//! or mutated JSON values, nested schemas, grammars and tool lists of a
+//! chosen size ([`nested_schema`]), and an allocator that measures the largest
 //! allocation a parse makes ([`alloc`]).
 //!
 //! Contract: every strategy is deterministic under proptest's seed, produces
@@ -16,9 +17,11 @@
 pub mod alloc;
 mod bytes;
 mod json;
+mod structures;
 
 pub use bytes::{Mutation, mutated, mutated_from};
 pub use json::{arb_json, mutated_json, wild_number};
+pub use structures::{lark_grammar, nested_schema, tool_list};
 
 use proptest::test_runner::{Config, FileFailurePersistence};
 use std::path::PathBuf;

@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use tokenizer::ChatMessage;
 
-use crate::encode::{Input, encode};
+use crate::encode::{Input, encode_now};
 use crate::error::{ApiError, from_submit};
 use crate::generate::{Job, Kind};
 use crate::middleware::RequestId;
@@ -47,7 +47,9 @@ pub fn body_bytes(
                     ),
                 )
             }
-        } else if stalled(&rej) {
+        } else if let Some(slow) = cause::<crate::listen::SlowBody>(&rej) {
+            ApiError::from_status(StatusCode::REQUEST_TIMEOUT, slow.0.clone())
+        } else if cause::<tower_http::timeout::TimeoutError>(&rej).is_some() {
             ApiError::from_status(
                 StatusCode::REQUEST_TIMEOUT,
                 format!(
@@ -61,16 +63,17 @@ pub fn body_bytes(
     })
 }
 
-/// Whether reading the body failed on the body timeout (`listen`'s layer).
-fn stalled(rej: &BytesRejection) -> bool {
+/// The error of type `E` among the causes of a body rejection (the
+/// body timeouts of `listen`).
+fn cause<E: std::error::Error + 'static>(rej: &BytesRejection) -> Option<&E> {
     let mut e: Option<&(dyn std::error::Error + 'static)> = Some(rej);
     while let Some(err) = e {
-        if err.is::<tower_http::timeout::TimeoutError>() {
-            return true;
+        if let Some(hit) = err.downcast_ref::<E>() {
+            return Some(hit);
         }
         e = err.source();
     }
-    false
+    None
 }
 
 /// 404 unless `model` is absent or names the served model.
@@ -186,7 +189,20 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req: ChatRequest = accept(&state, body)?;
-    check_model(&state, req.model.as_deref())?;
+    let st = state.clone();
+    let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let (job, handles, stream) = state
+        .work
+        .run("messages", move || prepare_chat(&st, req, job))
+        .await??;
+    job.respond(handles, stream).await
+}
+
+/// A chat request checked, rendered, tokenized and submitted (a work-pool
+/// job): the job, its engine handles and whether it streams.
+fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job) -> Prepared {
+    check_model(state, req.model.as_deref())?;
+    crate::limits::check_chat(&req, &state.cfg.limits)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k < 0 => {
             return Err(ApiError::invalid_param(
@@ -249,7 +265,7 @@ pub async fn chat_completions(
                 structured.param = "tools";
             }
             // `auto` constrains nothing, but the definitions must still compile
-            None => check_tools(&state, p)?,
+            None => check_tools(state, p)?,
         }
     }
     let in_template = state.tokenizer.template_renders_tools();
@@ -267,13 +283,15 @@ pub async fn chat_completions(
             .filter(|_| in_template)
             .map(|p| p.tools.clone()),
     };
-    let prompt = encode(&state, input, "messages").await?;
-    let mut job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let prompt = encode_now(state, input, "messages")?;
     job.logprobs = logprobs;
     job.tool_names = plan.map(|p| Arc::new(p.names));
     let handles = place(&mut job, &checked, prompt, structured, "messages")?;
-    job.respond(handles, checked.stream).await
+    Ok((job, handles, checked.stream))
 }
+
+/// What a work-pool job preparing a request hands back.
+type Prepared = Result<(Job, Vec<engine::RequestHandle>, bool), ApiError>;
 
 /// Places a checked request (its prompt in `prompt_param`) with its
 /// constraint on a replica; `job` takes the choices' settings and the replica.
@@ -284,6 +302,7 @@ fn place(
     structured: structured::Structured,
     prompt_param: &str,
 ) -> Result<Vec<engine::RequestHandle>, ApiError> {
+    job.constraint_param = structured.constraint.is_some().then_some(structured.param);
     let state = &job.state;
     let mut greq = checked.request(prompt, state.max_context(), prompt_param)?;
     greq.constraint = structured.constraint;
@@ -329,7 +348,7 @@ fn check_tools(state: &AppState, plan: &tools::ToolPlan) -> Result<(), ApiError>
 }
 
 /// The completion prompt as token ids (text gets the tokenizer's special tokens).
-async fn completion_prompt(state: &Arc<AppState>, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
     let one = |n: usize| {
         if n == 1 {
             Ok(())
@@ -345,10 +364,10 @@ async fn completion_prompt(state: &Arc<AppState>, prompt: Prompt) -> Result<Vec<
         add_special: true,
     };
     let ids = match prompt {
-        Prompt::Text(t) => encode(state, text(t), "prompt").await?,
+        Prompt::Text(t) => encode_now(state, text(t), "prompt")?,
         Prompt::Texts(mut v) => {
             one(v.len())?;
-            encode(state, text(v.remove(0)), "prompt").await?
+            encode_now(state, text(v.remove(0)), "prompt")?
         }
         Prompt::Tokens(ids) => ids,
         Prompt::TokenLists(mut v) => {
@@ -386,7 +405,19 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req: CompletionRequest = accept(&state, body)?;
-    check_model(&state, req.model.as_deref())?;
+    let st = state.clone();
+    let job = Job::new(state.clone(), Kind::Completion, rid, arrived);
+    let (job, handles, stream) = state
+        .work
+        .run("prompt", move || prepare_completion(&st, req, job))
+        .await??;
+    job.respond(handles, stream).await
+}
+
+/// A completion request checked, tokenized and submitted (a work-pool job).
+fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest, mut job: Job) -> Prepared {
+    check_model(state, req.model.as_deref())?;
+    crate::limits::check_completion(&req, &state.cfg.limits)?;
     let echo = req.echo == Some(true);
     if echo && req.logprobs.is_some() {
         return Err(ApiError::invalid_param(
@@ -423,7 +454,7 @@ pub async fn completions(
         // token ids (or a refused shape): the prompt's text is decoded below
         _ => Some(String::new()),
     };
-    let prompt = completion_prompt(&state, req.prompt).await?;
+    let prompt = completion_prompt(state, req.prompt)?;
     let echo_text = match echo_text {
         Some(t) if t.is_empty() => Some(state.tokenizer.decode(&prompt, false).map_err(|e| {
             ApiError::invalid_param(
@@ -438,9 +469,8 @@ pub async fn completions(
         req.guided_regex.as_deref(),
         req.guided_grammar.as_deref(),
     )?;
-    let mut job = Job::new(state.clone(), Kind::Completion, rid, arrived);
     job.logprobs = logprobs;
     job.echo = echo_text;
     let handles = place(&mut job, &checked, prompt, structured, "prompt")?;
-    job.respond(handles, checked.stream).await
+    Ok((job, handles, checked.stream))
 }

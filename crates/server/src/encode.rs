@@ -2,14 +2,14 @@
 //!
 //! Contract: [`encode`] turns a request's prompt text or chat messages into
 //! token ids without ever running the tokenizer on an async worker thread:
-//! the work goes to tokio's blocking pool, at most [`AppState::tokenize_permits`]
-//! requests at a time (the others wait their turn without holding a thread),
-//! so a client sending huge prompts delays only its own requests, never
-//! another request's stream or `/health`. Text longer than the model's whole
+//! the work goes to the bounded work pool ([`crate::work`]; generation
+//! requests call [`encode_now`] from their own pool job), so a client
+//! sending huge prompts delays only its own requests, never another
+//! request's stream or `/health`. Text longer than the model's whole
 //! context can possibly hold (context tokens x the longest vocabulary piece,
 //! [`tokenizer::Tokenizer::max_text_bytes`]) is refused before any
 //! tokenization, naming the parameter.
-//! Costs: one blocking-pool hop per request (microseconds) besides the
+//! Costs: one work-pool hop per request (microseconds) besides the
 //! tokenization itself; the byte check is O(1) per message.
 
 use std::sync::Arc;
@@ -42,12 +42,21 @@ impl Input {
     }
 }
 
-/// Encodes `input` on the blocking pool (see the module doc); errors name `param`.
+/// Encodes `input` on the work pool (see the module doc); errors name `param`.
 pub async fn encode(
     state: &Arc<AppState>,
     input: Input,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
+    let st = state.clone();
+    state
+        .work
+        .run(param, move || encode_now(&st, input, param))
+        .await?
+}
+
+/// Encodes `input` in this thread (a work-pool job); errors name `param`.
+pub fn encode_now(state: &AppState, input: Input, param: &str) -> Result<Vec<u32>, ApiError> {
     let ctx = state.max_context();
     let bytes = input.text_bytes();
     if let Some(limit) = state.tokenizer.max_text_bytes(ctx)
@@ -61,13 +70,8 @@ pub async fn encode(
             ),
         ));
     }
-    let _permit = state
-        .tokenize_gate
-        .acquire()
-        .await
-        .map_err(|_| ApiError::internal("The tokenizer pool is closed."))?;
-    let tok = state.tokenizer.clone();
-    let job = tokio::task::spawn_blocking(move || match input {
+    let tok = &state.tokenizer;
+    match input {
         Input::Text { text, add_special } => tok
             .encode(&text, add_special)
             .map_err(|e| format!("Cannot tokenize the prompt: {e}")),
@@ -81,9 +85,6 @@ pub async fn encode(
             tok.encode_chat_with_tools(&messages, tools.as_ref())
         }
         .map_err(|e| format!("Cannot apply the chat template: {e}")),
-    });
-    match job.await {
-        Ok(r) => r.map_err(|msg| ApiError::invalid_param(param, msg)),
-        Err(e) => Err(ApiError::internal(format!("Tokenization failed: {e}"))),
     }
+    .map_err(|msg| ApiError::invalid_param(param, msg))
 }

@@ -69,6 +69,8 @@ pub struct Job {
     /// Chat with tools: the callable names; a reply that is a call of one
     /// becomes `tool_calls` (see [`crate::tools`]).
     pub tool_names: Option<Arc<Vec<String>>>,
+    /// The field the request's constraint came from, if it has one.
+    pub constraint_param: Option<&'static str>,
 }
 
 impl Job {
@@ -92,6 +94,7 @@ impl Job {
             n: 1,
             replica: 0,
             tool_names: None,
+            constraint_param: None,
         }
     }
 
@@ -363,12 +366,22 @@ impl Drop for Active {
     }
 }
 
-/// The error a request that did not finish normally reports.
-fn failure(f: &Finished) -> Option<ApiError> {
-    match f.reason {
-        FinishReason::Stop | FinishReason::Length => None,
-        FinishReason::Cancelled => Some(ApiError::shutting_down()),
-        FinishReason::Error => Some(ApiError::internal(format!(
+/// The error a request that did not finish normally reports: its
+/// constraint failing (the grammar engine refusing a step) is a 400 naming
+/// the constraint's field, anything else a 500.
+fn failure(job: &Job, f: &Finished) -> Option<ApiError> {
+    let constraint = f
+        .error
+        .as_deref()
+        .and_then(|e| e.strip_prefix(engine::Constraint::FAILURE_PREFIX));
+    match (f.reason, constraint, job.constraint_param) {
+        (FinishReason::Stop | FinishReason::Length, ..) => None,
+        (FinishReason::Cancelled, ..) => Some(ApiError::shutting_down()),
+        (FinishReason::Error, Some(why), Some(param)) => Some(ApiError::invalid_param(
+            param,
+            format!("Invalid `{param}`: the constraint cannot be followed: {why}"),
+        )),
+        (FinishReason::Error, ..) => Some(ApiError::internal(format!(
             "Generation failed: {}",
             f.error.as_deref().unwrap_or("unknown engine error")
         ))),
@@ -413,7 +426,7 @@ async fn drain(mut active: Active) -> Result<ChoiceOut, ApiError> {
             None => return Err(engine_gone()),
         }
     };
-    if let Some(err) = failure(&finished) {
+    if let Some(err) = failure(&active.job, &finished) {
         return Err(err);
     }
     Ok(ChoiceOut {

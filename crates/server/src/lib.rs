@@ -20,14 +20,16 @@
 //! - Every request runs in a tracing span carrying its request id, which is
 //!   echoed in `x-request-id`.
 //!
-//! Costs: the server adds one JSON parse and one tokenisation per request
-//! (on the blocking pool, [`encode`]) and O(1) work per streamed token;
+//! Costs: the server adds one JSON parse per request on the async workers;
+//! checks, template, tokenisation and grammar compilation run on the work
+//! pool ([`work`]), within the limits of [`limits`]; O(1) work per streamed token;
 //! generation itself runs on the engine thread.
 
 pub mod api;
 pub mod encode;
 pub mod error;
 pub mod generate;
+pub mod limits;
 pub mod listen;
 pub mod logprobs;
 pub mod metrics;
@@ -41,6 +43,7 @@ pub mod responses;
 pub mod state;
 pub mod structured;
 pub mod tools;
+pub mod work;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -50,11 +53,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 
 pub use error::ApiError;
+pub use limits::InputLimits;
 pub use middleware::check_api_key;
 pub use replicas::Replicas;
 pub use state::{
     AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_CLIENT_REQUESTS, DEFAULT_MAX_CONNECTIONS,
-    ServerConfig,
+    DEFAULT_MIN_BODY_RATE, ServerConfig,
 };
 
 /// After the grace period the engine is shut down; connections get this much
@@ -181,6 +185,9 @@ pub async fn serve(
         header_timeout: state.cfg.header_timeout,
         body_timeout: state.cfg.body_timeout,
         max_client_requests: state.cfg.max_client_requests,
+        max_client_connections: state.cfg.max_client_connections,
+        min_body_rate: state.cfg.min_body_rate,
+        read_deadline: state.cfg.read_deadline,
     };
     let listen = listen::Listener::spawn(router(state.clone()), listener, limits);
     shutdown.await;

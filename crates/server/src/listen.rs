@@ -3,28 +3,41 @@
 //!
 //! Contract: [`Listener::spawn`] accepts connections until [`Listener::stop`]
 //! and serves each with hyper (HTTP/1.1), with
-//! - at most `max_connections` open at once. When all are taken, the
-//!   connection idle the longest (no request in flight) is asked to close
-//!   to make room, so idle sockets cannot lock new clients out; with none
-//!   idle, the new connection is closed before any byte is read (the
-//!   process never runs out of file descriptors);
+//! - at most `max_connections` open at once, and at most
+//!   `max_client_connections` from one client address. When all are taken
+//!   (all of that address's, for the second), the connection idle the
+//!   longest (no request in flight) is asked to close to make room, else
+//!   the one that has been reading its request body the longest is closed,
+//!   so neither idle sockets nor slow bodies can lock new clients out; with
+//!   neither, the new connection is closed before any byte is read (the
+//!   process never runs out of file descriptors). Requests whose response
+//!   is under way (a stream) are never evicted;
 //! - `header_timeout` to receive a request's headers, also between the
 //!   requests of a keep-alive connection (idle and slow-header connections
 //!   are closed);
-//! - `body_timeout` between two chunks of a request body (408);
+//! - `body_timeout` between two chunks of a request body, and once a body
+//!   has started, at least `min_body_rate` bytes per second and the whole
+//!   request within `read_deadline` (408, `listen/body.rs`);
 //! - at most `max_client_requests` requests in flight per client address
 //!   (a streamed response counts until its last byte); more get 429;
 //! - half-closed connections served (a client that shuts its write side
-//!   after sending still gets the response). The price: a client that
-//!   closes while waiting for a non-streamed response is only noticed when
-//!   the response is written (streams notice at the next token), so such a
-//!   request runs to its `max_tokens`.
+//!   after sending still gets the response), while a reset is noticed at
+//!   once, also while a non-streamed response is pending (`listen/io.rs`):
+//!   the connection is dropped with its request, which the engine cancels,
+//!   freeing its KV. The price of serving half-closed connections: a client
+//!   that closes normally (FIN) while waiting for a non-streamed response is
+//!   only noticed when the response is written (streams notice at the next
+//!   token).
 //!
 //! [`Listener::begin_drain`] (shutdown) asks every open connection to close
 //! once its in-flight request is done; the listener stays open, so `/health`
 //! answers 503 while the server drains, and connections accepted meanwhile
 //! serve one request (keep-alive off). [`Listener::drained`] resolves when
 //! every connection accepted before the drain has closed.
+//!
+//! One file past the usual size: the accept loop, the connection table and
+//! the eviction policy are one state machine; the body meter and the
+//! socket watcher are in `listen/`.
 //!
 //! Costs: one tokio task per connection; O(1) per request (two short mutex
 //! sections); O(open connections) only when the cap is full.
@@ -62,19 +75,39 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Requests in flight per client address (0: no cap).
     pub max_client_requests: usize,
+    /// Open connections per client address (0: no cap).
+    pub max_client_connections: usize,
+    /// Bytes per second a request body must keep up once started (0: none).
+    pub min_body_rate: u64,
+    /// Time from a request's headers to the end of its body.
+    pub read_deadline: Duration,
 }
 
-/// How long a new connection waits for an evicted idle one to close.
-const EVICT_WAIT: Duration = Duration::from_millis(200);
+/// How long a new connection waits for an evicted one to close before
+/// evicting another (at most [`EVICT_TRIES`] in all): an idle connection
+/// asked to close may have started a request meanwhile.
+const EVICT_WAIT: Duration = Duration::from_millis(50);
+const EVICT_TRIES: usize = 4;
+/// New connections waiting for room at once; more are closed at once.
+const MAX_MAKING_ROOM: usize = 64;
 
 /// One open connection, as the accept loop sees it.
 struct Conn {
     close: Notify,
+    /// Closes the connection at once, dropping its request.
+    kill: Notify,
+    ip: IpAddr,
+    /// Milliseconds since the listener started (at least 1) when the
+    /// request body now being read began; 0 when none is.
+    reading_since: AtomicU64,
     /// Milliseconds since the listener started, at the last request's start.
     last_active: AtomicU64,
     in_flight: AtomicUsize,
-    /// Asked to close (never picked for eviction twice).
+    /// Asked to close (never picked as an idle victim twice).
     closing: AtomicBool,
+    /// Closed at once (never picked again); a connection asked to close
+    /// that starts reading a body instead may still be.
+    killed: AtomicBool,
     /// Accepted before the drain began ([`Listener::drained`] waits for these).
     before_drain: bool,
 }
@@ -94,7 +127,11 @@ struct Shared {
     conns: Mutex<HashMap<u64, Arc<Conn>>>,
     /// Requests in flight per client address.
     clients: Mutex<HashMap<IpAddr, usize>>,
+    /// Open connections per client address.
+    open_per_ip: Mutex<HashMap<IpAddr, usize>>,
     draining: AtomicBool,
+    /// New connections waiting for an evicted one to close.
+    making_room: AtomicUsize,
     /// Signalled whenever a connection closes.
     closed: Notify,
 }
@@ -132,22 +169,49 @@ impl Shared {
         }
     }
 
-    /// Asks the connection idle the longest to close; false when none is idle.
-    fn evict_idle(&self) -> bool {
+    /// Makes room among the connections of `ip` (all when `None`): asks
+    /// the one idle the longest to close, else closes the one reading its
+    /// body the longest; false when every one has a response under way.
+    fn evict(&self, ip: Option<IpAddr>) -> bool {
         let conns = self.conns();
-        let victim = conns
-            .values()
-            .filter(|c| {
-                c.in_flight.load(Ordering::Acquire) == 0 && !c.closing.load(Ordering::Acquire)
-            })
+        let open = || {
+            conns
+                .values()
+                .filter(|c| !c.closing.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip))
+        };
+        let idle = open()
+            .filter(|c| c.in_flight.load(Ordering::Acquire) == 0)
             .min_by_key(|c| c.last_active.load(Ordering::Relaxed));
-        match victim {
+        if let Some(c) = idle {
+            c.ask_close();
+            return true;
+        }
+        let reading = conns
+            .values()
+            .filter(|c| !c.killed.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip))
+            .filter(|c| c.reading_since.load(Ordering::Acquire) > 0)
+            .min_by_key(|c| c.reading_since.load(Ordering::Acquire));
+        match reading {
             Some(c) => {
-                c.ask_close();
+                c.closing.store(true, Ordering::Release);
+                c.killed.store(true, Ordering::Release);
+                c.kill.notify_one();
                 true
             }
             None => false,
         }
+    }
+
+    fn open_per_ip(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.open_per_ip.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Room for one more connection of `ip` under `max_client_connections`
+    /// (evicting one of its own, see [`Shared::evict`]).
+    fn client_room(&self, ip: IpAddr) -> bool {
+        let cap = self.limits.max_client_connections;
+        let n = self.open_per_ip().get(&ip).copied().unwrap_or(0);
+        cap == 0 || n < cap || self.evict(Some(ip))
     }
 
     /// Counts a request of `ip` in flight, or None when it already has the most allowed.
@@ -233,7 +297,9 @@ impl Listener {
             next_id: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
             clients: Mutex::new(HashMap::new()),
+            open_per_ip: Mutex::new(HashMap::new()),
             draining: AtomicBool::new(false),
+            making_room: AtomicUsize::new(0),
             closed: Notify::new(),
         });
         let stop = Arc::new(Notify::new());
@@ -296,35 +362,62 @@ async fn accept_loop(app: Router, listener: TcpListener, shared: Arc<Shared>, st
                 }
             },
         };
-        let Some(permit) = connection_permit(&open, &shared).await else {
-            tracing::debug!(%peer, max = limits.max_connections, "connection limit reached: closing");
+        if !shared.client_room(peer.ip()) {
+            tracing::debug!(%peer, max = limits.max_client_connections, "per-client connection limit reached: closing");
             drop(tcp);
             continue;
-        };
+        }
         let draining = shared.draining.load(Ordering::Acquire);
         let b = if draining { &closing } else { &builder };
-        serve(b, tcp, peer.ip(), permit, &app, &shared, !draining);
+        if let Ok(permit) = open.clone().try_acquire_owned() {
+            serve(b, tcp, peer.ip(), permit, &app, &shared, !draining);
+            continue;
+        }
+        // the cap is full: making room waits for a victim to close, off
+        // this loop, so a flood of connections never delays the next accept
+        if shared.making_room.fetch_add(1, Ordering::AcqRel) >= MAX_MAKING_ROOM {
+            shared.making_room.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(%peer, "connection limit reached, room already being made: closing");
+            continue;
+        }
+        let (b, app, sh, open) = (b.clone(), app.clone(), shared.clone(), open.clone());
+        tokio::spawn(async move {
+            let permit = connection_permit(&open, &sh).await;
+            sh.making_room.fetch_sub(1, Ordering::AcqRel);
+            match permit {
+                Some(p) => serve(&b, tcp, peer.ip(), p, &app, &sh, !draining),
+                None => {
+                    tracing::debug!(%peer, max = sh.limits.max_connections, "connection limit reached: closing")
+                }
+            }
+        });
     }
 }
 
-/// A connection slot: free, or freed by evicting the longest-idle connection.
+/// A connection slot freed by evicting (see [`Shared::evict`]).
 async fn connection_permit(
     open: &Arc<Semaphore>,
     shared: &Arc<Shared>,
 ) -> Option<OwnedSemaphorePermit> {
-    if let Ok(p) = open.clone().try_acquire_owned() {
-        return Some(p);
+    for _ in 0..EVICT_TRIES {
+        if !shared.evict(None) {
+            return None;
+        }
+        if let Ok(Ok(p)) = tokio::time::timeout(EVICT_WAIT, open.clone().acquire_owned()).await {
+            return Some(p);
+        }
     }
-    if !shared.evict_idle() {
-        return None;
-    }
-    tokio::time::timeout(EVICT_WAIT, open.clone().acquire_owned())
-        .await
-        .ok()
-        .and_then(Result::ok)
+    None
 }
 
 type App = tower_http::timeout::RequestBodyTimeout<Router>;
+
+mod body;
+mod io;
+
+use body::Metered;
+pub use body::SlowBody;
+use io::SharedTcp;
 
 /// Spawns the task serving one connection.
 fn serve(
@@ -344,12 +437,17 @@ fn serve(
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let conn = Arc::new(Conn {
         close: Notify::new(),
+        kill: Notify::new(),
+        ip,
+        reading_since: AtomicU64::new(0),
         last_active: AtomicU64::new(shared.now_ms()),
         in_flight: AtomicUsize::new(0),
         closing: AtomicBool::new(false),
+        killed: AtomicBool::new(false),
         before_drain,
     });
     shared.conns().insert(id, conn.clone());
+    *shared.open_per_ip().entry(ip).or_insert(0) += 1;
     let (sh, c, app) = (shared.clone(), conn.clone(), app.clone());
     let service = tower::service_fn(move |req: hyper::Request<Incoming>| {
         let (sh, c, app) = (sh.clone(), c.clone(), app.clone());
@@ -357,6 +455,7 @@ fn serve(
             let Some(guard) = sh.admit(ip, &c) else {
                 return Ok::<_, Infallible>(too_many_requests(sh.limits.max_client_requests));
             };
+            let req = req.map(|b| Metered::new(b, sh.clone(), c.clone()));
             let resp = match app.oneshot(req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
@@ -369,8 +468,12 @@ fn serve(
             }))
         }
     });
+    let tcp = Arc::new(tcp);
     let hyper_conn = builder
-        .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service))
+        .serve_connection(
+            TokioIo::new(SharedTcp(tcp.clone())),
+            TowerToHyperService::new(service),
+        )
         .into_owned();
     let shared = shared.clone();
     tokio::spawn(async move {
@@ -379,14 +482,38 @@ fn serve(
         let ended = tokio::select! {
             r = hyper_conn.as_mut() => r,
             _ = conn.close.notified() => {
-                hyper_conn.as_mut().graceful_shutdown();
-                hyper_conn.await
+                tokio::select! {
+                    r = async {
+                        hyper_conn.as_mut().graceful_shutdown();
+                        hyper_conn.await
+                    } => r,
+                    _ = conn.kill.notified() => Ok(()),
+                    _ = io::reset(&tcp) => Ok(()),
+                }
+            }
+            // dropping the connection drops its request (the engine cancels it)
+            _ = conn.kill.notified() => {
+                tracing::debug!(%ip, "reading a request body the longest when the cap was full: closed");
+                Ok(())
+            }
+            _ = io::reset(&tcp) => {
+                tracing::debug!(%ip, "connection reset by the client: closed with its request");
+                Ok(())
             }
         };
         if let Err(e) = ended {
             tracing::debug!(%ip, error = %e, "connection ended with an error");
         }
         shared.conns().remove(&id);
+        {
+            let mut per_ip = shared.open_per_ip();
+            if let Some(n) = per_ip.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    per_ip.remove(&ip);
+                }
+            }
+        }
         drop(_permit);
         shared.closed.notify_waiters();
     });

@@ -147,6 +147,8 @@ pub async fn tokenize(
             encode(&state, Input::Text { text, add_special }, "prompt").await?
         }
         (None, Some(msgs)) => {
+            let lim = &state.cfg.limits;
+            crate::limits::check_count("messages", msgs.len(), lim.messages, "max-messages")?;
             let input = Input::Chat {
                 messages: chat_messages(msgs, state.tokenizer.template_renders_tools())?,
                 tools: None,

@@ -11,8 +11,10 @@ use engine::Engine;
 use tokenizer::Tokenizer;
 use tokio::sync::watch;
 
+use crate::limits::InputLimits;
 use crate::metrics::{Metrics, ReplicaView};
 use crate::replicas::Replicas;
+use crate::work::WorkPool;
 
 /// Request bodies larger than this are refused with 413 unless configured otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 4 << 20;
@@ -22,6 +24,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default cap on requests in flight per client address (`--max-client-requests`):
 /// the engine's default queue, so one client alone can still fill it.
 pub const DEFAULT_MAX_CLIENT_REQUESTS: usize = 1024;
+
+/// Default minimum body rate in bytes per second (`--min-body-rate`): a
+/// 4 MiB body at this rate takes about an hour, a slow-body attack's one
+/// byte every few seconds is closed within seconds.
+pub const DEFAULT_MIN_BODY_RATE: u64 = 1024;
 
 /// Default interval of SSE keep-alive comments (`--sse-keep-alive-secs`).
 pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -56,8 +63,23 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Requests in flight per client address before 429 (0: no cap).
     pub max_client_requests: usize,
+    /// Open connections per client address (0: no cap); one more makes
+    /// room among that address's own connections (`listen`).
+    pub max_client_connections: usize,
+    /// Bytes per second a request body must keep up once its first bytes
+    /// arrived (0: no minimum).
+    pub min_body_rate: u64,
+    /// Time from a request's headers to the end of its body (408 after it).
+    pub read_deadline: Duration,
     /// Sampling defaults (`generation_config.json`) for fields a request leaves out.
     pub defaults: GenerationConfig,
+    /// Size and depth limits on what a request carries ([`InputLimits`]).
+    pub limits: InputLimits,
+    /// Requests waiting for the work pool before 429 ([`crate::work`]).
+    pub work_queue: usize,
+    /// Time one request's preparation (checks, template, tokenization,
+    /// grammar compilation) may take on the work pool.
+    pub work_budget: Duration,
 }
 
 impl ServerConfig {
@@ -73,7 +95,13 @@ impl ServerConfig {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             max_client_requests: DEFAULT_MAX_CLIENT_REQUESTS,
+            max_client_connections: DEFAULT_MAX_CONNECTIONS / 4,
+            min_body_rate: DEFAULT_MIN_BODY_RATE,
+            read_deadline: Duration::from_secs(60),
             defaults: GenerationConfig::default(),
+            limits: InputLimits::default(),
+            work_queue: crate::work::DEFAULT_QUEUE,
+            work_budget: crate::work::DEFAULT_BUDGET,
         }
     }
 }
@@ -89,8 +117,8 @@ pub struct AppState {
     pub api_key_digests: Vec<[u8; 32]>,
     /// Unix time the server started (the model's `created`).
     pub started: u64,
-    /// Requests tokenizing at once ([`AppState::tokenize_permits`]).
-    pub tokenize_gate: tokio::sync::Semaphore,
+    /// The threads preparing requests ([`AppState::work_threads`] of them).
+    pub work: WorkPool,
     next_id: AtomicU64,
     draining: watch::Sender<bool>,
 }
@@ -115,19 +143,19 @@ impl AppState {
         Arc::new(AppState {
             replicas,
             tokenizer,
-            cfg,
             metrics: Metrics::default(),
             api_key_digests,
             started: unix_now(),
-            tokenize_gate: tokio::sync::Semaphore::new(Self::tokenize_permits()),
+            work: WorkPool::new(Self::work_threads(), cfg.work_queue, cfg.work_budget),
+            cfg,
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),
         })
     }
 
-    /// How many requests may tokenize at once: all cores but one (at least
-    /// one), so tokenization never takes every core from the engine thread.
-    pub fn tokenize_permits() -> usize {
+    /// How many requests are prepared at once: all cores but one (at least
+    /// one), so preparing never takes every core from the engine thread.
+    pub fn work_threads() -> usize {
         std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .saturating_sub(1)

@@ -25,8 +25,11 @@
 //!   letters, digits, `_` or `-` and unique, `parameters` a JSON object;
 //!   each error is a 400 naming the field (`tools[2].function.name`).
 //!
-//! Costs: O(size of the definitions) per request; parsing a reply is one
+//! Costs: O(size of the definitions) per request (their sizes are limited
+//! before, [`crate::limits`]); parsing a reply is one
 //! JSON parse of the output.
+
+use std::collections::HashSet;
 
 use engine::Constraint;
 use serde_json::{Value, json};
@@ -82,6 +85,7 @@ pub fn plan(
         return Ok(None);
     };
     let mut names: Vec<String> = Vec::with_capacity(tools.len());
+    let mut seen: HashSet<&str> = HashSet::with_capacity(tools.len());
     let mut defs = Vec::with_capacity(tools.len());
     let mut schemas = Vec::with_capacity(tools.len());
     for (i, t) in tools.iter().enumerate() {
@@ -101,7 +105,7 @@ pub fn plan(
                 ),
             ));
         }
-        if names.contains(&f.name) {
+        if !seen.insert(f.name.as_str()) {
             return Err(bad(
                 format!("tools[{i}].function.name"),
                 format!("The function `{}` is defined twice.", f.name),

@@ -176,7 +176,7 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                 }
                 Some(Event::Done(f)) => {
                     st.phase = Phase::End;
-                    if let Some(err) = failure(&f) {
+                    if let Some(err) = failure(&job, &f) {
                         return Some(vec![Piece::Failed(err)]);
                     }
                     let mut reason = f.reason.as_str();

@@ -150,3 +150,85 @@ fn fuzzed_requests_leave_the_engine_idle() {
     let (rt, app) = shared();
     rt.block_on(app.wait_idle());
 }
+
+/// Small limits, so generated structures cross them often.
+fn small_limits() -> server::InputLimits {
+    server::InputLimits {
+        schema_nodes: 200,
+        schema_depth: 6,
+        grammar_rules: 40,
+        pattern_depth: 8,
+        tools: 8,
+        ..server::InputLimits::default()
+    }
+}
+
+/// An app with [`small_limits`] and its runtime, shared by the cases.
+fn limited() -> &'static (tokio::runtime::Runtime, App) {
+    static APP: OnceLock<(tokio::runtime::Runtime, App)> = OnceLock::new();
+    APP.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let app = rt.block_on(async {
+            crate::app_with(crate::fake::Setup::default(), |c| c.limits = small_limits())
+        });
+        (rt, app)
+    })
+}
+
+/// Posts a chat request with `extra` fields: no panic, a 200 or a 400 (an
+/// error naming a parameter), and `/health` answered meanwhile.
+fn limited_chat(extra: Value) {
+    let (rt, app) = limited();
+    let mut body = serde_json::json!({
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+    });
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        body[k] = v.clone();
+    }
+    let reply = rt.block_on(app.post_json("/v1/chat/completions", &body));
+    let status = reply.status.as_u16();
+    assert!(status == 200 || status == 400, "{status}: {}", reply.text());
+    if status == 400 {
+        let v = reply.json();
+        let param = v["error"]["param"].as_str().unwrap_or_default().to_string();
+        assert!(!param.is_empty(), "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.len() < 1_000),
+            "{v}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(fuzzkit::config(fuzzkit::DEFAULT_CASES / 4))]
+
+    /// Schemas up to and past the limits (size and depth).
+    #[test]
+    fn schemas_around_the_limits(schema in fuzzkit::nested_schema(9, 6, 400)) {
+        limited_chat(serde_json::json!({"response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}));
+    }
+
+    /// Lark grammars up to and past the rule and nesting limits.
+    #[test]
+    fn grammars_around_the_limits(g in fuzzkit::lark_grammar(80, 12)) {
+        limited_chat(serde_json::json!({"guided_grammar": g}));
+    }
+
+    /// Tool lists up to and past the count and schema limits, in `auto`
+    /// and `required` modes.
+    #[test]
+    fn tool_lists_around_the_limits(
+        tools in fuzzkit::tool_list(12, 5, 4, 60),
+        required in any::<bool>(),
+    ) {
+        let choice = if required { "required" } else { "auto" };
+        limited_chat(serde_json::json!({"tools": tools, "tool_choice": choice}));
+    }
+}

@@ -3,6 +3,7 @@
 //! shapes, the SSE stream format, disconnect cancellation, metrics and
 //! graceful shutdown; and the request parsing under fuzzing (`fuzz.rs`).
 
+mod abuse;
 mod api_surface;
 mod errors;
 mod fake;
