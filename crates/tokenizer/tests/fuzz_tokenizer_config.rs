@@ -6,9 +6,10 @@
 //! Property: building the tokenizer never panics; an error names the file
 //! (the origin) and the field at fault; a tokenizer that builds encodes
 //! text and renders a conversation (or refuses with an error naming the
-//! origin) without panicking or running unbounded (template fuel).
-//! Special-token texts and reserved reference characters anywhere in user
-//! strings never become control tokens.
+//! origin) without panicking or running unbounded (template fuel and
+//! bytes). Special-token texts and reserved reference characters anywhere
+//! in user strings never become control tokens; templates that grow
+//! strings, lists or captures exponentially fail with the byte budget named.
 //! `LAMINA_FUZZ_CASES` sets the number of cases.
 
 use proptest::prelude::*;
@@ -99,6 +100,26 @@ fn special_ids(tok: &Tokenizer, ids: &[u32]) -> Vec<u32> {
         .collect()
 }
 
+/// A template that grows a value `k` times by `op` once per message.
+fn growing_template() -> impl Strategy<Value = String> {
+    let ops = [
+        "{% set ns.s = ns.s ~ ns.s %}",
+        "{% set ns.s = [ns.s, ns.s]|join %}",
+        "{% set ns.s = d(ns.s) %}",
+        "{% set ns.l = ns.l + ns.l %}",
+        "{% set ns.s = ns.s + ns.s %}",
+        "{% set ns.s %}{{ ns.s }}{{ ns.s }}{% endset %}",
+    ];
+    (proptest::sample::select(ops.to_vec()), 1usize..4).prop_map(|(op, k)| {
+        format!(
+            "{{% macro d(s) %}}{{{{ s }}}}{{{{ s }}}}{{% endmacro %}}\
+             {{% set ns = namespace(s='ab', l=[1, 2]) %}}\
+             {{% for m in messages %}}{}{{% endfor %}}{{{{ ns.s|length }}}}{{{{ ns.l|length }}}}",
+            op.repeat(k)
+        )
+    })
+}
+
 proptest! {
     #![proptest_config(fuzzkit::config(fuzzkit::DEFAULT_CASES))]
 
@@ -122,6 +143,27 @@ proptest! {
         };
         if let (Ok(ids), Ok(clean)) = (tok.encode_chat(&conv(false)), tok.encode_chat(&conv(true))) {
             prop_assert_eq!(special_ids(&tok, &ids), special_ids(&tok, &clean));
+        }
+    }
+
+    #[test]
+    fn growing_templates_fail_within_the_byte_budget(
+        src in growing_template(),
+        n in 1usize..80,
+    ) {
+        let cfg = serde_json::json!({"chat_template": src});
+        let tok = match Tokenizer::from_json(&vocab(), Some(&cfg.to_string()), ORIGIN) {
+            Ok(t) => t,
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(msg.contains("budget"), "{}", msg);
+                return Ok(());
+            }
+        };
+        let msgs = vec![ChatMessage::new("user", "hi"); n];
+        if let Err(e) = tok.apply_chat_template(&msgs, true) {
+            let msg = e.to_string();
+            prop_assert!(msg.contains("budget") && msg.contains(ORIGIN), "{}", msg);
         }
     }
 
