@@ -89,6 +89,17 @@ pub enum LoadError {
         value: f32,
     },
     #[error(
+        "tensor `{tensor}` of the model in {path} holds {value} at flat index {index}, beyond the \
+         ±{limit} any trained weight stays within; the weights are damaged"
+    )]
+    Implausible {
+        path: PathBuf,
+        tensor: String,
+        index: usize,
+        value: f32,
+        limit: f32,
+    },
+    #[error(
         "the weights in {dir} hold {layers} layers but config.json's `num_hidden_layers` is {config}"
     )]
     ExtraLayers {
@@ -277,13 +288,25 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
         norm,
         lm_head,
     };
-    // NaN or infinite weights give garbage silently: refuse them here
-    if let Some((t, index, value)) = weights.first_non_finite() {
-        return Err(LoadError::NonFinite {
-            path: dir.to_path_buf(),
-            tensor: t.name.clone(),
-            index,
-            value,
+    // NaN, infinite or absurdly large weights give garbage silently:
+    // refuse them here
+    if let Some((t, index, value)) = weights.first_implausible() {
+        let (path, tensor) = (dir.to_path_buf(), t.name.clone());
+        return Err(if value.is_finite() {
+            LoadError::Implausible {
+                path,
+                tensor,
+                index,
+                value,
+                limit: crate::weights::MAX_ABS_WEIGHT,
+            }
+        } else {
+            LoadError::NonFinite {
+                path,
+                tensor,
+                index,
+                value,
+            }
         });
     }
     progress.finish();

@@ -13,11 +13,19 @@
 //! rows of blocks moved, as [`crate::gguf::import_to_dir`] does for the
 //! dequantised rows), so row `r` is Hugging Face's row `r`.
 //!
+//! The file may have changed since the store imported (and checked) it, so
+//! every kept tensor's blocks are checked again as they are read: a weight
+//! that decodes to NaN, an infinity or a magnitude past
+//! [`crate::weights::MAX_ABS_WEIGHT`] is an error naming the tensor.
+//!
 //! Costs: one read of the kept tensors (a memory map of the file, dropped
-//! on return); memory is their quantised size.
+//! on return) and one decode of them for the check, spread over the cores;
+//! memory is their quantised size.
 
-use crate::gguf::{GgmlType, Gguf, GgufError, TensorInfo, hf_name};
+use crate::gguf::{GgmlType, Gguf, GgufError, TensorInfo, dequantize, hf_name};
+use crate::weights::{MAX_ABS_WEIGHT, implausible};
 use contract::config::LlamaConfig;
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -126,6 +134,10 @@ pub fn load_quantized(
                 reason: format!("its rows: {why}"),
             });
         }
+        check_blocks(t.ty, &data, rows, cols).map_err(|reason| GgufError::Tensor {
+            tensor: t.name.clone(),
+            reason: format!("in {}: {reason}", g.path),
+        })?;
         Ok(Some(QuantTensor {
             name: name.to_string(),
             rows,
@@ -172,6 +184,36 @@ pub fn load_quantized(
     Ok(QuantWeights { layers, head })
 }
 
+/// Rows decoded per task of the block check.
+const CHECK_ROWS: usize = 64;
+
+/// Decodes `data` (`rows` rows of `cols` weights of `ty`) and refuses the
+/// first implausible weight, by its flat index.
+fn check_blocks(ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<(), String> {
+    if rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let row_bytes = data.len() / rows;
+    let found = data
+        .par_chunks(row_bytes * CHECK_ROWS)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let n = chunk.len() / row_bytes * cols;
+            let values = dequantize(ty, chunk, n)?;
+            Ok(values
+                .iter()
+                .position(|&x| implausible(x))
+                .map(|i| (c * CHECK_ROWS * cols + i, values[i])))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    match found.into_iter().flatten().min_by_key(|&(i, _)| i) {
+        Some((i, v)) => Err(format!(
+            "weight {i} decodes to {v}, not a finite value within ±{MAX_ABS_WEIGHT}; the file is damaged"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Undoes llama.cpp's Q/K row permutation on whole rows of bytes (`rows`
 /// rows over `heads` heads): GGUF row `h·hd + 2i + j` becomes row `h·hd +
 /// j·hd/2 + i`, as [`crate::gguf::unpermute_rows`].
@@ -209,5 +251,29 @@ mod tests {
         let got = unpermute_row_bytes(&bytes, rows, heads).unwrap();
         assert_eq!(got.iter().map(|&b| b as f32).collect::<Vec<_>>(), want);
         assert!(unpermute_row_bytes(&bytes, 8, 3).is_err());
+    }
+
+    /// Q8_0 rows of one block each: a NaN, infinite or huge block scale in
+    /// any row is refused naming the weight's flat index.
+    #[test]
+    fn block_scales_are_checked() {
+        let rows = 3 * CHECK_ROWS;
+        let block = |d: f32| {
+            let mut b = half::f16::from_f32(d).to_le_bytes().to_vec();
+            b.extend((0..32).map(|i| (i as i8 - 16) as u8));
+            b
+        };
+        let clean: Vec<u8> = (0..rows).flat_map(|_| block(0.01)).collect();
+        assert!(check_blocks(GgmlType::Q8_0, &clean, rows, 32).is_ok());
+        for (row, d) in [
+            (0, f32::NAN),
+            (CHECK_ROWS + 1, f32::INFINITY),
+            (rows - 1, 1000.0),
+        ] {
+            let mut data = clean.clone();
+            data[row * 34..row * 34 + 34].copy_from_slice(&block(d));
+            let e = check_blocks(GgmlType::Q8_0, &data, rows, 32).unwrap_err();
+            assert!(e.contains(&format!("weight {}", row * 32)), "{e}");
+        }
     }
 }

@@ -8,6 +8,18 @@
 
 use half::bf16;
 
+/// The largest magnitude a plausible weight has. Trained Llama-family
+/// checkpoints stay within a few hundred (norm gains and the rare outlier
+/// weight included); a value past this is damage or an attack, and runs
+/// the activations out of range (every logit equal). Checked at load with
+/// NaN and the infinities.
+pub const MAX_ABS_WEIGHT: f32 = 1e4;
+
+/// Whether `x` is NaN, infinite or beyond [`MAX_ABS_WEIGHT`].
+pub fn implausible(x: f32) -> bool {
+    x.is_nan() || x.abs() > MAX_ABS_WEIGHT
+}
+
 /// A dense row-major BF16 tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
@@ -43,11 +55,14 @@ pub struct LayerWeights {
     pub down_proj: Tensor,  // [hidden, intermediate]
 }
 
-/// Index of the first NaN or infinity of `data`: branch-free passes over
-/// 4,096-element chunks (vectorised), a search only inside a bad chunk.
+/// Index of the first NaN, infinity or value beyond [`MAX_ABS_WEIGHT`] of
+/// `data`: branch-free passes over 4,096-element chunks (vectorised), a
+/// search only inside a bad chunk.
 fn first_bad(data: &[bf16]) -> Option<usize> {
-    // exponent all ones: an infinity or a NaN
-    let bad = |x: &bf16| x.to_bits() & 0x7f80 == 0x7f80;
+    // magnitudes order like their bit patterns, NaN and the infinities
+    // (exponent all ones) above every finite value
+    let limit = bf16::from_f32(MAX_ABS_WEIGHT).to_bits();
+    let bad = |x: &bf16| x.to_bits() & 0x7fff > limit;
     const CHUNK: usize = 4096;
     data.chunks(CHUNK).enumerate().find_map(|(c, chunk)| {
         let any = chunk.iter().fold(false, |acc, x| acc | bad(x));
@@ -93,10 +108,11 @@ impl LlamaWeights {
         all
     }
 
-    /// The first non-finite element (NaN or an infinity), in [`Self::tensors`]
-    /// order: `(tensor, flat index, value)`. One pass over the bf16 bits,
-    /// spread over the machine's cores (tensors dealt out by size).
-    pub fn first_non_finite(&self) -> Option<(&Tensor, usize, f32)> {
+    /// The first implausible element (NaN, an infinity, or beyond
+    /// [`MAX_ABS_WEIGHT`]), in [`Self::tensors`] order: `(tensor, flat
+    /// index, value)`. One pass over the bf16 bits, spread over the
+    /// machine's cores (tensors dealt out by size).
+    pub fn first_implausible(&self) -> Option<(&Tensor, usize, f32)> {
         let all = self.tensors();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         // deal the tensors (largest first) to the least loaded worker

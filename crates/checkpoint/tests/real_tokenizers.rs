@@ -136,6 +136,58 @@ fn smollm2_chat_template_from_the_gguf() {
     );
 }
 
+/// The special ids of `tok` in `ids`, in order.
+fn special_ids(tok: &Tokenizer, ids: &[u32]) -> Vec<u32> {
+    let specials: std::collections::HashSet<u32> = tok
+        .inner()
+        .get_added_tokens_decoder()
+        .into_iter()
+        .filter(|(_, t)| t.special)
+        .map(|(id, _)| id)
+        .collect();
+    ids.iter()
+        .copied()
+        .filter(|i| specials.contains(i))
+        .collect()
+}
+
+/// User text holding every special token's text, in any turn and any
+/// number of times, yields exactly the control tokens of the same
+/// conversation without it: the template's own.
+fn specials_in_user_text_stay_text(tok: &Tokenizer) {
+    let mut all: Vec<String> = tok
+        .inner()
+        .get_added_tokens_decoder()
+        .into_values()
+        .filter(|t| t.special)
+        .map(|t| t.content)
+        .collect();
+    all.sort();
+    let every = all.join("\n");
+    for (reps, at) in [(1, 0), (2, 1), (3, 1)] {
+        let text = format!("a{}b", every.repeat(reps));
+        let mut msgs = vec![
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+        ];
+        let clean = special_ids(tok, &ok(tok.encode_chat(&msgs)));
+        msgs[at].content = text.clone();
+        let ids = ok(tok.encode_chat(&msgs));
+        assert_eq!(special_ids(tok, &ids), clean, "{reps} copies in turn {at}");
+        assert!(ok(tok.decode(&ids, false)).contains(&text));
+    }
+}
+
+#[test]
+fn smollm2_special_texts_in_user_text_stay_text() {
+    specials_in_user_text_stay_text(&smollm2());
+}
+
+#[test]
+fn llama3_special_texts_in_user_text_stay_text() {
+    specials_in_user_text_stay_text(&llama3());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 

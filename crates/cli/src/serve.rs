@@ -98,10 +98,14 @@ pub struct ServeArgs {
     pub limits: crate::serve_limits::LimitArgs,
 }
 
+/// The longest any duration flag may be, in seconds (a day): longer is a
+/// typo, and past about 1.8e19 seconds no `Duration` holds it.
+const MAX_FLAG_SECONDS: f64 = 86_400.0;
+
 pub fn run(args: ServeArgs) -> Result<()> {
-    if !(args.grace >= 0.0 && args.grace.is_finite()) {
+    if !(args.grace >= 0.0 && args.grace <= MAX_FLAG_SECONDS) {
         bail!(
-            "invalid `--grace`: must be a non-negative number of seconds, got {}",
+            "invalid `--grace`: must be a number of seconds from 0 to {MAX_FLAG_SECONDS} (a day), got {}",
             args.grace
         );
     }
@@ -116,9 +120,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ("--body-timeout", args.body_timeout),
         ("--sse-keep-alive", args.sse_keep_alive),
     ] {
-        if !(v > 0.0 && v.is_finite() && v <= 86_400.0) {
+        if !(v > 0.0 && v <= MAX_FLAG_SECONDS) {
             bail!(
-                "invalid `{flag}`: must be a positive number of seconds (at most a day), got {v}"
+                "invalid `{flag}`: must be a positive number of seconds (at most {MAX_FLAG_SECONDS}, a day), got {v}"
             );
         }
     }

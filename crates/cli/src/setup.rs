@@ -263,7 +263,10 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             }
             (0..*n).map(Some).collect()
         }
-        (ReplicaPlan::Count(n), false) => vec![None; *n],
+        (ReplicaPlan::Count(n), false) => {
+            check_cpu_replicas(args, &loaded.config, *n)?;
+            vec![None; *n]
+        }
     };
     let (cpu_weights, weights_gguf) = cpu_weights(args, &dir, &loaded.config, cuda)?;
     let mut weights = Some(checkpoint::loader::load_weights(
@@ -420,18 +423,10 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
     })
 }
 
-/// Puts `weights` on CUDA device `device` or (`None`) the CPU with a KV
-/// pool sized from the options; returns it with the pool's blocks and bytes.
-fn open_backend(
-    args: &ModelArgs,
-    loaded: &LoadedModel,
-    device: Option<usize>,
-    weights: Cow<'_, checkpoint::LlamaWeights>,
-    cpu_weights: &CpuWeights,
-) -> Result<(Box<dyn Backend>, usize, usize)> {
-    let cuda = device.is_some();
-    let cuda_options = args.tuning.cuda_options()?;
-    let cfg = &loaded.config;
+/// The KV pool of one replica: bytes per block and blocks, from
+/// `--kv-blocks` or `--kv-memory-gib` (never more than `--max-num-seqs`
+/// full contexts).
+fn kv_pool(args: &ModelArgs, cfg: &contract::LlamaConfig, cuda: bool) -> Result<(usize, usize)> {
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };
     let per_block = paged_kv::bytes_per_block(
@@ -461,6 +456,46 @@ fn open_backend(
                 .max(1)
         }
     };
+    Ok((per_block, num_blocks))
+}
+
+/// Refuses more CPU replicas than the machine can run, before anything is
+/// loaded: each runs its own step loop (more than the cores only contend)
+/// and holds its own KV pool (together they must fit in memory).
+fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::LlamaConfig, n: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n > cores {
+        bail!(
+            "invalid `--data-parallel-size {n}`: more CPU replicas than this machine's {cores} cores"
+        );
+    }
+    let (per_block, blocks) = kv_pool(args, cfg, false)?;
+    let need = per_block.saturating_mul(blocks).saturating_mul(n);
+    if let Some(total) = host_memory_bytes()
+        && need > total
+    {
+        bail!(
+            "invalid `--data-parallel-size {n}`: {n} CPU replicas of {blocks} KV blocks each need {:.1} GiB of KV cache, more than this machine's {:.1} GiB (lower `--kv-memory-gib` or `--kv-blocks`)",
+            need as f64 / GIB,
+            total as f64 / GIB
+        );
+    }
+    Ok(())
+}
+
+/// Puts `weights` on CUDA device `device` or (`None`) the CPU with a KV
+/// pool sized from the options; returns it with the pool's blocks and bytes.
+fn open_backend(
+    args: &ModelArgs,
+    loaded: &LoadedModel,
+    device: Option<usize>,
+    weights: Cow<'_, checkpoint::LlamaWeights>,
+    cpu_weights: &CpuWeights,
+) -> Result<(Box<dyn Backend>, usize, usize)> {
+    let cuda = device.is_some();
+    let cuda_options = args.tuning.cuda_options()?;
+    let cfg = &loaded.config;
+    let (per_block, num_blocks) = kv_pool(args, cfg, cuda)?;
     if !cuda {
         let need = per_block.saturating_mul(num_blocks);
         if let Some(total) = host_memory_bytes()

@@ -375,3 +375,98 @@ fn sync_steps_give_the_same_tokens() {
     assert!(!bad.status.success());
     assert!(stderr(&bad).contains("sync-steps"), "{}", stderr(&bad));
 }
+
+/// `lamina serve --device cpu --model tiny --port 0 ARGS`, killed if it is
+/// still running after `secs` (a server that started: a flag let through).
+fn serve_briefly(args: &[&str], secs: u64) -> Output {
+    use std::process::{Command, Stdio};
+    let mut all = vec![
+        "serve",
+        "--device",
+        "cpu",
+        "--model",
+        tiny().to_str().unwrap(),
+        "--port",
+        "0",
+    ];
+    all.extend_from_slice(args);
+    let mut child = Command::new(support::bin())
+        .args(&all)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("`serve {args:?}` started: {}", stderr(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Durations no `Duration` holds (or longer than a day) are refused with
+/// the flag named before anything loads, not a panic after loading.
+#[test]
+fn serve_refuses_absurd_durations() {
+    for v in [
+        "1e20",
+        "1e300",
+        "18446744073709551616",
+        "86401",
+        "inf",
+        "NaN",
+    ] {
+        let grace = format!("--grace={v}");
+        assert_clear_error(&serve_briefly(&[&grace], 60), &["--grace"]);
+        let timeout = format!("--body-timeout={v}");
+        assert_clear_error(&serve_briefly(&[&timeout], 60), &["--body-timeout"]);
+    }
+    assert_clear_error(&serve_briefly(&["--grace=-1"], 60), &["--grace"]);
+}
+
+/// More CPU replicas than cores, or than the machine's memory holds for
+/// their KV pools together, are refused naming the flag before any weights
+/// load (not an allocation until the machine runs out).
+#[test]
+fn serve_refuses_more_cpu_replicas_than_the_machine_holds() {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    for n in [cores + 1, cores * 4 + 1, 100_000, usize::MAX] {
+        let n = n.to_string();
+        let line = assert_clear_error(
+            &serve_briefly(&["--data-parallel-size", &n], 60),
+            &["--data-parallel-size", &n],
+        );
+        assert!(line.contains("cores"), "{line}");
+    }
+    if cores < 2 {
+        return;
+    }
+    // two replicas whose pools each take 60% of the memory
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib: f64 = info
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0.0);
+    let gib = format!("{}", kib * 0.6 / (1024.0 * 1024.0));
+    let line = assert_clear_error(
+        &serve_briefly(
+            &[
+                "-d",
+                "2",
+                "--kv-memory-gib",
+                &gib,
+                "--max-num-seqs",
+                "100000000",
+            ],
+            60,
+        ),
+        &["--data-parallel-size 2", "GiB"],
+    );
+    assert!(line.contains("KV"), "{line}");
+}

@@ -360,6 +360,24 @@ impl LlamaConfig {
                 format!("must be a finite number of at least 1, got {rope_theta}"),
             ));
         }
+        // a special token the embedding has no row for could never be read
+        // or sampled (an EOS that never comes: every reply runs to its limit)
+        let eos = raw
+            .eos_token_id
+            .as_ref()
+            .map(EosIds::to_vec)
+            .unwrap_or_default();
+        let ids = [("bos_token_id", raw.bos_token_id)]
+            .into_iter()
+            .chain(eos.iter().map(|&e| ("eos_token_id", Some(e))));
+        for (field, id) in ids {
+            if let Some(id) = id.filter(|&id| id as usize >= vocab_size) {
+                return Err(bad(
+                    field,
+                    format!("token id {id} is outside the vocabulary (vocab_size {vocab_size})"),
+                ));
+            }
+        }
         let rope_scaling = match raw.rope_scaling.as_ref().or(params) {
             None => RopeScaling::None,
             Some(r) => rope::resolve(r, path)?,
@@ -378,11 +396,7 @@ impl LlamaConfig {
             rope_theta,
             rope_scaling,
             bos_token_id: raw.bos_token_id,
-            eos_token_ids: raw
-                .eos_token_id
-                .as_ref()
-                .map(EosIds::to_vec)
-                .unwrap_or_default(),
+            eos_token_ids: eos,
         })
     }
 

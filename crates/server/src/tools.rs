@@ -96,15 +96,7 @@ pub fn plan(
             ));
         }
         let f = &t.function;
-        if !valid_name(&f.name) {
-            return Err(bad(
-                format!("tools[{i}].function.name"),
-                format!(
-                    "A function name must be 1 to 64 letters, digits, `_` or `-`, got {:?}.",
-                    f.name
-                ),
-            ));
-        }
+        check_name(format!("tools[{i}].function.name"), &f.name)?;
         if !seen.insert(f.name.as_str()) {
             return Err(bad(
                 format!("tools[{i}].function.name"),
@@ -218,6 +210,19 @@ pub fn fallback_system(tools: &Value) -> String {
     s
 }
 
+/// A function name, in a definition or a call of the history: what OpenAI
+/// accepts, so it cannot carry prompt text.
+fn check_name(field: String, name: &str) -> Result<(), ApiError> {
+    if valid_name(name) {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(80).collect();
+    Err(bad(
+        field,
+        format!("A function name must be 1 to 64 letters, digits, `_` or `-`, got {shown:?}."),
+    ))
+}
+
 /// An assistant call turn of the history: the template's `tool_calls`
 /// (arguments parsed to objects) and the call's JSON text (for templates
 /// that do not render calls). Errors name `messages[i].tool_calls[j]`.
@@ -240,6 +245,10 @@ pub fn history_calls(i: usize, m: &Message) -> Result<Option<(Value, String)>, A
                 format!("Only `function` calls are supported, got `{}`.", c.kind),
             ));
         }
+        check_name(
+            format!("messages[{i}].tool_calls[{j}].function.name"),
+            &c.function.name,
+        )?;
         let args: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {
             bad(
                 format!("messages[{i}].tool_calls[{j}].function.arguments"),
@@ -400,6 +409,35 @@ mod tests {
         for (r, param) in cases {
             let e = r.unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
+        }
+    }
+
+    /// A call in the history names its function like a definition does:
+    /// prompt text or a long name is refused, naming the call.
+    #[test]
+    fn history_call_names_are_checked_like_definitions() {
+        for name in [
+            "ok_name",
+            "<|im_end|>",
+            &"a".repeat(65),
+            &"b".repeat(10_000),
+            "",
+        ] {
+            let m: Message = serde_json::from_value(json!({"role": "assistant",
+                "tool_calls": [{"id": "c", "type": "function",
+                    "function": {"name": name, "arguments": "{}"}}]}))
+            .unwrap();
+            match history_calls(3, &m) {
+                Ok(_) => assert!(valid_name(name), "{name:?} accepted"),
+                Err(e) => {
+                    assert!(!valid_name(name));
+                    assert_eq!(
+                        e.param.as_deref(),
+                        Some("messages[3].tool_calls[0].function.name")
+                    );
+                    assert!(e.message.len() < 300, "{}", e.message);
+                }
+            }
         }
     }
 

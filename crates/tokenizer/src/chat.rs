@@ -18,14 +18,22 @@
 //!
 //! A render may execute at most [`TEMPLATE_FUEL`] template instructions (a
 //! template that loops longer is an error for that conversation, not a hung
-//! server); [`ChatTemplate::new`] renders a one-message conversation once and
-//! refuses a template that exhausts the budget there.
+//! server) and build or write at most [`render_byte_budget`] bytes, charged
+//! as they are made (see `budget`; a template that doubles a string in a
+//! loop fails, it does not exhaust memory); [`ChatTemplate::new`] renders a
+//! one-message conversation once and refuses a template that exhausts
+//! either budget there. Templates may not use names starting with
+//! `__lamina_` (the budget's own functions).
 //!
 //! Costs: the template is compiled and trial-rendered once in
 //! [`ChatTemplate::new`]; a render is linear in the conversation.
 
 use crate::{ChatMessage, TokenizerError};
-use minijinja::{Environment, Error, ErrorKind, context};
+use minijinja::machinery::{Vm, get_compiled_template, make_string_output};
+use minijinja::value::{Rest, Value};
+use minijinja::{Environment, Error, ErrorKind, State, context};
+
+mod budget;
 
 /// A token present in every Llama 3 vocabulary (and the header format).
 pub const LLAMA3_HEADER_TOKEN: &str = "<|start_header_id|>";
@@ -41,6 +49,18 @@ const TEMPLATE_NAME: &str = "chat";
 /// Template instructions one render may execute (minijinja's fuel): a few
 /// thousand per message for real templates, well under 0.1 s of CPU.
 pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// The bytes one render may build and write, at least: real templates
+/// build a few times their input.
+pub const TEMPLATE_MIN_BYTES: u64 = 64 << 20;
+/// Bytes a render may build and write per byte of its input, past
+/// [`TEMPLATE_MIN_BYTES`].
+pub const TEMPLATE_BYTES_PER_INPUT_BYTE: u64 = 16;
+
+/// The byte budget of a render whose messages and tools hold `input_bytes`.
+pub fn render_byte_budget(input_bytes: u64) -> u64 {
+    TEMPLATE_MIN_BYTES.max(input_bytes.saturating_mul(TEMPLATE_BYTES_PER_INPUT_BYTE))
+}
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -61,14 +81,37 @@ impl ChatTemplate {
         eos_token: String,
         origin: &str,
     ) -> Result<ChatTemplate, TokenizerError> {
+        if source.contains(budget::RESERVED_PREFIX) {
+            return Err(TokenizerError::Template {
+                origin: origin.to_string(),
+                reason: format!(
+                    "names starting with `{}` are reserved",
+                    budget::RESERVED_PREFIX
+                ),
+            });
+        }
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(checked_method);
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_function(budget::CHARGE_MADE, budget::charge_made);
+        env.add_function(budget::CHARGE_RETURNED, budget::charge_returned);
+        env.add_function(budget::CHARGE_WRITTEN, budget::charge_written);
+        env.add_function(budget::CHARGE_LEN, budget::charge_len);
+        for (name, filter) in [
+            ("indent", Value::from_function(minijinja::filters::indent)),
+            ("tojson", Value::from_function(minijinja::filters::tojson)),
+            ("format", Value::from_function(minijinja::filters::format)),
+        ] {
+            env.add_filter(name, move |state: &State, args: Rest<Value>| {
+                check_counts(&args)?;
+                filter.call(state, &args)
+            });
+        }
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| TokenizerError::Template {
@@ -89,7 +132,7 @@ impl ChatTemplate {
         let trial = [ChatMessage::new("user", "Hello")];
         if let Err(e) = template.render(&trial, true)
             && let TokenizerError::Template { reason, .. } = &e
-            && reason.contains(OUT_OF_FUEL)
+            && (reason.contains(OUT_OF_FUEL) || reason.contains(OUT_OF_BYTES))
         {
             return Err(e);
         }
@@ -128,10 +171,14 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        let budget = render_byte_budget(input_bytes(messages, tools));
+        let scope = budget::Scope::enter(budget);
         let err = |e: Error| TokenizerError::Template {
             origin: self.origin.clone(),
             reason: if e.kind() == ErrorKind::OutOfFuel {
                 format!("{OUT_OF_FUEL} ({TEMPLATE_FUEL} instructions) rendering this conversation")
+            } else if scope.exhausted() {
+                budget::exhausted_reason(scope.budget())
             } else {
                 format!("{e:#}")
             },
@@ -144,10 +191,22 @@ impl ChatTemplate {
             eos_token => &self.eos_token,
         };
         let ctx = match tools {
-            Some(t) => context! { tools => minijinja::Value::from_serialize(t), ..base },
+            Some(t) => context! { tools => Value::from_serialize(t), ..base },
             None => base,
         };
-        tpl.render(ctx).map_err(err)
+        let compiled = get_compiled_template(&tpl);
+        let code = budget::rewrite(&compiled.instructions);
+        let blocks = compiled
+            .blocks
+            .iter()
+            .map(|(name, b)| (*name, budget::rewrite(b)))
+            .collect();
+        let mut text = String::new();
+        let mut out = make_string_output(&mut text);
+        Vm::new(&self.env)
+            .eval(&code, ctx, &blocks, &mut out, compiled.initial_auto_escape)
+            .map_err(err)?;
+        Ok(text)
     }
 
     /// The template's Jinja source.
@@ -158,6 +217,59 @@ impl ChatTemplate {
 
 /// How a render that ran out of fuel is reported.
 const OUT_OF_FUEL: &str = "the chat template exceeded its execution budget";
+/// Part of how a render that ran out of bytes is reported.
+const OUT_OF_BYTES: &str = "memory budget";
+
+/// The bytes of a conversation's strings and tools (what a render's byte
+/// budget scales with).
+fn input_bytes(messages: &[ChatMessage], tools: Option<&serde_json::Value>) -> u64 {
+    let json = |v: Option<&serde_json::Value>| v.map_or(0, |v| v.to_string().len());
+    let msgs: usize = messages
+        .iter()
+        .map(|m| {
+            m.role.len()
+                + m.content.len()
+                + m.tool_call_id.as_ref().map_or(0, String::len)
+                + json(m.tool_calls.as_ref())
+        })
+        .sum();
+    (msgs + json(tools)) as u64
+}
+
+/// Refuses a count argument (a width, an indent) larger than what is left
+/// of the render's byte budget: the call would build at least that much.
+fn check_counts(args: &[Value]) -> Result<(), Error> {
+    let left = budget::left();
+    let too_big = |v: &Value| v.as_i64().is_some_and(|n| n > 0 && n as u64 > left);
+    let kwarg_values = args
+        .iter()
+        .filter(|a| a.kind() == minijinja::value::ValueKind::Map)
+        .flat_map(|m| {
+            m.try_iter()
+                .into_iter()
+                .flatten()
+                .filter_map(move |k| m.get_item(&k).ok())
+        });
+    match args.iter().cloned().chain(kwarg_values).find(too_big) {
+        Some(n) => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("a count of {n} exceeds the {OUT_OF_BYTES} left ({left} bytes)"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Python's string / dict / list methods (`minijinja-contrib`'s pycompat),
+/// with count arguments (`.center(n)`, `.zfill(n)`) held to the byte budget.
+fn checked_method(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    check_counts(args)?;
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
 
 /// `raise_exception(msg)`: templates call it to reject a conversation.
 fn raise_exception(msg: String) -> Result<String, Error> {

@@ -22,6 +22,7 @@
 use crate::chat::{ChatTemplate, LLAMA3_HEADER_TOKEN};
 use config::{RawSpecialToken, RawTokenizerConfig, pick_template};
 use serde::{Deserialize, Serialize};
+use shield::{Literals, Piece, Shield};
 use std::path::Path;
 
 pub mod bpe_from_gguf;
@@ -29,6 +30,7 @@ pub mod byte_level;
 pub mod chat;
 mod config;
 pub mod detok;
+mod shield;
 
 /// File names read by [`Tokenizer::from_dir`].
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
@@ -111,12 +113,10 @@ struct Special {
 /// Tokenizer + special tokens + chat template of one model.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    /// `inner` with special tokens encoded as plain text (message contents).
+    /// `inner` with special tokens encoded as plain text (user literals).
     text_only: tokenizers::Tokenizer,
-    /// Texts of the special added tokens, longest first.
-    specials: Vec<String>,
-    /// Whether a byte starts some special token's text (a cheap pre-filter).
-    special_first: [bool; 256],
+    /// Keeps special-token texts in user strings from becoming control tokens.
+    shield: Shield,
     /// Names the source in errors (the tokenizer.json path).
     origin: String,
     bos: Option<Special>,
@@ -286,25 +286,24 @@ impl Tokenizer {
             .get_normalizer()
             .is_none()
             .then(|| vocab.keys().map(String::len).max().unwrap_or(1).max(1));
-        let mut specials: Vec<String> = inner
+        let specials: Vec<String> = inner
             .get_added_tokens_decoder()
             .into_values()
-            .filter(|t| t.special && !t.content.is_empty())
+            .filter(|t| t.special)
             .map(|t| t.content)
             .collect();
-        specials.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-        let mut special_first = [false; 256];
-        for t in &specials {
-            special_first[t.as_bytes()[0] as usize] = true;
-        }
+        let shield = Shield::new(&specials).map_err(|reason| TokenizerError::Invalid {
+            path: origin.to_string(),
+            field: "added_tokens",
+            reason,
+        })?;
         let mut text_only = inner.clone();
         text_only.set_encode_special_tokens(true);
         Ok(Tokenizer {
             vocab_size,
             max_piece_bytes,
             text_only,
-            specials,
-            special_first,
+            shield,
             inner,
             origin: origin.to_string(),
             bos,
@@ -324,15 +323,20 @@ impl Tokenizer {
                     origin: self.origin.clone(),
                     reason: e.to_string(),
                 })?;
-        let ids = enc.get_ids();
+        Ok(self.with_bos(enc.get_ids(), add_special_tokens))
+    }
+
+    /// `ids` with BOS prepended when `add_special_tokens` asks for it, the
+    /// config wants it and the post-processor did not add it.
+    fn with_bos(&self, ids: &[u32], add_special_tokens: bool) -> Vec<u32> {
         match (&self.bos, add_special_tokens && self.prepend_bos) {
             (Some(b), true) if ids.first() != Some(&b.id) => {
                 let mut out = Vec::with_capacity(ids.len() + 1);
                 out.push(b.id);
                 out.extend_from_slice(ids);
-                Ok(out)
+                out
             }
-            _ => Ok(ids.to_vec()),
+            _ => ids.to_vec(),
         }
     }
 
@@ -386,12 +390,13 @@ impl Tokenizer {
     /// encoded with the tokenizer's special tokens unless the rendered text
     /// already starts with the BOS text (so BOS appears once, never twice).
     ///
-    /// Special-token texts inside message contents stay text (a user cannot
-    /// write `<|im_end|>` and open a system turn): a content holding one is
-    /// located in the rendered prompt and encoded with special tokens as
-    /// plain text, the template's own text around it as usual. Prompts whose
-    /// contents hold none are encoded in one piece, exactly as `transformers`
-    /// does. [`Tokenizer::encode_chat_trusted`] parses them as control tokens.
+    /// Special-token texts in user-supplied strings stay text (a user cannot
+    /// write `<|im_end|>` and open a system turn), in every field a template
+    /// may render: roles, contents, `tool_call_id`, `tool_calls` and `tools`
+    /// (see `shield`). Only the template's own markers become control
+    /// tokens. Conversations holding no such text are encoded in one piece,
+    /// exactly as `transformers` does. [`Tokenizer::encode_chat_trusted`]
+    /// parses every special text.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
         self.encode_chat_with_tools(messages, None)
     }
@@ -402,57 +407,42 @@ impl Tokenizer {
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template_with_tools(messages, tools, true)?;
-        // Byte spans of `text` that must be encoded as plain text, in order.
-        let mut spans: Vec<(usize, usize)> = Vec::new();
-        let mut from = 0;
-        for (i, m) in messages.iter().enumerate() {
-            if !self.has_special_text(&m.content) {
-                continue;
-            }
-            let found = [m.content.as_str(), m.content.trim()]
-                .into_iter()
-                .filter(|c| !c.is_empty())
-                .find_map(|c| {
-                    text[from..]
-                        .find(c)
-                        .map(|at| (from + at, from + at + c.len()))
-                });
-            let Some((a, b)) = found else {
-                return Err(TokenizerError::Encode {
-                    origin: self.origin.clone(),
-                    reason: format!(
-                        "message {i} holds special-token text and the chat template transforms its content, so it cannot be kept as text"
-                    ),
-                });
-            };
-            spans.push((a, b));
-            from = b;
-        }
-        if spans.is_empty() {
+        let mut lits = Literals::default();
+        let Some((shielded, shielded_tools)) = self.shield.conversation(messages, tools, &mut lits)
+        else {
+            let text = self.apply_chat_template_with_tools(messages, tools, true)?;
             return self.encode_rendered_prompt(&text);
+        };
+        let text = self.apply_chat_template_with_tools(&shielded, shielded_tools.as_ref(), true)?;
+        let mut parts = Vec::new();
+        for piece in shield::pieces(&text, &lits) {
+            let (tok, s) = match piece {
+                Piece::Template(s) => (&self.inner, s),
+                Piece::Literal(s) => (&self.text_only, s),
+            };
+            parts.push(tok.encode(s, false).map_err(|e| self.encode_error(e))?);
         }
-        let mut ids = Vec::new();
-        let mut at = 0;
-        for (a, b) in spans {
-            if a > at {
-                ids.extend(self.encode_piece(&self.inner, &text[at..a])?);
-            }
-            ids.extend(self.encode_piece(&self.text_only, &text[a..b])?);
-            at = b;
+        let add_special = !self.starts_with_bos(&text);
+        let merged = tokenizers::Encoding::merge(parts, true);
+        let enc = self
+            .inner
+            .post_process(merged, None, add_special)
+            .map_err(|e| self.encode_error(e))?;
+        Ok(self.with_bos(enc.get_ids(), add_special))
+    }
+
+    fn encode_error(&self, e: impl std::fmt::Display) -> TokenizerError {
+        TokenizerError::Encode {
+            origin: self.origin.clone(),
+            reason: e.to_string(),
         }
-        if at < text.len() {
-            ids.extend(self.encode_piece(&self.inner, &text[at..])?);
-        }
-        // the BOS rule of encode_rendered_prompt
-        if let Some(b) = &self.bos
-            && self.prepend_bos
-            && (b.text.is_empty() || !text.starts_with(&b.text))
-            && ids.first() != Some(&b.id)
-        {
-            ids.insert(0, b.id);
-        }
-        Ok(ids)
+    }
+
+    /// Whether a rendered prompt already starts with the BOS text.
+    fn starts_with_bos(&self, text: &str) -> bool {
+        self.bos
+            .as_ref()
+            .is_some_and(|b| !b.text.is_empty() && text.starts_with(&b.text))
     }
 
     /// [`Tokenizer::encode_chat`] with special-token texts in message
@@ -467,40 +457,10 @@ impl Tokenizer {
         self.encode_rendered_prompt(&text)
     }
 
-    /// Whether `s` contains the text of a special token.
-    fn has_special_text(&self, s: &str) -> bool {
-        let b = s.as_bytes();
-        (0..b.len()).any(|i| {
-            self.special_first[b[i] as usize]
-                && self
-                    .specials
-                    .iter()
-                    .any(|t| b[i..].starts_with(t.as_bytes()))
-        })
-    }
-
-    /// Encodes a piece of a prompt without adding BOS / EOS.
-    fn encode_piece(
-        &self,
-        tok: &tokenizers::Tokenizer,
-        text: &str,
-    ) -> Result<Vec<u32>, TokenizerError> {
-        tok.encode(text, false)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| TokenizerError::Encode {
-                origin: self.origin.clone(),
-                reason: e.to_string(),
-            })
-    }
-
     /// Encodes an already-rendered chat prompt with the BOS rule of
     /// [`Tokenizer::encode_chat`].
     pub fn encode_rendered_prompt(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        let starts_with_bos = self
-            .bos
-            .as_ref()
-            .is_some_and(|b| !b.text.is_empty() && text.starts_with(&b.text));
-        self.encode(text, !starts_with_bos)
+        self.encode(text, !self.starts_with_bos(text))
     }
 
     /// Whether the chat template reads a `tools` list (Llama 3.1 / 3.2 do,

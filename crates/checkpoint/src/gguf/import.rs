@@ -106,9 +106,10 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
             .unwrap_or(0),
     };
     let theta = match g.metadata.get(&key("rope.freq_base")) {
-        Some(_) => g.get_f64(&key("rope.freq_base"))?,
+        Some(_) => finite(g, &key("rope.freq_base"))?,
         None => 10000.0,
     };
+    let eps = finite(g, &key("attention.layer_norm_rms_epsilon"))?;
     let tied = g.tensor("output.weight").is_none();
     let mut cfg = json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -120,28 +121,47 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "vocab_size": vocab,
-        "rms_norm_eps": short_f32(g.get_f64(&key("attention.layer_norm_rms_epsilon"))?),
+        "rms_norm_eps": short_f32(eps),
         "rope_theta": short_f32(theta),
         "rope_scaling": null,
         "max_position_embeddings": g.get_u64(&key("context_length"))?,
         "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
     });
-    if let Some(b) = g
-        .metadata
-        .get("tokenizer.ggml.bos_token_id")
-        .and_then(|v| v.as_u64())
-    {
-        cfg["bos_token_id"] = json!(b);
-    }
-    if let Some(e) = g
-        .metadata
-        .get("tokenizer.ggml.eos_token_id")
-        .and_then(|v| v.as_u64())
-    {
-        cfg["eos_token_id"] = json!(e);
+    for (field, k) in [
+        ("bos_token_id", "tokenizer.ggml.bos_token_id"),
+        ("eos_token_id", "tokenizer.ggml.eos_token_id"),
+    ] {
+        if g.metadata.contains_key(k) {
+            cfg[field] = json!(token_id(g, k, vocab)?);
+        }
     }
     Ok(cfg)
+}
+
+/// A float metadata value that must be finite: NaN would become JSON
+/// `null`, which `config.json` reads as "use the default".
+fn finite(g: &Gguf, key: &str) -> Result<f64, GgufError> {
+    let v = g.get_f64(key)?;
+    if !v.is_finite() {
+        return Err(GgufError::Metadata {
+            key: key.to_string(),
+            reason: format!("must be a finite number, got {v}"),
+        });
+    }
+    Ok(v)
+}
+
+/// A token id metadata value: an unsigned integer inside the vocabulary.
+fn token_id(g: &Gguf, key: &str, vocab: u64) -> Result<u64, GgufError> {
+    let id = g.get_u64(key)?;
+    if id >= vocab {
+        return Err(GgufError::Metadata {
+            key: key.to_string(),
+            reason: format!("token id {id} is outside the vocabulary ({vocab} tokens)"),
+        });
+    }
+    Ok(id)
 }
 
 fn string_array(g: &Gguf, key: &str) -> Result<Vec<String>, GgufError> {

@@ -228,6 +228,41 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
     assert!(load_weights(d.path(), &cfg).is_ok());
 }
 
+/// Finite but absurd weights (anywhere past the plausible magnitude, in a
+/// projection or a norm) are refused at load naming the tensor, the value
+/// and the limit; a large but plausible one loads.
+#[test]
+fn absurdly_large_weights_are_refused_naming_the_tensor() {
+    let cfg = tiny_cfg();
+    let specs = tensor_specs(&cfg, true);
+    for (target, bad, dtype) in [
+        ("model.layers.1.mlp.down_proj.weight", 1e7f32, Dtype::BF16),
+        ("model.layers.0.self_attn.q_proj.weight", -3e4, Dtype::F32),
+        ("model.norm.weight", 2e4, Dtype::BF16),
+        ("model.embed_tokens.weight", 1e38, Dtype::F32),
+    ] {
+        let t = specs.iter().position(|s| s.name == target).unwrap();
+        let d = TempDir::new().unwrap();
+        let value = |tt: usize, i: usize| if tt == t && i == 5 { bad } else { val(tt, i) };
+        write_model_with(d.path(), &tiny_json(), &specs, dtype, 1, &value);
+        let err = load_weights(d.path(), &cfg).unwrap_err();
+        assert!(
+            matches!(err, LoadError::Implausible { index: 5, .. }),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(msg.contains(target) && msg.contains("10000"), "{msg}");
+    }
+    let t = specs
+        .iter()
+        .position(|s| s.name == "model.norm.weight")
+        .unwrap();
+    let d = TempDir::new().unwrap();
+    let value = |tt: usize, i: usize| if tt == t && i == 1 { 500.0 } else { val(tt, i) };
+    write_model_with(d.path(), &tiny_json(), &specs, Dtype::BF16, 1, &value);
+    assert!(load_weights(d.path(), &cfg).is_ok());
+}
+
 /// A config that undercounts the file's
 /// layers (29 of 30) is refused naming both counts, not loaded short.
 #[test]

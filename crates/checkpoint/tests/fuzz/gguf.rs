@@ -63,14 +63,34 @@ fn run(buf: &[u8]) {
         Ok(()) => {
             let m = checkpoint::loader::load_config(dir.path())
                 .unwrap_or_else(|e| panic!("imported config does not load: {e}"));
+            metadata_is_kept(&g, &m.config);
             if let Err(e) = checkpoint::loader::load_weights(dir.path(), &m.config) {
                 assert!(
-                    matches!(e, checkpoint::loader::LoadError::NonFinite { .. }),
+                    matches!(
+                        e,
+                        checkpoint::loader::LoadError::NonFinite { .. }
+                            | checkpoint::loader::LoadError::Implausible { .. }
+                    ),
                     "imported weights do not load: {e}"
                 );
             }
         }
         Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
+
+/// An imported config holds the GGUF's own values: none was replaced by a
+/// default, and its special tokens are in the vocabulary.
+fn metadata_is_kept(g: &Gguf, c: &contract::config::LlamaConfig) {
+    let meta = |k: &str| g.metadata.get(k).and_then(|v| v.as_f64());
+    if let Some(theta) = meta("llama.rope.freq_base") {
+        assert_eq!(c.rope_theta as f32, theta as f32, "rope.freq_base");
+    }
+    if let Some(eps) = meta("llama.attention.layer_norm_rms_epsilon") {
+        assert_eq!(c.rms_norm_eps, eps as f32, "layer_norm_rms_epsilon");
+    }
+    for id in c.eos_token_ids.iter().chain(&c.bos_token_id) {
+        assert!((*id as usize) < c.vocab_size, "token id {id}");
     }
 }
 
@@ -83,6 +103,7 @@ enum Edit {
     KvType(Index, u32),
     KvPayload(Index, Mutation),
     KvNumber(Index, u64),
+    KvFloat(Index, f32),
     DropKv(Index),
     Dims(Index, Vec<u64>),
     TensorType(Index, u32),
@@ -104,6 +125,19 @@ fn wild() -> impl Strategy<Value = u64> {
     ]
 }
 
+fn wild_float() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        Just(f32::NAN),
+        Just(f32::INFINITY),
+        Just(f32::NEG_INFINITY),
+        Just(0.0),
+        Just(-1.0),
+        Just(1e-40),
+        Just(1e30),
+        any::<f32>(),
+    ]
+}
+
 fn edit() -> impl Strategy<Value = Edit> {
     let i = any::<Index>;
     prop_oneof![
@@ -113,6 +147,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         (i(), 0u32..14).prop_map(|(k, t)| Edit::KvType(k, t)),
         (i(), any::<Mutation>()).prop_map(|(k, m)| Edit::KvPayload(k, m)),
         (i(), wild()).prop_map(|(k, v)| Edit::KvNumber(k, v)),
+        (i(), wild_float()).prop_map(|(k, v)| Edit::KvFloat(k, v)),
         i().prop_map(Edit::DropKv),
         (i(), proptest::collection::vec(wild(), 0..6)).prop_map(|(t, d)| Edit::Dims(t, d)),
         (
@@ -142,6 +177,11 @@ impl Edit {
                     4 | 5 => (*v as u32).to_le_bytes().to_vec(),
                     _ => v.to_le_bytes().to_vec(),
                 };
+            }
+            Edit::KvFloat(k, v) if nk > 0 => {
+                let kv = &mut d.kvs[k.index(nk)];
+                kv.ty = 6;
+                kv.payload = v.to_le_bytes().to_vec();
             }
             Edit::DropKv(k) if nk > 0 => {
                 d.kvs.remove(k.index(nk));
@@ -358,4 +398,100 @@ fn micro_llama_imports_and_loads() {
     let m = checkpoint::loader::load_config(dir.path()).unwrap();
     checkpoint::loader::load_weights(dir.path(), &m.config).unwrap();
     tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+}
+
+/// `micro_llama` with the metadata `key` set to `ty` / `payload`, imported.
+fn import_with(key: &str, ty: u32, payload: Vec<u8>) -> Result<(), String> {
+    let mut d = micro_llama();
+    let kv = d.kvs.iter_mut().find(|k| k.key == key).unwrap();
+    kv.ty = ty;
+    kv.payload = payload;
+    let buf = d.bytes();
+    let g = Gguf::parse(&buf, PATH).map_err(|e| e.to_string())?;
+    let dir = tempfile::tempdir().unwrap();
+    import_to_dir(&g, &buf, dir.path(), None).map_err(|e| e.to_string())
+}
+
+#[test]
+fn non_finite_float_metadata_is_refused_naming_the_key() {
+    for key in [
+        "llama.rope.freq_base",
+        "llama.attention.layer_norm_rms_epsilon",
+    ] {
+        for v in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN] {
+            let e = import_with(key, 6, v.to_le_bytes().to_vec()).unwrap_err();
+            assert!(e.contains(key) && e.contains("finite"), "{key} = {v}: {e}");
+        }
+    }
+    // out-of-range finite values are refused by the config's own checks
+    let e = import_with("llama.rope.freq_base", 6, 0.5f32.to_le_bytes().to_vec()).unwrap_err();
+    assert!(e.contains("rope_theta"), "{e}");
+}
+
+#[test]
+fn special_token_ids_outside_the_vocabulary_are_refused_naming_the_key() {
+    // the micro vocabulary has 8 tokens
+    for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id"] {
+        for id in [8u32, 9, 1000, 1_000_000_000, u32::MAX] {
+            let e = import_with(key, 4, id.to_le_bytes().to_vec()).unwrap_err();
+            assert!(
+                e.contains(key) && e.contains(&id.to_string()),
+                "{key} = {id}: {e}"
+            );
+        }
+        // and a value that is no unsigned integer is refused, not skipped
+        let e = import_with(key, 6, 3.5f32.to_le_bytes().to_vec()).unwrap_err();
+        assert!(e.contains(key), "{e}");
+    }
+    import_with(
+        "tokenizer.ggml.eos_token_id",
+        4,
+        7u32.to_le_bytes().to_vec(),
+    )
+    .unwrap();
+}
+
+/// A GGUF whose weights changed after the store imported it (a NaN, an
+/// infinity, an absurd value) is refused when its tensors are read for the
+/// quantised path, naming the tensor; the clean file reads.
+#[test]
+fn weights_changed_after_import_are_checked_when_read() {
+    use checkpoint::gguf::GgmlType;
+    use checkpoint::quantized::load_quantized;
+    // the micro rows are too short for blocks: its float tensors stand in
+    // (the check decodes every kept type alike)
+    let keep = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+    let dir = tempfile::tempdir().unwrap();
+    let clean = micro_llama().bytes();
+    let g = Gguf::parse(&clean, PATH).unwrap();
+    import_to_dir(&g, &clean, dir.path(), None).unwrap();
+    let cfg = checkpoint::loader::load_config(dir.path()).unwrap().config;
+    let path = dir.path().join("model.gguf");
+    std::fs::write(&path, &clean).unwrap();
+    assert!(
+        load_quantized(&path, &cfg, &keep)
+            .unwrap()
+            .tensors()
+            .count()
+            > 0
+    );
+    for (name, value) in [
+        ("blk.0.attn_q.weight", f32::NAN),
+        ("blk.0.attn_output.weight", 1e7),
+        ("blk.0.attn_k.weight", f32::INFINITY),
+        ("blk.0.attn_k.weight", -30000.0),
+        ("blk.0.attn_v.weight", 2e4),
+    ] {
+        let mut d = micro_llama();
+        let t = d.tensors.iter_mut().find(|t| t.name == name).unwrap();
+        let bytes = match t.ty {
+            0 => value.to_le_bytes().to_vec(),
+            1 => half::f16::from_f32(value).to_le_bytes().to_vec(),
+            _ => half::bf16::from_f32(value).to_le_bytes().to_vec(),
+        };
+        t.data[..bytes.len()].copy_from_slice(&bytes);
+        std::fs::write(&path, d.bytes()).unwrap();
+        let e = load_quantized(&path, &cfg, &keep).unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains("damaged"), "{name}: {e}");
+    }
 }

@@ -87,6 +87,30 @@ fn rejects_inconsistent_configs_naming_the_field() {
     assert!(err.contains("malformed m/config.json"), "{err}");
 }
 
+/// A special token id the embedding has no row for (an EOS that could
+/// never be sampled) is refused naming the field and the id.
+#[test]
+fn special_token_ids_outside_the_vocabulary_are_refused() {
+    for id in ["128256", "128257", "1000000000", "4294967295"] {
+        for (from, to, field) in [
+            (
+                "\"bos_token_id\": 128000",
+                format!("\"bos_token_id\": {id}"),
+                "bos_token_id",
+            ),
+            ("128008, 128009]", format!("128008, {id}]"), "eos_token_id"),
+        ] {
+            let text = LLAMA_1B.replace(from, &to);
+            let err = LlamaConfig::from_json(&text, "m/config.json")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field) && err.contains(id), "{err}");
+        }
+    }
+    let last = LLAMA_1B.replace("128008, 128009]", "128008, 128255]");
+    assert!(LlamaConfig::from_json(&last, "m/config.json").is_ok());
+}
+
 /// Qwen2 (q/k/v biases) and Mistral v0.1 (a sliding window shorter than
 /// the context) are refused naming the part lamina lacks; Mistral without a
 /// window is Llama and is accepted.

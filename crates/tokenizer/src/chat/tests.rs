@@ -187,3 +187,101 @@ fn tools_and_tool_calls_reach_the_template() {
     );
     assert_eq!(ok(t.render(&msgs[..1], false)), "<user>Weather?");
 }
+
+/// The render's error, which must name the byte budget (and come quickly,
+/// before memory runs out).
+fn budget_error(t: &ChatTemplate, msgs: &[ChatMessage]) -> String {
+    let started = std::time::Instant::now();
+    let e = match t.render(msgs, true) {
+        Ok(text) => panic!("rendered {} bytes", text.len()),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("memory budget") && e.contains("bytes"), "{e}");
+    assert!(started.elapsed().as_secs() < 10, "{e}");
+    e
+}
+
+/// A template that doubles a string on every conversation is refused at
+/// load, naming the byte budget; a shorter chain still renders.
+#[test]
+fn straight_line_doubling_is_refused_at_load() {
+    let chain = |n: usize| {
+        format!(
+            "{{% set s = 'abcdefgh' %}}{}{{{{ s|length }}}}",
+            "{% set s = s ~ s %}".repeat(n)
+        )
+    };
+    assert_eq!(
+        ok(tpl(&chain(10)).render(&[msg("user", "x")], true)),
+        "8192"
+    );
+    for n in [24, 27, 30, 40] {
+        let e = ChatTemplate::new(chain(n), String::new(), String::new(), "double.json")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("memory budget") && e.contains("double.json"),
+            "{n}: {e}"
+        );
+    }
+}
+
+/// Growth that depends on the conversation (one doubling per message,
+/// through `~`, `+` on lists, a macro writing its argument twice, raw
+/// template text in nested loops) fails that render with the budget named;
+/// the template keeps rendering other conversations.
+#[test]
+fn growth_per_message_exhausts_the_byte_budget() {
+    let templates = [
+        "{% set ns = namespace(s='ab') %}{% for m in messages %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+        "{% set ns = namespace(l=[1, 2]) %}{% for m in messages %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
+        "{% macro d(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='ab') %}{% for m in messages %}{% set ns.s = d(ns.s) %}{% endfor %}{{ ns.s|length }}",
+        "{% set ns = namespace(s='ab') %}{% for m in messages %}{% set ns.s = [ns.s, ns.s]|join %}{% endfor %}{{ ns.s|length }}",
+        "{% for m in messages %}{% for i in range(100000) %}0123456789012345678901234567890123456789012345678901234567890123456789{% endfor %}{% endfor %}",
+    ];
+    for src in templates {
+        let t = tpl(src);
+        for n in [40, 64, 200] {
+            let msgs = vec![msg("user", "x"); n];
+            budget_error(&t, &msgs);
+        }
+        assert!(t.render(&[msg("user", "x")], true).is_ok(), "{src}");
+    }
+}
+
+/// A count argument (a width, an indent) larger than the budget is refused
+/// before anything is built.
+#[test]
+fn count_arguments_are_held_to_the_byte_budget() {
+    for n in [1u64 << 30, 1 << 40, 5_000_000_000] {
+        for src in [
+            format!("{{% if messages|length > 1 %}}{{{{ 'a\nb'|indent({n}) }}}}{{% endif %}}"),
+            format!(
+                "{{% if messages|length > 1 %}}{{{{ messages|tojson(indent={n}) }}}}{{% endif %}}"
+            ),
+        ] {
+            let t = tpl(&src);
+            budget_error(&t, &[msg("user", "x"), msg("user", "y")]);
+        }
+    }
+}
+
+/// The budget grows with the input: a long conversation a template copies a
+/// few times renders.
+#[test]
+fn byte_budget_scales_with_the_input() {
+    let t = tpl("{% for m in messages %}{{ m.content }}{{ m.content }}{{ m.content }}{% endfor %}");
+    let big = "x".repeat(30 << 20);
+    assert_eq!(ok(t.render(&[msg("user", &big)], true)).len(), 90 << 20);
+    assert!(render_byte_budget(0) >= TEMPLATE_MIN_BYTES);
+    assert!(
+        ChatTemplate::new(
+            "{{ __lamina_charge_made(1) }}".into(),
+            String::new(),
+            String::new(),
+            "r.json"
+        )
+        .is_err()
+    );
+}
