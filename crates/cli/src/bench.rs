@@ -30,6 +30,10 @@
 //! round prints both figures and lamina's ratio (prompt processing: b2
 //! prompt tokens / b2 TTFT; decode: b1); the summary gives every figure's
 //! and every ratio's median over the rounds, with the ratios' range.
+//!
+//! One file on purpose: the workloads share one harness, one set of sizes and
+//! one report (text and JSON), which the baseline script mirrors field for
+//! field.
 
 use std::time::{Duration, Instant};
 

@@ -25,6 +25,10 @@
 //! split of `x` (`T * inp` values, into the caller's [`SplitActs`]); the
 //! weights are read as [`PairPanels`] (packed once) and [`LoWeights`] (one
 //! byte per weight, built once).
+//!
+//! One file on purpose: the packing, the register tiles and their tests
+//! depend on one register layout; apart, a change to the layout could not be
+//! read in one place.
 
 use crate::OutPtr;
 use crate::pairs::{PairPanels, masks};

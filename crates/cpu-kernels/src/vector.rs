@@ -12,6 +12,9 @@
 //! the order of the additions; [`exp`] (SwiGLU, softmax) is within 2.5e-7
 //! relative of `f32::exp` and gives the same bits on every path.
 //! Costs: O(n) per call, no allocation.
+//!
+//! One file on purpose: each operation's AVX-512, AVX2 and portable paths
+//! stand side by side, so they stay the same computation.
 
 use crate::isa::Isa;
 

@@ -10,7 +10,10 @@
 //! 3. Partially prefilled running sequences run a chunk each from the token
 //!    budget left (`max_batch_tokens`, further capped for prefill by
 //!    [`Scheduler::set_prefill_cap`], the step time budget, whenever another
-//!    sequence is running or waiting), oldest first (chunked prefill).
+//!    sequence is running or waiting), oldest first (chunked prefill). While
+//!    that cap binds and sequences wait, the chunks take at most half of it:
+//!    the rest is kept for admissions, so a request that arrives during a
+//!    long prefill starts at the next step.
 //! 4. While budget and `max_num_seqs` allow and no one was preempted this step,
 //!    waiting sequences are admitted first come first served when
 //!    `KvManager::can_admit` says all their known tokens fit; admission
@@ -318,11 +321,23 @@ impl Scheduler {
         self.first_admitted.clear();
         let preempted = self.grow_running()?;
         let mut budget = self.max_batch_tokens;
+        // the prefill budget left for admissions (step 4)
+        let mut reserved = 0;
         // decodes first, then chunks of partial prefills, oldest first
         for decodes in [true, false] {
             // the time cap protects other streams: a lone sequence runs whole chunks
             if !decodes && self.running.len() + self.waiting.len() > 1 {
                 budget = budget.min(self.prefill_cap);
+                // while the cap binds, a running prefill leaves half of it
+                // to the waiting queue, so a request arriving during a long
+                // prefill starts within a step instead of after it
+                if self.prefill_cap < self.max_batch_tokens
+                    && !self.waiting.is_empty()
+                    && !preempted
+                {
+                    reserved = budget / 2;
+                    budget -= reserved;
+                }
             }
             for &id in &self.running {
                 if self.seqs.get(&id).is_some_and(|q| q.last_in_flight) {
@@ -348,7 +363,7 @@ impl Scheduler {
             }
         }
         if !preempted {
-            self.admit_waiting(budget)?;
+            self.admit_waiting(budget + reserved)?;
         }
         self.build_batch()
     }

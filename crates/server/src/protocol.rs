@@ -7,6 +7,10 @@
 //! `function_call`, `parallel_tool_calls: true`, ...) is a 400 naming it. Accepted and ignored on purpose, because they cannot change
 //! the output: `user` (an end-user id for abuse tracking) and a message's
 //! `name`. ([`IGNORED_FIELDS`]; the README lists them too.)
+//!
+//! One file on purpose: every endpoint's body shares the same field types and
+//! parsers (messages, sampling fields, stop, logit_bias), and reading them
+//! side by side is how the wire shapes stay consistent.
 
 use std::collections::HashMap;
 

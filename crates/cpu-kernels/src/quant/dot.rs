@@ -11,6 +11,9 @@
 //! an [`Isa`] allows that the processor runs; [`Kernel::available`] lists
 //! every one for tests.
 //! Costs: one pass over the row's blocks, no allocation.
+//!
+//! One file on purpose: every block type's dot product for every instruction
+//! set stands side by side, so the paths keep the same integer sums.
 
 use super::{ActsRow, QK, QuantType, q4k, q6k};
 use crate::isa::Isa;

@@ -238,3 +238,34 @@ fn choices_fork_after_the_prompt_is_computed() {
     assert_eq!(s.summary(1).unwrap().generated, 2);
     assert_eq!(s.summary(2).unwrap().generated, 1);
 }
+
+/// A request that arrives while a long prompt is prefilled under the step
+/// time cap is admitted at the next step, sharing the cap, instead of
+/// waiting for the whole prefill; with nothing waiting the long prompt
+/// takes the whole cap again.
+#[test]
+fn a_newcomer_shares_the_capped_prefill_budget() {
+    for cap in [16u32, 40, 64] {
+        let mut s = sched(256, 4, 8, 512);
+        s.set_prefill_cap(cap as usize);
+        let mut fake = FakeBackend::new(
+            fake_config().unwrap(),
+            KvShape {
+                num_blocks: 256,
+                block_size: 4,
+            },
+        );
+        let long: Vec<u32> = (0..600).map(|i| i % 50).collect();
+        s.add(0, NewSeq::plain(long, SamplingParams::greedy()));
+        let (_, first) = step(&mut s, &mut fake);
+        assert_eq!(segs(&first), vec![cap], "cap {cap}");
+        // a newcomer arrives mid-prefill: the chunk leaves it half the cap
+        s.add(1, NewSeq::plain(vec![7; 3], SamplingParams::greedy()));
+        let (sampled, second) = step(&mut s, &mut fake);
+        assert_eq!(segs(&second), vec![cap - cap / 2, 3], "cap {cap}");
+        assert_eq!(sampled, vec![1], "cap {cap}: its first token at once");
+        // nothing waits: the long prefill takes the whole cap beside the decode
+        let (_, third) = step(&mut s, &mut fake);
+        assert_eq!(segs(&third), vec![1, cap], "cap {cap}");
+    }
+}

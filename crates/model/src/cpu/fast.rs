@@ -38,6 +38,10 @@
 //! chunk's gathered K/V and per-block outputs ([`SegmentScratch`]) and
 //! each pool thread's attention scores: once the largest step has run, a
 //! step allocates only its returned logits.
+//!
+//! One file on purpose: the fast step is one pipeline over one set of reused
+//! buffers, and each stage's shape assumptions are checked by the stage after
+//! it; split, the buffer contract would be spread over files.
 
 use super::CpuBackend;
 use super::attention::KvPool;

@@ -1,6 +1,9 @@
 //! Unit tests of the CPU backend on small random in-memory models: an
 //! independent naive f64 forward pass, prefill vs decode, batching and
 //! block-layout invariance, and batch validation.
+//!
+//! One file on purpose: one suite over shared small models and helpers (the
+//! naive f64 pass, block pools), each test a few lines on top of them.
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks, generate_greedy};
 use super::*;
