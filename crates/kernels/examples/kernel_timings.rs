@@ -343,8 +343,8 @@ fn flash(gpu: &Arc<Gpu>, k: &Kernels) {
         for tiles in kinds {
             let (q, kcv, vcv) = (qkv.view(), kc.view(), vc.view());
             let (cuv, ctxv, tabv, o) = (cu.view(), ctx.view(), tab.view(), out.view());
-            // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
             let launch = || {
+                // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
                 unsafe {
                     match tiles {
                         None => k.prefill_attention(q, kcv, vcv, cuv, ctxv, tabv, o, p),

@@ -305,7 +305,7 @@ impl CudaBackend {
         let (kc, vc) = (self.model.cache.k[l].view(), self.model.cache.v[l].view());
         let (q, out) = (ws.qkv.view(), ws.attn.view());
         let (cu, ctx, tables) = (io.cu_seqlens, io.ctx, io.tables);
-        // SAFETY (every arm): check_batch verified contexts <= the RoPE table,
+        // SAFETY: (every arm) check_batch verified contexts <= the RoPE table,
         // tables inside the pool (padding points at the scratch block), and
         // every position up to each context was written by this or an earlier
         // step; a decode step's cu_seqlens are 0..=S (staged).
