@@ -28,8 +28,8 @@ while read -r name exe; do
 done <<<"$bins"
 cargo build --release -p cli
 cargo build --release -p kernels --example kernel_timings
-cp target/release/lamina devrun/lamina
-cp target/release/examples/kernel_timings devrun/kernel_timings
+cp "${CARGO_TARGET_DIR:-target}/release/lamina" devrun/lamina
+cp "${CARGO_TARGET_DIR:-target}/release/examples/kernel_timings" devrun/kernel_timings
 strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention devrun/kernel_timings
 cp scripts/reference/llama_ref.py scripts/bench/torch_baseline.py devrun/
 # (find fails on a missing folder, as in a fresh clone: not an error)

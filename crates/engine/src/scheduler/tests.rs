@@ -246,19 +246,20 @@ fn choices_fork_after_the_prompt_is_computed() {
 #[test]
 fn a_newcomer_shares_the_capped_prefill_budget() {
     for cap in [16u32, 40, 64] {
-        let mut s = sched(256, 4, 8, 512);
+        let mut s = sched(1024, 4, 8, 512);
         s.set_prefill_cap(cap as usize);
         let mut fake = FakeBackend::new(
             fake_config().unwrap(),
             KvShape {
-                num_blocks: 256,
+                num_blocks: 1024,
                 block_size: 4,
             },
         );
-        let long: Vec<u32> = (0..600).map(|i| i % 50).collect();
+        let long: Vec<u32> = (0..2000).map(|i| i % 50).collect();
         s.add(0, NewSeq::plain(long, SamplingParams::greedy()));
+        // alone, it runs whole chunks of the token budget
         let (_, first) = step(&mut s, &mut fake);
-        assert_eq!(segs(&first), vec![cap], "cap {cap}");
+        assert_eq!(segs(&first), vec![512], "cap {cap}");
         // a newcomer arrives mid-prefill: the chunk leaves it half the cap
         s.add(1, NewSeq::plain(vec![7; 3], SamplingParams::greedy()));
         let (sampled, second) = step(&mut s, &mut fake);
