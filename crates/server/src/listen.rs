@@ -174,23 +174,27 @@ impl Shared {
     /// body the longest; false when every one has a response under way.
     fn evict(&self, ip: Option<IpAddr>) -> bool {
         let conns = self.conns();
+        // ties (connections accepted in the same millisecond) go to the
+        // older id, so the order never depends on the map's
         let open = || {
-            conns
-                .values()
-                .filter(|c| !c.closing.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip))
+            conns.iter().filter(|(_, c)| {
+                !c.closing.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip)
+            })
         };
         let idle = open()
-            .filter(|c| c.in_flight.load(Ordering::Acquire) == 0)
-            .min_by_key(|c| c.last_active.load(Ordering::Relaxed));
+            .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
+            .min_by_key(|(id, c)| (c.last_active.load(Ordering::Relaxed), **id))
+            .map(|(_, c)| c);
         if let Some(c) = idle {
             c.ask_close();
             return true;
         }
         let reading = conns
-            .values()
-            .filter(|c| !c.killed.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip))
-            .filter(|c| c.reading_since.load(Ordering::Acquire) > 0)
-            .min_by_key(|c| c.reading_since.load(Ordering::Acquire));
+            .iter()
+            .filter(|(_, c)| !c.killed.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip))
+            .filter(|(_, c)| c.reading_since.load(Ordering::Acquire) > 0)
+            .min_by_key(|(id, c)| (c.reading_since.load(Ordering::Acquire), **id))
+            .map(|(_, c)| c);
         match reading {
             Some(c) => {
                 c.closing.store(true, Ordering::Release);
