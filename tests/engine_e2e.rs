@@ -282,3 +282,52 @@ fn prompt_beyond_pool_or_context_is_rejected_others_proceed() {
     wait_idle(&engine);
     assert_eq!(engine.stats().kv_blocks_used, 0);
 }
+
+/// Weights that pass the load checks yet collapse the logits (a zero final
+/// norm: every logit 0) end each request with an error naming the cause on
+/// every CPU path (reference, fast BF16, quantised at load), never an
+/// empty completion that claims `length`.
+#[test]
+fn collapsed_logits_end_requests_with_an_error_on_every_cpu_path() {
+    use cpu_kernels::quant::QuantType;
+    use model::cpu::{CpuBackend, CpuPath, CpuWeights};
+    let dir = model_dir();
+    let loaded = checkpoint::loader::load_config(dir).expect("config");
+    let formats = [
+        (CpuPath::Reference, CpuWeights::Bf16),
+        (CpuPath::Fast, CpuWeights::Bf16),
+        (CpuPath::Fast, CpuWeights::Quantize(QuantType::Q8_0)),
+        (CpuPath::Fast, CpuWeights::Quantize(QuantType::Q4_1)),
+    ];
+    for (path, format) in formats {
+        let name = format.describe();
+        let mut weights = checkpoint::loader::load_weights(dir, &loaded.config).expect("weights");
+        weights.norm.data.fill(half::bf16::ZERO);
+        let kv = KvShape {
+            num_blocks: 32,
+            block_size: BLOCK_SIZE,
+        };
+        let backend = CpuBackend::with_weights(loaded.config.clone(), weights, kv, path, format)
+            .expect("cpu backend");
+        let tok = Arc::new(Tokenizer::from_dir(dir).expect("tokenizer"));
+        let engine = Engine::start(
+            Box::new(backend),
+            tok,
+            loaded.eos_ids.clone(),
+            EngineConfig::default(),
+        )
+        .expect("engine");
+        let mut sampled = greedy(prompt(20, 1), 5);
+        sampled.sampling.temperature = 0.8;
+        sampled.sampling.seed = 3;
+        for out in run_all(&engine, &[greedy(prompt(9, 0), 5), sampled]) {
+            assert_eq!(out.reason, FinishReason::Error, "{name} ({path:?})");
+            let why = out.error.unwrap_or_default();
+            assert!(why.contains("degenerate logits"), "{name}: {why}");
+            assert!(out.tokens.is_empty(), "{name}: {:?}", out.tokens);
+        }
+        wait_idle(&engine);
+        assert_eq!(engine.stats().kv_blocks_used, 0, "{name}");
+        engine.shutdown();
+    }
+}

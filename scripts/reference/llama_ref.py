@@ -8,7 +8,8 @@ frequency scaling), grouped-query causal attention, SwiGLU, final norm and a
 tied or untied LM head, every sequence recomputed from its first token.
 
 Inputs: a Hugging Face model directory (`config.json` and `*.safetensors` in
-BF16, F16 or F32; rope settings under `rope_theta` / `rope_scaling` or
+BF16, F16, F32, or FP8 e4m3 projections with their `weight_scale`, which
+are dequantised exactly in float32; rope settings under `rope_theta` / `rope_scaling` or
 `rope_parameters`), or a llama-architecture `.gguf` file, dequantised to
 float32 by the `gguf` package (pinned in `xtask/src/ci.rs`) with llama.cpp's
 Q/K row order turned back into Hugging Face's.
@@ -88,6 +89,18 @@ def hf_config(raw: dict) -> Config:
 SAFETENSORS_DTYPES = {"F16": np.float16, "F32": np.float32}
 
 
+def e4m3_table() -> np.ndarray:
+    """The float32 value of every FP8 e4m3 ("fn") byte."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 0xF, (b & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 512.0, (1.0 + m / 8.0) * np.exp2(e.astype(np.float64) - 7.0))
+    mag = np.where((e == 0xF) & (b & 7 == 7), np.nan, mag)
+    return np.where(b & 0x80, -mag, mag).astype(np.float32)
+
+
+E4M3 = e4m3_table()
+
+
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     data = path.read_bytes()
     (header_len,) = struct.unpack_from("<Q", data, 0)
@@ -102,6 +115,8 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
         if info["dtype"] == "BF16":
             # bf16 is the high half of a float32
             values = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif info["dtype"] == "F8_E4M3":
+            values = E4M3[np.frombuffer(raw, np.uint8)]
         elif info["dtype"] in SAFETENSORS_DTYPES:
             values = np.frombuffer(raw, SAFETENSORS_DTYPES[info["dtype"]]).astype(np.float32)
         else:
@@ -115,7 +130,21 @@ def load_hf(directory: Path) -> tuple[Config, dict[str, np.ndarray]]:
     weights: dict[str, np.ndarray] = {}
     for file in sorted(directory.glob("*.safetensors")):
         weights.update(read_safetensors(file))
-    return cfg, weights
+    return cfg, dequantize_fp8(weights)
+
+
+def dequantize_fp8(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An FP8 checkpoint's projections times their `weight_scale` (one per
+    tensor, or one per output row), exactly in float32; scales dropped."""
+    out = {}
+    for name, w in weights.items():
+        if name.endswith((".weight_scale", ".input_scale", ".k_scale", ".v_scale")):
+            continue
+        scale = weights.get(name[: -len("weight")] + "weight_scale") if name.endswith(".weight") else None
+        if scale is not None:
+            w = w * scale.reshape(-1, 1) if scale.size > 1 else w * scale.reshape(())
+        out[name] = w
+    return out
 
 
 GGUF_GLOBAL = {

@@ -6,6 +6,7 @@
 //! Everything here runs once at start-up (or in tools); nothing here runs
 //! per step. Errors name the file and the tensor or field that is wrong.
 
+pub mod fp8;
 pub mod gguf;
 pub mod loader;
 pub mod progress;

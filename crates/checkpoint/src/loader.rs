@@ -10,7 +10,8 @@
 //! cores). Weights come from a single
 //! `model.safetensors` or from the shards listed in
 //! `model.safetensors.index.json`; BF16, F16 and F32 on disk are all converted
-//! to BF16. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
+//! to BF16; FP8 projections of a pre-quantised checkpoint are read with
+//! their scales ([`crate::fp8`]) and also kept dequantised. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
 //! except layers past `num_hidden_layers` (a config that undercounts the
 //! file's layers is an error naming both).
 //! `lm_head.weight` is used whenever present; when absent the head is tied to
@@ -26,6 +27,7 @@ mod writer;
 
 pub use writer::{SafetensorsWriter, TensorSpec};
 
+use crate::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
 use crate::progress::{Progress, Unit};
 use crate::weights::{LayerWeights, LlamaWeights, Tensor};
 use contract::config::{ConfigError, GenerationConfig, LlamaConfig};
@@ -119,6 +121,18 @@ pub enum LoadError {
         tensor: String,
         found: Vec<usize>,
         expected: Vec<usize>,
+    },
+    #[error("`{field}` of {path} {reason}")]
+    Quantization {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+    #[error("tensor `{tensor}` in {path} {reason}")]
+    Scale {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
     },
     #[error("tensor `{tensor}` in {path} has dtype {dtype}, expected BF16, F16 or F32")]
     Dtype {
@@ -257,6 +271,40 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
         };
         read_tensor(&shards[i].path, &parsed[i], name, shape)
     };
+    let scheme = crate::fp8::scheme_of(dir)?;
+    // a projection: BF16 (or F16 / F32), or F8_E4M3 with its scales
+    let proj = |name: &str, shape: Vec<usize>| -> Result<(Tensor, Option<Fp8Tensor>), LoadError> {
+        let fp8_view = placement.get(name).and_then(|&i| {
+            let v = parsed[i].tensor(name).ok()?;
+            (v.dtype() == Dtype::F8_E4M3).then_some((i, v))
+        });
+        let Some((i, view)) = fp8_view else {
+            return Ok((get(name, shape)?, None));
+        };
+        progress.inc(1);
+        let path = &shards[i].path;
+        let Some(scheme) = scheme else {
+            return Err(LoadError::Quantization {
+                path: dir.join("config.json"),
+                field: "quantization_config".into(),
+                reason: format!("is missing, yet tensor `{name}` is stored as F8_E4M3"),
+            });
+        };
+        if view.shape() != shape.as_slice() {
+            return Err(LoadError::Shape {
+                path: path.clone(),
+                tensor: name.to_string(),
+                found: view.shape().to_vec(),
+                expected: shape,
+            });
+        }
+        let sibling = |n: &str| {
+            let &j = placement.get(n)?;
+            parsed[j].tensor(n).ok()
+        };
+        let f = crate::fp8::read_projection(path, name, &view, scheme, sibling)?;
+        Ok((f.dequantize(), Some(f)))
+    };
     let h = cfg.hidden_size;
     let embed = get("model.embed_tokens.weight", vec![cfg.vocab_size, h])?; // [vocab, hidden]
     let norm = get("model.norm.weight", vec![h])?; // [hidden]
@@ -265,20 +313,43 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
     } else {
         None
     };
+    let inter = cfg.intermediate_size;
+    let mut fp8_layers = Vec::new();
     let layers = (0..cfg.num_layers)
         .map(|i| {
             let p = format!("model.layers.{i}.");
             let t = |suffix: &str, shape: Vec<usize>| get(&format!("{p}{suffix}"), shape);
+            let pr = |suffix: &str, shape: Vec<usize>| proj(&format!("{p}{suffix}"), shape);
+            let (q, fq) = pr("self_attn.q_proj.weight", vec![cfg.q_dim(), h])?;
+            let (k, fk) = pr("self_attn.k_proj.weight", vec![cfg.kv_dim(), h])?;
+            let (v, fv) = pr("self_attn.v_proj.weight", vec![cfg.kv_dim(), h])?;
+            let (o, fo) = pr("self_attn.o_proj.weight", vec![h, cfg.q_dim()])?;
+            let (g, fg) = pr("mlp.gate_proj.weight", vec![inter, h])?;
+            let (u, fu) = pr("mlp.up_proj.weight", vec![inter, h])?;
+            let (d, fd) = pr("mlp.down_proj.weight", vec![h, inter])?;
+            if scheme.is_some() {
+                // projections the checkpoint left in BF16 are quantised here
+                let f = |x: Option<Fp8Tensor>, t: &Tensor| x.unwrap_or_else(|| Fp8Tensor::quantize(t));
+                fp8_layers.push(Fp8Layer {
+                    q_proj: f(fq, &q),
+                    k_proj: f(fk, &k),
+                    v_proj: f(fv, &v),
+                    o_proj: f(fo, &o),
+                    gate_proj: f(fg, &g),
+                    up_proj: f(fu, &u),
+                    down_proj: f(fd, &d),
+                });
+            }
             Ok(LayerWeights {
                 input_norm: t("input_layernorm.weight", vec![h])?,
-                q_proj: t("self_attn.q_proj.weight", vec![cfg.q_dim(), h])?,
-                k_proj: t("self_attn.k_proj.weight", vec![cfg.kv_dim(), h])?,
-                v_proj: t("self_attn.v_proj.weight", vec![cfg.kv_dim(), h])?,
-                o_proj: t("self_attn.o_proj.weight", vec![h, cfg.q_dim()])?,
+                q_proj: q,
+                k_proj: k,
+                v_proj: v,
+                o_proj: o,
                 post_norm: t("post_attention_layernorm.weight", vec![h])?,
-                gate_proj: t("mlp.gate_proj.weight", vec![cfg.intermediate_size, h])?,
-                up_proj: t("mlp.up_proj.weight", vec![cfg.intermediate_size, h])?,
-                down_proj: t("mlp.down_proj.weight", vec![h, cfg.intermediate_size])?,
+                gate_proj: g,
+                up_proj: u,
+                down_proj: d,
             })
         })
         .collect::<Result<Vec<_>, LoadError>>()?;
@@ -287,6 +358,10 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
         layers,
         norm,
         lm_head,
+        fp8: scheme.map(|s| Fp8Weights {
+            layers: fp8_layers,
+            source: Fp8Source::Checkpoint(s.layout),
+        }),
     };
     // NaN, infinite or absurdly large weights give garbage silently:
     // refuse them here

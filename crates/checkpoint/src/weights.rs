@@ -79,6 +79,9 @@ pub struct LlamaWeights {
     pub norm: Tensor, // [hidden]
     /// `[vocab, hidden]`; `None` when the head is tied to `embed`.
     pub lm_head: Option<Tensor>,
+    /// The projections in FP8 (a pre-quantised checkpoint, or quantised at
+    /// load); the BF16 projections above then hold their dequantised values.
+    pub fp8: Option<crate::fp8::Fp8Weights>,
 }
 
 impl LlamaWeights {

@@ -172,7 +172,7 @@ fn turn(
     stdout.flush()?;
     if let Some(err) = &out.error {
         conv.turns.pop();
-        eprintln!("error: {}", failure(err));
+        eprintln!("error: {}", failure(loaded, err));
         return Ok(());
     }
     if out.finish_reason == FinishReason::Cancelled.as_str() {

@@ -105,7 +105,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         eprintln!("{t}");
     }
     if let Some(err) = &out.error {
-        bail!("{}", failure(err));
+        bail!("{}", failure(&loaded, err));
     }
     Ok(())
 }
@@ -117,8 +117,9 @@ pub fn spinner(loaded: &Loaded, prompt_len: usize) -> Option<PrefillSpinner> {
 
 /// A failed request's message. (A request the KV pool could never hold is
 /// refused at submit by the engine, with the flags that size the pool.)
-pub fn failure(err: &str) -> String {
-    format!("generation failed: {err}")
+/// The message of a request that ended with an error, naming the model.
+pub fn failure(loaded: &Loaded, err: &str) -> String {
+    format!("generation failed with model `{}`: {err}", loaded.model_id)
 }
 
 /// A prompt as given on the command line, and where in a prompts file.
@@ -359,7 +360,7 @@ fn run_many(
         out.line = g.line;
         let line = g.line.unwrap_or(i + 1);
         if let Some(e) = &out.error {
-            failed.get_or_insert_with(|| (line, failure(e)));
+            failed.get_or_insert_with(|| (line, failure(&loaded, e)));
         }
         if args.json {
             println!("{}", serde_json::to_string(&out)?);

@@ -18,6 +18,8 @@ mod sampling_args;
 mod serve;
 mod serve_limits;
 mod setup;
+mod perplexity;
+mod quantize;
 mod synth;
 mod timings;
 mod tokenize;
@@ -59,6 +61,10 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
     SynthModel(synth::SynthArgs),
+    /// Write a model as an FP8 checkpoint (compressed-tensors or `fp8` layout).
+    Quantize(quantize::QuantizeArgs),
+    /// The model's perplexity on a text file (for comparing weight formats).
+    Perplexity(perplexity::PerplexityArgs),
     /// Fetch a known model or a Hugging Face repo, or import a .gguf file into the store.
     Pull(models::PullArgs),
     /// List the models in the store (id, size, source, path).
@@ -95,6 +101,8 @@ fn main() -> ExitCode {
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::SynthModel(a) => synth::run(a),
+        Command::Quantize(a) => quantize::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
         Command::Pull(a) => models::pull(a),
         Command::List(a) => models::list(a),
         Command::Rm(a) => models::rm(a),

@@ -74,6 +74,11 @@ pub enum DtypeArg {
     /// super-blocks of 256, else Q4_1 (LM head Q8_0).
     #[value(name = "q4_k")]
     Q4_K,
+    /// Every projection in FP8 (e4m3, one scale per output row), quantised
+    /// at load unless the checkpoint is FP8 already; embedding and LM head
+    /// stay BF16. CUDA runs the FP8 bytes; the CPU runs their dequantised
+    /// values.
+    Fp8,
 }
 
 /// Options every model-running command shares.
@@ -118,9 +123,9 @@ pub struct ModelArgs {
     /// of launching step N + 1 while step N runs (same output; for comparison).
     #[arg(long, env = "LAMINA_SYNC_STEPS", value_parser = clap::builder::BoolishValueParser::new())]
     pub sync_steps: bool,
-    /// Weight format on the CPU's fast kernels (`auto`: a GGUF's own
-    /// Q8_0 / Q4_1 / Q4_K / Q6_K blocks, else BF16; the reference kernels and CUDA run
-    /// BF16 only).
+    /// Weight format (`auto`: a GGUF's own Q8_0 / Q4_1 / Q4_K / Q6_K blocks
+    /// on the CPU's fast kernels, an FP8 checkpoint's FP8 weights, else BF16;
+    /// the Q formats run on the CPU's fast kernels only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,
     #[command(flatten)]
@@ -225,6 +230,27 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
     open_replicas(args, max_queue, &ReplicaPlan::ONE)
 }
 
+/// A model's backend without an engine (for commands that drive the
+/// backend directly, like `perplexity`): on GPU 0 with CUDA, else the CPU.
+pub struct Opened {
+    pub backend: Box<dyn Backend>,
+    pub tokenizer: Arc<Tokenizer>,
+}
+
+/// Opens the model of `args` as [`open`] does, with no engine.
+pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
+    args.tuning.apply()?;
+    let dir = model_dir(&args.model)?;
+    let loaded = checkpoint::loader::load_config(&dir)?;
+    let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
+    let cuda = use_cuda(args.device)?;
+    let (cpu_weights, _) = cpu_weights(args, &dir, &loaded.config, cuda)?;
+    let weights = load_weights(args, &loaded, cuda)?;
+    let device = cuda.then_some(0);
+    let (backend, _, _) = open_backend(args, &loaded, device, Cow::Owned(weights), &cpu_weights)?;
+    Ok(Opened { backend, tokenizer })
+}
+
 /// Opens the model and starts one engine per replica of `plan`, each with
 /// its own backend (weights, KV pool of the configured size) and step loop.
 /// With several, an engine whose backend fails halts
@@ -269,10 +295,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         }
     };
     let (cpu_weights, weights_gguf) = cpu_weights(args, &dir, &loaded.config, cuda)?;
-    let mut weights = Some(checkpoint::loader::load_weights(
-        &loaded.dir,
-        &loaded.config,
-    )?);
+    let mut weights = Some(load_weights(args, &loaded, cuda)?);
     let mut backends = Vec::with_capacity(devices.len());
     let (mut kv_blocks, mut kv_bytes) = (0, 0);
     let mut backend_name = String::new();
@@ -350,6 +373,27 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     })
 }
 
+/// The weights of `loaded` in the format `--dtype` asks: FP8 quantised at
+/// load for `fp8`; an FP8 checkpoint keeps its FP8 weights unless a BF16 or
+/// Q format is asked (which starts from the dequantised values). The CPU
+/// keeps only the dequantised values.
+fn load_weights(
+    args: &ModelArgs,
+    loaded: &LoadedModel,
+    cuda: bool,
+) -> Result<checkpoint::LlamaWeights> {
+    let mut w = checkpoint::loader::load_weights(&loaded.dir, &loaded.config)?;
+    match args.dtype {
+        DtypeArg::Fp8 => w.quantize_fp8(),
+        DtypeArg::Auto => {}
+        _ => w.fp8 = None,
+    }
+    if !cuda {
+        w.fp8 = None;
+    }
+    Ok(w)
+}
+
 /// Default step budget on CUDA. H200, synthetic Llama-3.2-1B, `lamina bench`
 /// b3 (256 x 512 in, 256 out), two runs each: 2,048 -> 36.6k / 37.1k output
 /// tok/s, 4,096 -> 39.7k / 40.0k, 8,192 -> 40.4k / 38.8k, 16,384 -> 40.1k /
@@ -376,7 +420,8 @@ fn cpu_weights(
     let reference = args.cpu_kernels == CpuKernelsArg::Reference;
     let quantize = match args.dtype {
         DtypeArg::Auto if cuda || reference => return Ok((CpuWeights::Bf16, None)),
-        DtypeArg::Bf16 => return Ok((CpuWeights::Bf16, None)),
+        // the CPU runs FP8 weights dequantised (see `load_weights`)
+        DtypeArg::Bf16 | DtypeArg::Fp8 => return Ok((CpuWeights::Bf16, None)),
         DtypeArg::Auto => None,
         DtypeArg::Q8_0 => Some(QuantType::Q8_0),
         DtypeArg::Q4_1 => Some(QuantType::Q4_1),
@@ -385,7 +430,7 @@ fn cpu_weights(
     if let Some(qt) = quantize {
         if cuda {
             bail!(
-                "invalid `--dtype {}`: the CUDA backend runs BF16 weights only (use `--dtype bf16` or `auto`, or `--device cpu`)",
+                "invalid `--dtype {}`: the CUDA backend runs BF16 and FP8 weights (use `--dtype bf16`, `fp8` or `auto`, or `--device cpu`)",
                 qt.name().to_lowercase()
             );
         }

@@ -271,6 +271,79 @@ fn tensor_with_wrong_shape() {
     assert_clear_error(&out, &["model.safetensors", "mlp", "shape"]);
 }
 
+/// Zeroes one tensor of a model's `model.safetensors` in place.
+fn zero_tensor(dir: &Path, name: &str) {
+    let path = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offs = &header[name]["data_offsets"];
+    let (a, b) = (offs[0].as_u64().unwrap() as usize, offs[1].as_u64().unwrap() as usize);
+    bytes[8 + n + a..8 + n + b].fill(0);
+    std::fs::write(&path, bytes).unwrap();
+}
+
+/// Weights that load but collapse every logit to one value (a zero final
+/// norm) end the generation with an error naming the model and the cause,
+/// never an empty completion and exit 0; over HTTP, a 500 naming them.
+#[test]
+fn collapsed_logits_are_an_error_naming_the_model() {
+    let dir = tiny_copy("collapsed");
+    zero_tensor(&dir, "model.norm.weight");
+    for dtype in ["bf16", "q8_0"] {
+        let out = generate_on(&dir, &["--dtype", dtype, "--max-tokens", "4", "hi"]);
+        let line = stderr(&out);
+        assert!(!out.status.success(), "{dtype}: {line}");
+        assert!(
+            line.contains("degenerate logits") && line.contains("lamina-cli-collapsed"),
+            "{dtype}: {line}"
+        );
+    }
+    let reply = serve_one_completion(&dir);
+    assert!(reply.starts_with("HTTP/1.1 500"), "{reply}");
+    assert!(
+        reply.contains("degenerate logits") && reply.contains("lamina-cli-collapsed"),
+        "{reply}"
+    );
+}
+
+/// Starts `lamina serve` on `model` (CPU), sends one completion and
+/// returns the raw reply; the server is killed afterwards.
+fn serve_one_completion(model: &Path) -> String {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(support::bin())
+        .args(["serve", "--device", "cpu", "--model", model.to_str().unwrap()])
+        .args(["--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = r#"{"prompt": "hi", "max_tokens": 4}"#;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let t0 = std::time::Instant::now();
+    let reply = loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let mut out = String::new();
+            if s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut out).is_ok() {
+                break out;
+            }
+        }
+        assert!(t0.elapsed().as_secs() < 120, "no reply from lamina serve");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    reply
+}
+
 #[test]
 fn malformed_config_json() {
     let dir = tiny_copy("config");

@@ -1,6 +1,11 @@
 //! Sampling parameters and the one sampling procedure both backends follow.
 //!
 //! Procedure, for one sequence's logits `z` (`[vocab]`, f32):
+//! 0. Logits that are not all finite, or all equal, hold no distribution
+//!    (weights or activations that overflowed or collapsed): the row is
+//!    degenerate ([`is_degenerate`]). Its sample carries a NaN
+//!    log-probability, the one sign every backend gives, and the engine ends
+//!    that request with an error instead of emitting a meaningless token.
 //! 1. Log-probabilities reported to the user are `log_softmax(z)` of the raw
 //!    logits (before penalties and temperature), like OpenAI and vLLM.
 //! 2. Repetition penalty `r != 1`: for each distinct token in the history
@@ -41,6 +46,13 @@ pub const MAX_TEMPERATURE: f32 = 100.0;
 pub const MAX_PENALTY: f32 = 2.0;
 /// Largest `|logit_bias|` value (OpenAI's range).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// Whether `z` (one row of logits) is degenerate (step 0 of the procedure):
+/// a value that is not finite, or every value equal (more than one). O(V);
+/// a row that varies is told apart within its first few values.
+pub fn is_degenerate(z: &[f32]) -> bool {
+    z.iter().any(|v| !v.is_finite()) || (z.len() > 1 && z.iter().all(|&v| v == z[0]))
+}
 
 /// Per-request sampling settings.
 #[derive(Debug, Clone, PartialEq)]

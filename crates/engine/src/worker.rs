@@ -493,9 +493,9 @@ impl Worker {
         mut sampled: Vec<(u64, SampledToken)>,
     ) -> Vec<(u64, SampledToken)> {
         sampled.retain(|(id, _)| self.requests.contains_key(id));
-        // A NaN log-probability is the backends' sign of non-finite logits
-        // (NaN or infinite activations): that token means nothing, and the
-        // sequence cannot recover. It ends with an error; the others go on.
+        // A NaN log-probability is the backends' sign of degenerate logits
+        // (non-finite or all equal; `contract::sampling::is_degenerate`):
+        // that token means nothing, and the sequence cannot recover. It ends with an error; the others go on.
         // (A token outside the vocabulary, which no backend should return,
         // is treated alike rather than poisoning the next step's batch.)
         let vocab = self.backend.config().vocab_size;
@@ -505,8 +505,8 @@ impl Worker {
                 if t.logprob.is_nan() {
                     Some((
                         *id,
-                        "the model produced non-finite logits (NaN or infinity) for this sequence; \
-                         its weights or activations overflowed"
+                        "the model produced degenerate logits for this sequence (not all finite, \
+                         or all equal): its weights or activations overflowed or collapsed"
                             .to_string(),
                     ))
                 } else if t.token as usize >= vocab {

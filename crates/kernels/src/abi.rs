@@ -110,6 +110,18 @@ kernel_args! {
         num_src_rows: u32 as "uint32_t" @ 28,
     }
 
+    /// Arguments of `fp8_dequant_rows` (cu/fp8.cu).
+    pub struct Fp8DequantArgs for "fp8_dequant_rows", size 32 {
+        /// [n, k] e4m3 bytes
+        q: u64 as "const uint8_t*" @ 0,
+        /// `[n]` f32 row scales
+        scale: u64 as "const float*" @ 8,
+        /// [n, k] bf16
+        out: u64 as "bf16*" @ 16,
+        n: u32 as "uint32_t" @ 24,
+        k: u32 as "uint32_t" @ 28,
+    }
+
     /// Arguments of `add_rmsnorm` (cu/rmsnorm.cu).
     #[derive(Default)]
     pub struct AddRmsnormArgs for "add_rmsnorm", size 40 {
@@ -249,15 +261,15 @@ kernel_args! {
         max_len: u32 as "uint32_t" @ 84,
     }
 
-    /// Arguments of every `gemv_*` kernel (cu/gemv.cu).
+    /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*", size 120 {
+    pub struct GemvArgs for "gemv_*, gemv8_*", size 128 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
         norm_w: u64 as "const bf16*" @ 8,
-        /// [n, k] bf16 ([2n, k] for norm_silu)
-        w: u64 as "const bf16*" @ 16,
+        /// [n, k] bf16 ([2n, k] for norm_silu); e4m3 bytes for gemv8_*
+        w: u64 as "const void*" @ 16,
         /// [m, n] bf16 / f32 (resid: the f32 residual, read and written)
         y: u64 as "void*" @ 24,
         /// token rows, 1..=MT
@@ -286,6 +298,8 @@ kernel_args! {
         /// warps sharing a row pair: 1, 2 or 4 (divides GEMV_WARPS)
         ksplit: u32 as "uint32_t" @ 112,
         pad: u32 as "uint32_t" @ 116,
+        /// `[n]` f32 (`[2n]` for norm_silu): each weight row's scale (gemv8_* only)
+        w_scale: u64 as "const float*" @ 120,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

@@ -1,6 +1,7 @@
-//! Launcher for `cu/gemv.cu`: bf16 projections for steps of at most
-//! [`MAX_ROWS`] token rows, with the RMSNorm before them, the residual add
-//! or SiLU·up after them fused in (see [`GemvOp`]), and their CPU reference.
+//! Launcher for `cu/gemv.cu`: projections for steps of at most
+//! [`MAX_ROWS`] token rows, with bf16 or FP8 weights ([`GemvWeights`]), the
+//! RMSNorm before them, the residual add or SiLU·up after them fused in
+//! (see [`GemvOp`]), and their CPU reference.
 //! Contract: `y[m, n] = x[m, k] · W[n, k]ᵀ`, fp32 accumulation, rounding
 //! like the unfused path (cuBLAS to bf16, then add_rmsnorm / silu_mul).
 //! `k` must be a multiple of 8 and every operand 16-byte aligned.
@@ -36,6 +37,54 @@ pub(crate) const VARIANTS: [&str; 6] = [
 ];
 /// Index of `gemv_norm_rope` in [`VARIANTS`].
 const ROPE_VARIANT: usize = 5;
+
+/// The entry point of variant `i` for row tile `m`, bf16 or FP8 weights.
+pub(crate) fn entry(i: usize, fp8: bool, m: usize) -> String {
+    let name = VARIANTS[i];
+    match (fp8, name.strip_prefix("gemv_")) {
+        (true, Some(rest)) => format!("gemv8_{rest}_m{m}"),
+        _ => format!("{name}_m{m}"),
+    }
+}
+
+/// A projection's weights, `[rows, k]` (rows = `n`, or `2n` for
+/// [`GemvOp::NormSilu`]).
+#[derive(Debug, Clone, Copy)]
+pub enum GemvWeights<'a> {
+    /// bf16 values.
+    Bf16(DevSlice<'a, bf16>),
+    /// e4m3 bytes with one f32 scale per row: `w[r, c] = decode(q[r, c]) * scale[r]`.
+    Fp8 {
+        q: DevSlice<'a, u8>,      // [rows, k]
+        scale: DevSlice<'a, f32>, // [rows]
+    },
+}
+
+impl<'a> From<DevSlice<'a, bf16>> for GemvWeights<'a> {
+    fn from(w: DevSlice<'a, bf16>) -> Self {
+        GemvWeights::Bf16(w)
+    }
+}
+
+impl GemvWeights<'_> {
+    /// Checks the weights hold `rows` rows of `k`; returns the weight and
+    /// scale pointers (0 for bf16) and whether they are FP8.
+    fn check(&self, kernel: &'static str, rows: usize, k: usize) -> Result<(u64, u64, bool), KernelError> {
+        match self {
+            GemvWeights::Bf16(w) => {
+                need(kernel, "w", w, rows * k)?;
+                aligned(kernel, "w", w.ptr())?;
+                Ok((w.ptr(), 0, false))
+            }
+            GemvWeights::Fp8 { q, scale } => {
+                need(kernel, "w (fp8)", q, rows * k)?;
+                need(kernel, "w scale", scale, rows)?;
+                aligned(kernel, "w (fp8)", q.ptr())?;
+                Ok((q.ptr(), scale.ptr(), true))
+            }
+        }
+    }
+}
 
 /// Whether a norm-variant GEMV of `m` rows over `k` inputs fits its shared
 /// memory (`m * k` bf16 at most [`MAX_NORM_SMEM`]); the other variants take any `m <= MAX_ROWS`.
@@ -151,12 +200,13 @@ fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError
 }
 
 impl Kernels {
-    /// Runs `op` with weights `w` (`[n, k]`, `[2n, k]` for [`GemvOp::NormSilu`])
-    /// for `m` rows in `1..=MAX_ROWS`; `k` a multiple of 8.
-    pub fn gemv(
+    /// Runs `op` with weights `w` (`[n, k]`, `[2n, k]` for [`GemvOp::NormSilu`];
+    /// bf16 or [`GemvWeights::Fp8`]) for `m` rows in `1..=MAX_ROWS`; `k` a
+    /// multiple of 8.
+    pub fn gemv<'w>(
         &self,
         op: GemvOp<'_>,
-        w: DevSlice<'_, bf16>, // [n, k] or [2n, k]
+        w: impl Into<GemvWeights<'w>>, // [n, k] or [2n, k]
         m: usize,
         n: usize,
         k: usize,
@@ -171,8 +221,7 @@ impl Kernels {
             });
         }
         let silu = matches!(op, GemvOp::NormSilu { .. });
-        need(K, "w", &w, if silu { 2 * n * k } else { n * k })?;
-        aligned(K, "w", w.ptr())?;
+        let (w, w_scale, fp8) = w.into().check(K, if silu { 2 * n } else { n }, k)?;
         let (x, norm_w, y, eps) = match op {
             GemvOp::Bf16 { x, y } => {
                 need(K, "x", &x, m * k)?;
@@ -219,13 +268,15 @@ impl Kernels {
             });
         }
         let tile = tile_of(m);
-        let func = &self.gemv[op.variant()][tile];
+        let table = if fp8 { &self.gemv8 } else { &self.gemv };
+        let func = &table[op.variant()][tile];
         let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
         let (cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
         let args = GemvArgs {
             x,
             norm_w,
-            w: w.ptr(),
+            w,
+            w_scale,
             y,
             m: m as u32,
             n: u32_of(K, "n", n)?,
@@ -250,13 +301,13 @@ impl Kernels {
     /// Every `slots[t]` indexes a slot inside the caches; positions at or past
     /// `max_pos` are skipped (no rotation, no cache write), as `rope_kv_write`.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemv_qkv_rope(
+    pub unsafe fn gemv_qkv_rope<'w>(
         &self,
         residual: DevSlice<'_, f32>, // [m, hidden]
         norm_w: DevSlice<'_, bf16>,  // [hidden]
         eps: f32,
-        w: DevSlice<'_, bf16>,   // [qkv_width, hidden]
-        qkv: DevSlice<'_, bf16>, // [m, qkv_width]
+        w: impl Into<GemvWeights<'w>>, // [qkv_width, hidden]
+        qkv: DevSlice<'_, bf16>,       // [m, qkv_width]
         rope: RopeKv<'_>,
         m: usize,
         hidden: usize,
@@ -282,7 +333,7 @@ impl Kernels {
         }
         need(K, "residual", &residual, m * hidden)?;
         need(K, "norm_w", &norm_w, hidden)?;
-        need(K, "w", &w, n * hidden)?;
+        let (w, w_scale, fp8) = w.into().check(K, n, hidden)?;
         need(K, "qkv", &qkv, m * n)?;
         need(K, "positions", &rope.positions, m)?;
         need(K, "slots", &rope.slots, m)?;
@@ -291,7 +342,6 @@ impl Kernels {
         need(K, "k_cache", &rope.k_cache, sh.kv_width())?;
         need(K, "v_cache", &rope.v_cache, sh.kv_width())?;
         for (what, p) in [
-            ("w", w.ptr()),
             ("residual", residual.ptr()),
             ("norm_w", norm_w.ptr()),
         ] {
@@ -299,11 +349,13 @@ impl Kernels {
         }
         let tile = tile_of(m);
         let (cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
-        let func = &self.gemv[ROPE_VARIANT][tile];
+        let table = if fp8 { &self.gemv8 } else { &self.gemv };
+        let func = &table[ROPE_VARIANT][tile];
         let args = GemvArgs {
             x: residual.ptr(),
             norm_w: norm_w.ptr(),
-            w: w.ptr(),
+            w,
+            w_scale,
             y: qkv.ptr(),
             m: m as u32,
             n: u32_of(K, "qkv_width", n)?,

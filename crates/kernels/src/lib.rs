@@ -35,6 +35,7 @@ pub mod activation;
 pub mod decode_attention;
 pub mod embedding;
 pub mod flash_prefill;
+pub mod fp8;
 pub mod gemv;
 pub mod prefill_attention;
 pub mod rmsnorm;
@@ -158,6 +159,7 @@ pub struct Kernels {
     pub(crate) add_rmsnorm: Function,
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
+    pub(crate) fp8_dequant_rows: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
     pub(crate) prefill: [Function; HEAD_DIMS.len()],
     /// `[head dim index][group cap index]`: `decode_attention_d{D}_g{G}` for
@@ -177,8 +179,10 @@ pub struct Kernels {
     /// The device runs `flash_hopper_*` (compute capability 9.0, whose code
     /// in the fatbin is the sm_90a build) and [`KernelOptions::wgmma`] is set.
     pub(crate) flash_hopper: bool,
-    /// `[variant][row tile]` (see `gemv::VARIANTS`).
+    /// `[variant][row tile]` (see `gemv::VARIANTS`): bf16 weights.
     pub(crate) gemv: [[Function; 5]; 6],
+    /// The same for FP8 weights (`gemv8_*`).
+    pub(crate) gemv8: [[Function; 5]; 6],
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
@@ -193,9 +197,9 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>, options: KernelOptions) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
-        let tiles = |i: usize| -> Result<[Function; 5], GpuError> {
+        let tiles = |i: usize, fp8: bool| -> Result<[Function; 5], GpuError> {
             let t = |m: usize| -> Result<Function, GpuError> {
-                let func = f(&format!("{}_m{m}", gemv::VARIANTS[i]))?;
+                let func = f(&gemv::entry(i, fp8, m))?;
                 if gemv::NORM_VARIANTS.contains(&i) {
                     func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
                 }
@@ -211,6 +215,7 @@ impl Kernels {
             add_rmsnorm: f("add_rmsnorm")?,
             rope_kv_write: f("rope_kv_write")?,
             silu_mul: f("silu_mul")?,
+            fp8_dequant_rows: f("fp8_dequant_rows")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             decode: decode_kernels(&module)?,
             flash_prefill: flash.0,
@@ -219,12 +224,20 @@ impl Kernels {
             smem_per_sm: gpu.smem_per_sm()?,
             flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),
             gemv: [
-                tiles(0)?,
-                tiles(1)?,
-                tiles(2)?,
-                tiles(3)?,
-                tiles(4)?,
-                tiles(5)?,
+                tiles(0, false)?,
+                tiles(1, false)?,
+                tiles(2, false)?,
+                tiles(3, false)?,
+                tiles(4, false)?,
+                tiles(5, false)?,
+            ],
+            gemv8: [
+                tiles(0, true)?,
+                tiles(1, true)?,
+                tiles(2, true)?,
+                tiles(3, true)?,
+                tiles(4, true)?,
+                tiles(5, true)?,
             ],
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,

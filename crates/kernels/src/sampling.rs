@@ -177,13 +177,17 @@ impl Kernels {
 
 /// CPU reference of one row: `(token, logprob, top logprobs)`, following the
 /// documented procedure with an explicit sort. `history` holds distinct ids,
-/// `adds` the row's additive `(id, delta)` terms (distinct ids).
+/// `adds` the row's additive `(id, delta)` terms (distinct ids). A
+/// degenerate row gives `(0, NaN, [])`.
 pub fn sample_ref(
     logits: &[f32],
     p: &SampleParams,
     history: &[u32],
     adds: &[(u32, f32)],
 ) -> (u32, f32, Vec<(u32, f32)>) {
+    if contract::sampling::is_degenerate(logits) {
+        return (0, f32::NAN, Vec::new());
+    }
     let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
     let lse = m + logits
         .iter()

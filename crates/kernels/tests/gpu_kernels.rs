@@ -389,27 +389,40 @@ fn sample_on_gpu(
     )
 }
 
-/// Non-finite logits (a NaN, an infinity, a NaN row) give a NaN
-/// log-probability for the sampled token, greedy or sampled: the flag the
-/// engine ends such a request on. A clean row
-/// beside them stays finite.
+/// Degenerate logits (a NaN, an infinity, a NaN row, every logit equal)
+/// give a NaN log-probability for the sampled token, greedy or sampled: the
+/// flag the engine ends such a request on. Clean rows beside them, one
+/// flat but for a single logit, stay finite, as the CPU reference says.
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
+fn sampling_flags_degenerate_logits_with_a_nan_logprob() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(9);
     let vocab = 3001usize;
-    let mut logits: Vec<f32> = (0..5 * vocab)
+    let mut logits: Vec<f32> = (0..8 * vocab)
         .map(|_| rng.random_range(-8.0f32..8.0))
         .collect();
     logits[17] = f32::NAN; // row 0: one NaN, greedy
     logits[vocab + 2000] = f32::NAN; // row 1: one NaN, sampled
     logits[2 * vocab + 5] = f32::INFINITY; // row 2: +inf, greedy
     logits[3 * vocab..4 * vocab].fill(f32::NAN); // row 3: all NaN
-    let mut params = vec![SampleParams::greedy(); 5]; // row 4: clean
+    logits[4 * vocab..5 * vocab].fill(0.0); // row 4: all equal, greedy
+    logits[5 * vocab..6 * vocab].fill(3.25); // row 5: all equal, sampled
+    logits[6 * vocab..7 * vocab].fill(1.0); // row 6: flat but one: clean
+    logits[6 * vocab + 2500] = 1.0 + 1e-3;
+    let mut params = vec![SampleParams::greedy(); 8]; // row 7: clean
     (params[1].temperature, params[1].top_p, params[1].u) = (1.0, 0.9, 0.5);
+    (params[5].temperature, params[5].u) = (0.7, 0.25);
     let (gt, gl) = sample_on_gpu(&gpu, &k, &logits, &params, vocab);
-    for r in 0..4 {
+    for r in 0..8 {
+        let row = &logits[r * vocab..][..vocab];
+        assert_eq!(
+            contract::sampling::is_degenerate(row),
+            r < 6,
+            "row {r}: the CPU rule disagrees with the test's intent"
+        );
+    }
+    for r in 0..6 {
         assert!(
             gl[r].is_nan(),
             "row {r}: logprob {} (token {})",
@@ -422,7 +435,10 @@ fn sampling_flags_non_finite_logits_with_a_nan_logprob() {
             gt[r]
         );
     }
-    assert!(gl[4].is_finite(), "clean row: logprob {}", gl[4]);
+    for r in 6..8 {
+        assert!(gl[r].is_finite(), "clean row {r}: logprob {}", gl[r]);
+    }
+    assert_eq!(gt[6], 2500, "the one higher logit of a nearly flat row");
 }
 
 /// Candidates rank by logit, so `top_k = 1` (or a tiny `top_p`) is greedy at

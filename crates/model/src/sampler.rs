@@ -9,7 +9,8 @@
 //! top-p over the full distribution's mass, min-p, and the counter-based draw
 //! [`uniform`]). It never panics: a temperature that is not `> 0` is greedy,
 //! history ids outside the vocabulary are ignored, an empty logits slice
-//! yields token 0 with logprob `-inf`.
+//! yields token 0 with logprob `-inf`, and a degenerate row (non-finite or
+//! all-equal logits, [`is_degenerate`]) token 0 with a NaN log-probability.
 //!
 //! Costs, for a vocabulary `V` and `K = params.logprobs`: greedy is O(V) plus
 //! O(V * K) for the top-K alternatives; sampling adds an O(V) softmax and a
@@ -18,12 +19,19 @@
 
 use contract::backend::{SampleRequest, SampledToken};
 use contract::history::{PenaltyHistory, additive_terms};
-use contract::sampling::uniform;
+use contract::sampling::{is_degenerate, uniform};
 use std::cmp::Ordering;
 
 /// Samples the next token from `logits` (`[vocab]`) as `req` asks.
 pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
     let params = &req.params;
+    if is_degenerate(logits) {
+        return SampledToken {
+            token: 0,
+            logprob: f32::NAN,
+            top_logprobs: Vec::new(),
+        };
+    }
     let lse = log_sum_exp(logits);
     let top_logprobs = log_softmax_top(logits, params.logprobs, lse);
     let penalised;

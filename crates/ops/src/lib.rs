@@ -17,6 +17,7 @@
 pub mod activation;
 pub mod attention;
 pub mod embedding;
+pub mod fp8;
 pub mod linear;
 pub mod norm;
 pub mod rope;

@@ -382,7 +382,8 @@ fn failure(job: &Job, f: &Finished) -> Option<ApiError> {
             format!("Invalid `{param}`: the constraint cannot be followed: {why}"),
         )),
         (FinishReason::Error, ..) => Some(ApiError::internal(format!(
-            "Generation failed: {}",
+            "Generation failed (model `{}`): {}",
+            job.model,
             f.error.as_deref().unwrap_or("unknown engine error")
         ))),
     }

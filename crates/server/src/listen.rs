@@ -21,13 +21,12 @@
 //! - at most `max_client_requests` requests in flight per client address
 //!   (a streamed response counts until its last byte); more get 429;
 //! - half-closed connections served (a client that shuts its write side
-//!   after sending still gets the response), while a reset is noticed at
-//!   once, also while a non-streamed response is pending (`listen/io.rs`):
-//!   the connection is dropped with its request, which the engine cancels,
-//!   freeing its KV. The price of serving half-closed connections: a client
-//!   that closes normally (FIN) while waiting for a non-streamed response is
-//!   only noticed when the response is written (streams notice at the next
-//!   token).
+//!   after sending still gets the response), while a client that goes away
+//!   (reset, or a normal close) is noticed within ~100 ms, also while a
+//!   non-streamed response is pending (`listen/io.rs`: an end of stream is
+//!   told apart from a closed socket by a `103` interim response): the
+//!   connection is dropped with its request, which the engine cancels,
+//!   freeing its KV.
 //!
 //! [`Listener::begin_drain`] (shutdown) asks every open connection to close
 //! once its in-flight request is done; the listener stays open, so `/health`
@@ -103,6 +102,8 @@ struct Conn {
     /// Milliseconds since the listener started, at the last request's start.
     last_active: AtomicU64,
     in_flight: AtomicUsize,
+    /// HTTP/1.1 requests whose response has not started (`io::gone`).
+    owed: AtomicUsize,
     /// Asked to close (never picked as an idle victim twice).
     closing: AtomicBool,
     /// Closed at once (never picked again); a connection asked to close
@@ -423,6 +424,22 @@ use body::Metered;
 pub use body::SlowBody;
 use io::SharedTcp;
 
+/// An HTTP/1.1 request whose response has not started (see `io::gone`).
+struct Owed(Arc<Conn>);
+
+impl Owed {
+    fn new(conn: &Arc<Conn>) -> Self {
+        conn.owed.fetch_add(1, Ordering::AcqRel);
+        Owed(conn.clone())
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        self.0.owed.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Spawns the task serving one connection.
 fn serve(
     builder: &Builder<TokioExecutor>,
@@ -446,6 +463,7 @@ fn serve(
         reading_since: AtomicU64::new(0),
         last_active: AtomicU64::new(shared.now_ms()),
         in_flight: AtomicUsize::new(0),
+        owed: AtomicUsize::new(0),
         closing: AtomicBool::new(false),
         killed: AtomicBool::new(false),
         before_drain,
@@ -459,11 +477,13 @@ fn serve(
             let Some(guard) = sh.admit(ip, &c) else {
                 return Ok::<_, Infallible>(too_many_requests(sh.limits.max_client_requests));
             };
+            let owed = (req.version() == hyper::Version::HTTP_11).then(|| Owed::new(&c));
             let req = req.map(|b| Metered::new(b, sh.clone(), c.clone()));
             let resp = match app.oneshot(req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
             };
+            drop(owed);
             Ok(resp.map(|inner| {
                 Body::new(Guarded {
                     inner,
@@ -492,7 +512,7 @@ fn serve(
                         hyper_conn.await
                     } => r,
                     _ = conn.kill.notified() => Ok(()),
-                    _ = io::reset(&tcp) => Ok(()),
+                    _ = io::gone(&tcp, &conn.owed) => Ok(()),
                 }
             }
             // dropping the connection drops its request (the engine cancels it)
@@ -500,8 +520,8 @@ fn serve(
                 tracing::debug!(%ip, "reading a request body the longest when the cap was full: closed");
                 Ok(())
             }
-            _ = io::reset(&tcp) => {
-                tracing::debug!(%ip, "connection reset by the client: closed with its request");
+            _ = io::gone(&tcp, &conn.owed) => {
+                tracing::debug!(%ip, "the client has gone: connection closed with its request");
                 Ok(())
             }
         };

@@ -316,7 +316,7 @@ fn non_finite_logits_end_the_request_with_an_error() {
     let ok = outs.remove(1);
     let bad = outs.remove(0);
     assert_eq!(bad.reason, FinishReason::Error);
-    assert!(bad.error.unwrap().contains("non-finite logits"));
+    assert!(bad.error.unwrap().contains("degenerate logits"));
     assert!(bad.tokens.is_empty(), "no token of a NaN step is shown");
     assert_eq!(ok.reason, FinishReason::Length);
     let vocab = s.config.vocab_size;

@@ -1,6 +1,11 @@
 // GEMV-shaped projections for small steps (m <= LAMINA_GEMV_MAX_ROWS token rows):
 // y[m, n] = x[m, K] · W[n, K]ᵀ with bf16 weights (nn.Linear, row-major),
 // fp32 accumulation, every weight row read once for all m rows.
+// FP8 weights (the gemv8_* entries, W8): W holds e4m3 bytes and w_scale one
+// f32 scale per weight row; a lane's chunk is then 8 bytes instead of 16
+// (the same 8 columns), widened to f32 in registers (hardware cvt on
+// sm_89+), and each row's dot is multiplied by its scale before the
+// epilogue: y = (x · q) * s, with the bf16 path's rounding after.
 //
 // Grid ceil(pairs / (LAMINA_GEMV_WARPS / ksplit)) blocks of LAMINA_GEMV_WARPS warps. A warp
 // owns a pair of weight rows and one of `ksplit` (1, 2 or 4, from the host)
@@ -27,6 +32,8 @@
 // add_rmsnorm writes, in dynamic shared memory (m * K * 2 bytes) once per
 // block; the others read x through L1. Epilogues round like the unfused path:
 // projections to bf16 before the residual add, gate and up to bf16 before silu·up.
+#include <cuda_fp8.h>
+
 #include "common.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
@@ -80,24 +87,55 @@ __device__ __forceinline__ void bf8(const uint4 raw, float* f) {
     }
 }
 
-__device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
-
-// One pass of a warp: NC 16-byte chunks of each of its two rows per lane,
-// columns base + u * 256 (u < NC) below kend; zeros past kend or for absent rows.
-template <int NC>
-__device__ __forceinline__ void gemv_load(const bf16* w0, const bf16* w1, bool ok0, bool ok1, uint32_t base,
-                                          uint32_t kend, uint4* wa, uint4* wb) {
+// Eight e4m3 weights widened to f32.
+__device__ __forceinline__ void fp8x8(const uint2 raw, float* f) {
+    const __nv_fp8x2_storage_t* p = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
 #pragma unroll
-    for (int u = 0; u < NC; u++) {
-        const uint32_t kk = base + u * 256;
-        const uint4 z = make_uint4(0, 0, 0, 0);
-        wa[u] = ok0 && kk < kend ? ld_before_wait(w0 + kk) : z;
-        wb[u] = ok1 && kk < kend ? ld_before_wait(w1 + kk) : z;
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
     }
 }
 
-template <int MT, int IN, int OUT>
+__device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
+
+// A lane's chunk of 8 weights of one row: 16 bytes of bf16, or 8 of e4m3.
+template <bool W8>
+struct WChunk {
+    typedef uint4 T;
+    static constexpr uint32_t BYTES = 2;  // per weight
+    static __device__ __forceinline__ T zero() { return make_uint4(0, 0, 0, 0); }
+    static __device__ __forceinline__ T load(const unsigned char* p) { return ld_before_wait(p); }
+    static __device__ __forceinline__ void widen(const T& raw, float* f) { bf8(raw, f); }
+};
+template <>
+struct WChunk<true> {
+    typedef uint2 T;
+    static constexpr uint32_t BYTES = 1;
+    static __device__ __forceinline__ T zero() { return make_uint2(0, 0); }
+    static __device__ __forceinline__ T load(const unsigned char* p) { return ld_before_wait8(p); }
+    static __device__ __forceinline__ void widen(const T& raw, float* f) { fp8x8(raw, f); }
+};
+
+// One pass of a warp: NC chunks of each of its two rows per lane,
+// columns base + u * 256 (u < NC) below kend; zeros past kend or for absent rows.
+template <int NC, bool W8>
+__device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigned char* w1, bool ok0, bool ok1,
+                                          uint32_t base, uint32_t kend, typename WChunk<W8>::T* wa,
+                                          typename WChunk<W8>::T* wb) {
+    typedef WChunk<W8> C;
+#pragma unroll
+    for (int u = 0; u < NC; u++) {
+        const uint32_t kk = base + u * 256;
+        wa[u] = ok0 && kk < kend ? C::load(w0 + (size_t)kk * C::BYTES) : C::zero();
+        wb[u] = ok1 && kk < kend ? C::load(w1 + (size_t)kk * C::BYTES) : C::zero();
+    }
+}
+
+template <int MT, int IN, int OUT, bool W8>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
+    typedef WChunk<W8> C;
     constexpr int NC = lamina_gemv_chunks<MT, IN == IN_NORM>::value;
     // IN_NORM: the block's normalised inputs, bf16 [m, K] (dynamic, m * K * 2 bytes).
     extern __shared__ __align__(16) unsigned char gemv_smem[];
@@ -111,12 +149,15 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     gemv_rows_of<OUT>(a, gw, r0, r1, ok0, ok1);
     const uint32_t span = (K / 8 + nsplit - 1) / nsplit * 8;
     const uint32_t kbeg = min(K, ks * span), kend = min(K, kbeg + span);
-    const bf16* w0 = a.w + (size_t)(ok0 ? r0 : 0) * K;
-    const bf16* w1 = a.w + (size_t)(ok1 ? r1 : 0) * K;
+    const unsigned char* wbase = static_cast<const unsigned char*>(a.w);
+    const unsigned char* w0 = wbase + (size_t)(ok0 ? r0 : 0) * K * C::BYTES;
+    const unsigned char* w1 = wbase + (size_t)(ok1 ? r1 : 0) * K * C::BYTES;
     // Weights do not depend on earlier kernels: the first pass's loads are
-    // in flight before the PDL wait (and before the norm prologue).
-    uint4 wa[NC], wb[NC];
-    gemv_load<NC>(w0, w1, ok0, ok1, kbeg + lane * 8, kend, wa, wb);
+    // in flight before the PDL wait (and before the norm prologue); so are
+    // the rows' FP8 scales.
+    typename C::T wa[NC], wb[NC];
+    gemv_load<NC, W8>(w0, w1, ok0, ok1, kbeg + lane * 8, kend, wa, wb);
+    const float s0 = W8 && ok0 ? a.w_scale[r0] : 1.f, s1 = W8 && ok1 ? a.w_scale[r1] : 1.f;
     // So are the norm weights: thread t normalises columns t * 8 + j * 1024.
     constexpr int NJ = GEMV_NORM_REGS;
     uint4 nwv[NJ];
@@ -214,14 +255,14 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     for (int r = 0; r < MT; r++) acc0[r] = acc1[r] = 0.f;
     if (ok0) {
         for (uint32_t pass = kbeg; pass < kend; pass += 256 * NC) {
-            if (pass != kbeg) gemv_load<NC>(w0, w1, ok0, ok1, pass + lane * 8, kend, wa, wb);
+            if (pass != kbeg) gemv_load<NC, W8>(w0, w1, ok0, ok1, pass + lane * 8, kend, wa, wb);
 #pragma unroll
             for (int u = 0; u < NC; u++) {
                 const uint32_t kk = pass + lane * 8 + u * 256;
                 if (kk >= kend) break;
                 float fa[8], fb[8];
-                bf8(wa[u], fa);
-                bf8(wb[u], fb);
+                C::widen(wa[u], fa);
+                C::widen(wb[u], fb);
 #pragma unroll
                 for (int r = 0; r < MT; r++) {
                     if (r < (int)m) {
@@ -269,6 +310,10 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         }
     }
     if (!ok0 || lane >= m) return;
+    if (W8) {
+        d0 *= s0;
+        d1 *= s1;
+    }
     const uint32_t r = lane, outs = a.n, o0 = r0;
     if (OUT == OUT_SILU) {
         const float g = round_bf(d0), u = round_bf(d1);
@@ -319,19 +364,25 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     }
 }
 
-#define GEMV_ENTRY(NAME, MT, IN, OUT)                                                                  \
+#define GEMV_ENTRY(NAME, MT, IN, OUT, W8)                                                              \
     extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
-        gemv_impl<MT, IN, OUT>(a);                                                                     \
+        gemv_impl<MT, IN, OUT, W8>(a);                                                                 \
     }
-#define GEMV_TILES(NAME, IN, OUT) \
-    GEMV_ENTRY(NAME, 1, IN, OUT)  \
-    GEMV_ENTRY(NAME, 2, IN, OUT)  \
-    GEMV_ENTRY(NAME, 4, IN, OUT)  \
-    GEMV_ENTRY(NAME, 8, IN, OUT)  \
-    GEMV_ENTRY(NAME, 16, IN, OUT)
-GEMV_TILES(gemv_bf16, IN_BF16, OUT_BF16)
-GEMV_TILES(gemv_resid, IN_BF16, OUT_RESID)
-GEMV_TILES(gemv_norm, IN_NORM, OUT_BF16)
-GEMV_TILES(gemv_norm_silu, IN_NORM, OUT_SILU)
-GEMV_TILES(gemv_f32, IN_BF16, OUT_F32)
-GEMV_TILES(gemv_norm_rope, IN_NORM, OUT_ROPE)
+#define GEMV_TILES(NAME, IN, OUT, W8) \
+    GEMV_ENTRY(NAME, 1, IN, OUT, W8)  \
+    GEMV_ENTRY(NAME, 2, IN, OUT, W8)  \
+    GEMV_ENTRY(NAME, 4, IN, OUT, W8)  \
+    GEMV_ENTRY(NAME, 8, IN, OUT, W8)  \
+    GEMV_ENTRY(NAME, 16, IN, OUT, W8)
+GEMV_TILES(gemv_bf16, IN_BF16, OUT_BF16, false)
+GEMV_TILES(gemv_resid, IN_BF16, OUT_RESID, false)
+GEMV_TILES(gemv_norm, IN_NORM, OUT_BF16, false)
+GEMV_TILES(gemv_norm_silu, IN_NORM, OUT_SILU, false)
+GEMV_TILES(gemv_f32, IN_BF16, OUT_F32, false)
+GEMV_TILES(gemv_norm_rope, IN_NORM, OUT_ROPE, false)
+GEMV_TILES(gemv8_bf16, IN_BF16, OUT_BF16, true)
+GEMV_TILES(gemv8_resid, IN_BF16, OUT_RESID, true)
+GEMV_TILES(gemv8_norm, IN_NORM, OUT_BF16, true)
+GEMV_TILES(gemv8_norm_silu, IN_NORM, OUT_SILU, true)
+GEMV_TILES(gemv8_f32, IN_BF16, OUT_F32, true)
+GEMV_TILES(gemv8_norm_rope, IN_NORM, OUT_ROPE, true)

@@ -36,6 +36,13 @@ __device__ __forceinline__ uint4 ld_before_wait(const void* p) {
     return v;
 }
 
+// The 8-byte form of ld_before_wait (FP8 weight chunks).
+__device__ __forceinline__ uint2 ld_before_wait8(const void* p) {
+    uint2 v;
+    asm volatile("ld.relaxed.gpu.global.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
 // The 4-byte form of ld_before_wait (metadata staged before the step's first kernel).
 __device__ __forceinline__ uint32_t ld_before_wait_u32(const uint32_t* p) {
     uint32_t v;

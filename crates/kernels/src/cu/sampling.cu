@@ -24,9 +24,11 @@
 //   5. the top `n_logprobs` raw log-probabilities: repeated key-max passes
 //      over the NB * n candidates of the partials.
 // Prefix masses are deterministic block sums (fixed tree), monotone in the
-// cut-off, so a seeded draw is reproducible. A row whose logits are not all
-// finite (non-finite logsumexp) yields token 0 with a NaN log-probability:
-// the engine's signal to end that request, never an out-of-vocabulary id.
+// cut-off, so a seeded draw is reproducible. A degenerate row (logits not
+// all finite: a non-finite logsumexp; or all equal: sum exp(z - max) = V,
+// every term exactly 1) yields token 0 with a NaN log-probability and no
+// top log-probabilities: the engine's signal to end that request, never an
+// out-of-vocabulary id.
 // Costs: greedy rows one read of the logits spread over NB blocks plus a tiny
 // merge (a few microseconds at V = 128k); sampled rows add one write of the
 // logits and up to ~260 single-block passes (binary searches).
@@ -243,17 +245,17 @@ extern "C" __global__ void __launch_bounds__(LAMINA_SAMPLE_THREADS) sample_rows(
         sel = sel < cut ? cut : sel;
         token = key_id(sel);
     }
+    // A degenerate row (see the file's head) or no valid draw: report token
+    // 0 with a NaN log-probability and no alternatives, the flag the engine
+    // ends the request on; never an id outside the vocabulary.
+    const bool bad = token >= V || !isfinite(lse) || se >= (float)V;
     if (threadIdx.x == 0) {
-        // Non-finite logits (a NaN or an infinity: lse is not finite) or no
-        // valid draw: report token 0 with a NaN log-probability, the flag the
-        // engine ends the request on; never an id outside the vocabulary.
-        const bool bad = token >= V || !isfinite(lse);
         a.out_tok[r] = bad ? 0u : token;
         a.out_lp[r] = bad ? __int_as_float(0x7fc00000) : z[token] - lse;
     }
     // Top raw log-probabilities: key-max passes over the blocks' candidates.
     unsigned long long prev = ~0ull;
-    const uint32_t nlp = min(P.n_logprobs, max_lp);
+    const uint32_t nlp = bad ? 0u : min(P.n_logprobs, max_lp);
     for (uint32_t k = 0; k < nlp; k++) {
         unsigned long long best = 0;
         for (uint32_t e = threadIdx.x; e < nb * nlp; e += blockDim.x) {

@@ -8,15 +8,16 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-/// Every GEMV variant against `gemv_ref`: odd output counts, inputs an odd
-/// multiple of 8, 1 to 16 rows, a Llama-1B-sized projection, and 8,200
-/// inputs (column ranges split over 4 warps, two register passes each);
-/// outputs poisoned. Norm variants whose inputs exceed the shared memory
-/// budget must be refused.
+/// Every GEMV variant, with bf16 and with FP8 weights (against the
+/// reference on the dequantised weights), against `gemv_ref`: odd output
+/// counts, inputs an odd multiple of 8, 1 to 16 rows, a Llama-1B-sized
+/// projection, and 8,200 inputs (column ranges split over 4 warps, two
+/// register passes each); outputs poisoned. Norm variants whose inputs
+/// exceed the shared memory budget must be refused.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_matches_reference() {
-    use kernels::gemv::{GemvKind, GemvOp, gemv_ref};
+    use kernels::gemv::{GemvKind, GemvOp, GemvWeights, gemv_ref};
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(18);
     let kinds = [
@@ -28,9 +29,15 @@ fn gemv_matches_reference() {
     ];
     for (n, kk) in [(37usize, 264usize), (1001, 8), (3072, 2048), (67, 8200)] {
         for m in [1usize, 3, 16, 5] {
-            for kind in kinds {
+            for (kind, fp8) in kinds.into_iter().flat_map(|k| [(k, false), (k, true)]) {
                 let wrows = if kind == GemvKind::NormSilu { 2 * n } else { n };
                 let w = rand_bf16(&mut rng, wrows * kk, 0.5);
+                let (wq, wscale) = ops::fp8::quantize_rows(&f32s(&w), wrows, kk);
+                let w_ref = if fp8 {
+                    ops::fp8::dequantize_rows(&wq, &wscale, kk)
+                } else {
+                    f32s(&w)
+                };
                 let norm_w = rand_bf16(&mut rng, kk, 1.0);
                 let xb = rand_bf16(&mut rng, m * kk, 1.0);
                 let xf: Vec<f32> = (0..m * kk)
@@ -49,13 +56,22 @@ fn gemv_matches_reference() {
                     &x_ref,
                     &f32s(&norm_w),
                     1e-5,
-                    &f32s(&w),
+                    &w_ref,
                     &mut want,
                     m,
                     n,
                     kk,
                 );
                 let (d_w, d_g) = (gpu.upload(&w).unwrap(), gpu.upload(&norm_w).unwrap());
+                let (d_q, d_s) = (gpu.upload(&wq).unwrap(), gpu.upload(&wscale).unwrap());
+                let weights = if fp8 {
+                    GemvWeights::Fp8 {
+                        q: d_q.view(),
+                        scale: d_s.view(),
+                    }
+                } else {
+                    GemvWeights::Bf16(d_w.view())
+                };
                 let (d_xb, d_xf) = (gpu.upload(&xb).unwrap(), gpu.upload(&xf).unwrap());
                 let d_res = gpu.upload(&resid).unwrap();
                 let yb = gpu.alloc::<bf16>(m * n).unwrap();
@@ -89,17 +105,20 @@ fn gemv_matches_reference() {
                     },
                 };
                 if norm_in && !kernels::gemv::fits(m, kk) {
-                    assert!(k.gemv(op, d_w.view(), m, n, kk).is_err());
+                    assert!(k.gemv(op, weights, m, n, kk).is_err());
                     continue;
                 }
-                k.gemv(op, d_w.view(), m, n, kk).unwrap();
+                k.gemv(op, weights, m, n, kk).unwrap();
                 let got = match kind {
                     GemvKind::Resid => gpu.to_host(d_res.view()).unwrap(),
                     GemvKind::F32 => gpu.to_host(yf.view()).unwrap(),
                     _ => f32s(&gpu.to_host(yb.view()).unwrap()),
                 };
                 let e = rel_err(&got, &want);
-                assert!(e < 1e-2, "gemv {kind:?} m={m} n={n} k={kk}: rel err {e}");
+                assert!(
+                    e < 1e-2,
+                    "gemv {kind:?} (fp8 {fp8}) m={m} n={n} k={kk}: rel err {e}"
+                );
             }
         }
     }
@@ -148,11 +167,11 @@ fn rope_kv_want(
 
 /// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by the RoPE + KV-write reference:
 /// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows,
-/// one or two warps per row pair.
+/// one or two warps per row pair, bf16 and FP8 weights.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
-    use kernels::gemv::{GemvKind, RopeKv, gemv_ref};
+    use kernels::gemv::{GemvKind, GemvWeights, RopeKv, gemv_ref};
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(20);
     let max_pos = 512;
@@ -161,8 +180,15 @@ fn gemv_qkv_rope_matches_reference() {
         let table = rope(max_pos, d);
         let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
         // 2,056 inputs at 3 rows: column ranges split over two warps per row pair
-        for (m, hidden) in [(1usize, 200usize), (3, 2056), (16, 200)] {
+        let cases = [(1usize, 200usize), (3, 2056), (16, 200)];
+        for (m, hidden, fp8) in cases.iter().flat_map(|&(m, h)| [(m, h, false), (m, h, true)]) {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
+            let (wq, wscale) = ops::fp8::quantize_rows(&f32s(&w), n, hidden);
+            let w_ref = if fp8 {
+                ops::fp8::dequantize_rows(&wq, &wscale, hidden)
+            } else {
+                f32s(&w)
+            };
             let g = rand_bf16(&mut rng, hidden, 1.0);
             let x: Vec<f32> = (0..m * hidden)
                 .map(|_| rng.random_range(-3.0f32..3.0))
@@ -180,7 +206,7 @@ fn gemv_qkv_rope_matches_reference() {
                 &x,
                 &f32s(&g),
                 1e-5,
-                &f32s(&w),
+                &w_ref,
                 &mut qkv_want,
                 m,
                 n,
@@ -195,6 +221,15 @@ fn gemv_qkv_rope_matches_reference() {
                 gpu.upload(&g).unwrap(),
                 gpu.upload(&x).unwrap(),
             );
+            let (d_q, d_s) = (gpu.upload(&wq).unwrap(), gpu.upload(&wscale).unwrap());
+            let weights = if fp8 {
+                GemvWeights::Fp8 {
+                    q: d_q.view(),
+                    scale: d_s.view(),
+                }
+            } else {
+                GemvWeights::Bf16(d_w.view())
+            };
             let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
             let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
             let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
@@ -219,7 +254,7 @@ fn gemv_qkv_rope_matches_reference() {
                     d_x.view(),
                     d_g.view(),
                     1e-5,
-                    d_w.view(),
+                    weights,
                     qkv.view(),
                     rope,
                     m,

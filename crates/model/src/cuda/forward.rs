@@ -13,7 +13,7 @@
 //!   6 kernels), the last one on the sampled rows alone when pruned;
 //! - then the final norm, the LM head on the sampled rows, and sampling.
 
-use gpu::{DevSlice, DeviceBuffer, GemmDims};
+use gpu::{DevSlice, GemmDims};
 use half::bf16;
 use kernels::KernelError;
 use kernels::embedding::Carry;
@@ -26,7 +26,7 @@ use contract::sampling::MAX_LOGPROBS;
 
 use super::plan::{AttnPlan, HeadIn, Proj, StepPlan};
 use super::staging::{Layout, PARAM_WORDS};
-use super::weights::DeviceLayer;
+use super::weights::{DevProj, DeviceLayer};
 use super::{CudaBackend, dev_err};
 
 /// A device error of operation `what`.
@@ -144,7 +144,7 @@ impl CudaBackend {
                 ws.x.view(),
                 layer.input_norm.view(),
                 c.rms_norm_eps,
-                layer.qkv.view(),
+                layer.qkv.gemv(),
                 ws.qkv.view(),
                 rope,
                 t,
@@ -153,8 +153,8 @@ impl CudaBackend {
         }
         .map_err(ke("QKV + RoPE GEMV"))?;
         self.attention(l, io, plan)?;
-        let gemv = |op: GemvOp<'_>, w: &DeviceBuffer<bf16>, n: usize, k: usize| {
-            self.k.gemv(op, w.view(), t, n, k).map_err(ke("GEMV"))
+        let gemv = |op: GemvOp<'_>, w: &DevProj, n: usize, k: usize| {
+            self.k.gemv(op, w.gemv(), t, n, k).map_err(ke("GEMV"))
         };
         let (attn, act, x) = (ws.attn.view(), ws.act.view(), ws.x.view());
         gemv(
@@ -184,18 +184,32 @@ impl CudaBackend {
         )
     }
 
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS.
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS; FP8 weights are first
+    /// widened to bf16 in the model's `widened` buffer.
     fn gemm(
         &self,
         m: usize,
         x: DevSlice<'_, bf16>,
-        w: &DeviceBuffer<bf16>,
+        w: &DevProj,
         y: DevSlice<'_, bf16>,
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
+        let w = match w {
+            DevProj::Bf16(w) => w.view(),
+            DevProj::Fp8 { q, scale } => {
+                let buf = self.model.w.widened.as_ref().ok_or_else(|| {
+                    BackendError::Device("cuda: FP8 weights without their widening buffer".into())
+                })?;
+                let wide = buf.view().sub(0, n * k).map_err(ge("widened view"))?;
+                self.k
+                    .fp8_dequant_rows(q.view(), scale.view(), wide, n, k)
+                    .map_err(ke("FP8 widening"))?;
+                wide
+            }
+        };
         self.blas
-            .matmul_nt(x, w.view(), y, GemmDims { m, n, k })
+            .matmul_nt(x, w, y, GemmDims { m, n, k })
             .map_err(ge("GEMM"))
     }
 

@@ -251,7 +251,10 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn name(&self) -> String {
-        format!("cuda:{}", self.device)
+        match self.model.w.widened {
+            Some(_) => format!("cuda:{} (fp8 weights)", self.device),
+            None => format!("cuda:{}", self.device),
+        }
     }
 
     fn config(&self) -> &LlamaConfig {

@@ -108,12 +108,15 @@ fn read(out: &HostOut, rows: &[Option<(usize, usize)>]) -> Vec<Option<SampledTok
     rows.iter()
         .map(|r| {
             r.map(|(row, n)| {
+                let logprob = out.lp.as_slice()[row];
+                // a degenerate row (NaN) has no alternatives
+                let n = if logprob.is_nan() { 0 } else { n };
                 let top = row * MAX_LOGPROBS;
                 let ids = &out.top_ids.as_slice()[top..top + n];
                 let lps = &out.top_lps.as_slice()[top..top + n];
                 SampledToken {
                     token: out.tok.as_slice()[row],
-                    logprob: out.lp.as_slice()[row],
+                    logprob,
                     top_logprobs: ids.iter().copied().zip(lps.iter().copied()).collect(),
                 }
             })

@@ -1,33 +1,63 @@
 //! Weights and KV pool on the device.
 //!
-//! Contract: every tensor is uploaded once as bf16 and checked against the
-//! config first (the error names the tensor). Q/K/V are fused into one
+//! Contract: every tensor is uploaded once and checked against the config
+//! first (the error names the tensor): bf16, except the projections of a
+//! model with FP8 weights (`LlamaWeights::fp8`), which go up as e4m3 bytes
+//! with one f32 scale per row ([`DevProj::Fp8`]). Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
-//! head reuses the embedding buffer. The KV pool holds one extra block past
+//! head reuses the embedding buffer. With FP8 projections the model also
+//! holds one bf16 buffer of the largest projection (`widened`), where a
+//! GEMM step widens each FP8 matrix before cuBLAS reads it. The KV pool holds one extra block past
 //! the engine's `num_blocks`: the scratch block padded rows of a captured
 //! decode graph write to, never read by a real sequence.
-//! Costs: device memory = weights (2 bytes/param) plus
+//! Costs: device memory = weights (2 bytes/param; 1 for FP8 projections,
+//! plus 4 bytes per row and the largest projection in bf16) plus
 //! `2 * layers * (num_blocks + 1) * block_size * kv_dim * 2` bytes of KV pool;
 //! host memory during upload = one fused layer at a time.
 
 use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
+use kernels::gemv::GemvWeights;
 
+use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
 use contract::config::LlamaConfig;
 
 use super::dev_err;
 
+/// A projection's weights on the device, `[rows, k]`.
+pub(super) enum DevProj {
+    Bf16(DeviceBuffer<bf16>),
+    /// e4m3 bytes `[rows, k]` and one scale per row `[rows]`.
+    Fp8 {
+        q: DeviceBuffer<u8>,
+        scale: DeviceBuffer<f32>,
+    },
+}
+
+impl DevProj {
+    /// The weights as the GEMV kernels take them.
+    pub fn gemv(&self) -> GemvWeights<'_> {
+        match self {
+            DevProj::Bf16(w) => GemvWeights::Bf16(w.view()),
+            DevProj::Fp8 { q, scale } => GemvWeights::Fp8 {
+                q: q.view(),
+                scale: scale.view(),
+            },
+        }
+    }
+}
+
 /// One decoder layer on the device.
 pub(super) struct DeviceLayer {
     pub input_norm: DeviceBuffer<bf16>, // [hidden]
     pub post_norm: DeviceBuffer<bf16>,  // [hidden]
-    pub qkv: DeviceBuffer<bf16>,        // [(heads + 2 kv_heads) * head_dim, hidden]
-    pub o: DeviceBuffer<bf16>,          // [hidden, heads * head_dim]
-    pub gate_up: DeviceBuffer<bf16>,    // [2 * intermediate, hidden]
-    pub down: DeviceBuffer<bf16>,       // [hidden, intermediate]
+    pub qkv: DevProj,                   // [(heads + 2 kv_heads) * head_dim, hidden]
+    pub o: DevProj,                     // [hidden, heads * head_dim]
+    pub gate_up: DevProj,               // [2 * intermediate, hidden]
+    pub down: DevProj,                  // [hidden, intermediate]
 }
 
 /// The whole model on the device.
@@ -36,6 +66,9 @@ pub(super) struct DeviceWeights {
     pub lm_head: Option<DeviceBuffer<bf16>>, // [vocab, hidden]; None = tied to embed
     pub norm: DeviceBuffer<bf16>,            // [hidden]
     pub layers: Vec<DeviceLayer>,
+    /// FP8 models only: room for the largest projection in bf16 (see the
+    /// module doc), `[max rows * k]`.
+    pub widened: Option<DeviceBuffer<bf16>>,
 }
 
 impl DeviceWeights {
@@ -67,14 +100,77 @@ fn upload_fused(
     gpu: &Gpu,
     parts: &[(&Tensor, &[usize])],
     what: &str,
-) -> Result<DeviceBuffer<bf16>, BackendError> {
+) -> Result<DevProj, BackendError> {
     let mut data = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
     for (t, shape) in parts {
         check(t, shape)?;
         data.extend_from_slice(&t.data);
     }
     gpu.upload(&data)
+        .map(DevProj::Bf16)
         .map_err(|e| dev_err(&format!("uploading fused {what}"), e))
+}
+
+/// Uploads FP8 projections `parts` fused into one matrix (rows stacked).
+fn upload_fused_fp8(
+    gpu: &Gpu,
+    parts: &[(&Fp8Tensor, &[usize])],
+) -> Result<DevProj, BackendError> {
+    let mut q = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
+    let mut scale = Vec::new();
+    for (t, shape) in parts {
+        if t.shape != *shape || t.data.len() != shape.iter().product::<usize>() || t.scale.len() != shape[0] {
+            return Err(BackendError::Device(format!(
+                "cuda: FP8 tensor {} has shape {:?} ({} bytes, {} scales), expected {shape:?}",
+                t.name,
+                t.shape,
+                t.data.len(),
+                t.scale.len()
+            )));
+        }
+        q.extend_from_slice(&t.data);
+        scale.extend_from_slice(&t.scale);
+    }
+    let what = parts.first().map_or("", |(t, _)| t.name.as_str());
+    let err = |e| dev_err(&format!("uploading FP8 {what}"), e);
+    Ok(DevProj::Fp8 {
+        q: gpu.upload(&q).map_err(err)?,
+        scale: gpu.upload(&scale).map_err(err)?,
+    })
+}
+
+/// The four fused projections of layer `l`: from its FP8 copy when the
+/// model has one, else bf16.
+fn upload_projections(
+    gpu: &Gpu,
+    c: &LlamaConfig,
+    l: &checkpoint::weights::LayerWeights,
+    f: Option<&Fp8Layer>,
+) -> Result<[DevProj; 4], BackendError> {
+    let (h, i) = (c.hidden_size, c.intermediate_size);
+    let (q, kv) = (c.q_dim(), c.kv_dim());
+    if let Some(f) = f {
+        return Ok([
+            upload_fused_fp8(gpu, &[(&f.q_proj, &[q, h]), (&f.k_proj, &[kv, h]), (&f.v_proj, &[kv, h])])?,
+            upload_fused_fp8(gpu, &[(&f.o_proj, &[h, q])])?,
+            upload_fused_fp8(gpu, &[(&f.gate_proj, &[i, h]), (&f.up_proj, &[i, h])])?,
+            upload_fused_fp8(gpu, &[(&f.down_proj, &[h, i])])?,
+        ]);
+    }
+    Ok([
+        upload_fused(
+            gpu,
+            &[(&l.q_proj, &[q, h]), (&l.k_proj, &[kv, h]), (&l.v_proj, &[kv, h])],
+            &l.q_proj.name,
+        )?,
+        upload_fused(gpu, &[(&l.o_proj, &[h, q])], &l.o_proj.name)?,
+        upload_fused(
+            gpu,
+            &[(&l.gate_proj, &[i, h]), (&l.up_proj, &[i, h])],
+            &l.gate_proj.name,
+        )?,
+        upload_fused(gpu, &[(&l.down_proj, &[h, i])], &l.down_proj.name)?,
+    ])
 }
 
 /// Uploads `w`, fusing Q/K/V and gate/up, checking every shape against `c`.
@@ -97,30 +193,41 @@ fn upload_weights(
         c.num_layers as u64 + 1,
         0,
     );
+    let fp8 = w.fp8.as_ref().map(|f| &f.layers);
+    if let Some(f) = fp8
+        && f.len() != c.num_layers
+    {
+        return Err(BackendError::Device(format!(
+            "cuda: FP8 weights hold {} layers, config.num_hidden_layers is {}",
+            f.len(),
+            c.num_layers
+        )));
+    }
     let mut layers = Vec::with_capacity(c.num_layers);
-    for l in &w.layers {
+    for (n, l) in w.layers.iter().enumerate() {
         progress.inc(1);
+        let [qkv, o, gate_up, down] = upload_projections(gpu, c, l, fp8.map(|f| &f[n]))?;
         layers.push(DeviceLayer {
             input_norm: upload(gpu, &l.input_norm, &[h])?,
             post_norm: upload(gpu, &l.post_norm, &[h])?,
-            qkv: upload_fused(
-                gpu,
-                &[
-                    (&l.q_proj, &[c.q_dim(), h]),
-                    (&l.k_proj, &[c.kv_dim(), h]),
-                    (&l.v_proj, &[c.kv_dim(), h]),
-                ],
-                &l.q_proj.name,
-            )?,
-            o: upload(gpu, &l.o_proj, &[h, c.q_dim()])?,
-            gate_up: upload_fused(
-                gpu,
-                &[(&l.gate_proj, &[i, h]), (&l.up_proj, &[i, h])],
-                &l.gate_proj.name,
-            )?,
-            down: upload(gpu, &l.down_proj, &[h, i])?,
+            qkv,
+            o,
+            gate_up,
+            down,
         });
     }
+    // rows * k of the largest fused projection
+    let widest = [(c.q_dim() + 2 * c.kv_dim()) * h, h * c.q_dim(), 2 * i * h, h * i]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let widened = match fp8 {
+        Some(_) => Some(
+            gpu.alloc::<bf16>(widest)
+                .map_err(|e| dev_err("allocating the widened FP8 projection", e))?,
+        ),
+        None => None,
+    };
     let out = DeviceWeights {
         embed: upload(gpu, &w.embed, &[v, h])?,
         lm_head: match &w.lm_head {
@@ -129,6 +236,7 @@ fn upload_weights(
         },
         norm: upload(gpu, &w.norm, &[h])?,
         layers,
+        widened,
     };
     progress.inc(1);
     progress.finish();

@@ -374,6 +374,20 @@ async fn long_stop_strings_are_refused() {
 /// reply cancels the request: the engine runs nothing and holds no KV.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_while_waiting_cancels_a_non_streamed_request() {
+    abandoned_requests_are_cancelled(true).await;
+}
+
+/// So does one that closes its socket normally (FIN), which the server
+/// tells apart from a half-close (still owed its reply) by an interim
+/// response the closed socket answers with a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_normal_close_while_waiting_cancels_a_non_streamed_request() {
+    abandoned_requests_are_cancelled(false).await;
+}
+
+/// Clients (1 and 4) send a long non-streamed request and go away once it
+/// runs, by a reset or a normal close; every request must end within 3 s.
+async fn abandoned_requests_are_cancelled(reset: bool) {
     let setup = Setup {
         delay: Duration::from_millis(10),
         ..Setup::default()
@@ -395,10 +409,12 @@ async fn a_reset_while_waiting_cancels_a_non_streamed_request() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         for s in socks {
-            socket2::SockRef::from(&s)
-                .set_linger(Some(Duration::ZERO))
-                .expect("linger");
-            drop(s); // closing with a zero linger sends a reset
+            if reset {
+                socket2::SockRef::from(&s)
+                    .set_linger(Some(Duration::ZERO))
+                    .expect("linger");
+            }
+            drop(s); // a zero linger sends a reset, else a FIN
         }
         let t0 = Instant::now();
         loop {

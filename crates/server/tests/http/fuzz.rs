@@ -179,8 +179,42 @@ fn limited() -> &'static (tokio::runtime::Runtime, App) {
     })
 }
 
+/// The longest the handler of one request may hold the thread polling it:
+/// longer would stall every other connection served by that thread.
+const MAX_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A future with the wall time of its longest single poll, i.e. the
+/// longest it kept the runtime's thread (work handed to other threads, like
+/// the server's work pool, is waited for between polls and not counted).
+struct Timed<F> {
+    inner: std::pin::Pin<Box<F>>,
+    longest: std::time::Duration,
+}
+
+impl<F: std::future::Future> std::future::Future for Timed<F> {
+    type Output = (F::Output, std::time::Duration);
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let t0 = std::time::Instant::now();
+        let r = self.inner.as_mut().poll(cx);
+        self.longest = self.longest.max(t0.elapsed());
+        r.map(|v| (v, self.longest))
+    }
+}
+
+fn timed<F: std::future::Future>(f: F) -> Timed<F> {
+    Timed {
+        inner: Box::pin(f),
+        longest: std::time::Duration::ZERO,
+    }
+}
+
 /// Posts a chat request with `extra` fields: no panic, a 200 or a 400 (an
-/// error naming a parameter), and `/health` answered meanwhile.
+/// error naming a parameter), and the runtime never held for more than
+/// [`MAX_POLL`] by it.
 fn limited_chat(extra: Value) {
     let (rt, app) = limited();
     let mut body = serde_json::json!({
@@ -189,9 +223,14 @@ fn limited_chat(extra: Value) {
     for (k, v) in extra.as_object().into_iter().flatten() {
         body[k] = v.clone();
     }
-    let reply = rt.block_on(app.post_json("/v1/chat/completions", &body));
+    let (reply, longest) = rt.block_on(timed(app.post_json("/v1/chat/completions", &body)));
     let status = reply.status.as_u16();
     assert!(status == 200 || status == 400, "{status}: {}", reply.text());
+    assert!(
+        longest < MAX_POLL,
+        "the request held the runtime for {longest:?} in one poll (limit {MAX_POLL:?}); \
+         its work belongs on the work pool"
+    );
     if status == 400 {
         let v = reply.json();
         let param = v["error"]["param"].as_str().unwrap_or_default().to_string();

@@ -10,7 +10,9 @@ use super::*;
 fn cuda_llama_1b_dump_for_oracle() {
     let out = PathBuf::from(std::env::var("LAMINA_CHECK_OUT").expect("LAMINA_CHECK_OUT"));
     std::fs::create_dir_all(&out).unwrap();
-    let dir = synth_dir(Preset::Llama3_2_1b);
+    // another model directory of the same shape (an FP8 checkpoint of it)
+    let dir = std::env::var_os("LAMINA_CHECK_MODEL")
+        .map_or_else(|| synth_dir(Preset::Llama3_2_1b), PathBuf::from);
     let (cfg, w) = load(&dir);
     let vocab = cfg.vocab_size;
     let kv = KvShape {

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+mod fp8;
 mod llama;
 mod mask;
 mod small;
@@ -43,6 +44,7 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
                     data: vec![],
                 },
                 lm_head: None,
+                fp8: None,
             };
             let kv = KvShape {
                 num_blocks: 4,

@@ -1,0 +1,370 @@
+//! FP8 (e4m3) projection weights: the layouts of pre-quantised Hugging Face
+//! checkpoints, and quantisation of BF16 weights at load.
+//!
+//! Contract: a model directory whose `config.json` has a
+//! `quantization_config` is FP8 when it is one of the two layouts on the hub
+//! today, and refused otherwise with an error naming the field:
+//! - `quant_method: "compressed-tensors"` with `format: "float-quantized"`
+//!   and a config group whose `weights` are `type: "float"`, `num_bits: 8`,
+//!   `strategy: "channel"` (`weight_scale` `[out, 1]`) or `"tensor"`
+//!   (`[1]` or a scalar); its `input_activations` may be dynamic (per
+//!   token) or static (an `input_scale` per projection);
+//! - `quant_method: "fp8"` (AutoFP8 / vLLM's layout): `weight_scale` a
+//!   scalar per projection, `activation_scheme` `"dynamic"` or `"static"`
+//!   (with `input_scale`); block-wise scales (`weight_block_size`) are
+//!   refused.
+//!
+//! Every projection stored as `F8_E4M3` must come with a finite, positive
+//! `weight_scale` of a shape its strategy allows (the error names the
+//! tensor); a static `input_scale` is checked alike and kept. Projections a
+//! checkpoint leaves in BF16 (its `ignore` list) are quantised at load, so
+//! an FP8 model is FP8 in all seven projections of every layer; the
+//! embedding, norms and LM head stay BF16. Scales are held per output row
+//! (`[out]`; a per-tensor scale is repeated).
+//!
+//! Each projection also keeps its dequantised values as the BF16 tensor of
+//! [`LlamaWeights`] (`bf16(decode(q) * scale)`), which is what the CPU
+//! backend runs: one FP8 folder works on every backend.
+//!
+//! Costs: a pre-quantised projection is copied once (one byte per weight)
+//! and dequantised once; quantising at load is two passes over the BF16
+//! weights (`ops::fp8::quantize_rows`).
+
+mod convert;
+
+pub use convert::{Fp8Layout, Fp8Options, write_fp8_checkpoint};
+
+use half::bf16;
+use rayon::prelude::*;
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use serde_json::Value;
+use std::path::Path;
+
+use crate::loader::LoadError;
+use crate::weights::{LlamaWeights, Tensor};
+
+/// One projection in FP8: `data` `[n, k]` e4m3 bits, `scale` `[n]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Tensor {
+    pub name: String,
+    pub shape: Vec<usize>, // [n, k]
+    pub data: Vec<u8>,     // [n, k]
+    pub scale: Vec<f32>,   // [n]
+    /// The checkpoint's static activation scale, when it has one.
+    pub input_scale: Option<f32>,
+}
+
+impl Fp8Tensor {
+    /// Quantises `t` (`[n, k]`) per output row.
+    pub fn quantize(t: &Tensor) -> Fp8Tensor {
+        let (n, k) = (t.shape[0], t.shape[1]);
+        let (data, scale) = ops::fp8::quantize_rows(&t.to_f32(), n, k);
+        Fp8Tensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            data,
+            scale,
+            input_scale: None,
+        }
+    }
+
+    /// The dequantised values as BF16.
+    pub fn dequantize(&self) -> Tensor {
+        let k = self.shape[1];
+        let data = ops::fp8::dequantize_rows(&self.data, &self.scale, k)
+            .into_par_iter()
+            .map(bf16::from_f32)
+            .collect();
+        Tensor {
+            name: self.name.clone(),
+            shape: self.shape.clone(),
+            data,
+        }
+    }
+}
+
+/// The seven projections of one layer in FP8.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Layer {
+    pub q_proj: Fp8Tensor,
+    pub k_proj: Fp8Tensor,
+    pub v_proj: Fp8Tensor,
+    pub o_proj: Fp8Tensor,
+    pub gate_proj: Fp8Tensor,
+    pub up_proj: Fp8Tensor,
+    pub down_proj: Fp8Tensor,
+}
+
+/// Where a model's FP8 weights came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Source {
+    /// Quantised from BF16 at load (`--dtype fp8`).
+    Load,
+    /// A pre-quantised checkpoint.
+    Checkpoint(Fp8Layout),
+}
+
+/// A model's projections in FP8.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fp8Weights {
+    pub layers: Vec<Fp8Layer>,
+    pub source: Fp8Source,
+}
+
+impl LlamaWeights {
+    /// Quantises every projection to FP8 per output row and replaces the
+    /// BF16 projections by their dequantised values, so every backend runs
+    /// the same weights. A model already in FP8 is left as it is.
+    pub fn quantize_fp8(&mut self) {
+        if self.fp8.is_some() {
+            return;
+        }
+        let layers = self
+            .layers
+            .iter_mut()
+            .map(|l| {
+                let q = |t: &mut Tensor| {
+                    let f = Fp8Tensor::quantize(t);
+                    *t = f.dequantize();
+                    f
+                };
+                Fp8Layer {
+                    q_proj: q(&mut l.q_proj),
+                    k_proj: q(&mut l.k_proj),
+                    v_proj: q(&mut l.v_proj),
+                    o_proj: q(&mut l.o_proj),
+                    gate_proj: q(&mut l.gate_proj),
+                    up_proj: q(&mut l.up_proj),
+                    down_proj: q(&mut l.down_proj),
+                }
+            })
+            .collect();
+        self.fp8 = Some(Fp8Weights {
+            layers,
+            source: Fp8Source::Load,
+        });
+    }
+}
+
+/// What a checkpoint's `quantization_config` says about its projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheme {
+    pub layout: Fp8Layout,
+    /// `weight_scale` per output channel (else per tensor).
+    pub channel: bool,
+    /// A static `input_scale` per projection (else dynamic activations).
+    pub static_input: bool,
+}
+
+/// Reads `quantization_config` from `config.json` of `dir`: `None` when
+/// absent (a BF16 / F16 / F32 checkpoint), the FP8 scheme, or an error
+/// naming the field that is not one lamina runs.
+pub fn scheme_of(dir: &Path) -> Result<Option<Scheme>, LoadError> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| LoadError::Quantization {
+        path: path.clone(),
+        field: "quantization_config".into(),
+        reason: e.to_string(),
+    })?;
+    match v.get("quantization_config") {
+        None | Some(Value::Null) => Ok(None),
+        Some(q) => parse_scheme(q).map(Some).map_err(|(field, reason)| LoadError::Quantization {
+            path,
+            field: format!("quantization_config.{field}"),
+            reason,
+        }),
+    }
+}
+
+/// A refusal: the field (below `quantization_config`) and why.
+type Refusal = (String, String);
+
+fn parse_scheme(q: &Value) -> Result<Scheme, Refusal> {
+    let method = q.get("quant_method").and_then(Value::as_str);
+    match method {
+        Some("compressed-tensors") => compressed_tensors(q),
+        Some("fp8") => auto_fp8(q),
+        Some(other) => Err((
+            "quant_method".into(),
+            format!(
+                "`{other}` is not supported; lamina loads FP8 checkpoints (`compressed-tensors` \
+                 float-quantized or `fp8`) and BF16 / F16 / F32 ones"
+            ),
+        )),
+        None => Err(("quant_method".into(), "missing or not a string".into())),
+    }
+}
+
+fn want(v: &Value, field: &str, ok: impl Fn(&Value) -> bool, allowed: &str) -> Result<(), Refusal> {
+    let got = v.get(field).unwrap_or(&Value::Null);
+    if ok(got) {
+        Ok(())
+    } else {
+        Err((field.into(), format!("is {got}; lamina runs {allowed}")))
+    }
+}
+
+fn compressed_tensors(q: &Value) -> Result<Scheme, Refusal> {
+    want(q, "format", |f| f == "float-quantized", "\"float-quantized\" (FP8)")?;
+    let groups = q
+        .get("config_groups")
+        .and_then(Value::as_object)
+        .filter(|g| g.len() == 1)
+        .ok_or_else(|| {
+            (
+                "config_groups".to_string(),
+                "must hold exactly one group (one scheme for every Linear layer)".to_string(),
+            )
+        })?;
+    let (name, group) = groups.iter().next().expect("one group");
+    let at = |f: &str| format!("config_groups.{name}.{f}");
+    let w = group
+        .get("weights")
+        .ok_or_else(|| (at("weights"), "missing".to_string()))?;
+    let sub = |r: Refusal| (at(&format!("weights.{}", r.0)), r.1);
+    want(w, "type", |t| t == "float", "\"float\" (FP8)").map_err(sub)?;
+    want(w, "num_bits", |b| b == 8, "8").map_err(sub)?;
+    let strategy = w.get("strategy").and_then(Value::as_str).unwrap_or("");
+    let channel = match strategy {
+        "channel" => true,
+        "tensor" => false,
+        other => {
+            return Err((
+                at("weights.strategy"),
+                format!("is \"{other}\"; lamina runs \"channel\" or \"tensor\" FP8 scales"),
+            ));
+        }
+    };
+    let static_input = match group.get("input_activations") {
+        None | Some(Value::Null) => false,
+        Some(a) => {
+            let sub = |r: Refusal| (at(&format!("input_activations.{}", r.0)), r.1);
+            want(a, "type", |t| t == "float", "\"float\" (FP8)").map_err(sub)?;
+            want(a, "num_bits", |b| b == 8, "8").map_err(sub)?;
+            !a.get("dynamic").and_then(Value::as_bool).unwrap_or(false)
+        }
+    };
+    Ok(Scheme {
+        layout: Fp8Layout::CompressedTensors,
+        channel,
+        static_input,
+    })
+}
+
+fn auto_fp8(q: &Value) -> Result<Scheme, Refusal> {
+    if q.get("weight_block_size").is_some_and(|b| !b.is_null()) {
+        return Err((
+            "weight_block_size".into(),
+            "block-wise FP8 scales are not supported; lamina runs per-tensor or per-channel scales"
+                .into(),
+        ));
+    }
+    if let Some(fmt) = q.get("fmt").and_then(Value::as_str)
+        && fmt != "e4m3"
+    {
+        return Err(("fmt".into(), format!("is \"{fmt}\"; lamina runs \"e4m3\"")));
+    }
+    let static_input = match q.get("activation_scheme").and_then(Value::as_str) {
+        Some("static") => true,
+        Some("dynamic") | None => false,
+        Some(other) => {
+            return Err((
+                "activation_scheme".into(),
+                format!("is \"{other}\"; lamina runs \"dynamic\" or \"static\""),
+            ));
+        }
+    };
+    Ok(Scheme {
+        layout: Fp8Layout::Fp8,
+        channel: false,
+        static_input,
+    })
+}
+
+/// Reads projection `name` (`[n, k]`, `view` stored as `F8_E4M3`) with its
+/// scales under `scheme`; `scale_of` finds a sibling tensor by name.
+pub(crate) fn read_projection<'a>(
+    path: &Path,
+    name: &str,
+    view: &TensorView<'a>,
+    scheme: Scheme,
+    scale_of: impl Fn(&str) -> Option<TensorView<'a>>,
+) -> Result<Fp8Tensor, LoadError> {
+    let (n, k) = (view.shape()[0], view.shape()[1]);
+    let prefix = name.strip_suffix(".weight").unwrap_or(name);
+    let bad = |field: &str, reason: String| LoadError::Scale {
+        path: path.to_path_buf(),
+        tensor: format!("{prefix}.{field}"),
+        reason,
+    };
+    let ws = scale_of(&format!("{prefix}.weight_scale"))
+        .ok_or_else(|| bad("weight_scale", "missing: every FP8 weight needs its scale".into()))?;
+    let scale = scale_values(&ws).map_err(|r| bad("weight_scale", r))?;
+    let dims = ws.shape();
+    let per_tensor = dims.iter().product::<usize>() == 1;
+    let per_row = scheme.channel && (dims == [n, 1] || dims == [n]);
+    let scale = if per_tensor {
+        vec![scale[0]; n]
+    } else if per_row {
+        scale
+    } else {
+        let want = if scheme.channel { format!("[{n}, 1]") } else { "[1] or a scalar".into() };
+        return Err(bad(
+            "weight_scale",
+            format!("has shape {dims:?}; this layout needs {want}"),
+        ));
+    };
+    let input_scale = match scale_of(&format!("{prefix}.input_scale")) {
+        Some(is) => {
+            let v = scale_values(&is).map_err(|r| bad("input_scale", r))?;
+            if v.len() != 1 {
+                return Err(bad("input_scale", format!("has {} values, expected one", v.len())));
+            }
+            Some(v[0])
+        }
+        None if scheme.static_input => {
+            return Err(bad("input_scale", "missing: the checkpoint's activations are static".into()));
+        }
+        None => None,
+    };
+    Ok(Fp8Tensor {
+        name: name.to_string(),
+        shape: vec![n, k],
+        data: view.data().to_vec(),
+        scale,
+        input_scale,
+    })
+}
+
+/// A scale tensor's values as f32: F32, BF16 or F16, every value finite
+/// and positive.
+fn scale_values(t: &TensorView<'_>) -> Result<Vec<f32>, String> {
+    let b = t.data();
+    let v: Vec<f32> = match t.dtype() {
+        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::BF16 => b
+            .chunks_exact(2)
+            .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        Dtype::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+            .collect(),
+        other => return Err(format!("has dtype {other:?}, expected F32, BF16 or F16")),
+    };
+    if v.is_empty() {
+        return Err("is empty".into());
+    }
+    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
+        return Err(format!("holds {x} at index {i}; scales must be finite and positive"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests;

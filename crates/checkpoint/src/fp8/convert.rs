@@ -1,0 +1,206 @@
+//! Writing a BF16 model directory as an FP8 checkpoint in one of the hub's
+//! layouts ([`Fp8Layout`]), byte for byte as the tools that make them do
+//! (llm-compressor for compressed-tensors, AutoFP8 for `fp8`): every
+//! projection `F8_E4M3` with its `weight_scale` (and `input_scale` for
+//! static activations), everything else as it was, `quantization_config`
+//! added to `config.json`, the other files copied. The loader's tests and
+//! the FP8 quality checks make their checkpoints with it.
+//!
+//! Costs: the whole model is held in memory once in BF16 and once in FP8.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::Dtype;
+use safetensors::tensor::TensorView;
+use serde_json::{Value, json};
+
+use crate::loader::{INDEX_FILE, LoadError, SINGLE_FILE, load_config, load_weights, tensor_specs};
+use crate::weights::Tensor;
+
+/// The on-disk FP8 layouts (see the parent module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fp8Layout {
+    /// `quant_method: "compressed-tensors"`, `format: "float-quantized"`.
+    CompressedTensors,
+    /// `quant_method: "fp8"` (per-tensor scales).
+    Fp8,
+}
+
+/// How [`write_fp8_checkpoint`] quantises.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fp8Options {
+    pub layout: Fp8Layout,
+    /// Per-output-channel scales (compressed-tensors only), else per tensor.
+    pub channel: bool,
+    /// Static activations: this `input_scale` on every projection.
+    pub input_scale: Option<f32>,
+}
+
+/// A tensor to write: dtype, shape, little-endian bytes.
+type Entry = (Dtype, Vec<usize>, Vec<u8>);
+
+/// Writes the model of `src` (BF16 / F16 / F32 weights) to `out` as an FP8
+/// checkpoint under `opts`.
+pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LoadError::Io { path, source }
+    };
+    let loaded = load_config(src)?;
+    let weights = load_weights(src, &loaded.config)?;
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let mut all: HashMap<String, Entry> = HashMap::new();
+    let names: Vec<String> = tensor_specs(&loaded.config, weights.lm_head.is_some())
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    let by_name: HashMap<&str, &Tensor> = weights.tensors().into_iter().map(|t| (t.name.as_str(), t)).collect();
+    for name in &names {
+        let Some(t) = by_name.get(name.as_str()) else {
+            continue;
+        };
+        if is_projection(name) {
+            quantize_into(&mut all, t, opts);
+        } else {
+            let bytes = t.data.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            all.insert(name.clone(), (Dtype::BF16, t.shape.clone(), bytes));
+        }
+    }
+    let views: Vec<(String, TensorView<'_>)> = all
+        .iter()
+        .map(|(n, (d, s, b))| {
+            let v = TensorView::new(*d, s.clone(), b).map_err(|e| LoadError::Safetensors {
+                path: out.join(SINGLE_FILE),
+                reason: format!("tensor `{n}`: {e}"),
+            })?;
+            Ok((n.clone(), v))
+        })
+        .collect::<Result<_, LoadError>>()?;
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(meta), &out.join(SINGLE_FILE)).map_err(|e| {
+        LoadError::Safetensors {
+            path: out.join(SINGLE_FILE),
+            reason: e.to_string(),
+        }
+    })?;
+    write_config(src, out, opts)?;
+    copy_other_files(src, out)
+}
+
+/// The seven Linear layers of a decoder layer (the LM head stays BF16).
+fn is_projection(name: &str) -> bool {
+    name.starts_with("model.layers.") && (name.contains(".self_attn.") || name.contains(".mlp."))
+}
+
+/// Adds `t`'s FP8 weight and scales to `all`.
+fn quantize_into(all: &mut HashMap<String, Entry>, t: &Tensor, opts: Fp8Options) {
+    let (n, k) = (t.shape[0], t.shape[1]);
+    let w = t.to_f32();
+    let prefix = t.name.strip_suffix(".weight").unwrap_or(&t.name);
+    let (q, scales) = if opts.channel {
+        ops::fp8::quantize_rows(&w, n, k)
+    } else {
+        let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = if amax > 0.0 { amax / ops::fp8::E4M3_MAX } else { 1.0 };
+        (w.iter().map(|v| ops::fp8::encode(v / s)).collect(), vec![s])
+    };
+    all.insert(t.name.clone(), (Dtype::F8_E4M3, vec![n, k], q));
+    let scale = |v: &[f32], shape: Vec<usize>| -> Entry {
+        match opts.layout {
+            // llm-compressor keeps scales in the model's dtype
+            Fp8Layout::CompressedTensors => (
+                Dtype::BF16,
+                shape,
+                v.iter().flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes()).collect(),
+            ),
+            // AutoFP8: f32 scalars
+            Fp8Layout::Fp8 => (Dtype::F32, vec![], v[0].to_le_bytes().to_vec()),
+        }
+    };
+    let shape = if opts.channel { vec![n, 1] } else { vec![1] };
+    all.insert(format!("{prefix}.weight_scale"), scale(&scales, shape));
+    if let Some(s) = opts.input_scale {
+        all.insert(format!("{prefix}.input_scale"), scale(&[s], vec![1]));
+    }
+}
+
+/// `config.json` of `src` with the layout's `quantization_config`.
+fn write_config(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadError> {
+    let path = src.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let mut cfg: Value = serde_json::from_str(&text).map_err(|e| LoadError::Quantization {
+        path: path.clone(),
+        field: "config.json".into(),
+        reason: e.to_string(),
+    })?;
+    cfg["quantization_config"] = quantization_config(opts);
+    let dst = out.join("config.json");
+    let text = serde_json::to_string_pretty(&cfg).unwrap_or_default();
+    std::fs::write(&dst, text + "\n").map_err(|source| LoadError::Io { path: dst, source })
+}
+
+/// The `quantization_config` the layout's tools write.
+fn quantization_config(opts: Fp8Options) -> Value {
+    let dynamic = opts.input_scale.is_none();
+    match opts.layout {
+        Fp8Layout::CompressedTensors => {
+            let args = |strategy: &str, dynamic: bool, observer: Value| {
+                json!({
+                    "actorder": null, "block_structure": null, "dynamic": dynamic,
+                    "group_size": null, "num_bits": 8, "observer": observer,
+                    "observer_kwargs": {}, "strategy": strategy, "symmetric": true,
+                    "type": "float"
+                })
+            };
+            let weights = args(if opts.channel { "channel" } else { "tensor" }, false, json!("minmax"));
+            let inputs = if dynamic {
+                args("token", true, Value::Null)
+            } else {
+                args("tensor", false, json!("minmax"))
+            };
+            json!({
+                "config_groups": {"group_0": {
+                    "input_activations": inputs,
+                    "output_activations": null,
+                    "targets": ["Linear"],
+                    "weights": weights
+                }},
+                "format": "float-quantized",
+                "global_compression_ratio": null,
+                "ignore": ["lm_head"],
+                "kv_cache_scheme": null,
+                "quant_method": "compressed-tensors",
+                "quantization_status": "compressed"
+            })
+        }
+        Fp8Layout::Fp8 => json!({
+            "activation_scheme": if dynamic { "dynamic" } else { "static" },
+            "ignored_layers": ["lm_head"],
+            "quant_method": "fp8"
+        }),
+    }
+}
+
+/// Copies every file of `src` but the weights and `config.json`.
+fn copy_other_files(src: &Path, out: &Path) -> Result<(), LoadError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LoadError::Io { path, source }
+    };
+    for entry in std::fs::read_dir(src).map_err(io(src))? {
+        let entry = entry.map_err(io(src))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let skip = name == "config.json"
+            || name == INDEX_FILE
+            || (name.starts_with("model") && name.ends_with(".safetensors"));
+        if !skip && entry.path().is_file() {
+            std::fs::copy(entry.path(), out.join(&*name)).map_err(io(&entry.path()))?;
+        }
+    }
+    Ok(())
+}

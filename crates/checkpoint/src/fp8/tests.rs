@@ -1,0 +1,214 @@
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use tempfile::TempDir;
+
+use super::*;
+use crate::loader::{LoadError, load_config, load_weights};
+use crate::synth::{Preset, synth_model};
+
+/// A tiny BF16 model (seed 4) in a fresh temp dir.
+fn tiny() -> (TempDir, PathBuf) {
+    let d = TempDir::new().unwrap();
+    let src = d.path().join("bf16");
+    synth_model(Preset::Tiny, 4, &src).unwrap();
+    (d, src)
+}
+
+fn convert(src: &Path, name: &str, opts: Fp8Options) -> PathBuf {
+    let out = src.parent().unwrap().join(name);
+    write_fp8_checkpoint(src, &out, opts).unwrap();
+    out
+}
+
+const CHANNEL: Fp8Options = Fp8Options {
+    layout: Fp8Layout::CompressedTensors,
+    channel: true,
+    input_scale: None,
+};
+
+fn load(dir: &Path) -> Result<LlamaWeights, LoadError> {
+    let cfg = load_config(dir)?.config;
+    load_weights(dir, &cfg)
+}
+
+/// Every layout round-trips: the FP8 bytes and scales come back, the BF16
+/// projections hold the dequantised values (within e4m3's precision of the
+/// source), and the rest is the source unchanged.
+#[test]
+fn every_layout_loads_back_what_was_written() {
+    let (_d, src) = tiny();
+    let orig = load(&src).unwrap();
+    let layouts = [
+        ("ct-channel", CHANNEL),
+        ("ct-tensor-static", Fp8Options { channel: false, input_scale: Some(0.02), ..CHANNEL }),
+        ("fp8-static", Fp8Options { layout: Fp8Layout::Fp8, channel: false, input_scale: Some(0.5) }),
+        ("fp8-dynamic", Fp8Options { layout: Fp8Layout::Fp8, channel: false, input_scale: None }),
+    ];
+    for (name, opts) in layouts {
+        let dir = convert(&src, name, opts);
+        let w = load(&dir).unwrap();
+        let fp8 = w.fp8.as_ref().expect("fp8 weights");
+        assert_eq!(fp8.source, Fp8Source::Checkpoint(opts.layout), "{name}");
+        assert_eq!(w.embed, orig.embed, "{name}");
+        assert_eq!(w.norm, orig.norm, "{name}");
+        for (l, (a, b)) in w.layers.iter().zip(&orig.layers).enumerate() {
+            let f = &fp8.layers[l];
+            assert_eq!(a.input_norm, b.input_norm);
+            for (deq, src, q) in [(&a.q_proj, &b.q_proj, &f.q_proj), (&a.down_proj, &b.down_proj, &f.down_proj)] {
+                assert_eq!(q.scale.len(), src.shape[0], "{name}: one scale per row");
+                if !opts.channel {
+                    assert!(q.scale.iter().all(|s| *s == q.scale[0]), "{name}");
+                }
+                assert_eq!(q.input_scale.is_some(), opts.input_scale.is_some(), "{name}");
+                assert_eq!(deq, &q.dequantize(), "{name}");
+                let amax = src.to_f32().iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (x, y) in src.to_f32().iter().zip(deq.to_f32()) {
+                    assert!((x - y).abs() <= x.abs() / 12.0 + amax / 448.0, "{name}: {x} vs {y}");
+                }
+            }
+        }
+    }
+}
+
+/// Quantising a BF16 model at load gives what the per-channel converter
+/// writes.
+#[test]
+fn quantising_at_load_matches_the_per_channel_checkpoint() {
+    let (_d, src) = tiny();
+    let mut at_load = load(&src).unwrap();
+    at_load.quantize_fp8();
+    let from_file = load(&convert(&src, "ct", CHANNEL)).unwrap();
+    let (a, b) = (at_load.fp8.as_ref().unwrap(), from_file.fp8.as_ref().unwrap());
+    assert_eq!(a.source, Fp8Source::Load);
+    for (x, y) in a.layers.iter().zip(&b.layers) {
+        assert_eq!(x.gate_proj.data, y.gate_proj.data);
+        // the checkpoint stores scales in bf16
+        for (s, t) in x.gate_proj.scale.iter().zip(&y.gate_proj.scale) {
+            assert!((s - t).abs() <= s * 1e-2, "{s} vs {t}");
+        }
+    }
+}
+
+/// Rewrites `dir`'s weights through `edit` (name -> dtype, shape, bytes).
+fn rewrite(dir: &Path, edit: impl FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>)) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut all: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect();
+    edit(&mut all);
+    let views: Vec<(String, TensorView<'_>)> = all
+        .iter()
+        .map(|(n, (d, s, b))| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+/// Edits `config.json`'s `quantization_config`.
+fn reconfigure(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v["quantization_config"]);
+    std::fs::write(&path, v.to_string()).unwrap();
+}
+
+fn refused(dir: &Path, needles: &[&str]) {
+    let err = load(dir).expect_err("must be refused").to_string();
+    for n in needles {
+        assert!(err.contains(n), "`{err}` should name `{n}`");
+    }
+}
+
+const Q: &str = "model.layers.1.self_attn.q_proj";
+
+/// Bad scales are refused naming the tensor and what is wrong.
+#[test]
+fn bad_scales_are_refused_naming_the_tensor() {
+    let (_d, src) = tiny();
+    type Edit = Box<dyn FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>)>;
+    let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
+        ("missing", Box::new(|m| drop(m.remove(&format!("{Q}.weight_scale")))), vec!["weight_scale", "missing"]),
+        (
+            "shape",
+            Box::new(|m| {
+                let e = m.get_mut(&format!("{Q}.weight_scale")).unwrap();
+                e.1 = vec![e.1[0] / 2, 2];
+            }),
+            vec!["weight_scale", "shape"],
+        ),
+        (
+            "nan",
+            Box::new(|m| {
+                let e = m.get_mut(&format!("{Q}.weight_scale")).unwrap();
+                e.2[2..4].copy_from_slice(&half::bf16::NAN.to_bits().to_le_bytes());
+            }),
+            vec!["weight_scale", "NaN", "index 1"],
+        ),
+        (
+            "zero",
+            Box::new(|m| {
+                let e = m.get_mut(&format!("{Q}.weight_scale")).unwrap();
+                e.2[0..2].fill(0);
+            }),
+            vec!["weight_scale", "positive"],
+        ),
+        (
+            "dtype",
+            Box::new(|m| {
+                let e = m.get_mut(&format!("{Q}.weight_scale")).unwrap();
+                e.0 = Dtype::I16;
+            }),
+            vec!["weight_scale", "I16"],
+        ),
+    ];
+    for (name, edit, needles) in cases {
+        let dir = convert(&src, name, CHANNEL);
+        rewrite(&dir, edit);
+        let mut all = needles.clone();
+        all.push(Q);
+        refused(&dir, &all);
+    }
+    // static activations need their input scale
+    let dir = convert(&src, "static", Fp8Options { input_scale: Some(1.0), ..CHANNEL });
+    rewrite(&dir, |m| drop(m.remove(&format!("{Q}.input_scale"))));
+    refused(&dir, &[Q, "input_scale", "static"]);
+}
+
+/// Layouts lamina does not run are refused naming the field.
+#[test]
+fn other_layouts_are_refused_naming_the_field() {
+    let (_d, src) = tiny();
+    let cases: Vec<(&str, Fp8Layout, fn(&mut serde_json::Value), &str)> = vec![
+        ("method", Fp8Layout::Fp8, |q| q["quant_method"] = "gptq".into(), "quantization_config.quant_method"),
+        ("block", Fp8Layout::Fp8, |q| q["weight_block_size"] = serde_json::json!([128, 128]), "weight_block_size"),
+        ("fmt", Fp8Layout::Fp8, |q| q["fmt"] = "e5m2".into(), "quantization_config.fmt"),
+        (
+            "group",
+            Fp8Layout::CompressedTensors,
+            |q| q["config_groups"]["group_0"]["weights"]["strategy"] = "group".into(),
+            "config_groups.group_0.weights.strategy",
+        ),
+        (
+            "int",
+            Fp8Layout::CompressedTensors,
+            |q| q["config_groups"]["group_0"]["weights"]["type"] = "int".into(),
+            "config_groups.group_0.weights.type",
+        ),
+        ("format", Fp8Layout::CompressedTensors, |q| q["format"] = "pack-quantized".into(), "quantization_config.format"),
+    ];
+    for (name, layout, edit, field) in cases {
+        let dir = convert(&src, name, Fp8Options { layout, channel: layout == Fp8Layout::CompressedTensors, input_scale: None });
+        reconfigure(&dir, edit);
+        refused(&dir, &[field]);
+    }
+    // FP8 tensors without a quantization_config
+    let dir = convert(&src, "noconfig", CHANNEL);
+    reconfigure(&dir, |q| *q = serde_json::Value::Null);
+    refused(&dir, &["quantization_config", "F8_E4M3"]);
+}
