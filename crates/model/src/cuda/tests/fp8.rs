@@ -93,3 +93,23 @@ fn cuda_collapsed_logits_sample_a_nan_logprob() {
         assert!(t.logprob.is_nan() && t.token == 0, "{t:?}");
     }
 }
+
+/// A short FP8 run on the tiny preset, both paths (a 40-token prefill on
+/// the GEMMs with widened projections, then GEMV decode steps): what the
+/// compute-sanitizer runs check.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_fp8_short_generation() {
+    let (cfg, mut w) = load(&synth_dir(Preset::Tiny));
+    w.quantize_fp8();
+    let kv = KvShape {
+        num_blocks: 16,
+        block_size: BS,
+    };
+    let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
+    let mut pool = Pool::new(kv.num_blocks);
+    let prompt = tokens(4, 40, cfg.vocab_size);
+    let out = generate(&mut gpu, &prompt, &pool.take(40 + 8), 8);
+    assert_eq!(out.len(), 8);
+    assert!(out.iter().all(|&t| (t as usize) < cfg.vocab_size), "{out:?}");
+}
