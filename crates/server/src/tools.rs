@@ -7,8 +7,11 @@
 //! - The call format the model is asked for (and held to when a call is
 //!   forced) is the one Llama 3.1 / 3.2 templates teach: the whole reply is
 //!   one JSON object `{"name": "<function>", "parameters": {<arguments>}}`
-//!   (`arguments` is read as a synonym). One call per turn:
-//!   `parallel_tool_calls: true` is refused.
+//!   (`arguments` is read as a synonym). With `parallel_tool_calls` true
+//!   (the default) a reply may be several such objects, one after the
+//!   other (separated by white space, `;` or `,`, each may start with
+//!   `<|python_tag|>`) or a JSON array of them; with `false` only the first
+//!   call is returned. A forced call (below) is one call.
 //! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
 //!   OpenAI's shape and the history's `tool_calls` with their arguments as
 //!   objects; for templates that do not (SmolLM2), [`fallback_system`]
@@ -17,10 +20,15 @@
 //!   is rendered as its JSON text and a `tool` turn as a message of role
 //!   `tool`.
 //! - `tool_choice`: `none` renders no tools and parses nothing; `auto` (the
-//!   default with tools) renders them and parses a reply that is a call;
-//!   `required` and a named function also constrain decoding to a call
-//!   (of any tool, or of that one) with the arguments held to the
-//!   function's `parameters` schema.
+//!   default with tools) renders them, lets the reply be text or calls and
+//!   parses a reply that is calls: decoding follows [`ToolPlan::auto_grammar`],
+//!   so once the reply starts a call (its first character `{`, or the
+//!   template's `<|python_tag|>` marker) it can only be calls of declared
+//!   functions with arguments valid against their `parameters` (unless the
+//!   request has its own constraint, `response_format` or `guided_*`: then
+//!   that one holds and calls are parsed only); `required` and a named
+//!   function constrain decoding to a call (of any tool, or of that one)
+//!   from the first token.
 //! - Every definition is checked: `type` is `function`, the name is 1 to 64
 //!   letters, digits, `_` or `-` and unique, `parameters` a JSON object;
 //!   each error is a 400 naming the field (`tools[2].function.name`).
@@ -48,6 +56,8 @@ pub struct ToolPlan {
     pub names: Vec<String>,
     /// A forced call (`required` or a named function).
     pub constraint: Option<Constraint>,
+    /// Several calls per reply allowed (`parallel_tool_calls`, default true).
+    pub parallel: bool,
 }
 
 fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
@@ -71,13 +81,6 @@ pub fn plan(
     choice: Option<&ToolChoice>,
     parallel: Option<bool>,
 ) -> Result<Option<ToolPlan>, ApiError> {
-    if parallel == Some(true) {
-        return Err(bad(
-            "parallel_tool_calls",
-            "`parallel_tool_calls: true` is not supported: lamina makes at most one tool call per turn; \
-             leave it out or set it to false.",
-        ));
-    }
     let Some(tools) = tools else {
         if choice.is_some() {
             return Err(bad("tool_choice", "`tool_choice` needs `tools`."));
@@ -172,14 +175,17 @@ pub fn plan(
         tools: Value::Array(defs),
         names,
         constraint,
+        parallel: parallel.unwrap_or(true),
     }))
 }
 
+/// The call marker Llama 3.x templates teach (a special token).
+pub const CALL_MARKER: &str = "<|python_tag|>";
+
 impl ToolPlan {
-    /// Every function's call schema (what `required` would force), for
-    /// checking the definitions with the grammar engine in `auto` mode too.
-    pub fn check_constraint(&self) -> Constraint {
-        let schemas: Vec<Value> = self
+    /// The schema of one call of any of the functions.
+    fn any_call_schema(&self) -> Value {
+        let mut schemas: Vec<Value> = self
             .tools
             .as_array()
             .into_iter()
@@ -191,7 +197,44 @@ impl ToolPlan {
                 )
             })
             .collect();
-        Constraint::JsonSchema(json!({"anyOf": schemas}))
+        if schemas.len() == 1 {
+            schemas.remove(0)
+        } else {
+            json!({"anyOf": schemas})
+        }
+    }
+
+    /// Every function's call schema (what `required` would force), for
+    /// checking the definitions with the grammar engine when another
+    /// constraint holds the reply.
+    pub fn check_constraint(&self) -> Constraint {
+        Constraint::JsonSchema(self.any_call_schema())
+    }
+
+    /// The grammar of an `auto` reply (llguidance's Lark): free text that
+    /// does not start with `{`, or calls: one (several on separate lines
+    /// when `parallel`) JSON call object of a declared function with its
+    /// arguments held to the function's schema, after optional white space
+    /// or, when the template has it (`marker`), the `<|python_tag|>` token.
+    pub fn auto_grammar(&self, marker: bool) -> Constraint {
+        let calls = if self.parallel {
+            "call (\"\\n\" call)*"
+        } else {
+            "call"
+        };
+        let tagged = if marker {
+            format!(" | {CALL_MARKER} calls")
+        } else {
+            String::new()
+        };
+        Constraint::Lark(format!(
+            "start: TEXT | WS? calls{tagged}\n\
+             calls: {calls}\n\
+             call: %json {}\n\
+             TEXT: /\\s*[^\\s{{][\\s\\S]*/\n\
+             WS: /\\s+/\n",
+            self.any_call_schema()
+        ))
     }
 }
 
@@ -285,12 +328,42 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
-/// The call in `text` when the whole reply is one (module doc) of a known
-/// function; `None` otherwise (the reply is content).
-pub fn parse_call(text: &str, names: &[String]) -> Option<ParsedCall> {
-    let t = text.trim();
-    let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
-    let v: Value = serde_json::from_str(t).ok()?;
+/// The calls in `text` when the whole reply is one or more calls (module
+/// doc) of known functions, at most one unless `parallel`; `None` otherwise
+/// (the reply is content).
+pub fn parse_calls(text: &str, names: &[String], parallel: bool) -> Option<Vec<ParsedCall>> {
+    const TAG: &str = "<|python_tag|>";
+    let mut rest = text.trim();
+    let mut values = Vec::new();
+    while !rest.is_empty() {
+        rest = rest.strip_prefix(TAG).unwrap_or(rest).trim_start();
+        let mut de = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+        let v = de.next()?.ok()?;
+        rest = rest[de.byte_offset()..]
+            .trim_start()
+            .trim_start_matches([';', ','])
+            .trim_start();
+        match v {
+            Value::Array(items) if values.is_empty() && rest.is_empty() => values = items,
+            v => values.push(v),
+        }
+    }
+    if values.is_empty() {
+        return None;
+    }
+    let calls: Vec<ParsedCall> = values
+        .iter()
+        .map(|v| call_of(v, names))
+        .collect::<Option<_>>()?;
+    Some(if parallel {
+        calls
+    } else {
+        calls.into_iter().take(1).collect()
+    })
+}
+
+/// One call object of a known function.
+fn call_of(v: &Value, names: &[String]) -> Option<ParsedCall> {
     let obj = v.as_object()?;
     let name = obj.get("name")?.as_str()?;
     if !names.iter().any(|n| n == name) {
@@ -363,6 +436,27 @@ mod tests {
     }
 
     #[test]
+    fn the_auto_grammar_names_each_function() {
+        let tools = vec![tool("f", None), tool("g", Some(json!({"type": "object"})))];
+        let p = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
+        let Constraint::Lark(g) = p.auto_grammar(true) else {
+            panic!("a Lark grammar");
+        };
+        assert!(
+            g.starts_with("start: TEXT | WS? calls | <|python_tag|> calls\n"),
+            "{g}"
+        );
+        assert!(g.contains("calls: call\n"), "{g}");
+        assert!(g.contains(r#""const":"g""#), "{g}");
+        let p = plan(Some(&tools), None, None).unwrap().unwrap();
+        let Constraint::Lark(g) = p.auto_grammar(false) else {
+            panic!("a Lark grammar");
+        };
+        assert!(g.starts_with("start: TEXT | WS? calls\n"), "{g}");
+        assert!(g.contains(r#"calls: call ("\n" call)*"#), "{g}");
+    }
+
+    #[test]
     fn bad_definitions_name_the_field() {
         let dup = vec![tool("a", None), tool("a", None)];
         let mut wrong_type = vec![tool("a", None)];
@@ -378,10 +472,6 @@ mod tests {
                 "tools[0].function.parameters",
             ),
             (plan(Some(&wrong_type), None, None), "tools[0].type"),
-            (
-                plan(Some(&[tool("a", None)]), None, Some(true)),
-                "parallel_tool_calls",
-            ),
             (
                 plan(None, Some(&ToolChoice::Mode("auto".into())), None),
                 "tool_choice",
@@ -439,6 +529,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn parse_call(text: &str, names: &[String]) -> Option<ParsedCall> {
+        parse_calls(text, names, false).map(|mut v| v.remove(0))
+    }
+
+    #[test]
+    fn several_calls_parse_when_parallel() {
+        let names = vec!["f".to_string(), "g".to_string()];
+        let one = r#"{"name": "f", "parameters": {"a": 1}}"#;
+        let two = r#"{"name": "g", "parameters": {}}"#;
+        for text in [
+            format!("{one}\n{two}"),
+            format!("{one}; {two}"),
+            format!("<|python_tag|>{one}<|python_tag|>{two}"),
+            format!("[{one}, {two}]"),
+        ] {
+            let calls = parse_calls(&text, &names, true).unwrap();
+            let got: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(got, ["f", "g"], "{text}");
+            let first = parse_calls(&text, &names, false).unwrap();
+            assert_eq!(first.len(), 1, "{text}");
+        }
+        // one unknown function or trailing text: the reply is content
+        assert!(parse_calls(&format!("{one} {{\"name\": \"h\"}}"), &names, true).is_none());
+        assert!(parse_calls(&format!("{one} done"), &names, true).is_none());
+        assert!(parse_calls("[]", &names, true).is_none());
     }
 
     #[test]
