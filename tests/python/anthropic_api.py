@@ -12,9 +12,12 @@ from common import API_KEY, BASE, MODEL, check, log, request
 
 c = anthropic.Anthropic(base_url=BASE, api_key=API_KEY, max_retries=0, timeout=300)
 MSG = [{"role": "user", "content": "What is the capital of France?"}]
+# the 2026 client has no `temperature` argument (current models take none);
+# lamina honours it, sent as an extra body field
+GREEDY = {"temperature": 0}
 
 # a plain message
-m = c.messages.create(model=MODEL, max_tokens=16, temperature=0, messages=MSG)
+m = c.messages.create(model=MODEL, max_tokens=16, messages=MSG, extra_body=GREEDY)
 log("message:", m.content, m.stop_reason, m.usage)
 check(m.type == "message" and m.role == "assistant" and m.id.startswith("msg_"), f"message {m}")
 check(m.model == MODEL, f"model {m.model}")
@@ -30,7 +33,7 @@ check(n.input_tokens == prompt_tokens, f"count_tokens {n.input_tokens} != {promp
 
 # streamed: the same greedy text, the event sequence in order
 types, text = [], ""
-with c.messages.stream(model=MODEL, max_tokens=16, temperature=0, messages=MSG) as s:
+with c.messages.stream(model=MODEL, max_tokens=16, messages=MSG, extra_body=GREEDY) as s:
     for ev in s:
         types.append(ev.type)
         if ev.type == "content_block_delta" and ev.delta.type == "text_delta":
@@ -51,7 +54,7 @@ check(names[:2] == ["message_start", "ping"] and names[-2:] == ["message_delta",
 words = plain.split()
 if len(words) >= 2:
     stop = words[1]
-    cut = c.messages.create(model=MODEL, max_tokens=16, temperature=0, messages=MSG, stop_sequences=[stop])
+    cut = c.messages.create(model=MODEL, max_tokens=16, messages=MSG, stop_sequences=[stop], extra_body=GREEDY)
     check(cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop, f"stop {cut.stop_reason} {cut.stop_sequence}")
     check(cut.content[0].text == plain[: plain.index(stop)], f"cut text {cut.content[0].text!r}")
 
@@ -67,7 +70,8 @@ WEATHER = {
     },
 }
 Q = [{"role": "user", "content": "What is the weather in Paris?"}]
-m = c.messages.create(model=MODEL, max_tokens=48, temperature=0, tools=[WEATHER], tool_choice={"type": "any"}, messages=Q)
+m = c.messages.create(model=MODEL, max_tokens=48, tools=[WEATHER], tool_choice={"type": "any"}, messages=Q,
+                      extra_body=GREEDY)
 log("tool_use:", m.content, m.stop_reason)
 check(m.stop_reason == "tool_use", f"stop_reason {m.stop_reason}: {m.content}")
 uses = [b for b in m.content if b.type == "tool_use"]
@@ -78,7 +82,7 @@ history = Q + [
     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
                                   "content": json.dumps({"celsius": 21, "sky": "sunny"})}]},
 ]
-m2 = c.messages.create(model=MODEL, max_tokens=32, temperature=0, tools=[WEATHER], messages=history)
+m2 = c.messages.create(model=MODEL, max_tokens=32, tools=[WEATHER], messages=history, extra_body=GREEDY)
 log("answer:", m2.content, m2.stop_reason)
 check(m2.stop_reason in ("end_turn", "max_tokens", "tool_use"), f"answer {m2}")
 check(m2.content, f"empty answer {m2}")
@@ -86,13 +90,22 @@ n = c.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
 check(n.input_tokens == m2.usage.input_tokens + (m2.usage.cache_read_input_tokens or 0), f"count_tokens {n}")
 
 # the call streamed: a tool_use block with its input as JSON deltas
-with c.messages.stream(model=MODEL, max_tokens=48, temperature=0, tools=[WEATHER],
-                       tool_choice={"type": "tool", "name": "get_weather"}, messages=Q) as s:
+with c.messages.stream(model=MODEL, max_tokens=48, tools=[WEATHER],
+                       tool_choice={"type": "tool", "name": "get_weather"}, messages=Q, extra_body=GREEDY) as s:
     deltas = [ev.delta.type for ev in s if ev.type == "content_block_delta"]
     final = s.get_final_message()
 check(final.stop_reason == "tool_use" and final.content[0].type == "tool_use", f"streamed call {final}")
 check(final.content[0].input == uses[0].input, f"streamed input {final.content[0].input} != {uses[0].input}")
 check(deltas and set(deltas) == {"input_json_delta"}, f"deltas {deltas}")
+
+# structured output: output_config.format holds the reply to a JSON schema
+CITY = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
+        "required": ["name"], "additionalProperties": False}
+m = c.messages.create(model=MODEL, max_tokens=32, messages=[{"role": "user", "content": "Name a city as JSON."}],
+                      output_config={"format": {"type": "json_schema", "schema": CITY}}, extra_body=GREEDY)
+log("output_config:", m.content, m.stop_reason)
+if m.stop_reason == "end_turn":
+    check(set(json.loads(m.content[0].text)) == {"name"}, f"output_config.format gave {m.content}")
 
 # errors in Anthropic's shape
 def bad(exc, status, kind, needle, **kw):

@@ -1,6 +1,7 @@
 """`tool_choice: "auto"` holds calls to their schemas: 20 seeded requests
-(sampled, half streamed) over tools with varied schemas (enums, required
-fields, nested objects, `additionalProperties: false`, patterns, bounds);
+(sampled at several temperatures, half streamed), each an agent loop's next
+turn, over tools with varied schemas (enums, required fields, nested
+objects, `additionalProperties: false`, patterns, bounds);
 every call returned validates against its function's `parameters` (the
 `jsonschema` package), and a reply that ended normally starting with `{`
 is always a call (a started call cannot leave the schema)."""
@@ -44,22 +45,34 @@ TOOLS = [
        {"query": {"type": "string", "maxLength": 40}, "limit": {"type": "integer", "minimum": 1, "maximum": 10}},
        ["query"]),
 ]
-ASKS = [
-    "What is the weather in Lisbon in celsius? Use the get_weather function.",
-    "Book a flight from LIS to JFK for 2 passengers.",
-    "Put a team meeting on my calendar for 2026-12-03 at 10.",
-    "Turn on the kitchen light at 50 percent.",
-    "Search the web for the tallest building in Europe.",
-]
+# each request continues an agent loop: an earlier call of one tool (valid
+# arguments), its result, and a new ask for the same tool, which is what gets
+# a 135M model to call at all
+EXAMPLE = {
+    "get_weather": ({"city": "Oslo", "unit": "celsius"}, "And in Lisbon?"),
+    "book_flight": ({"origin": "OSL", "destination": "CDG", "passengers": 1}, "Now one from LIS to JFK for 2."),
+    "create_event": ({"title": "Lunch", "when": {"date": "2026-12-01", "hour": 12}},
+                     "Also a team meeting on 2026-12-03 at 10."),
+    "set_light": ({"room": "office", "on": False}, "Now turn on the kitchen light."),
+    "search": ({"query": "largest lake"}, "Now search for the tallest building in Europe."),
+}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 rng = random.Random(33)
 calls_seen = 0
 for i in range(20):
     tools = rng.sample(TOOLS, rng.randint(1, len(TOOLS)))
-    ask = rng.choice(ASKS)
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": ask}], tools=tools, max_tokens=96,
-              temperature=1.0, seed=i, parallel_tool_calls=rng.random() < 0.5)
+    used = rng.choice(tools)["function"]["name"]
+    args, ask = EXAMPLE[used]
+    messages = [
+        {"role": "user", "content": "Please help."},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c0", "type": "function", "function": {"name": used, "arguments": json.dumps(args)}}]},
+        {"role": "tool", "tool_call_id": "c0", "content": "done"},
+        {"role": "user", "content": ask},
+    ]
+    kw = dict(model=MODEL, messages=messages, tools=tools, max_tokens=96, temperature=rng.choice([0, 0.3, 0.7]),
+              seed=i, parallel_tool_calls=rng.random() < 0.5)
     if i % 2:
         calls, content, finish = {}, "", None
         for chunk in c.chat.completions.create(stream=True, **kw):

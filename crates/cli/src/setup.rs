@@ -20,6 +20,8 @@ use contract::{Backend, KvShape};
 use cpu_kernels::quant::QuantType;
 use engine::{Engine, EngineConfig};
 use model::cpu::CpuWeights;
+
+use crate::kv_sizing;
 use tokenizer::Tokenizer;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -92,9 +94,16 @@ pub struct ModelArgs {
     /// Cap the KV pool at this many blocks of 16 tokens (default: sized from memory).
     #[arg(long, env = "LAMINA_KV_BLOCKS")]
     pub kv_blocks: Option<usize>,
-    /// Memory for the KV pool in GiB when --kv-blocks is not given.
-    #[arg(long, default_value_t = 2.0, env = "LAMINA_KV_MEMORY_GIB")]
-    pub kv_memory_gib: f64,
+    /// Memory for the KV pool in GiB when --kv-blocks is not given
+    /// [default: on CUDA what --gpu-memory-utilization leaves after the
+    /// weights and workspace; 2 on the CPU].
+    #[arg(long, env = "LAMINA_KV_MEMORY_GIB")]
+    pub kv_memory_gib: Option<f64>,
+    /// Share of each GPU's total memory the server may use (weights,
+    /// workspace and KV pool; vLLM's flag): the KV pool gets what is left,
+    /// unless --kv-memory-gib or --kv-blocks sizes it.
+    #[arg(long, default_value_t = crate::kv_sizing::DEFAULT_GPU_MEMORY_UTILIZATION, env = "LAMINA_GPU_MEMORY_UTILIZATION")]
+    pub gpu_memory_utilization: f64,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 256, env = "LAMINA_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
@@ -174,13 +183,27 @@ pub struct Sizing {
     pub cuda: bool,
     /// Engines started (one per GPU, or CPU replicas), each sized as above.
     pub replicas: usize,
+    /// The model's context length (a full-context sequence's tokens).
+    pub max_context: usize,
+}
+
+impl Sizing {
+    /// Tokens the KV pool holds.
+    pub fn pool_tokens(&self) -> usize {
+        self.kv_blocks * BLOCK_SIZE
+    }
+
+    /// Sequences of the full context the pool holds at once.
+    pub fn full_contexts(&self) -> usize {
+        crate::kv_sizing::full_contexts(self.pool_tokens(), self.max_context)
+    }
 }
 
 impl std::fmt::Display for Sizing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB); at most {} sequences and {} tokens a step",
+            "{}{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB: {} concurrent sequences of the full {}-token context); at most {} sequences and {} tokens a step",
             if self.replicas > 1 {
                 format!("{} replicas, each: ", self.replicas)
             } else {
@@ -188,8 +211,10 @@ impl std::fmt::Display for Sizing {
             },
             if self.cuda { "CUDA" } else { "CPU" },
             self.kv_blocks,
-            self.kv_blocks * BLOCK_SIZE,
+            self.pool_tokens(),
             self.kv_bytes as f64 / GIB,
+            self.full_contexts(),
+            self.max_context,
             self.max_num_seqs,
             self.max_batch_tokens,
         )?;
@@ -268,6 +293,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             vec![None; *n]
         }
     };
+    let gpu_memory = gpu_memory_at_start(args, &devices)?;
     let (cpu_weights, weights_gguf) = cpu_weights(args, &dir, &loaded.config, cuda)?;
     let mut weights = Some(checkpoint::loader::load_weights(
         &loaded.dir,
@@ -286,7 +312,8 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                     .context("the weights were already handed over")?,
             ),
         };
-        let (backend, blocks, bytes) = open_backend(args, &loaded, *device, w, &cpu_weights)?;
+        let (backend, blocks, bytes) =
+            open_backend(args, &loaded, *device, w, &cpu_weights, &gpu_memory)?;
         backend_name = backend.name();
         (kv_blocks, kv_bytes) = (blocks, bytes);
         backends.push(backend);
@@ -329,6 +356,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         )?);
     }
     let engine = engines.remove(0);
+    let max_context = loaded.config.max_position_embeddings;
     Ok(Loaded {
         engine,
         replicas: engines,
@@ -346,8 +374,34 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             max_batch_tokens,
             cuda,
             replicas,
+            max_context,
         },
     })
+}
+
+/// Each CUDA device's memory before any engine loads, with the number of
+/// engines it will host, when the KV pool is to be sized from it (neither
+/// `--kv-blocks` nor `--kv-memory-gib` given).
+type GpuMemoryPlan = Vec<(usize, kv_sizing::GpuMemory, usize)>;
+
+fn gpu_memory_at_start(args: &ModelArgs, devices: &[Option<usize>]) -> Result<GpuMemoryPlan> {
+    if args.kv_blocks.is_some() || args.kv_memory_gib.is_some() {
+        return Ok(Vec::new());
+    }
+    let mut plan: GpuMemoryPlan = Vec::new();
+    for ordinal in devices.iter().flatten() {
+        if let Some(entry) = plan.iter_mut().find(|(o, _, _)| o == ordinal) {
+            entry.2 += 1;
+            continue;
+        }
+        let (free, total) = model::cuda::memory_info(*ordinal).map_err(anyhow::Error::msg)?;
+        let mem = kv_sizing::GpuMemory {
+            total,
+            free_at_start: free,
+        };
+        plan.push((*ordinal, mem, 1));
+    }
+    Ok(plan)
 }
 
 /// Default step budget on CUDA. H200, synthetic Llama-3.2-1B, `lamina bench`
@@ -424,9 +478,15 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
 }
 
 /// The KV pool of one replica: bytes per block and blocks, from
-/// `--kv-blocks` or `--kv-memory-gib` (never more than `--max-num-seqs`
-/// full contexts).
-fn kv_pool(args: &ModelArgs, cfg: &contract::LlamaConfig, cuda: bool) -> Result<(usize, usize)> {
+/// `--kv-blocks`, `--kv-memory-gib`, or (`gpu_budget`, CUDA) the device
+/// memory left ([`kv_sizing`]), else [`kv_sizing::CPU_KV_MEMORY_GIB`];
+/// never more than `--max-num-seqs` full contexts.
+fn kv_pool(
+    args: &ModelArgs,
+    cfg: &contract::LlamaConfig,
+    cuda: bool,
+    gpu_budget: Option<usize>,
+) -> Result<(usize, usize)> {
     // CPU keeps its KV cache in f32, the GPU in bf16.
     let dtype_bytes = if cuda { 2 } else { 4 };
     let per_block = paged_kv::bytes_per_block(
@@ -440,13 +500,16 @@ fn kv_pool(args: &ModelArgs, cfg: &contract::LlamaConfig, cuda: bool) -> Result<
         Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
         Some(n) => n,
         None => {
-            if !(args.kv_memory_gib > 0.0 && args.kv_memory_gib.is_finite()) {
-                bail!(
-                    "invalid `--kv-memory-gib`: must be positive, got {}",
-                    args.kv_memory_gib
-                );
-            }
-            let budget = (args.kv_memory_gib * GIB) as usize;
+            let budget = match (args.kv_memory_gib, gpu_budget) {
+                (Some(gib), _) => {
+                    if !(gib > 0.0 && gib.is_finite()) {
+                        bail!("invalid `--kv-memory-gib`: must be positive, got {gib}");
+                    }
+                    (gib * GIB) as usize
+                }
+                (None, Some(bytes)) => bytes,
+                (None, None) => (kv_sizing::CPU_KV_MEMORY_GIB * GIB) as usize,
+            };
             // never more than the context of max_num_seqs sequences
             let useful = args
                 .max_num_seqs
@@ -459,6 +522,41 @@ fn kv_pool(args: &ModelArgs, cfg: &contract::LlamaConfig, cuda: bool) -> Result<
     Ok((per_block, num_blocks))
 }
 
+/// The KV bytes CUDA device `ordinal` leaves one of its engines
+/// ([`kv_sizing::gpu_kv_budget`]), or `None` when the pool is sized by a flag.
+fn gpu_kv_bytes(
+    args: &ModelArgs,
+    cfg: &contract::LlamaConfig,
+    weights: &checkpoint::LlamaWeights,
+    ordinal: usize,
+    memory: &GpuMemoryPlan,
+) -> Result<Option<usize>> {
+    let Some((_, mem, engines)) = memory.iter().find(|(o, _, _)| *o == ordinal) else {
+        return Ok(None);
+    };
+    let weights_bytes = weights
+        .tensors()
+        .iter()
+        .map(|t| t.numel() * 2)
+        .sum::<usize>();
+    let reserve = kv_sizing::reserve_bytes(
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.vocab_size,
+        args.max_batch_tokens.unwrap_or(CUDA_MAX_BATCH_TOKENS),
+        args.max_num_seqs,
+    );
+    let needs = kv_sizing::EngineNeeds {
+        weights: weights_bytes,
+        reserve,
+    };
+    kv_sizing::gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))
+}
+
 /// Refuses more CPU replicas than the machine can run, before anything is
 /// loaded: each runs its own step loop (more than the cores only contend)
 /// and holds its own KV pool (together they must fit in memory).
@@ -469,7 +567,7 @@ fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::LlamaConfig, n: usize) -
             "invalid `--data-parallel-size {n}`: more CPU replicas than this machine's {cores} cores"
         );
     }
-    let (per_block, blocks) = kv_pool(args, cfg, false)?;
+    let (per_block, blocks) = kv_pool(args, cfg, false, None)?;
     let need = per_block.saturating_mul(blocks).saturating_mul(n);
     if let Some(total) = host_memory_bytes()
         && need > total
@@ -491,11 +589,16 @@ fn open_backend(
     device: Option<usize>,
     weights: Cow<'_, checkpoint::LlamaWeights>,
     cpu_weights: &CpuWeights,
+    gpu_memory: &GpuMemoryPlan,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cuda = device.is_some();
     let cuda_options = args.tuning.cuda_options()?;
     let cfg = &loaded.config;
-    let (per_block, num_blocks) = kv_pool(args, cfg, cuda)?;
+    let gpu_budget = match device {
+        Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory)?,
+        None => None,
+    };
+    let (per_block, num_blocks) = kv_pool(args, cfg, cuda, gpu_budget)?;
     if !cuda {
         let need = per_block.saturating_mul(num_blocks);
         if let Some(total) = host_memory_bytes()

@@ -19,6 +19,7 @@
 //!
 //! Costs: the chat path's, plus one translation (O(request size)).
 
+pub mod convert;
 pub mod reply;
 pub mod request;
 
@@ -39,7 +40,8 @@ use crate::generate::{Job, Kind};
 use crate::middleware::RequestId;
 use crate::protocol::ChatRequest;
 use crate::state::AppState;
-use request::{CountTokensRequest, MessagesRequest, anthropic_param};
+use convert::anthropic_param;
+use request::{CountTokensRequest, MessagesRequest};
 
 /// Anthropic's error `type` for a status.
 fn error_type(status: StatusCode) -> &'static str {
@@ -173,7 +175,8 @@ pub async fn count_tokens(
             .work
             .run("messages", move || {
                 let mut ignored = Vec::new();
-                let chat = request::to_chat(&req.conversation(), &mut ignored);
+                req.ignored(&mut ignored);
+                let chat = convert::to_chat(&req.conversation(), &mut ignored);
                 let chat = chat_request(&st, chat, &ignored)?;
                 chat_prompt(&st, chat).map(|p| p.prompt.len())
             })

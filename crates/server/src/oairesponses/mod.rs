@@ -17,6 +17,7 @@
 //!
 //! Costs: the chat path's, plus one translation O(conversation size).
 
+pub mod convert;
 pub mod reply;
 pub mod request;
 pub mod store;
@@ -39,8 +40,9 @@ use crate::generate::{Job, Kind};
 use crate::middleware::RequestId;
 use crate::protocol::ChatRequest;
 use crate::state::AppState;
+use convert::responses_param;
 use reply::Meta;
-use request::{ResponsesRequest, ToolChoice, responses_param};
+use request::{ResponsesRequest, ToolChoice};
 
 pub use store::ResponseStore;
 
