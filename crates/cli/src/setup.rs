@@ -262,6 +262,10 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     if args.max_batch_tokens == Some(0) {
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
+    let u = args.gpu_memory_utilization;
+    if !(u > 0.0 && u <= 1.0) {
+        bail!("invalid `--gpu-memory-utilization`: must be in (0, 1], got {u}");
+    }
     args.tuning.apply()?;
     let dir = model_dir(&args.model)?;
     let loaded = checkpoint::loader::load_config(&dir)?;
