@@ -9,8 +9,9 @@
 //! is left evenly. The pool never exceeds `--max-num-seqs` full contexts
 //! (the caller's cap).
 //!
-//! Pure arithmetic over the numbers given (device memory is read by the
-//! caller), so every rule here is tested without a GPU.
+//! The rules are pure arithmetic over the numbers given
+//! ([`gpu_kv_budget`], [`reserve_bytes`]), tested without a GPU; only
+//! [`gpu_memory_at_start`] reads the devices.
 
 /// The KV pool's memory on the CPU when neither `--kv-blocks` nor
 /// `--kv-memory-gib` is given.
@@ -22,6 +23,10 @@ pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
 const FIXED_RESERVE: usize = 1 << 30;
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+use anyhow::{Result, bail};
+
+use crate::setup::{BLOCK_SIZE, CUDA_MAX_BATCH_TOKENS, ModelArgs};
 
 /// What the device and the model say about memory (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +113,114 @@ pub fn gpu_kv_budget(
 /// `pool_tokens` holds at once.
 pub fn full_contexts(pool_tokens: usize, max_context: usize) -> usize {
     pool_tokens / max_context.max(1)
+}
+
+/// Each CUDA device's memory before any engine loads, with the number of
+/// engines it will host, when the KV pool is to be sized from it (neither
+/// `--kv-blocks` nor `--kv-memory-gib` given).
+pub(crate) type GpuMemoryPlan = Vec<(usize, GpuMemory, usize)>;
+
+pub(crate) fn gpu_memory_at_start(
+    args: &ModelArgs,
+    devices: &[Option<usize>],
+) -> Result<GpuMemoryPlan> {
+    if args.kv_blocks.is_some() || args.kv_memory_gib.is_some() {
+        return Ok(Vec::new());
+    }
+    let mut plan: GpuMemoryPlan = Vec::new();
+    for ordinal in devices.iter().flatten() {
+        if let Some(entry) = plan.iter_mut().find(|(o, _, _)| o == ordinal) {
+            entry.2 += 1;
+            continue;
+        }
+        let (free, total) = model::cuda::memory_info(*ordinal).map_err(anyhow::Error::msg)?;
+        let mem = GpuMemory {
+            total,
+            free_at_start: free,
+        };
+        plan.push((*ordinal, mem, 1));
+    }
+    Ok(plan)
+}
+
+/// The KV pool of one replica: bytes per block and blocks, from
+/// `--kv-blocks`, `--kv-memory-gib`, or (`gpu_budget`, CUDA) the device
+/// memory left ([`gpu_kv_budget`]), else [`CPU_KV_MEMORY_GIB`];
+/// never more than `--max-num-seqs` full contexts.
+pub(crate) fn kv_pool(
+    args: &ModelArgs,
+    cfg: &contract::LlamaConfig,
+    cuda: bool,
+    gpu_budget: Option<usize>,
+) -> Result<(usize, usize)> {
+    // CPU keeps its KV cache in f32, the GPU in bf16.
+    let dtype_bytes = if cuda { 2 } else { 4 };
+    let per_block = paged_kv::bytes_per_block(
+        cfg.num_layers,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        dtype_bytes,
+        BLOCK_SIZE,
+    );
+    let num_blocks = match args.kv_blocks {
+        Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
+        Some(n) => n,
+        None => {
+            let budget = match (args.kv_memory_gib, gpu_budget) {
+                (Some(gib), _) => {
+                    if !(gib > 0.0 && gib.is_finite()) {
+                        bail!("invalid `--kv-memory-gib`: must be positive, got {gib}");
+                    }
+                    (gib * GIB) as usize
+                }
+                (None, Some(bytes)) => bytes,
+                (None, None) => (CPU_KV_MEMORY_GIB * GIB) as usize,
+            };
+            // never more than the context of max_num_seqs sequences
+            let useful = args
+                .max_num_seqs
+                .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
+            paged_kv::blocks_for_budget(budget, per_block)
+                .min(useful)
+                .max(1)
+        }
+    };
+    Ok((per_block, num_blocks))
+}
+
+/// The KV bytes CUDA device `ordinal` leaves one of its engines
+/// ([`gpu_kv_budget`]), or `None` when the pool is sized by a flag.
+pub(crate) fn gpu_kv_bytes(
+    args: &ModelArgs,
+    cfg: &contract::LlamaConfig,
+    weights: &checkpoint::LlamaWeights,
+    ordinal: usize,
+    memory: &GpuMemoryPlan,
+) -> Result<Option<usize>> {
+    let Some((_, mem, engines)) = memory.iter().find(|(o, _, _)| *o == ordinal) else {
+        return Ok(None);
+    };
+    let weights_bytes = weights
+        .tensors()
+        .iter()
+        .map(|t| t.numel() * 2)
+        .sum::<usize>();
+    let reserve = reserve_bytes(
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.vocab_size,
+        args.max_batch_tokens.unwrap_or(CUDA_MAX_BATCH_TOKENS),
+        args.max_num_seqs,
+    );
+    let needs = EngineNeeds {
+        weights: weights_bytes,
+        reserve,
+    };
+    gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use cpu_kernels::quant::QuantType;
 use engine::{Engine, EngineConfig};
 use model::cpu::CpuWeights;
 
-use crate::kv_sizing;
+use crate::kv_sizing::{GpuMemoryPlan, gpu_kv_bytes, gpu_memory_at_start, kv_pool};
 use tokenizer::Tokenizer;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -383,38 +383,13 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     })
 }
 
-/// Each CUDA device's memory before any engine loads, with the number of
-/// engines it will host, when the KV pool is to be sized from it (neither
-/// `--kv-blocks` nor `--kv-memory-gib` given).
-type GpuMemoryPlan = Vec<(usize, kv_sizing::GpuMemory, usize)>;
-
-fn gpu_memory_at_start(args: &ModelArgs, devices: &[Option<usize>]) -> Result<GpuMemoryPlan> {
-    if args.kv_blocks.is_some() || args.kv_memory_gib.is_some() {
-        return Ok(Vec::new());
-    }
-    let mut plan: GpuMemoryPlan = Vec::new();
-    for ordinal in devices.iter().flatten() {
-        if let Some(entry) = plan.iter_mut().find(|(o, _, _)| o == ordinal) {
-            entry.2 += 1;
-            continue;
-        }
-        let (free, total) = model::cuda::memory_info(*ordinal).map_err(anyhow::Error::msg)?;
-        let mem = kv_sizing::GpuMemory {
-            total,
-            free_at_start: free,
-        };
-        plan.push((*ordinal, mem, 1));
-    }
-    Ok(plan)
-}
-
 /// Default step budget on CUDA. H200, synthetic Llama-3.2-1B, `lamina bench`
 /// b3 (256 x 512 in, 256 out), two runs each: 2,048 -> 36.6k / 37.1k output
 /// tok/s, 4,096 -> 39.7k / 40.0k, 8,192 -> 40.4k / 38.8k, 16,384 -> 40.1k /
 /// 42.0k (fewer mixed steps, each reading the weights once for more tokens);
 /// `bench-serve` at 32 req/s: ITL p99 6.8 ms at 2,048, 8.5 ms at 8,192, TTFT
 /// p50 unchanged. 8,192 is also vLLM's serving default.
-const CUDA_MAX_BATCH_TOKENS: usize = 8192;
+pub(crate) const CUDA_MAX_BATCH_TOKENS: usize = 8192;
 /// Default step budget on the CPU: a prefill chunk stalls every other stream
 /// for its whole duration there, so chunks stay short.
 const CPU_MAX_BATCH_TOKENS: usize = 512;
@@ -479,86 +454,6 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
         }
         DeviceArg::Auto => model::cuda::available().is_ok(),
     })
-}
-
-/// The KV pool of one replica: bytes per block and blocks, from
-/// `--kv-blocks`, `--kv-memory-gib`, or (`gpu_budget`, CUDA) the device
-/// memory left ([`kv_sizing`]), else [`kv_sizing::CPU_KV_MEMORY_GIB`];
-/// never more than `--max-num-seqs` full contexts.
-fn kv_pool(
-    args: &ModelArgs,
-    cfg: &contract::LlamaConfig,
-    cuda: bool,
-    gpu_budget: Option<usize>,
-) -> Result<(usize, usize)> {
-    // CPU keeps its KV cache in f32, the GPU in bf16.
-    let dtype_bytes = if cuda { 2 } else { 4 };
-    let per_block = paged_kv::bytes_per_block(
-        cfg.num_layers,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        dtype_bytes,
-        BLOCK_SIZE,
-    );
-    let num_blocks = match args.kv_blocks {
-        Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
-        Some(n) => n,
-        None => {
-            let budget = match (args.kv_memory_gib, gpu_budget) {
-                (Some(gib), _) => {
-                    if !(gib > 0.0 && gib.is_finite()) {
-                        bail!("invalid `--kv-memory-gib`: must be positive, got {gib}");
-                    }
-                    (gib * GIB) as usize
-                }
-                (None, Some(bytes)) => bytes,
-                (None, None) => (kv_sizing::CPU_KV_MEMORY_GIB * GIB) as usize,
-            };
-            // never more than the context of max_num_seqs sequences
-            let useful = args
-                .max_num_seqs
-                .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
-            paged_kv::blocks_for_budget(budget, per_block)
-                .min(useful)
-                .max(1)
-        }
-    };
-    Ok((per_block, num_blocks))
-}
-
-/// The KV bytes CUDA device `ordinal` leaves one of its engines
-/// ([`kv_sizing::gpu_kv_budget`]), or `None` when the pool is sized by a flag.
-fn gpu_kv_bytes(
-    args: &ModelArgs,
-    cfg: &contract::LlamaConfig,
-    weights: &checkpoint::LlamaWeights,
-    ordinal: usize,
-    memory: &GpuMemoryPlan,
-) -> Result<Option<usize>> {
-    let Some((_, mem, engines)) = memory.iter().find(|(o, _, _)| *o == ordinal) else {
-        return Ok(None);
-    };
-    let weights_bytes = weights
-        .tensors()
-        .iter()
-        .map(|t| t.numel() * 2)
-        .sum::<usize>();
-    let reserve = kv_sizing::reserve_bytes(
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.vocab_size,
-        args.max_batch_tokens.unwrap_or(CUDA_MAX_BATCH_TOKENS),
-        args.max_num_seqs,
-    );
-    let needs = kv_sizing::EngineNeeds {
-        weights: weights_bytes,
-        reserve,
-    };
-    kv_sizing::gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))
 }
 
 /// Refuses more CPU replicas than the machine can run, before anything is
