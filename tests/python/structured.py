@@ -106,7 +106,7 @@ bad("tools[0].function.parameters", "object", tools=[{"type": "function", "funct
 bad("tools[0].type", "retrieval", tools=[{"type": "retrieval", "function": {"name": "f"}}])
 bad("tools", "frobnicate",
     tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}}}])
-bad("parallel_tool_calls", "parallel", tools=[WEATHER], parallel_tool_calls=True)
+bad("parallel_tool_calls", "boolean", tools=[WEATHER], parallel_tool_calls="yes")
 bad("tool_choice.function.name", "nope", tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
 bad("tool_choice", "tools", tool_choice="auto")
 bad("functions", "Unsupported", functions=[{"name": "f"}])

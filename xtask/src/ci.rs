@@ -23,6 +23,8 @@ use anyhow::{Context, Result, bail};
 /// hadolint, Kubernetes schemas, JSON Schema).
 const PY_DEPS: &[&str] = &[
     "openai==3.57.0",
+    // tests/python/anthropic_api.py: the Messages API through Anthropic's client
+    "anthropic==2.10.0",
     // tests/python/structured.py: `chat.completions.parse` with a Pydantic model
     "pydantic==2.14.4",
     "gguf==0.17.1",

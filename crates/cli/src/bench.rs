@@ -197,6 +197,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
     };
     println!("lamina: {}", loaded.backend_name);
+    println!("lamina: {}", loaded.sizing);
     let z = Sizes::resolve(&args, loaded.cuda);
     if !loaded.cuda {
         eprintln!(

@@ -10,6 +10,7 @@ mod bench;
 mod bench_serve;
 mod chat;
 mod generate;
+mod kv_sizing;
 mod llama_bench;
 mod models;
 mod progress;

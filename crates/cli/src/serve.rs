@@ -94,6 +94,14 @@ pub struct ServeArgs {
     /// Name clients use for the model (default: the --model id or directory name).
     #[arg(long, env = "LAMINA_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// MiB the Responses API's in-memory store of responses (`store`,
+    /// `previous_response_id`, `GET /v1/responses/{id}`) may hold; past it
+    /// the oldest go first.
+    #[arg(long, default_value_t = server::oairesponses::store::DEFAULT_STORE_BYTES >> 20, env = "LAMINA_RESPONSES_STORE_MIB")]
+    pub responses_store_mib: usize,
+    /// Seconds a stored response is kept.
+    #[arg(long, default_value_t = server::oairesponses::store::DEFAULT_STORE_TTL.as_secs_f64(), env = "LAMINA_RESPONSES_STORE_TTL_SECS")]
+    pub responses_store_ttl_secs: f64,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
 }
@@ -119,6 +127,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ("--header-timeout", args.header_timeout),
         ("--body-timeout", args.body_timeout),
         ("--sse-keep-alive", args.sse_keep_alive),
+        ("--responses-store-ttl-secs", args.responses_store_ttl_secs),
     ] {
         if !(v > 0.0 && v <= MAX_FLAG_SECONDS) {
             bail!(
@@ -166,6 +175,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         header_timeout: Duration::from_secs_f64(args.header_timeout),
         body_timeout: Duration::from_secs_f64(args.body_timeout),
         max_client_requests: args.max_client_requests,
+        responses_store_bytes: args.responses_store_mib.saturating_mul(1 << 20),
+        responses_store_ttl: Duration::from_secs_f64(args.responses_store_ttl_secs),
         defaults: loaded.model.generation.clone(),
         ..server::ServerConfig::new(model_id.clone())
     };

@@ -20,6 +20,8 @@ use contract::{Backend, KvShape};
 use cpu_kernels::quant::QuantType;
 use engine::{Engine, EngineConfig};
 use model::cpu::CpuWeights;
+
+use crate::kv_sizing::{GpuMemoryPlan, gpu_kv_bytes, gpu_memory_at_start, kv_pool};
 use tokenizer::Tokenizer;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -97,9 +99,16 @@ pub struct ModelArgs {
     /// Cap the KV pool at this many blocks of 16 tokens (default: sized from memory).
     #[arg(long, env = "LAMINA_KV_BLOCKS")]
     pub kv_blocks: Option<usize>,
-    /// Memory for the KV pool in GiB when --kv-blocks is not given.
-    #[arg(long, default_value_t = 2.0, env = "LAMINA_KV_MEMORY_GIB")]
-    pub kv_memory_gib: f64,
+    /// Memory for the KV pool in GiB when --kv-blocks is not given
+    /// [default: on CUDA what --gpu-memory-utilization leaves after the
+    /// weights and workspace; 2 on the CPU].
+    #[arg(long, env = "LAMINA_KV_MEMORY_GIB")]
+    pub kv_memory_gib: Option<f64>,
+    /// Share of each GPU's total memory the server may use (weights,
+    /// workspace and KV pool; vLLM's flag): the KV pool gets what is left,
+    /// unless --kv-memory-gib or --kv-blocks sizes it.
+    #[arg(long, default_value_t = crate::kv_sizing::DEFAULT_GPU_MEMORY_UTILIZATION, env = "LAMINA_GPU_MEMORY_UTILIZATION")]
+    pub gpu_memory_utilization: f64,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 256, env = "LAMINA_MAX_NUM_SEQS")]
     pub max_num_seqs: usize,
@@ -179,13 +188,27 @@ pub struct Sizing {
     pub cuda: bool,
     /// Engines started (one per GPU, or CPU replicas), each sized as above.
     pub replicas: usize,
+    /// The model's context length (a full-context sequence's tokens).
+    pub max_context: usize,
+}
+
+impl Sizing {
+    /// Tokens the KV pool holds.
+    pub fn pool_tokens(&self) -> usize {
+        self.kv_blocks * BLOCK_SIZE
+    }
+
+    /// Sequences of the full context the pool holds at once.
+    pub fn full_contexts(&self) -> usize {
+        crate::kv_sizing::full_contexts(self.pool_tokens(), self.max_context)
+    }
 }
 
 impl std::fmt::Display for Sizing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB); at most {} sequences and {} tokens a step",
+            "{}{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB: {} concurrent sequences of the full {}-token context); at most {} sequences and {} tokens a step",
             if self.replicas > 1 {
                 format!("{} replicas, each: ", self.replicas)
             } else {
@@ -193,8 +216,10 @@ impl std::fmt::Display for Sizing {
             },
             if self.cuda { "CUDA" } else { "CPU" },
             self.kv_blocks,
-            self.kv_blocks * BLOCK_SIZE,
+            self.pool_tokens(),
             self.kv_bytes as f64 / GIB,
+            self.full_contexts(),
+            self.max_context,
             self.max_num_seqs,
             self.max_batch_tokens,
         )?;
@@ -263,6 +288,10 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     if args.max_batch_tokens == Some(0) {
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
+    let u = args.gpu_memory_utilization;
+    if !(u > 0.0 && u <= 1.0) {
+        bail!("invalid `--gpu-memory-utilization`: must be in (0, 1], got {u}");
+    }
     args.tuning.apply()?;
     let dir = model_dir(&args.model)?;
     let loaded = checkpoint::loader::load_config(&dir)?;
@@ -294,6 +323,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             vec![None; *n]
         }
     };
+    let gpu_memory = gpu_memory_at_start(args, &devices)?;
     let (cpu_weights, weights_gguf) = cpu_weights(args, &dir, &loaded.config, cuda)?;
     let mut weights = Some(load_weights(args, &loaded, cuda)?);
     let mut backends = Vec::with_capacity(devices.len());
@@ -309,7 +339,8 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                     .context("the weights were already handed over")?,
             ),
         };
-        let (backend, blocks, bytes) = open_backend(args, &loaded, *device, w, &cpu_weights)?;
+        let (backend, blocks, bytes) =
+            open_backend(args, &loaded, *device, w, &cpu_weights, &gpu_memory)?;
         backend_name = backend.name();
         (kv_blocks, kv_bytes) = (blocks, bytes);
         backends.push(backend);
@@ -352,6 +383,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         )?);
     }
     let engine = engines.remove(0);
+    let max_context = loaded.config.max_position_embeddings;
     Ok(Loaded {
         engine,
         replicas: engines,
@@ -369,6 +401,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             max_batch_tokens,
             cuda,
             replicas,
+            max_context,
         },
     })
 }
@@ -400,7 +433,7 @@ fn load_weights(
 /// 42.0k (fewer mixed steps, each reading the weights once for more tokens);
 /// `bench-serve` at 32 req/s: ITL p99 6.8 ms at 2,048, 8.5 ms at 8,192, TTFT
 /// p50 unchanged. 8,192 is also vLLM's serving default.
-const CUDA_MAX_BATCH_TOKENS: usize = 8192;
+pub(crate) const CUDA_MAX_BATCH_TOKENS: usize = 8192;
 /// Default step budget on the CPU: a prefill chunk stalls every other stream
 /// for its whole duration there, so chunks stay short.
 const CPU_MAX_BATCH_TOKENS: usize = 512;
@@ -468,42 +501,6 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
     })
 }
 
-/// The KV pool of one replica: bytes per block and blocks, from
-/// `--kv-blocks` or `--kv-memory-gib` (never more than `--max-num-seqs`
-/// full contexts).
-fn kv_pool(args: &ModelArgs, cfg: &contract::LlamaConfig, cuda: bool) -> Result<(usize, usize)> {
-    // CPU keeps its KV cache in f32, the GPU in bf16.
-    let dtype_bytes = if cuda { 2 } else { 4 };
-    let per_block = paged_kv::bytes_per_block(
-        cfg.num_layers,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        dtype_bytes,
-        BLOCK_SIZE,
-    );
-    let num_blocks = match args.kv_blocks {
-        Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
-        Some(n) => n,
-        None => {
-            if !(args.kv_memory_gib > 0.0 && args.kv_memory_gib.is_finite()) {
-                bail!(
-                    "invalid `--kv-memory-gib`: must be positive, got {}",
-                    args.kv_memory_gib
-                );
-            }
-            let budget = (args.kv_memory_gib * GIB) as usize;
-            // never more than the context of max_num_seqs sequences
-            let useful = args
-                .max_num_seqs
-                .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
-            paged_kv::blocks_for_budget(budget, per_block)
-                .min(useful)
-                .max(1)
-        }
-    };
-    Ok((per_block, num_blocks))
-}
-
 /// Refuses more CPU replicas than the machine can run, before anything is
 /// loaded: each runs its own step loop (more than the cores only contend)
 /// and holds its own KV pool (together they must fit in memory).
@@ -514,7 +511,7 @@ fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::LlamaConfig, n: usize) -
             "invalid `--data-parallel-size {n}`: more CPU replicas than this machine's {cores} cores"
         );
     }
-    let (per_block, blocks) = kv_pool(args, cfg, false)?;
+    let (per_block, blocks) = kv_pool(args, cfg, false, None)?;
     let need = per_block.saturating_mul(blocks).saturating_mul(n);
     if let Some(total) = host_memory_bytes()
         && need > total
@@ -536,11 +533,16 @@ fn open_backend(
     device: Option<usize>,
     weights: Cow<'_, checkpoint::LlamaWeights>,
     cpu_weights: &CpuWeights,
+    gpu_memory: &GpuMemoryPlan,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cuda = device.is_some();
     let cuda_options = args.tuning.cuda_options()?;
     let cfg = &loaded.config;
-    let (per_block, num_blocks) = kv_pool(args, cfg, cuda)?;
+    let gpu_budget = match device {
+        Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory)?,
+        None => None,
+    };
+    let (per_block, num_blocks) = kv_pool(args, cfg, cuda, gpu_budget)?;
     if !cuda {
         let need = per_block.saturating_mul(num_blocks);
         if let Some(total) = host_memory_bytes()

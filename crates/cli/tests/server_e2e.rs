@@ -8,7 +8,15 @@
 //! `echo`, unknown fields, /detokenize, /version, /openapi.json, /docs),
 //! `structured.py` (`response_format` through `chat.completions.parse`,
 //! `guided_regex` / `guided_grammar`, tool-calling round trips whole and
-//! streamed, bad schemas / grammars / tools refused) and
+//! streamed, bad schemas / grammars / tools refused), `tool_auto.py` (20
+//! seeded `auto`-mode tool requests: every call validates against its
+//! schema with the `jsonschema` package),
+//! `anthropic_api.py` (the Messages API through the official `anthropic`
+//! package: plain, streamed, stop sequence, tool round trip, count_tokens,
+//! Anthropic's error shape), `responses_api.py` (the Responses API: plain,
+//! streamed, function tool round trip, `previous_response_id`, stored
+//! responses, JSON schema format; the chat API's ignored fields counted,
+//! vLLM's metric names) and
 //! `load.py` (64 concurrent streams, 32 hang-ups, then /metrics idle)
 //! against one server; `bad_input.py` (every malformed request, 401, 413,
 //! 429) against a second one configured through `LAMINA_*` environment
@@ -16,7 +24,8 @@
 //! on its command line), and a queue of one. Each server is stopped with
 //! SIGTERM and must exit 0.
 //!
-//! Needs `python3` with `openai` importable (`cargo xtask test` installs it)
+//! Needs `python3` with `openai` and `anthropic` importable (`cargo xtask
+//! test` installs them)
 //! and fetches SmolLM2 through the model store on first use. Costs a few
 //! minutes on a 2-core CPU, dominated by the load test.
 
@@ -210,6 +219,9 @@ fn lamina_serve_end_to_end() {
     server.python("openai_client.py", &key);
     server.python("sampling_api.py", &key);
     server.python("structured.py", &key);
+    server.python("tool_auto.py", &key);
+    server.python("anthropic_api.py", &key);
+    server.python("responses_api.py", &key);
     server.python("load.py", &key);
     let log = server.terminate();
     assert!(

@@ -158,7 +158,7 @@ pub fn chat_messages(
 
 /// The common start of a generation request: refused while draining, the
 /// body within the limit, then parsed.
-fn accept<T: serde::de::DeserializeOwned>(
+pub(crate) fn accept<T: serde::de::DeserializeOwned>(
     state: &AppState,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
@@ -199,9 +199,33 @@ pub async fn chat_completions(
 }
 
 /// A chat request checked, rendered, tokenized and submitted (a work-pool
-/// job): the job, its engine handles and whether it streams.
-fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job) -> Prepared {
+/// job): the job, its engine handles and whether it streams. The Anthropic
+/// and Responses APIs run their requests through here too.
+pub(crate) fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job) -> Prepared {
+    let p = chat_prompt(state, req)?;
+    job.logprobs = p.logprobs;
+    job.parallel_tool_calls = p.plan.as_ref().is_none_or(|p| p.parallel);
+    job.tool_names = p.plan.map(|p| Arc::new(p.names));
+    let handles = place(&mut job, &p.checked, p.prompt, p.structured, "messages")?;
+    Ok((job, handles, p.checked.stream))
+}
+
+/// A chat request checked and rendered to its prompt, not yet submitted.
+pub(crate) struct ChatPrompt {
+    pub checked: params::Checked,
+    pub logprobs: Option<usize>,
+    pub plan: Option<tools::ToolPlan>,
+    pub structured: structured::Structured,
+    pub prompt: Vec<u32>,
+}
+
+/// Checks a chat request and renders and tokenizes its prompt (every check
+/// a submission makes before the engine's own).
+pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<ChatPrompt, ApiError> {
     check_model(state, req.model.as_deref())?;
+    for field in req.ignored_fields() {
+        state.metrics.ignored(field);
+    }
     crate::limits::check_chat(&req, &state.cfg.limits)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (_, Some(k)) if k < 0 => {
@@ -264,8 +288,16 @@ fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job) -> Prepar
                 structured.constraint = Some(c.clone());
                 structured.param = "tools";
             }
-            // `auto` constrains nothing, but the definitions must still compile
-            None => check_tools(state, p)?,
+            // `auto` under the request's own constraint: calls are parsed
+            // only, but the definitions must still compile
+            None if structured.constraint.is_some() => check_tools(state, p)?,
+            // `auto`: text, or calls held to their schemas once started
+            None => {
+                let marker = state.tokenizer.template_renders_tools()
+                    && state.tokenizer.token_to_id(tools::CALL_MARKER).is_some();
+                structured.constraint = Some(p.auto_grammar(marker));
+                structured.param = "tools";
+            }
         }
     }
     let in_template = state.tokenizer.template_renders_tools();
@@ -284,14 +316,17 @@ fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job) -> Prepar
             .map(|p| p.tools.clone()),
     };
     let prompt = encode_now(state, input, "messages")?;
-    job.logprobs = logprobs;
-    job.tool_names = plan.map(|p| Arc::new(p.names));
-    let handles = place(&mut job, &checked, prompt, structured, "messages")?;
-    Ok((job, handles, checked.stream))
+    Ok(ChatPrompt {
+        checked,
+        logprobs,
+        plan,
+        structured,
+        prompt,
+    })
 }
 
 /// What a work-pool job preparing a request hands back.
-type Prepared = Result<(Job, Vec<engine::RequestHandle>, bool), ApiError>;
+pub(crate) type Prepared = Result<(Job, Vec<engine::RequestHandle>, bool), ApiError>;
 
 /// Places a checked request (its prompt in `prompt_param`) with its
 /// constraint on a replica; `job` takes the choices' settings and the replica.
@@ -303,6 +338,7 @@ fn place(
     prompt_param: &str,
 ) -> Result<Vec<engine::RequestHandle>, ApiError> {
     job.constraint_param = structured.constraint.is_some().then_some(structured.param);
+    job.prompt_tokens = prompt.len();
     let state = &job.state;
     let mut greq = checked.request(prompt, state.max_context(), prompt_param)?;
     greq.constraint = structured.constraint;

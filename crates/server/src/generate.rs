@@ -13,8 +13,8 @@
 //! sends an SSE comment (`: keep-alive`) whenever no event went out for
 //! `ServerConfig::sse_keep_alive`, also while the request waits in the
 //! engine's queue. Latency metrics (TTFT, inter-token, end-to-end) are
-//! recorded on choice 0, O(1) per token. With tools, a reply that is a call
-//! of a known function (the whole reply, [`crate::tools::parse_call`]) is
+//! recorded on choice 0, O(1) per token. With tools, a reply that is calls
+//! of known functions (the whole reply, [`crate::tools::parse_calls`]) is
 //! answered as `tool_calls` with `finish_reason: "tool_calls"`; streamed,
 //! a reply that starts with `{` is held back until it ends and then sent as
 //! `delta.tool_calls` chunks (or as content when it is no call). The SSE
@@ -69,8 +69,12 @@ pub struct Job {
     /// Chat with tools: the callable names; a reply that is a call of one
     /// becomes `tool_calls` (see [`crate::tools`]).
     pub tool_names: Option<Arc<Vec<String>>>,
+    /// Several tool calls per reply allowed (`parallel_tool_calls`).
+    pub parallel_tool_calls: bool,
     /// The field the request's constraint came from, if it has one.
     pub constraint_param: Option<&'static str>,
+    /// Tokens of the prompt as submitted.
+    pub prompt_tokens: usize,
 }
 
 impl Job {
@@ -94,7 +98,9 @@ impl Job {
             n: 1,
             replica: 0,
             tool_names: None,
+            parallel_tool_calls: true,
             constraint_param: None,
+            prompt_tokens: 0,
         }
     }
 
@@ -182,22 +188,31 @@ impl Job {
         }
     }
 
-    /// The reply of choice `index` as a tool call when it is one of a
-    /// known function and ended normally (`stop`).
-    fn tool_call(&self, index: usize, text: &str, reason: FinishReason) -> Option<ToolCallOut> {
+    /// The reply of choice `index` as tool calls when it is calls of
+    /// known functions and ended normally (`stop`).
+    pub(crate) fn tool_calls(
+        &self,
+        index: usize,
+        text: &str,
+        reason: FinishReason,
+    ) -> Option<Vec<ToolCallOut>> {
         let names = self.tool_names.as_ref()?;
         if reason != FinishReason::Stop {
             return None;
         }
-        let call = tools::parse_call(text, names)?;
-        Some(ToolCallOut {
-            id: format!("call_{}_{index}", self.request_id),
+        let calls = tools::parse_calls(text, names, self.parallel_tool_calls)?;
+        let calls = calls.into_iter().enumerate().map(|(k, call)| ToolCallOut {
+            id: match k {
+                0 => format!("call_{}_{index}", self.request_id),
+                k => format!("call_{}_{index}_{k}", self.request_id),
+            },
             kind: "function",
             function: FunctionCallOut {
                 name: call.name,
                 arguments: call.arguments,
             },
-        })
+        });
+        Some(calls.collect())
     }
 
     /// The response object wrapping `choices`: a streamed chunk (`usage`
@@ -290,8 +305,8 @@ fn total_usage(choices: &[Usage]) -> Usage {
 
 /// One running choice: the engine handle plus latency bookkeeping (kept
 /// for choice 0 only, so a request counts once in the metrics).
-struct Active {
-    job: Job,
+pub(crate) struct Active {
+    pub(crate) job: Job,
     handle: RequestHandle,
     index: usize,
     last_token: Option<Instant>,
@@ -299,7 +314,7 @@ struct Active {
 }
 
 impl Active {
-    fn new(job: Job, handle: RequestHandle, index: usize) -> Self {
+    pub(crate) fn new(job: Job, handle: RequestHandle, index: usize) -> Self {
         Active {
             job,
             handle,
@@ -310,7 +325,7 @@ impl Active {
     }
 
     /// The next engine event, with metrics recorded.
-    async fn next(&mut self) -> Option<Event> {
+    pub(crate) async fn next(&mut self) -> Option<Event> {
         let ev = self.handle.next().await;
         if self.index != 0 {
             if matches!(ev, None | Some(Event::Done(_))) {
@@ -369,7 +384,7 @@ impl Drop for Active {
 /// The error a request that did not finish normally reports: its
 /// constraint failing (the grammar engine refusing a step) is a 400 naming
 /// the constraint's field, anything else a 500.
-fn failure(job: &Job, f: &Finished) -> Option<ApiError> {
+pub(crate) fn failure(job: &Job, f: &Finished) -> Option<ApiError> {
     let constraint = f
         .error
         .as_deref()
@@ -389,21 +404,21 @@ fn failure(job: &Job, f: &Finished) -> Option<ApiError> {
     }
 }
 
-fn engine_gone() -> ApiError {
+pub(crate) fn engine_gone() -> ApiError {
     ApiError::internal("The engine stopped before the request finished.")
 }
 
 /// What one choice produced, for a whole (not streamed) answer.
-struct ChoiceOut {
-    text: String,
+pub(crate) struct ChoiceOut {
+    pub(crate) text: String,
     events: Vec<TokenEvent>,
-    finished: Finished,
+    pub(crate) finished: Finished,
     /// Mean raw log-probability per sampled token (`best_of` ranking).
     score: f64,
 }
 
 /// Drains one choice.
-async fn drain(mut active: Active) -> Result<ChoiceOut, ApiError> {
+pub(crate) async fn drain(mut active: Active) -> Result<ChoiceOut, ApiError> {
     let mut text = String::new();
     let mut events = Vec::new();
     let mut align = logprobs::Aligner::default();
@@ -461,13 +476,13 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
             let mut offset = echo.len();
             let lp = job.logprobs_value(&o.events, &mut offset);
             let text = format!("{echo}{}", o.text);
-            if let Some(call) = job.tool_call(i, &text, o.finished.reason) {
+            if let Some(calls) = job.tool_calls(i, &text, o.finished.reason) {
                 return Choice::Chat(ChatChoice {
                     index: i,
                     message: AssistantMessage {
                         role: "assistant",
                         content: None,
-                        tool_calls: Some(vec![call]),
+                        tool_calls: Some(calls),
                     },
                     logprobs: lp,
                     finish_reason: Some("tool_calls"),
@@ -480,4 +495,5 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
 }
 
 mod sse;
+pub(crate) use sse::may_be_call;
 use sse::sse_stream;

@@ -1,7 +1,10 @@
 //! lamina's OpenAI-compatible HTTP server over the continuous-batching engine.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streamed
-//! as SSE or whole), `GET /v1/models[/{id}]`, `POST /tokenize`,
+//! as SSE or whole), Anthropic's `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens` ([`anthropic`]), OpenAI's Responses API
+//! `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`
+//! ([`oairesponses`]), `GET /v1/models[/{id}]`, `POST /tokenize`,
 //! `POST /detokenize` (all behind the API keys when some are set), and
 //! `GET /`, `GET /health`, `GET /version`, `GET /metrics` (Prometheus
 //! text), `GET /openapi.json` and `GET /docs` (the generated OpenAPI
@@ -25,6 +28,7 @@
 //! pool ([`work`]), within the limits of [`limits`]; O(1) work per streamed token;
 //! generation itself runs on the engine thread.
 
+pub mod anthropic;
 pub mod api;
 pub mod encode;
 pub mod error;
@@ -35,6 +39,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod middleware;
 pub mod misc;
+pub mod oairesponses;
 pub mod openapi;
 pub mod params;
 pub mod protocol;

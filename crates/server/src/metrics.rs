@@ -6,10 +6,17 @@
 //! the latency histograms (time to first token, inter-token latency,
 //! end-to-end latency, queue time) and the finished-request counter are
 //! recorded by the server as tokens stream out. Every series carries
-//! `model_name`. Recording is lock-free (atomics), O(buckets)
+//! `model_name`. The gateway's series (requests running and waiting, KV
+//! cache usage, `cache_config_info` with `block_size` / `num_gpu_blocks`)
+//! are also written under vLLM's names (`vllm:num_requests_running`,
+//! `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
+//! `vllm:cache_config_info`), so the Kubernetes inference gateway's
+//! endpoint picker and llm-d read them without a mapping. Recording is lock-free (atomics), O(buckets)
 //! per observation; a scrape is O(buckets) per histogram.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -98,6 +105,8 @@ pub struct Metrics {
     /// Time from submission to the first admission (`Finished::queue_time`).
     pub queue: Histogram,
     finished: [AtomicU64; 4],
+    /// Uses of fields accepted and ignored on purpose, by field name.
+    ignored: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Default for Metrics {
@@ -108,6 +117,7 @@ impl Default for Metrics {
             e2e: Histogram::new(E2E_BUCKETS),
             queue: Histogram::new(QUEUE_BUCKETS),
             finished: Default::default(),
+            ignored: Mutex::default(),
         }
     }
 }
@@ -139,7 +149,8 @@ type EngineSeries = (
 /// gateway's endpoint picker, reads the server's total). The three the
 /// Gateway API Inference Extension's model-server protocol asks for are
 /// `lamina_num_requests_waiting`, `lamina_num_requests_running` and
-/// `lamina_kv_cache_usage_perc`.
+/// `lamina_kv_cache_usage_perc`, also written under vLLM's names
+/// ([`VLLM_NAMES`]).
 const ENGINE_SERIES: &[EngineSeries] = &[
     (
         "lamina_num_requests_running",
@@ -157,13 +168,7 @@ const ENGINE_SERIES: &[EngineSeries] = &[
         "lamina_kv_cache_usage_perc",
         "gauge",
         "Fraction of the KV cache blocks referenced by a sequence (0-1).",
-        |s| {
-            if s.kv_blocks_total == 0 {
-                0.0
-            } else {
-                s.kv_blocks_used as f64 / s.kv_blocks_total as f64
-            }
-        },
+        kv_usage,
     ),
     (
         "lamina_kv_blocks_used",
@@ -221,7 +226,40 @@ const ENGINE_SERIES: &[EngineSeries] = &[
     ),
 ];
 
+/// The series also written under vLLM's name: lamina's name -> vLLM's.
+const VLLM_NAMES: [(&str, &str); 4] = [
+    ("lamina_num_requests_running", "vllm:num_requests_running"),
+    ("lamina_num_requests_waiting", "vllm:num_requests_waiting"),
+    ("lamina_kv_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+    ("lamina_cache_config_info", "vllm:cache_config_info"),
+];
+
+fn kv_usage(s: &EngineStats) -> f64 {
+    if s.kv_blocks_total == 0 {
+        0.0
+    } else {
+        s.kv_blocks_used as f64 / s.kv_blocks_total as f64
+    }
+}
+
+/// The names a series is written under: its own, then vLLM's if it has one.
+fn names(name: &'static str) -> impl Iterator<Item = &'static str> {
+    std::iter::once(name).chain(
+        VLLM_NAMES
+            .iter()
+            .filter(move |(ours, _)| *ours == name)
+            .map(|(_, theirs)| *theirs),
+    )
+}
+
 impl Metrics {
+    /// Counts one use of a field accepted and ignored on purpose.
+    pub fn ignored(&self, field: &'static str) {
+        if let Ok(mut m) = self.ignored.lock() {
+            *m.entry(field).or_insert(0) += 1;
+        }
+    }
+
     /// Counts a finished request under its reason (`stop`, `length`, `cancelled`, `error`).
     pub fn finished(&self, reason: &str) {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
@@ -237,26 +275,40 @@ impl Metrics {
         let label = format!("model_name=\"{}\"", escape(model));
         let stats: Vec<EngineStats> = replicas.iter().map(|r| r.stats).collect();
         let total = crate::replicas::sum_stats(&stats);
-        for (name, kind, help, value) in ENGINE_SERIES {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (i, s) in stats.iter().enumerate() {
-                let _ = writeln!(out, "{name}{{{label},engine=\"{i}\"}} {}", value(s));
+        for &(own, kind, help, value) in ENGINE_SERIES {
+            for name in names(own) {
+                let _ = writeln!(out, "# HELP {name} {help}");
+                let _ = writeln!(out, "# TYPE {name} {kind}");
+                for (i, s) in stats.iter().enumerate() {
+                    let _ = writeln!(out, "{name}{{{label},engine=\"{i}\"}} {}", value(s));
+                }
+                let _ = writeln!(out, "{name}{{{label}}} {}", value(&total));
             }
-            let _ = writeln!(out, "{name}{{{label}}} {}", value(&total));
         }
-        let name = "lamina_cache_config_info";
-        let _ = writeln!(
-            out,
-            "# HELP {name} KV cache configuration of the server (labels; value 1): tokens per block and blocks of all replicas."
-        );
-        let _ = writeln!(out, "# TYPE {name} gauge");
         let block_size = replicas.first().map_or(0, |r| r.block_size);
+        for name in names("lamina_cache_config_info") {
+            let _ = writeln!(
+                out,
+                "# HELP {name} KV cache configuration of the server (labels; value 1): tokens per block and blocks of all replicas."
+            );
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(
+                out,
+                "{name}{{{label},block_size=\"{block_size}\",num_gpu_blocks=\"{}\"}} 1",
+                total.kv_blocks_total
+            );
+        }
+        let name = "lamina_ignored_fields_total";
         let _ = writeln!(
             out,
-            "{name}{{{label},block_size=\"{block_size}\",num_gpu_blocks=\"{}\"}} 1",
-            total.kv_blocks_total
+            "# HELP {name} Requests that gave a field accepted and ignored on purpose, by field."
         );
+        let _ = writeln!(out, "# TYPE {name} counter");
+        if let Ok(m) = self.ignored.lock() {
+            for (field, n) in m.iter() {
+                let _ = writeln!(out, "{name}{{{label},field=\"{}\"}} {n}", escape(field));
+            }
+        }
         let name = "lamina_engine_healthy";
         let _ = writeln!(
             out,
@@ -406,6 +458,13 @@ mod tests {
         assert!(s.contains(
             "lamina_cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"20\"} 1\n"
         ));
+        // the gateway's series under vLLM's names too, total last
+        assert!(s.contains(
+            "vllm:cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"20\"} 1\n"
+        ));
+        assert!(s.contains("vllm:num_requests_running{model_name=\"m\"} 5\n# HELP"));
+        assert!(s.contains("vllm:num_requests_waiting{model_name=\"m\"} 0\n"));
+        assert!(s.contains("vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
         assert!(s.contains(
             "lamina_router_requests_total{model_name=\"m\",engine=\"1\",route=\"prefix\"} 3\n"
         ));
@@ -413,5 +472,9 @@ mod tests {
         for l in s.lines().filter(|l| !l.starts_with('#')) {
             assert!(l.contains("model_name=\"m\""), "{l}");
         }
+        m.ignored("store");
+        m.ignored("store");
+        let s = m.render(&[view(2, 5, false)], "m");
+        assert!(s.contains("lamina_ignored_fields_total{model_name=\"m\",field=\"store\"} 2\n"));
     }
 }

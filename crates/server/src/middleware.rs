@@ -132,10 +132,15 @@ pub fn check_api_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Requires `Authorization: Bearer <key>` when the server has keys, with
-/// any one of them (the scheme name case-insensitive, as HTTP says; any
-/// other scheme, or a bare key, is refused). The given key is compared with
-/// every configured key, each in constant time.
+/// Header carrying the API key as Anthropic's clients send it.
+pub const X_API_KEY: &str = "x-api-key";
+
+/// Requires `Authorization: Bearer <key>` (or, as Anthropic's clients send
+/// it, `x-api-key: <key>`) when the server has keys, with any one of them
+/// (the scheme name case-insensitive, as HTTP says; any other scheme, or a
+/// bare key in `Authorization`, is refused). The given key is compared with
+/// every configured key, each in constant time. Refusals on the Anthropic
+/// routes come in Anthropic's error shape.
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
     req: Request,
@@ -145,33 +150,49 @@ pub async fn require_api_key(
     if want.is_empty() {
         return next.run(req).await;
     }
+    let anthropic = req.uri().path().starts_with("/v1/messages");
+    let refuse = move |msg: &str| {
+        let e = ApiError::unauthorized(msg);
+        if anthropic {
+            crate::anthropic::error_response(e)
+        } else {
+            e.into_response()
+        }
+    };
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or(""));
-    let Some(header) = header else {
-        return ApiError::unauthorized(
-            "Missing API key: send it as `Authorization: Bearer <key>`.",
-        )
-        .into_response();
-    };
-    let given = header
-        .split_once(' ')
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, k)| k.trim_start_matches(' '));
-    match given {
-        None => ApiError::unauthorized(
-            "Malformed `Authorization` header: send the key as `Authorization: Bearer <key>`.",
-        )
-        .into_response(),
-        Some(k)
-            if !{
-                let d = key_digest(k.as_bytes());
-                want.iter().fold(false, |hit, w| hit | same(&d, w))
-            } =>
-        {
-            ApiError::unauthorized("Incorrect API key provided.").into_response()
+    let x_key = req
+        .headers()
+        .get(X_API_KEY)
+        .map(|v| v.to_str().unwrap_or(""));
+    let given = match (header, x_key) {
+        (None, None) => {
+            return refuse(
+                "Missing API key: send it as `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
+            );
         }
-        Some(_) => next.run(req).await,
+        (Some(header), _) => header
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, k)| k.trim_start_matches(' ')),
+        (None, Some(k)) => Some(k),
+    };
+    let ok = match given {
+        None => {
+            return refuse(
+                "Malformed `Authorization` header: send the key as `Authorization: Bearer <key>`.",
+            );
+        }
+        Some(k) => {
+            let d = key_digest(k.as_bytes());
+            want.iter().fold(false, |hit, w| hit | same(&d, w))
+        }
+    };
+    if ok {
+        next.run(req).await
+    } else {
+        refuse("Incorrect API key provided.")
     }
 }

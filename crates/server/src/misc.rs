@@ -60,7 +60,11 @@ pub async fn root(State(state): State<Arc<AppState>>) -> Json<IndexResponse> {
     let doc = crate::openapi::api_doc();
     let mut endpoints = Vec::new();
     for (path, item) in &doc.paths.paths {
-        for (method, op) in [("GET", &item.get), ("POST", &item.post)] {
+        for (method, op) in [
+            ("GET", &item.get),
+            ("POST", &item.post),
+            ("DELETE", &item.delete),
+        ] {
             if let Some(op) = op {
                 endpoints.push(EndpointInfo {
                     method: method.into(),

@@ -20,7 +20,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::state::AppState;
-use crate::{api, misc};
+use crate::{anthropic, api, misc, oairesponses};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -33,6 +33,7 @@ use crate::{api, misc};
     ),
     tags(
         (name = "openai", description = "OpenAI-compatible endpoints"),
+        (name = "anthropic", description = "Anthropic Messages API (errors in Anthropic's shape; the key also as `x-api-key`)"),
         (name = "lamina", description = "Tokenization, health, metrics, documentation")
     ),
     modifiers(&BearerKey)
@@ -60,6 +61,13 @@ pub(crate) fn guarded_routes() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::new()
         .routes(routes!(api::chat_completions))
         .routes(routes!(api::completions))
+        .routes(routes!(anthropic::messages))
+        .routes(routes!(anthropic::count_tokens))
+        .routes(routes!(oairesponses::create_response))
+        .routes(routes!(
+            oairesponses::get_response,
+            oairesponses::delete_response
+        ))
         .routes(routes!(misc::list_models))
         .routes(routes!(misc::get_model))
         .routes(routes!(misc::tokenize))

@@ -4,9 +4,13 @@
 //! later, in [`crate::params`].
 //!
 //! Never silently ignored: a field lamina does not implement (`functions`,
-//! `function_call`, `parallel_tool_calls: true`, ...) is a 400 naming it. Accepted and ignored on purpose, because they cannot change
-//! the output: `user` (an end-user id for abuse tracking) and a message's
-//! `name`. ([`IGNORED_FIELDS`]; the README lists them too.)
+//! `function_call`, `logprobs` on the Responses API, ...) is a 400 naming it.
+//! Accepted and ignored on purpose, because they only describe or route a
+//! request and cannot change the output: `user` (an end-user id for abuse
+//! tracking), a message's `name`, and on chat `store` (lamina keeps no chat
+//! completions), `metadata`, `service_tier` and `reasoning_effort` (no
+//! served model reasons). ([`IGNORED_FIELDS`]; the README lists them too;
+//! each use is counted in `lamina_ignored_fields_total`.)
 //!
 //! One file on purpose: every endpoint's body shares the same field types and
 //! parsers (messages, sampling fields, stop, logit_bias), and reading them
@@ -18,7 +22,14 @@ use serde::Deserialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
 /// Fields accepted and ignored on purpose (see the module doc).
-pub const IGNORED_FIELDS: [&str; 2] = ["user", "messages[].name"];
+pub const IGNORED_FIELDS: [&str; 6] = [
+    "user",
+    "messages[].name",
+    "store",
+    "metadata",
+    "service_tier",
+    "reasoning_effort",
+];
 
 use crate::error::ApiError;
 
@@ -272,13 +283,30 @@ pub struct ChatRequest {
     /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
     #[serde(default)]
     pub tool_choice: Option<ToolChoice>,
-    /// At most one call per turn is made: `true` is refused.
+    /// `true` (the default): a reply may make several calls; `false`: at
+    /// most one (the first).
     #[serde(default)]
     pub parallel_tool_calls: Option<bool>,
     /// Accepted and ignored (an end-user id).
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     pub user: Option<IgnoredAny>,
+    /// Accepted and ignored: lamina keeps no chat completions.
+    #[serde(default)]
+    #[schema(value_type = Option<bool>)]
+    pub store: Option<IgnoredAny>,
+    /// Accepted and ignored (tags for the caller's own bookkeeping).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub metadata: Option<IgnoredAny>,
+    /// Accepted and ignored (one tier of service).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub service_tier: Option<IgnoredAny>,
+    /// Accepted and ignored: no served model reasons.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub reasoning_effort: Option<IgnoredAny>,
 }
 
 impl ChatRequest {
@@ -304,6 +332,27 @@ impl ChatRequest {
             stream_options: self.stream_options.clone(),
             ignore_eos: self.ignore_eos.unwrap_or(false),
         }
+    }
+
+    /// The fields given that are accepted and ignored on purpose (counted
+    /// in the metrics).
+    pub fn ignored_fields(&self) -> Vec<&'static str> {
+        let named = self
+            .messages
+            .iter()
+            .any(|m| m.name.is_some())
+            .then_some("messages[].name");
+        [
+            ("user", self.user.is_some()),
+            ("store", self.store.is_some()),
+            ("metadata", self.metadata.is_some()),
+            ("service_tier", self.service_tier.is_some()),
+            ("reasoning_effort", self.reasoning_effort.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(f, given)| given.then_some(f))
+        .chain(named)
+        .collect()
     }
 
     /// Name of the `max_tokens` parameter the client used, for error messages.
@@ -576,6 +625,15 @@ mod tests {
                 br#"{"messages": [{"role": "user", "content": "a", "name": "x"}], "user": "u"}"#
             )
             .is_ok()
+        );
+        let r = parse::<ChatRequest>(
+            br#"{"messages": [], "store": false, "metadata": {"a": "b"},
+                "service_tier": "auto", "reasoning_effort": "low", "parallel_tool_calls": true}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.ignored_fields(),
+            ["store", "metadata", "service_tier", "reasoning_effort"]
         );
         assert!(parse::<CompletionRequest>(br#"{"prompt": "a", "user": "u"}"#).is_ok());
     }

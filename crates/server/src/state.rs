@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::limits::InputLimits;
 use crate::metrics::{Metrics, ReplicaView};
+use crate::oairesponses::ResponseStore;
 use crate::replicas::Replicas;
 use crate::work::WorkPool;
 
@@ -80,6 +81,11 @@ pub struct ServerConfig {
     /// Time one request's preparation (checks, template, tokenization,
     /// grammar compilation) may take on the work pool.
     pub work_budget: Duration,
+    /// Bytes the Responses API's store of responses may hold
+    /// ([`crate::oairesponses::store`]).
+    pub responses_store_bytes: usize,
+    /// How long a stored response is kept.
+    pub responses_store_ttl: Duration,
 }
 
 impl ServerConfig {
@@ -102,6 +108,8 @@ impl ServerConfig {
             limits: InputLimits::default(),
             work_queue: crate::work::DEFAULT_QUEUE,
             work_budget: crate::work::DEFAULT_BUDGET,
+            responses_store_bytes: crate::oairesponses::store::DEFAULT_STORE_BYTES,
+            responses_store_ttl: crate::oairesponses::store::DEFAULT_STORE_TTL,
         }
     }
 }
@@ -119,6 +127,8 @@ pub struct AppState {
     pub started: u64,
     /// The threads preparing requests ([`AppState::work_threads`] of them).
     pub work: WorkPool,
+    /// Stored Responses API responses (`store`, `previous_response_id`).
+    pub responses: ResponseStore,
     next_id: AtomicU64,
     draining: watch::Sender<bool>,
 }
@@ -147,6 +157,7 @@ impl AppState {
             api_key_digests,
             started: unix_now(),
             work: WorkPool::new(Self::work_threads(), cfg.work_queue, cfg.work_budget),
+            responses: ResponseStore::new(cfg.responses_store_bytes, cfg.responses_store_ttl),
             cfg,
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),

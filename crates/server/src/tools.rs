@@ -7,8 +7,11 @@
 //! - The call format the model is asked for (and held to when a call is
 //!   forced) is the one Llama 3.1 / 3.2 templates teach: the whole reply is
 //!   one JSON object `{"name": "<function>", "parameters": {<arguments>}}`
-//!   (`arguments` is read as a synonym). One call per turn:
-//!   `parallel_tool_calls: true` is refused.
+//!   (`arguments` is read as a synonym). With `parallel_tool_calls` true
+//!   (the default) a reply may be several such objects, one after the
+//!   other (separated by white space, `;` or `,`, each may start with
+//!   `<|python_tag|>`) or a JSON array of them; with `false` only the first
+//!   call is returned. A forced call (below) is one call.
 //! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
 //!   OpenAI's shape and the history's `tool_calls` with their arguments as
 //!   objects; for templates that do not (SmolLM2), [`fallback_system`]
@@ -17,10 +20,15 @@
 //!   is rendered as its JSON text and a `tool` turn as a message of role
 //!   `tool`.
 //! - `tool_choice`: `none` renders no tools and parses nothing; `auto` (the
-//!   default with tools) renders them and parses a reply that is a call;
-//!   `required` and a named function also constrain decoding to a call
-//!   (of any tool, or of that one) with the arguments held to the
-//!   function's `parameters` schema.
+//!   default with tools) renders them, lets the reply be text or calls and
+//!   parses a reply that is calls: decoding follows [`ToolPlan::auto_grammar`],
+//!   so once the reply starts a call (its first character `{`, or the
+//!   template's `<|python_tag|>` marker) it can only be calls of declared
+//!   functions with arguments valid against their `parameters` (unless the
+//!   request has its own constraint, `response_format` or `guided_*`: then
+//!   that one holds and calls are parsed only); `required` and a named
+//!   function constrain decoding to a call (of any tool, or of that one)
+//!   from the first token.
 //! - Every definition is checked: `type` is `function`, the name is 1 to 64
 //!   letters, digits, `_` or `-` and unique, `parameters` a JSON object;
 //!   each error is a 400 naming the field (`tools[2].function.name`).
@@ -39,6 +47,9 @@ use crate::error::ApiError;
 use crate::protocol::{Message, Tool, ToolChoice};
 use crate::structured::valid_name;
 
+mod parse;
+pub use parse::{ParsedCall, parse_calls};
+
 /// What a request's tools mean for its prompt, decoding and response.
 #[derive(Debug, Clone)]
 pub struct ToolPlan {
@@ -48,6 +59,8 @@ pub struct ToolPlan {
     pub names: Vec<String>,
     /// A forced call (`required` or a named function).
     pub constraint: Option<Constraint>,
+    /// Several calls per reply allowed (`parallel_tool_calls`, default true).
+    pub parallel: bool,
 }
 
 fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
@@ -71,13 +84,6 @@ pub fn plan(
     choice: Option<&ToolChoice>,
     parallel: Option<bool>,
 ) -> Result<Option<ToolPlan>, ApiError> {
-    if parallel == Some(true) {
-        return Err(bad(
-            "parallel_tool_calls",
-            "`parallel_tool_calls: true` is not supported: lamina makes at most one tool call per turn; \
-             leave it out or set it to false.",
-        ));
-    }
     let Some(tools) = tools else {
         if choice.is_some() {
             return Err(bad("tool_choice", "`tool_choice` needs `tools`."));
@@ -172,14 +178,17 @@ pub fn plan(
         tools: Value::Array(defs),
         names,
         constraint,
+        parallel: parallel.unwrap_or(true),
     }))
 }
 
+/// The call marker Llama 3.x templates teach (a special token).
+pub const CALL_MARKER: &str = "<|python_tag|>";
+
 impl ToolPlan {
-    /// Every function's call schema (what `required` would force), for
-    /// checking the definitions with the grammar engine in `auto` mode too.
-    pub fn check_constraint(&self) -> Constraint {
-        let schemas: Vec<Value> = self
+    /// The schema of one call of any of the functions.
+    fn any_call_schema(&self) -> Value {
+        let mut schemas: Vec<Value> = self
             .tools
             .as_array()
             .into_iter()
@@ -191,7 +200,44 @@ impl ToolPlan {
                 )
             })
             .collect();
-        Constraint::JsonSchema(json!({"anyOf": schemas}))
+        if schemas.len() == 1 {
+            schemas.remove(0)
+        } else {
+            json!({"anyOf": schemas})
+        }
+    }
+
+    /// Every function's call schema (what `required` would force), for
+    /// checking the definitions with the grammar engine when another
+    /// constraint holds the reply.
+    pub fn check_constraint(&self) -> Constraint {
+        Constraint::JsonSchema(self.any_call_schema())
+    }
+
+    /// The grammar of an `auto` reply (llguidance's Lark): free text that
+    /// does not start with `{`, or calls: one (several on separate lines
+    /// when `parallel`) JSON call object of a declared function with its
+    /// arguments held to the function's schema, after optional white space
+    /// or, when the template has it (`marker`), the `<|python_tag|>` token.
+    pub fn auto_grammar(&self, marker: bool) -> Constraint {
+        let calls = if self.parallel {
+            "call (\"\\n\" call)*"
+        } else {
+            "call"
+        };
+        let tagged = if marker {
+            format!(" | {CALL_MARKER} calls")
+        } else {
+            String::new()
+        };
+        Constraint::Lark(format!(
+            "start: TEXT | WS? calls{tagged}\n\
+             calls: {calls}\n\
+             call: %json {}\n\
+             TEXT: /\\s*[^\\s{{][\\s\\S]*/\n\
+             WS: /\\s+/\n",
+            self.any_call_schema()
+        ))
     }
 }
 
@@ -277,42 +323,6 @@ pub fn add_fallback_system(messages: &mut Vec<ChatMessage>, tools: &Value) {
     }
 }
 
-/// A call parsed from the model's reply.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
-    pub name: String,
-    /// The arguments as a JSON text (OpenAI's `function.arguments`).
-    pub arguments: String,
-}
-
-/// The call in `text` when the whole reply is one (module doc) of a known
-/// function; `None` otherwise (the reply is content).
-pub fn parse_call(text: &str, names: &[String]) -> Option<ParsedCall> {
-    let t = text.trim();
-    let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
-    let v: Value = serde_json::from_str(t).ok()?;
-    let obj = v.as_object()?;
-    let name = obj.get("name")?.as_str()?;
-    if !names.iter().any(|n| n == name) {
-        return None;
-    }
-    let args = obj
-        .get("parameters")
-        .or_else(|| obj.get("arguments"))
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let args = match args {
-        // some models write the arguments as a JSON string already
-        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
-        v if v.is_object() => v.to_string(),
-        _ => return None,
-    };
-    Some(ParsedCall {
-        name: name.to_string(),
-        arguments: args,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +373,27 @@ mod tests {
     }
 
     #[test]
+    fn the_auto_grammar_names_each_function() {
+        let tools = vec![tool("f", None), tool("g", Some(json!({"type": "object"})))];
+        let p = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
+        let Constraint::Lark(g) = p.auto_grammar(true) else {
+            panic!("a Lark grammar");
+        };
+        assert!(
+            g.starts_with("start: TEXT | WS? calls | <|python_tag|> calls\n"),
+            "{g}"
+        );
+        assert!(g.contains("calls: call\n"), "{g}");
+        assert!(g.contains(r#""const":"g""#), "{g}");
+        let p = plan(Some(&tools), None, None).unwrap().unwrap();
+        let Constraint::Lark(g) = p.auto_grammar(false) else {
+            panic!("a Lark grammar");
+        };
+        assert!(g.starts_with("start: TEXT | WS? calls\n"), "{g}");
+        assert!(g.contains(r#"calls: call ("\n" call)*"#), "{g}");
+    }
+
+    #[test]
     fn bad_definitions_name_the_field() {
         let dup = vec![tool("a", None), tool("a", None)];
         let mut wrong_type = vec![tool("a", None)];
@@ -378,10 +409,6 @@ mod tests {
                 "tools[0].function.parameters",
             ),
             (plan(Some(&wrong_type), None, None), "tools[0].type"),
-            (
-                plan(Some(&[tool("a", None)]), None, Some(true)),
-                "parallel_tool_calls",
-            ),
             (
                 plan(None, Some(&ToolChoice::Mode("auto".into())), None),
                 "tool_choice",
@@ -439,30 +466,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn replies_parse_into_calls_of_known_functions_only() {
-        let names = vec!["get_weather".to_string()];
-        let c = parse_call(
-            " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n",
-            &names,
-        )
-        .unwrap();
-        assert_eq!(c.name, "get_weather");
-        assert_eq!(
-            serde_json::from_str::<Value>(&c.arguments).unwrap(),
-            json!({"city": "Paris"})
-        );
-        let c = parse_call(
-            r#"{"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}"#,
-            &names,
-        )
-        .unwrap();
-        assert_eq!(c.arguments, r#"{"city": "Oslo"}"#);
-        assert!(parse_call(r#"{"name": "other", "parameters": {}}"#, &names).is_none());
-        assert!(parse_call("It is sunny.", &names).is_none());
-        assert!(parse_call(r#"{"name": "get_weather", "parameters": 3}"#, &names).is_none());
     }
 
     #[test]

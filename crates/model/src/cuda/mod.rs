@@ -123,6 +123,15 @@ pub fn device_count() -> Result<usize, String> {
     gpu::device_count()
 }
 
+/// Free and total memory of CUDA device `device` in bytes (what the KV
+/// pool's sizing starts from).
+pub fn memory_info(device: usize) -> Result<(usize, usize), String> {
+    available()?;
+    let gpu = Gpu::new(device).map_err(|e| format!("opening device {device}: {e}"))?;
+    gpu.mem_info()
+        .map_err(|e| format!("reading device {device}'s memory: {e}"))
+}
+
 pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("cuda: {what}: {e}"))
 }

@@ -182,10 +182,12 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                     let mut reason = f.reason.as_str();
                     let mut out = Vec::new();
                     if let Some(held) = st.held.take() {
-                        match job.tool_call(index, &held, f.reason) {
-                            Some(call) => {
+                        match job.tool_calls(index, &held, f.reason) {
+                            Some(calls) => {
                                 reason = "tool_calls";
-                                out.extend(call_chunks(&job, index, call));
+                                for (k, call) in calls.into_iter().enumerate() {
+                                    out.extend(call_chunks(&job, index, k, call));
+                                }
                             }
                             None if !held.is_empty() => {
                                 let choice = job.choice(index, &held, Value::Null, None, true);
@@ -221,15 +223,19 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
 }
 
 /// Whether a held reply may still turn out to be a tool call.
-fn may_be_call(held: &str) -> bool {
+pub(crate) fn may_be_call(held: &str) -> bool {
     const TAG: &str = "<|python_tag|>";
     let t = held.trim_start();
-    t.is_empty() || t.starts_with('{') || t.starts_with(TAG) || TAG.starts_with(t)
+    t.is_empty()
+        || t.starts_with('{')
+        || t.starts_with('[')
+        || t.starts_with(TAG)
+        || TAG.starts_with(t)
 }
 
-/// A tool call as OpenAI streams it: name first (empty arguments), then
-/// the arguments.
-fn call_chunks(job: &Job, index: usize, call: ToolCallOut) -> Vec<Piece> {
+/// Tool call `k` of a reply as OpenAI streams it: name first (empty
+/// arguments), then the arguments.
+fn call_chunks(job: &Job, index: usize, k: usize, call: ToolCallOut) -> Vec<Piece> {
     let delta = |calls: Value| {
         Choice::ChatChunk(ChatChunkChoice {
             index,
@@ -243,12 +249,12 @@ fn call_chunks(job: &Job, index: usize, call: ToolCallOut) -> Vec<Piece> {
         })
     };
     let head = serde_json::json!({
-        "index": 0,
+        "index": k,
         "id": call.id,
         "type": call.kind,
         "function": {"name": call.function.name, "arguments": ""},
     });
-    let args = serde_json::json!({"index": 0, "function": {"arguments": call.function.arguments}});
+    let args = serde_json::json!({"index": k, "function": {"arguments": call.function.arguments}});
     vec![
         Piece::Sse(data(&job.chunk(vec![delta(head)]))),
         Piece::Sse(data(&job.chunk(vec![delta(args)]))),

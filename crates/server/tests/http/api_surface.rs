@@ -16,7 +16,7 @@ use super::*;
 
 /// Every route the router serves: the test fails when one is added without
 /// being documented, or documented without being served.
-const ROUTES: [(&str, &str); 12] = [
+const ROUTES: [(&str, &str); 17] = [
     ("GET", "/"),
     ("GET", "/health"),
     ("GET", "/version"),
@@ -25,6 +25,11 @@ const ROUTES: [(&str, &str); 12] = [
     ("GET", "/docs"),
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/responses/{id}"),
+    ("DELETE", "/v1/responses/{id}"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{id}"),
     ("POST", "/tokenize"),

@@ -1,15 +1,18 @@
 //! Fuzzing the request parsing of `/v1/chat/completions`,
-//! `/v1/completions` and `/tokenize` through the whole router: the seed
+//! `/v1/completions`, `/tokenize`, Anthropic's `/v1/messages` and the
+//! Responses API's `/v1/responses` through the whole router: the seed
 //! bodies of `tests/fuzz-corpus/http` (`chat-*`, `completion-*`,
-//! `tokenize-*`, each posted to its route) with fields removed or replaced
-//! by arbitrary JSON, as mutated bytes under odd content types, and random
-//! bytes.
+//! `tokenize-*`, `messages-*`, `responses-*`, each posted to its route) with
+//! fields removed or replaced by arbitrary JSON, as mutated bytes under odd
+//! content types, and random bytes.
 //!
-//! Property: no panic and no 5xx; every refusal is OpenAI's error shape
-//! with a message (and a non-empty `param` when one is given); every
-//! success is a JSON completion or an SSE stream ending in one `[DONE]`;
-//! afterwards the engine is idle (no request leaked). `LAMINA_FUZZ_CASES`
-//! sets the number of cases.
+//! Property: no panic and no 5xx; every refusal is an error object with a
+//! message under `error` (OpenAI's shape, or Anthropic's on `/v1/messages`)
+//! and a non-empty `param` when one is given; every success is a JSON
+//! reply or an SSE stream ending as its API ends one (one `[DONE]`,
+//! `message_stop`, `response.completed` / `response.incomplete`) with no
+//! error event; afterwards the engine is idle (no request leaked).
+//! `LAMINA_FUZZ_CASES` sets the number of cases.
 
 use std::sync::OnceLock;
 
@@ -18,7 +21,7 @@ use axum::http::Request;
 use proptest::prelude::*;
 use serde_json::Value;
 
-use crate::{App, Reply, app, sse_chunks};
+use crate::{App, Reply, app, sse_chunks, sse_data};
 
 /// One app and runtime for all cases (an engine start per case would
 /// dominate the run).
@@ -40,7 +43,11 @@ fn route(seed_name: &str) -> &'static str {
         Some("chat") => "/v1/chat/completions",
         Some("completion") => "/v1/completions",
         Some("tokenize") => "/tokenize",
-        _ => panic!("seed {seed_name}: name must start with chat-, completion- or tokenize-"),
+        Some("messages") => "/v1/messages",
+        Some("responses") => "/v1/responses",
+        _ => panic!(
+            "seed {seed_name}: name must start with chat-, completion-, tokenize-, messages- or responses-"
+        ),
     }
 }
 
@@ -83,12 +90,42 @@ fn request_input(path: &str, content_type: Option<&str>, body: Vec<u8>) {
         .get("content-type")
         .is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
     if sse {
-        for chunk in sse_chunks(&reply.text()) {
-            assert!(chunk.get("error").is_none(), "{chunk}");
+        let text = reply.text();
+        let last_event = |data: Vec<String>| -> Value {
+            let events: Vec<Value> = data
+                .iter()
+                .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{d:?}: {e}")))
+                .collect();
+            for e in &events {
+                assert!(e["type"] != "error", "{text}");
+            }
+            events.last().cloned().unwrap_or(Value::Null)
+        };
+        match path {
+            "/v1/messages" => {
+                assert_eq!(
+                    last_event(sse_data(&text))["type"],
+                    "message_stop",
+                    "{text}"
+                );
+            }
+            "/v1/responses" => {
+                let kind = last_event(sse_data(&text))["type"].clone();
+                assert!(
+                    kind == "response.completed" || kind == "response.incomplete",
+                    "{text}"
+                );
+            }
+            _ => {
+                for chunk in sse_chunks(&text) {
+                    assert!(chunk.get("error").is_none(), "{chunk}");
+                }
+            }
         }
     } else {
+        // a Responses object carries `"error": null`
         let v = reply.json();
-        assert!(v.get("error").is_none(), "{v}");
+        assert!(v.get("error").is_none_or(Value::is_null), "{v}");
     }
 }
 
@@ -124,7 +161,9 @@ proptest! {
 
     #[test]
     fn requests_of_random_bytes(
-        path in proptest::sample::select(vec!["/v1/chat/completions", "/v1/completions", "/tokenize"]),
+        path in proptest::sample::select(vec![
+            "/v1/chat/completions", "/v1/completions", "/tokenize", "/v1/messages", "/v1/responses",
+        ]),
         b in proptest::collection::vec(any::<u8>(), 0..128),
     ) {
         request_input(path, Some("application/json"), b);

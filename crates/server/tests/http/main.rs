@@ -4,6 +4,7 @@
 //! graceful shutdown; and the request parsing under fuzzing (`fuzz.rs`).
 
 mod abuse;
+mod agents;
 mod api_surface;
 mod errors;
 mod fake;

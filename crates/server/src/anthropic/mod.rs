@@ -1,0 +1,217 @@
+//! Anthropic's Messages API: `POST /v1/messages` (whole or streamed) and
+//! `POST /v1/messages/count_tokens`, over the chat path.
+//!
+//! Contract: a request is parsed with Anthropic's field names
+//! ([`request`]), translated into a chat-completion request and run by the
+//! chat path ([`crate::api::prepare_chat`]: model check, limits, sampling
+//! checks, tools and their grammar, template, tokenization, submission), so
+//! both APIs share every rule. The reply ([`reply`]) is Anthropic's
+//! `message` object, or its SSE event sequence (`message_start`, `ping`,
+//! `content_block_start` / `content_block_delta` / `content_block_stop` per
+//! block, `message_delta` with the stop reason and usage, `message_stop`;
+//! `ping` also as the keep-alive). A reply that is calls of the request's
+//! tools comes back as `tool_use` blocks with `stop_reason: "tool_use"`.
+//! The API key may come as `x-api-key` (as Anthropic's clients send it) or
+//! as `Authorization: Bearer`; `anthropic-version` and `anthropic-beta` are
+//! read by no one (there is one version of this API here). Every error is
+//! Anthropic's shape, `{"type": "error", "error": {"type", "message"}}`,
+//! with the status the chat path gives it (the message names the field).
+//!
+//! Costs: the chat path's, plus one translation (O(request size)).
+
+pub mod convert;
+pub mod reply;
+pub mod request;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::api::{accept, chat_prompt, prepare_chat};
+use crate::error::ApiError;
+use crate::generate::{Job, Kind};
+use crate::middleware::RequestId;
+use crate::protocol::ChatRequest;
+use crate::state::AppState;
+use convert::anthropic_param;
+use request::{CountTokensRequest, MessagesRequest};
+
+/// Anthropic's error `type` for a status.
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 408 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// The body of an error in Anthropic's shape.
+pub fn error_body(e: &ApiError) -> Value {
+    json!({"type": "error", "error": {"type": error_type(e.status), "message": e.message}})
+}
+
+/// An error as Anthropic's response (the status and `Retry-After` kept).
+pub fn error_response(e: ApiError) -> Response {
+    use axum::http::header::RETRY_AFTER;
+    let body = error_body(&e);
+    let status = e.status;
+    let retry = e.into_response().headers().get(RETRY_AFTER).cloned();
+    let mut out = (status, Json(body)).into_response();
+    if let Some(v) = retry {
+        out.headers_mut().insert(RETRY_AFTER, v);
+    }
+    out
+}
+
+/// A chat-path error with its field renamed to Anthropic's.
+fn renamed(e: ApiError) -> ApiError {
+    match e.param.as_deref() {
+        Some(p) => {
+            let ours = anthropic_param(p);
+            let message = e.message.replace(&format!("`{p}`"), &format!("`{ours}`"));
+            // Anthropic's error shape has no `param`: the message names it
+            let message = if message.contains(&format!("`{ours}`")) {
+                message
+            } else {
+                format!("`{ours}`: {message}")
+            };
+            ApiError {
+                param: Some(ours),
+                message,
+                ..e
+            }
+        }
+        None => e,
+    }
+}
+
+/// The chat request of a translated conversation, the ignored fields counted.
+fn chat_request(
+    state: &AppState,
+    chat: Result<Value, ApiError>,
+    ignored: &[&'static str],
+) -> Result<ChatRequest, ApiError> {
+    for f in ignored {
+        state.metrics.ignored(f);
+    }
+    let chat = chat?;
+    serde_json::from_value(chat).map_err(|e| ApiError::invalid_request(format!("{e}")))
+}
+
+/// Creates a message: Anthropic's `message` object, or with `stream: true`
+/// its SSE event sequence.
+#[utoipa::path(post, path = "/v1/messages", tag = "anthropic",
+    security(("api_key" = [])),
+    request_body = MessagesRequest,
+    responses(
+        (status = 200, description = "A `message` object, or an SSE stream of Anthropic's message events", content_type = "application/json"),
+        (status = 400, description = "Bad input: `{\"type\": \"error\", \"error\": {\"type\", \"message\"}}`, the message naming the field", content_type = "application/json"),
+        (status = 401, description = "Missing or wrong API key (`x-api-key` or `Authorization: Bearer`)", content_type = "application/json"),
+    ))]
+pub async fn messages(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestId(rid)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match create(state, rid, body).await {
+        Ok(r) => r,
+        Err(e) => error_response(renamed(e)),
+    }
+}
+
+async fn create(
+    state: Arc<AppState>,
+    rid: u64,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let req: MessagesRequest = accept(&state, body)?;
+    let stops = req.stop_sequences.clone().unwrap_or_default();
+    let st = state.clone();
+    let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let (mut job, handles, stream) = state
+        .work
+        .run("messages", move || {
+            let mut ignored = Vec::new();
+            let chat = chat_request(&st, req.to_chat(&mut ignored), &ignored)?;
+            prepare_chat(&st, chat, job)
+        })
+        .await??;
+    job.id = format!("msg_{rid}");
+    reply::respond(job, handles, stream, stops).await
+}
+
+/// Counts the tokens of a conversation's prompt as the model sees it
+/// (system, messages and tools rendered with the chat template):
+/// `{"input_tokens": n}`.
+#[utoipa::path(post, path = "/v1/messages/count_tokens", tag = "anthropic",
+    security(("api_key" = [])),
+    request_body = CountTokensRequest,
+    responses(
+        (status = 200, description = "`{\"input_tokens\": n}`", content_type = "application/json"),
+        (status = 400, description = "Bad input, in Anthropic's error shape", content_type = "application/json"),
+    ))]
+pub async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let counted = async {
+        let req: CountTokensRequest = accept(&state, body)?;
+        let st = state.clone();
+        let n = state
+            .work
+            .run("messages", move || {
+                let mut ignored = Vec::new();
+                req.ignored(&mut ignored);
+                let chat = convert::to_chat(&req.conversation(), &mut ignored);
+                let chat = chat_request(&st, chat, &ignored)?;
+                chat_prompt(&st, chat).map(|p| p.prompt.len())
+            })
+            .await??;
+        Ok::<_, ApiError>(n)
+    };
+    match counted.await {
+        Ok(n) => Json(json!({"input_tokens": n})).into_response(),
+        Err(e) => error_response(renamed(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_take_anthropics_shape() {
+        let e = ApiError::invalid_param("stop", "Invalid `stop`: too many.");
+        let e = renamed(e);
+        assert_eq!(e.param.as_deref(), Some("stop_sequences"));
+        let b = error_body(&e);
+        assert_eq!(b["type"], "error");
+        assert_eq!(b["error"]["type"], "invalid_request_error");
+        assert_eq!(b["error"]["message"], "Invalid `stop_sequences`: too many.");
+        let e = renamed(ApiError::invalid_param("stop", "At most 4."));
+        assert_eq!(e.message, "`stop_sequences`: At most 4.");
+        let r = error_response(ApiError::queue_full());
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(r.headers().contains_key(axum::http::header::RETRY_AFTER));
+        assert_eq!(error_type(StatusCode::UNAUTHORIZED), "authentication_error");
+        assert_eq!(error_type(StatusCode::NOT_FOUND), "not_found_error");
+        assert_eq!(
+            error_type(StatusCode::SERVICE_UNAVAILABLE),
+            "overloaded_error"
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! Responses API items and formats in chat terms: input items to checked
+//! wire items (the history's form), wire items to chat messages, `text.format`
+//! to `response_format`, and the Responses names of the chat fields errors
+//! name. Costs: O(size of the items).
+
+use serde_json::{Value, json};
+
+use super::request::{Format, Item, ItemContent};
+use crate::error::ApiError;
+
+fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
+    ApiError::invalid_param(param, msg)
+}
+
+/// `text.format` as the chat `response_format`.
+pub(super) fn response_format(f: &Format) -> Value {
+    if f.kind != "json_schema" {
+        return json!({"type": f.kind});
+    }
+    let mut js = json!({"name": f.name.clone().unwrap_or_default()});
+    if let Some(s) = &f.schema {
+        js["schema"] = s.clone();
+    }
+    if let Some(d) = &f.description {
+        js["description"] = json!(d);
+    }
+    if let Some(s) = f.strict {
+        js["strict"] = json!(s);
+    }
+    json!({"type": "json_schema", "json_schema": js})
+}
+
+/// An input item, checked, as the wire item kept in the history.
+pub(super) fn item_value(item: &Item) -> Result<Value, ApiError> {
+    let kind = item.kind.as_deref().unwrap_or("message");
+    let text = |c: &Option<ItemContent>| -> Option<String> {
+        match c.as_ref()? {
+            ItemContent::Text(t) => Some(t.clone()),
+            ItemContent::Parts(p) => Some(
+                p.iter()
+                    .map(|p| p.text.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
+        }
+    };
+    Ok(match kind {
+        "message" => json!({"type": "message", "role": item.role, "content": text(&item.content)}),
+        "function_call" => json!({"type": "function_call", "call_id": item.call_id,
+            "name": item.name, "arguments": item.arguments}),
+        "function_call_output" => json!({"type": "function_call_output",
+            "call_id": item.call_id, "output": item.output}),
+        other => {
+            return Err(bad(
+                "input",
+                format!(
+                    "Unsupported input item type `{other}`; lamina reads `message`, `function_call` and `function_call_output`."
+                ),
+            ));
+        }
+    })
+}
+
+/// The chat messages of wire items (the history and the input), appended
+/// to `out`; consecutive calls join one assistant message.
+pub fn to_messages(items: &[Value], out: &mut Vec<Value>) -> Result<(), ApiError> {
+    for (i, it) in items.iter().enumerate() {
+        let field = |f: &str| -> Result<String, ApiError> {
+            it[f].as_str().map(str::to_owned).ok_or_else(|| {
+                bad(
+                    format!("input[{i}].{f}"),
+                    format!(
+                        "A `{}` item needs `{f}`.",
+                        it["type"].as_str().unwrap_or("")
+                    ),
+                )
+            })
+        };
+        match it["type"].as_str().unwrap_or("message") {
+            "message" => {
+                let role = field("role")?;
+                if !matches!(role.as_str(), "user" | "assistant" | "system" | "developer") {
+                    return Err(bad(
+                        format!("input[{i}].role"),
+                        format!(
+                            "Unknown role `{role}`; expected `user`, `assistant`, `system` or `developer`."
+                        ),
+                    ));
+                }
+                out.push(json!({"role": role, "content": field("content")?}));
+            }
+            "function_call" => {
+                let call = json!({"id": field("call_id")?, "type": "function",
+                    "function": {"name": field("name")?, "arguments": field("arguments")?}});
+                match out.last_mut() {
+                    Some(last) if last["role"] == "assistant" => {
+                        if !last["tool_calls"].is_array() {
+                            last["tool_calls"] = json!([]);
+                        }
+                        if let Some(calls) = last["tool_calls"].as_array_mut() {
+                            calls.push(call);
+                        }
+                    }
+                    _ => {
+                        out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]}))
+                    }
+                }
+            }
+            _ => out.push(json!({"role": "tool", "tool_call_id": field("call_id")?,
+                "content": field("output")?})),
+        }
+    }
+    Ok(())
+}
+
+/// The Responses name of a chat request's field in an error.
+pub fn responses_param(chat: &str) -> String {
+    if chat == "max_tokens" {
+        return "max_output_tokens".into();
+    }
+    if chat == "tool_choice.function.name" {
+        return "tool_choice.name".into();
+    }
+    if let Some(rest) = chat.strip_prefix("response_format") {
+        return format!("text.format{}", rest.replacen(".json_schema", "", 1));
+    }
+    if let Some(rest) = chat.strip_prefix("messages") {
+        return format!("input{rest}");
+    }
+    if chat.starts_with("tools[") {
+        return chat.replacen(".function.", ".", 1);
+    }
+    chat.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oairesponses::request::ResponsesRequest;
+    use crate::protocol::{self, ChatRequest};
+
+    fn req(body: Value) -> Result<ResponsesRequest, ApiError> {
+        protocol::parse(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn items_become_chat_messages() {
+        let r = req(json!({
+            "model": "m", "instructions": "Be brief.", "max_output_tokens": 9,
+            "input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}", "id": "fc_1", "status": "completed"},
+                {"type": "function_call_output", "call_id": "c1", "output": "21C"},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks"}]},
+            ],
+            "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "w"},
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        }))
+        .unwrap();
+        let items = r.input_items().unwrap();
+        let chat = r.to_chat(&items).unwrap();
+        let roles: Vec<&str> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+        assert_eq!(chat["messages"][2]["tool_calls"][0]["id"], "c1");
+        assert_eq!(chat["tool_choice"]["function"]["name"], "w");
+        assert_eq!(chat["response_format"]["json_schema"]["name"], "x");
+        assert_eq!(r.ignored_fields(), ["input[].id"]);
+        let chat: ChatRequest = serde_json::from_value(chat).unwrap();
+        assert_eq!(chat.max_tokens, Some(9));
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        for (body, param) in [
+            (json!({"input": "a", "include": ["x"]}), "include"),
+            (json!({"input": "a", "truncation": "auto"}), "truncation"),
+            (json!({}), "input"),
+            (json!({"input": [{"type": "reasoning"}]}), "input"),
+            (
+                json!({"input": [{"role": "tool", "content": "x"}]}),
+                "input[0].role",
+            ),
+            (
+                json!({"input": [{"type": "function_call_output", "output": "x"}]}),
+                "input[0].call_id",
+            ),
+            (
+                json!({"input": "a", "tools": [{"type": "web_search", "name": "w"}]}),
+                "tools[0].type",
+            ),
+        ] {
+            let e = req(body.clone())
+                .and_then(|r| {
+                    let items = r.input_items()?;
+                    r.to_chat(&items)
+                })
+                .unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{body}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn chat_params_are_renamed() {
+        assert_eq!(responses_param("max_tokens"), "max_output_tokens");
+        assert_eq!(
+            responses_param("response_format.json_schema.name"),
+            "text.format.name"
+        );
+        assert_eq!(responses_param("messages[2].content"), "input[2].content");
+        assert_eq!(
+            responses_param("tools[1].function.parameters"),
+            "tools[1].parameters"
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! OpenAI's Responses API: `POST /v1/responses` (whole or streamed),
+//! `GET /v1/responses/{id}` and `DELETE /v1/responses/{id}`, over the chat
+//! path.
+//!
+//! Contract: a request is parsed with the Responses field names
+//! ([`request`]), its conversation is the stored history of
+//! `previous_response_id` (when given) followed by its `input`, and it is
+//! translated into a chat-completion request run by the chat path
+//! ([`crate::api::prepare_chat`]), so both APIs share every rule (model,
+//! limits, sampling, tools and their grammar, template, tokenization). The
+//! reply ([`reply`]) is a `response` object or its semantic SSE events.
+//! Errors are OpenAI's shape, naming the Responses field. `store` (default
+//! true) keeps the finished response in the in-memory [`store`]; a
+//! `previous_response_id` that is not there (never stored, evicted,
+//! expired or deleted) is a 400 naming it; `GET` / `DELETE` of an id not
+//! there is a 404.
+//!
+//! Costs: the chat path's, plus one translation O(conversation size).
+
+pub mod convert;
+pub mod reply;
+pub mod request;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use engine::RequestHandle;
+use serde_json::{Value, json};
+
+use crate::api::{accept, prepare_chat};
+use crate::error::ApiError;
+use crate::generate::{Job, Kind};
+use crate::middleware::RequestId;
+use crate::protocol::ChatRequest;
+use crate::state::AppState;
+use convert::responses_param;
+use reply::Meta;
+use request::{ResponsesRequest, ToolChoice};
+
+pub use store::ResponseStore;
+
+/// The request's fields as the response object echoes them.
+fn echo(req: &ResponsesRequest, store: bool) -> Value {
+    let tools: Vec<Value> = req
+        .tools
+        .iter()
+        .flatten()
+        .map(|t| {
+            json!({"type": t.kind, "name": t.name, "description": t.description,
+                "parameters": t.parameters, "strict": t.strict.unwrap_or(true)})
+        })
+        .collect();
+    let tool_choice = match &req.tool_choice {
+        None => json!("auto"),
+        Some(ToolChoice::Mode(m)) => json!(m),
+        Some(ToolChoice::Named(n)) => json!({"type": n.kind, "name": n.name}),
+    };
+    let format = match req.text.as_ref().and_then(|t| t.format.as_ref()) {
+        None => json!({"type": "text"}),
+        Some(f) => {
+            let mut v = json!({"type": f.kind});
+            for (k, x) in [
+                ("name", json!(f.name)),
+                ("schema", json!(f.schema)),
+                ("description", json!(f.description)),
+                ("strict", json!(f.strict)),
+            ] {
+                if !x.is_null() {
+                    v[k] = x;
+                }
+            }
+            v
+        }
+    };
+    json!({
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "previous_response_id": req.previous_response_id,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": req.parallel_tool_calls.unwrap_or(true),
+        "text": {"format": format},
+        "metadata": req.metadata.clone().unwrap_or_default(),
+        "store": store,
+        "truncation": "disabled",
+        "reasoning": {"effort": null, "summary": null},
+        "user": null,
+    })
+}
+
+/// A chat-path error with its field renamed to the Responses name.
+fn renamed(e: ApiError) -> ApiError {
+    match e.param.as_deref() {
+        Some(p) => {
+            let ours = responses_param(p);
+            let message = e.message.replace(&format!("`{p}`"), &format!("`{ours}`"));
+            ApiError {
+                param: Some(ours),
+                message,
+                ..e
+            }
+        }
+        None => e,
+    }
+}
+
+type Prepared = Result<(Job, Vec<RequestHandle>, bool, Meta), ApiError>;
+
+/// Checks, translates and submits a request (a work-pool job).
+fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job) -> Prepared {
+    for f in req.ignored_fields() {
+        state.metrics.ignored(f);
+    }
+    let mut history = match &req.previous_response_id {
+        Some(id) => {
+            let stored = state.responses.get(id).ok_or_else(|| {
+                ApiError::invalid_param(
+                    "previous_response_id",
+                    format!(
+                        "No stored response `{id}`: it was not stored, or was deleted, evicted \
+                         (`--responses-store-mib`) or expired (`--responses-store-ttl-secs`)."
+                    ),
+                )
+            })?;
+            stored.history
+        }
+        None => Vec::new(),
+    };
+    history.extend(req.input_items()?);
+    let chat = req.to_chat(&history)?;
+    let chat: ChatRequest = serde_json::from_value(chat)
+        .map_err(|e| ApiError::invalid_request(format!("Invalid request: {e}")))?;
+    let store = req.store.unwrap_or(true);
+    let meta = Meta {
+        echo: echo(&req, store),
+        store,
+        history,
+    };
+    let (job, handles, stream) = prepare_chat(state, chat, job).map_err(renamed)?;
+    Ok((job, handles, stream, meta))
+}
+
+/// Creates a model response: a `response` object, or with `stream: true`
+/// its semantic SSE events.
+#[utoipa::path(post, path = "/v1/responses", tag = "openai",
+    security(("api_key" = [])),
+    request_body = ResponsesRequest,
+    responses(
+        (status = 200, description = "A `response` object, or an SSE stream of `response.*` events", content_type = "application/json"),
+        (status = 400, description = "Bad input, naming the parameter", body = crate::error::ErrorBody),
+        (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
+    ))]
+pub async fn create_response(
+    State(state): State<Arc<AppState>>,
+    Extension(RequestId(rid)): Extension<RequestId>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    let req: ResponsesRequest = accept(&state, body)?;
+    let st = state.clone();
+    let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let (mut job, handles, stream, meta) = state
+        .work
+        .run("input", move || prepare(&st, req, job))
+        .await??;
+    job.id = format!("resp_{rid}");
+    reply::respond(job, handles, stream, meta).await
+}
+
+fn not_stored(id: &str) -> ApiError {
+    ApiError::from_status(StatusCode::NOT_FOUND, format!("No stored response `{id}`."))
+}
+
+/// A stored response.
+#[utoipa::path(get, path = "/v1/responses/{id}", tag = "openai",
+    security(("api_key" = [])),
+    params(("id" = String, Path, description = "The response id")),
+    responses(
+        (status = 200, description = "The stored `response` object", content_type = "application/json"),
+        (status = 404, description = "Not stored (never, deleted, evicted or expired)", body = crate::error::ErrorBody),
+    ))]
+pub async fn get_response(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let stored = state.responses.get(&id).ok_or_else(|| not_stored(&id))?;
+    Ok(Json(stored.response))
+}
+
+/// Deletes a stored response.
+#[utoipa::path(delete, path = "/v1/responses/{id}", tag = "openai",
+    security(("api_key" = [])),
+    params(("id" = String, Path, description = "The response id")),
+    responses(
+        (status = 200, description = "`{\"id\", \"object\": \"response\", \"deleted\": true}`", content_type = "application/json"),
+        (status = 404, description = "Not stored", body = crate::error::ErrorBody),
+    ))]
+pub async fn delete_response(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !state.responses.delete(&id) {
+        return Err(not_stored(&id));
+    }
+    Ok(Json(
+        json!({"id": id, "object": "response", "deleted": true}),
+    ))
+}
