@@ -272,7 +272,15 @@ pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
     let (cpu_weights, _) = cpu_weights(args, &dir, &loaded.config, cuda)?;
     let weights = load_weights(args, &loaded, cuda)?;
     let device = cuda.then_some(0);
-    let (backend, _, _) = open_backend(args, &loaded, device, Cow::Owned(weights), &cpu_weights)?;
+    let gpu_memory = gpu_memory_at_start(args, &[device])?;
+    let (backend, _, _) = open_backend(
+        args,
+        &loaded,
+        device,
+        Cow::Owned(weights),
+        &cpu_weights,
+        &gpu_memory,
+    )?;
     Ok(Opened { backend, tokenizer })
 }
 
