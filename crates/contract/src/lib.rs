@@ -29,5 +29,5 @@ pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, Sam
 pub use history::PenaltyHistory;
 pub use mask::TokenMask;
 pub use pipeline::HostPipeline;
-pub use sampling::{ParamError, SamplingParams};
+pub use sampling::{ParamError, SamplingOverrides, SamplingParams};
 pub use step_builder::{StepBuildError, StepBuilder};

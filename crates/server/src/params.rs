@@ -146,19 +146,15 @@ pub fn check(
             format!("At most {MAX_LOGPROBS} log-probabilities per token, got {logprobs}."),
         ));
     }
-    let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(fallback.temperature),
+    let mut sampling = SamplingParams {
         top_k,
-        top_p: c.top_p.unwrap_or(fallback.top_p),
-        min_p: c.min_p.unwrap_or(fallback.min_p),
-        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
-        presence_penalty: c.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         logit_bias,
         // negative seeds are accepted, as OpenAI does, by their two's complement
         seed: c.seed.map(|s| s as u64).unwrap_or_else(fresh_seed),
         logprobs,
+        ..fallback.params()
     };
+    c.sampling.apply(&mut sampling);
     // ranges (temperature, top_p, min_p, repetition_penalty, a
     // generation_config default out of range) are checked once, by
     // `Engine::submit`; `error::from_submit` names the parameter
@@ -263,6 +259,7 @@ impl Checked {
 mod tests {
     use super::*;
     use crate::protocol::Stop;
+    use contract::SamplingOverrides;
 
     fn run(c: CommonFields) -> Result<Checked, ApiError> {
         check(&c, 0, "max_tokens", &GenerationConfig::default())
@@ -356,8 +353,11 @@ mod tests {
     #[test]
     fn penalties_bias_and_choices_pass_through() {
         let c = run(CommonFields {
-            presence_penalty: Some(0.5),
-            frequency_penalty: Some(-1.0),
+            sampling: SamplingOverrides {
+                presence_penalty: Some(0.5),
+                frequency_penalty: Some(-1.0),
+                ..Default::default()
+            },
             logit_bias: Some([("7".to_string(), -100.0), ("3".to_string(), 5.0)].into()),
             n: Some(3),
             stop_token_ids: Some(vec![9]),
@@ -385,7 +385,10 @@ mod tests {
         assert_eq!(c.sampling.top_k, 40);
         let c = check(
             &CommonFields {
-                temperature: Some(0.0),
+                sampling: SamplingOverrides {
+                    temperature: Some(0.0),
+                    ..Default::default()
+                },
                 top_k: Some(-1),
                 ..Default::default()
             },
