@@ -9,8 +9,8 @@
 
 use anyhow::{Result, bail};
 use contract::sampling::ValidRange;
-use contract::{GenerationConfig, SamplingOverrides, SamplingParams};
-use engine::GenerateRequest;
+use contract::{GenerationConfig, ParamError, SamplingOverrides, SamplingParams};
+use engine::{GenerateRequest, SubmitError};
 
 macro_rules! sampling_flags {
     (
@@ -87,7 +87,7 @@ impl SamplingArgs {
         };
         self.scalars.overrides().apply(&mut p);
         if let Err(e) = p.validate() {
-            bail!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason);
+            return Err(param_error(e));
         }
         Ok(p)
     }
@@ -123,15 +123,14 @@ impl SamplingArgs {
         )
     }
 
-    /// An engine request for `prompt`.
+    /// An engine request for `prompt`; its limits (`--max-tokens` at least
+    /// 1 and within the context, token ids) are the engine's check at
+    /// submit ([`submit_error`] names the flag).
     pub fn request(
         &self,
         prompt: Vec<u32>,
         defaults: &GenerationConfig,
     ) -> Result<GenerateRequest> {
-        if self.max_tokens == 0 {
-            bail!("invalid `--max-tokens`: must be at least 1");
-        }
         if self.stop.iter().any(String::is_empty) {
             bail!("invalid `--stop`: a stop string must not be empty");
         }
@@ -144,6 +143,19 @@ impl SamplingArgs {
             stop_token_ids: Vec::new(),
             constraint: None,
         })
+    }
+}
+
+/// A parameter error under the flag's name (`max_tokens` -> `--max-tokens`).
+fn param_error(e: ParamError) -> anyhow::Error {
+    anyhow::anyhow!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason)
+}
+
+/// An engine refusal at submit, naming the flag a parameter error is about.
+pub fn submit_error(e: SubmitError) -> anyhow::Error {
+    match e {
+        SubmitError::InvalidParams(p) => param_error(p),
+        e => e.into(),
     }
 }
 

@@ -4,11 +4,12 @@
 //! Only what is OpenAI-specific is checked here: combinations
 //! (`n` / `best_of`, `stream_options`), OpenAI's encodings (`top_k` -1,
 //! negative seeds, `logit_bias` keys as strings) and limits named by the
-//! client's field names (`max_tokens` / `max_completion_tokens`,
-//! `logprobs` / `top_logprobs`, `stop`, the context length against the
-//! prompt's field). Value ranges of the sampling parameters are validated
-//! once, by `engine::Engine::submit`, whose `SubmitError` the handlers map
-//! to the same 400 naming the parameter (`error::from_submit`).
+//! client's field names (`logprobs` / `top_logprobs`, `stop`). Value
+//! ranges of the sampling parameters, `max_tokens` (at least 1, within the
+//! context) and token ids against the vocabulary are validated once, by
+//! `engine::Engine::submit`, whose `SubmitError` the handlers map to the
+//! same 400 naming the client's field (`error::from_submit`:
+//! `max_tokens` / `max_completion_tokens`, `prompt` / `messages`).
 //!
 //! Every error is a 400 naming the parameter. Absent sampling fields take
 //! the model's `generation_config.json` values (neutral values for those it
@@ -98,16 +99,9 @@ pub fn check(
                 .into(),
         ));
     }
-    let max_tokens = match c.max_tokens {
-        None => None,
-        Some(m) if m < 1 => {
-            return Err(bad(
-                max_tokens_param,
-                format!("`{max_tokens_param}` must be at least 1, got {m}."),
-            ));
-        }
-        Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
-    };
+    // its limits (at least 1, within the context) are the engine's check;
+    // `error::from_submit` names the client's field
+    let max_tokens = c.max_tokens.map(|m| usize::try_from(m).unwrap_or(usize::MAX));
     let logit_bias = logit_bias(c.logit_bias.as_ref())?;
     let fallback = defaults.sampling_defaults();
     let top_k = match c.top_k {
@@ -209,41 +203,14 @@ fn logit_bias(map: Option<&HashMap<String, f32>>) -> Result<Arc<[(u32, f32)]>, A
 }
 
 impl Checked {
-    /// The engine request for `prompt`, checked against the context length;
-    /// `prompt_param` (`messages` / `prompt`) is named when the prompt alone is too long.
-    pub fn request(
-        &self,
-        prompt: Vec<u32>,
-        max_context: usize,
-        prompt_param: &str,
-    ) -> Result<GenerateRequest, ApiError> {
-        let n = prompt.len();
-        // an empty prompt is the engine's refusal (`SubmitError::EmptyPrompt`)
-        if n >= max_context {
-            return Err(ApiError::context_length(
-                prompt_param,
-                format!(
-                    "This model's maximum context length is {max_context} tokens. However, your \
-                     prompt has {n} tokens, leaving no room for a completion."
-                ),
-            ));
-        }
-        let max_tokens = match self.max_tokens {
-            None => max_context - n,
-            Some(m) if n.saturating_add(m) > max_context => {
-                return Err(ApiError::context_length(
-                    self.max_tokens_param,
-                    format!(
-                        "This model's maximum context length is {max_context} tokens. However, you \
-                         requested {} tokens ({n} in the {prompt_param}, {m} in the completion). \
-                         Please reduce the length of the {prompt_param} or completion.",
-                        n.saturating_add(m)
-                    ),
-                ));
-            }
-            Some(m) => m,
-        };
-        Ok(GenerateRequest {
+    /// The engine request for `prompt`; an absent `max_tokens` is the rest
+    /// of the context (0 when the prompt fills it: the engine then refuses
+    /// the prompt as too long). The limits are checked by `Engine::submit`.
+    pub fn request(&self, prompt: Vec<u32>, max_context: usize) -> GenerateRequest {
+        let max_tokens = self
+            .max_tokens
+            .unwrap_or_else(|| max_context.saturating_sub(prompt.len()));
+        GenerateRequest {
             prompt,
             sampling: self.sampling.clone(),
             max_tokens,
@@ -251,7 +218,7 @@ impl Checked {
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
             constraint: None,
-        })
+        }
     }
 }
 
@@ -275,13 +242,6 @@ mod tests {
                     ..Default::default()
                 },
                 "top_k",
-            ),
-            (
-                CommonFields {
-                    max_tokens: Some(0),
-                    ..Default::default()
-                },
-                "max_tokens",
             ),
             (
                 CommonFields {
@@ -409,26 +369,17 @@ mod tests {
     }
 
     #[test]
-    fn context_limit_is_checked() {
+    fn an_absent_max_tokens_is_the_rest_of_the_context() {
         let c = run(CommonFields {
             max_tokens: Some(10),
             ..Default::default()
         })
         .unwrap();
-        let e = c.request(vec![1; 95], 100, "prompt").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        assert_eq!(e.code, Some("context_length_exceeded"));
-        let e = c.request(vec![1; 100], 100, "prompt").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("prompt"));
-        assert_eq!(
-            c.request(vec![1; 90], 100, "prompt").unwrap().max_tokens,
-            10
-        );
+        // the limit is the engine's: passed through as given
+        assert_eq!(c.request(vec![1; 95], 100).max_tokens, 10);
         let open = run(CommonFields::default()).unwrap();
-        assert_eq!(
-            open.request(vec![1; 30], 100, "prompt").unwrap().max_tokens,
-            70
-        );
+        assert_eq!(open.request(vec![1; 30], 100).max_tokens, 70);
+        assert_eq!(open.request(vec![1; 100], 100).max_tokens, 0);
     }
 
     #[test]

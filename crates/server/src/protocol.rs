@@ -53,7 +53,9 @@ pub struct StreamOptions {
 #[derive(Debug, Clone, Default)]
 pub struct CommonFields {
     pub model: Option<String>,
-    pub max_tokens: Option<i64>,
+    /// Unsigned on the wire: a negative count is a type error naming the
+    /// field; every limit on it is the engine's (`Engine::submit`).
+    pub max_tokens: Option<u64>,
     /// The scalar sampling parameters (`contract::sampling_params!`).
     pub sampling: SamplingOverrides,
     pub top_k: Option<i64>,
@@ -96,7 +98,7 @@ macro_rules! completion_request_fields {
             #[serde(default)]
             pub model: Option<String>,
             #[serde(default)]
-            pub max_tokens: Option<i64>,
+            pub max_tokens: Option<u64>,
             $(
                 $(#[doc = $doc])*
                 #[serde(default)]
@@ -304,7 +306,7 @@ completion_request! {
     pub struct ChatRequest {
         pub messages: Vec<Message>,
         #[serde(default)]
-        pub max_completion_tokens: Option<i64>,
+        pub max_completion_tokens: Option<u64>,
         #[serde(default)]
         pub logprobs: Option<bool>,
         #[serde(default)]
