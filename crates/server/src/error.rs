@@ -251,8 +251,14 @@ mod tests {
 
     #[test]
     fn submit_errors_map_to_statuses() {
-        assert_eq!(from_submit(SubmitError::QueueFull, "prompt", "max_tokens").status, 429);
-        assert_eq!(from_submit(SubmitError::ShuttingDown, "prompt", "max_tokens").status, 503);
+        assert_eq!(
+            from_submit(SubmitError::QueueFull, "prompt", "max_tokens").status,
+            429
+        );
+        assert_eq!(
+            from_submit(SubmitError::ShuttingDown, "prompt", "max_tokens").status,
+            503
+        );
         let e = from_submit(
             SubmitError::PromptTooLong {
                 prompt: 9,

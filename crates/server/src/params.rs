@@ -101,7 +101,9 @@ pub fn check(
     }
     // its limits (at least 1, within the context) are the engine's check;
     // `error::from_submit` names the client's field
-    let max_tokens = c.max_tokens.map(|m| usize::try_from(m).unwrap_or(usize::MAX));
+    let max_tokens = c
+        .max_tokens
+        .map(|m| usize::try_from(m).unwrap_or(usize::MAX));
     let logit_bias = logit_bias(c.logit_bias.as_ref())?;
     let fallback = defaults.sampling_defaults();
     let top_k = match c.top_k {
