@@ -153,7 +153,7 @@ fn turn(
     let submitted = args
         .sampling
         .request(prompt.clone(), &loaded.model.generation)
-        .and_then(|req| Ok(loaded.engine.submit(req)?));
+        .and_then(|req| (loaded.engine.submit(req)).map_err(crate::sampling_args::submit_error));
     let handle = match submitted {
         Ok(h) => h,
         Err(e) => {

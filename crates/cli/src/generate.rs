@@ -261,7 +261,7 @@ fn submit(
             };
             anyhow::anyhow!("invalid `{flag}`: {}", g.reason)
         }
-        e => e.into(),
+        e => crate::sampling_args::submit_error(e),
     })
 }
 

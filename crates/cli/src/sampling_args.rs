@@ -8,37 +8,53 @@
 //! from the clock.
 
 use anyhow::{Result, bail};
-use contract::{GenerationConfig, SamplingParams};
-use engine::GenerateRequest;
+use contract::sampling::ValidRange;
+use contract::{GenerationConfig, ParamError, SamplingOverrides, SamplingParams};
+use engine::{GenerateRequest, SubmitError};
+
+macro_rules! sampling_flags {
+    (
+        {}
+        $( $(#[doc = $doc:literal])* $name:ident : f32 = $default:literal, $range:expr $(, $kernel:ident)? ; )*
+    ) => {
+        /// The scalar sampling flags, one per `contract::sampling_params!`
+        /// entry; left out, the model's default.
+        #[derive(clap::Args, Clone, Debug, Default)]
+        pub struct SamplingFlags {
+            $(
+                #[arg(long, allow_hyphen_values = true,
+                      help = flag_help(concat!($($doc),*), $range, $default))]
+                pub $name: Option<f32>,
+            )*
+        }
+
+        impl SamplingFlags {
+            /// The values given on the command line.
+            pub fn overrides(&self) -> SamplingOverrides {
+                SamplingOverrides { $( $name: self.$name, )* }
+            }
+        }
+    };
+}
+
+contract::sampling_params!(sampling_flags);
+
+/// A flag's help: its doc, its range and the value that turns it off.
+fn flag_help(doc: &str, range: ValidRange, default: f32) -> String {
+    let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!("{doc} Valid: {range}; neutral value {default}.")
+}
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256)]
     pub max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    /// Nucleus sampling mass, in (0, 1].
-    #[arg(long)]
-    pub top_p: Option<f32>,
+    #[command(flatten)]
+    pub scalars: SamplingFlags,
     /// Keep only the K most likely tokens (0 = off).
     #[arg(long)]
     pub top_k: Option<usize>,
-    /// Drop tokens below this fraction of the top probability (0 = off).
-    #[arg(long)]
-    pub min_p: Option<f32>,
-    /// Penalise tokens already seen (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
-    /// Subtract this from every token already generated (OpenAI's
-    /// presence penalty, in [-2, 2]; 0 = off).
-    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
-    pub presence_penalty: f32,
-    /// Subtract this per occurrence from every generated token (OpenAI's
-    /// frequency penalty, in [-2, 2]; 0 = off).
-    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
-    pub frequency_penalty: f32,
     /// Seed for reproducible sampling.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -63,20 +79,15 @@ impl SamplingArgs {
                 .unwrap_or(0)
         });
         let d = defaults.sampling_defaults();
-        let p = SamplingParams {
-            temperature: self.temperature.unwrap_or(d.temperature),
+        let mut p = SamplingParams {
             top_k: self.top_k.unwrap_or(d.top_k),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
             seed,
             logprobs: self.logprobs.unwrap_or(0),
-            ..SamplingParams::default()
+            ..d.params()
         };
+        self.scalars.overrides().apply(&mut p);
         if let Err(e) = p.validate() {
-            bail!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason);
+            return Err(param_error(e));
         }
         Ok(p)
     }
@@ -85,11 +96,12 @@ impl SamplingArgs {
     /// not given on the command line come from.
     pub fn describe(&self, defaults: &GenerationConfig) -> String {
         let d = defaults.sampling_defaults();
+        let f = &self.scalars;
         let flags = [
-            self.temperature.is_some(),
+            f.temperature.is_some(),
             self.top_k.is_some(),
-            self.top_p.is_some(),
-            self.min_p.is_some(),
+            f.top_p.is_some(),
+            f.min_p.is_some(),
         ];
         let from = if flags.iter().all(|&f| f) {
             "all from the command line".to_string()
@@ -99,25 +111,26 @@ impl SamplingArgs {
                 .map(|(_, src)| src.trim_end_matches(')').to_string())
                 .unwrap_or_default()
         };
+        let mut p = d.params();
+        f.overrides().apply(&mut p);
         format!(
             "sampling: temperature {}, top-k {}, top-p {}, min-p {}, repetition penalty {} ({from})",
-            self.temperature.unwrap_or(d.temperature),
+            p.temperature,
             self.top_k.unwrap_or(d.top_k),
-            self.top_p.unwrap_or(d.top_p),
-            self.min_p.unwrap_or(d.min_p),
-            self.repetition_penalty,
+            p.top_p,
+            p.min_p,
+            p.repetition_penalty,
         )
     }
 
-    /// An engine request for `prompt`.
+    /// An engine request for `prompt`; its limits (`--max-tokens` at least
+    /// 1 and within the context, token ids) are the engine's check at
+    /// submit ([`submit_error`] names the flag).
     pub fn request(
         &self,
         prompt: Vec<u32>,
         defaults: &GenerationConfig,
     ) -> Result<GenerateRequest> {
-        if self.max_tokens == 0 {
-            bail!("invalid `--max-tokens`: must be at least 1");
-        }
         if self.stop.iter().any(String::is_empty) {
             bail!("invalid `--stop`: a stop string must not be empty");
         }
@@ -130,6 +143,19 @@ impl SamplingArgs {
             stop_token_ids: Vec::new(),
             constraint: None,
         })
+    }
+}
+
+/// A parameter error under the flag's name (`max_tokens` -> `--max-tokens`).
+fn param_error(e: ParamError) -> anyhow::Error {
+    anyhow::anyhow!("invalid `--{}`: {}", e.param.replace('_', "-"), e.reason)
+}
+
+/// An engine refusal at submit, naming the flag a parameter error is about.
+pub fn submit_error(e: SubmitError) -> anyhow::Error {
+    match e {
+        SubmitError::InvalidParams(p) => param_error(p),
+        e => e.into(),
     }
 }
 

@@ -433,6 +433,18 @@ pub struct SamplingDefaults {
 }
 
 impl SamplingDefaults {
+    /// Sampling parameters with these defaults, and every other parameter
+    /// at its own default: the base a request's values override.
+    pub fn params(&self) -> crate::SamplingParams {
+        crate::SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            ..Default::default()
+        }
+    }
+
     /// llama.cpp's `common_params_sampling` defaults.
     pub const LLAMA_CPP: SamplingDefaults = SamplingDefaults {
         temperature: 0.8,

@@ -28,6 +28,6 @@ pub use backend::{
 pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, SamplingDefaults};
 pub use history::PenaltyHistory;
 pub use mask::TokenMask;
-pub use pipeline::HostPipeline;
-pub use sampling::{ParamError, SamplingParams};
+pub use pipeline::{HostCompute, HostPipeline};
+pub use sampling::{ParamError, SamplingOverrides, SamplingParams};
 pub use step_builder::{StepBuildError, StepBuilder};

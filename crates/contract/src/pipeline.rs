@@ -1,6 +1,8 @@
 //! [`HostPipeline`]: pipelined stepping ([`Backend::launch`] /
 //! [`Backend::collect`]) for a backend that computes a step on the calling
-//! thread (the CPU backend, test fakes).
+//! thread (the CPU backend, test fakes). Such a backend implements
+//! [`HostCompute`] (its facts and one synchronous step) and gets the whole
+//! [`Backend`] protocol from the blanket implementation here.
 //!
 //! Contract: `launch` runs the step at once, after [`HostPipeline::resolve`]
 //! has written the previous launch's samples into the carried tokens; the
@@ -17,11 +19,95 @@
 //!
 //! [`Backend::launch`]: crate::Backend::launch
 //! [`Backend::collect`]: crate::Backend::collect
+//! [`Backend`]: crate::Backend
 
 use std::borrow::Cow;
 use std::collections::VecDeque;
 
-use crate::backend::{BackendError, SampledToken, StepBatch};
+use crate::backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
+use crate::config::LlamaConfig;
+
+/// A backend that computes each step synchronously on the calling thread.
+/// It implements only its facts and [`HostCompute::compute`]; the
+/// [`Backend`] protocol (launch, held steps, collect, carried tokens) is
+/// the blanket implementation below, through the [`HostPipeline`] it keeps.
+/// The methods mirror [`Backend`]'s of the same names; implement it with
+/// the trait's path (`impl contract::HostCompute for ..`) rather than
+/// importing it, so calls like `backend.config()` stay unambiguous.
+pub trait HostCompute: Send {
+    /// [`Backend::name`].
+    fn name(&self) -> String;
+    /// [`Backend::config`].
+    fn config(&self) -> &LlamaConfig;
+    /// [`Backend::kv_shape`].
+    fn kv_shape(&self) -> KvShape;
+    /// The pipeline this backend keeps (a field).
+    fn pipeline(&self) -> &HostPipeline;
+    /// The same, to launch through.
+    fn pipeline_mut(&mut self) -> &mut HostPipeline;
+    /// One step's samples: `[S]`, `Some` exactly where `batch.samples` is.
+    /// `batch` has no carried tokens (the pipeline resolved them).
+    fn compute(&mut self, batch: &StepBatch) -> Results;
+    /// [`Backend::logits`].
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError>;
+    /// [`Backend::reserve`]. Default: nothing to size.
+    fn reserve(&mut self, _max_tokens: usize, _max_seqs: usize) -> Result<(), BackendError> {
+        Ok(())
+    }
+    /// Called after a step is held ([`Backend::launch_held`]). Default: nothing.
+    fn held(&mut self) {}
+}
+
+impl<T: HostCompute> Backend for T {
+    fn name(&self) -> String {
+        HostCompute::name(self)
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        HostCompute::config(self)
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        HostCompute::kv_shape(self)
+    }
+
+    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        // the pipeline is taken out while the step borrows the backend
+        let mut pipe = std::mem::take(self.pipeline_mut());
+        let r = pipe.launch(batch, |b| self.compute(b));
+        *self.pipeline_mut() = pipe;
+        r
+    }
+
+    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        self.pipeline_mut().hold(batch)?;
+        self.held();
+        Ok(())
+    }
+
+    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
+        let mut pipe = std::mem::take(self.pipeline_mut());
+        let r = pipe.release(samples, |b| self.compute(b));
+        *self.pipeline_mut() = pipe;
+        r
+    }
+
+    fn collect(&mut self) -> Results {
+        self.pipeline_mut().collect()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pipeline().in_flight()
+    }
+
+    fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
+        HostCompute::reserve(self, max_tokens, max_seqs)
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        HostCompute::logits(self, batch, rows)
+    }
+}
 
 /// Results of launched steps and the token ids of the last one.
 #[derive(Debug, Default)]
@@ -33,7 +119,8 @@ pub struct HostPipeline {
     held: Option<StepBatch>,
 }
 
-type Results = Result<Vec<Option<SampledToken>>, BackendError>;
+/// One step's samples, or why it failed.
+pub type Results = Result<Vec<Option<SampledToken>>, BackendError>;
 
 impl HostPipeline {
     /// `batch` with its carried tokens replaced by the last launch's samples.

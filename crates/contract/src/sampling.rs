@@ -54,49 +54,161 @@ pub fn is_degenerate(z: &[f32]) -> bool {
     z.iter().any(|v| !v.is_finite()) || (z.len() > 1 && z.iter().all(|&v| v == z[0]))
 }
 
-/// Per-request sampling settings.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy.
-    pub temperature: f32,
-    /// 0 disables top-k.
-    pub top_k: usize,
-    /// In (0, 1]; 1 disables top-p.
-    pub top_p: f32,
-    /// In [0, 1]; 0 disables min-p.
-    pub min_p: f32,
-    /// > 0; 1 disables the penalty.
-    pub repetition_penalty: f32,
-    /// In [-2, 2]; subtracted once from every token generated at least once.
-    pub presence_penalty: f32,
-    /// In [-2, 2]; subtracted per occurrence from every generated token.
-    pub frequency_penalty: f32,
-    /// `(token, bias)` added to the logits, ids ascending and distinct,
-    /// biases in [-100, 100]. Shared (`Arc`): cloning the parameters for a
-    /// step never copies it.
-    pub logit_bias: Arc<[(u32, f32)]>,
-    /// Seed of the counter-based draw.
-    pub seed: u64,
-    /// How many top alternatives to report with each token (0 = none).
-    pub logprobs: usize,
+/// The valid values of a scalar sampling parameter; its `Display` is the
+/// range as the error messages and `--help` show it (`in [0, 1]`, `> 0`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValidRange {
+    /// `[lo, hi]`.
+    Closed(f32, f32),
+    /// `(lo, hi]`.
+    OpenClosed(f32, f32),
+    /// Any finite value above 0.
+    Positive,
 }
 
-impl Default for SamplingParams {
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            logit_bias: Arc::from(Vec::new()),
-            seed: 0,
-            logprobs: 0,
+impl ValidRange {
+    /// True when `v` is in the range (never for NaN).
+    pub fn contains(self, v: f32) -> bool {
+        match self {
+            ValidRange::Closed(lo, hi) => v >= lo && v <= hi,
+            ValidRange::OpenClosed(lo, hi) => v > lo && v <= hi,
+            ValidRange::Positive => v > 0.0 && v.is_finite(),
         }
     }
 }
+
+impl std::fmt::Display for ValidRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ValidRange::Closed(lo, hi) => write!(f, "in [{lo}, {hi}]"),
+            ValidRange::OpenClosed(lo, hi) => write!(f, "in ({lo}, {hi}]"),
+            ValidRange::Positive => write!(f, "> 0"),
+        }
+    }
+}
+
+/// The scalar sampling parameters, declared once: name, default (the value
+/// that turns the parameter off, or its neutral value), valid [`ValidRange`] and
+/// doc. Every layer is generated from this list by handing it to a
+/// callback macro, `sampling_params!(callback)` or
+/// `sampling_params!(callback { extra tokens })`, which is invoked as
+/// `callback! { { extra tokens } entries... }` with one entry per parameter:
+///
+/// ```text
+/// /// doc lines
+/// name: f32 = default, range_expression [, kernel];
+/// ```
+///
+/// From it come [`SamplingParams`]' fields, their defaults and their checks
+/// in [`SamplingParams::validate`], [`SamplingOverrides`] (a request's
+/// optional values), the HTTP request fields of the completion endpoints
+/// (`server::protocol`) and the CLI flags (`cli`'s `SamplingArgs`).
+/// `kernel` marks a parameter the CUDA sampler reads from its per-row
+/// record under the same name (`kernels::SampleParams`): the host copies it
+/// there without a hand-written line (`model::cuda::staging`); the others are
+/// folded on the host (the penalties become additive terms,
+/// `contract::history::additive_terms`). What a parameter does is code of
+/// its own in each sampler (`model::sampler`, `kernels::sample_ref`,
+/// `sampling.cu`). `top_k`, `logit_bias`, `seed` and `logprobs` have
+/// encodings of their own on the wire and are written out by hand in each
+/// layer.
+#[macro_export]
+macro_rules! sampling_params {
+    ($cb:ident $({ $($extra:tt)* })?) => {
+        $cb! {
+            { $($($extra)*)? }
+            /// Sampling temperature; 0 is greedy.
+            temperature: f32 = 1.0,
+                $crate::sampling::ValidRange::Closed(0.0, $crate::sampling::MAX_TEMPERATURE), kernel;
+            /// Nucleus sampling: keep the most likely tokens up to this
+            /// probability mass (1 = off).
+            top_p: f32 = 1.0, $crate::sampling::ValidRange::OpenClosed(0.0, 1.0), kernel;
+            /// Drop tokens below this fraction of the top probability (0 = off).
+            min_p: f32 = 0.0, $crate::sampling::ValidRange::Closed(0.0, 1.0), kernel;
+            /// Penalise tokens already seen, prompt included (1 = off).
+            repetition_penalty: f32 = 1.0, $crate::sampling::ValidRange::Positive, kernel;
+            /// Subtracted once from every token generated at least once
+            /// (OpenAI's presence penalty; 0 = off).
+            presence_penalty: f32 = 0.0,
+                $crate::sampling::ValidRange::Closed(-$crate::sampling::MAX_PENALTY, $crate::sampling::MAX_PENALTY);
+            /// Subtracted per occurrence from every generated token (OpenAI's
+            /// frequency penalty; 0 = off).
+            frequency_penalty: f32 = 0.0,
+                $crate::sampling::ValidRange::Closed(-$crate::sampling::MAX_PENALTY, $crate::sampling::MAX_PENALTY);
+        }
+    };
+}
+
+macro_rules! define_sampling_params {
+    ({} $(
+        $(#[doc = $doc:literal])*
+        $name:ident : f32 = $default:literal, $range:expr $(, $kernel:ident)? ;
+    )*) => {
+        /// Per-request sampling settings.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct SamplingParams {
+            $(
+                $(#[doc = $doc])*
+                pub $name: f32,
+            )*
+            /// 0 disables top-k.
+            pub top_k: usize,
+            /// `(token, bias)` added to the logits, ids ascending and distinct,
+            /// biases in [-100, 100]. Shared (`Arc`): cloning the parameters for a
+            /// step never copies it.
+            pub logit_bias: Arc<[(u32, f32)]>,
+            /// Seed of the counter-based draw.
+            pub seed: u64,
+            /// How many top alternatives to report with each token (0 = none).
+            pub logprobs: usize,
+        }
+
+        impl Default for SamplingParams {
+            fn default() -> Self {
+                SamplingParams {
+                    $( $name: $default, )*
+                    top_k: 0,
+                    logit_bias: Arc::from(Vec::new()),
+                    seed: 0,
+                    logprobs: 0,
+                }
+            }
+        }
+
+        /// Values a request sets for the scalar parameters; `None` keeps the
+        /// base value (the model's default). The server's and the CLI's
+        /// fields of the same names are read into it.
+        #[derive(Debug, Clone, Copy, Default, PartialEq)]
+        pub struct SamplingOverrides {
+            $( $(#[doc = $doc])* pub $name: Option<f32>, )*
+        }
+
+        impl SamplingOverrides {
+            /// Writes the values that are set into `p`.
+            pub fn apply(&self, p: &mut SamplingParams) {
+                $( if let Some(v) = self.$name { p.$name = v; } )*
+            }
+        }
+
+        impl SamplingParams {
+            /// The first scalar parameter outside its range.
+            fn check_ranges(&self) -> Result<(), ParamError> {
+                $(
+                    let range: ValidRange = $range;
+                    if !range.contains(self.$name) {
+                        return Err(ParamError {
+                            param: stringify!($name),
+                            reason: format!("must be {range}, got {}", self.$name),
+                        });
+                    }
+                )*
+                Ok(())
+            }
+        }
+    };
+}
+
+sampling_params!(define_sampling_params);
 
 /// Most top log-probabilities a request may ask for.
 pub const MAX_LOGPROBS: usize = 20;
@@ -135,39 +247,8 @@ impl SamplingParams {
 
     /// Checks every field's range; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ParamError> {
+        self.check_ranges()?;
         let err = |param, reason: String| Err(ParamError { param, reason });
-        if !(self.temperature >= 0.0 && self.temperature <= MAX_TEMPERATURE) {
-            return err(
-                "temperature",
-                format!(
-                    "must be in [0, {MAX_TEMPERATURE}], got {}",
-                    self.temperature
-                ),
-            );
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return err("top_p", format!("must be in (0, 1], got {}", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return err("min_p", format!("must be in [0, 1], got {}", self.min_p));
-        }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return err(
-                "repetition_penalty",
-                format!("must be > 0, got {}", self.repetition_penalty),
-            );
-        }
-        for (param, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-        ] {
-            if !(-MAX_PENALTY..=MAX_PENALTY).contains(&v) {
-                return err(
-                    param,
-                    format!("must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {v}"),
-                );
-            }
-        }
         if let Some(&(id, b)) = self
             .logit_bias
             .iter()

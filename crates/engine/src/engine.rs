@@ -287,6 +287,12 @@ impl Inner {
         self.num_blocks.saturating_mul(self.block_size)
     }
 
+    /// The one check of a request's limits (the server and the CLI map its
+    /// errors to their own names): sampling ranges, `max_tokens`, token ids
+    /// (prompt, `logit_bias`, `stop_token_ids`) against the vocabulary, the
+    /// context and the KV pool. A prompt that fills the context is refused
+    /// as too long before `max_tokens` is looked at, so a caller that gives
+    /// "the rest of the context" (0 when none is left) gets that error.
     fn validate(&self, req: &GenerateRequest) -> Result<(), SubmitError> {
         let prompt = req.prompt.len();
         if prompt == 0 {
@@ -295,12 +301,6 @@ impl Inner {
         req.sampling
             .validate()
             .map_err(SubmitError::InvalidParams)?;
-        if req.max_tokens == 0 {
-            return Err(SubmitError::InvalidParams(ParamError {
-                param: "max_tokens",
-                reason: "must be at least 1, got 0".into(),
-            }));
-        }
         if let Some(&(token, _)) = req
             .sampling
             .logit_bias
@@ -343,6 +343,12 @@ impl Inner {
         let limit = self.max_context;
         if prompt >= limit {
             return Err(SubmitError::PromptTooLong { prompt, limit });
+        }
+        if req.max_tokens == 0 {
+            return Err(SubmitError::InvalidParams(ParamError {
+                param: "max_tokens",
+                reason: "must be at least 1, got 0".into(),
+            }));
         }
         if prompt.saturating_add(req.max_tokens) > limit {
             return Err(SubmitError::ContextExceeded {

@@ -173,7 +173,27 @@ impl FakeBackend {
     }
 }
 
-impl FakeBackend {
+impl contract::HostCompute for FakeBackend {
+    fn name(&self) -> String {
+        "fake".into()
+    }
+
+    fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        self.shape
+    }
+
+    fn pipeline(&self) -> &HostPipeline {
+        &self.pipe
+    }
+
+    fn pipeline_mut(&mut self) -> &mut HostPipeline {
+        &mut self.pipe
+    }
+
     /// One step's samples (see the module doc) of a batch with no carried tokens.
     fn compute(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         let bs = self.shape.block_size;
@@ -235,47 +255,9 @@ impl FakeBackend {
         }
         Ok(out)
     }
-}
 
-impl Backend for FakeBackend {
-    fn name(&self) -> String {
-        "fake".into()
-    }
-
-    fn config(&self) -> &LlamaConfig {
-        &self.config
-    }
-
-    fn kv_shape(&self) -> KvShape {
-        self.shape
-    }
-
-    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.launch(batch, |b| self.compute(b));
-        self.pipe = pipe;
-        r
-    }
-
-    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        self.pipe.hold(batch)?;
+    fn held(&mut self) {
         self.held_steps.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.release(samples, |b| self.compute(b));
-        self.pipe = pipe;
-        r
-    }
-
-    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        self.pipe.collect()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.pipe.in_flight()
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

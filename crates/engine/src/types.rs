@@ -199,7 +199,7 @@ pub enum SubmitError {
     PromptTooLong { prompt: usize, limit: usize },
     #[error(
         "the prompt has {prompt} tokens and max_tokens is {max_tokens}: {} in all, beyond the model's context of {limit}",
-        prompt + max_tokens
+        prompt.saturating_add(*max_tokens)
     )]
     ContextExceeded {
         prompt: usize,
@@ -217,7 +217,7 @@ pub enum SubmitError {
     },
     #[error(
         "the prompt has {prompt} tokens and max_tokens is {max_tokens}: {} in all, more than the whole KV pool holds ({pool_tokens} tokens), so the request could never finish; lower max_tokens or give the pool more memory (--kv-memory-gib / --kv-blocks)",
-        prompt + max_tokens
+        prompt.saturating_add(*max_tokens)
     )]
     NeverFitsKvPool {
         prompt: usize,

@@ -340,12 +340,12 @@ fn place(
     job.constraint_param = structured.constraint.is_some().then_some(structured.param);
     job.prompt_tokens = prompt.len();
     let state = &job.state;
-    let mut greq = checked.request(prompt, state.max_context(), prompt_param)?;
+    let mut greq = checked.request(prompt, state.max_context());
     greq.constraint = structured.constraint;
     let placed = state
         .replicas
         .submit_n(greq, checked.best_of)
-        .map_err(|e| submit_error(e, prompt_param, structured.param))?;
+        .map_err(|e| submit_error(e, prompt_param, checked.max_tokens_param, structured.param))?;
     tracing::debug!(
         engine = placed.replica,
         route = ?placed.route,
@@ -362,13 +362,18 @@ fn place(
 
 /// A submit refusal as an API error; a constraint the grammar engine
 /// refuses names the field it came from (`constraint_param`).
-fn submit_error(e: SubmitError, prompt_param: &str, constraint_param: &'static str) -> ApiError {
+fn submit_error(
+    e: SubmitError,
+    prompt_param: &str,
+    max_tokens_param: &str,
+    constraint_param: &'static str,
+) -> ApiError {
     match e {
         SubmitError::Grammar(g) => ApiError::invalid_param(
             constraint_param,
             format!("Invalid `{constraint_param}`: {}: {}", g.kind, g.reason),
         ),
-        e => from_submit(e, prompt_param),
+        e => from_submit(e, prompt_param, max_tokens_param),
     }
 }
 
@@ -411,13 +416,7 @@ fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiEr
             v.remove(0)
         }
     };
-    let vocab = state.tokenizer.vocab_size();
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!("Token id {bad} is outside the vocabulary (size {vocab})."),
-        ));
-    }
+    // ids past the vocabulary are the engine's refusal (`SubmitError::TokenOutOfVocab`)
     Ok(ids)
 }
 

@@ -188,7 +188,7 @@ impl IntoResponse for ApiError {
 }
 
 /// Maps an engine refusal to its API error; `prompt_param` is `messages` or `prompt`.
-pub fn from_submit(err: SubmitError, prompt_param: &str) -> ApiError {
+pub fn from_submit(err: SubmitError, prompt_param: &str, max_tokens_param: &str) -> ApiError {
     let msg = sentence(&err.to_string());
     match err {
         SubmitError::QueueFull => ApiError::queue_full(),
@@ -197,12 +197,17 @@ pub fn from_submit(err: SubmitError, prompt_param: &str) -> ApiError {
             code: Some("engine_failed"),
             ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", msg)
         },
+        // the engine's `max_tokens`, under the client's name for it
+        SubmitError::InvalidParams(p) if p.param == "max_tokens" => ApiError::invalid_param(
+            max_tokens_param,
+            format!("Invalid `{max_tokens_param}`: {}.", p.reason),
+        ),
         SubmitError::InvalidParams(p) => ApiError::invalid_param(p.param, msg),
         SubmitError::PromptTooLong { .. } | SubmitError::ExceedsKvPool { .. } => {
             ApiError::context_length(prompt_param, msg)
         }
         SubmitError::ContextExceeded { .. } | SubmitError::NeverFitsKvPool { .. } => {
-            ApiError::context_length("max_tokens", msg)
+            ApiError::context_length(max_tokens_param, msg)
         }
         SubmitError::TokenOutOfVocab { .. } | SubmitError::EmptyPrompt => {
             ApiError::invalid_param(prompt_param, msg)
@@ -246,14 +251,21 @@ mod tests {
 
     #[test]
     fn submit_errors_map_to_statuses() {
-        assert_eq!(from_submit(SubmitError::QueueFull, "prompt").status, 429);
-        assert_eq!(from_submit(SubmitError::ShuttingDown, "prompt").status, 503);
+        assert_eq!(
+            from_submit(SubmitError::QueueFull, "prompt", "max_tokens").status,
+            429
+        );
+        assert_eq!(
+            from_submit(SubmitError::ShuttingDown, "prompt", "max_tokens").status,
+            503
+        );
         let e = from_submit(
             SubmitError::PromptTooLong {
                 prompt: 9,
                 limit: 8,
             },
             "messages",
+            "max_tokens",
         );
         assert_eq!(
             (e.status.as_u16(), e.param.as_deref()),
@@ -270,11 +282,26 @@ mod tests {
                 pool_tokens: 16,
             },
             "prompt",
+            "max_completion_tokens",
         );
         assert_eq!(
             (e.status.as_u16(), e.param.as_deref()),
-            (400, Some("max_tokens"))
+            (400, Some("max_completion_tokens"))
         );
         assert!(e.message.contains("16 tokens"), "{}", e.message);
+        // the engine's `max_tokens` check, under the client's name
+        let e = from_submit(
+            SubmitError::InvalidParams(contract::ParamError {
+                param: "max_tokens",
+                reason: "must be at least 1, got 0".into(),
+            }),
+            "messages",
+            "max_completion_tokens",
+        );
+        assert_eq!(e.param.as_deref(), Some("max_completion_tokens"));
+        assert_eq!(
+            e.message,
+            "Invalid `max_completion_tokens`: must be at least 1, got 0."
+        );
     }
 }

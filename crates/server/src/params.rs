@@ -4,11 +4,12 @@
 //! Only what is OpenAI-specific is checked here: combinations
 //! (`n` / `best_of`, `stream_options`), OpenAI's encodings (`top_k` -1,
 //! negative seeds, `logit_bias` keys as strings) and limits named by the
-//! client's field names (`max_tokens` / `max_completion_tokens`,
-//! `logprobs` / `top_logprobs`, `stop`, the context length against the
-//! prompt's field). Value ranges of the sampling parameters are validated
-//! once, by `engine::Engine::submit`, whose `SubmitError` the handlers map
-//! to the same 400 naming the parameter (`error::from_submit`).
+//! client's field names (`logprobs` / `top_logprobs`, `stop`). Value
+//! ranges of the sampling parameters, `max_tokens` (at least 1, within the
+//! context) and token ids against the vocabulary are validated once, by
+//! `engine::Engine::submit`, whose `SubmitError` the handlers map to the
+//! same 400 naming the client's field (`error::from_submit`:
+//! `max_tokens` / `max_completion_tokens`, `prompt` / `messages`).
 //!
 //! Every error is a 400 naming the parameter. Absent sampling fields take
 //! the model's `generation_config.json` values (neutral values for those it
@@ -98,16 +99,11 @@ pub fn check(
                 .into(),
         ));
     }
-    let max_tokens = match c.max_tokens {
-        None => None,
-        Some(m) if m < 1 => {
-            return Err(bad(
-                max_tokens_param,
-                format!("`{max_tokens_param}` must be at least 1, got {m}."),
-            ));
-        }
-        Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
-    };
+    // its limits (at least 1, within the context) are the engine's check;
+    // `error::from_submit` names the client's field
+    let max_tokens = c
+        .max_tokens
+        .map(|m| usize::try_from(m).unwrap_or(usize::MAX));
     let logit_bias = logit_bias(c.logit_bias.as_ref())?;
     let fallback = defaults.sampling_defaults();
     let top_k = match c.top_k {
@@ -146,19 +142,15 @@ pub fn check(
             format!("At most {MAX_LOGPROBS} log-probabilities per token, got {logprobs}."),
         ));
     }
-    let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(fallback.temperature),
+    let mut sampling = SamplingParams {
         top_k,
-        top_p: c.top_p.unwrap_or(fallback.top_p),
-        min_p: c.min_p.unwrap_or(fallback.min_p),
-        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
-        presence_penalty: c.presence_penalty.unwrap_or(0.0),
-        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         logit_bias,
         // negative seeds are accepted, as OpenAI does, by their two's complement
         seed: c.seed.map(|s| s as u64).unwrap_or_else(fresh_seed),
         logprobs,
+        ..fallback.params()
     };
+    c.sampling.apply(&mut sampling);
     // ranges (temperature, top_p, min_p, repetition_penalty, a
     // generation_config default out of range) are checked once, by
     // `Engine::submit`; `error::from_submit` names the parameter
@@ -213,41 +205,14 @@ fn logit_bias(map: Option<&HashMap<String, f32>>) -> Result<Arc<[(u32, f32)]>, A
 }
 
 impl Checked {
-    /// The engine request for `prompt`, checked against the context length;
-    /// `prompt_param` (`messages` / `prompt`) is named when the prompt alone is too long.
-    pub fn request(
-        &self,
-        prompt: Vec<u32>,
-        max_context: usize,
-        prompt_param: &str,
-    ) -> Result<GenerateRequest, ApiError> {
-        let n = prompt.len();
-        // an empty prompt is the engine's refusal (`SubmitError::EmptyPrompt`)
-        if n >= max_context {
-            return Err(ApiError::context_length(
-                prompt_param,
-                format!(
-                    "This model's maximum context length is {max_context} tokens. However, your \
-                     prompt has {n} tokens, leaving no room for a completion."
-                ),
-            ));
-        }
-        let max_tokens = match self.max_tokens {
-            None => max_context - n,
-            Some(m) if n.saturating_add(m) > max_context => {
-                return Err(ApiError::context_length(
-                    self.max_tokens_param,
-                    format!(
-                        "This model's maximum context length is {max_context} tokens. However, you \
-                         requested {} tokens ({n} in the {prompt_param}, {m} in the completion). \
-                         Please reduce the length of the {prompt_param} or completion.",
-                        n.saturating_add(m)
-                    ),
-                ));
-            }
-            Some(m) => m,
-        };
-        Ok(GenerateRequest {
+    /// The engine request for `prompt`; an absent `max_tokens` is the rest
+    /// of the context (0 when the prompt fills it: the engine then refuses
+    /// the prompt as too long). The limits are checked by `Engine::submit`.
+    pub fn request(&self, prompt: Vec<u32>, max_context: usize) -> GenerateRequest {
+        let max_tokens = self
+            .max_tokens
+            .unwrap_or_else(|| max_context.saturating_sub(prompt.len()));
+        GenerateRequest {
             prompt,
             sampling: self.sampling.clone(),
             max_tokens,
@@ -255,7 +220,7 @@ impl Checked {
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
             constraint: None,
-        })
+        }
     }
 }
 
@@ -263,6 +228,7 @@ impl Checked {
 mod tests {
     use super::*;
     use crate::protocol::Stop;
+    use contract::SamplingOverrides;
 
     fn run(c: CommonFields) -> Result<Checked, ApiError> {
         check(&c, 0, "max_tokens", &GenerationConfig::default())
@@ -278,13 +244,6 @@ mod tests {
                     ..Default::default()
                 },
                 "top_k",
-            ),
-            (
-                CommonFields {
-                    max_tokens: Some(0),
-                    ..Default::default()
-                },
-                "max_tokens",
             ),
             (
                 CommonFields {
@@ -356,8 +315,11 @@ mod tests {
     #[test]
     fn penalties_bias_and_choices_pass_through() {
         let c = run(CommonFields {
-            presence_penalty: Some(0.5),
-            frequency_penalty: Some(-1.0),
+            sampling: SamplingOverrides {
+                presence_penalty: Some(0.5),
+                frequency_penalty: Some(-1.0),
+                ..Default::default()
+            },
             logit_bias: Some([("7".to_string(), -100.0), ("3".to_string(), 5.0)].into()),
             n: Some(3),
             stop_token_ids: Some(vec![9]),
@@ -385,7 +347,10 @@ mod tests {
         assert_eq!(c.sampling.top_k, 40);
         let c = check(
             &CommonFields {
-                temperature: Some(0.0),
+                sampling: SamplingOverrides {
+                    temperature: Some(0.0),
+                    ..Default::default()
+                },
                 top_k: Some(-1),
                 ..Default::default()
             },
@@ -406,26 +371,17 @@ mod tests {
     }
 
     #[test]
-    fn context_limit_is_checked() {
+    fn an_absent_max_tokens_is_the_rest_of_the_context() {
         let c = run(CommonFields {
             max_tokens: Some(10),
             ..Default::default()
         })
         .unwrap();
-        let e = c.request(vec![1; 95], 100, "prompt").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        assert_eq!(e.code, Some("context_length_exceeded"));
-        let e = c.request(vec![1; 100], 100, "prompt").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("prompt"));
-        assert_eq!(
-            c.request(vec![1; 90], 100, "prompt").unwrap().max_tokens,
-            10
-        );
+        // the limit is the engine's: passed through as given
+        assert_eq!(c.request(vec![1; 95], 100).max_tokens, 10);
         let open = run(CommonFields::default()).unwrap();
-        assert_eq!(
-            open.request(vec![1; 30], 100, "prompt").unwrap().max_tokens,
-            70
-        );
+        assert_eq!(open.request(vec![1; 30], 100).max_tokens, 70);
+        assert_eq!(open.request(vec![1; 100], 100).max_tokens, 0);
     }
 
     #[test]

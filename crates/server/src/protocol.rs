@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 
+use contract::SamplingOverrides;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
@@ -58,19 +59,17 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// Fields shared by chat and text completions (duplicated in each request
-/// struct rather than flattened, so type errors keep their field path).
+/// Fields shared by chat and text completions, as the client gave them
+/// (each body declares them through `completion_request!`).
 #[derive(Debug, Clone, Default)]
 pub struct CommonFields {
     pub model: Option<String>,
-    pub max_tokens: Option<i64>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
+    /// Unsigned on the wire: a negative count is a type error naming the
+    /// field; every limit on it is the engine's (`Engine::submit`).
+    pub max_tokens: Option<u64>,
+    /// The scalar sampling parameters (`contract::sampling_params!`).
+    pub sampling: SamplingOverrides,
     pub top_k: Option<i64>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
     pub seed: Option<i64>,
     pub stop: Option<Stop>,
     pub n: Option<i64>,
@@ -81,6 +80,100 @@ pub struct CommonFields {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub ignore_eos: bool,
+}
+
+/// Declares a completion-style request body (chat, text completion): the
+/// endpoint's own fields, then the fields every such body shares. The shared
+/// fields are inlined rather than a `#[serde(flatten)]`ed struct, because
+/// serde reads a flattened struct from a buffered copy of the body that
+/// `serde_path_to_error` cannot see into: a wrongly typed `temperature`
+/// would lose its name. The scalar sampling fields come from
+/// `contract::sampling_params!`, so a new sampling parameter is a field here
+/// without an edit. The body's `shared()` gathers them into [`CommonFields`].
+macro_rules! completion_request {
+    ($(#[$m:meta])* pub struct $name:ident { $($own:tt)* }) => {
+        contract::sampling_params!(completion_request_fields {
+            $(#[$m])* pub struct $name { $($own)* }
+        });
+    };
+}
+
+macro_rules! completion_request_fields {
+    (
+        { $(#[$m:meta])* pub struct $name:ident { $($own:tt)* } }
+        $( $(#[doc = $doc:literal])* $p:ident : f32 = $default:literal, $range:expr $(, $kernel:ident)? ; )*
+    ) => {
+        $(#[$m])*
+        pub struct $name {
+            $($own)*
+            #[serde(default)]
+            pub model: Option<String>,
+            #[serde(default)]
+            pub max_tokens: Option<u64>,
+            $(
+                $(#[doc = $doc])*
+                #[serde(default)]
+                pub $p: Option<f32>,
+            )*
+            /// Keep only the K most likely tokens (0 or -1 = off).
+            #[serde(default)]
+            pub top_k: Option<i64>,
+            #[serde(default)]
+            pub seed: Option<i64>,
+            #[serde(default)]
+            pub stop: Option<Stop>,
+            #[serde(default)]
+            pub n: Option<i64>,
+            /// Token id (as a string key, OpenAI's encoding) -> bias in [-100, 100].
+            #[serde(default)]
+            pub logit_bias: Option<HashMap<String, f32>>,
+            /// vLLM extension: stop when one of these token ids is generated.
+            #[serde(default)]
+            pub stop_token_ids: Option<Vec<u32>>,
+            #[serde(default)]
+            pub stream: Option<bool>,
+            #[serde(default)]
+            pub stream_options: Option<StreamOptions>,
+            #[serde(default)]
+            pub ignore_eos: Option<bool>,
+            /// `text`, `json_object` or `json_schema` (constrained decoding).
+            #[serde(default)]
+            pub response_format: Option<ResponseFormat>,
+            /// lamina extension: the output must fully match this regular expression.
+            #[serde(default)]
+            pub guided_regex: Option<String>,
+            /// lamina extension: the output must be in this Lark grammar's language.
+            #[serde(default)]
+            pub guided_grammar: Option<String>,
+            /// Accepted and ignored (an end-user id).
+            #[serde(default)]
+            #[schema(value_type = Option<String>)]
+            pub user: Option<IgnoredAny>,
+        }
+
+        impl $name {
+            /// The shared fields as the body gives them (`best_of` unset).
+            fn shared(&self) -> CommonFields {
+                CommonFields {
+                    model: self.model.clone(),
+                    max_tokens: self.max_tokens,
+                    sampling: SamplingOverrides {
+                        $( $p: self.$p, )*
+                    },
+                    top_k: self.top_k,
+                    seed: self.seed,
+                    stop: self.stop.clone(),
+                    n: self.n,
+                    best_of: None,
+                    logit_bias: self.logit_bias.clone(),
+                    stop_token_ids: self.stop_token_ids.clone(),
+                    stream: self.stream.unwrap_or(false),
+                    stream_options: self.stream_options.clone(),
+                    ignore_eos: self.ignore_eos.unwrap_or(false),
+                }
+            }
+        }
+    };
 }
 
 /// One chat message's `content`: a string or a list of content parts.
@@ -217,120 +310,57 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-/// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ChatRequest {
-    pub messages: Vec<Message>,
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-    #[serde(default)]
-    pub max_completion_tokens: Option<i64>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    #[serde(default)]
-    pub min_p: Option<f32>,
-    #[serde(default)]
-    pub repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub presence_penalty: Option<f32>,
-    #[serde(default)]
-    pub frequency_penalty: Option<f32>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    #[serde(default)]
-    pub stop: Option<Stop>,
-    #[serde(default)]
-    pub n: Option<i64>,
-    /// Token id (as a string key, OpenAI's encoding) -> bias in [-100, 100].
-    #[serde(default)]
-    pub logit_bias: Option<HashMap<String, f32>>,
-    /// vLLM extension: stop when one of these token ids is generated.
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub logprobs: Option<bool>,
-    #[serde(default)]
-    pub top_logprobs: Option<i64>,
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    /// lamina extension: parse special-token text in message contents as
-    /// control tokens (default false: it is text).
-    #[serde(default)]
-    pub parse_special_tokens: Option<bool>,
-    /// `text`, `json_object` or `json_schema` (constrained decoding).
-    #[serde(default)]
-    pub response_format: Option<ResponseFormat>,
-    /// lamina extension: the output must fully match this regular expression.
-    #[serde(default)]
-    pub guided_regex: Option<String>,
-    /// lamina extension: the output must be in this Lark grammar's language.
-    #[serde(default)]
-    pub guided_grammar: Option<String>,
-    /// Functions the model may call.
-    #[serde(default)]
-    pub tools: Option<Vec<Tool>>,
-    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
-    #[serde(default)]
-    pub tool_choice: Option<ToolChoice>,
-    /// `true` (the default): a reply may make several calls; `false`: at
-    /// most one (the first).
-    #[serde(default)]
-    pub parallel_tool_calls: Option<bool>,
-    /// Accepted and ignored (an end-user id).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub user: Option<IgnoredAny>,
-    /// Accepted and ignored: lamina keeps no chat completions.
-    #[serde(default)]
-    #[schema(value_type = Option<bool>)]
-    pub store: Option<IgnoredAny>,
-    /// Accepted and ignored (tags for the caller's own bookkeeping).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<IgnoredAny>,
-    /// Accepted and ignored (one tier of service).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub service_tier: Option<IgnoredAny>,
-    /// Accepted and ignored: no served model reasons.
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub reasoning_effort: Option<IgnoredAny>,
+completion_request! {
+    /// `POST /v1/chat/completions`.
+    #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct ChatRequest {
+        pub messages: Vec<Message>,
+        #[serde(default)]
+        pub max_completion_tokens: Option<u64>,
+        #[serde(default)]
+        pub logprobs: Option<bool>,
+        #[serde(default)]
+        pub top_logprobs: Option<i64>,
+        /// lamina extension: parse special-token text in message contents as
+        /// control tokens (default false: it is text).
+        #[serde(default)]
+        pub parse_special_tokens: Option<bool>,
+        /// Functions the model may call.
+        #[serde(default)]
+        pub tools: Option<Vec<Tool>>,
+        /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+        #[serde(default)]
+        pub tool_choice: Option<ToolChoice>,
+        /// `true` (the default): a reply may make several calls; `false`: at
+        /// most one (the first).
+        #[serde(default)]
+        pub parallel_tool_calls: Option<bool>,
+        /// Accepted and ignored: lamina keeps no chat completions.
+        #[serde(default)]
+        #[schema(value_type = Option<bool>)]
+        pub store: Option<IgnoredAny>,
+        /// Accepted and ignored (tags for the caller's own bookkeeping).
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        pub metadata: Option<IgnoredAny>,
+        /// Accepted and ignored (one tier of service).
+        #[serde(default)]
+        #[schema(value_type = Option<String>)]
+        pub service_tier: Option<IgnoredAny>,
+        /// Accepted and ignored: no served model reasons.
+        #[serde(default)]
+        #[schema(value_type = Option<String>)]
+        pub reasoning_effort: Option<IgnoredAny>,
+    }
 }
 
 impl ChatRequest {
     /// The shared fields; `max_completion_tokens` wins over `max_tokens`.
     pub fn common(&self) -> CommonFields {
         CommonFields {
-            model: self.model.clone(),
             max_tokens: self.max_completion_tokens.or(self.max_tokens),
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            n: self.n,
-            best_of: None,
-            logit_bias: self.logit_bias.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            stream: self.stream.unwrap_or(false),
-            stream_options: self.stream_options.clone(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
+            ..self.shared()
         }
     }
 
@@ -375,91 +405,28 @@ pub enum Prompt {
     TokenLists(Vec<Vec<u32>>),
 }
 
-/// `POST /v1/completions`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CompletionRequest {
-    pub prompt: Prompt,
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub max_tokens: Option<i64>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    #[serde(default)]
-    pub min_p: Option<f32>,
-    #[serde(default)]
-    pub repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub presence_penalty: Option<f32>,
-    #[serde(default)]
-    pub frequency_penalty: Option<f32>,
-    #[serde(default)]
-    pub seed: Option<i64>,
-    #[serde(default)]
-    pub stop: Option<Stop>,
-    #[serde(default)]
-    pub n: Option<i64>,
-    /// Token id (as a string key, OpenAI's encoding) -> bias in [-100, 100].
-    #[serde(default)]
-    pub logit_bias: Option<HashMap<String, f32>>,
-    /// vLLM extension: stop when one of these token ids is generated.
-    #[serde(default)]
-    pub stop_token_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
-    pub logprobs: Option<i64>,
-    #[serde(default)]
-    pub best_of: Option<i64>,
-    #[serde(default)]
-    pub echo: Option<bool>,
-    #[serde(default)]
-    pub suffix: Option<String>,
-    #[serde(default)]
-    pub ignore_eos: Option<bool>,
-    /// `text`, `json_object` or `json_schema` (constrained decoding).
-    #[serde(default)]
-    pub response_format: Option<ResponseFormat>,
-    /// lamina extension: the output must fully match this regular expression.
-    #[serde(default)]
-    pub guided_regex: Option<String>,
-    /// lamina extension: the output must be in this Lark grammar's language.
-    #[serde(default)]
-    pub guided_grammar: Option<String>,
-    /// Accepted and ignored (an end-user id).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub user: Option<IgnoredAny>,
+completion_request! {
+    /// `POST /v1/completions`.
+    #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+    #[serde(deny_unknown_fields)]
+    pub struct CompletionRequest {
+        pub prompt: Prompt,
+        #[serde(default)]
+        pub logprobs: Option<i64>,
+        #[serde(default)]
+        pub best_of: Option<i64>,
+        #[serde(default)]
+        pub echo: Option<bool>,
+        #[serde(default)]
+        pub suffix: Option<String>,
+    }
 }
 
 impl CompletionRequest {
     pub fn common(&self) -> CommonFields {
         CommonFields {
-            model: self.model.clone(),
-            max_tokens: self.max_tokens,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            seed: self.seed,
-            stop: self.stop.clone(),
-            n: self.n,
             best_of: self.best_of,
-            logit_bias: self.logit_bias.clone(),
-            stop_token_ids: self.stop_token_ids.clone(),
-            stream: self.stream.unwrap_or(false),
-            stream_options: self.stream_options.clone(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
+            ..self.shared()
         }
     }
 }

@@ -74,6 +74,7 @@ fn rejections_name_the_numbers_and_leave_others_alone() {
     let ctx = s.engine.max_context();
     let good = req(prompt(20, 1), 30, SamplingParams::greedy());
     let h = s.engine.submit(good.clone()).unwrap();
+    let huge = format!("max_tokens is {}: {} in all", usize::MAX, usize::MAX);
     let cases: Vec<(GenerateRequest, &str)> = vec![
         (req(vec![], 5, SamplingParams::greedy()), "empty"),
         (req(prompt(ctx, 2), 5, SamplingParams::greedy()), "context"),
@@ -86,6 +87,12 @@ fn rejections_name_the_numbers_and_leave_others_alone() {
             "33 KV blocks of 4; the whole KV pool has 32",
         ),
         (req(prompt(5, 2), 0, SamplingParams::greedy()), "max_tokens"),
+        // the one max_tokens check: a client's huge count is refused, and
+        // the message's sum saturates
+        (
+            req(prompt(5, 2), usize::MAX, SamplingParams::greedy()),
+            &huge,
+        ),
         (
             req(vec![1, vocab as u32], 5, SamplingParams::greedy()),
             "token id 300 at prompt position 1",

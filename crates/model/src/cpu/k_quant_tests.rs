@@ -12,6 +12,7 @@ use super::*;
 use checkpoint::gguf::GgmlType;
 use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
 use checkpoint::synth::splitmix64;
+use contract::Backend;
 use cpu_kernels::quant::{QuantType, dequantize_row};
 use std::collections::HashMap;
 

@@ -46,7 +46,7 @@ use crate::sampler::sample;
 use attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::HostPipeline;
-use contract::backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
+use contract::backend::{BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
@@ -216,7 +216,7 @@ impl CpuBackend {
     }
 }
 
-impl Backend for CpuBackend {
+impl contract::HostCompute for CpuBackend {
     fn name(&self) -> String {
         match self.path() {
             CpuPath::Reference => "cpu (reference)".into(),
@@ -238,51 +238,16 @@ impl Backend for CpuBackend {
         self.kv
     }
 
-    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.launch(batch, |b| self.sample_step(b));
-        self.pipe = pipe;
-        r
+    fn pipeline(&self) -> &HostPipeline {
+        &self.pipe
     }
 
-    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        self.pipe.hold(batch)
+    fn pipeline_mut(&mut self) -> &mut HostPipeline {
+        &mut self.pipe
     }
 
-    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.release(samples, |b| self.sample_step(b));
-        self.pipe = pipe;
-        r
-    }
-
-    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        self.pipe.collect()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.pipe.in_flight()
-    }
-
-    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        contract::check_idle(self.pipe.in_flight(), "a logits call")?;
-        self.check_batch(batch)?;
-        let t = batch.num_tokens();
-        if let Some(r) = rows.iter().find(|&&r| r >= t) {
-            return Err(BackendError::InvalidBatch(format!(
-                "logits row {r} outside the step's {t} tokens"
-            )));
-        }
-        Ok(self.run(batch, rows))
-    }
-}
-
-impl CpuBackend {
-    /// One step's samples (`[S]`, `Some` where requested) of a batch with no carried tokens.
-    fn sample_step(
-        &mut self,
-        batch: &StepBatch,
-    ) -> Result<Vec<Option<SampledToken>>, BackendError> {
+    /// One step's samples (`[S]`, `Some` where requested).
+    fn compute(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         self.check_batch(batch)?;
         // [R] (sequence, token row) of every sampled sequence
         let sampled: Vec<(usize, usize)> = (0..batch.num_seqs())
@@ -302,6 +267,18 @@ impl CpuBackend {
             out[s] = Some(tok);
         }
         Ok(out)
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        contract::check_idle(self.pipe.in_flight(), "a logits call")?;
+        self.check_batch(batch)?;
+        let t = batch.num_tokens();
+        if let Some(r) = rows.iter().find(|&&r| r >= t) {
+            return Err(BackendError::InvalidBatch(format!(
+                "logits row {r} outside the step's {t} tokens"
+            )));
+        }
+        Ok(self.run(batch, rows))
     }
 }
 

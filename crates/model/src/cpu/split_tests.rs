@@ -9,6 +9,7 @@ use super::tests::{
     BS, LONG_PROMPT, PROMPT, backend_on, chunk, config_with, naive, rel_err, weights,
 };
 use super::*;
+use contract::Backend;
 
 fn prompt(tokens: &[u32], start: usize, blocks: Vec<u32>, prompt_len: usize) -> SeqChunk {
     SeqChunk {

@@ -8,6 +8,7 @@
 use super::batch::{SeqChunk, build_step, contiguous_blocks, generate_greedy};
 use super::*;
 use checkpoint::weights::LayerWeights;
+use contract::Backend;
 use contract::backend::SampleRequest;
 use contract::sampling::{SamplingParams, splitmix64};
 use contract::testing::{Malformation, malform, malformed_batches, well_formed};

@@ -89,6 +89,18 @@ pub(super) struct Pad {
     pub block_size: u32,
 }
 
+/// Copies each scalar sampling parameter marked `kernel` in
+/// `contract::sampling_params!` into the kernel record's field of the same
+/// name (`$kernel` only selects the marked entries).
+macro_rules! copy_to_kernel {
+    (
+        { $out:ident $p:ident }
+        $( $(#[doc = $doc:literal])* $name:ident : f32 = $default:literal, $range:expr $(, $kernel:ident)? ; )*
+    ) => {
+        $( $( let _ = stringify!($kernel); $out.$name = $p.$name; )? )*
+    };
+}
+
 /// Kernel parameters for one sample request; its distinct history ids (only
 /// when the repetition penalty is active; kept sorted and distinct by the
 /// engine, so copied without a sort), then its additive terms (presence /
@@ -107,22 +119,17 @@ pub(super) fn sample_params(
     };
     let p = &req.params;
     let mut out = SampleParams {
-        // the kernels' encoding of greedy
-        temperature: if p.is_greedy() { 0.0 } else { p.temperature },
         top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
-        top_p: p.top_p,
-        min_p: p.min_p,
-        repetition_penalty: p.repetition_penalty,
         u: uniform(p.seed, req.step),
         hist_off: history.len() as u32,
-        hist_len: 0,
         n_logprobs: p.logprobs.min(MAX_LOGPROBS) as u32,
-        add_off: 0,
-        add_len: 0,
-        mask_off: 0,
-        mask_len: 0,
-        _pad: [0; 3],
+        ..SampleParams::greedy()
     };
+    contract::sampling_params!(copy_to_kernel { out p });
+    if p.is_greedy() {
+        // the kernels' encoding of greedy
+        out.temperature = 0.0;
+    }
     if let Some(h) = &req.history
         && p.repetition_penalty != 1.0
     {

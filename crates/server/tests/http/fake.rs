@@ -9,10 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contract::presets::Preset;
-use contract::{
-    Backend, BackendError, HostPipeline, KvShape, LlamaConfig, SampleRequest, SampledToken,
-    StepBatch,
-};
+use contract::{BackendError, HostPipeline, KvShape, LlamaConfig, SampledToken, StepBatch};
 use engine::{Engine, EngineConfig};
 use tokenizer::Tokenizer;
 use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
@@ -38,7 +35,7 @@ impl LetterBackend {
     }
 }
 
-impl Backend for LetterBackend {
+impl contract::HostCompute for LetterBackend {
     fn name(&self) -> String {
         "letters".into()
     }
@@ -51,38 +48,14 @@ impl Backend for LetterBackend {
         self.shape
     }
 
-    fn launch(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.launch(batch, |b| self.compute(b));
-        self.pipe = pipe;
-        r
+    fn pipeline(&self) -> &HostPipeline {
+        &self.pipe
     }
 
-    fn launch_held(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
-        self.pipe.hold(batch)
+    fn pipeline_mut(&mut self) -> &mut HostPipeline {
+        &mut self.pipe
     }
 
-    fn release(&mut self, samples: &[Option<SampleRequest>]) -> Result<(), BackendError> {
-        let mut pipe = std::mem::take(&mut self.pipe);
-        let r = pipe.release(samples, |b| self.compute(b));
-        self.pipe = pipe;
-        r
-    }
-
-    fn collect(&mut self) -> Result<Vec<Option<SampledToken>>, BackendError> {
-        self.pipe.collect()
-    }
-
-    fn in_flight(&self) -> usize {
-        self.pipe.in_flight()
-    }
-
-    fn logits(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        Err(BackendError::Device("the letter fake has no logits".into()))
-    }
-}
-
-impl LetterBackend {
     /// One step's samples (a resolved batch).
     fn compute(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         batch.validate(self.shape.num_blocks, self.shape.block_size)?;
@@ -112,6 +85,10 @@ impl LetterBackend {
             })
             .collect();
         Ok(out)
+    }
+
+    fn logits(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        Err(BackendError::Device("the letter fake has no logits".into()))
     }
 }
 

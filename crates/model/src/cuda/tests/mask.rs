@@ -65,67 +65,99 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
             TokenMask::from_ids(vocab, &[(best + 13) % vocab as u32]),
             TokenMask::from_ids(vocab, &(0..vocab as u32).collect::<Vec<_>>()),
         ];
+        let rows = Rows {
+            toks: &toks,
+            blocks: &blocks,
+            twin: &twin,
+            last,
+        };
         for mask in masks {
-            let mask = Arc::new(mask);
-            let req = SampleRequest {
-                params: p.clone(),
-                step: 3,
-                history: Some(Arc::new(contract::PenaltyHistory::from_tokens(&toks))),
-                allowed: Some(mask.clone()),
-            };
-            let free = SampleRequest {
-                allowed: None,
-                ..req.clone()
-            };
-            gpu.set_graphs(false);
-            // alone: exactly the CPU sampler's token and log-probability
-            let alone = SeqChunk {
-                prompt_len: 0,
-                tokens: toks.clone(),
-                start: 0,
-                blocks: blocks.clone(),
-                sample: Some(req.clone()),
-            };
-            let g = gpu
-                .step(&build_step(std::slice::from_ref(&alone), BS).unwrap())
-                .unwrap()[0]
-                .clone()
-                .unwrap();
-            let want = crate::sampler::sample(last, &req);
-            assert!(
-                mask.allows(g.token),
-                "GPU sampled forbidden token {}",
-                g.token
-            );
-            assert_eq!(g.token, want.token, "params {i}: {g:?} vs {want:?}");
-            assert!((g.logprob - want.logprob).abs() < 1e-3, "{g:?} vs {want:?}");
-            // batched with the same row unmasked: the mask stays on its row
-            let twin_chunk = SeqChunk {
-                prompt_len: 0,
-                tokens: toks.clone(),
-                start: 0,
-                blocks: twin.clone(),
-                sample: Some(free.clone()),
-            };
-            let got = gpu
-                .step(&build_step(&[alone, twin_chunk], BS).unwrap())
-                .unwrap();
-            let (m, f) = (got[0].clone().unwrap(), got[1].clone().unwrap());
-            assert!(mask.allows(m.token), "batched: forbidden token {}", m.token);
-            if p.temperature == 0.0 {
-                let want_free = crate::sampler::sample(last, &free);
-                assert_eq!(f.token, want_free.token, "the unmasked row changed");
-            }
+            rows.check(&mut gpu, i, p, Arc::new(mask));
             checked += 1;
         }
         pool.free.extend(blocks);
         pool.free.extend(twin);
     }
-    // in a captured decode graph: one token per sequence, masks change per step
+    graph_steps_follow_their_masks(&mut gpu, &mut pool);
+    println!(
+        "RESULT GPU grammar mask vs CPU sampler: {checked} rows agree; graph steps follow their masks"
+    );
+}
+
+/// One prompt's rows: its tokens, its blocks and its unmasked twin's, and
+/// the logits of its last token.
+struct Rows<'a> {
+    toks: &'a [u32],
+    blocks: &'a [u32],
+    twin: &'a [u32],
+    last: &'a [f32],
+}
+
+impl Rows<'_> {
+    /// Params `p` (case `i`) with `mask`, eager: alone, exactly the CPU
+    /// sampler's token and log-probability; batched with the same row
+    /// unmasked, the mask stays on its row.
+    fn check(&self, gpu: &mut CudaBackend, i: usize, p: &SamplingParams, mask: Arc<TokenMask>) {
+        let req = SampleRequest {
+            params: p.clone(),
+            step: 3,
+            history: Some(Arc::new(contract::PenaltyHistory::from_tokens(self.toks))),
+            allowed: Some(mask.clone()),
+        };
+        let free = SampleRequest {
+            allowed: None,
+            ..req.clone()
+        };
+        gpu.set_graphs(false);
+        // alone: exactly the CPU sampler's token and log-probability
+        let alone = SeqChunk {
+            prompt_len: 0,
+            tokens: self.toks.to_vec(),
+            start: 0,
+            blocks: self.blocks.to_vec(),
+            sample: Some(req.clone()),
+        };
+        let g = gpu
+            .step(&build_step(std::slice::from_ref(&alone), BS).unwrap())
+            .unwrap()[0]
+            .clone()
+            .unwrap();
+        let want = crate::sampler::sample(self.last, &req);
+        assert!(
+            mask.allows(g.token),
+            "GPU sampled forbidden token {}",
+            g.token
+        );
+        assert_eq!(g.token, want.token, "params {i}: {g:?} vs {want:?}");
+        assert!((g.logprob - want.logprob).abs() < 1e-3, "{g:?} vs {want:?}");
+        // batched with the same row unmasked: the mask stays on its row
+        let twin_chunk = SeqChunk {
+            prompt_len: 0,
+            tokens: self.toks.to_vec(),
+            start: 0,
+            blocks: self.twin.to_vec(),
+            sample: Some(free.clone()),
+        };
+        let got = gpu
+            .step(&build_step(&[alone, twin_chunk], BS).unwrap())
+            .unwrap();
+        let (m, f) = (got[0].clone().unwrap(), got[1].clone().unwrap());
+        assert!(mask.allows(m.token), "batched: forbidden token {}", m.token);
+        if p.temperature == 0.0 {
+            let want_free = crate::sampler::sample(self.last, &free);
+            assert_eq!(f.token, want_free.token, "the unmasked row changed");
+        }
+    }
+}
+
+/// In a captured decode graph: one token per sequence, masks change per
+/// step, and each greedy step samples the one token its mask allows.
+fn graph_steps_follow_their_masks(gpu: &mut CudaBackend, pool: &mut Pool) {
+    let vocab = gpu.config().vocab_size;
     gpu.set_graphs(true);
     let toks = tokens(77, 20, vocab);
     let blocks = pool.take(20 + 8);
-    let _ = chunk_logits(&mut gpu, &toks[..19], 0, &blocks);
+    let _ = chunk_logits(gpu, &toks[..19], 0, &blocks);
     for step in 0..4u64 {
         let allowed = (step as u32 * 101 + 5) % vocab as u32;
         let req = SampleRequest {
@@ -146,7 +178,4 @@ fn cuda_sampler_applies_the_grammar_mask_like_the_cpu() {
             .unwrap();
         assert_eq!(got.token, allowed, "graph step {step}");
     }
-    println!(
-        "RESULT GPU grammar mask vs CPU sampler: {checked} rows agree; graph steps follow their masks"
-    );
 }

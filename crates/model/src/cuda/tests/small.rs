@@ -5,13 +5,13 @@
 use super::*;
 use crate::cpu::CpuBackend;
 use contract::history::PenaltyHistory;
+use contract::{Carried, TokenMask};
 use std::sync::Arc;
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_smollm2_matches_cpu() {
     let (cfg, w) = load(&synth_dir(Preset::Smollm2_135m));
-    let vocab = cfg.vocab_size;
     let kv = KvShape {
         num_blocks: 512,
         block_size: BS,
@@ -19,13 +19,36 @@ fn cuda_smollm2_matches_cpu() {
     let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
     let mut cpu = CpuBackend::new(cfg, w, kv).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
+    let worst = forward_error_vs_cpu(&mut gpu, &mut cpu, &mut pool);
+    assert!(
+        worst.0 <= 3e-2 && worst.1 <= 0.2,
+        "smollm2 CUDA vs CPU: {worst:?}"
+    );
+    batch_matches_alone(&mut gpu, 2e-2, "smollm2-135m");
+    // GPU sampling vs the CPU sampler on the same logits.
+    let mut mism = 0;
+    for (i, params) in sampler_cases().into_iter().enumerate() {
+        mism += usize::from(!gpu_sample_matches_cpu(&mut gpu, &mut pool, i, params));
+    }
+    println!("RESULT smollm2 GPU sampler vs CPU sampler: {mism} of 6 draws differ");
+    assert_eq!(mism, 0);
+}
+
+/// The worst (relative error, max |d logprob|) of the GPU's logits against
+/// the CPU's: two prompts, then 64 generated tokens teacher-forced.
+fn forward_error_vs_cpu(
+    gpu: &mut CudaBackend,
+    cpu: &mut CpuBackend,
+    pool: &mut Pool,
+) -> (f64, f64) {
+    let vocab = gpu.config().vocab_size;
     let mut worst = (0.0f64, 0.0f64);
     for n in [7usize, 300] {
         let toks = tokens(n as u64 + 5, n, vocab);
         let blocks = pool.take(n);
         let (g, c) = (
-            chunk_logits(&mut gpu, &toks, 0, &blocks),
-            chunk_logits(&mut cpu, &toks, 0, &blocks),
+            chunk_logits(gpu, &toks, 0, &blocks),
+            chunk_logits(cpu, &toks, 0, &blocks),
         );
         let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
         println!("RESULT smollm2 prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
@@ -33,11 +56,11 @@ fn cuda_smollm2_matches_cpu() {
     }
     let prompt = tokens(99, 40, vocab);
     let blocks = pool.take(40 + 64);
-    let generated = generate(&mut gpu, &prompt, &blocks, 64);
-    let gpu_tf = teacher_forced(&mut gpu, &prompt, &generated, &blocks);
+    let generated = generate(gpu, &prompt, &blocks, 64);
+    let gpu_tf = teacher_forced(gpu, &prompt, &generated, &blocks);
     let mut full = prompt.clone();
     full.extend_from_slice(&generated[..63]);
-    let cpu_all = chunk_logits(&mut cpu, &full, 0, &blocks);
+    let cpu_all = chunk_logits(cpu, &full, 0, &blocks);
     let cpu_tf = &cpu_all[39 * vocab..];
     let (e, d) = (
         rel_err(&gpu_tf, cpu_tf),
@@ -51,15 +74,12 @@ fn cuda_smollm2_matches_cpu() {
     println!(
         "RESULT smollm2 64 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}, CPU argmax agrees on {agree}/64"
     );
-    worst = (worst.0.max(e), worst.1.max(d));
-    assert!(
-        worst.0 <= 3e-2 && worst.1 <= 0.2,
-        "smollm2 CUDA vs CPU: {worst:?}"
-    );
-    batch_matches_alone(&mut gpu, 2e-2, "smollm2-135m");
-    // GPU sampling vs the CPU sampler on the same logits.
-    let mut mism = 0;
-    for (i, params) in [
+    (worst.0.max(e), worst.1.max(d))
+}
+
+/// Sampling settings the GPU sampler is held to the CPU sampler with.
+fn sampler_cases() -> Vec<SamplingParams> {
+    vec![
         SamplingParams {
             temperature: 0.8,
             top_p: 0.9,
@@ -103,49 +123,53 @@ fn cuda_smollm2_matches_cpu() {
             ..SamplingParams::greedy()
         },
     ]
-    .into_iter()
-    .enumerate()
-    {
-        let toks = tokens(1000 + i as u64, 50, vocab);
-        let blocks = pool.take(50);
-        let logits = chunk_logits(&mut gpu, &toks, 0, &blocks);
-        // the last 20 tokens count as generated (presence / frequency)
-        let mut history = PenaltyHistory::from_tokens(&toks[..30]);
-        for &t in &toks[30..] {
-            history.push_generated(t);
-        }
-        let req = SampleRequest {
-            params,
-            step: 5,
-            history: Some(Arc::new(history)),
-            allowed: None,
-        };
-        let chunk = SeqChunk {
-            prompt_len: 0,
-            tokens: toks.clone(),
-            start: 0,
-            blocks: blocks.clone(),
-            sample: Some(req.clone()),
-        };
-        gpu.set_graphs(false);
-        let got = gpu.step(&build_step(&[chunk], BS).unwrap()).unwrap()[0]
-            .clone()
-            .unwrap();
-        let want = crate::sampler::sample(&logits[49 * vocab..], &req);
-        if got.token != want.token {
-            mism += 1;
-        }
-        assert!(
-            (got.logprob - want.logprob).abs() < 1e-3,
-            "{got:?} vs {want:?}"
-        );
-        let ids: Vec<u32> = got.top_logprobs.iter().map(|p| p.0).collect();
-        let want_ids: Vec<u32> = want.top_logprobs.iter().map(|p| p.0).collect();
-        assert_eq!(ids, want_ids);
-        pool.free.extend(blocks);
+}
+
+/// Samples case `i` on the GPU and with the CPU sampler over the GPU's
+/// logits; log-probabilities and top ids must agree (asserted), and the
+/// result says whether the sampled tokens do.
+fn gpu_sample_matches_cpu(
+    gpu: &mut CudaBackend,
+    pool: &mut Pool,
+    i: usize,
+    params: SamplingParams,
+) -> bool {
+    let vocab = gpu.config().vocab_size;
+    let toks = tokens(1000 + i as u64, 50, vocab);
+    let blocks = pool.take(50);
+    let logits = chunk_logits(gpu, &toks, 0, &blocks);
+    // the last 20 tokens count as generated (presence / frequency)
+    let mut history = PenaltyHistory::from_tokens(&toks[..30]);
+    for &t in &toks[30..] {
+        history.push_generated(t);
     }
-    println!("RESULT smollm2 GPU sampler vs CPU sampler: {mism} of 6 draws differ");
-    assert_eq!(mism, 0);
+    let req = SampleRequest {
+        params,
+        step: 5,
+        history: Some(Arc::new(history)),
+        allowed: None,
+    };
+    let chunk = SeqChunk {
+        prompt_len: 0,
+        tokens: toks.clone(),
+        start: 0,
+        blocks: blocks.clone(),
+        sample: Some(req.clone()),
+    };
+    gpu.set_graphs(false);
+    let got = gpu.step(&build_step(&[chunk], BS).unwrap()).unwrap()[0]
+        .clone()
+        .unwrap();
+    let want = crate::sampler::sample(&logits[49 * vocab..], &req);
+    assert!(
+        (got.logprob - want.logprob).abs() < 1e-3,
+        "{got:?} vs {want:?}"
+    );
+    let ids: Vec<u32> = got.top_logprobs.iter().map(|p| p.0).collect();
+    let want_ids: Vec<u32> = want.top_logprobs.iter().map(|p| p.0).collect();
+    assert_eq!(ids, want_ids);
+    pool.free.extend(blocks);
+    got.token == want.token
 }
 
 /// A short mixed generation (the compute-sanitizer target): three prompts,
@@ -386,162 +410,25 @@ fn cuda_row_subsets_match_all_rows() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_pipelined_steps_equal_plain_steps() {
-    use contract::{Carried, TokenMask};
-    /// A sequence: its prompt, the samples collected, the tokens run so far.
-    struct Seq {
-        prompt: Vec<u32>,
-        generated: Vec<u32>,
-        run: usize,
-        blocks: Vec<u32>,
-    }
     let (cfg, w) = load(&synth_dir(Preset::Smollm2_135m));
-    let vocab = cfg.vocab_size;
-    let kv = KvShape {
-        num_blocks: 256,
-        block_size: BS,
-    };
-    let params = |i: usize| SamplingParams {
-        temperature: if i.is_multiple_of(2) { 0.0 } else { 0.8 },
-        seed: i as u64,
-        logprobs: i % 3,
-        ..SamplingParams::default()
-    };
-    // even sequences: 64 allowed ids picked from the last known token
-    let mask_for = |s: usize, known: &[u32]| -> Option<Arc<TokenMask>> {
-        if s % 2 == 1 {
-            return None;
-        }
-        let h = known.last().map_or(5, |&t| t as usize * 31 + known.len());
-        let ids: Vec<u32> = (0..64).map(|k| ((h + k * 7919) % vocab) as u32).collect();
-        Some(Arc::new(TokenMask::from_ids(vocab, &ids)))
-    };
-    #[derive(Clone, Copy, PartialEq, Debug)]
-    enum Mode {
-        Plain,
-        Piped,
-        Held,
-    }
     for graphs in [true, false] {
-        let mut runs: Vec<Vec<Vec<u32>>> = Vec::new();
-        for (mode, masked) in [
+        let runs: Vec<Vec<Vec<u32>>> = [
             (Mode::Plain, false),
             (Mode::Piped, false),
             (Mode::Plain, true),
             (Mode::Held, true),
-        ] {
+        ]
+        .into_iter()
+        .map(|(mode, masked)| {
+            let kv = KvShape {
+                num_blocks: 256,
+                block_size: BS,
+            };
             let mut b = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
             b.set_graphs(graphs);
-            let mut pool = Pool::new(kv.num_blocks);
-            let mut seqs: Vec<Seq> = [9usize, 40, 3, 700]
-                .iter()
-                .map(|&n| Seq {
-                    prompt: tokens(n as u64 + 7, n, vocab),
-                    generated: Vec::new(),
-                    run: 0,
-                    blocks: pool.take(n + 24),
-                })
-                .collect();
-            let known =
-                |q: &Seq| -> Vec<u32> { q.prompt.iter().chain(&q.generated).copied().collect() };
-            // each masked sample must be one its final mask allows
-            let land = |b: &mut CudaBackend, seqs: &mut [Seq], ids: &[usize]| {
-                for (&s, r) in ids.iter().zip(b.collect().unwrap()) {
-                    let r = r.unwrap();
-                    assert!((r.token as usize) < vocab && r.logprob.is_finite());
-                    if masked {
-                        let k = known(&seqs[s]);
-                        if let Some(m) = mask_for(s, &k) {
-                            assert!(
-                                m.allows(r.token),
-                                "sequence {s} sampled {} outside its mask",
-                                r.token
-                            );
-                        }
-                    }
-                    seqs[s].generated.push(r.token);
-                }
-            };
-            // the sequences of the launch not collected yet, in batch order
-            let mut pending: Option<Vec<usize>> = None;
-            let mut held_steps = 0;
-            for i in 0..14 {
-                // sequence 3 joins at step 5, sequence 1 leaves after step 8
-                let ids: Vec<usize> = (0..seqs.len())
-                    .filter(|&s| (s != 3 || i >= 5) && (s != 1 || i <= 8))
-                    .collect();
-                let prev = pending.clone().unwrap_or_default();
-                let chunks: Vec<SeqChunk> = ids
-                    .iter()
-                    .map(|&s| {
-                        let q = &seqs[s];
-                        let k = known(q);
-                        let mut toks = k[q.run.min(k.len())..].to_vec();
-                        let in_flight = prev.contains(&s);
-                        if in_flight {
-                            toks.push(0); // its last sample is still on the device
-                        }
-                        SeqChunk {
-                            prompt_len: 0,
-                            sample: Some(SampleRequest {
-                                params: params(s),
-                                step: (q.generated.len() + usize::from(in_flight)) as u64,
-                                history: None,
-                                // stale for a carried sequence: final at release
-                                allowed: if masked { mask_for(s, &k) } else { None },
-                            }),
-                            blocks: q.blocks.clone(),
-                            start: q.run,
-                            tokens: toks,
-                        }
-                    })
-                    .collect();
-                let mut batch = build_step(&chunks, BS).unwrap();
-                for (row, &s) in ids.iter().enumerate() {
-                    if let Some(from) = prev.iter().position(|&p| p == s) {
-                        batch.carried.push(Carried {
-                            token: batch.cu_seqlens[row + 1] - 1,
-                            from: from as u32,
-                        });
-                    }
-                }
-                let hold = mode == Mode::Held && !batch.carried.is_empty();
-                if hold {
-                    b.launch_held(&batch).unwrap();
-                    held_steps += 1;
-                } else {
-                    b.launch(&batch).unwrap();
-                }
-                for (c, &s) in chunks.iter().zip(&ids) {
-                    seqs[s].run += c.tokens.len();
-                }
-                match mode {
-                    Mode::Plain => land(&mut b, &mut seqs, &ids),
-                    Mode::Piped | Mode::Held => {
-                        if let Some(prev) = pending.replace(ids.clone()) {
-                            land(&mut b, &mut seqs, &prev);
-                        }
-                    }
-                }
-                if hold {
-                    assert!(b.launch(&batch).is_err(), "a launch behind a held step");
-                    let mut fin = batch.samples.clone();
-                    for (f, &s) in fin.iter_mut().zip(&ids) {
-                        if let Some(r) = f.as_mut() {
-                            r.allowed = mask_for(s, &known(&seqs[s]));
-                        }
-                    }
-                    b.release(&fin).unwrap();
-                }
-            }
-            if let Some(prev) = pending.take() {
-                land(&mut b, &mut seqs, &prev);
-            }
-            assert!(b.collect().is_err(), "nothing left in flight");
-            if mode == Mode::Held {
-                assert!(held_steps >= 10, "{held_steps} held steps");
-            }
-            runs.push(seqs.into_iter().map(|s| s.generated).collect());
-        }
+            PipeRun::new(&mut b, kv, mode, masked).run()
+        })
+        .collect();
         println!("RESULT pipelined (graphs {graphs}): {:?}", runs[1]);
         println!("RESULT held (graphs {graphs}): {:?}", runs[3]);
         assert_eq!(runs[0], runs[1], "graphs {graphs}: pipelined tokens differ");
@@ -555,5 +442,206 @@ fn cuda_pipelined_steps_equal_plain_steps() {
             9,
             "the late sequence sampled from step 5 on"
         );
+    }
+}
+
+/// How [`PipeRun`] steps: one at a time, pipelined, or pipelined with held
+/// steps wherever a token is carried.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Mode {
+    Plain,
+    Piped,
+    Held,
+}
+
+/// A sequence of [`PipeRun`]: its prompt, the samples collected, the tokens
+/// run so far.
+struct PipeSeq {
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    run: usize,
+    blocks: Vec<u32>,
+}
+
+impl PipeSeq {
+    /// The prompt and the samples collected.
+    fn known(&self) -> Vec<u32> {
+        self.prompt.iter().chain(&self.generated).copied().collect()
+    }
+}
+
+/// 14 steps of four sequences in one mode: sequence 3 (a 700-token
+/// prompt) joins at step 5, sequence 1 leaves after step 8.
+struct PipeRun<'a> {
+    b: &'a mut CudaBackend,
+    vocab: usize,
+    mode: Mode,
+    masked: bool,
+    seqs: Vec<PipeSeq>,
+    /// The sequences of the launch not collected yet, in batch order.
+    pending: Option<Vec<usize>>,
+    held_steps: usize,
+}
+
+impl<'a> PipeRun<'a> {
+    fn new(b: &'a mut CudaBackend, kv: KvShape, mode: Mode, masked: bool) -> Self {
+        let vocab = b.config().vocab_size;
+        let mut pool = Pool::new(kv.num_blocks);
+        let seqs = [9usize, 40, 3, 700]
+            .iter()
+            .map(|&n| PipeSeq {
+                prompt: tokens(n as u64 + 7, n, vocab),
+                generated: Vec::new(),
+                run: 0,
+                blocks: pool.take(n + 24),
+            })
+            .collect();
+        PipeRun {
+            b,
+            vocab,
+            mode,
+            masked,
+            seqs,
+            pending: None,
+            held_steps: 0,
+        }
+    }
+
+    fn params(i: usize) -> SamplingParams {
+        SamplingParams {
+            temperature: if i.is_multiple_of(2) { 0.0 } else { 0.8 },
+            seed: i as u64,
+            logprobs: i % 3,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Even sequences: 64 allowed ids picked from the last known token.
+    fn mask_for(&self, s: usize, known: &[u32]) -> Option<Arc<TokenMask>> {
+        if s % 2 == 1 {
+            return None;
+        }
+        let vocab = self.vocab;
+        let h = known.last().map_or(5, |&t| t as usize * 31 + known.len());
+        let ids: Vec<u32> = (0..64).map(|k| ((h + k * 7919) % vocab) as u32).collect();
+        Some(Arc::new(TokenMask::from_ids(vocab, &ids)))
+    }
+
+    /// Runs the 14 steps; every sequence's samples.
+    fn run(mut self) -> Vec<Vec<u32>> {
+        for i in 0..14 {
+            let ids: Vec<usize> = (0..self.seqs.len())
+                .filter(|&s| (s != 3 || i >= 5) && (s != 1 || i <= 8))
+                .collect();
+            self.step(&ids);
+        }
+        if let Some(prev) = self.pending.take() {
+            self.land(&prev);
+        }
+        assert!(self.b.collect().is_err(), "nothing left in flight");
+        if self.mode == Mode::Held {
+            let held = self.held_steps;
+            assert!(held >= 10, "{held} held steps");
+        }
+        self.seqs.into_iter().map(|s| s.generated).collect()
+    }
+
+    /// Launches one step of `ids` (held where it carries a token in `Held`
+    /// mode) and collects what the mode collects after it.
+    fn step(&mut self, ids: &[usize]) {
+        let prev = self.pending.clone().unwrap_or_default();
+        let chunks = self.chunks(ids, &prev);
+        let mut batch = build_step(&chunks, BS).unwrap();
+        for (row, &s) in ids.iter().enumerate() {
+            if let Some(from) = prev.iter().position(|&p| p == s) {
+                batch.carried.push(Carried {
+                    token: batch.cu_seqlens[row + 1] - 1,
+                    from: from as u32,
+                });
+            }
+        }
+        let hold = self.mode == Mode::Held && !batch.carried.is_empty();
+        if hold {
+            self.b.launch_held(&batch).unwrap();
+            self.held_steps += 1;
+        } else {
+            self.b.launch(&batch).unwrap();
+        }
+        for (c, &s) in chunks.iter().zip(ids) {
+            self.seqs[s].run += c.tokens.len();
+        }
+        match self.mode {
+            Mode::Plain => self.land(ids),
+            Mode::Piped | Mode::Held => {
+                if let Some(prev) = self.pending.replace(ids.to_vec()) {
+                    self.land(&prev);
+                }
+            }
+        }
+        if hold {
+            assert!(
+                self.b.launch(&batch).is_err(),
+                "a launch behind a held step"
+            );
+            let mut fin = batch.samples.clone();
+            for (f, &s) in fin.iter_mut().zip(ids) {
+                if let Some(r) = f.as_mut() {
+                    r.allowed = self.mask_for(s, &self.seqs[s].known());
+                }
+            }
+            self.b.release(&fin).unwrap();
+        }
+    }
+
+    /// The chunks of `ids`; a sequence of the launch in flight (`prev`)
+    /// gets a placeholder for its last sample, still on the device.
+    fn chunks(&self, ids: &[usize], prev: &[usize]) -> Vec<SeqChunk> {
+        ids.iter()
+            .map(|&s| {
+                let q = &self.seqs[s];
+                let k = q.known();
+                let mut toks = k[q.run.min(k.len())..].to_vec();
+                let in_flight = prev.contains(&s);
+                if in_flight {
+                    toks.push(0); // its last sample is still on the device
+                }
+                SeqChunk {
+                    prompt_len: 0,
+                    sample: Some(SampleRequest {
+                        params: Self::params(s),
+                        step: (q.generated.len() + usize::from(in_flight)) as u64,
+                        history: None,
+                        // stale for a carried sequence: final at release
+                        allowed: if self.masked {
+                            self.mask_for(s, &k)
+                        } else {
+                            None
+                        },
+                    }),
+                    blocks: q.blocks.clone(),
+                    start: q.run,
+                    tokens: toks,
+                }
+            })
+            .collect()
+    }
+
+    /// Collects the oldest step (of `ids`); each masked sample must be one
+    /// its final mask allows.
+    fn land(&mut self, ids: &[usize]) {
+        for (&s, r) in ids.iter().zip(self.b.collect().unwrap()) {
+            let r = r.unwrap();
+            assert!((r.token as usize) < self.vocab && r.logprob.is_finite());
+            if self.masked
+                && let Some(m) = self.mask_for(s, &self.seqs[s].known())
+            {
+                assert!(
+                    m.allows(r.token),
+                    "sequence {s} sampled {} outside its mask",
+                    r.token
+                );
+            }
+            self.seqs[s].generated.push(r.token);
+        }
     }
 }
