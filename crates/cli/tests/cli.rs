@@ -370,6 +370,13 @@ fn top_p_out_of_range() {
 }
 
 #[test]
+fn zero_max_tokens_names_the_flag() {
+    // the engine's check, under the flag's name
+    let out = generate_on(tiny(), &["--max-tokens", "0", "hi"]);
+    assert_clear_error(&out, &["--max-tokens", "at least 1"]);
+}
+
+#[test]
 fn cuda_without_a_gpu_says_why() {
     if model::cuda::available().is_ok() {
         return; // a GPU machine: nothing to check here
