@@ -34,6 +34,9 @@
 //! One file on purpose: the workloads share one harness, one set of sizes and
 //! one report (text and JSON), which the baseline script mirrors field for
 //! field.
+//!
+//! One file past the usual size on purpose: the workloads share the sizes,
+//! the prompt generator and the report; each is a short function over them.
 
 use std::time::{Duration, Instant};
 

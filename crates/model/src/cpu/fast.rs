@@ -42,6 +42,9 @@
 //! One file on purpose: the fast step is one pipeline over one set of reused
 //! buffers, and each stage's shape assumptions are checked by the stage after
 //! it; split, the buffer contract would be spread over files.
+//!
+//! One file past the usual size on purpose: the packed weights and the step
+//! that reads them change together (a layout and its one reader).
 
 use super::CpuBackend;
 use super::attention::KvPool;

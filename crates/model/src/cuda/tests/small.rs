@@ -1,6 +1,9 @@
 //! Checks on the smollm2-135m (and tiny) synthetic presets: CUDA vs the CPU
 //! backend, GPU vs CPU sampling, and the short generation the
 //! compute-sanitizer runs use.
+//!
+//! One file on purpose: these checks share the smollm2 and tiny models, the
+//! CPU backend they compare with and the small helpers each builds on.
 
 use super::*;
 use crate::cpu::CpuBackend;
