@@ -158,14 +158,17 @@ pub struct Scheme {
 }
 
 /// Reads `quantization_config` from `config.json` of `dir`: `None` when
-/// absent (a BF16 / F16 / F32 checkpoint), the FP8 scheme, or an error
+/// absent (a BF16 / F16 / F32 checkpoint, or no `config.json`: a config
+/// given another way), the FP8 scheme, or an error
 /// naming the field that is not one lamina runs.
 pub fn scheme_of(dir: &Path) -> Result<Option<Scheme>, LoadError> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        // weights loaded against a config given another way
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(LoadError::Io { path, source }),
+    };
     let v: Value = serde_json::from_str(&text).map_err(|e| LoadError::Quantization {
         path: path.clone(),
         field: "quantization_config".into(),
