@@ -1,5 +1,5 @@
-//! `lamina`: generate, chat, serve, bench, tokenize, synth-model and the
-//! model store (pull, list, rm).
+//! `lamina`: run, generate, chat, serve, bench, tokenize, synth-model and
+//! the model store (pull, list, rm).
 //!
 //! Errors reach the user as one line, `error: <cause>: <detail>`, and a
 //! non-zero exit status; nothing the user can type makes it panic.
@@ -9,11 +9,14 @@
 mod bench;
 mod bench_serve;
 mod chat;
+mod chat_set;
 mod generate;
+mod habits;
 mod llama_bench;
 mod models;
 mod progress;
 mod repl;
+mod run;
 mod sampling_args;
 mod serve;
 mod serve_limits;
@@ -45,6 +48,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Chat with a model: one streamed reply to PROMPT, or the chat REPL
+    /// without one (ollama's `run`).
+    Run(run::RunArgs),
     /// Generate a continuation of a prompt (or of every line of a file).
     Generate(generate::GenerateArgs),
     /// Chat interactively with the model's chat template.
@@ -68,9 +74,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     // one rayon pool for the CPU backend and the loader, one thread a core
-    cpu_kernels::threads::init_pool();
+    // unless `--threads` says otherwise
+    cpu_kernels::threads::init_pool_with(cli.command.threads());
     let serving = matches!(cli.command, Command::Serve(_));
     let level = match cli.verbose {
         // a request that fails ends the command with its own error line;
@@ -88,6 +98,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match cli.command {
+        Command::Run(a) => run::run(a, cli.verbose),
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a, cli.verbose),
         Command::Serve(a) => serve::run(a),
@@ -105,6 +116,42 @@ fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The command line, with negative numbers taken as values and a
+/// neighbour's flag answered with lamina's; a bad one is printed (exit 2).
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::{CommandFactory, FromArgMatches};
+    let raw: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let parsed = habits::negative_numbers(Cli::command())
+        .try_get_matches_from(&raw)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    parsed.map_err(|err| {
+        if let Some(msg) = habits::explain(&err, &raw) {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+        let code = err.exit_code();
+        let _ = err.print();
+        ExitCode::from(u8::try_from(code).unwrap_or(2))
+    })
+}
+
+impl Command {
+    /// The `--threads` of a model-running command.
+    fn threads(&self) -> Option<usize> {
+        let model = match self {
+            Command::Run(a) => &a.model,
+            Command::Generate(a) => &a.model,
+            Command::Chat(a) => &a.model,
+            Command::Serve(a) => &a.model,
+            Command::Bench(a) => &a.model,
+            _ => return None,
+        };
+        model.threads
     }
 }
 

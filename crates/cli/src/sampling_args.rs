@@ -13,8 +13,8 @@ use engine::GenerateRequest;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    /// Most tokens to generate (llama.cpp's `-n`).
+    #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 256)]
     pub max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long)]

@@ -96,13 +96,17 @@ pub struct ServeArgs {
     pub served_model_name: Option<String>,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
+    /// The model (as `--model`; vLLM's `vllm serve MODEL`).
+    #[arg(value_name = "MODEL")]
+    pub model_word: Option<String>,
 }
 
 /// The longest any duration flag may be, in seconds (a day): longer is a
 /// typo, and past about 1.8e19 seconds no `Duration` holds it.
 const MAX_FLAG_SECONDS: f64 = 86_400.0;
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(mut args: ServeArgs) -> Result<()> {
+    crate::habits::positional_model(&mut args.model, args.model_word.take())?;
     if !(args.grace >= 0.0 && args.grace <= MAX_FLAG_SECONDS) {
         bail!(
             "invalid `--grace`: must be a number of seconds from 0 to {MAX_FLAG_SECONDS} (a day), got {}",
