@@ -11,6 +11,8 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use engine::{Constraint, Event, FinishReason, RequestHandle, SubmitError};
@@ -129,16 +131,20 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     }
     let prompt = encoded.into_iter().next().context("no prompt")?;
     let handle = submit(&loaded, &args.sampling, prompt.clone(), constraint.as_ref())?;
+    let interrupted = cancel_on_ctrl_c(&handle);
     let spinner = (!args.json)
         .then(|| spinner(&loaded, prompt.len()))
         .flatten();
     let out = collect(handle, prompt, args.sampling.logprobs, !args.json, spinner)?;
     loaded.engine.shutdown();
+    let mut stdout = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string(&out)?);
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
-        println!();
-        if out.finish_reason == FinishReason::Length.as_str() {
+        writeln!(stdout)?;
+        if interrupted.load(Ordering::SeqCst) {
+            eprintln!("[interrupted]");
+        } else if out.finish_reason == FinishReason::Length.as_str() {
             eprintln!("[stopped at --max-tokens {}]", args.sampling.max_tokens);
         }
         if let Some(hint) = ended_at_once(&out, &args, &loaded) {
@@ -151,7 +157,37 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
     if let Some(err) = &out.error {
         bail!("{}", failure(err));
     }
+    if interrupted.load(Ordering::SeqCst) {
+        return Err(Interrupted.into());
+    }
     Ok(())
+}
+
+/// A command stopped by Ctrl-C after reporting what it did (exit 130, no
+/// error line).
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Ctrl-C cancels the request (its timings are still printed); the flag
+/// says whether it came. Without a handler Ctrl-C ends the process as usual.
+fn cancel_on_ctrl_c(handle: &RequestHandle) -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (seen, canceller) = (flag.clone(), handle.canceller());
+    if let Err(e) = ctrlc::set_handler(move || {
+        seen.store(true, Ordering::SeqCst);
+        canceller.cancel();
+    }) {
+        tracing::warn!("cannot install the Ctrl-C handler: {e}");
+    }
+    flag
 }
 
 /// The hint for a raw completion that ended before its first token (the
@@ -430,15 +466,17 @@ fn run_many(
         if let Some(e) = &out.error {
             failed.get_or_insert_with(|| (line, failure(e)));
         }
+        let mut stdout = std::io::stdout().lock();
         if args.json {
-            println!("{}", serde_json::to_string(&out)?);
+            writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
         } else {
-            println!(
+            writeln!(
+                stdout,
                 "### prompt {} (line {line}, {})\n{}",
                 i + 1,
                 out.finish_reason,
                 out.text
-            );
+            )?;
         }
     }
     if let Some((line, why)) = failed {

@@ -112,6 +112,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `lamina generate ... | head`: the reader has all it wanted
+        Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.is::<generate::Interrupted>() => ExitCode::from(130),
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
@@ -153,6 +156,14 @@ impl Command {
         };
         model.threads
     }
+}
+
+/// Whether the error is a write to a closed pipe.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The error and its causes on one line, `a: b: c`, leaving out a cause

@@ -108,10 +108,13 @@ pub fn continue_multi(buf: &mut String, line: &str) -> Option<String> {
         Some(body) => (body, true),
         None => (line, false),
     };
-    if !buf.is_empty() {
-        buf.push('\n');
+    // a closing `"""` alone on its line adds no empty last line
+    if !(closed && body.trim().is_empty()) {
+        if !buf.is_empty() {
+            buf.push('\n');
+        }
+        buf.push_str(body);
     }
-    buf.push_str(body);
     closed.then(|| std::mem::take(buf))
 }
 
@@ -218,6 +221,8 @@ mod tests {
             Some("first\nsecond\nthird".into())
         );
         assert!(buf.is_empty());
+        buf.push_str("alpha");
+        assert_eq!(continue_multi(&mut buf, "\"\"\""), Some("alpha".into()));
     }
 
     #[test]

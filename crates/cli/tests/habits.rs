@@ -206,3 +206,39 @@ fn ranges_and_tips() {
         assert!(help.contains(want), "{want} missing from generate --help");
     }
 }
+
+/// `lamina generate ... | head`: the reader closing the pipe ends the
+/// command quietly with exit 0 (no `Broken pipe` error line).
+#[test]
+fn a_closed_pipe_ends_generate_quietly() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(support::bin())
+        .args([
+            "generate",
+            "--device",
+            "cpu",
+            "--ignore-eos",
+            "-n",
+            "400",
+            "--seed",
+            "1",
+            tiny(),
+            "hello",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // (the pipe's read end is dropped here)
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("panicked"),
+        "{err}"
+    );
+}
