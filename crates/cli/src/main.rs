@@ -3,8 +3,9 @@
 //!
 //! Errors reach the user as one line, `error: <cause>: <detail>`, and a
 //! non-zero exit status; nothing the user can type makes it panic.
-//! `-v` turns on info logs (model loading, one line per served request),
-//! `-vv` debug logs; `RUST_LOG` overrides both.
+//! `serve` logs one line per finished request and a throughput line while
+//! busy (`serve_log`); `-v` turns on info logs (model loading, every HTTP
+//! response), `-vv` debug logs; `RUST_LOG` overrides both.
 
 mod bench;
 mod bench_serve;
@@ -20,6 +21,7 @@ mod run;
 mod sampling_args;
 mod serve;
 mod serve_limits;
+mod serve_log;
 mod setup;
 mod synth;
 mod timings;
@@ -81,14 +83,14 @@ fn main() -> ExitCode {
     // one rayon pool for the CPU backend and the loader, one thread a core
     // unless `--threads` says otherwise
     cpu_kernels::threads::init_pool_with(cli.command.threads());
-    let serving = matches!(cli.command, Command::Serve(_));
-    let level = match cli.verbose {
+    let level = match (cli.verbose, &cli.command) {
+        // the request and throughput lines of `serve_log`
+        (0, Command::Serve(a)) => format!("warn{}", a.log.directives()),
         // a request that fails ends the command with its own error line;
         // the engine's warning about it is for server logs
-        0 if !serving => "warn,engine::worker=error",
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
+        (0, _) => "warn,engine::worker=error".into(),
+        (1, _) => "info".into(),
+        _ => "debug".into(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));

@@ -96,6 +96,8 @@ pub struct ServeArgs {
     pub served_model_name: Option<String>,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
+    #[command(flatten)]
+    pub log: crate::serve_log::LogArgs,
     /// The model (as `--model`; vLLM's `vllm serve MODEL`).
     #[arg(value_name = "MODEL")]
     pub model_word: Option<String>,
@@ -131,6 +133,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
     }
     args.limits.check()?;
+    args.log.check()?;
     let api_keys = api_keys(&args)?;
     for origin in &args.allowed_origins {
         if let Err(why) = server::check_origin(origin) {
@@ -188,6 +191,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             }
         });
     }
+    args.log.start_stats(engines.clone());
     let replicas = server::Replicas::new(engines).map_err(anyhow::Error::msg)?;
     let state = server::AppState::with_replicas(replicas, loaded.tokenizer, cfg);
     runtime.block_on(async move {

@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod middleware;
 pub mod misc;
 pub mod openapi;
+pub mod page;
 pub mod params;
 pub mod protocol;
 pub mod replicas;
