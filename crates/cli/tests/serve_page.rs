@@ -187,7 +187,6 @@ fn the_chat_page_is_served_at_root_for_a_browser() {
 /// streamed reply and its token count.
 fn browser_sends_and_streams(browser: &Path, port: u16) {
     let profile = tempfile::tempdir().unwrap();
-    use std::os::unix::process::CommandExt;
     let mut child = Command::new(browser)
         .args([
             "--headless",
@@ -199,8 +198,6 @@ fn browser_sends_and_streams(browser: &Path, port: u16) {
         .arg(format!("http://127.0.0.1:{port}/#message=Hello"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        // its own process group, so its helper processes end with it
-        .process_group(0)
         .spawn()
         .unwrap();
     let t0 = Instant::now();
@@ -228,9 +225,7 @@ fn browser_sends_and_streams(browser: &Path, port: u16) {
             break Some(t.split('"').next().unwrap_or_default().to_string());
         }
     };
-    let _ = Command::new("kill")
-        .args(["-KILL", &format!("-{}", child.id())])
-        .status();
+    let _ = child.kill();
     let _ = child.wait();
     let title = title.unwrap_or_else(|| panic!("the reply did not finish in the browser: {last}"));
     let tokens: usize = title
