@@ -196,6 +196,14 @@ mod tests {
         assert_eq!(super::one_line(&e), "outer: inner");
     }
 
+    /// clap's own checks (no two flags share a short or long name), which
+    /// release builds skip.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::habits::negative_numbers(super::Cli::command()).debug_assert();
+    }
+
     /// Every `serve` flag (the model flags included) can come from a
     /// `LAMINA_<FLAG>` environment variable, and the API key's value is
     /// never printed by `--help`.
