@@ -40,7 +40,7 @@ impl LogArgs {
     /// Checks the interval (before the model loads).
     pub fn check(&self) -> anyhow::Result<()> {
         let v = self.log_stats_interval;
-        if !(v >= 0.0 && v <= 86_400.0) {
+        if !(0.0..=86_400.0).contains(&v) {
             anyhow::bail!(
                 "invalid `--log-stats-interval`: must be a number of seconds from 0 to 86400 (a day), got {v}"
             );
