@@ -108,7 +108,9 @@ pub fn run(args: TestArgs) -> Result<()> {
         _ => pydeps.clone().into_os_string(),
     };
     check_deploy(&root, &pydeps, &pythonpath)?;
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    clear_run_env(&mut cargo);
+    let status = cargo
         .current_dir(&root)
         .env("PYTHONPATH", pythonpath)
         .args(["test", "--release", "--workspace"])
@@ -119,4 +121,25 @@ pub fn run(args: TestArgs) -> Result<()> {
         bail!("cargo test failed ({status})");
     }
     Ok(())
+}
+
+/// Removes the variables `cargo run` set for xtask itself (its package
+/// name, version, manifest dir...). Build scripts such as ring's rerun when
+/// these change, so leaving them would make the tests' build and a plain
+/// `cargo run --release -p cli` rebuild each other's dependencies.
+fn clear_run_env(cmd: &mut Command) {
+    const SET_BY_RUN: [&str; 6] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+    ];
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        if k.starts_with("CARGO_PKG_") || SET_BY_RUN.contains(&k.as_ref()) {
+            cmd.env_remove(&key);
+        }
+    }
 }

@@ -107,6 +107,14 @@ pub enum StoreError {
         "store id `{id}` is taken by another model ({source_desc}); remove it with `lamina rm {id}` or rename the .gguf file"
     )]
     IdTaken { id: String, source_desc: String },
+    #[error(
+        "model `{id}` runs from the blocks of {gguf}, which {why}: import the file again with `lamina rm {id} && lamina pull FILE.gguf` (or run its BF16 copy with `--dtype bf16`)"
+    )]
+    GgufChanged {
+        id: String,
+        gguf: PathBuf,
+        why: String,
+    },
     #[error("invalid model id `{id}`: {reason}")]
     BadId { id: String, reason: String },
     #[error("{op} {path}: {source}")]
@@ -338,10 +346,11 @@ impl Store {
     /// older lamina, its wheel's GGUF in the download cache (extracted
     /// again if it was removed). `None` for models that came as safetensors.
     pub fn source_gguf(&self, dir: &Path) -> Result<Option<PathBuf>, StoreError> {
-        if let Some(p) = manage::meta_gguf(dir) {
+        let id = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let known = id.as_deref().and_then(source_of).is_some();
+        if let Some(p) = manage::meta_gguf(dir, known)? {
             return Ok(Some(p));
         }
-        let id = dir.file_name().map(|n| n.to_string_lossy().into_owned());
         match id.as_deref().and_then(|id| source_of(id).map(|s| (id, s))) {
             Some((id, Source::PypiGguf { spec })) if self.model_dir(id) == dir => {
                 fetch::pypi_gguf(&self.downloads_dir(), spec).map(Some)

@@ -6,7 +6,10 @@
 //! Ctrl-C while a reply is written cancels that request (a SIGINT handler
 //! holds its `engine::Canceller`); the partial reply stays in the
 //! conversation, marked `[interrupted]`. A reply cut at `--max-tokens` is
-//! marked too. Commands and `"""` input: [`crate::repl`]. With `-v`, each
+//! marked too. Commands and `"""` input: [`crate::repl`]; `/set`:
+//! [`crate::chat_set`]. Pasted text arrives whole: bracketed paste puts it
+//! in one line, and without it the lines after the first stay buffered for
+//! the next read (rustyline's `buffer-redux`). With `-v`, each
 //! reply is followed by its timings on stderr.
 
 use std::io::Write;
@@ -17,6 +20,7 @@ use engine::{Canceller, FinishReason};
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
 
+use crate::chat_set::{self, Change};
 use crate::generate::{collect, failure, spinner};
 use crate::repl::{self, Conversation, Input};
 use crate::sampling_args::SamplingArgs;
@@ -31,12 +35,19 @@ pub struct ChatArgs {
     /// A system message opening the conversation.
     #[arg(long)]
     pub system: Option<String>,
+    /// The model (as `--model`).
+    #[arg(value_name = "MODEL")]
+    pub model_word: Option<String>,
 }
 
 /// The request being answered, for the Ctrl-C handler.
 type Current = Arc<Mutex<Option<Canceller>>>;
 
-pub fn run(args: ChatArgs, verbose: u8) -> Result<()> {
+pub fn run(mut args: ChatArgs, verbose: u8) -> Result<()> {
+    crate::habits::positional_model(&mut args.model, args.model_word.take())?;
+    // flags out of range fail before the model loads
+    args.sampling
+        .params(&contract::GenerationConfig::default())?;
     let loaded = setup::open(&args.model, 0)?;
     let current: Current = Arc::default();
     let handler_sees = current.clone();
@@ -100,10 +111,21 @@ pub fn run(args: ChatArgs, verbose: u8) -> Result<()> {
                 conv.turns.clear();
                 eprintln!("(conversation cleared)");
             }
-            Input::System(text) => {
-                conv.system = Some(text);
-                conv.turns.clear();
-                eprintln!("(system message set, conversation cleared)");
+            Input::System(text) => set_system(&mut conv, text),
+            Input::ShowSettings => eprintln!(
+                "({}; system message: {})",
+                chat_set::describe(&args.sampling, &loaded.model.generation),
+                conv.system
+                    .as_deref()
+                    .map_or("none".into(), |s| format!("{s:?}"))
+            ),
+            Input::Set { name, value } => {
+                let defaults = &loaded.model.generation;
+                match chat_set::apply(&mut args.sampling, defaults, &name, &value) {
+                    Ok(Change::Sampling(line)) => eprintln!("({line})"),
+                    Ok(Change::System(text)) => set_system(&mut conv, text),
+                    Err(e) => eprintln!("error: {e:#}"),
+                }
             }
             Input::Save(path) => match conv.save(&path) {
                 Ok(()) => eprintln!(
@@ -187,6 +209,12 @@ fn turn(
     }
     conv.turns.push(repl::msg("assistant", &out.text));
     Ok(())
+}
+
+fn set_system(conv: &mut Conversation, text: String) {
+    conv.system = Some(text);
+    conv.turns.clear();
+    eprintln!("(system message set, conversation cleared)");
 }
 
 fn set_current(current: &Current, c: Option<Canceller>) {

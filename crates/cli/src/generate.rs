@@ -11,6 +11,8 @@
 
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use engine::{Constraint, Event, FinishReason, RequestHandle, SubmitError};
@@ -30,14 +32,21 @@ pub struct GenerateArgs {
     pub sampling: SamplingArgs,
     /// Raw prompt token ids instead of a text prompt: `504,3575,282` (as
     /// `lamina tokenize` prints them), spaces or a JSON array also work.
-    #[arg(long, conflicts_with_all = ["prompt", "prompts_file"])]
+    #[arg(long, conflicts_with_all = ["prompt_text", "prompts_file"])]
     pub prompt_tokens: Option<TokenIds>,
     /// Run every non-blank line of this file as a prompt, concurrently.
-    #[arg(long, conflicts_with = "prompt")]
+    #[arg(long, conflicts_with = "prompt_text")]
     pub prompts_file: Option<PathBuf>,
+    /// The prompt text, as a flag (llama.cpp's `-p`); the positional
+    /// PROMPT does the same.
+    #[arg(long = "prompt", short = 'p', value_name = "TEXT")]
+    pub prompt_text: Option<String>,
     /// Wrap the prompt in the model's chat template as one user message.
     #[arg(long)]
     pub chat: bool,
+    /// A system message before the prompt (implies `--chat`).
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
     /// Print one JSON object per prompt instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -48,8 +57,38 @@ pub struct GenerateArgs {
     /// Constrain the output to text fully matching this regular expression.
     #[arg(long, value_name = "R")]
     pub regex: Option<String>,
-    /// The prompt text; read from stdin when left out (or `-`).
-    pub prompt: Option<String>,
+    /// `[MODEL] PROMPT`: the prompt text, read from stdin when left out
+    /// (or `-`); with two words the first is the model (as `--model`).
+    /// With `--prompt`, `--prompt-tokens` or `--prompts-file`, one word:
+    /// the model.
+    #[arg(value_name = "[MODEL] PROMPT", num_args = 0..=2)]
+    pub words: Vec<String>,
+}
+
+impl GenerateArgs {
+    /// Splits the positional words into the model (when two are given)
+    /// and the prompt; a prompt given twice is an error.
+    fn take_words(&mut self) -> Result<()> {
+        let mut words = std::mem::take(&mut self.words);
+        let given = self.prompt_text.is_some()
+            || self.prompt_tokens.is_some()
+            || self.prompts_file.is_some();
+        if given {
+            if words.len() > 1 {
+                bail!(
+                    "the prompt is given twice: with `--prompt`, `--prompt-tokens` or `--prompts-file` the one positional word is the model"
+                );
+            }
+            return crate::habits::positional_model(&mut self.model, words.pop());
+        }
+        self.prompt_text = words.pop();
+        crate::habits::positional_model(&mut self.model, words.pop())
+    }
+
+    /// Whether the prompt goes through the chat template.
+    fn chat(&self) -> bool {
+        self.chat || self.system.is_some()
+    }
 }
 
 /// What `--json` prints for one prompt.
@@ -74,31 +113,42 @@ pub struct Output {
     pub error: Option<String>,
 }
 
-pub fn run(args: GenerateArgs) -> Result<()> {
+pub fn run(mut args: GenerateArgs) -> Result<()> {
+    args.take_words()?;
+    // flags out of range fail before the model loads
+    args.sampling
+        .params(&contract::GenerationConfig::default())?;
     let prompts = read_prompts(&args)?;
     let constraint = constraint(&args)?;
     let loaded = setup::open(&args.model, 0)?;
     tracing::info!("{}", args.sampling.describe(&loaded.model.generation));
     let encoded = prompts
         .iter()
-        .map(|p| encode(&loaded, &p.prompt, args.chat))
+        .map(|p| encode(&loaded, &p.prompt, args.chat(), args.system.as_deref()))
         .collect::<Result<Vec<_>>>()?;
     if args.prompts_file.is_some() {
         return run_many(&loaded, &args, prompts, encoded, constraint.as_ref());
     }
     let prompt = encoded.into_iter().next().context("no prompt")?;
     let handle = submit(&loaded, &args.sampling, prompt.clone(), constraint.as_ref())?;
+    let interrupted = cancel_on_ctrl_c(&handle);
     let spinner = (!args.json)
         .then(|| spinner(&loaded, prompt.len()))
         .flatten();
     let out = collect(handle, prompt, args.sampling.logprobs, !args.json, spinner)?;
     loaded.engine.shutdown();
+    let mut stdout = std::io::stdout().lock();
     if args.json {
-        println!("{}", serde_json::to_string(&out)?);
+        writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
     } else {
-        println!();
-        if out.finish_reason == FinishReason::Length.as_str() {
+        writeln!(stdout)?;
+        if interrupted.load(Ordering::SeqCst) {
+            eprintln!("[interrupted]");
+        } else if out.finish_reason == FinishReason::Length.as_str() {
             eprintln!("[stopped at --max-tokens {}]", args.sampling.max_tokens);
+        }
+        if let Some(hint) = ended_at_once(&out, &args, &loaded) {
+            eprintln!("{hint}");
         }
     }
     if let Some(t) = out.timings.as_ref().filter(|_| out.error.is_none()) {
@@ -107,7 +157,58 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if let Some(err) = &out.error {
         bail!("{}", failure(&loaded, err));
     }
+    if interrupted.load(Ordering::SeqCst) {
+        return Err(Interrupted.into());
+    }
     Ok(())
+}
+
+/// A command stopped by Ctrl-C after reporting what it did (exit 130, no
+/// error line).
+#[derive(Debug)]
+pub struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Ctrl-C cancels the request (its timings are still printed); the flag
+/// says whether it came. Without a handler Ctrl-C ends the process as usual.
+fn cancel_on_ctrl_c(handle: &RequestHandle) -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (seen, canceller) = (flag.clone(), handle.canceller());
+    if let Err(e) = ctrlc::set_handler(move || {
+        seen.store(true, Ordering::SeqCst);
+        canceller.cancel();
+    }) {
+        tracing::warn!("cannot install the Ctrl-C handler: {e}");
+    }
+    flag
+}
+
+/// The hint for a raw completion that ended before its first token (the
+/// model's end-of-sequence came first, as an instruct model does when its
+/// chat template is left out); `None` otherwise.
+fn ended_at_once(out: &Output, args: &GenerateArgs, loaded: &Loaded) -> Option<String> {
+    let eos_first = out.finish_reason == FinishReason::Stop.as_str()
+        && out.tokens.len() == 1
+        && out.text.is_empty()
+        && args.sampling.stop.is_empty();
+    if !eos_first || args.chat() {
+        return None;
+    }
+    let mut hint = "[the model ended at once: its end-of-sequence token came first".to_string();
+    if loaded.tokenizer.chat_template().is_some() {
+        hint.push_str(
+            "; an instruct model answers a chat turn: add `--chat` (raw completion wraps nothing), or use `lamina run MODEL \"PROMPT\"`",
+        );
+    }
+    hint.push(']');
+    Some(hint)
 }
 
 /// The prefill spinner for the one request of `generate` / `chat`.
@@ -144,7 +245,7 @@ fn read_prompts(args: &GenerateArgs) -> Result<Vec<Given>> {
     if let Some(path) = &args.prompts_file {
         return read_prompts_file(path);
     }
-    let text = match args.prompt.as_deref() {
+    let text = match args.prompt_text.as_deref() {
         Some("-") | None => read_stdin()?,
         Some(p) => p.to_string(),
     };
@@ -213,7 +314,7 @@ fn read_prompts_file(path: &std::path::Path) -> Result<Vec<Given>> {
     Ok(prompts)
 }
 
-fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool) -> Result<Vec<u32>> {
+fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool, system: Option<&str>) -> Result<Vec<u32>> {
     let vocab = loaded.model.config.vocab_size;
     match prompt {
         Prompt::Tokens(ids) => {
@@ -225,8 +326,12 @@ fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool) -> Result<Vec<u32>> {
             Ok(ids.clone())
         }
         Prompt::Text(text) if chat => {
-            let msg = tokenizer::ChatMessage::new("user", text.clone());
-            Ok(loaded.tokenizer.encode_chat(&[msg])?)
+            let mut msgs: Vec<_> = system
+                .map(|s| tokenizer::ChatMessage::new("system", s))
+                .into_iter()
+                .collect();
+            msgs.push(tokenizer::ChatMessage::new("user", text.clone()));
+            Ok(loaded.tokenizer.encode_chat(&msgs)?)
         }
         Prompt::Text(text) => Ok(loaded.tokenizer.encode(text, true)?),
     }
@@ -362,15 +467,17 @@ fn run_many(
         if let Some(e) = &out.error {
             failed.get_or_insert_with(|| (line, failure(&loaded, e)));
         }
+        let mut stdout = std::io::stdout().lock();
         if args.json {
-            println!("{}", serde_json::to_string(&out)?);
+            writeln!(stdout, "{}", serde_json::to_string(&out)?)?;
         } else {
-            println!(
+            writeln!(
+                stdout,
                 "### prompt {} (line {line}, {})\n{}",
                 i + 1,
                 out.finish_reason,
                 out.text
-            );
+            )?;
         }
     }
     if let Some((line, why)) = failed {

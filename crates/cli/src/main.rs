@@ -1,23 +1,28 @@
-//! `lamina`: generate, chat, serve, bench, tokenize, synth-model and the
-//! model store (pull, list, rm).
+//! `lamina`: run, generate, chat, serve, bench, tokenize, synth-model and
+//! the model store (pull, list, rm).
 //!
 //! Errors reach the user as one line, `error: <cause>: <detail>`, and a
 //! non-zero exit status; nothing the user can type makes it panic.
-//! `-v` turns on info logs (model loading, one line per served request),
-//! `-vv` debug logs; `RUST_LOG` overrides both.
+//! `serve` logs one line per finished request and a throughput line while
+//! busy (`serve_log`); `-v` turns on info logs (model loading, every HTTP
+//! response), `-vv` debug logs; `RUST_LOG` overrides both.
 
 mod bench;
 mod bench_serve;
 mod chat;
+mod chat_set;
 mod generate;
+mod habits;
 mod kv_sizing;
 mod llama_bench;
 mod models;
 mod progress;
 mod repl;
+mod run;
 mod sampling_args;
 mod serve;
 mod serve_limits;
+mod serve_log;
 mod setup;
 mod perplexity;
 mod quantize;
@@ -48,6 +53,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Chat with a model: one streamed reply to PROMPT, or the chat REPL
+    /// without one (ollama's `run`).
+    Run(run::RunArgs),
     /// Generate a continuation of a prompt (or of every line of a file).
     Generate(generate::GenerateArgs),
     /// Chat interactively with the model's chat template.
@@ -75,17 +83,21 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     // one rayon pool for the CPU backend and the loader, one thread a core
-    cpu_kernels::threads::init_pool();
-    let serving = matches!(cli.command, Command::Serve(_));
-    let level = match cli.verbose {
+    // unless `--threads` says otherwise
+    cpu_kernels::threads::init_pool_with(cli.command.threads());
+    let level = match (cli.verbose, &cli.command) {
+        // the request and throughput lines of `serve_log`
+        (0, Command::Serve(a)) => format!("warn{}", a.log.directives()),
         // a request that fails ends the command with its own error line;
         // the engine's warning about it is for server logs
-        0 if !serving => "warn,engine::worker=error",
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
+        (0, _) => "warn,engine::worker=error".into(),
+        (1, _) => "info".into(),
+        _ => "debug".into(),
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
@@ -95,6 +107,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match cli.command {
+        Command::Run(a) => run::run(a, cli.verbose),
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a, cli.verbose),
         Command::Serve(a) => serve::run(a),
@@ -110,11 +123,58 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `lamina generate ... | head`: the reader has all it wanted
+        Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) if e.is::<generate::Interrupted>() => ExitCode::from(130),
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line, with negative numbers taken as values and a
+/// neighbour's flag answered with lamina's; a bad one is printed (exit 2).
+fn parse() -> Result<Cli, ExitCode> {
+    use clap::{CommandFactory, FromArgMatches};
+    let raw: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let parsed = habits::negative_numbers(Cli::command())
+        .try_get_matches_from(&raw)
+        .and_then(|m| Cli::from_arg_matches(&m));
+    parsed.map_err(|err| {
+        if let Some(msg) = habits::explain(&err, &raw) {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+        let code = err.exit_code();
+        let _ = err.print();
+        ExitCode::from(u8::try_from(code).unwrap_or(2))
+    })
+}
+
+impl Command {
+    /// The `--threads` of a model-running command.
+    fn threads(&self) -> Option<usize> {
+        let model = match self {
+            Command::Run(a) => &a.model,
+            Command::Generate(a) => &a.model,
+            Command::Chat(a) => &a.model,
+            Command::Serve(a) => &a.model,
+            Command::Bench(a) => &a.model,
+            _ => return None,
+        };
+        model.threads
+    }
+}
+
+/// Whether the error is a write to a closed pipe.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The error and its causes on one line, `a: b: c`, leaving out a cause
@@ -143,6 +203,14 @@ mod tests {
         assert_eq!(super::one_line(&e), "cannot bind :80: Address in use");
         let e = anyhow::anyhow!("inner").context("outer");
         assert_eq!(super::one_line(&e), "outer: inner");
+    }
+
+    /// clap's own checks (no two flags share a short or long name), which
+    /// release builds skip.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::habits::negative_numbers(super::Cli::command()).debug_assert();
     }
 
     /// Every `serve` flag (the model flags included) can come from a

@@ -13,11 +13,16 @@ commands:
   /help          this list
   /clear         forget the conversation (the system message stays)
   /system TEXT   set the system message (and clear the conversation)
+  /set NAME VAL  change a setting: temperature, top_p, top_k, min_p,
+                 max_tokens, seed, repetition_penalty, stop, system...
+  /set           show the settings in effect
   /save FILE     write the conversation to FILE as JSON
   /load FILE     read a conversation written by /save
   /bye           quit (also /exit, Ctrl-D)
 input:
   \"\"\"            start a multi-line message; a line ending in \"\"\" sends it
+  paste          pasted lines arrive whole (one message on a terminal with
+                 bracketed paste; else wrap them in \"\"\")
   Ctrl-C         stop the reply being written (the conversation is kept),
                  or clear the line being typed
   Up / Down      history (kept across sessions)";
@@ -34,6 +39,13 @@ pub enum Input {
     Help,
     Clear,
     System(String),
+    /// `/set NAME VALUE` (ollama's `/set parameter NAME VALUE` too).
+    Set {
+        name: String,
+        value: String,
+    },
+    /// `/set` alone: show the settings.
+    ShowSettings,
     Save(PathBuf),
     Load(PathBuf),
     Bye,
@@ -49,8 +61,10 @@ pub fn parse(line: &str) -> Input {
     }
     if let Some(rest) = t.strip_prefix("\"\"\"") {
         // `"""text"""` on one line is a complete message
+        // (a pasted block carries its own line breaks)
+        let rest = rest.trim_start_matches(['\r', '\n']);
         if let Some(whole) = rest.strip_suffix("\"\"\"") {
-            return Input::Message(whole.to_string());
+            return Input::Message(whole.trim_end_matches(['\r', '\n']).to_string());
         }
         return Input::OpenMulti(rest.to_string());
     }
@@ -68,6 +82,15 @@ pub fn parse(line: &str) -> Input {
         "bye" | "exit" | "quit" => Input::Bye,
         "system" if arg.is_empty() => need("TEXT"),
         "system" => Input::System(arg.to_string()),
+        "set" if arg.is_empty() => Input::ShowSettings,
+        "set" => {
+            let arg = arg.strip_prefix("parameter ").map_or(arg, str::trim_start);
+            let (name, value) = arg.split_once(char::is_whitespace).unwrap_or((arg, ""));
+            Input::Set {
+                name: name.to_string(),
+                value: value.trim().to_string(),
+            }
+        }
         "save" if arg.is_empty() => need("FILE"),
         "save" => Input::Save(PathBuf::from(arg)),
         "load" if arg.is_empty() => need("FILE"),
@@ -85,10 +108,13 @@ pub fn continue_multi(buf: &mut String, line: &str) -> Option<String> {
         Some(body) => (body, true),
         None => (line, false),
     };
-    if !buf.is_empty() {
-        buf.push('\n');
+    // a closing `"""` alone on its line adds no empty last line
+    if !(closed && body.trim().is_empty()) {
+        if !buf.is_empty() {
+            buf.push('\n');
+        }
+        buf.push_str(body);
     }
-    buf.push_str(body);
     closed.then(|| std::mem::take(buf))
 }
 
@@ -154,6 +180,17 @@ mod tests {
         assert_eq!(parse("/bye"), Input::Bye);
         assert_eq!(parse("/system be brief "), Input::System("be brief".into()));
         assert_eq!(parse("/save c.json"), Input::Save("c.json".into()));
+        assert_eq!(parse("/set"), Input::ShowSettings);
+        let set = |n: &str, v: &str| Input::Set {
+            name: n.into(),
+            value: v.into(),
+        };
+        assert_eq!(parse("/set temperature 0.2"), set("temperature", "0.2"));
+        assert_eq!(parse("/set parameter top_k 5"), set("top_k", "5"));
+        assert_eq!(
+            parse("/set system Be  brief. "),
+            set("system", "Be  brief.")
+        );
         assert!(matches!(parse("/save"), Input::Bad(h) if h.contains("/save FILE")));
         assert!(
             matches!(parse("/bogus x"), Input::Bad(h) if h.contains("unknown command /bogus") && h.contains("/help"))
@@ -167,6 +204,12 @@ mod tests {
             parse("\"\"\"one line\"\"\""),
             Input::Message("one line".into())
         );
+        // a bracketed paste arrives as one line holding its line breaks
+        assert_eq!(
+            parse("\"\"\"\nfirst\nsecond\n\"\"\""),
+            Input::Message("first\nsecond".into())
+        );
+        assert_eq!(parse("a\nb"), Input::Message("a\nb".into()));
     }
 
     #[test]
@@ -178,6 +221,8 @@ mod tests {
             Some("first\nsecond\nthird".into())
         );
         assert!(buf.is_empty());
+        buf.push_str("alpha");
+        assert_eq!(continue_multi(&mut buf, "\"\"\""), Some("alpha".into()));
     }
 
     #[test]

@@ -47,8 +47,8 @@ fn flag_help(doc: &str, range: ValidRange, default: f32) -> String {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    /// Most tokens to generate (llama.cpp's `-n`).
+    #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 256)]
     pub max_tokens: usize,
     #[command(flatten)]
     pub scalars: SamplingFlags,

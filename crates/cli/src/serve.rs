@@ -104,13 +104,19 @@ pub struct ServeArgs {
     pub responses_store_ttl_secs: f64,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
+    #[command(flatten)]
+    pub log: crate::serve_log::LogArgs,
+    /// The model (as `--model`; vLLM's `vllm serve MODEL`).
+    #[arg(value_name = "MODEL")]
+    pub model_word: Option<String>,
 }
 
 /// The longest any duration flag may be, in seconds (a day): longer is a
 /// typo, and past about 1.8e19 seconds no `Duration` holds it.
 const MAX_FLAG_SECONDS: f64 = 86_400.0;
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(mut args: ServeArgs) -> Result<()> {
+    crate::habits::positional_model(&mut args.model, args.model_word.take())?;
     if !(args.grace >= 0.0 && args.grace <= MAX_FLAG_SECONDS) {
         bail!(
             "invalid `--grace`: must be a number of seconds from 0 to {MAX_FLAG_SECONDS} (a day), got {}",
@@ -136,6 +142,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     }
     args.limits.check()?;
+    args.log.check()?;
     let api_keys = api_keys(&args)?;
     for origin in &args.allowed_origins {
         if let Err(why) = server::check_origin(origin) {
@@ -195,6 +202,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             }
         });
     }
+    args.log.start_stats(engines.clone());
     let replicas = server::Replicas::new(engines).map_err(anyhow::Error::msg)?;
     let state = server::AppState::with_replicas(replicas, loaded.tokenizer, cfg);
     runtime.block_on(async move {

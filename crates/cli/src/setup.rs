@@ -90,9 +90,20 @@ pub struct ModelArgs {
     /// Hugging Face repo `org/name[@revision]` (downloaded into the Hugging
     /// Face cache on first use; `HF_TOKEN` for gated repos), a model
     /// directory in Hugging Face layout or a .gguf file (imported into the
-    /// store once).
-    #[arg(long, default_value = checkpoint::store::DEFAULT_MODEL, env = "LAMINA_MODEL")]
+    /// store once). Also the first positional word of `run`, `serve`,
+    /// `chat` and `generate`.
+    #[arg(long, short = 'm', default_value = checkpoint::store::DEFAULT_MODEL, env = "LAMINA_MODEL")]
     pub model: String,
+    /// Longest sequence (prompt and reply) in tokens, at most the model's
+    /// `max_position_embeddings` [default: the model's]. llama.cpp's `-c`.
+    #[arg(long, short = 'c', visible_alias = "ctx-size", env = "LAMINA_MAX_MODEL_LEN",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_model_len: Option<usize>,
+    /// Threads of the CPU kernels [default: one per physical core;
+    /// `RAYON_NUM_THREADS` also sets it].
+    #[arg(long, short = 't', env = "LAMINA_THREADS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    pub threads: Option<usize>,
     /// Device to run on.
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DEVICE")]
     pub device: DeviceArg,
@@ -266,7 +277,8 @@ pub struct Opened {
 pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
     args.tuning.apply()?;
     let dir = model_dir(&args.model)?;
-    let loaded = checkpoint::loader::load_config(&dir)?;
+    let mut loaded = checkpoint::loader::load_config(&dir)?;
+    cap_context(&mut loaded.config, args.max_model_len)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
     let (cpu_weights, _) = cpu_weights(args, &dir, &loaded.config, cuda)?;
@@ -302,7 +314,8 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     }
     args.tuning.apply()?;
     let dir = model_dir(&args.model)?;
-    let loaded = checkpoint::loader::load_config(&dir)?;
+    let mut loaded = checkpoint::loader::load_config(&dir)?;
+    cap_context(&mut loaded.config, args.max_model_len)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
     let devices: Vec<Option<usize>> = match (plan, cuda) {
@@ -433,6 +446,22 @@ fn load_weights(
         w.fp8 = None;
     }
     Ok(w)
+}
+
+/// Lowers the model's context to `--max-model-len`; longer than the model
+/// was trained for is refused.
+fn cap_context(cfg: &mut contract::LlamaConfig, max_model_len: Option<usize>) -> Result<()> {
+    let Some(n) = max_model_len else {
+        return Ok(());
+    };
+    let trained = cfg.max_position_embeddings;
+    if n > trained {
+        bail!(
+            "invalid `--max-model-len {n}`: the model's context is {trained} tokens (max_position_embeddings); give at most {trained}"
+        );
+    }
+    cfg.max_position_embeddings = n;
+    Ok(())
 }
 
 /// Default step budget on CUDA. H200, synthetic Llama-3.2-1B, `lamina bench`

@@ -3,8 +3,10 @@
 //! Ctrl-C in the middle of a reply followed by a question whose prompt
 //! still holds the earlier turns, `/help`, an unknown command, `"""`
 //! multi-line input, `/save`, and Ctrl-D ending the session cleanly with
-//! the history kept under `$LAMINA_HOME`; and the spinner of `generate`
-//! while a long prompt is processed on a terminal.
+//! the history kept under `$LAMINA_HOME`; pasted text (bracketed, and
+//! several lines in one write without the brackets) arriving whole, `/set`;
+//! the spinner of `generate` while a long prompt is processed on a
+//! terminal, and Ctrl-C during `generate` printing the timings.
 
 mod support;
 
@@ -188,4 +190,123 @@ fn long_prompts_show_progress_on_a_terminal() {
     p.exp_string("generated 1 tokens")
         .expect("then the timings");
     p.exp_eof().unwrap();
+}
+
+/// What a person pastes arrives whole: a bracketed paste of three lines
+/// is one message; a `"""` block and two plain lines written in one burst
+/// without the brackets (a terminal that does not bracket) lose no line.
+/// `/set` changes a sampling setting, refuses a bad value with its range,
+/// and sets the system message.
+#[test]
+fn pasted_text_and_set_through_a_terminal() {
+    let home = tempfile::tempdir().unwrap();
+    let model = smollm2_dir();
+    let mut cmd = Command::new(support::bin());
+    cmd.args([
+        "run",
+        &model,
+        "--device",
+        "cpu",
+        "--temperature",
+        "0",
+        "-n",
+        "6",
+    ]);
+    cmd.env("LAMINA_HOME", home.path());
+    let opts = Options::new()
+        .timeout_ms(Some(180_000))
+        .strip_ansi_escape_codes(true);
+    let mut p = spawn_with_options(cmd, opts).expect("spawn lamina run in a pty");
+    prompt(&mut p);
+
+    p.send_line("/set temperature -1").unwrap();
+    let bad = prompt(&mut p);
+    assert!(bad.contains("must be in [0,"), "{bad}");
+    p.send_line("/set parameter top_k 5").unwrap();
+    let set = prompt(&mut p);
+    assert!(
+        set.contains("top-k 5") && set.contains("temperature 0,"),
+        "{set}"
+    );
+    p.send_line("/set system You are terse.").unwrap();
+    assert!(prompt(&mut p).contains("system message set"));
+    p.send_line("/set").unwrap();
+    let shown = prompt(&mut p);
+    assert!(
+        shown.contains("You are terse.") && shown.contains("max tokens 6"),
+        "{shown}"
+    );
+
+    // a bracketed paste, then Enter
+    p.send("\x1b[200~Line one\nLine two\nLine three\x1b[201~")
+        .unwrap();
+    p.send_line("").unwrap();
+    prompt(&mut p);
+    // a """ block in one write, no brackets
+    p.send("\"\"\"\nalpha\nbeta\n\"\"\"\n").unwrap();
+    prompt(&mut p);
+    // two plain lines in one write: two messages, neither dropped
+    p.send("first line\nsecond line\n").unwrap();
+    prompt(&mut p);
+    prompt(&mut p);
+
+    let saved = home.path().join("paste.json");
+    p.send_line(&format!("/save {}", saved.display())).unwrap();
+    prompt(&mut p);
+    let conv: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&saved).unwrap()).unwrap();
+    let said: Vec<(&str, &str)> = conv
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .filter(|(r, _)| *r != "assistant")
+        .collect();
+    assert_eq!(
+        said,
+        [
+            ("system", "You are terse."),
+            ("user", "Line one\nLine two\nLine three"),
+            ("user", "alpha\nbeta"),
+            ("user", "first line"),
+            ("user", "second line"),
+        ]
+    );
+    p.send_line("/bye").unwrap();
+    p.exp_eof().expect("the session ends");
+}
+
+/// Ctrl-C while `generate` streams: the reply stops, the timings are
+/// printed, exit status 130.
+#[test]
+fn ctrl_c_during_generate_prints_the_timings() {
+    let model = smollm2_dir();
+    let mut cmd = Command::new(support::bin());
+    cmd.args([
+        "generate",
+        "--device",
+        "cpu",
+        "--ignore-eos",
+        "-n",
+        "4000",
+        "--chat",
+        &model,
+        "Tell me a very long story.",
+    ]);
+    // no loading bars: the first text is the reply
+    cmd.env("LAMINA_PROGRESS", "off");
+    let opts = Options::new()
+        .timeout_ms(Some(180_000))
+        .strip_ansi_escape_codes(true);
+    let mut p = spawn_with_options(cmd, opts).expect("spawn lamina generate in a pty");
+    // some of the reply, then Ctrl-C
+    p.exp_regex("[a-z]+ [a-z]+ [a-z]+ ")
+        .expect("the reply streams");
+    p.send_control('c').unwrap();
+    p.exp_string("[interrupted]").expect("the cut is marked");
+    let (_, timings) = p
+        .exp_regex("generated [0-9]+ tokens")
+        .expect("then the timings");
+    assert!(!timings.contains("generated 4000"), "{timings}");
+    p.exp_eof().unwrap();
+    let status = format!("{:?}", p.process().wait().unwrap());
+    assert!(status.ends_with(", 130)"), "{status}");
 }

@@ -1,7 +1,9 @@
 //! The model store from the command line: `lamina pull` of a GGUF file
 //! written here from a synthetic model, `list`, `generate --model` on it (by
 //! id and by path, token for token the same as the source directory), `rm`;
-//! and `--model` values that cannot be used, each named with its fix.
+//! and `--model` values that cannot be used, each named with its fix; an
+//! import that keeps its blocks when the source moves, refuses a changed
+//! GGUF naming the re-import, and takes a known model's sampling values.
 
 mod support;
 
@@ -138,4 +140,60 @@ fn model_values_that_cannot_be_used_name_the_fix() {
     clear_error(&e, &["meta-llama/Llama-3.2-3B", "cannot reach"]);
     let e = run(h, &["pull", "no-such-id"], None);
     clear_error(&e, &["unknown model `no-such-id`"]);
+}
+
+/// The store keeps the GGUF's blocks: the source moved away, the model runs
+/// the same and `list` names no missing file; the kept file changed, the
+/// model is refused with the re-import command and `list` says so. A GGUF
+/// naming itself SmolLM2 135M gets the built-in id's sampling values.
+#[test]
+fn an_imported_gguf_keeps_its_blocks_and_its_known_sampling() {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let src = synth_tiny(work.path(), "tiny");
+    let cfg_path = src.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["rope_scaling"] = serde_json::Value::Null;
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let gguf = work.path().join("Named.gguf");
+    support::gguf::write_gguf_named(&src, &gguf, Some(("SmolLM2", "135M")));
+    let h = Some(home.path());
+    ok(&run(h, &["pull", gguf.to_str().unwrap()], None));
+    let dir = home.path().join("models/named");
+    let gen_cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(gen_cfg["temperature"], 0.2, "{gen_cfg}");
+    assert_eq!(gen_cfg["top_p"], 0.9, "{gen_cfg}");
+
+    let want = greedy(home.path(), "named");
+    std::fs::rename(&gguf, work.path().join("moved.gguf")).unwrap();
+    assert_eq!(greedy(home.path(), "named"), want, "after the source moved");
+    let list = ok(&run(h, &["list"], None));
+    assert!(
+        list.contains("kept in the store") && !list.contains("re-import"),
+        "{list}"
+    );
+
+    // the kept file changes: refused by name, with the way back
+    let kept = dir.join("model.gguf");
+    let mut bytes = std::fs::read(&kept).unwrap();
+    bytes.extend_from_slice(&[0; 32]);
+    std::fs::remove_file(&kept).unwrap();
+    std::fs::write(&kept, bytes).unwrap();
+    let e = generate(h, "named", &["hi"], None);
+    clear_error(
+        &e,
+        &["model.gguf", "changed", "lamina rm named", "--dtype bf16"],
+    );
+    let list = ok(&run(h, &["list"], None));
+    assert!(list.contains("re-import"), "{list}");
+    // its BF16 copy still runs
+    ok(&generate(
+        h,
+        "named",
+        &["--dtype", "bf16", "-n", "2", "hi"],
+        None,
+    ));
 }

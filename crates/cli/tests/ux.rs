@@ -1,7 +1,7 @@
 //! The command line as a new user meets it: sampling defaults
 //! that answer a factual question, token ids that paste between commands,
 //! prompts from stdin, prompts files with their line numbers, timings, the
-//! KV pool's sizing advice, `serve` binding first and logging requests only
+//! KV pool's sizing advice, `serve` binding first and logging each HTTP response only
 //! with `-v`, `bench` sizes on the CPU, and `synth-model` not overwriting.
 
 mod support;

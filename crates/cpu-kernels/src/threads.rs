@@ -4,7 +4,8 @@
 //! [`physical_cores`] threads (SMT siblings share one core's vector units,
 //! so a second thread per core only contends for them) unless
 //! `RAYON_NUM_THREADS` is set or the pool already exists; call it before
-//! the first parallel operation. [`physical_cores`] counts distinct
+//! the first parallel operation. [`init_pool_with`] takes an explicit
+//! thread count instead (a `--threads` flag), which wins over both. [`physical_cores`] counts distinct
 //! `thread_siblings_list` sets under `/sys/devices/system/cpu`, falling
 //! back to the logical CPU count where that cannot be read.
 //! Costs: a directory scan once; threads live for the process.
@@ -39,10 +40,20 @@ pub fn physical_cores() -> usize {
 /// Builds the global rayon pool on the physical cores (see the module doc);
 /// returns the pool's thread count.
 pub fn init_pool() -> usize {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+    init_pool_with(None)
+}
+
+/// [`init_pool`] with `threads` threads when given (0 counts as not given).
+pub fn init_pool_with(threads: Option<usize>) -> usize {
+    let n = match threads.filter(|&n| n > 0) {
+        Some(n) => Some(n),
+        None if std::env::var_os("RAYON_NUM_THREADS").is_none() => Some(physical_cores()),
+        None => None,
+    };
+    if let Some(n) = n {
         // an error means the pool already exists: keep it
         let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(physical_cores())
+            .num_threads(n)
             .build_global();
     }
     rayon::current_num_threads()

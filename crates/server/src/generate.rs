@@ -310,8 +310,13 @@ pub(crate) struct Active {
     handle: RequestHandle,
     index: usize,
     last_token: Option<Instant>,
+    first_token: Option<Instant>,
     done: bool,
 }
+
+/// The log target of the one line per finished request (`lamina serve`
+/// shows it at its default level; `--log-requests false` hides it).
+pub const REQUEST_LOG: &str = "lamina::requests";
 
 impl Active {
     pub(crate) fn new(job: Job, handle: RequestHandle, index: usize) -> Self {
@@ -320,6 +325,7 @@ impl Active {
             handle,
             index,
             last_token: None,
+            first_token: None,
             done: false,
         }
     }
@@ -338,7 +344,10 @@ impl Active {
         match &ev {
             Some(Event::Token(_)) => {
                 match self.last_token {
-                    None => m.ttft.observe(now - self.job.arrived),
+                    None => {
+                        m.ttft.observe(now - self.job.arrived);
+                        self.first_token = Some(now);
+                    }
                     Some(prev) => m.itl.observe(now - prev),
                 }
                 self.last_token = Some(now);
@@ -350,13 +359,17 @@ impl Active {
                     m.queue.observe(q);
                 }
                 m.finished(f.reason.as_str());
+                let ttft = self.first_token.map(|t| t - self.job.arrived);
+                // the per-request line `lamina serve` shows at its default level
                 tracing::info!(
+                    target: REQUEST_LOG,
                     request_id = self.job.request_id,
                     engine = self.job.replica,
                     finish_reason = f.reason.as_str(),
                     prompt_tokens = f.usage.prompt_tokens,
                     cached_tokens = f.usage.cached_tokens,
                     completion_tokens = f.usage.completion_tokens,
+                    ttft_ms = ttft.map_or(0, |t| t.as_millis() as u64),
                     e2e_ms = (now - self.job.arrived).as_millis() as u64,
                     error = f.error.as_deref().unwrap_or(""),
                     "request finished"
@@ -374,7 +387,9 @@ impl Drop for Active {
             // dropping `handle` right after this cancels the request in the engine
             self.job.state.metrics.finished("cancelled");
             tracing::info!(
+                target: REQUEST_LOG,
                 request_id = self.job.request_id,
+                e2e_ms = self.job.arrived.elapsed().as_millis() as u64,
                 "client went away; request cancelled"
             );
         }

@@ -41,6 +41,7 @@ pub mod middleware;
 pub mod misc;
 pub mod oairesponses;
 pub mod openapi;
+pub mod page;
 pub mod params;
 pub mod protocol;
 pub mod replicas;

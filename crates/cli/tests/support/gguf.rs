@@ -111,6 +111,11 @@ fn json(path: &Path) -> Value {
 
 /// Writes `dir` (a synthetic model without rope scaling) as a GGUF at `out`.
 pub fn write_gguf(dir: &Path, out: &Path) {
+    write_gguf_named(dir, out, None)
+}
+
+/// [`write_gguf`] with `general.basename` and `general.size_label` when given.
+pub fn write_gguf_named(dir: &Path, out: &Path, name: Option<(&str, &str)>) {
     let cfg = json(&dir.join("config.json"));
     assert!(
         cfg["rope_scaling"].is_null(),
@@ -119,6 +124,10 @@ pub fn write_gguf(dir: &Path, out: &Path) {
     let u = |k: &str| cfg[k].as_u64().unwrap_or_else(|| panic!("config {k}"));
     let mut kv = Kv::default();
     kv.string("general.architecture", "llama");
+    if let Some((basename, size)) = name {
+        kv.string("general.basename", basename);
+        kv.string("general.size_label", size);
+    }
     kv.u32("llama.embedding_length", u("hidden_size"));
     kv.u32("llama.feed_forward_length", u("intermediate_size"));
     kv.u32("llama.block_count", u("num_hidden_layers"));

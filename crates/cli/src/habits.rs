@@ -1,0 +1,133 @@
+//! The command-line shapes people bring from ollama, llama.cpp and vLLM:
+//! a model given as the first positional word (`lamina serve MODEL`),
+//! negative numbers read as values (so `--temperature -1` gets the allowed
+//! range rather than clap's `-- -1` hint), and a tip naming lamina's flag
+//! when a neighbour's flag that has no exact equivalent here is typed.
+//! (The exact equivalents — `-m -p -n -c -t`, `--max-model-len`,
+//! `--ctx-size`, `--n-predict`, `--threads` — are aliases on the flags.)
+
+use anyhow::{Result, bail};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+
+use crate::setup::ModelArgs;
+
+/// Sets the model from a positional `MODEL`: it replaces the default and a
+/// `LAMINA_MODEL` value, and must agree with an explicit `--model`.
+pub fn positional_model(args: &mut ModelArgs, positional: Option<String>) -> Result<()> {
+    let Some(model) = positional else {
+        return Ok(());
+    };
+    let from_env = std::env::var("LAMINA_MODEL").ok().as_deref() == Some(args.model.as_str());
+    let defaulted = args.model == checkpoint::store::DEFAULT_MODEL;
+    if !from_env && !defaulted && args.model != model {
+        bail!(
+            "the model is given twice, `--model {}` and `{model}`: give one",
+            args.model
+        );
+    }
+    args.model = model;
+    Ok(())
+}
+
+/// Lets every subcommand take negative numbers as flag values; the flags'
+/// own checks then name the allowed range.
+pub fn negative_numbers(cmd: clap::Command) -> clap::Command {
+    cmd.allow_negative_numbers(true)
+        .mut_subcommands(|sub| sub.allow_negative_numbers(true))
+}
+
+/// Neighbours' flags with no exact equivalent, and what to use instead.
+const TIPS: &[(&str, &str)] = &[
+    (
+        "--gpu-memory-utilization",
+        "lamina sizes the KV cache in GiB: `--kv-memory-gib GIB` (or `--kv-blocks N`)",
+    ),
+    (
+        "--n-gpu-layers",
+        "lamina runs the whole model on one device: `--device cuda` or `--device cpu`",
+    ),
+    (
+        "-ngl",
+        "lamina runs the whole model on one device: `--device cuda` or `--device cpu`",
+    ),
+    (
+        "--tensor-parallel-size",
+        "lamina splits work across GPUs by replicas: `--devices 0,1` or `--data-parallel-size N`",
+    ),
+    (
+        "--max-num-batched-tokens",
+        "the step budget is `--max-batch-tokens N`",
+    ),
+    ("--batch-size", "the step budget is `--max-batch-tokens N`"),
+    (
+        "--ctx",
+        "the context length is `--max-model-len N` (or `-c N`)",
+    ),
+    (
+        "--num-ctx",
+        "the context length is `--max-model-len N` (or `-c N`)",
+    ),
+    (
+        "--num-predict",
+        "the reply length is `--max-tokens N` (or `-n N`)",
+    ),
+    ("--system-prompt", "the system message is `--system TEXT`"),
+    (
+        "--interactive",
+        "for a conversation use `lamina run MODEL` or `lamina chat`",
+    ),
+    (
+        "-i",
+        "for a conversation use `lamina run MODEL` or `lamina chat`",
+    ),
+    (
+        "-cnv",
+        "for a conversation use `lamina run MODEL` or `lamina chat`",
+    ),
+    ("--repeat-penalty", "use `--repetition-penalty X`"),
+];
+
+/// The tip for an unknown flag of a neighbouring tool, if there is one.
+pub fn tip(flag: &str) -> Option<&'static str> {
+    let name = flag.split_once('=').map_or(flag, |(n, _)| n);
+    TIPS.iter().find(|(f, _)| *f == name).map(|(_, t)| *t)
+}
+
+/// The message for a neighbour's flag that clap does not know, naming
+/// lamina's flag instead of clap's "similar argument" guess; `None` for
+/// every other error. `raw` is the command line: clap reports `-ngl` as
+/// its first letter, so the word the user typed is looked up there.
+pub fn explain(err: &clap::Error, raw: &[String]) -> Option<String> {
+    if err.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(bad)) = err.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let (flag, t) = std::iter::once(bad.as_str())
+        .chain(
+            raw.iter()
+                .map(String::as_str)
+                .filter(|w| w.starts_with(bad.as_str())),
+        )
+        .find_map(|w| Some((w, tip(w)?)))?;
+    Some(format!(
+        "error: unexpected argument '{flag}' found\n\n  tip: {t}\n\nFor more information, try '--help'."
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tips_name_lamina_flags() {
+        assert!(
+            tip("--gpu-memory-utilization=0.9")
+                .unwrap()
+                .contains("--kv-memory-gib")
+        );
+        assert!(tip("-ngl").unwrap().contains("--device"));
+        assert_eq!(tip("--frobnicate"), None);
+    }
+}
