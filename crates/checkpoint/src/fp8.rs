@@ -176,11 +176,13 @@ pub fn scheme_of(dir: &Path) -> Result<Option<Scheme>, LoadError> {
     })?;
     match v.get("quantization_config") {
         None | Some(Value::Null) => Ok(None),
-        Some(q) => parse_scheme(q).map(Some).map_err(|(field, reason)| LoadError::Quantization {
-            path,
-            field: format!("quantization_config.{field}"),
-            reason,
-        }),
+        Some(q) => parse_scheme(q)
+            .map(Some)
+            .map_err(|(field, reason)| LoadError::Quantization {
+                path,
+                field: format!("quantization_config.{field}"),
+                reason,
+            }),
     }
 }
 
@@ -213,7 +215,12 @@ fn want(v: &Value, field: &str, ok: impl Fn(&Value) -> bool, allowed: &str) -> R
 }
 
 fn compressed_tensors(q: &Value) -> Result<Scheme, Refusal> {
-    want(q, "format", |f| f == "float-quantized", "\"float-quantized\" (FP8)")?;
+    want(
+        q,
+        "format",
+        |f| f == "float-quantized",
+        "\"float-quantized\" (FP8)",
+    )?;
     let groups = q
         .get("config_groups")
         .and_then(Value::as_object)
@@ -305,8 +312,12 @@ pub(crate) fn read_projection<'a>(
         tensor: format!("{prefix}.{field}"),
         reason,
     };
-    let ws = scale_of(&format!("{prefix}.weight_scale"))
-        .ok_or_else(|| bad("weight_scale", "missing: every FP8 weight needs its scale".into()))?;
+    let ws = scale_of(&format!("{prefix}.weight_scale")).ok_or_else(|| {
+        bad(
+            "weight_scale",
+            "missing: every FP8 weight needs its scale".into(),
+        )
+    })?;
     let scale = scale_values(&ws).map_err(|r| bad("weight_scale", r))?;
     let dims = ws.shape();
     let per_tensor = dims.iter().product::<usize>() == 1;
@@ -316,7 +327,11 @@ pub(crate) fn read_projection<'a>(
     } else if per_row {
         scale
     } else {
-        let want = if scheme.channel { format!("[{n}, 1]") } else { "[1] or a scalar".into() };
+        let want = if scheme.channel {
+            format!("[{n}, 1]")
+        } else {
+            "[1] or a scalar".into()
+        };
         return Err(bad(
             "weight_scale",
             format!("has shape {dims:?}; this layout needs {want}"),
@@ -326,12 +341,18 @@ pub(crate) fn read_projection<'a>(
         Some(is) => {
             let v = scale_values(&is).map_err(|r| bad("input_scale", r))?;
             if v.len() != 1 {
-                return Err(bad("input_scale", format!("has {} values, expected one", v.len())));
+                return Err(bad(
+                    "input_scale",
+                    format!("has {} values, expected one", v.len()),
+                ));
             }
             Some(v[0])
         }
         None if scheme.static_input => {
-            return Err(bad("input_scale", "missing: the checkpoint's activations are static".into()));
+            return Err(bad(
+                "input_scale",
+                "missing: the checkpoint's activations are static".into(),
+            ));
         }
         None => None,
     };
@@ -349,7 +370,10 @@ pub(crate) fn read_projection<'a>(
 fn scale_values(t: &TensorView<'_>) -> Result<Vec<f32>, String> {
     let b = t.data();
     let v: Vec<f32> = match t.dtype() {
-        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
         Dtype::BF16 => b
             .chunks_exact(2)
             .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
@@ -363,8 +387,14 @@ fn scale_values(t: &TensorView<'_>) -> Result<Vec<f32>, String> {
     if v.is_empty() {
         return Err("is empty".into());
     }
-    if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !(x.is_finite() && **x > 0.0)) {
-        return Err(format!("holds {x} at index {i}; scales must be finite and positive"));
+    if let Some((i, x)) = v
+        .iter()
+        .enumerate()
+        .find(|(_, x)| !(x.is_finite() && **x > 0.0))
+    {
+        return Err(format!(
+            "holds {x} at index {i}; scales must be finite and positive"
+        ));
     }
     Ok(v)
 }

@@ -329,7 +329,8 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
             let (d, fd) = pr("mlp.down_proj.weight", vec![h, inter])?;
             if scheme.is_some() {
                 // projections the checkpoint left in BF16 are quantised here
-                let f = |x: Option<Fp8Tensor>, t: &Tensor| x.unwrap_or_else(|| Fp8Tensor::quantize(t));
+                let f =
+                    |x: Option<Fp8Tensor>, t: &Tensor| x.unwrap_or_else(|| Fp8Tensor::quantize(t));
                 fp8_layers.push(Fp8Layer {
                     q_proj: f(fq, &q),
                     k_proj: f(fk, &k),

@@ -42,10 +42,10 @@ pub fn apply(
     }
     let mut s = sampling.clone();
     match key.as_str() {
-        "temperature" | "temp" => s.temperature = Some(number(&key, value)?),
-        "top_p" => s.top_p = Some(number(&key, value)?),
+        "temperature" | "temp" => s.scalars.temperature = Some(number(&key, value)?),
+        "top_p" => s.scalars.top_p = Some(number(&key, value)?),
         "top_k" => s.top_k = Some(number(&key, value)?),
-        "min_p" => s.min_p = Some(number(&key, value)?),
+        "min_p" => s.scalars.min_p = Some(number(&key, value)?),
         "max_tokens" | "num_predict" | "n_predict" => {
             s.max_tokens = number(&key, value)?;
             if s.max_tokens == 0 {
@@ -53,9 +53,11 @@ pub fn apply(
             }
         }
         "seed" => s.seed = Some(number(&key, value)?),
-        "repetition_penalty" | "repeat_penalty" => s.repetition_penalty = number(&key, value)?,
-        "presence_penalty" => s.presence_penalty = number(&key, value)?,
-        "frequency_penalty" => s.frequency_penalty = number(&key, value)?,
+        "repetition_penalty" | "repeat_penalty" => {
+            s.scalars.repetition_penalty = Some(number(&key, value)?)
+        }
+        "presence_penalty" => s.scalars.presence_penalty = Some(number(&key, value)?),
+        "frequency_penalty" => s.scalars.frequency_penalty = Some(number(&key, value)?),
         // `/set stop` alone clears the stop strings
         "stop" if value.is_empty() => s.stop.clear(),
         "stop" => s.stop.push(value.to_string()),
@@ -81,10 +83,13 @@ pub fn describe(sampling: &SamplingArgs, defaults: &GenerationConfig) -> String 
     if let Some(seed) = sampling.seed {
         line.push_str(&format!(", seed {seed}"));
     }
-    if sampling.presence_penalty != 0.0 || sampling.frequency_penalty != 0.0 {
+    let (presence, frequency) = (
+        sampling.scalars.presence_penalty.unwrap_or(0.0),
+        sampling.scalars.frequency_penalty.unwrap_or(0.0),
+    );
+    if presence != 0.0 || frequency != 0.0 {
         line.push_str(&format!(
-            ", presence penalty {}, frequency penalty {}",
-            sampling.presence_penalty, sampling.frequency_penalty
+            ", presence penalty {presence}, frequency penalty {frequency}"
         ));
     }
     if !sampling.stop.is_empty() {
@@ -122,7 +127,7 @@ mod tests {
         let Change::Sampling(line) = apply(&mut s, &d, "temperature", "0.25").unwrap() else {
             panic!("a sampling change")
         };
-        assert_eq!(s.temperature, Some(0.25));
+        assert_eq!(s.scalars.temperature, Some(0.25));
         assert!(line.contains("temperature 0.25"), "{line}");
         apply(&mut s, &d, "top-k", "7").unwrap();
         apply(&mut s, &d, "num_predict", "12").unwrap();
@@ -131,7 +136,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("must be in [0,"), "{e}");
-        assert_eq!(s.temperature, Some(0.25), "unchanged after a bad value");
+        assert_eq!(
+            s.scalars.temperature,
+            Some(0.25),
+            "unchanged after a bad value"
+        );
         let e = apply(&mut s, &d, "top_p", "lots").unwrap_err().to_string();
         assert!(e.contains("not a number"), "{e}");
         let e = apply(&mut s, &d, "warmth", "1").unwrap_err().to_string();

@@ -44,7 +44,10 @@ struct Report {
 
 pub fn run(args: PerplexityArgs) -> Result<()> {
     if args.context < 2 {
-        bail!("invalid `--context {}`: at least 2 tokens per window", args.context);
+        bail!(
+            "invalid `--context {}`: at least 2 tokens per window",
+            args.context
+        );
     }
     let text = std::fs::read_to_string(&args.text)
         .with_context(|| format!("reading --text {}", args.text.display()))?;
@@ -52,7 +55,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let ids = opened.tokenizer.encode(&text, false)?;
     let max_ctx = opened.backend.config().max_position_embeddings;
     if args.context > max_ctx {
-        bail!("invalid `--context {}`: the model's context is {max_ctx} tokens", args.context);
+        bail!(
+            "invalid `--context {}`: the model's context is {max_ctx} tokens",
+            args.context
+        );
     }
     if ids.len() < 2 {
         bail!("--text {} holds fewer than 2 tokens", args.text.display());
@@ -60,7 +66,10 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let bs = opened.backend.kv_shape().block_size;
     let blocks: Vec<u32> = (0..args.context.div_ceil(bs) as u32).collect();
     if blocks.len() > opened.backend.kv_shape().num_blocks {
-        bail!("invalid `--context {}`: more than the KV pool holds", args.context);
+        bail!(
+            "invalid `--context {}`: more than the KV pool holds",
+            args.context
+        );
     }
     let vocab = opened.backend.config().vocab_size;
     let mut builder = StepBuilder::new(bs);

@@ -278,7 +278,10 @@ fn zero_tensor(dir: &Path, name: &str) {
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
     let offs = &header[name]["data_offsets"];
-    let (a, b) = (offs[0].as_u64().unwrap() as usize, offs[1].as_u64().unwrap() as usize);
+    let (a, b) = (
+        offs[0].as_u64().unwrap() as usize,
+        offs[1].as_u64().unwrap() as usize,
+    );
     bytes[8 + n + a..8 + n + b].fill(0);
     std::fs::write(&path, bytes).unwrap();
 }
@@ -316,7 +319,13 @@ fn serve_one_completion(model: &Path) -> String {
         .unwrap()
         .port();
     let mut child = std::process::Command::new(support::bin())
-        .args(["serve", "--device", "cpu", "--model", model.to_str().unwrap()])
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--model",
+            model.to_str().unwrap(),
+        ])
         .args(["--port", &port.to_string()])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

@@ -57,23 +57,46 @@ fn checkpoints_written_by_quantize_run_on_the_cpu() {
         ok(&lamina(&args));
         let cfg = std::fs::read_to_string(out_dir.join("config.json")).unwrap();
         assert!(cfg.contains("quantization_config"), "{name}: {cfg}");
-        let out = support::generate(None, out_dir.to_str().unwrap(), &["--max-tokens", "4", "--temperature", "0", "hi"], None);
+        let out = support::generate(
+            None,
+            out_dir.to_str().unwrap(),
+            &["--max-tokens", "4", "--temperature", "0", "hi"],
+            None,
+        );
         ok(&out);
     }
     // a damaged checkpoint is refused naming the field
     let bad = dir.join("ct");
     let cfg_path = bad.join("config.json");
     let cfg = std::fs::read_to_string(&cfg_path).unwrap();
-    std::fs::write(&cfg_path, cfg.replace("\"float-quantized\"", "\"pack-quantized\"")).unwrap();
+    std::fs::write(
+        &cfg_path,
+        cfg.replace("\"float-quantized\"", "\"pack-quantized\""),
+    )
+    .unwrap();
     let out = support::generate(None, bad.to_str().unwrap(), &["hi"], None);
     let err = stderr(&out);
-    assert!(!out.status.success() && err.contains("quantization_config.format"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("quantization_config.format"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     // quantize refuses a non-empty output and a bad scale
     let again = lamina(&["quantize", src, "--out", dir.join("fp8").to_str().unwrap()]);
     assert!(!again.status.success() && stderr(&again).contains("not empty"));
-    let neg = lamina(&["quantize", src, "--out", dir.join("x").to_str().unwrap(), "--input-scale", "-1"]);
-    assert!(!neg.status.success() && stderr(&neg).contains("positive"), "{}", stderr(&neg));
+    let neg = lamina(&[
+        "quantize",
+        src,
+        "--out",
+        dir.join("x").to_str().unwrap(),
+        "--input-scale",
+        "-1",
+    ]);
+    assert!(
+        !neg.status.success() && stderr(&neg).contains("positive"),
+        "{}",
+        stderr(&neg)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -86,6 +109,9 @@ fn smollm2_fp8_perplexity_is_within_two_and_a_half_percent_of_bf16() {
     let bf16 = perplexity("smollm2-135m-instruct", "bf16");
     let fp8 = perplexity("smollm2-135m-instruct", "fp8");
     eprintln!("SmolLM2 perplexity: bf16 {bf16:.4}, fp8 {fp8:.4}");
-    assert!(bf16.is_finite() && bf16 > 1.0 && bf16 < 100.0, "bf16 {bf16}");
+    assert!(
+        bf16.is_finite() && bf16 > 1.0 && bf16 < 100.0,
+        "bf16 {bf16}"
+    );
     assert!((fp8 / bf16 - 1.0).abs() < 0.025, "fp8 {fp8} vs bf16 {bf16}");
 }

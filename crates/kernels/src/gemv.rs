@@ -69,7 +69,12 @@ impl<'a> From<DevSlice<'a, bf16>> for GemvWeights<'a> {
 impl GemvWeights<'_> {
     /// Checks the weights hold `rows` rows of `k`; returns the weight and
     /// scale pointers (0 for bf16) and whether they are FP8.
-    fn check(&self, kernel: &'static str, rows: usize, k: usize) -> Result<(u64, u64, bool), KernelError> {
+    fn check(
+        &self,
+        kernel: &'static str,
+        rows: usize,
+        k: usize,
+    ) -> Result<(u64, u64, bool), KernelError> {
         match self {
             GemvWeights::Bf16(w) => {
                 need(kernel, "w", w, rows * k)?;
@@ -341,10 +346,7 @@ impl Kernels {
         need(K, "sin", &rope.sin, rope.max_pos * sh.head_dim / 2)?;
         need(K, "k_cache", &rope.k_cache, sh.kv_width())?;
         need(K, "v_cache", &rope.v_cache, sh.kv_width())?;
-        for (what, p) in [
-            ("residual", residual.ptr()),
-            ("norm_w", norm_w.ptr()),
-        ] {
+        for (what, p) in [("residual", residual.ptr()), ("norm_w", norm_w.ptr())] {
             aligned(K, what, p)?;
         }
         let tile = tile_of(m);

@@ -69,7 +69,11 @@ pub fn encode(x: f32) -> u8 {
     } else {
         // (1 + m / 8) * 2^exp: m from the exact mantissa scaled by 8
         let m = (a / f32::from_bits(((exp + 127) as u32) << 23) * 8.0 - 8.0).round_ties_even();
-        let (e, m) = if m >= 8.0 { (exp + 1, 0) } else { (exp, m as i32) };
+        let (e, m) = if m >= 8.0 {
+            (exp + 1, 0)
+        } else {
+            (exp, m as i32)
+        };
         (((e + 7) << 3) | m).min(MAX_BITS as i32) as u8
     };
     sign | bits
@@ -108,7 +112,11 @@ pub fn quantize_rows(w: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
 
 /// `decode(q) * scale[row]` for `q` (`[n, k]`) and per-row `scales` (`[n]`).
 pub fn dequantize_rows(q: &[u8], scales: &[f32], k: usize) -> Vec<f32> {
-    assert_eq!(q.len(), scales.len() * k, "dequantize_rows: q is not [n, k]");
+    assert_eq!(
+        q.len(),
+        scales.len() * k,
+        "dequantize_rows: q is not [n, k]"
+    );
     let mut out = vec![0f32; q.len()];
     out.par_chunks_mut(k.max(1))
         .zip(q.par_chunks(k.max(1)))

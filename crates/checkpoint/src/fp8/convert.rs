@@ -55,7 +55,11 @@ pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<
         .into_iter()
         .map(|s| s.name)
         .collect();
-    let by_name: HashMap<&str, &Tensor> = weights.tensors().into_iter().map(|t| (t.name.as_str(), t)).collect();
+    let by_name: HashMap<&str, &Tensor> = weights
+        .tensors()
+        .into_iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
     for name in &names {
         let Some(t) = by_name.get(name.as_str()) else {
             continue;
@@ -63,7 +67,11 @@ pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<
         if is_projection(name) {
             quantize_into(&mut all, t, opts);
         } else {
-            let bytes = t.data.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
+            let bytes = t
+                .data
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect();
             all.insert(name.clone(), (Dtype::BF16, t.shape.clone(), bytes));
         }
     }
@@ -102,7 +110,11 @@ fn quantize_into(all: &mut HashMap<String, Entry>, t: &Tensor, opts: Fp8Options)
         ops::fp8::quantize_rows(&w, n, k)
     } else {
         let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = if amax > 0.0 { amax / ops::fp8::E4M3_MAX } else { 1.0 };
+        let s = if amax > 0.0 {
+            amax / ops::fp8::E4M3_MAX
+        } else {
+            1.0
+        };
         (w.iter().map(|v| ops::fp8::encode(v / s)).collect(), vec![s])
     };
     all.insert(t.name.clone(), (Dtype::F8_E4M3, vec![n, k], q));
@@ -112,7 +124,9 @@ fn quantize_into(all: &mut HashMap<String, Entry>, t: &Tensor, opts: Fp8Options)
             Fp8Layout::CompressedTensors => (
                 Dtype::BF16,
                 shape,
-                v.iter().flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes()).collect(),
+                v.iter()
+                    .flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes())
+                    .collect(),
             ),
             // AutoFP8: f32 scalars
             Fp8Layout::Fp8 => (Dtype::F32, vec![], v[0].to_le_bytes().to_vec()),
@@ -156,7 +170,11 @@ fn quantization_config(opts: Fp8Options) -> Value {
                     "type": "float"
                 })
             };
-            let weights = args(if opts.channel { "channel" } else { "tensor" }, false, json!("minmax"));
+            let weights = args(
+                if opts.channel { "channel" } else { "tensor" },
+                false,
+                json!("minmax"),
+            );
             let inputs = if dynamic {
                 args("token", true, Value::Null)
             } else {

@@ -43,9 +43,30 @@ fn every_layout_loads_back_what_was_written() {
     let orig = load(&src).unwrap();
     let layouts = [
         ("ct-channel", CHANNEL),
-        ("ct-tensor-static", Fp8Options { channel: false, input_scale: Some(0.02), ..CHANNEL }),
-        ("fp8-static", Fp8Options { layout: Fp8Layout::Fp8, channel: false, input_scale: Some(0.5) }),
-        ("fp8-dynamic", Fp8Options { layout: Fp8Layout::Fp8, channel: false, input_scale: None }),
+        (
+            "ct-tensor-static",
+            Fp8Options {
+                channel: false,
+                input_scale: Some(0.02),
+                ..CHANNEL
+            },
+        ),
+        (
+            "fp8-static",
+            Fp8Options {
+                layout: Fp8Layout::Fp8,
+                channel: false,
+                input_scale: Some(0.5),
+            },
+        ),
+        (
+            "fp8-dynamic",
+            Fp8Options {
+                layout: Fp8Layout::Fp8,
+                channel: false,
+                input_scale: None,
+            },
+        ),
     ];
     for (name, opts) in layouts {
         let dir = convert(&src, name, opts);
@@ -57,16 +78,26 @@ fn every_layout_loads_back_what_was_written() {
         for (l, (a, b)) in w.layers.iter().zip(&orig.layers).enumerate() {
             let f = &fp8.layers[l];
             assert_eq!(a.input_norm, b.input_norm);
-            for (deq, src, q) in [(&a.q_proj, &b.q_proj, &f.q_proj), (&a.down_proj, &b.down_proj, &f.down_proj)] {
+            for (deq, src, q) in [
+                (&a.q_proj, &b.q_proj, &f.q_proj),
+                (&a.down_proj, &b.down_proj, &f.down_proj),
+            ] {
                 assert_eq!(q.scale.len(), src.shape[0], "{name}: one scale per row");
                 if !opts.channel {
                     assert!(q.scale.iter().all(|s| *s == q.scale[0]), "{name}");
                 }
-                assert_eq!(q.input_scale.is_some(), opts.input_scale.is_some(), "{name}");
+                assert_eq!(
+                    q.input_scale.is_some(),
+                    opts.input_scale.is_some(),
+                    "{name}"
+                );
                 assert_eq!(deq, &q.dequantize(), "{name}");
                 let amax = src.to_f32().iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (x, y) in src.to_f32().iter().zip(deq.to_f32()) {
-                    assert!((x - y).abs() <= x.abs() / 12.0 + amax / 448.0, "{name}: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= x.abs() / 12.0 + amax / 448.0,
+                        "{name}: {x} vs {y}"
+                    );
                 }
             }
         }
@@ -81,7 +112,10 @@ fn quantising_at_load_matches_the_per_channel_checkpoint() {
     let mut at_load = load(&src).unwrap();
     at_load.quantize_fp8();
     let from_file = load(&convert(&src, "ct", CHANNEL)).unwrap();
-    let (a, b) = (at_load.fp8.as_ref().unwrap(), from_file.fp8.as_ref().unwrap());
+    let (a, b) = (
+        at_load.fp8.as_ref().unwrap(),
+        from_file.fp8.as_ref().unwrap(),
+    );
     assert_eq!(a.source, Fp8Source::Load);
     for (x, y) in a.layers.iter().zip(&b.layers) {
         assert_eq!(x.gate_proj.data, y.gate_proj.data);
@@ -113,7 +147,8 @@ fn rewrite(dir: &Path, edit: impl FnOnce(&mut HashMap<String, (Dtype, Vec<usize>
 /// Edits `config.json`'s `quantization_config`.
 fn reconfigure(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut v["quantization_config"]);
     std::fs::write(&path, v.to_string()).unwrap();
 }
@@ -133,7 +168,11 @@ fn bad_scales_are_refused_naming_the_tensor() {
     let (_d, src) = tiny();
     type Edit = Box<dyn FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>)>;
     let cases: Vec<(&str, Edit, Vec<&str>)> = vec![
-        ("missing", Box::new(|m| drop(m.remove(&format!("{Q}.weight_scale")))), vec!["weight_scale", "missing"]),
+        (
+            "missing",
+            Box::new(|m| drop(m.remove(&format!("{Q}.weight_scale")))),
+            vec!["weight_scale", "missing"],
+        ),
         (
             "shape",
             Box::new(|m| {
@@ -175,7 +214,14 @@ fn bad_scales_are_refused_naming_the_tensor() {
         refused(&dir, &all);
     }
     // static activations need their input scale
-    let dir = convert(&src, "static", Fp8Options { input_scale: Some(1.0), ..CHANNEL });
+    let dir = convert(
+        &src,
+        "static",
+        Fp8Options {
+            input_scale: Some(1.0),
+            ..CHANNEL
+        },
+    );
     rewrite(&dir, |m| drop(m.remove(&format!("{Q}.input_scale"))));
     refused(&dir, &[Q, "input_scale", "static"]);
 }
@@ -185,9 +231,24 @@ fn bad_scales_are_refused_naming_the_tensor() {
 fn other_layouts_are_refused_naming_the_field() {
     let (_d, src) = tiny();
     let cases: Vec<(&str, Fp8Layout, fn(&mut serde_json::Value), &str)> = vec![
-        ("method", Fp8Layout::Fp8, |q| q["quant_method"] = "gptq".into(), "quantization_config.quant_method"),
-        ("block", Fp8Layout::Fp8, |q| q["weight_block_size"] = serde_json::json!([128, 128]), "weight_block_size"),
-        ("fmt", Fp8Layout::Fp8, |q| q["fmt"] = "e5m2".into(), "quantization_config.fmt"),
+        (
+            "method",
+            Fp8Layout::Fp8,
+            |q| q["quant_method"] = "gptq".into(),
+            "quantization_config.quant_method",
+        ),
+        (
+            "block",
+            Fp8Layout::Fp8,
+            |q| q["weight_block_size"] = serde_json::json!([128, 128]),
+            "weight_block_size",
+        ),
+        (
+            "fmt",
+            Fp8Layout::Fp8,
+            |q| q["fmt"] = "e5m2".into(),
+            "quantization_config.fmt",
+        ),
         (
             "group",
             Fp8Layout::CompressedTensors,
@@ -200,10 +261,23 @@ fn other_layouts_are_refused_naming_the_field() {
             |q| q["config_groups"]["group_0"]["weights"]["type"] = "int".into(),
             "config_groups.group_0.weights.type",
         ),
-        ("format", Fp8Layout::CompressedTensors, |q| q["format"] = "pack-quantized".into(), "quantization_config.format"),
+        (
+            "format",
+            Fp8Layout::CompressedTensors,
+            |q| q["format"] = "pack-quantized".into(),
+            "quantization_config.format",
+        ),
     ];
     for (name, layout, edit, field) in cases {
-        let dir = convert(&src, name, Fp8Options { layout, channel: layout == Fp8Layout::CompressedTensors, input_scale: None });
+        let dir = convert(
+            &src,
+            name,
+            Fp8Options {
+                layout,
+                channel: layout == Fp8Layout::CompressedTensors,
+                input_scale: None,
+            },
+        );
         reconfigure(&dir, edit);
         refused(&dir, &[field]);
     }

@@ -181,7 +181,10 @@ fn gemv_qkv_rope_matches_reference() {
         let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
         // 2,056 inputs at 3 rows: column ranges split over two warps per row pair
         let cases = [(1usize, 200usize), (3, 2056), (16, 200)];
-        for (m, hidden, fp8) in cases.iter().flat_map(|&(m, h)| [(m, h, false), (m, h, true)]) {
+        for (m, hidden, fp8) in cases
+            .iter()
+            .flat_map(|&(m, h)| [(m, h, false), (m, h, true)])
+        {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
             let (wq, wscale) = ops::fp8::quantize_rows(&f32s(&w), n, hidden);
             let w_ref = if fp8 {

@@ -112,14 +112,14 @@ fn upload_fused(
 }
 
 /// Uploads FP8 projections `parts` fused into one matrix (rows stacked).
-fn upload_fused_fp8(
-    gpu: &Gpu,
-    parts: &[(&Fp8Tensor, &[usize])],
-) -> Result<DevProj, BackendError> {
+fn upload_fused_fp8(gpu: &Gpu, parts: &[(&Fp8Tensor, &[usize])]) -> Result<DevProj, BackendError> {
     let mut q = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
     let mut scale = Vec::new();
     for (t, shape) in parts {
-        if t.shape != *shape || t.data.len() != shape.iter().product::<usize>() || t.scale.len() != shape[0] {
+        if t.shape != *shape
+            || t.data.len() != shape.iter().product::<usize>()
+            || t.scale.len() != shape[0]
+        {
             return Err(BackendError::Device(format!(
                 "cuda: FP8 tensor {} has shape {:?} ({} bytes, {} scales), expected {shape:?}",
                 t.name,
@@ -151,7 +151,14 @@ fn upload_projections(
     let (q, kv) = (c.q_dim(), c.kv_dim());
     if let Some(f) = f {
         return Ok([
-            upload_fused_fp8(gpu, &[(&f.q_proj, &[q, h]), (&f.k_proj, &[kv, h]), (&f.v_proj, &[kv, h])])?,
+            upload_fused_fp8(
+                gpu,
+                &[
+                    (&f.q_proj, &[q, h]),
+                    (&f.k_proj, &[kv, h]),
+                    (&f.v_proj, &[kv, h]),
+                ],
+            )?,
             upload_fused_fp8(gpu, &[(&f.o_proj, &[h, q])])?,
             upload_fused_fp8(gpu, &[(&f.gate_proj, &[i, h]), (&f.up_proj, &[i, h])])?,
             upload_fused_fp8(gpu, &[(&f.down_proj, &[h, i])])?,
@@ -160,7 +167,11 @@ fn upload_projections(
     Ok([
         upload_fused(
             gpu,
-            &[(&l.q_proj, &[q, h]), (&l.k_proj, &[kv, h]), (&l.v_proj, &[kv, h])],
+            &[
+                (&l.q_proj, &[q, h]),
+                (&l.k_proj, &[kv, h]),
+                (&l.v_proj, &[kv, h]),
+            ],
             &l.q_proj.name,
         )?,
         upload_fused(gpu, &[(&l.o_proj, &[h, q])], &l.o_proj.name)?,
@@ -217,10 +228,15 @@ fn upload_weights(
         });
     }
     // rows * k of the largest fused projection
-    let widest = [(c.q_dim() + 2 * c.kv_dim()) * h, h * c.q_dim(), 2 * i * h, h * i]
-        .into_iter()
-        .max()
-        .unwrap_or(0);
+    let widest = [
+        (c.q_dim() + 2 * c.kv_dim()) * h,
+        h * c.q_dim(),
+        2 * i * h,
+        h * i,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
     let widened = match fp8 {
         Some(_) => Some(
             gpu.alloc::<bf16>(widest)

@@ -43,8 +43,13 @@ fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
     full.extend_from_slice(&generated[..31]);
     let cpu_all = chunk_logits(&mut cpu, &full, 0, &blocks);
     let cpu_tf = &cpu_all[39 * vocab..];
-    let (e, d) = (rel_err(&gpu_tf, cpu_tf), max_lp_diff(&gpu_tf, cpu_tf, vocab));
-    println!("RESULT fp8 smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}");
+    let (e, d) = (
+        rel_err(&gpu_tf, cpu_tf),
+        max_lp_diff(&gpu_tf, cpu_tf, vocab),
+    );
+    println!(
+        "RESULT fp8 smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
+    );
     worst = (worst.0.max(e), worst.1.max(d));
     assert!(
         worst.0 <= 3e-2 && worst.1 <= 0.2,
@@ -87,7 +92,9 @@ fn cuda_collapsed_logits_sample_a_nan_logprob() {
                 allowed: None,
             }),
         };
-        let t = gpu.step(&build_step(std::slice::from_ref(&c), BS).unwrap()).unwrap()[0]
+        let t = gpu
+            .step(&build_step(std::slice::from_ref(&c), BS).unwrap())
+            .unwrap()[0]
             .clone()
             .unwrap();
         assert!(t.logprob.is_nan() && t.token == 0, "{t:?}");
@@ -111,5 +118,8 @@ fn cuda_fp8_short_generation() {
     let prompt = tokens(4, 40, cfg.vocab_size);
     let out = generate(&mut gpu, &prompt, &pool.take(40 + 8), 8);
     assert_eq!(out.len(), 8);
-    assert!(out.iter().all(|&t| (t as usize) < cfg.vocab_size), "{out:?}");
+    assert!(
+        out.iter().all(|&t| (t as usize) < cfg.vocab_size),
+        "{out:?}"
+    );
 }
