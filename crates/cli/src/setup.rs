@@ -273,14 +273,22 @@ pub struct Opened {
     pub tokenizer: Arc<Tokenizer>,
 }
 
-/// Opens the model of `args` as [`open`] does, with no engine.
-pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
+/// What every way of opening a model does first: apply the tuning flags,
+/// resolve the model, read its config (capped by `--max-model-len`) and
+/// tokenizer, and pick the device (`true`: CUDA).
+fn resolve(args: &ModelArgs) -> Result<(PathBuf, LoadedModel, Arc<Tokenizer>, bool)> {
     args.tuning.apply()?;
     let dir = model_dir(&args.model)?;
     let mut loaded = checkpoint::loader::load_config(&dir)?;
     cap_context(&mut loaded.config, args.max_model_len)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
+    Ok((dir, loaded, tokenizer, cuda))
+}
+
+/// Opens the model of `args` as [`open`] does, with no engine.
+pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
+    let (dir, loaded, tokenizer, cuda) = resolve(args)?;
     let (cpu_weights, _) = cpu_weights(args, &dir, &loaded.config, cuda)?;
     let weights = load_weights(args, &loaded, cuda)?;
     let device = cuda.then_some(0);
@@ -312,12 +320,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     if !(u > 0.0 && u <= 1.0) {
         bail!("invalid `--gpu-memory-utilization`: must be in (0, 1], got {u}");
     }
-    args.tuning.apply()?;
-    let dir = model_dir(&args.model)?;
-    let mut loaded = checkpoint::loader::load_config(&dir)?;
-    cap_context(&mut loaded.config, args.max_model_len)?;
-    let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
-    let cuda = use_cuda(args.device)?;
+    let (dir, loaded, tokenizer, cuda) = resolve(args)?;
     let devices: Vec<Option<usize>> = match (plan, cuda) {
         (ReplicaPlan::Gpus(_), false) => bail!(
             "`--devices` lists CUDA devices but the model runs on the CPU (`--device cpu`, or no CUDA here); use `--data-parallel-size N` for CPU replicas"

@@ -8,6 +8,47 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
+/// `w` (`[rows, k]`) on the device as bf16 and as FP8 (one scale per row),
+/// and the values the kernels multiply by in the chosen format (FP8: the
+/// dequantised ones).
+struct DevWeights {
+    w: gpu::DeviceBuffer<bf16>,
+    q: gpu::DeviceBuffer<u8>,
+    scale: gpu::DeviceBuffer<f32>,
+    fp8: bool,
+    values: Vec<f32>,
+}
+
+impl DevWeights {
+    fn new(gpu: &gpu::Gpu, w: &[bf16], rows: usize, k: usize, fp8: bool) -> Self {
+        let (q, scale) = ops::fp8::quantize_rows(&f32s(w), rows, k);
+        let values = if fp8 {
+            ops::fp8::dequantize_rows(&q, &scale, k)
+        } else {
+            f32s(w)
+        };
+        DevWeights {
+            w: gpu.upload(w).unwrap(),
+            q: gpu.upload(&q).unwrap(),
+            scale: gpu.upload(&scale).unwrap(),
+            fp8,
+            values,
+        }
+    }
+
+    fn gemv(&self) -> kernels::gemv::GemvWeights<'_> {
+        use kernels::gemv::GemvWeights;
+        if self.fp8 {
+            GemvWeights::Fp8 {
+                q: self.q.view(),
+                scale: self.scale.view(),
+            }
+        } else {
+            GemvWeights::Bf16(self.w.view())
+        }
+    }
+}
+
 /// Every GEMV variant, with bf16 and with FP8 weights (against the
 /// reference on the dequantised weights), against `gemv_ref`: odd output
 /// counts, inputs an odd multiple of 8, 1 to 16 rows, a Llama-1B-sized
@@ -17,7 +58,7 @@ use rand::{Rng, SeedableRng};
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_matches_reference() {
-    use kernels::gemv::{GemvKind, GemvOp, GemvWeights, gemv_ref};
+    use kernels::gemv::{GemvKind, GemvOp, gemv_ref};
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(18);
     let kinds = [
@@ -32,12 +73,7 @@ fn gemv_matches_reference() {
             for (kind, fp8) in kinds.into_iter().flat_map(|k| [(k, false), (k, true)]) {
                 let wrows = if kind == GemvKind::NormSilu { 2 * n } else { n };
                 let w = rand_bf16(&mut rng, wrows * kk, 0.5);
-                let (wq, wscale) = ops::fp8::quantize_rows(&f32s(&w), wrows, kk);
-                let w_ref = if fp8 {
-                    ops::fp8::dequantize_rows(&wq, &wscale, kk)
-                } else {
-                    f32s(&w)
-                };
+                let dw = DevWeights::new(&gpu, &w, wrows, kk, fp8);
                 let norm_w = rand_bf16(&mut rng, kk, 1.0);
                 let xb = rand_bf16(&mut rng, m * kk, 1.0);
                 let xf: Vec<f32> = (0..m * kk)
@@ -56,22 +92,14 @@ fn gemv_matches_reference() {
                     &x_ref,
                     &f32s(&norm_w),
                     1e-5,
-                    &w_ref,
+                    &dw.values,
                     &mut want,
                     m,
                     n,
                     kk,
                 );
-                let (d_w, d_g) = (gpu.upload(&w).unwrap(), gpu.upload(&norm_w).unwrap());
-                let (d_q, d_s) = (gpu.upload(&wq).unwrap(), gpu.upload(&wscale).unwrap());
-                let weights = if fp8 {
-                    GemvWeights::Fp8 {
-                        q: d_q.view(),
-                        scale: d_s.view(),
-                    }
-                } else {
-                    GemvWeights::Bf16(d_w.view())
-                };
+                let d_g = gpu.upload(&norm_w).unwrap();
+                let weights = dw.gemv();
                 let (d_xb, d_xf) = (gpu.upload(&xb).unwrap(), gpu.upload(&xf).unwrap());
                 let d_res = gpu.upload(&resid).unwrap();
                 let yb = gpu.alloc::<bf16>(m * n).unwrap();
@@ -171,7 +199,7 @@ fn rope_kv_want(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
-    use kernels::gemv::{GemvKind, GemvWeights, RopeKv, gemv_ref};
+    use kernels::gemv::{GemvKind, RopeKv, gemv_ref};
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(20);
     let max_pos = 512;
@@ -186,12 +214,7 @@ fn gemv_qkv_rope_matches_reference() {
             .flat_map(|&(m, h)| [(m, h, false), (m, h, true)])
         {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
-            let (wq, wscale) = ops::fp8::quantize_rows(&f32s(&w), n, hidden);
-            let w_ref = if fp8 {
-                ops::fp8::dequantize_rows(&wq, &wscale, hidden)
-            } else {
-                f32s(&w)
-            };
+            let dw = DevWeights::new(&gpu, &w, n, hidden, fp8);
             let g = rand_bf16(&mut rng, hidden, 1.0);
             let x: Vec<f32> = (0..m * hidden)
                 .map(|_| rng.random_range(-3.0f32..3.0))
@@ -209,7 +232,7 @@ fn gemv_qkv_rope_matches_reference() {
                 &x,
                 &f32s(&g),
                 1e-5,
-                &w_ref,
+                &dw.values,
                 &mut qkv_want,
                 m,
                 n,
@@ -219,20 +242,8 @@ fn gemv_qkv_rope_matches_reference() {
             let mut kr = vec![0f32; num_slots * shape.kv_width()];
             let mut vr = kr.clone();
             let q_want = rope_kv_want(&qkv_b, &positions, &slots, &table, shape, &mut kr, &mut vr);
-            let (d_w, d_g, d_x) = (
-                gpu.upload(&w).unwrap(),
-                gpu.upload(&g).unwrap(),
-                gpu.upload(&x).unwrap(),
-            );
-            let (d_q, d_s) = (gpu.upload(&wq).unwrap(), gpu.upload(&wscale).unwrap());
-            let weights = if fp8 {
-                GemvWeights::Fp8 {
-                    q: d_q.view(),
-                    scale: d_s.view(),
-                }
-            } else {
-                GemvWeights::Bf16(d_w.view())
-            };
+            let (d_g, d_x) = (gpu.upload(&g).unwrap(), gpu.upload(&x).unwrap());
+            let weights = dw.gemv();
             let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
             let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
             let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
