@@ -230,7 +230,13 @@ fn bad_scales_are_refused_naming_the_tensor() {
 #[test]
 fn other_layouts_are_refused_naming_the_field() {
     let (_d, src) = tiny();
-    let cases: Vec<(&str, Fp8Layout, fn(&mut serde_json::Value), &str)> = vec![
+    type Case = (
+        &'static str,
+        Fp8Layout,
+        fn(&mut serde_json::Value),
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
         (
             "method",
             Fp8Layout::Fp8,
