@@ -39,10 +39,6 @@ pub fn negative_numbers(cmd: clap::Command) -> clap::Command {
 /// Neighbours' flags with no exact equivalent, and what to use instead.
 const TIPS: &[(&str, &str)] = &[
     (
-        "--gpu-memory-utilization",
-        "lamina sizes the KV cache in GiB: `--kv-memory-gib GIB` (or `--kv-blocks N`)",
-    ),
-    (
         "--n-gpu-layers",
         "lamina runs the whole model on one device: `--device cuda` or `--device cpu`",
     ),
@@ -123,9 +119,9 @@ mod tests {
     #[test]
     fn tips_name_lamina_flags() {
         assert!(
-            tip("--gpu-memory-utilization=0.9")
+            tip("--max-num-batched-tokens=8192")
                 .unwrap()
-                .contains("--kv-memory-gib")
+                .contains("--max-batch-tokens")
         );
         assert!(tip("-ngl").unwrap().contains("--device"));
         assert_eq!(tip("--frobnicate"), None);

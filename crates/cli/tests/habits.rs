@@ -180,7 +180,7 @@ fn ranges_and_tips() {
     assert!(err.contains("--threads") && err.contains("1..="), "{err}");
     assert!(!err.contains("'-- "), "{err}");
     for (flag, want) in [
-        ("--gpu-memory-utilization", "--kv-memory-gib"),
+        ("--max-num-batched-tokens", "--max-batch-tokens"),
         ("--tensor-parallel-size", "--devices"),
         ("-ngl", "--device"),
         ("--num-ctx", "--max-model-len"),
