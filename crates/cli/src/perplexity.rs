@@ -103,9 +103,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     Ok(())
 }
 
-/// `log softmax(row)[token]`, in f64.
+/// `log softmax(row)[token]`.
 fn log_prob(row: &[f32], token: usize) -> f64 {
-    let m = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
-    row[token] as f64 - lse
+    row[token] as f64 - model::sampler::log_sum_exp(row) as f64
 }

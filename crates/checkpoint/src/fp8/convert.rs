@@ -106,16 +106,11 @@ fn quantize_into(all: &mut HashMap<String, Entry>, t: &Tensor, opts: Fp8Options)
     let (n, k) = (t.shape[0], t.shape[1]);
     let w = t.to_f32();
     let prefix = t.name.strip_suffix(".weight").unwrap_or(&t.name);
+    // per tensor: the whole matrix as one row
     let (q, scales) = if opts.channel {
         ops::fp8::quantize_rows(&w, n, k)
     } else {
-        let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = if amax > 0.0 {
-            amax / ops::fp8::E4M3_MAX
-        } else {
-            1.0
-        };
-        (w.iter().map(|v| ops::fp8::encode(v / s)).collect(), vec![s])
+        ops::fp8::quantize_rows(&w, 1, n * k)
     };
     all.insert(t.name.clone(), (Dtype::F8_E4M3, vec![n, k], q));
     let scale = |v: &[f32], shape: Vec<usize>| -> Entry {
