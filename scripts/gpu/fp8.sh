@@ -3,8 +3,9 @@
 # bf16 ones), FP8 CUDA vs the CPU on the dequantised weights (SmolLM2
 # preset), the 1B oracle on an FP8 checkpoint written by `lamina quantize`
 # (compressed-tensors, per channel) against the float32 reference on its
-# dequantised weights, memcheck, then `lamina bench` bf16 and FP8 with the
-# transformers baseline in the same run (PART=checks or PART=bench runs one
+# dequantised weights, memcheck, then `lamina bench` bf16, FP8 (W8A16) and
+# FP8 with FP8 activations in the GEMMs (W8A8, `--fp8-activations`: b2, b3)
+# with the transformers baseline in the same run (PART=checks or PART=bench runs one
 # half, each within ten minutes). Expects devrun/ from scripts/gpu/prepare.sh.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +26,7 @@ M8=/tmp/lamina-llama-1b-fp8
 [ -f "$M8/model.safetensors" ] || step quantize 120 ./devrun/lamina quantize "$M" --out "$M8"
 if want checks; then
 step kernels 120 ./devrun/gpu_kernels --ignored --test-threads=1
+step fp8_gemm 60 ./devrun/fp8_gemm --ignored --test-threads=1
 step fp8_vs_cpu 120 $T --ignored --test-threads=1 cuda::tests::fp8 --nocapture
 step dump8 90 env LAMINA_CHECK_MODEL="$M8" LAMINA_CHECK_OUT=/tmp/lamina-dump8 $T --ignored --exact cuda::tests::llama::cuda_llama_1b_dump_for_oracle --nocapture
 step oracle8 120 python3 "$here/compare_oracle.py" "$M8" /tmp/lamina-dump8 devrun
@@ -33,6 +35,7 @@ fi
 if want bench; then
 step bench_bf16 90 ./devrun/lamina bench --device cuda --model "$M" --kv-memory-gib 24 --workloads ${BENCH:-b1,b2,b3} --json "$OUT/bench_bf16.json"
 step bench_fp8 90 ./devrun/lamina bench --device cuda --model "$M8" --kv-memory-gib 24 --workloads ${BENCH:-b1,b2,b3} --json "$OUT/bench_fp8.json"
+step bench_w8a8 90 ./devrun/lamina bench --device cuda --model "$M8" --fp8-activations --kv-memory-gib 24 --workloads ${BENCH:-b2,b3} --json "$OUT/bench_w8a8.json"
 step torch 150 python3 devrun/torch_baseline.py --model "$M" --workloads ${BENCH:-b1,b2,b3} --json "$OUT/torch.json"
 fi
 grep -E "^RESULT|^prompt |^64 gen|^case|test result|FAILED|panicked|ERROR SUMMARY|b1 |b2 |b3 " "$log" | tee "$OUT/summary.txt"

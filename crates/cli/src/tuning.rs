@@ -43,6 +43,12 @@ pub struct TuningArgs {
     /// the narrow flash tiling; 0: never [default: from the SM count].
     #[arg(long, hide = true, env = "LAMINA_NARROW_DECODE_SEQS")]
     pub narrow_decode_seqs: Option<usize>,
+    /// With FP8 weights on CUDA: prefill and large batches quantise each
+    /// projection's input to FP8 per token and run FP8 tensor cores (W8A8:
+    /// faster, a little more rounding); without it they widen the weights
+    /// to BF16 (W8A16). Small decode steps read FP8 weights either way.
+    #[arg(long, env = "LAMINA_FP8_ACTIVATIONS", value_parser = clap::builder::BoolishValueParser::new())]
+    pub fp8_activations: bool,
 }
 
 /// The `--cpu-isa` cap (see `cpu_kernels::IsaCap`).
@@ -89,6 +95,7 @@ impl TuningArgs {
             graphs: !self.no_cuda_graphs,
             gemv_rows: self.gemv_rows,
             narrow_decode_seqs: self.narrow_decode_seqs,
+            fp8_activations: self.fp8_activations,
         })
     }
 }

@@ -23,7 +23,7 @@ use crate::error::GpuError;
 const WORKSPACE_BYTES: usize = 32 << 20;
 
 /// `m` rows of X and Y, `n` rows of W (columns of Y), `k` the shared inner dimension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct GemmDims {
     pub m: usize,
     pub n: usize,

@@ -22,6 +22,12 @@ pub enum GpuError {
         call: &'static str,
         source: CublasError,
     },
+    /// A cuBLASLt call returned an error status.
+    #[error("cuBLASLt call `{call}` failed: {source}")]
+    BlasLt {
+        call: &'static str,
+        source: cudarc::cublaslt::result::CublasError,
+    },
     /// A GEMM whose operands cannot be expressed as the row-major product asked for.
     #[error("GEMM layout rejected: {0}")]
     Layout(String),

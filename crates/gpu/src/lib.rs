@@ -6,7 +6,8 @@
 //! held by RAII [`DeviceBuffer`]s, addressed by cheap [`DevSlice`] views that
 //! kernels take; host staging memory by page-locked [`PinnedBuffer`]s.
 //! [`Blas`] is a row-major GEMM helper over cuBLAS (bf16 in, f32 accumulate)
-//! that rejects layouts it cannot express; [`Graph`] captures and replays a
+//! that rejects layouts it cannot express, [`BlasLt`] its FP8 counterpart
+//! over cuBLASLt (e4m3 operands with per-row scales); [`Graph`] captures and replays a
 //! stream's work as a CUDA graph.
 //!
 //! Costs: creating a [`Gpu`] initialises the driver (hundreds of ms the first
@@ -19,6 +20,7 @@
 //! GPU gets an error, never a panic.
 
 mod blas;
+mod blaslt;
 mod buffer;
 mod device;
 mod error;
@@ -26,6 +28,7 @@ mod graph;
 mod launch;
 
 pub use blas::{Blas, GemmDims, OutType};
+pub use blaslt::BlasLt;
 pub use buffer::{DevSlice, DeviceBuffer, PinnedBuffer};
 pub use device::{Fence, Gpu, Timer, device_count, driver_available};
 pub use error::GpuError;

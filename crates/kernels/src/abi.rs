@@ -122,6 +122,18 @@ kernel_args! {
         k: u32 as "uint32_t" @ 28,
     }
 
+    /// Arguments of `fp8_quant_rows` (cu/fp8.cu).
+    pub struct Fp8QuantArgs for "fp8_quant_rows", size 32 {
+        /// [m, k] bf16 activations
+        x: u64 as "const bf16*" @ 0,
+        /// [m, k] e4m3 bytes
+        q: u64 as "uint8_t*" @ 8,
+        /// `[m]` f32 row scales
+        scale: u64 as "float*" @ 16,
+        m: u32 as "uint32_t" @ 24,
+        k: u32 as "uint32_t" @ 28,
+    }
+
     /// Arguments of `add_rmsnorm` (cu/rmsnorm.cu).
     #[derive(Default)]
     pub struct AddRmsnormArgs for "add_rmsnorm", size 40 {

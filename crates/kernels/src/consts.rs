@@ -30,6 +30,10 @@ launch_consts! {
     /// Largest block the device accepts.
     pub const MAX_THREADS_PER_BLOCK: usize = 1024;
 
+    /// Largest finite e4m3 value, `ops::fp8::E4M3_MAX` (a unit test holds
+    /// them equal): the activation quantiser's `max|x| / FP8_E4M3_MAX`.
+    pub const FP8_E4M3_MAX: usize = 448;
+
     /// Threads per block of the row kernels (embedding, row gather, add_rmsnorm,
     /// silu_mul): a multiple of 32 (the block reductions need whole warps).
     pub const ROW_THREADS: usize = 256;

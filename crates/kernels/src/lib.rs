@@ -160,6 +160,7 @@ pub struct Kernels {
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
     pub(crate) fp8_dequant_rows: Function,
+    pub(crate) fp8_quant_rows: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
     pub(crate) prefill: [Function; HEAD_DIMS.len()],
     /// `[head dim index][group cap index]`: `decode_attention_d{D}_g{G}` for
@@ -216,6 +217,7 @@ impl Kernels {
             rope_kv_write: f("rope_kv_write")?,
             silu_mul: f("silu_mul")?,
             fp8_dequant_rows: f("fp8_dequant_rows")?,
+            fp8_quant_rows: f("fp8_quant_rows")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             decode: decode_kernels(&module)?,
             flash_prefill: flash.0,
@@ -360,5 +362,10 @@ mod tests {
                 assert!(unavailable_reason().is_some());
             }
         }
+    }
+
+    #[test]
+    fn the_kernels_e4m3_maximum_is_the_codecs() {
+        assert_eq!(consts::FP8_E4M3_MAX as f32, ops::fp8::E4M3_MAX);
     }
 }

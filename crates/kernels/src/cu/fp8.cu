@@ -3,11 +3,36 @@
 // into a bf16 buffer the cuBLAS GEMM then reads. Grid-stride over 8-byte
 // chunks (8 weights: one 8-byte load, one 16-byte store); k % 8 == 0.
 // Block LAMINA_ROW_THREADS, at most LAMINA_SILU_MAX_BLOCKS blocks.
-// Takes its one argument struct (lamina_args.cuh, from src/abi.rs).
+// fp8_quant_rows: activations quantised per row for the FP8 tensor-core
+// GEMMs, as ops::fp8::quantize_rows does: scale[r] = max|x[r, :]| /
+// LAMINA_FP8_E4M3_MAX (1 for a zero or non-finite row), q[r, c] =
+// e4m3(x[r, c] / scale[r]), nearest even, saturating. One block of
+// LAMINA_ROW_THREADS per row: a max reduction, then the encode.
+// Each takes its one argument struct (lamina_args.cuh, from src/abi.rs).
 #include <cuda_fp8.h>
 
 #include "common.cuh"
 #include "lamina_args.cuh"
+#include "lamina_consts.cuh"
+
+extern "C" __global__ void __launch_bounds__(LAMINA_ROW_THREADS) fp8_quant_rows(const Fp8QuantArgs a) {
+    const bf16* __restrict__ x = a.x + (size_t)blockIdx.x * a.k;
+    uint8_t* __restrict__ q = a.q + (size_t)blockIdx.x * a.k;
+    float m = 0.f;
+    for (uint32_t c = threadIdx.x; c < a.k; c += LAMINA_ROW_THREADS) m = fmaxf(m, fabsf(bf2f(x[c])));
+    __shared__ float sm[LAMINA_ROW_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = m;
+    __syncthreads();
+    float amax = 0.f;
+#pragma unroll
+    for (int w = 0; w < LAMINA_ROW_THREADS / 32; w++) amax = fmaxf(amax, sm[w]);
+    const float s = (amax > 0.f && isfinite(amax)) ? amax / (float)LAMINA_FP8_E4M3_MAX : 1.f;
+    if (threadIdx.x == 0) a.scale[blockIdx.x] = s;
+    for (uint32_t c = threadIdx.x; c < a.k; c += LAMINA_ROW_THREADS)
+        q[c] = __nv_cvt_float_to_fp8(bf2f(x[c]) / s, __NV_SATFINITE, __NV_E4M3);
+}
 
 extern "C" __global__ void fp8_dequant_rows(const Fp8DequantArgs a) {
     const uint2* __restrict__ q = reinterpret_cast<const uint2*>(a.q);  // [n, k / 8] chunks

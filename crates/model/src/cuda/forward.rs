@@ -184,8 +184,10 @@ impl CudaBackend {
         )
     }
 
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS; FP8 weights are first
-    /// widened to bf16 in the model's `widened` buffer.
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS; FP8 weights on cuBLASLt's
+    /// FP8 tensor cores with `x` quantised per row, or, where cuBLASLt has
+    /// no algorithm for the shape, widened to bf16 in the model's
+    /// `widened` buffer first.
     fn gemm(
         &self,
         m: usize,
@@ -195,6 +197,24 @@ impl CudaBackend {
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
+        let d = GemmDims { m, n, k };
+        if let (DevProj::Fp8 { q, scale }, Some(lt)) = (w, &self.lt)
+            && lt.supports(d).map_err(ge("FP8 GEMM shape"))?
+        {
+            let ws = &self.ws;
+            let xq = ws
+                .xq
+                .view()
+                .sub(0, m * k)
+                .map_err(ge("FP8 activations view"))?;
+            let xs = ws.xs8.view().sub(0, m).map_err(ge("FP8 scales view"))?;
+            self.k
+                .fp8_quant_rows(x, xq, xs, m, k)
+                .map_err(ke("FP8 activations"))?;
+            return lt
+                .matmul_fp8_nt(xq, xs, q.view(), scale.view(), y, d)
+                .map_err(ge("FP8 GEMM"));
+        }
         let w = self.widen(w, n, k)?;
         self.blas
             .matmul_nt(x, w, y, GemmDims { m, n, k })

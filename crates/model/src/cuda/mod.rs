@@ -95,6 +95,10 @@ pub struct CudaOptions {
     /// narrow flash tiling (0: never; `None`: from the point where the
     /// decode kernel stops splitting keys, `seqs * kv_heads >= 2 * SMs`).
     pub narrow_decode_seqs: Option<usize>,
+    /// FP8 weights: steps past the GEMV path quantise each GEMM's input
+    /// rows to e4m3 (one scale per token) and run cuBLASLt's FP8 tensor
+    /// cores (W8A8); off, they widen the weights to bf16 (W8A16).
+    pub fp8_activations: bool,
 }
 
 impl Default for CudaOptions {
@@ -104,6 +108,7 @@ impl Default for CudaOptions {
             graphs: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             narrow_decode_seqs: None,
+            fp8_activations: false,
         }
     }
 }
@@ -188,6 +193,9 @@ pub struct CudaBackend {
     graphs: DecodeGraphs,
     pipe: Pipe,
     blas: Blas,
+    /// FP8 weights only: cuBLASLt for the FP8 tensor-core GEMMs (`None`:
+    /// large steps widen FP8 weights to bf16 for `blas` instead).
+    lt: Option<gpu::BlasLt>,
     k: Kernels,
     gpu: Arc<Gpu>,
 }
@@ -222,7 +230,17 @@ impl CudaBackend {
             decode_seqs: 1,
             meta: 1024,
         };
-        let ws = Workspace::new(&gpu, &config, &tuning, caps)?;
+        let lt = match model.w.widened {
+            Some(_) if opts.fp8_activations => match gpu::BlasLt::new(&gpu) {
+                Ok(lt) => Some(lt),
+                Err(e) => {
+                    tracing::warn!("FP8 GEMMs widen to bf16: cuBLASLt unavailable ({e})");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let ws = Workspace::new(&gpu, &config, &tuning, caps, lt.is_some())?;
         let pipe = Pipe::new(&gpu)?;
         gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
         Ok(CudaBackend {
@@ -235,6 +253,7 @@ impl CudaBackend {
             ws,
             pipe,
             blas,
+            lt,
             k,
             gpu,
         })
@@ -258,14 +277,28 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// How large steps run FP8 weights, for the backend's name.
+    fn fp8_act_note(&self) -> &'static str {
+        match self.lt {
+            Some(_) => ", fp8 activations in GEMMs",
+            None => "",
+        }
+    }
+}
+
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         let w = &self.model.w;
         match (&w.widened, &w.lm_head) {
             (Some(_), Some(weights::DevProj::Fp8 { .. })) => {
-                format!("cuda:{} (fp8 weights and LM head)", self.device)
+                format!(
+                    "cuda:{} (fp8 weights and LM head{})",
+                    self.device,
+                    self.fp8_act_note()
+                )
             }
-            (Some(_), _) => format!("cuda:{} (fp8 weights)", self.device),
+            (Some(_), _) => format!("cuda:{} (fp8 weights{})", self.device, self.fp8_act_note()),
             (None, _) => format!("cuda:{}", self.device),
         }
     }

@@ -35,26 +35,30 @@ pub(super) struct Caps {
 /// Activations, staging and outputs, allocated once per capacity.
 pub(super) struct Workspace {
     pub caps: Caps,
-    pub x: DeviceBuffer<f32>,          // [T, hidden] residual stream
-    pub xn: DeviceBuffer<bf16>,        // [T, hidden] normed
-    pub qkv: DeviceBuffer<bf16>,       // [T, qkv_width]
-    pub attn: DeviceBuffer<bf16>,      // [T, heads * head_dim]
-    pub delta: DeviceBuffer<bf16>,     // [T, hidden] o / down projection output
-    pub gu: DeviceBuffer<bf16>,        // [T, 2 * intermediate]
-    pub act: DeviceBuffer<bf16>,       // [T, intermediate]
-    pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
-    pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
-    pub part_cnt: DeviceBuffer<u32>,   // [S_dec, kv_heads] split arrival counters (zero)
-    pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
-    pub logits: DeviceBuffer<f32>,     // [R, vocab]
-    pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
+    pub x: DeviceBuffer<f32>,      // [T, hidden] residual stream
+    pub xn: DeviceBuffer<bf16>,    // [T, hidden] normed
+    pub qkv: DeviceBuffer<bf16>,   // [T, qkv_width]
+    pub attn: DeviceBuffer<bf16>,  // [T, heads * head_dim]
+    pub delta: DeviceBuffer<bf16>, // [T, hidden] o / down projection output
+    pub gu: DeviceBuffer<bf16>,    // [T, 2 * intermediate]
+    pub act: DeviceBuffer<bf16>,   // [T, intermediate]
+    /// FP8 weights on cuBLASLt only (else empty): a GEMM's input rows
+    /// quantised to e4m3 and their scales.
+    pub xq: DeviceBuffer<u8>, // [T, max(hidden, q_dim, intermediate)]
+    pub xs8: DeviceBuffer<f32>,    // [T]
+    pub part_o: DeviceBuffer<f32>, // [S_dec, heads, splits, head_dim]
+    pub part_ml: DeviceBuffer<f32>, // [S_dec, heads, splits, 2]
+    pub part_cnt: DeviceBuffer<u32>, // [S_dec, kv_heads] split arrival counters (zero)
+    pub xs: DeviceBuffer<bf16>,    // [R, hidden] rows to sample
+    pub logits: DeviceBuffer<f32>, // [R, vocab]
+    pub work: DeviceBuffer<f32>,   // [R, vocab] sampler scratch
     pub samp_stats: DeviceBuffer<f32>, // [R, vocab / SLICE, 2] sampler partials
-    pub samp_keys: DeviceBuffer<u64>,  // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
-    pub tok: DeviceBuffer<u32>,        // [R]
-    pub lp: DeviceBuffer<f32>,         // [R]
-    pub top_ids: DeviceBuffer<u32>,    // [R, MAX_LOGPROBS]
-    pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
-    pub meta: DeviceBuffer<u32>,       // staging, see Layout
+    pub samp_keys: DeviceBuffer<u64>, // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
+    pub tok: DeviceBuffer<u32>,    // [R]
+    pub lp: DeviceBuffer<f32>,     // [R]
+    pub top_ids: DeviceBuffer<u32>, // [R, MAX_LOGPROBS]
+    pub top_lps: DeviceBuffer<f32>, // [R, MAX_LOGPROBS]
+    pub meta: DeviceBuffer<u32>,   // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
     /// A held step's final sampling parameters and history, staged at
     /// release apart from `host_meta` (whose next packing must not wait for
@@ -100,6 +104,7 @@ impl Workspace {
         c: &LlamaConfig,
         tu: &Tuning,
         caps: Caps,
+        fp8_act: bool,
     ) -> Result<Workspace, BackendError> {
         let (shape, plan) = (tu.shape, tu.decode);
         let e = |what: &'static str| {
@@ -121,6 +126,14 @@ impl Workspace {
             delta: gpu.alloc(t * h).map_err(e("delta"))?,
             gu: gpu.alloc(t * 2 * i).map_err(e("gate_up"))?,
             act: gpu.alloc(t * i).map_err(e("act"))?,
+            xq: gpu
+                .alloc(if fp8_act {
+                    t * h.max(c.q_dim()).max(i)
+                } else {
+                    1
+                })
+                .map_err(e("xq"))?,
+            xs8: gpu.alloc(if fp8_act { t } else { 1 }).map_err(e("xs8"))?,
             part_o: gpu
                 .alloc(plan.partial_o_len(shape, caps.decode_seqs))
                 .map_err(e("part_o"))?,
@@ -189,7 +202,13 @@ impl CudaBackend {
             decode_seqs: grow(need.decode_seqs, have.decode_seqs),
             meta: grow(need.meta, have.meta),
         };
-        let ws = Workspace::new(&self.gpu, &self.config, &self.tuning, caps)?;
+        let ws = Workspace::new(
+            &self.gpu,
+            &self.config,
+            &self.tuning,
+            caps,
+            self.lt.is_some(),
+        )?;
         let old = std::mem::replace(&mut self.ws, ws);
         // the next step may carry tokens the last one sampled into `tok`
         let n = old.tok.len().min(self.ws.tok.len());

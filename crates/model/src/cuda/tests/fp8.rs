@@ -11,7 +11,7 @@ use crate::cpu::CpuBackend;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
-    fp8_matches_the_cpu(false);
+    fp8_matches_the_cpu(false, false);
 }
 
 /// The same with the LM head in FP8 too (`--quantize-lm-head`): the GEMV
@@ -19,10 +19,19 @@ fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_fp8_lm_head_matches_the_cpu_on_the_dequantised_weights() {
-    fp8_matches_the_cpu(true);
+    fp8_matches_the_cpu(true, false);
 }
 
-fn fp8_matches_the_cpu(quantize_head: bool) {
+/// W8A8 (`--fp8-activations`): the GEMM path quantises its inputs per
+/// token, which the CPU (bf16 activations) does not, so the bound is the
+/// activations' rounding: measured rel err 7.4e-2, max |dlogprob| 0.21.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_fp8_activations_stay_near_the_cpu() {
+    fp8_matches_the_cpu(false, true);
+}
+
+fn fp8_matches_the_cpu(quantize_head: bool, fp8_activations: bool) {
     let (cfg, mut w) = load(&synth_dir(Preset::Smollm2_135m));
     w.quantize_fp8();
     if quantize_head {
@@ -33,8 +42,18 @@ fn fp8_matches_the_cpu(quantize_head: bool) {
         num_blocks: 512,
         block_size: BS,
     };
-    let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
+    let opts = CudaOptions {
+        fp8_activations,
+        ..CudaOptions::default()
+    };
+    let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, opts).unwrap();
     assert!(gpu.name().contains("fp8"), "{}", gpu.name());
+    assert_eq!(
+        gpu.name().contains("activations"),
+        fp8_activations,
+        "{}",
+        gpu.name()
+    );
     assert_eq!(
         gpu.name().contains("LM head"),
         quantize_head,
@@ -54,7 +73,7 @@ fn fp8_matches_the_cpu(quantize_head: bool) {
         );
         let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
         println!(
-            "RESULT fp8 (LM head too: {quantize_head}) smollm2 prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}"
+            "RESULT fp8 (LM head: {quantize_head}, activations: {fp8_activations}) smollm2 prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}"
         );
         worst = (worst.0.max(e), worst.1.max(d));
     }
@@ -71,14 +90,22 @@ fn fp8_matches_the_cpu(quantize_head: bool) {
         max_lp_diff(&gpu_tf, cpu_tf, vocab),
     );
     println!(
-        "RESULT fp8 (LM head too: {quantize_head}) smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
+        "RESULT fp8 (LM head: {quantize_head}, activations: {fp8_activations}) smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
     );
     worst = (worst.0.max(e), worst.1.max(d));
+    let bound = if fp8_activations {
+        (0.1, 0.3)
+    } else {
+        (3e-2, 0.2)
+    };
     assert!(
-        worst.0 <= 3e-2 && worst.1 <= 0.2,
-        "FP8 CUDA vs CPU on the dequantised weights: {worst:?}"
+        worst.0 <= bound.0 && worst.1 <= bound.1,
+        "FP8 CUDA (activations too: {fp8_activations}) vs CPU on the dequantised weights: {worst:?}"
     );
-    batch_matches_alone(&mut gpu, 2e-2, "smollm2-135m fp8");
+    // W8A8: a sequence alone decodes on the GEMV path (bf16 activations),
+    // in a batch on the GEMMs (FP8 activations): the activations' rounding apart
+    let tol = if fp8_activations { bound.0 } else { 2e-2 };
+    batch_matches_alone(&mut gpu, tol, "smollm2-135m fp8");
 }
 
 /// Weights that collapse every logit (a zero final norm) sample token 0 with
