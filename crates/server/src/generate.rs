@@ -13,12 +13,13 @@
 //! sends an SSE comment (`: keep-alive`) whenever no event went out for
 //! `ServerConfig::sse_keep_alive`, also while the request waits in the
 //! engine's queue. Latency metrics (TTFT, inter-token, end-to-end) are
-//! recorded on choice 0, O(1) per token. With tools, a reply that is calls
-//! of known functions (the whole reply, [`crate::tools::parse_calls`]) is
-//! answered as `tool_calls` with `finish_reason: "tool_calls"`; streamed,
-//! a reply that starts with `{` is held back until it ends and then sent as
-//! `delta.tool_calls` chunks (or as content when it is no call). The SSE
-//! side is in `generate/sse.rs`.
+//! recorded on choice 0, O(1) per token. With tools, a reply that ends
+//! with calls of known functions ([`crate::tools::split_reply`]) is
+//! answered as `tool_calls` with `finish_reason: "tool_calls"`, the text
+//! before them (if any) as `content`; streamed, that text goes out as
+//! content deltas as it comes and the calls, held back from their first
+//! character until the reply ends, as `delta.tool_calls` chunks (or as
+//! content when they do not parse). The SSE side is in `generate/sse.rs`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -188,31 +189,63 @@ impl Job {
         }
     }
 
-    /// The reply of choice `index` as tool calls when it is calls of
-    /// known functions and ended normally (`stop`).
+    /// The reply as text and tool calls ([`crate::tools::split_reply`]);
+    /// without tools, or when the reply did not end normally (`stop`), all
+    /// of it is text.
+    pub(crate) fn split(&self, text: &str, reason: FinishReason) -> tools::Split {
+        match &self.tool_names {
+            Some(names) if reason == FinishReason::Stop => {
+                tools::split_reply(text, names, self.parallel_tool_calls)
+            }
+            _ => tools::Split {
+                content: text.to_string(),
+                calls: Vec::new(),
+            },
+        }
+    }
+
+    /// A streamed reply's reader of text and calls, when the request has tools.
+    pub(crate) fn call_stream(&self) -> Option<tools::CallStream> {
+        self.tool_names
+            .as_ref()
+            .map(|_| tools::CallStream::default())
+    }
+
+    /// The rest of a streamed reply's text and its calls, once it ended.
+    pub(crate) fn finish_calls(
+        &self,
+        calls: tools::CallStream,
+        reason: FinishReason,
+    ) -> tools::Split {
+        let names = self.tool_names.as_deref().map_or(&[][..], Vec::as_slice);
+        calls.finish(
+            names,
+            self.parallel_tool_calls,
+            reason == FinishReason::Stop,
+        )
+    }
+
+    /// Choice `index`'s calls as OpenAI's `tool_calls`.
     pub(crate) fn tool_calls(
         &self,
         index: usize,
-        text: &str,
-        reason: FinishReason,
-    ) -> Option<Vec<ToolCallOut>> {
-        let names = self.tool_names.as_ref()?;
-        if reason != FinishReason::Stop {
-            return None;
-        }
-        let calls = tools::parse_calls(text, names, self.parallel_tool_calls)?;
-        let calls = calls.into_iter().enumerate().map(|(k, call)| ToolCallOut {
-            id: match k {
-                0 => format!("call_{}_{index}", self.request_id),
-                k => format!("call_{}_{index}_{k}", self.request_id),
-            },
-            kind: "function",
-            function: FunctionCallOut {
-                name: call.name,
-                arguments: call.arguments,
-            },
-        });
-        Some(calls.collect())
+        calls: Vec<tools::ParsedCall>,
+    ) -> Vec<ToolCallOut> {
+        calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, call)| ToolCallOut {
+                id: match k {
+                    0 => format!("call_{}_{index}", self.request_id),
+                    k => format!("call_{}_{index}_{k}", self.request_id),
+                },
+                kind: "function",
+                function: FunctionCallOut {
+                    name: call.name,
+                    arguments: call.arguments,
+                },
+            })
+            .collect()
     }
 
     /// The response object wrapping `choices`: a streamed chunk (`usage`
@@ -491,13 +524,14 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
             let mut offset = echo.len();
             let lp = job.logprobs_value(&o.events, &mut offset);
             let text = format!("{echo}{}", o.text);
-            if let Some(calls) = job.tool_calls(i, &text, o.finished.reason) {
+            let split = job.split(&text, o.finished.reason);
+            if !split.calls.is_empty() {
                 return Choice::Chat(ChatChoice {
                     index: i,
                     message: AssistantMessage {
                         role: "assistant",
-                        content: None,
-                        tool_calls: Some(calls),
+                        content: (!split.content.is_empty()).then_some(split.content),
+                        tool_calls: Some(job.tool_calls(i, split.calls)),
                     },
                     logprobs: lp,
                     finish_reason: Some("tool_calls"),
@@ -510,5 +544,4 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
 }
 
 mod sse;
-pub(crate) use sse::may_be_call;
 use sse::sse_stream;

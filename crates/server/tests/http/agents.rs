@@ -22,7 +22,7 @@ fn msg(extra: Value) -> Value {
 }
 
 /// `(event name, data)` of an SSE body.
-fn named_events(body: &str) -> Vec<(String, Value)> {
+pub fn named_events(body: &str) -> Vec<(String, Value)> {
     body.split("\n\n")
         .filter(|e| e.lines().any(|l| l.starts_with("data:")))
         .map(|e| {
