@@ -4,14 +4,15 @@
 //! output parsed back into `tool_calls`.
 //!
 //! Contract:
-//! - The call format the model is asked for (and held to when a call is
-//!   forced) is the one Llama 3.1 / 3.2 templates teach: the whole reply is
-//!   one JSON object `{"name": "<function>", "parameters": {<arguments>}}`
-//!   (`arguments` is read as a synonym). With `parallel_tool_calls` true
-//!   (the default) a reply may be several such objects, one after the
-//!   other (separated by white space, `;` or `,`, each may start with
-//!   `<|python_tag|>`) or a JSON array of them; with `false` only the first
-//!   call is returned. A forced call (below) is one call.
+//! - The call format the model is asked for (and held to) is the one Llama
+//!   3.1 / 3.2 templates teach: a JSON object `{"name": "<function>",
+//!   "parameters": {<arguments>}}` (`arguments` is read as a synonym). A
+//!   reply may be text, calls, or text and then calls (the text is returned
+//!   as the reply's text, [`split_reply`]). With `parallel_tool_calls` true
+//!   (the default) several calls may follow one another (separated by white
+//!   space, `;` or `,`, each may start with `<|python_tag|>`, or a whole
+//!   reply that is a JSON array of them); with `false` only the first call
+//!   is returned. A forced call (below) is one call.
 //! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
 //!   OpenAI's shape and the history's `tool_calls` with their arguments as
 //!   objects; for templates that do not (SmolLM2), [`fallback_system`]
@@ -21,14 +22,14 @@
 //!   `tool`.
 //! - `tool_choice`: `none` renders no tools and parses nothing; `auto` (the
 //!   default with tools) renders them, lets the reply be text or calls and
-//!   parses a reply that is calls: decoding follows [`ToolPlan::auto_grammar`],
-//!   so once the reply starts a call (its first character `{`, or the
-//!   template's `<|python_tag|>` marker) it can only be calls of declared
-//!   functions with arguments valid against their `parameters` (unless the
-//!   request has its own constraint, `response_format` or `guided_*`: then
-//!   that one holds and calls are parsed only); `required` and a named
-//!   function constrain decoding to a call (of any tool, or of that one)
-//!   from the first token.
+//!   parses the calls it ends with: decoding follows
+//!   [`ToolPlan::auto_grammar`], a lazy grammar: text is free until it
+//!   writes `{"name":` (or the template's `<|python_tag|>` marker); from
+//!   there the reply can only be calls of declared functions with arguments
+//!   valid against their `parameters` (unless the request has its own
+//!   constraint, `response_format` or `guided_*`: then that one holds and
+//!   calls are parsed only); `required` and a named function constrain
+//!   decoding to a call (of any tool, or of that one) from the first token.
 //! - Every definition is checked: `type` is `function`, the name is 1 to 64
 //!   letters, digits, `_` or `-` and unique, `parameters` a JSON object;
 //!   each error is a 400 naming the field (`tools[2].function.name`).
