@@ -302,6 +302,10 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
     }
     let in_template = state.tokenizer.template_renders_tools();
     let mut messages = chat_messages(&req.messages, in_template)?;
+    let prefill = match req.continue_final_message {
+        Some(true) => Some(final_message(&req.messages, &mut messages)?),
+        _ => None,
+    };
     if let Some(p) = &plan
         && !in_template
     {
@@ -314,6 +318,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
             .as_ref()
             .filter(|_| in_template)
             .map(|p| p.tools.clone()),
+        prefill,
     };
     let prompt = encode_now(state, input, "messages")?;
     Ok(ChatPrompt {
@@ -323,6 +328,22 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         structured,
         prompt,
     })
+}
+
+/// `continue_final_message`: the last message, an assistant's text, taken
+/// off the conversation to start the reply; a 400 naming the field when
+/// the conversation does not end so.
+fn final_message(req: &[Message], messages: &mut Vec<ChatMessage>) -> Result<String, ApiError> {
+    let last = req
+        .last()
+        .filter(|m| m.role == "assistant" && m.tool_calls.is_none());
+    match (last, messages.pop()) {
+        (Some(_), Some(m)) if !messages.is_empty() => Ok(m.content),
+        _ => Err(ApiError::invalid_param(
+            "continue_final_message",
+            "`continue_final_message` needs a conversation that ends with an assistant message of text (after at least one other message).",
+        )),
+    }
 }
 
 /// What a work-pool job preparing a request hands back.

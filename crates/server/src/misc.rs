@@ -165,6 +165,7 @@ pub async fn tokenize(
                 messages: chat_messages(msgs, state.tokenizer.template_renders_tools())?,
                 tools: None,
                 trusted: req.parse_special_tokens.unwrap_or(false),
+                prefill: None,
             };
             encode(&state, input, "messages").await?
         }

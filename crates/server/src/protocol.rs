@@ -336,6 +336,10 @@ completion_request! {
         /// most one (the first).
         #[serde(default)]
         pub parallel_tool_calls: Option<bool>,
+        /// vLLM's extension: the last message (the assistant's) is continued
+        /// rather than answered: the reply is the text that follows it.
+        #[serde(default)]
+        pub continue_final_message: Option<bool>,
         /// Accepted and ignored: lamina keeps no chat completions.
         #[serde(default)]
         #[schema(value_type = Option<bool>)]
