@@ -3,7 +3,7 @@
 //! token after a letter `a`..`x` is the following letter, after `y` it is
 //! EOS, after anything else `a`. So a prompt ending in `a` continues
 //! "bcdefghijklmnopqrstuvwxy" and stops; with `ignore_eos` it cycles.
-//! With a `script`, every reply is instead the script's bytes, then EOS.
+//! With a `script`, every reply is instead the script's tokens, then EOS.
 //! Each chosen token has logprob -0.5; the k alternatives follow it.
 
 use std::sync::Arc;
@@ -23,7 +23,7 @@ pub struct LetterBackend {
     eos: u32,
     delay: Duration,
     fail_on: Option<u32>,
-    script: Option<Vec<u8>>,
+    script: Option<Vec<u32>>,
     pipe: HostPipeline,
 }
 
@@ -78,7 +78,7 @@ impl contract::HostCompute for LetterBackend {
                 let token = match (&self.script, batch.prompt_lens.get(s)) {
                     (Some(script), Some(&prompt)) => {
                         let k = (batch.context_lens[s] - prompt) as usize;
-                        script.get(k).map_or(self.eos, |&b| u32::from(b))
+                        script.get(k).copied().unwrap_or(self.eos)
                     }
                     _ => self.next(last),
                 };
@@ -109,8 +109,8 @@ pub struct Setup {
     /// A step holding this token id fails (an injected device fault).
     pub fail_on: Option<u32>,
     pub halt_on_backend_error: bool,
-    /// Every reply is these bytes (one token each), then EOS.
-    pub script: Option<Vec<u8>>,
+    /// Every reply is these token ids (a byte is its own id), then EOS.
+    pub script: Option<Vec<u32>>,
     /// The first filler token is named `<|python_tag|>` (Llama 3's call marker).
     pub call_marker: bool,
 }

@@ -3,8 +3,9 @@
 //! each API (`content`, a `text` block before the `tool_use` block, a
 //! `message` item before the `function_call` item), whole and streamed in
 //! that order; a call started after text is still held to its function's
-//! schema (the grammar refuses the fake's step out of it); text with
-//! braces that open no call stays text.
+//! schema (the grammar refuses the fake's step out of it), also after
+//! Llama 3's `<|python_tag|>` marker; text with braces that open no call
+//! stays text.
 
 use serde_json::{Value, json};
 
@@ -17,7 +18,7 @@ const CALL: &str = r#"{"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
 fn scripted(script: &str) -> App {
     app_with(
         Setup {
-            script: Some(script.as_bytes().to_vec()),
+            script: Some(script.bytes().map(u32::from).collect()),
             num_blocks: 256,
             ..Setup::default()
         },
@@ -287,5 +288,58 @@ fn every_form_of_the_auto_grammar_compiles() {
                 .check_constraint(&g)
                 .unwrap_or_else(|e| panic!("parallel {parallel}, marker {marker}: {e}\n{g:?}"));
         }
+    }
+}
+
+/// With the template's marker, text, then `<|python_tag|>`, then a call
+/// follows the grammar, and the call is still held to its schema (the
+/// grammar given as `guided_grammar`, since the fake's template renders no
+/// tools; the marker is a special token, so the text reads without it).
+#[tokio::test]
+async fn a_call_after_the_marker_follows_the_grammar() {
+    let tools: Vec<server::protocol::Tool> = serde_json::from_value(json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": weather_params()}},
+    ]))
+    .unwrap();
+    let plan = server::tools::plan(Some(&tools), None, None)
+        .unwrap()
+        .unwrap();
+    let engine::Constraint::Lark(grammar) = plan.auto_grammar(true) else {
+        panic!("a Lark grammar");
+    };
+    let bad = r#"{"name": "get_weather", "parameters": {"town": "Oslo"}}"#;
+    for (call, ok) in [(CALL, true), (bad, false)] {
+        let mut setup = Setup {
+            call_marker: true,
+            num_blocks: 256,
+            ..Setup::default()
+        };
+        let (_, tok) = crate::fake::engine(Setup {
+            call_marker: true,
+            ..Setup::default()
+        });
+        let tag = tok
+            .token_to_id(server::tools::CALL_MARKER)
+            .expect("the marker");
+        let mut script: Vec<u32> = "Sure.".bytes().map(u32::from).collect();
+        script.push(tag);
+        script.extend(call.bytes().map(u32::from));
+        setup.script = Some(script);
+        let app = app_with(setup, |_| {});
+        let body = json!({"model": MODEL, "max_tokens": 200, "guided_grammar": grammar,
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}]});
+        let r = app.post_json("/v1/chat/completions", &body).await;
+        if ok {
+            assert_eq!(r.status, 200, "{}", r.text());
+            let v = r.json();
+            assert_eq!(
+                v["choices"][0]["message"]["content"],
+                format!("Sure.{CALL}"),
+                "{v}"
+            );
+        } else {
+            r.assert_error(400, Some("guided_grammar"));
+        }
+        app.wait_idle().await;
     }
 }
