@@ -80,25 +80,16 @@ pub fn error_response(e: ApiError) -> Response {
     out
 }
 
-/// A chat-path error with its field renamed to Anthropic's.
+/// A chat-path error with its field renamed to Anthropic's; Anthropic's
+/// error shape has no `param`, so the message names the field.
 fn renamed(e: ApiError) -> ApiError {
+    let e = e.param_renamed(anthropic_param);
     match e.param.as_deref() {
-        Some(p) => {
-            let ours = anthropic_param(p);
-            let message = e.message.replace(&format!("`{p}`"), &format!("`{ours}`"));
-            // Anthropic's error shape has no `param`: the message names it
-            let message = if message.contains(&format!("`{ours}`")) {
-                message
-            } else {
-                format!("`{ours}`: {message}")
-            };
-            ApiError {
-                param: Some(ours),
-                message,
-                ..e
-            }
-        }
-        None => e,
+        Some(p) if !e.message.contains(&format!("`{p}`")) => ApiError {
+            message: format!("`{p}`: {}", e.message),
+            ..e
+        },
+        _ => e,
     }
 }
 
