@@ -1,6 +1,6 @@
 """The official `anthropic` client against `lamina serve`'s Messages API:
 a plain message, a streamed one (Anthropic's event sequence, `ping`
-included), a stop sequence, a two-turn tool round trip (`tool_use` then
+included), a prefilled one (a last assistant turn continued), a stop sequence, a two-turn tool round trip (`tool_use` then
 `tool_result`) whole and streamed, `count_tokens`, the key as `x-api-key`,
 and bad requests answered in Anthropic's error shape."""
 
@@ -26,6 +26,16 @@ check(m.stop_reason in ("end_turn", "max_tokens"), f"stop_reason {m.stop_reason}
 prompt_tokens = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
 check(prompt_tokens > 0 and 0 < m.usage.output_tokens <= 16, f"usage {m.usage}")
 plain = m.content[0].text
+
+# prefill: a last assistant turn is the start of the reply, which continues it
+PRE = MSG + [{"role": "assistant", "content": "The capital of France is"}]
+pm = c.messages.create(model=MODEL, max_tokens=8, messages=PRE, extra_body=GREEDY)
+log("prefill:", pm.content, pm.stop_reason)
+check(pm.content and pm.content[0].type == "text", f"prefill content {pm.content}")
+cont = pm.content[0].text
+check(cont.strip() and not cont.lstrip().startswith("The capital"), f"prefill reply repeats the turn: {cont!r}")
+n = c.messages.count_tokens(model=MODEL, messages=PRE)
+check(n.input_tokens == pm.usage.input_tokens + (pm.usage.cache_read_input_tokens or 0), f"prefill count {n}")
 
 # count_tokens: the prompt as the model saw it
 n = c.messages.count_tokens(model=MODEL, messages=MSG)

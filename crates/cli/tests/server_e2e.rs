@@ -12,7 +12,7 @@
 //! seeded `auto`-mode tool requests: every call validates against its
 //! schema with the `jsonschema` package),
 //! `anthropic_api.py` (the Messages API through the official `anthropic`
-//! package: plain, streamed, stop sequence, tool round trip, count_tokens,
+//! package: plain, streamed, prefilled, stop sequence, tool round trip, count_tokens,
 //! Anthropic's error shape), `responses_api.py` (the Responses API: plain,
 //! streamed, function tool round trip, `previous_response_id`, stored
 //! responses, JSON schema format; the chat API's ignored fields counted,

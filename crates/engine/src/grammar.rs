@@ -320,8 +320,9 @@ fn check_escapes(re: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The JSON options of the module doc, unless the schema sets its own.
-fn compact(mut schema: Value) -> Value {
+/// The JSON options of the module doc, unless the schema sets its own
+/// (also for a schema a Lark grammar inlines with `%json`).
+pub fn compact(mut schema: Value) -> Value {
     if let Some(obj) = schema.as_object_mut()
         && !obj.contains_key("x-guidance")
     {

@@ -15,20 +15,17 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use tokenizer::ChatMessage;
 
 use crate::encode::{Input, encode_now};
 use crate::error::{ApiError, from_submit};
 use crate::generate::{Job, Kind};
+use crate::messages::{chat_messages, final_message};
 use crate::middleware::RequestId;
 use crate::params;
-use crate::protocol::{self, ChatRequest, CompletionRequest, Content, Message, Prompt};
+use crate::protocol::{self, ChatRequest, CompletionRequest, Prompt};
 use crate::state::AppState;
 use crate::{structured, tools};
 use engine::SubmitError;
-
-/// Chat roles the server accepts (`developer` is read as `system`).
-const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// The body, or the API error for a refused one (413 over the limit).
 pub fn body_bytes(
@@ -82,78 +79,6 @@ pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError
         Some(m) if m != state.cfg.model_id => Err(ApiError::unknown_model(m)),
         _ => Ok(()),
     }
-}
-
-/// The request's messages as template input; text parts are joined by
-/// newlines. An assistant turn's `tool_calls` go to the template when it
-/// renders tools (`calls_in_template`), else they become the turn's text
-/// (see [`crate::tools`]); a `tool` turn keeps its `tool_call_id`.
-pub fn chat_messages(
-    msgs: &[Message],
-    calls_in_template: bool,
-) -> Result<Vec<ChatMessage>, ApiError> {
-    if msgs.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "`messages` must not be empty.",
-        ));
-    }
-    msgs.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(ApiError::invalid_param(
-                    format!("messages[{i}].role"),
-                    format!("Unknown role `{}`; expected one of {ROLES:?}.", m.role),
-                ));
-            }
-            let role = if m.role == "developer" {
-                "system"
-            } else {
-                m.role.as_str()
-            };
-            let content = match &m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t.clone(),
-                Some(Content::Parts(parts)) => {
-                    let mut texts = Vec::with_capacity(parts.len());
-                    for (j, p) in parts.iter().enumerate() {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => texts.push(t.as_str()),
-                            _ => {
-                                return Err(ApiError::invalid_param(
-                                    format!("messages[{i}].content[{j}]"),
-                                    format!(
-                                        "Only text content parts are supported, got type `{}`.",
-                                        p.kind
-                                    ),
-                                ));
-                            }
-                        }
-                    }
-                    texts.join("\n")
-                }
-            };
-            if m.tool_call_id.is_some() && m.role != "tool" {
-                return Err(ApiError::invalid_param(
-                    format!("messages[{i}].tool_call_id"),
-                    "Only `tool` messages carry `tool_call_id`.",
-                ));
-            }
-            let mut msg = ChatMessage::new(role, content);
-            msg.tool_call_id = m.tool_call_id.clone();
-            if let Some((calls, text)) = tools::history_calls(i, m)? {
-                if calls_in_template {
-                    msg.tool_calls = Some(calls);
-                } else if msg.content.is_empty() {
-                    msg.content = text;
-                } else {
-                    msg.content = format!("{}\n{text}", msg.content);
-                }
-            }
-            Ok(msg)
-        })
-        .collect()
 }
 
 /// The common start of a generation request: refused while draining, the
@@ -302,6 +227,10 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
     }
     let in_template = state.tokenizer.template_renders_tools();
     let mut messages = chat_messages(&req.messages, in_template)?;
+    let prefill = match req.continue_final_message {
+        Some(true) => Some(final_message(&req.messages, &mut messages)?),
+        _ => None,
+    };
     if let Some(p) = &plan
         && !in_template
     {
@@ -314,6 +243,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
             .as_ref()
             .filter(|_| in_template)
             .map(|p| p.tools.clone()),
+        prefill,
     };
     let prompt = encode_now(state, input, "messages")?;
     Ok(ChatPrompt {

@@ -30,6 +30,9 @@ pub enum Input {
         trusted: bool,
         /// Function definitions for a template that renders `tools`.
         tools: Option<serde_json::Value>,
+        /// The start of the assistant's reply, continued by the model
+        /// (`continue_final_message`): encoded after the rendered prompt.
+        prefill: Option<String>,
     },
 }
 
@@ -37,7 +40,12 @@ impl Input {
     fn text_bytes(&self) -> usize {
         match self {
             Input::Text { text, .. } => text.len(),
-            Input::Chat { messages, .. } => messages.iter().map(|m| m.content.len()).sum(),
+            Input::Chat {
+                messages, prefill, ..
+            } => {
+                messages.iter().map(|m| m.content.len()).sum::<usize>()
+                    + prefill.as_ref().map_or(0, String::len)
+            }
         }
     }
 }
@@ -79,12 +87,35 @@ pub fn encode_now(state: &AppState, input: Input, param: &str) -> Result<Vec<u32
             messages,
             trusted,
             tools,
-        } => if trusted {
-            tok.encode_chat_trusted(&messages, tools.as_ref())
-        } else {
-            tok.encode_chat_with_tools(&messages, tools.as_ref())
-        }
-        .map_err(|e| format!("Cannot apply the chat template: {e}")),
+            prefill,
+        } => chat_ids(tok, &messages, trusted, tools.as_ref(), prefill.as_deref()),
     }
     .map_err(|msg| ApiError::invalid_param(param, msg))
+}
+
+/// The prompt ids of a conversation: the rendered template, then the
+/// reply's start (`prefill`) as text (special-token texts parsed only when
+/// `trusted`).
+fn chat_ids(
+    tok: &tokenizer::Tokenizer,
+    messages: &[ChatMessage],
+    trusted: bool,
+    tools: Option<&serde_json::Value>,
+    prefill: Option<&str>,
+) -> Result<Vec<u32>, String> {
+    let mut ids = if trusted {
+        tok.encode_chat_trusted(messages, tools)
+    } else {
+        tok.encode_chat_with_tools(messages, tools)
+    }
+    .map_err(|e| format!("Cannot apply the chat template: {e}"))?;
+    if let Some(text) = prefill {
+        let more = if trusted {
+            tok.encode(text, false)
+        } else {
+            tok.encode_literal(text)
+        };
+        ids.extend(more.map_err(|e| format!("Cannot tokenize the prompt: {e}"))?);
+    }
+    Ok(ids)
 }

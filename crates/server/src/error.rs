@@ -45,6 +45,25 @@ pub struct ErrorInner<'a> {
 }
 
 impl ApiError {
+    /// This chat-path error as another API reports it: its field named by
+    /// `rename` (of the chat field's name) in `param` and in the message.
+    pub fn param_renamed(self, rename: impl Fn(&str) -> String) -> ApiError {
+        match self.param.as_deref() {
+            Some(p) => {
+                let ours = rename(p);
+                let message = self
+                    .message
+                    .replace(&format!("`{p}`"), &format!("`{ours}`"));
+                ApiError {
+                    param: Some(ours),
+                    message,
+                    ..self
+                }
+            }
+            None => self,
+        }
+    }
+
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,

@@ -13,12 +13,13 @@
 //! sends an SSE comment (`: keep-alive`) whenever no event went out for
 //! `ServerConfig::sse_keep_alive`, also while the request waits in the
 //! engine's queue. Latency metrics (TTFT, inter-token, end-to-end) are
-//! recorded on choice 0, O(1) per token. With tools, a reply that is calls
-//! of known functions (the whole reply, [`crate::tools::parse_calls`]) is
-//! answered as `tool_calls` with `finish_reason: "tool_calls"`; streamed,
-//! a reply that starts with `{` is held back until it ends and then sent as
-//! `delta.tool_calls` chunks (or as content when it is no call). The SSE
-//! side is in `generate/sse.rs`.
+//! recorded on choice 0, O(1) per token. With tools, a reply that ends
+//! with calls of known functions ([`crate::tools::split_reply`]) is
+//! answered as `tool_calls` with `finish_reason: "tool_calls"`, the text
+//! before them (if any) as `content`; streamed, that text goes out as
+//! content deltas as it comes and the calls, held back from their first
+//! character until the reply ends, as `delta.tool_calls` chunks (or as
+//! content when they do not parse). The SSE side is in `generate/sse.rs`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,10 +34,9 @@ use crate::error::ApiError;
 use crate::logprobs;
 use crate::responses::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
-    CompletionChoice, FunctionCallOut, TextCompletion, ToolCallOut, UsageInfo,
+    CompletionChoice, TextCompletion, UsageInfo,
 };
 use crate::state::{AppState, unix_now};
-use crate::tools;
 
 /// Which API a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,33 +186,6 @@ impl Job {
                 finish_reason: finish,
             }),
         }
-    }
-
-    /// The reply of choice `index` as tool calls when it is calls of
-    /// known functions and ended normally (`stop`).
-    pub(crate) fn tool_calls(
-        &self,
-        index: usize,
-        text: &str,
-        reason: FinishReason,
-    ) -> Option<Vec<ToolCallOut>> {
-        let names = self.tool_names.as_ref()?;
-        if reason != FinishReason::Stop {
-            return None;
-        }
-        let calls = tools::parse_calls(text, names, self.parallel_tool_calls)?;
-        let calls = calls.into_iter().enumerate().map(|(k, call)| ToolCallOut {
-            id: match k {
-                0 => format!("call_{}_{index}", self.request_id),
-                k => format!("call_{}_{index}_{k}", self.request_id),
-            },
-            kind: "function",
-            function: FunctionCallOut {
-                name: call.name,
-                arguments: call.arguments,
-            },
-        });
-        Some(calls.collect())
     }
 
     /// The response object wrapping `choices`: a streamed chunk (`usage`
@@ -491,13 +464,14 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
             let mut offset = echo.len();
             let lp = job.logprobs_value(&o.events, &mut offset);
             let text = format!("{echo}{}", o.text);
-            if let Some(calls) = job.tool_calls(i, &text, o.finished.reason) {
+            let split = job.split(&text, o.finished.reason);
+            if !split.calls.is_empty() {
                 return Choice::Chat(ChatChoice {
                     index: i,
                     message: AssistantMessage {
                         role: "assistant",
-                        content: None,
-                        tool_calls: Some(calls),
+                        content: (!split.content.is_empty()).then_some(split.content),
+                        tool_calls: Some(job.tool_calls(i, split.calls)),
                     },
                     logprobs: lp,
                     finish_reason: Some("tool_calls"),
@@ -509,6 +483,6 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
     Ok(Json(job.envelope(choices, Some(UsageInfo::from(&usage)), false)).into_response())
 }
 
+mod calls;
 mod sse;
-pub(crate) use sse::may_be_call;
 use sse::sse_stream;

@@ -36,6 +36,7 @@ pub mod generate;
 pub mod limits;
 pub mod listen;
 pub mod logprobs;
+pub mod messages;
 pub mod metrics;
 pub mod middleware;
 pub mod misc;

@@ -11,9 +11,10 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::api::{body_bytes, chat_messages, check_model};
+use crate::api::{body_bytes, check_model};
 use crate::encode::{Input, encode};
 use crate::error::ApiError;
+use crate::messages::chat_messages;
 use crate::protocol::{self, DetokenizeRequest, TokenizeRequest};
 use crate::responses::{
     DetokenizeResponse, EndpointInfo, FailedEngine, HealthResponse, IndexResponse, ModelCard,
@@ -165,6 +166,7 @@ pub async fn tokenize(
                 messages: chat_messages(msgs, state.tokenizer.template_renders_tools())?,
                 tools: None,
                 trusted: req.parse_special_tokens.unwrap_or(false),
+                prefill: None,
             };
             encode(&state, input, "messages").await?
         }

@@ -336,6 +336,10 @@ completion_request! {
         /// most one (the first).
         #[serde(default)]
         pub parallel_tool_calls: Option<bool>,
+        /// vLLM's extension: the last message (the assistant's) is continued
+        /// rather than answered: the reply is the text that follows it.
+        #[serde(default)]
+        pub continue_final_message: Option<bool>,
         /// Accepted and ignored: lamina keeps no chat completions.
         #[serde(default)]
         #[schema(value_type = Option<bool>)]
@@ -372,15 +376,13 @@ impl ChatRequest {
             .iter()
             .any(|m| m.name.is_some())
             .then_some("messages[].name");
-        [
+        given([
             ("user", self.user.is_some()),
             ("store", self.store.is_some()),
             ("metadata", self.metadata.is_some()),
             ("service_tier", self.service_tier.is_some()),
             ("reasoning_effort", self.reasoning_effort.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(f, given)| given.then_some(f))
+        ])
         .chain(named)
         .collect()
     }
@@ -393,6 +395,16 @@ impl ChatRequest {
             "max_tokens"
         }
     }
+}
+
+/// The names of the fields given, of `(name, given)` pairs: what every API's
+/// request lists as its accepted-and-ignored fields (counted in the metrics).
+pub fn given<const N: usize>(
+    fields: [(&'static str, bool); N],
+) -> impl Iterator<Item = &'static str> {
+    fields
+        .into_iter()
+        .filter_map(|(f, given)| given.then_some(f))
 }
 
 /// `prompt` of a text completion: text or token ids, alone or in a list of one.

@@ -4,14 +4,15 @@
 //! output parsed back into `tool_calls`.
 //!
 //! Contract:
-//! - The call format the model is asked for (and held to when a call is
-//!   forced) is the one Llama 3.1 / 3.2 templates teach: the whole reply is
-//!   one JSON object `{"name": "<function>", "parameters": {<arguments>}}`
-//!   (`arguments` is read as a synonym). With `parallel_tool_calls` true
-//!   (the default) a reply may be several such objects, one after the
-//!   other (separated by white space, `;` or `,`, each may start with
-//!   `<|python_tag|>`) or a JSON array of them; with `false` only the first
-//!   call is returned. A forced call (below) is one call.
+//! - The call format the model is asked for (and held to) is the one Llama
+//!   3.1 / 3.2 templates teach: a JSON object `{"name": "<function>",
+//!   "parameters": {<arguments>}}` (`arguments` is read as a synonym). A
+//!   reply may be text, calls, or text and then calls (the text is returned
+//!   as the reply's text, [`split_reply`]). With `parallel_tool_calls` true
+//!   (the default) several calls may follow one another (separated by white
+//!   space, `;` or `,`, each may start with `<|python_tag|>`, or a whole
+//!   reply that is a JSON array of them); with `false` only the first call
+//!   is returned. A forced call (below) is one call.
 //! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
 //!   OpenAI's shape and the history's `tool_calls` with their arguments as
 //!   objects; for templates that do not (SmolLM2), [`fallback_system`]
@@ -21,14 +22,14 @@
 //!   `tool`.
 //! - `tool_choice`: `none` renders no tools and parses nothing; `auto` (the
 //!   default with tools) renders them, lets the reply be text or calls and
-//!   parses a reply that is calls: decoding follows [`ToolPlan::auto_grammar`],
-//!   so once the reply starts a call (its first character `{`, or the
-//!   template's `<|python_tag|>` marker) it can only be calls of declared
-//!   functions with arguments valid against their `parameters` (unless the
-//!   request has its own constraint, `response_format` or `guided_*`: then
-//!   that one holds and calls are parsed only); `required` and a named
-//!   function constrain decoding to a call (of any tool, or of that one)
-//!   from the first token.
+//!   parses the calls it ends with: decoding follows
+//!   [`ToolPlan::auto_grammar`], a lazy grammar: text is free until it
+//!   writes `{"name":` (or the template's `<|python_tag|>` marker); from
+//!   there the reply can only be calls of declared functions with arguments
+//!   valid against their `parameters` (unless the request has its own
+//!   constraint, `response_format` or `guided_*`: then that one holds and
+//!   calls are parsed only); `required` and a named function constrain
+//!   decoding to a call (of any tool, or of that one) from the first token.
 //! - Every definition is checked: `type` is `function`, the name is 1 to 64
 //!   letters, digits, `_` or `-` and unique, `parameters` a JSON object;
 //!   each error is a 400 naming the field (`tools[2].function.name`).
@@ -47,8 +48,9 @@ use crate::error::ApiError;
 use crate::protocol::{Message, Tool, ToolChoice};
 use crate::structured::valid_name;
 
+mod grammar;
 mod parse;
-pub use parse::{ParsedCall, parse_calls};
+pub use parse::{CallStream, ParsedCall, Split, parse_calls, split_reply};
 
 /// What a request's tools mean for its prompt, decoding and response.
 #[derive(Debug, Clone)]
@@ -213,32 +215,6 @@ impl ToolPlan {
     pub fn check_constraint(&self) -> Constraint {
         Constraint::JsonSchema(self.any_call_schema())
     }
-
-    /// The grammar of an `auto` reply (llguidance's Lark): free text that
-    /// does not start with `{`, or calls: one (several on separate lines
-    /// when `parallel`) JSON call object of a declared function with its
-    /// arguments held to the function's schema, after optional white space
-    /// or, when the template has it (`marker`), the `<|python_tag|>` token.
-    pub fn auto_grammar(&self, marker: bool) -> Constraint {
-        let calls = if self.parallel {
-            "call (\"\\n\" call)*"
-        } else {
-            "call"
-        };
-        let tagged = if marker {
-            format!(" | {CALL_MARKER} calls")
-        } else {
-            String::new()
-        };
-        Constraint::Lark(format!(
-            "start: TEXT | WS? calls{tagged}\n\
-             calls: {calls}\n\
-             call: %json {}\n\
-             TEXT: /\\s*[^\\s{{][\\s\\S]*/\n\
-             WS: /\\s+/\n",
-            self.any_call_schema()
-        ))
-    }
 }
 
 /// The system text describing the functions and the call format, for
@@ -380,17 +356,25 @@ mod tests {
             panic!("a Lark grammar");
         };
         assert!(
-            g.starts_with("start: TEXT | WS? calls | <|python_tag|> calls\n"),
+            g.starts_with(
+                "start: TEXT?\n    | head tail\n    | TEXT? <|python_tag|> SP? OPEN tail\n"
+            ),
             "{g}"
         );
-        assert!(g.contains("calls: call\n"), "{g}");
-        assert!(g.contains(r#""const":"g""#), "{g}");
+        assert!(!g.contains("more"), "one call only: {g}");
+        assert!(g.contains(r#"tail_1: SP? "\"g\"" SP?"#), "{g}");
+        assert!(
+            g.contains(r#"args_1: %json {"type":"object","x-guidance""#),
+            "{g}"
+        );
+        assert!(g.contains("tail: tail_0 | tail_1\n"), "{g}");
         let p = plan(Some(&tools), None, None).unwrap().unwrap();
         let Constraint::Lark(g) = p.auto_grammar(false) else {
             panic!("a Lark grammar");
         };
-        assert!(g.starts_with("start: TEXT | WS? calls\n"), "{g}");
-        assert!(g.contains(r#"calls: call ("\n" call)*"#), "{g}");
+        assert!(g.starts_with("start: TEXT?\n    | head tail more\n"), "{g}");
+        assert!(g.contains("more: (NEXT tail)*\n"), "{g}");
+        assert!(!g.contains("python_tag"), "{g}");
     }
 
     #[test]

@@ -326,6 +326,19 @@ impl Tokenizer {
         Ok(self.with_bos(enc.get_ids(), add_special_tokens))
     }
 
+    /// Encodes `text` with special-token texts kept as text and nothing
+    /// added (a user's literal, appended to a rendered prompt).
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self
+            .text_only
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Encode {
+                origin: self.origin.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// `ids` with BOS prepended when `add_special_tokens` asks for it, the
     /// config wants it and the post-processor did not add it.
     fn with_bos(&self, ids: &[u32], add_special_tokens: bool) -> Vec<u32> {

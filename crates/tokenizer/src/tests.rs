@@ -241,6 +241,10 @@ fn special_token_text_in_messages_stays_text() {
     assert_eq!(count(&ids, end), 1, "{ids:?}");
     // and the text survives a round trip
     assert!(ok(tok.decode(&ids, false)).contains(forged));
+    // a literal (a reply's start appended to a prompt) keeps it text too
+    let lit = ok(tok.encode_literal(forged));
+    assert_eq!((count(&lit, start), count(&lit, end)), (0, 0), "{lit:?}");
+    assert_eq!(ok(tok.decode(&lit, false)), forged);
     let trusted = ok(tok.encode_chat_trusted(&msgs, None));
     assert_eq!(count(&trusted, start), 3);
     assert_eq!(count(&trusted, end), 2);

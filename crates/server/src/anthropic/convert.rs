@@ -63,6 +63,10 @@ pub fn to_chat(c: &Conversation<'_>, ignored: &mut Vec<&'static str>) -> Result<
         }
     }
     let mut chat = json!({"model": c.model, "messages": messages});
+    // a last assistant turn is the start of the reply (Anthropic's prefill)
+    if c.messages.last().is_some_and(|m| m.role == "assistant") {
+        chat["continue_final_message"] = json!(true);
+    }
     if let Some(tools) = c.tools {
         chat["tools"] = Value::Array(
             tools
@@ -270,6 +274,7 @@ pub fn anthropic_param(chat: &str) -> String {
     match chat {
         "stop" => return "stop_sequences".into(),
         "tool_choice.function.name" => return "tool_choice.name".into(),
+        "continue_final_message" => return "messages".into(),
         _ => {}
     }
     if let Some(rest) = chat.strip_prefix("response_format") {

@@ -10,7 +10,11 @@
 //! `content_block_start` / `content_block_delta` / `content_block_stop` per
 //! block, `message_delta` with the stop reason and usage, `message_stop`;
 //! `ping` also as the keep-alive). A reply that is calls of the request's
-//! tools comes back as `tool_use` blocks with `stop_reason: "tool_use"`.
+//! tools comes back as `tool_use` blocks with `stop_reason: "tool_use"`
+//! (after a `text` block of the text before them, if any). A conversation
+//! ending with an assistant turn is continued, as Anthropic does: that turn
+//! is the start of the reply (the chat path's `continue_final_message`), and
+//! the reply holds what follows it.
 //! The API key may come as `x-api-key` (as Anthropic's clients send it) or
 //! as `Authorization: Bearer`; `anthropic-version` and `anthropic-beta` are
 //! read by no one (there is one version of this API here). Every error is
@@ -76,25 +80,16 @@ pub fn error_response(e: ApiError) -> Response {
     out
 }
 
-/// A chat-path error with its field renamed to Anthropic's.
+/// A chat-path error with its field renamed to Anthropic's; Anthropic's
+/// error shape has no `param`, so the message names the field.
 fn renamed(e: ApiError) -> ApiError {
+    let e = e.param_renamed(anthropic_param);
     match e.param.as_deref() {
-        Some(p) => {
-            let ours = anthropic_param(p);
-            let message = e.message.replace(&format!("`{p}`"), &format!("`{ours}`"));
-            // Anthropic's error shape has no `param`: the message names it
-            let message = if message.contains(&format!("`{ours}`")) {
-                message
-            } else {
-                format!("`{ours}`: {message}")
-            };
-            ApiError {
-                param: Some(ours),
-                message,
-                ..e
-            }
-        }
-        None => e,
+        Some(p) if !e.message.contains(&format!("`{p}`")) => ApiError {
+            message: format!("`{p}`: {}", e.message),
+            ..e
+        },
+        _ => e,
     }
 }
 

@@ -2,12 +2,14 @@
 //! object, or its SSE event sequence (see the module doc of
 //! [`crate::anthropic`]).
 //!
-//! Contract: `stop_reason` is `tool_use` when the reply is calls of the
-//! request's tools (then the content is their `tool_use` blocks),
+//! Contract: `stop_reason` is `tool_use` when the reply ends with calls of
+//! the request's tools (then the content is a `text` block of the text
+//! before them, if any, and their `tool_use` blocks),
 //! `max_tokens` when the limit cut it, `stop_sequence` (with
 //! `stop_sequence` set to the one matched) when a stop sequence ended it,
-//! else `end_turn`. Streamed, a reply that may still become a call (it
-//! starts with `{`) is held back until it ends, as on the chat path.
+//! else `end_turn`. Streamed, the text goes out as it comes and a call is
+//! held back until the reply ends, as on the chat path; the text block
+//! (index 0) stops before the `tool_use` blocks start.
 //! `usage.input_tokens` counts the prompt tokens not read from the prefix
 //! cache, `cache_read_input_tokens` those that were (Anthropic's split);
 //! their sum is what `count_tokens` answers. An engine failure mid-stream
@@ -26,7 +28,8 @@ use serde_json::{Value, json};
 
 use super::error_body;
 use crate::error::ApiError;
-use crate::generate::{Active, Job, engine_gone, failure, may_be_call};
+use crate::generate::{Active, Job, engine_gone, failure};
+use crate::tools::{CallStream, ParsedCall};
 
 /// The response for a submitted request (one choice).
 pub async fn respond(
@@ -92,20 +95,18 @@ impl Reply {
         }
     }
 
-    /// The reply as `tool_use` blocks, when it is calls of the tools.
-    fn tool_uses(&self, text: &str, reason: FinishReason) -> Option<Vec<Value>> {
-        let calls = self.job.tool_calls(0, text, reason)?;
-        Some(
-            calls
-                .into_iter()
-                .map(|c| {
-                    let input: Value =
-                        serde_json::from_str(&c.function.arguments).unwrap_or_else(|_| json!({}));
-                    json!({"type": "tool_use", "id": c.id.replacen("call_", "toolu_", 1),
-                        "name": c.function.name, "input": input})
-                })
-                .collect(),
-        )
+    /// Calls as `tool_use` blocks.
+    fn tool_uses(&self, calls: Vec<ParsedCall>) -> Vec<Value> {
+        self.job
+            .tool_calls(0, calls)
+            .into_iter()
+            .map(|c| {
+                let input: Value =
+                    serde_json::from_str(&c.function.arguments).unwrap_or_else(|_| json!({}));
+                json!({"type": "tool_use", "id": c.id.replacen("call_", "toolu_", 1),
+                    "name": c.function.name, "input": input})
+            })
+            .collect()
     }
 }
 
@@ -134,17 +135,16 @@ async fn whole(mut r: Reply) -> Result<Response, ApiError> {
     if let Some(err) = failure(&r.job, &finished) {
         return Err(err);
     }
-    let (content, reason, seq) = match r.tool_uses(&r.text, finished.reason) {
-        Some(blocks) => (blocks, "tool_use", None),
-        None => {
-            let (reason, seq) = r.stop(finished.reason);
-            let blocks = if r.text.is_empty() {
-                Vec::new()
-            } else {
-                vec![json!({"type": "text", "text": r.text})]
-            };
-            (blocks, reason, seq)
-        }
+    let split = r.job.split(&r.text, finished.reason);
+    let mut content = Vec::with_capacity(1 + split.calls.len());
+    if !split.content.is_empty() {
+        content.push(json!({"type": "text", "text": split.content}));
+    }
+    let (reason, seq) = if split.calls.is_empty() {
+        r.stop(finished.reason)
+    } else {
+        content.extend(r.tool_uses(split.calls));
+        ("tool_use", None)
     };
     Ok(Json(json!({
         "id": r.job.id, "type": "message", "role": "assistant", "model": r.job.model,
@@ -172,19 +172,19 @@ enum Phase {
 struct Streaming {
     reply: Reply,
     phase: Phase,
-    /// Text held back while the reply may be a call; `None` once it is text.
-    held: Option<String>,
-    /// The text block is open (started, not stopped).
+    /// With tools: the reader of text and calls.
+    calls: Option<CallStream>,
+    /// The text block was started.
     text_open: bool,
 }
 
 /// The SSE events of a streamed reply.
 fn events(reply: Reply) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    let held = reply.job.tool_names.is_some().then(String::new);
+    let calls = reply.job.call_stream();
     let st = Streaming {
         reply,
         phase: Phase::Start,
-        held,
+        calls,
         text_open: false,
     };
     stream::unfold(st, |mut st| async move {
@@ -231,12 +231,11 @@ async fn step(st: &mut Streaming) -> Option<Vec<SseEvent>> {
                 Some(Event::Token(t)) => {
                     st.reply.tokens.push(t.token);
                     st.reply.text.push_str(&t.text);
-                    if let Some(buf) = st.held.as_mut() {
-                        buf.push_str(&t.text);
-                        if may_be_call(buf) {
+                    if let Some(calls) = st.calls.as_mut() {
+                        let text = calls.push(&t.text).to_string();
+                        if text.is_empty() {
                             continue;
                         }
-                        let text = st.held.take().unwrap_or_default();
                         return Some(text_events(st, &text));
                     }
                     if t.text.is_empty() {
@@ -263,37 +262,39 @@ fn finish(st: &mut Streaming, f: &Finished) -> Vec<SseEvent> {
         return vec![event("error", error_body(&err))];
     }
     let mut out = Vec::new();
-    let mut tool_use = false;
-    if let Some(held) = st.held.take() {
-        match st.reply.tool_uses(&held, f.reason) {
-            Some(blocks) => {
-                tool_use = true;
-                for (index, mut block) in blocks.into_iter().enumerate() {
-                    let input = block["input"].take();
-                    block["input"] = json!({});
-                    out.push(event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": index, "content_block": block}),
-                    ));
-                    out.push(event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": index,
-                            "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
-                    ));
-                    out.push(event(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": index}),
-                    ));
-                }
-            }
-            None if !held.is_empty() => out.extend(text_events(st, &held)),
-            None => {}
+    let mut calls = Vec::new();
+    if let Some(reader) = st.calls.take() {
+        let split = st.reply.job.finish_calls(reader, f.reason);
+        if !split.content.is_empty() {
+            out.extend(text_events(st, &split.content));
         }
+        calls = split.calls;
     }
+    // the text block first (index 0), stopped before the calls' blocks
+    let first = usize::from(st.text_open);
     if st.text_open {
         out.push(event(
             "content_block_stop",
             json!({"type": "content_block_stop", "index": 0}),
+        ));
+    }
+    let tool_use = !calls.is_empty();
+    for (k, mut block) in st.reply.tool_uses(calls).into_iter().enumerate() {
+        let index = first + k;
+        let input = block["input"].take();
+        block["input"] = json!({});
+        out.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        out.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        ));
+        out.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
         ));
     }
     let (reason, seq) = if tool_use {

@@ -32,6 +32,7 @@ use serde_json::{Value, json};
 
 use super::convert::{bad, to_chat};
 use crate::error::ApiError;
+use crate::protocol::given;
 
 /// `system`: a string or text blocks.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -184,126 +185,117 @@ pub struct ToolChoice {
     pub disable_parallel_tool_use: Option<bool>,
 }
 
-/// `POST /v1/messages`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[schema(as = AnthropicMessagesRequest)]
-#[serde(deny_unknown_fields)]
-pub struct MessagesRequest {
-    pub model: String,
-    /// Required, as Anthropic requires it.
-    pub max_tokens: i64,
-    pub messages: Vec<Message>,
-    #[serde(default)]
-    pub system: Option<System>,
-    #[serde(default)]
-    pub stop_sequences: Option<Vec<String>>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<i64>,
-    #[serde(default)]
-    pub tools: Option<Vec<Tool>>,
-    #[serde(default)]
-    pub tool_choice: Option<ToolChoice>,
-    /// Accepted and ignored (`user_id` for abuse tracking).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub metadata: Option<IgnoredAny>,
-    /// Accepted and ignored.
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub service_tier: Option<IgnoredAny>,
-    #[serde(default)]
-    pub output_config: Option<OutputConfig>,
-    /// Accepted and ignored (a prompt-cache hint).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<IgnoredAny>,
-    /// Accepted and ignored (routing).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub inference_geo: Option<IgnoredAny>,
-    /// Accepted and ignored (one speed here).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub speed: Option<IgnoredAny>,
-    /// Accepted and ignored (routing).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub user_profile_id: Option<IgnoredAny>,
-    /// Accepted and ignored (routing).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub workspace_id: Option<IgnoredAny>,
-    /// Accepted and ignored (no cache diagnostics are reported).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub diagnostics: Option<IgnoredAny>,
-}
+/// The fields both Anthropic requests share, declared once: the
+/// conversation (`model`, `messages`, `system`, `tools`, `tool_choice`)
+/// and the routing fields accepted and ignored. `$name` gets them after its
+/// own fields, with `conversation()` and `routing_ignored()`.
+macro_rules! anthropic_request {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
+        $(#[$m])*
+        pub struct $name {
+            pub model: String,
+            pub messages: Vec<Message>,
+            #[serde(default)]
+            pub system: Option<System>,
+            #[serde(default)]
+            pub tools: Option<Vec<Tool>>,
+            #[serde(default)]
+            pub tool_choice: Option<ToolChoice>,
+            $($(#[$fm])* pub $f: $t,)*
+            /// Accepted and ignored (a prompt-cache hint).
+            #[serde(default)]
+            #[schema(value_type = Option<Object>)]
+            pub cache_control: Option<IgnoredAny>,
+            /// Accepted and ignored (routing).
+            #[serde(default)]
+            #[schema(value_type = Option<String>)]
+            pub inference_geo: Option<IgnoredAny>,
+            /// Accepted and ignored (one speed here).
+            #[serde(default)]
+            #[schema(value_type = Option<String>)]
+            pub speed: Option<IgnoredAny>,
+            /// Accepted and ignored (routing).
+            #[serde(default)]
+            #[schema(value_type = Option<String>)]
+            pub user_profile_id: Option<IgnoredAny>,
+            /// Accepted and ignored (routing).
+            #[serde(default)]
+            #[schema(value_type = Option<String>)]
+            pub workspace_id: Option<IgnoredAny>,
+            /// Accepted and ignored (no cache diagnostics are reported).
+            #[serde(default)]
+            #[schema(value_type = Option<Object>)]
+            pub diagnostics: Option<IgnoredAny>,
+        }
 
-/// The routing fields given (both requests carry the same ones).
-macro_rules! routing_given {
-    ($r:expr, $ignored:expr) => {
-        for (f, given) in [
-            ("cache_control", $r.cache_control.is_some()),
-            ("inference_geo", $r.inference_geo.is_some()),
-            ("speed", $r.speed.is_some()),
-            ("user_profile_id", $r.user_profile_id.is_some()),
-            ("workspace_id", $r.workspace_id.is_some()),
-            ("diagnostics", $r.diagnostics.is_some()),
-        ] {
-            if given {
-                $ignored.push(f);
+        impl $name {
+            pub fn conversation(&self) -> Conversation<'_> {
+                Conversation {
+                    model: &self.model,
+                    system: self.system.as_ref(),
+                    messages: &self.messages,
+                    tools: self.tools.as_deref(),
+                    tool_choice: self.tool_choice.as_ref(),
+                }
+            }
+
+            /// The routing fields given.
+            fn routing_ignored(&self, ignored: &mut Vec<&'static str>) {
+                ignored.extend(given([
+                    ("cache_control", self.cache_control.is_some()),
+                    ("inference_geo", self.inference_geo.is_some()),
+                    ("speed", self.speed.is_some()),
+                    ("user_profile_id", self.user_profile_id.is_some()),
+                    ("workspace_id", self.workspace_id.is_some()),
+                    ("diagnostics", self.diagnostics.is_some()),
+                ]));
             }
         }
     };
 }
 
-/// `POST /v1/messages/count_tokens`: the prompt part of a messages request.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[schema(as = AnthropicCountTokensRequest)]
-#[serde(deny_unknown_fields)]
-pub struct CountTokensRequest {
-    pub model: String,
-    pub messages: Vec<Message>,
-    #[serde(default)]
-    pub system: Option<System>,
-    #[serde(default)]
-    pub tools: Option<Vec<Tool>>,
-    #[serde(default)]
-    pub tool_choice: Option<ToolChoice>,
-    /// Accepted and ignored (the prompt's tokens do not depend on it).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub output_config: Option<IgnoredAny>,
-    /// Accepted and ignored (a prompt-cache hint).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<IgnoredAny>,
-    /// Accepted and ignored (routing).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub inference_geo: Option<IgnoredAny>,
-    /// Accepted and ignored (one speed here).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub speed: Option<IgnoredAny>,
-    /// Accepted and ignored (routing).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub user_profile_id: Option<IgnoredAny>,
-    /// Accepted and ignored (routing).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub workspace_id: Option<IgnoredAny>,
-    /// Accepted and ignored (no cache diagnostics are reported).
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub diagnostics: Option<IgnoredAny>,
+anthropic_request! {
+    /// `POST /v1/messages`.
+    #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+    #[schema(as = AnthropicMessagesRequest)]
+    #[serde(deny_unknown_fields)]
+    pub struct MessagesRequest {
+        /// Required, as Anthropic requires it.
+        pub max_tokens: i64,
+        #[serde(default)]
+        pub stop_sequences: Option<Vec<String>>,
+        #[serde(default)]
+        pub stream: Option<bool>,
+        #[serde(default)]
+        pub temperature: Option<f32>,
+        #[serde(default)]
+        pub top_p: Option<f32>,
+        #[serde(default)]
+        pub top_k: Option<i64>,
+        /// Accepted and ignored (`user_id` for abuse tracking).
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        pub metadata: Option<IgnoredAny>,
+        /// Accepted and ignored.
+        #[serde(default)]
+        #[schema(value_type = Option<String>)]
+        pub service_tier: Option<IgnoredAny>,
+        #[serde(default)]
+        pub output_config: Option<OutputConfig>,
+    }
+}
+
+anthropic_request! {
+    /// `POST /v1/messages/count_tokens`: the prompt part of a messages request.
+    #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+    #[schema(as = AnthropicCountTokensRequest)]
+    #[serde(deny_unknown_fields)]
+    pub struct CountTokensRequest {
+        /// Accepted and ignored (the prompt's tokens do not depend on it).
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        pub output_config: Option<IgnoredAny>,
+    }
 }
 
 /// The conversation fields both requests share.
@@ -316,16 +308,6 @@ pub struct Conversation<'a> {
 }
 
 impl MessagesRequest {
-    pub fn conversation(&self) -> Conversation<'_> {
-        Conversation {
-            model: &self.model,
-            system: self.system.as_ref(),
-            messages: &self.messages,
-            tools: self.tools.as_deref(),
-            tool_choice: self.tool_choice.as_ref(),
-        }
-    }
-
     /// The chat request's JSON: the conversation plus the sampling fields.
     pub fn to_chat(&self, ignored: &mut Vec<&'static str>) -> Result<Value, ApiError> {
         let mut chat = to_chat(&self.conversation(), ignored)?;
@@ -340,15 +322,11 @@ impl MessagesRequest {
         put(&mut chat, "temperature", json!(self.temperature));
         put(&mut chat, "top_p", json!(self.top_p));
         put(&mut chat, "top_k", json!(self.top_k));
-        for (field, given) in [
+        ignored.extend(given([
             ("metadata", self.metadata.is_some()),
             ("service_tier", self.service_tier.is_some()),
-        ] {
-            if given {
-                ignored.push(field);
-            }
-        }
-        routing_given!(self, ignored);
+        ]));
+        self.routing_ignored(ignored);
         if let Some(oc) = &self.output_config {
             if oc.effort.is_some() {
                 ignored.push("output_config.effort");
@@ -371,19 +349,7 @@ impl MessagesRequest {
 impl CountTokensRequest {
     /// The ignored fields given.
     pub fn ignored(&self, ignored: &mut Vec<&'static str>) {
-        routing_given!(self, ignored);
-        if self.output_config.is_some() {
-            ignored.push("output_config");
-        }
-    }
-
-    pub fn conversation(&self) -> Conversation<'_> {
-        Conversation {
-            model: &self.model,
-            system: self.system.as_ref(),
-            messages: &self.messages,
-            tools: self.tools.as_deref(),
-            tool_choice: self.tool_choice.as_ref(),
-        }
+        self.routing_ignored(ignored);
+        ignored.extend(given([("output_config", self.output_config.is_some())]));
     }
 }

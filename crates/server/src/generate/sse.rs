@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use super::{Active, Choice, Job, Kind, engine_gone, failure, total_usage};
 use crate::error::ApiError;
-use crate::logprobs;
 use crate::responses::{ChatChunkChoice, ChatDelta, ToolCallOut, UsageInfo};
+use crate::{logprobs, tools};
 
 fn data(v: &Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
@@ -48,21 +48,20 @@ struct ChoiceStream {
     offset: usize,
     /// Log-probability entries waiting for their text.
     align: logprobs::Aligner,
-    /// Chat with tools: the reply held back while it may be a tool call
-    /// (empty or starting with `{`); `None` once it is content.
-    held: Option<String>,
+    /// Chat with tools: the reader of text and calls.
+    calls: Option<tools::CallStream>,
 }
 
 /// The pieces of one choice, in order.
 fn choice_stream(active: Active) -> impl Stream<Item = Piece> {
     let offset = active.job.echo.as_ref().map_or(0, String::len);
-    let held = active.job.tool_names.is_some().then(String::new);
+    let calls = active.job.call_stream();
     let st = ChoiceStream {
         active,
         phase: Phase::Start,
         offset,
         align: logprobs::Aligner::default(),
-        held,
+        calls,
     };
     stream::unfold(st, |mut st| async move {
         let pieces = step(&mut st).await?;
@@ -151,14 +150,13 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
         Phase::Tokens => loop {
             match st.active.next().await {
                 Some(Event::Token(t)) => {
-                    if let Some(buf) = st.held.as_mut() {
-                        buf.push_str(&t.text);
-                        if may_be_call(buf) {
+                    // with tools (never with logprobs): the text before a call
+                    if let Some(calls) = st.calls.as_mut() {
+                        let text = calls.push(&t.text);
+                        if text.is_empty() {
                             continue;
                         }
-                        // not a call: what was held goes out as content
-                        let text = st.held.take().unwrap_or_default();
-                        let choice = job.choice(index, &text, Value::Null, None, true);
+                        let choice = job.choice(index, text, Value::Null, None, true);
                         return Some(vec![Piece::Sse(data(&job.chunk(vec![choice])))]);
                     }
                     // held-back text (a possible stop string) gives empty
@@ -181,19 +179,18 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                     }
                     let mut reason = f.reason.as_str();
                     let mut out = Vec::new();
-                    if let Some(held) = st.held.take() {
-                        match job.tool_calls(index, &held, f.reason) {
-                            Some(calls) => {
-                                reason = "tool_calls";
-                                for (k, call) in calls.into_iter().enumerate() {
-                                    out.extend(call_chunks(&job, index, k, call));
-                                }
-                            }
-                            None if !held.is_empty() => {
-                                let choice = job.choice(index, &held, Value::Null, None, true);
-                                out.push(Piece::Sse(data(&job.chunk(vec![choice]))));
-                            }
-                            None => {}
+                    if let Some(calls) = st.calls.take() {
+                        let split = job.finish_calls(calls, f.reason);
+                        if !split.content.is_empty() {
+                            let choice = job.choice(index, &split.content, Value::Null, None, true);
+                            out.push(Piece::Sse(data(&job.chunk(vec![choice]))));
+                        }
+                        if !split.calls.is_empty() {
+                            reason = "tool_calls";
+                        }
+                        for (k, call) in job.tool_calls(index, split.calls).into_iter().enumerate()
+                        {
+                            out.extend(call_chunks(&job, index, k, call));
                         }
                     }
                     let rest = st.align.finish(f.reason);
@@ -220,17 +217,6 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
             }
         },
     }
-}
-
-/// Whether a held reply may still turn out to be a tool call.
-pub(crate) fn may_be_call(held: &str) -> bool {
-    const TAG: &str = "<|python_tag|>";
-    let t = held.trim_start();
-    t.is_empty()
-        || t.starts_with('{')
-        || t.starts_with('[')
-        || t.starts_with(TAG)
-        || TAG.starts_with(t)
 }
 
 /// Tool call `k` of a reply as OpenAI streams it: name first (empty

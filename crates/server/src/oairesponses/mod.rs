@@ -99,18 +99,7 @@ fn echo(req: &ResponsesRequest, store: bool) -> Value {
 
 /// A chat-path error with its field renamed to the Responses name.
 fn renamed(e: ApiError) -> ApiError {
-    match e.param.as_deref() {
-        Some(p) => {
-            let ours = responses_param(p);
-            let message = e.message.replace(&format!("`{p}`"), &format!("`{ours}`"));
-            ApiError {
-                param: Some(ours),
-                message,
-                ..e
-            }
-        }
-        None => e,
-    }
+    e.param_renamed(responses_param)
 }
 
 type Prepared = Result<(Job, Vec<RequestHandle>, bool, Meta), ApiError>;

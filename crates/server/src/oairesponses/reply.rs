@@ -2,7 +2,8 @@
 //! request: whole, or streamed as its semantic events.
 //!
 //! Contract: `output` is one `message` item with one `output_text` part,
-//! or, when the reply is calls of the request's tools, one
+//! or, when the reply ends with calls of the request's tools, the
+//! `message` item of the text before them (when there is any) and one
 //! `function_call` item per call (`call_id`, `name`, `arguments` as a JSON
 //! text). `status` is `completed`, or `incomplete` with
 //! `incomplete_details.reason: "max_output_tokens"` when the limit cut the
@@ -13,8 +14,9 @@
 //! `response.function_call_arguments.done`), `response.output_item.done`,
 //! and last `response.completed` (or `response.incomplete`) with the whole
 //! object; every event carries `type` and a `sequence_number` from 0; an
-//! engine failure is an `error` event. A reply that may still become a call
-//! (it starts with `{`) is held back until it ends, as on the chat path.
+//! engine failure is an `error` event. The text goes out as it comes and a
+//! call is held back until the reply ends, as on the chat path; the
+//! message item is done before the calls' items are added.
 //! With `store` the finished response is stored ([`super::store`]).
 //! Costs: O(1) per token.
 
@@ -29,7 +31,8 @@ use serde_json::{Value, json};
 
 use super::store::Stored;
 use crate::error::ApiError;
-use crate::generate::{Active, Job, engine_gone, failure, may_be_call};
+use crate::generate::{Active, Job, engine_gone, failure};
+use crate::tools::{CallStream, ParsedCall};
 
 /// What the response object echoes of the request, and what storing needs.
 #[derive(Clone)]
@@ -85,20 +88,17 @@ fn message_item(job: &Job, text: &str, status: &str) -> Value {
     }})
 }
 
-/// The reply as `function_call` items, when it is calls of the tools.
-fn call_items(job: &Job, text: &str, reason: FinishReason) -> Option<Vec<Value>> {
-    let calls = job.tool_calls(0, text, reason)?;
-    Some(
-        calls
-            .into_iter()
-            .enumerate()
-            .map(|(k, c)| {
-                json!({"type": "function_call", "id": format!("fc_{}_{k}", job.request_id),
-                    "call_id": c.id, "name": c.function.name, "arguments": c.function.arguments,
-                    "status": "completed"})
-            })
-            .collect(),
-    )
+/// Calls as `function_call` items.
+fn call_items(job: &Job, calls: Vec<ParsedCall>) -> Vec<Value> {
+    job.tool_calls(0, calls)
+        .into_iter()
+        .enumerate()
+        .map(|(k, c)| {
+            json!({"type": "function_call", "id": format!("fc_{}_{k}", job.request_id),
+                "call_id": c.id, "name": c.function.name, "arguments": c.function.arguments,
+                "status": "completed"})
+        })
+        .collect()
 }
 
 fn status_of(reason: FinishReason) -> &'static str {
@@ -167,8 +167,12 @@ pub async fn respond(
     if let Some(err) = failure(&job, &f) {
         return Err(err);
     }
-    let output = call_items(&job, &text, f.reason)
-        .unwrap_or_else(|| vec![message_item(&job, &text, "completed")]);
+    let split = job.split(&text, f.reason);
+    let mut output = Vec::with_capacity(1 + split.calls.len());
+    if !split.content.is_empty() || split.calls.is_empty() {
+        output.push(message_item(&job, &split.content, "completed"));
+    }
+    output.extend(call_items(&job, split.calls));
     Ok(Json(finished_object(&job, &meta, output, &f)).into_response())
 }
 
@@ -184,8 +188,8 @@ struct Streaming {
     active: Active,
     phase: Phase,
     seq: u64,
-    /// Text held back while the reply may be a call; `None` once it is text.
-    held: Option<String>,
+    /// With tools: the reader of text and calls.
+    calls: Option<CallStream>,
     /// The text streamed so far (the message item is open when non-empty).
     text: String,
     open: bool,
@@ -237,14 +241,14 @@ fn events(
     active: Active,
     meta: Meta,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    let held = job.tool_names.is_some().then(String::new);
+    let calls = job.call_stream();
     let st = Streaming {
         job,
         meta,
         active,
         phase: Phase::Start,
         seq: 0,
-        held,
+        calls,
         text: String::new(),
         open: false,
     };
@@ -269,12 +273,11 @@ async fn step(st: &mut Streaming) -> Option<Vec<SseEvent>> {
         Phase::Tokens => loop {
             match st.active.next().await {
                 Some(Event::Token(t)) => {
-                    if let Some(buf) = st.held.as_mut() {
-                        buf.push_str(&t.text);
-                        if may_be_call(buf) {
+                    if let Some(calls) = st.calls.as_mut() {
+                        let text = calls.push(&t.text).to_string();
+                        if text.is_empty() {
                             continue;
                         }
-                        let text = st.held.take().unwrap_or_default();
                         return Some(st.text(&text));
                     }
                     if t.text.is_empty() {
@@ -308,37 +311,16 @@ fn finish(st: &mut Streaming, f: &Finished) -> Vec<SseEvent> {
     }
     let mut out = Vec::new();
     let mut output = Vec::new();
-    if let Some(held) = st.held.take() {
-        match call_items(&st.job, &held, f.reason) {
-            Some(items) => {
-                for (index, item) in items.into_iter().enumerate() {
-                    let mut added = item.clone();
-                    added["arguments"] = json!("");
-                    added["status"] = json!("in_progress");
-                    let id = item["id"].clone();
-                    let args = item["arguments"].clone();
-                    out.push(st.event(
-                        "response.output_item.added",
-                        json!({"output_index": index, "item": added}),
-                    ));
-                    out.push(st.event(
-                        "response.function_call_arguments.delta",
-                        json!({"item_id": id, "output_index": index, "delta": args}),
-                    ));
-                    out.push(st.event("response.function_call_arguments.done",
-                        json!({"item_id": id, "output_index": index, "arguments": args, "name": item["name"]})));
-                    out.push(st.event(
-                        "response.output_item.done",
-                        json!({"output_index": index, "item": item}),
-                    ));
-                    output.push(item);
-                }
-            }
-            None if !held.is_empty() => out.extend(st.text(&held)),
-            None => {}
+    let mut calls = Vec::new();
+    if let Some(reader) = st.calls.take() {
+        let split = st.job.finish_calls(reader, f.reason);
+        if !split.content.is_empty() {
+            out.extend(st.text(&split.content));
         }
+        calls = split.calls;
     }
-    if output.is_empty() {
+    // the message item first (output 0), done before the calls' items
+    if st.open || calls.is_empty() {
         if !st.open {
             out.extend(st.text(""));
         }
@@ -359,6 +341,31 @@ fn finish(st: &mut Streaming, f: &Finished) -> Vec<SseEvent> {
         out.push(st.event(
             "response.output_item.done",
             json!({"output_index": 0, "item": item}),
+        ));
+        output.push(item);
+    }
+    for item in call_items(&st.job, calls) {
+        let index = output.len();
+        let mut added = item.clone();
+        added["arguments"] = json!("");
+        added["status"] = json!("in_progress");
+        let id = item["id"].clone();
+        let args = item["arguments"].clone();
+        out.push(st.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+        ));
+        out.push(st.event(
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": index, "delta": args}),
+        ));
+        out.push(st.event(
+            "response.function_call_arguments.done",
+            json!({"item_id": id, "output_index": index, "arguments": args, "name": item["name"]}),
+        ));
+        out.push(st.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
         ));
         output.push(item);
     }

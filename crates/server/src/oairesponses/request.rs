@@ -224,15 +224,13 @@ fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
 impl ResponsesRequest {
     /// The ignored fields given (counted in the metrics).
     pub fn ignored_fields(&self) -> Vec<&'static str> {
-        let mut out: Vec<&'static str> = [
+        let mut out: Vec<&'static str> = crate::protocol::given([
             ("user", self.user.is_some()),
             ("service_tier", self.service_tier.is_some()),
             ("safety_identifier", self.safety_identifier.is_some()),
             ("prompt_cache_key", self.prompt_cache_key.is_some()),
             ("reasoning", self.reasoning.is_some()),
-        ]
-        .into_iter()
-        .filter_map(|(f, given)| given.then_some(f))
+        ])
         .collect();
         if let Some(Input::Items(items)) = &self.input
             && items.iter().any(|i| i.id.is_some() || i.status.is_some())

@@ -1,5 +1,18 @@
-//! The model's reply read back as calls (the format is in the module doc of
-//! [`crate::tools`]). Costs: one JSON parse of the reply.
+//! The model's reply read back as text and calls (the format is in the
+//! module doc of [`crate::tools`]): whole ([`split_reply`]) or as it
+//! streams ([`CallStream`]: the text before a call goes out as it comes,
+//! the call is held until the reply ends).
+//!
+//! Contract: the calls start at the first [`CALL_OPEN`] (`{"name":`, white
+//! space of [`BLANKS`] allowed between the parts), the same place the `auto`
+//! grammar starts them; a whole reply that is calls in another accepted
+//! shape (a JSON array, `arguments`, another key order) is calls with no
+//! text. The text before the calls is returned without its trailing white
+//! space; streamed, the text sent is always a prefix of what the whole
+//! reply would return.
+//!
+//! Costs: one JSON parse of the reply; streamed, O(1) amortised per token
+//! (only the text not yet sent is scanned).
 
 use serde_json::{Value, json};
 
@@ -9,6 +22,160 @@ pub struct ParsedCall {
     pub name: String,
     /// The arguments as a JSON text (OpenAI's `function.arguments`).
     pub arguments: String,
+}
+
+/// The white space the call format allows between its parts (the grammar
+/// and the parser read the same set).
+pub const BLANKS: [char; 4] = [' ', '\t', '\r', '\n'];
+
+/// How a call starts: `{`, then `"name"`, then `:`, [`BLANKS`] allowed between.
+pub const CALL_OPEN: [&str; 3] = ["{", "\"name\"", ":"];
+
+/// [`BLANKS`] as a regex character class.
+pub fn blank_class() -> String {
+    let escaped: String = BLANKS
+        .iter()
+        .map(|c| c.escape_default().to_string())
+        .collect();
+    format!("[{escaped}]")
+}
+
+/// How far `rest` matches [`CALL_OPEN`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// All of it, ending at this byte offset.
+    Whole(usize),
+    /// `rest` is a proper prefix of an opening.
+    Partial,
+    No,
+}
+
+fn open_at(rest: &str) -> Open {
+    let mut at = 0;
+    for (k, part) in CALL_OPEN.iter().enumerate() {
+        if k > 0 {
+            at = rest.len() - rest[at..].trim_start_matches(BLANKS).len();
+        }
+        let r = &rest[at..];
+        if r.len() < part.len() {
+            return if part.starts_with(r) {
+                Open::Partial
+            } else {
+                Open::No
+            };
+        }
+        if !r.starts_with(part) {
+            return Open::No;
+        }
+        at += part.len();
+    }
+    Open::Whole(at)
+}
+
+/// The byte offset of the first call opening in `text`.
+pub fn call_start(text: &str) -> Option<usize> {
+    text.match_indices('{')
+        .map(|(i, _)| i)
+        .find(|&i| matches!(open_at(&text[i..]), Open::Whole(_)))
+}
+
+/// A reply as text and calls.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Split {
+    /// The text (all of it when there are no calls, else what came before
+    /// them, trailing white space cut).
+    pub content: String,
+    /// The calls; empty when the reply is text.
+    pub calls: Vec<ParsedCall>,
+}
+
+/// A whole reply as text and the calls of known functions (module doc), at
+/// most one call unless `parallel`.
+pub fn split_reply(text: &str, names: &[String], parallel: bool) -> Split {
+    if let Some(calls) = parse_calls(text, names, parallel) {
+        return Split {
+            content: String::new(),
+            calls,
+        };
+    }
+    if let Some(at) = call_start(text)
+        && let Some(calls) = parse_calls(&text[at..], names, parallel)
+    {
+        return Split {
+            content: text[..at].trim_end_matches(BLANKS).to_string(),
+            calls,
+        };
+    }
+    Split {
+        content: text.to_string(),
+        calls: Vec::new(),
+    }
+}
+
+/// A reply read as it streams (module doc): [`CallStream::push`] each
+/// token's text and send what it returns as content; [`CallStream::finish`]
+/// gives the rest of the content and the calls.
+#[derive(Debug, Default)]
+pub struct CallStream {
+    text: String,
+    /// Bytes of `text` sent as content.
+    sent: usize,
+    /// A call opening was seen: nothing more is sent before the end.
+    opened: bool,
+}
+
+impl CallStream {
+    /// Adds `delta`; returns the text that can be sent now.
+    pub fn push(&mut self, delta: &str) -> &str {
+        self.text.push_str(delta);
+        let lead = self.text.trim_start();
+        // the whole reply may still be calls in another shape (module doc)
+        if self.opened || lead.is_empty() || lead.starts_with(['{', '[']) {
+            return "";
+        }
+        let rest = &self.text[self.sent..];
+        let mut hold = rest.len();
+        for (i, _) in rest.match_indices('{') {
+            match open_at(&rest[i..]) {
+                Open::Whole(_) => {
+                    self.opened = true;
+                    hold = i;
+                    break;
+                }
+                Open::Partial => {
+                    hold = i;
+                    break;
+                }
+                Open::No => {}
+            }
+        }
+        // trailing blanks wait for what follows them
+        let hold = rest[..hold].trim_end_matches(BLANKS).len();
+        let from = self.sent;
+        self.sent += hold;
+        &self.text[from..self.sent]
+    }
+
+    /// The content not sent yet and the calls, once the reply ended;
+    /// `stopped`: it ended normally (a reply cut short is text).
+    pub fn finish(self, names: &[String], parallel: bool, stopped: bool) -> Split {
+        let split = if stopped {
+            split_reply(&self.text, names, parallel)
+        } else {
+            Split {
+                content: self.text.clone(),
+                calls: Vec::new(),
+            }
+        };
+        Split {
+            content: split
+                .content
+                .get(self.sent..)
+                .unwrap_or_default()
+                .to_string(),
+            calls: split.calls,
+        }
+    }
 }
 
 /// The calls in `text` when the whole reply is one or more calls (module
@@ -72,6 +239,90 @@ fn call_of(v: &Value, names: &[String]) -> Option<ParsedCall> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names() -> Vec<String> {
+        vec!["get_weather".to_string(), "now".to_string()]
+    }
+
+    #[test]
+    fn text_before_a_call_is_content() {
+        let call = r#"{"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
+        let s = split_reply(&format!("Let me look.\n{call}"), &names(), true);
+        assert_eq!(s.content, "Let me look.");
+        assert_eq!(s.calls.len(), 1);
+        assert_eq!(s.calls[0].name, "get_weather");
+        let spaced = r#"Sure { "name" :"now", "parameters": {}}"#;
+        let s = split_reply(spaced, &names(), true);
+        assert_eq!((s.content.as_str(), s.calls.len()), ("Sure", 1));
+        // braces that open no call, or a call that does not parse: all text
+        for text in [
+            "a {b} c",
+            r#"x {"name": "unknown", "parameters": {}}"#,
+            r#"x {"name": "now", "parameters": {}} and more"#,
+        ] {
+            let s = split_reply(text, &names(), true);
+            assert_eq!((s.content.as_str(), s.calls.len()), (text, 0));
+        }
+        let s = split_reply(call, &names(), true);
+        assert_eq!((s.content.as_str(), s.calls.len()), ("", 1));
+    }
+
+    /// Streamed in every split into pieces, the text sent is a prefix of
+    /// the whole reply's content and, with the rest from `finish`, equal
+    /// to it; no part of a call is ever sent.
+    #[test]
+    fn streamed_text_is_the_whole_replys_content() {
+        let replies = [
+            r#"Let me look. {"name": "get_weather", "parameters": {"city": "Oslo"}}"#.to_string(),
+            "Plain text { with a brace } and more.  ".to_string(),
+            r#"{"name": "now", "parameters": {}}"#.to_string(),
+            r#"Two:
+{"name": "now", "parameters": {}}
+{ "name": "get_weather", "parameters": {"city": "Rome"}}"#
+                .to_string(),
+            r#"Broken {"name": "now", "parameters": "#.to_string(),
+        ];
+        for reply in &replies {
+            let whole = split_reply(reply, &names(), true);
+            for step in 1..=7 {
+                let mut cs = CallStream::default();
+                let mut sent = String::new();
+                let chars: Vec<char> = reply.chars().collect();
+                for piece in chars.chunks(step) {
+                    let piece: String = piece.iter().collect();
+                    sent.push_str(cs.push(&piece));
+                    assert!(whole.content.starts_with(&sent), "{reply:?} sent {sent:?}");
+                }
+                let end = cs.finish(&names(), true, true);
+                assert_eq!(format!("{sent}{}", end.content), whole.content, "{reply:?}");
+                assert_eq!(end.calls, whole.calls, "{reply:?}");
+            }
+        }
+        // cut short: everything is text
+        let mut cs = CallStream::default();
+        let mut sent = cs.push("Hi ").to_string();
+        sent.push_str(cs.push(r#"{"name": "now", "parameters": {}}"#));
+        let end = cs.finish(&names(), true, false);
+        assert_eq!(
+            format!("{sent}{}", end.content),
+            r#"Hi {"name": "now", "parameters": {}}"#
+        );
+        assert!(end.calls.is_empty());
+    }
+
+    #[test]
+    fn openings_are_found_whole_or_in_part() {
+        assert_eq!(open_at(r#"{"name":"#), Open::Whole(8));
+        assert_eq!(open_at("{ \n\"name\"\t: x"), Open::Whole(11));
+        for part in ["{", "{ ", r#"{"na"#, r#"{"name""#, "{\"name\" "] {
+            assert_eq!(open_at(part), Open::Partial, "{part:?}");
+        }
+        for no in ["{}", r#"{"city""#, r#"{"name"}"#, "{ x"] {
+            assert_eq!(open_at(no), Open::No, "{no:?}");
+        }
+        assert_eq!(call_start(r#"a {b} {"name": 1"#), Some(6));
+        assert_eq!(blank_class(), r"[ \t\r\n]");
+    }
 
     fn parse_call(text: &str, names: &[String]) -> Option<ParsedCall> {
         parse_calls(text, names, false).map(|mut v| v.remove(0))

@@ -22,7 +22,7 @@ fn msg(extra: Value) -> Value {
 }
 
 /// `(event name, data)` of an SSE body.
-fn named_events(body: &str) -> Vec<(String, Value)> {
+pub fn named_events(body: &str) -> Vec<(String, Value)> {
     body.split("\n\n")
         .filter(|e| e.lines().any(|l| l.starts_with("data:")))
         .map(|e| {
@@ -386,4 +386,76 @@ async fn harmless_chat_fields_are_accepted_and_counted() {
         )
         .await;
     r.assert_error(400, Some("prediction"));
+}
+
+/// A conversation ending with an assistant turn is continued (Anthropic's
+/// prefill; the chat API's `continue_final_message`): the letter fake goes
+/// on from the turn's last letter, whole and streamed, and `count_tokens`
+/// counts the prompt the reply continued.
+#[tokio::test]
+async fn a_final_assistant_turn_is_continued() {
+    let app = app();
+    let turns = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]);
+    let v = app
+        .post_json("/v1/messages", &msg(json!({"messages": turns})))
+        .await
+        .json();
+    assert_eq!(
+        v["content"],
+        json!([{"type": "text", "text": &LETTERS[3..]}]),
+        "{v}"
+    );
+    assert_eq!(v["stop_reason"], "end_turn");
+    let u = &v["usage"];
+    let prompt =
+        u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap();
+    let c = app
+        .post_json(
+            "/v1/messages/count_tokens",
+            &json!({"model": MODEL, "messages": turns}),
+        )
+        .await
+        .json();
+    assert_eq!(c["input_tokens"], prompt);
+    let r = app
+        .post_json(
+            "/v1/messages",
+            &msg(json!({"messages": turns, "stream": true})),
+        )
+        .await;
+    let text: String = named_events(&r.text())
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .filter_map(|(_, d)| d["delta"]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, &LETTERS[3..]);
+
+    // the chat API: continued with the field, answered without it
+    let chat = |extra: Value| {
+        let mut b = json!({"model": MODEL, "messages": turns});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let v = app
+        .post_json(
+            "/v1/chat/completions",
+            &chat(json!({"continue_final_message": true})),
+        )
+        .await
+        .json();
+    assert_eq!(v["choices"][0]["message"]["content"], &LETTERS[3..], "{v}");
+    let v = app
+        .post_json("/v1/chat/completions", &chat(json!({})))
+        .await
+        .json();
+    assert_eq!(v["choices"][0]["message"]["content"], LETTERS, "{v}");
+    // a conversation that does not end with an assistant's text is refused
+    let user_last = json!({"model": MODEL, "continue_final_message": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    app.post_json("/v1/chat/completions", &user_last)
+        .await
+        .assert_error(400, Some("continue_final_message"));
+    app.wait_idle().await;
 }

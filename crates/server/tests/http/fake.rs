@@ -3,6 +3,7 @@
 //! token after a letter `a`..`x` is the following letter, after `y` it is
 //! EOS, after anything else `a`. So a prompt ending in `a` continues
 //! "bcdefghijklmnopqrstuvwxy" and stops; with `ignore_eos` it cycles.
+//! With a `script`, every reply is instead the script's tokens, then EOS.
 //! Each chosen token has logprob -0.5; the k alternatives follow it.
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ pub struct LetterBackend {
     eos: u32,
     delay: Duration,
     fail_on: Option<u32>,
+    script: Option<Vec<u32>>,
     pipe: HostPipeline,
 }
 
@@ -73,7 +75,13 @@ impl contract::HostCompute for LetterBackend {
             .map(|s| {
                 let req = batch.samples[s].as_ref()?;
                 let last = batch.tokens[batch.cu_seqlens[s + 1] as usize - 1];
-                let token = self.next(last);
+                let token = match (&self.script, batch.prompt_lens.get(s)) {
+                    (Some(script), Some(&prompt)) => {
+                        let k = (batch.context_lens[s] - prompt) as usize;
+                        script.get(k).copied().unwrap_or(self.eos)
+                    }
+                    _ => self.next(last),
+                };
                 let top = (0..req.params.logprobs as u32)
                     .map(|i| ((token + i) % self.config.vocab_size as u32, -0.5 - i as f32))
                     .collect();
@@ -101,6 +109,10 @@ pub struct Setup {
     /// A step holding this token id fails (an injected device fault).
     pub fail_on: Option<u32>,
     pub halt_on_backend_error: bool,
+    /// Every reply is these token ids (a byte is its own id), then EOS.
+    pub script: Option<Vec<u32>>,
+    /// The first filler token is named `<|python_tag|>` (Llama 3's call marker).
+    pub call_marker: bool,
 }
 
 impl Default for Setup {
@@ -112,17 +124,27 @@ impl Default for Setup {
             num_blocks: 64,
             fail_on: None,
             halt_on_backend_error: false,
+            script: None,
+            call_marker: false,
         }
     }
 }
 
 /// An engine over the letter fake and its tokenizer.
 pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
-    let config = Preset::Tiny.config().expect("tiny preset config");
+    let mut config = Preset::Tiny.config().expect("tiny preset config");
+    if setup.script.is_some() {
+        // room for the tools' system text (one token per byte)
+        config.max_position_embeddings = 4096;
+    }
     let bos = config.bos_token_id.expect("tiny preset has a BOS");
     let eos = config.eos_token_ids[0];
+    let mut json = tokenizer_json(config.vocab_size, bos, eos);
+    if setup.call_marker {
+        json = json.replace("<|filler_0|>", server::tools::CALL_MARKER);
+    }
     let tok = Tokenizer::from_json(
-        &tokenizer_json(config.vocab_size, bos, eos),
+        &json,
         Some(&tokenizer_config_json(config.max_position_embeddings)),
         "letters",
     )
@@ -137,6 +159,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
         eos,
         delay: setup.delay,
         fail_on: setup.fail_on,
+        script: setup.script,
         pipe: HostPipeline::default(),
     };
     let engine = Engine::start(

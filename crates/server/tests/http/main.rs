@@ -15,6 +15,7 @@ mod replicas;
 mod responses;
 mod shutdown;
 mod streams;
+mod tool_replies;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
