@@ -118,6 +118,7 @@ fn read(out: &HostOut, rows: &[Option<(usize, usize)>]) -> Vec<Option<SampledTok
                     token: out.tok.as_slice()[row],
                     logprob,
                     top_logprobs: ids.iter().copied().zip(lps.iter().copied()).collect(),
+                    draft_rows: Vec::new(),
                 }
             })
         })

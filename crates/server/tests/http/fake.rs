@@ -81,6 +81,7 @@ impl contract::HostCompute for LetterBackend {
                     token,
                     logprob: -0.5,
                     top_logprobs: top,
+                    draft_rows: Vec::new(),
                 })
             })
             .collect();
