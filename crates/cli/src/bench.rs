@@ -227,6 +227,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ignore_eos: true,
             stop_token_ids: Vec::new(),
             constraint: c,
+            speculative: true,
         })?)
     };
     let submit = |p: Vec<u32>, n: usize| submit_with(p, n, None);

@@ -211,7 +211,6 @@ impl contract::HostCompute for FakeBackend {
         for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
             self.kv[slot as usize] = tok;
         }
-        let vocab = self.config.vocab_size;
         let mut out = Vec::with_capacity(batch.num_seqs());
         for (s, sample) in batch.samples.iter().enumerate() {
             let Some(req) = sample else {

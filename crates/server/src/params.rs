@@ -220,6 +220,7 @@ impl Checked {
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
             constraint: None,
+            speculative: true,
         }
     }
 }

@@ -152,6 +152,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
             max_step_time: None,
             halt_on_backend_error: setup.halt_on_backend_error,
             async_steps: true,
+            speculative: None,
         },
     )
     .expect("engine starts");
