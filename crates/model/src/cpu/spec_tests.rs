@@ -31,7 +31,8 @@ fn plain(path: CpuPath, params: &SamplingParams, n: usize) -> Vec<u32> {
     let (mut run, mut start, mut out) = (PROMPT.to_vec(), 0, Vec::new());
     for step in 0..n {
         sb.begin();
-        sb.push(&run, start, &table, req(params, step as u64)).unwrap();
+        sb.push(&run, start, &table, req(params, step as u64))
+            .unwrap();
         sb.set_prompt_len(PROMPT.len());
         let s = b.step(sb.finish()).unwrap()[0].clone().unwrap();
         assert!(s.draft_rows.is_empty());
@@ -50,12 +51,17 @@ fn verified(path: CpuPath, params: &SamplingParams, first: u32, drafts: &[u32]) 
     let mut sb = StepBuilder::new(BS);
     sb.push(&PROMPT, 0, &table, req(params, 0)).unwrap();
     sb.set_prompt_len(PROMPT.len());
-    assert_eq!(b.step(sb.finish()).unwrap()[0].as_ref().unwrap().token, first);
+    assert_eq!(
+        b.step(sb.finish()).unwrap()[0].as_ref().unwrap().token,
+        first
+    );
     // a second sequence beside it, undrafted, in the same step
     let other = contiguous_blocks(10, 3, BS);
     sb.begin();
     sb.push(&[first, 9, 9], 0, &other, req(params, 0)).unwrap();
-    let run: Vec<u32> = std::iter::once(first).chain(drafts.iter().copied()).collect();
+    let run: Vec<u32> = std::iter::once(first)
+        .chain(drafts.iter().copied())
+        .collect();
     sb.push(&run, PROMPT.len(), &table, req(params, 1)).unwrap();
     sb.set_prompt_len(PROMPT.len());
     sb.set_drafts(drafts.len());
