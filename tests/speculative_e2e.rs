@@ -125,7 +125,10 @@ fn run_all(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<Completion> {
             .into_iter()
             .map(|h| s.spawn(move || h.blocking_collect()))
             .collect();
-        joins.into_iter().map(|j| j.join().expect("collector")).collect()
+        joins
+            .into_iter()
+            .map(|j| j.join().expect("collector"))
+            .collect()
     })
 }
 

@@ -71,7 +71,10 @@ fn verified(
 /// `got` samples `want`'s token, or a near tie with it.
 fn agrees(want: &SampledToken, got: &SampledToken, what: &str) {
     if want.token == got.token {
-        assert!((want.logprob - got.logprob).abs() < 0.2, "{what}: {want:?} vs {got:?}");
+        assert!(
+            (want.logprob - got.logprob).abs() < 0.2,
+            "{what}: {want:?} vs {got:?}"
+        );
         return;
     }
     let near = got
