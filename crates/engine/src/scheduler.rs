@@ -74,6 +74,10 @@
 //! made, at the next `schedule`). Running, `parked` is empty; waiting, `next`
 //! is `None`; so a token lives in exactly one of the three.
 //!
+//! One file past the usual size on purpose: the contract points above are
+//! one state machine over `Seq`; its per-step parts (building, launching,
+//! landing) live in `step.rs` and speculative decoding's in `spec.rs`.
+//!
 //! Costs: O(S + T + S * max_blocks) per step for S scheduled sequences and T
 //! tokens, plus O(running + len) per preemption, O(len) per admission and
 //! O(running) per finish; the batch is built by one reused
@@ -88,7 +92,6 @@ use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBu
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 use crate::grammar::SeqGrammar;
-use crate::speculate::SpecConfig;
 
 /// The id a pipelined sample has until it lands (contract point 6); any
 /// in-vocabulary id would do, the backend never reads it.
@@ -242,22 +245,6 @@ impl Scheduler {
             preemptions_total: 0,
             spec: None,
         })
-    }
-
-    /// Turns speculative decoding on with `cfg` (checked by the caller),
-    /// for sequences added from now on.
-    pub(crate) fn set_speculation(&mut self, cfg: SpecConfig) {
-        self.spec = Some(Speculation {
-            drafter: cfg.drafter(),
-            cfg,
-            draft: Vec::new(),
-            stats: SpecStats::default(),
-        });
-    }
-
-    /// Speculative decoding counters (`None`: off).
-    pub(crate) fn spec_stats(&self) -> Option<SpecStats> {
-        self.spec.as_ref().map(|s| s.stats)
     }
 
     /// Queues a new sequence (ids must increase with arrival); `fork_of`
@@ -586,7 +573,6 @@ impl Scheduler {
 mod spec;
 mod step;
 
-pub(crate) use spec::SpecStats;
 use spec::Speculation;
 #[cfg(test)]
 mod tests;

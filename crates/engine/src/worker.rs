@@ -42,6 +42,15 @@
 //! Finishing -> Done`, see [`request`]); `Worker::end` is the only way a
 //! request ends and usage is counted there. Counters live in [`shared`].
 //!
+//! A sequence that verified drafts lands several tokens in one step: they
+//! are committed in order, each judged at its own count (EOS, stop ids,
+//! `max_tokens`, stop strings), and those after the one that ends the
+//! request are dropped unseen and uncounted.
+//!
+//! One file past the usual size on purpose: the loop's steps (plan,
+//! launch, land, commit) share its state; the request state machine and
+//! the counters are in [`request`] and [`shared`].
+//!
 //! Costs per iteration: the scheduler's O(batch) plus O(sampled tokens) of
 //! output work and O(messages) of channel work; counters are published to
 //! [`Shared`] with relaxed atomic stores.

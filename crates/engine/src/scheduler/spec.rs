@@ -32,6 +32,22 @@ pub(crate) struct SpecStats {
 }
 
 impl Scheduler {
+    /// Turns speculative decoding on with `cfg` (checked by the caller),
+    /// for sequences added from now on.
+    pub(crate) fn set_speculation(&mut self, cfg: SpecConfig) {
+        self.spec = Some(Speculation {
+            drafter: cfg.drafter(),
+            cfg,
+            draft: Vec::new(),
+            stats: SpecStats::default(),
+        });
+    }
+
+    /// Speculative decoding counters (`None`: off).
+    pub(crate) fn spec_stats(&self) -> Option<SpecStats> {
+        self.spec.as_ref().map(|s| s.stats)
+    }
+
     /// Whether `q` may draft in the next step: it drafts at all, and the
     /// running batch is small enough for speculation.
     pub(super) fn speculating(&self, q: &Seq) -> bool {
