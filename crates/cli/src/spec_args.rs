@@ -14,8 +14,7 @@ pub struct SpecArgs {
     /// same output in fewer steps. `ngram` (prompt lookup: continue an
     /// earlier occurrence of the last tokens), `suffix` (the most frequent
     /// continuation over this and recent requests' tokens); `draft:MODEL`
-    /// (a smaller draft model) is not available yet. Off by default; the
-    /// CPU backend verifies drafts, CUDA does not yet (it then runs plain).
+    /// (a smaller draft model) is not available yet. Off by default.
     #[arg(long, env = "LAMINA_SPECULATIVE")]
     pub speculative: Option<String>,
     /// Most tokens drafted per sequence and step with --speculative (each
