@@ -57,6 +57,7 @@ fn start(
             max_step_time: None,
             halt_on_backend_error: false,
             async_steps: true,
+            speculative: None,
         },
     )
     .expect("engine")
@@ -78,6 +79,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         ignore_eos: true,
         stop_token_ids: Vec::new(),
         constraint: None,
+        speculative: true,
     }
 }
 

@@ -85,6 +85,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             max_step_time: None,
             halt_on_backend_error: false,
             async_steps: true,
+            speculative: None,
         },
     )
     .expect("engine");
@@ -96,6 +97,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             constraint: None,
+            speculative: true,
             ignore_eos: true,
         })
         .expect("submit")

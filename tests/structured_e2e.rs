@@ -91,6 +91,7 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams, c: Option<Constraint>) ->
         ignore_eos: false,
         stop_token_ids: Vec::new(),
         constraint: c,
+        speculative: true,
     }
 }
 

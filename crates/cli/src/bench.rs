@@ -53,7 +53,9 @@ use crate::setup::{self, ModelArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Comma-separated workloads among b1, b2, b3, s1 (s1 is not run by default).
+    /// Comma-separated workloads among b1, b2, b3, s1 and sp (s1 is not
+    /// run by default; sp, speculative decoding with and without, runs
+    /// last whenever --speculative is given, and the others then run plain).
     #[arg(long, default_value = "b1,b2,b3", value_delimiter = ',')]
     pub workloads: Vec<String>,
     /// b1 prompt tokens [default: 128 on CUDA, 32 on the CPU].
@@ -162,10 +164,10 @@ impl Sizes {
 }
 
 /// Timings of one request.
-struct Timing {
-    ttft: Duration,
-    decode: Duration,
-    tokens: usize,
+pub(crate) struct Timing {
+    pub ttft: Duration,
+    pub decode: Duration,
+    pub tokens: usize,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -227,6 +229,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ignore_eos: true,
             stop_token_ids: Vec::new(),
             constraint: c,
+            // with --speculative only the sp workload drafts
+            speculative: false,
         })?)
     };
     let submit = |p: Vec<u32>, n: usize| submit_with(p, n, None);
@@ -245,6 +249,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
     let rounds = if llama_gguf.is_some() { args.rounds } else { 1 };
+    let spec = args.model.spec.config()?;
+    let mut workloads = args.workloads.clone();
+    if spec.is_some() && !workloads.iter().any(|w| w == "sp") {
+        workloads.push("sp".into());
+    }
     // one figure per round: b1 decode tok/s, b2 TTFT ms, llama.cpp's rates
     let (mut b1_rates, mut b2_ms, mut llama) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
@@ -254,7 +263,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         } else {
             String::new()
         };
-        for w in &args.workloads {
+        for w in &workloads {
             // b3 and s1 are not compared with llama.cpp: once is enough
             if round > 0 && !matches!(w.as_str(), "b1" | "b2") {
                 continue;
@@ -383,8 +392,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     res.insert("s1_json_out_tok_s".into(), json!(rates[1]));
                     res.insert("s1_ratio".into(), json!(ratio));
                 }
+                "sp" => {
+                    let Some(spec) = &spec else {
+                        bail!("the sp workload needs `--speculative ngram|suffix`");
+                    };
+                    let method = spec.method.name();
+                    crate::bench_spec::run(
+                        &loaded.engine,
+                        method,
+                        &mut prompt,
+                        &z,
+                        args.repeats,
+                        &mut res,
+                    )?;
+                }
                 other => {
-                    bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1)")
+                    bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1, sp)")
                 }
             }
         }
@@ -524,7 +547,7 @@ fn summarize(
     ratio("ratio_decode", "decode", decode);
 }
 
-fn time(mut h: RequestHandle) -> Result<Timing> {
+pub(crate) fn time(mut h: RequestHandle) -> Result<Timing> {
     let start = Instant::now();
     let mut first = None;
     let mut tokens = 0;
@@ -551,7 +574,7 @@ fn time(mut h: RequestHandle) -> Result<Timing> {
 }
 
 /// The middle value (the mean of the two middle ones for an even count).
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n.is_multiple_of(2) {
@@ -583,7 +606,7 @@ fn s1_schema(max_name: u32) -> serde_json::Value {
 
 /// Waits for every request (one thread each), printing progress; returns
 /// the tokens they generated.
-fn drain_all(handles: Vec<RequestHandle>, label: &str) -> Result<usize> {
+pub(crate) fn drain_all(handles: Vec<RequestHandle>, label: &str) -> Result<usize> {
     let n = handles.len();
     let finished = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|s| {

@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_serve;
+mod bench_spec;
 mod chat;
 mod chat_set;
 mod generate;
@@ -26,6 +27,7 @@ mod serve;
 mod serve_limits;
 mod serve_log;
 mod setup;
+mod spec_args;
 mod synth;
 mod timings;
 mod tokenize;

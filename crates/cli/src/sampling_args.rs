@@ -142,6 +142,7 @@ impl SamplingArgs {
             ignore_eos: self.ignore_eos,
             stop_token_ids: Vec::new(),
             constraint: None,
+            speculative: true,
         })
     }
 }

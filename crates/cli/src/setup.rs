@@ -155,6 +155,8 @@ pub struct ModelArgs {
     pub quantize_lm_head: bool,
     #[command(flatten)]
     pub tuning: crate::tuning::TuningArgs,
+    #[command(flatten)]
+    pub spec: crate::spec_args::SpecArgs,
 }
 
 /// Which engines to start: one per listed CUDA device (data parallelism),
@@ -321,6 +323,8 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     if args.max_batch_tokens == Some(0) {
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
+    // before anything loads: a bad setting is refused at once
+    let speculative = args.spec.config()?;
     let u = args.gpu_memory_utilization;
     if !(u > 0.0 && u <= 1.0) {
         bail!("invalid `--gpu-memory-utilization`: must be in (0, 1], got {u}");
@@ -408,6 +412,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                 max_step_time,
                 halt_on_backend_error: halt,
                 async_steps: !args.sync_steps,
+                speculative: speculative.clone(),
             },
         )?);
     }

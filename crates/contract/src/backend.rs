@@ -61,7 +61,20 @@ pub struct StepBatch {
     /// unknown to the host (their `tokens` entry is a placeholder), by
     /// increasing token index. Empty for a step that depends on no launch.
     pub carried: Vec<Carried>,
+    /// `[S]`, or empty for none: how many drafted tokens end each
+    /// sequence's segment (speculative decoding's verify rows). With `K`
+    /// drafts the segment's last `K + 1` rows are sampled: the row before
+    /// the drafts with the request's `step`, the row of draft `j` with
+    /// `step + 1 + j`, each exactly as that token would be sampled without
+    /// drafts (the draw depends only on seed and step). The engine accepts
+    /// draft `j` while the sample before it equals it. At most
+    /// [`MAX_DRAFTS`], only on a sampled sequence without a penalty history
+    /// or grammar mask (those depend on the tokens before each row).
+    pub drafts: Vec<u32>,
 }
+
+/// Most drafted tokens one sequence may verify in a step.
+pub const MAX_DRAFTS: usize = 16;
 
 /// A token of a step whose id is a sample of the previously launched step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +116,36 @@ impl StepBatch {
         }
     }
 
+    /// Drafted tokens ending sequence `s`'s segment ([`StepBatch::drafts`];
+    /// 0 past the table).
+    pub fn drafts_of(&self, s: usize) -> usize {
+        self.drafts.get(s).map_or(0, |&k| k as usize)
+    }
+
+    /// The sampled rows of sequence `s`: its segment's last
+    /// `1 + drafts_of(s)` token indices (empty when it samples nothing).
+    /// Valid only on a checked batch.
+    pub fn sampled_rows(&self, s: usize) -> std::ops::Range<usize> {
+        match self.samples.get(s) {
+            Some(Some(_)) => {
+                let end = self.cu_seqlens[s + 1] as usize;
+                end - 1 - self.drafts_of(s)..end
+            }
+            _ => 0..0,
+        }
+    }
+
+    /// The sample request of token row `row` of sequence `s`, one of its
+    /// [`StepBatch::sampled_rows`]: the sequence's request with `step`
+    /// advanced by the row's offset past the first sampled row.
+    pub fn row_request(&self, s: usize, row: usize) -> Option<SampleRequest> {
+        let req = self.samples.get(s)?.as_ref()?;
+        let first = self.sampled_rows(s).start;
+        let mut r = req.clone();
+        r.step += row.checked_sub(first)? as u64;
+        Some(r)
+    }
+
     /// True when every sequence contributes exactly one token.
     pub fn is_pure_decode(&self) -> bool {
         self.num_seqs() == self.num_tokens()
@@ -126,6 +169,9 @@ impl StepBatch {
     /// - `positions`, `slot_mapping`: `T` entries; `context_lens`, `samples`:
     ///   `S` entries; `prompt_lens`: none or `S`; `block_tables`: `S x
     ///   max_blocks` entries;
+    /// - `drafts`: none or `S` entries, each at most [`MAX_DRAFTS`], nonzero
+    ///   only on a sampled sequence without history or mask whose segment
+    ///   is longer than its drafts;
     /// - `tokens`: every id below `vocab`; `carried`: token indices below `T`,
     ///   strictly increasing (whether `from` names a sample of the previous
     ///   step only the backend knows);
@@ -195,6 +241,7 @@ impl StepBatch {
                 self.prompt_lens.len()
             ));
         }
+        self.check_drafts()?;
         if s.checked_mul(self.max_blocks) != Some(self.block_tables.len()) {
             return bad(format!(
                 "block_tables has {} entries, want {s} x max_blocks {}",
@@ -269,6 +316,38 @@ impl StepBatch {
                     ));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The `drafts` rules of [`StepBatch::check`] (lengths of `samples` and
+    /// `cu_seqlens` already checked).
+    fn check_drafts(&self) -> Result<(), BackendError> {
+        let s = self.num_seqs();
+        if !self.drafts.is_empty() && self.drafts.len() != s {
+            return Err(BackendError::InvalidBatch(format!(
+                "drafts has {} entries, want none or one per sequence ({s})",
+                self.drafts.len()
+            )));
+        }
+        for (seq, &k) in self.drafts.iter().enumerate() {
+            let k = k as usize;
+            if k == 0 {
+                continue;
+            }
+            let len = (self.cu_seqlens[seq + 1] - self.cu_seqlens[seq]) as usize;
+            let why = match &self.samples[seq] {
+                _ if k > MAX_DRAFTS => format!("more than {MAX_DRAFTS}"),
+                _ if k >= len => format!("not below its segment's {len} tokens"),
+                None => "on a sequence that samples nothing".into(),
+                Some(r) if r.history.is_some() || r.allowed.is_some() => {
+                    "on a sequence with a penalty history or grammar mask".into()
+                }
+                Some(_) => continue,
+            };
+            return Err(BackendError::InvalidBatch(format!(
+                "drafts[{seq}] = {k}: {why}"
+            )));
         }
         Ok(())
     }
@@ -375,6 +454,10 @@ pub struct SampledToken {
     pub logprob: f32,
     /// The `params.logprobs` most likely `(token, logprob)` pairs, best first.
     pub top_logprobs: Vec<(u32, f32)>,
+    /// With `K` drafts ([`StepBatch::drafts`]): the samples of the `K`
+    /// draft rows, in order (`draft_rows[j]` at the row of draft `j`, the
+    /// token after it); empty otherwise.
+    pub draft_rows: Vec<SampledToken>,
 }
 
 /// Most steps a pipelining backend holds in flight (launched, not collected).
@@ -445,6 +528,12 @@ pub trait Backend: Send {
 
     /// Steps launched (held ones included) and not collected yet.
     fn in_flight(&self) -> usize;
+
+    /// Most drafted tokens per sequence this backend verifies in a step
+    /// ([`StepBatch::drafts`]); 0: it runs no verify rows. Default 0.
+    fn max_drafts(&self) -> usize {
+        0
+    }
 
     /// Sizes the step buffers for steps of up to `max_tokens` tokens and
     /// `max_seqs` sequences ahead of time, so the first large steps of a run

@@ -54,6 +54,10 @@ pub trait HostCompute: Send {
     fn reserve(&mut self, _max_tokens: usize, _max_seqs: usize) -> Result<(), BackendError> {
         Ok(())
     }
+    /// [`Backend::max_drafts`]. Default: 0.
+    fn max_drafts(&self) -> usize {
+        0
+    }
     /// Called after a step is held ([`Backend::launch_held`]). Default: nothing.
     fn held(&mut self) {}
 }
@@ -98,6 +102,10 @@ impl<T: HostCompute> Backend for T {
 
     fn in_flight(&self) -> usize {
         self.pipeline().in_flight()
+    }
+
+    fn max_drafts(&self) -> usize {
+        HostCompute::max_drafts(self)
     }
 
     fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
@@ -231,6 +239,7 @@ mod tests {
             token,
             logprob: -1.0,
             top_logprobs: Vec::new(),
+            draft_rows: Vec::new(),
         })
     }
 

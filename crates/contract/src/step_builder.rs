@@ -11,7 +11,8 @@
 //! [`StepBuilder::carry_last`] marks the last token pushed as a sample of
 //! the previously launched step ([`StepBatch::carried`]);
 //! [`StepBuilder::set_prompt_len`] gives the last sequence's prompt length
-//! ([`StepBatch::prompt_lens`], 0 otherwise).
+//! ([`StepBatch::prompt_lens`], 0 otherwise); [`StepBuilder::set_drafts`]
+//! marks its last tokens as drafts to verify ([`StepBatch::drafts`]).
 //! A rejected push adds nothing. Between `begin` and `finish` the block tables
 //! are unpadded: read the batch only after `finish`.
 //!
@@ -85,6 +86,7 @@ impl StepBuilder {
         b.samples.clear();
         b.prompt_lens.clear();
         b.carried.clear();
+        b.drafts.clear();
         self.row_ends.clear();
     }
 
@@ -107,6 +109,23 @@ impl StepBuilder {
     pub fn set_prompt_len(&mut self, len: usize) {
         if let Some(last) = self.batch.prompt_lens.last_mut() {
             *last = u32::try_from(len).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// Marks the last `k` tokens of the last sequence pushed as drafted
+    /// tokens to verify ([`StepBatch::drafts`]; 0 until set). Does nothing
+    /// before the first push; [`StepBatch::check`] judges `k`.
+    pub fn set_drafts(&mut self, k: usize) {
+        let s = self.num_seqs();
+        if s == 0 {
+            return;
+        }
+        let b = &mut self.batch;
+        if k > 0 && b.drafts.len() < s {
+            b.drafts.resize(s, 0);
+        }
+        if let Some(last) = b.drafts.get_mut(s - 1) {
+            *last = u32::try_from(k).unwrap_or(u32::MAX);
         }
     }
 
@@ -155,6 +174,9 @@ impl StepBuilder {
         b.max_blocks = b.max_blocks.max(blocks);
         b.samples.push(sample);
         b.prompt_lens.push(0);
+        if !b.drafts.is_empty() {
+            b.drafts.push(0);
+        }
         self.row_ends.push(b.block_tables.len());
         Ok(())
     }
@@ -243,6 +265,39 @@ mod tests {
                 ..StepBatch::default()
             }
         );
+    }
+
+    #[test]
+    fn drafts_mark_the_last_rows_as_sampled_with_advancing_steps() {
+        let mut b = StepBuilder::new(4);
+        b.push(&[1, 2, 3], 0, &[0], None).unwrap();
+        // a decode token followed by two drafts, sampled from step 5
+        let mut req = greedy();
+        req.as_mut().unwrap().step = 5;
+        b.push(&[7, 8, 9], 4, &[1, 2], req).unwrap();
+        b.set_drafts(2);
+        b.push(&[4], 3, &[3], greedy()).unwrap();
+        let batch = b.finish().clone();
+        assert_eq!(batch.drafts, vec![0, 2, 0]);
+        batch.validate(4, 4).unwrap();
+        assert_eq!(batch.sampled_rows(0), 0..0);
+        assert_eq!(batch.sampled_rows(1), 3..6);
+        assert_eq!(batch.sampled_rows(2), 6..7);
+        let steps: Vec<u64> = (3..6)
+            .map(|r| batch.row_request(1, r).unwrap().step)
+            .collect();
+        assert_eq!(steps, vec![5, 6, 7]);
+        assert!(batch.row_request(1, 2).is_none());
+        // more drafts than the segment's tokens before them
+        b.begin();
+        b.push(&[7, 8], 4, &[1, 2], greedy()).unwrap();
+        b.set_drafts(2);
+        let err = b.finish().validate(4, 4).unwrap_err().to_string();
+        assert!(err.contains("drafts[0] = 2"), "{err}");
+        // the next step starts without drafts
+        b.begin();
+        b.push(&[7], 4, &[1, 2], greedy()).unwrap();
+        assert!(b.finish().drafts.is_empty());
     }
 
     #[test]

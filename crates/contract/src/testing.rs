@@ -183,6 +183,7 @@ pub fn malformed_batches(
         prompt_lens: Vec::new(),
         positions,
         carried: Vec::new(),
+        drafts: Vec::new(),
     };
     let mut out = vec![
         (
@@ -227,6 +228,33 @@ pub fn malformed_batches(
             "a carried token past the tokens".to_string(),
             StepBatch {
                 carried: vec![crate::backend::Carried { token: 1, from: 0 }],
+                ..one(vec![0], 1, vec![0], vec![0])
+            },
+        ),
+        (
+            "drafts on a sequence that samples nothing".to_string(),
+            StepBatch {
+                drafts: vec![1],
+                ..one(vec![0, 1], 2, vec![0], vec![0, 1])
+            },
+        ),
+        (
+            "drafts as long as their segment".to_string(),
+            StepBatch {
+                drafts: vec![2],
+                samples: vec![Some(crate::backend::SampleRequest {
+                    params: crate::sampling::SamplingParams::greedy(),
+                    step: 0,
+                    history: None,
+                    allowed: None,
+                })],
+                ..one(vec![0, 1], 2, vec![0], vec![0, 1])
+            },
+        ),
+        (
+            "drafts for two sequences in a batch of one".to_string(),
+            StepBatch {
+                drafts: vec![0, 0],
                 ..one(vec![0], 1, vec![0], vec![0])
             },
         ),

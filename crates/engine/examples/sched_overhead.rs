@@ -47,6 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_step_time: None,
             halt_on_backend_error: false,
             async_steps: true,
+            speculative: None,
         },
     )?;
     let start = Instant::now();
@@ -63,6 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ignore_eos: true,
                 stop_token_ids: Vec::new(),
                 constraint: None,
+                speculative: true,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

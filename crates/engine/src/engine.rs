@@ -30,6 +30,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::grammar::{Constraint, GrammarCompiler, GrammarError};
 use crate::scheduler::Scheduler;
+use crate::speculate::SpecConfig;
 use crate::types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SubmitError,
     Usage,
@@ -103,6 +104,32 @@ impl Engine {
             field: "kv_shape",
             reason: e.to_string(),
         })?;
+        let mut sched = sched;
+        if let Some(spec) = &cfg.speculative {
+            if let Err((field, reason)) = spec.validate() {
+                let _ = field; // the one checked field
+                return Err(EngineError::InvalidConfig {
+                    field: "speculative.num_tokens",
+                    reason,
+                });
+            }
+            let most = backend.max_drafts();
+            if most == 0 {
+                tracing::warn!(backend = %backend.name(), "the backend verifies no drafts: speculative decoding is off");
+            } else {
+                let spec = SpecConfig {
+                    num_tokens: spec.num_tokens.min(most),
+                    ..spec.clone()
+                };
+                tracing::info!(
+                    method = spec.method.name(),
+                    k = spec.num_tokens,
+                    max_batch = spec.max_batch,
+                    "speculative decoding on"
+                );
+                sched.set_speculation(spec);
+            }
+        }
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         tracing::info!(

@@ -15,7 +15,8 @@
 //! submit validation), `worker` (the loop), `scheduler` (batch planning and KV
 //! bookkeeping), `output` (detokenizing, stop conditions, events), `stop`
 //! (stop strings across tokens), [`grammar`] (constrained decoding through
-//! `llguidance`), [`testing`] (a fake backend for tests).
+//! `llguidance`), [`speculate`] (speculative decoding's drafters and
+//! settings), [`testing`] (a fake backend for tests).
 //!
 //! Costs: per step O(S + T + S * max_blocks) host work for S sequences and T
 //! tokens, with reused buffers; see each module for its own.
@@ -24,6 +25,7 @@ mod engine;
 pub mod grammar;
 mod output;
 mod scheduler;
+pub mod speculate;
 mod step_time;
 mod stop;
 pub mod testing;
@@ -32,6 +34,7 @@ mod worker;
 
 pub use engine::{Canceller, Completion, Engine, RequestHandle};
 pub use grammar::{Constraint, GrammarError};
+pub use speculate::{Drafter, SpecConfig, SpecMethod};
 pub use types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, Finished, GenerateRequest,
     SubmitError, TokenEvent, Usage,

@@ -47,6 +47,18 @@
 //!    with one lands before the next is planned
 //!    ([`Scheduler::landing_needs_host`]).
 //!
+//! 7. Speculative decoding (`crate::speculate`, off unless
+//!    [`Scheduler::set_speculation`]): a decoding sequence that may draft
+//!    and whose last token is known appends up to its draft length of
+//!    drafted tokens (KV room permitting, never past `max_tokens`) and runs
+//!    them as verify rows of its decode segment
+//!    ([`contract::StepBatch::drafts`]). They stay uncomputed until its
+//!    step lands: the accepted ones are then marked computed, the rejected
+//!    ones truncated away (`KvManager::truncate`), and the accepted tokens
+//!    plus the correction are committed in order. Such a sequence's next
+//!    step depends on how many were accepted, so its step lands before the
+//!    next plan ([`Scheduler::landing_needs_host`]).
+//!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
 //! [`Scheduler::launched`], which releases it (so the
 //! repetition-penalty sets it shared are updated in place, not copied).
@@ -61,6 +73,10 @@
 //! that has no KV room yet (`Seq::next`; the room is found, or a preemption
 //! made, at the next `schedule`). Running, `parked` is empty; waiting, `next`
 //! is `None`; so a token lives in exactly one of the three.
+//!
+//! One file past the usual size on purpose: the contract points above are
+//! one state machine over `Seq`; its per-step parts (building, launching,
+//! landing) live in `step.rs` and speculative decoding's in `spec.rs`.
 //!
 //! Costs: O(S + T + S * max_blocks) per step for S scheduled sequences and T
 //! tokens, plus O(running + len) per preemption, O(len) per admission and
@@ -124,6 +140,12 @@ struct Seq {
     /// The constraint's state (constrained decoding): kept across
     /// preemption, advanced at commit, its mask sent with each sample.
     grammar: Option<Box<SeqGrammar>>,
+    /// Most tokens to draft for it next (speculative decoding, `spec`
+    /// module); 0: it never drafts.
+    spec_k: usize,
+    /// Drafted tokens at the end of its KV tokens, run by the launched
+    /// step and not verified yet (they stay uncomputed until then).
+    drafted: usize,
 }
 
 /// A sequence to queue ([`Scheduler::add`]).
@@ -134,6 +156,8 @@ pub(crate) struct NewSeq {
     pub max_tokens: Option<usize>,
     pub fork_of: Option<u64>,
     pub grammar: Option<SeqGrammar>,
+    /// May draft when the scheduler speculates (a request can opt out).
+    pub speculative: bool,
 }
 
 impl NewSeq {
@@ -146,6 +170,7 @@ impl NewSeq {
             max_tokens: None,
             fork_of: None,
             grammar: None,
+            speculative: true,
         }
     }
 }
@@ -191,6 +216,8 @@ pub(crate) struct Scheduler {
     /// The planned step must be launched held ([`Scheduler::batch_held`]).
     held: bool,
     pub preemptions_total: u64,
+    /// Speculative decoding, when on.
+    spec: Option<Speculation>,
 }
 
 impl Scheduler {
@@ -216,6 +243,7 @@ impl Scheduler {
             grammar_failures: Vec::new(),
             held: false,
             preemptions_total: 0,
+            spec: None,
         })
     }
 
@@ -229,10 +257,15 @@ impl Scheduler {
             max_tokens,
             fork_of,
             grammar,
+            speculative,
         } = new;
         let history = params
             .needs_history()
             .then(|| Arc::new(PenaltyHistory::from_tokens(&prompt)));
+        let spec_k = match &self.spec {
+            Some(s) if speculative && history.is_none() && grammar.is_none() => s.cfg.num_tokens,
+            _ => 0,
+        };
         let seq = Seq {
             prompt_len: prompt.len(),
             parked: prompt,
@@ -245,6 +278,8 @@ impl Scheduler {
             max_tokens,
             last_in_flight: false,
             cached_tokens: 0,
+            spec_k,
+            drafted: 0,
             grammar: grammar.map(Box::new),
         };
         self.seqs.insert(id, seq);
@@ -297,7 +332,14 @@ impl Scheduler {
     /// Removes a sequence wherever it is and frees its blocks.
     pub(crate) fn finish(&mut self, id: u64) -> Result<SeqSummary, SchedError> {
         let summary = self.summary(id).ok_or(SchedError::UnknownSeq(id))?;
-        self.seqs.remove(&id);
+        let seq = self.seqs.remove(&id);
+        if let (Some(spec), Some(seq), Some(tokens)) =
+            (self.spec.as_mut(), seq, self.kv.seq_tokens(id as SeqId))
+            && seq.spec_k > 0
+        {
+            spec.drafter
+                .finished(id, &tokens[..tokens.len() - seq.drafted]);
+        }
         if let Some(i) = self.running.iter().position(|&r| r == id) {
             self.running.remove(i);
             self.kv.free(id as SeqId)?;
@@ -339,8 +381,14 @@ impl Scheduler {
                     budget -= reserved;
                 }
             }
-            for &id in &self.running {
-                if self.seqs.get(&id).is_some_and(|q| q.last_in_flight) {
+            for i in 0..self.running.len() {
+                let id = self.running[i];
+                // (a sequence that drafted this step is planned already)
+                if self
+                    .seqs
+                    .get(&id)
+                    .is_some_and(|q| q.last_in_flight || q.drafted > 0)
+                {
                     continue;
                 }
                 let sid = id as SeqId;
@@ -355,10 +403,15 @@ impl Scheduler {
                 }
                 let n = left.min(budget);
                 budget -= n;
+                let drafted = match decodes {
+                    true => self.draft(id, budget)?,
+                    false => 0,
+                };
+                budget -= drafted;
                 self.plan.push(Planned {
                     id,
                     start: computed,
-                    end: computed + n,
+                    end: computed + n + drafted,
                 });
             }
         }
@@ -404,6 +457,13 @@ impl Scheduler {
     /// Frees `id`'s blocks and parks its tokens at the front of the queue.
     fn preempt(&mut self, id: u64) -> Result<(), SchedError> {
         let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
+        if seq.drafted > 0 {
+            // unverified: dropped (the landing then takes the first sample)
+            let len = self.kv.seq_len(id as SeqId).unwrap_or(0);
+            self.kv
+                .truncate(id as SeqId, len.saturating_sub(seq.drafted))?;
+            seq.drafted = 0;
+        }
         let held = self
             .kv
             .seq_tokens(id as SeqId)
@@ -510,6 +570,9 @@ impl Scheduler {
     }
 }
 
+mod spec;
 mod step;
+
+use spec::Speculation;
 #[cfg(test)]
 mod tests;

@@ -211,49 +211,25 @@ impl contract::HostCompute for FakeBackend {
         for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
             self.kv[slot as usize] = tok;
         }
-        let vocab = self.config.vocab_size;
         let mut out = Vec::with_capacity(batch.num_seqs());
         for (s, sample) in batch.samples.iter().enumerate() {
             let Some(req) = sample else {
                 out.push(None);
                 continue;
             };
-            let ctx = batch.context_lens[s] as usize;
-            let token = if self.read_context {
-                let table = batch.block_table(s);
-                self.context.clear();
-                for p in 0..ctx {
-                    let v = self.kv[table[p / bs] as usize * bs + p % bs];
-                    if v == EMPTY {
-                        return Err(BackendError::InvalidBatch(format!(
-                            "sequence {s} reads position {p}, whose slot was never written"
-                        )));
-                    }
-                    self.context.push(v);
-                }
-                fake_next_token(&self.context, vocab, req)
-            } else {
-                let last = batch.tokens[batch.cu_seqlens[s + 1] as usize - 1];
-                fake_next_token(&[last, ctx as u32], vocab, req)
-            };
-            let top = (0..req.params.logprobs)
-                .map(|i| ((token + i as u32) % vocab as u32, -(i as f32)))
-                .collect();
-            let poisoned = self.read_context
-                && self
-                    .nan_on_token
-                    .is_some_and(|bad| self.context.contains(&bad));
-            out.push(Some(SampledToken {
-                token,
-                logprob: if poisoned {
-                    f32::NAN
-                } else {
-                    -((token % 10) as f32) / 10.0
-                },
-                top_logprobs: top,
-            }));
+            let rows = batch.sampled_rows(s);
+            let mut first = self.sample_row(batch, s, rows.start, req)?;
+            for row in rows.skip(1) {
+                let r = batch.row_request(s, row).unwrap_or_else(|| req.clone());
+                first.draft_rows.push(self.sample_row(batch, s, row, &r)?);
+            }
+            out.push(Some(first));
         }
         Ok(out)
+    }
+
+    fn max_drafts(&self) -> usize {
+        contract::backend::MAX_DRAFTS
     }
 
     fn held(&mut self) {
@@ -278,5 +254,54 @@ impl contract::HostCompute for FakeBackend {
             }
         }
         Ok(out)
+    }
+}
+
+impl FakeBackend {
+    /// The fake's sample at token row `row` of sequence `s` (its context:
+    /// the positions up to that row's).
+    fn sample_row(
+        &mut self,
+        batch: &StepBatch,
+        s: usize,
+        row: usize,
+        req: &SampleRequest,
+    ) -> Result<SampledToken, BackendError> {
+        let bs = self.shape.block_size;
+        let vocab = self.config.vocab_size;
+        let ctx = batch.positions[row] as usize + 1;
+        let token = if self.read_context {
+            let table = batch.block_table(s);
+            self.context.clear();
+            for p in 0..ctx {
+                let v = self.kv[table[p / bs] as usize * bs + p % bs];
+                if v == EMPTY {
+                    return Err(BackendError::InvalidBatch(format!(
+                        "sequence {s} reads position {p}, whose slot was never written"
+                    )));
+                }
+                self.context.push(v);
+            }
+            fake_next_token(&self.context, vocab, req)
+        } else {
+            fake_next_token(&[batch.tokens[row], ctx as u32], vocab, req)
+        };
+        let top = (0..req.params.logprobs)
+            .map(|i| ((token + i as u32) % vocab as u32, -(i as f32)))
+            .collect();
+        let poisoned = self.read_context
+            && self
+                .nan_on_token
+                .is_some_and(|bad| self.context.contains(&bad));
+        Ok(SampledToken {
+            token,
+            logprob: if poisoned {
+                f32::NAN
+            } else {
+                -((token % 10) as f32) / 10.0
+            },
+            top_logprobs: top,
+            draft_rows: Vec::new(),
+        })
     }
 }

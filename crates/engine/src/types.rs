@@ -7,6 +7,7 @@
 use contract::{ParamError, SampledToken, SamplingParams};
 
 use crate::grammar::{Constraint, GrammarError};
+use crate::speculate::SpecConfig;
 
 /// Scheduler limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +37,12 @@ pub struct EngineConfig {
     /// device, so no host round trip separates two steps. Off, each step
     /// lands before the next is planned. Output is the same either way.
     pub async_steps: bool,
+    /// Speculative decoding (`crate::speculate`): drafts verified in the
+    /// step, the same output in fewer steps. `None`: off. Ignored with a
+    /// warning on a backend that verifies no drafts
+    /// (`Backend::max_drafts` 0); the draft length is capped at what it
+    /// verifies.
+    pub speculative: Option<SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -48,6 +55,7 @@ impl Default for EngineConfig {
             max_step_time: None,
             halt_on_backend_error: false,
             async_steps: true,
+            speculative: None,
         }
     }
 }
@@ -71,6 +79,10 @@ pub struct GenerateRequest {
     /// Constrained decoding: every sampled token keeps the output a prefix
     /// of a text this constraint accepts (see [`crate::grammar`]).
     pub constraint: Option<Constraint>,
+    /// May be decoded speculatively when the engine speculates
+    /// ([`EngineConfig::speculative`]); false opts out. The output is the
+    /// same either way.
+    pub speculative: bool,
 }
 
 /// What a request streams.
@@ -179,6 +191,13 @@ pub struct EngineStats {
     /// Nanoseconds spent on host work between steps (scheduling, batch
     /// building, detokenizing, stop checks, sending events).
     pub host_ns_total: u64,
+    /// Speculative decoding: tokens drafted and verified.
+    pub spec_drafted_total: u64,
+    /// Speculative decoding: drafted tokens accepted.
+    pub spec_accepted_total: u64,
+    /// Speculative decoding: sequence steps that verified drafts (accepted
+    /// / verifies is the mean accepted length).
+    pub spec_verifies_total: u64,
 }
 
 /// Why [`crate::Engine::start`] failed.

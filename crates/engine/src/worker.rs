@@ -42,6 +42,15 @@
 //! Finishing -> Done`, see [`request`]); `Worker::end` is the only way a
 //! request ends and usage is counted there. Counters live in [`shared`].
 //!
+//! A sequence that verified drafts lands several tokens in one step: they
+//! are committed in order, each judged at its own count (EOS, stop ids,
+//! `max_tokens`, stop strings), and those after the one that ends the
+//! request are dropped unseen and uncounted.
+//!
+//! One file past the usual size on purpose: the loop's steps (plan,
+//! launch, land, commit) share its state; the request state machine and
+//! the counters are in [`request`] and [`shared`].
+//!
 //! Costs per iteration: the scheduler's O(batch) plus O(sampled tokens) of
 //! output work and O(messages) of channel work; counters are published to
 //! [`Shared`] with relaxed atomic stores.
@@ -127,11 +136,14 @@ fn process_text(
     tokens: Vec<(u64, SampledToken)>,
     eos: &[u32],
 ) -> Vec<(u64, FinishReason, Option<String>)> {
-    let mut ended = Vec::new();
+    let mut ended: Vec<(u64, FinishReason, Option<String>)> = Vec::new();
     for (id, tok) in tokens {
         let Some(req) = requests.get_mut(&id) else {
             continue; // ended meanwhile: the token is dropped unseen
         };
+        if ended.iter().any(|e| e.0 == id) {
+            continue; // after its ending token (verified drafts): unseen
+        }
         if let Verdict::Finish(reason, err) = req.out.on_token(tok, eos) {
             ended.push((id, reason, err));
         }
@@ -276,6 +288,7 @@ impl Worker {
             max_tokens: Some(req.max_tokens),
             fork_of,
             grammar,
+            speculative: req.speculative,
         };
         self.sched.add(id, seq);
         if let Some(why) = self.halted.clone() {
@@ -532,17 +545,34 @@ impl Worker {
             self.end(id, FinishReason::Error, Some(why));
         }
         sampled.retain(|(id, _)| self.requests.contains_key(id));
-        Shared::add(&self.shared.generation_tokens_total, sampled.len() as u64);
-        for (id, tok) in &sampled {
-            let generated = self.sched.summary(*id).map_or(0, |c| c.generated);
+        // a sequence that verified drafts lands several tokens, in order:
+        // each is judged at its own count, and those after the one that
+        // ends the request are dropped unseen
+        let mut later: HashMap<u64, usize> = HashMap::new();
+        for (id, _) in &sampled {
+            *later.entry(*id).or_default() += 1;
+        }
+        let mut ended: Vec<u64> = Vec::new();
+        sampled.retain(|(id, tok)| {
+            if ended.contains(id) {
+                return false;
+            }
+            let left = later.get_mut(id).map_or(0, |n| {
+                *n -= 1;
+                *n
+            });
+            let generated = self.sched.summary(*id).map_or(0, |c| c.generated) - left;
             let ends = self
                 .requests
                 .get(id)
                 .and_then(|r| r.out.ends_on(tok.token, generated, &self.eos));
             if let Some(reason) = ends {
-                self.retire(*id, reason);
+                self.retire_at(*id, reason, generated);
+                ended.push(*id);
             }
-        }
+            true
+        });
+        Shared::add(&self.shared.generation_tokens_total, sampled.len() as u64);
         sampled
     }
 
@@ -579,5 +609,10 @@ impl Worker {
         st(&s.kv_blocks_total, self.sched.kv().num_blocks());
         s.preemptions_total
             .store(self.sched.preemptions_total, Ordering::Relaxed);
+        if let Some(spec) = self.sched.spec_stats() {
+            st(&s.spec_drafted_total, spec.drafted as usize);
+            st(&s.spec_accepted_total, spec.accepted as usize);
+            st(&s.spec_verifies_total, spec.verifies as usize);
+        }
     }
 }

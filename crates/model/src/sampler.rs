@@ -30,6 +30,7 @@ pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
             token: 0,
             logprob: f32::NAN,
             top_logprobs: Vec::new(),
+            draft_rows: Vec::new(),
         };
     }
     let lse = log_sum_exp(logits);
@@ -54,6 +55,7 @@ pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
         token,
         logprob,
         top_logprobs,
+        draft_rows: Vec::new(),
     }
 }
 

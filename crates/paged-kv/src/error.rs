@@ -35,6 +35,15 @@ pub enum KvError {
         computed: usize,
         len: usize,
     },
+    /// `truncate` was given a length below the computed tokens (their
+    /// blocks may be cached) or past the sequence.
+    #[error("sequence {seq}: cannot truncate to {len} tokens ({computed} computed, {held} held)")]
+    NotTruncatable {
+        seq: SeqId,
+        len: usize,
+        computed: usize,
+        held: usize,
+    },
     /// The pool configuration is unusable; `field` names the [`crate::KvConfig`] field.
     #[error("invalid KV config: {field} = {value}: {reason}")]
     InvalidConfig {

@@ -35,6 +35,8 @@
 //!   hash lookup and one `B`-token comparison per full prompt block; they share
 //!   one planning routine, so they agree exactly.
 //! - [`KvManager::can_append`] O(1); [`KvManager::append`] O(n + new blocks).
+//! - [`KvManager::can_truncate`] O(1); [`KvManager::truncate`] O(dropped
+//!   tokens + released blocks).
 //! - [`KvManager::mark_computed`]: O(newly full blocks x `B`).
 //! - freeing a sequence ([`KvManager::free`]): O(b).
 //! - a slot lookup ([`KvManager::slot`]): O(1).
@@ -53,7 +55,11 @@
 //!    `contract::StepBuilder`, takes each table from [`KvManager::block_table`]).
 //! 3. Decode: `can_append(seq, 1)` then `append(seq, &[token])`; when out of
 //!    blocks, preempt (`free`, re-`admit` prompt + generated tokens later).
-//! 4. `free(seq)` when done.
+//! 4. Speculative decoding: `append(seq, drafts)`, run them, then
+//!    `truncate(seq, verified_len)` drops the rejected ones (only tokens not
+//!    yet marked computed can go, so no block hashed into the prefix cache
+//!    ever holds an unverified token) and `mark_computed` the verified ones.
+//! 5. `free(seq)` when done.
 
 mod check;
 mod error;

@@ -339,6 +339,47 @@ impl KvManager {
         Ok(())
     }
 
+    /// Exact: whether [`KvManager::truncate`] of `seq` to `len` tokens
+    /// would succeed: `len` lies between its computed tokens and its length.
+    pub fn can_truncate(&self, seq: SeqId, len: usize) -> bool {
+        self.seqs
+            .get(&seq)
+            .is_some_and(|s| len >= s.computed && len <= s.tokens.len())
+    }
+
+    /// Drops `seq`'s tokens past `len` and releases the blocks no longer
+    /// covered, last first: how a speculative step's rejected drafts roll
+    /// back. Only uncomputed tokens can go (`len` at least the computed
+    /// count, like [`KvManager::set_token`]): a computed block may be hashed
+    /// or cached under its tokens, an uncomputed one never is, so drafts
+    /// stay uncomputed until verified and the prefix cache never holds an
+    /// unverified token. The released blocks are writable ones (past the
+    /// computed blocks: exclusive, uncached), so they go straight back to
+    /// the free list. O(dropped tokens + released blocks).
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        let Self {
+            seqs,
+            pool,
+            block_size,
+            ..
+        } = self;
+        let s = seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if len < s.computed || len > s.tokens.len() {
+            return Err(KvError::NotTruncatable {
+                seq,
+                len,
+                computed: s.computed,
+                held: s.tokens.len(),
+            });
+        }
+        s.tokens.truncate(len);
+        let keep = len.div_ceil(*block_size);
+        for b in s.table.drain(keep..).rev() {
+            pool.decref(b);
+        }
+        Ok(())
+    }
+
     /// Releases `seq`'s blocks, last block first, so that its cached tail
     /// is evicted before its (more shareable) head.
     pub fn free(&mut self, seq: SeqId) -> Result<(), KvError> {

@@ -1,4 +1,4 @@
-//! Property tests: random sequences of admit / append / mark_computed / free
+//! Property tests: random sequences of admit / append / truncate / mark_computed / free
 //! / prefix-lookup / evict / clear against a shadow model of what KV
 //! each physical block holds. After every step: the crate's own invariant
 //! checker, free + in use (+ cached-evictable) = total, refcounts equal table
@@ -18,6 +18,7 @@ use proptest::prelude::*;
 enum Op {
     Admit(SeqId, Vec<u32>),
     Append(SeqId, Vec<u32>),
+    Truncate(SeqId, usize),
     Compute(SeqId, usize),
     Free(SeqId),
     Lookup(Vec<u32>),
@@ -34,6 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (id.clone(), tokens(14)).prop_map(|(s, t)| Op::Admit(s, t)),
         3 => (id.clone(), tokens(5)).prop_map(|(s, t)| Op::Append(s, t)),
+        2 => (id.clone(), any::<usize>()).prop_map(|(s, n)| Op::Truncate(s, n)),
         5 => (id.clone(), any::<usize>()).prop_map(|(s, n)| Op::Compute(s, n)),
         3 => id.prop_map(Op::Free),
         2 => tokens(14).prop_map(Op::Lookup),
@@ -136,6 +138,36 @@ impl Harness {
                         unchanged(&self.kv)?;
                     }
                     Err(e) => prop_assert!(false, "unexpected append error {e}"),
+                }
+            }
+            Op::Truncate(s, pick) => {
+                let Some(len) = self.kv.seq_len(*s) else {
+                    prop_assert!(!self.kv.can_truncate(*s, 0));
+                    prop_assert_eq!(self.kv.truncate(*s, 0), Err(KvError::UnknownSeq(*s)));
+                    return unchanged(&self.kv);
+                };
+                let n = pick % (len + 2);
+                let can = self.kv.can_truncate(*s, n);
+                let computed = self.kv.num_computed(*s).unwrap_or(0);
+                prop_assert_eq!(can, n >= computed && n <= len);
+                let toks = self.kv.seq_tokens(*s).unwrap_or_default().to_vec();
+                let table = self.kv.block_table(*s).unwrap_or_default().to_vec();
+                match self.kv.truncate(*s, n) {
+                    Ok(()) => {
+                        prop_assert!(can);
+                        prop_assert_eq!(self.kv.seq_tokens(*s), Some(&toks[..n]));
+                        prop_assert_eq!(self.kv.block_table(*s), Some(&table[..n.div_ceil(bs)]));
+                        prop_assert_eq!(self.kv.num_computed(*s), Some(computed));
+                        for &b in &table[n.div_ceil(bs)..] {
+                            prop_assert_eq!(self.kv.ref_count(b), Some(0), "block {} kept", b);
+                            prop_assert!(!self.kv.is_cached(b), "released block {} cached", b);
+                        }
+                    }
+                    Err(KvError::NotTruncatable { .. }) => {
+                        prop_assert!(!can);
+                        unchanged(&self.kv)?;
+                    }
+                    Err(e) => prop_assert!(false, "unexpected truncate error {e}"),
                 }
             }
             Op::Compute(s, pick) => {

@@ -224,6 +224,24 @@ const ENGINE_SERIES: &[EngineSeries] = &[
         "Sequences preempted (KV blocks freed, recomputed later).",
         |s| s.preemptions_total as f64,
     ),
+    (
+        "lamina_spec_decode_draft_tokens_total",
+        "counter",
+        "Speculative decoding (the server's --speculative method): tokens drafted and verified.",
+        |s| s.spec_drafted_total as f64,
+    ),
+    (
+        "lamina_spec_decode_accepted_tokens_total",
+        "counter",
+        "Speculative decoding: drafted tokens accepted.",
+        |s| s.spec_accepted_total as f64,
+    ),
+    (
+        "lamina_spec_decode_verifies_total",
+        "counter",
+        "Speculative decoding: sequence steps that verified drafts (accepted / verifies is the mean accepted length).",
+        |s| s.spec_verifies_total as f64,
+    ),
 ];
 
 /// The series also written under vLLM's name: lamina's name -> vLLM's.
@@ -428,6 +446,7 @@ mod tests {
                 kv_blocks_used: used,
                 kv_blocks_total: 10,
                 preemptions_total: running,
+                spec_accepted_total: used,
                 ..EngineStats::default()
             },
             failed,
@@ -454,6 +473,9 @@ mod tests {
         );
         assert!(s.contains("lamina_kv_cache_usage_perc{model_name=\"m\"} 0.25\n"));
         assert!(s.contains("lamina_num_preemptions_total{model_name=\"m\"} 5\n"));
+        assert!(s.contains(
+            "lamina_spec_decode_accepted_tokens_total{model_name=\"m\",engine=\"0\"} 5\n"
+        ));
         assert!(s.contains("lamina_engine_healthy{model_name=\"m\",engine=\"1\"} 0\n"));
         assert!(s.contains(
             "lamina_cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"20\"} 1\n"

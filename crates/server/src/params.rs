@@ -44,6 +44,8 @@ pub struct Checked {
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// May be decoded speculatively (the `speculative` extension, default on).
+    pub speculative: bool,
     pub stream: bool,
     pub include_usage: bool,
     /// Choices returned.
@@ -161,6 +163,7 @@ pub fn check(
         stop,
         stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: c.ignore_eos,
+        speculative: c.speculative.unwrap_or(true),
         stream: c.stream,
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         n,
@@ -220,6 +223,7 @@ impl Checked {
             ignore_eos: self.ignore_eos,
             stop_token_ids: self.stop_token_ids.clone(),
             constraint: None,
+            speculative: self.speculative,
         }
     }
 }
@@ -232,6 +236,21 @@ mod tests {
 
     fn run(c: CommonFields) -> Result<Checked, ApiError> {
         check(&c, 0, "max_tokens", &GenerationConfig::default())
+    }
+
+    #[test]
+    fn speculative_decoding_is_on_unless_the_request_opts_out() {
+        let on = run(CommonFields::default()).unwrap();
+        assert!(on.request(vec![1], 16).speculative);
+        let off = run(CommonFields {
+            speculative: Some(false),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!off.request(vec![1], 16).speculative);
+        let body = r#"{"prompt": "x", "speculative": false}"#;
+        let r: crate::protocol::CompletionRequest = serde_json::from_str(body).unwrap();
+        assert_eq!(r.common().speculative, Some(false));
     }
 
     #[test]

@@ -80,6 +80,8 @@ pub struct CommonFields {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub ignore_eos: bool,
+    /// lamina extension: `false` opts out of speculative decoding.
+    pub speculative: Option<bool>,
 }
 
 /// Declares a completion-style request body (chat, text completion): the
@@ -136,6 +138,11 @@ macro_rules! completion_request_fields {
             pub stream_options: Option<StreamOptions>,
             #[serde(default)]
             pub ignore_eos: Option<bool>,
+            /// lamina extension: `false` opts this request out of the
+            /// server's speculative decoding (`--speculative`; the output
+            /// is the same either way).
+            #[serde(default)]
+            pub speculative: Option<bool>,
             /// `text`, `json_object` or `json_schema` (constrained decoding).
             #[serde(default)]
             pub response_format: Option<ResponseFormat>,
@@ -170,6 +177,7 @@ macro_rules! completion_request_fields {
                     stream: self.stream.unwrap_or(false),
                     stream_options: self.stream_options.clone(),
                     ignore_eos: self.ignore_eos.unwrap_or(false),
+                    speculative: self.speculative,
                 }
             }
         }

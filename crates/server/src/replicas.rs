@@ -293,6 +293,9 @@ pub fn sum_stats(all: &[EngineStats]) -> EngineStats {
         t.backend_ns_total += s.backend_ns_total;
         t.schedule_ns_total += s.schedule_ns_total;
         t.host_ns_total += s.host_ns_total;
+        t.spec_drafted_total += s.spec_drafted_total;
+        t.spec_accepted_total += s.spec_accepted_total;
+        t.spec_verifies_total += s.spec_verifies_total;
     }
     t
 }

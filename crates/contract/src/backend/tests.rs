@@ -101,6 +101,7 @@ proptest! {
         block_tables in small_vec(),
         max_blocks in prop_oneof![0usize..4, Just(usize::MAX)],
         samples in 0usize..6,
+        drafts in small_vec(),
         num_blocks in prop_oneof![0usize..16, Just(usize::MAX)],
         block_size in prop_oneof![0usize..5, Just(usize::MAX)],
         max_positions in prop_oneof![0usize..64, Just(usize::MAX)],
@@ -108,6 +109,7 @@ proptest! {
         let b = StepBatch {
             tokens, positions, cu_seqlens, slot_mapping, context_lens, block_tables,
             max_blocks, samples: vec![None; samples], prompt_lens: Vec::new(), carried: Vec::new(),
+            drafts,
         };
         let _ = b.check(kv(num_blocks, block_size), VOCAB, max_positions);
         let _ = b.validate(num_blocks, block_size);

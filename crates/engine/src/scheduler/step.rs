@@ -31,15 +31,21 @@ impl Scheduler {
                 .kv
                 .block_table(sid)
                 .ok_or(SchedError::UnknownSeq(p.id))?;
+            // drafted tokens end the segment; the sample after the last
+            // verified token is generated token `verified - prompt_len`
+            let verified = tokens.len() - seq.drafted;
             let sample = (p.end == tokens.len()).then(|| SampleRequest {
                 params: seq.params.clone(),
-                step: (tokens.len() - seq.prompt_len) as u64,
+                step: (verified - seq.prompt_len) as u64,
                 history: seq.history.clone(),
                 allowed: seq.grammar.as_ref().map(|g| g.mask()),
             });
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
             self.builder.set_prompt_len(seq.prompt_len);
+            if seq.drafted > 0 {
+                self.builder.set_drafts(seq.drafted);
+            }
             if let (Some(row), true) = (seq.carried_from, p.end == tokens.len()) {
                 // the placeholder is the last token, and this step runs it;
                 // a grammar's mask for it waits for that token (held step)
@@ -71,11 +77,12 @@ impl Scheduler {
                 continue; // ended since it was planned: its sample is dropped
             };
             let len = self.kv.seq_len(sid).ok_or(SchedError::UnknownSeq(p.id))?;
-            self.kv.mark_computed(sid, p.end)?;
+            // drafts stay uncomputed until verified (their blocks unhashed)
+            self.kv.mark_computed(sid, p.end - seq.drafted)?;
             if p.end == len {
                 seq.next = Some(PENDING_TOKEN);
                 seq.carried_from = Some(row as u32);
-                let generated = len + 1 - seq.prompt_len;
+                let generated = len - seq.drafted + 1 - seq.prompt_len;
                 seq.last_in_flight = seq.max_tokens.is_some_and(|m| generated >= m);
             }
         }
@@ -85,12 +92,14 @@ impl Scheduler {
     /// True when a sequence of the launched step needs its sample on the
     /// host before its next step can be planned: its penalty history, which
     /// the next batch shares (a grammar's mask does not: that step is held,
-    /// [`Scheduler::batch_held`]).
+    /// [`Scheduler::batch_held`]), or speculative decoding (its next step's
+    /// tokens depend on the drafts accepted, and its drafts on its tokens).
     pub(crate) fn landing_needs_host(&self) -> bool {
         self.landing.iter().any(|(id, _)| {
-            self.seqs
-                .get(id)
-                .is_some_and(|q| q.carried_from.is_some() && q.history.is_some())
+            self.seqs.get(id).is_some_and(|q| {
+                q.carried_from.is_some()
+                    && (q.history.is_some() || q.drafted > 0 || self.speculating(q))
+            })
         })
     }
 
@@ -134,7 +143,9 @@ impl Scheduler {
             }
         }
         let mut advanced: Vec<(u64, u32)> = Vec::new();
-        for &(id, row) in &self.landing {
+        // taken while landing (a verified draft needs the whole scheduler)
+        let landing = std::mem::take(&mut self.landing);
+        for &(id, row) in &landing {
             let Some(t) = results[row as usize].take() else {
                 continue;
             };
@@ -146,6 +157,11 @@ impl Scheduler {
             }
             seq.carried_from = None;
             seq.last_in_flight = false;
+            let drafted = std::mem::take(&mut seq.drafted);
+            if drafted > 0 {
+                self.land_verified(id, drafted, t, out)?;
+                continue;
+            }
             let sid = id as SeqId;
             if let Some(next) = seq.next.as_mut() {
                 *next = t.token;
@@ -163,6 +179,7 @@ impl Scheduler {
             }
             out.push((id, t));
         }
+        self.landing = landing;
         self.landing.clear();
         self.landing_rows = 0;
         if !advanced.is_empty() {

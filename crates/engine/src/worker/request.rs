@@ -103,6 +103,19 @@ impl Worker {
         }
     }
 
+    /// [`Worker::retire`] by a token that is the request's `generated`-th:
+    /// tokens landed after it (verified drafts) are not counted.
+    pub(super) fn retire_at(&mut self, id: u64, reason: FinishReason, generated: usize) {
+        self.retire(id, reason);
+        if let Some(Request {
+            phase: Phase::Finishing { counts, .. },
+            ..
+        }) = self.requests.get_mut(&id)
+        {
+            counts.generated = counts.generated.min(generated);
+        }
+    }
+
     /// Any phase `-> Done`: leaves the scheduler if still there (blocks
     /// freed), counts usage and sends `Done`. The only way a request ends.
     pub(super) fn end(&mut self, id: u64, reason: FinishReason, error: Option<String>) {

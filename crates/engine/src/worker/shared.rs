@@ -32,6 +32,9 @@ pub(crate) struct Shared {
     pub(super) backend_ns_total: AtomicU64,
     pub(super) schedule_ns_total: AtomicU64,
     pub(super) host_ns_total: AtomicU64,
+    pub(super) spec_drafted_total: AtomicU64,
+    pub(super) spec_accepted_total: AtomicU64,
+    pub(super) spec_verifies_total: AtomicU64,
 }
 
 impl Shared {
@@ -51,6 +54,9 @@ impl Shared {
             backend_ns_total: l(&self.backend_ns_total),
             schedule_ns_total: l(&self.schedule_ns_total),
             host_ns_total: l(&self.host_ns_total),
+            spec_drafted_total: l(&self.spec_drafted_total),
+            spec_accepted_total: l(&self.spec_accepted_total),
+            spec_verifies_total: l(&self.spec_verifies_total),
         }
     }
 

@@ -5,11 +5,13 @@
 //!
 //! Split by concern: this file holds the shared setup helpers;
 //! [`scheduling`] checks outputs under batching, chunking, preemption, prefix
-//! caching and overlapped output processing; [`lifecycle`] checks how
+//! caching and overlapped output processing; [`speculation`] checks that
+//! speculative decoding changes no output; [`lifecycle`] checks how
 //! requests end (cancel, stop, EOS, errors, rejections, queue, shutdown).
 
 mod lifecycle;
 mod scheduling;
+mod speculation;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +63,7 @@ fn cfg(max_num_seqs: usize, max_batch_tokens: usize) -> EngineConfig {
         max_step_time: None,
         halt_on_backend_error: false,
         async_steps: true,
+        speculative: None,
     }
 }
 
@@ -80,6 +83,7 @@ fn req(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> GenerateR
         ignore_eos: true,
         stop_token_ids: Vec::new(),
         constraint: None,
+        speculative: true,
     }
 }
 

@@ -38,6 +38,8 @@ pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 #[cfg(test)]
 mod k_quant_tests;
 #[cfg(test)]
+mod spec_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;
@@ -249,10 +251,10 @@ impl contract::HostCompute for CpuBackend {
     /// One step's samples (`[S]`, `Some` where requested).
     fn compute(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
         self.check_batch(batch)?;
-        // [R] (sequence, token row) of every sampled sequence
+        // [R] (sequence, token row) of every sampled row: a sequence's
+        // last row, and with drafts the rows before it up to its drafts' first
         let sampled: Vec<(usize, usize)> = (0..batch.num_seqs())
-            .filter(|&s| batch.samples[s].is_some())
-            .map(|s| (s, batch.cu_seqlens[s + 1] as usize - 1))
+            .flat_map(|s| batch.sampled_rows(s).map(move |r| (s, r)))
             .collect();
         let rows: Vec<usize> = sampled.iter().map(|&(_, r)| r).collect();
         let logits = self.run(batch, &rows); // [R, vocab]
@@ -260,13 +262,21 @@ impl contract::HostCompute for CpuBackend {
         let tokens: Vec<(usize, SampledToken)> = sampled
             .par_iter()
             .zip(logits.par_chunks(vocab))
-            .filter_map(|(&(s, _), z)| batch.samples[s].as_ref().map(|req| (s, sample(z, req))))
+            .filter_map(|(&(s, r), z)| batch.row_request(s, r).map(|req| (s, sample(z, &req))))
             .collect();
-        let mut out = vec![None; batch.num_seqs()];
+        let mut out: Vec<Option<SampledToken>> = vec![None; batch.num_seqs()];
+        // rows in order: a sequence's first sampled row, then its draft rows
         for (s, tok) in tokens {
-            out[s] = Some(tok);
+            match &mut out[s] {
+                Some(first) => first.draft_rows.push(tok),
+                slot => *slot = Some(tok),
+            }
         }
         Ok(out)
+    }
+
+    fn max_drafts(&self) -> usize {
+        contract::backend::MAX_DRAFTS
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

@@ -335,6 +335,10 @@ impl Backend for CudaBackend {
         self.pipe.in_flight()
     }
 
+    fn max_drafts(&self) -> usize {
+        contract::backend::MAX_DRAFTS
+    }
+
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         check_idle(self.pipe.in_flight(), "a logits call")?;
         self.check_batch(batch)?;

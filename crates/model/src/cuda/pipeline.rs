@@ -8,7 +8,11 @@
 //! embedding kernel from the sampler's output of the previous launch, which
 //! stays in the workspace until the next sampler runs (after that embedding,
 //! in stream order; a workspace growth copies it over). Any failure drops
-//! every step in flight.
+//! every step in flight. A sequence with drafts ([`StepBatch::drafts`])
+//! owns consecutive sampler rows, its last `1 + K` token rows, each with
+//! its own draw (`step + j`); such a step runs eager, never held.
+//!
+//! The copy of each sequence's sampler rows is [`OutRow`].
 //!
 //! Costs: per step one fence record and, per collect, one fence wait; the
 //! host-side work of step N + 1 (planning, staging, graph launch) runs
@@ -23,7 +27,7 @@ use contract::backend::{
     BackendError, SampleRequest, SampledToken, StepBatch, check_can_launch, check_release,
     nothing_held,
 };
-use contract::sampling::MAX_LOGPROBS;
+use contract::sampling::{MAX_LOGPROBS, uniform};
 use gpu::{Fence, Gpu};
 use kernels::SampleParams;
 
@@ -31,6 +35,10 @@ use super::run::Sampling;
 use super::staging::{Layout, NO_CARRY, sample_params};
 use super::workspace::{HostOut, Workspace};
 use super::{CudaBackend, dev_err};
+
+/// Where a sampled sequence's samples are: its first sampler row, its
+/// top-logprob count and the draft rows following that row.
+type OutRow = (usize, usize, usize);
 
 /// A held step: its forward pass enqueued, its sampling waiting for the
 /// final requests.
@@ -41,8 +49,8 @@ struct Held {
     graph: bool,
     /// `[S]` the launched requests (the final ones must match them).
     samples: Vec<Option<SampleRequest>>,
-    /// `[S]` sampler row and top-logprob count of each sampled sequence.
-    rows: Vec<Option<(usize, usize)>>,
+    /// `[S]` sampler rows of each sampled sequence.
+    rows: Vec<Option<OutRow>>,
 }
 
 /// The steps in flight and what the next launch needs of the last one.
@@ -97,28 +105,34 @@ impl Pipe {
 struct Flight {
     /// Its pinned output slot (and fence).
     slot: usize,
-    /// `[S]` sampler row and top-logprob count of each sampled sequence.
-    rows: Vec<Option<(usize, usize)>>,
+    /// `[S]` sampler rows of each sampled sequence.
+    rows: Vec<Option<OutRow>>,
     /// Its samples, once read early (the workspace grew while it was in flight).
     ready: Option<Vec<Option<SampledToken>>>,
 }
 
 /// The samples of `rows` from a pinned slot.
-fn read(out: &HostOut, rows: &[Option<(usize, usize)>]) -> Vec<Option<SampledToken>> {
+fn read(out: &HostOut, rows: &[Option<OutRow>]) -> Vec<Option<SampledToken>> {
+    let one = |row: usize, n: usize| {
+        let logprob = out.lp.as_slice()[row];
+        // a degenerate row (NaN) has no alternatives
+        let n = if logprob.is_nan() { 0 } else { n };
+        let top = row * MAX_LOGPROBS;
+        let ids = &out.top_ids.as_slice()[top..top + n];
+        let lps = &out.top_lps.as_slice()[top..top + n];
+        SampledToken {
+            token: out.tok.as_slice()[row],
+            logprob,
+            top_logprobs: ids.iter().copied().zip(lps.iter().copied()).collect(),
+            draft_rows: Vec::new(),
+        }
+    };
     rows.iter()
         .map(|r| {
-            r.map(|(row, n)| {
-                let logprob = out.lp.as_slice()[row];
-                // a degenerate row (NaN) has no alternatives
-                let n = if logprob.is_nan() { 0 } else { n };
-                let top = row * MAX_LOGPROBS;
-                let ids = &out.top_ids.as_slice()[top..top + n];
-                let lps = &out.top_lps.as_slice()[top..top + n];
-                SampledToken {
-                    token: out.tok.as_slice()[row],
-                    logprob,
-                    top_logprobs: ids.iter().copied().zip(lps.iter().copied()).collect(),
-                }
+            r.map(|(row, n, k)| {
+                let mut t = one(row, n);
+                t.draft_rows = (row + 1..=row + k).map(|d| one(d, n)).collect();
+                t
             })
         })
         .collect()
@@ -134,6 +148,11 @@ impl CudaBackend {
     ) -> Result<(), BackendError> {
         self.check_batch(batch)?;
         check_can_launch(self.pipe.held.is_some(), self.pipe.flights.len())?;
+        if hold && batch.drafts.iter().any(|&k| k > 0) {
+            return Err(BackendError::InvalidBatch(
+                "drafts: a held step verifies no drafts (its masks wait; drafts carry none)".into(),
+            ));
+        }
         let prev = &self.pipe.prev_rows;
         let mut carry = Vec::with_capacity(batch.carried.len());
         for (i, c) in batch.carried.iter().enumerate() {
@@ -182,12 +201,22 @@ impl CudaBackend {
         let (lay, out_rows, graph) = if let Some(lay) = self.run_graph(batch, &smp, carry)? {
             (lay, (0..s).collect(), true)
         } else {
-            // the requested rows only, with the settings (and history) already staged
-            let rows: Vec<u32> = sampled
-                .iter()
-                .map(|&q| batch.cu_seqlens[q + 1] - 1)
-                .collect();
-            let params: Vec<SampleParams> = sampled.iter().map(|&q| all[q]).collect();
+            // the requested rows only, with the settings (and history)
+            // already staged; a drafted sequence's verify rows each with the
+            // draw of its own step (drafts carry no history or mask)
+            let mut rows: Vec<u32> = Vec::with_capacity(sampled.len());
+            let mut params: Vec<SampleParams> = Vec::with_capacity(sampled.len());
+            for &q in &sampled {
+                let (first, req) = (batch.sampled_rows(q), batch.samples[q].as_ref());
+                for (j, row) in first.enumerate() {
+                    let mut p = all[q];
+                    if let (Some(r), true) = (req, j > 0) {
+                        p.u = uniform(r.params.seed, r.step + j as u64);
+                    }
+                    rows.push(row as u32);
+                    params.push(p);
+                }
+            }
             let lay = if rows.is_empty() {
                 let greedy = [SampleParams::greedy()];
                 self.run_eager(batch, &[0], &Sampling::none(&greedy), carry)?
@@ -199,24 +228,25 @@ impl CudaBackend {
                 self.run_eager(batch, &rows, &smp, carry)?
             };
             let mut next = 0;
-            let out_rows: Vec<usize> = batch
-                .samples
-                .iter()
-                .map(|r| {
+            let out_rows: Vec<usize> = (0..s)
+                .map(|q| {
                     let i = next;
-                    next += usize::from(r.is_some());
+                    next += batch.sampled_rows(q).len();
                     i
                 })
                 .collect();
             (lay, out_rows, false)
         };
-        let rows: Vec<Option<(usize, usize)>> = batch
+        let rows: Vec<Option<OutRow>> = batch
             .samples
             .iter()
             .zip(&out_rows)
-            .map(|(req, &row)| {
-                req.as_ref()
-                    .map(|q| (row, q.params.logprobs.min(MAX_LOGPROBS)))
+            .enumerate()
+            .map(|(q, (req, &row))| {
+                req.as_ref().map(|r| {
+                    let n = r.params.logprobs.min(MAX_LOGPROBS);
+                    (row, n, batch.drafts_of(q))
+                })
             })
             .collect();
         if hold {
@@ -234,12 +264,12 @@ impl CudaBackend {
     /// Enqueues the copies of a step's samples (`rows`: each sequence's
     /// sampler row and top-logprob count) into the next pinned slot and
     /// records it in flight.
-    fn push_flight(&mut self, rows: Vec<Option<(usize, usize)>>) -> Result<(), BackendError> {
+    fn push_flight(&mut self, rows: Vec<Option<OutRow>>) -> Result<(), BackendError> {
         // rows written by the sampler: only sequences that asked for a sample own one
         let r = rows
             .iter()
             .flatten()
-            .map(|&(row, _)| row + 1)
+            .map(|&(row, _, k)| row + 1 + k)
             .max()
             .unwrap_or(0);
         let slot = self.pipe.next_slot;
@@ -261,7 +291,7 @@ impl CudaBackend {
         prev.clear();
         prev.extend(
             rows.iter()
-                .map(|r| r.map_or(NO_CARRY, |(row, _)| row as u32)),
+                .map(|r| r.map_or(NO_CARRY, |(row, _, _)| row as u32)),
         );
         self.pipe.flights.push_back(Flight {
             slot,

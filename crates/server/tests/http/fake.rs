@@ -89,6 +89,7 @@ impl contract::HostCompute for LetterBackend {
                     token,
                     logprob: -0.5,
                     top_logprobs: top,
+                    draft_rows: Vec::new(),
                 })
             })
             .collect();
@@ -174,6 +175,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
             max_step_time: None,
             halt_on_backend_error: setup.halt_on_backend_error,
             async_steps: true,
+            speculative: None,
         },
     )
     .expect("engine starts");

@@ -16,6 +16,7 @@ mod fp8;
 mod llama;
 mod mask;
 mod small;
+mod spec;
 use crate::cpu::batch::{SeqChunk, build_step};
 use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
 use contract::backend::SampleRequest;

@@ -1,0 +1,102 @@
+//! The speculative decoding flags every engine-building command shares
+//! (`serve`, `generate`, `bench`, ...), turned into the engine's
+//! [`SpecConfig`]. A bad value is refused at start naming the flag.
+
+use anyhow::{Result, bail};
+use contract::backend::MAX_DRAFTS;
+use engine::speculate::DEFAULT_SPEC_MAX_BATCH;
+use engine::{SpecConfig, SpecMethod};
+
+/// Speculative decoding flags.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SpecArgs {
+    /// Speculative decoding: draft tokens and verify them in the step, the
+    /// same output in fewer steps. `ngram` (prompt lookup: continue an
+    /// earlier occurrence of the last tokens), `suffix` (the most frequent
+    /// continuation over this and recent requests' tokens); `draft:MODEL`
+    /// (a smaller draft model) is not available yet. Off by default.
+    #[arg(long, env = "LAMINA_SPECULATIVE")]
+    pub speculative: Option<String>,
+    /// Most tokens drafted per sequence and step with --speculative (each
+    /// sequence adapts its own from its acceptance).
+    #[arg(long, default_value_t = 4, env = "LAMINA_NUM_SPECULATIVE_TOKENS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DRAFTS as u64))]
+    pub num_speculative_tokens: usize,
+    /// Steps with more running sequences than this draft nothing (a large
+    /// batch keeps the device busy without drafts).
+    #[arg(long, default_value_t = DEFAULT_SPEC_MAX_BATCH, env = "LAMINA_SPECULATIVE_MAX_BATCH")]
+    pub speculative_max_batch: usize,
+}
+
+impl SpecArgs {
+    /// The engine's setting (`None`: off); an error naming the flag for an
+    /// unknown method or one not available.
+    pub fn config(&self) -> Result<Option<SpecConfig>> {
+        let Some(name) = self.speculative.as_deref() else {
+            return Ok(None);
+        };
+        let method = match name {
+            "ngram" => SpecMethod::Ngram,
+            "suffix" => SpecMethod::Suffix,
+            d if d.starts_with("draft:") => bail!(
+                "invalid `--speculative {d}`: draft models are not available yet; use `ngram` or `suffix`"
+            ),
+            other => {
+                bail!(
+                    "invalid `--speculative {other}`: expected `ngram`, `suffix` or `draft:MODEL`"
+                )
+            }
+        };
+        Ok(Some(SpecConfig {
+            method,
+            num_tokens: self.num_speculative_tokens,
+            max_batch: self.speculative_max_batch,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        spec: SpecArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<Option<SpecConfig>, String> {
+        let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        cli.spec.config().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn methods_and_draft_lengths() {
+        assert_eq!(parse(&[]), Ok(None));
+        let c = parse(&["--speculative", "suffix", "--num-speculative-tokens", "7"])
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.method, c.num_tokens), (SpecMethod::Suffix, 7));
+        assert_eq!(
+            parse(&["--speculative", "ngram"])
+                .unwrap()
+                .unwrap()
+                .num_tokens,
+            4
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_flag() {
+        for k in ["0", "17"] {
+            let e = parse(&["--speculative", "ngram", "--num-speculative-tokens", k]).unwrap_err();
+            assert!(e.contains("--num-speculative-tokens"), "{e}");
+        }
+        let e = parse(&["--speculative", "eagle"]).unwrap_err();
+        assert!(e.contains("--speculative eagle"), "{e}");
+        let e = parse(&["--speculative", "draft:smollm2-135m"]).unwrap_err();
+        assert!(e.contains("not available"), "{e}");
+    }
+}

@@ -1,0 +1,105 @@
+//! Speculative decoding: drafters that propose the tokens a sequence will
+//! likely generate next, and the settings that turn it on.
+//!
+//! Contract: a [`Drafter`] proposes up to `max` tokens to follow a
+//! sequence's verified tokens (prompt + generated). Its drafts are
+//! deterministic (one token per position, no probabilities), so verifying
+//! them keeps the target's distribution exactly: the scheduler runs the
+//! drafts as extra rows of the sequence's decode segment
+//! ([`contract::StepBatch::drafts`]), every row is sampled exactly as that
+//! token would be without speculation (same seed, same step index), and the
+//! drafts are accepted while each equals the sample before it; the first
+//! sample that differs is the next token. Greedy and seeded sampled outputs
+//! are therefore token for token those of plain decoding; only the number of
+//! steps changes. A wrong draft costs compute, never correctness.
+//!
+//! Which sequences draft: those of a request that allows it
+//! (`GenerateRequest::speculative`), without a penalty history or grammar
+//! (whose per-row state depends on the drafts), while at most
+//! [`SpecConfig::max_batch`] sequences run. Each sequence's draft length
+//! starts at [`SpecConfig::num_tokens`] and follows its acceptance: it
+//! grows by one after a fully accepted draft and drops to one past the
+//! accepted length after a rejection.
+//!
+//! Methods: [`ngram`] (prompt lookup: the continuation of the latest
+//! earlier occurrence of the sequence's last `n` tokens, longest `n`
+//! first) and [`suffix`] (the most frequent continuation of the longest
+//! matching suffix over this sequence and recent sequences' tokens, cut
+//! where the match's confidence drops).
+
+pub mod ngram;
+pub mod suffix;
+
+use contract::backend::MAX_DRAFTS;
+
+pub use ngram::NgramDrafter;
+pub use suffix::SuffixDrafter;
+
+/// Proposes draft tokens for sequences (module doc).
+pub trait Drafter: Send {
+    /// Appends to `out` at most `max` tokens proposed to follow `tokens`
+    /// (sequence `seq`'s verified prompt + generated tokens, never empty).
+    fn propose(&mut self, seq: u64, tokens: &[u32], max: usize, out: &mut Vec<u32>);
+
+    /// Sequence `seq` ended with `tokens` (its verified tokens, the prompt
+    /// first). Default: nothing kept.
+    fn finished(&mut self, seq: u64, tokens: &[u32]) {
+        let _ = (seq, tokens);
+    }
+}
+
+/// A drafting method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// Prompt lookup ([`NgramDrafter`]).
+    Ngram,
+    /// Suffix matching over this and recent sequences ([`SuffixDrafter`]).
+    Suffix,
+}
+
+impl SpecMethod {
+    /// The method's name, as the flag spells it and metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpecMethod::Ngram => "ngram",
+            SpecMethod::Suffix => "suffix",
+        }
+    }
+}
+
+/// Speculative decoding settings (`EngineConfig::speculative`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecConfig {
+    pub method: SpecMethod,
+    /// Most tokens drafted per sequence and step, 1 to
+    /// [`contract::backend::MAX_DRAFTS`].
+    pub num_tokens: usize,
+    /// Steps with more running sequences than this draft nothing: a large
+    /// batch already keeps the device busy, and verify rows would cost
+    /// more than they save.
+    pub max_batch: usize,
+}
+
+/// Default [`SpecConfig::max_batch`].
+pub const DEFAULT_SPEC_MAX_BATCH: usize = 32;
+
+impl SpecConfig {
+    /// Checks the settings: an error naming the field and its range.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.num_tokens == 0 || self.num_tokens > MAX_DRAFTS {
+            return Err((
+                "num_tokens",
+                format!("{} is not in 1..={MAX_DRAFTS}", self.num_tokens),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A fresh drafter of this method.
+    pub fn drafter(&self) -> Box<dyn Drafter> {
+        match self.method {
+            SpecMethod::Ngram => Box::new(NgramDrafter::default()),
+            SpecMethod::Suffix => Box::new(SuffixDrafter::default()),
+        }
+    }
+}

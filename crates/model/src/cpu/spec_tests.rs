@@ -1,0 +1,96 @@
+//! Verify rows (speculative decoding, `StepBatch::drafts`) on both CPU
+//! paths: each sampled row of a drafted segment samples exactly what plain
+//! decoding samples at that position (greedy and seeded), whatever the
+//! drafts after it, and the sampled rows come back in order.
+
+use super::batch::contiguous_blocks;
+use super::tests::{BS, backend_on};
+use super::*;
+use contract::Backend;
+use contract::backend::SampleRequest;
+use contract::sampling::SamplingParams;
+use contract::step_builder::StepBuilder;
+
+const PROMPT: [u32; 7] = [3, 17, 5, 42, 8, 8, 21];
+const BLOCKS: usize = 16;
+
+fn req(params: &SamplingParams, step: u64) -> Option<SampleRequest> {
+    Some(SampleRequest {
+        params: params.clone(),
+        step,
+        history: None,
+        allowed: None,
+    })
+}
+
+/// `n` tokens after `PROMPT`, one plain decode step each.
+fn plain(path: CpuPath, params: &SamplingParams, n: usize) -> Vec<u32> {
+    let mut b = backend_on(path, true, BLOCKS);
+    let table = contiguous_blocks(0, PROMPT.len() + n + 1, BS);
+    let mut sb = StepBuilder::new(BS);
+    let (mut run, mut start, mut out) = (PROMPT.to_vec(), 0, Vec::new());
+    for step in 0..n {
+        sb.begin();
+        sb.push(&run, start, &table, req(params, step as u64))
+            .unwrap();
+        sb.set_prompt_len(PROMPT.len());
+        let s = b.step(sb.finish()).unwrap()[0].clone().unwrap();
+        assert!(s.draft_rows.is_empty());
+        start += run.len();
+        run = vec![s.token];
+        out.push(s.token);
+    }
+    out
+}
+
+/// Prefills `PROMPT` (sampling token 0), then runs `[token 0] + drafts` as
+/// one segment with the drafts marked; returns every sampled row's token.
+fn verified(path: CpuPath, params: &SamplingParams, first: u32, drafts: &[u32]) -> Vec<u32> {
+    let mut b = backend_on(path, true, BLOCKS);
+    let table = contiguous_blocks(0, PROMPT.len() + drafts.len() + 1, BS);
+    let mut sb = StepBuilder::new(BS);
+    sb.push(&PROMPT, 0, &table, req(params, 0)).unwrap();
+    sb.set_prompt_len(PROMPT.len());
+    assert_eq!(
+        b.step(sb.finish()).unwrap()[0].as_ref().unwrap().token,
+        first
+    );
+    // a second sequence beside it, undrafted, in the same step
+    let other = contiguous_blocks(10, 3, BS);
+    sb.begin();
+    sb.push(&[first, 9, 9], 0, &other, req(params, 0)).unwrap();
+    let run: Vec<u32> = std::iter::once(first)
+        .chain(drafts.iter().copied())
+        .collect();
+    sb.push(&run, PROMPT.len(), &table, req(params, 1)).unwrap();
+    sb.set_prompt_len(PROMPT.len());
+    sb.set_drafts(drafts.len());
+    let out = b.step(sb.finish()).unwrap();
+    assert!(out[0].as_ref().unwrap().draft_rows.is_empty());
+    let s = out[1].clone().unwrap();
+    assert_eq!(s.draft_rows.len(), drafts.len());
+    std::iter::once(s.token)
+        .chain(s.draft_rows.iter().map(|r| r.token))
+        .collect()
+}
+
+#[test]
+fn verify_rows_sample_what_plain_decoding_samples() {
+    let seeded = SamplingParams {
+        temperature: 1.3,
+        seed: 11,
+        ..SamplingParams::default()
+    };
+    for path in [CpuPath::Reference, CpuPath::Fast] {
+        for params in [SamplingParams::greedy(), seeded.clone()] {
+            let want = plain(path, &params, 6);
+            // right drafts: every row samples the next plain token
+            let got = verified(path, &params, want[0], &want[1..5]);
+            assert_eq!(got, want[1..6], "{path:?} {params:?}");
+            // a wrong draft: the rows before it and its own sample agree
+            let wrong = (want[2] + 1) % 50;
+            let got = verified(path, &params, want[0], &[want[1], wrong, want[3]]);
+            assert_eq!(got[..2], want[1..3], "{path:?} {params:?}");
+        }
+    }
+}
