@@ -146,20 +146,19 @@ pub(crate) fn gpu_memory_at_start(
 /// The KV pool of one replica: bytes per block and blocks, from
 /// `--kv-blocks`, `--kv-memory-gib`, or (`gpu_budget`, CUDA) the device
 /// memory left ([`gpu_kv_budget`]), else [`CPU_KV_MEMORY_GIB`];
-/// never more than `--max-num-seqs` full contexts.
+/// never more than `--max-num-seqs` full contexts. A block's bytes are
+/// those of `--kv-cache-dtype`'s element, so an FP8 pool holds twice the
+/// tokens of a BF16 one in the same memory.
 pub(crate) fn kv_pool(
     args: &ModelArgs,
     cfg: &contract::LlamaConfig,
-    cuda: bool,
     gpu_budget: Option<usize>,
 ) -> Result<(usize, usize)> {
-    // CPU keeps its KV cache in f32, the GPU in bf16.
-    let dtype_bytes = if cuda { 2 } else { 4 };
     let per_block = paged_kv::bytes_per_block(
         cfg.num_layers,
         cfg.num_kv_heads,
         cfg.head_dim,
-        dtype_bytes,
+        args.kv_cache_dtype.bytes(),
         BLOCK_SIZE,
     );
     let num_blocks = match args.kv_blocks {

@@ -89,6 +89,8 @@ impl TuningArgs {
             graphs: !self.no_cuda_graphs,
             gemv_rows: self.gemv_rows,
             narrow_decode_seqs: self.narrow_decode_seqs,
+            // the caller sets `--kv-cache-dtype`'s
+            ..CudaOptions::default()
         })
     }
 }

@@ -18,9 +18,13 @@ pub mod activation;
 pub mod attention;
 pub mod embedding;
 pub mod fp8;
+pub mod kv;
 pub mod linear;
 pub mod norm;
 pub mod rope;
 
-pub use attention::{AttnDims, PagedSeqs, kv_write, paged_attention};
+pub use attention::{
+    AttnDims, PagedSeqs, kv_write, kv_write_in, paged_attention, paged_attention_in,
+};
+pub use kv::{KvCache, KvElem, KvView, kv_round};
 pub use rope::Rope;

@@ -29,6 +29,7 @@
 
 pub mod attention;
 pub mod batch;
+mod decode;
 mod fast;
 mod forward;
 mod packed;
@@ -48,6 +49,7 @@ use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::HostPipeline;
 use contract::backend::{BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
+use contract::{KvCacheDtype, KvScales};
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
 use ops::Rope;
@@ -81,6 +83,8 @@ pub struct CpuBackend {
     final_norm: Vec<f32>, // [hidden]
     rope: Rope,
     pool: KvPool,
+    /// FP8 K/V's per-layer scales (the checkpoint's, else 1).
+    kv_scales: KvScales,
     /// The packed projections of the fast path (`None`: reference path).
     fast: Option<FastWeights>,
     ws: Workspace,
@@ -137,7 +141,15 @@ impl CpuBackend {
         }
         let slots = kv.num_blocks * kv.block_size;
         let rope = Rope::new(&config, config.max_position_embeddings.min(slots));
-        let pool = KvPool::new(config.num_layers, slots, config.kv_dim(), kv.block_size);
+        let kv_scales = weights.kv_scales_or_ones();
+        let pool = KvPool::new(
+            config.num_layers,
+            slots,
+            config.kv_dim(),
+            kv.block_size,
+            KvCacheDtype::F32,
+            &kv_scales,
+        );
         let norms = weights
             .layers
             .iter()
@@ -167,12 +179,39 @@ impl CpuBackend {
             final_norm,
             rope,
             pool,
+            kv_scales,
             fast,
             ws: Workspace::default(),
             isa: Isa::best(),
             pipe: HostPipeline::default(),
             weights_name,
         })
+    }
+
+    /// The backend with its KV pool (zeroed) storing K and V as `dtype`
+    /// (`--kv-cache-dtype`; FP8 at the weights' per-layer scales, else 1).
+    /// The constructors store f32, the exact reference's.
+    pub fn with_kv_cache_dtype(mut self, dtype: KvCacheDtype) -> Self {
+        if dtype != self.pool.dtype() {
+            let c = &self.config;
+            let slots = self.kv.num_blocks * self.kv.block_size;
+            // the old pool goes first: the two are never held together
+            self.pool = KvPool::new(0, 0, 0, self.kv.block_size, dtype, &self.kv_scales);
+            self.pool = KvPool::new(
+                c.num_layers,
+                slots,
+                c.kv_dim(),
+                self.kv.block_size,
+                dtype,
+                &self.kv_scales,
+            );
+        }
+        self
+    }
+
+    /// How the KV pool stores K and V.
+    pub fn kv_cache_dtype(&self) -> KvCacheDtype {
+        self.pool.dtype()
     }
 
     /// Runs every row of the fast path's BF16 products in f32, prompt rows
@@ -225,7 +264,12 @@ impl contract::HostCompute for CpuBackend {
                     Some(f) if f.splits() => "+bf16/vnni prompts",
                     _ => "",
                 };
-                format!("cpu ({}{split}, {})", self.isa.name(), self.weights_name)
+                format!(
+                    "cpu ({}{split}, {}, {} KV)",
+                    self.isa.name(),
+                    self.weights_name,
+                    self.pool.dtype()
+                )
             }
         }
     }

@@ -56,7 +56,7 @@ use checkpoint::weights::LlamaWeights;
 use contract::backend::{
     Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_idle,
 };
-use contract::config::LlamaConfig;
+use contract::config::{KvCacheDtype, LlamaConfig};
 use graphs::DecodeGraphs;
 use pipeline::Pipe;
 use plan::Tuning;
@@ -95,6 +95,9 @@ pub struct CudaOptions {
     /// narrow flash tiling (0: never; `None`: from the point where the
     /// decode kernel stops splitting keys, `seqs * kv_heads >= 2 * SMs`).
     pub narrow_decode_seqs: Option<usize>,
+    /// How the KV pool stores K and V (`--kv-cache-dtype`): BF16 only
+    /// here; any other is refused at construction.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for CudaOptions {
@@ -104,7 +107,19 @@ impl Default for CudaOptions {
             graphs: true,
             gemv_rows: DEFAULT_GEMV_ROWS,
             narrow_decode_seqs: None,
+            kv_cache_dtype: KvCacheDtype::Bf16,
         }
+    }
+}
+
+/// `Ok` for a KV cache dtype the CUDA backend stores (BF16), else the
+/// error naming `--kv-cache-dtype` and the value.
+pub fn check_kv_cache_dtype(dtype: KvCacheDtype) -> Result<(), BackendError> {
+    match dtype {
+        KvCacheDtype::Bf16 => Ok(()),
+        other => Err(BackendError::Device(format!(
+            "invalid `--kv-cache-dtype {other}`: the CUDA backend stores K/V in bf16 only (use `--kv-cache-dtype bf16` or `auto`, or `--device cpu`)"
+        ))),
     }
 }
 
@@ -202,6 +217,7 @@ impl CudaBackend {
         device: usize,
         opts: CudaOptions,
     ) -> Result<CudaBackend, BackendError> {
+        check_kv_cache_dtype(opts.kv_cache_dtype)?;
         available().map_err(BackendError::Device)?;
         if kv.num_blocks == 0 || kv.block_size == 0 {
             return Err(BackendError::Device(format!(

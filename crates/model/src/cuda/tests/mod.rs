@@ -45,6 +45,7 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
                 },
                 lm_head: None,
                 fp8: None,
+                kv_scales: None,
             };
             let kv = KvShape {
                 num_blocks: 4,
