@@ -281,6 +281,35 @@ mod tests {
     }
 
     #[test]
+    fn an_fp8_pool_holds_twice_the_tokens_of_bf16_in_the_same_memory() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        let cfg = contract::presets::Preset::Smollm2_135m.config().unwrap();
+        let blocks = |dtype: &str| {
+            let args =
+                Cmd::try_parse_from(["t", "--kv-memory-gib", "1", "--kv-cache-dtype", dtype])
+                    .unwrap()
+                    .m;
+            let (per_block, n) = kv_pool(&args, &cfg, None).unwrap();
+            // 30 layers x K and V x 3 heads x 64 x 16 tokens of the element
+            assert_eq!(
+                per_block,
+                30 * 2 * 3 * 64 * 16 * args.kv_cache_dtype.bytes()
+            );
+            n
+        };
+        let (bf16, fp8, f32) = (blocks("bf16"), blocks("fp8"), blocks("f32"));
+        assert_eq!(blocks("auto"), bf16);
+        assert_eq!(fp8, 2 * bf16);
+        assert_eq!(bf16, 2 * f32);
+        assert!(Cmd::try_parse_from(["t", "--kv-cache-dtype", "int4"]).is_err());
+    }
+
+    #[test]
     fn full_contexts_of_a_pool() {
         assert_eq!(full_contexts(65_536, 131_072), 0);
         assert_eq!(full_contexts(65_536, 8192), 8);

@@ -148,6 +148,21 @@ pub fn dot_keys_rows<'a>(
     scratch: &mut Vec<f32>,
 ) {
     let d = qs.len() / heads.max(1);
+    #[cfg(target_arch = "x86_64")]
+    if isa.checked() == Isa::Avx512 && d.is_multiple_of(16) && heads <= MAX_GROUP {
+        for j0 in (0..n).step_by(16) {
+            let m = 16.min(n - j0);
+            let keys: [Option<Row<'a>>; 16] = std::array::from_fn(|i| (i < m).then(|| key(j0 + i)));
+            assert!(
+                keys.iter().flatten().all(|k| k.len() >= d),
+                "a key shorter than the queries"
+            );
+            // SAFETY: AVX-512F (Isa::checked); every present key holds d
+            // values (asserted); `out` holds heads * n values.
+            unsafe { dot_group_avx512(qs, heads, d, &keys, n, j0, out) };
+        }
+        return;
+    }
     if let Some(f) = all_f32(&key, n) {
         for (q, o) in qs.chunks_exact(d).zip(out.chunks_exact_mut(n)) {
             dot_keys(isa, q, &f, o);
@@ -168,6 +183,61 @@ pub fn dot_keys_rows<'a>(
         for (q, o) in qs.chunks_exact(d).zip(out.chunks_exact_mut(n)) {
             dot_keys(isa, q, |i| &wide[i * d..(i + 1) * d], &mut o[j0..j0 + m]);
         }
+    }
+}
+
+/// Most query heads per KV head the fused AVX-512 scores take at once.
+const MAX_GROUP: usize = 16;
+
+/// Scores of up to 16 keys (`keys`, from key `j0`) for every query head:
+/// each 16 values of the keys loaded widened and transposed once, then
+/// each head's fused chain over them ([`dot_keys`]' arithmetic, bit for bit).
+///
+/// # Safety
+/// AVX-512F; `heads <= MAX_GROUP`; `qs` `heads * d` values, `d` a
+/// multiple of 16; each present key at least `d` values; `out` `heads * n`
+/// values with `j0 + present keys <= n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_group_avx512(
+    qs: &[f32],
+    heads: usize,
+    d: usize,
+    keys: &[Option<Row<'_>>; 16],
+    n: usize,
+    j0: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_ps(); MAX_GROUP];
+    let mut r = [_mm512_setzero_ps(); 16];
+    for k0 in (0..d).step_by(16) {
+        for (v, k) in r.iter_mut().zip(keys) {
+            // SAFETY: k0 + 16 <= d <= the key's length (the contract).
+            *v = match k {
+                None => _mm512_setzero_ps(),
+                Some(Row::F32(x)) => unsafe { _mm512_loadu_ps(x.as_ptr().add(k0)) },
+                Some(Row::Bf16(x)) => unsafe { load_bf16_16(x.as_ptr().add(k0)) },
+                Some(Row::Fp8(x, s)) => unsafe {
+                    load_fp8_16(x.as_ptr().add(k0), _mm512_set1_ps(s * 256.0))
+                },
+            };
+        }
+        // SAFETY: AVX-512F (this function's contract).
+        unsafe { crate::gemm512::transpose16(&mut r) };
+        for (h, a) in acc.iter_mut().enumerate().take(heads) {
+            let q = &qs[h * d + k0..h * d + k0 + 16];
+            for (kk, v) in r.iter().enumerate() {
+                *a = _mm512_fmadd_ps(_mm512_set1_ps(q[kk]), *v, *a);
+            }
+        }
+    }
+    let m = keys.iter().flatten().count();
+    let mut lanes = [0f32; 16];
+    for (h, a) in acc.iter().enumerate().take(heads) {
+        // SAFETY: 16 writable values.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), *a) };
+        out[h * n + j0..h * n + j0 + m].copy_from_slice(&lanes[..m]);
     }
 }
 

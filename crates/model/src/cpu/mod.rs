@@ -39,6 +39,8 @@ pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 #[cfg(test)]
 mod k_quant_tests;
 #[cfg(test)]
+mod kv_tests;
+#[cfg(test)]
 mod split_tests;
 #[cfg(test)]
 mod tests;
