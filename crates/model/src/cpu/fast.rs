@@ -28,11 +28,12 @@
 //! < 16` (register-tiled GEMV) or one widening pass per matrix plus the
 //! `gemm` crate's GEMM; prompt rows also one split of their activations
 //! per product; a step mixing prompt and generated rows copies each kind's
-//! rows in and out. Attention per (token, head) with SIMD dot products for
-//! decodes (on rayon when the step has enough of it), and as two GEMMs per
-//! head and block of rows for prefill chunks of 16+ tokens
-//! (`segment_attention`, each KV head's keys and values gathered and
-//! packed once). The elementwise steps run over rows on rayon for steps of
+//! rows in and out. Attention for decodes per (token, KV head, chunk of
+//! positions) over the pool's stored type, merged by log-sum-exp (see
+//! `decode`; on rayon when the step has enough of it), and as two GEMMs
+//! per head and block of rows for prefill chunks of 16+ tokens
+//! (`segment_attention`, each KV head's keys and values gathered, widened
+//! to f32 and packed once per chunk). The elementwise steps run over rows on rayon for steps of
 //! 32+ tokens. Every activation buffer lives in [`Workspace`] and is
 //! reused step after step (grown to the largest step seen), as are a
 //! chunk's gathered K/V and per-block outputs ([`SegmentScratch`]) and

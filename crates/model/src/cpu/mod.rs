@@ -11,7 +11,13 @@
 //! are built once, and the KV cache lives in a paged pool (see
 //! [`attention::KvPool`]) addressed only through the batch's slots and block
 //! tables. Every operation (matmul, RMSNorm, RoPE, attention, SwiGLU,
-//! embedding) is the `ops` crate's, the same code the CUDA kernels' tests
+//! embedding) is the `ops` crate's, and the KV pool stores K/V as
+//! [`CpuBackend::with_kv_cache_dtype`] says: f32 unless asked (the
+//! constructors' default: the exact reference the golden tests hold to
+//! the oracle), BF16 (the CLI's default) or FP8 e4m3 at the weights'
+//! per-layer scales; the write rounds to the stored type and attention
+//! widens each row as it reads it (`ops::kv`), never the whole cache. The
+//! reference path's operations are the same code the CUDA kernels' tests
 //! use as their reference ([`CpuPath::Reference`], what [`CpuBackend::new`]
 //! builds and the golden tests hold to the oracle). [`CpuPath::Fast`]
 //! ([`CpuBackend::with_path`], what the CLI runs) computes the same step
@@ -23,7 +29,7 @@
 //! Costs: memory = the BF16 weights (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
 //! VNNI) + `2 * layers * num_blocks * block_size *
-//! kv_dim * 4` bytes of KV pool + RoPE tables `min(max_position_embeddings,
+//! kv_dim * dtype.bytes()` bytes of KV pool + RoPE tables `min(max_position_embeddings,
 //! pool slots) * head_dim * 4` bytes. Per step, see `forward`. Parallel with
 //! rayon's global pool.
 
