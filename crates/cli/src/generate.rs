@@ -465,7 +465,7 @@ fn run_many(
         out.line = g.line;
         let line = g.line.unwrap_or(i + 1);
         if let Some(e) = &out.error {
-            failed.get_or_insert_with(|| (line, failure(&loaded, e)));
+            failed.get_or_insert_with(|| (line, failure(loaded, e)));
         }
         let mut stdout = std::io::stdout().lock();
         if args.json {
