@@ -26,5 +26,6 @@ M=$LAMINA_SYNTH_ROOT/llama-3.2-1b
 step bench 90 ./devrun/lamina bench --device cuda --model $M --kv-memory-gib 24 --workloads ${BENCH:-b1,b2,b3} --json "$OUT/lamina_bench.json"
 # the KV pool sized from free GPU memory (--gpu-memory-utilization 0.9): b3 must match the hand-sized pool's
 step bench-default 90 ./devrun/lamina bench --device cuda --model $M --workloads b3 --json "$OUT/lamina_bench_default.json"
+step startup 60 python3 "$here/startup.py" ./devrun/lamina --device cuda --model $M
 step torch 150 python3 devrun/torch_baseline.py --model $M --workloads ${BENCH:-b1,b2,b3} --json "$OUT/torch.json"
 grep -E "^RESULT|^prompt |^64 gen|^case|test result|FAILED|panicked|ERROR SUMMARY|b1 |b2 |b3 |TFLOP|KV pool" "$log" | tee "$OUT/summary.txt"

@@ -117,6 +117,9 @@ pub enum Fp8Source {
 pub struct Fp8Weights {
     pub layers: Vec<Fp8Layer>,
     pub source: Fp8Source,
+    /// The LM head in FP8 (`--quantize-lm-head`; `[vocab, hidden]`), else
+    /// it stays BF16.
+    pub lm_head: Option<Fp8Tensor>,
 }
 
 impl LlamaWeights {
@@ -150,7 +153,25 @@ impl LlamaWeights {
         self.fp8 = Some(Fp8Weights {
             layers,
             source: Fp8Source::Load,
+            lm_head: None,
         });
+    }
+
+    /// Quantises the LM head to FP8 per vocabulary row, as
+    /// [`LlamaWeights::quantize_fp8`] does the projections: the head's BF16
+    /// values become the dequantised ones, so a head tied to the embedding
+    /// gets its own copy (the embedding stays exact). Needs FP8 projections
+    /// (`None` returned when the model has none); a head already in FP8 is
+    /// left as it is.
+    pub fn quantize_lm_head_fp8(&mut self) -> Option<()> {
+        let fp8 = self.fp8.as_mut()?;
+        if fp8.lm_head.is_none() {
+            let mut f = Fp8Tensor::quantize(self.lm_head.as_ref().unwrap_or(&self.embed));
+            f.name = "lm_head.weight".into();
+            self.lm_head = Some(f.dequantize());
+            fp8.lm_head = Some(f);
+        }
+        Some(())
     }
 }
 

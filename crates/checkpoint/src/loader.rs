@@ -367,6 +367,7 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
         fp8: scheme.map(|s| Fp8Weights {
             layers: fp8_layers,
             source: Fp8Source::Checkpoint(s.layout),
+            lm_head: None,
         }),
     };
     // NaN, infinite or absurdly large weights give garbage silently:

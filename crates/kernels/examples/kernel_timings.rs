@@ -183,6 +183,8 @@ fn decode(gpu: &Arc<Gpu>, k: &Kernels) {
         (64, 500),
         (256, 640),
         (128, 1000),
+        (1, 16384),
+        (1, 65536),
     ];
     for (n, ctx) in cases {
         let seqs: Vec<(usize, usize)> = (0..n).map(|_| (1, ctx)).collect();
@@ -205,8 +207,10 @@ fn decode(gpu: &Arc<Gpu>, k: &Kernels) {
                 .unwrap(),
         };
         let kv_mb = (n * ctx * shape.kv_width() * 4) as f64 / 1e6;
-        for min_chunk in [64, 128, 256] {
-            let plan = DecodePlan::new(shape, target)
+        // long contexts: also two and four waves of blocks
+        let waves: &[usize] = if ctx >= 8192 { &[1, 2, 4] } else { &[1] };
+        for (&w, min_chunk) in waves.iter().flat_map(|w| [64, 128, 256].map(|m| (w, m))) {
+            let plan = DecodePlan::new(shape, target * w)
                 .unwrap()
                 .with_min_chunk(min_chunk);
             let plan = plan.unwrap();

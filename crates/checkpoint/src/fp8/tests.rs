@@ -126,6 +126,33 @@ fn quantising_at_load_matches_the_per_channel_checkpoint() {
     }
 }
 
+/// `--quantize-lm-head`: only with FP8 projections; a tied head gets its
+/// own dequantised copy (the embedding stays exact) and an e4m3 copy named
+/// `lm_head.weight`, one scale per vocabulary row.
+#[test]
+fn the_lm_head_quantises_only_beside_fp8_projections() {
+    let (_d, src) = tiny();
+    let mut w = load(&src).unwrap();
+    w.lm_head = None; // tied to the embedding, as Llama 3.2 1B's
+    let embed = w.embed.clone();
+    assert!(w.quantize_lm_head_fp8().is_none());
+    assert!(w.lm_head.is_none() && w.fp8.is_none());
+    w.quantize_fp8();
+    assert!(w.fp8.as_ref().unwrap().lm_head.is_none());
+    w.quantize_lm_head_fp8().unwrap();
+    let f = w.fp8.as_ref().unwrap().lm_head.clone().unwrap();
+    assert_eq!(f.name, "lm_head.weight");
+    assert_eq!(f.shape, embed.shape);
+    assert_eq!(f.scale.len(), embed.shape[0]);
+    assert_eq!(w.embed, embed);
+    let head = w.lm_head.clone().unwrap();
+    assert_eq!(head.data, f.dequantize().data);
+    assert_ne!(head.data, embed.data, "the head holds the rounded values");
+    // a second call changes nothing
+    w.quantize_lm_head_fp8().unwrap();
+    assert_eq!(w.fp8.as_ref().unwrap().lm_head.as_ref(), Some(&f));
+}
+
 /// Rewrites `dir`'s weights through `edit` (name -> dtype, shape, bytes).
 fn rewrite(dir: &Path, edit: impl FnOnce(&mut HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>)) {
     let path = dir.join("model.safetensors");

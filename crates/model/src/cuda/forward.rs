@@ -195,8 +195,22 @@ impl CudaBackend {
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
-        let w = match w {
-            DevProj::Bf16(w) => w.view(),
+        let w = self.widen(w, n, k)?;
+        self.blas
+            .matmul_nt(x, w, y, GemmDims { m, n, k })
+            .map_err(ge("GEMM"))
+    }
+
+    /// The bf16 matrix cuBLAS reads for `w` (`[n, k]`): the weights
+    /// themselves, or FP8 weights widened into the model's `widened` buffer.
+    fn widen<'a>(
+        &'a self,
+        w: &'a DevProj,
+        n: usize,
+        k: usize,
+    ) -> Result<DevSlice<'a, bf16>, BackendError> {
+        match w {
+            DevProj::Bf16(w) => Ok(w.view()),
             DevProj::Fp8 { q, scale } => {
                 let buf = self.model.w.widened.as_ref().ok_or_else(|| {
                     BackendError::Device("cuda: FP8 weights without their widening buffer".into())
@@ -205,12 +219,9 @@ impl CudaBackend {
                 self.k
                     .fp8_dequant_rows(q.view(), scale.view(), wide, n, k)
                     .map_err(ke("FP8 widening"))?;
-                wide
+                Ok(wide)
             }
-        };
-        self.blas
-            .matmul_nt(x, w, y, GemmDims { m, n, k })
-            .map_err(ge("GEMM"))
+        }
     }
 
     /// One layer on cuBLAS GEMMs; the last one (`last`) on the sampled rows
@@ -386,24 +397,31 @@ impl CudaBackend {
                 ws.xs.view()
             }
         };
-        let head = self.model.w.head().view();
+        let w = &self.model.w;
         match plan.head {
             Proj::Gemv => {
                 let op = GemvOp::F32 {
                     x: head_in,
                     y: ws.logits.view(),
                 };
-                self.k.gemv(op, head, r, v, h).map_err(ke("LM head GEMV"))
+                self.k
+                    .gemv(op, w.head_gemv(), r, v, h)
+                    .map_err(ke("LM head GEMV"))
             }
-            Proj::Gemm => self
-                .blas
-                .matmul_nt(
-                    head_in,
-                    head,
-                    ws.logits.view(),
-                    GemmDims { m: r, n: v, k: h },
-                )
-                .map_err(ge("LM head GEMM")),
+            Proj::Gemm => {
+                let head = match &w.lm_head {
+                    Some(p) => self.widen(p, v, h)?,
+                    None => w.embed.view(),
+                };
+                self.blas
+                    .matmul_nt(
+                        head_in,
+                        head,
+                        ws.logits.view(),
+                        GemmDims { m: r, n: v, k: h },
+                    )
+                    .map_err(ge("LM head GEMM"))
+            }
         }
     }
 

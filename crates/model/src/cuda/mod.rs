@@ -276,9 +276,13 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn name(&self) -> String {
-        match self.model.w.widened {
-            Some(_) => format!("cuda:{} (fp8 weights)", self.device),
-            None => format!("cuda:{}", self.device),
+        let w = &self.model.w;
+        match (&w.widened, &w.lm_head) {
+            (Some(_), Some(weights::DevProj::Fp8 { .. })) => {
+                format!("cuda:{} (fp8 weights and LM head)", self.device)
+            }
+            (Some(_), _) => format!("cuda:{} (fp8 weights)", self.device),
+            (None, _) => format!("cuda:{}", self.device),
         }
     }
 

@@ -6,7 +6,8 @@
 //! with one f32 scale per row ([`DevProj::Fp8`]). Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
-//! head reuses the embedding buffer. With FP8 projections the model also
+//! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`,
+//! then it has its own e4m3 copy and the embedding stays bf16). With FP8 projections the model also
 //! holds one bf16 buffer of the largest projection (`widened`), where a
 //! GEMM step widens each FP8 matrix before cuBLAS reads it. The KV pool holds one extra block past
 //! the engine's `num_blocks`: the scratch block padded rows of a captured
@@ -62,9 +63,9 @@ pub(super) struct DeviceLayer {
 
 /// The whole model on the device.
 pub(super) struct DeviceWeights {
-    pub embed: DeviceBuffer<bf16>,           // [vocab, hidden]
-    pub lm_head: Option<DeviceBuffer<bf16>>, // [vocab, hidden]; None = tied to embed
-    pub norm: DeviceBuffer<bf16>,            // [hidden]
+    pub embed: DeviceBuffer<bf16>, // [vocab, hidden]
+    pub lm_head: Option<DevProj>,  // [vocab, hidden]; None = tied to embed
+    pub norm: DeviceBuffer<bf16>,  // [hidden]
     pub layers: Vec<DeviceLayer>,
     /// FP8 models only: room for the largest projection in bf16 (see the
     /// module doc), `[max rows * k]`.
@@ -72,9 +73,12 @@ pub(super) struct DeviceWeights {
 }
 
 impl DeviceWeights {
-    /// The LM head matrix (the embedding when tied).
-    pub fn head(&self) -> &DeviceBuffer<bf16> {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The LM head as the GEMV kernels take it (the embedding when tied).
+    pub fn head_gemv(&self) -> GemvWeights<'_> {
+        match &self.lm_head {
+            Some(p) => p.gemv(),
+            None => GemvWeights::Bf16(self.embed.view()),
+        }
     }
 }
 
@@ -227,12 +231,14 @@ fn upload_weights(
             down,
         });
     }
-    // rows * k of the largest fused projection
+    let head8 = w.fp8.as_ref().and_then(|f| f.lm_head.as_ref());
+    // rows * k of the largest fused projection (the LM head's when in FP8)
     let widest = [
         (c.q_dim() + 2 * c.kv_dim()) * h,
         h * c.q_dim(),
         2 * i * h,
         h * i,
+        head8.map_or(0, |_| v * h),
     ]
     .into_iter()
     .max()
@@ -246,9 +252,10 @@ fn upload_weights(
     };
     let out = DeviceWeights {
         embed: upload(gpu, &w.embed, &[v, h])?,
-        lm_head: match &w.lm_head {
-            Some(t) => Some(upload(gpu, t, &[v, h])?),
-            None => None,
+        lm_head: match (head8, &w.lm_head) {
+            (Some(f), _) => Some(upload_fused_fp8(gpu, &[(f, &[v, h])])?),
+            (None, Some(t)) => Some(DevProj::Bf16(upload(gpu, t, &[v, h])?)),
+            (None, None) => None,
         },
         norm: upload(gpu, &w.norm, &[h])?,
         layers,

@@ -2,7 +2,7 @@
 //! the CPU backend on the same weights dequantised, on the smollm2-135m
 //! synthetic preset: prefill on the GEMV path (7 tokens) and on the GEMM
 //! path (300 tokens, projections widened to bf16), teacher-forced decode,
-//! batch against alone; and a degenerate model (a zero final norm) sampled
+//! batch against alone, with the LM head in bf16 and in FP8; and a degenerate model (a zero final norm) sampled
 //! on the GPU.
 
 use super::*;
@@ -11,8 +11,23 @@ use crate::cpu::CpuBackend;
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
+    fp8_matches_the_cpu(false);
+}
+
+/// The same with the LM head in FP8 too (`--quantize-lm-head`): the GEMV
+/// path reads it as e4m3, the GEMM path widens it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_fp8_lm_head_matches_the_cpu_on_the_dequantised_weights() {
+    fp8_matches_the_cpu(true);
+}
+
+fn fp8_matches_the_cpu(quantize_head: bool) {
     let (cfg, mut w) = load(&synth_dir(Preset::Smollm2_135m));
     w.quantize_fp8();
+    if quantize_head {
+        w.quantize_lm_head_fp8().unwrap();
+    }
     let vocab = cfg.vocab_size;
     let kv = KvShape {
         num_blocks: 512,
@@ -20,6 +35,12 @@ fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
     };
     let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
     assert!(gpu.name().contains("fp8"), "{}", gpu.name());
+    assert_eq!(
+        gpu.name().contains("LM head"),
+        quantize_head,
+        "{}",
+        gpu.name()
+    );
     w.fp8 = None; // the CPU runs the dequantised values
     let mut cpu = CpuBackend::new(cfg, w, kv).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
@@ -32,7 +53,9 @@ fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
             chunk_logits(&mut cpu, &toks, 0, &blocks),
         );
         let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
-        println!("RESULT fp8 smollm2 prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
+        println!(
+            "RESULT fp8 (LM head too: {quantize_head}) smollm2 prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}"
+        );
         worst = (worst.0.max(e), worst.1.max(d));
     }
     let prompt = tokens(98, 40, vocab);
@@ -48,7 +71,7 @@ fn cuda_fp8_weights_match_the_cpu_on_the_dequantised_weights() {
         max_lp_diff(&gpu_tf, cpu_tf, vocab),
     );
     println!(
-        "RESULT fp8 smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
+        "RESULT fp8 (LM head too: {quantize_head}) smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
     );
     worst = (worst.0.max(e), worst.1.max(d));
     assert!(
