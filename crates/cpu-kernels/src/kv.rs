@@ -121,6 +121,25 @@ unsafe fn load_fp8_16(p: *const u8, mul: std::arch::x86_64::__m512) -> std::arch
     _mm512_mul_ps(_mm512_cvtph_ps(h), mul)
 }
 
+/// Elements `at..at + 16` of `row` widened.
+///
+/// # Safety
+/// AVX-512F; `at + 16 <= row.len()`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_16(row: Row<'_>, at: usize) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: 16 elements from `at` (the contract).
+    unsafe {
+        match row {
+            Row::F32(r) => _mm512_loadu_ps(r.as_ptr().add(at)),
+            Row::Bf16(r) => load_bf16_16(r.as_ptr().add(at)),
+            Row::Fp8(r, s) => load_fp8_16(r.as_ptr().add(at), _mm512_set1_ps(s * 256.0)),
+        }
+    }
+}
+
 /// 16 BF16 values at `p` widened.
 ///
 /// # Safety
@@ -213,14 +232,10 @@ unsafe fn dot_group_avx512(
     let mut r = [_mm512_setzero_ps(); 16];
     for k0 in (0..d).step_by(16) {
         for (v, k) in r.iter_mut().zip(keys) {
-            // SAFETY: k0 + 16 <= d <= the key's length (the contract).
             *v = match k {
                 None => _mm512_setzero_ps(),
-                Some(Row::F32(x)) => unsafe { _mm512_loadu_ps(x.as_ptr().add(k0)) },
-                Some(Row::Bf16(x)) => unsafe { load_bf16_16(x.as_ptr().add(k0)) },
-                Some(Row::Fp8(x, s)) => unsafe {
-                    load_fp8_16(x.as_ptr().add(k0), _mm512_set1_ps(s * 256.0))
-                },
+                // SAFETY: k0 + 16 <= d <= the key's length (the contract).
+                Some(row) => unsafe { load_16(*row, k0) },
             };
         }
         // SAFETY: AVX-512F (this function's contract).
@@ -313,13 +328,7 @@ unsafe fn pv_one_avx512(
     use std::arch::x86_64::*;
     for c in (0..d).step_by(16) {
         // SAFETY: c + 16 <= d <= row.len() (the contract).
-        let v = unsafe {
-            match row {
-                Row::F32(r) => _mm512_loadu_ps(r.as_ptr().add(c)),
-                Row::Bf16(r) => load_bf16_16(r.as_ptr().add(c)),
-                Row::Fp8(r, s) => load_fp8_16(r.as_ptr().add(c), _mm512_set1_ps(s * 256.0)),
-            }
-        };
+        let v = unsafe { load_16(row, c) };
         for h in 0..heads {
             let w = _mm512_set1_ps(p[h * n + j]);
             // SAFETY: h * d + c + 16 <= heads * d = out.len() (the contract).
