@@ -304,8 +304,9 @@ mod tests {
         };
         let (bf16, fp8, f32) = (blocks("bf16"), blocks("fp8"), blocks("f32"));
         assert_eq!(blocks("auto"), bf16);
-        assert_eq!(fp8, 2 * bf16);
-        assert_eq!(bf16, 2 * f32);
+        // whole blocks of the budget: twice the blocks, less the odd one
+        assert!(fp8 >= 2 * bf16 && fp8 / 2 == bf16, "fp8 {fp8}, bf16 {bf16}");
+        assert!(bf16 >= 2 * f32 && bf16 / 2 == f32, "bf16 {bf16}, f32 {f32}");
         assert!(Cmd::try_parse_from(["t", "--kv-cache-dtype", "int4"]).is_err());
     }
 
