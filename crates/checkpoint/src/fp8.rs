@@ -26,6 +26,11 @@
 //! [`LlamaWeights`] (`bf16(decode(q) * scale)`), which is what the CPU
 //! backend runs: one FP8 folder works on every backend.
 //!
+//! A checkpoint may also carry the FP8 KV cache's scales, one per layer
+//! for K and V (`model.layers.N.self_attn.k_scale` / `v_scale`, described
+//! by compressed-tensors' `kv_cache_scheme`, which must then be 8-bit
+//! float): read into [`LlamaWeights::kv_scales`], all layers or none.
+//!
 //! Costs: a pre-quantised projection is copied once (one byte per weight)
 //! and dequantised once; quantising at load is two passes over the BF16
 //! weights (`ops::fp8::quantize_rows`).
@@ -40,6 +45,8 @@ use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::Value;
 use std::path::Path;
+
+use contract::KvScales;
 
 use crate::loader::LoadError;
 use crate::weights::{LlamaWeights, Tensor};
@@ -280,6 +287,11 @@ fn compressed_tensors(q: &Value) -> Result<Scheme, Refusal> {
             !a.get("dynamic").and_then(Value::as_bool).unwrap_or(false)
         }
     };
+    if let Some(kv) = q.get("kv_cache_scheme").filter(|k| !k.is_null()) {
+        let sub = |r: Refusal| (format!("kv_cache_scheme.{}", r.0), r.1);
+        want(kv, "type", |t| t == "float", "\"float\" (FP8)").map_err(sub)?;
+        want(kv, "num_bits", |b| b == 8, "8").map_err(sub)?;
+    }
     Ok(Scheme {
         layout: Fp8Layout::CompressedTensors,
         channel,
@@ -384,6 +396,53 @@ pub(crate) fn read_projection<'a>(
         scale,
         input_scale,
     })
+}
+
+/// The names of layer `layer`'s FP8 KV cache scales (K, V).
+pub fn kv_scale_names(layer: usize) -> [String; 2] {
+    [
+        format!("model.layers.{layer}.self_attn.k_scale"),
+        format!("model.layers.{layer}.self_attn.v_scale"),
+    ]
+}
+
+/// The FP8 KV cache's per-layer scales of a checkpoint
+/// ([`kv_scale_names`]: one value each, compressed-tensors'
+/// `kv_cache_scheme` layout): `None` when no layer has them; an error
+/// naming the tensor when a layer lacks one while others have theirs, or
+/// when one is not a single finite positive value. `find` returns a
+/// tensor with the file that holds it.
+pub(crate) fn read_kv_scales<'a>(
+    dir: &Path,
+    layers: usize,
+    find: impl Fn(&str) -> Option<(&'a Path, TensorView<'a>)>,
+) -> Result<Option<KvScales>, LoadError> {
+    let names: Vec<[String; 2]> = (0..layers).map(kv_scale_names).collect();
+    if !names.iter().flatten().any(|n| find(n).is_some()) {
+        return Ok(None);
+    }
+    let mut scales = KvScales::ones(layers);
+    for (l, pair) in names.iter().enumerate() {
+        for (name, slot) in pair.iter().zip([&mut scales.k[l], &mut scales.v[l]]) {
+            let bad = |path: &Path, reason: String| LoadError::Scale {
+                path: path.to_path_buf(),
+                tensor: name.clone(),
+                reason,
+            };
+            let Some((path, view)) = find(name) else {
+                return Err(bad(
+                    dir,
+                    "missing: the checkpoint has FP8 KV cache scales for other layers".into(),
+                ));
+            };
+            let v = scale_values(&view).map_err(|r| bad(path, r))?;
+            if v.len() != 1 {
+                return Err(bad(path, format!("has {} values, expected one", v.len())));
+            }
+            *slot = v[0];
+        }
+    }
+    Ok(Some(scales))
 }
 
 /// A scale tensor's values as f32: F32, BF16 or F16, every value finite

@@ -354,11 +354,16 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
             })
         })
         .collect::<Result<Vec<_>, LoadError>>()?;
+    let kv_scales = crate::fp8::read_kv_scales(dir, cfg.num_layers, |n| {
+        let &j = placement.get(n)?;
+        Some((shards[j].path.as_path(), parsed[j].tensor(n).ok()?))
+    })?;
     let weights = LlamaWeights {
         embed,
         layers,
         norm,
         lm_head,
+        kv_scales,
         fp8: scheme.map(|s| Fp8Weights {
             layers: fp8_layers,
             source: Fp8Source::Checkpoint(s.layout),

@@ -82,9 +82,20 @@ pub struct LlamaWeights {
     /// The projections in FP8 (a pre-quantised checkpoint, or quantised at
     /// load); the BF16 projections above then hold their dequantised values.
     pub fp8: Option<crate::fp8::Fp8Weights>,
+    /// The FP8 KV cache's per-layer K and V scales from the checkpoint
+    /// (`None`: it has none, and an FP8 KV cache uses scale 1).
+    pub kv_scales: Option<contract::KvScales>,
 }
 
 impl LlamaWeights {
+    /// The FP8 KV cache's per-layer scales: the checkpoint's, else 1 for
+    /// every layer.
+    pub fn kv_scales_or_ones(&self) -> contract::KvScales {
+        self.kv_scales
+            .clone()
+            .unwrap_or_else(|| contract::KvScales::ones(self.layers.len()))
+    }
+
     /// The LM head matrix: `lm_head` or, when tied, the embedding.
     pub fn head(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed)

@@ -146,20 +146,19 @@ pub(crate) fn gpu_memory_at_start(
 /// The KV pool of one replica: bytes per block and blocks, from
 /// `--kv-blocks`, `--kv-memory-gib`, or (`gpu_budget`, CUDA) the device
 /// memory left ([`gpu_kv_budget`]), else [`CPU_KV_MEMORY_GIB`];
-/// never more than `--max-num-seqs` full contexts.
+/// never more than `--max-num-seqs` full contexts. A block's bytes are
+/// those of `--kv-cache-dtype`'s element, so an FP8 pool holds twice the
+/// tokens of a BF16 one in the same memory.
 pub(crate) fn kv_pool(
     args: &ModelArgs,
     cfg: &contract::LlamaConfig,
-    cuda: bool,
     gpu_budget: Option<usize>,
 ) -> Result<(usize, usize)> {
-    // CPU keeps its KV cache in f32, the GPU in bf16.
-    let dtype_bytes = if cuda { 2 } else { 4 };
     let per_block = paged_kv::bytes_per_block(
         cfg.num_layers,
         cfg.num_kv_heads,
         cfg.head_dim,
-        dtype_bytes,
+        args.kv_cache_dtype.bytes(),
         BLOCK_SIZE,
     );
     let num_blocks = match args.kv_blocks {
@@ -279,6 +278,36 @@ mod tests {
         assert!(r > FIXED_RESERVE + G / 2 && r < 4 * G, "{r}");
         assert!(reserve_bytes(2048, 8192, 2048, 512, 128_256, 16384, 256) > r);
         assert!(reserve_bytes(2048, 8192, 2048, 512, 128_256, 8192, 512) > r);
+    }
+
+    #[test]
+    fn an_fp8_pool_holds_twice_the_tokens_of_bf16_in_the_same_memory() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        let cfg = contract::presets::Preset::Smollm2_135m.config().unwrap();
+        let blocks = |dtype: &str| {
+            let args =
+                Cmd::try_parse_from(["t", "--kv-memory-gib", "1", "--kv-cache-dtype", dtype])
+                    .unwrap()
+                    .m;
+            let (per_block, n) = kv_pool(&args, &cfg, None).unwrap();
+            // 30 layers x K and V x 3 heads x 64 x 16 tokens of the element
+            assert_eq!(
+                per_block,
+                30 * 2 * 3 * 64 * 16 * args.kv_cache_dtype.bytes()
+            );
+            n
+        };
+        let (bf16, fp8, f32) = (blocks("bf16"), blocks("fp8"), blocks("f32"));
+        assert_eq!(blocks("auto"), bf16);
+        // whole blocks of the budget: twice the blocks, less the odd one
+        assert!(fp8 >= 2 * bf16 && fp8 / 2 == bf16, "fp8 {fp8}, bf16 {bf16}");
+        assert!(bf16 >= 2 * f32 && bf16 / 2 == f32, "bf16 {bf16}, f32 {f32}");
+        assert!(Cmd::try_parse_from(["t", "--kv-cache-dtype", "int4"]).is_err());
     }
 
     #[test]

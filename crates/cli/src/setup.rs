@@ -16,7 +16,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use checkpoint::loader::LoadedModel;
 use clap::ValueEnum;
-use contract::{Backend, KvShape};
+use contract::{Backend, KvCacheDtype, KvShape};
 use cpu_kernels::quant::QuantType;
 use engine::{Engine, EngineConfig};
 use model::cpu::CpuWeights;
@@ -148,6 +148,13 @@ pub struct ModelArgs {
     /// the Q formats run on the CPU's fast kernels only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,
+    /// How the KV cache stores K and V: `auto` (bf16), `bf16`, `f32`, or
+    /// `fp8` (e4m3 with a scale per layer for K and for V: the checkpoint's
+    /// `k_scale` / `v_scale`, else 1), which holds twice the tokens of bf16
+    /// in the same memory. The CUDA backend stores bf16 only.
+    #[arg(long, default_value = "auto", env = "LAMINA_KV_CACHE_DTYPE",
+          value_parser = kv_cache_dtype_parser())]
+    pub kv_cache_dtype: KvCacheDtype,
     /// With FP8 weights (`--dtype fp8` or an FP8 checkpoint): the LM head
     /// in FP8 too, per vocabulary row (half its bytes a decode step, a
     /// little more perplexity); it stays BF16 otherwise.
@@ -157,6 +164,13 @@ pub struct ModelArgs {
     pub tuning: crate::tuning::TuningArgs,
     #[command(flatten)]
     pub spec: crate::spec_args::SpecArgs,
+}
+
+/// `--kv-cache-dtype`'s parser: the spellings of [`KvCacheDtype::CHOICES`].
+fn kv_cache_dtype_parser() -> impl clap::builder::TypedValueParser<Value = KvCacheDtype> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(KvCacheDtype::CHOICES)
+        .try_map(|s| s.parse::<KvCacheDtype>())
 }
 
 /// Which engines to start: one per listed CUDA device (data parallelism),
@@ -200,6 +214,8 @@ pub struct Loaded {
 #[derive(Debug, Clone, Copy)]
 pub struct Sizing {
     pub kv_blocks: usize,
+    /// How the pool stores K and V (its bytes per token follow).
+    pub kv_dtype: KvCacheDtype,
     pub kv_bytes: usize,
     pub max_num_seqs: usize,
     pub max_batch_tokens: usize,
@@ -226,13 +242,14 @@ impl std::fmt::Display for Sizing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}{} backend; KV pool {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB: {} concurrent sequences of the full {}-token context); at most {} sequences and {} tokens a step",
+            "{}{} backend; KV pool ({} K/V) {} blocks of {BLOCK_SIZE} tokens ({} tokens, {:.2} GiB: {} concurrent sequences of the full {}-token context); at most {} sequences and {} tokens a step",
             if self.replicas > 1 {
                 format!("{} replicas, each: ", self.replicas)
             } else {
                 String::new()
             },
             if self.cuda { "CUDA" } else { "CPU" },
+            self.kv_dtype,
             self.kv_blocks,
             self.pool_tokens(),
             self.kv_bytes as f64 / GIB,
@@ -430,6 +447,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         backend_name,
         sizing: Sizing {
             kv_blocks,
+            kv_dtype: args.kv_cache_dtype,
             kv_bytes,
             max_num_seqs: args.max_num_seqs,
             max_batch_tokens,
@@ -566,7 +584,7 @@ fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::LlamaConfig, n: usize) -
             "invalid `--data-parallel-size {n}`: more CPU replicas than this machine's {cores} cores"
         );
     }
-    let (per_block, blocks) = kv_pool(args, cfg, false, None)?;
+    let (per_block, blocks) = kv_pool(args, cfg, None)?;
     let need = per_block.saturating_mul(blocks).saturating_mul(n);
     if let Some(total) = host_memory_bytes()
         && need > total
@@ -591,13 +609,14 @@ fn open_backend(
     gpu_memory: &GpuMemoryPlan,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cuda = device.is_some();
-    let cuda_options = args.tuning.cuda_options()?;
+    let mut cuda_options = args.tuning.cuda_options()?;
+    cuda_options.kv_cache_dtype = args.kv_cache_dtype;
     let cfg = &loaded.config;
     let gpu_budget = match device {
         Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory)?,
         None => None,
     };
-    let (per_block, num_blocks) = kv_pool(args, cfg, cuda, gpu_budget)?;
+    let (per_block, num_blocks) = kv_pool(args, cfg, gpu_budget)?;
     if !cuda {
         let need = per_block.saturating_mul(num_blocks);
         if let Some(total) = host_memory_bytes()
@@ -624,13 +643,16 @@ fn open_backend(
                 CpuKernelsArg::Fast => model::cpu::CpuPath::Fast,
                 CpuKernelsArg::Reference => model::cpu::CpuPath::Reference,
             };
-            Box::new(model::cpu::CpuBackend::with_weights(
-                cfg.clone(),
-                weights.into_owned(),
-                kv,
-                path,
-                cpu_weights.clone(),
-            )?)
+            Box::new(
+                model::cpu::CpuBackend::with_weights(
+                    cfg.clone(),
+                    weights.into_owned(),
+                    kv,
+                    path,
+                    cpu_weights.clone(),
+                )?
+                .with_kv_cache_dtype(args.kv_cache_dtype),
+            )
         }
     };
     tracing::info!(
@@ -638,6 +660,7 @@ fn open_backend(
         device = ?device,
         kv_blocks = num_blocks,
         block_size = BLOCK_SIZE,
+        kv_cache_dtype = %args.kv_cache_dtype,
         "model loaded"
     );
     Ok((backend, num_blocks, per_block.saturating_mul(num_blocks)))

@@ -96,6 +96,8 @@ impl TuningArgs {
             gemv_rows: self.gemv_rows,
             narrow_decode_seqs: self.narrow_decode_seqs,
             fp8_activations: self.fp8_activations,
+            // the caller sets `--kv-cache-dtype`'s
+            ..CudaOptions::default()
         })
     }
 }

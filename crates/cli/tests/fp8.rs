@@ -2,7 +2,7 @@
 //! layouts, the CPU runs them (dequantised) and refuses damaged ones by
 //! name, and on SmolLM2's real weights FP8 costs under 2.5% of perplexity
 //! on the shipped English text, against BF16 (under 5% with the LM head in
-//! FP8 too).
+//! FP8 too); an FP8 KV cache under 1% against a BF16 one.
 
 mod support;
 
@@ -146,4 +146,31 @@ fn quantize_lm_head_without_fp8_weights_is_refused_naming_the_flag() {
         err.contains("--quantize-lm-head") && err.contains("--dtype fp8"),
         "{err}"
     );
+}
+
+/// SmolLM2-135M-Instruct's real weights with an FP8 KV cache (e4m3, scale
+/// 1): within 1% of the BF16 cache's perplexity, with BF16 weights and with
+/// FP8 ones. Measured: 26.19 (bf16 K/V) against 26.32 (fp8, +0.5%); FP8
+/// weights 26.69 against 26.85 (+0.6%); f32 K/V 26.19.
+#[test]
+fn smollm2_fp8_kv_cache_perplexity_is_within_one_percent_of_bf16() {
+    for weights in ["bf16", "fp8"] {
+        let kv = |dtype: &str| {
+            perplexity(
+                "smollm2-135m-instruct",
+                weights,
+                &["--kv-cache-dtype", dtype],
+            )
+        };
+        let (bf16, fp8) = (kv("bf16"), kv("fp8"));
+        eprintln!("SmolLM2 {weights} weights, perplexity: bf16 K/V {bf16:.4}, fp8 K/V {fp8:.4}");
+        assert!(
+            bf16.is_finite() && bf16 > 1.0 && bf16 < 100.0,
+            "bf16 {bf16}"
+        );
+        assert!(
+            (fp8 / bf16 - 1.0).abs() < 0.01,
+            "{weights} weights: fp8 K/V {fp8} vs bf16 K/V {bf16}"
+        );
+    }
 }

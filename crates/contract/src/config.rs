@@ -18,12 +18,15 @@
 //! Both RoPE spellings are accepted: the classic top-level `rope_theta` +
 //! `rope_scaling` keys and the newer `rope_parameters` object; resolving
 //! them and the one RoPE definition live in `config/rope.rs`, the tests in
-//! `config/tests.rs`.
+//! `config/tests.rs`. The KV cache's element type (`--kv-cache-dtype`) and
+//! FP8 K/V's per-layer scales are `config/kv_cache.rs`.
 
 use serde::Deserialize;
 use std::path::Path;
 
+mod kv_cache;
 mod rope;
+pub use kv_cache::{KvCacheDtype, KvScales, UnknownKvCacheDtype};
 pub use rope::RopeScaling;
 
 /// Errors reading or validating a model configuration.

@@ -25,7 +25,10 @@ pub use backend::{
     Backend, BackendError, Carried, KvShape, MAX_IN_FLIGHT, SampleRequest, SampledToken, StepBatch,
     check_idle, check_release,
 };
-pub use config::{ConfigError, DefaultsSource, GenerationConfig, LlamaConfig, SamplingDefaults};
+pub use config::{
+    ConfigError, DefaultsSource, GenerationConfig, KvCacheDtype, KvScales, LlamaConfig,
+    SamplingDefaults,
+};
 pub use history::PenaltyHistory;
 pub use mask::TokenMask;
 pub use pipeline::{HostCompute, HostPipeline};

@@ -15,7 +15,9 @@
 //! Modules: [`isa`] (detection), [`matmul`] (BF16 weights times f32
 //! activations: register-tiled kernels for few tokens, the `gemm` crate over
 //! weights widened to f32 in a reused buffer for many), [`vector`] (dot,
-//! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations),
+//! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations), [`kv`]
+//! (attention's scores and value sums over K/V rows stored as f32, BF16
+//! or FP8, all query heads of a KV head at once),
 //! [`threads`] (the rayon pool on the physical cores).
 //!
 //! Costs: see each module. No allocation per call except the growth of a
@@ -24,6 +26,7 @@
 pub mod gemm512;
 pub mod gemm_split;
 pub mod isa;
+pub mod kv;
 pub mod matmul;
 pub mod pairs;
 pub mod quant;

@@ -1,8 +1,12 @@
 //! The paged KV write and causal attention over packed sequences.
 //!
 //! Contract:
-//! - A KV cache is one `[slots, kv_heads * head_dim]` f32 array per K and V
-//!   (the CUDA layout `[slots, kv_heads, head_dim]`, widened). [`kv_write`]
+//! - A KV cache is one `[slots, kv_heads * head_dim]` array per K and V
+//!   (the CUDA layout `[slots, kv_heads, head_dim]`): f32 for [`kv_write`]
+//!   and [`paged_attention`] (the exact reference, and the kernels'
+//!   tests'), any [`crate::kv`] type for [`kv_write_in`] and
+//!   [`paged_attention_in`] (stored through the one codec, widened row by
+//!   row as read; over f32 the same bits as the f32 pair). [`kv_write`]
 //!   writes token `i`'s row at physical slot `slots[i]`; attention reads
 //!   position `j` of sequence `s` at slot
 //!   `table[j / block_size] * block_size + j % block_size`, so any block
@@ -16,6 +20,7 @@
 //! (p + 1) heads head_dim) reads of the cache, parallel over (token, head)
 //! pairs with one reusable score buffer per rayon worker.
 
+use crate::kv::{KvCache, KvView};
 use crate::linear::dot;
 use rayon::prelude::*;
 
@@ -69,6 +74,24 @@ pub fn kv_write(
     }
 }
 
+/// [`kv_write`] into caches of any stored type: each row stored through
+/// [`crate::kv::KvElem::put`] (rounded to BF16, or to FP8 at the cache's scale).
+pub fn kv_write_in(
+    k_cache: &mut KvCache,
+    v_cache: &mut KvCache,
+    k: &[f32],
+    v: &[f32],
+    slots: &[u32],
+    kv_width: usize,
+) {
+    let d = kv_width;
+    for (i, &slot) in slots.iter().enumerate() {
+        let s = slot as usize * d;
+        k_cache.put(s, &k[i * d..(i + 1) * d]);
+        v_cache.put(s, &v[i * d..(i + 1) * d]);
+    }
+}
+
 /// Causal attention of the step's queries `q` (`[T, heads * head_dim]`, RoPE
 /// applied) over the paged caches `k_cache`, `v_cache` (`[slots, kv_heads *
 /// head_dim]`, this step's rows already written). Returns `[T, heads * head_dim]`.
@@ -76,6 +99,19 @@ pub fn paged_attention(
     q: &[f32],
     k_cache: &[f32],
     v_cache: &[f32],
+    seqs: PagedSeqs<'_>,
+    dims: AttnDims,
+) -> Vec<f32> {
+    paged_attention_in(q, KvView::F32(k_cache), KvView::F32(v_cache), seqs, dims)
+}
+
+/// [`paged_attention`] over caches of any stored type: each key and value
+/// row is widened ([`KvView::get`]) as it is read, then the same f32
+/// arithmetic runs (over f32 caches, the same bits).
+pub fn paged_attention_in(
+    q: &[f32],
+    k_cache: KvView<'_>,
+    v_cache: KvView<'_>,
     seqs: PagedSeqs<'_>,
     dims: AttnDims,
 ) -> Vec<f32> {
@@ -96,9 +132,9 @@ pub fn paged_attention(
         })
         .collect();
     let mut out = vec![0f32; q.len()];
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .for_each_init(Vec::<f32>::new, |scores, (idx, o)| {
+    out.par_chunks_mut(hd).enumerate().for_each_init(
+        || (Vec::<f32>::new(), vec![0f32; hd]),
+        |(scores, kv_row), (idx, o)| {
             let (t, h) = (idx / heads, idx % heads);
             let s = seq_of[t];
             let table = &seqs.block_tables[s * seqs.max_blocks..(s + 1) * seqs.max_blocks];
@@ -107,7 +143,10 @@ pub fn paged_attention(
             let koff = (h / group) * hd;
             let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kv_dim + koff;
             scores.clear();
-            scores.extend((0..ctx).map(|j| dot(qh, &k_cache[row(j)..row(j) + hd]) * scale));
+            scores.extend((0..ctx).map(|j| {
+                k_cache.get(row(j), kv_row);
+                dot(qh, kv_row) * scale
+            }));
             let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0f32;
             for s in scores.iter_mut() {
@@ -117,12 +156,13 @@ pub fn paged_attention(
             let inv = 1.0 / sum;
             for (j, &p) in scores.iter().enumerate() {
                 let w = p * inv;
-                let r = row(j);
-                for (a, &b) in o.iter_mut().zip(&v_cache[r..r + hd]) {
+                v_cache.get(row(j), kv_row);
+                for (a, &b) in o.iter_mut().zip(kv_row.iter()) {
                     *a += w * b;
                 }
             }
-        });
+        },
+    );
     out
 }
 

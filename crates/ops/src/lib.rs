@@ -10,6 +10,13 @@
 //! f64); BF16 inputs are widened to f32 exactly. The RoPE tables come from
 //! [`contract::config::LlamaConfig::rope_table`].
 //!
+//! The KV cache: [`kv`] is the one codec of its stored types (f32, BF16,
+//! FP8 e4m3 at a per-layer scale). The exact reference path keeps K/V in
+//! f32 ([`kv_write`], [`paged_attention`]: what the CPU backend's
+//! constructors use, the golden tests' 1e-4 and the kernels' tests);
+//! [`kv_write_in`] / [`paged_attention_in`] are the same operations over
+//! any stored type (BF16 is the CLI's default, `--kv-cache-dtype`).
+//!
 //! Layouts are row-major and stated on every function (`[T, hidden]` = `T`
 //! rows of `hidden`). Costs are stated per module; the heavy operations
 //! (matmul, attention, RMSNorm) run in parallel on rayon's global pool.
@@ -18,9 +25,13 @@ pub mod activation;
 pub mod attention;
 pub mod embedding;
 pub mod fp8;
+pub mod kv;
 pub mod linear;
 pub mod norm;
 pub mod rope;
 
-pub use attention::{AttnDims, PagedSeqs, kv_write, paged_attention};
+pub use attention::{
+    AttnDims, PagedSeqs, kv_write, kv_write_in, paged_attention, paged_attention_in,
+};
+pub use kv::{KvCache, KvElem, KvView, kv_round};
 pub use rope::Rope;

@@ -319,3 +319,52 @@ fn other_layouts_are_refused_naming_the_field() {
     reconfigure(&dir, |q| *q = serde_json::Value::Null);
     refused(&dir, &["quantization_config", "F8_E4M3"]);
 }
+
+/// The FP8 KV cache's per-layer scales (`k_scale` / `v_scale`, a scalar
+/// each, compressed-tensors' `kv_cache_scheme`) are read when present, all
+/// layers or none; a missing or bad one is refused naming the tensor.
+#[test]
+fn kv_cache_scales_are_read_and_checked() {
+    let (_d, src) = tiny();
+    let dir = convert(&src, "kv", CHANNEL);
+    assert_eq!(load(&dir).unwrap().kv_scales, None, "none written");
+    let layers = load_config(&dir).unwrap().config.num_layers;
+    let scalar = |x: f32| (Dtype::F32, vec![], x.to_le_bytes().to_vec());
+    rewrite(&dir, |m| {
+        for l in 0..layers {
+            let [k, v] = kv_scale_names(l);
+            m.insert(k, scalar(0.5 + l as f32));
+            m.insert(v, scalar(0.25));
+        }
+    });
+    reconfigure(&dir, |q| {
+        q["kv_cache_scheme"] = serde_json::json!({
+            "num_bits": 8, "type": "float", "strategy": "tensor",
+            "dynamic": false, "symmetric": true
+        });
+    });
+    let w = load(&dir).unwrap();
+    let s = w.kv_scales.as_ref().expect("scales read");
+    assert_eq!(s.k, (0..layers).map(|l| 0.5 + l as f32).collect::<Vec<_>>());
+    assert_eq!(s.v, vec![0.25; layers]);
+    assert_eq!(w.kv_scales_or_ones().layer(1), (1.5, 0.25));
+    // one layer's V scale missing
+    let [_, v1] = kv_scale_names(1);
+    let gone = convert(&src, "kv-gone", CHANNEL);
+    rewrite(&gone, |m| {
+        for l in 0..layers {
+            let [k, v] = kv_scale_names(l);
+            m.insert(k, scalar(1.0));
+            if l != 1 {
+                m.insert(v, scalar(1.0));
+            }
+        }
+    });
+    refused(&gone, &[&v1, "missing"]);
+    // a non-positive one, and a KV scheme of another type
+    rewrite(&dir, |m| drop(m.insert(v1.clone(), scalar(-1.0))));
+    refused(&dir, &[&v1, "positive"]);
+    rewrite(&dir, |m| drop(m.insert(v1.clone(), scalar(1.0))));
+    reconfigure(&dir, |q| q["kv_cache_scheme"]["num_bits"] = 4.into());
+    refused(&dir, &["kv_cache_scheme.num_bits"]);
+}

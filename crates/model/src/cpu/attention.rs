@@ -2,18 +2,21 @@
 //! the shared reference operations of the `ops` crate.
 //!
 //! Contract: [`KvPool`] holds, per layer, K and V pools `[num_blocks *
-//! block_size, kv_heads * head_dim]` f32. Token `i` of a step writes its K/V
+//! block_size, kv_heads * head_dim]` of one [`KvCacheDtype`] (f32, BF16,
+//! or FP8 e4m3 at the layer's K and V scales), stored and read through
+//! the one codec of [`ops::kv`]. Token `i` of a step writes its K/V
 //! row at physical slot `slot_mapping[i]` ([`ops::kv_write`]); attention
 //! ([`KvPool::attention`], i.e. [`ops::paged_attention`]) reads position `j`
 //! of a sequence at slot `table[j / block_size] * block_size + j %
 //! block_size`, so any block layout the scheduler hands out is read back
 //! correctly.
 //!
-//! Costs: memory `2 * layers * slots * kv_dim * 4` bytes; see
+//! Costs: memory `2 * layers * slots * kv_dim * dtype.bytes()` bytes; see
 //! [`ops::attention`] for the write and attention costs.
 
 use contract::backend::StepBatch;
-use ops::{AttnDims, PagedSeqs};
+use contract::{KvCacheDtype, KvScales};
+use ops::{AttnDims, KvCache, KvElem, KvView, PagedSeqs};
 use rayon::prelude::*;
 
 /// Tokens from which [`KvPool::write_order`] plans parallel writes.
@@ -21,27 +24,47 @@ const PARALLEL_WRITE_MIN: usize = 64;
 
 /// The paged KV cache memory of every layer.
 pub struct KvPool {
-    k: Vec<Vec<f32>>, // [layers][num_blocks * block_size, kv_dim]
-    v: Vec<Vec<f32>>, // [layers][num_blocks * block_size, kv_dim]
+    k: Vec<KvCache>, // [layers][num_blocks * block_size, kv_dim]
+    v: Vec<KvCache>, // [layers][num_blocks * block_size, kv_dim]
     kv_dim: usize,
     block_size: usize,
+    dtype: KvCacheDtype,
 }
 
 impl KvPool {
-    /// A zeroed pool of `slots` token rows per layer.
-    pub fn new(layers: usize, slots: usize, kv_dim: usize, block_size: usize) -> Self {
+    /// A zeroed pool of `slots` token rows per layer in `dtype` (FP8 at
+    /// `scales`' per-layer K and V scales).
+    pub fn new(
+        layers: usize,
+        slots: usize,
+        kv_dim: usize,
+        block_size: usize,
+        dtype: KvCacheDtype,
+        scales: &KvScales,
+    ) -> Self {
+        let n = slots * kv_dim;
         KvPool {
-            k: (0..layers).map(|_| vec![0f32; slots * kv_dim]).collect(),
-            v: (0..layers).map(|_| vec![0f32; slots * kv_dim]).collect(),
+            k: (0..layers)
+                .map(|l| KvCache::zeroed(dtype, n, scales.layer(l).0))
+                .collect(),
+            v: (0..layers)
+                .map(|l| KvCache::zeroed(dtype, n, scales.layer(l).1))
+                .collect(),
             kv_dim,
             block_size,
+            dtype,
         }
+    }
+
+    /// How K and V are stored.
+    pub fn dtype(&self) -> KvCacheDtype {
+        self.dtype
     }
 
     /// Writes `k`, `v` (`[T, kv_dim]`) of `layer` at the step's slots.
     pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], slot_mapping: &[u32]) {
         let (kc, vc) = (&mut self.k[layer], &mut self.v[layer]);
-        ops::kv_write(kc, vc, k, v, slot_mapping, self.kv_dim);
+        ops::kv_write_in(kc, vc, k, v, slot_mapping, self.kv_dim);
     }
 
     /// The step's writes in block order (`(block, token)`, tokens in step
@@ -78,33 +101,31 @@ impl KvPool {
         slot_mapping: &[u32],
         order: &[(usize, usize)],
     ) {
-        let (d, bs) = (self.kv_dim, self.block_size);
-        let (kc, vc) = (&mut self.k[layer], &mut self.v[layer]);
-        let put = |kc: &mut [f32], vc: &mut [f32], row: &[f32], at: usize| {
-            kc[at..at + d].copy_from_slice(&row[k_col..k_col + d]);
-            vc[at..at + d].copy_from_slice(&row[k_col + d..k_col + 2 * d]);
+        let rows = PackedRows {
+            qkv,
+            width,
+            k_col,
+            slot_mapping,
+            order,
+            kv_dim: self.kv_dim,
+            block_size: self.block_size,
         };
-        if order.is_empty() {
-            for (row, &slot) in qkv.chunks_exact(width).zip(slot_mapping) {
-                put(kc, vc, row, slot as usize * d);
-            }
-            return;
+        match (&mut self.k[layer], &mut self.v[layer]) {
+            (KvCache::F32(k), KvCache::F32(v)) => rows.write(k, v, 1.0, 1.0),
+            (KvCache::Bf16(k), KvCache::Bf16(v)) => rows.write(k, v, 1.0, 1.0),
+            (KvCache::Fp8(k, ks), KvCache::Fp8(v, vs)) => rows.write(k, v, *ks, *vs),
+            _ => unreachable!("a layer's K and V are built in one dtype"),
         }
-        kc.par_chunks_mut(bs * d)
-            .zip(vc.par_chunks_mut(bs * d))
-            .enumerate()
-            .for_each(|(b, (kb, vb))| {
-                let first = order.partition_point(|&(ob, _)| ob < b);
-                for &(_, i) in order[first..].iter().take_while(|&&(ob, _)| ob == b) {
-                    let at = (slot_mapping[i] as usize % bs) * d;
-                    put(kb, vb, &qkv[i * width..][..width], at);
-                }
-            });
     }
 
     /// `layer`'s K and V pools with the row width and block size.
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32], usize, usize) {
-        (&self.k[layer], &self.v[layer], self.kv_dim, self.block_size)
+    pub fn layer(&self, layer: usize) -> (KvView<'_>, KvView<'_>, usize, usize) {
+        (
+            self.k[layer].view(),
+            self.v[layer].view(),
+            self.kv_dim,
+            self.block_size,
+        )
     }
 
     /// Causal attention of the step's queries `q` (`[T, heads * head_dim]`,
@@ -124,6 +145,45 @@ impl KvPool {
             max_blocks: batch.max_blocks,
             block_size: self.block_size,
         };
-        ops::paged_attention(q, &self.k[layer], &self.v[layer], seqs, dims)
+        ops::paged_attention_in(q, self.k[layer].view(), self.v[layer].view(), seqs, dims)
+    }
+}
+
+/// A step's packed rows and where they go, for [`KvPool::write_packed`].
+struct PackedRows<'a> {
+    qkv: &'a [f32],
+    width: usize,
+    k_col: usize,
+    slot_mapping: &'a [u32],
+    order: &'a [(usize, usize)],
+    kv_dim: usize,
+    block_size: usize,
+}
+
+impl PackedRows<'_> {
+    /// Stores every row's K and V columns into `kc`, `vc` (FP8 at `ks`, `vs`).
+    fn write<T: KvElem>(&self, kc: &mut [T], vc: &mut [T], ks: f32, vs: f32) {
+        let (d, bs, k_col) = (self.kv_dim, self.block_size, self.k_col);
+        let put = |kc: &mut [T], vc: &mut [T], row: &[f32], at: usize| {
+            T::put(&mut kc[at..at + d], &row[k_col..k_col + d], ks);
+            T::put(&mut vc[at..at + d], &row[k_col + d..k_col + 2 * d], vs);
+        };
+        let (qkv, width, order) = (self.qkv, self.width, self.order);
+        if order.is_empty() {
+            for (row, &slot) in qkv.chunks_exact(width).zip(self.slot_mapping) {
+                put(kc, vc, row, slot as usize * d);
+            }
+            return;
+        }
+        kc.par_chunks_mut(bs * d)
+            .zip(vc.par_chunks_mut(bs * d))
+            .enumerate()
+            .for_each(|(b, (kb, vb))| {
+                let first = order.partition_point(|&(ob, _)| ob < b);
+                for &(_, i) in order[first..].iter().take_while(|&&(ob, _)| ob == b) {
+                    let at = (self.slot_mapping[i] as usize % bs) * d;
+                    put(kb, vb, &qkv[i * width..][..width], at);
+                }
+            });
     }
 }

@@ -28,11 +28,12 @@
 //! < 16` (register-tiled GEMV) or one widening pass per matrix plus the
 //! `gemm` crate's GEMM; prompt rows also one split of their activations
 //! per product; a step mixing prompt and generated rows copies each kind's
-//! rows in and out. Attention per (token, head) with SIMD dot products for
-//! decodes (on rayon when the step has enough of it), and as two GEMMs per
-//! head and block of rows for prefill chunks of 16+ tokens
-//! (`segment_attention`, each KV head's keys and values gathered and
-//! packed once). The elementwise steps run over rows on rayon for steps of
+//! rows in and out. Attention for decodes per (token, KV head, chunk of
+//! positions) over the pool's stored type, merged by log-sum-exp (see
+//! `decode`; on rayon when the step has enough of it), and as two GEMMs
+//! per head and block of rows for prefill chunks of 16+ tokens
+//! (`segment_attention`, each KV head's keys and values gathered, widened
+//! to f32 and packed once per chunk). The elementwise steps run over rows on rayon for steps of
 //! 32+ tokens. Every activation buffer lives in [`Workspace`] and is
 //! reused step after step (grown to the largest step seen), as are a
 //! chunk's gathered K/V and per-block outputs ([`SegmentScratch`]) and
@@ -48,20 +49,18 @@
 
 use super::CpuBackend;
 use super::attention::KvPool;
+use super::decode::{DecodeScratch, PoolView, decode_attention, row_of};
 use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
 use checkpoint::weights::LlamaWeights;
 use contract::backend::{BackendError, StepBatch};
 use cpu_kernels::Isa;
 use cpu_kernels::gemm512::{Packed, matmul_packed};
+use cpu_kernels::kv::widen;
 use cpu_kernels::matmul::{gemm_nt_f32, matmul_bf16};
-use cpu_kernels::vector::{add_assign, axpy, dot_keys, rms_norm, rope, silu_mul, softmax_scaled};
+use cpu_kernels::vector::{add_assign, rms_norm, rope, silu_mul, softmax_scaled};
 use half::slice::HalfFloatSliceExt;
-use ops::AttnDims;
+use ops::{AttnDims, KvView};
 use rayon::prelude::*;
-
-/// Attention work (query rows x keys x head size) below which a step's
-/// attention runs on the calling thread.
-const PARALLEL_ATTENTION_MIN: usize = 1 << 15;
 
 /// One layer's projections, packed for the fused products.
 struct FastLayer {
@@ -176,6 +175,7 @@ pub(super) struct Workspace {
     gu: Vec<f32>,                     // [T, 2 intermediate]
     act: Vec<f32>,                    // [T, intermediate]
     segment: SegmentScratch,          // prefill chunks' attention
+    decode: DecodeScratch,            // decode tokens' attention
     seq_of: Vec<usize>,               // [T] sequence of each token
     prompt: Vec<usize>,               // prompt token rows (mixed steps)
     write_order: Vec<(usize, usize)>, // the step's KV writes by block
@@ -313,6 +313,7 @@ impl CpuBackend {
                 dims,
                 attn,
                 &mut ws.segment,
+                &mut ws.decode,
             );
             let proj = sized(&mut ws.proj, t * hidden);
             lw.o.matmul(isa, attn, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
@@ -371,11 +372,9 @@ const SEGMENT_GEMM_MIN: usize = 16;
 
 /// Causal paged attention of the queries in `qkv` (`[T, qkv_w]`, the first
 /// `q_dim` columns of each row, RoPE applied) over `layer`'s pool, into `out`
-/// (`[T, q_dim]`): `ops::paged_attention`'s arithmetic. Segments of
+/// (`[T, q_dim]`): `ops::paged_attention_in`'s arithmetic. Segments of
 /// [`SEGMENT_GEMM_MIN`] tokens or more (prefill chunks) run
-/// [`segment_attention`]; the other tokens run per (token, head) with SIMD
-/// dot products, in parallel when the step has [`PARALLEL_ATTENTION_MIN`]
-/// work of that kind.
+/// [`segment_attention`]; the other tokens run [`decode_attention`].
 #[allow(clippy::too_many_arguments)]
 fn attention(
     isa: Isa,
@@ -388,58 +387,33 @@ fn attention(
     dims: AttnDims,
     out: &mut [f32],
     seg_scratch: &mut SegmentScratch,
+    dec_scratch: &mut DecodeScratch,
 ) {
-    let (heads, hd) = (dims.heads, dims.head_dim);
-    let group = heads / dims.kv_heads;
+    let hd = dims.head_dim;
     let (kc, vc, kv_dim, bs) = pool.layer(layer);
     let scale = 1.0 / (hd as f32).sqrt();
     let seg_len = |s: usize| (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
     let long = |s: usize| seg_len(s) >= SEGMENT_GEMM_MIN;
-    let one = |idx: usize, o: &mut [f32]| {
-        let (t, h) = (idx / heads, idx % heads);
-        let s = seq_of[t];
-        if long(s) {
-            return;
-        }
-        let table = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
-        let ctx = batch.positions[t] as usize + 1;
-        let qh = &qkv[t * qkv_w + h * hd..][..hd];
-        let koff = (h / group) * hd;
-        let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kv_dim + koff;
-        // the chunk path's arithmetic (`dot_keys`): a token recomputed from
-        // the prefix cache gets the scores it got inside the first prefill
-        SCORES.with_borrow_mut(|scores| {
-            scores.clear();
-            scores.resize(ctx, 0.0);
-            dot_keys(isa, qh, |j| &kc[row(j)..row(j) + hd], scores);
-            for s in scores.iter_mut() {
-                *s *= scale;
-            }
-            let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let inv = 1.0 / cpu_kernels::vector::exp_scaled_sum(isa, scores, 1.0, m);
-            o.fill(0.0);
-            for (j, &p) in scores.iter().enumerate() {
-                let r = row(j);
-                axpy(isa, o, p * inv, &vc[r..r + hd]);
-            }
-        });
+    let view = PoolView {
+        k: kc,
+        v: vc,
+        kv_dim,
+        block_size: bs,
     };
-    let work: usize = (0..batch.positions.len())
-        .filter(|&t| !long(seq_of[t]))
-        .map(|t| batch.positions[t] as usize + 1)
-        .sum::<usize>()
-        * heads
-        * hd;
-    if work < PARALLEL_ATTENTION_MIN {
-        for (idx, o) in out.chunks_exact_mut(hd).enumerate() {
-            one(idx, o);
-        }
-    } else {
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each(|(idx, o)| one(idx, o));
-    }
-    let q_dim = heads * hd;
+    decode_attention(
+        isa,
+        view,
+        qkv,
+        qkv_w,
+        batch,
+        seq_of,
+        |t| !long(seq_of[t]),
+        dims,
+        out,
+        dec_scratch,
+        None,
+    );
+    let q_dim = dims.heads * hd;
     for s in (0..batch.num_seqs()).filter(|&s| long(s)) {
         let (t0, t1) = (
             batch.cu_seqlens[s] as usize,
@@ -476,8 +450,8 @@ struct Segment<'a> {
     positions: &'a [u32],
     /// The sequence's block table.
     table: &'a [u32],
-    kc: &'a [f32],
-    vc: &'a [f32],
+    kc: KvView<'a>,
+    vc: KvView<'a>,
     kv_dim: usize,
     block_size: usize,
 }
@@ -499,11 +473,17 @@ pub(super) struct SegmentScratch {
 }
 
 /// One KV head's keys and values as a chunk's attention products read
-/// them, gathered from the pool once per chunk.
+/// them, gathered from the pool once per chunk (widened to f32 as
+/// `cpu_kernels::kv::widen` reads them).
 enum HeadKv {
     /// AVX-512: packed for the micro-kernel (keys as rows, values as
-    /// columns), so no (head, block) task packs them again.
-    Packed { k: Packed, v: Packed },
+    /// columns), so no (head, block) task packs them again; `wide` holds
+    /// K then V `[2, ctx, head_dim]` widened, when the pool is not f32.
+    Packed {
+        k: Packed,
+        v: Packed,
+        wide: Vec<f32>,
+    },
     /// Elsewhere: K `[ctx, head_dim]` and V^T `[head_dim, ctx]`.
     Plain { k: Vec<f32>, vt: Vec<f32> },
 }
@@ -554,6 +534,7 @@ fn segment_attention(
             HeadKv::Packed {
                 k: Packed::default(),
                 v: Packed::default(),
+                wide: Vec::new(),
             }
         } else {
             HeadKv::Plain {
@@ -563,20 +544,36 @@ fn segment_attention(
         }
     });
     kv.par_iter_mut().enumerate().for_each(|(g, head)| {
-        let key = |j: usize| &seg.kc[slot(j) + g * hd..][..hd];
-        let value = |j: usize| &seg.vc[slot(j) + g * hd..][..hd];
+        let key = |j: usize| row_of(seg.kc, slot(j) + g * hd, hd);
+        let value = |j: usize| row_of(seg.vc, slot(j) + g * hd, hd);
         match head {
-            HeadKv::Packed { k, v } => {
-                k.refill_rows(hd, ctx, key);
-                v.refill_columns(ctx, hd, value);
-            }
+            HeadKv::Packed { k, v, wide } => match (seg.kc, seg.vc) {
+                (KvView::F32(kc), KvView::F32(vc)) => {
+                    k.refill_rows(hd, ctx, |j| &kc[slot(j) + g * hd..][..hd]);
+                    v.refill_columns(ctx, hd, |j| &vc[slot(j) + g * hd..][..hd]);
+                }
+                _ => {
+                    // every value is written below: only growth is zeroed
+                    wide.resize(2 * ctx * hd, 0.0);
+                    let (wk, wv) = wide.split_at_mut(ctx * hd);
+                    for j in 0..ctx {
+                        widen(isa, key(j), &mut wk[j * hd..(j + 1) * hd]);
+                        widen(isa, value(j), &mut wv[j * hd..(j + 1) * hd]);
+                    }
+                    let (wk, wv) = (&*wk, &*wv);
+                    k.refill_rows(hd, ctx, |j| &wk[j * hd..(j + 1) * hd]);
+                    v.refill_columns(ctx, hd, |j| &wv[j * hd..(j + 1) * hd]);
+                }
+            },
             HeadKv::Plain { k, vt } => {
                 // every value is written below: only growth is zeroed
                 k.resize(ctx * hd, 0.0);
-                vt.resize(hd * ctx, 0.0);
+                vt.resize(hd * ctx + hd, 0.0);
+                let (vt, row) = vt.split_at_mut(hd * ctx);
                 for j in 0..ctx {
-                    k[j * hd..(j + 1) * hd].copy_from_slice(key(j));
-                    for (d, &v) in value(j).iter().enumerate() {
+                    widen(isa, key(j), &mut k[j * hd..(j + 1) * hd]);
+                    widen(isa, value(j), row);
+                    for (d, &v) in row.iter().enumerate() {
                         vt[d * ctx + j] = v;
                     }
                 }

@@ -11,7 +11,13 @@
 //! are built once, and the KV cache lives in a paged pool (see
 //! [`attention::KvPool`]) addressed only through the batch's slots and block
 //! tables. Every operation (matmul, RMSNorm, RoPE, attention, SwiGLU,
-//! embedding) is the `ops` crate's, the same code the CUDA kernels' tests
+//! embedding) is the `ops` crate's, and the KV pool stores K/V as
+//! [`CpuBackend::with_kv_cache_dtype`] says: f32 unless asked (the
+//! constructors' default: the exact reference the golden tests hold to
+//! the oracle), BF16 (the CLI's default) or FP8 e4m3 at the weights'
+//! per-layer scales; the write rounds to the stored type and attention
+//! widens each row as it reads it (`ops::kv`), never the whole cache. The
+//! reference path's operations are the same code the CUDA kernels' tests
 //! use as their reference ([`CpuPath::Reference`], what [`CpuBackend::new`]
 //! builds and the golden tests hold to the oracle). [`CpuPath::Fast`]
 //! ([`CpuBackend::with_path`], what the CLI runs) computes the same step
@@ -23,12 +29,13 @@
 //! Costs: memory = the BF16 weights (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
 //! VNNI) + `2 * layers * num_blocks * block_size *
-//! kv_dim * 4` bytes of KV pool + RoPE tables `min(max_position_embeddings,
+//! kv_dim * dtype.bytes()` bytes of KV pool + RoPE tables `min(max_position_embeddings,
 //! pool slots) * head_dim * 4` bytes. Per step, see `forward`. Parallel with
 //! rayon's global pool.
 
 pub mod attention;
 pub mod batch;
+mod decode;
 mod fast;
 mod forward;
 mod packed;
@@ -37,6 +44,8 @@ pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]
 mod k_quant_tests;
+#[cfg(test)]
+mod kv_tests;
 #[cfg(test)]
 mod spec_tests;
 #[cfg(test)]
@@ -50,6 +59,7 @@ use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::HostPipeline;
 use contract::backend::{BackendError, KvShape, SampledToken, StepBatch};
 use contract::config::LlamaConfig;
+use contract::{KvCacheDtype, KvScales};
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
 use ops::Rope;
@@ -83,6 +93,8 @@ pub struct CpuBackend {
     final_norm: Vec<f32>, // [hidden]
     rope: Rope,
     pool: KvPool,
+    /// FP8 K/V's per-layer scales (the checkpoint's, else 1).
+    kv_scales: KvScales,
     /// The packed projections of the fast path (`None`: reference path).
     fast: Option<FastWeights>,
     ws: Workspace,
@@ -139,7 +151,15 @@ impl CpuBackend {
         }
         let slots = kv.num_blocks * kv.block_size;
         let rope = Rope::new(&config, config.max_position_embeddings.min(slots));
-        let pool = KvPool::new(config.num_layers, slots, config.kv_dim(), kv.block_size);
+        let kv_scales = weights.kv_scales_or_ones();
+        let pool = KvPool::new(
+            config.num_layers,
+            slots,
+            config.kv_dim(),
+            kv.block_size,
+            KvCacheDtype::F32,
+            &kv_scales,
+        );
         let norms = weights
             .layers
             .iter()
@@ -169,12 +189,39 @@ impl CpuBackend {
             final_norm,
             rope,
             pool,
+            kv_scales,
             fast,
             ws: Workspace::default(),
             isa: Isa::best(),
             pipe: HostPipeline::default(),
             weights_name,
         })
+    }
+
+    /// The backend with its KV pool (zeroed) storing K and V as `dtype`
+    /// (`--kv-cache-dtype`; FP8 at the weights' per-layer scales, else 1).
+    /// The constructors store f32, the exact reference's.
+    pub fn with_kv_cache_dtype(mut self, dtype: KvCacheDtype) -> Self {
+        if dtype != self.pool.dtype() {
+            let c = &self.config;
+            let slots = self.kv.num_blocks * self.kv.block_size;
+            // the old pool goes first: the two are never held together
+            self.pool = KvPool::new(0, 0, 0, self.kv.block_size, dtype, &self.kv_scales);
+            self.pool = KvPool::new(
+                c.num_layers,
+                slots,
+                c.kv_dim(),
+                self.kv.block_size,
+                dtype,
+                &self.kv_scales,
+            );
+        }
+        self
+    }
+
+    /// How the KV pool stores K and V.
+    pub fn kv_cache_dtype(&self) -> KvCacheDtype {
+        self.pool.dtype()
     }
 
     /// Runs every row of the fast path's BF16 products in f32, prompt rows
@@ -227,7 +274,12 @@ impl contract::HostCompute for CpuBackend {
                     Some(f) if f.splits() => "+bf16/vnni prompts",
                     _ => "",
                 };
-                format!("cpu ({}{split}, {})", self.isa.name(), self.weights_name)
+                format!(
+                    "cpu ({}{split}, {}, {} KV)",
+                    self.isa.name(),
+                    self.weights_name,
+                    self.pool.dtype()
+                )
             }
         }
     }

@@ -71,6 +71,7 @@ pub(super) fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
         norm: tensor("norm", &[h], 2, 0.2, 1.0),
         lm_head: (!tied).then(|| tensor("lm_head", &[c.vocab_size, h], 3, 0.5, 0.0)),
         fp8: None,
+        kv_scales: None,
     }
 }
 

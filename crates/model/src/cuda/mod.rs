@@ -56,7 +56,7 @@ use checkpoint::weights::LlamaWeights;
 use contract::backend::{
     Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_idle,
 };
-use contract::config::LlamaConfig;
+use contract::config::{KvCacheDtype, LlamaConfig};
 use graphs::DecodeGraphs;
 use pipeline::Pipe;
 use plan::Tuning;
@@ -99,6 +99,9 @@ pub struct CudaOptions {
     /// rows to e4m3 (one scale per token) and run cuBLASLt's FP8 tensor
     /// cores (W8A8); off, they widen the weights to bf16 (W8A16).
     pub fp8_activations: bool,
+    /// How the KV pool stores K and V (`--kv-cache-dtype`): BF16 only
+    /// here; any other is refused at construction.
+    pub kv_cache_dtype: KvCacheDtype,
 }
 
 impl Default for CudaOptions {
@@ -109,7 +112,19 @@ impl Default for CudaOptions {
             gemv_rows: DEFAULT_GEMV_ROWS,
             narrow_decode_seqs: None,
             fp8_activations: false,
+            kv_cache_dtype: KvCacheDtype::Bf16,
         }
+    }
+}
+
+/// `Ok` for a KV cache dtype the CUDA backend stores (BF16), else the
+/// error naming `--kv-cache-dtype` and the value.
+pub fn check_kv_cache_dtype(dtype: KvCacheDtype) -> Result<(), BackendError> {
+    match dtype {
+        KvCacheDtype::Bf16 => Ok(()),
+        other => Err(BackendError::Device(format!(
+            "invalid `--kv-cache-dtype {other}`: the CUDA backend stores K/V in bf16 only (use `--kv-cache-dtype bf16` or `auto`, or `--device cpu`)"
+        ))),
     }
 }
 
@@ -210,6 +225,7 @@ impl CudaBackend {
         device: usize,
         opts: CudaOptions,
     ) -> Result<CudaBackend, BackendError> {
+        check_kv_cache_dtype(opts.kv_cache_dtype)?;
         available().map_err(BackendError::Device)?;
         if kv.num_blocks == 0 || kv.block_size == 0 {
             return Err(BackendError::Device(format!(

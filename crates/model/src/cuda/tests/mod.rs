@@ -32,21 +32,7 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
                 "{why}"
             );
             let cfg = Preset::Tiny.config().unwrap();
-            let w = LlamaWeights {
-                embed: checkpoint::weights::Tensor {
-                    name: "e".into(),
-                    shape: vec![0],
-                    data: vec![],
-                },
-                layers: vec![],
-                norm: checkpoint::weights::Tensor {
-                    name: "n".into(),
-                    shape: vec![0],
-                    data: vec![],
-                },
-                lm_head: None,
-                fp8: None,
-            };
+            let w = empty_weights();
             let kv = KvShape {
                 num_blocks: 4,
                 block_size: 16,
@@ -56,6 +42,50 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
                 .expect("no CUDA here");
             assert!(err.to_string().contains(&why), "{err}");
         }
+    }
+}
+
+/// Weights with no values (for checks that refuse before reading them).
+fn empty_weights() -> LlamaWeights {
+    let t = |name: &str| checkpoint::weights::Tensor {
+        name: name.into(),
+        shape: vec![0],
+        data: vec![],
+    };
+    LlamaWeights {
+        embed: t("e"),
+        layers: vec![],
+        norm: t("n"),
+        lm_head: None,
+        fp8: None,
+        kv_scales: None,
+    }
+}
+
+#[test]
+fn kv_cache_dtypes_other_than_bf16_are_refused_naming_the_flag() {
+    assert!(check_kv_cache_dtype(KvCacheDtype::Bf16).is_ok());
+    for (dtype, name) in [(KvCacheDtype::F32, "f32"), (KvCacheDtype::Fp8, "fp8")] {
+        let err = check_kv_cache_dtype(dtype).unwrap_err().to_string();
+        assert!(
+            err.contains("--kv-cache-dtype") && err.contains(name),
+            "{err}"
+        );
+        // refused before the device is opened, so on any machine
+        let opts = CudaOptions {
+            kv_cache_dtype: dtype,
+            ..CudaOptions::default()
+        };
+        let cfg = Preset::Tiny.config().unwrap();
+        let w = empty_weights();
+        let kv = KvShape {
+            num_blocks: 4,
+            block_size: 16,
+        };
+        let err = CudaBackend::new(cfg, &w, kv, 0, opts)
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("--kv-cache-dtype"), "{err}");
     }
 }
 

@@ -1,0 +1,199 @@
+//! The KV cache's stored types on the CPU: each dtype's logits against the
+//! exact f64 forward pass (over f32 K/V) within its stated bound, on both
+//! paths, for prefill chunks and decode; FP8 at a checkpoint's scales; the
+//! fast decode attention serial vs on rayon (bit for bit) and against the
+//! `ops` reference over the same cache.
+
+use super::batch::{build_step, contiguous_blocks};
+use super::decode::{DecodeScratch, KV_SPLIT, PoolView, decode_attention};
+use super::tests::{BS, LONG_PROMPT, backend_on, chunk, config, naive, rel_err, weights};
+use super::*;
+use contract::Backend;
+use contract::step_builder::StepBuilder;
+use ops::{AttnDims, KvCache, PagedSeqs};
+
+/// Relative error of the logits (root of the summed squares) a dtype may
+/// add to the f32 pass: BF16 keeps 8 bits of each K/V value (2^-9
+/// relative), e4m3 4 bits (up to 2^-4) at scale 1 below 448; the test
+/// model's random weights make its logits sensitive to both.
+fn bound(dtype: KvCacheDtype) -> f64 {
+    match dtype {
+        KvCacheDtype::F32 => 1e-5,
+        KvCacheDtype::Bf16 => 1e-2,
+        KvCacheDtype::Fp8 => 1e-1,
+    }
+}
+
+const DTYPES: [KvCacheDtype; 3] = [KvCacheDtype::F32, KvCacheDtype::Bf16, KvCacheDtype::Fp8];
+
+#[test]
+fn every_kv_dtype_stays_within_its_bound_of_the_exact_pass() {
+    for path in [CpuPath::Reference, CpuPath::Fast] {
+        for dtype in DTYPES {
+            let mut b = backend_on(path, false, 16).with_kv_cache_dtype(dtype);
+            assert_eq!(b.kv_cache_dtype(), dtype);
+            let want = naive(b.config(), &weights(b.config(), false), &LONG_PROMPT);
+            let n = LONG_PROMPT.len();
+            let blocks = contiguous_blocks(1, n, BS);
+            // a prefill chunk of 16+ tokens (the fast path's GEMM attention)
+            let whole = build_step(&[chunk(&LONG_PROMPT, 0, blocks.clone())], BS).unwrap();
+            let all = b.logits(&whole, &(0..n).collect::<Vec<_>>()).unwrap();
+            let mut worst = 0f64;
+            for (r, w) in want.iter().enumerate() {
+                worst = worst.max(rel_err(&all[r * 50..(r + 1) * 50], w));
+            }
+            // then token by token (decode attention) over a fresh pool
+            let mut d = backend_on(path, false, 16).with_kv_cache_dtype(dtype);
+            for (p, tok) in LONG_PROMPT.iter().enumerate() {
+                let step = build_step(&[chunk(&[*tok], p, blocks.clone())], BS).unwrap();
+                let row = d.logits(&step, &[0]).unwrap();
+                worst = worst.max(rel_err(&row, &want[p]));
+            }
+            eprintln!("{path:?} {dtype}: rel err {worst:.2e}");
+            assert!(
+                worst < bound(dtype),
+                "{path:?} {dtype}: rel err {worst} past {}",
+                bound(dtype)
+            );
+            if dtype != KvCacheDtype::F32 {
+                // the stored type is what changes the result: it must show
+                assert!(worst > 1e-6, "{path:?} {dtype}: as exact as f32 ({worst})");
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_reads_the_checkpoints_scales() {
+    // K/V of this model reach a few units: scale 1/4096 saturates them at
+    // 448/4096 = 0.11, far from the exact pass; scale 1/8 keeps them (to 56)
+    let c = config(false);
+    let logits = |scale: f32| {
+        let mut w = weights(&c, false);
+        w.kv_scales = Some(KvScales {
+            k: vec![scale; c.num_layers],
+            v: vec![scale; c.num_layers],
+        });
+        let kv = KvShape {
+            num_blocks: 16,
+            block_size: BS,
+        };
+        let mut b = CpuBackend::with_path(c.clone(), w, kv, CpuPath::Fast)
+            .unwrap()
+            .with_kv_cache_dtype(KvCacheDtype::Fp8);
+        let n = LONG_PROMPT.len();
+        let step = build_step(&[chunk(&LONG_PROMPT, 0, contiguous_blocks(0, n, BS))], BS);
+        b.logits(&step.unwrap(), &[n - 1]).unwrap()
+    };
+    let want = naive(&c, &weights(&c, false), &LONG_PROMPT);
+    let last = want.last().unwrap();
+    let fine = rel_err(&logits(1.0 / 8.0), last);
+    let clipped = rel_err(&logits(1.0 / 4096.0), last);
+    assert!(fine < bound(KvCacheDtype::Fp8), "{fine}");
+    assert!(
+        clipped > 2.0 * fine,
+        "scale 1/4096 ({clipped}) vs 1/8 ({fine})"
+    );
+}
+
+/// A one-sequence pool of `ctx` positions on scattered blocks in `dtype`,
+/// with queries for its last `t` positions: (pool K, pool V, queries, batch).
+fn long_context(
+    dtype: KvCacheDtype,
+    ctx: usize,
+    t: usize,
+    dims: AttnDims,
+) -> (KvCache, KvCache, Vec<f32>, contract::backend::StepBatch) {
+    let bs = 16;
+    let blocks = ctx.div_ceil(bs);
+    // block i of the sequence is physical block (7 i + 3) mod (blocks + 5)
+    let table: Vec<u32> = (0..blocks)
+        .map(|i| ((7 * i + 3) % (blocks + 5)) as u32)
+        .collect();
+    assert_eq!(
+        table
+            .iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        blocks
+    );
+    let kv_dim = dims.kv_heads * dims.head_dim;
+    let slots = (blocks + 5) * bs;
+    let mut k = KvCache::zeroed(dtype, slots * kv_dim, 0.5);
+    let mut v = KvCache::zeroed(dtype, slots * kv_dim, 0.25);
+    let val = |i: usize, seed: f32| (i as f32 * 0.618 + seed).sin() * 2.0;
+    for j in 0..ctx {
+        let slot = table[j / bs] as usize * bs + j % bs;
+        let row: Vec<f32> = (0..kv_dim).map(|d| val(j * kv_dim + d, 0.3)).collect();
+        k.put(slot * kv_dim, &row);
+        let row: Vec<f32> = (0..kv_dim).map(|d| val(j * kv_dim + d, 1.7)).collect();
+        v.put(slot * kv_dim, &row);
+    }
+    let q_dim = dims.heads * dims.head_dim;
+    let q: Vec<f32> = (0..t * q_dim).map(|i| val(i, 4.1) * 0.5).collect();
+    let mut b = StepBuilder::new(bs);
+    b.begin();
+    b.push(&vec![0; t], ctx - t, &table, None).unwrap();
+    b.finish();
+    (k, v, q, b.take())
+}
+
+#[test]
+fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
+    let dims = AttnDims {
+        heads: 6,
+        kv_heads: 2,
+        head_dim: 32,
+    };
+    let isa = cpu_kernels::Isa::best();
+    // contexts of one chunk, a chunk and a bit, and several
+    for ctx in [37, KV_SPLIT + 9, 3 * KV_SPLIT + 100] {
+        for dtype in DTYPES {
+            let t = 3;
+            let (k, v, q, batch) = long_context(dtype, ctx, t, dims);
+            let q_dim = dims.heads * dims.head_dim;
+            let pool = PoolView {
+                k: k.view(),
+                v: v.view(),
+                kv_dim: dims.kv_heads * dims.head_dim,
+                block_size: 16,
+            };
+            let seq_of = vec![0; t];
+            let run = |parallel: bool| {
+                let mut out = vec![0f32; t * q_dim];
+                let mut scratch = DecodeScratch::default();
+                decode_attention(
+                    isa,
+                    pool,
+                    &q,
+                    q_dim,
+                    &batch,
+                    &seq_of,
+                    |_| true,
+                    dims,
+                    &mut out,
+                    &mut scratch,
+                    Some(parallel),
+                );
+                out
+            };
+            let (serial, parallel) = (run(false), run(true));
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&serial), bits(&parallel), "ctx {ctx} {dtype}");
+            let seqs = PagedSeqs {
+                cu_seqlens: &batch.cu_seqlens,
+                positions: &batch.positions,
+                block_tables: &batch.block_tables,
+                max_blocks: batch.max_blocks,
+                block_size: 16,
+            };
+            let want = ops::paged_attention_in(&q, k.view(), v.view(), seqs, dims);
+            let err = serial
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(err < 1e-5, "ctx {ctx} {dtype}: {err}");
+        }
+    }
+}
