@@ -66,10 +66,12 @@ pub fn run(
     let before = engine.stats();
     let (mut plain, mut fresh, mut again) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..repeats {
-        let p = prompt(z.b1_prompt);
-        plain.push(stream(engine, p.clone(), z.b1_gen, false)?);
-        fresh.push(stream(engine, p.clone(), z.b1_gen, true)?);
-        again.push(stream(engine, p, z.b1_gen, true)?);
+        // a prompt of its own for each run but the repeat, so no run
+        // drafts from another's output unless it is meant to
+        plain.push(stream(engine, prompt(z.b1_prompt), z.b1_gen, false)?);
+        let q = prompt(z.b1_prompt);
+        fresh.push(stream(engine, q.clone(), z.b1_gen, true)?);
+        again.push(stream(engine, q, z.b1_gen, true)?);
         eprintln!("bench: sp run {}/{repeats} done", i + 1);
     }
     let (plain, fresh, again) = (median(plain), median(fresh), median(again));
@@ -80,9 +82,10 @@ pub fn run(
         fresh / plain,
         again / plain
     );
-    let prompts: Vec<Vec<u32>> = (0..z.b3_batch).map(|_| prompt(z.b3_prompt)).collect();
-    let b_plain = batch(engine, prompts.clone(), z.b3_gen, false)?;
-    let b_spec = batch(engine, prompts, z.b3_gen, true)?;
+    // fresh prompts for each batch: the prefix cache must not serve the second
+    let mut prompts = || (0..z.b3_batch).map(|_| prompt(z.b3_prompt)).collect();
+    let b_plain = batch(engine, prompts(), z.b3_gen, false)?;
+    let b_spec = batch(engine, prompts(), z.b3_gen, true)?;
     println!(
         "sp {method} batch {} x ({} in, {} out): plain {b_plain:.0} output tok/s, speculative {b_spec:.0} ({:.2}x)",
         z.b3_batch,
