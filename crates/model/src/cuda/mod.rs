@@ -351,9 +351,12 @@ impl Backend for CudaBackend {
         self.pipe.in_flight()
     }
 
-    /// 0: the verify rows' seeded draws on this backend do not yet match
-    /// plain decoding's (`cuda::tests::spec` shows it), so the engine keeps
-    /// CUDA at one token a step and says so at start.
+    /// 0 until verify rows are measured never slower here: the engine keeps
+    /// CUDA at one token a step and says so at start. (Verify rows run on
+    /// the GEMM path and plain decode rows on the GEMVs, so where logits
+    /// are flat a seeded draw can land on another token of the same
+    /// probability: `cuda::tests::spec` holds greedy rows and sampled
+    /// rows' distributions, not sampled tokens.)
     fn max_drafts(&self) -> usize {
         0
     }
