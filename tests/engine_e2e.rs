@@ -94,29 +94,16 @@ fn sixteen() -> Vec<GenerateRequest> {
     .collect()
 }
 
-fn run_all(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<Completion> {
-    let handles: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).expect("submit"))
-        .collect();
-    std::thread::scope(|s| {
-        let joins: Vec<_> = handles
-            .into_iter()
-            .map(|h| s.spawn(move || h.blocking_collect()))
-            .collect();
-        joins
-            .into_iter()
-            .map(|j| j.join().expect("collector"))
-            .collect()
-    })
-}
-
 /// Each request run alone on a fresh engine without prefix cache.
 fn alone(reqs: &[GenerateRequest]) -> Vec<Vec<u32>> {
     let engine = start(64, 4, 512, false);
     let out = reqs
         .iter()
-        .map(|r| run_all(&engine, std::slice::from_ref(r)).remove(0).tokens)
+        .map(|r| {
+            lamina_tests::run_all(&engine, std::slice::from_ref(r))
+                .remove(0)
+                .tokens
+        })
         .collect();
     engine.shutdown();
     out
@@ -147,7 +134,7 @@ fn sixteen_concurrent_prompts_equal_each_alone() {
         "the model should continue different prompts differently"
     );
     let engine = start(256, 16, 256, true);
-    let outs = run_all(&engine, &reqs);
+    let outs = lamina_tests::run_all(&engine, &reqs);
     for ((r, out), want) in reqs.iter().zip(&outs).zip(reference()) {
         assert_eq!(&out.tokens, want, "prompt of {} tokens", r.prompt.len());
         assert_eq!(out.reason, FinishReason::Length);
@@ -162,7 +149,7 @@ fn pool_too_small_for_all_preempts_and_output_is_identical() {
     let reqs = sixteen();
     // 40 blocks = 640 slots; the 16 sequences need ~1,200
     let engine = start(40, 16, 128, true);
-    let outs = run_all(&engine, &reqs);
+    let outs = lamina_tests::run_all(&engine, &reqs);
     for ((r, out), want) in reqs.iter().zip(&outs).zip(reference()) {
         assert_eq!(&out.tokens, want, "prompt of {} tokens", r.prompt.len());
     }
@@ -238,8 +225,8 @@ fn shared_prefix_reports_cached_tokens_and_same_output() {
     let reqs = [greedy(a, 12), greedy(b, 12)];
     let want = alone(&reqs);
     let engine = start(128, 4, 256, true);
-    let first = run_all(&engine, &reqs[..1]).remove(0);
-    let second = run_all(&engine, &reqs[1..]).remove(0);
+    let first = lamina_tests::run_all(&engine, &reqs[..1]).remove(0);
+    let second = lamina_tests::run_all(&engine, &reqs[1..]).remove(0);
     assert_eq!(first.usage.cached_tokens, 0);
     // 70 shared tokens = 4 full blocks of 16
     assert_eq!(second.usage.cached_tokens, 64);
@@ -322,7 +309,7 @@ fn collapsed_logits_end_requests_with_an_error_on_every_cpu_path() {
         let mut sampled = greedy(prompt(20, 1), 5);
         sampled.sampling.temperature = 0.8;
         sampled.sampling.seed = 3;
-        for out in run_all(&engine, &[greedy(prompt(9, 0), 5), sampled]) {
+        for out in lamina_tests::run_all(&engine, &[greedy(prompt(9, 0), 5), sampled]) {
             assert_eq!(out.reason, FinishReason::Error, "{name} ({path:?})");
             let why = out.error.unwrap_or_default();
             assert!(why.contains("degenerate logits"), "{name}: {why}");

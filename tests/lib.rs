@@ -32,3 +32,46 @@ pub fn fast_blocks_backend(
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// A model of the store (fetched on first use) with its tokenizer, loaded
+/// once per test binary.
+pub struct StoreModel {
+    pub dir: std::path::PathBuf,
+    pub tok: std::sync::Arc<tokenizer::Tokenizer>,
+}
+
+/// SmolLM2-135M-Instruct from the store, resolved once per test binary.
+pub fn smollm2() -> &'static StoreModel {
+    static M: std::sync::OnceLock<StoreModel> = std::sync::OnceLock::new();
+    M.get_or_init(|| {
+        let dir = checkpoint::store::resolve("smollm2-135m-instruct", true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tok = tokenizer::Tokenizer::from_dir(&dir).expect("tokenizer");
+        StoreModel {
+            dir,
+            tok: std::sync::Arc::new(tok),
+        }
+    })
+}
+
+/// Submits every request at once and collects each on its own thread (so
+/// streams drain concurrently), in submission order.
+pub fn run_all(
+    engine: &engine::Engine,
+    reqs: &[engine::GenerateRequest],
+) -> Vec<engine::Completion> {
+    let handles: Vec<_> = reqs
+        .iter()
+        .map(|r| engine.submit(r.clone()).expect("submit"))
+        .collect();
+    std::thread::scope(|s| {
+        let joins: Vec<_> = handles
+            .into_iter()
+            .map(|h| s.spawn(move || h.blocking_collect()))
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| j.join().expect("collector"))
+            .collect()
+    })
+}

@@ -10,32 +10,16 @@
 //! store on first use); 50 prompts x 24 tokens per run, a few runs: about
 //! a minute on 2 cores in release.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use contract::{KvShape, SamplingParams};
 use engine::{Completion, Engine, EngineConfig, GenerateRequest, SpecConfig, SpecMethod};
-use tokenizer::{ChatMessage, Tokenizer};
+use tokenizer::ChatMessage;
 
-const MODEL: &str = "smollm2-135m-instruct";
 const MAX_TOKENS: usize = 24;
 
-struct Model {
-    dir: PathBuf,
-    tok: Arc<Tokenizer>,
-}
-
-fn model() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| {
-        let dir = checkpoint::store::resolve(MODEL, true).unwrap_or_else(|e| panic!("{e}"));
-        let tok = Arc::new(Tokenizer::from_dir(&dir).expect("tokenizer"));
-        Model { dir, tok }
-    })
-}
-
 fn start(spec: Option<SpecMethod>) -> Engine {
-    let m = model();
+    let m = lamina_tests::smollm2();
     let loaded = checkpoint::loader::load_config(&m.dir).expect("config");
     let weights = checkpoint::loader::load_weights(&m.dir, &loaded.config).expect("weights");
     let kv = KvShape {
@@ -94,7 +78,7 @@ fn prompts() -> Vec<Vec<u32>> {
         .iter()
         .flat_map(|task| TEXTS.iter().map(move |text| format!("{task}\n{text}")))
         .map(|q| {
-            model()
+            lamina_tests::smollm2()
                 .tok
                 .encode_chat(&[ChatMessage::new("user", &q)])
                 .expect("chat template")
@@ -113,23 +97,6 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams) -> GenerateRequest {
         constraint: None,
         speculative: true,
     }
-}
-
-fn run_all(engine: &Engine, reqs: &[GenerateRequest]) -> Vec<Completion> {
-    let handles: Vec<_> = reqs
-        .iter()
-        .map(|r| engine.submit(r.clone()).expect("submit"))
-        .collect();
-    std::thread::scope(|s| {
-        let joins: Vec<_> = handles
-            .into_iter()
-            .map(|h| s.spawn(move || h.blocking_collect()))
-            .collect();
-        joins
-            .into_iter()
-            .map(|j| j.join().expect("collector"))
-            .collect()
-    })
 }
 
 fn requests() -> Vec<GenerateRequest> {
@@ -155,7 +122,7 @@ fn plain() -> &'static [Completion] {
     static P: OnceLock<Vec<Completion>> = OnceLock::new();
     P.get_or_init(|| {
         let e = start(None);
-        let out = run_all(&e, &requests());
+        let out = lamina_tests::run_all(&e, &requests());
         e.shutdown();
         out
     })
@@ -175,11 +142,11 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
     let want = plain();
     for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
         let e = start(Some(method));
-        let got = run_all(&e, &reqs);
+        let got = lamina_tests::run_all(&e, &reqs);
         assert_same(want, &got, &format!("{method:?} batched"));
         // a few alone (one sequence per step)
         for i in [0, 3, 11, 27, 42] {
-            let alone = run_all(&e, std::slice::from_ref(&reqs[i]));
+            let alone = lamina_tests::run_all(&e, std::slice::from_ref(&reqs[i]));
             assert_same(&want[i..=i], &alone, &format!("{method:?} alone {i}"));
         }
         let st = e.stats();
@@ -190,7 +157,7 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
         if method == SpecMethod::Suffix {
             // the replayed prompts draft their first run's output
             let before = e.stats();
-            let again = run_all(&e, &reqs[..10]);
+            let again = lamina_tests::run_all(&e, &reqs[..10]);
             assert_same(&want[..10], &again, "suffix replayed");
             let after = e.stats();
             let drafted = after.spec_drafted_total - before.spec_drafted_total;

@@ -11,39 +11,23 @@
 //! first use); outputs are short (`max_tokens` 64), so the test takes well
 //! under a minute on 2 cores in release.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use contract::{KvShape, SamplingParams};
 use engine::{
     Completion, Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, SubmitError,
 };
 use serde_json::{Value, json};
-use tokenizer::{ChatMessage, Tokenizer};
+use tokenizer::ChatMessage;
 
-const MODEL: &str = "smollm2-135m-instruct";
 const MAX_TOKENS: usize = 64;
-
-struct Model {
-    dir: PathBuf,
-    tok: Arc<Tokenizer>,
-}
-
-fn model() -> &'static Model {
-    static M: OnceLock<Model> = OnceLock::new();
-    M.get_or_init(|| {
-        let dir = checkpoint::store::resolve(MODEL, true).unwrap_or_else(|e| panic!("{e}"));
-        let tok = Arc::new(Tokenizer::from_dir(&dir).expect("tokenizer"));
-        Model { dir, tok }
-    })
-}
 
 fn start(max_num_seqs: usize) -> Engine {
     start_with(max_num_seqs, 256)
 }
 
 fn start_with(max_num_seqs: usize, num_blocks: usize) -> Engine {
-    let m = model();
+    let m = lamina_tests::smollm2();
     let loaded = checkpoint::loader::load_config(&m.dir).expect("config");
     let weights = checkpoint::loader::load_weights(&m.dir, &loaded.config).expect("weights");
     let kv = KvShape {
@@ -76,7 +60,7 @@ fn engine() -> &'static Engine {
 }
 
 fn chat(text: &str) -> Vec<u32> {
-    model()
+    lamina_tests::smollm2()
         .tok
         .encode_chat(&[ChatMessage::new("user", text)])
         .expect("chat template")
