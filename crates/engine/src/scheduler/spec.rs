@@ -32,11 +32,11 @@ pub(crate) struct SpecStats {
 }
 
 impl Scheduler {
-    /// Turns speculative decoding on with `cfg` (checked by the caller),
-    /// for sequences added from now on.
-    pub(crate) fn set_speculation(&mut self, cfg: SpecConfig) {
+    /// Turns speculative decoding on with `cfg` (checked by the caller)
+    /// and its `drafter`, for sequences added from now on.
+    pub(crate) fn set_speculation(&mut self, cfg: SpecConfig, drafter: Box<dyn Drafter>) {
         self.spec = Some(Speculation {
-            drafter: cfg.drafter(),
+            drafter,
             cfg,
             draft: Vec::new(),
             stats: SpecStats::default(),
