@@ -4,7 +4,10 @@
 //! token for token those of plain decoding, batched and alone; seeded
 //! sampled outputs too; drafts are really verified and many accepted (the
 //! counters say so), and suffix decoding replaying a finished request
-//! accepts most of its drafts.
+//! accepts most of its drafts. With SmolLM2 drafting for itself (the
+//! draft-model drafter, its own backend and KV pool), over 20 of the
+//! prompts the outputs are again plain decoding's, batched and alone, and
+//! greedy drafts are nearly all accepted.
 //!
 //! Costs: SmolLM2 (270 MB) is loaded once per engine (fetched through the
 //! store on first use); 50 prompts x 24 tokens per run, a few runs: about
@@ -13,12 +16,14 @@
 use std::sync::OnceLock;
 
 use contract::{KvShape, SamplingParams};
+use engine::speculate::DraftModel;
 use engine::{Completion, Engine, EngineConfig, GenerateRequest, SpecConfig, SpecMethod};
 use tokenizer::ChatMessage;
 
 const MAX_TOKENS: usize = 24;
 
-fn start(spec: Option<SpecMethod>) -> Engine {
+/// SmolLM2 on the fast CPU path with a pool of 512 blocks of 16.
+fn smollm2_backend() -> (model::cpu::CpuBackend, checkpoint::loader::LoadedModel) {
     let m = lamina_tests::smollm2();
     let loaded = checkpoint::loader::load_config(&m.dir).expect("config");
     let weights = checkpoint::loader::load_weights(&m.dir, &loaded.config).expect("weights");
@@ -33,6 +38,12 @@ fn start(spec: Option<SpecMethod>) -> Engine {
         model::cpu::CpuPath::Fast,
     )
     .expect("cpu backend");
+    (backend, loaded)
+}
+
+fn start(spec: Option<SpecMethod>) -> Engine {
+    let m = lamina_tests::smollm2();
+    let (backend, loaded) = smollm2_backend();
     Engine::start(
         Box::new(backend),
         m.tok.clone(),
@@ -141,7 +152,7 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
     let reqs = requests();
     let want = plain();
     for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
-        let e = start(Some(method));
+        let e = start(Some(method.clone()));
         let got = lamina_tests::run_all(&e, &reqs);
         assert_same(want, &got, &format!("{method:?} batched"));
         // a few alone (one sequence per step)
@@ -169,4 +180,29 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
         }
         e.shutdown();
     }
+}
+
+#[test]
+fn a_draft_model_changes_no_output_and_drafts_itself_right() {
+    let reqs = &requests()[..20];
+    let want = &plain()[..20];
+    let (draft, _) = smollm2_backend();
+    let method = SpecMethod::Draft(DraftModel::loaded("smollm2", Box::new(draft)));
+    let e = start(Some(method));
+    let got = lamina_tests::run_all(&e, reqs);
+    assert_same(want, &got, "draft batched");
+    let before = e.stats();
+    // greedy ones alone: the draft model's greedy tokens are the target's
+    for i in [0, 4, 11, 17] {
+        let alone = lamina_tests::run_all(&e, std::slice::from_ref(&reqs[i]));
+        assert_same(&want[i..=i], &alone, &format!("draft alone {i}"));
+    }
+    let after = e.stats();
+    let drafted = after.spec_drafted_total - before.spec_drafted_total;
+    let accepted = after.spec_accepted_total - before.spec_accepted_total;
+    assert!(
+        drafted > 20 && accepted * 10 > drafted * 9,
+        "alone: {accepted} of {drafted} drafts accepted"
+    );
+    e.shutdown();
 }
