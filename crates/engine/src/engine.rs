@@ -133,7 +133,7 @@ impl Engine {
                     max_batch = spec.max_batch,
                     "speculative decoding on"
                 );
-                sched.set_speculation(spec, drafter);
+                sched.set_speculation(spec, drafter, backend.verifies_penalties());
             }
         }
         let (tx, rx) = mpsc::channel();

@@ -5,8 +5,10 @@
 //! Costs: a proposal per drafting sequence per step (the drafter's cost,
 //! `crate::speculate`), O(drafts) bookkeeping to land it.
 
+use std::sync::Arc;
+
 use contract::SampledToken;
-use paged_kv::SeqId;
+use paged_kv::{KvManager, SeqId};
 
 use super::{SchedError, Scheduler, Seq};
 use crate::speculate::{Drafter, SpecConfig};
@@ -14,6 +16,9 @@ use crate::speculate::{Drafter, SpecConfig};
 /// The scheduler's speculative decoding state.
 pub(crate) struct Speculation {
     pub(super) cfg: SpecConfig,
+    /// Sequences with a penalty history draft too (the backend applies
+    /// it per verify row, `Backend::verifies_penalties`).
+    pub(super) penalties: bool,
     pub(super) drafter: Box<dyn Drafter>,
     /// The draft being proposed, and a landed one's tokens (reused).
     pub(super) draft: Vec<u32>,
@@ -33,10 +38,17 @@ pub(crate) struct SpecStats {
 
 impl Scheduler {
     /// Turns speculative decoding on with `cfg` (checked by the caller)
-    /// and its `drafter`, for sequences added from now on.
-    pub(crate) fn set_speculation(&mut self, cfg: SpecConfig, drafter: Box<dyn Drafter>) {
+    /// and its `drafter`, for sequences added from now on; `penalties`:
+    /// sequences with a penalty history draft too.
+    pub(crate) fn set_speculation(
+        &mut self,
+        cfg: SpecConfig,
+        drafter: Box<dyn Drafter>,
+        penalties: bool,
+    ) {
         self.spec = Some(Speculation {
             drafter,
+            penalties,
             cfg,
             draft: Vec::new(),
             stats: SpecStats::default(),
@@ -143,6 +155,14 @@ impl Scheduler {
             spec.stats.verifies += 1;
         }
         let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
+        if let Some(h) = seq.history.as_mut() {
+            // unique now that the batch is released: updated in place
+            let h = Arc::make_mut(h);
+            for &t in &tokens_now(&self.kv, sid)?[base..] {
+                h.push_generated(t);
+            }
+            h.push_generated(next);
+        }
         seq.next = Some(next);
         seq.spec_k = match accepted == drafted {
             true => (seq.spec_k + 1).min(kmax),
@@ -150,4 +170,9 @@ impl Scheduler {
         };
         Ok(())
     }
+}
+
+/// The tokens `kv` holds for `sid`.
+fn tokens_now(kv: &KvManager, sid: SeqId) -> Result<&[u32], SchedError> {
+    kv.seq_tokens(sid).ok_or(SchedError::UnknownSeq(sid as u64))
 }

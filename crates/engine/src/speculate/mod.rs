@@ -14,8 +14,10 @@
 //! steps changes. A wrong draft costs compute, never correctness.
 //!
 //! Which sequences draft: those of a request that allows it
-//! (`GenerateRequest::speculative`), without a penalty history or grammar
-//! (whose per-row state depends on the drafts), while at most
+//! (`GenerateRequest::speculative`), without a grammar (whose per-row mask
+//! depends on the drafts) and, unless the backend applies a penalty
+//! history per verify row (`Backend::verifies_penalties`: each row's
+//! history then counts the drafts before it), without penalties, while at most
 //! [`SpecConfig::max_batch`] sequences run. Each sequence's draft length
 //! starts at [`SpecConfig::num_tokens`] and follows its acceptance: it
 //! grows by one after a fully accepted draft and drops to one past the

@@ -253,3 +253,25 @@ fn a_mismatched_or_larger_draft_model_is_refused() {
     let err = start_err(SpecMethod::Draft(DraftModel::named("nothing")));
     assert!(err.contains("nothing") && err.contains("not loaded"), "{err}");
 }
+
+#[test]
+fn a_request_with_penalties_drafts_and_matches() {
+    let reqs: Vec<GenerateRequest> = mixed_requests()
+        .into_iter()
+        .map(|r| GenerateRequest {
+            sampling: SamplingParams {
+                repetition_penalty: 1.3,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.2,
+                ..r.sampling
+            },
+            ..r
+        })
+        .collect();
+    let plain = run_all(&start(512, 4, cfg(16, 128)).engine, reqs.clone());
+    let method = fake_draft(fake_config().unwrap(), 512);
+    let s = start(512, 4, spec_cfg(method, 4, 16, 128));
+    assert_same(&plain, &run_all(&s.engine, reqs));
+    let st = s.engine.stats();
+    assert!(st.spec_accepted_total > 0, "{st:?}");
+}
