@@ -2,7 +2,9 @@
 //! prompts (copy-heavy edits and extractions, and open questions with
 //! nothing to copy), greedy outputs with n-gram and with suffix drafts are
 //! token for token those of plain decoding, batched and alone; seeded
-//! sampled outputs too; drafts are really verified and many accepted (the
+//! sampled outputs too, and those of requests with penalties, a logit
+//! bias, stop strings and log-probabilities (text and log-probabilities
+//! equal too); drafts are really verified and many accepted (the
 //! counters say so), and suffix decoding replaying a finished request
 //! accepts most of its drafts. With SmolLM2 drafting for itself (the
 //! draft-model drafter, its own backend and KV pool), over 20 of the
@@ -124,6 +126,34 @@ fn requests() -> Vec<GenerateRequest> {
                     ..SamplingParams::default()
                 },
             ),
+            // penalties (each verify row's history counts the drafts before it)
+            6 => request(
+                p,
+                SamplingParams {
+                    repetition_penalty: 1.3,
+                    presence_penalty: 0.4,
+                    frequency_penalty: 0.3,
+                    logprobs: 2,
+                    ..SamplingParams::greedy()
+                },
+            ),
+            // seeded with a logit bias and a frequency penalty, log-probabilities
+            8 => request(
+                p,
+                SamplingParams {
+                    temperature: 0.9,
+                    seed: i as u64,
+                    frequency_penalty: 0.5,
+                    logit_bias: vec![(13, 2.0), (28, -3.0)].into(),
+                    logprobs: 3,
+                    ..SamplingParams::default()
+                },
+            ),
+            // stop strings, cut inside a verified draft
+            9 => GenerateRequest {
+                stop: vec![".".into(), " the".into()],
+                ..request(p, SamplingParams::greedy())
+            },
             _ => request(p, SamplingParams::greedy()),
         })
         .collect()
@@ -144,6 +174,8 @@ fn assert_same(want: &[Completion], got: &[Completion], what: &str) {
         assert_eq!(a.error, None, "{what}: request {i}");
         assert_eq!(a.tokens, b.tokens, "{what}: request {i}: {:?}", b.error);
         assert_eq!(a.reason, b.reason, "{what}: request {i}");
+        assert_eq!(a.text, b.text, "{what}: request {i}");
+        assert_eq!(a.logprobs, b.logprobs, "{what}: request {i}");
     }
 }
 
@@ -156,7 +188,7 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
         let got = lamina_tests::run_all(&e, &reqs);
         assert_same(want, &got, &format!("{method:?} batched"));
         // a few alone (one sequence per step)
-        for i in [0, 3, 11, 27, 42] {
+        for i in [0, 3, 16, 19, 28] {
             let alone = lamina_tests::run_all(&e, std::slice::from_ref(&reqs[i]));
             assert_same(&want[i..=i], &alone, &format!("{method:?} alone {i}"));
         }
