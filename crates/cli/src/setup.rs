@@ -499,7 +499,10 @@ pub(crate) fn load_weights(
 
 /// Lowers the model's context to `--max-model-len`; longer than the model
 /// was trained for is refused.
-pub(crate) fn cap_context(cfg: &mut contract::LlamaConfig, max_model_len: Option<usize>) -> Result<()> {
+pub(crate) fn cap_context(
+    cfg: &mut contract::LlamaConfig,
+    max_model_len: Option<usize>,
+) -> Result<()> {
     let Some(n) = max_model_len else {
         return Ok(());
     };

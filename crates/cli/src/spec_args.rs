@@ -109,7 +109,9 @@ mod tests {
         assert!(e.contains("--speculative eagle"), "{e}");
         let e = parse(&["--speculative", "draft:"]).unwrap_err();
         assert!(e.contains("--speculative draft:"), "{e}");
-        let c = parse(&["--speculative", "draft:smollm2-135m"]).unwrap().unwrap();
+        let c = parse(&["--speculative", "draft:smollm2-135m"])
+            .unwrap()
+            .unwrap();
         assert_eq!(c.method.name(), "draft");
     }
 }

@@ -115,7 +115,10 @@ impl SpecConfig {
             SpecMethod::Suffix => Box::new(SuffixDrafter::default()),
             SpecMethod::Draft(m) => {
                 let backend = m.take().ok_or_else(|| {
-                    format!("the draft model {} is not loaded (or already in use)", m.name())
+                    format!(
+                        "the draft model {} is not loaded (or already in use)",
+                        m.name()
+                    )
                 })?;
                 draft_model::check_draft_config(backend.config(), target)?;
                 Box::new(DraftModelDrafter::new(backend)?)

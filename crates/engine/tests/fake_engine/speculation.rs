@@ -251,7 +251,10 @@ fn a_mismatched_or_larger_draft_model_is_refused() {
     assert!(err.contains("larger than the target"), "{err}");
     // a handle whose backend was never loaded
     let err = start_err(SpecMethod::Draft(DraftModel::named("nothing")));
-    assert!(err.contains("nothing") && err.contains("not loaded"), "{err}");
+    assert!(
+        err.contains("nothing") && err.contains("not loaded"),
+        "{err}"
+    );
 }
 
 #[test]

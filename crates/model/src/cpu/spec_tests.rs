@@ -68,7 +68,8 @@ fn verified(path: CpuPath, params: &SamplingParams, first: u32, drafts: &[u32]) 
     // a second sequence beside it, undrafted, in the same step
     let other = contiguous_blocks(10, 3, BS);
     sb.begin();
-    sb.push(&[first, 9, 9], 0, &other, req(params, 0, &[])).unwrap();
+    sb.push(&[first, 9, 9], 0, &other, req(params, 0, &[]))
+        .unwrap();
     let run: Vec<u32> = std::iter::once(first)
         .chain(drafts.iter().copied())
         .collect();

@@ -287,9 +287,25 @@ impl CudaBackend {
 
     /// [`StepBatch::check`] with what this backend indexes with: token ids
     /// below the vocabulary, positions below the RoPE table (the longest
-    /// context), and every block attention reads inside the pool.
+    /// context), and every block attention reads inside the pool; and no
+    /// drafts on a sequence with a penalty history (its sampler stages one
+    /// history per sequence, not one per verify row:
+    /// `Backend::verifies_penalties` is false here).
     pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
-        batch.check(self.kv, self.config.vocab_size, self.model.rope_rows)
+        batch.check(self.kv, self.config.vocab_size, self.model.rope_rows)?;
+        let drafted_with_history = (0..batch.num_seqs()).find(|&s| {
+            batch.drafts_of(s) > 0
+                && batch.samples[s]
+                    .as_ref()
+                    .is_some_and(|r| r.history.is_some())
+        });
+        match drafted_with_history {
+            Some(s) => Err(BackendError::InvalidBatch(format!(
+                "drafts[{s}] = {}: the CUDA backend verifies no drafts on a sequence with a penalty history",
+                batch.drafts_of(s)
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
