@@ -174,5 +174,5 @@ impl Scheduler {
 
 /// The tokens `kv` holds for `sid`.
 fn tokens_now(kv: &KvManager, sid: SeqId) -> Result<&[u32], SchedError> {
-    kv.seq_tokens(sid).ok_or(SchedError::UnknownSeq(sid as u64))
+    kv.seq_tokens(sid).ok_or(SchedError::UnknownSeq(sid))
 }
