@@ -2,9 +2,14 @@
 //! prompts (copy-heavy edits and extractions, and open questions with
 //! nothing to copy), greedy outputs with n-gram and with suffix drafts are
 //! token for token those of plain decoding, batched and alone; seeded
-//! sampled outputs too; drafts are really verified and many accepted (the
+//! sampled outputs too, and those of requests with penalties, a logit
+//! bias, stop strings and log-probabilities (text and log-probabilities
+//! equal too); drafts are really verified and many accepted (the
 //! counters say so), and suffix decoding replaying a finished request
-//! accepts most of its drafts.
+//! accepts most of its drafts. With SmolLM2 drafting for itself (the
+//! draft-model drafter, its own backend and KV pool), over 20 of the
+//! prompts the outputs are again plain decoding's, batched and alone, and
+//! greedy drafts are nearly all accepted.
 //!
 //! Costs: SmolLM2 (270 MB) is loaded once per engine (fetched through the
 //! store on first use); 50 prompts x 24 tokens per run, a few runs: about
@@ -13,12 +18,14 @@
 use std::sync::OnceLock;
 
 use contract::{KvShape, SamplingParams};
+use engine::speculate::DraftModel;
 use engine::{Completion, Engine, EngineConfig, GenerateRequest, SpecConfig, SpecMethod};
 use tokenizer::ChatMessage;
 
 const MAX_TOKENS: usize = 24;
 
-fn start(spec: Option<SpecMethod>) -> Engine {
+/// SmolLM2 on the fast CPU path with a pool of 512 blocks of 16.
+fn smollm2_backend() -> (model::cpu::CpuBackend, checkpoint::loader::LoadedModel) {
     let m = lamina_tests::smollm2();
     let loaded = checkpoint::loader::load_config(&m.dir).expect("config");
     let weights = checkpoint::loader::load_weights(&m.dir, &loaded.config).expect("weights");
@@ -33,6 +40,12 @@ fn start(spec: Option<SpecMethod>) -> Engine {
         model::cpu::CpuPath::Fast,
     )
     .expect("cpu backend");
+    (backend, loaded)
+}
+
+fn start(spec: Option<SpecMethod>) -> Engine {
+    let m = lamina_tests::smollm2();
+    let (backend, loaded) = smollm2_backend();
     Engine::start(
         Box::new(backend),
         m.tok.clone(),
@@ -113,6 +126,34 @@ fn requests() -> Vec<GenerateRequest> {
                     ..SamplingParams::default()
                 },
             ),
+            // penalties (each verify row's history counts the drafts before it)
+            6 => request(
+                p,
+                SamplingParams {
+                    repetition_penalty: 1.3,
+                    presence_penalty: 0.4,
+                    frequency_penalty: 0.3,
+                    logprobs: 2,
+                    ..SamplingParams::greedy()
+                },
+            ),
+            // seeded with a logit bias and a frequency penalty, log-probabilities
+            8 => request(
+                p,
+                SamplingParams {
+                    temperature: 0.9,
+                    seed: i as u64,
+                    frequency_penalty: 0.5,
+                    logit_bias: vec![(13, 2.0), (28, -3.0)].into(),
+                    logprobs: 3,
+                    ..SamplingParams::default()
+                },
+            ),
+            // stop strings, cut inside a verified draft
+            9 => GenerateRequest {
+                stop: vec![".".into(), " the".into()],
+                ..request(p, SamplingParams::greedy())
+            },
             _ => request(p, SamplingParams::greedy()),
         })
         .collect()
@@ -128,11 +169,31 @@ fn plain() -> &'static [Completion] {
     })
 }
 
+/// Log-probabilities of the same tokens: the same alternatives, values
+/// within float rounding (a verify row's logits come from a multi-row
+/// segment, whose products may round differently in the last bits).
+fn assert_same_logprobs(a: &[(f32, Vec<(u32, f32)>)], b: &[(f32, Vec<(u32, f32)>)], what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}");
+    let near = |x: f32, y: f32| (x - y).abs() <= 1e-3 * (1.0 + x.abs());
+    for (j, ((x, xs), (y, ys))) in a.iter().zip(b).enumerate() {
+        assert!(near(*x, *y), "{what}: token {j}: {x} vs {y}");
+        assert_eq!(xs.len(), ys.len(), "{what}: token {j}");
+        for ((u, p), (v, q)) in xs.iter().zip(ys) {
+            assert!(
+                u == v && near(*p, *q),
+                "{what}: token {j}: {xs:?} vs {ys:?}"
+            );
+        }
+    }
+}
+
 fn assert_same(want: &[Completion], got: &[Completion], what: &str) {
     for (i, (a, b)) in want.iter().zip(got).enumerate() {
         assert_eq!(a.error, None, "{what}: request {i}");
         assert_eq!(a.tokens, b.tokens, "{what}: request {i}: {:?}", b.error);
         assert_eq!(a.reason, b.reason, "{what}: request {i}");
+        assert_eq!(a.text, b.text, "{what}: request {i}");
+        assert_same_logprobs(&a.logprobs, &b.logprobs, &format!("{what}: request {i}"));
     }
 }
 
@@ -141,11 +202,11 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
     let reqs = requests();
     let want = plain();
     for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
-        let e = start(Some(method));
+        let e = start(Some(method.clone()));
         let got = lamina_tests::run_all(&e, &reqs);
         assert_same(want, &got, &format!("{method:?} batched"));
         // a few alone (one sequence per step)
-        for i in [0, 3, 11, 27, 42] {
+        for i in [0, 3, 16, 19, 28] {
             let alone = lamina_tests::run_all(&e, std::slice::from_ref(&reqs[i]));
             assert_same(&want[i..=i], &alone, &format!("{method:?} alone {i}"));
         }
@@ -169,4 +230,29 @@ fn ngram_and_suffix_drafts_change_no_output_batched_and_alone() {
         }
         e.shutdown();
     }
+}
+
+#[test]
+fn a_draft_model_changes_no_output_and_drafts_itself_right() {
+    let reqs = &requests()[..20];
+    let want = &plain()[..20];
+    let (draft, _) = smollm2_backend();
+    let method = SpecMethod::Draft(DraftModel::loaded("smollm2", Box::new(draft)));
+    let e = start(Some(method));
+    let got = lamina_tests::run_all(&e, reqs);
+    assert_same(want, &got, "draft batched");
+    let before = e.stats();
+    // greedy ones alone: the draft model's greedy tokens are the target's
+    for i in [0, 4, 11, 17] {
+        let alone = lamina_tests::run_all(&e, std::slice::from_ref(&reqs[i]));
+        assert_same(&want[i..=i], &alone, &format!("draft alone {i}"));
+    }
+    let after = e.stats();
+    let drafted = after.spec_drafted_total - before.spec_drafted_total;
+    let accepted = after.spec_accepted_total - before.spec_accepted_total;
+    assert!(
+        drafted > 20 && accepted * 10 > drafted * 9,
+        "alone: {accepted} of {drafted} drafts accepted"
+    );
+    e.shutdown();
 }

@@ -394,7 +394,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 }
                 "sp" => {
                     let Some(spec) = &spec else {
-                        bail!("the sp workload needs `--speculative ngram|suffix`");
+                        bail!("the sp workload needs `--speculative ngram|suffix|draft:MODEL`");
                     };
                     let method = spec.method.name();
                     crate::bench_spec::run(

@@ -12,6 +12,7 @@ mod bench_serve;
 mod bench_spec;
 mod chat;
 mod chat_set;
+mod draft_model;
 mod generate;
 mod habits;
 mod kv_sizing;

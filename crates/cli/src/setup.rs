@@ -18,7 +18,8 @@ use checkpoint::loader::LoadedModel;
 use clap::ValueEnum;
 use contract::{Backend, KvCacheDtype, KvShape};
 use cpu_kernels::quant::QuantType;
-use engine::{Engine, EngineConfig};
+use engine::speculate::DraftModel;
+use engine::{Engine, EngineConfig, SpecConfig, SpecMethod};
 use model::cpu::CpuWeights;
 
 use crate::kv_sizing::{GpuMemoryPlan, gpu_kv_bytes, gpu_memory_at_start, kv_pool};
@@ -347,6 +348,12 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         bail!("invalid `--gpu-memory-utilization`: must be in (0, 1], got {u}");
     }
     let (dir, loaded, tokenizer, cuda) = resolve(args)?;
+    let draft = crate::draft_model::plan(args, &loaded, &tokenizer)?;
+    if cuda && draft.is_some() {
+        bail!(
+            "invalid `--speculative draft:...`: the draft-model drafter runs on the CPU backend only for now (its GPU memory is not budgeted beside the target's); on CUDA use `--speculative ngram` or `suffix`"
+        );
+    }
     let devices: Vec<Option<usize>> = match (plan, cuda) {
         (ReplicaPlan::Gpus(_), false) => bail!(
             "`--devices` lists CUDA devices but the model runs on the CPU (`--device cpu`, or no CUDA here); use `--data-parallel-size N` for CPU replicas"
@@ -393,7 +400,18 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             open_backend(args, &loaded, *device, w, &cpu_weights, &gpu_memory)?;
         backend_name = backend.name();
         (kv_blocks, kv_bytes) = (blocks, bytes);
-        backends.push(backend);
+        let spec = match (&draft, &speculative) {
+            (Some(d), Some(cfg)) if backend.max_drafts() > 0 => {
+                let model = d.open(args, *device, blocks, &gpu_memory)?;
+                Some(SpecConfig {
+                    method: SpecMethod::Draft(DraftModel::loaded(d.name(), model)),
+                    ..cfg.clone()
+                })
+            }
+            // (a backend that verifies no drafts: the engine warns)
+            _ => speculative.clone(),
+        };
+        backends.push((backend, spec));
     }
     let mut eos = loaded.eos_ids.clone();
     for id in tokenizer.eos_ids() {
@@ -416,7 +434,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         ms => Some(std::time::Duration::from_millis(ms)),
     };
     let mut engines = Vec::with_capacity(backends.len());
-    for backend in backends {
+    for (backend, speculative) in backends {
         engines.push(Engine::start(
             backend,
             tokenizer.clone(),
@@ -429,7 +447,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                 max_step_time,
                 halt_on_backend_error: halt,
                 async_steps: !args.sync_steps,
-                speculative: speculative.clone(),
+                speculative,
             },
         )?);
     }
@@ -462,7 +480,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
 /// load for `fp8`; an FP8 checkpoint keeps its FP8 weights unless a BF16 or
 /// Q format is asked (which starts from the dequantised values). The CPU
 /// keeps only the dequantised values.
-fn load_weights(
+pub(crate) fn load_weights(
     args: &ModelArgs,
     loaded: &LoadedModel,
     cuda: bool,
@@ -486,7 +504,10 @@ fn load_weights(
 
 /// Lowers the model's context to `--max-model-len`; longer than the model
 /// was trained for is refused.
-fn cap_context(cfg: &mut contract::LlamaConfig, max_model_len: Option<usize>) -> Result<()> {
+pub(crate) fn cap_context(
+    cfg: &mut contract::LlamaConfig,
+    max_model_len: Option<usize>,
+) -> Result<()> {
     let Some(n) = max_model_len else {
         return Ok(());
     };
@@ -517,7 +538,7 @@ const CPU_MAX_STEP_MS: u64 = 500;
 /// The CPU backend's weight format for `args.dtype` (see [`DtypeArg`]),
 /// with the GGUF whose blocks it keeps; an error for a quantised format on
 /// CUDA or on the reference kernels.
-fn cpu_weights(
+pub(crate) fn cpu_weights(
     args: &ModelArgs,
     dir: &std::path::Path,
     cfg: &contract::LlamaConfig,
@@ -600,7 +621,7 @@ fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::LlamaConfig, n: usize) -
 
 /// Puts `weights` on CUDA device `device` or (`None`) the CPU with a KV
 /// pool sized from the options; returns it with the pool's blocks and bytes.
-fn open_backend(
+pub(crate) fn open_backend(
     args: &ModelArgs,
     loaded: &LoadedModel,
     device: Option<usize>,

@@ -5,6 +5,7 @@
 use anyhow::{Result, bail};
 use contract::backend::MAX_DRAFTS;
 use engine::speculate::DEFAULT_SPEC_MAX_BATCH;
+use engine::speculate::DraftModel;
 use engine::{SpecConfig, SpecMethod};
 
 /// Speculative decoding flags.
@@ -13,8 +14,9 @@ pub struct SpecArgs {
     /// Speculative decoding: draft tokens and verify them in the step, the
     /// same output in fewer steps. `ngram` (prompt lookup: continue an
     /// earlier occurrence of the last tokens), `suffix` (the most frequent
-    /// continuation over this and recent requests' tokens); `draft:MODEL`
-    /// (a smaller draft model) is not available yet. Off by default.
+    /// continuation over this and recent requests' tokens), `draft:MODEL`
+    /// (a smaller model with the target's tokenizer, a store name or a
+    /// directory, decoding greedily ahead; CPU only for now). Off by default.
     #[arg(long, env = "LAMINA_SPECULATIVE")]
     pub speculative: Option<String>,
     /// Most tokens drafted per sequence and step with --speculative (each
@@ -29,8 +31,16 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
+    /// The draft model `draft:MODEL` names (`None`: another method, none,
+    /// or an empty name).
+    pub fn draft_model(&self) -> Option<&str> {
+        let model = self.speculative.as_deref()?.strip_prefix("draft:")?;
+        (!model.is_empty()).then_some(model)
+    }
+
     /// The engine's setting (`None`: off); an error naming the flag for an
-    /// unknown method or one not available.
+    /// unknown method. A draft model's backend is not loaded here
+    /// (`crate::draft_model` opens it beside each replica's backend).
     pub fn config(&self) -> Result<Option<SpecConfig>> {
         let Some(name) = self.speculative.as_deref() else {
             return Ok(None);
@@ -38,9 +48,10 @@ impl SpecArgs {
         let method = match name {
             "ngram" => SpecMethod::Ngram,
             "suffix" => SpecMethod::Suffix,
-            d if d.starts_with("draft:") => bail!(
-                "invalid `--speculative {d}`: draft models are not available yet; use `ngram` or `suffix`"
-            ),
+            d if d.starts_with("draft:") => match self.draft_model() {
+                Some(model) => SpecMethod::Draft(DraftModel::named(model)),
+                None => bail!("invalid `--speculative {d}`: name the draft model after `draft:`"),
+            },
             other => {
                 bail!(
                     "invalid `--speculative {other}`: expected `ngram`, `suffix` or `draft:MODEL`"
@@ -96,7 +107,11 @@ mod tests {
         }
         let e = parse(&["--speculative", "eagle"]).unwrap_err();
         assert!(e.contains("--speculative eagle"), "{e}");
-        let e = parse(&["--speculative", "draft:smollm2-135m"]).unwrap_err();
-        assert!(e.contains("not available"), "{e}");
+        let e = parse(&["--speculative", "draft:"]).unwrap_err();
+        assert!(e.contains("--speculative draft:"), "{e}");
+        let c = parse(&["--speculative", "draft:smollm2-135m"])
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.method.name(), "draft");
     }
 }

@@ -68,8 +68,10 @@ pub struct StepBatch {
     /// `step + 1 + j`, each exactly as that token would be sampled without
     /// drafts (the draw depends only on seed and step). The engine accepts
     /// draft `j` while the sample before it equals it. At most
-    /// [`MAX_DRAFTS`], only on a sampled sequence without a penalty history
-    /// or grammar mask (those depend on the tokens before each row).
+    /// [`MAX_DRAFTS`], only on a sampled sequence without a grammar mask. A
+    /// penalty history applies to each row as it stands after the drafts
+    /// before it ([`StepBatch::row_request`]), and only a backend that
+    /// says so verifies such drafts ([`Backend::verifies_penalties`]).
     pub drafts: Vec<u32>,
 }
 
@@ -137,12 +139,23 @@ impl StepBatch {
 
     /// The sample request of token row `row` of sequence `s`, one of its
     /// [`StepBatch::sampled_rows`]: the sequence's request with `step`
-    /// advanced by the row's offset past the first sampled row.
+    /// advanced by the row's offset past the first sampled row, and a
+    /// penalty history extended by the drafts before the row (generated
+    /// tokens, as they would be had they been sampled one step at a time).
+    /// O(1) for the first row; O(history + drafts) for a later one with a
+    /// history.
     pub fn row_request(&self, s: usize, row: usize) -> Option<SampleRequest> {
         let req = self.samples.get(s)?.as_ref()?;
         let first = self.sampled_rows(s).start;
         let mut r = req.clone();
         r.step += row.checked_sub(first)? as u64;
+        if let (Some(h), true) = (&req.history, row > first) {
+            let mut h = PenaltyHistory::clone(h);
+            for &t in self.tokens.get(first + 1..=row)? {
+                h.push_generated(t);
+            }
+            r.history = Some(Arc::new(h));
+        }
         Some(r)
     }
 
@@ -170,7 +183,7 @@ impl StepBatch {
     ///   `S` entries; `prompt_lens`: none or `S`; `block_tables`: `S x
     ///   max_blocks` entries;
     /// - `drafts`: none or `S` entries, each at most [`MAX_DRAFTS`], nonzero
-    ///   only on a sampled sequence without history or mask whose segment
+    ///   only on a sampled sequence without a grammar mask whose segment
     ///   is longer than its drafts;
     /// - `tokens`: every id below `vocab`; `carried`: token indices below `T`,
     ///   strictly increasing (whether `from` names a sample of the previous
@@ -340,9 +353,7 @@ impl StepBatch {
                 _ if k > MAX_DRAFTS => format!("more than {MAX_DRAFTS}"),
                 _ if k >= len => format!("not below its segment's {len} tokens"),
                 None => "on a sequence that samples nothing".into(),
-                Some(r) if r.history.is_some() || r.allowed.is_some() => {
-                    "on a sequence with a penalty history or grammar mask".into()
-                }
+                Some(r) if r.allowed.is_some() => "on a sequence with a grammar mask".into(),
                 Some(_) => continue,
             };
             return Err(BackendError::InvalidBatch(format!(
@@ -533,6 +544,13 @@ pub trait Backend: Send {
     /// ([`StepBatch::drafts`]); 0: it runs no verify rows. Default 0.
     fn max_drafts(&self) -> usize {
         0
+    }
+
+    /// Whether verify rows of a sequence with a penalty history sample
+    /// with the history [`StepBatch::row_request`] gives each row (false
+    /// by default: the engine then drafts nothing for such a sequence).
+    fn verifies_penalties(&self) -> bool {
+        false
     }
 
     /// Sizes the step buffers for steps of up to `max_tokens` tokens and

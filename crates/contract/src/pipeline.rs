@@ -58,6 +58,10 @@ pub trait HostCompute: Send {
     fn max_drafts(&self) -> usize {
         0
     }
+    /// [`Backend::verifies_penalties`]. Default: false.
+    fn verifies_penalties(&self) -> bool {
+        false
+    }
     /// Called after a step is held ([`Backend::launch_held`]). Default: nothing.
     fn held(&mut self) {}
 }
@@ -106,6 +110,10 @@ impl<T: HostCompute> Backend for T {
 
     fn max_drafts(&self) -> usize {
         HostCompute::max_drafts(self)
+    }
+
+    fn verifies_penalties(&self) -> bool {
+        HostCompute::verifies_penalties(self)
     }
 
     fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {

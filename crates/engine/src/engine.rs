@@ -121,13 +121,19 @@ impl Engine {
                     num_tokens: spec.num_tokens.min(most),
                     ..spec.clone()
                 };
+                let drafter = spec.drafter(backend.config()).map_err(|reason| {
+                    EngineError::InvalidConfig {
+                        field: "speculative.method",
+                        reason,
+                    }
+                })?;
                 tracing::info!(
                     method = spec.method.name(),
                     k = spec.num_tokens,
                     max_batch = spec.max_batch,
                     "speculative decoding on"
                 );
-                sched.set_speculation(spec);
+                sched.set_speculation(spec, drafter, backend.verifies_penalties());
             }
         }
         let (tx, rx) = mpsc::channel();

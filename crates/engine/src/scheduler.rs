@@ -271,7 +271,9 @@ impl Scheduler {
             .needs_history()
             .then(|| Arc::new(PenaltyHistory::from_tokens(&prompt)));
         let spec_k = match &self.spec {
-            Some(s) if speculative && history.is_none() && grammar.is_none() => s.cfg.num_tokens,
+            Some(s) if speculative && (s.penalties || history.is_none()) && grammar.is_none() => {
+                s.cfg.num_tokens
+            }
             _ => 0,
         };
         let seq = Seq {

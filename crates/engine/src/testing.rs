@@ -232,6 +232,10 @@ impl contract::HostCompute for FakeBackend {
         contract::backend::MAX_DRAFTS
     }
 
+    fn verifies_penalties(&self) -> bool {
+        true
+    }
+
     fn held(&mut self) {
         self.held_steps.fetch_add(1, Ordering::Relaxed);
     }

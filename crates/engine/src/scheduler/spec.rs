@@ -5,8 +5,10 @@
 //! Costs: a proposal per drafting sequence per step (the drafter's cost,
 //! `crate::speculate`), O(drafts) bookkeeping to land it.
 
+use std::sync::Arc;
+
 use contract::SampledToken;
-use paged_kv::SeqId;
+use paged_kv::{KvManager, SeqId};
 
 use super::{SchedError, Scheduler, Seq};
 use crate::speculate::{Drafter, SpecConfig};
@@ -14,6 +16,9 @@ use crate::speculate::{Drafter, SpecConfig};
 /// The scheduler's speculative decoding state.
 pub(crate) struct Speculation {
     pub(super) cfg: SpecConfig,
+    /// Sequences with a penalty history draft too (the backend applies
+    /// it per verify row, `Backend::verifies_penalties`).
+    pub(super) penalties: bool,
     pub(super) drafter: Box<dyn Drafter>,
     /// The draft being proposed, and a landed one's tokens (reused).
     pub(super) draft: Vec<u32>,
@@ -32,11 +37,18 @@ pub(crate) struct SpecStats {
 }
 
 impl Scheduler {
-    /// Turns speculative decoding on with `cfg` (checked by the caller),
-    /// for sequences added from now on.
-    pub(crate) fn set_speculation(&mut self, cfg: SpecConfig) {
+    /// Turns speculative decoding on with `cfg` (checked by the caller)
+    /// and its `drafter`, for sequences added from now on; `penalties`:
+    /// sequences with a penalty history draft too.
+    pub(crate) fn set_speculation(
+        &mut self,
+        cfg: SpecConfig,
+        drafter: Box<dyn Drafter>,
+        penalties: bool,
+    ) {
         self.spec = Some(Speculation {
-            drafter: cfg.drafter(),
+            drafter,
+            penalties,
             cfg,
             draft: Vec::new(),
             stats: SpecStats::default(),
@@ -149,6 +161,14 @@ impl Scheduler {
             spec.stats.verifies += 1;
         }
         let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
+        if let Some(h) = seq.history.as_mut() {
+            // unique now that the batch is released: updated in place
+            let h = Arc::make_mut(h);
+            for &t in &tokens_now(&self.kv, sid)?[base..] {
+                h.push_generated(t);
+            }
+            h.push_generated(next);
+        }
         seq.next = Some(next);
         match accepted {
             0 => missed(seq),
@@ -178,4 +198,9 @@ fn missed(seq: &mut Seq) {
 /// One step of `seq` landed without drafts: a step less to wait.
 pub(super) fn waited(seq: &mut Seq) {
     seq.spec_wait = seq.spec_wait.saturating_sub(1);
+}
+
+/// The tokens `kv` holds for `sid`.
+fn tokens_now(kv: &KvManager, sid: SeqId) -> Result<&[u32], SchedError> {
+    kv.seq_tokens(sid).ok_or(SchedError::UnknownSeq(sid))
 }

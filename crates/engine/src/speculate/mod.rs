@@ -14,8 +14,10 @@
 //! steps changes. A wrong draft costs compute, never correctness.
 //!
 //! Which sequences draft: those of a request that allows it
-//! (`GenerateRequest::speculative`), without a penalty history or grammar
-//! (whose per-row state depends on the drafts), while at most
+//! (`GenerateRequest::speculative`), without a grammar (whose per-row mask
+//! depends on the drafts) and, unless the backend applies a penalty
+//! history per verify row (`Backend::verifies_penalties`: each row's
+//! history then counts the drafts before it), without penalties, while at most
 //! [`SpecConfig::max_batch`] sequences run. Each sequence's draft length
 //! starts at [`SpecConfig::num_tokens`] and follows its acceptance: it
 //! grows by one after a fully accepted draft and drops to one past the
@@ -23,15 +25,19 @@
 //!
 //! Methods: [`ngram`] (prompt lookup: the continuation of the latest
 //! earlier occurrence of the sequence's last `n` tokens, longest `n`
-//! first) and [`suffix`] (the most frequent continuation of the longest
+//! first), [`suffix`] (the most frequent continuation of the longest
 //! matching suffix over this sequence and recent sequences' tokens, cut
-//! where the match's confidence drops).
+//! where the match's confidence drops) and [`draft_model`] (a smaller
+//! model of the same vocabulary decoding greedily ahead, with its own
+//! paged KV kept in step with the verified tokens).
 
+pub mod draft_model;
 pub mod ngram;
 pub mod suffix;
 
 use contract::backend::MAX_DRAFTS;
 
+pub use draft_model::{DraftModel, DraftModelDrafter};
 pub use ngram::NgramDrafter;
 pub use suffix::SuffixDrafter;
 
@@ -49,20 +55,24 @@ pub trait Drafter: Send {
 }
 
 /// A drafting method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SpecMethod {
     /// Prompt lookup ([`NgramDrafter`]).
     Ngram,
     /// Suffix matching over this and recent sequences ([`SuffixDrafter`]).
     Suffix,
+    /// A smaller model ([`DraftModelDrafter`]); its backend is taken out
+    /// of the handle when the engine starts.
+    Draft(DraftModel),
 }
 
 impl SpecMethod {
     /// The method's name, as the flag spells it and metrics label it.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             SpecMethod::Ngram => "ngram",
             SpecMethod::Suffix => "suffix",
+            SpecMethod::Draft(_) => "draft",
         }
     }
 }
@@ -95,11 +105,24 @@ impl SpecConfig {
         Ok(())
     }
 
-    /// A fresh drafter of this method.
-    pub fn drafter(&self) -> Box<dyn Drafter> {
-        match self.method {
+    /// A fresh drafter of this method for a target of configuration
+    /// `target`. A draft model's backend is taken out of its handle (so
+    /// only the first call gets it) and checked against the target
+    /// ([`draft_model::check_draft_config`]); the error says why not.
+    pub fn drafter(&self, target: &contract::LlamaConfig) -> Result<Box<dyn Drafter>, String> {
+        Ok(match &self.method {
             SpecMethod::Ngram => Box::new(NgramDrafter::default()),
             SpecMethod::Suffix => Box::new(SuffixDrafter::default()),
-        }
+            SpecMethod::Draft(m) => {
+                let backend = m.take().ok_or_else(|| {
+                    format!(
+                        "the draft model {} is not loaded (or already in use)",
+                        m.name()
+                    )
+                })?;
+                draft_model::check_draft_config(backend.config(), target)?;
+                Box::new(DraftModelDrafter::new(backend)?)
+            }
+        })
     }
 }

@@ -2,9 +2,15 @@
 //! usage, log-probabilities) equal plain decoding's for every drafter,
 //! greedy and seeded sampled, batched, preempted and ending on EOS inside
 //! an accepted draft; drafts are really verified (the counters move), and
-//! a request that opts out drafts nothing.
+//! a request that opts out drafts nothing. The draft-model drafter runs a
+//! second fake as its draft model (its greedy tokens are the target's, so
+//! greedy drafts are all accepted and seeded ones mostly rejected): its
+//! own KV pool kept in step (the fake fails a step that reads a slot never
+//! written), evicting under a small pool; a draft model of another
+//! vocabulary or larger than the target is refused naming both.
 
 use super::*;
+use engine::speculate::DraftModel;
 use engine::{SpecConfig, SpecMethod};
 
 fn spec_cfg(method: SpecMethod, k: usize, seqs: usize, budget: usize) -> EngineConfig {
@@ -70,7 +76,7 @@ fn every_drafter_gives_the_plain_outputs() {
     let plain_steps = p.engine.stats().steps_total;
     for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
         for k in [1, 4, 16] {
-            let s = start(512, 4, spec_cfg(method, k, 16, 128));
+            let s = start(512, 4, spec_cfg(method.clone(), k, 16, 128));
             // twice: the second round's drafts come from the first's outputs
             // (suffix), all accepted where the request is the same
             assert_same(&plain, &run_all(&s.engine, reqs.clone()));
@@ -148,4 +154,127 @@ fn a_bad_draft_length_is_refused_naming_it() {
     .map(|e| e.to_string())
     .unwrap_or_default();
     assert!(err.contains("speculative.num_tokens"), "{err}");
+}
+
+/// A fake draft model of `config` with a pool of `blocks` blocks of 4.
+fn fake_draft(config: LlamaConfig, blocks: usize) -> SpecMethod {
+    let shape = KvShape {
+        num_blocks: blocks,
+        block_size: 4,
+    };
+    SpecMethod::Draft(DraftModel::loaded(
+        "fake",
+        Box::new(FakeBackend::new(config, shape)),
+    ))
+}
+
+#[test]
+fn a_draft_model_drafts_the_plain_outputs() {
+    let reqs = mixed_requests();
+    let plain = run_all(&start(512, 4, cfg(16, 128)).engine, reqs.clone());
+    let config = fake_config().unwrap();
+    // a roomy draft pool, and one that holds a few sequences at a time
+    for (k, blocks) in [(4, 512), (16, 512), (3, 40)] {
+        let method = fake_draft(config.clone(), blocks);
+        let s = start(512, 4, spec_cfg(method, k, 16, 128));
+        assert_same(&plain, &run_all(&s.engine, reqs.clone()));
+        assert_same(&plain, &run_all(&s.engine, reqs.clone()));
+        wait_idle(&s.engine);
+        let st = s.engine.stats();
+        assert_eq!(st.kv_blocks_used, 0, "k={k}");
+        // half the requests are greedy: their drafts are the target's tokens
+        assert!(
+            st.spec_accepted_total * 3 > st.spec_drafted_total,
+            "k={k} blocks={blocks}: {st:?}"
+        );
+    }
+}
+
+#[test]
+fn a_greedy_draft_of_the_same_model_is_all_accepted() {
+    let reqs: Vec<GenerateRequest> = (0..6)
+        .map(|i| req(prompt(20 + 9 * i, i as u32), 40, SamplingParams::greedy()))
+        .collect();
+    let plain = run_all(&start(512, 4, cfg(16, 128)).engine, reqs.clone());
+    let method = fake_draft(fake_config().unwrap(), 512);
+    let s = start(512, 4, spec_cfg(method, 5, 16, 128));
+    assert_same(&plain, &run_all(&s.engine, reqs));
+    let st = s.engine.stats();
+    assert!(
+        st.spec_drafted_total > 0 && st.spec_accepted_total == st.spec_drafted_total,
+        "{st:?}"
+    );
+    // every step drafts (a failed draft step would draft nothing): with 5
+    // drafts and the correction per step, 5 of 6 tokens come from drafts
+    let tokens = 6 * 40;
+    assert!(st.spec_accepted_total * 10 > tokens * 7, "{st:?}");
+}
+
+fn start_err(method: SpecMethod) -> String {
+    let config = fake_config().unwrap();
+    let tok = Arc::new(fake_tokenizer(&config).unwrap());
+    let shape = KvShape {
+        num_blocks: 16,
+        block_size: 4,
+    };
+    let backend = FakeBackend::new(config, shape);
+    Engine::start(
+        Box::new(backend),
+        tok,
+        Vec::new(),
+        spec_cfg(method, 4, 4, 64),
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default()
+}
+
+#[test]
+fn a_mismatched_or_larger_draft_model_is_refused() {
+    let target = fake_config().unwrap();
+    let other_vocab = LlamaConfig {
+        vocab_size: target.vocab_size + 8,
+        ..target.clone()
+    };
+    let err = start_err(fake_draft(other_vocab, 16));
+    assert!(
+        err.contains("speculative.method")
+            && err.contains(&format!("{} tokens", target.vocab_size + 8))
+            && err.contains(&format!("the target's {}", target.vocab_size)),
+        "{err}"
+    );
+    let deeper = LlamaConfig {
+        num_layers: target.num_layers + 1,
+        ..target.clone()
+    };
+    let err = start_err(fake_draft(deeper, 16));
+    assert!(err.contains("larger than the target"), "{err}");
+    // a handle whose backend was never loaded
+    let err = start_err(SpecMethod::Draft(DraftModel::named("nothing")));
+    assert!(
+        err.contains("nothing") && err.contains("not loaded"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_request_with_penalties_drafts_and_matches() {
+    let reqs: Vec<GenerateRequest> = mixed_requests()
+        .into_iter()
+        .map(|r| GenerateRequest {
+            sampling: SamplingParams {
+                repetition_penalty: 1.3,
+                presence_penalty: 0.5,
+                frequency_penalty: 0.2,
+                ..r.sampling
+            },
+            ..r
+        })
+        .collect();
+    let plain = run_all(&start(512, 4, cfg(16, 128)).engine, reqs.clone());
+    let method = fake_draft(fake_config().unwrap(), 512);
+    let s = start(512, 4, spec_cfg(method, 4, 16, 128));
+    assert_same(&plain, &run_all(&s.engine, reqs));
+    let st = s.engine.stats();
+    assert!(st.spec_accepted_total > 0, "{st:?}");
 }

@@ -331,6 +331,10 @@ impl contract::HostCompute for CpuBackend {
         contract::backend::MAX_DRAFTS
     }
 
+    fn verifies_penalties(&self) -> bool {
+        true // each row samples with `StepBatch::row_request`'s history
+    }
+
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         contract::check_idle(self.pipe.in_flight(), "a logits call")?;
         self.check_batch(batch)?;

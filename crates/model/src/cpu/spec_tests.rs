@@ -1,12 +1,14 @@
 //! Verify rows (speculative decoding, `StepBatch::drafts`) on both CPU
 //! paths: each sampled row of a drafted segment samples exactly what plain
 //! decoding samples at that position (greedy and seeded), whatever the
-//! drafts after it, and the sampled rows come back in order.
+//! drafts after it, and the sampled rows come back in order; with a
+//! penalty history too (each row's history counting the drafts before it).
 
 use super::batch::contiguous_blocks;
 use super::tests::{BS, backend_on};
 use super::*;
 use contract::Backend;
+use contract::PenaltyHistory;
 use contract::backend::SampleRequest;
 use contract::sampling::SamplingParams;
 use contract::step_builder::StepBuilder;
@@ -14,11 +16,19 @@ use contract::step_builder::StepBuilder;
 const PROMPT: [u32; 7] = [3, 17, 5, 42, 8, 8, 21];
 const BLOCKS: usize = 16;
 
-fn req(params: &SamplingParams, step: u64) -> Option<SampleRequest> {
+fn req(params: &SamplingParams, step: u64, history: &[u32]) -> Option<SampleRequest> {
+    // the prompt seen, the tokens after it generated
+    let history = params.needs_history().then(|| {
+        let mut h = PenaltyHistory::from_tokens(&PROMPT);
+        for &t in history {
+            h.push_generated(t);
+        }
+        std::sync::Arc::new(h)
+    });
     Some(SampleRequest {
         params: params.clone(),
         step,
-        history: None,
+        history,
         allowed: None,
     })
 }
@@ -31,7 +41,7 @@ fn plain(path: CpuPath, params: &SamplingParams, n: usize) -> Vec<u32> {
     let (mut run, mut start, mut out) = (PROMPT.to_vec(), 0, Vec::new());
     for step in 0..n {
         sb.begin();
-        sb.push(&run, start, &table, req(params, step as u64))
+        sb.push(&run, start, &table, req(params, step as u64, &out))
             .unwrap();
         sb.set_prompt_len(PROMPT.len());
         let s = b.step(sb.finish()).unwrap()[0].clone().unwrap();
@@ -49,7 +59,7 @@ fn verified(path: CpuPath, params: &SamplingParams, first: u32, drafts: &[u32]) 
     let mut b = backend_on(path, true, BLOCKS);
     let table = contiguous_blocks(0, PROMPT.len() + drafts.len() + 1, BS);
     let mut sb = StepBuilder::new(BS);
-    sb.push(&PROMPT, 0, &table, req(params, 0)).unwrap();
+    sb.push(&PROMPT, 0, &table, req(params, 0, &[])).unwrap();
     sb.set_prompt_len(PROMPT.len());
     assert_eq!(
         b.step(sb.finish()).unwrap()[0].as_ref().unwrap().token,
@@ -58,11 +68,13 @@ fn verified(path: CpuPath, params: &SamplingParams, first: u32, drafts: &[u32]) 
     // a second sequence beside it, undrafted, in the same step
     let other = contiguous_blocks(10, 3, BS);
     sb.begin();
-    sb.push(&[first, 9, 9], 0, &other, req(params, 0)).unwrap();
+    sb.push(&[first, 9, 9], 0, &other, req(params, 0, &[]))
+        .unwrap();
     let run: Vec<u32> = std::iter::once(first)
         .chain(drafts.iter().copied())
         .collect();
-    sb.push(&run, PROMPT.len(), &table, req(params, 1)).unwrap();
+    sb.push(&run, PROMPT.len(), &table, req(params, 1, &[first]))
+        .unwrap();
     sb.set_prompt_len(PROMPT.len());
     sb.set_drafts(drafts.len());
     let out = b.step(sb.finish()).unwrap();
@@ -81,8 +93,23 @@ fn verify_rows_sample_what_plain_decoding_samples() {
         seed: 11,
         ..SamplingParams::default()
     };
+    let penalised = SamplingParams {
+        repetition_penalty: 1.5,
+        presence_penalty: 0.7,
+        frequency_penalty: 0.9,
+        ..seeded.clone()
+    };
+    let greedy_penalised = SamplingParams {
+        temperature: 0.0,
+        ..penalised.clone()
+    };
     for path in [CpuPath::Reference, CpuPath::Fast] {
-        for params in [SamplingParams::greedy(), seeded.clone()] {
+        for params in [
+            SamplingParams::greedy(),
+            seeded.clone(),
+            penalised.clone(),
+            greedy_penalised.clone(),
+        ] {
             let want = plain(path, &params, 6);
             // right drafts: every row samples the next plain token
             let got = verified(path, &params, want[0], &want[1..5]);

@@ -361,6 +361,12 @@ impl Backend for CudaBackend {
         contract::backend::MAX_DRAFTS
     }
 
+    /// A drafted sequence's verify rows become sequences of their own
+    /// (`verify`), each staged with its own history.
+    fn verifies_penalties(&self) -> bool {
+        true
+    }
+
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         check_idle(self.pipe.in_flight(), "a logits call")?;
         self.check_batch(batch)?;

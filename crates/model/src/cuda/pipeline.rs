@@ -167,6 +167,9 @@ impl CudaBackend {
             false => super::verify::expand(batch, self.tuning.block_size),
             true => None,
         };
+        if expanded.is_none() {
+            super::verify::check_unexpanded(batch)?;
+        }
         let r = match &expanded {
             Some(e) => self.enqueue_step(e, &carry, hold, Some(batch)),
             None => self.enqueue_step(batch, &carry, hold, None),

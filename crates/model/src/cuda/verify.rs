@@ -10,11 +10,12 @@
 //! replays the decode graph of its batch bucket instead of running eagerly.
 //! Token indices are unchanged (so are carried tokens); [`fold`] maps the
 //! sampler rows back to the drafted sequences, whose rows stay consecutive.
-//! Other steps with drafts return `None` and run eagerly as they are.
+//! Other steps with drafts return `None` and run eagerly as they are, one
+//! history per sequence ([`check_unexpanded`]).
 //!
 //! Costs: O(T + S x max_blocks) host work for a step that drafted.
 
-use contract::backend::StepBatch;
+use contract::backend::{BackendError, StepBatch};
 use contract::step_builder::StepBuilder;
 
 use super::pipeline::OutRow;
@@ -55,6 +56,25 @@ pub(super) fn expand(batch: &StepBatch, block_size: usize) -> Option<StepBatch> 
     }
     sb.finish();
     Some(sb.take())
+}
+
+/// A drafted step that [`expand`] leaves as it is runs eagerly with one
+/// history per sequence: refused when a drafted sequence has a penalty
+/// history (its rows would share it).
+pub(super) fn check_unexpanded(batch: &StepBatch) -> Result<(), BackendError> {
+    let with_history = (0..batch.num_seqs()).find(|&s| {
+        batch.drafts_of(s) > 0
+            && batch.samples[s]
+                .as_ref()
+                .is_some_and(|r| r.history.is_some())
+    });
+    match with_history {
+        Some(s) => Err(BackendError::InvalidBatch(format!(
+            "drafts[{s}] = {}: the CUDA backend verifies drafts of a sequence with a penalty history only in a step whose drafted segments are exactly their sampled rows and whose other segments are one token",
+            batch.drafts_of(s)
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `orig`'s sampler rows from those of its [`expand`]ed step (`rows`, one
@@ -120,6 +140,41 @@ mod tests {
             block_size: 4,
         };
         e.check(kv, 100, 64).unwrap();
+    }
+
+    #[test]
+    fn each_verify_row_gets_the_history_with_the_drafts_before_it() {
+        use contract::history::PenaltyHistory;
+        use std::sync::Arc;
+        let mut sb = StepBuilder::new(4);
+        let mut r = req(10);
+        if let Some(r) = r.as_mut() {
+            r.history = Some(Arc::new(PenaltyHistory::from_tokens(&[50])));
+        }
+        sb.push(&[1, 2, 3], 5, &[6, 8], r).unwrap();
+        sb.set_drafts(2);
+        sb.finish();
+        let b = sb.take();
+        assert!(check_unexpanded(&b).is_err());
+        let e = expand(&b, 4).unwrap();
+        let counts: Vec<Vec<(u32, u32)>> = e
+            .samples
+            .iter()
+            .map(|r| {
+                r.as_ref()
+                    .unwrap()
+                    .history
+                    .as_ref()
+                    .unwrap()
+                    .generated_counts()
+                    .to_vec()
+            })
+            .collect();
+        // row 0 before any draft; rows 1 and 2 after drafts 2, then 2 and 3
+        assert_eq!(counts[0], vec![]);
+        assert_eq!(counts[1], vec![(2, 1)]);
+        assert_eq!(counts[2], vec![(2, 1), (3, 1)]);
+        assert!(check_unexpanded(&drafted()).is_ok());
     }
 
     #[test]
