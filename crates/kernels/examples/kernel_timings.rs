@@ -259,8 +259,10 @@ impl DecodeInputs {
         let (ctx, tab, out) = (self.ctx.view(), self.tab.view(), self.out.view());
         let (po, pm, pc) = (po.view(), pm.view(), pc.view());
         // SAFETY: paged_batch's block ids are < num_blocks, every table entry in range.
-        let run =
-            || unsafe { k.decode_attention(q, KvCaches::bf16(kc, vc), ctx, tab, po, pm, pc, out, p) }.unwrap();
+        let run = || {
+            unsafe { k.decode_attention(q, KvCaches::bf16(kc, vc), ctx, tab, po, pm, pc, out, p) }
+                .unwrap()
+        };
         graph_us(gpu, run)
     }
 
@@ -293,8 +295,22 @@ impl DecodeInputs {
         );
         let tiles = FlashTiles::Narrow;
         // SAFETY: as `split_kv_us`; cu_seqlens 0..=n, one token per sequence.
-        let run =
-            || unsafe { k.flash(tiles, 1..=u32::MAX, q, KvCaches::bf16(kc, vc), cu, ctx, tab, out, p) }.unwrap();
+        let run = || {
+            unsafe {
+                k.flash(
+                    tiles,
+                    1..=u32::MAX,
+                    q,
+                    KvCaches::bf16(kc, vc),
+                    cu,
+                    ctx,
+                    tab,
+                    out,
+                    p,
+                )
+            }
+            .unwrap()
+        };
         graph_us(gpu, run)
     }
 }
@@ -351,8 +367,20 @@ fn flash(gpu: &Arc<Gpu>, k: &Kernels) {
                 // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
                 unsafe {
                     match tiles {
-                        None => k.prefill_attention(q, KvCaches::bf16(kcv, vcv), cuv, ctxv, tabv, o, p),
-                        Some(ti) => k.flash(ti, 1..=u32::MAX, q, KvCaches::bf16(kcv, vcv), cuv, ctxv, tabv, o, p),
+                        None => {
+                            k.prefill_attention(q, KvCaches::bf16(kcv, vcv), cuv, ctxv, tabv, o, p)
+                        }
+                        Some(ti) => k.flash(
+                            ti,
+                            1..=u32::MAX,
+                            q,
+                            KvCaches::bf16(kcv, vcv),
+                            cuv,
+                            ctxv,
+                            tabv,
+                            o,
+                            p,
+                        ),
                     }
                 }
                 .unwrap()

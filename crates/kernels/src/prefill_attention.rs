@@ -9,8 +9,8 @@ use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::PrefillAttentionArgs;
-use crate::kv::KvCaches;
 use crate::consts::{MAX_THREADS_PER_BLOCK, PREFILL_ROWS_PER_BLOCK};
+use crate::kv::KvCaches;
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
 /// Sizes of one packed prefill launch.

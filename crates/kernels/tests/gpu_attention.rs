@@ -97,7 +97,11 @@ fn rope_kv_write_matches_reference() {
             // the rotation's f32 rounding may tip a value across a rounding
             // boundary of e4m3, one step; nearly all bytes agree
             let same = k_got.iter().zip(&k_want).filter(|(a, b)| a == b).count();
-            assert!(same * 100 >= k_got.len() * 99, "rope k fp8: {same} of {} equal", k_got.len());
+            assert!(
+                same * 100 >= k_got.len() * 99,
+                "rope k fp8: {same} of {} equal",
+                k_got.len()
+            );
         }
         // v is stored from bf16 values: exactly the codec's bytes (saturated
         // at ±448 * scale in FP8: the inputs reach 500 * scale)
@@ -169,7 +173,10 @@ fn prefill_attention_matches_reference() {
             };
             let want = ops::paged_attention(&q, &cache.k_ref, &cache.v_ref, seqs, dims(shape));
             let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
-            assert!(e < 1e-2, "prefill {shape:?} {seqs:?} fp8 {fp8}: rel err {e}");
+            assert!(
+                e < 1e-2,
+                "prefill {shape:?} {seqs:?} fp8 {fp8}: rel err {e}"
+            );
         }
     }
 }

@@ -187,7 +187,10 @@ impl TestKv {
             gpu.fill_bytes(v.view(), POISON).unwrap();
             (DevCache::Fp8(k), DevCache::Fp8(v))
         } else {
-            let (k, v) = (gpu.alloc::<bf16>(len).unwrap(), gpu.alloc::<bf16>(len).unwrap());
+            let (k, v) = (
+                gpu.alloc::<bf16>(len).unwrap(),
+                gpu.alloc::<bf16>(len).unwrap(),
+            );
             gpu.fill_bytes(k.view(), POISON).unwrap();
             gpu.fill_bytes(v.view(), POISON).unwrap();
             (DevCache::Bf16(k), DevCache::Bf16(v))
@@ -237,5 +240,7 @@ pub fn kv_rounded(want: &[f32], fp8: bool, scale: f32) -> Vec<f32> {
     } else {
         contract::KvCacheDtype::Bf16
     };
-    want.iter().map(|&x| ops::kv_round(dtype, x, scale)).collect()
+    want.iter()
+        .map(|&x| ops::kv_round(dtype, x, scale))
+        .collect()
 }

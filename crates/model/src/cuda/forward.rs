@@ -378,8 +378,7 @@ impl CudaBackend {
                         // only one-token segments: one query tile each
                         let p = kernels::prefill_attention::PrefillParams { max_seqlen: 1, ..p };
                         let tiles = FlashTiles::Narrow;
-                        self.k
-                            .flash(tiles, 1..=1, q, kv, cu, ctx, tables, out, p)
+                        self.k.flash(tiles, 1..=1, q, kv, cu, ctx, tables, out, p)
                     }),
                 AttnPlan::Scalar(p) => self.k.prefill_attention(q, kv, cu, ctx, tables, out, p),
             }
