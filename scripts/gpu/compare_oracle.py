@@ -5,7 +5,9 @@
 Reads DUMP/tokens.json and the raw little-endian float32 files written by
 the `cuda_llama_1b_dump_for_oracle` test (prompt_{7,300,2000}.f32: logits of
 every prompt position; generated.f32: the teacher-forced logits behind the 64
-generated tokens), runs `llama_ref.Model.logits` (imported as a module, fp32) on
+generated tokens; spec_tokens / spec_logprobs in tokens.json: the same request
+decoded with verify rows, and the log-probability of each token its row
+sampled), runs `llama_ref.Model.logits` (imported as a module, fp32) on
 the same tokens, and prints relative error ||a-b||/||b|| and the largest
 log-probability difference per case. Exits 1 when a case breaks the limits
 (rel err 3e-2, |dlogprob| 0.2).
@@ -49,6 +51,17 @@ def main():
         good = rel <= REL and dlp <= LP and np.isfinite(got).all()
         ok &= good
         rows.append((name, rel, dlp, agree, time.time() - t0, good))
+    if "spec_tokens" in toks:
+        # verify rows (speculative decoding): each sampled token's log-probability
+        t0 = time.time()
+        st, lp = toks["spec_tokens"], np.array(toks["spec_logprobs"])
+        ref = log_softmax(model.logits(p + st[:-1])[len(p) - 1:].astype(np.float64))
+        want = ref[np.arange(len(st)), st]
+        dlp = float(np.abs(lp - want).max())
+        agree = float((ref.argmax(-1) == np.array(st)).mean())
+        good = dlp <= LP and np.isfinite(lp).all()
+        ok &= good
+        rows.append((f"{len(st)} speculative (verify rows)", float("nan"), dlp, agree, time.time() - t0, good))
     print(f"{'case':32} {'rel err':>9} {'max|dlogp|':>10} {'argmax=':>8} {'oracle s':>8}")
     for name, rel, dlp, agree, dt, good in rows:
         print(f"{name:32} {rel:9.3e} {dlp:10.4f} {agree:8.3f} {dt:8.1f} {'ok' if good else 'FAIL'}")

@@ -403,6 +403,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         &mut prompt,
                         &z,
                         args.repeats,
+                        &loaded.tokenizer,
                         &mut res,
                     )?;
                 }

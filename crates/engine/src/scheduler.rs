@@ -56,8 +56,11 @@
 //!    step lands: the accepted ones are then marked computed, the rejected
 //!    ones truncated away (`KvManager::truncate`), and the accepted tokens
 //!    plus the correction are committed in order. Such a sequence's next
-//!    step depends on how many were accepted, so its step lands before the
-//!    next plan ([`Scheduler::landing_needs_host`]).
+//!    step depends on how many were accepted, and a draft on its last
+//!    token, so its step lands before the next plan
+//!    ([`Scheduler::landing_needs_host`]); after an attempt that proposed
+//!    nothing or had nothing accepted it waits a few steps (doubling with
+//!    each miss, at most 15) before the next, its steps pipelined meanwhile.
 //!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
 //! [`Scheduler::launched`], which releases it (so the
@@ -146,6 +149,11 @@ struct Seq {
     /// Drafted tokens at the end of its KV tokens, run by the launched
     /// step and not verified yet (they stay uncomputed until then).
     drafted: usize,
+    /// Draft attempts in a row that proposed nothing or had nothing
+    /// accepted, and the steps left before the next attempt (`spec`
+    /// module: until then its steps stay pipelined).
+    spec_miss: u8,
+    spec_wait: u8,
 }
 
 /// A sequence to queue ([`Scheduler::add`]).
@@ -280,6 +288,8 @@ impl Scheduler {
             cached_tokens: 0,
             spec_k,
             drafted: 0,
+            spec_miss: 0,
+            spec_wait: 0,
             grammar: grammar.map(Box::new),
         };
         self.seqs.insert(id, seq);

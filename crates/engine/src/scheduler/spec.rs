@@ -48,10 +48,12 @@ impl Scheduler {
         self.spec.as_ref().map(|s| s.stats)
     }
 
-    /// Whether `q` may draft in the next step: it drafts at all, and the
-    /// running batch is small enough for speculation.
+    /// Whether `q` may draft in the next step: it drafts at all, is not
+    /// backing off after misses, and the running batch is small enough for
+    /// speculation.
     pub(super) fn speculating(&self, q: &Seq) -> bool {
         q.spec_k > 0
+            && q.spec_wait == 0
             && self
                 .spec
                 .as_ref()
@@ -84,7 +86,11 @@ impl Scheduler {
         spec.drafter.propose(id, tokens, k, &mut spec.draft);
         spec.draft.truncate(k);
         let n = spec.draft.len();
-        if n == 0 || !self.kv.can_append(sid, n) {
+        if n == 0 {
+            missed(seq);
+            return Ok(0);
+        }
+        if !self.kv.can_append(sid, n) {
             return Ok(0);
         }
         self.kv.append(sid, &spec.draft)?;
@@ -144,10 +150,32 @@ impl Scheduler {
         }
         let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
         seq.next = Some(next);
+        match accepted {
+            0 => missed(seq),
+            _ => seq.spec_miss = 0,
+        }
         seq.spec_k = match accepted == drafted {
             true => (seq.spec_k + 1).min(kmax),
             false => (accepted + 1).min(kmax),
         };
         Ok(())
     }
+}
+
+/// Most steps a sequence waits between draft attempts after misses.
+const MAX_SPEC_WAIT: u8 = 15;
+
+/// A draft attempt of `seq` proposed nothing or had nothing accepted: it
+/// waits 1, 3, 7, then 15 steps before the next attempt. Drafting needs
+/// its last token on the host, so an attempt costs the pipelining of a
+/// step: a sequence with nothing to copy (no proposals, or wrong ones)
+/// keeps its steps pipelined, one attempt in 16 steps at worst.
+fn missed(seq: &mut Seq) {
+    seq.spec_miss = seq.spec_miss.saturating_add(1);
+    seq.spec_wait = ((1u16 << seq.spec_miss.min(4)) - 1).min(MAX_SPEC_WAIT as u16) as u8;
+}
+
+/// One step of `seq` landed without drafts: a step less to wait.
+pub(super) fn waited(seq: &mut Seq) {
+    seq.spec_wait = seq.spec_wait.saturating_sub(1);
 }

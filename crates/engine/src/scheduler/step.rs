@@ -162,6 +162,7 @@ impl Scheduler {
                 self.land_verified(id, drafted, t, out)?;
                 continue;
             }
+            super::spec::waited(seq);
             let sid = id as SeqId;
             if let Some(next) = seq.next.as_mut() {
                 *next = t.token;

@@ -22,7 +22,8 @@
 //! on the device), `workspace` (step buffers and their growth), `staging`
 //! (packing a step's metadata), `plan` (which kernels a step runs),
 //! `forward` (running a plan), `graphs` (captured decode graphs), `run`
-//! (eager steps) and `pipeline` (steps in flight).
+//! (eager steps), `pipeline` (steps in flight) and `verify` (speculative
+//! decoding's verify rows run as decode rows).
 //!
 //! Steps are pipelined (`pipeline`): a launch enqueues a step and the
 //! copy of its samples, a collect waits for that copy alone, and tokens
@@ -41,6 +42,7 @@ mod pipeline;
 mod plan;
 mod run;
 mod staging;
+mod verify;
 mod weights;
 mod workspace;
 
@@ -362,14 +364,12 @@ impl Backend for CudaBackend {
         self.pipe.in_flight()
     }
 
-    /// 0 until verify rows are measured never slower here: the engine keeps
-    /// CUDA at one token a step and says so at start. (Verify rows run on
-    /// the GEMM path and plain decode rows on the GEMVs, so where logits
-    /// are flat a seeded draw can land on another token of the same
-    /// probability: `cuda::tests::spec` holds greedy rows and sampled
-    /// rows' distributions, not sampled tokens.)
+    /// Verify rows run eager on the GEMM path and plain decode rows on the
+    /// GEMVs, so where logits are flat a seeded draw can land on another
+    /// token of the same probability: `cuda::tests::spec` holds greedy rows
+    /// and sampled rows' distributions, not sampled tokens.
     fn max_drafts(&self) -> usize {
-        0
+        contract::backend::MAX_DRAFTS
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

@@ -10,7 +10,8 @@
 //! in stream order; a workspace growth copies it over). Any failure drops
 //! every step in flight. A sequence with drafts ([`StepBatch::drafts`])
 //! owns consecutive sampler rows, its last `1 + K` token rows, each with
-//! its own draw (`step + j`); such a step runs eager, never held.
+//! its own draw (`step + j`); such a step is never held, and runs as a
+//! decode step (its graph) where its shape allows (`verify`), else eagerly.
 //!
 //! The copy of each sequence's sampler rows is [`OutRow`].
 //!
@@ -38,7 +39,7 @@ use super::{CudaBackend, dev_err};
 
 /// Where a sampled sequence's samples are: its first sampler row, its
 /// top-logprob count and the draft rows following that row.
-type OutRow = (usize, usize, usize);
+pub(super) type OutRow = (usize, usize, usize);
 
 /// A held step: its forward pass enqueued, its sampling waiting for the
 /// final requests.
@@ -161,18 +162,29 @@ impl CudaBackend {
                 _ => return Err(c.unsampled(i, prev.len())),
             }
         }
-        let r = self.enqueue_step(batch, &carry, hold);
+        // a verify step shaped like decode runs as one (`verify`)
+        let expanded = match hold {
+            false => super::verify::expand(batch, self.tuning.block_size),
+            true => None,
+        };
+        let r = match &expanded {
+            Some(e) => self.enqueue_step(e, &carry, hold, Some(batch)),
+            None => self.enqueue_step(batch, &carry, hold, None),
+        };
         if r.is_err() {
             self.pipe.drop_all();
         }
         r
     }
 
+    /// `orig`: the batch `batch` is the [`expand`](super::verify::expand)ed
+    /// form of, whose sequences the samples are returned for.
     fn enqueue_step(
         &mut self,
         batch: &StepBatch,
         carry: &[(u32, u32)],
         hold: bool,
+        orig: Option<&StepBatch>,
     ) -> Result<(), BackendError> {
         let s = batch.num_seqs();
         let mut hist = Vec::new();
@@ -258,7 +270,10 @@ impl CudaBackend {
             });
             return Ok(());
         }
-        self.push_flight(rows)
+        match orig {
+            Some(orig) => self.push_flight(super::verify::fold(orig, &rows)),
+            None => self.push_flight(rows),
+        }
     }
 
     /// Enqueues the copies of a step's samples (`rows`: each sequence's

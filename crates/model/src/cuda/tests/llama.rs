@@ -1,7 +1,9 @@
-//! Whole-model checks on synthetic llama-3.2-1b weights: the oracle dump,
-//! batch vs alone. (Whole-step figures: `lamina bench`.)
+//! Whole-model checks on synthetic llama-3.2-1b weights: the oracle dump
+//! (speculative decoding's verify rows included), batch vs alone. (Whole-step figures: `lamina bench`.)
 
 use std::path::PathBuf;
+
+use contract::step_builder::StepBuilder;
 
 use super::*;
 
@@ -62,6 +64,15 @@ fn cuda_llama_1b_dump_for_oracle() {
     write_f32(&out.join("generated.f32"), &tf);
     summary.insert("gen_prompt".into(), serde_json::json!(prompt));
     summary.insert("generated".into(), serde_json::json!(generated));
+    // the same request decoded speculatively, drafting the plain run's tokens:
+    // the verify rows' log-probabilities of what they sampled, for the oracle
+    let (spec, lps, accepted) = speculative(&mut b, &prompt, &pool.take(300 + 64), &generated);
+    assert!(
+        accepted > 0,
+        "no draft of the plain run's own tokens was accepted"
+    );
+    summary.insert("spec_tokens".into(), serde_json::json!(spec));
+    summary.insert("spec_logprobs".into(), serde_json::json!(lps));
     std::fs::write(
         out.join("tokens.json"),
         serde_json::Value::Object(summary).to_string(),
@@ -71,6 +82,45 @@ fn cuda_llama_1b_dump_for_oracle() {
         "dumped prompt logits (7, 300, 2000) and 64 teacher-forced rows to {}",
         out.display()
     );
+}
+
+/// Greedy decoding of `generated.len()` tokens after `prompt` with verify
+/// rows, drafting up to 4 of `generated` (a plain run's tokens) after each
+/// accepted prefix: the tokens, their log-probabilities from the rows that
+/// sampled them, and how many drafts were accepted.
+fn speculative(
+    b: &mut CudaBackend,
+    prompt: &[u32],
+    blocks: &[u32],
+    generated: &[u32],
+) -> (Vec<u32>, Vec<f32>, usize) {
+    let n = generated.len();
+    let mut sb = StepBuilder::new(BS);
+    sb.push(prompt, 0, blocks, greedy(0)).unwrap();
+    let first = b.step(sb.finish()).unwrap()[0].clone().unwrap();
+    let (mut toks, mut lps, mut accepted) = (vec![first.token], vec![first.logprob], 0);
+    while toks.len() < n {
+        let done = toks.len();
+        let drafts = &generated[done..(done + 4).min(n)];
+        let run: Vec<u32> = std::iter::once(toks[done - 1])
+            .chain(drafts.iter().copied())
+            .collect();
+        sb.begin();
+        sb.push(&run, prompt.len() + done - 1, blocks, greedy(done as u64))
+            .unwrap();
+        sb.set_drafts(drafts.len());
+        let mut s = b.step(sb.finish()).unwrap()[0].clone().unwrap();
+        let rows = std::mem::take(&mut s.draft_rows);
+        for (j, r) in std::iter::once(s).chain(rows).enumerate() {
+            toks.push(r.token);
+            lps.push(r.logprob);
+            if drafts.get(j) != Some(&r.token) || toks.len() == n {
+                break;
+            }
+            accepted += 1;
+        }
+    }
+    (toks, lps, accepted)
 }
 
 #[test]

@@ -70,8 +70,8 @@ fn verified(
 
 /// Greedy: `got` samples `want`'s token, or a near tie with it. Seeded:
 /// the rows' distributions agree (their top log-probabilities within
-/// 0.2): a verify row's logits come from the GEMM path and a decode row's
-/// from the GEMVs, and where the logits are flat (random weights) the same
+/// 0.2): a verify step of several rows runs the GEMM path and a one-row
+/// decode step the GEMVs, and where the logits are flat (random weights) the same
 /// draw may then land on another token of the same probability.
 fn agrees(want: &SampledToken, got: &SampledToken, what: &str, seeded: bool) {
     if seeded {
@@ -122,8 +122,7 @@ fn verify_rows_sample_what_plain_decoding_samples(kv_cache_dtype: KvCacheDtype) 
         ..CudaOptions::default()
     };
     let mut gpu = CudaBackend::new(cfg, &w, kv, 0, opts).unwrap();
-    // the engine drafts nothing on CUDA yet; the rows themselves run
-    assert_eq!(gpu.max_drafts(), 0);
+    assert_eq!(gpu.max_drafts(), contract::backend::MAX_DRAFTS);
     let mut pool = Pool::new(kv.num_blocks);
     let seeded = SamplingParams {
         temperature: 0.8,

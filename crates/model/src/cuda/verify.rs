@@ -1,0 +1,150 @@
+//! Verify rows (speculative decoding) as decode rows.
+//!
+//! Contract: a step whose every sequence runs one token, except drafted
+//! ones running exactly their `1 + K` sampled rows, is [`expand`]ed into a
+//! pure-decode step: row `j` of a drafted segment becomes a one-token
+//! sequence at its own position, over the same block table, attending to
+//! `position + 1` keys, sampled with the request's `step + j`. Within each
+//! layer every row writes its K/V before attention reads, so row `j` sees
+//! the drafts before it exactly as a prefill chunk would; the step then
+//! replays the decode graph of its batch bucket instead of running eagerly.
+//! Token indices are unchanged (so are carried tokens); [`fold`] maps the
+//! sampler rows back to the drafted sequences, whose rows stay consecutive.
+//! Other steps with drafts return `None` and run eagerly as they are.
+//!
+//! Costs: O(T + S x max_blocks) host work for a step that drafted.
+
+use contract::backend::StepBatch;
+use contract::step_builder::StepBuilder;
+
+use super::pipeline::OutRow;
+
+/// The pure-decode form of `batch` (module doc), or `None` when it has no
+/// drafts or a segment that is neither one token nor its sampled rows.
+pub(super) fn expand(batch: &StepBatch, block_size: usize) -> Option<StepBatch> {
+    if batch.drafts.iter().all(|&k| k == 0) {
+        return None;
+    }
+    let s = batch.num_seqs();
+    let len = |q: usize| (batch.cu_seqlens[q + 1] - batch.cu_seqlens[q]) as usize;
+    if (0..s).any(|q| len(q) != 1 + batch.drafts_of(q)) {
+        return None;
+    }
+    let mut sb = StepBuilder::new(block_size);
+    let mut carried = batch.carried.iter().peekable();
+    for q in 0..s {
+        let first = batch.cu_seqlens[q] as usize;
+        let table = batch.block_table(q);
+        for i in first..first + len(q) {
+            let req = match batch.drafts_of(q) {
+                0 => batch.samples[q].clone(),
+                _ => batch.row_request(q, i),
+            };
+            let pos = batch.positions[i] as usize;
+            sb.push(&batch.tokens[i..=i], pos, table, req).ok()?;
+            if let Some(&&c) = carried.peek()
+                && c.token as usize == i
+            {
+                sb.carry_last(c.from);
+                carried.next();
+            }
+            if let Some(&p) = batch.prompt_lens.get(q) {
+                sb.set_prompt_len(p as usize);
+            }
+        }
+    }
+    sb.finish();
+    Some(sb.take())
+}
+
+/// `orig`'s sampler rows from those of its [`expand`]ed step (`rows`, one
+/// per expanded sequence): a drafted sequence's first row, owning the
+/// `K` rows after it.
+pub(super) fn fold(orig: &StepBatch, rows: &[Option<OutRow>]) -> Vec<Option<OutRow>> {
+    let mut next = 0;
+    (0..orig.num_seqs())
+        .map(|q| {
+            let k = orig.drafts_of(q);
+            let own = rows.get(next).copied().flatten();
+            next += 1 + k;
+            own.map(|(row, n, _)| (row, n, k))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contract::SamplingParams;
+    use contract::backend::SampleRequest;
+
+    fn req(step: u64) -> Option<SampleRequest> {
+        Some(SampleRequest {
+            params: SamplingParams::default(),
+            step,
+            history: None,
+            allowed: None,
+        })
+    }
+
+    /// A one-token sequence (carried) beside a drafted one of 1 + 2 rows.
+    fn drafted() -> StepBatch {
+        let mut sb = StepBuilder::new(4);
+        sb.push(&[7], 9, &[3, 4, 5], req(1)).unwrap();
+        sb.carry_last(0);
+        sb.push(&[1, 2, 3], 5, &[6, 8], req(10)).unwrap();
+        sb.set_drafts(2);
+        sb.finish();
+        sb.take()
+    }
+
+    #[test]
+    fn drafted_rows_become_decode_rows_at_their_own_positions() {
+        let b = drafted();
+        let e = expand(&b, 4).unwrap();
+        assert!(e.is_pure_decode());
+        assert_eq!(e.num_seqs(), 4);
+        assert_eq!(e.tokens, b.tokens);
+        assert_eq!(e.positions, b.positions);
+        assert_eq!(e.slot_mapping, b.slot_mapping);
+        assert_eq!(e.context_lens, vec![10, 6, 7, 8]);
+        assert_eq!(e.carried, b.carried);
+        assert!(e.drafts.iter().all(|&k| k == 0));
+        let steps: Vec<u64> = e.samples.iter().map(|r| r.as_ref().unwrap().step).collect();
+        assert_eq!(steps, vec![1, 10, 11, 12]);
+        for q in 1..4 {
+            assert_eq!(&e.block_table(q)[..2], &[6, 8]);
+        }
+        let kv = contract::backend::KvShape {
+            num_blocks: 16,
+            block_size: 4,
+        };
+        e.check(kv, 100, 64).unwrap();
+    }
+
+    #[test]
+    fn fold_gives_each_drafted_sequence_its_first_row_and_draft_count() {
+        let b = drafted();
+        let rows = vec![
+            Some((0, 1, 0)),
+            Some((1, 3, 0)),
+            Some((2, 3, 0)),
+            Some((3, 3, 0)),
+        ];
+        assert_eq!(fold(&b, &rows), vec![Some((0, 1, 0)), Some((1, 3, 2))]);
+    }
+
+    #[test]
+    fn steps_with_other_segments_or_no_drafts_are_left_alone() {
+        let mut sb = StepBuilder::new(4);
+        sb.push(&[1, 2, 3, 4], 0, &[1, 2], req(0)).unwrap();
+        sb.push(&[1, 2, 3], 5, &[6, 8], req(10)).unwrap();
+        sb.set_drafts(2);
+        sb.finish();
+        assert!(expand(sb.batch(), 4).is_none());
+        sb.begin();
+        sb.push(&[1], 5, &[6, 8], req(10)).unwrap();
+        sb.finish();
+        assert!(expand(sb.batch(), 4).is_none());
+    }
+}
