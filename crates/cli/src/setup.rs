@@ -152,7 +152,7 @@ pub struct ModelArgs {
     /// How the KV cache stores K and V: `auto` (bf16), `bf16`, `f32`, or
     /// `fp8` (e4m3 with a scale per layer for K and for V: the checkpoint's
     /// `k_scale` / `v_scale`, else 1), which holds twice the tokens of bf16
-    /// in the same memory. The CUDA backend stores bf16 only.
+    /// in the same memory. The CUDA backend stores bf16 and fp8.
     #[arg(long, default_value = "auto", env = "LAMINA_KV_CACHE_DTYPE",
           value_parser = kv_cache_dtype_parser())]
     pub kv_cache_dtype: KvCacheDtype,

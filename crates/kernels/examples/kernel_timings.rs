@@ -20,7 +20,7 @@ use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::GemvOp;
 use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::{SampleOutputs, SampleScratch};
-use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
+use kernels::{DecodePlan, HeadShape, Kernels, KvCaches, SampleParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -255,12 +255,14 @@ impl DecodeInputs {
         let po = gpu.alloc::<f32>(p.plan.partial_o_len(shape, n)).unwrap();
         let pm = gpu.alloc::<f32>(p.plan.partial_ml_len(shape, n)).unwrap();
         let pc = gpu.alloc::<u32>(p.plan.counters_len(shape, n)).unwrap();
-        let (q, kc, vc) = (self.qkv.view(), self.kc.view(), self.vc.view());
+        let (q, kv) = (
+            self.qkv.view(),
+            KvCaches::bf16(self.kc.view(), self.vc.view()),
+        );
         let (ctx, tab, out) = (self.ctx.view(), self.tab.view(), self.out.view());
         let (po, pm, pc) = (po.view(), pm.view(), pc.view());
         // SAFETY: paged_batch's block ids are < num_blocks, every table entry in range.
-        let run =
-            || unsafe { k.decode_attention(q, kc, vc, ctx, tab, po, pm, pc, out, p) }.unwrap();
+        let run = || unsafe { k.decode_attention(q, kv, ctx, tab, po, pm, pc, out, p) }.unwrap();
         graph_us(gpu, run)
     }
 
@@ -284,7 +286,10 @@ impl DecodeInputs {
             max_blocks,
             block_size,
         };
-        let (q, kc, vc) = (self.qkv.view(), self.kc.view(), self.vc.view());
+        let (q, kv) = (
+            self.qkv.view(),
+            KvCaches::bf16(self.kc.view(), self.vc.view()),
+        );
         let (cu, ctx, tab, out) = (
             d_cu.view(),
             self.ctx.view(),
@@ -293,8 +298,7 @@ impl DecodeInputs {
         );
         let tiles = FlashTiles::Narrow;
         // SAFETY: as `split_kv_us`; cu_seqlens 0..=n, one token per sequence.
-        let run =
-            || unsafe { k.flash(tiles, 1..=u32::MAX, q, kc, vc, cu, ctx, tab, out, p) }.unwrap();
+        let run = || unsafe { k.flash(tiles, 1..=u32::MAX, q, kv, cu, ctx, tab, out, p) }.unwrap();
         graph_us(gpu, run)
     }
 }
@@ -345,14 +349,14 @@ fn flash(gpu: &Arc<Gpu>, k: &Kernels) {
             kinds.push(None);
         }
         for tiles in kinds {
-            let (q, kcv, vcv) = (qkv.view(), kc.view(), vc.view());
+            let (q, kv) = (qkv.view(), KvCaches::bf16(kc.view(), vc.view()));
             let (cuv, ctxv, tabv, o) = (cu.view(), ctx.view(), tab.view(), out.view());
             let launch = || {
                 // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
                 unsafe {
                     match tiles {
-                        None => k.prefill_attention(q, kcv, vcv, cuv, ctxv, tabv, o, p),
-                        Some(ti) => k.flash(ti, 1..=u32::MAX, q, kcv, vcv, cuv, ctxv, tabv, o, p),
+                        None => k.prefill_attention(q, kv, cuv, ctxv, tabv, o, p),
+                        Some(ti) => k.flash(ti, 1..=u32::MAX, q, kv, cuv, ctxv, tabv, o, p),
                     }
                 }
                 .unwrap()

@@ -162,7 +162,7 @@ kernel_args! {
 
     /// Arguments of `rope_kv_write` (cu/rope_kv.cu).
     #[derive(Default)]
-    pub struct RopeKvArgs for "rope_kv_write", size 72 {
+    pub struct RopeKvArgs for "rope_kv_write", size 88 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q heads rotated in place
         qkv: u64 as "bf16*" @ 0,
         /// `[T]`
@@ -173,25 +173,32 @@ kernel_args! {
         cos_t: u64 as "const float*" @ 24,
         /// [max_pos, D/2] f32
         sin_t: u64 as "const float*" @ 32,
-        /// [slots, n_kv, D] bf16
-        k_cache: u64 as "bf16*" @ 40,
-        /// [slots, n_kv, D] bf16
-        v_cache: u64 as "bf16*" @ 48,
+        /// [slots, n_kv, D] bf16, or e4m3 bytes when kv_fp8
+        k_cache: u64 as "void*" @ 40,
+        /// [slots, n_kv, D] bf16, or e4m3 bytes when kv_fp8
+        v_cache: u64 as "void*" @ 48,
         n_heads: u32 as "uint32_t" @ 56,
         n_kv: u32 as "uint32_t" @ 60,
         head_dim: u32 as "uint32_t" @ 64,
         max_pos: u32 as "uint32_t" @ 68,
+        /// FP8 K scale: a k value is stored as e4m3(k / k_scale) (kv_fp8 only)
+        k_scale: f32 as "float" @ 72,
+        /// FP8 V scale (kv_fp8 only)
+        v_scale: f32 as "float" @ 76,
+        /// 1: the caches hold e4m3 bytes; 0: bf16
+        kv_fp8: u32 as "uint32_t" @ 80,
+        pad: u32 as "uint32_t" @ 84,
     }
 
     /// Arguments of `prefill_attention_d{D}` (cu/prefill_attention.cu).
     #[derive(Default)]
-    pub struct PrefillAttentionArgs for "prefill_attention_d*", size 80 {
+    pub struct PrefillAttentionArgs for "prefill_attention_d*, prefill_attention_fp8_d*", size 88 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
-        /// [slots, n_kv, D] bf16
-        k_cache: u64 as "const bf16*" @ 8,
-        /// [slots, n_kv, D] bf16
-        v_cache: u64 as "const bf16*" @ 16,
+        /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
+        k_cache: u64 as "const void*" @ 8,
+        /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
+        v_cache: u64 as "const void*" @ 16,
         /// [S + 1]
         cu_seqlens: u64 as "const uint32_t*" @ 24,
         /// `[S]`
@@ -207,17 +214,21 @@ kernel_args! {
         tok_per_block: u32 as "uint32_t" @ 72,
         /// 1 / sqrt(D)
         scale: f32 as "float" @ 76,
+        /// FP8 K scale: a key reads decode(byte) * k_scale (_fp8 kernels only)
+        k_scale: f32 as "float" @ 80,
+        /// FP8 V scale (_fp8 kernels only)
+        v_scale: f32 as "float" @ 84,
     }
 
     /// Arguments of `decode_attention_d{D}_g{G}` (cu/decode_attention.cu).
     #[derive(Default)]
-    pub struct DecodeArgs for "decode_attention_d*_g*", size 104 {
+    pub struct DecodeArgs for "decode_attention_d*_g*, decode_attention_fp8_d*_g*", size 112 {
         /// [S, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
-        /// [slots, n_kv, D] bf16
-        k_cache: u64 as "const bf16*" @ 8,
-        /// [slots, n_kv, D] bf16
-        v_cache: u64 as "const bf16*" @ 16,
+        /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
+        k_cache: u64 as "const void*" @ 8,
+        /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
+        v_cache: u64 as "const void*" @ 16,
         /// `[S]`
         context_lens: u64 as "const uint32_t*" @ 24,
         /// [S, max_blocks]
@@ -239,18 +250,22 @@ kernel_args! {
         scale_log2: f32 as "float" @ 92,
         /// fewest keys a split takes, a multiple of DECODE_CHUNK_GRAN
         min_chunk: u32 as "uint32_t" @ 96,
-        pad: u32 as "uint32_t" @ 100,
+        /// FP8 K scale: a key reads decode(byte) * k_scale (_fp8 kernels only)
+        k_scale: f32 as "float" @ 100,
+        /// FP8 V scale (_fp8 kernels only)
+        v_scale: f32 as "float" @ 104,
+        pad: u32 as "uint32_t" @ 108,
     }
 
     /// Arguments of the `flash_*` kernels (cu/flash_prefill.cu).
     #[derive(Default)]
-    pub struct FlashPrefillArgs for "flash_*", size 88 {
+    pub struct FlashPrefillArgs for "flash_*", size 96 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
-        /// [slots, n_kv, D] bf16
-        k_cache: u64 as "const bf16*" @ 8,
-        /// [slots, n_kv, D] bf16
-        v_cache: u64 as "const bf16*" @ 16,
+        /// [slots, n_kv, D] bf16 (e4m3 bytes: the flash_*_fp8 kernels)
+        k_cache: u64 as "const void*" @ 8,
+        /// [slots, n_kv, D] bf16 (e4m3 bytes: the flash_*_fp8 kernels)
+        v_cache: u64 as "const void*" @ 16,
         /// [S + 1]
         cu_seqlens: u64 as "const uint32_t*" @ 24,
         /// `[S]`
@@ -271,11 +286,15 @@ kernel_args! {
         min_len: u32 as "uint32_t" @ 80,
         /// ... and those with more
         max_len: u32 as "uint32_t" @ 84,
+        /// FP8 K scale: a key reads decode(byte) * k_scale (flash_*_fp8 only)
+        k_scale: f32 as "float" @ 88,
+        /// FP8 V scale (flash_*_fp8 only)
+        v_scale: f32 as "float" @ 92,
     }
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*", size 128 {
+    pub struct GemvArgs for "gemv_*, gemv8_*", size 136 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
@@ -299,19 +318,24 @@ kernel_args! {
         cos_t: u64 as "const float*" @ 64,
         /// [max_pos, D/2] f32 (norm_rope only)
         sin_t: u64 as "const float*" @ 72,
-        /// [slots, n_kv, D] bf16 (norm_rope only)
-        k_cache: u64 as "bf16*" @ 80,
-        /// [slots, n_kv, D] bf16 (norm_rope only)
-        v_cache: u64 as "bf16*" @ 88,
+        /// [slots, n_kv, D] bf16, or e4m3 bytes when kv_fp8 (norm_rope only)
+        k_cache: u64 as "void*" @ 80,
+        /// [slots, n_kv, D] bf16, or e4m3 bytes when kv_fp8 (norm_rope only)
+        v_cache: u64 as "void*" @ 88,
         n_heads: u32 as "uint32_t" @ 96,
         n_kv: u32 as "uint32_t" @ 100,
         head_dim: u32 as "uint32_t" @ 104,
         max_pos: u32 as "uint32_t" @ 108,
         /// warps sharing a row pair: 1, 2 or 4 (divides GEMV_WARPS)
         ksplit: u32 as "uint32_t" @ 112,
-        pad: u32 as "uint32_t" @ 116,
+        /// 1: the caches hold e4m3 bytes at k_scale / v_scale (norm_rope only)
+        kv_fp8: u32 as "uint32_t" @ 116,
         /// `[n]` f32 (`[2n]` for norm_silu): each weight row's scale (gemv8_* only)
         w_scale: u64 as "const float*" @ 120,
+        /// FP8 K scale: k is stored as e4m3(k / k_scale) (norm_rope, kv_fp8 only)
+        k_scale: f32 as "float" @ 128,
+        /// FP8 V scale (norm_rope, kv_fp8 only)
+        v_scale: f32 as "float" @ 132,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

@@ -15,6 +15,7 @@ use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::DecodeArgs;
+use crate::kv::KvCaches;
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
 /// Keys per split are a multiple of this (`DECODE_CHUNK_GRAN`).
@@ -142,8 +143,7 @@ impl Kernels {
     pub unsafe fn decode_attention(
         &self,
         qkv: DevSlice<'_, bf16>,         // [S, qkv_width], q roped
-        k_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
-        v_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
+        kv: KvCaches<'_>,                // [slots, kv_heads, D] each
         context_lens: DevSlice<'_, u32>, // [S]
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
         part_o: DevSlice<'_, f32>,       // [S, heads, splits, D]
@@ -155,7 +155,12 @@ impl Kernels {
         const K: &str = "decode_attention";
         let s = p.shape;
         DecodePlan::new(s, p.plan.target_blocks)?.with_min_chunk(p.plan.min_chunk)?;
-        let func = &self.decode[head_dim_index(K, s.head_dim)?][group_index(s.group())?];
+        let funcs = if kv.is_fp8() {
+            &self.decode8
+        } else {
+            &self.decode
+        };
+        let func = &funcs[head_dim_index(K, s.head_dim)?][group_index(s.group())?];
         let splits = p.plan.splits(s, p.num_seqs);
         need(K, "qkv", &qkv, p.num_seqs * s.qkv_width())?;
         need(K, "context_lens", &context_lens, p.num_seqs)?;
@@ -167,15 +172,16 @@ impl Kernels {
             need(K, "counters", &counters, p.num_seqs * s.num_kv_heads)?;
         }
         need(K, "out", &out, p.num_seqs * s.num_heads * s.head_dim)?;
-        need(K, "k_cache", &k_cache, p.block_size * s.kv_width())?;
-        need(K, "v_cache", &v_cache, p.block_size * s.kv_width())?;
+        kv.need(K, p.block_size * s.kv_width())?;
         if p.num_seqs == 0 {
             return Ok(());
         }
+        let (k_cache, v_cache) = kv.ptrs();
+        let (k_scale, v_scale) = kv.scales();
         let args = DecodeArgs {
             qkv: qkv.ptr(),
-            k_cache: k_cache.ptr(),
-            v_cache: v_cache.ptr(),
+            k_cache,
+            v_cache,
             context_lens: context_lens.ptr(),
             block_tables: block_tables.ptr(),
             part_o: part_o.ptr(),
@@ -189,6 +195,8 @@ impl Kernels {
             splits: splits as u32,
             scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
             min_chunk: p.plan.min_chunk as u32,
+            k_scale,
+            v_scale,
             pad: 0,
         };
         let cfg = LaunchConfig {

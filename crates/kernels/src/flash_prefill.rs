@@ -17,6 +17,7 @@ use gpu::{DevSlice, Function, LaunchConfig, Module};
 use half::bf16;
 
 use crate::abi::FlashPrefillArgs;
+use crate::kv::KvCaches;
 use crate::prefill_attention::PrefillParams;
 use crate::{KernelError, Kernels, need, u32_of};
 
@@ -88,7 +89,8 @@ impl FlashTiles {
         }
     }
     /// Dynamic shared memory of one CTA: Q tile plus double-buffered K and V
-    /// tiles (plus the Hopper tiling's alignment slack).
+    /// tiles (plus the Hopper tiling's alignment slack). FP8 caches take the
+    /// same: one bf16 K and V tile plus double-buffered e4m3 byte tiles.
     fn shared_bytes(self, head_dim: usize) -> usize {
         let slack = match self {
             FlashTiles::Hopper => FLASH_HOPPER_ALIGN,
@@ -113,12 +115,18 @@ impl FlashTiles {
 pub const FLASH_MAX_GROUP: usize = FLASH_ROWS;
 
 /// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
-/// Hopper d64, d128, small narrow d64, d128, tiny narrow d64, d128) and
-/// allows their shared memory; returns each one's dynamic shared memory too.
-pub(crate) fn load_functions(module: &Module) -> Result<([Function; 10], [u32; 10]), KernelError> {
+/// Hopper d64, d128, small narrow d64, d128, tiny narrow d64, d128; with
+/// `fp8` their `_fp8` twins over e4m3 caches, which take the same shared
+/// memory) and allows their shared memory; returns each one's dynamic
+/// shared memory too.
+pub(crate) fn load_functions(
+    module: &Module,
+    fp8: bool,
+) -> Result<([Function; 10], [u32; 10]), KernelError> {
+    let suffix = if fp8 { "_fp8" } else { "" };
     let f = |tiles: FlashTiles, d: usize| {
         let bytes = tiles.shared_bytes(d);
-        let func = module.function(&format!("{}_d{d}", tiles.name()))?;
+        let func = module.function(&format!("{}{suffix}_d{d}", tiles.name()))?;
         func.set_max_dynamic_shared(bytes)?;
         Ok::<_, KernelError>((func, bytes as u32))
     };
@@ -184,8 +192,7 @@ impl Kernels {
     pub unsafe fn flash_prefill(
         &self,
         qkv: DevSlice<'_, bf16>,         // [T, qkv_width], q roped
-        k_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
-        v_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
+        kv: KvCaches<'_>,                // [slots, kv_heads, D] each
         cu_seqlens: DevSlice<'_, u32>,   // [S + 1]
         context_lens: DevSlice<'_, u32>, // [S]
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
@@ -198,8 +205,7 @@ impl Kernels {
                 self.prefill_tiles(),
                 1..=u32::MAX,
                 qkv,
-                k_cache,
-                v_cache,
+                kv,
                 cu_seqlens,
                 context_lens,
                 block_tables,
@@ -223,8 +229,7 @@ impl Kernels {
         tiles: FlashTiles,
         seg_lens: std::ops::RangeInclusive<u32>,
         qkv: DevSlice<'_, bf16>,         // [T, qkv_width], q roped
-        k_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
-        v_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
+        kv: KvCaches<'_>,                // [slots, kv_heads, D] each
         cu_seqlens: DevSlice<'_, u32>,   // [S + 1]
         context_lens: DevSlice<'_, u32>, // [S]
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
@@ -273,8 +278,7 @@ impl Kernels {
             p.num_seqs * p.max_blocks,
         )?;
         need(kname, "out", &out, p.tokens * s.num_heads * s.head_dim)?;
-        need(kname, "k_cache", &k_cache, p.block_size * s.kv_width())?;
-        need(kname, "v_cache", &v_cache, p.block_size * s.kv_width())?;
+        kv.need(kname, p.block_size * s.kv_width())?;
         if p.tokens == 0 || p.num_seqs == 0 || p.max_seqlen == 0 {
             return Ok(());
         }
@@ -300,10 +304,12 @@ impl Kernels {
             block: (tiles.threads(), 1, 1),
             shared_bytes: self.flash_smem[tiles.slot(idx)],
         };
+        let (k_cache, v_cache) = kv.ptrs();
+        let (k_scale, v_scale) = kv.scales();
         let args = FlashPrefillArgs {
             qkv: qkv.ptr(),
-            k_cache: k_cache.ptr(),
-            v_cache: v_cache.ptr(),
+            k_cache,
+            v_cache,
             cu_seqlens: cu_seqlens.ptr(),
             context_lens: context_lens.ptr(),
             block_tables: block_tables.ptr(),
@@ -316,13 +322,20 @@ impl Kernels {
             scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
             min_len: *seg_lens.start(),
             max_len: *seg_lens.end(),
+            k_scale,
+            v_scale,
+        };
+        let funcs = if kv.is_fp8() {
+            &self.flash_prefill8
+        } else {
+            &self.flash_prefill
         };
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; `args` mirrors the kernel's
         // `FlashPrefillArgs` (layout asserted on both sides).
         unsafe {
             self.gpu
-                .launch_struct(&self.flash_prefill[tiles.slot(idx)], cfg, &args)?
+                .launch_struct(&funcs[tiles.slot(idx)], cfg, &args)?
         };
         Ok(())
     }

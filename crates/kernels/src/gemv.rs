@@ -14,6 +14,7 @@ use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::GemvArgs;
+use crate::kv::KvCaches;
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
 /// Most token rows one launch handles (larger steps use cuBLAS).
@@ -142,8 +143,7 @@ pub struct RopeKv<'a> {
     pub slots: DevSlice<'a, u32>,     // [m]
     pub cos: DevSlice<'a, f32>,       // [max_pos, D/2]
     pub sin: DevSlice<'a, f32>,       // [max_pos, D/2]
-    pub k_cache: DevSlice<'a, bf16>,  // [slots, kv_heads, D]
-    pub v_cache: DevSlice<'a, bf16>,  // [slots, kv_heads, D]
+    pub kv: KvCaches<'a>,             // [slots, kv_heads, D] each
     pub shape: HeadShape,
     pub max_pos: usize,
 }
@@ -344,8 +344,7 @@ impl Kernels {
         need(K, "slots", &rope.slots, m)?;
         need(K, "cos", &rope.cos, rope.max_pos * sh.head_dim / 2)?;
         need(K, "sin", &rope.sin, rope.max_pos * sh.head_dim / 2)?;
-        need(K, "k_cache", &rope.k_cache, sh.kv_width())?;
-        need(K, "v_cache", &rope.v_cache, sh.kv_width())?;
+        rope.kv.need(K, sh.kv_width())?;
         for (what, p) in [("residual", residual.ptr()), ("norm_w", norm_w.ptr())] {
             aligned(K, what, p)?;
         }
@@ -353,6 +352,8 @@ impl Kernels {
         let (cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
         let table = if fp8 { &self.gemv8 } else { &self.gemv };
         let func = &table[ROPE_VARIANT][tile];
+        let (k_cache, v_cache) = rope.kv.ptrs();
+        let (k_scale, v_scale) = rope.kv.scales();
         let args = GemvArgs {
             x: residual.ptr(),
             norm_w: norm_w.ptr(),
@@ -367,14 +368,16 @@ impl Kernels {
             slots: rope.slots.ptr(),
             cos_t: rope.cos.ptr(),
             sin_t: rope.sin.ptr(),
-            k_cache: rope.k_cache.ptr(),
-            v_cache: rope.v_cache.ptr(),
+            k_cache,
+            v_cache,
             n_heads: u32_of(K, "num_heads", sh.num_heads)?,
             n_kv: u32_of(K, "num_kv_heads", sh.num_kv_heads)?,
             head_dim: u32_of(K, "head_dim", sh.head_dim)?,
             max_pos: u32_of(K, "max_pos", rope.max_pos)?,
             ksplit,
-            pad: 0,
+            kv_fp8: rope.kv.flag(),
+            k_scale,
+            v_scale,
         };
         // SAFETY: dense operands checked for shape and alignment above; cache
         // slots in range by contract; GemvArgs mirrors the kernel's struct.

@@ -37,6 +37,7 @@ pub mod embedding;
 pub mod flash_prefill;
 pub mod fp8;
 pub mod gemv;
+pub mod kv;
 pub mod prefill_attention;
 pub mod rmsnorm;
 pub mod rope_kv;
@@ -48,6 +49,7 @@ use gpu::{Function, Gpu, GpuError, Module};
 
 pub use consts::HEAD_DIMS;
 pub use decode_attention::DecodePlan;
+pub use kv::KvCaches;
 pub use sampling::SampleParams;
 
 /// Errors loading or launching kernels.
@@ -163,14 +165,21 @@ pub struct Kernels {
     pub(crate) fp8_quant_rows: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
     pub(crate) prefill: [Function; HEAD_DIMS.len()],
+    /// The same over FP8 caches (`prefill_attention_fp8_d{D}`).
+    pub(crate) prefill8: [Function; HEAD_DIMS.len()],
     /// `[head dim index][group cap index]`: `decode_attention_d{D}_g{G}` for
     /// each `D` of [`HEAD_DIMS`] and `G` of `decode_attention::GROUP_CAPS`.
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
+    /// The same over FP8 caches (`decode_attention_fp8_d{D}_g{G}`).
+    pub(crate) decode8: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
     /// `flash_prefill_d64`, `flash_prefill_d128`, `flash_narrow_d64`,
     /// `flash_narrow_d128`, `flash_hopper_d64`, `flash_hopper_d128`,
     /// `flash_narrow_small_d{64,128}`, `flash_narrow_tiny_d{64,128}` (see
     /// `flash_prefill::FlashTiles`).
     pub(crate) flash_prefill: [Function; 10],
+    /// The same entries over FP8 caches (`flash_*_fp8_d*`), with the same
+    /// shared memory.
+    pub(crate) flash_prefill8: [Function; 10],
     /// Dynamic shared memory of each `flash_prefill` entry.
     pub(crate) flash_smem: [u32; 10],
     /// Streaming multiprocessors and the shared memory of one (sizes the
@@ -208,7 +217,8 @@ impl Kernels {
             };
             Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
         };
-        let flash = flash_prefill::load_functions(&module)?;
+        let flash = flash_prefill::load_functions(&module, false)?;
+        let flash8 = flash_prefill::load_functions(&module, true)?;
         Ok(Kernels {
             gpu: gpu.clone(),
             embedding_gather: f("embedding_gather")?,
@@ -219,8 +229,11 @@ impl Kernels {
             fp8_dequant_rows: f("fp8_dequant_rows")?,
             fp8_quant_rows: f("fp8_quant_rows")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
-            decode: decode_kernels(&module)?,
+            prefill8: per_head_dim(&module, "prefill_attention_fp8_d")?,
+            decode: decode_kernels(&module, "decode_attention")?,
+            decode8: decode_kernels(&module, "decode_attention_fp8")?,
             flash_prefill: flash.0,
+            flash_prefill8: flash8.0,
             flash_smem: flash.1,
             sms: gpu.sm_count()?,
             smem_per_sm: gpu.smem_per_sm()?,
@@ -286,15 +299,16 @@ fn per_head_dim(module: &Module, prefix: &str) -> Result<[Function; HEAD_DIMS.le
         .map_err(|_| KernelError::Unavailable(format!("{prefix}*: wrong count")))
 }
 
-/// `decode_attention_d{D}_g{G}` for each head dim and group cap, in order.
+/// `{prefix}_d{D}_g{G}` for each head dim and group cap, in order.
 fn decode_kernels(
     module: &Module,
+    prefix: &str,
 ) -> Result<[[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()], KernelError> {
     let mut rows = Vec::with_capacity(HEAD_DIMS.len());
     for d in HEAD_DIMS {
         let mut row = Vec::with_capacity(decode_attention::GROUP_CAPS.len());
         for g in decode_attention::GROUP_CAPS {
-            row.push(module.function(&format!("decode_attention_d{d}_g{g}"))?);
+            row.push(module.function(&format!("{prefix}_d{d}_g{g}"))?);
         }
         let row: [Function; decode_attention::GROUP_CAPS.len()] = row
             .try_into()

@@ -10,6 +10,7 @@ use half::bf16;
 
 use crate::abi::PrefillAttentionArgs;
 use crate::consts::{MAX_THREADS_PER_BLOCK, PREFILL_ROWS_PER_BLOCK};
+use crate::kv::KvCaches;
 use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
 
 /// Sizes of one packed prefill launch.
@@ -37,8 +38,7 @@ impl Kernels {
     pub unsafe fn prefill_attention(
         &self,
         qkv: DevSlice<'_, bf16>,         // [T, qkv_width], q roped
-        k_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
-        v_cache: DevSlice<'_, bf16>,     // [slots, kv_heads, D]
+        kv: KvCaches<'_>,                // [slots, kv_heads, D] each
         cu_seqlens: DevSlice<'_, u32>,   // [S + 1]
         context_lens: DevSlice<'_, u32>, // [S]
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
@@ -48,14 +48,18 @@ impl Kernels {
         const K: &str = "prefill_attention";
         p.shape.check(K)?;
         let s = p.shape;
-        let func = &self.prefill[head_dim_index(K, s.head_dim)?];
+        let funcs = if kv.is_fp8() {
+            &self.prefill8
+        } else {
+            &self.prefill
+        };
+        let func = &funcs[head_dim_index(K, s.head_dim)?];
         need(K, "qkv", &qkv, p.tokens * s.qkv_width())?;
         need(K, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
         need(K, "context_lens", &context_lens, p.num_seqs)?;
         need(K, "block_tables", &block_tables, p.num_seqs * p.max_blocks)?;
         need(K, "out", &out, p.tokens * s.num_heads * s.head_dim)?;
-        need(K, "k_cache", &k_cache, p.block_size * s.kv_width())?;
-        need(K, "v_cache", &v_cache, p.block_size * s.kv_width())?;
+        kv.need(K, p.block_size * s.kv_width())?;
         if p.tokens == 0 || p.num_seqs == 0 {
             return Ok(());
         }
@@ -77,10 +81,12 @@ impl Kernels {
             block: (threads as u32, 1, 1),
             shared_bytes: 0,
         };
+        let (k_cache, v_cache) = kv.ptrs();
+        let (k_scale, v_scale) = kv.scales();
         let args = PrefillAttentionArgs {
             qkv: qkv.ptr(),
-            k_cache: k_cache.ptr(),
-            v_cache: v_cache.ptr(),
+            k_cache,
+            v_cache,
             cu_seqlens: cu_seqlens.ptr(),
             context_lens: context_lens.ptr(),
             block_tables: block_tables.ptr(),
@@ -91,6 +97,8 @@ impl Kernels {
             block_size: u32_of(K, "block_size", p.block_size)?,
             tok_per_block: tok_per_block as u32,
             scale: 1.0 / (s.head_dim as f32).sqrt(),
+            k_scale,
+            v_scale,
         };
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; every prefill kernel takes

@@ -1,7 +1,8 @@
 //! Launcher for `cu/rope_kv.cu`: RoPE from the one precomputed table
 //! (`LlamaConfig::rope_table`), fused with writing K/V into paged blocks;
 //! the kernel takes one [`RopeKvArgs`]. CPU reference: `ops::rope::Rope` and
-//! `ops::attention::kv_write` (the CPU backend's own code).
+//! `ops::attention::kv_write` (the CPU backend's own code); FP8 caches store
+//! `ops::kv`'s e4m3 codec at the layer's scales ([`KvCaches`]).
 //! Costs: one launch, one block per token.
 
 use gpu::{DevSlice, LaunchConfig};
@@ -9,6 +10,7 @@ use half::bf16;
 
 use crate::abi::RopeKvArgs;
 use crate::consts::ROPE_THREADS;
+use crate::kv::KvCaches;
 use crate::{HeadShape, KernelError, Kernels, need, u32_of};
 
 impl Kernels {
@@ -26,8 +28,7 @@ impl Kernels {
         slots: DevSlice<'_, u32>,     // [T]
         cos: DevSlice<'_, f32>,       // [max_pos, D/2]
         sin: DevSlice<'_, f32>,       // [max_pos, D/2]
-        k_cache: DevSlice<'_, bf16>,  // [slots, kv_heads, D]
-        v_cache: DevSlice<'_, bf16>,  // [slots, kv_heads, D]
+        kv: KvCaches<'_>,             // [slots, kv_heads, D] each
         shape: HeadShape,
         tokens: usize,
         max_pos: usize,
@@ -39,23 +40,28 @@ impl Kernels {
         need(K, "slots", &slots, tokens)?;
         need(K, "cos", &cos, max_pos * shape.head_dim / 2)?;
         need(K, "sin", &sin, max_pos * shape.head_dim / 2)?;
-        need(K, "k_cache", &k_cache, shape.kv_width())?;
-        need(K, "v_cache", &v_cache, shape.kv_width())?;
+        kv.need(K, shape.kv_width())?;
         if tokens == 0 {
             return Ok(());
         }
+        let (k_cache, v_cache) = kv.ptrs();
+        let (k_scale, v_scale) = kv.scales();
         let args = RopeKvArgs {
             qkv: qkv.ptr(),
             positions: positions.ptr(),
             slots: slots.ptr(),
             cos_t: cos.ptr(),
             sin_t: sin.ptr(),
-            k_cache: k_cache.ptr(),
-            v_cache: v_cache.ptr(),
+            k_cache,
+            v_cache,
             n_heads: u32_of(K, "num_heads", shape.num_heads)?,
             n_kv: u32_of(K, "num_kv_heads", shape.num_kv_heads)?,
             head_dim: u32_of(K, "head_dim", shape.head_dim)?,
             max_pos: u32_of(K, "max_pos", max_pos)?,
+            k_scale,
+            v_scale,
+            kv_fp8: kv.flag(),
+            pad: 0,
         };
         let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROPE_THREADS as u32);
         // SAFETY: dense views checked above; slot and position ranges by

@@ -1,8 +1,10 @@
 //! GPU tests of RoPE + KV write, prefill and decode attention against the
 //! `ops` crate's RoPE, KV write and paged attention (the CPU backend's own
 //! code) (poisoned outputs, random paged batches with scrambled
-//! block tables, head sizes 16 to 128, lengths above 1024). `#[ignore]`d:
-//! they need a CUDA device (`scripts/gpu/kernels.sh`).
+//! block tables, head sizes 16 to 128, lengths above 1024), over bf16 and
+//! FP8 e4m3 caches (`ops::kv`'s codec: the writers' bytes against it, the
+//! readers against attention over the values the bytes read back as).
+//! `#[ignore]`d: they need a CUDA device (`scripts/gpu/kernels.sh`).
 
 mod common;
 mod flash_prefill;
@@ -31,7 +33,8 @@ fn rope_kv_write_matches_reference() {
         head_dim: 6,
     };
     let shapes = SHAPES.iter().chain(std::iter::once(&odd));
-    for (shape, tokens) in shapes.zip([5usize, 1030, 1300, 7, 300, 9]) {
+    let cases = shapes.zip([5usize, 1030, 1300, 7, 300, 9]);
+    for ((shape, tokens), fp8) in cases.flat_map(|c| [(c, false), (c, true)]) {
         let d = shape.head_dim;
         let rope = rope(max_pos, d);
         let (cos, sin) = (rope.cos(), rope.sin());
@@ -46,10 +49,7 @@ fn rope_kv_write_matches_reference() {
         let d_qkv = gpu.upload(&qkv).unwrap();
         let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
         let (d_cos, d_sin) = (gpu.upload(cos).unwrap(), gpu.upload(sin).unwrap());
-        let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
-        let vc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
-        gpu.fill_bytes(kc.view(), POISON).unwrap();
-        gpu.fill_bytes(vc.view(), POISON).unwrap();
+        let cache = TestKv::poisoned(&gpu, num_slots * shape.kv_width(), fp8);
         // SAFETY: slots below num_slots, positions below max_pos.
         unsafe {
             k.rope_kv_write(
@@ -58,8 +58,7 @@ fn rope_kv_write_matches_reference() {
                 d_slots.view(),
                 d_cos.view(),
                 d_sin.view(),
-                kc.view(),
-                vc.view(),
+                cache.caches(),
                 *shape,
                 tokens,
                 max_pos,
@@ -83,10 +82,7 @@ fn rope_kv_write_matches_reference() {
             .collect();
         let e = rel_err(&q_got, &q_want);
         assert!(e < 5e-3, "rope q: rel err {e}");
-        let (kg, vg) = (
-            f32s(&gpu.to_host(kc.view()).unwrap()),
-            f32s(&gpu.to_host(vc.view()).unwrap()),
-        );
+        let (kg, vg) = cache.read(&gpu);
         let w = shape.kv_width();
         let pick = |c: &[f32]| -> Vec<f32> {
             slots
@@ -94,9 +90,23 @@ fn rope_kv_write_matches_reference() {
                 .flat_map(|&s| c[s as usize * w..][..w].to_vec())
                 .collect()
         };
-        let e = rel_err(&pick(&kg), &pick(&kr));
-        assert!(e < 5e-3, "rope k: rel err {e}");
-        assert_eq!(pick(&vg), pick(&vr), "v copied exactly");
+        let (k_got, k_want) = (pick(&kg), kv_rounded(&pick(&kr), fp8, FP8_K_SCALE));
+        let e = rel_err(&k_got, &k_want);
+        assert!(e < 5e-3, "rope k (fp8 {fp8}): rel err {e}");
+        if fp8 {
+            // the rotation's f32 rounding may tip a value across a rounding
+            // boundary of e4m3, one step; nearly all bytes agree
+            let same = k_got.iter().zip(&k_want).filter(|(a, b)| a == b).count();
+            assert!(
+                same * 100 >= k_got.len() * 99,
+                "rope k fp8: {same} of {} equal",
+                k_got.len()
+            );
+        }
+        // v is stored from bf16 values: exactly the codec's bytes (saturated
+        // at ±448 * scale in FP8: the inputs reach 500 * scale)
+        let v_want = kv_rounded(&pick(&vr), fp8, FP8_V_SCALE);
+        assert_eq!(pick(&vg), v_want, "v stored exactly (fp8 {fp8})");
     }
 }
 
@@ -111,7 +121,7 @@ fn prefill_attention_matches_reference() {
         &[(5, 40), (33, 1200), (1, 17)],
         &[(1500, 1500)],
     ];
-    for shape in SHAPES {
+    for (shape, fp8) in SHAPES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         for seqs in cases {
             let b = paged_batch(&mut rng, seqs, block_size);
             let tokens = *b.cu.last().unwrap() as usize;
@@ -119,11 +129,8 @@ fn prefill_attention_matches_reference() {
             let kc = rand_bf16(&mut rng, slots * shape.kv_width(), 1.0);
             let vc = rand_bf16(&mut rng, slots * shape.kv_width(), 1.0);
             let qkv = rand_bf16(&mut rng, tokens * shape.qkv_width(), 1.0);
-            let (d_kc, d_vc, d_qkv) = (
-                gpu.upload(&kc).unwrap(),
-                gpu.upload(&vc).unwrap(),
-                gpu.upload(&qkv).unwrap(),
-            );
+            let cache = TestKv::new(&gpu, &kc, &vc, fp8);
+            let d_qkv = gpu.upload(&qkv).unwrap();
             let (d_cu, d_ctx, d_tab) = (
                 gpu.upload(&b.cu).unwrap(),
                 gpu.upload(&b.ctx).unwrap(),
@@ -144,8 +151,7 @@ fn prefill_attention_matches_reference() {
             unsafe {
                 k.prefill_attention(
                     d_qkv.view(),
-                    d_kc.view(),
-                    d_vc.view(),
+                    cache.caches(),
                     d_cu.view(),
                     d_ctx.view(),
                     d_tab.view(),
@@ -165,9 +171,12 @@ fn prefill_attention_matches_reference() {
                 max_blocks: b.max_blocks,
                 block_size,
             };
-            let want = ops::paged_attention(&q, &f32s(&kc), &f32s(&vc), seqs, dims(shape));
+            let want = ops::paged_attention(&q, &cache.k_ref, &cache.v_ref, seqs, dims(shape));
             let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
-            assert!(e < 1e-2, "prefill {shape:?} {seqs:?}: rel err {e}");
+            assert!(
+                e < 1e-2,
+                "prefill {shape:?} {seqs:?} fp8 {fp8}: rel err {e}"
+            );
         }
     }
 }
@@ -261,21 +270,18 @@ fn decode_split_reference_matches_attention() {
 fn decode_attention_matches_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(6);
-    for shape in SHAPES {
+    for (shape, fp8) in SHAPES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
         for block_size in [16, 5] {
             let (b, kc, vc, qkv) = decode_inputs(&mut rng, shape, block_size);
             let n = b.ctx.len();
-            let (d_kc, d_vc, d_qkv) = (
-                gpu.upload(&kc).unwrap(),
-                gpu.upload(&vc).unwrap(),
-                gpu.upload(&qkv).unwrap(),
-            );
+            let cache = TestKv::new(&gpu, &kc, &vc, fp8);
+            let d_qkv = gpu.upload(&qkv).unwrap();
             let (d_ctx, d_tab) = (gpu.upload(&b.ctx).unwrap(), gpu.upload(&b.tables).unwrap());
             let qw = shape.num_heads * shape.head_dim;
             let q: Vec<f32> = (0..n)
                 .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
                 .collect();
-            let want = decode_want(&b, &q, &f32s(&kc), &f32s(&vc), shape, block_size);
+            let want = decode_want(&b, &q, &cache.k_ref, &cache.v_ref, shape, block_size);
             // 1 block: one split per (sequence, KV head), the direct bf16 output;
             // 264: the H200 batch-1 plan; 5000: up to 128 splits, most of them
             // empty; minimum splits of 16 keys (many partials) and 256 (one
@@ -306,8 +312,7 @@ fn decode_attention_matches_reference() {
                     unsafe {
                         k.decode_attention(
                             d_qkv.view(),
-                            d_kc.view(),
-                            d_vc.view(),
+                            cache.caches(),
                             d_ctx.view(),
                             d_tab.view(),
                             po.view(),
@@ -321,7 +326,7 @@ fn decode_attention_matches_reference() {
                     let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &want);
                     assert!(
                         e < 1e-2,
-                        "decode {shape:?} bs {block_size} target {target} min {min_chunk} round {round}: rel err {e}"
+                        "decode {shape:?} fp8 {fp8} bs {block_size} target {target} min {min_chunk} round {round}: rel err {e}"
                     );
                 }
                 assert!(

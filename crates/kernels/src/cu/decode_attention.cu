@@ -20,7 +20,10 @@
 //   finish (a per-(sequence, KV head) arrival counter, reset by that block)
 //   merges them in split order: no second launch, same result whichever
 //   block finishes last.
+// decode_attention_fp8_dD_gC reads e4m3 caches (kv.cuh): a lane's 8 elements
+// are 8 bytes; k_scale is folded into q's scale, V widened times v_scale.
 #include "common.cuh"
+#include "kv.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 #include "pdl.cuh"
@@ -71,8 +74,33 @@ __device__ __forceinline__ void load8(const bf16* p, float* f) {
     }
 }
 
-template <int D, int C>
+// How a lane loads and widens its 8 elements of a K or V row.
+template <typename KV>
+struct DecodeKv;
+template <>
+struct DecodeKv<bf16> {
+    typedef uint4 raw;
+    __device__ static raw zero() { return make_uint4(0, 0, 0, 0); }
+    __device__ static raw before_wait(const bf16* p) { return ld_before_wait(p); }
+    __device__ static raw load(const bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+    __device__ static void widen(const raw r, float* f, float) { unpack8(r, f); }
+};
+template <>
+struct DecodeKv<uint8_t> {
+    typedef uint2 raw;
+    __device__ static raw zero() { return make_uint2(0, 0); }
+    __device__ static raw before_wait(const uint8_t* p) { return ld_before_wait8(p); }
+    __device__ static raw load(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+    __device__ static void widen(const raw r, float* f, float scale) { kv_fp8x8_to_float(r, f, scale); }
+};
+
+template <int D, int C, typename KV>
 __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
+    typedef DecodeKv<KV> L;
+    constexpr bool FP8 = sizeof(KV) == 1;
+    const KV* __restrict__ k_cache = static_cast<const KV*>(a.k_cache);
+    const KV* __restrict__ v_cache = static_cast<const KV*>(a.v_cache);
+    const float v_scale = FP8 ? a.v_scale : 1.f;
     constexpr int LPK = D / 8;   // lanes per key (8 bf16 = 16 bytes each)
     constexpr int KPW = 32 / LPK; // keys per warp per step
     constexpr int NW = LAMINA_DECODE_THREADS / 32;
@@ -99,7 +127,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     // The first U steps' keys are loaded before the PDL wait:
     // every key but the newest (position ctx - 1, which the previous kernel
     // writes) is final before the step starts.
-    uint4 kr[U], vr[U];
+    typename L::raw kr[U], vr[U];
     size_t off[U];
     bool valid[U];
     // (All table entries first, then all K/V rows: these loads keep their
@@ -114,11 +142,11 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const uint32_t j = start + u * STEP + warp * KPW + ks;
-        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+        kr[u] = vr[u] = L::zero();
         off[u] = (((size_t)blk[u] * a.block_size + j % a.block_size) * a.n_kv + kvh) * D + part * 8;
         if (valid[u] && j + 1 < ctx) {
-            kr[u] = ld_before_wait(a.k_cache + off[u]);
-            vr[u] = ld_before_wait(a.v_cache + off[u]);
+            kr[u] = L::before_wait(k_cache + off[u]);
+            vr[u] = L::before_wait(v_cache + off[u]);
         }
     }
     pdl_wait();
@@ -126,8 +154,8 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         if (valid[u] && start + u * STEP + warp * KPW + ks + 1 >= ctx) {
-            kr[u] = __ldg(reinterpret_cast<const uint4*>(a.k_cache + off[u]));
-            vr[u] = __ldg(reinterpret_cast<const uint4*>(a.v_cache + off[u]));
+            kr[u] = L::load(k_cache + off[u]);
+            vr[u] = L::load(v_cache + off[u]);
         }
     }
 
@@ -144,7 +172,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         }
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            q[g][i] *= a.scale_log2;
+            q[g][i] *= FP8 ? a.scale_log2 * a.k_scale : a.scale_log2;
             acc[g][i] = 0.f;
         }
         m[g] = -INFINITY;
@@ -156,8 +184,8 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float kf[8], vf[8];
-            unpack8(kr[u], kf);
-            unpack8(vr[u], vf);
+            L::widen(kr[u], kf, 1.f);
+            L::widen(vr[u], vf, v_scale);
 #pragma unroll
             for (int g = 0; g < C; g++) {
                 float dot = 0.f;
@@ -183,11 +211,11 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         for (int u = 0; u < U; u++) {
             const uint32_t j = base + u * STEP + warp * KPW + ks;
             valid[u] = j < end;
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            kr[u] = vr[u] = L::zero();
             if (valid[u]) {
                 const size_t o = (kv_slot(table, j, a.block_size) * a.n_kv + kvh) * D + part * 8;
-                kr[u] = __ldg(reinterpret_cast<const uint4*>(a.k_cache + o));
-                vr[u] = __ldg(reinterpret_cast<const uint4*>(a.v_cache + o));
+                kr[u] = L::load(k_cache + o);
+                vr[u] = L::load(v_cache + o);
             }
         }
         consume();
@@ -288,7 +316,11 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 #define DECODE_ATTENTION(D, C)                                                                  \
     extern "C" __global__ void __launch_bounds__(LAMINA_DECODE_THREADS) decode_attention_d##D##_g##C( \
         const DecodeArgs a) {                                                                   \
-        decode_attention_impl<D, C>(a);                                                         \
+        decode_attention_impl<D, C, bf16>(a);                                                   \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(LAMINA_DECODE_THREADS) decode_attention_fp8_d##D##_g##C( \
+        const DecodeArgs a) {                                                                   \
+        decode_attention_impl<D, C, uint8_t>(a);                                                \
     }
 DECODE_ATTENTION(16, 4)
 DECODE_ATTENTION(16, 8)

@@ -28,9 +28,16 @@
 // and KV head start first and the light ones fill the tail. Deterministic: no
 // atomics, fixed order.
 // Shared memory: (BM + 4 BN) * D bf16 (48 KiB wide / 34 KiB narrow at D = 64).
+// FP8 caches (the *_fp8_dD entries, KV = uint8_t): the cp.async copies move
+// e4m3 bytes (16 a copy) into double-buffered byte tiles; at the top of each
+// tile the CTA widens tile n's bytes into one bf16 K and one bf16 V tile
+// (exact: every e4m3 value is a bf16) and the MMAs run as for bf16, with
+// k_scale folded into the softmax scale and v_scale into the output's
+// normalisation. Same shared memory: BM * D * 2 + 2 * BN * D * 2 + 2 * 2 * BN * D.
 #include <stddef.h>
 
 #include "common.cuh"
+#include "kv.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 #include "wgmma.cuh"
@@ -101,6 +108,56 @@ __device__ __forceinline__ uint32_t fp_swz(uint32_t r, uint32_t c) {
     return r * D + ((c ^ (r & 7)) << 3);
 }
 
+__device__ __forceinline__ void fp_st16(uint32_t addr, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+// FP8 caches: gathers the e4m3 bytes of keys kt.. (BN rows of D bytes, [BN][D]
+// unswizzled) of K and V through the block table into kr / vr with 16-byte
+// cp.async copies; keys at or past kend are zero-filled.
+template <int D, int BN, int THREADS>
+__device__ __forceinline__ void fp8_load_raw(const FlashPrefillArgs& a, const uint32_t* table, uint32_t kvh,
+                                             uint32_t kt, uint32_t kend, uint32_t kr, uint32_t vr, uint32_t tid) {
+    constexpr int CB = D / 16;  // 16-byte chunks of e4m3 per row
+    static_assert((BN * CB) % THREADS == 0 && THREADS % CB == 0, "whole FP8 K/V tile rows per pass");
+    const uint32_t bs = a.block_size;
+    const uint8_t* kc = static_cast<const uint8_t*>(a.k_cache);
+    const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache);
+#pragma unroll
+    for (int it = 0; it < BN * CB / THREADS; it++) {
+        const uint32_t j = tid / CB + it * (THREADS / CB), c = tid % CB, pos = kt + j;
+        const bool valid = pos < kend;
+        const size_t slot = valid ? (size_t)table[pos / bs] * bs + pos % bs : 0;
+        const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 16;
+        fp_cp16(kr + j * D + c * 16, kc + off, valid);
+        fp_cp16(vr + j * D + c * 16, vc + off, valid);
+    }
+}
+
+// FP8 caches: widens the byte tiles kr / vr ([BN][D]) into the bf16 tiles at
+// shared addresses kd / vd, chunk c (8 elements) of row j at byte offset
+// off(j, c) (the tiling's swizzle).
+template <int D, int BN, int THREADS, typename Off>
+__device__ __forceinline__ void fp8_widen_tile(uint32_t kr, uint32_t vr, uint32_t kd, uint32_t vd, uint32_t tid,
+                                               Off off) {
+    constexpr int CB = D / 16;
+    for (uint32_t i = tid; i < (uint32_t)(BN * CB); i += THREADS) {
+        const uint32_t j = i / CB, c = i % CB;
+        uint4 k8, v8;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(k8.x), "=r"(k8.y), "=r"(k8.z), "=r"(k8.w)
+                     : "r"(kr + j * D + c * 16));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v8.x), "=r"(v8.y), "=r"(v8.z), "=r"(v8.w)
+                     : "r"(vr + j * D + c * 16));
+        fp_st16(kd + off(j, 2 * c), kv_fp8x8_to_bf16x8(make_uint2(k8.x, k8.y)));
+        fp_st16(kd + off(j, 2 * c + 1), kv_fp8x8_to_bf16x8(make_uint2(k8.z, k8.w)));
+        fp_st16(vd + off(j, 2 * c), kv_fp8x8_to_bf16x8(make_uint2(v8.x, v8.y)));
+        fp_st16(vd + off(j, 2 * c + 1), kv_fp8x8_to_bf16x8(make_uint2(v8.z, v8.w)));
+    }
+}
+
 // One key tile's causal mask and online-softmax update for one thread's two
 // accumulator rows (fragment rows lane / 4 and lane / 4 + 8 of an m16 tile,
 // at positions qpos[0..2]), shared by every tiling. sc [BN / 8][4] holds the
@@ -161,14 +218,20 @@ __device__ __forceinline__ void fp_softmax_tile(float (&sc)[BN / 8][4], float (&
     }
 }
 
-template <int D, int WARPS, int MT, int BN>
+template <int D, int WARPS, int MT, int BN, typename KV>
 __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     constexpr int BM = 16 * MT * WARPS, THREADS = 32 * WARPS;
     static_assert(D % 16 == 0 && D >= 64, "head dim: multiple of 16, at least 64 (8 chunks for the swizzle)");
     constexpr int CH = D / 8;  // 16-byte chunks per row
+    constexpr bool FP8 = sizeof(KV) == 1;
+    constexpr int KB = FP8 ? 1 : 2;               // bf16 K/V buffers
     bf16* Qs = reinterpret_cast<bf16*>(fp_smem);  // [BM][D]
-    bf16* Ks = Qs + BM * D;                    // [2][BN][D]
-    bf16* Vs = Ks + 2 * BN * D;                // [2][BN][D]
+    bf16* Ks = Qs + BM * D;                       // [KB][BN][D]
+    bf16* Vs = Ks + KB * BN * D;                  // [KB][BN][D]
+    // FP8 only: e4m3 bytes, [2][BN][D] each
+    const uint32_t Kr = fp_saddr(Vs + KB * BN * D), Vr = Kr + 2 * BN * D;
+    const float scale_log2 = FP8 ? a.scale_log2 * a.k_scale : a.scale_log2;
+    const float out_scale = FP8 ? a.v_scale : 1.f;
 
     const uint32_t G = a.num_heads / a.num_kv_heads;
     const uint32_t kvh = blockIdx.x, s = blockIdx.y;
@@ -197,8 +260,14 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     const bool pow2 = (bs & (bs - 1)) == 0;
     const uint32_t bshift = __ffs(bs) - 1;
     auto load_kv = [&](uint32_t kt, uint32_t buf) {
+        if constexpr (FP8) {
+            fp8_load_raw<D, BN, THREADS>(a, table, kvh, kt, kend, Kr + buf * BN * D, Vr + buf * BN * D, tid);
+            return;
+        }
         bf16* kd = Ks + buf * BN * D;
         bf16* vd = Vs + buf * BN * D;
+        const bf16* kc = static_cast<const bf16*>(a.k_cache);
+        const bf16* vc = static_cast<const bf16*>(a.v_cache);
         static_assert((BN * CH) % THREADS == 0 && THREADS % CH == 0, "whole K/V tile rows per pass");
 #pragma unroll 4
         for (int it = 0; it < BN * CH / THREADS; it++) {
@@ -208,8 +277,8 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
             const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
             const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
-            fp_cp16(fp_saddr(kd + fp_swz<D>(j, c)), a.k_cache + off, valid);
-            fp_cp16(fp_saddr(vd + fp_swz<D>(j, c)), a.v_cache + off, valid);
+            fp_cp16(fp_saddr(kd + fp_swz<D>(j, c)), kc + off, valid);
+            fp_cp16(fp_saddr(vd + fp_swz<D>(j, c)), vc + off, valid);
         }
     };
     load_kv(0, 0);
@@ -250,10 +319,15 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
                 for (int kk = 0; kk < D / 16; kk++)
                     fp_ldsm(qf[mt][QREG ? kk : 0], fp_saddr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
         }
+        if constexpr (FP8) {
+            fp8_widen_tile<D, BN, THREADS>(Kr + (n & 1) * BN * D, Vr + (n & 1) * BN * D, fp_saddr(Ks), fp_saddr(Vs),
+                                           tid, [](uint32_t r, uint32_t c) { return 2 * fp_swz<D>(r, c); });
+        }
         if (n + 1 < ntiles) load_kv((n + 1) * BN, (n + 1) & 1);
         fp_commit();
-        const bf16* K = Ks + (n & 1) * BN * D;
-        const bf16* V = Vs + (n & 1) * BN * D;
+        if constexpr (FP8) __syncthreads();  // the widened tile n visible
+        const bf16* K = Ks + (FP8 ? 0 : n & 1) * BN * D;
+        const bf16* V = Vs + (FP8 ? 0 : n & 1) * BN * D;
 
         float sc[MT][BN / 8][4];
 #pragma unroll
@@ -283,7 +357,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
             fp_softmax_tile<BN, D / 8>(sc[mt], o[mt], m[mt], l[mt], pa[mt], qpos[mt], n * BN, min_pos, lane,
-                                       a.scale_log2);
+                                       scale_log2);
 
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
@@ -310,7 +384,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             li += __shfl_xor_sync(0xffffffffu, li, 2);
             const uint32_t r = wrow + mt * 16 + lane / 4 + 8 * i;
             if (r >= rows) continue;
-            const float inv = 1.f / li;
+            const float inv = out_scale / li;
             const uint32_t t = r / G, g = r % G;
             bf16* dst =
                 a.out + (size_t)(seq0 + tok0 + t) * a.num_heads * D + (size_t)(kvh * G + g) * D + (lane % 4) * 2;
@@ -321,21 +395,23 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
         }
 }
 
-#define FLASH_PREFILL(D)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_THREADS) flash_prefill_d##D(const FlashPrefillArgs a) {  \
-        flash_prefill_impl<D, LAMINA_FLASH_THREADS / 32, LAMINA_FLASH_M_TILES, LAMINA_FLASH_KEYS>(a);                                                   \
+#define FLASH_PREFILL(D, SUF, KV)                                                                           \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_THREADS) flash_prefill##SUF##_d##D(const FlashPrefillArgs a) {  \
+        flash_prefill_impl<D, LAMINA_FLASH_THREADS / 32, LAMINA_FLASH_M_TILES, LAMINA_FLASH_KEYS, KV>(a);                      \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_d##D(const FlashPrefillArgs a) {   \
-        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_KEYS>(a);                                                              \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow##SUF##_d##D(const FlashPrefillArgs a) {   \
+        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_KEYS, KV>(a);                                                          \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_small_d##D(const FlashPrefillArgs a) { \
-        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_SMALL_KEYS>(a);                                                        \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_small##SUF##_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_SMALL_KEYS, KV>(a);                                                    \
     }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_tiny_d##D(const FlashPrefillArgs a) { \
-        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_TINY_KEYS>(a);                                                         \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_tiny##SUF##_d##D(const FlashPrefillArgs a) { \
+        flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_TINY_KEYS, KV>(a);                                                     \
     }
-FLASH_PREFILL(64)
-FLASH_PREFILL(128)
+FLASH_PREFILL(64, , bf16)
+FLASH_PREFILL(128, , bf16)
+FLASH_PREFILL(64, _fp8, uint8_t)
+FLASH_PREFILL(128, _fp8, uint8_t)
 
 // ---------------------------------------------------------------------------
 // Hopper tiling (flash_hopper_dD, sm_90a only): the same contract, grid and
@@ -385,15 +461,20 @@ __device__ __forceinline__ void fh_pv<128>(float (&d)[16][4], const uint32_t (&a
 }
 #endif
 
-template <int D, int WGS, int BN>
+template <int D, int WGS, int BN, typename KV>
 __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #if defined(LAMINA_WGMMA)
     constexpr int BM = 64 * WGS, THREADS = 128 * WGS, CH = D / 8;
     static_assert(D % 64 == 0, "head dim: whole 64-column panels");
+    constexpr bool FP8 = sizeof(KV) == 1;
+    constexpr int KB = FP8 ? 1 : 2;  // bf16 K/V buffers
     const uint32_t base = (fp_saddr(fp_smem) + (LAMINA_FLASH_HOPPER_ALIGN - 1u)) & ~(LAMINA_FLASH_HOPPER_ALIGN - 1u);
     const uint32_t Qs = base;                          // [D / 64][BM][64]
-    const uint32_t Ks = Qs + BM * D * 2;               // [2][D / 64][BN][64]
-    const uint32_t Vs = Ks + 2 * BN * D * 2;           // [2][D / 64][BN][64]
+    const uint32_t Ks = Qs + BM * D * 2;               // [KB][D / 64][BN][64]
+    const uint32_t Vs = Ks + KB * BN * D * 2;          // [KB][D / 64][BN][64]
+    const uint32_t Kr = Vs + KB * BN * D * 2, Vr = Kr + 2 * BN * D;  // FP8 only: [2][BN][D] bytes each
+    const float scale_log2 = FP8 ? a.scale_log2 * a.k_scale : a.scale_log2;
+    const float out_scale = FP8 ? a.v_scale : 1.f;
 
     const uint32_t G = a.num_heads / a.num_kv_heads;
     const uint32_t kvh = blockIdx.x, s = blockIdx.y;
@@ -421,7 +502,13 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     const bool pow2 = (bs & (bs - 1)) == 0;
     const uint32_t bshift = __ffs(bs) - 1;
     auto load_kv = [&](uint32_t kt, uint32_t buf) {
+        if constexpr (FP8) {
+            fp8_load_raw<D, BN, THREADS>(a, table, kvh, kt, kend, Kr + buf * BN * D, Vr + buf * BN * D, tid);
+            return;
+        }
         const uint32_t kd = Ks + buf * BN * D * 2, vd = Vs + buf * BN * D * 2;
+        const bf16* kc = static_cast<const bf16*>(a.k_cache);
+        const bf16* vc = static_cast<const bf16*>(a.v_cache);
         static_assert((BN * CH) % THREADS == 0 && THREADS % CH == 0, "whole K/V tile rows per pass");
 #pragma unroll
         for (int it = 0; it < BN * CH / THREADS; it++) {
@@ -430,8 +517,8 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
             const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
             const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
             const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
-            fp_cp16(kd + fh_off<BN>(j, c), a.k_cache + off, valid);
-            fp_cp16(vd + fh_off<BN>(j, c), a.v_cache + off, valid);
+            fp_cp16(kd + fh_off<BN>(j, c), kc + off, valid);
+            fp_cp16(vd + fh_off<BN>(j, c), vc + off, valid);
         }
     };
     load_kv(0, 0);
@@ -451,11 +538,16 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 
     for (uint32_t n = 0; n < ntiles; n++) {
         fp_wait_all();
+        if constexpr (FP8) {
+            __syncthreads();  // tile n's bytes landed; tile n - 1's reads are done
+            fp8_widen_tile<D, BN, THREADS>(Kr + (n & 1) * BN * D, Vr + (n & 1) * BN * D, Ks, Vs, tid,
+                                           [](uint32_t r, uint32_t c) { return fh_off<BN>(r, c); });
+        }
         wg_fence_proxy();
         __syncthreads();  // tile n (and Q) visible to the async proxy; tile n - 1's reads are done
         if (n + 1 < ntiles) load_kv((n + 1) * BN, (n + 1) & 1);
         fp_commit();
-        const uint32_t K = Ks + (n & 1) * BN * D * 2, V = Vs + (n & 1) * BN * D * 2;
+        const uint32_t K = Ks + (FP8 ? 0 : n & 1) * BN * D * 2, V = Vs + (FP8 ? 0 : n & 1) * BN * D * 2;
 
         wg_fence();
 #pragma unroll
@@ -471,7 +563,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) wg_reg_fence(sc[j][e]);
         uint32_t pa[BN / 16][4];
-        fp_softmax_tile<BN, D / 8>(sc, o, m, l, pa, qpos, n * BN, min_pos, lane, a.scale_log2);
+        fp_softmax_tile<BN, D / 8>(sc, o, m, l, pa, qpos, n * BN, min_pos, lane, scale_log2);
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
 #pragma unroll
@@ -499,7 +591,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
         li += __shfl_xor_sync(0xffffffffu, li, 2);
         const uint32_t r = wrow + lane / 4 + 8 * i;
         if (r >= rows) continue;
-        const float inv = 1.f / li;
+        const float inv = out_scale / li;
         const uint32_t t = r / G, g = r % G;
         bf16* dst = a.out + (size_t)(seq0 + tok0 + t) * a.num_heads * D + (size_t)(kvh * G + g) * D + (lane % 4) * 2;
 #pragma unroll
@@ -512,9 +604,11 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #endif
 }
 
-#define FLASH_HOPPER(D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_HOPPER_THREADS) flash_hopper_d##D(const FlashPrefillArgs a) {   \
-        flash_hopper_impl<D, LAMINA_FLASH_HOPPER_THREADS / 128, LAMINA_FLASH_HOPPER_KEYS>(a);                                                              \
+#define FLASH_HOPPER(D, SUF, KV)                                                                             \
+    extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_HOPPER_THREADS) flash_hopper##SUF##_d##D(const FlashPrefillArgs a) {   \
+        flash_hopper_impl<D, LAMINA_FLASH_HOPPER_THREADS / 128, LAMINA_FLASH_HOPPER_KEYS, KV>(a);                          \
     }
-FLASH_HOPPER(64)
-FLASH_HOPPER(128)
+FLASH_HOPPER(64, , bf16)
+FLASH_HOPPER(128, , bf16)
+FLASH_HOPPER(64, _fp8, uint8_t)
+FLASH_HOPPER(128, _fp8, uint8_t)

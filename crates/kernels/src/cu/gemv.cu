@@ -27,7 +27,8 @@
 //  gemv_norm_rope_mMT   RMSNorm(residual) -> qkv bf16, then RoPE (rotate-half,
 //                       the warp owning rows j and j + D/2 of a head) on q in
 //                       qkv and on k into k_cache[slot], v into v_cache[slot]:
-//                       what rope_kv_write does, without its launch
+//                       what rope_kv_write does, without its launch (with
+//                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale)
 // Norm variants stage bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
 // add_rmsnorm writes, in dynamic shared memory (m * K * 2 bytes) once per
 // block; the others read x through L1. Epilogues round like the unfused path:
@@ -35,6 +36,7 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "kv.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 #include "pdl.cuh"
@@ -329,8 +331,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
             if (ok1) y[r1] = f2bf(x2);
             if (rpos < a.max_pos) {
                 const uint32_t vi = r0 - (a.n_heads + a.n_kv) * D;
-                a.v_cache[rslot * kvw + vi] = f2bf(x1);
-                if (ok1) a.v_cache[rslot * kvw + vi + 1] = f2bf(x2);
+                kv_store(a.v_cache, rslot * kvw + vi, x1, a.kv_fp8, a.v_scale);
+                if (ok1) kv_store(a.v_cache, rslot * kvw + vi + 1, x2, a.kv_fp8, a.v_scale);
             }
         } else if (rpos < a.max_pos) {
             const uint32_t j = r0 % D;
@@ -341,9 +343,9 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
             } else {
                 y[r0] = f2bf(x1);
                 y[r1] = f2bf(x2);
-                bf16* kc = a.k_cache + rslot * kvw + (size_t)(h - a.n_heads) * D;
-                kc[j] = f2bf(o1);
-                kc[j + half] = f2bf(o2);
+                const size_t kc = rslot * kvw + (size_t)(h - a.n_heads) * D;
+                kv_store(a.k_cache, kc + j, o1, a.kv_fp8, a.k_scale);
+                kv_store(a.k_cache, kc + j + half, o2, a.kv_fp8, a.k_scale);
             }
         } else {
             y[r0] = f2bf(x1);

@@ -12,24 +12,33 @@
 // scale folded into q. K/V tiles hold BK = LAMINA_PREFILL_TILE_ELEMS / D keys;
 // one kernel per head size of LAMINA_FOR_EACH_HEAD_DIM, each taking the one
 // argument struct PrefillAttentionArgs (lamina_args.cuh, from src/abi.rs).
+// prefill_attention_fp8_dD reads e4m3 caches (kv.cuh): each element widened
+// and multiplied by its layer's k_scale / v_scale as the tile is loaded.
 #include "common.cuh"
+#include "kv.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 
 static_assert(2 * LAMINA_PREFILL_TILE_ELEMS * sizeof(float) <= LAMINA_STATIC_SMEM_LIMIT,
               "prefill K/V tiles exceed static shared memory");
 
-template <int D, int BK>
+// A cache element as f32: bf16 widened, or an e4m3 byte times its scale.
+__device__ __forceinline__ float kv_elem(const bf16* c, size_t i, float) { return bf2f(c[i]); }
+__device__ __forceinline__ float kv_elem(const uint8_t* c, size_t i, float scale) {
+    return kv_fp8x2_to_float2(c[i]).x * scale;
+}
+
+template <int D, int BK, typename KV>
 __device__ __forceinline__ void prefill_attention_impl(
     const bf16* __restrict__ qkv,              // [T, (n_heads + 2 n_kv) D], q roped
-    const bf16* __restrict__ k_cache,          // [slots, n_kv, D]
-    const bf16* __restrict__ v_cache,          // [slots, n_kv, D]
+    const KV* __restrict__ k_cache,            // [slots, n_kv, D]
+    const KV* __restrict__ v_cache,            // [slots, n_kv, D]
     const uint32_t* __restrict__ cu_seqlens,   // [S + 1]
     const uint32_t* __restrict__ context_lens, // [S]
     const uint32_t* __restrict__ block_tables, // [S, max_blocks]
     bf16* __restrict__ out,                    // [T, n_heads D]
     uint32_t max_blocks, uint32_t n_heads, uint32_t n_kv, uint32_t block_size, uint32_t tok_per_block,
-    float scale) {
+    float scale, float k_scale, float v_scale) {
     __shared__ float Ks[BK][D];
     __shared__ float Vs[BK][D];
     const uint32_t G = n_heads / n_kv;
@@ -65,8 +74,8 @@ __device__ __forceinline__ void prefill_attention_impl(
             float kv = 0.f, vv = 0.f;
             if (j < nk) {
                 size_t off = (kv_slot(table, kt + j, block_size) * n_kv + kvh) * D + d;
-                kv = bf2f(k_cache[off]);
-                vv = bf2f(v_cache[off]);
+                kv = kv_elem(k_cache, off, k_scale);
+                vv = kv_elem(v_cache, off, v_scale);
             }
             Ks[j][d] = kv;
             Vs[j][d] = vv;
@@ -116,8 +125,16 @@ __device__ __forceinline__ void prefill_attention_impl(
     extern "C" __global__ void prefill_attention_d##D(const PrefillAttentionArgs a) {                  \
         static_assert(LAMINA_PREFILL_TILE_ELEMS % D == 0, "tile must hold whole keys");                \
         prefill_attention_impl<D, LAMINA_PREFILL_TILE_ELEMS / D>(                                      \
-            a.qkv, a.k_cache, a.v_cache, a.cu_seqlens, a.context_lens, a.block_tables, a.out,            \
-            a.max_blocks, a.n_heads, a.n_kv, a.block_size, a.tok_per_block, a.scale);                    \
+            a.qkv, static_cast<const bf16*>(a.k_cache), static_cast<const bf16*>(a.v_cache),           \
+            a.cu_seqlens, a.context_lens, a.block_tables, a.out,                                         \
+            a.max_blocks, a.n_heads, a.n_kv, a.block_size, a.tok_per_block, a.scale, 1.f, 1.f);          \
+    }                                                                                                   \
+    extern "C" __global__ void prefill_attention_fp8_d##D(const PrefillAttentionArgs a) {              \
+        prefill_attention_impl<D, LAMINA_PREFILL_TILE_ELEMS / D>(                                      \
+            a.qkv, static_cast<const uint8_t*>(a.k_cache), static_cast<const uint8_t*>(a.v_cache),     \
+            a.cu_seqlens, a.context_lens, a.block_tables, a.out,                                         \
+            a.max_blocks, a.n_heads, a.n_kv, a.block_size, a.tok_per_block, a.scale, a.k_scale,          \
+            a.v_scale);                                                                                  \
     }
 LAMINA_FOR_EACH_HEAD_DIM(PREFILL_ATTENTION)
 #undef PREFILL_ATTENTION

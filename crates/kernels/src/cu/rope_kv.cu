@@ -4,7 +4,9 @@
 //   q heads of qkv[t] are rotated in place; k heads are rotated and written to
 //   k_cache[slot[t]]; v heads are copied to v_cache[slot[t]].
 //   qkv row = [q (n_heads*D) | k (n_kv*D) | v (n_kv*D)], bf16.
-//   cache layout [slots, n_kv, D] bf16, slot = block * block_size + offset.
+//   cache layout [slots, n_kv, D] bf16, slot = block * block_size + offset;
+//   with kv_fp8 the caches hold e4m3 bytes, k stored as e4m3(k / k_scale)
+//   and v as e4m3(v / v_scale) (kv.cuh; the bf16 path below is unchanged).
 //   cos/sin tables [max_pos, D/2] f32 (LlamaConfig::rope_table), shared with decode.
 //   positions >= max_pos are rejected on the host; the kernel skips them.
 // Even D / 2: two rotation pairs per thread (bf16x2, float2); V rows copied
@@ -12,16 +14,54 @@
 // Takes its one argument struct (lamina_args.cuh, from src/abi.rs); block
 // LAMINA_ROPE_THREADS.
 #include "common.cuh"
+#include "kv.cuh"
 #include "lamina_args.cuh"
 
+// The FP8 cache's write: the rotation of the bf16 path in f32, each k and v
+// value stored as one e4m3 byte.
+__device__ __forceinline__ void rope_kv_write_fp8(const RopeKvArgs& a) {
+    const uint32_t n_heads = a.n_heads, n_kv = a.n_kv, D = a.head_dim;
+    const uint32_t t = blockIdx.x, pos = a.positions[t];
+    if (pos >= a.max_pos) return;
+    const size_t slot = a.slots[t];
+    const uint32_t half = D / 2;
+    bf16* row = a.qkv + (size_t)t * (n_heads + 2 * n_kv) * D;
+    const float* c = a.cos_t + (size_t)pos * half;
+    const float* s = a.sin_t + (size_t)pos * half;
+    uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + slot * n_kv * D;
+    uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + slot * n_kv * D;
+    const uint32_t pairs = (n_heads + n_kv) * half;
+    for (uint32_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const uint32_t h = i / half, j = i % half;
+        bf16* b = row + (size_t)h * D;
+        const float x1 = bf2f(b[j]), x2 = bf2f(b[j + half]);
+        const float o1 = x1 * c[j] - x2 * s[j];
+        const float o2 = x2 * c[j] + x1 * s[j];
+        if (h < n_heads) {
+            b[j] = f2bf(o1);
+            b[j + half] = f2bf(o2);
+        } else {
+            uint8_t* dst = kc + (size_t)(h - n_heads) * D;
+            dst[j] = kv_fp8_encode(o1, a.k_scale);
+            dst[j + half] = kv_fp8_encode(o2, a.k_scale);
+        }
+    }
+    const bf16* v = row + (size_t)(n_heads + n_kv) * D;
+    for (uint32_t i = threadIdx.x; i < n_kv * D; i += blockDim.x) vc[i] = kv_fp8_encode(bf2f(v[i]), a.v_scale);
+}
+
 extern "C" __global__ void rope_kv_write(const RopeKvArgs a) {
+    if (a.kv_fp8) {
+        rope_kv_write_fp8(a);
+        return;
+    }
     bf16* __restrict__ qkv = a.qkv;                      // [T, (n_heads + 2 n_kv) D]
     const uint32_t* __restrict__ positions = a.positions; // [T]
     const uint32_t* __restrict__ slots = a.slots;         // [T]
     const float* __restrict__ cos_t = a.cos_t;            // [max_pos, D/2]
     const float* __restrict__ sin_t = a.sin_t;            // [max_pos, D/2]
-    bf16* __restrict__ k_cache = a.k_cache;               // [slots, n_kv, D]
-    bf16* __restrict__ v_cache = a.v_cache;               // [slots, n_kv, D]
+    bf16* __restrict__ k_cache = static_cast<bf16*>(a.k_cache); // [slots, n_kv, D]
+    bf16* __restrict__ v_cache = static_cast<bf16*>(a.v_cache); // [slots, n_kv, D]
     const uint32_t n_heads = a.n_heads, n_kv = a.n_kv, head_dim = a.head_dim, max_pos = a.max_pos;
     uint32_t t = blockIdx.x;
     uint32_t pos = positions[t];

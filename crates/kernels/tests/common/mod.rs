@@ -138,3 +138,109 @@ pub fn paged_batch(rng: &mut StdRng, seqs: &[(usize, usize)], block_size: usize)
         num_blocks,
     }
 }
+
+/// The FP8 K and V scales the FP8-cache tests store at: values of ±1 land
+/// in e4m3's normal range, ±2 (the RoPE tests' inputs) past its ±448.
+pub const FP8_K_SCALE: f32 = 0.01;
+pub const FP8_V_SCALE: f32 = 0.004;
+
+/// One K or V cache on the device in the kernels' element type.
+pub enum DevCache {
+    Bf16(gpu::DeviceBuffer<bf16>),
+    Fp8(gpu::DeviceBuffer<u8>),
+}
+
+/// K and V caches on the device, bf16 or e4m3 bytes at [`FP8_K_SCALE`] /
+/// [`FP8_V_SCALE`] (`ops::kv`'s codec, the one the kernels write), and the
+/// f32 values the reference reads (what the stored elements read back as).
+pub struct TestKv {
+    pub k: DevCache,
+    pub v: DevCache,
+    pub k_ref: Vec<f32>,
+    pub v_ref: Vec<f32>,
+}
+
+impl TestKv {
+    /// Stores `k` / `v` (bf16 values) as bf16, or as e4m3 bytes when `fp8`.
+    pub fn new(gpu: &Gpu, k: &[bf16], v: &[bf16], fp8: bool) -> TestKv {
+        let one = |x: &[bf16], scale: f32| -> (DevCache, Vec<f32>) {
+            if !fp8 {
+                return (DevCache::Bf16(gpu.upload(x).unwrap()), f32s(x));
+            }
+            let f = f32s(x);
+            let mut q = vec![0u8; f.len()];
+            <u8 as ops::KvElem>::put(&mut q, &f, scale);
+            let mut back = vec![0f32; f.len()];
+            <u8 as ops::KvElem>::get(&q, &mut back, scale);
+            (DevCache::Fp8(gpu.upload(&q).unwrap()), back)
+        };
+        let (k, k_ref) = one(k, FP8_K_SCALE);
+        let (v, v_ref) = one(v, FP8_V_SCALE);
+        TestKv { k, v, k_ref, v_ref }
+    }
+
+    /// Poisoned caches of `len` elements each (for the writers).
+    pub fn poisoned(gpu: &Gpu, len: usize, fp8: bool) -> TestKv {
+        let (k, v) = if fp8 {
+            let (k, v) = (gpu.alloc::<u8>(len).unwrap(), gpu.alloc::<u8>(len).unwrap());
+            gpu.fill_bytes(k.view(), POISON).unwrap();
+            gpu.fill_bytes(v.view(), POISON).unwrap();
+            (DevCache::Fp8(k), DevCache::Fp8(v))
+        } else {
+            let (k, v) = (
+                gpu.alloc::<bf16>(len).unwrap(),
+                gpu.alloc::<bf16>(len).unwrap(),
+            );
+            gpu.fill_bytes(k.view(), POISON).unwrap();
+            gpu.fill_bytes(v.view(), POISON).unwrap();
+            (DevCache::Bf16(k), DevCache::Bf16(v))
+        };
+        TestKv {
+            k,
+            v,
+            k_ref: Vec::new(),
+            v_ref: Vec::new(),
+        }
+    }
+
+    /// The caches as the kernels take them.
+    pub fn caches(&self) -> kernels::KvCaches<'_> {
+        match (&self.k, &self.v) {
+            (DevCache::Bf16(k), DevCache::Bf16(v)) => kernels::KvCaches::bf16(k.view(), v.view()),
+            (DevCache::Fp8(k), DevCache::Fp8(v)) => kernels::KvCaches::Fp8 {
+                k: k.view(),
+                v: v.view(),
+                k_scale: FP8_K_SCALE,
+                v_scale: FP8_V_SCALE,
+            },
+            _ => unreachable!("K and V are stored alike"),
+        }
+    }
+
+    /// What the device caches read back as, f32 (K, V).
+    pub fn read(&self, gpu: &Gpu) -> (Vec<f32>, Vec<f32>) {
+        let one = |c: &DevCache, scale: f32| match c {
+            DevCache::Bf16(b) => f32s(&gpu.to_host(b.view()).unwrap()),
+            DevCache::Fp8(b) => {
+                let q = gpu.to_host(b.view()).unwrap();
+                let mut f = vec![0f32; q.len()];
+                <u8 as ops::KvElem>::get(&q, &mut f, scale);
+                f
+            }
+        };
+        (one(&self.k, FP8_K_SCALE), one(&self.v, FP8_V_SCALE))
+    }
+}
+
+/// `want` stored as the caches store it (bf16, or e4m3 at `scale` when
+/// `fp8`) and read back.
+pub fn kv_rounded(want: &[f32], fp8: bool, scale: f32) -> Vec<f32> {
+    let dtype = if fp8 {
+        contract::KvCacheDtype::Fp8
+    } else {
+        contract::KvCacheDtype::Bf16
+    };
+    want.iter()
+        .map(|&x| ops::kv_round(dtype, x, scale))
+        .collect()
+}

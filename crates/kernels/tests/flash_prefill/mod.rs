@@ -1,8 +1,9 @@
 //! GPU tests of the tensor-core flash prefill kernel against `ops::paged_attention`
 //! (odd lengths, packed sequences, chunked prefill against the whole prompt,
 //! GQA 32/8, 9/3 and 16/2, head sizes 64 and 128, scrambled block tables,
-//! poisoned outputs). Part of the `gpu_attention` test binary; `#[ignore]`d:
-//! they need a CUDA device.
+//! poisoned outputs), over bf16 and FP8 e4m3 caches (every tiling, the
+//! reference reading the values the bytes read back as). Part of the
+//! `gpu_attention` test binary; `#[ignore]`d: they need a CUDA device.
 
 use crate::common::*;
 use gpu::{DeviceBuffer, Gpu};
@@ -25,6 +26,8 @@ struct Case {
     kc: Vec<bf16>,  // [slots, kv_heads, D]
     vc: Vec<bf16>,  // [slots, kv_heads, D]
     qkv: Vec<bf16>, // [T, qkv_width]
+    /// The caches go to the device as e4m3 bytes (`TestKv`).
+    fp8: bool,
 }
 
 impl Case {
@@ -39,7 +42,15 @@ impl Case {
             b,
             seqs: seqs.to_vec(),
             shape,
+            fp8: false,
         }
+    }
+
+    /// The K and V values the kernels read: bf16, or what the e4m3 bytes
+    /// read back as.
+    fn kv_values(&self) -> (Vec<f32>, Vec<f32>) {
+        let f = |x: &[bf16], scale: f32| kv_rounded(&f32s(x), self.fp8, scale);
+        (f(&self.kc, FP8_K_SCALE), f(&self.vc, FP8_V_SCALE))
     }
 
     fn params(&self) -> PrefillParams {
@@ -90,14 +101,14 @@ impl Case {
             block_size: BLOCK,
         };
         let q = self.q_rows(t0 + i0..t0 + i1);
-        ops::paged_attention(&q, &f32s(&self.kc), &f32s(&self.vc), seq, dims(self.shape))
+        let (kv, vv) = self.kv_values();
+        ops::paged_attention(&q, &kv, &vv, seq, dims(self.shape))
     }
 }
 
 /// Device copies of a case's inputs.
 struct Dev {
-    kc: DeviceBuffer<bf16>,
-    vc: DeviceBuffer<bf16>,
+    cache: TestKv,
     qkv: DeviceBuffer<bf16>,
     cu: DeviceBuffer<u32>,
     ctx: DeviceBuffer<u32>,
@@ -107,8 +118,7 @@ struct Dev {
 impl Dev {
     fn new(gpu: &Gpu, c: &Case) -> Dev {
         Dev {
-            kc: gpu.upload(&c.kc).unwrap(),
-            vc: gpu.upload(&c.vc).unwrap(),
+            cache: TestKv::new(gpu, &c.kc, &c.vc, c.fp8),
             qkv: gpu.upload(&c.qkv).unwrap(),
             cu: gpu.upload(&c.b.cu).unwrap(),
             ctx: gpu.upload(&c.b.ctx).unwrap(),
@@ -123,13 +133,13 @@ impl Dev {
         p: PrefillParams,
         tiles: Option<FlashTiles>,
     ) {
-        let (q, kc, vc) = (self.qkv.view(), self.kc.view(), self.vc.view());
+        let (q, kv) = (self.qkv.view(), self.cache.caches());
         let (cu, ctx, tab) = (self.cu.view(), self.ctx.view(), self.tab.view());
         // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
         let r = unsafe {
             match tiles {
-                None => k.prefill_attention(q, kc, vc, cu, ctx, tab, out.view(), p),
-                Some(t) => k.flash(t, 1..=u32::MAX, q, kc, vc, cu, ctx, tab, out.view(), p),
+                None => k.prefill_attention(q, kv, cu, ctx, tab, out.view(), p),
+                Some(t) => k.flash(t, 1..=u32::MAX, q, kv, cu, ctx, tab, out.view(), p),
             }
         };
         r.unwrap();
@@ -278,14 +288,14 @@ fn flash_narrow_matches_reference() {
             .alloc::<bf16>(p.tokens * shape.num_heads * shape.head_dim)
             .unwrap();
         gpu.fill_bytes(out.view(), POISON).unwrap();
-        let (q, kc, vc) = (dev.qkv.view(), dev.kc.view(), dev.vc.view());
+        let (q, kv) = (dev.qkv.view(), dev.cache.caches());
         let (cu, ctx, tab) = (dev.cu.view(), dev.ctx.view(), dev.tab.view());
         let o = out.view();
         // SAFETY: paged_batch builds consistent metadata, every block id < num_blocks.
         unsafe {
-            k.flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tab, o, p)
+            k.flash(wide, 2..=u32::MAX, q, kv, cu, ctx, tab, o, p)
                 .unwrap();
-            k.flash(FlashTiles::Narrow, 1..=1, q, kc, vc, cu, ctx, tab, o, p)
+            k.flash(FlashTiles::Narrow, 1..=1, q, kv, cu, ctx, tab, o, p)
                 .unwrap();
         }
         let got = f32s(&gpu.to_host(out.view()).unwrap());
@@ -322,6 +332,7 @@ fn flash_prefill_chunk_matches_whole_prompt() {
                 kc: whole.kc.clone(),
                 vc: whole.vc.clone(),
                 qkv: Vec::new(),
+                fp8: false,
             };
             let w = shape.qkv_width();
             c.qkv = whole.qkv[(n - chunk) * w..].to_vec();
@@ -333,6 +344,38 @@ fn flash_prefill_chunk_matches_whole_prompt() {
                 "{tiles:?} {shape:?} chunk {chunk} of {n}: max abs diff {a}"
             );
             check(&c, &got, "flash chunk");
+        }
+    }
+}
+
+/// FP8 e4m3 caches on every tiling (prefill: `Wide` and `Hopper` where the
+/// device has it; decode rows: the three narrow key tiles) and on the
+/// scalar kernel, against attention over the values the bytes read back as.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_fp8_cache_matches_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(15);
+    let prefill: &[(usize, usize)] = &[(1, 1), (65, 65), (300, 300), (33, 1200), (1, 17)];
+    let decode: Vec<(usize, usize)> = [1usize, 16, 17, 65, 300, 1001]
+        .iter()
+        .map(|&c| (1, c))
+        .collect();
+    for shape in FLASH_SHAPES {
+        let mut c = Case::new(&mut rng, shape, prefill);
+        c.fp8 = true;
+        for t in prefill_tilings(&k) {
+            check(&c, &c.run(&gpu, &k, Some(t)), &format!("fp8 flash {t:?}"));
+        }
+        check(&c, &c.run(&gpu, &k, None), "fp8 scalar prefill");
+        let mut c = Case::new(&mut rng, shape, &decode);
+        c.fp8 = true;
+        for t in [
+            FlashTiles::Narrow,
+            FlashTiles::NarrowSmall,
+            FlashTiles::NarrowTiny,
+        ] {
+            check(&c, &c.run(&gpu, &k, Some(t)), &format!("fp8 flash {t:?}"));
         }
     }
 }

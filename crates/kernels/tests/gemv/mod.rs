@@ -195,7 +195,7 @@ fn rope_kv_want(
 
 /// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by the RoPE + KV-write reference:
 /// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows,
-/// one or two warps per row pair, bf16 and FP8 weights.
+/// one or two warps per row pair, bf16 and FP8 weights, bf16 and FP8 caches.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
@@ -209,10 +209,14 @@ fn gemv_qkv_rope_matches_reference() {
         let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
         // 2,056 inputs at 3 rows: column ranges split over two warps per row pair
         let cases = [(1usize, 200usize), (3, 2056), (16, 200)];
-        for (m, hidden, fp8) in cases
-            .iter()
-            .flat_map(|&(m, h)| [(m, h, false), (m, h, true)])
-        {
+        for (m, hidden, fp8, kv8) in cases.iter().flat_map(|&(m, h)| {
+            [
+                (m, h, false, false),
+                (m, h, true, false),
+                (m, h, false, true),
+                (m, h, true, true),
+            ]
+        }) {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
             let dw = DevWeights::new(&gpu, &w, n, hidden, fp8);
             let g = rand_bf16(&mut rng, hidden, 1.0);
@@ -246,19 +250,15 @@ fn gemv_qkv_rope_matches_reference() {
             let weights = dw.gemv();
             let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
             let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
-            let kc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
-            let vc = gpu.alloc::<bf16>(num_slots * shape.kv_width()).unwrap();
+            let cache = TestKv::poisoned(&gpu, num_slots * shape.kv_width(), kv8);
             let qkv = gpu.alloc::<bf16>(m * n).unwrap();
-            for b in [&kc, &vc, &qkv] {
-                gpu.fill_bytes(b.view(), POISON).unwrap();
-            }
+            gpu.fill_bytes(qkv.view(), POISON).unwrap();
             let rope = RopeKv {
                 positions: d_pos.view(),
                 slots: d_slots.view(),
                 cos: d_cos.view(),
                 sin: d_sin.view(),
-                k_cache: kc.view(),
-                v_cache: vc.view(),
+                kv: cache.caches(),
                 shape,
                 max_pos,
             };
@@ -288,14 +288,11 @@ fn gemv_qkv_rope_matches_reference() {
                     .flat_map(|&s| c[s as usize * kvw..][..kvw].to_vec())
                     .collect()
             };
-            let (kg, vg) = (
-                f32s(&gpu.to_host(kc.view()).unwrap()),
-                f32s(&gpu.to_host(vc.view()).unwrap()),
-            );
-            let e = rel_err(&pick(&kg), &pick(&kr));
-            assert!(e < 1e-2, "{shape:?} m={m}: k rel err {e}");
-            let e = rel_err(&pick(&vg), &pick(&vr));
-            assert!(e < 1e-2, "{shape:?} m={m}: v rel err {e}");
+            let (kg, vg) = cache.read(&gpu);
+            let e = rel_err(&pick(&kg), &kv_rounded(&pick(&kr), kv8, FP8_K_SCALE));
+            assert!(e < 1e-2, "{shape:?} m={m} fp8 KV {kv8}: k rel err {e}");
+            let e = rel_err(&pick(&vg), &kv_rounded(&pick(&vr), kv8, FP8_V_SCALE));
+            assert!(e < 1e-2, "{shape:?} m={m} fp8 KV {kv8}: v rel err {e}");
         }
     }
 }

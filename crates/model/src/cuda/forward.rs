@@ -132,8 +132,7 @@ impl CudaBackend {
             slots: io.slots,
             cos: self.model.rope_cos.view(),
             sin: self.model.rope_sin.view(),
-            k_cache: self.model.cache.k[l].view(),
-            v_cache: self.model.cache.v[l].view(),
+            kv: self.model.cache.layer(l),
             shape: self.tuning.shape,
             max_pos: self.model.rope_rows,
         };
@@ -273,8 +272,7 @@ impl CudaBackend {
                 io.slots,
                 self.model.rope_cos.view(),
                 self.model.rope_sin.view(),
-                self.model.cache.k[l].view(),
-                self.model.cache.v[l].view(),
+                self.model.cache.layer(l),
                 self.tuning.shape,
                 t,
                 self.model.rope_rows,
@@ -347,7 +345,7 @@ impl CudaBackend {
     /// Layer `l`'s attention over the paged KV cache, on the plan's path.
     fn attention(&self, l: usize, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
         let ws = &self.ws;
-        let (kc, vc) = (self.model.cache.k[l].view(), self.model.cache.v[l].view());
+        let kv = self.model.cache.layer(l);
         let (q, out) = (ws.qkv.view(), ws.attn.view());
         let (cu, ctx, tables) = (io.cu_seqlens, io.ctx, io.tables);
         // SAFETY: (every arm) check_batch verified contexts <= the RoPE table,
@@ -358,8 +356,7 @@ impl CudaBackend {
             match plan.attn {
                 AttnPlan::Decode(p) => self.k.decode_attention(
                     q,
-                    kc,
-                    vc,
+                    kv,
                     ctx,
                     tables,
                     ws.part_o.view(),
@@ -371,20 +368,19 @@ impl CudaBackend {
                 AttnPlan::Narrow(p) => {
                     let tiles = FlashTiles::Narrow;
                     self.k
-                        .flash(tiles, 1..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
+                        .flash(tiles, 1..=u32::MAX, q, kv, cu, ctx, tables, out, p)
                 }
-                AttnPlan::Flash(p) => self.k.flash_prefill(q, kc, vc, cu, ctx, tables, out, p),
+                AttnPlan::Flash(p) => self.k.flash_prefill(q, kv, cu, ctx, tables, out, p),
                 AttnPlan::FlashSplit { wide, p } => self
                     .k
-                    .flash(wide, 2..=u32::MAX, q, kc, vc, cu, ctx, tables, out, p)
+                    .flash(wide, 2..=u32::MAX, q, kv, cu, ctx, tables, out, p)
                     .and_then(|()| {
                         // only one-token segments: one query tile each
                         let p = kernels::prefill_attention::PrefillParams { max_seqlen: 1, ..p };
                         let tiles = FlashTiles::Narrow;
-                        self.k
-                            .flash(tiles, 1..=1, q, kc, vc, cu, ctx, tables, out, p)
+                        self.k.flash(tiles, 1..=1, q, kv, cu, ctx, tables, out, p)
                     }),
-                AttnPlan::Scalar(p) => self.k.prefill_attention(q, kc, vc, cu, ctx, tables, out, p),
+                AttnPlan::Scalar(p) => self.k.prefill_attention(q, kv, cu, ctx, tables, out, p),
             }
         };
         r.map_err(ke("attention"))

@@ -6,7 +6,8 @@
 //! anything else is a [`BackendError::InvalidBatch`] naming the field, never a
 //! panic; device failures are [`BackendError::Device`] naming the operation.
 //! Weights are uploaded once as bf16 (Q/K/V and gate/up fused, tied head =
-//! embedding); the KV pool is bf16 on the device. Logits are computed only
+//! embedding); the KV pool is bf16 on the device, or FP8 e4m3 at the
+//! checkpoint's per-layer K/V scales (`CudaOptions::kv_cache_dtype`). Logits are computed only
 //! for the rows that are sampled (gathered before the LM head), and sampling
 //! runs on the GPU with the procedure of [`contract::sampling`]. A pure-decode
 //! step is replayed from a CUDA graph captured once per bucket of batch size
@@ -101,8 +102,9 @@ pub struct CudaOptions {
     /// rows to e4m3 (one scale per token) and run cuBLASLt's FP8 tensor
     /// cores (W8A8); off, they widen the weights to bf16 (W8A16).
     pub fp8_activations: bool,
-    /// How the KV pool stores K and V (`--kv-cache-dtype`): BF16 only
-    /// here; any other is refused at construction.
+    /// How the KV pool stores K and V (`--kv-cache-dtype`): BF16 or FP8
+    /// e4m3 at the checkpoint's per-layer scales; f32 is refused at
+    /// construction.
     pub kv_cache_dtype: KvCacheDtype,
 }
 
@@ -119,13 +121,13 @@ impl Default for CudaOptions {
     }
 }
 
-/// `Ok` for a KV cache dtype the CUDA backend stores (BF16), else the
-/// error naming `--kv-cache-dtype` and the value.
+/// `Ok` for a KV cache dtype the CUDA backend stores (BF16, FP8), else
+/// the error naming `--kv-cache-dtype` and the value.
 pub fn check_kv_cache_dtype(dtype: KvCacheDtype) -> Result<(), BackendError> {
     match dtype {
-        KvCacheDtype::Bf16 => Ok(()),
+        KvCacheDtype::Bf16 | KvCacheDtype::Fp8 => Ok(()),
         other => Err(BackendError::Device(format!(
-            "invalid `--kv-cache-dtype {other}`: the CUDA backend stores K/V in bf16 only (use `--kv-cache-dtype bf16` or `auto`, or `--device cpu`)"
+            "invalid `--kv-cache-dtype {other}`: the CUDA backend stores K/V in bf16 or fp8 (use `--kv-cache-dtype bf16`, `fp8` or `auto`, or `--device cpu`)"
         ))),
     }
 }
@@ -241,7 +243,7 @@ impl CudaBackend {
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
         let tuning = tuning(&config, kv, &opts, sms)?;
-        let model = DeviceModel::upload(&gpu, &config, weights, kv)?;
+        let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
         let caps = Caps {
             tokens: 16,
             rows: 1,
@@ -308,16 +310,25 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         let w = &self.model.w;
+        let kv = match self.model.cache.dtype() {
+            KvCacheDtype::Bf16 => "",
+            _ => ", fp8 KV",
+        };
         match (&w.widened, &w.lm_head) {
             (Some(_), Some(weights::DevProj::Fp8 { .. })) => {
                 format!(
-                    "cuda:{} (fp8 weights and LM head{})",
+                    "cuda:{} (fp8 weights and LM head{}{kv})",
                     self.device,
                     self.fp8_act_note()
                 )
             }
-            (Some(_), _) => format!("cuda:{} (fp8 weights{})", self.device, self.fp8_act_note()),
-            (None, _) => format!("cuda:{}", self.device),
+            (Some(_), _) => format!(
+                "cuda:{} (fp8 weights{}{kv})",
+                self.device,
+                self.fp8_act_note()
+            ),
+            (None, _) if kv.is_empty() => format!("cuda:{}", self.device),
+            (None, _) => format!("cuda:{} (fp8 KV)", self.device),
         }
     }
 

@@ -12,9 +12,13 @@
 //! GEMM step widens each FP8 matrix before cuBLAS reads it. The KV pool holds one extra block past
 //! the engine's `num_blocks`: the scratch block padded rows of a captured
 //! decode graph write to, never read by a real sequence.
+//! The pool stores bf16 or, with `--kv-cache-dtype fp8`, e4m3 bytes at
+//! the checkpoint's per-layer K/V scales (`LlamaWeights::kv_scales_or_ones`),
+//! which every kernel that writes or reads K/V takes (`kernels::KvCaches`).
 //! Costs: device memory = weights (2 bytes/param; 1 for FP8 projections,
 //! plus 4 bytes per row and the largest projection in bf16) plus
-//! `2 * layers * (num_blocks + 1) * block_size * kv_dim * 2` bytes of KV pool;
+//! `2 * layers * (num_blocks + 1) * block_size * kv_dim * e` bytes of KV
+//! pool (`e` = 2 for bf16, 1 for FP8: `KvCacheDtype::bytes`);
 //! host memory during upload = one fused layer at a time.
 
 use gpu::{DeviceBuffer, Gpu};
@@ -24,7 +28,8 @@ use kernels::gemv::GemvWeights;
 use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
-use contract::config::LlamaConfig;
+use contract::config::{KvCacheDtype, KvScales, LlamaConfig};
+use kernels::KvCaches;
 
 use super::dev_err;
 
@@ -266,28 +271,84 @@ fn upload_weights(
     Ok(out)
 }
 
-/// The paged KV pool: per layer K and V of `[(num_blocks + 1) * block_size, kv_heads, head_dim]`.
-pub(super) struct KvCache {
-    pub k: Vec<DeviceBuffer<bf16>>,
-    pub v: Vec<DeviceBuffer<bf16>>,
+/// The paged KV pool: per layer K and V of `[(num_blocks + 1) * block_size,
+/// kv_heads, head_dim]`, bf16 or FP8 e4m3 bytes at the layer's scales.
+pub(super) enum KvCache {
+    Bf16 {
+        k: Vec<DeviceBuffer<bf16>>,
+        v: Vec<DeviceBuffer<bf16>>,
+    },
+    Fp8 {
+        k: Vec<DeviceBuffer<u8>>,
+        v: Vec<DeviceBuffer<u8>>,
+        scales: KvScales,
+    },
+}
+
+/// `layers` zeroed K (or V) caches of `len` elements of `T`.
+fn alloc_caches<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    layers: usize,
+    len: usize,
+    what: &str,
+) -> Result<Vec<DeviceBuffer<T>>, BackendError> {
+    (0..layers)
+        .map(|_| {
+            gpu.alloc::<T>(len)
+                .map_err(|e| dev_err(&format!("allocating the {what} cache"), e))
+        })
+        .collect()
 }
 
 impl KvCache {
-    pub fn new(gpu: &Gpu, c: &LlamaConfig, kv: KvShape) -> Result<KvCache, BackendError> {
-        let slots = (kv.num_blocks + 1) * kv.block_size;
-        let mut k = Vec::with_capacity(c.num_layers);
-        let mut v = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
-            k.push(
-                gpu.alloc::<bf16>(slots * c.kv_dim())
-                    .map_err(|e| dev_err("allocating the K cache", e))?,
-            );
-            v.push(
-                gpu.alloc::<bf16>(slots * c.kv_dim())
-                    .map_err(|e| dev_err("allocating the V cache", e))?,
-            );
+    /// The pool of `kv` in `dtype` (BF16 or FP8; FP8 at `scales`).
+    pub fn new(
+        gpu: &Gpu,
+        c: &LlamaConfig,
+        kv: KvShape,
+        dtype: KvCacheDtype,
+        scales: KvScales,
+    ) -> Result<KvCache, BackendError> {
+        let len = (kv.num_blocks + 1) * kv.block_size * c.kv_dim();
+        let layers = c.num_layers;
+        match dtype {
+            KvCacheDtype::Fp8 => Ok(KvCache::Fp8 {
+                k: alloc_caches(gpu, layers, len, "K")?,
+                v: alloc_caches(gpu, layers, len, "V")?,
+                scales,
+            }),
+            KvCacheDtype::Bf16 => Ok(KvCache::Bf16 {
+                k: alloc_caches(gpu, layers, len, "K")?,
+                v: alloc_caches(gpu, layers, len, "V")?,
+            }),
+            KvCacheDtype::F32 => Err(BackendError::Device(
+                "cuda: an f32 KV cache is not built (`--kv-cache-dtype bf16` or `fp8`)".into(),
+            )),
         }
-        Ok(KvCache { k, v })
+    }
+
+    /// Layer `l`'s K and V as the kernels take them.
+    pub fn layer(&self, l: usize) -> KvCaches<'_> {
+        match self {
+            KvCache::Bf16 { k, v } => KvCaches::bf16(k[l].view(), v[l].view()),
+            KvCache::Fp8 { k, v, scales } => {
+                let (k_scale, v_scale) = scales.layer(l);
+                KvCaches::Fp8 {
+                    k: k[l].view(),
+                    v: v[l].view(),
+                    k_scale,
+                    v_scale,
+                }
+            }
+        }
+    }
+
+    /// The stored element type.
+    pub fn dtype(&self) -> KvCacheDtype {
+        match self {
+            KvCache::Bf16 { .. } => KvCacheDtype::Bf16,
+            KvCache::Fp8 { .. } => KvCacheDtype::Fp8,
+        }
     }
 }
 
@@ -304,12 +365,14 @@ pub(super) struct DeviceModel {
 }
 
 impl DeviceModel {
-    /// Uploads `w` and the RoPE table and allocates the KV pool `kv`.
+    /// Uploads `w` and the RoPE table and allocates the KV pool `kv` in
+    /// `kv_dtype` (FP8 at the weights' per-layer K/V scales, 1 without).
     pub fn upload(
         gpu: &Gpu,
         c: &LlamaConfig,
         w: &LlamaWeights,
         kv: KvShape,
+        kv_dtype: KvCacheDtype,
     ) -> Result<DeviceModel, BackendError> {
         let rope_rows = c.max_position_embeddings.min(kv.num_blocks * kv.block_size);
         let (cos, sin) = c.rope_table(rope_rows);
@@ -321,7 +384,7 @@ impl DeviceModel {
             rope_cos: table(&cos)?,
             rope_sin: table(&sin)?,
             w: upload_weights(gpu, c, w)?,
-            cache: KvCache::new(gpu, c, kv)?,
+            cache: KvCache::new(gpu, c, kv, kv_dtype, w.kv_scales_or_ones())?,
             rope_rows,
         })
     }

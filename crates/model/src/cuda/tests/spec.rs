@@ -99,13 +99,29 @@ fn agrees(want: &SampledToken, got: &SampledToken, what: &str, seeded: bool) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_verify_rows_sample_what_plain_decoding_samples() {
+    verify_rows_sample_what_plain_decoding_samples(KvCacheDtype::Bf16);
+}
+
+/// The same over an FP8 K/V cache (verify rows write and read e4m3 K/V
+/// through the same kernels as plain decoding).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_verify_rows_with_fp8_kv_sample_what_plain_decoding_samples() {
+    verify_rows_sample_what_plain_decoding_samples(KvCacheDtype::Fp8);
+}
+
+fn verify_rows_sample_what_plain_decoding_samples(kv_cache_dtype: KvCacheDtype) {
     let (cfg, w) = load(&synth_dir(Preset::Smollm2_135m));
     let vocab = cfg.vocab_size;
     let kv = KvShape {
         num_blocks: 256,
         block_size: BS,
     };
-    let mut gpu = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
+    let opts = CudaOptions {
+        kv_cache_dtype,
+        ..CudaOptions::default()
+    };
+    let mut gpu = CudaBackend::new(cfg, &w, kv, 0, opts).unwrap();
     assert_eq!(gpu.max_drafts(), contract::backend::MAX_DRAFTS);
     let mut pool = Pool::new(kv.num_blocks);
     let seeded = SamplingParams {
