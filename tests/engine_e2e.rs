@@ -80,6 +80,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         stop_token_ids: Vec::new(),
         constraint: None,
         speculative: true,
+        lora: None,
     }
 }
 

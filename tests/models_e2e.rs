@@ -98,6 +98,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             stop_token_ids: Vec::new(),
             constraint: None,
             speculative: true,
+            lora: None,
             ignore_eos: true,
         })
         .expect("submit")

@@ -33,6 +33,7 @@ fn submit(engine: &Engine, prompt: Vec<u32>, n: usize, speculative: bool) -> Res
         stop_token_ids: Vec::new(),
         constraint: None,
         speculative,
+        lora: None,
     })?)
 }
 

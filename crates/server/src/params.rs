@@ -224,6 +224,7 @@ impl Checked {
             stop_token_ids: self.stop_token_ids.clone(),
             constraint: None,
             speculative: self.speculative,
+            lora: None,
         }
     }
 }
