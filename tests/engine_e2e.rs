@@ -58,6 +58,7 @@ fn start(
             halt_on_backend_error: false,
             async_steps: true,
             speculative: None,
+            ..EngineConfig::default()
         },
     )
     .expect("engine")

@@ -86,6 +86,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             halt_on_backend_error: false,
             async_steps: true,
             speculative: None,
+            ..EngineConfig::default()
         },
     )
     .expect("engine");
