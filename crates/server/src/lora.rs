@@ -174,13 +174,14 @@ pub fn metrics_view(state: &AppState) -> Option<crate::metrics::LoraView> {
     if first.max_loras() == 0 {
         return None;
     }
-    let (mut running, mut waiting) = (Vec::new(), Vec::new());
+    let (mut running, mut waiting, mut resident) = (Vec::new(), Vec::new(), 0);
     let mut requests: std::collections::BTreeMap<String, u64> = Default::default();
     for i in 0..state.replicas.len() {
         let Some(e) = state.replicas.engine(i) else {
             continue;
         };
         let g = e.lora_gauge();
+        resident += g.resident;
         running.extend(g.running);
         waiting.extend(g.waiting);
         for (name, n) in e.loras().requests() {
@@ -198,6 +199,7 @@ pub fn metrics_view(state: &AppState) -> Option<crate::metrics::LoraView> {
     Some(crate::metrics::LoraView {
         max_loras: first.max_loras(),
         loaded: first.loras().names().len(),
+        resident,
         running,
         waiting,
         requests: requests.into_iter().collect(),

@@ -393,6 +393,8 @@ pub struct LoraView {
     pub max_loras: usize,
     /// Adapters loaded.
     pub loaded: usize,
+    /// Backend slots holding an adapter (over every replica).
+    pub resident: usize,
     /// Adapters of running / waiting requests (over every replica).
     pub running: Vec<String>,
     pub waiting: Vec<String>,
@@ -443,6 +445,16 @@ pub fn render_lora(out: &mut String, model: &str, v: &LoraView) {
     );
     let _ = writeln!(
         out,
+        "# HELP lamina_lora_slots_resident LoRA adapter slots holding an adapter."
+    );
+    let _ = writeln!(out, "# TYPE lamina_lora_slots_resident gauge");
+    let _ = writeln!(
+        out,
+        "lamina_lora_slots_resident{{model_name=\"{m}\"}} {}",
+        v.resident
+    );
+    let _ = writeln!(
+        out,
         "# HELP lamina_lora_requests_total Requests submitted per LoRA adapter."
     );
     let _ = writeln!(out, "# TYPE lamina_lora_requests_total counter");
@@ -472,6 +484,7 @@ mod tests {
         let v = LoraView {
             max_loras: 2,
             loaded: 3,
+            resident: 1,
             running: vec!["a".into(), "b".into()],
             waiting: vec![],
             requests: vec![("a".into(), 4), ("q\"x".into(), 1)],
@@ -482,6 +495,7 @@ mod tests {
             "vllm:lora_requests_info{model_name=\"m\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\",max_lora=\"2\"} 1700000000.5\n"
         ), "{out}");
         assert!(out.contains("lamina_lora_adapters_loaded{model_name=\"m\"} 3\n"));
+        assert!(out.contains("lamina_lora_slots_resident{model_name=\"m\"} 1\n"));
         assert!(out.contains("lamina_lora_requests_total{model_name=\"m\",lora_name=\"a\"} 4\n"));
         assert!(out.contains("lora_name=\"q\\\"x\"} 1\n"));
     }
