@@ -74,6 +74,9 @@ pub fn resolve_adapter(spec: &str) -> Result<PathBuf, LoraLoadError> {
     }
 }
 
+/// Whether a config field's value is one lamina supports.
+type FieldOk = fn(&serde_json::Value) -> bool;
+
 /// The fields of `adapter_config.json` that matter.
 struct PeftConfig {
     rank: usize,
@@ -141,7 +144,7 @@ fn read_config(dir: &Path) -> Result<PeftConfig, LoraLoadError> {
         })?;
         targets.push(t);
     }
-    let unsupported: [(&str, fn(&serde_json::Value) -> bool); 4] = [
+    let unsupported: [(&str, FieldOk); 4] = [
         ("fan_in_fan_out", |x: &serde_json::Value| {
             x.as_bool() != Some(true)
         }),
