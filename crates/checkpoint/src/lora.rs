@@ -230,7 +230,10 @@ pub fn load_adapter(
     })?;
     let mut layers = vec![LoraLayer::default(); c.num_layers];
     let mut halves = vec![[(false, false); 7]; c.num_layers];
-    for (name, view) in st.tensors() {
+    // by name: the first tensor at fault is the same on every run
+    let mut tensors = st.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, view) in tensors {
         let bad = |reason: String| LoraLoadError::Tensor {
             path: path.clone(),
             tensor: name.clone(),
