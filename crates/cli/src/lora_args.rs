@@ -21,8 +21,14 @@ pub struct LoraArgs {
     /// (`adapter_config.json` + `adapter_model.safetensors`): `NAME=PATH`,
     /// PATH a directory or a Hugging Face repo id; requests pick it by
     /// `model: NAME` (`generate` runs its one adapter; a bare PATH is named
-    /// by its last component). Repeatable. CPU backend only.
-    #[arg(long = "lora", value_name = "NAME=PATH")]
+    /// by its last component). Repeatable, or comma-separated. CPU backend
+    /// only.
+    #[arg(
+        long = "lora",
+        value_name = "NAME=PATH",
+        env = "LAMINA_LORA",
+        value_delimiter = ','
+    )]
     pub lora: Vec<String>,
     /// LoRA adapters resident at once (backend slots); a request whose
     /// adapter finds every slot busy waits. [default: the number of
