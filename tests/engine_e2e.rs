@@ -58,6 +58,7 @@ fn start(
             halt_on_backend_error: false,
             async_steps: true,
             speculative: None,
+            ..EngineConfig::default()
         },
     )
     .expect("engine")
@@ -80,6 +81,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         stop_token_ids: Vec::new(),
         constraint: None,
         speculative: true,
+        lora: None,
     }
 }
 

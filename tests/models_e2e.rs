@@ -86,6 +86,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             halt_on_backend_error: false,
             async_steps: true,
             speculative: None,
+            ..EngineConfig::default()
         },
     )
     .expect("engine");
@@ -98,6 +99,7 @@ fn greedy(dir: &Path) -> Vec<u32> {
             stop_token_ids: Vec::new(),
             constraint: None,
             speculative: true,
+            lora: None,
             ignore_eos: true,
         })
         .expect("submit")

@@ -109,6 +109,7 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams) -> GenerateRequest {
         stop_token_ids: Vec::new(),
         constraint: None,
         speculative: true,
+        lora: None,
     }
 }
 

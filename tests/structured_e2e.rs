@@ -76,6 +76,7 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams, c: Option<Constraint>) ->
         stop_token_ids: Vec::new(),
         constraint: c,
         speculative: true,
+        lora: None,
     }
 }
 

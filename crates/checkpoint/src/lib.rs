@@ -9,6 +9,7 @@
 pub mod fp8;
 pub mod gguf;
 pub mod loader;
+pub mod lora;
 pub mod progress;
 pub mod quantized;
 pub mod store;

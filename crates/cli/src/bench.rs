@@ -231,6 +231,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             constraint: c,
             // with --speculative only the sp workload drafts
             speculative: false,
+            lora: None,
         })?)
     };
     let submit = |p: Vec<u32>, n: usize| submit_with(p, n, None);

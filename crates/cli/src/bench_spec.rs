@@ -59,6 +59,7 @@ fn submit_until(
         stop_token_ids: Vec::new(),
         constraint: None,
         speculative,
+        lora: None,
     })?)
 }
 

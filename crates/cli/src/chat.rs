@@ -175,6 +175,10 @@ fn turn(
     let submitted = args
         .sampling
         .request(prompt.clone(), &loaded.model.generation)
+        .map(|mut req| {
+            req.lora = crate::lora_args::single(&loaded.engine);
+            req
+        })
         .and_then(|req| (loaded.engine.submit(req)).map_err(crate::sampling_args::submit_error));
     let handle = match submitted {
         Ok(h) => h,

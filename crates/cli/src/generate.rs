@@ -120,6 +120,12 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
         .params(&contract::GenerationConfig::default())?;
     let prompts = read_prompts(&args)?;
     let constraint = constraint(&args)?;
+    if args.model.lora.lora.len() > 1 {
+        bail!(
+            "`--lora`: `lamina generate` runs one adapter, {} were given",
+            args.model.lora.lora.len()
+        );
+    }
     let loaded = setup::open(&args.model, 0)?;
     tracing::info!("{}", args.sampling.describe(&loaded.model.generation));
     let encoded = prompts
@@ -357,6 +363,7 @@ fn submit(
 ) -> Result<RequestHandle> {
     let mut req = sampling.request(prompt, &loaded.model.generation)?;
     req.constraint = constraint.cloned();
+    req.lora = crate::lora_args::single(&loaded.engine);
     loaded.engine.submit(req).map_err(|e| match e {
         SubmitError::Grammar(g) => {
             let flag = if g.kind == "regex" {

@@ -17,6 +17,7 @@ mod generate;
 mod habits;
 mod kv_sizing;
 mod llama_bench;
+mod lora_args;
 mod models;
 mod perplexity;
 mod progress;

@@ -143,6 +143,7 @@ impl SamplingArgs {
             stop_token_ids: Vec::new(),
             constraint: None,
             speculative: true,
+            lora: None,
         })
     }
 }

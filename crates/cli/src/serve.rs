@@ -189,6 +189,8 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     };
     args.limits.apply(&mut cfg);
     let defaults = loaded.model.generation.sampling_defaults();
+    let lora_loader =
+        crate::lora_args::loader(loaded.model.config.clone(), args.model.lora.max_lora_rank);
     let mut engines = vec![loaded.engine];
     engines.extend(loaded.replicas);
     let count = engines.len();
@@ -205,6 +207,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     args.log.start_stats(engines.clone());
     let replicas = server::Replicas::new(engines).map_err(anyhow::Error::msg)?;
     let state = server::AppState::with_replicas(replicas, loaded.tokenizer, cfg);
+    state.set_lora_loader(lora_loader);
     runtime.block_on(async move {
         let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
         let on = if count > 1 {

@@ -165,6 +165,8 @@ pub struct ModelArgs {
     pub tuning: crate::tuning::TuningArgs,
     #[command(flatten)]
     pub spec: crate::spec_args::SpecArgs,
+    #[command(flatten)]
+    pub lora: crate::lora_args::LoraArgs,
 }
 
 /// `--kv-cache-dtype`'s parser: the spellings of [`KvCacheDtype::CHOICES`].
@@ -354,6 +356,13 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
             "invalid `--speculative draft:...`: the draft-model drafter runs on the CPU backend only for now (its GPU memory is not budgeted beside the target's); on CUDA use `--speculative ngram` or `suffix`"
         );
     }
+    if cuda && args.lora.slots() > 0 {
+        bail!(
+            "`--lora` / `--max-loras`: the CUDA backend does not run LoRA adapters; run them on the CPU (`--device cpu`)"
+        );
+    }
+    // the adapters are read (and refused) before the weights load
+    let adapters = args.lora.load_all(&loaded.config)?;
     let devices: Vec<Option<usize>> = match (plan, cuda) {
         (ReplicaPlan::Gpus(_), false) => bail!(
             "`--devices` lists CUDA devices but the model runs on the CPU (`--device cpu`, or no CUDA here); use `--data-parallel-size N` for CPU replicas"
@@ -447,9 +456,17 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                 max_step_time,
                 halt_on_backend_error: halt,
                 async_steps: !args.sync_steps,
-                speculative,
+                speculative: speculative.clone(),
+                max_loras: args.lora.slots(),
+                max_lora_rank: args.lora.max_lora_rank,
             },
         )?);
+    }
+    for e in &engines {
+        for (name, a) in &adapters {
+            e.load_lora(name, a.clone())
+                .with_context(|| format!("`--lora {name}`"))?;
+        }
     }
     let engine = engines.remove(0);
     let max_context = loaded.config.max_position_embeddings;
@@ -672,7 +689,8 @@ pub(crate) fn open_backend(
                     path,
                     cpu_weights.clone(),
                 )?
-                .with_kv_cache_dtype(args.kv_cache_dtype),
+                .with_kv_cache_dtype(args.kv_cache_dtype)
+                .with_max_loras(args.lora.slots()),
             )
         }
     };

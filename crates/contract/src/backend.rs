@@ -73,6 +73,10 @@ pub struct StepBatch {
     /// before it ([`StepBatch::row_request`]), and only a backend that
     /// says so verifies such drafts ([`Backend::verifies_penalties`]).
     pub drafts: Vec<u32>,
+    /// `[S]`, or empty for none: each sequence's LoRA adapter slot, 0 for
+    /// the base model, `k` >= 1 for the adapter [`Backend::set_lora`] put
+    /// in slot `k`. A backend refuses a slot it holds no adapter in.
+    pub loras: Vec<u32>,
 }
 
 /// Most drafted tokens one sequence may verify in a step.
@@ -157,6 +161,12 @@ impl StepBatch {
             r.history = Some(Arc::new(h));
         }
         Some(r)
+    }
+
+    /// The LoRA slot of sequence `s` ([`StepBatch::loras`]; 0, the base
+    /// model, past the table).
+    pub fn lora_of(&self, s: usize) -> u32 {
+        self.loras.get(s).copied().unwrap_or(0)
     }
 
     /// True when every sequence contributes exactly one token.
@@ -255,6 +265,12 @@ impl StepBatch {
             ));
         }
         self.check_drafts()?;
+        if !self.loras.is_empty() && self.loras.len() != s {
+            return bad(format!(
+                "loras has {} entries, want none or one per sequence ({s})",
+                self.loras.len()
+            ));
+        }
         if s.checked_mul(self.max_blocks) != Some(self.block_tables.len()) {
             return bad(format!(
                 "block_tables has {} entries, want {s} x max_blocks {}",
@@ -562,6 +578,27 @@ pub trait Backend: Send {
         Ok(())
     }
 
+    /// Adapter slots this backend holds ([`StepBatch::loras`] `1..=n`);
+    /// 0: it runs no LoRA adapters. Default 0.
+    fn max_loras(&self) -> usize {
+        0
+    }
+
+    /// Puts `adapter` (checked by [`crate::LoraAdapter::check`] against
+    /// this model) in slot `slot` (1 ..= [`Backend::max_loras`]), or empties
+    /// the slot with `None`. Steps launched before keep the weights they
+    /// were launched with only if the backend computed them already; the
+    /// engine changes a slot only while no running sequence uses it.
+    /// Default: an error naming the `--lora` flags.
+    fn set_lora(
+        &mut self,
+        slot: u32,
+        adapter: Option<std::sync::Arc<crate::LoraAdapter>>,
+    ) -> Result<(), BackendError> {
+        let _ = (slot, adapter);
+        Err(no_lora(&self.name()))
+    }
+
     /// Runs one step like [`Backend::step`] but returns the float32 logits of
     /// the given token rows, `[rows.len(), vocab]` row-major, instead of sampling.
     /// For tests and reference comparisons; nothing may be in flight.
@@ -574,6 +611,14 @@ pub trait Backend: Send {
         self.launch(batch)?;
         self.collect()
     }
+}
+
+/// The error of a backend that runs no LoRA adapters, for any `--lora`,
+/// `--max-loras` or adapter request.
+pub fn no_lora(backend: &str) -> BackendError {
+    BackendError::Device(format!(
+        "{backend}: LoRA adapters (--lora, --max-loras, load_lora_adapter) are not supported on this backend; run them on the CPU (--device cpu)"
+    ))
 }
 
 /// The error of a call that needs nothing in flight (a plain step, a

@@ -3,6 +3,7 @@
 //! The model's validated configuration ([`config`]), the known model shapes
 //! ([`presets`]), the step contract ([`backend`]: `StepBatch`, the `Backend`
 //! trait, sampled tokens; [`step_builder`], the one builder of step batches;
+//! [`lora`], LoRA adapters as backends apply them;
 //! [`history`], the penalty history and the additive terms of the presence /
 //! frequency penalties and `logit_bias`; [`mask`], the
 //! allowed-token bitset of constrained decoding) and the sampling parameters with their
@@ -13,6 +14,7 @@
 pub mod backend;
 pub mod config;
 pub mod history;
+pub mod lora;
 pub mod mask;
 pub mod pipeline;
 pub mod presets;
@@ -30,6 +32,7 @@ pub use config::{
     SamplingDefaults,
 };
 pub use history::PenaltyHistory;
+pub use lora::{LoraAdapter, LoraError, LoraTarget};
 pub use mask::TokenMask;
 pub use pipeline::{HostCompute, HostPipeline};
 pub use sampling::{ParamError, SamplingOverrides, SamplingParams};

@@ -62,6 +62,18 @@ pub trait HostCompute: Send {
     fn verifies_penalties(&self) -> bool {
         false
     }
+    /// [`Backend::max_loras`]. Default: 0.
+    fn max_loras(&self) -> usize {
+        0
+    }
+    /// [`Backend::set_lora`]. Default: the error of no LoRA support.
+    fn set_lora(
+        &mut self,
+        _slot: u32,
+        _adapter: Option<std::sync::Arc<crate::LoraAdapter>>,
+    ) -> Result<(), BackendError> {
+        Err(crate::backend::no_lora(&self.name()))
+    }
     /// Called after a step is held ([`Backend::launch_held`]). Default: nothing.
     fn held(&mut self) {}
 }
@@ -118,6 +130,18 @@ impl<T: HostCompute> Backend for T {
 
     fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
         HostCompute::reserve(self, max_tokens, max_seqs)
+    }
+
+    fn max_loras(&self) -> usize {
+        HostCompute::max_loras(self)
+    }
+
+    fn set_lora(
+        &mut self,
+        slot: u32,
+        adapter: Option<std::sync::Arc<crate::LoraAdapter>>,
+    ) -> Result<(), BackendError> {
+        HostCompute::set_lora(self, slot, adapter)
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

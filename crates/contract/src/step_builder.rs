@@ -87,6 +87,7 @@ impl StepBuilder {
         b.prompt_lens.clear();
         b.carried.clear();
         b.drafts.clear();
+        b.loras.clear();
         self.row_ends.clear();
     }
 
@@ -126,6 +127,22 @@ impl StepBuilder {
         }
         if let Some(last) = b.drafts.get_mut(s - 1) {
             *last = u32::try_from(k).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// Sets the LoRA slot of the last sequence pushed ([`StepBatch::loras`];
+    /// 0, the base model, until set). Does nothing before the first push.
+    pub fn set_lora(&mut self, slot: u32) {
+        let s = self.num_seqs();
+        if s == 0 {
+            return;
+        }
+        let b = &mut self.batch;
+        if slot > 0 && b.loras.len() < s {
+            b.loras.resize(s, 0);
+        }
+        if let Some(last) = b.loras.get_mut(s - 1) {
+            *last = slot;
         }
     }
 
@@ -176,6 +193,9 @@ impl StepBuilder {
         b.prompt_lens.push(0);
         if !b.drafts.is_empty() {
             b.drafts.push(0);
+        }
+        if !b.loras.is_empty() {
+            b.loras.push(0);
         }
         self.row_ends.push(b.block_tables.len());
         Ok(())

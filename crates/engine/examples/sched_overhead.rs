@@ -48,6 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             halt_on_backend_error: false,
             async_steps: true,
             speculative: None,
+            ..EngineConfig::default()
         },
     )?;
     let start = Instant::now();
@@ -65,6 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 stop_token_ids: Vec::new(),
                 constraint: None,
                 speculative: true,
+                lora: None,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -29,6 +29,7 @@ use tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::grammar::{Constraint, GrammarCompiler, GrammarError};
+use crate::lora::{LoraRegistry, LoraRegistryError, LoraSlots};
 use crate::scheduler::Scheduler;
 use crate::speculate::SpecConfig;
 use crate::types::{
@@ -36,6 +37,7 @@ use crate::types::{
     Usage,
 };
 use crate::worker::{Msg, NewRequest, Shared, Worker};
+use contract::LoraAdapter;
 
 /// Handle to a running engine.
 #[derive(Clone)]
@@ -55,6 +57,10 @@ struct Inner {
     next_id: AtomicU64,
     /// Compiles the constraints of constrained requests (built lazily).
     grammar: GrammarCompiler,
+    /// The loaded LoRA adapters (`crate::lora`).
+    loras: Arc<LoraRegistry>,
+    /// The model, to check adapters against.
+    model: contract::LlamaConfig,
 }
 
 impl Engine {
@@ -136,6 +142,25 @@ impl Engine {
                 sched.set_speculation(spec, drafter, backend.verifies_penalties());
             }
         }
+        if cfg.max_loras > 0 {
+            let slots = backend.max_loras();
+            if slots < cfg.max_loras {
+                return bad(
+                    "max_loras",
+                    match slots {
+                        0 => contract::backend::no_lora(&backend.name()).to_string(),
+                        n => format!(
+                            "{} holds {n} LoRA adapter slots, fewer than --max-loras {}",
+                            backend.name(),
+                            cfg.max_loras
+                        ),
+                    },
+                );
+            }
+        }
+        let loras = Arc::new(LoraRegistry::default());
+        sched.set_lora_slots(LoraSlots::new(cfg.max_loras, loras.clone()));
+        let model = backend.config().clone();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         tracing::info!(
@@ -179,6 +204,8 @@ impl Engine {
                 block_size: shape.block_size,
                 next_id: AtomicU64::new(0),
                 grammar,
+                loras,
+                model,
             }),
         })
     }
@@ -215,6 +242,15 @@ impl Engine {
             }));
         }
         inner.validate(&req)?;
+        let lora = match &req.lora {
+            Some(name) => Some(
+                inner
+                    .loras
+                    .resolve(name)
+                    .ok_or_else(|| SubmitError::UnknownLora(name.clone()))?,
+            ),
+            None => None,
+        };
         let mut grammar = match &req.constraint {
             Some(c) => Some(inner.grammar.compile(c).map_err(SubmitError::Grammar)?),
             None => None,
@@ -252,6 +288,7 @@ impl Engine {
                 } else {
                     grammar.as_ref().map(|g| g.fork())
                 },
+                lora: lora.clone(),
             }));
             if inner.tx.send(msg).is_err() {
                 // the loop is gone: nothing of this request was queued
@@ -278,6 +315,53 @@ impl Engine {
     /// engine accepts it (for definitions checked before they are used).
     pub fn check_constraint(&self, c: &Constraint) -> Result<(), GrammarError> {
         self.inner.grammar.compile(c).map(drop)
+    }
+
+    /// Loads LoRA `adapter` as `name` for later requests (`GenerateRequest::lora`):
+    /// checked against the model and `max_lora_rank` here.
+    pub fn load_lora(
+        &self,
+        name: &str,
+        adapter: Arc<LoraAdapter>,
+    ) -> Result<(), LoraRegistryError> {
+        let inner = &*self.inner;
+        if inner.cfg.max_loras == 0 {
+            return Err(LoraRegistryError::Disabled);
+        }
+        if name.is_empty() {
+            return Err(LoraRegistryError::EmptyName);
+        }
+        adapter
+            .check(&inner.model, inner.cfg.max_lora_rank)
+            .map_err(|e| LoraRegistryError::Invalid {
+                name: name.into(),
+                reason: e.to_string(),
+            })?;
+        inner.loras.insert(name, adapter).map(drop)
+    }
+
+    /// Unloads LoRA adapter `name`: later requests naming it are refused;
+    /// requests submitted before finish with it, and its slot is emptied
+    /// once no running request uses it.
+    pub fn unload_lora(&self, name: &str) -> Result<(), LoraRegistryError> {
+        self.inner.loras.remove(name)?;
+        let _ = self.inner.tx.send(Msg::LorasChanged);
+        Ok(())
+    }
+
+    /// The loaded LoRA adapters and the requests counted per adapter.
+    pub fn loras(&self) -> &LoraRegistry {
+        &self.inner.loras
+    }
+
+    /// The LoRA adapters running and waiting, as of the end of the last step.
+    pub fn lora_gauge(&self) -> crate::types::LoraGauge {
+        self.inner.shared.lora_gauge()
+    }
+
+    /// `EngineConfig::max_loras`: adapter slots (0: LoRA off).
+    pub fn max_loras(&self) -> usize {
+        self.inner.cfg.max_loras
     }
 
     /// Counters and gauges, as of the end of the last step.

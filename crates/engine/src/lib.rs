@@ -14,7 +14,8 @@
 //! Module map: [`types`] (public values and errors), `engine` (handles and
 //! submit validation), `worker` (the loop), `scheduler` (batch planning and KV
 //! bookkeeping), `output` (detokenizing, stop conditions, events), `stop`
-//! (stop strings across tokens), [`grammar`] (constrained decoding through
+//! (stop strings across tokens), [`lora`] (LoRA adapters: the registry and
+//! the backend's slots), [`grammar`] (constrained decoding through
 //! `llguidance`), [`speculate`] (speculative decoding's drafters and
 //! settings), [`testing`] (a fake backend for tests).
 //!
@@ -23,6 +24,7 @@
 
 mod engine;
 pub mod grammar;
+pub mod lora;
 mod output;
 mod scheduler;
 pub mod speculate;
@@ -34,8 +36,9 @@ mod worker;
 
 pub use engine::{Canceller, Completion, Engine, RequestHandle};
 pub use grammar::{Constraint, GrammarError};
+pub use lora::{LoraRegistry, LoraRegistryError};
 pub use speculate::{Drafter, SpecConfig, SpecMethod};
 pub use types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, Finished, GenerateRequest,
-    SubmitError, TokenEvent, Usage,
+    LoraGauge, SubmitError, TokenEvent, Usage,
 };

@@ -22,6 +22,11 @@
 //!    its next token exactly as it would have (`SampleRequest::step` = tokens
 //!    generated so far). A sequence that cannot fit even into an empty pool
 //!    is reported in [`Scheduler::aborted`].
+//!    A sequence with a LoRA adapter is admitted only when the adapter has
+//!    a slot (`crate::lora`), else it stays waiting and the sequences
+//!    behind it are considered; its KV lives in the adapter's prefix-cache
+//!    namespace (`KvManager::admit_in`), and its rows name the slot
+//!    (`StepBatch::loras`).
 //! 5. Choices of one request (`n > 1`): each later choice is a sequence
 //!    with `fork_of` = the first choice. It waits behind that sequence until
 //!    its prompt's full blocks are computed, then is admitted by
@@ -95,6 +100,7 @@ use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBu
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 use crate::grammar::SeqGrammar;
+use crate::lora::{LoraSlots, SeqLora};
 
 /// The id a pipelined sample has until it lands (contract point 6); any
 /// in-vocabulary id would do, the backend never reads it.
@@ -154,6 +160,10 @@ struct Seq {
     /// module: until then its steps stay pipelined).
     spec_miss: u8,
     spec_wait: u8,
+    /// Its LoRA adapter (`None`: the base model).
+    lora: Option<SeqLora>,
+    /// The adapter slot it holds while running (0: none).
+    slot: u32,
 }
 
 /// A sequence to queue ([`Scheduler::add`]).
@@ -166,6 +176,8 @@ pub(crate) struct NewSeq {
     pub grammar: Option<SeqGrammar>,
     /// May draft when the scheduler speculates (a request can opt out).
     pub speculative: bool,
+    /// Its LoRA adapter (`None`: the base model).
+    pub lora: Option<SeqLora>,
 }
 
 impl NewSeq {
@@ -179,6 +191,7 @@ impl NewSeq {
             fork_of: None,
             grammar: None,
             speculative: true,
+            lora: None,
         }
     }
 }
@@ -226,6 +239,8 @@ pub(crate) struct Scheduler {
     pub preemptions_total: u64,
     /// Speculative decoding, when on.
     spec: Option<Speculation>,
+    /// The backend's LoRA adapter slots (none unless set).
+    lora: LoraSlots,
 }
 
 impl Scheduler {
@@ -252,6 +267,7 @@ impl Scheduler {
             held: false,
             preemptions_total: 0,
             spec: None,
+            lora: LoraSlots::new(0, Arc::default()),
         })
     }
 
@@ -266,6 +282,7 @@ impl Scheduler {
             fork_of,
             grammar,
             speculative,
+            lora,
         } = new;
         let history = params
             .needs_history()
@@ -293,6 +310,8 @@ impl Scheduler {
             spec_miss: 0,
             spec_wait: 0,
             grammar: grammar.map(Box::new),
+            lora,
+            slot: 0,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -307,6 +326,27 @@ impl Scheduler {
     }
     pub(crate) fn kv(&self) -> &KvManager {
         &self.kv
+    }
+    /// The LoRA adapter slots.
+    pub(crate) fn lora(&self) -> &LoraSlots {
+        &self.lora
+    }
+    pub(crate) fn lora_mut(&mut self) -> &mut LoraSlots {
+        &mut self.lora
+    }
+    /// Sets the LoRA adapter slots (before any sequence is added).
+    pub(crate) fn set_lora_slots(&mut self, slots: LoraSlots) {
+        self.lora = slots;
+    }
+    /// Adapter names of the waiting sequences, with their counts.
+    pub(crate) fn waiting_loras(&self) -> HashMap<Arc<str>, usize> {
+        let mut m = HashMap::new();
+        for id in &self.waiting {
+            if let Some(l) = self.seqs.get(id).and_then(|s| s.lora.as_ref()) {
+                *m.entry(l.name.clone()).or_default() += 1;
+            }
+        }
+        m
     }
     /// The batch planned by the last [`Scheduler::schedule`] (until `launched`).
     pub(crate) fn batch(&self) -> &StepBatch {
@@ -345,6 +385,7 @@ impl Scheduler {
     pub(crate) fn finish(&mut self, id: u64) -> Result<SeqSummary, SchedError> {
         let summary = self.summary(id).ok_or(SchedError::UnknownSeq(id))?;
         let seq = self.seqs.remove(&id);
+        let seq_slot = seq.as_ref().map(|q| q.slot).filter(|&k| k > 0);
         if let (Some(spec), Some(seq), Some(tokens)) =
             (self.spec.as_mut(), seq, self.kv.seq_tokens(id as SeqId))
             && seq.spec_k > 0
@@ -355,6 +396,9 @@ impl Scheduler {
         if let Some(i) = self.running.iter().position(|&r| r == id) {
             self.running.remove(i);
             self.kv.free(id as SeqId)?;
+            if let Some(slot) = seq_slot {
+                self.lora.release(slot);
+            }
         } else if let Some(i) = self.waiting.iter().position(|&w| w == id) {
             self.waiting.remove(i);
         }
@@ -484,6 +528,10 @@ impl Scheduler {
         seq.parked.extend_from_slice(held);
         seq.parked.extend(seq.next.take());
         self.kv.free(id as SeqId)?;
+        if seq.slot > 0 {
+            self.lora.release(seq.slot);
+            seq.slot = 0;
+        }
         self.running.retain(|&r| r != id);
         self.waiting.push_front(id);
         self.preemptions_total += 1;
@@ -491,10 +539,13 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Step 4: first come first served admission under the budget.
+    /// Step 4: first come first served admission under the budget; a
+    /// sequence whose LoRA adapter finds no slot stays waiting and the
+    /// ones behind it are considered.
     fn admit_waiting(&mut self, mut budget: usize) -> Result<(), SchedError> {
+        let mut i = 0;
         while budget > 0 && self.running.len() < self.max_num_seqs {
-            let Some(&id) = self.waiting.front() else {
+            let Some(&id) = self.waiting.get(i) else {
                 break;
             };
             if self.seqs.get(&id).is_some_and(|q| q.carried_from.is_some()) {
@@ -506,24 +557,34 @@ impl Scheduler {
                 Fork::Alone => None,
             };
             let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
+            if let Some(l) = &seq.lora
+                && !self.lora.can_acquire(l)
+            {
+                i += 1; // every slot busy with other adapters: it waits
+                continue;
+            }
+            let ns = seq.lora.as_ref().map_or(0, |l| l.key);
             let fits = match fork {
                 Some(parent) => self.kv.can_fork(parent as SeqId, &seq.parked),
-                None => self.kv.can_admit(&seq.parked),
+                None => self.kv.can_admit_in(&seq.parked, ns),
             };
             if !fits {
                 if self.running.is_empty() {
                     // the whole pool is allocatable and still too small
-                    self.waiting.pop_front();
+                    self.waiting.remove(i);
                     self.aborted.push(id);
                     continue;
                 }
                 break;
             }
-            self.waiting.pop_front();
+            self.waiting.remove(i);
             let cached = match fork {
                 Some(parent) => self.kv.fork(parent as SeqId, id as SeqId, &seq.parked)?,
-                None => self.kv.admit(id as SeqId, &seq.parked)?,
+                None => self.kv.admit_in(id as SeqId, &seq.parked, ns)?,
             };
+            if let Some(l) = &seq.lora {
+                seq.slot = self.lora.acquire(l).unwrap_or(0);
+            }
             let len = seq.parked.len();
             seq.parked = Vec::new(); // paged-kv holds the tokens now
             if !seq.admitted_once {

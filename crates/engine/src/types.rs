@@ -43,6 +43,11 @@ pub struct EngineConfig {
     /// (`Backend::max_drafts` 0); the draft length is capped at what it
     /// verifies.
     pub speculative: Option<SpecConfig>,
+    /// LoRA adapter slots in the backend: adapters resident at once
+    /// (`--max-loras`; 0: LoRA off). Must not exceed `Backend::max_loras`.
+    pub max_loras: usize,
+    /// Highest LoRA rank accepted (`--max-lora-rank`).
+    pub max_lora_rank: usize,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +61,8 @@ impl Default for EngineConfig {
             halt_on_backend_error: false,
             async_steps: true,
             speculative: None,
+            max_loras: 0,
+            max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
         }
     }
 }
@@ -83,6 +90,9 @@ pub struct GenerateRequest {
     /// ([`EngineConfig::speculative`]); false opts out. The output is the
     /// same either way.
     pub speculative: bool,
+    /// The LoRA adapter to run with, by the name it was loaded under
+    /// (`Engine::load_lora`); `None`: the base model.
+    pub lora: Option<String>,
 }
 
 /// What a request streams.
@@ -200,6 +210,18 @@ pub struct EngineStats {
     pub spec_verifies_total: u64,
 }
 
+/// The LoRA adapters in use, as of the end of the last step
+/// ([`crate::Engine::lora_gauge`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraGauge {
+    /// Adapters of running sequences, sorted.
+    pub running: Vec<String>,
+    /// Adapters of waiting sequences, sorted.
+    pub waiting: Vec<String>,
+    /// Backend slots holding an adapter.
+    pub resident: usize,
+}
+
 /// Why [`crate::Engine::start`] failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -261,4 +283,6 @@ pub enum SubmitError {
     ShuttingDown,
     #[error("the engine failed: {0}")]
     EngineFailed(String),
+    #[error("no LoRA adapter named `{0}` is loaded")]
+    UnknownLora(String),
 }

@@ -66,10 +66,11 @@ use tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::grammar::SeqGrammar;
+use crate::lora::SeqLora;
 use crate::output::{Output, Verdict};
 use crate::scheduler::{NewSeq, SchedError, Scheduler};
 use crate::step_time::StepClock;
-use crate::types::{Event, FinishReason, GenerateRequest};
+use crate::types::{Event, FinishReason, GenerateRequest, LoraGauge};
 
 mod request;
 mod shared;
@@ -81,6 +82,8 @@ pub(crate) use shared::Shared;
 pub(crate) enum Msg {
     Submit(Box<NewRequest>),
     Cancel(u64),
+    /// A LoRA adapter was unloaded: empty the idle slots holding it.
+    LorasChanged,
     Shutdown,
 }
 
@@ -92,6 +95,8 @@ pub(crate) struct NewRequest {
     pub fork_of: Option<u64>,
     /// The compiled constraint's state, for a constrained request.
     pub grammar: Option<SeqGrammar>,
+    /// Its LoRA adapter, resolved at submit.
+    pub lora: Option<SeqLora>,
 }
 
 /// Everything the loop owns.
@@ -250,6 +255,12 @@ impl Worker {
         match msg {
             Msg::Submit(r) => self.accept(*r),
             Msg::Cancel(id) => self.end(id, FinishReason::Cancelled, None),
+            Msg::LorasChanged => {
+                self.sched.lora_mut().sweep();
+                if let Err(e) = self.apply_lora_loads() {
+                    tracing::error!(error = %e, "could not empty a LoRA adapter slot");
+                }
+            }
             Msg::Shutdown => return false,
         }
         true
@@ -263,6 +274,7 @@ impl Worker {
             tx,
             fork_of,
             grammar,
+            lora,
         } = r;
         let out = Output::new(
             tx,
@@ -289,6 +301,7 @@ impl Worker {
             fork_of,
             grammar,
             speculative: req.speculative,
+            lora,
         };
         self.sched.add(id, seq);
         if let Some(why) = self.halted.clone() {
@@ -439,6 +452,13 @@ impl Worker {
         let t_plan = Instant::now();
         self.sched.schedule()?;
         self.add_schedule_ns(t_plan);
+        if let Err(e) = self.apply_lora_loads() {
+            // the step's adapter rows cannot run: nothing of it runs
+            let ids: Vec<u64> = self.sched.planned_ids().collect();
+            self.sched.abandon_plan();
+            self.fail_step(ids, &e);
+            return Ok(false);
+        }
         let first: Vec<u64> = self.sched.first_admitted().to_vec();
         for id in first {
             self.on_admitted(id);
@@ -463,6 +483,14 @@ impl Worker {
             );
         }
         Ok(self.sched.batch().num_seqs() > 0)
+    }
+
+    /// Hands the backend the LoRA slot changes the scheduler made.
+    fn apply_lora_loads(&mut self) -> Result<(), BackendError> {
+        for (slot, adapter) in self.sched.lora_mut().take_loads() {
+            self.backend.set_lora(slot, adapter)?;
+        }
+        Ok(())
     }
 
     /// Counts a step that ran `tokens` tokens in `backend_ns` and updates
@@ -613,6 +641,19 @@ impl Worker {
             st(&s.spec_drafted_total, spec.drafted as usize);
             st(&s.spec_accepted_total, spec.accepted as usize);
             st(&s.spec_verifies_total, spec.verifies as usize);
+        }
+        let slots = self.sched.lora();
+        if slots.len() > 0 {
+            let names = |m: HashMap<Arc<str>, usize>| {
+                let mut v: Vec<String> = m.into_keys().map(|k| k.to_string()).collect();
+                v.sort();
+                v
+            };
+            s.set_lora_gauge(LoraGauge {
+                running: names(slots.users()),
+                waiting: names(self.sched.waiting_loras()),
+                resident: slots.resident(),
+            });
         }
     }
 }

@@ -14,6 +14,7 @@
 
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::LlamaConfig;
+use contract::lora::{LoraAdapter, LoraTarget};
 
 /// One decoder layer's tensors, row-major.
 pub struct ExactLayer {
@@ -85,6 +86,36 @@ impl ExactWeights {
                 .collect(),
             norm: values("model.norm.weight"),
             head: values("lm_head.weight"),
+        }
+    }
+
+    /// Merges LoRA `adapter` into the weights: `W += scale * B A` in f64
+    /// for every pair it has (the reference a backend's per-row deltas
+    /// are held to).
+    pub fn merge_lora(&mut self, c: &LlamaConfig, adapter: &LoraAdapter) {
+        let r = adapter.rank;
+        for (layer, la) in self.layers.iter_mut().zip(&adapter.layers) {
+            for t in LoraTarget::ALL {
+                let Some(p) = la.pair(t) else { continue };
+                let (i, o) = t.dims(c);
+                let w = match t {
+                    LoraTarget::Q => &mut layer.q,
+                    LoraTarget::K => &mut layer.k,
+                    LoraTarget::V => &mut layer.v,
+                    LoraTarget::O => &mut layer.o,
+                    LoraTarget::Gate => &mut layer.gate,
+                    LoraTarget::Up => &mut layer.up,
+                    LoraTarget::Down => &mut layer.down,
+                };
+                for row in 0..o {
+                    for col in 0..i {
+                        let d: f64 = (0..r)
+                            .map(|k| p.b[row * r + k] as f64 * p.a[k * i + col] as f64)
+                            .sum();
+                        w[row * i + col] += adapter.scale as f64 * d;
+                    }
+                }
+            }
         }
     }
 }

@@ -25,6 +25,9 @@ pub(crate) struct Seq {
     pub(crate) hashes: Vec<u64>,
     /// Leading full computed blocks already offered to the prefix cache.
     pub(crate) registered: usize,
+    /// The prefix-cache namespace of its K/V (0: the base model; else a
+    /// LoRA adapter's key): blocks are shared only within one namespace.
+    pub(crate) ns: u64,
 }
 
 /// The KV bookkeeping of one pool: allocator, block tables, prefix cache.
@@ -179,7 +182,13 @@ impl KvManager {
     /// an id clash): blocks needed after prefix reuse, counting revived
     /// cached blocks, fit the allocatable blocks.
     pub fn can_admit(&self, tokens: &[u32]) -> bool {
-        let plan = self.plan_admit(tokens);
+        self.can_admit_in(tokens, 0)
+    }
+
+    /// [`KvManager::can_admit`] in prefix-cache namespace `ns`
+    /// ([`KvManager::admit_in`]).
+    pub fn can_admit_in(&self, tokens: &[u32], ns: u64) -> bool {
+        let plan = self.plan_admit(tokens, ns);
         plan.needed() <= self.pool.num_allocatable()
     }
 
@@ -188,10 +197,18 @@ impl KvManager {
     /// Returns the tokens reused (a multiple of `B`, at most `len - 1`, so
     /// the last token is always computed and lands in an unshared block).
     pub fn admit(&mut self, seq: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
+        self.admit_in(seq, tokens, 0)
+    }
+
+    /// [`KvManager::admit`] in prefix-cache namespace `ns`: the sequence
+    /// reuses and offers cached blocks of `ns` only (0 is the base model's;
+    /// a LoRA adapter's K/V differ from the base's for the same tokens, so
+    /// each adapter has its own).
+    pub fn admit_in(&mut self, seq: SeqId, tokens: &[u32], ns: u64) -> Result<usize, KvError> {
         if self.seqs.contains_key(&seq) {
             return Err(KvError::SeqExists(seq));
         }
-        let plan = self.plan_admit(tokens);
+        let plan = self.plan_admit(tokens, ns);
         let free = self.pool.num_allocatable();
         if plan.needed() > free {
             return Err(KvError::OutOfBlocks {
@@ -217,6 +234,7 @@ impl KvManager {
                 computed: cached,
                 hashes,
                 registered,
+                ns,
             },
         );
         Ok(cached)
@@ -262,6 +280,7 @@ impl KvManager {
         let table_head: Vec<u32> = p.table[..shared].to_vec();
         let hashes: Vec<u64> = p.hashes[..shared.min(p.hashes.len())].to_vec();
         let registered = shared.min(p.registered);
+        let ns = p.ns;
         let new_blocks = self.blocks_for(tokens.len()) - shared;
         let free = self.pool.num_allocatable();
         if new_blocks > free {
@@ -289,6 +308,7 @@ impl KvManager {
                 computed: shared * self.block_size,
                 hashes,
                 registered,
+                ns,
             },
         );
         Ok(shared * self.block_size)

@@ -29,6 +29,8 @@ pub(crate) struct BlockRef {
 struct CacheEntry {
     hash: u64,
     parent: Option<BlockRef>,
+    /// The namespace of its K/V (see `prefix.rs`).
+    ns: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -142,23 +144,32 @@ impl BlockPool {
         }
     }
 
-    /// The registered block under `hash` if its recorded tokens and parent
-    /// link equal `tokens` and `parent` (a verified hit), else `None`.
+    /// The registered block under `hash` if its recorded tokens, parent
+    /// link and namespace equal `tokens`, `parent` and `ns` (a verified
+    /// hit), else `None`.
     pub(crate) fn lookup(
         &self,
         hash: u64,
         parent: Option<BlockRef>,
         tokens: &[u32],
+        ns: u64,
     ) -> Option<u32> {
         let &c = self.index.get(&hash)?;
         let e = self.entry[c as usize]?;
-        (e.parent == parent && self.block_tokens(c) == tokens).then_some(c)
+        (e.parent == parent && e.ns == ns && self.block_tokens(c) == tokens).then_some(c)
     }
 
     /// Registers in-use block `b` as holding `tokens` after `parent`, under
     /// `hash`. A different block already under `hash` (which then failed
     /// verification) is unregistered first. Bumps `b`'s generation.
-    pub(crate) fn register(&mut self, b: u32, hash: u64, parent: Option<BlockRef>, tokens: &[u32]) {
+    pub(crate) fn register(
+        &mut self,
+        b: u32,
+        hash: u64,
+        parent: Option<BlockRef>,
+        tokens: &[u32],
+        ns: u64,
+    ) {
         debug_assert!(
             self.ref_count[b as usize] > 0,
             "register of unreferenced block {b}"
@@ -169,7 +180,7 @@ impl BlockPool {
         self.unregister(b);
         let k = b as usize;
         self.generation[k] += 1;
-        self.entry[k] = Some(CacheEntry { hash, parent });
+        self.entry[k] = Some(CacheEntry { hash, parent, ns });
         self.tokens[k * self.block_size..(k + 1) * self.block_size].copy_from_slice(tokens);
         self.index.insert(hash, b);
     }

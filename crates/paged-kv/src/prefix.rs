@@ -1,6 +1,9 @@
 //! Prefix-cache side of [`KvManager`]: planning an admission (longest
 //! verified chain of cached full blocks), registering full computed blocks
-//! (`mark_computed`), lookups, eviction and clearing.
+//! (`mark_computed`), lookups, eviction and clearing. Every sequence lives
+//! in a namespace (`admit_in`: 0 for the base model, a LoRA adapter's key
+//! otherwise): a first block's hash chains from the namespace and every
+//! cached block records it, so a hit is verified within one namespace.
 //!
 //! Registration walks a sequence's newly full computed blocks in order. A
 //! block whose (hash, parent link, tokens) already names another cached
@@ -35,7 +38,7 @@ impl AdmitPlan {
 
 impl KvManager {
     /// The admission plan for `tokens`; `can_admit` and `admit` both use it.
-    pub(crate) fn plan_admit(&self, tokens: &[u32]) -> AdmitPlan {
+    pub(crate) fn plan_admit(&self, tokens: &[u32], ns: u64) -> AdmitPlan {
         let mut plan = AdmitPlan::default();
         if self.prefix_cache {
             let bs = self.block_size;
@@ -43,8 +46,8 @@ impl KvManager {
             let limit = tokens.len().saturating_sub(1) / bs;
             let mut parent: Option<(u64, BlockRef)> = None;
             for chunk in tokens.chunks_exact(bs).take(limit) {
-                let h = (self.hasher)(parent.map(|p| p.0), chunk);
-                let Some(b) = self.pool.lookup(h, parent.map(|p| p.1), chunk) else {
+                let h = (self.hasher)(parent.map(|p| p.0).or(root(ns)), chunk);
+                let Some(b) = self.pool.lookup(h, parent.map(|p| p.1), chunk, ns) else {
                     break;
                 };
                 if self.pool.ref_count(b) == Some(0) {
@@ -61,13 +64,13 @@ impl KvManager {
     /// Tokens of `tokens` that [`KvManager::admit`] would reuse from the
     /// prefix cache now (a multiple of `B`, at most `len - 1`). Read-only.
     pub fn cached_prefix_len(&self, tokens: &[u32]) -> usize {
-        self.plan_admit(tokens).hits.len() * self.block_size
+        self.plan_admit(tokens, 0).hits.len() * self.block_size
     }
 
     /// The cached blocks [`KvManager::admit`] would reuse for `tokens` now,
     /// in order (each verified: recorded tokens and parent link). Read-only.
     pub fn cached_prefix_blocks(&self, tokens: &[u32]) -> Vec<u32> {
-        self.plan_admit(tokens)
+        self.plan_admit(tokens, 0)
             .hits
             .into_iter()
             .map(|(b, _)| b)
@@ -130,7 +133,7 @@ fn register_full_blocks(s: &mut Seq, pool: &mut BlockPool, hasher: BlockHasher, 
         let h = match s.hashes.get(i) {
             Some(&h) => h,
             None => {
-                let h = hasher(i.checked_sub(1).map(|j| s.hashes[j]), chunk);
+                let h = hasher(i.checked_sub(1).map(|j| s.hashes[j]).or(root(s.ns)), chunk);
                 s.hashes.push(h);
                 h
             }
@@ -138,15 +141,21 @@ fn register_full_blocks(s: &mut Seq, pool: &mut BlockPool, hasher: BlockHasher, 
         let b = s.table[i];
         if !pool.is_cached(b) {
             let parent = i.checked_sub(1).map(|j| pool.block_ref(s.table[j]));
-            match pool.lookup(h, parent, chunk) {
+            match pool.lookup(h, parent, chunk, s.ns) {
                 Some(c) => {
                     pool.incref(c);
                     pool.decref(b);
                     s.table[i] = c;
                 }
-                None => pool.register(b, h, parent, chunk),
+                None => pool.register(b, h, parent, chunk, s.ns),
             }
         }
         s.registered += 1;
     }
+}
+
+/// The parent hash of a first block in namespace `ns` (none for the base
+/// model's, so its keys are the plain chain).
+fn root(ns: u64) -> Option<u64> {
+    (ns != 0).then_some(ns)
 }

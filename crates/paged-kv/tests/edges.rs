@@ -377,3 +377,40 @@ fn set_token_rewrites_only_uncomputed_positions() {
     // the second block was cached under [7, 8], not the placeholder
     assert_eq!(run_prompt(&mut m, 2, &[5, 6, 7, 8, 1]), 4);
 }
+
+#[test]
+fn namespaces_never_share_cached_blocks() {
+    // the same prompt under the base model (0) and two LoRA adapters (7, 9)
+    let mut m = kv(32, 4);
+    let prompt: Vec<u32> = (1..14).collect(); // 3 full blocks + 1
+    assert_eq!(run_prompt(&mut m, 1, &prompt), 0);
+    assert_eq!(
+        ok(m.admit_in(2, &prompt, 7)),
+        0,
+        "adapter 7 reused base K/V"
+    );
+    ok(m.mark_computed(2, prompt.len()));
+    checked(&m);
+    assert!(m.can_admit_in(&prompt, 9));
+    assert_eq!(ok(m.admit_in(3, &prompt, 9)), 0, "adapter 9 reused K/V");
+    ok(m.mark_computed(3, prompt.len()));
+    // within a namespace the cache serves as before
+    assert_eq!(ok(m.admit_in(4, &prompt, 7)), 12);
+    assert_eq!(ok(m.admit(5, &prompt)), 12);
+    let (t2, t4) = (
+        m.block_table(2).unwrap()[..3].to_vec(),
+        m.block_table(4).unwrap()[..3].to_vec(),
+    );
+    assert_eq!(t2, t4);
+    assert!(t2.iter().all(|b| !m.block_table(1).unwrap().contains(b)));
+    assert!(t2.iter().all(|b| !m.block_table(3).unwrap().contains(b)));
+    // a fork keeps its parent's namespace
+    ok(m.fork(4, 6, &prompt));
+    ok(m.mark_computed(6, prompt.len()));
+    checked(&m);
+    for s in 1..=6 {
+        ok(m.free(s));
+    }
+    checked(&m);
+    assert_eq!(ok(m.admit_in(7, &prompt, 9)), 12);
+}

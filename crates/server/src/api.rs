@@ -73,12 +73,10 @@ fn cause<E: std::error::Error + 'static>(rej: &BytesRejection) -> Option<&E> {
     None
 }
 
-/// 404 unless `model` is absent or names the served model.
-pub fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
-    match model {
-        Some(m) if m != state.cfg.model_id => Err(ApiError::unknown_model(m)),
-        _ => Ok(()),
-    }
+/// 404 unless `model` is absent, names the served model or a loaded LoRA
+/// adapter; the adapter's name in the last case.
+pub fn check_model(state: &AppState, model: Option<&str>) -> Result<Option<String>, ApiError> {
+    crate::lora::resolve_model(state, model)
 }
 
 /// The common start of a generation request: refused while draining, the
@@ -147,7 +145,7 @@ pub(crate) struct ChatPrompt {
 /// Checks a chat request and renders and tokenizes its prompt (every check
 /// a submission makes before the engine's own).
 pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<ChatPrompt, ApiError> {
-    check_model(state, req.model.as_deref())?;
+    let lora = check_model(state, req.model.as_deref())?;
     for field in req.ignored_fields() {
         state.metrics.ignored(field);
     }
@@ -168,7 +166,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         }
         _ => None,
     };
-    let checked = params::check(
+    let mut checked = params::check(
         &req.common(),
         logprobs.unwrap_or(0),
         req.max_tokens_param(),
@@ -181,6 +179,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         },
         _ => e,
     })?;
+    checked.lora = lora;
     let plan = tools::plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -381,7 +380,7 @@ pub async fn completions(
 
 /// A completion request checked, tokenized and submitted (a work-pool job).
 fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest, mut job: Job) -> Prepared {
-    check_model(state, req.model.as_deref())?;
+    let lora = check_model(state, req.model.as_deref())?;
     crate::limits::check_completion(&req, &state.cfg.limits)?;
     let echo = req.echo == Some(true);
     if echo && req.logprobs.is_some() {
@@ -406,12 +405,13 @@ fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest, mut job: Jo
         Some(k) => Some(usize::try_from(k).unwrap_or(usize::MAX)),
         None => None,
     };
-    let checked = params::check(
+    let mut checked = params::check(
         &req.common(),
         logprobs.unwrap_or(0),
         "max_tokens",
         &state.cfg.defaults,
     )?;
+    checked.lora = lora;
     let echo_text = match (&req.prompt, echo) {
         (_, false) => None,
         (Prompt::Text(t), true) => Some(t.clone()),

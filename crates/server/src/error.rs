@@ -121,6 +121,15 @@ impl ApiError {
         }
     }
 
+    /// 404 for a LoRA adapter name no adapter is loaded under.
+    pub fn lora_not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some("lora_name".into()),
+            code: Some("lora_not_found"),
+            ..Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+        }
+    }
+
     /// 401 for a missing or wrong API key.
     pub fn unauthorized(message: impl Into<String>) -> Self {
         ApiError {
@@ -232,6 +241,8 @@ pub fn from_submit(err: SubmitError, prompt_param: &str, max_tokens_param: &str)
             ApiError::invalid_param(prompt_param, msg)
         }
         SubmitError::Grammar(_) => ApiError::invalid_param("response_format", msg),
+        // unloaded between the check of `model` and the submit
+        SubmitError::UnknownLora(m) => ApiError::unknown_model(&m),
     }
 }
 

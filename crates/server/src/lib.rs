@@ -36,6 +36,7 @@ pub mod generate;
 pub mod limits;
 pub mod listen;
 pub mod logprobs;
+pub mod lora;
 pub mod messages;
 pub mod metrics;
 pub mod middleware;
@@ -61,6 +62,7 @@ use axum::extract::DefaultBodyLimit;
 
 pub use error::ApiError;
 pub use limits::InputLimits;
+pub use lora::LoraLoader;
 pub use middleware::check_api_key;
 pub use replicas::Replicas;
 pub use state::{

@@ -386,6 +386,87 @@ impl Metrics {
     }
 }
 
+/// The LoRA adapters as `/metrics` shows them ([`render_lora`]).
+#[derive(Debug, Clone, Default)]
+pub struct LoraView {
+    /// Adapter slots (`--max-loras`).
+    pub max_loras: usize,
+    /// Adapters loaded.
+    pub loaded: usize,
+    /// Backend slots holding an adapter (over every replica).
+    pub resident: usize,
+    /// Adapters of running / waiting requests (over every replica).
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
+    /// Requests submitted per adapter name since start.
+    pub requests: Vec<(String, u64)>,
+    /// Seconds since the Unix epoch (the gauge's value, as vLLM's).
+    pub now: f64,
+}
+
+/// Appends the LoRA series: vLLM's `lora_requests_info` gauge (the
+/// Kubernetes inference gateway's, value = the time of the scrape) with
+/// `running_lora_adapters`, `waiting_lora_adapters` (comma-separated) and
+/// `max_lora`; `lamina_lora_adapters_loaded`; and
+/// `lamina_lora_requests_total` per adapter (`lora_name` label).
+pub fn render_lora(out: &mut String, model: &str, v: &LoraView) {
+    let m = escape(model);
+    let join = |names: &[String]| escape(&names.join(","));
+    let _ = writeln!(
+        out,
+        "# HELP vllm:lora_requests_info Running and waiting LoRA adapters (value: unix time of the scrape)."
+    );
+    for name in ["vllm:lora_requests_info", "lamina_lora_requests_info"] {
+        if name != "vllm:lora_requests_info" {
+            let _ = writeln!(
+                out,
+                "# HELP {name} Running and waiting LoRA adapters (value: unix time of the scrape)."
+            );
+        }
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(
+            out,
+            "{name}{{model_name=\"{m}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\",max_lora=\"{}\"}} {}",
+            join(&v.running),
+            join(&v.waiting),
+            v.max_loras,
+            v.now
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP lamina_lora_adapters_loaded LoRA adapters loaded."
+    );
+    let _ = writeln!(out, "# TYPE lamina_lora_adapters_loaded gauge");
+    let _ = writeln!(
+        out,
+        "lamina_lora_adapters_loaded{{model_name=\"{m}\"}} {}",
+        v.loaded
+    );
+    let _ = writeln!(
+        out,
+        "# HELP lamina_lora_slots_resident LoRA adapter slots holding an adapter."
+    );
+    let _ = writeln!(out, "# TYPE lamina_lora_slots_resident gauge");
+    let _ = writeln!(
+        out,
+        "lamina_lora_slots_resident{{model_name=\"{m}\"}} {}",
+        v.resident
+    );
+    let _ = writeln!(
+        out,
+        "# HELP lamina_lora_requests_total Requests submitted per LoRA adapter."
+    );
+    let _ = writeln!(out, "# TYPE lamina_lora_requests_total counter");
+    for (name, n) in &v.requests {
+        let _ = writeln!(
+            out,
+            "lamina_lora_requests_total{{model_name=\"{m}\",lora_name=\"{}\"}} {n}",
+            escape(name)
+        );
+    }
+}
+
 /// Escapes a Prometheus label value.
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -396,6 +477,28 @@ fn escape(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lora_series_carry_the_gateway_labels() {
+        let mut out = String::new();
+        let v = LoraView {
+            max_loras: 2,
+            loaded: 3,
+            resident: 1,
+            running: vec!["a".into(), "b".into()],
+            waiting: vec![],
+            requests: vec![("a".into(), 4), ("q\"x".into(), 1)],
+            now: 1700000000.5,
+        };
+        render_lora(&mut out, "m", &v);
+        assert!(out.contains(
+            "vllm:lora_requests_info{model_name=\"m\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\",max_lora=\"2\"} 1700000000.5\n"
+        ), "{out}");
+        assert!(out.contains("lamina_lora_adapters_loaded{model_name=\"m\"} 3\n"));
+        assert!(out.contains("lamina_lora_slots_resident{model_name=\"m\"} 1\n"));
+        assert!(out.contains("lamina_lora_requests_total{model_name=\"m\",lora_name=\"a\"} 4\n"));
+        assert!(out.contains("lora_name=\"q\\\"x\"} 1\n"));
+    }
 
     #[test]
     fn histogram_buckets_are_cumulative() {

@@ -104,6 +104,17 @@ fn model_card(state: &AppState) -> ModelCard {
         created: state.started,
         owned_by: "lamina",
         max_model_len: state.max_context(),
+        root: state.cfg.model_id.clone(),
+        parent: None,
+    }
+}
+
+/// The card of LoRA adapter `name`: its parent is the base model.
+fn lora_card(state: &AppState, name: String) -> ModelCard {
+    ModelCard {
+        id: name,
+        parent: Some(state.cfg.model_id.clone()),
+        ..model_card(state)
     }
 }
 
@@ -117,7 +128,13 @@ fn model_card(state: &AppState) -> ModelCard {
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: vec![model_card(&state)],
+        data: std::iter::once(model_card(&state))
+            .chain(
+                crate::lora::loaded(&state)
+                    .into_iter()
+                    .map(|n| lora_card(&state, n)),
+            )
+            .collect(),
     })
 }
 
@@ -133,8 +150,10 @@ pub async fn get_model(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    check_model(&state, Some(&id))?;
-    Ok(Json(model_card(&state)))
+    Ok(Json(match check_model(&state, Some(&id))? {
+        Some(lora) => lora_card(&state, lora),
+        None => model_card(&state),
+    }))
 }
 
 /// `{"tokens": [...], "count": n, "max_model_len": m}` for a `prompt`
@@ -232,9 +251,12 @@ pub async fn version() -> Json<VersionResponse> {
 #[utoipa::path(get, path = "/metrics", tag = "lamina",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state
+    let mut text = state
         .metrics
         .render(&state.replica_views(), &state.cfg.model_id);
+    if let Some(view) = crate::lora::metrics_view(&state) {
+        crate::metrics::render_lora(&mut text, &state.cfg.model_id, &view);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -20,7 +20,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::state::AppState;
-use crate::{anthropic, api, misc, oairesponses};
+use crate::{anthropic, api, lora, misc, oairesponses};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -72,6 +72,8 @@ pub(crate) fn guarded_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(misc::get_model))
         .routes(routes!(misc::tokenize))
         .routes(routes!(misc::detokenize))
+        .routes(routes!(lora::load_lora_adapter))
+        .routes(routes!(lora::unload_lora_adapter))
 }
 
 /// Routes open to anyone (probes, scrapers, documentation).

@@ -53,6 +53,8 @@ pub struct Checked {
     /// Choices generated (`best_of`, at least `n`); the best `n` by mean
     /// token log-probability are returned.
     pub best_of: usize,
+    /// The LoRA adapter `model` names (`None`: the base model).
+    pub lora: Option<String>,
 }
 
 fn bad(param: &str, msg: String) -> ApiError {
@@ -168,6 +170,7 @@ pub fn check(
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         n,
         best_of,
+        lora: None,
     })
 }
 
@@ -224,6 +227,7 @@ impl Checked {
             stop_token_ids: self.stop_token_ids.clone(),
             constraint: None,
             speculative: self.speculative,
+            lora: self.lora.clone(),
         }
     }
 }

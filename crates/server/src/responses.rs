@@ -167,6 +167,11 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     /// The longest prompt + completion a request may have (tokens).
     pub max_model_len: usize,
+    /// `root`: the base model's id (vLLM's field; for an adapter, the
+    /// base model it runs on).
+    pub root: String,
+    /// For a LoRA adapter, the base model's id; `null` for the base model.
+    pub parent: Option<String>,
 }
 
 /// `GET /v1/models`.

@@ -131,6 +131,8 @@ pub struct AppState {
     pub responses: ResponseStore,
     next_id: AtomicU64,
     draining: watch::Sender<bool>,
+    /// Reads adapters for `load_lora_adapter` (set by the binary).
+    lora_loader: std::sync::OnceLock<crate::lora::LoraLoader>,
 }
 
 impl AppState {
@@ -161,6 +163,7 @@ impl AppState {
             cfg,
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),
+            lora_loader: std::sync::OnceLock::new(),
         })
     }
 
@@ -171,6 +174,17 @@ impl AppState {
             .map_or(1, |n| n.get())
             .saturating_sub(1)
             .max(1)
+    }
+
+    /// Installs the adapter reader of `load_lora_adapter` (once; a second
+    /// call is ignored).
+    pub fn set_lora_loader(&self, loader: crate::lora::LoraLoader) {
+        let _ = self.lora_loader.set(loader);
+    }
+
+    /// The adapter reader, when installed.
+    pub fn lora_loader(&self) -> Option<crate::lora::LoraLoader> {
+        self.lora_loader.get().cloned()
     }
 
     /// A fresh request id (unique for this server's lifetime).

@@ -43,6 +43,9 @@ impl Scheduler {
             self.builder
                 .push(&tokens[p.start..p.end], p.start, table, sample)?;
             self.builder.set_prompt_len(seq.prompt_len);
+            if seq.slot > 0 {
+                self.builder.set_lora(seq.slot);
+            }
             if seq.drafted > 0 {
                 self.builder.set_drafts(seq.drafted);
             }

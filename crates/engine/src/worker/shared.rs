@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::types::EngineStats;
+use crate::types::{EngineStats, LoraGauge};
 
 /// State shared between the loop and the handles.
 #[derive(Default)]
@@ -20,6 +20,8 @@ pub(crate) struct Shared {
     pub queued_prompt_tokens: AtomicU64,
     /// Why the engine failed (`EngineConfig::halt_on_backend_error`); set once.
     failure: Mutex<Option<String>>,
+    /// The LoRA adapters in use (published only with slots).
+    lora: Mutex<LoraGauge>,
     pub(super) running: AtomicU64,
     pub(super) waiting: AtomicU64,
     pub(super) kv_blocks_used: AtomicU64,
@@ -65,6 +67,22 @@ impl Shared {
         match self.failure.lock() {
             Ok(f) => f.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The LoRA adapters in use, as last published.
+    pub(crate) fn lora_gauge(&self) -> LoraGauge {
+        match self.lora.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Publishes the LoRA adapters in use.
+    pub(super) fn set_lora_gauge(&self, g: LoraGauge) {
+        match self.lora.lock() {
+            Ok(mut l) => *l = g,
+            Err(poisoned) => *poisoned.into_inner() = g,
         }
     }
 

@@ -64,6 +64,7 @@ fn cfg(max_num_seqs: usize, max_batch_tokens: usize) -> EngineConfig {
         halt_on_backend_error: false,
         async_steps: true,
         speculative: None,
+        ..EngineConfig::default()
     }
 }
 
@@ -84,6 +85,7 @@ fn req(prompt: Vec<u32>, max_tokens: usize, params: SamplingParams) -> GenerateR
         stop_token_ids: Vec::new(),
         constraint: None,
         speculative: true,
+        lora: None,
     }
 }
 

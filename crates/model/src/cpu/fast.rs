@@ -50,9 +50,11 @@
 use super::CpuBackend;
 use super::attention::KvPool;
 use super::decode::{DecodeScratch, PoolView, decode_attention, row_of};
+use super::lora::delta;
 use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
 use checkpoint::weights::LlamaWeights;
 use contract::backend::{BackendError, StepBatch};
+use contract::lora::LoraTarget as L;
 use cpu_kernels::Isa;
 use cpu_kernels::gemm512::{Packed, matmul_packed};
 use cpu_kernels::kv::widen;
@@ -282,6 +284,8 @@ impl CpuBackend {
                 generated: &ws.generated,
             },
         };
+        let lrows = self.lora.rows(batch); // [T] each row's adapter
+        let lr = lrows.as_deref();
         for (l, lw) in fast.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let x = &mut ws.x[..t * hidden];
@@ -292,6 +296,9 @@ impl CpuBackend {
             let qkv = sized(&mut ws.qkv, t * qkv_w);
             lw.qkv
                 .matmul(isa, h, hidden, qkv_w, qkv, rows_kind, &mut ws.bufs);
+            delta(lr, l, L::Q, h, hidden, qkv, qkv_w, 0);
+            delta(lr, l, L::K, h, hidden, qkv, qkv_w, q_dim);
+            delta(lr, l, L::V, h, hidden, qkv, qkv_w, q_dim + kv_dim);
             let (cos, sin, half) = (self.rope.cos(), self.rope.sin(), c.head_dim / 2);
             each_row(qkv, qkv_w, |i, row| {
                 let pos = batch.positions[i] as usize;
@@ -317,6 +324,7 @@ impl CpuBackend {
             );
             let proj = sized(&mut ws.proj, t * hidden);
             lw.o.matmul(isa, attn, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
+            delta(lr, l, L::O, attn, q_dim, proj, hidden, 0);
             each_row_pair(x, hidden, proj, hidden, add_assign);
             each_row_pair(h, hidden, x, hidden, |hr, xr| {
                 rms_norm(xr, &norms.post, eps, hr)
@@ -324,6 +332,8 @@ impl CpuBackend {
             let gu = sized(&mut ws.gu, t * 2 * inter);
             lw.gate_up
                 .matmul(isa, h, hidden, 2 * inter, gu, rows_kind, &mut ws.bufs);
+            delta(lr, l, L::Gate, h, hidden, gu, 2 * inter, 0);
+            delta(lr, l, L::Up, h, hidden, gu, 2 * inter, inter);
             let act = sized(&mut ws.act, t * inter);
             each_row_pair(act, inter, gu, 2 * inter, |a, g| {
                 a.copy_from_slice(&g[..inter]);
@@ -331,6 +341,7 @@ impl CpuBackend {
             });
             lw.down
                 .matmul(isa, act, inter, hidden, proj, rows_kind, &mut ws.bufs);
+            delta(lr, l, L::Down, act, inter, proj, hidden, 0);
             each_row_pair(x, hidden, proj, hidden, add_assign);
         }
         // [R, hidden] only the rows whose logits are wanted, normed

@@ -5,7 +5,8 @@
 //! projections, RoPE, KV write at `slot_mapping`, paged causal attention,
 //! output projection, residual, RMSNorm, SwiGLU MLP, residual), then the final
 //! norm and LM head for the requested token rows only. It follows the oracle's
-//! textbook order of operations in f32.
+//! textbook order of operations in f32; a row with a LoRA adapter adds its
+//! delta after each targeted projection (`lora`).
 //!
 //! Costs per step of `T` tokens and `R` output rows: one pass over every
 //! layer's weights (each row converted once and applied to all `T` tokens),
@@ -14,7 +15,9 @@
 //! Every operation is the `ops` crate's (shared with the kernels' tests).
 
 use super::CpuBackend;
+use super::lora::delta;
 use contract::backend::StepBatch;
+use contract::lora::LoraTarget as L;
 use ops::AttnDims;
 use ops::activation::silu_mul;
 use ops::embedding::{embed, gather_rows};
@@ -37,25 +40,33 @@ impl CpuBackend {
         // [T, hidden] residual stream
         let mut x = embed(&self.weights.embed.data, &batch.tokens, hidden);
         debug_assert_eq!(x.len(), t * hidden);
+        let lrows = self.lora.rows(batch); // [T] each row's adapter
+        let lr = lrows.as_deref();
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let h = rms_norm(&x, &norms.input, eps); // [T, hidden]
             let mut q = matmul_bf16(&h, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
             let mut k = matmul_bf16(&h, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
-            let v = matmul_bf16(&h, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let mut v = matmul_bf16(&h, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
+            delta(lr, l, L::Q, &h, hidden, &mut q, q_dim, 0);
+            delta(lr, l, L::K, &h, hidden, &mut k, kv_dim, 0);
+            delta(lr, l, L::V, &h, hidden, &mut v, kv_dim, 0);
             self.rope.apply_rows(&mut q, q_dim, &batch.positions);
             self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
             self.pool.write(l, &k, &v, &batch.slot_mapping);
             let o = self.pool.attention(&q, l, batch, dims); // [T, q_dim]
-            add_assign(&mut x, &matmul_bf16(&o, &lw.o_proj.data, q_dim, hidden));
+            let mut proj = matmul_bf16(&o, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
+            delta(lr, l, L::O, &o, q_dim, &mut proj, hidden, 0);
+            add_assign(&mut x, &proj);
             let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
             let mut gate = matmul_bf16(&h, &lw.gate_proj.data, hidden, inter); // [T, inter]
-            let up = matmul_bf16(&h, &lw.up_proj.data, hidden, inter); // [T, inter]
+            let mut up = matmul_bf16(&h, &lw.up_proj.data, hidden, inter); // [T, inter]
+            delta(lr, l, L::Gate, &h, hidden, &mut gate, inter, 0);
+            delta(lr, l, L::Up, &h, hidden, &mut up, inter, 0);
             silu_mul(&mut gate, &up);
-            add_assign(
-                &mut x,
-                &matmul_bf16(&gate, &lw.down_proj.data, inter, hidden),
-            );
+            let mut down = matmul_bf16(&gate, &lw.down_proj.data, inter, hidden); // [T, hidden]
+            delta(lr, l, L::Down, &gate, inter, &mut down, hidden, 0);
+            add_assign(&mut x, &down);
         }
         // [R, hidden] only the rows whose logits are wanted
         let picked = gather_rows(&x, rows, hidden);

@@ -38,6 +38,7 @@ pub mod batch;
 mod decode;
 mod fast;
 mod forward;
+mod lora;
 mod packed;
 
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
@@ -46,6 +47,8 @@ pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 mod k_quant_tests;
 #[cfg(test)]
 mod kv_tests;
+#[cfg(test)]
+mod lora_tests;
 #[cfg(test)]
 mod spec_tests;
 #[cfg(test)]
@@ -103,6 +106,8 @@ pub struct CpuBackend {
     pipe: HostPipeline,
     /// How the fast path holds its weights ([`CpuWeights::describe`]).
     weights_name: String,
+    /// LoRA adapter slots (none unless [`CpuBackend::with_max_loras`]).
+    lora: lora::LoraSlots,
 }
 
 impl CpuBackend {
@@ -195,6 +200,7 @@ impl CpuBackend {
             isa: Isa::best(),
             pipe: HostPipeline::default(),
             weights_name,
+            lora: lora::LoraSlots::default(),
         })
     }
 
@@ -216,6 +222,13 @@ impl CpuBackend {
                 &self.kv_scales,
             );
         }
+        self
+    }
+
+    /// The backend with `n` empty LoRA adapter slots (`--max-loras`; the
+    /// constructors have none).
+    pub fn with_max_loras(mut self, n: usize) -> Self {
+        self.lora = lora::LoraSlots::new(n);
         self
     }
 
@@ -261,7 +274,8 @@ impl CpuBackend {
     /// below the vocabulary, positions below the RoPE table, and every block
     /// attention reads (`ceil(context_len / block_size)` per sequence) in the pool.
     pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
-        batch.check(self.kv, self.config.vocab_size, self.rope.positions())
+        batch.check(self.kv, self.config.vocab_size, self.rope.positions())?;
+        self.lora.check(batch)
     }
 }
 
@@ -333,6 +347,23 @@ impl contract::HostCompute for CpuBackend {
 
     fn verifies_penalties(&self) -> bool {
         true // each row samples with `StepBatch::row_request`'s history
+    }
+
+    fn max_loras(&self) -> usize {
+        self.lora.len()
+    }
+
+    fn set_lora(
+        &mut self,
+        slot: u32,
+        adapter: Option<std::sync::Arc<contract::LoraAdapter>>,
+    ) -> Result<(), BackendError> {
+        if let Some(a) = &adapter {
+            // the rank limit is the caller's (--max-lora-rank); shapes are ours
+            a.check(&self.config, usize::MAX)
+                .map_err(|e| BackendError::InvalidBatch(format!("LoRA adapter: {e}")))?;
+        }
+        self.lora.set(slot, adapter)
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

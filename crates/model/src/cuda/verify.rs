@@ -52,6 +52,7 @@ pub(super) fn expand(batch: &StepBatch, block_size: usize) -> Option<StepBatch> 
             if let Some(&p) = batch.prompt_lens.get(q) {
                 sb.set_prompt_len(p as usize);
             }
+            sb.set_lora(batch.lora_of(q));
         }
     }
     sb.finish();

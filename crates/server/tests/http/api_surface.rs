@@ -16,7 +16,7 @@ use super::*;
 
 /// Every route the router serves: the test fails when one is added without
 /// being documented, or documented without being served.
-const ROUTES: [(&str, &str); 17] = [
+const ROUTES: [(&str, &str); 19] = [
     ("GET", "/"),
     ("GET", "/health"),
     ("GET", "/version"),
@@ -34,6 +34,8 @@ const ROUTES: [(&str, &str); 17] = [
     ("GET", "/v1/models/{id}"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
+    ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/unload_lora_adapter"),
 ];
 
 #[tokio::test]

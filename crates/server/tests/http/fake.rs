@@ -176,6 +176,7 @@ pub fn engine(setup: Setup) -> (Engine, Arc<Tokenizer>) {
             halt_on_backend_error: setup.halt_on_backend_error,
             async_steps: true,
             speculative: None,
+            ..EngineConfig::default()
         },
     )
     .expect("engine starts");

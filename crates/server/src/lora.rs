@@ -1,0 +1,208 @@
+//! LoRA adapters over HTTP (vLLM's API): `POST /v1/load_lora_adapter`
+//! `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter`
+//! `{"lora_name"}`, behind the API key; a request's `model` names the
+//! base model or a loaded adapter ([`resolve_model`]); `/v1/models` lists
+//! the adapters with `parent` = the base model's id.
+//!
+//! Contract: an adapter is loaded into every replica or none (a replica
+//! that refuses it unloads it from those that took it). Reading the files
+//! is the [`LoraLoader`] the binary installs (`AppState::set_lora_loader`;
+//! the server reads no files itself), run on the blocking pool. A bad
+//! adapter is a 400 naming what is wrong (the loader's message names the
+//! file and field or tensor), an unknown one on unload or in `model` a 404.
+//! Unloading never disturbs a request already submitted with the adapter.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use contract::LoraAdapter;
+use engine::LoraRegistryError;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::api::body_bytes;
+use crate::error::ApiError;
+use crate::protocol;
+use crate::state::AppState;
+
+/// Reads an adapter from a `lora_path` (a directory or a Hugging Face repo
+/// id), checked against the model; the error is one line naming the
+/// problem.
+pub type LoraLoader = Arc<dyn Fn(&str) -> Result<Arc<LoraAdapter>, String> + Send + Sync>;
+
+/// `POST /v1/load_lora_adapter`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoadLoraRequest {
+    /// The name requests use as `model`.
+    pub lora_name: String,
+    /// A directory in the PEFT layout, or a Hugging Face repo id.
+    pub lora_path: String,
+}
+
+/// `POST /v1/unload_lora_adapter`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UnloadLoraRequest {
+    pub lora_name: String,
+    /// Accepted and ignored (vLLM's field).
+    #[serde(default)]
+    pub lora_int_id: Option<i64>,
+}
+
+/// The adapter a request's `model` names: `None` for the base model (or
+/// no `model`), the adapter's name for a loaded adapter, else a 404.
+pub fn resolve_model(state: &AppState, model: Option<&str>) -> Result<Option<String>, ApiError> {
+    match model {
+        None => Ok(None),
+        Some(m) if m == state.cfg.model_id => Ok(None),
+        Some(m) if loaded(state).iter().any(|n| n == m) => Ok(Some(m.to_string())),
+        Some(m) => Err(ApiError::unknown_model(m)),
+    }
+}
+
+/// The loaded adapters' names (every replica holds the same ones).
+pub fn loaded(state: &AppState) -> Vec<String> {
+    state
+        .replicas
+        .engine(0)
+        .map(|e| e.loras().names())
+        .unwrap_or_default()
+}
+
+fn registry_error(e: LoraRegistryError) -> ApiError {
+    let msg = format!("{e}.");
+    match e {
+        LoraRegistryError::NotLoaded(_) => ApiError::lora_not_found(msg),
+        LoraRegistryError::Invalid { .. } => ApiError::invalid_param("lora_path", msg),
+        LoraRegistryError::Disabled => ApiError::invalid_request(msg),
+        _ => ApiError::invalid_param("lora_name", msg),
+    }
+}
+
+/// Loads a LoRA adapter for later requests (`model: lora_name`).
+#[utoipa::path(post, path = "/v1/load_lora_adapter", tag = "lamina",
+    security(("api_key" = [])),
+    request_body = LoadLoraRequest,
+    responses(
+        (status = 200, description = "Loaded", body = String),
+        (status = 400, description = "A bad or refused adapter, naming the field, file or tensor", body = crate::error::ErrorBody),
+    ))]
+pub async fn load_lora_adapter(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<String, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let req: LoadLoraRequest = protocol::parse(&body)?;
+    let name = req.lora_name.clone();
+    if name.is_empty() {
+        return Err(registry_error(LoraRegistryError::EmptyName));
+    }
+    if name == state.cfg.model_id {
+        return Err(registry_error(LoraRegistryError::BaseName(name)));
+    }
+    if state.replicas.engine(0).is_some_and(|e| e.max_loras() == 0) {
+        return Err(registry_error(LoraRegistryError::Disabled));
+    }
+    if loaded(&state).contains(&name) {
+        return Err(registry_error(LoraRegistryError::AlreadyLoaded(name)));
+    }
+    let Some(loader) = state.lora_loader() else {
+        return Err(registry_error(LoraRegistryError::Disabled));
+    };
+    let path = req.lora_path.clone();
+    let adapter = tokio::task::spawn_blocking(move || loader(&path))
+        .await
+        .map_err(|e| ApiError::internal(format!("the adapter loader failed: {e}")))?
+        .map_err(|e| ApiError::invalid_param("lora_path", e))?;
+    for i in 0..state.replicas.len() {
+        let Some(e) = state.replicas.engine(i) else {
+            continue;
+        };
+        if let Err(err) = e.load_lora(&name, adapter.clone()) {
+            for j in 0..i {
+                if let Some(e) = state.replicas.engine(j) {
+                    let _ = e.unload_lora(&name);
+                }
+            }
+            return Err(registry_error(err));
+        }
+    }
+    tracing::info!(lora = %name, path = %req.lora_path, rank = adapter.rank, "LoRA adapter loaded");
+    Ok(format!(
+        "Success: LoRA adapter '{name}' added successfully."
+    ))
+}
+
+/// Unloads a LoRA adapter: later requests naming it get a 404; requests
+/// already running finish with it.
+#[utoipa::path(post, path = "/v1/unload_lora_adapter", tag = "lamina",
+    security(("api_key" = [])),
+    request_body = UnloadLoraRequest,
+    responses(
+        (status = 200, description = "Unloaded", body = String),
+        (status = 404, description = "No adapter of that name", body = crate::error::ErrorBody),
+    ))]
+pub async fn unload_lora_adapter(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<String, ApiError> {
+    let body = body_bytes(&state, body)?;
+    let req: UnloadLoraRequest = protocol::parse(&body)?;
+    let name = req.lora_name;
+    let mut first: Option<LoraRegistryError> = None;
+    for i in 0..state.replicas.len() {
+        if let Some(Err(e)) = state.replicas.engine(i).map(|e| e.unload_lora(&name)) {
+            first.get_or_insert(e);
+        }
+    }
+    if let Some(e) = first {
+        return Err(registry_error(e));
+    }
+    tracing::info!(lora = %name, "LoRA adapter unloaded");
+    Ok(format!(
+        "Success: LoRA adapter '{name}' removed successfully."
+    ))
+}
+
+/// What `/metrics` shows of the adapters, over every replica; `None` with
+/// LoRA off.
+pub fn metrics_view(state: &AppState) -> Option<crate::metrics::LoraView> {
+    let first = state.replicas.engine(0)?;
+    if first.max_loras() == 0 {
+        return None;
+    }
+    let (mut running, mut waiting, mut resident) = (Vec::new(), Vec::new(), 0);
+    let mut requests: std::collections::BTreeMap<String, u64> = Default::default();
+    for i in 0..state.replicas.len() {
+        let Some(e) = state.replicas.engine(i) else {
+            continue;
+        };
+        let g = e.lora_gauge();
+        resident += g.resident;
+        running.extend(g.running);
+        waiting.extend(g.waiting);
+        for (name, n) in e.loras().requests() {
+            *requests.entry(name).or_default() += n;
+        }
+    }
+    for v in [&mut running, &mut waiting] {
+        v.sort();
+        v.dedup();
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    Some(crate::metrics::LoraView {
+        max_loras: first.max_loras(),
+        loaded: first.loras().names().len(),
+        resident,
+        running,
+        waiting,
+        requests: requests.into_iter().collect(),
+        now,
+    })
+}
