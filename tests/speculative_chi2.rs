@@ -93,6 +93,7 @@ fn counts(e: &Engine, seeds: std::ops::Range<u64>, temperature: f32) -> Vec<u64>
             stop_token_ids: Vec::new(),
             constraint: None,
             speculative: true,
+            lora: None,
         })
         .collect();
     let mut c = vec![0; vocab];
