@@ -6,11 +6,10 @@
 //! The reference for "alone" is a separate engine with the prefix cache off,
 //! running one request at a time.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use checkpoint::synth::{Preset, synth_model};
 use contract::{KvShape, SamplingParams};
 use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, SubmitError};
 use tokenizer::Tokenizer;
@@ -19,14 +18,7 @@ const BLOCK_SIZE: usize = 16;
 
 /// The tiny synthetic model, written once per test binary.
 fn model_dir() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let tmp = tempfile::tempdir().expect("temp dir");
-        let dir = tmp.path().join("tiny");
-        synth_model(Preset::Tiny, 5, &dir).expect("synth tiny model");
-        (tmp, dir)
-    })
-    .1
+    lamina_tests::tiny_model(5)
 }
 
 fn start(

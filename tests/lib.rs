@@ -75,3 +75,21 @@ pub fn run_all(
             .collect()
     })
 }
+
+/// The tiny synthetic model of `seed`, written once per test binary (its
+/// folder lives until the binary exits, as a static's would).
+pub fn tiny_model(seed: u64) -> &'static std::path::Path {
+    use checkpoint::synth::{Preset, synth_model};
+    static DIRS: std::sync::Mutex<Vec<(u64, &'static std::path::Path)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut dirs = DIRS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, d)) = dirs.iter().find(|(s, _)| *s == seed) {
+        return d;
+    }
+    let tmp: &'static tempfile::TempDir =
+        Box::leak(Box::new(tempfile::tempdir().expect("temp dir")));
+    let dir: &'static std::path::Path = Box::leak(tmp.path().join("tiny").into_boxed_path());
+    synth_model(Preset::Tiny, seed, dir).expect("synth tiny model");
+    dirs.push((seed, dir));
+    dir
+}

@@ -12,10 +12,9 @@
 //! Costs: the tiny model (hidden 64, 3 layers); 4 x 3,000 requests of 5
 //! tokens: a few seconds on 2 cores in release.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::path::Path;
+use std::sync::Arc;
 
-use checkpoint::synth::{Preset, synth_model};
 use contract::{KvShape, SamplingParams};
 use engine::speculate::DraftModel;
 use engine::{Engine, EngineConfig, GenerateRequest, SpecConfig, SpecMethod};
@@ -27,15 +26,9 @@ const N: u64 = 3000;
 const AT: usize = 3;
 const PROMPT: [u32; 6] = [65, 66, 67, 32, 68, 69];
 
+/// The tiny synthetic model, written once per test binary.
 fn model_dir() -> &'static Path {
-    static DIR: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &DIR.get_or_init(|| {
-        let tmp = tempfile::tempdir().expect("temp dir");
-        let dir = tmp.path().join("tiny");
-        synth_model(Preset::Tiny, 9, &dir).expect("synth tiny model");
-        (tmp, dir)
-    })
-    .1
+    lamina_tests::tiny_model(9)
 }
 
 fn backend() -> (model::cpu::CpuBackend, checkpoint::loader::LoadedModel) {

@@ -79,16 +79,7 @@ fn fp8_matches_the_cpu(quantize_head: bool, fp8_activations: bool) {
     }
     let prompt = tokens(98, 40, vocab);
     let blocks = pool.take(40 + 32);
-    let generated = generate(&mut gpu, &prompt, &blocks, 32);
-    let gpu_tf = teacher_forced(&mut gpu, &prompt, &generated, &blocks);
-    let mut full = prompt.clone();
-    full.extend_from_slice(&generated[..31]);
-    let cpu_all = chunk_logits(&mut cpu, &full, 0, &blocks);
-    let cpu_tf = &cpu_all[39 * vocab..];
-    let (e, d) = (
-        rel_err(&gpu_tf, cpu_tf),
-        max_lp_diff(&gpu_tf, cpu_tf, vocab),
-    );
+    let (e, d) = generated_vs_cpu(&mut gpu, &mut cpu, &prompt, &blocks, 32, vocab);
     println!(
         "RESULT fp8 (LM head: {quantize_head}, activations: {fp8_activations}) smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
     );

@@ -61,17 +61,8 @@ fn cuda_fp8_kv_matches_the_cpu_with_fp8_kv() {
     }
     let prompt = tokens(77, 40, vocab);
     let blocks = pool.take(40 + 32);
-    let generated = generate(&mut gpu, &prompt, &blocks, 32);
+    let (e, d) = generated_vs_cpu(&mut gpu, &mut cpu, &prompt, &blocks, 32, vocab);
     assert!(gpu.num_graphs() > 0, "decode steps ran on captured graphs");
-    let gpu_tf = teacher_forced(&mut gpu, &prompt, &generated, &blocks);
-    let mut full = prompt.clone();
-    full.extend_from_slice(&generated[..31]);
-    let cpu_all = chunk_logits(&mut cpu, &full, 0, &blocks);
-    let cpu_tf = &cpu_all[39 * vocab..];
-    let (e, d) = (
-        rel_err(&gpu_tf, cpu_tf),
-        max_lp_diff(&gpu_tf, cpu_tf, vocab),
-    );
     println!(
         "RESULT fp8 KV smollm2 32 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
     );

@@ -225,6 +225,28 @@ pub(super) fn generate(b: &mut dyn Backend, prompt: &[u32], blocks: &[u32], n: u
     }
     out
 }
+/// `n` greedy tokens after `prompt` on `gpu`, teacher-forced there and
+/// on `cpu` over the same blocks: (rel err, max |dlogprob|) of the GPU's
+/// rows against the CPU's.
+pub(super) fn generated_vs_cpu(
+    gpu: &mut dyn Backend,
+    cpu: &mut dyn Backend,
+    prompt: &[u32],
+    blocks: &[u32],
+    n: usize,
+    vocab: usize,
+) -> (f64, f64) {
+    let generated = generate(gpu, prompt, blocks, n);
+    let gpu_tf = teacher_forced(gpu, prompt, &generated, blocks);
+    let mut full = prompt.to_vec();
+    full.extend_from_slice(&generated[..n - 1]);
+    let cpu_all = chunk_logits(cpu, &full, 0, blocks);
+    let cpu_tf = &cpu_all[(prompt.len() - 1) * vocab..];
+    (
+        rel_err(&gpu_tf, cpu_tf),
+        max_lp_diff(&gpu_tf, cpu_tf, vocab),
+    )
+}
 
 /// Logits behind each of `generated` (teacher-forced), decoding one token at a time.
 pub(super) fn teacher_forced(
