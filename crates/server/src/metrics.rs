@@ -433,25 +433,22 @@ pub fn render_lora(out: &mut String, model: &str, v: &LoraView) {
             v.now
         );
     }
-    let _ = writeln!(
+    let gauge = |out: &mut String, name: &str, help: &str, value: usize| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        let _ = writeln!(out, "{name}{{model_name=\"{m}\"}} {value}");
+    };
+    gauge(
         out,
-        "# HELP lamina_lora_adapters_loaded LoRA adapters loaded."
+        "lamina_lora_adapters_loaded",
+        "LoRA adapters loaded.",
+        v.loaded,
     );
-    let _ = writeln!(out, "# TYPE lamina_lora_adapters_loaded gauge");
-    let _ = writeln!(
+    gauge(
         out,
-        "lamina_lora_adapters_loaded{{model_name=\"{m}\"}} {}",
-        v.loaded
-    );
-    let _ = writeln!(
-        out,
-        "# HELP lamina_lora_slots_resident LoRA adapter slots holding an adapter."
-    );
-    let _ = writeln!(out, "# TYPE lamina_lora_slots_resident gauge");
-    let _ = writeln!(
-        out,
-        "lamina_lora_slots_resident{{model_name=\"{m}\"}} {}",
-        v.resident
+        "lamina_lora_slots_resident",
+        "LoRA adapter slots holding an adapter.",
+        v.resident,
     );
     let _ = writeln!(
         out,
