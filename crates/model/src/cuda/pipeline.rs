@@ -162,11 +162,9 @@ impl CudaBackend {
                 _ => return Err(c.unsampled(i, prev.len())),
             }
         }
-        // a verify step shaped like decode runs as one (`verify`)
-        let expanded = match hold {
-            false => super::verify::expand(batch, self.tuning.block_size),
-            true => None,
-        };
+        // a verify step shaped like decode runs as one (`verify`; a held
+        // step has no drafts)
+        let expanded = super::verify::expand(batch, self.tuning.block_size);
         if expanded.is_none() {
             super::verify::check_unexpanded(batch)?;
         }
