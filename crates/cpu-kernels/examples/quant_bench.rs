@@ -1,11 +1,12 @@
 //! Times `matmul_quant` on one shape for every dot-product path: `cargo run
 //! --release -p cpu-kernels --example quant_bench -- T IN OUT [ITERS]`.
 //! Prints the fastest call's ms and GB/s of weights read per type and path
-//! (Q4_K and Q6_K where `IN` is a multiple of 256),
+//! (Q4_K and Q6_K where `IN` is a multiple of 256; Q4_1 and Q8_0 also in
+//! 16-row panels where AVX-512 VNNI runs),
 //! single-threaded (`RAYON_NUM_THREADS=1`) or on the pool.
 
 use cpu_kernels::Isa;
-use cpu_kernels::quant::{Kernel, QuantActs, QuantType, matmul_quant, quantize_row};
+use cpu_kernels::quant::{Kernel, QuantActs, QuantType, matmul_quant, quantize_row, x16};
 use std::time::Instant;
 
 fn main() {
@@ -52,6 +53,21 @@ fn main() {
                 "{:>4} {:>11} T={t} {inp}x{out}: {:.3} ms, {:.1} GB/s",
                 qt.name(),
                 Kernel::pick(isa).name(),
+                sec * 1e3,
+                w.len() as f64 / sec / 1e9
+            );
+        }
+        if let Some(p) = x16::Panels16::new(qt, &w, out, inp) {
+            let mut sec = f64::INFINITY;
+            for _ in 0..iters {
+                let start = Instant::now();
+                x16::matmul_x16(&x, &p, &mut y, &mut acts);
+                sec = sec.min(start.elapsed().as_secs_f64());
+            }
+            println!(
+                "{:>4} {:>11} T={t} {inp}x{out}: {:.3} ms, {:.1} GB/s",
+                qt.name(),
+                "panels-16",
                 sec * 1e3,
                 w.len() as f64 / sec / 1e9
             );

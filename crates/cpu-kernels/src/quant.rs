@@ -50,6 +50,11 @@
 //! the f32 additions, so the CPU backend runs it for prompt tokens only
 //! (every prompt token, whatever its step holds).
 //!
+//! [`x16`] holds Q4_1 and Q8_0 matrices in 16-row panels for AVX-512 VNNI:
+//! its row product (`x16::matmul_x16`) takes the generated rows' place,
+//! and the GEMM reads the panels too (`gemm::matmul_panels_gemm`, the same
+//! bits as over the blocks), so a model keeps one copy of its weights.
+//!
 //! Costs: `T * inp` quantisations per call (in parallel for long steps),
 //! then `T * out * inp` 16-bit multiply-adds; the weights are read once per
 //! call (a weight row is reused from L1 for every token). Work is split
@@ -60,6 +65,7 @@ mod dot;
 pub mod gemm;
 pub mod q4k;
 pub mod q6k;
+pub mod x16;
 
 use crate::OutPtr;
 use crate::isa::Isa;

@@ -17,6 +17,7 @@
 //! tokens x [`NR`] outputs, each block's integer sums scaled into f32 once
 //! per tile. Parallel over panels on rayon.
 
+use super::x16::Panels16;
 use super::{ActsRow, QK, QuantActs, QuantType};
 use crate::OutPtr;
 use crate::pairs::NR;
@@ -55,22 +56,57 @@ pub fn matmul_quant_gemm(
     acts: &mut QuantActs,
 ) {
     assert!(supported(), "AVX-512 VNNI is required");
-    let Some((t, row_bytes)) = super::check_shapes(x, w, qt, inp, out, y) else {
+    let Some((_, row_bytes)) = super::check_shapes(x, w, qt, inp, out, y) else {
         return;
     };
-    acts.quantize_grouped(x, inp, qt.act_group());
-    let acts = &*acts;
     let blocks = inp / QK;
-    let yp = OutPtr(y.as_mut_ptr());
-    let run = |panel: &mut Panel, p: usize| {
-        let (o0, nv) = (p * NR, NR.min(out - p * NR));
+    gemm(x, qt, inp, out, y, acts, |p, nv, panel| {
+        let o0 = p * NR;
         unpack(
             &w[o0 * row_bytes..(o0 + nv) * row_bytes],
             qt,
             blocks,
             nv,
             panel,
-        );
+        )
+    });
+}
+
+/// [`matmul_quant_gemm`] over a matrix in 16-row panels
+/// ([`Panels16`]): the same integer sums and f32 order, so the same bits.
+pub fn matmul_panels_gemm(x: &[f32], w: &Panels16, y: &mut [f32], acts: &mut QuantActs) {
+    assert!(supported(), "AVX-512 VNNI is required");
+    let (inp, out) = (w.inp(), w.rows());
+    assert!(x.len().is_multiple_of(inp), "x is not [T, {inp}]");
+    assert_eq!(y.len(), x.len() / inp * out, "y is not [T, {out}]");
+    gemm(x, w.quant_type(), inp, out, y, acts, |p, nv, panel| {
+        w.unpack_gemm(p * NR, nv, &mut panel.q, &mut panel.d, &mut panel.m)
+    });
+}
+
+/// The GEMM over panels of [`NR`] outputs that `unpack(p, nv, panel)`
+/// fills (panel `p`, its `nv` rows), on rayon.
+#[allow(clippy::too_many_arguments)]
+fn gemm(
+    x: &[f32],
+    qt: QuantType,
+    inp: usize,
+    out: usize,
+    y: &mut [f32],
+    acts: &mut QuantActs,
+    unpack: impl Fn(usize, usize, &mut Panel) + Sync,
+) {
+    let t = x.len() / inp;
+    if t == 0 || out == 0 {
+        return;
+    }
+    acts.quantize_grouped(x, inp, qt.act_group());
+    let acts = &*acts;
+    let blocks = inp / QK;
+    let yp = OutPtr(y.as_mut_ptr());
+    let run = |panel: &mut Panel, p: usize| {
+        let (o0, nv) = (p * NR, NR.min(out - p * NR));
+        unpack(p, nv, panel);
         for t0 in (0..t).step_by(MR) {
             let mr = MR.min(t - t0);
             let rows: [ActsRow<'_>; MR] = std::array::from_fn(|m| acts.row((t0 + m).min(t - 1)));

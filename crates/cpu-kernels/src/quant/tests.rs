@@ -318,3 +318,77 @@ fn k_types_of_random_bits_match_on_every_kernel() {
         }
     }
 }
+
+/// The 16-row panels give the reference dots' values (the same integer
+/// sums, another f32 order) for random blocks, one and many tokens, on one
+/// thread and on the pool; a row's result is the same bits whatever `T`.
+#[test]
+fn panels_of_16_rows_match_the_reference_dots() {
+    if !x16::supported() {
+        eprintln!("skipped: no AVX-512 VNNI");
+        return;
+    }
+    for qt in [QuantType::Q4_1, QuantType::Q8_0] {
+        for (i, &(t, inp, out)) in [(1, 32, 16), (3, 576, 48), (7, 1536, 64), (2, 64, 512)]
+            .iter()
+            .enumerate()
+        {
+            let x = rand_vec(t * inp, 300 + i as u64, 3.0);
+            let mut w = random_bytes(qt.matrix_bytes(out, inp), 400 + i as u64);
+            // finite scales: every block's f16 d (and m) small and normal
+            let bb = qt.block_bytes();
+            for blk in w.chunks_exact_mut(bb) {
+                blk[1] = 0x20 | (blk[1] & 0x83);
+                if qt == QuantType::Q4_1 {
+                    blk[3] = 0x20 | (blk[3] & 0x83);
+                }
+            }
+            let p = x16::Panels16::new(qt, &w, out, inp).expect("a panel type and shape");
+            assert_eq!(p.bytes(), w.len());
+            let mut y = vec![0f32; t * out];
+            let mut acts = QuantActs::default();
+            x16::matmul_x16(&x, &p, &mut y, &mut acts);
+            let rb = qt.matrix_bytes(1, inp);
+            for n in 0..t {
+                for r in 0..out {
+                    let want = Kernel::Portable.dot(qt, &w[r * rb..][..rb], acts.row(n));
+                    let got = y[n * out + r];
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "{qt:?} t={n} r={r}: {got} vs {want}"
+                    );
+                }
+                // the same row alone: the same bits
+                let mut y1 = vec![0f32; out];
+                x16::matmul_x16(&x[n * inp..][..inp], &p, &mut y1, &mut QuantActs::default());
+                assert_eq!(y1, y[n * out..][..out], "{qt:?} row {n} alone");
+            }
+        }
+    }
+    assert!(x16::Panels16::new(QuantType::Q4_1, &[0; 20 * 8], 8, 32).is_none());
+    assert!(x16::Panels16::new(QuantType::Q4_K, &[0; 144 * 16], 16, 256).is_none());
+}
+
+/// The prompt GEMM over 16-row panels gives the bits of the GEMM over the
+/// blocks, including a last panel of 16 rows (`out` not a multiple of 32).
+#[test]
+fn the_gemm_over_panels_equals_the_gemm_over_blocks() {
+    if !x16::supported() {
+        eprintln!("skipped: no AVX-512 VNNI");
+        return;
+    }
+    for qt in [QuantType::Q4_1, QuantType::Q8_0] {
+        for (i, &(t, inp, out)) in [(1, 32, 16), (9, 576, 48), (13, 96, 64)].iter().enumerate() {
+            let x = rand_vec(t * inp, 500 + i as u64, 3.0);
+            let wf = rand_vec(out * inp, 600 + i as u64, 0.5);
+            let w = quantized(qt, &wf, inp);
+            let p = x16::Panels16::new(qt, &w, out, inp).expect("a panel type and shape");
+            let mut acts = QuantActs::default();
+            let mut want = vec![0f32; t * out];
+            gemm::matmul_quant_gemm(&x, &w, qt, inp, out, &mut want, &mut acts);
+            let mut got = vec![f32::NAN; t * out];
+            gemm::matmul_panels_gemm(&x, &p, &mut got, &mut acts);
+            assert_eq!(got, want, "{qt:?} T={t} {inp}x{out}");
+        }
+    }
+}

@@ -130,7 +130,7 @@ impl FastWeights {
                 )?,
             });
         }
-        let head = pack_head(w.head(), format)?;
+        let head = pack_head(w.head(), format, layout)?;
         if let Some(want) = quantize_to {
             let all: Vec<&Matrix> = layers
                 .iter()
