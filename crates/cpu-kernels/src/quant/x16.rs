@@ -18,9 +18,10 @@
 //! agrees with it to f32 rounding; a row's result depends on that row
 //! alone, never on `T` or on the other rows.
 //!
-//! Costs: per panel and block, four (Q4_1) or eight (Q8_0) 64-byte loads,
-//! sixteen `vpdpwssd`, one scale multiply-add (and one for `m`): about a
-//! fifth of the row kernels' instructions, which are bound by their
+//! Costs: per panel and block, four (Q4_1) or eight (Q8_0) 64-byte loads
+//! and their unpacking, once for up to [`TOKENS`] tokens, then per token
+//! sixteen `vpdpwssd` and one scale multiply-add (and one for `m`): about
+//! a fifth of the row kernels' instructions, which are bound by their
 //! per-block unpacking and horizontal sums; the repack is one pass at
 //! load, no extra memory once the source is dropped.
 
@@ -34,6 +35,8 @@ pub const ROWS: usize = 16;
 /// Weights `4c + PERM[i]` sit in byte `i` of a lane, so that the even
 /// and the odd bytes each hold two consecutive weights.
 const PERM: [usize; 4] = [0, 2, 1, 3];
+/// Tokens one pass over a panel serves (each chunk unpacked once for all).
+const TOKENS: usize = 4;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_WORK: usize = 1 << 16;
 
@@ -242,23 +245,35 @@ pub fn matmul_x16(x: &[f32], p: &Panels16, y: &mut [f32], acts: &mut QuantActs) 
     let run = |task: usize| {
         for g in task * per_task..((task + 1) * per_task).min(groups) {
             let panel = &p.data[g * pb..][..pb];
-            for n in 0..t {
-                // SAFETY: n < t and g < groups, so the 16 outputs at n *
-                // rows + 16 g are inside `y` [t, rows]; panel g belongs to
-                // this task only (see OutPtr).
-                let out = unsafe { yp.get().add(n * p.rows + g * ROWS) };
-                let a = acts.row(n);
+            let mut n = 0;
+            while n < t {
+                let nt = TOKENS.min(t - n);
+                let a: [ActsRow<'_>; TOKENS] = std::array::from_fn(|j| acts.row(n + j.min(nt - 1)));
+                // SAFETY: n + j < t and g < groups, so the 16 outputs at
+                // (n + j) * rows + 16 g are inside `y` [t, rows]; panel g
+                // belongs to this task only (see OutPtr).
+                let out: [*mut f32; TOKENS] = std::array::from_fn(|j| unsafe {
+                    yp.get().add((n + j.min(nt - 1)) * p.rows + g * ROWS)
+                });
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: AVX-512 VNNI asserted above; `panel` holds
-                // `blocks` blocks of 16 rows and `a` `blocks` blocks.
+                // `blocks` blocks of 16 rows and each row of `a` `blocks`
+                // blocks; the first `nt` outputs are distinct.
                 unsafe {
-                    match p.qt {
-                        QuantType::Q4_1 => q4_1_panel(panel, a, out),
-                        _ => q8_0_panel(panel, a, out),
+                    match (p.qt, nt) {
+                        (QuantType::Q4_1, 1) => q4_1_panel::<1>(panel, &a, &out),
+                        (QuantType::Q4_1, 2) => q4_1_panel::<2>(panel, &a, &out),
+                        (QuantType::Q4_1, 3) => q4_1_panel::<3>(panel, &a, &out),
+                        (QuantType::Q4_1, _) => q4_1_panel::<4>(panel, &a, &out),
+                        (_, 1) => q8_0_panel::<1>(panel, &a, &out),
+                        (_, 2) => q8_0_panel::<2>(panel, &a, &out),
+                        (_, 3) => q8_0_panel::<3>(panel, &a, &out),
+                        _ => q8_0_panel::<4>(panel, &a, &out),
                     }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 let _ = (panel, out, a);
+                n += nt;
             }
         }
     };
@@ -283,21 +298,29 @@ unsafe fn pair(q: &[i16], k: usize) -> std::arch::x86_64::__m512i {
     _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(q.as_ptr().add(k) as *const i32) })
 }
 
-/// Sixteen rows' Q4_1 dot products with `a`, stored at `out`.
+/// Sixteen rows' Q4_1 dot products with each of the first `N` rows of
+/// `a`, stored at `out[j]`: each chunk is unpacked once for the `N` tokens,
+/// and every token's f32 operations are those it has alone (`N` = 1).
 ///
 /// # Safety
-/// AVX-512F, BW, VNNI, F16C; `panel` holds `a.ds.len()` blocks of 16 rows;
-/// 16 floats writable at `out`.
+/// AVX-512F, BW, VNNI, F16C; `panel` holds `a[j].ds.len()` blocks of 16
+/// rows; 16 floats writable at each `out[j]`, `j < N`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_1_panel(panel: &[u8], a: ActsRow<'_>, out: *mut f32) {
+unsafe fn q4_1_panel<const N: usize>(
+    panel: &[u8],
+    a: &[ActsRow<'_>; TOKENS],
+    out: &[*mut f32; TOKENS],
+) {
     use std::arch::x86_64::*;
     const PB: usize = ROWS * 20;
     let mask = _mm512_set1_epi16(0x0f);
-    let (mut acc, mut accm) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    for (b, &[dx, sx]) in a.ds.iter().enumerate() {
-        let (w, x) = (&panel[b * PB..][..PB], &a.q[b * QK..][..QK]);
-        let mut s = [_mm512_setzero_si512(); 4];
+    let mut acc = [_mm512_setzero_ps(); N];
+    let mut accm = [_mm512_setzero_ps(); N];
+    for b in 0..a[0].ds.len() {
+        let w = &panel[b * PB..][..PB];
+        let x: [&[i16]; N] = std::array::from_fn(|j| &a[j].q[b * QK..][..QK]);
+        let mut s = [[_mm512_setzero_si512(); 4]; N];
         for c in 0..4 {
             // SAFETY: chunk c is inside the block; pairs inside x.
             unsafe {
@@ -306,13 +329,14 @@ unsafe fn q4_1_panel(panel: &[u8], a: ActsRow<'_>, out: *mut f32) {
                 let lo2 = _mm512_and_si512(_mm512_srli_epi16::<8>(v), mask);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), mask);
                 let hi2 = _mm512_srli_epi16::<12>(v);
-                s[0] = _mm512_dpwssd_epi32(s[0], lo, pair(x, 4 * c));
-                s[1] = _mm512_dpwssd_epi32(s[1], lo2, pair(x, 4 * c + 2));
-                s[2] = _mm512_dpwssd_epi32(s[2], hi, pair(x, 16 + 4 * c));
-                s[3] = _mm512_dpwssd_epi32(s[3], hi2, pair(x, 18 + 4 * c));
+                for j in 0..N {
+                    s[j][0] = _mm512_dpwssd_epi32(s[j][0], lo, pair(x[j], 4 * c));
+                    s[j][1] = _mm512_dpwssd_epi32(s[j][1], lo2, pair(x[j], 4 * c + 2));
+                    s[j][2] = _mm512_dpwssd_epi32(s[j][2], hi, pair(x[j], 16 + 4 * c));
+                    s[j][3] = _mm512_dpwssd_epi32(s[j][3], hi2, pair(x[j], 18 + 4 * c));
+                }
             }
         }
-        let sum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
         // SAFETY: the 16 d and 16 m follow the 256 nibble bytes.
         let (d, m) = unsafe {
             (
@@ -320,47 +344,64 @@ unsafe fn q4_1_panel(panel: &[u8], a: ActsRow<'_>, out: *mut f32) {
                 _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(288) as *const _)),
             )
         };
-        let scale = _mm512_mul_ps(d, _mm512_set1_ps(dx));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc);
-        accm = _mm512_fmadd_ps(m, _mm512_set1_ps(sx), accm);
+        for j in 0..N {
+            let [dx, sx] = a[j].ds[b];
+            let s = &s[j];
+            let sum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(dx));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[j]);
+            accm[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(sx), accm[j]);
+        }
     }
-    // SAFETY: 16 floats writable (caller).
-    unsafe { _mm512_storeu_ps(out, _mm512_add_ps(acc, accm)) }
+    for j in 0..N {
+        // SAFETY: 16 floats writable at out[j] (caller).
+        unsafe { _mm512_storeu_ps(out[j], _mm512_add_ps(acc[j], accm[j])) }
+    }
 }
 
-/// Sixteen rows' Q8_0 dot products with `a`, stored at `out`.
+/// Sixteen rows' Q8_0 dot products with each of the first `N` rows of
+/// `a` (as [`q4_1_panel`]).
 ///
 /// # Safety
 /// As [`q4_1_panel`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_0_panel(panel: &[u8], a: ActsRow<'_>, out: *mut f32) {
+unsafe fn q8_0_panel<const N: usize>(
+    panel: &[u8],
+    a: &[ActsRow<'_>; TOKENS],
+    out: &[*mut f32; TOKENS],
+) {
     use std::arch::x86_64::*;
     const PB: usize = ROWS * 34;
-    let mut acc = _mm512_setzero_ps();
-    for (b, &[dx, _]) in a.ds.iter().enumerate() {
-        let (w, x) = (&panel[b * PB..][..PB], &a.q[b * QK..][..QK]);
-        let mut s = [_mm512_setzero_si512(); 4];
+    let mut acc = [_mm512_setzero_ps(); N];
+    for b in 0..a[0].ds.len() {
+        let w = &panel[b * PB..][..PB];
+        let x: [&[i16]; N] = std::array::from_fn(|j| &a[j].q[b * QK..][..QK]);
+        let mut s = [[_mm512_setzero_si512(); 4]; N];
         for c in 0..8 {
             // SAFETY: chunk c is inside the block; pairs inside x.
             unsafe {
                 let v = _mm512_loadu_si512(w.as_ptr().add(c * 64) as *const _);
                 let even = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v));
                 let odd = _mm512_srai_epi16::<8>(v);
-                let j = 2 * (c & 1);
-                s[j] = _mm512_dpwssd_epi32(s[j], even, pair(x, 4 * c));
-                s[j + 1] = _mm512_dpwssd_epi32(s[j + 1], odd, pair(x, 4 * c + 2));
+                let i = 2 * (c & 1);
+                for j in 0..N {
+                    s[j][i] = _mm512_dpwssd_epi32(s[j][i], even, pair(x[j], 4 * c));
+                    s[j][i + 1] = _mm512_dpwssd_epi32(s[j][i + 1], odd, pair(x[j], 4 * c + 2));
+                }
             }
         }
-        let sum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
         // SAFETY: the 16 d follow the 512 weight bytes.
         let d = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(w.as_ptr().add(512) as *const _)) };
-        acc = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(sum),
-            _mm512_mul_ps(d, _mm512_set1_ps(dx)),
-            acc,
-        );
+        for j in 0..N {
+            let s = &s[j];
+            let sum = _mm512_add_epi32(_mm512_add_epi32(s[0], s[1]), _mm512_add_epi32(s[2], s[3]));
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(a[j].ds[b][0]));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), scale, acc[j]);
+        }
     }
-    // SAFETY: 16 floats writable (caller).
-    unsafe { _mm512_storeu_ps(out, acc) }
+    for j in 0..N {
+        // SAFETY: 16 floats writable at out[j] (caller).
+        unsafe { _mm512_storeu_ps(out[j], acc[j]) }
+    }
 }
