@@ -2,7 +2,9 @@
 //! target before any weight loads and then opened beside each replica's
 //! backend through the same construction code (CPU with CPU, a second
 //! CUDA backend on the same device with CUDA), its KV pool as many blocks
-//! as the target's so it holds every sequence the target holds.
+//! as the target's so it holds every sequence the target holds. On CUDA
+//! its weights, workspace and pool come off the target's share of the
+//! device before the target's pool is sized ([`Companion`]).
 //!
 //! Refused at start, naming the flag: a draft model that cannot be found
 //! or read, a vocabulary or tokenizer that differs from the target's (both
@@ -16,7 +18,7 @@ use contract::Backend;
 use engine::speculate::draft_model::check_draft_config;
 use tokenizer::Tokenizer;
 
-use crate::kv_sizing::GpuMemoryPlan;
+use crate::kv_sizing::{Companion, GpuMemoryPlan};
 use crate::setup::{ModelArgs, cap_context, cpu_weights, display_name, load_weights, model_dir};
 
 /// A draft model resolved and checked against its target.
@@ -102,6 +104,11 @@ impl DraftPlan {
         &self.name
     }
 
+    /// Its device bytes beside the target's ([`Companion`]).
+    pub(crate) fn companion(&self, args: &ModelArgs) -> Companion {
+        Companion::of(args, &self.loaded.config)
+    }
+
     /// Opens the draft model on `device` (`None`: the CPU) as the target
     /// of `args` is opened, its KV pool `blocks` blocks.
     pub(crate) fn open(
@@ -130,6 +137,7 @@ impl DraftPlan {
             Cow::Owned(weights),
             &cpu,
             gpu_memory,
+            None,
         )
         .with_context(|| format!("`{flag}`: starting the draft model"))?;
         Ok(backend)

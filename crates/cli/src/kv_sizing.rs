@@ -154,13 +154,7 @@ pub(crate) fn kv_pool(
     cfg: &contract::LlamaConfig,
     gpu_budget: Option<usize>,
 ) -> Result<(usize, usize)> {
-    let per_block = paged_kv::bytes_per_block(
-        cfg.num_layers,
-        cfg.num_kv_heads,
-        cfg.head_dim,
-        args.kv_cache_dtype.bytes(),
-        BLOCK_SIZE,
-    );
+    let per_block = block_bytes(args, cfg);
     let num_blocks = match args.kv_blocks {
         Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
         Some(n) => n,
@@ -187,14 +181,67 @@ pub(crate) fn kv_pool(
     Ok((per_block, num_blocks))
 }
 
+/// A second model an engine runs on its device beside the target (the
+/// draft model), its KV pool as many blocks as the target's: its bytes are
+/// taken from the target's share before the pool is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Companion {
+    /// Its weights on the device (BF16: two bytes a parameter).
+    pub weights: usize,
+    /// Its step workspace ([`reserve_bytes`]).
+    pub reserve: usize,
+    /// Its KV bytes per block of [`BLOCK_SIZE`] tokens.
+    pub per_block: usize,
+}
+
+impl Companion {
+    /// The device bytes of the model of `cfg` run with `args`'s limits.
+    pub(crate) fn of(args: &ModelArgs, cfg: &contract::LlamaConfig) -> Self {
+        let params = engine::speculate::draft_model::num_params(cfg) as usize;
+        Companion {
+            weights: params.saturating_mul(2),
+            reserve: engine_reserve(args, cfg),
+            per_block: block_bytes(args, cfg),
+        }
+    }
+}
+
+/// Bytes of one KV block of `cfg` in `--kv-cache-dtype`'s element.
+fn block_bytes(args: &ModelArgs, cfg: &contract::LlamaConfig) -> usize {
+    paged_kv::bytes_per_block(
+        cfg.num_layers,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        args.kv_cache_dtype.bytes(),
+        BLOCK_SIZE,
+    )
+}
+
+/// [`reserve_bytes`] for the model of `cfg` under `args`'s limits.
+fn engine_reserve(args: &ModelArgs, cfg: &contract::LlamaConfig) -> usize {
+    reserve_bytes(
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.vocab_size,
+        args.max_batch_tokens.unwrap_or(CUDA_MAX_BATCH_TOKENS),
+        args.max_num_seqs,
+    )
+}
+
 /// The KV bytes CUDA device `ordinal` leaves one of its engines
-/// ([`gpu_kv_budget`]), or `None` when the pool is sized by a flag.
+/// ([`gpu_kv_budget`]), or `None` when the pool is sized by a flag. With a
+/// `companion`, its weights and workspace come off the share first and the
+/// rest is split in proportion to the two models' bytes per block, so the
+/// target's pool and the companion's pool of as many blocks both fit.
 pub(crate) fn gpu_kv_bytes(
     args: &ModelArgs,
     cfg: &contract::LlamaConfig,
     weights: &checkpoint::LlamaWeights,
     ordinal: usize,
     memory: &GpuMemoryPlan,
+    companion: Option<&Companion>,
 ) -> Result<Option<usize>> {
     let Some((_, mem, engines)) = memory.iter().find(|(o, _, _)| *o == ordinal) else {
         return Ok(None);
@@ -204,22 +251,25 @@ pub(crate) fn gpu_kv_bytes(
         .iter()
         .map(|t| t.numel() * 2)
         .sum::<usize>();
-    let reserve = reserve_bytes(
-        cfg.hidden_size,
-        cfg.intermediate_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.vocab_size,
-        args.max_batch_tokens.unwrap_or(CUDA_MAX_BATCH_TOKENS),
-        args.max_num_seqs,
-    );
+    let c = companion.copied().unwrap_or(Companion {
+        weights: 0,
+        reserve: 0,
+        per_block: 0,
+    });
     let needs = EngineNeeds {
-        weights: weights_bytes,
-        reserve,
+        weights: weights_bytes.saturating_add(c.weights),
+        reserve: engine_reserve(args, cfg).saturating_add(c.reserve),
     };
-    gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))
+    let both = gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
+        .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))?;
+    Ok(Some(split_pool(both, block_bytes(args, cfg), c.per_block)))
+}
+
+/// The target's part of `both` KV bytes when a companion of `theirs` bytes
+/// a block keeps as many blocks as a target of `ours`.
+fn split_pool(both: usize, ours: usize, theirs: usize) -> usize {
+    let blocks = both / ours.saturating_add(theirs).max(1);
+    blocks.saturating_mul(ours)
 }
 
 #[cfg(test)]
@@ -308,6 +358,14 @@ mod tests {
         assert!(fp8 >= 2 * bf16 && fp8 / 2 == bf16, "fp8 {fp8}, bf16 {bf16}");
         assert!(bf16 >= 2 * f32 && bf16 / 2 == f32, "bf16 {bf16}, f32 {f32}");
         assert!(Cmd::try_parse_from(["t", "--kv-cache-dtype", "int4"]).is_err());
+    }
+
+    #[test]
+    fn a_companion_keeps_as_many_blocks_as_the_target() {
+        // 10 blocks of both fit; the target keeps its 10 blocks' bytes
+        assert_eq!(split_pool(10 * (300 + 100) + 99, 300, 100), 10 * 300);
+        assert_eq!(split_pool(1000, 300, 0), 900);
+        assert_eq!(split_pool(0, 300, 100), 0);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use engine::speculate::DraftModel;
 use engine::{Engine, EngineConfig, SpecConfig, SpecMethod};
 use model::cpu::CpuWeights;
 
-use crate::kv_sizing::{GpuMemoryPlan, gpu_kv_bytes, gpu_memory_at_start, kv_pool};
+use crate::kv_sizing::{Companion, GpuMemoryPlan, gpu_kv_bytes, gpu_memory_at_start, kv_pool};
 use tokenizer::Tokenizer;
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -327,6 +327,7 @@ pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
         Cow::Owned(weights),
         &cpu_weights,
         &gpu_memory,
+        None,
     )?;
     Ok(Opened { backend, tokenizer })
 }
@@ -351,11 +352,9 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     }
     let (dir, loaded, tokenizer, cuda) = resolve(args)?;
     let draft = crate::draft_model::plan(args, &loaded, &tokenizer)?;
-    if cuda && draft.is_some() {
-        bail!(
-            "invalid `--speculative draft:...`: the draft-model drafter runs on the CPU backend only for now (its GPU memory is not budgeted beside the target's); on CUDA use `--speculative ngram` or `suffix`"
-        );
-    }
+    // on CUDA the draft model's weights, workspace and pool (as many blocks
+    // as the target's) come off the target's share of the device
+    let companion = draft.as_ref().map(|d| d.companion(args));
     if cuda && args.lora.slots() > 0 {
         bail!(
             "`--lora` / `--max-loras`: the CUDA backend does not run LoRA adapters; run them on the CPU (`--device cpu`)"
@@ -405,8 +404,15 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                     .context("the weights were already handed over")?,
             ),
         };
-        let (backend, blocks, bytes) =
-            open_backend(args, &loaded, *device, w, &cpu_weights, &gpu_memory)?;
+        let (backend, blocks, bytes) = open_backend(
+            args,
+            &loaded,
+            *device,
+            w,
+            &cpu_weights,
+            &gpu_memory,
+            companion.as_ref(),
+        )?;
         backend_name = backend.name();
         (kv_blocks, kv_bytes) = (blocks, bytes);
         let spec = match (&draft, &speculative) {
@@ -645,13 +651,14 @@ pub(crate) fn open_backend(
     weights: Cow<'_, checkpoint::LlamaWeights>,
     cpu_weights: &CpuWeights,
     gpu_memory: &GpuMemoryPlan,
+    companion: Option<&Companion>,
 ) -> Result<(Box<dyn Backend>, usize, usize)> {
     let cuda = device.is_some();
     let mut cuda_options = args.tuning.cuda_options()?;
     cuda_options.kv_cache_dtype = args.kv_cache_dtype;
     let cfg = &loaded.config;
     let gpu_budget = match device {
-        Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory)?,
+        Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory, companion)?,
         None => None,
     };
     let (per_block, num_blocks) = kv_pool(args, cfg, gpu_budget)?;
