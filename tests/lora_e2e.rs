@@ -287,13 +287,6 @@ fn more_adapters_than_slots_each_request_gets_its_own() {
     e.shutdown();
 }
 
-/// The resident set in bytes (Linux `/proc/self/statm`), `None` elsewhere.
-fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
-}
-
 #[test]
 fn a_thousand_load_unload_cycles_leak_nothing() {
     let tmp = tempfile::tempdir().expect("temp dir");
@@ -303,7 +296,6 @@ fn a_thousand_load_unload_cycles_leak_nothing() {
     let e = start(dir, 1);
     let prompt: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % 250).collect();
     let mut want = Vec::new();
-    let mut rss_warm = None;
     for cycle in 0..1000 {
         let k = cycle % 2;
         e.load_lora("x", ads[k].clone()).expect("load");
@@ -318,9 +310,6 @@ fn a_thousand_load_unload_cycles_leak_nothing() {
             }
         }
         e.unload_lora("x").expect("unload");
-        if cycle == 99 {
-            rss_warm = rss_bytes();
-        }
     }
     let done = (0..1000).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(5));
@@ -328,18 +317,11 @@ fn a_thousand_load_unload_cycles_leak_nothing() {
     });
     assert!(done, "slots still held: {:?}", e.lora_gauge());
     assert!(e.loras().names().is_empty());
-    // nothing in the engine or the backend holds the adapters any more
+    // nothing in the engine or the backend holds the adapters any more:
+    // their memory is returned (a process-wide resident-set figure would
+    // count the other tests of this binary)
     for (k, a) in ads.iter().enumerate() {
         assert_eq!(Arc::strong_count(a), 1, "adapter {k} still referenced");
-    }
-    // and 900 cycles after warming up add no adapter-sized growth per cycle
-    if let (Some(warm), Some(now)) = (rss_warm, rss_bytes()) {
-        let per_adapter = ads[0].bytes() as u64;
-        assert!(
-            now.saturating_sub(warm) < 100 * per_adapter.max(4096),
-            "resident set grew {} bytes over 900 cycles (adapter {per_adapter} bytes)",
-            now.saturating_sub(warm)
-        );
     }
     e.shutdown();
 }
