@@ -324,7 +324,7 @@ fn constrained_requests() -> Vec<(GenerateRequest, Option<serde_json::Value>)> {
             };
             let prompt = lamina_tests::smollm2()
                 .tok
-                .encode_chat(&[ChatMessage::new("user", &format!("{task}\n{text}"))])
+                .encode_chat(&[ChatMessage::new("user", format!("{task}\n{text}"))])
                 .expect("chat template");
             let r = GenerateRequest {
                 constraint: Some(constraint),
