@@ -9,7 +9,10 @@
 //! accepts most of its drafts. With SmolLM2 drafting for itself (the
 //! draft-model drafter, its own backend and KV pool), over 20 of the
 //! prompts the outputs are again plain decoding's, batched and alone, and
-//! greedy drafts are nearly all accepted.
+//! greedy drafts are nearly all accepted; sequences drafting together get
+//! the drafts each gets alone. Constrained requests (a JSON schema, a
+//! regular expression) draft too: their greedy outputs with n-gram and
+//! suffix drafts are plain decoding's, batched and alone, and valid.
 //!
 //! Costs: SmolLM2 (270 MB) is loaded once per engine (fetched through the
 //! store on first use); 50 prompts x 24 tokens per run, a few runs: about
@@ -18,8 +21,11 @@
 use std::sync::OnceLock;
 
 use contract::{KvShape, SamplingParams};
-use engine::speculate::DraftModel;
-use engine::{Completion, Engine, EngineConfig, GenerateRequest, SpecConfig, SpecMethod};
+use engine::speculate::{DraftModel, DraftModelDrafter, Drafter, Proposal};
+use engine::{
+    Completion, Constraint, Engine, EngineConfig, FinishReason, GenerateRequest, SpecConfig,
+    SpecMethod,
+};
 use tokenizer::ChatMessage;
 
 const MAX_TOKENS: usize = 24;
@@ -256,4 +262,125 @@ fn a_draft_model_changes_no_output_and_drafts_itself_right() {
         "alone: {accepted} of {drafted} drafts accepted"
     );
     e.shutdown();
+}
+
+/// Several sequences drafting in one call (one batched draft step per
+/// drafted position) get the drafts each gets alone, at the first
+/// proposal and after a partly rejected one.
+#[test]
+fn draft_model_sequences_drafting_together_draft_what_each_drafts_alone() {
+    let mut together = DraftModelDrafter::new(Box::new(smollm2_backend().0)).expect("drafter");
+    let mut alone = DraftModelDrafter::new(Box::new(smollm2_backend().0)).expect("drafter");
+    let mut seqs: Vec<Vec<u32>> = prompts().into_iter().step_by(7).take(5).collect();
+    let maxes = [5, 3, 6, 1, 4];
+    for round in 0..3 {
+        let reqs: Vec<Proposal<'_>> = seqs
+            .iter()
+            .zip(maxes)
+            .enumerate()
+            .map(|(i, (t, max))| Proposal {
+                seq: i as u64,
+                tokens: t,
+                max,
+            })
+            .collect();
+        let mut got = vec![Vec::new(); reqs.len()];
+        together.propose_all(&reqs, &mut got);
+        for (r, g) in reqs.iter().zip(&got) {
+            let mut want = Vec::new();
+            alone.propose(r.seq, r.tokens, r.max, &mut want);
+            assert_eq!(g, &want, "round {round}, sequence {}", r.seq);
+            assert_eq!(g.len(), r.max, "round {round}, sequence {}", r.seq);
+        }
+        // verification: half of each draft accepted, then another token
+        for (t, d) in seqs.iter_mut().zip(&got) {
+            let keep = d.len() / 2;
+            t.extend_from_slice(&d[..keep]);
+            t.push(d.get(keep).map_or(13, |x| (x + 1) % 1000));
+        }
+    }
+}
+
+/// A JSON object with one string field, and printable text.
+fn constrained_requests() -> Vec<(GenerateRequest, Option<serde_json::Value>)> {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+    });
+    TEXTS
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let (task, constraint) = match i % 2 {
+                0 => (
+                    "Reply in JSON with the field text holding this text exactly:",
+                    Constraint::JsonSchema(schema.clone()),
+                ),
+                _ => (
+                    "Repeat this text exactly:",
+                    Constraint::Regex("[ -~]{8,200}".into()),
+                ),
+            };
+            let prompt = lamina_tests::smollm2()
+                .tok
+                .encode_chat(&[ChatMessage::new("user", format!("{task}\n{text}"))])
+                .expect("chat template");
+            let r = GenerateRequest {
+                constraint: Some(constraint),
+                max_tokens: 40,
+                ..request(prompt, SamplingParams::greedy())
+            };
+            (r, (i % 2 == 0).then(|| schema.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn constrained_greedy_outputs_with_ngram_and_suffix_drafts_are_plain_decodings() {
+    let cases = constrained_requests();
+    let reqs: Vec<GenerateRequest> = cases.iter().map(|(r, _)| r.clone()).collect();
+    let e = start(None);
+    let want = lamina_tests::run_all(&e, &reqs);
+    e.shutdown();
+    let mut complete = 0;
+    for (i, (out, (_, schema))) in want.iter().zip(&cases).enumerate() {
+        assert_eq!(out.error, None, "request {i}");
+        if out.reason != FinishReason::Stop {
+            continue;
+        }
+        complete += 1;
+        match schema {
+            Some(_) => {
+                let v: serde_json::Value = serde_json::from_str(&out.text)
+                    .unwrap_or_else(|e| panic!("request {i}: {e}: {:?}", out.text));
+                assert!(v["text"].is_string(), "request {i}: {v}");
+            }
+            None => assert!(
+                out.text.chars().all(|c| (' '..='~').contains(&c)),
+                "request {i}: {:?}",
+                out.text
+            ),
+        }
+    }
+    assert!(complete >= 3, "only {complete} outputs complete");
+    for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
+        let e = start(Some(method.clone()));
+        let got = lamina_tests::run_all(&e, &reqs);
+        assert_same(&want, &got, &format!("{method:?} constrained batched"));
+        for i in [0, 1, 4] {
+            let alone = lamina_tests::run_all(&e, std::slice::from_ref(&reqs[i]));
+            assert_same(
+                &want[i..=i],
+                &alone,
+                &format!("{method:?} constrained alone {i}"),
+            );
+        }
+        let st = e.stats();
+        assert!(
+            st.spec_verifies_total > 0 && st.spec_accepted_total * 4 > st.spec_drafted_total,
+            "{method:?}: constrained requests drafted little: {st:?}"
+        );
+        e.shutdown();
+    }
 }

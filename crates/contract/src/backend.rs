@@ -68,11 +68,20 @@ pub struct StepBatch {
     /// `step + 1 + j`, each exactly as that token would be sampled without
     /// drafts (the draw depends only on seed and step). The engine accepts
     /// draft `j` while the sample before it equals it. At most
-    /// [`MAX_DRAFTS`], only on a sampled sequence without a grammar mask. A
-    /// penalty history applies to each row as it stands after the drafts
-    /// before it ([`StepBatch::row_request`]), and only a backend that
-    /// says so verifies such drafts ([`Backend::verifies_penalties`]).
+    /// [`MAX_DRAFTS`], only on a sampled sequence. A penalty history
+    /// applies to each row as it stands after the drafts before it
+    /// ([`StepBatch::row_request`]), and only a backend that says so
+    /// verifies such drafts ([`Backend::verifies_penalties`]); a sequence
+    /// with a grammar mask gives each draft row its own mask
+    /// ([`StepBatch::draft_masks`]), and only a backend that says so
+    /// verifies its drafts ([`Backend::verifies_masks`]).
     pub drafts: Vec<u32>,
+    /// `[S]`, or empty for none: for a sequence with `K` drafts and a
+    /// grammar mask (`SampleRequest::allowed`), the `K` masks of its draft
+    /// rows: `draft_masks[s][j]` is what the grammar allows after the
+    /// drafts `0..=j`, the mask of the row of draft `j` (the first sampled
+    /// row takes the request's own mask). Empty for every other sequence.
+    pub draft_masks: Vec<Vec<Arc<TokenMask>>>,
     /// `[S]`, or empty for none: each sequence's LoRA adapter slot, 0 for
     /// the base model, `k` >= 1 for the adapter [`Backend::set_lora`] put
     /// in slot `k`. A backend refuses a slot it holds no adapter in.
@@ -145,14 +154,19 @@ impl StepBatch {
     /// [`StepBatch::sampled_rows`]: the sequence's request with `step`
     /// advanced by the row's offset past the first sampled row, and a
     /// penalty history extended by the drafts before the row (generated
-    /// tokens, as they would be had they been sampled one step at a time).
-    /// O(1) for the first row; O(history + drafts) for a later one with a
-    /// history.
+    /// tokens, as they would be had they been sampled one step at a time)
+    /// and, on a constrained sequence, the row's grammar mask
+    /// ([`StepBatch::draft_masks`]). O(1) for the first row; O(history +
+    /// drafts) for a later one with a history.
     pub fn row_request(&self, s: usize, row: usize) -> Option<SampleRequest> {
         let req = self.samples.get(s)?.as_ref()?;
         let first = self.sampled_rows(s).start;
         let mut r = req.clone();
-        r.step += row.checked_sub(first)? as u64;
+        let j = row.checked_sub(first)?;
+        r.step += j as u64;
+        if let (Some(_), Some(j)) = (&req.allowed, j.checked_sub(1)) {
+            r.allowed = Some(self.draft_masks.get(s)?.get(j)?.clone());
+        }
         if let (Some(h), true) = (&req.history, row > first) {
             let mut h = PenaltyHistory::clone(h);
             for &t in self.tokens.get(first + 1..=row)? {
@@ -193,8 +207,10 @@ impl StepBatch {
     ///   `S` entries; `prompt_lens`: none or `S`; `block_tables`: `S x
     ///   max_blocks` entries;
     /// - `drafts`: none or `S` entries, each at most [`MAX_DRAFTS`], nonzero
-    ///   only on a sampled sequence without a grammar mask whose segment
-    ///   is longer than its drafts;
+    ///   only on a sampled sequence whose segment is longer than its
+    ///   drafts; `draft_masks`: none or `S` entries, as many masks as
+    ///   drafts, each as long as the request's, on a sequence with a
+    ///   grammar mask, none on any other;
     /// - `tokens`: every id below `vocab`; `carried`: token indices below `T`,
     ///   strictly increasing (whether `from` names a sample of the previous
     ///   step only the backend knows);
@@ -369,11 +385,44 @@ impl StepBatch {
                 _ if k > MAX_DRAFTS => format!("more than {MAX_DRAFTS}"),
                 _ if k >= len => format!("not below its segment's {len} tokens"),
                 None => "on a sequence that samples nothing".into(),
-                Some(r) if r.allowed.is_some() => "on a sequence with a grammar mask".into(),
                 Some(_) => continue,
             };
             return Err(BackendError::InvalidBatch(format!(
                 "drafts[{seq}] = {k}: {why}"
+            )));
+        }
+        self.check_draft_masks()
+    }
+
+    /// The `draft_masks` rules of [`StepBatch::check`] (`drafts` checked).
+    fn check_draft_masks(&self) -> Result<(), BackendError> {
+        let s = self.num_seqs();
+        if !self.draft_masks.is_empty() && self.draft_masks.len() != s {
+            return Err(BackendError::InvalidBatch(format!(
+                "draft_masks has {} entries, want none or one per sequence ({s})",
+                self.draft_masks.len()
+            )));
+        }
+        for seq in 0..s {
+            let masks = self.draft_masks.get(seq).map_or(&[][..], |m| &m[..]);
+            let words = match &self.samples[seq] {
+                Some(SampleRequest {
+                    allowed: Some(m), ..
+                }) => Some(m.words().len()),
+                _ => None,
+            };
+            let k = self.drafts_of(seq);
+            let why = match words {
+                None if !masks.is_empty() => "on a sequence without a grammar mask".to_string(),
+                Some(_) if masks.len() != k => format!("not one per draft ({k})"),
+                Some(w) if masks.iter().any(|m| m.words().len() != w) => {
+                    format!("not all of the request's mask length ({w} words)")
+                }
+                _ => continue,
+            };
+            return Err(BackendError::InvalidBatch(format!(
+                "draft_masks[{seq}] has {} masks: {why}",
+                masks.len()
             )));
         }
         Ok(())
@@ -566,6 +615,14 @@ pub trait Backend: Send {
     /// with the history [`StepBatch::row_request`] gives each row (false
     /// by default: the engine then drafts nothing for such a sequence).
     fn verifies_penalties(&self) -> bool {
+        false
+    }
+
+    /// Whether verify rows of a sequence with a grammar mask sample with
+    /// the mask [`StepBatch::row_request`] gives each row
+    /// ([`StepBatch::draft_masks`]; false by default: the engine then
+    /// drafts nothing for a constrained sequence).
+    fn verifies_masks(&self) -> bool {
         false
     }
 

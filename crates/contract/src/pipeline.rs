@@ -62,6 +62,10 @@ pub trait HostCompute: Send {
     fn verifies_penalties(&self) -> bool {
         false
     }
+    /// [`Backend::verifies_masks`]. Default: false.
+    fn verifies_masks(&self) -> bool {
+        false
+    }
     /// [`Backend::max_loras`]. Default: 0.
     fn max_loras(&self) -> usize {
         0
@@ -126,6 +130,10 @@ impl<T: HostCompute> Backend for T {
 
     fn verifies_penalties(&self) -> bool {
         HostCompute::verifies_penalties(self)
+    }
+
+    fn verifies_masks(&self) -> bool {
+        HostCompute::verifies_masks(self)
     }
 
     fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {

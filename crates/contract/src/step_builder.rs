@@ -12,7 +12,8 @@
 //! the previously launched step ([`StepBatch::carried`]);
 //! [`StepBuilder::set_prompt_len`] gives the last sequence's prompt length
 //! ([`StepBatch::prompt_lens`], 0 otherwise); [`StepBuilder::set_drafts`]
-//! marks its last tokens as drafts to verify ([`StepBatch::drafts`]).
+//! marks its last tokens as drafts to verify ([`StepBatch::drafts`]) and
+//! [`StepBuilder::set_draft_masks`] gives their rows grammar masks.
 //! A rejected push adds nothing. Between `begin` and `finish` the block tables
 //! are unpadded: read the batch only after `finish`.
 //!
@@ -20,7 +21,10 @@
 //! (rows are moved to their padded place in the same buffer). Every buffer is
 //! kept across steps, so a warm builder allocates nothing per step.
 
+use std::sync::Arc;
+
 use crate::backend::{Carried, SampleRequest, StepBatch};
+use crate::mask::TokenMask;
 
 /// Why [`StepBuilder::push`] refused a sequence (`seq` = its index in the step).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -87,6 +91,7 @@ impl StepBuilder {
         b.prompt_lens.clear();
         b.carried.clear();
         b.drafts.clear();
+        b.draft_masks.clear();
         b.loras.clear();
         self.row_ends.clear();
     }
@@ -127,6 +132,23 @@ impl StepBuilder {
         }
         if let Some(last) = b.drafts.get_mut(s - 1) {
             *last = u32::try_from(k).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// Gives the draft rows of the last sequence pushed their grammar
+    /// masks ([`StepBatch::draft_masks`]; none until set). Does nothing
+    /// before the first push; [`StepBatch::check`] judges them.
+    pub fn set_draft_masks(&mut self, masks: Vec<Arc<TokenMask>>) {
+        let s = self.num_seqs();
+        if s == 0 {
+            return;
+        }
+        let b = &mut self.batch;
+        if !masks.is_empty() && b.draft_masks.len() < s {
+            b.draft_masks.resize(s, Vec::new());
+        }
+        if let Some(last) = b.draft_masks.get_mut(s - 1) {
+            *last = masks;
         }
     }
 
@@ -193,6 +215,9 @@ impl StepBuilder {
         b.prompt_lens.push(0);
         if !b.drafts.is_empty() {
             b.drafts.push(0);
+        }
+        if !b.draft_masks.is_empty() {
+            b.draft_masks.push(Vec::new());
         }
         if !b.loras.is_empty() {
             b.loras.push(0);
@@ -318,6 +343,50 @@ mod tests {
         b.begin();
         b.push(&[7], 4, &[1, 2], greedy()).unwrap();
         assert!(b.finish().drafts.is_empty());
+    }
+
+    /// A constrained sequence's draft rows each take their own mask, its
+    /// first sampled row the request's; masks must be one per draft, of
+    /// the request's length, and only on a sequence with a mask.
+    #[test]
+    fn draft_masks_follow_their_rows_and_are_checked() {
+        let mask = |ids: &[u32]| Arc::new(TokenMask::from_ids(64, ids));
+        let masked = || {
+            let mut r = greedy();
+            r.as_mut().unwrap().allowed = Some(mask(&[1]));
+            r
+        };
+        let mut b = StepBuilder::new(4);
+        b.push(&[5], 2, &[0], greedy()).unwrap();
+        b.push(&[7, 8, 9], 4, &[1, 2], masked()).unwrap();
+        b.set_drafts(2);
+        b.set_draft_masks(vec![mask(&[2]), mask(&[3])]);
+        let batch = b.finish().clone();
+        batch.validate(4, 4).unwrap();
+        assert_eq!(batch.draft_masks.len(), 2);
+        let allowed = |r: usize| {
+            let req = batch.row_request(1, r).unwrap();
+            (0..64).find(|&t| req.allowed.as_ref().unwrap().allows(t))
+        };
+        assert_eq!(
+            [allowed(1), allowed(2), allowed(3)],
+            [Some(1), Some(2), Some(3)]
+        );
+        let bad = |drafts: usize, masks: Vec<Arc<TokenMask>>, req: Option<SampleRequest>| {
+            let mut b = StepBuilder::new(4);
+            b.push(&[7, 8, 9], 4, &[1, 2], req).unwrap();
+            b.set_drafts(drafts);
+            b.set_draft_masks(masks);
+            b.finish().validate(4, 4).unwrap_err().to_string()
+        };
+        assert!(bad(2, vec![mask(&[2])], masked()).contains("not one per draft"));
+        let short = Arc::new(TokenMask::from_ids(32, &[2]));
+        assert!(bad(1, vec![short], masked()).contains("mask length"));
+        assert!(bad(1, vec![mask(&[2])], greedy()).contains("without a grammar mask"));
+        // the next step starts without masks
+        b.begin();
+        b.push(&[7], 4, &[1, 2], masked()).unwrap();
+        assert!(b.finish().draft_masks.is_empty());
     }
 
     #[test]

@@ -184,6 +184,7 @@ pub fn malformed_batches(
         positions,
         carried: Vec::new(),
         drafts: Vec::new(),
+        draft_masks: Vec::new(),
         loras: Vec::new(),
     };
     let mut out = vec![

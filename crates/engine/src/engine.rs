@@ -30,7 +30,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::grammar::{Constraint, GrammarCompiler, GrammarError};
 use crate::lora::{LoraRegistry, LoraRegistryError, LoraSlots};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Scheduler, VerifyCaps};
 use crate::speculate::SpecConfig;
 use crate::types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, GenerateRequest, SubmitError,
@@ -139,7 +139,11 @@ impl Engine {
                     max_batch = spec.max_batch,
                     "speculative decoding on"
                 );
-                sched.set_speculation(spec, drafter, backend.verifies_penalties());
+                let caps = VerifyCaps {
+                    penalties: backend.verifies_penalties(),
+                    masks: backend.verifies_masks(),
+                };
+                sched.set_speculation(spec, drafter, caps);
             }
         }
         if cfg.max_loras > 0 {

@@ -372,16 +372,44 @@ impl SeqGrammar {
     /// The tokens allowed at the next position; an error when the grammar
     /// failed or allows no token at all.
     fn next_mask(&mut self) -> Result<Arc<TokenMask>, String> {
-        let vob = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| failed(&format!("the grammar engine failed: {e}")))?;
-        if vob.is_zero() {
-            return Err(failed("the grammar allows no further token"));
+        mask_of(&mut self.matcher, self.vocab)
+    }
+
+    /// Cuts `draft` (tokens proposed to follow the sequence's tokens) at
+    /// the first token the grammar refuses, advancing a copy of the state
+    /// (this one is unchanged), and returns the mask after each kept token:
+    /// `masks[j]` is what the grammar allows after `draft[..=j]`, the mask
+    /// of draft `j`'s verify row (`contract::StepBatch::draft_masks`). A
+    /// complete grammar keeps no draft (only EOS may follow).
+    pub(crate) fn filter_draft(&self, draft: &mut Vec<u32>) -> Vec<Arc<TokenMask>> {
+        let mut masks: Vec<Arc<TokenMask>> = Vec::with_capacity(draft.len());
+        if self.matcher.is_stopped() {
+            draft.clear();
+            return masks;
         }
-        let mut words = vob.as_slice().to_vec();
-        words.truncate(self.vocab.div_ceil(32));
-        Ok(Arc::new(TokenMask::from_words(words)))
+        let mut trial = self.matcher.clone();
+        for &t in draft.iter() {
+            let allowed = masks.last().unwrap_or(&self.mask);
+            if !allowed.allows(t) || trial.is_stopped() || trial.consume_token(t).is_err() {
+                break;
+            }
+            match mask_of(&mut trial, self.vocab) {
+                Ok(m) => masks.push(m),
+                Err(_) => break,
+            }
+        }
+        draft.truncate(masks.len());
+        masks
+    }
+
+    /// Advances the state past an accepted draft `token` whose next mask
+    /// `mask` [`SeqGrammar::filter_draft`] computed from this very state.
+    pub(crate) fn advance_known(&mut self, token: u32, mask: Arc<TokenMask>) -> Result<(), String> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| failed(&format!("the grammar refused sampled token {token}: {e}")))?;
+        self.mask = mask;
+        Ok(())
     }
 
     /// Advances the state past the sampled `token` and computes the next
@@ -400,6 +428,21 @@ impl SeqGrammar {
         self.mask = self.next_mask()?;
         Ok(())
     }
+}
+
+/// The tokens `matcher` allows at its next position (EOS only once it is
+/// complete), as a mask over `vocab` logits; an error when it failed or
+/// allows no token at all.
+fn mask_of(matcher: &mut Matcher, vocab: usize) -> Result<Arc<TokenMask>, String> {
+    let vob = matcher
+        .compute_mask_or_eos()
+        .map_err(|e| failed(&format!("the grammar engine failed: {e}")))?;
+    if vob.is_zero() {
+        return Err(failed("the grammar allows no further token"));
+    }
+    let mut words = vob.as_slice().to_vec();
+    words.truncate(vocab.div_ceil(32));
+    Ok(Arc::new(TokenMask::from_words(words)))
 }
 
 /// A failure during generation: [`Constraint::FAILURE_PREFIX`] and a short reason.
@@ -459,6 +502,51 @@ mod tests {
         assert!(mask.words().len() * 32 >= vocab && mask.words().len() * 32 < vocab + 32);
         assert!(mask.count() >= 1);
         assert!((0..vocab as u32).any(|id| mask.allows(id)));
+    }
+
+    /// A draft is cut at the first token the grammar refuses; each kept
+    /// token's mask is the one advancing the grammar gives after it, and
+    /// the sequence's own state does not move. A complete grammar keeps no
+    /// draft.
+    #[test]
+    fn drafts_are_cut_at_the_first_refused_token() {
+        let config = fake_config().unwrap();
+        let tok = Arc::new(fake_tokenizer(&config).unwrap());
+        let vocab = config.vocab_size;
+        let c = GrammarCompiler::new(tok, config.eos_token_ids.clone(), vocab);
+        let g = c.compile(&Constraint::Regex("ab{2,3}".into())).unwrap();
+        let first =
+            |m: &TokenMask, ok: bool| (0..vocab as u32).find(|&t| m.allows(t) == ok).unwrap();
+        let a = first(&g.mask(), true);
+        let mut walk = g.fork();
+        walk.advance(a).unwrap();
+        let b = first(&walk.mask(), true);
+        let bad = first(&walk.mask(), false);
+        let mut want = vec![walk.mask()];
+        walk.advance(b).unwrap();
+        want.push(walk.mask());
+        let mut draft = vec![a, b, bad, b];
+        let masks = g.filter_draft(&mut draft);
+        assert_eq!(draft, vec![a, b]);
+        let words: Vec<&[u32]> = masks.iter().map(|m| m.words()).collect();
+        let want: Vec<&[u32]> = want.iter().map(|m| m.words()).collect();
+        assert_eq!(words, want);
+        assert!(g.mask().allows(a) && !g.mask().allows(b), "unchanged");
+        // accepting the drafts with their masks is advancing over them
+        let mut known = g.fork();
+        for (&t, m) in draft.iter().zip(masks) {
+            known.advance_known(t, m).unwrap();
+        }
+        assert_eq!(known.mask().words(), walk.mask().words());
+        // a refused first token keeps nothing
+        let mut draft = vec![b, a];
+        assert!(g.filter_draft(&mut draft).is_empty() && draft.is_empty());
+        // complete (stopped): only EOS may follow, so nothing is drafted
+        walk.advance(b).unwrap();
+        walk.advance(b).unwrap();
+        assert!(walk.matcher.is_stopped());
+        let mut draft = vec![config.eos_token_ids[0]];
+        assert!(walk.filter_draft(&mut draft).is_empty() && draft.is_empty());
     }
 
     /// A constraint seen before starts from a copy of its cached compiled

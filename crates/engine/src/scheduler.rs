@@ -55,9 +55,12 @@
 //! 7. Speculative decoding (`crate::speculate`, off unless
 //!    [`Scheduler::set_speculation`]): a decoding sequence that may draft
 //!    and whose last token is known appends up to its draft length of
-//!    drafted tokens (KV room permitting, never past `max_tokens`) and runs
-//!    them as verify rows of its decode segment
-//!    ([`contract::StepBatch::drafts`]). They stay uncomputed until its
+//!    drafted tokens (KV room permitting, never past `max_tokens`; all
+//!    sequences' proposals made in one drafter call; a constrained one's
+//!    cut at the first token its grammar refuses) and runs them as verify
+//!    rows of its decode segment ([`contract::StepBatch::drafts`], with
+//!    each row's grammar mask in [`contract::StepBatch::draft_masks`]).
+//!    They stay uncomputed until its
 //!    step lands: the accepted ones are then marked computed, the rejected
 //!    ones truncated away (`KvManager::truncate`), and the accepted tokens
 //!    plus the correction are committed in order. Such a sequence's next
@@ -96,7 +99,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBuilder};
+use contract::{PenaltyHistory, SamplingParams, StepBatch, StepBuildError, StepBuilder, TokenMask};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 use crate::grammar::SeqGrammar;
@@ -155,6 +158,9 @@ struct Seq {
     /// Drafted tokens at the end of its KV tokens, run by the launched
     /// step and not verified yet (they stay uncomputed until then).
     drafted: usize,
+    /// With a grammar: the masks of those drafts' verify rows, each the
+    /// grammar's after the drafts up to it (`StepBatch::draft_masks`).
+    draft_masks: Vec<Arc<TokenMask>>,
     /// Draft attempts in a row that proposed nothing or had nothing
     /// accepted, and the steps left before the next attempt (`spec`
     /// module: until then its steps stay pipelined).
@@ -288,7 +294,11 @@ impl Scheduler {
             .needs_history()
             .then(|| Arc::new(PenaltyHistory::from_tokens(&prompt)));
         let spec_k = match &self.spec {
-            Some(s) if speculative && (s.penalties || history.is_none()) && grammar.is_none() => {
+            Some(s)
+                if speculative
+                    && (s.penalties || history.is_none())
+                    && (s.masks || grammar.is_none()) =>
+            {
                 s.cfg.num_tokens
             }
             _ => 0,
@@ -307,6 +317,7 @@ impl Scheduler {
             cached_tokens: 0,
             spec_k,
             drafted: 0,
+            draft_masks: Vec::new(),
             spec_miss: 0,
             spec_wait: 0,
             grammar: grammar.map(Box::new),
@@ -419,6 +430,7 @@ impl Scheduler {
         self.first_admitted.clear();
         let preempted = self.grow_running()?;
         let mut budget = self.max_batch_tokens;
+        self.propose_drafts(budget)?;
         // the prefill budget left for admissions (step 4)
         let mut reserved = 0;
         // decodes first, then chunks of partial prefills, oldest first
@@ -519,6 +531,7 @@ impl Scheduler {
             self.kv
                 .truncate(id as SeqId, len.saturating_sub(seq.drafted))?;
             seq.drafted = 0;
+            seq.draft_masks.clear();
         }
         let held = self
             .kv
@@ -647,5 +660,8 @@ mod spec;
 mod step;
 
 use spec::Speculation;
+pub(crate) use spec::VerifyCaps;
+#[cfg(test)]
+mod spec_tests;
 #[cfg(test)]
 mod tests;

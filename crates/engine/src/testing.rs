@@ -236,6 +236,10 @@ impl contract::HostCompute for FakeBackend {
         true
     }
 
+    fn verifies_masks(&self) -> bool {
+        true
+    }
+
     fn held(&mut self) {
         self.held_steps.fetch_add(1, Ordering::Relaxed);
     }

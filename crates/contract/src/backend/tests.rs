@@ -109,7 +109,7 @@ proptest! {
         let b = StepBatch {
             tokens, positions, cu_seqlens, slot_mapping, context_lens, block_tables,
             max_blocks, samples: vec![None; samples], prompt_lens: Vec::new(), carried: Vec::new(),
-            drafts, loras: Vec::new(),
+            drafts, draft_masks: Vec::new(), loras: Vec::new(),
         };
         let _ = b.check(kv(num_blocks, block_size), VOCAB, max_positions);
         let _ = b.validate(num_blocks, block_size);

@@ -1,17 +1,23 @@
 //! The scheduler's speculative decoding (contract point 7 of the module
-//! doc above): drafting for a decode row when planning, verifying the
-//! drafts when its step lands.
+//! doc above): drafting for the decode rows when planning (every drafting
+//! sequence's proposal in one drafter call, so a draft model runs them as
+//! one batch), cutting a constrained sequence's draft where its grammar
+//! refuses a token, verifying the drafts when its step lands.
 //!
-//! Costs: a proposal per drafting sequence per step (the drafter's cost,
-//! `crate::speculate`), O(drafts) bookkeeping to land it.
+//! Costs: one proposal call per step for all drafting sequences (the
+//! drafter's cost, `crate::speculate`), O(drafts) bookkeeping to land it;
+//! a constrained sequence adds a copy of its grammar state and one mask
+//! per kept draft when planning, and one mask per step when landing (the
+//! accepted drafts' masks are the ones computed when planning).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use contract::SampledToken;
 use paged_kv::{KvManager, SeqId};
 
 use super::{SchedError, Scheduler, Seq};
-use crate::speculate::{Drafter, SpecConfig};
+use crate::speculate::{Drafter, Proposal, SpecConfig};
 
 /// The scheduler's speculative decoding state.
 pub(crate) struct Speculation {
@@ -19,10 +25,24 @@ pub(crate) struct Speculation {
     /// Sequences with a penalty history draft too (the backend applies
     /// it per verify row, `Backend::verifies_penalties`).
     pub(super) penalties: bool,
+    /// Sequences with a grammar draft too (the backend applies a mask per
+    /// verify row, `Backend::verifies_masks`).
+    pub(super) masks: bool,
     pub(super) drafter: Box<dyn Drafter>,
-    /// The draft being proposed, and a landed one's tokens (reused).
-    pub(super) draft: Vec<u32>,
+    /// This plan's proposals by sequence ([`Scheduler::propose_drafts`]),
+    /// taken by [`Scheduler::draft`].
+    pub(super) proposals: HashMap<u64, Vec<u32>>,
     pub(super) stats: SpecStats,
+}
+
+/// Which backend capabilities let a sequence draft
+/// ([`Scheduler::set_speculation`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct VerifyCaps {
+    /// `Backend::verifies_penalties`.
+    pub penalties: bool,
+    /// `Backend::verifies_masks`.
+    pub masks: bool,
 }
 
 /// Speculative decoding counters (totals since start).
@@ -38,19 +58,20 @@ pub(crate) struct SpecStats {
 
 impl Scheduler {
     /// Turns speculative decoding on with `cfg` (checked by the caller)
-    /// and its `drafter`, for sequences added from now on; `penalties`:
-    /// sequences with a penalty history draft too.
+    /// and its `drafter`, for sequences added from now on; `caps`: whether
+    /// sequences with a penalty history, and with a grammar, draft too.
     pub(crate) fn set_speculation(
         &mut self,
         cfg: SpecConfig,
         drafter: Box<dyn Drafter>,
-        penalties: bool,
+        caps: VerifyCaps,
     ) {
         self.spec = Some(Speculation {
             drafter,
-            penalties,
+            penalties: caps.penalties,
+            masks: caps.masks,
             cfg,
-            draft: Vec::new(),
+            proposals: HashMap::new(),
             stats: SpecStats::default(),
         });
     }
@@ -72,40 +93,107 @@ impl Scheduler {
                 .is_some_and(|s| self.running.len() <= s.cfg.max_batch)
     }
 
-    /// Drafts for decoding sequence `id` (its tokens all known) at most
-    /// `budget` tokens: appends them to its KV tokens and returns how many.
-    pub(super) fn draft(&mut self, id: u64, budget: usize) -> Result<usize, SchedError> {
-        let eligible = match self.seqs.get(&id) {
-            Some(q) => self.speculating(q) && q.carried_from.is_none() && q.next.is_none(),
-            None => false,
+    /// Most tokens sequence `id` may draft this step within `budget`: 0
+    /// unless it decodes with its last token known and may speculate;
+    /// never past `max_tokens`.
+    fn draft_room(&self, id: u64, budget: usize) -> usize {
+        let Some(q) = self.seqs.get(&id) else {
+            return 0;
         };
-        let (Some(spec), Some(seq), true) = (self.spec.as_mut(), self.seqs.get_mut(&id), eligible)
+        if !self.speculating(q) || q.carried_from.is_some() || q.next.is_some() {
+            return 0;
+        }
+        let Some(len) = self.kv.seq_len(id as SeqId) else {
+            return 0;
+        };
+        // this step samples generated token `generated`; 1 + accepted follow
+        let generated = len - q.prompt_len;
+        let room = q
+            .max_tokens
+            .map_or(usize::MAX, |m| m.saturating_sub(generated + 1));
+        q.spec_k.min(room).min(budget)
+    }
+
+    /// Proposes the drafts of every running sequence that decodes in the
+    /// coming plan and may draft, in one drafter call, each at most what
+    /// [`Scheduler::schedule`]'s decode pass will leave it of `budget`
+    /// (one token per decode first, then its drafts, in running order).
+    pub(super) fn propose_drafts(&mut self, mut budget: usize) -> Result<(), SchedError> {
+        let Some(spec) = self.spec.as_mut() else {
+            return Ok(());
+        };
+        spec.proposals.clear();
+        let mut asks: Vec<(u64, usize)> = Vec::new();
+        for &id in &self.running {
+            let Some(q) = self.seqs.get(&id) else {
+                continue;
+            };
+            let sid = id as SeqId;
+            let (len, computed) = match (self.kv.seq_len(sid), self.kv.num_computed(sid)) {
+                (Some(l), Some(c)) => (l, c),
+                _ => return Err(SchedError::UnknownSeq(id)),
+            };
+            if q.last_in_flight || len - computed != 1 || budget == 0 {
+                continue;
+            }
+            budget -= 1;
+            let k = self.draft_room(id, budget);
+            if k > 0 {
+                budget -= k;
+                asks.push((id, k));
+            }
+        }
+        if asks.is_empty() {
+            return Ok(());
+        }
+        let mut reqs: Vec<Proposal<'_>> = Vec::with_capacity(asks.len());
+        for &(id, max) in &asks {
+            let tokens = tokens_now(&self.kv, id as SeqId)?;
+            reqs.push(Proposal {
+                seq: id,
+                tokens,
+                max,
+            });
+        }
+        let mut out = vec![Vec::new(); reqs.len()];
+        let Some(spec) = self.spec.as_mut() else {
+            return Ok(());
+        };
+        spec.drafter.propose_all(&reqs, &mut out);
+        spec.proposals
+            .extend(asks.iter().map(|&(id, _)| id).zip(out));
+        Ok(())
+    }
+
+    /// Drafts for decoding sequence `id` (its tokens all known) at most
+    /// `budget` tokens from its proposal ([`Scheduler::propose_drafts`]),
+    /// cut where its grammar would refuse a token: appends them to its KV
+    /// tokens and returns how many.
+    pub(super) fn draft(&mut self, id: u64, budget: usize) -> Result<usize, SchedError> {
+        let k = self.draft_room(id, budget);
+        let (Some(spec), Some(seq), true) = (self.spec.as_mut(), self.seqs.get_mut(&id), k > 0)
         else {
             return Ok(0);
         };
+        let Some(mut draft) = spec.proposals.remove(&id) else {
+            return Ok(0); // not asked (the budget ran out first)
+        };
+        draft.truncate(k);
+        seq.draft_masks = match seq.grammar.as_deref() {
+            Some(g) => g.filter_draft(&mut draft),
+            None => Vec::new(),
+        };
+        let n = draft.len();
         let sid = id as SeqId;
-        let tokens = self.kv.seq_tokens(sid).ok_or(SchedError::UnknownSeq(id))?;
-        // this step samples generated token `generated`; 1 + accepted follow
-        let generated = tokens.len() - seq.prompt_len;
-        let room = seq
-            .max_tokens
-            .map_or(usize::MAX, |m| m.saturating_sub(generated + 1));
-        let k = seq.spec_k.min(room).min(budget);
-        if k == 0 {
-            return Ok(0);
-        }
-        spec.draft.clear();
-        spec.drafter.propose(id, tokens, k, &mut spec.draft);
-        spec.draft.truncate(k);
-        let n = spec.draft.len();
         if n == 0 {
             missed(seq);
             return Ok(0);
         }
         if !self.kv.can_append(sid, n) {
+            seq.draft_masks.clear();
             return Ok(0);
         }
-        self.kv.append(sid, &spec.draft)?;
+        self.kv.append(sid, &draft)?;
         seq.drafted = n;
         Ok(n)
     }
@@ -161,13 +249,26 @@ impl Scheduler {
             spec.stats.verifies += 1;
         }
         let seq = self.seqs.get_mut(&id).ok_or(SchedError::UnknownSeq(id))?;
+        let kept = tokens_now(&self.kv, sid)?;
         if let Some(h) = seq.history.as_mut() {
             // unique now that the batch is released: updated in place
             let h = Arc::make_mut(h);
-            for &t in &tokens_now(&self.kv, sid)?[base..] {
+            for &t in &kept[base..] {
                 h.push_generated(t);
             }
             h.push_generated(next);
+        }
+        let masks = std::mem::take(&mut seq.draft_masks);
+        if let Some(g) = seq.grammar.as_deref_mut() {
+            // the accepted drafts' masks were computed when drafting
+            let advanced = kept[base..]
+                .iter()
+                .zip(masks)
+                .try_for_each(|(&t, m)| g.advance_known(t, m))
+                .and_then(|()| g.advance(next));
+            if let Err(why) = advanced {
+                self.grammar_failures.push((id, why));
+            }
         }
         seq.next = Some(next);
         match accepted {

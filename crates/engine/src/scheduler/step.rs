@@ -48,6 +48,9 @@ impl Scheduler {
             }
             if seq.drafted > 0 {
                 self.builder.set_drafts(seq.drafted);
+                if !seq.draft_masks.is_empty() {
+                    self.builder.set_draft_masks(seq.draft_masks.clone());
+                }
             }
             if let (Some(row), true) = (seq.carried_from, p.end == tokens.len()) {
                 // the placeholder is the last token, and this step runs it;

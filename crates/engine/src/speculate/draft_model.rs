@@ -10,21 +10,28 @@
 //! away, accepted ones and the correction appended), the tokens whose KV
 //! the draft has not written run as one segment whose last row is sampled
 //! greedily (the first draft), then each further draft token runs as a
-//! one-token step. Only verified tokens are ever marked computed in the
+//! one-token row. The sequences of one [`Drafter::propose_all`] call run
+//! together: one draft-backend step for every sequence's catch-up segment
+//! and first draft, then one step per further drafted position with a row
+//! for each sequence still drafting (K steps for K drafts, however many
+//! sequences draft). Only verified tokens are ever marked computed in the
 //! draft's KV manager (drafts stay uncomputed there, so a rollback is a
 //! `truncate` and the draft's prefix cache never holds an unverified
 //! token); the drafter itself remembers how far the draft's KV is written
 //! ([`DraftSeq::ran`]), which covers the kept drafts of the last proposal.
 //!
-//! A full draft pool evicts the least recently drafting sequence (it is
-//! re-admitted, recomputing its tokens, when it drafts again); a failing
-//! draft step forgets the sequence and drafts nothing (drafts never change
-//! outputs, only how many steps they take).
+//! A failing draft step forgets its sequences, which draft nothing
+//! (drafts never change outputs, only how many steps they take).
 //!
-//! Costs: per proposal, one draft step over the tokens verified since the
-//! last one plus one one-token step per further draft; O(len) to compare
-//! the held and verified tokens. Sequences draft one at a time (the
-//! draft's steps are not batched across sequences).
+//! A full draft pool evicts the least recently drafting sequence outside
+//! the call (it is re-admitted, recomputing its tokens, when it drafts
+//! again). A sequence's drafts do not depend on the others of its call
+//! (the backend's rows are independent, `contract::StepBatch`).
+//!
+//! Costs: per call, one draft step over every sequence's tokens verified
+//! since its last proposal, plus one step of one row per drafting
+//! sequence for each further drafted position; O(len) per sequence to
+//! compare the held and verified tokens.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use contract::{Backend, LlamaConfig, SampleRequest, SamplingParams, StepBuilder};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
-use super::Drafter;
+use super::{Drafter, Proposal};
 
 /// A draft model's backend, handed to the engine in
 /// [`super::SpecMethod::Draft`]; the engine takes it out once at start.
@@ -184,13 +191,15 @@ impl DraftModelDrafter {
         })
     }
 
-    /// Frees the least recently drafting sequence other than `keep`;
-    /// false when there is none.
+    /// Frees the least recently drafting sequence other than `keep` and
+    /// those of the current call (used at the current clock); false when
+    /// there is none.
     fn evict_one(&mut self, keep: u64) -> bool {
+        let now = self.clock;
         let victim = self
             .seqs
             .iter()
-            .filter(|(id, _)| **id != keep)
+            .filter(|(id, s)| **id != keep && s.used != now)
             .min_by_key(|(_, s)| s.used)
             .map(|(id, _)| *id);
         match victim {
@@ -251,70 +260,142 @@ impl DraftModelDrafter {
         Ok(true)
     }
 
-    /// Runs `seq`'s tokens from `from` to its end as one segment and
-    /// returns the greedy sample after them.
-    fn run(&mut self, seq: u64, from: usize, prompt_len: usize) -> Result<u32, DraftError> {
-        let sid = seq as SeqId;
-        let unknown = || DraftError::Step(format!("sequence {seq} is not in the draft pool"));
-        let tokens = self.kv.seq_tokens(sid).ok_or_else(unknown)?;
-        let table = self.kv.block_table(sid).ok_or_else(unknown)?;
+    /// Runs one draft step of `rows` (`(sequence, first token to run)`:
+    /// each sequence's tokens from there to its end, one segment, its last
+    /// row sampled greedily) and returns each one's sample, in order.
+    fn run(&mut self, rows: &[(u64, usize)]) -> Result<Vec<u32>, DraftError> {
         self.builder.begin();
-        self.builder
-            .push(&tokens[from..], from, table, Some(self.greedy.clone()))
-            .map_err(|e| DraftError::Step(e.to_string()))?;
-        self.builder.set_prompt_len(prompt_len);
+        for &(seq, from) in rows {
+            let sid = seq as SeqId;
+            let unknown = || DraftError::Step(format!("sequence {seq} is not in the draft pool"));
+            let tokens = self.kv.seq_tokens(sid).ok_or_else(unknown)?;
+            let table = self.kv.block_table(sid).ok_or_else(unknown)?;
+            let prompt_len = self.seqs.get(&seq).map_or(0, |s| s.prompt_len);
+            self.builder
+                .push(&tokens[from..], from, table, Some(self.greedy.clone()))
+                .map_err(|e| DraftError::Step(e.to_string()))?;
+            self.builder.set_prompt_len(prompt_len);
+        }
         let out = self
             .backend
             .step(self.builder.finish())
             .map_err(|e| DraftError::Step(e.to_string()))?;
-        match out.first() {
-            Some(Some(s)) => Ok(s.token),
-            _ => Err(DraftError::Step("the draft step sampled nothing".into())),
+        if out.len() != rows.len() {
+            return Err(DraftError::Step("the draft step sampled nothing".into()));
         }
+        out.into_iter()
+            .map(|s| s.map(|s| s.token))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| DraftError::Step("the draft step sampled nothing".into()))
     }
 
-    fn try_propose(
-        &mut self,
-        seq: u64,
-        tokens: &[u32],
-        max: usize,
-        out: &mut Vec<u32>,
-    ) -> Result<(), DraftError> {
-        let len = tokens.len();
-        if max == 0 || len >= self.max_positions || !self.sync(seq, tokens)? {
-            return Ok(());
-        }
+    /// Syncs every asked sequence (module doc) and returns those that
+    /// draft: `(index in reqs, sequence, first token to run)`.
+    fn sync_all(&mut self, reqs: &[Proposal<'_>]) -> Vec<(usize, u64, usize)> {
         self.clock += 1;
-        let Some(state) = self.seqs.get_mut(&seq) else {
-            return Ok(());
-        };
-        state.used = self.clock;
-        // the last verified token always runs: its row gives the first draft
-        let (from, prompt_len) = (state.ran.min(len - 1), state.prompt_len);
-        let mut next = self.run(seq, from, prompt_len)?;
-        self.kv.mark_computed(seq as SeqId, len)?;
-        let mut ran = len;
-        out.push(next);
-        while out.len() < max && ran + 1 < self.max_positions && self.kv.can_append(seq as SeqId, 1)
-        {
-            self.kv.append(seq as SeqId, &[next])?;
-            next = self.run(seq, ran, prompt_len)?;
-            ran += 1;
-            out.push(next);
+        let mut active = Vec::with_capacity(reqs.len());
+        for (i, r) in reqs.iter().enumerate() {
+            let len = r.tokens.len();
+            if r.max == 0 || len == 0 || len >= self.max_positions {
+                continue;
+            }
+            match self.sync(r.seq, r.tokens) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    tracing::warn!(seq = r.seq, error = %e, "the draft model's KV failed; the sequence drafts nothing this step");
+                    self.forget(r.seq);
+                    continue;
+                }
+            }
+            if let Some(state) = self.seqs.get_mut(&r.seq) {
+                state.used = self.clock;
+                // the last verified token always runs: its row gives the first draft
+                active.push((i, r.seq, state.ran.min(len - 1)));
+            }
         }
+        active
+    }
+
+    fn try_propose_all(
+        &mut self,
+        reqs: &[Proposal<'_>],
+        active: &[(usize, u64, usize)],
+        out: &mut [Vec<u32>],
+    ) -> Result<(), DraftError> {
+        let rows: Vec<(u64, usize)> = active.iter().map(|&(_, seq, from)| (seq, from)).collect();
+        let firsts = self.run(&rows)?;
+        // (index in reqs, sequence, tokens whose KV the draft wrote, next)
+        let mut live: Vec<(usize, u64, usize, u32)> = Vec::with_capacity(active.len());
+        for (&(i, seq, _), next) in active.iter().zip(firsts) {
+            let len = reqs[i].tokens.len();
+            self.kv.mark_computed(seq as SeqId, len)?;
+            out[i].push(next);
+            live.push((i, seq, len, next));
+        }
+        loop {
+            // sequences that draft another token: their last draft runs
+            let mut rows: Vec<(u64, usize)> = Vec::with_capacity(live.len());
+            let mut step: Vec<usize> = Vec::with_capacity(live.len());
+            for (n, &(i, seq, ran, next)) in live.iter().enumerate() {
+                let sid = seq as SeqId;
+                if out[i].len() < reqs[i].max
+                    && ran + 1 < self.max_positions
+                    && self.kv.can_append(sid, 1)
+                {
+                    self.kv.append(sid, &[next])?;
+                    rows.push((seq, ran));
+                    step.push(n);
+                }
+            }
+            if rows.is_empty() {
+                break;
+            }
+            let nexts = self.run(&rows)?;
+            let mut still = Vec::with_capacity(step.len());
+            for (&n, next) in step.iter().zip(nexts) {
+                let (i, seq, ran, _) = live[n];
+                out[i].push(next);
+                still.push((i, seq, ran + 1, next));
+            }
+            for &(_, seq, ran, _) in &live {
+                self.set_ran(seq, ran);
+            }
+            live = still;
+        }
+        for &(_, seq, ran, _) in &live {
+            self.set_ran(seq, ran);
+        }
+        Ok(())
+    }
+
+    /// Records that the draft's KV of `seq` is written up to `ran`.
+    fn set_ran(&mut self, seq: u64, ran: usize) {
         if let Some(state) = self.seqs.get_mut(&seq) {
             state.ran = ran;
         }
-        Ok(())
     }
 }
 
 impl Drafter for DraftModelDrafter {
     fn propose(&mut self, seq: u64, tokens: &[u32], max: usize, out: &mut Vec<u32>) {
-        if let Err(e) = self.try_propose(seq, tokens, max, out) {
-            tracing::warn!(seq, error = %e, "the draft model failed; the sequence drafts nothing this step");
-            self.forget(seq);
-            out.clear();
+        let mut one = [std::mem::take(out)];
+        self.propose_all(&[Proposal { seq, tokens, max }], &mut one);
+        let [drafts] = one;
+        *out = drafts;
+    }
+
+    fn propose_all(&mut self, reqs: &[Proposal<'_>], out: &mut [Vec<u32>]) {
+        let active = self.sync_all(reqs);
+        if active.is_empty() {
+            return;
+        }
+        if let Err(e) = self.try_propose_all(reqs, &active, out) {
+            tracing::warn!(error = %e, "the draft model failed; its sequences draft nothing this step");
+            for &(i, seq, _) in &active {
+                self.forget(seq);
+                out[i].clear();
+            }
         }
     }
 

@@ -14,11 +14,17 @@
 //! steps changes. A wrong draft costs compute, never correctness.
 //!
 //! Which sequences draft: those of a request that allows it
-//! (`GenerateRequest::speculative`), without a grammar (whose per-row mask
-//! depends on the drafts) and, unless the backend applies a penalty
-//! history per verify row (`Backend::verifies_penalties`: each row's
-//! history then counts the drafts before it), without penalties, while at most
-//! [`SpecConfig::max_batch`] sequences run. Each sequence's draft length
+//! (`GenerateRequest::speculative`), unless the backend applies a grammar
+//! mask per verify row (`Backend::verifies_masks`: each row's mask is the
+//! grammar's after the drafts before it) without a grammar, unless the
+//! backend applies a penalty history per verify row
+//! (`Backend::verifies_penalties`: each row's history then counts the
+//! drafts before it) without penalties, while at most
+//! [`SpecConfig::max_batch`] sequences run. A constrained sequence's draft
+//! is cut at the first token its grammar refuses (checked on a copy of
+//! the grammar state), so no verify row runs a token the output could
+//! never hold, and each row samples from the target's masked
+//! distribution exactly as plain decoding would at that position. Each sequence's draft length
 //! starts at [`SpecConfig::num_tokens`] and follows its acceptance: it
 //! grows by one after a fully accepted draft and drops to one past the
 //! accepted length after a rejection.
@@ -41,11 +47,31 @@ pub use draft_model::{DraftModel, DraftModelDrafter};
 pub use ngram::NgramDrafter;
 pub use suffix::SuffixDrafter;
 
+/// One sequence's ask of [`Drafter::propose_all`].
+#[derive(Debug, Clone, Copy)]
+pub struct Proposal<'a> {
+    pub seq: u64,
+    /// Its verified prompt + generated tokens (never empty).
+    pub tokens: &'a [u32],
+    /// Most tokens to propose.
+    pub max: usize,
+}
+
 /// Proposes draft tokens for sequences (module doc).
 pub trait Drafter: Send {
     /// Appends to `out` at most `max` tokens proposed to follow `tokens`
     /// (sequence `seq`'s verified prompt + generated tokens, never empty).
     fn propose(&mut self, seq: u64, tokens: &[u32], max: usize, out: &mut Vec<u32>);
+
+    /// Proposes for every sequence of a step at once: `out[i]` (empty on
+    /// entry) gets `reqs[i]`'s proposal, the same tokens [`Drafter::propose`]
+    /// would give it alone. Default: one [`Drafter::propose`] each; the
+    /// draft model runs all of them in one batch per drafted position.
+    fn propose_all(&mut self, reqs: &[Proposal<'_>], out: &mut [Vec<u32>]) {
+        for (r, o) in reqs.iter().zip(out) {
+            self.propose(r.seq, r.tokens, r.max, o);
+        }
+    }
 
     /// Sequence `seq` ended with `tokens` (its verified tokens, the prompt
     /// first). Default: nothing kept.

@@ -278,3 +278,71 @@ fn a_request_with_penalties_drafts_and_matches() {
     let st = s.engine.stats();
     assert!(st.spec_accepted_total > 0, "{st:?}");
 }
+
+/// Constrained requests (regular expressions, greedy and seeded) draft
+/// too: with every drafter their outputs are plain decoding's and match
+/// their patterns. The fake draft model ignores the grammar, so many of
+/// its drafts are refused by it and cut before they run; the greedy ones
+/// it keeps are the target's tokens and accepted.
+#[test]
+fn constrained_requests_draft_and_give_the_plain_outputs() {
+    use engine::Constraint;
+    // the last allows nearly every token: the draft model's are kept
+    let patterns = [
+        "[a-e]{4,30}",
+        "(ab|cd)+x",
+        "[0-9]+(\\.[0-9]+)?",
+        "[^\\n]{20,60}",
+    ];
+    let reqs: Vec<GenerateRequest> = (0..12u32)
+        .map(|i| {
+            let params = match i % 3 {
+                0 => SamplingParams {
+                    temperature: 0.9,
+                    seed: u64::from(i),
+                    ..SamplingParams::default()
+                },
+                _ => SamplingParams::greedy(),
+            };
+            let mut r = req(prompt(5 + (i as usize * 7) % 40, 300 + i), 64, params);
+            r.constraint = Some(Constraint::Regex(patterns[i as usize % 4].into()));
+            r.ignore_eos = false;
+            r
+        })
+        .collect();
+    let plain = run_all(&start(512, 4, cfg(16, 128)).engine, reqs.clone());
+    for (i, out) in plain.iter().enumerate() {
+        let p = patterns[i % 4];
+        let re = regex::Regex::new(&format!("^({p})$")).unwrap();
+        assert!(
+            re.is_match(&out.text),
+            "request {i}: {:?} against {p}",
+            out.text
+        );
+    }
+    let config = fake_config().unwrap();
+    let methods = [
+        SpecMethod::Ngram,
+        SpecMethod::Suffix,
+        fake_draft(config.clone(), 512),
+    ];
+    for method in methods {
+        let name = method.name();
+        let s = start(512, 4, spec_cfg(method, 4, 16, 128));
+        assert_same(&plain, &run_all(&s.engine, reqs.clone()));
+        // alone (one sequence per step)
+        for i in [1, 2, 5] {
+            let alone = run_all(&s.engine, vec![reqs[i].clone()]);
+            assert_same(&plain[i..=i], &alone);
+        }
+        wait_idle(&s.engine);
+        let st = s.engine.stats();
+        assert_eq!(st.kv_blocks_used, 0, "{name}");
+        if name == "draft" {
+            assert!(
+                st.spec_verifies_total > 0 && st.spec_accepted_total > 0,
+                "{name}: constrained requests drafted nothing: {st:?}"
+            );
+        }
+    }
+}

@@ -349,6 +349,10 @@ impl contract::HostCompute for CpuBackend {
         true // each row samples with `StepBatch::row_request`'s history
     }
 
+    fn verifies_masks(&self) -> bool {
+        true // and with its grammar mask (`StepBatch::draft_masks`)
+    }
+
     fn max_loras(&self) -> usize {
         self.lora.len()
     }

@@ -2,7 +2,8 @@
 //! paths: each sampled row of a drafted segment samples exactly what plain
 //! decoding samples at that position (greedy and seeded), whatever the
 //! drafts after it, and the sampled rows come back in order; with a
-//! penalty history too (each row's history counting the drafts before it).
+//! penalty history too (each row's history counting the drafts before it),
+//! and with a grammar mask per row (`StepBatch::draft_masks`).
 
 use super::batch::contiguous_blocks;
 use super::tests::{BS, backend_on};
@@ -119,5 +120,73 @@ fn verify_rows_sample_what_plain_decoding_samples() {
             let got = verified(path, &params, want[0], &[want[1], wrong, want[3]]);
             assert_eq!(got[..2], want[1..3], "{path:?} {params:?}");
         }
+    }
+}
+
+/// The mask of generated token `step`: a different third of the
+/// vocabulary left out at each position.
+fn mask_at(step: usize) -> std::sync::Arc<contract::TokenMask> {
+    let ids: Vec<u32> = (0..50)
+        .filter(|t| !(*t as usize + step).is_multiple_of(3))
+        .collect();
+    std::sync::Arc::new(contract::TokenMask::from_ids(50, &ids))
+}
+
+/// Each verify row takes its own mask: a drafted segment under masks
+/// samples what masked plain decoding samples, position by position.
+#[test]
+fn verify_rows_follow_their_grammar_masks() {
+    let masked = |params: &SamplingParams, step: usize, history: &[u32]| {
+        let mut r = req(params, step as u64, history);
+        if let Some(r) = r.as_mut() {
+            r.allowed = Some(mask_at(step));
+        }
+        r
+    };
+    for path in [CpuPath::Reference, CpuPath::Fast] {
+        let params = SamplingParams::greedy();
+        let mut b = backend_on(path, true, BLOCKS);
+        let table = contiguous_blocks(0, PROMPT.len() + 8, BS);
+        let mut sb = StepBuilder::new(BS);
+        let (mut run, mut start, mut want) = (PROMPT.to_vec(), 0, Vec::new());
+        for step in 0..6 {
+            sb.begin();
+            sb.push(&run, start, &table, masked(&params, step, &want))
+                .unwrap();
+            sb.set_prompt_len(PROMPT.len());
+            let t = b.step(sb.finish()).unwrap()[0].clone().unwrap().token;
+            assert!(mask_at(step).allows(t));
+            start += run.len();
+            run = vec![t];
+            want.push(t);
+        }
+        let unmasked = plain(path, &params, 6);
+        assert_ne!(unmasked, want, "{path:?}: the masks change the tokens");
+        // a fresh backend: the prompt, then token 0 and four drafts
+        let mut b = backend_on(path, true, BLOCKS);
+        sb.begin();
+        sb.push(&PROMPT, 0, &table, masked(&params, 0, &[]))
+            .unwrap();
+        sb.set_prompt_len(PROMPT.len());
+        assert_eq!(
+            b.step(sb.finish()).unwrap()[0].as_ref().unwrap().token,
+            want[0]
+        );
+        sb.begin();
+        sb.push(
+            &want[..5],
+            PROMPT.len(),
+            &table,
+            masked(&params, 1, &want[..1]),
+        )
+        .unwrap();
+        sb.set_prompt_len(PROMPT.len());
+        sb.set_drafts(4);
+        sb.set_draft_masks((2..6).map(mask_at).collect());
+        let s = b.step(sb.finish()).unwrap()[0].clone().unwrap();
+        let got: Vec<u32> = std::iter::once(s.token)
+            .chain(s.draft_rows.iter().map(|r| r.token))
+            .collect();
+        assert_eq!(got, want[1..6], "{path:?}");
     }
 }

@@ -349,6 +349,7 @@ mod tests {
             prompt_lens: Vec::new(),
             carried: Vec::new(),
             drafts: Vec::new(),
+            draft_masks: Vec::new(),
             loras: Vec::new(),
         };
         let lay = Layout::new(4, 4, 2, 4, 4);

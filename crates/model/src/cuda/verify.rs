@@ -11,7 +11,11 @@
 //! Token indices are unchanged (so are carried tokens); [`fold`] maps the
 //! sampler rows back to the drafted sequences, whose rows stay consecutive.
 //! Other steps with drafts return `None` and run eagerly as they are, one
-//! history per sequence ([`check_unexpanded`]).
+//! history and one mask per sequence ([`check_unexpanded`]). The
+//! expansion gives each row its own grammar mask too
+//! (`StepBatch::row_request`), but the eager path cannot, so the backend
+//! does not claim `Backend::verifies_masks` and the engine drafts nothing
+//! for a constrained sequence on CUDA.
 //!
 //! Costs: O(T + S x max_blocks) host work for a step that drafted.
 
@@ -60,18 +64,22 @@ pub(super) fn expand(batch: &StepBatch, block_size: usize) -> Option<StepBatch> 
 }
 
 /// A drafted step that [`expand`] leaves as it is runs eagerly with one
-/// history per sequence: refused when a drafted sequence has a penalty
-/// history (its rows would share it).
+/// history and one mask per sequence: refused when a drafted sequence has
+/// a penalty history or a grammar mask (its rows would share it).
 pub(super) fn check_unexpanded(batch: &StepBatch) -> Result<(), BackendError> {
-    let with_history = (0..batch.num_seqs()).find(|&s| {
-        batch.drafts_of(s) > 0
-            && batch.samples[s]
-                .as_ref()
-                .is_some_and(|r| r.history.is_some())
+    let shared = (0..batch.num_seqs()).find_map(|s| {
+        let r = batch.samples[s]
+            .as_ref()
+            .filter(|_| batch.drafts_of(s) > 0)?;
+        match (r.history.is_some(), r.allowed.is_some()) {
+            (true, _) => Some((s, "a penalty history")),
+            (_, true) => Some((s, "a grammar mask")),
+            _ => None,
+        }
     });
-    match with_history {
-        Some(s) => Err(BackendError::InvalidBatch(format!(
-            "drafts[{s}] = {}: the CUDA backend verifies drafts of a sequence with a penalty history only in a step whose drafted segments are exactly their sampled rows and whose other segments are one token",
+    match shared {
+        Some((s, what)) => Err(BackendError::InvalidBatch(format!(
+            "drafts[{s}] = {}: the CUDA backend verifies drafts of a sequence with {what} only in a step whose drafted segments are exactly their sampled rows and whose other segments are one token",
             batch.drafts_of(s)
         ))),
         None => Ok(()),
@@ -176,6 +184,34 @@ mod tests {
         assert_eq!(counts[1], vec![(2, 1)]);
         assert_eq!(counts[2], vec![(2, 1), (3, 1)]);
         assert!(check_unexpanded(&drafted()).is_ok());
+    }
+
+    #[test]
+    fn each_verify_row_gets_its_own_grammar_mask() {
+        use contract::TokenMask;
+        use std::sync::Arc;
+        let mask = |id: u32| Arc::new(TokenMask::from_ids(64, &[id]));
+        let mut sb = StepBuilder::new(4);
+        let mut r = req(10);
+        if let Some(r) = r.as_mut() {
+            r.allowed = Some(mask(1));
+        }
+        sb.push(&[1, 2, 3], 5, &[6, 8], r).unwrap();
+        sb.set_drafts(2);
+        sb.set_draft_masks(vec![mask(2), mask(3)]);
+        sb.finish();
+        let b = sb.take();
+        assert!(check_unexpanded(&b).is_err());
+        let e = expand(&b, 4).unwrap();
+        let allowed: Vec<Option<u32>> = e
+            .samples
+            .iter()
+            .map(|r| {
+                let m = r.as_ref().unwrap().allowed.as_ref().unwrap();
+                (0..64).find(|&t| m.allows(t))
+            })
+            .collect();
+        assert_eq!(allowed, vec![Some(1), Some(2), Some(3)]);
     }
 
     #[test]
