@@ -44,6 +44,8 @@ mod packed;
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]
+mod det_tests;
+#[cfg(test)]
 mod k_quant_tests;
 #[cfg(test)]
 mod kv_tests;
