@@ -7,7 +7,7 @@
 //! which is what the mode is for.
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks};
-use super::tests::{BS, LONG_PROMPT, PROMPT, chunk, config, weights};
+use super::tests::{BS, LONG_PROMPT, PROMPT, chunk, config_with, weights};
 use super::*;
 use contract::Backend;
 
@@ -20,7 +20,7 @@ enum Format {
 
 fn backend(format: Format, deterministic: bool) -> CpuBackend {
     let tied = matches!(format, Format::Bf16 { tied: true });
-    let c = config(tied);
+    let c = config_with(tied, 64); // whole Q4_1 blocks of 32
     let w = weights(&c, tied);
     let kv = KvShape {
         num_blocks: 32,
