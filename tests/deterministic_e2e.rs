@@ -184,8 +184,11 @@ fn variants(deterministic: bool) -> Vec<(&'static str, Vec<Completion>)> {
     out
 }
 
+/// A token's log-probability bits and its alternatives' (id, bits).
+type LogprobBits = (u32, Vec<(u32, u32)>);
+
 /// The tokens and the bits of every log-probability.
-fn bits(c: &Completion) -> (Vec<u32>, Vec<(u32, Vec<(u32, u32)>)>) {
+fn bits(c: &Completion) -> (Vec<u32>, Vec<LogprobBits>) {
     assert_eq!(c.error, None);
     assert_eq!(c.tokens.len(), MAX_TOKENS);
     let lp = c
