@@ -194,6 +194,11 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     let mut engines = vec![loaded.engine];
     engines.extend(loaded.replicas);
     let count = engines.len();
+    let det = if engines.iter().all(|e| e.deterministic()) {
+        " in deterministic mode (--deterministic)"
+    } else {
+        ""
+    };
     // each engine's grammar engine (the token trie) built in the background,
     // so the first constrained request does not build it on an async worker
     for e in &engines {
@@ -215,7 +220,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         } else {
             String::new()
         };
-        eprintln!("lamina: serving `{model_id}`{on} on http://{local} (Ctrl-C to stop)");
+        eprintln!("lamina: serving `{model_id}`{on}{det} on http://{local} (Ctrl-C to stop)");
         eprintln!("lamina: requests that set no sampling fields get {defaults}");
         server::serve(state, listener, server::shutdown_signal()).await
     })?;

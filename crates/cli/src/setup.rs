@@ -161,6 +161,13 @@ pub struct ModelArgs {
     /// little more perplexity); it stays BF16 otherwise.
     #[arg(long, env = "LAMINA_QUANTIZE_LM_HEAD", value_parser = clap::builder::BoolishValueParser::new())]
     pub quantize_lm_head: bool,
+    /// Deterministic mode: a request's tokens and log-probabilities are
+    /// bitwise the same alone or in any batch, with any prefill chunking,
+    /// prefix-cache hit or miss, or recompute after preemption (every
+    /// kernel reduces a row in one fixed order). Slower prompt processing;
+    /// the CPU backend only (`--device cpu`): CUDA refuses it.
+    #[arg(long, env = "LAMINA_DETERMINISTIC", value_parser = clap::builder::BoolishValueParser::new())]
+    pub deterministic: bool,
     #[command(flatten)]
     pub tuning: crate::tuning::TuningArgs,
     #[command(flatten)]
@@ -310,6 +317,10 @@ fn resolve(args: &ModelArgs) -> Result<(PathBuf, LoadedModel, Arc<Tokenizer>, bo
     cap_context(&mut loaded.config, args.max_model_len)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
+    if cuda {
+        // before any weight loads: the backend's own refusal
+        model::cuda::check_deterministic(args.deterministic)?;
+    }
     Ok((dir, loaded, tokenizer, cuda))
 }
 
@@ -656,6 +667,7 @@ pub(crate) fn open_backend(
     let cuda = device.is_some();
     let mut cuda_options = args.tuning.cuda_options()?;
     cuda_options.kv_cache_dtype = args.kv_cache_dtype;
+    cuda_options.deterministic = args.deterministic;
     let cfg = &loaded.config;
     let gpu_budget = match device {
         Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory, companion)?,
@@ -697,7 +709,8 @@ pub(crate) fn open_backend(
                     cpu_weights.clone(),
                 )?
                 .with_kv_cache_dtype(args.kv_cache_dtype)
-                .with_max_loras(args.lora.slots()),
+                .with_max_loras(args.lora.slots())
+                .with_deterministic(args.deterministic),
             )
         }
     };
@@ -707,6 +720,7 @@ pub(crate) fn open_backend(
         kv_blocks = num_blocks,
         block_size = BLOCK_SIZE,
         kv_cache_dtype = %args.kv_cache_dtype,
+        deterministic = backend.deterministic(),
         "model loaded"
     );
     Ok((backend, num_blocks, per_block.saturating_mul(num_blocks)))

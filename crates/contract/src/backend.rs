@@ -626,6 +626,19 @@ pub trait Backend: Send {
         false
     }
 
+    /// Whether the backend runs in deterministic mode (the CLI's
+    /// `--deterministic`, set when the backend is built): every row's
+    /// logits, hence its samples and log-probabilities, are bitwise the same
+    /// whatever else its step holds and however its sequence reached it
+    /// (alone or in any batch at any position, a prompt in one chunk or
+    /// many, its prefix computed or found in the prefix cache, recomputed
+    /// after preemption, a prompt token or a generated or verify one): each
+    /// kernel reduces a row in one fixed order, independent of the step's
+    /// rows and of the thread count. Default: false (no such promise).
+    fn deterministic(&self) -> bool {
+        false
+    }
+
     /// Sizes the step buffers for steps of up to `max_tokens` tokens and
     /// `max_seqs` sequences ahead of time, so the first large steps of a run
     /// do not allocate (the engine calls it once at start; a failure is

@@ -66,6 +66,10 @@ pub trait HostCompute: Send {
     fn verifies_masks(&self) -> bool {
         false
     }
+    /// [`Backend::deterministic`]. Default: false.
+    fn deterministic(&self) -> bool {
+        false
+    }
     /// [`Backend::max_loras`]. Default: 0.
     fn max_loras(&self) -> usize {
         0
@@ -138,6 +142,10 @@ impl<T: HostCompute> Backend for T {
 
     fn reserve(&mut self, max_tokens: usize, max_seqs: usize) -> Result<(), BackendError> {
         HostCompute::reserve(self, max_tokens, max_seqs)
+    }
+
+    fn deterministic(&self) -> bool {
+        HostCompute::deterministic(self)
     }
 
     fn max_loras(&self) -> usize {

@@ -11,6 +11,9 @@
 //!   weights straight from memory, once per tile of tokens, with the
 //!   processor's widest vectors ([`Isa`]); work split over weight rows on
 //!   rayon. This regime is bound by memory bandwidth: 2 bytes per weight.
+//!   A token's bits do not depend on the token count or the split over
+//!   threads ([`matmul_bf16_tiled`] runs it at any count: the CPU
+//!   backend's deterministic mode).
 //! - `T >= GEMM_MIN_TOKENS` (prefill): the weights are widened to f32 once
 //!   into the caller's [`Scratch`] (cost `out * in` conversions, amortised
 //!   over `T` tokens) and multiplied by the `gemm` crate's cache-blocked,
@@ -532,6 +535,25 @@ mod tests {
                         "{isa:?} T={t} in={inp} out={out} [{j}]: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+
+    /// The tiled regime gives a token the same bits at any token count
+    /// (its accumulators are its own): what deterministic mode runs at
+    /// every count; `matmul_bf16` from 16 tokens on does not promise it.
+    #[test]
+    fn the_tiled_regime_gives_a_token_the_same_bits_at_any_token_count() {
+        let (t, inp, out) = (37, 577, 70);
+        let (x, w) = inputs(t, inp, out, 9);
+        for isa in Isa::available() {
+            let mut all = vec![f32::NAN; t * out];
+            matmul_bf16_tiled(isa, &x, &w, inp, out, &mut all);
+            for (n, row) in all.chunks_exact(out).enumerate() {
+                let mut one = vec![f32::NAN; out];
+                matmul_bf16_tiled(isa, &x[n * inp..(n + 1) * inp], &w, inp, out, &mut one);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(row), bits(&one), "{isa:?} token {n}");
             }
         }
     }

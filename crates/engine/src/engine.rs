@@ -61,6 +61,8 @@ struct Inner {
     loras: Arc<LoraRegistry>,
     /// The model, to check adapters against.
     model: contract::LlamaConfig,
+    /// The backend's [`contract::Backend::deterministic`].
+    deterministic: bool,
 }
 
 impl Engine {
@@ -165,6 +167,7 @@ impl Engine {
         let loras = Arc::new(LoraRegistry::default());
         sched.set_lora_slots(LoraSlots::new(cfg.max_loras, loras.clone()));
         let model = backend.config().clone();
+        let deterministic = backend.deterministic();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         tracing::info!(
@@ -173,6 +176,7 @@ impl Engine {
             block_size = shape.block_size,
             max_num_seqs = cfg.max_num_seqs,
             max_batch_tokens = cfg.max_batch_tokens,
+            deterministic,
             "engine starting"
         );
         let mut backend = backend;
@@ -210,6 +214,7 @@ impl Engine {
                 grammar,
                 loras,
                 model,
+                deterministic,
             }),
         })
     }
@@ -366,6 +371,13 @@ impl Engine {
     /// `EngineConfig::max_loras`: adapter slots (0: LoRA off).
     pub fn max_loras(&self) -> usize {
         self.inner.cfg.max_loras
+    }
+
+    /// Whether the backend runs in deterministic mode
+    /// ([`contract::Backend::deterministic`]): each request's output is
+    /// bitwise the same however it is batched, chunked, cached or preempted.
+    pub fn deterministic(&self) -> bool {
+        self.inner.deterministic
     }
 
     /// Counters and gauges, as of the end of the last step.

@@ -133,6 +133,8 @@ pub struct ReplicaView {
     pub routed_load: u64,
     /// Tokens per KV block.
     pub block_size: u64,
+    /// Its backend runs in deterministic mode (`--deterministic`).
+    pub deterministic: bool,
 }
 
 /// One engine-derived series: name, type, help, value from the stats.
@@ -337,6 +339,18 @@ impl Metrics {
             let v = u8::from(!r.failed);
             let _ = writeln!(out, "{name}{{{label},engine=\"{i}\"}} {v}");
         }
+        let name = "lamina_deterministic";
+        let _ = writeln!(
+            out,
+            "# HELP {name} 1 when the replica runs in deterministic mode (--deterministic: a request's output is bitwise the same in any batch), else 0; unlabelled: every replica."
+        );
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (i, r) in replicas.iter().enumerate() {
+            let v = u8::from(r.deterministic);
+            let _ = writeln!(out, "{name}{{{label},engine=\"{i}\"}} {v}");
+        }
+        let all = !replicas.is_empty() && replicas.iter().all(|r| r.deterministic);
+        let _ = writeln!(out, "{name}{{{label}}} {}", u8::from(all));
         let name = "lamina_router_requests_total";
         let _ = writeln!(
             out,
@@ -553,6 +567,7 @@ mod tests {
             routed_prefix: 3,
             routed_load: 1,
             block_size: 16,
+            deterministic: !failed,
         };
         let s = m.render(&[view(2, 5, false), view(3, 0, true)], "m");
         let lines: Vec<&str> = s
@@ -577,6 +592,9 @@ mod tests {
             "lamina_spec_decode_accepted_tokens_total{model_name=\"m\",engine=\"0\"} 5\n"
         ));
         assert!(s.contains("lamina_engine_healthy{model_name=\"m\",engine=\"1\"} 0\n"));
+        assert!(s.contains("lamina_deterministic{model_name=\"m\",engine=\"0\"} 1\n"));
+        assert!(s.contains("lamina_deterministic{model_name=\"m\",engine=\"1\"} 0\n"));
+        assert!(s.contains("lamina_deterministic{model_name=\"m\"} 0\n"));
         assert!(s.contains(
             "lamina_cache_config_info{model_name=\"m\",block_size=\"16\",num_gpu_blocks=\"20\"} 1\n"
         ));

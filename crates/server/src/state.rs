@@ -225,6 +225,7 @@ impl AppState {
                 let (routed_prefix, routed_load) = self.replicas.routed(i);
                 ReplicaView {
                     block_size: self.replicas.block_size() as u64,
+                    deterministic: self.replicas.engine(i).is_some_and(|e| e.deterministic()),
                     stats,
                     failed: failed.iter().any(|(j, _)| *j == i),
                     routed_prefix,

@@ -19,8 +19,29 @@
 //! `cpu_kernels::gemm_split` where it runs: about `1e-4` relative (the
 //! golden tests hold both to `1e-3`); over quantised blocks, on
 //! `cpu_kernels::quant::gemm` (the row kernel's integer sums in another
-//! f32 order). A token's logits never depend on the other tokens of its
-//! step.
+//! f32 order). A token's products never depend on the other rows' values;
+//! by default they do depend on the step's shape in three places: a token's
+//! kind (prompt or generated) picks its products, a prefill chunk of
+//! [`SEGMENT_GEMM_MIN`]+ tokens runs attention as GEMMs and a shorter one
+//! per token (so a prompt's chunking, a prefix-cache hit and a recompute
+//! after preemption change the bits of its rows), and row-major BF16
+//! products (the tied LM head, every projection without AVX-512) switch
+//! from the register-tiled regime to a GEMM at 16 rows.
+//!
+//! Deterministic mode (`CpuBackend::with_deterministic`, `--deterministic`)
+//! removes all three: every row runs [`Rows::Invariant`] (the panels'
+//! `matmul_pairs`, the tiled BF16 regime at every row count, the quantised
+//! row kernels; never `gemm_split`, `quant::gemm`, `gemm512::matmul` or the
+//! `gemm` crate) and every token's attention runs [`decode_attention`]
+//! (positions in chunks of `decode::KV_SPLIT` from 0, merged in order: a
+//! function of the token's context length alone). What is invariant in
+//! both modes: the elementwise steps (norms with the mean in f64, RoPE,
+//! SwiGLU, residuals: per row, serial or on rayon alike), the KV writes,
+//! the LoRA deltas (per row), the split of every product over threads (by
+//! output columns, never over `k`), decode attention's serial or parallel
+//! tasks, and sampling (per row, over that row's logits). The reference
+//! path is invariant by construction (a dot product per output, attention
+//! per token).
 //!
 //! Costs per step of `T` tokens and `R` output rows: on AVX-512 one read of
 //! the packed weights per step and 12 tokens (bound by memory bandwidth
@@ -58,7 +79,7 @@ use contract::lora::LoraTarget as L;
 use cpu_kernels::Isa;
 use cpu_kernels::gemm512::{Packed, matmul_packed};
 use cpu_kernels::kv::widen;
-use cpu_kernels::matmul::{gemm_nt_f32, matmul_bf16};
+use cpu_kernels::matmul::{gemm_nt_f32, matmul_bf16, matmul_bf16_tiled};
 use cpu_kernels::vector::{add_assign, rms_norm, rope, silu_mul, softmax_scaled};
 use half::slice::HalfFloatSliceExt;
 use ops::{AttnDims, KvView};
@@ -276,7 +297,9 @@ impl CpuBackend {
         }
         self.pool
             .write_order(&batch.slot_mapping, &mut ws.write_order);
+        let det = self.deterministic;
         let rows_kind = match (ws.prompt.len(), ws.generated.len()) {
+            _ if det => Rows::Invariant,
             (_, 0) => Rows::Prompt,
             (0, _) => Rows::Generated,
             _ => Rows::Mixed {
@@ -321,6 +344,7 @@ impl CpuBackend {
                 attn,
                 &mut ws.segment,
                 &mut ws.decode,
+                det,
             );
             let proj = sized(&mut ws.proj, t * hidden);
             lw.o.matmul(isa, attn, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
@@ -353,6 +377,7 @@ impl CpuBackend {
         let h = sized(&mut ws.h, r * hidden);
         rms_norm(picked, &self.final_norm, eps, h);
         let mut logits = vec![0f32; r * c.vocab_size]; // [R, vocab]
+        let head = &self.weights.head().data;
         match &fast.head {
             Some(m) => m.matmul(
                 isa,
@@ -360,13 +385,18 @@ impl CpuBackend {
                 hidden,
                 c.vocab_size,
                 &mut logits,
-                Rows::Generated,
+                if det {
+                    Rows::Invariant
+                } else {
+                    Rows::Generated
+                },
                 &mut ws.bufs,
             ),
+            None if det => matmul_bf16_tiled(isa, h, head, hidden, c.vocab_size, &mut logits),
             None => matmul_bf16(
                 isa,
                 h,
-                &self.weights.head().data,
+                head,
                 hidden,
                 c.vocab_size,
                 &mut logits,
@@ -385,7 +415,10 @@ const SEGMENT_GEMM_MIN: usize = 16;
 /// `q_dim` columns of each row, RoPE applied) over `layer`'s pool, into `out`
 /// (`[T, q_dim]`): `ops::paged_attention_in`'s arithmetic. Segments of
 /// [`SEGMENT_GEMM_MIN`] tokens or more (prefill chunks) run
-/// [`segment_attention`]; the other tokens run [`decode_attention`].
+/// [`segment_attention`]; the other tokens run [`decode_attention`]. With
+/// `deterministic`, every token runs [`decode_attention`], whose order over
+/// positions depends only on the token's own context length, so a token
+/// gets the same bits in a chunk of any length.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     isa: Isa,
@@ -399,12 +432,13 @@ fn attention(
     out: &mut [f32],
     seg_scratch: &mut SegmentScratch,
     dec_scratch: &mut DecodeScratch,
+    deterministic: bool,
 ) {
     let hd = dims.head_dim;
     let (kc, vc, kv_dim, bs) = pool.layer(layer);
     let scale = 1.0 / (hd as f32).sqrt();
     let seg_len = |s: usize| (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
-    let long = |s: usize| seg_len(s) >= SEGMENT_GEMM_MIN;
+    let long = |s: usize| !deterministic && seg_len(s) >= SEGMENT_GEMM_MIN;
     let view = PoolView {
         k: kc,
         v: vc,

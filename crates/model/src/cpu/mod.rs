@@ -44,6 +44,8 @@ mod packed;
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]
+mod det_tests;
+#[cfg(test)]
 mod k_quant_tests;
 #[cfg(test)]
 mod kv_tests;
@@ -108,6 +110,8 @@ pub struct CpuBackend {
     weights_name: String,
     /// LoRA adapter slots (none unless [`CpuBackend::with_max_loras`]).
     lora: lora::LoraSlots,
+    /// Deterministic mode ([`CpuBackend::with_deterministic`]).
+    deterministic: bool,
 }
 
 impl CpuBackend {
@@ -201,6 +205,7 @@ impl CpuBackend {
             pipe: HostPipeline::default(),
             weights_name,
             lora: lora::LoraSlots::default(),
+            deterministic: false,
         })
     }
 
@@ -229,6 +234,22 @@ impl CpuBackend {
     /// constructors have none).
     pub fn with_max_loras(mut self, n: usize) -> Self {
         self.lora = lora::LoraSlots::new(n);
+        self
+    }
+
+    /// The backend in deterministic mode (`--deterministic`, see
+    /// [`contract::Backend::deterministic`]) when `on`: the fast path runs
+    /// every row, prompt or generated, on the products whose reduction order
+    /// per row is fixed at any row count and thread count, and every
+    /// token's attention on the decode kernel (see `fast`'s module doc for
+    /// the list). The reference path is so already and does not change.
+    /// The split products' 8-bit copies, which the mode never runs, are
+    /// dropped.
+    pub fn with_deterministic(mut self, on: bool) -> Self {
+        self.deterministic = on;
+        if on && let Some(f) = &mut self.fast {
+            f.drop_split();
+        }
         self
     }
 
@@ -281,15 +302,20 @@ impl CpuBackend {
 
 impl contract::HostCompute for CpuBackend {
     fn name(&self) -> String {
+        let det = if self.deterministic {
+            ", deterministic"
+        } else {
+            ""
+        };
         match self.path() {
-            CpuPath::Reference => "cpu (reference)".into(),
+            CpuPath::Reference => format!("cpu (reference{det})"),
             CpuPath::Fast => {
                 let split = match &self.fast {
-                    Some(f) if f.splits() => "+bf16/vnni prompts",
+                    Some(f) if f.splits() && !self.deterministic => "+bf16/vnni prompts",
                     _ => "",
                 };
                 format!(
-                    "cpu ({}{split}, {}, {} KV)",
+                    "cpu ({}{split}, {}, {} KV{det})",
                     self.isa.name(),
                     self.weights_name,
                     self.pool.dtype()
@@ -355,6 +381,10 @@ impl contract::HostCompute for CpuBackend {
 
     fn max_loras(&self) -> usize {
         self.lora.len()
+    }
+
+    fn deterministic(&self) -> bool {
+        self.deterministic
     }
 
     fn set_lora(

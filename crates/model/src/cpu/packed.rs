@@ -14,6 +14,15 @@
 //! runs; there Q4_1 and Q8_0 matrices are repacked at load into the 16-row
 //! panels of [`cpu_kernels::quant::x16`], whose row product is several
 //! times faster than the block kernels'). [`by_kind`] runs a mixed step's prompt and generated rows apart.
+//! [`Rows::Invariant`] (deterministic mode) runs every row on the products
+//! whose per-row reduction order depends neither on the row count nor on
+//! the thread count: the panels' [`matmul_pairs`] (one FMA chain per output
+//! in `k` order, any token count), row-major BF16 on the register-tiled
+//! regime at every token count ([`matmul_bf16_tiled`]: a token's
+//! accumulators are its own, so `matmul_bf16`'s switch to a GEMM at 16
+//! tokens never happens), blocks on [`matmul_quant`]'s row kernels
+//! (a token tile's bits are a single token's) and 16-row panels on
+//! [`matmul_x16`] (likewise).
 //! [`pack_group`] builds one fused matrix from several row-stacked tensors
 //! (Q/K/V, gate/up): from the GGUF's blocks when every tensor of the group
 //! was kept in one type; as a [`Matrix::Stack`] of parts each in its own
@@ -34,7 +43,7 @@ use checkpoint::weights::Tensor;
 use contract::backend::BackendError;
 use cpu_kernels::Isa;
 use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
-use cpu_kernels::matmul::{Scratch, matmul_bf16};
+use cpu_kernels::matmul::{Scratch, matmul_bf16, matmul_bf16_tiled};
 use cpu_kernels::pairs::{PairPanels, matmul_pairs};
 use cpu_kernels::quant::gemm::{matmul_panels_gemm, matmul_quant_gemm};
 use cpu_kernels::quant::x16::{Panels16, matmul_x16};
@@ -131,6 +140,11 @@ pub(super) enum Rows<'a> {
         prompt: &'a [usize],
         generated: &'a [usize],
     },
+    /// Every row, whatever its kind, on the products whose reduction order
+    /// per row is fixed at every row count and thread count (deterministic
+    /// mode): [`matmul_pairs`], the register-tiled BF16 regime
+    /// ([`matmul_bf16_tiled`], never the GEMM) and [`matmul_quant`].
+    Invariant,
 }
 
 /// The reused buffers of [`Matrix::matmul`].
@@ -167,7 +181,7 @@ fn by_kind(
     mut f: impl FnMut(bool, &[f32], &mut [f32]),
 ) {
     let (prompt, generated) = match rows {
-        Rows::Generated => return f(false, x, y),
+        Rows::Generated | Rows::Invariant => return f(false, x, y),
         Rows::Prompt => return f(true, x, y),
         Rows::Mixed { prompt, generated } => (prompt, generated),
     };
@@ -190,6 +204,7 @@ impl Matrix {
     /// `y = x @ W^T`: `x` `[T, inp]`, `y` `[T, out]`. Prompt rows of a BF16
     /// matrix with an 8-bit copy run [`matmul_split`], every other row the
     /// f32 products; a row's result never depends on the other rows' kind.
+    /// [`Rows::Invariant`]: every row on the row-count-invariant products.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul(
         &self,
@@ -229,6 +244,9 @@ impl Matrix {
                         matmul_x16(x, p, y, acts)
                     }
                 });
+            }
+            Matrix::Bf16(w) if matches!(rows, Rows::Invariant) => {
+                return matmul_bf16_tiled(isa, x, w, inp, out, y);
             }
             Matrix::Bf16(w) => return matmul_bf16(isa, x, w, inp, out, y, &mut b.scratch),
             Matrix::Panels { w, lo: None } => return matmul_pairs(x, w, y),
@@ -288,7 +306,9 @@ fn quant_rows(
     rows: Rows<'_>,
     b: &mut MatBufs,
 ) {
-    if !(isa == Isa::Avx512 && cpu_kernels::quant::gemm::supported()) {
+    if matches!(rows, Rows::Invariant)
+        || !(isa == Isa::Avx512 && cpu_kernels::quant::gemm::supported())
+    {
         return matmul_quant(isa, x, w, qt, inp, out, y, &mut b.acts);
     }
     let acts = &mut b.acts;

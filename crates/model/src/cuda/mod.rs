@@ -106,6 +106,11 @@ pub struct CudaOptions {
     /// e4m3 at the checkpoint's per-layer scales; f32 is refused at
     /// construction.
     pub kv_cache_dtype: KvCacheDtype,
+    /// Deterministic mode (`--deterministic`, see
+    /// [`contract::Backend::deterministic`]): not implemented on CUDA yet,
+    /// so asking for it is refused at construction
+    /// ([`check_deterministic`]).
+    pub deterministic: bool,
 }
 
 impl Default for CudaOptions {
@@ -117,8 +122,23 @@ impl Default for CudaOptions {
             narrow_decode_seqs: None,
             fp8_activations: false,
             kv_cache_dtype: KvCacheDtype::Bf16,
+            deterministic: false,
         }
     }
+}
+
+/// `Ok` unless deterministic mode is asked for: the CUDA backend's kernels
+/// (cuBLAS GEMMs chosen by shape, split-K decode attention, GEMV below a
+/// row count) reduce a row in an order that depends on its step, so the
+/// mode's promise cannot be kept here; the error names `--deterministic`
+/// and the CPU backend that keeps it.
+pub fn check_deterministic(on: bool) -> Result<(), BackendError> {
+    if on {
+        return Err(BackendError::Device(
+            "`--deterministic` is not supported by the CUDA backend: the mode currently runs on the CPU backend only (use `--device cpu`, or drop `--deterministic`)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `Ok` for a KV cache dtype the CUDA backend stores (BF16, FP8), else
@@ -229,6 +249,7 @@ impl CudaBackend {
         device: usize,
         opts: CudaOptions,
     ) -> Result<CudaBackend, BackendError> {
+        check_deterministic(opts.deterministic)?;
         check_kv_cache_dtype(opts.kv_cache_dtype)?;
         available().map_err(BackendError::Device)?;
         if kv.num_blocks == 0 || kv.block_size == 0 {
