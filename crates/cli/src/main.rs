@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_serve;
+mod bench_lora;
 mod bench_spec;
 mod chat;
 mod chat_set;

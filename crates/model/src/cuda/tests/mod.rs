@@ -14,6 +14,7 @@ use super::*;
 
 mod fp8;
 mod kv;
+mod lora;
 mod llama;
 mod mask;
 mod small;
