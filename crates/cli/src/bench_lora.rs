@@ -59,7 +59,12 @@ fn adapter(c: &LlamaConfig, seed: u64) -> LoraAdapter {
     }
 }
 
-fn submit(engine: &Engine, prompt: Vec<u32>, n: usize, lora: Option<String>) -> Result<RequestHandle> {
+fn submit(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    n: usize,
+    lora: Option<String>,
+) -> Result<RequestHandle> {
     Ok(engine.submit(GenerateRequest {
         prompt,
         sampling: SamplingParams::greedy(),
@@ -112,9 +117,12 @@ pub fn run(
     }
     // warm-up: each adapter's slot upload and the LoRA decode graphs stay
     // out of the figures
-    batch(engine, (0..ADAPTERS).map(|_| prompt(16)).collect(), 4, |i| {
-        Some(name(i))
-    })?;
+    batch(
+        engine,
+        (0..ADAPTERS).map(|_| prompt(16)).collect(),
+        4,
+        |i| Some(name(i)),
+    )?;
     let stream = |p: Vec<u32>, lora: Option<String>| -> Result<f64> {
         let t = time(submit(engine, p, z.b1_gen, lora)?)?;
         Ok(t.tokens.saturating_sub(1).max(1) as f64 / t.decode.as_secs_f64().max(1e-9))

@@ -8,8 +8,8 @@
 //! response), `-vv` debug logs; `RUST_LOG` overrides both.
 
 mod bench;
-mod bench_serve;
 mod bench_lora;
+mod bench_serve;
 mod bench_spec;
 mod chat;
 mod chat_set;

@@ -112,8 +112,16 @@ fn lora_shrink_expand_match_reference() {
         assert!(Kernels::lora_fused_fits(&sh));
         let y = gpu.upload(&y0).unwrap();
         let (a_, b_, s_, t_) = (d_a.view(), d_b.view(), d_s.view(), d_slot.view());
-        k.lora_fused(LoraIn::Bf16(d_x.view()), a_, b_, s_, t_, LoraOut::Bf16(y.view()), &sh)
-            .unwrap();
+        k.lora_fused(
+            LoraIn::Bf16(d_x.view()),
+            a_,
+            b_,
+            s_,
+            t_,
+            LoraOut::Bf16(y.view()),
+            &sh,
+        )
+        .unwrap();
         let got = f32s(&gpu.to_host(y.view()).unwrap());
         let e = rel_err(&got, &want);
         assert!(e < 1e-2, "lora fused bf16 T={tokens} n={n}: rel err {e}");
@@ -132,7 +140,15 @@ fn lora_shrink_expand_match_reference() {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let want_n = lora_ref(&normed, &f32s(&a), &f32s(&b), &scales, &slot_of, &f32s(&y0), &sh);
+        let want_n = lora_ref(
+            &normed,
+            &f32s(&a),
+            &f32s(&b),
+            &scales,
+            &slot_of,
+            &f32s(&y0),
+            &sh,
+        );
         let (d_r, d_g) = (gpu.upload(&resid).unwrap(), gpu.upload(&g).unwrap());
         let y32 = gpu.upload(&f32s(&y0)).unwrap();
         let input = LoraIn::Normed {

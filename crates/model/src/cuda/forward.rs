@@ -359,7 +359,15 @@ impl CudaBackend {
         delta(Group::O, attn, ws.delta.view())?;
         let norm = layer.post_norm.view();
         self.k
-            .add_rmsnorm(x, Some(ws.delta.view()), norm, ws.xn.view(), m, h, c.rms_norm_eps)
+            .add_rmsnorm(
+                x,
+                Some(ws.delta.view()),
+                norm,
+                ws.xn.view(),
+                m,
+                h,
+                c.rms_norm_eps,
+            )
             .map_err(ke("post-attention norm"))?;
         self.gemm(m, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
         delta(Group::GateUp, ws.xn.view(), ws.gu.view())?;
@@ -371,7 +379,12 @@ impl CudaBackend {
     }
 
     /// Layer `l`'s attention over the paged KV cache, on the plan's path.
-    pub(super) fn attention(&self, l: usize, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+    pub(super) fn attention(
+        &self,
+        l: usize,
+        io: &Staged<'_>,
+        plan: &StepPlan,
+    ) -> Result<(), BackendError> {
         let ws = &self.ws;
         let kv = self.model.cache.layer(l);
         let (q, out) = (ws.qkv.view(), ws.attn.view());

@@ -232,7 +232,10 @@ mod tests {
         // nothing captured: every bucket is its own from the first step
         let mut g = DecodeGraphs::new(true, 64);
         for _ in 0..CAPTURE_AFTER + 1 {
-            assert_eq!(g.bucket(20, 16, true, false, 2), Some((32, 16, true, false)));
+            assert_eq!(
+                g.bucket(20, 16, true, false, 2),
+                Some((32, 16, true, false))
+            );
         }
     }
 }

@@ -32,9 +32,9 @@
 
 use gpu::{DevSlice, DeviceBuffer, Gpu};
 use half::bf16;
+use kernels::Kernels;
 use kernels::consts::LORA_RANK_STEP;
 use kernels::gemv::GemvOp;
-use kernels::Kernels;
 use kernels::lora::{LoraIn, LoraOut, LoraShape};
 
 use contract::backend::{BackendError, StepBatch};
@@ -132,7 +132,9 @@ impl LoraPool {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         for (k, n, starts) in &dims {
             let per = c.num_layers * slots;
-            let da = gpu.alloc::<bf16>(per * starts.len() * rank * k).map_err(e)?;
+            let da = gpu
+                .alloc::<bf16>(per * starts.len() * rank * k)
+                .map_err(e)?;
             let db = gpu.alloc::<bf16>(per * n * rank).map_err(e)?;
             // zero: a slot never loaded contributes nothing even if read
             gpu.fill_bytes(da.view(), 0).map_err(e)?;
@@ -313,10 +315,7 @@ impl CudaBackend {
         let e = |err| dev_err("LoRA delta", err);
         let (a, b, scales) = (pool.a_of(gi, l)?, pool.b_of(gi, l)?, pool.scales.view());
         if fused && Kernels::lora_fused_fits(&sh) {
-            return self
-                .k
-                .lora_fused(x, a, b, scales, rows, y, &sh)
-                .map_err(e);
+            return self.k.lora_fused(x, a, b, scales, rows, y, &sh).map_err(e);
         }
         let x = match x {
             LoraIn::Bf16(x) => x,
@@ -339,9 +338,7 @@ impl CudaBackend {
             .sub(0, m * sh.hw())
             .map_err(|err| dev_err("LoRA view", err))?;
         self.k.lora_shrink(x, a, rows, h, &sh).map_err(e)?;
-        self.k
-            .lora_expand(h, b, scales, rows, y, &sh)
-            .map_err(e)
+        self.k.lora_expand(h, b, scales, rows, y, &sh).map_err(e)
     }
 
     /// One layer of a GEMV step with adapter rows: the fused GEMVs unfused
@@ -380,11 +377,35 @@ impl CudaBackend {
             y: qkv,
         };
         gemv(norm_qkv, &layer.qkv, qkv_w, h)?;
-        self.lora_delta(l, Group::Qkv, normed(n1), LoraOut::Bf16(qkv), rows, t, fused)?;
+        self.lora_delta(
+            l,
+            Group::Qkv,
+            normed(n1),
+            LoraOut::Bf16(qkv),
+            rows,
+            t,
+            fused,
+        )?;
         self.rope_kv(l, io, t)?;
         self.attention(l, io, plan)?;
-        gemv(GemvOp::Resid { x: attn, residual: x }, &layer.o, h, q)?;
-        self.lora_delta(l, Group::O, LoraIn::Bf16(attn), LoraOut::F32(x), rows, t, fused)?;
+        gemv(
+            GemvOp::Resid {
+                x: attn,
+                residual: x,
+            },
+            &layer.o,
+            h,
+            q,
+        )?;
+        self.lora_delta(
+            l,
+            Group::O,
+            LoraIn::Bf16(attn),
+            LoraOut::F32(x),
+            rows,
+            t,
+            fused,
+        )?;
         let norm_gu = GemvOp::Norm {
             residual: x,
             norm_w: n2,
@@ -392,11 +413,35 @@ impl CudaBackend {
             y: gu,
         };
         gemv(norm_gu, &layer.gate_up, 2 * inter, h)?;
-        self.lora_delta(l, Group::GateUp, normed(n2), LoraOut::Bf16(gu), rows, t, fused)?;
+        self.lora_delta(
+            l,
+            Group::GateUp,
+            normed(n2),
+            LoraOut::Bf16(gu),
+            rows,
+            t,
+            fused,
+        )?;
         self.k
             .silu_mul(act, gu, t, inter)
             .map_err(|e| dev_err("silu", e))?;
-        gemv(GemvOp::Resid { x: act, residual: x }, &layer.down, h, inter)?;
-        self.lora_delta(l, Group::Down, LoraIn::Bf16(act), LoraOut::F32(x), rows, t, fused)
+        gemv(
+            GemvOp::Resid {
+                x: act,
+                residual: x,
+            },
+            &layer.down,
+            h,
+            inter,
+        )?;
+        self.lora_delta(
+            l,
+            Group::Down,
+            LoraIn::Bf16(act),
+            LoraOut::F32(x),
+            rows,
+            t,
+            fused,
+        )
     }
 }

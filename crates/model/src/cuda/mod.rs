@@ -63,9 +63,9 @@ use contract::backend::{
 };
 use contract::config::{KvCacheDtype, LlamaConfig};
 use graphs::DecodeGraphs;
+pub use lora::lora_pool_bytes;
 use pipeline::Pipe;
 use plan::Tuning;
-pub use lora::lora_pool_bytes;
 use weights::DeviceModel;
 use workspace::{Caps, Workspace};
 

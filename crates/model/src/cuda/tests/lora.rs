@@ -78,7 +78,13 @@ fn step_of(chunks: &[SeqChunk], loras: &[u32]) -> StepBatch {
 }
 
 /// Logits of every position of `toks` (one chunk from `start`) on `slot`.
-fn logits_on(b: &mut dyn Backend, toks: &[u32], start: usize, blocks: &[u32], slot: u32) -> Vec<f32> {
+fn logits_on(
+    b: &mut dyn Backend,
+    toks: &[u32],
+    start: usize,
+    blocks: &[u32],
+    slot: u32,
+) -> Vec<f32> {
     let batch = step_of(&[seq(toks, start, blocks, None)], &[slot]);
     let rows: Vec<usize> = (0..toks.len()).collect();
     b.logits(&batch, &rows).unwrap()
@@ -153,7 +159,10 @@ fn cuda_lora_matches_cpu() {
             "RESULT lora slot {slot} prompt 300: rel err {e:.3e}, max |dlogprob| {d:.3} (the adapter moves the CPU's by {moved:.3})"
         );
         assert!(e <= 3e-2 && d <= 0.2, "slot {slot} prompt: {e} {d}");
-        assert!(moved > 4.0 * d, "slot {slot}: the adapter moves too little ({moved})");
+        assert!(
+            moved > 4.0 * d,
+            "slot {slot}: the adapter moves too little ({moved})"
+        );
         // generated rows: the LoRA decode graph, then teacher-forced decode
         // rows on the unfused GEMV path
         let prompt = tokens(slot as u64 + 99, 40, vocab);
@@ -173,7 +182,10 @@ fn cuda_lora_matches_cpu() {
         let mut full = prompt.clone();
         full.extend_from_slice(&generated[..31]);
         let cpu_tf = &logits_on(&mut cpu, &full, 0, &blocks, slot)[39 * vocab..];
-        let (e, d) = (rel_err(&gpu_tf, cpu_tf), max_lp_diff(&gpu_tf, cpu_tf, vocab));
+        let (e, d) = (
+            rel_err(&gpu_tf, cpu_tf),
+            max_lp_diff(&gpu_tf, cpu_tf, vocab),
+        );
         let agree = cpu_tf
             .chunks(vocab)
             .zip(&generated)
@@ -195,19 +207,28 @@ fn cuda_lora_mixed_batch_matches_alone() {
     let mut pool = Pool::new(gpu.kv_shape().num_blocks);
     let lens = [17usize, 64, 129, 3];
     let slots = [1u32, 0, 3, 2];
-    let seqs: Vec<Vec<u32>> = lens.iter().map(|&n| tokens(n as u64 * 7, n, vocab)).collect();
+    let seqs: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&n| tokens(n as u64 * 7, n, vocab))
+        .collect();
     let tables: Vec<Vec<u32>> = lens.iter().map(|&n| pool.take(n + 1)).collect();
     // one prefill step of every sequence, then one decode step of all four
     // (GEMM path) and of the first two (GEMV path)
     let last_rows = |b: &StepBatch| -> Vec<usize> {
         b.cu_seqlens[1..].iter().map(|&e| e as usize - 1).collect()
     };
-    let chunks: Vec<SeqChunk> = seqs.iter().zip(&tables).map(|(s, t)| seq(s, 0, t, None)).collect();
+    let chunks: Vec<SeqChunk> = seqs
+        .iter()
+        .zip(&tables)
+        .map(|(s, t)| seq(s, 0, t, None))
+        .collect();
     let batch = step_of(&chunks, &slots);
     let pre = gpu.logits(&batch, &last_rows(&batch)).unwrap();
     let next: Vec<u32> = (0..4).map(|i| i * 5 + 1).collect();
     let dec = |n: usize| -> Vec<SeqChunk> {
-        (0..n).map(|i| seq(&[next[i]], lens[i], &tables[i], None)).collect()
+        (0..n)
+            .map(|i| seq(&[next[i]], lens[i], &tables[i], None))
+            .collect()
     };
     let batch4 = step_of(&dec(4), &slots);
     let dec4 = gpu.logits(&batch4, &[0, 1, 2, 3]).unwrap();
@@ -221,8 +242,15 @@ fn cuda_lora_mixed_batch_matches_alone() {
         let alone_last = &alone[(lens[i] - 1) * vocab..];
         let dec_alone = logits_on(&mut gpu, &[next[i]], lens[i], &tab, slots[i]);
         let cpu_alone = logits_on(&mut cpu, &seqs[i], 0, &tab, slots[i]);
-        let (e1, e2) = (rel_err(&row(&pre), alone_last), rel_err(&row(&dec4), &dec_alone));
-        let e3 = if i < 2 { rel_err(&row(&dec2), &dec_alone) } else { 0.0 };
+        let (e1, e2) = (
+            rel_err(&row(&pre), alone_last),
+            rel_err(&row(&dec4), &dec_alone),
+        );
+        let e3 = if i < 2 {
+            rel_err(&row(&dec2), &dec_alone)
+        } else {
+            0.0
+        };
         let d = max_lp_diff(alone_last, &cpu_alone[(lens[i] - 1) * vocab..], vocab);
         println!(
             "RESULT lora mixed seq {i} (slot {}): prefill batched vs alone {e1:.2e}, decode x4 {e2:.2e}, decode x2 {e3:.2e}; alone vs CPU max |dlogprob| {d:.3}",
@@ -249,8 +277,14 @@ fn cuda_lora_mixed_batch_matches_alone() {
             let best = lp.iter().cloned().fold(f64::MIN, f64::max);
             gap = gap.max(best - lp[t as usize]);
         }
-        println!("RESULT lora graph batch seq {s} (slot {}): worst greedy gap vs CPU {gap:.3}", gen_slots[s]);
-        assert!(gap <= 0.2, "graph batch seq {s}: a token {gap} below the CPU's best");
+        println!(
+            "RESULT lora graph batch seq {s} (slot {}): worst greedy gap vs CPU {gap:.3}",
+            gen_slots[s]
+        );
+        assert!(
+            gap <= 0.2,
+            "graph batch seq {s}: a token {gap} below the CPU's best"
+        );
     }
 }
 
@@ -266,7 +300,10 @@ fn cuda_lora_refuses_bad_slots() {
     let freed = step_of(&[seq(&[1, 2], 0, &blocks, None)], &[2]);
     let e = gpu.logits(&freed, &[0]).unwrap_err().to_string();
     assert!(e.contains("loras[0] = 2"), "{e}");
-    let e = gpu.set_lora(4, Some(ads[0].clone())).unwrap_err().to_string();
+    let e = gpu
+        .set_lora(4, Some(ads[0].clone()))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--max-loras 3"), "{e}");
     let big = Arc::new(adapter(gpu.config(), 24, &[LoraTarget::Q], 9));
     let e = gpu.set_lora(1, Some(big)).unwrap_err().to_string();

@@ -14,8 +14,8 @@ use super::*;
 
 mod fp8;
 mod kv;
-mod lora;
 mod llama;
+mod lora;
 mod mask;
 mod small;
 mod spec;
