@@ -14,6 +14,10 @@
 //!   An untimed round first captures the batch's decode graphs; the timed
 //!   constrained run compiles its schema (the first request; the others
 //!   start from the engine's cached copy) and pays every submit.
+//! - lr: LoRA adapters' cost (`bench_lora`): b1's stream and b3's batch on
+//!   the base model and with rank-16 adapters on all seven targets (one;
+//!   eight spread over the batch), and their ratios. Not run by default;
+//!   it raises `--max-loras` to 8 when it is lower.
 //!
 //! Defaults are the baseline's sizes on CUDA and smaller ones on the CPU
 //! (where the baseline's would run for tens of minutes): see [`Sizes`].
@@ -53,8 +57,8 @@ use crate::setup::{self, ModelArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Comma-separated workloads among b1, b2, b3, s1 and sp (s1 is not
-    /// run by default; sp, speculative decoding with and without, runs
+    /// Comma-separated workloads among b1, b2, b3, s1, lr and sp (s1 and lr
+    /// are not run by default; sp, speculative decoding with and without, runs
     /// last whenever --speculative is given, and the others then run plain).
     #[arg(long, default_value = "b1,b2,b3", value_delimiter = ',')]
     pub workloads: Vec<String>,
@@ -186,7 +190,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "`--llama-bench` needs the model as a .gguf file: give `--llama-gguf PATH` (or a .gguf `--model`, or `--dtype auto` on a model imported from a GGUF)"
         );
     }
-    let loaded = setup::open(&args.model, 0)?;
+    let mut model_args = args.model.clone();
+    if args.workloads.iter().any(|w| w == "lr") {
+        let slots = model_args.lora.slots().max(crate::bench_lora::ADAPTERS);
+        model_args.lora.max_loras = Some(slots);
+    }
+    let loaded = setup::open(&model_args, 0)?;
     let llama_gguf = match (&args.llama_bench, &args.llama_gguf) {
         (None, _) => None,
         (Some(_), Some(g)) => Some(g.clone()),
@@ -408,8 +417,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         &mut res,
                     )?;
                 }
+                "lr" => crate::bench_lora::run(
+                    &loaded.engine,
+                    &loaded.model.config,
+                    &mut prompt,
+                    &z,
+                    args.repeats,
+                    &mut res,
+                )?,
                 other => {
-                    bail!("invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1, sp)")
+                    bail!(
+                        "invalid `--workloads`: unknown workload `{other}` (b1, b2, b3, s1, lr, sp)"
+                    )
                 }
             }
         }

@@ -120,10 +120,15 @@ impl DraftPlan {
     ) -> Result<Box<dyn Backend>> {
         let flag = format!("--speculative draft:{}", self.name);
         let cuda = device.is_some();
+        // the draft runs without adapters: no LoRA slots for it
+        let mut lora = args.lora.clone();
+        lora.lora.clear();
+        lora.max_loras = Some(0);
         let args = ModelArgs {
             kv_blocks: Some(blocks),
             kv_memory_gib: None,
             quantize_lm_head: false,
+            lora,
             ..args.clone()
         };
         let (cpu, _) = cpu_weights(&args, &self.loaded.dir, &self.loaded.config, cuda)

@@ -3,9 +3,10 @@
 //! [`CPU_KV_MEMORY_GIB`], and on CUDA what the device has left, as vLLM
 //! sizes it: `--gpu-memory-utilization` (default 0.9) of the device's total
 //! memory, less what was already in use on it when the server started
-//! (other processes, earlier engines' contexts), less the model's weights
-//! and a reserve for the step workspace, the sampler's logits, cuBLAS and
-//! the CUDA graphs ([`reserve_bytes`]). Engines sharing one GPU split what
+//! (other processes, earlier engines' contexts), less the model's weights,
+//! the LoRA slot pool (`--max-loras` x `--max-lora-rank`,
+//! `model::cuda::lora_pool_bytes`) and a reserve for the step workspace,
+//! the sampler's logits, cuBLAS and the CUDA graphs ([`reserve_bytes`]). Engines sharing one GPU split what
 //! is left evenly. The pool never exceeds `--max-num-seqs` full contexts
 //! (the caller's cap).
 //!
@@ -256,9 +257,13 @@ pub(crate) fn gpu_kv_bytes(
         reserve: 0,
         per_block: 0,
     });
+    // the LoRA slot pool is allocated at start, fixed in size
+    let lora = model::cuda::lora_pool_bytes(cfg, args.lora.slots(), args.lora.max_lora_rank);
     let needs = EngineNeeds {
         weights: weights_bytes.saturating_add(c.weights),
-        reserve: engine_reserve(args, cfg).saturating_add(c.reserve),
+        reserve: engine_reserve(args, cfg)
+            .saturating_add(c.reserve)
+            .saturating_add(lora),
     };
     let both = gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
         .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))?;

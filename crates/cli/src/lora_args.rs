@@ -3,8 +3,8 @@
 //! (adapter slots resident at once) and `--max-lora-rank`, and the loader
 //! that reads a PEFT adapter (local directory or Hugging Face repo id) for
 //! them and for the server's `load_lora_adapter`. A bad value is refused at
-//! start naming the flag; the CUDA backend runs no adapters, which the
-//! engine refuses at start naming `--lora` / `--max-loras`.
+//! start naming the flag. Both backends run adapters; on CUDA the slots are
+//! a device pool sized from `--max-loras` and `--max-lora-rank` at start.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,8 +21,7 @@ pub struct LoraArgs {
     /// (`adapter_config.json` + `adapter_model.safetensors`): `NAME=PATH`,
     /// PATH a directory or a Hugging Face repo id; requests pick it by
     /// `model: NAME` (`generate` runs its one adapter; a bare PATH is named
-    /// by its last component). Repeatable, or comma-separated. CPU backend
-    /// only.
+    /// by its last component). Repeatable, or comma-separated.
     #[arg(
         long = "lora",
         value_name = "NAME=PATH",

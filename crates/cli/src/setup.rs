@@ -366,11 +366,6 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
     // on CUDA the draft model's weights, workspace and pool (as many blocks
     // as the target's) come off the target's share of the device
     let companion = draft.as_ref().map(|d| d.companion(args));
-    if cuda && args.lora.slots() > 0 {
-        bail!(
-            "`--lora` / `--max-loras`: the CUDA backend does not run LoRA adapters; run them on the CPU (`--device cpu`)"
-        );
-    }
     // the adapters are read (and refused) before the weights load
     let adapters = args.lora.load_all(&loaded.config)?;
     let devices: Vec<Option<usize>> = match (plan, cuda) {
@@ -668,6 +663,8 @@ pub(crate) fn open_backend(
     let mut cuda_options = args.tuning.cuda_options()?;
     cuda_options.kv_cache_dtype = args.kv_cache_dtype;
     cuda_options.deterministic = args.deterministic;
+    cuda_options.max_loras = args.lora.slots();
+    cuda_options.max_lora_rank = args.lora.max_lora_rank;
     let cfg = &loaded.config;
     let gpu_budget = match device {
         Some(ordinal) => gpu_kv_bytes(args, cfg, &weights, ordinal, gpu_memory, companion)?,

@@ -160,6 +160,75 @@ kernel_args! {
         inter: u32 as "uint32_t" @ 20,
     }
 
+    /// Arguments of `lora_shrink` (cu/lora.cu).
+    #[derive(Default)]
+    pub struct LoraShrinkArgs for "lora_shrink", size 48 {
+        /// [T, k] bf16, the projection's input
+        x: u64 as "const bf16*" @ 0,
+        /// [slots, n, k] bf16, one layer's stacked A of every slot
+        a: u64 as "const bf16*" @ 8,
+        /// [T, n] f32, written on adapter rows only
+        h: u64 as "float*" @ 16,
+        /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
+        slot_of: u64 as "const uint32_t*" @ 24,
+        tokens: u32 as "uint32_t" @ 32,
+        n: u32 as "uint32_t" @ 36,
+        k: u32 as "uint32_t" @ 40,
+        slots: u32 as "uint32_t" @ 44,
+    }
+
+    /// Arguments of `lora_expand_bf16` / `lora_expand_f32` (cu/lora.cu).
+    #[derive(Default)]
+    pub struct LoraExpandArgs for "lora_expand_bf16, lora_expand_f32", size 64 {
+        /// [T, hw] f32, the shrink's output (`hw` = segments x rank)
+        h: u64 as "const float*" @ 0,
+        /// [slots, n, rank] bf16, one layer's stacked B of every slot
+        b: u64 as "const bf16*" @ 8,
+        /// `[slots]` f32, each slot's scale
+        scales: u64 as "const float*" @ 16,
+        /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
+        slot_of: u64 as "const uint32_t*" @ 24,
+        /// [T, n] bf16 or f32, added to in place on adapter rows
+        y: u64 as "void*" @ 32,
+        n: u32 as "uint32_t" @ 40,
+        rank: u32 as "uint32_t" @ 44,
+        hw: u32 as "uint32_t" @ 48,
+        slots: u32 as "uint32_t" @ 52,
+        /// first output column of segment 1 (`n`: none)
+        seg1: u32 as "uint32_t" @ 56,
+        /// first output column of segment 2 (`n`: none)
+        seg2: u32 as "uint32_t" @ 60,
+    }
+
+    /// Arguments of `lora_fused` (cu/lora.cu).
+    #[derive(Default)]
+    pub struct LoraFusedArgs for "lora_fused", size 96 {
+        /// [T, k] bf16, or the f32 residual when `norm_w` is set
+        x: u64 as "const void*" @ 0,
+        /// `[k]` bf16 RMSNorm weight applied to `x` first, or 0
+        norm_w: u64 as "const bf16*" @ 8,
+        /// [slots, hw, k] bf16, one layer's stacked A of every slot
+        a: u64 as "const bf16*" @ 16,
+        /// [slots, n, rank] bf16, one layer's stacked B of every slot
+        b: u64 as "const bf16*" @ 24,
+        /// `[slots]` f32, each slot's scale
+        scales: u64 as "const float*" @ 32,
+        /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
+        slot_of: u64 as "const uint32_t*" @ 40,
+        /// [T, n] bf16, or f32 when `y_f32`, added to in place on adapter rows
+        y: u64 as "void*" @ 48,
+        eps: f32 as "float" @ 56,
+        k: u32 as "uint32_t" @ 60,
+        n: u32 as "uint32_t" @ 64,
+        rank: u32 as "uint32_t" @ 68,
+        hw: u32 as "uint32_t" @ 72,
+        slots: u32 as "uint32_t" @ 76,
+        seg1: u32 as "uint32_t" @ 80,
+        seg2: u32 as "uint32_t" @ 84,
+        y_f32: u32 as "uint32_t" @ 88,
+        tokens: u32 as "uint32_t" @ 92,
+    }
+
     /// Arguments of `rope_kv_write` (cu/rope_kv.cu).
     #[derive(Default)]
     pub struct RopeKvArgs for "rope_kv_write", size 88 {

@@ -38,6 +38,7 @@ pub mod flash_prefill;
 pub mod fp8;
 pub mod gemv;
 pub mod kv;
+pub mod lora;
 pub mod prefill_attention;
 pub mod rmsnorm;
 pub mod rope_kv;
@@ -161,6 +162,10 @@ pub struct Kernels {
     pub(crate) add_rmsnorm: Function,
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
+    pub(crate) lora_shrink: Function,
+    pub(crate) lora_expand_bf16: Function,
+    pub(crate) lora_expand_f32: Function,
+    pub(crate) lora_fused: Function,
     pub(crate) fp8_dequant_rows: Function,
     pub(crate) fp8_quant_rows: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
@@ -226,6 +231,10 @@ impl Kernels {
             add_rmsnorm: f("add_rmsnorm")?,
             rope_kv_write: f("rope_kv_write")?,
             silu_mul: f("silu_mul")?,
+            lora_shrink: f("lora_shrink")?,
+            lora_expand_bf16: f("lora_expand_bf16")?,
+            lora_expand_f32: f("lora_expand_f32")?,
+            lora_fused: f("lora_fused")?,
             fp8_dequant_rows: f("fp8_dequant_rows")?,
             fp8_quant_rows: f("fp8_quant_rows")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,

@@ -7,6 +7,7 @@
 
 mod common;
 mod gemv;
+mod lora;
 
 use common::*;
 use gpu::{Blas, GemmDims, Gpu, Graph};

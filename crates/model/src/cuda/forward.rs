@@ -19,11 +19,13 @@ use kernels::KernelError;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvOp, RopeKv};
+use kernels::lora::{LoraIn, LoraOut};
 use kernels::sampling::{SampleOutputs, SampleScratch};
 
 use contract::backend::BackendError;
 use contract::sampling::MAX_LOGPROBS;
 
+use super::lora::Group;
 use super::plan::{AttnPlan, HeadIn, Proj, StepPlan};
 use super::staging::{Layout, PARAM_WORDS};
 use super::weights::{DevProj, DeviceLayer};
@@ -40,7 +42,7 @@ fn ke(what: &'static str) -> impl FnOnce(KernelError) -> BackendError {
 }
 
 /// The staged per-step arrays of a [`Layout`], as device views.
-struct Staged<'a> {
+pub(super) struct Staged<'a> {
     tokens: DevSlice<'a, u32>,     // [T]
     carry: DevSlice<'a, u32>,      // [T]
     positions: DevSlice<'a, u32>,  // [T]
@@ -49,6 +51,8 @@ struct Staged<'a> {
     ctx: DevSlice<'a, u32>,        // [S]
     tables: DevSlice<'a, u32>,     // [S, max_blocks]
     rows: DevSlice<'a, u32>,       // [R]
+    /// `[T]` each token's LoRA slot (0: the base model)
+    pub(super) loras: DevSlice<'a, u32>,
 }
 
 impl CudaBackend {
@@ -65,6 +69,7 @@ impl CudaBackend {
             ctx: part(lay.context_lens, lay.s)?,
             tables: part(lay.tables, lay.s * lay.max_blocks)?,
             rows: part(lay.rows, lay.r)?,
+            loras: part(lay.loras, lay.t)?,
         })
     }
 
@@ -82,6 +87,7 @@ impl CudaBackend {
         let last = self.model.w.layers.len().saturating_sub(1);
         for (l, layer) in self.model.w.layers.iter().enumerate() {
             match plan.proj {
+                Proj::Gemv if plan.lora => self.gemv_lora_layer(l, layer, &io, plan)?,
                 Proj::Gemv => self.gemv_layer(l, layer, &io, plan)?,
                 Proj::Gemm => self.gemm_layer(l, layer, &io, plan, l == last)?,
             }
@@ -263,11 +269,28 @@ impl CudaBackend {
             .map_err(ke("input norm"))?;
         let qkv_width = self.tuning.shape.qkv_width();
         self.gemm(t, ws.xn.view(), &layer.qkv, ws.qkv.view(), qkv_width, h)?;
+        let lora = plan.lora.then_some((l, io.loras, plan.lora_fused));
+        if let Some((l, rows, fused)) = lora {
+            let (xn, qkv) = (LoraIn::Bf16(ws.xn.view()), LoraOut::Bf16(ws.qkv.view()));
+            self.lora_delta(l, Group::Qkv, xn, qkv, rows, t, fused)?;
+        }
+        self.rope_kv(l, io, t)?;
+        self.attention(l, io, plan)?;
+        if last && plan.prune_last {
+            let (attn, x) = self.compact_sampled_rows(io, plan)?;
+            return self.o_and_mlp(layer, plan.r, attn, x, None);
+        }
+        self.o_and_mlp(layer, t, ws.attn.view(), ws.x.view(), lora)
+    }
+
+    /// RoPE on the `t` rows of `qkv` and their K/V written into layer
+    /// `l`'s cache.
+    pub(super) fn rope_kv(&self, l: usize, io: &Staged<'_>, t: usize) -> Result<(), BackendError> {
         // SAFETY: check_batch verified slots against the pool (padding uses the
         // scratch block past it, which the cache holds) and positions < rope_rows.
         unsafe {
             self.k.rope_kv_write(
-                ws.qkv.view(),
+                self.ws.qkv.view(),
                 io.positions,
                 io.slots,
                 self.model.rope_cos.view(),
@@ -278,13 +301,7 @@ impl CudaBackend {
                 self.model.rope_rows,
             )
         }
-        .map_err(ke("rope/kv write"))?;
-        self.attention(l, io, plan)?;
-        if last && plan.prune_last {
-            let (attn, x) = self.compact_sampled_rows(io, plan)?;
-            return self.o_and_mlp(layer, plan.r, attn, x);
-        }
-        self.o_and_mlp(layer, t, ws.attn.view(), ws.x.view())
+        .map_err(ke("rope/kv write"))
     }
 
     /// Past the last layer's attention only the sampled rows matter (every
@@ -319,31 +336,55 @@ impl CudaBackend {
 
     /// O projection, add+RMSNorm, gate/up, SiLU·up and down over `m` rows
     /// of attention output `attn` and residual `x`; the down projection's
-    /// output is left in `delta`.
+    /// output is left in `delta`. `lora`: the layer and each row's LoRA
+    /// slot when the step has adapter rows (their deltas land on each
+    /// product's output before its epilogue).
     fn o_and_mlp(
         &self,
         layer: &DeviceLayer,
         m: usize,
         attn: DevSlice<'_, bf16>,
         x: DevSlice<'_, f32>,
+        lora: Option<(usize, DevSlice<'_, u32>, bool)>,
     ) -> Result<(), BackendError> {
         let (c, ws) = (&self.config, &self.ws);
         let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let delta = |g: Group, x: DevSlice<'_, bf16>, y: DevSlice<'_, bf16>| match lora {
+            Some((l, rows, fused)) => {
+                self.lora_delta(l, g, LoraIn::Bf16(x), LoraOut::Bf16(y), rows, m, fused)
+            }
+            None => Ok(()),
+        };
         self.gemm(m, attn, &layer.o, ws.delta.view(), h, c.q_dim())?;
+        delta(Group::O, attn, ws.delta.view())?;
         let norm = layer.post_norm.view();
-        let delta = Some(ws.delta.view());
         self.k
-            .add_rmsnorm(x, delta, norm, ws.xn.view(), m, h, c.rms_norm_eps)
+            .add_rmsnorm(
+                x,
+                Some(ws.delta.view()),
+                norm,
+                ws.xn.view(),
+                m,
+                h,
+                c.rms_norm_eps,
+            )
             .map_err(ke("post-attention norm"))?;
         self.gemm(m, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
+        delta(Group::GateUp, ws.xn.view(), ws.gu.view())?;
         self.k
             .silu_mul(ws.act.view(), ws.gu.view(), m, inter)
             .map_err(ke("silu"))?;
-        self.gemm(m, ws.act.view(), &layer.down, ws.delta.view(), h, inter)
+        self.gemm(m, ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
+        delta(Group::Down, ws.act.view(), ws.delta.view())
     }
 
     /// Layer `l`'s attention over the paged KV cache, on the plan's path.
-    fn attention(&self, l: usize, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+    pub(super) fn attention(
+        &self,
+        l: usize,
+        io: &Staged<'_>,
+        plan: &StepPlan,
+    ) -> Result<(), BackendError> {
         let ws = &self.ws;
         let kv = self.model.cache.layer(l);
         let (q, out) = (ws.qkv.view(), ws.attn.view());

@@ -10,7 +10,11 @@
 //! replay costs them up to half a step). Capture happens only between
 //! launches; a failed capture turns graphs off with a warning and the step
 //! runs eagerly. Graphs with and without the sampler (held steps) are kept
-//! apart. Costs: capture + instantiate once per bucket (~10 ms at batch
+//! apart, and so are graphs with and without LoRA adapter rows: a step of
+//! the base model alone replays a graph without any LoRA kernel, a step
+//! with adapter rows one that runs the deltas of every row, reading each
+//! row's slot from the staged table (padded rows: 0, the base model), so
+//! any mix of adapters replays the same graph. Costs: capture + instantiate once per bucket (~10 ms at batch
 //! 128), one graph launch per step.
 
 use std::collections::HashMap;
@@ -32,8 +36,8 @@ const MIN_GRAPH_BLOCKS: usize = 16;
 /// 128; a padded replay a fraction of a millisecond).
 const CAPTURE_AFTER: u32 = 16;
 
-/// (batch bucket, block-table row bucket, sampler inside).
-type Key = (usize, usize, bool);
+/// (batch bucket, block-table row bucket, sampler inside, LoRA rows).
+type Key = (usize, usize, bool, bool);
 
 /// The captured graphs and how often each bucket was asked for.
 pub(super) struct DecodeGraphs {
@@ -79,6 +83,7 @@ impl DecodeGraphs {
         s: usize,
         max_blocks: usize,
         sample: bool,
+        lora: bool,
         gemv_rows: usize,
     ) -> Option<Key> {
         if !self.enabled || s > MAX_GRAPH_BATCH {
@@ -92,13 +97,13 @@ impl DecodeGraphs {
             .clamp(MIN_GRAPH_BLOCKS, self.max_blocks);
         let uses = self.uses.entry((sb, mb)).or_insert(0);
         *uses = uses.saturating_add(1);
-        let own = (sb, mb, sample);
+        let own = (sb, mb, sample, lora);
         if self.graphs.contains_key(&own) || *uses >= CAPTURE_AFTER || sb <= gemv_rows {
             return Some(own);
         }
         let padded = [2, 4]
             .into_iter()
-            .map(|k| (sb * k, mb, sample))
+            .map(|k| (sb * k, mb, sample, lora))
             .find(|b| b.0 <= MAX_GRAPH_BATCH && self.graphs.contains_key(b));
         Some(padded.unwrap_or(own))
     }
@@ -119,10 +124,14 @@ impl CudaBackend {
             return Ok(None);
         }
         let gemv_rows = self.tuning.gemv_rows;
-        let Some(key) = self.graphs.bucket(s, batch.max_blocks, smp.now, gemv_rows) else {
+        let lora = super::run::has_lora(batch);
+        let Some(key) = self
+            .graphs
+            .bucket(s, batch.max_blocks, smp.now, lora, gemv_rows)
+        else {
             return Ok(None);
         };
-        let (sb, mb, sample) = key;
+        let (sb, mb, sample, _) = key;
         let lay = Layout::new(sb, sb, mb, sb, GRAPH_HISTORY);
         self.ensure(Caps {
             tokens: sb,
@@ -139,6 +148,7 @@ impl CudaBackend {
             max_blocks: mb,
             kind: StepKind::Decode,
             identity_rows: true,
+            lora,
         };
         let plan = StepPlan::new(&self.tuning, &self.k, shape);
         if !self.graphs.graphs.contains_key(&key) && !self.capture(key, &lay, &plan)? {
@@ -189,6 +199,7 @@ impl CudaBackend {
             batch_bucket = key.0,
             block_bucket = key.1,
             sampler = key.2,
+            lora = key.3,
             graphs = self.graphs.len(),
             ms = t0.elapsed().as_secs_f64() * 1e3,
             "captured a CUDA decode graph"
@@ -204,12 +215,16 @@ mod tests {
     #[test]
     fn buckets_are_powers_of_two_and_small_ones_are_captured_at_once() {
         let mut g = DecodeGraphs::new(true, 512);
-        assert_eq!(g.bucket(3, 20, true, 2), Some((4, 32, true)));
-        assert_eq!(g.bucket(1, 1, false, 2), Some((1, 16, false)));
-        assert_eq!(g.bucket(200, 5000, true, 2), Some((256, 512, true)));
-        assert_eq!(g.bucket(257, 16, true, 2), None);
+        assert_eq!(g.bucket(3, 20, true, false, 2), Some((4, 32, true, false)));
+        assert_eq!(g.bucket(1, 1, false, false, 2), Some((1, 16, false, false)));
+        assert_eq!(g.bucket(1, 1, false, true, 2), Some((1, 16, false, true)));
+        assert_eq!(
+            g.bucket(200, 5000, true, false, 2),
+            Some((256, 512, true, false))
+        );
+        assert_eq!(g.bucket(257, 16, true, false, 2), None);
         g.set_enabled(false);
-        assert_eq!(g.bucket(4, 16, true, 2), None);
+        assert_eq!(g.bucket(4, 16, true, false, 2), None);
     }
 
     #[test]
@@ -217,7 +232,10 @@ mod tests {
         // nothing captured: every bucket is its own from the first step
         let mut g = DecodeGraphs::new(true, 64);
         for _ in 0..CAPTURE_AFTER + 1 {
-            assert_eq!(g.bucket(20, 16, true, 2), Some((32, 16, true)));
+            assert_eq!(
+                g.bucket(20, 16, true, false, 2),
+                Some((32, 16, true, false))
+            );
         }
     }
 }

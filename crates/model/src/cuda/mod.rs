@@ -21,7 +21,8 @@
 //! The backend is split by concern, one file each: `weights` (the model
 //! on the device), `workspace` (step buffers and their growth), `staging`
 //! (packing a step's metadata), `plan` (which kernels a step runs),
-//! `forward` (running a plan), `graphs` (captured decode graphs), `run`
+//! `forward` (running a plan), `lora` (the LoRA adapter slots and their
+//! deltas), `graphs` (captured decode graphs), `run`
 //! (eager steps), `pipeline` (steps in flight) and `verify` (speculative
 //! decoding's verify rows run as decode rows).
 //!
@@ -38,6 +39,7 @@
 
 mod forward;
 mod graphs;
+mod lora;
 mod pipeline;
 mod plan;
 mod run;
@@ -61,6 +63,7 @@ use contract::backend::{
 };
 use contract::config::{KvCacheDtype, LlamaConfig};
 use graphs::DecodeGraphs;
+pub use lora::lora_pool_bytes;
 use pipeline::Pipe;
 use plan::Tuning;
 use weights::DeviceModel;
@@ -111,6 +114,10 @@ pub struct CudaOptions {
     /// so asking for it is refused at construction
     /// ([`check_deterministic`]).
     pub deterministic: bool,
+    /// LoRA adapter slots (`--max-loras`; 0: none, nothing allocated).
+    pub max_loras: usize,
+    /// Highest LoRA rank a slot holds (`--max-lora-rank`).
+    pub max_lora_rank: usize,
 }
 
 impl Default for CudaOptions {
@@ -123,6 +130,8 @@ impl Default for CudaOptions {
             fp8_activations: false,
             kv_cache_dtype: KvCacheDtype::Bf16,
             deterministic: false,
+            max_loras: 0,
+            max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
         }
     }
 }
@@ -218,6 +227,7 @@ fn tuning(
         num_layers: c.num_layers,
         gemv_rows,
         narrow_decode_seqs,
+        lora_h: 0,
     })
 }
 
@@ -228,6 +238,8 @@ pub struct CudaBackend {
     device: usize,
     tuning: Tuning,
     model: DeviceModel,
+    /// The LoRA adapter slots (`lora`).
+    lora: lora::LoraPool,
     ws: Workspace,
     graphs: DecodeGraphs,
     pipe: Pipe,
@@ -263,7 +275,19 @@ impl CudaBackend {
         let sms = gpu
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
-        let tuning = tuning(&config, kv, &opts, sms)?;
+        let mut tuning = tuning(&config, kv, &opts, sms)?;
+        let lora = lora::LoraPool::new(&gpu, &config, opts.max_loras, opts.max_lora_rank)?;
+        if opts.max_loras > 0 {
+            // the LoRA kernels' 16-byte loads need input widths that are multiples of 8
+            let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
+            if widths.iter().any(|k| !k.is_multiple_of(8)) {
+                return Err(BackendError::Device(format!(
+                    "invalid `--max-loras {}`: the CUDA backend runs LoRA adapters only on models whose hidden, attention and MLP widths ({widths:?}) are multiples of 8; run them on the CPU (`--device cpu`)",
+                    opts.max_loras
+                )));
+            }
+            tuning.lora_h = lora.h_width();
+        }
         let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
         let caps = Caps {
             tokens: 16,
@@ -291,6 +315,7 @@ impl CudaBackend {
             device,
             tuning,
             model,
+            lora,
             ws,
             pipe,
             blas,
@@ -314,7 +339,8 @@ impl CudaBackend {
     /// below the vocabulary, positions below the RoPE table (the longest
     /// context), and every block attention reads inside the pool.
     pub fn check_batch(&self, batch: &StepBatch) -> Result<(), BackendError> {
-        batch.check(self.kv, self.config.vocab_size, self.model.rope_rows)
+        batch.check(self.kv, self.config.vocab_size, self.model.rope_rows)?;
+        self.lora.check(batch)
     }
 }
 
@@ -397,6 +423,23 @@ impl Backend for CudaBackend {
     /// (`verify`), each staged with its own history.
     fn verifies_penalties(&self) -> bool {
         true
+    }
+
+    fn max_loras(&self) -> usize {
+        self.lora.slots()
+    }
+
+    fn set_lora(
+        &mut self,
+        slot: u32,
+        adapter: Option<Arc<contract::LoraAdapter>>,
+    ) -> Result<(), BackendError> {
+        if let Some(a) = &adapter {
+            // the rank limit is the pool's (--max-lora-rank); shapes are checked here
+            a.check(&self.config, usize::MAX)
+                .map_err(|e| BackendError::InvalidBatch(format!("LoRA adapter: {e}")))?;
+        }
+        self.lora.set(&self.gpu, slot, adapter.as_deref())
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {

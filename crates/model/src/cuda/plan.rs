@@ -19,10 +19,13 @@
 //!   with many one-token segments splits them onto the narrow tiling), else
 //!   the scalar prefill kernel;
 //! - last layer: a GEMM step sampling fewer rows than it has tokens runs
-//!   the last layer's O projection, MLP and the final norm on those rows;
+//!   the last layer's O projection, MLP and the final norm on those rows
+//!   (not with LoRA rows: their slots are staged per token);
 //! - LM head: a GEMV for at most [`HEAD_GEMV_ROWS`] rows, else cuBLAS,
 //!   reading the normed rows in place when they are already the sampled
-//!   ones in order.
+//!   ones in order;
+//! - LoRA (a step with adapter rows): the deltas after each targeted
+//!   projection, fused per group for at most [`LORA_FUSED_ROWS`] tokens.
 //!
 //! Costs: O(1) per step.
 
@@ -34,6 +37,11 @@ use kernels::{DecodePlan, HeadShape, Kernels};
 /// The LM head runs as a GEMV only for this many rows (at one row it
 /// matches cuBLAS; beyond, cuBLAS wins).
 pub(super) const HEAD_GEMV_ROWS: usize = 1;
+
+/// Steps of at most this many tokens run each LoRA group's delta as one
+/// fused launch (every block recomputes its row's shrink), larger ones as a
+/// shrink and an expand.
+pub(super) const LORA_FUSED_ROWS: usize = 8;
 
 /// What a plan depends on besides the step, fixed when the backend is built.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +58,8 @@ pub(super) struct Tuning {
     /// Decode steps of at least this many sequences run attention on the
     /// narrow flash tiling (`usize::MAX`: never).
     pub narrow_decode_seqs: usize,
+    /// Columns of the LoRA shrink's output per token (0: no LoRA slots).
+    pub lora_h: usize,
 }
 
 /// The kernels' capabilities a plan asks about (the flash kernel's tilings
@@ -91,6 +101,8 @@ pub(super) struct StepShape {
     pub max_blocks: usize,
     pub kind: StepKind,
     pub identity_rows: bool,
+    /// Some row runs a LoRA adapter.
+    pub lora: bool,
 }
 
 /// How a group of projections runs.
@@ -139,6 +151,11 @@ pub(super) struct StepPlan {
     pub prune_last: bool,
     pub head_in: HeadIn,
     pub head: Proj,
+    /// Some row runs a LoRA adapter: the deltas run after each targeted
+    /// projection (`lora`) and the GEMV layers run unfused around them.
+    pub lora: bool,
+    /// The LoRA deltas run fused (at most [`LORA_FUSED_ROWS`] tokens).
+    pub lora_fused: bool,
 }
 
 impl StepPlan {
@@ -151,6 +168,7 @@ impl StepPlan {
             Proj::Gemm
         };
         let prune_last = proj == Proj::Gemm
+            && !st.lora
             && !st.identity_rows
             && r >= 1
             && r < t
@@ -174,6 +192,8 @@ impl StepPlan {
             prune_last,
             head_in,
             head,
+            lora: st.lora,
+            lora_fused: st.lora && t <= LORA_FUSED_ROWS,
         }
     }
 }
@@ -260,6 +280,7 @@ mod tests {
             num_layers: 16,
             gemv_rows: 2,
             narrow_decode_seqs: 66,
+            lora_h: 0,
         }
     }
 
@@ -271,6 +292,7 @@ mod tests {
             max_blocks: 16,
             kind: StepKind::Decode,
             identity_rows: true,
+            lora: false,
         }
     }
 
@@ -285,6 +307,7 @@ mod tests {
                 singles,
             },
             identity_rows: false,
+            lora: false,
         }
     }
 
@@ -349,6 +372,25 @@ mod tests {
         assert!(matches!(p.attn, AttnPlan::Flash(_)));
         let p = StepPlan::new(&tu, &Caps { flash: false }, prefill(600, 80, 70));
         assert!(matches!(p.attn, AttnPlan::Scalar(_)));
+    }
+
+    #[test]
+    fn lora_steps_keep_every_row_to_the_end() {
+        let tu = tuning();
+        let st = StepShape {
+            lora: true,
+            ..prefill(2048, 1, 0)
+        };
+        let p = StepPlan::new(&tu, &Caps { flash: true }, st);
+        assert!(p.lora && !p.prune_last && !p.lora_fused);
+        let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(2048, 1, 0));
+        assert!(!p.lora && p.prune_last);
+        let d = StepShape {
+            lora: true,
+            ..decode(1)
+        };
+        let p = StepPlan::new(&tu, &Caps { flash: true }, d);
+        assert_eq!((p.proj, p.lora, p.lora_fused), (Proj::Gemv, true, true));
     }
 
     #[test]

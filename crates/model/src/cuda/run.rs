@@ -27,6 +27,11 @@ fn step_kind(batch: &StepBatch) -> StepKind {
     }
 }
 
+/// Whether some sequence of `batch` runs a LoRA adapter.
+pub(super) fn has_lora(batch: &StepBatch) -> bool {
+    batch.loras.iter().any(|&k| k != 0)
+}
+
 impl CudaBackend {
     /// Stages and enqueues `batch` without a graph; `rows` are the token rows
     /// to sample or return. Returns the layout it staged.
@@ -54,6 +59,7 @@ impl CudaBackend {
             max_blocks: batch.max_blocks,
             kind,
             identity_rows: rows.iter().enumerate().all(|(i, &r)| r as usize == i),
+            lora: has_lora(batch),
         };
         let plan = StepPlan::new(&self.tuning, &self.k, shape);
         self.enqueue(&lay, &plan, smp.now)?;

@@ -41,6 +41,7 @@ pub(super) struct Layout {
     pub context_lens: usize, // [S]
     pub tables: usize,       // [S, max_blocks]
     pub rows: usize,         // [R] token rows to sample / return
+    pub loras: usize,        // [T] each token's LoRA slot (0: the base model)
     pub params: usize,       // [R, PARAM_WORDS]
     pub history: usize,      // [hist_cap]
     pub total: usize,
@@ -56,7 +57,8 @@ impl Layout {
         let context_lens = cu_seqlens + s + 1;
         let tables = context_lens + s;
         let rows = tables + s * max_blocks;
-        let params = (rows + r).next_multiple_of(4);
+        let loras = rows + r;
+        let params = (loras + t).next_multiple_of(4);
         let history = params + r * PARAM_WORDS;
         Layout {
             t,
@@ -72,6 +74,7 @@ impl Layout {
             context_lens,
             tables,
             rows,
+            loras,
             params,
             history,
             total: history + hist_cap.max(1),
@@ -185,6 +188,13 @@ pub(super) fn pack(
         buf[dst + w..dst + lay.max_blocks].fill(0);
     }
     buf[lay.rows..lay.rows + rows.len()].copy_from_slice(rows);
+    buf[lay.loras..lay.loras + lay.t].fill(0);
+    if batch.loras.iter().any(|&k| k != 0) {
+        for (q, w) in batch.cu_seqlens.windows(2).enumerate() {
+            let (a, b) = (lay.loras + w[0] as usize, lay.loras + w[1] as usize);
+            buf[a..b].fill(batch.lora_of(q));
+        }
+    }
     for (i, p) in params.iter().enumerate() {
         let dst = lay.params + i * PARAM_WORDS;
         buf[dst..dst + PARAM_WORDS].copy_from_slice(bytemuck::cast_slice(std::slice::from_ref(p)));
@@ -350,7 +360,7 @@ mod tests {
             carried: Vec::new(),
             drafts: Vec::new(),
             draft_masks: Vec::new(),
-            loras: Vec::new(),
+            loras: vec![0, 3],
         };
         let lay = Layout::new(4, 4, 2, 4, 4);
         let mut buf = vec![u32::MAX; lay.total];
@@ -377,6 +387,8 @@ mod tests {
         assert_eq!(&buf[lay.context_lens..lay.context_lens + 4], &[5, 1, 1, 1]);
         assert_eq!(&buf[lay.tables..lay.tables + 8], &[0, 0, 1, 0, 7, 7, 7, 7]);
         assert_eq!(&buf[lay.rows..lay.rows + 4], &[0, 1, 2, 3]);
+        // each token's LoRA slot; padded rows run the base model
+        assert_eq!(&buf[lay.loras..lay.loras + 4], &[0, 3, 0, 0]);
     }
 
     #[test]

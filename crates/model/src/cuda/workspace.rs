@@ -42,6 +42,7 @@ pub(super) struct Workspace {
     pub delta: DeviceBuffer<bf16>, // [T, hidden] o / down projection output
     pub gu: DeviceBuffer<bf16>,    // [T, 2 * intermediate]
     pub act: DeviceBuffer<bf16>,   // [T, intermediate]
+    pub lora_h: DeviceBuffer<f32>, // [T, 3 * LoRA rank] (1 element without LoRA)
     /// FP8 weights on cuBLASLt only (else empty): a GEMM's input rows
     /// quantised to e4m3 and their scales.
     pub xq: DeviceBuffer<u8>, // [T, max(hidden, q_dim, intermediate)]
@@ -126,6 +127,9 @@ impl Workspace {
             delta: gpu.alloc(t * h).map_err(e("delta"))?,
             gu: gpu.alloc(t * 2 * i).map_err(e("gate_up"))?,
             act: gpu.alloc(t * i).map_err(e("act"))?,
+            lora_h: gpu
+                .alloc(if tu.lora_h > 0 { t * tu.lora_h } else { 1 })
+                .map_err(e("lora_h"))?,
             xq: gpu
                 .alloc(if fp8_act {
                     t * h.max(c.q_dim()).max(i)

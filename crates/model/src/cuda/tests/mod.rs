@@ -15,6 +15,7 @@ use super::*;
 mod fp8;
 mod kv;
 mod llama;
+mod lora;
 mod mask;
 mod small;
 mod spec;

@@ -1,0 +1,351 @@
+//! Launchers for `cu/lora.cu`: the LoRA deltas of many adapters in one
+//! step (BGMV), `y[t] += scale_s * B_s (A_s x[t])` with `s` the slot row
+//! `t` names in a device table (0: the base model, nothing runs for it).
+//! Each kernel takes one [`LoraShrinkArgs`] / [`LoraExpandArgs`].
+//! CPU reference: [`lora_ref`] (the same stacked layout, f64; the delta is
+//! `contract::LoraAdapter::apply_row`'s).
+//!
+//! Layout ([`LoraShape`]): one layer's A of every slot `[slots, segs *
+//! rank, k]` (a fused projection stacks its targets' rows: q, k, v or gate,
+//! up), B `[slots, n, rank]`, the shrink's output `h` `[T, segs * rank]`
+//! f32; output column `c` of `y` belongs to segment 0, 1 or 2 by
+//! `seg_starts`. `rank` is a multiple of [`LORA_RANK_STEP`] (smaller
+//! adapters padded with zeros), `k` a multiple of 8, operands 16-byte
+//! aligned. The kernels ignore a slot past `slots`, so no table value can
+//! index outside the pool.
+//!
+//! [`Kernels::lora_fused`] runs both in one launch for the few rows of a
+//! GEMV step (every block recomputes its row's `h`, at most
+//! [`LORA_FUSED_MAX_H`] values), reading bf16 rows or the f32 residual
+//! stream through an RMSNorm weight ([`LoraIn`]).
+//!
+//! Costs: shrink `T x ceil(segs * rank / 8)` blocks of 8 warps, each warp
+//! one dot of length `k`; expand `T x ceil(n / 128)` blocks, each thread one
+//! dot of length `rank`; fused `T x ceil(n / 256)` blocks, each the whole
+//! shrink of its row (`segs * rank * k` multiply-adds) and 256 columns.
+//! Rows of the base model exit at once.
+
+use gpu::{DevSlice, LaunchConfig};
+use half::bf16;
+
+use crate::abi::{LoraExpandArgs, LoraFusedArgs, LoraShrinkArgs};
+use crate::consts::{
+    LORA_EXPAND_THREADS, LORA_FUSED_MAX_H, LORA_FUSED_THREADS, LORA_RANK_STEP, LORA_SHRINK_WARPS,
+};
+use crate::{KernelError, Kernels, need, u32_of};
+
+/// The shape of one LoRA launch pair (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraShape {
+    pub tokens: usize,
+    /// Input features of the projection.
+    pub k: usize,
+    /// Output features (all segments).
+    pub n: usize,
+    /// Rank of one segment (padded, a multiple of [`LORA_RANK_STEP`]).
+    pub rank: usize,
+    /// Targets stacked: 1, 2 or 3.
+    pub segs: usize,
+    /// First output column of segments 1 and 2 (`n` where absent).
+    pub seg_starts: [usize; 2],
+    /// Slots in the pool.
+    pub slots: usize,
+}
+
+impl LoraShape {
+    /// Columns of `h`: `segs * rank`.
+    pub fn hw(&self) -> usize {
+        self.segs * self.rank
+    }
+
+    fn check(&self, kernel: &'static str) -> Result<(), KernelError> {
+        let bad = |reason: String| Err(KernelError::Shape { kernel, reason });
+        if !self.rank.is_multiple_of(LORA_RANK_STEP) || self.rank == 0 {
+            return bad(format!(
+                "rank {} is not a positive multiple of {LORA_RANK_STEP}",
+                self.rank
+            ));
+        }
+        if !self.k.is_multiple_of(8) {
+            return bad(format!("k = {} is not a multiple of 8", self.k));
+        }
+        let [s1, s2] = self.seg_starts;
+        let used = 1 + usize::from(s1 < self.n) + usize::from(s2 < self.n);
+        if !(1..=3).contains(&self.segs) || s1 > s2 || s2 > self.n || used > self.segs {
+            return bad(format!(
+                "segments {:?} of {} columns do not fit {} segments",
+                self.seg_starts, self.n, self.segs
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a fused launch reads: bf16 rows `[T, k]`, or the f32 residual
+/// stream `[T, k]` normed by RMSNorm weight `norm_w` `[k]` first.
+#[derive(Debug, Clone, Copy)]
+pub enum LoraIn<'a> {
+    Bf16(DevSlice<'a, bf16>),
+    Normed {
+        residual: DevSlice<'a, f32>,
+        norm_w: DevSlice<'a, bf16>,
+        eps: f32,
+    },
+}
+
+/// Where an expand adds its delta: bf16 or f32 rows `[T, n]`.
+#[derive(Debug, Clone, Copy)]
+pub enum LoraOut<'a> {
+    Bf16(DevSlice<'a, bf16>),
+    F32(DevSlice<'a, f32>),
+}
+
+fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError> {
+    if !ptr.is_multiple_of(16) {
+        return Err(KernelError::Unsupported {
+            kernel,
+            reason: format!("operand `{what}` not 16-byte aligned"),
+        });
+    }
+    Ok(())
+}
+
+impl Kernels {
+    /// `h[t, j] = x[t] . a[slot(t), j]` for every row with an adapter.
+    pub fn lora_shrink(
+        &self,
+        x: DevSlice<'_, bf16>,       // [T, k]
+        a: DevSlice<'_, bf16>,       // [slots, segs * rank, k]
+        slot_of: DevSlice<'_, u32>,  // [T]
+        h: DevSlice<'_, f32>,        // [T, segs * rank]
+        sh: &LoraShape,
+    ) -> Result<(), KernelError> {
+        const K: &str = "lora_shrink";
+        sh.check(K)?;
+        let (t, hw) = (sh.tokens, sh.hw());
+        need(K, "x", &x, t * sh.k)?;
+        need(K, "a", &a, sh.slots * hw * sh.k)?;
+        need(K, "slot_of", &slot_of, t)?;
+        need(K, "h", &h, t * hw)?;
+        if t == 0 || sh.slots == 0 {
+            return Ok(());
+        }
+        aligned(K, "x", x.ptr())?;
+        aligned(K, "a", a.ptr())?;
+        let args = LoraShrinkArgs {
+            x: x.ptr(),
+            a: a.ptr(),
+            h: h.ptr(),
+            slot_of: slot_of.ptr(),
+            tokens: u32_of(K, "tokens", t)?,
+            n: u32_of(K, "segs * rank", hw)?,
+            k: u32_of(K, "k", sh.k)?,
+            slots: u32_of(K, "slots", sh.slots)?,
+        };
+        let cfg = LaunchConfig {
+            grid: (args.tokens, hw.div_ceil(LORA_SHRINK_WARPS) as u32, 1),
+            block: ((32 * LORA_SHRINK_WARPS) as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: views checked for their shapes above; the kernel reads
+        // slot entries < `slots` only and takes `LoraShrinkArgs`.
+        unsafe { self.gpu.launch_struct(&self.lora_shrink, cfg, &args)? };
+        Ok(())
+    }
+
+    /// `y[t, c] += scales[slot(t)] * h[t, seg(c)] . b[slot(t), c]` for every
+    /// row with an adapter.
+    pub fn lora_expand(
+        &self,
+        h: DevSlice<'_, f32>,        // [T, segs * rank]
+        b: DevSlice<'_, bf16>,       // [slots, n, rank]
+        scales: DevSlice<'_, f32>,   // [slots]
+        slot_of: DevSlice<'_, u32>,  // [T]
+        y: LoraOut<'_>,              // [T, n]
+        sh: &LoraShape,
+    ) -> Result<(), KernelError> {
+        const K: &str = "lora_expand";
+        sh.check(K)?;
+        let t = sh.tokens;
+        need(K, "h", &h, t * sh.hw())?;
+        need(K, "b", &b, sh.slots * sh.n * sh.rank)?;
+        need(K, "scales", &scales, sh.slots)?;
+        need(K, "slot_of", &slot_of, t)?;
+        let (f, y_ptr) = match y {
+            LoraOut::Bf16(v) => {
+                need(K, "y", &v, t * sh.n)?;
+                (&self.lora_expand_bf16, v.ptr())
+            }
+            LoraOut::F32(v) => {
+                need(K, "y", &v, t * sh.n)?;
+                (&self.lora_expand_f32, v.ptr())
+            }
+        };
+        if t == 0 || sh.slots == 0 || sh.n == 0 {
+            return Ok(());
+        }
+        aligned(K, "b", b.ptr())?;
+        let args = LoraExpandArgs {
+            h: h.ptr(),
+            b: b.ptr(),
+            scales: scales.ptr(),
+            slot_of: slot_of.ptr(),
+            y: y_ptr,
+            n: u32_of(K, "n", sh.n)?,
+            rank: u32_of(K, "rank", sh.rank)?,
+            hw: u32_of(K, "segs * rank", sh.hw())?,
+            slots: u32_of(K, "slots", sh.slots)?,
+            seg1: u32_of(K, "segment 1", sh.seg_starts[0])?,
+            seg2: u32_of(K, "segment 2", sh.seg_starts[1])?,
+        };
+        let cfg = LaunchConfig {
+            grid: (
+                u32_of(K, "tokens", t)?,
+                sh.n.div_ceil(LORA_EXPAND_THREADS) as u32,
+                1,
+            ),
+            block: (LORA_EXPAND_THREADS as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: views checked for their shapes above; the kernel reads
+        // slot entries < `slots` only and takes `LoraExpandArgs`.
+        unsafe { self.gpu.launch_struct(f, cfg, &args)? };
+        Ok(())
+    }
+}
+
+impl Kernels {
+    /// Whether [`Kernels::lora_fused`] serves `sh` (its `h` fits).
+    pub fn lora_fused_fits(sh: &LoraShape) -> bool {
+        sh.hw() <= LORA_FUSED_MAX_H
+    }
+
+    /// [`Kernels::lora_shrink`] then [`Kernels::lora_expand`] in one launch
+    /// (module doc), the input possibly normed first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lora_fused(
+        &self,
+        x: LoraIn<'_>,
+        a: DevSlice<'_, bf16>,       // [slots, segs * rank, k]
+        b: DevSlice<'_, bf16>,       // [slots, n, rank]
+        scales: DevSlice<'_, f32>,   // [slots]
+        slot_of: DevSlice<'_, u32>,  // [T]
+        y: LoraOut<'_>,              // [T, n]
+        sh: &LoraShape,
+    ) -> Result<(), KernelError> {
+        const K: &str = "lora_fused";
+        sh.check(K)?;
+        let (t, hw) = (sh.tokens, sh.hw());
+        if !Self::lora_fused_fits(sh) {
+            return Err(KernelError::Shape {
+                kernel: K,
+                reason: format!("{hw} columns of h exceed {LORA_FUSED_MAX_H}"),
+            });
+        }
+        need(K, "a", &a, sh.slots * hw * sh.k)?;
+        need(K, "b", &b, sh.slots * sh.n * sh.rank)?;
+        need(K, "scales", &scales, sh.slots)?;
+        need(K, "slot_of", &slot_of, t)?;
+        let (x_ptr, norm_w, eps) = match x {
+            LoraIn::Bf16(v) => {
+                need(K, "x", &v, t * sh.k)?;
+                (v.ptr(), 0, 0.0)
+            }
+            LoraIn::Normed {
+                residual,
+                norm_w,
+                eps,
+            } => {
+                need(K, "residual", &residual, t * sh.k)?;
+                need(K, "norm_w", &norm_w, sh.k)?;
+                aligned(K, "norm_w", norm_w.ptr())?;
+                (residual.ptr(), norm_w.ptr(), eps)
+            }
+        };
+        let (y_ptr, y_f32) = match y {
+            LoraOut::Bf16(v) => {
+                need(K, "y", &v, t * sh.n)?;
+                (v.ptr(), 0)
+            }
+            LoraOut::F32(v) => {
+                need(K, "y", &v, t * sh.n)?;
+                (v.ptr(), 1)
+            }
+        };
+        if t == 0 || sh.slots == 0 || sh.n == 0 {
+            return Ok(());
+        }
+        aligned(K, "x", x_ptr)?;
+        aligned(K, "a", a.ptr())?;
+        aligned(K, "b", b.ptr())?;
+        let args = LoraFusedArgs {
+            x: x_ptr,
+            norm_w,
+            a: a.ptr(),
+            b: b.ptr(),
+            scales: scales.ptr(),
+            slot_of: slot_of.ptr(),
+            y: y_ptr,
+            eps,
+            k: u32_of(K, "k", sh.k)?,
+            n: u32_of(K, "n", sh.n)?,
+            rank: u32_of(K, "rank", sh.rank)?,
+            hw: u32_of(K, "segs * rank", hw)?,
+            slots: u32_of(K, "slots", sh.slots)?,
+            seg1: u32_of(K, "segment 1", sh.seg_starts[0])?,
+            seg2: u32_of(K, "segment 2", sh.seg_starts[1])?,
+            y_f32,
+            tokens: u32_of(K, "tokens", t)?,
+        };
+        let cfg = LaunchConfig {
+            grid: (args.tokens, sh.n.div_ceil(LORA_FUSED_THREADS) as u32, 1),
+            block: (LORA_FUSED_THREADS as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: views checked for their shapes above; the kernel reads
+        // slot entries < `slots` only, waits (pdl_wait) before reading
+        // anything and takes `LoraFusedArgs`.
+        unsafe { self.launch_pdl(&self.lora_fused, cfg, &args)? };
+        Ok(())
+    }
+}
+
+/// The CPU reference of a shrink + expand pair over the same layout, in
+/// f64: `y[t] + scale * B (A x[t])` for adapter rows, `y[t]` for base rows.
+#[allow(clippy::too_many_arguments)]
+pub fn lora_ref(
+    x: &[f32],       // [T, k]
+    a: &[f32],       // [slots, segs * rank, k]
+    b: &[f32],       // [slots, n, rank]
+    scales: &[f32],  // [slots]
+    slot_of: &[u32], // [T]
+    y: &[f32],       // [T, n]
+    sh: &LoraShape,
+) -> Vec<f32> {
+    let (k, n, r, hw) = (sh.k, sh.n, sh.rank, sh.hw());
+    let mut out = y.to_vec();
+    for (t, &s) in slot_of.iter().enumerate().take(sh.tokens) {
+        if s == 0 || s as usize > sh.slots {
+            continue;
+        }
+        let s = s as usize - 1;
+        let xr = &x[t * k..(t + 1) * k];
+        let h: Vec<f64> = (0..hw)
+            .map(|j| {
+                let ar = &a[(s * hw + j) * k..(s * hw + j + 1) * k];
+                ar.iter().zip(xr).map(|(&p, &q)| p as f64 * q as f64).sum()
+            })
+            .collect();
+        for c in 0..n {
+            let seg = usize::from(c >= sh.seg_starts[0]) + usize::from(c >= sh.seg_starts[1]);
+            let br = &b[(s * n + c) * r..(s * n + c + 1) * r];
+            let d: f64 = br
+                .iter()
+                .zip(&h[seg * r..(seg + 1) * r])
+                .map(|(&p, &q)| p as f64 * q)
+                .sum();
+            out[t * n + c] = (out[t * n + c] as f64 + scales[s] as f64 * d) as f32;
+        }
+    }
+    out
+}

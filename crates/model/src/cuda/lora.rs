@@ -1,0 +1,447 @@
+//! LoRA on the CUDA backend: the adapter slot pool on the device and the
+//! per-layer deltas `y += scale * B (A x)` of a step's adapter rows.
+//!
+//! Contract: [`LoraPool`] is allocated once at construction for
+//! `CudaOptions::max_loras` slots of rank up to `CudaOptions::max_lora_rank`
+//! (padded to a multiple of `kernels::consts::LORA_RANK_STEP`) and never
+//! grows; [`lora_pool_bytes`] is its size, which the KV pool's budget leaves
+//! out. Per layer and per [`Group`] it holds every slot's A (the targets of
+//! a fused projection stacked: q, k, v; gate, up) and B, bf16, zero where an
+//! adapter has no pair or a smaller rank, and one f32 scale per slot.
+//! [`Backend::set_lora`](contract::Backend::set_lora) uploads an adapter
+//! into its slot (stream-ordered after the steps already launched, which
+//! the engine guarantees do not read that slot); emptying a slot only marks
+//! it free. Each token row's slot is staged with the step (`Layout::loras`,
+//! 0 = the base model), so the kernels read it on the device and a captured
+//! graph replays with any mix of adapters.
+//!
+//! Placement (where each delta lands): on the Q/K/V output before RoPE and
+//! the KV write, on the gate/up output before SiLU·up, on the O and down
+//! outputs before the residual add (GEMM path: into `delta`; GEMV path:
+//! into the f32 residual, after the fused residual GEMV). A GEMV step with
+//! adapter rows runs Q/K/V and gate/up as normed GEMVs without their
+//! epilogues, adds the deltas, then runs RoPE + KV write and SiLU·up apart.
+//! Steps of at most `plan::LORA_FUSED_ROWS` rows run each group's delta as
+//! one `lora_fused` launch (which norms the residual itself), larger ones
+//! as a shrink and an expand. A step without adapter rows runs exactly the
+//! base model's kernels; graphs with LoRA are captured apart (`graphs`).
+//!
+//! Costs: device memory [`lora_pool_bytes`]; per layer of a step with
+//! adapter rows 4 launches (fused) or 8, plus RoPE + KV write and SiLU·up
+//! apart on the GEMV path.
+
+use gpu::{DevSlice, DeviceBuffer, Gpu};
+use half::bf16;
+use kernels::Kernels;
+use kernels::consts::LORA_RANK_STEP;
+use kernels::gemv::GemvOp;
+use kernels::lora::{LoraIn, LoraOut, LoraShape};
+
+use contract::backend::{BackendError, StepBatch};
+use contract::config::LlamaConfig;
+use contract::lora::{LoraAdapter, LoraTarget};
+
+use super::forward::Staged;
+use super::plan::StepPlan;
+use super::weights::{DevProj, DeviceLayer};
+use super::{CudaBackend, dev_err};
+
+/// The projections that share one shrink (their input is the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Group {
+    Qkv,
+    O,
+    GateUp,
+    Down,
+}
+
+impl Group {
+    const ALL: [Group; 4] = [Group::Qkv, Group::O, Group::GateUp, Group::Down];
+
+    /// The targets stacked in this group, in output-column order.
+    fn targets(self) -> &'static [LoraTarget] {
+        match self {
+            Group::Qkv => &[LoraTarget::Q, LoraTarget::K, LoraTarget::V],
+            Group::O => &[LoraTarget::O],
+            Group::GateUp => &[LoraTarget::Gate, LoraTarget::Up],
+            Group::Down => &[LoraTarget::Down],
+        }
+    }
+
+    /// `(in, out)` features of the fused projection and the first output
+    /// column of each stacked target.
+    fn dims(self, c: &LlamaConfig) -> (usize, usize, Vec<usize>) {
+        let mut starts = Vec::new();
+        let mut out = 0;
+        for t in self.targets() {
+            starts.push(out);
+            out += t.dims(c).1;
+        }
+        (self.targets()[0].dims(c).0, out, starts)
+    }
+}
+
+/// The pool's rank for `--max-lora-rank` `max_rank`.
+fn padded_rank(max_rank: usize) -> usize {
+    max_rank.max(1).next_multiple_of(LORA_RANK_STEP)
+}
+
+/// Device bytes of a pool of `slots` adapters of rank up to `max_rank`
+/// for model `c` (0 without slots).
+pub fn lora_pool_bytes(c: &LlamaConfig, slots: usize, max_rank: usize) -> usize {
+    if slots == 0 {
+        return 0;
+    }
+    let r = padded_rank(max_rank);
+    let per_layer: usize = Group::ALL
+        .iter()
+        .map(|g| {
+            let (k, n, starts) = g.dims(c);
+            starts.len() * r * k + n * r
+        })
+        .sum();
+    slots * c.num_layers * per_layer * 2 + slots * 4
+}
+
+/// The adapter slots on the device (module doc).
+pub(super) struct LoraPool {
+    slots: usize,
+    rank: usize,
+    layers: usize,
+    /// Per group: A `[layers, slots, segs * rank, in]`, B `[layers, slots, out, rank]`.
+    a: Vec<DeviceBuffer<bf16>>,
+    b: Vec<DeviceBuffer<bf16>>,
+    scales: DeviceBuffer<f32>, // [slots]
+    loaded: Vec<bool>,
+    /// `(in, out, first columns)` of each group.
+    dims: Vec<(usize, usize, Vec<usize>)>,
+}
+
+impl LoraPool {
+    /// A pool of `slots` empty slots of rank up to `max_rank` (nothing
+    /// allocated without slots).
+    pub fn new(
+        gpu: &Gpu,
+        c: &LlamaConfig,
+        slots: usize,
+        max_rank: usize,
+    ) -> Result<LoraPool, BackendError> {
+        let rank = padded_rank(max_rank);
+        let dims: Vec<_> = Group::ALL.iter().map(|g| g.dims(c)).collect();
+        let e = |err| dev_err("allocating the LoRA pool", err);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for (k, n, starts) in &dims {
+            let per = c.num_layers * slots;
+            let da = gpu
+                .alloc::<bf16>(per * starts.len() * rank * k)
+                .map_err(e)?;
+            let db = gpu.alloc::<bf16>(per * n * rank).map_err(e)?;
+            // zero: a slot never loaded contributes nothing even if read
+            gpu.fill_bytes(da.view(), 0).map_err(e)?;
+            gpu.fill_bytes(db.view(), 0).map_err(e)?;
+            a.push(da);
+            b.push(db);
+        }
+        let scales = gpu.upload(&vec![0f32; slots.max(1)]).map_err(e)?;
+        Ok(LoraPool {
+            slots,
+            rank,
+            layers: c.num_layers,
+            a,
+            b,
+            scales,
+            loaded: vec![false; slots],
+            dims,
+        })
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The columns of the shrink's output a step needs per token.
+    pub fn h_width(&self) -> usize {
+        3 * self.rank
+    }
+
+    /// Every sequence's slot in `batch` holds an adapter (or is 0).
+    pub fn check(&self, batch: &StepBatch) -> Result<(), BackendError> {
+        for (s, &k) in batch.loras.iter().enumerate() {
+            let ok = k == 0 || self.loaded.get(k as usize - 1).copied().unwrap_or(false);
+            if !ok {
+                return Err(BackendError::InvalidBatch(format!(
+                    "loras[{s}] = {k}: no LoRA adapter is loaded in that slot ({} slots)",
+                    self.slots
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts `adapter` in slot `slot` (1-based; checked against the model by
+    /// the caller) or marks the slot free.
+    pub fn set(
+        &mut self,
+        gpu: &Gpu,
+        slot: u32,
+        adapter: Option<&LoraAdapter>,
+    ) -> Result<(), BackendError> {
+        let n = self.slots;
+        let Some(k) = (slot as usize).checked_sub(1).filter(|&k| k < n) else {
+            return Err(BackendError::InvalidBatch(format!(
+                "LoRA slot {slot} is outside 1..={n} (--max-loras {n})"
+            )));
+        };
+        let Some(ad) = adapter else {
+            self.loaded[k] = false;
+            return Ok(());
+        };
+        if ad.rank > self.rank || ad.layers.len() != self.layers {
+            return Err(BackendError::InvalidBatch(format!(
+                "LoRA adapter of rank {} and {} layers does not fit the pool (rank up to {}, {} layers)",
+                ad.rank,
+                ad.layers.len(),
+                self.rank,
+                self.layers
+            )));
+        }
+        self.loaded[k] = false;
+        for (gi, g) in Group::ALL.iter().enumerate() {
+            for l in 0..self.layers {
+                let (ha, hb) = self.host_group(ad, *g, gi, l);
+                let (da, db) = (self.a_of(gi, l)?, self.b_of(gi, l)?);
+                let (la, lb) = (ha.len(), hb.len());
+                let e = |err| dev_err("uploading a LoRA adapter", err);
+                gpu.copy_to_device(&ha, da.sub(k * la, la).map_err(e)?)
+                    .map_err(e)?;
+                gpu.copy_to_device(&hb, db.sub(k * lb, lb).map_err(e)?)
+                    .map_err(e)?;
+            }
+        }
+        let e = |err| dev_err("uploading a LoRA scale", err);
+        gpu.copy_to_device(&[ad.scale], self.scales.view().sub(k, 1).map_err(e)?)
+            .map_err(e)?;
+        self.loaded[k] = true;
+        Ok(())
+    }
+
+    /// One slot's A `[segs * rank, in]` and B `[out, rank]` of group `g`
+    /// (index `gi`) in layer `l`, bf16, zero-padded.
+    fn host_group(
+        &self,
+        ad: &LoraAdapter,
+        g: Group,
+        gi: usize,
+        l: usize,
+    ) -> (Vec<bf16>, Vec<bf16>) {
+        let (k, n, starts) = &self.dims[gi];
+        let (r, ar) = (self.rank, ad.rank);
+        let mut a = vec![bf16::ZERO; starts.len() * r * k];
+        let mut b = vec![bf16::ZERO; n * r];
+        for (j, t) in g.targets().iter().enumerate() {
+            let Some(p) = ad.layers[l].pair(*t) else {
+                continue;
+            };
+            for (q, row) in p.a.chunks_exact(*k).enumerate() {
+                let dst = (j * r + q) * k;
+                for (d, &v) in a[dst..dst + k].iter_mut().zip(row) {
+                    *d = bf16::from_f32(v);
+                }
+            }
+            for (o, row) in p.b.chunks_exact(ar).enumerate() {
+                let dst = (starts[j] + o) * r;
+                for (d, &v) in b[dst..dst + ar].iter_mut().zip(row) {
+                    *d = bf16::from_f32(v);
+                }
+            }
+        }
+        (a, b)
+    }
+
+    /// Layer `l`'s A of group `gi`, every slot.
+    fn a_of(&self, gi: usize, l: usize) -> Result<DevSlice<'_, bf16>, BackendError> {
+        let (k, _, starts) = &self.dims[gi];
+        let len = self.slots * starts.len() * self.rank * k;
+        self.a[gi]
+            .view()
+            .sub(l * len, len)
+            .map_err(|e| dev_err("LoRA view", e))
+    }
+
+    /// Layer `l`'s B of group `gi`, every slot.
+    fn b_of(&self, gi: usize, l: usize) -> Result<DevSlice<'_, bf16>, BackendError> {
+        let len = self.slots * self.dims[gi].1 * self.rank;
+        self.b[gi]
+            .view()
+            .sub(l * len, len)
+            .map_err(|e| dev_err("LoRA view", e))
+    }
+
+    /// The launch shape of group `gi` over `m` rows.
+    fn shape(&self, gi: usize, m: usize) -> LoraShape {
+        let (k, n, starts) = &self.dims[gi];
+        let at = |i: usize| starts.get(i).copied().unwrap_or(*n);
+        LoraShape {
+            tokens: m,
+            k: *k,
+            n: *n,
+            rank: self.rank,
+            segs: starts.len(),
+            seg_starts: [at(1), at(2)],
+            slots: self.slots,
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Adds group `g`'s delta of layer `l` to `y` for the first `m` rows,
+    /// input `x`, each row's slot in `rows` (`[m]`): one fused launch when
+    /// `fused` and the pool's rank allows, else the shrink and the expand
+    /// (a normed input then normed into `xn` first).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lora_delta(
+        &self,
+        l: usize,
+        g: Group,
+        x: LoraIn<'_>,
+        y: LoraOut<'_>,
+        rows: DevSlice<'_, u32>,
+        m: usize,
+        fused: bool,
+    ) -> Result<(), BackendError> {
+        let pool = &self.lora;
+        let gi = Group::ALL.iter().position(|&h| h == g).unwrap_or(0);
+        let sh = pool.shape(gi, m);
+        let e = |err| dev_err("LoRA delta", err);
+        let (a, b, scales) = (pool.a_of(gi, l)?, pool.b_of(gi, l)?, pool.scales.view());
+        if fused && Kernels::lora_fused_fits(&sh) {
+            return self.k.lora_fused(x, a, b, scales, rows, y, &sh).map_err(e);
+        }
+        let x = match x {
+            LoraIn::Bf16(x) => x,
+            LoraIn::Normed {
+                residual,
+                norm_w,
+                eps,
+            } => {
+                let xn = self.ws.xn.view();
+                self.k
+                    .add_rmsnorm(residual, None, norm_w, xn, m, sh.k, eps)
+                    .map_err(e)?;
+                xn
+            }
+        };
+        let h = self
+            .ws
+            .lora_h
+            .view()
+            .sub(0, m * sh.hw())
+            .map_err(|err| dev_err("LoRA view", err))?;
+        self.k.lora_shrink(x, a, rows, h, &sh).map_err(e)?;
+        self.k.lora_expand(h, b, scales, rows, y, &sh).map_err(e)
+    }
+
+    /// One layer of a GEMV step with adapter rows: the fused GEMVs unfused
+    /// where a delta must land between a product and its epilogue (module
+    /// doc): Q/K/V and gate/up as normed GEMVs, their deltas (reading the
+    /// residual through the norm), then RoPE + KV write and SiLU·up; O and
+    /// down as residual GEMVs, their deltas added to the residual.
+    pub(super) fn gemv_lora_layer(
+        &self,
+        l: usize,
+        layer: &DeviceLayer,
+        io: &Staged<'_>,
+        plan: &StepPlan,
+    ) -> Result<(), BackendError> {
+        let (c, ws, t, rows) = (&self.config, &self.ws, plan.t, io.loras);
+        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
+        let (x, attn, act, gu) = (ws.x.view(), ws.attn.view(), ws.act.view(), ws.gu.view());
+        let gemv = |op: GemvOp<'_>, w: &DevProj, n: usize, k: usize| {
+            self.k
+                .gemv(op, w.gemv(), t, n, k)
+                .map_err(|e| dev_err("GEMV", e))
+        };
+        let fused = plan.lora_fused;
+        let (qkv_w, q) = (self.tuning.shape.qkv_width(), c.q_dim());
+        let (n1, n2) = (layer.input_norm.view(), layer.post_norm.view());
+        let normed = |norm_w| LoraIn::Normed {
+            residual: x,
+            norm_w,
+            eps,
+        };
+        let qkv = ws.qkv.view();
+        let norm_qkv = GemvOp::Norm {
+            residual: x,
+            norm_w: n1,
+            eps,
+            y: qkv,
+        };
+        gemv(norm_qkv, &layer.qkv, qkv_w, h)?;
+        self.lora_delta(
+            l,
+            Group::Qkv,
+            normed(n1),
+            LoraOut::Bf16(qkv),
+            rows,
+            t,
+            fused,
+        )?;
+        self.rope_kv(l, io, t)?;
+        self.attention(l, io, plan)?;
+        gemv(
+            GemvOp::Resid {
+                x: attn,
+                residual: x,
+            },
+            &layer.o,
+            h,
+            q,
+        )?;
+        self.lora_delta(
+            l,
+            Group::O,
+            LoraIn::Bf16(attn),
+            LoraOut::F32(x),
+            rows,
+            t,
+            fused,
+        )?;
+        let norm_gu = GemvOp::Norm {
+            residual: x,
+            norm_w: n2,
+            eps,
+            y: gu,
+        };
+        gemv(norm_gu, &layer.gate_up, 2 * inter, h)?;
+        self.lora_delta(
+            l,
+            Group::GateUp,
+            normed(n2),
+            LoraOut::Bf16(gu),
+            rows,
+            t,
+            fused,
+        )?;
+        self.k
+            .silu_mul(act, gu, t, inter)
+            .map_err(|e| dev_err("silu", e))?;
+        gemv(
+            GemvOp::Resid {
+                x: act,
+                residual: x,
+            },
+            &layer.down,
+            h,
+            inter,
+        )?;
+        self.lora_delta(
+            l,
+            Group::Down,
+            LoraIn::Bf16(act),
+            LoraOut::F32(x),
+            rows,
+            t,
+            fused,
+        )
+    }
+}
