@@ -428,6 +428,49 @@ fn dtype_quantises_on_the_fast_kernels_and_is_refused_on_the_reference_ones() {
 /// Pipelined engine steps (the default) and `--sync-steps` (also as
 /// `LAMINA_SYNC_STEPS=1` or `=true`) generate the same tokens; a value that
 /// is no boolean is refused naming the flag.
+/// `--deterministic`: a batch of prompts of several lengths, prefilled in
+/// chunks of 7 tokens, gives each prompt's tokens and log-probabilities
+/// exactly as when it runs alone in one chunk; the flag is in `--help`.
+#[test]
+fn deterministic_batches_give_each_prompt_its_output_alone() {
+    let help = lamina(&["serve", "--help"]);
+    assert!(stdout(&help).contains("--deterministic"));
+    let file = std::env::temp_dir().join(format!("lamina-det-{}.txt", std::process::id()));
+    let prompts = [
+        "a",
+        "a longer prompt than the chunks",
+        "b c d e f g h i j k l",
+    ];
+    std::fs::write(&file, prompts.join("\n")).unwrap();
+    let common = [
+        "--deterministic",
+        "--logprobs",
+        "3",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+    ];
+    let mut args = vec!["--json", "--max-batch-tokens", "7", "--max-num-seqs", "4"];
+    args.extend(common);
+    args.extend(["--prompts-file", file.to_str().unwrap()]);
+    let out = generate_on(tiny(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), prompts.len());
+    for (row, prompt) in rows.iter().zip(prompts) {
+        let mut args = common.to_vec();
+        args.push(prompt);
+        let alone = gen_json(tiny(), &args);
+        assert_eq!(row["tokens"], alone["tokens"], "prompt {prompt:?}");
+        assert_eq!(row["logprobs"], alone["logprobs"], "prompt {prompt:?}");
+    }
+}
+
 #[test]
 fn sync_steps_give_the_same_tokens() {
     let model = tiny().to_str().unwrap().to_string();
