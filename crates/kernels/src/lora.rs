@@ -114,10 +114,10 @@ impl Kernels {
     /// `h[t, j] = x[t] . a[slot(t), j]` for every row with an adapter.
     pub fn lora_shrink(
         &self,
-        x: DevSlice<'_, bf16>,       // [T, k]
-        a: DevSlice<'_, bf16>,       // [slots, segs * rank, k]
-        slot_of: DevSlice<'_, u32>,  // [T]
-        h: DevSlice<'_, f32>,        // [T, segs * rank]
+        x: DevSlice<'_, bf16>,      // [T, k]
+        a: DevSlice<'_, bf16>,      // [slots, segs * rank, k]
+        slot_of: DevSlice<'_, u32>, // [T]
+        h: DevSlice<'_, f32>,       // [T, segs * rank]
         sh: &LoraShape,
     ) -> Result<(), KernelError> {
         const K: &str = "lora_shrink";
@@ -157,11 +157,11 @@ impl Kernels {
     /// row with an adapter.
     pub fn lora_expand(
         &self,
-        h: DevSlice<'_, f32>,        // [T, segs * rank]
-        b: DevSlice<'_, bf16>,       // [slots, n, rank]
-        scales: DevSlice<'_, f32>,   // [slots]
-        slot_of: DevSlice<'_, u32>,  // [T]
-        y: LoraOut<'_>,              // [T, n]
+        h: DevSlice<'_, f32>,       // [T, segs * rank]
+        b: DevSlice<'_, bf16>,      // [slots, n, rank]
+        scales: DevSlice<'_, f32>,  // [slots]
+        slot_of: DevSlice<'_, u32>, // [T]
+        y: LoraOut<'_>,             // [T, n]
         sh: &LoraShape,
     ) -> Result<(), KernelError> {
         const K: &str = "lora_expand";
@@ -226,11 +226,11 @@ impl Kernels {
     pub fn lora_fused(
         &self,
         x: LoraIn<'_>,
-        a: DevSlice<'_, bf16>,       // [slots, segs * rank, k]
-        b: DevSlice<'_, bf16>,       // [slots, n, rank]
-        scales: DevSlice<'_, f32>,   // [slots]
-        slot_of: DevSlice<'_, u32>,  // [T]
-        y: LoraOut<'_>,              // [T, n]
+        a: DevSlice<'_, bf16>,      // [slots, segs * rank, k]
+        b: DevSlice<'_, bf16>,      // [slots, n, rank]
+        scales: DevSlice<'_, f32>,  // [slots]
+        slot_of: DevSlice<'_, u32>, // [T]
+        y: LoraOut<'_>,             // [T, n]
         sh: &LoraShape,
     ) -> Result<(), KernelError> {
         const K: &str = "lora_fused";

@@ -10,8 +10,11 @@
 //! replays the decode graph of its batch bucket instead of running eagerly.
 //! Token indices are unchanged (so are carried tokens); [`fold`] maps the
 //! sampler rows back to the drafted sequences, whose rows stay consecutive.
-//! Other steps with drafts return `None` and run eagerly as they are, one
-//! history and one mask per sequence ([`check_unexpanded`]). The
+//! A step that also holds prefill chunks expands the same way, its chunks
+//! whole: a mixed step, run eagerly, each verify row still with its own
+//! history. Steps [`expand`] cannot take (a drafted segment that is not
+//! exactly its sampled rows) run as they are, one history and one mask per
+//! sequence ([`check_unexpanded`]). The
 //! expansion gives each row its own grammar mask too
 //! (`StepBatch::row_request`), but the eager path cannot, so the backend
 //! does not claim `Backend::verifies_masks` and the engine drafts nothing
@@ -24,15 +27,18 @@ use contract::step_builder::StepBuilder;
 
 use super::pipeline::OutRow;
 
-/// The pure-decode form of `batch` (module doc), or `None` when it has no
-/// drafts or a segment that is neither one token nor its sampled rows.
+/// `batch` with every drafted segment's rows as one-token sequences
+/// (module doc): a pure-decode step when every other segment is one token,
+/// else a mixed step whose other segments (prefill chunks) stay whole.
+/// `None` when it has no drafts, a drafted segment that is not exactly its
+/// sampled rows, or a carried token inside a chunk.
 pub(super) fn expand(batch: &StepBatch, block_size: usize) -> Option<StepBatch> {
     if batch.drafts.iter().all(|&k| k == 0) {
         return None;
     }
     let s = batch.num_seqs();
     let len = |q: usize| (batch.cu_seqlens[q + 1] - batch.cu_seqlens[q]) as usize;
-    if (0..s).any(|q| len(q) != 1 + batch.drafts_of(q)) {
+    if (0..s).any(|q| batch.drafts_of(q) > 0 && len(q) != 1 + batch.drafts_of(q)) {
         return None;
     }
     let mut sb = StepBuilder::new(block_size);
@@ -40,16 +46,25 @@ pub(super) fn expand(batch: &StepBatch, block_size: usize) -> Option<StepBatch> 
     for q in 0..s {
         let first = batch.cu_seqlens[q] as usize;
         let table = batch.block_table(q);
-        for i in first..first + len(q) {
+        // a drafted segment row by row, any other segment whole
+        let runs: Vec<(usize, usize)> = match batch.drafts_of(q) {
+            0 => vec![(first, first + len(q))],
+            _ => (first..first + len(q)).map(|i| (i, i + 1)).collect(),
+        };
+        for (a, b) in runs {
             let req = match batch.drafts_of(q) {
                 0 => batch.samples[q].clone(),
-                _ => batch.row_request(q, i),
+                _ => batch.row_request(q, a),
             };
-            let pos = batch.positions[i] as usize;
-            sb.push(&batch.tokens[i..=i], pos, table, req).ok()?;
-            if let Some(&&c) = carried.peek()
-                && c.token as usize == i
+            let pos = batch.positions[a] as usize;
+            sb.push(&batch.tokens[a..b], pos, table, req).ok()?;
+            while let Some(&&c) = carried.peek()
+                && (c.token as usize) < b
             {
+                // only a run's last token can be carried
+                if c.token as usize != b - 1 {
+                    return None;
+                }
                 sb.carry_last(c.from);
                 carried.next();
             }
@@ -125,6 +140,54 @@ mod tests {
         sb.set_drafts(2);
         sb.finish();
         sb.take()
+    }
+
+    /// A prefill chunk beside a drafted sequence with a penalty history:
+    /// the chunk stays whole, the drafted rows become one-token sequences,
+    /// each with the history of the drafts before it.
+    #[test]
+    fn a_step_with_a_prefill_chunk_expands_its_drafted_rows_only() {
+        use contract::history::PenaltyHistory;
+        use std::sync::Arc;
+        let mut sb = StepBuilder::new(4);
+        sb.push(&[40, 41, 42, 43, 44], 0, &[1, 2], req(0)).unwrap();
+        let mut r = req(10);
+        if let Some(r) = r.as_mut() {
+            r.history = Some(Arc::new(PenaltyHistory::from_tokens(&[50])));
+        }
+        sb.push(&[1, 2, 3], 5, &[6, 8], r).unwrap();
+        sb.set_drafts(2);
+        sb.finish();
+        let b = sb.take();
+        assert!(
+            check_unexpanded(&b).is_err(),
+            "the eager form shares the history"
+        );
+        let e = expand(&b, 4).expect("expanded");
+        assert!(!e.is_pure_decode());
+        assert_eq!(e.num_seqs(), 4);
+        assert_eq!(e.cu_seqlens, vec![0, 5, 6, 7, 8]);
+        assert_eq!(e.tokens, b.tokens);
+        assert_eq!(e.positions, b.positions);
+        assert_eq!(e.slot_mapping, b.slot_mapping);
+        assert!(e.drafts.iter().all(|&k| k == 0));
+        let steps: Vec<u64> = e.samples.iter().map(|r| r.as_ref().unwrap().step).collect();
+        assert_eq!(steps, vec![0, 10, 11, 12]);
+        let hist: Vec<bool> = e
+            .samples
+            .iter()
+            .map(|r| r.as_ref().unwrap().history.is_some())
+            .collect();
+        assert_eq!(hist, vec![false, true, true, true]);
+        let kv = contract::backend::KvShape {
+            num_blocks: 16,
+            block_size: 4,
+        };
+        e.check(kv, 100, 64).unwrap();
+        // fold: the chunk's row, then the drafted sequence owning 2 more
+        let rows: Vec<Option<OutRow>> = (0..4).map(|i| Some((i, 1, 0))).collect();
+        let f = fold(&b, &rows);
+        assert_eq!(f, vec![Some((0, 1, 0)), Some((1, 1, 2))]);
     }
 
     #[test]
@@ -227,11 +290,10 @@ mod tests {
     }
 
     #[test]
-    fn steps_with_other_segments_or_no_drafts_are_left_alone() {
+    fn steps_without_drafts_are_left_alone() {
         let mut sb = StepBuilder::new(4);
         sb.push(&[1, 2, 3, 4], 0, &[1, 2], req(0)).unwrap();
-        sb.push(&[1, 2, 3], 5, &[6, 8], req(10)).unwrap();
-        sb.set_drafts(2);
+        sb.push(&[1], 5, &[6, 8], req(10)).unwrap();
         sb.finish();
         assert!(expand(sb.batch(), 4).is_none());
         sb.begin();
