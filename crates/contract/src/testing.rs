@@ -1,5 +1,6 @@
 //! Batches for testing [`StepBatch::check`] and the backends that run it
-//! (feature `testing`; compiled into this crate's own tests).
+//! (feature `testing`; compiled into this crate's own tests), and random
+//! LoRA adapters ([`random_adapter`]).
 //!
 //! Contract: [`well_formed`] builds a batch that passes `check`;
 //! [`malform`] breaks exactly one field of a well-formed batch so that it must
@@ -269,4 +270,47 @@ pub fn malformed_batches(
         ));
     }
     out
+}
+
+/// A LoRA adapter of rank `r` on `targets` for a model of `c`, every value
+/// of A and B drawn from `[-amp, amp]` by `seed`, scaled by `scale`.
+pub fn random_adapter(
+    c: &crate::LlamaConfig,
+    r: usize,
+    targets: &[crate::lora::LoraTarget],
+    seed: u64,
+    amp: f32,
+    scale: f32,
+) -> crate::lora::LoraAdapter {
+    use crate::lora::{LoraAdapter, LoraLayer, LoraPair};
+    let mut n = 0u64;
+    let mut vals = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                n += 1;
+                let u = (crate::sampling::splitmix64(n ^ seed.wrapping_mul(0x5851_F42D)) >> 40)
+                    as f32
+                    / (1u32 << 24) as f32;
+                amp * (2.0 * u - 1.0)
+            })
+            .collect()
+    };
+    let layers = (0..c.num_layers)
+        .map(|_| {
+            let mut l = LoraLayer::default();
+            for &t in targets {
+                let (i, o) = t.dims(c);
+                l.pairs[t.index()] = Some(LoraPair {
+                    a: vals(r * i),
+                    b: vals(o * r),
+                });
+            }
+            l
+        })
+        .collect();
+    LoraAdapter {
+        rank: r,
+        scale,
+        layers,
+    }
 }

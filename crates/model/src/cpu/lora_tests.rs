@@ -9,40 +9,11 @@ use super::batch::{build_step, contiguous_blocks};
 use super::tests::{BS, LONG_PROMPT, PROMPT, backend_on, chunk, config, rel_err, weights};
 use super::*;
 use contract::Backend;
-use contract::lora::{LoraAdapter, LoraLayer, LoraPair, LoraTarget};
-use contract::sampling::splitmix64;
+use contract::lora::{LoraAdapter, LoraTarget};
 
-/// A random adapter of rank `r` on `targets`, values in `[-amp, amp]`.
+/// A random adapter of rank `r` on `targets`.
 fn adapter(c: &LlamaConfig, r: usize, targets: &[LoraTarget], seed: u64) -> LoraAdapter {
-    let mut n = 0u64;
-    let mut vals = |len: usize| -> Vec<f32> {
-        (0..len)
-            .map(|_| {
-                n += 1;
-                let u = (splitmix64(n ^ seed.wrapping_mul(0x5851_F42D)) >> 40) as f32
-                    / (1u32 << 24) as f32;
-                0.3 * (2.0 * u - 1.0)
-            })
-            .collect()
-    };
-    let layers = (0..c.num_layers)
-        .map(|_| {
-            let mut l = LoraLayer::default();
-            for &t in targets {
-                let (i, o) = t.dims(c);
-                l.pairs[t.index()] = Some(LoraPair {
-                    a: vals(r * i),
-                    b: vals(o * r),
-                });
-            }
-            l
-        })
-        .collect();
-    LoraAdapter {
-        rank: r,
-        scale: 0.7,
-        layers,
-    }
+    contract::testing::random_adapter(c, r, targets, seed, 0.3, 0.7)
 }
 
 /// Four adapters of different ranks and target sets.
