@@ -16,7 +16,8 @@ pub struct SpecArgs {
     /// earlier occurrence of the last tokens), `suffix` (the most frequent
     /// continuation over this and recent requests' tokens), `draft:MODEL`
     /// (a smaller model with the target's tokenizer, a store name or a
-    /// directory, decoding greedily ahead; CPU only for now). Off by default.
+    /// directory, decoding greedily ahead; on CUDA beside the target on its
+    /// GPU). Off by default.
     #[arg(long, env = "LAMINA_SPECULATIVE")]
     pub speculative: Option<String>,
     /// Most tokens drafted per sequence and step with --speculative (each
