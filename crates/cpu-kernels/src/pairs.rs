@@ -209,6 +209,10 @@ pub fn matmul_pairs(x: &[f32], w: &PairPanels, y: &mut [f32]) {
     }
 }
 
+/// `k` pairs (128 bytes of panel each) [`f32_micro`] prefetches ahead of
+/// the one it multiplies: decode reads the panels from L3 or memory.
+const PAIRS_AHEAD: usize = 32;
+
 dispatch!(f32_dispatch, f32_micro, (x: *const f32, inp: usize, panel: *const u32, y: *mut f32, ys: usize, nv: usize));
 
 /// `y[m][j] = sum_k x[m][k] * w[j][k]` for `m < M`, `j < nv`: per `k` pair
@@ -239,6 +243,11 @@ unsafe fn f32_micro<const M: usize>(
         // SAFETY: pair k < inp / 2: x values 2k and 2k + 1 of every row and
         // panel row k are in bounds (the contract).
         unsafe {
+            // the pair PAIRS_AHEAD on (a hint: never faults; the stream runs
+            // on into the next panel)
+            let ahead = panel.wrapping_add((k + PAIRS_AHEAD) * NR);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16) as *const i8);
             let w0 = _mm512_loadu_si512(panel.add(k * NR).cast());
             let w1 = _mm512_loadu_si512(panel.add(k * NR + 16).cast());
             let (e0, o0) = (
