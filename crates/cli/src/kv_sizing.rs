@@ -185,7 +185,7 @@ pub(crate) fn kv_pool(
 /// A second model an engine runs on its device beside the target (the
 /// draft model), its KV pool as many blocks as the target's: its bytes are
 /// taken from the target's share before the pool is sized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Companion {
     /// Its weights on the device (BF16: two bytes a parameter).
     pub weights: usize,
@@ -252,11 +252,7 @@ pub(crate) fn gpu_kv_bytes(
         .iter()
         .map(|t| t.numel() * 2)
         .sum::<usize>();
-    let c = companion.copied().unwrap_or(Companion {
-        weights: 0,
-        reserve: 0,
-        per_block: 0,
-    });
+    let c = companion.copied().unwrap_or_default();
     // the LoRA slot pool is allocated at start, fixed in size
     let lora = model::cuda::lora_pool_bytes(cfg, args.lora.slots(), args.lora.max_lora_rank);
     let needs = EngineNeeds {

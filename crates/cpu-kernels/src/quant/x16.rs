@@ -27,7 +27,7 @@
 //! the hardware prefetchers alone left a quarter of the speed); the repack
 //! is one pass at load, no extra memory once the source is dropped.
 
-use super::{ActsRow, QK, QuantActs, QuantType};
+use super::{ActsRow, PARALLEL_MIN_WORK, QK, QuantActs, QuantType};
 use crate::OutPtr;
 use crate::pairs::NR;
 use rayon::prelude::*;
@@ -41,8 +41,6 @@ const PERM: [usize; 4] = [0, 2, 1, 3];
 const AHEAD: usize = 8;
 /// Tokens one pass over a panel serves (each chunk unpacked once for all).
 const TOKENS: usize = 4;
-/// Below this many multiply-adds a product runs on the calling thread.
-const PARALLEL_MIN_WORK: usize = 1 << 16;
 
 /// A quantised matrix in panels of [`ROWS`] rows (see the module doc).
 pub struct Panels16 {
