@@ -64,9 +64,10 @@ pub(super) struct DecodeScratch {
 }
 
 thread_local! {
-    /// Each thread's scores `[group, KV_SPLIT]` and widening scratch.
-    static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// Each thread's scores `[group, KV_SPLIT]`, widening scratch and
+    /// a chunk's row offsets in the pool.
+    static BUFS: std::cell::RefCell<(Vec<f32>, Vec<f32>, Vec<usize>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Attention of the step's tokens `t` with `decode(t)` (queries the first
@@ -119,15 +120,23 @@ pub(super) fn decode_attention(
         let ctx = batch.positions[t] as usize + 1;
         let (j0, j1) = (c * KV_SPLIT, ((c + 1) * KV_SPLIT).min(ctx));
         let n = j1 - j0;
-        let koff = g * hd;
-        let at = |j: usize| (table[j / bs] as usize * bs + j % bs) * pool.kv_dim + koff;
         let qs = &qkv[t * qkv_w + g * group * hd..][..group * hd];
-        BUFS.with_borrow_mut(|(scores, wide)| {
+        BUFS.with_borrow_mut(|(scores, wide, offs)| {
             if scores.len() < group * n {
                 scores.resize(group * n, 0.0);
             }
             let scores = &mut scores[..group * n];
-            let key = |j: usize| row_of(pool.k, at(j0 + j), hd);
+            // each position's row offset, a block at a time (one table
+            // lookup and no division per key)
+            offs.clear();
+            for b in j0 / bs..j1.div_ceil(bs) {
+                let base = table[b] as usize * bs;
+                let (a, z) = ((b * bs).max(j0), ((b + 1) * bs).min(j1));
+                let first = (base + a - b * bs) * pool.kv_dim + g * hd;
+                offs.extend((0..z - a).map(|i| first + i * pool.kv_dim));
+            }
+            let at = |j: usize| offs[j];
+            let key = |j: usize| row_of(pool.k, at(j), hd);
             dot_keys_rows(isa, qs, group, key, n, scores, wide);
             let (o, ml) = part.split_at_mut(group * hd);
             for (h, row) in scores.chunks_exact_mut(n).enumerate() {
@@ -139,7 +148,7 @@ pub(super) fn decode_attention(
                 ml[group + h] = exp_scaled_sum(isa, row, 1.0, m);
             }
             o.fill(0.0);
-            let value = |j: usize| row_of(pool.v, at(j0 + j), hd);
+            let value = |j: usize| row_of(pool.v, at(j), hd);
             pv_rows(isa, scores, group, value, n, o, wide);
         });
     };
