@@ -425,6 +425,11 @@ impl Backend for CudaBackend {
         true
     }
 
+    /// Likewise each with its own grammar mask (`StepBatch::row_request`).
+    fn verifies_masks(&self) -> bool {
+        true
+    }
+
     fn max_loras(&self) -> usize {
         self.lora.slots()
     }

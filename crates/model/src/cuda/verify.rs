@@ -14,11 +14,12 @@
 //! whole: a mixed step, run eagerly, each verify row still with its own
 //! history. Steps [`expand`] cannot take (a drafted segment that is not
 //! exactly its sampled rows) run as they are, one history and one mask per
-//! sequence ([`check_unexpanded`]). The
+//! sequence ([`check_unexpanded`]: refused when a drafted sequence has a
+//! penalty history or a grammar mask, which its rows would share). The
 //! expansion gives each row its own grammar mask too
-//! (`StepBatch::row_request`), but the eager path cannot, so the backend
-//! does not claim `Backend::verifies_masks` and the engine drafts nothing
-//! for a constrained sequence on CUDA.
+//! (`StepBatch::row_request`), so the backend claims
+//! `Backend::verifies_masks`: the engine's drafted segments are exactly
+//! their sampled rows, and its prefill chunks carry no token.
 //!
 //! Costs: O(T + S x max_blocks) host work for a step that drafted.
 

@@ -152,3 +152,180 @@ fn verify_rows_sample_what_plain_decoding_samples(kv_cache_dtype: KvCacheDtype) 
         }
     }
 }
+
+/// The sample request of step `step` of a penalised request: its history
+/// holds the prompt and the tokens generated before this step.
+fn penalised(
+    p: &SamplingParams,
+    step: u64,
+    prompt: &[u32],
+    generated: &[u32],
+) -> Option<SampleRequest> {
+    let mut h = contract::history::PenaltyHistory::from_tokens(prompt);
+    for &t in generated {
+        h.push_generated(t);
+    }
+    Some(SampleRequest {
+        params: p.clone(),
+        step,
+        history: Some(std::sync::Arc::new(h)),
+        allowed: None,
+    })
+}
+
+/// A drafted sequence with penalties beside another sequence's prefill
+/// chunk (a mixed step: the drafted rows run as one-token sequences, each
+/// with its own history): its rows sample what plain penalised decoding
+/// samples, and the chunk's sample is the one it gets alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_penalised_drafts_beside_a_prefill_chunk_sample_what_plain_decoding_samples() {
+    let (cfg, w) = load(&synth_dir(Preset::Smollm2_135m));
+    let vocab = cfg.vocab_size;
+    let kv = KvShape {
+        num_blocks: 256,
+        block_size: BS,
+    };
+    let mut gpu = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
+    let mut pool = Pool::new(kv.num_blocks);
+    let p = SamplingParams {
+        logprobs: 3,
+        repetition_penalty: 1.3,
+        frequency_penalty: 0.5,
+        ..SamplingParams::greedy()
+    };
+    let prompt = tokens(3100, 29, vocab);
+    let chunk = tokens(3200, 40, vocab);
+    // plain penalised decoding, and the chunk's first sample alone
+    let (blocks, mut sb) = (pool.take(64), StepBuilder::new(BS));
+    let (mut run, mut start, mut want) = (prompt.clone(), 0, Vec::<SampledToken>::new());
+    for step in 0..6 {
+        let done: Vec<u32> = want.iter().map(|s| s.token).collect();
+        sb.begin();
+        sb.push(&run, start, &blocks, penalised(&p, step, &prompt, &done))
+            .unwrap();
+        let s = gen_one(&mut gpu, &mut sb);
+        start += run.len();
+        run = vec![s.token];
+        want.push(s);
+    }
+    let chunk_blocks = pool.take(8);
+    sb.begin();
+    sb.push(&chunk, 0, &chunk_blocks, penalised(&p, 0, &chunk, &[]))
+        .unwrap();
+    let chunk_alone = gen_one(&mut gpu, &mut sb);
+    // the same request drafted beside the chunk (on fresh blocks)
+    let blocks = pool.take(64);
+    sb.begin();
+    sb.push(&prompt, 0, &blocks, penalised(&p, 0, &prompt, &[]))
+        .unwrap();
+    let first = gen_one(&mut gpu, &mut sb);
+    assert_eq!(first.token, want[0].token);
+    let drafts: Vec<u32> = want[1..5].iter().map(|s| s.token).collect();
+    let run: Vec<u32> = std::iter::once(first.token)
+        .chain(drafts.iter().copied())
+        .collect();
+    sb.begin();
+    sb.push(&chunk, 0, &pool.take(8), penalised(&p, 0, &chunk, &[]))
+        .unwrap();
+    sb.push(
+        &run,
+        prompt.len(),
+        &blocks,
+        penalised(&p, 1, &prompt, &[first.token]),
+    )
+    .unwrap();
+    sb.set_drafts(drafts.len());
+    let out = gpu.step(sb.finish()).unwrap();
+    let c = out[0].clone().unwrap();
+    agrees(&chunk_alone, &c, "the chunk", false);
+    let s = out[1].clone().unwrap();
+    assert_eq!(s.draft_rows.len(), drafts.len());
+    let mut got = vec![s.clone()];
+    got[0].draft_rows.clear();
+    got.extend(s.draft_rows);
+    for (j, (a, b)) in want[1..].iter().zip(&got).enumerate() {
+        agrees(a, b, &format!("row {j}"), false);
+    }
+}
+
+fn gen_one(b: &mut CudaBackend, sb: &mut StepBuilder) -> SampledToken {
+    b.step(sb.finish()).unwrap()[0].clone().unwrap()
+}
+
+/// Every other token of the vocabulary, by a hash of `seed`.
+fn half_mask(vocab: usize, seed: u64) -> std::sync::Arc<contract::TokenMask> {
+    let ids: Vec<u32> = (0..vocab as u32)
+        .filter(|&i| (u64::from(i) ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 0)
+        .collect();
+    std::sync::Arc::new(contract::TokenMask::from_ids(vocab, &ids))
+}
+
+/// Constrained speculation: a drafted sequence's verify rows, each masked
+/// by its own grammar state (`StepBatch::draft_masks`), beside an
+/// unconstrained sequence, sample what plain masked decoding samples, and
+/// only tokens their masks allow.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_masked_verify_rows_sample_what_plain_masked_decoding_samples() {
+    let (cfg, w) = load(&synth_dir(Preset::Smollm2_135m));
+    let vocab = cfg.vocab_size;
+    let kv = KvShape {
+        num_blocks: 256,
+        block_size: BS,
+    };
+    let mut gpu = CudaBackend::new(cfg, &w, kv, 0, CudaOptions::default()).unwrap();
+    assert!(contract::Backend::verifies_masks(&gpu));
+    let mut pool = Pool::new(kv.num_blocks);
+    let p = SamplingParams {
+        logprobs: 3,
+        ..SamplingParams::greedy()
+    };
+    let masks: Vec<_> = (0..6).map(|i| half_mask(vocab, 77 + i)).collect();
+    let masked = |step: usize| {
+        let mut r = req(&p, step as u64);
+        if let Some(r) = r.as_mut() {
+            r.allowed = Some(masks[step].clone());
+        }
+        r
+    };
+    let prompt = tokens(3300, 31, vocab);
+    let (blocks, mut sb) = (pool.take(64), StepBuilder::new(BS));
+    let (mut run, mut start, mut want) = (prompt.clone(), 0, Vec::<SampledToken>::new());
+    for step in 0..6 {
+        sb.begin();
+        sb.push(&run, start, &blocks, masked(step)).unwrap();
+        let s = gen_one(&mut gpu, &mut sb);
+        assert!(masks[step].allows(s.token), "plain step {step}");
+        start += run.len();
+        run = vec![s.token];
+        want.push(s);
+    }
+    let blocks = pool.take(64);
+    sb.begin();
+    sb.push(&prompt, 0, &blocks, masked(0)).unwrap();
+    let first = gen_one(&mut gpu, &mut sb);
+    assert_eq!(first.token, want[0].token);
+    let drafts: Vec<u32> = want[1..5].iter().map(|s| s.token).collect();
+    let run: Vec<u32> = std::iter::once(first.token)
+        .chain(drafts.iter().copied())
+        .collect();
+    sb.begin();
+    sb.push(&[5], 0, &pool.take(1), req(&p, 0)).unwrap();
+    sb.push(&run, prompt.len(), &blocks, masked(1)).unwrap();
+    sb.set_drafts(drafts.len());
+    sb.set_draft_masks(masks[2..6].to_vec());
+    let out = gpu.step(sb.finish()).unwrap();
+    let s = out[1].clone().unwrap();
+    assert_eq!(s.draft_rows.len(), drafts.len());
+    let mut got = vec![s.clone()];
+    got[0].draft_rows.clear();
+    got.extend(s.draft_rows);
+    for (j, (a, b)) in want[1..].iter().zip(&got).enumerate() {
+        assert!(
+            masks[1 + j].allows(b.token),
+            "verify row {j}: a token its mask forbids"
+        );
+        agrees(a, b, &format!("row {j}"), false);
+    }
+}
