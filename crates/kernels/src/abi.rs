@@ -179,7 +179,7 @@ kernel_args! {
 
     /// Arguments of `lora_expand_bf16` / `lora_expand_f32` (cu/lora.cu).
     #[derive(Default)]
-    pub struct LoraExpandArgs for "lora_expand_bf16, lora_expand_f32", size 64 {
+    pub struct LoraExpandArgs for "lora_expand_bf16, lora_expand_f32", size 72 {
         /// [T, hw] f32, the shrink's output (`hw` = segments x rank)
         h: u64 as "const float*" @ 0,
         /// [slots, n, rank] bf16, one layer's stacked B of every slot
@@ -198,35 +198,29 @@ kernel_args! {
         seg1: u32 as "uint32_t" @ 56,
         /// first output column of segment 2 (`n`: none)
         seg2: u32 as "uint32_t" @ 60,
+        tokens: u32 as "uint32_t" @ 64,
+        _pad: [u32; 1] as "uint32_t[1]" @ 68,
     }
 
-    /// Arguments of `lora_fused` (cu/lora.cu).
+    /// Arguments of `lora_shrink_in` (cu/lora.cu).
     #[derive(Default)]
-    pub struct LoraFusedArgs for "lora_fused", size 96 {
+    pub struct LoraShrinkInArgs for "lora_shrink_in", size 64 {
         /// [T, k] bf16, or the f32 residual when `norm_w` is set
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 RMSNorm weight applied to `x` first, or 0
         norm_w: u64 as "const bf16*" @ 8,
         /// [slots, hw, k] bf16, one layer's stacked A of every slot
         a: u64 as "const bf16*" @ 16,
-        /// [slots, n, rank] bf16, one layer's stacked B of every slot
-        b: u64 as "const bf16*" @ 24,
-        /// `[slots]` f32, each slot's scale
-        scales: u64 as "const float*" @ 32,
         /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
-        slot_of: u64 as "const uint32_t*" @ 40,
-        /// [T, n] bf16, or f32 when `y_f32`, added to in place on adapter rows
-        y: u64 as "void*" @ 48,
-        eps: f32 as "float" @ 56,
-        k: u32 as "uint32_t" @ 60,
-        n: u32 as "uint32_t" @ 64,
-        rank: u32 as "uint32_t" @ 68,
-        hw: u32 as "uint32_t" @ 72,
-        slots: u32 as "uint32_t" @ 76,
-        seg1: u32 as "uint32_t" @ 80,
-        seg2: u32 as "uint32_t" @ 84,
-        y_f32: u32 as "uint32_t" @ 88,
-        tokens: u32 as "uint32_t" @ 92,
+        slot_of: u64 as "const uint32_t*" @ 24,
+        /// [T, hw] f32, written on adapter rows only
+        h: u64 as "float*" @ 32,
+        eps: f32 as "float" @ 40,
+        k: u32 as "uint32_t" @ 44,
+        hw: u32 as "uint32_t" @ 48,
+        slots: u32 as "uint32_t" @ 52,
+        tokens: u32 as "uint32_t" @ 56,
+        _pad: [u32; 1] as "uint32_t[1]" @ 60,
     }
 
     /// Arguments of `rope_kv_write` (cu/rope_kv.cu).
@@ -363,7 +357,7 @@ kernel_args! {
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*", size 136 {
+    pub struct GemvArgs for "gemv_*, gemv8_*", size 192 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
@@ -405,6 +399,23 @@ kernel_args! {
         k_scale: f32 as "float" @ 128,
         /// FP8 V scale (norm_rope, kv_fp8 only)
         v_scale: f32 as "float" @ 132,
+        /// [m, lora_hw] f32, `lora_shrink_in`'s output: each row's LoRA
+        /// `A x`, or 0 for no LoRA delta in the epilogue
+        lora_h: u64 as "const float*" @ 136,
+        /// [lora_slots, weight rows, lora_rank] bf16, one layer's stacked B
+        lora_b: u64 as "const bf16*" @ 144,
+        /// `[lora_slots]` f32, each slot's scale
+        lora_scales: u64 as "const float*" @ 152,
+        /// `[m]` each row's slot: 0 the base model, `s` slot `s - 1`
+        lora_slot_of: u64 as "const uint32_t*" @ 160,
+        lora_rank: u32 as "uint32_t" @ 168,
+        lora_hw: u32 as "uint32_t" @ 172,
+        /// first weight row of B's segment 1 (weight rows: none)
+        lora_seg1: u32 as "uint32_t" @ 176,
+        /// first weight row of B's segment 2 (weight rows: none)
+        lora_seg2: u32 as "uint32_t" @ 180,
+        lora_slots: u32 as "uint32_t" @ 184,
+        _pad: [u32; 1] as "uint32_t[1]" @ 188,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

@@ -41,19 +41,16 @@ launch_consts! {
     /// Grid-size cap of the grid-stride `silu_mul`.
     pub const SILU_MAX_BLOCKS: usize = 65_535;
 
-    /// Warps per block of `lora_shrink` (one output column of `h` each).
+    /// Warps per block of `lora_shrink` / `lora_shrink_in` (one output
+    /// column of `h` each).
     pub const LORA_SHRINK_WARPS: usize = 8;
+
+    /// Rows of a tile of `lora_shrink` and `lora_expand_*` (at most 32: a
+    /// warp holds one row's slot per lane).
+    pub const LORA_TILE_ROWS: usize = 16;
 
     /// Threads per block of `lora_expand_*` (one output column each).
     pub const LORA_EXPAND_THREADS: usize = 128;
-
-    /// Threads per block of `lora_fused` (one output column each; its
-    /// warps share the row's shrink).
-    pub const LORA_FUSED_THREADS: usize = 256;
-
-    /// Most columns of `h` (segments x rank) `lora_fused` holds in shared
-    /// memory; wider pools run `lora_shrink` + `lora_expand`.
-    pub const LORA_FUSED_MAX_H: usize = 1024;
 
     /// The LoRA kernels' rank granularity: a slot's rank is padded with
     /// zeros to a multiple of this (one 16-byte load of B per step).

@@ -15,6 +15,7 @@ use half::bf16;
 
 use crate::abi::GemvArgs;
 use crate::kv::KvCaches;
+use crate::lora::LoraShape;
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
 /// Most token rows one launch handles (larger steps use cuBLAS).
@@ -148,6 +149,59 @@ pub struct RopeKv<'a> {
     pub max_pos: usize,
 }
 
+/// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
+/// doc): `h` from [`Kernels::lora_shrink_in`] over the same rows, one
+/// layer's stacked B of every slot for this projection's weight rows
+/// (`shape.n` = the weight rows: `2n` for [`GemvOp::NormSilu`], with its
+/// segments' first rows), and each row's slot.
+#[derive(Debug, Clone, Copy)]
+pub struct GemvLora<'a> {
+    pub h: DevSlice<'a, f32>,       // [m, segs * rank]
+    pub b: DevSlice<'a, bf16>,      // [slots, rows, rank]
+    pub scales: DevSlice<'a, f32>,  // [slots]
+    pub slot_of: DevSlice<'a, u32>, // [m]
+    pub shape: LoraShape,
+}
+
+impl GemvLora<'_> {
+    /// Checks the operands for `m` rows of a projection with `rows` weight
+    /// rows and fills the LoRA fields of `args`.
+    fn fill(
+        &self,
+        kernel: &'static str,
+        m: usize,
+        rows: usize,
+        args: &mut GemvArgs,
+    ) -> Result<(), KernelError> {
+        let sh = &self.shape;
+        sh.check(kernel)?;
+        if sh.n != rows || sh.tokens < m {
+            return Err(KernelError::Shape {
+                kernel,
+                reason: format!(
+                    "LoRA over {} rows of {} tokens for a projection of {rows} rows and {m} tokens",
+                    sh.n, sh.tokens
+                ),
+            });
+        }
+        need(kernel, "lora h", &self.h, m * sh.hw())?;
+        need(kernel, "lora b", &self.b, sh.slots * rows * sh.rank)?;
+        need(kernel, "lora scales", &self.scales, sh.slots)?;
+        need(kernel, "lora slot_of", &self.slot_of, m)?;
+        aligned(kernel, "lora b", self.b.ptr())?;
+        args.lora_h = self.h.ptr();
+        args.lora_b = self.b.ptr();
+        args.lora_scales = self.scales.ptr();
+        args.lora_slot_of = self.slot_of.ptr();
+        args.lora_rank = u32_of(kernel, "rank", sh.rank)?;
+        args.lora_hw = u32_of(kernel, "segs * rank", sh.hw())?;
+        args.lora_seg1 = u32_of(kernel, "segment 1", sh.seg_starts[0])?;
+        args.lora_seg2 = u32_of(kernel, "segment 2", sh.seg_starts[1])?;
+        args.lora_slots = u32_of(kernel, "slots", sh.slots)?;
+        Ok(())
+    }
+}
+
 /// What a GEMV reads and writes (shapes for `m` rows, `n` outputs, `k` inputs).
 #[derive(Debug, Clone, Copy)]
 pub enum GemvOp<'a> {
@@ -216,6 +270,20 @@ impl Kernels {
         n: usize,
         k: usize,
     ) -> Result<(), KernelError> {
+        self.gemv_with(op, w, m, n, k, None)
+    }
+
+    /// [`Kernels::gemv`] with the LoRA deltas of `lora` added in the
+    /// epilogue (not for [`GemvOp::F32`]).
+    pub fn gemv_with<'w>(
+        &self,
+        op: GemvOp<'_>,
+        w: impl Into<GemvWeights<'w>>, // [n, k] or [2n, k]
+        m: usize,
+        n: usize,
+        k: usize,
+        lora: Option<&GemvLora<'_>>,
+    ) -> Result<(), KernelError> {
         const K: &str = "gemv";
         if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !k.is_multiple_of(8) {
             return Err(KernelError::Unsupported {
@@ -277,7 +345,7 @@ impl Kernels {
         let func = &table[op.variant()][tile];
         let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
         let (cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
-        let args = GemvArgs {
+        let mut args = GemvArgs {
             x,
             norm_w,
             w,
@@ -290,6 +358,15 @@ impl Kernels {
             ksplit,
             ..GemvArgs::default()
         };
+        if let Some(l) = lora {
+            if matches!(op, GemvOp::F32 { .. }) {
+                return Err(KernelError::Unsupported {
+                    kernel: K,
+                    reason: "a LoRA delta on the f32 (LM head) variant".into(),
+                });
+            }
+            l.fill(K, m, if silu { 2 * n } else { n }, &mut args)?;
+        }
         // SAFETY: every operand was checked for its shape and 16-byte
         // alignment above; GemvArgs mirrors the kernel's struct (asserted on
         // both sides); the kernel touches only rows < m, outputs < n, inputs < k.
@@ -297,7 +374,7 @@ impl Kernels {
         Ok(())
     }
 
-    /// `qkv = RMSNorm(residual) · Wᵀ` for `m` token rows, then RoPE and the
+    /// `qkv = RMSNorm(residual) · Wᵀ` (plus `lora`'s deltas) for `m` token rows, then RoPE and the
     /// KV write of `rope_kv_write` in the epilogue: q rotated in `qkv`, k
     /// rotated into `k_cache[slots[t]]`, v into `v_cache[slots[t]]`
     /// (`qkv`'s k and v keep the un-rotated projection).
@@ -314,6 +391,7 @@ impl Kernels {
         w: impl Into<GemvWeights<'w>>, // [qkv_width, hidden]
         qkv: DevSlice<'_, bf16>,       // [m, qkv_width]
         rope: RopeKv<'_>,
+        lora: Option<&GemvLora<'_>>,
         m: usize,
         hidden: usize,
     ) -> Result<(), KernelError> {
@@ -354,7 +432,7 @@ impl Kernels {
         let func = &table[ROPE_VARIANT][tile];
         let (k_cache, v_cache) = rope.kv.ptrs();
         let (k_scale, v_scale) = rope.kv.scales();
-        let args = GemvArgs {
+        let mut args = GemvArgs {
             x: residual.ptr(),
             norm_w: norm_w.ptr(),
             w,
@@ -378,7 +456,11 @@ impl Kernels {
             kv_fp8: rope.kv.flag(),
             k_scale,
             v_scale,
+            ..GemvArgs::default()
         };
+        if let Some(l) = lora {
+            l.fill(K, m, n, &mut args)?;
+        }
         // SAFETY: dense operands checked for shape and alignment above; cache
         // slots in range by contract; GemvArgs mirrors the kernel's struct.
         unsafe { self.launch_pdl(func, cfg, &args)? };

@@ -165,7 +165,7 @@ pub struct Kernels {
     pub(crate) lora_shrink: Function,
     pub(crate) lora_expand_bf16: Function,
     pub(crate) lora_expand_f32: Function,
-    pub(crate) lora_fused: Function,
+    pub(crate) lora_shrink_in: Function,
     pub(crate) fp8_dequant_rows: Function,
     pub(crate) fp8_quant_rows: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
@@ -234,7 +234,7 @@ impl Kernels {
             lora_shrink: f("lora_shrink")?,
             lora_expand_bf16: f("lora_expand_bf16")?,
             lora_expand_f32: f("lora_expand_f32")?,
-            lora_fused: f("lora_fused")?,
+            lora_shrink_in: f("lora_shrink_in")?,
             fp8_dequant_rows: f("fp8_dequant_rows")?,
             fp8_quant_rows: f("fp8_quant_rows")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,

@@ -14,24 +14,28 @@
 //! aligned. The kernels ignore a slot past `slots`, so no table value can
 //! index outside the pool.
 //!
-//! [`Kernels::lora_fused`] runs both in one launch for the few rows of a
-//! GEMV step (every block recomputes its row's `h`, at most
-//! [`LORA_FUSED_MAX_H`] values), reading bf16 rows or the f32 residual
-//! stream through an RMSNorm weight ([`LoraIn`]).
+//! [`Kernels::lora_shrink_in`] is the shrink of a GEMV step (a few rows),
+//! reading bf16 rows or the f32 residual stream through an RMSNorm weight
+//! ([`LoraIn`]); its expand runs in the GEMV's epilogue
+//! ([`crate::gemv::GemvLora`]), so the fused GEMV epilogues (RoPE + KV
+//! write, SiLU·up, the residual add) stay whole.
 //!
-//! Costs: shrink `T x ceil(segs * rank / 8)` blocks of 8 warps, each warp
-//! one dot of length `k`; expand `T x ceil(n / 128)` blocks, each thread one
-//! dot of length `rank`; fused `T x ceil(n / 256)` blocks, each the whole
-//! shrink of its row (`segs * rank * k` multiply-adds) and 256 columns.
-//! Rows of the base model exit at once.
+//! Costs: shrink `ceil(T / 16) x ceil(segs * rank / 8)` blocks of 8 warps,
+//! each warp a dot of length `k` per row of its tile of 16, reading its A
+//! row once when the tile's adapter rows share a slot; expand `ceil(T / 16)
+//! x ceil(n / 128)` blocks, each thread a dot of length `rank` per row,
+//! reading its B row once likewise; `lora_shrink_in` `T x ceil(segs * rank
+//! / 8)` blocks, each warp one dot (its A row requested before the PDL
+//! wait). Rows of the base model read and write nothing.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
-use crate::abi::{LoraExpandArgs, LoraFusedArgs, LoraShrinkArgs};
-use crate::consts::{
-    LORA_EXPAND_THREADS, LORA_FUSED_MAX_H, LORA_FUSED_THREADS, LORA_RANK_STEP, LORA_SHRINK_WARPS,
-};
+use crate::abi::{LoraExpandArgs, LoraShrinkArgs, LoraShrinkInArgs};
+use crate::consts::{LORA_EXPAND_THREADS, LORA_RANK_STEP, LORA_SHRINK_WARPS, LORA_TILE_ROWS};
+
+// a warp holds one slot of a tile's rows per lane
+const _: () = assert!(LORA_TILE_ROWS <= 32);
 use crate::{KernelError, Kernels, need, u32_of};
 
 /// The shape of one LoRA launch pair (module doc).
@@ -58,7 +62,7 @@ impl LoraShape {
         self.segs * self.rank
     }
 
-    fn check(&self, kernel: &'static str) -> Result<(), KernelError> {
+    pub(crate) fn check(&self, kernel: &'static str) -> Result<(), KernelError> {
         let bad = |reason: String| Err(KernelError::Shape { kernel, reason });
         if !self.rank.is_multiple_of(LORA_RANK_STEP) || self.rank == 0 {
             return bad(format!(
@@ -81,7 +85,7 @@ impl LoraShape {
     }
 }
 
-/// What a fused launch reads: bf16 rows `[T, k]`, or the f32 residual
+/// What [`Kernels::lora_shrink_in`] reads: bf16 rows `[T, k]`, or the f32 residual
 /// stream `[T, k]` normed by RMSNorm weight `norm_w` `[k]` first.
 #[derive(Debug, Clone, Copy)]
 pub enum LoraIn<'a> {
@@ -143,7 +147,11 @@ impl Kernels {
             slots: u32_of(K, "slots", sh.slots)?,
         };
         let cfg = LaunchConfig {
-            grid: (args.tokens, hw.div_ceil(LORA_SHRINK_WARPS) as u32, 1),
+            grid: (
+                u32_of(K, "row tiles", t.div_ceil(LORA_TILE_ROWS))?,
+                hw.div_ceil(LORA_SHRINK_WARPS) as u32,
+                1,
+            ),
             block: ((32 * LORA_SHRINK_WARPS) as u32, 1, 1),
             shared_bytes: 0,
         };
@@ -197,10 +205,12 @@ impl Kernels {
             slots: u32_of(K, "slots", sh.slots)?,
             seg1: u32_of(K, "segment 1", sh.seg_starts[0])?,
             seg2: u32_of(K, "segment 2", sh.seg_starts[1])?,
+            tokens: u32_of(K, "tokens", t)?,
+            ..Default::default()
         };
         let cfg = LaunchConfig {
             grid: (
-                u32_of(K, "tokens", t)?,
+                u32_of(K, "row tiles", t.div_ceil(LORA_TILE_ROWS))?,
                 sh.n.div_ceil(LORA_EXPAND_THREADS) as u32,
                 1,
             ),
@@ -212,40 +222,24 @@ impl Kernels {
         unsafe { self.gpu.launch_struct(f, cfg, &args)? };
         Ok(())
     }
-}
 
-impl Kernels {
-    /// Whether [`Kernels::lora_fused`] serves `sh` (its `h` fits).
-    pub fn lora_fused_fits(sh: &LoraShape) -> bool {
-        sh.hw() <= LORA_FUSED_MAX_H
-    }
-
-    /// [`Kernels::lora_shrink`] then [`Kernels::lora_expand`] in one launch
-    /// (module doc), the input possibly normed first.
-    #[allow(clippy::too_many_arguments)]
-    pub fn lora_fused(
+    /// `h[t, j] = in(x)[t] . a[slot(t), j]` for every row with an adapter,
+    /// the input bf16 rows or the residual normed (module doc); launched
+    /// with programmatic dependent launch.
+    pub fn lora_shrink_in(
         &self,
         x: LoraIn<'_>,
         a: DevSlice<'_, bf16>,      // [slots, segs * rank, k]
-        b: DevSlice<'_, bf16>,      // [slots, n, rank]
-        scales: DevSlice<'_, f32>,  // [slots]
         slot_of: DevSlice<'_, u32>, // [T]
-        y: LoraOut<'_>,             // [T, n]
+        h: DevSlice<'_, f32>,       // [T, segs * rank]
         sh: &LoraShape,
     ) -> Result<(), KernelError> {
-        const K: &str = "lora_fused";
+        const K: &str = "lora_shrink_in";
         sh.check(K)?;
         let (t, hw) = (sh.tokens, sh.hw());
-        if !Self::lora_fused_fits(sh) {
-            return Err(KernelError::Shape {
-                kernel: K,
-                reason: format!("{hw} columns of h exceed {LORA_FUSED_MAX_H}"),
-            });
-        }
         need(K, "a", &a, sh.slots * hw * sh.k)?;
-        need(K, "b", &b, sh.slots * sh.n * sh.rank)?;
-        need(K, "scales", &scales, sh.slots)?;
         need(K, "slot_of", &slot_of, t)?;
+        need(K, "h", &h, t * hw)?;
         let (x_ptr, norm_w, eps) = match x {
             LoraIn::Bf16(v) => {
                 need(K, "x", &v, t * sh.k)?;
@@ -262,50 +256,34 @@ impl Kernels {
                 (residual.ptr(), norm_w.ptr(), eps)
             }
         };
-        let (y_ptr, y_f32) = match y {
-            LoraOut::Bf16(v) => {
-                need(K, "y", &v, t * sh.n)?;
-                (v.ptr(), 0)
-            }
-            LoraOut::F32(v) => {
-                need(K, "y", &v, t * sh.n)?;
-                (v.ptr(), 1)
-            }
-        };
-        if t == 0 || sh.slots == 0 || sh.n == 0 {
+        if t == 0 || sh.slots == 0 {
             return Ok(());
         }
         aligned(K, "x", x_ptr)?;
         aligned(K, "a", a.ptr())?;
-        aligned(K, "b", b.ptr())?;
-        let args = LoraFusedArgs {
+        let args = LoraShrinkInArgs {
             x: x_ptr,
             norm_w,
             a: a.ptr(),
-            b: b.ptr(),
-            scales: scales.ptr(),
             slot_of: slot_of.ptr(),
-            y: y_ptr,
+            h: h.ptr(),
             eps,
             k: u32_of(K, "k", sh.k)?,
-            n: u32_of(K, "n", sh.n)?,
-            rank: u32_of(K, "rank", sh.rank)?,
             hw: u32_of(K, "segs * rank", hw)?,
             slots: u32_of(K, "slots", sh.slots)?,
-            seg1: u32_of(K, "segment 1", sh.seg_starts[0])?,
-            seg2: u32_of(K, "segment 2", sh.seg_starts[1])?,
-            y_f32,
             tokens: u32_of(K, "tokens", t)?,
+            ..Default::default()
         };
         let cfg = LaunchConfig {
-            grid: (args.tokens, sh.n.div_ceil(LORA_FUSED_THREADS) as u32, 1),
-            block: (LORA_FUSED_THREADS as u32, 1, 1),
+            grid: (args.tokens, hw.div_ceil(LORA_SHRINK_WARPS) as u32, 1),
+            block: ((32 * LORA_SHRINK_WARPS) as u32, 1, 1),
             shared_bytes: 0,
         };
         // SAFETY: views checked for their shapes above; the kernel reads
-        // slot entries < `slots` only, waits (pdl_wait) before reading
-        // anything and takes `LoraFusedArgs`.
-        unsafe { self.launch_pdl(&self.lora_fused, cfg, &args)? };
+        // slot entries < `slots` only, reads before its pdl_wait only A and
+        // the staged slot table (no kernel of the step writes them), and
+        // takes `LoraShrinkInArgs`.
+        unsafe { self.launch_pdl(&self.lora_shrink_in, cfg, &args)? };
         Ok(())
     }
 }

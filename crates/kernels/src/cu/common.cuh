@@ -82,3 +82,14 @@ __device__ __forceinline__ unsigned block_sum_u32(unsigned v, unsigned* scratch)
 __device__ __forceinline__ size_t kv_slot(const uint32_t* table, uint32_t pos, uint32_t block_size) {
     return (size_t)table[pos / block_size] * block_size + pos % block_size;
 }
+
+// Eight bf16 (one 16-byte load) widened to f32.
+__device__ __forceinline__ void bf8(const uint4 raw, float* f) {
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __bfloat1622float2(h[i]);
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}

@@ -29,6 +29,12 @@
 //                       qkv and on k into k_cache[slot], v into v_cache[slot]:
 //                       what rope_kv_write does, without its launch (with
 //                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale)
+// LoRA (lora_h set, any variant but f32): each output of a row with an
+// adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[slot, c, :]
+// (c the weight row, seg its segment of a stacked projection; h from
+// lora_shrink_in, cu/lora.cu), added as lora_expand adds it after the
+// unfused product: to the bf16-rounded projection, before the epilogue's
+// next rounding (SiLU·up, RoPE, the bf16 output), or to the f32 residual.
 // Norm variants stage bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
 // add_rmsnorm writes, in dynamic shared memory (m * K * 2 bytes) once per
 // block; the others read x through L1. Epilogues round like the unfused path:
@@ -79,15 +85,6 @@ __device__ __forceinline__ void gemv_rows_of(const GemvArgs& a, uint32_t gw, uin
 }
 
 
-__device__ __forceinline__ void bf8(const uint4 raw, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
 
 // Eight e4m3 weights widened to f32.
 __device__ __forceinline__ void fp8x8(const uint2 raw, float* f) {
@@ -133,6 +130,22 @@ __device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigne
         wa[u] = ok0 && kk < kend ? C::load(w0 + (size_t)kk * C::BYTES) : C::zero();
         wb[u] = ok1 && kk < kend ? C::load(w1 + (size_t)kk * C::BYTES) : C::zero();
     }
+}
+
+// The LoRA delta of weight row c (of `rows`) for token row r on slot s >= 1.
+__device__ __forceinline__ float gemv_lora_delta(const GemvArgs& a, uint32_t r, uint32_t s, uint32_t c,
+                                                 uint32_t rows) {
+    const uint32_t seg = c >= a.lora_seg2 ? 2 : (c >= a.lora_seg1 ? 1 : 0);
+    const float* __restrict__ h = a.lora_h + (size_t)r * a.lora_hw + seg * a.lora_rank;
+    const bf16* __restrict__ b = a.lora_b + ((size_t)(s - 1) * rows + c) * a.lora_rank;
+    float acc = 0.f;
+    for (uint32_t i = 0; i < a.lora_rank; i += 8) {
+        float bf[8];
+        bf8(*reinterpret_cast<const uint4*>(b + i), bf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc = fmaf(h[i + e], bf[e], acc);
+    }
+    return a.lora_scales[s - 1] * acc;
 }
 
 template <int MT, int IN, int OUT, bool W8>
@@ -187,6 +200,11 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     if (OUT == OUT_ROPE && ok0 && ks == 0 && lane < m) {
         rpos = a.positions[er];
         rslot = a.slots[er];
+    }
+    uint32_t lslot = 0;
+    if (OUT != OUT_F32 && a.lora_h != nullptr && ok0 && ks == 0 && lane < m) {
+        lslot = a.lora_slot_of[er];
+        if (lslot > a.lora_slots) lslot = 0;
     }
     bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
     if (IN == IN_NORM) {
@@ -317,6 +335,16 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         d1 *= s1;
     }
     const uint32_t r = lane, outs = a.n, o0 = r0;
+    float l0 = 0.f, l1 = 0.f;  // LoRA deltas (module doc)
+    if (lslot != 0) {
+        const uint32_t rows = OUT == OUT_SILU ? 2 * a.n : a.n;
+        l0 = gemv_lora_delta(a, r, lslot, r0, rows);
+        if (ok1) l1 = gemv_lora_delta(a, r, lslot, r1, rows);
+        if (OUT != OUT_RESID) {
+            d0 = round_bf(d0) + l0;
+            d1 = round_bf(d1) + l1;
+        }
+    }
     if (OUT == OUT_SILU) {
         const float g = round_bf(d0), u = round_bf(d1);
         static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(g / (1.f + __expf(-g)) * u);
@@ -357,8 +385,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         if (ok1) y[o0 + 1] = f2bf(d1);
     } else if (OUT == OUT_RESID) {
         float* y = static_cast<float*>(a.y) + (size_t)r * outs;
-        y[o0] = res0 + round_bf(d0);
-        if (ok1) y[o0 + 1] = res1 + round_bf(d1);
+        y[o0] = res0 + round_bf(d0) + l0;
+        if (ok1) y[o0 + 1] = res1 + round_bf(d1) + l1;
     } else {
         float* y = static_cast<float*>(a.y) + (size_t)r * outs;
         y[o0] = d0;

@@ -271,6 +271,7 @@ fn gemv_qkv_rope_matches_reference() {
                     weights,
                     qkv.view(),
                     rope,
+                    None,
                     m,
                     hidden,
                 )

@@ -1,11 +1,14 @@
-//! GPU tests of the LoRA shrink / expand pair (`kernels::lora`) against
-//! `lora_ref`, with rows of the base model and of several adapters mixed,
-//! ranks padded with zeros, one to three stacked segments and both output
-//! types; part of the `gpu_kernels` binary.
+//! GPU tests of the LoRA shrink / expand pair (`kernels::lora`) and of the
+//! GEMV path's `lora_shrink_in` with the deltas in a GEMV's epilogue
+//! against `lora_ref` (over `gemv_ref`'s product), with rows of the base
+//! model and of several adapters mixed, ranks padded with zeros, one to
+//! three stacked segments, bf16 and normed inputs and both output types;
+//! part of the `gpu_kernels` binary.
 
 use crate::common::*;
 use half::bf16;
 use kernels::Kernels;
+use kernels::gemv::{GemvKind, GemvLora, GemvOp, gemv_ref};
 use kernels::lora::{LoraIn, LoraOut, LoraShape, lora_ref};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -39,6 +42,9 @@ fn lora_shrink_expand_match_reference() {
         (5, 256, 384, 3, [256, 320], [0u32, 1, 2, 1, 0]),
         (37, 2048, 3072, 1, [3072, 3072], [2, 0, 2, 1, 2]),
         (3, 512, 1024, 2, [512, 1024], [1, 1, 0, 2, 2]),
+        // tiles of one slot (a prefill chunk's rows), with base rows
+        (37, 256, 384, 3, [256, 320], [2, 2, 2, 2, 2]),
+        (12, 512, 1024, 2, [512, 1024], [1, 0, 1, 1, 0]),
     ];
     for (tokens, kin, n, segs, seg_starts, cycle) in cases {
         let sh = LoraShape {
@@ -108,58 +114,10 @@ fn lora_shrink_expand_match_reference() {
         let got = gpu.to_host(y32.view()).unwrap();
         let e = rel_err(&got, &want);
         assert!(e < 1e-4, "lora f32 T={tokens} n={n}: rel err {e}");
-        // the fused launch: bf16 rows in, bf16 out
-        assert!(Kernels::lora_fused_fits(&sh));
-        let y = gpu.upload(&y0).unwrap();
-        let (a_, b_, s_, t_) = (d_a.view(), d_b.view(), d_s.view(), d_slot.view());
-        k.lora_fused(
-            LoraIn::Bf16(d_x.view()),
-            a_,
-            b_,
-            s_,
-            t_,
-            LoraOut::Bf16(y.view()),
-            &sh,
-        )
-        .unwrap();
-        let got = f32s(&gpu.to_host(y.view()).unwrap());
-        let e = rel_err(&got, &want);
-        assert!(e < 1e-2, "lora fused bf16 T={tokens} n={n}: rel err {e}");
-        // the fused launch over the f32 residual normed first, f32 out
-        let resid: Vec<f32> = f32s(&rand_bf16(&mut rng, tokens * kin, 3.0));
-        let g = rand_bf16(&mut rng, kin, 1.0);
-        let eps = 1e-5f32;
-        let normed: Vec<f32> = resid
-            .chunks(kin)
-            .flat_map(|row| {
-                let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / kin as f64;
-                let rs = 1.0 / (ms + eps as f64).sqrt();
-                row.iter()
-                    .zip(&g)
-                    .map(move |(v, w)| (*v as f64 * rs * w.to_f32() as f64) as f32)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let want_n = lora_ref(
-            &normed,
-            &f32s(&a),
-            &f32s(&b),
-            &scales,
-            &slot_of,
-            &f32s(&y0),
-            &sh,
-        );
-        let (d_r, d_g) = (gpu.upload(&resid).unwrap(), gpu.upload(&g).unwrap());
-        let y32 = gpu.upload(&f32s(&y0)).unwrap();
-        let input = LoraIn::Normed {
-            residual: d_r.view(),
-            norm_w: d_g.view(),
-            eps,
-        };
-        k.lora_fused(input, a_, b_, s_, t_, LoraOut::F32(y32.view()), &sh)
-            .unwrap();
-        let e = rel_err(&gpu.to_host(y32.view()).unwrap(), &want_n);
-        assert!(e < 1e-4, "lora fused normed T={tokens} n={n}: rel err {e}");
+        // the GEMV path: lora_shrink_in, then the delta in a GEMV's epilogue
+        if tokens <= kernels::gemv::MAX_ROWS {
+            gemv_epilogues(&gpu, &k, &mut rng, &sh, &a, &b, &scales, &slot_of, &x, &y0);
+        }
     }
     // a rank that is not a multiple of the step is refused, not launched
     let bad = LoraShape {
@@ -179,4 +137,105 @@ fn lora_shrink_expand_match_reference() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("rank 12"), "{e}");
+}
+
+/// `lora_shrink_in` (bf16 rows, then the residual normed) and a GEMV with
+/// the deltas in its epilogue: Bf16 and Norm (bf16 out: the delta added to
+/// the rounded product, then rounded), Resid (f32 residual: the rounded
+/// product and the delta added).
+#[allow(clippy::too_many_arguments)]
+fn gemv_epilogues(
+    gpu: &gpu::Gpu,
+    k: &Kernels,
+    rng: &mut StdRng,
+    sh: &LoraShape,
+    a: &[bf16],
+    b: &[bf16],
+    scales: &[f32],
+    slot_of: &[u32],
+    x: &[bf16],
+    y0: &[bf16],
+) {
+    let (m, n, kin) = (sh.tokens, sh.n, sh.k);
+    let w = rand_bf16(rng, n * kin, 0.05);
+    let (d_w, d_a, d_b) = (
+        gpu.upload(&w).unwrap(),
+        gpu.upload(a).unwrap(),
+        gpu.upload(b).unwrap(),
+    );
+    let (d_s, d_slot) = (gpu.upload(scales).unwrap(), gpu.upload(slot_of).unwrap());
+    let h = gpu.alloc::<f32>(m * sh.hw()).unwrap();
+    let lora = GemvLora {
+        h: h.view(),
+        b: d_b.view(),
+        scales: d_s.view(),
+        slot_of: d_slot.view(),
+        shape: *sh,
+    };
+    let (af, bf) = (f32s(a), f32s(b));
+    let with_delta = |input: &[f32], base: &[f32]| {
+        lora_ref(input, &af, &bf, scales, slot_of, base, sh)
+    };
+    // bf16 rows in, bf16 out
+    let d_x = gpu.upload(x).unwrap();
+    k.lora_shrink_in(LoraIn::Bf16(d_x.view()), d_a.view(), d_slot.view(), h.view(), sh)
+        .unwrap();
+    let y = gpu.alloc::<bf16>(m * n).unwrap();
+    let op = GemvOp::Bf16 {
+        x: d_x.view(),
+        y: y.view(),
+    };
+    k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
+    let mut base = vec![0f32; m * n];
+    gemv_ref(GemvKind::Bf16, &f32s(x), &[], 0.0, &f32s(&w), &mut base, m, n, kin);
+    let got = f32s(&gpu.to_host(y.view()).unwrap());
+    let e = rel_err(&got, &with_delta(&f32s(x), &base));
+    assert!(e < 1e-2, "GEMV + LoRA bf16 m={m} n={n}: rel err {e}");
+    // the residual stream, f32 out
+    let r0 = f32s(y0);
+    let d_r = gpu.upload(&r0).unwrap();
+    let op = GemvOp::Resid {
+        x: d_x.view(),
+        residual: d_r.view(),
+    };
+    k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
+    let mut base = r0.clone();
+    gemv_ref(GemvKind::Resid, &f32s(x), &[], 0.0, &f32s(&w), &mut base, m, n, kin);
+    let e = rel_err(&gpu.to_host(d_r.view()).unwrap(), &with_delta(&f32s(x), &base));
+    assert!(e < 1e-3, "GEMV + LoRA resid m={m} n={n}: rel err {e}");
+    // the residual normed by the shrink and by the GEMV
+    let resid: Vec<f32> = f32s(&rand_bf16(rng, m * kin, 3.0));
+    let g = rand_bf16(rng, kin, 1.0);
+    let eps = 1e-5f32;
+    let normed: Vec<f32> = resid
+        .chunks(kin)
+        .flat_map(|row| {
+            let ms = row.iter().map(|v| (v * v) as f64).sum::<f64>() / kin as f64;
+            let rs = 1.0 / (ms + eps as f64).sqrt();
+            row.iter()
+                .zip(&g)
+                .map(move |(v, w)| (*v as f64 * rs * w.to_f32() as f64) as f32)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let (d_res, d_g) = (gpu.upload(&resid).unwrap(), gpu.upload(&g).unwrap());
+    let input = LoraIn::Normed {
+        residual: d_res.view(),
+        norm_w: d_g.view(),
+        eps,
+    };
+    k.lora_shrink_in(input, d_a.view(), d_slot.view(), h.view(), sh)
+        .unwrap();
+    let op = GemvOp::Norm {
+        residual: d_res.view(),
+        norm_w: d_g.view(),
+        eps,
+        y: y.view(),
+    };
+    k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
+    let mut base = vec![0f32; m * n];
+    gemv_ref(GemvKind::Norm, &resid, &f32s(&g), eps, &f32s(&w), &mut base, m, n, kin);
+    let got = f32s(&gpu.to_host(y.view()).unwrap());
+    let e = rel_err(&got, &with_delta(&normed, &base));
+    assert!(e < 1e-2, "GEMV + LoRA normed m={m} n={n}: rel err {e}");
 }

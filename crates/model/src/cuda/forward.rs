@@ -18,7 +18,7 @@ use half::bf16;
 use kernels::KernelError;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
-use kernels::gemv::{GemvOp, RopeKv};
+use kernels::gemv::{GemvLora, GemvOp, RopeKv};
 use kernels::lora::{LoraIn, LoraOut};
 use kernels::sampling::{SampleOutputs, SampleScratch};
 
@@ -87,7 +87,6 @@ impl CudaBackend {
         let last = self.model.w.layers.len().saturating_sub(1);
         for (l, layer) in self.model.w.layers.iter().enumerate() {
             match plan.proj {
-                Proj::Gemv if plan.lora => self.gemv_lora_layer(l, layer, &io, plan)?,
                 Proj::Gemv => self.gemv_layer(l, layer, &io, plan)?,
                 Proj::Gemm => self.gemm_layer(l, layer, &io, plan, l == last)?,
             }
@@ -123,7 +122,9 @@ impl CudaBackend {
         .map_err(ke("embedding"))
     }
 
-    /// One layer on the fused GEMVs; `x` holds every delta afterwards.
+    /// One layer on the fused GEMVs; `x` holds every delta afterwards. With
+    /// adapter rows each GEMV first has its group's shrink run and adds the
+    /// deltas in its epilogue (`lora`).
     fn gemv_layer(
         &self,
         l: usize,
@@ -132,7 +133,18 @@ impl CudaBackend {
         plan: &StepPlan,
     ) -> Result<(), BackendError> {
         let (c, ws, t) = (&self.config, &self.ws, plan.t);
-        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
+        let (attn, act, x) = (ws.attn.view(), ws.act.view(), ws.x.view());
+        let (n1, n2) = (layer.input_norm.view(), layer.post_norm.view());
+        let shrink = |g: Group, input: LoraIn<'_>| match plan.lora {
+            true => self.gemv_lora(l, g, input, io.loras, t).map(Some),
+            false => Ok(None),
+        };
+        let normed = |norm_w| LoraIn::Normed {
+            residual: x,
+            norm_w,
+            eps,
+        };
         let rope = RopeKv {
             positions: io.positions,
             slots: io.slots,
@@ -142,51 +154,49 @@ impl CudaBackend {
             shape: self.tuning.shape,
             max_pos: self.model.rope_rows,
         };
+        let lq = shrink(Group::Qkv, normed(n1))?;
         // SAFETY: check_batch verified slots against the pool (padding uses the
         // scratch block past it, which the cache holds) and positions < rope_rows.
         unsafe {
             self.k.gemv_qkv_rope(
-                ws.x.view(),
-                layer.input_norm.view(),
-                c.rms_norm_eps,
+                x,
+                n1,
+                eps,
                 layer.qkv.gemv(),
                 ws.qkv.view(),
                 rope,
+                lq.as_ref(),
                 t,
                 h,
             )
         }
         .map_err(ke("QKV + RoPE GEMV"))?;
         self.attention(l, io, plan)?;
-        let gemv = |op: GemvOp<'_>, w: &DevProj, n: usize, k: usize| {
-            self.k.gemv(op, w.gemv(), t, n, k).map_err(ke("GEMV"))
+        let gemv = |op: GemvOp<'_>, w: &DevProj, n: usize, k: usize, lora: Option<GemvLora<'_>>| {
+            self.k
+                .gemv_with(op, w.gemv(), t, n, k, lora.as_ref())
+                .map_err(ke("GEMV"))
         };
-        let (attn, act, x) = (ws.attn.view(), ws.act.view(), ws.x.view());
-        gemv(
-            GemvOp::Resid {
-                x: attn,
-                residual: x,
-            },
-            &layer.o,
-            h,
-            c.q_dim(),
-        )?;
+        let lo = shrink(Group::O, LoraIn::Bf16(attn))?;
+        let o = GemvOp::Resid {
+            x: attn,
+            residual: x,
+        };
+        gemv(o, &layer.o, h, c.q_dim(), lo)?;
+        let lg = shrink(Group::GateUp, normed(n2))?;
         let norm_silu = GemvOp::NormSilu {
             residual: x,
-            norm_w: layer.post_norm.view(),
-            eps: c.rms_norm_eps,
+            norm_w: n2,
+            eps,
             y: act,
         };
-        gemv(norm_silu, &layer.gate_up, inter, h)?;
-        gemv(
-            GemvOp::Resid {
-                x: act,
-                residual: x,
-            },
-            &layer.down,
-            h,
-            inter,
-        )
+        gemv(norm_silu, &layer.gate_up, inter, h, lg)?;
+        let ld = shrink(Group::Down, LoraIn::Bf16(act))?;
+        let down = GemvOp::Resid {
+            x: act,
+            residual: x,
+        };
+        gemv(down, &layer.down, h, inter, ld)
     }
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS; FP8 weights on cuBLASLt's
@@ -269,10 +279,10 @@ impl CudaBackend {
             .map_err(ke("input norm"))?;
         let qkv_width = self.tuning.shape.qkv_width();
         self.gemm(t, ws.xn.view(), &layer.qkv, ws.qkv.view(), qkv_width, h)?;
-        let lora = plan.lora.then_some((l, io.loras, plan.lora_fused));
-        if let Some((l, rows, fused)) = lora {
-            let (xn, qkv) = (LoraIn::Bf16(ws.xn.view()), LoraOut::Bf16(ws.qkv.view()));
-            self.lora_delta(l, Group::Qkv, xn, qkv, rows, t, fused)?;
+        let lora = plan.lora.then_some((l, io.loras));
+        if let Some((l, rows)) = lora {
+            let (xn, qkv) = (ws.xn.view(), LoraOut::Bf16(ws.qkv.view()));
+            self.lora_delta(l, Group::Qkv, xn, qkv, rows, t)?;
         }
         self.rope_kv(l, io, t)?;
         self.attention(l, io, plan)?;
@@ -345,14 +355,12 @@ impl CudaBackend {
         m: usize,
         attn: DevSlice<'_, bf16>,
         x: DevSlice<'_, f32>,
-        lora: Option<(usize, DevSlice<'_, u32>, bool)>,
+        lora: Option<(usize, DevSlice<'_, u32>)>,
     ) -> Result<(), BackendError> {
         let (c, ws) = (&self.config, &self.ws);
         let (h, inter) = (c.hidden_size, c.intermediate_size);
         let delta = |g: Group, x: DevSlice<'_, bf16>, y: DevSlice<'_, bf16>| match lora {
-            Some((l, rows, fused)) => {
-                self.lora_delta(l, g, LoraIn::Bf16(x), LoraOut::Bf16(y), rows, m, fused)
-            }
+            Some((l, rows)) => self.lora_delta(l, g, x, LoraOut::Bf16(y), rows, m),
             None => Ok(()),
         };
         self.gemm(m, attn, &layer.o, ws.delta.view(), h, c.q_dim())?;

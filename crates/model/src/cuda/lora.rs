@@ -17,33 +17,29 @@
 //!
 //! Placement (where each delta lands): on the Q/K/V output before RoPE and
 //! the KV write, on the gate/up output before SiLU·up, on the O and down
-//! outputs before the residual add (GEMM path: into `delta`; GEMV path:
-//! into the f32 residual, after the fused residual GEMV). A GEMV step with
-//! adapter rows runs Q/K/V and gate/up as normed GEMVs without their
-//! epilogues, adds the deltas, then runs RoPE + KV write and SiLU·up apart.
-//! Steps of at most `plan::LORA_FUSED_ROWS` rows run each group's delta as
-//! one `lora_fused` launch (which norms the residual itself), larger ones
-//! as a shrink and an expand. A step without adapter rows runs exactly the
-//! base model's kernels; graphs with LoRA are captured apart (`graphs`).
+//! outputs before the residual add. GEMM path: a shrink and an expand after
+//! each targeted product (into `delta` for O and down). GEMV path: each
+//! group's shrink (`lora_shrink_in`, norming the residual itself for Q/K/V
+//! and gate/up) before the group's fused GEMV, which adds the expand in its
+//! epilogue ([`kernels::gemv::GemvLora`]), so RoPE + KV write, SiLU·up and
+//! the residual add stay fused. A step without adapter rows runs exactly
+//! the base model's kernels; graphs with LoRA are captured apart
+//! (`graphs`).
 //!
 //! Costs: device memory [`lora_pool_bytes`]; per layer of a step with
-//! adapter rows 4 launches (fused) or 8, plus RoPE + KV write and SiLU·up
-//! apart on the GEMV path.
+//! adapter rows 4 shrink launches on the GEMV path, 8 launches on the GEMM
+//! path.
 
 use gpu::{DevSlice, DeviceBuffer, Gpu};
 use half::bf16;
-use kernels::Kernels;
 use kernels::consts::LORA_RANK_STEP;
-use kernels::gemv::GemvOp;
+use kernels::gemv::GemvLora;
 use kernels::lora::{LoraIn, LoraOut, LoraShape};
 
 use contract::backend::{BackendError, StepBatch};
 use contract::config::LlamaConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
-use super::forward::Staged;
-use super::plan::StepPlan;
-use super::weights::{DevProj, DeviceLayer};
 use super::{CudaBackend, dev_err};
 
 /// The projections that share one shrink (their input is the same).
@@ -294,154 +290,72 @@ impl LoraPool {
 }
 
 impl CudaBackend {
-    /// Adds group `g`'s delta of layer `l` to `y` for the first `m` rows,
-    /// input `x`, each row's slot in `rows` (`[m]`): one fused launch when
-    /// `fused` and the pool's rank allows, else the shrink and the expand
-    /// (a normed input then normed into `xn` first).
-    #[allow(clippy::too_many_arguments)]
+    /// Adds group `g`'s delta of layer `l` to `y` for the first `m` rows of
+    /// input `x`, each row's slot in `rows` (`[m]`): the shrink, then the
+    /// expand (the GEMM path).
     pub(super) fn lora_delta(
         &self,
         l: usize,
         g: Group,
-        x: LoraIn<'_>,
+        x: DevSlice<'_, bf16>,
         y: LoraOut<'_>,
         rows: DevSlice<'_, u32>,
         m: usize,
-        fused: bool,
     ) -> Result<(), BackendError> {
-        let pool = &self.lora;
-        let gi = Group::ALL.iter().position(|&h| h == g).unwrap_or(0);
-        let sh = pool.shape(gi, m);
+        let (sh, a, b, scales) = self.lora_operands(l, g, m)?;
+        let h = self.lora_h(m * sh.hw())?;
         let e = |err| dev_err("LoRA delta", err);
-        let (a, b, scales) = (pool.a_of(gi, l)?, pool.b_of(gi, l)?, pool.scales.view());
-        if fused && Kernels::lora_fused_fits(&sh) {
-            return self.k.lora_fused(x, a, b, scales, rows, y, &sh).map_err(e);
-        }
-        let x = match x {
-            LoraIn::Bf16(x) => x,
-            LoraIn::Normed {
-                residual,
-                norm_w,
-                eps,
-            } => {
-                let xn = self.ws.xn.view();
-                self.k
-                    .add_rmsnorm(residual, None, norm_w, xn, m, sh.k, eps)
-                    .map_err(e)?;
-                xn
-            }
-        };
-        let h = self
-            .ws
-            .lora_h
-            .view()
-            .sub(0, m * sh.hw())
-            .map_err(|err| dev_err("LoRA view", err))?;
         self.k.lora_shrink(x, a, rows, h, &sh).map_err(e)?;
         self.k.lora_expand(h, b, scales, rows, y, &sh).map_err(e)
     }
 
-    /// One layer of a GEMV step with adapter rows: the fused GEMVs unfused
-    /// where a delta must land between a product and its epilogue (module
-    /// doc): Q/K/V and gate/up as normed GEMVs, their deltas (reading the
-    /// residual through the norm), then RoPE + KV write and SiLU·up; O and
-    /// down as residual GEMVs, their deltas added to the residual.
-    pub(super) fn gemv_lora_layer(
+    /// Runs group `g`'s shrink of layer `l` over the first `m` rows of
+    /// input `x` and returns what the group's GEMV then adds in its
+    /// epilogue (the GEMV path).
+    pub(super) fn gemv_lora<'a>(
+        &'a self,
+        l: usize,
+        g: Group,
+        x: LoraIn<'_>,
+        rows: DevSlice<'a, u32>,
+        m: usize,
+    ) -> Result<GemvLora<'a>, BackendError> {
+        let (sh, a, b, scales) = self.lora_operands(l, g, m)?;
+        let h = self.lora_h(m * sh.hw())?;
+        self.k
+            .lora_shrink_in(x, a, rows, h, &sh)
+            .map_err(|err| dev_err("LoRA shrink", err))?;
+        Ok(GemvLora {
+            h,
+            b,
+            scales,
+            slot_of: rows,
+            shape: sh,
+        })
+    }
+
+    /// Group `g`'s launch shape over `m` rows and layer `l`'s A, B and the
+    /// slots' scales.
+    #[allow(clippy::type_complexity)]
+    fn lora_operands(
         &self,
         l: usize,
-        layer: &DeviceLayer,
-        io: &Staged<'_>,
-        plan: &StepPlan,
-    ) -> Result<(), BackendError> {
-        let (c, ws, t, rows) = (&self.config, &self.ws, plan.t, io.loras);
-        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
-        let (x, attn, act, gu) = (ws.x.view(), ws.attn.view(), ws.act.view(), ws.gu.view());
-        let gemv = |op: GemvOp<'_>, w: &DevProj, n: usize, k: usize| {
-            self.k
-                .gemv(op, w.gemv(), t, n, k)
-                .map_err(|e| dev_err("GEMV", e))
-        };
-        let fused = plan.lora_fused;
-        let (qkv_w, q) = (self.tuning.shape.qkv_width(), c.q_dim());
-        let (n1, n2) = (layer.input_norm.view(), layer.post_norm.view());
-        let normed = |norm_w| LoraIn::Normed {
-            residual: x,
-            norm_w,
-            eps,
-        };
-        let qkv = ws.qkv.view();
-        let norm_qkv = GemvOp::Norm {
-            residual: x,
-            norm_w: n1,
-            eps,
-            y: qkv,
-        };
-        gemv(norm_qkv, &layer.qkv, qkv_w, h)?;
-        self.lora_delta(
-            l,
-            Group::Qkv,
-            normed(n1),
-            LoraOut::Bf16(qkv),
-            rows,
-            t,
-            fused,
-        )?;
-        self.rope_kv(l, io, t)?;
-        self.attention(l, io, plan)?;
-        gemv(
-            GemvOp::Resid {
-                x: attn,
-                residual: x,
-            },
-            &layer.o,
-            h,
-            q,
-        )?;
-        self.lora_delta(
-            l,
-            Group::O,
-            LoraIn::Bf16(attn),
-            LoraOut::F32(x),
-            rows,
-            t,
-            fused,
-        )?;
-        let norm_gu = GemvOp::Norm {
-            residual: x,
-            norm_w: n2,
-            eps,
-            y: gu,
-        };
-        gemv(norm_gu, &layer.gate_up, 2 * inter, h)?;
-        self.lora_delta(
-            l,
-            Group::GateUp,
-            normed(n2),
-            LoraOut::Bf16(gu),
-            rows,
-            t,
-            fused,
-        )?;
-        self.k
-            .silu_mul(act, gu, t, inter)
-            .map_err(|e| dev_err("silu", e))?;
-        gemv(
-            GemvOp::Resid {
-                x: act,
-                residual: x,
-            },
-            &layer.down,
-            h,
-            inter,
-        )?;
-        self.lora_delta(
-            l,
-            Group::Down,
-            LoraIn::Bf16(act),
-            LoraOut::F32(x),
-            rows,
-            t,
-            fused,
-        )
+        g: Group,
+        m: usize,
+    ) -> Result<(LoraShape, DevSlice<'_, bf16>, DevSlice<'_, bf16>, DevSlice<'_, f32>), BackendError>
+    {
+        let pool = &self.lora;
+        let gi = Group::ALL.iter().position(|&h| h == g).unwrap_or(0);
+        let (a, b) = (pool.a_of(gi, l)?, pool.b_of(gi, l)?);
+        Ok((pool.shape(gi, m), a, b, pool.scales.view()))
+    }
+
+    /// The first `len` values of the shrink's output buffer.
+    fn lora_h(&self, len: usize) -> Result<DevSlice<'_, f32>, BackendError> {
+        self.ws
+            .lora_h
+            .view()
+            .sub(0, len)
+            .map_err(|err| dev_err("LoRA view", err))
     }
 }

@@ -24,8 +24,8 @@
 //! - LM head: a GEMV for at most [`HEAD_GEMV_ROWS`] rows, else cuBLAS,
 //!   reading the normed rows in place when they are already the sampled
 //!   ones in order;
-//! - LoRA (a step with adapter rows): the deltas after each targeted
-//!   projection, fused per group for at most [`LORA_FUSED_ROWS`] tokens.
+//! - LoRA (a step with adapter rows): the deltas of each targeted
+//!   projection, in the GEMV epilogues on the GEMV path.
 //!
 //! Costs: O(1) per step.
 
@@ -37,11 +37,6 @@ use kernels::{DecodePlan, HeadShape, Kernels};
 /// The LM head runs as a GEMV only for this many rows (at one row it
 /// matches cuBLAS; beyond, cuBLAS wins).
 pub(super) const HEAD_GEMV_ROWS: usize = 1;
-
-/// Steps of at most this many tokens run each LoRA group's delta as one
-/// fused launch (every block recomputes its row's shrink), larger ones as a
-/// shrink and an expand.
-pub(super) const LORA_FUSED_ROWS: usize = 8;
 
 /// What a plan depends on besides the step, fixed when the backend is built.
 #[derive(Debug, Clone, Copy)]
@@ -151,11 +146,9 @@ pub(super) struct StepPlan {
     pub prune_last: bool,
     pub head_in: HeadIn,
     pub head: Proj,
-    /// Some row runs a LoRA adapter: the deltas run after each targeted
-    /// projection (`lora`) and the GEMV layers run unfused around them.
+    /// Some row runs a LoRA adapter: each targeted projection gets its
+    /// deltas (`lora`).
     pub lora: bool,
-    /// The LoRA deltas run fused (at most [`LORA_FUSED_ROWS`] tokens).
-    pub lora_fused: bool,
 }
 
 impl StepPlan {
@@ -193,7 +186,6 @@ impl StepPlan {
             head_in,
             head,
             lora: st.lora,
-            lora_fused: st.lora && t <= LORA_FUSED_ROWS,
         }
     }
 }
@@ -382,7 +374,7 @@ mod tests {
             ..prefill(2048, 1, 0)
         };
         let p = StepPlan::new(&tu, &Caps { flash: true }, st);
-        assert!(p.lora && !p.prune_last && !p.lora_fused);
+        assert!(p.lora && !p.prune_last);
         let p = StepPlan::new(&tu, &Caps { flash: true }, prefill(2048, 1, 0));
         assert!(!p.lora && p.prune_last);
         let d = StepShape {
@@ -390,7 +382,7 @@ mod tests {
             ..decode(1)
         };
         let p = StepPlan::new(&tu, &Caps { flash: true }, d);
-        assert_eq!((p.proj, p.lora, p.lora_fused), (Proj::Gemv, true, true));
+        assert_eq!((p.proj, p.lora), (Proj::Gemv, true));
     }
 
     #[test]

@@ -209,7 +209,7 @@ fn cuda_penalised_drafts_beside_a_prefill_chunk_sample_what_plain_decoding_sampl
         run = vec![s.token];
         want.push(s);
     }
-    let chunk_blocks = pool.take(8);
+    let chunk_blocks = pool.take(64);
     sb.begin();
     sb.push(&chunk, 0, &chunk_blocks, penalised(&p, 0, &chunk, &[]))
         .unwrap();
@@ -226,7 +226,7 @@ fn cuda_penalised_drafts_beside_a_prefill_chunk_sample_what_plain_decoding_sampl
         .chain(drafts.iter().copied())
         .collect();
     sb.begin();
-    sb.push(&chunk, 0, &pool.take(8), penalised(&p, 0, &chunk, &[]))
+    sb.push(&chunk, 0, &pool.take(64), penalised(&p, 0, &chunk, &[]))
         .unwrap();
     sb.push(
         &run,
