@@ -183,27 +183,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
             nwv[j] = i < K ? ld_before_wait(a.norm_w + i) : make_uint4(0, 0, 0, 0);
         }
     }
-    // LoRA: the row's slot (staged before the step) and its B rows (weights)
-    // before the wait; its h (the shrink's output, the previous kernel's)
-    // right after it.
-    uint32_t lslot = 0;
-    if (OUT != OUT_F32 && a.lora_h != nullptr && ok0 && ks == 0 && lane < m) {
-        lslot = ld_before_wait_u32(a.lora_slot_of + (lane < m ? lane : 0));
-        if (lslot > a.lora_slots) lslot = 0;
-        if (lslot != 0) {
-            const uint32_t rows = OUT == OUT_SILU ? 2 * a.n : a.n;
-            prefetch_l1(a.lora_b + ((size_t)(lslot - 1) * rows + r0) * a.lora_rank);
-            if (ok1) prefetch_l1(a.lora_b + ((size_t)(lslot - 1) * rows + r1) * a.lora_rank);
-        }
-    }
     pdl_wait();
     pdl_launch_dependents();
-    if (lslot != 0) {
-        const uint32_t s0g = r0 >= a.lora_seg2 ? 2 : (r0 >= a.lora_seg1 ? 1 : 0);
-        const uint32_t s1g = r1 >= a.lora_seg2 ? 2 : (r1 >= a.lora_seg1 ? 1 : 0);
-        prefetch_l1(a.lora_h + (size_t)lane * a.lora_hw + s0g * a.lora_rank);
-        if (ok1 && s1g != s0g) prefetch_l1(a.lora_h + (size_t)lane * a.lora_hw + s1g * a.lora_rank);
-    }
     // Everything the epilogue reads from earlier kernels is requested now, in
     // the shadow of the input loads: the residual (RESID) and the position,
     // slot and rotation of token row `lane` (ROPE).
@@ -220,7 +201,11 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         rpos = a.positions[er];
         rslot = a.slots[er];
     }
-
+    uint32_t lslot = 0;
+    if (OUT != OUT_F32 && a.lora_h != nullptr && ok0 && ks == 0 && lane < m) {
+        lslot = a.lora_slot_of[er];
+        if (lslot > a.lora_slots) lslot = 0;
+    }
     bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
     if (IN == IN_NORM) {
         // inv_rms of each row (all threads), then xs = bf16(x * inv_rms * norm_w).

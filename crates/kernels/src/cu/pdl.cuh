@@ -24,11 +24,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Asks for the 128-byte line at `p` in L1.
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
-
 // A 16-byte load of data no kernel of the step writes (weights) that stays
 // ahead of a following pdl_wait(): ptxas hoists griddepcontrol.wait above
 // ordinary (and .nc) loads, which would turn a prefetch into a load after
