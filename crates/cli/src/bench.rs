@@ -28,7 +28,8 @@
 //! `llama-bench` runs on the same machine and thread count, on
 //! `--llama-gguf` (default: `--model` when it is a .gguf file, else the GGUF
 //! whose Q8_0 / Q4_1 / Q4_K / Q6_K blocks lamina runs with `--dtype auto`) with b2's
-//! prompt and b1's generated token counts, alternating with lamina's b1 and
+//! prompt and b1's generated token counts, its decode after b1's prompt of
+//! context (`-d`), alternating with lamina's b1 and
 //! b2 for `--rounds` rounds (default 3), so that a machine whose speed
 //! drifts from minute to minute slows both sides of a round alike. Each
 //! round prints both figures and lamina's ratio (prompt processing: b2
@@ -100,8 +101,9 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// A llama.cpp `llama-bench` binary to run alternately with lamina's b1
-    /// and b2, on the same machine, for a side-by-side comparison
-    /// (`scripts/build-llama-bench.sh` builds one).
+    /// and b2, on the same machine, for a side-by-side comparison (its
+    /// decode after `--b1-prompt` tokens of context, as b1's;
+    /// `scripts/build-llama-bench.sh` builds one).
     #[arg(long)]
     pub llama_bench: Option<std::path::PathBuf>,
     /// The model as a .gguf file for llama-bench [default: --model when it
@@ -465,15 +467,17 @@ fn run_llama(
             threads,
             prompt: z.b2_prompt,
             generate: z.b1_gen,
+            depth: z.b1_prompt,
             repeats,
         },
     )?;
     println!(
-        "llama.cpp ({threads} threads, {}): prompt processing {} tokens {:.1} tok/s, decode {} tokens {:.1} tok/s",
+        "llama.cpp ({threads} threads, {}): prompt processing {} tokens {:.1} tok/s, decode {} tokens after {} of context {:.1} tok/s",
         gguf.display(),
         z.b2_prompt,
         r.prompt_tok_s,
         z.b1_gen,
+        z.b1_prompt,
         r.decode_tok_s
     );
     Ok(r)

@@ -372,6 +372,7 @@ pub fn pv_rows<'a>(
 /// AVX-512F; `out` holds `H * C * 16` values, `p` `H * n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // j and c index several arrays in step
 unsafe fn pv_block_avx512<'a, const H: usize, const C: usize>(
     p: &[f32],
     n: usize,

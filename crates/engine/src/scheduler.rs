@@ -6,9 +6,7 @@
 //!    oldest first; when the pool is short, the youngest running sequence is
 //!    preempted (blocks freed, tokens kept, put at the front of the waiting
 //!    queue) until the room is there.
-//! 2. Every running sequence with one uncomputed token (a decode) runs it;
-//!    the decodes are ordered by LoRA slot (stably), so each adapter's rows
-//!    are consecutive in the step.
+//! 2. Every running sequence with one uncomputed token (a decode) runs it.
 //! 3. Partially prefilled running sequences run a chunk each from the token
 //!    budget left (`max_batch_tokens`, further capped for prefill by
 //!    [`Scheduler::set_prefill_cap`], the step time budget, whenever another
@@ -484,27 +482,11 @@ impl Scheduler {
                     end: computed + n + drafted,
                 });
             }
-            if decodes {
-                self.group_decodes_by_adapter();
-            }
         }
         if !preempted {
             self.admit_waiting(budget + reserved)?;
         }
         self.build_batch()
-    }
-
-    /// Orders the planned decodes (all of the plan so far) by LoRA slot,
-    /// stably: the backends' LoRA kernels read an adapter's weights once
-    /// for a run of consecutive rows on it. Nothing moves without adapters.
-    fn group_decodes_by_adapter(&mut self) {
-        let slot = |id: &u64| self.seqs.get(id).map_or(0, |q| q.slot);
-        if self.plan.iter().all(|p| slot(&p.id) == 0) {
-            return;
-        }
-        let mut plan = std::mem::take(&mut self.plan);
-        plan.sort_by_key(|p| slot(&p.id));
-        self.plan = plan;
     }
 
     /// Step 1: KV room for last step's samples; returns whether anyone was preempted.

@@ -179,7 +179,7 @@ kernel_args! {
 
     /// Arguments of `lora_expand_bf16` / `lora_expand_f32` (cu/lora.cu).
     #[derive(Default)]
-    pub struct LoraExpandArgs for "lora_expand_bf16, lora_expand_f32", size 72 {
+    pub struct LoraExpandArgs for "lora_expand_bf16, lora_expand_f32", size 64 {
         /// [T, hw] f32, the shrink's output (`hw` = segments x rank)
         h: u64 as "const float*" @ 0,
         /// [slots, n, rank] bf16, one layer's stacked B of every slot
@@ -198,8 +198,6 @@ kernel_args! {
         seg1: u32 as "uint32_t" @ 56,
         /// first output column of segment 2 (`n`: none)
         seg2: u32 as "uint32_t" @ 60,
-        tokens: u32 as "uint32_t" @ 64,
-        _pad: [u32; 1] as "uint32_t[1]" @ 68,
     }
 
     /// Arguments of `lora_shrink_in` (cu/lora.cu).

@@ -45,10 +45,6 @@ launch_consts! {
     /// column of `h` each).
     pub const LORA_SHRINK_WARPS: usize = 8;
 
-    /// Rows of a tile of `lora_shrink` and `lora_expand_*` (at most 32: a
-    /// warp holds one row's slot per lane).
-    pub const LORA_TILE_ROWS: usize = 16;
-
     /// Threads per block of `lora_expand_*` (one output column each).
     pub const LORA_EXPAND_THREADS: usize = 128;
 

@@ -20,22 +20,16 @@
 //! ([`crate::gemv::GemvLora`]), so the fused GEMV epilogues (RoPE + KV
 //! write, SiLU·up, the residual add) stay whole.
 //!
-//! Costs: shrink `ceil(T / 16) x ceil(segs * rank / 8)` blocks of 8 warps,
-//! each warp a dot of length `k` per row of its tile of 16, reading its A
-//! row once when the tile's adapter rows share a slot; expand `ceil(T / 16)
-//! x ceil(n / 128)` blocks, each thread a dot of length `rank` per row,
-//! reading its B row once likewise; `lora_shrink_in` `T x ceil(segs * rank
-//! / 8)` blocks, each warp one dot (its A row requested before the PDL
-//! wait). Rows of the base model read and write nothing.
+//! Costs: shrink (and `lora_shrink_in`) `T x ceil(segs * rank / 8)` blocks
+//! of 8 warps, each warp one dot of length `k` (`lora_shrink_in`: its A row
+//! requested before the PDL wait); expand `T x ceil(n / 128)` blocks, each
+//! thread one dot of length `rank`. Rows of the base model exit at once.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::{LoraExpandArgs, LoraShrinkArgs, LoraShrinkInArgs};
-use crate::consts::{LORA_EXPAND_THREADS, LORA_RANK_STEP, LORA_SHRINK_WARPS, LORA_TILE_ROWS};
-
-// a warp holds one slot of a tile's rows per lane
-const _: () = assert!(LORA_TILE_ROWS <= 32);
+use crate::consts::{LORA_EXPAND_THREADS, LORA_RANK_STEP, LORA_SHRINK_WARPS};
 use crate::{KernelError, Kernels, need, u32_of};
 
 /// The shape of one LoRA launch pair (module doc).
@@ -147,11 +141,7 @@ impl Kernels {
             slots: u32_of(K, "slots", sh.slots)?,
         };
         let cfg = LaunchConfig {
-            grid: (
-                u32_of(K, "row tiles", t.div_ceil(LORA_TILE_ROWS))?,
-                hw.div_ceil(LORA_SHRINK_WARPS) as u32,
-                1,
-            ),
+            grid: (args.tokens, hw.div_ceil(LORA_SHRINK_WARPS) as u32, 1),
             block: ((32 * LORA_SHRINK_WARPS) as u32, 1, 1),
             shared_bytes: 0,
         };
@@ -205,12 +195,10 @@ impl Kernels {
             slots: u32_of(K, "slots", sh.slots)?,
             seg1: u32_of(K, "segment 1", sh.seg_starts[0])?,
             seg2: u32_of(K, "segment 2", sh.seg_starts[1])?,
-            tokens: u32_of(K, "tokens", t)?,
-            ..Default::default()
         };
         let cfg = LaunchConfig {
             grid: (
-                u32_of(K, "row tiles", t.div_ceil(LORA_TILE_ROWS))?,
+                u32_of(K, "tokens", t)?,
                 sh.n.div_ceil(LORA_EXPAND_THREADS) as u32,
                 1,
             ),

@@ -270,31 +270,3 @@ fn a_newcomer_shares_the_capped_prefill_budget() {
         assert_eq!(segs(&third), vec![1, cap], "cap {cap}");
     }
 }
-
-/// Decodes run grouped by LoRA slot (stably), so an adapter's rows are
-/// consecutive in the step; without adapters the order stays arrival order.
-#[test]
-fn decodes_are_grouped_by_adapter() {
-    let mut s = sched(64, 4, 8, 64);
-    let mut fake = FakeBackend::new(
-        fake_config().unwrap(),
-        KvShape {
-            num_blocks: 64,
-            block_size: 4,
-        },
-    );
-    for id in 0..4 {
-        s.add(id, NewSeq::plain(vec![5, 3, id as u32], SamplingParams::greedy()));
-    }
-    step(&mut s, &mut fake);
-    s.schedule().unwrap();
-    assert_eq!(s.planned_ids().collect::<Vec<_>>(), vec![0, 1, 2, 3]);
-    let res = fake.step(s.batch()).unwrap();
-    commit(&mut s, res, &mut Vec::new());
-    for (id, slot) in [(0, 2), (1, 0), (2, 1), (3, 2)] {
-        s.seqs.get_mut(&id).unwrap().slot = slot;
-    }
-    s.schedule().unwrap();
-    assert_eq!(s.planned_ids().collect::<Vec<_>>(), vec![1, 2, 0, 3]);
-    assert_eq!(s.batch().loras, vec![0, 1, 2, 2]);
-}

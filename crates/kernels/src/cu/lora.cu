@@ -14,18 +14,11 @@
 // LAMINA_LORA_RANK_STEP. Base rows (slot 0) and slots past `slots` return
 // at once: they read and write nothing.
 //
-// Both run over tiles of LAMINA_LORA_TILE_ROWS consecutive rows, the
-// loads of all rows of a tile in flight together, so a tile whose adapter
-// rows share one slot (a prefill chunk's rows, or decode rows the engine
-// placed together) brings each A row and each B row from L2 once for all
-// its rows (L1 serves the repeats).
-// Shrink: block (tile, LAMINA_LORA_SHRINK_WARPS columns of h), one warp per
-// column, a dot per row of the tile, 16-byte loads of x and A (k a
-// multiple of 8, operands 16-byte aligned: the launcher checks). Expand:
-// block (tile, LAMINA_LORA_EXPAND_THREADS columns of y), one thread per
-// column, B rows read as 16-byte vectors. Each dot adds in column order
-// whatever the tile holds, so a row's result does not depend on its tile.
-
+// Shrink: block (row t, LAMINA_LORA_SHRINK_WARPS columns of h), one warp per
+// column, 16-byte loads of x and A (k a multiple of 8, operands 16-byte
+// aligned: the launcher checks). Expand: block (row t, LAMINA_LORA_EXPAND_THREADS
+// columns of y), one thread per column, B rows read as 16-byte vectors.
+//
 // lora_shrink_in: the shrink of the GEMV steps (a few rows), whose expand
 // runs in the GEMV's epilogue (cu/gemv.cu): block (row t,
 // LAMINA_LORA_SHRINK_WARPS columns of h), one warp per column, its A row
@@ -41,56 +34,30 @@
 #include "lamina_consts.cuh"
 #include "pdl.cuh"
 
-#define TR LAMINA_LORA_TILE_ROWS
-
-// The slot of row t0 + lane of a tile (0 past its rows, or for a slot
-// past the pool).
-__device__ __forceinline__ uint32_t tile_slot(const uint32_t* slot_of, uint32_t t0, uint32_t nr, uint32_t slots) {
-    const uint32_t lane = threadIdx.x % 32;
-    const uint32_t s = lane < nr ? slot_of[t0 + lane] : 0;
-    return s <= slots ? s : 0;
-}
-
-// acc += x[c..c+8] . w (eight widened weights)
-__device__ __forceinline__ float dot8w(const bf16* x, const float* wf, float acc) {
-    float xf[8];
-    bf8(*reinterpret_cast<const uint4*>(x), xf);
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc = fmaf(xf[e], wf[e], acc);
-    return acc;
-}
-
 extern "C" __global__ void lora_shrink(const LoraShrinkArgs a) {
-    const uint32_t t0 = blockIdx.x * TR, nr = min((uint32_t)TR, a.tokens - t0);
+    const uint32_t t = blockIdx.x;
+    const uint32_t s = a.slot_of[t];
+    if (s == 0 || s > a.slots) return;
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t j = blockIdx.y * LAMINA_LORA_SHRINK_WARPS + warp, k = a.k;
-    const uint32_t mine = tile_slot(a.slot_of, t0, nr, a.slots);
-    if (__ballot_sync(0xffffffffu, mine != 0) == 0 || j >= a.n) return;
-    // each row's A row (the same one for the rows of a slot: L1 serves the
-    // repeats), every row's chunk c in flight together
-    const bf16* w[TR];
-    float acc[TR];
+    const uint32_t j = blockIdx.y * LAMINA_LORA_SHRINK_WARPS + warp;
+    if (j >= a.n) return;
+    const bf16* __restrict__ x = a.x + (size_t)t * a.k;                      // [k]
+    const bf16* __restrict__ w = a.a + ((size_t)(s - 1) * a.n + j) * a.k;    // [k]
+    float acc = 0.f;
+    for (uint32_t c = lane * 8; c < a.k; c += 32 * 8) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(x + c);
+        const uint4 wv = *reinterpret_cast<const uint4*>(w + c);
+        const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&xv);
+        const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wv);
 #pragma unroll
-    for (int r = 0; r < TR; r++) {
-        const uint32_t s = __shfl_sync(0xffffffffu, mine, r);
-        w[r] = s != 0 ? a.a + ((size_t)(s - 1) * a.n + j) * k : nullptr;
-        acc[r] = 0.f;
-    }
-    const bf16* __restrict__ x = a.x + (size_t)t0 * k;
-    for (uint32_t c = lane * 8; c < k; c += 256) {
-#pragma unroll
-        for (int r = 0; r < TR; r++) {
-            if (w[r] == nullptr) continue;
-            float wf[8];
-            bf8(*reinterpret_cast<const uint4*>(w[r] + c), wf);
-            acc[r] = dot8w(x + (size_t)r * k + c, wf, acc[r]);
+        for (int e = 0; e < 4; e++) {
+            const float2 xf = __bfloat1622float2(xp[e]), wf = __bfloat1622float2(wp[e]);
+            acc = fmaf(xf.x, wf.x, acc);
+            acc = fmaf(xf.y, wf.y, acc);
         }
     }
-#pragma unroll
-    for (int r = 0; r < TR; r++) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0 && w[r] != nullptr) a.h[(size_t)(t0 + r) * a.n + j] = v;
-    }
+    acc = warp_sum(acc);
+    if (lane == 0) a.h[(size_t)t * a.n + j] = acc;
 }
 
 __device__ __forceinline__ void add_to(bf16* y, float d) { *y = f2bf(bf2f(*y) + d); }
@@ -98,40 +65,27 @@ __device__ __forceinline__ void add_to(float* y, float d) { *y += d; }
 
 template <typename T>
 __device__ __forceinline__ void lora_expand(const LoraExpandArgs& a) {
-    __shared__ uint32_t tile[TR];  // each row's slot
-    const uint32_t t0 = blockIdx.x * TR, nr = min((uint32_t)TR, a.tokens - t0);
-    if (threadIdx.x < 32) {
-        const uint32_t s = tile_slot(a.slot_of, t0, nr, a.slots);
-        if (threadIdx.x < TR) tile[threadIdx.x] = s;
-    }
-    __syncthreads();
+    const uint32_t t = blockIdx.x;
+    const uint32_t s = a.slot_of[t];
+    if (s == 0 || s > a.slots) return;
     const uint32_t c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= a.n) return;
     const uint32_t seg = c >= a.seg2 ? 2 : (c >= a.seg1 ? 1 : 0);
-    const float* __restrict__ h = a.h + (size_t)t0 * a.hw + seg * a.rank;  // row r: + r * hw
-    // each row's B row (shared by the rows of a slot), all rows' chunk i together
-    const bf16* b[TR];
-    float acc[TR];
+    const float* __restrict__ h = a.h + (size_t)t * a.hw + seg * a.rank;      // [rank]
+    const bf16* __restrict__ b = a.b + ((size_t)(s - 1) * a.n + c) * a.rank;  // [rank]
+    float acc = 0.f;
+    for (uint32_t r = 0; r < a.rank; r += 8) {
+        const uint4 bv = *reinterpret_cast<const uint4*>(b + r);
+        const __nv_bfloat162* bp = reinterpret_cast<const __nv_bfloat162*>(&bv);
 #pragma unroll
-    for (int r = 0; r < TR; r++) {
-        const uint32_t s = tile[r];
-        b[r] = s != 0 ? a.b + ((size_t)(s - 1) * a.n + c) * a.rank : nullptr;
-        acc[r] = 0.f;
-    }
-    for (uint32_t i = 0; i < a.rank; i += 8) {
-#pragma unroll
-        for (int r = 0; r < TR; r++) {
-            if (b[r] == nullptr) continue;
-            float bf[8];
-            bf8(*reinterpret_cast<const uint4*>(b[r] + i), bf);
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[r] = fmaf(h[(size_t)r * a.hw + i + e], bf[e], acc[r]);
+        for (int e = 0; e < 4; e++) {
+            const float2 bf = __bfloat1622float2(bp[e]);
+            acc = fmaf(h[r + 2 * e], bf.x, acc);
+            acc = fmaf(h[r + 2 * e + 1], bf.y, acc);
         }
     }
-    T* y = reinterpret_cast<T*>(a.y) + (size_t)t0 * a.n + c;
-#pragma unroll
-    for (int r = 0; r < TR; r++)
-        if (b[r] != nullptr) add_to(y + (size_t)r * a.n, a.scales[tile[r] - 1] * acc[r]);
+    T* y = reinterpret_cast<T*>(a.y) + (size_t)t * a.n + c;
+    add_to(y, a.scales[s - 1] * acc);
 }
 
 extern "C" __global__ void lora_expand_bf16(const LoraExpandArgs a) { lora_expand<bf16>(a); }

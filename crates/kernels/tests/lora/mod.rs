@@ -42,7 +42,7 @@ fn lora_shrink_expand_match_reference() {
         (5, 256, 384, 3, [256, 320], [0u32, 1, 2, 1, 0]),
         (37, 2048, 3072, 1, [3072, 3072], [2, 0, 2, 1, 2]),
         (3, 512, 1024, 2, [512, 1024], [1, 1, 0, 2, 2]),
-        // tiles of one slot (a prefill chunk's rows), with base rows
+        // runs of one slot (a prefill chunk's rows), with base rows
         (37, 256, 384, 3, [256, 320], [2, 2, 2, 2, 2]),
         (12, 512, 1024, 2, [512, 1024], [1, 0, 1, 1, 0]),
     ];
@@ -173,13 +173,18 @@ fn gemv_epilogues(
         shape: *sh,
     };
     let (af, bf) = (f32s(a), f32s(b));
-    let with_delta = |input: &[f32], base: &[f32]| {
-        lora_ref(input, &af, &bf, scales, slot_of, base, sh)
-    };
+    let with_delta =
+        |input: &[f32], base: &[f32]| lora_ref(input, &af, &bf, scales, slot_of, base, sh);
     // bf16 rows in, bf16 out
     let d_x = gpu.upload(x).unwrap();
-    k.lora_shrink_in(LoraIn::Bf16(d_x.view()), d_a.view(), d_slot.view(), h.view(), sh)
-        .unwrap();
+    k.lora_shrink_in(
+        LoraIn::Bf16(d_x.view()),
+        d_a.view(),
+        d_slot.view(),
+        h.view(),
+        sh,
+    )
+    .unwrap();
     let y = gpu.alloc::<bf16>(m * n).unwrap();
     let op = GemvOp::Bf16 {
         x: d_x.view(),
@@ -187,7 +192,17 @@ fn gemv_epilogues(
     };
     k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
     let mut base = vec![0f32; m * n];
-    gemv_ref(GemvKind::Bf16, &f32s(x), &[], 0.0, &f32s(&w), &mut base, m, n, kin);
+    gemv_ref(
+        GemvKind::Bf16,
+        &f32s(x),
+        &[],
+        0.0,
+        &f32s(&w),
+        &mut base,
+        m,
+        n,
+        kin,
+    );
     let got = f32s(&gpu.to_host(y.view()).unwrap());
     let e = rel_err(&got, &with_delta(&f32s(x), &base));
     assert!(e < 1e-2, "GEMV + LoRA bf16 m={m} n={n}: rel err {e}");
@@ -200,8 +215,21 @@ fn gemv_epilogues(
     };
     k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
     let mut base = r0.clone();
-    gemv_ref(GemvKind::Resid, &f32s(x), &[], 0.0, &f32s(&w), &mut base, m, n, kin);
-    let e = rel_err(&gpu.to_host(d_r.view()).unwrap(), &with_delta(&f32s(x), &base));
+    gemv_ref(
+        GemvKind::Resid,
+        &f32s(x),
+        &[],
+        0.0,
+        &f32s(&w),
+        &mut base,
+        m,
+        n,
+        kin,
+    );
+    let e = rel_err(
+        &gpu.to_host(d_r.view()).unwrap(),
+        &with_delta(&f32s(x), &base),
+    );
     assert!(e < 1e-3, "GEMV + LoRA resid m={m} n={n}: rel err {e}");
     // the residual normed by the shrink and by the GEMV
     let resid: Vec<f32> = f32s(&rand_bf16(rng, m * kin, 3.0));
@@ -234,7 +262,17 @@ fn gemv_epilogues(
     };
     k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
     let mut base = vec![0f32; m * n];
-    gemv_ref(GemvKind::Norm, &resid, &f32s(&g), eps, &f32s(&w), &mut base, m, n, kin);
+    gemv_ref(
+        GemvKind::Norm,
+        &resid,
+        &f32s(&g),
+        eps,
+        &f32s(&w),
+        &mut base,
+        m,
+        n,
+        kin,
+    );
     let got = f32s(&gpu.to_host(y.view()).unwrap());
     let e = rel_err(&got, &with_delta(&normed, &base));
     assert!(e < 1e-2, "GEMV + LoRA normed m={m} n={n}: rel err {e}");

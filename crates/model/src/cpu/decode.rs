@@ -129,8 +129,9 @@ pub(super) fn decode_attention(
             // each position's row offset, a block at a time (one table
             // lookup and no division per key)
             offs.clear();
-            for b in j0 / bs..j1.div_ceil(bs) {
-                let base = table[b] as usize * bs;
+            let b0 = j0 / bs;
+            for (b, &blk) in table.iter().enumerate().take(j1.div_ceil(bs)).skip(b0) {
+                let base = blk as usize * bs;
                 let (a, z) = ((b * bs).max(j0), ((b + 1) * bs).min(j1));
                 let first = (base + a - b * bs) * pool.kv_dim + g * hd;
                 offs.extend((0..z - a).map(|i| first + i * pool.kv_dim));

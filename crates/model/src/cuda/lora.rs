@@ -342,8 +342,15 @@ impl CudaBackend {
         l: usize,
         g: Group,
         m: usize,
-    ) -> Result<(LoraShape, DevSlice<'_, bf16>, DevSlice<'_, bf16>, DevSlice<'_, f32>), BackendError>
-    {
+    ) -> Result<
+        (
+            LoraShape,
+            DevSlice<'_, bf16>,
+            DevSlice<'_, bf16>,
+            DevSlice<'_, f32>,
+        ),
+        BackendError,
+    > {
         let pool = &self.lora;
         let gi = Group::ALL.iter().position(|&h| h == g).unwrap_or(0);
         let (a, b) = (pool.a_of(gi, l)?, pool.b_of(gi, l)?);
