@@ -150,14 +150,16 @@ async fn connections_past_the_cap_evict_the_longest_idle() {
             open.push(i);
         }
     }
-    // the newest ones stay open (at most the cap), the oldest were closed
+    // at most the cap stay open, and the oldest were closed: the first
+    // `cap` (a loaded machine may accept later ones out of order, so only
+    // these, older than 3 x cap connections after them, are certain)
     assert!(
         open.len() <= cap,
         "{} connections open past a cap of {cap}",
         open.len()
     );
     assert!(
-        open.iter().all(|&i| i >= 2 * cap),
+        open.iter().all(|&i| i >= cap),
         "an old idle connection outlived newer ones: {open:?}"
     );
 }
