@@ -53,15 +53,6 @@ __device__ __forceinline__ uint32_t decode_chunk(uint32_t ctx, uint32_t splits, 
 // exp2(m - M) with an empty state (m = -inf) weighing 0, also when M = -inf.
 __device__ __forceinline__ float decode_weight(float m, float M) { return m == -INFINITY ? 0.f : exp2f(m - M); }
 
-__device__ __forceinline__ void unpack8(const uint4 raw, float* f) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 t = __bfloat1622float2(h[i]);
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
 
 __device__ __forceinline__ void load8(const bf16* p, float* f) {
     const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
@@ -83,7 +74,7 @@ struct DecodeKv<bf16> {
     __device__ static raw zero() { return make_uint4(0, 0, 0, 0); }
     __device__ static raw before_wait(const bf16* p) { return ld_before_wait(p); }
     __device__ static raw load(const bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-    __device__ static void widen(const raw r, float* f, float) { unpack8(r, f); }
+    __device__ static void widen(const raw r, float* f, float) { bf8(r, f); }
 };
 template <>
 struct DecodeKv<uint8_t> {
