@@ -50,6 +50,21 @@ fn main() {
             (2 * t * inp * out) as f64 / sec / 1e9
         );
     }
+    {
+        let isa = Isa::best();
+        let mut sec = f64::INFINITY;
+        for _ in 0..iters {
+            let start = Instant::now();
+            cpu_kernels::matmul::matmul_bf16(isa, &x, &w, inp, out, &mut y, &mut s);
+            sec = sec.min(start.elapsed().as_secs_f64());
+        }
+        println!(
+            "{:>9} row-major bf16 T={t} {inp}x{out}: {:.3} ms, {:.1} GB/s weights",
+            isa.name(),
+            sec * 1e3,
+            (w.len() * 2) as f64 / sec / 1e9
+        );
+    }
     if Isa::Avx512.supported() {
         let pw = cpu_kernels::pairs::PairPanels::new(&w, inp, out);
         let mut sec = f64::INFINITY;

@@ -75,6 +75,21 @@ impl PairPanels {
         &self.data[p * n..(p + 1) * n]
     }
 
+    /// Row `o` (`inp` values) widened to f32 into `out`: the matrix's own
+    /// values (a tied embedding's lookup reads its rows from the LM head's
+    /// panels). Panics if `o >= out()` or `out.len() != inp()`.
+    pub fn row_f32(&self, o: usize, out: &mut [f32]) {
+        assert!(o < self.out, "row {o} of {}", self.out);
+        assert_eq!(out.len(), self.inp, "a row has {} values", self.inp);
+        let words = self.panel(o / NR)[o % NR..].iter().step_by(NR);
+        for (pair, &w) in out.chunks_mut(2).zip(words) {
+            pair[0] = f32::from_bits(w << 16);
+            if let Some(odd) = pair.get_mut(1) {
+                *odd = f32::from_bits(w & 0xFFFF_0000);
+            }
+        }
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         4 * self.data.len()
@@ -385,6 +400,31 @@ mod tests {
                         "inp {inp} rows {o0}..{o1} k {k} j {j}"
                     );
                 }
+            }
+        }
+    }
+
+    /// `row_f32` gives back every row's values exactly (odd `inp`, a
+    /// partial last panel).
+    #[test]
+    fn rows_read_back_exactly() {
+        if !crate::isa::test_runs_here(
+            crate::Isa::Avx512.supported(),
+            concat!(module_path!(), "::rows_read_back_exactly"),
+            "AVX-512F",
+        ) {
+            return;
+        }
+        for &(inp, out) in &[(64usize, 32usize), (75, 40), (33, 70)] {
+            let w: Vec<bf16> = (0..out * inp)
+                .map(|i| bf16::from_f32((i * 31 % 2003) as f32 / 64.0 - 15.0))
+                .collect();
+            let p = PairPanels::new(&w, inp, out);
+            let mut row = vec![f32::NAN; inp];
+            for o in 0..out {
+                p.row_f32(o, &mut row);
+                let want: Vec<f32> = w[o * inp..][..inp].iter().map(|v| v.to_f32()).collect();
+                assert_eq!(row, want, "inp {inp} row {o}");
             }
         }
     }

@@ -6,7 +6,9 @@
 //! and gate/up into one `[2 intermediate, hidden]` BF16 matrix (the layer's
 //! original tensors are released; on AVX-512 they are packed as `k`-pair
 //! panels, and where the processor has AVX-512 BF16 + VNNI an 8-bit copy
-//! is added, one byte per weight); [`CpuBackend::forward_fast`] runs
+//! is added, one byte per weight). A BF16 LM head is packed as panels too
+//! on AVX-512 (its row-major buffer released; a tied embedding's lookup
+//! reads its rows back from the panels). [`CpuBackend::forward_fast`] runs
 //! embedding, per layer RMSNorm, the fused QKV product, RoPE, the KV write,
 //! paged causal attention, the output product and residual, RMSNorm, the
 //! fused gate/up product, SwiGLU, the down product and residual, then the
@@ -25,7 +27,7 @@
 //! [`SEGMENT_GEMM_MIN`]+ tokens runs attention as GEMMs and a shorter one
 //! per token (so a prompt's chunking, a prefix-cache hit and a recompute
 //! after preemption change the bits of its rows), and row-major BF16
-//! products (the tied LM head, every projection without AVX-512) switch
+//! products (every projection and the BF16 LM head without AVX-512) switch
 //! from the register-tiled regime to a GEMM at 16 rows.
 //!
 //! Deterministic mode (`CpuBackend::with_deterministic`, `--deterministic`)
@@ -94,10 +96,13 @@ struct FastLayer {
 }
 
 /// Every layer's packed projections, and the LM head when it is not the
-/// weights' BF16 one.
+/// weights' row-major BF16 one.
 pub(super) struct FastWeights {
     layers: Vec<FastLayer>,
     head: Option<Matrix>, // [vocab, hidden]
+    /// The tied embedding's rows are read from `head`'s panels (its
+    /// row-major buffer released).
+    embed_in_head: bool,
 }
 
 impl FastWeights {
@@ -152,6 +157,15 @@ impl FastWeights {
             });
         }
         let head = pack_head(w.head(), format, layout)?;
+        // BF16 panels replace the row-major head; a tied one's lookup reads them
+        let panels = matches!(head, Some(Matrix::Panels { .. }));
+        let embed_in_head = panels && w.lm_head.is_none();
+        if panels {
+            match &mut w.lm_head {
+                Some(t) => t.data = Vec::new(),
+                None => w.embed.data = Vec::new(),
+            }
+        }
         if let Some(want) = quantize_to {
             let all: Vec<&Matrix> = layers
                 .iter()
@@ -167,7 +181,11 @@ impl FastWeights {
                 );
             }
         }
-        Ok(FastWeights { layers, head })
+        Ok(FastWeights {
+            layers,
+            head,
+            embed_in_head,
+        })
     }
 
     /// Whether prompt rows run the split products.
@@ -276,7 +294,13 @@ impl CpuBackend {
         {
             let x = sized(&mut ws.x, t * hidden);
             for (row, &id) in x.chunks_exact_mut(hidden).zip(&batch.tokens) {
-                self.weights.embed.data[id as usize * hidden..][..hidden].convert_to_f32_slice(row);
+                match &fast.head {
+                    Some(Matrix::Panels { w, .. }) if fast.embed_in_head => {
+                        w.row_f32(id as usize, row)
+                    }
+                    _ => self.weights.embed.data[id as usize * hidden..][..hidden]
+                        .convert_to_f32_slice(row),
+                }
             }
         }
         ws.seq_of.clear();

@@ -440,26 +440,38 @@ pub(super) fn pack_group(
     }
 }
 
-/// The LM head as the fast path multiplies it: `None` keeps the BF16 head
-/// of the weights (the embedding when tied, which the lookup still needs).
+/// The LM head as the fast path multiplies it: quantised (Q8_0 when the
+/// layers are, or the GGUF's own blocks), else BF16 panels on AVX-512;
+/// `None` keeps the weights' row-major BF16 head. The caller may then
+/// release the head tensor's BF16 buffer (a tied embedding's lookup reads
+/// the panels' rows, [`PairPanels::row_f32`]).
 pub(super) fn pack_head(
     head: &Tensor,
     format: &CpuWeights,
     layout: Layout,
 ) -> Result<Option<Matrix>, BackendError> {
-    match format {
-        CpuWeights::Bf16 => Ok(None),
-        CpuWeights::Quantize(_) => Ok(Some(quantize(
+    let cols = head.shape[1];
+    let packed = match format {
+        CpuWeights::Bf16 => None,
+        CpuWeights::Quantize(_) => Some(quantize(
             QuantType::Q8_0,
             &head.data,
-            head.shape[1],
+            cols,
             &head.name,
             layout,
-        )?)),
-        CpuWeights::Blocks(q) => Ok(q.head.as_ref().and_then(|t| {
-            quant_type(t.ty).map(|qt| quant_matrix(qt, t.data.clone(), head.shape[1], layout))
-        })),
-    }
+        )?),
+        CpuWeights::Blocks(q) => q.head.as_ref().and_then(|t| {
+            quant_type(t.ty).map(|qt| quant_matrix(qt, t.data.clone(), cols, layout))
+        }),
+    };
+    // a BF16 head in panels: the layers' f32 products, half again the
+    // row-major tiles' bandwidth on one token
+    Ok(packed.or_else(|| {
+        layout.panels.then(|| Matrix::Panels {
+            w: PairPanels::new(&head.data, cols, head.shape[0]),
+            lo: None,
+        })
+    }))
 }
 
 #[cfg(test)]
