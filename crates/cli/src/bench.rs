@@ -261,7 +261,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // warm-up: first-use costs (graph capture, page faults) stay out of the figures
     time(submit(prompt(16), 4)?)?;
     let rounds = if llama_gguf.is_some() { args.rounds } else { 1 };
-    let spec = args.model.spec.config()?;
+    // (the method only: the engines' own is resolved for the device)
+    let spec = args.model.spec.config(true)?;
     let mut workloads = args.workloads.clone();
     if spec.is_some() && !workloads.iter().any(|w| w == "sp") {
         workloads.push("sp".into());

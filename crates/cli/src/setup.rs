@@ -356,12 +356,14 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
         bail!("invalid `--max-batch-tokens`: must be at least 1");
     }
     // before anything loads: a bad setting is refused at once
-    let speculative = args.spec.config()?;
+    args.spec.config(true)?;
     let u = args.gpu_memory_utilization;
     if !(u > 0.0 && u <= 1.0) {
         bail!("invalid `--gpu-memory-utilization`: must be in (0, 1], got {u}");
     }
     let (dir, loaded, tokenizer, cuda) = resolve(args)?;
+    // (the draft cut-off's default depends on the device)
+    let speculative = args.spec.config(cuda)?;
     let draft = crate::draft_model::plan(args, &loaded, &tokenizer)?;
     // on CUDA the draft model's weights, workspace and pool (as many blocks
     // as the target's) come off the target's share of the device

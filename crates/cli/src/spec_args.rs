@@ -4,8 +4,8 @@
 
 use anyhow::{Result, bail};
 use contract::backend::MAX_DRAFTS;
-use engine::speculate::DEFAULT_SPEC_MAX_BATCH;
 use engine::speculate::DraftModel;
+use engine::speculate::{CPU_SPEC_MAX_BATCH, DEFAULT_SPEC_MAX_BATCH};
 use engine::{SpecConfig, SpecMethod};
 
 /// Speculative decoding flags.
@@ -26,9 +26,10 @@ pub struct SpecArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DRAFTS as u64))]
     pub num_speculative_tokens: usize,
     /// Steps with more running sequences than this draft nothing (a large
-    /// batch keeps the device busy without drafts).
-    #[arg(long, default_value_t = DEFAULT_SPEC_MAX_BATCH, env = "LAMINA_SPECULATIVE_MAX_BATCH")]
-    pub speculative_max_batch: usize,
+    /// batch keeps the device busy without drafts) [default: 32 on CUDA, 1
+    /// on the CPU].
+    #[arg(long, env = "LAMINA_SPECULATIVE_MAX_BATCH")]
+    pub speculative_max_batch: Option<usize>,
 }
 
 impl SpecArgs {
@@ -39,10 +40,11 @@ impl SpecArgs {
         (!model.is_empty()).then_some(model)
     }
 
-    /// The engine's setting (`None`: off); an error naming the flag for an
-    /// unknown method. A draft model's backend is not loaded here
-    /// (`crate::draft_model` opens it beside each replica's backend).
-    pub fn config(&self) -> Result<Option<SpecConfig>> {
+    /// The engine's setting for a CUDA (`cuda`) or CPU backend (`None`:
+    /// off); an error naming the flag for an unknown method. A draft
+    /// model's backend is not loaded here (`crate::draft_model` opens it
+    /// beside each replica's backend).
+    pub fn config(&self, cuda: bool) -> Result<Option<SpecConfig>> {
         let Some(name) = self.speculative.as_deref() else {
             return Ok(None);
         };
@@ -62,7 +64,10 @@ impl SpecArgs {
         Ok(Some(SpecConfig {
             method,
             num_tokens: self.num_speculative_tokens,
-            max_batch: self.speculative_max_batch,
+            max_batch: self.speculative_max_batch.unwrap_or(match cuda {
+                true => DEFAULT_SPEC_MAX_BATCH,
+                false => CPU_SPEC_MAX_BATCH,
+            }),
         }))
     }
 }
@@ -81,7 +86,7 @@ mod tests {
     fn parse(args: &[&str]) -> Result<Option<SpecConfig>, String> {
         let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
-        cli.spec.config().map_err(|e| e.to_string())
+        cli.spec.config(true).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -98,6 +103,26 @@ mod tests {
                 .num_tokens,
             4
         );
+    }
+
+    #[test]
+    fn the_draft_cut_off_defaults_by_device_and_a_flag_overrides_it() {
+        let cli = Cli::try_parse_from(["t", "--speculative", "ngram"]).unwrap();
+        let max = |cuda| cli.spec.config(cuda).unwrap().unwrap().max_batch;
+        assert_eq!(
+            (max(true), max(false)),
+            (DEFAULT_SPEC_MAX_BATCH, CPU_SPEC_MAX_BATCH)
+        );
+        let cli = Cli::try_parse_from([
+            "t",
+            "--speculative",
+            "ngram",
+            "--speculative-max-batch",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(cli.spec.config(false).unwrap().unwrap().max_batch, 7);
+        assert_eq!(cli.spec.config(true).unwrap().unwrap().max_batch, 7);
     }
 
     #[test]

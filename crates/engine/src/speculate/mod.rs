@@ -116,8 +116,13 @@ pub struct SpecConfig {
     pub max_batch: usize,
 }
 
-/// Default [`SpecConfig::max_batch`].
+/// Default [`SpecConfig::max_batch`] on a GPU.
 pub const DEFAULT_SPEC_MAX_BATCH: usize = 32;
+/// Default [`SpecConfig::max_batch`] on the CPU, whose verify rows cost
+/// compute from two sequences on (SmolLM2 on 2 cores, suffix drafts, K =
+/// 8: the default Q4_1 weights 0.89-0.91x at 2 sequences, 0.98x at 4;
+/// BF16 1.50-1.70x at 2, 0.99x at 4, 0.91x at 8): a single stream drafts.
+pub const CPU_SPEC_MAX_BATCH: usize = 1;
 
 impl SpecConfig {
     /// Checks the settings: an error naming the field and its range.
