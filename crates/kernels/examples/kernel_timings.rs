@@ -17,7 +17,7 @@ use gpu::{DeviceBuffer, Gpu, Graph};
 use half::bf16;
 use kernels::decode_attention::DecodeParams;
 use kernels::flash_prefill::FlashTiles;
-use kernels::gemv::GemvOp;
+use kernels::gemv::{GemvOp, GemvWeights};
 use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 use kernels::{DecodePlan, HeadShape, Kernels, KvCaches, SampleParams};
@@ -134,7 +134,16 @@ fn gemv(gpu: &Arc<Gpu>, k: &Kernels) {
         ("lm head (f32)", vocab, h, vocab),
     ] {
         let w = gpu.alloc::<bf16>(wrows * kk).unwrap();
-        for m in [1usize, 2, 4, 8, 16] {
+        let q = gpu.alloc::<u8>(wrows * kk).unwrap();
+        let scale = gpu.alloc::<f32>(wrows).unwrap();
+        let fp8_w = GemvWeights::Fp8 {
+            q: q.view(),
+            scale: scale.view(),
+        };
+        for (m, fp8) in [1usize, 2, 4, 8, 16]
+            .into_iter()
+            .flat_map(|m| [(m, false), (m, true)])
+        {
             let op = match name {
                 "qkv (norm)" => GemvOp::Norm {
                     residual: xf.view(),
@@ -157,11 +166,15 @@ fn gemv(gpu: &Arc<Gpu>, k: &Kernels) {
                     residual: resid.view(),
                 },
             };
-            let run = || k.gemv(op, w.view(), m, n, kk).unwrap();
+            let (weights, bytes, kind) = match fp8 {
+                true => (fp8_w, wrows * kk, "fp8"),
+                false => (GemvWeights::Bf16(w.view()), wrows * kk * 2, "bf16"),
+            };
+            let run = || k.gemv(op, weights, m, n, kk).unwrap();
             run();
             let us = graph_us(gpu, run);
-            let gbs = (wrows * kk * 2) as f64 / us / 1e3;
-            println!("RESULT gemv {name} m={m}: {us:.1} us, {gbs:.0} GB/s of weights");
+            let gbs = bytes as f64 / us / 1e3;
+            println!("RESULT gemv {kind} {name} m={m}: {us:.1} us, {gbs:.0} GB/s of weights");
         }
     }
 }

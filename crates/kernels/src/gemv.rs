@@ -21,6 +21,8 @@ use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 /// Most token rows one launch handles (larger steps use cuBLAS).
 pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
 use crate::consts::{GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS, gemv_chunks};
+/// FP8 weights' `k` must be a multiple of this (16 e4m3 bytes a load).
+pub const FP8_K_MULTIPLE: usize = 16;
 /// Dynamic shared memory the norm variants may take (their `m * k` bf16
 /// normalised inputs); within every sm_80+ GPU's opt-in limit.
 pub const MAX_NORM_SMEM: usize = 96 * 1024;
@@ -84,6 +86,14 @@ impl GemvWeights<'_> {
                 Ok((w.ptr(), 0, false))
             }
             GemvWeights::Fp8 { q, scale } => {
+                if !k.is_multiple_of(FP8_K_MULTIPLE) {
+                    return Err(KernelError::Unsupported {
+                        kernel,
+                        reason: format!(
+                            "k = {k}: FP8 weights need k a multiple of {FP8_K_MULTIPLE} (16-byte rows)"
+                        ),
+                    });
+                }
                 need(kernel, "w (fp8)", q, rows * k)?;
                 need(kernel, "w scale", scale, rows)?;
                 aligned(kernel, "w (fp8)", q.ptr())?;

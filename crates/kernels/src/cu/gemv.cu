@@ -2,10 +2,11 @@
 // y[m, n] = x[m, K] · W[n, K]ᵀ with bf16 weights (nn.Linear, row-major),
 // fp32 accumulation, every weight row read once for all m rows.
 // FP8 weights (the gemv8_* entries, W8): W holds e4m3 bytes and w_scale one
-// f32 scale per weight row; a lane's chunk is then 8 bytes instead of 16
-// (the same 8 columns), widened to f32 in registers (hardware cvt on
-// sm_89+), and each row's dot is multiplied by its scale before the
-// epilogue: y = (x · q) * s, with the bf16 path's rounding after.
+// f32 scale per weight row; a lane's 16-byte chunk then holds 16 columns
+// instead of 8 (half as many chunks a pass; K % 16 == 0), widened to f32 in
+// registers (hardware cvt on sm_89+), and each row's dot is multiplied by
+// its scale before the epilogue: y = (x · q) * s, with the bf16 path's
+// rounding after.
 //
 // Grid ceil(pairs / (LAMINA_GEMV_WARPS / ksplit)) blocks of LAMINA_GEMV_WARPS warps. A warp
 // owns a pair of weight rows and one of `ksplit` (1, 2 or 4, from the host)
@@ -15,7 +16,7 @@
 // the whole range when it is at most 256 * chunks columns (every Llama-1B
 // projection at m = 1), so a warp's weight bytes are all in flight at once,
 // and they are requested before the PDL wait, overlapping the previous
-// kernel's tail. Requires K % 8 == 0 (16-byte aligned rows).
+// kernel's tail. Requires K % 8 == 0 (16-byte aligned rows; FP8: K % 16 == 0).
 //
 // Variants (template flags, one entry point each per row tile MT):
 //  gemv_bf16_mMT        x bf16 -> y bf16                           (plain)
@@ -99,36 +100,36 @@ __device__ __forceinline__ void fp8x8(const uint2 raw, float* f) {
 
 __device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
 
-// A lane's chunk of 8 weights of one row: 16 bytes of bf16, or 8 of e4m3.
+// A lane's chunk of one row: 8 bf16 weights (16 bytes), or 16 e4m3 weights
+// (16 bytes); COLS weights each, widened to f32.
 template <bool W8>
 struct WChunk {
-    typedef uint4 T;
     static constexpr uint32_t BYTES = 2;  // per weight
-    static __device__ __forceinline__ T zero() { return make_uint4(0, 0, 0, 0); }
-    static __device__ __forceinline__ T load(const unsigned char* p) { return ld_before_wait(p); }
-    static __device__ __forceinline__ void widen(const T& raw, float* f) { bf8(raw, f); }
+    static constexpr uint32_t COLS = 8;
+    static __device__ __forceinline__ void widen(const uint4& raw, float* f) { bf8(raw, f); }
 };
 template <>
 struct WChunk<true> {
-    typedef uint2 T;
     static constexpr uint32_t BYTES = 1;
-    static __device__ __forceinline__ T zero() { return make_uint2(0, 0); }
-    static __device__ __forceinline__ T load(const unsigned char* p) { return ld_before_wait8(p); }
-    static __device__ __forceinline__ void widen(const T& raw, float* f) { fp8x8(raw, f); }
+    static constexpr uint32_t COLS = 16;
+    static __device__ __forceinline__ void widen(const uint4& raw, float* f) {
+        fp8x8(make_uint2(raw.x, raw.y), f);
+        fp8x8(make_uint2(raw.z, raw.w), f + 8);
+    }
 };
 
-// One pass of a warp: NC chunks of each of its two rows per lane,
-// columns base + u * 256 (u < NC) below kend; zeros past kend or for absent rows.
-template <int NC, bool W8>
+// One pass of a warp: NW chunks of each of its two rows per lane, columns
+// base + u * 32 * COLS (u < NW) below kend; zeros past kend or for absent rows.
+template <int NW, bool W8>
 __device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigned char* w1, bool ok0, bool ok1,
-                                          uint32_t base, uint32_t kend, typename WChunk<W8>::T* wa,
-                                          typename WChunk<W8>::T* wb) {
+                                          uint32_t base, uint32_t kend, uint4* wa, uint4* wb) {
     typedef WChunk<W8> C;
+    const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < NC; u++) {
-        const uint32_t kk = base + u * 256;
-        wa[u] = ok0 && kk < kend ? C::load(w0 + (size_t)kk * C::BYTES) : C::zero();
-        wb[u] = ok1 && kk < kend ? C::load(w1 + (size_t)kk * C::BYTES) : C::zero();
+    for (int u = 0; u < NW; u++) {
+        const uint32_t kk = base + u * 32 * C::COLS;
+        wa[u] = ok0 && kk < kend ? ld_before_wait(w0 + (size_t)kk * C::BYTES) : z;
+        wb[u] = ok1 && kk < kend ? ld_before_wait(w1 + (size_t)kk * C::BYTES) : z;
     }
 }
 
@@ -151,7 +152,10 @@ __device__ __forceinline__ float gemv_lora_delta(const GemvArgs& a, uint32_t r, 
 template <int MT, int IN, int OUT, bool W8>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     typedef WChunk<W8> C;
+    // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which FP8
+    // weights (16 columns a chunk) load in NW = NC / 2 chunks.
     constexpr int NC = lamina_gemv_chunks<MT, IN == IN_NORM>::value;
+    constexpr int NW = NC * 8 / C::COLS;
     // IN_NORM: the block's normalised inputs, bf16 [m, K] (dynamic, m * K * 2 bytes).
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     __shared__ float part[LAMINA_GEMV_WARPS][MT];     // inverse-RMS partial sums
@@ -162,7 +166,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     uint32_t r0, r1;
     bool ok0, ok1;
     gemv_rows_of<OUT>(a, gw, r0, r1, ok0, ok1);
-    const uint32_t span = (K / 8 + nsplit - 1) / nsplit * 8;
+    const uint32_t span = (K / C::COLS + nsplit - 1) / nsplit * C::COLS;
     const uint32_t kbeg = min(K, ks * span), kend = min(K, kbeg + span);
     const unsigned char* wbase = static_cast<const unsigned char*>(a.w);
     const unsigned char* w0 = wbase + (size_t)(ok0 ? r0 : 0) * K * C::BYTES;
@@ -170,8 +174,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     // Weights do not depend on earlier kernels: the first pass's loads are
     // in flight before the PDL wait (and before the norm prologue); so are
     // the rows' FP8 scales.
-    typename C::T wa[NC], wb[NC];
-    gemv_load<NC, W8>(w0, w1, ok0, ok1, kbeg + lane * 8, kend, wa, wb);
+    uint4 wa[NW], wb[NW];
+    gemv_load<NW, W8>(w0, w1, ok0, ok1, kbeg + lane * C::COLS, kend, wa, wb);
     const float s0 = W8 && ok0 ? a.w_scale[r0] : 1.f, s1 = W8 && ok1 ? a.w_scale[r1] : 1.f;
     // So are the norm weights: thread t normalises columns t * 8 + j * 1024.
     constexpr int NJ = GEMV_NORM_REGS;
@@ -275,28 +279,31 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     for (int r = 0; r < MT; r++) acc0[r] = acc1[r] = 0.f;
     if (ok0) {
         for (uint32_t pass = kbeg; pass < kend; pass += 256 * NC) {
-            if (pass != kbeg) gemv_load<NC, W8>(w0, w1, ok0, ok1, pass + lane * 8, kend, wa, wb);
+            if (pass != kbeg) gemv_load<NW, W8>(w0, w1, ok0, ok1, pass + lane * C::COLS, kend, wa, wb);
 #pragma unroll
-            for (int u = 0; u < NC; u++) {
-                const uint32_t kk = pass + lane * 8 + u * 256;
+            for (int u = 0; u < NW; u++) {
+                const uint32_t kk = pass + lane * C::COLS + u * 32 * C::COLS;
                 if (kk >= kend) break;
-                float fa[8], fb[8];
+                float fa[C::COLS], fb[C::COLS];
                 C::widen(wa[u], fa);
                 C::widen(wb[u], fb);
 #pragma unroll
                 for (int r = 0; r < MT; r++) {
                     if (r < (int)m) {
-                        float xv[8];
-                        if (IN == IN_NORM)
-                            bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk), xv);
-                        else
-                            bf8(__ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) + (size_t)r * K +
-                                                                     kk)),
-                                xv);
 #pragma unroll
-                        for (int i = 0; i < 8; i++) {
-                            acc0[r] = fmaf(fa[i], xv[i], acc0[r]);
-                            acc1[r] = fmaf(fb[i], xv[i], acc1[r]);
+                        for (uint32_t h = 0; h < C::COLS; h += 8) {
+                            float xv[8];
+                            if (IN == IN_NORM)
+                                bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk + h), xv);
+                            else
+                                bf8(__ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) +
+                                                                         (size_t)r * K + kk + h)),
+                                    xv);
+#pragma unroll
+                            for (int i = 0; i < 8; i++) {
+                                acc0[r] = fmaf(fa[h + i], xv[i], acc0[r]);
+                                acc1[r] = fmaf(fb[h + i], xv[i], acc1[r]);
+                            }
                         }
                     }
                 }

@@ -51,10 +51,11 @@ impl DevWeights {
 
 /// Every GEMV variant, with bf16 and with FP8 weights (against the
 /// reference on the dequantised weights), against `gemv_ref`: odd output
-/// counts, inputs an odd multiple of 8, 1 to 16 rows, a Llama-1B-sized
-/// projection, and 8,200 inputs (column ranges split over 4 warps, two
-/// register passes each); outputs poisoned. Norm variants whose inputs
-/// exceed the shared memory budget must be refused.
+/// counts, inputs an odd multiple of 8 (FP8: of 16, and refused at a
+/// multiple of 8 only), 1 to 16 rows, a Llama-1B-sized projection, and
+/// 8,200 / 8,208 inputs (column ranges split over 4 warps, two register
+/// passes each); outputs poisoned. Norm variants whose inputs exceed the
+/// shared memory budget must be refused.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_matches_reference() {
@@ -68,7 +69,16 @@ fn gemv_matches_reference() {
         GemvKind::NormSilu,
         GemvKind::F32,
     ];
-    for (n, kk) in [(37usize, 264usize), (1001, 8), (3072, 2048), (67, 8200)] {
+    let shapes = [
+        (37usize, 264usize),
+        (37, 272),
+        (1001, 8),
+        (1001, 16),
+        (3072, 2048),
+        (67, 8200),
+        (67, 8208),
+    ];
+    for (n, kk) in shapes {
         for m in [1usize, 3, 16, 5] {
             for (kind, fp8) in kinds.into_iter().flat_map(|k| [(k, false), (k, true)]) {
                 let wrows = if kind == GemvKind::NormSilu { 2 * n } else { n };
@@ -132,7 +142,8 @@ fn gemv_matches_reference() {
                         y: yf.view(),
                     },
                 };
-                if norm_in && !kernels::gemv::fits(m, kk) {
+                let fp8_refused = fp8 && !kk.is_multiple_of(kernels::gemv::FP8_K_MULTIPLE);
+                if fp8_refused || (norm_in && !kernels::gemv::fits(m, kk)) {
                     assert!(k.gemv(op, weights, m, n, kk).is_err());
                     continue;
                 }
@@ -207,14 +218,16 @@ fn gemv_qkv_rope_matches_reference() {
         let (n, d) = (shape.qkv_width(), shape.head_dim);
         let table = rope(max_pos, d);
         let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
-        // 2,056 inputs at 3 rows: column ranges split over two warps per row pair
+        // 2,056 inputs at 3 rows: column ranges split over two warps per
+        // row pair (FP8 weights take the next multiple of 16)
         let cases = [(1usize, 200usize), (3, 2056), (16, 200)];
         for (m, hidden, fp8, kv8) in cases.iter().flat_map(|&(m, h)| {
+            let h8 = h.next_multiple_of(kernels::gemv::FP8_K_MULTIPLE);
             [
                 (m, h, false, false),
-                (m, h, true, false),
+                (m, h8, true, false),
                 (m, h, false, true),
-                (m, h, true, true),
+                (m, h8, true, true),
             ]
         }) {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);

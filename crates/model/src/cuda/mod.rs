@@ -289,6 +289,12 @@ impl CudaBackend {
             tuning.lora_h = lora.h_width();
         }
         let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
+        // FP8 GEMVs load 16 weights at a time: other widths run the GEMMs
+        let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
+        let fp8_k = kernels::gemv::FP8_K_MULTIPLE;
+        if model.w.widened.is_some() && widths.iter().any(|k| !k.is_multiple_of(fp8_k)) {
+            tuning.gemv_rows = 0;
+        }
         let caps = Caps {
             tokens: 16,
             rows: 1,
