@@ -9,6 +9,7 @@
 #   (default 4000 at batch 1, 8000 otherwise: past model load, prefill and
 #   graph capture); BATCH: sequences decoding together (default 1: `lamina
 #   bench` b1; more: b3 with that many prompts of $B3_PROMPT tokens, default 128).
+#   $BENCH_ARGS: more `lamina bench` arguments (e.g. `--dtype fp8 --quantize-lm-head`).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/env.sh"
@@ -32,7 +33,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 COUNT=$(((STEPS + 2) * 200))
 "$NCU" --graph-profiling node --clock-control none --launch-skip "$SKIP" --launch-count "$COUNT" \
   --metrics gpu__time_duration.sum --csv \
-  $L bench --device cuda --model $M "${WORK[@]}" > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
+  $L bench --device cuda --model $M "${WORK[@]}" ${BENCH_ARGS:-} > "$OUT/ncu.csv" 2> "$OUT/ncu.log"
 echo "ncu exit: $? ($(grep -c gpu__time_duration "$OUT/ncu.csv") kernel rows)"
 python3 - "$OUT/ncu.csv" "$STEPS" <<'PY'
 import csv, sys, collections
