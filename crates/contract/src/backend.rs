@@ -626,6 +626,16 @@ pub trait Backend: Send {
         false
     }
 
+    /// Whether a launched step computes while the host plans the next (a
+    /// device queue; the default). A backend that computes at launch on the
+    /// calling thread ([`crate::HostCompute`]) says false: a step that waits
+    /// for the one before it to land then loses no overlap, which the
+    /// engine's speculative decoding uses to retry a sequence whose drafter
+    /// proposed nothing at once instead of backing off.
+    fn steps_overlap(&self) -> bool {
+        true
+    }
+
     /// Whether the backend runs in deterministic mode (the CLI's
     /// `--deterministic`, set when the backend is built): every row's
     /// logits, hence its samples and log-probabilities, are bitwise the same

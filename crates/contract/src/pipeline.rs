@@ -148,6 +148,11 @@ impl<T: HostCompute> Backend for T {
         HostCompute::deterministic(self)
     }
 
+    /// The step ran at launch: nothing overlaps it.
+    fn steps_overlap(&self) -> bool {
+        false
+    }
+
     fn max_loras(&self) -> usize {
         HostCompute::max_loras(self)
     }

@@ -144,6 +144,7 @@ impl Engine {
                 let caps = VerifyCaps {
                     penalties: backend.verifies_penalties(),
                     masks: backend.verifies_masks(),
+                    overlap: backend.steps_overlap(),
                 };
                 sched.set_speculation(spec, drafter, caps);
             }

@@ -67,8 +67,9 @@
 //!    step depends on how many were accepted, and a draft on its last
 //!    token, so its step lands before the next plan
 //!    ([`Scheduler::landing_needs_host`]); after an attempt that proposed
-//!    nothing or had nothing accepted it waits a few steps (doubling with
-//!    each miss, at most 15) before the next, its steps pipelined meanwhile.
+//!    nothing (where steps overlap: `Backend::steps_overlap`) or had
+//!    nothing accepted it waits a few steps (doubling with each miss, at
+//!    most 15) before the next, its steps pipelined meanwhile.
 //!
 //! The batch ([`Scheduler::batch`]) is valid from `schedule` until
 //! [`Scheduler::launched`], which releases it (so the

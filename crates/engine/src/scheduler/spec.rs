@@ -28,6 +28,8 @@ pub(crate) struct Speculation {
     /// Sequences with a grammar draft too (the backend applies a mask per
     /// verify row, `Backend::verifies_masks`).
     pub(super) masks: bool,
+    /// An empty proposal backs off ([`VerifyCaps::overlap`]).
+    pub(super) overlap: bool,
     pub(super) drafter: Box<dyn Drafter>,
     /// This plan's proposals by sequence ([`Scheduler::propose_drafts`]),
     /// taken by [`Scheduler::draft`].
@@ -43,6 +45,9 @@ pub(crate) struct VerifyCaps {
     pub penalties: bool,
     /// `Backend::verifies_masks`.
     pub masks: bool,
+    /// `Backend::steps_overlap`: a sequence whose drafter proposed nothing
+    /// backs off ([`missed`]) only where it does.
+    pub overlap: bool,
 }
 
 /// Speculative decoding counters (totals since start).
@@ -70,6 +75,7 @@ impl Scheduler {
             drafter,
             penalties: caps.penalties,
             masks: caps.masks,
+            overlap: caps.overlap,
             cfg,
             proposals: HashMap::new(),
             stats: SpecStats::default(),
@@ -186,7 +192,9 @@ impl Scheduler {
         let n = draft.len();
         let sid = id as SeqId;
         if n == 0 {
-            missed(seq);
+            if spec.overlap {
+                missed(seq);
+            }
             return Ok(0);
         }
         if !self.kv.can_append(sid, n) {
@@ -286,11 +294,13 @@ impl Scheduler {
 /// Most steps a sequence waits between draft attempts after misses.
 const MAX_SPEC_WAIT: u8 = 15;
 
-/// A draft attempt of `seq` proposed nothing or had nothing accepted: it
-/// waits 1, 3, 7, then 15 steps before the next attempt. Drafting needs
-/// its last token on the host, so an attempt costs the pipelining of a
-/// step: a sequence with nothing to copy (no proposals, or wrong ones)
-/// keeps its steps pipelined, one attempt in 16 steps at worst.
+/// A draft attempt of `seq` had nothing accepted, or proposed nothing on
+/// a backend whose steps overlap: it waits 1, 3, 7, then 15 steps before
+/// the next attempt. Drafting needs its last token on the host, so there
+/// an attempt costs the pipelining of a step: a sequence with nothing to
+/// copy (no proposals, or wrong ones) keeps its steps pipelined, one
+/// attempt in 16 steps at worst. Where a step computes at launch (the CPU)
+/// an empty proposal cost nothing and is retried at the next step.
 fn missed(seq: &mut Seq) {
     seq.spec_miss = seq.spec_miss.saturating_add(1);
     seq.spec_wait = ((1u16 << seq.spec_miss.min(4)) - 1).min(MAX_SPEC_WAIT as u16) as u8;

@@ -2,8 +2,10 @@
 //! fake backend with a scripted drafter: a draft is cut at the first token
 //! the grammar refuses (that token never runs as a verify row), each kept
 //! draft's row carries the grammar's mask after the drafts before it, and
-//! the tokens are plain decoding's.
+//! the tokens are plain decoding's; an empty proposal backs off only where
+//! the backend's steps overlap.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use contract::{Backend, KvShape, SampleRequest, SampledToken, TokenMask};
@@ -23,7 +25,21 @@ impl Drafter for Scripted {
     }
 }
 
+/// Counts its calls and proposes nothing.
+struct Empty(Arc<AtomicUsize>);
+
+impl Drafter for Empty {
+    fn propose(&mut self, _seq: u64, _tokens: &[u32], _max: usize, _out: &mut Vec<u32>) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 fn scheduler(drafter: Option<Box<dyn Drafter>>) -> Scheduler {
+    scheduler_with(drafter, true)
+}
+
+/// [`scheduler`] for a backend whose steps overlap or not.
+fn scheduler_with(drafter: Option<Box<dyn Drafter>>, overlap: bool) -> Scheduler {
     let kv = KvConfig {
         num_blocks: 64,
         block_size: 4,
@@ -39,6 +55,7 @@ fn scheduler(drafter: Option<Box<dyn Drafter>>) -> Scheduler {
         let caps = VerifyCaps {
             penalties: true,
             masks: true,
+            overlap,
         };
         s.set_speculation(cfg, d, caps);
     }
@@ -157,4 +174,27 @@ fn grammar_refused_drafts_never_run_and_rows_take_their_masks() {
         }
     }
     assert!(drafted_steps >= 3, "{drafted_steps} steps drafted");
+}
+
+#[test]
+fn an_empty_proposal_backs_off_only_where_steps_overlap() {
+    let config = fake_config().unwrap();
+    let shape = KvShape {
+        num_blocks: 64,
+        block_size: 4,
+    };
+    let asks = |overlap: bool| {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut s = scheduler_with(Some(Box::new(Empty(calls.clone()))), overlap);
+        s.add(0, NewSeq::plain(vec![5, 6, 7], SamplingParams::greedy()));
+        let mut fake = FakeBackend::new(config.clone(), shape);
+        let (tokens, _) = run(&mut s, &mut fake, 16, |_| {});
+        (calls.load(Ordering::Relaxed), tokens)
+    };
+    let (eager, eager_tokens) = asks(false);
+    let (backing, backing_tokens) = asks(true);
+    assert_eq!(eager_tokens, backing_tokens, "the same tokens either way");
+    // 15 decode steps after the prompt's: asked at each, or after waits of 1, 3 and 7
+    assert!(eager >= 14, "asked {eager} times without overlap");
+    assert!(backing <= 4, "asked {backing} times with overlap");
 }
