@@ -300,7 +300,7 @@ const MAX_SPEC_WAIT: u8 = 15;
 /// an attempt costs the pipelining of a step: a sequence with nothing to
 /// copy (no proposals, or wrong ones) keeps its steps pipelined, one
 /// attempt in 16 steps at worst. Where a step computes at launch (the CPU)
-/// an empty proposal cost nothing and is retried at the next step.
+/// an empty proposal costs nothing and is retried at the next step.
 fn missed(seq: &mut Seq) {
     seq.spec_miss = seq.spec_miss.saturating_add(1);
     seq.spec_wait = ((1u16 << seq.spec_miss.min(4)) - 1).min(MAX_SPEC_WAIT as u16) as u8;

@@ -156,6 +156,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     // weights (16 columns a chunk) load in NW = NC / 2 chunks.
     constexpr int NC = lamina_gemv_chunks<MT, IN == IN_NORM>::value;
     constexpr int NW = NC * 8 / C::COLS;
+    static_assert(NW > 0 && NW * C::COLS == NC * 8, "GEMV chunk counts must be even (FP8: 16 columns a chunk)");
     // IN_NORM: the block's normalised inputs, bf16 [m, K] (dynamic, m * K * 2 bytes).
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     __shared__ float part[LAMINA_GEMV_WARPS][MT];     // inverse-RMS partial sums
