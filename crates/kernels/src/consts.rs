@@ -90,6 +90,9 @@ launch_consts! {
     pub const GEMV_ROWS_PER_WARP: usize = 2;
     /// Most token rows a GEMV launch takes.
     pub const GEMV_MAX_ROWS: usize = 16;
+    /// Columns of FP8 (e4m3) weights in one 16-byte GEMV chunk (bf16: 8);
+    /// FP8 GEMV inputs are a multiple of it.
+    pub const GEMV_FP8_COLS: usize = 16;
     /// 16-byte weight chunks per row and lane one GEMV pass holds in
     /// registers ([`gemv_chunks`]): SMALL for row tiles of at most 2 rows,
     /// LARGE for larger tiles, PLAIN_M1 for one row of a variant without the

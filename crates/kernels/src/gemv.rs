@@ -18,11 +18,11 @@ use crate::kv::KvCaches;
 use crate::lora::LoraShape;
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
+/// FP8 weights' `k` must be a multiple of this (16 e4m3 bytes a load).
+pub use crate::consts::GEMV_FP8_COLS as FP8_K_MULTIPLE;
 /// Most token rows one launch handles (larger steps use cuBLAS).
 pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
 use crate::consts::{GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS, gemv_chunks};
-/// FP8 weights' `k` must be a multiple of this (16 e4m3 bytes a load).
-pub const FP8_K_MULTIPLE: usize = 16;
 /// Dynamic shared memory the norm variants may take (their `m * k` bf16
 /// normalised inputs); within every sm_80+ GPU's opt-in limit.
 pub const MAX_NORM_SMEM: usize = 96 * 1024;
@@ -86,7 +86,7 @@ impl GemvWeights<'_> {
                 Ok((w.ptr(), 0, false))
             }
             GemvWeights::Fp8 { q, scale } => {
-                if !k.is_multiple_of(FP8_K_MULTIPLE) {
+                if !width_fits(k, true) {
                     return Err(KernelError::Unsupported {
                         kernel,
                         reason: format!(
@@ -101,6 +101,12 @@ impl GemvWeights<'_> {
             }
         }
     }
+}
+
+/// Whether the GEMVs take inputs `k` wide: 16-byte rows (`k` a multiple
+/// of 8), and for FP8 weights whole chunks (a multiple of [`FP8_K_MULTIPLE`]).
+pub fn width_fits(k: usize, fp8: bool) -> bool {
+    k.is_multiple_of(if fp8 { FP8_K_MULTIPLE } else { 8 })
 }
 
 /// Whether a norm-variant GEMV of `m` rows over `k` inputs fits its shared
@@ -295,7 +301,7 @@ impl Kernels {
         lora: Option<&GemvLora<'_>>,
     ) -> Result<(), KernelError> {
         const K: &str = "gemv";
-        if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !k.is_multiple_of(8) {
+        if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !width_fits(k, false) {
             return Err(KernelError::Unsupported {
                 kernel: K,
                 reason: format!(

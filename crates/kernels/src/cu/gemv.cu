@@ -111,7 +111,7 @@ struct WChunk {
 template <>
 struct WChunk<true> {
     static constexpr uint32_t BYTES = 1;
-    static constexpr uint32_t COLS = 16;
+    static constexpr uint32_t COLS = LAMINA_GEMV_FP8_COLS;
     static __device__ __forceinline__ void widen(const uint4& raw, float* f) {
         fp8x8(make_uint2(raw.x, raw.y), f);
         fp8x8(make_uint2(raw.z, raw.w), f + 8);

@@ -189,12 +189,13 @@ pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("cuda: {what}: {e}"))
 }
 
-/// The plan's fixed inputs for model `c` on a device of `sms` SMs.
+/// The plan's fixed inputs for model `c` (FP8 projections: `fp8`) on a device of `sms` SMs.
 fn tuning(
     c: &LlamaConfig,
     kv: KvShape,
     opts: &CudaOptions,
     sms: usize,
+    fp8: bool,
 ) -> Result<Tuning, BackendError> {
     let shape = HeadShape {
         num_heads: c.num_heads,
@@ -204,10 +205,10 @@ fn tuning(
     // two waves of blocks: enough to hide the latency of short contexts
     let decode =
         DecodePlan::new(shape, 2 * sms).map_err(|e| dev_err("planning decode attention", e))?;
-    // the GEMVs' 16-byte loads need input widths that are multiples of 8
+    // input widths the GEMVs cannot take run every step on the GEMMs
     let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
         .iter()
-        .all(|k| k.is_multiple_of(8));
+        .all(|&k| kernels::gemv::width_fits(k, fp8));
     let gemv_rows = if fits {
         opts.gemv_rows.min(MAX_GEMV_ROWS)
     } else {
@@ -275,7 +276,7 @@ impl CudaBackend {
         let sms = gpu
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
-        let mut tuning = tuning(&config, kv, &opts, sms)?;
+        let mut tuning = tuning(&config, kv, &opts, sms, weights.fp8.is_some())?;
         let lora = lora::LoraPool::new(&gpu, &config, opts.max_loras, opts.max_lora_rank)?;
         if opts.max_loras > 0 {
             // the LoRA kernels' 16-byte loads need input widths that are multiples of 8
@@ -289,12 +290,6 @@ impl CudaBackend {
             tuning.lora_h = lora.h_width();
         }
         let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
-        // FP8 GEMVs load 16 weights at a time: other widths run the GEMMs
-        let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
-        let fp8_k = kernels::gemv::FP8_K_MULTIPLE;
-        if model.w.widened.is_some() && widths.iter().any(|k| !k.is_multiple_of(fp8_k)) {
-            tuning.gemv_rows = 0;
-        }
         let caps = Caps {
             tokens: 16,
             rows: 1,
