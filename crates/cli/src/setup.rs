@@ -164,8 +164,9 @@ pub struct ModelArgs {
     /// Deterministic mode: a request's tokens and log-probabilities are
     /// bitwise the same alone or in any batch, with any prefill chunking,
     /// prefix-cache hit or miss, or recompute after preemption (every
-    /// kernel reduces a row in one fixed order). Slower prompt processing;
-    /// the CPU backend only (`--device cpu`): CUDA refuses it.
+    /// kernel reduces a row in one fixed order). Slower prompt processing
+    /// on both backends; on CUDA slower batch-1 decode too (README,
+    /// "Deterministic mode").
     #[arg(long, env = "LAMINA_DETERMINISTIC", value_parser = clap::builder::BoolishValueParser::new())]
     pub deterministic: bool,
     #[command(flatten)]
@@ -317,10 +318,6 @@ fn resolve(args: &ModelArgs) -> Result<(PathBuf, LoadedModel, Arc<Tokenizer>, bo
     cap_context(&mut loaded.config, args.max_model_len)?;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let cuda = use_cuda(args.device)?;
-    if cuda {
-        // before any weight loads: the backend's own refusal
-        model::cuda::check_deterministic(args.deterministic)?;
-    }
     Ok((dir, loaded, tokenizer, cuda))
 }
 

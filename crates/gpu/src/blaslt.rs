@@ -27,14 +27,14 @@ use crate::device::Gpu;
 use crate::error::GpuError;
 
 /// Workspace handed to cuBLASLt (its recommendation for Hopper).
-const WORKSPACE_BYTES: usize = 32 << 20;
+pub(crate) const WORKSPACE_BYTES: usize = 32 << 20;
 
-fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> GpuError {
+pub(crate) fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> GpuError {
     move |e| GpuError::BlasLt { call, source: e }
 }
 
 /// A matmul descriptor, destroyed on drop.
-struct Desc(sys::cublasLtMatmulDesc_t);
+pub(crate) struct Desc(pub(crate) sys::cublasLtMatmulDesc_t);
 
 impl Drop for Desc {
     fn drop(&mut self) {
@@ -45,9 +45,9 @@ impl Drop for Desc {
 }
 
 impl Desc {
-    /// The FP8 product's descriptor: `op(A) = Aᵀ`, `op(B) = B`, outer-vector
-    /// scales at `sw` (per row of `op(A)`) and `sx` (per column of `B`).
-    fn new(sw: u64, sx: u64) -> Result<Desc, GpuError> {
+    /// The row-major product's descriptor: `op(A) = Aᵀ`, `op(B) = B`, f32
+    /// compute and scale type, no operand scales.
+    pub(crate) fn plain() -> Result<Desc, GpuError> {
         use sys::cublasLtMatmulDescAttributes_t as A;
         let desc = Desc(
             lt::create_matmul_desc(
@@ -56,17 +56,29 @@ impl Desc {
             )
             .map_err(lt_err("cublasLtMatmulDescCreate"))?,
         );
-        let outer =
-            sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
         let (t, n) = (
             cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32,
             cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32,
         );
         // SAFETY: the descriptor was just created; each value has the
-        // attribute's documented type (int32 enums, device pointers as u64).
+        // attribute's documented type (int32 enums).
         unsafe {
             set_desc(desc.0, A::CUBLASLT_MATMUL_DESC_TRANSA, &t)?;
             set_desc(desc.0, A::CUBLASLT_MATMUL_DESC_TRANSB, &n)?;
+        }
+        Ok(desc)
+    }
+
+    /// The FP8 product's descriptor: [`Desc::plain`] with outer-vector
+    /// scales at `sw` (per row of `op(A)`) and `sx` (per column of `B`).
+    pub(crate) fn new(sw: u64, sx: u64) -> Result<Desc, GpuError> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let desc = Desc::plain()?;
+        let outer =
+            sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+        // SAFETY: the descriptor is live; each value has the attribute's
+        // documented type (int32 enums, device pointers as u64).
+        unsafe {
             set_desc(desc.0, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
             set_desc(desc.0, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
             set_desc(desc.0, A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw)?;
@@ -270,7 +282,7 @@ impl BlasLt {
 ///
 /// # Safety
 /// `desc` is a live descriptor and `T` is the attribute's documented type.
-unsafe fn set_desc<T>(
+pub(crate) unsafe fn set_desc<T>(
     desc: sys::cublasLtMatmulDesc_t,
     attr: sys::cublasLtMatmulDescAttributes_t,
     v: &T,
@@ -289,7 +301,7 @@ unsafe fn set_desc<T>(
 
 /// Checks the dimensions: each in `1..=i32::MAX`, `k` a multiple of 16
 /// (cuBLASLt's FP8 alignment).
-fn dims(d: GemmDims) -> Result<(), GpuError> {
+pub(crate) fn dims(d: GemmDims) -> Result<(), GpuError> {
     for (name, v) in [("m", d.m), ("n", d.n), ("k", d.k)] {
         if v == 0 || i32::try_from(v).is_err() {
             return Err(GpuError::Layout(format!(

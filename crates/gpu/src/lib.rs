@@ -7,7 +7,8 @@
 //! kernels take; host staging memory by page-locked [`PinnedBuffer`]s.
 //! [`Blas`] is a row-major GEMM helper over cuBLAS (bf16 in, f32 accumulate)
 //! that rejects layouts it cannot express, [`BlasLt`] its FP8 counterpart
-//! over cuBLASLt (e4m3 operands with per-row scales); [`Graph`] captures and replays a
+//! over cuBLASLt (e4m3 operands with per-row scales), [`InvariantGemm`] both
+//! products on pinned, batch-invariant cuBLASLt algorithms; [`Graph`] captures and replays a
 //! stream's work as a CUDA graph.
 //!
 //! Costs: creating a [`Gpu`] initialises the driver (hundreds of ms the first
@@ -25,6 +26,7 @@ mod buffer;
 mod device;
 mod error;
 mod graph;
+mod invariant;
 mod launch;
 
 pub use blas::{Blas, GemmDims, OutType};
@@ -33,6 +35,7 @@ pub use buffer::{DevSlice, DeviceBuffer, PinnedBuffer};
 pub use device::{Fence, Gpu, Timer, device_count, driver_available};
 pub use error::GpuError;
 pub use graph::Graph;
+pub use invariant::{Algo, Inputs, InvariantGemm, MAX_M as INVARIANT_MAX_M, Operands, Output};
 pub use launch::{Function, LaunchConfig, Module};
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::*;
 use gpu::{DeviceBuffer, Gpu, Graph};
 use half::bf16;
-use kernels::decode_attention::DecodeParams;
+use kernels::decode_attention::{DecodeParams, DecodeRows};
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvOp, GemvWeights};
 use kernels::prefill_attention::PrefillParams;
@@ -233,6 +233,7 @@ fn decode(gpu: &Arc<Gpu>, k: &Kernels) {
                 num_seqs: n,
                 max_blocks: b.max_blocks,
                 block_size,
+                fresh: 1,
             };
             let us = d.split_kv_us(gpu, k, p);
             println!(
@@ -272,7 +273,10 @@ impl DecodeInputs {
             self.qkv.view(),
             KvCaches::bf16(self.kc.view(), self.vc.view()),
         );
-        let (ctx, tab, out) = (self.ctx.view(), self.tab.view(), self.out.view());
+        let (tab, out) = (self.tab.view(), self.out.view());
+        let ctx = DecodeRows::Seqs {
+            context_lens: self.ctx.view(),
+        };
         let (po, pm, pc) = (po.view(), pm.view(), pc.view());
         // SAFETY: paged_batch's block ids are < num_blocks, every table entry in range.
         let run = || unsafe { k.decode_attention(q, kv, ctx, tab, po, pm, pc, out, p) }.unwrap();

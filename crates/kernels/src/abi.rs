@@ -283,7 +283,7 @@ kernel_args! {
 
     /// Arguments of `decode_attention_d{D}_g{G}` (cu/decode_attention.cu).
     #[derive(Default)]
-    pub struct DecodeArgs for "decode_attention_d*_g*, decode_attention_fp8_d*_g*", size 112 {
+    pub struct DecodeArgs for "decode_attention_d*_g*, decode_attention_fp8_d*_g*", size 136 {
         /// [S, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
         /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
@@ -315,7 +315,18 @@ kernel_args! {
         k_scale: f32 as "float" @ 100,
         /// FP8 V scale (_fp8 kernels only)
         v_scale: f32 as "float" @ 104,
-        pad: u32 as "uint32_t" @ 108,
+        /// keys at the end of each row's context written by this step's
+        /// previous kernels (read only after the PDL wait): 1 for one new
+        /// token a sequence, 1 + K for verify rows after K drafts
+        fresh: u32 as "uint32_t" @ 108,
+        /// `[T]` token rows: each row attends to `positions[row] + 1` keys of
+        /// its segment's sequence (`cu_seqlens`); null: one row per sequence
+        positions: u64 as "const uint32_t*" @ 112,
+        /// `[S + 1]` segment offsets (token rows only)
+        cu_seqlens: u64 as "const uint32_t*" @ 120,
+        /// sequences `S` (token rows only)
+        num_seqs: u32 as "uint32_t" @ 128,
+        pad: u32 as "uint32_t" @ 132,
     }
 
     /// Arguments of the `flash_*` kernels (cu/flash_prefill.cu).

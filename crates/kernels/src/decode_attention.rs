@@ -27,6 +27,9 @@ pub use crate::consts::DECODE_MIN_CHUNK as MIN_CHUNK;
 use crate::consts::DECODE_THREADS as THREADS;
 /// Upper bound on splits per (sequence, KV head).
 const MAX_SPLITS: usize = 128;
+/// Splits per row of a batch-invariant plan ([`DecodePlan::invariant`]):
+/// a row's key ranges then depend on its own context alone.
+pub const INVARIANT_SPLITS: usize = 8;
 
 /// Keys per split for a context of `ctx` keys split `splits` ways
 /// (the kernels' `decode_chunk`): `ceil(ctx / splits)`, at least
@@ -47,6 +50,8 @@ pub struct DecodePlan {
     /// Fewest keys a split takes ([`MIN_CHUNK`] unless set): larger means
     /// fewer partials to merge and fewer blocks, smaller more parallelism.
     pub min_chunk: usize,
+    /// Splits per row whatever the batch (batch-invariant; 0: follow the batch).
+    pub fixed_splits: usize,
 }
 
 impl DecodePlan {
@@ -59,7 +64,18 @@ impl DecodePlan {
         Ok(DecodePlan {
             target_blocks: target_blocks.max(1),
             min_chunk: MIN_CHUNK,
+            fixed_splits: 0,
         })
+    }
+
+    /// The same plan with [`INVARIANT_SPLITS`] splits per row at every
+    /// batch size: a row's key ranges, and so its result, depend on its
+    /// own context alone (deterministic mode).
+    pub fn invariant(self) -> DecodePlan {
+        DecodePlan {
+            fixed_splits: INVARIANT_SPLITS,
+            ..self
+        }
     }
 
     /// The same plan with splits of at least `keys` keys (a positive multiple of [`CHUNK_GRAN`]).
@@ -80,6 +96,9 @@ impl DecodePlan {
 
     /// Splits per (sequence, KV head) for a step of `num_seqs` sequences.
     pub fn splits(&self, shape: HeadShape, num_seqs: usize) -> usize {
+        if self.fixed_splits > 0 {
+            return self.fixed_splits.min(MAX_SPLITS);
+        }
         let per = num_seqs.max(1) * shape.num_kv_heads.max(1);
         self.target_blocks.div_ceil(per).clamp(1, MAX_SPLITS)
     }
@@ -125,26 +144,46 @@ fn group_index(group: usize) -> Result<usize, KernelError> {
 pub struct DecodeParams {
     pub shape: HeadShape,
     pub plan: DecodePlan,
+    /// Query rows: sequences, or token rows ([`DecodeRows::Tokens`]).
     pub num_seqs: usize,
     pub max_blocks: usize,
     pub block_size: usize,
+    /// Keys at the end of each sequence's context that this step's earlier
+    /// kernels write (at least 1: the new token's); sequence rows only.
+    pub fresh: usize,
+}
+
+/// What the query rows of a decode launch are.
+#[derive(Clone, Copy)]
+pub enum DecodeRows<'a> {
+    /// One row per sequence, attending to `context_lens [S]` keys.
+    Seqs { context_lens: DevSlice<'a, u32> },
+    /// Token rows of `num_seqs` segments (`cu_seqlens [S + 1]`): row `t`
+    /// attends to `positions[t] + 1` keys of its segment's sequence, so a
+    /// prompt's tokens compute exactly as decode rows would.
+    Tokens {
+        positions: DevSlice<'a, u32>,
+        cu_seqlens: DevSlice<'a, u32>,
+        num_seqs: usize,
+    },
 }
 
 impl Kernels {
-    /// One query per sequence (token `s` of `qkv` belongs to sequence `s`):
-    /// `out[s, h*D..] = softmax(q·Kᵀ / sqrt(D)) V` over positions `0..context_lens[s]`
-    /// (zeros for an empty context).
+    /// One query per row (row `r` of `qkv` is query row `r`, `rows` says
+    /// whose keys it reads): `out[r, h*D..] = softmax(q·Kᵀ / sqrt(D)) V`
+    /// over its keys (zeros for an empty context).
     ///
     /// # Safety
-    /// For each sequence, the first `ceil(ctx / block_size)` entries of its
-    /// table row (ctx <= max_blocks * block_size) index blocks inside the
-    /// caches, and the K/V of positions `0..ctx` were written.
+    /// For each row, the first `ceil(ctx / block_size)` entries of its
+    /// sequence's table row (ctx <= max_blocks * block_size) index blocks
+    /// inside the caches, and the K/V of positions `0..ctx` were written;
+    /// token rows' `cu_seqlens` are non-decreasing from 0 and cover them.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn decode_attention(
         &self,
-        qkv: DevSlice<'_, bf16>,         // [S, qkv_width], q roped
-        kv: KvCaches<'_>,                // [slots, kv_heads, D] each
-        context_lens: DevSlice<'_, u32>, // [S]
+        qkv: DevSlice<'_, bf16>, // [rows, qkv_width], q roped
+        kv: KvCaches<'_>,        // [slots, kv_heads, D] each
+        rows: DecodeRows<'_>,
         block_tables: DevSlice<'_, u32>, // [S, max_blocks]
         part_o: DevSlice<'_, f32>,       // [S, heads, splits, D]
         part_ml: DevSlice<'_, f32>,      // [S, heads, splits, 2]
@@ -163,8 +202,22 @@ impl Kernels {
         let func = &funcs[head_dim_index(K, s.head_dim)?][group_index(s.group())?];
         let splits = p.plan.splits(s, p.num_seqs);
         need(K, "qkv", &qkv, p.num_seqs * s.qkv_width())?;
-        need(K, "context_lens", &context_lens, p.num_seqs)?;
-        need(K, "block_tables", &block_tables, p.num_seqs * p.max_blocks)?;
+        let (context_lens, positions, cu_seqlens, seqs) = match rows {
+            DecodeRows::Seqs { context_lens } => {
+                need(K, "context_lens", &context_lens, p.num_seqs)?;
+                (context_lens.ptr(), 0, 0, p.num_seqs)
+            }
+            DecodeRows::Tokens {
+                positions,
+                cu_seqlens,
+                num_seqs,
+            } => {
+                need(K, "positions", &positions, p.num_seqs)?;
+                need(K, "cu_seqlens", &cu_seqlens, num_seqs + 1)?;
+                (0, positions.ptr(), cu_seqlens.ptr(), num_seqs)
+            }
+        };
+        need(K, "block_tables", &block_tables, seqs * p.max_blocks)?;
         if splits > 1 {
             let rows = p.num_seqs * splits * s.num_heads;
             need(K, "part_o", &part_o, rows * s.head_dim)?;
@@ -182,7 +235,7 @@ impl Kernels {
             qkv: qkv.ptr(),
             k_cache,
             v_cache,
-            context_lens: context_lens.ptr(),
+            context_lens,
             block_tables: block_tables.ptr(),
             part_o: part_o.ptr(),
             part_ml: part_ml.ptr(),
@@ -197,6 +250,10 @@ impl Kernels {
             min_chunk: p.plan.min_chunk as u32,
             k_scale,
             v_scale,
+            fresh: u32_of(K, "fresh", p.fresh.max(1))?,
+            positions,
+            cu_seqlens,
+            num_seqs: u32_of(K, "num_seqs", seqs)?,
             pad: 0,
         };
         let cfg = LaunchConfig {

@@ -11,7 +11,7 @@ mod flash_prefill;
 
 use common::*;
 use half::bf16;
-use kernels::decode_attention::DecodeParams;
+use kernels::decode_attention::{DecodeParams, DecodeRows};
 use kernels::prefill_attention::PrefillParams;
 use kernels::{DecodePlan, HeadShape};
 use ops::PagedSeqs;
@@ -303,6 +303,7 @@ fn decode_attention_matches_reference() {
                     num_seqs: n,
                     max_blocks: b.max_blocks,
                     block_size,
+                    fresh: 1,
                 };
                 // Twice on the same buffers: the second launch relies on the
                 // first leaving its split arrival counters at zero.
@@ -313,7 +314,9 @@ fn decode_attention_matches_reference() {
                         k.decode_attention(
                             d_qkv.view(),
                             cache.caches(),
-                            d_ctx.view(),
+                            DecodeRows::Seqs {
+                                context_lens: d_ctx.view(),
+                            },
                             d_tab.view(),
                             po.view(),
                             pm.view(),
@@ -335,5 +338,126 @@ fn decode_attention_matches_reference() {
                 );
             }
         }
+    }
+}
+
+/// One launch of the invariant decode plan over `n` rows described by
+/// `rows`, tables `tab`; the bf16 output bits.
+#[allow(clippy::too_many_arguments)]
+fn invariant_decode(
+    gpu: &std::sync::Arc<gpu::Gpu>,
+    k: &kernels::Kernels,
+    shape: HeadShape,
+    qkv: &[bf16],
+    cache: &TestKv,
+    rows: DecodeRows<'_>,
+    tab: &[u32],
+    n: usize,
+    max_blocks: usize,
+    block_size: usize,
+) -> Vec<u16> {
+    let plan = DecodePlan::new(shape, 264).unwrap().invariant();
+    let po = gpu.alloc::<f32>(plan.partial_o_len(shape, n)).unwrap();
+    let pm = gpu.alloc::<f32>(plan.partial_ml_len(shape, n)).unwrap();
+    let pc = gpu.alloc::<u32>(plan.counters_len(shape, n)).unwrap();
+    let out = gpu
+        .alloc::<bf16>(n * shape.num_heads * shape.head_dim)
+        .unwrap();
+    let (d_qkv, d_tab) = (gpu.upload(qkv).unwrap(), gpu.upload(tab).unwrap());
+    let p = DecodeParams {
+        shape,
+        plan,
+        num_seqs: n,
+        max_blocks,
+        block_size,
+        fresh: 1,
+    };
+    // SAFETY: block ids < num_blocks, every table entry in range; token
+    // rows' cu_seqlens cover the rows.
+    unsafe {
+        k.decode_attention(
+            d_qkv.view(),
+            cache.caches(),
+            rows,
+            d_tab.view(),
+            po.view(),
+            pm.view(),
+            pc.view(),
+            out.view(),
+            p,
+        )
+    }
+    .unwrap();
+    let got = gpu.to_host(out.view()).unwrap();
+    got.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The invariant plan (deterministic mode): a prompt's token rows give the
+/// same bits as the same tokens run as decode rows, one sequence each,
+/// alone or in a batch of any size.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn invariant_decode_rows_match_bit_for_bit() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(36);
+    let (shape, bs) = (SHAPES[3], 16);
+    // two segments: 9 tokens ending at 1,300 keys, 5 ending at 40
+    let segs = [(9usize, 1300usize), (5, 40)];
+    let b = paged_batch(&mut rng, &segs, bs);
+    let slots = b.num_blocks * bs;
+    let kc = rand_bf16(&mut rng, slots * shape.kv_width(), 1.0);
+    let vc = rand_bf16(&mut rng, slots * shape.kv_width(), 1.0);
+    let cache = TestKv::new(&gpu, &kc, &vc, false);
+    let t = b.cu[segs.len()] as usize;
+    let qkv = rand_bf16(&mut rng, t * shape.qkv_width(), 1.0);
+    let positions: Vec<u32> = segs
+        .iter()
+        .flat_map(|&(len, ctx)| (ctx - len..ctx).map(|p| p as u32))
+        .collect();
+    let (d_pos, d_cu) = (gpu.upload(&positions).unwrap(), gpu.upload(&b.cu).unwrap());
+    let tokens = DecodeRows::Tokens {
+        positions: d_pos.view(),
+        cu_seqlens: d_cu.view(),
+        num_seqs: segs.len(),
+    };
+    let mb = b.max_blocks;
+    let as_tokens = invariant_decode(&gpu, &k, shape, &qkv, &cache, tokens, &b.tables, t, mb, bs);
+    // every token a sequence of its own, with its segment's table
+    let seq_of = |r: usize| (0..segs.len()).rfind(|&q| b.cu[q] as usize <= r).unwrap();
+    let tab: Vec<u32> = (0..t)
+        .flat_map(|r| b.tables[seq_of(r) * mb..][..mb].to_vec())
+        .collect();
+    let ctx: Vec<u32> = positions.iter().map(|p| p + 1).collect();
+    let d_ctx = gpu.upload(&ctx).unwrap();
+    let seqs = DecodeRows::Seqs {
+        context_lens: d_ctx.view(),
+    };
+    let as_seqs = invariant_decode(&gpu, &k, shape, &qkv, &cache, seqs, &tab, t, mb, bs);
+    assert_eq!(as_tokens, as_seqs, "token rows against decode rows");
+    // each row alone
+    let w = shape.num_heads * shape.head_dim;
+    for r in [0, 8, 9, t - 1] {
+        let d_one = gpu.upload(&ctx[r..r + 1]).unwrap();
+        let one = DecodeRows::Seqs {
+            context_lens: d_one.view(),
+        };
+        let q = &qkv[r * shape.qkv_width()..][..shape.qkv_width()];
+        let alone = invariant_decode(
+            &gpu,
+            &k,
+            shape,
+            q,
+            &cache,
+            one,
+            &tab[r * mb..][..mb],
+            1,
+            mb,
+            bs,
+        );
+        assert_eq!(
+            alone,
+            as_seqs[r * w..][..w],
+            "row {r} alone against in the batch"
+        );
     }
 }

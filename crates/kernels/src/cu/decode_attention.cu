@@ -2,7 +2,10 @@
 // flash-decoding with a device-side chunk so the work follows the real
 // context, not the longest context a captured graph may meet.
 //
-// decode_attention_dD_gC: grid (splits, S, n_kv), LAMINA_DECODE_THREADS threads.
+// decode_attention_dD_gC: grid (splits, rows, n_kv), LAMINA_DECODE_THREADS threads.
+//   A row is a sequence (context_lens[row] keys), or, with `positions` set,
+//   a token row of a segment (`cu_seqlens`): positions[row] + 1 keys of its
+//   sequence, so a prompt's tokens run exactly as decode rows would.
 //   `splits` is fixed on the host from S (enough blocks to fill the GPU);
 //   each block computes its key range from the device-side context length:
 //   chunk = round_up(max(ceil(ctx / splits), min_chunk), LAMINA_DECODE_CHUNK_GRAN),
@@ -48,6 +51,20 @@ __device__ __forceinline__ uint32_t decode_chunk(uint32_t ctx, uint32_t splits, 
     uint32_t c = (ctx + splits - 1) / splits;
     c = c > min_chunk ? c : min_chunk;
     return (c + LAMINA_DECODE_CHUNK_GRAN - 1) / LAMINA_DECODE_CHUNK_GRAN * LAMINA_DECODE_CHUNK_GRAN;
+}
+
+// The segment of token row `row`: the last q < n with cu[q] <= row.
+__device__ __forceinline__ uint32_t decode_segment(const uint32_t* cu, uint32_t n, uint32_t row) {
+    uint32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (ld_before_wait_u32(cu + mid) <= row) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
 }
 
 // exp2(m - M) with an empty state (m = -inf) weighing 0, also when M = -inf.
@@ -101,11 +118,22 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     __shared__ float sm_ml[NW][C][2];
     __shared__ float sm_o[NW][C][D];
 
+    // s: the query row (a sequence, or a token row of a segment)
     const uint32_t split = blockIdx.x, s = blockIdx.y, kvh = blockIdx.z;
     const uint32_t G = a.n_heads / a.n_kv;
-    // Context lengths and block tables are staged before the step's first
-    // kernel, so the key range and the cache slots are known before the PDL wait.
-    const uint32_t ctx = ld_before_wait_u32(a.context_lens + s);
+    // Context lengths, positions and block tables are staged before the
+    // step's first kernel, so the key range and the cache slots are known
+    // before the PDL wait. Keys from `first_new` on were written by this
+    // step's previous kernels: they are read after the wait.
+    uint32_t seq = s, ctx, first_new;
+    if (a.positions != nullptr) {
+        seq = decode_segment(a.cu_seqlens, a.num_seqs, s);
+        ctx = ld_before_wait_u32(a.positions + s) + 1;
+        first_new = ld_before_wait_u32(a.positions + ld_before_wait_u32(a.cu_seqlens + seq));
+    } else {
+        ctx = ld_before_wait_u32(a.context_lens + s);
+        first_new = ctx > a.fresh ? ctx - a.fresh : 0;
+    }
     const uint32_t chunk = decode_chunk(ctx, a.splits, a.min_chunk);
     const uint32_t start = split * chunk;
     const uint32_t end = min(ctx, start + chunk);
@@ -114,10 +142,9 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     if (split >= ns) return;  // uniform over the block; never counted
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t ks = lane / LPK, part = lane % LPK;
-    const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
-    // The first U steps' keys are loaded before the PDL wait:
-    // every key but the newest (position ctx - 1, which the previous kernel
-    // writes) is final before the step starts.
+    const uint32_t* table = a.block_tables + (size_t)seq * a.max_blocks;
+    // The first U steps' keys are loaded before the PDL wait, all but the
+    // fresh ones (from first_new on), which are final only after it.
     typename L::raw kr[U], vr[U];
     size_t off[U];
     bool valid[U];
@@ -135,7 +162,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         const uint32_t j = start + u * STEP + warp * KPW + ks;
         kr[u] = vr[u] = L::zero();
         off[u] = (((size_t)blk[u] * a.block_size + j % a.block_size) * a.n_kv + kvh) * D + part * 8;
-        if (valid[u] && j + 1 < ctx) {
+        if (valid[u] && j < first_new) {
             kr[u] = L::before_wait(k_cache + off[u]);
             vr[u] = L::before_wait(v_cache + off[u]);
         }
@@ -144,7 +171,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     pdl_launch_dependents();
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        if (valid[u] && start + u * STEP + warp * KPW + ks + 1 >= ctx) {
+        if (valid[u] && start + u * STEP + warp * KPW + ks >= first_new) {
             kr[u] = L::load(k_cache + off[u]);
             vr[u] = L::load(v_cache + off[u]);
         }

@@ -16,6 +16,7 @@
 use gpu::{DevSlice, GemmDims};
 use half::bf16;
 use kernels::KernelError;
+use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvLora, GemvOp, RopeKv};
@@ -212,6 +213,9 @@ impl CudaBackend {
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
+        if let Some(inv) = &self.inv {
+            return self.inv_gemm(inv, m, x, w, y, n, k);
+        }
         let d = GemmDims { m, n, k };
         if let (DevProj::Fp8 { q, scale }, Some(lt)) = (w, &self.lt)
             && lt.supports(d).map_err(ge("FP8 GEMM shape"))?
@@ -238,7 +242,7 @@ impl CudaBackend {
 
     /// The bf16 matrix cuBLAS reads for `w` (`[n, k]`): the weights
     /// themselves, or FP8 weights widened into the model's `widened` buffer.
-    fn widen<'a>(
+    pub(super) fn widen<'a>(
         &'a self,
         w: &'a DevProj,
         n: usize,
@@ -406,7 +410,22 @@ impl CudaBackend {
                 AttnPlan::Decode(p) => self.k.decode_attention(
                     q,
                     kv,
-                    ctx,
+                    DecodeRows::Seqs { context_lens: ctx },
+                    tables,
+                    ws.part_o.view(),
+                    ws.part_ml.view(),
+                    ws.part_cnt.view(),
+                    out,
+                    p,
+                ),
+                AttnPlan::DecodeTokens(p) => self.k.decode_attention(
+                    q,
+                    kv,
+                    DecodeRows::Tokens {
+                        positions: io.positions,
+                        cu_seqlens: cu,
+                        num_seqs: cu.len().saturating_sub(1),
+                    },
                     tables,
                     ws.part_o.view(),
                     ws.part_ml.view(),
@@ -420,6 +439,17 @@ impl CudaBackend {
                         .flash(tiles, 1..=u32::MAX, q, kv, cu, ctx, tables, out, p)
                 }
                 AttnPlan::Flash(p) => self.k.flash_prefill(q, kv, cu, ctx, tables, out, p),
+                AttnPlan::Fixed(p) => self.k.flash(
+                    super::plan::DETERMINISTIC_TILES,
+                    1..=u32::MAX,
+                    q,
+                    kv,
+                    cu,
+                    ctx,
+                    tables,
+                    out,
+                    p,
+                ),
                 AttnPlan::FlashSplit { wide, p } => self
                     .k
                     .flash(wide, 2..=u32::MAX, q, kv, cu, ctx, tables, out, p)
@@ -478,13 +508,19 @@ impl CudaBackend {
                     Some(p) => self.widen(p, v, h)?,
                     None => w.embed.view(),
                 };
+                let d = GemmDims { m: r, n: v, k: h };
+                if let Some(inv) = &self.inv {
+                    let x = gpu::Inputs::Bf16 {
+                        x: head_in,
+                        w: head,
+                    };
+                    let y = gpu::Output::F32(ws.logits.view());
+                    return inv
+                        .matmul(x, y, d, None)
+                        .map_err(ge("deterministic LM head GEMM"));
+                }
                 self.blas
-                    .matmul_nt(
-                        head_in,
-                        head,
-                        ws.logits.view(),
-                        GemmDims { m: r, n: v, k: h },
-                    )
+                    .matmul_nt(head_in, head, ws.logits.view(), d)
                     .map_err(ge("LM head GEMM"))
             }
         }

@@ -39,6 +39,7 @@
 
 mod forward;
 mod graphs;
+mod invariant;
 mod lora;
 mod pipeline;
 mod plan;
@@ -110,9 +111,8 @@ pub struct CudaOptions {
     /// construction.
     pub kv_cache_dtype: KvCacheDtype,
     /// Deterministic mode (`--deterministic`, see
-    /// [`contract::Backend::deterministic`]): not implemented on CUDA yet,
-    /// so asking for it is refused at construction
-    /// ([`check_deterministic`]).
+    /// [`contract::Backend::deterministic`]): batch-invariant GEMMs and
+    /// attention for every row (`plan`, `invariant`).
     pub deterministic: bool,
     /// LoRA adapter slots (`--max-loras`; 0: none, nothing allocated).
     pub max_loras: usize,
@@ -134,20 +134,6 @@ impl Default for CudaOptions {
             max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
         }
     }
-}
-
-/// `Ok` unless deterministic mode is asked for: the CUDA backend's kernels
-/// (cuBLAS GEMMs chosen by shape, split-K decode attention, GEMV below a
-/// row count) reduce a row in an order that depends on its step, so the
-/// mode's promise cannot be kept here; the error names `--deterministic`
-/// and the CPU backend that keeps it.
-pub fn check_deterministic(on: bool) -> Result<(), BackendError> {
-    if on {
-        return Err(BackendError::Device(
-            "`--deterministic` is not supported by the CUDA backend: the mode currently runs on the CPU backend only (use `--device cpu`, or drop `--deterministic`)".into(),
-        ));
-    }
-    Ok(())
 }
 
 /// `Ok` for a KV cache dtype the CUDA backend stores (BF16, FP8), else
@@ -203,13 +189,16 @@ fn tuning(
         head_dim: c.head_dim,
     };
     // two waves of blocks: enough to hide the latency of short contexts
-    let decode =
+    let mut decode =
         DecodePlan::new(shape, 2 * sms).map_err(|e| dev_err("planning decode attention", e))?;
+    if opts.deterministic {
+        decode = decode.invariant();
+    }
     // input widths the GEMVs cannot take run every step on the GEMMs
     let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
         .iter()
         .all(|&k| kernels::gemv::width_fits(k, fp8));
-    let gemv_rows = if fits {
+    let gemv_rows = if fits && !opts.deterministic {
         opts.gemv_rows.min(MAX_GEMV_ROWS)
     } else {
         0
@@ -229,6 +218,7 @@ fn tuning(
         gemv_rows,
         narrow_decode_seqs,
         lora_h: 0,
+        deterministic: opts.deterministic,
     })
 }
 
@@ -248,6 +238,8 @@ pub struct CudaBackend {
     /// FP8 weights only: cuBLASLt for the FP8 tensor-core GEMMs (`None`:
     /// large steps widen FP8 weights to bf16 for `blas` instead).
     lt: Option<gpu::BlasLt>,
+    /// Deterministic mode only: the GEMMs on pinned algorithms (`invariant`).
+    inv: Option<gpu::InvariantGemm>,
     k: Kernels,
     gpu: Arc<Gpu>,
 }
@@ -262,7 +254,6 @@ impl CudaBackend {
         device: usize,
         opts: CudaOptions,
     ) -> Result<CudaBackend, BackendError> {
-        check_deterministic(opts.deterministic)?;
         check_kv_cache_dtype(opts.kv_cache_dtype)?;
         available().map_err(BackendError::Device)?;
         if kv.num_blocks == 0 || kv.block_size == 0 {
@@ -308,8 +299,15 @@ impl CudaBackend {
         };
         let ws = Workspace::new(&gpu, &config, &tuning, caps, lt.is_some())?;
         let pipe = Pipe::new(&gpu)?;
+        let inv = match opts.deterministic {
+            true => Some(
+                gpu::InvariantGemm::new(&gpu)
+                    .map_err(|e| dev_err("creating the deterministic GEMMs", e))?,
+            ),
+            false => None,
+        };
         gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
-        Ok(CudaBackend {
+        let made = CudaBackend {
             graphs: DecodeGraphs::new(opts.graphs, model.rope_rows.div_ceil(kv.block_size)),
             config,
             kv,
@@ -321,9 +319,12 @@ impl CudaBackend {
             pipe,
             blas,
             lt,
+            inv,
             k,
             gpu,
-        })
+        };
+        made.pin_invariant()?;
+        Ok(made)
     }
 
     /// Turns graph capture/replay of pure-decode steps on or off (tests compare both).
@@ -358,26 +359,28 @@ impl CudaBackend {
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         let w = &self.model.w;
-        let kv = match self.model.cache.dtype() {
-            KvCacheDtype::Bf16 => "",
-            _ => ", fp8 KV",
-        };
+        let mut notes: Vec<String> = Vec::new();
         match (&w.widened, &w.lm_head) {
             (Some(_), Some(weights::DevProj::Fp8 { .. })) => {
-                format!(
-                    "cuda:{} (fp8 weights and LM head{}{kv})",
-                    self.device,
-                    self.fp8_act_note()
-                )
+                notes.push(format!("fp8 weights and LM head{}", self.fp8_act_note()))
             }
-            (Some(_), _) => format!(
-                "cuda:{} (fp8 weights{}{kv})",
-                self.device,
-                self.fp8_act_note()
-            ),
-            (None, _) if kv.is_empty() => format!("cuda:{}", self.device),
-            (None, _) => format!("cuda:{} (fp8 KV)", self.device),
+            (Some(_), _) => notes.push(format!("fp8 weights{}", self.fp8_act_note())),
+            (None, _) => {}
         }
+        if self.model.cache.dtype() != KvCacheDtype::Bf16 {
+            notes.push("fp8 KV".into());
+        }
+        if self.tuning.deterministic {
+            notes.push("deterministic".into());
+        }
+        match notes.is_empty() {
+            true => format!("cuda:{}", self.device),
+            false => format!("cuda:{} ({})", self.device, notes.join(", ")),
+        }
+    }
+
+    fn deterministic(&self) -> bool {
+        self.tuning.deterministic
     }
 
     fn config(&self) -> &LlamaConfig {

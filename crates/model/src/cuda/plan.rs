@@ -25,7 +25,13 @@
 //!   reading the normed rows in place when they are already the sampled
 //!   ones in order;
 //! - LoRA (a step with adapter rows): the deltas of each targeted
-//!   projection, in the GEMV epilogues on the GEMV path.
+//!   projection, in the GEMV epilogues on the GEMV path;
+//! - deterministic mode: the GEMMs (on pinned, batch-invariant algorithms,
+//!   `invariant`) at every row count, the LM head too, and attention on
+//!   one fixed flash tiling for every row, prompt or decode (where the
+//!   flash kernel does not serve the head shape, the decode kernel with a
+//!   fixed number of key splits, a prompt's tokens as token rows): a row's
+//!   result depends on the row alone.
 //!
 //! Costs: O(1) per step.
 
@@ -55,6 +61,9 @@ pub(super) struct Tuning {
     pub narrow_decode_seqs: usize,
     /// Columns of the LoRA shrink's output per token (0: no LoRA slots).
     pub lora_h: usize,
+    /// Deterministic mode: every row's reductions fixed whatever the step
+    /// (module doc).
+    pub deterministic: bool,
 }
 
 /// The kernels' capabilities a plan asks about (the flash kernel's tilings
@@ -114,6 +123,12 @@ pub(super) enum Proj {
 pub(super) enum AttnPlan {
     /// The split-KV decode kernel.
     Decode(DecodeParams),
+    /// The split-KV decode kernel on every token row (deterministic mode's
+    /// prefill and mixed steps where the flash kernel does not serve the
+    /// head shape; `num_seqs` counts the rows).
+    DecodeTokens(DecodeParams),
+    /// Every row on the flash kernel's [`DETERMINISTIC_TILES`] (deterministic mode).
+    Fixed(PrefillParams),
     /// A decode step on the narrow flash tiling.
     Narrow(PrefillParams),
     /// The flash prefill kernel on the device's prefill tiling.
@@ -190,6 +205,15 @@ impl StepPlan {
     }
 }
 
+/// Deterministic mode's attention tiling: one fixed key tile for every row,
+/// no key splits, so a row's result depends on its own keys alone.
+pub(super) const DETERMINISTIC_TILES: FlashTiles = FlashTiles::NarrowSmall;
+
+/// Keys at the end of a decode row's context this step may have written
+/// before attention: its own, and up to `MAX_DRAFTS` drafts before it when
+/// verify rows run as decode rows (`verify`), also in replayed graphs.
+const DECODE_FRESH: usize = 1 + contract::backend::MAX_DRAFTS;
+
 /// The attention path of a step of shape `st`.
 fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
     let prefill = |max_seqlen: usize| PrefillParams {
@@ -200,19 +224,36 @@ fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
         max_blocks: st.max_blocks,
         block_size: tu.block_size,
     };
+    let decode = |rows: usize| DecodeParams {
+        shape: tu.shape,
+        plan: tu.decode,
+        num_seqs: rows,
+        max_blocks: st.max_blocks,
+        block_size: tu.block_size,
+        fresh: DECODE_FRESH,
+    };
+    if tu.deterministic {
+        // one kernel and one tiling for every row: the fixed-tile flash
+        // kernel where it serves the head shape, else the decode kernel
+        // (one key split per context) on token rows
+        let max_seqlen = match st.kind {
+            StepKind::Decode => 1,
+            StepKind::Prefill { max_seqlen, .. } => max_seqlen,
+        };
+        let p = prefill(max_seqlen);
+        return match st.kind {
+            _ if caps.flash_supports(DETERMINISTIC_TILES, &p) => AttnPlan::Fixed(p),
+            StepKind::Decode => AttnPlan::Decode(decode(st.s)),
+            StepKind::Prefill { .. } => AttnPlan::DecodeTokens(decode(st.t)),
+        };
+    }
     match st.kind {
         StepKind::Decode => {
             let p = prefill(1);
             if st.s >= tu.narrow_decode_seqs && caps.flash_supports(FlashTiles::Narrow, &p) {
                 AttnPlan::Narrow(p)
             } else {
-                AttnPlan::Decode(DecodeParams {
-                    shape: tu.shape,
-                    plan: tu.decode,
-                    num_seqs: st.s,
-                    max_blocks: st.max_blocks,
-                    block_size: tu.block_size,
-                })
+                AttnPlan::Decode(decode(st.s))
             }
         }
         StepKind::Prefill {
@@ -265,6 +306,7 @@ mod tests {
             decode: DecodePlan {
                 target_blocks: 264,
                 min_chunk: 64,
+                fixed_splits: 0,
             },
             block_size: 16,
             hidden: 2048,
@@ -273,6 +315,7 @@ mod tests {
             gemv_rows: 2,
             narrow_decode_seqs: 66,
             lora_h: 0,
+            deterministic: false,
         }
     }
 
@@ -383,6 +426,50 @@ mod tests {
         };
         let p = StepPlan::new(&tu, &Caps { flash: true }, d);
         assert_eq!((p.proj, p.lora), (Proj::Gemv, true));
+    }
+
+    #[test]
+    fn deterministic_steps_run_the_gemms_and_the_decode_kernel_on_every_row() {
+        let tu = Tuning {
+            deterministic: true,
+            gemv_rows: 0,
+            decode: tuning().decode.invariant(),
+            ..tuning()
+        };
+        for flash in [true, false] {
+            let caps = Caps { flash };
+            let p = StepPlan::new(&tu, &caps, decode(1));
+            assert_eq!((p.proj, p.head), (Proj::Gemm, Proj::Gemm));
+            // batch 1, past the point where default steps move to the
+            // narrow tiling, prefill and mixed steps: one path
+            for st in [
+                decode(1),
+                decode(256),
+                prefill(2048, 1, 0),
+                prefill(600, 80, 70),
+            ] {
+                let a = StepPlan::new(&tu, &caps, st).attn;
+                let decode_step = matches!(st.kind, StepKind::Decode);
+                let ok = match a {
+                    AttnPlan::Fixed(p) => flash && p.tokens == st.t,
+                    AttnPlan::Decode(d) => !flash && decode_step && d.num_seqs == st.s,
+                    AttnPlan::DecodeTokens(d) => !flash && !decode_step && d.num_seqs == st.t,
+                    _ => false,
+                };
+                assert!(ok, "flash {flash}: {st:?} ran {a:?}");
+            }
+        }
+        // the same key splits at every batch size
+        let splits = |s| tu.decode.splits(tu.shape, s);
+        assert_eq!(splits(1), splits(256));
+    }
+
+    #[test]
+    fn decode_rows_leave_room_for_drafts_written_this_step() {
+        let p = StepPlan::new(&tuning(), &Caps { flash: true }, decode(4));
+        assert!(
+            matches!(p.attn, AttnPlan::Decode(d) if d.fresh == 1 + contract::backend::MAX_DRAFTS)
+        );
     }
 
     #[test]

@@ -48,7 +48,12 @@ impl CudaBackend {
         self.ensure(Caps {
             tokens: t,
             rows: rows.len().max(1),
-            decode_seqs: if kind == StepKind::Decode { s } else { 1 },
+            // deterministic prefill steps run attention on token rows
+            decode_seqs: match kind {
+                StepKind::Decode => s,
+                _ if self.tuning.deterministic => t,
+                _ => 1,
+            },
             meta: lay.total,
         })?;
         self.stage(&lay, batch, rows, smp.params, smp.hist, carry, false)?;

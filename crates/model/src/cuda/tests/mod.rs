@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+mod det;
 mod fp8;
 mod kv;
 mod llama;
@@ -89,30 +90,6 @@ fn kv_cache_dtypes_other_than_bf16_and_fp8_are_refused_naming_the_flag() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("--kv-cache-dtype"), "{err}");
-}
-
-#[test]
-fn deterministic_mode_is_refused_naming_the_flag_and_the_cpu_backend() {
-    assert!(check_deterministic(false).is_ok());
-    let err = check_deterministic(true).unwrap_err().to_string();
-    assert!(
-        err.contains("--deterministic") && err.contains("--device cpu"),
-        "{err}"
-    );
-    // refused before the device is opened, so on any machine
-    let opts = CudaOptions {
-        deterministic: true,
-        ..CudaOptions::default()
-    };
-    let kv = KvShape {
-        num_blocks: 4,
-        block_size: 16,
-    };
-    let cfg = Preset::Tiny.config().unwrap();
-    let err = CudaBackend::new(cfg, &empty_weights(), kv, 0, opts)
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("--deterministic"), "{err}");
 }
 
 pub(super) const BS: usize = 16;
