@@ -234,6 +234,7 @@ fn decode(gpu: &Arc<Gpu>, k: &Kernels) {
                 max_blocks: b.max_blocks,
                 block_size,
                 fresh: 1,
+                min_ctx: 0,
             };
             let us = d.split_kv_us(gpu, k, p);
             println!(

@@ -326,12 +326,13 @@ kernel_args! {
         cu_seqlens: u64 as "const uint32_t*" @ 120,
         /// sequences `S` (token rows only)
         num_seqs: u32 as "uint32_t" @ 128,
-        pad: u32 as "uint32_t" @ 132,
+        /// rows with a shorter context exit (left to another launch; 0: none)
+        min_ctx: u32 as "uint32_t" @ 132,
     }
 
     /// Arguments of the `flash_*` kernels (cu/flash_prefill.cu).
     #[derive(Default)]
-    pub struct FlashPrefillArgs for "flash_*", size 96 {
+    pub struct FlashPrefillArgs for "flash_*", size 104 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
         /// [slots, n_kv, D] bf16 (e4m3 bytes: the flash_*_fp8 kernels)
@@ -362,6 +363,10 @@ kernel_args! {
         k_scale: f32 as "float" @ 88,
         /// FP8 V scale (flash_*_fp8 only)
         v_scale: f32 as "float" @ 92,
+        /// rows whose context (position + 1) exceeds it are left to another
+        /// launch (the mma.sync tilings; `u32::MAX`: none)
+        max_ctx: u32 as "uint32_t" @ 96,
+        pad: u32 as "uint32_t" @ 100,
     }
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).

@@ -151,6 +151,8 @@ pub struct DecodeParams {
     /// Keys at the end of each sequence's context that this step's earlier
     /// kernels write (at least 1: the new token's); sequence rows only.
     pub fresh: usize,
+    /// Rows with a shorter context are left alone (for another launch; 0: none).
+    pub min_ctx: usize,
 }
 
 /// What the query rows of a decode launch are.
@@ -254,7 +256,7 @@ impl Kernels {
             positions,
             cu_seqlens,
             num_seqs: u32_of(K, "num_seqs", seqs)?,
-            pad: 0,
+            min_ctx: u32_of(K, "min_ctx", p.min_ctx)?,
         };
         let cfg = LaunchConfig {
             grid: (splits as u32, u32_of(K, "num_seqs", p.num_seqs)?, args.n_kv),

@@ -236,6 +236,38 @@ impl Kernels {
         out: DevSlice<'_, bf16>,         // [T, heads * D]
         p: PrefillParams,
     ) -> Result<(), KernelError> {
+        let (cu, ctx, tab) = (cu_seqlens, context_lens, block_tables);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.flash_upto(tiles, seg_lens, u32::MAX, qkv, kv, cu, ctx, tab, out, p) }
+    }
+
+    /// [`Kernels::flash`] on the rows whose context (position + 1) is at
+    /// most `max_ctx` only (the others' rows are left alone, for the decode
+    /// kernel's launch with [`crate::decode_attention::DecodeParams::min_ctx`]);
+    /// the mma.sync tilings only (not `Hopper`).
+    ///
+    /// # Safety
+    /// As [`Kernels::flash_prefill`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn flash_upto(
+        &self,
+        tiles: FlashTiles,
+        seg_lens: std::ops::RangeInclusive<u32>,
+        max_ctx: u32,
+        qkv: DevSlice<'_, bf16>,         // [T, qkv_width], q roped
+        kv: KvCaches<'_>,                // [slots, kv_heads, D] each
+        cu_seqlens: DevSlice<'_, u32>,   // [S + 1]
+        context_lens: DevSlice<'_, u32>, // [S]
+        block_tables: DevSlice<'_, u32>, // [S, max_blocks]
+        out: DevSlice<'_, bf16>,         // [T, heads * D]
+        p: PrefillParams,
+    ) -> Result<(), KernelError> {
+        if tiles == FlashTiles::Hopper && max_ctx != u32::MAX {
+            return Err(KernelError::Unsupported {
+                kernel: "flash_hopper",
+                reason: format!("a context limit ({max_ctx} keys): the mma.sync tilings only"),
+            });
+        }
         let s = p.shape;
         let idx = FLASH_HEAD_DIMS
             .iter()
@@ -324,6 +356,8 @@ impl Kernels {
             max_len: *seg_lens.end(),
             k_scale,
             v_scale,
+            max_ctx,
+            pad: 0,
         };
         let funcs = if kv.is_fp8() {
             &self.flash_prefill8

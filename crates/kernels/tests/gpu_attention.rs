@@ -304,6 +304,7 @@ fn decode_attention_matches_reference() {
                     max_blocks: b.max_blocks,
                     block_size,
                     fresh: 1,
+                    min_ctx: 0,
                 };
                 // Twice on the same buffers: the second launch relies on the
                 // first leaving its split arrival counters at zero.
@@ -371,6 +372,7 @@ fn invariant_decode(
         max_blocks,
         block_size,
         fresh: 1,
+        min_ctx: 0,
     };
     // SAFETY: block ids < num_blocks, every table entry in range; token
     // rows' cu_seqlens cover the rows.

@@ -134,6 +134,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         ctx = ld_before_wait_u32(a.context_lens + s);
         first_new = ctx > a.fresh ? ctx - a.fresh : 0;
     }
+    if (ctx < a.min_ctx) return;  // left to another launch; uniform over the block
     const uint32_t chunk = decode_chunk(ctx, a.splits, a.min_chunk);
     const uint32_t start = split * chunk;
     const uint32_t end = min(ctx, start + chunk);

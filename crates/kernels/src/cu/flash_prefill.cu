@@ -242,6 +242,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     const uint32_t ntok = min(a.tok_per_tile, len - tok0);
     const uint32_t rows = ntok * G;
     const uint32_t min_pos = first_pos + tok0;  // first query's position
+    if (min_pos >= a.max_ctx) return;           // every row's context exceeds max_ctx
     const uint32_t kend = min_pos + ntok;       // keys 0..kend are needed
     const uint32_t ntiles = (kend + BN - 1) / BN;
     const size_t row_stride = (size_t)(a.num_heads + 2 * a.num_kv_heads) * D;
@@ -383,7 +384,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             li += __shfl_xor_sync(0xffffffffu, li, 1);
             li += __shfl_xor_sync(0xffffffffu, li, 2);
             const uint32_t r = wrow + mt * 16 + lane / 4 + 8 * i;
-            if (r >= rows) continue;
+            if (r >= rows || min_pos + r / G >= a.max_ctx) continue;
             const float inv = out_scale / li;
             const uint32_t t = r / G, g = r % G;
             bf16* dst =

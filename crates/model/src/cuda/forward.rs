@@ -439,17 +439,27 @@ impl CudaBackend {
                         .flash(tiles, 1..=u32::MAX, q, kv, cu, ctx, tables, out, p)
                 }
                 AttnPlan::Flash(p) => self.k.flash_prefill(q, kv, cu, ctx, tables, out, p),
-                AttnPlan::Fixed(p) => self.k.flash(
-                    super::plan::DETERMINISTIC_TILES,
-                    1..=u32::MAX,
-                    q,
-                    kv,
-                    cu,
-                    ctx,
-                    tables,
-                    out,
-                    p,
-                ),
+                AttnPlan::Fixed { p, long, tokens } => {
+                    let rows = match tokens {
+                        true => DecodeRows::Tokens {
+                            positions: io.positions,
+                            cu_seqlens: cu,
+                            num_seqs: cu.len().saturating_sub(1),
+                        },
+                        false => DecodeRows::Seqs { context_lens: ctx },
+                    };
+                    let (po, pm, pc) = (ws.part_o.view(), ws.part_ml.view(), ws.part_cnt.view());
+                    let short = super::plan::DETERMINISTIC_FLASH_KEYS as u32;
+                    let tiles = super::plan::DETERMINISTIC_TILES;
+                    self.k
+                        .flash_upto(tiles, 1..=u32::MAX, short, q, kv, cu, ctx, tables, out, p)
+                        .and_then(|()| match long {
+                            Some(long) => self
+                                .k
+                                .decode_attention(q, kv, rows, tables, po, pm, pc, out, long),
+                            None => Ok(()),
+                        })
+                }
                 AttnPlan::FlashSplit { wide, p } => self
                     .k
                     .flash(wide, 2..=u32::MAX, q, kv, cu, ctx, tables, out, p)

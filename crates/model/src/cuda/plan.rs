@@ -28,10 +28,11 @@
 //!   projection, in the GEMV epilogues on the GEMV path;
 //! - deterministic mode: the GEMMs (on pinned, batch-invariant algorithms,
 //!   `invariant`) at every row count, the LM head too, and attention on
-//!   one fixed flash tiling for every row, prompt or decode (where the
-//!   flash kernel does not serve the head shape, the decode kernel with a
-//!   fixed number of key splits, a prompt's tokens as token rows): a row's
-//!   result depends on the row alone.
+//!   one fixed flash tiling for every row, prompt or decode, up to
+//!   [`DETERMINISTIC_FLASH_KEYS`] of context, past it (and where the flash
+//!   kernel does not serve the head shape) the decode kernel with a fixed
+//!   number of key splits, a prompt's tokens as token rows: a row's result
+//!   depends on the row alone.
 //!
 //! Costs: O(1) per step.
 
@@ -127,8 +128,16 @@ pub(super) enum AttnPlan {
     /// prefill and mixed steps where the flash kernel does not serve the
     /// head shape; `num_seqs` counts the rows).
     DecodeTokens(DecodeParams),
-    /// Every row on the flash kernel's [`DETERMINISTIC_TILES`] (deterministic mode).
-    Fixed(PrefillParams),
+    /// Deterministic mode: rows of contexts up to [`DETERMINISTIC_FLASH_KEYS`]
+    /// on the flash kernel's [`DETERMINISTIC_TILES`], longer ones on the
+    /// decode kernel (`long`: its `min_ctx` just past that; `None` when the
+    /// step's block tables cannot reach past it), as token rows unless the
+    /// step is pure decode (`tokens` false).
+    Fixed {
+        p: PrefillParams,
+        long: Option<DecodeParams>,
+        tokens: bool,
+    },
     /// A decode step on the narrow flash tiling.
     Narrow(PrefillParams),
     /// The flash prefill kernel on the device's prefill tiling.
@@ -209,6 +218,12 @@ impl StepPlan {
 /// no key splits, so a row's result depends on its own keys alone.
 pub(super) const DETERMINISTIC_TILES: FlashTiles = FlashTiles::NarrowSmall;
 
+/// Deterministic mode: rows of longer contexts run the decode kernel with
+/// its fixed key splits (one unsplit CTA a KV head would read a long
+/// context alone); the choice follows the row's own context, so it keeps
+/// the guarantee.
+pub(super) const DETERMINISTIC_FLASH_KEYS: usize = 2048;
+
 /// Keys at the end of a decode row's context this step may have written
 /// before attention: its own, and up to `MAX_DRAFTS` drafts before it when
 /// verify rows run as decode rows (`verify`), also in replayed graphs.
@@ -231,6 +246,7 @@ fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
         max_blocks: st.max_blocks,
         block_size: tu.block_size,
         fresh: DECODE_FRESH,
+        min_ctx: 0,
     };
     if tu.deterministic {
         // one kernel and one tiling for every row: the fixed-tile flash
@@ -241,10 +257,21 @@ fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
             StepKind::Prefill { max_seqlen, .. } => max_seqlen,
         };
         let p = prefill(max_seqlen);
-        return match st.kind {
-            _ if caps.flash_supports(DETERMINISTIC_TILES, &p) => AttnPlan::Fixed(p),
-            StepKind::Decode => AttnPlan::Decode(decode(st.s)),
-            StepKind::Prefill { .. } => AttnPlan::DecodeTokens(decode(st.t)),
+        let tokens = st.kind != StepKind::Decode;
+        let rows = if tokens { st.t } else { st.s };
+        return match tokens {
+            _ if caps.flash_supports(DETERMINISTIC_TILES, &p) => AttnPlan::Fixed {
+                p,
+                long: (st.max_blocks * tu.block_size > DETERMINISTIC_FLASH_KEYS).then(|| {
+                    DecodeParams {
+                        min_ctx: DETERMINISTIC_FLASH_KEYS + 1,
+                        ..decode(rows)
+                    }
+                }),
+                tokens,
+            },
+            false => AttnPlan::Decode(decode(rows)),
+            true => AttnPlan::DecodeTokens(decode(rows)),
         };
     }
     match st.kind {
@@ -442,16 +469,38 @@ mod tests {
             assert_eq!((p.proj, p.head), (Proj::Gemm, Proj::Gemm));
             // batch 1, past the point where default steps move to the
             // narrow tiling, prefill and mixed steps: one path
-            for st in [
+            // and with block tables that reach past the flash limit
+            let far = |st: StepShape| StepShape {
+                max_blocks: 200,
+                ..st
+            };
+            let steps = [
                 decode(1),
                 decode(256),
                 prefill(2048, 1, 0),
                 prefill(600, 80, 70),
-            ] {
+            ];
+            for st in steps
+                .into_iter()
+                .chain([far(decode(4)), far(prefill(600, 80, 70))])
+            {
                 let a = StepPlan::new(&tu, &caps, st).attn;
                 let decode_step = matches!(st.kind, StepKind::Decode);
                 let ok = match a {
-                    AttnPlan::Fixed(p) => flash && p.tokens == st.t,
+                    AttnPlan::Fixed { p, long, tokens } => {
+                        let rows = if decode_step { st.s } else { st.t };
+                        // long rows only where the tables reach past the flash limit
+                        let reach = st.max_blocks * tu.block_size > DETERMINISTIC_FLASH_KEYS;
+                        let long_ok = match long {
+                            Some(l) => {
+                                reach
+                                    && l.num_seqs == rows
+                                    && l.min_ctx == DETERMINISTIC_FLASH_KEYS + 1
+                            }
+                            None => !reach,
+                        };
+                        flash && p.tokens == st.t && tokens != decode_step && long_ok
+                    }
                     AttnPlan::Decode(d) => !flash && decode_step && d.num_seqs == st.s,
                     AttnPlan::DecodeTokens(d) => !flash && !decode_step && d.num_seqs == st.t,
                     _ => false,

@@ -8,14 +8,16 @@
 
 use super::*;
 
-/// The prompt the scenarios follow, its length, and where decoding starts.
-const LEN: usize = 300;
-const DECODE_FROM: usize = 200;
+/// The prompt lengths the scenarios follow, and where decoding starts in
+/// each: short, and past `DETERMINISTIC_FLASH_KEYS` (the flash tiling up to
+/// it, the decode kernel from there).
+const SHORT: (usize, usize) = (300, 200);
+const LONG: (usize, usize) = (2300, 2040);
 
 fn backend(preset: Preset, deterministic: bool) -> CudaBackend {
     let (cfg, w) = load(&synth_dir(preset));
     let kv = KvShape {
-        num_blocks: 1024,
+        num_blocks: 4096,
         block_size: BS,
     };
     let opts = CudaOptions {
@@ -50,14 +52,14 @@ type Draws = Vec<(u32, u32)>;
 
 /// The prompt's logits in each scenario, and the whole prompt's (one step,
 /// alone) to compare them with.
-fn scenarios(b: &mut dyn Backend) -> (Vec<f32>, Vec<Scenario>) {
+fn scenarios(b: &mut dyn Backend, (len, from): (usize, usize)) -> (Vec<f32>, Vec<Scenario>) {
     let (vocab, max_pos) = (b.config().vocab_size, b.config().max_position_embeddings);
-    let p = tokens(36, LEN, vocab);
+    let p = tokens(36, len, vocab);
     let mut pool = Pool::new(b.kv_shape().num_blocks);
-    let whole = chunk_logits(b, &p, 0, &pool.take(LEN));
+    let whole = chunk_logits(b, &p, 0, &pool.take(len));
     let mut out = Vec::new();
     // in one step with 7 other prompts
-    let tab = pool.take(LEN);
+    let tab = pool.take(len);
     let mut chunks = vec![chunk(&p, 0, &tab)];
     for (i, n) in [3usize, 17, 64, 129, 511, 1000, 33].into_iter().enumerate() {
         let n = n.min(max_pos);
@@ -65,28 +67,28 @@ fn scenarios(b: &mut dyn Backend) -> (Vec<f32>, Vec<Scenario>) {
     }
     out.push(("prompt in a batch of 8", 0, first_rows(b, &chunks)));
     // in chunks of 7 tokens
-    let tab = pool.take(LEN);
-    let rows: Vec<f32> = (0..LEN)
+    let tab = pool.take(len);
+    let rows: Vec<f32> = (0..len)
         .step_by(7)
-        .flat_map(|s| chunk_logits(b, &p[s..(s + 7).min(LEN)], s, &tab))
+        .flat_map(|s| chunk_logits(b, &p[s..(s + 7).min(len)], s, &tab))
         .collect();
     out.push(("prompt in 7-token chunks", 0, rows));
     // decoded one token a step, alone and beside 4 other sequences
-    let tab = pool.take(LEN);
-    let _ = chunk_logits(b, &p[..DECODE_FROM], 0, &tab);
-    let rows: Vec<f32> = (DECODE_FROM..LEN)
+    let tab = pool.take(len);
+    let _ = chunk_logits(b, &p[..from], 0, &tab);
+    let rows: Vec<f32> = (from..len)
         .flat_map(|i| chunk_logits(b, &p[i..i + 1], i, &tab))
         .collect();
-    out.push(("one token a step, alone", DECODE_FROM, rows));
-    let tab = pool.take(LEN);
-    let _ = chunk_logits(b, &p[..DECODE_FROM], 0, &tab);
+    out.push(("one token a step, alone", from, rows));
+    let tab = pool.take(len);
+    let _ = chunk_logits(b, &p[..from], 0, &tab);
     let others: Vec<(Vec<u32>, Vec<u32>)> = (0..4)
-        .map(|i| (tokens(50 + i, LEN, vocab), pool.take(LEN)))
+        .map(|i| (tokens(50 + i, len, vocab), pool.take(len)))
         .collect();
     for (t, bl) in &others {
-        let _ = chunk_logits(b, &t[..DECODE_FROM + 17], 0, bl);
+        let _ = chunk_logits(b, &t[..from + 17], 0, bl);
     }
-    let rows: Vec<f32> = (DECODE_FROM..LEN - 17)
+    let rows: Vec<f32> = (from..len - 17)
         .flat_map(|i| {
             let mut c = vec![chunk(&p[i..i + 1], i, &tab)];
             c.extend(
@@ -97,14 +99,14 @@ fn scenarios(b: &mut dyn Backend) -> (Vec<f32>, Vec<Scenario>) {
             first_rows(b, &c)
         })
         .collect();
-    out.push(("one token a step, in a batch of 5", DECODE_FROM, rows));
+    out.push(("one token a step, in a batch of 5", from, rows));
     (whole, out)
 }
 
 /// Which scenarios' rows differ from the whole prompt's, bit for bit.
-fn differing(b: &mut dyn Backend, label: &str) -> Vec<&'static str> {
+fn differing(b: &mut dyn Backend, label: &str, shape: (usize, usize)) -> Vec<&'static str> {
     let vocab = b.config().vocab_size;
-    let (whole, cases) = scenarios(b);
+    let (whole, cases) = scenarios(b, shape);
     let mut differ = Vec::new();
     for (what, from, rows) in cases {
         let want = &whole[from * vocab..][..rows.len()];
@@ -113,7 +115,8 @@ fn differing(b: &mut dyn Backend, label: &str) -> Vec<&'static str> {
             .zip(want)
             .all(|(a, b)| a.to_bits() == b.to_bits());
         println!(
-            "RESULT {label}: {what}: {} (max |dlogprob| {:.2e})",
+            "RESULT {label}, {} tokens: {what}: {} (max |dlogprob| {:.2e})",
+            shape.0,
             if same { "bit-identical" } else { "differs" },
             max_lp_diff(&rows, want, vocab)
         );
@@ -168,12 +171,21 @@ fn greedy_alone_and_batched(b: &mut CudaBackend) -> (Draws, Draws) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_deterministic_rows_are_bit_identical_in_any_step() {
-    for preset in [Preset::Smollm2_135m, Preset::Tiny] {
+    for (preset, shapes) in [
+        (Preset::Smollm2_135m, vec![SHORT, LONG]),
+        (Preset::Tiny, vec![SHORT]),
+    ] {
         let mut det = backend(preset, true);
         assert!(det.deterministic() && det.name().contains("deterministic"));
         let label = format!("deterministic {}", preset.name());
-        let differ = differing(&mut det, &label);
-        assert!(differ.is_empty(), "{label} differs: {differ:?}");
+        for shape in shapes {
+            let differ = differing(&mut det, &label, shape);
+            assert!(
+                differ.is_empty(),
+                "{label}, {} tokens differ: {differ:?}",
+                shape.0
+            );
+        }
         let (batched, alone) = greedy_alone_and_batched(&mut det);
         assert_eq!(
             batched, alone,
@@ -183,7 +195,7 @@ fn cuda_deterministic_rows_are_bit_identical_in_any_step() {
         println!("RESULT {label}: greedy tokens and logprob bits equal batched and alone");
     }
     let mut default = backend(Preset::Smollm2_135m, false);
-    let differ = differing(&mut default, "default");
+    let differ = differing(&mut default, "default", SHORT);
     assert!(
         !differ.is_empty(),
         "the default mode's rows matched in every scenario: the check cannot fail"
