@@ -107,12 +107,47 @@ impl Drop for Plan {
     }
 }
 
+/// A cuBLASLt handle on a [`Gpu`]'s stream with its fixed workspace (what
+/// every cuBLASLt product here holds); the handle is destroyed on drop.
+pub(crate) struct LtHandle {
+    pub(crate) handle: sys::cublasLtHandle_t,
+    pub(crate) gpu: Arc<Gpu>,
+    pub(crate) workspace: DeviceBuffer<u8>,
+}
+
+impl LtHandle {
+    /// Creates a handle with a fixed workspace; an error when the library
+    /// (libcublasLt.so) cannot be opened.
+    pub(crate) fn new(gpu: &Arc<Gpu>) -> Result<LtHandle, GpuError> {
+        // SAFETY: probing for the shared library only opens it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(GpuError::NoDriver(
+                "the cuBLASLt library (libcublasLt.so) was not found".into(),
+            ));
+        }
+        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
+        gpu.synchronize()?;
+        let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;
+        Ok(LtHandle {
+            handle,
+            gpu: gpu.clone(),
+            workspace,
+        })
+    }
+}
+
+impl Drop for LtHandle {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created once and is destroyed once (its
+        // owner declares it last, so its layouts go first).
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
 /// A cuBLASLt handle bound to a [`Gpu`]'s stream, with its per-shape plans.
 pub struct BlasLt {
-    handle: sys::cublasLtHandle_t,
-    gpu: Arc<Gpu>,
-    workspace: DeviceBuffer<u8>,
     plans: RefCell<HashMap<GemmDims, Plan>>,
+    lt: LtHandle,
 }
 
 // SAFETY: the handle and plans are used only through `&self` methods on one
@@ -123,20 +158,9 @@ impl BlasLt {
     /// Creates a handle with a fixed workspace; an error when the library
     /// (libcublasLt.so) cannot be opened.
     pub fn new(gpu: &Arc<Gpu>) -> Result<BlasLt, GpuError> {
-        // SAFETY: probing for the shared library only opens it.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(GpuError::NoDriver(
-                "the cuBLASLt library (libcublasLt.so) was not found".into(),
-            ));
-        }
-        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
-        gpu.synchronize()?;
-        let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;
         Ok(BlasLt {
-            handle,
-            gpu: gpu.clone(),
-            workspace,
             plans: RefCell::new(HashMap::new()),
+            lt: LtHandle::new(gpu)?,
         })
     }
 
@@ -173,7 +197,7 @@ impl BlasLt {
                 )));
             }
         }
-        crate::error::drv("cuCtxSetCurrent", self.gpu.ctx().bind_to_thread())?;
+        crate::error::drv("cuCtxSetCurrent", self.lt.gpu.ctx().bind_to_thread())?;
         self.with_plan(d, |p| {
             let algo = p.algo.as_ref().ok_or_else(|| {
                 GpuError::Layout(format!(
@@ -191,7 +215,7 @@ impl BlasLt {
             // workspace are ours; the stream is the Gpu's.
             unsafe {
                 lt::matmul(
-                    self.handle,
+                    self.lt.handle,
                     desc.0,
                     &alpha as *const f32 as *const c_void,
                     &beta as *const f32 as *const c_void,
@@ -204,9 +228,9 @@ impl BlasLt {
                     y.ptr() as *mut c_void,
                     p.d,
                     algo,
-                    self.workspace.view().ptr() as *mut c_void,
+                    self.lt.workspace.view().ptr() as *mut c_void,
                     WORKSPACE_BYTES,
-                    self.gpu.cu_stream() as sys::cudaStream_t,
+                    self.lt.gpu.cu_stream() as sys::cudaStream_t,
                 )
             }
             .map_err(lt_err("cublasLtMatmul"))
@@ -232,7 +256,7 @@ impl BlasLt {
         let e4m3 = sys::cudaDataType::CUDA_R_8F_E4M3;
         let (m, n, k) = (d.m as u64, d.n as u64, d.k as u64);
         // the algorithm query wants scale pointers set (any device address)
-        let any = self.workspace.view().ptr();
+        let any = self.lt.workspace.view().ptr();
         let desc = Desc::new(any, any)?;
         // (each layout is owned by `plan` from here, dropped with it)
         let mut plan = Plan {
@@ -261,7 +285,7 @@ impl BlasLt {
             );
             let found = set.and_then(|()| {
                 lt::get_matmul_algo_heuristic(
-                    self.handle,
+                    self.lt.handle,
                     desc.0,
                     plan.a,
                     plan.b,
@@ -316,12 +340,4 @@ pub(crate) fn dims(d: GemmDims) -> Result<(), GpuError> {
         )));
     }
     Ok(())
-}
-
-impl Drop for BlasLt {
-    fn drop(&mut self) {
-        self.plans.borrow_mut().clear();
-        // SAFETY: the handle was created once and is destroyed once, after its plans.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
-    }
 }

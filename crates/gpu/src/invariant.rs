@@ -25,8 +25,8 @@ use cudarc::cublaslt::{result as lt, sys};
 use half::bf16;
 
 use crate::blas::GemmDims;
-use crate::blaslt::{Desc, WORKSPACE_BYTES, dims, lt_err};
-use crate::buffer::{DevSlice, DeviceBuffer};
+use crate::blaslt::{Desc, LtHandle, WORKSPACE_BYTES, dims, lt_err};
+use crate::buffer::DevSlice;
 use crate::device::Gpu;
 use crate::error::GpuError;
 
@@ -130,11 +130,9 @@ impl Layouts {
 
 /// A cuBLASLt handle whose products run pinned algorithms (module doc).
 pub struct InvariantGemm {
-    handle: sys::cublasLtHandle_t,
-    gpu: Arc<Gpu>,
-    workspace: DeviceBuffer<u8>,
     pinned: RefCell<HashMap<(Operands, usize, usize), Algo>>,
     layouts: RefCell<HashMap<(Operands, GemmDims), Layouts>>,
+    lt: LtHandle,
 }
 
 // SAFETY: the handle, layouts and algorithms are used only through `&self`
@@ -146,21 +144,10 @@ impl InvariantGemm {
     /// Creates a handle with a fixed workspace; an error when the library
     /// (libcublasLt.so) cannot be opened.
     pub fn new(gpu: &Arc<Gpu>) -> Result<InvariantGemm, GpuError> {
-        // SAFETY: probing for the shared library only opens it.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(GpuError::NoDriver(
-                "the cuBLASLt library (libcublasLt.so) was not found".into(),
-            ));
-        }
-        let workspace = gpu.alloc::<u8>(WORKSPACE_BYTES)?;
-        gpu.synchronize()?;
-        let handle = lt::create_handle().map_err(lt_err("cublasLtCreate"))?;
         Ok(InvariantGemm {
-            handle,
-            gpu: gpu.clone(),
-            workspace,
             pinned: RefCell::new(HashMap::new()),
             layouts: RefCell::new(HashMap::new()),
+            lt: LtHandle::new(gpu)?,
         })
     }
 
@@ -178,9 +165,9 @@ impl InvariantGemm {
     /// counts (empty: no such algorithm).
     pub fn candidates(&self, ops: Operands, n: usize, k: usize) -> Result<Vec<Algo>, GpuError> {
         dims(GemmDims { m: 1, n, k })?;
-        crate::error::drv("cuCtxSetCurrent", self.gpu.ctx().bind_to_thread())?;
+        crate::error::drv("cuCtxSetCurrent", self.lt.gpu.ctx().bind_to_thread())?;
         // the queries want scale pointers set (any device address)
-        let any = self.workspace.view().ptr();
+        let any = self.lt.workspace.view().ptr();
         let desc = Self::desc(ops, any, any)?;
         let mut found: Vec<Algo> = Vec::new();
         for m in [1, 16, 256, 4096] {
@@ -218,7 +205,7 @@ impl InvariantGemm {
             );
             let found = set.and_then(|()| {
                 sys::cublasLtMatmulAlgoGetHeuristic(
-                    self.handle,
+                    self.lt.handle,
                     desc.0,
                     lay.a,
                     lay.b,
@@ -252,7 +239,7 @@ impl InvariantGemm {
         // SAFETY: live handle, descriptor and layouts; `res` is written by the call.
         let st = unsafe {
             sys::cublasLtMatmulAlgoCheck(
-                self.handle,
+                self.lt.handle,
                 desc.0,
                 lay.a,
                 lay.b,
@@ -302,7 +289,7 @@ impl InvariantGemm {
                 )));
             }
         };
-        crate::error::drv("cuCtxSetCurrent", self.gpu.ctx().bind_to_thread())?;
+        crate::error::drv("cuCtxSetCurrent", self.lt.gpu.ctx().bind_to_thread())?;
         let desc = Self::desc(ops, ptrs.sw, ptrs.sx)?;
         let mut layouts = self.layouts.borrow_mut();
         let lay = match layouts.entry((ops, d)) {
@@ -314,7 +301,7 @@ impl InvariantGemm {
         // layouts and workspace are ours; the stream is the Gpu's.
         unsafe {
             lt::matmul(
-                self.handle,
+                self.lt.handle,
                 desc.0,
                 &alpha as *const f32 as *const c_void,
                 &beta as *const f32 as *const c_void,
@@ -327,9 +314,9 @@ impl InvariantGemm {
                 ptrs.y as *mut c_void,
                 lay.d,
                 &algo.0,
-                self.workspace.view().ptr() as *mut c_void,
+                self.lt.workspace.view().ptr() as *mut c_void,
                 WORKSPACE_BYTES,
-                self.gpu.cu_stream() as sys::cudaStream_t,
+                self.lt.gpu.cu_stream() as sys::cudaStream_t,
             )
         }
         .map_err(lt_err("cublasLtMatmul"))
@@ -444,12 +431,4 @@ fn keeps_k_whole(algo: &Algo) -> bool {
     let splits = get(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
     let scheme = get(C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
     matches!(splits, Some(0 | 1)) && scheme == Some(0)
-}
-
-impl Drop for InvariantGemm {
-    fn drop(&mut self) {
-        self.layouts.borrow_mut().clear();
-        // SAFETY: the handle was created once and is destroyed once, after its layouts.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
-    }
 }

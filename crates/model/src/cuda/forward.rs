@@ -220,16 +220,7 @@ impl CudaBackend {
         if let (DevProj::Fp8 { q, scale }, Some(lt)) = (w, &self.lt)
             && lt.supports(d).map_err(ge("FP8 GEMM shape"))?
         {
-            let ws = &self.ws;
-            let xq = ws
-                .xq
-                .view()
-                .sub(0, m * k)
-                .map_err(ge("FP8 activations view"))?;
-            let xs = ws.xs8.view().sub(0, m).map_err(ge("FP8 scales view"))?;
-            self.k
-                .fp8_quant_rows(x, xq, xs, m, k)
-                .map_err(ke("FP8 activations"))?;
+            let (xq, xs) = self.fp8_rows(x, m, k)?;
             return lt
                 .matmul_fp8_nt(xq, xs, q.view(), scale.view(), y, d)
                 .map_err(ge("FP8 GEMM"));
@@ -238,6 +229,27 @@ impl CudaBackend {
         self.blas
             .matmul_nt(x, w, y, GemmDims { m, n, k })
             .map_err(ge("GEMM"))
+    }
+
+    /// `x [m, k]` quantised to e4m3 a row at a time, into the workspace:
+    /// the rows `[m, k]` and their scales `[m]`.
+    pub(super) fn fp8_rows(
+        &self,
+        x: DevSlice<'_, bf16>,
+        m: usize,
+        k: usize,
+    ) -> Result<(DevSlice<'_, u8>, DevSlice<'_, f32>), BackendError> {
+        let ws = &self.ws;
+        let xq = ws
+            .xq
+            .view()
+            .sub(0, m * k)
+            .map_err(ge("FP8 activations view"))?;
+        let xs = ws.xs8.view().sub(0, m).map_err(ge("FP8 scales view"))?;
+        self.k
+            .fp8_quant_rows(x, xq, xs, m, k)
+            .map_err(ke("FP8 activations"))?;
+        Ok((xq, xs))
     }
 
     /// The bf16 matrix cuBLAS reads for `w` (`[n, k]`): the weights

@@ -166,16 +166,7 @@ impl CudaBackend {
         if let (DevProj::Fp8 { q, scale }, Some(_)) = (w, &self.lt)
             && inv.is_pinned(Operands::Fp8, n, k)
         {
-            let ws = &self.ws;
-            let xq = ws
-                .xq
-                .view()
-                .sub(0, m * k)
-                .map_err(e("FP8 activations view"))?;
-            let xs = ws.xs8.view().sub(0, m).map_err(e("FP8 scales view"))?;
-            self.k
-                .fp8_quant_rows(x, xq, xs, m, k)
-                .map_err(|err| dev_err("FP8 activations", err))?;
+            let (xq, xs) = self.fp8_rows(x, m, k)?;
             let inputs = Inputs::Fp8 {
                 x: xq,
                 sx: xs,
