@@ -37,7 +37,7 @@
 
 mod convert;
 
-pub use convert::{Fp8Layout, Fp8Options, write_fp8_checkpoint};
+pub use convert::{Fp8Layout, Fp8Options, write_fp8_checkpoint, write_quantized_checkpoint};
 
 use half::bf16;
 use rayon::prelude::*;
@@ -110,6 +110,9 @@ pub enum Fp8Source {
     Load,
     /// A pre-quantised checkpoint.
     Checkpoint(Fp8Layout),
+    /// Quantised with error compensation over calibration text (GPTQ:
+    /// `model::gptq`), to be written as a checkpoint.
+    Calibrated,
 }
 
 /// A model's projections in FP8.

@@ -1,12 +1,31 @@
-//! `lamina quantize`: writes a BF16 (or F16 / F32) model directory as an
-//! FP8 checkpoint in one of the layouts on the Hugging Face hub
+//! `lamina quantize`: writes a BF16 (or F16 / F32) model as an FP8
+//! checkpoint in one of the layouts on the Hugging Face hub
 //! (compressed-tensors `float-quantized`, or `quant_method: "fp8"`), which
-//! lamina, vLLM and SGLang load as they are. Refuses a non-empty `--out`.
+//! lamina, vLLM and SGLang load as they are. The weights are rounded to
+//! nearest, or with `--calibration` quantised by GPTQ against the model's
+//! activations on that text (`model::gptq`). The model is a directory, a
+//! store id or a .gguf file (imported into the store once, as `--model`
+//! is). Refuses a non-empty `--out`; every flag and the calibration text
+//! are checked before the weights load.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use checkpoint::fp8::{Fp8Layout, Fp8Options, write_fp8_checkpoint};
+use checkpoint::fp8::{
+    Fp8Layout, Fp8Options, scheme_of, write_fp8_checkpoint, write_quantized_checkpoint,
+};
+use checkpoint::progress::{Progress, Unit};
+use model::gptq::{GptqOptions, ScaleRule, quantize_model};
+use tokenizer::Tokenizer;
+
+/// The fewest calibration tokens GPTQ runs on (a text shorter than this is
+/// refused): below it a 576-wide Hessian is barely of full rank.
+pub const MIN_CALIBRATION_TOKENS: usize = 256;
+/// The most `--calibration-tokens` takes: the activations of every token
+/// of a layer are held at once.
+pub const MAX_CALIBRATION_TOKENS: usize = 65_536;
+/// Tokens per calibration window (each a sequence from position 0).
+const WINDOW: usize = 512;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LayoutArg {
@@ -19,8 +38,9 @@ pub enum LayoutArg {
 
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
-    /// The model directory to quantise (Hugging Face layout).
-    pub model: PathBuf,
+    /// The model to quantise: a directory in Hugging Face layout, a model
+    /// id in the store, or a .gguf file (dequantised to BF16 first).
+    pub model: String,
     /// Output directory (created; must be empty).
     #[arg(long)]
     pub out: PathBuf,
@@ -35,6 +55,27 @@ pub struct QuantizeArgs {
     /// calibrated checkpoint has; activations are dynamic without it.
     #[arg(long, value_parser = positive_scale, allow_hyphen_values = true)]
     pub input_scale: Option<f32>,
+    /// A UTF-8 text to calibrate on: the weights are quantised by GPTQ
+    /// (each column's rounding error compensated in the columns after it,
+    /// against the model's activations on this text) instead of rounded
+    /// to nearest. Use a text unlike the ones you evaluate on.
+    #[arg(long)]
+    pub calibration: Option<PathBuf>,
+    /// Tokens of the calibration text to run (its first ones; all of a
+    /// shorter text, at least 256).
+    #[arg(long, default_value_t = 2048, requires = "calibration",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+              .range(MIN_CALIBRATION_TOKENS as u64..=MAX_CALIBRATION_TOKENS as u64))]
+    pub calibration_tokens: usize,
+    /// GPTQ's dampening: this share of the Hessian's mean diagonal is
+    /// added to its diagonal (larger: closer to rounding to nearest, less
+    /// fitted to the calibration text).
+    #[arg(long, default_value_t = 0.1, requires = "calibration", value_parser = dampening)]
+    pub dampening: f64,
+    /// GPTQ's activation order: columns quantised from the largest input
+    /// energy down instead of in order.
+    #[arg(long, requires = "calibration")]
+    pub act_order: bool,
 }
 
 fn positive_scale(s: &str) -> Result<f32, String> {
@@ -44,10 +85,19 @@ fn positive_scale(s: &str) -> Result<f32, String> {
     }
 }
 
+fn dampening(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a number in [0, 1]")),
+    }
+}
+
 pub fn run(args: QuantizeArgs) -> Result<()> {
     if std::fs::read_dir(&args.out).is_ok_and(|mut d| d.next().is_some()) {
         bail!("{} is not empty: choose another --out", args.out.display());
     }
+    // the text is checked before the model is resolved (which may import)
+    let text = args.calibration.as_deref().map(read_text).transpose()?;
     let layout = match args.layout {
         LayoutArg::CompressedTensors => Fp8Layout::CompressedTensors,
         LayoutArg::Fp8 => Fp8Layout::Fp8,
@@ -57,8 +107,88 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         channel: layout == Fp8Layout::CompressedTensors && !args.per_tensor,
         input_scale: args.input_scale,
     };
-    write_fp8_checkpoint(&args.model, &args.out, opts)
-        .with_context(|| format!("quantising {} to FP8", args.model.display()))?;
+    let dir = crate::setup::model_dir(&args.model)?;
+    let what = || format!("quantising {} to FP8", dir.display());
+    match (&text, &args.calibration) {
+        (Some(text), Some(file)) => calibrated(&args, &dir, file, text, opts).with_context(what)?,
+        _ => write_fp8_checkpoint(&dir, &args.out, opts).with_context(what)?,
+    }
     println!("{}", args.out.display());
     Ok(())
+}
+
+/// The calibration text, refused when unreadable or blank.
+fn read_text(file: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading --calibration {}", file.display()))?;
+    if text.trim().is_empty() {
+        bail!("--calibration {} is empty", file.display());
+    }
+    Ok(text)
+}
+
+/// GPTQ over `text`'s tokens, then the checkpoint.
+fn calibrated(
+    args: &QuantizeArgs,
+    dir: &Path,
+    file: &Path,
+    text: &str,
+    opts: Fp8Options,
+) -> Result<()> {
+    if scheme_of(dir)?.is_some() {
+        bail!(
+            "--calibration: {} is an FP8 checkpoint already; GPTQ quantises BF16, F16 or F32 weights",
+            dir.display()
+        );
+    }
+    let tokens = calibration_tokens(dir, file, text, args.calibration_tokens)?;
+    let loaded = checkpoint::loader::load_config(dir)?;
+    let weights = checkpoint::loader::load_weights(dir, &loaded.config)?;
+    let gptq = GptqOptions {
+        damp: args.dampening,
+        act_order: args.act_order,
+        scales: ScaleRule {
+            per_channel: opts.channel,
+            // compressed-tensors stores BF16 scales: chosen exact in BF16
+            bf16: opts.layout == Fp8Layout::CompressedTensors,
+        },
+        window: WINDOW.min(loaded.config.max_position_embeddings),
+        ..GptqOptions::default()
+    };
+    let layers = loaded.config.num_layers as u64;
+    let bar = Progress::new(
+        format!("GPTQ over {} calibration tokens", tokens.len()),
+        Unit::Items("layers"),
+        layers,
+        0,
+    );
+    let fp8 = quantize_model(&loaded.config, &weights, &tokens, &gptq, &mut |_, _| {
+        bar.inc(1)
+    })?;
+    bar.finish();
+    write_quantized_checkpoint(dir, &weights, &fp8, &args.out, opts)?;
+    Ok(())
+}
+
+/// The first `want` tokens of `text` (no BOS); at least
+/// [`MIN_CALIBRATION_TOKENS`], all of them when the text has fewer than
+/// `want`.
+fn calibration_tokens(dir: &Path, file: &Path, text: &str, want: usize) -> Result<Vec<u32>> {
+    let mut ids = Tokenizer::from_dir(dir)?.encode(text, false)?;
+    if ids.len() < MIN_CALIBRATION_TOKENS {
+        bail!(
+            "--calibration {} holds {} tokens; GPTQ needs at least {MIN_CALIBRATION_TOKENS}",
+            file.display(),
+            ids.len()
+        );
+    }
+    if ids.len() < want {
+        eprintln!(
+            "lamina: --calibration {} holds {} tokens, fewer than --calibration-tokens {want}: calibrating on all of them",
+            file.display(),
+            ids.len()
+        );
+    }
+    ids.truncate(want);
+    Ok(ids)
 }

@@ -1,8 +1,10 @@
 //! FP8 weights from the command line: `lamina quantize` writes the hub's
-//! layouts, the CPU runs them (dequantised) and refuses damaged ones by
-//! name, and on SmolLM2's real weights FP8 costs under 2.5% of perplexity
-//! on the shipped English text, against BF16 (under 5% with the LM head in
-//! FP8 too); an FP8 KV cache under 1% against a BF16 one.
+//! layouts, rounded to nearest or calibrated by GPTQ (`--calibration`),
+//! the CPU runs them (dequantised) and refuses damaged ones by name, and on
+//! SmolLM2's real weights FP8 costs under 2.5% of perplexity on the shipped
+//! English text, against BF16 (under 5% with the LM head in FP8 too), and
+//! under 1% when calibrated by GPTQ on another text, with a BF16 or an FP8
+//! KV cache; an FP8 KV cache under 1% against a BF16 one.
 
 mod support;
 
@@ -19,6 +21,11 @@ fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lamina-fp8-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
+}
+
+/// The calibration text: English prose on another subject than [`text`].
+fn calibration() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/text/calibration.txt")
 }
 
 /// `lamina perplexity ... --json`'s figure.
@@ -173,4 +180,151 @@ fn smollm2_fp8_kv_cache_perplexity_is_within_one_percent_of_bf16() {
             "{weights} weights: fp8 K/V {fp8} vs bf16 K/V {bf16}"
         );
     }
+}
+
+/// `lamina quantize --calibration` on the tiny model: every layout's
+/// checkpoint runs, and its weights are not the rounded ones.
+#[test]
+fn calibrated_checkpoints_run_on_the_cpu() {
+    let dir = scratch("gptq");
+    let src = support::synth_tiny(&dir, "bf16");
+    let (src, cal) = (src.to_str().unwrap(), calibration());
+    let rtn = dir.join("rtn");
+    ok(&lamina(&["quantize", src, "--out", rtn.to_str().unwrap()]));
+    for (name, extra) in [
+        ("ct", vec![]),
+        ("ct-tensor", vec!["--per-tensor", "--act-order"]),
+        (
+            "fp8",
+            vec!["--layout", "fp8", "--calibration-tokens", "300"],
+        ),
+    ] {
+        let out_dir = dir.join(name);
+        let mut args = vec!["quantize", src, "--out", out_dir.to_str().unwrap()];
+        args.extend(["--calibration", cal.to_str().unwrap()]);
+        args.extend(extra);
+        ok(&lamina(&args));
+        let out = support::generate(
+            None,
+            out_dir.to_str().unwrap(),
+            &["--max-tokens", "4", "--temperature", "0", "hi"],
+            None,
+        );
+        ok(&out);
+    }
+    let weights = |d: &str| std::fs::read(dir.join(d).join("model.safetensors")).unwrap();
+    assert_ne!(weights("ct"), weights("rtn"), "GPTQ moved some weights");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What `--calibration` cannot use is refused naming the flag or the file
+/// before any weight loads, never with a panic.
+#[test]
+fn bad_calibration_input_is_refused_naming_the_flag() {
+    let dir = scratch("gptq-bad");
+    let src = support::synth_tiny(&dir, "bf16");
+    let src = src.to_str().unwrap();
+    let fp8 = dir.join("fp8");
+    ok(&lamina(&["quantize", src, "--out", fp8.to_str().unwrap()]));
+    let (empty, short) = (dir.join("empty.txt"), dir.join("short.txt"));
+    std::fs::write(&empty, " \n").unwrap();
+    std::fs::write(&short, "Too short to calibrate on.").unwrap();
+    let (cal, missing) = (calibration(), dir.join("missing.txt"));
+    let out = dir.join("out");
+    let o = out.to_str().unwrap();
+    let p = |f: &PathBuf| f.to_str().unwrap().to_string();
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (
+            vec![src.into(), "--calibration".into(), p(&missing)],
+            vec!["--calibration", "missing.txt"],
+        ),
+        (
+            vec![src.into(), "--calibration".into(), p(&empty)],
+            vec!["--calibration", "empty.txt", "empty"],
+        ),
+        (
+            vec![src.into(), "--calibration".into(), p(&short)],
+            vec!["--calibration", "short.txt", "at least 256"],
+        ),
+        (
+            vec![p(&fp8), "--calibration".into(), p(&cal)],
+            vec!["--calibration", "FP8 checkpoint"],
+        ),
+        (
+            vec![src.into(), "--calibration-tokens".into(), "512".into()],
+            vec!["--calibration"],
+        ),
+        (
+            vec![
+                src.into(),
+                "--calibration".into(),
+                p(&cal),
+                "--calibration-tokens".into(),
+                "10".into(),
+            ],
+            vec!["--calibration-tokens", "10"],
+        ),
+        (
+            vec![
+                src.into(),
+                "--calibration".into(),
+                p(&cal),
+                "--dampening".into(),
+                "-1".into(),
+            ],
+            vec!["--dampening"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let mut all = vec!["quantize", "--out", o];
+        all.extend(args.iter().map(String::as_str));
+        let r = lamina(&all);
+        let err = stderr(&r);
+        assert!(!r.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: `{err}` should name `{n}`");
+        }
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SmolLM2-135M-Instruct quantised by GPTQ over the shipped calibration
+/// text (2,048 tokens, another subject than the scored text): within 1% of
+/// BF16's perplexity, with a BF16 and with an FP8 KV cache. Measured:
+/// 26.19 BF16, 26.35 GPTQ (+0.6%; rounding to nearest +1.9%), 26.37 with
+/// FP8 K/V (+0.7%; rounding to nearest +2.5%). Other calibration settings
+/// land between +0.2% and +0.9% (the 1,866 scored tokens move by a few
+/// tenths of a percent with any change of the weights' rounding).
+#[test]
+fn smollm2_gptq_fp8_perplexity_is_within_one_percent_of_bf16() {
+    let dir = scratch("gptq-smollm2");
+    let (cal, out) = (calibration(), dir.join("gptq"));
+    ok(&lamina(&[
+        "quantize",
+        "smollm2-135m-instruct",
+        "--out",
+        out.to_str().unwrap(),
+        "--calibration",
+        cal.to_str().unwrap(),
+    ]));
+    let bf16 = perplexity("smollm2-135m-instruct", "bf16", &[]);
+    let m = out.to_str().unwrap();
+    let gptq = perplexity(m, "auto", &[]);
+    let kv = perplexity(m, "auto", &["--kv-cache-dtype", "fp8"]);
+    eprintln!("SmolLM2 perplexity: bf16 {bf16:.4}, gptq fp8 {gptq:.4}, with fp8 K/V {kv:.4}");
+    assert!(
+        bf16.is_finite() && bf16 > 1.0 && bf16 < 100.0,
+        "bf16 {bf16}"
+    );
+    assert!(
+        (gptq / bf16 - 1.0).abs() < 0.01,
+        "gptq {gptq} vs bf16 {bf16}"
+    );
+    assert!(
+        (kv / bf16 - 1.0).abs() < 0.01,
+        "gptq + fp8 K/V {kv} vs bf16 {bf16}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

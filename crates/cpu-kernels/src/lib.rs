@@ -17,12 +17,14 @@
 //! weights widened to f32 in a reused buffer for many), [`vector`] (dot,
 //! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations), [`kv`]
 //! (attention's scores and value sums over K/V rows stored as f32, BF16
-//! or FP8, all query heads of a KV head at once),
+//! or FP8, all query heads of a KV head at once), [`dense`] (f64 products
+//! over strided views, for the GPTQ quantiser),
 //! [`threads`] (the rayon pool on the physical cores).
 //!
 //! Costs: see each module. No allocation per call except the growth of a
 //! caller-owned [`matmul::Scratch`].
 
+pub mod dense;
 pub mod gemm512;
 pub mod gemm_split;
 pub mod isa;

@@ -11,4 +11,5 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(any(test, feature = "testing"))]
 pub mod exact;
+pub mod gptq;
 pub mod sampler;

@@ -3,8 +3,12 @@
 //! (llm-compressor for compressed-tensors, AutoFP8 for `fp8`): every
 //! projection `F8_E4M3` with its `weight_scale` (and `input_scale` for
 //! static activations), everything else as it was, `quantization_config`
-//! added to `config.json`, the other files copied. The loader's tests and
-//! the FP8 quality checks make their checkpoints with it.
+//! added to `config.json`, the other files copied (but the store's
+//! `lamina.json` and GGUF files, which describe the BF16 source). The
+//! loader's tests and the FP8 quality checks make their checkpoints with
+//! it. The projections are rounded to nearest ([`write_fp8_checkpoint`]),
+//! or given already quantised ([`write_quantized_checkpoint`]: GPTQ's,
+//! `model::gptq`), checked against the model and the layout first.
 //!
 //! Costs: the whole model is held in memory once in BF16 and once in FP8.
 
@@ -15,8 +19,9 @@ use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
+use super::{Fp8Tensor, Fp8Weights};
 use crate::loader::{INDEX_FILE, LoadError, SINGLE_FILE, load_config, load_weights, tensor_specs};
-use crate::weights::Tensor;
+use crate::weights::{LlamaWeights, Tensor};
 
 /// The on-disk FP8 layouts (see the parent module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,12 +48,100 @@ type Entry = (Dtype, Vec<usize>, Vec<u8>);
 /// Writes the model of `src` (BF16 / F16 / F32 weights) to `out` as an FP8
 /// checkpoint under `opts`.
 pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadError> {
+    let loaded = load_config(src)?;
+    let weights = load_weights(src, &loaded.config)?;
+    write(src, &weights, None, out, opts)
+}
+
+/// Writes the model of `src` to `out` as [`write_fp8_checkpoint`] does,
+/// with `weights` (the model as loaded from `src`) but every projection
+/// taken from `fp8` as it is: each must be there with `weights`' shape,
+/// a finite positive scale per row, and one scale for the whole tensor
+/// when `opts` is per tensor (the error names the tensor).
+pub fn write_quantized_checkpoint(
+    src: &Path,
+    weights: &LlamaWeights,
+    fp8: &Fp8Weights,
+    out: &Path,
+    opts: Fp8Options,
+) -> Result<(), LoadError> {
+    let given = given_projections(src, weights, fp8, opts)?;
+    write(src, weights, Some(&given), out, opts)
+}
+
+/// `fp8`'s projections by name, each checked against `weights` and `opts`.
+fn given_projections<'a>(
+    src: &Path,
+    weights: &LlamaWeights,
+    fp8: &'a Fp8Weights,
+    opts: Fp8Options,
+) -> Result<HashMap<&'a str, &'a Fp8Tensor>, LoadError> {
+    let given: HashMap<&str, &Fp8Tensor> = fp8
+        .layers
+        .iter()
+        .flat_map(|l| {
+            [
+                &l.q_proj,
+                &l.k_proj,
+                &l.v_proj,
+                &l.o_proj,
+                &l.gate_proj,
+                &l.up_proj,
+                &l.down_proj,
+            ]
+        })
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    for t in weights
+        .tensors()
+        .into_iter()
+        .filter(|t| is_projection(&t.name))
+    {
+        let bad = |reason: String| LoadError::Scale {
+            path: src.to_path_buf(),
+            tensor: t.name.clone(),
+            reason,
+        };
+        let f = given
+            .get(t.name.as_str())
+            .ok_or_else(|| bad("missing from the quantised projections".into()))?;
+        let n = t.shape[0];
+        if f.shape != t.shape || f.data.len() != t.numel() || f.scale.len() != n {
+            return Err(bad(format!(
+                "quantised as {:?} with {} scales; the model has {:?}",
+                f.shape,
+                f.scale.len(),
+                t.shape
+            )));
+        }
+        if let Some(s) = f.scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+            return Err(bad(format!(
+                "has scale {s}; scales must be finite and positive"
+            )));
+        }
+        if !opts.channel && f.scale.iter().any(|s| *s != f.scale[0]) {
+            return Err(bad(
+                "has a scale per row; this layout has one per tensor".into()
+            ));
+        }
+    }
+    Ok(given)
+}
+
+/// Writes `weights` to `out` under `opts`, the projections from `given`
+/// when there, else rounded to nearest.
+fn write(
+    src: &Path,
+    weights: &LlamaWeights,
+    given: Option<&HashMap<&str, &Fp8Tensor>>,
+    out: &Path,
+    opts: Fp8Options,
+) -> Result<(), LoadError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| LoadError::Io { path, source }
     };
     let loaded = load_config(src)?;
-    let weights = load_weights(src, &loaded.config)?;
     std::fs::create_dir_all(out).map_err(io(out))?;
     let mut all: HashMap<String, Entry> = HashMap::new();
     let names: Vec<String> = tensor_specs(&loaded.config, weights.lm_head.is_some())
@@ -65,7 +158,10 @@ pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<
             continue;
         };
         if is_projection(name) {
-            quantize_into(&mut all, t, opts);
+            match given.and_then(|g| g.get(name.as_str())) {
+                Some(f) => insert(&mut all, &f.name, &f.data, &f.scale, f.shape[1], opts),
+                None => quantize_into(&mut all, t, opts),
+            }
         } else {
             let bytes = t
                 .data
@@ -101,18 +197,32 @@ fn is_projection(name: &str) -> bool {
     name.starts_with("model.layers.") && (name.contains(".self_attn.") || name.contains(".mlp."))
 }
 
-/// Adds `t`'s FP8 weight and scales to `all`.
+/// Adds `t`'s FP8 weight and scales (rounded to nearest) to `all`.
 fn quantize_into(all: &mut HashMap<String, Entry>, t: &Tensor, opts: Fp8Options) {
     let (n, k) = (t.shape[0], t.shape[1]);
     let w = t.to_f32();
-    let prefix = t.name.strip_suffix(".weight").unwrap_or(&t.name);
     // per tensor: the whole matrix as one row
     let (q, scales) = if opts.channel {
         ops::fp8::quantize_rows(&w, n, k)
     } else {
         ops::fp8::quantize_rows(&w, 1, n * k)
     };
-    all.insert(t.name.clone(), (Dtype::F8_E4M3, vec![n, k], q));
+    insert(all, &t.name, &q, &scales, k, opts);
+}
+
+/// Adds FP8 weight `name` (bits `q` `[n, k]`) and its scales (`[n]`, or
+/// one for the whole tensor) to `all` under `opts`.
+fn insert(
+    all: &mut HashMap<String, Entry>,
+    name: &str,
+    q: &[u8],
+    scales: &[f32],
+    k: usize,
+    opts: Fp8Options,
+) {
+    let n = q.len() / k.max(1);
+    let prefix = name.strip_suffix(".weight").unwrap_or(name);
+    all.insert(name.to_string(), (Dtype::F8_E4M3, vec![n, k], q.to_vec()));
     let scale = |v: &[f32], shape: Vec<usize>| -> Entry {
         match opts.layout {
             // llm-compressor keeps scales in the model's dtype
@@ -127,8 +237,12 @@ fn quantize_into(all: &mut HashMap<String, Entry>, t: &Tensor, opts: Fp8Options)
             Fp8Layout::Fp8 => (Dtype::F32, vec![], v[0].to_le_bytes().to_vec()),
         }
     };
-    let shape = if opts.channel { vec![n, 1] } else { vec![1] };
-    all.insert(format!("{prefix}.weight_scale"), scale(&scales, shape));
+    let (shape, scales) = if opts.channel {
+        (vec![n, 1], scales)
+    } else {
+        (vec![1], &scales[..1])
+    };
+    all.insert(format!("{prefix}.weight_scale"), scale(scales, shape));
     if let Some(s) = opts.input_scale {
         all.insert(format!("{prefix}.input_scale"), scale(&[s], vec![1]));
     }
@@ -208,8 +322,12 @@ fn copy_other_files(src: &Path, out: &Path) -> Result<(), LoadError> {
         let entry = entry.map_err(io(src))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
+        // the store's record of a GGUF source (`lamina.json`) and the
+        // GGUF itself describe BF16 weights the checkpoint does not hold
         let skip = name == "config.json"
             || name == INDEX_FILE
+            || name == "lamina.json"
+            || name.ends_with(".gguf")
             || (name.starts_with("model") && name.ends_with(".safetensors"));
         if !skip && entry.path().is_file() {
             std::fs::copy(entry.path(), out.join(&*name)).map_err(io(&entry.path()))?;

@@ -126,6 +126,71 @@ fn quantising_at_load_matches_the_per_channel_checkpoint() {
     }
 }
 
+/// Projections given already quantised (GPTQ's) are written as they are,
+/// in either scale layout, and come back bit for bit; ones that do not fit
+/// the model or the layout are refused naming the tensor; the store's
+/// `lamina.json` is not copied.
+#[test]
+fn given_projections_are_written_as_they_are() {
+    let (_d, src) = tiny();
+    std::fs::write(src.join("lamina.json"), r#"{"gguf": "x.gguf"}"#).unwrap();
+    let orig = load(&src).unwrap();
+    let mut q = orig.clone();
+    q.quantize_fp8();
+    let mut fp8 = q.fp8.clone().unwrap();
+    fp8.source = Fp8Source::Calibrated;
+    // another rounding than the converter's: one bit off, a BF16 scale
+    fp8.layers[1].down_proj.data[3] ^= 1;
+    fp8.layers[1].down_proj.scale[0] = 0.0078125;
+    let out = src.parent().unwrap().join("given");
+    write_quantized_checkpoint(&src, &orig, &fp8, &out, CHANNEL).unwrap();
+    assert!(!out.join("lamina.json").exists());
+    let back = load(&out).unwrap();
+    let b = &back.fp8.as_ref().unwrap().layers[1].down_proj;
+    assert_eq!(b.data, fp8.layers[1].down_proj.data);
+    // (stored as BF16, as llm-compressor does)
+    assert_eq!(b.scale[0], 0.0078125);
+    // one scale per tensor: all rows the same, written once
+    let per_tensor = Fp8Options {
+        channel: false,
+        ..CHANNEL
+    };
+    let mut same = fp8.clone();
+    for l in &mut same.layers {
+        for t in [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj, &mut l.o_proj] {
+            t.scale.fill(0.5);
+        }
+        for t in [&mut l.gate_proj, &mut l.up_proj, &mut l.down_proj] {
+            t.scale.fill(0.25);
+        }
+    }
+    let out = src.parent().unwrap().join("given-tensor");
+    write_quantized_checkpoint(&src, &orig, &same, &out, per_tensor).unwrap();
+    let back = load(&out).unwrap();
+    assert_eq!(
+        back.fp8.as_ref().unwrap().layers[0].up_proj.data,
+        same.layers[0].up_proj.data
+    );
+    let scratch = src.parent().unwrap().join("refused");
+    let err = write_quantized_checkpoint(&src, &orig, &fp8, &scratch, per_tensor).unwrap_err();
+    assert!(err.to_string().contains("one per tensor"), "{err}");
+    let mut short = fp8.clone();
+    short.layers[0].k_proj.scale.pop();
+    let err = write_quantized_checkpoint(&src, &orig, &short, &scratch, CHANNEL).unwrap_err();
+    assert!(
+        err.to_string().contains("model.layers.0.self_attn.k_proj"),
+        "{err}"
+    );
+    let mut fewer = fp8.clone();
+    fewer.layers.pop();
+    let err = write_quantized_checkpoint(&src, &orig, &fewer, &scratch, CHANNEL).unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+    assert!(
+        !scratch.exists(),
+        "nothing is written before the checks pass"
+    );
+}
+
 /// `--quantize-lm-head`: only with FP8 projections; a tied head gets its
 /// own dequantised copy (the embedding stays exact) and an e4m3 copy named
 /// `lm_head.weight`, one scale per vocabulary row.

@@ -56,7 +56,7 @@ mod spec_tests;
 #[cfg(test)]
 mod split_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::sampler::sample;
 use attention::KvPool;
@@ -415,7 +415,7 @@ impl contract::HostCompute for CpuBackend {
 
 /// Checks every tensor's shape against the config (weights built in memory
 /// bypass the loader's checks).
-fn check_weights(c: &LlamaConfig, w: &LlamaWeights) -> Result<(), BackendError> {
+pub(crate) fn check_weights(c: &LlamaConfig, w: &LlamaWeights) -> Result<(), BackendError> {
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let shape = |t: &Tensor, want: &[usize]| {
         if t.shape != want || t.data.len() != t.numel() {

@@ -16,7 +16,7 @@ use half::bf16;
 
 pub(super) const BS: usize = 4; // block size of the test pools
 
-pub(super) fn config(tied: bool) -> LlamaConfig {
+pub(crate) fn config(tied: bool) -> LlamaConfig {
     config_with(tied, 48)
 }
 
@@ -47,7 +47,7 @@ fn tensor(name: &str, shape: &[usize], seed: u64, scale: f32, offset: f32) -> Te
     }
 }
 
-pub(super) fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
+pub(crate) fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let layers = (0..c.num_layers as u64)
         .map(|l| {

@@ -1,0 +1,214 @@
+//! The calibration pass of [`quantize_model`]: the model run one layer at
+//! a time over every calibration token, each projection quantised against
+//! the inputs it sees once the projections before it are quantised (see
+//! the parent module).
+
+use checkpoint::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
+use checkpoint::weights::{LayerWeights, LlamaWeights, Tensor};
+use contract::config::LlamaConfig;
+use cpu_kernels::{Isa, Scratch, matmul_bf16};
+use ops::activation::silu_mul;
+use ops::embedding::embed;
+use ops::linear::add_assign;
+use ops::norm::rms_norm;
+use ops::{AttnDims, Rope};
+
+use super::attention::causal_attention;
+use super::solve::{self, Factor};
+use super::{GptqError, GptqOptions, Hessian};
+
+/// Quantises every projection of `weights` to FP8 with GPTQ over the
+/// calibration `tokens` (cut into windows of `opts.window`), calling
+/// `on_layer(done, layers)` after each layer. The embedding, norms and LM
+/// head are left as they are (the result holds only the projections).
+pub fn quantize_model(
+    config: &LlamaConfig,
+    weights: &LlamaWeights,
+    tokens: &[u32],
+    opts: &GptqOptions,
+    on_layer: &mut dyn FnMut(usize, usize),
+) -> Result<Fp8Weights, GptqError> {
+    check(config, weights, tokens, opts)?;
+    let pass = Pass::new(config, tokens, *opts);
+    // [N, hidden] the residual stream of every calibration token
+    let mut x = embed(&weights.embed.data, tokens, config.hidden_size);
+    let mut layers = Vec::with_capacity(weights.layers.len());
+    for (l, lw) in weights.layers.iter().enumerate() {
+        layers.push(pass.layer(lw, &mut x)?);
+        on_layer(l + 1, weights.layers.len());
+    }
+    Ok(Fp8Weights {
+        layers,
+        source: Fp8Source::Calibrated,
+        lm_head: None,
+    })
+}
+
+/// Everything checked before any work.
+fn check(
+    config: &LlamaConfig,
+    weights: &LlamaWeights,
+    tokens: &[u32],
+    opts: &GptqOptions,
+) -> Result<(), GptqError> {
+    if weights.fp8.is_some() {
+        return Err(GptqError::AlreadyFp8);
+    }
+    crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;
+    if tokens.is_empty() {
+        return Err(GptqError::NoTokens);
+    }
+    let vocab = config.vocab_size;
+    if let Some((at, &id)) = tokens
+        .iter()
+        .enumerate()
+        .find(|(_, t)| **t as usize >= vocab)
+    {
+        return Err(GptqError::Token { at, id, vocab });
+    }
+    let max = config.max_position_embeddings;
+    if opts.window == 0 || opts.window > max {
+        return Err(GptqError::Options(format!(
+            "a calibration window of {} tokens: the model's context is {max}",
+            opts.window
+        )));
+    }
+    if !(opts.damp.is_finite() && opts.damp >= 0.0) || opts.block == 0 {
+        return Err(GptqError::Options(format!(
+            "dampening {} and block {}: need a finite dampening >= 0 and a block >= 1",
+            opts.damp, opts.block
+        )));
+    }
+    Ok(())
+}
+
+/// The calibration tokens' layout, shared by every layer.
+struct Pass<'a> {
+    config: &'a LlamaConfig,
+    opts: GptqOptions,
+    rope: Rope,
+    positions: Vec<u32>,  // [N] position of each token in its window
+    cu_seqlens: Vec<u32>, // [S + 1] window offsets
+    isa: Isa,
+}
+
+impl<'a> Pass<'a> {
+    fn new(config: &'a LlamaConfig, tokens: &[u32], opts: GptqOptions) -> Self {
+        let n = tokens.len();
+        let (mut positions, mut cu_seqlens) = (Vec::new(), vec![0u32]);
+        for start in (0..n).step_by(opts.window) {
+            let len = opts.window.min(n - start);
+            positions.extend(0..len as u32);
+            cu_seqlens.push((start + len) as u32);
+        }
+        Pass {
+            config,
+            opts,
+            rope: Rope::new(config, opts.window.min(n)),
+            positions,
+            cu_seqlens,
+            isa: Isa::best(),
+        }
+    }
+
+    /// Quantises layer `lw` against its inputs `x` (`[N, hidden]`) and
+    /// replaces `x` by the quantised layer's output.
+    fn layer(&self, lw: &LayerWeights, x: &mut [f32]) -> Result<Fp8Layer, GptqError> {
+        let c = self.config;
+        let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let (inter, eps) = (c.intermediate_size, c.rms_norm_eps);
+        let h = rms_norm(x, &lw.input_norm.to_f32(), eps); // [N, hidden]
+        let f = self.factor(&h, hidden, &lw.q_proj)?;
+        let [q_proj, k_proj, v_proj] =
+            [&lw.q_proj, &lw.k_proj, &lw.v_proj].map(|t| self.quantize(t, &f));
+        let mut q = self.project(&h, &q_proj, hidden, q_dim); // [N, q_dim]
+        let mut k = self.project(&h, &k_proj, hidden, kv_dim); // [N, kv_dim]
+        let v = self.project(&h, &v_proj, hidden, kv_dim); // [N, kv_dim]
+        self.rope.apply_rows(&mut q, q_dim, &self.positions);
+        self.rope.apply_rows(&mut k, kv_dim, &self.positions);
+        let o = self.attention(&q, &k, &v); // [N, q_dim]
+        let o_proj = self.quantize(&lw.o_proj, &self.factor(&o, q_dim, &lw.o_proj)?);
+        add_assign(x, &self.project(&o, &o_proj, q_dim, hidden));
+        let h = rms_norm(x, &lw.post_norm.to_f32(), eps); // [N, hidden]
+        let f = self.factor(&h, hidden, &lw.gate_proj)?;
+        let [gate_proj, up_proj] = [&lw.gate_proj, &lw.up_proj].map(|t| self.quantize(t, &f));
+        let mut gate = self.project(&h, &gate_proj, hidden, inter); // [N, inter]
+        let up = self.project(&h, &up_proj, hidden, inter); // [N, inter]
+        silu_mul(&mut gate, &up);
+        let down_proj = self.quantize(&lw.down_proj, &self.factor(&gate, inter, &lw.down_proj)?);
+        add_assign(x, &self.project(&gate, &down_proj, inter, hidden));
+        Ok(Fp8Layer {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            gate_proj,
+            up_proj,
+            down_proj,
+        })
+    }
+
+    /// The factored Hessian of `x` (`[N, k]`), the inputs of `t` (and of
+    /// the projections beside it); refused when the inputs are not finite
+    /// or the dampened Hessian is not positive definite.
+    fn factor(&self, x: &[f32], k: usize, t: &Tensor) -> Result<Factor, GptqError> {
+        let h = Hessian::of(x, k); // [k, k]
+        if !h.finite() {
+            return Err(GptqError::NonFinite {
+                tensor: t.name.clone(),
+            });
+        }
+        let damp = self.opts.damp;
+        Factor::new(&h, damp, self.opts.act_order).map_err(|column| {
+            GptqError::NotPositiveDefinite {
+                tensor: t.name.clone(),
+                column,
+                damp,
+            }
+        })
+    }
+
+    /// `t` (`[n, k]`) quantised by GPTQ against the factored Hessian `f`.
+    fn quantize(&self, t: &Tensor, f: &Factor) -> Fp8Tensor {
+        let (n, k) = (t.shape[0], t.shape[1]);
+        let w = t.to_f32(); // [n, k]
+        let scale = solve::scales(&w, n, k, self.opts.scales); // [n]
+        let data = solve::gptq(&w, n, k, f, &scale, self.opts.block);
+        Fp8Tensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            data,
+            scale,
+            input_scale: None,
+        }
+    }
+
+    /// `x W^T` (`x` `[N, inp]`, result `[N, out]`) over `w`'s dequantised
+    /// BF16 values, the weights the CPU backend runs.
+    fn project(&self, x: &[f32], w: &Fp8Tensor, inp: usize, out: usize) -> Vec<f32> {
+        let wd = w.dequantize(); // [out, inp]
+        let mut y = vec![0f32; x.len() / inp * out];
+        matmul_bf16(
+            self.isa,
+            x,
+            &wd.data,
+            inp,
+            out,
+            &mut y,
+            &mut Scratch::default(),
+        );
+        y
+    }
+
+    /// Causal attention of every window (`q` `[N, q_dim]`, `k`, `v`
+    /// `[N, kv_dim]`, RoPE applied): `[N, q_dim]`.
+    fn attention(&self, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+        let c = self.config;
+        let dims = AttnDims {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        causal_attention(self.isa, q, k, v, &self.cu_seqlens, dims)
+    }
+}
