@@ -103,6 +103,21 @@ pub struct Fp8Layer {
     pub down_proj: Fp8Tensor,
 }
 
+impl Fp8Layer {
+    /// The layer's seven projections, in checkpoint order.
+    pub fn projections(&self) -> [&Fp8Tensor; 7] {
+        [
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            &self.o_proj,
+            &self.gate_proj,
+            &self.up_proj,
+            &self.down_proj,
+        ]
+    }
+}
+
 /// Where a model's FP8 weights came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fp8Source {

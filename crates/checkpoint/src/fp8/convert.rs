@@ -19,7 +19,7 @@ use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
-use super::{Fp8Tensor, Fp8Weights};
+use super::{Fp8Layer, Fp8Tensor, Fp8Weights};
 use crate::loader::{INDEX_FILE, LoadError, SINGLE_FILE, load_config, load_weights, tensor_specs};
 use crate::weights::{LlamaWeights, Tensor};
 
@@ -79,17 +79,7 @@ fn given_projections<'a>(
     let given: HashMap<&str, &Fp8Tensor> = fp8
         .layers
         .iter()
-        .flat_map(|l| {
-            [
-                &l.q_proj,
-                &l.k_proj,
-                &l.v_proj,
-                &l.o_proj,
-                &l.gate_proj,
-                &l.up_proj,
-                &l.down_proj,
-            ]
-        })
+        .flat_map(Fp8Layer::projections)
         .map(|t| (t.name.as_str(), t))
         .collect();
     for t in weights
