@@ -2,7 +2,8 @@
 //! tests in `tests/` hold each kernel to its CPU reference).
 //!
 //! `cargo run --release -p kernels --example kernel_timings -- [WHICH...]`
-//! where WHICH is `sampling`, `gemv`, `decode` or `flash` (default: all).
+//! where WHICH is `sampling`, `gemv`, `invariant`, `decode` or `flash`
+//! (default: all).
 //! Each figure is one `RESULT` line. Decode-step kernels are timed as a
 //! captured graph of 20 calls replayed 10 times, as a decode step replays
 //! them; the flash prefill kernels as back-to-back launches.
@@ -18,6 +19,7 @@ use half::bf16;
 use kernels::decode_attention::{DecodeParams, DecodeRows};
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvOp, GemvWeights};
+use kernels::invariant_gemm::InvOut;
 use kernels::prefill_attention::PrefillParams;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 use kernels::{DecodePlan, HeadShape, Kernels, KvCaches, SampleParams};
@@ -30,7 +32,7 @@ const REPS: usize = 10;
 
 fn main() {
     let which: Vec<String> = std::env::args().skip(1).collect();
-    let all = ["sampling", "gemv", "decode", "flash"];
+    let all = ["sampling", "gemv", "invariant", "decode", "flash"];
     if let Some(bad) = which.iter().find(|w| !all.contains(&w.as_str())) {
         eprintln!("unknown timing `{bad}`; expected some of {all:?}");
         std::process::exit(2);
@@ -42,6 +44,9 @@ fn main() {
     }
     if want("gemv") {
         gemv(&gpu, &k);
+    }
+    if want("invariant") {
+        invariant(&gpu, &k);
     }
     if want("decode") {
         decode(&gpu, &k);
@@ -175,6 +180,55 @@ fn gemv(gpu: &Arc<Gpu>, k: &Kernels) {
             let us = graph_us(gpu, run);
             let gbs = bytes as f64 / us / 1e3;
             println!("RESULT gemv {kind} {name} m={m}: {us:.1} us, {gbs:.0} GB/s of weights");
+        }
+    }
+}
+
+/// The batch-invariant GEMM against cuBLAS (its own heuristic per shape)
+/// on Llama-3.2-1B's projections and LM head, 1 to 512 rows.
+fn invariant(gpu: &Arc<Gpu>, k: &Kernels) {
+    let mut rng = StdRng::seed_from_u64(23);
+    let (h, inter, qkv, vocab) = (2048usize, 8192usize, 3072usize, 128_256usize);
+    let blas = gpu::Blas::new(gpu).expect("cuBLAS");
+    let x = gpu.upload(&rand_bf16(&mut rng, 512 * inter, 1.0)).unwrap();
+    let yb = gpu.alloc::<bf16>(512 * 2 * inter).unwrap();
+    let yf = gpu.alloc::<f32>(512 * vocab).unwrap();
+    for (name, n, kk) in [
+        ("qkv", qkv, h),
+        ("o", h, h),
+        ("gate/up", 2 * inter, h),
+        ("down", h, inter),
+        ("lm head (f32)", vocab, h),
+    ] {
+        let w = gpu.alloc::<bf16>(n * kk).unwrap();
+        for m in [1usize, 4, 16, 64, 256, 512] {
+            let d = gpu::GemmDims { m, n, k: kk };
+            let (ours, theirs) = match name {
+                "lm head (f32)" => (
+                    graph_us(gpu, || {
+                        let y = InvOut::F32(yf.view());
+                        k.invariant_gemm(x.view(), w.view(), y, m, n, kk).unwrap()
+                    }),
+                    graph_us(gpu, || {
+                        blas.matmul_nt(x.view(), w.view(), yf.view(), d).unwrap()
+                    }),
+                ),
+                _ => (
+                    graph_us(gpu, || {
+                        let y = InvOut::Bf16(yb.view());
+                        k.invariant_gemm(x.view(), w.view(), y, m, n, kk).unwrap()
+                    }),
+                    graph_us(gpu, || {
+                        blas.matmul_nt(x.view(), w.view(), yb.view(), d).unwrap()
+                    }),
+                ),
+            };
+            let gbs = (n * kk * 2) as f64 / ours / 1e3;
+            let tf = (2 * m * n * kk) as f64 / ours / 1e6;
+            println!(
+                "RESULT invariant {name} m={m}: {ours:.1} us ({gbs:.0} GB/s of weights, \
+                 {tf:.0} TFLOP/s), cuBLAS {theirs:.1} us"
+            );
         }
     }
 }

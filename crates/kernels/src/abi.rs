@@ -160,6 +160,23 @@ kernel_args! {
         inter: u32 as "uint32_t" @ 20,
     }
 
+    /// Arguments of `invariant_gemm_bf16` / `invariant_gemm_f32`
+    /// (cu/invariant_gemm.cu).
+    #[derive(Default)]
+    pub struct InvariantGemmArgs for "invariant_gemm", size 40 {
+        /// [m, n] bf16 or f32
+        y: u64 as "void*" @ 0,
+        /// [m, k] bf16
+        x: u64 as "const bf16*" @ 8,
+        /// [n, k] bf16
+        w: u64 as "const bf16*" @ 16,
+        m: u32 as "uint32_t" @ 24,
+        n: u32 as "uint32_t" @ 28,
+        k: u32 as "uint32_t" @ 32,
+        /// slices of k, `invariant_gemm::slices(k)`
+        slices: u32 as "uint32_t" @ 36,
+    }
+
     /// Arguments of `lora_shrink` (cu/lora.cu).
     #[derive(Default)]
     pub struct LoraShrinkArgs for "lora_shrink", size 48 {

@@ -129,6 +129,19 @@ launch_consts! {
     pub const FLASH_HOPPER_THREADS: usize = 128 * FLASH_HOPPER_ROWS / 64;
     /// Slack for aligning the Hopper tiles to 1,024 bytes (the 128-byte swizzle atom).
     pub const FLASH_HOPPER_ALIGN: usize = 1024;
+
+    /// Columns of `k` one warp of the batch-invariant GEMM takes per step
+    /// (two `m16n8k16` products; a multiple of it is required).
+    pub const INV_GEMM_K_CHUNK: usize = 32;
+    /// Most slices of `k` (warps of a block) the batch-invariant GEMM
+    /// splits a row's reduction into; the count follows `k` alone.
+    pub const INV_GEMM_MAX_SLICES: usize = 8;
+    /// Weight rows (output features) of one batch-invariant GEMM block.
+    pub const INV_GEMM_FEATURES: usize = 16;
+    /// Eight-row input tiles of one batch-invariant GEMM block.
+    pub const INV_GEMM_ROW_TILES: usize = 8;
+    /// Chunks of `k` a warp of the batch-invariant GEMM loads ahead.
+    pub const INV_GEMM_UNROLL: usize = 4;
 }
 
 /// 16-byte weight chunks per row and lane one pass of a GEMV kernel with a

@@ -37,6 +37,7 @@ pub mod embedding;
 pub mod flash_prefill;
 pub mod fp8;
 pub mod gemv;
+pub mod invariant_gemm;
 pub mod kv;
 pub mod lora;
 pub mod prefill_attention;
@@ -168,6 +169,8 @@ pub struct Kernels {
     pub(crate) lora_shrink_in: Function,
     pub(crate) fp8_dequant_rows: Function,
     pub(crate) fp8_quant_rows: Function,
+    pub(crate) invariant_gemm_bf16: Function,
+    pub(crate) invariant_gemm_f32: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
     pub(crate) prefill: [Function; HEAD_DIMS.len()],
     /// The same over FP8 caches (`prefill_attention_fp8_d{D}`).
@@ -237,6 +240,8 @@ impl Kernels {
             lora_shrink_in: f("lora_shrink_in")?,
             fp8_dequant_rows: f("fp8_dequant_rows")?,
             fp8_quant_rows: f("fp8_quant_rows")?,
+            invariant_gemm_bf16: f("invariant_gemm_bf16")?,
+            invariant_gemm_f32: f("invariant_gemm_f32")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             prefill8: per_head_dim(&module, "prefill_attention_fp8_d")?,
             decode: decode_kernels(&module, "decode_attention")?,

@@ -7,6 +7,7 @@
 
 mod common;
 mod gemv;
+mod invariant_gemm;
 mod lora;
 
 use common::*;

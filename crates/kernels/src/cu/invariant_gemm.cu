@@ -1,0 +1,141 @@
+// Batch-invariant GEMM: y[m, n] = x[m, k] · w[n, k]ᵀ (bf16 in, fp32
+// accumulation, bf16 or f32 out) where every output's reduction over k is
+// the same sequence of operations whatever m is and wherever its row sits:
+// one kernel for one row and for thousands, memory-bound like a GEMV at one
+// row and on tensor cores at many.
+//
+// Layout: a block is `slices` warps (slices(k) on the Rust side: the count
+// follows k alone) over LAMINA_INV_GEMM_FEATURES weight rows and
+// LAMINA_INV_GEMM_ROW_TILES tiles of 8 input rows; warp s reduces the s-th
+// contiguous slice of k's LAMINA_INV_GEMM_K_CHUNK-column chunks, in order,
+// with mma.sync m16n8k16 (weights as A, the 16 x 16 tile; input rows as B,
+// 8 columns). Each lane loads 16 bytes of weight rows g and g+8 and 16
+// bytes of input row g per chunk (g = lane / 4, q = lane % 4, columns
+// 8q..8q+7 of the chunk): the first product takes columns 8q..8q+3 of every
+// lane, the second 8q+4..8q+7, the same permutation of k for A and B, so
+// the pair computes the chunk's dot products exactly once. The slices'
+// partial sums meet in shared memory and are added in slice order. An
+// output's value therefore depends on its weight row, its input row and k
+// alone: the m16n8k16 product of one element reads only that element's A
+// row and B column, rows past m are zeros that no kept output reads, and
+// neither the block's other rows nor the grid shape enter any sum.
+//
+// Weights are read before the programmatic-dependent-launch wait (they are
+// never written by a step); inputs after it. Grid: x over tiles of
+// 8 * ROW_TILES input rows (fastest, so blocks sharing a weight tile run
+// together and re-read it from L2), y over weight-row tiles.
+// Takes its one argument struct (lamina_args.cuh, from src/abi.rs).
+#include "common.cuh"
+#include "lamina_args.cuh"
+#include "lamina_consts.cuh"
+#include "pdl.cuh"
+
+namespace {
+
+constexpr int KC = LAMINA_INV_GEMM_K_CHUNK;
+constexpr int RT = LAMINA_INV_GEMM_ROW_TILES;
+constexpr int U = LAMINA_INV_GEMM_UNROLL;
+constexpr int S_MAX = LAMINA_INV_GEMM_MAX_SLICES;
+static_assert(KC == 32, "a chunk is two m16n8k16 products over 8 columns a lane");
+static_assert(LAMINA_INV_GEMM_FEATURES == 16, "one m16 tile of weight rows a block");
+
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void store(bf16* y, size_t i, float v) { y[i] = f2bf(v); }
+__device__ __forceinline__ void store(float* y, size_t i, float v) { y[i] = v; }
+
+// Weight chunks c0.. c0+U-1 of rows `wa` and `wb` (chunks at or past `end`
+// are left alone).
+__device__ __forceinline__ void load_weights(uint4* pa, uint4* pb, const bf16* wa, const bf16* wb,
+                                             uint32_t c0, uint32_t end) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (c0 + u < end) {
+            pa[u] = ld_before_wait(wa + (size_t)(c0 + u) * KC);
+            pb[u] = ld_before_wait(wb + (size_t)(c0 + u) * KC);
+        }
+    }
+}
+
+template <typename OutT>
+__device__ void invariant_gemm(const InvariantGemmArgs& a) {
+    __shared__ float part[S_MAX][RT][32][4];
+    const uint32_t lane = threadIdx.x & 31, s = threadIdx.x >> 5;
+    const uint32_t g = lane >> 2, q = lane & 3;
+    const uint32_t f0 = blockIdx.y * 16, r0 = blockIdx.x * 8 * RT;
+    const uint32_t per = a.k / KC / a.slices;
+    const uint32_t begin = s * per, end = begin + per;
+    // rows past n load row n - 1: their outputs are never stored
+    const bf16* wa = a.w + (size_t)min(f0 + g, a.n - 1) * a.k + 8 * q;
+    const bf16* wb = a.w + (size_t)min(f0 + g + 8, a.n - 1) * a.k + 8 * q;
+    const int tiles = (int)min((uint32_t)RT, (a.m - r0 + 7) / 8);
+
+    float acc[RT][4];
+#pragma unroll
+    for (int j = 0; j < RT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    uint4 pa[U], pb[U], na[U], nb[U];
+    load_weights(pa, pb, wa, wb, begin, end);
+    pdl_wait();
+    for (uint32_t c = begin; c < end; c += U) {
+        load_weights(na, nb, wa, wb, c + U, end);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u >= end) break;
+#pragma unroll
+            for (int j = 0; j < RT; j++) {
+                if (j >= tiles) break;
+                const uint32_t row = r0 + 8 * j + g;
+                uint4 xv = make_uint4(0, 0, 0, 0);
+                if (row < a.m) {
+                    xv = *reinterpret_cast<const uint4*>(a.x + (size_t)row * a.k +
+                                                         (size_t)(c + u) * KC + 8 * q);
+                }
+                mma16816(acc[j], pa[u].x, pb[u].x, pa[u].y, pb[u].y, xv.x, xv.y);
+                mma16816(acc[j], pa[u].z, pb[u].z, pa[u].w, pb[u].w, xv.z, xv.w);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            pa[u] = na[u];
+            pb[u] = nb[u];
+        }
+    }
+    pdl_launch_dependents();
+#pragma unroll
+    for (int j = 0; j < RT; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[s][j][lane][e] = acc[j][e];
+    }
+    __syncthreads();
+    // accumulator element e of lane L, tile j: weight row g + 8 (e / 2),
+    // input row 8 j + 2 q + e % 2
+    OutT* y = static_cast<OutT*>(a.y);
+    for (uint32_t i = threadIdx.x; i < RT * 32 * 4; i += blockDim.x) {
+        const uint32_t j = i / 128, l = (i / 4) % 32, e = i % 4;
+        const uint32_t f = f0 + (l >> 2) + 8 * (e >> 1);
+        const uint32_t row = r0 + 8 * j + 2 * (l & 3) + (e & 1);
+        if (f >= a.n || row >= a.m) continue;
+        float v = part[0][j][l][e];
+        for (uint32_t t = 1; t < a.slices; t++) v += part[t][j][l][e];
+        store(y, (size_t)row * a.n + f, v);
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(32 * S_MAX)
+    invariant_gemm_bf16(const InvariantGemmArgs a) {
+    invariant_gemm<bf16>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * S_MAX)
+    invariant_gemm_f32(const InvariantGemmArgs a) {
+    invariant_gemm<float>(a);
+}

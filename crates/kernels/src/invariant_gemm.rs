@@ -1,0 +1,137 @@
+//! Launcher for `cu/invariant_gemm.cu`: `y[m, n] = x[m, k] · w[n, k]ᵀ` on
+//! bf16 weights whose every output is the same bits at any `m` and any
+//! position of its row (the deterministic mode's products). The kernel
+//! takes one [`InvariantGemmArgs`]. CPU reference:
+//! `ops::linear::matmul_bf16` (the same products in another order, so the
+//! tests compare within rounding and hold the GPU's rows to each other
+//! bit for bit).
+//! Costs: one launch of `ceil(m / 64) x ceil(n / 16)` blocks of
+//! `32 * slices(k)` threads; the weights are read once per 64 input rows
+//! (from L2 after the first of the blocks that share them).
+
+use gpu::{DevSlice, LaunchConfig};
+use half::bf16;
+
+use crate::abi::InvariantGemmArgs;
+use crate::consts::{INV_GEMM_FEATURES, INV_GEMM_K_CHUNK, INV_GEMM_MAX_SLICES, INV_GEMM_ROW_TILES};
+use crate::{KernelError, Kernels, need, u32_of};
+
+/// The output of [`Kernels::invariant_gemm`].
+#[derive(Clone, Copy)]
+pub enum InvOut<'a> {
+    /// `[m, n]` bf16 (projections).
+    Bf16(DevSlice<'a, bf16>),
+    /// `[m, n]` f32 (the LM head's logits).
+    F32(DevSlice<'a, f32>),
+}
+
+/// Input rows one block covers.
+pub const BLOCK_ROWS: usize = 8 * INV_GEMM_ROW_TILES;
+
+/// The slices a row's reduction over `k` is split into: the most of 8, 4,
+/// 2 and 1 that divide `k`'s chunks evenly; `None` when `k` is not a
+/// multiple of the chunk ([`supports`]). A function of `k` alone: this is
+/// what keeps a row's sums independent of the batch.
+pub fn slices(k: usize) -> Option<usize> {
+    if k == 0 || !k.is_multiple_of(INV_GEMM_K_CHUNK) {
+        return None;
+    }
+    let chunks = k / INV_GEMM_K_CHUNK;
+    let mut s = INV_GEMM_MAX_SLICES;
+    while !chunks.is_multiple_of(s) {
+        s /= 2;
+    }
+    Some(s)
+}
+
+/// Whether the kernel takes an inner dimension of `k`.
+pub fn supports(k: usize) -> bool {
+    slices(k).is_some()
+}
+
+impl Kernels {
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ`, every row's reduction fixed by `k`
+    /// alone (module doc). `x`, `w` and `y` start 16-byte aligned.
+    pub fn invariant_gemm(
+        &self,
+        x: DevSlice<'_, bf16>, // [m, k]
+        w: DevSlice<'_, bf16>, // [n, k]
+        y: InvOut<'_>,         // [m, n]
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "invariant_gemm";
+        let s = slices(k).ok_or_else(|| KernelError::Unsupported {
+            kernel: K,
+            reason: format!("k = {k} (a multiple of {INV_GEMM_K_CHUNK} is needed)"),
+        })?;
+        need(K, "x", &x, m * k)?;
+        need(K, "w", &w, n * k)?;
+        let (f, y_ptr) = match y {
+            InvOut::Bf16(v) => {
+                need(K, "y", &v, m * n)?;
+                (&self.invariant_gemm_bf16, v.ptr())
+            }
+            InvOut::F32(v) => {
+                need(K, "y", &v, m * n)?;
+                (&self.invariant_gemm_f32, v.ptr())
+            }
+        };
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if [x.ptr(), w.ptr()].iter().any(|p| p % 16 != 0) {
+            return Err(KernelError::Shape {
+                kernel: K,
+                reason: "x and w must start 16-byte aligned".into(),
+            });
+        }
+        let grid = (
+            u32_of(K, "row blocks", m.div_ceil(BLOCK_ROWS))?,
+            u32_of(K, "weight-row blocks", n.div_ceil(INV_GEMM_FEATURES))?,
+        );
+        if grid.1 > 65_535 {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!("n = {n} (at most {} rows)", 65_535 * INV_GEMM_FEATURES),
+            });
+        }
+        let args = InvariantGemmArgs {
+            y: y_ptr,
+            x: x.ptr(),
+            w: w.ptr(),
+            m: u32_of(K, "m", m)?,
+            n: u32_of(K, "n", n)?,
+            k: u32_of(K, "k", k)?,
+            slices: s as u32,
+        };
+        let cfg = LaunchConfig {
+            grid: (grid.0, grid.1, 1),
+            block: (32 * s as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: x, w and y checked for [m, k], [n, k] and [m, n], x and w
+        // aligned for the 16-byte loads, k a multiple of the chunk; the
+        // kernel takes `InvariantGemmArgs` and reads weights before its
+        // PDL wait only.
+        unsafe { self.launch_pdl(f, cfg, &args)? };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_follow_k_alone() {
+        assert_eq!(slices(2048), Some(8));
+        assert_eq!(slices(8192), Some(8));
+        assert_eq!(slices(576), Some(2)); // 18 chunks
+        assert_eq!(slices(32 * 12), Some(4));
+        assert_eq!(slices(32 * 7), Some(1));
+        assert_eq!(slices(100), None);
+        assert_eq!(slices(0), None);
+    }
+}
