@@ -9,9 +9,12 @@ Rows: all four projection inputs; each alone; all four with only the
 mantissa rounded (no exponent range: what no choice of scales can remove);
 and with SmoothQuant-style migration (per input channel
 s = max|x|^a / max|w|^(1-a) from the calibration text, folded into the
-norms, V and up), which moves range, not rounding. On ~2,000 tokens one
-rounding's cost is a draw with a spread of several tenths of a percent, so
-each row is the mean of `--draws` dithered roundings (`E4m3Rows`).
+norms, V and up), which moves range, not rounding; and with each input
+rotated by a random orthogonal matrix (the weights alike, so the product
+is unchanged: QuaRot-style, which spreads outliers over the channels). On
+~2,000 tokens one rounding's cost is a draw with a spread of several
+tenths of a percent, so each row is the mean of `--draws` dithered
+roundings (`E4m3Rows`).
 
     pip install numpy ml_dtypes gguf tokenizers
     python3 scripts/reference/fp8_activations.py MODEL.gguf \\
@@ -94,7 +97,7 @@ def mantissa3(x):
     return np.ldexp(np.round(m * 16) / 16, e)
 
 
-def forward(w, cfg, ids, quant, rounder=e4m3_rows, stats=None):
+def forward(w, cfg, ids, quant, rounder=e4m3_rows, stats=None, rot=None):
     """Logits [T, vocab] in f32 arithmetic; inputs of the projections in
     `quant` rounded."""
     L, H, KV, D, eps = cfg["layers"], cfg["heads"], cfg["kv"], cfg["dim"], cfg["eps"]
@@ -118,9 +121,13 @@ def forward(w, cfg, ids, quant, rounder=e4m3_rows, stats=None):
     def mm(name, inp, kind, l):
         if stats is not None:
             stats.setdefault((l, kind), []).append(np.abs(inp).max(0))
+        wt = w[f"blk.{l}.{name}.weight"]
+        if rot is not None:  # x Q (Q orthogonal) against W Q: the same product
+            q = rot[inp.shape[-1]]
+            inp, wt = inp @ q, wt @ q
         if kind in quant:
             inp = rounder(inp)
-        return inp @ w[f"blk.{l}.{name}.weight"].T
+        return inp @ wt.T
 
     for l in range(L):
         h = rms(x, w[f"blk.{l}.attn_norm.weight"])
@@ -139,13 +146,13 @@ def forward(w, cfg, ids, quant, rounder=e4m3_rows, stats=None):
     return rms(x, w["output_norm.weight"]) @ w["output.weight"].T
 
 
-def perplexity(w, cfg, ids, ctx, quant=(), rounder=e4m3_rows):
+def perplexity(w, cfg, ids, ctx, quant=(), rounder=e4m3_rows, rot=None):
     nll, n = 0.0, 0
     for s in range(0, len(ids) - 1, ctx):
         win = ids[s : s + ctx]
         if len(win) < 2:
             break
-        lg = forward(w, cfg, np.array(win), quant, rounder).astype(np.float64)
+        lg = forward(w, cfg, np.array(win), quant, rounder, rot=rot).astype(np.float64)
         lg -= lg.max(-1, keepdims=True)
         lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
         nll -= lp[np.arange(len(win) - 1), win[1:]].sum()
@@ -200,8 +207,8 @@ def main():
     base = perplexity(w, cfg, ids, a.context)
     print(f"{len(ids)} tokens; fp32 perplexity {base:.4f}")
 
-    def draws(weights, kinds):
-        got = [perplexity(weights, cfg, ids, a.context, kinds, E4m3Rows(d)) for d in range(a.draws)]
+    def draws(weights, kinds, rot=None):
+        got = [perplexity(weights, cfg, ids, a.context, kinds, E4m3Rows(d), rot) for d in range(a.draws)]
         return [100 * (p / base - 1) for p in got]
 
     def row(name, pcts):
@@ -215,6 +222,10 @@ def main():
         row(f"e4m3, {kind} input only", draws(w, (kind,)))
     p = perplexity(w, cfg, ids, a.context, KINDS, mantissa3)
     row("3-bit mantissa, all four (no draws)", [100 * (p / base - 1)])
+    rng = np.random.default_rng(0)
+    widths = {w[f"blk.0.{n}.weight"].shape[1] for n in ("attn_q", "attn_output", "ffn_down")}
+    rot = {k: np.linalg.qr(rng.standard_normal((k, k)))[0].astype(np.float32) for k in widths}
+    row("all four, inputs rotated (random orthogonal)", draws(w, KINDS, rot))
     cal = tk.encode(open(a.calibration, encoding="utf-8").read()).ids
     stats = {}
     for s in range(0, min(len(cal), 4 * a.context), a.context):
