@@ -124,11 +124,15 @@ impl DraftPlan {
         let mut lora = args.lora.clone();
         lora.lora.clear();
         lora.max_loras = Some(0);
+        // FP8 activations are the target's: the draft may have BF16 weights
+        let mut tuning = args.tuning.clone();
+        tuning.fp8_activations = false;
         let args = ModelArgs {
             kv_blocks: Some(blocks),
             kv_memory_gib: None,
             quantize_lm_head: false,
             lora,
+            tuning,
             ..args.clone()
         };
         let (cpu, _) = cpu_weights(&args, &self.loaded.dir, &self.loaded.config, cuda)

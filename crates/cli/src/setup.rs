@@ -524,6 +524,11 @@ pub(crate) fn load_weights(
             "--quantize-lm-head needs FP8 weights: add --dtype fp8 (or use an FP8 checkpoint with --dtype auto)"
         );
     }
+    if args.tuning.fp8_activations && w.fp8.is_none() {
+        bail!(
+            "--fp8-activations needs FP8 weights: add --dtype fp8 (or use an FP8 checkpoint with --dtype auto)"
+        );
+    }
     if !cuda {
         w.fp8 = None;
     }
@@ -706,7 +711,8 @@ pub(crate) fn open_backend(
                 )?
                 .with_kv_cache_dtype(args.kv_cache_dtype)
                 .with_max_loras(args.lora.slots())
-                .with_deterministic(args.deterministic),
+                .with_deterministic(args.deterministic)
+                .with_fp8_activations(args.tuning.fp8_activations),
             )
         }
     };

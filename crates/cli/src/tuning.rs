@@ -43,10 +43,12 @@ pub struct TuningArgs {
     /// the narrow flash tiling; 0: never [default: from the SM count].
     #[arg(long, hide = true, env = "LAMINA_NARROW_DECODE_SEQS")]
     pub narrow_decode_seqs: Option<usize>,
-    /// With FP8 weights on CUDA: prefill and large batches quantise each
-    /// projection's input to FP8 per token and run FP8 tensor cores (W8A8:
-    /// faster, a little more rounding); without it they widen the weights
-    /// to BF16 (W8A16). Small decode steps read FP8 weights either way.
+    /// With FP8 weights (refused without): on CUDA, prefill and large
+    /// batches quantise each projection's input to FP8 per token and run
+    /// FP8 tensor cores (W8A8: faster, a little more rounding); without it
+    /// they widen the weights to BF16 (W8A16); small decode steps read FP8
+    /// weights either way. On the CPU every row's projection inputs are
+    /// rounded the same way (the reference of W8A8; no faster).
     #[arg(long, env = "LAMINA_FP8_ACTIVATIONS", value_parser = clap::builder::BoolishValueParser::new())]
     pub fp8_activations: bool,
 }

@@ -9,7 +9,8 @@
 //! saturates at ±448 (the clamp every FP8 quantiser applies before its
 //! cast), NaN to `0x7F`. [`quantize_rows`] gives each row of a `[n, k]`
 //! matrix the scale `max|w| / 448` (1 for an all-zero row), so
-//! `w ≈ decode(q) * scale` with a relative error of at most 2^-4 per value.
+//! `w ≈ decode(q) * scale` with a relative error of at most 2^-4 per value;
+//! [`round_rows`] is the same round trip in place (FP8 activations).
 //!
 //! Costs: `decode` is a 256-entry table lookup; `encode` a few integer
 //! operations; `quantize_rows` two passes over the matrix, rows in parallel.
@@ -129,9 +130,39 @@ pub fn dequantize_rows(q: &[u8], scales: &[f32], k: usize) -> Vec<f32> {
     out
 }
 
+/// Each row of `x` (`[n, k]`) replaced by its e4m3 rounding at the row's
+/// [`quantize_rows`] scale: the values an FP8-activation product (W8A8)
+/// multiplies by, where the CUDA GEMMs quantise their inputs per token.
+pub fn round_rows(x: &mut [f32], k: usize) {
+    x.par_chunks_mut(k.max(1)).for_each(|row| {
+        let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = if amax > 0.0 && amax.is_finite() {
+            amax / E4M3_MAX
+        } else {
+            1.0
+        };
+        for v in row {
+            *v = decode(encode(*v / s)) * s;
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_rows_in_place_is_quantising_then_dequantising() {
+        let (n, k) = (3, 40);
+        let x: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * (0.01 + (i / k) as f32))
+            .collect();
+        let (q, s) = quantize_rows(&x, n, k);
+        let mut got = x.clone();
+        round_rows(&mut got, k);
+        assert_eq!(got, dequantize_rows(&q, &s, k));
+        assert_ne!(got, x, "nothing was rounded");
+    }
 
     #[test]
     fn the_table_has_the_format_s_landmarks() {

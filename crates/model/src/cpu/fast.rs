@@ -221,6 +221,7 @@ pub(super) struct Workspace {
     prompt: Vec<usize>,               // prompt token rows (mixed steps)
     write_order: Vec<(usize, usize)>, // the step's KV writes by block
     generated: Vec<usize>,            // generated token rows (mixed steps)
+    fp8_in: Vec<f32>,                 // a product's input rounded to e4m3 (FP8 activations)
     bufs: MatBufs,
 }
 
@@ -228,6 +229,18 @@ pub(super) struct Workspace {
 /// residuals, SwiGLU); a step of fewer than twice as many runs them on the
 /// calling thread. Each row computes the same bits either way.
 const ROWS_PER_TASK: usize = 16;
+
+/// `x` (`[T, k]`) as a product reads it: rounded to e4m3 a row at a time
+/// into `buf` with FP8 activations (`on`), else `x` itself.
+fn product_input<'a>(on: bool, x: &'a [f32], k: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    if !on {
+        return x;
+    }
+    let b = sized(buf, x.len());
+    b.copy_from_slice(x);
+    ops::fp8::round_rows(b, k);
+    b
+}
 
 /// `f(i, row i of a)` over the `[T, w]` rows of `a`.
 fn each_row(a: &mut [f32], w: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
@@ -279,6 +292,7 @@ impl CpuBackend {
         rows: &[usize],
     ) -> Vec<f32> {
         let isa = self.isa;
+        let fp8a = self.fp8_activations;
         let c = &self.config;
         let ws = &mut self.ws;
         let (hidden, q_dim, kv_dim, inter) =
@@ -341,8 +355,9 @@ impl CpuBackend {
                 rms_norm(xr, &norms.input, eps, hr)
             });
             let qkv = sized(&mut ws.qkv, t * qkv_w);
+            let hq = product_input(fp8a, h, hidden, &mut ws.fp8_in);
             lw.qkv
-                .matmul(isa, h, hidden, qkv_w, qkv, rows_kind, &mut ws.bufs);
+                .matmul(isa, hq, hidden, qkv_w, qkv, rows_kind, &mut ws.bufs);
             delta(lr, l, L::Q, h, hidden, qkv, qkv_w, 0);
             delta(lr, l, L::K, h, hidden, qkv, qkv_w, q_dim);
             delta(lr, l, L::V, h, hidden, qkv, qkv_w, q_dim + kv_dim);
@@ -371,15 +386,17 @@ impl CpuBackend {
                 det,
             );
             let proj = sized(&mut ws.proj, t * hidden);
-            lw.o.matmul(isa, attn, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
+            let aq = product_input(fp8a, attn, q_dim, &mut ws.fp8_in);
+            lw.o.matmul(isa, aq, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
             delta(lr, l, L::O, attn, q_dim, proj, hidden, 0);
             each_row_pair(x, hidden, proj, hidden, add_assign);
             each_row_pair(h, hidden, x, hidden, |hr, xr| {
                 rms_norm(xr, &norms.post, eps, hr)
             });
             let gu = sized(&mut ws.gu, t * 2 * inter);
+            let hq = product_input(fp8a, h, hidden, &mut ws.fp8_in);
             lw.gate_up
-                .matmul(isa, h, hidden, 2 * inter, gu, rows_kind, &mut ws.bufs);
+                .matmul(isa, hq, hidden, 2 * inter, gu, rows_kind, &mut ws.bufs);
             delta(lr, l, L::Gate, h, hidden, gu, 2 * inter, 0);
             delta(lr, l, L::Up, h, hidden, gu, 2 * inter, inter);
             let act = sized(&mut ws.act, t * inter);
@@ -387,8 +404,9 @@ impl CpuBackend {
                 a.copy_from_slice(&g[..inter]);
                 silu_mul(isa, a, &g[inter..]);
             });
+            let mq = product_input(fp8a, act, inter, &mut ws.fp8_in);
             lw.down
-                .matmul(isa, act, inter, hidden, proj, rows_kind, &mut ws.bufs);
+                .matmul(isa, mq, inter, hidden, proj, rows_kind, &mut ws.bufs);
             delta(lr, l, L::Down, act, inter, proj, hidden, 0);
             each_row_pair(x, hidden, proj, hidden, add_assign);
         }

@@ -6,13 +6,16 @@
 //! output projection, residual, RMSNorm, SwiGLU MLP, residual), then the final
 //! norm and LM head for the requested token rows only. It follows the oracle's
 //! textbook order of operations in f32; a row with a LoRA adapter adds its
-//! delta after each targeted projection (`lora`).
+//! delta after each targeted projection (`lora`, from the unrounded input
+//! where FP8 activations round the projections' inputs).
 //!
 //! Costs per step of `T` tokens and `R` output rows: one pass over every
 //! layer's weights (each row converted once and applied to all `T` tokens),
 //! `R * vocab * hidden` multiply-adds for the head (not `T`), attention as in
 //! [`ops::attention`]. Scratch memory O(T * max(intermediate, q_dim)).
 //! Every operation is the `ops` crate's (shared with the kernels' tests).
+
+use std::borrow::Cow;
 
 use super::CpuBackend;
 use super::lora::delta;
@@ -25,6 +28,17 @@ use ops::linear::{add_assign, matmul_bf16};
 use ops::norm::rms_norm;
 
 impl CpuBackend {
+    /// `x` (`[T, k]`) as a projection reads it: rounded to e4m3 a row at a
+    /// time with FP8 activations, else `x` itself.
+    fn product_input<'a>(&self, x: &'a [f32], k: usize) -> Cow<'a, [f32]> {
+        if !self.fp8_activations {
+            return Cow::Borrowed(x);
+        }
+        let mut r = x.to_vec();
+        ops::fp8::round_rows(&mut r, k);
+        Cow::Owned(r)
+    }
+
     /// Runs `batch` (already validated) and returns the logits of token rows
     /// `rows`, `[rows.len(), vocab]` row-major.
     pub(super) fn forward(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
@@ -45,9 +59,10 @@ impl CpuBackend {
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let h = rms_norm(&x, &norms.input, eps); // [T, hidden]
-            let mut q = matmul_bf16(&h, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
-            let mut k = matmul_bf16(&h, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
-            let mut v = matmul_bf16(&h, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let hq = self.product_input(&h, hidden);
+            let mut q = matmul_bf16(&hq, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
+            let mut k = matmul_bf16(&hq, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let mut v = matmul_bf16(&hq, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
             delta(lr, l, L::Q, &h, hidden, &mut q, q_dim, 0);
             delta(lr, l, L::K, &h, hidden, &mut k, kv_dim, 0);
             delta(lr, l, L::V, &h, hidden, &mut v, kv_dim, 0);
@@ -55,16 +70,19 @@ impl CpuBackend {
             self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
             self.pool.write(l, &k, &v, &batch.slot_mapping);
             let o = self.pool.attention(&q, l, batch, dims); // [T, q_dim]
-            let mut proj = matmul_bf16(&o, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
+            let oq = self.product_input(&o, q_dim);
+            let mut proj = matmul_bf16(&oq, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
             delta(lr, l, L::O, &o, q_dim, &mut proj, hidden, 0);
             add_assign(&mut x, &proj);
             let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
-            let mut gate = matmul_bf16(&h, &lw.gate_proj.data, hidden, inter); // [T, inter]
-            let mut up = matmul_bf16(&h, &lw.up_proj.data, hidden, inter); // [T, inter]
+            let hq = self.product_input(&h, hidden);
+            let mut gate = matmul_bf16(&hq, &lw.gate_proj.data, hidden, inter); // [T, inter]
+            let mut up = matmul_bf16(&hq, &lw.up_proj.data, hidden, inter); // [T, inter]
             delta(lr, l, L::Gate, &h, hidden, &mut gate, inter, 0);
             delta(lr, l, L::Up, &h, hidden, &mut up, inter, 0);
             silu_mul(&mut gate, &up);
-            let mut down = matmul_bf16(&gate, &lw.down_proj.data, inter, hidden); // [T, hidden]
+            let gq = self.product_input(&gate, inter);
+            let mut down = matmul_bf16(&gq, &lw.down_proj.data, inter, hidden); // [T, hidden]
             delta(lr, l, L::Down, &gate, inter, &mut down, hidden, 0);
             add_assign(&mut x, &down);
         }

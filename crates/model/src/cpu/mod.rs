@@ -46,6 +46,8 @@ pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 #[cfg(test)]
 mod det_tests;
 #[cfg(test)]
+mod fp8_tests;
+#[cfg(test)]
 mod k_quant_tests;
 #[cfg(test)]
 mod kv_tests;
@@ -112,6 +114,8 @@ pub struct CpuBackend {
     lora: lora::LoraSlots,
     /// Deterministic mode ([`CpuBackend::with_deterministic`]).
     deterministic: bool,
+    /// FP8 activations ([`CpuBackend::with_fp8_activations`]).
+    fp8_activations: bool,
 }
 
 impl CpuBackend {
@@ -206,7 +210,18 @@ impl CpuBackend {
             weights_name,
             lora: lora::LoraSlots::default(),
             deterministic: false,
+            fp8_activations: false,
         })
+    }
+
+    /// The backend with FP8 activations (`--fp8-activations`) when `on`:
+    /// every projection's input (not the LM head's) rounded to e4m3 with
+    /// one scale per token (`ops::fp8::round_rows`), the values the CUDA
+    /// backend's FP8 GEMMs multiply by; LoRA deltas read the unrounded
+    /// input, as on CUDA. No faster here: the CPU reference of W8A8.
+    pub fn with_fp8_activations(mut self, on: bool) -> Self {
+        self.fp8_activations = on;
+        self
     }
 
     /// The backend with its KV pool (zeroed) storing K and V as `dtype`
@@ -302,10 +317,11 @@ impl CpuBackend {
 
 impl contract::HostCompute for CpuBackend {
     fn name(&self) -> String {
-        let det = if self.deterministic {
-            ", deterministic"
-        } else {
-            ""
+        let det = match (self.deterministic, self.fp8_activations) {
+            (true, true) => ", deterministic, fp8 activations",
+            (true, false) => ", deterministic",
+            (false, true) => ", fp8 activations",
+            (false, false) => "",
         };
         match self.path() {
             CpuPath::Reference => format!("cpu (reference{det})"),
