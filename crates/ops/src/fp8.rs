@@ -80,6 +80,16 @@ pub fn encode(x: f32) -> u8 {
     sign | bits
 }
 
+/// A row's e4m3 scale: `max|row| / 448`, 1 for an all-zero or non-finite row.
+fn row_scale(row: &[f32]) -> f32 {
+    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax > 0.0 && amax.is_finite() {
+        amax / E4M3_MAX
+    } else {
+        1.0
+    }
+}
+
 /// Per-row e4m3 quantisation of `w` (`[n, k]`, row-major): the bits
 /// (`[n, k]`) and each row's scale (`[n]`, `max|w| / 448`, 1 for a zero row),
 /// as llm-compressor's min-max observer sets it. (Trying other scales per
@@ -88,17 +98,7 @@ pub fn encode(x: f32) -> u8 {
 /// work at load: e4m3's relative precision does not depend on the scale.)
 pub fn quantize_rows(w: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
     assert_eq!(w.len(), n * k, "quantize_rows: w is not [n, k]");
-    let scales: Vec<f32> = w
-        .par_chunks(k.max(1))
-        .map(|row| {
-            let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            if amax > 0.0 && amax.is_finite() {
-                amax / E4M3_MAX
-            } else {
-                1.0
-            }
-        })
-        .collect();
+    let scales: Vec<f32> = w.par_chunks(k.max(1)).map(row_scale).collect();
     let mut q = vec![0u8; n * k];
     q.par_chunks_mut(k.max(1))
         .zip(w.par_chunks(k.max(1)))
@@ -135,12 +135,7 @@ pub fn dequantize_rows(q: &[u8], scales: &[f32], k: usize) -> Vec<f32> {
 /// multiplies by, where the CUDA GEMMs quantise their inputs per token.
 pub fn round_rows(x: &mut [f32], k: usize) {
     x.par_chunks_mut(k.max(1)).for_each(|row| {
-        let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let s = if amax > 0.0 && amax.is_finite() {
-            amax / E4M3_MAX
-        } else {
-            1.0
-        };
+        let s = row_scale(row);
         for v in row {
             *v = decode(encode(*v / s)) * s;
         }
