@@ -519,14 +519,20 @@ pub(crate) fn load_weights(
         DtypeArg::Auto => {}
         _ => w.fp8 = None,
     }
-    if args.quantize_lm_head && w.quantize_lm_head_fp8().is_none() {
+    // (quantize_lm_head_fp8 rounds the head: it runs first, when asked)
+    let needs_fp8 = [
+        (
+            "--quantize-lm-head",
+            args.quantize_lm_head && w.quantize_lm_head_fp8().is_none(),
+        ),
+        (
+            "--fp8-activations",
+            args.tuning.fp8_activations && w.fp8.is_none(),
+        ),
+    ];
+    if let Some((flag, _)) = needs_fp8.iter().find(|(_, missing)| *missing) {
         bail!(
-            "--quantize-lm-head needs FP8 weights: add --dtype fp8 (or use an FP8 checkpoint with --dtype auto)"
-        );
-    }
-    if args.tuning.fp8_activations && w.fp8.is_none() {
-        bail!(
-            "--fp8-activations needs FP8 weights: add --dtype fp8 (or use an FP8 checkpoint with --dtype auto)"
+            "{flag} needs FP8 weights: add --dtype fp8 (or use an FP8 checkpoint with --dtype auto)"
         );
     }
     if !cuda {

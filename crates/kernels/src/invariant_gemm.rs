@@ -30,8 +30,8 @@ pub const BLOCK_ROWS: usize = 8 * INV_GEMM_ROW_TILES;
 
 /// The slices a row's reduction over `k` is split into: the most of 8, 4,
 /// 2 and 1 that divide `k`'s chunks evenly; `None` when `k` is not a
-/// multiple of the chunk ([`supports`]). A function of `k` alone: this is
-/// what keeps a row's sums independent of the batch.
+/// multiple of the chunk. A function of `k` alone: this is what keeps a
+/// row's sums independent of the batch.
 pub fn slices(k: usize) -> Option<usize> {
     if k == 0 || !k.is_multiple_of(INV_GEMM_K_CHUNK) {
         return None;
@@ -42,11 +42,6 @@ pub fn slices(k: usize) -> Option<usize> {
         s /= 2;
     }
     Some(s)
-}
-
-/// Whether the kernel takes an inner dimension of `k`.
-pub fn supports(k: usize) -> bool {
-    slices(k).is_some()
 }
 
 impl Kernels {

@@ -232,7 +232,12 @@ const ROWS_PER_TASK: usize = 16;
 
 /// `x` (`[T, k]`) as a product reads it: rounded to e4m3 a row at a time
 /// into `buf` with FP8 activations (`on`), else `x` itself.
-fn product_input<'a>(on: bool, x: &'a [f32], k: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+pub(super) fn product_input<'a>(
+    on: bool,
+    x: &'a [f32],
+    k: usize,
+    buf: &'a mut Vec<f32>,
+) -> &'a [f32] {
     if !on {
         return x;
     }

@@ -15,9 +15,8 @@
 //! [`ops::attention`]. Scratch memory O(T * max(intermediate, q_dim)).
 //! Every operation is the `ops` crate's (shared with the kernels' tests).
 
-use std::borrow::Cow;
-
 use super::CpuBackend;
+use super::fast::product_input;
 use super::lora::delta;
 use contract::backend::StepBatch;
 use contract::lora::LoraTarget as L;
@@ -28,17 +27,6 @@ use ops::linear::{add_assign, matmul_bf16};
 use ops::norm::rms_norm;
 
 impl CpuBackend {
-    /// `x` (`[T, k]`) as a projection reads it: rounded to e4m3 a row at a
-    /// time with FP8 activations, else `x` itself.
-    fn product_input<'a>(&self, x: &'a [f32], k: usize) -> Cow<'a, [f32]> {
-        if !self.fp8_activations {
-            return Cow::Borrowed(x);
-        }
-        let mut r = x.to_vec();
-        ops::fp8::round_rows(&mut r, k);
-        Cow::Owned(r)
-    }
-
     /// Runs `batch` (already validated) and returns the logits of token rows
     /// `rows`, `[rows.len(), vocab]` row-major.
     pub(super) fn forward(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
@@ -56,13 +44,15 @@ impl CpuBackend {
         debug_assert_eq!(x.len(), t * hidden);
         let lrows = self.lora.rows(batch); // [T] each row's adapter
         let lr = lrows.as_deref();
+        let fp8a = self.fp8_activations;
+        let mut fp8_in = Vec::new(); // a product's input rounded to e4m3
         for (l, lw) in self.weights.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let h = rms_norm(&x, &norms.input, eps); // [T, hidden]
-            let hq = self.product_input(&h, hidden);
-            let mut q = matmul_bf16(&hq, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
-            let mut k = matmul_bf16(&hq, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
-            let mut v = matmul_bf16(&hq, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let hq = product_input(fp8a, &h, hidden, &mut fp8_in);
+            let mut q = matmul_bf16(hq, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
+            let mut k = matmul_bf16(hq, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let mut v = matmul_bf16(hq, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
             delta(lr, l, L::Q, &h, hidden, &mut q, q_dim, 0);
             delta(lr, l, L::K, &h, hidden, &mut k, kv_dim, 0);
             delta(lr, l, L::V, &h, hidden, &mut v, kv_dim, 0);
@@ -70,19 +60,19 @@ impl CpuBackend {
             self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
             self.pool.write(l, &k, &v, &batch.slot_mapping);
             let o = self.pool.attention(&q, l, batch, dims); // [T, q_dim]
-            let oq = self.product_input(&o, q_dim);
-            let mut proj = matmul_bf16(&oq, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
+            let oq = product_input(fp8a, &o, q_dim, &mut fp8_in);
+            let mut proj = matmul_bf16(oq, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
             delta(lr, l, L::O, &o, q_dim, &mut proj, hidden, 0);
             add_assign(&mut x, &proj);
             let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
-            let hq = self.product_input(&h, hidden);
-            let mut gate = matmul_bf16(&hq, &lw.gate_proj.data, hidden, inter); // [T, inter]
-            let mut up = matmul_bf16(&hq, &lw.up_proj.data, hidden, inter); // [T, inter]
+            let hq = product_input(fp8a, &h, hidden, &mut fp8_in);
+            let mut gate = matmul_bf16(hq, &lw.gate_proj.data, hidden, inter); // [T, inter]
+            let mut up = matmul_bf16(hq, &lw.up_proj.data, hidden, inter); // [T, inter]
             delta(lr, l, L::Gate, &h, hidden, &mut gate, inter, 0);
             delta(lr, l, L::Up, &h, hidden, &mut up, inter, 0);
             silu_mul(&mut gate, &up);
-            let gq = self.product_input(&gate, inter);
-            let mut down = matmul_bf16(&gq, &lw.down_proj.data, inter, hidden); // [T, hidden]
+            let gq = product_input(fp8a, &gate, inter, &mut fp8_in);
+            let mut down = matmul_bf16(gq, &lw.down_proj.data, inter, hidden); // [T, hidden]
             delta(lr, l, L::Down, &gate, inter, &mut down, hidden, 0);
             add_assign(&mut x, &down);
         }

@@ -317,12 +317,15 @@ impl CpuBackend {
 
 impl contract::HostCompute for CpuBackend {
     fn name(&self) -> String {
-        let det = match (self.deterministic, self.fp8_activations) {
-            (true, true) => ", deterministic, fp8 activations",
-            (true, false) => ", deterministic",
-            (false, true) => ", fp8 activations",
-            (false, false) => "",
-        };
+        let mut det = String::new();
+        for (on, tag) in [
+            (self.deterministic, ", deterministic"),
+            (self.fp8_activations, ", fp8 activations"),
+        ] {
+            if on {
+                det += tag;
+            }
+        }
         match self.path() {
             CpuPath::Reference => format!("cpu (reference{det})"),
             CpuPath::Fast => {
