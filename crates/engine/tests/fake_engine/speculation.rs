@@ -71,9 +71,6 @@ fn every_drafter_gives_the_plain_outputs() {
     let reqs = mixed_requests();
     let p = start(512, 4, cfg(16, 128));
     let plain = run_all(&p.engine, reqs.clone());
-    run_all(&p.engine, reqs.clone());
-    wait_idle(&p.engine);
-    let plain_steps = p.engine.stats().steps_total;
     for method in [SpecMethod::Ngram, SpecMethod::Suffix] {
         for k in [1, 4, 16] {
             let s = start(512, 4, spec_cfg(method.clone(), k, 16, 128));
@@ -93,17 +90,17 @@ fn every_drafter_gives_the_plain_outputs() {
                     st.spec_accepted_total * 2 > st.spec_drafted_total,
                     "{method:?} k={k}: {st:?}"
                 );
-                // ... so the two rounds take fewer steps than plain decoding's
-                // (a tenth fewer from four drafts a step; one draft a step
-                // saves less, and how many requests share a step varies)
-                let bound = if k == 1 {
-                    plain_steps * 10
-                } else {
-                    plain_steps * 9
-                };
+                // ... so each sequence runs fewer forward positions than
+                // plain decoding's one per token: an accepted draft is a
+                // token without a step of its own. (Counted per sequence,
+                // not in engine steps: how many requests share a step
+                // varies with timing.) The replayed round alone can save
+                // k/(k+1) of its half of the tokens; ask for a fifth of
+                // that
+                let saved = st.spec_accepted_total * (k as u64 + 1) * 2 * 5;
                 assert!(
-                    st.steps_total * 10 < bound,
-                    "{method:?} k={k}: {st:?}, plain {plain_steps} steps"
+                    saved > st.generation_tokens_total * k as u64,
+                    "{method:?} k={k}: {st:?}"
                 );
             }
         }

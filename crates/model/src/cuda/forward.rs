@@ -530,17 +530,10 @@ impl CudaBackend {
                     Some(p) => self.widen(p, v, h)?,
                     None => w.embed.view(),
                 };
-                let d = GemmDims { m: r, n: v, k: h };
                 if let Some(inv) = &self.inv {
-                    let x = gpu::Inputs::Bf16 {
-                        x: head_in,
-                        w: head,
-                    };
-                    let y = gpu::Output::F32(ws.logits.view());
-                    return inv
-                        .matmul(x, y, d, None)
-                        .map_err(ge("deterministic LM head GEMM"));
+                    return self.inv_head(inv, head_in, head, ws.logits.view(), r);
                 }
+                let d = GemmDims { m: r, n: v, k: h };
                 self.blas
                     .matmul_nt(head_in, head, ws.logits.view(), d)
                     .map_err(ge("LM head GEMM"))

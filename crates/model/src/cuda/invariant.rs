@@ -1,19 +1,27 @@
 //! Deterministic mode's products: every GEMM shape of the model (the four
-//! projections and the LM head) runs one cuBLASLt algorithm at every row
-//! count ([`gpu::InvariantGemm`]), picked here once at start by timing.
+//! projections and the LM head) runs one batch-invariant product at every
+//! row count, picked here once at start by timing: one of cuBLASLt's
+//! algorithms that keep K whole ([`gpu::InvariantGemm`]) or lamina's own
+//! `invariant_gemm` kernel (its k slices fixed by k).
 //!
-//! Contract: [`CudaBackend::pin_invariant`] pins an algorithm for each
-//! shape or fails naming it, before any step; [`CudaBackend::inv_gemm`] and
-//! the LM head then never pick by row count. FP8 weights with FP8
-//! activations run the FP8 product where cuBLASLt has a batch-invariant
-//! FP8 algorithm for the shape, else the bf16 product on widened weights:
-//! the choice is per shape, never per step.
-//! Costs: at start, each candidate algorithm timed at [`TIMED_ROWS`] rows
-//! (tens of ms a shape); temporary buffers of `TIMED_ROWS.max() x width`
-//! (the LM head's at [`HEAD_TIMED_ROWS`]).
+//! Contract: [`CudaBackend::pin_invariant`] pins a product for each shape
+//! or fails naming it, before any step; [`CudaBackend::inv_gemm`] and
+//! [`CudaBackend::inv_head`] then never pick by row count. The own kernel
+//! is a candidate only where its outputs agree with cuBLASLt's within
+//! bf16 rounding on the shape's real weights ([`agrees`]). FP8 weights
+//! with FP8 activations run the FP8 product where cuBLASLt has a
+//! batch-invariant FP8 algorithm for the shape, else the bf16 product on
+//! widened weights: the choice is per shape, never per step.
+//! Costs: at start, each candidate timed at [`TIMED_ROWS`] rows (tens of
+//! ms a shape), the own kernel's check one product read back per shape;
+//! temporary buffers of `TIMED_ROWS.max() x width` (the LM head's at
+//! [`HEAD_TIMED_ROWS`]), the inputs uploaded once.
+
+use std::collections::HashSet;
 
 use gpu::{Algo, DevSlice, GemmDims, Inputs, InvariantGemm, Operands, Output};
 use half::bf16;
+use kernels::invariant_gemm::{InvOut, slices};
 
 use contract::backend::BackendError;
 
@@ -31,6 +39,18 @@ const HEAD_TIMED_ROWS: [usize; 2] = [1, 128];
 /// Timed runs per candidate and row count (after one warm-up run).
 const TIMED_RUNS: usize = 5;
 
+/// The shapes `(operands, n, k)` deterministic mode runs on the own
+/// `invariant_gemm` kernel (every other shape on its pinned cuBLASLt
+/// algorithm).
+pub(super) type OwnShapes = HashSet<(Operands, usize, usize)>;
+
+/// What [`pick`] chose for a shape.
+#[derive(Clone, Copy)]
+enum Pick {
+    Lt(Algo),
+    Own,
+}
+
 /// Device buffers the timing runs read and write.
 struct Scratch {
     x: gpu::DeviceBuffer<bf16>,     // [rows, max k]
@@ -41,11 +61,13 @@ struct Scratch {
 }
 
 impl CudaBackend {
-    /// Pins an algorithm for every GEMM shape (deterministic mode; a no-op
-    /// otherwise), or names the shape cuBLASLt has none for.
-    pub(super) fn pin_invariant(&self) -> Result<(), BackendError> {
+    /// Pins a product for every GEMM shape (deterministic mode; a no-op
+    /// otherwise) and returns the shapes that run on the own kernel, or
+    /// names the shape with no batch-invariant product.
+    pub(super) fn pin_invariant(&self) -> Result<OwnShapes, BackendError> {
+        let mut own = OwnShapes::new();
         let Some(inv) = &self.inv else {
-            return Ok(());
+            return Ok(own);
         };
         let c = &self.config;
         let (h, inter, q, v) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.vocab_size);
@@ -55,9 +77,10 @@ impl CudaBackend {
         let e = |what: &'static str| move |err: gpu::GpuError| dev_err(what, err);
         let (max_k, max_n) = (h.max(q).max(inter), qkv.max(h).max(2 * inter));
         let s = Scratch {
+            // the own kernel is checked against cuBLASLt on these inputs
             x: self
                 .gpu
-                .alloc(rows * max_k)
+                .upload(&test_inputs(rows * max_k))
                 .map_err(e("deterministic GEMM timing"))?,
             xq: self
                 .gpu
@@ -83,7 +106,7 @@ impl CudaBackend {
                 (&l.gate_up, 2 * inter, h),
                 (&l.down, h, inter),
             ] {
-                self.pin_proj(inv, &s, w, n, k)?;
+                self.pin_proj(inv, &s, w, n, k, &mut own)?;
             }
         }
         let head = match &self.model.w.lm_head {
@@ -95,24 +118,37 @@ impl CudaBackend {
             let y = s.logits.view().sub(0, m * v)?;
             Ok((Inputs::Bf16 { x, w: head }, Output::F32(y)))
         };
-        let algo = pick(
-            &self.gpu,
-            inv,
-            Operands::Bf16ToF32,
-            v,
-            h,
-            &HEAD_TIMED_ROWS,
-            run,
-        )?;
-        inv.pin(Operands::Bf16ToF32, v, h, algo);
+        let launch = |m: usize| -> Result<(), BackendError> {
+            let x = s.x.view().sub(0, m * h).map_err(e("head view"))?;
+            let y = s.logits.view().sub(0, m * v).map_err(e("head view"))?;
+            self.k
+                .invariant_gemm(x, head, InvOut::F32(y), m, v, h)
+                .map_err(|err| BackendError::Device(format!("invariant_gemm: {err}")))
+        };
+        let ops = Operands::Bf16ToF32;
+        let read = |m: usize| -> Result<Vec<f32>, BackendError> {
+            let y = s.logits.view().sub(0, m * v).map_err(e("head view"))?;
+            self.gpu
+                .to_host(y)
+                .map_err(e("reading the LM head's check"))
+        };
+        let own_ok = self.own_agrees(inv, ops, v, h, &HEAD_TIMED_ROWS, &run, &launch, &read)?;
+        let own_run = own_ok.then_some(&launch as &dyn Fn(usize) -> Result<(), BackendError>);
+        match pick(&self.gpu, inv, ops, v, h, &HEAD_TIMED_ROWS, run, own_run)? {
+            Pick::Lt(algo) => inv.pin(ops, v, h, algo),
+            Pick::Own => {
+                own.insert((ops, v, h));
+            }
+        }
         self.gpu
             .synchronize()
-            .map_err(|e| dev_err("pinning the deterministic GEMMs", e))
+            .map_err(|e| dev_err("pinning the deterministic GEMMs", e))?;
+        Ok(own)
     }
 
     /// Pins the product of projection `w` (`[n, k]`): FP8 where FP8
     /// activations are on and cuBLASLt has a batch-invariant FP8 algorithm
-    /// for it, else bf16.
+    /// for it, else bf16 (cuBLASLt's or the own kernel, into `own`).
     fn pin_proj(
         &self,
         inv: &InvariantGemm,
@@ -120,6 +156,7 @@ impl CudaBackend {
         w: &DevProj,
         n: usize,
         k: usize,
+        own: &mut OwnShapes,
     ) -> Result<(), BackendError> {
         if let (DevProj::Fp8 { q, scale }, Some(_)) = (w, &self.lt) {
             let run = |m: usize| {
@@ -131,11 +168,14 @@ impl CudaBackend {
                 };
                 Ok((inputs, Output::Bf16(s.y.view().sub(0, m * n)?)))
             };
-            if let Ok(algo) = pick(&self.gpu, inv, Operands::Fp8, n, k, &TIMED_ROWS, run) {
+            if let Ok(Pick::Lt(algo)) =
+                pick(&self.gpu, inv, Operands::Fp8, n, k, &TIMED_ROWS, run, None)
+            {
                 inv.pin(Operands::Fp8, n, k, algo);
                 return Ok(());
             }
         }
+        let e = |what: &'static str| move |err: gpu::GpuError| dev_err(what, err);
         let wb = self.widen(w, n, k)?;
         let run = |m: usize| {
             let x = s.x.view().sub(0, m * k)?;
@@ -144,12 +184,74 @@ impl CudaBackend {
                 Output::Bf16(s.y.view().sub(0, m * n)?),
             ))
         };
-        let algo = pick(&self.gpu, inv, Operands::Bf16, n, k, &TIMED_ROWS, run)?;
-        inv.pin(Operands::Bf16, n, k, algo);
+        let launch = |m: usize| -> Result<(), BackendError> {
+            let x = s.x.view().sub(0, m * k).map_err(e("projection view"))?;
+            let y = s.y.view().sub(0, m * n).map_err(e("projection view"))?;
+            self.k
+                .invariant_gemm(x, wb, InvOut::Bf16(y), m, n, k)
+                .map_err(|err| BackendError::Device(format!("invariant_gemm: {err}")))
+        };
+        let read = |m: usize| -> Result<Vec<f32>, BackendError> {
+            let y = s.y.view().sub(0, m * n).map_err(e("projection view"))?;
+            let y = self
+                .gpu
+                .to_host(y)
+                .map_err(e("reading a projection's check"))?;
+            Ok(y.iter().map(|v| v.to_f32()).collect())
+        };
+        let ops = Operands::Bf16;
+        let own_ok = self.own_agrees(inv, ops, n, k, &TIMED_ROWS, &run, &launch, &read)?;
+        let own_run = own_ok.then_some(&launch as &dyn Fn(usize) -> Result<(), BackendError>);
+        match pick(&self.gpu, inv, ops, n, k, &TIMED_ROWS, run, own_run)? {
+            Pick::Lt(algo) => inv.pin(ops, n, k, algo),
+            Pick::Own => {
+                own.insert((ops, n, k));
+            }
+        }
         Ok(())
     }
 
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on the shape's pinned algorithm.
+    /// Whether the own kernel serves `(ops, n, k)`: `k` fits its slices and
+    /// its outputs at the largest of `rows` agree with cuBLASLt's first
+    /// candidate's ([`agrees`]); a disagreement is logged and the shape
+    /// stays on cuBLASLt.
+    #[allow(clippy::too_many_arguments)]
+    fn own_agrees<'a>(
+        &self,
+        inv: &InvariantGemm,
+        ops: Operands,
+        n: usize,
+        k: usize,
+        rows: &[usize],
+        run: &impl Fn(usize) -> Result<(Inputs<'a>, Output<'a>), gpu::GpuError>,
+        launch: &impl Fn(usize) -> Result<(), BackendError>,
+        read: &impl Fn(usize) -> Result<Vec<f32>, BackendError>,
+    ) -> Result<bool, BackendError> {
+        let what = format!("the deterministic GEMM {ops:?} n={n}, k={k}");
+        let m = rows.iter().copied().max().unwrap_or(1);
+        if slices(k).is_none() {
+            return Ok(false);
+        }
+        let cands = inv.candidates(ops, n, k).map_err(|e| dev_err(&what, e))?;
+        let Some(first) = cands.first() else {
+            return Ok(false);
+        };
+        let (inputs, out) = run(m).map_err(|e| dev_err(&what, e))?;
+        inv.matmul(inputs, out, GemmDims { m, n, k }, Some(first))
+            .map_err(|e| dev_err(&what, e))?;
+        let lt = read(m)?;
+        if let Err(e) = launch(m) {
+            tracing::warn!("{what}: {e}; using cuBLASLt");
+            return Ok(false);
+        }
+        let ok = agrees(&read(m)?, &lt);
+        if !ok {
+            tracing::warn!("{what}: invariant_gemm disagrees with cuBLASLt; using cuBLASLt");
+        }
+        Ok(ok)
+    }
+
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on the shape's pinned product.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn inv_gemm(
         &self,
@@ -178,14 +280,74 @@ impl CudaBackend {
                 .map_err(e("deterministic FP8 GEMM"));
         }
         let w = self.widen(w, n, k)?;
+        if self.own.contains(&(Operands::Bf16, n, k)) {
+            return self
+                .k
+                .invariant_gemm(x, w, InvOut::Bf16(y), m, n, k)
+                .map_err(|err| BackendError::Device(format!("deterministic GEMM: {err}")));
+        }
         inv.matmul(Inputs::Bf16 { x, w }, Output::Bf16(y), d, None)
             .map_err(e("deterministic GEMM"))
     }
+
+    /// The LM head `logits[m, v] = x[m, h] · head[v, h]ᵀ` on its pinned
+    /// product.
+    pub(super) fn inv_head(
+        &self,
+        inv: &InvariantGemm,
+        x: DevSlice<'_, bf16>,
+        head: DevSlice<'_, bf16>,
+        logits: DevSlice<'_, f32>,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
+        if self.own.contains(&(Operands::Bf16ToF32, v, h)) {
+            return self
+                .k
+                .invariant_gemm(x, head, InvOut::F32(logits), m, v, h)
+                .map_err(|err| BackendError::Device(format!("deterministic LM head: {err}")));
+        }
+        let d = GemmDims { m, n: v, k: h };
+        inv.matmul(Inputs::Bf16 { x, w: head }, Output::F32(logits), d, None)
+            .map_err(|e| dev_err("deterministic LM head GEMM", e))
+    }
 }
 
+/// Whether the own kernel's outputs `mine` agree with cuBLASLt's `lt` (the
+/// same products summed in another order): every difference within 2% of
+/// the largest output's magnitude plus 1e-3. A wrong index or a missed
+/// slice moves outputs by their own size; rounding by bf16's 2^-8.
+pub(super) fn agrees(mine: &[f32], lt: &[f32]) -> bool {
+    let scale = lt.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let tol = 0.02 * scale + 1e-3;
+    mine.len() == lt.len()
+        && mine
+            .iter()
+            .zip(lt)
+            .all(|(a, b)| a.is_finite() && (a - b).abs() <= tol)
+}
+
+/// Deterministic inputs in [-1, 1] for the timing and checking runs.
+fn test_inputs(len: usize) -> Vec<bf16> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            bf16::from_f32((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        })
+        .collect()
+}
+
+/// The own kernel at `m` rows, as [`pick`] times it.
+type OwnRun<'r> = &'r dyn Fn(usize) -> Result<(), BackendError>;
+
 /// The candidate of `(ops, n, k)` that loses least against the fastest
-/// over `rows` (`run(m)`: the operands at `m` rows); an error naming the
-/// shape when no candidate runs.
+/// over `rows` (`run(m)`: cuBLASLt's operands at `m` rows; `own`: the own
+/// kernel, where it serves the shape); an error naming the shape when no
+/// candidate runs.
+#[allow(clippy::too_many_arguments)]
 fn pick<'a>(
     gpu: &gpu::Gpu,
     inv: &InvariantGemm,
@@ -194,19 +356,32 @@ fn pick<'a>(
     k: usize,
     rows: &[usize],
     run: impl Fn(usize) -> Result<(Inputs<'a>, Output<'a>), gpu::GpuError>,
-) -> Result<Algo, BackendError> {
+    own: Option<OwnRun<'_>>,
+) -> Result<Pick, BackendError> {
     let what = format!("the deterministic GEMM {ops:?} n={n}, k={k}");
     let cands = inv.candidates(ops, n, k).map_err(|e| dev_err(&what, e))?;
-    let timed: Vec<(Algo, Vec<f32>)> = cands
+    let mut timed: Vec<(Pick, Vec<f32>)> = cands
         .into_iter()
         .filter_map(|a| {
             let ms: Result<Vec<f32>, _> = rows
                 .iter()
-                .map(|&m| time(gpu, inv, &a, m, n, k, &run))
+                .map(|&m| {
+                    time(gpu, || {
+                        lt_run(inv, &a, m, n, k, &run).map_err(|e| dev_err(&what, e))
+                    })
+                })
                 .collect();
-            ms.ok().map(|ms| (a, ms))
+            ms.ok().map(|ms| (Pick::Lt(a), ms))
         })
         .collect();
+    let lt_count = timed.len();
+    if let Some(own) = own {
+        let ms: Result<Vec<f32>, _> = rows.iter().map(|&m| time(gpu, || own(m))).collect();
+        match ms {
+            Ok(ms) => timed.push((Pick::Own, ms)),
+            Err(e) => tracing::warn!("{what}: invariant_gemm failed ({e}); using cuBLASLt"),
+        }
+    }
     let best: Vec<f32> = (0..rows.len())
         .map(|i| timed.iter().map(|t| t.1[i]).fold(f32::INFINITY, f32::min))
         .collect();
@@ -218,7 +393,7 @@ fn pick<'a>(
             .map(|(t, b)| t / b.max(f32::MIN_POSITIVE))
             .sum()
     };
-    let Some((algo, ms)) = timed
+    let Some((choice, ms)) = timed
         .iter()
         .min_by(|a, b| loss(&a.1).total_cmp(&loss(&b.1)))
     else {
@@ -232,32 +407,74 @@ fn pick<'a>(
             .collect::<Vec<_>>()
             .join(" / ")
     };
+    let name = match choice {
+        Pick::Lt(_) => "a cuBLASLt algorithm",
+        Pick::Own => "invariant_gemm",
+    };
     tracing::info!(
-        "{what}: {} candidates; picked {} us at {rows:?} rows (fastest {} us)",
-        timed.len(),
+        "{what}: {lt_count} cuBLASLt candidates{}; picked {name}, {} us at {rows:?} rows (fastest {} us)",
+        if own.is_some() {
+            " and invariant_gemm"
+        } else {
+            ""
+        },
         us(ms),
         us(&best)
     );
-    Ok(*algo)
+    Ok(*choice)
 }
 
-/// Milliseconds per call of `algo` at `m` rows.
-fn time<'a>(
-    gpu: &gpu::Gpu,
+/// One product on cuBLASLt's `algo` at `m` rows.
+fn lt_run<'a>(
     inv: &InvariantGemm,
     algo: &Algo,
     m: usize,
     n: usize,
     k: usize,
     run: &impl Fn(usize) -> Result<(Inputs<'a>, Output<'a>), gpu::GpuError>,
-) -> Result<f32, gpu::GpuError> {
+) -> Result<(), gpu::GpuError> {
     let (inputs, out) = run(m)?;
-    let d = GemmDims { m, n, k };
-    inv.matmul(inputs, out, d, Some(algo))?;
-    let timer = gpu.timer()?;
-    timer.start()?;
+    inv.matmul(inputs, out, GemmDims { m, n, k }, Some(algo))
+}
+
+/// Milliseconds per call of `once` (after one warm-up call).
+fn time(gpu: &gpu::Gpu, once: impl Fn() -> Result<(), BackendError>) -> Result<f32, BackendError> {
+    let e = |err| dev_err("timing a deterministic GEMM", err);
+    once()?;
+    let timer = gpu.timer().map_err(e)?;
+    timer.start().map_err(e)?;
     for _ in 0..TIMED_RUNS {
-        inv.matmul(inputs, out, d, Some(algo))?;
+        once()?;
     }
-    Ok(timer.stop_ms()? / TIMED_RUNS as f32)
+    Ok(timer.stop_ms().map_err(e)? / TIMED_RUNS as f32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreement_allows_rounding_and_catches_a_wrong_output() {
+        let lt: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) * 0.25).collect();
+        let rounded: Vec<f32> = lt
+            .iter()
+            .map(|v| bf16::from_f32(v * 1.003).to_f32())
+            .collect();
+        assert!(agrees(&rounded, &lt));
+        let mut wrong = rounded.clone();
+        wrong[17] = -wrong[17];
+        assert!(!agrees(&wrong, &lt));
+        let mut nan = rounded.clone();
+        nan[3] = f32::NAN;
+        assert!(!agrees(&nan, &lt));
+        assert!(!agrees(&rounded[1..], &lt));
+    }
+
+    #[test]
+    fn test_inputs_are_in_range_and_varied() {
+        let x = test_inputs(4096);
+        assert!(x.iter().all(|v| (-1.0..=1.0).contains(&v.to_f32())));
+        let distinct: HashSet<u16> = x.iter().map(|v| v.to_bits()).collect();
+        assert!(distinct.len() > 1000);
+    }
 }

@@ -240,6 +240,9 @@ pub struct CudaBackend {
     lt: Option<gpu::BlasLt>,
     /// Deterministic mode only: the GEMMs on pinned algorithms (`invariant`).
     inv: Option<gpu::InvariantGemm>,
+    /// Deterministic mode only: the shapes pinned to the own batch-invariant
+    /// kernel instead of a cuBLASLt algorithm.
+    own: invariant::OwnShapes,
     k: Kernels,
     gpu: Arc<Gpu>,
 }
@@ -307,7 +310,7 @@ impl CudaBackend {
             false => None,
         };
         gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
-        let made = CudaBackend {
+        let mut made = CudaBackend {
             graphs: DecodeGraphs::new(opts.graphs, model.rope_rows.div_ceil(kv.block_size)),
             config,
             kv,
@@ -320,10 +323,11 @@ impl CudaBackend {
             blas,
             lt,
             inv,
+            own: invariant::OwnShapes::new(),
             k,
             gpu,
         };
-        made.pin_invariant()?;
+        made.own = made.pin_invariant()?;
         Ok(made)
     }
 
