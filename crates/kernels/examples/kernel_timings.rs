@@ -185,14 +185,17 @@ fn gemv(gpu: &Arc<Gpu>, k: &Kernels) {
 }
 
 /// The batch-invariant GEMM against cuBLAS (its own heuristic per shape)
-/// on Llama-3.2-1B's projections and LM head, 1 to 512 rows.
+/// on Llama-3.2-1B's projections and LM head, 1 to 2,048 rows (the direct
+/// form below `TILED_MIN_ROWS`, the tiled one from there).
 fn invariant(gpu: &Arc<Gpu>, k: &Kernels) {
+    const MAX_M: usize = 2048;
     let mut rng = StdRng::seed_from_u64(23);
     let (h, inter, qkv, vocab) = (2048usize, 8192usize, 3072usize, 128_256usize);
     let blas = gpu::Blas::new(gpu).expect("cuBLAS");
-    let x = gpu.upload(&rand_bf16(&mut rng, 512 * inter, 1.0)).unwrap();
-    let yb = gpu.alloc::<bf16>(512 * 2 * inter).unwrap();
-    let yf = gpu.alloc::<f32>(512 * vocab).unwrap();
+    let x = gpu.upload(&rand_bf16(&mut rng, MAX_M * inter, 1.0)).unwrap();
+    let yb = gpu.alloc::<bf16>(MAX_M * 2 * inter).unwrap();
+    let yf = gpu.alloc::<f32>(MAX_M * vocab).unwrap();
+    let tiled = kernels::invariant_gemm::TILED_MIN_ROWS;
     for (name, n, kk) in [
         ("qkv", qkv, h),
         ("o", h, h),
@@ -201,7 +204,7 @@ fn invariant(gpu: &Arc<Gpu>, k: &Kernels) {
         ("lm head (f32)", vocab, h),
     ] {
         let w = gpu.alloc::<bf16>(n * kk).unwrap();
-        for m in [1usize, 4, 16, 64, 256, 512] {
+        for m in [1usize, 4, 16, 64, tiled - 1, tiled, 256, 512, MAX_M] {
             let d = gpu::GemmDims { m, n, k: kk };
             let (ours, theirs) = match name {
                 "lm head (f32)" => (

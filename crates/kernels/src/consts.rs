@@ -142,6 +142,16 @@ launch_consts! {
     pub const INV_GEMM_ROW_TILES: usize = 8;
     /// Chunks of `k` a warp of the batch-invariant GEMM loads ahead.
     pub const INV_GEMM_UNROLL: usize = 4;
+    /// Weight rows of one block of the batch-invariant GEMM's tiled form
+    /// (operands staged in shared memory, for many rows).
+    pub const INV_GEMM_TILE_FEATURES: usize = 64;
+    /// Input rows of one block of the tiled form.
+    pub const INV_GEMM_TILE_ROWS: usize = 128;
+    /// Chunks of `k` the tiled form has in flight (cp.async stages).
+    pub const INV_GEMM_STAGES: usize = 3;
+    /// Row counts from which the batch-invariant GEMM runs its tiled form
+    /// (the same bits as the direct form: only speed decides).
+    pub const INV_GEMM_TILED_MIN_ROWS: usize = 128;
 }
 
 /// 16-byte weight chunks per row and lane one pass of a GEMV kernel with a

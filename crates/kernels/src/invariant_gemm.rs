@@ -5,15 +5,23 @@
 //! `ops::linear::matmul_bf16` (the same products in another order, so the
 //! tests compare within rounding and hold the GPU's rows to each other
 //! bit for bit).
-//! Costs: one launch of `ceil(m / 64) x ceil(n / 16)` blocks of
-//! `32 * slices(k)` threads; the weights are read once per 64 input rows
-//! (from L2 after the first of the blocks that share them).
+//! Two forms with the same bits (the kernel file's comment says why): the
+//! direct one for fewer than [`TILED_MIN_ROWS`] rows, the tiled one
+//! (operands staged in shared memory) from there on.
+//! Costs: direct, one launch of `ceil(m / 64) x ceil(n / 16)` blocks of
+//! `32 * slices(k)` threads, the weights read once per 64 input rows (from
+//! L2 after the first of the blocks that share them); tiled, `ceil(m /
+//! 128) x ceil(n / 64)` blocks of 256 threads, each input row read once per
+//! 64 weight rows and each weight once per 128 input rows.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::InvariantGemmArgs;
-use crate::consts::{INV_GEMM_FEATURES, INV_GEMM_K_CHUNK, INV_GEMM_MAX_SLICES, INV_GEMM_ROW_TILES};
+use crate::consts::{
+    INV_GEMM_FEATURES, INV_GEMM_K_CHUNK, INV_GEMM_MAX_SLICES, INV_GEMM_ROW_TILES,
+    INV_GEMM_TILE_FEATURES, INV_GEMM_TILE_ROWS, INV_GEMM_TILED_MIN_ROWS,
+};
 use crate::{KernelError, Kernels, need, u32_of};
 
 /// The output of [`Kernels::invariant_gemm`].
@@ -25,8 +33,14 @@ pub enum InvOut<'a> {
     F32(DevSlice<'a, f32>),
 }
 
-/// Input rows one block covers.
+/// Input rows one block of the direct form covers.
 pub const BLOCK_ROWS: usize = 8 * INV_GEMM_ROW_TILES;
+
+/// Row counts from which the tiled form runs.
+pub const TILED_MIN_ROWS: usize = INV_GEMM_TILED_MIN_ROWS;
+
+/// Threads of a tiled block (8 warps).
+const TILED_THREADS: u32 = 256;
 
 /// The slices a row's reduction over `k` is split into: the most of 8, 4,
 /// 2 and 1 that divide `k`'s chunks evenly; `None` when `k` is not a
@@ -63,14 +77,23 @@ impl Kernels {
         })?;
         need(K, "x", &x, m * k)?;
         need(K, "w", &w, n * k)?;
+        let tiled = m >= TILED_MIN_ROWS;
         let (f, y_ptr) = match y {
             InvOut::Bf16(v) => {
                 need(K, "y", &v, m * n)?;
-                (&self.invariant_gemm_bf16, v.ptr())
+                let f = match tiled {
+                    true => &self.invariant_gemm_tiled_bf16,
+                    false => &self.invariant_gemm_bf16,
+                };
+                (f, v.ptr())
             }
             InvOut::F32(v) => {
                 need(K, "y", &v, m * n)?;
-                (&self.invariant_gemm_f32, v.ptr())
+                let f = match tiled {
+                    true => &self.invariant_gemm_tiled_f32,
+                    false => &self.invariant_gemm_f32,
+                };
+                (f, v.ptr())
             }
         };
         if m == 0 || n == 0 {
@@ -82,16 +105,21 @@ impl Kernels {
                 reason: "x and w must start 16-byte aligned".into(),
             });
         }
-        let grid = (
-            u32_of(K, "row blocks", m.div_ceil(BLOCK_ROWS))?,
-            u32_of(K, "weight-row blocks", n.div_ceil(INV_GEMM_FEATURES))?,
-        );
-        if grid.1 > 65_535 {
+        // (the direct form's bound, the smaller: one bound at every m)
+        if n.div_ceil(INV_GEMM_FEATURES) > 65_535 {
             return Err(KernelError::Unsupported {
                 kernel: K,
                 reason: format!("n = {n} (at most {} rows)", 65_535 * INV_GEMM_FEATURES),
             });
         }
+        let (rows, features, threads) = match tiled {
+            true => (INV_GEMM_TILE_ROWS, INV_GEMM_TILE_FEATURES, TILED_THREADS),
+            false => (BLOCK_ROWS, INV_GEMM_FEATURES, 32 * s as u32),
+        };
+        let grid = (
+            u32_of(K, "row blocks", m.div_ceil(rows))?,
+            u32_of(K, "weight-row blocks", n.div_ceil(features))?,
+        );
         let args = InvariantGemmArgs {
             y: y_ptr,
             x: x.ptr(),
@@ -103,13 +131,13 @@ impl Kernels {
         };
         let cfg = LaunchConfig {
             grid: (grid.0, grid.1, 1),
-            block: (32 * s as u32, 1, 1),
+            block: (threads, 1, 1),
             shared_bytes: 0,
         };
         // SAFETY: x, w and y checked for [m, k], [n, k] and [m, n], x and w
-        // aligned for the 16-byte loads, k a multiple of the chunk; the
-        // kernel takes `InvariantGemmArgs` and reads weights before its
-        // PDL wait only.
+        // aligned for the 16-byte loads, k a multiple of the chunk; both
+        // forms take `InvariantGemmArgs` and read weights before their PDL
+        // wait only (the tiled form reads nothing before it).
         unsafe { self.launch_pdl(f, cfg, &args)? };
         Ok(())
     }

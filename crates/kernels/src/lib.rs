@@ -171,6 +171,8 @@ pub struct Kernels {
     pub(crate) fp8_quant_rows: Function,
     pub(crate) invariant_gemm_bf16: Function,
     pub(crate) invariant_gemm_f32: Function,
+    pub(crate) invariant_gemm_tiled_bf16: Function,
+    pub(crate) invariant_gemm_tiled_f32: Function,
     /// `prefill_attention_d{D}` for each `D` of [`HEAD_DIMS`], in order.
     pub(crate) prefill: [Function; HEAD_DIMS.len()],
     /// The same over FP8 caches (`prefill_attention_fp8_d{D}`).
@@ -242,6 +244,8 @@ impl Kernels {
             fp8_quant_rows: f("fp8_quant_rows")?,
             invariant_gemm_bf16: f("invariant_gemm_bf16")?,
             invariant_gemm_f32: f("invariant_gemm_f32")?,
+            invariant_gemm_tiled_bf16: f("invariant_gemm_tiled_bf16")?,
+            invariant_gemm_tiled_f32: f("invariant_gemm_tiled_f32")?,
             prefill: per_head_dim(&module, "prefill_attention_d")?,
             prefill8: per_head_dim(&module, "prefill_attention_fp8_d")?,
             decode: decode_kernels(&module, "decode_attention")?,

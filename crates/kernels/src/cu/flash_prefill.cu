@@ -37,6 +37,7 @@
 #include <stddef.h>
 
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "kv.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
@@ -62,14 +63,6 @@ static_assert(LAMINA_FLASH_NARROW_THREADS == 32 && LAMINA_FLASH_NARROW_ROWS == 1
 
 extern __shared__ uint4 fp_smem[];
 
-__device__ __forceinline__ uint32_t fp_saddr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// 16-byte global -> shared copy; zero-fills the destination when !valid.
-__device__ __forceinline__ void fp_cp16(uint32_t dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void fp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void fp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 __device__ __forceinline__ void fp_ldsm(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -130,8 +123,8 @@ __device__ __forceinline__ void fp8_load_raw(const FlashPrefillArgs& a, const ui
         const bool valid = pos < kend;
         const size_t slot = valid ? (size_t)table[pos / bs] * bs + pos % bs : 0;
         const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 16;
-        fp_cp16(kr + j * D + c * 16, kc + off, valid);
-        fp_cp16(vr + j * D + c * 16, vc + off, valid);
+        cp16(kr + j * D + c * 16, kc + off, valid);
+        cp16(vr + j * D + c * 16, vc + off, valid);
     }
 }
 
@@ -229,7 +222,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     bf16* Ks = Qs + BM * D;                       // [KB][BN][D]
     bf16* Vs = Ks + KB * BN * D;                  // [KB][BN][D]
     // FP8 only: e4m3 bytes, [2][BN][D] each
-    const uint32_t Kr = fp_saddr(Vs + KB * BN * D), Vr = Kr + 2 * BN * D;
+    const uint32_t Kr = smem_addr(Vs + KB * BN * D), Vr = Kr + 2 * BN * D;
     const float scale_log2 = FP8 ? a.scale_log2 * a.k_scale : a.scale_log2;
     const float out_scale = FP8 ? a.v_scale : 1.f;
 
@@ -254,7 +247,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
         const bool valid = r < rows;
         const uint32_t t = valid ? r / G : 0, g = valid ? r % G : 0;
         const bf16* src = a.qkv + (size_t)(seq0 + tok0 + t) * row_stride + (size_t)(kvh * G + g) * D + c * 8;
-        fp_cp16(fp_saddr(Qs + fp_swz<D>(r, c)), src, valid);
+        cp16(smem_addr(Qs + fp_swz<D>(r, c)), src, valid);
     }
     // Block sizes that are powers of two (all in practice) index by shift and mask.
     const uint32_t bs = a.block_size;
@@ -278,12 +271,12 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
             const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
             const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
-            fp_cp16(fp_saddr(kd + fp_swz<D>(j, c)), kc + off, valid);
-            fp_cp16(fp_saddr(vd + fp_swz<D>(j, c)), vc + off, valid);
+            cp16(smem_addr(kd + fp_swz<D>(j, c)), kc + off, valid);
+            cp16(smem_addr(vd + fp_swz<D>(j, c)), vc + off, valid);
         }
     };
     load_kv(0, 0);
-    fp_commit();
+    cp_commit();
 
     // This thread's fragment rows (lane / 4 and lane / 4 + 8 of each of its
     // m16 tiles) and their positions; padding rows take the last valid row's.
@@ -311,21 +304,21 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     uint32_t qf[MT][QREG ? D / 16 : 1][4];
 
     for (uint32_t n = 0; n < ntiles; n++) {
-        fp_wait_all();
+        cp_wait_all();
         __syncthreads();  // tile n (and Q) visible; every warp is done with tile n - 1
         if (QREG && n == 0) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int kk = 0; kk < D / 16; kk++)
-                    fp_ldsm(qf[mt][QREG ? kk : 0], fp_saddr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
+                    fp_ldsm(qf[mt][QREG ? kk : 0], smem_addr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
         }
         if constexpr (FP8) {
-            fp8_widen_tile<D, BN, THREADS>(Kr + (n & 1) * BN * D, Vr + (n & 1) * BN * D, fp_saddr(Ks), fp_saddr(Vs),
+            fp8_widen_tile<D, BN, THREADS>(Kr + (n & 1) * BN * D, Vr + (n & 1) * BN * D, smem_addr(Ks), smem_addr(Vs),
                                            tid, [](uint32_t r, uint32_t c) { return 2 * fp_swz<D>(r, c); });
         }
         if (n + 1 < ntiles) load_kv((n + 1) * BN, (n + 1) & 1);
-        fp_commit();
+        cp_commit();
         if constexpr (FP8) __syncthreads();  // the widened tile n visible
         const bf16* K = Ks + (FP8 ? 0 : n & 1) * BN * D;
         const bf16* V = Vs + (FP8 ? 0 : n & 1) * BN * D;
@@ -340,12 +333,12 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             if (!QREG) {
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
-                    fp_ldsm(qf[mt][0], fp_saddr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
+                    fp_ldsm(qf[mt][0], smem_addr(Qs + fp_swz<D>(wrow + mt * 16 + lane % 16, kk * 2 + lane / 16)));
             }
 #pragma unroll
             for (int nb = 0; nb < BN / 16; nb++) {
                 uint32_t b[4];
-                fp_ldsm(b, fp_saddr(K + fp_swz<D>(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2)));
+                fp_ldsm(b, smem_addr(K + fp_swz<D>(nb * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2)));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     fp_mma(sc[mt][2 * nb], qf[mt][QREG ? kk : 0], b[0], b[1]);
@@ -365,7 +358,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
 #pragma unroll
             for (int db = 0; db < D / 16; db++) {
                 uint32_t b[4];
-                fp_ldsm_t(b, fp_saddr(V + fp_swz<D>(kc * 16 + ((lane / 8) % 2) * 8 + lane % 8, db * 2 + lane / 16)));
+                fp_ldsm_t(b, smem_addr(V + fp_swz<D>(kc * 16 + ((lane / 8) % 2) * 8 + lane % 8, db * 2 + lane / 16)));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
                     fp_mma(o[mt][2 * db], pa[mt][kc], b[0], b[1]);
@@ -374,7 +367,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             }
         }
     }
-    fp_wait_all();
+    cp_wait_all();
 
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -469,7 +462,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     static_assert(D % 64 == 0, "head dim: whole 64-column panels");
     constexpr bool FP8 = sizeof(KV) == 1;
     constexpr int KB = FP8 ? 1 : 2;  // bf16 K/V buffers
-    const uint32_t base = (fp_saddr(fp_smem) + (LAMINA_FLASH_HOPPER_ALIGN - 1u)) & ~(LAMINA_FLASH_HOPPER_ALIGN - 1u);
+    const uint32_t base = (smem_addr(fp_smem) + (LAMINA_FLASH_HOPPER_ALIGN - 1u)) & ~(LAMINA_FLASH_HOPPER_ALIGN - 1u);
     const uint32_t Qs = base;                          // [D / 64][BM][64]
     const uint32_t Ks = Qs + BM * D * 2;               // [KB][D / 64][BN][64]
     const uint32_t Vs = Ks + KB * BN * D * 2;          // [KB][D / 64][BN][64]
@@ -497,7 +490,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
         const bool valid = r < rows;
         const uint32_t t = valid ? r / G : 0, g = valid ? r % G : 0;
         const bf16* src = a.qkv + (size_t)(seq0 + tok0 + t) * row_stride + (size_t)(kvh * G + g) * D + c * 8;
-        fp_cp16(Qs + fh_off<BM>(r, c), src, valid);
+        cp16(Qs + fh_off<BM>(r, c), src, valid);
     }
     const uint32_t bs = a.block_size;
     const bool pow2 = (bs & (bs - 1)) == 0;
@@ -518,12 +511,12 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
             const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
             const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
             const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
-            fp_cp16(kd + fh_off<BN>(j, c), kc + off, valid);
-            fp_cp16(vd + fh_off<BN>(j, c), vc + off, valid);
+            cp16(kd + fh_off<BN>(j, c), kc + off, valid);
+            cp16(vd + fh_off<BN>(j, c), vc + off, valid);
         }
     };
     load_kv(0, 0);
-    fp_commit();
+    cp_commit();
 
     // This thread's accumulator rows: lane / 4 and lane / 4 + 8 of its warp's
     // 16 rows of its warpgroup's 64; padding rows take the last valid row's position.
@@ -538,7 +531,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     float sc[BN / 8][4];
 
     for (uint32_t n = 0; n < ntiles; n++) {
-        fp_wait_all();
+        cp_wait_all();
         if constexpr (FP8) {
             __syncthreads();  // tile n's bytes landed; tile n - 1's reads are done
             fp8_widen_tile<D, BN, THREADS>(Kr + (n & 1) * BN * D, Vr + (n & 1) * BN * D, Ks, Vs, tid,
@@ -547,7 +540,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
         wg_fence_proxy();
         __syncthreads();  // tile n (and Q) visible to the async proxy; tile n - 1's reads are done
         if (n + 1 < ntiles) load_kv((n + 1) * BN, (n + 1) & 1);
-        fp_commit();
+        cp_commit();
         const uint32_t K = Ks + (FP8 ? 0 : n & 1) * BN * D * 2, V = Vs + (FP8 ? 0 : n & 1) * BN * D * 2;
 
         wg_fence();
@@ -583,7 +576,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) wg_reg_fence(o[j][e]);
     }
-    fp_wait_all();
+    cp_wait_all();
 
 #pragma unroll
     for (int i = 0; i < 2; i++) {

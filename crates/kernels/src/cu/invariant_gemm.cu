@@ -24,8 +24,19 @@
 // never written by a step); inputs after it. Grid: x over tiles of
 // 8 * ROW_TILES input rows (fastest, so blocks sharing a weight tile run
 // together and re-read it from L2), y over weight-row tiles.
+//
+// The tiled form (invariant_gemm_tiled_*, for many rows) computes the same
+// bits with the operands staged in shared memory: a block of 8 warps over
+// TILE_FEATURES weight rows and TILE_ROWS input rows, each warp 32 x 32
+// outputs, k in chunks through STAGES cp.async stages. Every output sees
+// the same operations as in the direct form: each lane reads the same 16
+// bytes of a weight row and an input row per chunk (now from shared
+// memory), the same two m16n8k16 products per chunk accumulate from zero
+// over the chunks of one slice, and the slices' sums are added in slice
+// order (the first slice's sum taken as is, then each next one added).
 // Takes its one argument struct (lamina_args.cuh, from src/abi.rs).
 #include "common.cuh"
+#include "cp_async.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 #include "pdl.cuh"
@@ -128,6 +139,107 @@ __device__ void invariant_gemm(const InvariantGemmArgs& a) {
     }
 }
 
+constexpr int TF = LAMINA_INV_GEMM_TILE_FEATURES;
+constexpr int TR = LAMINA_INV_GEMM_TILE_ROWS;
+constexpr int STAGES = LAMINA_INV_GEMM_STAGES;
+static_assert(TF == 64 && TR == 128, "8 warps of 32 weight rows x 32 input rows");
+
+// Chunk c of the block's weight rows (one 16-byte part a thread) and input
+// rows (two) into stage `st`; rows past n repeat row n - 1 (never stored),
+// rows past m are zeros.
+__device__ __forceinline__ void tiled_load(uint4 (*sw)[4], uint4 (*sx)[4], const InvariantGemmArgs& a,
+                                           uint32_t f0, uint32_t r0, uint32_t c) {
+    const uint32_t t = threadIdx.x;
+    {
+        const uint32_t row = t >> 2, part = t & 3;
+        const bf16* src = a.w + (size_t)min(f0 + row, a.n - 1) * a.k + (size_t)c * KC + 8 * part;
+        cp16(smem_addr(&sw[row][part]), src, true);
+    }
+#pragma unroll
+    for (uint32_t i = 0; i < 2; i++) {
+        const uint32_t idx = t + 256 * i, row = idx >> 2, part = idx & 3;
+        const bool valid = r0 + row < a.m;
+        const bf16* src = a.x + (size_t)(valid ? r0 + row : 0) * a.k + (size_t)c * KC + 8 * part;
+        cp16(smem_addr(&sx[row][part]), src, valid);
+    }
+}
+
+template <typename OutT>
+__device__ void invariant_gemm_tiled(const InvariantGemmArgs& a) {
+    __shared__ uint4 sw[STAGES][TF][4];  // [stage][weight row][16-byte part of the chunk]
+    __shared__ uint4 sx[STAGES][TR][4];  // [stage][input row][16-byte part of the chunk]
+    const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t g = lane >> 2, q = lane & 3;
+    const uint32_t f0 = blockIdx.y * TF, r0 = blockIdx.x * TR;
+    const uint32_t wf = (warp & 1) * 32, wr = (warp >> 1) * 32;
+    const uint32_t chunks = a.k / KC, per = chunks / a.slices;
+
+    float acc[2][4][4], tot[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[i][j][e] = tot[i][j][e] = 0.f;
+    pdl_wait();
+#pragma unroll
+    for (uint32_t st = 0; st < STAGES - 1; st++) {
+        if (st < chunks) tiled_load(sw[st], sx[st], a, f0, r0, st);
+        cp_commit();
+    }
+    for (uint32_t c = 0; c < chunks; c++) {
+        cp_wait<STAGES - 2>();
+        __syncthreads();
+        // the stage read at c - 1, free once every warp passed the barrier
+        const uint32_t next = c + STAGES - 1;
+        if (next < chunks) tiled_load(sw[next % STAGES], sx[next % STAGES], a, f0, r0, next);
+        cp_commit();
+        const uint32_t st = c % STAGES;
+        uint4 pa[2], pb[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            pa[i] = sw[st][wf + 16 * i + g][q];
+            pb[i] = sw[st][wf + 16 * i + g + 8][q];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint4 xv = sx[st][wr + 8 * j + g][q];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mma16816(acc[i][j], pa[i].x, pb[i].x, pa[i].y, pb[i].y, xv.x, xv.y);
+                mma16816(acc[i][j], pa[i].z, pb[i].z, pa[i].w, pb[i].w, xv.z, xv.w);
+            }
+        }
+        if ((c + 1) % per == 0) {
+            const bool first = c + 1 == per;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        tot[i][j][e] = first ? acc[i][j][e] : tot[i][j][e] + acc[i][j][e];
+                        acc[i][j][e] = 0.f;
+                    }
+        }
+    }
+    cp_wait_all();
+    pdl_launch_dependents();
+    // accumulator element e of lane (g, q), tiles i and j: weight row
+    // wf + 16 i + g + 8 (e / 2), input row wr + 8 j + 2 q + e % 2
+    OutT* y = static_cast<OutT*>(a.y);
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const uint32_t f = f0 + wf + 16 * i + g + 8 * (e >> 1);
+                const uint32_t row = r0 + wr + 8 * j + 2 * q + (e & 1);
+                if (f < a.n && row < a.m) store(y, (size_t)row * a.n + f, tot[i][j][e]);
+            }
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(32 * S_MAX)
@@ -138,4 +250,12 @@ extern "C" __global__ void __launch_bounds__(32 * S_MAX)
 extern "C" __global__ void __launch_bounds__(32 * S_MAX)
     invariant_gemm_f32(const InvariantGemmArgs a) {
     invariant_gemm<float>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(256) invariant_gemm_tiled_bf16(const InvariantGemmArgs a) {
+    invariant_gemm_tiled<bf16>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(256) invariant_gemm_tiled_f32(const InvariantGemmArgs a) {
+    invariant_gemm_tiled<float>(a);
 }

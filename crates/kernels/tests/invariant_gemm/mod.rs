@@ -1,11 +1,12 @@
 //! GPU tests of the batch-invariant GEMM (`kernels::invariant_gemm`): its
 //! outputs against `ops::linear::matmul_bf16` within rounding, and every
 //! row bit for bit the same when it runs alone, in small batches or at any
-//! place of a large one; part of the `gpu_kernels` binary.
+//! place of a large one, on the direct form and the tiled one alike; part
+//! of the `gpu_kernels` binary.
 
 use crate::common::*;
 use half::bf16;
-use kernels::invariant_gemm::{BLOCK_ROWS, InvOut, slices};
+use kernels::invariant_gemm::{BLOCK_ROWS, InvOut, TILED_MIN_ROWS, slices};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -45,7 +46,8 @@ fn invariant_gemm_matches_the_reference_and_every_row_is_batch_invariant() {
     let mut rng = StdRng::seed_from_u64(29);
     for (n, k) in SHAPES {
         assert!(slices(k).is_some(), "k = {k}");
-        let big = 3 * BLOCK_ROWS + 11;
+        // the whole batch on the tiled form, the parts on both
+        let big = (3 * BLOCK_ROWS).max(2 * TILED_MIN_ROWS) + 11;
         let x = rand_bf16(&mut rng, big * k, 1.0);
         let w_host = rand_bf16(&mut rng, n * k, 0.05);
         let w = gpu.upload(&w_host).unwrap();
@@ -64,6 +66,8 @@ fn invariant_gemm_matches_the_reference_and_every_row_is_batch_invariant() {
             (9, 7),
             (13, 64),
             (70, 129),
+            (1, TILED_MIN_ROWS - 1),
+            (big - TILED_MIN_ROWS, TILED_MIN_ROWS),
         ] {
             let (part, part_b) = run(&k_, &gpu, &x[start * k..(start + m) * k], &w, n, k);
             let same = part.iter().zip(&full[start * n..(start + m) * n]);
