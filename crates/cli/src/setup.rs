@@ -673,6 +673,11 @@ pub(crate) fn open_backend(
     let mut cuda_options = args.tuning.cuda_options()?;
     cuda_options.kv_cache_dtype = args.kv_cache_dtype;
     cuda_options.deterministic = args.deterministic;
+    if cuda_options.det_gemm != model::cuda::DetGemm::Auto && !args.deterministic {
+        bail!(
+            "invalid `--deterministic-gemm`: it chooses the products of `--deterministic`, which is off"
+        );
+    }
     cuda_options.max_loras = args.lora.slots();
     cuda_options.max_lora_rank = args.lora.max_lora_rank;
     let cfg = &loaded.config;

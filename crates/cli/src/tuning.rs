@@ -6,7 +6,7 @@
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use cpu_kernels::IsaCap;
-use model::cuda::{CudaOptions, DEFAULT_GEMV_ROWS, KernelOptions, MAX_GEMV_ROWS};
+use model::cuda::{CudaOptions, DEFAULT_GEMV_ROWS, DetGemm, KernelOptions, MAX_GEMV_ROWS};
 
 /// Tuning flags of the CPU kernels and the CUDA backend.
 #[derive(clap::Args, Clone, Debug)]
@@ -51,6 +51,29 @@ pub struct TuningArgs {
     /// rounded the same way (the reference of W8A8; no faster).
     #[arg(long, env = "LAMINA_FP8_ACTIVATIONS", value_parser = clap::builder::BoolishValueParser::new())]
     pub fp8_activations: bool,
+    /// With `--deterministic` on CUDA: which batch-invariant products the
+    /// GEMMs may run on: auto (the fastest per shape, timed at start),
+    /// cublaslt (cuBLASLt's algorithms that keep K whole) or own (lamina's
+    /// invariant_gemm for every shape).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "auto",
+        env = "LAMINA_DETERMINISTIC_GEMM",
+        hide = true
+    )]
+    pub deterministic_gemm: DetGemmArg,
+}
+
+/// The `--deterministic-gemm` choice (see `model::cuda::DetGemm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DetGemmArg {
+    #[value(name = "auto")]
+    Auto,
+    #[value(name = "cublaslt")]
+    Cublaslt,
+    #[value(name = "own")]
+    Own,
 }
 
 /// The `--cpu-isa` cap (see `cpu_kernels::IsaCap`).
@@ -98,6 +121,11 @@ impl TuningArgs {
             gemv_rows: self.gemv_rows,
             narrow_decode_seqs: self.narrow_decode_seqs,
             fp8_activations: self.fp8_activations,
+            det_gemm: match self.deterministic_gemm {
+                DetGemmArg::Auto => DetGemm::Auto,
+                DetGemmArg::Cublaslt => DetGemm::CublasLt,
+                DetGemmArg::Own => DetGemm::Own,
+            },
             // the caller sets `--kv-cache-dtype`'s
             ..CudaOptions::default()
         })

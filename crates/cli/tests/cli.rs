@@ -430,7 +430,8 @@ fn dtype_quantises_on_the_fast_kernels_and_is_refused_on_the_reference_ones() {
 /// is no boolean is refused naming the flag.
 /// `--deterministic`: a batch of prompts of several lengths, prefilled in
 /// chunks of 7 tokens, gives each prompt's tokens and log-probabilities
-/// exactly as when it runs alone in one chunk; the flag is in `--help`.
+/// exactly as when it runs alone in one chunk; the flag is in `--help`;
+/// `--deterministic-gemm` without it is refused naming both.
 #[test]
 fn deterministic_batches_give_each_prompt_its_output_alone() {
     let help = lamina(&["serve", "--help"]);
@@ -469,6 +470,17 @@ fn deterministic_batches_give_each_prompt_its_output_alone() {
         assert_eq!(row["tokens"], alone["tokens"], "prompt {prompt:?}");
         assert_eq!(row["logprobs"], alone["logprobs"], "prompt {prompt:?}");
     }
+    // choosing the mode's products without the mode is refused
+    let out = generate_on(
+        tiny(),
+        &["--deterministic-gemm", "own", "--max-tokens", "1", "a"],
+    );
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--deterministic-gemm") && err.contains("`--deterministic`"),
+        "{err}"
+    );
 }
 
 #[test]

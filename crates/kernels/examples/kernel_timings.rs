@@ -192,7 +192,9 @@ fn invariant(gpu: &Arc<Gpu>, k: &Kernels) {
     let mut rng = StdRng::seed_from_u64(23);
     let (h, inter, qkv, vocab) = (2048usize, 8192usize, 3072usize, 128_256usize);
     let blas = gpu::Blas::new(gpu).expect("cuBLAS");
-    let x = gpu.upload(&rand_bf16(&mut rng, MAX_M * inter, 1.0)).unwrap();
+    let x = gpu
+        .upload(&rand_bf16(&mut rng, MAX_M * inter, 1.0))
+        .unwrap();
     let yb = gpu.alloc::<bf16>(MAX_M * 2 * inter).unwrap();
     let yf = gpu.alloc::<f32>(MAX_M * vocab).unwrap();
     let tiled = kernels::invariant_gemm::TILED_MIN_ROWS;

@@ -36,6 +36,9 @@ pub enum InvOut<'a> {
 /// Input rows one block of the direct form covers.
 pub const BLOCK_ROWS: usize = 8 * INV_GEMM_ROW_TILES;
 
+/// `k` must be a multiple of this.
+pub const K_CHUNK: usize = INV_GEMM_K_CHUNK;
+
 /// Row counts from which the tiled form runs.
 pub const TILED_MIN_ROWS: usize = INV_GEMM_TILED_MIN_ROWS;
 

@@ -44,6 +44,19 @@ const TIMED_RUNS: usize = 5;
 /// algorithm).
 pub(super) type OwnShapes = HashSet<(Operands, usize, usize)>;
 
+/// Which products deterministic mode may pin a GEMM shape to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DetGemm {
+    /// The fastest by timing, cuBLASLt's or the own kernel where it agrees.
+    #[default]
+    Auto,
+    /// cuBLASLt's batch-invariant algorithms only.
+    CublasLt,
+    /// The own `invariant_gemm` for every bf16 shape (an error naming the
+    /// shape where it cannot serve it or disagrees with cuBLASLt).
+    Own,
+}
+
 /// What [`pick`] chose for a shape.
 #[derive(Clone, Copy)]
 enum Pick {
@@ -64,7 +77,7 @@ impl CudaBackend {
     /// Pins a product for every GEMM shape (deterministic mode; a no-op
     /// otherwise) and returns the shapes that run on the own kernel, or
     /// names the shape with no batch-invariant product.
-    pub(super) fn pin_invariant(&self) -> Result<OwnShapes, BackendError> {
+    pub(super) fn pin_invariant(&self, det: DetGemm) -> Result<OwnShapes, BackendError> {
         let mut own = OwnShapes::new();
         let Some(inv) = &self.inv else {
             return Ok(own);
@@ -106,7 +119,7 @@ impl CudaBackend {
                 (&l.gate_up, 2 * inter, h),
                 (&l.down, h, inter),
             ] {
-                self.pin_proj(inv, &s, w, n, k, &mut own)?;
+                self.pin_proj(inv, &s, w, (n, k), det, &mut own)?;
             }
         }
         let head = match &self.model.w.lm_head {
@@ -132,9 +145,18 @@ impl CudaBackend {
                 .to_host(y)
                 .map_err(e("reading the LM head's check"))
         };
-        let own_ok = self.own_agrees(inv, ops, v, h, &HEAD_TIMED_ROWS, &run, &launch, &read)?;
-        let own_run = own_ok.then_some(&launch as &dyn Fn(usize) -> Result<(), BackendError>);
-        match pick(&self.gpu, inv, ops, v, h, &HEAD_TIMED_ROWS, run, own_run)? {
+        let own_ok = det != DetGemm::CublasLt
+            && self.own_agrees(inv, ops, v, h, &HEAD_TIMED_ROWS, &run, &launch, &read)?;
+        let own_run = own_ok.then_some(&launch as OwnRun<'_>);
+        match choose(
+            &self.gpu,
+            inv,
+            (ops, v, h),
+            &HEAD_TIMED_ROWS,
+            run,
+            own_run,
+            det,
+        )? {
             Pick::Lt(algo) => inv.pin(ops, v, h, algo),
             Pick::Own => {
                 own.insert((ops, v, h));
@@ -154,8 +176,8 @@ impl CudaBackend {
         inv: &InvariantGemm,
         s: &Scratch,
         w: &DevProj,
-        n: usize,
-        k: usize,
+        (n, k): (usize, usize),
+        det: DetGemm,
         own: &mut OwnShapes,
     ) -> Result<(), BackendError> {
         if let (DevProj::Fp8 { q, scale }, Some(_)) = (w, &self.lt) {
@@ -200,9 +222,10 @@ impl CudaBackend {
             Ok(y.iter().map(|v| v.to_f32()).collect())
         };
         let ops = Operands::Bf16;
-        let own_ok = self.own_agrees(inv, ops, n, k, &TIMED_ROWS, &run, &launch, &read)?;
-        let own_run = own_ok.then_some(&launch as &dyn Fn(usize) -> Result<(), BackendError>);
-        match pick(&self.gpu, inv, ops, n, k, &TIMED_ROWS, run, own_run)? {
+        let own_ok = det != DetGemm::CublasLt
+            && self.own_agrees(inv, ops, n, k, &TIMED_ROWS, &run, &launch, &read)?;
+        let own_run = own_ok.then_some(&launch as OwnRun<'_>);
+        match choose(&self.gpu, inv, (ops, n, k), &TIMED_ROWS, run, own_run, det)? {
             Pick::Lt(algo) => inv.pin(ops, n, k, algo),
             Pick::Own => {
                 own.insert((ops, n, k));
@@ -230,6 +253,7 @@ impl CudaBackend {
         let what = format!("the deterministic GEMM {ops:?} n={n}, k={k}");
         let m = rows.iter().copied().max().unwrap_or(1);
         if slices(k).is_none() {
+            tracing::info!("{what}: k off invariant_gemm's chunk; cuBLASLt only");
             return Ok(false);
         }
         let cands = inv.candidates(ops, n, k).map_err(|e| dev_err(&what, e))?;
@@ -342,6 +366,28 @@ fn test_inputs(len: usize) -> Vec<bf16> {
 
 /// The own kernel at `m` rows, as [`pick`] times it.
 type OwnRun<'r> = &'r dyn Fn(usize) -> Result<(), BackendError>;
+
+/// [`pick`] under `det`: `DetGemm::Own` takes the own kernel untimed, or
+/// names the shape it cannot serve (`own` is `None`: k off its slices, or
+/// its outputs disagree with cuBLASLt's).
+fn choose<'a>(
+    gpu: &gpu::Gpu,
+    inv: &InvariantGemm,
+    (ops, n, k): (Operands, usize, usize),
+    rows: &[usize],
+    run: impl Fn(usize) -> Result<(Inputs<'a>, Output<'a>), gpu::GpuError>,
+    own: Option<OwnRun<'_>>,
+    det: DetGemm,
+) -> Result<Pick, BackendError> {
+    match (det, own) {
+        (DetGemm::Own, Some(_)) => Ok(Pick::Own),
+        (DetGemm::Own, None) => Err(BackendError::Device(format!(
+            "`--deterministic-gemm own`: invariant_gemm cannot serve the GEMM {ops:?} n={n}, k={k} (k must be a multiple of {}, and its outputs agree with cuBLASLt's; the log says which failed)",
+            kernels::invariant_gemm::K_CHUNK
+        ))),
+        _ => pick(gpu, inv, ops, n, k, rows, run, own),
+    }
+}
 
 /// The candidate of `(ops, n, k)` that loses least against the fastest
 /// over `rows` (`run(m)`: cuBLASLt's operands at `m` rows; `own`: the own

@@ -64,6 +64,7 @@ use contract::backend::{
 };
 use contract::config::{KvCacheDtype, LlamaConfig};
 use graphs::DecodeGraphs;
+pub use invariant::DetGemm;
 pub use lora::lora_pool_bytes;
 use pipeline::Pipe;
 use plan::Tuning;
@@ -114,6 +115,9 @@ pub struct CudaOptions {
     /// [`contract::Backend::deterministic`]): batch-invariant GEMMs and
     /// attention for every row (`plan`, `invariant`).
     pub deterministic: bool,
+    /// Deterministic mode: which batch-invariant products the GEMM shapes
+    /// may be pinned to.
+    pub det_gemm: DetGemm,
     /// LoRA adapter slots (`--max-loras`; 0: none, nothing allocated).
     pub max_loras: usize,
     /// Highest LoRA rank a slot holds (`--max-lora-rank`).
@@ -130,6 +134,7 @@ impl Default for CudaOptions {
             fp8_activations: false,
             kv_cache_dtype: KvCacheDtype::Bf16,
             deterministic: false,
+            det_gemm: DetGemm::Auto,
             max_loras: 0,
             max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
         }
@@ -327,7 +332,7 @@ impl CudaBackend {
             k,
             gpu,
         };
-        made.own = made.pin_invariant()?;
+        made.own = made.pin_invariant(opts.det_gemm)?;
         Ok(made)
     }
 
