@@ -14,14 +14,17 @@ use super::*;
 const SHORT: (usize, usize) = (300, 200);
 const LONG: (usize, usize) = (2300, 2040);
 
-fn backend(preset: Preset, deterministic: bool) -> CudaBackend {
+/// The backend in the default mode (`None`) or the deterministic one with
+/// its GEMMs on `Some(choice)`.
+fn backend(preset: Preset, det: Option<DetGemm>) -> CudaBackend {
     let (cfg, w) = load(&synth_dir(preset));
     let kv = KvShape {
         num_blocks: 4096,
         block_size: BS,
     };
     let opts = CudaOptions {
-        deterministic,
+        deterministic: det.is_some(),
+        det_gemm: det.unwrap_or_default(),
         ..CudaOptions::default()
     };
     CudaBackend::new(cfg, &w, kv, 0, opts).unwrap()
@@ -167,18 +170,24 @@ fn greedy_alone_and_batched(b: &mut CudaBackend) -> (Draws, Draws) {
 }
 
 /// smollm2 runs attention on the flash kernel's fixed tiling, tiny (head
-/// size 16, which flash does not serve) on the decode kernel's token rows.
+/// size 16, which flash does not serve) on the decode kernel's token rows;
+/// each with its GEMMs on cuBLASLt, on the own kernel and as timed.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_deterministic_rows_are_bit_identical_in_any_step() {
-    for (preset, shapes) in [
+    let cases = [
         (Preset::Smollm2_135m, vec![SHORT, LONG]),
         (Preset::Tiny, vec![SHORT]),
-    ] {
-        let mut det = backend(preset, true);
+    ];
+    let gemms = [DetGemm::CublasLt, DetGemm::Own, DetGemm::Auto];
+    for ((preset, shapes), gemm) in cases
+        .iter()
+        .flat_map(|c| gemms.iter().map(move |g| (c, *g)))
+    {
+        let mut det = backend(*preset, Some(gemm));
         assert!(det.deterministic() && det.name().contains("deterministic"));
-        let label = format!("deterministic {}", preset.name());
-        for shape in shapes {
+        let label = format!("deterministic {} ({gemm:?} GEMMs)", preset.name());
+        for &shape in shapes {
             let differ = differing(&mut det, &label, shape);
             assert!(
                 differ.is_empty(),
@@ -194,7 +203,7 @@ fn cuda_deterministic_rows_are_bit_identical_in_any_step() {
         assert!(det.num_graphs() > 0, "the decode steps ran on graphs");
         println!("RESULT {label}: greedy tokens and logprob bits equal batched and alone");
     }
-    let mut default = backend(Preset::Smollm2_135m, false);
+    let mut default = backend(Preset::Smollm2_135m, None);
     let differ = differing(&mut default, "default", SHORT);
     assert!(
         !differ.is_empty(),
