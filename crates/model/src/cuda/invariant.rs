@@ -13,7 +13,8 @@
 //! batch-invariant FP8 algorithm for the shape, else the bf16 product on
 //! widened weights: the choice is per shape, never per step.
 //! Costs: at start, each candidate timed at [`TIMED_ROWS`] rows (tens of
-//! ms a shape), the own kernel's check one product read back per shape;
+//! ms a shape), the own kernel's check one product read back per shape and
+//! timed row count;
 //! temporary buffers of `TIMED_ROWS.max() x width` (the LM head's at
 //! [`HEAD_TIMED_ROWS`]), the inputs uploaded once.
 
@@ -35,6 +36,14 @@ const TIMED_ROWS: [usize; 3] = [1, 128, 2048];
 
 /// The LM head runs on sampled rows only: timed at batch-1 and a batch.
 const HEAD_TIMED_ROWS: [usize; 2] = [1, 128];
+
+// the own kernel's check at the timed row counts runs both of its forms
+const _: () = assert!(
+    TIMED_ROWS[0] < kernels::invariant_gemm::TILED_MIN_ROWS
+        && HEAD_TIMED_ROWS[0] < kernels::invariant_gemm::TILED_MIN_ROWS
+        && kernels::invariant_gemm::TILED_MIN_ROWS <= HEAD_TIMED_ROWS[1]
+        && kernels::invariant_gemm::TILED_MIN_ROWS <= TIMED_ROWS[2]
+);
 
 /// Timed runs per candidate and row count (after one warm-up run).
 const TIMED_RUNS: usize = 5;
@@ -235,9 +244,9 @@ impl CudaBackend {
     }
 
     /// Whether the own kernel serves `(ops, n, k)`: `k` fits its slices and
-    /// its outputs at the largest of `rows` agree with cuBLASLt's first
-    /// candidate's ([`agrees`]); a disagreement is logged and the shape
-    /// stays on cuBLASLt.
+    /// its outputs at each of `rows` (both of its forms) agree with
+    /// cuBLASLt's first candidate's ([`agrees`]); a disagreement is logged
+    /// and the shape stays on cuBLASLt.
     #[allow(clippy::too_many_arguments)]
     fn own_agrees<'a>(
         &self,
@@ -251,7 +260,6 @@ impl CudaBackend {
         read: &impl Fn(usize) -> Result<Vec<f32>, BackendError>,
     ) -> Result<bool, BackendError> {
         let what = format!("the deterministic GEMM {ops:?} n={n}, k={k}");
-        let m = rows.iter().copied().max().unwrap_or(1);
         if slices(k).is_none() {
             tracing::info!("{what}: k off invariant_gemm's chunk; cuBLASLt only");
             return Ok(false);
@@ -260,19 +268,23 @@ impl CudaBackend {
         let Some(first) = cands.first() else {
             return Ok(false);
         };
-        let (inputs, out) = run(m).map_err(|e| dev_err(&what, e))?;
-        inv.matmul(inputs, out, GemmDims { m, n, k }, Some(first))
-            .map_err(|e| dev_err(&what, e))?;
-        let lt = read(m)?;
-        if let Err(e) = launch(m) {
-            tracing::warn!("{what}: {e}; using cuBLASLt");
-            return Ok(false);
+        for &m in rows {
+            let (inputs, out) = run(m).map_err(|e| dev_err(&what, e))?;
+            inv.matmul(inputs, out, GemmDims { m, n, k }, Some(first))
+                .map_err(|e| dev_err(&what, e))?;
+            let lt = read(m)?;
+            if let Err(e) = launch(m) {
+                tracing::warn!("{what}: {e}; using cuBLASLt");
+                return Ok(false);
+            }
+            if !agrees(&read(m)?, &lt) {
+                tracing::warn!(
+                    "{what}: invariant_gemm disagrees with cuBLASLt at {m} rows; using cuBLASLt"
+                );
+                return Ok(false);
+            }
         }
-        let ok = agrees(&read(m)?, &lt);
-        if !ok {
-            tracing::warn!("{what}: invariant_gemm disagrees with cuBLASLt; using cuBLASLt");
-        }
-        Ok(ok)
+        Ok(true)
     }
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on the shape's pinned product.
