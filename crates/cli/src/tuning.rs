@@ -54,7 +54,7 @@ pub struct TuningArgs {
     /// With `--deterministic` on CUDA: which batch-invariant products the
     /// GEMMs may run on: auto (the fastest per shape, timed at start),
     /// cublaslt (cuBLASLt's algorithms that keep K whole) or own (lamina's
-    /// invariant_gemm for every shape).
+    /// invariant_gemm for every shape with bf16 weights).
     #[arg(
         long,
         value_enum,

@@ -7,8 +7,10 @@
 //! Contract: [`CudaBackend::pin_invariant`] pins a product for each shape
 //! or fails naming it, before any step; [`CudaBackend::inv_gemm`] and
 //! [`CudaBackend::inv_head`] then never pick by row count. The own kernel
-//! is a candidate only where its outputs agree with cuBLASLt's within
-//! bf16 rounding on the shape's real weights ([`agrees`]). FP8 weights
+//! is a candidate only for bf16 weights (it reads them before its PDL
+//! wait, so never FP8 weights widened by the kernel before it) and only
+//! where its outputs agree with cuBLASLt's within bf16 rounding on the
+//! shape's real weights ([`agrees`]). FP8 weights
 //! with FP8 activations run the FP8 product where cuBLASLt has a
 //! batch-invariant FP8 algorithm for the shape, else the bf16 product on
 //! widened weights: the choice is per shape, never per step.
@@ -154,7 +156,9 @@ impl CudaBackend {
                 .to_host(y)
                 .map_err(e("reading the LM head's check"))
         };
+        let widened = matches!(&self.model.w.lm_head, Some(DevProj::Fp8 { .. }));
         let own_ok = det != DetGemm::CublasLt
+            && !widened
             && self.own_agrees(inv, ops, v, h, &HEAD_TIMED_ROWS, &run, &launch, &read)?;
         let own_run = own_ok.then_some(&launch as OwnRun<'_>);
         match choose(
@@ -232,6 +236,7 @@ impl CudaBackend {
         };
         let ops = Operands::Bf16;
         let own_ok = det != DetGemm::CublasLt
+            && matches!(w, DevProj::Bf16(_))
             && self.own_agrees(inv, ops, n, k, &TIMED_ROWS, &run, &launch, &read)?;
         let own_run = own_ok.then_some(&launch as OwnRun<'_>);
         match choose(&self.gpu, inv, (ops, n, k), &TIMED_ROWS, run, own_run, det)? {
@@ -394,7 +399,7 @@ fn choose<'a>(
     match (det, own) {
         (DetGemm::Own, Some(_)) => Ok(Pick::Own),
         (DetGemm::Own, None) => Err(BackendError::Device(format!(
-            "`--deterministic-gemm own`: invariant_gemm cannot serve the GEMM {ops:?} n={n}, k={k} (k must be a multiple of {}, and its outputs agree with cuBLASLt's; the log says which failed)",
+            "`--deterministic-gemm own`: invariant_gemm cannot serve the GEMM {ops:?} n={n}, k={k} (it needs bf16 weights, k a multiple of {}, and outputs that agree with cuBLASLt's; the log says which failed)",
             kernels::invariant_gemm::K_CHUNK
         ))),
         _ => pick(gpu, inv, ops, n, k, rows, run, own),
