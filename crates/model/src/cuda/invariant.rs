@@ -274,9 +274,13 @@ impl CudaBackend {
             return Ok(false);
         };
         for &m in rows {
-            let (inputs, out) = run(m).map_err(|e| dev_err(&what, e))?;
-            inv.matmul(inputs, out, GemmDims { m, n, k }, Some(first))
-                .map_err(|e| dev_err(&what, e))?;
+            let reference = run(m).and_then(|(inputs, out)| {
+                inv.matmul(inputs, out, GemmDims { m, n, k }, Some(first))
+            });
+            if let Err(e) = reference {
+                tracing::warn!("{what}: no cuBLASLt product to check invariant_gemm against ({e})");
+                return Ok(false);
+            }
             let lt = read(m)?;
             if let Err(e) = launch(m) {
                 tracing::warn!("{what}: {e}; using cuBLASLt");
