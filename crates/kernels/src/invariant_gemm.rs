@@ -80,23 +80,14 @@ impl Kernels {
         })?;
         need(K, "x", &x, m * k)?;
         need(K, "w", &w, n * k)?;
-        let tiled = m >= TILED_MIN_ROWS;
-        let (f, y_ptr) = match y {
+        let (y_ptr, f32_out) = match y {
             InvOut::Bf16(v) => {
                 need(K, "y", &v, m * n)?;
-                let f = match tiled {
-                    true => &self.invariant_gemm_tiled_bf16,
-                    false => &self.invariant_gemm_bf16,
-                };
-                (f, v.ptr())
+                (v.ptr(), false)
             }
             InvOut::F32(v) => {
                 need(K, "y", &v, m * n)?;
-                let f = match tiled {
-                    true => &self.invariant_gemm_tiled_f32,
-                    false => &self.invariant_gemm_f32,
-                };
-                (f, v.ptr())
+                (v.ptr(), true)
             }
         };
         if m == 0 || n == 0 {
@@ -115,10 +106,25 @@ impl Kernels {
                 reason: format!("n = {n} (at most {} rows)", 65_535 * INV_GEMM_FEATURES),
             });
         }
-        let (rows, features, threads) = match tiled {
-            true => (INV_GEMM_TILE_ROWS, INV_GEMM_TILE_FEATURES, TILED_THREADS),
-            false => (BLOCK_ROWS, INV_GEMM_FEATURES, 32 * s as u32),
+        // each form's entry points (bf16, f32 output) and block geometry
+        let (fs, rows, features, threads) = match m >= TILED_MIN_ROWS {
+            true => (
+                [
+                    &self.invariant_gemm_tiled_bf16,
+                    &self.invariant_gemm_tiled_f32,
+                ],
+                INV_GEMM_TILE_ROWS,
+                INV_GEMM_TILE_FEATURES,
+                TILED_THREADS,
+            ),
+            false => (
+                [&self.invariant_gemm_bf16, &self.invariant_gemm_f32],
+                BLOCK_ROWS,
+                INV_GEMM_FEATURES,
+                32 * s as u32,
+            ),
         };
+        let f = fs[usize::from(f32_out)];
         let grid = (
             u32_of(K, "row blocks", m.div_ceil(rows))?,
             u32_of(K, "weight-row blocks", n.div_ceil(features))?,

@@ -174,13 +174,12 @@ __device__ void invariant_gemm_tiled(const InvariantGemmArgs& a) {
     const uint32_t wf = (warp & 1) * 32, wr = (warp >> 1) * 32;
     const uint32_t chunks = a.k / KC, per = chunks / a.slices;
 
-    float acc[2][4][4], tot[2][4][4];
+    // accumulators of weight tile i (2), input tile j (4), element e (4)
+    // at [(4 i + j) * 4 + e]: this slice's (acc) and the slices' so far (tot)
+    constexpr int NACC = 2 * 4 * 4;
+    float acc[NACC], tot[NACC];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = tot[i][j][e] = 0.f;
+    for (int t = 0; t < NACC; t++) acc[t] = tot[t] = 0.f;
     pdl_wait();
 #pragma unroll
     for (uint32_t st = 0; st < STAGES - 1; st++) {
@@ -206,21 +205,18 @@ __device__ void invariant_gemm_tiled(const InvariantGemmArgs& a) {
             const uint4 xv = sx[st][wr + 8 * j + g][q];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                mma16816(acc[i][j], pa[i].x, pb[i].x, pa[i].y, pb[i].y, xv.x, xv.y);
-                mma16816(acc[i][j], pa[i].z, pb[i].z, pa[i].w, pb[i].w, xv.z, xv.w);
+                float* c4 = &acc[(4 * i + j) * 4];
+                mma16816(c4, pa[i].x, pb[i].x, pa[i].y, pb[i].y, xv.x, xv.y);
+                mma16816(c4, pa[i].z, pb[i].z, pa[i].w, pb[i].w, xv.z, xv.w);
             }
         }
         if ((c + 1) % per == 0) {
             const bool first = c + 1 == per;
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        tot[i][j][e] = first ? acc[i][j][e] : tot[i][j][e] + acc[i][j][e];
-                        acc[i][j][e] = 0.f;
-                    }
+            for (int t = 0; t < NACC; t++) {
+                tot[t] = first ? acc[t] : tot[t] + acc[t];
+                acc[t] = 0.f;
+            }
         }
     }
     cp_wait_all();
@@ -229,15 +225,12 @@ __device__ void invariant_gemm_tiled(const InvariantGemmArgs& a) {
     // wf + 16 i + g + 8 (e / 2), input row wr + 8 j + 2 q + e % 2
     OutT* y = static_cast<OutT*>(a.y);
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const uint32_t f = f0 + wf + 16 * i + g + 8 * (e >> 1);
-                const uint32_t row = r0 + wr + 8 * j + 2 * q + (e & 1);
-                if (f < a.n && row < a.m) store(y, (size_t)row * a.n + f, tot[i][j][e]);
-            }
+    for (int t = 0; t < NACC; t++) {
+        const int i = t / 16, j = (t / 4) % 4, e = t % 4;
+        const uint32_t f = f0 + wf + 16 * i + g + 8 * (e >> 1);
+        const uint32_t row = r0 + wr + 8 * j + 2 * q + (e & 1);
+        if (f < a.n && row < a.m) store(y, (size_t)row * a.n + f, tot[t]);
+    }
 }
 
 }  // namespace

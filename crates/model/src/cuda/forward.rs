@@ -33,12 +33,12 @@ use super::weights::{DevProj, DeviceLayer};
 use super::{CudaBackend, dev_err};
 
 /// A device error of operation `what`.
-fn ge(what: &'static str) -> impl FnOnce(gpu::GpuError) -> BackendError {
+pub(super) fn ge(what: &'static str) -> impl Fn(gpu::GpuError) -> BackendError + Copy {
     move |e| dev_err(what, e)
 }
 
 /// A kernel error of operation `what`.
-fn ke(what: &'static str) -> impl FnOnce(KernelError) -> BackendError {
+pub(super) fn ke(what: &'static str) -> impl Fn(KernelError) -> BackendError + Copy {
     move |e| dev_err(what, e)
 }
 
