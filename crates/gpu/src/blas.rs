@@ -1,5 +1,5 @@
-//! Row-major GEMM over cuBLAS: `Y[m, n] = X[m, k] · W[n, k]ᵀ`, bf16 operands,
-//! f32 accumulation, bf16 or f32 output.
+//! Row-major GEMM over cuBLAS: `Y[m, n] = X[m, k] · W[n, k]ᵀ` (or `Y +=`),
+//! bf16 operands, f32 accumulation, bf16 or f32 output.
 //!
 //! Contract: this is the one product shape the model needs (activations times
 //! a row-major `[out, in]` weight, as stored by Hugging Face). Operands are
@@ -106,6 +106,30 @@ impl Blas {
         y: DevSlice<'_, O>,
         d: GemmDims,
     ) -> Result<(), GpuError> {
+        self.gemm_nt(x, w, y, d, 0.0)
+    }
+
+    /// `y[m, n] += x[m, k] · w[n, k]ᵀ` (all row-major), accumulated in f32
+    /// with `y`'s values and rounded once.
+    pub fn matmul_nt_add<O: OutType>(
+        &self,
+        x: DevSlice<'_, bf16>,
+        w: DevSlice<'_, bf16>,
+        y: DevSlice<'_, O>,
+        d: GemmDims,
+    ) -> Result<(), GpuError> {
+        self.gemm_nt(x, w, y, d, 1.0)
+    }
+
+    /// `y = x · wᵀ + beta · y`.
+    fn gemm_nt<O: OutType>(
+        &self,
+        x: DevSlice<'_, bf16>,
+        w: DevSlice<'_, bf16>,
+        y: DevSlice<'_, O>,
+        d: GemmDims,
+        beta: f32,
+    ) -> Result<(), GpuError> {
         let dim = |name: &str, v: usize| -> Result<i32, GpuError> {
             match i32::try_from(v) {
                 Ok(x) if x > 0 => Ok(x),
@@ -128,7 +152,7 @@ impl Blas {
             }
         }
         drv_bind(&self.gpu)?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        let alpha = 1.0f32;
         // Column-major view: Yᵀ[n, m] = W[n, k] (stored as k x n, transposed) · Xᵀ (k x m).
         // SAFETY: the views were checked to hold the operands; the handle is on our stream.
         unsafe {

@@ -157,6 +157,59 @@ impl Gpu {
         })
     }
 
+    /// Enqueues a copy of `src`, rows of `width` elements, into `dst` with
+    /// its rows `pitch` elements apart: `dst[r * pitch + i] = src[r * width
+    /// + i]` (the elements between rows untouched). Pageable `src` as in
+    /// [`Gpu::copy_to_device`].
+    pub fn copy_rows_to_device<T: Pod>(
+        &self,
+        src: &[T],
+        width: usize,
+        dst: DevSlice<'_, T>,
+        pitch: usize,
+    ) -> Result<(), GpuError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let rows = src.len() / width.max(1);
+        let need = (rows.max(1) - 1) * pitch + width;
+        if width == 0 || rows * width != src.len() || pitch < width || dst.len() < need {
+            return Err(GpuError::Buffer {
+                what: "host-to-device row copy".into(),
+                reason: format!(
+                    "{} source elements in rows of {width} do not fit a destination of {} elements at a pitch of {pitch}",
+                    src.len(),
+                    dst.len()
+                ),
+            });
+        }
+        self.bind()?;
+        let e = std::mem::size_of::<T>();
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+            srcHost: src.as_ptr() as *const c_void,
+            srcDevice: 0,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: width * e,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst.ptr(),
+            dstArray: std::ptr::null_mut(),
+            dstPitch: pitch * e,
+            WidthInBytes: width * e,
+            Height: rows,
+        };
+        // SAFETY: `src` holds `rows` rows of `width` elements and `dst` the
+        // last row's end at `(rows - 1) * pitch + width` (checked above).
+        drv("cuMemcpy2DAsync", unsafe {
+            sys::cuMemcpy2DAsync_v2(&copy, self.cu_stream()).result()
+        })
+    }
+
     /// Enqueues a copy of `src` into pinned `dst[..src.len()]`; valid on the
     /// host after [`Gpu::synchronize`].
     pub fn copy_to_pinned<T: Pod>(

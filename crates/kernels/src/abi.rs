@@ -194,19 +194,20 @@ kernel_args! {
         slots: u32 as "uint32_t" @ 44,
     }
 
-    /// Arguments of `lora_expand_bf16` / `lora_expand_f32` (cu/lora.cu).
+    /// Arguments of `lora_expand` (cu/lora.cu).
     #[derive(Default)]
-    pub struct LoraExpandArgs for "lora_expand_bf16, lora_expand_f32", size 64 {
+    pub struct LoraExpandArgs for "lora_expand", size 64 {
         /// [T, hw] f32, the shrink's output (`hw` = segments x rank)
         h: u64 as "const float*" @ 0,
-        /// [slots, n, rank] bf16, one layer's stacked B of every slot
+        /// [n, slots, hw] bf16, one layer's B of every slot (row `c` set in
+        /// its segment's `rank` values only)
         b: u64 as "const bf16*" @ 8,
         /// `[slots]` f32, each slot's scale
         scales: u64 as "const float*" @ 16,
         /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
         slot_of: u64 as "const uint32_t*" @ 24,
-        /// [T, n] bf16 or f32, added to in place on adapter rows
-        y: u64 as "void*" @ 32,
+        /// [T, n] bf16, added to in place on adapter rows
+        y: u64 as "bf16*" @ 32,
         n: u32 as "uint32_t" @ 40,
         rank: u32 as "uint32_t" @ 44,
         hw: u32 as "uint32_t" @ 48,
@@ -215,6 +216,23 @@ kernel_args! {
         seg1: u32 as "uint32_t" @ 56,
         /// first output column of segment 2 (`n`: none)
         seg2: u32 as "uint32_t" @ 60,
+    }
+
+    /// Arguments of `lora_select` (cu/lora.cu).
+    #[derive(Default)]
+    pub struct LoraSelectArgs for "lora_select", size 48 {
+        /// [T, slots, hw] f32, every slot's shrink of every row
+        h: u64 as "const float*" @ 0,
+        /// `[slots]` f32, each slot's scale
+        scales: u64 as "const float*" @ 8,
+        /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
+        slot_of: u64 as "const uint32_t*" @ 16,
+        /// [T, slots, hw] bf16: the row's own slot scaled, zeros elsewhere
+        hb: u64 as "bf16*" @ 24,
+        tokens: u32 as "uint32_t" @ 32,
+        hw: u32 as "uint32_t" @ 36,
+        slots: u32 as "uint32_t" @ 40,
+        pad: u32 as "uint32_t" @ 44,
     }
 
     /// Arguments of `lora_shrink_in` (cu/lora.cu).
@@ -433,7 +451,7 @@ kernel_args! {
         /// [m, lora_hw] f32, `lora_shrink_in`'s output: each row's LoRA
         /// `A x`, or 0 for no LoRA delta in the epilogue
         lora_h: u64 as "const float*" @ 136,
-        /// [lora_slots, weight rows, lora_rank] bf16, one layer's stacked B
+        /// [weight rows, lora_slots, lora_hw] bf16, one layer's B
         lora_b: u64 as "const bf16*" @ 144,
         /// `[lora_slots]` f32, each slot's scale
         lora_scales: u64 as "const float*" @ 152,

@@ -45,8 +45,12 @@ launch_consts! {
     /// column of `h` each).
     pub const LORA_SHRINK_WARPS: usize = 8;
 
-    /// Threads per block of `lora_expand_*` (one output column each).
+    /// Threads per block of `lora_expand` (one output column each).
     pub const LORA_EXPAND_THREADS: usize = 128;
+
+    /// Threads per block and grid-size cap of the grid-stride `lora_select`.
+    pub const LORA_SELECT_THREADS: usize = 256;
+    pub const LORA_SELECT_MAX_BLOCKS: usize = 4096;
 
     /// The LoRA kernels' rank granularity: a slot's rank is padded with
     /// zeros to a multiple of this (one 16-byte load of B per step).

@@ -167,13 +167,13 @@ pub struct RopeKv<'a> {
 
 /// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
 /// doc): `h` from [`Kernels::lora_shrink_in`] over the same rows, one
-/// layer's stacked B of every slot for this projection's weight rows
+/// layer's B of every slot for this projection's weight rows
 /// (`shape.n` = the weight rows: `2n` for [`GemvOp::NormSilu`], with its
 /// segments' first rows), and each row's slot.
 #[derive(Debug, Clone, Copy)]
 pub struct GemvLora<'a> {
     pub h: DevSlice<'a, f32>,       // [m, segs * rank]
-    pub b: DevSlice<'a, bf16>,      // [slots, rows, rank]
+    pub b: DevSlice<'a, bf16>,      // [rows, slots, segs * rank]
     pub scales: DevSlice<'a, f32>,  // [slots]
     pub slot_of: DevSlice<'a, u32>, // [m]
     pub shape: LoraShape,
@@ -201,7 +201,7 @@ impl GemvLora<'_> {
             });
         }
         need(kernel, "lora h", &self.h, m * sh.hw())?;
-        need(kernel, "lora b", &self.b, sh.slots * rows * sh.rank)?;
+        need(kernel, "lora b", &self.b, sh.slots * rows * sh.hw())?;
         need(kernel, "lora scales", &self.scales, sh.slots)?;
         need(kernel, "lora slot_of", &self.slot_of, m)?;
         aligned(kernel, "lora b", self.b.ptr())?;

@@ -1,18 +1,26 @@
 //! Launchers for `cu/lora.cu`: the LoRA deltas of many adapters in one
 //! step (BGMV), `y[t] += scale_s * B_s (A_s x[t])` with `s` the slot row
 //! `t` names in a device table (0: the base model, nothing runs for it).
-//! Each kernel takes one [`LoraShrinkArgs`] / [`LoraExpandArgs`].
-//! CPU reference: [`lora_ref`] (the same stacked layout, f64; the delta is
+//! Each kernel takes one argument struct of [`crate::abi`].
+//! CPU reference: [`lora_ref`] (the same layout, f64; the delta is
 //! `contract::LoraAdapter::apply_row`'s).
 //!
 //! Layout ([`LoraShape`]): one layer's A of every slot `[slots, segs *
 //! rank, k]` (a fused projection stacks its targets' rows: q, k, v or gate,
-//! up), B `[slots, n, rank]`, the shrink's output `h` `[T, segs * rank]`
-//! f32; output column `c` of `y` belongs to segment 0, 1 or 2 by
-//! `seg_starts`. `rank` is a multiple of [`LORA_RANK_STEP`] (smaller
-//! adapters padded with zeros), `k` a multiple of 8, operands 16-byte
-//! aligned. The kernels ignore a slot past `slots`, so no table value can
-//! index outside the pool.
+//! up; `hw = segs * rank` rows a slot), B `[n, slots, hw]` (output column
+//! `c` belongs to segment 0, 1 or 2 by `seg_starts`; its row holds, per
+//! slot, only that segment's `rank` values, zeros elsewhere), the shrink's
+//! output `h` `[T, hw]` f32. `rank` is a multiple of [`LORA_RANK_STEP`]
+//! (smaller adapters padded with zeros), `k` a multiple of 8, operands
+//! 16-byte aligned. The kernels ignore a slot past `slots`, so no table
+//! value can index outside the pool.
+//!
+//! Two ways to a delta on the GEMM path: [`Kernels::lora_shrink`] then
+//! [`Kernels::lora_expand`] (CUDA cores, each row's reduction order fixed
+//! whatever the batch), or a GEMM of the input by every slot's A (`[T,
+//! slots * hw]`), [`Kernels::lora_select`] keeping each row's own slot
+//! (scaled, bf16), and a GEMM of that by B accumulated into `y` (tensor
+//! cores; B's layout makes the second product one plain GEMM).
 //!
 //! [`Kernels::lora_shrink_in`] is the shrink of a GEMV step (a few rows),
 //! reading bf16 rows or the f32 residual stream through an RMSNorm weight
@@ -20,16 +28,20 @@
 //! ([`crate::gemv::GemvLora`]), so the fused GEMV epilogues (RoPE + KV
 //! write, SiLU·up, the residual add) stay whole.
 //!
-//! Costs: shrink (and `lora_shrink_in`) `T x ceil(segs * rank / 8)` blocks
-//! of 8 warps, each warp one dot of length `k` (`lora_shrink_in`: its A row
+//! Costs: shrink (and `lora_shrink_in`) `T x ceil(hw / 8)` blocks of 8
+//! warps, each warp one dot of length `k` (`lora_shrink_in`: its A row
 //! requested before the PDL wait); expand `T x ceil(n / 128)` blocks, each
-//! thread one dot of length `rank`. Rows of the base model exit at once.
+//! thread one dot of length `rank`; select one pass over `T x slots x hw`.
+//! Rows of the base model exit at once.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
-use crate::abi::{LoraExpandArgs, LoraShrinkArgs, LoraShrinkInArgs};
-use crate::consts::{LORA_EXPAND_THREADS, LORA_RANK_STEP, LORA_SHRINK_WARPS};
+use crate::abi::{LoraExpandArgs, LoraSelectArgs, LoraShrinkArgs, LoraShrinkInArgs};
+use crate::consts::{
+    LORA_EXPAND_THREADS, LORA_RANK_STEP, LORA_SELECT_MAX_BLOCKS, LORA_SELECT_THREADS,
+    LORA_SHRINK_WARPS,
+};
 use crate::{KernelError, Kernels, need, u32_of};
 
 /// The shape of one LoRA launch pair (module doc).
@@ -91,13 +103,6 @@ pub enum LoraIn<'a> {
     },
 }
 
-/// Where an expand adds its delta: bf16 or f32 rows `[T, n]`.
-#[derive(Debug, Clone, Copy)]
-pub enum LoraOut<'a> {
-    Bf16(DevSlice<'a, bf16>),
-    F32(DevSlice<'a, f32>),
-}
-
 fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError> {
     if !ptr.is_multiple_of(16) {
         return Err(KernelError::Unsupported {
@@ -151,34 +156,25 @@ impl Kernels {
         Ok(())
     }
 
-    /// `y[t, c] += scales[slot(t)] * h[t, seg(c)] . b[slot(t), c]` for every
-    /// row with an adapter.
+    /// `y[t, c] += scales[slot(t)] * h[t, seg(c)] . b[c, slot(t), seg(c)]`
+    /// for every row with an adapter.
     pub fn lora_expand(
         &self,
         h: DevSlice<'_, f32>,       // [T, segs * rank]
-        b: DevSlice<'_, bf16>,      // [slots, n, rank]
+        b: DevSlice<'_, bf16>,      // [n, slots, segs * rank]
         scales: DevSlice<'_, f32>,  // [slots]
         slot_of: DevSlice<'_, u32>, // [T]
-        y: LoraOut<'_>,             // [T, n]
+        y: DevSlice<'_, bf16>,      // [T, n]
         sh: &LoraShape,
     ) -> Result<(), KernelError> {
         const K: &str = "lora_expand";
         sh.check(K)?;
         let t = sh.tokens;
         need(K, "h", &h, t * sh.hw())?;
-        need(K, "b", &b, sh.slots * sh.n * sh.rank)?;
+        need(K, "b", &b, sh.n * sh.slots * sh.hw())?;
         need(K, "scales", &scales, sh.slots)?;
         need(K, "slot_of", &slot_of, t)?;
-        let (f, y_ptr) = match y {
-            LoraOut::Bf16(v) => {
-                need(K, "y", &v, t * sh.n)?;
-                (&self.lora_expand_bf16, v.ptr())
-            }
-            LoraOut::F32(v) => {
-                need(K, "y", &v, t * sh.n)?;
-                (&self.lora_expand_f32, v.ptr())
-            }
-        };
+        need(K, "y", &y, t * sh.n)?;
         if t == 0 || sh.slots == 0 || sh.n == 0 {
             return Ok(());
         }
@@ -188,7 +184,7 @@ impl Kernels {
             b: b.ptr(),
             scales: scales.ptr(),
             slot_of: slot_of.ptr(),
-            y: y_ptr,
+            y: y.ptr(),
             n: u32_of(K, "n", sh.n)?,
             rank: u32_of(K, "rank", sh.rank)?,
             hw: u32_of(K, "segs * rank", sh.hw())?,
@@ -207,7 +203,50 @@ impl Kernels {
         };
         // SAFETY: views checked for their shapes above; the kernel reads
         // slot entries < `slots` only and takes `LoraExpandArgs`.
-        unsafe { self.gpu.launch_struct(f, cfg, &args)? };
+        unsafe { self.gpu.launch_struct(&self.lora_expand, cfg, &args)? };
+        Ok(())
+    }
+
+    /// `hb[t, s, j] = scales[s] * h[t, s, j]` where row `t` is on slot
+    /// `s + 1`, 0 elsewhere: every slot's shrink narrowed to each row's own
+    /// (the left operand of the tensor-core expand).
+    pub fn lora_select(
+        &self,
+        h: DevSlice<'_, f32>,       // [T, slots, segs * rank]
+        scales: DevSlice<'_, f32>,  // [slots]
+        slot_of: DevSlice<'_, u32>, // [T]
+        hb: DevSlice<'_, bf16>,     // [T, slots, segs * rank]
+        sh: &LoraShape,
+    ) -> Result<(), KernelError> {
+        const K: &str = "lora_select";
+        sh.check(K)?;
+        let (t, width) = (sh.tokens, sh.slots * sh.hw());
+        need(K, "h", &h, t * width)?;
+        need(K, "scales", &scales, sh.slots)?;
+        need(K, "slot_of", &slot_of, t)?;
+        need(K, "hb", &hb, t * width)?;
+        if t == 0 || width == 0 {
+            return Ok(());
+        }
+        let args = LoraSelectArgs {
+            h: h.ptr(),
+            scales: scales.ptr(),
+            slot_of: slot_of.ptr(),
+            hb: hb.ptr(),
+            tokens: u32_of(K, "tokens", t)?,
+            hw: u32_of(K, "segs * rank", sh.hw())?,
+            slots: u32_of(K, "slots", sh.slots)?,
+            ..Default::default()
+        };
+        let blocks = (t * width).div_ceil(LORA_SELECT_THREADS);
+        let cfg = LaunchConfig {
+            grid: (blocks.min(LORA_SELECT_MAX_BLOCKS) as u32, 1, 1),
+            block: (LORA_SELECT_THREADS as u32, 1, 1),
+            shared_bytes: 0,
+        };
+        // SAFETY: views checked for their shapes above; the kernel reads and
+        // writes `tokens x slots x hw` values and takes `LoraSelectArgs`.
+        unsafe { self.gpu.launch_struct(&self.lora_select, cfg, &args)? };
         Ok(())
     }
 
@@ -282,7 +321,7 @@ impl Kernels {
 pub fn lora_ref(
     x: &[f32],       // [T, k]
     a: &[f32],       // [slots, segs * rank, k]
-    b: &[f32],       // [slots, n, rank]
+    b: &[f32],       // [n, slots, segs * rank]
     scales: &[f32],  // [slots]
     slot_of: &[u32], // [T]
     y: &[f32],       // [T, n]
@@ -304,7 +343,8 @@ pub fn lora_ref(
             .collect();
         for c in 0..n {
             let seg = usize::from(c >= sh.seg_starts[0]) + usize::from(c >= sh.seg_starts[1]);
-            let br = &b[(s * n + c) * r..(s * n + c + 1) * r];
+            let at = (c * sh.slots + s) * hw + seg * r;
+            let br = &b[at..at + r];
             let d: f64 = br
                 .iter()
                 .zip(&h[seg * r..(seg + 1) * r])

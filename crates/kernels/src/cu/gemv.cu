@@ -31,7 +31,7 @@
 //                       what rope_kv_write does, without its launch (with
 //                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale)
 // LoRA (lora_h set, any variant but f32): each output of a row with an
-// adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[slot, c, :]
+// adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
 // (c the weight row, seg its segment of a stacked projection; h from
 // lora_shrink_in, cu/lora.cu), added as lora_expand adds it after the
 // unfused product: to the bf16-rounded projection, before the epilogue's
@@ -133,12 +133,11 @@ __device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigne
     }
 }
 
-// The LoRA delta of weight row c (of `rows`) for token row r on slot s >= 1.
-__device__ __forceinline__ float gemv_lora_delta(const GemvArgs& a, uint32_t r, uint32_t s, uint32_t c,
-                                                 uint32_t rows) {
+// The LoRA delta of weight row c for token row r on slot s >= 1.
+__device__ __forceinline__ float gemv_lora_delta(const GemvArgs& a, uint32_t r, uint32_t s, uint32_t c) {
     const uint32_t seg = c >= a.lora_seg2 ? 2 : (c >= a.lora_seg1 ? 1 : 0);
     const float* __restrict__ h = a.lora_h + (size_t)r * a.lora_hw + seg * a.lora_rank;
-    const bf16* __restrict__ b = a.lora_b + ((size_t)(s - 1) * rows + c) * a.lora_rank;
+    const bf16* __restrict__ b = a.lora_b + ((size_t)c * a.lora_slots + (s - 1)) * a.lora_hw + seg * a.lora_rank;
     float acc = 0.f;
     for (uint32_t i = 0; i < a.lora_rank; i += 8) {
         float bf[8];
@@ -345,9 +344,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     const uint32_t r = lane, outs = a.n, o0 = r0;
     float l0 = 0.f, l1 = 0.f;  // LoRA deltas (module doc)
     if (lslot != 0) {
-        const uint32_t rows = OUT == OUT_SILU ? 2 * a.n : a.n;
-        l0 = gemv_lora_delta(a, r, lslot, r0, rows);
-        if (ok1) l1 = gemv_lora_delta(a, r, lslot, r1, rows);
+        l0 = gemv_lora_delta(a, r, lslot, r0);
+        if (ok1) l1 = gemv_lora_delta(a, r, lslot, r1);
         if (OUT != OUT_RESID) {
             d0 = round_bf(d0) + l0;
             d1 = round_bf(d1) + l1;

@@ -4,20 +4,26 @@
 // and a captured graph replays them with a new table.
 //
 // lora_shrink:  h[t, j] = x[t, :] . A[slot(t), j, :]         (f32 accumulate)
-// lora_expand:  y[t, c] += scale[slot(t)] * h[t, seg(c) r .. seg(c) r + r] . B[slot(t), c, :]
+// lora_expand:  y[t, c] += scale[slot(t)] * h[t, seg(c) r .. seg(c) r + r] . B[c, slot(t), seg(c) r ..]
+// lora_select:  hb[t, s hw + j] = slot(t) == s + 1 ? bf16(scale[s] * hw_all[t, s hw + j]) : 0
 //
 // A of a fused projection stacks each target's rows (q, k, v or gate, up:
-// `segments x rank` rows), so one shrink serves the inputs they share; the
-// expand's output column `c` reads the `h` segment of the target it belongs
-// to (`seg1`, `seg2`: the first columns of segments 1 and 2). Ranks are
-// padded with zero rows of A and zero columns of B to a multiple of
-// LAMINA_LORA_RANK_STEP. Base rows (slot 0) and slots past `slots` return
-// at once: they read and write nothing.
+// `segments x rank` rows, `hw` in all), so one shrink serves the inputs they
+// share. B is one matrix `[n, slots x hw]`: row `c` holds, for each slot,
+// `hw` values of which only the `rank` of the segment `c` belongs to are
+// set (`seg1`, `seg2`: the first columns of segments 1 and 2), so that the
+// tensor-core path is two plain GEMMs around lora_select: `hw_all = x .
+// A_allᵀ` (every slot's shrink), then `y += hb . Bᵀ`, where hb keeps each
+// row's own slot only. Ranks are padded with zero rows of A and zero
+// columns of B to a multiple of LAMINA_LORA_RANK_STEP. Base rows (slot 0)
+// and slots past `slots` contribute nothing.
 //
 // Shrink: block (row t, LAMINA_LORA_SHRINK_WARPS columns of h), one warp per
 // column, 16-byte loads of x and A (k a multiple of 8, operands 16-byte
 // aligned: the launcher checks). Expand: block (row t, LAMINA_LORA_EXPAND_THREADS
 // columns of y), one thread per column, B rows read as 16-byte vectors.
+// Both fix each row's reduction order whatever the batch (deterministic
+// mode); the GEMM pair is faster from a few rows up.
 //
 // lora_shrink_in: the shrink of the GEMV steps (a few rows), whose expand
 // runs in the GEMV's epilogue (cu/gemv.cu): block (row t,
@@ -60,19 +66,15 @@ extern "C" __global__ void lora_shrink(const LoraShrinkArgs a) {
     if (lane == 0) a.h[(size_t)t * a.n + j] = acc;
 }
 
-__device__ __forceinline__ void add_to(bf16* y, float d) { *y = f2bf(bf2f(*y) + d); }
-__device__ __forceinline__ void add_to(float* y, float d) { *y += d; }
-
-template <typename T>
-__device__ __forceinline__ void lora_expand(const LoraExpandArgs& a) {
+extern "C" __global__ void lora_expand(const LoraExpandArgs a) {
     const uint32_t t = blockIdx.x;
     const uint32_t s = a.slot_of[t];
     if (s == 0 || s > a.slots) return;
     const uint32_t c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= a.n) return;
     const uint32_t seg = c >= a.seg2 ? 2 : (c >= a.seg1 ? 1 : 0);
-    const float* __restrict__ h = a.h + (size_t)t * a.hw + seg * a.rank;      // [rank]
-    const bf16* __restrict__ b = a.b + ((size_t)(s - 1) * a.n + c) * a.rank;  // [rank]
+    const float* __restrict__ h = a.h + (size_t)t * a.hw + seg * a.rank;                            // [rank]
+    const bf16* __restrict__ b = a.b + ((size_t)c * a.slots + (s - 1)) * a.hw + seg * a.rank;  // [rank]
     float acc = 0.f;
     for (uint32_t r = 0; r < a.rank; r += 8) {
         const uint4 bv = *reinterpret_cast<const uint4*>(b + r);
@@ -84,12 +86,19 @@ __device__ __forceinline__ void lora_expand(const LoraExpandArgs& a) {
             acc = fmaf(h[r + 2 * e + 1], bf.y, acc);
         }
     }
-    T* y = reinterpret_cast<T*>(a.y) + (size_t)t * a.n + c;
-    add_to(y, a.scales[s - 1] * acc);
+    bf16* y = a.y + (size_t)t * a.n + c;
+    *y = f2bf(bf2f(*y) + a.scales[s - 1] * acc);
 }
 
-extern "C" __global__ void lora_expand_bf16(const LoraExpandArgs a) { lora_expand<bf16>(a); }
-extern "C" __global__ void lora_expand_f32(const LoraExpandArgs a) { lora_expand<float>(a); }
+// Grid-stride over the `tokens x slots x hw` values of hb.
+extern "C" __global__ void lora_select(const LoraSelectArgs a) {
+    const uint32_t width = a.slots * a.hw;
+    const size_t total = (size_t)a.tokens * width;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t t = (uint32_t)(i / width), s = (uint32_t)(i % width) / a.hw;
+        a.hb[i] = a.slot_of[t] == s + 1 ? f2bf(a.scales[s] * a.h[i]) : f2bf(0.f);
+    }
+}
 
 // Chunks of 8 columns of an A row each lane of `lora_shrink_in` requests
 // before the PDL wait (the whole row for k <= 2048).

@@ -1,24 +1,26 @@
-//! GPU tests of the LoRA shrink / expand pair (`kernels::lora`) and of the
-//! GEMV path's `lora_shrink_in` with the deltas in a GEMV's epilogue
-//! against `lora_ref` (over `gemv_ref`'s product), with rows of the base
-//! model and of several adapters mixed, ranks padded with zeros, one to
-//! three stacked segments, bf16 and normed inputs and both output types;
-//! part of the `gpu_kernels` binary.
+//! GPU tests of the LoRA shrink / expand pair (`kernels::lora`), of the
+//! tensor-core path (cuBLAS GEMMs around `lora_select`) and of the GEMV
+//! path's `lora_shrink_in` with the deltas in a GEMV's epilogue against
+//! `lora_ref` (over `gemv_ref`'s product), with rows of the base model and
+//! of several adapters mixed, ranks padded with zeros, one to three stacked
+//! segments, bf16 and normed inputs; part of the `gpu_kernels` binary.
 
 use crate::common::*;
 use half::bf16;
 use kernels::Kernels;
 use kernels::gemv::{GemvKind, GemvLora, GemvOp, gemv_ref};
-use kernels::lora::{LoraIn, LoraOut, LoraShape, lora_ref};
+use gpu::{Blas, GemmDims};
+use kernels::lora::{LoraIn, LoraShape, lora_ref};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-/// Random stacked A / B of `sh.slots` slots, slot `i`'s rows / columns past
-/// `ranks[i]` zero (a smaller adapter padded to the pool's rank).
+/// Random A / B of `sh.slots` slots in the pool's layout, slot `i`'s rows
+/// / columns past `ranks[i]` zero (a smaller adapter padded to the pool's
+/// rank); B's row `c` set in its own segment's values only.
 fn pool(rng: &mut StdRng, sh: &LoraShape, ranks: &[usize]) -> (Vec<bf16>, Vec<bf16>) {
     let (hw, r) = (sh.hw(), sh.rank);
     let mut a = rand_bf16(rng, sh.slots * hw * sh.k, 0.5);
-    let mut b = rand_bf16(rng, sh.slots * sh.n * r, 0.5);
+    let mut b = vec![bf16::ZERO; sh.n * sh.slots * hw];
     for (s, &rk) in ranks.iter().enumerate() {
         for j in 0..hw {
             if j % r >= rk {
@@ -26,7 +28,9 @@ fn pool(rng: &mut StdRng, sh: &LoraShape, ranks: &[usize]) -> (Vec<bf16>, Vec<bf
             }
         }
         for c in 0..sh.n {
-            b[(s * sh.n + c) * r + rk..(s * sh.n + c + 1) * r].fill(bf16::ZERO);
+            let seg = usize::from(c >= sh.seg_starts[0]) + usize::from(c >= sh.seg_starts[1]);
+            let at = (c * sh.slots + s) * hw + seg * r;
+            b[at..at + rk].copy_from_slice(&rand_bf16(rng, rk, 0.5));
         }
     }
     (a, b)
@@ -87,7 +91,7 @@ fn lora_shrink_expand_match_reference() {
             d_b.view(),
             d_s.view(),
             d_slot.view(),
-            LoraOut::Bf16(y.view()),
+            y.view(),
             &sh,
         )
         .unwrap();
@@ -100,20 +104,18 @@ fn lora_shrink_expand_match_reference() {
                 assert_eq!(&got[row.clone()], &f32s(&y0[row]), "base row {t} changed");
             }
         }
-        // f32 rows (the GEMV path's residual)
-        let y32 = gpu.upload(&f32s(&y0)).unwrap();
-        k.lora_expand(
-            h.view(),
-            d_b.view(),
-            d_s.view(),
-            d_slot.view(),
-            LoraOut::F32(y32.view()),
-            &sh,
-        )
-        .unwrap();
-        let got = gpu.to_host(y32.view()).unwrap();
+        // the tensor-core path: every slot's shrink, each row's own kept, B added
+        let y = gpu.upload(&y0).unwrap();
+        tensor_core_pair(&gpu, &k, &sh, &d_x, &d_a, &d_b, &d_s, &d_slot, &y, &scales, &slot_of);
+        let got = f32s(&gpu.to_host(y.view()).unwrap());
         let e = rel_err(&got, &want);
-        assert!(e < 1e-4, "lora f32 T={tokens} n={n}: rel err {e}");
+        assert!(e < 1e-2, "lora tensor cores T={tokens} n={n}: rel err {e}");
+        for (t, &s) in slot_of.iter().enumerate() {
+            if s == 0 {
+                let row = t * n..(t + 1) * n;
+                assert_eq!(&got[row.clone()], &f32s(&y0[row]), "base row {t} changed");
+            }
+        }
         // the GEMV path: lora_shrink_in, then the delta in a GEMV's epilogue
         if tokens <= kernels::gemv::MAX_ROWS {
             gemv_epilogues(&gpu, &k, &mut rng, &sh, &a, &b, &scales, &slot_of, &x, &y0);
@@ -137,6 +139,45 @@ fn lora_shrink_expand_match_reference() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("rank 12"), "{e}");
+}
+
+/// `y += B (A x)` as the CUDA backend runs it from a few rows up: `h = x
+/// A_allᵀ` (cuBLAS), `lora_select` (checked value for value against its
+/// definition), `y += hb Bᵀ` (cuBLAS).
+#[allow(clippy::too_many_arguments)]
+fn tensor_core_pair(
+    gpu: &std::sync::Arc<gpu::Gpu>,
+    k: &Kernels,
+    sh: &LoraShape,
+    x: &gpu::DeviceBuffer<bf16>,
+    a: &gpu::DeviceBuffer<bf16>,
+    b: &gpu::DeviceBuffer<bf16>,
+    scales_d: &gpu::DeviceBuffer<f32>,
+    slot_d: &gpu::DeviceBuffer<u32>,
+    y: &gpu::DeviceBuffer<bf16>,
+    scales: &[f32],
+    slot_of: &[u32],
+) {
+    let blas = Blas::new(gpu).unwrap();
+    let (t, wide) = (sh.tokens, sh.slots * sh.hw());
+    let h = gpu.alloc::<f32>(t * wide).unwrap();
+    let hb = gpu.alloc::<bf16>(t * wide).unwrap();
+    let dims = |m, n, k| GemmDims { m, n, k };
+    blas.matmul_nt(x.view(), a.view(), h.view(), dims(t, wide, sh.k))
+        .unwrap();
+    k.lora_select(h.view(), scales_d.view(), slot_d.view(), hb.view(), sh)
+        .unwrap();
+    let (hh, got) = (gpu.to_host(h.view()).unwrap(), gpu.to_host(hb.view()).unwrap());
+    for (i, (&v, &g)) in hh.iter().zip(&got).enumerate() {
+        let (row, s) = (i / wide, i % wide / sh.hw());
+        let want = match slot_of[row] as usize == s + 1 {
+            true => bf16::from_f32(scales[s] * v),
+            false => bf16::ZERO,
+        };
+        assert_eq!(g.to_bits(), want.to_bits(), "lora_select value {i} (row {row}, slot {s})");
+    }
+    blas.matmul_nt_add(hb.view(), b.view(), y.view(), dims(t, sh.n, wide))
+        .unwrap();
 }
 
 /// `lora_shrink_in` (bf16 rows, then the residual normed) and a GEMV with

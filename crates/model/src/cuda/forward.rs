@@ -20,7 +20,7 @@ use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvLora, GemvOp, RopeKv};
-use kernels::lora::{LoraIn, LoraOut};
+use kernels::lora::LoraIn;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 
 use contract::backend::BackendError;
@@ -297,8 +297,7 @@ impl CudaBackend {
         self.gemm(t, ws.xn.view(), &layer.qkv, ws.qkv.view(), qkv_width, h)?;
         let lora = plan.lora.then_some((l, io.loras));
         if let Some((l, rows)) = lora {
-            let (xn, qkv) = (ws.xn.view(), LoraOut::Bf16(ws.qkv.view()));
-            self.lora_delta(l, Group::Qkv, xn, qkv, rows, t)?;
+            self.lora_delta(l, Group::Qkv, ws.xn.view(), ws.qkv.view(), rows, t)?;
         }
         self.rope_kv(l, io, t)?;
         self.attention(l, io, plan)?;
@@ -376,7 +375,7 @@ impl CudaBackend {
         let (c, ws) = (&self.config, &self.ws);
         let (h, inter) = (c.hidden_size, c.intermediate_size);
         let delta = |g: Group, x: DevSlice<'_, bf16>, y: DevSlice<'_, bf16>| match lora {
-            Some((l, rows)) => self.lora_delta(l, g, x, LoraOut::Bf16(y), rows, m),
+            Some((l, rows)) => self.lora_delta(l, g, x, y, rows, m),
             None => Ok(()),
         };
         self.gemm(m, attn, &layer.o, ws.delta.view(), h, c.q_dim())?;

@@ -6,8 +6,10 @@
 //! (padded to a multiple of `kernels::consts::LORA_RANK_STEP`) and never
 //! grows; [`lora_pool_bytes`] is its size, which the KV pool's budget leaves
 //! out. Per layer and per [`Group`] it holds every slot's A (the targets of
-//! a fused projection stacked: q, k, v; gate, up) and B, bf16, zero where an
-//! adapter has no pair or a smaller rank, and one f32 scale per slot.
+//! a fused projection stacked: q, k, v; gate, up) and B (`[out, slots,
+//! segs * rank]`, each output row set in its own target's `rank` values:
+//! `kernels::lora`'s layout), bf16, zero where an adapter has no pair or a
+//! smaller rank, and one f32 scale per slot.
 //! [`Backend::set_lora`](contract::Backend::set_lora) uploads an adapter
 //! into its slot (stream-ordered after the steps already launched, which
 //! the engine guarantees do not read that slot); emptying a slot only marks
@@ -17,8 +19,12 @@
 //!
 //! Placement (where each delta lands): on the Q/K/V output before RoPE and
 //! the KV write, on the gate/up output before SiLU·up, on the O and down
-//! outputs before the residual add. GEMM path: a shrink and an expand after
-//! each targeted product (into `delta` for O and down). GEMV path: each
+//! outputs before the residual add. GEMM path: after each targeted product
+//! (into `delta` for O and down) a GEMM of its input by every slot's A,
+//! `lora_select` keeping each row's own slot, and a GEMM of that by B added
+//! to the output (tensor cores; in row chunks of at most [`WIDE_VALUES`]
+//! values); in deterministic mode the CUDA-core shrink and expand instead,
+//! whose per-row reductions do not depend on the batch. GEMV path: each
 //! group's shrink (`lora_shrink_in`, norming the residual itself for Q/K/V
 //! and gate/up) before the group's fused GEMV, which adds the expand in its
 //! epilogue ([`kernels::gemv::GemvLora`]), so RoPE + KV write, SiLU·up and
@@ -27,14 +33,17 @@
 //! (`graphs`).
 //!
 //! Costs: device memory [`lora_pool_bytes`]; per layer of a step with
-//! adapter rows 4 shrink launches on the GEMV path, 8 launches on the GEMM
-//! path.
+//! adapter rows 4 shrink launches on the GEMV path, 12 launches on the GEMM
+//! path (8 in deterministic mode); the GEMM path multiplies every row by
+//! every slot's A and B (`slots` times the work of its own adapter, on
+//! tensor cores).
 
 use gpu::{DevSlice, DeviceBuffer, Gpu};
 use half::bf16;
 use kernels::consts::LORA_RANK_STEP;
 use kernels::gemv::GemvLora;
-use kernels::lora::{LoraIn, LoraOut, LoraShape};
+use gpu::GemmDims;
+use kernels::lora::{LoraIn, LoraShape};
 
 use contract::backend::{BackendError, StepBatch};
 use contract::config::LlamaConfig;
@@ -77,6 +86,20 @@ impl Group {
     }
 }
 
+/// Cap on the values of each tensor-core LoRA buffer (f32 and bf16): a
+/// step of more rows runs its deltas in row chunks.
+pub(super) const WIDE_VALUES: usize = 1 << 22;
+
+/// Rows per chunk of the tensor-core LoRA path for steps of up to `t`
+/// tokens with `wide` values a row (`slots * segs * rank`; 0: no such
+/// path, no rows).
+pub(super) fn wide_rows(t: usize, wide: usize) -> usize {
+    match wide {
+        0 => 0,
+        w => t.min((WIDE_VALUES / w).max(1)),
+    }
+}
+
 /// The pool's rank for `--max-lora-rank` `max_rank`.
 fn padded_rank(max_rank: usize) -> usize {
     max_rank.max(1).next_multiple_of(LORA_RANK_STEP)
@@ -93,7 +116,7 @@ pub fn lora_pool_bytes(c: &LlamaConfig, slots: usize, max_rank: usize) -> usize 
         .iter()
         .map(|g| {
             let (k, n, starts) = g.dims(c);
-            starts.len() * r * k + n * r
+            starts.len() * r * (k + n)
         })
         .sum();
     slots * c.num_layers * per_layer * 2 + slots * 4
@@ -104,7 +127,7 @@ pub(super) struct LoraPool {
     slots: usize,
     rank: usize,
     layers: usize,
-    /// Per group: A `[layers, slots, segs * rank, in]`, B `[layers, slots, out, rank]`.
+    /// Per group: A `[layers, slots, segs * rank, in]`, B `[layers, out, slots, segs * rank]`.
     a: Vec<DeviceBuffer<bf16>>,
     b: Vec<DeviceBuffer<bf16>>,
     scales: DeviceBuffer<f32>, // [slots]
@@ -131,7 +154,9 @@ impl LoraPool {
             let da = gpu
                 .alloc::<bf16>(per * starts.len() * rank * k)
                 .map_err(e)?;
-            let db = gpu.alloc::<bf16>(per * n * rank).map_err(e)?;
+            let db = gpu
+                .alloc::<bf16>(per * n * starts.len() * rank)
+                .map_err(e)?;
             // zero: a slot never loaded contributes nothing even if read
             gpu.fill_bytes(da.view(), 0).map_err(e)?;
             gpu.fill_bytes(db.view(), 0).map_err(e)?;
@@ -206,11 +231,12 @@ impl LoraPool {
             for l in 0..self.layers {
                 let (ha, hb) = self.host_group(ad, *g, gi, l);
                 let (da, db) = (self.a_of(gi, l)?, self.b_of(gi, l)?);
-                let (la, lb) = (ha.len(), hb.len());
+                let (la, hw) = (ha.len(), self.h_width_of(gi));
                 let e = |err| dev_err("uploading a LoRA adapter", err);
                 gpu.copy_to_device(&ha, da.sub(k * la, la).map_err(e)?)
                     .map_err(e)?;
-                gpu.copy_to_device(&hb, db.sub(k * lb, lb).map_err(e)?)
+                let db = db.sub(k * hw, db.len() - k * hw).map_err(e)?;
+                gpu.copy_rows_to_device(&hb, hw, db, self.slots * hw)
                     .map_err(e)?;
             }
         }
@@ -221,8 +247,9 @@ impl LoraPool {
         Ok(())
     }
 
-    /// One slot's A `[segs * rank, in]` and B `[out, rank]` of group `g`
-    /// (index `gi`) in layer `l`, bf16, zero-padded.
+    /// One slot's A `[segs * rank, in]` and B `[out, segs * rank]` (row
+    /// `c` set in its target's `rank` values) of group `g` (index `gi`) in
+    /// layer `l`, bf16, zero-padded.
     fn host_group(
         &self,
         ad: &LoraAdapter,
@@ -233,7 +260,8 @@ impl LoraPool {
         let (k, n, starts) = &self.dims[gi];
         let (r, ar) = (self.rank, ad.rank);
         let mut a = vec![bf16::ZERO; starts.len() * r * k];
-        let mut b = vec![bf16::ZERO; n * r];
+        let hw = starts.len() * r;
+        let mut b = vec![bf16::ZERO; n * hw];
         for (j, t) in g.targets().iter().enumerate() {
             let Some(p) = ad.layers[l].pair(*t) else {
                 continue;
@@ -245,7 +273,7 @@ impl LoraPool {
                 }
             }
             for (o, row) in p.b.chunks_exact(ar).enumerate() {
-                let dst = (starts[j] + o) * r;
+                let dst = (starts[j] + o) * hw + j * r;
                 for (d, &v) in b[dst..dst + ar].iter_mut().zip(row) {
                     *d = bf16::from_f32(v);
                 }
@@ -264,9 +292,14 @@ impl LoraPool {
             .map_err(|e| dev_err("LoRA view", e))
     }
 
+    /// Columns of group `gi`'s shrink: `segs * rank`.
+    fn h_width_of(&self, gi: usize) -> usize {
+        self.dims[gi].2.len() * self.rank
+    }
+
     /// Layer `l`'s B of group `gi`, every slot.
     fn b_of(&self, gi: usize, l: usize) -> Result<DevSlice<'_, bf16>, BackendError> {
-        let len = self.slots * self.dims[gi].1 * self.rank;
+        let len = self.dims[gi].1 * self.slots * self.h_width_of(gi);
         self.b[gi]
             .view()
             .sub(l * len, len)
@@ -291,22 +324,44 @@ impl LoraPool {
 
 impl CudaBackend {
     /// Adds group `g`'s delta of layer `l` to `y` for the first `m` rows of
-    /// input `x`, each row's slot in `rows` (`[m]`): the shrink, then the
-    /// expand (the GEMM path).
+    /// input `x`, each row's slot in `rows` (`[m]`): the GEMM path (module
+    /// doc).
     pub(super) fn lora_delta(
         &self,
         l: usize,
         g: Group,
         x: DevSlice<'_, bf16>,
-        y: LoraOut<'_>,
+        y: DevSlice<'_, bf16>,
         rows: DevSlice<'_, u32>,
         m: usize,
     ) -> Result<(), BackendError> {
         let (sh, a, b, scales) = self.lora_operands(l, g, m)?;
-        let h = self.lora_h(m * sh.hw())?;
         let e = |err| dev_err("LoRA delta", err);
-        self.k.lora_shrink(x, a, rows, h, &sh).map_err(e)?;
-        self.k.lora_expand(h, b, scales, rows, y, &sh).map_err(e)
+        let chunk = wide_rows(m, self.tuning.lora_wide);
+        if chunk == 0 {
+            let h = self.lora_h(m * sh.hw())?;
+            self.k.lora_shrink(x, a, rows, h, &sh).map_err(e)?;
+            return self.k.lora_expand(h, b, scales, rows, y, &sh).map_err(e);
+        }
+        let (k, n, wide) = (sh.k, sh.n, sh.slots * sh.hw());
+        let ge = |err| dev_err("LoRA delta (GEMM)", err);
+        let gv = |err| dev_err("LoRA views", err);
+        for r0 in (0..m).step_by(chunk) {
+            let c = chunk.min(m - r0);
+            let h = self.ws.lora_wide.view().sub(0, c * wide).map_err(gv)?;
+            let hb = self.ws.lora_wide_b.view().sub(0, c * wide).map_err(gv)?;
+            let x_c = x.sub(r0 * k, c * k).map_err(gv)?;
+            let rows_c = rows.sub(r0, c).map_err(gv)?;
+            let at = |m, n, k| GemmDims { m, n, k };
+            // h[c, slots * hw] = x · A_allᵀ; hb: each row's own slot, scaled
+            self.blas.matmul_nt(x_c, a, h, at(c, wide, k)).map_err(ge)?;
+            let shc = LoraShape { tokens: c, ..sh };
+            self.k.lora_select(h, scales, rows_c, hb, &shc).map_err(e)?;
+            // y[c, n] += hb · Bᵀ, B `[n, slots * hw]`
+            let y_c = y.sub(r0 * n, c * n).map_err(gv)?;
+            self.blas.matmul_nt_add(hb, b, y_c, at(c, n, wide)).map_err(ge)?;
+        }
+        Ok(())
     }
 
     /// Runs group `g`'s shrink of layer `l` over the first `m` rows of

@@ -223,6 +223,7 @@ fn tuning(
         gemv_rows,
         narrow_decode_seqs,
         lora_h: 0,
+        lora_wide: 0,
         deterministic: opts.deterministic,
     })
 }
@@ -287,6 +288,9 @@ impl CudaBackend {
                 )));
             }
             tuning.lora_h = lora.h_width();
+            if !opts.deterministic {
+                tuning.lora_wide = lora.slots() * lora.h_width();
+            }
         }
         let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
         let caps = Caps {

@@ -62,6 +62,9 @@ pub(super) struct Tuning {
     pub narrow_decode_seqs: usize,
     /// Columns of the LoRA shrink's output per token (0: no LoRA slots).
     pub lora_h: usize,
+    /// Columns of every slot's shrink per token on the tensor-core LoRA
+    /// path (0: no LoRA slots, or deterministic mode, which does not take it).
+    pub lora_wide: usize,
     /// Deterministic mode: every row's reductions fixed whatever the step
     /// (module doc).
     pub deterministic: bool,
@@ -342,6 +345,7 @@ mod tests {
             gemv_rows: 2,
             narrow_decode_seqs: 66,
             lora_h: 0,
+            lora_wide: 0,
             deterministic: false,
         }
     }

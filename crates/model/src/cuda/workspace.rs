@@ -45,6 +45,11 @@ pub(super) struct Workspace {
     pub gu: DeviceBuffer<bf16>,    // [T, 2 * intermediate]
     pub act: DeviceBuffer<bf16>,   // [T, intermediate]
     pub lora_h: DeviceBuffer<f32>, // [T, 3 * LoRA rank] (1 element without LoRA)
+    /// Every slot's shrink on the tensor-core LoRA path, f32 and selected
+    /// bf16: `[W, slots * 3 * rank]` each, `W = lora::wide_rows(T, ..)`
+    /// (1 element without that path).
+    pub lora_wide: DeviceBuffer<f32>,
+    pub lora_wide_b: DeviceBuffer<bf16>,
     /// FP8 weights on cuBLASLt only (else empty): a GEMM's input rows
     /// quantised to e4m3 and their scales.
     pub xq: DeviceBuffer<u8>, // [T, max(hidden, q_dim, intermediate)]
@@ -101,6 +106,12 @@ impl HostOut {
     }
 }
 
+/// Values of each of the tensor-core LoRA path's buffers for steps of up
+/// to `t` tokens (0 without that path).
+fn wide_len(t: usize, tu: &Tuning) -> usize {
+    super::lora::wide_rows(t, tu.lora_wide) * tu.lora_wide
+}
+
 impl Workspace {
     pub fn new(
         gpu: &Gpu,
@@ -132,6 +143,12 @@ impl Workspace {
             lora_h: gpu
                 .alloc(if tu.lora_h > 0 { t * tu.lora_h } else { 1 })
                 .map_err(e("lora_h"))?,
+            lora_wide: gpu
+                .alloc(wide_len(t, tu).max(1))
+                .map_err(e("lora_wide"))?,
+            lora_wide_b: gpu
+                .alloc(wide_len(t, tu).max(1))
+                .map_err(e("lora_wide"))?,
             xq: gpu
                 .alloc(if fp8_act {
                     t * h.max(c.q_dim()).max(i)

@@ -91,6 +91,12 @@ fn generate_on(
 }
 
 fn backends(slots: usize) -> (CudaBackend, CpuBackend, Vec<Arc<LoraAdapter>>) {
+    backends_in(slots, false)
+}
+
+/// [`backends`], the CUDA one in deterministic mode when `det` (its GEMM
+/// path runs the CUDA-core shrink and expand instead of the GEMMs).
+fn backends_in(slots: usize, det: bool) -> (CudaBackend, CpuBackend, Vec<Arc<LoraAdapter>>) {
     let (cfg, w) = load(&synth_dir(Preset::Smollm2_135m));
     let kv = KvShape {
         num_blocks: 512,
@@ -99,6 +105,7 @@ fn backends(slots: usize) -> (CudaBackend, CpuBackend, Vec<Arc<LoraAdapter>>) {
     let opts = CudaOptions {
         max_loras: slots,
         max_lora_rank: 16,
+        deterministic: det,
         ..CudaOptions::default()
     };
     let ads = adapters(&cfg);
@@ -114,7 +121,14 @@ fn backends(slots: usize) -> (CudaBackend, CpuBackend, Vec<Arc<LoraAdapter>>) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_lora_matches_cpu() {
-    let (mut gpu, mut cpu, ads) = backends(4);
+    for det in [false, true] {
+        println!("RESULT lora deterministic mode {det}");
+        lora_matches_cpu(det);
+    }
+}
+
+fn lora_matches_cpu(det: bool) {
+    let (mut gpu, mut cpu, ads) = backends_in(4, det);
     assert_eq!(gpu.max_loras(), 4);
     let vocab = gpu.config().vocab_size;
     let mut pool = Pool::new(gpu.kv_shape().num_blocks);
