@@ -235,27 +235,6 @@ kernel_args! {
         pad: u32 as "uint32_t" @ 44,
     }
 
-    /// Arguments of `lora_shrink_in` (cu/lora.cu).
-    #[derive(Default)]
-    pub struct LoraShrinkInArgs for "lora_shrink_in", size 64 {
-        /// [T, k] bf16, or the f32 residual when `norm_w` is set
-        x: u64 as "const void*" @ 0,
-        /// `[k]` bf16 RMSNorm weight applied to `x` first, or 0
-        norm_w: u64 as "const bf16*" @ 8,
-        /// [slots, hw, k] bf16, one layer's stacked A of every slot
-        a: u64 as "const bf16*" @ 16,
-        /// `[T]` each row's slot: 0 the base model, `s` slot `s - 1`
-        slot_of: u64 as "const uint32_t*" @ 24,
-        /// [T, hw] f32, written on adapter rows only
-        h: u64 as "float*" @ 32,
-        eps: f32 as "float" @ 40,
-        k: u32 as "uint32_t" @ 44,
-        hw: u32 as "uint32_t" @ 48,
-        slots: u32 as "uint32_t" @ 52,
-        tokens: u32 as "uint32_t" @ 56,
-        _pad: [u32; 1] as "uint32_t[1]" @ 60,
-    }
-
     /// Arguments of `rope_kv_write` (cu/rope_kv.cu).
     #[derive(Default)]
     pub struct RopeKvArgs for "rope_kv_write", size 88 {
@@ -406,7 +385,7 @@ kernel_args! {
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*", size 192 {
+    pub struct GemvArgs for "gemv_*, gemv8_*", size 208 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
@@ -448,9 +427,9 @@ kernel_args! {
         k_scale: f32 as "float" @ 128,
         /// FP8 V scale (norm_rope, kv_fp8 only)
         v_scale: f32 as "float" @ 132,
-        /// [m, lora_hw] f32, `lora_shrink_in`'s output: each row's LoRA
-        /// `A x`, or 0 for no LoRA delta in the epilogue
-        lora_h: u64 as "const float*" @ 136,
+        /// [m, lora_hw] f32, each row's LoRA `A x`, written by the launch's
+        /// first `lora_shrink_blocks` blocks; 0 for no LoRA delta
+        lora_h: u64 as "float*" @ 136,
         /// [weight rows, lora_slots, lora_hw] bf16, one layer's B
         lora_b: u64 as "const bf16*" @ 144,
         /// `[lora_slots]` f32, each slot's scale
@@ -464,7 +443,14 @@ kernel_args! {
         /// first weight row of B's segment 2 (weight rows: none)
         lora_seg2: u32 as "uint32_t" @ 180,
         lora_slots: u32 as "uint32_t" @ 184,
-        _pad: [u32; 1] as "uint32_t[1]" @ 188,
+        /// blocks in front of the GEMV's that compute `lora_h`: `m x
+        /// ceil(lora_hw / GEMV_WARPS)` (0 without LoRA)
+        lora_shrink_blocks: u32 as "uint32_t" @ 188,
+        /// [lora_slots, lora_hw, k] bf16, one layer's stacked A of every slot
+        lora_a: u64 as "const bf16*" @ 192,
+        /// a counter, zero at launch: the shrink blocks that have written
+        /// their `lora_h` columns
+        lora_ready: u64 as "uint32_t*" @ 200,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

@@ -41,8 +41,7 @@ launch_consts! {
     /// Grid-size cap of the grid-stride `silu_mul`.
     pub const SILU_MAX_BLOCKS: usize = 65_535;
 
-    /// Warps per block of `lora_shrink` / `lora_shrink_in` (one output
-    /// column of `h` each).
+    /// Warps per block of `lora_shrink` (one output column of `h` each).
     pub const LORA_SHRINK_WARPS: usize = 8;
 
     /// Threads per block of `lora_expand` (one output column each).

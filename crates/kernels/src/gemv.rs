@@ -42,12 +42,19 @@ pub(crate) const VARIANTS: [&str; 6] = [
 /// Index of `gemv_norm_rope` in [`VARIANTS`].
 const ROPE_VARIANT: usize = 5;
 
-/// The entry point of variant `i` for row tile `m`, bf16 or FP8 weights.
-pub(crate) fn entry(i: usize, fp8: bool, m: usize) -> String {
+/// Index of `gemv_f32` (the LM head) in [`VARIANTS`]: the one variant
+/// without a LoRA form.
+const F32_VARIANT: usize = 4;
+
+/// The entry point of variant `i` for row tile `m`, bf16 or FP8 weights,
+/// in its LoRA form (`cu/gemv.cu`'s module doc) when `lora` (the plain one
+/// for the f32 variant, which has none).
+pub(crate) fn entry(i: usize, fp8: bool, lora: bool, m: usize) -> String {
     let name = VARIANTS[i];
+    let lora = if lora && i != F32_VARIANT { "_lora" } else { "" };
     match (fp8, name.strip_prefix("gemv_")) {
-        (true, Some(rest)) => format!("gemv8_{rest}_m{m}"),
-        _ => format!("{name}_m{m}"),
+        (true, Some(rest)) => format!("gemv8_{rest}{lora}_m{m}"),
+        _ => format!("{name}{lora}_m{m}"),
     }
 }
 
@@ -166,45 +173,57 @@ pub struct RopeKv<'a> {
 }
 
 /// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
-/// doc): `h` from [`Kernels::lora_shrink_in`] over the same rows, one
-/// layer's B of every slot for this projection's weight rows
-/// (`shape.n` = the weight rows: `2n` for [`GemvOp::NormSilu`], with its
-/// segments' first rows), and each row's slot.
+/// doc): one layer's A of every slot over the GEMV's input (`shape.k`
+/// columns) and B for this projection's weight rows (`shape.n` = the
+/// weight rows: `2n` for [`GemvOp::NormSilu`], with its segments' first
+/// rows), each row's slot, `h` for the shrink the launch computes in blocks
+/// of its own, and a counter that must be zero when the launch starts.
 #[derive(Debug, Clone, Copy)]
 pub struct GemvLora<'a> {
-    pub h: DevSlice<'a, f32>,       // [m, segs * rank]
+    pub a: DevSlice<'a, bf16>,      // [slots, segs * rank, k]
     pub b: DevSlice<'a, bf16>,      // [rows, slots, segs * rank]
     pub scales: DevSlice<'a, f32>,  // [slots]
     pub slot_of: DevSlice<'a, u32>, // [m]
+    pub h: DevSlice<'a, f32>,       // [m, segs * rank]
+    pub ready: DevSlice<'a, u32>,   // [1], zero at launch
     pub shape: LoraShape,
 }
 
 impl GemvLora<'_> {
     /// Checks the operands for `m` rows of a projection with `rows` weight
-    /// rows and fills the LoRA fields of `args`.
+    /// rows and `k` inputs, fills the LoRA fields of `args` and adds the
+    /// shrink blocks in front of the launch's grid.
     fn fill(
         &self,
         kernel: &'static str,
-        m: usize,
-        rows: usize,
+        (m, rows, k): (usize, usize, usize),
         args: &mut GemvArgs,
+        cfg: &mut LaunchConfig,
     ) -> Result<(), KernelError> {
         let sh = &self.shape;
         sh.check(kernel)?;
-        if sh.n != rows || sh.tokens < m {
+        if sh.n != rows || sh.tokens < m || sh.k != k {
             return Err(KernelError::Shape {
                 kernel,
                 reason: format!(
-                    "LoRA over {} rows of {} tokens for a projection of {rows} rows and {m} tokens",
-                    sh.n, sh.tokens
+                    "LoRA over {} x {} of {} tokens for a projection of {rows} x {k} and {m} tokens",
+                    sh.n, sh.k, sh.tokens
                 ),
             });
         }
+        need(kernel, "lora a", &self.a, sh.slots * sh.hw() * k)?;
         need(kernel, "lora h", &self.h, m * sh.hw())?;
+        need(kernel, "lora ready", &self.ready, 1)?;
         need(kernel, "lora b", &self.b, sh.slots * rows * sh.hw())?;
         need(kernel, "lora scales", &self.scales, sh.slots)?;
         need(kernel, "lora slot_of", &self.slot_of, m)?;
         aligned(kernel, "lora b", self.b.ptr())?;
+        aligned(kernel, "lora a", self.a.ptr())?;
+        let blocks = m * sh.hw().div_ceil(WARPS);
+        args.lora_shrink_blocks = u32_of(kernel, "LoRA shrink blocks", blocks)?;
+        cfg.grid.0 = u32_of(kernel, "blocks", cfg.grid.0 as usize + blocks)?;
+        args.lora_a = self.a.ptr();
+        args.lora_ready = self.ready.ptr();
         args.lora_h = self.h.ptr();
         args.lora_b = self.b.ptr();
         args.lora_scales = self.scales.ptr();
@@ -358,9 +377,9 @@ impl Kernels {
         }
         let tile = tile_of(m);
         let table = if fp8 { &self.gemv8 } else { &self.gemv };
-        let func = &table[op.variant()][tile];
+        let func = &table[usize::from(lora.is_some())][op.variant()][tile];
         let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
-        let (cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
+        let (mut cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
         let mut args = GemvArgs {
             x,
             norm_w,
@@ -375,17 +394,20 @@ impl Kernels {
             ..GemvArgs::default()
         };
         if let Some(l) = lora {
-            if matches!(op, GemvOp::F32 { .. }) {
+            if op.variant() == F32_VARIANT {
                 return Err(KernelError::Unsupported {
                     kernel: K,
                     reason: "a LoRA delta on the f32 (LM head) variant".into(),
                 });
             }
-            l.fill(K, m, if silu { 2 * n } else { n }, &mut args)?;
+            l.fill(K, (m, if silu { 2 * n } else { n }, k), &mut args, &mut cfg)?;
         }
         // SAFETY: every operand was checked for its shape and 16-byte
         // alignment above; GemvArgs mirrors the kernel's struct (asserted on
-        // both sides); the kernel touches only rows < m, outputs < n, inputs < k.
+        // both sides); the kernel touches only rows < m, outputs < n, inputs
+        // < k. With LoRA the GEMV blocks wait for the shrink blocks, which
+        // come first in the grid and wait for nothing but the PDL wait; the
+        // caller zeroes the counter before the launch.
         unsafe { self.launch_pdl(func, cfg, &args)? };
         Ok(())
     }
@@ -443,9 +465,9 @@ impl Kernels {
             aligned(K, what, p)?;
         }
         let tile = tile_of(m);
-        let (cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
+        let (mut cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
         let table = if fp8 { &self.gemv8 } else { &self.gemv };
-        let func = &table[ROPE_VARIANT][tile];
+        let func = &table[usize::from(lora.is_some())][ROPE_VARIANT][tile];
         let (k_cache, v_cache) = rope.kv.ptrs();
         let (k_scale, v_scale) = rope.kv.scales();
         let mut args = GemvArgs {
@@ -475,10 +497,11 @@ impl Kernels {
             ..GemvArgs::default()
         };
         if let Some(l) = lora {
-            l.fill(K, m, n, &mut args)?;
+            l.fill(K, (m, n, hidden), &mut args, &mut cfg)?;
         }
         // SAFETY: dense operands checked for shape and alignment above; cache
-        // slots in range by contract; GemvArgs mirrors the kernel's struct.
+        // slots in range by contract; GemvArgs mirrors the kernel's struct;
+        // LoRA's shrink blocks as in `gemv_with`.
         unsafe { self.launch_pdl(func, cfg, &args)? };
         Ok(())
     }

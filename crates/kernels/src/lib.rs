@@ -166,7 +166,6 @@ pub struct Kernels {
     pub(crate) lora_shrink: Function,
     pub(crate) lora_expand: Function,
     pub(crate) lora_select: Function,
-    pub(crate) lora_shrink_in: Function,
     pub(crate) fp8_dequant_rows: Function,
     pub(crate) fp8_quant_rows: Function,
     pub(crate) invariant_gemm_bf16: Function,
@@ -199,10 +198,11 @@ pub struct Kernels {
     /// The device runs `flash_hopper_*` (compute capability 9.0, whose code
     /// in the fatbin is the sm_90a build) and [`KernelOptions::wgmma`] is set.
     pub(crate) flash_hopper: bool,
-    /// `[variant][row tile]` (see `gemv::VARIANTS`): bf16 weights.
-    pub(crate) gemv: [[Function; 5]; 6],
+    /// `[plain, LoRA form][variant][row tile]` (see `gemv::VARIANTS`):
+    /// bf16 weights.
+    pub(crate) gemv: [[[Function; 5]; 6]; 2],
     /// The same for FP8 weights (`gemv8_*`).
-    pub(crate) gemv8: [[Function; 5]; 6],
+    pub(crate) gemv8: [[[Function; 5]; 6]; 2],
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
@@ -217,15 +217,19 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>, options: KernelOptions) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
-        let tiles = |i: usize, fp8: bool| -> Result<[Function; 5], GpuError> {
+        let tiles = |i: usize, fp8: bool, lora: bool| -> Result<[Function; 5], GpuError> {
             let t = |m: usize| -> Result<Function, GpuError> {
-                let func = f(&gemv::entry(i, fp8, m))?;
+                let func = f(&gemv::entry(i, fp8, lora, m))?;
                 if gemv::NORM_VARIANTS.contains(&i) {
                     func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
                 }
                 Ok(func)
             };
             Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
+        };
+        let table = |fp8: bool, lora: bool| -> Result<[[Function; 5]; 6], GpuError> {
+            let t = |i| tiles(i, fp8, lora);
+            Ok([t(0)?, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?])
         };
         let flash = flash_prefill::load_functions(&module, false)?;
         let flash8 = flash_prefill::load_functions(&module, true)?;
@@ -239,7 +243,6 @@ impl Kernels {
             lora_shrink: f("lora_shrink")?,
             lora_expand: f("lora_expand")?,
             lora_select: f("lora_select")?,
-            lora_shrink_in: f("lora_shrink_in")?,
             fp8_dequant_rows: f("fp8_dequant_rows")?,
             fp8_quant_rows: f("fp8_quant_rows")?,
             invariant_gemm_bf16: f("invariant_gemm_bf16")?,
@@ -256,22 +259,8 @@ impl Kernels {
             sms: gpu.sm_count()?,
             smem_per_sm: gpu.smem_per_sm()?,
             flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),
-            gemv: [
-                tiles(0, false)?,
-                tiles(1, false)?,
-                tiles(2, false)?,
-                tiles(3, false)?,
-                tiles(4, false)?,
-                tiles(5, false)?,
-            ],
-            gemv8: [
-                tiles(0, true)?,
-                tiles(1, true)?,
-                tiles(2, true)?,
-                tiles(3, true)?,
-                tiles(4, true)?,
-                tiles(5, true)?,
-            ],
+            gemv: [table(false, false)?, table(false, true)?],
+            gemv8: [table(true, false)?, table(true, true)?],
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
             pdl: options.pdl && gpu.supports_pdl()?,

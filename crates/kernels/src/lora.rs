@@ -22,22 +22,20 @@
 //! (scaled, bf16), and a GEMM of that by B accumulated into `y` (tensor
 //! cores; B's layout makes the second product one plain GEMM).
 //!
-//! [`Kernels::lora_shrink_in`] is the shrink of a GEMV step (a few rows),
-//! reading bf16 rows or the f32 residual stream through an RMSNorm weight
-//! ([`LoraIn`]); its expand runs in the GEMV's epilogue
+//! A GEMV step (a few rows) runs none of these: the GEMV launch computes
+//! the shrink in blocks of its own and the expand in its epilogue
 //! ([`crate::gemv::GemvLora`]), so the fused GEMV epilogues (RoPE + KV
 //! write, SiLU·up, the residual add) stay whole.
 //!
-//! Costs: shrink (and `lora_shrink_in`) `T x ceil(hw / 8)` blocks of 8
-//! warps, each warp one dot of length `k` (`lora_shrink_in`: its A row
-//! requested before the PDL wait); expand `T x ceil(n / 128)` blocks, each
-//! thread one dot of length `rank`; select one pass over `T x slots x hw`.
-//! Rows of the base model exit at once.
+//! Costs: shrink `T x ceil(hw / 8)` blocks of 8 warps, each warp one dot of
+//! length `k`; expand `T x ceil(n / 128)` blocks, each thread one dot of
+//! length `rank`; select one pass over `T x slots x hw`. Rows of the base
+//! model exit at once.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
-use crate::abi::{LoraExpandArgs, LoraSelectArgs, LoraShrinkArgs, LoraShrinkInArgs};
+use crate::abi::{LoraExpandArgs, LoraSelectArgs, LoraShrinkArgs};
 use crate::consts::{
     LORA_EXPAND_THREADS, LORA_RANK_STEP, LORA_SELECT_MAX_BLOCKS, LORA_SELECT_THREADS,
     LORA_SHRINK_WARPS,
@@ -89,18 +87,6 @@ impl LoraShape {
         }
         Ok(())
     }
-}
-
-/// What [`Kernels::lora_shrink_in`] reads: bf16 rows `[T, k]`, or the f32 residual
-/// stream `[T, k]` normed by RMSNorm weight `norm_w` `[k]` first.
-#[derive(Debug, Clone, Copy)]
-pub enum LoraIn<'a> {
-    Bf16(DevSlice<'a, bf16>),
-    Normed {
-        residual: DevSlice<'a, f32>,
-        norm_w: DevSlice<'a, bf16>,
-        eps: f32,
-    },
 }
 
 fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError> {
@@ -247,70 +233,6 @@ impl Kernels {
         // SAFETY: views checked for their shapes above; the kernel reads and
         // writes `tokens x slots x hw` values and takes `LoraSelectArgs`.
         unsafe { self.gpu.launch_struct(&self.lora_select, cfg, &args)? };
-        Ok(())
-    }
-
-    /// `h[t, j] = in(x)[t] . a[slot(t), j]` for every row with an adapter,
-    /// the input bf16 rows or the residual normed (module doc); launched
-    /// with programmatic dependent launch.
-    pub fn lora_shrink_in(
-        &self,
-        x: LoraIn<'_>,
-        a: DevSlice<'_, bf16>,      // [slots, segs * rank, k]
-        slot_of: DevSlice<'_, u32>, // [T]
-        h: DevSlice<'_, f32>,       // [T, segs * rank]
-        sh: &LoraShape,
-    ) -> Result<(), KernelError> {
-        const K: &str = "lora_shrink_in";
-        sh.check(K)?;
-        let (t, hw) = (sh.tokens, sh.hw());
-        need(K, "a", &a, sh.slots * hw * sh.k)?;
-        need(K, "slot_of", &slot_of, t)?;
-        need(K, "h", &h, t * hw)?;
-        let (x_ptr, norm_w, eps) = match x {
-            LoraIn::Bf16(v) => {
-                need(K, "x", &v, t * sh.k)?;
-                (v.ptr(), 0, 0.0)
-            }
-            LoraIn::Normed {
-                residual,
-                norm_w,
-                eps,
-            } => {
-                need(K, "residual", &residual, t * sh.k)?;
-                need(K, "norm_w", &norm_w, sh.k)?;
-                aligned(K, "norm_w", norm_w.ptr())?;
-                (residual.ptr(), norm_w.ptr(), eps)
-            }
-        };
-        if t == 0 || sh.slots == 0 {
-            return Ok(());
-        }
-        aligned(K, "x", x_ptr)?;
-        aligned(K, "a", a.ptr())?;
-        let args = LoraShrinkInArgs {
-            x: x_ptr,
-            norm_w,
-            a: a.ptr(),
-            slot_of: slot_of.ptr(),
-            h: h.ptr(),
-            eps,
-            k: u32_of(K, "k", sh.k)?,
-            hw: u32_of(K, "segs * rank", hw)?,
-            slots: u32_of(K, "slots", sh.slots)?,
-            tokens: u32_of(K, "tokens", t)?,
-            ..Default::default()
-        };
-        let cfg = LaunchConfig {
-            grid: (args.tokens, hw.div_ceil(LORA_SHRINK_WARPS) as u32, 1),
-            block: ((32 * LORA_SHRINK_WARPS) as u32, 1, 1),
-            shared_bytes: 0,
-        };
-        // SAFETY: views checked for their shapes above; the kernel reads
-        // slot entries < `slots` only, reads before its pdl_wait only A and
-        // the staged slot table (no kernel of the step writes them), and
-        // takes `LoraShrinkInArgs`.
-        unsafe { self.launch_pdl(&self.lora_shrink_in, cfg, &args)? };
         Ok(())
     }
 }

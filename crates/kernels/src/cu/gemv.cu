@@ -18,7 +18,8 @@
 // and they are requested before the PDL wait, overlapping the previous
 // kernel's tail. Requires K % 8 == 0 (16-byte aligned rows; FP8: K % 16 == 0).
 //
-// Variants (template flags, one entry point each per row tile MT):
+// Variants (template flags, one entry point each per row tile MT; every one
+// but f32 also as NAME_lora_mMT, the LoRA form below):
 //  gemv_bf16_mMT        x bf16 -> y bf16                           (plain)
 //  gemv_resid_mMT       x bf16 -> residual f32 += bf16(x·Wᵀ)       (O, down)
 //  gemv_norm_mMT        RMSNorm(residual f32) -> y bf16            (QKV)
@@ -32,10 +33,18 @@
 //                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale)
 // LoRA (lora_h set, any variant but f32): each output of a row with an
 // adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
-// (c the weight row, seg its segment of a stacked projection; h from
-// lora_shrink_in, cu/lora.cu), added as lora_expand adds it after the
-// unfused product: to the bf16-rounded projection, before the epilogue's
-// next rounding (SiLU·up, RoPE, the bf16 output), or to the f32 residual.
+// (c the weight row, seg its segment of a stacked projection), added as
+// lora_expand (cu/lora.cu) adds it after the unfused product: to the
+// bf16-rounded projection, before the epilogue's next rounding (SiLU·up,
+// RoPE, the bf16 output), or to the f32 residual. h = A[slot] · input (the
+// launch's input: bf16 rows, or the residual through the RMSNorm) is the
+// shrink, computed by the launch itself so that it costs no launch of its
+// own: the first lora_shrink_blocks blocks (m x ceil(hw / GEMV_WARPS), one
+// warp per column of h, the A row requested before the PDL wait) write h,
+// then count themselves in lora_ready (zero at launch); the GEMV blocks,
+// behind them in the grid and so scheduled no earlier, wait for the count
+// only in the epilogue, after their product. A warp norming the residual
+// sums its squares in the same pass as its dot.
 // Norm variants stage bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
 // add_rmsnorm writes, in dynamic shared memory (m * K * 2 bytes) once per
 // block; the others read x through L1. Epilogues round like the unfused path:
@@ -148,8 +157,82 @@ __device__ __forceinline__ float gemv_lora_delta(const GemvArgs& a, uint32_t r, 
     return a.lora_scales[s - 1] * acc;
 }
 
-template <int MT, int IN, int OUT, bool W8>
-__device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
+// Chunks of 8 columns of an A row each lane of a shrink block requests
+// before the PDL wait (the whole row for K <= 2048).
+#define GEMV_LORA_REGS 8
+
+// Adds input columns c..c+8 of row t times the A chunk `wr` to `acc` (the
+// residual through norm_w for IN_NORM, its squares then added to `ss`).
+template <int IN>
+__device__ __forceinline__ void gemv_lora_dot(const GemvArgs& a, uint32_t t, uint32_t c, const uint4 wr,
+                                              float& acc, float& ss) {
+    float wf[8], xf[8];
+    bf8(wr, wf);
+    if (IN == IN_NORM) {
+        const float* x = static_cast<const float*>(a.x) + (size_t)t * a.k + c;
+        const float4 x0 = *reinterpret_cast<const float4*>(x);
+        const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float gf[8];
+        bf8(*reinterpret_cast<const uint4*>(a.norm_w + c), gf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            ss = fmaf(xs[e], xs[e], ss);
+            xf[e] = xs[e] * gf[e];
+        }
+    } else {
+        bf8(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) + (size_t)t * a.k + c), xf);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc = fmaf(xf[e], wf[e], acc);
+}
+
+// A shrink block (module doc): row t, columns `blk % per_row * GEMV_WARPS + warp` of h.
+template <int IN>
+__device__ __forceinline__ void gemv_lora_shrink(const GemvArgs& a, uint32_t blk) {
+    const uint32_t per_row = (a.lora_hw + LAMINA_GEMV_WARPS - 1) / LAMINA_GEMV_WARPS;
+    const uint32_t t = blk / per_row, warp = threadIdx.x / 32, lane = threadIdx.x % 32, k = a.k;
+    const uint32_t j = blk % per_row * LAMINA_GEMV_WARPS + warp;
+    const uint32_t s = ld_before_wait_u32(a.lora_slot_of + t);
+    const bool on = s != 0 && s <= a.lora_slots && j < a.lora_hw;
+    const bf16* __restrict__ w = a.lora_a + ((size_t)(on ? s - 1 : 0) * a.lora_hw + (on ? j : 0)) * k;
+    uint4 wv[GEMV_LORA_REGS];
+#pragma unroll
+    for (int u = 0; u < GEMV_LORA_REGS; u++) {
+        const uint32_t c = lane * 8 + u * 256;
+        wv[u] = on && c < k ? ld_before_wait(w + c) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_wait();
+    pdl_launch_dependents();
+    if (on) {
+        float acc = 0.f, ss = 0.f;
+#pragma unroll
+        for (int u = 0; u < GEMV_LORA_REGS; u++) {
+            const uint32_t c = lane * 8 + u * 256;
+            if (c < k) gemv_lora_dot<IN>(a, t, c, wv[u], acc, ss);
+        }
+        for (uint32_t c = lane * 8 + GEMV_LORA_REGS * 256; c < k; c += 256)
+            gemv_lora_dot<IN>(a, t, c, *reinterpret_cast<const uint4*>(w + c), acc, ss);
+        acc = warp_sum(acc);
+        if (IN == IN_NORM) acc *= rsqrtf(warp_sum(ss) / (float)k + a.eps);
+        if (lane == 0) a.lora_h[(size_t)t * a.lora_hw + j] = acc;
+    }
+    // release h before the count (the waiting blocks acquire it)
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(a.lora_ready, 1u);
+}
+
+// Waits until every shrink block has written its columns of h.
+__device__ __forceinline__ void gemv_lora_wait(const GemvArgs& a) {
+    uint32_t n;
+    do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(n) : "l"(a.lora_ready) : "memory");
+    } while (n < a.lora_shrink_blocks);
+}
+
+template <int MT, int IN, int OUT, bool W8, bool LORA>
+__device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     typedef WChunk<W8> C;
     // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which FP8
     // weights (16 columns a chunk) load in NW = NC / 2 chunks.
@@ -162,7 +245,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     __shared__ float red[LAMINA_GEMV_WARPS][2][MT];   // split-K partial dots
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t K = a.k, m = a.m, nsplit = a.ksplit;
-    const uint32_t ks = warp % nsplit, gw = blockIdx.x * (LAMINA_GEMV_WARPS / nsplit) + warp / nsplit;
+    const uint32_t ks = warp % nsplit, gw = block * (LAMINA_GEMV_WARPS / nsplit) + warp / nsplit;
     uint32_t r0, r1;
     bool ok0, ok1;
     gemv_rows_of<OUT>(a, gw, r0, r1, ok0, ok1);
@@ -206,7 +289,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
         rslot = a.slots[er];
     }
     uint32_t lslot = 0;
-    if (OUT != OUT_F32 && a.lora_h != nullptr && ok0 && ks == 0 && lane < m) {
+    if (LORA && OUT != OUT_F32 && ok0 && ks == 0 && lane < m) {
         lslot = a.lora_slot_of[er];
         if (lslot > a.lora_slots) lslot = 0;
     }
@@ -343,7 +426,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
     }
     const uint32_t r = lane, outs = a.n, o0 = r0;
     float l0 = 0.f, l1 = 0.f;  // LoRA deltas (module doc)
-    if (lslot != 0) {
+    if (LORA && lslot != 0) {
+        gemv_lora_wait(a);
         l0 = gemv_lora_delta(a, r, lslot, r0);
         if (ok1) l1 = gemv_lora_delta(a, r, lslot, r1);
         if (OUT != OUT_RESID) {
@@ -402,23 +486,36 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a) {
 
 #define GEMV_ENTRY(NAME, MT, IN, OUT, W8)                                                              \
     extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
-        gemv_impl<MT, IN, OUT, W8>(a);                                                                 \
+        gemv_impl<MT, IN, OUT, W8, false>(a, blockIdx.x);                                              \
     }
-#define GEMV_TILES(NAME, IN, OUT, W8) \
-    GEMV_ENTRY(NAME, 1, IN, OUT, W8)  \
-    GEMV_ENTRY(NAME, 2, IN, OUT, W8)  \
-    GEMV_ENTRY(NAME, 4, IN, OUT, W8)  \
-    GEMV_ENTRY(NAME, 8, IN, OUT, W8)  \
-    GEMV_ENTRY(NAME, 16, IN, OUT, W8)
+// The LoRA form (module doc): the shrink blocks first, then the GEMV's.
+#define GEMV_LORA_ENTRY(NAME, MT, IN, OUT, W8)                                                         \
+    extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32)                               \
+        NAME##_lora_m##MT(const GemvArgs a) {                                                          \
+        if (blockIdx.x < a.lora_shrink_blocks)                                                         \
+            gemv_lora_shrink<IN>(a, blockIdx.x);                                                       \
+        else                                                                                           \
+            gemv_impl<MT, IN, OUT, W8, true>(a, blockIdx.x - a.lora_shrink_blocks);                    \
+    }
+#define GEMV_TILES_OF(ENTRY, NAME, IN, OUT, W8) \
+    ENTRY(NAME, 1, IN, OUT, W8)                 \
+    ENTRY(NAME, 2, IN, OUT, W8)                 \
+    ENTRY(NAME, 4, IN, OUT, W8)                 \
+    ENTRY(NAME, 8, IN, OUT, W8)                 \
+    ENTRY(NAME, 16, IN, OUT, W8)
+// Every variant but f32 (the LM head) also in its LoRA form.
+#define GEMV_TILES(NAME, IN, OUT, W8)                   \
+    GEMV_TILES_OF(GEMV_ENTRY, NAME, IN, OUT, W8)        \
+    GEMV_TILES_OF(GEMV_LORA_ENTRY, NAME, IN, OUT, W8)
 GEMV_TILES(gemv_bf16, IN_BF16, OUT_BF16, false)
 GEMV_TILES(gemv_resid, IN_BF16, OUT_RESID, false)
 GEMV_TILES(gemv_norm, IN_NORM, OUT_BF16, false)
 GEMV_TILES(gemv_norm_silu, IN_NORM, OUT_SILU, false)
-GEMV_TILES(gemv_f32, IN_BF16, OUT_F32, false)
+GEMV_TILES_OF(GEMV_ENTRY, gemv_f32, IN_BF16, OUT_F32, false)
 GEMV_TILES(gemv_norm_rope, IN_NORM, OUT_ROPE, false)
 GEMV_TILES(gemv8_bf16, IN_BF16, OUT_BF16, true)
 GEMV_TILES(gemv8_resid, IN_BF16, OUT_RESID, true)
 GEMV_TILES(gemv8_norm, IN_NORM, OUT_BF16, true)
 GEMV_TILES(gemv8_norm_silu, IN_NORM, OUT_SILU, true)
-GEMV_TILES(gemv8_f32, IN_BF16, OUT_F32, true)
+GEMV_TILES_OF(GEMV_ENTRY, gemv8_f32, IN_BF16, OUT_F32, true)
 GEMV_TILES(gemv8_norm_rope, IN_NORM, OUT_ROPE, true)

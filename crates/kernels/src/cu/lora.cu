@@ -25,20 +25,13 @@
 // Both fix each row's reduction order whatever the batch (deterministic
 // mode); the GEMM pair is faster from a few rows up.
 //
-// lora_shrink_in: the shrink of the GEMV steps (a few rows), whose expand
-// runs in the GEMV's epilogue (cu/gemv.cu): block (row t,
-// LAMINA_LORA_SHRINK_WARPS columns of h), one warp per column, its A row
-// requested before the PDL wait (weights; the slot table is staged before
-// the step). The input is bf16 rows, or the f32 residual stream through
-// the RMSNorm weight `norm_w` (the input of Q/K/V and gate/up in the GEMV
-// path, which never materialises the normed rows): the warp sums the
-// squares of the row in the same pass as its dot and scales the dot by the
-// inverse RMS at the end.
+// The GEMV steps (a few rows) run neither: a GEMV launch computes the
+// shrink in blocks of its own and adds the expand in its epilogue
+// (cu/gemv.cu).
 // Takes its one argument struct (lamina_args.cuh, from src/abi.rs).
 #include "common.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
-#include "pdl.cuh"
 
 extern "C" __global__ void lora_shrink(const LoraShrinkArgs a) {
     const uint32_t t = blockIdx.x;
@@ -98,61 +91,4 @@ extern "C" __global__ void lora_select(const LoraSelectArgs a) {
         const uint32_t t = (uint32_t)(i / width), s = (uint32_t)(i % width) / a.hw;
         a.hb[i] = a.slot_of[t] == s + 1 ? f2bf(a.scales[s] * a.h[i]) : f2bf(0.f);
     }
-}
-
-// Chunks of 8 columns of an A row each lane of `lora_shrink_in` requests
-// before the PDL wait (the whole row for k <= 2048).
-#define LORA_SHRINK_IN_REGS 8
-
-// Adds input columns c..c+8 of row t times the A chunk `wr` to `acc` (the
-// input through norm_w when set, its squares then added to `ss`).
-__device__ __forceinline__ void lora_in_dot(const LoraShrinkInArgs& a, uint32_t t, uint32_t c, const uint4 wr,
-                                            float& acc, float& ss) {
-    float wf[8], xf[8];
-    bf8(wr, wf);
-    if (a.norm_w != nullptr) {
-        const float* x = reinterpret_cast<const float*>(a.x) + (size_t)t * a.k + c;
-        const float4 x0 = *reinterpret_cast<const float4*>(x);
-        const float4 x1 = *reinterpret_cast<const float4*>(x + 4);
-        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float gf[8];
-        bf8(*reinterpret_cast<const uint4*>(a.norm_w + c), gf);
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            ss = fmaf(xs[e], xs[e], ss);
-            xf[e] = xs[e] * gf[e];
-        }
-    } else {
-        bf8(*reinterpret_cast<const uint4*>(reinterpret_cast<const bf16*>(a.x) + (size_t)t * a.k + c), xf);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc = fmaf(xf[e], wf[e], acc);
-}
-
-extern "C" __global__ void lora_shrink_in(const LoraShrinkInArgs a) {
-    const uint32_t t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t j = blockIdx.y * LAMINA_LORA_SHRINK_WARPS + warp, k = a.k;
-    const uint32_t s = ld_before_wait_u32(a.slot_of + t);
-    const bool on = s != 0 && s <= a.slots && j < a.hw;
-    const bf16* __restrict__ w = a.a + ((size_t)(on ? s - 1 : 0) * a.hw + (on ? j : 0)) * k;
-    uint4 wv[LORA_SHRINK_IN_REGS];
-#pragma unroll
-    for (int u = 0; u < LORA_SHRINK_IN_REGS; u++) {
-        const uint32_t c = lane * 8 + u * 256;
-        wv[u] = on && c < k ? ld_before_wait(w + c) : make_uint4(0, 0, 0, 0);
-    }
-    pdl_wait();
-    pdl_launch_dependents();
-    if (!on) return;
-    float acc = 0.f, ss = 0.f;
-#pragma unroll
-    for (int u = 0; u < LORA_SHRINK_IN_REGS; u++) {
-        const uint32_t c = lane * 8 + u * 256;
-        if (c < k) lora_in_dot(a, t, c, wv[u], acc, ss);
-    }
-    for (uint32_t c = lane * 8 + LORA_SHRINK_IN_REGS * 256; c < k; c += 256)
-        lora_in_dot(a, t, c, *reinterpret_cast<const uint4*>(w + c), acc, ss);
-    acc = warp_sum(acc);
-    if (a.norm_w != nullptr) acc *= rsqrtf(warp_sum(ss) / (float)k + a.eps);
-    if (lane == 0) a.h[(size_t)t * a.hw + j] = acc;
 }

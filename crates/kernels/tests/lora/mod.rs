@@ -1,16 +1,17 @@
 //! GPU tests of the LoRA shrink / expand pair (`kernels::lora`), of the
 //! tensor-core path (cuBLAS GEMMs around `lora_select`) and of the GEMV
-//! path's `lora_shrink_in` with the deltas in a GEMV's epilogue against
-//! `lora_ref` (over `gemv_ref`'s product), with rows of the base model and
-//! of several adapters mixed, ranks padded with zeros, one to three stacked
-//! segments, bf16 and normed inputs; part of the `gpu_kernels` binary.
+//! path (a GEMV launch computing the shrink in blocks of its own and the
+//! deltas in its epilogue) against `lora_ref` (over `gemv_ref`'s product),
+//! with rows of the base model and of several adapters mixed, ranks padded
+//! with zeros, one to three stacked segments, bf16 and normed inputs; part
+//! of the `gpu_kernels` binary.
 
 use crate::common::*;
 use half::bf16;
 use kernels::Kernels;
 use kernels::gemv::{GemvKind, GemvLora, GemvOp, gemv_ref};
 use gpu::{Blas, GemmDims};
-use kernels::lora::{LoraIn, LoraShape, lora_ref};
+use kernels::lora::{LoraShape, lora_ref};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -116,7 +117,7 @@ fn lora_shrink_expand_match_reference() {
                 assert_eq!(&got[row.clone()], &f32s(&y0[row]), "base row {t} changed");
             }
         }
-        // the GEMV path: lora_shrink_in, then the delta in a GEMV's epilogue
+        // the GEMV path: the shrink and the delta in one GEMV launch
         if tokens <= kernels::gemv::MAX_ROWS {
             gemv_epilogues(&gpu, &k, &mut rng, &sh, &a, &b, &scales, &slot_of, &x, &y0);
         }
@@ -180,10 +181,11 @@ fn tensor_core_pair(
         .unwrap();
 }
 
-/// `lora_shrink_in` (bf16 rows, then the residual normed) and a GEMV with
-/// the deltas in its epilogue: Bf16 and Norm (bf16 out: the delta added to
-/// the rounded product, then rounded), Resid (f32 residual: the rounded
-/// product and the delta added).
+/// A GEMV with its LoRA shrink blocks and the deltas in its epilogue (bf16
+/// rows, then the residual normed): Bf16 and Norm (bf16 out: the delta
+/// added to the rounded product, then rounded), Resid (f32 residual: the
+/// rounded product and the delta added). The counter is zeroed before each
+/// launch, as the CUDA backend does once a step.
 #[allow(clippy::too_many_arguments)]
 fn gemv_epilogues(
     gpu: &gpu::Gpu,
@@ -206,26 +208,23 @@ fn gemv_epilogues(
     );
     let (d_s, d_slot) = (gpu.upload(scales).unwrap(), gpu.upload(slot_of).unwrap());
     let h = gpu.alloc::<f32>(m * sh.hw()).unwrap();
+    let ready = gpu.alloc::<u32>(1).unwrap();
     let lora = GemvLora {
-        h: h.view(),
+        a: d_a.view(),
         b: d_b.view(),
         scales: d_s.view(),
         slot_of: d_slot.view(),
+        h: h.view(),
+        ready: ready.view(),
         shape: *sh,
     };
+    let zero = || gpu.fill_bytes(ready.view(), 0).unwrap();
     let (af, bf) = (f32s(a), f32s(b));
     let with_delta =
         |input: &[f32], base: &[f32]| lora_ref(input, &af, &bf, scales, slot_of, base, sh);
     // bf16 rows in, bf16 out
     let d_x = gpu.upload(x).unwrap();
-    k.lora_shrink_in(
-        LoraIn::Bf16(d_x.view()),
-        d_a.view(),
-        d_slot.view(),
-        h.view(),
-        sh,
-    )
-    .unwrap();
+    zero();
     let y = gpu.alloc::<bf16>(m * n).unwrap();
     let op = GemvOp::Bf16 {
         x: d_x.view(),
@@ -254,6 +253,7 @@ fn gemv_epilogues(
         x: d_x.view(),
         residual: d_r.view(),
     };
+    zero();
     k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
     let mut base = r0.clone();
     gemv_ref(
@@ -288,13 +288,7 @@ fn gemv_epilogues(
         })
         .collect();
     let (d_res, d_g) = (gpu.upload(&resid).unwrap(), gpu.upload(&g).unwrap());
-    let input = LoraIn::Normed {
-        residual: d_res.view(),
-        norm_w: d_g.view(),
-        eps,
-    };
-    k.lora_shrink_in(input, d_a.view(), d_slot.view(), h.view(), sh)
-        .unwrap();
+    zero();
     let op = GemvOp::Norm {
         residual: d_res.view(),
         norm_w: d_g.view(),

@@ -20,7 +20,6 @@ use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvLora, GemvOp, RopeKv};
-use kernels::lora::LoraIn;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 
 use contract::backend::BackendError;
@@ -84,6 +83,9 @@ impl CudaBackend {
         sample: bool,
     ) -> Result<(), BackendError> {
         let io = self.staged(lay)?;
+        if plan.lora && plan.proj == Proj::Gemv {
+            self.reset_lora_counters()?;
+        }
         self.embed(&io, plan)?;
         let last = self.model.w.layers.len().saturating_sub(1);
         for (l, layer) in self.model.w.layers.iter().enumerate() {
@@ -124,7 +126,7 @@ impl CudaBackend {
     }
 
     /// One layer on the fused GEMVs; `x` holds every delta afterwards. With
-    /// adapter rows each GEMV first has its group's shrink run and adds the
+    /// adapter rows each GEMV also computes its group's shrink and adds the
     /// deltas in its epilogue (`lora`).
     fn gemv_layer(
         &self,
@@ -137,14 +139,9 @@ impl CudaBackend {
         let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
         let (attn, act, x) = (ws.attn.view(), ws.act.view(), ws.x.view());
         let (n1, n2) = (layer.input_norm.view(), layer.post_norm.view());
-        let shrink = |g: Group, input: LoraIn<'_>| match plan.lora {
-            true => self.gemv_lora(l, g, input, io.loras, t).map(Some),
+        let lora = |g: Group| match plan.lora {
+            true => self.gemv_lora(l, g, io.loras, t).map(Some),
             false => Ok(None),
-        };
-        let normed = |norm_w| LoraIn::Normed {
-            residual: x,
-            norm_w,
-            eps,
         };
         let rope = RopeKv {
             positions: io.positions,
@@ -155,7 +152,7 @@ impl CudaBackend {
             shape: self.tuning.shape,
             max_pos: self.model.rope_rows,
         };
-        let lq = shrink(Group::Qkv, normed(n1))?;
+        let lq = lora(Group::Qkv)?;
         // SAFETY: check_batch verified slots against the pool (padding uses the
         // scratch block past it, which the cache holds) and positions < rope_rows.
         unsafe {
@@ -178,13 +175,13 @@ impl CudaBackend {
                 .gemv_with(op, w.gemv(), t, n, k, lora.as_ref())
                 .map_err(ke("GEMV"))
         };
-        let lo = shrink(Group::O, LoraIn::Bf16(attn))?;
+        let lo = lora(Group::O)?;
         let o = GemvOp::Resid {
             x: attn,
             residual: x,
         };
         gemv(o, &layer.o, h, c.q_dim(), lo)?;
-        let lg = shrink(Group::GateUp, normed(n2))?;
+        let lg = lora(Group::GateUp)?;
         let norm_silu = GemvOp::NormSilu {
             residual: x,
             norm_w: n2,
@@ -192,7 +189,7 @@ impl CudaBackend {
             y: act,
         };
         gemv(norm_silu, &layer.gate_up, inter, h, lg)?;
-        let ld = shrink(Group::Down, LoraIn::Bf16(act))?;
+        let ld = lora(Group::Down)?;
         let down = GemvOp::Resid {
             x: act,
             residual: x,

@@ -25,25 +25,25 @@
 //! to the output (tensor cores; in row chunks of at most [`WIDE_VALUES`]
 //! values); in deterministic mode the CUDA-core shrink and expand instead,
 //! whose per-row reductions do not depend on the batch. GEMV path: each
-//! group's shrink (`lora_shrink_in`, norming the residual itself for Q/K/V
-//! and gate/up) before the group's fused GEMV, which adds the expand in its
+//! group's fused GEMV computes the shrink in blocks of its own (norming the
+//! residual itself for Q/K/V and gate/up) and adds the expand in its
 //! epilogue ([`kernels::gemv::GemvLora`]), so RoPE + KV write, SiLU·up and
-//! the residual add stay fused. A step without adapter rows runs exactly
-//! the base model's kernels; graphs with LoRA are captured apart
-//! (`graphs`).
+//! the residual add stay fused and LoRA adds no launch; the step zeroes
+//! the GEMVs' shrink counters (`Workspace::lora_ready`, one per layer and
+//! group) first. A step without adapter rows runs exactly the base model's
+//! kernels; graphs with LoRA are captured apart (`graphs`).
 //!
-//! Costs: device memory [`lora_pool_bytes`]; per layer of a step with
-//! adapter rows 4 shrink launches on the GEMV path, 12 launches on the GEMM
-//! path (8 in deterministic mode); the GEMM path multiplies every row by
-//! every slot's A and B (`slots` times the work of its own adapter, on
-//! tensor cores).
+//! Costs: device memory [`lora_pool_bytes`]; per step with adapter rows one
+//! memset on the GEMV path, per layer 12 launches on the GEMM path (8 in
+//! deterministic mode); the GEMM path multiplies every row by every slot's
+//! A and B (`slots` times the work of its own adapter, on tensor cores).
 
 use gpu::{DevSlice, DeviceBuffer, Gpu};
 use half::bf16;
 use kernels::consts::LORA_RANK_STEP;
 use kernels::gemv::GemvLora;
 use gpu::GemmDims;
-use kernels::lora::{LoraIn, LoraShape};
+use kernels::lora::LoraShape;
 
 use contract::backend::{BackendError, StepBatch};
 use contract::config::LlamaConfig;
@@ -61,7 +61,12 @@ pub(super) enum Group {
 }
 
 impl Group {
-    const ALL: [Group; 4] = [Group::Qkv, Group::O, Group::GateUp, Group::Down];
+    pub(super) const ALL: [Group; 4] = [Group::Qkv, Group::O, Group::GateUp, Group::Down];
+
+    /// This group's place in [`Group::ALL`].
+    fn index(self) -> usize {
+        self as usize
+    }
 
     /// The targets stacked in this group, in output-column order.
     fn targets(self) -> &'static [LoraTarget] {
@@ -364,29 +369,38 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Runs group `g`'s shrink of layer `l` over the first `m` rows of
-    /// input `x` and returns what the group's GEMV then adds in its
-    /// epilogue (the GEMV path).
+    /// What group `g`'s GEMV of layer `l` needs to add the deltas of the
+    /// first `m` rows (the GEMV path), each row's slot in `rows`.
     pub(super) fn gemv_lora<'a>(
         &'a self,
         l: usize,
         g: Group,
-        x: LoraIn<'_>,
         rows: DevSlice<'a, u32>,
         m: usize,
     ) -> Result<GemvLora<'a>, BackendError> {
         let (sh, a, b, scales) = self.lora_operands(l, g, m)?;
-        let h = self.lora_h(m * sh.hw())?;
-        self.k
-            .lora_shrink_in(x, a, rows, h, &sh)
-            .map_err(|err| dev_err("LoRA shrink", err))?;
+        let ready = self
+            .ws
+            .lora_ready
+            .view()
+            .sub(l * Group::ALL.len() + g.index(), 1)
+            .map_err(|err| dev_err("LoRA view", err))?;
         Ok(GemvLora {
-            h,
+            a,
             b,
             scales,
             slot_of: rows,
+            h: self.lora_h(m * sh.hw())?,
+            ready,
             shape: sh,
         })
+    }
+
+    /// Zeroes the GEMV path's shrink counters (before a step's first GEMV).
+    pub(super) fn reset_lora_counters(&self) -> Result<(), BackendError> {
+        self.gpu
+            .fill_bytes(self.ws.lora_ready.view(), 0)
+            .map_err(|err| dev_err("resetting the LoRA counters", err))
     }
 
     /// Group `g`'s launch shape over `m` rows and layer `l`'s A, B and the
@@ -406,8 +420,7 @@ impl CudaBackend {
         ),
         BackendError,
     > {
-        let pool = &self.lora;
-        let gi = Group::ALL.iter().position(|&h| h == g).unwrap_or(0);
+        let (pool, gi) = (&self.lora, g.index());
         let (a, b) = (pool.a_of(gi, l)?, pool.b_of(gi, l)?);
         Ok((pool.shape(gi, m), a, b, pool.scales.view()))
     }

@@ -21,6 +21,7 @@ use contract::backend::BackendError;
 use contract::config::LlamaConfig;
 use contract::sampling::MAX_LOGPROBS;
 
+use super::lora::Group;
 use super::plan::Tuning;
 use super::staging::Layout;
 use super::{CudaBackend, GRAPH_HISTORY, RESERVE_BLOCKS, dev_err};
@@ -50,6 +51,9 @@ pub(super) struct Workspace {
     /// (1 element without that path).
     pub lora_wide: DeviceBuffer<f32>,
     pub lora_wide_b: DeviceBuffer<bf16>,
+    /// The GEMV path's shrink counters, one per layer and LoRA group (zeroed
+    /// by each step with adapter rows; 1 element without LoRA).
+    pub lora_ready: DeviceBuffer<u32>,
     /// FP8 weights on cuBLASLt only (else empty): a GEMM's input rows
     /// quantised to e4m3 and their scales.
     pub xq: DeviceBuffer<u8>, // [T, max(hidden, q_dim, intermediate)]
@@ -149,6 +153,9 @@ impl Workspace {
             lora_wide_b: gpu
                 .alloc(wide_len(t, tu).max(1))
                 .map_err(e("lora_wide"))?,
+            lora_ready: gpu
+                .alloc(if tu.lora_h > 0 { Group::ALL.len() * c.num_layers } else { 1 })
+                .map_err(e("lora_ready"))?,
             xq: gpu
                 .alloc(if fp8_act {
                     t * h.max(c.q_dim()).max(i)
