@@ -51,7 +51,11 @@ const F32_VARIANT: usize = 4;
 /// for the f32 variant, which has none).
 pub(crate) fn entry(i: usize, fp8: bool, lora: bool, m: usize) -> String {
     let name = VARIANTS[i];
-    let lora = if lora && i != F32_VARIANT { "_lora" } else { "" };
+    let lora = if lora && i != F32_VARIANT {
+        "_lora"
+    } else {
+        ""
+    };
     match (fp8, name.strip_prefix("gemv_")) {
         (true, Some(rest)) => format!("gemv8_{rest}{lora}_m{m}"),
         _ => format!("{name}{lora}_m{m}"),

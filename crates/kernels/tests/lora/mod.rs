@@ -7,10 +7,10 @@
 //! of the `gpu_kernels` binary.
 
 use crate::common::*;
+use gpu::{Blas, GemmDims};
 use half::bf16;
 use kernels::Kernels;
 use kernels::gemv::{GemvKind, GemvLora, GemvOp, gemv_ref};
-use gpu::{Blas, GemmDims};
 use kernels::lora::{LoraShape, lora_ref};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -107,7 +107,9 @@ fn lora_shrink_expand_match_reference() {
         }
         // the tensor-core path: every slot's shrink, each row's own kept, B added
         let y = gpu.upload(&y0).unwrap();
-        tensor_core_pair(&gpu, &k, &sh, &d_x, &d_a, &d_b, &d_s, &d_slot, &y, &scales, &slot_of);
+        tensor_core_pair(
+            &gpu, &k, &sh, &d_x, &d_a, &d_b, &d_s, &d_slot, &y, &scales, &slot_of,
+        );
         let got = f32s(&gpu.to_host(y.view()).unwrap());
         let e = rel_err(&got, &want);
         assert!(e < 1e-2, "lora tensor cores T={tokens} n={n}: rel err {e}");
@@ -168,14 +170,21 @@ fn tensor_core_pair(
         .unwrap();
     k.lora_select(h.view(), scales_d.view(), slot_d.view(), hb.view(), sh)
         .unwrap();
-    let (hh, got) = (gpu.to_host(h.view()).unwrap(), gpu.to_host(hb.view()).unwrap());
+    let (hh, got) = (
+        gpu.to_host(h.view()).unwrap(),
+        gpu.to_host(hb.view()).unwrap(),
+    );
     for (i, (&v, &g)) in hh.iter().zip(&got).enumerate() {
         let (row, s) = (i / wide, i % wide / sh.hw());
         let want = match slot_of[row] as usize == s + 1 {
             true => bf16::from_f32(scales[s] * v),
             false => bf16::ZERO,
         };
-        assert_eq!(g.to_bits(), want.to_bits(), "lora_select value {i} (row {row}, slot {s})");
+        assert_eq!(
+            g.to_bits(),
+            want.to_bits(),
+            "lora_select value {i} (row {row}, slot {s})"
+        );
     }
     blas.matmul_nt_add(hb.view(), b.view(), y.view(), dims(t, sh.n, wide))
         .unwrap();

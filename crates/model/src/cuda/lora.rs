@@ -38,11 +38,11 @@
 //! deterministic mode); the GEMM path multiplies every row by every slot's
 //! A and B (`slots` times the work of its own adapter, on tensor cores).
 
+use gpu::GemmDims;
 use gpu::{DevSlice, DeviceBuffer, Gpu};
 use half::bf16;
 use kernels::consts::LORA_RANK_STEP;
 use kernels::gemv::GemvLora;
-use gpu::GemmDims;
 use kernels::lora::LoraShape;
 
 use contract::backend::{BackendError, StepBatch};
@@ -364,7 +364,9 @@ impl CudaBackend {
             self.k.lora_select(h, scales, rows_c, hb, &shc).map_err(e)?;
             // y[c, n] += hb · Bᵀ, B `[n, slots * hw]`
             let y_c = y.sub(r0 * n, c * n).map_err(gv)?;
-            self.blas.matmul_nt_add(hb, b, y_c, at(c, n, wide)).map_err(ge)?;
+            self.blas
+                .matmul_nt_add(hb, b, y_c, at(c, n, wide))
+                .map_err(ge)?;
         }
         Ok(())
     }

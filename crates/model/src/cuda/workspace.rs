@@ -57,20 +57,20 @@ pub(super) struct Workspace {
     /// FP8 weights on cuBLASLt only (else empty): a GEMM's input rows
     /// quantised to e4m3 and their scales.
     pub xq: DeviceBuffer<u8>, // [T, max(hidden, q_dim, intermediate)]
-    pub xs8: DeviceBuffer<f32>,    // [T]
-    pub part_o: DeviceBuffer<f32>, // [S_dec, heads, splits, head_dim]
-    pub part_ml: DeviceBuffer<f32>, // [S_dec, heads, splits, 2]
-    pub part_cnt: DeviceBuffer<u32>, // [S_dec, kv_heads] split arrival counters (zero)
-    pub xs: DeviceBuffer<bf16>,    // [R, hidden] rows to sample
-    pub logits: DeviceBuffer<f32>, // [R, vocab]
-    pub work: DeviceBuffer<f32>,   // [R, vocab] sampler scratch
+    pub xs8: DeviceBuffer<f32>,        // [T]
+    pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
+    pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
+    pub part_cnt: DeviceBuffer<u32>,   // [S_dec, kv_heads] split arrival counters (zero)
+    pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
+    pub logits: DeviceBuffer<f32>,     // [R, vocab]
+    pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
     pub samp_stats: DeviceBuffer<f32>, // [R, vocab / SLICE, 2] sampler partials
-    pub samp_keys: DeviceBuffer<u64>, // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
-    pub tok: DeviceBuffer<u32>,    // [R]
-    pub lp: DeviceBuffer<f32>,     // [R]
-    pub top_ids: DeviceBuffer<u32>, // [R, MAX_LOGPROBS]
-    pub top_lps: DeviceBuffer<f32>, // [R, MAX_LOGPROBS]
-    pub meta: DeviceBuffer<u32>,   // staging, see Layout
+    pub samp_keys: DeviceBuffer<u64>,  // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
+    pub tok: DeviceBuffer<u32>,        // [R]
+    pub lp: DeviceBuffer<f32>,         // [R]
+    pub top_ids: DeviceBuffer<u32>,    // [R, MAX_LOGPROBS]
+    pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
+    pub meta: DeviceBuffer<u32>,       // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
     /// A held step's final sampling parameters and history, staged at
     /// release apart from `host_meta` (whose next packing must not wait for
@@ -147,14 +147,14 @@ impl Workspace {
             lora_h: gpu
                 .alloc(if tu.lora_h > 0 { t * tu.lora_h } else { 1 })
                 .map_err(e("lora_h"))?,
-            lora_wide: gpu
-                .alloc(wide_len(t, tu).max(1))
-                .map_err(e("lora_wide"))?,
-            lora_wide_b: gpu
-                .alloc(wide_len(t, tu).max(1))
-                .map_err(e("lora_wide"))?,
+            lora_wide: gpu.alloc(wide_len(t, tu).max(1)).map_err(e("lora_wide"))?,
+            lora_wide_b: gpu.alloc(wide_len(t, tu).max(1)).map_err(e("lora_wide"))?,
             lora_ready: gpu
-                .alloc(if tu.lora_h > 0 { Group::ALL.len() * c.num_layers } else { 1 })
+                .alloc(if tu.lora_h > 0 {
+                    Group::ALL.len() * c.num_layers
+                } else {
+                    1
+                })
                 .map_err(e("lora_ready"))?,
             xq: gpu
                 .alloc(if fp8_act {
