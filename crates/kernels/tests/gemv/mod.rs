@@ -11,16 +11,16 @@ use rand::{Rng, SeedableRng};
 /// `w` (`[rows, k]`) on the device as bf16 and as FP8 (one scale per row),
 /// and the values the kernels multiply by in the chosen format (FP8: the
 /// dequantised ones).
-struct DevWeights {
+pub(crate) struct DevWeights {
     w: gpu::DeviceBuffer<bf16>,
     q: gpu::DeviceBuffer<u8>,
     scale: gpu::DeviceBuffer<f32>,
     fp8: bool,
-    values: Vec<f32>,
+    pub(crate) values: Vec<f32>,
 }
 
 impl DevWeights {
-    fn new(gpu: &gpu::Gpu, w: &[bf16], rows: usize, k: usize, fp8: bool) -> Self {
+    pub(crate) fn new(gpu: &gpu::Gpu, w: &[bf16], rows: usize, k: usize, fp8: bool) -> Self {
         let (q, scale) = ops::fp8::quantize_rows(&f32s(w), rows, k);
         let values = if fp8 {
             ops::fp8::dequantize_rows(&q, &scale, k)
@@ -36,7 +36,7 @@ impl DevWeights {
         }
     }
 
-    fn gemv(&self) -> kernels::gemv::GemvWeights<'_> {
+    pub(crate) fn gemv(&self) -> kernels::gemv::GemvWeights<'_> {
         use kernels::gemv::GemvWeights;
         if self.fp8 {
             GemvWeights::Fp8 {

@@ -7,6 +7,7 @@
 //! of the `gpu_kernels` binary.
 
 use crate::common::*;
+use crate::gemv::DevWeights;
 use gpu::{Blas, GemmDims};
 use half::bf16;
 use kernels::Kernels;
@@ -121,7 +122,17 @@ fn lora_shrink_expand_match_reference() {
         }
         // the GEMV path: the shrink and the delta in one GEMV launch
         if tokens <= kernels::gemv::MAX_ROWS {
-            gemv_epilogues(&gpu, &k, &mut rng, &sh, &a, &b, &scales, &slot_of, &x, &y0);
+            for fp8 in [false, true] {
+                let case = Case {
+                    a: &a,
+                    b: &b,
+                    scales: &scales,
+                    slot_of: &slot_of,
+                    x: &x,
+                    y0: &y0,
+                };
+                gemv_epilogues(&gpu, &k, &mut rng, &sh, case, fp8);
+            }
         }
     }
     // a rank that is not a multiple of the step is refused, not launched
@@ -190,31 +201,42 @@ fn tensor_core_pair(
         .unwrap();
 }
 
-/// A GEMV with its LoRA shrink blocks and the deltas in its epilogue (bf16
-/// rows, then the residual normed): Bf16 and Norm (bf16 out: the delta
+/// One case's host operands: the pool's A and B, the slots' scales, each
+/// row's slot, the input rows and the outputs' starting values.
+struct Case<'a> {
+    a: &'a [bf16],
+    b: &'a [bf16],
+    scales: &'a [f32],
+    slot_of: &'a [u32],
+    x: &'a [bf16],
+    y0: &'a [bf16],
+}
+
+/// A GEMV (bf16 or FP8 weights) with its LoRA shrink blocks and the deltas
+/// in its epilogue (bf16 rows, then the residual normed): Bf16 and Norm (bf16 out: the delta
 /// added to the rounded product, then rounded), Resid (f32 residual: the
 /// rounded product and the delta added). The counter is zeroed before each
 /// launch, as the CUDA backend does once a step.
-#[allow(clippy::too_many_arguments)]
 fn gemv_epilogues(
     gpu: &gpu::Gpu,
     k: &Kernels,
     rng: &mut StdRng,
     sh: &LoraShape,
-    a: &[bf16],
-    b: &[bf16],
-    scales: &[f32],
-    slot_of: &[u32],
-    x: &[bf16],
-    y0: &[bf16],
+    case: Case<'_>,
+    fp8: bool,
 ) {
+    let Case {
+        a,
+        b,
+        scales,
+        slot_of,
+        x,
+        y0,
+    } = case;
     let (m, n, kin) = (sh.tokens, sh.n, sh.k);
     let w = rand_bf16(rng, n * kin, 0.05);
-    let (d_w, d_a, d_b) = (
-        gpu.upload(&w).unwrap(),
-        gpu.upload(a).unwrap(),
-        gpu.upload(b).unwrap(),
-    );
+    let dw = DevWeights::new(gpu, &w, n, kin, fp8);
+    let (d_a, d_b) = (gpu.upload(a).unwrap(), gpu.upload(b).unwrap());
     let (d_s, d_slot) = (gpu.upload(scales).unwrap(), gpu.upload(slot_of).unwrap());
     let h = gpu.alloc::<f32>(m * sh.hw()).unwrap();
     let ready = gpu.alloc::<u32>(1).unwrap();
@@ -239,14 +261,14 @@ fn gemv_epilogues(
         x: d_x.view(),
         y: y.view(),
     };
-    k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
+    k.gemv_with(op, dw.gemv(), m, n, kin, Some(&lora)).unwrap();
     let mut base = vec![0f32; m * n];
     gemv_ref(
         GemvKind::Bf16,
         &f32s(x),
         &[],
         0.0,
-        &f32s(&w),
+        &dw.values,
         &mut base,
         m,
         n,
@@ -254,7 +276,10 @@ fn gemv_epilogues(
     );
     let got = f32s(&gpu.to_host(y.view()).unwrap());
     let e = rel_err(&got, &with_delta(&f32s(x), &base));
-    assert!(e < 1e-2, "GEMV + LoRA bf16 m={m} n={n}: rel err {e}");
+    assert!(
+        e < 1e-2,
+        "GEMV + LoRA bf16 m={m} n={n} fp8 {fp8}: rel err {e}"
+    );
     // the residual stream, f32 out
     let r0 = f32s(y0);
     let d_r = gpu.upload(&r0).unwrap();
@@ -263,14 +288,14 @@ fn gemv_epilogues(
         residual: d_r.view(),
     };
     zero();
-    k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
+    k.gemv_with(op, dw.gemv(), m, n, kin, Some(&lora)).unwrap();
     let mut base = r0.clone();
     gemv_ref(
         GemvKind::Resid,
         &f32s(x),
         &[],
         0.0,
-        &f32s(&w),
+        &dw.values,
         &mut base,
         m,
         n,
@@ -280,7 +305,10 @@ fn gemv_epilogues(
         &gpu.to_host(d_r.view()).unwrap(),
         &with_delta(&f32s(x), &base),
     );
-    assert!(e < 1e-3, "GEMV + LoRA resid m={m} n={n}: rel err {e}");
+    assert!(
+        e < 1e-3,
+        "GEMV + LoRA resid m={m} n={n} fp8 {fp8}: rel err {e}"
+    );
     // the residual normed by the shrink and by the GEMV
     let resid: Vec<f32> = f32s(&rand_bf16(rng, m * kin, 3.0));
     let g = rand_bf16(rng, kin, 1.0);
@@ -304,14 +332,14 @@ fn gemv_epilogues(
         eps,
         y: y.view(),
     };
-    k.gemv_with(op, d_w.view(), m, n, kin, Some(&lora)).unwrap();
+    k.gemv_with(op, dw.gemv(), m, n, kin, Some(&lora)).unwrap();
     let mut base = vec![0f32; m * n];
     gemv_ref(
         GemvKind::Norm,
         &resid,
         &f32s(&g),
         eps,
-        &f32s(&w),
+        &dw.values,
         &mut base,
         m,
         n,
@@ -319,5 +347,8 @@ fn gemv_epilogues(
     );
     let got = f32s(&gpu.to_host(y.view()).unwrap());
     let e = rel_err(&got, &with_delta(&normed, &base));
-    assert!(e < 1e-2, "GEMV + LoRA normed m={m} n={n}: rel err {e}");
+    assert!(
+        e < 1e-2,
+        "GEMV + LoRA normed m={m} n={n} fp8 {fp8}: rel err {e}"
+    );
 }
