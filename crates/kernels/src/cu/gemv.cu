@@ -31,7 +31,7 @@
 //                       qkv and on k into k_cache[slot], v into v_cache[slot]:
 //                       what rope_kv_write does, without its launch (with
 //                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale)
-// LoRA (lora_h set, any variant but f32): each output of a row with an
+// LoRA (the NAME_lora_mMT forms): each output of a row with an
 // adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
 // (c the weight row, seg its segment of a stacked projection), added as
 // lora_expand (cu/lora.cu) adds it after the unfused product: to the

@@ -49,6 +49,7 @@ use contract::backend::{BackendError, StepBatch};
 use contract::config::LlamaConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
+use super::forward::{ge, ke};
 use super::{CudaBackend, dev_err};
 
 /// The projections that share one shrink (their input is the same).
@@ -265,7 +266,7 @@ impl LoraPool {
         let (k, n, starts) = &self.dims[gi];
         let (r, ar) = (self.rank, ad.rank);
         let mut a = vec![bf16::ZERO; starts.len() * r * k];
-        let hw = starts.len() * r;
+        let hw = self.h_width_of(gi);
         let mut b = vec![bf16::ZERO; n * hw];
         for (j, t) in g.targets().iter().enumerate() {
             let Some(p) = ad.layers[l].pair(*t) else {
@@ -341,7 +342,7 @@ impl CudaBackend {
         m: usize,
     ) -> Result<(), BackendError> {
         let (sh, a, b, scales) = self.lora_operands(l, g, m)?;
-        let e = |err| dev_err("LoRA delta", err);
+        let e = ke("LoRA delta");
         let chunk = wide_rows(m, self.tuning.lora_wide);
         if chunk == 0 {
             let h = self.lora_h(m * sh.hw())?;
@@ -349,8 +350,7 @@ impl CudaBackend {
             return self.k.lora_expand(h, b, scales, rows, y, &sh).map_err(e);
         }
         let (k, n, wide) = (sh.k, sh.n, sh.slots * sh.hw());
-        let ge = |err| dev_err("LoRA delta (GEMM)", err);
-        let gv = |err| dev_err("LoRA views", err);
+        let (gm, gv) = (ge("LoRA delta (GEMM)"), ge("LoRA views"));
         for r0 in (0..m).step_by(chunk) {
             let c = chunk.min(m - r0);
             let h = self.ws.lora_wide.view().sub(0, c * wide).map_err(gv)?;
@@ -359,14 +359,14 @@ impl CudaBackend {
             let rows_c = rows.sub(r0, c).map_err(gv)?;
             let at = |m, n, k| GemmDims { m, n, k };
             // h[c, slots * hw] = x · A_allᵀ; hb: each row's own slot, scaled
-            self.blas.matmul_nt(x_c, a, h, at(c, wide, k)).map_err(ge)?;
+            self.blas.matmul_nt(x_c, a, h, at(c, wide, k)).map_err(gm)?;
             let shc = LoraShape { tokens: c, ..sh };
             self.k.lora_select(h, scales, rows_c, hb, &shc).map_err(e)?;
             // y[c, n] += hb · Bᵀ, B `[n, slots * hw]`
             let y_c = y.sub(r0 * n, c * n).map_err(gv)?;
             self.blas
                 .matmul_nt_add(hb, b, y_c, at(c, n, wide))
-                .map_err(ge)?;
+                .map_err(gm)?;
         }
         Ok(())
     }
@@ -386,7 +386,7 @@ impl CudaBackend {
             .lora_ready
             .view()
             .sub(l * Group::ALL.len() + g.index(), 1)
-            .map_err(|err| dev_err("LoRA view", err))?;
+            .map_err(ge("LoRA view"))?;
         Ok(GemvLora {
             a,
             b,
@@ -402,7 +402,7 @@ impl CudaBackend {
     pub(super) fn reset_lora_counters(&self) -> Result<(), BackendError> {
         self.gpu
             .fill_bytes(self.ws.lora_ready.view(), 0)
-            .map_err(|err| dev_err("resetting the LoRA counters", err))
+            .map_err(ge("resetting the LoRA counters"))
     }
 
     /// Group `g`'s launch shape over `m` rows and layer `l`'s A, B and the
