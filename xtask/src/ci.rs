@@ -10,13 +10,21 @@
 //! deployment checkers. Then checks `deploy/` (`deploy/check.py`: hadolint on the
 //! Dockerfile, the manifests against the Kubernetes and Gateway API
 //! Inference Extension schemas, offline) and runs
-//! `cargo test --release --workspace` with those on the paths. Models the
+//! `cargo test --release --workspace --no-fail-fast` with those on the
+//! paths, then the CPU tests again under each lower path of the CPU kernels
+//! this processor has (`LAMINA_CPU_ISA=avx512`, `=avx2`, `=portable`: the
+//! paths of processors with fewer instruction sets), and prints one
+//! summary of every pass (failures, and tests skipped for want of an
+//! instruction set, by name). Models the
 //! tests need (SmolLM2) are fetched by the tests themselves through the store.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+use cpu_kernels::{Isa, IsaCap, isa};
+
+use crate::summary;
 
 /// Pinned Python packages for the end-to-end tests, the GGUF test files
 /// (`gguf` with numpy) and the deployment checks (`deploy/check.py`:
@@ -108,19 +116,76 @@ pub fn run(args: TestArgs) -> Result<()> {
         _ => pydeps.clone().into_os_string(),
     };
     check_deploy(&root, &pydeps, &pythonpath)?;
-    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    clear_run_env(&mut cargo);
-    let status = cargo
-        .current_dir(&root)
-        .env("PYTHONPATH", pythonpath)
-        .args(["test", "--release", "--workspace"])
-        .args(&args.cargo_args)
-        .status()
-        .context("running cargo test")?;
-    if !status.success() {
-        bail!("cargo test failed ({status})");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let test_command = |cap: Option<IsaCap>, extra: &[&str]| {
+        let mut cmd = Command::new(&cargo);
+        clear_run_env(&mut cmd);
+        cmd.current_dir(&root)
+            .env("PYTHONPATH", &pythonpath)
+            .env_remove(isa::CAP_ENV)
+            .args(["test", "--release", "--no-fail-fast"])
+            .args(extra);
+        if let Some(cap) = cap {
+            cmd.env(isa::CAP_ENV, cap.name());
+        }
+        cmd
+    };
+    let user: Vec<&str> = args.cargo_args.iter().map(String::as_str).collect();
+    let best = Isa::available().into_iter().max().unwrap_or(Isa::Portable);
+    let mut passes = vec![summary::run_pass(
+        &format!("workspace, every CPU path ({})", best.name()),
+        test_command(None, &[&["--workspace"][..], &user[..]].concat()),
+    )?];
+    for cap in lower_caps(best) {
+        eprintln!(
+            "\n==== the CPU tests again under {}={} ====",
+            isa::CAP_ENV,
+            cap.name()
+        );
+        let extra = [CAPPED_TESTS, &user[..]].concat();
+        passes.push(summary::run_pass(
+            &format!("CPU tests under cap {}", cap.name()),
+            test_command(Some(cap), &extra),
+        )?);
+    }
+    if !summary::print(&passes) {
+        bail!("some tests failed (summary above)");
     }
     Ok(())
+}
+
+/// The tests of the CPU kernels and the CPU backend, run again under every
+/// lower cap of the kernels' paths, so a processor with fewer instruction
+/// sets (AVX2 without AVX-512, or neither) is covered on any CI machine.
+const CAPPED_TESTS: &[&str] = &[
+    "-p",
+    "cpu-kernels",
+    "-p",
+    "model",
+    "-p",
+    "lamina-tests",
+    "--lib",
+    "--test",
+    "golden",
+    "--test",
+    "quant_golden",
+];
+
+/// The caps below what this processor runs that select other paths:
+/// AVX-512F without the BF16 / VNNI prompt products (where it has them),
+/// AVX2 (where it has more) and the portable one.
+fn lower_caps(best: Isa) -> Vec<IsaCap> {
+    let mut caps = Vec::new();
+    if isa::split_products() {
+        caps.push(IsaCap::Avx512);
+    }
+    caps.extend(
+        [(Isa::Avx2, IsaCap::Avx2), (Isa::Portable, IsaCap::Portable)]
+            .into_iter()
+            .filter(|&(isa, _)| isa < best && isa.supported())
+            .map(|(_, cap)| cap),
+    );
+    caps
 }
 
 /// Removes the variables `cargo run` set for xtask itself (its package

@@ -9,6 +9,7 @@ mod arch;
 mod ci;
 mod nvcc;
 mod regen;
+mod summary;
 
 use anyhow::Result;
 use checkpoint::store;

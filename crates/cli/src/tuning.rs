@@ -18,7 +18,7 @@ pub struct TuningArgs {
         long,
         value_enum,
         default_value = "avx512bf16",
-        env = "LAMINA_CPU_ISA",
+        env = cpu_kernels::isa::CAP_ENV,
         hide = true
     )]
     pub cpu_isa: CpuIsaArg,

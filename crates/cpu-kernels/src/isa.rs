@@ -3,8 +3,10 @@
 //! Contract: [`Isa::best`] is the fastest path this processor runs within
 //! the process's [`IsaCap`], detected once. The cap is the caller's: the
 //! binary sets it with [`set_cap`] before the first kernel runs (a cap above
-//! what the processor has is ignored; unset, it is [`IsaCap::Avx512Bf16`],
-//! no cap). [`split_products`]: whether prompt products run on AVX-512 BF16
+//! what the processor has is ignored). Unset, it is the one named by
+//! [`CAP_ENV`] when that is set (so a test process runs every kernel under
+//! a lower path without code of its own; the CLI's `--cpu-isa` reads the
+//! same variable), else [`IsaCap::Avx512Bf16`], no cap. [`split_products`]: whether prompt products run on AVX-512 BF16
 //! and VNNI ([`crate::gemm_split`]), which every cap below
 //! [`IsaCap::Avx512Bf16`] turns off. [`Isa::available`] lists every path the
 //! machine can run, for tests. A kernel given an [`Isa`] the machine lacks
@@ -80,6 +82,22 @@ pub enum IsaError {
 
 static CAP: OnceLock<IsaCap> = OnceLock::new();
 
+/// The environment variable naming the default cap (`portable`, `avx2`,
+/// `avx512`, `avx512bf16`), read once when [`set_cap`] was not called.
+pub const CAP_ENV: &str = "LAMINA_CPU_ISA";
+
+/// The cap [`CAP_ENV`] names, or the full one. A name that is no cap
+/// is reported on stderr and ignored (the CLI refuses it before this).
+fn cap_from_env() -> IsaCap {
+    match std::env::var(CAP_ENV) {
+        Ok(name) => IsaCap::from_name(name.trim()).unwrap_or_else(|e| {
+            eprintln!("warning: {CAP_ENV}: {e}; using every path the processor has");
+            IsaCap::Avx512Bf16
+        }),
+        Err(_) => IsaCap::Avx512Bf16,
+    }
+}
+
 /// Caps the paths every kernel of this process may take. Call it once,
 /// before the first kernel runs; calling it again with the same cap is a
 /// no-op, with another an [`IsaError::AlreadyFixed`].
@@ -95,10 +113,10 @@ pub fn set_cap(cap: IsaCap) -> Result<(), IsaError> {
     }
 }
 
-/// The cap in force (fixed at its first read: [`IsaCap::Avx512Bf16`] when
-/// [`set_cap`] was not called before).
+/// The cap in force (fixed at its first read: [`CAP_ENV`]'s, else
+/// [`IsaCap::Avx512Bf16`], when [`set_cap`] was not called before).
 pub fn cap() -> IsaCap {
-    *CAP.get_or_init(|| IsaCap::Avx512Bf16)
+    *CAP.get_or_init(cap_from_env)
 }
 
 /// A kernel path, ordered from least to most capable.
@@ -178,7 +196,7 @@ pub fn split_products() -> bool {
 }
 
 /// For a test of one path: whether this processor runs it (`supported`).
-/// When it does not, writes `SKIPPED <test>: this processor lacks <lacks>`
+/// When it does not, writes `SKIPPED <test>: needs <lacks>, ...`
 /// straight to the process's stderr, past the test harness's output
 /// capture, so that every test run names the tests it could not run.
 pub fn test_runs_here(supported: bool, test: &str, lacks: &str) -> bool {
@@ -187,7 +205,7 @@ pub fn test_runs_here(supported: bool, test: &str, lacks: &str) -> bool {
         // A lost line only loses the report; the test returns either way.
         let _ = writeln!(
             std::io::stderr().lock(),
-            "SKIPPED {test}: this processor lacks {lacks}"
+            "SKIPPED {test}: needs {lacks}, which this processor lacks or the {CAP_ENV} cap excludes"
         );
     }
     supported

@@ -80,6 +80,11 @@ use dot::TILE;
 pub const QK: usize = 32;
 /// The largest quantised activation value.
 const ACT_MAX: f32 = 32767.0;
+
+/// The largest rounding of one activation by [`QuantActs`], relative to its
+/// group's largest value (`0.5 / 32767`): what every quantised product
+/// may move an input by, whichever path computes it.
+pub const ACT_ROUNDING: f64 = 0.5 / ACT_MAX as f64;
 /// `1.5 * 2^23`: adding and subtracting it rounds an f32 of magnitude below
 /// `2^22` to the nearest integer.
 const ROUNDER: f32 = 12_582_912.0;

@@ -324,8 +324,11 @@ fn k_types_of_random_bits_match_on_every_kernel() {
 /// thread and on the pool; a row's result is the same bits whatever `T`.
 #[test]
 fn panels_of_16_rows_match_the_reference_dots() {
-    if !x16::supported() {
-        eprintln!("skipped: no AVX-512 VNNI");
+    if !crate::isa::test_runs_here(
+        x16::supported(),
+        "quant::tests::panels_of_16_rows_match_the_reference_dots",
+        "AVX-512 VNNI",
+    ) {
         return;
     }
     for qt in [QuantType::Q4_1, QuantType::Q8_0] {
@@ -373,8 +376,11 @@ fn panels_of_16_rows_match_the_reference_dots() {
 /// blocks, including a last panel of 16 rows (`out` not a multiple of 32).
 #[test]
 fn the_gemm_over_panels_equals_the_gemm_over_blocks() {
-    if !x16::supported() {
-        eprintln!("skipped: no AVX-512 VNNI");
+    if !crate::isa::test_runs_here(
+        x16::supported(),
+        "quant::tests::the_gemm_over_panels_equals_the_gemm_over_blocks",
+        "AVX-512 VNNI",
+    ) {
         return;
     }
     for qt in [QuantType::Q4_1, QuantType::Q8_0] {

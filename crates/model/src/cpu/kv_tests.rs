@@ -138,6 +138,16 @@ fn long_context(
     (k, v, q, b.take())
 }
 
+/// How far f32 rounding alone lets two attention sums over `ctx` keys
+/// differ, with values at most `vmax`: the reference adds the weighted
+/// values one after another (each of its `ctx` additions rounds by at most
+/// ε of a running sum no larger than `vmax`), the kernel in lanes and
+/// chunks (fewer roundings on every path); the scores', exponentials' and
+/// normalisation's roundings add a few ε of each weight.
+fn attention_rounding_bound(ctx: usize, vmax: f32) -> f32 {
+    (ctx as f32 + 16.0) * f32::EPSILON * vmax
+}
+
 #[test]
 fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
     let dims = AttnDims {
@@ -193,7 +203,8 @@ fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
-            assert!(err < 1e-5, "ctx {ctx} {dtype}: {err}");
+            let bound = attention_rounding_bound(ctx, 2.0);
+            assert!(err < bound, "ctx {ctx} {dtype}: {err} (bound {bound:.3e})");
         }
     }
 }

@@ -574,10 +574,14 @@ mod quant {
                 .map(|&v| v as f64)
                 .collect();
             // a prefill chunk's attention (two GEMMs) and a decode's sum
-            // in different orders; the activations' rounding turns that
-            // into about 2e-5
+            // in different orders, so the 16-bit activations may round
+            // differently: at most one rounding a quantised input on each
+            // side (two layers of four inputs, and the head's), whichever
+            // path the processor runs
+            let roundings = (2 * 4 + 1) as f64;
+            let bound = 2.0 * roundings * cpu_kernels::quant::ACT_ROUNDING;
             let e = rel_err(&row, &want);
-            assert!(e < 1e-4, "position {p}: {e}");
+            assert!(e < bound, "position {p}: {e} (bound {bound:.3e})");
         }
     }
 
