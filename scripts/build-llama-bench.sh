@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-bench` (and `llama-quantize`, which makes a BF16
-# GGUF from the store's Q4_1 download) from the pinned llama-cpp-python sdist, for
+# GGUF from the store's Q4_1 download, and `llama-perplexity`, the reference for
+# `lamina perplexity`) from the pinned llama-cpp-python sdist, for
 # `lamina bench --device cpu --llama-bench PATH` (the side-by-side
 # comparison). CPU only, tuned for this machine (-DGGML_NATIVE=ON; NATIVE=0 below).
 #
@@ -29,7 +30,7 @@ if [[ "${NATIVE:-1}" == 0 ]]; then
           -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
 fi
 BIN="$BUILD/bin/llama-bench"
-if [[ -x "$BIN" && -x "$BUILD/bin/llama-quantize" ]]; then
+if [[ -x "$BIN" && -x "$BUILD/bin/llama-quantize" && -x "$BUILD/bin/llama-perplexity" ]]; then
     echo "$BIN"
     exit 0
 fi
@@ -51,5 +52,5 @@ fi
     -DCMAKE_BUILD_TYPE=Release "${ARCH[@]}" -DGGML_CUDA=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$OUT/cmake.log" 2>&1
-"$OUT/venv/bin/cmake" --build "$BUILD" --target llama-bench llama-quantize -j "$JOBS" >"$OUT/build.log" 2>&1
+"$OUT/venv/bin/cmake" --build "$BUILD" --target llama-bench llama-quantize llama-perplexity -j "$JOBS" >"$OUT/build.log" 2>&1
 echo "$BIN"

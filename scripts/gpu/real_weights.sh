@@ -18,7 +18,7 @@ log="$OUT/real_weights.log"
 for d in "bf16" "bf16 --kv-cache-dtype fp8" "fp8" "fp8 --kv-cache-dtype fp8" \
          "fp8 --fp8-activations" "fp8 --quantize-lm-head"; do
   echo "ppl --dtype $d: $($L perplexity --device cuda --model "$M" \
-    --text tests/text/lighthouses.txt --dtype $d 2>&1 | tail -1)" | tee -a "$log"
+    --text tests/text/lighthouses.txt --score-all --dtype $d 2>&1 | tail -1)" | tee -a "$log"
 done
 for sp in ${SPEC:-suffix ngram}; do
   $L bench --device cuda --model "$M" --workloads b1,sp --speculative "$sp" \

@@ -22,7 +22,8 @@ roundings (`E4m3Rows`).
 
 The tokenizer is rebuilt from the GGUF's BPE vocabulary and merges
 (byte-level, digits split), so figures compare rows of one run, not runs of
-`lamina perplexity`. Windows of `--context` tokens, as `lamina perplexity`.
+`lamina perplexity`. Windows of `--context` tokens, as `lamina perplexity
+--score-all`.
 """
 import argparse
 import time

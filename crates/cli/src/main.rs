@@ -14,6 +14,7 @@ mod bench_spec;
 mod chat;
 mod chat_set;
 mod draft_model;
+mod files;
 mod generate;
 mod habits;
 mod kv_sizing;
@@ -77,7 +78,18 @@ enum Command {
     SynthModel(synth::SynthArgs),
     /// Write a model as an FP8 checkpoint (compressed-tensors or `fp8` layout).
     Quantize(quantize::QuantizeArgs),
-    /// The model's perplexity on a text file (for comparing weight formats).
+    /// The model's perplexity on a text file, as llama.cpp's
+    /// `llama-perplexity` computes it.
+    ///
+    /// Matches llama-perplexity's default mode (`-c 512`, no `--ppl-stride`),
+    /// so the two figures compare on the same GGUF and text: the text is
+    /// tokenized with BOS when the model adds one and cut into chunks of
+    /// exactly `-c` tokens (the rest dropped; a text under 2 chunks is
+    /// refused), each chunk starts with BOS (when the model adds one) and
+    /// runs from position 0, and only its second half is scored (`c - 1 -
+    /// c/2` tokens a chunk). The figure is exp of the mean negative
+    /// log-likelihood over every scored token. `--score-all` scores every
+    /// token instead, to compare weight formats on a short text.
     Perplexity(perplexity::PerplexityArgs),
     /// Fetch a known model or a Hugging Face repo, or import a .gguf file into the store.
     Pull(models::PullArgs),

@@ -18,6 +18,8 @@ use checkpoint::progress::{Progress, Unit};
 use model::gptq::{GptqOptions, ScaleRule, quantize_model};
 use tokenizer::Tokenizer;
 
+use crate::files::TextFile;
+
 /// The fewest calibration tokens GPTQ runs on (a text shorter than this is
 /// refused): below it a 576-wide Hessian is barely of full rank.
 pub const MIN_CALIBRATION_TOKENS: usize = 256;
@@ -55,7 +57,8 @@ pub struct QuantizeArgs {
     /// calibrated checkpoint has; activations are dynamic without it.
     #[arg(long, value_parser = positive_scale, allow_hyphen_values = true)]
     pub input_scale: Option<f32>,
-    /// A UTF-8 text to calibrate on: the weights are quantised by GPTQ
+    /// A UTF-8 text to calibrate on (a regular file of at most 1 GiB, read
+    /// only as far as `--calibration-tokens` needs): the weights are quantised by GPTQ
     /// (each column's rounding error compensated in the columns after it,
     /// against the model's activations on this text) instead of rounded
     /// to nearest. Use a text unlike the ones you evaluate on.
@@ -97,7 +100,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         bail!("{} is not empty: choose another --out", args.out.display());
     }
     // the text is checked before the model is resolved (which may import)
-    let text = args.calibration.as_deref().map(read_text).transpose()?;
+    let text = args.calibration.as_deref().map(open_text).transpose()?;
     let layout = match args.layout {
         LayoutArg::CompressedTensors => Fp8Layout::CompressedTensors,
         LayoutArg::Fp8 => Fp8Layout::Fp8,
@@ -109,19 +112,21 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     };
     let dir = crate::setup::model_dir(&args.model)?;
     let what = || format!("quantising {} to FP8", dir.display());
-    match (&text, &args.calibration) {
-        (Some(text), Some(file)) => calibrated(&args, &dir, file, text, opts).with_context(what)?,
+    match (text, &args.calibration) {
+        (Some(mut text), Some(file)) => {
+            calibrated(&args, &dir, file, &mut text, opts).with_context(what)?
+        }
         _ => write_fp8_checkpoint(&dir, &args.out, opts).with_context(what)?,
     }
     println!("{}", args.out.display());
     Ok(())
 }
 
-/// The calibration text, refused when unreadable or blank.
-fn read_text(file: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("reading --calibration {}", file.display()))?;
-    if text.trim().is_empty() {
+/// The calibration text, refused when unreadable, not a regular file, over
+/// [`crate::files::MAX_TEXT_BYTES`] or blank.
+fn open_text(file: &Path) -> Result<TextFile> {
+    let mut text = TextFile::open(file, "--calibration")?;
+    if text.is_blank()? {
         bail!("--calibration {} is empty", file.display());
     }
     Ok(text)
@@ -132,7 +137,7 @@ fn calibrated(
     args: &QuantizeArgs,
     dir: &Path,
     file: &Path,
-    text: &str,
+    text: &mut TextFile,
     opts: Fp8Options,
 ) -> Result<()> {
     if scheme_of(dir)?.is_some() {
@@ -170,11 +175,16 @@ fn calibrated(
     Ok(())
 }
 
-/// The first `want` tokens of `text` (no BOS); at least
-/// [`MIN_CALIBRATION_TOKENS`], all of them when the text has fewer than
-/// `want`.
-fn calibration_tokens(dir: &Path, file: &Path, text: &str, want: usize) -> Result<Vec<u32>> {
-    let mut ids = Tokenizer::from_dir(dir)?.encode(text, false)?;
+/// The first `want` tokens of `text` (no BOS; read no further than
+/// needed); at least [`MIN_CALIBRATION_TOKENS`], all of them when the text
+/// has fewer than `want`.
+fn calibration_tokens(
+    dir: &Path,
+    file: &Path,
+    text: &mut TextFile,
+    want: usize,
+) -> Result<Vec<u32>> {
+    let mut ids = crate::files::tokenize(text, &Tokenizer::from_dir(dir)?, None, want)?;
     if ids.len() < MIN_CALIBRATION_TOKENS {
         bail!(
             "--calibration {} holds {} tokens; GPTQ needs at least {MIN_CALIBRATION_TOKENS}",

@@ -28,7 +28,9 @@ fn calibration() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/text/calibration.txt")
 }
 
-/// `lamina perplexity ... --json`'s figure.
+/// `lamina perplexity --score-all ... --json`'s figure (every token of
+/// the short text scored: a steadier comparison than llama-perplexity's
+/// second halves).
 fn perplexity(model: &str, dtype: &str, extra: &[&str]) -> f64 {
     let t = text();
     let mut args = vec![
@@ -41,6 +43,7 @@ fn perplexity(model: &str, dtype: &str, extra: &[&str]) -> f64 {
         dtype,
         "--text",
         t.to_str().unwrap(),
+        "--score-all",
         "--json",
     ];
     args.extend_from_slice(extra);
