@@ -30,7 +30,11 @@ pub enum FileError {
     #[error("{path}: is {kind}, not a regular file")]
     NotRegular { path: PathBuf, kind: &'static str },
     #[error("{path}: is {size} bytes, above the limit of {limit} bytes")]
-    TooLarge { path: PathBuf, size: u64, limit: u64 },
+    TooLarge {
+        path: PathBuf,
+        size: u64,
+        limit: u64,
+    },
     #[error("{path}: cannot read it: {source}")]
     Read {
         path: PathBuf,
@@ -75,7 +79,11 @@ fn kind_of(t: std::fs::FileType) -> &'static str {
             return "a device";
         }
     }
-    if t.is_dir() { "a directory" } else { "not a plain file" }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a plain file"
+    }
 }
 
 /// Opens `path` and checks it is a regular file; returns it and its size.
@@ -172,7 +180,17 @@ mod tests {
         assert_eq!(read_regular_string(&p, 100).unwrap(), "hello");
         assert_eq!(&map_regular(&p, 5).unwrap()[..], b"hello");
         let e = read_regular(&p, 4).unwrap_err();
-        assert!(matches!(e, FileError::TooLarge { size: 5, limit: 4, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                FileError::TooLarge {
+                    size: 5,
+                    limit: 4,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.to_string().contains("a.txt"), "{e}");
         std::fs::write(&p, [0xff, 0xfe]).unwrap();
         let e = read_regular_string(&p, 10).unwrap_err();
@@ -186,7 +204,10 @@ mod tests {
         let f = File::create(&p).unwrap();
         f.set_len(3 << 30).unwrap();
         let e = read_regular(&p, 1 << 20).unwrap_err();
-        assert!(matches!(e, FileError::TooLarge { size, .. } if size == 3 << 30), "{e}");
+        assert!(
+            matches!(e, FileError::TooLarge { size, .. } if size == 3 << 30),
+            "{e}"
+        );
         assert!(map_regular(&p, 1 << 20).is_err());
     }
 
@@ -194,7 +215,16 @@ mod tests {
     fn directories_and_missing_paths_are_refused() {
         let d = tempfile::tempdir().unwrap();
         let e = read_regular(d.path(), 1 << 20).unwrap_err();
-        assert!(matches!(e, FileError::NotRegular { kind: "a directory", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                FileError::NotRegular {
+                    kind: "a directory",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(e.is_access());
         let e = read_regular(&d.path().join("absent"), 1 << 20).unwrap_err();
         assert!(matches!(e, FileError::Open { .. }), "{e}");
@@ -208,13 +238,25 @@ mod tests {
         let link = d.path().join("zero");
         std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
         let e = read_regular(&link, 1 << 20).unwrap_err();
-        assert!(matches!(e, FileError::NotRegular { kind: "a device", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                FileError::NotRegular {
+                    kind: "a device",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let fifo = d.path().join("fifo");
         let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // no writer ever opens it: a blocking open would hang here
         let e = read_regular(&fifo, 1 << 20).unwrap_err();
-        assert!(matches!(e, FileError::NotRegular { kind: "a FIFO", .. }), "{e}");
+        assert!(
+            matches!(e, FileError::NotRegular { kind: "a FIFO", .. }),
+            "{e}"
+        );
     }
 }

@@ -328,7 +328,11 @@ fn parse_files(
             )));
         }
         let half = &mut halves[l][t.index()];
-        let seen = if which == 'A' { &mut half.0 } else { &mut half.1 };
+        let seen = if which == 'A' {
+            &mut half.0
+        } else {
+            &mut half.1
+        };
         if std::mem::replace(seen, true) {
             return Err(bad(format!(
                 "is a second lora_{which} of layer {l}'s {}",
@@ -342,9 +346,7 @@ fn parse_files(
             ))
         })?;
         if let Some(k) = data.iter().position(|x| !x.is_finite()) {
-            return Err(bad(format!(
-                "holds a non-finite value (at flat index {k})"
-            )));
+            return Err(bad(format!("holds a non-finite value (at flat index {k})")));
         }
         let pair = layers[l].pairs[t.index()].get_or_insert_with(|| LoraPair {
             a: Vec::new(),

@@ -382,7 +382,10 @@ fn tensors_whose_data_overlap_are_refused_naming_both() {
     buf[at..at + 8].copy_from_slice(&8u64.to_le_bytes()); // inside a.weight's 24 bytes
     let e = Gguf::parse(&buf, "t.gguf").unwrap_err().to_string();
     assert!(
-        e.contains("t.gguf") && e.contains("a.weight") && e.contains("b.weight") && e.contains("overlap"),
+        e.contains("t.gguf")
+            && e.contains("a.weight")
+            && e.contains("b.weight")
+            && e.contains("overlap"),
         "{e}"
     );
 }

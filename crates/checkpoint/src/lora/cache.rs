@@ -67,6 +67,9 @@ impl AdapterCache {
 
     /// Entries whose adapter is still alive.
     pub fn live(&self) -> usize {
-        self.lock().values().filter(|w| w.strong_count() > 0).count()
+        self.lock()
+            .values()
+            .filter(|w| w.strong_count() > 0)
+            .count()
     }
 }

@@ -23,7 +23,9 @@ pub(super) struct PeftConfig {
 /// The PEFT features lamina does not run, each with its accepted values.
 const UNSUPPORTED: [(&str, &str, FieldOk); 4] = [
     ("fan_in_fan_out", "false", |x| x.as_bool() != Some(true)),
-    ("bias", "\"none\"", |x| x.is_null() || x.as_str() == Some("none")),
+    ("bias", "\"none\"", |x| {
+        x.is_null() || x.as_str() == Some("none")
+    }),
     ("modules_to_save", "null or []", |x| {
         x.is_null() || x.as_array().is_some_and(|a| a.is_empty())
     }),

@@ -61,8 +61,12 @@ pub(super) fn parse<'a>(path: &Path, buf: &'a [u8]) -> Result<SafeTensors<'a>, L
         tensor: tensor.into(),
         reason,
     };
-    let st = SafeTensors::deserialize(buf)
-        .map_err(|e| bad("(header)", format!("is not a safetensors file: {}", describe(&e))))?;
+    let st = SafeTensors::deserialize(buf).map_err(|e| {
+        bad(
+            "(header)",
+            format!("is not a safetensors file: {}", describe(&e)),
+        )
+    })?;
     // deserialize checked the length prefix and that the header is JSON
     let n = buf
         .get(..8)

@@ -1,7 +1,7 @@
 use super::*;
+use contract::presets::Preset;
 use safetensors::SafeTensors;
 use std::sync::Arc;
-use contract::presets::Preset;
 
 fn tiny() -> LlamaConfig {
     Preset::Tiny.config().unwrap()

@@ -111,4 +111,3 @@ fn values(spec: &PeftSpec, name: &str, n: usize) -> Vec<f32> {
         })
         .collect()
 }
-
