@@ -181,6 +181,30 @@ pub struct Gguf {
     pub data_start: usize,
 }
 
+/// Refuses tensors whose data ranges overlap, naming both (tensors of an
+/// unknown type or no bytes are left to the reads that meet them).
+fn check_overlaps(path: &str, tensors: &[TensorInfo]) -> Result<(), GgufError> {
+    let mut ranges: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter_map(|t| {
+            let size = t.ty.byte_size(t.numel()).ok()? as u64;
+            (size > 0).then(|| (t.offset, t.offset.saturating_add(size), t.name.as_str()))
+        })
+        .collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        let ((s0, e0, a), (s1, e1, b)) = (w[0], w[1]);
+        if s1 < e0 {
+            return Err(GgufError::Invalid {
+                path: path.to_string(),
+                what: format!("tensors `{a}` and `{b}`"),
+                reason: format!("their data ranges overlap ([{s0}, {e0}) and [{s1}, {e1}))"),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Gguf {
     /// Parses the header of the GGUF file in `buf`; `path` labels errors.
     pub fn parse(buf: &[u8], path: &str) -> Result<Gguf, GgufError> {
@@ -261,6 +285,7 @@ impl Gguf {
                 offset,
             });
         }
+        check_overlaps(path, &tensors)?;
         let alignment = match metadata.get("general.alignment") {
             None => 32,
             Some(v) => match v.as_u64() {

@@ -1,4 +1,5 @@
-//! checkpoint: model files. Reading and checking safetensors into
+//! checkpoint: model files. Reading user-named files safely ([`files`]),
+//! reading and checking safetensors into
 //! [`weights::LlamaWeights`] ([`loader`]), GGUF reading and import to the
 //! Hugging Face layout ([`gguf`]), the model store with its pip and hub
 //! downloads ([`store`]) and deterministic synthetic models ([`synth`]).
@@ -6,6 +7,7 @@
 //! Everything here runs once at start-up (or in tools); nothing here runs
 //! per step. Errors name the file and the tensor or field that is wrong.
 
+pub mod files;
 pub mod fp8;
 pub mod gguf;
 pub mod loader;

@@ -7,28 +7,68 @@
 //! Contract: [`load_adapter`] refuses, naming the file and the field or
 //! tensor, an adapter whose config is missing or malformed, whose
 //! `target_modules` name a module other than the seven Llama projections,
-//! whose tensors name another module, layer or target than the config's,
-//! whose shapes do not fit the model, whose values are not finite, or whose
-//! rank is above `max_rank` (`--max-lora-rank`). [`resolve_adapter`] maps a
-//! `--lora` path or Hugging Face repo id to a directory through the same
-//! hub cache the models use. [`write_peft_adapter`] writes an adapter in
-//! exactly that layout (F32 tensors, PEFT's names and config keys): the
-//! test helper and the merged-weights reference of the tests.
+//! whose tensors name another module, layer or target than the config's
+//! (a layer written in one canonical decimal form only: `01` is refused),
+//! name one tensor twice, do not fit the model, hold values that are not
+//! finite, or whose rank is above `max_rank` (`--max-lora-rank`). Errors
+//! never echo a value read from the files (only field and tensor names).
+//! Both files must be regular files ([`crate::files`]: a FIFO, device or
+//! directory is refused at once); the config is read up to
+//! [`MAX_CONFIG_BYTES`], the weights are mapped, not read, and refused
+//! unless no larger than the largest adapter the model admits at
+//! `max_rank`, and unless the tensors the header declares fit
+//! [`LoadLimits::max_memory`] in f32, before any tensor is converted.
+//! [`LoadLimits::deadline`] bounds the time spent. [`LoraLoadError::public`]
+//! is the message for a remote caller: a path that cannot be reached as an
+//! adapter gets one message whatever the reason (missing, not permitted,
+//! not a directory, not a regular file), so it tells nothing of what
+//! exists. [`resolve_adapter`] maps a `--lora` path or Hugging Face repo id
+//! to a directory through the same hub cache the models use.
+//! [`AdapterCache`] shares one adapter between loads of identical files.
+//! [`write_peft_adapter`] writes an adapter in exactly that layout.
 //!
-//! Costs: one read of the file; memory = the adapter in f32.
+//! Costs: the tensors' pages read once; memory = the adapter in f32.
 
+mod cache;
+mod config;
+mod header;
+mod writer;
+
+use crate::files::{self, FileError};
 use crate::store::{StoreError, hub};
 use contract::config::LlamaConfig;
 use contract::lora::{LoraAdapter, LoraError, LoraLayer, LoraPair, LoraTarget, lora_scale};
 use half::{bf16, f16};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub use cache::AdapterCache;
+pub use writer::{PeftSpec, write_peft_adapter};
 
 /// The adapter's configuration file.
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 /// The adapter's weights.
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+/// The largest `adapter_config.json` read.
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// Room for the safetensors header beyond the tensors (safetensors' own
+/// header limit).
+const MAX_HEADER_BYTES: u64 = 100 << 20;
 const PREFIX: &str = "base_model.model.model.layers.";
+
+/// At most this many characters of a tensor name go into an error.
+const SHOWN_NAME_CHARS: usize = 200;
+
+/// A tensor name as errors show it: control characters escaped, cut at
+/// [`SHOWN_NAME_CHARS`].
+pub(crate) fn shown(name: &str) -> String {
+    let mut s: String = name.chars().take(SHOWN_NAME_CHARS).collect();
+    if s.len() < name.len() {
+        s.push('…');
+    }
+    s.escape_debug().to_string()
+}
 
 /// Errors reading an adapter.
 #[derive(Debug, thiserror::Error)]
@@ -38,22 +78,73 @@ pub enum LoraLoadError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("LoRA adapter: {0}")]
+    File(#[from] FileError),
     #[error("LoRA adapter {path}: `{field}` {reason}")]
     Config {
         path: PathBuf,
         field: String,
         reason: String,
     },
-    #[error("LoRA adapter {path}: tensor `{tensor}` {reason}")]
+    #[error("LoRA adapter {path}: tensor `{}` {reason}", shown(.tensor))]
     Tensor {
         path: PathBuf,
         tensor: String,
         reason: String,
     },
+    #[error("LoRA adapter {path}: {reason}")]
+    Limit { path: PathBuf, reason: String },
     #[error("LoRA adapter {path}: {source}")]
     Fit { path: PathBuf, source: LoraError },
     #[error("LoRA adapter {0}: {1}")]
     Store(String, StoreError),
+}
+
+impl LoraLoadError {
+    /// Whether the adapter's files could not be reached at all.
+    pub fn is_access(&self) -> bool {
+        match self {
+            LoraLoadError::Io { .. } => true,
+            LoraLoadError::File(e) => e.is_access(),
+            _ => false,
+        }
+    }
+
+    /// The message for a caller who named `spec` remotely (see the module
+    /// doc): access failures in one form, everything else as is.
+    pub fn public(&self, spec: &str) -> String {
+        if self.is_access() {
+            format!(
+                "LoRA adapter `{spec}`: no adapter can be read there (expected a directory \
+                 holding the regular files {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}, or a \
+                 Hugging Face repo id)"
+            )
+        } else {
+            self.to_string()
+        }
+    }
+}
+
+/// Bounds on one adapter load.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadLimits {
+    /// Highest rank accepted (`--max-lora-rank`).
+    pub max_rank: usize,
+    /// Most bytes the adapter may take in f32.
+    pub max_memory: u64,
+    /// When the load gives up.
+    pub deadline: Option<Instant>,
+}
+
+impl LoadLimits {
+    /// Ranks up to `max_rank`, no other bound.
+    pub fn rank(max_rank: usize) -> Self {
+        LoadLimits {
+            max_rank,
+            max_memory: u64::MAX,
+            deadline: None,
+        }
+    }
 }
 
 /// The directory of adapter `spec`: a local directory as is, else a
@@ -74,115 +165,61 @@ pub fn resolve_adapter(spec: &str) -> Result<PathBuf, LoraLoadError> {
     }
 }
 
-/// Whether a config field's value is one lamina supports.
-type FieldOk = fn(&serde_json::Value) -> bool;
-
-/// The fields of `adapter_config.json` that matter.
-struct PeftConfig {
-    rank: usize,
-    alpha: f32,
-    targets: Vec<LoraTarget>,
-    rslora: bool,
+/// An adapter's two files: the config's text and the weights mapped.
+pub(crate) struct AdapterFiles {
+    dir: PathBuf,
+    config: String,
+    weights: memmap2::Mmap,
 }
 
-fn read_config(dir: &Path) -> Result<PeftConfig, LoraLoadError> {
-    let path = dir.join(ADAPTER_CONFIG);
-    let text = std::fs::read_to_string(&path).map_err(|source| LoraLoadError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let bad = |field: &str, reason: String| LoraLoadError::Config {
-        path: path.clone(),
-        field: field.into(),
-        reason,
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad("(file)", format!("is not JSON: {e}")))?;
-    let rank = v
-        .get("r")
-        .and_then(|r| r.as_u64())
-        .ok_or_else(|| bad("r", "is missing or not a positive integer".into()))?
-        as usize;
-    let alpha = match v.get("lora_alpha") {
-        None | Some(serde_json::Value::Null) => rank as f32,
-        Some(a) => a
-            .as_f64()
-            .ok_or_else(|| bad("lora_alpha", format!("is {a}, not a number")))?
-            as f32,
-    };
-    let rslora = v
-        .get("use_rslora")
-        .and_then(|x| x.as_bool())
-        .unwrap_or(false);
-    let names: Vec<String> = match v.get("target_modules") {
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .map(|x| x.as_str().map(str::to_string))
-            .collect::<Option<_>>()
-            .ok_or_else(|| bad("target_modules", "holds a non-string entry".into()))?,
-        Some(serde_json::Value::String(s)) if s == "all-linear" => LoraTarget::ALL
-            .iter()
-            .map(|t| t.name().to_string())
-            .collect(),
-        Some(other) => {
-            return Err(bad(
-                "target_modules",
-                format!("is {other}; expected a list of module names"),
-            ));
-        }
-        None => return Err(bad("target_modules", "is missing".into())),
-    };
-    let mut targets = Vec::new();
-    for n in &names {
-        let t = LoraTarget::from_name(n).ok_or_else(|| {
-            bad(
-                "target_modules",
-                format!(
-                    "names `{n}`, which is not a projection LoRA can target here (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
-                ),
-            )
-        })?;
-        targets.push(t);
-    }
-    let unsupported: [(&str, FieldOk); 4] = [
-        ("fan_in_fan_out", |x: &serde_json::Value| {
-            x.as_bool() != Some(true)
-        }),
-        ("bias", |x: &serde_json::Value| {
-            x.is_null() || x.as_str() == Some("none")
-        }),
-        ("modules_to_save", |x: &serde_json::Value| {
-            x.is_null() || x.as_array().is_some_and(|a| a.is_empty())
-        }),
-        ("use_dora", |x: &serde_json::Value| {
-            x.as_bool() != Some(true)
-        }),
-    ];
-    for (field, ok) in unsupported {
-        if let Some(x) = v.get(field).filter(|x| !ok(x)) {
-            return Err(bad(field, format!("is {x}, which lamina does not support")));
-        }
-    }
-    for field in ["rank_pattern", "alpha_pattern"] {
-        if let Some(x) = v
-            .get(field)
-            .filter(|x| x.as_object().is_some_and(|o| !o.is_empty()))
-        {
-            return Err(bad(
-                field,
-                format!("is {x}; per-module ranks are not supported"),
-            ));
-        }
-    }
-    Ok(PeftConfig {
-        rank,
-        alpha,
-        targets,
-        rslora,
+/// The largest weights file an adapter of model `c` at rank `max_rank`
+/// can be: every projection targeted, F32, and the largest header.
+fn max_weights_bytes(c: &LlamaConfig, max_rank: usize) -> u64 {
+    let per_layer: u64 = LoraTarget::ALL
+        .iter()
+        .map(|t| {
+            let (i, o) = t.dims(c);
+            (max_rank as u64).saturating_mul((i + o) as u64)
+        })
+        .sum();
+    per_layer
+        .saturating_mul(c.num_layers as u64)
+        .saturating_mul(4)
+        .saturating_add(MAX_HEADER_BYTES + 8)
+}
+
+/// Opens the adapter's files in `dir` (see the module doc for the checks).
+fn open_files(dir: &Path, c: &LlamaConfig, max_rank: usize) -> Result<AdapterFiles, LoraLoadError> {
+    let config = files::read_regular_string(&dir.join(ADAPTER_CONFIG), MAX_CONFIG_BYTES)?;
+    let weights = files::map_regular(&dir.join(ADAPTER_WEIGHTS), max_weights_bytes(c, max_rank))?;
+    Ok(AdapterFiles {
+        dir: dir.to_path_buf(),
+        config,
+        weights,
     })
 }
 
-/// `(layer, target, 'A' | 'B')` of a PEFT tensor name.
+/// Reads and checks the PEFT adapter in `dir` against model `c` with ranks
+/// up to `max_rank` (see the module doc).
+pub fn load_adapter(
+    dir: &Path,
+    c: &LlamaConfig,
+    max_rank: usize,
+) -> Result<LoraAdapter, LoraLoadError> {
+    load_adapter_within(dir, c, &LoadLimits::rank(max_rank))
+}
+
+/// [`load_adapter`] within `limits`.
+pub fn load_adapter_within(
+    dir: &Path,
+    c: &LlamaConfig,
+    limits: &LoadLimits,
+) -> Result<LoraAdapter, LoraLoadError> {
+    parse_files(&open_files(dir, c, limits.max_rank)?, c, limits)
+}
+
+/// `(layer, target, 'A' | 'B')` of a PEFT tensor name; the layer in
+/// canonical decimal (no sign, no leading zero).
 fn parse_name(name: &str) -> Option<(usize, &str, char)> {
     let rest = name.strip_prefix(PREFIX)?;
     let (layer, rest) = rest.split_once('.')?;
@@ -193,22 +230,44 @@ fn parse_name(name: &str) -> Option<(usize, &str, char)> {
         "lora_B.weight" => 'B',
         _ => return None,
     };
-    Some((layer.parse().ok()?, module, which))
+    let l: usize = layer.parse().ok()?;
+    (l.to_string() == layer).then_some((l, module, which))
 }
 
-/// Reads and checks the PEFT adapter in `dir` against model `c` with ranks
-/// up to `max_rank` (see the module doc).
-pub fn load_adapter(
-    dir: &Path,
+/// The checks that need only the header: the adapter's size in f32 within
+/// `limits`, before any tensor is converted.
+fn check_declared(
+    path: &Path,
+    st: &safetensors::SafeTensors<'_>,
+    limits: &LoadLimits,
+) -> Result<(), LoraLoadError> {
+    let f32_bytes: u64 = st
+        .tensors()
+        .iter()
+        .map(|(_, v)| v.shape().iter().map(|&d| d as u64).product::<u64>())
+        .fold(0u64, |acc, n| acc.saturating_add(n.saturating_mul(4)));
+    if f32_bytes > limits.max_memory {
+        return Err(LoraLoadError::Limit {
+            path: path.to_path_buf(),
+            reason: format!(
+                "its tensors take {f32_bytes} bytes in f32, above the limit of {} bytes \
+                 (--max-lora-memory-mib)",
+                limits.max_memory
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks and converts the adapter in `files` (see the module doc).
+fn parse_files(
+    files: &AdapterFiles,
     c: &LlamaConfig,
-    max_rank: usize,
+    limits: &LoadLimits,
 ) -> Result<LoraAdapter, LoraLoadError> {
-    let cfg = read_config(dir)?;
-    let path = dir.join(ADAPTER_WEIGHTS);
-    let fit = |source: LoraError| LoraLoadError::Fit {
-        path: dir.to_path_buf(),
-        source,
-    };
+    let dir = &files.dir;
+    let cfg = config::parse_config(&dir.join(ADAPTER_CONFIG), &files.config)?;
+    let max_rank = limits.max_rank;
     if cfg.rank > max_rank || cfg.rank == 0 {
         return Err(LoraLoadError::Config {
             path: dir.join(ADAPTER_CONFIG),
@@ -219,15 +278,9 @@ pub fn load_adapter(
             },
         });
     }
-    let bytes = std::fs::read(&path).map_err(|source| LoraLoadError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| LoraLoadError::Tensor {
-        path: path.clone(),
-        tensor: "(header)".into(),
-        reason: format!("is not a safetensors file: {e}"),
-    })?;
+    let path = dir.join(ADAPTER_WEIGHTS);
+    let st = header::parse(&path, &files.weights)?;
+    check_declared(&path, &st, limits)?;
     let mut layers = vec![LoraLayer::default(); c.num_layers];
     let mut halves = vec![[(false, false); 7]; c.num_layers];
     // by name: the first tensor at fault is the same on every run
@@ -239,21 +292,24 @@ pub fn load_adapter(
             tensor: name.clone(),
             reason,
         };
+        if limits.deadline.is_some_and(|d| Instant::now() > d) {
+            return Err(LoraLoadError::Limit {
+                path: path.clone(),
+                reason: "reading it took longer than the adapter load time limit".into(),
+            });
+        }
         let (l, module, which) = parse_name(&name).ok_or_else(|| {
             bad(format!(
-                "is not a LoRA weight of a layer projection (expected `{PREFIX}{{i}}.{{self_attn|mlp}}.{{module}}.lora_{{A|B}}.weight`)"
+                "is not a LoRA weight of a layer projection (expected `{PREFIX}{{i}}.{{self_attn|mlp}}.{{module}}.lora_{{A|B}}.weight`, the layer in plain decimal)"
             ))
         })?;
         let t = LoraTarget::from_name(module)
             .filter(|t| name.contains(&format!(".{}.{}.", t.block(), t.name())))
-            .ok_or_else(|| {
-                bad(format!(
-                    "targets module `{module}`, which LoRA cannot target here"
-                ))
-            })?;
+            .ok_or_else(|| bad("targets a module LoRA cannot target here".into()))?;
         if !cfg.targets.contains(&t) {
             return Err(bad(format!(
-                "targets `{module}`, which is not among the config's target_modules"
+                "targets `{}`, which is not among the config's target_modules",
+                t.name()
             )));
         }
         if l >= c.num_layers {
@@ -271,36 +327,60 @@ pub fn load_adapter(
                 view.shape()
             )));
         }
+        let half = &mut halves[l][t.index()];
+        let seen = if which == 'A' {
+            &mut half.0
+        } else {
+            &mut half.1
+        };
+        if std::mem::replace(seen, true) {
+            return Err(bad(format!(
+                "is a second lora_{which} of layer {l}'s {}",
+                t.name()
+            )));
+        }
         let data = to_f32(view.dtype(), view.data()).ok_or_else(|| {
             bad(format!(
                 "has dtype {:?}, expected F32, BF16 or F16",
                 view.dtype()
             ))
         })?;
-        if let Some((k, x)) = data.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            return Err(bad(format!(
-                "holds a non-finite value ({x} at flat index {k})"
-            )));
+        if let Some(k) = data.iter().position(|x| !x.is_finite()) {
+            return Err(bad(format!("holds a non-finite value (at flat index {k})")));
         }
         let pair = layers[l].pairs[t.index()].get_or_insert_with(|| LoraPair {
             a: Vec::new(),
             b: Vec::new(),
         });
-        let half = &mut halves[l][t.index()];
         if which == 'A' {
             pair.a = data;
-            half.0 = true;
         } else {
             pair.b = data;
-            half.1 = true;
         }
     }
+    check_halves(&path, &halves)?;
+    let adapter = LoraAdapter {
+        rank: cfg.rank,
+        scale: lora_scale(cfg.alpha, cfg.rank, cfg.rslora),
+        layers,
+    };
+    adapter
+        .check(c, max_rank)
+        .map_err(|source| LoraLoadError::Fit {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    Ok(adapter)
+}
+
+/// Every projection with one half has the other.
+fn check_halves(path: &Path, halves: &[[(bool, bool); 7]]) -> Result<(), LoraLoadError> {
     for (l, hs) in halves.iter().enumerate() {
         for t in LoraTarget::ALL {
             let (a, b) = hs[t.index()];
             if a != b {
                 return Err(LoraLoadError::Tensor {
-                    path: path.clone(),
+                    path: path.to_path_buf(),
                     tensor: format!(
                         "{PREFIX}{l}.{}.{}.lora_{}.weight",
                         t.block(),
@@ -312,13 +392,7 @@ pub fn load_adapter(
             }
         }
     }
-    let adapter = LoraAdapter {
-        rank: cfg.rank,
-        scale: lora_scale(cfg.alpha, cfg.rank, cfg.rslora),
-        layers,
-    };
-    adapter.check(c, max_rank).map_err(fit)?;
-    Ok(adapter)
+    Ok(())
 }
 
 fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
@@ -337,108 +411,6 @@ fn to_f32(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
             .collect(),
         _ => return None,
     })
-}
-
-/// What [`write_peft_adapter`] writes: rank, alpha, targets, rsLoRA, and
-/// the seed of its values.
-#[derive(Debug, Clone)]
-pub struct PeftSpec {
-    pub rank: usize,
-    pub alpha: f32,
-    pub targets: Vec<LoraTarget>,
-    pub rslora: bool,
-    pub seed: u64,
-    /// Spread of the values (uniform in `[-amp, amp]`).
-    pub amp: f32,
-}
-
-/// Writes a PEFT adapter for model `c` into `dir` (created): its
-/// `adapter_config.json` and `adapter_model.safetensors` with F32 values
-/// that are a pure function of (seed, tensor name, index). Returns the
-/// adapter as [`load_adapter`] reads it.
-pub fn write_peft_adapter(
-    dir: &Path,
-    c: &LlamaConfig,
-    spec: &PeftSpec,
-) -> std::io::Result<LoraAdapter> {
-    std::fs::create_dir_all(dir)?;
-    let names: Vec<&str> = spec.targets.iter().map(|t| t.name()).collect();
-    let config = serde_json::json!({
-        "alpha_pattern": {},
-        "auto_mapping": null,
-        "base_model_name_or_path": "synthetic",
-        "bias": "none",
-        "fan_in_fan_out": false,
-        "inference_mode": true,
-        "init_lora_weights": true,
-        "layers_pattern": null,
-        "layers_to_transform": null,
-        "lora_alpha": spec.alpha,
-        "lora_dropout": 0.0,
-        "modules_to_save": null,
-        "peft_type": "LORA",
-        "r": spec.rank,
-        "rank_pattern": {},
-        "revision": null,
-        "target_modules": names,
-        "task_type": "CAUSAL_LM",
-        "use_dora": false,
-        "use_rslora": spec.rslora,
-    });
-    let text = serde_json::to_string_pretty(&config).map_err(std::io::Error::other)?;
-    std::fs::write(dir.join(ADAPTER_CONFIG), text)?;
-    let r = spec.rank;
-    let mut layers = vec![LoraLayer::default(); c.num_layers];
-    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for (l, layer) in layers.iter_mut().enumerate() {
-        for &t in &spec.targets {
-            let (i, o) = t.dims(c);
-            let base = format!("{PREFIX}{l}.{}.{}", t.block(), t.name());
-            let a_name = format!("{base}.lora_A.weight");
-            let b_name = format!("{base}.lora_B.weight");
-            let a = values(spec, &a_name, r * i);
-            let b = values(spec, &b_name, o * r);
-            tensors.push((a_name, vec![r, i], a.clone()));
-            tensors.push((b_name, vec![o, r], b.clone()));
-            layer.pairs[t.index()] = Some(LoraPair { a, b });
-        }
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(n, shape, v)| {
-            let view = safetensors::tensor::TensorView::new(
-                Dtype::F32,
-                shape.clone(),
-                bytemuck::cast_slice(v),
-            )
-            .map_err(std::io::Error::other)?;
-            Ok((n.clone(), view))
-        })
-        .collect::<std::io::Result<_>>()?;
-    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(meta), &dir.join(ADAPTER_WEIGHTS))
-        .map_err(std::io::Error::other)?;
-    Ok(LoraAdapter {
-        rank: r,
-        scale: lora_scale(spec.alpha, r, spec.rslora),
-        layers,
-    })
-}
-
-/// `n` values in `[-amp, amp]`, a pure function of (seed, name, index).
-fn values(spec: &PeftSpec, name: &str, n: usize) -> Vec<f32> {
-    let key = name
-        .bytes()
-        .fold(spec.seed ^ 0xCBF2_9CE4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3)
-        });
-    (0..n as u64)
-        .map(|i| {
-            let z = crate::synth::splitmix64(key ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let u = (z >> 40) as f32 / (1u64 << 24) as f32; // [0, 1)
-            (2.0 * u - 1.0) * spec.amp
-        })
-        .collect()
 }
 
 #[cfg(test)]

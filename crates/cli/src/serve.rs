@@ -102,6 +102,10 @@ pub struct ServeArgs {
     /// Seconds a stored response is kept.
     #[arg(long, default_value_t = server::oairesponses::store::DEFAULT_STORE_TTL.as_secs_f64(), env = "LAMINA_RESPONSES_STORE_TTL_SECS")]
     pub responses_store_ttl_secs: f64,
+    /// Seconds `load_lora_adapter` may spend reading an adapter (a Hugging
+    /// Face download included) before the request is refused.
+    #[arg(long, default_value_t = server::DEFAULT_LORA_LOAD_TIMEOUT.as_secs_f64(), env = "LAMINA_LORA_LOAD_TIMEOUT_SECS")]
+    pub lora_load_timeout_secs: f64,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
     #[command(flatten)]
@@ -134,6 +138,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         ("--body-timeout", args.body_timeout),
         ("--sse-keep-alive", args.sse_keep_alive),
         ("--responses-store-ttl-secs", args.responses_store_ttl_secs),
+        ("--lora-load-timeout-secs", args.lora_load_timeout_secs),
     ] {
         if !(v > 0.0 && v <= MAX_FLAG_SECONDS) {
             bail!(
@@ -184,13 +189,16 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         max_client_requests: args.max_client_requests,
         responses_store_bytes: args.responses_store_mib.saturating_mul(1 << 20),
         responses_store_ttl: Duration::from_secs_f64(args.responses_store_ttl_secs),
+        lora_load_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
         defaults: loaded.model.generation.clone(),
         ..server::ServerConfig::new(model_id.clone())
     };
     args.limits.apply(&mut cfg);
     let defaults = loaded.model.generation.sampling_defaults();
-    let lora_loader =
-        crate::lora_args::loader(loaded.model.config.clone(), args.model.lora.max_lora_rank);
+    let lora_loader = args.model.lora.loader(
+        loaded.model.config.clone(),
+        Duration::from_secs_f64(args.lora_load_timeout_secs),
+    );
     let mut engines = vec![loaded.engine];
     engines.extend(loaded.replicas);
     let count = engines.len();

@@ -470,6 +470,7 @@ pub fn open_replicas(args: &ModelArgs, max_queue: usize, plan: &ReplicaPlan) -> 
                 speculative: speculative.clone(),
                 max_loras: args.lora.slots(),
                 max_lora_rank: args.lora.max_lora_rank,
+                lora_limits: args.lora.limits(),
             },
         )?);
     }

@@ -332,7 +332,31 @@ fn lora_adapters_through_the_server() {
             )
             .expect("write");
         },
-        &["target_modules", "lm_head"],
+        &["target_modules[1]"],
+    );
+    // paths that hold no adapter all get one message, which tells nothing
+    // of what exists there
+    let plain = tmp.path().join("plain-file");
+    std::fs::write(&plain, "x").expect("write");
+    let unreachable: Vec<String> = [
+        plain.to_str().expect("path").to_string(),
+        tmp.path()
+            .join("absent")
+            .to_str()
+            .expect("path")
+            .to_string(),
+        "/proc/self".to_string(),
+    ]
+    .iter()
+    .map(|p| {
+        let (st, e) = load("nowhere", p);
+        assert_eq!(st, 400, "{p}: {e}");
+        e.replace(p.as_str(), "PATH")
+    })
+    .collect();
+    assert!(
+        unreachable.iter().all(|e| *e == unreachable[0]),
+        "{unreachable:?}"
     );
     case(
         "shape",

@@ -165,7 +165,7 @@ impl Engine {
                 );
             }
         }
-        let loras = Arc::new(LoraRegistry::default());
+        let loras = Arc::new(LoraRegistry::with_limits(cfg.lora_limits));
         sched.set_lora_slots(LoraSlots::new(cfg.max_loras, loras.clone()));
         let model = backend.config().clone();
         let deterministic = backend.deterministic();

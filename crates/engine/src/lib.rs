@@ -36,7 +36,7 @@ mod worker;
 
 pub use engine::{Canceller, Completion, Engine, RequestHandle};
 pub use grammar::{Constraint, GrammarError};
-pub use lora::{LoraRegistry, LoraRegistryError};
+pub use lora::{LoraLimits, LoraRegistry, LoraRegistryError};
 pub use speculate::{Drafter, SpecConfig, SpecMethod};
 pub use types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, Finished, GenerateRequest,

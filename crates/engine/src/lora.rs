@@ -3,7 +3,12 @@
 //! resident at once).
 //!
 //! Contract:
-//! - [`LoraRegistry`] holds the loaded adapters, each with a key unique
+//! - [`LoraRegistry`] holds the loaded adapters, at most
+//!   [`LoraLimits::max_loaded`] of them taking at most
+//!   [`LoraLimits::max_bytes`] together (an adapter loaded under several
+//!   names, one `Arc`, counts once); a load past either is refused naming
+//!   the flag. Unloading drops the registry's reference: once no request
+//!   or slot holds the adapter, its memory is freed. Each has a key unique
 //!   for the engine's life (never reused, so an adapter reloaded under the
 //!   same name is another adapter: its K/V never meets the old one's in the
 //!   prefix cache, whose namespace the key is). `submit` resolves a
@@ -40,6 +45,19 @@ pub struct SeqLora {
 /// Why an adapter could not be loaded or unloaded.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LoraRegistryError {
+    #[error(
+        "{loaded} LoRA adapters are loaded, as many as --max-loaded-loras {limit} allows; unload one first or raise the flag"
+    )]
+    TooMany { loaded: usize, limit: usize },
+    #[error(
+        "LoRA adapter `{name}` takes {need} MiB; with {used} MiB of adapters loaded that passes --max-lora-memory-mib {limit_mib}; unload one first or raise the flag"
+    )]
+    TooLarge {
+        name: String,
+        need: u64,
+        used: u64,
+        limit_mib: u64,
+    },
     #[error("a LoRA adapter named `{0}` is already loaded")]
     AlreadyLoaded(String),
     #[error("no LoRA adapter named `{0}` is loaded")]
@@ -56,6 +74,38 @@ pub enum LoraRegistryError {
     Disabled,
 }
 
+/// Default `--max-loaded-loras`.
+pub const DEFAULT_MAX_LOADED_LORAS: usize = 32;
+/// Default `--max-lora-memory-mib`.
+pub const DEFAULT_MAX_LORA_MEMORY_MIB: u64 = 4096;
+
+/// Bounds on the loaded adapters (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoraLimits {
+    /// Adapters loaded at once (`--max-loaded-loras`).
+    pub max_loaded: usize,
+    /// Bytes they take together (`--max-lora-memory-mib`).
+    pub max_bytes: u64,
+}
+
+impl Default for LoraLimits {
+    fn default() -> Self {
+        LoraLimits {
+            max_loaded: DEFAULT_MAX_LOADED_LORAS,
+            max_bytes: DEFAULT_MAX_LORA_MEMORY_MIB << 20,
+        }
+    }
+}
+
+/// The bytes `a`'s weights take (f32).
+pub fn adapter_bytes(a: &LoraAdapter) -> u64 {
+    a.layers
+        .iter()
+        .flat_map(|l| l.pairs.iter().flatten())
+        .map(|p| (p.a.len() + p.b.len()) as u64 * 4)
+        .sum()
+}
+
 #[derive(Default)]
 struct RegistryInner {
     loaded: BTreeMap<String, SeqLora>,
@@ -63,14 +113,60 @@ struct RegistryInner {
     requests: BTreeMap<String, u64>,
 }
 
+impl RegistryInner {
+    /// Bytes of the loaded adapters, each `Arc` once.
+    fn bytes(&self) -> u64 {
+        let mut seen: Vec<*const LoraAdapter> = Vec::with_capacity(self.loaded.len());
+        let mut total = 0;
+        for l in self.loaded.values() {
+            let p = Arc::as_ptr(&l.adapter);
+            if !seen.contains(&p) {
+                seen.push(p);
+                total += adapter_bytes(&l.adapter);
+            }
+        }
+        total
+    }
+
+    fn check_count(&self, limits: &LoraLimits) -> Result<(), LoraRegistryError> {
+        if self.loaded.len() >= limits.max_loaded {
+            return Err(LoraRegistryError::TooMany {
+                loaded: self.loaded.len(),
+                limit: limits.max_loaded,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The loaded adapters (see the module doc).
 #[derive(Default)]
 pub struct LoraRegistry {
     inner: Mutex<RegistryInner>,
     next_key: AtomicU64,
+    limits: LoraLimits,
 }
 
 impl LoraRegistry {
+    /// An empty registry bounded by `limits`.
+    pub fn with_limits(limits: LoraLimits) -> Self {
+        LoraRegistry {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    /// Refuses when no further adapter may be loaded (the count): checked
+    /// before reading an adapter's files.
+    pub fn check_room(&self) -> Result<(), LoraRegistryError> {
+        self.lock().check_count(&self.limits)
+    }
+
+    /// Bytes the loaded adapters take, each shared adapter once.
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes()
+    }
+
     fn lock(&self) -> MutexGuard<'_, RegistryInner> {
         match self.inner.lock() {
             Ok(g) => g,
@@ -87,6 +183,18 @@ impl LoraRegistry {
         let mut g = self.lock();
         if g.loaded.contains_key(name) {
             return Err(LoraRegistryError::AlreadyLoaded(name.into()));
+        }
+        g.check_count(&self.limits)?;
+        let shared = g.loaded.values().any(|l| Arc::ptr_eq(&l.adapter, &adapter));
+        let need = if shared { 0 } else { adapter_bytes(&adapter) };
+        let used = g.bytes();
+        if used.saturating_add(need) > self.limits.max_bytes {
+            return Err(LoraRegistryError::TooLarge {
+                name: name.into(),
+                need: need.div_ceil(1 << 20),
+                used: used.div_ceil(1 << 20),
+                limit_mib: self.limits.max_bytes >> 20,
+            });
         }
         let key = self.next_key.fetch_add(1, Ordering::Relaxed) + 1;
         g.loaded.insert(
@@ -274,6 +382,47 @@ mod tests {
         });
         reg.insert(name, a).unwrap();
         reg.resolve(name).unwrap()
+    }
+
+    fn sized(floats: usize) -> Arc<LoraAdapter> {
+        let mut layer = contract::lora::LoraLayer::default();
+        layer.pairs[0] = Some(contract::lora::LoraPair {
+            a: vec![0.0; floats / 2],
+            b: vec![0.0; floats - floats / 2],
+        });
+        Arc::new(LoraAdapter {
+            rank: 1,
+            scale: 1.0,
+            layers: vec![layer],
+        })
+    }
+
+    #[test]
+    fn loads_past_the_count_or_memory_limit_are_refused_naming_the_flag() {
+        let reg = LoraRegistry::with_limits(LoraLimits {
+            max_loaded: 3,
+            max_bytes: 3 << 20,
+        });
+        let mib = sized(1 << 18); // 1 MiB of f32
+        reg.insert("a", mib.clone()).unwrap();
+        // the same adapter under another name costs nothing more
+        reg.insert("a2", mib.clone()).unwrap();
+        assert_eq!(reg.bytes(), 1 << 20);
+        let e = reg.insert("big", sized(3 << 18)).unwrap_err();
+        assert!(e.to_string().contains("--max-lora-memory-mib 3"), "{e}");
+        reg.insert("b", sized(1 << 18)).unwrap();
+        assert!(reg.check_room().is_err());
+        let e = reg.insert("c", sized(1)).unwrap_err();
+        assert!(e.to_string().contains("--max-loaded-loras 3"), "{e}");
+        assert_eq!(reg.names(), ["a", "a2", "b"]);
+        // unloading frees the room and drops the registry's reference
+        let weak = Arc::downgrade(&mib);
+        drop(mib);
+        reg.remove("a").unwrap();
+        reg.remove("a2").unwrap();
+        assert!(weak.upgrade().is_none(), "the unloaded adapter is freed");
+        assert_eq!(reg.bytes(), 1 << 20);
+        reg.insert("c", sized(1)).unwrap();
     }
 
     #[test]

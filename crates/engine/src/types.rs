@@ -48,6 +48,9 @@ pub struct EngineConfig {
     pub max_loras: usize,
     /// Highest LoRA rank accepted (`--max-lora-rank`).
     pub max_lora_rank: usize,
+    /// Bounds on the adapters loaded at once (`--max-loaded-loras`,
+    /// `--max-lora-memory-mib`).
+    pub lora_limits: crate::lora::LoraLimits,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +66,7 @@ impl Default for EngineConfig {
             speculative: None,
             max_loras: 0,
             max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
+            lora_limits: crate::lora::LoraLimits::default(),
         }
     }
 }

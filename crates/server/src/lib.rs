@@ -66,8 +66,8 @@ pub use lora::LoraLoader;
 pub use middleware::check_api_key;
 pub use replicas::Replicas;
 pub use state::{
-    AppState, DEFAULT_BODY_LIMIT, DEFAULT_MAX_CLIENT_REQUESTS, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MIN_BODY_RATE, ServerConfig,
+    AppState, DEFAULT_BODY_LIMIT, DEFAULT_LORA_LOAD_TIMEOUT, DEFAULT_MAX_CLIENT_REQUESTS,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MIN_BODY_RATE, ServerConfig,
 };
 
 /// After the grace period the engine is shut down; connections get this much

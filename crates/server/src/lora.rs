@@ -7,9 +7,13 @@
 //! Contract: an adapter is loaded into every replica or none (a replica
 //! that refuses it unloads it from those that took it). Reading the files
 //! is the [`LoraLoader`] the binary installs (`AppState::set_lora_loader`;
-//! the server reads no files itself), run on the blocking pool. A bad
-//! adapter is a 400 naming what is wrong (the loader's message names the
-//! file and field or tensor), an unknown one on unload or in `model` a 404.
+//! the server reads no files itself), run on the blocking pool and given
+//! `ServerConfig::lora_load_timeout` (`--lora-load-timeout-secs`) to
+//! answer. A load when `--max-loaded-loras` adapters are loaded is refused
+//! before any file is read, one past `--max-lora-memory-mib` once read. A
+//! bad adapter is a 400 naming what is wrong (the loader's message names
+//! the file and field or tensor, and tells nothing of paths that cannot be
+//! read), an unknown one on unload or in `model` a 404.
 //! Unloading never disturbs a request already submitted with the adapter.
 
 use std::sync::Arc;
@@ -77,7 +81,9 @@ fn registry_error(e: LoraRegistryError) -> ApiError {
     match e {
         LoraRegistryError::NotLoaded(_) => ApiError::lora_not_found(msg),
         LoraRegistryError::Invalid { .. } => ApiError::invalid_param("lora_path", msg),
-        LoraRegistryError::Disabled => ApiError::invalid_request(msg),
+        LoraRegistryError::Disabled
+        | LoraRegistryError::TooMany { .. }
+        | LoraRegistryError::TooLarge { .. } => ApiError::invalid_request(msg),
         _ => ApiError::invalid_param("lora_name", msg),
     }
 }
@@ -109,12 +115,25 @@ pub async fn load_lora_adapter(
     if loaded(&state).contains(&name) {
         return Err(registry_error(LoraRegistryError::AlreadyLoaded(name)));
     }
+    if let Some(e) = state.replicas.engine(0) {
+        e.loras().check_room().map_err(registry_error)?;
+    }
     let Some(loader) = state.lora_loader() else {
         return Err(registry_error(LoraRegistryError::Disabled));
     };
     let path = req.lora_path.clone();
-    let adapter = tokio::task::spawn_blocking(move || loader(&path))
+    let limit = state.cfg.lora_load_timeout;
+    let adapter = tokio::time::timeout(limit, tokio::task::spawn_blocking(move || loader(&path)))
         .await
+        .map_err(|_| {
+            ApiError::invalid_param(
+                "lora_path",
+                format!(
+                    "Reading the adapter took longer than {} s (--lora-load-timeout-secs).",
+                    limit.as_secs_f64()
+                ),
+            )
+        })?
         .map_err(|e| ApiError::internal(format!("the adapter loader failed: {e}")))?
         .map_err(|e| ApiError::invalid_param("lora_path", e))?;
     for i in 0..state.replicas.len() {

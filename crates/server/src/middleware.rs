@@ -18,6 +18,7 @@ use futures::StreamExt;
 use tracing::Instrument;
 
 use crate::error::ApiError;
+use crate::oairesponses::Owner;
 use crate::state::AppState;
 
 /// The id of the request being served (a request extension).
@@ -140,14 +141,17 @@ pub const X_API_KEY: &str = "x-api-key";
 /// (the scheme name case-insensitive, as HTTP says; any other scheme, or a
 /// bare key in `Authorization`, is refused). The given key is compared with
 /// every configured key, each in constant time. Refusals on the Anthropic
-/// routes come in Anthropic's error shape.
+/// routes come in Anthropic's error shape. An accepted request carries its
+/// key's [`Owner`] (the key's position, never the key), the anonymous owner
+/// when the server has no keys.
 pub async fn require_api_key(
     State(state): State<Arc<AppState>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
     let want = &state.api_key_digests;
     if want.is_empty() {
+        req.extensions_mut().insert(Owner::default());
         return next.run(req).await;
     }
     let anthropic = req.uri().path().starts_with("/v1/messages");
@@ -179,7 +183,7 @@ pub async fn require_api_key(
             .map(|(_, k)| k.trim_start_matches(' ')),
         (None, Some(k)) => Some(k),
     };
-    let ok = match given {
+    let hit = match given {
         None => {
             return refuse(
                 "Malformed `Authorization` header: send the key as `Authorization: Bearer <key>`.",
@@ -187,12 +191,18 @@ pub async fn require_api_key(
         }
         Some(k) => {
             let d = key_digest(k.as_bytes());
-            want.iter().fold(false, |hit, w| hit | same(&d, w))
+            // every key compared, the first match kept
+            want.iter()
+                .enumerate()
+                .fold(None, |hit, (i, w)| hit.or(same(&d, w).then_some(i)))
         }
     };
-    if ok {
-        next.run(req).await
-    } else {
-        refuse("Incorrect API key provided.")
+    match hit {
+        Some(i) => {
+            req.extensions_mut()
+                .insert(Owner(u32::try_from(i + 1).unwrap_or(u32::MAX)));
+            next.run(req).await
+        }
+        None => refuse("Incorrect API key provided."),
     }
 }

@@ -86,7 +86,13 @@ pub struct ServerConfig {
     pub responses_store_bytes: usize,
     /// How long a stored response is kept.
     pub responses_store_ttl: Duration,
+    /// How long `load_lora_adapter` waits for the adapter's files
+    /// (`--lora-load-timeout-secs`).
+    pub lora_load_timeout: Duration,
 }
+
+/// Default `--lora-load-timeout-secs`.
+pub const DEFAULT_LORA_LOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl ServerConfig {
     pub fn new(model_id: impl Into<String>) -> Self {
@@ -110,6 +116,7 @@ impl ServerConfig {
             work_budget: crate::work::DEFAULT_BUDGET,
             responses_store_bytes: crate::oairesponses::store::DEFAULT_STORE_BYTES,
             responses_store_ttl: crate::oairesponses::store::DEFAULT_STORE_TTL,
+            lora_load_timeout: DEFAULT_LORA_LOAD_TIMEOUT,
         }
     }
 }

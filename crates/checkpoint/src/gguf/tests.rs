@@ -366,3 +366,26 @@ fn unpermute_inverts_llama_cpp_permute() {
     assert_eq!(unpermute_rows(&gguf, rows, cols, heads).unwrap(), hf);
     assert!(unpermute_rows(&gguf, rows, cols, 5).is_err());
 }
+
+#[test]
+fn tensors_whose_data_overlap_are_refused_naming_both() {
+    let mut buf = sample_file(32);
+    // b.weight's offset field: after its name, n_dims, two dims and type
+    let at = buf
+        .windows(8)
+        .position(|w| w == b"b.weight")
+        .expect("b.weight's name")
+        + 8
+        + 4
+        + 16
+        + 4;
+    buf[at..at + 8].copy_from_slice(&8u64.to_le_bytes()); // inside a.weight's 24 bytes
+    let e = Gguf::parse(&buf, "t.gguf").unwrap_err().to_string();
+    assert!(
+        e.contains("t.gguf")
+            && e.contains("a.weight")
+            && e.contains("b.weight")
+            && e.contains("overlap"),
+        "{e}"
+    );
+}

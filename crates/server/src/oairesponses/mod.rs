@@ -10,10 +10,15 @@
 //! limits, sampling, tools and their grammar, template, tokenization). The
 //! reply ([`reply`]) is a `response` object or its semantic SSE events.
 //! Errors are OpenAI's shape, naming the Responses field. `store` (default
-//! true) keeps the finished response in the in-memory [`store`]; a
-//! `previous_response_id` that is not there (never stored, evicted,
-//! expired or deleted) is a 400 naming it; `GET` / `DELETE` of an id not
-//! there is a 404.
+//! true) keeps the finished response in the in-memory [`store`], under a
+//! random 128-bit id (`resp_` and 32 hex digits), for the API key that
+//! made it alone; a response too large for the store is answered with
+//! `store: false`. A `previous_response_id` that is not there (never
+//! stored, evicted, expired, deleted, or another key's) is a 400 naming it;
+//! `GET` / `DELETE` of such an id is a 404. `metadata` holds at most
+//! [`request::MAX_METADATA_PAIRS`] pairs, keys of at most
+//! [`request::MAX_METADATA_KEY_CHARS`] characters and values of at most
+//! [`request::MAX_METADATA_VALUE_CHARS`] (OpenAI's limits).
 //!
 //! Costs: the chat path's, plus one translation O(conversation size).
 
@@ -44,7 +49,7 @@ use convert::responses_param;
 use reply::Meta;
 use request::{ResponsesRequest, ToolChoice};
 
-pub use store::ResponseStore;
+pub use store::{Owner, ResponseStore};
 
 /// The request's fields as the response object echoes them.
 fn echo(req: &ResponsesRequest, store: bool) -> Value {
@@ -105,13 +110,14 @@ fn renamed(e: ApiError) -> ApiError {
 type Prepared = Result<(Job, Vec<RequestHandle>, bool, Meta), ApiError>;
 
 /// Checks, translates and submits a request (a work-pool job).
-fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job) -> Prepared {
+fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job, owner: Owner) -> Prepared {
     for f in req.ignored_fields() {
         state.metrics.ignored(f);
     }
+    req.check_metadata()?;
     let mut history = match &req.previous_response_id {
         Some(id) => {
-            let stored = state.responses.get(id).ok_or_else(|| {
+            let stored = state.responses.get(id, owner).ok_or_else(|| {
                 ApiError::invalid_param(
                     "previous_response_id",
                     format!(
@@ -132,6 +138,7 @@ fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job) -> Prepared {
     let meta = Meta {
         echo: echo(&req, store),
         store,
+        owner,
         history,
     };
     let (job, handles, stream) = prepare_chat(state, chat, job).map_err(renamed)?;
@@ -151,18 +158,30 @@ fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job) -> Prepared {
 pub async fn create_response(
     State(state): State<Arc<AppState>>,
     Extension(RequestId(rid)): Extension<RequestId>,
+    Extension(owner): Extension<Owner>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req: ResponsesRequest = accept(&state, body)?;
+    let id = response_id()?;
     let st = state.clone();
     let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
     let (mut job, handles, stream, meta) = state
         .work
-        .run("input", move || prepare(&st, req, job))
+        .run("input", move || prepare(&st, req, job, owner))
         .await??;
-    job.id = format!("resp_{rid}");
+    job.id = id;
     reply::respond(job, handles, stream, meta).await
+}
+
+/// A fresh response id: `resp_` and 128 random bits in hex, so ids
+/// neither repeat nor tell how many responses the server made.
+fn response_id() -> Result<String, ApiError> {
+    let mut bits = [0u8; 16];
+    getrandom::fill(&mut bits)
+        .map_err(|e| ApiError::internal(format!("cannot draw a random response id: {e}")))?;
+    let hex: String = bits.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("resp_{hex}"))
 }
 
 fn not_stored(id: &str) -> ApiError {
@@ -179,9 +198,13 @@ fn not_stored(id: &str) -> ApiError {
     ))]
 pub async fn get_response(
     State(state): State<Arc<AppState>>,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let stored = state.responses.get(&id).ok_or_else(|| not_stored(&id))?;
+    let stored = state
+        .responses
+        .get(&id, owner)
+        .ok_or_else(|| not_stored(&id))?;
     Ok(Json(stored.response))
 }
 
@@ -195,9 +218,10 @@ pub async fn get_response(
     ))]
 pub async fn delete_response(
     State(state): State<Arc<AppState>>,
+    Extension(owner): Extension<Owner>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !state.responses.delete(&id) {
+    if !state.responses.delete(&id, owner) {
         return Err(not_stored(&id));
     }
     Ok(Json(

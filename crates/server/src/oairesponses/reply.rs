@@ -42,6 +42,8 @@ pub struct Meta {
     pub echo: Value,
     /// Keep the finished response (`store`).
     pub store: bool,
+    /// Whose the stored response is.
+    pub owner: super::store::Owner,
     /// The conversation's items up to this request's input.
     pub history: Vec<Value>,
 }
@@ -108,9 +110,10 @@ fn status_of(reason: FinishReason) -> &'static str {
     }
 }
 
-/// The finished object, stored when asked.
+/// The finished object, stored when asked; `store: false` in it when the
+/// store could not keep it (larger than `--responses-store-mib`).
 fn finished_object(job: &Job, meta: &Meta, output: Vec<Value>, f: &Finished) -> Value {
-    let obj = object(
+    let mut obj = object(
         job,
         meta,
         status_of(f.reason),
@@ -127,13 +130,21 @@ fn finished_object(job: &Job, meta: &Meta, output: Vec<Value>, f: &Finished) -> 
             }
             item
         }));
-        job.state.responses.insert(
+        let kept = job.state.responses.insert(
             job.id.clone(),
+            meta.owner,
             Stored {
                 response: obj.clone(),
                 history,
             },
         );
+        if !kept {
+            obj["store"] = json!(false);
+            tracing::warn!(
+                id = %job.id,
+                "response not stored: larger than the store (--responses-store-mib)"
+            );
+        }
     }
     obj
 }

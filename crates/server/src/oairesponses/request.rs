@@ -221,6 +221,13 @@ fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
     ApiError::invalid_param(param, msg)
 }
 
+/// Most `metadata` pairs (OpenAI's limit).
+pub const MAX_METADATA_PAIRS: usize = 16;
+/// Longest `metadata` key, in characters (OpenAI's limit).
+pub const MAX_METADATA_KEY_CHARS: usize = 64;
+/// Longest `metadata` value, in characters (OpenAI's limit).
+pub const MAX_METADATA_VALUE_CHARS: usize = 512;
+
 impl ResponsesRequest {
     /// The ignored fields given (counted in the metrics).
     pub fn ignored_fields(&self) -> Vec<&'static str> {
@@ -238,6 +245,40 @@ impl ResponsesRequest {
             out.push("input[].id");
         }
         out
+    }
+
+    /// Refuses `metadata` past OpenAI's limits, naming the limit (the
+    /// key or value itself is not echoed).
+    pub fn check_metadata(&self) -> Result<(), ApiError> {
+        let Some(m) = &self.metadata else {
+            return Ok(());
+        };
+        if m.len() > MAX_METADATA_PAIRS {
+            return Err(bad(
+                "metadata",
+                format!(
+                    "`metadata` has {} pairs; at most {MAX_METADATA_PAIRS} are allowed.",
+                    m.len()
+                ),
+            ));
+        }
+        for (k, v) in m {
+            if k.chars().count() > MAX_METADATA_KEY_CHARS {
+                return Err(bad(
+                    "metadata",
+                    format!("A `metadata` key is longer than {MAX_METADATA_KEY_CHARS} characters."),
+                ));
+            }
+            if v.chars().count() > MAX_METADATA_VALUE_CHARS {
+                return Err(bad(
+                    "metadata",
+                    format!(
+                        "A `metadata` value is longer than {MAX_METADATA_VALUE_CHARS} characters."
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The request's own input as items (a string is one user message).

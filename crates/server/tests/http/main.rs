@@ -14,6 +14,7 @@ mod load;
 mod replicas;
 mod responses;
 mod shutdown;
+mod stored_responses;
 mod streams;
 mod tool_replies;
 
