@@ -95,9 +95,9 @@ pub struct QuantizeArgs {
     /// largest value) becomes `model.layers.N.self_attn.k_scale` /
     /// `v_scale`, as llm-compressor writes them (compressed-tensors' static
     /// `kv_cache_scheme`). `--kv-cache-dtype fp8` then stores K and V at
-    /// those scales instead of 1, whose small values fall below e4m3's
-    /// normal range: on SmolLM2-135M that keeps FP8 K/V within 1% of a
-    /// BF16 cache's perplexity on text it was not calibrated on.
+    /// those scales instead of 1, below which small values fall into
+    /// e4m3's subnormals; what remains is e4m3's 3-bit mantissa, which no
+    /// scale moves (docs/performance.md).
     #[arg(long, requires = "calibration")]
     pub kv_scales: bool,
     /// The weights written: FP8 (the default), or BF16 as they are (only
