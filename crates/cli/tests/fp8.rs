@@ -370,7 +370,6 @@ fn smollm2_gptq_fp8_perplexity_is_within_one_percent_of_bf16() {
         out.to_str().unwrap(),
         "--calibration",
         cal.to_str().unwrap(),
-        "--kv-scales",
     ]));
     let bf16 = perplexity("smollm2-135m-instruct", "bf16", &[]);
     let m = out.to_str().unwrap();

@@ -459,7 +459,7 @@ fn kv_cache_scales_are_written_with_fp8_or_bf16_weights() {
         ("fp8", WeightsOut::Fp8(&fp8_tensor, layout_fp8)),
         ("bf16", WeightsOut::Bf16),
     ] {
-        let out = d.path().join(name);
+        let out = d.path().join(format!("kv-{name}"));
         write_checkpoint(&src, &orig, how, &kv, &out).unwrap();
         let w = load(&out).unwrap();
         assert_eq!(w.kv_scales.as_ref(), Some(&kv), "{name}");
