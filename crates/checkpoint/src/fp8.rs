@@ -37,7 +37,10 @@
 
 mod convert;
 
-pub use convert::{Fp8Layout, Fp8Options, write_fp8_checkpoint, write_quantized_checkpoint};
+pub use convert::{
+    Fp8Layout, Fp8Options, WeightsOut, write_checkpoint, write_fp8_checkpoint,
+    write_quantized_checkpoint,
+};
 
 use half::bf16;
 use rayon::prelude::*;

@@ -12,10 +12,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use checkpoint::fp8::{
-    Fp8Layout, Fp8Options, scheme_of, write_fp8_checkpoint, write_quantized_checkpoint,
+    Fp8Layout, Fp8Options, Fp8Weights, WeightsOut, scheme_of, write_checkpoint,
+    write_fp8_checkpoint, write_quantized_checkpoint,
 };
 use checkpoint::progress::{Progress, Unit};
+use checkpoint::weights::LlamaWeights;
+use contract::config::LlamaConfig;
 use model::gptq::{GptqOptions, ScaleRule, quantize_model};
+use model::kv_calib::kv_amax;
 use tokenizer::Tokenizer;
 
 use crate::files::TextFile;
@@ -36,6 +40,15 @@ pub enum LayoutArg {
     CompressedTensors,
     /// `quant_method: "fp8"` with per-tensor scales (AutoFP8).
     Fp8,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtypeArg {
+    /// FP8 e4m3 projections in `--layout`.
+    Fp8,
+    /// The weights as BF16, unquantised (with `--kv-scales`: a BF16 model
+    /// that carries FP8 KV cache scales).
+    Bf16,
 }
 
 #[derive(clap::Args, Debug)]
@@ -79,6 +92,21 @@ pub struct QuantizeArgs {
     /// energy down instead of in order.
     #[arg(long, requires = "calibration")]
     pub act_order: bool,
+    /// Also write calibrated FP8 KV cache scales: the model (with the
+    /// weights written) runs over the `--calibration` text, and each
+    /// layer's largest |K| (after RoPE) and |V| divided by 448 (e4m3's
+    /// largest value) becomes `model.layers.N.self_attn.k_scale` /
+    /// `v_scale`, as llm-compressor writes them (compressed-tensors' static
+    /// `kv_cache_scheme`). `--kv-cache-dtype fp8` then stores K and V at
+    /// those scales instead of 1, below which small values fall into
+    /// e4m3's subnormals; what remains is e4m3's 3-bit mantissa, which no
+    /// scale moves (docs/performance.md).
+    #[arg(long, requires = "calibration")]
+    pub kv_scales: bool,
+    /// The weights written: FP8 (the default), or BF16 as they are (only
+    /// with `--kv-scales`: the model plus its KV cache scales).
+    #[arg(long, value_enum, default_value = "fp8")]
+    pub weight_dtype: WeightDtypeArg,
 }
 
 fn positive_scale(s: &str) -> Result<f32, String> {
@@ -98,6 +126,9 @@ fn dampening(s: &str) -> Result<f64, String> {
 pub fn run(args: QuantizeArgs) -> Result<()> {
     if std::fs::read_dir(&args.out).is_ok_and(|mut d| d.next().is_some()) {
         bail!("{} is not empty: choose another --out", args.out.display());
+    }
+    if args.weight_dtype == WeightDtypeArg::Bf16 && !args.kv_scales {
+        bail!("--weight-dtype bf16 writes the weights unquantised: it needs --kv-scales");
     }
     // the text is checked before the model is resolved (which may import)
     let text = args.calibration.as_deref().map(open_text).transpose()?;
@@ -132,7 +163,8 @@ fn open_text(file: &Path) -> Result<TextFile> {
     Ok(text)
 }
 
-/// GPTQ over `text`'s tokens, then the checkpoint.
+/// GPTQ over `text`'s tokens (FP8 weights), the KV cache scales with
+/// `--kv-scales`, then the checkpoint.
 fn calibrated(
     args: &QuantizeArgs,
     dir: &Path,
@@ -149,6 +181,59 @@ fn calibrated(
     let tokens = calibration_tokens(dir, file, text, args.calibration_tokens)?;
     let loaded = checkpoint::loader::load_config(dir)?;
     let weights = checkpoint::loader::load_weights(dir, &loaded.config)?;
+    let fp8 = match args.weight_dtype {
+        WeightDtypeArg::Fp8 => Some(gptq(args, &loaded.config, &weights, &tokens, opts)?),
+        WeightDtypeArg::Bf16 => None,
+    };
+    if !args.kv_scales {
+        let fp8 = fp8.as_ref().context("GPTQ wrote no weights")?;
+        write_quantized_checkpoint(dir, &weights, fp8, &args.out, opts)?;
+        return Ok(());
+    }
+    let kv = {
+        // the model as the checkpoint will run it: FP8 weights dequantised
+        let run = match &fp8 {
+            Some(q) => with_projections(&weights, q),
+            None => weights.clone(),
+        };
+        let window = WINDOW.min(loaded.config.max_position_embeddings);
+        eprintln!(
+            "lamina: measuring the KV cache over {} calibration tokens",
+            tokens.len()
+        );
+        kv_amax(&loaded.config, &run, &tokens, window)?.scales()
+    };
+    let how = match &fp8 {
+        Some(q) => WeightsOut::Fp8(q, opts),
+        None => WeightsOut::Bf16,
+    };
+    write_checkpoint(dir, &weights, how, &kv, &args.out)?;
+    Ok(())
+}
+
+/// `weights` with every projection replaced by `fp8`'s dequantised one.
+fn with_projections(weights: &LlamaWeights, fp8: &Fp8Weights) -> LlamaWeights {
+    let mut run = weights.clone();
+    for (l, q) in run.layers.iter_mut().zip(&fp8.layers) {
+        l.q_proj = q.q_proj.dequantize();
+        l.k_proj = q.k_proj.dequantize();
+        l.v_proj = q.v_proj.dequantize();
+        l.o_proj = q.o_proj.dequantize();
+        l.gate_proj = q.gate_proj.dequantize();
+        l.up_proj = q.up_proj.dequantize();
+        l.down_proj = q.down_proj.dequantize();
+    }
+    run
+}
+
+/// GPTQ over `tokens`: the FP8 projections.
+fn gptq(
+    args: &QuantizeArgs,
+    config: &LlamaConfig,
+    weights: &LlamaWeights,
+    tokens: &[u32],
+    opts: Fp8Options,
+) -> Result<Fp8Weights> {
     let gptq = GptqOptions {
         damp: args.dampening,
         act_order: args.act_order,
@@ -157,22 +242,19 @@ fn calibrated(
             // compressed-tensors stores BF16 scales: chosen exact in BF16
             bf16: opts.layout == Fp8Layout::CompressedTensors,
         },
-        window: WINDOW.min(loaded.config.max_position_embeddings),
+        window: WINDOW.min(config.max_position_embeddings),
         ..GptqOptions::default()
     };
-    let layers = loaded.config.num_layers as u64;
+    let layers = config.num_layers as u64;
     let bar = Progress::new(
         format!("GPTQ over {} calibration tokens", tokens.len()),
         Unit::Items("layers"),
         layers,
         0,
     );
-    let fp8 = quantize_model(&loaded.config, &weights, &tokens, &gptq, &mut |_, _| {
-        bar.inc(1)
-    })?;
+    let fp8 = quantize_model(config, weights, tokens, &gptq, &mut |_, _| bar.inc(1))?;
     bar.finish();
-    write_quantized_checkpoint(dir, &weights, &fp8, &args.out, opts)?;
-    Ok(())
+    Ok(fp8)
 }
 
 /// The first `want` tokens of `text` (no BOS; read no further than

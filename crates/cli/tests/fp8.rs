@@ -219,6 +219,68 @@ fn calibrated_checkpoints_run_on_the_cpu() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `lamina quantize --kv-scales` on the tiny model: FP8 or BF16 weights
+/// with each layer's calibrated `k_scale` / `v_scale` (not 1), which the
+/// CPU runs with an FP8 KV cache; the flags it needs are refused by name
+/// without them.
+#[test]
+fn kv_scales_are_calibrated_with_fp8_or_bf16_weights() {
+    let dir = scratch("kv-scales");
+    let src = support::synth_tiny(&dir, "bf16");
+    let (src, cal) = (src.to_str().unwrap(), calibration());
+    for (name, extra) in [("fp8", vec![]), ("bf16", vec!["--weight-dtype", "bf16"])] {
+        let out_dir = dir.join(format!("kv-{name}"));
+        let mut args = vec!["quantize", src, "--out", out_dir.to_str().unwrap()];
+        args.extend(["--calibration", cal.to_str().unwrap(), "--kv-scales"]);
+        args.extend(extra);
+        ok(&lamina(&args));
+        let st = std::fs::read(out_dir.join("model.safetensors")).unwrap();
+        let header = String::from_utf8_lossy(&st[..st.len().min(1 << 16)]).into_owned();
+        for n in [
+            "model.layers.0.self_attn.k_scale",
+            "model.layers.1.self_attn.v_scale",
+        ] {
+            assert!(header.contains(n), "{name}: no {n}");
+        }
+        assert_eq!(
+            header.contains("F8_E4M3"),
+            name == "fp8",
+            "{name}: the weights' dtype"
+        );
+        let out = support::generate(
+            None,
+            out_dir.to_str().unwrap(),
+            &[
+                "--max-tokens",
+                "4",
+                "--temperature",
+                "0",
+                "--kv-cache-dtype",
+                "fp8",
+                "hi",
+            ],
+            None,
+        );
+        ok(&out);
+    }
+    for (args, needle) in [
+        (vec!["--weight-dtype", "bf16"], "--kv-scales"),
+        (vec!["--kv-scales"], "--calibration"),
+    ] {
+        let out = dir.join("refused");
+        let mut all = vec!["quantize", src, "--out", out.to_str().unwrap()];
+        all.extend(args.iter().copied());
+        let r = lamina(&all);
+        let err = stderr(&r);
+        assert!(
+            !r.status.success() && err.contains(needle),
+            "{args:?}: {err}"
+        );
+        assert!(!out.exists(), "{args:?} wrote {}", out.display());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// What `--calibration` cannot use is refused naming the flag or the file
 /// before any weight loads, never with a panic.
 #[test]

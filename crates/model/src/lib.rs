@@ -12,4 +12,5 @@ pub mod cuda;
 #[cfg(any(test, feature = "testing"))]
 pub mod exact;
 pub mod gptq;
+pub mod kv_calib;
 pub mod sampler;

@@ -10,6 +10,13 @@
 //! or given already quantised ([`write_quantized_checkpoint`]: GPTQ's,
 //! `model::gptq`), checked against the model and the layout first.
 //!
+//! Either may carry calibrated FP8 KV cache scales
+//! ([`write_checkpoint`]: `model.layers.N.self_attn.k_scale` / `v_scale`,
+//! one BF16 value each (`[1]`) in compressed-tensors with its
+//! `kv_cache_scheme`, an F32 scalar in the `fp8` layout), and a BF16 model
+//! may be written with only those scales added (its `config.json` as it
+//! was: lamina reads the scales of any checkpoint).
+//!
 //! Costs: the whole model is held in memory once in BF16 and once in FP8.
 
 use std::collections::HashMap;
@@ -19,7 +26,9 @@ use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
-use super::{Fp8Layer, Fp8Tensor, Fp8Weights};
+use contract::KvScales;
+
+use super::{Fp8Layer, Fp8Tensor, Fp8Weights, kv_scale_names};
 use crate::loader::{INDEX_FILE, LoadError, SINGLE_FILE, load_config, load_weights, tensor_specs};
 use crate::weights::{LlamaWeights, Tensor};
 
@@ -50,7 +59,57 @@ type Entry = (Dtype, Vec<usize>, Vec<u8>);
 pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadError> {
     let loaded = load_config(src)?;
     let weights = load_weights(src, &loaded.config)?;
-    write(src, &weights, None, out, opts)
+    write(src, &weights, Some((None, opts)), None, out)
+}
+
+/// The weights [`write_checkpoint`] writes.
+#[derive(Debug, Clone, Copy)]
+pub enum WeightsOut<'a> {
+    /// The model's weights in BF16, as they are.
+    Bf16,
+    /// Every projection from the quantised ones, in a layout (see
+    /// [`write_quantized_checkpoint`]).
+    Fp8(&'a Fp8Weights, Fp8Options),
+}
+
+/// Writes the model of `src` (`weights`, as loaded from it) to `out` with
+/// `how`'s weights and the FP8 KV cache scales `kv` (one per layer for K
+/// and for V, each finite and positive: the error names the tensor).
+pub fn write_checkpoint(
+    src: &Path,
+    weights: &LlamaWeights,
+    how: WeightsOut<'_>,
+    kv: &KvScales,
+    out: &Path,
+) -> Result<(), LoadError> {
+    check_kv_scales(src, weights.layers.len(), kv)?;
+    match how {
+        WeightsOut::Bf16 => write(src, weights, None, Some(kv), out),
+        WeightsOut::Fp8(fp8, opts) => {
+            let given = given_projections(src, weights, fp8, opts)?;
+            write(src, weights, Some((Some(&given), opts)), Some(kv), out)
+        }
+    }
+}
+
+/// `kv` holds a finite positive K and V scale for each of `layers`.
+fn check_kv_scales(src: &Path, layers: usize, kv: &KvScales) -> Result<(), LoadError> {
+    for l in 0..layers {
+        let [k_name, v_name] = kv_scale_names(l);
+        for (name, got) in [(k_name, kv.k.get(l)), (v_name, kv.v.get(l))] {
+            match got {
+                Some(s) if s.is_finite() && *s > 0.0 => {}
+                other => {
+                    return Err(LoadError::Scale {
+                        path: src.to_path_buf(),
+                        tensor: name,
+                        reason: format!("is {other:?}; each layer needs a finite positive scale"),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Writes the model of `src` to `out` as [`write_fp8_checkpoint`] does,
@@ -66,7 +125,7 @@ pub fn write_quantized_checkpoint(
     opts: Fp8Options,
 ) -> Result<(), LoadError> {
     let given = given_projections(src, weights, fp8, opts)?;
-    write(src, weights, Some(&given), out, opts)
+    write(src, weights, Some((Some(&given), opts)), None, out)
 }
 
 /// `fp8`'s projections by name, each checked against `weights` and `opts`.
@@ -118,14 +177,18 @@ fn given_projections<'a>(
     Ok(given)
 }
 
-/// Writes `weights` to `out` under `opts`, the projections from `given`
-/// when there, else rounded to nearest.
+/// The projections `given` (else rounded to nearest) under the options.
+type Fp8Out<'a, 'b> = (Option<&'b HashMap<&'a str, &'a Fp8Tensor>>, Fp8Options);
+
+/// Writes `weights` to `out`: with `fp8`, its projections under its
+/// options, from its map when there, else rounded to nearest (without,
+/// all BF16 and `config.json` as it was); with `kv`, the KV cache scales.
 fn write(
     src: &Path,
     weights: &LlamaWeights,
-    given: Option<&HashMap<&str, &Fp8Tensor>>,
+    fp8: Option<Fp8Out<'_, '_>>,
+    kv: Option<&KvScales>,
     out: &Path,
-    opts: Fp8Options,
 ) -> Result<(), LoadError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -147,7 +210,7 @@ fn write(
         let Some(t) = by_name.get(name.as_str()) else {
             continue;
         };
-        if is_projection(name) {
+        if let Some((given, opts)) = fp8.filter(|_| is_projection(name)) {
             match given.and_then(|g| g.get(name.as_str())) {
                 Some(f) => insert(&mut all, &f.name, &f.data, &f.scale, f.shape[1], opts),
                 None => quantize_into(&mut all, t, opts),
@@ -160,6 +223,9 @@ fn write(
                 .collect();
             all.insert(name.clone(), (Dtype::BF16, t.shape.clone(), bytes));
         }
+    }
+    if let Some(kv) = kv {
+        insert_kv_scales(&mut all, kv, fp8.map(|(_, o)| o.layout));
     }
     let views: Vec<(String, TensorView<'_>)> = all
         .iter()
@@ -178,8 +244,33 @@ fn write(
             reason: e.to_string(),
         }
     })?;
-    write_config(src, out, opts)?;
+    match fp8 {
+        Some((_, opts)) => write_config(src, out, opts, kv.is_some())?,
+        None => {
+            let cfg = src.join("config.json");
+            std::fs::copy(&cfg, out.join("config.json")).map_err(io(&cfg))?;
+        }
+    }
     copy_other_files(src, out)
+}
+
+/// Adds the KV cache scales of every layer to `all`: BF16 `[1]` as
+/// llm-compressor writes them (a BF16 model too), an F32 scalar in the
+/// `fp8` layout.
+fn insert_kv_scales(all: &mut HashMap<String, Entry>, kv: &KvScales, layout: Option<Fp8Layout>) {
+    for (l, (k, v)) in kv.k.iter().zip(&kv.v).enumerate() {
+        for (name, s) in kv_scale_names(l).into_iter().zip([*k, *v]) {
+            let entry = match layout {
+                Some(Fp8Layout::Fp8) => (Dtype::F32, vec![], s.to_le_bytes().to_vec()),
+                _ => (
+                    Dtype::BF16,
+                    vec![1],
+                    half::bf16::from_f32(s).to_bits().to_le_bytes().to_vec(),
+                ),
+            };
+            all.insert(name, entry);
+        }
+    }
 }
 
 /// The seven Linear layers of a decoder layer (the LM head stays BF16).
@@ -238,8 +329,9 @@ fn insert(
     }
 }
 
-/// `config.json` of `src` with the layout's `quantization_config`.
-fn write_config(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadError> {
+/// `config.json` of `src` with the layout's `quantization_config` (with
+/// static FP8 KV cache scales when `kv`).
+fn write_config(src: &Path, out: &Path, opts: Fp8Options, kv: bool) -> Result<(), LoadError> {
     let path = src.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
         path: path.clone(),
@@ -251,6 +343,21 @@ fn write_config(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadErro
         reason: e.to_string(),
     })?;
     cfg["quantization_config"] = quantization_config(opts);
+    if kv && opts.layout == Fp8Layout::CompressedTensors {
+        // llm-compressor's static per-tensor FP8 KV cache scheme
+        cfg["quantization_config"]["kv_cache_scheme"] = json!({
+            "num_bits": 8,
+            "type": "float",
+            "symmetric": true,
+            "strategy": "tensor",
+            "dynamic": false,
+            "group_size": null,
+            "block_structure": null,
+            "actorder": null,
+            "observer": "minmax",
+            "observer_kwargs": {}
+        });
+    }
     let dst = out.join("config.json");
     let text = serde_json::to_string_pretty(&cfg).unwrap_or_default();
     std::fs::write(&dst, text + "\n").map_err(|source| LoadError::Io { path: dst, source })

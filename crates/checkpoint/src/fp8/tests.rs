@@ -433,3 +433,114 @@ fn kv_cache_scales_are_read_and_checked() {
     reconfigure(&dir, |q| q["kv_cache_scheme"]["num_bits"] = 4.into());
     refused(&dir, &["kv_cache_scheme.num_bits"]);
 }
+
+/// `write_checkpoint` adds the KV cache scales to FP8 weights (BF16 `[1]`
+/// and compressed-tensors' `kv_cache_scheme`; F32 scalars in the `fp8`
+/// layout) and to BF16 ones (the weights and `config.json` as they were);
+/// the loader reads them back, and a missing or bad scale is refused
+/// naming the tensor before anything is written.
+#[test]
+fn kv_cache_scales_are_written_with_fp8_or_bf16_weights() {
+    let (d, src) = tiny();
+    let orig = load(&src).unwrap();
+    let layers = orig.layers.len();
+    let kv = contract::KvScales {
+        k: (0..layers).map(|l| 0.5 * (l + 1) as f32).collect(),
+        v: vec![0.0078125; layers],
+    };
+    let (fp8, fp8_tensor) = (rounded(&orig, false), rounded(&orig, true));
+    let layout_fp8 = Fp8Options {
+        layout: Fp8Layout::Fp8,
+        channel: false,
+        input_scale: None,
+    };
+    for (name, how) in [
+        ("ct", WeightsOut::Fp8(&fp8, CHANNEL)),
+        ("fp8", WeightsOut::Fp8(&fp8_tensor, layout_fp8)),
+        ("bf16", WeightsOut::Bf16),
+    ] {
+        let out = d.path().join(format!("kv-{name}"));
+        write_checkpoint(&src, &orig, how, &kv, &out).unwrap();
+        let w = load(&out).unwrap();
+        assert_eq!(w.kv_scales.as_ref(), Some(&kv), "{name}");
+        let cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
+                .unwrap();
+        let q = &cfg["quantization_config"];
+        match name {
+            "ct" => assert_eq!(q["kv_cache_scheme"]["num_bits"], 8, "{cfg}"),
+            "fp8" => assert!(w.fp8.is_some(), "{name}"),
+            _ => {
+                assert!(q.is_null() && w.fp8.is_none(), "{cfg}");
+                assert_eq!(w.layers, orig.layers, "BF16 weights as they were");
+            }
+        }
+        let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let [k0, _] = kv_scale_names(0);
+        let t = st.tensor(&k0).unwrap();
+        let want = if name == "fp8" {
+            (Dtype::F32, vec![])
+        } else {
+            (Dtype::BF16, vec![1])
+        };
+        assert_eq!((t.dtype(), t.shape().to_vec()), want, "{name}");
+    }
+    // a scale missing or not positive: refused by name, nothing written
+    for (bad, tensor) in [
+        (
+            contract::KvScales {
+                k: kv.k[..layers - 1].to_vec(),
+                v: kv.v.clone(),
+            },
+            kv_scale_names(layers - 1)[0].clone(),
+        ),
+        (
+            contract::KvScales {
+                k: kv.k.clone(),
+                v: vec![f32::NAN; layers],
+            },
+            kv_scale_names(0)[1].clone(),
+        ),
+    ] {
+        let out = d.path().join("bad");
+        let e = write_checkpoint(&src, &orig, WeightsOut::Bf16, &bad, &out).unwrap_err();
+        assert!(e.to_string().contains(&tensor), "{e}");
+        assert!(!out.exists());
+    }
+}
+
+/// `w`'s projections rounded to nearest, per row or per tensor.
+fn rounded(w: &LlamaWeights, per_tensor: bool) -> Fp8Weights {
+    let q = |t: &Tensor| {
+        if !per_tensor {
+            return Fp8Tensor::quantize(t);
+        }
+        let n = t.shape[0];
+        let (data, s) = ops::fp8::quantize_rows(&t.to_f32(), 1, t.numel());
+        Fp8Tensor {
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            data,
+            scale: vec![s[0]; n],
+            input_scale: None,
+        }
+    };
+    Fp8Weights {
+        layers: w
+            .layers
+            .iter()
+            .map(|l| Fp8Layer {
+                q_proj: q(&l.q_proj),
+                k_proj: q(&l.k_proj),
+                v_proj: q(&l.v_proj),
+                o_proj: q(&l.o_proj),
+                gate_proj: q(&l.gate_proj),
+                up_proj: q(&l.up_proj),
+                down_proj: q(&l.down_proj),
+            })
+            .collect(),
+        source: Fp8Source::Calibrated,
+        lm_head: None,
+    }
+}

@@ -96,6 +96,60 @@ fn fp8_reads_the_checkpoints_scales() {
     );
 }
 
+/// A model whose K and V are 1024 times smaller than the test model's (K
+/// and V projections divided, Q and O multiplied by 1024: the same
+/// logits, exactly) stores them below e4m3's normal range at scale 1, and
+/// its FP8 logits fall far from the exact pass; the scales calibrated by
+/// `kv_calib` on other tokens bring them back within FP8's bound.
+#[test]
+fn calibrated_scales_keep_small_k_and_v_out_of_e4m3s_subnormals() {
+    let c = config(false);
+    let mut w = weights(&c, false);
+    let times = |t: &mut Tensor, f: f32| {
+        for x in t.data.iter_mut() {
+            *x = half::bf16::from_f32(x.to_f32() * f);
+        }
+    };
+    for l in &mut w.layers {
+        times(&mut l.k_proj, 1.0 / 1024.0);
+        times(&mut l.v_proj, 1.0 / 1024.0);
+        times(&mut l.q_proj, 1024.0);
+        times(&mut l.o_proj, 1024.0);
+    }
+    let logits = |scales: Option<KvScales>| {
+        let mut w = w.clone();
+        w.kv_scales = scales;
+        let kv = KvShape {
+            num_blocks: 16,
+            block_size: BS,
+        };
+        let mut b = CpuBackend::with_path(c.clone(), w, kv, CpuPath::Fast)
+            .unwrap()
+            .with_kv_cache_dtype(KvCacheDtype::Fp8);
+        let n = LONG_PROMPT.len();
+        let step = build_step(&[chunk(&LONG_PROMPT, 0, contiguous_blocks(0, n, BS))], BS);
+        b.logits(&step.unwrap(), &[n - 1]).unwrap()
+    };
+    let want = naive(&c, &w, &LONG_PROMPT);
+    let last = want.last().unwrap();
+    let other: Vec<u32> = LONG_PROMPT.iter().rev().map(|t| (t * 7 + 3) % 50).collect();
+    let scales = crate::kv_calib::kv_amax(&c, &w, &other, 64)
+        .unwrap()
+        .scales();
+    assert!(
+        scales.k.iter().chain(&scales.v).all(|s| *s < 1.0 / 64.0),
+        "{scales:?}"
+    );
+    let ones = rel_err(&logits(None), last);
+    let calibrated = rel_err(&logits(Some(scales)), last);
+    eprintln!("FP8 K/V rel err: scale 1 {ones:.3e}, calibrated {calibrated:.3e}");
+    assert!(calibrated < bound(KvCacheDtype::Fp8), "{calibrated}");
+    assert!(
+        ones > 3.0 * calibrated,
+        "scale 1 ({ones}) vs calibrated ({calibrated})"
+    );
+}
+
 /// A one-sequence pool of `ctx` positions on scattered blocks in `dtype`,
 /// with queries for its last `t` positions: (pool K, pool V, queries, batch).
 fn long_context(

@@ -34,10 +34,10 @@
 //! and its Hessian at a time. SmolLM2-135M over 2,048 tokens: 20 s on two
 //! cores, 0.6 GB.
 
-mod attention;
+pub(crate) mod attention;
 mod hessian;
 mod linalg;
-mod sequential;
+pub(crate) mod sequential;
 pub mod solve;
 
 #[cfg(test)]
@@ -99,6 +99,10 @@ pub enum GptqError {
         "the inputs of `{tensor}` on the calibration text are not finite (the model overflows on it)"
     )]
     NonFinite { tensor: String },
+    #[error(
+        "the outputs of `{tensor}` on the calibration text are not finite (the model overflows on it)"
+    )]
+    NonFiniteOutput { tensor: String },
     #[error(
         "`{tensor}`: the Hessian of its inputs is not positive definite at column {column} even with dampening {damp}; try a larger dampening"
     )]

@@ -55,6 +55,23 @@ fn check(
         return Err(GptqError::AlreadyFp8);
     }
     crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;
+    check_tokens(config, tokens, opts.window)?;
+    if !(opts.damp.is_finite() && opts.damp >= 0.0) || opts.block == 0 {
+        return Err(GptqError::Options(format!(
+            "dampening {} and block {}: need a finite dampening >= 0 and a block >= 1",
+            opts.damp, opts.block
+        )));
+    }
+    Ok(())
+}
+
+/// The calibration tokens checked: some, each inside the vocabulary, in
+/// windows of `window` tokens (at least 1, within the model's context).
+pub(crate) fn check_tokens(
+    config: &LlamaConfig,
+    tokens: &[u32],
+    window: usize,
+) -> Result<(), GptqError> {
     if tokens.is_empty() {
         return Err(GptqError::NoTokens);
     }
@@ -67,19 +84,24 @@ fn check(
         return Err(GptqError::Token { at, id, vocab });
     }
     let max = config.max_position_embeddings;
-    if opts.window == 0 || opts.window > max {
+    if window == 0 || window > max {
         return Err(GptqError::Options(format!(
-            "a calibration window of {} tokens: the model's context is {max}",
-            opts.window
-        )));
-    }
-    if !(opts.damp.is_finite() && opts.damp >= 0.0) || opts.block == 0 {
-        return Err(GptqError::Options(format!(
-            "dampening {} and block {}: need a finite dampening >= 0 and a block >= 1",
-            opts.damp, opts.block
+            "a calibration window of {window} tokens: the model's context is {max}"
         )));
     }
     Ok(())
+}
+
+/// `n` tokens cut into windows of `window`: each token's position in its
+/// window (`[n]`) and the windows' offsets (`[S + 1]`).
+pub(crate) fn windows(n: usize, window: usize) -> (Vec<u32>, Vec<u32>) {
+    let (mut positions, mut cu_seqlens) = (Vec::new(), vec![0u32]);
+    for start in (0..n).step_by(window) {
+        let len = window.min(n - start);
+        positions.extend(0..len as u32);
+        cu_seqlens.push((start + len) as u32);
+    }
+    (positions, cu_seqlens)
 }
 
 /// The calibration tokens' layout, shared by every layer.
@@ -95,12 +117,7 @@ struct Pass<'a> {
 impl<'a> Pass<'a> {
     fn new(config: &'a LlamaConfig, tokens: &[u32], opts: GptqOptions) -> Self {
         let n = tokens.len();
-        let (mut positions, mut cu_seqlens) = (Vec::new(), vec![0u32]);
-        for start in (0..n).step_by(opts.window) {
-            let len = opts.window.min(n - start);
-            positions.extend(0..len as u32);
-            cu_seqlens.push((start + len) as u32);
-        }
+        let (positions, cu_seqlens) = windows(n, opts.window);
         Pass {
             config,
             opts,
