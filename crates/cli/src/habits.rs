@@ -136,7 +136,9 @@ fn name_of(flag: &str) -> &str {
 }
 
 fn message(flag: &str, tip: &str) -> String {
-    format!("error: unexpected argument '{flag}' found\n\n  tip: {tip}\n\nFor more information, try '--help'.")
+    format!(
+        "error: unexpected argument '{flag}' found\n\n  tip: {tip}\n\nFor more information, try '--help'."
+    )
 }
 
 /// The message for a neighbour's flag that clap does not know, naming

@@ -402,11 +402,16 @@ mod tests {
     #[test]
     fn a_one_shot_pool_follows_the_request() {
         let shot = |tokens, sequences| OneShot { tokens, sequences };
-        assert_eq!(one_shot_blocks(shot(Some(100), 1), 8192), (100 + 256usize).div_ceil(16));
+        assert_eq!(
+            one_shot_blocks(shot(Some(100), 1), 8192),
+            (100 + 256usize).div_ceil(16)
+        );
         assert_eq!(one_shot_blocks(shot(Some(100), 4), 8192), 4 * 23);
         assert_eq!(one_shot_blocks(shot(Some(1_000_000), 1), 8192), 512);
         assert_eq!(one_shot_blocks(shot(None, 1), 8192), 512);
-        assert!(one_shot_blocks(shot(Some(5000), 1), 8192) > one_shot_blocks(shot(Some(50), 1), 8192));
+        assert!(
+            one_shot_blocks(shot(Some(5000), 1), 8192) > one_shot_blocks(shot(Some(50), 1), 8192)
+        );
 
         use clap::Parser;
         #[derive(Parser)]
@@ -426,7 +431,10 @@ mod tests {
         assert_eq!(one, (300 + 256usize).div_ceil(16));
         assert!(serve > 20 * one, "serve {serve}, one-shot {one}");
         // an explicit size wins
-        assert_eq!(blocks(&["t", "--kv-blocks", "999"], Some(shot(Some(300), 1))), 999);
+        assert_eq!(
+            blocks(&["t", "--kv-blocks", "999"], Some(shot(Some(300), 1))),
+            999
+        );
     }
 
     #[test]

@@ -58,11 +58,7 @@ pub fn show(args: ShowArgs) -> Result<()> {
         .collect();
     files.sort_by(|a, b| a.0.cmp(&b.0));
     for (name, m) in files {
-        println!(
-            "  {:>9}  {}",
-            human_size(m.len()),
-            name.to_string_lossy()
-        );
+        println!("  {:>9}  {}", human_size(m.len()), name.to_string_lossy());
     }
     let id = dir.file_name().map(|n| n.to_string_lossy().into_owned());
     if let Some(id) = id.filter(|id| store.model_dir(id) == dir) {
@@ -117,7 +113,9 @@ pub fn ps(args: PsArgs) -> Result<()> {
             req = req.bearer_auth(k);
         }
         let resp = req.send().await.with_context(|| {
-            format!("no server answers at {base}: start one with `lamina serve`, or give its `--url`")
+            format!(
+                "no server answers at {base}: start one with `lamina serve`, or give its `--url`"
+            )
         })?;
         let status = resp.status();
         let body: Value = resp
@@ -130,7 +128,10 @@ pub fn ps(args: PsArgs) -> Result<()> {
         anyhow::Ok(body)
     })?;
     let models = body["data"].as_array().cloned().unwrap_or_default();
-    println!("{:<32}  {:>8}  {:<24}  SERVER", "MODEL", "CONTEXT", "ADAPTER OF");
+    println!(
+        "{:<32}  {:>8}  {:<24}  SERVER",
+        "MODEL", "CONTEXT", "ADAPTER OF"
+    );
     for m in models {
         println!(
             "{:<32}  {:>8}  {:<24}  {base}",

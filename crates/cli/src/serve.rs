@@ -285,7 +285,10 @@ fn warm_up<'a>(engines: impl Iterator<Item = &'a engine::Engine>, budget: Durati
             .collect();
         joins
             .into_iter()
-            .map(|j| j.join().map_err(|_| anyhow::anyhow!("the warm-up thread panicked")))
+            .map(|j| {
+                j.join()
+                    .map_err(|_| anyhow::anyhow!("the warm-up thread panicked"))
+            })
             .collect::<Result<Vec<_>>>()
     })?;
     for (i, r) in reports.into_iter().enumerate() {

@@ -42,12 +42,24 @@ fn a_lone_question_is_the_prompt_of_the_default_model() {
     ok(&out);
     assert!(!stderr(&out).contains("names no model"), "{}", stderr(&out));
     let m = tiny().to_str().unwrap();
-    let out = run(None, &[&["run", "--model", m][..], &args[1..]].concat(), None);
+    let out = run(
+        None,
+        &[&["run", "--model", m][..], &args[1..]].concat(),
+        None,
+    );
     ok(&out);
     // one word: answered too, with a note in case it was a mistyped model
-    let out = run(None, &["run", "--model", m, "--device", "cpu", "-n", "2", "hello"], None);
+    let out = run(
+        None,
+        &["run", "--model", m, "--device", "cpu", "-n", "2", "hello"],
+        None,
+    );
     ok(&out);
-    assert!(stderr(&out).contains("`hello` names no model"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("`hello` names no model"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// llama.cpp's `-ngl 99` is not read as `-n gl`, and ollama's
@@ -56,14 +68,20 @@ fn a_lone_question_is_the_prompt_of_the_default_model() {
 fn neighbours_gpu_layers_and_keep_alive_get_their_tip() {
     for (args, want) in [
         (&["run", "-ngl", "99", "hi"][..], "--device cuda"),
-        (&["generate", "--gpu-layers", "99", "hi"][..], "--device cuda"),
+        (
+            &["generate", "--gpu-layers", "99", "hi"][..],
+            "--device cuda",
+        ),
         (&["serve", "--n-gpu-layers=99"][..], "--device cuda"),
         (&["run", "--keep-alive", "5m", "hi"][..], "lamina serve"),
     ] {
         let out = run(None, args, None);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert!(err.contains("tip:") && err.contains(want), "{args:?}: {err}");
+        assert!(
+            err.contains("tip:") && err.contains(want),
+            "{args:?}: {err}"
+        );
         assert!(!err.contains("'gl'"), "{err}");
     }
 }
@@ -74,7 +92,11 @@ fn neighbours_gpu_layers_and_keep_alive_get_their_tip() {
 fn one_shot_commands_size_the_pool_to_the_request() {
     let blocks = |n: &str| -> usize {
         let m = tiny().to_str().unwrap();
-        let out = run(None, &["-v", "generate", "--device", "cpu", "-n", n, m, "hi"], None);
+        let out = run(
+            None,
+            &["-v", "generate", "--device", "cpu", "-n", n, m, "hi"],
+            None,
+        );
         ok(&out);
         let err = stderr(&out);
         let at = err.find("kv_blocks=").unwrap_or_else(|| panic!("{err}"));
@@ -87,7 +109,10 @@ fn one_shot_commands_size_the_pool_to_the_request() {
     let (short, long) = (blocks("4"), blocks("200"));
     // (hi + 4 + 256 slack) / 16 and (hi + 200 + 256) / 16 blocks
     assert!(short <= 17, "{short} blocks for a 4-token reply");
-    assert!(long > short && long <= 29, "{long} blocks for a 200-token reply");
+    assert!(
+        long > short && long <= 29,
+        "{long} blocks for a 200-token reply"
+    );
 }
 
 /// The store by short name and in any case; `ls` and `show`; `list` sizes
@@ -108,7 +133,10 @@ fn store_names_ls_show_and_rm() {
     ok(&run(h, &["pull", gguf.to_str().unwrap()], None));
 
     let ls = ok(&run(h, &["ls"], None));
-    let row = ls.lines().find(|l| l.starts_with("tiny-test")).unwrap_or_else(|| panic!("{ls}"));
+    let row = ls
+        .lines()
+        .find(|l| l.starts_with("tiny-test"))
+        .unwrap_or_else(|| panic!("{ls}"));
     let dir = home.path().join("models/tiny-test");
     let on_disk: u64 = std::fs::read_dir(&dir)
         .unwrap()
@@ -118,7 +146,13 @@ fn store_names_ls_show_and_rm() {
     assert!(row.contains(&shown), "{row} should show {shown}");
 
     let show = ok(&run(h, &["show", "TINY-TEST"], None));
-    for want in ["parameters", "context       512 tokens", "chat template", "model.safetensors", "on disk"] {
+    for want in [
+        "parameters",
+        "context       512 tokens",
+        "chat template",
+        "model.safetensors",
+        "on disk",
+    ] {
         assert!(show.contains(want), "{want} missing: {show}");
     }
     // a known model by its short name: not fetched by `show`, named in full
@@ -129,7 +163,11 @@ fn store_names_ls_show_and_rm() {
 
     let rm = run(h, &["rm", "Tiny-Test"], None);
     ok(&rm);
-    assert!(stderr(&rm).contains("removed `tiny-test`") && stderr(&rm).contains("freed"), "{}", stderr(&rm));
+    assert!(
+        stderr(&rm).contains("removed `tiny-test`") && stderr(&rm).contains("freed"),
+        "{}",
+        stderr(&rm)
+    );
     assert!(!dir.exists());
 }
 

@@ -255,22 +255,34 @@ fn chromium() -> Option<PathBuf> {
 fn warm_up_at_start_and_a_default_reply_cap() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(dir.path());
-    let server = Server::start(&model, &["--warmup-secs", "60", "--max-tokens-default", "7"]);
+    let server = Server::start(
+        &model,
+        &["--warmup-secs", "60", "--max-tokens-default", "7"],
+    );
     let metrics = server.http("GET", "/metrics", &[], "").unwrap();
     let counted = metrics
         .lines()
         .find(|l| l.starts_with("lamina_prompt_tokens_total"))
         .unwrap_or_else(|| panic!("{metrics}"));
-    assert!(counted.ends_with(" 0"), "the warm-up is not counted: {counted}");
+    assert!(
+        counted.ends_with(" 0"),
+        "the warm-up is not counted: {counted}"
+    );
     let h = ["content-type: application/json"];
     let tokens = |body: &str| -> u64 {
         let resp = server.http("POST", "/v1/completions", &h, body).unwrap();
         let json = &resp[resp.find("\r\n\r\n").unwrap() + 4..];
-        let v: serde_json::Value = serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{e}: {resp}"));
-        v["usage"]["completion_tokens"].as_u64().unwrap_or_else(|| panic!("{v}"))
+        let v: serde_json::Value =
+            serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{e}: {resp}"));
+        v["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}"))
     };
     assert_eq!(tokens(r#"{"prompt":"hello","ignore_eos":true}"#), 7);
-    assert_eq!(tokens(r#"{"prompt":"hello","ignore_eos":true,"max_tokens":12}"#), 12);
+    assert_eq!(
+        tokens(r#"{"prompt":"hello","ignore_eos":true,"max_tokens":12}"#),
+        12
+    );
     let url = format!("http://127.0.0.1:{}", server.port);
     let ps = support::ok(&support::run(None, &["ps", "--url", &url], None));
     assert!(ps.contains("tiny") && ps.contains("512"), "{ps}");
@@ -279,8 +291,14 @@ fn warm_up_at_start_and_a_default_reply_cap() {
         .lines()
         .find(|l| l.contains("warmed up"))
         .unwrap_or_else(|| panic!("no warm-up line: {log}"));
-    assert!(line.contains("step shapes") && !line.contains("ran out"), "{line}");
+    assert!(
+        line.contains("step shapes") && !line.contains("ran out"),
+        "{line}"
+    );
     let help = support::ok(&support::lamina(&["serve", "--help"]));
-    assert!(help.contains("--max-tokens-default") && help.contains("[default: 4096]"), "{help}");
+    assert!(
+        help.contains("--max-tokens-default") && help.contains("[default: 4096]"),
+        "{help}"
+    );
     assert!(help.contains("--warmup-secs"), "{help}");
 }

@@ -67,7 +67,10 @@ mod tests {
             .and_then(|v| v.split('"').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no default value: {input}"));
-        assert!(value >= 1 && value <= crate::params::DEFAULT_MAX_TOKENS, "{value}");
+        assert!(
+            value >= 1 && value <= crate::params::DEFAULT_MAX_TOKENS,
+            "{value}"
+        );
         assert!(CHAT_HTML.contains(r#"for (const k of ["temperature", "top_p", "max_tokens"])"#));
     }
 }

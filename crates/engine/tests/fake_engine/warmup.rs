@@ -9,7 +9,11 @@ use super::*;
 /// powers of two, and whether it is pure decode (as many tokens as
 /// sequences) or carries a prefill.
 fn bucket(&(tokens, seqs): &(usize, usize)) -> (usize, usize, bool) {
-    (tokens.next_power_of_two(), seqs.next_power_of_two(), tokens == seqs)
+    (
+        tokens.next_power_of_two(),
+        seqs.next_power_of_two(),
+        tokens == seqs,
+    )
 }
 
 #[test]
@@ -27,24 +31,32 @@ fn warm_up_runs_every_shape_then_leaves_no_trace() {
     let plan = s.engine.warmup_plan();
     assert_eq!(plan.prefills, [1, 2, 4, 8, 16, 32, 64]);
     assert_eq!(plan.decode_batches, [1, 2, 4, 8]);
-    let report = s
-        .engine
-        .warm_up(Duration::from_secs(60))
-        .unwrap();
+    let report = s.engine.warm_up(Duration::from_secs(60)).unwrap();
     assert_eq!((report.warmed, report.planned), (11, 11), "{report}");
     let warmed: BTreeSet<_> = log.lock().unwrap().iter().map(bucket).collect();
     // every prefill bucket alone, every decode batch bucket alone
     for l in plan.prefills.iter() {
-        assert!(warmed.contains(&(l.next_power_of_two(), 1, *l == 1)), "prefill {l}: {warmed:?}");
+        assert!(
+            warmed.contains(&(l.next_power_of_two(), 1, *l == 1)),
+            "prefill {l}: {warmed:?}"
+        );
     }
     for b in plan.decode_batches.iter() {
-        assert!(warmed.contains(&(*b, *b, true)), "decode batch {b}: {warmed:?}");
+        assert!(
+            warmed.contains(&(*b, *b, true)),
+            "decode batch {b}: {warmed:?}"
+        );
     }
     // nothing remembered: counters zero, no block cached or used
     wait_idle(&s.engine);
     let st = s.engine.stats();
     assert_eq!(
-        (st.prompt_tokens_total, st.generation_tokens_total, st.steps_total, st.kv_blocks_used),
+        (
+            st.prompt_tokens_total,
+            st.generation_tokens_total,
+            st.steps_total,
+            st.kv_blocks_used
+        ),
         (0, 0, 0, 0),
         "{st:?}"
     );
