@@ -264,7 +264,10 @@ fn main() {
             "built without CUDA kernels: nvcc not found; run `cargo xtask install-nvcc` and rebuild"
         };
         println!("cargo::rustc-env=KERNELS_UNAVAILABLE={why}");
-        println!("cargo::warning={why}");
+        // (the build itself is complete: only `--device cuda` is missing)
+        println!(
+            "cargo::warning={why}. Harmless for the CPU backend: everything else builds, runs and tests on the CPU; `--device cuda` says the same when asked for"
+        );
         return;
     };
 

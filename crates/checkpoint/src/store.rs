@@ -40,7 +40,7 @@ mod manage;
 mod tests;
 
 pub use fetch::read_wheel_file;
-pub use manage::{StoredModel, gguf_id, recommended_sampling};
+pub use manage::{Removed, StoredModel, gguf_id, recommended_sampling};
 
 use std::path::{Path, PathBuf};
 
@@ -77,6 +77,39 @@ pub const KNOWN_MODELS: [(&str, Source); 3] = [
         },
     ),
 ];
+
+/// Short names of the known ids (ollama's `name:size` style among them).
+/// Every name, id or alias, is looked up without case ([`canonical_id`]).
+pub const ALIASES: [(&str, &str); 7] = [
+    ("smollm2", "smollm2-135m-instruct"),
+    ("smollm2:135m", "smollm2-135m-instruct"),
+    ("smollm2-135m", "smollm2-135m-instruct"),
+    ("llama3.2", "llama-3.2-1b-instruct"),
+    ("llama3.2:1b", "llama-3.2-1b-instruct"),
+    ("llama-3.2-1b-it", "llama-3.2-1b-instruct"),
+    ("llama3.2:1b-text", "llama-3.2-1b"),
+];
+
+/// The known id `name` names: a known id or an [`ALIASES`] entry, matched
+/// without case; `None` for any other name.
+pub fn canonical_id(name: &str) -> Option<&'static str> {
+    let lower = name.to_ascii_lowercase();
+    KNOWN_MODELS
+        .iter()
+        .map(|(k, _)| (*k, *k))
+        .chain(ALIASES)
+        .find(|(alias, _)| *alias == lower)
+        .map(|(_, id)| id)
+}
+
+/// The aliases of known id `id`, comma-separated (for `lamina list` and errors).
+pub fn aliases_of(id: &str) -> Vec<&'static str> {
+    ALIASES
+        .iter()
+        .filter(|(_, k)| *k == id)
+        .map(|(a, _)| *a)
+        .collect()
+}
 
 /// Errors resolving or fetching a model.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +233,10 @@ fn source_of(id: &str) -> Option<Source> {
 fn known_list() -> String {
     KNOWN_MODELS
         .iter()
-        .map(|(k, _)| *k)
+        .map(|(k, _)| match aliases_of(k).first() {
+            Some(a) => format!("{k} ({a})"),
+            None => (*k).to_string(),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -251,13 +287,13 @@ impl Store {
             }
             return self.import_gguf(path).map(|(_, dir)| dir);
         }
-        let in_store = manage::check_id(model).is_ok() && self.model_dir(model).is_dir();
-        if in_store {
-            let dir = self.model_dir(model);
-            manage::upgrade_sampling(&dir, model);
+        if let Some(id) = self.stored_id(model) {
+            let dir = self.model_dir(&id);
+            manage::upgrade_sampling(&dir, &id);
             return Ok(dir);
         }
-        if source_of(model).is_some() {
+        if let Some(id) = canonical_id(model) {
+            let model = id;
             if fetch {
                 return self.fetch(model);
             }
@@ -315,6 +351,7 @@ impl Store {
     /// directory; a Hugging Face repo id is fetched into the Hugging Face
     /// cache ([`hub::Hub::snapshot`]).
     pub fn fetch(&self, id: &str) -> Result<PathBuf, StoreError> {
+        let id = canonical_id(id).unwrap_or(id);
         let Some(source) = source_of(id) else {
             return match hub::RepoRef::parse(id) {
                 Some(r) => hub::Hub::from_env().snapshot(&r),

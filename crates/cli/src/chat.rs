@@ -48,6 +48,11 @@ pub fn run(mut args: ChatArgs, verbose: u8) -> Result<()> {
     // flags out of range fail before the model loads
     args.sampling
         .params(&contract::GenerationConfig::default())?;
+    // one conversation, up to the context
+    args.model.one_shot = Some(crate::kv_sizing::OneShot {
+        tokens: None,
+        sequences: 1,
+    });
     let loaded = setup::open(&args.model, 0)?;
     let current: Current = Arc::default();
     let handler_sees = current.clone();

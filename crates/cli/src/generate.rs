@@ -126,6 +126,7 @@ pub fn run(mut args: GenerateArgs) -> Result<()> {
             args.model.lora.lora.len()
         );
     }
+    args.model.one_shot = Some(one_shot(&args, &prompts));
     let loaded = setup::open(&args.model, 0)?;
     tracing::info!("{}", args.sampling.describe(&loaded.model.generation));
     let encoded = prompts
@@ -239,6 +240,25 @@ struct Given {
 enum Prompt {
     Text(String),
     Tokens(Vec<u32>),
+}
+
+/// What the prompts will ask of the KV pool: a text's bytes bound its
+/// tokens (each token covers at least one byte; the template's own tokens
+/// are the pool's slack), plus `--max-tokens`, for each prompt at once.
+fn one_shot(args: &GenerateArgs, prompts: &[Given]) -> crate::kv_sizing::OneShot {
+    let system = args.system.as_ref().map_or(0, String::len);
+    let longest = prompts
+        .iter()
+        .map(|g| match &g.prompt {
+            Prompt::Text(t) => t.len() + system,
+            Prompt::Tokens(ids) => ids.len(),
+        })
+        .max()
+        .unwrap_or(0);
+    crate::kv_sizing::OneShot {
+        tokens: Some(longest.saturating_add(args.sampling.max_tokens)),
+        sequences: prompts.len().min(args.model.max_num_seqs),
+    }
 }
 
 fn read_prompts(args: &GenerateArgs) -> Result<Vec<Given>> {

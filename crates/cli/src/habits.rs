@@ -29,6 +29,16 @@ pub fn positional_model(args: &mut ModelArgs, positional: Option<String>) -> Res
     Ok(())
 }
 
+/// Whether `word` names a model: an existing path, a known id or short
+/// name, a model in the store (any case) or a Hugging Face repo id.
+pub fn names_a_model(word: &str) -> bool {
+    use checkpoint::store;
+    std::path::Path::new(word).exists()
+        || store::canonical_id(word).is_some()
+        || store::Store::default_home().stored_id(word).is_some()
+        || store::hub::RepoRef::parse(word).is_some()
+}
+
 /// Lets every subcommand take negative numbers as flag values; the flags'
 /// own checks then name the allowed range.
 pub fn negative_numbers(cmd: clap::Command) -> clap::Command {
@@ -45,6 +55,18 @@ const TIPS: &[(&str, &str)] = &[
     (
         "-ngl",
         "lamina runs the whole model on one device: `--device cuda` or `--device cpu`",
+    ),
+    (
+        "--gpu-layers",
+        "lamina runs the whole model on one device: `--device cuda` or `--device cpu`",
+    ),
+    (
+        "--keep-alive",
+        "lamina has no daemon: `lamina serve` keeps the model loaded until it stops, and `run` / `generate` / `chat` load it for one command",
+    ),
+    (
+        "--keepalive",
+        "lamina has no daemon: `lamina serve` keeps the model loaded until it stops, and `run` / `generate` / `chat` load it for one command",
     ),
     (
         "--tensor-parallel-size",
@@ -85,8 +107,38 @@ const TIPS: &[(&str, &str)] = &[
 
 /// The tip for an unknown flag of a neighbouring tool, if there is one.
 pub fn tip(flag: &str) -> Option<&'static str> {
-    let name = flag.split_once('=').map_or(flag, |(n, _)| n);
+    let name = name_of(flag);
     TIPS.iter().find(|(f, _)| *f == name).map(|(_, t)| *t)
+}
+
+/// The message for a neighbour's flag typed anywhere before `--`, looked
+/// up before clap parses: clap reads a single-dash word such as `-ngl 99`
+/// as lamina's `-n` with the value `gl`, and a long one as a value where
+/// a flag takes one. The word must be exactly a flag of [`TIPS`] (or
+/// `FLAG=VALUE`); no lamina command has a flag of those names (a test
+/// holds the command line to that).
+pub fn neighbour_flag(raw: &[String]) -> Option<String> {
+    let flag = raw
+        .iter()
+        .skip(1)
+        .take_while(|w| w.as_str() != "--")
+        .find(|w| w.starts_with('-') && tip(w).is_some())?;
+    Some(message(flag, tip(flag)?))
+}
+
+/// The flags that get a tip.
+pub fn tip_flags() -> impl Iterator<Item = &'static str> {
+    TIPS.iter().map(|(f, _)| *f)
+}
+
+fn name_of(flag: &str) -> &str {
+    flag.split_once('=').map_or(flag, |(n, _)| n)
+}
+
+fn message(flag: &str, tip: &str) -> String {
+    format!(
+        "error: unexpected argument '{flag}' found\n\n  tip: {tip}\n\nFor more information, try '--help'."
+    )
 }
 
 /// The message for a neighbour's flag that clap does not know, naming
@@ -107,9 +159,7 @@ pub fn explain(err: &clap::Error, raw: &[String]) -> Option<String> {
                 .filter(|w| w.starts_with(bad.as_str())),
         )
         .find_map(|w| Some((w, tip(w)?)))?;
-    Some(format!(
-        "error: unexpected argument '{flag}' found\n\n  tip: {t}\n\nFor more information, try '--help'."
-    ))
+    Some(message(flag, t))
 }
 
 #[cfg(test)]
@@ -125,5 +175,19 @@ mod tests {
         );
         assert!(tip("-ngl").unwrap().contains("--device"));
         assert_eq!(tip("--frobnicate"), None);
+    }
+
+    /// `-ngl 99` is llama.cpp's flag, not `-n gl`; after `--` it is a word.
+    #[test]
+    fn neighbour_flags_are_caught_before_clap() {
+        let raw = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let m = neighbour_flag(&raw(&["lamina", "run", "-ngl", "99", "hi"])).unwrap();
+        assert!(m.contains("'-ngl'") && m.contains("--device cuda"), "{m}");
+        let m = neighbour_flag(&raw(&["lamina", "serve", "--gpu-layers=99"])).unwrap();
+        assert!(m.contains("--device cuda"), "{m}");
+        let m = neighbour_flag(&raw(&["lamina", "run", "--keep-alive", "5m"])).unwrap();
+        assert!(m.contains("lamina serve"), "{m}");
+        assert!(neighbour_flag(&raw(&["lamina", "run", "-n", "9", "hi"])).is_none());
+        assert!(neighbour_flag(&raw(&["lamina", "generate", "--", "-ngl"])).is_none());
     }
 }

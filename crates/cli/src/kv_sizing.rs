@@ -10,6 +10,10 @@
 //! is left evenly. The pool never exceeds `--max-num-seqs` full contexts
 //! (the caller's cap).
 //!
+//! The one-shot commands (`run`, `generate`, `chat`) size the pool to what
+//! they will ask ([`OneShot`], [`one_shot_blocks`]) when no flag sizes it:
+//! allocating the serving default for one short reply costs start-up time.
+//!
 //! The rules are pure arithmetic over the numbers given
 //! ([`gpu_kv_budget`], [`reserve_bytes`]), tested without a GPU; only
 //! [`gpu_memory_at_start`] reads the devices.
@@ -28,6 +32,33 @@ const GIB: f64 = (1u64 << 30) as f64;
 use anyhow::{Result, bail};
 
 use crate::setup::{BLOCK_SIZE, CUDA_MAX_BATCH_TOKENS, ModelArgs};
+
+/// Tokens a one-shot pool holds beyond the estimate of each sequence: the
+/// chat template's own tokens, speculative drafts, a block's rounding.
+pub const ONE_SHOT_SLACK_TOKENS: usize = 256;
+
+/// What a one-shot command will ask of the KV pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneShot {
+    /// Tokens of the longest sequence (an upper bound of prompt plus
+    /// reply); `None`: up to the context (a conversation).
+    pub tokens: Option<usize>,
+    /// Sequences running at once.
+    pub sequences: usize,
+}
+
+/// The blocks a one-shot pool needs: `sequences` sequences of `tokens`
+/// plus [`ONE_SHOT_SLACK_TOKENS`], each at most the context.
+pub fn one_shot_blocks(shot: OneShot, context: usize) -> usize {
+    let per_seq = shot
+        .tokens
+        .map_or(context, |t| t.saturating_add(ONE_SHOT_SLACK_TOKENS))
+        .min(context.max(1));
+    shot.sequences
+        .max(1)
+        .saturating_mul(per_seq.div_ceil(BLOCK_SIZE))
+        .max(1)
+}
 
 /// What the device and the model say about memory (bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,10 +201,14 @@ pub(crate) fn kv_pool(
                 (None, Some(bytes)) => bytes,
                 (None, None) => (CPU_KV_MEMORY_GIB * GIB) as usize,
             };
-            // never more than the context of max_num_seqs sequences
-            let useful = args
+            // never more than the context of max_num_seqs sequences, nor
+            // than a one-shot command will ask
+            let mut useful = args
                 .max_num_seqs
                 .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
+            if let Some(shot) = args.one_shot {
+                useful = useful.min(one_shot_blocks(shot, cfg.max_position_embeddings));
+            }
             paged_kv::blocks_for_budget(budget, per_block)
                 .min(useful)
                 .max(1)
@@ -359,6 +394,47 @@ mod tests {
         assert!(fp8 >= 2 * bf16 && fp8 / 2 == bf16, "fp8 {fp8}, bf16 {bf16}");
         assert!(bf16 >= 2 * f32 && bf16 / 2 == f32, "bf16 {bf16}, f32 {f32}");
         assert!(Cmd::try_parse_from(["t", "--kv-cache-dtype", "int4"]).is_err());
+    }
+
+    /// A one-shot command's pool follows its request: prompt and reply
+    /// plus the slack, per sequence, at most the context; a conversation
+    /// gets one context; a flag still wins, and serving keeps the default.
+    #[test]
+    fn a_one_shot_pool_follows_the_request() {
+        let shot = |tokens, sequences| OneShot { tokens, sequences };
+        assert_eq!(
+            one_shot_blocks(shot(Some(100), 1), 8192),
+            (100 + 256usize).div_ceil(16)
+        );
+        assert_eq!(one_shot_blocks(shot(Some(100), 4), 8192), 4 * 23);
+        assert_eq!(one_shot_blocks(shot(Some(1_000_000), 1), 8192), 512);
+        assert_eq!(one_shot_blocks(shot(None, 1), 8192), 512);
+        assert!(
+            one_shot_blocks(shot(Some(5000), 1), 8192) > one_shot_blocks(shot(Some(50), 1), 8192)
+        );
+
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cmd {
+            #[command(flatten)]
+            m: ModelArgs,
+        }
+        let cfg = contract::presets::Preset::Smollm2_135m.config().unwrap();
+        let blocks = |argv: &[&str], one: Option<OneShot>| {
+            let mut args = Cmd::try_parse_from(argv).unwrap().m;
+            args.one_shot = one;
+            kv_pool(&args, &cfg, None).unwrap().1
+        };
+        // serving: the CPU default of 2 GiB (capped by the full contexts)
+        let serve = blocks(&["t"], None);
+        let one = blocks(&["t"], Some(shot(Some(300), 1)));
+        assert_eq!(one, (300 + 256usize).div_ceil(16));
+        assert!(serve > 20 * one, "serve {serve}, one-shot {one}");
+        // an explicit size wins
+        assert_eq!(
+            blocks(&["t", "--kv-blocks", "999"], Some(shot(Some(300), 1))),
+            999
+        );
     }
 
     #[test]

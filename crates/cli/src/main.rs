@@ -1,5 +1,5 @@
 //! `lamina`: run, generate, chat, serve, bench, tokenize, synth-model and
-//! the model store (pull, list, rm).
+//! the model store (pull, list / ls, show, rm; ps asks a running server).
 //!
 //! Errors reach the user as one line, `error: <cause>: <detail>`, and a
 //! non-zero exit status; nothing the user can type makes it panic.
@@ -20,6 +20,7 @@ mod habits;
 mod kv_sizing;
 mod llama_bench;
 mod lora_args;
+mod model_info;
 mod models;
 mod perplexity;
 mod progress;
@@ -93,9 +94,15 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Fetch a known model or a Hugging Face repo, or import a .gguf file into the store.
     Pull(models::PullArgs),
-    /// List the models in the store (id, size, source, path).
+    /// List the models in the store (id, size on disk, source, path).
+    #[command(visible_alias = "ls")]
     List(models::ListArgs),
-    /// Delete a model from the store.
+    /// A model's details: architecture, parameters, context, weight format,
+    /// chat template, files and sizes.
+    Show(model_info::ShowArgs),
+    /// The models a running `lamina serve` has loaded (asks it at --url).
+    Ps(model_info::PsArgs),
+    /// Delete a model from the store, with its downloads.
     Rm(models::RmArgs),
 }
 
@@ -136,6 +143,8 @@ fn main() -> ExitCode {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Pull(a) => models::pull(a),
         Command::List(a) => models::list(a),
+        Command::Show(a) => model_info::show(a),
+        Command::Ps(a) => model_info::ps(a),
         Command::Rm(a) => models::rm(a),
     };
     match result {
@@ -157,6 +166,11 @@ fn parse() -> Result<Cli, ExitCode> {
     let raw: Vec<String> = std::env::args_os()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    // before clap, which reads `-ngl 99` as `-n gl`
+    if let Some(msg) = habits::neighbour_flag(&raw) {
+        eprintln!("{msg}");
+        return Err(ExitCode::from(2));
+    }
     let parsed = habits::negative_numbers(Cli::command())
         .try_get_matches_from(&raw)
         .and_then(|m| Cli::from_arg_matches(&m));
@@ -228,6 +242,32 @@ mod tests {
     fn the_command_line_is_well_formed() {
         use clap::CommandFactory;
         super::habits::negative_numbers(super::Cli::command()).debug_assert();
+    }
+
+    /// No flag that gets a neighbour's tip (caught before clap) is a
+    /// lamina flag of any command.
+    #[test]
+    fn tip_flags_are_no_lamina_flags() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        for sub in cli.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let long = arg.get_long().map(|l| format!("--{l}"));
+                let short = arg.get_short().map(|s| format!("-{s}"));
+                let aliases = arg
+                    .get_visible_aliases()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|a| format!("--{a}"));
+                for name in long.into_iter().chain(short).chain(aliases) {
+                    assert!(
+                        !super::habits::tip_flags().any(|f| f == name),
+                        "`{name}` of `{}` has a tip",
+                        sub.get_name()
+                    );
+                }
+            }
+        }
     }
 
     /// Every `serve` flag (the model flags included) can come from a

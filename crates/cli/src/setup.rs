@@ -113,7 +113,8 @@ pub struct ModelArgs {
     pub kv_blocks: Option<usize>,
     /// Memory for the KV pool in GiB when --kv-blocks is not given
     /// [default: on CUDA what --gpu-memory-utilization leaves after the
-    /// weights and workspace; 2 on the CPU].
+    /// weights and workspace; 2 on the CPU; `run`, `generate` and `chat`
+    /// take only what their prompts, replies and context need].
     #[arg(long, env = "LAMINA_KV_MEMORY_GIB")]
     pub kv_memory_gib: Option<f64>,
     /// Share of each GPU's total memory the server may use (weights,
@@ -175,6 +176,10 @@ pub struct ModelArgs {
     pub spec: crate::spec_args::SpecArgs,
     #[command(flatten)]
     pub lora: crate::lora_args::LoraArgs,
+    /// What a one-shot command (`run`, `generate`, `chat`) will ask of the
+    /// KV pool, set by that command (no flag): the pool is sized to it.
+    #[arg(skip)]
+    pub one_shot: Option<crate::kv_sizing::OneShot>,
 }
 
 /// `--kv-cache-dtype`'s parser: the spellings of [`KvCacheDtype::CHOICES`].
@@ -285,7 +290,8 @@ pub fn model_dir(model: &str) -> Result<PathBuf> {
     Ok(checkpoint::store::resolve(model, true)?)
 }
 
-/// The name a model is shown under: the id as given, or a directory's last component.
+/// The name a model is shown under: a directory's last component, the
+/// store id a short name or another case names, else the id as given.
 pub fn display_name(model: &str) -> String {
     let path = std::path::Path::new(model);
     if path.is_dir()
@@ -293,7 +299,11 @@ pub fn display_name(model: &str) -> String {
     {
         return name.to_string_lossy().into_owned();
     }
-    model.to_string()
+    let store = checkpoint::store::Store::default_home();
+    if let Some(id) = store.stored_id(model) {
+        return id;
+    }
+    checkpoint::store::canonical_id(model).map_or_else(|| model.to_string(), str::to_string)
 }
 
 /// Opens the model and starts the engine.

@@ -247,3 +247,58 @@ fn chromium() -> Option<PathBuf> {
         .flat_map(|name| std::env::split_paths(&path).map(move |d| d.join(name)))
         .find(|p| p.is_file())
 }
+
+/// At start every step shape is warmed up and then forgotten (no counted
+/// tokens); a request without `max_tokens` stops at `--max-tokens-default`
+/// while one that asks more gets it; `lamina ps` lists the served model.
+#[test]
+fn warm_up_at_start_and_a_default_reply_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(dir.path());
+    let server = Server::start(
+        &model,
+        &["--warmup-secs", "60", "--max-tokens-default", "7"],
+    );
+    let metrics = server.http("GET", "/metrics", &[], "").unwrap();
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("lamina_prompt_tokens_total"))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(
+        counted.ends_with(" 0"),
+        "the warm-up is not counted: {counted}"
+    );
+    let h = ["content-type: application/json"];
+    let tokens = |body: &str| -> u64 {
+        let resp = server.http("POST", "/v1/completions", &h, body).unwrap();
+        let json = &resp[resp.find("\r\n\r\n").unwrap() + 4..];
+        let v: serde_json::Value =
+            serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("{e}: {resp}"));
+        v["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}"))
+    };
+    assert_eq!(tokens(r#"{"prompt":"hello","ignore_eos":true}"#), 7);
+    assert_eq!(
+        tokens(r#"{"prompt":"hello","ignore_eos":true,"max_tokens":12}"#),
+        12
+    );
+    let url = format!("http://127.0.0.1:{}", server.port);
+    let ps = support::ok(&support::run(None, &["ps", "--url", &url], None));
+    assert!(ps.contains("tiny") && ps.contains("512"), "{ps}");
+    let log = server.stop();
+    let line = log
+        .lines()
+        .find(|l| l.contains("warmed up"))
+        .unwrap_or_else(|| panic!("no warm-up line: {log}"));
+    assert!(
+        line.contains("step shapes") && !line.contains("ran out"),
+        "{line}"
+    );
+    let help = support::ok(&support::lamina(&["serve", "--help"]));
+    assert!(
+        help.contains("--max-tokens-default") && help.contains("[default: 4096]"),
+        "{help}"
+    );
+    assert!(help.contains("--warmup-secs"), "{help}");
+}

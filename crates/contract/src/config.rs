@@ -432,6 +432,8 @@ pub struct SamplingDefaults {
     pub top_p: f32,
     /// 0 = off.
     pub min_p: f32,
+    /// 1 = off; the model's `repetition_penalty` whichever the source.
+    pub repetition_penalty: f32,
     pub source: DefaultsSource,
 }
 
@@ -444,6 +446,7 @@ impl SamplingDefaults {
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
             ..Default::default()
         }
     }
@@ -454,6 +457,7 @@ impl SamplingDefaults {
         top_k: 40,
         top_p: 0.95,
         min_p: 0.05,
+        repetition_penalty: 1.0,
         source: DefaultsSource::LlamaCpp,
     };
 }
@@ -466,9 +470,18 @@ impl std::fmt::Display for SamplingDefaults {
         };
         write!(
             f,
-            "temperature {}, top-k {}, top-p {}, min-p {} ({from})",
+            "temperature {}, top-k {}, top-p {}, min-p {}",
             self.temperature, self.top_k, self.top_p, self.min_p
-        )
+        )?;
+        if self.repetition_penalty != 1.0 {
+            // (from the model's file, whichever the source of the others)
+            write!(
+                f,
+                ", repetition penalty {} (generation_config.json)",
+                self.repetition_penalty
+            )?;
+        }
+        write!(f, " ({from})")
     }
 }
 
@@ -487,6 +500,9 @@ pub struct GenerationConfig {
     pub top_k: Option<usize>,
     #[serde(default)]
     pub min_p: Option<f32>,
+    /// Transformers' `repetition_penalty` (1 = off).
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
 }
 
 impl GenerationConfig {
@@ -535,6 +551,14 @@ impl GenerationConfig {
         {
             return Err(bad("min_p", format!("must be in [0, 1], got {p}")));
         }
+        if let Some(r) = self.repetition_penalty
+            && !(r > 0.0 && r.is_finite())
+        {
+            return Err(bad(
+                "repetition_penalty",
+                format!("must be a finite number > 0, got {r}"),
+            ));
+        }
         Ok(())
     }
 
@@ -542,20 +566,26 @@ impl GenerationConfig {
     /// values this file ships, the others neutral (temperature 1, no top-k,
     /// top-p 1, no min-p); when it ships none at all, llama.cpp's defaults
     /// ([`SamplingDefaults::LLAMA_CPP`]), because a small model sampled at
-    /// temperature 1 with no truncation rambles.
+    /// temperature 1 with no truncation rambles. The file's
+    /// `repetition_penalty` applies either way (none: 1, off).
     pub fn sampling_defaults(&self) -> SamplingDefaults {
+        let repetition_penalty = self.repetition_penalty.unwrap_or(1.0);
         if self.temperature.is_none()
             && self.top_p.is_none()
             && self.top_k.is_none()
             && self.min_p.is_none()
         {
-            return SamplingDefaults::LLAMA_CPP;
+            return SamplingDefaults {
+                repetition_penalty,
+                ..SamplingDefaults::LLAMA_CPP
+            };
         }
         SamplingDefaults {
             temperature: self.temperature.unwrap_or(1.0),
             top_k: self.top_k.unwrap_or(0),
             top_p: self.top_p.unwrap_or(1.0),
             min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty,
             source: DefaultsSource::Model,
         }
     }

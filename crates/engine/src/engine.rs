@@ -408,6 +408,27 @@ impl Engine {
         (self.inner.block_size, self.inner.num_blocks)
     }
 
+    /// The limits the engine was started with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.cfg
+    }
+
+    /// The model's vocabulary size.
+    pub(crate) fn vocab_size(&self) -> usize {
+        self.inner.vocab_size
+    }
+
+    /// Empties the prefix cache and zeroes the counters of [`Engine::stats`]
+    /// once every request before it has ended (the warm-up's end); waits
+    /// until the loop has done it.
+    pub(crate) fn forget_warm_up(&self) {
+        let (tx, rx) = mpsc::channel();
+        if self.inner.tx.send(Msg::ForgetWarmUp(tx)).is_ok() {
+            // (an error: the loop is gone, nothing left to forget)
+            let _ = rx.recv();
+        }
+    }
+
     /// Stops accepting requests, cancels those in flight and joins the loop.
     /// Idempotent; later submits fail with [`SubmitError::ShuttingDown`].
     pub fn shutdown(&self) {

@@ -14,7 +14,8 @@
 //! Module map: [`types`] (public values and errors), `engine` (handles and
 //! submit validation), `worker` (the loop), `scheduler` (batch planning and KV
 //! bookkeeping), `output` (detokenizing, stop conditions, events), `stop`
-//! (stop strings across tokens), [`lora`] (LoRA adapters: the registry and
+//! (stop strings across tokens), [`warmup`] (every step shape run once at
+//! start), [`lora`] (LoRA adapters: the registry and
 //! the backend's slots), [`grammar`] (constrained decoding through
 //! `llguidance`), [`speculate`] (speculative decoding's drafters and
 //! settings), [`testing`] (a fake backend for tests).
@@ -32,6 +33,7 @@ mod step_time;
 mod stop;
 pub mod testing;
 pub mod types;
+pub mod warmup;
 mod worker;
 
 pub use engine::{Canceller, Completion, Engine, RequestHandle};
@@ -42,3 +44,4 @@ pub use types::{
     EngineConfig, EngineError, EngineStats, Event, FinishReason, Finished, GenerateRequest,
     LoraGauge, SubmitError, TokenEvent, Usage,
 };
+pub use warmup::{WarmupPlan, WarmupReport};

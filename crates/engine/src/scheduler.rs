@@ -339,6 +339,15 @@ impl Scheduler {
     pub(crate) fn kv(&self) -> &KvManager {
         &self.kv
     }
+    /// Empties the prefix cache and zeroes the preemption and speculation
+    /// counters (what the warm-up leaves behind).
+    pub(crate) fn forget_history(&mut self) {
+        self.kv.clear_prefix_cache();
+        self.preemptions_total = 0;
+        if let Some(spec) = self.spec.as_mut() {
+            spec.stats = Default::default();
+        }
+    }
     /// The LoRA adapter slots.
     pub(crate) fn lora(&self) -> &LoraSlots {
         &self.lora

@@ -119,6 +119,8 @@ pub struct FakeBackend {
     pipe: HostPipeline,
     /// Steps launched held (`Backend::launch_held`), counted for tests.
     held_steps: Arc<AtomicUsize>,
+    /// `(tokens, sequences)` of every step computed, in order, for tests.
+    shapes: Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
 }
 
 impl FakeBackend {
@@ -135,7 +137,14 @@ impl FakeBackend {
             context: Vec::new(),
             pipe: HostPipeline::default(),
             held_steps: Arc::new(AtomicUsize::new(0)),
+            shapes: Arc::default(),
         }
+    }
+
+    /// `(tokens, sequences)` of every step computed so far (shared: read it
+    /// after the backend moved into an engine).
+    pub fn step_shapes(&self) -> Arc<std::sync::Mutex<Vec<(usize, usize)>>> {
+        self.shapes.clone()
     }
 
     /// The count of steps launched held so far (shared: read it after the
@@ -207,6 +216,9 @@ impl contract::HostCompute for FakeBackend {
             return Err(BackendError::Device(format!(
                 "injected failure on token {bad}"
             )));
+        }
+        if let Ok(mut shapes) = self.shapes.lock() {
+            shapes.push((batch.tokens.len(), batch.num_seqs()));
         }
         for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
             self.kv[slot as usize] = tok;

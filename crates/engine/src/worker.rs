@@ -84,6 +84,9 @@ pub(crate) enum Msg {
     Cancel(u64),
     /// A LoRA adapter was unloaded: empty the idle slots holding it.
     LorasChanged,
+    /// The warm-up ended: empty the prefix cache, zero the counters, then
+    /// answer.
+    ForgetWarmUp(std::sync::mpsc::Sender<()>),
     Shutdown,
 }
 
@@ -260,6 +263,12 @@ impl Worker {
                 if let Err(e) = self.apply_lora_loads() {
                     tracing::error!(error = %e, "could not empty a LoRA adapter slot");
                 }
+            }
+            Msg::ForgetWarmUp(done) => {
+                self.sched.forget_history();
+                self.shared.reset_totals();
+                self.publish();
+                let _ = done.send(());
             }
             Msg::Shutdown => return false,
         }

@@ -269,7 +269,7 @@ fn place(
     job.constraint_param = structured.constraint.is_some().then_some(structured.param);
     job.prompt_tokens = prompt.len();
     let state = &job.state;
-    let mut greq = checked.request(prompt, state.max_context());
+    let mut greq = checked.request(prompt, state.max_context(), state.cfg.default_max_tokens);
     greq.constraint = structured.constraint;
     let placed = state
         .replicas

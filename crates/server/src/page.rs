@@ -2,7 +2,8 @@
 //! (`page/chat.html`, inline CSS and JavaScript, no build step) compiled
 //! into the binary. It streams `POST /v1/chat/completions`, shows the
 //! served model (from `/` as JSON), takes a system message, temperature,
-//! top-p and max tokens, and stops a reply with an `AbortController`.
+//! top-p and max tokens (1024 unless changed, so a reply that never ends
+//! stops there; emptied, the server's default cap applies), and stops a reply with an `AbortController`.
 //! `/#message=TEXT` sends TEXT once the page has loaded.
 
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -51,5 +52,25 @@ mod tests {
         assert!(!with("*/*"));
         assert!(!with("application/json"));
         assert!(!wants_html(&HeaderMap::new()));
+    }
+
+    /// The page sends a bounded `max_tokens` unless the user changes it.
+    #[test]
+    fn the_page_sends_a_default_max_tokens() {
+        let input = CHAT_HTML
+            .lines()
+            .find(|l| l.contains(r#"id="max_tokens""#))
+            .expect("a max tokens field");
+        let value: usize = input
+            .split(r#"value=""#)
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no default value: {input}"));
+        assert!(
+            value >= 1 && value <= crate::params::DEFAULT_MAX_TOKENS,
+            "{value}"
+        );
+        assert!(CHAT_HTML.contains(r#"for (const k of ["temperature", "top_p", "max_tokens"])"#));
     }
 }

@@ -15,7 +15,10 @@
 //! the model's `generation_config.json` values (neutral values for those it
 //! leaves out), or llama.cpp's defaults when it ships none
 //! (`GenerationConfig::sampling_defaults`); an absent `max_tokens` means "up to
-//! the context"; an absent `seed` is drawn per request.
+//! the rest of the context, at most the server's default cap"
+//! ([`DEFAULT_MAX_TOKENS`], `lamina serve --max-tokens-default`), so a
+//! reply that never reaches an end-of-sequence token stays bounded; an
+//! absent `seed` is drawn per request.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,6 +29,10 @@ use engine::GenerateRequest;
 
 use crate::error::ApiError;
 use crate::protocol::CommonFields;
+
+/// Tokens a reply may have when the request gives no `max_tokens`, unless
+/// the rest of the context is less (`ServerConfig::default_max_tokens`).
+pub const DEFAULT_MAX_TOKENS: usize = 4096;
 
 /// Most stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP: usize = 4;
@@ -212,12 +219,20 @@ fn logit_bias(map: Option<&HashMap<String, f32>>) -> Result<Arc<[(u32, f32)]>, A
 
 impl Checked {
     /// The engine request for `prompt`; an absent `max_tokens` is the rest
-    /// of the context (0 when the prompt fills it: the engine then refuses
-    /// the prompt as too long). The limits are checked by `Engine::submit`.
-    pub fn request(&self, prompt: Vec<u32>, max_context: usize) -> GenerateRequest {
-        let max_tokens = self
-            .max_tokens
-            .unwrap_or_else(|| max_context.saturating_sub(prompt.len()));
+    /// of the context, at most `default_cap` (0 when the prompt fills the
+    /// context: the engine then refuses the prompt as too long). The limits
+    /// are checked by `Engine::submit`.
+    pub fn request(
+        &self,
+        prompt: Vec<u32>,
+        max_context: usize,
+        default_cap: usize,
+    ) -> GenerateRequest {
+        let max_tokens = self.max_tokens.unwrap_or_else(|| {
+            max_context
+                .saturating_sub(prompt.len())
+                .min(default_cap.max(1))
+        });
         GenerateRequest {
             prompt,
             sampling: self.sampling.clone(),
@@ -245,13 +260,13 @@ mod tests {
     #[test]
     fn speculative_decoding_is_on_unless_the_request_opts_out() {
         let on = run(CommonFields::default()).unwrap();
-        assert!(on.request(vec![1], 16).speculative);
+        assert!(on.request(vec![1], 16, 16).speculative);
         let off = run(CommonFields {
             speculative: Some(false),
             ..Default::default()
         })
         .unwrap();
-        assert!(!off.request(vec![1], 16).speculative);
+        assert!(!off.request(vec![1], 16, 16).speculative);
         let body = r#"{"prompt": "x", "speculative": false}"#;
         let r: crate::protocol::CompletionRequest = serde_json::from_str(body).unwrap();
         assert_eq!(r.common().speculative, Some(false));
@@ -362,9 +377,11 @@ mod tests {
             temperature: Some(0.3),
             top_p: Some(0.9),
             top_k: Some(40),
+            repetition_penalty: Some(1.1),
             ..Default::default()
         };
         let c = check(&CommonFields::default(), 0, "max_tokens", &defaults).unwrap();
+        assert_eq!(c.sampling.repetition_penalty, 1.1);
         assert_eq!(c.sampling.temperature, 0.3);
         assert_eq!(c.sampling.top_p, 0.9);
         assert_eq!(c.sampling.top_k, 40);
@@ -401,10 +418,27 @@ mod tests {
         })
         .unwrap();
         // the limit is the engine's: passed through as given
-        assert_eq!(c.request(vec![1; 95], 100).max_tokens, 10);
+        assert_eq!(c.request(vec![1; 95], 100, 4096).max_tokens, 10);
         let open = run(CommonFields::default()).unwrap();
-        assert_eq!(open.request(vec![1; 30], 100).max_tokens, 70);
-        assert_eq!(open.request(vec![1; 100], 100).max_tokens, 0);
+        assert_eq!(open.request(vec![1; 30], 100, 4096).max_tokens, 70);
+        assert_eq!(open.request(vec![1; 100], 100, 4096).max_tokens, 0);
+    }
+
+    /// A request without `max_tokens` on a long context stops at the
+    /// server's cap; one that asks for more than the cap gets it (the
+    /// context limit stays the engine's check).
+    #[test]
+    fn an_absent_max_tokens_stops_at_the_default_cap() {
+        let open = run(CommonFields::default()).unwrap();
+        let r = open.request(vec![1; 10], 131_072, DEFAULT_MAX_TOKENS);
+        assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
+        assert_eq!(open.request(vec![1; 10], 131_072, 64).max_tokens, 64);
+        let asks = run(CommonFields {
+            max_tokens: Some(10_000),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(asks.request(vec![1; 10], 131_072, 64).max_tokens, 10_000);
     }
 
     #[test]

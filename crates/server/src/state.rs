@@ -74,6 +74,9 @@ pub struct ServerConfig {
     pub read_deadline: Duration,
     /// Sampling defaults (`generation_config.json`) for fields a request leaves out.
     pub defaults: GenerationConfig,
+    /// Most tokens a reply gets when the request sets no `max_tokens`
+    /// (less when the rest of the context is less).
+    pub default_max_tokens: usize,
     /// Size and depth limits on what a request carries ([`InputLimits`]).
     pub limits: InputLimits,
     /// Requests waiting for the work pool before 429 ([`crate::work`]).
@@ -111,6 +114,7 @@ impl ServerConfig {
             min_body_rate: DEFAULT_MIN_BODY_RATE,
             read_deadline: Duration::from_secs(60),
             defaults: GenerationConfig::default(),
+            default_max_tokens: crate::params::DEFAULT_MAX_TOKENS,
             limits: InputLimits::default(),
             work_queue: crate::work::DEFAULT_QUEUE,
             work_budget: crate::work::DEFAULT_BUDGET,

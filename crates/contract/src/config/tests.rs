@@ -186,6 +186,8 @@ fn generation_config_defaults_must_be_usable() {
         (r#"{"top_p": 0}"#, "top_p"),
         (r#"{"top_p": 1.5}"#, "top_p"),
         (r#"{"min_p": 2}"#, "min_p"),
+        (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+        (r#"{"repetition_penalty": -1.1}"#, "repetition_penalty"),
     ] {
         std::fs::write(dir.join("generation_config.json"), text).unwrap();
         let err = GenerationConfig::from_dir(&dir).unwrap_err().to_string();
@@ -224,4 +226,22 @@ fn sampling_defaults_fall_back_to_llama_cpp_only_when_the_model_ships_none() {
     );
     assert_eq!(d.source, crate::DefaultsSource::Model);
     assert!(d.to_string().contains("generation_config.json"), "{d}");
+}
+
+/// A model's `repetition_penalty` is the default of requests that set none,
+/// beside its sampling values or llama.cpp's; without one it stays off.
+#[test]
+fn the_models_repetition_penalty_is_a_default() {
+    let g: GenerationConfig =
+        serde_json::from_str(r#"{"temperature": 0.6, "repetition_penalty": 1.1}"#).unwrap();
+    let d = g.sampling_defaults();
+    assert_eq!(d.repetition_penalty, 1.1);
+    assert_eq!(d.params().repetition_penalty, 1.1);
+    assert!(d.to_string().contains("repetition penalty 1.1"), "{d}");
+    let only: GenerationConfig = serde_json::from_str(r#"{"repetition_penalty": 1.2}"#).unwrap();
+    let d = only.sampling_defaults();
+    assert_eq!((d.temperature, d.repetition_penalty), (0.8, 1.2));
+    let none: GenerationConfig = serde_json::from_str(r#"{"temperature": 0.2}"#).unwrap();
+    assert_eq!(none.sampling_defaults().params().repetition_penalty, 1.0);
+    assert!(!none.sampling_defaults().to_string().contains("repetition"));
 }

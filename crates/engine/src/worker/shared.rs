@@ -96,6 +96,25 @@ impl Shared {
     }
 
     /// Adds `n` to a counter.
+    /// Zeroes the running totals (the gauges are published each step).
+    pub(super) fn reset_totals(&self) {
+        for c in [
+            &self.prompt_tokens_total,
+            &self.cached_tokens_total,
+            &self.generation_tokens_total,
+            &self.steps_total,
+            &self.preemptions_total,
+            &self.backend_ns_total,
+            &self.schedule_ns_total,
+            &self.host_ns_total,
+            &self.spec_drafted_total,
+            &self.spec_accepted_total,
+            &self.spec_verifies_total,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub(super) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }

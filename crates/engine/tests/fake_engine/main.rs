@@ -7,11 +7,13 @@
 //! [`scheduling`] checks outputs under batching, chunking, preemption, prefix
 //! caching and overlapped output processing; [`speculation`] checks that
 //! speculative decoding changes no output; [`lifecycle`] checks how
-//! requests end (cancel, stop, EOS, errors, rejections, queue, shutdown).
+//! requests end (cancel, stop, EOS, errors, rejections, queue, shutdown);
+//! [`warmup`] checks the start-up warm-up.
 
 mod lifecycle;
 mod scheduling;
 mod speculation;
+mod warmup;
 
 use std::sync::Arc;
 use std::time::Duration;
