@@ -127,7 +127,7 @@ fn dummy(shape: usize, len: usize, vocab: usize, max_tokens: usize) -> GenerateR
             (contract::sampling::splitmix64(x) % vocab) as u32
         })
         .collect();
-    let sampling = if shape % 2 == 0 {
+    let sampling = if shape.is_multiple_of(2) {
         SamplingParams {
             temperature: 0.0,
             ..Default::default()
