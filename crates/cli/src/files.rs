@@ -13,7 +13,6 @@
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -40,29 +39,17 @@ pub struct TextFile {
 }
 
 impl TextFile {
-    /// Opens `path` (given as `flag`) without blocking, and refuses
-    /// anything but a regular file of at most [`MAX_TEXT_BYTES`].
+    /// Opens `path` (given as `flag`) without blocking
+    /// (`checkpoint::files::open_regular`), and refuses anything but a
+    /// regular file of at most [`MAX_TEXT_BYTES`].
     pub fn open(path: &Path, flag: &'static str) -> Result<TextFile> {
-        let what = || format!("reading {flag} {}", path.display());
-        // O_NONBLOCK: opening a FIFO with no writer returns at once (and is
-        // then refused) instead of waiting for one
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-            .with_context(what)?;
-        let meta = file.metadata().with_context(what)?;
-        if !meta.is_file() {
+        // a FIFO, device or directory is refused at once, by kind
+        let (file, len) = checkpoint::files::open_regular(path)
+            .with_context(|| format!("reading {flag} {}", path.display()))?;
+        if len > MAX_TEXT_BYTES {
             bail!(
-                "{flag} {} is not a regular file (a FIFO, device or directory cannot be read as text)",
+                "{flag} {} is {len} bytes, over the limit of {MAX_TEXT_BYTES} bytes (1 GiB) for a text",
                 path.display()
-            );
-        }
-        if meta.len() > MAX_TEXT_BYTES {
-            bail!(
-                "{flag} {} is {} bytes, over the limit of {MAX_TEXT_BYTES} bytes (1 GiB) for a text",
-                path.display(),
-                meta.len()
             );
         }
         Ok(TextFile {
