@@ -239,6 +239,28 @@ mod tests {
     }
 
     #[test]
+    fn allowed_host_entries_are_checked() {
+        for ok in [
+            "*",
+            "example.com",
+            "api.example.com:8443",
+            "10.0.0.5",
+            "[fd00::1]",
+        ] {
+            assert!(check_allowed_host(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "https://example.com",
+            "example.com/v1",
+            "a b",
+            "exa$mple",
+        ] {
+            assert!(check_allowed_host(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn json_media_types() {
         for ok in [
             "application/json",
