@@ -1,7 +1,8 @@
 """The official `anthropic` client against `lamina serve`'s Messages API:
 a plain message, a streamed one (Anthropic's event sequence, `ping`
 included), a prefilled one (a last assistant turn continued), a stop sequence, a two-turn tool round trip (`tool_use` then
-`tool_result`) whole and streamed, `count_tokens`, the key as `x-api-key`,
+`tool_result`) whole and streamed (also with the assistant's blocks sent
+back as `model_dump()` dicts), `count_tokens`, the key as `x-api-key`,
 and bad requests answered in Anthropic's error shape."""
 
 import json
@@ -98,6 +99,16 @@ check(m2.stop_reason in ("end_turn", "max_tokens", "tool_use"), f"answer {m2}")
 check(m2.content, f"empty answer {m2}")
 n = c.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
 check(n.input_tokens == m2.usage.input_tokens + (m2.usage.cache_read_input_tokens or 0), f"count_tokens {n}")
+# the same round trip as agent loops write it: the assistant's blocks as
+# plain dicts, where `model_dump()` keeps `caller`, `toolset_name` and
+# `citations` as null
+dumped = [b.model_dump() for b in m.content]
+check(any("caller" in b and "toolset_name" in b for b in dumped), f"model_dump {dumped}")
+history3 = Q + [{"role": "assistant", "content": dumped}] + history[2:]
+m3 = c.messages.create(model=MODEL, max_tokens=32, tools=[WEATHER], messages=history3, extra_body=GREEDY)
+log("answer (dumped blocks):", m3.content, m3.stop_reason)
+prompt = lambda u: u.input_tokens + (u.cache_read_input_tokens or 0)
+check(prompt(m3.usage) == prompt(m2.usage), f"dumped prompt {m3.usage} != {m2.usage}")
 
 # the call streamed: a tool_use block with its input as JSON deltas
 with c.messages.stream(model=MODEL, max_tokens=48, tools=[WEATHER],

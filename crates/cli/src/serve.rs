@@ -50,6 +50,18 @@ pub struct ServeArgs {
     /// any. None by default: no CORS headers are sent.
     #[arg(long, env = "LAMINA_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Host names (or addresses) clients may reach the server by, besides
+    /// loopback (`localhost`, 127.0.0.0/8, `[::1]`) and the `--host`
+    /// address; repeatable or comma-separated, `*` for any. Other `Host`
+    /// headers get 403, which stops DNS-rebinding pages. Without this flag,
+    /// a server on every interface (`--host 0.0.0.0`) serves any Host only
+    /// when an API key is set, and otherwise loopback names alone: pass the
+    /// names clients use (or `*`). Without an API key, browser requests
+    /// that change state from another origin than the server's own page,
+    /// a loopback or allowed host, or `--allowed-origins` get 403.
+    /// `GET /health` and `/metrics` answer any Host (Kubernetes probes).
+    #[arg(long, env = "LAMINA_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
     /// Seconds without an event after which a streamed response sends an
     /// SSE keep-alive comment (also while the request waits in the queue).
     #[arg(long, env = "LAMINA_SSE_KEEP_ALIVE", default_value_t = 15.0)]
@@ -65,7 +77,9 @@ pub struct ServeArgs {
     pub grace: f64,
     /// Most connections open at once (each holds a file descriptor: raise
     /// `ulimit -n` with it). When all are taken, the one idle the longest is
-    /// closed to make room; with none idle, new ones are closed as they arrive.
+    /// closed to make room, else the one that has spent the longest reading
+    /// a request's head or body; with neither, new ones are closed as they
+    /// arrive.
     #[arg(long, default_value_t = server::DEFAULT_MAX_CONNECTIONS, env = "LAMINA_MAX_CONNECTIONS")]
     pub max_connections: usize,
     /// Requests in flight per client address before 429 (0: no cap).
@@ -180,6 +194,11 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             bail!("invalid `--allowed-origins`: {why}");
         }
     }
+    for host in &args.allowed_hosts {
+        if let Err(why) = server::guard::check_allowed_host(host) {
+            bail!("invalid `--allowed-hosts`: {why}");
+        }
+    }
     let addr = if args.host.contains(':') {
         format!("[{}]:{}", args.host, args.port)
     } else {
@@ -215,6 +234,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         model_id: model_id.clone(),
         api_keys,
         allowed_origins: args.allowed_origins.clone(),
+        allowed_hosts: args.allowed_hosts.clone(),
         sse_keep_alive: Duration::from_secs_f64(args.sse_keep_alive),
         body_limit: args.body_limit,
         grace: Duration::from_secs_f64(args.grace),

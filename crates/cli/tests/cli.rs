@@ -333,7 +333,7 @@ fn serve_one_completion(model: &Path) -> String {
         .unwrap();
     let body = r#"{"prompt": "hi", "max_tokens": 4}"#;
     let req = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );

@@ -10,7 +10,9 @@
 //! text), `GET /openapi.json` and `GET /docs` (the generated OpenAPI
 //! document, [`openapi`]). Errors use OpenAI's JSON shape
 //! ([`error::ApiError`]). CORS headers are sent only for the configured
-//! `allowed_origins` (none by default).
+//! `allowed_origins` (none by default). Before any route, [`guard`] refuses
+//! Hosts that are not loopback, bound or allowed, foreign origins changing
+//! state without an API key, and bodies that are not JSON.
 //!
 //! Contract:
 //! - [`router`] builds the whole app for a shared [`AppState`] (used in
@@ -33,6 +35,7 @@ pub mod api;
 pub mod encode;
 pub mod error;
 pub mod generate;
+pub mod guard;
 pub mod limits;
 pub mod listen;
 pub mod logprobs;
@@ -51,6 +54,7 @@ pub mod responses;
 pub mod state;
 pub mod structured;
 pub mod tools;
+mod wire;
 pub mod work;
 
 use std::future::Future;
@@ -102,6 +106,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(guarded)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(state.cfg.body_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::check_request,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::request_context,
@@ -189,6 +197,7 @@ pub async fn serve(
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     tracing::info!(%addr, model = %state.cfg.model_id, "listening");
+    note_bind(&state, &listener);
     let limits = listen::Limits {
         max_connections: state.cfg.max_connections,
         header_timeout: state.cfg.header_timeout,
@@ -225,6 +234,23 @@ pub async fn serve(
     }
     tracing::info!(%addr, "server stopped");
     Ok(())
+}
+
+/// Records the bound address for the Host check ([`guard`]) and says, when
+/// the server listens on every interface, which Hosts it serves.
+fn note_bind(state: &AppState, listener: &tokio::net::TcpListener) {
+    let Ok(local) = listener.local_addr() else {
+        return;
+    };
+    if !local.ip().is_unspecified() {
+        let _ = state.bind.set(local.ip());
+    } else if !guard::any_host(state) {
+        tracing::warn!(
+            "listening on every interface without an API key: requests whose Host is not a \
+             loopback name or one of `--allowed-hosts` are refused (403); pass \
+             `--allowed-hosts NAME` (or `*`) to serve other names"
+        );
+    }
 }
 
 /// Shuts every replica's engine down (joins their threads) off the async workers.

@@ -6,9 +6,10 @@
 //! - at most `max_connections` open at once, and at most
 //!   `max_client_connections` from one client address. When all are taken
 //!   (all of that address's, for the second), the connection idle the
-//!   longest (no request in flight) is asked to close to make room, else
-//!   the one that has been reading its request body the longest is closed,
-//!   so neither idle sockets nor slow bodies can lock new clients out; with
+//!   longest (no request in flight, no byte of a new one) is asked to
+//!   close to make room, else the one that has spent the longest reading a
+//!   request's head or body is closed, so neither idle sockets, slow
+//!   headers nor slow bodies can lock new clients out; with
 //!   neither, the new connection is closed before any byte is read (the
 //!   process never runs out of file descriptors). Requests whose response
 //!   is under way (a stream) are never evicted;
@@ -99,6 +100,9 @@ struct Conn {
     /// Milliseconds since the listener started (at least 1) when the
     /// request body now being read began; 0 when none is.
     reading_since: AtomicU64,
+    /// Milliseconds since the listener started (at least 1) when the first
+    /// byte of a request head not yet complete arrived; 0 when none did.
+    head_since: AtomicU64,
     /// Milliseconds since the listener started, at the last request's start.
     last_active: AtomicU64,
     in_flight: AtomicUsize,
@@ -114,6 +118,40 @@ struct Conn {
 }
 
 impl Conn {
+    /// When the head or body this connection is reading began (ms since
+    /// the listener started), if it is reading one. A connection asked to
+    /// close that is still open with no request in flight counts as reading
+    /// a head since it was last active: hyper closes only a connection
+    /// between two requests, not one that has yet to complete its first.
+    fn reading_for(&self) -> Option<u64> {
+        let body = self.reading_since.load(Ordering::Acquire);
+        if body > 0 {
+            return Some(body);
+        }
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let head = self.head_since.load(Ordering::Acquire);
+        if head > 0 {
+            return Some(head);
+        }
+        self.closing
+            .load(Ordering::Acquire)
+            .then(|| self.last_active.load(Ordering::Relaxed).max(1))
+    }
+
+    /// Notes bytes read: the start of a head when no request is in flight.
+    fn bytes_read(&self, now_ms: u64) {
+        if self.in_flight.load(Ordering::Acquire) == 0 {
+            let _ = self.head_since.compare_exchange(
+                0,
+                now_ms.max(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     fn ask_close(&self) {
         self.closing.store(true, Ordering::Release);
         self.close.notify_one();
@@ -171,8 +209,9 @@ impl Shared {
     }
 
     /// Makes room among the connections of `ip` (all when `None`): asks
-    /// the one idle the longest to close, else closes the one reading its
-    /// body the longest; false when every one has a response under way.
+    /// the one idle the longest to close, else closes the one that has
+    /// been reading a request's head or body the longest; false when every
+    /// one has a response under way.
     fn evict(&self, ip: Option<IpAddr>) -> bool {
         let conns = self.conns();
         // ties (connections accepted in the same millisecond) go to the
@@ -183,7 +222,10 @@ impl Shared {
             })
         };
         let idle = open()
-            .filter(|(_, c)| c.in_flight.load(Ordering::Acquire) == 0)
+            .filter(|(_, c)| {
+                c.in_flight.load(Ordering::Acquire) == 0
+                    && c.head_since.load(Ordering::Acquire) == 0
+            })
             .min_by_key(|(id, c)| (c.last_active.load(Ordering::Relaxed), **id))
             .map(|(_, c)| c);
         if let Some(c) = idle {
@@ -193,9 +235,9 @@ impl Shared {
         let reading = conns
             .iter()
             .filter(|(_, c)| !c.killed.load(Ordering::Acquire) && ip.is_none_or(|ip| c.ip == ip))
-            .filter(|(_, c)| c.reading_since.load(Ordering::Acquire) > 0)
-            .min_by_key(|(id, c)| (c.reading_since.load(Ordering::Acquire), **id))
-            .map(|(_, c)| c);
+            .filter_map(|(id, c)| c.reading_for().map(|since| (since, *id, c)))
+            .min_by_key(|(since, id, _)| (*since, *id))
+            .map(|(_, _, c)| c);
         match reading {
             Some(c) => {
                 c.closing.store(true, Ordering::Release);
@@ -461,6 +503,7 @@ fn serve(
         kill: Notify::new(),
         ip,
         reading_since: AtomicU64::new(0),
+        head_since: AtomicU64::new(0),
         last_active: AtomicU64::new(shared.now_ms()),
         in_flight: AtomicUsize::new(0),
         owed: AtomicUsize::new(0),
@@ -474,6 +517,8 @@ fn serve(
     let service = tower::service_fn(move |req: hyper::Request<Incoming>| {
         let (sh, c, app) = (sh.clone(), c.clone(), app.clone());
         async move {
+            // the head is complete
+            c.head_since.store(0, Ordering::Release);
             let Some(guard) = sh.admit(ip, &c) else {
                 return Ok::<_, Infallible>(too_many_requests(sh.limits.max_client_requests));
             };
@@ -493,9 +538,11 @@ fn serve(
         }
     });
     let tcp = Arc::new(tcp);
+    let (sh, c) = (shared.clone(), conn.clone());
+    let on_read = Box::new(move || c.bytes_read(sh.now_ms()));
     let hyper_conn = builder
         .serve_connection(
-            TokioIo::new(SharedTcp(tcp.clone())),
+            TokioIo::new(SharedTcp(tcp.clone(), on_read)),
             TowerToHyperService::new(service),
         )
         .into_owned();
@@ -517,7 +564,7 @@ fn serve(
             }
             // dropping the connection drops its request (the engine cancels it)
             _ = conn.kill.notified() => {
-                tracing::debug!(%ip, "reading a request body the longest when the cap was full: closed");
+                tracing::debug!(%ip, "reading a request head or body the longest when the cap was full: closed");
                 Ok(())
             }
             _ = io::gone(&tcp, &conn.owed) => {

@@ -3,8 +3,16 @@
 //! into the binary. It streams `POST /v1/chat/completions`, shows the
 //! served model (from `/` as JSON), takes a system message, temperature,
 //! top-p and max tokens (1024 unless changed, so a reply that never ends
-//! stops there; emptied, the server's default cap applies), and stops a reply with an `AbortController`.
-//! `/#message=TEXT` sends TEXT once the page has loaded.
+//! stops there; emptied, the server's default cap applies), and stops a
+//! reply with an `AbortController`.
+//! `/#message=TEXT` sends TEXT once the page has loaded, unless an API key
+//! is entered (then it only fills the message box: a link never sends
+//! under the user's key). The key is kept for the tab's session, on the
+//! device only when the user ticks "Remember".
+//!
+//! The page is served with a `Content-Security-Policy` that runs only its
+//! own inline script and style (by their SHA-256), connects only to this
+//! server and may not be framed, plus `nosniff` and `no-referrer`.
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -22,8 +30,58 @@ pub fn wants_html(headers: &HeaderMap) -> bool {
         .any(|v| v.split(',').any(|t| t.trim().starts_with("text/html")))
 }
 
+/// The text between `open` and `close` in the page (its script or style).
+fn inline(open: &str, close: &str) -> &'static str {
+    CHAT_HTML
+        .split_once(open)
+        .and_then(|(_, rest)| rest.split_once(close))
+        .map_or("", |(inner, _)| inner)
+}
+
+/// Standard base64 (with padding) of `bytes`.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ABC[(n >> (18 - 6 * i)) as usize & 63]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn sha256_source(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("'sha256-{}'", base64(&Sha256::digest(text.as_bytes())))
+}
+
+/// The page's `Content-Security-Policy`.
+pub fn policy() -> &'static str {
+    static POLICY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    POLICY.get_or_init(|| {
+        format!(
+            "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; \
+             img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            sha256_source(inline("<script>", "</script>")),
+            sha256_source(inline("<style>", "</style>")),
+        )
+    })
+}
+
 /// The chat page response.
 pub fn chat() -> Response {
+    let csp = HeaderValue::from_str(policy())
+        .unwrap_or_else(|_| HeaderValue::from_static("default-src 'none'"));
     (
         [
             (
@@ -31,6 +89,16 @@ pub fn chat() -> Response {
                 HeaderValue::from_static("text/html; charset=utf-8"),
             ),
             (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (header::CONTENT_SECURITY_POLICY, csp),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
+            (
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            ),
         ],
         CHAT_HTML,
     )
@@ -72,5 +140,34 @@ mod tests {
             "{value}"
         );
         assert!(CHAT_HTML.contains(r#"for (const k of ["temperature", "top_p", "max_tokens"])"#));
+    }
+
+    #[test]
+    fn base64_matches_the_standard() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn the_policy_allows_exactly_the_pages_own_script_and_style() {
+        let p = policy();
+        assert!(p.contains("frame-ancestors 'none'") && p.contains("default-src 'none'"));
+        assert!(!p.contains("unsafe-inline"), "{p}");
+        let script = inline("<script>", "</script>");
+        assert!(
+            script.contains("\"use strict\""),
+            "the script was not found"
+        );
+        assert!(
+            p.contains(&sha256_source(script))
+                && p.contains(&sha256_source(inline("<style>", "</style>")))
+        );
+        // one script and one style element, so the hashes cover the page
+        assert_eq!(CHAT_HTML.matches("<script").count(), 1);
+        assert_eq!(CHAT_HTML.matches("<style").count(), 1);
+        assert!(!CHAT_HTML.contains(" style=") && !CHAT_HTML.contains(" onclick="));
     }
 }

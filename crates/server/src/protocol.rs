@@ -540,6 +540,12 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
                     ),
                     None => ApiError::invalid_request(format!("Invalid request body: {msg}")),
                 })
+            } else if let Some(field) = serde_field(&inner.to_string(), "missing field `") {
+                let param = format!("{path}.{field}");
+                Err(ApiError::invalid_param(
+                    param.clone(),
+                    format!("Missing required parameter `{param}`."),
+                ))
             } else {
                 Err(ApiError::invalid_param(
                     path.clone(),
@@ -548,6 +554,13 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             }
         }
     }
+}
+
+/// Reads a request built as wire JSON (the chat request an Anthropic or
+/// Responses body translates into) as [`parse`] reads a body, so an error
+/// names the field.
+pub fn parse_value<T: DeserializeOwned>(v: &serde_json::Value) -> Result<T, ApiError> {
+    parse(v.to_string().as_bytes())
 }
 
 /// The field a serde error message names after `prefix` ("missing field `",

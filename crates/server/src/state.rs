@@ -47,6 +47,9 @@ pub struct ServerConfig {
     /// Origins allowed by CORS (`*` allows any); empty: no CORS headers, so
     /// browsers refuse cross-origin calls.
     pub allowed_origins: Vec<String>,
+    /// Host names served besides loopback and the bound address (`*`: any;
+    /// empty with API keys set: any), see [`crate::guard`].
+    pub allowed_hosts: Vec<String>,
     /// A streamed response sends an SSE comment after this long without an
     /// event (also while the request waits in the queue), so proxies and
     /// clients do not time the connection out.
@@ -103,6 +106,7 @@ impl ServerConfig {
             model_id: model_id.into(),
             api_keys: Vec::new(),
             allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
             sse_keep_alive: DEFAULT_SSE_KEEP_ALIVE,
             body_limit: DEFAULT_BODY_LIMIT,
             grace: Duration::from_secs(10),
@@ -144,6 +148,9 @@ pub struct AppState {
     draining: watch::Sender<bool>,
     /// Reads adapters for `load_lora_adapter` (set by the binary).
     lora_loader: std::sync::OnceLock<crate::lora::LoraLoader>,
+    /// The address [`crate::serve`] listens on, when it is one address (not
+    /// `0.0.0.0` / `::`): a `Host` naming it is served ([`crate::guard`]).
+    pub bind: std::sync::OnceLock<std::net::IpAddr>,
 }
 
 impl AppState {
@@ -175,6 +182,7 @@ impl AppState {
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),
             lora_loader: std::sync::OnceLock::new(),
+            bind: std::sync::OnceLock::new(),
         })
     }
 

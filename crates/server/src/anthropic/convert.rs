@@ -19,16 +19,21 @@ fn joined(s: &System, path: &str, ignored: &mut Vec<&'static str>) -> Result<Str
         System::Blocks(blocks) => {
             let mut texts = Vec::with_capacity(blocks.len());
             for (j, b) in blocks.iter().enumerate() {
+                let at = format!("{path}[{j}]");
                 if b.kind != "text" {
                     return Err(bad(
-                        format!("{path}[{j}].type"),
-                        format!("Only `text` blocks are read here, got `{}`.", b.kind),
+                        format!("{at}.type"),
+                        format!(
+                            "`{}` blocks are not supported here; only `text` blocks are read.",
+                            b.kind
+                        ),
                     ));
                 }
-                if b.cache_control.is_some() {
-                    ignored.push("cache_control");
-                }
-                texts.push(b.text.as_str());
+                checked_fields(b, &at, &["text", "citations"], ignored)?;
+                let Some(t) = &b.text else {
+                    return Err(bad(format!("{at}.text"), "A `text` block needs `text`."));
+                };
+                texts.push(t.as_str());
             }
             Ok(texts.join("\n"))
         }
@@ -93,14 +98,60 @@ fn stray(b: &Block, allowed: &[&str]) -> Option<&'static str> {
         ("id", b.id.is_some()),
         ("name", b.name.is_some()),
         ("input", b.input.is_some()),
+        ("caller", b.caller.is_some()),
+        ("toolset_name", b.toolset_name.is_some()),
         ("tool_use_id", b.tool_use_id.is_some()),
         ("content", b.content.is_some()),
         ("is_error", b.is_error.is_some()),
         ("citations", b.citations.is_some()),
+        ("source", b.source.is_some()),
+        ("title", b.title.is_some()),
+        ("context", b.context.is_some()),
+        ("thinking", b.thinking.is_some()),
+        ("signature", b.signature.is_some()),
+        ("data", b.data.is_some()),
     ]
     .into_iter()
     .find(|(f, given)| *given && !allowed.contains(f))
     .map(|(f, _)| f)
+}
+
+/// Refuses the fields of `b` (at `path`) that do not belong to its type
+/// (`allowed`) and a caller other than the model; counts the ignored ones.
+fn checked_fields(
+    b: &Block,
+    path: &str,
+    allowed: &[&str],
+    ignored: &mut Vec<&'static str>,
+) -> Result<(), ApiError> {
+    if let Some(f) = stray(b, allowed) {
+        return Err(bad(
+            format!("{path}.{f}"),
+            format!("`{f}` does not belong to a `{}` block.", b.kind),
+        ));
+    }
+    if let Some(caller) = &b.caller {
+        if caller.get("type").and_then(Value::as_str) != Some("direct") {
+            return Err(bad(
+                format!("{path}.caller"),
+                format!(
+                    "Only the model calls tools here (`{{\"type\": \"direct\"}}` or null); \
+                     a server tool as caller cannot be honoured, got `{caller}`."
+                ),
+            ));
+        }
+        ignored.push("caller");
+    }
+    for (f, given) in [
+        ("cache_control", b.cache_control.is_some()),
+        ("citations", b.citations.is_some()),
+        ("toolset_name", b.toolset_name.is_some()),
+    ] {
+        if given {
+            ignored.push(f);
+        }
+    }
+    Ok(())
 }
 
 /// One message of content blocks as chat messages, appended to `out`.
@@ -115,13 +166,10 @@ fn turn(
     let mut calls = Vec::new();
     for (j, b) in blocks.iter().enumerate() {
         let path = format!("messages[{i}].content[{j}]");
-        if b.cache_control.is_some() {
-            ignored.push("cache_control");
-        }
         let allowed: &[&str] = match (b.kind.as_str(), role) {
             ("text", _) => &["text", "citations"],
-            ("tool_use", "assistant") => &["id", "name", "input"],
-            ("tool_result", "user") => &["tool_use_id", "content", "is_error"],
+            ("tool_use", "assistant") => &["id", "name", "input", "caller", "toolset_name"],
+            ("tool_result", "user") => &["tool_use_id", "content", "is_error", "toolset_name"],
             ("tool_use" | "tool_result", _) => {
                 return Err(bad(
                     format!("{path}.type"),
@@ -132,20 +180,12 @@ fn turn(
                 return Err(bad(
                     format!("{path}.type"),
                     format!(
-                        "Unsupported content block type `{other}`; lamina reads `text`, `tool_use` and `tool_result`."
+                        "`{other}` blocks are not supported; lamina reads `text`, `tool_use` and `tool_result`."
                     ),
                 ));
             }
         };
-        if let Some(f) = stray(b, allowed) {
-            return Err(bad(
-                format!("{path}.{f}"),
-                format!("`{f}` does not belong to a `{}` block.", b.kind),
-            ));
-        }
-        if b.citations.is_some() {
-            ignored.push("citations");
-        }
+        checked_fields(b, &path, allowed, ignored)?;
         match b.kind.as_str() {
             "text" => match &b.text {
                 Some(t) => text.push(t),
@@ -362,7 +402,7 @@ mod tests {
                 base(
                     json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
                 ),
-                "messages[0].content",
+                "messages[0].content[0].type",
             ),
             (
                 base(json!({"messages": [{"role": "user", "content": [{"type": "image"}]}]})),

@@ -102,8 +102,7 @@ fn chat_request(
     for f in ignored {
         state.metrics.ignored(f);
     }
-    let chat = chat?;
-    serde_json::from_value(chat).map_err(|e| ApiError::invalid_request(format!("{e}")))
+    crate::protocol::parse_value(&chat?)
 }
 
 /// Creates a message: Anthropic's `message` object, or with `stream: true`

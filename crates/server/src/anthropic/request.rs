@@ -34,31 +34,19 @@ use super::convert::{bad, to_chat};
 use crate::error::ApiError;
 use crate::protocol::given;
 
-/// `system`: a string or text blocks.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+/// `system`: a string or text blocks (also a `tool_result`'s content).
+#[derive(Debug, Clone, utoipa::ToSchema)]
 #[schema(as = AnthropicSystem)]
 #[serde(untagged)]
 pub enum System {
     Text(String),
-    Blocks(Vec<TextBlock>),
+    Blocks(Vec<Block>),
 }
 
-/// `{"type": "text", "text"}` (a system block, or a `tool_result`'s content).
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[schema(as = AnthropicTextBlock)]
-#[serde(deny_unknown_fields)]
-pub struct TextBlock {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub text: String,
-    /// Accepted and ignored.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub cache_control: Option<IgnoredAny>,
-}
+crate::wire::string_or_list!(System, Text, Blocks, Block, "a list of text blocks");
 
 /// A message's `content`: a string or content blocks.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
 #[schema(as = AnthropicContent)]
 #[serde(untagged)]
 pub enum Content {
@@ -66,8 +54,12 @@ pub enum Content {
     Blocks(Vec<Block>),
 }
 
+crate::wire::string_or_list!(Content, Text, Blocks, Block, "a list of content blocks");
+
 /// One content block: `text`, `tool_use` or `tool_result`; each type's
-/// fields are checked in [`to_chat`].
+/// fields are checked in [`to_chat`]. The fields of the block types
+/// lamina refuses (`image`, `document`, `thinking`, ...) are read too, so
+/// the refusal names the type whatever the order of the fields.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[schema(as = AnthropicBlock)]
 #[serde(deny_unknown_fields)]
@@ -87,11 +79,22 @@ pub struct Block {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
+    /// `tool_use`: who called the tool; `{"type": "direct"}` (the model,
+    /// the only caller here) or null. A server tool as caller is refused.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub caller: Option<Value>,
+    /// `tool_use` and `tool_result`: accepted and ignored (the toolset a
+    /// tool belongs to).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub toolset_name: Option<IgnoredAny>,
     /// `tool_result`: the id of the call it answers.
     #[serde(default)]
     pub tool_use_id: Option<String>,
     /// `tool_result`: the result, a string or text blocks.
     #[serde(default)]
+    #[schema(no_recursion)]
     pub content: Option<System>,
     /// `tool_result`: the call failed (the result is shown as an error).
     #[serde(default)]
@@ -104,6 +107,26 @@ pub struct Block {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     pub citations: Option<IgnoredAny>,
+    /// Fields of refused block types (`image`, `document`, `thinking`,
+    /// `redacted_thinking`, `search_result`): read only to name the type.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub source: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub title: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub context: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub thinking: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub signature: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub data: Option<IgnoredAny>,
 }
 
 /// One message of `messages`.
@@ -310,6 +333,12 @@ pub struct Conversation<'a> {
 impl MessagesRequest {
     /// The chat request's JSON: the conversation plus the sampling fields.
     pub fn to_chat(&self, ignored: &mut Vec<&'static str>) -> Result<Value, ApiError> {
+        if self.max_tokens < 1 {
+            return Err(bad(
+                "max_tokens",
+                format!("`max_tokens` must be at least 1, got {}.", self.max_tokens),
+            ));
+        }
         let mut chat = to_chat(&self.conversation(), ignored)?;
         let put = |chat: &mut Value, k: &str, v: Value| {
             if !v.is_null() {

@@ -42,8 +42,13 @@ const PEEK_BACKOFF: Duration = Duration::from_millis(50);
 /// The interim response that tells a closed socket from a half-closed one.
 pub(super) const PROBE: &[u8] = b"HTTP/1.1 103 Early Hints\r\n\r\n";
 
-/// A TCP stream hyper reads and writes while [`reset`] watches it.
-pub(super) struct SharedTcp(pub(super) Arc<TcpStream>);
+/// A TCP stream hyper reads and writes while [`gone`] watches it; `.1`
+/// is called after every read that brought bytes (the connection table
+/// notes when a request's head began).
+pub(super) struct SharedTcp(
+    pub(super) Arc<TcpStream>,
+    pub(super) Box<dyn Fn() + Send + Sync>,
+);
 
 impl AsyncRead for SharedTcp {
     fn poll_read(
@@ -56,6 +61,9 @@ impl AsyncRead for SharedTcp {
             match self.0.try_read(buf.initialize_unfilled()) {
                 Ok(n) => {
                     buf.advance(n);
+                    if n > 0 {
+                        (self.1)();
+                    }
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use super::request::{Format, Item, ItemContent};
+use super::request::{Format, Item, ItemContent, Part};
 use crate::error::ApiError;
 
 fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
@@ -30,29 +30,64 @@ pub(super) fn response_format(f: &Format) -> Value {
     json!({"type": "json_schema", "json_schema": js})
 }
 
-/// An input item, checked, as the wire item kept in the history.
-pub(super) fn item_value(item: &Item) -> Result<Value, ApiError> {
-    let kind = item.kind.as_deref().unwrap_or("message");
-    let text = |c: &Option<ItemContent>| -> Option<String> {
-        match c.as_ref()? {
-            ItemContent::Text(t) => Some(t.clone()),
-            ItemContent::Parts(p) => Some(
-                p.iter()
-                    .map(|p| p.text.as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-            ),
+/// The text of a message's parts (`input[i].content`), each part checked.
+fn parts_text(i: usize, parts: &[Part]) -> Result<String, ApiError> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        let path = format!("input[{i}].content[{j}]");
+        if !matches!(p.kind.as_str(), "input_text" | "output_text") {
+            return Err(bad(
+                format!("{path}.type"),
+                format!(
+                    "`{}` parts are not supported; lamina reads `input_text` and `output_text`.",
+                    p.kind
+                ),
+            ));
         }
+        let stray = [
+            ("image_url", p.image_url.is_some()),
+            ("file_id", p.file_id.is_some()),
+            ("detail", p.detail.is_some()),
+            ("file_data", p.file_data.is_some()),
+            ("file_url", p.file_url.is_some()),
+            ("filename", p.filename.is_some()),
+        ]
+        .into_iter()
+        .find(|(_, given)| *given);
+        if let Some((f, _)) = stray {
+            return Err(bad(
+                format!("{path}.{f}"),
+                format!("`{f}` does not belong to an `{}` part.", p.kind),
+            ));
+        }
+        let Some(t) = &p.text else {
+            return Err(bad(
+                format!("{path}.text"),
+                format!("An `{}` part needs `text`.", p.kind),
+            ));
+        };
+        texts.push(t.as_str());
+    }
+    Ok(texts.join("\n"))
+}
+
+/// Input item `i`, checked, as the wire item kept in the history.
+pub(super) fn item_value(i: usize, item: &Item) -> Result<Value, ApiError> {
+    let kind = item.kind.as_deref().unwrap_or("message");
+    let text = match &item.content {
+        None => None,
+        Some(ItemContent::Text(t)) => Some(t.clone()),
+        Some(ItemContent::Parts(p)) => Some(parts_text(i, p)?),
     };
     Ok(match kind {
-        "message" => json!({"type": "message", "role": item.role, "content": text(&item.content)}),
+        "message" => json!({"type": "message", "role": item.role, "content": text}),
         "function_call" => json!({"type": "function_call", "call_id": item.call_id,
             "name": item.name, "arguments": item.arguments}),
         "function_call_output" => json!({"type": "function_call_output",
             "call_id": item.call_id, "output": item.output}),
         other => {
             return Err(bad(
-                "input",
+                format!("input[{i}].type"),
                 format!(
                     "Unsupported input item type `{other}`; lamina reads `message`, `function_call` and `function_call_output`."
                 ),
@@ -181,7 +216,7 @@ mod tests {
             (json!({"input": "a", "include": ["x"]}), "include"),
             (json!({"input": "a", "truncation": "auto"}), "truncation"),
             (json!({}), "input"),
-            (json!({"input": [{"type": "reasoning"}]}), "input"),
+            (json!({"input": [{"type": "reasoning"}]}), "input[0].type"),
             (
                 json!({"input": [{"role": "tool", "content": "x"}]}),
                 "input[0].role",

@@ -132,8 +132,7 @@ fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job, owner: Owner)
     };
     history.extend(req.input_items()?);
     let chat = req.to_chat(&history)?;
-    let chat: ChatRequest = serde_json::from_value(chat)
-        .map_err(|e| ApiError::invalid_request(format!("Invalid request: {e}")))?;
+    let chat: ChatRequest = crate::protocol::parse_value(&chat).map_err(renamed)?;
     let store = req.store.unwrap_or(true);
     let meta = Meta {
         echo: echo(&req, store),

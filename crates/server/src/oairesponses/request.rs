@@ -29,7 +29,7 @@ use super::convert::{response_format, to_messages};
 use crate::error::ApiError;
 
 /// `input`: a string (one user message) or items.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
 #[schema(as = ResponsesInput)]
 #[serde(untagged)]
 pub enum Input {
@@ -37,8 +37,10 @@ pub enum Input {
     Items(Vec<Item>),
 }
 
+crate::wire::string_or_list!(Input, Text, Items, Item, "a list of input items");
+
 /// A message's `content`: a string or parts.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
 #[schema(as = ResponsesItemContent)]
 #[serde(untagged)]
 pub enum ItemContent {
@@ -46,14 +48,19 @@ pub enum ItemContent {
     Parts(Vec<Part>),
 }
 
-/// `{"type": "input_text" | "output_text", "text"}`.
+crate::wire::string_or_list!(ItemContent, Text, Parts, Part, "a list of content parts");
+
+/// `{"type": "input_text" | "output_text", "text"}`. The fields of the
+/// part types lamina refuses (`input_image`, `input_file`) are read too,
+/// so the refusal names the type.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[schema(as = ResponsesPart)]
 #[serde(deny_unknown_fields)]
 pub struct Part {
     #[serde(rename = "type")]
     pub kind: String,
-    pub text: String,
+    #[serde(default)]
+    pub text: Option<String>,
     /// Of an earlier output: accepted and ignored.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
@@ -62,6 +69,25 @@ pub struct Part {
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub logprobs: Option<IgnoredAny>,
+    /// Fields of refused part types: read only to name the type.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub image_url: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub file_id: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub detail: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub file_data: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub file_url: Option<IgnoredAny>,
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub filename: Option<IgnoredAny>,
 }
 
 /// One input item: a message (`type` `message` or absent), a
@@ -117,13 +143,15 @@ pub struct Tool {
 }
 
 /// `tool_choice`: a mode or `{"type": "function", "name"}`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, utoipa::ToSchema)]
 #[schema(as = ResponsesToolChoice)]
 #[serde(untagged)]
 pub enum ToolChoice {
     Mode(String),
     Named(NamedTool),
 }
+
+crate::wire::string_or_object!(ToolChoice, Mode, Named, NamedTool, "a named tool");
 
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[schema(as = ResponsesNamedTool)]
@@ -291,7 +319,11 @@ impl ResponsesRequest {
             Some(Input::Text(t)) => Ok(vec![
                 json!({"type": "message", "role": "user", "content": t}),
             ]),
-            Some(Input::Items(items)) => items.iter().map(super::convert::item_value).collect(),
+            Some(Input::Items(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| super::convert::item_value(i, it))
+                .collect(),
         }
     }
 

@@ -44,7 +44,7 @@ pub async fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> (u16,
     let body = body.to_string();
     let mut s = TcpStream::connect(addr).await.expect("connect");
     let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
          connection: close\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
@@ -75,7 +75,7 @@ pub async fn health(addr: std::net::SocketAddr) -> (u16, Duration) {
         return (0, t0.elapsed());
     };
     let _ = s
-        .write_all(b"GET /health HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
         .await;
     let mut got = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut got)).await;

@@ -318,7 +318,10 @@ async fn responses_errors_name_the_responses_field() {
     for (body, param) in [
         (resp(json!({"include": ["x"]})), "include"),
         (resp(json!({"max_output_tokens": 0})), "max_output_tokens"),
-        (resp(json!({"input": [{"type": "reasoning"}]})), "input"),
+        (
+            resp(json!({"input": [{"type": "reasoning"}]})),
+            "input[0].type",
+        ),
         (
             resp(json!({"text": {"format": {"type": "json_schema", "name": "a b", "schema": {}}}})),
             "text.format.name",

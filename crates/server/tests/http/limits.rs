@@ -3,7 +3,8 @@
 //! within the configured timeouts; connections past the cap evict the
 //! longest-idle ones, so a cap full of idle connections still answers
 //! `/health` and streams within 100 ms; requests per client address are
-//! capped; half-closed connections get their response.
+//! capped; half-closed connections get their response; a cap full of
+//! slow-header connections still answers `/health`.
 
 use std::time::{Duration, Instant};
 
@@ -52,7 +53,7 @@ async fn until_closed(s: &mut TcpStream, limit: Duration) -> (String, Duration) 
 async fn health(addr: std::net::SocketAddr) -> (u16, Duration) {
     let t0 = Instant::now();
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /health HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+    s.write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
         .await
         .expect("write");
     let (reply, _) = until_closed(&mut s, Duration::from_secs(5)).await;
@@ -72,7 +73,7 @@ async fn slow_headers_and_idle_connections_are_closed_within_the_timeout() {
     let (mut rd, mut wr) = slow.into_split();
     let t0 = Instant::now();
     tokio::spawn(async move {
-        for b in b"GET /health HTTP/1.1\r\nhost: t\r\n" {
+        for b in b"GET /health HTTP/1.1\r\nhost: localhost\r\n" {
             if wr.write_all(&[*b]).await.is_err() {
                 break;
             }
@@ -88,7 +89,7 @@ async fn slow_headers_and_idle_connections_are_closed_within_the_timeout() {
     );
     // a keep-alive connection left idle after one request
     let mut idle = TcpStream::connect(srv.addr).await.expect("connect");
-    idle.write_all(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
         .await
         .expect("write");
     let (reply, took) = until_closed(&mut idle, Duration::from_secs(3)).await;
@@ -111,7 +112,7 @@ async fn a_stalled_body_gets_408() {
     let srv = start(|c| c.body_timeout = Duration::from_millis(300)).await;
     let mut s = TcpStream::connect(srv.addr).await.expect("connect");
     s.write_all(
-        b"POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+        b"POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
           content-length: 100\r\n\r\n{\"prompt\":",
     )
     .await
@@ -295,4 +296,57 @@ async fn requests_past_the_per_client_cap_get_429() {
     let _ = until_closed(&mut a, Duration::from_secs(10)).await;
     let (_d, hd) = stream(1).await;
     assert!(hd.starts_with("HTTP/1.1 200"), "{hd}");
+}
+
+/// Connections that send one header byte every 100 ms fill the connection
+/// cap, and come back when closed: they are neither idle nor reading a
+/// body, yet `/health` answers within 1 s, because the connection that
+/// has spent the longest on its head is closed to make room. Bounded: each
+/// attacker stops after a fixed number of connections, or when told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_filling_the_cap_leave_health_responsive() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let cap = 16;
+    let srv = start(|c| c.max_connections = cap).await;
+    let addr = srv.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut attackers = Vec::new();
+    for _ in 0..cap {
+        let stop = stop.clone();
+        attackers.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                let Ok(mut s) = TcpStream::connect(addr).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                for b in b"GET /health HTTP/1.1\r\nhost: localhost\r\nx-slow: aaaaaaaaaaaaaaaa\r\n"
+                {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if s.write_all(&[*b]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..10 {
+        let (status, took) = health(addr).await;
+        assert_eq!(
+            status, 200,
+            "/health #{i} refused with the cap full of slow headers"
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "/health #{i} took {took:?} with the cap full of slow headers"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.await;
+    }
 }

@@ -6,11 +6,13 @@
 mod abuse;
 mod agents;
 mod api_surface;
+mod cross_site;
 mod errors;
 mod fake;
 mod fuzz;
 mod limits;
 mod load;
+mod peer_clients;
 mod replicas;
 mod responses;
 mod shutdown;
@@ -157,7 +159,7 @@ pub fn post(path: &str, body: impl Into<Body>) -> Request<Body> {
 pub fn completion_head(len: usize, close: bool) -> String {
     let conn = if close { "connection: close\r\n" } else { "" };
     format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
          {conn}content-length: {len}\r\n\r\n"
     )
 }

@@ -128,7 +128,7 @@ async fn health_answers_503_while_draining() {
             .expect("read");
         String::from_utf8_lossy(&got).into_owned()
     };
-    let h = get("GET /health HTTP/1.1\r\nhost: t\r\n\r\n".into()).await;
+    let h = get("GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n".into()).await;
     assert!(h.starts_with("HTTP/1.1 503"), "{h}");
     assert!(h.contains("shutting_down"), "{h}");
     let body = r#"{"prompt": "a", "max_tokens": 2}"#;
