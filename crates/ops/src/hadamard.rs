@@ -19,7 +19,7 @@ pub fn rotatable(head_dim: usize) -> bool {
 /// Rotates every `head_dim`-wide head of `x` (`x.len()` a multiple of
 /// `head_dim`, `head_dim` [`rotatable`]) by the orthonormal Hadamard matrix.
 pub fn rotate_heads(x: &mut [f32], head_dim: usize) {
-    debug_assert!(rotatable(head_dim) && x.len() % head_dim == 0);
+    debug_assert!(rotatable(head_dim) && x.len().is_multiple_of(head_dim));
     let norm = 1.0 / (head_dim as f32).sqrt();
     for head in x.chunks_exact_mut(head_dim) {
         let mut h = 1;
