@@ -284,7 +284,7 @@ fn kv_scales_are_calibrated_with_fp8_or_bf16_weights() {
     let src = support::synth_tiny(&dir, "bf16");
     let (src, cal) = (src.to_str().unwrap(), calibration());
     for (name, extra) in [("fp8", vec![]), ("bf16", vec!["--weight-dtype", "bf16"])] {
-        let out_dir = dir.join(name);
+        let out_dir = dir.join(format!("kv-{name}"));
         let mut args = vec!["quantize", src, "--out", out_dir.to_str().unwrap()];
         args.extend(["--calibration", cal.to_str().unwrap(), "--kv-scales"]);
         args.extend(extra);
