@@ -6,7 +6,8 @@
 //! every backend runs; f32 arithmetic, the CPU backend's operations and
 //! the calibration pass of [`crate::gptq`]) over calibration tokens cut
 //! into windows, each a sequence from position 0, and returns for every
-//! layer and KV head the largest `|k|` and `|v|` the cache would store.
+//! layer and KV head the largest `|k|` and `|v|` the cache would store
+//! (`|k|` plain or Hadamard-rotated, whichever is larger).
 //! [`KvAmax::scales`] turns them into the checkpoint's scales as
 //! llm-compressor's min-max observer does: `amax / 448` (e4m3's largest
 //! value), so the largest value seen is stored at e4m3's top and the
@@ -121,10 +122,7 @@ impl Pass<'_> {
         let v = self.project(&h, &lw.v_proj, hidden, kv_dim);
         self.rope.apply_rows(&mut q, q_dim, &self.positions);
         self.rope.apply_rows(&mut k, kv_dim, &self.positions);
-        let amax = (
-            self.head_amax(&k, &lw.k_proj)?,
-            self.head_amax(&v, &lw.v_proj)?,
-        );
+        let amax = (self.key_amax(&k, lw)?, self.head_amax(&v, &lw.v_proj)?);
         let dims = AttnDims {
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
@@ -138,6 +136,22 @@ impl Pass<'_> {
         silu_mul(&mut gate, &up);
         add_assign(x, &self.project(&gate, &lw.down_proj, inter, hidden));
         Ok(amax)
+    }
+
+    /// The largest `|k|` of each KV head over `k` (`[N, kv_dim]`, after
+    /// RoPE) as stored plain or Hadamard-rotated (an FP8 cache at
+    /// calibrated scales may rotate its keys, [`ops::hadamard`]): the scale
+    /// holds either way without saturating.
+    fn key_amax(&self, k: &[f32], lw: &LayerWeights) -> Result<Vec<f32>, GptqError> {
+        let plain = self.head_amax(k, &lw.k_proj)?;
+        let hd = self.config.head_dim;
+        if !ops::hadamard::rotatable(hd) {
+            return Ok(plain);
+        }
+        let mut rotated = k.to_vec();
+        ops::hadamard::rotate_heads(&mut rotated, hd);
+        let rotated = self.head_amax(&rotated, &lw.k_proj)?;
+        Ok(plain.iter().zip(&rotated).map(|(a, b)| a.max(*b)).collect())
     }
 
     /// The largest magnitude of each KV head's columns of `rows`

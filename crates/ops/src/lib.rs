@@ -25,6 +25,7 @@ pub mod activation;
 pub mod attention;
 pub mod embedding;
 pub mod fp8;
+pub mod hadamard;
 pub mod kv;
 pub mod linear;
 pub mod norm;

@@ -11,6 +11,14 @@
 //! block_size`, so any block layout the scheduler hands out is read back
 //! correctly.
 //!
+//! An FP8 pool at calibrated K scales (any layer's not 1) holds its keys
+//! rotated: queries and keys pass through [`ops::hadamard::rotate_heads`]
+//! after RoPE ([`KvPool::rotate_qk`], every path of the backend, prefill and
+//! decode alike), which leaves the scores unchanged and spreads the keys'
+//! few large channels, whose e4m3 rounding otherwise dominates the scores'
+//! error. At scale 1 the rotated keys' small values fall into e4m3's
+//! subnormals and the rotation costs more than it saves, so it stays off.
+//!
 //! Costs: memory `2 * layers * slots * kv_dim * dtype.bytes()` bytes; see
 //! [`ops::attention`] for the write and attention costs.
 
@@ -29,6 +37,8 @@ pub struct KvPool {
     kv_dim: usize,
     block_size: usize,
     dtype: KvCacheDtype,
+    /// Queries and keys are Hadamard-rotated per head ([`KvPool::rotate_qk`]).
+    rotate: bool,
 }
 
 impl KvPool {
@@ -53,7 +63,22 @@ impl KvPool {
             kv_dim,
             block_size,
             dtype,
+            rotate: dtype == KvCacheDtype::Fp8 && scales.k.iter().any(|&s| s != 1.0),
         }
+    }
+
+    /// Rotates every `head_dim`-wide head of `x` (query or key heads after
+    /// RoPE) when the pool stores its keys rotated (see the module doc);
+    /// leaves `x` as it is otherwise.
+    pub fn rotate_qk(&self, x: &mut [f32], head_dim: usize) {
+        if self.rotate && ops::hadamard::rotatable(head_dim) {
+            ops::hadamard::rotate_heads(x, head_dim);
+        }
+    }
+
+    /// Whether queries and keys are rotated before the cache.
+    pub fn rotates(&self) -> bool {
+        self.rotate
     }
 
     /// How K and V are stored.

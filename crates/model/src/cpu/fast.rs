@@ -367,11 +367,13 @@ impl CpuBackend {
             delta(lr, l, L::K, h, hidden, qkv, qkv_w, q_dim);
             delta(lr, l, L::V, h, hidden, qkv, qkv_w, q_dim + kv_dim);
             let (cos, sin, half) = (self.rope.cos(), self.rope.sin(), c.head_dim / 2);
+            let pool = &self.pool;
             each_row(qkv, qkv_w, |i, row| {
                 let pos = batch.positions[i] as usize;
                 let (cos, sin) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
                 // Q and K: the first q_dim + kv_dim values, whole heads
                 rope(isa, &mut row[..q_dim + kv_dim], cos, sin);
+                pool.rotate_qk(&mut row[..q_dim + kv_dim], c.head_dim);
             });
             self.pool
                 .write_packed(l, qkv, qkv_w, q_dim, &batch.slot_mapping, &ws.write_order);

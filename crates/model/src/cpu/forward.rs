@@ -58,6 +58,8 @@ impl CpuBackend {
             delta(lr, l, L::V, &h, hidden, &mut v, kv_dim, 0);
             self.rope.apply_rows(&mut q, q_dim, &batch.positions);
             self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
+            self.pool.rotate_qk(&mut q, c.head_dim);
+            self.pool.rotate_qk(&mut k, c.head_dim);
             self.pool.write(l, &k, &v, &batch.slot_mapping);
             let o = self.pool.attention(&q, l, batch, dims); // [T, q_dim]
             let oq = product_input(fp8a, &o, q_dim, &mut fp8_in);

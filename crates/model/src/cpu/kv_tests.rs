@@ -96,6 +96,55 @@ fn fp8_reads_the_checkpoints_scales() {
     );
 }
 
+/// An FP8 pool at calibrated (not 1) K scales stores its keys Hadamard-
+/// rotated, queries rotated alike, on both paths: prefill and token-by-
+/// token decode stay within FP8's bound of the exact (unrotated) pass;
+/// scale 1 and the other dtypes do not rotate.
+#[test]
+fn fp8_at_calibrated_scales_rotates_queries_and_keys_on_every_path() {
+    let c = config(false);
+    let kv = KvShape {
+        num_blocks: 16,
+        block_size: BS,
+    };
+    let backend = |path: CpuPath, scale: Option<f32>, dtype: KvCacheDtype| {
+        let mut w = weights(&c, false);
+        w.kv_scales = scale.map(|s| KvScales {
+            k: vec![s; c.num_layers],
+            v: vec![s; c.num_layers],
+        });
+        CpuBackend::with_path(c.clone(), w, kv, path)
+            .unwrap()
+            .with_kv_cache_dtype(dtype)
+    };
+    let want = naive(&c, &weights(&c, false), &LONG_PROMPT);
+    let n = LONG_PROMPT.len();
+    let blocks = contiguous_blocks(1, n, BS);
+    for path in [CpuPath::Reference, CpuPath::Fast] {
+        assert!(!backend(path, None, KvCacheDtype::Fp8).pool.rotates());
+        assert!(
+            !backend(path, Some(0.125), KvCacheDtype::Bf16)
+                .pool
+                .rotates()
+        );
+        let mut b = backend(path, Some(0.125), KvCacheDtype::Fp8);
+        assert!(b.pool.rotates(), "{path:?}");
+        let whole = build_step(&[chunk(&LONG_PROMPT, 0, blocks.clone())], BS).unwrap();
+        let all = b.logits(&whole, &(0..n).collect::<Vec<_>>()).unwrap();
+        let mut d = backend(path, Some(0.125), KvCacheDtype::Fp8);
+        for (p, tok) in LONG_PROMPT.iter().enumerate() {
+            let step = build_step(&[chunk(&[*tok], p, blocks.clone())], BS).unwrap();
+            let row = d.logits(&step, &[0]).unwrap();
+            let prefill = rel_err(&all[p * 50..(p + 1) * 50], &want[p]);
+            let decode = rel_err(&row, &want[p]);
+            assert!(
+                prefill < bound(KvCacheDtype::Fp8) && decode < bound(KvCacheDtype::Fp8),
+                "{path:?} position {p}: prefill {prefill}, decode {decode}"
+            );
+        }
+    }
+}
+
 /// A model whose K and V are 1024 times smaller than the test model's (K
 /// and V projections divided, Q and O multiplied by 1024: the same
 /// logits, exactly) stores them below e4m3's normal range at scale 1, and

@@ -29,13 +29,21 @@ fn layer_zeros_maxima_are_those_of_its_k_and_v() {
     let v = plain_project(&h, &w.layers[0].v_proj, c.hidden_size);
     let positions: Vec<u32> = (0..TOKENS.len() as u32).map(|i| i % 5).collect();
     Rope::new(&c, 5).apply_rows(&mut k, kv_dim, &positions);
+    // K's maximum covers the keys plain and Hadamard-rotated
+    let mut rotated = k.clone();
+    ops::hadamard::rotate_heads(&mut rotated, hd);
+    let head_max = |rows: &[f32], head: usize| {
+        rows.chunks(kv_dim)
+            .flat_map(|r| &r[head * hd..(head + 1) * hd])
+            .fold(0f32, |m, x| m.max(x.abs()))
+    };
     for (rows, amax, what) in [(&k, &got.k[0], "k"), (&v, &got.v[0], "v")] {
-        for head in 0..c.num_kv_heads {
-            let want = rows
-                .chunks(kv_dim)
-                .flat_map(|r| &r[head * hd..(head + 1) * hd])
-                .fold(0f32, |m, x| m.max(x.abs()));
-            let a = amax[head];
+        assert_eq!(amax.len(), c.num_kv_heads);
+        for (head, &a) in amax.iter().enumerate() {
+            let want = match what {
+                "k" => head_max(rows, head).max(head_max(&rotated, head)),
+                _ => head_max(rows, head),
+            };
             assert!(
                 want > 0.0 && (a - want).abs() <= 1e-4 * want,
                 "{what} head {head}: {a} vs {want}"
