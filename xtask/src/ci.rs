@@ -154,16 +154,14 @@ pub fn run(args: TestArgs) -> Result<()> {
     Ok(())
 }
 
-/// The tests of the CPU kernels and the CPU backend, run again under every
-/// lower cap of the kernels' paths, so a processor with fewer instruction
-/// sets (AVX2 without AVX-512, or neither) is covered on any CI machine.
+/// The tests run again under every lower cap of the CPU kernels' paths, so
+/// a processor with fewer instruction sets (AVX2 without AVX-512, or
+/// neither) is covered on any CI machine: every crate's unit tests (the CPU
+/// kernels' and the CPU backend's among them) and the golden references.
+/// Over the whole workspace, so the features match the first pass and
+/// nothing is built again.
 const CAPPED_TESTS: &[&str] = &[
-    "-p",
-    "cpu-kernels",
-    "-p",
-    "model",
-    "-p",
-    "lamina-tests",
+    "--workspace",
     "--lib",
     "--test",
     "golden",

@@ -171,7 +171,7 @@ fn positional_models_and_short_flags() {
 fn ranges_and_tips() {
     let out = lamina(&["generate", "--temperature", "-1", "hi"]);
     clear_error(&out, &["--temperature", "must be in [0,", "-1"]);
-    let out = lamina(&["run", "--top-p", "-0.5", "hi"]);
+    let out = lamina(&["run", "--top-p", "-0.5", "say hi"]);
     clear_error(&out, &["--top-p", "(0, 1]"]);
     let out = lamina(&["chat", "--min-p", "-2"]);
     clear_error(&out, &["--min-p", "[0, 1]"]);
