@@ -180,7 +180,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         }
     }
     if let Some(w) = args.warmup_secs
-        && !(w >= 0.0 && w <= MAX_FLAG_SECONDS)
+        && !(0.0..=MAX_FLAG_SECONDS).contains(&w)
     {
         bail!(
             "invalid `--warmup-secs`: must be a number of seconds from 0 to {MAX_FLAG_SECONDS} (a day), got {w}"

@@ -136,7 +136,7 @@ mod tests {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no default value: {input}"));
         assert!(
-            value >= 1 && value <= crate::params::DEFAULT_MAX_TOKENS,
+            (1..=crate::params::DEFAULT_MAX_TOKENS).contains(&value),
             "{value}"
         );
         assert!(CHAT_HTML.contains(r#"for (const k of ["temperature", "top_p", "max_tokens"])"#));
