@@ -31,13 +31,12 @@ macro_rules! string_or_list {
                     }
                     fn visit_seq<A: serde::de::SeqAccess<'de>>(
                         self,
-                        mut seq: A,
+                        seq: A,
                     ) -> Result<$ty, A::Error> {
-                        let mut out: Vec<$item> = Vec::new();
-                        while let Some(x) = seq.next_element()? {
-                            out.push(x);
-                        }
-                        Ok($ty::$list(out))
+                        let items = <Vec<$item> as serde::Deserialize>::deserialize(
+                            serde::de::value::SeqAccessDeserializer::new(seq),
+                        )?;
+                        Ok($ty::$list(items))
                     }
                 }
                 d.deserialize_any(V)
