@@ -184,7 +184,9 @@ fn the_chat_page_is_served_at_root_for_a_browser() {
 
 /// Headless Chromium opens `/#message=Hello`, which sends it; the page's
 /// title, read over the DevTools HTTP endpoint, reports the finished
-/// streamed reply and its token count.
+/// streamed reply and its token count. The page's default `max_tokens`
+/// (1024) is beyond the tiny model's 512-token context, so the page must
+/// fit the reply into the room the conversation leaves.
 fn browser_sends_and_streams(browser: &Path, port: u16) {
     let profile = tempfile::tempdir().unwrap();
     let mut child = Command::new(browser)
