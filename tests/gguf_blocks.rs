@@ -44,7 +44,7 @@ fn logprob_diff(a: &[f32], b: &[f64]) -> f64 {
 
 /// The f64 forward pass of [`TOKENS`] over the exact tensors in `dir`
 /// (`<Hugging Face name>.f32`): `[position][vocab]` logits.
-fn exact_logits(c: &contract::LlamaConfig, dir: &Path) -> Vec<Vec<f64>> {
+fn exact_logits(c: &contract::ModelConfig, dir: &Path) -> Vec<Vec<f64>> {
     let w = ExactWeights::from_names(c, |name| {
         let path = dir.join(format!("{name}.f32"));
         std::fs::read(&path)

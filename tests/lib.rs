@@ -13,7 +13,7 @@ pub fn log_softmax(z: impl IntoIterator<Item = f64>) -> Vec<f64> {
 /// blocks of `block_size`.
 pub fn fast_blocks_backend(
     dir: &std::path::Path,
-    cfg: &contract::LlamaConfig,
+    cfg: &contract::ModelConfig,
     blocks: checkpoint::quantized::QuantWeights,
     tokens: usize,
     block_size: usize,

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use checkpoint::lora::{PeftSpec, load_adapter, write_peft_adapter};
 use checkpoint::synth::{Preset, synth_model};
 use contract::lora::LoraTarget;
-use contract::{Backend, KvShape, LlamaConfig, LoraAdapter};
+use contract::{Backend, KvShape, ModelConfig, LoraAdapter};
 use engine::{Engine, EngineConfig, GenerateRequest};
 use lamina_tests::log_softmax;
 use model::cpu::batch::{SeqChunk, build_step, contiguous_blocks};
@@ -36,7 +36,7 @@ fn tiny_dir() -> &'static Path {
 
 /// Adapters of several ranks and target sets, written as PEFT folders under
 /// `root` and read back.
-fn adapters(root: &Path, c: &LlamaConfig, n: usize, amp: f32) -> Vec<Arc<LoraAdapter>> {
+fn adapters(root: &Path, c: &ModelConfig, n: usize, amp: f32) -> Vec<Arc<LoraAdapter>> {
     use LoraTarget::*;
     let specs: [(usize, Vec<LoraTarget>, bool); 4] = [
         (4, vec![Q, V], false),
@@ -100,7 +100,7 @@ fn check_merged(dir: &Path, prompt: &[u32], ads: &[Arc<LoraAdapter>], slots: &[u
     let rows: Vec<usize> = (0..mixed.num_tokens()).collect();
     let got = b.logits(&mixed, &rows).expect("logits");
     let v = c.vocab_size;
-    let exact_of = |w: &checkpoint::LlamaWeights| {
+    let exact_of = |w: &checkpoint::ModelWeights| {
         ExactWeights::from_weights(w, |t| t.data.iter().map(|x| x.to_f32() as f64).collect())
     };
     let base = forward(&c, &exact_of(&weights), prompt);

@@ -23,13 +23,13 @@
 //! (`[out]`; a per-tensor scale is repeated).
 //!
 //! Each projection also keeps its dequantised values as the BF16 tensor of
-//! [`LlamaWeights`] (`bf16(decode(q) * scale)`), which is what the CPU
+//! [`ModelWeights`] (`bf16(decode(q) * scale)`), which is what the CPU
 //! backend runs: one FP8 folder works on every backend.
 //!
 //! A checkpoint may also carry the FP8 KV cache's scales, one per layer
 //! for K and V (`model.layers.N.self_attn.k_scale` / `v_scale`, described
 //! by compressed-tensors' `kv_cache_scheme`, which must then be 8-bit
-//! float): read into [`LlamaWeights::kv_scales`], all layers or none.
+//! float): read into [`ModelWeights::kv_scales`], all layers or none.
 //!
 //! Costs: a pre-quantised projection is copied once (one byte per weight)
 //! and dequantised once; quantising at load is two passes over the BF16
@@ -52,7 +52,7 @@ use std::path::Path;
 use contract::KvScales;
 
 use crate::loader::LoadError;
-use crate::weights::{LlamaWeights, Tensor};
+use crate::weights::{ModelWeights, Tensor};
 
 /// One projection in FP8: `data` `[n, k]` e4m3 bits, `scale` `[n]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,7 +143,7 @@ pub struct Fp8Weights {
     pub lm_head: Option<Fp8Tensor>,
 }
 
-impl LlamaWeights {
+impl ModelWeights {
     /// Quantises every projection to FP8 per output row and replaces the
     /// BF16 projections by their dequantised values, so every backend runs
     /// the same weights. A model already in FP8 is left as it is.
@@ -179,7 +179,7 @@ impl LlamaWeights {
     }
 
     /// Quantises the LM head to FP8 per vocabulary row, as
-    /// [`LlamaWeights::quantize_fp8`] does the projections: the head's BF16
+    /// [`ModelWeights::quantize_fp8`] does the projections: the head's BF16
     /// values become the dequantised ones, so a head tied to the embedding
     /// gets its own copy (the embedding stays exact). Needs FP8 projections
     /// (`None` returned when the model has none); a head already in FP8 is

@@ -1,6 +1,6 @@
 //! checkpoint: model files. Reading user-named files safely ([`files`]),
 //! reading and checking safetensors into
-//! [`weights::LlamaWeights`] ([`loader`]), GGUF reading and import to the
+//! [`weights::ModelWeights`] ([`loader`]), GGUF reading and import to the
 //! Hugging Face layout ([`gguf`]), the model store with its pip and hub
 //! downloads ([`store`]) and deterministic synthetic models ([`synth`]).
 //!
@@ -18,4 +18,4 @@ pub mod store;
 pub mod synth;
 pub mod weights;
 
-pub use weights::{LayerWeights, LlamaWeights, Tensor};
+pub use weights::{LayerWeights, ModelWeights, Tensor};

@@ -1,8 +1,8 @@
 //! Loading a Hugging Face model directory: `config.json`,
 //! `generation_config.json` and safetensors weights.
 //!
-//! Contract: [`load_weights`] returns a [`LlamaWeights`] only after every
-//! tensor the [`LlamaConfig`] implies was found and checked for dtype, shape
+//! Contract: [`load_weights`] returns a [`ModelWeights`] only after every
+//! tensor the [`ModelConfig`] implies was found and checked for dtype, shape
 //! and finite values; a missing, misshapen, wrongly typed or truncated
 //! tensor, or one holding a NaN or an infinity, is a [`LoadError`] naming the
 //! file (or directory) and the tensor. The finiteness scan is one parallel
@@ -29,8 +29,8 @@ pub use writer::{SafetensorsWriter, TensorSpec};
 
 use crate::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
 use crate::progress::{Progress, Unit};
-use crate::weights::{LayerWeights, LlamaWeights, Tensor};
-use contract::config::{ConfigError, GenerationConfig, LlamaConfig};
+use crate::weights::{LayerWeights, ModelWeights, Tensor};
+use contract::config::{ConfigError, GenerationConfig, ModelConfig};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -47,7 +47,7 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 #[derive(Debug, Clone)]
 pub struct LoadedModel {
     pub dir: PathBuf,
-    pub config: LlamaConfig,
+    pub config: ModelConfig,
     pub generation: GenerationConfig,
     /// EOS ids of `config.json` extended by those of `generation_config.json`.
     pub eos_ids: Vec<u32>,
@@ -147,7 +147,7 @@ pub fn load_config(dir: &Path) -> Result<LoadedModel, LoadError> {
     if !dir.is_dir() {
         return Err(LoadError::MissingDir(dir.to_path_buf()));
     }
-    let config = LlamaConfig::from_dir(dir)?;
+    let config = ModelConfig::from_dir(dir)?;
     let generation = GenerationConfig::from_dir(dir)?;
     let eos_ids = generation.eos_ids(&config.eos_token_ids);
     Ok(LoadedModel {
@@ -160,7 +160,7 @@ pub fn load_config(dir: &Path) -> Result<LoadedModel, LoadError> {
 
 /// The tensors a model with config `cfg` stores, in Hugging Face names and
 /// shapes, sorted by name. `lm_head.weight` is listed when `with_lm_head`.
-pub fn tensor_specs(cfg: &LlamaConfig, with_lm_head: bool) -> Vec<TensorSpec> {
+pub fn tensor_specs(cfg: &ModelConfig, with_lm_head: bool) -> Vec<TensorSpec> {
     let h = cfg.hidden_size;
     let spec = |name: String, shape: Vec<usize>| TensorSpec { name, shape };
     let mut out = vec![
@@ -204,7 +204,7 @@ struct Shard {
 }
 
 /// Loads and checks every weight of `dir` against `cfg`.
-pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadError> {
+pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadError> {
     if !dir.is_dir() {
         return Err(LoadError::MissingDir(dir.to_path_buf()));
     }
@@ -358,7 +358,7 @@ pub fn load_weights(dir: &Path, cfg: &LlamaConfig) -> Result<LlamaWeights, LoadE
         let &j = placement.get(n)?;
         Some((shards[j].path.as_path(), parsed[j].tensor(n).ok()?))
     })?;
-    let weights = LlamaWeights {
+    let weights = ModelWeights {
         embed,
         layers,
         norm,

@@ -36,7 +36,7 @@ mod writer;
 
 use crate::files::{self, FileError};
 use crate::store::{StoreError, hub};
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use contract::lora::{LoraAdapter, LoraError, LoraLayer, LoraPair, LoraTarget, lora_scale};
 use half::{bf16, f16};
 use safetensors::Dtype;
@@ -174,7 +174,7 @@ pub(crate) struct AdapterFiles {
 
 /// The largest weights file an adapter of model `c` at rank `max_rank`
 /// can be: every projection targeted, F32, and the largest header.
-fn max_weights_bytes(c: &LlamaConfig, max_rank: usize) -> u64 {
+fn max_weights_bytes(c: &ModelConfig, max_rank: usize) -> u64 {
     let per_layer: u64 = LoraTarget::ALL
         .iter()
         .map(|t| {
@@ -189,7 +189,7 @@ fn max_weights_bytes(c: &LlamaConfig, max_rank: usize) -> u64 {
 }
 
 /// Opens the adapter's files in `dir` (see the module doc for the checks).
-fn open_files(dir: &Path, c: &LlamaConfig, max_rank: usize) -> Result<AdapterFiles, LoraLoadError> {
+fn open_files(dir: &Path, c: &ModelConfig, max_rank: usize) -> Result<AdapterFiles, LoraLoadError> {
     let config = files::read_regular_string(&dir.join(ADAPTER_CONFIG), MAX_CONFIG_BYTES)?;
     let weights = files::map_regular(&dir.join(ADAPTER_WEIGHTS), max_weights_bytes(c, max_rank))?;
     Ok(AdapterFiles {
@@ -203,7 +203,7 @@ fn open_files(dir: &Path, c: &LlamaConfig, max_rank: usize) -> Result<AdapterFil
 /// up to `max_rank` (see the module doc).
 pub fn load_adapter(
     dir: &Path,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     max_rank: usize,
 ) -> Result<LoraAdapter, LoraLoadError> {
     load_adapter_within(dir, c, &LoadLimits::rank(max_rank))
@@ -212,7 +212,7 @@ pub fn load_adapter(
 /// [`load_adapter`] within `limits`.
 pub fn load_adapter_within(
     dir: &Path,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     limits: &LoadLimits,
 ) -> Result<LoraAdapter, LoraLoadError> {
     parse_files(&open_files(dir, c, limits.max_rank)?, c, limits)
@@ -262,7 +262,7 @@ fn check_declared(
 /// Checks and converts the adapter in `files` (see the module doc).
 fn parse_files(
     files: &AdapterFiles,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     limits: &LoadLimits,
 ) -> Result<LoraAdapter, LoraLoadError> {
     let dir = &files.dir;

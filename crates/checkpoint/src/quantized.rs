@@ -24,7 +24,7 @@
 
 use crate::gguf::{GgmlType, Gguf, GgufError, TensorInfo, dequantize, hf_name};
 use crate::weights::{MAX_ABS_WEIGHT, implausible};
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -85,7 +85,7 @@ impl QuantWeights {
 /// Reads the kept matrices of the GGUF at `path` (see the module doc).
 pub fn load_quantized(
     path: &Path,
-    cfg: &LlamaConfig,
+    cfg: &ModelConfig,
     keep: &[GgmlType],
 ) -> Result<QuantWeights, GgufError> {
     let io = |source| GgufError::Io {

@@ -23,7 +23,7 @@ mod tests;
 
 use crate::loader::{SafetensorsWriter, tensor_specs};
 use crate::store::{self, StoreError};
-use contract::config::{ConfigError, LlamaConfig};
+use contract::config::{ConfigError, ModelConfig};
 pub use contract::presets::Preset;
 use half::bf16;
 use rayon::prelude::*;
@@ -135,7 +135,7 @@ pub fn synth_model_progress(
 
 /// Streams the weights of `cfg` for `seed` into `path`.
 fn write_weights(
-    cfg: &LlamaConfig,
+    cfg: &ModelConfig,
     seed: u64,
     path: &Path,
     progress: Option<&indicatif::ProgressBar>,

@@ -1,7 +1,7 @@
 //! Model weights in Hugging Face names and layout, held as BF16.
 //!
-//! Contract: a [`LlamaWeights`] exists only after every expected tensor was
-//! found and checked for dtype and shape against the [`contract::LlamaConfig`]
+//! Contract: a [`ModelWeights`] exists only after every expected tensor was
+//! found and checked for dtype and shape against the [`contract::ModelConfig`]
 //! (see `loader`), so backends index it without further checks. Matrices are
 //! row-major `[out_features, in_features]`, exactly as in the safetensors
 //! files (Q/K rows in Hugging Face's rotate-half order).
@@ -73,7 +73,7 @@ fn first_bad(data: &[bf16]) -> Option<usize> {
 
 /// The whole model.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaWeights {
+pub struct ModelWeights {
     pub embed: Tensor, // [vocab, hidden]
     pub layers: Vec<LayerWeights>,
     pub norm: Tensor, // [hidden]
@@ -87,7 +87,7 @@ pub struct LlamaWeights {
     pub kv_scales: Option<contract::KvScales>,
 }
 
-impl LlamaWeights {
+impl ModelWeights {
     /// The FP8 KV cache's per-layer scales: the checkpoint's, else 1 for
     /// every layer.
     pub fn kv_scales_or_ones(&self) -> contract::KvScales {

@@ -16,7 +16,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use contract::lora::{LoraAdapter, LoraLayer, LoraPair, LoraTarget};
 use contract::sampling::splitmix64;
-use contract::{LlamaConfig, SamplingParams};
+use contract::{ModelConfig, SamplingParams};
 use engine::{Engine, GenerateRequest, RequestHandle};
 use serde_json::json;
 
@@ -28,7 +28,7 @@ pub const ADAPTERS: usize = 8;
 const RANK: usize = 16;
 
 /// A random adapter of rank [`RANK`] on every target (seed `seed`).
-fn adapter(c: &LlamaConfig, seed: u64) -> LoraAdapter {
+fn adapter(c: &ModelConfig, seed: u64) -> LoraAdapter {
     let mut n = seed << 32;
     let mut vals = |len: usize| -> Vec<f32> {
         (0..len)
@@ -104,7 +104,7 @@ fn batch(
 /// figures to `res`.
 pub fn run(
     engine: &Engine,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     prompt: &mut dyn FnMut(usize) -> Vec<u32>,
     z: &Sizes,
     repeats: usize,

@@ -183,7 +183,7 @@ pub(crate) fn gpu_memory_at_start(
 /// tokens of a BF16 one in the same memory.
 pub(crate) fn kv_pool(
     args: &ModelArgs,
-    cfg: &contract::LlamaConfig,
+    cfg: &contract::ModelConfig,
     gpu_budget: Option<usize>,
 ) -> Result<(usize, usize)> {
     let per_block = block_bytes(args, cfg);
@@ -232,7 +232,7 @@ pub(crate) struct Companion {
 
 impl Companion {
     /// The device bytes of the model of `cfg` run with `args`'s limits.
-    pub(crate) fn of(args: &ModelArgs, cfg: &contract::LlamaConfig) -> Self {
+    pub(crate) fn of(args: &ModelArgs, cfg: &contract::ModelConfig) -> Self {
         let params = engine::speculate::draft_model::num_params(cfg) as usize;
         Companion {
             weights: params.saturating_mul(2),
@@ -243,7 +243,7 @@ impl Companion {
 }
 
 /// Bytes of one KV block of `cfg` in `--kv-cache-dtype`'s element.
-fn block_bytes(args: &ModelArgs, cfg: &contract::LlamaConfig) -> usize {
+fn block_bytes(args: &ModelArgs, cfg: &contract::ModelConfig) -> usize {
     paged_kv::bytes_per_block(
         cfg.num_layers,
         cfg.num_kv_heads,
@@ -254,7 +254,7 @@ fn block_bytes(args: &ModelArgs, cfg: &contract::LlamaConfig) -> usize {
 }
 
 /// [`reserve_bytes`] for the model of `cfg` under `args`'s limits.
-fn engine_reserve(args: &ModelArgs, cfg: &contract::LlamaConfig) -> usize {
+fn engine_reserve(args: &ModelArgs, cfg: &contract::ModelConfig) -> usize {
     reserve_bytes(
         cfg.hidden_size,
         cfg.intermediate_size,
@@ -273,8 +273,8 @@ fn engine_reserve(args: &ModelArgs, cfg: &contract::LlamaConfig) -> usize {
 /// target's pool and the companion's pool of as many blocks both fit.
 pub(crate) fn gpu_kv_bytes(
     args: &ModelArgs,
-    cfg: &contract::LlamaConfig,
-    weights: &checkpoint::LlamaWeights,
+    cfg: &contract::ModelConfig,
+    weights: &checkpoint::ModelWeights,
     ordinal: usize,
     memory: &GpuMemoryPlan,
     companion: Option<&Companion>,

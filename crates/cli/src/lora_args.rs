@@ -16,7 +16,7 @@ use checkpoint::lora::{AdapterCache, LoadLimits, LoraLoadError};
 use engine::lora::{DEFAULT_MAX_LOADED_LORAS, DEFAULT_MAX_LORA_MEMORY_MIB, LoraLimits};
 
 use anyhow::{Context, Result, bail};
-use contract::LlamaConfig;
+use contract::ModelConfig;
 use contract::LoraAdapter;
 use contract::lora::DEFAULT_MAX_LORA_RANK;
 
@@ -119,7 +119,7 @@ impl LoraArgs {
     }
 
     /// Reads every `--lora` adapter for model `c`, errors naming the flag.
-    pub fn load_all(&self, c: &LlamaConfig) -> Result<Vec<(String, Arc<LoraAdapter>)>> {
+    pub fn load_all(&self, c: &ModelConfig) -> Result<Vec<(String, Arc<LoraAdapter>)>> {
         let cache = AdapterCache::default();
         let limits = self.load_limits(None);
         self.specs()?
@@ -136,7 +136,7 @@ impl LoraArgs {
     /// identical files share one adapter, each load gets `timeout`, and
     /// errors are one line that tells nothing of paths it cannot read
     /// ([`LoraLoadError::public`]).
-    pub fn loader(&self, c: LlamaConfig, timeout: Duration) -> server::LoraLoader {
+    pub fn loader(&self, c: ModelConfig, timeout: Duration) -> server::LoraLoader {
         let cache = Arc::new(AdapterCache::default());
         let args = self.clone();
         Arc::new(move |path: &str| {
@@ -179,7 +179,7 @@ fn split_spec(spec: &str) -> (String, String) {
 fn load_adapter(
     cache: &AdapterCache,
     path: &str,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     limits: &LoadLimits,
 ) -> Result<Arc<LoraAdapter>, LoraLoadError> {
     let dir = checkpoint::lora::resolve_adapter(path)?;

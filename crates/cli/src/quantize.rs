@@ -16,8 +16,8 @@ use checkpoint::fp8::{
     write_fp8_checkpoint, write_quantized_checkpoint,
 };
 use checkpoint::progress::{Progress, Unit};
-use checkpoint::weights::LlamaWeights;
-use contract::config::LlamaConfig;
+use checkpoint::weights::ModelWeights;
+use contract::config::ModelConfig;
 use model::gptq::{GptqOptions, ScaleRule, quantize_model};
 use model::kv_calib::kv_amax;
 use tokenizer::Tokenizer;
@@ -212,7 +212,7 @@ fn calibrated(
 }
 
 /// `weights` with every projection replaced by `fp8`'s dequantised one.
-fn with_projections(weights: &LlamaWeights, fp8: &Fp8Weights) -> LlamaWeights {
+fn with_projections(weights: &ModelWeights, fp8: &Fp8Weights) -> ModelWeights {
     let mut run = weights.clone();
     for (l, q) in run.layers.iter_mut().zip(&fp8.layers) {
         l.q_proj = q.q_proj.dequantize();
@@ -229,8 +229,8 @@ fn with_projections(weights: &LlamaWeights, fp8: &Fp8Weights) -> LlamaWeights {
 /// GPTQ over `tokens`: the FP8 projections.
 fn gptq(
     args: &QuantizeArgs,
-    config: &LlamaConfig,
-    weights: &LlamaWeights,
+    config: &ModelConfig,
+    weights: &ModelWeights,
     tokens: &[u32],
     opts: Fp8Options,
 ) -> Result<Fp8Weights> {

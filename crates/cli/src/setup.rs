@@ -523,7 +523,7 @@ pub(crate) fn load_weights(
     args: &ModelArgs,
     loaded: &LoadedModel,
     cuda: bool,
-) -> Result<checkpoint::LlamaWeights> {
+) -> Result<checkpoint::ModelWeights> {
     let mut w = checkpoint::loader::load_weights(&loaded.dir, &loaded.config)?;
     match args.dtype {
         DtypeArg::Fp8 => w.quantize_fp8(),
@@ -555,7 +555,7 @@ pub(crate) fn load_weights(
 /// Lowers the model's context to `--max-model-len`; longer than the model
 /// was trained for is refused.
 pub(crate) fn cap_context(
-    cfg: &mut contract::LlamaConfig,
+    cfg: &mut contract::ModelConfig,
     max_model_len: Option<usize>,
 ) -> Result<()> {
     let Some(n) = max_model_len else {
@@ -591,7 +591,7 @@ const CPU_MAX_STEP_MS: u64 = 500;
 pub(crate) fn cpu_weights(
     args: &ModelArgs,
     dir: &std::path::Path,
-    cfg: &contract::LlamaConfig,
+    cfg: &contract::ModelConfig,
     cuda: bool,
 ) -> Result<(CpuWeights, Option<PathBuf>)> {
     let reference = args.cpu_kernels == CpuKernelsArg::Reference;
@@ -648,7 +648,7 @@ fn use_cuda(device: DeviceArg) -> Result<bool> {
 /// Refuses more CPU replicas than the machine can run, before anything is
 /// loaded: each runs its own step loop (more than the cores only contend)
 /// and holds its own KV pool (together they must fit in memory).
-fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::LlamaConfig, n: usize) -> Result<()> {
+fn check_cpu_replicas(args: &ModelArgs, cfg: &contract::ModelConfig, n: usize) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     if n > cores {
         bail!(
@@ -675,7 +675,7 @@ pub(crate) fn open_backend(
     args: &ModelArgs,
     loaded: &LoadedModel,
     device: Option<usize>,
-    weights: Cow<'_, checkpoint::LlamaWeights>,
+    weights: Cow<'_, checkpoint::ModelWeights>,
     cpu_weights: &CpuWeights,
     gpu_memory: &GpuMemoryPlan,
     companion: Option<&Companion>,

@@ -174,7 +174,7 @@ impl Drop for Server {
 }
 
 fn adapter(
-    model_cfg: &contract::LlamaConfig,
+    model_cfg: &contract::ModelConfig,
     dir: &Path,
     rank: usize,
     targets: &[LoraTarget],

@@ -25,7 +25,7 @@
 
 use std::sync::Arc;
 
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 use crate::history::PenaltyHistory;
 use crate::mask::TokenMask;
 use crate::sampling::SamplingParams;
@@ -569,7 +569,7 @@ pub trait Backend: Send {
     fn name(&self) -> String;
 
     /// The model this backend runs.
-    fn config(&self) -> &LlamaConfig;
+    fn config(&self) -> &ModelConfig;
 
     /// The KV pool this backend was built with.
     fn kv_shape(&self) -> KvShape;

@@ -1,8 +1,8 @@
 //! Model configuration: the raw Hugging Face `config.json` and the validated
-//! [`LlamaConfig`] every other module reads its dimensions from.
+//! [`ModelConfig`] every other module reads its dimensions from.
 //!
 //! Contract: nothing downstream hard-codes a model dimension; everything comes
-//! from a `LlamaConfig`, which is only built through [`LlamaConfig::from_raw`]
+//! from a `ModelConfig`, which is only built through [`ModelConfig::from_raw`]
 //! (or the file helpers), so every one that exists has passed validation:
 //! hidden divisible by heads (unless `head_dim` is given), heads divisible by
 //! KV heads, a known RoPE type, positive sizes, every tensor and the whole
@@ -170,7 +170,7 @@ impl EosIds {
 
 /// A validated Llama-family configuration. All dimensions in the engine come from here.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_layers: usize,
@@ -188,7 +188,7 @@ pub struct LlamaConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         Self::from_file(&dir.join("config.json"))
@@ -385,7 +385,7 @@ impl LlamaConfig {
             None => RopeScaling::None,
             Some(r) => rope::resolve(r, path)?,
         };
-        Ok(LlamaConfig {
+        Ok(ModelConfig {
             hidden_size,
             intermediate_size,
             num_layers,

@@ -28,7 +28,7 @@ pub use backend::{
     check_idle, check_release,
 };
 pub use config::{
-    ConfigError, DefaultsSource, GenerationConfig, KvCacheDtype, KvScales, LlamaConfig,
+    ConfigError, DefaultsSource, GenerationConfig, KvCacheDtype, KvScales, ModelConfig,
     SamplingDefaults,
 };
 pub use history::PenaltyHistory;

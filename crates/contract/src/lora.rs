@@ -15,7 +15,7 @@
 //! Costs: memory `rank * (in + out) * 4` bytes per pair; applying one to
 //! `T` rows is `T * rank * (in + out)` multiply-adds.
 
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 
 /// A projection an adapter can target, by its PEFT module name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -73,7 +73,7 @@ impl LoraTarget {
     }
 
     /// `(in, out)` features of the projection in model `c`.
-    pub fn dims(self, c: &LlamaConfig) -> (usize, usize) {
+    pub fn dims(self, c: &ModelConfig) -> (usize, usize) {
         let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         match self {
             LoraTarget::Q => (h, q),
@@ -152,7 +152,7 @@ pub enum LoraError {
 impl LoraAdapter {
     /// The one check of an adapter against model `c` with ranks up to
     /// `max_rank` (see the module doc). O(values).
-    pub fn check(&self, c: &LlamaConfig, max_rank: usize) -> Result<(), LoraError> {
+    pub fn check(&self, c: &ModelConfig, max_rank: usize) -> Result<(), LoraError> {
         let r = self.rank;
         if r == 0 {
             return Err(LoraError::ZeroRank);
@@ -259,11 +259,11 @@ mod tests {
     use super::*;
     use crate::presets::Preset;
 
-    fn tiny() -> LlamaConfig {
+    fn tiny() -> ModelConfig {
         Preset::Tiny.config().unwrap()
     }
 
-    fn adapter(c: &LlamaConfig, r: usize) -> LoraAdapter {
+    fn adapter(c: &ModelConfig, r: usize) -> LoraAdapter {
         let (i, o) = LoraTarget::Q.dims(c);
         let mut layer = LoraLayer::default();
         layer.pairs[0] = Some(LoraPair {

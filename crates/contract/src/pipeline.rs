@@ -25,7 +25,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use crate::backend::{Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch};
-use crate::config::LlamaConfig;
+use crate::config::ModelConfig;
 
 /// A backend that computes each step synchronously on the calling thread.
 /// It implements only its facts and [`HostCompute::compute`]; the
@@ -38,7 +38,7 @@ pub trait HostCompute: Send {
     /// [`Backend::name`].
     fn name(&self) -> String;
     /// [`Backend::config`].
-    fn config(&self) -> &LlamaConfig;
+    fn config(&self) -> &ModelConfig;
     /// [`Backend::kv_shape`].
     fn kv_shape(&self) -> KvShape;
     /// The pipeline this backend keeps (a field).
@@ -91,7 +91,7 @@ impl<T: HostCompute> Backend for T {
         HostCompute::name(self)
     }
 
-    fn config(&self) -> &LlamaConfig {
+    fn config(&self) -> &ModelConfig {
         HostCompute::config(self)
     }
 

@@ -3,7 +3,7 @@
 //! Pure data, so the engine's and server's test doubles can use a real
 //! model shape without depending on the model-file crate.
 
-use crate::config::{ConfigError, LlamaConfig};
+use crate::config::{ConfigError, ModelConfig};
 use serde_json::{Value, json};
 
 /// Which model's shape to imitate.
@@ -85,8 +85,8 @@ impl Preset {
     }
 
     /// The validated config of this preset.
-    pub fn config(self) -> Result<LlamaConfig, ConfigError> {
-        LlamaConfig::from_json(&self.config_json().to_string(), self.name())
+    pub fn config(self) -> Result<ModelConfig, ConfigError> {
+        ModelConfig::from_json(&self.config_json().to_string(), self.name())
     }
 }
 

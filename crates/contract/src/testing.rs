@@ -275,7 +275,7 @@ pub fn malformed_batches(
 /// A LoRA adapter of rank `r` on `targets` for a model of `c`, every value
 /// of A and B drawn from `[-amp, amp]` by `seed`, scaled by `scale`.
 pub fn random_adapter(
-    c: &crate::LlamaConfig,
+    c: &crate::ModelConfig,
     r: usize,
     targets: &[crate::lora::LoraTarget],
     seed: u64,

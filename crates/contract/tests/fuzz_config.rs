@@ -9,7 +9,7 @@
 //! f32, RoPE frequencies are finite and positive). `LAMINA_FUZZ_CASES` sets
 //! the number of cases.
 
-use contract::config::{ConfigError, GenerationConfig, LlamaConfig};
+use contract::config::{ConfigError, GenerationConfig, ModelConfig};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -51,7 +51,7 @@ fn check_error(e: &ConfigError, path: &str) {
 }
 
 /// What every validated config guarantees to the code that sizes buffers.
-fn check_valid(c: &LlamaConfig) {
+fn check_valid(c: &ModelConfig) {
     let dims = [
         c.hidden_size,
         c.intermediate_size,
@@ -88,7 +88,7 @@ fn check_valid(c: &LlamaConfig) {
 }
 
 fn config_text(text: &str) {
-    match LlamaConfig::from_json(text, PATH) {
+    match ModelConfig::from_json(text, PATH) {
         Ok(c) => check_valid(&c),
         Err(e) => check_error(&e, PATH),
     }
@@ -160,7 +160,7 @@ fn tiny_with(field: &str, value: Value) -> String {
 }
 
 fn invalid_field(text: &str) -> String {
-    match LlamaConfig::from_json(text, PATH) {
+    match ModelConfig::from_json(text, PATH) {
         Err(ConfigError::Invalid { field, .. }) => field.to_string(),
         other => panic!("expected an invalid field, got {other:?}"),
     }
@@ -199,7 +199,7 @@ fn llama3_factor_below_one_is_refused() {
 #[test]
 fn type_errors_name_the_field() {
     let text = tiny_with("rope_scaling.factor", "big".into());
-    let e = LlamaConfig::from_json(&text, PATH).unwrap_err().to_string();
+    let e = ModelConfig::from_json(&text, PATH).unwrap_err().to_string();
     assert!(e.contains("rope_scaling.factor") && e.contains(PATH), "{e}");
     let e = GenerationConfig::from_json(r#"{"top_k": -1}"#, "g.json")
         .unwrap_err()

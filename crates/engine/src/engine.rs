@@ -60,7 +60,7 @@ struct Inner {
     /// The loaded LoRA adapters (`crate::lora`).
     loras: Arc<LoraRegistry>,
     /// The model, to check adapters against.
-    model: contract::LlamaConfig,
+    model: contract::ModelConfig,
     /// The backend's [`contract::Backend::deterministic`].
     deterministic: bool,
 }

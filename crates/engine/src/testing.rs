@@ -24,7 +24,7 @@ use std::time::Duration;
 use contract::presets::Preset;
 use contract::sampling::splitmix64;
 use contract::{
-    Backend, BackendError, HostPipeline, KvShape, LlamaConfig, SampleRequest, SampledToken,
+    Backend, BackendError, HostPipeline, KvShape, ModelConfig, SampleRequest, SampledToken,
     StepBatch,
 };
 use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
@@ -34,12 +34,12 @@ use tokenizer::{Tokenizer, TokenizerError};
 const EMPTY: u32 = u32::MAX;
 
 /// The configuration the fake imitates: the synthetic `tiny` preset.
-pub fn fake_config() -> Result<LlamaConfig, contract::ConfigError> {
+pub fn fake_config() -> Result<ModelConfig, contract::ConfigError> {
     Preset::Tiny.config()
 }
 
 /// The byte-level tokenizer matching [`fake_config`] (its vocabulary, BOS and EOS).
-pub fn fake_tokenizer(config: &LlamaConfig) -> Result<Tokenizer, TokenizerError> {
+pub fn fake_tokenizer(config: &ModelConfig) -> Result<Tokenizer, TokenizerError> {
     let bos = config.bos_token_id.unwrap_or(0);
     let eos = config.eos_token_ids.first().copied().unwrap_or(1);
     Tokenizer::from_json(
@@ -106,7 +106,7 @@ pub fn reference_generate(
 
 /// A deterministic backend over a KV pool of token ids.
 pub struct FakeBackend {
-    config: LlamaConfig,
+    config: ModelConfig,
     shape: KvShape,
     /// `[num_blocks * block_size]` token id stored in each slot.
     kv: Vec<u32>,
@@ -125,7 +125,7 @@ pub struct FakeBackend {
 
 impl FakeBackend {
     /// A fake that reads each sampled sequence's context back through its block table.
-    pub fn new(config: LlamaConfig, shape: KvShape) -> Self {
+    pub fn new(config: ModelConfig, shape: KvShape) -> Self {
         FakeBackend {
             config,
             shape,
@@ -155,7 +155,7 @@ impl FakeBackend {
 
     /// A fake that only hashes the last token and its position (O(T + S) per
     /// step), for measuring the engine's own overhead.
-    pub fn cheap(config: LlamaConfig, shape: KvShape) -> Self {
+    pub fn cheap(config: ModelConfig, shape: KvShape) -> Self {
         FakeBackend {
             read_context: false,
             ..Self::new(config, shape)
@@ -187,7 +187,7 @@ impl contract::HostCompute for FakeBackend {
         "fake".into()
     }
 
-    fn config(&self) -> &LlamaConfig {
+    fn config(&self) -> &ModelConfig {
         &self.config
     }
 

@@ -244,7 +244,7 @@ kernel_args! {
         positions: u64 as "const uint32_t*" @ 8,
         /// `[T]` physical KV slot of each token
         slots: u64 as "const uint32_t*" @ 16,
-        /// [max_pos, D/2] f32 (LlamaConfig::rope_table)
+        /// [max_pos, D/2] f32 (ModelConfig::rope_table)
         cos_t: u64 as "const float*" @ 24,
         /// [max_pos, D/2] f32
         sin_t: u64 as "const float*" @ 32,

@@ -1,5 +1,5 @@
 //! Launcher for `cu/rope_kv.cu`: RoPE from the one precomputed table
-//! (`LlamaConfig::rope_table`), fused with writing K/V into paged blocks;
+//! (`ModelConfig::rope_table`), fused with writing K/V into paged blocks;
 //! the kernel takes one [`RopeKvArgs`]. CPU reference: `ops::rope::Rope` and
 //! `ops::attention::kv_write` (the CPU backend's own code); FP8 caches store
 //! `ops::kv`'s e4m3 codec at the layer's scales ([`KvCaches`]).

@@ -6,9 +6,9 @@
 //! median of 30 decode steps for each of f32, bf16 and fp8 K/V (the
 //! fastest is the figure on a shared machine).
 
-use checkpoint::weights::{LayerWeights, LlamaWeights, Tensor};
+use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
 use contract::backend::KvShape;
-use contract::{Backend, KvCacheDtype, LlamaConfig};
+use contract::{Backend, KvCacheDtype, ModelConfig};
 use half::bf16;
 use model::cpu::batch::{SeqChunk, build_step, contiguous_blocks};
 use model::cpu::{CpuBackend, CpuPath};
@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let ctx = args.first().copied().unwrap_or(4096);
     let layers = args.get(1).copied().unwrap_or(4);
-    let c = LlamaConfig::from_json(
+    let c = ModelConfig::from_json(
         &format!(
             r#"{{"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": {layers},
             "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 256,
@@ -47,7 +47,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "bench",
     )?;
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-    let w = LlamaWeights {
+    let w = ModelWeights {
         embed: tensor(&[c.vocab_size, h], 1),
         layers: (0..layers as u64)
             .map(|l| LayerWeights {

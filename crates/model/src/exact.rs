@@ -12,8 +12,8 @@
 //! Costs: `O(T² · layers · hidden)` plus `O(T · parameters)`, with a copy
 //! of every weight in f64: for tiny models.
 
-use checkpoint::weights::{LlamaWeights, Tensor};
-use contract::LlamaConfig;
+use checkpoint::weights::{ModelWeights, Tensor};
+use contract::ModelConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
 /// One decoder layer's tensors, row-major.
@@ -40,7 +40,7 @@ pub struct ExactWeights {
 
 impl ExactWeights {
     /// `w`'s tensors through `values` (e.g. their BF16 values widened).
-    pub fn from_weights(w: &LlamaWeights, values: impl Fn(&Tensor) -> Vec<f64>) -> Self {
+    pub fn from_weights(w: &ModelWeights, values: impl Fn(&Tensor) -> Vec<f64>) -> Self {
         ExactWeights {
             embed: values(&w.embed),
             layers: w
@@ -65,7 +65,7 @@ impl ExactWeights {
 
     /// The tensors `values` gives for `c`'s Hugging Face names (the head
     /// as `lm_head.weight`).
-    pub fn from_names(c: &LlamaConfig, values: impl Fn(&str) -> Vec<f64>) -> Self {
+    pub fn from_names(c: &ModelConfig, values: impl Fn(&str) -> Vec<f64>) -> Self {
         ExactWeights {
             embed: values("model.embed_tokens.weight"),
             layers: (0..c.num_layers)
@@ -92,7 +92,7 @@ impl ExactWeights {
     /// Merges LoRA `adapter` into the weights: `W += scale * B A` in f64
     /// for every pair it has (the reference a backend's per-row deltas
     /// are held to).
-    pub fn merge_lora(&mut self, c: &LlamaConfig, adapter: &LoraAdapter) {
+    pub fn merge_lora(&mut self, c: &ModelConfig, adapter: &LoraAdapter) {
         let r = adapter.rank;
         for (layer, la) in self.layers.iter_mut().zip(&adapter.layers) {
             for t in LoraTarget::ALL {
@@ -121,7 +121,7 @@ impl ExactWeights {
 }
 
 /// The logits of `tokens` (see the module doc).
-pub fn forward(c: &LlamaConfig, w: &ExactWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
+pub fn forward(c: &ModelConfig, w: &ExactWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let mm = |x: &[f64], m: &[f64]| -> Vec<f64> {
         m.chunks_exact(x.len())
             .map(|r| (0..x.len()).map(|k| x[k] * r[k]).sum())

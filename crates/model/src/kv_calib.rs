@@ -20,9 +20,9 @@
 //! (hidden (q + 2 kv + 2 inter) + q hidden + inter hidden)` flops and
 //! attention); memory: the activations of one layer of all `N` tokens.
 
-use checkpoint::weights::{LayerWeights, LlamaWeights, Tensor};
+use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
 use contract::KvScales;
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use cpu_kernels::{Isa, Scratch, matmul_bf16};
 use ops::activation::silu_mul;
 use ops::embedding::embed;
@@ -73,8 +73,8 @@ fn scale_of(amax: f32) -> f32 {
 /// The largest K and V magnitudes of `weights` over `tokens`, cut into
 /// windows of `window` tokens.
 pub fn kv_amax(
-    config: &LlamaConfig,
-    weights: &LlamaWeights,
+    config: &ModelConfig,
+    weights: &ModelWeights,
     tokens: &[u32],
     window: usize,
 ) -> Result<KvAmax, GptqError> {
@@ -102,7 +102,7 @@ pub fn kv_amax(
 }
 
 struct Pass<'a> {
-    config: &'a LlamaConfig,
+    config: &'a ModelConfig,
     rope: Rope,
     positions: Vec<u32>,  // [N]
     cu_seqlens: Vec<u32>, // [S + 1]

@@ -8,7 +8,7 @@
 //! RoPE, RMSNorm, SwiGLU, embedding / row gather, the paged KV write and
 //! paged causal attention. Arithmetic is f32 (RMSNorm's mean of squares in
 //! f64); BF16 inputs are widened to f32 exactly. The RoPE tables come from
-//! [`contract::config::LlamaConfig::rope_table`].
+//! [`contract::config::ModelConfig::rope_table`].
 //!
 //! The KV cache: [`kv`] is the one codec of its stored types (f32, BF16,
 //! FP8 e4m3 at a per-layer scale). The exact reference path keeps K/V in

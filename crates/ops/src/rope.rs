@@ -1,13 +1,13 @@
 //! RoPE from the one precomputed table.
 //!
 //! Contract: [`Rope`] holds `cos`/`sin` tables `[positions, head_dim / 2]`
-//! built once by [`LlamaConfig::rope_table`] (the CUDA backend uploads the
+//! built once by [`ModelConfig::rope_table`] (the CUDA backend uploads the
 //! same tables) and rotates in the rotate-half convention of the Hugging
 //! Face layout (pairs `i` and `i + head_dim / 2` of each head).
 //! Costs: tables `2 * positions * head_dim / 2 * 4` bytes; `apply` is
 //! O(len) per token.
 
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 
 /// Precomputed rotary tables.
 pub struct Rope {
@@ -19,7 +19,7 @@ pub struct Rope {
 
 impl Rope {
     /// Tables for positions `0..positions` of `config`'s head size and scaling.
-    pub fn new(config: &LlamaConfig, positions: usize) -> Self {
+    pub fn new(config: &ModelConfig, positions: usize) -> Self {
         let (cos, sin) = config.rope_table(positions);
         Rope {
             cos,

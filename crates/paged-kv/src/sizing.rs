@@ -4,7 +4,7 @@
 //! Both helpers are O(1) and never panic (overflow saturates).
 
 /// Bytes one block takes across all layers (K and V). Takes the model's
-/// numbers (e.g. `LlamaConfig::{num_layers, num_kv_heads, head_dim}`);
+/// numbers (e.g. `ModelConfig::{num_layers, num_kv_heads, head_dim}`);
 /// saturates at `usize::MAX` instead of overflowing, which no budget fits.
 pub fn bytes_per_block(
     num_layers: usize,

@@ -30,7 +30,7 @@ use contract::KvScales;
 
 use super::{Fp8Layer, Fp8Tensor, Fp8Weights, kv_scale_names};
 use crate::loader::{INDEX_FILE, LoadError, SINGLE_FILE, load_config, load_weights, tensor_specs};
-use crate::weights::{LlamaWeights, Tensor};
+use crate::weights::{ModelWeights, Tensor};
 
 /// The on-disk FP8 layouts (see the parent module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub enum WeightsOut<'a> {
 /// and for V, each finite and positive: the error names the tensor).
 pub fn write_checkpoint(
     src: &Path,
-    weights: &LlamaWeights,
+    weights: &ModelWeights,
     how: WeightsOut<'_>,
     kv: &KvScales,
     out: &Path,
@@ -119,7 +119,7 @@ fn check_kv_scales(src: &Path, layers: usize, kv: &KvScales) -> Result<(), LoadE
 /// when `opts` is per tensor (the error names the tensor).
 pub fn write_quantized_checkpoint(
     src: &Path,
-    weights: &LlamaWeights,
+    weights: &ModelWeights,
     fp8: &Fp8Weights,
     out: &Path,
     opts: Fp8Options,
@@ -131,7 +131,7 @@ pub fn write_quantized_checkpoint(
 /// `fp8`'s projections by name, each checked against `weights` and `opts`.
 fn given_projections<'a>(
     src: &Path,
-    weights: &LlamaWeights,
+    weights: &ModelWeights,
     fp8: &'a Fp8Weights,
     opts: Fp8Options,
 ) -> Result<HashMap<&'a str, &'a Fp8Tensor>, LoadError> {
@@ -185,7 +185,7 @@ type Fp8Out<'a, 'b> = (Option<&'b HashMap<&'a str, &'a Fp8Tensor>>, Fp8Options);
 /// all BF16 and `config.json` as it was); with `kv`, the KV cache scales.
 fn write(
     src: &Path,
-    weights: &LlamaWeights,
+    weights: &ModelWeights,
     fp8: Option<Fp8Out<'_, '_>>,
     kv: Option<&KvScales>,
     out: &Path,

@@ -29,7 +29,7 @@ const CHANNEL: Fp8Options = Fp8Options {
     input_scale: None,
 };
 
-fn load(dir: &Path) -> Result<LlamaWeights, LoadError> {
+fn load(dir: &Path) -> Result<ModelWeights, LoadError> {
     let cfg = load_config(dir)?.config;
     load_weights(dir, &cfg)
 }
@@ -511,7 +511,7 @@ fn kv_cache_scales_are_written_with_fp8_or_bf16_weights() {
 }
 
 /// `w`'s projections rounded to nearest, per row or per tensor.
-fn rounded(w: &LlamaWeights, per_tensor: bool) -> Fp8Weights {
+fn rounded(w: &ModelWeights, per_tensor: bool) -> Fp8Weights {
     let q = |t: &Tensor| {
         if !per_tensor {
             return Fp8Tensor::quantize(t);

@@ -18,7 +18,7 @@
 use super::{Gguf, GgufError, TensorInfo};
 use crate::loader::{SINGLE_FILE, SafetensorsWriter, tensor_specs};
 use crate::progress::Progress;
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use half::bf16;
 use rayon::prelude::*;
 use serde_json::{Value, json};
@@ -278,7 +278,7 @@ pub fn import_to_dir(
     progress: Option<&Progress>,
 ) -> Result<(), GgufError> {
     let cfg_json = config_json(g)?;
-    let cfg = LlamaConfig::from_json(
+    let cfg = ModelConfig::from_json(
         &cfg_json.to_string(),
         &format!("config.json from {}", g.path),
     )?;

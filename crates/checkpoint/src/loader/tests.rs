@@ -11,7 +11,7 @@ fn val(t: usize, i: usize) -> f32 {
     ((i * 7 + t * 3) % 17) as f32 / 16.0 - 0.5
 }
 
-fn tiny_cfg() -> LlamaConfig {
+fn tiny_cfg() -> ModelConfig {
     Preset::Tiny.config().unwrap()
 }
 
@@ -163,7 +163,7 @@ fn tied_head_is_none_and_present_head_is_used() {
         "\"tie_word_embeddings\":false",
         "\"tie_word_embeddings\":true",
     );
-    let cfg = LlamaConfig::from_json(&json, "c").unwrap();
+    let cfg = ModelConfig::from_json(&json, "c").unwrap();
     write_model(d.path(), &json, &tensor_specs(&cfg, false), Dtype::BF16, 1);
     assert!(load_weights(d.path(), &cfg).unwrap().lm_head.is_none());
     write_model(d.path(), &json, &tensor_specs(&cfg, true), Dtype::BF16, 1);
@@ -272,7 +272,7 @@ fn more_layers_in_the_file_than_the_config_is_an_error() {
     let d = TempDir::new().unwrap();
     let mut fewer: serde_json::Value = serde_json::from_str(&tiny_json()).unwrap();
     fewer["num_hidden_layers"] = (cfg.num_layers - 1).into();
-    let short_cfg = LlamaConfig::from_json(&fewer.to_string(), "test").unwrap();
+    let short_cfg = ModelConfig::from_json(&fewer.to_string(), "test").unwrap();
     for shards in [1, 2] {
         write_model(d.path(), &fewer.to_string(), &specs, Dtype::BF16, shards);
         let err = load_weights(d.path(), &short_cfg).unwrap_err();

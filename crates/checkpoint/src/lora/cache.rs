@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, Weak};
 
 use contract::LoraAdapter;
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use sha2::{Digest, Sha256};
 
 use super::{LoadLimits, LoraLoadError, open_files, parse_files};
@@ -31,7 +31,7 @@ impl AdapterCache {
     pub fn load(
         &self,
         dir: &Path,
-        c: &LlamaConfig,
+        c: &ModelConfig,
         limits: &LoadLimits,
     ) -> Result<Arc<LoraAdapter>, LoraLoadError> {
         let files = open_files(dir, c, limits.max_rank)?;

@@ -3,7 +3,7 @@ use contract::presets::Preset;
 use safetensors::SafeTensors;
 use std::sync::Arc;
 
-fn tiny() -> LlamaConfig {
+fn tiny() -> ModelConfig {
     Preset::Tiny.config().unwrap()
 }
 
@@ -320,7 +320,7 @@ fn a_tensor_named_twice_is_refused_naming_it() {
     let d = dir.path().join("dup");
     write_peft_adapter(&d, &c, &spec(1, &[LoraTarget::Q])).unwrap();
     // keep layer 0 only: the rest is rewritten by hand below
-    let c1 = LlamaConfig {
+    let c1 = ModelConfig {
         num_layers: 1,
         ..c.clone()
     };

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use contract::lora::{LoraAdapter, LoraLayer, LoraPair, LoraTarget, lora_scale};
 use safetensors::Dtype;
 
@@ -29,7 +29,7 @@ pub struct PeftSpec {
 /// adapter as [`load_adapter`] reads it.
 pub fn write_peft_adapter(
     dir: &Path,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     spec: &PeftSpec,
 ) -> std::io::Result<LoraAdapter> {
     std::fs::create_dir_all(dir)?;

@@ -272,7 +272,7 @@ impl Hub {
         }
         let snap = self.repo_dir(&r.repo).join("snapshots").join(&commit);
         let config = client.file(&commit, "config.json")?;
-        contract::config::LlamaConfig::from_file(&config)?;
+        contract::config::ModelConfig::from_file(&config)?;
         for f in OPTIONAL_FILES.iter().filter(|f| has(f)) {
             client.file(&commit, f)?;
         }

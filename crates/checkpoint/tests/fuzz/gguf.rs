@@ -81,7 +81,7 @@ fn run(buf: &[u8]) {
 
 /// An imported config holds the GGUF's own values: none was replaced by a
 /// default, and its special tokens are in the vocabulary.
-fn metadata_is_kept(g: &Gguf, c: &contract::config::LlamaConfig) {
+fn metadata_is_kept(g: &Gguf, c: &contract::config::ModelConfig) {
     let meta = |k: &str| g.metadata.get(k).and_then(|v| v.as_f64());
     if let Some(theta) = meta("llama.rope.freq_base") {
         assert_eq!(c.rope_theta as f32, theta as f32, "rope.freq_base");

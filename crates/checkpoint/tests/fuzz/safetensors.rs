@@ -8,7 +8,7 @@
 //! returns tensors of exactly the shapes the config implies.
 
 use checkpoint::loader::{SINGLE_FILE, SafetensorsWriter, load_weights, tensor_specs};
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use fuzzkit::alloc::largest_allocation;
 use half::bf16;
 use proptest::prelude::*;
@@ -19,8 +19,8 @@ pub const MICRO_CONFIG: &str = r#"{"hidden_size": 4, "intermediate_size": 8,
   "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
   "vocab_size": 8, "tie_word_embeddings": true}"#;
 
-fn micro() -> LlamaConfig {
-    LlamaConfig::from_json(MICRO_CONFIG, "micro").expect("micro config")
+fn micro() -> ModelConfig {
+    ModelConfig::from_json(MICRO_CONFIG, "micro").expect("micro config")
 }
 
 /// The micro model's weights as one BF16 safetensors file.

@@ -1,12 +1,12 @@
 //! RoPE: the scaling a config asks for ([`RopeScaling`], resolved from
 //! `rope_scaling` or `rope_parameters`) and the one RoPE definition both
-//! backends build their tables from ([`LlamaConfig::rope_inv_freq`],
-//! [`LlamaConfig::rope_table`]).
+//! backends build their tables from ([`ModelConfig::rope_inv_freq`],
+//! [`ModelConfig::rope_table`]).
 //!
 //! Costs: `rope_inv_freq` O(head_dim); `rope_table` O(positions x head_dim)
 //! time and memory, computed in f64 and stored in f32, once per backend.
 
-use super::{ConfigError, LlamaConfig, RawRope};
+use super::{ConfigError, ModelConfig, RawRope};
 
 /// RoPE frequency scaling.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,7 +86,7 @@ pub(super) fn resolve(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigErro
     }
 }
 
-impl LlamaConfig {
+impl ModelConfig {
     /// The RoPE inverse frequencies, `[head_dim / 2]`, computed in f64 with llama3
     /// scaling applied. The one RoPE definition both backends build their tables from.
     pub fn rope_inv_freq(&self) -> Vec<f64> {

@@ -14,7 +14,7 @@ const LLAMA_1B: &str = r#"{
 
 #[test]
 fn parses_llama_3_2_1b() {
-    let c = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
+    let c = ModelConfig::from_json(LLAMA_1B, "config.json").unwrap();
     assert_eq!(
         (c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim),
         (2048, 32, 8, 64)
@@ -35,15 +35,15 @@ fn reads_rope_parameters_object() {
         "\"rope_scaling\": {\"rope_type\"",
         "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\"",
     );
-    let c = LlamaConfig::from_json(&text, "config.json").unwrap();
-    let d = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
+    let c = ModelConfig::from_json(&text, "config.json").unwrap();
+    let d = ModelConfig::from_json(LLAMA_1B, "config.json").unwrap();
     assert_eq!(c, d);
 }
 
 #[test]
 fn head_dim_derived() {
     let text = LLAMA_1B.replace("\"head_dim\": 64,", "");
-    assert_eq!(LlamaConfig::from_json(&text, "c").unwrap().head_dim, 64);
+    assert_eq!(ModelConfig::from_json(&text, "c").unwrap().head_dim, 64);
 }
 
 #[test]
@@ -75,13 +75,13 @@ fn rejects_inconsistent_configs_naming_the_field() {
         ),
     ];
     for (text, field) in cases {
-        let err = LlamaConfig::from_json(&text, "m/config.json")
+        let err = ModelConfig::from_json(&text, "m/config.json")
             .unwrap_err()
             .to_string();
         assert!(err.contains(field), "{err} should name {field}");
         assert!(err.contains("m/config.json"), "{err}");
     }
-    let err = LlamaConfig::from_json("{not json", "m/config.json")
+    let err = ModelConfig::from_json("{not json", "m/config.json")
         .unwrap_err()
         .to_string();
     assert!(err.contains("malformed m/config.json"), "{err}");
@@ -101,14 +101,14 @@ fn special_token_ids_outside_the_vocabulary_are_refused() {
             ("128008, 128009]", format!("128008, {id}]"), "eos_token_id"),
         ] {
             let text = LLAMA_1B.replace(from, &to);
-            let err = LlamaConfig::from_json(&text, "m/config.json")
+            let err = ModelConfig::from_json(&text, "m/config.json")
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(field) && err.contains(id), "{err}");
         }
     }
     let last = LLAMA_1B.replace("128008, 128009]", "128008, 128255]");
-    assert!(LlamaConfig::from_json(&last, "m/config.json").is_ok());
+    assert!(ModelConfig::from_json(&last, "m/config.json").is_ok());
 }
 
 /// Qwen2 (q/k/v biases) and Mistral v0.1 (a sliding window shorter than
@@ -117,7 +117,7 @@ fn special_token_ids_outside_the_vocabulary_are_refused() {
 #[test]
 fn llama_family_variants() {
     let qwen2 = LLAMA_1B.replace("LlamaForCausalLM", "Qwen2ForCausalLM");
-    let err = LlamaConfig::from_json(&qwen2, "q/config.json")
+    let err = ModelConfig::from_json(&qwen2, "q/config.json")
         .unwrap_err()
         .to_string();
     assert!(
@@ -129,14 +129,14 @@ fn llama_family_variants() {
         "\"head_dim\": 64,",
         "\"head_dim\": 64, \"sliding_window\": 4096,",
     );
-    let err = LlamaConfig::from_json(&windowed, "m/config.json")
+    let err = ModelConfig::from_json(&windowed, "m/config.json")
         .unwrap_err()
         .to_string();
     assert!(
         err.contains("sliding_window") && err.contains("4096") && err.contains("not supported"),
         "{err}"
     );
-    let llama = LlamaConfig::from_json(LLAMA_1B, "config.json").unwrap();
+    let llama = ModelConfig::from_json(LLAMA_1B, "config.json").unwrap();
     for ok in [
         mistral.clone(),
         mistral.replace(
@@ -153,13 +153,13 @@ fn llama_family_variants() {
         ),
     ] {
         assert_eq!(
-            LlamaConfig::from_json(&ok, "m/config.json").unwrap(),
+            ModelConfig::from_json(&ok, "m/config.json").unwrap(),
             llama,
             "{ok}"
         );
     }
     let other = LLAMA_1B.replace("LlamaForCausalLM", "GPT2LMHeadModel");
-    let err = LlamaConfig::from_json(&other, "g/config.json")
+    let err = ModelConfig::from_json(&other, "g/config.json")
         .unwrap_err()
         .to_string();
     assert!(

@@ -36,7 +36,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use contract::{Backend, LlamaConfig, SampleRequest, SamplingParams, StepBuilder};
+use contract::{Backend, ModelConfig, SampleRequest, SamplingParams, StepBuilder};
 use paged_kv::{KvConfig, KvError, KvManager, SeqId};
 
 use super::{Drafter, Proposal};
@@ -93,7 +93,7 @@ impl Eq for DraftModel {}
 
 /// Most parameters a model holds, counted from its configuration
 /// (embeddings, attention, MLP, norms and an untied head).
-pub fn num_params(c: &LlamaConfig) -> u64 {
+pub fn num_params(c: &ModelConfig) -> u64 {
     let (h, i) = (c.hidden_size as u64, c.intermediate_size as u64);
     let (q, kv, v) = (c.q_dim() as u64, c.kv_dim() as u64, c.vocab_size as u64);
     let layer = h * q * 2 + h * kv * 2 + h * i * 3 + h * 2;
@@ -104,7 +104,7 @@ pub fn num_params(c: &LlamaConfig) -> u64 {
 /// Checks that `draft` can draft for `target`: the same vocabulary size,
 /// BOS and EOS ids, and no larger (parameters, or layers x hidden size).
 /// The error says what differs, with both values.
-pub fn check_draft_config(draft: &LlamaConfig, target: &LlamaConfig) -> Result<(), String> {
+pub fn check_draft_config(draft: &ModelConfig, target: &ModelConfig) -> Result<(), String> {
     if draft.vocab_size != target.vocab_size {
         return Err(format!(
             "the draft model's vocabulary has {} tokens, the target's {}; the draft model must share the target's tokenizer",

@@ -140,7 +140,7 @@ impl SpecConfig {
     /// `target`. A draft model's backend is taken out of its handle (so
     /// only the first call gets it) and checked against the target
     /// ([`draft_model::check_draft_config`]); the error says why not.
-    pub fn drafter(&self, target: &contract::LlamaConfig) -> Result<Box<dyn Drafter>, String> {
+    pub fn drafter(&self, target: &contract::ModelConfig) -> Result<Box<dyn Drafter>, String> {
         Ok(match &self.method {
             SpecMethod::Ngram => Box::new(NgramDrafter::default()),
             SpecMethod::Suffix => Box::new(SuffixDrafter::default()),

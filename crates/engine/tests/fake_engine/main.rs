@@ -18,13 +18,13 @@ mod warmup;
 use std::sync::Arc;
 use std::time::Duration;
 
-use contract::{KvShape, LlamaConfig, SamplingParams};
+use contract::{KvShape, ModelConfig, SamplingParams};
 use engine::testing::{FakeBackend, fake_config, fake_tokenizer, reference_generate};
 use engine::{Completion, Engine, EngineConfig, Event, FinishReason, GenerateRequest, SubmitError};
 
 struct Setup {
     engine: Engine,
-    config: LlamaConfig,
+    config: ModelConfig,
     eos: Vec<u32>,
 }
 

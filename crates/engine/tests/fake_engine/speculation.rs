@@ -161,7 +161,7 @@ fn a_bad_draft_length_is_refused_naming_it() {
 }
 
 /// A fake draft model of `config` with a pool of `blocks` blocks of 4.
-fn fake_draft(config: LlamaConfig, blocks: usize) -> SpecMethod {
+fn fake_draft(config: ModelConfig, blocks: usize) -> SpecMethod {
     let shape = KvShape {
         num_blocks: blocks,
         block_size: 4,
@@ -236,7 +236,7 @@ fn start_err(method: SpecMethod) -> String {
 #[test]
 fn a_mismatched_or_larger_draft_model_is_refused() {
     let target = fake_config().unwrap();
-    let other_vocab = LlamaConfig {
+    let other_vocab = ModelConfig {
         vocab_size: target.vocab_size + 8,
         ..target.clone()
     };
@@ -247,7 +247,7 @@ fn a_mismatched_or_larger_draft_model_is_refused() {
             && err.contains(&format!("the target's {}", target.vocab_size)),
         "{err}"
     );
-    let deeper = LlamaConfig {
+    let deeper = ModelConfig {
         num_layers: target.num_layers + 1,
         ..target.clone()
     };

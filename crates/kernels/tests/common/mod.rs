@@ -48,7 +48,7 @@ pub fn f32s(v: &[bf16]) -> Vec<f32> {
 }
 
 /// RoPE of Llama 3.2 1B's settings (theta 500000, llama3 scaling) at head
-/// size `head_dim`, from `LlamaConfig::rope_table` like both backends.
+/// size `head_dim`, from `ModelConfig::rope_table` like both backends.
 pub fn rope(max_pos: usize, head_dim: usize) -> ops::Rope {
     let mut c = contract::presets::Preset::Llama3_2_1b
         .config()

@@ -75,7 +75,7 @@ use super::attention::KvPool;
 use super::decode::{DecodeScratch, PoolView, decode_attention, row_of};
 use super::lora::delta;
 use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
-use checkpoint::weights::LlamaWeights;
+use checkpoint::weights::ModelWeights;
 use contract::backend::{BackendError, StepBatch};
 use contract::lora::LoraTarget as L;
 use cpu_kernels::Isa;
@@ -110,7 +110,7 @@ impl FastWeights {
     /// releasing the layer tensors' BF16 buffers as it goes; BF16
     /// projections in `layout`.
     pub(super) fn pack(
-        w: &mut LlamaWeights,
+        w: &mut ModelWeights,
         format: &CpuWeights,
         layout: Layout,
     ) -> Result<Self, BackendError> {

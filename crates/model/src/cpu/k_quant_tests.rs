@@ -18,17 +18,17 @@ use std::collections::HashMap;
 
 /// Hidden 256, intermediate 512, 4 heads of 64: every projection's rows
 /// are whole super-blocks.
-fn wide_config(tied: bool) -> LlamaConfig {
+fn wide_config(tied: bool) -> ModelConfig {
     let text = format!(
         r#"{{"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
         "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_theta": 10000.0,
         "tie_word_embeddings": {tied}}}"#
     );
-    LlamaConfig::from_json(&text, "test").unwrap()
+    ModelConfig::from_json(&text, "test").unwrap()
 }
 
-fn backend(c: &LlamaConfig, w: LlamaWeights, format: CpuWeights) -> CpuBackend {
+fn backend(c: &ModelConfig, w: ModelWeights, format: CpuWeights) -> CpuBackend {
     let kv = KvShape {
         num_blocks: 16,
         block_size: BS,

@@ -12,12 +12,12 @@ use contract::Backend;
 use contract::lora::{LoraAdapter, LoraTarget};
 
 /// A random adapter of rank `r` on `targets`.
-fn adapter(c: &LlamaConfig, r: usize, targets: &[LoraTarget], seed: u64) -> LoraAdapter {
+fn adapter(c: &ModelConfig, r: usize, targets: &[LoraTarget], seed: u64) -> LoraAdapter {
     contract::testing::random_adapter(c, r, targets, seed, 0.3, 0.7)
 }
 
 /// Four adapters of different ranks and target sets.
-fn adapters(c: &LlamaConfig) -> Vec<Arc<LoraAdapter>> {
+fn adapters(c: &ModelConfig) -> Vec<Arc<LoraAdapter>> {
     use LoraTarget::*;
     [
         (1, vec![Q, V]),
@@ -32,7 +32,7 @@ fn adapters(c: &LlamaConfig) -> Vec<Arc<LoraAdapter>> {
 }
 
 /// The exact logits of `prompt` with `lora` merged (or the base model).
-fn merged(c: &LlamaConfig, lora: Option<&LoraAdapter>, prompt: &[u32]) -> Vec<Vec<f64>> {
+fn merged(c: &ModelConfig, lora: Option<&LoraAdapter>, prompt: &[u32]) -> Vec<Vec<f64>> {
     let w = weights(c, false);
     let mut ex = crate::exact::ExactWeights::from_weights(&w, |t| {
         t.data.iter().map(|v| v.to_f32() as f64).collect()

@@ -62,10 +62,10 @@ pub(crate) mod tests;
 
 use crate::sampler::sample;
 use attention::KvPool;
-use checkpoint::weights::{LlamaWeights, Tensor};
+use checkpoint::weights::{ModelWeights, Tensor};
 use contract::HostPipeline;
 use contract::backend::{BackendError, KvShape, SampledToken, StepBatch};
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use contract::{KvCacheDtype, KvScales};
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
@@ -91,10 +91,10 @@ pub enum CpuPath {
 
 /// The CPU backend (see the module doc).
 pub struct CpuBackend {
-    config: LlamaConfig,
+    config: ModelConfig,
     /// The layer projections' buffers are empty on the fast path (moved
     /// into `fast`); embedding, norms and head stay.
-    weights: LlamaWeights,
+    weights: ModelWeights,
     kv: KvShape,
     norms: Vec<LayerNorms>,
     final_norm: Vec<f32>, // [hidden]
@@ -121,8 +121,8 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// The reference backend ([`CpuPath::Reference`]): see [`Self::with_path`].
     pub fn new(
-        config: LlamaConfig,
-        weights: LlamaWeights,
+        config: ModelConfig,
+        weights: ModelWeights,
         kv: KvShape,
     ) -> Result<Self, BackendError> {
         Self::with_path(config, weights, kv, CpuPath::Reference)
@@ -130,8 +130,8 @@ impl CpuBackend {
 
     /// [`Self::with_weights`] with BF16 weights.
     pub fn with_path(
-        config: LlamaConfig,
-        weights: LlamaWeights,
+        config: ModelConfig,
+        weights: ModelWeights,
         kv: KvShape,
         path: CpuPath,
     ) -> Result<Self, BackendError> {
@@ -144,8 +144,8 @@ impl CpuBackend {
     /// in `format` (the reference path runs BF16 only: any other format is
     /// an error).
     pub fn with_weights(
-        config: LlamaConfig,
-        mut weights: LlamaWeights,
+        config: ModelConfig,
+        mut weights: ModelWeights,
         kv: KvShape,
         path: CpuPath,
         format: CpuWeights,
@@ -343,7 +343,7 @@ impl contract::HostCompute for CpuBackend {
         }
     }
 
-    fn config(&self) -> &LlamaConfig {
+    fn config(&self) -> &ModelConfig {
         &self.config
     }
 
@@ -434,7 +434,7 @@ impl contract::HostCompute for CpuBackend {
 
 /// Checks every tensor's shape against the config (weights built in memory
 /// bypass the loader's checks).
-pub(crate) fn check_weights(c: &LlamaConfig, w: &LlamaWeights) -> Result<(), BackendError> {
+pub(crate) fn check_weights(c: &ModelConfig, w: &ModelWeights) -> Result<(), BackendError> {
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let shape = |t: &Tensor, want: &[usize]| {
         if t.shape != want || t.data.len() != t.numel() {

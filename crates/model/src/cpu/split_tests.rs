@@ -170,7 +170,7 @@ fn ragged_shapes_run_the_split_products_close_to_the_exact_pass() {
         "num_attention_heads": 5, "num_key_value_heads": 1, "vocab_size": 50,
         "rms_norm_eps": 1e-5, "max_position_embeddings": 64, "rope_theta": 10000.0,
         "tie_word_embeddings": false}"#;
-    let c = contract::config::LlamaConfig::from_json(text, "test").unwrap();
+    let c = contract::config::ModelConfig::from_json(text, "test").unwrap();
     let kv = KvShape {
         num_blocks: 16,
         block_size: BS,

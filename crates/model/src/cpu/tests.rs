@@ -16,11 +16,11 @@ use half::bf16;
 
 pub(super) const BS: usize = 4; // block size of the test pools
 
-pub(crate) fn config(tied: bool) -> LlamaConfig {
+pub(crate) fn config(tied: bool) -> ModelConfig {
     config_with(tied, 48)
 }
 
-pub(super) fn config_with(tied: bool, intermediate: usize) -> LlamaConfig {
+pub(super) fn config_with(tied: bool, intermediate: usize) -> ModelConfig {
     let text = format!(
         r#"{{"hidden_size": 32, "intermediate_size": {intermediate}, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,
@@ -29,7 +29,7 @@ pub(super) fn config_with(tied: bool, intermediate: usize) -> LlamaConfig {
         "rope_scaling": {{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}}}"#
     );
-    LlamaConfig::from_json(&text, "test").unwrap()
+    ModelConfig::from_json(&text, "test").unwrap()
 }
 
 fn tensor(name: &str, shape: &[usize], seed: u64, scale: f32, offset: f32) -> Tensor {
@@ -47,7 +47,7 @@ fn tensor(name: &str, shape: &[usize], seed: u64, scale: f32, offset: f32) -> Te
     }
 }
 
-pub(crate) fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
+pub(crate) fn weights(c: &ModelConfig, tied: bool) -> ModelWeights {
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let layers = (0..c.num_layers as u64)
         .map(|l| {
@@ -65,7 +65,7 @@ pub(crate) fn weights(c: &LlamaConfig, tied: bool) -> LlamaWeights {
             }
         })
         .collect();
-    LlamaWeights {
+    ModelWeights {
         embed: tensor("embed", &[c.vocab_size, h], 1, 1.0, 0.0),
         layers,
         norm: tensor("norm", &[h], 2, 0.2, 1.0),
@@ -97,7 +97,7 @@ pub(super) fn backend_on(path: CpuPath, tied: bool, num_blocks: usize) -> CpuBac
 const PATHS: [CpuPath; 2] = [CpuPath::Reference, CpuPath::Fast];
 
 /// The textbook forward pass in f64 over a whole sequence: logits `[T][vocab]`.
-pub(super) fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<f64>> {
+pub(super) fn naive(c: &ModelConfig, w: &ModelWeights, toks: &[u32]) -> Vec<Vec<f64>> {
     naive_with(c, w, toks, &|t: &Tensor| {
         t.data.iter().map(|v| v.to_f32() as f64).collect()
     })
@@ -106,8 +106,8 @@ pub(super) fn naive(c: &LlamaConfig, w: &LlamaWeights, toks: &[u32]) -> Vec<Vec<
 /// [`naive`] with each tensor's values given by `f` (the weights' exact
 /// values where BF16 cannot hold them).
 pub(super) fn naive_with(
-    c: &LlamaConfig,
-    w: &LlamaWeights,
+    c: &ModelConfig,
+    w: &ModelWeights,
     toks: &[u32],
     f: &dyn Fn(&Tensor) -> Vec<f64>,
 ) -> Vec<Vec<f64>> {

@@ -46,7 +46,7 @@ use kernels::gemv::GemvLora;
 use kernels::lora::LoraShape;
 
 use contract::backend::{BackendError, StepBatch};
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
 use super::forward::{ge, ke};
@@ -81,7 +81,7 @@ impl Group {
 
     /// `(in, out)` features of the fused projection and the first output
     /// column of each stacked target.
-    fn dims(self, c: &LlamaConfig) -> (usize, usize, Vec<usize>) {
+    fn dims(self, c: &ModelConfig) -> (usize, usize, Vec<usize>) {
         let mut starts = Vec::new();
         let mut out = 0;
         for t in self.targets() {
@@ -113,7 +113,7 @@ fn padded_rank(max_rank: usize) -> usize {
 
 /// Device bytes of a pool of `slots` adapters of rank up to `max_rank`
 /// for model `c` (0 without slots).
-pub fn lora_pool_bytes(c: &LlamaConfig, slots: usize, max_rank: usize) -> usize {
+pub fn lora_pool_bytes(c: &ModelConfig, slots: usize, max_rank: usize) -> usize {
     if slots == 0 {
         return 0;
     }
@@ -147,7 +147,7 @@ impl LoraPool {
     /// allocated without slots).
     pub fn new(
         gpu: &Gpu,
-        c: &LlamaConfig,
+        c: &ModelConfig,
         slots: usize,
         max_rank: usize,
     ) -> Result<LoraPool, BackendError> {

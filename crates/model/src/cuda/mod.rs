@@ -58,11 +58,11 @@ use gpu::{Blas, Gpu};
 pub use kernels::KernelOptions;
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
-use checkpoint::weights::LlamaWeights;
+use checkpoint::weights::ModelWeights;
 use contract::backend::{
     Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_idle,
 };
-use contract::config::{KvCacheDtype, LlamaConfig};
+use contract::config::{KvCacheDtype, ModelConfig};
 use graphs::DecodeGraphs;
 pub use invariant::DetGemm;
 pub use lora::lora_pool_bytes;
@@ -182,7 +182,7 @@ pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
 
 /// The plan's fixed inputs for model `c` (FP8 projections: `fp8`) on a device of `sms` SMs.
 fn tuning(
-    c: &LlamaConfig,
+    c: &ModelConfig,
     kv: KvShape,
     opts: &CudaOptions,
     sms: usize,
@@ -230,7 +230,7 @@ fn tuning(
 
 /// The CUDA backend (see the module doc).
 pub struct CudaBackend {
-    config: LlamaConfig,
+    config: ModelConfig,
     kv: KvShape,
     device: usize,
     tuning: Tuning,
@@ -257,8 +257,8 @@ impl CudaBackend {
     /// Uploads `weights` to device `device` and allocates a KV pool of
     /// `kv.num_blocks` blocks of `kv.block_size` tokens.
     pub fn new(
-        config: LlamaConfig,
-        weights: &LlamaWeights,
+        config: ModelConfig,
+        weights: &ModelWeights,
         kv: KvShape,
         device: usize,
         opts: CudaOptions,
@@ -396,7 +396,7 @@ impl Backend for CudaBackend {
         self.tuning.deterministic
     }
 
-    fn config(&self) -> &LlamaConfig {
+    fn config(&self) -> &ModelConfig {
         &self.config
     }
 

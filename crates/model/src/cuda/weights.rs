@@ -2,7 +2,7 @@
 //!
 //! Contract: every tensor is uploaded once and checked against the config
 //! first (the error names the tensor): bf16, except the projections of a
-//! model with FP8 weights (`LlamaWeights::fp8`), which go up as e4m3 bytes
+//! model with FP8 weights (`ModelWeights::fp8`), which go up as e4m3 bytes
 //! with one f32 scale per row ([`DevProj::Fp8`]). Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
@@ -13,7 +13,7 @@
 //! the engine's `num_blocks`: the scratch block padded rows of a captured
 //! decode graph write to, never read by a real sequence.
 //! The pool stores bf16 or, with `--kv-cache-dtype fp8`, e4m3 bytes at
-//! the checkpoint's per-layer K/V scales (`LlamaWeights::kv_scales_or_ones`),
+//! the checkpoint's per-layer K/V scales (`ModelWeights::kv_scales_or_ones`),
 //! which every kernel that writes or reads K/V takes (`kernels::KvCaches`).
 //! Costs: device memory = weights (2 bytes/param; 1 for FP8 projections,
 //! plus 4 bytes per row and the largest projection in bf16) plus
@@ -26,9 +26,9 @@ use half::bf16;
 use kernels::gemv::GemvWeights;
 
 use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
-use checkpoint::weights::{LlamaWeights, Tensor};
+use checkpoint::weights::{ModelWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
-use contract::config::{KvCacheDtype, KvScales, LlamaConfig};
+use contract::config::{KvCacheDtype, KvScales, ModelConfig};
 use kernels::KvCaches;
 
 use super::dev_err;
@@ -152,7 +152,7 @@ fn upload_fused_fp8(gpu: &Gpu, parts: &[(&Fp8Tensor, &[usize])]) -> Result<DevPr
 /// model has one, else bf16.
 fn upload_projections(
     gpu: &Gpu,
-    c: &LlamaConfig,
+    c: &ModelConfig,
     l: &checkpoint::weights::LayerWeights,
     f: Option<&Fp8Layer>,
 ) -> Result<[DevProj; 4], BackendError> {
@@ -196,8 +196,8 @@ fn upload_projections(
 /// Uploads `w`, fusing Q/K/V and gate/up, checking every shape against `c`.
 fn upload_weights(
     gpu: &Gpu,
-    c: &LlamaConfig,
-    w: &LlamaWeights,
+    c: &ModelConfig,
+    w: &ModelWeights,
 ) -> Result<DeviceWeights, BackendError> {
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
     if w.layers.len() != c.num_layers {
@@ -304,7 +304,7 @@ impl KvCache {
     /// The pool of `kv` in `dtype` (BF16 or FP8; FP8 at `scales`).
     pub fn new(
         gpu: &Gpu,
-        c: &LlamaConfig,
+        c: &ModelConfig,
         kv: KvShape,
         dtype: KvCacheDtype,
         scales: KvScales,
@@ -369,8 +369,8 @@ impl DeviceModel {
     /// `kv_dtype` (FP8 at the weights' per-layer K/V scales, 1 without).
     pub fn upload(
         gpu: &Gpu,
-        c: &LlamaConfig,
-        w: &LlamaWeights,
+        c: &ModelConfig,
+        w: &ModelWeights,
         kv: KvShape,
         kv_dtype: KvCacheDtype,
     ) -> Result<DeviceModel, BackendError> {

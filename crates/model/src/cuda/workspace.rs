@@ -18,7 +18,7 @@ use half::bf16;
 use kernels::sampling::SampleScratch;
 
 use contract::backend::BackendError;
-use contract::config::LlamaConfig;
+use contract::config::ModelConfig;
 use contract::sampling::MAX_LOGPROBS;
 
 use super::lora::Group;
@@ -119,7 +119,7 @@ fn wide_len(t: usize, tu: &Tuning) -> usize {
 impl Workspace {
     pub fn new(
         gpu: &Gpu,
-        c: &LlamaConfig,
+        c: &ModelConfig,
         tu: &Tuning,
         caps: Caps,
         fp8_act: bool,

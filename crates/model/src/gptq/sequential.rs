@@ -4,8 +4,8 @@
 //! the parent module).
 
 use checkpoint::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
-use checkpoint::weights::{LayerWeights, LlamaWeights, Tensor};
-use contract::config::LlamaConfig;
+use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
+use contract::config::ModelConfig;
 use cpu_kernels::{Isa, Scratch, matmul_bf16};
 use ops::activation::silu_mul;
 use ops::embedding::embed;
@@ -22,8 +22,8 @@ use super::{GptqError, GptqOptions, Hessian};
 /// `on_layer(done, layers)` after each layer. The embedding, norms and LM
 /// head are left as they are (the result holds only the projections).
 pub fn quantize_model(
-    config: &LlamaConfig,
-    weights: &LlamaWeights,
+    config: &ModelConfig,
+    weights: &ModelWeights,
     tokens: &[u32],
     opts: &GptqOptions,
     on_layer: &mut dyn FnMut(usize, usize),
@@ -46,8 +46,8 @@ pub fn quantize_model(
 
 /// Everything checked before any work.
 fn check(
-    config: &LlamaConfig,
-    weights: &LlamaWeights,
+    config: &ModelConfig,
+    weights: &ModelWeights,
     tokens: &[u32],
     opts: &GptqOptions,
 ) -> Result<(), GptqError> {
@@ -68,7 +68,7 @@ fn check(
 /// The calibration tokens checked: some, each inside the vocabulary, in
 /// windows of `window` tokens (at least 1, within the model's context).
 pub(crate) fn check_tokens(
-    config: &LlamaConfig,
+    config: &ModelConfig,
     tokens: &[u32],
     window: usize,
 ) -> Result<(), GptqError> {
@@ -106,7 +106,7 @@ pub(crate) fn windows(n: usize, window: usize) -> (Vec<u32>, Vec<u32>) {
 
 /// The calibration tokens' layout, shared by every layer.
 struct Pass<'a> {
-    config: &'a LlamaConfig,
+    config: &'a ModelConfig,
     opts: GptqOptions,
     rope: Rope,
     positions: Vec<u32>,  // [N] position of each token in its window
@@ -115,7 +115,7 @@ struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    fn new(config: &'a LlamaConfig, tokens: &[u32], opts: GptqOptions) -> Self {
+    fn new(config: &'a ModelConfig, tokens: &[u32], opts: GptqOptions) -> Self {
         let n = tokens.len();
         let (positions, cu_seqlens) = windows(n, opts.window);
         Pass {

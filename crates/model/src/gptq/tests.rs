@@ -8,7 +8,7 @@ use super::*;
 use crate::cpu::tests::{config, weights};
 use crate::exact::{ExactWeights, forward};
 use checkpoint::fp8::Fp8Tensor;
-use checkpoint::weights::LlamaWeights;
+use checkpoint::weights::ModelWeights;
 use contract::sampling::splitmix64;
 
 /// Uniform values in `[-1, 1)` from `seed`.
@@ -139,12 +139,12 @@ fn an_indefinite_hessian_is_an_error_naming_the_column() {
 
 /// Logits of `tokens` in f64 with the projections replaced by `fp8`'s
 /// dequantised values.
-fn logits(c: &contract::LlamaConfig, w: &LlamaWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
+fn logits(c: &contract::ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let ex = ExactWeights::from_weights(w, |t| t.data.iter().map(|v| v.to_f64()).collect());
     forward(c, &ex, tokens)
 }
 
-fn with_fp8(w: &LlamaWeights, layers: &[checkpoint::fp8::Fp8Layer]) -> LlamaWeights {
+fn with_fp8(w: &ModelWeights, layers: &[checkpoint::fp8::Fp8Layer]) -> ModelWeights {
     let mut out = w.clone();
     for (l, f) in out.layers.iter_mut().zip(layers) {
         let d = |t: &Fp8Tensor| t.dequantize();
@@ -176,7 +176,7 @@ fn the_sequential_pass_brings_the_logits_closer_to_bf16_than_rounding() {
     let mut rtn = w.clone();
     rtn.quantize_fp8();
     let want = logits(&c, &w, &tokens);
-    let dist = |other: &LlamaWeights| -> f64 {
+    let dist = |other: &ModelWeights| -> f64 {
         let got = logits(&c, other, &tokens);
         let sq =
             |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
@@ -191,7 +191,7 @@ fn bad_calibration_input_is_an_error_not_a_panic() {
     let c = config(true);
     let w = weights(&c, true);
     let opts = GptqOptions::default();
-    let run = |w: &LlamaWeights, tokens: &[u32], opts: &GptqOptions| {
+    let run = |w: &ModelWeights, tokens: &[u32], opts: &GptqOptions| {
         quantize_model(&c, w, tokens, opts, &mut |_, _| {}).map(|_| ())
     };
     assert_eq!(run(&w, &[], &opts), Err(GptqError::NoTokens));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contract::presets::Preset;
-use contract::{BackendError, HostPipeline, KvShape, LlamaConfig, SampledToken, StepBatch};
+use contract::{BackendError, HostPipeline, KvShape, ModelConfig, SampledToken, StepBatch};
 use engine::{Engine, EngineConfig};
 use tokenizer::Tokenizer;
 use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
@@ -18,7 +18,7 @@ use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
 pub const BLOCK_SIZE: usize = 16;
 
 pub struct LetterBackend {
-    config: LlamaConfig,
+    config: ModelConfig,
     shape: KvShape,
     eos: u32,
     delay: Duration,
@@ -42,7 +42,7 @@ impl contract::HostCompute for LetterBackend {
         "letters".into()
     }
 
-    fn config(&self) -> &LlamaConfig {
+    fn config(&self) -> &ModelConfig {
         &self.config
     }
 

@@ -13,13 +13,13 @@ use crate::cpu::CpuBackend;
 use contract::lora::{LoraAdapter, LoraTarget};
 
 /// A random adapter of rank `r` on `targets`.
-fn adapter(c: &LlamaConfig, r: usize, targets: &[LoraTarget], seed: u64) -> LoraAdapter {
+fn adapter(c: &ModelConfig, r: usize, targets: &[LoraTarget], seed: u64) -> LoraAdapter {
     contract::testing::random_adapter(c, r, targets, seed, 0.05, 2.0)
 }
 
 /// Three adapters: rank 16 on every target, rank 8 on four, rank 5 (padded
 /// in the pool) on the other three.
-fn adapters(c: &LlamaConfig) -> Vec<Arc<LoraAdapter>> {
+fn adapters(c: &ModelConfig) -> Vec<Arc<LoraAdapter>> {
     use LoraTarget::*;
     [
         (16, LoraTarget::ALL.to_vec()),

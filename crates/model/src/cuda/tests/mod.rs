@@ -49,13 +49,13 @@ fn unavailable_cuda_is_an_error_not_a_panic() {
 }
 
 /// Weights with no values (for checks that refuse before reading them).
-fn empty_weights() -> LlamaWeights {
+fn empty_weights() -> ModelWeights {
     let t = |name: &str| checkpoint::weights::Tensor {
         name: name.into(),
         shape: vec![0],
         data: vec![],
     };
-    LlamaWeights {
+    ModelWeights {
         embed: t("e"),
         layers: vec![],
         norm: t("n"),
@@ -109,7 +109,7 @@ pub(super) fn synth_dir(preset: Preset) -> PathBuf {
     dir
 }
 
-pub(super) fn load(dir: &Path) -> (LlamaConfig, LlamaWeights) {
+pub(super) fn load(dir: &Path) -> (ModelConfig, ModelWeights) {
     let m = checkpoint::loader::load_config(dir).expect("config");
     let w = checkpoint::loader::load_weights(dir, &m.config).expect("weights");
     (m.config, w)
