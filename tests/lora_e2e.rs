@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use checkpoint::lora::{PeftSpec, load_adapter, write_peft_adapter};
 use checkpoint::synth::{Preset, synth_model};
 use contract::lora::LoraTarget;
-use contract::{Backend, KvShape, ModelConfig, LoraAdapter};
+use contract::{Backend, KvShape, LoraAdapter, ModelConfig};
 use engine::{Engine, EngineConfig, GenerateRequest};
 use lamina_tests::log_softmax;
 use model::cpu::batch::{SeqChunk, build_step, contiguous_blocks};

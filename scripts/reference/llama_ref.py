@@ -6,6 +6,10 @@ It shares no code with the engine on purpose (an independent second reading
 of the architecture): embeddings, RMSNorm, rotate-half RoPE (with llama3
 frequency scaling), grouped-query causal attention, SwiGLU, final norm and a
 tied or untied LM head, every sequence recomputed from its first token.
+The layer variants a model description can ask for are read from the
+weights the checkpoint has: projection biases (`*_proj.bias`: Qwen2's Q/K/V,
+`attention_bias`, `mlp_bias`) and per-head QK-norm (`self_attn.q_norm` /
+`k_norm`: Qwen3), each applied where transformers applies it.
 
 Inputs: a Hugging Face model directory (`config.json` and `*.safetensors` in
 BF16, F16, F32, or FP8 e4m3 projections with their `weight_scale`, which
@@ -239,11 +243,23 @@ class Model:
         lo, hi = x[..., :half], x[..., half:]
         return np.concatenate([lo * cos - hi * sin, hi * cos + lo * sin], axis=-1)
 
+    def linear(self, name: str, x: np.ndarray) -> np.ndarray:
+        """x @ W.T for projection `name` (`...q_proj`), plus its bias when it has one."""
+        y = x @ self.w[name + ".weight"].T
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else y + bias
+
+    def heads(self, p: str, which: str, h: np.ndarray, count: int) -> np.ndarray:
+        """Projection `which` (q, k or v) as [T, count, head_dim], QK-normed per head where the model has it."""
+        x = self.linear(p + f"self_attn.{which}_proj", h).reshape(len(h), count, self.cfg.head_dim)
+        gain = self.w.get(p + f"self_attn.{which}_norm.weight")
+        return x if gain is None else rms_norm(x, gain, self.cfg.eps)
+
     def attention(self, p: str, h: np.ndarray, cos, sin, mask) -> np.ndarray:
-        c, w, n = self.cfg, self.w, len(h)
-        q = self.rotate((h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, c.heads, c.head_dim), cos, sin)
-        k = self.rotate((h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, c.kv_heads, c.head_dim), cos, sin)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, c.kv_heads, c.head_dim)
+        c, n = self.cfg, len(h)
+        q = self.rotate(self.heads(p, "q", h, c.heads), cos, sin)
+        k = self.rotate(self.heads(p, "k", h, c.kv_heads), cos, sin)
+        v = self.heads(p, "v", h, c.kv_heads)
         group = c.heads // c.kv_heads
         out = np.empty_like(q)
         for head in range(c.heads):
@@ -252,13 +268,12 @@ class Model:
             probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs /= probs.sum(axis=-1, keepdims=True)
             out[:, head] = probs @ v[:, kv]
-        return out.reshape(n, c.heads * c.head_dim) @ w[p + "self_attn.o_proj.weight"].T
+        return self.linear(p + "self_attn.o_proj", out.reshape(n, c.heads * c.head_dim))
 
     def mlp(self, p: str, h: np.ndarray) -> np.ndarray:
-        w = self.w
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        up = h @ w[p + "mlp.up_proj.weight"].T
-        return (silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        gate = self.linear(p + "mlp.gate_proj", h)
+        up = self.linear(p + "mlp.up_proj", h)
+        return self.linear(p + "mlp.down_proj", silu(gate) * up)
 
     def logits(self, tokens) -> np.ndarray:
         """Causal forward over `tokens`: float32 logits [len(tokens), vocab]."""

@@ -29,7 +29,7 @@ pub use writer::{SafetensorsWriter, TensorSpec};
 
 use crate::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
 use crate::progress::{Progress, Unit};
-use crate::weights::{LayerWeights, ModelWeights, Tensor};
+use crate::weights::{Extra, LayerWeights, ModelWeights, Tensor, mlp_norm_suffix};
 use contract::config::{ConfigError, GenerationConfig, ModelConfig};
 use half::{bf16, f16};
 use memmap2::Mmap;
@@ -110,9 +110,13 @@ pub enum LoadError {
         config: usize,
     },
     #[error(
-        "tensor `{tensor}` in {dir}: biases are not supported (a Qwen2-style model; lamina runs Llama-family models without biases)"
+        "tensor `{tensor}` in {dir} is not part of the model its config.json describes (the layer's `{field}` is off)"
     )]
-    Bias { dir: PathBuf, tensor: String },
+    Unexpected {
+        dir: PathBuf,
+        tensor: String,
+        field: &'static str,
+    },
     #[error("tensor `{tensor}` not found in {path}")]
     MissingTensor { path: PathBuf, tensor: String },
     #[error("tensor `{tensor}` in {path} has shape {found:?}, expected {expected:?}")]
@@ -170,15 +174,17 @@ pub fn tensor_specs(cfg: &ModelConfig, with_lm_head: bool) -> Vec<TensorSpec> {
     if with_lm_head {
         out.push(spec("lm_head.weight".into(), vec![cfg.vocab_size, h]));
     }
-    for i in 0..cfg.num_layers {
+    for (i, ls) in cfg.spec.layers.iter().enumerate() {
         let p = format!("model.layers.{i}.");
+        let extras = Extra::ALL.into_iter().filter(|e| e.wanted(ls));
+        out.extend(extras.map(|e| spec(format!("{p}{}", e.hf_suffix()), e.shape(cfg))));
         out.extend([
             spec(format!("{p}input_layernorm.weight"), vec![h]),
             spec(format!("{p}self_attn.q_proj.weight"), vec![cfg.q_dim(), h]),
             spec(format!("{p}self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]),
             spec(format!("{p}self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]),
             spec(format!("{p}self_attn.o_proj.weight"), vec![h, cfg.q_dim()]),
-            spec(format!("{p}post_attention_layernorm.weight"), vec![h]),
+            spec(format!("{p}{}", mlp_norm_suffix(ls)), vec![h]),
             spec(
                 format!("{p}mlp.gate_proj.weight"),
                 vec![cfg.intermediate_size, h],
@@ -241,15 +247,36 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
             config: cfg.num_layers,
         });
     }
-    // a bias would be silently ignored: refuse the model instead
-    if let Some(bias) = placement.keys().filter(|n| n.ends_with(".bias")).min() {
-        return Err(LoadError::Bias {
+    // a tensor the spec has no use for would be silently ignored: refuse
+    // the model instead, naming the spec field that would ask for it
+    let wanted: std::collections::HashSet<String> = tensor_specs(cfg, true)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    let unwanted = |n: &&String| {
+        !wanted.contains(n.as_str())
+            && (n.ends_with(".bias") || Extra::ALL.iter().any(|e| n.ends_with(e.hf_suffix())))
+    };
+    if let Some(tensor) = placement.keys().filter(unwanted).min() {
+        let field = Extra::ALL
+            .iter()
+            .find(|e| tensor.ends_with(e.hf_suffix()))
+            .map_or("a bias", |e| e.field());
+        return Err(LoadError::Unexpected {
             dir: dir.to_path_buf(),
-            tensor: bias.clone(),
+            tensor: tensor.clone(),
+            field,
         });
     }
+    let extras: usize = cfg
+        .spec
+        .layers
+        .iter()
+        .map(|l| Extra::ALL.iter().filter(|e| e.wanted(l)).count())
+        .sum();
     let total = 2
         + 9 * cfg.num_layers
+        + extras
         + usize::from(placement.contains_key("lm_head.weight") || !cfg.tie_word_embeddings);
     let progress = Progress::new(
         format!("loading weights from {}", dir.display()),
@@ -315,8 +342,8 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
     };
     let inter = cfg.intermediate_size;
     let mut fp8_layers = Vec::new();
-    let layers = (0..cfg.num_layers)
-        .map(|i| {
+    let layers = (cfg.spec.layers.iter().enumerate())
+        .map(|(i, ls)| {
             let p = format!("model.layers.{i}.");
             let t = |suffix: &str, shape: Vec<usize>| get(&format!("{p}{suffix}"), shape);
             let pr = |suffix: &str, shape: Vec<usize>| proj(&format!("{p}{suffix}"), shape);
@@ -347,10 +374,15 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
                 k_proj: k,
                 v_proj: v,
                 o_proj: o,
-                post_norm: t("post_attention_layernorm.weight", vec![h])?,
+                post_norm: t(mlp_norm_suffix(ls), vec![h])?,
                 gate_proj: g,
                 up_proj: u,
                 down_proj: d,
+                extras: Extra::ALL
+                    .into_iter()
+                    .filter(|e| e.wanted(ls))
+                    .map(|e| Ok((e, t(e.hf_suffix(), e.shape(cfg))?)))
+                    .collect::<Result<_, LoadError>>()?,
             })
         })
         .collect::<Result<Vec<_>, LoadError>>()?;

@@ -2,11 +2,16 @@
 //!
 //! Contract: a [`ModelWeights`] exists only after every expected tensor was
 //! found and checked for dtype and shape against the [`contract::ModelConfig`]
-//! (see `loader`), so backends index it without further checks. Matrices are
+//! and its spec (see `loader`), so backends index it without further
+//! checks: a layer holds the nine tensors every layer has and exactly the
+//! [`Extra`] ones its spec asks for (biases, QK-norm, output norms). Matrices are
 //! row-major `[out_features, in_features]`, exactly as in the safetensors
 //! files (Q/K rows in Hugging Face's rotate-half order).
 
+use contract::ModelConfig;
+use contract::spec::LayerSpec;
 use half::bf16;
+use std::collections::BTreeMap;
 
 /// The largest magnitude a plausible weight has. Trained Llama-family
 /// checkpoints stay within a few hundred (norm gains and the rare outlier
@@ -41,6 +46,116 @@ impl Tensor {
     }
 }
 
+/// A layer tensor beyond the nine every layer has, present exactly when
+/// the layer's [`LayerSpec`] asks for it. The one table of these roles:
+/// their Hugging Face names, shapes and the spec field that asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Extra {
+    QBias,
+    KBias,
+    VBias,
+    OBias,
+    /// Per-head RMSNorm gains of Q, `[head_dim]`.
+    QNorm,
+    KNorm,
+    GateBias,
+    UpBias,
+    DownBias,
+    /// RMSNorm of the attention output before the residual add.
+    AttnOutNorm,
+    /// RMSNorm of the MLP output before the residual add.
+    MlpOutNorm,
+}
+
+impl Extra {
+    pub const ALL: [Extra; 11] = [
+        Extra::QBias,
+        Extra::KBias,
+        Extra::VBias,
+        Extra::OBias,
+        Extra::QNorm,
+        Extra::KNorm,
+        Extra::GateBias,
+        Extra::UpBias,
+        Extra::DownBias,
+        Extra::AttnOutNorm,
+        Extra::MlpOutNorm,
+    ];
+
+    /// Whether layer spec `l` has this tensor.
+    pub fn wanted(self, l: &LayerSpec) -> bool {
+        match self {
+            Extra::QBias | Extra::KBias | Extra::VBias => l.attention.qkv_bias,
+            Extra::OBias => l.attention.o_bias,
+            Extra::QNorm | Extra::KNorm => l.attention.qk_norm,
+            Extra::GateBias | Extra::UpBias | Extra::DownBias => l.mlp.bias,
+            Extra::AttnOutNorm => l.post_attention_norm,
+            Extra::MlpOutNorm => l.post_mlp_norm,
+        }
+    }
+
+    /// The spec field that asks for it (for errors).
+    pub fn field(self) -> &'static str {
+        match self {
+            Extra::QBias | Extra::KBias | Extra::VBias => "attention.qkv_bias",
+            Extra::OBias => "attention.o_bias",
+            Extra::QNorm | Extra::KNorm => "attention.qk_norm",
+            Extra::GateBias | Extra::UpBias | Extra::DownBias => "mlp.bias",
+            Extra::AttnOutNorm => "post_attention_norm",
+            Extra::MlpOutNorm => "post_mlp_norm",
+        }
+    }
+
+    /// The name after `model.layers.N.`.
+    pub fn hf_suffix(self) -> &'static str {
+        match self {
+            Extra::QBias => "self_attn.q_proj.bias",
+            Extra::KBias => "self_attn.k_proj.bias",
+            Extra::VBias => "self_attn.v_proj.bias",
+            Extra::OBias => "self_attn.o_proj.bias",
+            Extra::QNorm => "self_attn.q_norm.weight",
+            Extra::KNorm => "self_attn.k_norm.weight",
+            Extra::GateBias => "mlp.gate_proj.bias",
+            Extra::UpBias => "mlp.up_proj.bias",
+            Extra::DownBias => "mlp.down_proj.bias",
+            // (Gemma's names: its pre-MLP norm is then `pre_feedforward_layernorm`)
+            Extra::AttnOutNorm => "post_attention_layernorm.weight",
+            Extra::MlpOutNorm => "post_feedforward_layernorm.weight",
+        }
+    }
+
+    /// Its shape in a model of config `c`.
+    pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
+        match self {
+            Extra::QBias => vec![c.q_dim()],
+            Extra::KBias | Extra::VBias => vec![c.kv_dim()],
+            Extra::QNorm | Extra::KNorm => vec![c.head_dim],
+            Extra::GateBias | Extra::UpBias => vec![c.intermediate_size],
+            Extra::OBias | Extra::DownBias | Extra::AttnOutNorm | Extra::MlpOutNorm => {
+                vec![c.hidden_size]
+            }
+        }
+    }
+
+    /// Whether it is a norm's gain (else a bias).
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Extra::QNorm | Extra::KNorm | Extra::AttnOutNorm | Extra::MlpOutNorm
+        )
+    }
+}
+
+/// The name after `model.layers.N.` of the pre-MLP norm of a layer of
+/// spec `l` (`post_norm`): Llama's `post_attention_layernorm`, or
+/// `pre_feedforward_layernorm` when that name is the attention output's norm.
+pub fn mlp_norm_suffix(l: &LayerSpec) -> &'static str {
+    match l.post_attention_norm {
+        false => "post_attention_layernorm.weight",
+        true => "pre_feedforward_layernorm.weight",
+    }
+}
+
 /// One decoder layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerWeights {
@@ -53,6 +168,20 @@ pub struct LayerWeights {
     pub gate_proj: Tensor,  // [intermediate, hidden]
     pub up_proj: Tensor,    // [intermediate, hidden]
     pub down_proj: Tensor,  // [hidden, intermediate]
+    /// The layer's [`Extra`] tensors, exactly those its spec asks for.
+    pub extras: BTreeMap<Extra, Tensor>,
+}
+
+impl LayerWeights {
+    /// The extra tensor `e`, when the layer has it.
+    pub fn extra(&self, e: Extra) -> Option<&Tensor> {
+        self.extras.get(&e)
+    }
+
+    /// `e`'s values in f32, when the layer has it.
+    pub fn extra_f32(&self, e: Extra) -> Option<Vec<f32>> {
+        self.extra(e).map(Tensor::to_f32)
+    }
 }
 
 /// Index of the first NaN, infinity or value beyond [`MAX_ABS_WEIGHT`] of
@@ -116,6 +245,7 @@ impl ModelWeights {
                 &l.up_proj,
                 &l.down_proj,
             ]);
+            all.extend(l.extras.values());
         }
         all.push(&self.norm);
         all.extend(self.lm_head.as_ref());

@@ -16,8 +16,8 @@ use checkpoint::lora::{AdapterCache, LoadLimits, LoraLoadError};
 use engine::lora::{DEFAULT_MAX_LOADED_LORAS, DEFAULT_MAX_LORA_MEMORY_MIB, LoraLimits};
 
 use anyhow::{Context, Result, bail};
-use contract::ModelConfig;
 use contract::LoraAdapter;
+use contract::ModelConfig;
 use contract::lora::DEFAULT_MAX_LORA_RANK;
 
 /// LoRA flags.

@@ -8,10 +8,9 @@
 //! KV heads, a known RoPE type, positive sizes, every tensor and the whole
 //! model addressable in f32 (no size product downstream can overflow),
 //! `rms_norm_eps` a positive f32, a llama3 RoPE factor of at least 1.
-//! Architectures: Llama, and Mistral when its `sliding_window` covers the
-//! whole context (then it is the same network); Qwen2 (q/k/v biases), a
-//! shorter sliding window and anything else are refused naming the part
-//! that is not supported.
+//! What each layer computes is its [`ModelSpec`], made from the
+//! architecture by `config/family.rs` (the one reader of `architectures`);
+//! a sliding window shorter than the context is refused naming the field.
 //! Errors name the file and the field (a wrongly typed value too, by its
 //! path: `rope_scaling.factor`).
 //!
@@ -24,8 +23,11 @@
 use serde::Deserialize;
 use std::path::Path;
 
+mod family;
 mod kv_cache;
 mod rope;
+use crate::spec::{ModelSpec, Rope};
+pub use family::SUPPORTED_ARCHITECTURES;
 pub use kv_cache::{KvCacheDtype, KvScales, UnknownKvCacheDtype};
 pub use rope::RopeScaling;
 
@@ -127,10 +129,6 @@ pub struct RawConfig {
     pub use_sliding_window: Option<bool>,
 }
 
-/// Architectures that are exactly the Llama layer pipeline (Mistral without
-/// a sliding window is Llama with other dimensions and names kept).
-pub const SUPPORTED_ARCHITECTURES: [&str; 2] = ["LlamaForCausalLM", "MistralForCausalLM"];
-
 /// A RoPE scaling / parameters object (`rope_scaling` or `rope_parameters`).
 #[derive(Debug, Clone, Deserialize, Default)]
 pub struct RawRope {
@@ -181,8 +179,8 @@ pub struct ModelConfig {
     pub rms_norm_eps: f32,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
-    pub rope_theta: f64,
-    pub rope_scaling: RopeScaling,
+    /// What each layer computes (norms, biases, RoPE, activation, ...).
+    pub spec: ModelSpec,
     pub bos_token_id: Option<u32>,
     /// EOS ids from `config.json`; [`GenerationConfig`] may extend them.
     pub eos_token_ids: Vec<u32>,
@@ -224,32 +222,6 @@ impl ModelConfig {
                 Some(n) => Ok(n),
             }
         };
-        if let Some(archs) = &raw.architectures
-            && !archs
-                .iter()
-                .any(|a| SUPPORTED_ARCHITECTURES.contains(&a.as_str()))
-        {
-            let why = if archs.iter().any(|a| a == "Qwen2ForCausalLM") {
-                "Qwen2's q/k/v projection biases (tensors `model.layers.N.self_attn.q_proj.bias`, `k_proj.bias`, `v_proj.bias`) are not supported".to_string()
-            } else {
-                format!("supported: {}", SUPPORTED_ARCHITECTURES.join(", "))
-            };
-            return Err(bad("architectures", format!("{archs:?}: {why}")));
-        }
-        if let Some(act) = &raw.hidden_act
-            && act != "silu"
-        {
-            return Err(bad(
-                "hidden_act",
-                format!("only `silu` is supported, got `{act}`"),
-            ));
-        }
-        if raw.attention_bias == Some(true) {
-            return Err(bad("attention_bias", "biases are not supported".into()));
-        }
-        if raw.mlp_bias == Some(true) {
-            return Err(bad("mlp_bias", "biases are not supported".into()));
-        }
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
         let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
         let num_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
@@ -385,6 +357,11 @@ impl ModelConfig {
             None => RopeScaling::None,
             Some(r) => rope::resolve(r, path)?,
         };
+        let rope = Rope {
+            theta: rope_theta,
+            scaling: rope_scaling,
+        };
+        let spec = family::spec(raw, head_dim, num_layers, rope, path)?;
         Ok(ModelConfig {
             hidden_size,
             intermediate_size,
@@ -396,8 +373,7 @@ impl ModelConfig {
             rms_norm_eps: rms_norm_eps as f32,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             max_position_embeddings,
-            rope_theta,
-            rope_scaling,
+            spec,
             bos_token_id: raw.bos_token_id,
             eos_token_ids: eos,
         })

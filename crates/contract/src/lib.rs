@@ -1,6 +1,7 @@
 //! contract: what the engine and every backend agree on, and nothing else.
 //!
-//! The model's validated configuration ([`config`]), the known model shapes
+//! The model's validated configuration ([`config`]) and what its layers
+//! compute ([`spec`]), the known model shapes
 //! ([`presets`]), the step contract ([`backend`]: `StepBatch`, the `Backend`
 //! trait, sampled tokens; [`step_builder`], the one builder of step batches;
 //! [`lora`], LoRA adapters as backends apply them;
@@ -19,6 +20,7 @@ pub mod mask;
 pub mod pipeline;
 pub mod presets;
 pub mod sampling;
+pub mod spec;
 pub mod step_builder;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -36,4 +38,5 @@ pub use lora::{LoraAdapter, LoraError, LoraTarget};
 pub use mask::TokenMask;
 pub use pipeline::{HostCompute, HostPipeline};
 pub use sampling::{ParamError, SamplingOverrides, SamplingParams};
+pub use spec::{Activation, ModelSpec};
 pub use step_builder::{StepBuildError, StepBuilder};

@@ -15,10 +15,18 @@ pub enum Preset {
     Smollm2_135m,
     /// Llama-3.2-1B(-Instruct)'s config, with the real Llama 3 tokenizer.
     Llama3_2_1b,
+    /// The tiny shape with every optional attention tensor: Qwen3's layer
+    /// (QK-norm) with `attention_bias` (Q/K/V/O biases).
+    TinyExtras,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 3] = [Preset::Tiny, Preset::Smollm2_135m, Preset::Llama3_2_1b];
+    pub const ALL: [Preset; 4] = [
+        Preset::Tiny,
+        Preset::Smollm2_135m,
+        Preset::Llama3_2_1b,
+        Preset::TinyExtras,
+    ];
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
@@ -26,6 +34,7 @@ impl Preset {
             Preset::Tiny => "tiny",
             Preset::Smollm2_135m => "smollm2-135m",
             Preset::Llama3_2_1b => "llama-3.2-1b",
+            Preset::TinyExtras => "tiny-extras",
         }
     }
 
@@ -43,6 +52,13 @@ impl Preset {
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                 "bos_token_id": 256, "eos_token_id": 257, "torch_dtype": "bfloat16"
             }),
+            Preset::TinyExtras => {
+                let mut c = Preset::Tiny.config_json();
+                c["architectures"] = json!(["Qwen3ForCausalLM"]);
+                c["model_type"] = json!("qwen3");
+                c["attention_bias"] = json!(true);
+                c
+            }
             Preset::Smollm2_135m => json!({
                 "architectures": ["LlamaForCausalLM"], "attention_bias": false,
                 "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 64,

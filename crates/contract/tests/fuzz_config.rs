@@ -77,7 +77,7 @@ fn check_valid(c: &ModelConfig) {
     }
     assert_eq!((c.q_dim(), c.kv_dim()), (q, c.num_kv_heads * c.head_dim));
     assert!(c.rms_norm_eps > 0.0 && c.rms_norm_eps.is_finite(), "{c:?}");
-    assert!(c.rope_theta >= 1.0 && c.rope_theta.is_finite(), "{c:?}");
+    assert!(c.rope().theta >= 1.0 && c.rope().theta.is_finite(), "{c:?}");
     if c.head_dim <= 1 << 14 {
         let inv = c.rope_inv_freq();
         assert!(

@@ -60,6 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 gate_proj: tensor(&[i, h], 10 * l + 8),
                 up_proj: tensor(&[i, h], 10 * l + 9),
                 down_proj: tensor(&[h, i], 10 * l + 10),
+                extras: Default::default(),
             })
             .collect(),
         norm: tensor(&[h], 3),

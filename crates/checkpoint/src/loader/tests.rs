@@ -286,10 +286,11 @@ fn more_layers_in_the_file_than_the_config_is_an_error() {
     }
 }
 
-/// Qwen2-style q/k/v biases (in a config that does not say Qwen2) are
-/// refused naming a bias tensor, not silently ignored.
+/// Q/K/V biases (in a config that does not ask for them) are refused
+/// naming the tensor and the spec field, not silently ignored; a config
+/// that asks for extra tensors gets them, and one missing is named.
 #[test]
-fn bias_tensors_are_refused_naming_one() {
+fn extra_tensors_follow_the_spec() {
     let cfg = tiny_cfg();
     let mut specs = tensor_specs(&cfg, true);
     specs.push(TensorSpec {
@@ -300,9 +301,39 @@ fn bias_tensors_are_refused_naming_one() {
     write_model(d.path(), &tiny_json(), &specs, Dtype::BF16, 1);
     let err = load_weights(d.path(), &cfg).unwrap_err().to_string();
     assert!(
-        err.contains("model.layers.0.self_attn.q_proj.bias")
-            && err.contains("biases are not supported"),
+        err.contains("model.layers.0.self_attn.q_proj.bias") && err.contains("attention.qkv_bias"),
         "{err}"
+    );
+    // the same model described as Qwen3 with attention biases
+    let json = tiny_json()
+        .replace("LlamaForCausalLM", "Qwen3ForCausalLM")
+        .replace(
+            "\"hidden_size\"",
+            "\"attention_bias\": true, \"hidden_size\"",
+        );
+    let q3 = ModelConfig::from_json(&json, "config.json").unwrap();
+    let all = tensor_specs(&q3, true);
+    for (i, name) in [
+        "model.layers.1.self_attn.k_norm.weight",
+        "model.layers.1.self_attn.o_proj.bias",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert!(all.iter().any(|t| t.name == name), "{name}");
+        let d = TempDir::new().unwrap();
+        let fewer: Vec<TensorSpec> = all.iter().filter(|t| t.name != name).cloned().collect();
+        write_model(d.path(), &json, &fewer, Dtype::BF16, 1 + i);
+        let err = load_weights(d.path(), &q3).unwrap_err().to_string();
+        assert!(err.contains(name), "{err}");
+    }
+    let d = TempDir::new().unwrap();
+    write_model(d.path(), &json, &all, Dtype::BF16, 1);
+    let w = load_weights(d.path(), &q3).unwrap();
+    assert_eq!(w.layers[2].extras.len(), 6);
+    assert_eq!(
+        w.layers[2].extra(Extra::QNorm).map(|t| t.shape.clone()),
+        Some(vec![cfg.head_dim])
     );
 }
 

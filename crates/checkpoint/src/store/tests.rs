@@ -94,7 +94,7 @@ fn smollm2_imports_through_the_store() {
     );
     assert_eq!((c.vocab_size, c.max_position_embeddings), (49152, 8192));
     assert!(c.tie_word_embeddings);
-    assert_eq!(c.rope_theta, 100000.0);
+    assert_eq!(c.rope().theta, 100000.0);
     assert_eq!(m.eos_ids, vec![2]);
     let w = load_weights(&dir, c).unwrap();
     assert!(w.lm_head.is_none());

@@ -77,7 +77,10 @@ fn tiny_loads_with_plausible_statistics() {
         m.config.num_heads > m.config.num_kv_heads,
         "tiny must exercise GQA"
     );
-    assert!(matches!(m.config.rope_scaling, RopeScaling::Llama3 { .. }));
+    assert!(matches!(
+        m.config.rope().scaling,
+        RopeScaling::Llama3 { .. }
+    ));
     let w = load_weights(d.path(), &m.config).unwrap();
     assert!(w.lm_head.is_some());
     let stats = |x: &[f32]| {
@@ -170,9 +173,9 @@ fn preset_configs_match_the_real_models() {
     assert_eq!(l.bos_token_id, Some(128000));
     assert_eq!(l.eos_token_ids, vec![128001, 128008, 128009]);
     assert!(l.tie_word_embeddings);
-    assert_eq!(l.rope_theta, 500000.0);
+    assert_eq!(l.rope().theta, 500000.0);
     assert_eq!(
-        l.rope_scaling,
+        l.rope().scaling,
         RopeScaling::Llama3 {
             factor: 32.0,
             low_freq_factor: 1.0,
@@ -194,10 +197,10 @@ fn preset_configs_match_the_real_models() {
         (576, 1536, 30, 9, 3, 49152)
     );
     assert_eq!(
-        (s.rope_theta, s.max_position_embeddings, s.rms_norm_eps),
+        (s.rope().theta, s.max_position_embeddings, s.rms_norm_eps),
         (100000.0, 8192, 1e-5)
     );
-    assert!(s.tie_word_embeddings && s.rope_scaling == RopeScaling::None);
+    assert!(s.tie_word_embeddings && s.rope().scaling == RopeScaling::None);
     assert_eq!(
         "smollm2-135m".parse::<Preset>().unwrap(),
         Preset::Smollm2_135m

@@ -84,7 +84,7 @@ fn run(buf: &[u8]) {
 fn metadata_is_kept(g: &Gguf, c: &contract::config::ModelConfig) {
     let meta = |k: &str| g.metadata.get(k).and_then(|v| v.as_f64());
     if let Some(theta) = meta("llama.rope.freq_base") {
-        assert_eq!(c.rope_theta as f32, theta as f32, "rope.freq_base");
+        assert_eq!(c.rope().theta as f32, theta as f32, "rope.freq_base");
     }
     if let Some(eps) = meta("llama.attention.layer_norm_rms_epsilon") {
         assert_eq!(c.rms_norm_eps, eps as f32, "layer_norm_rms_epsilon");

@@ -1,12 +1,12 @@
 //! RoPE: the scaling a config asks for ([`RopeScaling`], resolved from
 //! `rope_scaling` or `rope_parameters`) and the one RoPE definition both
-//! backends build their tables from ([`ModelConfig::rope_inv_freq`],
-//! [`ModelConfig::rope_table`]).
+//! backends build their tables from ([`Rope::inv_freq`], [`Rope::table`]).
 //!
 //! Costs: `rope_inv_freq` O(head_dim); `rope_table` O(positions x head_dim)
 //! time and memory, computed in f64 and stored in f32, once per backend.
 
 use super::{ConfigError, ModelConfig, RawRope};
+use crate::spec::Rope;
 
 /// RoPE frequency scaling.
 #[derive(Debug, Clone, PartialEq)]
@@ -86,15 +86,16 @@ pub(super) fn resolve(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigErro
     }
 }
 
-impl ModelConfig {
-    /// The RoPE inverse frequencies, `[head_dim / 2]`, computed in f64 with llama3
-    /// scaling applied. The one RoPE definition both backends build their tables from.
-    pub fn rope_inv_freq(&self) -> Vec<f64> {
-        let d = self.head_dim as f64;
-        let base: Vec<f64> = (0..self.head_dim / 2)
-            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f64 / d))
+impl Rope {
+    /// The inverse frequencies for heads of `head_dim`, `[head_dim / 2]`,
+    /// computed in f64 with the scaling applied: the one RoPE definition
+    /// every backend and reference builds its tables from.
+    pub fn inv_freq(&self, head_dim: usize) -> Vec<f64> {
+        let d = head_dim as f64;
+        let base: Vec<f64> = (0..head_dim / 2)
+            .map(|i| 1.0 / self.theta.powf((2 * i) as f64 / d))
             .collect();
-        match &self.rope_scaling {
+        match &self.scaling {
             RopeScaling::None => base,
             RopeScaling::Llama3 {
                 factor,
@@ -123,10 +124,10 @@ impl ModelConfig {
         }
     }
 
-    /// `(cos, sin)` tables, each `[positions, head_dim / 2]` row-major, in f32,
-    /// angles computed in f64. Built once per backend.
-    pub fn rope_table(&self, positions: usize) -> (Vec<f32>, Vec<f32>) {
-        let inv = self.rope_inv_freq();
+    /// `(cos, sin)` tables, each `[positions, head_dim / 2]` row-major, in
+    /// f32, angles computed in f64.
+    pub fn table(&self, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+        let inv = self.inv_freq(head_dim);
         let half = inv.len();
         let mut cos = Vec::with_capacity(positions * half);
         let mut sin = Vec::with_capacity(positions * half);
@@ -138,5 +139,25 @@ impl ModelConfig {
             }
         }
         (cos, sin)
+    }
+}
+
+impl ModelConfig {
+    /// The RoPE of layer 0. A backend that keeps one table for every layer
+    /// runs only specs whose layers share it
+    /// ([`ModelSpec::uniform_rope`](crate::spec::ModelSpec::uniform_rope),
+    /// checked when it opens).
+    pub fn rope(&self) -> &Rope {
+        &self.spec.layers[0].rope
+    }
+
+    /// Layer 0's inverse frequencies ([`Rope::inv_freq`]).
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        self.rope().inv_freq(self.head_dim)
+    }
+
+    /// Layer 0's `(cos, sin)` tables ([`Rope::table`]), built once per backend.
+    pub fn rope_table(&self, positions: usize) -> (Vec<f32>, Vec<f32>) {
+        self.rope().table(self.head_dim, positions)
     }
 }

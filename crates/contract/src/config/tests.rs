@@ -20,7 +20,7 @@ fn parses_llama_3_2_1b() {
         (2048, 32, 8, 64)
     );
     assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
-    assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { .. }));
+    assert!(matches!(c.rope().scaling, RopeScaling::Llama3 { .. }));
     let inv = c.rope_inv_freq();
     assert_eq!(inv.len(), 32);
     // the highest frequency is untouched, the lowest divided by the factor
@@ -111,19 +111,49 @@ fn special_token_ids_outside_the_vocabulary_are_refused() {
     assert!(ModelConfig::from_json(&last, "m/config.json").is_ok());
 }
 
-/// Qwen2 (q/k/v biases) and Mistral v0.1 (a sliding window shorter than
-/// the context) are refused naming the part lamina lacks; Mistral without a
-/// window is Llama and is accepted.
+/// Each family is a spec: Qwen2 adds Q/K/V biases, Qwen3 QK-norm (and
+/// its `attention_bias` biases on Q/K/V/O), Llama's `attention_bias` and
+/// `mlp_bias` their biases; an unknown architecture or activation is
+/// refused naming the field; Mistral v0.1 (a sliding window shorter than
+/// the context) is refused, and Mistral without a window is Llama.
 #[test]
 fn llama_family_variants() {
-    let qwen2 = LLAMA_1B.replace("LlamaForCausalLM", "Qwen2ForCausalLM");
-    let err = ModelConfig::from_json(&qwen2, "q/config.json")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("architectures") && err.contains("q_proj") && err.contains("bias"),
-        "{err}"
+    let spec = |text: &str| ModelConfig::from_json(text, "q/config.json").map(|c| c.spec);
+    let llama = spec(LLAMA_1B).unwrap();
+    let qwen2 = spec(&LLAMA_1B.replace("LlamaForCausalLM", "Qwen2ForCausalLM")).unwrap();
+    let a = &qwen2.layers[0].attention;
+    assert!(a.qkv_bias && !a.o_bias && !a.qk_norm);
+    let qwen3 = LLAMA_1B.replace("LlamaForCausalLM", "Qwen3ForCausalLM");
+    let a = &spec(&qwen3).unwrap().layers[3].attention;
+    assert!(a.qk_norm && !a.qkv_bias && !a.o_bias);
+    let biased = qwen3.replace(
+        "\"head_dim\": 64,",
+        "\"head_dim\": 64, \"attention_bias\": true,",
     );
+    let a = &spec(&biased).unwrap().layers[3].attention;
+    assert!(a.qk_norm && a.qkv_bias && a.o_bias);
+    let mlp = LLAMA_1B.replace("\"head_dim\": 64,", "\"head_dim\": 64, \"mlp_bias\": true,");
+    let m = spec(&mlp).unwrap();
+    assert_eq!(
+        m.first_difference(&llama).as_deref(),
+        Some("layers[0].mlp.bias")
+    );
+    for (text, field) in [
+        (
+            LLAMA_1B.replace("LlamaForCausalLM", "GPTNeoXForCausalLM"),
+            "architectures",
+        ),
+        (
+            LLAMA_1B.replace(
+                "\"head_dim\": 64,",
+                "\"head_dim\": 64, \"hidden_act\": \"relu\",",
+            ),
+            "hidden_act",
+        ),
+    ] {
+        let err = spec(&text).unwrap_err().to_string();
+        assert!(err.contains(field), "{err}");
+    }
     let mistral = LLAMA_1B.replace("LlamaForCausalLM", "MistralForCausalLM");
     let windowed = mistral.replace(
         "\"head_dim\": 64,",

@@ -1,5 +1,6 @@
 //! The fast CPU forward pass ([`CpuPath::Fast`](super::CpuPath)): the same
-//! Llama step as [`forward`](super::forward) on the `cpu-kernels` crate.
+//! step as [`forward`](super::forward) (the layer the model's spec
+//! describes) on the `cpu-kernels` crate.
 //!
 //! Contract: [`FastWeights::pack`] takes each layer's projections once at
 //! construction and concatenates Q/K/V into one `[q_dim + 2 kv_dim, hidden]`
@@ -73,9 +74,12 @@
 use super::CpuBackend;
 use super::attention::KvPool;
 use super::decode::{DecodeScratch, PoolView, decode_attention, row_of};
+use super::layer::{LayerVecs, qk_norm};
 use super::lora::delta;
 use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
+use checkpoint::weights::Extra as X;
 use checkpoint::weights::ModelWeights;
+use contract::Activation;
 use contract::backend::{BackendError, StepBatch};
 use contract::lora::LoraTarget as L;
 use cpu_kernels::Isa;
@@ -84,6 +88,8 @@ use cpu_kernels::kv::widen;
 use cpu_kernels::matmul::{gemm_nt_f32, matmul_bf16, matmul_bf16_tiled};
 use cpu_kernels::vector::{add_assign, rms_norm, rope, silu_mul, softmax_scaled};
 use half::slice::HalfFloatSliceExt;
+use ops::activation::gelu_tanh_mul;
+use ops::norm::{add_rows, rms_norm_in_place, softcap};
 use ops::{AttnDims, KvView};
 use rayon::prelude::*;
 
@@ -320,6 +326,9 @@ impl CpuBackend {
                     _ => self.weights.embed.data[id as usize * hidden..][..hidden]
                         .convert_to_f32_slice(row),
                 }
+                if c.spec.embed_scale != 1.0 {
+                    row.iter_mut().for_each(|v| *v *= c.spec.embed_scale);
+                }
             }
         }
         ws.seq_of.clear();
@@ -369,6 +378,10 @@ impl CpuBackend {
             let (cos, sin, half) = (self.rope.cos(), self.rope.sin(), c.head_dim / 2);
             let pool = &self.pool;
             each_row(qkv, qkv_w, |i, row| {
+                if let Some(b) = &norms.qkv_bias {
+                    add_rows(row, b);
+                }
+                qk_norm(norms, row, q_dim, kv_dim, eps);
                 let pos = batch.positions[i] as usize;
                 let (cos, sin) = (&cos[pos * half..][..half], &sin[pos * half..][..half]);
                 // Q and K: the first q_dim + kv_dim values, whole heads
@@ -396,6 +409,7 @@ impl CpuBackend {
             let aq = product_input(fp8a, attn, q_dim, &mut ws.fp8_in);
             lw.o.matmul(isa, aq, q_dim, hidden, proj, rows_kind, &mut ws.bufs);
             delta(lr, l, L::O, attn, q_dim, proj, hidden, 0);
+            out_extras(proj, hidden, norms, X::OBias, X::AttnOutNorm, eps);
             each_row_pair(x, hidden, proj, hidden, add_assign);
             each_row_pair(h, hidden, x, hidden, |hr, xr| {
                 rms_norm(xr, &norms.post, eps, hr)
@@ -407,14 +421,25 @@ impl CpuBackend {
             delta(lr, l, L::Gate, h, hidden, gu, 2 * inter, 0);
             delta(lr, l, L::Up, h, hidden, gu, 2 * inter, inter);
             let act = sized(&mut ws.act, t * inter);
+            let (gb, ub) = (norms.get(X::GateBias), norms.get(X::UpBias));
+            let activation = c.spec.layers[l].mlp.activation;
             each_row_pair(act, inter, gu, 2 * inter, |a, g| {
                 a.copy_from_slice(&g[..inter]);
-                silu_mul(isa, a, &g[inter..]);
+                let mut up = std::borrow::Cow::Borrowed(&g[inter..]);
+                if let (Some(gb), Some(ub)) = (gb, ub) {
+                    add_rows(a, gb);
+                    add_rows(up.to_mut(), ub);
+                }
+                match activation {
+                    Activation::Silu => silu_mul(isa, a, &up),
+                    Activation::GeluTanh => gelu_tanh_mul(a, &up),
+                }
             });
             let mq = product_input(fp8a, act, inter, &mut ws.fp8_in);
             lw.down
                 .matmul(isa, mq, inter, hidden, proj, rows_kind, &mut ws.bufs);
             delta(lr, l, L::Down, act, inter, proj, hidden, 0);
+            out_extras(proj, hidden, norms, X::DownBias, X::MlpOutNorm, eps);
             each_row_pair(x, hidden, proj, hidden, add_assign);
         }
         // [R, hidden] only the rows whose logits are wanted, normed
@@ -452,8 +477,28 @@ impl CpuBackend {
                 &mut ws.bufs.scratch,
             ),
         }
+        if let Some(cap) = c.spec.final_logit_softcap {
+            softcap(&mut logits, cap as f32);
+        }
         logits
     }
+}
+
+/// A projection's output `y` (`[T, w]`) before its residual add: plus
+/// the layer's `bias` and through its output norm `norm`, where it has them.
+fn out_extras(y: &mut [f32], w: usize, v: &LayerVecs, bias: X, norm: X, eps: f32) {
+    let (b, g) = (v.get(bias), v.get(norm));
+    if b.is_none() && g.is_none() {
+        return;
+    }
+    each_row(y, w, |_, row| {
+        if let Some(b) = b {
+            add_rows(row, b);
+        }
+        if let Some(g) = g {
+            rms_norm_in_place(row, g, eps);
+        }
+    });
 }
 
 /// Segments at least this long run attention as two GEMMs per head

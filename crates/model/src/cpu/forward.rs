@@ -1,10 +1,13 @@
-//! The Llama forward pass of one step on the CPU.
+//! The reference forward pass of one step on the CPU.
 //!
 //! Contract: [`CpuBackend::forward`] runs every token of a validated
-//! [`StepBatch`] through all layers (embedding, then per layer RMSNorm, Q/K/V
-//! projections, RoPE, KV write at `slot_mapping`, paged causal attention,
-//! output projection, residual, RMSNorm, SwiGLU MLP, residual), then the final
-//! norm and LM head for the requested token rows only. It follows the oracle's
+//! [`StepBatch`] through all layers as the model's spec describes
+//! (embedding and its scale, then per layer RMSNorm, Q/K/V projections and
+//! biases, QK-norm, RoPE, KV write at `slot_mapping`, paged causal
+//! attention, output projection and bias, output norm, residual, RMSNorm,
+//! the gated MLP with its activation and biases, output norm, residual),
+//! then the final norm, LM head and soft-cap for the requested token rows
+//! only. It follows the oracle's
 //! textbook order of operations in f32; a row with a LoRA adapter adds its
 //! delta after each targeted projection (`lora`, from the unrounded input
 //! where FP8 activations round the projections' inputs).
@@ -18,13 +21,14 @@
 use super::CpuBackend;
 use super::fast::product_input;
 use super::lora::delta;
+use checkpoint::weights::Extra as X;
 use contract::backend::StepBatch;
 use contract::lora::LoraTarget as L;
 use ops::AttnDims;
-use ops::activation::silu_mul;
+use ops::activation::gate_mul;
 use ops::embedding::{embed, gather_rows};
 use ops::linear::{add_assign, matmul_bf16};
-use ops::norm::rms_norm;
+use ops::norm::{add_rows, rms_norm, rms_norm_in_place, softcap};
 
 impl CpuBackend {
     /// Runs `batch` (already validated) and returns the logits of token rows
@@ -40,8 +44,12 @@ impl CpuBackend {
         let (inter, eps) = (c.intermediate_size, c.rms_norm_eps);
         let t = batch.num_tokens();
         // [T, hidden] residual stream
+        let spec = &c.spec;
         let mut x = embed(&self.weights.embed.data, &batch.tokens, hidden);
         debug_assert_eq!(x.len(), t * hidden);
+        if spec.embed_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= spec.embed_scale);
+        }
         let lrows = self.lora.rows(batch); // [T] each row's adapter
         let lr = lrows.as_deref();
         let fp8a = self.fp8_activations;
@@ -56,6 +64,17 @@ impl CpuBackend {
             delta(lr, l, L::Q, &h, hidden, &mut q, q_dim, 0);
             delta(lr, l, L::K, &h, hidden, &mut k, kv_dim, 0);
             delta(lr, l, L::V, &h, hidden, &mut v, kv_dim, 0);
+            for (y, e) in [(&mut q, X::QBias), (&mut k, X::KBias), (&mut v, X::VBias)] {
+                if let Some(b) = norms.get(e) {
+                    add_rows(y, b);
+                }
+            }
+            if let Some(g) = norms.get(X::QNorm) {
+                rms_norm_in_place(&mut q, g, eps);
+            }
+            if let Some(g) = norms.get(X::KNorm) {
+                rms_norm_in_place(&mut k, g, eps);
+            }
             self.rope.apply_rows(&mut q, q_dim, &batch.positions);
             self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
             self.pool.rotate_qk(&mut q, c.head_dim);
@@ -65,6 +84,12 @@ impl CpuBackend {
             let oq = product_input(fp8a, &o, q_dim, &mut fp8_in);
             let mut proj = matmul_bf16(oq, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
             delta(lr, l, L::O, &o, q_dim, &mut proj, hidden, 0);
+            if let Some(b) = norms.get(X::OBias) {
+                add_rows(&mut proj, b);
+            }
+            if let Some(g) = norms.get(X::AttnOutNorm) {
+                rms_norm_in_place(&mut proj, g, eps);
+            }
             add_assign(&mut x, &proj);
             let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
             let hq = product_input(fp8a, &h, hidden, &mut fp8_in);
@@ -72,15 +97,31 @@ impl CpuBackend {
             let mut up = matmul_bf16(hq, &lw.up_proj.data, hidden, inter); // [T, inter]
             delta(lr, l, L::Gate, &h, hidden, &mut gate, inter, 0);
             delta(lr, l, L::Up, &h, hidden, &mut up, inter, 0);
-            silu_mul(&mut gate, &up);
+            if let Some(b) = norms.get(X::GateBias) {
+                add_rows(&mut gate, b);
+            }
+            if let Some(b) = norms.get(X::UpBias) {
+                add_rows(&mut up, b);
+            }
+            gate_mul(spec.layers[l].mlp.activation, &mut gate, &up);
             let gq = product_input(fp8a, &gate, inter, &mut fp8_in);
             let mut down = matmul_bf16(gq, &lw.down_proj.data, inter, hidden); // [T, hidden]
             delta(lr, l, L::Down, &gate, inter, &mut down, hidden, 0);
+            if let Some(b) = norms.get(X::DownBias) {
+                add_rows(&mut down, b);
+            }
+            if let Some(g) = norms.get(X::MlpOutNorm) {
+                rms_norm_in_place(&mut down, g, eps);
+            }
             add_assign(&mut x, &down);
         }
         // [R, hidden] only the rows whose logits are wanted
         let picked = gather_rows(&x, rows, hidden);
         let h = rms_norm(&picked, &self.final_norm, eps);
-        matmul_bf16(&h, &self.weights.head().data, hidden, c.vocab_size) // [R, vocab]
+        let mut logits = matmul_bf16(&h, &self.weights.head().data, hidden, c.vocab_size); // [R, vocab]
+        if let Some(cap) = spec.final_logit_softcap {
+            softcap(&mut logits, cap as f32);
+        }
+        logits
     }
 }

@@ -26,6 +26,10 @@
 //! GEMM for prefill and reused activation buffers (see `fast`). Logits are computed only for sampled rows (or the rows
 //! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
 //!
+//! Both paths run the layer the model's spec describes (`layer`: biases,
+//! QK-norm, norm-gain offset, activation, output norms, embedding scale,
+//! final soft-cap); a spec field neither runs is refused at construction.
+//!
 //! Costs: memory = the BF16 weights (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
 //! VNNI) + `2 * layers * num_blocks * block_size *
@@ -38,6 +42,7 @@ pub mod batch;
 mod decode;
 mod fast;
 mod forward;
+mod layer;
 mod lora;
 mod packed;
 
@@ -59,6 +64,8 @@ mod spec_tests;
 mod split_tests;
 #[cfg(test)]
 pub(crate) mod tests;
+#[cfg(test)]
+mod variant_tests;
 
 use crate::sampler::sample;
 use attention::KvPool;
@@ -71,12 +78,6 @@ use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
 use ops::Rope;
 use rayon::prelude::*;
-
-/// One layer's norm weights, converted to f32 once.
-struct LayerNorms {
-    input: Vec<f32>, // [hidden]
-    post: Vec<f32>,  // [hidden]
-}
 
 /// Which arithmetic the CPU backend runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,8 +97,9 @@ pub struct CpuBackend {
     /// into `fast`); embedding, norms and head stay.
     weights: ModelWeights,
     kv: KvShape,
-    norms: Vec<LayerNorms>,
-    final_norm: Vec<f32>, // [hidden]
+    /// Each layer's norm gains and biases ([`layer::LayerVecs`]).
+    norms: Vec<layer::LayerVecs>,
+    final_norm: Vec<f32>, // [hidden] gain (the spec's offset folded in)
     rope: Rope,
     pool: KvPool,
     /// FP8 K/V's per-layer scales (the checkpoint's, else 1).
@@ -151,6 +153,7 @@ impl CpuBackend {
         format: CpuWeights,
     ) -> Result<Self, BackendError> {
         check_weights(&config, &weights)?;
+        layer::check_spec(&config)?;
         if path == CpuPath::Reference && format != CpuWeights::Bf16 {
             return Err(BackendError::Device(format!(
                 "cpu: the reference kernels run BF16 weights only, not {}; use the fast kernels for quantised weights",
@@ -173,15 +176,11 @@ impl CpuBackend {
             KvCacheDtype::F32,
             &kv_scales,
         );
-        let norms = weights
-            .layers
-            .iter()
-            .map(|l| LayerNorms {
-                input: l.input_norm.to_f32(),
-                post: l.post_norm.to_f32(),
-            })
+        let offset = config.spec.norm_weight_offset;
+        let norms = (weights.layers.iter())
+            .map(|l| layer::LayerVecs::of(l, offset))
             .collect();
-        let final_norm = weights.norm.to_f32();
+        let final_norm = layer::final_gain(&weights.norm, offset);
         let fast = match path {
             CpuPath::Fast => {
                 let panels = Isa::best() == Isa::Avx512;
@@ -470,6 +469,9 @@ pub(crate) fn check_weights(c: &ModelConfig, w: &ModelWeights) -> Result<(), Bac
         shape(&l.gate_proj, &[i, h])?;
         shape(&l.up_proj, &[i, h])?;
         shape(&l.down_proj, &[h, i])?;
+        for (&e, t) in &l.extras {
+            shape(t, &e.shape(c))?;
+        }
     }
     Ok(())
 }

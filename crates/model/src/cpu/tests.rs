@@ -7,7 +7,7 @@
 
 use super::batch::{SeqChunk, build_step, contiguous_blocks, generate_greedy};
 use super::*;
-use checkpoint::weights::LayerWeights;
+use checkpoint::weights::{Extra, LayerWeights};
 use contract::Backend;
 use contract::backend::SampleRequest;
 use contract::sampling::{SamplingParams, splitmix64};
@@ -50,8 +50,17 @@ fn tensor(name: &str, shape: &[usize], seed: u64, scale: f32, offset: f32) -> Te
 pub(crate) fn weights(c: &ModelConfig, tied: bool) -> ModelWeights {
     let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
     let layers = (0..c.num_layers as u64)
-        .map(|l| {
+        .zip(&c.spec.layers)
+        .map(|(l, ls)| {
             let s = 100 * (l + 1);
+            // the extras the spec asks for: gains near 1, small biases
+            let extras = (Extra::ALL.into_iter().filter(|e| e.wanted(ls)))
+                .map(|e| {
+                    let (scale, offset) = if e.is_norm() { (0.2, 1.0) } else { (0.2, 0.0) };
+                    let t = tensor(e.hf_suffix(), &e.shape(c), s + 20 + e as u64, scale, offset);
+                    (e, t)
+                })
+                .collect();
             LayerWeights {
                 input_norm: tensor("in", &[h], s, 0.2, 1.0),
                 q_proj: tensor("q", &[q, h], s + 1, 0.4, 0.0),
@@ -62,6 +71,7 @@ pub(crate) fn weights(c: &ModelConfig, tied: bool) -> ModelWeights {
                 gate_proj: tensor("gate", &[i, h], s + 6, 0.3, 0.0),
                 up_proj: tensor("up", &[i, h], s + 7, 0.3, 0.0),
                 down_proj: tensor("down", &[h, i], s + 8, 0.3, 0.0),
+                extras,
             }
         })
         .collect();

@@ -253,6 +253,18 @@ pub struct CudaBackend {
     gpu: Arc<Gpu>,
 }
 
+/// The CUDA kernels fuse Llama's layer: a spec with any other field is
+/// refused naming it (the CPU backend runs it).
+fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
+    let llama = contract::ModelSpec::llama(c.num_layers, c.head_dim, c.rope().clone());
+    match c.spec.first_difference(&llama) {
+        None => Ok(()),
+        Some(field) => Err(BackendError::Device(format!(
+            "cuda: the model's `{field}` is not supported by the CUDA backend yet; run it on the CPU (`--device cpu`)"
+        ))),
+    }
+}
+
 impl CudaBackend {
     /// Uploads `weights` to device `device` and allocates a KV pool of
     /// `kv.num_blocks` blocks of `kv.block_size` tokens.
@@ -264,6 +276,7 @@ impl CudaBackend {
         opts: CudaOptions,
     ) -> Result<CudaBackend, BackendError> {
         check_kv_cache_dtype(opts.kv_cache_dtype)?;
+        check_spec(&config)?;
         available().map_err(BackendError::Device)?;
         if kv.num_blocks == 0 || kv.block_size == 0 {
             return Err(BackendError::Device(format!(

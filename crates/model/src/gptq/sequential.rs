@@ -55,6 +55,14 @@ fn check(
         return Err(GptqError::AlreadyFp8);
     }
     crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;
+    // the calibration pass runs Llama's layer
+    let llama =
+        contract::ModelSpec::llama(config.num_layers, config.head_dim, config.rope().clone());
+    if let Some(field) = config.spec.first_difference(&llama) {
+        return Err(GptqError::Weights(format!(
+            "the model's `{field}` is not supported by GPTQ calibration (it runs Llama's layer)"
+        )));
+    }
     check_tokens(config, tokens, opts.window)?;
     if !(opts.damp.is_finite() && opts.damp >= 0.0) || opts.block == 0 {
         return Err(GptqError::Options(format!(

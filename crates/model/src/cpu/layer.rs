@@ -1,0 +1,86 @@
+//! What the CPU backend reads of the model's spec beyond the projections:
+//! each layer's small vectors in f32 (norm gains with the spec's offset
+//! folded in, biases, QK-norm gains), and the check that a spec asks only
+//! for what both CPU paths run.
+//!
+//! Contract: [`check_spec`] passes exactly the specs whose every field the
+//! reference and fast paths implement (everything but sliding windows,
+//! attention soft-caps, a non-default attention scale and per-layer RoPE,
+//! which it refuses naming the field); [`LayerVecs::of`] holds a layer's
+//! gains as `offset + w` so a norm is one multiply whatever the spec.
+
+use checkpoint::weights::{Extra, LayerWeights, Tensor};
+use contract::backend::BackendError;
+use contract::config::ModelConfig;
+use std::collections::BTreeMap;
+
+/// One layer's vectors, converted to f32 once.
+pub(super) struct LayerVecs {
+    pub input: Vec<f32>, // [hidden] gain of the input norm
+    pub post: Vec<f32>,  // [hidden] gain of the pre-MLP norm
+    /// `[q_dim + 2 kv_dim]`: the Q, K and V biases side by side (the fast
+    /// path's fused QKV row), when the layer has them.
+    pub qkv_bias: Option<Vec<f32>>,
+    /// The other extras: biases as stored, norm gains with the offset.
+    extras: BTreeMap<Extra, Vec<f32>>,
+}
+
+impl LayerVecs {
+    /// The vectors of layer `l`, norm gains as `offset + w`.
+    pub fn of(l: &LayerWeights, offset: f32) -> Self {
+        let gain = |t: &Tensor| t.to_f32().into_iter().map(|w| offset + w).collect();
+        let extras: BTreeMap<Extra, Vec<f32>> = l
+            .extras
+            .iter()
+            .map(|(&e, t)| (e, if e.is_norm() { gain(t) } else { t.to_f32() }))
+            .collect();
+        let qkv_bias = [Extra::QBias, Extra::KBias, Extra::VBias]
+            .iter()
+            .map(|e| extras.get(e).cloned())
+            .collect::<Option<Vec<_>>>()
+            .map(|parts| parts.concat());
+        LayerVecs {
+            input: gain(&l.input_norm),
+            post: gain(&l.post_norm),
+            qkv_bias,
+            extras,
+        }
+    }
+
+    /// Extra `e`'s vector (a norm's gain with the offset), when the layer has it.
+    pub fn get(&self, e: Extra) -> Option<&[f32]> {
+        self.extras.get(&e).map(Vec::as_slice)
+    }
+}
+
+/// The final norm's gain, `offset + w`.
+pub(super) fn final_gain(norm: &Tensor, offset: f32) -> Vec<f32> {
+    norm.to_f32().into_iter().map(|w| offset + w).collect()
+}
+
+/// Refuses a spec with a field the CPU paths do not run, naming it.
+pub(super) fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
+    let mut runs = c.spec.clone();
+    let rope = c.rope().clone();
+    for l in &mut runs.layers {
+        l.attention.window = None;
+        l.attention.logit_softcap = None;
+        l.attention.scale = 1.0 / (c.head_dim as f64).sqrt();
+        l.rope = rope.clone();
+    }
+    match c.spec.first_difference(&runs) {
+        None => Ok(()),
+        Some(field) => Err(BackendError::Device(format!(
+            "cpu: the model's `{field}` is not supported by the CPU backend"
+        ))),
+    }
+}
+
+/// Per-head RMSNorm of the Q and K parts of a row that starts with Q
+/// (`[q_dim]`) then K (`[kv_dim]`), when the layer has QK-norm.
+pub(super) fn qk_norm(v: &LayerVecs, row: &mut [f32], q_dim: usize, kv_dim: usize, eps: f32) {
+    if let (Some(gq), Some(gk)) = (v.get(Extra::QNorm), v.get(Extra::KNorm)) {
+        ops::norm::rms_norm_in_place(&mut row[..q_dim], gq, eps);
+        ops::norm::rms_norm_in_place(&mut row[q_dim..q_dim + kv_dim], gk, eps);
+    }
+}
