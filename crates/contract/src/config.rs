@@ -81,6 +81,10 @@ fn parse_json<T: serde::de::DeserializeOwned>(text: &str, path: &str) -> Result<
 /// Bytes of f32 data no model may exceed (the largest allocation Rust allows).
 const MAX_BYTES: usize = isize::MAX as usize;
 
+/// The most layers a model may have (the largest open models have ~130):
+/// the spec holds one entry a layer, allocated only after this check.
+pub const MAX_LAYERS: usize = 4096;
+
 /// `config.json` as written by Hugging Face, before validation.
 #[derive(Debug, Clone, Deserialize, Default)]
 pub struct RawConfig {
@@ -225,6 +229,12 @@ impl ModelConfig {
         let hidden_size = need(raw.hidden_size, "hidden_size")?;
         let intermediate_size = need(raw.intermediate_size, "intermediate_size")?;
         let num_layers = need(raw.num_hidden_layers, "num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(bad(
+                "num_hidden_layers",
+                format!("{num_layers} is more than the {MAX_LAYERS} layers lamina supports"),
+            ));
+        }
         let num_heads = need(raw.num_attention_heads, "num_attention_heads")?;
         let num_kv_heads = need(
             raw.num_key_value_heads.or(raw.num_attention_heads),

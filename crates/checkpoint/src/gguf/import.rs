@@ -278,6 +278,23 @@ pub fn import_to_dir(
     progress: Option<&Progress>,
 ) -> Result<(), GgufError> {
     let cfg_json = config_json(g)?;
+    // the config and tensor list are sized by the block count: one the
+    // file cannot hold is refused before anything is allocated for it
+    let layers = cfg_json["num_hidden_layers"].as_u64().unwrap_or(0);
+    let tied = g.tensor("output.weight").is_none();
+    let needed = layers
+        .checked_mul(9)
+        .and_then(|n| n.checked_add(2 + u64::from(!tied)));
+    if needed.is_none_or(|n| n > g.tensors.len() as u64) {
+        return Err(GgufError::Metadata {
+            key: format!("{}.block_count", g.get_str("general.architecture")?),
+            reason: format!(
+                "{layers} layers need more tensors than the {} in {}",
+                g.tensors.len(),
+                g.path
+            ),
+        });
+    }
     let cfg = ModelConfig::from_json(
         &cfg_json.to_string(),
         &format!("config.json from {}", g.path),
@@ -303,23 +320,6 @@ pub fn import_to_dir(
                 reason,
             })?;
         by_hf.insert(name, t);
-    }
-    // the tensor list is sized by the config: a block count the file cannot
-    // hold is refused before it is allocated for
-    let needed = cfg
-        .num_layers
-        .checked_mul(9)
-        .and_then(|n| n.checked_add(2 + usize::from(!cfg.tie_word_embeddings)));
-    if needed.is_none_or(|n| n > g.tensors.len()) {
-        return Err(GgufError::Metadata {
-            key: format!("{}.block_count", g.get_str("general.architecture")?),
-            reason: format!(
-                "{} layers need more tensors than the {} in {}",
-                cfg.num_layers,
-                g.tensors.len(),
-                g.path
-            ),
-        });
     }
     let specs = tensor_specs(&cfg, !cfg.tie_word_embeddings);
     let mut plan = Vec::with_capacity(specs.len());

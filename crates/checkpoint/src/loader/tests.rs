@@ -304,13 +304,8 @@ fn extra_tensors_follow_the_spec() {
         err.contains("model.layers.0.self_attn.q_proj.bias") && err.contains("attention.qkv_bias"),
         "{err}"
     );
-    // the same model described as Qwen3 with attention biases
-    let json = tiny_json()
-        .replace("LlamaForCausalLM", "Qwen3ForCausalLM")
-        .replace(
-            "\"hidden_size\"",
-            "\"attention_bias\": true, \"hidden_size\"",
-        );
+    // the tiny model described as Qwen3 with attention biases
+    let json = Preset::TinyExtras.config_json().to_string();
     let q3 = ModelConfig::from_json(&json, "config.json").unwrap();
     let all = tensor_specs(&q3, true);
     for (i, name) in [

@@ -68,6 +68,10 @@ fn rejects_inconsistent_configs_naming_the_field() {
             LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 0"),
             "num_hidden_layers",
         ),
+        (
+            LLAMA_1B.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 4097"),
+            "num_hidden_layers",
+        ),
         // a rotary base below 1 (1e-300 once generated garbage)
         (
             LLAMA_1B.replace("\"rope_theta\": 500000.0", "\"rope_theta\": 1e-300"),
