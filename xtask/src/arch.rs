@@ -17,7 +17,10 @@
 //!   needs a `# Safety` section in its doc comment. Comments, strings and
 //!   char literals are lexed out first, so `unsafe` in them is ignored.
 //!
-//! Both checks are pure functions over in-memory input (a metadata JSON, a
+//! - **Architecture names** (`names`): a model family's name as a string
+//!   literal only in config parsing (the spec is what the rest reads).
+//!
+//! The checks are pure functions over in-memory input (a metadata JSON, a
 //! source text), unit-tested on planted violations.
 //! Costs: one `cargo metadata` run (under a second with a warm cache), then a
 //! breadth-first search per rule (graph size) and one pass per source file.
@@ -63,9 +66,10 @@ pub fn run() -> Result<()> {
     let mut violations = check_deps(&meta)?;
     let (files, unsafe_violations) = check_unsafe_tree(&root)?;
     violations.extend(unsafe_violations);
+    violations.extend(check_names_tree(&root)?);
     if violations.is_empty() {
         println!(
-            "check-arch: dependency rules hold; {files} .rs files scanned, every unsafe has its SAFETY note"
+            "check-arch: dependency rules hold; {files} .rs files scanned, every unsafe has its SAFETY note, architecture names only in config parsing"
         );
         return Ok(());
     }
@@ -240,6 +244,21 @@ pub fn check_unsafe_tree(root: &Path) -> Result<(usize, Vec<Violation>)> {
         out.extend(check_unsafe_source(&shown, &text));
     }
     Ok((files.len(), out))
+}
+
+/// [`names::check_source`] over every `.rs` file of the crates.
+pub fn check_names_tree(root: &Path) -> Result<Vec<Violation>> {
+    let mut files = Vec::new();
+    collect_rs(&root.join("crates"), &mut files)?;
+    files.sort();
+    let mut out = Vec::new();
+    for f in &files {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let shown = f.strip_prefix(root).unwrap_or(f).display().to_string();
+        out.extend(names::check_source(&shown, &text));
+    }
+    Ok(out)
 }
 
 fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
@@ -539,3 +558,5 @@ pub fn check_unsafe_source(file: &str, src: &str) -> Vec<Violation> {
 
 #[cfg(test)]
 mod tests;
+
+mod names;
