@@ -149,15 +149,43 @@ kernel_args! {
         eps: f32 as "float" @ 36,
     }
 
-    /// Arguments of `silu_mul` (cu/activation.cu).
+    /// Arguments of `silu_mul` and `gelu_tanh_mul` (cu/activation.cu).
     #[derive(Default)]
-    pub struct SiluMulArgs for "silu_mul", size 24 {
+    pub struct GatedArgs for "silu_mul, gelu_tanh_mul", size 24 {
         /// [T, inter] bf16
         out: u64 as "bf16*" @ 0,
         /// [T, 2 inter] bf16, [gate | up]
         gu: u64 as "const bf16*" @ 8,
         tokens: u32 as "uint32_t" @ 16,
         inter: u32 as "uint32_t" @ 20,
+    }
+
+    /// Arguments of `bias_rows` (cu/layer_extras.cu).
+    #[derive(Default)]
+    pub struct BiasRowsArgs for "bias_rows", size 24 {
+        /// [T, width] bf16, in place
+        y: u64 as "bf16*" @ 0,
+        /// [width] bf16
+        bias: u64 as "const bf16*" @ 8,
+        tokens: u32 as "uint32_t" @ 16,
+        width: u32 as "uint32_t" @ 20,
+    }
+
+    /// Arguments of `head_rmsnorm` (cu/layer_extras.cu).
+    #[derive(Default)]
+    pub struct HeadRmsnormArgs for "head_rmsnorm", size 48 {
+        /// [T, row] bf16, in place: Q heads then K heads from column 0
+        x: u64 as "bf16*" @ 0,
+        /// [head_dim] bf16
+        q_gain: u64 as "const bf16*" @ 8,
+        /// [head_dim] bf16
+        k_gain: u64 as "const bf16*" @ 16,
+        tokens: u32 as "uint32_t" @ 24,
+        row: u32 as "uint32_t" @ 28,
+        q_heads: u32 as "uint32_t" @ 32,
+        k_heads: u32 as "uint32_t" @ 36,
+        head_dim: u32 as "uint32_t" @ 40,
+        eps: f32 as "float" @ 44,
     }
 
     /// Arguments of `invariant_gemm_bf16` / `invariant_gemm_f32`

@@ -39,6 +39,7 @@ pub mod fp8;
 pub mod gemv;
 pub mod invariant_gemm;
 pub mod kv;
+pub mod layer_extras;
 pub mod lora;
 pub mod prefill_attention;
 pub mod rmsnorm;
@@ -163,6 +164,9 @@ pub struct Kernels {
     pub(crate) add_rmsnorm: Function,
     pub(crate) rope_kv_write: Function,
     pub(crate) silu_mul: Function,
+    pub(crate) gelu_tanh_mul: Function,
+    pub(crate) bias_rows: Function,
+    pub(crate) head_rmsnorm: Function,
     pub(crate) lora_shrink: Function,
     pub(crate) lora_expand: Function,
     pub(crate) lora_select: Function,
@@ -240,6 +244,9 @@ impl Kernels {
             add_rmsnorm: f("add_rmsnorm")?,
             rope_kv_write: f("rope_kv_write")?,
             silu_mul: f("silu_mul")?,
+            gelu_tanh_mul: f("gelu_tanh_mul")?,
+            bias_rows: f("bias_rows")?,
+            head_rmsnorm: f("head_rmsnorm")?,
             lora_shrink: f("lora_shrink")?,
             lora_expand: f("lora_expand")?,
             lora_select: f("lora_select")?,

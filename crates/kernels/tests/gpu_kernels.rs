@@ -8,6 +8,7 @@
 mod common;
 mod gemv;
 mod invariant_gemm;
+mod layer_extras;
 mod lora;
 
 use common::*;

@@ -1,5 +1,7 @@
-// SwiGLU activation: out[t, i] = silu(gu[t, i]) * gu[t, inter + i], where
-// gu = [gate | up] is the fused gate/up GEMM output. Grid-stride over the
+// Gated activations: out[t, i] = act(gu[t, i]) * gu[t, inter + i], where
+// gu = [gate | up] is the fused gate/up GEMM output; act is SiLU
+// (silu_mul, SwiGLU) or GELU with the tanh approximation (gelu_tanh_mul,
+// GeGLU). Grid-stride over the
 // row's 16-byte chunks (8 elements: one uint4 load of gate, one of up, one
 // store) when inter % 8 == 0 and both pointers are 16-byte aligned, else over
 // single elements; 32-bit index arithmetic (the launcher bounds T * inter).
@@ -10,7 +12,20 @@
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
 
-extern "C" __global__ void silu_mul(const SiluMulArgs a) {
+__device__ __forceinline__ float gelu_tanh_f(float g) {
+    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
+}
+
+struct Silu {
+    __device__ __forceinline__ float operator()(float g) const { return silu_f(g); }
+};
+struct GeluTanh {
+    __device__ __forceinline__ float operator()(float g) const { return gelu_tanh_f(g); }
+};
+
+template <typename Act>
+__device__ __forceinline__ void gated(const GatedArgs& a, Act act) {
     bf16* __restrict__ out = a.out;                // [T, inter]
     const bf16* __restrict__ gu = a.gu;            // [T, 2 inter]
     const uint32_t inter = a.inter;
@@ -29,7 +44,7 @@ extern "C" __global__ void silu_mul(const SiluMulArgs a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float2 gf = __bfloat1622float2(g[e]), uf = __bfloat1622float2(u[e]);
-                o[e] = __floats2bfloat162_rn(silu_f(gf.x) * uf.x, silu_f(gf.y) * uf.y);
+                o[e] = __floats2bfloat162_rn(act(gf.x) * uf.x, act(gf.y) * uf.y);
             }
             reinterpret_cast<uint4*>(out)[k] = o4;
         }
@@ -40,6 +55,10 @@ extern "C" __global__ void silu_mul(const SiluMulArgs a) {
         const uint32_t t = k / inter, i = k - t * inter;
         const float g = bf2f(gu[(size_t)t * 2 * inter + i]);
         const float u = bf2f(gu[(size_t)t * 2 * inter + inter + i]);
-        out[k] = f2bf(silu_f(g) * u);
+        out[k] = f2bf(act(g) * u);
     }
 }
+
+extern "C" __global__ void silu_mul(const GatedArgs a) { gated(a, Silu{}); }
+
+extern "C" __global__ void gelu_tanh_mul(const GatedArgs a) { gated(a, GeluTanh{}); }

@@ -10,7 +10,9 @@
 //!   RMSNorm+gate/up+SiLU·up, down + residual (5 or 6 kernels);
 //! - a GEMM layer: add+RMSNorm, QKV GEMM, RoPE + KV write, attention, O
 //!   GEMM, add+RMSNorm, gate/up GEMM, SiLU·up, down GEMM (4 GEMMs and 5 or
-//!   6 kernels), the last one on the sampled rows alone when pruned;
+//!   6 kernels), the last one on the sampled rows alone when pruned; the
+//!   spec's biases, QK-norm and activation where the layer has them (the
+//!   only layer a spec other than Llama's runs: see `check_spec`);
 //! - then the final norm, the LM head on the sampled rows, and sampling.
 
 use gpu::{DevSlice, GemmDims};
@@ -20,6 +22,7 @@ use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvLora, GemvOp, RopeKv};
+use kernels::layer_extras::HeadNorm;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 
 use contract::backend::BackendError;
@@ -296,6 +299,7 @@ impl CudaBackend {
         if let Some((l, rows)) = lora {
             self.lora_delta(l, Group::Qkv, ws.xn.view(), ws.qkv.view(), rows, t)?;
         }
+        self.qkv_extras(layer, t)?;
         self.rope_kv(l, io, t)?;
         self.attention(l, io, plan)?;
         if last && plan.prune_last {
@@ -303,6 +307,44 @@ impl CudaBackend {
             return self.o_and_mlp(layer, plan.r, attn, x, None);
         }
         self.o_and_mlp(layer, t, ws.attn.view(), ws.x.view(), lora)
+    }
+
+    /// The spec's Q/K/V bias and per-head QK-norm on the `t` rows of `qkv`,
+    /// where the layer has them.
+    fn qkv_extras(&self, layer: &DeviceLayer, t: usize) -> Result<(), BackendError> {
+        let (c, qkv) = (&self.config, self.ws.qkv.view());
+        let width = self.tuning.shape.qkv_width();
+        if let Some(b) = &layer.extras.qkv_bias {
+            self.k
+                .bias_rows(qkv, b.view(), t, width)
+                .map_err(ke("qkv bias"))?;
+        }
+        if let Some([gq, gk]) = &layer.extras.qk_norm {
+            let n = HeadNorm {
+                q_heads: c.num_heads,
+                k_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                eps: c.rms_norm_eps,
+            };
+            self.k
+                .head_rmsnorm(qkv, gq.view(), gk.view(), t, width, n)
+                .map_err(ke("qk norm"))?;
+        }
+        Ok(())
+    }
+
+    /// `bias`, when given, on the `m` rows of `y` (`[m, width]`).
+    fn bias(
+        &self,
+        bias: &Option<gpu::DeviceBuffer<bf16>>,
+        y: DevSlice<'_, bf16>,
+        m: usize,
+        width: usize,
+    ) -> Result<(), BackendError> {
+        match bias {
+            Some(b) => self.k.bias_rows(y, b.view(), m, width).map_err(ke("bias")),
+            None => Ok(()),
+        }
     }
 
     /// RoPE on the `t` rows of `qkv` and their K/V written into layer
@@ -375,8 +417,10 @@ impl CudaBackend {
             Some((l, rows)) => self.lora_delta(l, g, x, y, rows, m),
             None => Ok(()),
         };
+        let (x8, act) = (&layer.extras, c.spec.layers[0].mlp.activation);
         self.gemm(m, attn, &layer.o, ws.delta.view(), h, c.q_dim())?;
         delta(Group::O, attn, ws.delta.view())?;
+        self.bias(&x8.o_bias, ws.delta.view(), m, h)?;
         let norm = layer.post_norm.view();
         self.k
             .add_rmsnorm(
@@ -391,11 +435,13 @@ impl CudaBackend {
             .map_err(ke("post-attention norm"))?;
         self.gemm(m, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
         delta(Group::GateUp, ws.xn.view(), ws.gu.view())?;
+        self.bias(&x8.gate_up_bias, ws.gu.view(), m, 2 * inter)?;
         self.k
-            .silu_mul(ws.act.view(), ws.gu.view(), m, inter)
-            .map_err(ke("silu"))?;
+            .gate_mul(act, ws.act.view(), ws.gu.view(), m, inter)
+            .map_err(ke("gated activation"))?;
         self.gemm(m, ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
-        delta(Group::Down, ws.act.view(), ws.delta.view())
+        delta(Group::Down, ws.act.view(), ws.delta.view())?;
+        self.bias(&x8.down_bias, ws.delta.view(), m, h)
     }
 
     /// Layer `l`'s attention over the paged KV cache, on the plan's path.

@@ -203,7 +203,9 @@ fn tuning(
     let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
         .iter()
         .all(|&k| kernels::gemv::width_fits(k, fp8));
-    let gemv_rows = if fits && !opts.deterministic {
+    // the fused GEMVs run Llama's layer: any other spec runs the GEMM layer
+    let llama = llama_spec(c).first_difference(&c.spec).is_none();
+    let gemv_rows = if fits && llama && !opts.deterministic {
         opts.gemv_rows.min(MAX_GEMV_ROWS)
     } else {
         0
@@ -253,11 +255,23 @@ pub struct CudaBackend {
     gpu: Arc<Gpu>,
 }
 
-/// The CUDA kernels fuse Llama's layer: a spec with any other field is
-/// refused naming it (the CPU backend runs it).
+/// Llama's layer in `c`'s dimensions and RoPE: what the fused GEMVs run.
+fn llama_spec(c: &ModelConfig) -> contract::ModelSpec {
+    contract::ModelSpec::llama(c.num_layers, c.head_dim, c.rope().clone())
+}
+
+/// Refuses a spec with a field the CUDA layers do not run, naming it: the
+/// fused GEMV layer runs Llama's, the GEMM layer adds the Q/K/V, O and MLP
+/// biases, QK-norm and one gated activation for every layer.
 fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
-    let llama = contract::ModelSpec::llama(c.num_layers, c.head_dim, c.rope().clone());
-    match c.spec.first_difference(&llama) {
+    let mut runs = llama_spec(c);
+    let act = c.spec.layers[0].mlp.activation;
+    for (r, l) in runs.layers.iter_mut().zip(&c.spec.layers) {
+        let (a, b) = (&mut r.attention, &l.attention);
+        (a.qkv_bias, a.o_bias, a.qk_norm) = (b.qkv_bias, b.o_bias, b.qk_norm);
+        (r.mlp.bias, r.mlp.activation) = (l.mlp.bias, act);
+    }
+    match c.spec.first_difference(&runs) {
         None => Ok(()),
         Some(field) => Err(BackendError::Device(format!(
             "cuda: the model's `{field}` is not supported by the CUDA backend yet; run it on the CPU (`--device cpu`)"

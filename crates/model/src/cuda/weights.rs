@@ -26,7 +26,7 @@ use half::bf16;
 use kernels::gemv::GemvWeights;
 
 use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
-use checkpoint::weights::{ModelWeights, Tensor};
+use checkpoint::weights::{Extra, LayerWeights, ModelWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
 use contract::config::{KvCacheDtype, KvScales, ModelConfig};
 use kernels::KvCaches;
@@ -64,6 +64,49 @@ pub(super) struct DeviceLayer {
     pub o: DevProj,                     // [hidden, heads * head_dim]
     pub gate_up: DevProj,               // [2 * intermediate, hidden]
     pub down: DevProj,                  // [hidden, intermediate]
+    /// The spec's extra tensors the CUDA layer runs (all `None` for Llama).
+    pub extras: DevExtras,
+}
+
+/// A layer's biases and QK-norm gains on the device, fused like the
+/// projections they follow.
+#[derive(Default)]
+pub(super) struct DevExtras {
+    pub qkv_bias: Option<DeviceBuffer<bf16>>, // [q_dim + 2 kv_dim]
+    pub qk_norm: Option<[DeviceBuffer<bf16>; 2]>, // Q and K gains, [head_dim] each
+    pub o_bias: Option<DeviceBuffer<bf16>>,   // [hidden]
+    pub gate_up_bias: Option<DeviceBuffer<bf16>>, // [2 intermediate]
+    pub down_bias: Option<DeviceBuffer<bf16>>, // [hidden]
+}
+
+/// Uploads layer `l`'s extra tensors, concatenating those of one fused
+/// projection (Q/K/V, gate/up).
+fn upload_extras(gpu: &Gpu, l: &LayerWeights) -> Result<DevExtras, BackendError> {
+    let fused = |parts: &[Extra]| -> Result<Option<DeviceBuffer<bf16>>, BackendError> {
+        let Some(ts) = parts
+            .iter()
+            .map(|&e| l.extra(e))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(None);
+        };
+        let data: Vec<bf16> = ts.iter().flat_map(|t| t.data.iter().copied()).collect();
+        let what = ts.first().map_or("", |t| t.name.as_str());
+        gpu.upload(&data)
+            .map(Some)
+            .map_err(|e| dev_err(&format!("uploading {what}"), e))
+    };
+    let qk_norm = match (fused(&[Extra::QNorm])?, fused(&[Extra::KNorm])?) {
+        (Some(q), Some(k)) => Some([q, k]),
+        _ => None,
+    };
+    Ok(DevExtras {
+        qkv_bias: fused(&[Extra::QBias, Extra::KBias, Extra::VBias])?,
+        qk_norm,
+        o_bias: fused(&[Extra::OBias])?,
+        gate_up_bias: fused(&[Extra::GateBias, Extra::UpBias])?,
+        down_bias: fused(&[Extra::DownBias])?,
+    })
 }
 
 /// The whole model on the device.
@@ -234,6 +277,7 @@ fn upload_weights(
             o,
             gate_up,
             down,
+            extras: upload_extras(gpu, l)?,
         });
     }
     let head8 = w.fp8.as_ref().and_then(|f| f.lm_head.as_ref());

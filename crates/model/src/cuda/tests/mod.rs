@@ -20,6 +20,7 @@ mod lora;
 mod mask;
 mod small;
 mod spec;
+mod variants;
 use crate::cpu::batch::{SeqChunk, build_step};
 use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
 use contract::backend::SampleRequest;

@@ -1,0 +1,95 @@
+//! The model description on the GPU: layers that differ from Llama's only
+//! in their spec (Q/K/V and O biases with QK-norm as in the `tiny-extras`
+//! preset, MLP biases, GeGLU) run the GEMM layer and match the CPU
+//! backend (which the f64 reference holds), in prefill and in decode, in
+//! the default and the deterministic mode; a field CUDA does not run is
+//! refused naming it.
+
+use super::*;
+use crate::cpu::CpuBackend;
+use checkpoint::weights::{Extra, Tensor};
+use contract::spec::Activation;
+use half::bf16;
+
+/// `w` with small random MLP biases on every layer (the spec says so too).
+fn with_mlp_bias(c: &mut ModelConfig, w: &mut ModelWeights) {
+    let dims = c.clone();
+    for (i, (ls, lw)) in c.spec.layers.iter_mut().zip(&mut w.layers).enumerate() {
+        ls.mlp.bias = true;
+        for e in [Extra::GateBias, Extra::UpBias, Extra::DownBias] {
+            let shape = e.shape(&dims);
+            let data = (0..shape[0])
+                .map(|j| {
+                    let u = splitmix64((i * 100_000 + j) as u64 ^ ((e as u64) << 40)) >> 40;
+                    bf16::from_f32(0.1 * (u as f32 / (1u64 << 24) as f32 - 0.5))
+                })
+                .collect();
+            let name = format!("model.layers.{i}.{}", e.hf_suffix());
+            lw.extras.insert(e, Tensor { name, shape, data });
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_model_variants_match_the_cpu() {
+    let (base, w0) = load(&synth_dir(Preset::TinyExtras));
+    let kv = KvShape {
+        num_blocks: 128,
+        block_size: BS,
+    };
+    let mut gelu = base.clone();
+    gelu.spec
+        .layers
+        .iter_mut()
+        .for_each(|l| l.mlp.activation = Activation::GeluTanh);
+    let (mut biased, mut wb) = (gelu.clone(), w0.clone());
+    with_mlp_bias(&mut biased, &mut wb);
+    let cases = [
+        ("qkv/o bias + qk-norm", base, w0.clone()),
+        ("+ geglu", gelu, w0),
+        ("+ mlp bias", biased, wb),
+    ];
+    for (name, c, w) in cases {
+        for deterministic in [false, true] {
+            let opts = CudaOptions {
+                deterministic,
+                ..CudaOptions::default()
+            };
+            let mut gpu = CudaBackend::new(c.clone(), &w, kv, 0, opts).unwrap();
+            let mut cpu = CpuBackend::new(c.clone(), w.clone(), kv).unwrap();
+            let vocab = c.vocab_size;
+            let mut pool = Pool::new(kv.num_blocks);
+            let mut worst = (0.0f64, 0.0f64);
+            for n in [7usize, 300] {
+                let toks = tokens(n as u64 + 5, n, vocab);
+                let blocks = pool.take(n);
+                let (g, k) = (
+                    chunk_logits(&mut gpu, &toks, 0, &blocks),
+                    chunk_logits(&mut cpu, &toks, 0, &blocks),
+                );
+                worst = (
+                    worst.0.max(rel_err(&g, &k)),
+                    worst.1.max(max_lp_diff(&g, &k, vocab)),
+                );
+            }
+            let prompt = tokens(99, 20, vocab);
+            let blocks = pool.take(20 + 32);
+            let (e, d) = generated_vs_cpu(&mut gpu, &mut cpu, &prompt, &blocks, 32, vocab);
+            worst = (worst.0.max(e), worst.1.max(d));
+            println!(
+                "RESULT variant {name} (deterministic {deterministic}): rel err {:.3e}, max |dlogprob| {:.3}",
+                worst.0, worst.1
+            );
+            assert!(worst.0 <= 3e-2 && worst.1 <= 0.2, "{name}: {worst:?}");
+        }
+    }
+    // a field CUDA does not run is refused naming it, before the device opens
+    let (mut c, w) = load(&synth_dir(Preset::TinyExtras));
+    c.spec.layers[2].post_mlp_norm = true;
+    let err = CudaBackend::new(c, &w, kv, 0, CudaOptions::default())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("layers[2].post_mlp_norm"), "{err}");
+}
