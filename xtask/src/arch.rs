@@ -242,7 +242,7 @@ pub fn check_unsafe_tree(root: &Path) -> Result<(usize, Vec<Violation>)> {
     Ok((files.len(), out))
 }
 
-fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+pub fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     if !dir.is_dir() {
         return Ok(());
     }
