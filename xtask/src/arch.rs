@@ -261,7 +261,7 @@ pub fn check_names_tree(root: &Path) -> Result<Vec<Violation>> {
     Ok(out)
 }
 
-fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+pub fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     if !dir.is_dir() {
         return Ok(());
     }

@@ -2,11 +2,14 @@
 //!
 //! First runs `cargo xtask check-arch` (the architecture invariants,
 //! `arch.rs`; seconds), failing before anything is installed. Then installs
-//! what the tests need into project-local folders (idempotent, so a
-//! second run costs seconds): the pinned nvcc wheels, so that every CUDA
-//! kernel is compiled even on machines without a GPU, the `openai`
-//! Python client the server's end-to-end tests drive, the `gguf` package
-//! (with numpy) that writes the GGUF test files of every tensor type, and the
+//! the pinned nvcc wheels, so that every CUDA kernel is compiled even on
+//! machines without a GPU, and runs `cargo xtask check-docs` (`docs.rs`:
+//! the generated settings, the environment table, the docs' references; it
+//! builds `lamina`, the build the tests reuse). Then installs into
+//! project-local folders (idempotent, so a second run costs seconds) what
+//! the tests need: the `openai` Python client the server's end-to-end
+//! tests drive, the `gguf` package (with numpy) that writes the GGUF test
+//! files of every tensor type, and the
 //! deployment checkers. Then checks `deploy/` (`deploy/check.py`: hadolint on the
 //! Dockerfile, the manifests against the Kubernetes and Gateway API
 //! Inference Extension schemas, offline) and runs
@@ -79,6 +82,8 @@ pub fn run(args: TestArgs) -> Result<()> {
     let root = repo_root();
     crate::arch::run().context("check-arch (the architecture invariants)")?;
     crate::nvcc::run().context("installing nvcc (needed to compile the CUDA kernels)")?;
+    // after nvcc, so the `lamina` it builds is the one the tests use
+    crate::docs::check().context("check-docs (the docs against the code)")?;
     let pydeps = root.join(".cache/pydeps");
     let marker = pydeps.join(".installed");
     let want = PY_DEPS.join(" ");
@@ -190,7 +195,7 @@ fn lower_caps(best: Isa) -> Vec<IsaCap> {
 /// name, version, manifest dir...). Build scripts such as ring's rerun when
 /// these change, so leaving them would make the tests' build and a plain
 /// `cargo run --release -p cli` rebuild each other's dependencies.
-fn clear_run_env(cmd: &mut Command) {
+pub(crate) fn clear_run_env(cmd: &mut Command) {
     const SET_BY_RUN: [&str; 6] = [
         "CARGO_MANIFEST_DIR",
         "CARGO_MANIFEST_PATH",

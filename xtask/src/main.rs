@@ -1,5 +1,6 @@
 //! `cargo xtask`: project automation (fetching weights, synthetic models,
-//! golden references, the architecture check, the test command).
+//! golden references, the architecture and documentation checks, the test
+//! command).
 //!
 //! Contract: each subcommand lives in its own module with a clap `Args`
 //! struct and a `run` function; this file only dispatches. Errors print as
@@ -7,6 +8,7 @@
 
 mod arch;
 mod ci;
+mod docs;
 mod nvcc;
 mod regen;
 mod summary;
@@ -39,6 +41,11 @@ enum Command {
     CheckArch,
     /// Install the pinned nvcc wheels into .cache/nvcc (for compiling the CUDA kernels).
     InstallNvcc,
+    /// Write docs/settings.md from the command line's definition (builds `lamina`).
+    GenDocs,
+    /// Check the docs against the code: docs/settings.md current, every
+    /// environment variable listed, every path and symbol the docs name present.
+    CheckDocs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -90,6 +97,8 @@ fn main() -> ExitCode {
         Command::Test(a) => ci::run(a),
         Command::CheckArch => arch::run(),
         Command::InstallNvcc => nvcc::run(),
+        Command::GenDocs => docs::generate(),
+        Command::CheckDocs => docs::check(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

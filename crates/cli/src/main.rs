@@ -31,6 +31,7 @@ mod sampling_args;
 mod serve;
 mod serve_limits;
 mod serve_log;
+mod settings_json;
 mod setup;
 mod spec_args;
 mod synth;
@@ -104,6 +105,10 @@ enum Command {
     Ps(model_info::PsArgs),
     /// Delete a model from the store, with its downloads.
     Rm(models::RmArgs),
+    /// Print every command's flags and environment variables as JSON
+    /// (what `cargo xtask gen-docs` renders into docs/settings.md).
+    #[command(hide = true)]
+    SettingsJson,
 }
 
 fn main() -> ExitCode {
@@ -146,6 +151,7 @@ fn main() -> ExitCode {
         Command::Show(a) => model_info::show(a),
         Command::Ps(a) => model_info::ps(a),
         Command::Rm(a) => models::rm(a),
+        Command::SettingsJson => settings_json(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -198,6 +204,20 @@ impl Command {
         };
         model.threads
     }
+}
+
+/// `lamina settings-json`: the command line's definition, for the docs.
+fn settings_json() -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    use std::io::Write;
+    let doc = settings_json::dump(&Cli::command());
+    // a closed pipe is an error here, not a panic (exit 0, see `main`)
+    writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        serde_json::to_string_pretty(&doc)?
+    )?;
+    Ok(())
 }
 
 /// Whether the error is a write to a closed pipe.
