@@ -290,7 +290,8 @@ kernel_args! {
         v_scale: f32 as "float" @ 76,
         /// 1: the caches hold e4m3 bytes; 0: bf16
         kv_fp8: u32 as "uint32_t" @ 80,
-        pad: u32 as "uint32_t" @ 84,
+        /// 1: q and k heads Hadamard-rotated after RoPE (cu/hadamard.cuh)
+        kv_rotate: u32 as "uint32_t" @ 84,
     }
 
     /// Arguments of `prefill_attention_d{D}` (cu/prefill_attention.cu).
@@ -413,7 +414,7 @@ kernel_args! {
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*", size 208 {
+    pub struct GemvArgs for "gemv_*, gemv8_*", size 224 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
@@ -479,6 +480,12 @@ kernel_args! {
         /// a counter, zero at launch: the shrink blocks that have written
         /// their `lora_h` columns
         lora_ready: u64 as "uint32_t*" @ 200,
+        /// `[n_heads + n_kv]` per-head arrival counters, zero at launch and
+        /// left zero (norm_rope with kv_rotate only)
+        rot_ready: u64 as "uint32_t*" @ 208,
+        /// 1: q and k heads Hadamard-rotated after RoPE (norm_rope only)
+        kv_rotate: u32 as "uint32_t" @ 216,
+        pad: u32 as "uint32_t" @ 220,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

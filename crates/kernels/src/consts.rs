@@ -57,6 +57,9 @@ launch_consts! {
 
     /// Threads per block of `rope_kv_write` (one block per token).
     pub const ROPE_THREADS: usize = 128;
+    /// Largest head a warp Hadamard-rotates (`cu/hadamard.cuh`: `D / 32`
+    /// values per lane in registers); the largest of [`HEAD_DIMS`].
+    pub const HADAMARD_MAX_DIM: usize = 128;
 
     /// Query rows (tokens x query heads of one KV head) one prefill block serves.
     pub const PREFILL_ROWS_PER_BLOCK: usize = 64;

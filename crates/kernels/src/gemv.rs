@@ -174,6 +174,10 @@ pub struct RopeKv<'a> {
     pub kv: KvCaches<'a>,             // [slots, kv_heads, D] each
     pub shape: HeadShape,
     pub max_pos: usize,
+    /// Per-head arrival counters, `[num_heads + num_kv_heads]`, zero at
+    /// launch and left zero: needed when `kv` rotates (the warp completing
+    /// a head rotates it), else unread.
+    pub ready: Option<DevSlice<'a, u32>>,
 }
 
 /// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
@@ -419,11 +423,15 @@ impl Kernels {
     /// `qkv = RMSNorm(residual) · Wᵀ` (plus `lora`'s deltas) for `m` token rows, then RoPE and the
     /// KV write of `rope_kv_write` in the epilogue: q rotated in `qkv`, k
     /// rotated into `k_cache[slots[t]]`, v into `v_cache[slots[t]]`
-    /// (`qkv`'s k and v keep the un-rotated projection).
+    /// (`qkv`'s k and v keep the un-rotated projection). When the caches
+    /// rotate, q and k heads are Hadamard-rotated after RoPE, as
+    /// `rope_kv_write` does, by the warp that completes each head
+    /// (`rope.ready` counts a head's warps).
     ///
     /// # Safety
     /// Every `slots[t]` indexes a slot inside the caches; positions at or past
     /// `max_pos` are skipped (no rotation, no cache write), as `rope_kv_write`.
+    /// `rope.ready` is zero at launch and no other launch in flight uses it.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemv_qkv_rope<'w>(
         &self,
@@ -465,6 +473,22 @@ impl Kernels {
         need(K, "cos", &rope.cos, rope.max_pos * sh.head_dim / 2)?;
         need(K, "sin", &rope.sin, rope.max_pos * sh.head_dim / 2)?;
         rope.kv.need(K, sh.kv_width())?;
+        let kv_rotate = rope.kv.rotate_flag(K, sh.head_dim)?;
+        let rot_ready = match (kv_rotate, rope.ready) {
+            (0, _) => 0,
+            (_, Some(ready)) => {
+                need(K, "ready", &ready, sh.num_heads + sh.num_kv_heads)?;
+                ready.ptr()
+            }
+            (_, None) => {
+                return Err(KernelError::Unsupported {
+                    kernel: K,
+                    reason:
+                        "a rotating K cache needs the heads' arrival counters (`RopeKv::ready`)"
+                            .into(),
+                });
+            }
+        };
         for (what, p) in [("residual", residual.ptr()), ("norm_w", norm_w.ptr())] {
             aligned(K, what, p)?;
         }
@@ -498,6 +522,8 @@ impl Kernels {
             kv_fp8: rope.kv.flag(),
             k_scale,
             v_scale,
+            rot_ready,
+            kv_rotate,
             ..GemvArgs::default()
         };
         if let Some(l) = lora {
@@ -505,7 +531,8 @@ impl Kernels {
         }
         // SAFETY: dense operands checked for shape and alignment above; cache
         // slots in range by contract; GemvArgs mirrors the kernel's struct;
-        // LoRA's shrink blocks as in `gemv_with`.
+        // LoRA's shrink blocks as in `gemv_with`; the rotation's counters
+        // checked above, zero at launch by contract.
         unsafe { self.launch_pdl(func, cfg, &args)? };
         Ok(())
     }

@@ -5,10 +5,17 @@
 //! of `ops::fp8::encode`), a reader widens `decode(byte) * scale`; the
 //! layout is the same `[slots, kv_heads, head_dim]` in either type, so an
 //! FP8 pool holds twice the slots of a bf16 one in the same bytes.
+//! FP8 caches may hold their keys Hadamard-rotated (`rotate`, set by the
+//! backend from `ops::hadamard::rotates_keys`): the writers (`rope_kv_write`,
+//! the `gemv_norm_rope` epilogue) then rotate every q and k head after RoPE
+//! (`cu/hadamard.cuh`, `ops::hadamard::rotate_heads`' arithmetic), and the
+//! readers need nothing, since rotated scores equal the plain ones.
 //! Costs: none (a view).
 
 use gpu::DevSlice;
 use half::bf16;
+
+use crate::consts::HADAMARD_MAX_DIM;
 
 /// One layer's K and V caches, `[slots, kv_heads, head_dim]` each.
 #[derive(Debug, Clone, Copy)]
@@ -18,12 +25,14 @@ pub enum KvCaches<'a> {
         k: DevSlice<'a, bf16>,
         v: DevSlice<'a, bf16>,
     },
-    /// FP8 e4m3 bytes: the value of byte `b` is `decode(b) * scale`.
+    /// FP8 e4m3 bytes: the value of byte `b` is `decode(b) * scale`;
+    /// `rotate`: q and k heads are Hadamard-rotated after RoPE.
     Fp8 {
         k: DevSlice<'a, u8>,
         v: DevSlice<'a, u8>,
         k_scale: f32,
         v_scale: f32,
+        rotate: bool,
     },
 }
 
@@ -41,6 +50,33 @@ impl<'a> KvCaches<'a> {
     /// The kernels' `kv_fp8` flag: 1 for e4m3 bytes, 0 for bf16.
     pub(crate) fn flag(&self) -> u32 {
         u32::from(self.is_fp8())
+    }
+
+    /// Whether q and k heads are Hadamard-rotated after RoPE.
+    pub fn rotates(&self) -> bool {
+        matches!(self, KvCaches::Fp8 { rotate: true, .. })
+    }
+
+    /// The writers' `kv_rotate` flag for heads of `head_dim`: 1 when the
+    /// caches rotate, which needs a power of two up to `HADAMARD_MAX_DIM`
+    /// (the error names the kernel).
+    pub(crate) fn rotate_flag(
+        &self,
+        kernel: &'static str,
+        head_dim: usize,
+    ) -> Result<u32, crate::KernelError> {
+        if !self.rotates() {
+            return Ok(0);
+        }
+        if !head_dim.is_power_of_two() || !(2..=HADAMARD_MAX_DIM).contains(&head_dim) {
+            return Err(crate::KernelError::Unsupported {
+                kernel,
+                reason: format!(
+                    "a Hadamard-rotated K cache needs a power-of-two head_dim in 2..={HADAMARD_MAX_DIM}, got {head_dim}"
+                ),
+            });
+        }
+        Ok(1)
     }
 
     /// Device addresses of K and V.

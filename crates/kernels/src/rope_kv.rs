@@ -2,7 +2,8 @@
 //! (`ModelConfig::rope_table`), fused with writing K/V into paged blocks;
 //! the kernel takes one [`RopeKvArgs`]. CPU reference: `ops::rope::Rope` and
 //! `ops::attention::kv_write` (the CPU backend's own code); FP8 caches store
-//! `ops::kv`'s e4m3 codec at the layer's scales ([`KvCaches`]).
+//! `ops::kv`'s e4m3 codec at the layer's scales ([`KvCaches`]), and rotating
+//! ones Hadamard-rotate q and k heads after RoPE (`ops::hadamard`).
 //! Costs: one launch, one block per token.
 
 use gpu::{DevSlice, LaunchConfig};
@@ -15,7 +16,8 @@ use crate::{HeadShape, KernelError, Kernels, need, u32_of};
 
 impl Kernels {
     /// Rotates the q heads of `qkv` in place and writes rotated k and plain v
-    /// of each token into `k_cache` / `v_cache` at its slot.
+    /// of each token into `k_cache` / `v_cache` at its slot (when `kv`
+    /// rotates, q and k heads Hadamard-rotated after RoPE).
     ///
     /// # Safety
     /// Every slot in `slots[..tokens]` is below the caches' slot count, and
@@ -41,6 +43,7 @@ impl Kernels {
         need(K, "cos", &cos, max_pos * shape.head_dim / 2)?;
         need(K, "sin", &sin, max_pos * shape.head_dim / 2)?;
         kv.need(K, shape.kv_width())?;
+        let kv_rotate = kv.rotate_flag(K, shape.head_dim)?;
         if tokens == 0 {
             return Ok(());
         }
@@ -61,7 +64,7 @@ impl Kernels {
             k_scale,
             v_scale,
             kv_fp8: kv.flag(),
-            pad: 0,
+            kv_rotate,
         };
         let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROPE_THREADS as u32);
         // SAFETY: dense views checked above; slot and position ranges by

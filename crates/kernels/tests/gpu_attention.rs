@@ -3,7 +3,8 @@
 //! code) (poisoned outputs, random paged batches with scrambled
 //! block tables, head sizes 16 to 128, lengths above 1024), over bf16 and
 //! FP8 e4m3 caches (`ops::kv`'s codec: the writers' bytes against it, the
-//! readers against attention over the values the bytes read back as).
+//! readers against attention over the values the bytes read back as; the
+//! writer also with Hadamard-rotated keys, against `ops::hadamard`).
 //! `#[ignore]`d: they need a CUDA device (`scripts/gpu/kernels.sh`).
 
 mod common;
@@ -34,7 +35,8 @@ fn rope_kv_write_matches_reference() {
     };
     let shapes = SHAPES.iter().chain(std::iter::once(&odd));
     let cases = shapes.zip([5usize, 1030, 1300, 7, 300, 9]);
-    for ((shape, tokens), fp8) in cases.flat_map(|c| [(c, false), (c, true)]) {
+    let caches = [(false, false), (true, false), (true, true)];
+    for ((shape, tokens), (fp8, rotate)) in cases.flat_map(|c| caches.map(|f| (c, f))) {
         let d = shape.head_dim;
         let rope = rope(max_pos, d);
         let (cos, sin) = (rope.cos(), rope.sin());
@@ -49,9 +51,9 @@ fn rope_kv_write_matches_reference() {
         let d_qkv = gpu.upload(&qkv).unwrap();
         let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
         let (d_cos, d_sin) = (gpu.upload(cos).unwrap(), gpu.upload(sin).unwrap());
-        let cache = TestKv::poisoned(&gpu, num_slots * shape.kv_width(), fp8);
+        let cache = TestKv::poisoned(&gpu, num_slots * shape.kv_width(), fp8).rotating(rotate);
         // SAFETY: slots below num_slots, positions below max_pos.
-        unsafe {
+        let r = unsafe {
             k.rope_kv_write(
                 d_qkv.view(),
                 d_pos.view(),
@@ -63,15 +65,24 @@ fn rope_kv_write_matches_reference() {
                 tokens,
                 max_pos,
             )
+        };
+        if rotate && !ops::hadamard::rotatable(d) {
+            assert!(r.is_err(), "head_dim {d} cannot be Hadamard-rotated");
+            continue;
         }
-        .unwrap();
-        // reference: rotate the q and k parts, write k and v at the slots
+        r.unwrap();
+        // reference: rotate the q and k parts (Hadamard-rotated after RoPE
+        // when the cache rotates), write k and v at the slots
         let (w, qw, kvw) = (shape.qkv_width(), shape.num_heads * d, shape.kv_width());
         let x = f32s(&qkv);
         let mut q_want = columns(&x, w, 0, qw);
         rope.apply_rows(&mut q_want, qw, &positions);
         let mut k_new = columns(&x, w, qw, kvw);
         rope.apply_rows(&mut k_new, kvw, &positions);
+        if rotate {
+            ops::hadamard::rotate_heads(&mut q_want, d);
+            ops::hadamard::rotate_heads(&mut k_new, d);
+        }
         let v_new = columns(&x, w, qw + kvw, kvw);
         let mut kr = vec![0f32; num_slots * kvw];
         let mut vr = kr.clone();
@@ -81,7 +92,7 @@ fn rope_kv_write_matches_reference() {
             .flat_map(|t| got[t * shape.qkv_width()..][..qw].to_vec())
             .collect();
         let e = rel_err(&q_got, &q_want);
-        assert!(e < 5e-3, "rope q: rel err {e}");
+        assert!(e < 5e-3, "rope q (rotated {rotate}): rel err {e}");
         let (kg, vg) = cache.read(&gpu);
         let w = shape.kv_width();
         let pick = |c: &[f32]| -> Vec<f32> {
@@ -92,14 +103,17 @@ fn rope_kv_write_matches_reference() {
         };
         let (k_got, k_want) = (pick(&kg), kv_rounded(&pick(&kr), fp8, FP8_K_SCALE));
         let e = rel_err(&k_got, &k_want);
-        assert!(e < 5e-3, "rope k (fp8 {fp8}): rel err {e}");
+        assert!(
+            e < 5e-3,
+            "rope k (fp8 {fp8}, rotated {rotate}): rel err {e}"
+        );
         if fp8 {
             // the rotation's f32 rounding may tip a value across a rounding
             // boundary of e4m3, one step; nearly all bytes agree
             let same = k_got.iter().zip(&k_want).filter(|(a, b)| a == b).count();
             assert!(
                 same * 100 >= k_got.len() * 99,
-                "rope k fp8: {same} of {} equal",
+                "rope k fp8 (rotated {rotate}): {same} of {} equal",
                 k_got.len()
             );
         }

@@ -9,7 +9,22 @@
 //! of its channels, so e4m3's per-value relative error no longer
 //! concentrates on the channels that dominate the scores.
 //!
+//! [`rotates_keys`] is the one rule of when a K/V cache holds its keys
+//! rotated, which every backend follows: FP8 at calibrated K scales (some
+//! layer's not 1) and a rotatable head size. At scale 1 the rotated keys'
+//! small values fall into e4m3's subnormals and the rotation costs more
+//! than it saves, so it stays off; BF16 and f32 caches gain nothing.
+//!
 //! Costs: `head_dim * log2(head_dim)` additions per head, in place.
+
+use contract::{KvCacheDtype, KvScales};
+
+/// Whether a K/V cache of `dtype` at `scales` with heads of `head_dim`
+/// stores its keys Hadamard-rotated (queries rotated alike, both after
+/// RoPE): FP8 with some layer's K scale not 1, `head_dim` [`rotatable`].
+pub fn rotates_keys(dtype: KvCacheDtype, scales: &KvScales, head_dim: usize) -> bool {
+    dtype == KvCacheDtype::Fp8 && scales.k.iter().any(|&s| s != 1.0) && rotatable(head_dim)
+}
 
 /// Whether heads of `head_dim` can be rotated (a power of two, at least 2).
 pub fn rotatable(head_dim: usize) -> bool {
@@ -98,6 +113,22 @@ mod tests {
             "{plain} vs {rotated}"
         );
         assert_ne!(q, rq, "the rotation moved the query");
+    }
+
+    #[test]
+    fn only_fp8_at_calibrated_k_scales_rotates() {
+        let ones = KvScales::ones(3);
+        let mut calibrated = ones.clone();
+        calibrated.k[1] = 0.02;
+        let mut v_only = ones.clone();
+        v_only.v[0] = 0.02;
+        assert!(rotates_keys(KvCacheDtype::Fp8, &calibrated, 64));
+        assert!(!rotates_keys(KvCacheDtype::Fp8, &ones, 64));
+        assert!(!rotates_keys(KvCacheDtype::Fp8, &v_only, 64));
+        assert!(!rotates_keys(KvCacheDtype::Fp8, &calibrated, 96));
+        for dtype in [KvCacheDtype::Bf16, KvCacheDtype::F32] {
+            assert!(!rotates_keys(dtype, &calibrated, 64));
+        }
     }
 
     #[test]

@@ -30,7 +30,9 @@
 //                       the warp owning rows j and j + D/2 of a head) on q in
 //                       qkv and on k into k_cache[slot], v into v_cache[slot]:
 //                       what rope_kv_write does, without its launch (with
-//                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale)
+//                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale;
+//                       with kv_rotate: q and k heads Hadamard-rotated after
+//                       RoPE by the warp completing each head, below)
 // LoRA (the NAME_lora_mMT forms): each output of a row with an
 // adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
 // (c the weight row, seg its segment of a stacked projection), added as
@@ -52,6 +54,7 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "hadamard.cuh"
 #include "kv.cuh"
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
@@ -143,6 +146,46 @@ __device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigne
 }
 
 #include "gemv_lora.cuh"
+
+// The ROPE epilogue with kv_rotate, for the warp of a q or k pair (r0, r1 =
+// r0 + D/2 of head h; every lane, lane r < m holding token row r's
+// projections d0, d1). A head's D/2 pairs live in warps of different
+// blocks, so each leaves its pair un-roped in qkv (y) and counts itself in
+// rot_ready[h]; the warp that completes the count (the others' pairs
+// released by their fences before it) ropes and rotates the head of every
+// row from qkv in registers (hadamard.cuh): q back into qkv, k into the
+// cache at the row's slot (qkv keeps the un-roped k, as without rotation),
+// and zeroes the counter for the next launch.
+__device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0, uint32_t r1, float d0, float d1) {
+    const uint32_t lane = threadIdx.x & 31, D = a.head_dim, h = r0 / D, n = a.n;
+    bf16* y = static_cast<bf16*>(a.y);  // [m, n]
+    if (lane < a.m) {
+        y[(size_t)lane * n + r0] = f2bf(d0);
+        y[(size_t)lane * n + r1] = f2bf(d1);
+    }
+    __threadfence();
+    __syncwarp();
+    uint32_t before = 0;
+    if (lane == 0) before = atomicAdd(a.rot_ready + h, 1u);
+    if (__shfl_sync(0xffffffffu, before, 0) != D / 2 - 1) return;
+    __threadfence();
+    if (lane == 0) a.rot_ready[h] = 0;
+    const uint32_t half = D / 2;
+    for (uint32_t r = 0; r < a.m; r++) {
+        const uint32_t pos = a.positions[r];
+        if (pos >= a.max_pos) continue;  // un-roped, no cache write (rope_kv_write)
+        bf16* head = y + (size_t)r * n + (size_t)h * D;  // [D]
+        float v[HADAMARD_SLOTS];
+        hadamard_load(head, D, v);
+        hadamard_rope(v, D, a.cos_t + (size_t)pos * half, a.sin_t + (size_t)pos * half);
+        hadamard_rotate(v, D);
+        if (h < a.n_heads)
+            hadamard_store(v, D, head, nullptr, 0, false, 1.f);
+        else
+            hadamard_store(v, D, nullptr, a.k_cache, ((size_t)a.slots[r] * a.n_kv + (h - a.n_heads)) * D, a.kv_fp8,
+                           a.k_scale);
+    }
+}
 
 template <int MT, int IN, int OUT, bool W8, bool LORA>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
@@ -332,7 +375,9 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
             }
         }
     }
-    if (!ok0 || lane >= m) return;
+    // Lanes >= m stay until the rotating ROPE epilogue (whole warps): their
+    // dots are zero and their lslot 0.
+    if (!ok0) return;
     if (W8) {
         d0 *= s0;
         d1 *= s1;
@@ -348,6 +393,11 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
             d1 = round_bf(d1) + l1;
         }
     }
+    if (OUT == OUT_ROPE && a.kv_rotate && r0 / a.head_dim < a.n_heads + a.n_kv) {
+        gemv_rope_rotated(a, r0, r1, round_bf(d0), round_bf(d1));
+        return;
+    }
+    if (lane >= m) return;
     if (OUT == OUT_SILU) {
         const float g = round_bf(d0), u = round_bf(d1);
         static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(g / (1.f + __expf(-g)) * u);

@@ -9,13 +9,43 @@
 //   and v as e4m3(v / v_scale) (kv.cuh; the bf16 path below is unchanged).
 //   cos/sin tables [max_pos, D/2] f32 (LlamaConfig::rope_table), shared with decode.
 //   positions >= max_pos are rejected on the host; the kernel skips them.
+//   with kv_rotate (FP8 at calibrated K scales) every q and k head is
+//   Hadamard-rotated after RoPE (hadamard.cuh), one warp a head.
 // Even D / 2: two rotation pairs per thread (bf16x2, float2); V rows copied
 // 16 bytes at a time when aligned.
 // Takes its one argument struct (lamina_args.cuh, from src/abi.rs); block
 // LAMINA_ROPE_THREADS.
 #include "common.cuh"
+#include "hadamard.cuh"
 #include "kv.cuh"
 #include "lamina_args.cuh"
+
+// The rotating cache's write: each warp ropes and rotates whole q and k
+// heads in registers (q back into qkv as bf16, k into the cache); v as
+// rope_kv_write_fp8 stores it.
+__device__ __forceinline__ void rope_kv_write_rotated(const RopeKvArgs& a) {
+    const uint32_t n_heads = a.n_heads, n_kv = a.n_kv, D = a.head_dim;
+    const uint32_t t = blockIdx.x, pos = a.positions[t];
+    if (pos >= a.max_pos) return;
+    const size_t slot = a.slots[t];
+    bf16* row = a.qkv + (size_t)t * (n_heads + 2 * n_kv) * D;  // [(n_heads + 2 n_kv) D]
+    const float* c = a.cos_t + (size_t)pos * (D / 2);          // [D/2]
+    const float* s = a.sin_t + (size_t)pos * (D / 2);          // [D/2]
+    const uint32_t warps = blockDim.x / 32;
+    for (uint32_t h = threadIdx.x / 32; h < n_heads + n_kv; h += warps) {
+        float v[HADAMARD_SLOTS];
+        hadamard_load(row + (size_t)h * D, D, v);
+        hadamard_rope(v, D, c, s);
+        hadamard_rotate(v, D);
+        if (h < n_heads)
+            hadamard_store(v, D, row + (size_t)h * D, nullptr, 0, false, 1.f);
+        else
+            hadamard_store(v, D, nullptr, a.k_cache, (slot * n_kv + (h - n_heads)) * D, a.kv_fp8, a.k_scale);
+    }
+    const bf16* vr = row + (size_t)(n_heads + n_kv) * D;
+    for (uint32_t i = threadIdx.x; i < n_kv * D; i += blockDim.x)
+        kv_store(a.v_cache, slot * n_kv * D + i, bf2f(vr[i]), a.kv_fp8, a.v_scale);
+}
 
 // The FP8 cache's write: the rotation of the bf16 path in f32, each k and v
 // value stored as one e4m3 byte.
@@ -51,6 +81,10 @@ __device__ __forceinline__ void rope_kv_write_fp8(const RopeKvArgs& a) {
 }
 
 extern "C" __global__ void rope_kv_write(const RopeKvArgs a) {
+    if (a.kv_rotate) {
+        rope_kv_write_rotated(a);
+        return;
+    }
     if (a.kv_fp8) {
         rope_kv_write_fp8(a);
         return;

@@ -158,6 +158,8 @@ pub struct TestKv {
     pub v: DevCache,
     pub k_ref: Vec<f32>,
     pub v_ref: Vec<f32>,
+    /// FP8 caches holding Hadamard-rotated keys (`KvCaches::Fp8::rotate`).
+    pub rotate: bool,
 }
 
 impl TestKv {
@@ -176,7 +178,13 @@ impl TestKv {
         };
         let (k, k_ref) = one(k, FP8_K_SCALE);
         let (v, v_ref) = one(v, FP8_V_SCALE);
-        TestKv { k, v, k_ref, v_ref }
+        TestKv {
+            k,
+            v,
+            k_ref,
+            v_ref,
+            rotate: false,
+        }
     }
 
     /// Poisoned caches of `len` elements each (for the writers).
@@ -200,7 +208,13 @@ impl TestKv {
             v,
             k_ref: Vec::new(),
             v_ref: Vec::new(),
+            rotate: false,
         }
+    }
+
+    /// The same caches, their keys Hadamard-rotated when `rotate` (FP8 only).
+    pub fn rotating(self, rotate: bool) -> TestKv {
+        TestKv { rotate, ..self }
     }
 
     /// The caches as the kernels take them.
@@ -212,6 +226,7 @@ impl TestKv {
                 v: v.view(),
                 k_scale: FP8_K_SCALE,
                 v_scale: FP8_V_SCALE,
+                rotate: self.rotate,
             },
             _ => unreachable!("K and V are stored alike"),
         }

@@ -176,13 +176,16 @@ fn gemv_matches_reference() {
 }
 
 /// The RoPE + KV-write reference on `ops`: returns the rotated q rows
-/// `[T, heads * D]`; rotated k and raw v land in their cache slots.
+/// `[T, heads * D]`; rotated k and raw v land in their cache slots. With
+/// `hadamard`, q and k heads are Hadamard-rotated after RoPE.
+#[allow(clippy::too_many_arguments)]
 fn rope_kv_want(
     qkv: &[bf16],
     positions: &[u32],
     slots: &[u32],
     rope: &ops::Rope,
     shape: kernels::HeadShape,
+    hadamard: bool,
     k_cache: &mut [f32],
     v_cache: &mut [f32],
 ) -> Vec<f32> {
@@ -196,6 +199,9 @@ fn rope_kv_want(
     for (t, &pos) in positions.iter().enumerate() {
         let mut row = f32s(&qkv[t * w..(t + 1) * w]);
         rope.apply(&mut row[..qw + kvw], pos as usize);
+        if hadamard {
+            ops::hadamard::rotate_heads(&mut row[..qw + kvw], shape.head_dim);
+        }
         q.extend_from_slice(&row[..qw]);
         k_new.extend_from_slice(&row[qw..qw + kvw]);
         v_new.extend_from_slice(&row[qw + kvw..]);
@@ -206,7 +212,8 @@ fn rope_kv_want(
 
 /// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by the RoPE + KV-write reference:
 /// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows,
-/// one or two warps per row pair, bf16 and FP8 weights, bf16 and FP8 caches.
+/// one or two warps per row pair, bf16 and FP8 weights, bf16 and FP8 caches,
+/// FP8 caches with Hadamard-rotated keys (their head counters left zero).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
@@ -221,13 +228,15 @@ fn gemv_qkv_rope_matches_reference() {
         // 2,056 inputs at 3 rows: column ranges split over two warps per
         // row pair (FP8 weights take the next multiple of 16)
         let cases = [(1usize, 200usize), (3, 2056), (16, 200)];
-        for (m, hidden, fp8, kv8) in cases.iter().flat_map(|&(m, h)| {
+        for (m, hidden, fp8, kv8, rot) in cases.iter().flat_map(|&(m, h)| {
             let h8 = h.next_multiple_of(kernels::gemv::FP8_K_MULTIPLE);
             [
-                (m, h, false, false),
-                (m, h8, true, false),
-                (m, h, false, true),
-                (m, h8, true, true),
+                (m, h, false, false, false),
+                (m, h8, true, false, false),
+                (m, h, false, true, false),
+                (m, h8, true, true, false),
+                (m, h, false, true, true),
+                (m, h8, true, true, true),
             ]
         }) {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
@@ -258,12 +267,17 @@ fn gemv_qkv_rope_matches_reference() {
             let qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
             let mut kr = vec![0f32; num_slots * shape.kv_width()];
             let mut vr = kr.clone();
-            let q_want = rope_kv_want(&qkv_b, &positions, &slots, &table, shape, &mut kr, &mut vr);
+            let q_want = rope_kv_want(
+                &qkv_b, &positions, &slots, &table, shape, rot, &mut kr, &mut vr,
+            );
             let (d_g, d_x) = (gpu.upload(&g).unwrap(), gpu.upload(&x).unwrap());
             let weights = dw.gemv();
             let (d_pos, d_slots) = (gpu.upload(&positions).unwrap(), gpu.upload(&slots).unwrap());
             let (d_cos, d_sin) = (gpu.upload(&cos).unwrap(), gpu.upload(&sin).unwrap());
-            let cache = TestKv::poisoned(&gpu, num_slots * shape.kv_width(), kv8);
+            let cache = TestKv::poisoned(&gpu, num_slots * shape.kv_width(), kv8).rotating(rot);
+            let ready = gpu
+                .alloc::<u32>(shape.num_heads + shape.num_kv_heads)
+                .unwrap();
             let qkv = gpu.alloc::<bf16>(m * n).unwrap();
             gpu.fill_bytes(qkv.view(), POISON).unwrap();
             let rope = RopeKv {
@@ -274,6 +288,7 @@ fn gemv_qkv_rope_matches_reference() {
                 kv: cache.caches(),
                 shape,
                 max_pos,
+                ready: Some(ready.view()),
             };
             // SAFETY: slots below num_slots, positions below max_pos.
             unsafe {
@@ -290,11 +305,13 @@ fn gemv_qkv_rope_matches_reference() {
                 )
             }
             .unwrap();
+            let left = gpu.to_host(ready.view()).unwrap();
+            assert!(left.iter().all(|&c| c == 0), "head counters left {left:?}");
             let got = f32s(&gpu.to_host(qkv.view()).unwrap());
             let qw = shape.num_heads * d;
             let q_got: Vec<f32> = (0..m).flat_map(|t| got[t * n..][..qw].to_vec()).collect();
             let e = rel_err(&q_got, &q_want);
-            assert!(e < 1e-2, "{shape:?} m={m}: q rel err {e}");
+            assert!(e < 1e-2, "{shape:?} m={m} rotated {rot}: q rel err {e}");
             let kvw = shape.kv_width();
             let pick = |c: &[f32]| -> Vec<f32> {
                 slots
@@ -304,7 +321,10 @@ fn gemv_qkv_rope_matches_reference() {
             };
             let (kg, vg) = cache.read(&gpu);
             let e = rel_err(&pick(&kg), &kv_rounded(&pick(&kr), kv8, FP8_K_SCALE));
-            assert!(e < 1e-2, "{shape:?} m={m} fp8 KV {kv8}: k rel err {e}");
+            assert!(
+                e < 1e-2,
+                "{shape:?} m={m} fp8 KV {kv8} rotated {rot}: k rel err {e}"
+            );
             let e = rel_err(&pick(&vg), &kv_rounded(&pick(&vr), kv8, FP8_V_SCALE));
             assert!(e < 1e-2, "{shape:?} m={m} fp8 KV {kv8}: v rel err {e}");
         }

@@ -12,12 +12,12 @@
 //! correctly.
 //!
 //! An FP8 pool at calibrated K scales (any layer's not 1) holds its keys
-//! rotated: queries and keys pass through [`ops::hadamard::rotate_heads`]
-//! after RoPE ([`KvPool::rotate_qk`], every path of the backend, prefill and
-//! decode alike), which leaves the scores unchanged and spreads the keys'
-//! few large channels, whose e4m3 rounding otherwise dominates the scores'
-//! error. At scale 1 the rotated keys' small values fall into e4m3's
-//! subnormals and the rotation costs more than it saves, so it stays off.
+//! rotated, by the rule [`ops::hadamard::rotates_keys`] the CUDA backend
+//! follows too: queries and keys pass through
+//! [`ops::hadamard::rotate_heads`] after RoPE ([`KvPool::rotate_qk`], every
+//! path of the backend, prefill and decode alike), which leaves the scores
+//! unchanged and spreads the keys' few large channels, whose e4m3 rounding
+//! otherwise dominates the scores' error.
 //!
 //! Costs: memory `2 * layers * slots * kv_dim * dtype.bytes()` bytes; see
 //! [`ops::attention`] for the write and attention costs.
@@ -42,12 +42,13 @@ pub struct KvPool {
 }
 
 impl KvPool {
-    /// A zeroed pool of `slots` token rows per layer in `dtype` (FP8 at
-    /// `scales`' per-layer K and V scales).
+    /// A zeroed pool of `slots` token rows per layer of `kv_dim` values
+    /// (heads of `head_dim`) in `dtype` (FP8 at `scales`' per-layer K and V
+    /// scales).
     pub fn new(
         layers: usize,
         slots: usize,
-        kv_dim: usize,
+        (kv_dim, head_dim): (usize, usize),
         block_size: usize,
         dtype: KvCacheDtype,
         scales: &KvScales,
@@ -63,7 +64,7 @@ impl KvPool {
             kv_dim,
             block_size,
             dtype,
-            rotate: dtype == KvCacheDtype::Fp8 && scales.k.iter().any(|&s| s != 1.0),
+            rotate: ops::hadamard::rotates_keys(dtype, scales, head_dim),
         }
     }
 
@@ -71,7 +72,7 @@ impl KvPool {
     /// RoPE) when the pool stores its keys rotated (see the module doc);
     /// leaves `x` as it is otherwise.
     pub fn rotate_qk(&self, x: &mut [f32], head_dim: usize) {
-        if self.rotate && ops::hadamard::rotatable(head_dim) {
+        if self.rotate {
             ops::hadamard::rotate_heads(x, head_dim);
         }
     }

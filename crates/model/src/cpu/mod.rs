@@ -171,7 +171,7 @@ impl CpuBackend {
         let pool = KvPool::new(
             config.num_layers,
             slots,
-            config.kv_dim(),
+            (config.kv_dim(), config.head_dim),
             kv.block_size,
             KvCacheDtype::F32,
             &kv_scales,
@@ -231,11 +231,11 @@ impl CpuBackend {
             let c = &self.config;
             let slots = self.kv.num_blocks * self.kv.block_size;
             // the old pool goes first: the two are never held together
-            self.pool = KvPool::new(0, 0, 0, self.kv.block_size, dtype, &self.kv_scales);
+            self.pool = KvPool::new(0, 0, (0, 0), self.kv.block_size, dtype, &self.kv_scales);
             self.pool = KvPool::new(
                 c.num_layers,
                 slots,
-                c.kv_dim(),
+                (c.kv_dim(), c.head_dim),
                 self.kv.block_size,
                 dtype,
                 &self.kv_scales,

@@ -154,6 +154,7 @@ impl CudaBackend {
             kv: self.model.cache.layer(l),
             shape: self.tuning.shape,
             max_pos: self.model.rope_rows,
+            ready: Some(ws.rot_ready.view()),
         };
         let lq = lora(Group::Qkv)?;
         // SAFETY: check_batch verified slots against the pool (padding uses the

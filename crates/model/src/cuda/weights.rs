@@ -326,6 +326,9 @@ pub(super) enum KvCache {
         k: Vec<DeviceBuffer<u8>>,
         v: Vec<DeviceBuffer<u8>>,
         scales: KvScales,
+        /// Keys (and queries) Hadamard-rotated after RoPE
+        /// (`ops::hadamard::rotates_keys`).
+        rotate: bool,
     },
 }
 
@@ -359,6 +362,7 @@ impl KvCache {
             KvCacheDtype::Fp8 => Ok(KvCache::Fp8 {
                 k: alloc_caches(gpu, layers, len, "K")?,
                 v: alloc_caches(gpu, layers, len, "V")?,
+                rotate: ops::hadamard::rotates_keys(dtype, &scales, c.head_dim),
                 scales,
             }),
             KvCacheDtype::Bf16 => Ok(KvCache::Bf16 {
@@ -375,13 +379,19 @@ impl KvCache {
     pub fn layer(&self, l: usize) -> KvCaches<'_> {
         match self {
             KvCache::Bf16 { k, v } => KvCaches::bf16(k[l].view(), v[l].view()),
-            KvCache::Fp8 { k, v, scales } => {
+            KvCache::Fp8 {
+                k,
+                v,
+                scales,
+                rotate,
+            } => {
                 let (k_scale, v_scale) = scales.layer(l);
                 KvCaches::Fp8 {
                     k: k[l].view(),
                     v: v[l].view(),
                     k_scale,
                     v_scale,
+                    rotate: *rotate,
                 }
             }
         }

@@ -57,20 +57,23 @@ pub(super) struct Workspace {
     /// FP8 weights on cuBLASLt only (else empty): a GEMM's input rows
     /// quantised to e4m3 and their scales.
     pub xq: DeviceBuffer<u8>, // [T, max(hidden, q_dim, intermediate)]
-    pub xs8: DeviceBuffer<f32>,        // [T]
-    pub part_o: DeviceBuffer<f32>,     // [S_dec, heads, splits, head_dim]
-    pub part_ml: DeviceBuffer<f32>,    // [S_dec, heads, splits, 2]
-    pub part_cnt: DeviceBuffer<u32>,   // [S_dec, kv_heads] split arrival counters (zero)
-    pub xs: DeviceBuffer<bf16>,        // [R, hidden] rows to sample
-    pub logits: DeviceBuffer<f32>,     // [R, vocab]
-    pub work: DeviceBuffer<f32>,       // [R, vocab] sampler scratch
+    pub xs8: DeviceBuffer<f32>,      // [T]
+    pub part_o: DeviceBuffer<f32>,   // [S_dec, heads, splits, head_dim]
+    pub part_ml: DeviceBuffer<f32>,  // [S_dec, heads, splits, 2]
+    pub part_cnt: DeviceBuffer<u32>, // [S_dec, kv_heads] split arrival counters (zero)
+    /// The QKV GEMV's per-head arrival counters when the K cache rotates
+    /// (zero, left zero by each launch).
+    pub rot_ready: DeviceBuffer<u32>, // [heads + kv_heads]
+    pub xs: DeviceBuffer<bf16>,      // [R, hidden] rows to sample
+    pub logits: DeviceBuffer<f32>,   // [R, vocab]
+    pub work: DeviceBuffer<f32>,     // [R, vocab] sampler scratch
     pub samp_stats: DeviceBuffer<f32>, // [R, vocab / SLICE, 2] sampler partials
-    pub samp_keys: DeviceBuffer<u64>,  // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
-    pub tok: DeviceBuffer<u32>,        // [R]
-    pub lp: DeviceBuffer<f32>,         // [R]
-    pub top_ids: DeviceBuffer<u32>,    // [R, MAX_LOGPROBS]
-    pub top_lps: DeviceBuffer<f32>,    // [R, MAX_LOGPROBS]
-    pub meta: DeviceBuffer<u32>,       // staging, see Layout
+    pub samp_keys: DeviceBuffer<u64>, // [R, vocab / SLICE, 1 + MAX_LOGPROBS]
+    pub tok: DeviceBuffer<u32>,      // [R]
+    pub lp: DeviceBuffer<f32>,       // [R]
+    pub top_ids: DeviceBuffer<u32>,  // [R, MAX_LOGPROBS]
+    pub top_lps: DeviceBuffer<f32>,  // [R, MAX_LOGPROBS]
+    pub meta: DeviceBuffer<u32>,     // staging, see Layout
     pub host_meta: PinnedBuffer<u32>,
     /// A held step's final sampling parameters and history, staged at
     /// release apart from `host_meta` (whose next packing must not wait for
@@ -173,6 +176,9 @@ impl Workspace {
             part_cnt: gpu
                 .alloc(plan.counters_len(shape, caps.decode_seqs))
                 .map_err(e("part_cnt"))?,
+            rot_ready: gpu
+                .alloc(shape.num_heads + shape.num_kv_heads)
+                .map_err(e("rot_ready"))?,
             xs: gpu.alloc(r * h).map_err(e("xs"))?,
             logits: gpu.alloc(r * v).map_err(e("logits"))?,
             work: gpu.alloc(r * v).map_err(e("work"))?,

@@ -1,6 +1,9 @@
 //! The FP8 e4m3 K/V cache on CUDA against the CPU backend with the same
 //! cache dtype, on the smollm2-135m synthetic preset at per-layer scales
-//! other than 1 (so the scale's folding is exercised): prefill on the GEMV
+//! other than 1 (so the scale's folding is exercised, and both backends
+//! Hadamard-rotate queries and keys, `ops::hadamard::rotates_keys`: the
+//! rotating writers, `rope_kv_write` and the QKV GEMV's epilogue, against
+//! the CPU's `ops::hadamard::rotate_heads`): prefill on the GEMV
 //! path (7 tokens) and on the GEMM path (300 tokens: the flash prefill
 //! kernels), greedy generation on captured decode graphs then its
 //! teacher-forced decode, batch against alone (decode attention, the narrow
