@@ -237,5 +237,5 @@ fn score(
 
 /// `log softmax(row)[token]`.
 fn log_prob(row: &[f32], token: usize) -> f64 {
-    row[token] as f64 - model::sampler::log_sum_exp(row) as f64
+    row[token] as f64 - ops::sampling::log_sum_exp(row) as f64
 }

@@ -24,7 +24,7 @@
 //! with the `cpu-kernels` crate: SIMD chosen at run time, fused Q/K/V and
 //! gate/up products over weights packed once at construction, a blocked
 //! GEMM for prefill and reused activation buffers (see `fast`). Logits are computed only for sampled rows (or the rows
-//! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
+//! [`Backend::logits`] asks for); sampling is [`ops::sampling::sample`].
 //!
 //! Costs: memory = the BF16 weights (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
@@ -60,7 +60,6 @@ mod split_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use crate::sampler::sample;
 use attention::KvPool;
 use checkpoint::weights::{LlamaWeights, Tensor};
 use contract::HostPipeline;
@@ -70,6 +69,7 @@ use contract::{KvCacheDtype, KvScales};
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
 use ops::Rope;
+use ops::sampling::sample;
 use rayon::prelude::*;
 
 /// One layer's norm weights, converted to f32 once.
