@@ -15,12 +15,14 @@
 //!
 //! Layout: this file holds the types and [`Gguf::parse`]; `cursor.rs` the
 //! bounds-checked little-endian reader, `dequant.rs` the block formats,
-//! `import.rs` the Hugging Face import.
+//! `import.rs` the Hugging Face import, `bos.rs` whether the vocabulary
+//! adds BOS (llama.cpp's decision).
 //!
 //! Costs: parsing is O(metadata) and copies only metadata; tensor data stays
 //! in the caller's (usually memory-mapped) slice until dequantised, one
 //! tensor at a time, into f32.
 
+mod bos;
 mod cursor;
 mod dequant;
 mod dequant_k;
@@ -28,6 +30,7 @@ mod import;
 #[cfg(test)]
 mod tests;
 
+pub use bos::{adds_bos, file_adds_bos};
 pub use dequant::{GgmlType, dequantize};
 pub use import::{hf_name, import_to_dir, unpermute_rows};
 

@@ -4,7 +4,8 @@
 //! formats (FP8, Q8_0, Q4) are judged by against BF16.
 //!
 //! llama-perplexity's procedure: the whole text is tokenized once (BOS in
-//! front when the model's tokenizer adds one; special-token strings stay
+//! front when the model adds one: for a GGUF, as llama.cpp decides it from
+//! the file's vocabulary, else as its tokenizer does; special-token strings stay
 //! text) and cut into chunks of exactly `-c` tokens (what is left after the
 //! last whole chunk is dropped); a chunk's first token is replaced by BOS
 //! when the model adds one; each chunk runs as one prefill from position 0,
@@ -21,6 +22,7 @@
 use anyhow::{Context, Result, bail};
 use contract::StepBuilder;
 use serde::Serialize;
+use std::path::Path;
 use tokenizer::Tokenizer;
 
 use crate::files::{TextFile, tokenize};
@@ -104,8 +106,28 @@ impl Procedure {
     }
 }
 
-/// The id the tokenizer puts in front of a text (BOS), if it adds one.
-fn bos_added(tok: &Tokenizer) -> Result<Option<u32>> {
+/// The id llama-perplexity puts in front of the text and of each chunk
+/// (BOS), if the model adds one. For a model imported from a GGUF, the
+/// decision is llama.cpp's, read from that file
+/// ([`checkpoint::gguf::file_adds_bos`], the one the importer wrote into
+/// the tokenizer; read again so an older import agrees too); otherwise,
+/// whether the tokenizer adds it.
+fn bos_added(dir: &Path, tok: &Tokenizer) -> Result<Option<u32>> {
+    if let Some(gguf) = checkpoint::store::source_gguf(dir)? {
+        let adds = checkpoint::gguf::file_adds_bos(&gguf)
+            .with_context(|| format!("reading the vocabulary of {}", gguf.display()))?;
+        if !adds {
+            return Ok(None);
+        }
+        return match tok.bos_id() {
+            Some(b) => Ok(Some(b)),
+            None => bail!(
+                "{}: the vocabulary adds BOS but the tokenizer of {} names none (`bos_token`)",
+                gguf.display(),
+                dir.display()
+            ),
+        };
+    }
     let with = tok.encode("a", true)?;
     let without = tok.encode("a", false)?;
     Ok((with.len() == without.len() + 1 && with[1..] == without[..]).then(|| with[0]))
@@ -129,7 +151,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         bos: if args.score_all {
             None
         } else {
-            bos_added(&opened.tokenizer)?
+            bos_added(&opened.dir, &opened.tokenizer)?
         },
     };
     let limit = args.chunks.unwrap_or(usize::MAX);
@@ -215,5 +237,5 @@ fn score(
 
 /// `log softmax(row)[token]`.
 fn log_prob(row: &[f32], token: usize) -> f64 {
-    row[token] as f64 - model::sampler::log_sum_exp(row) as f64
+    row[token] as f64 - ops::sampling::log_sum_exp(row) as f64
 }

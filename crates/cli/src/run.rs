@@ -42,6 +42,8 @@ pub fn run(args: RunArgs, verbose: u8) -> Result<()> {
         mut model_word,
         mut prompt,
     } = args;
+    // flags out of range fail before any note about the words given
+    sampling.params(&contract::GenerationConfig::default())?;
     if prompt.is_none()
         && let Some(word) = model_word.take_if(|w| !crate::habits::names_a_model(w))
     {

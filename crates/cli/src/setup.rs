@@ -316,6 +316,8 @@ pub fn open(args: &ModelArgs, max_queue: usize) -> Result<Loaded> {
 pub struct Opened {
     pub backend: Box<dyn Backend>,
     pub tokenizer: Arc<Tokenizer>,
+    /// The model directory (Hugging Face layout).
+    pub dir: PathBuf,
 }
 
 /// What every way of opening a model does first: apply the tuning flags,
@@ -347,7 +349,11 @@ pub fn open_backend_alone(args: &ModelArgs) -> Result<Opened> {
         &gpu_memory,
         None,
     )?;
-    Ok(Opened { backend, tokenizer })
+    Ok(Opened {
+        backend,
+        tokenizer,
+        dir,
+    })
 }
 
 /// Opens the model and starts one engine per replica of `plan`, each with

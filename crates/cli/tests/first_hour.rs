@@ -60,6 +60,9 @@ fn a_lone_question_is_the_prompt_of_the_default_model() {
         "{}",
         stderr(&out)
     );
+    // a flag out of range is the one error, before any note on the words
+    let out = run(None, &["run", "--model", m, "hi", "--top-p", "-0.5"], None);
+    clear_error(&out, &["`--top-p`", "-0.5"]);
 }
 
 /// llama.cpp's `-ngl 99` is not read as `-n gl`, and ollama's

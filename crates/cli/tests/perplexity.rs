@@ -147,6 +147,52 @@ fn the_figure_is_the_mean_nll_of_the_second_halves() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// On a GGUF, BOS follows llama.cpp's decision read from the file (here its
+/// `add_bos_token`): a store import whose tokenizer says otherwise (an
+/// older import's default) changes nothing. A text of `2c - 1` bytes is
+/// `2c` tokens only with BOS in front, two whole chunks.
+#[test]
+fn a_gguf_decides_bos_from_its_vocabulary() {
+    let dir = scratch("gguf");
+    let home = dir.join("home");
+    let src = support::synth_tiny(&dir, "tiny");
+    // GGUF carries no llama3 rope scaling
+    let cfg_path = src.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg["rope_scaling"] = serde_json::Value::Null;
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let gguf = dir.join("Tiny-Bos.gguf");
+    support::gguf::write_gguf(&src, &gguf);
+    let text = dir.join("t.txt");
+    std::fs::write(&text, ascii(2 * C - 1, 1)).unwrap();
+    let c = C.to_string();
+    let args = [
+        "perplexity",
+        "--device",
+        "cpu",
+        "--model",
+        gguf.to_str().unwrap(),
+        "--text",
+        text.to_str().unwrap(),
+        "-c",
+        &c,
+        "--json",
+    ];
+    let first = report(&support::run(Some(&home), &args, None));
+    assert_eq!(first["chunks"], 2, "{first}");
+
+    let tc_path = home.join("models/tiny-bos/tokenizer_config.json");
+    let mut tc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&tc_path).unwrap()).unwrap();
+    assert_eq!(tc["add_bos_token"], true, "{tc}");
+    tc["add_bos_token"] = false.into();
+    std::fs::write(&tc_path, tc.to_string()).unwrap();
+    let again = report(&support::run(Some(&home), &args, None));
+    assert_eq!(again["perplexity"], first["perplexity"], "{again}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `cmd`'s output, or a failure when it runs past `limit` (then killed).
 fn within(mut cmd: Command, limit: Duration) -> Output {
     cmd.stdin(Stdio::null())

@@ -47,6 +47,13 @@ pub const MAX_PENALTY: f32 = 2.0;
 /// Largest `|logit_bias|` value (OpenAI's range).
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
+/// True when sampling at `temperature` is the argmax: anything but a
+/// positive finite number ([`SamplingParams::is_greedy`]'s rule, for a
+/// row's temperature on its own).
+pub fn is_greedy_temperature(temperature: f32) -> bool {
+    !(temperature > 0.0 && temperature.is_finite())
+}
+
 /// Whether `z` (one row of logits) is degenerate (step 0 of the procedure):
 /// a value that is not finite, or every value equal (more than one). O(V);
 /// a row that varies is told apart within its first few values.
@@ -108,8 +115,8 @@ impl std::fmt::Display for ValidRange {
 /// there without a hand-written line (`model::cuda::staging`); the others are
 /// folded on the host (the penalties become additive terms,
 /// `contract::history::additive_terms`). What a parameter does is code of
-/// its own in each sampler (`model::sampler`, `kernels::sample_ref`,
-/// `sampling.cu`). `top_k`, `logit_bias`, `seed` and `logprobs` have
+/// its own in each sampler (`ops::sampling`, the CPU one and the
+/// reference of `sampling.cu`). `top_k`, `logit_bias`, `seed` and `logprobs` have
 /// encodings of their own on the wire and are written out by hand in each
 /// layer.
 #[macro_export]
@@ -242,7 +249,7 @@ impl SamplingParams {
     /// parameters that skipped [`SamplingParams::validate`], not a positive
     /// finite number). The one definition every backend follows.
     pub fn is_greedy(&self) -> bool {
-        !(self.temperature > 0.0 && self.temperature.is_finite())
+        is_greedy_temperature(self.temperature)
     }
 
     /// Checks every field's range; the error names the first bad one.

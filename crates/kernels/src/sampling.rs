@@ -1,9 +1,9 @@
 //! Launcher for `cu/sampling.cu`: sampling on the GPU with the procedure of
-//! `model::sampler` (the draw `u` is computed on the host with
+//! `ops::sampling` (the draw `u` is computed on the host with
 //! `contract::sampling::uniform(seed, step)` and passed in, and so are the
 //! additive terms of the presence / frequency penalties and `logit_bias`,
-//! merged per row by `contract::history::additive_terms`), and its CPU
-//! reference, which sorts the candidates exactly as that procedure says.
+//! merged per row by `contract::history::additive_terms`). Its tests compare
+//! each row against `ops::sampling::sample_row`, the CPU backend's sampler.
 //! Costs: two launches. `sample_partials` reads each row once over
 //! `ceil(vocab / SLICE)` blocks (logsumexp, greedy argmax, the penalty, the
 //! blocks' top log-probability candidates); `sample_rows` merges them with
@@ -173,101 +173,4 @@ impl Kernels {
         unsafe { self.launch_pdl(&self.sample_rows, LaunchConfig::linear(r32, THREADS), &ra)? };
         Ok(())
     }
-}
-
-/// CPU reference of one row: `(token, logprob, top logprobs)`, following the
-/// documented procedure with an explicit sort. `history` holds distinct ids,
-/// `adds` the row's additive `(id, delta)` terms (distinct ids). A
-/// degenerate row gives `(0, NaN, [])`.
-pub fn sample_ref(
-    logits: &[f32],
-    p: &SampleParams,
-    history: &[u32],
-    adds: &[(u32, f32)],
-) -> (u32, f32, Vec<(u32, f32)>) {
-    if contract::sampling::is_degenerate(logits) {
-        return (0, f32::NAN, Vec::new());
-    }
-    let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-    let lse = m + logits
-        .iter()
-        .map(|&z| ((z - m) as f64).exp())
-        .sum::<f64>()
-        .ln() as f32;
-    let mut z = logits.to_vec();
-    if p.repetition_penalty != 1.0 {
-        for &id in history {
-            if let Some(v) = z.get_mut(id as usize) {
-                *v = if *v > 0.0 {
-                    *v / p.repetition_penalty
-                } else {
-                    *v * p.repetition_penalty
-                };
-            }
-        }
-    }
-    for &(id, d) in adds {
-        if let Some(v) = z.get_mut(id as usize) {
-            *v += d;
-        }
-    }
-    let by_key = |a: &(usize, f32), b: &(usize, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let token = if p.temperature == 0.0 {
-        let mut best = 0;
-        for (i, &v) in z.iter().enumerate() {
-            if v > z[best] {
-                best = i;
-            }
-        }
-        best
-    } else {
-        let scaled: Vec<f32> = z.iter().map(|&v| v / p.temperature).collect();
-        let m2 = scaled.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let zsum: f64 = scaled.iter().map(|&v| ((v - m2) as f64).exp()).sum();
-        let mut cand: Vec<(usize, f32)> = scaled
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (i, ((v - m2) as f64).exp() as f32 / zsum as f32))
-            .collect();
-        // ranked by the scaled logit (the kernel's key), masses from p
-        cand.sort_by(|a, b| scaled[b.0].total_cmp(&scaled[a.0]).then(a.0.cmp(&b.0)));
-        let mut n = cand.len();
-        if p.top_k > 0 {
-            n = n.min(p.top_k as usize);
-        }
-        if p.top_p < 1.0 {
-            let mut acc = 0f64;
-            for (i, c) in cand.iter().enumerate() {
-                acc += c.1 as f64;
-                if acc >= p.top_p as f64 {
-                    n = n.min(i + 1);
-                    break;
-                }
-            }
-        }
-        if p.min_p > 0.0 {
-            let thr = p.min_p * cand[0].1;
-            n = n.min(cand.iter().take_while(|c| c.1 >= thr).count().max(1));
-        }
-        let kept: f64 = cand[..n].iter().map(|c| c.1 as f64).sum();
-        let target = p.u as f64 * kept;
-        let mut acc = 0f64;
-        let mut pick = cand[n - 1].0;
-        for c in &cand[..n] {
-            acc += c.1 as f64;
-            if acc > target {
-                pick = c.0;
-                break;
-            }
-        }
-        pick
-    };
-    let mut raw: Vec<(usize, f32)> = logits.iter().cloned().enumerate().collect();
-    raw.sort_by(by_key);
-    let top = raw
-        .iter()
-        .take(p.n_logprobs as usize)
-        .map(|&(i, v)| (i as u32, v - lse))
-        .collect();
-    (token as u32, logits[token] - lse, top)
 }

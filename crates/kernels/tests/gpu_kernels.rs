@@ -14,7 +14,7 @@ mod lora;
 use common::*;
 use gpu::{Blas, GemmDims, Gpu, Graph};
 use half::bf16;
-use kernels::sampling::{SampleOutputs, SampleScratch, sample_ref};
+use kernels::sampling::{SampleOutputs, SampleScratch};
 use kernels::{Kernels, SampleParams};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -190,6 +190,31 @@ fn silu_mul_matches_reference() {
     let got = f32s(&gpu.to_host(out.view()).unwrap()[1..]);
     let e = rel_err(&got, &silu_mul_ref(&gu[1..], inter));
     assert!(e < 5e-3, "silu unaligned: rel err {e}");
+}
+
+/// `ops::sampling::sample_row` (the CPU backend's sampler) on one row as
+/// the kernel reads it: `(token, logprob, top logprobs)`. `history` holds
+/// distinct ids, `adds` the row's additive `(id, delta)` terms.
+fn sample_ref(
+    logits: &[f32],
+    p: &SampleParams,
+    history: &[u32],
+    adds: &[(u32, f32)],
+) -> (u32, f32, Vec<(u32, f32)>) {
+    let row = ops::sampling::RowSampling {
+        temperature: p.temperature,
+        top_k: p.top_k as usize,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        history,
+        adds,
+        allowed: None,
+        u: p.u,
+        logprobs: p.n_logprobs as usize,
+    };
+    let s = ops::sampling::sample_row(logits, &row);
+    (s.token, s.logprob, s.top_logprobs)
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! [`cpu`] is the reference backend (f32 arithmetic over BF16 weights) and the
 //! fallback; [`cuda`] runs the same step on an NVIDIA GPU with our kernels and
 //! cuBLAS. Both implement [`contract::Backend`] over the same
-//! [`contract::StepBatch`] and sample with the procedure of [`sampler`].
+//! [`contract::StepBatch`] and sample with the procedure of
+//! [`ops::sampling`].
 //! Configuration, weights and tokenizers come from the crates below
 //! (`contract`, `checkpoint`); nothing above this crate sees CUDA.
 
@@ -13,4 +14,3 @@ pub mod cuda;
 pub mod exact;
 pub mod gptq;
 pub mod kv_calib;
-pub mod sampler;

@@ -6,8 +6,10 @@
 //! CUDA kernels' GPU tests compare against the same functions, so the CPU
 //! backend, the golden tests and the kernel tests share one definition of
 //! RoPE, RMSNorm, SwiGLU, embedding / row gather, the paged KV write and
-//! paged causal attention. Arithmetic is f32 (RMSNorm's mean of squares in
-//! f64); BF16 inputs are widened to f32 exactly. The RoPE tables come from
+//! paged causal attention; likewise one sampling procedure ([`sampling`]:
+//! the CPU backend's sampler, the CUDA sampler's reference). Arithmetic is
+//! f32 (RMSNorm's mean of squares in f64); BF16 inputs are widened to f32
+//! exactly. The RoPE tables come from
 //! [`contract::config::ModelConfig::rope_table`].
 //!
 //! The KV cache: [`kv`] is the one codec of its stored types (f32, BF16,
@@ -30,6 +32,7 @@ pub mod kv;
 pub mod linear;
 pub mod norm;
 pub mod rope;
+pub mod sampling;
 
 pub use attention::{
     AttnDims, PagedSeqs, kv_write, kv_write_in, paged_attention, paged_attention_in,

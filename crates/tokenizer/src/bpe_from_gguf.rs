@@ -18,7 +18,8 @@
 //!   - any other value is an error naming it.
 //!
 //! BOS is not added by this tokenizer.json (its post-processor is ByteLevel
-//! only): the importer writes `add_bos_token` and `bos_token` from the GGUF
+//! only): the importer writes `add_bos_token` (llama.cpp's decision,
+//! `checkpoint::gguf::adds_bos`) and `bos_token` from the GGUF
 //! into tokenizer_config.json and `Tokenizer` prepends BOS from there.
 //!
 //! Costs: linear in vocabulary + merges (about 100k strings for SmolLM2);

@@ -5,7 +5,8 @@
 //! `model.safetensors` (every tensor dequantised to BF16 under its Hugging
 //! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation undone),
 //! `tokenizer.json` (via [`tokenizer::bpe_from_gguf::build_tokenizer_json`]) and
-//! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`).
+//! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`
+//! as llama.cpp decides it: [`super::adds_bos`]).
 //! Before any weight is written, the tensor set is checked against the config
 //! (first its size, so a huge `block_count` allocates nothing):
 //! an unknown, missing or misshapen tensor is an error naming it. Features the
@@ -212,8 +213,15 @@ fn tokenizer_files(g: &Gguf, max_len: u64) -> Result<(String, Value), GgufError>
         let id = g.metadata.get(key)?.as_u64()?;
         tokens.get(usize::try_from(id).ok()?).cloned()
     };
+    let add_bos = super::adds_bos(g)?;
+    if add_bos && token_str("tokenizer.ggml.bos_token_id").is_none() {
+        return Err(GgufError::Metadata {
+            key: "tokenizer.ggml.bos_token_id".into(),
+            reason: "missing or outside the vocabulary, but the vocabulary adds BOS".into(),
+        });
+    }
     let mut cfg = json!({
-        "add_bos_token": g.metadata.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false),
+        "add_bos_token": add_bos,
         "add_eos_token": g.metadata.get("tokenizer.ggml.add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false),
         "clean_up_tokenization_spaces": false,
         "model_max_length": max_len,

@@ -400,6 +400,45 @@ fn micro_llama_imports_and_loads() {
     tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
 }
 
+/// The imported `add_bos_token` is llama.cpp's decision: with no key, by
+/// the pre-tokenizer (`llama-bpe` adds BOS, `smollm` does not); a key wins.
+#[test]
+fn add_bos_token_is_decided_as_llama_cpp_decides_it() {
+    let imported = |pre: &str, key: Option<bool>| {
+        let mut d = micro_llama();
+        d.kvs.retain(|k| k.key != "tokenizer.ggml.add_bos_token");
+        if let Some(b) = key {
+            d.kvs.push(crate::writer::kv(
+                "tokenizer.ggml.add_bos_token",
+                7,
+                vec![u8::from(b)],
+            ));
+        }
+        let kv = d
+            .kvs
+            .iter_mut()
+            .find(|k| k.key == "tokenizer.ggml.pre")
+            .unwrap();
+        kv.payload = crate::writer::string(pre);
+        let buf = d.bytes();
+        let g = Gguf::parse(&buf, PATH).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        import_to_dir(&g, &buf, dir.path(), None).unwrap();
+        let tc: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join("tokenizer_config.json")).unwrap(),
+        )
+        .unwrap();
+        let tok = tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+        let with_bos = tok.encode("a", true).unwrap().first() == Some(&5);
+        assert_eq!(tc["add_bos_token"].as_bool(), Some(with_bos), "{pre}");
+        with_bos
+    };
+    assert!(imported("llama-bpe", None));
+    assert!(!imported("smollm", None));
+    assert!(!imported("llama-bpe", Some(false)));
+    assert!(imported("smollm", Some(true)));
+}
+
 /// `micro_llama` with the metadata `key` set to `ty` / `payload`, imported.
 fn import_with(key: &str, ty: u32, payload: Vec<u8>) -> Result<(), String> {
     let mut d = micro_llama();

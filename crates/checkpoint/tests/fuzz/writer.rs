@@ -40,7 +40,7 @@ pub fn gstr(out: &mut Vec<u8>, s: &str) {
     out.extend(s.as_bytes());
 }
 
-fn string(s: &str) -> Vec<u8> {
+pub fn string(s: &str) -> Vec<u8> {
     let mut v = Vec::new();
     gstr(&mut v, s);
     v
@@ -55,7 +55,7 @@ fn strings(items: &[&str]) -> Vec<u8> {
     v
 }
 
-fn kv(key: &str, ty: u32, payload: Vec<u8>) -> Kv {
+pub fn kv(key: &str, ty: u32, payload: Vec<u8>) -> Kv {
     Kv {
         key: key.into(),
         ty,

@@ -24,7 +24,7 @@
 //! with the `cpu-kernels` crate: SIMD chosen at run time, fused Q/K/V and
 //! gate/up products over weights packed once at construction, a blocked
 //! GEMM for prefill and reused activation buffers (see `fast`). Logits are computed only for sampled rows (or the rows
-//! [`Backend::logits`] asks for); sampling is [`crate::sampler::sample`].
+//! [`Backend::logits`] asks for); sampling is [`ops::sampling::sample`].
 //!
 //! Both paths run the layer the model's spec describes (`layer`: biases,
 //! QK-norm, norm-gain offset, activation, output norms, embedding scale,
@@ -67,7 +67,6 @@ pub(crate) mod tests;
 #[cfg(test)]
 mod variant_tests;
 
-use crate::sampler::sample;
 use attention::KvPool;
 use checkpoint::weights::{ModelWeights, Tensor};
 use contract::HostPipeline;
@@ -77,6 +76,7 @@ use contract::{KvCacheDtype, KvScales};
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
 use ops::Rope;
+use ops::sampling::sample;
 use rayon::prelude::*;
 
 /// Which arithmetic the CPU backend runs.

@@ -350,7 +350,7 @@ fn step_samples_exactly_the_requested_sequences() {
     let z = backend(true, 16)
         .logits(&build_step(&[c0], BS).unwrap(), &[10])
         .unwrap();
-    assert_eq!(s.token, crate::sampler::argmax(&z));
+    assert_eq!(s.token, ops::sampling::argmax(&z));
     assert_eq!(s.top_logprobs.len(), 2);
     assert_eq!(s.top_logprobs[0].0, s.token);
     assert!((s.logprob - s.top_logprobs[0].1).abs() < 1e-6 && s.logprob < 0.0);

@@ -122,7 +122,7 @@ impl Rows<'_> {
             .unwrap()[0]
             .clone()
             .unwrap();
-        let want = crate::sampler::sample(self.last, &req);
+        let want = ops::sampling::sample(self.last, &req);
         assert!(
             mask.allows(g.token),
             "GPU sampled forbidden token {}",
@@ -144,7 +144,7 @@ impl Rows<'_> {
         let (m, f) = (got[0].clone().unwrap(), got[1].clone().unwrap());
         assert!(mask.allows(m.token), "batched: forbidden token {}", m.token);
         if p.temperature == 0.0 {
-            let want_free = crate::sampler::sample(self.last, &free);
+            let want_free = ops::sampling::sample(self.last, &free);
             assert_eq!(f.token, want_free.token, "the unmasked row changed");
         }
     }

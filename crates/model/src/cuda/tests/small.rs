@@ -163,7 +163,7 @@ fn gpu_sample_matches_cpu(
     let got = gpu.step(&build_step(&[chunk], BS).unwrap()).unwrap()[0]
         .clone()
         .unwrap();
-    let want = crate::sampler::sample(&logits[49 * vocab..], &req);
+    let want = ops::sampling::sample(&logits[49 * vocab..], &req);
     assert!(
         (got.logprob - want.logprob).abs() < 1e-3,
         "{got:?} vs {want:?}"

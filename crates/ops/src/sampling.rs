@@ -1,5 +1,8 @@
-//! The CPU implementation of the sampling procedure documented in
-//! [`contract::sampling`]: one sequence's logits in, one [`SampledToken`] out.
+//! The sampling procedure documented in [`contract::sampling`], the one CPU
+//! implementation of it: one sequence's logits in, one [`SampledToken`]
+//! out. The CPU backend samples with [`sample`]; the CUDA sampler's tests
+//! compare its rows against [`sample_row`] (the same procedure over a row's
+//! resolved inputs, [`RowSampling`], what the kernel reads per row).
 //!
 //! Contract: [`sample`] follows `sampling.rs` step by step (raw-logit
 //! log-probabilities, repetition penalty over distinct history tokens, the
@@ -18,13 +21,63 @@
 //! set, O(V log V) otherwise). Probabilities are f32, running masses f64.
 
 use contract::backend::{SampleRequest, SampledToken};
-use contract::history::{PenaltyHistory, additive_terms};
-use contract::sampling::{is_degenerate, uniform};
+use contract::history::additive_terms;
+use contract::mask::TokenMask;
+use contract::sampling::{is_degenerate, is_greedy_temperature, uniform};
 use std::cmp::Ordering;
+
+/// One row's sampling inputs once its [`SampleRequest`] is resolved: the
+/// presence / frequency penalties and `logit_bias` merged into additive
+/// terms ([`additive_terms`]) and the draw computed ([`uniform`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RowSampling<'a> {
+    /// Greedy unless a positive finite number ([`is_greedy_temperature`]).
+    pub temperature: f32,
+    /// 0: off.
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    /// Distinct ids the repetition penalty applies to (ids outside the
+    /// vocabulary are ignored).
+    pub history: &'a [u32],
+    /// Additive `(id, delta)` terms, distinct ids (outside: ignored).
+    pub adds: &'a [(u32, f32)],
+    /// The tokens a grammar allows; `None`: all.
+    pub allowed: Option<&'a TokenMask>,
+    /// The draw, in `[0, 1)`.
+    pub u: f32,
+    /// How many top log-probabilities to report.
+    pub logprobs: usize,
+}
 
 /// Samples the next token from `logits` (`[vocab]`) as `req` asks.
 pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
+    let mut adds = Vec::new();
+    sample_row(logits, &resolve(req, &mut adds))
+}
+
+/// The resolved inputs of `req`; `adds` receives its additive terms.
+fn resolve<'a>(req: &'a SampleRequest, adds: &'a mut Vec<(u32, f32)>) -> RowSampling<'a> {
     let params = &req.params;
+    additive_terms(params, req.history.as_deref(), adds);
+    RowSampling {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        min_p: params.min_p,
+        repetition_penalty: params.repetition_penalty,
+        history: req.history.as_deref().map_or(&[], |h| h.as_slice()),
+        adds,
+        allowed: req.allowed.as_deref(),
+        u: uniform(params.seed, req.step),
+        logprobs: params.logprobs,
+    }
+}
+
+/// Samples the next token from `logits` (`[vocab]`) with a row's resolved
+/// inputs (see the module doc).
+pub fn sample_row(logits: &[f32], row: &RowSampling<'_>) -> SampledToken {
     if is_degenerate(logits) {
         return SampledToken {
             token: 0,
@@ -34,19 +87,19 @@ pub fn sample(logits: &[f32], req: &SampleRequest) -> SampledToken {
         };
     }
     let lse = log_sum_exp(logits);
-    let top_logprobs = log_softmax_top(logits, params.logprobs, lse);
+    let top_logprobs = log_softmax_top(logits, row.logprobs, lse);
     let penalised;
-    let z: &[f32] = match penalise(logits, req) {
+    let z: &[f32] = match penalise(logits, row) {
         Some(p) => {
             penalised = p;
             &penalised
         }
         None => logits,
     };
-    let token = if params.is_greedy() {
+    let token = if is_greedy_temperature(row.temperature) {
         argmax(z)
     } else {
-        draw(z, req)
+        draw(z, row)
     };
     let logprob = logits
         .get(token as usize)
@@ -105,27 +158,22 @@ pub fn argmax(z: &[f32]) -> u32 {
 /// Steps 2-3 of the procedure, then the grammar's mask (every token it
 /// forbids set to `-inf`, `contract::mask`): the changed logits, or `None`
 /// when no penalty, bias or mask changes them.
-fn penalise(logits: &[f32], req: &SampleRequest) -> Option<Vec<f32>> {
-    let params = &req.params;
-    let mut adds = Vec::new();
-    additive_terms(params, req.history.as_deref(), &mut adds);
-    let rep = match &req.history {
-        Some(h) if params.repetition_penalty != 1.0 && !h.is_empty() => Some(h),
-        _ => None,
-    };
-    if rep.is_none() && adds.is_empty() && req.allowed.is_none() {
+fn penalise(logits: &[f32], row: &RowSampling<'_>) -> Option<Vec<f32>> {
+    let rep = row.repetition_penalty != 1.0 && !row.history.is_empty();
+    if !rep && row.adds.is_empty() && row.allowed.is_none() {
         return None;
     }
-    let mut z = match rep {
-        Some(h) => apply_repetition_penalty(logits, h, params.repetition_penalty),
-        None => logits.to_vec(),
+    let mut z = if rep {
+        apply_repetition_penalty(logits, row.history, row.repetition_penalty)
+    } else {
+        logits.to_vec()
     };
-    for (id, d) in adds {
+    for &(id, d) in row.adds {
         if let Some(v) = z.get_mut(id as usize) {
             *v += d;
         }
     }
-    if let Some(mask) = &req.allowed {
+    if let Some(mask) = row.allowed {
         mask.apply(&mut z);
     }
     Some(z)
@@ -133,9 +181,9 @@ fn penalise(logits: &[f32], req: &SampleRequest) -> Option<Vec<f32>> {
 
 /// `z / r` where positive, `z * r` otherwise, once per distinct history token
 /// (the set is distinct by construction: no per-step sort or dedup).
-fn apply_repetition_penalty(logits: &[f32], history: &PenaltyHistory, r: f32) -> Vec<f32> {
+fn apply_repetition_penalty(logits: &[f32], history: &[u32], r: f32) -> Vec<f32> {
     let mut z = logits.to_vec();
-    for &id in history.as_slice() {
+    for &id in history {
         if let Some(v) = z.get_mut(id as usize) {
             *v = if *v > 0.0 { *v / r } else { *v * r };
         }
@@ -144,9 +192,8 @@ fn apply_repetition_penalty(logits: &[f32], history: &PenaltyHistory, r: f32) ->
 }
 
 /// Steps 4-5 of the procedure: softmax at the temperature, filters, draw.
-fn draw(z: &[f32], req: &SampleRequest) -> u32 {
-    let params = &req.params;
-    let t = params.temperature;
+fn draw(z: &[f32], row: &RowSampling<'_>) -> u32 {
+    let t = row.temperature;
     let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     if !m.is_finite() {
         return argmax(z);
@@ -161,33 +208,33 @@ fn draw(z: &[f32], req: &SampleRequest) -> u32 {
     let mut cand: Vec<u32> = (0..z.len() as u32)
         .filter(|&i| e[i as usize] > 0.0)
         .collect();
-    if params.top_k > 0 && params.top_k < cand.len() {
-        cand.select_nth_unstable_by(params.top_k - 1, by_prob);
-        cand.truncate(params.top_k);
+    if row.top_k > 0 && row.top_k < cand.len() {
+        cand.select_nth_unstable_by(row.top_k - 1, by_prob);
+        cand.truncate(row.top_k);
     }
     cand.sort_unstable_by(by_prob);
     let p = |i: u32| e[i as usize] as f64 / total;
-    if params.top_p < 1.0 {
+    if row.top_p < 1.0 {
         let mut mass = 0.0;
         let mut keep = cand.len();
         for (n, &i) in cand.iter().enumerate() {
             mass += p(i);
-            if mass >= params.top_p as f64 {
+            if mass >= row.top_p as f64 {
                 keep = n + 1;
                 break;
             }
         }
         cand.truncate(keep.max(1));
     }
-    if params.min_p > 0.0
+    if row.min_p > 0.0
         && let Some(&first) = cand.first()
     {
-        let floor = params.min_p as f64 * p(first);
+        let floor = row.min_p as f64 * p(first);
         let keep = cand.iter().take_while(|&&i| p(i) >= floor).count();
         cand.truncate(keep.max(1));
     }
     let kept: f64 = cand.iter().map(|&i| p(i)).sum();
-    let target = uniform(params.seed, req.step) as f64 * kept;
+    let target = row.u as f64 * kept;
     let mut run = 0.0;
     for &i in &cand {
         run += p(i);

@@ -1,6 +1,7 @@
 //! The CPU sampler against the documented procedure and straightforward
 //! references (penalties, bias, filters, seeded draws, log-probabilities).
 use super::*;
+use contract::history::PenaltyHistory;
 use contract::sampling::SamplingParams;
 use std::sync::Arc;
 
@@ -203,11 +204,11 @@ fn repetition_penalty_divides_positive_and_multiplies_negative() {
     let h = PenaltyHistory::from_tokens(&[0, 1]);
     r.history = Some(Arc::new(h.clone()));
     assert_eq!(
-        apply_repetition_penalty(&z, &h, 2.0),
+        apply_repetition_penalty(&z, h.as_slice(), 2.0),
         vec![1.5, 1.45, -1.0, -1.1]
     );
     let two = PenaltyHistory::from_tokens(&[2]);
-    assert_eq!(apply_repetition_penalty(&z, &two, 2.0)[2], -2.0);
+    assert_eq!(apply_repetition_penalty(&z, two.as_slice(), 2.0)[2], -2.0);
     // the reported logprob is of the raw logits
     let lse = log_sum_exp(&z);
     let s = sample(&z, &r);
@@ -265,16 +266,13 @@ fn presence_frequency_and_bias_match_the_reference() {
             ..seeded(k as u64)
         };
         let want = reference_penalised(&z, &generated, &params);
-        let got = penalise(
-            &z,
-            &SampleRequest {
-                params: params.clone(),
-                step: 0,
-                history: Some(h.clone()),
-                allowed: None,
-            },
-        )
-        .unwrap();
+        let r = SampleRequest {
+            params: params.clone(),
+            step: 0,
+            history: Some(h.clone()),
+            allowed: None,
+        };
+        let got = penalise(&z, &resolve(&r, &mut Vec::new())).unwrap();
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!((a - b).abs() < 1e-5, "token {i}: {a} vs {b}");
         }
@@ -411,4 +409,27 @@ fn the_mask_limits_the_draw_to_allowed_tokens() {
         )
     };
     assert_eq!(sample(&z, &r).token, want);
+}
+
+/// [`sample_row`] reads the draw as given: `u = 0` takes the most likely
+/// candidate, `u` just under 1 the last one top-k keeps.
+#[test]
+fn a_row_draws_at_its_u() {
+    let z = logits(500, 5);
+    let mut order: Vec<u32> = (0..500).collect();
+    order.sort_by(|&a, &b| z[b as usize].total_cmp(&z[a as usize]).then(a.cmp(&b)));
+    let row = |u| RowSampling {
+        temperature: 1.0,
+        top_k: 10,
+        top_p: 1.0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        history: &[],
+        adds: &[],
+        allowed: None,
+        u,
+        logprobs: 0,
+    };
+    assert_eq!(sample_row(&z, &row(0.0)).token, order[0]);
+    assert_eq!(sample_row(&z, &row(0.999_999)).token, order[9]);
 }
