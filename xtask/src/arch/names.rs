@@ -10,11 +10,12 @@
 
 use super::Violation;
 
-/// Where architecture names may appear: config parsing, the GGUF
-/// importer's metadata mapping, and the model presets' config files.
+/// Where architecture names may appear (paths or folders): config
+/// parsing, the GGUF reader's metadata mapping (its tokenizer models share
+/// the names), and the model presets' config files.
 pub const ALLOWED: [&str; 3] = [
     "crates/contract/src/config/family.rs",
-    "crates/checkpoint/src/gguf/import.rs",
+    "crates/checkpoint/src/gguf/",
     "crates/contract/src/presets.rs",
 ];
 
@@ -52,7 +53,7 @@ fn is_family_name(s: &str) -> bool {
 
 /// The violations of `src` (the text of `file`, relative to the root).
 pub fn check_source(file: &str, src: &str) -> Vec<Violation> {
-    if ALLOWED.contains(&file) || is_test_file(file) {
+    if ALLOWED.iter().any(|a| file.starts_with(a)) || is_test_file(file) {
         return Vec::new();
     }
     let mut out = Vec::new();

@@ -7,7 +7,7 @@
 //   cache layout [slots, n_kv, D] bf16, slot = block * block_size + offset;
 //   with kv_fp8 the caches hold e4m3 bytes, k stored as e4m3(k / k_scale)
 //   and v as e4m3(v / v_scale) (kv.cuh; the bf16 path below is unchanged).
-//   cos/sin tables [max_pos, D/2] f32 (LlamaConfig::rope_table), shared with decode.
+//   cos/sin tables [max_pos, D/2] f32 (ModelConfig::rope_table), shared with decode.
 //   positions >= max_pos are rejected on the host; the kernel skips them.
 //   with kv_rotate (FP8 at calibrated K scales) every q and k head is
 //   Hadamard-rotated after RoPE (hadamard.cuh), one warp a head.
