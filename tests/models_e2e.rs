@@ -327,29 +327,33 @@ fn earlier_partial_downloads_resume_and_bad_configs_stop_early() {
         Some(format!("bytes={third}-").as_str())
     );
 
-    // Qwen2: refused at config.json, before any weight request
-    let qwen = tmp.path().join("qwen");
-    std::fs::create_dir_all(&qwen).unwrap();
+    // an architecture lamina has no spec for: refused at config.json,
+    // before any weight request
+    let neox = tmp.path().join("neox");
+    std::fs::create_dir_all(&neox).unwrap();
     for e in std::fs::read_dir(&repo_dir).unwrap() {
         let p = e.unwrap().path();
-        std::fs::copy(&p, qwen.join(p.file_name().unwrap())).unwrap();
+        std::fs::copy(&p, neox.join(p.file_name().unwrap())).unwrap();
     }
-    let cfg = std::fs::read_to_string(qwen.join("config.json")).unwrap();
+    let cfg = std::fs::read_to_string(neox.join("config.json")).unwrap();
     std::fs::write(
-        qwen.join("config.json"),
-        cfg.replace("LlamaForCausalLM", "Qwen2ForCausalLM"),
+        neox.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "GPTNeoXForCausalLM"),
     )
     .unwrap();
-    hub.add_repo("org/qwen", &qwen, COMMIT, Access::Public);
+    hub.add_repo("org/neox", &neox, COMMIT, Access::Public);
     let e = hub_client
-        .snapshot(&RepoRef::parse("org/qwen").unwrap())
+        .snapshot(&RepoRef::parse("org/neox").unwrap())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("Qwen2") && e.contains("bias"), "{e}");
+    assert!(
+        e.contains("GPTNeoXForCausalLM") && e.contains("architectures"),
+        "{e}"
+    );
     assert!(
         !hub.seen()
             .iter()
-            .any(|s| s.path.contains("org/qwen") && s.path.ends_with(".safetensors")),
+            .any(|s| s.path.contains("org/neox") && s.path.ends_with(".safetensors")),
         "no weight requested"
     );
 }
