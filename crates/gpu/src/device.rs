@@ -105,7 +105,8 @@ impl Gpu {
         drv("cuMemGetInfo", self.ctx.mem_get_info())
     }
 
-    /// Allocates `len` zeroed elements.
+    /// Allocates `len` elements, zeroed in stream order (before any work
+    /// enqueued after this call).
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<DeviceBuffer<T>, GpuError> {
         self.bind()?;
         let bytes = len.max(1) * std::mem::size_of::<T>();
@@ -117,9 +118,13 @@ impl Gpu {
             ctx: self.ctx.clone(),
             _t: PhantomData,
         };
+        // On the one stream, so every later use of the buffer there comes
+        // after the zeros: a memset on the legacy stream would be unordered
+        // with this non-blocking stream and could land after a kernel's
+        // writes (and cuMemsetD8 returns before it is done).
         // SAFETY: `ptr` holds `bytes` bytes just allocated.
-        drv("cuMemsetD8", unsafe {
-            result::memset_d8_sync(ptr, 0, bytes)
+        drv("cuMemsetD8Async", unsafe {
+            result::memset_d8_async(ptr, 0, bytes, self.cu_stream())
         })?;
         Ok(buf)
     }
@@ -129,11 +134,14 @@ impl Gpu {
         let buf = self.alloc::<T>(host.len())?;
         self.bind()?;
         if !host.is_empty() {
-            // SAFETY: `buf` holds exactly `host.len()` elements of T; the copy is synchronous.
-            drv("cuMemcpyHtoD", unsafe {
-                result::memcpy_htod_sync(buf.ptr, host)
+            // SAFETY: `buf` holds exactly `host.len()` elements of T; `host`
+            // outlives the copy (the stream is synchronised below).
+            drv("cuMemcpyHtoDAsync", unsafe {
+                result::memcpy_htod_async(buf.ptr, host, self.cu_stream())
             })?;
         }
+        // ordered after the zero fill on the stream, and done on return
+        self.synchronize()?;
         Ok(buf)
     }
 

@@ -86,7 +86,13 @@ fn gelu_tanh_mul_matches_the_reference() {
             .unwrap();
         let (mut gate, up) = ops::activation::split_gate_up(&f32s(&gu), inter);
         ops::activation::gate_mul(Activation::GeluTanh, &mut gate, &up);
-        let e = rel_err(&f32s(&gpu.to_host(out.view()).unwrap()), &gate);
-        assert!(e < 5e-3, "gelu T={tokens}: rel err {e}");
+        let got = f32s(&gpu.to_host(out.view()).unwrap());
+        let e = rel_err(&got, &gate);
+        assert!(
+            e < 5e-3,
+            "gelu T={tokens}: rel err {e}: got {:?} want {:?}",
+            &got[..4],
+            &gate[..4]
+        );
     }
 }
