@@ -33,7 +33,7 @@ import time
 
 import torch
 import transformers
-from transformers import ModelConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 # Llama-3.2-1B's config.json (what `lamina synth-model --preset llama-3.2-1b` writes)
 LLAMA_3_2_1B = {
@@ -67,7 +67,7 @@ def load(path):
         return LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
     torch.manual_seed(0)
     with torch.device("cuda"):
-        return LlamaForCausalLM(ModelConfig(**LLAMA_3_2_1B)).to(torch.bfloat16).eval()
+        return LlamaForCausalLM(LlamaConfig(**LLAMA_3_2_1B)).to(torch.bfloat16).eval()
 
 
 class Runner:
