@@ -231,8 +231,23 @@ pub fn check_deps(meta: &Value) -> Result<Vec<Violation>> {
 /// Scans every `.rs` file under [`SCANNED_DIRS`] of `root`; returns the
 /// number of files scanned and the violations.
 pub fn check_unsafe_tree(root: &Path) -> Result<(usize, Vec<Violation>)> {
+    scan(root, &SCANNED_DIRS, check_unsafe_source)
+}
+
+/// [`names::check_source`] over every `.rs` file of the crates.
+pub fn check_names_tree(root: &Path) -> Result<Vec<Violation>> {
+    Ok(scan(root, &["crates"], names::check_source)?.1)
+}
+
+/// `check(path from the root, text)` over every `.rs` file under `dirs`
+/// of `root`, in path order: the number of files and the violations.
+fn scan(
+    root: &Path,
+    dirs: &[&str],
+    check: fn(&str, &str) -> Vec<Violation>,
+) -> Result<(usize, Vec<Violation>)> {
     let mut files = Vec::new();
-    for dir in SCANNED_DIRS {
+    for dir in dirs {
         collect_rs(&root.join(dir), &mut files)?;
     }
     files.sort();
@@ -241,24 +256,9 @@ pub fn check_unsafe_tree(root: &Path) -> Result<(usize, Vec<Violation>)> {
         let text =
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
         let shown = f.strip_prefix(root).unwrap_or(f).display().to_string();
-        out.extend(check_unsafe_source(&shown, &text));
+        out.extend(check(&shown, &text));
     }
     Ok((files.len(), out))
-}
-
-/// [`names::check_source`] over every `.rs` file of the crates.
-pub fn check_names_tree(root: &Path) -> Result<Vec<Violation>> {
-    let mut files = Vec::new();
-    collect_rs(&root.join("crates"), &mut files)?;
-    files.sort();
-    let mut out = Vec::new();
-    for f in &files {
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        let shown = f.strip_prefix(root).unwrap_or(f).display().to_string();
-        out.extend(names::check_source(&shown, &text));
-    }
-    Ok(out)
 }
 
 pub fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {

@@ -177,11 +177,6 @@ impl LayerWeights {
     pub fn extra(&self, e: Extra) -> Option<&Tensor> {
         self.extras.get(&e)
     }
-
-    /// `e`'s values in f32, when the layer has it.
-    pub fn extra_f32(&self, e: Extra) -> Option<Vec<f32>> {
-        self.extra(e).map(Tensor::to_f32)
-    }
 }
 
 /// Index of the first NaN, infinity or value beyond [`MAX_ABS_WEIGHT`] of

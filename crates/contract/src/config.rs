@@ -389,6 +389,12 @@ impl ModelConfig {
         })
     }
 
+    /// Llama's layer in this model's dimensions and RoPE: what kernels that
+    /// fuse Llama's layer run.
+    pub fn llama_spec(&self) -> ModelSpec {
+        ModelSpec::llama(self.num_layers, self.head_dim, self.rope().clone())
+    }
+
     /// Query width: `num_heads * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim

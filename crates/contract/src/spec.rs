@@ -157,11 +157,6 @@ impl ModelSpec {
             .then_some(first)
     }
 
-    /// Whether any layer has `f`.
-    pub fn any_layer(&self, f: impl Fn(&LayerSpec) -> bool) -> bool {
-        self.layers.iter().any(f)
-    }
-
     /// The first field (by its path, e.g. `layers[3].attention.window`)
     /// where this spec differs from `other`, `None` when they are equal.
     pub fn first_difference(&self, other: &ModelSpec) -> Option<String> {

@@ -420,19 +420,16 @@ impl CpuBackend {
                 .matmul(isa, hq, hidden, 2 * inter, gu, rows_kind, &mut ws.bufs);
             delta(lr, l, L::Gate, h, hidden, gu, 2 * inter, 0);
             delta(lr, l, L::Up, h, hidden, gu, 2 * inter, inter);
+            if let Some(b) = &norms.gate_up_bias {
+                each_row(gu, 2 * inter, |_, row| add_rows(row, b));
+            }
             let act = sized(&mut ws.act, t * inter);
-            let (gb, ub) = (norms.get(X::GateBias), norms.get(X::UpBias));
             let activation = c.spec.layers[l].mlp.activation;
             each_row_pair(act, inter, gu, 2 * inter, |a, g| {
                 a.copy_from_slice(&g[..inter]);
-                let mut up = std::borrow::Cow::Borrowed(&g[inter..]);
-                if let (Some(gb), Some(ub)) = (gb, ub) {
-                    add_rows(a, gb);
-                    add_rows(up.to_mut(), ub);
-                }
                 match activation {
-                    Activation::Silu => silu_mul(isa, a, &up),
-                    Activation::GeluTanh => gelu_tanh_mul(a, &up),
+                    Activation::Silu => silu_mul(isa, a, &g[inter..]),
+                    Activation::GeluTanh => gelu_tanh_mul(a, &g[inter..]),
                 }
             });
             let mq = product_input(fp8a, act, inter, &mut ws.fp8_in);

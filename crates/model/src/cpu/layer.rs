@@ -21,6 +21,9 @@ pub(super) struct LayerVecs {
     /// `[q_dim + 2 kv_dim]`: the Q, K and V biases side by side (the fast
     /// path's fused QKV row), when the layer has them.
     pub qkv_bias: Option<Vec<f32>>,
+    /// `[2 intermediate]`: the gate and up biases side by side (the fast
+    /// path's fused gate/up row), when the layer has them.
+    pub gate_up_bias: Option<Vec<f32>>,
     /// The other extras: biases as stored, norm gains with the offset.
     extras: BTreeMap<Extra, Vec<f32>>,
 }
@@ -28,21 +31,32 @@ pub(super) struct LayerVecs {
 impl LayerVecs {
     /// The vectors of layer `l`, norm gains as `offset + w`.
     pub fn of(l: &LayerWeights, offset: f32) -> Self {
-        let gain = |t: &Tensor| t.to_f32().into_iter().map(|w| offset + w).collect();
         let extras: BTreeMap<Extra, Vec<f32>> = l
             .extras
             .iter()
-            .map(|(&e, t)| (e, if e.is_norm() { gain(t) } else { t.to_f32() }))
+            .map(|(&e, t)| {
+                (
+                    e,
+                    if e.is_norm() {
+                        gain(t, offset)
+                    } else {
+                        t.to_f32()
+                    },
+                )
+            })
             .collect();
-        let qkv_bias = [Extra::QBias, Extra::KBias, Extra::VBias]
-            .iter()
-            .map(|e| extras.get(e).cloned())
-            .collect::<Option<Vec<_>>>()
-            .map(|parts| parts.concat());
+        let fused = |parts: &[Extra]| {
+            (parts.iter().map(|e| extras.get(e).cloned()))
+                .collect::<Option<Vec<_>>>()
+                .map(|parts| parts.concat())
+        };
+        let qkv_bias = fused(&[Extra::QBias, Extra::KBias, Extra::VBias]);
+        let gate_up_bias = fused(&[Extra::GateBias, Extra::UpBias]);
         LayerVecs {
-            input: gain(&l.input_norm),
-            post: gain(&l.post_norm),
+            input: gain(&l.input_norm, offset),
+            post: gain(&l.post_norm, offset),
             qkv_bias,
+            gate_up_bias,
             extras,
         }
     }
@@ -53,8 +67,8 @@ impl LayerVecs {
     }
 }
 
-/// The final norm's gain, `offset + w`.
-pub(super) fn final_gain(norm: &Tensor, offset: f32) -> Vec<f32> {
+/// A norm's gain, `offset + w` (the final norm's too).
+pub(super) fn gain(norm: &Tensor, offset: f32) -> Vec<f32> {
     norm.to_f32().into_iter().map(|w| offset + w).collect()
 }
 

@@ -180,7 +180,7 @@ impl CpuBackend {
         let norms = (weights.layers.iter())
             .map(|l| layer::LayerVecs::of(l, offset))
             .collect();
-        let final_norm = layer::final_gain(&weights.norm, offset);
+        let final_norm = layer::gain(&weights.norm, offset);
         let fast = match path {
             CpuPath::Fast => {
                 let panels = Isa::best() == Isa::Avx512;

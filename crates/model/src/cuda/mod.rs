@@ -204,7 +204,7 @@ fn tuning(
         .iter()
         .all(|&k| kernels::gemv::width_fits(k, fp8));
     // the fused GEMVs run Llama's layer: any other spec runs the GEMM layer
-    let llama = llama_spec(c).first_difference(&c.spec).is_none();
+    let llama = c.llama_spec().first_difference(&c.spec).is_none();
     let gemv_rows = if fits && llama && !opts.deterministic {
         opts.gemv_rows.min(MAX_GEMV_ROWS)
     } else {
@@ -255,16 +255,11 @@ pub struct CudaBackend {
     gpu: Arc<Gpu>,
 }
 
-/// Llama's layer in `c`'s dimensions and RoPE: what the fused GEMVs run.
-fn llama_spec(c: &ModelConfig) -> contract::ModelSpec {
-    contract::ModelSpec::llama(c.num_layers, c.head_dim, c.rope().clone())
-}
-
 /// Refuses a spec with a field the CUDA layers do not run, naming it: the
 /// fused GEMV layer runs Llama's, the GEMM layer adds the Q/K/V, O and MLP
 /// biases, QK-norm and one gated activation for every layer.
 fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
-    let mut runs = llama_spec(c);
+    let mut runs = c.llama_spec();
     let act = c.spec.layers[0].mlp.activation;
     for (r, l) in runs.layers.iter_mut().zip(&c.spec.layers) {
         let (a, b) = (&mut r.attention, &l.attention);

@@ -56,9 +56,7 @@ fn check(
     }
     crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;
     // the calibration pass runs Llama's layer
-    let llama =
-        contract::ModelSpec::llama(config.num_layers, config.head_dim, config.rope().clone());
-    if let Some(field) = config.spec.first_difference(&llama) {
+    if let Some(field) = config.spec.first_difference(&config.llama_spec()) {
         return Err(GptqError::Weights(format!(
             "the model's `{field}` is not supported by GPTQ calibration (it runs Llama's layer)"
         )));
