@@ -30,15 +30,8 @@ pub const MAX_NORM_SMEM: usize = 96 * 1024;
 pub(crate) const NORM_VARIANTS: [usize; 3] = [2, 3, 5];
 /// Row tiles the kernels are instantiated for (index = entry in `Kernels::gemv[variant]`).
 const TILES: [usize; 5] = [1, 2, 4, 8, 16];
-/// Entry-point prefixes, in [`GemvOp::variant`] order.
-pub(crate) const VARIANTS: [&str; 6] = [
-    "gemv_bf16",
-    "gemv_resid",
-    "gemv_norm",
-    "gemv_norm_silu",
-    "gemv_f32",
-    "gemv_norm_rope",
-];
+/// Entry-point names after the format's prefix, in [`GemvOp::variant`] order.
+pub(crate) const VARIANTS: [&str; 6] = ["bf16", "resid", "norm", "norm_silu", "f32", "norm_rope"];
 /// Index of `gemv_norm_rope` in [`VARIANTS`].
 const ROPE_VARIANT: usize = 5;
 
@@ -46,20 +39,48 @@ const ROPE_VARIANT: usize = 5;
 /// without a LoRA form.
 const F32_VARIANT: usize = 4;
 
-/// The entry point of variant `i` for row tile `m`, bf16 or FP8 weights,
+/// The weight formats the GEMVs read, one kernel type each in
+/// `cu/gemv.cu` (`FmtBf16`, `FmtFp8Row`); the index of `Kernels::gemv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// bf16 values.
+    Bf16 = 0,
+    /// e4m3 bytes with one f32 scale per row.
+    Fp8Row = 1,
+}
+
+impl WeightFormat {
+    /// Every format, in `Kernels::gemv` order.
+    pub const ALL: [WeightFormat; 2] = [WeightFormat::Bf16, WeightFormat::Fp8Row];
+
+    /// The entry points' prefix (`GEMV_FORMAT(prefix, type)` in `cu/gemv.cu`).
+    fn prefix(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "gemv",
+            WeightFormat::Fp8Row => "gemv8",
+        }
+    }
+
+    /// What `k` must be a multiple of: whole 16-byte chunks of a row.
+    pub fn k_multiple(self) -> usize {
+        match self {
+            WeightFormat::Bf16 => 8,
+            WeightFormat::Fp8Row => FP8_K_MULTIPLE,
+        }
+    }
+}
+
+/// The entry point of variant `i` for row tile `m` and weight format `f`,
 /// in its LoRA form (`cu/gemv.cu`'s module doc) when `lora` (the plain one
 /// for the f32 variant, which has none).
-pub(crate) fn entry(i: usize, fp8: bool, lora: bool, m: usize) -> String {
-    let name = VARIANTS[i];
+pub(crate) fn entry(i: usize, f: WeightFormat, lora: bool, m: usize) -> String {
     let lora = if lora && i != F32_VARIANT {
         "_lora"
     } else {
         ""
     };
-    match (fp8, name.strip_prefix("gemv_")) {
-        (true, Some(rest)) => format!("gemv8_{rest}{lora}_m{m}"),
-        _ => format!("{name}{lora}_m{m}"),
-    }
+    let rest = VARIANTS[i];
+    format!("{}_{rest}{lora}_m{m}", f.prefix())
 }
 
 /// A projection's weights, `[rows, k]` (rows = `n`, or `2n` for
@@ -82,22 +103,30 @@ impl<'a> From<DevSlice<'a, bf16>> for GemvWeights<'a> {
 }
 
 impl GemvWeights<'_> {
+    /// The weights' format.
+    pub fn format(&self) -> WeightFormat {
+        match self {
+            GemvWeights::Bf16(_) => WeightFormat::Bf16,
+            GemvWeights::Fp8 { .. } => WeightFormat::Fp8Row,
+        }
+    }
+
     /// Checks the weights hold `rows` rows of `k`; returns the weight and
-    /// scale pointers (0 for bf16) and whether they are FP8.
+    /// scale pointers (0 for bf16) and the format.
     fn check(
         &self,
         kernel: &'static str,
         rows: usize,
         k: usize,
-    ) -> Result<(u64, u64, bool), KernelError> {
+    ) -> Result<(u64, u64, WeightFormat), KernelError> {
         match self {
             GemvWeights::Bf16(w) => {
                 need(kernel, "w", w, rows * k)?;
                 aligned(kernel, "w", w.ptr())?;
-                Ok((w.ptr(), 0, false))
+                Ok((w.ptr(), 0, self.format()))
             }
             GemvWeights::Fp8 { q, scale } => {
-                if !width_fits(k, true) {
+                if !width_fits(k, self.format()) {
                     return Err(KernelError::Unsupported {
                         kernel,
                         reason: format!(
@@ -108,16 +137,16 @@ impl GemvWeights<'_> {
                 need(kernel, "w (fp8)", q, rows * k)?;
                 need(kernel, "w scale", scale, rows)?;
                 aligned(kernel, "w (fp8)", q.ptr())?;
-                Ok((q.ptr(), scale.ptr(), true))
+                Ok((q.ptr(), scale.ptr(), self.format()))
             }
         }
     }
 }
 
-/// Whether the GEMVs take inputs `k` wide: 16-byte rows (`k` a multiple
-/// of 8), and for FP8 weights whole chunks (a multiple of [`FP8_K_MULTIPLE`]).
-pub fn width_fits(k: usize, fp8: bool) -> bool {
-    k.is_multiple_of(if fp8 { FP8_K_MULTIPLE } else { 8 })
+/// Whether the GEMVs take inputs `k` wide in weight format `f`: whole
+/// 16-byte chunks of a row ([`WeightFormat::k_multiple`]).
+pub fn width_fits(k: usize, f: WeightFormat) -> bool {
+    k.is_multiple_of(f.k_multiple())
 }
 
 /// Whether a norm-variant GEMV of `m` rows over `k` inputs fits its shared
@@ -328,7 +357,7 @@ impl Kernels {
         lora: Option<&GemvLora<'_>>,
     ) -> Result<(), KernelError> {
         const K: &str = "gemv";
-        if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !width_fits(k, false) {
+        if m == 0 || m > MAX_ROWS || n == 0 || k == 0 || !width_fits(k, WeightFormat::Bf16) {
             return Err(KernelError::Unsupported {
                 kernel: K,
                 reason: format!(
@@ -337,7 +366,7 @@ impl Kernels {
             });
         }
         let silu = matches!(op, GemvOp::NormSilu { .. });
-        let (w, w_scale, fp8) = w.into().check(K, if silu { 2 * n } else { n }, k)?;
+        let (w, w_scale, format) = w.into().check(K, if silu { 2 * n } else { n }, k)?;
         let (x, norm_w, y, eps) = match op {
             GemvOp::Bf16 { x, y } => {
                 need(K, "x", &x, m * k)?;
@@ -384,8 +413,7 @@ impl Kernels {
             });
         }
         let tile = tile_of(m);
-        let table = if fp8 { &self.gemv8 } else { &self.gemv };
-        let func = &table[usize::from(lora.is_some())][op.variant()][tile];
+        let func = &self.gemv[format as usize][usize::from(lora.is_some())][op.variant()][tile];
         let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
         let (mut cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
         let mut args = GemvArgs {
@@ -466,7 +494,7 @@ impl Kernels {
         }
         need(K, "residual", &residual, m * hidden)?;
         need(K, "norm_w", &norm_w, hidden)?;
-        let (w, w_scale, fp8) = w.into().check(K, n, hidden)?;
+        let (w, w_scale, format) = w.into().check(K, n, hidden)?;
         need(K, "qkv", &qkv, m * n)?;
         need(K, "positions", &rope.positions, m)?;
         need(K, "slots", &rope.slots, m)?;
@@ -494,8 +522,7 @@ impl Kernels {
         }
         let tile = tile_of(m);
         let (mut cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
-        let table = if fp8 { &self.gemv8 } else { &self.gemv };
-        let func = &table[usize::from(lora.is_some())][ROPE_VARIANT][tile];
+        let func = &self.gemv[format as usize][usize::from(lora.is_some())][ROPE_VARIANT][tile];
         let (k_cache, v_cache) = rope.kv.ptrs();
         let (k_scale, v_scale) = rope.kv.scales();
         let mut args = GemvArgs {
@@ -600,6 +627,24 @@ pub fn gemv_ref(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn formats_index_the_table_and_name_their_entries() {
+        for (i, f) in WeightFormat::ALL.iter().enumerate() {
+            assert_eq!(*f as usize, i);
+        }
+        assert_eq!(entry(0, WeightFormat::Bf16, false, 1), "gemv_bf16_m1");
+        assert_eq!(
+            entry(ROPE_VARIANT, WeightFormat::Fp8Row, true, 16),
+            "gemv8_norm_rope_lora_m16"
+        );
+        // the LM head's variant has no LoRA form
+        assert_eq!(
+            entry(F32_VARIANT, WeightFormat::Fp8Row, true, 4),
+            "gemv8_f32_m4"
+        );
+        assert!(width_fits(24, WeightFormat::Bf16) && !width_fits(24, WeightFormat::Fp8Row));
+    }
 
     #[test]
     fn reference_fuses_norm_and_silu_like_the_unfused_steps() {

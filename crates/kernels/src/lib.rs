@@ -202,11 +202,9 @@ pub struct Kernels {
     /// The device runs `flash_hopper_*` (compute capability 9.0, whose code
     /// in the fatbin is the sm_90a build) and [`KernelOptions::wgmma`] is set.
     pub(crate) flash_hopper: bool,
-    /// `[plain, LoRA form][variant][row tile]` (see `gemv::VARIANTS`):
-    /// bf16 weights.
-    pub(crate) gemv: [[[Function; 5]; 6]; 2],
-    /// The same for FP8 weights (`gemv8_*`).
-    pub(crate) gemv8: [[[Function; 5]; 6]; 2],
+    /// `[weight format][plain, LoRA form][variant][row tile]` (see
+    /// `gemv::WeightFormat` and `gemv::VARIANTS`).
+    pub(crate) gemv: [[[[Function; 5]; 6]; 2]; 2],
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
@@ -221,20 +219,25 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>, options: KernelOptions) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
-        let tiles = |i: usize, fp8: bool, lora: bool| -> Result<[Function; 5], GpuError> {
-            let t = |m: usize| -> Result<Function, GpuError> {
-                let func = f(&gemv::entry(i, fp8, lora, m))?;
-                if gemv::NORM_VARIANTS.contains(&i) {
-                    func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
-                }
-                Ok(func)
+        let tiles =
+            |i: usize, fmt: gemv::WeightFormat, lora: bool| -> Result<[Function; 5], GpuError> {
+                let t = |m: usize| -> Result<Function, GpuError> {
+                    let func = f(&gemv::entry(i, fmt, lora, m))?;
+                    if gemv::NORM_VARIANTS.contains(&i) {
+                        func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
+                    }
+                    Ok(func)
+                };
+                Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
             };
-            Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
-        };
-        let table = |fp8: bool, lora: bool| -> Result<[[Function; 5]; 6], GpuError> {
-            let t = |i| tiles(i, fp8, lora);
+        let table = |fmt: gemv::WeightFormat, lora: bool| -> Result<[[Function; 5]; 6], GpuError> {
+            let t = |i| tiles(i, fmt, lora);
             Ok([t(0)?, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?])
         };
+        let format = |fmt| -> Result<[[[Function; 5]; 6]; 2], GpuError> {
+            Ok([table(fmt, false)?, table(fmt, true)?])
+        };
+        let [bf16_w, fp8_w] = gemv::WeightFormat::ALL;
         let flash = flash_prefill::load_functions(&module, false)?;
         let flash8 = flash_prefill::load_functions(&module, true)?;
         Ok(Kernels {
@@ -266,8 +269,7 @@ impl Kernels {
             sms: gpu.sm_count()?,
             smem_per_sm: gpu.smem_per_sm()?,
             flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),
-            gemv: [table(false, false)?, table(false, true)?],
-            gemv8: [table(true, false)?, table(true, true)?],
+            gemv: [format(bf16_w)?, format(fp8_w)?],
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
             pdl: options.pdl && gpu.supports_pdl()?,

@@ -1,7 +1,7 @@
 // GEMV-shaped projections for small steps (m <= LAMINA_GEMV_MAX_ROWS token rows):
 // y[m, n] = x[m, K] · W[n, K]ᵀ with bf16 weights (nn.Linear, row-major),
 // fp32 accumulation, every weight row read once for all m rows.
-// FP8 weights (the gemv8_* entries, W8): W holds e4m3 bytes and w_scale one
+// FP8 weights (the gemv8_* entries, format FmtFp8Row): W holds e4m3 bytes and w_scale one
 // f32 scale per weight row; a lane's 16-byte chunk then holds 16 columns
 // instead of 8 (half as many chunks a pass; K % 16 == 0), widened to f32 in
 // registers (hardware cvt on sm_89+), and each row's dot is multiplied by
@@ -112,18 +112,20 @@ __device__ __forceinline__ void fp8x8(const uint2 raw, float* f) {
 
 __device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
 
-// A lane's chunk of one row: 8 bf16 weights (16 bytes), or 16 e4m3 weights
-// (16 bytes); COLS weights each, widened to f32.
-template <bool W8>
-struct WChunk {
-    static constexpr uint32_t BYTES = 2;  // per weight
+// The weight formats (one type each, the `gemv::WeightFormat` of the
+// launcher): a lane's 16-byte chunk of one row holds COLS weights of BYTES
+// bytes each, widened to f32; SCALED formats multiply each row's dot by
+// the row's scale (w_scale[row]) before the epilogue.
+struct FmtBf16 {  // 8 bf16 weights a chunk
+    static constexpr uint32_t BYTES = 2;
     static constexpr uint32_t COLS = 8;
+    static constexpr bool SCALED = false;
     static __device__ __forceinline__ void widen(const uint4& raw, float* f) { bf8(raw, f); }
 };
-template <>
-struct WChunk<true> {
+struct FmtFp8Row {  // 16 e4m3 weights a chunk, one f32 scale a row
     static constexpr uint32_t BYTES = 1;
     static constexpr uint32_t COLS = LAMINA_GEMV_FP8_COLS;
+    static constexpr bool SCALED = true;
     static __device__ __forceinline__ void widen(const uint4& raw, float* f) {
         fp8x8(make_uint2(raw.x, raw.y), f);
         fp8x8(make_uint2(raw.z, raw.w), f + 8);
@@ -132,10 +134,10 @@ struct WChunk<true> {
 
 // One pass of a warp: NW chunks of each of its two rows per lane, columns
 // base + u * 32 * COLS (u < NW) below kend; zeros past kend or for absent rows.
-template <int NW, bool W8>
+template <int NW, class F>
 __device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigned char* w1, bool ok0, bool ok1,
                                           uint32_t base, uint32_t kend, uint4* wa, uint4* wb) {
-    typedef WChunk<W8> C;
+    typedef F C;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < NW; u++) {
@@ -187,9 +189,9 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
     }
 }
 
-template <int MT, int IN, int OUT, bool W8, bool LORA>
+template <int MT, int IN, int OUT, class F, bool LORA>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
-    typedef WChunk<W8> C;
+    typedef F C;
     // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which FP8
     // weights (16 columns a chunk) load in NW = NC / 2 chunks.
     constexpr int NC = lamina_gemv_chunks<MT, IN == IN_NORM>::value;
@@ -214,8 +216,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     // in flight before the PDL wait (and before the norm prologue); so are
     // the rows' FP8 scales.
     uint4 wa[NW], wb[NW];
-    gemv_load<NW, W8>(w0, w1, ok0, ok1, kbeg + lane * C::COLS, kend, wa, wb);
-    const float s0 = W8 && ok0 ? a.w_scale[r0] : 1.f, s1 = W8 && ok1 ? a.w_scale[r1] : 1.f;
+    gemv_load<NW, F>(w0, w1, ok0, ok1, kbeg + lane * C::COLS, kend, wa, wb);
+    const float s0 = F::SCALED && ok0 ? a.w_scale[r0] : 1.f, s1 = F::SCALED && ok1 ? a.w_scale[r1] : 1.f;
     // So are the norm weights: thread t normalises columns t * 8 + j * 1024.
     constexpr int NJ = GEMV_NORM_REGS;
     uint4 nwv[NJ];
@@ -318,7 +320,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     for (int r = 0; r < MT; r++) acc0[r] = acc1[r] = 0.f;
     if (ok0) {
         for (uint32_t pass = kbeg; pass < kend; pass += 256 * NC) {
-            if (pass != kbeg) gemv_load<NW, W8>(w0, w1, ok0, ok1, pass + lane * C::COLS, kend, wa, wb);
+            if (pass != kbeg) gemv_load<NW, F>(w0, w1, ok0, ok1, pass + lane * C::COLS, kend, wa, wb);
 #pragma unroll
             for (int u = 0; u < NW; u++) {
                 const uint32_t kk = pass + lane * C::COLS + u * 32 * C::COLS;
@@ -378,7 +380,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     // Lanes >= m stay until the rotating ROPE epilogue (whole warps): their
     // dots are zero and their lslot 0.
     if (!ok0) return;
-    if (W8) {
+    if (F::SCALED) {
         d0 *= s0;
         d1 *= s1;
     }
@@ -447,38 +449,37 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     }
 }
 
-#define GEMV_ENTRY(NAME, MT, IN, OUT, W8)                                                              \
+#define GEMV_ENTRY(NAME, MT, IN, OUT, F)                                                               \
     extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
-        gemv_impl<MT, IN, OUT, W8, false>(a, blockIdx.x);                                              \
+        gemv_impl<MT, IN, OUT, F, false>(a, blockIdx.x);                                               \
     }
 // The LoRA form (module doc): the shrink blocks first, then the GEMV's.
-#define GEMV_LORA_ENTRY(NAME, MT, IN, OUT, W8)                                                         \
+#define GEMV_LORA_ENTRY(NAME, MT, IN, OUT, F)                                                          \
     extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32)                               \
         NAME##_lora_m##MT(const GemvArgs a) {                                                          \
         if (blockIdx.x < a.lora_shrink_blocks)                                                         \
             gemv_lora_shrink<IN>(a, blockIdx.x);                                                       \
         else                                                                                           \
-            gemv_impl<MT, IN, OUT, W8, true>(a, blockIdx.x - a.lora_shrink_blocks);                    \
+            gemv_impl<MT, IN, OUT, F, true>(a, blockIdx.x - a.lora_shrink_blocks);                     \
     }
-#define GEMV_TILES_OF(ENTRY, NAME, IN, OUT, W8) \
-    ENTRY(NAME, 1, IN, OUT, W8)                 \
-    ENTRY(NAME, 2, IN, OUT, W8)                 \
-    ENTRY(NAME, 4, IN, OUT, W8)                 \
-    ENTRY(NAME, 8, IN, OUT, W8)                 \
-    ENTRY(NAME, 16, IN, OUT, W8)
+#define GEMV_TILES_OF(ENTRY, NAME, IN, OUT, F) \
+    ENTRY(NAME, 1, IN, OUT, F)                 \
+    ENTRY(NAME, 2, IN, OUT, F)                 \
+    ENTRY(NAME, 4, IN, OUT, F)                 \
+    ENTRY(NAME, 8, IN, OUT, F)                 \
+    ENTRY(NAME, 16, IN, OUT, F)
 // Every variant but f32 (the LM head) also in its LoRA form.
-#define GEMV_TILES(NAME, IN, OUT, W8)                   \
-    GEMV_TILES_OF(GEMV_ENTRY, NAME, IN, OUT, W8)        \
-    GEMV_TILES_OF(GEMV_LORA_ENTRY, NAME, IN, OUT, W8)
-GEMV_TILES(gemv_bf16, IN_BF16, OUT_BF16, false)
-GEMV_TILES(gemv_resid, IN_BF16, OUT_RESID, false)
-GEMV_TILES(gemv_norm, IN_NORM, OUT_BF16, false)
-GEMV_TILES(gemv_norm_silu, IN_NORM, OUT_SILU, false)
-GEMV_TILES_OF(GEMV_ENTRY, gemv_f32, IN_BF16, OUT_F32, false)
-GEMV_TILES(gemv_norm_rope, IN_NORM, OUT_ROPE, false)
-GEMV_TILES(gemv8_bf16, IN_BF16, OUT_BF16, true)
-GEMV_TILES(gemv8_resid, IN_BF16, OUT_RESID, true)
-GEMV_TILES(gemv8_norm, IN_NORM, OUT_BF16, true)
-GEMV_TILES(gemv8_norm_silu, IN_NORM, OUT_SILU, true)
-GEMV_TILES_OF(GEMV_ENTRY, gemv8_f32, IN_BF16, OUT_F32, true)
-GEMV_TILES(gemv8_norm_rope, IN_NORM, OUT_ROPE, true)
+#define GEMV_TILES(NAME, IN, OUT, F)                   \
+    GEMV_TILES_OF(GEMV_ENTRY, NAME, IN, OUT, F)        \
+    GEMV_TILES_OF(GEMV_LORA_ENTRY, NAME, IN, OUT, F)
+// Every variant for one weight format, named PREFIX_variant (the prefix is
+// `gemv::WeightFormat::prefix` in the launcher).
+#define GEMV_FORMAT(PREFIX, F)                                \
+    GEMV_TILES(PREFIX##_bf16, IN_BF16, OUT_BF16, F)           \
+    GEMV_TILES(PREFIX##_resid, IN_BF16, OUT_RESID, F)         \
+    GEMV_TILES(PREFIX##_norm, IN_NORM, OUT_BF16, F)           \
+    GEMV_TILES(PREFIX##_norm_silu, IN_NORM, OUT_SILU, F)      \
+    GEMV_TILES_OF(GEMV_ENTRY, PREFIX##_f32, IN_BF16, OUT_F32, F) \
+    GEMV_TILES(PREFIX##_norm_rope, IN_NORM, OUT_ROPE, F)
+GEMV_FORMAT(gemv, FmtBf16)
+GEMV_FORMAT(gemv8, FmtFp8Row)

@@ -17,7 +17,6 @@
 
 use gpu::{DevSlice, GemmDims};
 use half::bf16;
-use kernels::KernelError;
 use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
@@ -28,21 +27,12 @@ use kernels::sampling::{SampleOutputs, SampleScratch};
 use contract::backend::BackendError;
 use contract::sampling::MAX_LOGPROBS;
 
+use super::linear::{GemmIo, Linear};
 use super::lora::Group;
 use super::plan::{AttnPlan, HeadIn, Proj, StepPlan};
 use super::staging::{Layout, PARAM_WORDS};
-use super::weights::{DevProj, DeviceLayer};
-use super::{CudaBackend, dev_err};
-
-/// A device error of operation `what`.
-pub(super) fn ge(what: &'static str) -> impl Fn(gpu::GpuError) -> BackendError + Copy {
-    move |e| dev_err(what, e)
-}
-
-/// A kernel error of operation `what`.
-pub(super) fn ke(what: &'static str) -> impl Fn(KernelError) -> BackendError + Copy {
-    move |e| dev_err(what, e)
-}
+use super::weights::{DeviceLayer, Projection};
+use super::{CudaBackend, ge, ke};
 
 /// The staged per-step arrays of a [`Layout`], as device views.
 pub(super) struct Staged<'a> {
@@ -174,11 +164,12 @@ impl CudaBackend {
         }
         .map_err(ke("QKV + RoPE GEMV"))?;
         self.attention(l, io, plan)?;
-        let gemv = |op: GemvOp<'_>, w: &DevProj, n: usize, k: usize, lora: Option<GemvLora<'_>>| {
-            self.k
-                .gemv_with(op, w.gemv(), t, n, k, lora.as_ref())
-                .map_err(ke("GEMV"))
-        };
+        let gemv =
+            |op: GemvOp<'_>, w: &Projection, n: usize, k: usize, lora: Option<GemvLora<'_>>| {
+                self.k
+                    .gemv_with(op, w.gemv(), t, n, k, lora.as_ref())
+                    .map_err(ke("GEMV"))
+            };
         let lo = lora(Group::O)?;
         let o = GemvOp::Resid {
             x: attn,
@@ -201,78 +192,27 @@ impl CudaBackend {
         gemv(down, &layer.down, h, inter, ld)
     }
 
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on cuBLAS; FP8 weights on cuBLASLt's
-    /// FP8 tensor cores with `x` quantised per row, or, where cuBLASLt has
-    /// no algorithm for the shape, widened to bf16 in the model's
-    /// `widened` buffer first.
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on the backend's products (`linear`).
     fn gemm(
         &self,
         m: usize,
         x: DevSlice<'_, bf16>,
-        w: &DevProj,
+        w: &dyn Linear,
         y: DevSlice<'_, bf16>,
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
-        if let Some(inv) = &self.inv {
-            return self.inv_gemm(inv, m, x, w, y, n, k);
-        }
-        let d = GemmDims { m, n, k };
-        if let (DevProj::Fp8 { q, scale }, Some(lt)) = (w, &self.lt)
-            && lt.supports(d).map_err(ge("FP8 GEMM shape"))?
-        {
-            let (xq, xs) = self.fp8_rows(x, m, k)?;
-            return lt
-                .matmul_fp8_nt(xq, xs, q.view(), scale.view(), y, d)
-                .map_err(ge("FP8 GEMM"));
-        }
-        let w = self.widen(w, n, k)?;
-        self.blas
-            .matmul_nt(x, w, y, GemmDims { m, n, k })
-            .map_err(ge("GEMM"))
+        self.products.project(&self.gemm_io(), w, m, x, y, n, k)
     }
 
-    /// `x [m, k]` quantised to e4m3 a row at a time, into the workspace:
-    /// the rows `[m, k]` and their scales `[m]`.
-    pub(super) fn fp8_rows(
-        &self,
-        x: DevSlice<'_, bf16>,
-        m: usize,
-        k: usize,
-    ) -> Result<(DevSlice<'_, u8>, DevSlice<'_, f32>), BackendError> {
-        let ws = &self.ws;
-        let xq = ws
-            .xq
-            .view()
-            .sub(0, m * k)
-            .map_err(ge("FP8 activations view"))?;
-        let xs = ws.xs8.view().sub(0, m).map_err(ge("FP8 scales view"))?;
-        self.k
-            .fp8_quant_rows(x, xq, xs, m, k)
-            .map_err(ke("FP8 activations"))?;
-        Ok((xq, xs))
-    }
-
-    /// The bf16 matrix cuBLAS reads for `w` (`[n, k]`): the weights
-    /// themselves, or FP8 weights widened into the model's `widened` buffer.
-    pub(super) fn widen<'a>(
-        &'a self,
-        w: &'a DevProj,
-        n: usize,
-        k: usize,
-    ) -> Result<DevSlice<'a, bf16>, BackendError> {
-        match w {
-            DevProj::Bf16(w) => Ok(w.view()),
-            DevProj::Fp8 { q, scale } => {
-                let buf = self.model.w.widened.as_ref().ok_or_else(|| {
-                    BackendError::Device("cuda: FP8 weights without their widening buffer".into())
-                })?;
-                let wide = buf.view().sub(0, n * k).map_err(ge("widened view"))?;
-                self.k
-                    .fp8_dequant_rows(q.view(), scale.view(), wide, n, k)
-                    .map_err(ke("FP8 widening"))?;
-                Ok(wide)
-            }
+    /// What the products may use beside their operands.
+    pub(super) fn gemm_io(&self) -> GemmIo<'_> {
+        GemmIo {
+            k: &self.k,
+            blas: &self.blas,
+            xq: self.ws.xq.view(),
+            xs: self.ws.xs8.view(),
+            widened: self.model.w.widened.as_ref().map(|b| b.view()),
         }
     }
 
@@ -295,7 +235,14 @@ impl CudaBackend {
             .add_rmsnorm(ws.x.view(), delta, norm, ws.xn.view(), t, h, eps)
             .map_err(ke("input norm"))?;
         let qkv_width = self.tuning.shape.qkv_width();
-        self.gemm(t, ws.xn.view(), &layer.qkv, ws.qkv.view(), qkv_width, h)?;
+        self.gemm(
+            t,
+            ws.xn.view(),
+            layer.qkv.as_ref(),
+            ws.qkv.view(),
+            qkv_width,
+            h,
+        )?;
         let lora = plan.lora.then_some((l, io.loras));
         if let Some((l, rows)) = lora {
             self.lora_delta(l, Group::Qkv, ws.xn.view(), ws.qkv.view(), rows, t)?;
@@ -419,7 +366,7 @@ impl CudaBackend {
             None => Ok(()),
         };
         let (x8, act) = (&layer.extras, c.spec.layers[0].mlp.activation);
-        self.gemm(m, attn, &layer.o, ws.delta.view(), h, c.q_dim())?;
+        self.gemm(m, attn, layer.o.as_ref(), ws.delta.view(), h, c.q_dim())?;
         delta(Group::O, attn, ws.delta.view())?;
         self.bias(&x8.o_bias, ws.delta.view(), m, h)?;
         let norm = layer.post_norm.view();
@@ -434,13 +381,27 @@ impl CudaBackend {
                 c.rms_norm_eps,
             )
             .map_err(ke("post-attention norm"))?;
-        self.gemm(m, ws.xn.view(), &layer.gate_up, ws.gu.view(), 2 * inter, h)?;
+        self.gemm(
+            m,
+            ws.xn.view(),
+            layer.gate_up.as_ref(),
+            ws.gu.view(),
+            2 * inter,
+            h,
+        )?;
         delta(Group::GateUp, ws.xn.view(), ws.gu.view())?;
         self.bias(&x8.gate_up_bias, ws.gu.view(), m, 2 * inter)?;
         self.k
             .gate_mul(act, ws.act.view(), ws.gu.view(), m, inter)
             .map_err(ke("gated activation"))?;
-        self.gemm(m, ws.act.view(), &layer.down, ws.delta.view(), h, inter)?;
+        self.gemm(
+            m,
+            ws.act.view(),
+            layer.down.as_ref(),
+            ws.delta.view(),
+            h,
+            inter,
+        )?;
         delta(Group::Down, ws.act.view(), ws.delta.view())?;
         self.bias(&x8.down_bias, ws.delta.view(), m, h)
     }
@@ -569,17 +530,13 @@ impl CudaBackend {
                     .map_err(ke("LM head GEMV"))
             }
             Proj::Gemm => {
+                let io = self.gemm_io();
                 let head = match &w.lm_head {
-                    Some(p) => self.widen(p, v, h)?,
+                    Some(p) => p.bf16(&io, v, h)?,
                     None => w.embed.view(),
                 };
-                if let Some(inv) = &self.inv {
-                    return self.inv_head(inv, head_in, head, ws.logits.view(), r);
-                }
                 let d = GemmDims { m: r, n: v, k: h };
-                self.blas
-                    .matmul_nt(head_in, head, ws.logits.view(), d)
-                    .map_err(ge("LM head GEMM"))
+                self.products.head(&io, head, head_in, ws.logits.view(), d)
             }
         }
     }

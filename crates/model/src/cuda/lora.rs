@@ -49,8 +49,7 @@ use contract::backend::{BackendError, StepBatch};
 use contract::config::ModelConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
-use super::forward::{ge, ke};
-use super::{CudaBackend, dev_err};
+use super::{CudaBackend, dev_err, ge, ke};
 
 /// The projections that share one shrink (their input is the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

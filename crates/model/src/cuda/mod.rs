@@ -40,6 +40,7 @@
 mod forward;
 mod graphs;
 mod invariant;
+mod linear;
 mod lora;
 mod pipeline;
 mod plan;
@@ -180,13 +181,24 @@ pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
     BackendError::Device(format!("cuda: {what}: {e}"))
 }
 
-/// The plan's fixed inputs for model `c` (FP8 projections: `fp8`) on a device of `sms` SMs.
+/// A device error of operation `what`.
+fn ge(what: &'static str) -> impl Fn(gpu::GpuError) -> BackendError + Copy {
+    move |e| dev_err(what, e)
+}
+
+/// A kernel error of operation `what`.
+fn ke(what: &'static str) -> impl Fn(kernels::KernelError) -> BackendError + Copy {
+    move |e| dev_err(what, e)
+}
+
+/// The plan's fixed inputs for model `c` (projections in weight format
+/// `format`) on a device of `sms` SMs.
 fn tuning(
     c: &ModelConfig,
     kv: KvShape,
     opts: &CudaOptions,
     sms: usize,
-    fp8: bool,
+    format: kernels::gemv::WeightFormat,
 ) -> Result<Tuning, BackendError> {
     let shape = HeadShape {
         num_heads: c.num_heads,
@@ -202,7 +214,7 @@ fn tuning(
     // input widths the GEMVs cannot take run every step on the GEMMs
     let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
         .iter()
-        .all(|&k| kernels::gemv::width_fits(k, fp8));
+        .all(|&k| kernels::gemv::width_fits(k, format));
     // the fused GEMVs run Llama's layer: any other spec runs the GEMM layer
     let llama = c.llama_spec().first_difference(&c.spec).is_none();
     let gemv_rows = if fits && llama && !opts.deterministic {
@@ -243,14 +255,9 @@ pub struct CudaBackend {
     graphs: DecodeGraphs,
     pipe: Pipe,
     blas: Blas,
-    /// FP8 weights only: cuBLASLt for the FP8 tensor-core GEMMs (`None`:
-    /// large steps widen FP8 weights to bf16 for `blas` instead).
-    lt: Option<gpu::BlasLt>,
-    /// Deterministic mode only: the GEMMs on pinned algorithms (`invariant`).
-    inv: Option<gpu::InvariantGemm>,
-    /// Deterministic mode only: the shapes pinned to the own batch-invariant
-    /// kernel instead of a cuBLASLt algorithm.
-    own: invariant::OwnShapes,
+    /// The GEMM path's products: the fast ones, or deterministic mode's
+    /// pinned ones (`linear`, `invariant`).
+    products: Box<dyn linear::Products>,
     k: Kernels,
     gpu: Arc<Gpu>,
 }
@@ -298,7 +305,8 @@ impl CudaBackend {
         let sms = gpu
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
-        let mut tuning = tuning(&config, kv, &opts, sms, weights.fp8.is_some())?;
+        let format = weights::projection_format(weights);
+        let mut tuning = tuning(&config, kv, &opts, sms, format)?;
         let lora = lora::LoraPool::new(&gpu, &config, opts.max_loras, opts.max_lora_rank)?;
         if opts.max_loras > 0 {
             // the LoRA kernels' 16-byte loads need input widths that are multiples of 8
@@ -333,13 +341,7 @@ impl CudaBackend {
         };
         let ws = Workspace::new(&gpu, &config, &tuning, caps, lt.is_some())?;
         let pipe = Pipe::new(&gpu)?;
-        let inv = match opts.deterministic {
-            true => Some(
-                gpu::InvariantGemm::new(&gpu)
-                    .map_err(|e| dev_err("creating the deterministic GEMMs", e))?,
-            ),
-            false => None,
-        };
+        let fp8_acts = lt.is_some();
         gpu.synchronize().map_err(|e| dev_err("initialising", e))?;
         let mut made = CudaBackend {
             graphs: DecodeGraphs::new(opts.graphs, model.rope_rows.div_ceil(kv.block_size)),
@@ -352,13 +354,15 @@ impl CudaBackend {
             ws,
             pipe,
             blas,
-            lt,
-            inv,
-            own: invariant::OwnShapes::new(),
+            products: Box::new(linear::Fast { lt }),
             k,
             gpu,
         };
-        made.own = made.pin_invariant(opts.det_gemm)?;
+        if opts.deterministic {
+            let inv = gpu::InvariantGemm::new(&made.gpu)
+                .map_err(|e| dev_err("creating the deterministic GEMMs", e))?;
+            made.products = Box::new(made.pin_invariant(inv, opts.det_gemm, fp8_acts)?);
+        }
         Ok(made)
     }
 
@@ -381,25 +385,18 @@ impl CudaBackend {
     }
 }
 
-impl CudaBackend {
-    /// How large steps run FP8 weights, for the backend's name.
-    fn fp8_act_note(&self) -> &'static str {
-        match self.lt {
-            Some(_) => ", fp8 activations in GEMMs",
-            None => "",
-        }
-    }
-}
-
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         let w = &self.model.w;
         let mut notes: Vec<String> = Vec::new();
-        match (&w.widened, &w.lm_head) {
-            (Some(_), Some(weights::DevProj::Fp8 { .. })) => {
-                notes.push(format!("fp8 weights and LM head{}", self.fp8_act_note()))
-            }
-            (Some(_), _) => notes.push(format!("fp8 weights{}", self.fp8_act_note())),
+        let head_fp8 = w
+            .lm_head
+            .as_ref()
+            .is_some_and(|p| p.format() == kernels::gemv::WeightFormat::Fp8Row);
+        let note = self.products.note();
+        match (&w.widened, head_fp8) {
+            (Some(_), true) => notes.push(format!("fp8 weights and LM head{note}")),
+            (Some(_), false) => notes.push(format!("fp8 weights{note}")),
             (None, _) => {}
         }
         if self.model.cache.dtype() != KvCacheDtype::Bf16 {

@@ -3,7 +3,8 @@
 //! Contract: every tensor is uploaded once and checked against the config
 //! first (the error names the tensor): bf16, except the projections of a
 //! model with FP8 weights (`ModelWeights::fp8`), which go up as e4m3 bytes
-//! with one f32 scale per row ([`DevProj::Fp8`]). Q/K/V are fused into one
+//! with one f32 scale per row; each projection is a [`Projection`], the
+//! `linear` implementation of its weight format. Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
 //! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`,
@@ -23,7 +24,7 @@
 
 use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
-use kernels::gemv::GemvWeights;
+use kernels::gemv::{GemvWeights, WeightFormat};
 
 use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
 use checkpoint::weights::{Extra, LayerWeights, ModelWeights, Tensor};
@@ -32,38 +33,19 @@ use contract::config::{KvCacheDtype, KvScales, ModelConfig};
 use kernels::KvCaches;
 
 use super::dev_err;
+use super::linear::{Bf16Linear, Fp8RowLinear, Linear};
 
-/// A projection's weights on the device, `[rows, k]`.
-pub(super) enum DevProj {
-    Bf16(DeviceBuffer<bf16>),
-    /// e4m3 bytes `[rows, k]` and one scale per row `[rows]`.
-    Fp8 {
-        q: DeviceBuffer<u8>,
-        scale: DeviceBuffer<f32>,
-    },
-}
-
-impl DevProj {
-    /// The weights as the GEMV kernels take them.
-    pub fn gemv(&self) -> GemvWeights<'_> {
-        match self {
-            DevProj::Bf16(w) => GemvWeights::Bf16(w.view()),
-            DevProj::Fp8 { q, scale } => GemvWeights::Fp8 {
-                q: q.view(),
-                scale: scale.view(),
-            },
-        }
-    }
-}
+/// A projection in whichever weight format it was loaded in.
+pub(super) type Projection = Box<dyn Linear>;
 
 /// One decoder layer on the device.
 pub(super) struct DeviceLayer {
     pub input_norm: DeviceBuffer<bf16>, // [hidden]
     pub post_norm: DeviceBuffer<bf16>,  // [hidden]
-    pub qkv: DevProj,                   // [(heads + 2 kv_heads) * head_dim, hidden]
-    pub o: DevProj,                     // [hidden, heads * head_dim]
-    pub gate_up: DevProj,               // [2 * intermediate, hidden]
-    pub down: DevProj,                  // [hidden, intermediate]
+    pub qkv: Projection,                // [(heads + 2 kv_heads) * head_dim, hidden]
+    pub o: Projection,                  // [hidden, heads * head_dim]
+    pub gate_up: Projection,            // [2 * intermediate, hidden]
+    pub down: Projection,               // [hidden, intermediate]
     /// The spec's extra tensors the CUDA layer runs (all `None` for Llama).
     pub extras: DevExtras,
 }
@@ -111,9 +93,9 @@ fn upload_extras(gpu: &Gpu, l: &LayerWeights) -> Result<DevExtras, BackendError>
 
 /// The whole model on the device.
 pub(super) struct DeviceWeights {
-    pub embed: DeviceBuffer<bf16>, // [vocab, hidden]
-    pub lm_head: Option<DevProj>,  // [vocab, hidden]; None = tied to embed
-    pub norm: DeviceBuffer<bf16>,  // [hidden]
+    pub embed: DeviceBuffer<bf16>,   // [vocab, hidden]
+    pub lm_head: Option<Projection>, // [vocab, hidden]; None = tied to embed
+    pub norm: DeviceBuffer<bf16>,    // [hidden]
     pub layers: Vec<DeviceLayer>,
     /// FP8 models only: room for the largest projection in bf16 (see the
     /// module doc), `[max rows * k]`.
@@ -130,7 +112,7 @@ impl DeviceWeights {
     }
 }
 
-fn check(t: &Tensor, shape: &[usize]) -> Result<(), BackendError> {
+pub(super) fn check(t: &Tensor, shape: &[usize]) -> Result<(), BackendError> {
     if t.shape != shape || t.data.len() != shape.iter().product::<usize>() {
         return Err(BackendError::Device(format!(
             "cuda: tensor {} has shape {:?} ({} values), expected {shape:?}",
@@ -148,47 +130,13 @@ fn upload(gpu: &Gpu, t: &Tensor, shape: &[usize]) -> Result<DeviceBuffer<bf16>, 
         .map_err(|e| dev_err(&format!("uploading {}", t.name), e))
 }
 
-fn upload_fused(
-    gpu: &Gpu,
-    parts: &[(&Tensor, &[usize])],
-    what: &str,
-) -> Result<DevProj, BackendError> {
-    let mut data = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
-    for (t, shape) in parts {
-        check(t, shape)?;
-        data.extend_from_slice(&t.data);
+/// The weight format the projections of `w` go up in (see
+/// [`upload_projections`]).
+pub(super) fn projection_format(w: &ModelWeights) -> WeightFormat {
+    match w.fp8 {
+        Some(_) => WeightFormat::Fp8Row,
+        None => WeightFormat::Bf16,
     }
-    gpu.upload(&data)
-        .map(DevProj::Bf16)
-        .map_err(|e| dev_err(&format!("uploading fused {what}"), e))
-}
-
-/// Uploads FP8 projections `parts` fused into one matrix (rows stacked).
-fn upload_fused_fp8(gpu: &Gpu, parts: &[(&Fp8Tensor, &[usize])]) -> Result<DevProj, BackendError> {
-    let mut q = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
-    let mut scale = Vec::new();
-    for (t, shape) in parts {
-        if t.shape != *shape
-            || t.data.len() != shape.iter().product::<usize>()
-            || t.scale.len() != shape[0]
-        {
-            return Err(BackendError::Device(format!(
-                "cuda: FP8 tensor {} has shape {:?} ({} bytes, {} scales), expected {shape:?}",
-                t.name,
-                t.shape,
-                t.data.len(),
-                t.scale.len()
-            )));
-        }
-        q.extend_from_slice(&t.data);
-        scale.extend_from_slice(&t.scale);
-    }
-    let what = parts.first().map_or("", |(t, _)| t.name.as_str());
-    let err = |e| dev_err(&format!("uploading FP8 {what}"), e);
-    Ok(DevProj::Fp8 {
-        q: gpu.upload(&q).map_err(err)?,
-        scale: gpu.upload(&scale).map_err(err)?,
-    })
 }
 
 /// The four fused projections of layer `l`: from its FP8 copy when the
@@ -198,41 +146,36 @@ fn upload_projections(
     c: &ModelConfig,
     l: &checkpoint::weights::LayerWeights,
     f: Option<&Fp8Layer>,
-) -> Result<[DevProj; 4], BackendError> {
+) -> Result<[Projection; 4], BackendError> {
     let (h, i) = (c.hidden_size, c.intermediate_size);
     let (q, kv) = (c.q_dim(), c.kv_dim());
     if let Some(f) = f {
+        let up = |parts: &[(&Fp8Tensor, &[usize])]| -> Result<Projection, BackendError> {
+            Ok(Box::new(Fp8RowLinear::upload(gpu, parts)?))
+        };
         return Ok([
-            upload_fused_fp8(
-                gpu,
-                &[
-                    (&f.q_proj, &[q, h]),
-                    (&f.k_proj, &[kv, h]),
-                    (&f.v_proj, &[kv, h]),
-                ],
-            )?,
-            upload_fused_fp8(gpu, &[(&f.o_proj, &[h, q])])?,
-            upload_fused_fp8(gpu, &[(&f.gate_proj, &[i, h]), (&f.up_proj, &[i, h])])?,
-            upload_fused_fp8(gpu, &[(&f.down_proj, &[h, i])])?,
+            up(&[
+                (&f.q_proj, &[q, h]),
+                (&f.k_proj, &[kv, h]),
+                (&f.v_proj, &[kv, h]),
+            ])?,
+            up(&[(&f.o_proj, &[h, q])])?,
+            up(&[(&f.gate_proj, &[i, h]), (&f.up_proj, &[i, h])])?,
+            up(&[(&f.down_proj, &[h, i])])?,
         ]);
     }
+    let up = |parts: &[(&Tensor, &[usize])]| -> Result<Projection, BackendError> {
+        Ok(Box::new(Bf16Linear::upload(gpu, parts)?))
+    };
     Ok([
-        upload_fused(
-            gpu,
-            &[
-                (&l.q_proj, &[q, h]),
-                (&l.k_proj, &[kv, h]),
-                (&l.v_proj, &[kv, h]),
-            ],
-            &l.q_proj.name,
-        )?,
-        upload_fused(gpu, &[(&l.o_proj, &[h, q])], &l.o_proj.name)?,
-        upload_fused(
-            gpu,
-            &[(&l.gate_proj, &[i, h]), (&l.up_proj, &[i, h])],
-            &l.gate_proj.name,
-        )?,
-        upload_fused(gpu, &[(&l.down_proj, &[h, i])], &l.down_proj.name)?,
+        up(&[
+            (&l.q_proj, &[q, h]),
+            (&l.k_proj, &[kv, h]),
+            (&l.v_proj, &[kv, h]),
+        ])?,
+        up(&[(&l.o_proj, &[h, q])])?,
+        up(&[(&l.gate_proj, &[i, h]), (&l.up_proj, &[i, h])])?,
+        up(&[(&l.down_proj, &[h, i])])?,
     ])
 }
 
@@ -302,8 +245,12 @@ fn upload_weights(
     let out = DeviceWeights {
         embed: upload(gpu, &w.embed, &[v, h])?,
         lm_head: match (head8, &w.lm_head) {
-            (Some(f), _) => Some(upload_fused_fp8(gpu, &[(f, &[v, h])])?),
-            (None, Some(t)) => Some(DevProj::Bf16(upload(gpu, t, &[v, h])?)),
+            (Some(f), _) => {
+                Some(Box::new(Fp8RowLinear::upload(gpu, &[(f, &[v, h])])?) as Projection)
+            }
+            (None, Some(t)) => {
+                Some(Box::new(Bf16Linear::upload(gpu, &[(t, &[v, h])])?) as Projection)
+            }
             (None, None) => None,
         },
         norm: upload(gpu, &w.norm, &[h])?,

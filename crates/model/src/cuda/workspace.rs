@@ -243,7 +243,7 @@ impl CudaBackend {
             &self.config,
             &self.tuning,
             caps,
-            self.lt.is_some(),
+            self.products.fp8_activations(),
         )?;
         let old = std::mem::replace(&mut self.ws, ws);
         // the next step may carry tokens the last one sampled into `tok`

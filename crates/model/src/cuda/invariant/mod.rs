@@ -6,8 +6,8 @@
 //! own kernel's check against cuBLASLt and the timing.
 //!
 //! Contract: [`CudaBackend::pin_invariant`] pins a product for each shape
-//! or fails naming it, before any step; [`CudaBackend::inv_gemm`] and
-//! [`CudaBackend::inv_head`] then never pick by row count. The own kernel
+//! or fails naming it, before any step, and returns them as the backend's
+//! [`Products`] ([`Pinned`]), which then never pick by row count. The own kernel
 //! is a candidate only for bf16 weights (it reads them before its PDL
 //! wait, so never FP8 weights widened by the kernel before it) and only
 //! where its outputs agree with cuBLASLt's within bf16 rounding on the
@@ -32,9 +32,9 @@ mod choose;
 
 use choose::{OwnRun, Pick, own_agrees, pick, test_inputs};
 
-use super::forward::{ge, ke};
-use super::weights::DevProj;
-use super::{CudaBackend, dev_err};
+use super::linear::{GemmIo, Linear, Products};
+use super::{CudaBackend, dev_err, ge, ke};
+use kernels::gemv::WeightFormat;
 
 /// Row counts each projection's candidates are timed at: batch-1 decode, a
 /// decode batch and a prefill step; the pick loses least against the
@@ -80,14 +80,16 @@ struct Scratch {
 }
 
 impl CudaBackend {
-    /// Pins a product for every GEMM shape (deterministic mode; a no-op
-    /// otherwise) and returns the shapes that run on the own kernel, or
-    /// names the shape with no batch-invariant product.
-    pub(super) fn pin_invariant(&self, det: DetGemm) -> Result<OwnShapes, BackendError> {
+    /// Pins a product on `inv` for every GEMM shape (FP8 products only
+    /// with `fp8_acts`) and returns them as deterministic mode's products,
+    /// or names the shape with no batch-invariant product.
+    pub(super) fn pin_invariant(
+        &self,
+        inv: InvariantGemm,
+        det: DetGemm,
+        fp8_acts: bool,
+    ) -> Result<Pinned, BackendError> {
         let mut own = OwnShapes::new();
-        let Some(inv) = &self.inv else {
-            return Ok(own);
-        };
         let c = &self.config;
         let (h, inter, q, v) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.vocab_size);
         let qkv = self.tuning.shape.qkv_width();
@@ -104,10 +106,11 @@ impl CudaBackend {
             logits: self.gpu.alloc(head_rows * v).map_err(e)?,
         };
         let mut pins = Pins {
-            inv,
+            inv: &inv,
             s: &s,
             det,
             own: &mut own,
+            fp8_acts,
         };
         if let Some(l) = self.model.w.layers.first() {
             for (w, n, k) in [
@@ -116,12 +119,13 @@ impl CudaBackend {
                 (&l.gate_up, 2 * inter, h),
                 (&l.down, h, inter),
             ] {
-                self.pin_proj(&mut pins, w, n, k)?;
+                self.pin_proj(&mut pins, w.as_ref(), n, k)?;
             }
         }
         // (an FP8 head is widened by the kernel before the product)
+        let io = self.gemm_io();
         let (head, bf16_weights) = match &self.model.w.lm_head {
-            Some(p) => (self.widen(p, v, h)?, matches!(p, DevProj::Bf16(_))),
+            Some(p) => (p.bf16(&io, v, h)?, p.format() == WeightFormat::Bf16),
             None => (self.model.w.embed.view(), true),
         };
         let shape = (Operands::Bf16ToF32, v, h);
@@ -129,7 +133,7 @@ impl CudaBackend {
         self.gpu
             .synchronize()
             .map_err(ge("pinning the deterministic GEMMs"))?;
-        Ok(own)
+        Ok(Pinned { inv, own, fp8_acts })
     }
 
     /// Pins the product of projection `w` (`[n, k]`): FP8 where FP8
@@ -138,20 +142,20 @@ impl CudaBackend {
     fn pin_proj(
         &self,
         p: &mut Pins<'_>,
-        w: &DevProj,
+        w: &dyn Linear,
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
         let (inv, s) = (p.inv, p.s);
-        if let (DevProj::Fp8 { q, scale }, Some(_)) = (w, &self.lt)
+        if let Some((q, scale)) = w.fp8().filter(|_| p.fp8_acts)
             && let Ok(cands) = inv.candidates(Operands::Fp8, n, k)
         {
             let run = |m: usize| {
                 let inputs = Inputs::Fp8 {
                     x: s.xq.view().sub(0, m * k)?,
                     sx: s.xs.view().sub(0, m)?,
-                    w: q.view(),
-                    sw: scale.view(),
+                    w: q,
+                    sw: scale,
                 };
                 Ok((inputs, Output::Bf16(s.y.view().sub(0, m * n)?)))
             };
@@ -161,8 +165,8 @@ impl CudaBackend {
                 return Ok(());
             }
         }
-        let wb = self.widen(w, n, k)?;
-        let bf16_weights = matches!(w, DevProj::Bf16(_));
+        let wb = w.bf16(&self.gemm_io(), n, k)?;
+        let bf16_weights = w.format() == WeightFormat::Bf16;
         self.pin_bf16(p, wb, (Operands::Bf16, n, k), &TIMED_ROWS, bf16_weights)
     }
 
@@ -252,37 +256,47 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
 
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on the shape's pinned product.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn inv_gemm(
+/// Deterministic mode's products: every shape on the product pinned to it
+/// at start.
+pub(super) struct Pinned {
+    inv: InvariantGemm,
+    /// The shapes on the own `invariant_gemm` kernel.
+    own: OwnShapes,
+    /// FP8 weights multiply FP8 activations where a shape is pinned so.
+    fp8_acts: bool,
+}
+
+impl Products for Pinned {
+    fn project(
         &self,
-        inv: &InvariantGemm,
+        io: &GemmIo<'_>,
+        w: &dyn Linear,
         m: usize,
         x: DevSlice<'_, bf16>,
-        w: &DevProj,
         y: DevSlice<'_, bf16>,
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
-        let d = GemmDims { m, n, k };
-        if let (DevProj::Fp8 { q, scale }, Some(_)) = (w, &self.lt)
+        let (inv, d) = (&self.inv, GemmDims { m, n, k });
+        if let Some((q, scale)) = w.fp8().filter(|_| self.fp8_acts)
             && inv.is_pinned(Operands::Fp8, n, k)
         {
-            let (xq, xs) = self.fp8_rows(x, m, k)?;
+            let (xq, xs) = io.fp8_rows(x, m, k)?;
             let inputs = Inputs::Fp8 {
                 x: xq,
                 sx: xs,
-                w: q.view(),
-                sw: scale.view(),
+                w: q,
+                sw: scale,
             };
             return inv
                 .matmul(inputs, Output::Bf16(y), d, None)
                 .map_err(ge("deterministic FP8 GEMM"));
         }
-        let w = self.widen(w, n, k)?;
+        let w = w.bf16(io, n, k)?;
         if self.own.contains(&(Operands::Bf16, n, k)) {
-            return self
+            return io
                 .k
                 .invariant_gemm(x, w, InvOut::Bf16(y), m, n, k)
                 .map_err(ke("deterministic GEMM"));
@@ -291,26 +305,27 @@ impl CudaBackend {
             .map_err(ge("deterministic GEMM"))
     }
 
-    /// The LM head `logits[m, v] = x[m, h] · head[v, h]ᵀ` on its pinned
-    /// product.
-    pub(super) fn inv_head(
+    fn head(
         &self,
-        inv: &InvariantGemm,
-        x: DevSlice<'_, bf16>,
+        io: &GemmIo<'_>,
         head: DevSlice<'_, bf16>,
+        x: DevSlice<'_, bf16>,
         logits: DevSlice<'_, f32>,
-        m: usize,
+        d: GemmDims,
     ) -> Result<(), BackendError> {
-        let (v, h) = (self.config.vocab_size, self.config.hidden_size);
-        if self.own.contains(&(Operands::Bf16ToF32, v, h)) {
-            return self
+        if self.own.contains(&(Operands::Bf16ToF32, d.n, d.k)) {
+            return io
                 .k
-                .invariant_gemm(x, head, InvOut::F32(logits), m, v, h)
+                .invariant_gemm(x, head, InvOut::F32(logits), d.m, d.n, d.k)
                 .map_err(ke("deterministic LM head"));
         }
-        let d = GemmDims { m, n: v, k: h };
-        inv.matmul(Inputs::Bf16 { x, w: head }, Output::F32(logits), d, None)
+        self.inv
+            .matmul(Inputs::Bf16 { x, w: head }, Output::F32(logits), d, None)
             .map_err(ge("deterministic LM head GEMM"))
+    }
+
+    fn fp8_activations(&self) -> bool {
+        self.fp8_acts
     }
 }
 
@@ -321,6 +336,7 @@ struct Pins<'a> {
     s: &'a Scratch,
     det: DetGemm,
     own: &'a mut OwnShapes,
+    fp8_acts: bool,
 }
 
 /// A product's operands and `[n, k]` weights.
