@@ -1,6 +1,10 @@
 //! The layer pipeline on the device: executes a [`StepPlan`].
 //!
-//! Contract: [`CudaBackend::enqueue`] only enqueues work on the stream, with
+//! Contract: the executor ([`Exec`]) borrows what a step's kernels read and
+//! nothing else: the device model (weights, KV pool, RoPE tables), the
+//! step's IO (the workspace and its staged arrays), the projections'
+//! products, the adapter slots and the kernels; it cannot change the
+//! backend. [`Exec::enqueue`] only enqueues work on the stream, with
 //! no allocation, no synchronisation and no host branching on device data,
 //! reading its inputs from the staging buffer at a fixed [`Layout`]; that is
 //! what lets a pure-decode step be captured as a CUDA graph and replayed.
@@ -27,12 +31,47 @@ use kernels::sampling::{SampleOutputs, SampleScratch};
 use contract::backend::BackendError;
 use contract::sampling::MAX_LOGPROBS;
 
-use super::linear::{GemmIo, Linear};
-use super::lora::Group;
-use super::plan::{AttnPlan, HeadIn, Proj, StepPlan};
+use contract::config::ModelConfig;
+use gpu::Blas;
+use kernels::Kernels;
+
+use super::linear::{GemmIo, Linear, Products};
+use super::lora::{Group, LoraPool};
+use super::plan::{AttnPlan, HeadIn, Proj, StepPlan, Tuning};
 use super::staging::{Layout, PARAM_WORDS};
-use super::weights::{DeviceLayer, Projection};
+use super::weights::{DeviceLayer, DeviceModel, Projection};
+use super::workspace::Workspace;
 use super::{CudaBackend, ge, ke};
+
+mod adapters;
+
+/// The plan executor: the parts of the backend a step reads (module doc).
+pub(super) struct Exec<'a> {
+    pub config: &'a ModelConfig,
+    pub tuning: &'a Tuning,
+    pub model: &'a DeviceModel,
+    pub ws: &'a Workspace,
+    pub lora: &'a LoraPool,
+    pub products: &'a dyn Products,
+    pub blas: &'a Blas,
+    pub k: &'a Kernels,
+}
+
+impl CudaBackend {
+    /// The executor of this backend's steps.
+    pub(super) fn exec(&self) -> Exec<'_> {
+        Exec {
+            config: &self.config,
+            tuning: &self.tuning,
+            model: &self.model,
+            ws: &self.ws,
+            lora: &self.lora,
+            products: self.products.as_ref(),
+            blas: &self.blas,
+            k: &self.k,
+        }
+    }
+}
 
 /// The staged per-step arrays of a [`Layout`], as device views.
 pub(super) struct Staged<'a> {
@@ -48,7 +87,7 @@ pub(super) struct Staged<'a> {
     pub(super) loras: DevSlice<'a, u32>,
 }
 
-impl CudaBackend {
+impl<'a> Exec<'a> {
     /// The staged arrays of the step at `lay`.
     fn staged(&self, lay: &Layout) -> Result<Staged<'_>, BackendError> {
         let meta = self.ws.meta.view();
@@ -206,7 +245,7 @@ impl CudaBackend {
     }
 
     /// What the products may use beside their operands.
-    pub(super) fn gemm_io(&self) -> GemmIo<'_> {
+    pub(super) fn gemm_io(&self) -> GemmIo<'a> {
         GemmIo {
             k: &self.k,
             blas: &self.blas,

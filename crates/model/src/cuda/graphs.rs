@@ -153,14 +153,14 @@ impl CudaBackend {
         let plan = StepPlan::new(&self.tuning, &self.k, shape);
         if !self.graphs.graphs.contains_key(&key) && !self.capture(key, &lay, &plan)? {
             // capture failed: graphs are off, this step runs eagerly
-            self.enqueue(&lay, &plan, sample)?;
+            self.exec().enqueue(&lay, &plan, sample)?;
             return Ok(Some(lay));
         }
         match self.graphs.graphs.get(&key) {
             Some(graph) => graph
                 .launch(&self.gpu)
                 .map_err(|e| dev_err("replaying a decode graph", e))?,
-            None => self.enqueue(&lay, &plan, sample)?,
+            None => self.exec().enqueue(&lay, &plan, sample)?,
         }
         Ok(Some(lay))
     }
@@ -171,7 +171,7 @@ impl CudaBackend {
         let t0 = std::time::Instant::now();
         let mut inner = None;
         let captured = Graph::capture(&self.gpu, || {
-            self.enqueue(lay, plan, key.2).map_err(|e| {
+            self.exec().enqueue(lay, plan, key.2).map_err(|e| {
                 let msg = e.to_string();
                 inner = Some(e);
                 gpu::GpuError::Buffer {

@@ -55,7 +55,7 @@ impl Bf16Linear {
     pub fn upload(gpu: &Gpu, parts: &[(&Tensor, &[usize])]) -> Result<Self, BackendError> {
         let mut data = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
         for (t, shape) in parts {
-            super::weights::check(t, shape)?;
+            check(t, shape)?;
             data.extend_from_slice(&t.data);
         }
         let what = parts.first().map_or("", |(t, _)| t.name.as_str());
@@ -146,6 +146,19 @@ impl Linear for Fp8RowLinear {
     fn fp8(&self) -> Option<(DevSlice<'_, u8>, DevSlice<'_, f32>)> {
         Some((self.q.view(), self.scale.view()))
     }
+}
+
+/// Checks that tensor `t` has `shape`, naming it otherwise.
+pub(super) fn check(t: &Tensor, shape: &[usize]) -> Result<(), BackendError> {
+    if t.shape != shape || t.data.len() != shape.iter().product::<usize>() {
+        return Err(BackendError::Device(format!(
+            "cuda: tensor {} has shape {:?} ({} values), expected {shape:?}",
+            t.name,
+            t.shape,
+            t.data.len()
+        )));
+    }
+    Ok(())
 }
 
 /// What a product may use beside its operands: the kernels, the cuBLAS

@@ -13,7 +13,7 @@
 //! its own draw (`step + j`); such a step is never held, and runs as a
 //! decode step (its graph) where its shape allows (`verify`), else eagerly.
 //!
-//! The copy of each sequence's sampler rows is [`OutRow`].
+//! The copy of each sequence's sampler rows is [`OutRow`](super::verify::OutRow).
 //!
 //! Costs: per step one fence record and, per collect, one fence wait; the
 //! host-side work of step N + 1 (planning, staging, graph launch) runs
@@ -34,12 +34,9 @@ use kernels::SampleParams;
 
 use super::run::Sampling;
 use super::staging::{Layout, NO_CARRY, sample_params};
+use super::verify::OutRow;
 use super::workspace::{HostOut, Workspace};
 use super::{CudaBackend, dev_err};
-
-/// Where a sampled sequence's samples are: its first sampler row, its
-/// top-logprob count and the draft rows following that row.
-pub(super) type OutRow = (usize, usize, usize);
 
 /// A held step: its forward pass enqueued, its sampling waiting for the
 /// final requests.
@@ -353,7 +350,7 @@ impl CudaBackend {
         let r = (|| {
             if held.rows.iter().any(Option::is_some) {
                 self.stage_sampling(&held.lay, &params, &hist, &masks)?;
-                self.enqueue_sampler(&held.lay)?;
+                self.exec().enqueue_sampler(&held.lay)?;
             }
             self.push_flight(held.rows)
         })();

@@ -26,8 +26,6 @@
 use contract::backend::{BackendError, StepBatch};
 use contract::step_builder::StepBuilder;
 
-use super::pipeline::OutRow;
-
 /// `batch` with every drafted segment's rows as one-token sequences
 /// (module doc): a pure-decode step when every other segment is one token,
 /// else a mixed step whose other segments (prefill chunks) stay whole.
@@ -101,6 +99,10 @@ pub(super) fn check_unexpanded(batch: &StepBatch) -> Result<(), BackendError> {
         None => Ok(()),
     }
 }
+
+/// Where a sampled sequence's samples are: its first sampler row, its
+/// top-logprob count and the draft rows following that row.
+pub(super) type OutRow = (usize, usize, usize);
 
 /// `orig`'s sampler rows from those of its [`expand`]ed step (`rows`, one
 /// per expanded sequence): a drafted sequence's first row, owning the

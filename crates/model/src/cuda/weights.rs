@@ -33,7 +33,7 @@ use contract::config::{KvCacheDtype, KvScales, ModelConfig};
 use kernels::KvCaches;
 
 use super::dev_err;
-use super::linear::{Bf16Linear, Fp8RowLinear, Linear};
+use super::linear::{Bf16Linear, Fp8RowLinear, Linear, check};
 
 /// A projection in whichever weight format it was loaded in.
 pub(super) type Projection = Box<dyn Linear>;
@@ -110,18 +110,6 @@ impl DeviceWeights {
             None => GemvWeights::Bf16(self.embed.view()),
         }
     }
-}
-
-pub(super) fn check(t: &Tensor, shape: &[usize]) -> Result<(), BackendError> {
-    if t.shape != shape || t.data.len() != shape.iter().product::<usize>() {
-        return Err(BackendError::Device(format!(
-            "cuda: tensor {} has shape {:?} ({} values), expected {shape:?}",
-            t.name,
-            t.shape,
-            t.data.len()
-        )));
-    }
-    Ok(())
 }
 
 fn upload(gpu: &Gpu, t: &Tensor, shape: &[usize]) -> Result<DeviceBuffer<bf16>, BackendError> {

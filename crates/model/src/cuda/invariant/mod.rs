@@ -123,7 +123,7 @@ impl CudaBackend {
             }
         }
         // (an FP8 head is widened by the kernel before the product)
-        let io = self.gemm_io();
+        let io = self.exec().gemm_io();
         let (head, bf16_weights) = match &self.model.w.lm_head {
             Some(p) => (p.bf16(&io, v, h)?, p.format() == WeightFormat::Bf16),
             None => (self.model.w.embed.view(), true),
@@ -165,7 +165,7 @@ impl CudaBackend {
                 return Ok(());
             }
         }
-        let wb = w.bf16(&self.gemm_io(), n, k)?;
+        let wb = w.bf16(&self.exec().gemm_io(), n, k)?;
         let bf16_weights = w.format() == WeightFormat::Bf16;
         self.pin_bf16(p, wb, (Operands::Bf16, n, k), &TIMED_ROWS, bf16_weights)
     }
