@@ -101,7 +101,11 @@ pub fn synth_model_progress(
             )?;
             (tj, tc)
         }
-        Preset::Tiny | Preset::TinyExtras | Preset::Smollm2_135m => {
+        Preset::Tiny
+        | Preset::TinyExtras
+        | Preset::Smollm2_135m
+        | Preset::Gemma3_270m
+        | Preset::Gemma3_1b => {
             let bos = cfg.bos_token_id.unwrap_or(0);
             let eos = cfg.eos_token_ids.first().copied().unwrap_or(1);
             (

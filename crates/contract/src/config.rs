@@ -10,7 +10,8 @@
 //! `rms_norm_eps` a positive f32, a llama3 RoPE factor of at least 1.
 //! What each layer computes is its [`ModelSpec`], made from the
 //! architecture by `config/family.rs` (the one reader of `architectures`);
-//! a sliding window shorter than the context is refused naming the field.
+//! a sliding window is refused naming the field where the family's
+//! windows are not modelled (Mistral v0.1, Qwen2).
 //! Errors name the file and the field (a wrongly typed value too, by its
 //! path: `rope_scaling.factor`).
 //!
@@ -24,6 +25,7 @@ use serde::Deserialize;
 use std::path::Path;
 
 mod family;
+mod gemma;
 mod kv_cache;
 mod rope;
 use crate::spec::{ModelSpec, Rope};
@@ -119,6 +121,9 @@ pub struct RawConfig {
     pub eos_token_id: Option<EosIds>,
     #[serde(default)]
     pub hidden_act: Option<String>,
+    /// Gemma's spelling of `hidden_act`.
+    #[serde(default)]
+    pub hidden_activation: Option<String>,
     #[serde(default)]
     pub attention_bias: Option<bool>,
     #[serde(default)]
@@ -131,6 +136,24 @@ pub struct RawConfig {
     pub sliding_window: Option<usize>,
     #[serde(default)]
     pub use_sliding_window: Option<bool>,
+    /// Gemma 3: which layers are `sliding_attention` / `full_attention`.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// Gemma 3's older spelling of `layer_types`: every n-th layer is global.
+    #[serde(default, alias = "_sliding_window_pattern")]
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 3: the local (sliding-window) layers' RoPE base.
+    #[serde(default)]
+    pub rope_local_base_freq: Option<f64>,
+    /// Gemma: the attention scores' scale is `query_pre_attn_scalar^-1/2`.
+    #[serde(default)]
+    pub query_pre_attn_scalar: Option<f64>,
+    #[serde(default)]
+    pub final_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    pub attn_logit_softcapping: Option<f64>,
+    #[serde(default)]
+    pub use_bidirectional_attention: Option<bool>,
 }
 
 /// A RoPE scaling / parameters object (`rope_scaling` or `rope_parameters`).
@@ -151,6 +174,12 @@ pub struct RawRope {
     pub high_freq_factor: Option<f64>,
     #[serde(default)]
     pub original_max_position_embeddings: Option<usize>,
+    /// Gemma 3's `rope_parameters` per layer type: the global layers'.
+    #[serde(default)]
+    pub full_attention: Option<Box<RawRope>>,
+    /// The local (sliding-window) layers'.
+    #[serde(default)]
+    pub sliding_attention: Option<Box<RawRope>>,
 }
 
 /// `eos_token_id` is a single id or a list in Hugging Face files.
@@ -322,29 +351,11 @@ impl ModelConfig {
             "max_position_embeddings",
         )?;
         let params = raw.rope_parameters.as_ref();
-        if let Some(window) = raw.sliding_window
-            && raw.use_sliding_window != Some(false)
-            && window < max_position_embeddings
-        {
-            return Err(bad(
-                "sliding_window",
-                format!(
-                    "{window} is shorter than max_position_embeddings {max_position_embeddings}: sliding-window attention (Mistral v0.1) is not supported"
-                ),
-            ));
-        }
         let rope_theta = raw
             .rope_theta
             .or(params.and_then(|p| p.rope_theta))
             .unwrap_or(10000.0);
-        // The base of the rotary frequencies: below 1 the "slowest" pair
-        // would turn fastest (real models use 1e4 .. 1e6).
-        if !(rope_theta >= 1.0 && rope_theta.is_finite()) {
-            return Err(bad(
-                "rope_theta",
-                format!("must be a finite number of at least 1, got {rope_theta}"),
-            ));
-        }
+        rope::check_theta(rope_theta, "rope_theta", path)?;
         // a special token the embedding has no row for could never be read
         // or sampled (an EOS that never comes: every reply runs to its limit)
         let eos = raw
@@ -371,7 +382,13 @@ impl ModelConfig {
             theta: rope_theta,
             scaling: rope_scaling,
         };
-        let spec = family::spec(raw, head_dim, num_layers, rope, path)?;
+        let dims = family::Dims {
+            hidden_size,
+            head_dim,
+            num_layers,
+            max_position_embeddings,
+        };
+        let spec = family::spec(raw, dims, rope, path)?;
         Ok(ModelConfig {
             hidden_size,
             intermediate_size,
@@ -381,7 +398,9 @@ impl ModelConfig {
             head_dim,
             vocab_size,
             rms_norm_eps: rms_norm_eps as f32,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: raw
+                .tie_word_embeddings
+                .unwrap_or(family::ties_by_default(raw)),
             max_position_embeddings,
             spec,
             bos_token_id: raw.bos_token_id,

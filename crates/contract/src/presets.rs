@@ -18,14 +18,21 @@ pub enum Preset {
     /// The tiny shape with every optional attention tensor: Qwen3's layer
     /// (QK-norm) with `attention_bias` (Q/K/V/O biases).
     TinyExtras,
+    /// Gemma 3 270M's config (18 layers, hidden 640, 4/1 heads of 256,
+    /// window 512 on five layers of six, vocab 262144, tied).
+    Gemma3_270m,
+    /// Gemma 3 1B's config (26 layers, hidden 1152, 4/1 heads of 256).
+    Gemma3_1b,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 4] = [
+    pub const ALL: [Preset; 6] = [
         Preset::Tiny,
         Preset::Smollm2_135m,
         Preset::Llama3_2_1b,
         Preset::TinyExtras,
+        Preset::Gemma3_270m,
+        Preset::Gemma3_1b,
     ];
 
     /// The command-line name.
@@ -35,6 +42,8 @@ impl Preset {
             Preset::Smollm2_135m => "smollm2-135m",
             Preset::Llama3_2_1b => "llama-3.2-1b",
             Preset::TinyExtras => "tiny-extras",
+            Preset::Gemma3_270m => "gemma-3-270m",
+            Preset::Gemma3_1b => "gemma-3-1b",
         }
     }
 
@@ -84,6 +93,48 @@ impl Preset {
                 "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
                 "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
             }),
+            Preset::Gemma3_270m => {
+                let sliding = json!("sliding_attention");
+                let full = json!("full_attention");
+                let types: Vec<Value> = (1..=18)
+                    .map(|i| {
+                        if i % 6 == 0 {
+                            full.clone()
+                        } else {
+                            sliding.clone()
+                        }
+                    })
+                    .collect();
+                json!({
+                    "_sliding_window_pattern": 6, "architectures": ["Gemma3ForCausalLM"],
+                    "attention_bias": false, "attention_dropout": 0.0,
+                    "attn_logit_softcapping": null, "bos_token_id": 2, "eos_token_id": 1,
+                    "final_logit_softcapping": null, "head_dim": 256,
+                    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 640,
+                    "initializer_range": 0.02, "intermediate_size": 2048, "layer_types": types,
+                    "max_position_embeddings": 32768, "model_type": "gemma3_text",
+                    "num_attention_heads": 4, "num_hidden_layers": 18, "num_key_value_heads": 1,
+                    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+                    "rope_local_base_freq": 10000.0, "rope_scaling": null, "rope_theta": 1000000.0,
+                    "sliding_window": 512, "torch_dtype": "bfloat16",
+                    "transformers_version": "4.55.0.dev0", "use_bidirectional_attention": false,
+                    "use_cache": true, "vocab_size": 262144
+                })
+            }
+            Preset::Gemma3_1b => json!({
+                "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+                "attention_dropout": 0.0, "attn_logit_softcapping": null, "bos_token_id": 2,
+                "cache_implementation": "hybrid", "eos_token_id": 1,
+                "final_logit_softcapping": null, "head_dim": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+                "initializer_range": 0.02, "intermediate_size": 6912,
+                "max_position_embeddings": 32768, "model_type": "gemma3_text",
+                "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+                "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+                "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+                "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+                "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144
+            }),
         }
     }
 
@@ -96,6 +147,13 @@ impl Preset {
             g["do_sample"] = json!(true);
             g["temperature"] = json!(0.6);
             g["top_p"] = json!(0.9);
+        }
+        if matches!(self, Preset::Gemma3_270m | Preset::Gemma3_1b) {
+            // Gemma's recommended sampling; `<end_of_turn>` (106) ends a turn
+            g["eos_token_id"] = json!([1, 106]);
+            g["do_sample"] = json!(true);
+            g["top_k"] = json!(64);
+            g["top_p"] = json!(0.95);
         }
         g
     }

@@ -13,7 +13,8 @@
 //! value), so the largest value seen is stored at e4m3's top and the
 //! smallest ones stay above its subnormal range. Bad input (no tokens, a
 //! token outside the vocabulary, a window beyond the model's context,
-//! weights that do not match the config, activations that are not finite)
+//! weights that do not match the config, a spec other than Llama's layer,
+//! activations that are not finite)
 //! is a [`GptqError`] naming the cause, never a panic.
 //!
 //! Costs: one forward pass over the `N` tokens (the projections' `2 N
@@ -79,6 +80,12 @@ pub fn kv_amax(
     window: usize,
 ) -> Result<KvAmax, GptqError> {
     crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;
+    // the calibration pass runs Llama's layer
+    if let Some(field) = config.spec.first_difference(&config.llama_spec()) {
+        return Err(GptqError::Weights(format!(
+            "the model's `{field}` is not supported by KV-scale calibration (it runs Llama's layer)"
+        )));
+    }
     check_tokens(config, tokens, window)?;
     let (positions, cu_seqlens) = windows(tokens.len(), window);
     let pass = Pass {

@@ -14,7 +14,10 @@
 //! - [`paged_attention`] lets each token of sequence `s` at position `p`
 //!   attend to positions `0..=p` of `s` (earlier steps' K/V included), with
 //!   GQA (query head `h` reads KV head `h / (heads / kv_heads)`), scale
-//!   `1 / sqrt(head_dim)`, f32 softmax.
+//!   `1 / sqrt(head_dim)`, f32 softmax. [`paged_attention_with`] takes a
+//!   layer's [`ScoreRule`] instead: its scale, soft-cap
+//!   (`cap * tanh(s / cap)` on the scaled score) and sliding window (the
+//!   token sees positions [`ScoreRule::first`]`(p)..=p`).
 //!
 //! Costs: the write O(T * kv_width); attention O(sum over tokens of
 //! (p + 1) heads head_dim) reads of the cache, parallel over (token, head)
@@ -30,6 +33,48 @@ pub struct AttnDims {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// How one layer turns a query-key dot product into a score, and which
+/// positions a token sees (the spec's `AttentionSpec` in f32).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoreRule {
+    pub scale: f32,
+    /// `cap * tanh(score / cap)` on the scaled score.
+    pub softcap: Option<f32>,
+    /// A token sees itself and the `window - 1` positions before it.
+    pub window: Option<usize>,
+}
+
+impl ScoreRule {
+    /// Plain causal attention scaled by `1 / sqrt(head_dim)`.
+    pub fn causal(head_dim: usize) -> Self {
+        ScoreRule {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The rule of a layer's attention spec.
+    pub fn of(a: &contract::spec::AttentionSpec) -> Self {
+        ScoreRule {
+            scale: a.scale as f32,
+            softcap: a.logit_softcap.map(|c| c as f32),
+            window: a.window,
+        }
+    }
+
+    /// The first position a token at `pos` sees.
+    pub fn first(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    /// The score of dot product `dot`: scaled, then capped.
+    pub fn score(&self, dot: f32) -> f32 {
+        let s = dot * self.scale;
+        self.softcap.map_or(s, |c| c * (s / c).tanh())
+    }
 }
 
 /// Where the tokens of a packed step sit (the fields of a `StepBatch`).
@@ -115,6 +160,21 @@ pub fn paged_attention_in(
     seqs: PagedSeqs<'_>,
     dims: AttnDims,
 ) -> Vec<f32> {
+    let rule = ScoreRule::causal(dims.head_dim);
+    paged_attention_with(q, k_cache, v_cache, seqs, dims, rule)
+}
+
+/// [`paged_attention_in`] under a layer's [`ScoreRule`]: each token at
+/// position `p` attends to positions `rule.first(p)..=p`, scored by
+/// [`ScoreRule::score`].
+pub fn paged_attention_with(
+    q: &[f32],
+    k_cache: KvView<'_>,
+    v_cache: KvView<'_>,
+    seqs: PagedSeqs<'_>,
+    dims: AttnDims,
+    rule: ScoreRule,
+) -> Vec<f32> {
     let AttnDims {
         heads,
         kv_heads,
@@ -123,7 +183,6 @@ pub fn paged_attention_in(
     let group = heads / kv_heads;
     let kv_dim = kv_heads * hd;
     let bs = seqs.block_size;
-    let scale = 1.0 / (hd as f32).sqrt();
     // [T] sequence index of each token
     let seq_of: Vec<usize> = (0..seqs.cu_seqlens.len().saturating_sub(1))
         .flat_map(|s| {
@@ -138,14 +197,15 @@ pub fn paged_attention_in(
             let (t, h) = (idx / heads, idx % heads);
             let s = seq_of[t];
             let table = &seqs.block_tables[s * seqs.max_blocks..(s + 1) * seqs.max_blocks];
-            let ctx = seqs.positions[t] as usize + 1;
+            let pos = seqs.positions[t] as usize;
+            let first = rule.first(pos);
             let qh = &q[t * heads * hd + h * hd..][..hd];
             let koff = (h / group) * hd;
             let row = |j: usize| (table[j / bs] as usize * bs + j % bs) * kv_dim + koff;
             scores.clear();
-            scores.extend((0..ctx).map(|j| {
+            scores.extend((first..=pos).map(|j| {
                 k_cache.get(row(j), kv_row);
-                dot(qh, kv_row) * scale
+                rule.score(dot(qh, kv_row))
             }));
             let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0f32;
@@ -154,7 +214,7 @@ pub fn paged_attention_in(
                 sum += *s;
             }
             let inv = 1.0 / sum;
-            for (j, &p) in scores.iter().enumerate() {
+            for (j, &p) in (first..).zip(scores.iter()) {
                 let w = p * inv;
                 v_cache.get(row(j), kv_row);
                 for (a, &b) in o.iter_mut().zip(kv_row.iter()) {
@@ -201,5 +261,92 @@ mod tests {
         let o = paged_attention(&[3.0, 0.0, 0.0, 0.0], &kc, &vc, seqs, dims);
         assert_eq!(&o[..2], &[5.0, 6.0], "the first token sees only itself");
         assert_eq!(&o[2..], &[6.0, 7.0], "equal scores average the two values");
+    }
+
+    /// A layer's rule against a brute-force dense pass in f64: the mask
+    /// written out as a matrix (`j <= i` and `i - j < window`), scores
+    /// scaled then capped, over a cache whose blocks are scattered.
+    #[test]
+    fn windows_and_caps_match_a_dense_masked_reference() {
+        let dims = AttnDims {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+        };
+        let (n, bs, hd) = (23usize, 4usize, 8usize);
+        let kv_dim = dims.kv_heads * hd;
+        let val = |i: usize, s: f64| ((i as f64 * 0.7071 + s).sin() * 1.5) as f32;
+        let q: Vec<f32> = (0..n * dims.heads * hd).map(|i| val(i, 0.1)).collect();
+        let k: Vec<f32> = (0..n * kv_dim).map(|i| val(i, 1.3)).collect();
+        let v: Vec<f32> = (0..n * kv_dim).map(|i| val(i, 2.9)).collect();
+        // blocks in reverse order, one spare block first
+        let blocks = n.div_ceil(bs);
+        let table: Vec<u32> = (0..blocks).map(|b| (blocks - b) as u32).collect();
+        let slots: Vec<u32> = (0..n)
+            .map(|j| table[j / bs] * bs as u32 + (j % bs) as u32)
+            .collect();
+        let mut kc = vec![0f32; (blocks + 1) * bs * kv_dim];
+        let mut vc = kc.clone();
+        kv_write(&mut kc, &mut vc, &k, &v, &slots, kv_dim);
+        let positions: Vec<u32> = (0..n as u32).collect();
+        let cu = [0, n as u32];
+        let seqs = PagedSeqs {
+            cu_seqlens: &cu,
+            positions: &positions,
+            block_tables: &table,
+            max_blocks: blocks,
+            block_size: bs,
+        };
+        let causal = ScoreRule::causal(hd);
+        let rules = [
+            causal,
+            ScoreRule {
+                window: Some(5),
+                ..causal
+            },
+            ScoreRule {
+                scale: 0.9,
+                softcap: Some(1.25),
+                window: Some(1),
+            },
+            ScoreRule {
+                softcap: Some(2.0),
+                window: Some(n + 3),
+                ..causal
+            },
+        ];
+        let plain = paged_attention(&q, &kc, &vc, seqs, dims);
+        for rule in rules {
+            let got =
+                paged_attention_with(&q, KvView::F32(&kc), KvView::F32(&vc), seqs, dims, rule);
+            let seen = |i: usize, j: usize| j <= i && rule.window.is_none_or(|w| i - j < w);
+            let mut err = 0f64;
+            for i in 0..n {
+                for h in 0..dims.heads {
+                    let g = h / (dims.heads / dims.kv_heads);
+                    let qh = &q[(i * dims.heads + h) * hd..][..hd];
+                    let score = |j: usize| {
+                        let kj = &k[j * kv_dim + g * hd..][..hd];
+                        let d: f64 = qh.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let s = d * rule.scale as f64;
+                        rule.softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
+                    };
+                    let w: Vec<f64> = (0..n)
+                        .map(|j| if seen(i, j) { score(j).exp() } else { 0.0 })
+                        .collect();
+                    let z: f64 = w.iter().sum();
+                    for d in 0..hd {
+                        let o: f64 = (0..n)
+                            .map(|j| w[j] / z * v[j * kv_dim + g * hd + d] as f64)
+                            .sum();
+                        let e = (o - got[(i * dims.heads + h) * hd + d] as f64).abs();
+                        err = err.max(e);
+                    }
+                }
+            }
+            assert!(err < 1e-5, "{rule:?}: max error {err}");
+            let windowed = rule.window.is_some_and(|w| w < n);
+            assert_eq!(got != plain, windowed || rule != causal, "{rule:?}");
+        }
     }
 }

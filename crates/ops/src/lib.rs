@@ -35,7 +35,8 @@ pub mod rope;
 pub mod sampling;
 
 pub use attention::{
-    AttnDims, PagedSeqs, kv_write, kv_write_in, paged_attention, paged_attention_in,
+    AttnDims, PagedSeqs, ScoreRule, kv_write, kv_write_in, paged_attention, paged_attention_in,
+    paged_attention_with,
 };
 pub use kv::{KvCache, KvElem, KvView, kv_round};
 pub use rope::Rope;

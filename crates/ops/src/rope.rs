@@ -4,10 +4,14 @@
 //! built once by [`ModelConfig::rope_table`] (the CUDA backend uploads the
 //! same tables) and rotates in the rotate-half convention of the Hugging
 //! Face layout (pairs `i` and `i + head_dim / 2` of each head).
-//! Costs: tables `2 * positions * head_dim / 2 * 4` bytes; `apply` is
-//! O(len) per token.
+//! [`LayerRopes`] holds one table per distinct RoPE of a model's layers
+//! (Gemma 3's local and global layers differ in base) and hands each layer
+//! its own.
+//! Costs: tables `2 * positions * head_dim / 2 * 4` bytes (each distinct
+//! RoPE once); `apply` is O(len) per token.
 
 use contract::config::ModelConfig;
+use contract::spec;
 
 /// Precomputed rotary tables.
 pub struct Rope {
@@ -20,11 +24,17 @@ pub struct Rope {
 impl Rope {
     /// Tables for positions `0..positions` of `config`'s head size and scaling.
     pub fn new(config: &ModelConfig, positions: usize) -> Self {
-        let (cos, sin) = config.rope_table(positions);
+        Self::of(config.rope(), config.head_dim, positions)
+    }
+
+    /// Tables for positions `0..positions` of one layer's `rope` over heads
+    /// of `head_dim`.
+    pub fn of(rope: &spec::Rope, head_dim: usize, positions: usize) -> Self {
+        let (cos, sin) = rope.table(head_dim, positions);
         Rope {
             cos,
             sin,
-            half: config.head_dim / 2,
+            half: head_dim / 2,
             positions,
         }
     }
@@ -66,6 +76,43 @@ impl Rope {
         for (row, &pos) in x.chunks_exact_mut(width).zip(positions) {
             self.apply(row, pos as usize);
         }
+    }
+}
+
+/// Every layer's RoPE table, each distinct RoPE of the spec built once.
+pub struct LayerRopes {
+    tables: Vec<Rope>,
+    /// `[layers]` index into `tables`
+    of_layer: Vec<usize>,
+}
+
+impl LayerRopes {
+    /// The tables of `config`'s layers for positions `0..positions`.
+    pub fn new(config: &ModelConfig, positions: usize) -> Self {
+        let mut distinct: Vec<&spec::Rope> = Vec::new();
+        let of_layer = (config.spec.layers.iter())
+            .map(|l| match distinct.iter().position(|r| **r == l.rope) {
+                Some(i) => i,
+                None => {
+                    distinct.push(&l.rope);
+                    distinct.len() - 1
+                }
+            })
+            .collect();
+        let tables = (distinct.into_iter())
+            .map(|r| Rope::of(r, config.head_dim, positions))
+            .collect();
+        LayerRopes { tables, of_layer }
+    }
+
+    /// Layer `l`'s table.
+    pub fn layer(&self, l: usize) -> &Rope {
+        &self.tables[self.of_layer[l]]
+    }
+
+    /// Number of positions every table covers.
+    pub fn positions(&self) -> usize {
+        self.tables.first().map_or(0, Rope::positions)
     }
 }
 

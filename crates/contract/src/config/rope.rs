@@ -22,6 +22,19 @@ pub enum RopeScaling {
     },
 }
 
+/// A RoPE base must be finite and at least 1: below 1 the "slowest" pair
+/// would turn fastest (real models use 1e4 .. 1e6). `field` names it.
+pub(super) fn check_theta(theta: f64, field: &'static str, path: &str) -> Result<(), ConfigError> {
+    if theta >= 1.0 && theta.is_finite() {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        path: path.to_string(),
+        field,
+        reason: format!("must be a finite number of at least 1, got {theta}"),
+    })
+}
+
 /// Resolves a `rope_scaling` / `rope_parameters` object; errors name the field.
 pub(super) fn resolve(r: &RawRope, path: &str) -> Result<RopeScaling, ConfigError> {
     let kind = r

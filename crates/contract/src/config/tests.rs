@@ -279,3 +279,90 @@ fn the_models_repetition_penalty_is_a_default() {
     assert_eq!(none.sampling_defaults().params().repetition_penalty, 1.0);
     assert!(!none.sampling_defaults().to_string().contains("repetition"));
 }
+
+/// Gemma 3 270M's config.json as transformers reads it: `(1+w)` norms,
+/// four a layer, QK-norm, GeGLU, the embedding scaled by sqrt(640),
+/// scores by 256^-1/2, every sixth layer global (RoPE 1e6, no window), the
+/// others local (window 512, RoPE 1e4); tied by default.
+#[test]
+fn gemma3_layers_and_windows() {
+    let c = crate::presets::Preset::Gemma3_270m.config().unwrap();
+    let s = &c.spec;
+    assert_eq!((c.num_layers, c.head_dim, c.num_kv_heads), (18, 256, 1));
+    assert!(c.tie_word_embeddings);
+    assert_eq!(s.norm_weight_offset, 1.0);
+    assert_eq!(s.embed_scale, 640f64.sqrt() as f32);
+    assert_eq!(s.final_logit_softcap, None);
+    for (i, l) in s.layers.iter().enumerate() {
+        let global = (i + 1) % 6 == 0;
+        let a = &l.attention;
+        assert!(a.qk_norm && !a.qkv_bias && !a.o_bias);
+        assert_eq!(a.scale, 1.0 / 16.0);
+        assert_eq!(a.window, (!global).then_some(512), "layer {i}");
+        assert_eq!(l.rope.theta, if global { 1e6 } else { 1e4 }, "layer {i}");
+        assert!(l.post_attention_norm && l.post_mlp_norm);
+        assert_eq!(l.mlp.activation, crate::spec::Activation::GeluTanh);
+    }
+    // the older `sliding_window_pattern` gives the same layers (1B's file)
+    let one_b = crate::presets::Preset::Gemma3_1b.config().unwrap();
+    assert_eq!(one_b.spec.layers[5].attention.window, None);
+    assert_eq!(one_b.spec.layers[6].attention.window, Some(512));
+    assert_eq!(one_b.spec.layers[6].rope.theta, 1e4);
+}
+
+/// Gemma 3's per-layer-type `rope_parameters` (transformers 5's spelling)
+/// and `rope_scaling` on the global layers only; the fields lamina cannot
+/// honour are refused by name.
+#[test]
+fn gemma3_rope_parameters_and_refusals() {
+    let base = crate::presets::Preset::Gemma3_270m.config_json();
+    let parse = |v: &serde_json::Value| ModelConfig::from_json(&v.to_string(), "g/config.json");
+    let mut v = base.clone();
+    for k in ["rope_theta", "rope_local_base_freq", "rope_scaling"] {
+        v.as_object_mut().unwrap().remove(k);
+    }
+    v["rope_parameters"] = serde_json::json!({
+        "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}});
+    let c = parse(&v).unwrap();
+    assert_eq!(c.spec.layers[5].rope.theta, 5e5);
+    assert_eq!(c.spec.layers[0].rope.theta, 2e4);
+    let mut v = base.clone();
+    v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    let c = parse(&v).unwrap();
+    assert!(matches!(
+        c.spec.layers[5].rope.scaling,
+        RopeScaling::Llama3 { .. }
+    ));
+    assert_eq!(c.spec.layers[0].rope.scaling, RopeScaling::None);
+    let mut v = base.clone();
+    v["final_logit_softcapping"] = serde_json::json!(30.0);
+    assert_eq!(parse(&v).unwrap().spec.final_logit_softcap, Some(30.0));
+    for (field, value) in [
+        ("attn_logit_softcapping", serde_json::json!(50.0)),
+        ("use_bidirectional_attention", serde_json::json!(true)),
+        ("sliding_window", serde_json::json!(0)),
+        ("layer_types", serde_json::json!(["sliding_attention"])),
+        ("hidden_activation", serde_json::json!("relu")),
+    ] {
+        let mut v = base.clone();
+        v[field] = value;
+        let err = parse(&v).unwrap_err().to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    let mut v = base.clone();
+    v["layer_types"][3] = serde_json::json!("chunked_attention");
+    let err = parse(&v).unwrap_err().to_string();
+    assert!(
+        err.contains("layer_types") && err.contains("chunked_attention"),
+        "{err}"
+    );
+    let mut v = base;
+    v["architectures"] = serde_json::json!(["Gemma3ForConditionalGeneration"]);
+    let err = parse(&v).unwrap_err().to_string();
+    assert!(
+        err.contains("architectures") && err.contains("language_model"),
+        "{err}"
+    );
+}

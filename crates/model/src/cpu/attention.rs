@@ -24,7 +24,7 @@
 
 use contract::backend::StepBatch;
 use contract::{KvCacheDtype, KvScales};
-use ops::{AttnDims, KvCache, KvElem, KvView, PagedSeqs};
+use ops::{AttnDims, KvCache, KvElem, KvView, PagedSeqs, ScoreRule};
 use rayon::prelude::*;
 
 /// Tokens from which [`KvPool::write_order`] plans parallel writes.
@@ -155,7 +155,8 @@ impl KvPool {
     }
 
     /// Causal attention of the step's queries `q` (`[T, heads * head_dim]`,
-    /// RoPE applied) over `layer`'s pool (this step's rows already written).
+    /// RoPE applied) over `layer`'s pool (this step's rows already written),
+    /// under the layer's `rule` (scale, soft-cap, window).
     /// Returns `[T, heads * head_dim]`.
     pub fn attention(
         &self,
@@ -163,6 +164,7 @@ impl KvPool {
         layer: usize,
         batch: &StepBatch,
         dims: AttnDims,
+        rule: ScoreRule,
     ) -> Vec<f32> {
         let seqs = PagedSeqs {
             cu_seqlens: &batch.cu_seqlens,
@@ -171,7 +173,8 @@ impl KvPool {
             max_blocks: batch.max_blocks,
             block_size: self.block_size,
         };
-        ops::paged_attention_in(q, self.k[layer].view(), self.v[layer].view(), seqs, dims)
+        let (k, v) = (self.k[layer].view(), self.v[layer].view());
+        ops::paged_attention_with(q, k, v, seqs, dims, rule)
     }
 }
 

@@ -3,11 +3,13 @@
 //!
 //! Contract: each (token, KV head) reads its keys and values in their
 //! stored type ([`cpu_kernels::kv`]: widened in registers, every row once
-//! for all the query heads of the KV head), over its positions split into
-//! chunks of [`KV_SPLIT`]: per chunk and query head the scaled scores, their
+//! for all the query heads of the KV head), over the positions it sees
+//! (the layer's [`ScoreRule`]: all up to its own, or its window's) split
+//! into chunks of [`KV_SPLIT`] from the first: per chunk and query head the scaled scores, their
 //! maximum `m`, `l = sum exp(s - m)` and `o = sum exp(s - m) v`; the chunks
 //! are merged by the log-sum-exp rule (`M = max m`, `o = sum e^(m - M) o /
-//! sum e^(m - M) l`). The split depends only on the token's context length,
+//! sum e^(m - M) l`). The split depends only on the token's position and
+//! the layer's window,
 //! never on the step or the thread count, so the same token gets the same
 //! bits whether the tasks run serially or on rayon (tested), and a token's
 //! result never depends on the rest of its step. Agrees with
@@ -25,7 +27,7 @@ use cpu_kernels::Isa;
 use cpu_kernels::kv::{Row, dot_keys_rows, pv_rows};
 use cpu_kernels::vector::exp_scaled_sum;
 use half::slice::HalfFloatSliceExt;
-use ops::{AttnDims, KvView};
+use ops::{AttnDims, KvView, ScoreRule};
 use rayon::prelude::*;
 
 /// Attention work (query rows x keys x head size) below which a step's
@@ -84,6 +86,7 @@ pub(super) fn decode_attention(
     seq_of: &[usize],
     decode: impl Fn(usize) -> bool,
     dims: AttnDims,
+    rule: ScoreRule,
     out: &mut [f32],
     scratch: &mut DecodeScratch,
     parallel: Option<bool>,
@@ -96,10 +99,11 @@ pub(super) fn decode_attention(
     tasks.clear();
     let mut work = 0;
     for t in (0..batch.positions.len()).filter(|&t| decode(t)) {
-        let ctx = batch.positions[t] as usize + 1;
-        work += ctx * heads * hd;
+        let pos = batch.positions[t] as usize;
+        let seen = pos + 1 - rule.first(pos);
+        work += seen * heads * hd;
         for g in 0..kv_heads {
-            for c in 0..ctx.div_ceil(KV_SPLIT) {
+            for c in 0..seen.div_ceil(KV_SPLIT) {
                 tasks.push((t as u32, g as u32, c as u32));
             }
         }
@@ -111,14 +115,17 @@ pub(super) fn decode_attention(
         partials.resize(tasks.len() * span, 0.0);
     }
     let partials = &mut partials[..tasks.len() * span];
-    let scale = 1.0 / (hd as f32).sqrt();
     let bs = pool.block_size;
     let run = |&(t, g, c): &(u32, u32, u32), part: &mut [f32]| {
         let (t, g, c) = (t as usize, g as usize, c as usize);
         let s = seq_of[t];
         let table = &batch.block_tables[s * batch.max_blocks..(s + 1) * batch.max_blocks];
-        let ctx = batch.positions[t] as usize + 1;
-        let (j0, j1) = (c * KV_SPLIT, ((c + 1) * KV_SPLIT).min(ctx));
+        let pos = batch.positions[t] as usize;
+        let first = rule.first(pos);
+        let (j0, j1) = (
+            first + c * KV_SPLIT,
+            (first + (c + 1) * KV_SPLIT).min(pos + 1),
+        );
         let n = j1 - j0;
         let qs = &qkv[t * qkv_w + g * group * hd..][..group * hd];
         BUFS.with_borrow_mut(|(scores, wide, offs)| {
@@ -142,7 +149,7 @@ pub(super) fn decode_attention(
             let (o, ml) = part.split_at_mut(group * hd);
             for (h, row) in scores.chunks_exact_mut(n).enumerate() {
                 for x in row.iter_mut() {
-                    *x *= scale;
+                    *x = rule.score(*x);
                 }
                 let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 ml[h] = m;

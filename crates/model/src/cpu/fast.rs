@@ -90,7 +90,7 @@ use cpu_kernels::vector::{add_assign, rms_norm, rope, silu_mul, softmax_scaled};
 use half::slice::HalfFloatSliceExt;
 use ops::activation::gelu_tanh_mul;
 use ops::norm::{add_rows, rms_norm_in_place, softcap};
-use ops::{AttnDims, KvView};
+use ops::{AttnDims, KvView, ScoreRule};
 use rayon::prelude::*;
 
 /// One layer's projections, packed for the fused products.
@@ -375,7 +375,8 @@ impl CpuBackend {
             delta(lr, l, L::Q, h, hidden, qkv, qkv_w, 0);
             delta(lr, l, L::K, h, hidden, qkv, qkv_w, q_dim);
             delta(lr, l, L::V, h, hidden, qkv, qkv_w, q_dim + kv_dim);
-            let (cos, sin, half) = (self.rope.cos(), self.rope.sin(), c.head_dim / 2);
+            let table = self.rope.layer(l);
+            let (cos, sin, half) = (table.cos(), table.sin(), c.head_dim / 2);
             let pool = &self.pool;
             each_row(qkv, qkv_w, |i, row| {
                 if let Some(b) = &norms.qkv_bias {
@@ -400,6 +401,7 @@ impl CpuBackend {
                 batch,
                 &ws.seq_of,
                 dims,
+                ScoreRule::of(&c.spec.layers[l].attention),
                 attn,
                 &mut ws.segment,
                 &mut ws.decode,
@@ -502,7 +504,7 @@ fn out_extras(y: &mut [f32], w: usize, v: &LayerVecs, bias: X, norm: X, eps: f32
 /// ([`segment_attention`]); shorter ones (decode) per (token, head).
 const SEGMENT_GEMM_MIN: usize = 16;
 
-/// Causal paged attention of the queries in `qkv` (`[T, qkv_w]`, the first
+/// Causal paged attention (under the layer's `rule`) of the queries in `qkv` (`[T, qkv_w]`, the first
 /// `q_dim` columns of each row, RoPE applied) over `layer`'s pool, into `out`
 /// (`[T, q_dim]`): `ops::paged_attention_in`'s arithmetic. Segments of
 /// [`SEGMENT_GEMM_MIN`] tokens or more (prefill chunks) run
@@ -520,6 +522,7 @@ fn attention(
     batch: &StepBatch,
     seq_of: &[usize],
     dims: AttnDims,
+    rule: ScoreRule,
     out: &mut [f32],
     seg_scratch: &mut SegmentScratch,
     dec_scratch: &mut DecodeScratch,
@@ -527,7 +530,6 @@ fn attention(
 ) {
     let hd = dims.head_dim;
     let (kc, vc, kv_dim, bs) = pool.layer(layer);
-    let scale = 1.0 / (hd as f32).sqrt();
     let seg_len = |s: usize| (batch.cu_seqlens[s + 1] - batch.cu_seqlens[s]) as usize;
     let long = |s: usize| !deterministic && seg_len(s) >= SEGMENT_GEMM_MIN;
     let view = PoolView {
@@ -545,6 +547,7 @@ fn attention(
         seq_of,
         |t| !long(seq_of[t]),
         dims,
+        rule,
         out,
         dec_scratch,
         None,
@@ -570,7 +573,7 @@ fn attention(
             isa,
             &seg,
             dims,
-            scale,
+            rule,
             &mut out[t0 * q_dim..t1 * q_dim],
             seg_scratch,
         );
@@ -633,8 +636,9 @@ const SEGMENT_ROWS: usize = if cfg!(test) { 8 } else { 96 };
 /// head_dim]`) and transposed values (`[head_dim, ctx]`) gathered from the
 /// pool into contiguous buffers, then per query head and block of
 /// [`SEGMENT_ROWS`] rows `S = Q K^T` over the keys the block can see (one
-/// GEMM), the scaled causal row softmax (row `i` keeps keys
-/// `0..=positions[i]`) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
+/// GEMM), the layer's row softmax (row `i` keeps keys
+/// `rule.first(positions[i])..=positions[i]`, scaled and capped by `rule`;
+/// the others weigh 0) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
 /// (head, block) pairs run in parallel on rayon, each GEMM on one thread
 /// ([`gemm_nt_f32`]). Costs: about `n * ctx * head_dim` multiply-adds per
 /// head for the causal part plus a block's triangle, `SEGMENT_ROWS * ctx`
@@ -644,7 +648,7 @@ fn segment_attention(
     isa: Isa,
     seg: &Segment<'_>,
     dims: AttnDims,
-    scale: f32,
+    rule: ScoreRule,
     out: &mut [f32],
     scratch: &mut SegmentScratch,
 ) {
@@ -748,8 +752,16 @@ fn segment_attention(
                 }
             }
             for (row, &p) in sc.chunks_exact_mut(ctx).zip(rows) {
-                let keep = p as usize + 1;
-                softmax_scaled(isa, &mut row[..keep], scale);
+                let (lo, keep) = (rule.first(p as usize), p as usize + 1);
+                let seen = &mut row[lo..keep];
+                match rule.softcap {
+                    None => softmax_scaled(isa, seen, rule.scale),
+                    Some(_) => {
+                        seen.iter_mut().for_each(|x| *x = rule.score(*x));
+                        softmax_scaled(isa, seen, 1.0);
+                    }
+                }
+                row[..lo].fill(0.0);
                 row[keep..kb].fill(0.0);
             }
             o.fill(0.0);

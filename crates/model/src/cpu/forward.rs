@@ -3,8 +3,9 @@
 //! Contract: [`CpuBackend::forward`] runs every token of a validated
 //! [`StepBatch`] through all layers as the model's spec describes
 //! (embedding and its scale, then per layer RMSNorm, Q/K/V projections and
-//! biases, QK-norm, RoPE, KV write at `slot_mapping`, paged causal
-//! attention, output projection and bias, output norm, residual, RMSNorm,
+//! biases, QK-norm, the layer's RoPE, KV write at `slot_mapping`, paged
+//! causal attention under the layer's scale, soft-cap and window, output
+//! projection and bias, output norm, residual, RMSNorm,
 //! the gated MLP with its activation and biases, output norm, residual),
 //! then the final norm, LM head and soft-cap for the requested token rows
 //! only. It follows the oracle's
@@ -24,11 +25,11 @@ use super::lora::delta;
 use checkpoint::weights::Extra as X;
 use contract::backend::StepBatch;
 use contract::lora::LoraTarget as L;
-use ops::AttnDims;
 use ops::activation::gate_mul;
 use ops::embedding::{embed, gather_rows};
 use ops::linear::{add_assign, matmul_bf16};
 use ops::norm::{add_rows, rms_norm, rms_norm_in_place, softcap};
+use ops::{AttnDims, ScoreRule};
 
 impl CpuBackend {
     /// Runs `batch` (already validated) and returns the logits of token rows
@@ -75,12 +76,14 @@ impl CpuBackend {
             if let Some(g) = norms.get(X::KNorm) {
                 rms_norm_in_place(&mut k, g, eps);
             }
-            self.rope.apply_rows(&mut q, q_dim, &batch.positions);
-            self.rope.apply_rows(&mut k, kv_dim, &batch.positions);
+            let rope = self.rope.layer(l);
+            rope.apply_rows(&mut q, q_dim, &batch.positions);
+            rope.apply_rows(&mut k, kv_dim, &batch.positions);
             self.pool.rotate_qk(&mut q, c.head_dim);
             self.pool.rotate_qk(&mut k, c.head_dim);
             self.pool.write(l, &k, &v, &batch.slot_mapping);
-            let o = self.pool.attention(&q, l, batch, dims); // [T, q_dim]
+            let rule = ScoreRule::of(&spec.layers[l].attention);
+            let o = self.pool.attention(&q, l, batch, dims, rule); // [T, q_dim]
             let oq = product_input(fp8a, &o, q_dim, &mut fp8_in);
             let mut proj = matmul_bf16(oq, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
             delta(lr, l, L::O, &o, q_dim, &mut proj, hidden, 0);

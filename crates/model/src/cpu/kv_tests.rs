@@ -10,7 +10,7 @@ use super::tests::{BS, LONG_PROMPT, backend_on, chunk, config, naive, rel_err, w
 use super::*;
 use contract::Backend;
 use contract::step_builder::StepBuilder;
-use ops::{AttnDims, KvCache, PagedSeqs};
+use ops::{AttnDims, KvCache, PagedSeqs, ScoreRule};
 
 /// Relative error of the logits (root of the summed squares) a dtype may
 /// add to the f32 pass: BF16 keeps 8 bits of each K/V value (2^-9
@@ -259,9 +259,21 @@ fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
         head_dim: 32,
     };
     let isa = cpu_kernels::Isa::best();
-    // contexts of one chunk, a chunk and a bit, and several
+    let windowed = ScoreRule {
+        scale: 0.1,
+        softcap: None,
+        window: Some(KV_SPLIT + 3),
+    };
+    let capped = ScoreRule {
+        softcap: Some(2.0),
+        window: Some(20),
+        ..windowed
+    };
+    // contexts of one chunk, a chunk and a bit, and several; plain causal,
+    // a window over a chunk and a bit, and a short window with a soft-cap
+    let rules = [ScoreRule::causal(dims.head_dim), windowed, capped];
     for ctx in [37, KV_SPLIT + 9, 3 * KV_SPLIT + 100] {
-        for dtype in DTYPES {
+        for (dtype, rule) in DTYPES.into_iter().flat_map(|d| rules.map(|r| (d, r))) {
             let t = 3;
             let (k, v, q, batch) = long_context(dtype, ctx, t, dims);
             let q_dim = dims.heads * dims.head_dim;
@@ -284,6 +296,7 @@ fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
                     &seq_of,
                     |_| true,
                     dims,
+                    rule,
                     &mut out,
                     &mut scratch,
                     Some(parallel),
@@ -292,7 +305,7 @@ fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
             };
             let (serial, parallel) = (run(false), run(true));
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&serial), bits(&parallel), "ctx {ctx} {dtype}");
+            assert_eq!(bits(&serial), bits(&parallel), "ctx {ctx} {dtype} {rule:?}");
             let seqs = PagedSeqs {
                 cu_seqlens: &batch.cu_seqlens,
                 positions: &batch.positions,
@@ -300,14 +313,17 @@ fn decode_attention_is_the_same_serial_or_parallel_and_near_the_reference() {
                 max_blocks: batch.max_blocks,
                 block_size: 16,
             };
-            let want = ops::paged_attention_in(&q, k.view(), v.view(), seqs, dims);
+            let want = ops::paged_attention_with(&q, k.view(), v.view(), seqs, dims, rule);
             let err = serial
                 .iter()
                 .zip(&want)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0f32, f32::max);
             let bound = attention_rounding_bound(ctx, 2.0);
-            assert!(err < bound, "ctx {ctx} {dtype}: {err} (bound {bound:.3e})");
+            assert!(
+                err < bound,
+                "ctx {ctx} {dtype} {rule:?}: {err} (bound {bound:.3e})"
+            );
         }
     }
 }

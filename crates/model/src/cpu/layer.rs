@@ -1,17 +1,13 @@
 //! What the CPU backend reads of the model's spec beyond the projections:
 //! each layer's small vectors in f32 (norm gains with the spec's offset
-//! folded in, biases, QK-norm gains), and the check that a spec asks only
-//! for what both CPU paths run.
+//! folded in, biases, QK-norm gains).
 //!
-//! Contract: [`check_spec`] passes exactly the specs whose every field the
-//! reference and fast paths implement (everything but sliding windows,
-//! attention soft-caps, a non-default attention scale and per-layer RoPE,
-//! which it refuses naming the field); [`LayerVecs::of`] holds a layer's
-//! gains as `offset + w` so a norm is one multiply whatever the spec.
+//! Contract: both CPU paths run every field of a [`contract::ModelSpec`]
+//! (the per-layer RoPE, attention scale, soft-cap and window included), so
+//! no spec is refused here; [`LayerVecs::of`] holds a layer's gains as
+//! `offset + w` so a norm is one multiply whatever the spec.
 
 use checkpoint::weights::{Extra, LayerWeights, Tensor};
-use contract::backend::BackendError;
-use contract::config::ModelConfig;
 use std::collections::BTreeMap;
 
 /// One layer's vectors, converted to f32 once.
@@ -70,24 +66,6 @@ impl LayerVecs {
 /// A norm's gain, `offset + w` (the final norm's too).
 pub(super) fn gain(norm: &Tensor, offset: f32) -> Vec<f32> {
     norm.to_f32().into_iter().map(|w| offset + w).collect()
-}
-
-/// Refuses a spec with a field the CPU paths do not run, naming it.
-pub(super) fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
-    let mut runs = c.spec.clone();
-    let rope = c.rope().clone();
-    for l in &mut runs.layers {
-        l.attention.window = None;
-        l.attention.logit_softcap = None;
-        l.attention.scale = 1.0 / (c.head_dim as f64).sqrt();
-        l.rope = rope.clone();
-    }
-    match c.spec.first_difference(&runs) {
-        None => Ok(()),
-        Some(field) => Err(BackendError::Device(format!(
-            "cpu: the model's `{field}` is not supported by the CPU backend"
-        ))),
-    }
 }
 
 /// Per-head RMSNorm of the Q and K parts of a row that starts with Q

@@ -28,13 +28,16 @@
 //!
 //! Both paths run the layer the model's spec describes (`layer`: biases,
 //! QK-norm, norm-gain offset, activation, output norms, embedding scale,
-//! final soft-cap); a spec field neither runs is refused at construction.
+//! final soft-cap, each layer's RoPE table, attention scale, soft-cap and
+//! sliding window): every spec field runs on both.
+//! A windowed layer's KV rows outside its window stay in the pool (the
+//! scheduler frees blocks by sequence, not by layer).
 //!
 //! Costs: memory = the BF16 weights (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
 //! VNNI) + `2 * layers * num_blocks * block_size *
 //! kv_dim * dtype.bytes()` bytes of KV pool + RoPE tables `min(max_position_embeddings,
-//! pool slots) * head_dim * 4` bytes. Per step, see `forward`. Parallel with
+//! pool slots) * head_dim * 4` bytes per distinct RoPE of the layers. Per step, see `forward`. Parallel with
 //! rayon's global pool.
 
 pub mod attention;
@@ -75,7 +78,7 @@ use contract::config::ModelConfig;
 use contract::{KvCacheDtype, KvScales};
 use cpu_kernels::Isa;
 use fast::{FastWeights, Workspace};
-use ops::Rope;
+use ops::rope::LayerRopes;
 use ops::sampling::sample;
 use rayon::prelude::*;
 
@@ -100,7 +103,8 @@ pub struct CpuBackend {
     /// Each layer's norm gains and biases ([`layer::LayerVecs`]).
     norms: Vec<layer::LayerVecs>,
     final_norm: Vec<f32>, // [hidden] gain (the spec's offset folded in)
-    rope: Rope,
+    /// Each layer's RoPE table.
+    rope: LayerRopes,
     pool: KvPool,
     /// FP8 K/V's per-layer scales (the checkpoint's, else 1).
     kv_scales: KvScales,
@@ -153,7 +157,6 @@ impl CpuBackend {
         format: CpuWeights,
     ) -> Result<Self, BackendError> {
         check_weights(&config, &weights)?;
-        layer::check_spec(&config)?;
         if path == CpuPath::Reference && format != CpuWeights::Bf16 {
             return Err(BackendError::Device(format!(
                 "cpu: the reference kernels run BF16 weights only, not {}; use the fast kernels for quantised weights",
@@ -166,7 +169,7 @@ impl CpuBackend {
             )));
         }
         let slots = kv.num_blocks * kv.block_size;
-        let rope = Rope::new(&config, config.max_position_embeddings.min(slots));
+        let rope = LayerRopes::new(&config, config.max_position_embeddings.min(slots));
         let kv_scales = weights.kv_scales_or_ones();
         let pool = KvPool::new(
             config.num_layers,
