@@ -94,7 +94,8 @@ kernel_args! {
         /// `[num_prev]` the previous step's sampled ids
         prev: u64 as "const uint32_t*" @ 40,
         num_prev: u32 as "uint32_t" @ 48,
-        pad: u32 as "uint32_t" @ 52,
+        /// every value written is multiplied by this (the spec's embedding scale)
+        scale: f32 as "float" @ 52,
     }
 
     /// Arguments of `gather_rows_bf16` (cu/embedding.cu).
@@ -136,7 +137,7 @@ kernel_args! {
 
     /// Arguments of `add_rmsnorm` (cu/rmsnorm.cu).
     #[derive(Default)]
-    pub struct AddRmsnormArgs for "add_rmsnorm", size 40 {
+    pub struct AddRmsnormArgs for "add_rmsnorm", size 48 {
         /// [T, hidden] f32, updated in place when delta is set
         residual: u64 as "float*" @ 0,
         /// [T, hidden] bf16, or 0 (no residual add)
@@ -147,6 +148,9 @@ kernel_args! {
         out: u64 as "bf16*" @ 24,
         hidden: u32 as "uint32_t" @ 32,
         eps: f32 as "float" @ 36,
+        /// the gain is `offset + weight` (the spec's norm weight offset)
+        offset: f32 as "float" @ 40,
+        pad: u32 as "uint32_t" @ 44,
     }
 
     /// Arguments of `silu_mul` and `gelu_tanh_mul` (cu/activation.cu).
@@ -173,7 +177,7 @@ kernel_args! {
 
     /// Arguments of `head_rmsnorm` (cu/layer_extras.cu).
     #[derive(Default)]
-    pub struct HeadRmsnormArgs for "head_rmsnorm", size 48 {
+    pub struct HeadRmsnormArgs for "head_rmsnorm", size 56 {
         /// [T, row] bf16, in place: Q heads then K heads from column 0
         x: u64 as "bf16*" @ 0,
         /// [head_dim] bf16
@@ -186,6 +190,18 @@ kernel_args! {
         k_heads: u32 as "uint32_t" @ 36,
         head_dim: u32 as "uint32_t" @ 40,
         eps: f32 as "float" @ 44,
+        /// the gains are `offset + gain`
+        offset: f32 as "float" @ 48,
+        pad: u32 as "uint32_t" @ 52,
+    }
+
+    /// Arguments of `softcap_rows` (cu/layer_extras.cu).
+    #[derive(Default)]
+    pub struct SoftcapArgs for "softcap_rows", size 16 {
+        /// [n] f32, in place
+        y: u64 as "float*" @ 0,
+        n: u32 as "uint32_t" @ 8,
+        cap: f32 as "float" @ 12,
     }
 
     /// Arguments of `invariant_gemm_bf16` / `invariant_gemm_f32`

@@ -22,7 +22,7 @@ pub struct Carry<'a> {
 }
 
 impl Kernels {
-    /// `out[t, :] = table[id, :]` as f32, for `tokens` ids: `id = ids[t]`,
+    /// `out[t, :] = table[id, :] * scale` as f32, for `tokens` ids: `id = ids[t]`,
     /// or with `carry`, `prev[carry.rows[t]]` where `carry.rows[t] <
     /// carry.prev.len()` (a token the previous step sampled, never copied to
     /// the host).
@@ -41,6 +41,7 @@ impl Kernels {
         tokens: usize,
         hidden: usize,
         vocab: usize,
+        scale: f32,
     ) -> Result<(), KernelError> {
         const K: &str = "embedding_gather";
         need(K, "out", &out, tokens * hidden)?;
@@ -61,7 +62,7 @@ impl Kernels {
             carry: carry.map_or(0, |c| c.rows.ptr()),
             prev: carry.map_or(0, |c| c.prev.ptr()),
             num_prev: u32_of(K, "carry.prev", carry.map_or(0, |c| c.prev.len()))?,
-            pad: 0,
+            scale,
         };
         let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROW_THREADS as u32);
         // SAFETY: views checked above for [T, hidden], [vocab, hidden], [T]

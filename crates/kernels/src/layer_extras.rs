@@ -1,14 +1,17 @@
 //! Launchers for `cu/layer_extras.cu`: the steps a model spec adds around
-//! the projections, a bias on each row and per-head RMSNorm (QK-norm); each
-//! kernel takes one argument struct ([`BiasRowsArgs`], [`HeadRmsnormArgs`]).
-//! CPU references: `ops::norm::add_rows` and `ops::norm::rms_norm_in_place`.
-//! Costs: one launch each; `bias_rows` one read and write of the matrix,
-//! `head_rmsnorm` two passes over each head (one warp a head).
+//! the projections, a bias on each row, per-head RMSNorm (QK-norm, and a
+//! whole row as one head: the output norms) and the logits' soft-cap; each
+//! kernel takes one argument struct ([`BiasRowsArgs`], [`HeadRmsnormArgs`],
+//! [`SoftcapArgs`]). CPU references: `ops::norm::add_rows`,
+//! `ops::norm::rms_norm_in_place` and `ops::norm::softcap`.
+//! Costs: one launch each; `bias_rows` and `softcap_rows` one read and
+//! write of the values, `head_rmsnorm` two passes over each head (one warp
+//! a head).
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
-use crate::abi::{BiasRowsArgs, HeadRmsnormArgs};
+use crate::abi::{BiasRowsArgs, HeadRmsnormArgs, SoftcapArgs};
 use crate::consts::{ROW_THREADS, SILU_MAX_BLOCKS};
 use crate::{KernelError, Kernels, need, u32_of};
 
@@ -20,6 +23,8 @@ pub struct HeadNorm {
     pub k_heads: usize,
     pub head_dim: usize,
     pub eps: f32,
+    /// The gains are `offset + gain` (the spec's norm weight offset).
+    pub offset: f32,
 }
 
 impl Kernels {
@@ -91,11 +96,43 @@ impl Kernels {
             k_heads: u32_of(K, "k_heads", n.k_heads)?,
             head_dim: u32_of(K, "head_dim", n.head_dim)?,
             eps: n.eps,
+            offset: n.offset,
+            pad: 0,
         };
         let cfg = LaunchConfig::linear(blocks, ROW_THREADS as u32);
         // SAFETY: x checked for [T, row] with the heads inside a row, the
         // gains for [head_dim]; the kernel takes `HeadRmsnormArgs`.
         unsafe { self.gpu.launch_struct(&self.head_rmsnorm, cfg, &args)? };
+        Ok(())
+    }
+
+    /// `y = cap * tanh(y / cap)` over the `n` values of `y`, in place.
+    pub fn softcap_rows(
+        &self,
+        y: DevSlice<'_, f32>,
+        n: usize,
+        cap: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "softcap_rows";
+        need(K, "y", &y, n)?;
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(KernelError::Shape {
+                kernel: K,
+                reason: format!("cap {cap}: must be finite and positive"),
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let blocks = n.div_ceil(ROW_THREADS).min(SILU_MAX_BLOCKS);
+        let args = SoftcapArgs {
+            y: y.ptr(),
+            n: u32_of(K, "n", n)?,
+            cap,
+        };
+        let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
+        // SAFETY: y checked for [n]; the kernel takes `SoftcapArgs`.
+        unsafe { self.gpu.launch_struct(&self.softcap_rows, cfg, &args)? };
         Ok(())
     }
 }

@@ -12,7 +12,7 @@ use crate::{KernelError, Kernels, need, u32_of};
 
 impl Kernels {
     /// For each of `tokens` rows: `residual += delta` (when given), then
-    /// `out = residual * rsqrt(mean(residual²) + eps) * weight`.
+    /// `out = residual * rsqrt(mean(residual²) + eps) * (offset + weight)`.
     #[allow(clippy::too_many_arguments)]
     pub fn add_rmsnorm(
         &self,
@@ -23,6 +23,7 @@ impl Kernels {
         tokens: usize,
         hidden: usize,
         eps: f32,
+        offset: f32,
     ) -> Result<(), KernelError> {
         const K: &str = "add_rmsnorm";
         need(K, "residual", &residual, tokens * hidden)?;
@@ -41,6 +42,8 @@ impl Kernels {
             out: out.ptr(),
             hidden: u32_of(K, "hidden", hidden)?,
             eps,
+            offset,
+            pad: 0,
         };
         let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROW_THREADS as u32);
         // SAFETY: every view was checked for its [T, hidden] / [hidden] shape;

@@ -44,6 +44,7 @@ fn embedding_and_row_gather() {
                 tokens,
                 hidden,
                 vocab,
+                1.0,
             )
         }
         .unwrap();
@@ -67,6 +68,7 @@ fn embedding_and_row_gather() {
             })
             .collect();
         let (d_prev, d_rows) = (gpu.upload(&prev).unwrap(), gpu.upload(&rows).unwrap());
+        let scale = (hidden as f32).sqrt();
         gpu.fill_bytes(out.view(), POISON).unwrap();
         let carry = kernels::embedding::Carry {
             rows: d_rows.view(),
@@ -82,11 +84,15 @@ fn embedding_and_row_gather() {
                 tokens,
                 hidden,
                 vocab,
+                scale,
             )
         }
         .unwrap();
         let got = gpu.to_host(out.view()).unwrap();
-        assert_eq!(got, ops::embedding::embed(&table, &want_ids, hidden));
+        // scaled as the CPU scales an embedding row (Gemma's sqrt(hidden))
+        let mut want = ops::embedding::embed(&table, &want_ids, hidden);
+        want.iter_mut().for_each(|v| *v *= scale);
+        assert_eq!(got, want);
 
         let rows: Vec<u32> = (0..tokens.div_ceil(3))
             .map(|_| rng.random_range(0..vocab as u32))
@@ -119,7 +125,12 @@ fn embedding_and_row_gather() {
 fn add_rmsnorm_matches_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(2);
-    for (tokens, hidden, with_delta) in [(3, 576, false), (1100, 2048, true), (17, 2050, true)] {
+    // the gain is offset + weight: 1 for Gemma's (1 + w) norms
+    for (tokens, hidden, with_delta, offset) in [
+        (3, 576, false, 0.0),
+        (1100, 2048, true, 0.0),
+        (17, 2050, true, 1.0),
+    ] {
         let mut resid: Vec<f32> = (0..tokens * hidden)
             .map(|_| rng.random_range(-2.0..2.0))
             .collect();
@@ -139,12 +150,14 @@ fn add_rmsnorm_matches_reference() {
             tokens,
             hidden,
             1e-5,
+            offset,
         )
         .unwrap();
         if with_delta {
             ops::linear::add_assign(&mut resid, &f32s(&delta));
         }
-        let want = ops::norm::rms_norm(&resid, &f32s(&weight), 1e-5);
+        let gain: Vec<f32> = f32s(&weight).iter().map(|w| offset + w).collect();
+        let want = ops::norm::rms_norm(&resid, &gain, 1e-5);
         let got = f32s(&gpu.to_host(out.view()).unwrap());
         let e = rel_err(&got, &want);
         assert!(e < 5e-3, "rmsnorm T={tokens} H={hidden}: rel err {e}");

@@ -110,6 +110,16 @@ impl LayerRopes {
         &self.tables[self.of_layer[l]]
     }
 
+    /// The distinct tables (what [`LayerRopes::of_layers`] indexes).
+    pub fn distinct(&self) -> &[Rope] {
+        &self.tables
+    }
+
+    /// `[layers]` each layer's index into [`LayerRopes::distinct`].
+    pub fn of_layers(&self) -> &[usize] {
+        &self.of_layer
+    }
+
     /// Number of positions every table covers.
     pub fn positions(&self) -> usize {
         self.tables.first().map_or(0, Rope::positions)

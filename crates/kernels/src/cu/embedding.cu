@@ -1,5 +1,5 @@
 // Embedding gather and row gather.
-// embedding_gather: out[t, :] (f32 residual stream) = table[id, :] (bf16),
+// embedding_gather: out[t, :] (f32 residual stream) = table[id, :] (bf16) * scale,
 //   id = prev[carry[t]] when carry is given and carry[t] < num_prev (a token
 //   sampled by the previous step, still on the device: pipelined steps), else
 //   ids[t]. grid = T blocks, block = LAMINA_ROW_THREADS; ids >= vocab
@@ -26,7 +26,7 @@ extern "C" __global__ void embedding_gather(const EmbeddingGatherArgs a) {
         return;
     }
     const bf16* row = table + (size_t)id * hidden;
-    for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = bf2f(row[i]);
+    for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = bf2f(row[i]) * a.scale;
 }
 
 extern "C" __global__ void gather_rows_bf16(const GatherRowsArgs a) {

@@ -4,9 +4,12 @@
 //   block LAMINA_ROW_THREADS.
 // head_rmsnorm: per-head RMSNorm in place (QK-norm): in each row of x
 //   ([T, row]), the q_heads heads of head_dim from column 0 are scaled by
-//   rsqrt(mean(head^2) + eps) * q_gain, the k_heads heads after them by
-//   k_gain. One warp per (token, head), sums in f32; blocks of
-//   LAMINA_ROW_THREADS threads.
+//   rsqrt(mean(head^2) + eps) * (offset + q_gain), the k_heads heads after
+//   them by (offset + k_gain). One warp per (token, head), sums in f32;
+//   blocks of LAMINA_ROW_THREADS threads. One head as wide as the row is a
+//   whole-row RMSNorm (the spec's output norms).
+// softcap_rows: y = cap * tanh(y / cap) over n f32 values, in place
+//   (the final logits' soft-cap); grid-stride, block LAMINA_ROW_THREADS.
 // Each takes its one argument struct (lamina_args.cuh, from src/abi.rs).
 #include "common.cuh"
 #include "lamina_args.cuh"
@@ -35,5 +38,11 @@ extern "C" __global__ void head_rmsnorm(const HeadRmsnormArgs a) {
     }
     ss = warp_sum(ss);
     const float inv = rsqrtf(ss / (float)a.head_dim + a.eps);
-    for (uint32_t i = lane; i < a.head_dim; i += 32) v[i] = f2bf(bf2f(v[i]) * inv * bf2f(gain[i]));
+    for (uint32_t i = lane; i < a.head_dim; i += 32) v[i] = f2bf(bf2f(v[i]) * inv * (a.offset + bf2f(gain[i])));
+}
+
+extern "C" __global__ void softcap_rows(const SoftcapArgs a) {
+    float* __restrict__ y = a.y;  // [n]
+    for (uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < a.n; k += gridDim.x * blockDim.x)
+        y[k] = a.cap * tanhf(y[k] / a.cap);
 }

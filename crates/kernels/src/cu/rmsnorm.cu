@@ -1,6 +1,6 @@
 // RMSNorm fused with the residual add.
 // add_rmsnorm: for each row t: if delta != null, residual[t] += delta[t];
-//   out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * weight.
+//   out[t] = residual[t] * rsqrt(mean(residual[t]^2) + eps) * (offset + weight).
 //   The residual stream stays f32; out is bf16 (the next GEMM's input).
 //   grid = T blocks, block = LAMINA_ROW_THREADS (a multiple of 32).
 //   When hidden % 4 == 0 and every pointer is aligned for it, each thread
@@ -53,8 +53,9 @@ extern "C" __global__ void add_rmsnorm(const AddRmsnormArgs a) {
             const bf16x4 w = w4[i];
             const float2 wl = __bfloat1622float2(w.lo), wh = __bfloat1622float2(w.hi);
             bf16x4 o;
-            o.lo = __floats2bfloat162_rn(v.x * inv * wl.x, v.y * inv * wl.y);
-            o.hi = __floats2bfloat162_rn(v.z * inv * wh.x, v.w * inv * wh.y);
+            const float f = a.offset;
+            o.lo = __floats2bfloat162_rn(v.x * inv * (f + wl.x), v.y * inv * (f + wl.y));
+            o.hi = __floats2bfloat162_rn(v.z * inv * (f + wh.x), v.w * inv * (f + wh.y));
             o4[i] = o;
         }
         return;
@@ -69,5 +70,5 @@ extern "C" __global__ void add_rmsnorm(const AddRmsnormArgs a) {
     }
     ss = block_sum(ss, scratch);
     float inv = rsqrtf(ss / (float)hidden + a.eps);
-    for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) out[base + i] = f2bf(x[i] * inv * bf2f(weight[i]));
+    for (uint32_t i = threadIdx.x; i < hidden; i += blockDim.x) out[base + i] = f2bf(x[i] * inv * (a.offset + bf2f(weight[i])));
 }

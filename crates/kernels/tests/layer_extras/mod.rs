@@ -7,15 +7,20 @@ use crate::common::*;
 use contract::Activation;
 use half::bf16;
 use kernels::layer_extras::HeadNorm;
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn bias_rows_and_head_rmsnorm_match_the_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(11);
-    for (tokens, heads, kv_heads, head_dim) in [(1, 9, 3, 64), (37, 32, 8, 64), (5, 16, 8, 128)] {
+    // offset 1: Gemma's (1 + w) gains
+    for (tokens, heads, kv_heads, head_dim, offset) in [
+        (1, 9, 3, 64, 0.0),
+        (37, 32, 8, 64, 0.0),
+        (5, 16, 8, 128, 1.0),
+    ] {
         let row = (heads + 2 * kv_heads) * head_dim;
         let x = rand_bf16(&mut rng, tokens * row, 3.0);
         let bias = rand_bf16(&mut rng, row, 1.0);
@@ -38,14 +43,16 @@ fn bias_rows_and_head_rmsnorm_match_the_reference() {
             k_heads: kv_heads,
             head_dim,
             eps: 1e-6,
+            offset,
         };
         k.head_rmsnorm(d_x.view(), d_gq.view(), d_gk.view(), tokens, row, n)
             .unwrap();
         let mut want = got.clone();
         let (q, kk) = (heads * head_dim, kv_heads * head_dim);
+        let plus = |g: &[bf16]| -> Vec<f32> { f32s(g).iter().map(|w| offset + w).collect() };
         for r in want.chunks_exact_mut(row) {
-            ops::norm::rms_norm_in_place(&mut r[..q], &f32s(&gq), 1e-6);
-            ops::norm::rms_norm_in_place(&mut r[q..q + kk], &f32s(&gk), 1e-6);
+            ops::norm::rms_norm_in_place(&mut r[..q], &plus(&gq), 1e-6);
+            ops::norm::rms_norm_in_place(&mut r[q..q + kk], &plus(&gk), 1e-6);
         }
         let got = f32s(&gpu.to_host(d_x.view()).unwrap());
         let e = rel_err(&got, &want);
@@ -64,12 +71,51 @@ fn bias_rows_and_head_rmsnorm_match_the_reference() {
         k_heads: 1,
         head_dim: 32,
         eps: 1e-6,
+        offset: 0.0,
     };
     let g = gpu.alloc::<bf16>(32).unwrap();
     assert!(
         k.head_rmsnorm(d.view(), g.view(), g.view(), 1, 64, n)
             .is_err()
     );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn whole_row_norm_and_softcap_match_the_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(13);
+    // an output norm: each row one head as wide as the row, gains 1 + w
+    for (tokens, width) in [(1, 640), (300, 2048)] {
+        let x = rand_bf16(&mut rng, tokens * width, 3.0);
+        let g = rand_bf16(&mut rng, width, 0.5);
+        let (d_x, d_g) = (gpu.upload(&x).unwrap(), gpu.upload(&g).unwrap());
+        let n = HeadNorm {
+            q_heads: 1,
+            k_heads: 0,
+            head_dim: width,
+            eps: 1e-6,
+            offset: 1.0,
+        };
+        k.head_rmsnorm(d_x.view(), d_g.view(), d_g.view(), tokens, width, n)
+            .unwrap();
+        let gain: Vec<f32> = f32s(&g).iter().map(|w| 1.0 + w).collect();
+        let mut want = f32s(&x);
+        for r in want.chunks_exact_mut(width) {
+            ops::norm::rms_norm_in_place(r, &gain, 1e-6);
+        }
+        let e = rel_err(&f32s(&gpu.to_host(d_x.view()).unwrap()), &want);
+        assert!(e < 5e-3, "row norm T={tokens} w={width}: rel err {e}");
+    }
+    let n = 3 * 50_000 + 7;
+    let y: Vec<f32> = (0..n).map(|_| rng.random_range(-80.0..80.0)).collect();
+    let d_y = gpu.upload(&y).unwrap();
+    k.softcap_rows(d_y.view(), n, 30.0).unwrap();
+    let mut want = y.clone();
+    ops::norm::softcap(&mut want, 30.0);
+    let e = rel_err(&gpu.to_host(d_y.view()).unwrap(), &want);
+    assert!(e < 1e-5, "softcap: rel err {e}");
+    assert!(k.softcap_rows(d_y.view(), n, 0.0).is_err());
 }
 
 #[test]

@@ -152,6 +152,7 @@ impl<'a> Exec<'a> {
                 plan.t,
                 c.hidden_size,
                 c.vocab_size,
+                c.spec.embed_scale,
             )
         }
         .map_err(ke("embedding"))
@@ -178,8 +179,8 @@ impl<'a> Exec<'a> {
         let rope = RopeKv {
             positions: io.positions,
             slots: io.slots,
-            cos: self.model.rope_cos.view(),
-            sin: self.model.rope_sin.view(),
+            cos: self.model.rope_cos(l),
+            sin: self.model.rope_sin(l),
             kv: self.model.cache.layer(l),
             shape: self.tuning.shape,
             max_pos: self.model.rope_rows,
@@ -271,7 +272,16 @@ impl<'a> Exec<'a> {
         let delta = (l > 0).then(|| ws.delta.view());
         let norm = layer.input_norm.view();
         self.k
-            .add_rmsnorm(ws.x.view(), delta, norm, ws.xn.view(), t, h, eps)
+            .add_rmsnorm(
+                ws.x.view(),
+                delta,
+                norm,
+                ws.xn.view(),
+                t,
+                h,
+                eps,
+                c.spec.norm_weight_offset,
+            )
             .map_err(ke("input norm"))?;
         let qkv_width = self.tuning.shape.qkv_width();
         self.gemm(
@@ -312,12 +322,38 @@ impl<'a> Exec<'a> {
                 k_heads: c.num_kv_heads,
                 head_dim: c.head_dim,
                 eps: c.rms_norm_eps,
+                offset: c.spec.norm_weight_offset,
             };
             self.k
                 .head_rmsnorm(qkv, gq.view(), gk.view(), t, width, n)
                 .map_err(ke("qk norm"))?;
         }
         Ok(())
+    }
+
+    /// An output norm (`gain`, when the layer has it) over the `m` rows of
+    /// a projection's output `y` (`[m, hidden]`), before its residual add.
+    fn out_norm(
+        &self,
+        gain: &Option<gpu::DeviceBuffer<bf16>>,
+        y: DevSlice<'_, bf16>,
+        m: usize,
+    ) -> Result<(), BackendError> {
+        let Some(g) = gain else {
+            return Ok(());
+        };
+        let (c, h) = (&self.config, self.config.hidden_size);
+        // one "head" as wide as the row: a whole-row RMSNorm
+        let n = HeadNorm {
+            q_heads: 1,
+            k_heads: 0,
+            head_dim: h,
+            eps: c.rms_norm_eps,
+            offset: c.spec.norm_weight_offset,
+        };
+        self.k
+            .head_rmsnorm(y, g.view(), g.view(), m, h, n)
+            .map_err(ke("output norm"))
     }
 
     /// `bias`, when given, on the `m` rows of `y` (`[m, width]`).
@@ -344,8 +380,8 @@ impl<'a> Exec<'a> {
                 self.ws.qkv.view(),
                 io.positions,
                 io.slots,
-                self.model.rope_cos.view(),
-                self.model.rope_sin.view(),
+                self.model.rope_cos(l),
+                self.model.rope_sin(l),
                 self.model.cache.layer(l),
                 self.tuning.shape,
                 t,
@@ -408,6 +444,7 @@ impl<'a> Exec<'a> {
         self.gemm(m, attn, layer.o.as_ref(), ws.delta.view(), h, c.q_dim())?;
         delta(Group::O, attn, ws.delta.view())?;
         self.bias(&x8.o_bias, ws.delta.view(), m, h)?;
+        self.out_norm(&x8.attn_out_norm, ws.delta.view(), m)?;
         let norm = layer.post_norm.view();
         self.k
             .add_rmsnorm(
@@ -418,6 +455,7 @@ impl<'a> Exec<'a> {
                 m,
                 h,
                 c.rms_norm_eps,
+                c.spec.norm_weight_offset,
             )
             .map_err(ke("post-attention norm"))?;
         self.gemm(
@@ -442,7 +480,8 @@ impl<'a> Exec<'a> {
             inter,
         )?;
         delta(Group::Down, ws.act.view(), ws.delta.view())?;
-        self.bias(&x8.down_bias, ws.delta.view(), m, h)
+        self.bias(&x8.down_bias, ws.delta.view(), m, h)?;
+        self.out_norm(&x8.mlp_out_norm, ws.delta.view(), m)
     }
 
     /// Layer `l`'s attention over the paged KV cache, on the plan's path.
@@ -542,7 +581,16 @@ impl<'a> Exec<'a> {
         let delta = (plan.proj == Proj::Gemm).then(|| ws.delta.view());
         let norm = self.model.w.norm.view();
         self.k
-            .add_rmsnorm(resid, delta, norm, ws.xn.view(), rows, h, c.rms_norm_eps)
+            .add_rmsnorm(
+                resid,
+                delta,
+                norm,
+                ws.xn.view(),
+                rows,
+                h,
+                c.rms_norm_eps,
+                c.spec.norm_weight_offset,
+            )
             .map_err(ke("final norm"))?;
         let head_in = match plan.head_in {
             HeadIn::InPlace => ws.xn.view(),
@@ -566,7 +614,7 @@ impl<'a> Exec<'a> {
                 };
                 self.k
                     .gemv(op, w.head_gemv(), r, v, h)
-                    .map_err(ke("LM head GEMV"))
+                    .map_err(ke("LM head GEMV"))?;
             }
             Proj::Gemm => {
                 let io = self.gemm_io();
@@ -575,8 +623,16 @@ impl<'a> Exec<'a> {
                     None => w.embed.view(),
                 };
                 let d = GemmDims { m: r, n: v, k: h };
-                self.products.head(&io, head, head_in, ws.logits.view(), d)
+                self.products
+                    .head(&io, head, head_in, ws.logits.view(), d)?;
             }
+        }
+        match c.spec.final_logit_softcap {
+            Some(cap) => self
+                .k
+                .softcap_rows(ws.logits.view(), r * v, cap as f32)
+                .map_err(ke("logit soft-cap")),
+            None => Ok(()),
         }
     }
 

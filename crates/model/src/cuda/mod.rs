@@ -264,7 +264,10 @@ pub struct CudaBackend {
 
 /// Refuses a spec with a field the CUDA layers do not run, naming it: the
 /// fused GEMV layer runs Llama's, the GEMM layer adds the Q/K/V, O and MLP
-/// biases, QK-norm and one gated activation for every layer.
+/// biases, QK-norm, the output norms, each layer's RoPE, one gated
+/// activation for every layer, the norms' weight offset, the embedding
+/// scale and the final soft-cap. Windows, the attention scale and its
+/// soft-cap are not run yet.
 fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
     let mut runs = c.llama_spec();
     let act = c.spec.layers[0].mlp.activation;
@@ -272,7 +275,12 @@ fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
         let (a, b) = (&mut r.attention, &l.attention);
         (a.qkv_bias, a.o_bias, a.qk_norm) = (b.qkv_bias, b.o_bias, b.qk_norm);
         (r.mlp.bias, r.mlp.activation) = (l.mlp.bias, act);
+        (r.post_attention_norm, r.post_mlp_norm) = (l.post_attention_norm, l.post_mlp_norm);
+        r.rope = l.rope.clone();
     }
+    runs.norm_weight_offset = c.spec.norm_weight_offset;
+    runs.embed_scale = c.spec.embed_scale;
+    runs.final_logit_softcap = c.spec.final_logit_softcap;
     match c.spec.first_difference(&runs) {
         None => Ok(()),
         Some(field) => Err(BackendError::Device(format!(

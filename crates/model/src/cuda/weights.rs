@@ -50,8 +50,8 @@ pub(super) struct DeviceLayer {
     pub extras: DevExtras,
 }
 
-/// A layer's biases and QK-norm gains on the device, fused like the
-/// projections they follow.
+/// A layer's biases, QK-norm and output-norm gains on the device, fused
+/// like the projections they follow.
 #[derive(Default)]
 pub(super) struct DevExtras {
     pub qkv_bias: Option<DeviceBuffer<bf16>>, // [q_dim + 2 kv_dim]
@@ -59,6 +59,8 @@ pub(super) struct DevExtras {
     pub o_bias: Option<DeviceBuffer<bf16>>,   // [hidden]
     pub gate_up_bias: Option<DeviceBuffer<bf16>>, // [2 intermediate]
     pub down_bias: Option<DeviceBuffer<bf16>>, // [hidden]
+    pub attn_out_norm: Option<DeviceBuffer<bf16>>, // [hidden]
+    pub mlp_out_norm: Option<DeviceBuffer<bf16>>, // [hidden]
 }
 
 /// Uploads layer `l`'s extra tensors, concatenating those of one fused
@@ -88,6 +90,8 @@ fn upload_extras(gpu: &Gpu, l: &LayerWeights) -> Result<DevExtras, BackendError>
         o_bias: fused(&[Extra::OBias])?,
         gate_up_bias: fused(&[Extra::GateBias, Extra::UpBias])?,
         down_bias: fused(&[Extra::DownBias])?,
+        attn_out_norm: fused(&[Extra::AttnOutNorm])?,
+        mlp_out_norm: fused(&[Extra::MlpOutNorm])?,
     })
 }
 
@@ -342,19 +346,21 @@ impl KvCache {
 }
 
 /// Everything of the model on the device: weights, the KV pool and the
-/// RoPE table.
+/// RoPE tables.
 pub(super) struct DeviceModel {
     pub w: DeviceWeights,
     pub cache: KvCache,
-    pub rope_cos: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
-    pub rope_sin: DeviceBuffer<f32>, // [rope_rows, head_dim / 2]
-    /// Rows of the RoPE table = longest context:
+    /// Each distinct RoPE of the layers: cos and sin, `[rope_rows, head_dim / 2]` each.
+    ropes: Vec<[DeviceBuffer<f32>; 2]>,
+    /// `[layers]` index into `ropes`.
+    rope_of: Vec<usize>,
+    /// Rows of the RoPE tables = longest context:
     /// min(max_position_embeddings, pool slots).
     pub rope_rows: usize,
 }
 
 impl DeviceModel {
-    /// Uploads `w` and the RoPE table and allocates the KV pool `kv` in
+    /// Uploads `w` and the RoPE tables and allocates the KV pool `kv` in
     /// `kv_dtype` (FP8 at the weights' per-layer K/V scales, 1 without).
     pub fn upload(
         gpu: &Gpu,
@@ -364,17 +370,30 @@ impl DeviceModel {
         kv_dtype: KvCacheDtype,
     ) -> Result<DeviceModel, BackendError> {
         let rope_rows = c.max_position_embeddings.min(kv.num_blocks * kv.block_size);
-        let (cos, sin) = c.rope_table(rope_rows);
-        let table = |t: &[f32]| {
+        let tables = ops::rope::LayerRopes::new(c, rope_rows);
+        let up = |t: &[f32]| {
             gpu.upload(t)
                 .map_err(|e| dev_err("uploading the RoPE table", e))
         };
+        let ropes = (tables.distinct().iter())
+            .map(|r| Ok([up(r.cos())?, up(r.sin())?]))
+            .collect::<Result<_, BackendError>>()?;
         Ok(DeviceModel {
-            rope_cos: table(&cos)?,
-            rope_sin: table(&sin)?,
+            ropes,
+            rope_of: tables.of_layers().to_vec(),
             w: upload_weights(gpu, c, w)?,
             cache: KvCache::new(gpu, c, kv, kv_dtype, w.kv_scales_or_ones())?,
             rope_rows,
         })
+    }
+
+    /// Layer `l`'s RoPE cosines, `[rope_rows, head_dim / 2]`.
+    pub fn rope_cos(&self, l: usize) -> gpu::DevSlice<'_, f32> {
+        self.ropes[self.rope_of[l]][0].view()
+    }
+
+    /// Layer `l`'s RoPE sines, `[rope_rows, head_dim / 2]`.
+    pub fn rope_sin(&self, l: usize) -> gpu::DevSlice<'_, f32> {
+        self.ropes[self.rope_of[l]][1].view()
     }
 }

@@ -1,9 +1,10 @@
 //! The model description on the GPU: layers that differ from Llama's only
 //! in their spec (Q/K/V and O biases with QK-norm as in the `tiny-extras`
-//! preset, MLP biases, GeGLU) run the GEMM layer and match the CPU
-//! backend (which the f64 reference holds), in prefill and in decode, in
-//! the default and the deterministic mode; a field CUDA does not run is
-//! refused naming it.
+//! preset, MLP biases, GeGLU, and Gemma's norms: `(1 + w)` gains, output
+//! norms, the embedding scale, the final soft-cap and a RoPE per layer)
+//! run the GEMM layer and match the CPU backend (which the f64 reference
+//! holds), in prefill and in decode, in the default and the deterministic
+//! mode; a field CUDA does not run is refused naming it.
 
 use super::*;
 use crate::cpu::CpuBackend;
@@ -30,6 +31,58 @@ fn with_mlp_bias(c: &mut ModelConfig, w: &mut ModelWeights) {
     }
 }
 
+/// Small random values around 0, seeded by (layer, tensor, index).
+fn small(i: usize, e: Extra, n: usize, amp: f32) -> Vec<bf16> {
+    (0..n)
+        .map(|j| {
+            let u = splitmix64((i * 100_000 + j) as u64 ^ ((e as u64) << 40) ^ 0x9e37) >> 40;
+            bf16::from_f32(amp * (u as f32 / (1u64 << 24) as f32 - 0.5))
+        })
+        .collect()
+}
+
+/// Gemma 3's layer recipe without its window: gains `1 + w` (every norm
+/// re-drawn around 0), output norms after attention and the MLP, the
+/// embedding scaled by sqrt(hidden), a final soft-cap and a local RoPE
+/// base on every other layer.
+fn gemma_like(c: &mut ModelConfig, w: &mut ModelWeights) {
+    let dims = c.clone();
+    c.spec.norm_weight_offset = 1.0;
+    c.spec.embed_scale = (c.hidden_size as f32).sqrt();
+    c.spec.final_logit_softcap = Some(30.0);
+    let h = c.hidden_size;
+    for (i, (ls, lw)) in c.spec.layers.iter_mut().zip(&mut w.layers).enumerate() {
+        (ls.post_attention_norm, ls.post_mlp_norm) = (true, true);
+        if i % 2 == 0 {
+            ls.rope.theta = 10_000.0;
+        }
+        for e in [Extra::AttnOutNorm, Extra::MlpOutNorm] {
+            let name = format!("model.layers.{i}.{}", e.hf_suffix());
+            let data = small(i, e, h, 0.4);
+            lw.extras.insert(
+                e,
+                Tensor {
+                    name,
+                    shape: e.shape(&dims),
+                    data,
+                },
+            );
+        }
+        for (t, e) in [
+            (&mut lw.input_norm, Extra::QBias),
+            (&mut lw.post_norm, Extra::KBias),
+        ] {
+            t.data = small(i, e, h, 0.4);
+        }
+        for e in [Extra::QNorm, Extra::KNorm] {
+            if let Some(t) = lw.extras.get_mut(&e) {
+                t.data = small(i, e, t.data.len(), 0.4);
+            }
+        }
+    }
+    w.norm.data = small(99, Extra::OBias, h, 0.4);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_model_variants_match_the_cpu() {
@@ -45,10 +98,13 @@ fn cuda_model_variants_match_the_cpu() {
         .for_each(|l| l.mlp.activation = Activation::GeluTanh);
     let (mut biased, mut wb) = (gelu.clone(), w0.clone());
     with_mlp_bias(&mut biased, &mut wb);
+    let (mut gemma, mut wg) = (gelu.clone(), w0.clone());
+    gemma_like(&mut gemma, &mut wg);
     let cases = [
         ("qkv/o bias + qk-norm", base, w0.clone()),
         ("+ geglu", gelu, w0),
         ("+ mlp bias", biased, wb),
+        ("+ gemma norms, scale, soft-cap, per-layer rope", gemma, wg),
     ];
     for (name, c, w) in cases {
         for deterministic in [false, true] {
@@ -86,10 +142,10 @@ fn cuda_model_variants_match_the_cpu() {
     }
     // a field CUDA does not run is refused naming it, before the device opens
     let (mut c, w) = load(&synth_dir(Preset::TinyExtras));
-    c.spec.layers[2].post_mlp_norm = true;
+    c.spec.layers[2].attention.window = Some(8);
     let err = CudaBackend::new(c, &w, kv, 0, CudaOptions::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
-    assert!(err.contains("layers[2].post_mlp_norm"), "{err}");
+    assert!(err.contains("layers[2].attention.window"), "{err}");
 }
