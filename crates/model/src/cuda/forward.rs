@@ -17,7 +17,6 @@
 
 use gpu::{DevSlice, GemmDims};
 use half::bf16;
-use kernels::KernelError;
 use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
@@ -28,21 +27,12 @@ use kernels::sampling::{SampleOutputs, SampleScratch};
 use contract::backend::BackendError;
 use contract::sampling::MAX_LOGPROBS;
 
+use super::CudaBackend;
+use super::errors::{ge, ke};
 use super::lora::Group;
 use super::plan::{AttnPlan, HeadIn, Proj, StepPlan};
 use super::staging::{Layout, PARAM_WORDS};
 use super::weights::{DevProj, DeviceLayer};
-use super::{CudaBackend, dev_err};
-
-/// A device error of operation `what`.
-pub(super) fn ge(what: &'static str) -> impl Fn(gpu::GpuError) -> BackendError + Copy {
-    move |e| dev_err(what, e)
-}
-
-/// A kernel error of operation `what`.
-pub(super) fn ke(what: &'static str) -> impl Fn(KernelError) -> BackendError + Copy {
-    move |e| dev_err(what, e)
-}
 
 /// The staged per-step arrays of a [`Layout`], as device views.
 pub(super) struct Staged<'a> {

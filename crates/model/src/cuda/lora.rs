@@ -49,7 +49,7 @@ use contract::backend::{BackendError, StepBatch};
 use contract::config::ModelConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
-use super::forward::{ge, ke};
+use super::errors::{ge, ke};
 use super::{CudaBackend, dev_err};
 
 /// The projections that share one shrink (their input is the same).

@@ -34,12 +34,8 @@ use kernels::SampleParams;
 
 use super::run::Sampling;
 use super::staging::{Layout, NO_CARRY, sample_params};
-use super::workspace::{HostOut, Workspace};
+use super::workspace::{HostOut, OutRow, Workspace};
 use super::{CudaBackend, dev_err};
-
-/// Where a sampled sequence's samples are: its first sampler row, its
-/// top-logprob count and the draft rows following that row.
-pub(super) type OutRow = (usize, usize, usize);
 
 /// A held step: its forward pass enqueued, its sampling waiting for the
 /// final requests.

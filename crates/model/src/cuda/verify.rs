@@ -26,7 +26,7 @@
 use contract::backend::{BackendError, StepBatch};
 use contract::step_builder::StepBuilder;
 
-use super::pipeline::OutRow;
+use super::workspace::OutRow;
 
 /// `batch` with every drafted segment's rows as one-token sequences
 /// (module doc): a pure-decode step when every other segment is one token,

@@ -87,6 +87,10 @@ pub(super) struct Workspace {
     pub release_fence: Fence,
 }
 
+/// Where a sampled sequence's samples are in a [`HostOut`]: its first
+/// sampler row, its top-logprob count and the draft rows following that row.
+pub(super) type OutRow = (usize, usize, usize);
+
 /// Pinned copies of one step's samples.
 pub(super) struct HostOut {
     pub tok: PinnedBuffer<u32>,     // [R]

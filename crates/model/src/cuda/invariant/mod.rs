@@ -32,7 +32,7 @@ mod choose;
 
 use choose::{OwnRun, Pick, own_agrees, pick, test_inputs};
 
-use super::forward::{ge, ke};
+use super::errors::{ge, ke};
 use super::weights::DevProj;
 use super::{CudaBackend, dev_err};
 
