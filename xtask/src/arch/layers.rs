@@ -24,9 +24,12 @@
 //!   each step with the `file:line` and the path that makes it, and the
 //!   knot's other members. A `mod x;` whose file cannot be found is a
 //!   violation too (the check would be blind to it).
-//!
 //! - **Where.** Every crate of the workspace ([`crate_roots`]) except
 //!   those listed in [`NOT_YET_LAYERED`].
+//! - **Limits.** The names a glob import (`use b::*`) brings are not
+//!   followed (the glob itself is an edge to `b`); paths a macro builds
+//!   from pieces, and `#[path]` attributes, are not seen (a module declared
+//!   with one is reported as having no file).
 //!
 //! Costs: one lexing pass per file; the graph per parent is tiny (its
 //! children), so reachability is a search from every child.
@@ -77,8 +80,14 @@ impl Tree {
             mods: Vec::new(),
             missing: Vec::new(),
         };
-        let text = read(root_file).unwrap_or_default();
         tree.add(Vec::new(), root_file.to_string(), None);
+        let Some(text) = read(root_file) else {
+            tree.missing.push(Violation {
+                rule: "the crate root cannot be read for the layering check".into(),
+                at: root_file.to_string(),
+            });
+            return tree;
+        };
         tree.load_file(0, root_file, true, &text, read);
         tree.resolve_imports();
         tree

@@ -262,7 +262,8 @@ fn a_layered_crate_passes_and_test_code_comments_and_strings_are_no_edges() {
         (
             "c/src/a.rs",
             "//! Used by [`crate::c`].\npub struct A;\nconst S: &str = \"crate::c::C\";\n\
-             #[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod inline {\n    use crate::c::C;\n}\n",
+             #[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod inline {\n    use crate::c::C;\n}\n\
+             #[cfg(test)]\nfn t() -> Result<(), String> {\n    crate::c::f()\n}\n",
         ),
         ("c/src/a/tests.rs", "use crate::c::C;\n"),
         ("c/src/b.rs", "use super::a::A;\npub struct B(A);\n"),

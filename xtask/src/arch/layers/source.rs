@@ -135,14 +135,17 @@ impl Walk {
         (j + 1, body == ["cfg", "(", "test", ")"])
     }
 
-    /// The end of the item (or field, arm, statement) starting at `k`.
+    /// The end of the item (or field, arm, statement) starting at `k`:
+    /// its `;` or `,` outside brackets and generics, or its `{ .. }` body.
     fn item_end(&self, k: usize) -> usize {
         let mut nest = 0usize;
         let mut j = k;
         while j < self.toks.len() {
+            let arrow = j > 0 && matches!(self.at(j - 1), "-" | "=");
             match self.at(j) {
-                "(" | "[" => nest += 1,
+                "(" | "[" | "<" => nest += 1,
                 ")" | "]" => nest = nest.saturating_sub(1),
+                ">" if !arrow => nest = nest.saturating_sub(1),
                 ";" | "," if nest == 0 => return j + 1,
                 "}" if nest == 0 => return j,
                 "{" if nest == 0 => {
