@@ -19,6 +19,9 @@
 //!
 //! - **Architecture names** (`names`): a model family's name as a string
 //!   literal only in config parsing (the spec is what the rest reads).
+//! - **Module layers** (`layers`): inside a crate, the children of a module
+//!   import one another without cycles (the rule and its exceptions are in
+//!   that module's doc).
 //!
 //! The checks are pure functions over in-memory input (a metadata JSON, a
 //! source text), unit-tested on planted violations.
@@ -61,15 +64,17 @@ impl fmt::Display for Violation {
 
 /// Runs both checks on the repository and fails listing every violation.
 pub fn run() -> Result<()> {
-    let root = crate::ci::repo_root();
+    let root = crate::repo::repo_root();
     let meta = cargo_metadata(&root)?;
     let mut violations = check_deps(&meta)?;
     let (files, unsafe_violations) = check_unsafe_tree(&root)?;
     violations.extend(unsafe_violations);
     violations.extend(check_names_tree(&root)?);
+    let (crates, layer_violations) = layers::check_tree(&root)?;
+    violations.extend(layer_violations);
     if violations.is_empty() {
         println!(
-            "check-arch: dependency rules hold; {files} .rs files scanned, every unsafe has its SAFETY note, architecture names only in config parsing"
+            "check-arch: dependency rules hold; {files} .rs files scanned, every unsafe has its SAFETY note, architecture names only in config parsing; the modules of {crates} crates form layers"
         );
         return Ok(());
     }
@@ -559,4 +564,5 @@ pub fn check_unsafe_source(file: &str, src: &str) -> Vec<Violation> {
 #[cfg(test)]
 mod tests;
 
+mod layers;
 mod names;

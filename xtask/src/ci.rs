@@ -21,7 +21,7 @@
 //! instruction set, by name). Models the
 //! tests need (SmolLM2) are fetched by the tests themselves through the store.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
@@ -70,16 +70,8 @@ fn check_deploy(root: &Path, pydeps: &Path, pythonpath: &std::ffi::OsStr) -> Res
     Ok(())
 }
 
-/// The repository root (the parent of xtask/).
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
-}
-
 pub fn run(args: TestArgs) -> Result<()> {
-    let root = repo_root();
+    let root = crate::repo::repo_root();
     crate::arch::run().context("check-arch (the architecture invariants)")?;
     crate::nvcc::run().context("installing nvcc (needed to compile the CUDA kernels)")?;
     // after nvcc, so the `lamina` it builds is the one the tests use
@@ -124,7 +116,7 @@ pub fn run(args: TestArgs) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let test_command = |cap: Option<IsaCap>, extra: &[&str]| {
         let mut cmd = Command::new(&cargo);
-        clear_run_env(&mut cmd);
+        crate::repo::clear_run_env(&mut cmd);
         cmd.current_dir(&root)
             .env("PYTHONPATH", &pythonpath)
             .env_remove(isa::CAP_ENV)
@@ -189,25 +181,4 @@ fn lower_caps(best: Isa) -> Vec<IsaCap> {
             .map(|(_, cap)| cap),
     );
     caps
-}
-
-/// Removes the variables `cargo run` set for xtask itself (its package
-/// name, version, manifest dir...). Build scripts such as ring's rerun when
-/// these change, so leaving them would make the tests' build and a plain
-/// `cargo run --release -p cli` rebuild each other's dependencies.
-pub(crate) fn clear_run_env(cmd: &mut Command) {
-    const SET_BY_RUN: [&str; 6] = [
-        "CARGO_MANIFEST_DIR",
-        "CARGO_MANIFEST_PATH",
-        "CARGO_MANIFEST_LINKS",
-        "CARGO_CRATE_NAME",
-        "CARGO_BIN_NAME",
-        "CARGO_PRIMARY_PACKAGE",
-    ];
-    for (key, _) in std::env::vars_os() {
-        let k = key.to_string_lossy();
-        if k.starts_with("CARGO_PKG_") || SET_BY_RUN.contains(&k.as_ref()) {
-            cmd.env_remove(&key);
-        }
-    }
 }

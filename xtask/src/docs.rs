@@ -50,7 +50,7 @@ pub const CHECKED_MD: [&str; 4] = [
 
 /// `cargo xtask gen-docs`: writes `docs/settings.md`.
 pub fn generate() -> Result<()> {
-    let root = crate::ci::repo_root();
+    let root = crate::repo::repo_root();
     let text = settings::render(&settings_json(&root)?)?;
     let path = root.join(SETTINGS_MD);
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
@@ -64,7 +64,7 @@ pub fn generate() -> Result<()> {
 /// `cargo xtask check-docs`: the references, then the settings and the
 /// environment table. Fails listing every problem.
 pub fn check() -> Result<()> {
-    let root = crate::ci::repo_root();
+    let root = crate::repo::repo_root();
     let mut problems = check_refs(&root)?;
     let json = settings_json(&root)?;
     let want = settings::render(&json)?;
@@ -130,7 +130,7 @@ pub fn check_refs(root: &Path) -> Result<Vec<String>> {
 fn settings_json(root: &Path) -> Result<Value> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    crate::ci::clear_run_env(&mut cmd);
+    crate::repo::clear_run_env(&mut cmd);
     let out = cmd
         .current_dir(root)
         .args(["run", "--release", "-q", "-p", "cli", "--", "settings-json"])

@@ -11,6 +11,7 @@ mod ci;
 mod docs;
 mod nvcc;
 mod regen;
+mod repo;
 mod summary;
 
 use anyhow::Result;

@@ -27,6 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tokenizer::Tokenizer;
 
+use crate::repo::repo_root;
+
 /// Seed of the `tiny` synthetic reference model.
 pub const TINY_SEED: u64 = 7;
 
@@ -66,14 +68,6 @@ pub struct RegenArgs {
     /// Python interpreter with numpy (and `gguf` for smollm2-q4_1)
     #[arg(long, default_value = "python3")]
     pub python: String,
-}
-
-/// The repository root (the parent of this crate).
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 pub fn run(args: RegenArgs) -> Result<()> {

@@ -130,10 +130,10 @@ pub struct ServeArgs {
     /// MiB the Responses API's in-memory store of responses (`store`,
     /// `previous_response_id`, `GET /v1/responses/{id}`) may hold; past it
     /// the oldest go first.
-    #[arg(long, default_value_t = server::oairesponses::store::DEFAULT_STORE_BYTES >> 20, env = "LAMINA_RESPONSES_STORE_MIB")]
+    #[arg(long, default_value_t = server::response_store::DEFAULT_STORE_BYTES >> 20, env = "LAMINA_RESPONSES_STORE_MIB")]
     pub responses_store_mib: usize,
     /// Seconds a stored response is kept.
-    #[arg(long, default_value_t = server::oairesponses::store::DEFAULT_STORE_TTL.as_secs_f64(), env = "LAMINA_RESPONSES_STORE_TTL_SECS")]
+    #[arg(long, default_value_t = server::response_store::DEFAULT_STORE_TTL.as_secs_f64(), env = "LAMINA_RESPONSES_STORE_TTL_SECS")]
     pub responses_store_ttl_secs: f64,
     /// Seconds `load_lora_adapter` may spend reading an adapter (a Hugging
     /// Face download included) before the request is refused.

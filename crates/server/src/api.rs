@@ -13,9 +13,9 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::StatusCode;
 use axum::response::Response;
 
+use crate::body::body_bytes;
 use crate::encode::{Input, encode_now};
 use crate::error::{ApiError, from_submit};
 use crate::generate::{Job, Kind};
@@ -26,52 +26,6 @@ use crate::protocol::{self, ChatRequest, CompletionRequest, Prompt};
 use crate::state::AppState;
 use crate::{structured, tools};
 use engine::SubmitError;
-
-/// The body, or the API error for a refused one (413 over the limit).
-pub fn body_bytes(
-    state: &AppState,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Bytes, ApiError> {
-    body.map_err(|rej| {
-        if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                code: Some("request_too_large"),
-                ..ApiError::from_status(
-                    rej.status(),
-                    format!(
-                        "The request body is larger than this server's limit of {} bytes.",
-                        state.cfg.body_limit
-                    ),
-                )
-            }
-        } else if let Some(slow) = cause::<crate::listen::SlowBody>(&rej) {
-            ApiError::from_status(StatusCode::REQUEST_TIMEOUT, slow.0.clone())
-        } else if cause::<tower_http::timeout::TimeoutError>(&rej).is_some() {
-            ApiError::from_status(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "The request body stalled for longer than this server's limit of {:.1} s between chunks.",
-                    state.cfg.body_timeout.as_secs_f64()
-                ),
-            )
-        } else {
-            ApiError::from_status(rej.status(), rej.body_text())
-        }
-    })
-}
-
-/// The error of type `E` among the causes of a body rejection (the
-/// body timeouts of `listen`).
-fn cause<E: std::error::Error + 'static>(rej: &BytesRejection) -> Option<&E> {
-    let mut e: Option<&(dyn std::error::Error + 'static)> = Some(rej);
-    while let Some(err) = e {
-        if let Some(hit) = err.downcast_ref::<E>() {
-            return Some(hit);
-        }
-        e = err.source();
-    }
-    None
-}
 
 /// 404 unless `model` is absent, names the served model or a loaded LoRA
 /// adapter; the adapter's name in the last case.

@@ -6,6 +6,8 @@
 //!
 //! Every handler returns `Result<_, ApiError>`; nothing here panics.
 
+pub mod anthropic;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::SubmitError;

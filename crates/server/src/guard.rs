@@ -45,7 +45,7 @@ pub async fn check_request(
     match refusal(&state, &req) {
         None => next.run(req).await,
         Some(e) if req.uri().path().starts_with("/v1/messages") => {
-            crate::anthropic::error_response(e)
+            crate::error::anthropic::error_response(e)
         }
         Some(e) => e.into_response(),
     }

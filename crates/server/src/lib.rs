@@ -32,6 +32,7 @@
 
 pub mod anthropic;
 pub mod api;
+pub mod body;
 pub mod encode;
 pub mod error;
 pub mod generate;
@@ -50,6 +51,7 @@ pub mod page;
 pub mod params;
 pub mod protocol;
 pub mod replicas;
+pub mod response_store;
 pub mod responses;
 pub mod state;
 pub mod structured;
@@ -66,12 +68,11 @@ use axum::extract::DefaultBodyLimit;
 
 pub use error::ApiError;
 pub use limits::InputLimits;
-pub use lora::LoraLoader;
 pub use middleware::check_api_key;
 pub use replicas::Replicas;
 pub use state::{
     AppState, DEFAULT_BODY_LIMIT, DEFAULT_LORA_LOAD_TIMEOUT, DEFAULT_MAX_CLIENT_REQUESTS,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MIN_BODY_RATE, ServerConfig,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MIN_BODY_RATE, LoraLoader, ServerConfig,
 };
 
 /// After the grace period the engine is shut down; connections get this much

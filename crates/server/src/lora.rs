@@ -6,10 +6,10 @@
 //!
 //! Contract: an adapter is loaded into every replica or none (a replica
 //! that refuses it unloads it from those that took it). Reading the files
-//! is the [`LoraLoader`] the binary installs (`AppState::set_lora_loader`;
-//! the server reads no files itself), run on the blocking pool and given
-//! `ServerConfig::lora_load_timeout` (`--lora-load-timeout-secs`) to
-//! answer. A load when `--max-loaded-loras` adapters are loaded is refused
+//! is the [`crate::state::LoraLoader`] the binary installs
+//! (`AppState::set_lora_loader`; the server reads no files itself), run on
+//! the blocking pool and given `ServerConfig::lora_load_timeout`
+//! (`--lora-load-timeout-secs`) to answer. A load when `--max-loaded-loras` adapters are loaded is refused
 //! before any file is read, one past `--max-lora-memory-mib` once read. A
 //! bad adapter is a 400 naming what is wrong (the loader's message names
 //! the file and field or tensor, and tells nothing of paths that cannot be
@@ -21,20 +21,14 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use contract::LoraAdapter;
 use engine::LoraRegistryError;
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use crate::api::body_bytes;
+use crate::body::body_bytes;
 use crate::error::ApiError;
 use crate::protocol;
 use crate::state::AppState;
-
-/// Reads an adapter from a `lora_path` (a directory or a Hugging Face repo
-/// id), checked against the model; the error is one line naming the
-/// problem.
-pub type LoraLoader = Arc<dyn Fn(&str) -> Result<Arc<LoraAdapter>, String> + Send + Sync>;
 
 /// `POST /v1/load_lora_adapter`.
 #[derive(Debug, Deserialize, ToSchema)]

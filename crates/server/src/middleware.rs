@@ -18,8 +18,8 @@ use futures::StreamExt;
 use tracing::Instrument;
 
 use crate::error::ApiError;
-use crate::oairesponses::Owner;
-use crate::state::AppState;
+use crate::response_store::Owner;
+use crate::state::{AppState, key_digest};
 
 /// The id of the request being served (a request extension).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,13 +102,6 @@ impl Drop for LogOnDrop {
     }
 }
 
-/// SHA-256 of an API key: keys are compared as fixed-length digests, so the
-/// comparison's time says nothing about the key's length either.
-pub(crate) fn key_digest(key: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(key).into()
-}
-
 /// Compares two digests in time independent of where they differ.
 fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -158,7 +151,7 @@ pub async fn require_api_key(
     let refuse = move |msg: &str| {
         let e = ApiError::unauthorized(msg);
         if anthropic {
-            crate::anthropic::error_response(e)
+            crate::error::anthropic::error_response(e)
         } else {
             e.into_response()
         }

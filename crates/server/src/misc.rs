@@ -1,6 +1,6 @@
-//! The small endpoints: `GET /` (name, version, model, endpoints),
-//! `GET /health`, `GET /version`, `GET /v1/models[/{id}]`, `POST /tokenize`,
-//! `POST /detokenize`, `GET /metrics`.
+//! The small endpoints: `GET /health`, `GET /version`,
+//! `GET /v1/models[/{id}]`, `POST /tokenize`, `POST /detokenize`,
+//! `GET /metrics` (the index, `GET /`, is [`crate::openapi`]'s).
 
 use std::sync::Arc;
 
@@ -11,14 +11,15 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::api::{body_bytes, check_model};
+use crate::api::check_model;
+use crate::body::body_bytes;
 use crate::encode::{Input, encode};
 use crate::error::ApiError;
 use crate::messages::chat_messages;
 use crate::protocol::{self, DetokenizeRequest, TokenizeRequest};
 use crate::responses::{
-    DetokenizeResponse, EndpointInfo, FailedEngine, HealthResponse, IndexResponse, ModelCard,
-    ModelList, TokenizeResponse, VersionResponse,
+    DetokenizeResponse, FailedEngine, HealthResponse, ModelCard, ModelList, TokenizeResponse,
+    VersionResponse,
 };
 use crate::state::AppState;
 
@@ -51,50 +52,6 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
         failed_engines,
     };
     (code, Json(body)).into_response()
-}
-
-/// Name, version, model and every route (no API key needed, like
-/// `/health`); a browser (`Accept: text/html`) gets the chat page instead.
-#[utoipa::path(get, path = "/", tag = "lamina",
-    responses((status = 200, description = "Who is serving what, and where (JSON); the chat page for `Accept: text/html`", body = IndexResponse)))]
-pub async fn root(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
-    if crate::page::wants_html(&headers) {
-        return crate::page::chat();
-    }
-    index(&state).into_response()
-}
-
-fn index(state: &AppState) -> Json<IndexResponse> {
-    // the routes and their summaries come from the generated OpenAPI document
-    let doc = crate::openapi::api_doc();
-    let mut endpoints = Vec::new();
-    for (path, item) in &doc.paths.paths {
-        for (method, op) in [
-            ("GET", &item.get),
-            ("POST", &item.post),
-            ("DELETE", &item.delete),
-        ] {
-            if let Some(op) = op {
-                endpoints.push(EndpointInfo {
-                    method: method.into(),
-                    path: path.clone(),
-                    description: op.summary.clone().unwrap_or_default(),
-                });
-            }
-        }
-    }
-    Json(IndexResponse {
-        name: "lamina",
-        version: env!("CARGO_PKG_VERSION"),
-        status: if state.is_draining() {
-            "shutting_down"
-        } else {
-            "running"
-        },
-        model: state.cfg.model_id.clone(),
-        max_model_len: state.max_context(),
-        endpoints,
-    })
 }
 
 fn model_card(state: &AppState) -> ModelCard {

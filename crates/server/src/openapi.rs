@@ -3,22 +3,25 @@
 //! types' `ToSchema` derives, never written by hand: the routes are
 //! registered through `utoipa_axum`'s `routes!`, so a route that is served
 //! is a route that is documented ([`crate::router`] and [`api_doc`] build
-//! from the same route lists). Served as JSON at `GET /openapi.json` and as
+//! from the same route lists). Served as JSON at `GET /openapi.json`, as
 //! an HTML page at `GET /docs` (a table of every operation rendered from the
 //! same document, with no external assets, and a link to the JSON for
-//! Swagger UI or any other viewer).
+//! Swagger UI or any other viewer), and as the endpoint list of the index,
+//! `GET /` (name, version, model, endpoints; the chat page for a browser).
 //!
 //! Costs: the document is built once (first request) and kept.
 
 use std::sync::{Arc, OnceLock};
 
 use axum::Json;
-use axum::response::Html;
+use axum::extract::State;
+use axum::response::{Html, IntoResponse, Response};
 use utoipa::OpenApi;
 use utoipa::openapi::OpenApi as Document;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::responses::{EndpointInfo, IndexResponse};
 use crate::state::AppState;
 use crate::{anthropic, api, lora, misc, oairesponses};
 
@@ -79,7 +82,7 @@ pub(crate) fn guarded_routes() -> OpenApiRouter<Arc<AppState>> {
 /// Routes open to anyone (probes, scrapers, documentation).
 pub(crate) fn open_routes() -> OpenApiRouter<Arc<AppState>> {
     OpenApiRouter::new()
-        .routes(routes!(misc::root))
+        .routes(routes!(root))
         .routes(routes!(misc::health))
         .routes(routes!(misc::version))
         .routes(routes!(misc::metrics))
@@ -96,6 +99,50 @@ pub fn api_doc() -> &'static Document {
             .merge(guarded_routes())
             .split_for_parts()
             .1
+    })
+}
+
+/// Name, version, model and every route (no API key needed, like
+/// `/health`); a browser (`Accept: text/html`) gets the chat page instead.
+#[utoipa::path(get, path = "/", tag = "lamina",
+    responses((status = 200, description = "Who is serving what, and where (JSON); the chat page for `Accept: text/html`", body = IndexResponse)))]
+pub async fn root(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
+    if crate::page::wants_html(&headers) {
+        return crate::page::chat();
+    }
+    index(&state).into_response()
+}
+
+fn index(state: &AppState) -> Json<IndexResponse> {
+    // the routes and their summaries come from the generated OpenAPI document
+    let doc = api_doc();
+    let mut endpoints = Vec::new();
+    for (path, item) in &doc.paths.paths {
+        for (method, op) in [
+            ("GET", &item.get),
+            ("POST", &item.post),
+            ("DELETE", &item.delete),
+        ] {
+            if let Some(op) = op {
+                endpoints.push(EndpointInfo {
+                    method: method.into(),
+                    path: path.clone(),
+                    description: op.summary.clone().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    Json(IndexResponse {
+        name: "lamina",
+        version: env!("CARGO_PKG_VERSION"),
+        status: if state.is_draining() {
+            "shutting_down"
+        } else {
+            "running"
+        },
+        model: state.cfg.model_id.clone(),
+        max_model_len: state.max_context(),
+        endpoints,
     })
 }
 

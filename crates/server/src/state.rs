@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use contract::GenerationConfig;
+use contract::{GenerationConfig, LoraAdapter};
 use engine::Engine;
 use tokenizer::Tokenizer;
 use tokio::sync::watch;
 
 use crate::limits::InputLimits;
 use crate::metrics::{Metrics, ReplicaView};
-use crate::oairesponses::ResponseStore;
 use crate::replicas::Replicas;
+use crate::response_store::ResponseStore;
 use crate::work::WorkPool;
 
 /// Request bodies larger than this are refused with 413 unless configured otherwise.
@@ -88,7 +88,7 @@ pub struct ServerConfig {
     /// grammar compilation) may take on the work pool.
     pub work_budget: Duration,
     /// Bytes the Responses API's store of responses may hold
-    /// ([`crate::oairesponses::store`]).
+    /// ([`crate::response_store`]).
     pub responses_store_bytes: usize,
     /// How long a stored response is kept.
     pub responses_store_ttl: Duration,
@@ -122,8 +122,8 @@ impl ServerConfig {
             limits: InputLimits::default(),
             work_queue: crate::work::DEFAULT_QUEUE,
             work_budget: crate::work::DEFAULT_BUDGET,
-            responses_store_bytes: crate::oairesponses::store::DEFAULT_STORE_BYTES,
-            responses_store_ttl: crate::oairesponses::store::DEFAULT_STORE_TTL,
+            responses_store_bytes: crate::response_store::DEFAULT_STORE_BYTES,
+            responses_store_ttl: crate::response_store::DEFAULT_STORE_TTL,
             lora_load_timeout: DEFAULT_LORA_LOAD_TIMEOUT,
         }
     }
@@ -147,10 +147,22 @@ pub struct AppState {
     next_id: AtomicU64,
     draining: watch::Sender<bool>,
     /// Reads adapters for `load_lora_adapter` (set by the binary).
-    lora_loader: std::sync::OnceLock<crate::lora::LoraLoader>,
+    lora_loader: std::sync::OnceLock<LoraLoader>,
     /// The address [`crate::serve`] listens on, when it is one address (not
     /// `0.0.0.0` / `::`): a `Host` naming it is served ([`crate::guard`]).
     pub bind: std::sync::OnceLock<std::net::IpAddr>,
+}
+
+/// Reads an adapter from a `lora_path` (a directory or a Hugging Face repo
+/// id), checked against the model; the error is one line naming the
+/// problem.
+pub type LoraLoader = Arc<dyn Fn(&str) -> Result<Arc<LoraAdapter>, String> + Send + Sync>;
+
+/// SHA-256 of an API key: keys are compared as fixed-length digests, so the
+/// comparison's time says nothing about the key's length either.
+pub(crate) fn key_digest(key: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(key).into()
 }
 
 impl AppState {
@@ -168,7 +180,7 @@ impl AppState {
         let api_key_digests = cfg
             .api_keys
             .iter()
-            .map(|k| crate::middleware::key_digest(k.as_bytes()))
+            .map(|k| key_digest(k.as_bytes()))
             .collect();
         Arc::new(AppState {
             replicas,
@@ -197,12 +209,12 @@ impl AppState {
 
     /// Installs the adapter reader of `load_lora_adapter` (once; a second
     /// call is ignored).
-    pub fn set_lora_loader(&self, loader: crate::lora::LoraLoader) {
+    pub fn set_lora_loader(&self, loader: LoraLoader) {
         let _ = self.lora_loader.set(loader);
     }
 
     /// The adapter reader, when installed.
-    pub fn lora_loader(&self) -> Option<crate::lora::LoraLoader> {
+    pub fn lora_loader(&self) -> Option<LoraLoader> {
         self.lora_loader.get().cloned()
     }
 

@@ -205,11 +205,144 @@ fn unsafe_fn_needs_a_safety_doc_section() {
 
 #[test]
 fn the_workspace_passes() {
-    let root = crate::ci::repo_root();
+    let root = crate::repo::repo_root();
     let meta = cargo_metadata(&root).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(deps(&meta), Vec::<String>::new());
     let (files, v) = check_unsafe_tree(&root).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(files > 50, "only {files} .rs files found");
     let v: Vec<String> = v.iter().map(ToString::to_string).collect();
     assert_eq!(v, Vec::<String>::new());
+    let (crates, v) = layers::check_tree(&root).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(crates > 5, "only {crates} crates checked for layering");
+    let v: Vec<String> = v.iter().map(ToString::to_string).collect();
+    assert_eq!(v, Vec::<String>::new());
+}
+
+/// [`layers::check_crate`] over in-memory files (the first is the crate root).
+fn layer_report(files: &[(&str, &str)]) -> Vec<String> {
+    let read = |p: &str| {
+        files
+            .iter()
+            .find(|(name, _)| *name == p)
+            .map(|(_, text)| text.to_string())
+    };
+    layers::check_crate(files[0].0, &read)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[test]
+fn a_two_module_cycle_fails_naming_its_files_in_order() {
+    let v = layer_report(&[
+        ("c/src/lib.rs", "mod a;\nmod b;\n"),
+        ("c/src/a.rs", "use crate::b::B;\npub struct A;\n"),
+        (
+            "c/src/b.rs",
+            "pub struct B;\n\npub fn f(_: super::a::A) {}\n",
+        ),
+    ]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("c/src/a.rs -> c/src/b.rs -> c/src/a.rs: "),
+        "{}",
+        v[0]
+    );
+    assert!(v[0].contains("c/src/a.rs:1 `crate::b::B`"), "{}", v[0]);
+    assert!(v[0].contains("c/src/b.rs:3 `super::a::A`"), "{}", v[0]);
+}
+
+#[test]
+fn a_layered_crate_passes_and_test_code_comments_and_strings_are_no_edges() {
+    let files = [
+        (
+            "c/src/lib.rs",
+            "pub mod a;\npub mod b;\npub mod c;\n\npub use c::C;\n",
+        ),
+        (
+            "c/src/a.rs",
+            "//! Used by [`crate::c`].\npub struct A;\nconst S: &str = \"crate::c::C\";\n\
+             #[cfg(test)]\nmod tests;\n#[cfg(test)]\nmod inline {\n    use crate::c::C;\n}\n\
+             #[cfg(test)]\nfn t() -> Result<(), String> {\n    crate::c::f()\n}\n",
+        ),
+        ("c/src/a/tests.rs", "use crate::c::C;\n"),
+        ("c/src/b.rs", "use super::a::A;\npub struct B(A);\n"),
+        ("c/src/c.rs", "pub struct C(crate::b::B, super::a::A);\n"),
+    ];
+    assert_eq!(layer_report(&files), Vec::<String>::new());
+    // the same test code outside `cfg(test)` closes a cycle
+    let mut planted = files;
+    planted[1].1 = "pub struct A;\nfn f(_: crate::C) {}\n";
+    let v = layer_report(&planted);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(v[0].contains("c/src/a.rs:2 `crate::C`"), "{}", v[0]);
+    assert!(v[0].contains("the knot also holds c/src/b.rs"), "{}", v[0]);
+}
+
+#[test]
+fn a_module_and_its_parent_may_refer_to_each_other() {
+    let v = layer_report(&[
+        ("c/src/lib.rs", "mod cuda;\npub fn top() {}\n"),
+        (
+            "c/src/cuda/mod.rs",
+            "mod forward;\nmod lora;\npub struct CudaBackend;\n\
+             impl CudaBackend {\n    fn f(&self) { forward::g(self); self::lora::h(); }\n}\n",
+        ),
+        (
+            "c/src/cuda/forward.rs",
+            "use super::CudaBackend;\npub fn g(_: &CudaBackend) { crate::top(); }\n",
+        ),
+        (
+            "c/src/cuda/lora.rs",
+            "pub fn h() { super::forward::g(&super::CudaBackend); }\n",
+        ),
+    ]);
+    assert_eq!(v, Vec::<String>::new());
+}
+
+#[test]
+fn a_re_export_or_an_inline_module_hides_no_cycle() {
+    let v = layer_report(&[
+        ("c/src/lib.rs", "mod cuda;\n"),
+        (
+            "c/src/cuda/mod.rs",
+            "mod pipeline;\nmod verify;\nuse pipeline::OutRow;\n",
+        ),
+        (
+            "c/src/cuda/pipeline.rs",
+            "pub type OutRow = usize;\nfn f() { super::verify::fold(); }\n",
+        ),
+        (
+            "c/src/cuda/verify.rs",
+            "use super::OutRow;\npub fn fold() {}\n",
+        ),
+    ]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with(
+            "c/src/cuda/pipeline.rs -> c/src/cuda/verify.rs -> c/src/cuda/pipeline.rs: "
+        ),
+        "{}",
+        v[0]
+    );
+    let inline = "mod a {\n    pub fn f() { crate::b::g() }\n}\n\
+                  mod b {\n    pub fn g() { super::a::f() }\n}\n";
+    let v = layer_report(&[("c/src/lib.rs", inline)]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("c/src/lib.rs::a -> c/src/lib.rs::b -> c/src/lib.rs::a: "),
+        "{}",
+        v[0]
+    );
+}
+
+#[test]
+fn a_module_without_a_file_is_reported() {
+    let v = layer_report(&[("c/src/lib.rs", "mod gone;\n")]);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].starts_with("c/src/lib.rs:1: module `gone` has no file"),
+        "{}",
+        v[0]
+    );
 }

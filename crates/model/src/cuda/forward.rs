@@ -35,13 +35,14 @@ use contract::config::ModelConfig;
 use gpu::Blas;
 use kernels::Kernels;
 
+use super::CudaBackend;
+use super::errors::{ge, ke};
 use super::linear::{GemmIo, Linear, Products};
 use super::lora::{Group, LoraPool};
 use super::plan::{AttnPlan, HeadIn, Proj, StepPlan, Tuning};
 use super::staging::{Layout, PARAM_WORDS};
 use super::weights::{DeviceLayer, DeviceModel, Projection};
 use super::workspace::Workspace;
-use super::{CudaBackend, ge, ke};
 
 mod adapters;
 

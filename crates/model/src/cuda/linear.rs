@@ -24,7 +24,7 @@ use checkpoint::fp8::Fp8Tensor;
 use checkpoint::weights::Tensor;
 use contract::backend::BackendError;
 
-use super::{dev_err, ge, ke};
+use super::errors::{dev_err, ge, ke};
 
 /// One projection's weights on the device, `[n, k]`.
 pub(super) trait Linear: Send + Sync {

@@ -47,7 +47,7 @@ use contract::backend::{BackendError, StepBatch};
 use contract::config::ModelConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
 
-use super::dev_err;
+use super::errors::dev_err;
 
 /// The projections that share one shrink (their input is the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -37,6 +37,7 @@
 //! graph launch) and one device-to-host copy of the sampled tokens per step,
 //! with one fence wait per collect. Memory: see `weights` and `forward`.
 
+mod errors;
 mod forward;
 mod graphs;
 mod invariant;
@@ -64,6 +65,7 @@ use contract::backend::{
     Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_idle,
 };
 use contract::config::{KvCacheDtype, ModelConfig};
+pub(crate) use errors::dev_err;
 use graphs::DecodeGraphs;
 pub use invariant::DetGemm;
 pub use lora::lora_pool_bytes;
@@ -175,20 +177,6 @@ pub fn memory_info(device: usize) -> Result<(usize, usize), String> {
     let gpu = Gpu::new(device).map_err(|e| format!("opening device {device}: {e}"))?;
     gpu.mem_info()
         .map_err(|e| format!("reading device {device}'s memory: {e}"))
-}
-
-pub(crate) fn dev_err(what: &str, e: impl std::fmt::Display) -> BackendError {
-    BackendError::Device(format!("cuda: {what}: {e}"))
-}
-
-/// A device error of operation `what`.
-fn ge(what: &'static str) -> impl Fn(gpu::GpuError) -> BackendError + Copy {
-    move |e| dev_err(what, e)
-}
-
-/// A kernel error of operation `what`.
-fn ke(what: &'static str) -> impl Fn(kernels::KernelError) -> BackendError + Copy {
-    move |e| dev_err(what, e)
 }
 
 /// The plan's fixed inputs for model `c` (projections in weight format

@@ -32,11 +32,12 @@ use contract::sampling::{MAX_LOGPROBS, uniform};
 use gpu::{Fence, Gpu};
 use kernels::SampleParams;
 
+use super::CudaBackend;
+use super::errors::dev_err;
 use super::run::Sampling;
 use super::staging::{Layout, NO_CARRY, sample_params};
 use super::verify::OutRow;
 use super::workspace::{HostOut, Workspace};
-use super::{CudaBackend, dev_err};
 
 /// A held step: its forward pass enqueued, its sampling waiting for the
 /// final requests.

@@ -20,7 +20,8 @@ use contract::backend::{BackendError, SampleRequest, StepBatch};
 use contract::history::additive_terms;
 use contract::sampling::{MAX_LOGPROBS, uniform};
 
-use super::{CudaBackend, dev_err};
+use super::CudaBackend;
+use super::errors::dev_err;
 
 /// `u32` words of one [`SampleParams`].
 pub(super) const PARAM_WORDS: usize = std::mem::size_of::<SampleParams>() / 4;

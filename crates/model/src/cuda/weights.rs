@@ -32,7 +32,7 @@ use contract::backend::{BackendError, KvShape};
 use contract::config::{KvCacheDtype, KvScales, ModelConfig};
 use kernels::KvCaches;
 
-use super::dev_err;
+use super::errors::dev_err;
 use super::linear::{Bf16Linear, Fp8RowLinear, Linear, check};
 
 /// A projection in whichever weight format it was loaded in.

@@ -34,50 +34,63 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use crate::api::{accept, chat_prompt, prepare_chat};
 use crate::error::ApiError;
+use crate::error::anthropic::error_response;
 use crate::generate::{Job, Kind};
 use crate::middleware::RequestId;
 use crate::protocol::ChatRequest;
+use crate::protocol::given;
 use crate::state::AppState;
 use convert::anthropic_param;
 use request::{CountTokensRequest, MessagesRequest};
 
-/// Anthropic's error `type` for a status.
-fn error_type(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 408 | 422 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
+impl MessagesRequest {
+    /// The chat request's JSON: the conversation plus the sampling fields.
+    pub fn to_chat(&self, ignored: &mut Vec<&'static str>) -> Result<Value, ApiError> {
+        if self.max_tokens < 1 {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                format!("`max_tokens` must be at least 1, got {}.", self.max_tokens),
+            ));
+        }
+        let mut chat = convert::to_chat(&self.conversation(), ignored)?;
+        let put = |chat: &mut Value, k: &str, v: Value| {
+            if !v.is_null() {
+                chat[k] = v;
+            }
+        };
+        put(&mut chat, "max_tokens", json!(self.max_tokens));
+        put(&mut chat, "stop", json!(self.stop_sequences));
+        put(&mut chat, "stream", json!(self.stream));
+        put(&mut chat, "temperature", json!(self.temperature));
+        put(&mut chat, "top_p", json!(self.top_p));
+        put(&mut chat, "top_k", json!(self.top_k));
+        ignored.extend(given([
+            ("metadata", self.metadata.is_some()),
+            ("service_tier", self.service_tier.is_some()),
+        ]));
+        self.routing_ignored(ignored);
+        if let Some(oc) = &self.output_config {
+            if oc.effort.is_some() {
+                ignored.push("output_config.effort");
+            }
+            if let Some(f) = &oc.format {
+                if f.kind != "json_schema" {
+                    return Err(ApiError::invalid_param(
+                        "output_config.format.type",
+                        format!("Only `json_schema` is supported, got `{}`.", f.kind),
+                    ));
+                }
+                chat["response_format"] = json!({"type": "json_schema",
+                    "json_schema": {"name": "output", "schema": f.schema}});
+            }
+        }
+        Ok(chat)
     }
-}
-
-/// The body of an error in Anthropic's shape.
-pub fn error_body(e: &ApiError) -> Value {
-    json!({"type": "error", "error": {"type": error_type(e.status), "message": e.message}})
-}
-
-/// An error as Anthropic's response (the status and `Retry-After` kept).
-pub fn error_response(e: ApiError) -> Response {
-    use axum::http::header::RETRY_AFTER;
-    let body = error_body(&e);
-    let status = e.status;
-    let retry = e.into_response().headers().get(RETRY_AFTER).cloned();
-    let mut out = (status, Json(body)).into_response();
-    if let Some(v) = retry {
-        out.headers_mut().insert(RETRY_AFTER, v);
-    }
-    out
 }
 
 /// A chat-path error with its field renamed to Anthropic's; Anthropic's
@@ -192,20 +205,9 @@ mod tests {
         let e = ApiError::invalid_param("stop", "Invalid `stop`: too many.");
         let e = renamed(e);
         assert_eq!(e.param.as_deref(), Some("stop_sequences"));
-        let b = error_body(&e);
-        assert_eq!(b["type"], "error");
-        assert_eq!(b["error"]["type"], "invalid_request_error");
+        let b = crate::error::anthropic::error_body(&e);
         assert_eq!(b["error"]["message"], "Invalid `stop_sequences`: too many.");
         let e = renamed(ApiError::invalid_param("stop", "At most 4."));
         assert_eq!(e.message, "`stop_sequences`: At most 4.");
-        let r = error_response(ApiError::queue_full());
-        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
-        assert!(r.headers().contains_key(axum::http::header::RETRY_AFTER));
-        assert_eq!(error_type(StatusCode::UNAUTHORIZED), "authentication_error");
-        assert_eq!(error_type(StatusCode::NOT_FOUND), "not_found_error");
-        assert_eq!(
-            error_type(StatusCode::SERVICE_UNAVAILABLE),
-            "overloaded_error"
-        );
     }
 }

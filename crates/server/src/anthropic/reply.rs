@@ -26,8 +26,8 @@ use engine::{Event, FinishReason, Finished, RequestHandle, Usage};
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{Value, json};
 
-use super::error_body;
 use crate::error::ApiError;
+use crate::error::anthropic::error_body;
 use crate::generate::{Active, Job, engine_gone, failure};
 use crate::tools::{CallStream, ParsedCall};
 

@@ -28,10 +28,8 @@
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::convert::{bad, to_chat};
-use crate::error::ApiError;
 use crate::protocol::given;
 
 /// `system`: a string or text blocks (also a `tool_result`'s content).
@@ -57,9 +55,10 @@ pub enum Content {
 crate::wire::string_or_list!(Content, Text, Blocks, Block, "a list of content blocks");
 
 /// One content block: `text`, `tool_use` or `tool_result`; each type's
-/// fields are checked in [`to_chat`]. The fields of the block types
-/// lamina refuses (`image`, `document`, `thinking`, ...) are read too, so
-/// the refusal names the type whatever the order of the fields.
+/// fields are checked in [`super::convert::to_chat`]. The fields of the
+/// block types lamina refuses (`image`, `document`, `thinking`, ...) are
+/// read too, so the refusal names the type whatever the order of the
+/// fields.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[schema(as = AnthropicBlock)]
 #[serde(deny_unknown_fields)]
@@ -263,7 +262,7 @@ macro_rules! anthropic_request {
             }
 
             /// The routing fields given.
-            fn routing_ignored(&self, ignored: &mut Vec<&'static str>) {
+            pub(super) fn routing_ignored(&self, ignored: &mut Vec<&'static str>) {
                 ignored.extend(given([
                     ("cache_control", self.cache_control.is_some()),
                     ("inference_geo", self.inference_geo.is_some()),
@@ -328,51 +327,6 @@ pub struct Conversation<'a> {
     pub messages: &'a [Message],
     pub tools: Option<&'a [Tool]>,
     pub tool_choice: Option<&'a ToolChoice>,
-}
-
-impl MessagesRequest {
-    /// The chat request's JSON: the conversation plus the sampling fields.
-    pub fn to_chat(&self, ignored: &mut Vec<&'static str>) -> Result<Value, ApiError> {
-        if self.max_tokens < 1 {
-            return Err(bad(
-                "max_tokens",
-                format!("`max_tokens` must be at least 1, got {}.", self.max_tokens),
-            ));
-        }
-        let mut chat = to_chat(&self.conversation(), ignored)?;
-        let put = |chat: &mut Value, k: &str, v: Value| {
-            if !v.is_null() {
-                chat[k] = v;
-            }
-        };
-        put(&mut chat, "max_tokens", json!(self.max_tokens));
-        put(&mut chat, "stop", json!(self.stop_sequences));
-        put(&mut chat, "stream", json!(self.stream));
-        put(&mut chat, "temperature", json!(self.temperature));
-        put(&mut chat, "top_p", json!(self.top_p));
-        put(&mut chat, "top_k", json!(self.top_k));
-        ignored.extend(given([
-            ("metadata", self.metadata.is_some()),
-            ("service_tier", self.service_tier.is_some()),
-        ]));
-        self.routing_ignored(ignored);
-        if let Some(oc) = &self.output_config {
-            if oc.effort.is_some() {
-                ignored.push("output_config.effort");
-            }
-            if let Some(f) = &oc.format {
-                if f.kind != "json_schema" {
-                    return Err(bad(
-                        "output_config.format.type",
-                        format!("Only `json_schema` is supported, got `{}`.", f.kind),
-                    ));
-                }
-                chat["response_format"] = json!({"type": "json_schema",
-                    "json_schema": {"name": "output", "schema": f.schema}});
-            }
-        }
-        Ok(chat)
-    }
 }
 
 impl CountTokensRequest {

@@ -1,11 +1,12 @@
 //! Responses API items and formats in chat terms: input items to checked
 //! wire items (the history's form), wire items to chat messages, `text.format`
-//! to `response_format`, and the Responses names of the chat fields errors
-//! name. Costs: O(size of the items).
+//! to `response_format`, a whole request to the chat request
+//! ([`ResponsesRequest::to_chat`]), and the Responses names of the chat
+//! fields errors name. Costs: O(size of the items).
 
 use serde_json::{Value, json};
 
-use super::request::{Format, Item, ItemContent, Part};
+use super::request::{Format, Input, Item, ItemContent, Part, ResponsesRequest, ToolChoice};
 use crate::error::ApiError;
 
 fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
@@ -166,6 +167,89 @@ pub fn responses_param(chat: &str) -> String {
         return chat.replacen(".function.", ".", 1);
     }
     chat.to_string()
+}
+
+impl ResponsesRequest {
+    /// The request's own input as items (a string is one user message).
+    pub fn input_items(&self) -> Result<Vec<Value>, ApiError> {
+        match &self.input {
+            None if self.previous_response_id.is_none() => {
+                Err(bad("input", "Missing required parameter `input`."))
+            }
+            None => Ok(Vec::new()),
+            Some(Input::Text(t)) => Ok(vec![
+                json!({"type": "message", "role": "user", "content": t}),
+            ]),
+            Some(Input::Items(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| item_value(i, it))
+                .collect(),
+        }
+    }
+
+    /// The chat request (wire JSON) for the conversation `items` (the
+    /// continued history, then this request's input).
+    pub fn to_chat(&self, items: &[Value]) -> Result<Value, ApiError> {
+        if let Some(t) = self.truncation.as_deref().filter(|t| *t != "disabled") {
+            return Err(bad(
+                "truncation",
+                format!("Only `truncation: \"disabled\"` is supported, got `{t}`."),
+            ));
+        }
+        let mut messages = Vec::with_capacity(items.len() + 1);
+        if let Some(i) = &self.instructions {
+            messages.push(json!({"role": "system", "content": i}));
+        }
+        to_messages(items, &mut messages)?;
+        let mut chat = json!({"messages": messages});
+        let mut put = |k: &str, v: Value| {
+            if !v.is_null() {
+                chat[k] = v;
+            }
+        };
+        put("model", json!(self.model));
+        put("max_tokens", json!(self.max_output_tokens));
+        put("temperature", json!(self.temperature));
+        put("top_p", json!(self.top_p));
+        put("stream", json!(self.stream));
+        put("parallel_tool_calls", json!(self.parallel_tool_calls));
+        if let Some(tools) = &self.tools {
+            let tools: Vec<Value> = tools
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    if t.kind != "function" {
+                        return Err(bad(
+                            format!("tools[{i}].type"),
+                            format!("Only `function` tools are supported, got `{}`.", t.kind),
+                        ));
+                    }
+                    let mut f = json!({"name": t.name});
+                    if let Some(p) = &t.parameters {
+                        f["parameters"] = p.clone();
+                    }
+                    if let Some(d) = &t.description {
+                        f["description"] = json!(d);
+                    }
+                    Ok(json!({"type": "function", "function": f}))
+                })
+                .collect::<Result<_, _>>()?;
+            put("tools", Value::Array(tools));
+        }
+        match &self.tool_choice {
+            None => {}
+            Some(ToolChoice::Mode(m)) => put("tool_choice", json!(m)),
+            Some(ToolChoice::Named(n)) => put(
+                "tool_choice",
+                json!({"type": n.kind, "function": {"name": n.name}}),
+            ),
+        }
+        if let Some(f) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
+            put("response_format", response_format(f));
+        }
+        Ok(chat)
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@
 pub mod convert;
 pub mod reply;
 pub mod request;
-pub mod store;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -49,7 +48,7 @@ use convert::responses_param;
 use reply::Meta;
 use request::{ResponsesRequest, ToolChoice};
 
-pub use store::{Owner, ResponseStore};
+pub use crate::response_store::{Owner, ResponseStore};
 
 /// The request's fields as the response object echoes them.
 fn echo(req: &ResponsesRequest, store: bool) -> Value {

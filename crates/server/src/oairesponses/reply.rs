@@ -29,9 +29,9 @@ use engine::{Event, FinishReason, Finished, RequestHandle, Usage};
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{Value, json};
 
-use super::store::Stored;
 use crate::error::ApiError;
 use crate::generate::{Active, Job, engine_gone, failure};
+use crate::response_store::{Owner, Stored};
 use crate::tools::{CallStream, ParsedCall};
 
 /// What the response object echoes of the request, and what storing needs.
@@ -43,7 +43,7 @@ pub struct Meta {
     /// Keep the finished response (`store`).
     pub store: bool,
     /// Whose the stored response is.
-    pub owner: super::store::Owner,
+    pub owner: Owner,
     /// The conversation's items up to this request's input.
     pub history: Vec<Value>,
 }

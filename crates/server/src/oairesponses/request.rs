@@ -23,9 +23,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::convert::{response_format, to_messages};
 use crate::error::ApiError;
 
 /// `input`: a string (one user message) or items.
@@ -92,7 +91,7 @@ pub struct Part {
 
 /// One input item: a message (`type` `message` or absent), a
 /// `function_call` or a `function_call_output`; each type's fields are
-/// checked in [`to_messages`].
+/// checked in [`super::convert::to_messages`].
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[schema(as = ResponsesItem)]
 #[serde(deny_unknown_fields)]
@@ -307,86 +306,5 @@ impl ResponsesRequest {
             }
         }
         Ok(())
-    }
-
-    /// The request's own input as items (a string is one user message).
-    pub fn input_items(&self) -> Result<Vec<Value>, ApiError> {
-        match &self.input {
-            None if self.previous_response_id.is_none() => {
-                Err(bad("input", "Missing required parameter `input`."))
-            }
-            None => Ok(Vec::new()),
-            Some(Input::Text(t)) => Ok(vec![
-                json!({"type": "message", "role": "user", "content": t}),
-            ]),
-            Some(Input::Items(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, it)| super::convert::item_value(i, it))
-                .collect(),
-        }
-    }
-
-    /// The chat request (wire JSON) for the conversation `items` (the
-    /// continued history, then this request's input).
-    pub fn to_chat(&self, items: &[Value]) -> Result<Value, ApiError> {
-        if let Some(t) = self.truncation.as_deref().filter(|t| *t != "disabled") {
-            return Err(bad(
-                "truncation",
-                format!("Only `truncation: \"disabled\"` is supported, got `{t}`."),
-            ));
-        }
-        let mut messages = Vec::with_capacity(items.len() + 1);
-        if let Some(i) = &self.instructions {
-            messages.push(json!({"role": "system", "content": i}));
-        }
-        to_messages(items, &mut messages)?;
-        let mut chat = json!({"messages": messages});
-        let mut put = |k: &str, v: Value| {
-            if !v.is_null() {
-                chat[k] = v;
-            }
-        };
-        put("model", json!(self.model));
-        put("max_tokens", json!(self.max_output_tokens));
-        put("temperature", json!(self.temperature));
-        put("top_p", json!(self.top_p));
-        put("stream", json!(self.stream));
-        put("parallel_tool_calls", json!(self.parallel_tool_calls));
-        if let Some(tools) = &self.tools {
-            let tools: Vec<Value> = tools
-                .iter()
-                .enumerate()
-                .map(|(i, t)| {
-                    if t.kind != "function" {
-                        return Err(bad(
-                            format!("tools[{i}].type"),
-                            format!("Only `function` tools are supported, got `{}`.", t.kind),
-                        ));
-                    }
-                    let mut f = json!({"name": t.name});
-                    if let Some(p) = &t.parameters {
-                        f["parameters"] = p.clone();
-                    }
-                    if let Some(d) = &t.description {
-                        f["description"] = json!(d);
-                    }
-                    Ok(json!({"type": "function", "function": f}))
-                })
-                .collect::<Result<_, _>>()?;
-            put("tools", Value::Array(tools));
-        }
-        match &self.tool_choice {
-            None => {}
-            Some(ToolChoice::Mode(m)) => put("tool_choice", json!(m)),
-            Some(ToolChoice::Named(n)) => put(
-                "tool_choice",
-                json!({"type": n.kind, "function": {"name": n.name}}),
-            ),
-        }
-        if let Some(f) = self.text.as_ref().and_then(|t| t.format.as_ref()) {
-            put("response_format", response_format(f));
-        }
-        Ok(chat)
     }
 }

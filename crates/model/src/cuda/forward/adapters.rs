@@ -10,8 +10,8 @@ use kernels::lora::LoraShape;
 use contract::backend::BackendError;
 
 use super::Exec;
+use crate::cuda::errors::{dev_err, ge, ke};
 use crate::cuda::lora::{Group, wide_rows};
-use crate::cuda::{dev_err, ge, ke};
 
 impl Exec<'_> {
     /// Adds group `g`'s delta of layer `l` to `y` for the first `m` rows of

@@ -10,7 +10,7 @@ use contract::backend::BackendError;
 use contract::sampling::uniform;
 
 use super::{Shape, shape_name};
-use crate::cuda::dev_err;
+use crate::cuda::errors::dev_err;
 
 /// Timed runs per candidate and row count (after one warm-up run).
 const TIMED_RUNS: usize = 5;

@@ -32,8 +32,9 @@ mod choose;
 
 use choose::{OwnRun, Pick, own_agrees, pick, test_inputs};
 
+use super::CudaBackend;
 use super::linear::{GemmIo, Linear, Products};
-use super::{CudaBackend, dev_err, ge, ke};
+use crate::cuda::errors::{dev_err, ge, ke};
 use kernels::gemv::WeightFormat;
 
 /// Row counts each projection's candidates are timed at: batch-1 decode, a
