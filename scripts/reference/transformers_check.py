@@ -99,7 +99,7 @@ def main() -> None:
     tf_lp, ref_lp = np.concatenate(tf_lp), np.concatenate(ref_lp)
     ours = json.loads(
         run([args.lamina, "perplexity", "--model", str(model), "--device", args.device, "--text", args.text,
-             "-c", str(args.ctx), "--score-all", "--json"])
+             "-c", str(args.ctx), "--score-all", "--json", "--kv-cache-dtype", "f32"])
     )
     assert ours["tokens_scored"] == len(tf_lp), (ours, len(tf_lp))
     nll = {"transformers": -tf_lp.mean(), "reference": -ref_lp.mean(), "lamina": math.log(ours["perplexity"])}
