@@ -8,8 +8,17 @@ frequency scaling), grouped-query causal attention, SwiGLU, final norm and a
 tied or untied LM head, every sequence recomputed from its first token.
 The layer variants a model description can ask for are read from the
 weights the checkpoint has: projection biases (`*_proj.bias`: Qwen2's Q/K/V,
-`attention_bias`, `mlp_bias`) and per-head QK-norm (`self_attn.q_norm` /
-`k_norm`: Qwen3), each applied where transformers applies it.
+`attention_bias`, `mlp_bias`), per-head QK-norm (`self_attn.q_norm` /
+`k_norm`: Qwen3, Gemma 3) and output norms (`pre_feedforward_layernorm`
+beside `post_attention_layernorm`: Gemma 3), each applied where
+transformers applies it; Gemma 3's other fields from its config.json as
+`Gemma3TextConfig` reads them: `(1 + w)` norm gains, the embedding scaled
+by sqrt(hidden), GELU-tanh (`hidden_activation`), scores scaled by
+`query_pre_attn_scalar^-1/2`, each layer's sliding window (`layer_types`
+or `sliding_window_pattern`; a token sees itself and `sliding_window - 1`
+positions before it) and RoPE base (`rope_local_base_freq` on the local
+layers, `rope_theta` and `rope_scaling` on the global ones, or
+`rope_parameters` per layer type), and `final_logit_softcapping`.
 
 Inputs: a Hugging Face model directory (`config.json` and `*.safetensors` in
 BF16, F16, F32, or FP8 e4m3 projections with their `weight_scale`, which
@@ -48,7 +57,13 @@ class Config:
     head_dim: int
     eps: float
     vocab: int
-    inv_freq: np.ndarray  # float64 [head_dim / 2]
+    inv_freq: list  # per layer: float64 [head_dim / 2]
+    window: list  # per layer: int, or None (whole context)
+    norm_offset: float = 0.0  # RMSNorm gain is offset + w
+    embed_scale: float = 1.0
+    scale: float | None = None  # scores' scale; None: 1 / sqrt(head_dim)
+    gelu: bool = False  # GELU-tanh gate, else SiLU
+    final_cap: float | None = None
 
 
 # ---------------------------------------------------------------- RoPE setup
@@ -70,22 +85,60 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
     return np.where(wavelength < original / high, freq, out)
 
 
+def is_gemma3(raw: dict) -> bool:
+    return "Gemma3ForCausalLM" in (raw.get("architectures") or []) or raw.get("model_type") == "gemma3_text"
+
+
+def gemma3_layers(raw: dict, head_dim: int) -> tuple[list, list]:
+    """Gemma 3's per-layer RoPE frequencies and windows."""
+    n = raw["num_hidden_layers"]
+    pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6
+    types = raw.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
+    ]
+    per_type = raw.get("rope_parameters") or {}
+    full, local = per_type.get("full_attention"), per_type.get("sliding_attention")
+    glob = rope_frequencies(
+        head_dim,
+        (full or {}).get("rope_theta") or raw.get("rope_theta") or 1_000_000.0,
+        full or raw.get("rope_scaling") or {},
+    )
+    loc = rope_frequencies(
+        head_dim,
+        (local or {}).get("rope_theta") or raw.get("rope_local_base_freq") or 10_000.0,
+        local or {},
+    )
+    window = raw.get("sliding_window") or 4096
+    sliding = [t == "sliding_attention" for t in types]
+    return [loc if s else glob for s in sliding], [window if s else None for s in sliding]
+
+
 def hf_config(raw: dict) -> Config:
     params = raw.get("rope_parameters") or {}
     theta = raw.get("rope_theta") or params.get("rope_theta") or 10000.0
     scaling = raw.get("rope_scaling") or params
     heads = raw["num_attention_heads"]
     head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
-    return Config(
+    layers = raw["num_hidden_layers"]
+    cfg = Config(
         hidden=raw["hidden_size"],
-        layers=raw["num_hidden_layers"],
+        layers=layers,
         heads=heads,
         kv_heads=raw.get("num_key_value_heads", heads),
         head_dim=head_dim,
         eps=raw["rms_norm_eps"],
         vocab=raw["vocab_size"],
-        inv_freq=rope_frequencies(head_dim, theta, scaling),
+        inv_freq=[rope_frequencies(head_dim, theta, scaling)] * layers,
+        window=[None] * layers,
     )
+    if is_gemma3(raw):
+        cfg.inv_freq, cfg.window = gemma3_layers(raw, head_dim)
+        cfg.norm_offset = 1.0
+        cfg.embed_scale = float(np.float32(math.sqrt(raw["hidden_size"])))
+        cfg.scale = (raw.get("query_pre_attn_scalar") or 256) ** -0.5
+        cfg.gelu = (raw.get("hidden_activation") or "gelu_pytorch_tanh") == "gelu_pytorch_tanh"
+        cfg.final_cap = raw.get("final_logit_softcapping")
+    return cfg
 
 
 # ------------------------------------------------------------------- loading
@@ -218,12 +271,16 @@ def load_gguf(path: Path) -> tuple[Config, dict[str, np.ndarray]]:
 # ------------------------------------------------------------------- forward
 
 
-def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float, offset: float = 0.0) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + gain)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 class Model:
@@ -253,7 +310,10 @@ class Model:
         """Projection `which` (q, k or v) as [T, count, head_dim], QK-normed per head where the model has it."""
         x = self.linear(p + f"self_attn.{which}_proj", h).reshape(len(h), count, self.cfg.head_dim)
         gain = self.w.get(p + f"self_attn.{which}_norm.weight")
-        return x if gain is None else rms_norm(x, gain, self.cfg.eps)
+        return x if gain is None else self.norm(x, gain)
+
+    def norm(self, x: np.ndarray, gain: np.ndarray) -> np.ndarray:
+        return rms_norm(x, gain, self.cfg.eps, self.cfg.norm_offset)
 
     def attention(self, p: str, h: np.ndarray, cos, sin, mask) -> np.ndarray:
         c, n = self.cfg, len(h)
@@ -264,7 +324,8 @@ class Model:
         out = np.empty_like(q)
         for head in range(c.heads):
             kv = head // group
-            scores = q[:, head] @ k[:, kv].T / math.sqrt(c.head_dim) + mask
+            dots = q[:, head] @ k[:, kv].T
+            scores = (dots / math.sqrt(c.head_dim) if c.scale is None else dots * np.float32(c.scale)) + mask
             probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs /= probs.sum(axis=-1, keepdims=True)
             out[:, head] = probs @ v[:, kv]
@@ -273,22 +334,38 @@ class Model:
     def mlp(self, p: str, h: np.ndarray) -> np.ndarray:
         gate = self.linear(p + "mlp.gate_proj", h)
         up = self.linear(p + "mlp.up_proj", h)
-        return self.linear(p + "mlp.down_proj", silu(gate) * up)
+        act = gelu_tanh(gate) if self.cfg.gelu else silu(gate)
+        return self.linear(p + "mlp.down_proj", act * up)
 
     def logits(self, tokens) -> np.ndarray:
         """Causal forward over `tokens`: float32 logits [len(tokens), vocab]."""
         c, w = self.cfg, self.w
         n = len(tokens)
-        angles = np.outer(np.arange(n), c.inv_freq)
-        cos = np.cos(angles).astype(np.float32)[:, None, :]
-        sin = np.sin(angles).astype(np.float32)[:, None, :]
-        mask = np.triu(np.full((n, n), -np.inf, np.float32), k=1)
-        x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+        pos = np.arange(n)
+        x = w["model.embed_tokens.weight"][np.asarray(tokens)] * np.float32(c.embed_scale)
         for layer in range(c.layers):
             p = f"model.layers.{layer}."
-            x = x + self.attention(p, rms_norm(x, w[p + "input_layernorm.weight"], c.eps), cos, sin, mask)
-            x = x + self.mlp(p, rms_norm(x, w[p + "post_attention_layernorm.weight"], c.eps))
-        return rms_norm(x, w["model.norm.weight"], c.eps) @ self.head.T
+            angles = np.outer(pos, c.inv_freq[layer])
+            cos = np.cos(angles).astype(np.float32)[:, None, :]
+            sin = np.sin(angles).astype(np.float32)[:, None, :]
+            # token i sees j <= i, and only i - j < window on a windowed layer
+            seen = pos[None, :] <= pos[:, None]
+            if c.window[layer] is not None:
+                seen &= pos[:, None] - pos[None, :] < c.window[layer]
+            mask = np.where(seen, 0, -np.inf).astype(np.float32)
+            a = self.attention(p, self.norm(x, w[p + "input_layernorm.weight"]), cos, sin, mask)
+            pre_mlp = w.get(p + "pre_feedforward_layernorm.weight")
+            if pre_mlp is None:
+                x = x + a
+                x = x + self.mlp(p, self.norm(x, w[p + "post_attention_layernorm.weight"]))
+            else:  # output norms on both halves (Gemma 3)
+                x = x + self.norm(a, w[p + "post_attention_layernorm.weight"])
+                m = self.mlp(p, self.norm(x, pre_mlp))
+                x = x + self.norm(m, w[p + "post_feedforward_layernorm.weight"])
+        logits = self.norm(x, w["model.norm.weight"]) @ self.head.T
+        if c.final_cap is not None:
+            logits = np.float32(c.final_cap) * np.tanh(logits / np.float32(c.final_cap))
+        return logits
 
 
 # ----------------------------------------------------------------------- CLI

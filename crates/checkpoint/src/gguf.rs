@@ -22,6 +22,7 @@
 //! in the caller's (usually memory-mapped) slice until dequantised, one
 //! tensor at a time, into f32.
 
+mod arch;
 mod bos;
 mod cursor;
 mod dequant;
@@ -30,9 +31,10 @@ mod import;
 #[cfg(test)]
 mod tests;
 
+pub use arch::Arch;
 pub use bos::{adds_bos, file_adds_bos};
 pub use dequant::{GgmlType, dequantize};
-pub use import::{hf_name, import_to_dir, unpermute_rows};
+pub use import::{TokenizerFiles, import_to_dir, import_with_tokenizer, unpermute_rows};
 
 use std::collections::BTreeMap;
 

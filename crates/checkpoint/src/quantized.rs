@@ -1,4 +1,4 @@
-//! A llama GGUF's quantised projection matrices kept in their blocks, for
+//! A llama or gemma3 GGUF's quantised projection matrices kept in their blocks, for
 //! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 / Q4_K /
 //! Q6_K path).
 //!
@@ -9,7 +9,7 @@
 //! caller then uses the BF16 copy the store imported). Shapes are checked
 //! against `cfg` (a tensor missing or of another shape is an error naming
 //! it); the row length must be a whole number of blocks. Blocks are copied
-//! byte for byte; only llama.cpp's Q/K row permutation is undone (whole
+//! byte for byte; only llama.cpp's Q/K row permutation of Llama is undone (whole
 //! rows of blocks moved, as [`crate::gguf::import_to_dir`] does for the
 //! dequantised rows), so row `r` is Hugging Face's row `r`.
 //!
@@ -22,7 +22,7 @@
 //! on return) and one decode of them for the check, spread over the cores;
 //! memory is their quantised size.
 
-use crate::gguf::{GgmlType, Gguf, GgufError, TensorInfo, dequantize, hf_name};
+use crate::gguf::{Arch, GgmlType, Gguf, GgufError, TensorInfo, dequantize};
 use crate::weights::{MAX_ABS_WEIGHT, implausible};
 use contract::config::ModelConfig;
 use rayon::prelude::*;
@@ -98,10 +98,11 @@ pub fn load_quantized(
     // code that only indexes through bounds-checked slices.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     let g = Gguf::parse(&map, &path.display().to_string())?;
+    let arch = Arch::of(&g)?;
     let by_hf: HashMap<String, &TensorInfo> = g
         .tensors
         .iter()
-        .filter_map(|t| hf_name(&t.name).map(|n| (n, t)))
+        .filter_map(|t| arch.hf_name(&t.name).map(|n| (n, t)))
         .collect();
     let get = |name: &str, rows: usize, cols: usize, heads: Option<usize>| {
         let t = *by_hf.get(name).ok_or_else(|| GgufError::Tensor {
@@ -122,7 +123,7 @@ pub fn load_quantized(
         }
         let bytes = g.tensor_bytes(&map, t)?;
         let mut data = bytes.to_vec();
-        if let Some(heads) = heads {
+        if let Some(heads) = heads.filter(|_| arch.permutes_qk()) {
             data = unpermute_row_bytes(&data, rows, heads).map_err(|reason| GgufError::Tensor {
                 tensor: t.name.clone(),
                 reason,

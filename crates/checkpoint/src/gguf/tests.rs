@@ -2,7 +2,11 @@
 //! a hand-built file through the parser (all value types, arrays, alignment),
 //! corruption errors, name mapping and the Q/K row un-permutation.
 
-use super::import::{hf_name, unpermute_rows};
+use super::import::unpermute_rows;
+
+fn hf_name(name: &str) -> Option<String> {
+    Arch::Llama.hf_name(name)
+}
 use super::*;
 use half::{bf16, f16};
 
@@ -388,4 +392,52 @@ fn tensors_whose_data_overlap_are_refused_naming_both() {
             && e.contains("overlap"),
         "{e}"
     );
+}
+
+/// Gemma 3's tensors as llama.cpp names them: `ffn_norm` is the pre-MLP
+/// norm (Llama's `post_attention_layernorm` is Gemma's attention output
+/// norm), the QK-norms and output norms map, norm gains carry the
+/// converter's `+ 1`, and Q/K rows are not permuted.
+#[test]
+fn maps_gemma3_names_and_shifts() {
+    let g = Arch::Gemma3;
+    for (gguf, hf) in [
+        (
+            "blk.2.ffn_norm.weight",
+            "model.layers.2.pre_feedforward_layernorm.weight",
+        ),
+        (
+            "blk.2.post_attention_norm.weight",
+            "model.layers.2.post_attention_layernorm.weight",
+        ),
+        (
+            "blk.2.post_ffw_norm.weight",
+            "model.layers.2.post_feedforward_layernorm.weight",
+        ),
+        (
+            "blk.0.attn_q_norm.weight",
+            "model.layers.0.self_attn.q_norm.weight",
+        ),
+        (
+            "blk.0.attn_k_norm.weight",
+            "model.layers.0.self_attn.k_norm.weight",
+        ),
+        (
+            "blk.0.attn_norm.weight",
+            "model.layers.0.input_layernorm.weight",
+        ),
+        ("token_embd.weight", "model.embed_tokens.weight"),
+    ] {
+        assert_eq!(g.hf_name(gguf).as_deref(), Some(hf), "{gguf}");
+    }
+    assert_eq!(
+        Arch::Llama.hf_name("blk.2.ffn_norm.weight").as_deref(),
+        Some("model.layers.2.post_attention_layernorm.weight")
+    );
+    assert!(Arch::Llama.hf_name("blk.0.post_ffw_norm.weight").is_none());
+    assert_eq!(g.value_shift("output_norm.weight"), 1.0);
+    assert_eq!(g.value_shift("blk.0.attn_k_norm.weight"), 1.0);
+    assert_eq!(g.value_shift("blk.0.attn_q.weight"), 0.0);
+    assert_eq!(Arch::Llama.value_shift("output_norm.weight"), 0.0);
+    assert!(Arch::Llama.permutes_qk() && !g.permutes_qk());
 }

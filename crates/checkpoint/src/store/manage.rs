@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use super::{Store, StoreError, io_err};
-use crate::gguf::{Gguf, import_to_dir};
+use crate::gguf::{Gguf, TokenizerFiles, import_with_tokenizer};
 use crate::progress::{Progress, Unit};
 
 /// The file naming a stored model's source.
@@ -44,10 +44,13 @@ pub struct StoredModel {
 
 /// Sampling values a known model's authors recommend: written into its
 /// `generation_config.json` when the file it is converted from carries none.
-/// SmolLM2's model card recommends temperature 0.2 and top-p 0.9.
+/// SmolLM2's model card recommends temperature 0.2 and top-p 0.9; Gemma 3
+/// ships temperature 1, top-k 64, top-p 0.95.
 pub fn recommended_sampling(id: &str) -> Option<&'static [(&'static str, f64)]> {
     match id {
         "smollm2-135m-instruct" => Some(&[("temperature", 0.2), ("top_p", 0.9)]),
+        // Gemma 3's generation_config.json
+        "gemma-3-270m" => Some(&[("temperature", 1.0), ("top_k", 64.0), ("top_p", 0.95)]),
         _ => None,
     }
 }
@@ -107,7 +110,12 @@ pub(super) fn write_recommended_sampling(dir: &Path, id: &str) -> Result<(), Sto
         return Ok(());
     }
     for (k, v) in values {
-        obj.insert((*k).to_string(), json!(v));
+        // a whole number as an integer (`top_k` is one)
+        let v = match v.fract() == 0.0 {
+            true => json!(*v as i64),
+            false => json!(v),
+        };
+        obj.insert((*k).to_string(), v);
     }
     // written aside and renamed: a reader never sees half a file
     let tmp = dir.join(format!(".generation_config.json.{}", std::process::id()));
@@ -268,6 +276,15 @@ pub(super) struct Imported {
 
 /// Parses the GGUF at `path` and imports it into `dir` with a progress bar.
 pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<Imported, StoreError> {
+    import_gguf_file_with(path, dir, None)
+}
+
+/// [`import_gguf_file`] with the model's own tokenizer files, when given.
+pub(super) fn import_gguf_file_with(
+    path: &Path,
+    dir: &Path,
+    tokenizer: Option<&TokenizerFiles>,
+) -> Result<Imported, StoreError> {
     let file = std::fs::File::open(path).map_err(io_err("cannot open", path))?;
     // SAFETY: read-only private map; the import reads it once, and a file
     // changed underneath gives wrong weights or a parse error, never UB in
@@ -284,7 +301,7 @@ pub(super) fn import_gguf_file(path: &Path, dir: &Path) -> Result<Imported, Stor
         gguf.tensors.len() as u64,
         0,
     );
-    import_to_dir(&gguf, &map, dir, Some(&progress)).map_err(import)?;
+    import_with_tokenizer(&gguf, &map, dir, Some(&progress), tokenizer).map_err(import)?;
     progress.finish();
     let known_id = match (
         gguf.get_str("general.basename"),

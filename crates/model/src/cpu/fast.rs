@@ -10,9 +10,10 @@
 //! is added, one byte per weight). A BF16 LM head is packed as panels too
 //! on AVX-512 (its row-major buffer released; a tied embedding's lookup
 //! reads its rows back from the panels). [`CpuBackend::forward_fast`] runs
-//! embedding, per layer RMSNorm, the fused QKV product, RoPE, the KV write,
-//! paged causal attention, the output product and residual, RMSNorm, the
-//! fused gate/up product, SwiGLU, the down product and residual, then the
+//! embedding, per layer RMSNorm, the fused QKV product, the layer's RoPE,
+//! the KV write, paged causal attention under the layer's scale, soft-cap
+//! and window, the output product and residual, RMSNorm, the
+//! fused gate/up product, the gated activation, the down product and residual, then the
 //! final norm and the LM head for the asked rows only. The arithmetic of
 //! generated tokens is the reference's (f32 over exactly widened BF16
 //! weights, RMSNorm's mean in f64, the same RoPE table and softmax); only
@@ -36,8 +37,9 @@
 //! `matmul_pairs`, the tiled BF16 regime at every row count, the quantised
 //! row kernels; never `gemm_split`, `quant::gemm`, `gemm512::matmul` or the
 //! `gemm` crate) and every token's attention runs [`decode_attention`]
-//! (positions in chunks of `decode::KV_SPLIT` from 0, merged in order: a
-//! function of the token's context length alone). What is invariant in
+//! (positions in chunks of `decode::KV_SPLIT` from the first it sees,
+//! merged in order: a function of the token's position and the layer's
+//! window alone). What is invariant in
 //! both modes: the elementwise steps (norms with the mean in f64, RoPE,
 //! SwiGLU, residuals: per row, serial or on rayon alike), the KV writes,
 //! the LoRA deltas (per row), the split of every product over threads (by
@@ -638,7 +640,8 @@ const SEGMENT_ROWS: usize = if cfg!(test) { 8 } else { 96 };
 /// [`SEGMENT_ROWS`] rows `S = Q K^T` over the keys the block can see (one
 /// GEMM), the layer's row softmax (row `i` keeps keys
 /// `rule.first(positions[i])..=positions[i]`, scaled and capped by `rule`;
-/// the others weigh 0) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
+/// the others weigh 0: a windowed layer's chunk still computes every
+/// score up to the block's last position) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
 /// (head, block) pairs run in parallel on rayon, each GEMM on one thread
 /// ([`gemm_nt_f32`]). Costs: about `n * ctx * head_dim` multiply-adds per
 /// head for the causal part plus a block's triangle, `SEGMENT_ROWS * ctx`
