@@ -1,4 +1,4 @@
-//! A GGUF (v2/v3) reader and dequantiser, and the import of llama GGUF files
+//! A GGUF (v2/v3) reader and dequantiser, and the import of GGUF files
 //! into a Hugging Face model directory ([`import_to_dir`]).
 //!
 //! Contract: [`Gguf::parse`] reads the header, every metadata value (all
@@ -15,13 +15,17 @@
 //!
 //! Layout: this file holds the types and [`Gguf::parse`]; `cursor.rs` the
 //! bounds-checked little-endian reader, `dequant.rs` the block formats,
-//! `import.rs` the Hugging Face import, `bos.rs` whether the vocabulary
+//! `import.rs` the Hugging Face import, `arch.rs` the architectures it
+//! reads and how they differ, `bos.rs` whether the vocabulary
 //! adds BOS (llama.cpp's decision).
 //!
 //! Costs: parsing is O(metadata) and copies only metadata; tensor data stays
 //! in the caller's (usually memory-mapped) slice until dequantised, one
 //! tensor at a time, into f32.
 
+pub mod arch;
+#[cfg(test)]
+mod arch_tests;
 mod bos;
 mod cursor;
 mod dequant;

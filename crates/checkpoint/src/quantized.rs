@@ -1,4 +1,4 @@
-//! A llama GGUF's quantised projection matrices kept in their blocks, for
+//! A GGUF's quantised projection matrices kept in their blocks, for
 //! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 / Q4_K /
 //! Q6_K path).
 //!
@@ -9,7 +9,8 @@
 //! caller then uses the BF16 copy the store imported). Shapes are checked
 //! against `cfg` (a tensor missing or of another shape is an error naming
 //! it); the row length must be a whole number of blocks. Blocks are copied
-//! byte for byte; only llama.cpp's Q/K row permutation is undone (whole
+//! byte for byte; only llama.cpp's Q/K row permutation (of the `llama`
+//! architecture, [`crate::gguf::arch`]) is undone (whole
 //! rows of blocks moved, as [`crate::gguf::import_to_dir`] does for the
 //! dequantised rows), so row `r` is Hugging Face's row `r`.
 //!
@@ -98,6 +99,7 @@ pub fn load_quantized(
     // code that only indexes through bounds-checked slices.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     let g = Gguf::parse(&map, &path.display().to_string())?;
+    let permuted_qk = crate::gguf::arch::arch_of(&g)?.permuted_qk;
     let by_hf: HashMap<String, &TensorInfo> = g
         .tensors
         .iter()
@@ -122,7 +124,7 @@ pub fn load_quantized(
         }
         let bytes = g.tensor_bytes(&map, t)?;
         let mut data = bytes.to_vec();
-        if let Some(heads) = heads {
+        if let Some(heads) = heads.filter(|_| permuted_qk) {
             data = unpermute_row_bytes(&data, rows, heads).map_err(|reason| GgufError::Tensor {
                 tensor: t.name.clone(),
                 reason,

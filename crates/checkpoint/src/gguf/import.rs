@@ -1,9 +1,11 @@
-//! Import of a llama-architecture GGUF into a Hugging Face model directory.
+//! Import of a GGUF (the architectures of [`super::arch::ARCHS`]: `llama`,
+//! `qwen2`, `qwen3`) into a Hugging Face model directory.
 //!
-//! Contract: [`import_to_dir`] writes `config.json` (from the `llama.*`
-//! metadata), `generation_config.json` (BOS/EOS from `tokenizer.ggml.*`),
-//! `model.safetensors` (every tensor dequantised to BF16 under its Hugging
-//! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation undone),
+//! Contract: [`import_to_dir`] writes `config.json` (from the
+//! `<architecture>.*` metadata), `generation_config.json` (BOS/EOS from
+//! `tokenizer.ggml.*`), `model.safetensors` (every tensor dequantised to BF16
+//! under its Hugging Face name, in Hugging Face layout: llama.cpp's Q/K row
+//! permutation undone where its converter made one),
 //! `tokenizer.json` (via [`tokenizer::bpe_from_gguf::build_tokenizer_json`]) and
 //! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`
 //! as llama.cpp decides it: [`super::adds_bos`]).
@@ -45,6 +47,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
@@ -61,14 +65,8 @@ fn short_f32(v: f64) -> Value {
 
 /// The Hugging Face `config.json` for this GGUF.
 pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
-    let arch = g.get_str("general.architecture")?;
-    if arch != "llama" {
-        return Err(GgufError::Metadata {
-            key: "general.architecture".into(),
-            reason: format!("only `llama` is supported, got `{arch}`"),
-        });
-    }
-    let key = |k: &str| format!("{arch}.{k}");
+    let family = super::arch::arch_of(g)?;
+    let key = |k: &str| format!("{}.{k}", family.name);
     if let Some(v) = g.metadata.get(&key("rope.scaling.type"))
         && v.as_str() != Some("none")
     {
@@ -112,9 +110,9 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
     };
     let eps = finite(g, &key("attention.layer_norm_rms_epsilon"))?;
     let tied = g.tensor("output.weight").is_none();
-    let mut cfg = json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+    let mut cfg = family.config_fields();
+    let common = json!({
+        "hidden_act": "silu",
         "hidden_size": hidden,
         "intermediate_size": g.get_u64(&key("feed_forward_length"))?,
         "num_hidden_layers": g.get_u64(&key("block_count"))?,
@@ -129,6 +127,9 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
         "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
     });
+    for (field, v) in common.as_object().into_iter().flatten() {
+        cfg[field] = v.clone();
+    }
     for (field, k) in [
         ("bos_token_id", "tokenizer.ggml.bos_token_id"),
         ("eos_token_id", "tokenizer.ggml.eos_token_id"),
@@ -286,6 +287,7 @@ pub fn import_to_dir(
     progress: Option<&Progress>,
 ) -> Result<(), GgufError> {
     let cfg_json = config_json(g)?;
+    let permuted_qk = super::arch::arch_of(g)?.permuted_qk;
     // the config and tensor list are sized by the block count: one the
     // file cannot hold is refused before anything is allocated for it
     let layers = cfg_json["num_hidden_layers"].as_u64().unwrap_or(0);
@@ -319,7 +321,7 @@ pub fn import_to_dir(
     for t in &g.tensors {
         let name = hf_name(&t.name).ok_or_else(|| GgufError::Tensor {
             tensor: t.name.clone(),
-            reason: "not a llama tensor this importer knows".into(),
+            reason: "not a tensor this importer knows".into(),
         })?;
         // a type we cannot dequantise: refused before anything is written
         t.ty.byte_size(t.numel())
@@ -368,7 +370,9 @@ pub fn import_to_dir(
     let mut w = SafetensorsWriter::create(&path, specs.clone()).map_err(io)?;
     for (s, t) in plan {
         let mut data = g.dequantize(buf, t)?; // [rows, cols] row-major (GGUF order)
-        let heads = if s.name.ends_with("q_proj.weight") {
+        let heads = if !permuted_qk {
+            None
+        } else if s.name.ends_with("q_proj.weight") {
             Some(cfg.num_heads)
         } else if s.name.ends_with("k_proj.weight") {
             Some(cfg.num_kv_heads)
