@@ -128,6 +128,8 @@ pub(crate) fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job
     let p = chat_prompt(state, req)?;
     job.logprobs = p.logprobs;
     job.parallel_tool_calls = p.plan.as_ref().is_none_or(|p| p.parallel);
+    job.call_format = p.format;
+    job.thinking = p.thinking;
     job.tool_names = p.plan.map(|p| Arc::new(p.names));
     let handles = place(&mut job, &p.checked, p.prompt, p.structured, "messages")?;
     Ok((job, handles, p.checked.stream))
@@ -138,6 +140,11 @@ pub(crate) struct ChatPrompt {
     pub checked: params::Checked,
     pub logprobs: Option<usize>,
     pub plan: Option<tools::ToolPlan>,
+    /// How the model writes tool calls.
+    pub format: tools::CallFormat,
+    /// With a reasoning parser: whether the reply thinks
+    /// ([`crate::reasoning::thinking`]).
+    pub thinking: Option<bool>,
     pub structured: structured::Structured,
     pub prompt: Vec<u32>,
 }
@@ -180,10 +187,19 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         _ => e,
     })?;
     checked.lora = lora;
+    crate::messages::template_kwargs(req.chat_template_kwargs.as_ref())?;
+    let format = tools::CallFormat::of(state.tokenizer.chat_template());
+    // a reply with log-probabilities keeps its text whole
+    let thinking = state
+        .cfg
+        .reasoning_parser
+        .filter(|_| logprobs.is_none())
+        .map(|_| crate::reasoning::thinking(req.chat_template_kwargs.as_ref()));
     let plan = tools::plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
+        format,
     )?;
     let mut structured = structured::constraint(
         req.response_format.as_ref(),
@@ -242,6 +258,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
             .as_ref()
             .filter(|_| in_template)
             .map(|p| p.tools.clone()),
+        kwargs: req.chat_template_kwargs,
         prefill,
     };
     let prompt = encode_now(state, input, "messages")?;
@@ -249,6 +266,8 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         checked,
         logprobs,
         plan,
+        format,
+        thinking,
         structured,
         prompt,
     })

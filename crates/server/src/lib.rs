@@ -49,6 +49,7 @@ pub mod openapi;
 pub mod page;
 pub mod params;
 pub mod protocol;
+pub mod reasoning;
 pub mod replicas;
 pub mod responses;
 pub mod state;

@@ -4,13 +4,18 @@
 //! output parsed back into `tool_calls`.
 //!
 //! Contract:
-//! - The call format the model is asked for (and held to) is the one Llama
-//!   3.1 / 3.2 templates teach: a JSON object `{"name": "<function>",
-//!   "parameters": {<arguments>}}` (`arguments` is read as a synonym). A
+//! - The call format is the model's ([`CallFormat::of`] its chat template,
+//!   the one place it is decided): a template that writes `<tool_call>`
+//!   (Qwen2.5, Qwen3) teaches the tagged format, `<tool_call>\n{"name":
+//!   "<function>", "arguments": {<arguments>}}\n</tool_call>` (`super::tagged`);
+//!   any other the JSON one Llama 3.1 / 3.2 templates teach, a JSON object
+//!   `{"name": "<function>", "parameters": {<arguments>}}`. Either reads the
+//!   other key as a synonym. A
 //!   reply may be text, calls, or text and then calls (the text is returned
 //!   as the reply's text, [`split_reply`]). With `parallel_tool_calls` true
-//!   (the default) several calls may follow one another (separated by white
-//!   space, `;` or `,`, each may start with `<|python_tag|>`, or a whole
+//!   (the default) several calls may follow one another (tagged: separated
+//!   by white space; JSON: by white space,
+//!   `;` or `,`, each may start with `<|python_tag|>`, or a whole
 //!   reply that is a JSON array of them); with `false` only the first call
 //!   is returned. A forced call (below) is one call.
 //! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
@@ -24,7 +29,8 @@
 //!   default with tools) renders them, lets the reply be text or calls and
 //!   parses the calls it ends with: decoding follows
 //!   [`ToolPlan::auto_grammar`], a lazy grammar: text is free until it
-//!   writes `{"name":` (or the template's `<|python_tag|>` marker); from
+//!   writes `{"name":` (or the template's `<|python_tag|>` marker; tagged:
+//!   `<tool_call>`); from
 //!   there the reply can only be calls of declared functions with arguments
 //!   valid against their `parameters` (unless the request has its own
 //!   constraint, `response_format` or `guided_*`: then that one holds and
@@ -50,7 +56,8 @@ use crate::structured::valid_name;
 
 mod grammar;
 mod parse;
-pub use parse::{CallStream, ParsedCall, Split, parse_calls, split_reply};
+mod tagged;
+pub use parse::{CallFormat, CallStream, ParsedCall, Split, parse_calls, split_reply};
 
 /// What a request's tools mean for its prompt, decoding and response.
 #[derive(Debug, Clone)]
@@ -63,28 +70,34 @@ pub struct ToolPlan {
     pub constraint: Option<Constraint>,
     /// Several calls per reply allowed (`parallel_tool_calls`, default true).
     pub parallel: bool,
+    /// How the model writes its calls.
+    pub format: CallFormat,
 }
 
 fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
     ApiError::invalid_param(param, msg)
 }
 
-/// The schema of a call of `name` with arguments held to `parameters`.
-fn call_schema(name: &str, parameters: &Value) -> Value {
+/// The schema of a call of `name` with arguments held to `parameters`,
+/// under the format's key.
+fn call_schema(format: CallFormat, name: &str, parameters: &Value) -> Value {
+    let key = format.arguments_key();
     json!({
         "type": "object",
-        "properties": {"name": {"const": name}, "parameters": parameters},
-        "required": ["name", "parameters"],
+        "properties": {"name": {"const": name}, key: parameters},
+        "required": ["name", key],
         "additionalProperties": false,
     })
 }
 
 /// Checks `tools`, `tool_choice` and `parallel_tool_calls`; `None` when no
-/// tool is to be rendered (no tools, or `tool_choice: none`).
+/// tool is to be rendered (no tools, or `tool_choice: none`). Calls are
+/// asked for (and held to) in `format`, the model's.
 pub fn plan(
     tools: Option<&[Tool]>,
     choice: Option<&ToolChoice>,
     parallel: Option<bool>,
+    format: CallFormat,
 ) -> Result<Option<ToolPlan>, ApiError> {
     let Some(tools) = tools else {
         if choice.is_some() {
@@ -126,7 +139,7 @@ pub fn plan(
             def["description"] = Value::String(d.clone());
         }
         defs.push(json!({"type": "function", "function": def}));
-        schemas.push(call_schema(&f.name, &params));
+        schemas.push(call_schema(format, &f.name, &params));
         names.push(f.name.clone());
     }
     let forced = match choice {
@@ -171,17 +184,22 @@ pub fn plan(
     if tools.is_empty() {
         return Ok(None);
     }
-    let constraint = forced.map(|which| match which {
-        Some(at) => Constraint::JsonSchema(schemas[at].clone()),
-        None if schemas.len() == 1 => Constraint::JsonSchema(schemas[0].clone()),
-        None => Constraint::JsonSchema(json!({"anyOf": schemas})),
-    });
-    Ok(Some(ToolPlan {
+    let mut plan = ToolPlan {
         tools: Value::Array(defs),
         names,
-        constraint,
+        constraint: None,
         parallel: parallel.unwrap_or(true),
-    }))
+        format,
+    };
+    plan.constraint = forced.map(|which| match (format, which) {
+        (CallFormat::Tagged, which) => plan.forced_tagged(which),
+        (CallFormat::Json, Some(at)) => Constraint::JsonSchema(schemas[at].clone()),
+        (CallFormat::Json, None) if schemas.len() == 1 => {
+            Constraint::JsonSchema(schemas[0].clone())
+        }
+        (CallFormat::Json, None) => Constraint::JsonSchema(json!({"anyOf": schemas})),
+    });
+    Ok(Some(plan))
 }
 
 /// The call marker Llama 3.x templates teach (a special token).
@@ -197,6 +215,7 @@ impl ToolPlan {
             .flatten()
             .map(|t| {
                 call_schema(
+                    self.format,
                     t["function"]["name"].as_str().unwrap_or_default(),
                     &t["function"]["parameters"],
                 )
@@ -325,14 +344,22 @@ mod tests {
             ),
             tool("now", None),
         ];
-        assert!(plan(None, None, None).unwrap().is_none());
+        assert!(plan(None, None, None, CallFormat::Json).unwrap().is_none());
         let none = ToolChoice::Mode("none".into());
-        assert!(plan(Some(&tools), Some(&none), None).unwrap().is_none());
-        let auto = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
+        assert!(
+            plan(Some(&tools), Some(&none), None, CallFormat::Json)
+                .unwrap()
+                .is_none()
+        );
+        let auto = plan(Some(&tools), None, Some(false), CallFormat::Json)
+            .unwrap()
+            .unwrap();
         assert!(auto.constraint.is_none());
         assert_eq!(auto.names, vec!["get_weather", "now"]);
         let req = ToolChoice::Mode("required".into());
-        let p = plan(Some(&tools), Some(&req), None).unwrap().unwrap();
+        let p = plan(Some(&tools), Some(&req), None, CallFormat::Json)
+            .unwrap()
+            .unwrap();
         let Some(Constraint::JsonSchema(s)) = p.constraint else {
             panic!("required forces a call");
         };
@@ -341,7 +368,9 @@ mod tests {
             kind: "function".into(),
             function: FunctionName { name: "now".into() },
         });
-        let p = plan(Some(&tools), Some(&named), None).unwrap().unwrap();
+        let p = plan(Some(&tools), Some(&named), None, CallFormat::Json)
+            .unwrap()
+            .unwrap();
         let Some(Constraint::JsonSchema(s)) = p.constraint else {
             panic!("a named function forces its call");
         };
@@ -351,7 +380,9 @@ mod tests {
     #[test]
     fn the_auto_grammar_names_each_function() {
         let tools = vec![tool("f", None), tool("g", Some(json!({"type": "object"})))];
-        let p = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
+        let p = plan(Some(&tools), None, Some(false), CallFormat::Json)
+            .unwrap()
+            .unwrap();
         let Constraint::Lark(g) = p.auto_grammar(true) else {
             panic!("a Lark grammar");
         };
@@ -368,7 +399,9 @@ mod tests {
             "{g}"
         );
         assert!(g.contains("tail: tail_0 | tail_1\n"), "{g}");
-        let p = plan(Some(&tools), None, None).unwrap().unwrap();
+        let p = plan(Some(&tools), None, None, CallFormat::Json)
+            .unwrap()
+            .unwrap();
         let Constraint::Lark(g) = p.auto_grammar(false) else {
             panic!("a Lark grammar");
         };
@@ -379,22 +412,23 @@ mod tests {
 
     #[test]
     fn bad_definitions_name_the_field() {
+        const J: CallFormat = CallFormat::Json;
         let dup = vec![tool("a", None), tool("a", None)];
         let mut wrong_type = vec![tool("a", None)];
         wrong_type[0].kind = "retrieval".into();
         let cases: Vec<(Result<Option<ToolPlan>, ApiError>, &str)> = vec![
-            (plan(Some(&dup), None, None), "tools[1].function.name"),
+            (plan(Some(&dup), None, None, J), "tools[1].function.name"),
             (
-                plan(Some(&[tool("bad name", None)]), None, None),
+                plan(Some(&[tool("bad name", None)]), None, None, J),
                 "tools[0].function.name",
             ),
             (
-                plan(Some(&[tool("a", Some(json!(3)))]), None, None),
+                plan(Some(&[tool("a", Some(json!(3)))]), None, None, J),
                 "tools[0].function.parameters",
             ),
-            (plan(Some(&wrong_type), None, None), "tools[0].type"),
+            (plan(Some(&wrong_type), None, None, J), "tools[0].type"),
             (
-                plan(None, Some(&ToolChoice::Mode("auto".into())), None),
+                plan(None, Some(&ToolChoice::Mode("auto".into())), None, J),
                 "tool_choice",
             ),
             (
@@ -402,6 +436,7 @@ mod tests {
                     Some(&[tool("a", None)]),
                     Some(&ToolChoice::Mode("always".into())),
                     None,
+                    J,
                 ),
                 "tool_choice",
             ),
@@ -413,6 +448,7 @@ mod tests {
                         function: FunctionName { name: "b".into() },
                     })),
                     None,
+                    J,
                 ),
                 "tool_choice.function.name",
             ),
