@@ -189,18 +189,20 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
     checked.lora = lora;
     crate::messages::template_kwargs(req.chat_template_kwargs.as_ref())?;
     let format = tools::CallFormat::of(state.tokenizer.chat_template());
-    // a reply with log-probabilities keeps its text whole
-    let thinking = state
-        .cfg
-        .reasoning_parser
-        .filter(|_| logprobs.is_none())
-        .map(|_| crate::reasoning::thinking(req.chat_template_kwargs.as_ref()));
     let plan = tools::plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
         format,
     )?;
+    // a reply with log-probabilities keeps its text whole; a forced call
+    // is the reply from its first token (nothing to split)
+    let thinking = state
+        .cfg
+        .reasoning_parser
+        .filter(|_| logprobs.is_none())
+        .filter(|_| plan.as_ref().is_none_or(|p| p.constraint.is_none()))
+        .map(|_| crate::reasoning::thinking(req.chat_template_kwargs.as_ref()));
     let mut structured = structured::constraint(
         req.response_format.as_ref(),
         req.guided_regex.as_deref(),

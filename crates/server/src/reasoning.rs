@@ -17,7 +17,9 @@
 //!   prefixes of what the whole reply gives; only a suffix that may still
 //!   become `<think>` or `</think>` is held back.
 //!
-//! Tool calls are read from the content only ([`crate::tools`]).
+//! Tool calls are read from the content only ([`crate::tools`]). A request
+//! that forces a call (`tool_choice` `required` or a named function, held
+//! from the first token) or asks for `logprobs` gets its text unsplit.
 //!
 //! Costs: O(1) amortised per streamed token; one scan of a whole reply.
 
