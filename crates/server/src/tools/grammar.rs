@@ -58,15 +58,18 @@ impl ToolPlan {
     /// `<tool_call>` is written) or forced (a call from the first token).
     fn tagged_grammar(&self, which: Option<usize>, auto: bool) -> Constraint {
         let b = parse::blank_class();
-        let open = format!("{}{b}*\\{{{b}*\"name\"{b}*:", tagged::OPEN);
+        // blanks between the parts are bounded, as `SP` is: a model that
+        // favours white space cannot spend its tokens on it
+        let sp = format!("{b}{{0,8}}");
+        let open = format!("{}{sp}\\{{{sp}\"name\"{sp}:", tagged::OPEN);
         let more = if self.parallel && auto { " more" } else { "" };
         let mut g = if auto {
             format!("start: TEXT?\n    | head tail{more}\nhead[lazy]: /[\\s\\S]*{open}/\n")
         } else {
-            format!("start: OPEN tail\nOPEN: /{b}*{open}/\n")
+            format!("start: OPEN tail\nOPEN: /{open}/\n")
         };
         if !more.is_empty() {
-            g.push_str(&format!("more: (NEXT tail)*\nNEXT: /{b}*{open}/\n"));
+            g.push_str(&format!("more: (NEXT tail)*\nNEXT: /{sp}{open}/\n"));
         }
         let close = format!(" SP? {}", lark_string(tagged::CLOSE));
         self.push_tails(&mut g, which, &close);
