@@ -22,6 +22,9 @@ const BLOCK_SIZE: usize = 8;
 /// Largest difference of a log-probability (nats), over every position and
 /// vocabulary entry.
 const MAX_LOGPROB_DIFF: f64 = 0.02;
+/// The least range of a row of transformers' logits (nats): random
+/// weights that gave near-uniform rows would make the comparison empty.
+const MIN_LOGIT_SPREAD: f64 = 1.0;
 /// "Hello world, the weather in Oslo is" and a few more of Qwen's ids.
 const TOKENS: [u32; 12] = [9707, 1879, 11, 279, 9104, 304, 57858, 374, 220, 16, 15, 13];
 
@@ -93,6 +96,19 @@ fn check(preset: Preset) {
     synth_model_with(&opts, dir.path()).unwrap_or_else(|e| panic!("{e}"));
     let vocab = preset.config().unwrap_or_else(|e| panic!("{e}")).vocab_size;
     let want = hf_logits(dir.path(), vocab);
+    // the check means something only if the rows are far from uniform
+    let spread = want
+        .iter()
+        .map(|row| {
+            let lo = row.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            f64::from(hi - lo)
+        })
+        .fold(f64::INFINITY, f64::min);
+    assert!(
+        spread > MIN_LOGIT_SPREAD,
+        "{preset}: logits span only {spread}"
+    );
     for path in [CpuPath::Reference, CpuPath::Fast] {
         let got = lamina_logits(dir.path(), path);
         let mut worst = 0f64;
@@ -106,7 +122,9 @@ fn check(preset: Preset) {
             worst = worst.max(e);
             assert!(e <= MAX_LOGPROB_DIFF, "{preset} {path:?} position {i}: {e}");
         }
-        eprintln!("{preset} {path:?}: largest log-probability difference {worst:.2e}");
+        eprintln!(
+            "{preset} {path:?}: largest log-probability difference {worst:.2e} (logits span at least {spread:.2})"
+        );
     }
 }
 
