@@ -83,6 +83,8 @@ fn synth(args: SynthArgs) -> Result<()> {
         preset: args.preset,
         seed: args.seed,
         tokenizer_wheel: args.tokenizer_wheel,
+        tokenizer_npm: None,
+        layers: None,
     };
     synth_model_with(&opts, &args.out)?;
     println!("{}", args.out.display());

@@ -23,6 +23,8 @@
 //! tensor at a time, into f32.
 
 mod arch;
+#[cfg(test)]
+mod arch_tests;
 mod bos;
 mod cursor;
 mod dequant;

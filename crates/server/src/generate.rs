@@ -19,7 +19,10 @@
 //! before them (if any) as `content`; streamed, that text goes out as
 //! content deltas as it comes and the calls, held back from their first
 //! character until the reply ends, as `delta.tool_calls` chunks (or as
-//! content when they do not parse). The SSE side is in `generate/sse.rs`.
+//! content when they do not parse). With a reasoning parser, a chat reply's
+//! reasoning is split off first ([`crate::reasoning`]): `reasoning_content`
+//! (streamed: `delta.reasoning_content`), and the calls are read from the
+//! rest. The SSE side is in `generate/sse.rs`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,6 +74,11 @@ pub struct Job {
     pub tool_names: Option<Arc<Vec<String>>>,
     /// Several tool calls per reply allowed (`parallel_tool_calls`).
     pub parallel_tool_calls: bool,
+    /// How the model writes tool calls.
+    pub call_format: crate::tools::CallFormat,
+    /// Chat with a reasoning parser: whether the reply thinks; its
+    /// reasoning is then split from its content ([`crate::reasoning`]).
+    pub thinking: Option<bool>,
     /// The field the request's constraint came from, if it has one.
     pub constraint_param: Option<&'static str>,
     /// Tokens of the prompt as submitted.
@@ -99,6 +107,8 @@ impl Job {
             replica: 0,
             tool_names: None,
             parallel_tool_calls: true,
+            call_format: crate::tools::CallFormat::default(),
+            thinking: None,
             constraint_param: None,
             prompt_tokens: 0,
         }
@@ -161,6 +171,7 @@ impl Job {
                 message: AssistantMessage {
                     role: "assistant",
                     content: Some(text.to_string()),
+                    reasoning_content: None,
                     tool_calls: None,
                 },
                 logprobs,
@@ -170,6 +181,7 @@ impl Job {
                 let delta = ChatDelta {
                     role: None,
                     content: (finish.is_none() || !text.is_empty()).then(|| text.to_string()),
+                    reasoning_content: None,
                     tool_calls: None,
                 };
                 Choice::ChatChunk(ChatChunkChoice {
@@ -464,17 +476,24 @@ async fn complete(job: Job, actives: Vec<Active>) -> Result<Response, ApiError> 
             let mut offset = echo.len();
             let lp = job.logprobs_value(&o.events, &mut offset);
             let text = format!("{echo}{}", o.text);
+            let (reasoning, text) = job.reasoning(text);
             let split = job.split(&text, o.finished.reason);
-            if !split.calls.is_empty() {
+            if !split.calls.is_empty() || reasoning.is_some() {
+                let calls = !split.calls.is_empty();
                 return Choice::Chat(ChatChoice {
                     index: i,
                     message: AssistantMessage {
                         role: "assistant",
-                        content: (!split.content.is_empty()).then_some(split.content),
-                        tool_calls: Some(job.tool_calls(i, split.calls)),
+                        content: (!calls || !split.content.is_empty()).then_some(split.content),
+                        reasoning_content: reasoning,
+                        tool_calls: calls.then(|| job.tool_calls(i, split.calls)),
                     },
                     logprobs: lp,
-                    finish_reason: Some("tool_calls"),
+                    finish_reason: Some(if calls {
+                        "tool_calls"
+                    } else {
+                        o.finished.reason.as_str()
+                    }),
                 });
             }
             job.choice(i, &text, lp, Some(o.finished.reason.as_str()), false)

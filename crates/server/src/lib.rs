@@ -50,6 +50,7 @@ pub mod openapi;
 pub mod page;
 pub mod params;
 pub mod protocol;
+pub mod reasoning;
 pub mod replicas;
 pub mod response_store;
 pub mod responses;

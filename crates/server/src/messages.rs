@@ -1,7 +1,8 @@
 //! A chat request's messages as the template's input: roles checked, text
 //! parts joined, the history's tool calls placed ([`chat_messages`]), and
 //! the last assistant turn taken off to start the reply
-//! (`continue_final_message`, [`final_message`]).
+//! (`continue_final_message`, [`final_message`]), and the template's extra
+//! variables checked ([`template_kwargs`]).
 //!
 //! Costs: O(size of the messages).
 
@@ -99,5 +100,62 @@ pub fn final_message(req: &[Message], messages: &mut Vec<ChatMessage>) -> Result
             "continue_final_message",
             "`continue_final_message` needs a conversation that ends with an assistant message of text (after at least one other message).",
         )),
+    }
+}
+
+/// `chat_template_kwargs` checked: values are booleans, numbers or null
+/// (no text, so nothing a user writes reaches the prompt unshielded), and
+/// no name the render sets itself (`messages`, `tools`, ...). Errors name
+/// `chat_template_kwargs.<name>`.
+pub fn template_kwargs(
+    kwargs: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<(), ApiError> {
+    for (k, v) in kwargs.into_iter().flatten() {
+        let field = || {
+            format!(
+                "chat_template_kwargs.{}",
+                k.chars().take(64).collect::<String>()
+            )
+        };
+        if tokenizer::chat::RESERVED_VARS.contains(&k.as_str()) {
+            return Err(ApiError::invalid_param(
+                field(),
+                format!("`{k}` is set by the server and cannot be given."),
+            ));
+        }
+        if !(v.is_boolean() || v.is_number() || v.is_null()) {
+            return Err(ApiError::invalid_param(
+                field(),
+                "Template variables must be booleans, numbers or null.",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_kwargs_are_scalars_under_free_names() {
+        let kw = |v: serde_json::Value| v.as_object().cloned();
+        assert!(template_kwargs(None).is_ok());
+        let ok = kw(serde_json::json!({"enable_thinking": false, "n": 3, "x": null}));
+        assert!(template_kwargs(ok.as_ref()).is_ok());
+        for (bad, field) in [
+            (
+                serde_json::json!({"enable_thinking": "no"}),
+                "chat_template_kwargs.enable_thinking",
+            ),
+            (
+                serde_json::json!({"tools": true}),
+                "chat_template_kwargs.tools",
+            ),
+            (serde_json::json!({"a": [1]}), "chat_template_kwargs.a"),
+        ] {
+            let e = template_kwargs(kw(bad).as_ref()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(field));
+        }
     }
 }

@@ -141,6 +141,7 @@ pub async fn tokenize(
             let input = Input::Chat {
                 messages: chat_messages(msgs, state.tokenizer.template_renders_tools())?,
                 tools: None,
+                kwargs: None,
                 trusted: req.parse_special_tokens.unwrap_or(false),
                 prefill: None,
             };

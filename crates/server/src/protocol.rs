@@ -348,6 +348,11 @@ completion_request! {
         /// rather than answered: the reply is the text that follows it.
         #[serde(default)]
         pub continue_final_message: Option<bool>,
+        /// vLLM's extension: extra variables for the chat template (Qwen3's
+        /// `enable_thinking`): booleans, numbers or null.
+        #[serde(default)]
+        #[schema(value_type = Option<Object>)]
+        pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
         /// Accepted and ignored: lamina keeps no chat completions.
         #[serde(default)]
         #[schema(value_type = Option<bool>)]

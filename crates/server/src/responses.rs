@@ -44,6 +44,10 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// The reply's text; `null` when it is a tool call.
     pub content: Option<String>,
+    /// The reply's reasoning, with a reasoning parser
+    /// (`--reasoning-parser`, [`crate::reasoning`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The function called, when the reply is a tool call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
@@ -97,6 +101,9 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Reasoning text, with a reasoning parser ([`crate::reasoning`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// A tool call, streamed as OpenAI does: the first chunk carries
     /// `index`, `id`, `type` and `function.name` with empty arguments, the
     /// next the arguments.

@@ -95,6 +95,10 @@ pub struct ServerConfig {
     /// How long `load_lora_adapter` waits for the adapter's files
     /// (`--lora-load-timeout-secs`).
     pub lora_load_timeout: Duration,
+    /// Splits chat replies' reasoning into `reasoning_content`
+    /// (`--reasoning-parser`, [`crate::reasoning`]); `None`: replies are
+    /// returned as the model wrote them.
+    pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }
 
 /// Default `--lora-load-timeout-secs`.
@@ -125,6 +129,7 @@ impl ServerConfig {
             responses_store_bytes: crate::response_store::DEFAULT_STORE_BYTES,
             responses_store_ttl: crate::response_store::DEFAULT_STORE_TTL,
             lora_load_timeout: DEFAULT_LORA_LOAD_TIMEOUT,
+            reasoning_parser: None,
         }
     }
 }

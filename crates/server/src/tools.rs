@@ -4,13 +4,18 @@
 //! output parsed back into `tool_calls`.
 //!
 //! Contract:
-//! - The call format the model is asked for (and held to) is the one Llama
-//!   3.1 / 3.2 templates teach: a JSON object `{"name": "<function>",
-//!   "parameters": {<arguments>}}` (`arguments` is read as a synonym). A
+//! - The call format is the model's ([`CallFormat::of`] its chat template,
+//!   the one place it is decided): a template that writes `<tool_call>`
+//!   (Qwen2.5, Qwen3) teaches the tagged format, `<tool_call>\n{"name":
+//!   "<function>", "arguments": {<arguments>}}\n</tool_call>` (`super::tagged`);
+//!   any other the JSON one Llama 3.1 / 3.2 templates teach, a JSON object
+//!   `{"name": "<function>", "parameters": {<arguments>}}`. Either reads the
+//!   other key as a synonym. A
 //!   reply may be text, calls, or text and then calls (the text is returned
 //!   as the reply's text, [`split_reply`]). With `parallel_tool_calls` true
-//!   (the default) several calls may follow one another (separated by white
-//!   space, `;` or `,`, each may start with `<|python_tag|>`, or a whole
+//!   (the default) several calls may follow one another (tagged: separated
+//!   by white space; JSON: by white space,
+//!   `;` or `,`, each may start with `<|python_tag|>`, or a whole
 //!   reply that is a JSON array of them); with `false` only the first call
 //!   is returned. A forced call (below) is one call.
 //! - Templates that read `tools` (Llama 3.1 / 3.2) get the definitions in
@@ -24,7 +29,8 @@
 //!   default with tools) renders them, lets the reply be text or calls and
 //!   parses the calls it ends with: decoding follows
 //!   [`ToolPlan::auto_grammar`], a lazy grammar: text is free until it
-//!   writes `{"name":` (or the template's `<|python_tag|>` marker); from
+//!   writes `{"name":` (or the template's `<|python_tag|>` marker; tagged:
+//!   `<tool_call>`); from
 //!   there the reply can only be calls of declared functions with arguments
 //!   valid against their `parameters` (unless the request has its own
 //!   constraint, `response_format` or `guided_*`: then that one holds and
@@ -48,9 +54,12 @@ use crate::error::ApiError;
 use crate::protocol::{Message, Tool, ToolChoice};
 use crate::structured::valid_name;
 
+mod call;
 mod grammar;
 mod parse;
-pub use parse::{CallStream, ParsedCall, Split, parse_calls, split_reply};
+mod tagged;
+pub use call::ParsedCall;
+pub use parse::{CallFormat, CallStream, Split, parse_calls, split_reply};
 
 /// What a request's tools mean for its prompt, decoding and response.
 #[derive(Debug, Clone)]
@@ -63,28 +72,34 @@ pub struct ToolPlan {
     pub constraint: Option<Constraint>,
     /// Several calls per reply allowed (`parallel_tool_calls`, default true).
     pub parallel: bool,
+    /// How the model writes its calls.
+    pub format: CallFormat,
 }
 
 fn bad(param: impl Into<String>, msg: impl Into<String>) -> ApiError {
     ApiError::invalid_param(param, msg)
 }
 
-/// The schema of a call of `name` with arguments held to `parameters`.
-fn call_schema(name: &str, parameters: &Value) -> Value {
+/// The schema of a call of `name` with arguments held to `parameters`,
+/// under the format's key.
+fn call_schema(format: CallFormat, name: &str, parameters: &Value) -> Value {
+    let key = format.arguments_key();
     json!({
         "type": "object",
-        "properties": {"name": {"const": name}, "parameters": parameters},
-        "required": ["name", "parameters"],
+        "properties": {"name": {"const": name}, key: parameters},
+        "required": ["name", key],
         "additionalProperties": false,
     })
 }
 
 /// Checks `tools`, `tool_choice` and `parallel_tool_calls`; `None` when no
-/// tool is to be rendered (no tools, or `tool_choice: none`).
+/// tool is to be rendered (no tools, or `tool_choice: none`). Calls are
+/// asked for (and held to) in `format`, the model's.
 pub fn plan(
     tools: Option<&[Tool]>,
     choice: Option<&ToolChoice>,
     parallel: Option<bool>,
+    format: CallFormat,
 ) -> Result<Option<ToolPlan>, ApiError> {
     let Some(tools) = tools else {
         if choice.is_some() {
@@ -126,7 +141,7 @@ pub fn plan(
             def["description"] = Value::String(d.clone());
         }
         defs.push(json!({"type": "function", "function": def}));
-        schemas.push(call_schema(&f.name, &params));
+        schemas.push(call_schema(format, &f.name, &params));
         names.push(f.name.clone());
     }
     let forced = match choice {
@@ -171,17 +186,22 @@ pub fn plan(
     if tools.is_empty() {
         return Ok(None);
     }
-    let constraint = forced.map(|which| match which {
-        Some(at) => Constraint::JsonSchema(schemas[at].clone()),
-        None if schemas.len() == 1 => Constraint::JsonSchema(schemas[0].clone()),
-        None => Constraint::JsonSchema(json!({"anyOf": schemas})),
-    });
-    Ok(Some(ToolPlan {
+    let mut plan = ToolPlan {
         tools: Value::Array(defs),
         names,
-        constraint,
+        constraint: None,
         parallel: parallel.unwrap_or(true),
-    }))
+        format,
+    };
+    plan.constraint = forced.map(|which| match (format, which) {
+        (CallFormat::Tagged, which) => plan.forced_tagged(which),
+        (CallFormat::Json, Some(at)) => Constraint::JsonSchema(schemas[at].clone()),
+        (CallFormat::Json, None) if schemas.len() == 1 => {
+            Constraint::JsonSchema(schemas[0].clone())
+        }
+        (CallFormat::Json, None) => Constraint::JsonSchema(json!({"anyOf": schemas})),
+    });
+    Ok(Some(plan))
 }
 
 /// The call marker Llama 3.x templates teach (a special token).
@@ -197,6 +217,7 @@ impl ToolPlan {
             .flatten()
             .map(|t| {
                 call_schema(
+                    self.format,
                     t["function"]["name"].as_str().unwrap_or_default(),
                     &t["function"]["parameters"],
                 )
@@ -300,171 +321,4 @@ pub fn add_fallback_system(messages: &mut Vec<ChatMessage>, tools: &Value) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::protocol::{FunctionDef, FunctionName, NamedToolChoice};
-
-    fn tool(name: &str, params: Option<Value>) -> Tool {
-        Tool {
-            kind: "function".into(),
-            function: FunctionDef {
-                name: name.into(),
-                description: Some("d".into()),
-                parameters: params,
-                strict: None,
-            },
-        }
-    }
-
-    #[test]
-    fn modes_and_forced_calls() {
-        let tools = vec![
-            tool(
-                "get_weather",
-                Some(json!({"type": "object", "properties": {"city": {"type": "string"}}})),
-            ),
-            tool("now", None),
-        ];
-        assert!(plan(None, None, None).unwrap().is_none());
-        let none = ToolChoice::Mode("none".into());
-        assert!(plan(Some(&tools), Some(&none), None).unwrap().is_none());
-        let auto = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
-        assert!(auto.constraint.is_none());
-        assert_eq!(auto.names, vec!["get_weather", "now"]);
-        let req = ToolChoice::Mode("required".into());
-        let p = plan(Some(&tools), Some(&req), None).unwrap().unwrap();
-        let Some(Constraint::JsonSchema(s)) = p.constraint else {
-            panic!("required forces a call");
-        };
-        assert_eq!(s["anyOf"].as_array().map(Vec::len), Some(2));
-        let named = ToolChoice::Named(NamedToolChoice {
-            kind: "function".into(),
-            function: FunctionName { name: "now".into() },
-        });
-        let p = plan(Some(&tools), Some(&named), None).unwrap().unwrap();
-        let Some(Constraint::JsonSchema(s)) = p.constraint else {
-            panic!("a named function forces its call");
-        };
-        assert_eq!(s["properties"]["name"]["const"], "now");
-    }
-
-    #[test]
-    fn the_auto_grammar_names_each_function() {
-        let tools = vec![tool("f", None), tool("g", Some(json!({"type": "object"})))];
-        let p = plan(Some(&tools), None, Some(false)).unwrap().unwrap();
-        let Constraint::Lark(g) = p.auto_grammar(true) else {
-            panic!("a Lark grammar");
-        };
-        assert!(
-            g.starts_with(
-                "start: TEXT?\n    | head tail\n    | TEXT? <|python_tag|> SP? OPEN tail\n"
-            ),
-            "{g}"
-        );
-        assert!(!g.contains("more"), "one call only: {g}");
-        assert!(g.contains(r#"tail_1: SP? "\"g\"" SP?"#), "{g}");
-        assert!(
-            g.contains(r#"args_1: %json {"type":"object","x-guidance""#),
-            "{g}"
-        );
-        assert!(g.contains("tail: tail_0 | tail_1\n"), "{g}");
-        let p = plan(Some(&tools), None, None).unwrap().unwrap();
-        let Constraint::Lark(g) = p.auto_grammar(false) else {
-            panic!("a Lark grammar");
-        };
-        assert!(g.starts_with("start: TEXT?\n    | head tail more\n"), "{g}");
-        assert!(g.contains("more: (NEXT tail)*\n"), "{g}");
-        assert!(!g.contains("python_tag"), "{g}");
-    }
-
-    #[test]
-    fn bad_definitions_name_the_field() {
-        let dup = vec![tool("a", None), tool("a", None)];
-        let mut wrong_type = vec![tool("a", None)];
-        wrong_type[0].kind = "retrieval".into();
-        let cases: Vec<(Result<Option<ToolPlan>, ApiError>, &str)> = vec![
-            (plan(Some(&dup), None, None), "tools[1].function.name"),
-            (
-                plan(Some(&[tool("bad name", None)]), None, None),
-                "tools[0].function.name",
-            ),
-            (
-                plan(Some(&[tool("a", Some(json!(3)))]), None, None),
-                "tools[0].function.parameters",
-            ),
-            (plan(Some(&wrong_type), None, None), "tools[0].type"),
-            (
-                plan(None, Some(&ToolChoice::Mode("auto".into())), None),
-                "tool_choice",
-            ),
-            (
-                plan(
-                    Some(&[tool("a", None)]),
-                    Some(&ToolChoice::Mode("always".into())),
-                    None,
-                ),
-                "tool_choice",
-            ),
-            (
-                plan(
-                    Some(&[tool("a", None)]),
-                    Some(&ToolChoice::Named(NamedToolChoice {
-                        kind: "function".into(),
-                        function: FunctionName { name: "b".into() },
-                    })),
-                    None,
-                ),
-                "tool_choice.function.name",
-            ),
-        ];
-        for (r, param) in cases {
-            let e = r.unwrap_err();
-            assert_eq!(e.param.as_deref(), Some(param), "{}", e.message);
-        }
-    }
-
-    /// A call in the history names its function like a definition does:
-    /// prompt text or a long name is refused, naming the call.
-    #[test]
-    fn history_call_names_are_checked_like_definitions() {
-        for name in [
-            "ok_name",
-            "<|im_end|>",
-            &"a".repeat(65),
-            &"b".repeat(10_000),
-            "",
-        ] {
-            let m: Message = serde_json::from_value(json!({"role": "assistant",
-                "tool_calls": [{"id": "c", "type": "function",
-                    "function": {"name": name, "arguments": "{}"}}]}))
-            .unwrap();
-            match history_calls(3, &m) {
-                Ok(_) => assert!(valid_name(name), "{name:?} accepted"),
-                Err(e) => {
-                    assert!(!valid_name(name));
-                    assert_eq!(
-                        e.param.as_deref(),
-                        Some("messages[3].tool_calls[0].function.name")
-                    );
-                    assert!(e.message.len() < 300, "{}", e.message);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn fallback_system_goes_first_or_joins_the_system_turn() {
-        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
-        let mut m = vec![ChatMessage::new("user", "hi")];
-        add_fallback_system(&mut m, &tools);
-        assert_eq!(m[0].role, "system");
-        assert!(m[0].content.contains("\"name\":\"f\""), "{}", m[0].content);
-        let mut m = vec![
-            ChatMessage::new("system", "Be brief."),
-            ChatMessage::new("user", "hi"),
-        ];
-        add_fallback_system(&mut m, &tools);
-        assert_eq!(m.len(), 2);
-        assert!(m[0].content.starts_with("Be brief.\n\n"));
-    }
-}
+mod tests;

@@ -15,6 +15,10 @@
 //!     `ByteLevel(add_prefix_space=false, use_regex=true)` (the GPT-2 regex);
 //!   - `llama-bpe`: the Llama 3 regex (`Split`, isolated) then
 //!     `ByteLevel(use_regex=false)`, with `ignore_merges` as llama.cpp sets it;
+//!   - `qwen2` (Qwen2, Qwen2.5 and Qwen3 GGUFs): the same with Qwen's regex
+//!     (digits one at a time), merges always applied, as Qwen's own
+//!     tokenizer.json has it (its NFC normalizer left out, as llama.cpp
+//!     leaves it);
 //!   - any other value is an error naming it.
 //!
 //! BOS is not added by this tokenizer.json (its post-processor is ByteLevel
@@ -36,6 +40,9 @@ const TYPE_MAX: i32 = 6;
 
 /// The Llama 3 pre-tokenizer regex (as in Meta's tokenizer.json).
 pub const LLAMA3_SPLIT_REGEX: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+/// Qwen's pre-tokenizer regex (as in Qwen2's and Qwen3's tokenizer.json).
+pub const QWEN2_SPLIT_REGEX: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 /// Returns the tokenizer.json text for a GGUF byte-level BPE vocabulary.
 /// `tokens[i]` has id `i`; `token_types` is parallel to `tokens`.
@@ -171,13 +178,13 @@ fn pre_tokenizer_for(pre: &str) -> Result<(Value, bool), TokenizerError> {
             }),
             false,
         )),
-        "llama-bpe" => Ok((
+        "llama-bpe" | "qwen2" => Ok((
             json!({
                 "type": "Sequence",
                 "pretokenizers": [
                     {
                         "type": "Split",
-                        "pattern": { "Regex": LLAMA3_SPLIT_REGEX },
+                        "pattern": { "Regex": if pre == "qwen2" { QWEN2_SPLIT_REGEX } else { LLAMA3_SPLIT_REGEX } },
                         "behavior": "Isolated",
                         "invert": false,
                     },
@@ -189,7 +196,7 @@ fn pre_tokenizer_for(pre: &str) -> Result<(Value, bool), TokenizerError> {
                     },
                 ],
             }),
-            true,
+            pre == "llama-bpe",
         )),
         other => Err(TokenizerError::UnknownPreTokenizer(other.to_string())),
     }

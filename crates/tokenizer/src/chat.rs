@@ -7,7 +7,9 @@
 //! - the context holds `messages` (`role`, `content`, and `tool_calls` /
 //!   `tool_call_id` where a message has them), `add_generation_prompt`,
 //!   `bos_token` and `eos_token` (empty strings when the model has none),
-//!   and `tools` when the caller passes function definitions;
+//!   `tools` when the caller passes function definitions, and the caller's
+//!   extra variables ([`ChatVars::kwargs`], `chat_template_kwargs` such as
+//!   Qwen3's `enable_thinking`), which never replace the names above;
 //! - `raise_exception(msg)` fails the render with `msg`; `strftime_now(fmt)`
 //!   formats the current UTC time with C `strftime` directives;
 //! - Python string / dict / list methods (`.strip()`, `.startswith()`,
@@ -61,6 +63,34 @@ pub const TEMPLATE_BYTES_PER_INPUT_BYTE: u64 = 16;
 pub fn render_byte_budget(input_bytes: u64) -> u64 {
     TEMPLATE_MIN_BYTES.max(input_bytes.saturating_mul(TEMPLATE_BYTES_PER_INPUT_BYTE))
 }
+
+/// What a render puts in the template's context besides the messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatVars<'a> {
+    /// OpenAI's list of function definitions, as `tools`.
+    pub tools: Option<&'a serde_json::Value>,
+    /// Extra top-level variables (`chat_template_kwargs`).
+    pub kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
+
+impl<'a> ChatVars<'a> {
+    /// Only `tools`.
+    pub fn tools(tools: Option<&'a serde_json::Value>) -> Self {
+        ChatVars {
+            tools,
+            kwargs: None,
+        }
+    }
+}
+
+/// The names the render itself sets: extra variables cannot replace them.
+pub const RESERVED_VARS: [&str; 5] = [
+    "messages",
+    "tools",
+    "add_generation_prompt",
+    "bos_token",
+    "eos_token",
+];
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -171,6 +201,17 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with(messages, ChatVars::tools(tools), add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `vars` in the context (module doc).
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        vars: ChatVars<'_>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let tools = vars.tools;
         let budget = render_byte_budget(input_bytes(messages, tools));
         let scope = budget::Scope::enter(budget);
         let err = |e: Error| TokenizerError::Template {
@@ -193,6 +234,17 @@ impl ChatTemplate {
         let ctx = match tools {
             Some(t) => context! { tools => Value::from_serialize(t), ..base },
             None => base,
+        };
+        let ctx = match vars.kwargs {
+            Some(kw) => {
+                let extra: serde_json::Map<String, serde_json::Value> = kw
+                    .iter()
+                    .filter(|(k, _)| !RESERVED_VARS.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                context! { ..ctx, ..Value::from_serialize(&extra) }
+            }
+            None => ctx,
         };
         let compiled = get_compiled_template(&tpl);
         let code = budget::rewrite(&compiled.instructions);

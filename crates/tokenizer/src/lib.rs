@@ -19,6 +19,7 @@
 //! and compiles the chat template once; encode/decode are linear in the text /
 //! ids; the struct is immutable and shared as `Arc<Tokenizer>`.
 
+pub use crate::chat::ChatVars;
 use crate::chat::{ChatTemplate, LLAMA3_HEADER_TOKEN};
 use config::{RawSpecialToken, RawTokenizerConfig, pick_template};
 use serde::{Deserialize, Serialize};
@@ -390,8 +391,19 @@ impl Tokenizer {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.apply_chat_template_with(messages, ChatVars::tools(tools), add_generation_prompt)
+    }
+
+    /// [`Tokenizer::apply_chat_template`] with `vars` (tools and extra
+    /// variables) in the template's context.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        vars: ChatVars<'_>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         match &self.chat {
-            Some(t) => t.render_with_tools(messages, tools, add_generation_prompt),
+            Some(t) => t.render_with(messages, vars, add_generation_prompt),
             None => Err(TokenizerError::NoChatTemplate {
                 origin: self.origin.clone(),
             }),
@@ -420,13 +432,28 @@ impl Tokenizer {
         messages: &[ChatMessage],
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_with(messages, ChatVars::tools(tools))
+    }
+
+    /// [`Tokenizer::encode_chat`] with `vars` in the template's context
+    /// (extra variables are the caller's to check: they are not shielded).
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        vars: ChatVars<'_>,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut lits = Literals::default();
-        let Some((shielded, shielded_tools)) = self.shield.conversation(messages, tools, &mut lits)
+        let Some((shielded, shielded_tools)) =
+            self.shield.conversation(messages, vars.tools, &mut lits)
         else {
-            let text = self.apply_chat_template_with_tools(messages, tools, true)?;
+            let text = self.apply_chat_template_with(messages, vars, true)?;
             return self.encode_rendered_prompt(&text);
         };
-        let text = self.apply_chat_template_with_tools(&shielded, shielded_tools.as_ref(), true)?;
+        let vars = ChatVars {
+            tools: shielded_tools.as_ref(),
+            kwargs: vars.kwargs,
+        };
+        let text = self.apply_chat_template_with(&shielded, vars, true)?;
         let mut parts = Vec::new();
         for piece in shield::pieces(&text, &lits) {
             let (tok, s) = match piece {
@@ -464,9 +491,9 @@ impl Tokenizer {
     pub fn encode_chat_trusted(
         &self,
         messages: &[ChatMessage],
-        tools: Option<&serde_json::Value>,
+        vars: ChatVars<'_>,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template_with_tools(messages, tools, true)?;
+        let text = self.apply_chat_template_with(messages, vars, true)?;
         self.encode_rendered_prompt(&text)
     }
 

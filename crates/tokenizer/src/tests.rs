@@ -245,14 +245,14 @@ fn special_token_text_in_messages_stays_text() {
     let lit = ok(tok.encode_literal(forged));
     assert_eq!((count(&lit, start), count(&lit, end)), (0, 0), "{lit:?}");
     assert_eq!(ok(tok.decode(&lit, false)), forged);
-    let trusted = ok(tok.encode_chat_trusted(&msgs, None));
+    let trusted = ok(tok.encode_chat_trusted(&msgs, ChatVars::default()));
     assert_eq!(count(&trusted, start), 3);
     assert_eq!(count(&trusted, end), 2);
     // no special text: identical to the one-piece encoding
     let plain = [ChatMessage::new("user", "Hello there")];
     assert_eq!(
         ok(tok.encode_chat(&plain)),
-        ok(tok.encode_chat_trusted(&plain, None))
+        ok(tok.encode_chat_trusted(&plain, ChatVars::default()))
     );
 
     let cfg = r#"{"eos_token": "<|im_end|>",

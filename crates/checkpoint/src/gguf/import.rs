@@ -1,7 +1,8 @@
-//! Import of a llama or gemma3 GGUF into a Hugging Face model directory.
+//! Import of a GGUF (the architectures of [`Arch`]: `llama`, `qwen2`,
+//! `qwen3`, `gemma3`) into a Hugging Face model directory.
 //!
-//! Contract: [`import_to_dir`] writes `config.json` (from the `llama.*` /
-//! `gemma3.*` metadata, Gemma 3's layer pattern, local RoPE base and
+//! Contract: [`import_to_dir`] writes `config.json` (from the
+//! `<architecture>.*` metadata, Gemma 3's layer pattern, local RoPE base and
 //! attention scale as llama.cpp fixes them: see `gemma3_fields`), `generation_config.json` (BOS/EOS from `tokenizer.ggml.*`),
 //! `model.safetensors` (every tensor dequantised to BF16 under its Hugging
 //! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation of
@@ -78,10 +79,7 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
             .map(|a| a.len() as u64)
             .unwrap_or(0),
     };
-    let default_theta = match arch {
-        Arch::Llama => 10000.0,
-        Arch::Gemma3 => 1_000_000.0,
-    };
+    let default_theta = arch.default_rope_theta();
     let theta = match g.metadata.get(&key("rope.freq_base")) {
         Some(_) => finite(g, &key("rope.freq_base"))?,
         None => default_theta,
@@ -89,9 +87,9 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
     let eps = finite(g, &key("attention.layer_norm_rms_epsilon"))?;
     let tied = g.tensor("output.weight").is_none();
     let layers = g.get_u64(&key("block_count"))?;
-    let mut cfg = json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "attention_bias": false, "mlp_bias": false, "hidden_act": "silu",
+    let mut cfg = arch.config_fields();
+    let common = json!({
+        "hidden_act": "silu",
         "hidden_size": hidden,
         "intermediate_size": g.get_u64(&key("feed_forward_length"))?,
         "num_hidden_layers": layers,
@@ -106,6 +104,9 @@ pub fn config_json(g: &Gguf) -> Result<Value, GgufError> {
         "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
     });
+    for (field, v) in common.as_object().into_iter().flatten() {
+        cfg[field] = v.clone();
+    }
     if arch == Arch::Gemma3 {
         gemma3_fields(g, &mut cfg, (hidden, heads, head_dim, layers))?;
     }
@@ -143,10 +144,7 @@ fn gemma3_fields(
     };
     let o = cfg.as_object_mut().expect("config_json builds an object");
     o.remove("hidden_act");
-    o.remove("mlp_bias");
     for (k, v) in [
-        ("architectures", json!(["Gemma3ForCausalLM"])),
-        ("model_type", json!("gemma3_text")),
         ("hidden_activation", json!("gelu_pytorch_tanh")),
         (
             "sliding_window",

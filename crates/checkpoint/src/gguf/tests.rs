@@ -134,18 +134,19 @@ fn dequant_q4_k_block() {
 }
 
 /// A little GGUF writer for tests.
-struct Builder {
+#[derive(Default)]
+pub(super) struct Builder {
     kv: Vec<u8>,
     n_kv: u64,
 }
 
-fn gstr(out: &mut Vec<u8>, s: &str) {
+pub(super) fn gstr(out: &mut Vec<u8>, s: &str) {
     out.extend((s.len() as u64).to_le_bytes());
     out.extend(s.as_bytes());
 }
 
 impl Builder {
-    fn kv(&mut self, key: &str, ty: u32, payload: &[u8]) -> &mut Self {
+    pub(super) fn kv(&mut self, key: &str, ty: u32, payload: &[u8]) -> &mut Self {
         gstr(&mut self.kv, key);
         self.kv.extend(ty.to_le_bytes());
         self.kv.extend(payload);
@@ -154,7 +155,7 @@ impl Builder {
     }
 
     /// Header + tensors (name, dims fastest-first, type, data), data aligned to `align`.
-    fn build(
+    pub(super) fn build(
         &self,
         version: u32,
         align: usize,

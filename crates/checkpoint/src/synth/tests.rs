@@ -208,3 +208,56 @@ fn preset_configs_match_the_real_models() {
     let err = "gpt-5".parse::<Preset>().unwrap_err();
     assert!(err.contains("tiny, smollm2-135m, llama-3.2-1b"), "{err}");
 }
+
+#[test]
+fn qwen_presets_match_the_real_models() {
+    let dims = |p: Preset| {
+        let c = p.config().unwrap();
+        let a = &c.spec.layers[0].attention;
+        (
+            (c.hidden_size, c.intermediate_size, c.num_layers),
+            (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size),
+            (a.qkv_bias, a.o_bias, a.qk_norm, c.tie_word_embeddings),
+        )
+    };
+    assert_eq!(
+        dims(Preset::Qwen3_0_6b),
+        (
+            (1024, 3072, 28),
+            (16, 8, 128, 151936),
+            (false, false, true, true)
+        )
+    );
+    assert_eq!(
+        dims(Preset::Qwen3_1_7b),
+        (
+            (2048, 6144, 28),
+            (16, 8, 128, 151936),
+            (false, false, true, true)
+        )
+    );
+    assert_eq!(
+        dims(Preset::Qwen2_5_0_5b),
+        (
+            (896, 4864, 24),
+            (14, 2, 64, 151936),
+            (true, false, false, true)
+        )
+    );
+    let q = Preset::Qwen3_0_6b.config().unwrap();
+    assert_eq!((q.rope().theta, q.rms_norm_eps), (1e6, 1e-6));
+    assert_eq!(q.max_position_embeddings, 40960);
+    assert_eq!(q.eos_token_ids, vec![151645]);
+    let g = Preset::Qwen3_0_6b.generation_config_json();
+    assert_eq!(g["eos_token_id"], serde_json::json!([151645, 151643]));
+    assert_eq!("qwen2.5-0.5b".parse::<Preset>(), Ok(Preset::Qwen2_5_0_5b));
+    // `layers` cuts the config written (and the weights with it)
+    let opts = SynthOptions {
+        preset: Preset::Qwen2_5_0_5b,
+        seed: 0,
+        tokenizer_wheel: None,
+        tokenizer_npm: None,
+        layers: Some(2),
+    };
+    assert_eq!(opts.config_json()["num_hidden_layers"], 2);
+}

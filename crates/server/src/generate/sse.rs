@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::{Active, Choice, Job, Kind, engine_gone, failure, total_usage};
 use crate::error::ApiError;
 use crate::responses::{ChatChunkChoice, ChatDelta, ToolCallOut, UsageInfo};
-use crate::{logprobs, tools};
+use crate::{logprobs, reasoning, tools};
 
 fn data(v: &Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
@@ -50,18 +50,22 @@ struct ChoiceStream {
     align: logprobs::Aligner,
     /// Chat with tools: the reader of text and calls.
     calls: Option<tools::CallStream>,
+    /// Chat with a reasoning parser: the reader of reasoning and content.
+    reasoning: Option<reasoning::ReasoningStream>,
 }
 
 /// The pieces of one choice, in order.
 fn choice_stream(active: Active) -> impl Stream<Item = Piece> {
     let offset = active.job.echo.as_ref().map_or(0, String::len);
     let calls = active.job.call_stream();
+    let reasoning = active.job.reasoning_stream();
     let st = ChoiceStream {
         active,
         phase: Phase::Start,
         offset,
         align: logprobs::Aligner::default(),
         calls,
+        reasoning,
     };
     stream::unfold(st, |mut st| async move {
         let pieces = step(&mut st).await?;
@@ -134,6 +138,7 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                         delta: ChatDelta {
                             role: Some("assistant"),
                             content: Some(String::new()),
+                            reasoning_content: None,
                             tool_calls: None,
                         },
                         logprobs: Value::Null,
@@ -150,6 +155,15 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
         Phase::Tokens => loop {
             match st.active.next().await {
                 Some(Event::Token(t)) => {
+                    // with a reasoning parser (never with logprobs)
+                    if let Some(rs) = st.reasoning.as_mut() {
+                        let (r, c) = rs.push(&t.text);
+                        let out = reasoning_pieces(st, &job, index, r, c);
+                        if out.is_empty() {
+                            continue;
+                        }
+                        return Some(out);
+                    }
                     // with tools (never with logprobs): the text before a call
                     if let Some(calls) = st.calls.as_mut() {
                         let text = calls.push(&t.text);
@@ -179,6 +193,10 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
                     }
                     let mut reason = f.reason.as_str();
                     let mut out = Vec::new();
+                    if let Some(rs) = st.reasoning.take() {
+                        let (r, c) = rs.finish();
+                        out = reasoning_pieces(st, &job, index, r, c);
+                    }
                     if let Some(calls) = st.calls.take() {
                         let split = job.finish_calls(calls, f.reason);
                         if !split.content.is_empty() {
@@ -219,6 +237,43 @@ async fn step(st: &mut ChoiceStream) -> Option<Vec<Piece>> {
     }
 }
 
+/// The chunks of a reasoning parser's output: the reasoning `r` as a
+/// `reasoning_content` delta, the content `c` (through the tool-call
+/// reader, when the request has tools) as a content delta.
+fn reasoning_pieces(
+    st: &mut ChoiceStream,
+    job: &Job,
+    index: usize,
+    r: String,
+    c: String,
+) -> Vec<Piece> {
+    let mut out = Vec::new();
+    if !r.is_empty() {
+        let delta = ChatDelta {
+            role: None,
+            content: None,
+            reasoning_content: Some(r),
+            tool_calls: None,
+        };
+        let choice = Choice::ChatChunk(ChatChunkChoice {
+            index,
+            delta,
+            logprobs: Value::Null,
+            finish_reason: None,
+        });
+        out.push(Piece::Sse(data(&job.chunk(vec![choice]))));
+    }
+    let text = match st.calls.as_mut() {
+        Some(calls) => calls.push(&c).to_string(),
+        None => c,
+    };
+    if !text.is_empty() {
+        let choice = job.choice(index, &text, Value::Null, None, true);
+        out.push(Piece::Sse(data(&job.chunk(vec![choice]))));
+    }
+    out
+}
+
 /// Tool call `k` of a reply as OpenAI streams it: name first (empty
 /// arguments), then the arguments.
 fn call_chunks(job: &Job, index: usize, k: usize, call: ToolCallOut) -> Vec<Piece> {
@@ -228,6 +283,7 @@ fn call_chunks(job: &Job, index: usize, k: usize, call: ToolCallOut) -> Vec<Piec
             delta: ChatDelta {
                 role: None,
                 content: None,
+                reasoning_content: None,
                 tool_calls: Some(vec![calls]),
             },
             logprobs: Value::Null,

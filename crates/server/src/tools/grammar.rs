@@ -1,9 +1,11 @@
 //! The grammar of an `auto` reply ([`ToolPlan::auto_grammar`], module doc
-//! of [`crate::tools`]). Costs: O(size of the definitions) per request.
+//! of [`crate::tools`]), and of a forced call in the tagged format
+//! ([`ToolPlan::forced_tagged`]). Costs: O(size of the definitions) per
+//! request.
 
 use engine::Constraint;
 
-use super::{CALL_MARKER, ToolPlan, parse};
+use super::{CALL_MARKER, CallFormat, ToolPlan, parse, tagged};
 
 impl ToolPlan {
     /// The grammar of an `auto` reply (llguidance's Lark; module doc): free
@@ -17,6 +19,9 @@ impl ToolPlan {
     /// `parallel` more calls may follow, each on a new line (or after the
     /// marker); nothing follows the last.
     pub fn auto_grammar(&self, marker: bool) -> Constraint {
+        if self.format == CallFormat::Tagged {
+            return self.tagged_grammar(None, true);
+        }
         let b = parse::blank_class();
         let open = format!("\\{{{b}*\"name\"{b}*:");
         let more = if self.parallel { " more" } else { "" };
@@ -38,21 +43,60 @@ impl ToolPlan {
                 "more: ({next} tail)*\nNEXT: /{b}*\\n{b}*{open}/\n"
             ));
         }
+        self.push_tails(&mut g, None, "");
+        g.push_str(&format!("TEXT: /[\\s\\S]+/\nSP: /{b}{{1,8}}/\n"));
+        Constraint::Lark(g)
+    }
+
+    /// A forced call in the tagged format: from the first token, one
+    /// `<tool_call>` of function `which` (any when `None`).
+    pub(super) fn forced_tagged(&self, which: Option<usize>) -> Constraint {
+        self.tagged_grammar(which, false)
+    }
+
+    /// The tagged format's grammar: `auto` (free text, then calls once
+    /// `<tool_call>` is written) or forced (a call from the first token).
+    fn tagged_grammar(&self, which: Option<usize>, auto: bool) -> Constraint {
+        let b = parse::blank_class();
+        // blanks between the parts are bounded, as `SP` is: a model that
+        // favours white space cannot spend its tokens on it
+        let sp = format!("{b}{{0,8}}");
+        let open = format!("{}{sp}\\{{{sp}\"name\"{sp}:", tagged::OPEN);
+        let more = if self.parallel && auto { " more" } else { "" };
+        let mut g = if auto {
+            format!("start: TEXT?\n    | head tail{more}\nhead[lazy]: /[\\s\\S]*{open}/\n")
+        } else {
+            format!("start: OPEN tail\nOPEN: /{open}/\n")
+        };
+        if !more.is_empty() {
+            g.push_str(&format!("more: (NEXT tail)*\nNEXT: /{sp}{open}/\n"));
+        }
+        let close = format!(" SP? {}", lark_string(tagged::CLOSE));
+        self.push_tails(&mut g, which, &close);
+        g.push_str(&format!("TEXT: /[\\s\\S]+/\nSP: /{b}{{1,8}}/\n"));
+        Constraint::Lark(g)
+    }
+
+    /// The rules `tail` (the rest of a call after `{"name":`, of function
+    /// `only` or of any) and each function's `tail_i` / `args_i`, each call
+    /// followed by `end`.
+    fn push_tails(&self, g: &mut String, only: Option<usize>, end: &str) {
+        let key = lark_string(&format!("\"{}\"", self.format.arguments_key()));
         let mut alts = Vec::with_capacity(self.names.len());
         for (i, t) in self.tools.as_array().into_iter().flatten().enumerate() {
+            if only.is_some_and(|o| o != i) {
+                continue;
+            }
             let name = t["function"]["name"].as_str().unwrap_or_default();
             let args = engine::grammar::compact(t["function"]["parameters"].clone());
             g.push_str(&format!(
-                "tail_{i}: SP? {} SP? \",\" SP? {} SP? \":\" SP? args_{i} SP? \"}}\"\n\
+                "tail_{i}: SP? {} SP? \",\" SP? {key} SP? \":\" SP? args_{i} SP? \"}}\"{end}\n\
                  args_{i}: %json {args}\n",
                 lark_string(&format!("\"{name}\"")),
-                lark_string("\"parameters\""),
             ));
             alts.push(format!("tail_{i}"));
         }
         g.push_str(&format!("tail: {}\n", alts.join(" | ")));
-        g.push_str(&format!("TEXT: /[\\s\\S]+/\nSP: /{b}{{1,8}}/\n"));
-        Constraint::Lark(g)
     }
 }
 

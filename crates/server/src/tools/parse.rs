@@ -1,32 +1,74 @@
-//! The model's reply read back as text and calls (the format is in the
+//! The model's reply read back as text and calls (the formats are in the
 //! module doc of [`crate::tools`]): whole ([`split_reply`]) or as it
 //! streams ([`CallStream`]: the text before a call goes out as it comes,
 //! the call is held until the reply ends).
 //!
-//! Contract: the calls start at the first [`CALL_OPEN`] (`{"name":`, white
-//! space of [`BLANKS`] allowed between the parts), the same place the `auto`
-//! grammar starts them; a whole reply that is calls in another accepted
-//! shape (a JSON array, `arguments`, another key order) is calls with no
-//! text. The text before the calls is returned without its trailing white
+//! Contract: in the JSON format ([`CallFormat::Json`]) the calls start at
+//! the first [`CALL_OPEN`] (`{"name":`, white space of [`BLANKS`] allowed
+//! between the parts), the same place the `auto` grammar starts them; a
+//! whole reply that is calls in another accepted shape (a JSON array,
+//! `arguments`, another key order) is calls with no text. In the tagged
+//! format ([`CallFormat::Tagged`], `super::tagged`) they start at the first
+//! `<tool_call>`. The text before the calls is returned without its trailing white
 //! space; streamed, the text sent is always a prefix of what the whole
 //! reply would return.
 //!
 //! Costs: one JSON parse of the reply; streamed, O(1) amortised per token
 //! (only the text not yet sent is scanned).
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-/// A call parsed from the model's reply.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
-    pub name: String,
-    /// The arguments as a JSON text (OpenAI's `function.arguments`).
-    pub arguments: String,
+use super::call::{BLANKS, ParsedCall, call_of};
+use super::tagged;
+
+/// How a model writes its tool calls: a property of the model, decided
+/// once, from its chat template ([`CallFormat::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CallFormat {
+    /// Llama 3.1 / 3.2: a bare JSON object `{"name", "parameters"}` (after
+    /// `<|python_tag|>` where the template has it).
+    #[default]
+    Json,
+    /// Qwen2.5, Qwen3 (Hermes style): `<tool_call>\n{"name", "arguments"}\n</tool_call>`.
+    Tagged,
 }
 
-/// The white space the call format allows between its parts (the grammar
-/// and the parser read the same set).
-pub const BLANKS: [char; 4] = [' ', '\t', '\r', '\n'];
+impl CallFormat {
+    /// The format a chat template teaches: tagged when it writes
+    /// `<tool_call>` (Qwen's templates do), else the JSON one.
+    pub fn of(template: Option<&str>) -> CallFormat {
+        match template {
+            Some(t) if t.contains(tagged::OPEN) => CallFormat::Tagged,
+            _ => CallFormat::Json,
+        }
+    }
+
+    /// The key a call's arguments go under.
+    pub fn arguments_key(self) -> &'static str {
+        match self {
+            CallFormat::Json => "parameters",
+            CallFormat::Tagged => "arguments",
+        }
+    }
+
+    /// How far `rest` matches the opening of a call.
+    fn open_at(self, rest: &str) -> Open {
+        match self {
+            CallFormat::Json => open_at(rest),
+            CallFormat::Tagged if rest.starts_with(tagged::OPEN) => Open::Whole(tagged::OPEN.len()),
+            CallFormat::Tagged if tagged::OPEN.starts_with(rest) => Open::Partial,
+            CallFormat::Tagged => Open::No,
+        }
+    }
+
+    /// The character every opening starts with.
+    fn first_char(self) -> char {
+        match self {
+            CallFormat::Json => '{',
+            CallFormat::Tagged => '<',
+        }
+    }
+}
 
 /// How a call starts: `{`, then `"name"`, then `:`, [`BLANKS`] allowed between.
 pub const CALL_OPEN: [&str; 3] = ["{", "\"name\"", ":"];
@@ -73,10 +115,10 @@ fn open_at(rest: &str) -> Open {
 }
 
 /// The byte offset of the first call opening in `text`.
-pub fn call_start(text: &str) -> Option<usize> {
-    text.match_indices('{')
+pub fn call_start(format: CallFormat, text: &str) -> Option<usize> {
+    text.match_indices(format.first_char())
         .map(|(i, _)| i)
-        .find(|&i| matches!(open_at(&text[i..]), Open::Whole(_)))
+        .find(|&i| matches!(format.open_at(&text[i..]), Open::Whole(_)))
 }
 
 /// A reply as text and calls.
@@ -91,15 +133,21 @@ pub struct Split {
 
 /// A whole reply as text and the calls of known functions (module doc), at
 /// most one call unless `parallel`.
-pub fn split_reply(text: &str, names: &[String], parallel: bool) -> Split {
-    if let Some(calls) = parse_calls(text, names, parallel) {
+pub fn split_reply(format: CallFormat, text: &str, names: &[String], parallel: bool) -> Split {
+    let parse = |t: &str| match format {
+        CallFormat::Json => parse_calls(t, names, parallel),
+        CallFormat::Tagged => tagged::calls_from(t, names, parallel),
+    };
+    if format == CallFormat::Json
+        && let Some(calls) = parse(text)
+    {
         return Split {
             content: String::new(),
             calls,
         };
     }
-    if let Some(at) = call_start(text)
-        && let Some(calls) = parse_calls(&text[at..], names, parallel)
+    if let Some(at) = call_start(format, text)
+        && let Some(calls) = parse(&text[at..])
     {
         return Split {
             content: text[..at].trim_end_matches(BLANKS).to_string(),
@@ -117,6 +165,7 @@ pub fn split_reply(text: &str, names: &[String], parallel: bool) -> Split {
 /// gives the rest of the content and the calls.
 #[derive(Debug, Default)]
 pub struct CallStream {
+    format: CallFormat,
     text: String,
     /// Bytes of `text` sent as content.
     sent: usize,
@@ -125,18 +174,27 @@ pub struct CallStream {
 }
 
 impl CallStream {
+    /// A reader of a reply in `format`.
+    pub fn new(format: CallFormat) -> Self {
+        CallStream {
+            format,
+            ..CallStream::default()
+        }
+    }
+
     /// Adds `delta`; returns the text that can be sent now.
     pub fn push(&mut self, delta: &str) -> &str {
         self.text.push_str(delta);
         let lead = self.text.trim_start();
         // the whole reply may still be calls in another shape (module doc)
-        if self.opened || lead.is_empty() || lead.starts_with(['{', '[']) {
+        let other_shape = self.format == CallFormat::Json && lead.starts_with(['{', '[']);
+        if self.opened || lead.is_empty() || other_shape {
             return "";
         }
         let rest = &self.text[self.sent..];
         let mut hold = rest.len();
-        for (i, _) in rest.match_indices('{') {
-            match open_at(&rest[i..]) {
+        for (i, _) in rest.match_indices(self.format.first_char()) {
+            match self.format.open_at(&rest[i..]) {
                 Open::Whole(_) => {
                     self.opened = true;
                     hold = i;
@@ -160,7 +218,7 @@ impl CallStream {
     /// `stopped`: it ended normally (a reply cut short is text).
     pub fn finish(self, names: &[String], parallel: bool, stopped: bool) -> Split {
         let split = if stopped {
-            split_reply(&self.text, names, parallel)
+            split_reply(self.format, &self.text, names, parallel)
         } else {
             Split {
                 content: self.text.clone(),
@@ -212,30 +270,6 @@ pub fn parse_calls(text: &str, names: &[String], parallel: bool) -> Option<Vec<P
     })
 }
 
-/// One call object of a known function.
-fn call_of(v: &Value, names: &[String]) -> Option<ParsedCall> {
-    let obj = v.as_object()?;
-    let name = obj.get("name")?.as_str()?;
-    if !names.iter().any(|n| n == name) {
-        return None;
-    }
-    let args = obj
-        .get("parameters")
-        .or_else(|| obj.get("arguments"))
-        .cloned()
-        .unwrap_or_else(|| json!({}));
-    let args = match args {
-        // some models write the arguments as a JSON string already
-        Value::String(s) if serde_json::from_str::<Value>(&s).is_ok_and(|v| v.is_object()) => s,
-        v if v.is_object() => v.to_string(),
-        _ => return None,
-    };
-    Some(ParsedCall {
-        name: name.to_string(),
-        arguments: args,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,12 +281,17 @@ mod tests {
     #[test]
     fn text_before_a_call_is_content() {
         let call = r#"{"name": "get_weather", "parameters": {"city": "Oslo"}}"#;
-        let s = split_reply(&format!("Let me look.\n{call}"), &names(), true);
+        let s = split_reply(
+            CallFormat::Json,
+            &format!("Let me look.\n{call}"),
+            &names(),
+            true,
+        );
         assert_eq!(s.content, "Let me look.");
         assert_eq!(s.calls.len(), 1);
         assert_eq!(s.calls[0].name, "get_weather");
         let spaced = r#"Sure { "name" :"now", "parameters": {}}"#;
-        let s = split_reply(spaced, &names(), true);
+        let s = split_reply(CallFormat::Json, spaced, &names(), true);
         assert_eq!((s.content.as_str(), s.calls.len()), ("Sure", 1));
         // braces that open no call, or a call that does not parse: all text
         for text in [
@@ -260,10 +299,10 @@ mod tests {
             r#"x {"name": "unknown", "parameters": {}}"#,
             r#"x {"name": "now", "parameters": {}} and more"#,
         ] {
-            let s = split_reply(text, &names(), true);
+            let s = split_reply(CallFormat::Json, text, &names(), true);
             assert_eq!((s.content.as_str(), s.calls.len()), (text, 0));
         }
-        let s = split_reply(call, &names(), true);
+        let s = split_reply(CallFormat::Json, call, &names(), true);
         assert_eq!((s.content.as_str(), s.calls.len()), ("", 1));
     }
 
@@ -283,7 +322,7 @@ mod tests {
             r#"Broken {"name": "now", "parameters": "#.to_string(),
         ];
         for reply in &replies {
-            let whole = split_reply(reply, &names(), true);
+            let whole = split_reply(CallFormat::Json, reply, &names(), true);
             for step in 1..=7 {
                 let mut cs = CallStream::default();
                 let mut sent = String::new();
@@ -320,7 +359,7 @@ mod tests {
         for no in ["{}", r#"{"city""#, r#"{"name"}"#, "{ x"] {
             assert_eq!(open_at(no), Open::No, "{no:?}");
         }
-        assert_eq!(call_start(r#"a {b} {"name": 1"#), Some(6));
+        assert_eq!(call_start(CallFormat::Json, r#"a {b} {"name": 1"#), Some(6));
         assert_eq!(blank_class(), r"[ \t\r\n]");
     }
 

@@ -279,9 +279,14 @@ fn every_form_of_the_auto_grammar_compiles() {
     ]))
     .unwrap();
     for parallel in [false, true] {
-        let plan = server::tools::plan(Some(&tools), None, Some(parallel))
-            .unwrap()
-            .unwrap();
+        let plan = server::tools::plan(
+            Some(&tools),
+            None,
+            Some(parallel),
+            server::tools::CallFormat::Json,
+        )
+        .unwrap()
+        .unwrap();
         for marker in [false, true] {
             let g = plan.auto_grammar(marker);
             engine
@@ -301,7 +306,7 @@ async fn a_call_after_the_marker_follows_the_grammar() {
         {"type": "function", "function": {"name": "get_weather", "parameters": weather_params()}},
     ]))
     .unwrap();
-    let plan = server::tools::plan(Some(&tools), None, None)
+    let plan = server::tools::plan(Some(&tools), None, None, server::tools::CallFormat::Json)
         .unwrap()
         .unwrap();
     let engine::Constraint::Lark(grammar) = plan.auto_grammar(true) else {

@@ -55,6 +55,15 @@ fn llama_bpe_groups_digits_by_three() {
 }
 
 #[test]
+fn qwen2_splits_every_digit_and_keeps_merges() {
+    let tok = load("qwen2");
+    // Qwen's regex takes digits one at a time, unlike Llama 3's groups of three
+    assert_eq!(pieces(&tok, "123"), ["1", "2", "3"]);
+    assert_eq!(pieces(&tok, "The capital"), ["The", "Ġcapital"]);
+    assert_eq!(pieces(&tok, "The 12"), ["The", "Ġ", "1", "2"]);
+}
+
+#[test]
 fn control_tokens_are_special_and_whole() {
     let (tokens, merges, types) = fixture::vocab(false);
     let json = match build_tokenizer_json(&tokens, &merges, &types, "smollm") {

@@ -104,6 +104,8 @@ pub(super) fn synth_dir(preset: Preset) -> PathBuf {
             preset,
             seed: 7,
             tokenizer_wheel: std::env::var_os("LAMINA_TOKENIZER_WHEEL").map(PathBuf::from),
+            tokenizer_npm: std::env::var_os("LAMINA_TOKENIZER_NPM").map(PathBuf::from),
+            layers: None,
         };
         synth_model_with(&opts, &dir).expect("synthesise the model");
     }
