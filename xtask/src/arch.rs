@@ -8,6 +8,9 @@
 //!   - a CUDA-free crate ([`CUDA_FREE`]) reaches one of [`CUDA_CRATES`];
 //!   - `engine` or `server` reaches `checkpoint`, `ureq` or `zip`;
 //!   - anything depends on `cli` (the binary sits on top of everything);
+//!   - `runtime` reaches `server` or `cli`, or a crate it composes
+//!     ([`RUNTIME_COMPOSES`]) reaches `runtime` (it sits below the binary,
+//!     beside the server);
 //!   - any crate but `gpu` depends on `cudarc` directly.
 //! - **Unsafe** ([`check_unsafe_source`]): in every `.rs` file under `crates/`,
 //!   `xtask/` and `tests/`, each `unsafe { .. }` block, `unsafe impl` and
@@ -44,6 +47,23 @@ pub const CUDA_CRATES: [&str; 4] = ["cudarc", "gpu", "kernels", "model"];
 pub const NO_CHECKPOINT: [&str; 2] = ["engine", "server"];
 /// What [`NO_CHECKPOINT`] crates may not reach.
 pub const CHECKPOINT_CRATES: [&str; 3] = ["checkpoint", "ureq", "zip"];
+/// The crates `runtime` composes (or that lie under them): none may depend
+/// on it.
+pub const RUNTIME_COMPOSES: [&str; 11] = [
+    "server",
+    "engine",
+    "model",
+    "kernels",
+    "gpu",
+    "ops",
+    "cpu-kernels",
+    "checkpoint",
+    "contract",
+    "tokenizer",
+    "paged-kv",
+];
+/// What `runtime` may not reach: the HTTP layer beside it, the binary above.
+pub const ABOVE_RUNTIME: [&str; 2] = ["server", "cli"];
 /// Folders (from the repository root) whose `.rs` files are scanned for `unsafe`.
 pub const SCANNED_DIRS: [&str; 3] = ["crates", "xtask", "tests"];
 
@@ -211,6 +231,16 @@ pub fn check_deps(meta: &Value) -> Result<Vec<Violation>> {
         &NO_CHECKPOINT,
         &CHECKPOINT_CRATES,
         "checkpoint loading and fetching stay out of the engine and server",
+    );
+    forbid(
+        &["runtime"],
+        &ABOVE_RUNTIME,
+        "the runtime starts engines; serving them is the server's, beside it",
+    );
+    forbid(
+        &RUNTIME_COMPOSES,
+        &["runtime"],
+        "the runtime composes the crates below the binary",
     );
     for (id, deps) in &g.edges {
         let from = g.name(id);

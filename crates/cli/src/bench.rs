@@ -194,7 +194,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let mut model_args = args.model.clone();
     if args.workloads.iter().any(|w| w == "lr") {
-        let slots = model_args.lora.slots().max(crate::bench_lora::ADAPTERS);
+        let slots = (model_args.lora.options()?.slots()).max(crate::bench_lora::ADAPTERS);
         model_args.lora.max_loras = Some(slots);
     }
     let loaded = setup::open(&model_args, 0)?;

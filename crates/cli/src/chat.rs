@@ -24,7 +24,8 @@ use crate::chat_set::{self, Change};
 use crate::generate::{collect, failure, spinner};
 use crate::repl::{self, Conversation, Input};
 use crate::sampling_args::SamplingArgs;
-use crate::setup::{self, Loaded, ModelArgs};
+use crate::setup::{self, ModelArgs};
+use runtime::Runtime;
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -49,7 +50,7 @@ pub fn run(mut args: ChatArgs, verbose: u8) -> Result<()> {
     args.sampling
         .params(&contract::GenerationConfig::default())?;
     // one conversation, up to the context
-    args.model.one_shot = Some(crate::kv_sizing::OneShot {
+    args.model.one_shot = Some(runtime::OneShot {
         tokens: None,
         sequences: 1,
     });
@@ -168,7 +169,7 @@ pub fn run(mut args: ChatArgs, verbose: u8) -> Result<()> {
 /// One user message and the streamed reply; a failed turn is dropped with
 /// its message, the conversation before it kept.
 fn turn(
-    loaded: &Loaded,
+    loaded: &Runtime,
     args: &ChatArgs,
     current: &Current,
     conv: &mut Conversation,

@@ -20,9 +20,10 @@ use serde::Serialize;
 
 use crate::progress::PrefillSpinner;
 use crate::sampling_args::SamplingArgs;
-use crate::setup::{self, Loaded, ModelArgs};
+use crate::setup::{self, ModelArgs};
 use crate::timings::{Clock, Timings};
 use crate::tokenize::TokenIds;
+use runtime::Runtime;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -200,7 +201,7 @@ fn cancel_on_ctrl_c(handle: &RequestHandle) -> Arc<AtomicBool> {
 /// The hint for a raw completion that ended before its first token (the
 /// model's end-of-sequence came first, as an instruct model does when its
 /// chat template is left out); `None` otherwise.
-fn ended_at_once(out: &Output, args: &GenerateArgs, loaded: &Loaded) -> Option<String> {
+fn ended_at_once(out: &Output, args: &GenerateArgs, loaded: &Runtime) -> Option<String> {
     let eos_first = out.finish_reason == FinishReason::Stop.as_str()
         && out.tokens.len() == 1
         && out.text.is_empty()
@@ -219,14 +220,14 @@ fn ended_at_once(out: &Output, args: &GenerateArgs, loaded: &Loaded) -> Option<S
 }
 
 /// The prefill spinner for the one request of `generate` / `chat`.
-pub fn spinner(loaded: &Loaded, prompt_len: usize) -> Option<PrefillSpinner> {
+pub fn spinner(loaded: &Runtime, prompt_len: usize) -> Option<PrefillSpinner> {
     PrefillSpinner::start(&loaded.engine, prompt_len, loaded.max_batch_tokens)
 }
 
 /// A failed request's message. (A request the KV pool could never hold is
 /// refused at submit by the engine, with the flags that size the pool.)
 /// The message of a request that ended with an error, naming the model.
-pub fn failure(loaded: &Loaded, err: &str) -> String {
+pub fn failure(loaded: &Runtime, err: &str) -> String {
     format!("generation failed with model `{}`: {err}", loaded.model_id)
 }
 
@@ -245,7 +246,7 @@ enum Prompt {
 /// What the prompts will ask of the KV pool: a text's bytes bound its
 /// tokens (each token covers at least one byte; the template's own tokens
 /// are the pool's slack), plus `--max-tokens`, for each prompt at once.
-fn one_shot(args: &GenerateArgs, prompts: &[Given]) -> crate::kv_sizing::OneShot {
+fn one_shot(args: &GenerateArgs, prompts: &[Given]) -> runtime::OneShot {
     let system = args.system.as_ref().map_or(0, String::len);
     let longest = prompts
         .iter()
@@ -255,7 +256,7 @@ fn one_shot(args: &GenerateArgs, prompts: &[Given]) -> crate::kv_sizing::OneShot
         })
         .max()
         .unwrap_or(0);
-    crate::kv_sizing::OneShot {
+    runtime::OneShot {
         tokens: Some(longest.saturating_add(args.sampling.max_tokens)),
         sequences: prompts.len().min(args.model.max_num_seqs),
     }
@@ -340,7 +341,7 @@ fn read_prompts_file(path: &std::path::Path) -> Result<Vec<Given>> {
     Ok(prompts)
 }
 
-fn encode(loaded: &Loaded, prompt: &Prompt, chat: bool, system: Option<&str>) -> Result<Vec<u32>> {
+fn encode(loaded: &Runtime, prompt: &Prompt, chat: bool, system: Option<&str>) -> Result<Vec<u32>> {
     let vocab = loaded.model.config.vocab_size;
     match prompt {
         Prompt::Tokens(ids) => {
@@ -376,7 +377,7 @@ fn constraint(args: &GenerateArgs) -> Result<Option<Constraint>> {
 }
 
 fn submit(
-    loaded: &Loaded,
+    loaded: &Runtime,
     sampling: &SamplingArgs,
     prompt: Vec<u32>,
     constraint: Option<&Constraint>,
@@ -460,7 +461,7 @@ pub fn collect(
 }
 
 fn run_many(
-    loaded: &Loaded,
+    loaded: &Runtime,
     args: &GenerateArgs,
     given: Vec<Given>,
     prompts: Vec<Vec<u32>>,

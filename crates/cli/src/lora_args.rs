@@ -2,23 +2,19 @@
 //! adapter to load at start, `NAME=PATH` or `PATH`), `--max-loras`
 //! (adapter slots resident at once), `--max-loaded-loras` and
 //! `--max-lora-memory-mib` (adapters held in memory) and `--max-lora-rank`,
-//! and the loader that reads a PEFT adapter (local directory or Hugging
-//! Face repo id) for them and for the server's `load_lora_adapter`, loads
-//! of identical files sharing one adapter. A bad value is refused at start
-//! naming the flag. Both backends run adapters; on CUDA the slots are a
+//! mapped onto `runtime::LoraOptions` (the runtime reads the PEFT adapters,
+//! at start and for the server's `load_lora_adapter`). A bad value is
+//! refused at start naming the flag. Both backends run adapters; on CUDA the slots are a
 //! device pool sized from `--max-loras` and `--max-lora-rank` at start.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use checkpoint::lora::{AdapterCache, LoadLimits, LoraLoadError};
-use engine::lora::{DEFAULT_MAX_LOADED_LORAS, DEFAULT_MAX_LORA_MEMORY_MIB, LoraLimits};
-
-use anyhow::{Context, Result, bail};
-use contract::LoraAdapter;
+use anyhow::{Result, bail};
 use contract::ModelConfig;
 use contract::lora::DEFAULT_MAX_LORA_RANK;
+use engine::lora::{DEFAULT_MAX_LOADED_LORAS, DEFAULT_MAX_LORA_MEMORY_MIB};
+use runtime::LoraOptions;
 
 /// LoRA flags.
 #[derive(clap::Args, Clone, Debug)]
@@ -59,39 +55,18 @@ pub struct LoraArgs {
 
 impl Default for LoraArgs {
     fn default() -> Self {
+        let d = LoraOptions::default();
         LoraArgs {
             lora: Vec::new(),
-            max_loras: None,
-            max_lora_rank: DEFAULT_MAX_LORA_RANK,
-            max_loaded_loras: DEFAULT_MAX_LOADED_LORAS,
-            max_lora_memory_mib: DEFAULT_MAX_LORA_MEMORY_MIB,
+            max_loras: d.max_loras,
+            max_lora_rank: d.max_lora_rank,
+            max_loaded_loras: d.max_loaded_loras,
+            max_lora_memory_mib: d.max_lora_memory_mib,
         }
     }
 }
 
 impl LoraArgs {
-    /// Adapter slots for the engine.
-    pub fn slots(&self) -> usize {
-        self.max_loras.unwrap_or(self.lora.len())
-    }
-
-    /// The engine's bounds on loaded adapters.
-    pub fn limits(&self) -> LoraLimits {
-        LoraLimits {
-            max_loaded: self.max_loaded_loras,
-            max_bytes: self.max_lora_memory_mib.saturating_mul(1 << 20),
-        }
-    }
-
-    /// The loader's bounds, `deadline` from now.
-    fn load_limits(&self, deadline: Option<Duration>) -> LoadLimits {
-        LoadLimits {
-            max_rank: self.max_lora_rank,
-            max_memory: self.limits().max_bytes,
-            deadline: deadline.map(|d| Instant::now() + d),
-        }
-    }
-
     /// `(name, path)` of each `--lora`.
     pub fn specs(&self) -> Result<Vec<(String, String)>> {
         let mut out: Vec<(String, String)> = Vec::new();
@@ -105,7 +80,7 @@ impl LoraArgs {
             }
             out.push((name, path));
         }
-        if self.slots() == 0 && !out.is_empty() {
+        if self.max_loras == Some(0) && !out.is_empty() {
             bail!("invalid `--max-loras 0` with --lora adapters: give at least 1 slot");
         }
         if out.len() > self.max_loaded_loras {
@@ -118,31 +93,21 @@ impl LoraArgs {
         Ok(out)
     }
 
-    /// Reads every `--lora` adapter for model `c`, errors naming the flag.
-    pub fn load_all(&self, c: &ModelConfig) -> Result<Vec<(String, Arc<LoraAdapter>)>> {
-        let cache = AdapterCache::default();
-        let limits = self.load_limits(None);
-        self.specs()?
-            .into_iter()
-            .map(|(name, path)| {
-                let a = load_adapter(&cache, &path, c, &limits)
-                    .with_context(|| format!("`--lora {name}={path}`"))?;
-                Ok((name, a))
-            })
-            .collect()
+    /// The runtime's LoRA options; an error naming the flag refused.
+    pub fn options(&self) -> Result<LoraOptions> {
+        Ok(LoraOptions {
+            adapters: self.specs()?,
+            max_loras: self.max_loras,
+            max_lora_rank: self.max_lora_rank,
+            max_loaded_loras: self.max_loaded_loras,
+            max_lora_memory_mib: self.max_lora_memory_mib,
+        })
     }
 
-    /// The server's adapter loader (`load_lora_adapter`) for model `c`:
-    /// identical files share one adapter, each load gets `timeout`, and
-    /// errors are one line that tells nothing of paths it cannot read
-    /// ([`LoraLoadError::public`]).
-    pub fn loader(&self, c: ModelConfig, timeout: Duration) -> server::LoraLoader {
-        let cache = Arc::new(AdapterCache::default());
-        let args = self.clone();
-        Arc::new(move |path: &str| {
-            load_adapter(&cache, path, &c, &args.load_limits(Some(timeout)))
-                .map_err(|e| e.public(path))
-        })
+    /// The server's adapter loader (`load_lora_adapter`) for model `c`,
+    /// each load within `timeout` (`runtime::adapter_loader`).
+    pub fn loader(&self, c: ModelConfig, timeout: Duration) -> Result<server::LoraLoader> {
+        Ok(runtime::adapter_loader(&self.options()?, c, timeout))
     }
 }
 
@@ -174,18 +139,6 @@ fn split_spec(spec: &str) -> (String, String) {
     }
 }
 
-/// Reads the PEFT adapter at `path` (a directory or a Hugging Face repo id)
-/// checked against model `c` within `limits`, through `cache`.
-fn load_adapter(
-    cache: &AdapterCache,
-    path: &str,
-    c: &ModelConfig,
-    limits: &LoadLimits,
-) -> Result<Arc<LoraAdapter>, LoraLoadError> {
-    let dir = checkpoint::lora::resolve_adapter(path)?;
-    cache.load(&dir, c, limits)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,7 +157,7 @@ mod tests {
         assert_eq!(s[0], ("sql".into(), "/a/b".into()));
         assert_eq!(s[1], ("z-adapter".into(), "/x/y/z-adapter/".into()));
         assert_eq!(s[2], ("repo".into(), "org/repo".into()));
-        assert_eq!(a.slots(), 3);
+        assert_eq!(a.options().unwrap().slots(), 3);
         let dup = LoraArgs {
             lora: vec!["a=/p".into(), "a=/q".into()],
             ..LoraArgs::default()

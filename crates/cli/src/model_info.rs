@@ -33,7 +33,7 @@ pub fn show(args: ShowArgs) -> Result<()> {
     let loaded = checkpoint::loader::load_config(&dir)?;
     let c = &loaded.config;
     let params = engine::speculate::draft_model::num_params(c);
-    println!("model         {}", crate::setup::display_name(&args.model));
+    println!("model         {}", runtime::display_name(&args.model));
     println!("path          {}", dir.display());
     println!("architecture  llama");
     println!("parameters    {:.1}M", params as f64 / 1e6);

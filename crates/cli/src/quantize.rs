@@ -141,7 +141,7 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         channel: layout == Fp8Layout::CompressedTensors && !args.per_tensor,
         input_scale: args.input_scale,
     };
-    let dir = crate::setup::model_dir(&args.model)?;
+    let dir = runtime::model_dir(&args.model)?;
     let what = || format!("quantising {} to FP8", dir.display());
     match (text, &args.calibration) {
         (Some(mut text), Some(file)) => {

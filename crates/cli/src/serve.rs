@@ -222,7 +222,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         .map_err(|e| bind_error(e, &args))?;
     let t0 = std::time::Instant::now();
     let plan = replica_plan(&args)?;
-    let loaded = setup::open_replicas(&args.model, args.max_queue, &plan)?;
+    let loaded = setup::open_replicas(&args.model, args.max_queue, plan)?;
     eprintln!(
         "lamina: started in {:.1}s: {}",
         t0.elapsed().as_secs_f64(),
@@ -263,7 +263,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     let lora_loader = args.model.lora.loader(
         loaded.model.config.clone(),
         Duration::from_secs_f64(args.lora_load_timeout_secs),
-    );
+    )?;
     let mut engines = vec![loaded.engine];
     engines.extend(loaded.replicas);
     let count = engines.len();
@@ -346,12 +346,12 @@ fn warm_up<'a>(engines: impl Iterator<Item = &'a engine::Engine>, budget: Durati
 }
 
 /// The replicas `--devices` / `--data-parallel-size` ask for (one engine by default).
-fn replica_plan(args: &ServeArgs) -> Result<setup::ReplicaPlan> {
+fn replica_plan(args: &ServeArgs) -> Result<runtime::ReplicaPlan> {
     if let Some(n) = args.data_parallel_size {
-        return Ok(setup::ReplicaPlan::Count(n));
+        return Ok(runtime::ReplicaPlan::Count(n));
     }
     let Some(list) = args.devices.as_deref() else {
-        return Ok(setup::ReplicaPlan::ONE);
+        return Ok(runtime::ReplicaPlan::ONE);
     };
     parse_devices(list, || {
         model::cuda::device_count().map_err(|why| anyhow::anyhow!("`--devices all`: {why}"))
@@ -360,9 +360,12 @@ fn replica_plan(args: &ServeArgs) -> Result<setup::ReplicaPlan> {
 
 /// `all` (every GPU `count` reports) or a comma-separated list of GPU
 /// ordinals; a GPU listed `k` times hosts `k` replicas (`0,0`).
-fn parse_devices(list: &str, count: impl FnOnce() -> Result<usize>) -> Result<setup::ReplicaPlan> {
+fn parse_devices(
+    list: &str,
+    count: impl FnOnce() -> Result<usize>,
+) -> Result<runtime::ReplicaPlan> {
     if list.trim() == "all" {
-        return Ok(setup::ReplicaPlan::Gpus((0..count()?).collect()));
+        return Ok(runtime::ReplicaPlan::Gpus((0..count()?).collect()));
     }
     let mut ids = Vec::new();
     for item in list.split(',') {
@@ -374,7 +377,7 @@ fn parse_devices(list: &str, count: impl FnOnce() -> Result<usize>) -> Result<se
         })?;
         ids.push(id);
     }
-    Ok(setup::ReplicaPlan::Gpus(ids))
+    Ok(runtime::ReplicaPlan::Gpus(ids))
 }
 
 /// The API keys of `--api-key` and `--api-key-file`, each checked; the
@@ -439,7 +442,7 @@ fn bind_error(e: server::ServerError, args: &ServeArgs) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use setup::ReplicaPlan;
+    use runtime::ReplicaPlan;
 
     #[test]
     fn devices_parse_lists_and_all() {

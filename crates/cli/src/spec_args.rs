@@ -1,12 +1,11 @@
 //! The speculative decoding flags every engine-building command shares
-//! (`serve`, `generate`, `bench`, ...), turned into the engine's
-//! [`SpecConfig`]. A bad value is refused at start naming the flag.
+//! (`serve`, `generate`, `bench`, ...), turned into the runtime's
+//! [`SpecOptions`]. A bad value is refused at start naming the flag.
 
 use anyhow::{Result, bail};
 use contract::backend::MAX_DRAFTS;
-use engine::speculate::DraftModel;
-use engine::speculate::{CPU_SPEC_MAX_BATCH, DEFAULT_SPEC_MAX_BATCH};
-use engine::{SpecConfig, SpecMethod};
+use engine::SpecConfig;
+use runtime::{Drafting, SpecOptions};
 
 /// Speculative decoding flags.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -22,7 +21,7 @@ pub struct SpecArgs {
     pub speculative: Option<String>,
     /// Most tokens drafted per sequence and step with --speculative (each
     /// sequence adapts its own from its acceptance).
-    #[arg(long, default_value_t = 4, env = "LAMINA_NUM_SPECULATIVE_TOKENS",
+    #[arg(long, default_value_t = runtime::DEFAULT_NUM_SPECULATIVE_TOKENS, env = "LAMINA_NUM_SPECULATIVE_TOKENS",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=MAX_DRAFTS as u64))]
     pub num_speculative_tokens: usize,
     /// Steps with more running sequences than this draft nothing (a large
@@ -33,42 +32,34 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    /// The draft model `draft:MODEL` names (`None`: another method, none,
-    /// or an empty name).
-    pub fn draft_model(&self) -> Option<&str> {
-        let model = self.speculative.as_deref()?.strip_prefix("draft:")?;
-        (!model.is_empty()).then_some(model)
-    }
-
-    /// The engine's setting for a CUDA (`cuda`) or CPU backend (`None`:
-    /// off); an error naming the flag for an unknown method. A draft
-    /// model's backend is not loaded here (`crate::draft_model` opens it
-    /// beside each replica's backend).
-    pub fn config(&self, cuda: bool) -> Result<Option<SpecConfig>> {
-        let Some(name) = self.speculative.as_deref() else {
-            return Ok(None);
-        };
-        let method = match name {
-            "ngram" => SpecMethod::Ngram,
-            "suffix" => SpecMethod::Suffix,
-            d if d.starts_with("draft:") => match self.draft_model() {
-                Some(model) => SpecMethod::Draft(DraftModel::named(model)),
-                None => bail!("invalid `--speculative {d}`: name the draft model after `draft:`"),
+    /// The runtime's setting; an error naming the flag for an unknown
+    /// method or a draft model without a name.
+    pub fn options(&self) -> Result<SpecOptions> {
+        let method = match self.speculative.as_deref() {
+            None => None,
+            Some("ngram") => Some(Drafting::Ngram),
+            Some("suffix") => Some(Drafting::Suffix),
+            Some(d) if d.starts_with("draft:") => match &d["draft:".len()..] {
+                "" => bail!("invalid `--speculative {d}`: name the draft model after `draft:`"),
+                model => Some(Drafting::Draft(model.to_string())),
             },
-            other => {
+            Some(other) => {
                 bail!(
                     "invalid `--speculative {other}`: expected `ngram`, `suffix` or `draft:MODEL`"
                 )
             }
         };
-        Ok(Some(SpecConfig {
+        Ok(SpecOptions {
             method,
             num_tokens: self.num_speculative_tokens,
-            max_batch: self.speculative_max_batch.unwrap_or(match cuda {
-                true => DEFAULT_SPEC_MAX_BATCH,
-                false => CPU_SPEC_MAX_BATCH,
-            }),
-        }))
+            max_batch: self.speculative_max_batch,
+        })
+    }
+
+    /// The engine's setting on a CUDA (`cuda`) or CPU backend (`None`:
+    /// off), a draft model named, not loaded.
+    pub fn config(&self, cuda: bool) -> Result<Option<SpecConfig>> {
+        Ok(self.options()?.config(cuda))
     }
 }
 
@@ -76,6 +67,8 @@ impl SpecArgs {
 mod tests {
     use super::*;
     use clap::Parser;
+    use engine::SpecMethod;
+    use engine::speculate::{CPU_SPEC_MAX_BATCH, DEFAULT_SPEC_MAX_BATCH};
 
     #[derive(Parser)]
     struct Cli {

@@ -43,7 +43,7 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
             t
         }
     };
-    let dir = crate::setup::model_dir(&args.model)?;
+    let dir = runtime::model_dir(&args.model)?;
     let tok = Tokenizer::from_dir(&dir)?;
     let ids = tok.encode(&text, !args.no_special)?;
     if args.json {

@@ -1,12 +1,12 @@
 //! The backends' tuning knobs as (hidden) command-line flags: the
-//! libraries take them as typed options from here, never from the
+//! runtime takes them as typed options from here, never from the
 //! environment. The defaults are the measured best; the flags exist for
 //! measurements and comparisons (`docs/performance.md`).
 
-use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use cpu_kernels::IsaCap;
-use model::cuda::{CudaOptions, DEFAULT_GEMV_ROWS, DetGemm, KernelOptions, MAX_GEMV_ROWS};
+use model::cuda::{DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
+use runtime::CudaOptions;
 
 /// Tuning flags of the CPU kernels and the CUDA backend.
 #[derive(clap::Args, Clone, Debug)]
@@ -90,29 +90,19 @@ pub enum CpuIsaArg {
 }
 
 impl TuningArgs {
-    /// Checks every flag and applies the CPU kernels' instruction-set cap
-    /// (once per process, before any kernel runs).
-    pub fn apply(&self) -> Result<()> {
-        self.cuda_options()?;
-        let cap = match self.cpu_isa {
+    /// The CPU kernels' instruction-set cap.
+    pub fn isa_cap(&self) -> IsaCap {
+        match self.cpu_isa {
             CpuIsaArg::Portable => IsaCap::Portable,
             CpuIsaArg::Avx2 => IsaCap::Avx2,
             CpuIsaArg::Avx512 => IsaCap::Avx512,
             CpuIsaArg::Avx512bf16 => IsaCap::Avx512Bf16,
-        };
-        cpu_kernels::isa::set_cap(cap).context("applying `--cpu-isa`")
+        }
     }
 
-    /// The CUDA backend's options, or an error naming the flag out of range.
-    pub fn cuda_options(&self) -> Result<CudaOptions> {
-        let most = MAX_GEMV_ROWS;
-        if self.gemv_rows > most {
-            bail!(
-                "invalid `--gemv-rows`: {} is more than the GEMV kernels take ({most})",
-                self.gemv_rows
-            );
-        }
-        Ok(CudaOptions {
+    /// The CUDA backend's own options (the runtime checks their ranges).
+    pub fn cuda(&self) -> CudaOptions {
+        CudaOptions {
             kernels: KernelOptions {
                 wgmma: self.wgmma,
                 pdl: self.pdl,
@@ -120,14 +110,11 @@ impl TuningArgs {
             graphs: !self.no_cuda_graphs,
             gemv_rows: self.gemv_rows,
             narrow_decode_seqs: self.narrow_decode_seqs,
-            fp8_activations: self.fp8_activations,
             det_gemm: match self.deterministic_gemm {
                 DetGemmArg::Auto => DetGemm::Auto,
                 DetGemmArg::Cublaslt => DetGemm::CublasLt,
                 DetGemmArg::Own => DetGemm::Own,
             },
-            // the caller sets `--kv-cache-dtype`'s
-            ..CudaOptions::default()
-        })
+        }
     }
 }

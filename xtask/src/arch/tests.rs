@@ -30,8 +30,12 @@ fn metadata(edges: &[(&str, &str, Option<&str>)]) -> Value {
 }
 
 /// The layering of ARCHITECTURE.md, which passes.
-const GOOD: [(&str, &str, Option<&str>); 14] = [
+const GOOD: [(&str, &str, Option<&str>); 18] = [
     ("cli", "server", None),
+    ("cli", "runtime", None),
+    ("runtime", "engine", None),
+    ("runtime", "model", None),
+    ("runtime", "checkpoint", None),
     ("cli", "model", None),
     ("cli", "checkpoint", None),
     ("server", "engine", None),
@@ -113,6 +117,31 @@ fn nothing_depends_on_cli_and_only_gpu_on_cudarc() {
         v,
         ["kernels -> cudarc: only gpu may depend on cudarc directly"]
     );
+}
+
+#[test]
+fn the_runtime_sits_below_cli_and_beside_server() {
+    let v = deps(&with(&[("runtime", "server", None)]));
+    assert_eq!(
+        v,
+        [
+            "runtime -> server: runtime must not depend on server (the runtime starts engines; serving them is the server's, beside it)"
+        ]
+    );
+    let v = deps(&with(&[("server", "runtime", None)]));
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("server -> runtime: server must not depend on runtime"))
+    );
+    // (and through runtime, on the CUDA and checkpoint crates)
+    assert!(
+        v.iter()
+            .any(|v| v.starts_with("server -> runtime -> model:"))
+    );
+    let v = deps(&with(&[("checkpoint", "runtime", None)]));
+    assert!(v.iter().any(|v| v.starts_with("checkpoint -> runtime:")));
+    let v = deps(&with(&[("runtime", "cli", None)]));
+    assert!(v.iter().any(|v| v.starts_with("runtime -> cli:")));
 }
 
 #[test]

@@ -1,29 +1,33 @@
-//! `--speculative draft:MODEL`: the draft model, checked against the
-//! target before any weight loads and then opened beside each replica's
-//! backend through the same construction code (CPU with CPU, a second
-//! CUDA backend on the same device with CUDA), its KV pool as many blocks
-//! as the target's so it holds every sequence the target holds. On CUDA
-//! its weights, workspace and pool come off the target's share of the
-//! device before the target's pool is sized ([`Companion`]).
+//! The draft model of speculative decoding ([`crate::Drafting::Draft`]),
+//! checked against the target before any weight loads and then opened
+//! beside each replica's backend through the same construction code (CPU
+//! with CPU, a second CUDA backend on the same device with CUDA), its KV
+//! pool as many blocks as the target's so it holds every sequence the
+//! target holds. On CUDA its weights, workspace and pool come off the
+//! target's share of the device before the target's pool is sized
+//! ([`Companion`]).
 //!
-//! Refused at start, naming the flag: a draft model that cannot be found
-//! or read, a vocabulary or tokenizer that differs from the target's (both
-//! sizes or ids named), a draft model larger than the target.
+//! Refused at start, naming the setting: a draft model that cannot be
+//! found or read, a vocabulary or tokenizer that differs from the target's
+//! (both sizes or ids named), a draft model larger than the target.
 
 use std::borrow::Cow;
 
-use anyhow::{Context, Result, bail};
 use checkpoint::loader::LoadedModel;
 use contract::Backend;
 use engine::speculate::draft_model::check_draft_config;
 use tokenizer::Tokenizer;
 
+use crate::backend::open_backend;
+use crate::error::{Context, RuntimeError, invalid};
 use crate::kv_sizing::{Companion, GpuMemoryPlan};
-use crate::setup::{ModelArgs, cap_context, cpu_weights, display_name, load_weights, model_dir};
+use crate::options::{KvOptions, LoraOptions, RuntimeOptions, WeightOptions};
+use crate::resolve::{cap_context, display_name, model_dir};
+use crate::weights::{cpu_weights, load_weights};
 
 /// A draft model resolved and checked against its target.
 pub(crate) struct DraftPlan {
-    /// As the flag names it.
+    /// As the options name it.
     name: String,
     loaded: LoadedModel,
 }
@@ -35,14 +39,14 @@ const PROBES: [&str; 3] = [
     "Zürich, 東京 and São Paulo: 3.14159 ≈ π",
 ];
 
-/// The draft model of `--speculative draft:MODEL` (`None` for another
-/// method or none), checked against the target `target` / `tok`.
+/// The draft model the options name (`None` for another method or none),
+/// checked against the target `target` / `tok`.
 pub(crate) fn plan(
-    args: &ModelArgs,
+    opts: &RuntimeOptions,
     target: &LoadedModel,
     tok: &Tokenizer,
-) -> Result<Option<DraftPlan>> {
-    let Some(name) = args.spec.draft_model() else {
+) -> Result<Option<DraftPlan>, RuntimeError> {
+    let Some(name) = opts.speculative.draft_model() else {
         return Ok(None);
     };
     let flag = format!("--speculative draft:{name}");
@@ -56,11 +60,13 @@ pub(crate) fn plan(
         .min(loaded.config.max_position_embeddings);
     cap_context(&mut loaded.config, Some(ctx))?;
     if let Err(why) = check_draft_config(&loaded.config, &target.config) {
-        bail!("invalid `{flag}`: {why}");
+        invalid!("invalid `{flag}`: {why}");
     }
     let draft_tok = Tokenizer::from_dir(&dir)
         .with_context(|| format!("invalid `{flag}`: the draft model's tokenizer"))?;
-    check_tokenizers(&draft_tok, tok).map_err(|why| anyhow::anyhow!("invalid `{flag}`: {why}"))?;
+    if let Err(why) = check_tokenizers(&draft_tok, tok) {
+        invalid!("invalid `{flag}`: {why}");
+    }
     Ok(Some(DraftPlan {
         name: display_name(name),
         loaded,
@@ -99,48 +105,55 @@ fn check_tokenizers(draft: &Tokenizer, target: &Tokenizer) -> Result<(), String>
 }
 
 impl DraftPlan {
-    /// The name the flag gave.
+    /// The name the options gave.
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// Its device bytes beside the target's ([`Companion`]).
-    pub(crate) fn companion(&self, args: &ModelArgs) -> Companion {
-        Companion::of(args, &self.loaded.config)
+    pub(crate) fn companion(&self, opts: &RuntimeOptions) -> Companion {
+        Companion::of(opts, &self.loaded.config)
     }
 
     /// Opens the draft model on `device` (`None`: the CPU) as the target
-    /// of `args` is opened, its KV pool `blocks` blocks.
+    /// of `opts` is opened, its KV pool `blocks` blocks.
     pub(crate) fn open(
         &self,
-        args: &ModelArgs,
+        opts: &RuntimeOptions,
         device: Option<usize>,
         blocks: usize,
         gpu_memory: &GpuMemoryPlan,
-    ) -> Result<Box<dyn Backend>> {
+    ) -> Result<Box<dyn Backend>, RuntimeError> {
         let flag = format!("--speculative draft:{}", self.name);
         let cuda = device.is_some();
-        // the draft runs without adapters: no LoRA slots for it
-        let mut lora = args.lora.clone();
-        lora.lora.clear();
-        lora.max_loras = Some(0);
-        // FP8 activations are the target's: the draft may have BF16 weights
-        let mut tuning = args.tuning.clone();
-        tuning.fp8_activations = false;
-        let args = ModelArgs {
-            kv_blocks: Some(blocks),
-            kv_memory_gib: None,
-            quantize_lm_head: false,
-            lora,
-            tuning,
-            ..args.clone()
+        let opts = RuntimeOptions {
+            kv: KvOptions {
+                blocks: Some(blocks),
+                memory_gib: None,
+                ..opts.kv
+            },
+            // FP8 activations are the target's: the draft may have BF16
+            // weights; its head stays as loaded
+            weights: WeightOptions {
+                quantize_lm_head: false,
+                fp8_activations: false,
+                ..opts.weights
+            },
+            // the draft runs without adapters: no LoRA slots for it
+            lora: LoraOptions {
+                adapters: Vec::new(),
+                max_loras: Some(0),
+                ..opts.lora.clone()
+            },
+            ..opts.clone()
         };
-        let (cpu, _) = cpu_weights(&args, &self.loaded.dir, &self.loaded.config, cuda)
+        let (format, path) = (opts.weights.format, opts.cpu.path);
+        let (cpu, _) = cpu_weights(format, path, &self.loaded.dir, &self.loaded.config, cuda)
             .with_context(|| format!("`{flag}`: the draft model's weights"))?;
-        let weights = load_weights(&args, &self.loaded, cuda)
+        let weights = load_weights(&opts.weights, &self.loaded, cuda)
             .with_context(|| format!("`{flag}`: the draft model's weights"))?;
-        let (backend, _, _) = crate::setup::open_backend(
-            &args,
+        let opened = open_backend(
+            &opts,
             &self.loaded,
             device,
             Cow::Owned(weights),
@@ -149,6 +162,6 @@ impl DraftPlan {
             None,
         )
         .with_context(|| format!("`{flag}`: starting the draft model"))?;
-        Ok(backend)
+        Ok(opened.backend)
     }
 }

@@ -1,5 +1,5 @@
-//! How much memory the KV pool gets: `--kv-blocks` (a block count) wins,
-//! then `--kv-memory-gib`; otherwise on the CPU a fixed
+//! How much memory the KV pool gets ([`crate::KvOptions`]): a block count
+//! (`--kv-blocks`) wins, then a size (`--kv-memory-gib`); otherwise on the CPU a fixed
 //! [`CPU_KV_MEMORY_GIB`], and on CUDA what the device has left, as vLLM
 //! sizes it: `--gpu-memory-utilization` (default 0.9) of the device's total
 //! memory, less what was already in use on it when the server started
@@ -10,42 +10,29 @@
 //! is left evenly. The pool never exceeds `--max-num-seqs` full contexts
 //! (the caller's cap).
 //!
-//! The one-shot commands (`run`, `generate`, `chat`) size the pool to what
-//! they will ask ([`OneShot`], [`one_shot_blocks`]) when no flag sizes it:
+//! A one-shot use (`lamina run`, `generate`, `chat`) sizes the pool to what
+//! it will ask ([`OneShot`], [`one_shot_blocks`]) when nothing else does:
 //! allocating the serving default for one short reply costs start-up time.
 //!
 //! The rules are pure arithmetic over the numbers given
 //! ([`gpu_kv_budget`], [`reserve_bytes`]), tested without a GPU; only
 //! [`gpu_memory_at_start`] reads the devices.
 
-/// The KV pool's memory on the CPU when neither `--kv-blocks` nor
-/// `--kv-memory-gib` is given.
-pub const CPU_KV_MEMORY_GIB: f64 = 2.0;
-/// vLLM's default share of the device's memory (`--gpu-memory-utilization`).
-pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
 /// Fixed part of the reserve: the CUDA context's own allocations, cuBLAS
 /// workspaces and the decode graphs of every batch bucket.
 const FIXED_RESERVE: usize = 1 << 30;
 
-const GIB: f64 = (1u64 << 30) as f64;
+/// Bytes in a GiB, for the settings given in GiB.
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 
-use anyhow::{Result, bail};
-
-use crate::setup::{BLOCK_SIZE, CUDA_MAX_BATCH_TOKENS, ModelArgs};
+use crate::error::{RuntimeError, invalid};
+use crate::options::{
+    BLOCK_SIZE, CPU_KV_MEMORY_GIB, CUDA_MAX_BATCH_TOKENS, OneShot, RuntimeOptions,
+};
 
 /// Tokens a one-shot pool holds beyond the estimate of each sequence: the
 /// chat template's own tokens, speculative drafts, a block's rounding.
 pub const ONE_SHOT_SLACK_TOKENS: usize = 256;
-
-/// What a one-shot command will ask of the KV pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OneShot {
-    /// Tokens of the longest sequence (an upper bound of prompt plus
-    /// reply); `None`: up to the context (a conversation).
-    pub tokens: Option<usize>,
-    /// Sequences running at once.
-    pub sequences: usize,
-}
 
 /// The blocks a one-shot pool needs: `sequences` sequences of `tokens`
 /// plus [`ONE_SHOT_SLACK_TOKENS`], each at most the context.
@@ -153,10 +140,10 @@ pub fn full_contexts(pool_tokens: usize, max_context: usize) -> usize {
 pub(crate) type GpuMemoryPlan = Vec<(usize, GpuMemory, usize)>;
 
 pub(crate) fn gpu_memory_at_start(
-    args: &ModelArgs,
+    opts: &RuntimeOptions,
     devices: &[Option<usize>],
-) -> Result<GpuMemoryPlan> {
-    if args.kv_blocks.is_some() || args.kv_memory_gib.is_some() {
+) -> Result<GpuMemoryPlan, RuntimeError> {
+    if opts.kv.blocks.is_some() || opts.kv.memory_gib.is_some() {
         return Ok(Vec::new());
     }
     let mut plan: GpuMemoryPlan = Vec::new();
@@ -165,7 +152,7 @@ pub(crate) fn gpu_memory_at_start(
             entry.2 += 1;
             continue;
         }
-        let (free, total) = model::cuda::memory_info(*ordinal).map_err(anyhow::Error::msg)?;
+        let (free, total) = model::cuda::memory_info(*ordinal).map_err(RuntimeError::Device)?;
         let mem = GpuMemory {
             total,
             free_at_start: free,
@@ -182,19 +169,19 @@ pub(crate) fn gpu_memory_at_start(
 /// those of `--kv-cache-dtype`'s element, so an FP8 pool holds twice the
 /// tokens of a BF16 one in the same memory.
 pub(crate) fn kv_pool(
-    args: &ModelArgs,
+    opts: &RuntimeOptions,
     cfg: &contract::ModelConfig,
     gpu_budget: Option<usize>,
-) -> Result<(usize, usize)> {
-    let per_block = block_bytes(args, cfg);
-    let num_blocks = match args.kv_blocks {
-        Some(0) => bail!("invalid `--kv-blocks`: must be at least 1"),
+) -> Result<(usize, usize), RuntimeError> {
+    let per_block = block_bytes(opts, cfg);
+    let num_blocks = match opts.kv.blocks {
+        Some(0) => invalid!("invalid `--kv-blocks`: must be at least 1"),
         Some(n) => n,
         None => {
-            let budget = match (args.kv_memory_gib, gpu_budget) {
+            let budget = match (opts.kv.memory_gib, gpu_budget) {
                 (Some(gib), _) => {
                     if !(gib > 0.0 && gib.is_finite()) {
-                        bail!("invalid `--kv-memory-gib`: must be positive, got {gib}");
+                        invalid!("invalid `--kv-memory-gib`: must be positive, got {gib}");
                     }
                     (gib * GIB) as usize
                 }
@@ -203,10 +190,11 @@ pub(crate) fn kv_pool(
             };
             // never more than the context of max_num_seqs sequences, nor
             // than a one-shot command will ask
-            let mut useful = args
+            let mut useful = opts
+                .engine
                 .max_num_seqs
                 .saturating_mul(cfg.max_position_embeddings.div_ceil(BLOCK_SIZE));
-            if let Some(shot) = args.one_shot {
+            if let Some(shot) = opts.kv.one_shot {
                 useful = useful.min(one_shot_blocks(shot, cfg.max_position_embeddings));
             }
             paged_kv::blocks_for_budget(budget, per_block)
@@ -231,38 +219,40 @@ pub(crate) struct Companion {
 }
 
 impl Companion {
-    /// The device bytes of the model of `cfg` run with `args`'s limits.
-    pub(crate) fn of(args: &ModelArgs, cfg: &contract::ModelConfig) -> Self {
+    /// The device bytes of the model of `cfg` run with `opts`'s limits.
+    pub(crate) fn of(opts: &RuntimeOptions, cfg: &contract::ModelConfig) -> Self {
         let params = engine::speculate::draft_model::num_params(cfg) as usize;
         Companion {
             weights: params.saturating_mul(2),
-            reserve: engine_reserve(args, cfg),
-            per_block: block_bytes(args, cfg),
+            reserve: engine_reserve(opts, cfg),
+            per_block: block_bytes(opts, cfg),
         }
     }
 }
 
 /// Bytes of one KV block of `cfg` in `--kv-cache-dtype`'s element.
-fn block_bytes(args: &ModelArgs, cfg: &contract::ModelConfig) -> usize {
+fn block_bytes(opts: &RuntimeOptions, cfg: &contract::ModelConfig) -> usize {
     paged_kv::bytes_per_block(
         cfg.num_layers,
         cfg.num_kv_heads,
         cfg.head_dim,
-        args.kv_cache_dtype.bytes(),
+        opts.kv.dtype.bytes(),
         BLOCK_SIZE,
     )
 }
 
-/// [`reserve_bytes`] for the model of `cfg` under `args`'s limits.
-fn engine_reserve(args: &ModelArgs, cfg: &contract::ModelConfig) -> usize {
+/// [`reserve_bytes`] for the model of `cfg` under `opts`'s limits.
+fn engine_reserve(opts: &RuntimeOptions, cfg: &contract::ModelConfig) -> usize {
     reserve_bytes(
         cfg.hidden_size,
         cfg.intermediate_size,
         cfg.q_dim(),
         cfg.kv_dim(),
         cfg.vocab_size,
-        args.max_batch_tokens.unwrap_or(CUDA_MAX_BATCH_TOKENS),
-        args.max_num_seqs,
+        opts.engine
+            .max_batch_tokens
+            .unwrap_or(CUDA_MAX_BATCH_TOKENS),
+        opts.engine.max_num_seqs,
     )
 }
 
@@ -272,13 +262,13 @@ fn engine_reserve(args: &ModelArgs, cfg: &contract::ModelConfig) -> usize {
 /// rest is split in proportion to the two models' bytes per block, so the
 /// target's pool and the companion's pool of as many blocks both fit.
 pub(crate) fn gpu_kv_bytes(
-    args: &ModelArgs,
+    opts: &RuntimeOptions,
     cfg: &contract::ModelConfig,
     weights: &checkpoint::ModelWeights,
     ordinal: usize,
     memory: &GpuMemoryPlan,
     companion: Option<&Companion>,
-) -> Result<Option<usize>> {
+) -> Result<Option<usize>, RuntimeError> {
     let Some((_, mem, engines)) = memory.iter().find(|(o, _, _)| *o == ordinal) else {
         return Ok(None);
     };
@@ -289,16 +279,16 @@ pub(crate) fn gpu_kv_bytes(
         .sum::<usize>();
     let c = companion.copied().unwrap_or_default();
     // the LoRA slot pool is allocated at start, fixed in size
-    let lora = model::cuda::lora_pool_bytes(cfg, args.lora.slots(), args.lora.max_lora_rank);
+    let lora = model::cuda::lora_pool_bytes(cfg, opts.lora.slots(), opts.lora.max_lora_rank);
     let needs = EngineNeeds {
         weights: weights_bytes.saturating_add(c.weights),
-        reserve: engine_reserve(args, cfg)
+        reserve: engine_reserve(opts, cfg)
             .saturating_add(c.reserve)
             .saturating_add(lora),
     };
-    let both = gpu_kv_budget(*mem, args.gpu_memory_utilization, *engines, needs)
-        .map_err(|e| anyhow::anyhow!("GPU {ordinal}: {e}"))?;
-    Ok(Some(split_pool(both, block_bytes(args, cfg), c.per_block)))
+    let both = gpu_kv_budget(*mem, opts.kv.gpu_memory_utilization, *engines, needs)
+        .map_err(|e| RuntimeError::Invalid(format!("GPU {ordinal}: {e}")))?;
+    Ok(Some(split_pool(both, block_bytes(opts, cfg), c.per_block)))
 }
 
 /// The target's part of `both` KV bytes when a companion of `theirs` bytes
@@ -309,146 +299,4 @@ fn split_pool(both: usize, ours: usize, theirs: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const G: usize = 1 << 30;
-
-    #[test]
-    fn the_pool_gets_what_the_utilization_leaves() {
-        // an H200 (139 GiB usable), nothing else on it, a 2.5 GiB model
-        let mem = GpuMemory {
-            total: 139 * G,
-            free_at_start: 139 * G - G / 2,
-        };
-        let needs = EngineNeeds {
-            weights: 5 * G / 2,
-            reserve: 2 * G,
-        };
-        let kv = gpu_kv_budget(mem, 0.9, 1, needs).unwrap();
-        let allowed = (139.0 * 0.9 * G as f64) as usize;
-        assert_eq!(kv, allowed - G / 2 - 5 * G / 2 - 2 * G);
-        // a lower utilization leaves less, proportionally to the total
-        let less = gpu_kv_budget(mem, 0.5, 1, needs).unwrap();
-        assert!(kv - less > (139.0 * 0.39 * G as f64) as usize);
-        // two engines on one device split what is left
-        let two = gpu_kv_budget(mem, 0.9, 2, needs).unwrap();
-        assert_eq!(two, (allowed - G / 2) / 2 - 5 * G / 2 - 2 * G);
-    }
-
-    #[test]
-    fn no_room_is_an_error_naming_the_flags() {
-        let mem = GpuMemory {
-            total: 16 * G,
-            free_at_start: 4 * G,
-        };
-        let needs = EngineNeeds {
-            weights: 2 * G,
-            reserve: G,
-        };
-        let e = gpu_kv_budget(mem, 0.9, 1, needs).unwrap_err();
-        assert!(
-            e.contains("--gpu-memory-utilization") && e.contains("--kv-memory-gib"),
-            "{e}"
-        );
-        for bad in [0.0, -0.5, 1.5, f64::NAN] {
-            let e = gpu_kv_budget(mem, bad, 1, needs).unwrap_err();
-            assert!(e.contains("(0, 1]"), "{e}");
-        }
-    }
-
-    #[test]
-    fn the_reserve_grows_with_the_step_and_the_batch() {
-        // Llama-3.2-1B's shapes at the CUDA defaults: a few GiB at most
-        let r = reserve_bytes(2048, 8192, 2048, 512, 128_256, 8192, 256);
-        assert!(r > FIXED_RESERVE + G / 2 && r < 4 * G, "{r}");
-        assert!(reserve_bytes(2048, 8192, 2048, 512, 128_256, 16384, 256) > r);
-        assert!(reserve_bytes(2048, 8192, 2048, 512, 128_256, 8192, 512) > r);
-    }
-
-    #[test]
-    fn an_fp8_pool_holds_twice_the_tokens_of_bf16_in_the_same_memory() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cmd {
-            #[command(flatten)]
-            m: ModelArgs,
-        }
-        let cfg = contract::presets::Preset::Smollm2_135m.config().unwrap();
-        let blocks = |dtype: &str| {
-            let args =
-                Cmd::try_parse_from(["t", "--kv-memory-gib", "1", "--kv-cache-dtype", dtype])
-                    .unwrap()
-                    .m;
-            let (per_block, n) = kv_pool(&args, &cfg, None).unwrap();
-            // 30 layers x K and V x 3 heads x 64 x 16 tokens of the element
-            assert_eq!(
-                per_block,
-                30 * 2 * 3 * 64 * 16 * args.kv_cache_dtype.bytes()
-            );
-            n
-        };
-        let (bf16, fp8, f32) = (blocks("bf16"), blocks("fp8"), blocks("f32"));
-        assert_eq!(blocks("auto"), bf16);
-        // whole blocks of the budget: twice the blocks, less the odd one
-        assert!(fp8 >= 2 * bf16 && fp8 / 2 == bf16, "fp8 {fp8}, bf16 {bf16}");
-        assert!(bf16 >= 2 * f32 && bf16 / 2 == f32, "bf16 {bf16}, f32 {f32}");
-        assert!(Cmd::try_parse_from(["t", "--kv-cache-dtype", "int4"]).is_err());
-    }
-
-    /// A one-shot command's pool follows its request: prompt and reply
-    /// plus the slack, per sequence, at most the context; a conversation
-    /// gets one context; a flag still wins, and serving keeps the default.
-    #[test]
-    fn a_one_shot_pool_follows_the_request() {
-        let shot = |tokens, sequences| OneShot { tokens, sequences };
-        assert_eq!(
-            one_shot_blocks(shot(Some(100), 1), 8192),
-            (100 + 256usize).div_ceil(16)
-        );
-        assert_eq!(one_shot_blocks(shot(Some(100), 4), 8192), 4 * 23);
-        assert_eq!(one_shot_blocks(shot(Some(1_000_000), 1), 8192), 512);
-        assert_eq!(one_shot_blocks(shot(None, 1), 8192), 512);
-        assert!(
-            one_shot_blocks(shot(Some(5000), 1), 8192) > one_shot_blocks(shot(Some(50), 1), 8192)
-        );
-
-        use clap::Parser;
-        #[derive(Parser)]
-        struct Cmd {
-            #[command(flatten)]
-            m: ModelArgs,
-        }
-        let cfg = contract::presets::Preset::Smollm2_135m.config().unwrap();
-        let blocks = |argv: &[&str], one: Option<OneShot>| {
-            let mut args = Cmd::try_parse_from(argv).unwrap().m;
-            args.one_shot = one;
-            kv_pool(&args, &cfg, None).unwrap().1
-        };
-        // serving: the CPU default of 2 GiB (capped by the full contexts)
-        let serve = blocks(&["t"], None);
-        let one = blocks(&["t"], Some(shot(Some(300), 1)));
-        assert_eq!(one, (300 + 256usize).div_ceil(16));
-        assert!(serve > 20 * one, "serve {serve}, one-shot {one}");
-        // an explicit size wins
-        assert_eq!(
-            blocks(&["t", "--kv-blocks", "999"], Some(shot(Some(300), 1))),
-            999
-        );
-    }
-
-    #[test]
-    fn a_companion_keeps_as_many_blocks_as_the_target() {
-        // 10 blocks of both fit; the target keeps its 10 blocks' bytes
-        assert_eq!(split_pool(10 * (300 + 100) + 99, 300, 100), 10 * 300);
-        assert_eq!(split_pool(1000, 300, 0), 900);
-        assert_eq!(split_pool(0, 300, 100), 0);
-    }
-
-    #[test]
-    fn full_contexts_of_a_pool() {
-        assert_eq!(full_contexts(65_536, 131_072), 0);
-        assert_eq!(full_contexts(65_536, 8192), 8);
-        assert_eq!(full_contexts(100, 0), 100);
-    }
-}
+mod tests;
