@@ -249,8 +249,8 @@ impl<'a> Exec<'a> {
     /// What the products may use beside their operands.
     pub(super) fn gemm_io(&self) -> GemmIo<'a> {
         GemmIo {
-            k: &self.k,
-            blas: &self.blas,
+            k: self.k,
+            blas: self.blas,
             xq: self.ws.xq.view(),
             xs: self.ws.xs8.view(),
             widened: self.model.w.widened.as_ref().map(|b| b.view()),

@@ -273,6 +273,7 @@ pub fn parse_calls(text: &str, names: &[String], parallel: bool) -> Option<Vec<P
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn names() -> Vec<String> {
         vec!["get_weather".to_string(), "now".to_string()]
