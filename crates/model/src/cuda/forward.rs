@@ -243,7 +243,8 @@ impl<'a> Exec<'a> {
         n: usize,
         k: usize,
     ) -> Result<(), BackendError> {
-        self.products.project(&self.gemm_io(), w, m, x, y, n, k)
+        let d = GemmDims { m, n, k };
+        self.products.project(&self.gemm_io(), w, x, y, d)
     }
 
     /// What the products may use beside their operands.

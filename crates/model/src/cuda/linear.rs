@@ -192,17 +192,14 @@ impl<'a> GemmIo<'a> {
 
 /// How the GEMM path multiplies, decided when the backend opens.
 pub(super) trait Products: Send {
-    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` in bf16.
-    #[allow(clippy::too_many_arguments)]
+    /// `y[m, n] = x[m, k] · w[n, k]ᵀ` in bf16 (`d` = `(m, n, k)`).
     fn project(
         &self,
         io: &GemmIo<'_>,
         w: &dyn Linear,
-        m: usize,
         x: DevSlice<'_, bf16>,
         y: DevSlice<'_, bf16>,
-        n: usize,
-        k: usize,
+        d: GemmDims,
     ) -> Result<(), BackendError>;
     /// The LM head `logits[m, v] = x[m, h] · head[v, h]ᵀ` in f32, `head`
     /// already bf16 (`d` = `(m, v, h)`).
@@ -238,13 +235,11 @@ impl Products for Fast {
         &self,
         io: &GemmIo<'_>,
         w: &dyn Linear,
-        m: usize,
         x: DevSlice<'_, bf16>,
         y: DevSlice<'_, bf16>,
-        n: usize,
-        k: usize,
+        d: GemmDims,
     ) -> Result<(), BackendError> {
-        let d = GemmDims { m, n, k };
+        let GemmDims { m, n, k } = d;
         if let (Some((q, scale)), Some(lt)) = (w.fp8(), &self.lt)
             && lt.supports(d).map_err(ge("FP8 GEMM shape"))?
         {

@@ -274,13 +274,11 @@ impl Products for Pinned {
         &self,
         io: &GemmIo<'_>,
         w: &dyn Linear,
-        m: usize,
         x: DevSlice<'_, bf16>,
         y: DevSlice<'_, bf16>,
-        n: usize,
-        k: usize,
+        d: GemmDims,
     ) -> Result<(), BackendError> {
-        let (inv, d) = (&self.inv, GemmDims { m, n, k });
+        let (inv, GemmDims { m, n, k }) = (&self.inv, d);
         if let Some((q, scale)) = w.fp8().filter(|_| self.fp8_acts)
             && inv.is_pinned(Operands::Fp8, n, k)
         {
