@@ -46,7 +46,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "lamina",
     version,
-    about = "Fast inference for Llama-family models"
+    about = "Fast inference for small open models (Llama 3.2, Gemma 3, Qwen3, Qwen2.5)"
 )]
 struct Cli {
     /// Log more (-v: info, with one line per served request and the

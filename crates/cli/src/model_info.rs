@@ -35,7 +35,7 @@ pub fn show(args: ShowArgs) -> Result<()> {
     let params = engine::speculate::draft_model::num_params(c);
     println!("model         {}", runtime::display_name(&args.model));
     println!("path          {}", dir.display());
-    println!("architecture  llama");
+    println!("architecture  {}", architecture(&dir));
     println!("parameters    {:.1}M", params as f64 / 1e6);
     println!("context       {} tokens", c.max_position_embeddings);
     println!(
@@ -86,6 +86,19 @@ fn weight_format(dir: &Path) -> String {
         Some(q) => format!("safetensors, {q} quantised"),
         None => format!("safetensors, {dtype}"),
     }
+}
+
+/// The architecture `config.json` names (`architectures[0]`, else its
+/// `model_type`).
+fn architecture(dir: &Path) -> String {
+    let cfg: Option<Value> = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let cfg = cfg.unwrap_or(Value::Null);
+    let named = cfg["architectures"][0]
+        .as_str()
+        .or(cfg["model_type"].as_str());
+    named.unwrap_or("unknown").to_string()
 }
 
 /// Whether the tokenizer ships a chat template, and its size.

@@ -199,7 +199,8 @@ impl EosIds {
     }
 }
 
-/// A validated Llama-family configuration. All dimensions in the engine come from here.
+/// A validated model configuration (any supported family: its layer is
+/// described by `spec`). All dimensions in the engine come from here.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
     pub hidden_size: usize,

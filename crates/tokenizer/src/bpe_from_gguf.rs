@@ -34,9 +34,10 @@ use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 
 /// GGUF token types (llama.cpp `llama_token_type`).
-const TYPE_CONTROL: i32 = 3;
-const TYPE_USER_DEFINED: i32 = 4;
-const TYPE_MAX: i32 = 6;
+pub(crate) const TYPE_UNKNOWN: i32 = 2;
+pub(crate) const TYPE_CONTROL: i32 = 3;
+pub(crate) const TYPE_USER_DEFINED: i32 = 4;
+pub(crate) const TYPE_MAX: i32 = 6;
 
 /// The Llama 3 pre-tokenizer regex (as in Meta's tokenizer.json).
 pub const LLAMA3_SPLIT_REGEX: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";

@@ -32,6 +32,7 @@ pub mod chat;
 mod config;
 pub mod detok;
 mod shield;
+pub mod spm_from_gguf;
 
 /// File names read by [`Tokenizer::from_dir`].
 pub const TOKENIZER_FILE: &str = "tokenizer.json";

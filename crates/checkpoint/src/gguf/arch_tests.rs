@@ -77,6 +77,15 @@ fn tensors(arch: &str) -> Vec<(String, Vec<u64>)> {
 /// A GGUF of `arch` as llama.cpp's converter writes one, without the
 /// tensor `skip`.
 fn qwen_gguf(arch: &str, skip: &str) -> Vec<u8> {
+    gguf_with_vocab(arch, skip, false)
+}
+
+/// SentencePiece pieces of [`gguf_with_vocab`]'s `llama` vocabulary.
+const SPM_TOKENS: [&str; 6] = ["<unk>", "<s>", "</s>", "\u{2581}", "a", "\u{2581}a"];
+
+/// [`qwen_gguf`] with a byte-level BPE (`gpt2`) vocabulary, or with a
+/// SentencePiece (`llama`) one when `spm`.
+fn gguf_with_vocab(arch: &str, skip: &str, spm: bool) -> Vec<u8> {
     let mut b = Builder::default();
     let key = |k: &str| format!("{arch}.{k}");
     b.kv("general.architecture", T_STRING, &string(arch))
@@ -120,15 +129,33 @@ fn qwen_gguf(arch: &str, skip: &str) -> Vec<u8> {
             &(HEAD_DIM as u32).to_le_bytes(),
         );
     }
+    let tokens: &[&str] = if spm { &SPM_TOKENS } else { &TOKENS };
     let mut types = 5u32.to_le_bytes().to_vec(); // i32
-    types.extend((TOKENS.len() as u64).to_le_bytes());
-    for t in TOKENS {
-        types.extend((if t.starts_with("<|") { 3i32 } else { 1 }).to_le_bytes());
+    types.extend((tokens.len() as u64).to_le_bytes());
+    for (i, t) in tokens.iter().enumerate() {
+        let ty: i32 = match (spm, i) {
+            (true, 0) => 2,
+            (true, 1 | 2) => 3,
+            (false, _) if t.starts_with("<|") => 3,
+            _ => 1,
+        };
+        types.extend(ty.to_le_bytes());
     }
-    b.kv("tokenizer.ggml.model", T_STRING, &string("gpt2"))
-        .kv("tokenizer.ggml.pre", T_STRING, &string("qwen2"))
-        .kv("tokenizer.ggml.tokens", T_ARRAY, &strings(&TOKENS))
-        .kv("tokenizer.ggml.merges", T_ARRAY, &strings(&[]))
+    if spm {
+        let mut scores = T_F32.to_le_bytes().to_vec();
+        scores.extend((tokens.len() as u64).to_le_bytes());
+        for i in 0..tokens.len() {
+            scores.extend((-(i as f32)).to_le_bytes());
+        }
+        b.kv("tokenizer.ggml.model", T_STRING, &string("llama"))
+            .kv("tokenizer.ggml.scores", T_ARRAY, &scores)
+            .kv("tokenizer.ggml.add_space_prefix", T_BOOL, &[0]);
+    } else {
+        b.kv("tokenizer.ggml.model", T_STRING, &string("gpt2"))
+            .kv("tokenizer.ggml.pre", T_STRING, &string("qwen2"))
+            .kv("tokenizer.ggml.merges", T_ARRAY, &strings(&[]));
+    }
+    b.kv("tokenizer.ggml.tokens", T_ARRAY, &strings(tokens))
         .kv("tokenizer.ggml.token_type", T_ARRAY, &types)
         .kv("tokenizer.ggml.eos_token_id", T_U32, &5u32.to_le_bytes())
         .kv(
@@ -244,4 +271,27 @@ fn a_family_without_its_extra_tensors_is_refused_naming_one() {
         e.contains("general.architecture") && e.contains("gpt-neox") && e.contains("qwen3"),
         "{e}"
     );
+}
+
+#[test]
+fn a_sentencepiece_vocabulary_becomes_a_byte_fallback_bpe_tokenizer() {
+    let buf = gguf_with_vocab("qwen3", "", true);
+    let dir = tempfile::tempdir().unwrap();
+    let g = Gguf::parse(&buf, "spm.gguf").unwrap();
+    import_to_dir(&g, &buf, dir.path(), None).unwrap();
+    let tj: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("tokenizer.json")).unwrap()).unwrap();
+    let model = &tj["model"];
+    assert_eq!(model["type"], "BPE");
+    assert_eq!(model["byte_fallback"], true);
+    assert_eq!(model["unk_token"], "<unk>");
+    assert_eq!(model["merges"], serde_json::json!([["\u{2581}", "a"]]));
+    assert_eq!(tj["normalizer"]["content"], "\u{2581}");
+    let added: Vec<_> = tj["added_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["content"].clone())
+        .collect();
+    assert_eq!(added, ["<s>", "</s>"]);
 }

@@ -8,16 +8,18 @@
 //! Face name, in Hugging Face layout: llama.cpp's Q/K row permutation of
 //! Llama undone, the `+ 1` its converter adds to Gemma 3's norm gains
 //! taken off: [`Arch`]),
-//! `tokenizer.json` (via [`tokenizer::bpe_from_gguf::build_tokenizer_json`]) and
+//! `tokenizer.json` (byte-level BPE via [`tokenizer::bpe_from_gguf`],
+//! SentencePiece via [`tokenizer::spm_from_gguf`]) and
 //! `tokenizer_config.json` (chat template, BOS/EOS strings, `add_bos_token`
 //! as llama.cpp decides it: [`super::adds_bos`]), or the model's own
-//! tokenizer files given to [`import_with_tokenizer`] (a SentencePiece
-//! vocabulary, which the importer does not convert).
+//! tokenizer files given to [`import_with_tokenizer`] (a store id that
+//! brings the model's own tokenizer.json).
 //! Before any weight is written, the tensor set is checked against the config
 //! (first its size, so a huge `block_count` allocates nothing):
 //! an unknown, missing or misshapen tensor is an error naming it. Features the
 //! importer cannot reproduce in a Hugging Face config (rope scaling types,
-//! `rope_freqs` factors, non-BPE vocabularies) are errors, not silent drift.
+//! `rope_freqs` factors, vocabularies other than BPE and SentencePiece) are
+//! errors, not silent drift.
 //!
 //! Costs: one tensor dequantised at a time (the largest, the embedding, is
 //! `vocab × hidden` f32), streamed to disk; the output is the model in BF16.
@@ -202,39 +204,69 @@ fn string_array(g: &Gguf, key: &str) -> Result<Vec<String>, GgufError> {
         .collect()
 }
 
+/// An array-of-numbers metadata value as `T` (`None` where an entry does
+/// not fit), or an error naming `key`.
+fn number_array<T>(
+    g: &Gguf,
+    key: &str,
+    of: impl Fn(&super::Value) -> Option<T>,
+) -> Result<Vec<T>, GgufError> {
+    let bad = || GgufError::Metadata {
+        key: key.to_string(),
+        reason: "expected an array of numbers".into(),
+    };
+    let arr = g.get(key)?.as_array().ok_or_else(bad)?;
+    arr.iter().map(|v| of(v).ok_or_else(bad)).collect()
+}
+
+/// The `tokenizer.json` text for this GGUF's vocabulary: byte-level BPE
+/// (`gpt2`) or SentencePiece (`llama`); `tokens` is `tokenizer.ggml.tokens`.
+fn tokenizer_json(g: &Gguf, tokens: &[String]) -> Result<String, GgufError> {
+    let model = g.get_str("tokenizer.ggml.model")?;
+    let types = number_array(g, "tokenizer.ggml.token_type", |v| {
+        v.as_i64().and_then(|x| i32::try_from(x).ok())
+    })?;
+    let built = match model {
+        "gpt2" => {
+            let merges = string_array(g, "tokenizer.ggml.merges")?;
+            let pre = match g.metadata.get("tokenizer.ggml.pre") {
+                Some(_) => g.get_str("tokenizer.ggml.pre")?,
+                None => "default",
+            };
+            tokenizer::bpe_from_gguf::build_tokenizer_json(tokens, &merges, &types, pre)
+        }
+        "llama" => {
+            let scores =
+                number_array(g, "tokenizer.ggml.scores", |v| v.as_f64().map(|x| x as f32))?;
+            let flag = g.metadata.get("tokenizer.ggml.add_space_prefix");
+            let unk = g.metadata.get("tokenizer.ggml.unknown_token_id");
+            tokenizer::spm_from_gguf::build_tokenizer_json(&tokenizer::spm_from_gguf::SpmVocab {
+                tokens,
+                scores: &scores,
+                types: &types,
+                unk: unk
+                    .and_then(|v| v.as_u64())
+                    .and_then(|u| usize::try_from(u).ok()),
+                // llama.cpp's default when the key is absent
+                add_space_prefix: flag.and_then(|v| v.as_bool()).unwrap_or(true),
+            })
+        }
+        other => {
+            return Err(GgufError::Metadata {
+                key: "tokenizer.ggml.model".into(),
+                reason: format!(
+                    "only byte-level BPE (`gpt2`) and SentencePiece (`llama`) vocabularies are converted, got `{other}`"
+                ),
+            });
+        }
+    };
+    built.map_err(|e| GgufError::Tokenizer(e.to_string()))
+}
+
 /// `tokenizer.json` and `tokenizer_config.json` texts for this GGUF.
 fn tokenizer_files(g: &Gguf, max_len: u64) -> Result<(String, Value), GgufError> {
-    let model = g.get_str("tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(GgufError::Metadata {
-            key: "tokenizer.ggml.model".into(),
-            reason: format!(
-                "only byte-level BPE (`gpt2`) vocabularies are converted, got `{model}` (SentencePiece); a store id that brings the model's own tokenizer.json (`gemma-3-270m`) imports it"
-            ),
-        });
-    }
     let tokens = string_array(g, "tokenizer.ggml.tokens")?;
-    let merges = string_array(g, "tokenizer.ggml.merges")?;
-    let types_key = "tokenizer.ggml.token_type";
-    let types = g
-        .get(types_key)?
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|v| v.as_i64().and_then(|x| i32::try_from(x).ok()))
-                .collect::<Option<Vec<i32>>>()
-        })
-        .and_then(|x| x)
-        .ok_or_else(|| GgufError::Metadata {
-            key: types_key.into(),
-            reason: "expected an array of integers".into(),
-        })?;
-    let pre = match g.metadata.get("tokenizer.ggml.pre") {
-        Some(_) => g.get_str("tokenizer.ggml.pre")?,
-        None => "default",
-    };
-    let json = tokenizer::bpe_from_gguf::build_tokenizer_json(&tokens, &merges, &types, pre)
-        .map_err(|e| GgufError::Tokenizer(e.to_string()))?;
+    let json = tokenizer_json(g, &tokens)?;
     let token_str = |key: &str| -> Option<String> {
         let id = g.metadata.get(key)?.as_u64()?;
         tokens.get(usize::try_from(id).ok()?).cloned()
@@ -314,8 +346,9 @@ pub fn import_to_dir(
     import_with_tokenizer(g, buf, dir, progress, None)
 }
 
-/// A model's own `tokenizer.json` and `tokenizer_config.json` texts, for a
-/// GGUF whose vocabulary the importer cannot turn into one (SentencePiece).
+/// A model's own `tokenizer.json` and `tokenizer_config.json` texts, used
+/// instead of the ones built from the GGUF's vocabulary (a store id that
+/// brings them).
 #[derive(Debug, Clone)]
 pub struct TokenizerFiles {
     pub tokenizer_json: Vec<u8>,
