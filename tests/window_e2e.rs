@@ -72,8 +72,11 @@ fn greedy(prompt: Vec<u32>) -> GenerateRequest {
     }
 }
 
+/// A token's log-probability bits and its alternatives' (token, bits).
+type LogprobBits = (u32, Vec<(u32, u32)>);
+
 /// Tokens and log-probability bits of a completion.
-fn bits(c: &Completion) -> (Vec<u32>, Vec<(u32, Vec<(u32, u32)>)>) {
+fn bits(c: &Completion) -> (Vec<u32>, Vec<LogprobBits>) {
     let lp = c.logprobs.iter().map(|(l, alts)| {
         let alts = alts.iter().map(|&(t, a)| (t, a.to_bits())).collect();
         (l.to_bits(), alts)
