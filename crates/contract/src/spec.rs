@@ -157,6 +157,15 @@ impl ModelSpec {
             .then_some(first)
     }
 
+    /// The window every layer attends within (the largest of the layers'
+    /// windows), `None` when some layer sees the whole context (Gemma 3's
+    /// global layers) or there are no layers: how far back a KV pool shared
+    /// by all layers must keep a sequence's keys.
+    pub fn kv_window(&self) -> Option<usize> {
+        let windows = self.layers.iter().map(|l| l.attention.window);
+        windows.collect::<Option<Vec<_>>>()?.into_iter().max()
+    }
+
     /// The first field (by its path, e.g. `layers[3].attention.window`)
     /// where this spec differs from `other`, `None` when they are equal.
     pub fn first_difference(&self, other: &ModelSpec) -> Option<String> {
@@ -231,6 +240,12 @@ mod tests {
         w.layers[1].rope.theta = 1e6;
         assert_eq!(diff(&w).as_deref(), Some("layers[1].attention.window"));
         assert!(w.uniform_rope().is_none());
+        assert_eq!(w.kv_window(), None, "a global layer keeps every key");
+        w.layers
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, l)| l.attention.window = Some(10 + i));
+        assert_eq!(w.kv_window(), Some(12));
         let mut g = l.clone();
         g.norm_weight_offset = 1.0;
         assert_eq!(diff(&g).as_deref(), Some("norm_weight_offset"));

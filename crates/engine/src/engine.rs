@@ -108,6 +108,7 @@ impl Engine {
             cfg.max_num_seqs,
             cfg.max_batch_tokens,
         )
+        .and_then(|s| s.with_kv_window(backend.config().spec.kv_window()))
         .map_err(|e| EngineError::InvalidConfig {
             field: "kv_shape",
             reason: e.to_string(),

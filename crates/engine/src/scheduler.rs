@@ -278,6 +278,17 @@ impl Scheduler {
         })
     }
 
+    /// The same scheduler over a KV pool that frees blocks outside
+    /// `window` (`paged_kv::KvManager::with_window`: every layer of the
+    /// model windowed; `None` frees nothing).
+    pub(crate) fn with_kv_window(
+        mut self,
+        window: Option<usize>,
+    ) -> Result<Self, paged_kv::KvError> {
+        self.kv = self.kv.with_window(window)?;
+        Ok(self)
+    }
+
     /// Queues a new sequence (ids must increase with arrival); `fork_of`
     /// names the first choice of the same request (contract point 5),
     /// `max_tokens` the most tokens it generates (contract point 6).

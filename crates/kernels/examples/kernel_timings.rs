@@ -294,6 +294,7 @@ fn decode(gpu: &Arc<Gpu>, k: &Kernels) {
                 block_size,
                 fresh: 1,
                 min_ctx: 0,
+                rule: ops::attention::ScoreRule::causal(shape.head_dim),
             };
             let us = d.split_kv_us(gpu, k, p);
             println!(
@@ -362,6 +363,7 @@ impl DecodeInputs {
             max_seqlen: 1,
             max_blocks,
             block_size,
+            rule: ops::attention::ScoreRule::causal(shape.head_dim),
         };
         let (q, kv) = (
             self.qkv.view(),
@@ -416,6 +418,7 @@ fn flash(gpu: &Arc<Gpu>, k: &Kernels) {
             max_seqlen: t,
             max_blocks: b.max_blocks,
             block_size,
+            rule: ops::attention::ScoreRule::causal(shape.head_dim),
         };
         let flops = 4.0 * (t as f64).powi(2) * (shape.head_dim * shape.num_heads) as f64 / 2.0;
         let mut kinds: Vec<Option<FlashTiles>> = vec![Some(FlashTiles::Wide)];

@@ -312,7 +312,7 @@ kernel_args! {
 
     /// Arguments of `prefill_attention_d{D}` (cu/prefill_attention.cu).
     #[derive(Default)]
-    pub struct PrefillAttentionArgs for "prefill_attention_d*, prefill_attention_fp8_d*", size 88 {
+    pub struct PrefillAttentionArgs for "prefill_attention_d*, prefill_attention_fp8_d*", size 96 {
         /// [T, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
         /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
@@ -332,17 +332,20 @@ kernel_args! {
         n_kv: u32 as "uint32_t" @ 64,
         block_size: u32 as "uint32_t" @ 68,
         tok_per_block: u32 as "uint32_t" @ 72,
-        /// 1 / sqrt(D)
+        /// the layer's score scale (`ScoreRule::scale`)
         scale: f32 as "float" @ 76,
         /// FP8 K scale: a key reads decode(byte) * k_scale (_fp8 kernels only)
         k_scale: f32 as "float" @ 80,
         /// FP8 V scale (_fp8 kernels only)
         v_scale: f32 as "float" @ 84,
+        /// sliding window: a query at `p` sees `window_first(p, window)..=p` (0: none)
+        window: u32 as "uint32_t" @ 88,
+        pad: u32 as "uint32_t" @ 92,
     }
 
     /// Arguments of `decode_attention_d{D}_g{G}` (cu/decode_attention.cu).
     #[derive(Default)]
-    pub struct DecodeArgs for "decode_attention_d*_g*, decode_attention_fp8_d*_g*", size 136 {
+    pub struct DecodeArgs for "decode_attention_d*_g*, decode_attention_fp8_d*_g*", size 144 {
         /// [S, (n_heads + 2 n_kv) D] bf16, q roped
         qkv: u64 as "const bf16*" @ 0,
         /// [slots, n_kv, D] bf16 (e4m3 bytes: the _fp8 kernels)
@@ -366,7 +369,7 @@ kernel_args! {
         n_kv: u32 as "uint32_t" @ 80,
         block_size: u32 as "uint32_t" @ 84,
         splits: u32 as "uint32_t" @ 88,
-        /// log2(e) / sqrt(D)
+        /// log2(e) times the layer's score scale
         scale_log2: f32 as "float" @ 92,
         /// fewest keys a split takes, a multiple of DECODE_CHUNK_GRAN
         min_chunk: u32 as "uint32_t" @ 96,
@@ -387,6 +390,10 @@ kernel_args! {
         num_seqs: u32 as "uint32_t" @ 128,
         /// rows with a shorter context exit (left to another launch; 0: none)
         min_ctx: u32 as "uint32_t" @ 132,
+        /// sliding window: a row of context `ctx` reads keys
+        /// `window_first(ctx - 1, window)..ctx` only (0: none)
+        window: u32 as "uint32_t" @ 136,
+        pad: u32 as "uint32_t" @ 140,
     }
 
     /// Arguments of the `flash_*` kernels (cu/flash_prefill.cu).
@@ -412,7 +419,7 @@ kernel_args! {
         block_size: u32 as "uint32_t" @ 68,
         /// query tokens per CTA; tok_per_tile * G <= rows of a CTA
         tok_per_tile: u32 as "uint32_t" @ 72,
-        /// log2(e) / sqrt(D)
+        /// log2(e) times the layer's score scale
         scale_log2: f32 as "float" @ 76,
         /// sequences with fewer query tokens are left to another launch
         min_len: u32 as "uint32_t" @ 80,
@@ -425,7 +432,8 @@ kernel_args! {
         /// rows whose context (position + 1) exceeds it are left to another
         /// launch (the mma.sync tilings; `u32::MAX`: none)
         max_ctx: u32 as "uint32_t" @ 96,
-        pad: u32 as "uint32_t" @ 100,
+        /// sliding window: a query at `p` sees `window_first(p, window)..=p` (0: none)
+        window: u32 as "uint32_t" @ 100,
     }
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).

@@ -20,7 +20,7 @@ macro_rules! launch_consts {
 
 /// Head sizes the attention kernels are instantiated for; entry `i` of
 /// `Kernels::prefill` / `Kernels::decode` is the kernel for `HEAD_DIMS[i]`.
-pub const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+pub const HEAD_DIMS: [usize; 5] = [16, 32, 64, 128, 256];
 
 /// Query heads per KV head the decode kernels are instantiated for
 /// (`decode_attention_d{D}_g{G}`; a group uses the first cap that holds it).
@@ -58,7 +58,8 @@ launch_consts! {
     /// Threads per block of `rope_kv_write` (one block per token).
     pub const ROPE_THREADS: usize = 128;
     /// Largest head a warp Hadamard-rotates (`cu/hadamard.cuh`: `D / 32`
-    /// values per lane in registers); the largest of [`HEAD_DIMS`].
+    /// values per lane in registers); larger heads of [`HEAD_DIMS`] run on
+    /// unrotated caches only.
     pub const HADAMARD_MAX_DIM: usize = 128;
 
     /// Query rows (tokens x query heads of one KV head) one prefill block serves.

@@ -7,16 +7,20 @@
 //! Splits take at least [`MIN_CHUNK`] keys, and the last split block of a
 //! (sequence, KV head) to finish merges the partials (a zeroed arrival
 //! counter per (sequence, KV head), [`DecodePlan::counters_len`]).
-//! Costs: one launch; reads each sequence's K/V once, 16 bytes per lane
-//! load, each load serving all query heads of a GQA group; split partials
-//! cost `2 * (D + 2) * 4` bytes per (split, head) written and read once.
+//! A row under a sliding window ([`DecodeParams::rule`]) splits only the keys
+//! of its window, so blocks older than the window are never read.
+//! Costs: one launch; reads each sequence's K/V once (the window's, on a
+//! windowed layer), 16 bytes per lane load, each load serving all query
+//! heads of a GQA group; split partials cost `2 * (D + 2) * 4` bytes per
+//! (split, head) written and read once.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::DecodeArgs;
 use crate::kv::KvCaches;
-use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
+use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, rule_args, u32_of};
+use ops::attention::ScoreRule;
 
 /// Keys per split are a multiple of this (`DECODE_CHUNK_GRAN`).
 pub use crate::consts::DECODE_CHUNK_GRAN as CHUNK_GRAN;
@@ -153,6 +157,8 @@ pub struct DecodeParams {
     pub fresh: usize,
     /// Rows with a shorter context are left alone (for another launch; 0: none).
     pub min_ctx: usize,
+    /// The layer's score scale and sliding window (no soft-cap).
+    pub rule: ScoreRule,
 }
 
 /// What the query rows of a decode launch are.
@@ -172,8 +178,9 @@ pub enum DecodeRows<'a> {
 
 impl Kernels {
     /// One query per row (row `r` of `qkv` is query row `r`, `rows` says
-    /// whose keys it reads): `out[r, h*D..] = softmax(q·Kᵀ / sqrt(D)) V`
-    /// over its keys (zeros for an empty context).
+    /// whose keys it reads): `out[r, h*D..] = softmax(q·Kᵀ · scale) V`
+    /// over its keys, positions `rule.first(ctx - 1)..ctx` (zeros for an
+    /// empty context).
     ///
     /// # Safety
     /// For each row, the first `ceil(ctx / block_size)` entries of its
@@ -202,6 +209,7 @@ impl Kernels {
             &self.decode
         };
         let func = &funcs[head_dim_index(K, s.head_dim)?][group_index(s.group())?];
+        let (scale, window) = rule_args(K, &p.rule)?;
         let splits = p.plan.splits(s, p.num_seqs);
         need(K, "qkv", &qkv, p.num_seqs * s.qkv_width())?;
         let (context_lens, positions, cu_seqlens, seqs) = match rows {
@@ -248,7 +256,7 @@ impl Kernels {
             n_kv: u32_of(K, "num_kv_heads", s.num_kv_heads)?,
             block_size: u32_of(K, "block_size", p.block_size)?,
             splits: splits as u32,
-            scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
+            scale_log2: std::f32::consts::LOG2_E * scale,
             min_chunk: p.plan.min_chunk as u32,
             k_scale,
             v_scale,
@@ -257,6 +265,8 @@ impl Kernels {
             cu_seqlens,
             num_seqs: u32_of(K, "num_seqs", seqs)?,
             min_ctx: u32_of(K, "min_ctx", p.min_ctx)?,
+            window,
+            pad: 0,
         };
         let cfg = LaunchConfig {
             grid: (splits as u32, u32_of(K, "num_seqs", p.num_seqs)?, args.n_kv),
@@ -273,10 +283,13 @@ impl Kernels {
 }
 
 /// CPU model of the kernels' arithmetic for one step (`q`: `[S, heads * D]`,
-/// caches `[slots, kv_heads * D]`): per split an online softmax in the log2
-/// domain over keys `[split * chunk, min(ctx, (split + 1) * chunk))`, then
-/// the combine. Tests check it against `ops::paged_attention` (the one reference),
-/// which validates the split arithmetic (chunking, empty splits, merging).
+/// caches `[slots, kv_heads * D]`): a row of context `ctx` reads keys
+/// `lo..ctx`, `lo = rule.first(ctx - 1)`; per split an online softmax in
+/// the log2 domain over keys `lo + split * chunk ..` up to the next split's
+/// first key or `ctx` (`chunk` from the `ctx - lo` keys), then the combine.
+/// Tests check it against `ops::attention::paged_attention_with` (the one
+/// reference), which validates the split arithmetic (chunking, empty
+/// splits, merging, windows).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_split_ref(
     q: &[f32],            // [S, heads * D]
@@ -289,23 +302,25 @@ pub fn decode_split_ref(
     shape: HeadShape,
     splits: usize,
     min_chunk: usize,
+    rule: ScoreRule,
 ) -> Vec<f32> {
     let (d, g, kvw) = (shape.head_dim, shape.group(), shape.kv_width());
     let qw = shape.num_heads * d;
-    let scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+    let scale = std::f32::consts::LOG2_E * rule.scale;
     let mut out = vec![0f32; q.len()];
     for (s, &ctx) in context_lens.iter().enumerate() {
         let ctx = ctx as usize;
         let table = &block_tables[s * max_blocks..(s + 1) * max_blocks];
         let slot = |p: usize| table[p / block_size] as usize * block_size + p % block_size;
-        let chunk = chunk_of(ctx, splits, min_chunk);
+        let lo = ctx.checked_sub(1).map_or(0, |p| rule.first(p));
+        let chunk = chunk_of(ctx - lo, splits, min_chunk);
         for h in 0..shape.num_heads {
             let kvh = h / g;
             let qv = &q[s * qw + h * d..][..d];
             // (max, sum, acc) per split
             let mut parts = Vec::new();
             for sp in 0..splits {
-                let (a, e) = (sp * chunk, ((sp + 1) * chunk).min(ctx));
+                let (a, e) = (lo + sp * chunk, (lo + (sp + 1) * chunk).min(ctx));
                 if a >= e {
                     continue;
                 }

@@ -1,9 +1,13 @@
 //! Launcher for `cu/flash_prefill.cu`: tensor-core (mma.sync bf16)
 //! FlashAttention-2 prefill over packed variable-length sequences, reading
 //! every key and value from the paged cache; same contract and semantics as
-//! [`Kernels::prefill_attention`] (causal, GQA, scale `1/sqrt(D)`), for the
-//! head sizes in [`FLASH_HEAD_DIMS`] and at most [`FLASH_MAX_GROUP`] query
-//! heads per KV head ([`Kernels::flash_prefill_supports`]).
+//! [`Kernels::prefill_attention`] (causal, GQA, the layer's scale and
+//! sliding window), for the head sizes in [`FLASH_HEAD_DIMS`] and at most
+//! [`FLASH_MAX_GROUP`] query heads per KV head
+//! ([`Kernels::flash_prefill_supports`]). Head size 256 is not among them:
+//! a 128-row CTA would hold `(128 + 4 * 64) * 256 * 2` = 192 KiB of tiles
+//! and 256 f32 accumulators a thread on the mma.sync tilings (spills), so
+//! the plan runs it on the scalar prefill kernel.
 //! Two tilings of the same kernel ([`FlashTiles`]): `Wide` (prefill: 128
 //! query rows = tokens x heads per CTA of 4 warps, two m16 tiles a warp) and
 //! `Narrow` (decode steps at large batch: 16 rows, one warp per CTA, so a
@@ -19,7 +23,7 @@ use half::bf16;
 use crate::abi::FlashPrefillArgs;
 use crate::kv::KvCaches;
 use crate::prefill_attention::PrefillParams;
-use crate::{KernelError, Kernels, need, u32_of};
+use crate::{KernelError, Kernels, need, rule_args, u32_of};
 
 /// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
 pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -180,8 +184,9 @@ impl Kernels {
             && s.group() <= tiles.rows()
     }
 
-    /// `out[t, h*D..] = softmax(q_t·Kᵀ / sqrt(D)) V` over the cached
-    /// positions `0..=pos(t)` of `t`'s sequence (causal), on tensor cores.
+    /// `out[t, h*D..] = softmax(q_t·Kᵀ · scale) V` over the cached
+    /// positions `rule.first(pos(t))..=pos(t)` of `t`'s sequence (causal,
+    /// within the window), on tensor cores.
     ///
     /// # Safety
     /// As [`Kernels::prefill_attention`]: `cu_seqlens`, `context_lens` and
@@ -291,6 +296,7 @@ impl Kernels {
             tiles
         };
         let kname = tiles.name();
+        let (scale, window) = rule_args(kname, &p.rule)?;
         if !self.flash_supports(tiles, &p) {
             return Err(KernelError::Unsupported {
                 kernel: kname,
@@ -351,13 +357,13 @@ impl Kernels {
             num_kv_heads: u32_of(kname, "num_kv_heads", s.num_kv_heads)?,
             block_size: u32_of(kname, "block_size", p.block_size)?,
             tok_per_tile: tok_per_tile as u32,
-            scale_log2: std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt(),
+            scale_log2: std::f32::consts::LOG2_E * scale,
             min_len: *seg_lens.start(),
             max_len: *seg_lens.end(),
             k_scale,
             v_scale,
             max_ctx,
-            pad: 0,
+            window,
         };
         let funcs = if kv.is_fp8() {
             &self.flash_prefill8

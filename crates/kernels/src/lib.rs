@@ -1,5 +1,6 @@
-//! kernels: the CUDA kernels of the Llama forward pass, their typed Rust
-//! launchers and a CPU reference for each.
+//! kernels: the CUDA kernels of the forward pass, their typed Rust
+//! launchers and a CPU reference for each. The attention kernels take a
+//! layer's [`ScoreRule`] (scale and sliding window; no soft-cap).
 //!
 //! Contract: `build.rs` compiles every `src/cu/*.cu` (one kernel family per
 //! file) into one fatbin embedded in the binary; [`Kernels::load`] loads it
@@ -49,6 +50,7 @@ pub mod sampling;
 use std::sync::Arc;
 
 use gpu::{Function, Gpu, GpuError, Module};
+use ops::attention::ScoreRule;
 
 pub use consts::HEAD_DIMS;
 pub use decode_attention::DecodePlan;
@@ -348,6 +350,37 @@ pub(crate) fn head_dim_index(kernel: &'static str, head_dim: usize) -> Result<us
         })
 }
 
+/// A layer's score rule as the attention kernels take it: the score scale
+/// and the sliding window (0: none; the kernels' `window_first` is
+/// [`ScoreRule::first`]). The kernels run no soft-cap, and their online
+/// softmax takes the maximum over raw scores, so a rule with a soft-cap or a
+/// scale that is not positive and finite is refused, naming it.
+pub(crate) fn rule_args(kernel: &'static str, rule: &ScoreRule) -> Result<(f32, u32), KernelError> {
+    if let Some(cap) = rule.softcap {
+        return Err(KernelError::Unsupported {
+            kernel,
+            reason: format!("an attention soft-cap ({cap})"),
+        });
+    }
+    if !(rule.scale.is_finite() && rule.scale > 0.0) {
+        return Err(KernelError::Unsupported {
+            kernel,
+            reason: format!("an attention scale of {} (must be positive)", rule.scale),
+        });
+    }
+    let window = match rule.window {
+        None => 0,
+        Some(0) => {
+            return Err(KernelError::Unsupported {
+                kernel,
+                reason: "a sliding window of 0 keys".into(),
+            });
+        }
+        Some(w) => u32_of(kernel, "window", w)?,
+    };
+    Ok((rule.scale, window))
+}
+
 /// Checks `view` holds at least `need` elements; the error names kernel and operand.
 pub(crate) fn need<T>(
     kernel: &'static str,
@@ -393,6 +426,51 @@ mod tests {
                 assert!(msg.contains("built without CUDA kernels"), "{msg}");
                 assert!(unavailable_reason().is_some());
             }
+        }
+    }
+
+    #[test]
+    fn score_rules_reach_the_kernels_or_are_refused_by_name() {
+        let causal = ScoreRule::causal(256);
+        assert_eq!(rule_args("k", &causal).unwrap(), (1.0 / 16.0, 0));
+        let windowed = ScoreRule {
+            window: Some(512),
+            ..causal
+        };
+        assert_eq!(rule_args("k", &windowed).unwrap(), (1.0 / 16.0, 512));
+        let bad = [
+            (
+                ScoreRule {
+                    softcap: Some(50.0),
+                    ..causal
+                },
+                "soft-cap (50)",
+            ),
+            (
+                ScoreRule {
+                    window: Some(0),
+                    ..causal
+                },
+                "window of 0",
+            ),
+            (
+                ScoreRule {
+                    scale: 0.0,
+                    ..causal
+                },
+                "scale of 0",
+            ),
+            (
+                ScoreRule {
+                    scale: f32::NAN,
+                    ..causal
+                },
+                "scale of NaN",
+            ),
+        ];
+        for (rule, what) in bad {
+            let e = rule_args("k", &rule).unwrap_err().to_string();
+            assert!(e.contains(what) && e.contains("`k`"), "{e}");
         }
     }
 

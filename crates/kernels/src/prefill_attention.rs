@@ -1,9 +1,12 @@
 //! Launcher for `cu/prefill_attention.cu`: causal flash attention over packed
-//! variable-length sequences reading K/V from the paged cache; one kernel
-//! per head size of [`crate::HEAD_DIMS`], each taking one
-//! [`PrefillAttentionArgs`]. CPU reference: `ops::attention::paged_attention`
-//! (the CPU backend's attention, also the decode kernel's reference).
-//! Costs: one launch; O(Σ seqlen · context · D) FLOPs, no T x T buffer.
+//! variable-length sequences reading K/V from the paged cache, under the
+//! layer's [`ScoreRule`] (scale, sliding window); one kernel per head size
+//! of [`crate::HEAD_DIMS`] (256 included: the head size the flash kernels do
+//! not serve runs here), each taking one [`PrefillAttentionArgs`]. CPU
+//! reference: `ops::attention::paged_attention_with` (the CPU backend's
+//! attention, also the decode kernel's reference).
+//! Costs: one launch; O(Σ seqlen · min(context, window) · D) FLOPs, no
+//! T x T buffer.
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
@@ -11,7 +14,8 @@ use half::bf16;
 use crate::abi::PrefillAttentionArgs;
 use crate::consts::{MAX_THREADS_PER_BLOCK, PREFILL_ROWS_PER_BLOCK};
 use crate::kv::KvCaches;
-use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, u32_of};
+use crate::{HeadShape, KernelError, Kernels, head_dim_index, need, rule_args, u32_of};
+use ops::attention::ScoreRule;
 
 /// Sizes of one packed prefill launch.
 #[derive(Debug, Clone, Copy)]
@@ -24,11 +28,14 @@ pub struct PrefillParams {
     /// Row length of `block_tables`.
     pub max_blocks: usize,
     pub block_size: usize,
+    /// The layer's score scale and sliding window (no soft-cap).
+    pub rule: ScoreRule,
 }
 
 impl Kernels {
-    /// `out[t, h*D..] = softmax(q_t·Kᵀ / sqrt(D)) V` over the cached
-    /// positions `0..=pos(t)` of `t`'s sequence (causal).
+    /// `out[t, h*D..] = softmax(q_t·Kᵀ · scale) V` over the cached
+    /// positions `rule.first(pos(t))..=pos(t)` of `t`'s sequence (causal,
+    /// within the window).
     ///
     /// # Safety
     /// `cu_seqlens`, `context_lens` and `block_tables` describe a valid batch
@@ -54,6 +61,7 @@ impl Kernels {
             &self.prefill
         };
         let func = &funcs[head_dim_index(K, s.head_dim)?];
+        let (scale, window) = rule_args(K, &p.rule)?;
         need(K, "qkv", &qkv, p.tokens * s.qkv_width())?;
         need(K, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
         need(K, "context_lens", &context_lens, p.num_seqs)?;
@@ -96,9 +104,11 @@ impl Kernels {
             n_kv: u32_of(K, "num_kv_heads", s.num_kv_heads)?,
             block_size: u32_of(K, "block_size", p.block_size)?,
             tok_per_block: tok_per_block as u32,
-            scale: 1.0 / (s.head_dim as f32).sqrt(),
+            scale,
             k_scale,
             v_scale,
+            window,
+            pad: 0,
         };
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; every prefill kernel takes

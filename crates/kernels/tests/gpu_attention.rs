@@ -1,7 +1,8 @@
 //! GPU tests of RoPE + KV write, prefill and decode attention against the
 //! `ops` crate's RoPE, KV write and paged attention (the CPU backend's own
 //! code) (poisoned outputs, random paged batches with scrambled
-//! block tables, head sizes 16 to 128, lengths above 1024), over bf16 and
+//! block tables, head sizes 16 to 256, lengths above 1024, sliding windows
+//! and score scales against `ops::attention::paged_attention_with`), over bf16 and
 //! FP8 e4m3 caches (`ops::kv`'s codec: the writers' bytes against it, the
 //! readers against attention over the values the bytes read back as; the
 //! writer also with Hadamard-rotated keys, against `ops::hadamard`).
@@ -9,14 +10,15 @@
 
 mod common;
 mod flash_prefill;
+mod windows;
 
 use common::*;
 use half::bf16;
 use kernels::decode_attention::{DecodeParams, DecodeRows};
 use kernels::prefill_attention::PrefillParams;
 use kernels::{DecodePlan, HeadShape};
-use ops::PagedSeqs;
-use ops::attention::positions_of;
+use ops::attention::{ScoreRule, paged_attention_with, positions_of};
+use ops::{KvView, PagedSeqs};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -135,7 +137,8 @@ fn prefill_attention_matches_reference() {
         &[(5, 40), (33, 1200), (1, 17)],
         &[(1500, 1500)],
     ];
-    for (shape, fp8) in SHAPES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+    let shapes = SHAPES.into_iter().chain([D256]);
+    for (shape, fp8) in shapes.flat_map(|s| [(s, false), (s, true)]) {
         for seqs in cases {
             let b = paged_batch(&mut rng, seqs, block_size);
             let tokens = *b.cu.last().unwrap() as usize;
@@ -160,6 +163,7 @@ fn prefill_attention_matches_reference() {
                 max_seqlen: seqs.iter().map(|s| s.0).max().unwrap(),
                 max_blocks: b.max_blocks,
                 block_size,
+                rule: ScoreRule::causal(shape.head_dim),
             };
             // SAFETY: the batch was built consistent, every block id < num_blocks.
             unsafe {
@@ -199,7 +203,7 @@ fn prefill_attention_matches_reference() {
 const DECODE_CTXS: [usize; 8] = [1, 5, 513, 2000, 1030, 64, 17, 0];
 
 /// Random decode inputs for `shape`: (batch, K cache, V cache, qkv).
-fn decode_inputs(
+pub(crate) fn decode_inputs(
     rng: &mut StdRng,
     shape: kernels::HeadShape,
     block_size: usize,
@@ -213,15 +217,17 @@ fn decode_inputs(
     (b, kc, vc, qkv)
 }
 
-/// The reference of a decode batch: causal attention of the last position
-/// (zeros for an empty context, like the kernel).
-fn decode_want(
+/// The reference of a decode batch: attention of the last position under
+/// `rule` (zeros for an empty context, like the kernel).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_want(
     b: &PagedBatch,
     q: &[f32],
     kc: &[f32],
     vc: &[f32],
     shape: kernels::HeadShape,
     bs: usize,
+    rule: ScoreRule,
 ) -> Vec<f32> {
     let qw = shape.num_heads * shape.head_dim;
     let mut want = vec![0f32; q.len()];
@@ -237,26 +243,34 @@ fn decode_want(
             max_blocks: b.max_blocks,
             block_size: bs,
         };
-        let o = ops::paged_attention(&q[s * qw..(s + 1) * qw], kc, vc, seq, dims(shape));
+        let (k, v) = (KvView::F32(kc), KvView::F32(vc));
+        let o = paged_attention_with(&q[s * qw..(s + 1) * qw], k, v, seq, dims(shape), rule);
         want[s * qw..(s + 1) * qw].copy_from_slice(&o);
     }
     want
 }
 
 /// Runs on the CPU: the split arithmetic the kernels use (chunks from the
-/// context, empty splits, log2-domain merge) equals plain attention.
+/// window's keys, empty splits, log2-domain merge) equals attention under
+/// each score rule (plain causal, windows, scales).
 #[test]
 fn decode_split_reference_matches_attention() {
     let mut rng = StdRng::seed_from_u64(16);
     let block_size = 16;
-    for shape in [SHAPES[0], SHAPES[3]] {
+    let cases = [SHAPES[0], SHAPES[3], D256].into_iter().flat_map(|s| {
+        rules(s.head_dim)
+            .into_iter()
+            .chain([ScoreRule::causal(s.head_dim)])
+            .map(move |r| (s, r))
+    });
+    for (shape, rule) in cases {
         let (b, kc, vc, qkv) = decode_inputs(&mut rng, shape, block_size);
         let qw = shape.num_heads * shape.head_dim;
         let q: Vec<f32> = (0..b.ctx.len())
             .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
             .collect();
         let (kc, vc) = (f32s(&kc), f32s(&vc));
-        let want = decode_want(&b, &q, &kc, &vc, shape, block_size);
+        let want = decode_want(&b, &q, &kc, &vc, shape, block_size, rule);
         for (splits, min_chunk) in [(1, 64), (3, 16), (33, 64), (33, 256), (128, 16)] {
             let got = kernels::decode_attention::decode_split_ref(
                 &q,
@@ -269,11 +283,12 @@ fn decode_split_reference_matches_attention() {
                 shape,
                 splits,
                 min_chunk,
+                rule,
             );
             let e = rel_err(&got, &want);
             assert!(
                 e < 1e-5,
-                "{shape:?} splits {splits} min {min_chunk}: rel err {e}"
+                "{shape:?} {rule:?} splits {splits} min {min_chunk}: rel err {e}"
             );
         }
     }
@@ -284,7 +299,8 @@ fn decode_split_reference_matches_attention() {
 fn decode_attention_matches_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(6);
-    for (shape, fp8) in SHAPES.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+    let shapes = SHAPES.into_iter().chain([D256]);
+    for (shape, fp8) in shapes.flat_map(|s| [(s, false), (s, true)]) {
         for block_size in [16, 5] {
             let (b, kc, vc, qkv) = decode_inputs(&mut rng, shape, block_size);
             let n = b.ctx.len();
@@ -295,7 +311,16 @@ fn decode_attention_matches_reference() {
             let q: Vec<f32> = (0..n)
                 .flat_map(|t| f32s(&qkv[t * shape.qkv_width()..][..qw]))
                 .collect();
-            let want = decode_want(&b, &q, &cache.k_ref, &cache.v_ref, shape, block_size);
+            let causal = ScoreRule::causal(shape.head_dim);
+            let want = decode_want(
+                &b,
+                &q,
+                &cache.k_ref,
+                &cache.v_ref,
+                shape,
+                block_size,
+                causal,
+            );
             // 1 block: one split per (sequence, KV head), the direct bf16 output;
             // 264: the H200 batch-1 plan; 5000: up to 128 splits, most of them
             // empty; minimum splits of 16 keys (many partials) and 256 (one
@@ -319,6 +344,7 @@ fn decode_attention_matches_reference() {
                     block_size,
                     fresh: 1,
                     min_ctx: 0,
+                    rule: causal,
                 };
                 // Twice on the same buffers: the second launch relies on the
                 // first leaving its split arrival counters at zero.
@@ -387,6 +413,7 @@ fn invariant_decode(
         block_size,
         fresh: 1,
         min_ctx: 0,
+        rule: ScoreRule::causal(shape.head_dim),
     };
     // SAFETY: block ids < num_blocks, every table entry in range; token
     // rows' cu_seqlens cover the rows.

@@ -9,7 +9,9 @@ impl KvManager {
     /// LRU, hash index), free + in use + cached-evictable = total, refcounts
     /// equal table references, writable blocks exclusive and uncached,
     /// table sizes match sequence lengths, recorded tokens of cached blocks
-    /// match every sequence sharing them.
+    /// match every sequence sharing them, and under a window exactly the
+    /// blocks wholly before every window still read are released (their
+    /// stale entries hold no reference).
     pub fn check_invariants(&self) -> Result<(), KvError> {
         let bad = |m: String| Err(KvError::InvariantViolated(m));
         if let Err(m) = self.pool.check() {
@@ -26,6 +28,16 @@ impl KvManager {
                     s.tokens.len()
                 ));
             }
+            let window_ok = match self.window {
+                None => s.released == 0,
+                Some(w) => s.released == crate::window::dead_blocks(s.computed, w, bs),
+            };
+            if !window_ok {
+                return bad(format!(
+                    "seq {id}: {} blocks released with {} tokens computed under window {:?}",
+                    s.released, s.computed, self.window
+                ));
+            }
             if s.computed > s.tokens.len()
                 || s.registered > s.computed / bs
                 || s.hashes.len() < s.registered
@@ -38,7 +50,7 @@ impl KvManager {
                     s.tokens.len()
                 ));
             }
-            for (i, &b) in s.table.iter().enumerate() {
+            for (i, &b) in s.table.iter().enumerate().skip(s.released) {
                 let Some(r) = refs.get_mut(b as usize) else {
                     return bad(format!("seq {id}: block {b} out of range"));
                 };

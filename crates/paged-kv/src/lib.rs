@@ -16,7 +16,9 @@
 //!
 //! # Invariants (checked by [`KvManager::check_invariants`] and the property tests)
 //! 1. free + in use + cached-evictable = `num_blocks`.
-//! 2. Every block's refcount equals the number of block-table entries holding it.
+//! 2. Every block's refcount equals the number of block-table entries holding
+//!    it (but a sequence's released leading entries, under a sliding window:
+//!    stale ids that hold nothing).
 //! 3. A sequence's *writable* blocks (those holding positions at or past its
 //!    computed count) have refcount 1 and are not in the prefix cache, so no
 //!    block is ever writable by two sequences. Only full, computed blocks are
@@ -60,6 +62,13 @@
 //!    yet marked computed can go, so no block hashed into the prefix cache
 //!    ever holds an unverified token) and `mark_computed` the verified ones.
 //! 5. `free(seq)` when done.
+//!
+//! # Sliding windows
+//! A manager built [`KvManager::with_window`] (every layer of the model
+//! attends within the window) gives a sequence's blocks wholly before the
+//! window of its next position back to the pool at each `mark_computed`, so
+//! a long generation holds O(window) blocks; a model with some global layer
+//! frees nothing (the `window` module's doc says why and what stays true).
 
 mod check;
 mod error;
@@ -69,6 +78,7 @@ mod manager;
 mod pool;
 mod prefix;
 mod sizing;
+mod window;
 
 pub use error::KvError;
 pub use hash::{BlockHasher, default_block_hash};

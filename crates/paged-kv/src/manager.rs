@@ -28,6 +28,10 @@ pub(crate) struct Seq {
     /// The prefix-cache namespace of its K/V (0: the base model; else a
     /// LoRA adapter's key): blocks are shared only within one namespace.
     pub(crate) ns: u64,
+    /// Leading table entries whose blocks went back to the pool, wholly
+    /// before the window of every position still to be computed (`window`);
+    /// their ids are stale and never read. 0 without a window.
+    pub(crate) released: usize,
 }
 
 /// The KV bookkeeping of one pool: allocator, block tables, prefix cache.
@@ -39,6 +43,9 @@ pub struct KvManager {
     pub(crate) hasher: BlockHasher,
     pub(crate) pool: BlockPool,
     pub(crate) seqs: HashMap<SeqId, Seq>,
+    /// The window every layer attends within (`window`), `None`: blocks
+    /// are held for a sequence's whole life.
+    pub(crate) window: Option<usize>,
 }
 
 impl KvManager {
@@ -85,6 +92,7 @@ impl KvManager {
             hasher,
             pool: BlockPool::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_cache),
             seqs: HashMap::new(),
+            window: None,
         })
     }
 
@@ -144,7 +152,10 @@ impl KvManager {
         self.seqs.get(&seq).map(|s| s.computed)
     }
 
-    /// `[ceil(len / B)]` physical blocks of `seq`.
+    /// `[ceil(len / B)]` physical blocks of `seq`. Under a window
+    /// ([`KvManager::with_window`]) the first [`KvManager::released_blocks`]
+    /// entries name blocks given back to the pool: stale ids that lie before
+    /// every window still read, which the backends never read.
     pub fn block_table(&self, seq: SeqId) -> Option<&[u32]> {
         self.seqs.get(&seq).map(|s| s.table.as_slice())
     }
@@ -235,8 +246,10 @@ impl KvManager {
                 hashes,
                 registered,
                 ns,
+                released: 0,
             },
         );
+        self.release_seq(seq);
         Ok(cached)
     }
 
@@ -245,6 +258,9 @@ impl KvManager {
     /// and hold the same token ids. O(shared tokens).
     fn fork_shared_blocks(&self, parent: &Seq, tokens: &[u32]) -> usize {
         let bs = self.block_size;
+        if parent.released > 0 {
+            return 0;
+        }
         let limit = parent.computed.min(tokens.len().saturating_sub(1)) / bs;
         (0..limit)
             .take_while(|&b| {
@@ -270,7 +286,9 @@ impl KvManager {
     /// last, partial block is never shared: the child recomputes its fewer
     /// than `B + 1` tokens into a block of its own, so both stay writable
     /// without a device-side copy. Works with the prefix cache on or off.
-    /// Returns the tokens shared (a multiple of `B`). O(len).
+    /// A parent that released blocks outside its window shares nothing (its
+    /// leading entries are stale). Returns the tokens shared (a multiple of
+    /// `B`). O(len).
     pub fn fork(&mut self, parent: SeqId, child: SeqId, tokens: &[u32]) -> Result<usize, KvError> {
         if self.seqs.contains_key(&child) {
             return Err(KvError::SeqExists(child));
@@ -309,8 +327,10 @@ impl KvManager {
                 hashes,
                 registered,
                 ns,
+                released: 0,
             },
         );
+        self.release_seq(child);
         Ok(shared * self.block_size)
     }
 
@@ -404,7 +424,7 @@ impl KvManager {
     /// is evicted before its (more shareable) head.
     pub fn free(&mut self, seq: SeqId) -> Result<(), KvError> {
         let s = self.seqs.remove(&seq).ok_or(KvError::UnknownSeq(seq))?;
-        for &b in s.table.iter().rev() {
+        for &b in s.table[s.released..].iter().rev() {
             self.pool.decref(b);
         }
         Ok(())

@@ -90,7 +90,7 @@ impl KvManager {
             block_size,
             prefix_cache,
             hasher,
-            ..
+            window,
         } = self;
         let s = seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
         if num_computed > s.tokens.len() {
@@ -104,6 +104,8 @@ impl KvManager {
         if *prefix_cache {
             register_full_blocks(s, pool, *hasher, *block_size);
         }
+        // after registration: a released block is cached (evictable) first
+        crate::window::release_outside(s, pool, *window, *block_size);
         Ok(())
     }
 
@@ -115,11 +117,19 @@ impl KvManager {
 
     /// Empties the prefix cache: unreferenced cached blocks become free,
     /// blocks in use stay with their sequences (their full computed blocks
-    /// are offered to the cache again at their next `mark_computed`).
+    /// are offered to the cache again at their next `mark_computed`, but for
+    /// a sequence that released blocks outside its window: its chain from
+    /// the first block is gone, so only its later blocks are offered, and
+    /// no lookup reaches them).
     pub fn clear_prefix_cache(&mut self) {
         self.pool.clear_cache();
+        let (bs, cache) = (self.block_size, self.prefix_cache);
         for s in self.seqs.values_mut() {
-            s.registered = 0;
+            s.registered = if cache && s.released > 0 {
+                s.computed / bs
+            } else {
+                0
+            };
         }
     }
 }

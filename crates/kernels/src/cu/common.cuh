@@ -83,6 +83,14 @@ __device__ __forceinline__ size_t kv_slot(const uint32_t* table, uint32_t pos, u
     return (size_t)table[pos / block_size] * block_size + pos % block_size;
 }
 
+// The first position a query at `pos` sees under a sliding window of
+// `window` keys (itself and the window - 1 before it; 0: no window): the
+// kernels' copy of ops::attention::ScoreRule::first (the attention tests
+// hold every kernel to that rule).
+__device__ __forceinline__ uint32_t window_first(uint32_t pos, uint32_t window) {
+    return window != 0 && pos + 1 > window ? pos + 1 - window : 0;
+}
+
 // Eight bf16 (one 16-byte load) widened to f32.
 __device__ __forceinline__ void bf8(const uint4 raw, float* f) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);

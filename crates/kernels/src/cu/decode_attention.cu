@@ -8,15 +8,20 @@
 //   sequence, so a prompt's tokens run exactly as decode rows would.
 //   `splits` is fixed on the host from S (enough blocks to fill the GPU);
 //   each block computes its key range from the device-side context length:
-//   chunk = round_up(max(ceil(ctx / splits), min_chunk), LAMINA_DECODE_CHUNK_GRAN),
-//   keys [split*chunk, min(ctx, (split+1)*chunk)); blocks past the context
-//   exit, so ns = ceil(ctx / chunk) splits do the work (one split up to
+//   A row reads keys [lo, ctx): lo = window_first(ctx - 1, window) (0 without
+//   a sliding window), so whole blocks older than the window are never read
+//   and a windowed row costs O(window) whatever its context. Over the
+//   n = ctx - lo keys,
+//   chunk = round_up(max(ceil(n / splits), min_chunk), LAMINA_DECODE_CHUNK_GRAN),
+//   keys [lo + split*chunk, min(ctx, lo + (split+1)*chunk)); blocks past the
+//   context exit, so ns = ceil(n / chunk) splits do the work (one split up to
 //   min_chunk keys, whatever `splits` is).
 //   Within a block, each key is read by D/8 lanes (one 16-byte uint4 of K and
-//   of V each), so a warp works on 32/(D/8) keys at once; every K/V load
+//   of V each), so a warp works on 32/(D/8) keys at once (at D = 256 the
+//   whole warp on one key, 8 values a lane as at every D); every K/V load
 //   serves all G = n_heads/n_kv query heads of the group (G <= C). Each lane
 //   group keeps an online softmax (log2 domain: q is pre-scaled by
-//   log2(e)/sqrt(D)); states are merged across the warp with shuffles, then
+//   log2(e) times the layer's score scale); states are merged across the warp with shuffles, then
 //   across warps in shared memory. A block alone on its (sequence, KV head)
 //   (ns == 1) writes the normalised bf16 output; otherwise it writes
 //   un-normalised partials + (max, sum), and the last of the ns blocks to
@@ -135,11 +140,14 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
         first_new = ctx > a.fresh ? ctx - a.fresh : 0;
     }
     if (ctx < a.min_ctx) return;  // left to another launch; uniform over the block
-    const uint32_t chunk = decode_chunk(ctx, a.splits, a.min_chunk);
-    const uint32_t start = split * chunk;
+    // keys [lo, ctx): the row's window (ctx 0: none, lo 0)
+    const uint32_t lo = ctx > 0 ? window_first(ctx - 1, a.window) : 0;
+    const uint32_t nkeys = ctx - lo;
+    const uint32_t chunk = decode_chunk(nkeys, a.splits, a.min_chunk);
+    const uint32_t start = lo + split * chunk;
     const uint32_t end = min(ctx, start + chunk);
     // Splits with keys (at least one, so an empty context still writes zeros).
-    const uint32_t ns = max(1u, min((ctx + chunk - 1) / chunk, a.splits));
+    const uint32_t ns = max(1u, min((nkeys + chunk - 1) / chunk, a.splits));
     if (split >= ns) return;  // uniform over the block; never counted
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t ks = lane / LPK, part = lane % LPK;
@@ -349,3 +357,5 @@ DECODE_ATTENTION(64, 4)
 DECODE_ATTENTION(64, 8)
 DECODE_ATTENTION(128, 4)
 DECODE_ATTENTION(128, 8)
+DECODE_ATTENTION(256, 4)
+DECODE_ATTENTION(256, 8)

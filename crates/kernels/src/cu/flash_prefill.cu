@@ -13,16 +13,20 @@
 // sequence's query length lies outside [min_len, max_len] exits (a mixed
 // step sends its one-token segments to the narrow launch).
 // Query i of sequence s sits at position context_len - seqlen + i and
-// attends to positions 0..=that.
+// attends to positions window_first(that, window)..=that (0..=that without a
+// sliding window); a CTA starts at the key tile of its first query's window,
+// so tiles wholly before every window of its rows are never loaded.
 // Per 64-key tile (BN): K and V are gathered through the block table with
 // 16-byte cp.async copies into XOR-swizzled shared memory (double-buffered:
 // tile n+1 loads while tile n computes), S = Q Kᵀ and O += P V run on
 // mma.sync m16n8k16 bf16 (f32 accumulate) with ldmatrix operands (.trans for
 // V), the online softmax stays in registers (max over raw scores, then
-// p = 2^(s * scale - m) in one FFMA and ex2.approx.ftz), the causal mask is
-// applied only on tiles that reach past the CTA's first query position, and
-// tiles past its last one are never loaded. Keys past the end are
-// zero-filled, padding rows (past the sequence, or past tok_per_tile * G)
+// p = 2^(s * scale - m) in one FFMA and ex2.approx.ftz), the causal and
+// window mask is applied only on tiles that reach past the CTA's first query
+// position or before its last query's window, and tiles past its last query
+// position are never loaded. Keys past the end are
+// zero-filled (and those before the CTA's first window: their blocks may be
+// released), padding rows (past the sequence, or past tok_per_tile * G)
 // are computed on zero queries and never stored. Query tiles are the grid's
 // slowest dimension, reversed, so the heaviest (last) tiles of every sequence
 // and KV head start first and the light ones fill the tail. Deterministic: no
@@ -108,10 +112,12 @@ __device__ __forceinline__ void fp_st16(uint32_t addr, uint4 v) {
 
 // FP8 caches: gathers the e4m3 bytes of keys kt.. (BN rows of D bytes, [BN][D]
 // unswizzled) of K and V through the block table into kr / vr with 16-byte
-// cp.async copies; keys at or past kend are zero-filled.
+// cp.async copies; keys outside [klo, kend) are zero-filled (their table
+// entries never read).
 template <int D, int BN, int THREADS>
 __device__ __forceinline__ void fp8_load_raw(const FlashPrefillArgs& a, const uint32_t* table, uint32_t kvh,
-                                             uint32_t kt, uint32_t kend, uint32_t kr, uint32_t vr, uint32_t tid) {
+                                             uint32_t kt, uint32_t klo, uint32_t kend, uint32_t kr, uint32_t vr,
+                                             uint32_t tid) {
     constexpr int CB = D / 16;  // 16-byte chunks of e4m3 per row
     static_assert((BN * CB) % THREADS == 0 && THREADS % CB == 0, "whole FP8 K/V tile rows per pass");
     const uint32_t bs = a.block_size;
@@ -120,7 +126,7 @@ __device__ __forceinline__ void fp8_load_raw(const FlashPrefillArgs& a, const ui
 #pragma unroll
     for (int it = 0; it < BN * CB / THREADS; it++) {
         const uint32_t j = tid / CB + it * (THREADS / CB), c = tid % CB, pos = kt + j;
-        const bool valid = pos < kend;
+        const bool valid = pos >= klo && pos < kend;
         const size_t slot = valid ? (size_t)table[pos / bs] * bs + pos % bs : 0;
         const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 16;
         cp16(kr + j * D + c * 16, kc + off, valid);
@@ -151,24 +157,30 @@ __device__ __forceinline__ void fp8_widen_tile(uint32_t kr, uint32_t vr, uint32_
     }
 }
 
-// One key tile's causal mask and online-softmax update for one thread's two
-// accumulator rows (fragment rows lane / 4 and lane / 4 + 8 of an m16 tile,
-// at positions qpos[0..2]), shared by every tiling. sc [BN / 8][4] holds the
+// One key tile's causal and window mask and online-softmax update for one
+// thread's two accumulator rows (fragment rows lane / 4 and lane / 4 + 8 of
+// an m16 tile, at positions qpos[0..2], seeing keys qlo[i]..=qpos[i]), shared
+// by every tiling. sc [BN / 8][4] holds the
 // raw scores of keys kt.. in the m16n8 accumulator layout and becomes the
 // bf16-packed P in pa [BN / 16][4] (the m16n8k16 A layout); m, l and the
 // output o [OB][4] are rescaled. Max over raw scores (the scale is
 // positive), then p = 2^(s * scale - m) in one FFMA; the mask is applied
-// only on tiles that reach past the CTA's first query position min_pos.
+// only on tiles that reach past the CTA's first query position min_pos or
+// before max_lo (the window start of its last row). A row that sees no key
+// yet (a window starting past this tile) keeps m = -inf and weighs 0.
 template <int BN, int OB>
 __device__ __forceinline__ void fp_softmax_tile(float (&sc)[BN / 8][4], float (&o)[OB][4], float (&m)[2], float (&l)[2],
-                                                uint32_t (&pa)[BN / 16][4], const uint32_t (&qpos)[2], uint32_t kt,
-                                                uint32_t min_pos, uint32_t lane, float scale_log2) {
-    if (kt + BN - 1 > min_pos) {
+                                                uint32_t (&pa)[BN / 16][4], const uint32_t (&qpos)[2],
+                                                const uint32_t (&qlo)[2], uint32_t kt, uint32_t min_pos,
+                                                uint32_t max_lo, uint32_t lane, float scale_log2) {
+    if (kt + BN - 1 > min_pos || kt < max_lo) {
 #pragma unroll
         for (int j = 0; j < BN / 8; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                if (kt + j * 8 + (lane % 4) * 2 + (e & 1) > qpos[e >> 1]) sc[j][e] = -INFINITY;
+            for (int e = 0; e < 4; e++) {
+                const uint32_t key = kt + j * 8 + (lane % 4) * 2 + (e & 1);
+                if (key > qpos[e >> 1] || key < qlo[e >> 1]) sc[j][e] = -INFINITY;
+            }
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -181,9 +193,12 @@ __device__ __forceinline__ void fp_softmax_tile(float (&sc)[BN / 8][4], float (&
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
         mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
         const float mn = fmaxf(m[i], mx[i] * scale_log2);
-        corr[i] = fp_exp2(m[i] - mn);  // 0 on the first tile (m = -inf, mn finite: key 0 is never masked)
+        // 0 on a row's first tile with keys (m = -inf, mn finite); a row with
+        // no key so far (mn = -inf) keeps o = l = 0 and gets p = 2^-inf = 0
+        const bool none = mn == -INFINITY;
+        corr[i] = none ? 1.f : fp_exp2(m[i] - mn);
         m[i] = mn;
-        neg_m[i] = -mn;
+        neg_m[i] = none ? 0.f : -mn;
     }
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
@@ -238,6 +253,11 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     if (min_pos >= a.max_ctx) return;           // every row's context exceeds max_ctx
     const uint32_t kend = min_pos + ntok;       // keys 0..kend are needed
     const uint32_t ntiles = (kend + BN - 1) / BN;
+    // the first query's window starts the earliest (klo): its tile is the
+    // first loaded, its keys before klo zero-filled (a table entry before
+    // every window of the step may name a block released to other sequences)
+    const uint32_t klo = window_first(min_pos, a.window), n0 = klo / BN;
+    const uint32_t max_lo = window_first(kend - 1, a.window);
     const size_t row_stride = (size_t)(a.num_heads + 2 * a.num_kv_heads) * D;
     const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -255,7 +275,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     const uint32_t bshift = __ffs(bs) - 1;
     auto load_kv = [&](uint32_t kt, uint32_t buf) {
         if constexpr (FP8) {
-            fp8_load_raw<D, BN, THREADS>(a, table, kvh, kt, kend, Kr + buf * BN * D, Vr + buf * BN * D, tid);
+            fp8_load_raw<D, BN, THREADS>(a, table, kvh, kt, klo, kend, Kr + buf * BN * D, Vr + buf * BN * D, tid);
             return;
         }
         bf16* kd = Ks + buf * BN * D;
@@ -267,7 +287,7 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
         for (int it = 0; it < BN * CH / THREADS; it++) {
             // this thread's chunk c of key rows tid / CH + it * THREADS / CH
             const uint32_t j = tid / CH + it * (THREADS / CH), c = tid % CH, pos = kt + j;
-            const bool valid = pos < kend;
+            const bool valid = pos >= klo && pos < kend;
             const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
             const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
             const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
@@ -275,19 +295,21 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
             cp16(smem_addr(vd + fp_swz<D>(j, c)), vc + off, valid);
         }
     };
-    load_kv(0, 0);
+    load_kv(n0 * BN, n0 & 1);
     cp_commit();
 
     // This thread's fragment rows (lane / 4 and lane / 4 + 8 of each of its
-    // m16 tiles) and their positions; padding rows take the last valid row's.
+    // m16 tiles), their positions and window starts; padding rows take the
+    // last valid row's.
     const uint32_t wrow = warp * 16 * MT;
-    uint32_t qpos[MT][2];
+    uint32_t qpos[MT][2], qlo[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const uint32_t r = min(wrow + mt * 16 + lane / 4 + 8 * i, rows - 1);
             qpos[mt][i] = min_pos + r / G;
+            qlo[mt][i] = window_first(qpos[mt][i], a.window);
         }
     float o[MT][D / 8][4];
 #pragma unroll
@@ -303,10 +325,10 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     constexpr bool QREG = D * MT <= 128;
     uint32_t qf[MT][QREG ? D / 16 : 1][4];
 
-    for (uint32_t n = 0; n < ntiles; n++) {
+    for (uint32_t n = n0; n < ntiles; n++) {
         cp_wait_all();
         __syncthreads();  // tile n (and Q) visible; every warp is done with tile n - 1
-        if (QREG && n == 0) {
+        if (QREG && n == n0) {
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -350,8 +372,8 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
         uint32_t pa[MT][BN / 16][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
-            fp_softmax_tile<BN, D / 8>(sc[mt], o[mt], m[mt], l[mt], pa[mt], qpos[mt], n * BN, min_pos, lane,
-                                       scale_log2);
+            fp_softmax_tile<BN, D / 8>(sc[mt], o[mt], m[mt], l[mt], pa[mt], qpos[mt], qlo[mt], n * BN, min_pos,
+                                       max_lo, lane, scale_log2);
 
 #pragma unroll
         for (int kc = 0; kc < BN / 16; kc++) {
@@ -481,6 +503,8 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     const uint32_t min_pos = first_pos + tok0;
     const uint32_t kend = min_pos + ntok;
     const uint32_t ntiles = (kend + BN - 1) / BN;
+    const uint32_t klo = window_first(min_pos, a.window), n0 = klo / BN;  // as the wide tiling
+    const uint32_t max_lo = window_first(kend - 1, a.window);
     const size_t row_stride = (size_t)(a.num_heads + 2 * a.num_kv_heads) * D;
     const uint32_t* table = a.block_tables + (size_t)s * a.max_blocks;
     const uint32_t tid = threadIdx.x, warp = tid / 32, lane = tid % 32, wg = warp / 4;
@@ -497,7 +521,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     const uint32_t bshift = __ffs(bs) - 1;
     auto load_kv = [&](uint32_t kt, uint32_t buf) {
         if constexpr (FP8) {
-            fp8_load_raw<D, BN, THREADS>(a, table, kvh, kt, kend, Kr + buf * BN * D, Vr + buf * BN * D, tid);
+            fp8_load_raw<D, BN, THREADS>(a, table, kvh, kt, klo, kend, Kr + buf * BN * D, Vr + buf * BN * D, tid);
             return;
         }
         const uint32_t kd = Ks + buf * BN * D * 2, vd = Vs + buf * BN * D * 2;
@@ -507,7 +531,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #pragma unroll
         for (int it = 0; it < BN * CH / THREADS; it++) {
             const uint32_t j = tid / CH + it * (THREADS / CH), c = tid % CH, pos = kt + j;
-            const bool valid = pos < kend;
+            const bool valid = pos >= klo && pos < kend;
             const uint32_t blk = pow2 ? pos >> bshift : pos / bs, in = pow2 ? pos & (bs - 1) : pos % bs;
             const size_t slot = valid ? (size_t)table[blk] * bs + in : 0;
             const size_t off = (slot * a.num_kv_heads + kvh) * D + c * 8;
@@ -515,22 +539,25 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
             cp16(vd + fh_off<BN>(j, c), vc + off, valid);
         }
     };
-    load_kv(0, 0);
+    load_kv(n0 * BN, n0 & 1);
     cp_commit();
 
     // This thread's accumulator rows: lane / 4 and lane / 4 + 8 of its warp's
     // 16 rows of its warpgroup's 64; padding rows take the last valid row's position.
     const uint32_t wrow = wg * 64 + (warp % 4) * 16;
-    uint32_t qpos[2];
+    uint32_t qpos[2], qlo[2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) qpos[i] = min_pos + min(wrow + lane / 4 + 8 * i, rows - 1) / G;
+    for (int i = 0; i < 2; i++) {
+        qpos[i] = min_pos + min(wrow + lane / 4 + 8 * i, rows - 1) / G;
+        qlo[i] = window_first(qpos[i], a.window);
+    }
     float o[D / 8][4];  // [column block][(row g, 2 cols), (row g + 8, 2 cols)]
 #pragma unroll
     for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float sc[BN / 8][4];
 
-    for (uint32_t n = 0; n < ntiles; n++) {
+    for (uint32_t n = n0; n < ntiles; n++) {
         cp_wait_all();
         if constexpr (FP8) {
             __syncthreads();  // tile n's bytes landed; tile n - 1's reads are done
@@ -557,7 +584,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
 #pragma unroll
             for (int e = 0; e < 4; e++) wg_reg_fence(sc[j][e]);
         uint32_t pa[BN / 16][4];
-        fp_softmax_tile<BN, D / 8>(sc, o, m, l, pa, qpos, n * BN, min_pos, lane, scale_log2);
+        fp_softmax_tile<BN, D / 8>(sc, o, m, l, pa, qpos, qlo, n * BN, min_pos, max_lo, lane, scale_log2);
 #pragma unroll
         for (int j = 0; j < D / 8; j++)
 #pragma unroll

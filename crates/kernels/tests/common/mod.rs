@@ -101,6 +101,34 @@ pub const SHAPES: [HeadShape; 5] = [
     },
 ];
 
+/// Gemma 3's attention head shape (270M / 1B: 4 query heads, 1 KV head,
+/// head_dim 256): the scalar prefill and the decode kernels serve it, the
+/// flash tilings do not.
+pub const D256: HeadShape = HeadShape {
+    num_heads: 4,
+    num_kv_heads: 1,
+    head_dim: 256,
+};
+
+/// Score rules the attention tests run beside plain causal attention:
+/// windows of 1, 17 and 100 keys (shorter than most test contexts, 100 not
+/// a multiple of any key tile or block), and Gemma 3's scale at head_dim 256
+/// (`query_pre_attn_scalar` 256: 1/16) with its 512-key window.
+pub fn rules(head_dim: usize) -> Vec<ops::attention::ScoreRule> {
+    let causal = ops::attention::ScoreRule::causal(head_dim);
+    let w = |window: usize, scale: f32| ops::attention::ScoreRule {
+        window: Some(window),
+        scale,
+        ..causal
+    };
+    vec![
+        w(1, causal.scale),
+        w(17, causal.scale),
+        w(100, 0.3 * causal.scale),
+        w(512, 1.0 / 16.0),
+    ]
+}
+
 /// A random paged batch: sequences with `(seqlen, context_len)`, blocks shuffled.
 pub struct PagedBatch {
     pub cu: Vec<u32>,

@@ -1,7 +1,8 @@
 //! GPU tests of the tensor-core flash prefill kernel against `ops::paged_attention`
 //! (odd lengths, packed sequences, chunked prefill against the whole prompt,
 //! GQA 32/8, 9/3 and 16/2, head sizes 64 and 128, scrambled block tables,
-//! poisoned outputs), over bf16 and FP8 e4m3 caches (every tiling, the
+//! poisoned outputs, sliding windows and score scales against
+//! `ops::attention::paged_attention_with`), over bf16 and FP8 e4m3 caches (every tiling, the
 //! reference reading the values the bytes read back as). Part of the
 //! `gpu_attention` test binary; `#[ignore]`d: they need a CUDA device.
 
@@ -11,8 +12,8 @@ use half::bf16;
 use kernels::flash_prefill::FlashTiles;
 use kernels::prefill_attention::PrefillParams;
 use kernels::{HeadShape, Kernels};
-use ops::PagedSeqs;
-use ops::attention::positions_of;
+use ops::attention::{ScoreRule, paged_attention_with, positions_of};
+use ops::{KvView, PagedSeqs};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
@@ -28,6 +29,8 @@ struct Case {
     qkv: Vec<bf16>, // [T, qkv_width]
     /// The caches go to the device as e4m3 bytes (`TestKv`).
     fp8: bool,
+    /// The layer's scale and window, for the kernel and the reference.
+    rule: ScoreRule,
 }
 
 impl Case {
@@ -43,6 +46,7 @@ impl Case {
             seqs: seqs.to_vec(),
             shape,
             fp8: false,
+            rule: ScoreRule::causal(shape.head_dim),
         }
     }
 
@@ -61,6 +65,7 @@ impl Case {
             max_seqlen: self.seqs.iter().map(|s| s.0).max().unwrap(),
             max_blocks: self.b.max_blocks,
             block_size: BLOCK,
+            rule: self.rule,
         }
     }
 
@@ -102,7 +107,8 @@ impl Case {
         };
         let q = self.q_rows(t0 + i0..t0 + i1);
         let (kv, vv) = self.kv_values();
-        ops::paged_attention(&q, &kv, &vv, seq, dims(self.shape))
+        let (k, v) = (KvView::F32(&kv), KvView::F32(&vv));
+        paged_attention_with(&q, k, v, seq, dims(self.shape), self.rule)
     }
 }
 
@@ -333,6 +339,7 @@ fn flash_prefill_chunk_matches_whole_prompt() {
                 vc: whole.vc.clone(),
                 qkv: Vec::new(),
                 fp8: false,
+                rule: whole.rule,
             };
             let w = shape.qkv_width();
             c.qkv = whole.qkv[(n - chunk) * w..].to_vec();
@@ -376,6 +383,46 @@ fn flash_fp8_cache_matches_reference() {
             FlashTiles::NarrowTiny,
         ] {
             check(&c, &c.run(&gpu, &k, Some(t)), &format!("fp8 flash {t:?}"));
+        }
+    }
+}
+
+/// Sliding windows and score scales on every tiling (prefill: `Wide` and
+/// `Hopper` where the device has it, and the scalar kernel; decode rows:
+/// the three narrow key tiles), bf16 and FP8 caches: prompts longer than
+/// every window, a chunk whose cached prefix is longer than the window,
+/// one-token rows at contexts around the windows.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn flash_windows_match_reference() {
+    let (gpu, k) = setup();
+    let mut rng = StdRng::seed_from_u64(17);
+    let prefill: &[(usize, usize)] = &[(700, 700), (40, 900), (1, 513), (65, 65), (130, 1300)];
+    let decode: Vec<(usize, usize)> = [1usize, 17, 18, 100, 101, 513, 1001, 2047]
+        .iter()
+        .map(|&c| (1, c))
+        .collect();
+    for (shape, fp8) in FLASH_SHAPES
+        .into_iter()
+        .flat_map(|s| [(s, false), (s, true)])
+    {
+        for rule in rules(shape.head_dim) {
+            let mut c = Case::new(&mut rng, shape, prefill);
+            (c.fp8, c.rule) = (fp8, rule);
+            let what = |t: &str| format!("{t} {rule:?} fp8 {fp8}");
+            for t in prefill_tilings(&k) {
+                check(&c, &c.run(&gpu, &k, Some(t)), &what(&format!("{t:?}")));
+            }
+            check(&c, &c.run(&gpu, &k, None), &what("scalar prefill"));
+            let mut c = Case::new(&mut rng, shape, &decode);
+            (c.fp8, c.rule) = (fp8, rule);
+            for t in [
+                FlashTiles::Narrow,
+                FlashTiles::NarrowSmall,
+                FlashTiles::NarrowTiny,
+            ] {
+                check(&c, &c.run(&gpu, &k, Some(t)), &what(&format!("{t:?}")));
+            }
         }
     }
 }

@@ -642,6 +642,9 @@ const SEGMENT_ROWS: usize = if cfg!(test) { 8 } else { 96 };
 /// `rule.first(positions[i])..=positions[i]`, scaled and capped by `rule`;
 /// the others weigh 0: a windowed layer's chunk still computes every
 /// score up to the block's last position) and `O = P V` (one GEMM), into `out` (`[n, q_dim]`).
+/// Keys and values before the chunk's earliest window are gathered as
+/// zeros, never read: on a pool whose every layer is windowed, their blocks
+/// may have gone back to the pool (`paged_kv`'s window freeing).
 /// (head, block) pairs run in parallel on rayon, each GEMM on one thread
 /// ([`gemm_nt_f32`]). Costs: about `n * ctx * head_dim` multiply-adds per
 /// head for the causal part plus a block's triangle, `SEGMENT_ROWS * ctx`
@@ -667,6 +670,12 @@ fn segment_attention(
         .unwrap_or(0);
     let bs = seg.block_size;
     let slot = |j: usize| (seg.table[j / bs] as usize * bs + j % bs) * seg.kv_dim;
+    // keys before every row's window are zeros (their blocks may be released)
+    let lo = (seg.positions.iter())
+        .map(|&p| rule.first(p as usize))
+        .min()
+        .unwrap_or(0);
+    let zeros = vec![0f32; hd];
     let packed = isa == Isa::Avx512;
     // per KV head, gathered from the pool once, into the storage of the
     // previous chunk's (no allocation once the largest chunk has run; the
@@ -692,14 +701,23 @@ fn segment_attention(
         match head {
             HeadKv::Packed { k, v, wide } => match (seg.kc, seg.vc) {
                 (KvView::F32(kc), KvView::F32(vc)) => {
-                    k.refill_rows(hd, ctx, |j| &kc[slot(j) + g * hd..][..hd]);
-                    v.refill_columns(ctx, hd, |j| &vc[slot(j) + g * hd..][..hd]);
+                    let z = &zeros[..];
+                    k.refill_rows(hd, ctx, |j| match j < lo {
+                        true => z,
+                        false => &kc[slot(j) + g * hd..][..hd],
+                    });
+                    v.refill_columns(ctx, hd, |j| match j < lo {
+                        true => z,
+                        false => &vc[slot(j) + g * hd..][..hd],
+                    });
                 }
                 _ => {
                     // every value is written below: only growth is zeroed
                     wide.resize(2 * ctx * hd, 0.0);
                     let (wk, wv) = wide.split_at_mut(ctx * hd);
-                    for j in 0..ctx {
+                    wk[..lo * hd].fill(0.0);
+                    wv[..lo * hd].fill(0.0);
+                    for j in lo..ctx {
                         widen(isa, key(j), &mut wk[j * hd..(j + 1) * hd]);
                         widen(isa, value(j), &mut wv[j * hd..(j + 1) * hd]);
                     }
@@ -714,8 +732,13 @@ fn segment_attention(
                 vt.resize(hd * ctx + hd, 0.0);
                 let (vt, row) = vt.split_at_mut(hd * ctx);
                 for j in 0..ctx {
-                    widen(isa, key(j), &mut k[j * hd..(j + 1) * hd]);
-                    widen(isa, value(j), row);
+                    if j < lo {
+                        k[j * hd..(j + 1) * hd].fill(0.0);
+                        row.fill(0.0);
+                    } else {
+                        widen(isa, key(j), &mut k[j * hd..(j + 1) * hd]);
+                        widen(isa, value(j), row);
+                    }
                     for (d, &v) in row.iter().enumerate() {
                         vt[d * ctx + j] = v;
                     }

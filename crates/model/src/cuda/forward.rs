@@ -27,6 +27,7 @@ use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvLora, GemvOp, RopeKv};
 use kernels::layer_extras::HeadNorm;
 use kernels::sampling::{SampleOutputs, SampleScratch};
+use ops::attention::ScoreRule;
 
 use contract::backend::BackendError;
 use contract::sampling::MAX_LOGPROBS;
@@ -501,8 +502,9 @@ impl<'a> Exec<'a> {
         // tables inside the pool (padding points at the scratch block), and
         // every position up to each context was written by this or an earlier
         // step; a decode step's cu_seqlens are 0..=S (staged).
+        let rule = ScoreRule::of(&self.config.spec.layers[l].attention);
         let r = unsafe {
-            match plan.attn {
+            match plan.attn.for_layer(rule) {
                 AttnPlan::Decode(p) => self.k.decode_attention(
                     q,
                     kv,

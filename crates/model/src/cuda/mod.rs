@@ -179,6 +179,17 @@ pub fn memory_info(device: usize) -> Result<(usize, usize), String> {
         .map_err(|e| format!("reading device {device}'s memory: {e}"))
 }
 
+/// Whether the fused GEMV layer runs model `c`: Llama's layer under any
+/// attention scale and sliding window (attention is its own kernel, which
+/// takes the layer's rule); any other spec runs the GEMM layer.
+fn gemv_layer_runs(c: &ModelConfig) -> bool {
+    let mut gemv = c.llama_spec();
+    for (r, l) in gemv.layers.iter_mut().zip(&c.spec.layers) {
+        (r.attention.scale, r.attention.window) = (l.attention.scale, l.attention.window);
+    }
+    gemv.first_difference(&c.spec).is_none()
+}
+
 /// The plan's fixed inputs for model `c` (projections in weight format
 /// `format`) on a device of `sms` SMs.
 fn tuning(
@@ -203,9 +214,7 @@ fn tuning(
     let fits = [c.hidden_size, c.q_dim(), c.intermediate_size]
         .iter()
         .all(|&k| kernels::gemv::width_fits(k, format));
-    // the fused GEMVs run Llama's layer: any other spec runs the GEMM layer
-    let llama = c.llama_spec().first_difference(&c.spec).is_none();
-    let gemv_rows = if fits && llama && !opts.deterministic {
+    let gemv_rows = if fits && gemv_layer_runs(c) && !opts.deterministic {
         opts.gemv_rows.min(MAX_GEMV_ROWS)
     } else {
         0
@@ -254,14 +263,16 @@ pub struct CudaBackend {
 /// fused GEMV layer runs Llama's, the GEMM layer adds the Q/K/V, O and MLP
 /// biases, QK-norm, the output norms, each layer's RoPE, one gated
 /// activation for every layer, the norms' weight offset, the embedding
-/// scale and the final soft-cap. Windows, the attention scale and its
-/// soft-cap are not run yet.
+/// scale and the final soft-cap; both run each layer's attention scale and
+/// sliding window (the attention kernels take the layer's rule). The
+/// attention soft-cap is not run yet (`kernels::rule_args` refuses it too).
 fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
     let mut runs = c.llama_spec();
     let act = c.spec.layers[0].mlp.activation;
     for (r, l) in runs.layers.iter_mut().zip(&c.spec.layers) {
         let (a, b) = (&mut r.attention, &l.attention);
         (a.qkv_bias, a.o_bias, a.qk_norm) = (b.qkv_bias, b.o_bias, b.qk_norm);
+        (a.scale, a.window) = (b.scale, b.window);
         (r.mlp.bias, r.mlp.activation) = (l.mlp.bias, act);
         (r.post_attention_norm, r.post_mlp_norm) = (l.post_attention_norm, l.post_mlp_norm);
         r.rope = l.rope.clone();

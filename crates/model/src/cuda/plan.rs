@@ -40,6 +40,7 @@ use kernels::decode_attention::DecodeParams;
 use kernels::flash_prefill::FlashTiles;
 use kernels::prefill_attention::PrefillParams;
 use kernels::{DecodePlan, HeadShape, Kernels};
+use ops::attention::ScoreRule;
 
 /// The LM head runs as a GEMV only for this many rows (at one row it
 /// matches cuBLAS; beyond, cuBLAS wins).
@@ -152,6 +153,29 @@ pub(super) enum AttnPlan {
     Scalar(PrefillParams),
 }
 
+impl AttnPlan {
+    /// The same path under layer's `rule` (scale, sliding window): a plan
+    /// is per step and its params carry plain causal attention; the
+    /// executor runs each layer with its own rule.
+    pub fn for_layer(self, rule: ScoreRule) -> AttnPlan {
+        let p = |p: PrefillParams| PrefillParams { rule, ..p };
+        let d = |d: DecodeParams| DecodeParams { rule, ..d };
+        match self {
+            AttnPlan::Decode(x) => AttnPlan::Decode(d(x)),
+            AttnPlan::DecodeTokens(x) => AttnPlan::DecodeTokens(d(x)),
+            AttnPlan::Fixed { p: x, long, tokens } => AttnPlan::Fixed {
+                p: p(x),
+                long: long.map(d),
+                tokens,
+            },
+            AttnPlan::Narrow(x) => AttnPlan::Narrow(p(x)),
+            AttnPlan::Flash(x) => AttnPlan::Flash(p(x)),
+            AttnPlan::FlashSplit { wide, p: x } => AttnPlan::FlashSplit { wide, p: p(x) },
+            AttnPlan::Scalar(x) => AttnPlan::Scalar(p(x)),
+        }
+    }
+}
+
 /// Where the LM head reads its input rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum HeadIn {
@@ -241,6 +265,7 @@ fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
         max_seqlen,
         max_blocks: st.max_blocks,
         block_size: tu.block_size,
+        rule: ScoreRule::causal(tu.shape.head_dim),
     };
     let decode = |rows: usize| DecodeParams {
         shape: tu.shape,
@@ -250,6 +275,7 @@ fn attention(tu: &Tuning, caps: &impl FlashCaps, st: StepShape) -> AttnPlan {
         block_size: tu.block_size,
         fresh: DECODE_FRESH,
         min_ctx: 0,
+        rule: ScoreRule::causal(tu.shape.head_dim),
     };
     if tu.deterministic {
         // one kernel and one tiling for every row: the fixed-tile flash
@@ -374,6 +400,54 @@ mod tests {
             },
             identity_rows: false,
             lora: false,
+        }
+    }
+
+    /// Every path a plan takes runs each layer under that layer's rule.
+    #[test]
+    fn each_layer_runs_its_own_score_rule() {
+        let rule = ScoreRule {
+            scale: 0.0625,
+            softcap: None,
+            window: Some(512),
+        };
+        let det = Tuning {
+            deterministic: true,
+            ..tuning()
+        };
+        let (on, off) = (Caps { flash: true }, Caps { flash: false });
+        let plans = [
+            StepPlan::new(&tuning(), &on, decode(1)),
+            StepPlan::new(&tuning(), &on, decode(256)),
+            StepPlan::new(&tuning(), &on, prefill(600, 80, 70)),
+            StepPlan::new(&tuning(), &on, prefill(600, 10, 8)),
+            StepPlan::new(&tuning(), &off, prefill(600, 10, 8)),
+            StepPlan::new(&det, &on, prefill(600, 10, 8)),
+            StepPlan::new(&det, &off, prefill(600, 10, 8)),
+            StepPlan::new(&det, &off, decode(3)),
+        ];
+        for plan in plans {
+            let causal = ScoreRule::causal(64);
+            let rules = |a: AttnPlan| -> Vec<ScoreRule> {
+                match a {
+                    AttnPlan::Decode(d) | AttnPlan::DecodeTokens(d) => vec![d.rule],
+                    AttnPlan::Fixed { p, long, .. } => [Some(p.rule), long.map(|d| d.rule)]
+                        .into_iter()
+                        .flatten()
+                        .collect(),
+                    AttnPlan::Narrow(p)
+                    | AttnPlan::Flash(p)
+                    | AttnPlan::FlashSplit { p, .. }
+                    | AttnPlan::Scalar(p) => vec![p.rule],
+                }
+            };
+            assert!(rules(plan.attn).iter().all(|r| *r == causal));
+            let layer = rules(plan.attn.for_layer(rule));
+            assert!(
+                !layer.is_empty() && layer.iter().all(|r| *r == rule),
+                "{:?}",
+                plan.attn
+            );
         }
     }
 

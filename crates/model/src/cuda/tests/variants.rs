@@ -1,7 +1,9 @@
 //! The model description on the GPU: layers that differ from Llama's only
 //! in their spec (Q/K/V and O biases with QK-norm as in the `tiny-extras`
 //! preset, MLP biases, GeGLU, and Gemma's norms: `(1 + w)` gains, output
-//! norms, the embedding scale, the final soft-cap and a RoPE per layer)
+//! norms, the embedding scale, the final soft-cap and a RoPE per layer;
+//! Gemma 3's attention: head_dim 256, its query scale and sliding windows
+//! shorter than the prompts and the generation)
 //! run the GEMM layer and match the CPU backend (which the f64 reference
 //! holds), in prefill and in decode, in the default and the deterministic
 //! mode; a field CUDA does not run is refused naming it.
@@ -9,7 +11,7 @@
 use super::*;
 use crate::cpu::CpuBackend;
 use checkpoint::weights::{Extra, Tensor};
-use contract::spec::Activation;
+use contract::spec::{Activation, ModelSpec};
 use half::bf16;
 
 /// `w` with small random MLP biases on every layer (the spec says so too).
@@ -83,6 +85,35 @@ fn gemma_like(c: &mut ModelConfig, w: &mut ModelWeights) {
     w.norm.data = small(99, Extra::OBias, h, 0.4);
 }
 
+/// Gemma 3's layers at head_dim 256 (4 query heads, 1 KV head, scale
+/// `256^-1/2`) on a small width: local layers (even ones) with a window
+/// of 37 keys (shorter than the 300-token prompt and than the 52 positions
+/// of the decode check; not a multiple of any block or key tile), global
+/// odd layers; norm gains `1 + w` re-drawn around 0.
+fn gemma3_d256() -> (ModelConfig, ModelWeights) {
+    let text = r#"{"architectures": ["Gemma3ForCausalLM"], "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 128,
+        "intermediate_size": 192, "max_position_embeddings": 512,
+        "num_attention_heads": 4, "num_hidden_layers": 4, "num_key_value_heads": 1,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+        "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
+        "sliding_window": 37, "sliding_window_pattern": 2, "vocab_size": 300,
+        "bos_token_id": 2, "eos_token_id": 1, "tie_word_embeddings": true}"#;
+    let c = ModelConfig::from_json(text, "gemma3-d256").unwrap();
+    assert_eq!(c.spec.layers[0].attention.window, Some(37));
+    assert_eq!(c.spec.layers[1].attention.window, None);
+    let mut w = crate::cpu::tests::weights(&c, true);
+    for (i, lw) in w.layers.iter_mut().enumerate() {
+        lw.input_norm.data = small(i, Extra::QBias, c.hidden_size, 0.4);
+        lw.post_norm.data = small(i, Extra::KBias, c.hidden_size, 0.4);
+        for (e, t) in lw.extras.iter_mut().filter(|(e, _)| e.is_norm()) {
+            t.data = small(i, *e, t.data.len(), 0.4);
+        }
+    }
+    w.norm.data = small(99, Extra::OBias, c.hidden_size, 0.4);
+    (c, w)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_model_variants_match_the_cpu() {
@@ -100,11 +131,13 @@ fn cuda_model_variants_match_the_cpu() {
     with_mlp_bias(&mut biased, &mut wb);
     let (mut gemma, mut wg) = (gelu.clone(), w0.clone());
     gemma_like(&mut gemma, &mut wg);
+    let (gemma3, w3) = gemma3_d256();
     let cases = [
         ("qkv/o bias + qk-norm", base, w0.clone()),
         ("+ geglu", gelu, w0),
         ("+ mlp bias", biased, wb),
         ("+ gemma norms, scale, soft-cap, per-layer rope", gemma, wg),
+        ("gemma 3: head_dim 256, windows, query scale", gemma3, w3),
     ];
     for (name, c, w) in cases {
         for deterministic in [false, true] {
@@ -142,10 +175,26 @@ fn cuda_model_variants_match_the_cpu() {
     }
     // a field CUDA does not run is refused naming it, before the device opens
     let (mut c, w) = load(&synth_dir(Preset::TinyExtras));
-    c.spec.layers[2].attention.window = Some(8);
+    c.spec.layers[2].attention.logit_softcap = Some(50.0);
     let err = CudaBackend::new(c, &w, kv, 0, CudaOptions::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
-    assert!(err.contains("layers[2].attention.window"), "{err}");
+    assert!(err.contains("layers[2].attention.logit_softcap"), "{err}");
+}
+
+/// A Llama layer under a sliding window and a scale of its own runs the
+/// fused GEMV layer (attention is its own kernel): only the spec's other
+/// fields send a model to the GEMM layer.
+#[test]
+fn windows_and_scales_keep_the_gemv_layer() {
+    let c = crate::cpu::tests::config(false);
+    assert_eq!(c.spec.first_difference(&c.llama_spec()), None);
+    let mut w = c.clone();
+    let spec: &mut ModelSpec = &mut w.spec;
+    spec.layers[1].attention.window = Some(9);
+    spec.layers[1].attention.scale = 0.3;
+    assert!(gemv_layer_runs(&c) && gemv_layer_runs(&w));
+    w.spec.layers[1].attention.qk_norm = true;
+    assert!(!gemv_layer_runs(&w));
 }
