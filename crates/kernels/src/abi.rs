@@ -123,6 +123,19 @@ kernel_args! {
         k: u32 as "uint32_t" @ 28,
     }
 
+    /// Arguments of `gguf_dequant_*` (cu/gguf.cu): a block format's
+    /// weights widened to bf16.
+    pub struct GgufDequantArgs for "gguf_dequant_*", size 32 {
+        /// the format's chunks, `[n, k / cols * 16]` bytes
+        q: u64 as "const uint8_t*" @ 0,
+        /// the format's side records, `[n, k / group * side]` bytes
+        side: u64 as "const uint8_t*" @ 8,
+        /// [n, k] bf16
+        out: u64 as "bf16*" @ 16,
+        n: u32 as "uint32_t" @ 24,
+        k: u32 as "uint32_t" @ 28,
+    }
+
     /// Arguments of `fp8_quant_rows` (cu/fp8.cu).
     pub struct Fp8QuantArgs for "fp8_quant_rows", size 32 {
         /// [m, k] bf16 activations
@@ -438,12 +451,13 @@ kernel_args! {
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*", size 224 {
+    pub struct GemvArgs for "gemv_*, gemv8_*, gemv_q*", size 224 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
         norm_w: u64 as "const bf16*" @ 8,
-        /// [n, k] bf16 ([2n, k] for norm_silu); e4m3 bytes for gemv8_*
+        /// [n, k] bf16 ([2n, k] for norm_silu); e4m3 bytes for gemv8_*, a
+        /// block format's chunks for gemv_q*
         w: u64 as "const void*" @ 16,
         /// [m, n] bf16 / f32 (resid: the f32 residual, read and written)
         y: u64 as "void*" @ 24,
@@ -474,8 +488,10 @@ kernel_args! {
         ksplit: u32 as "uint32_t" @ 112,
         /// 1: the caches hold e4m3 bytes at k_scale / v_scale (norm_rope only)
         kv_fp8: u32 as "uint32_t" @ 116,
-        /// `[n]` f32 (`[2n]` for norm_silu): each weight row's scale (gemv8_* only)
-        w_scale: u64 as "const float*" @ 120,
+        /// the weights' side data (`cu/gemv_formats.cuh`): `[n]` f32 (`[2n]`
+        /// for norm_silu) row scales for gemv8_*, a block format's records,
+        /// else unused
+        w_side: u64 as "const void*" @ 120,
         /// FP8 K scale: k is stored as e4m3(k / k_scale) (norm_rope, kv_fp8 only)
         k_scale: f32 as "float" @ 128,
         /// FP8 V scale (norm_rope, kv_fp8 only)

@@ -100,6 +100,36 @@ launch_consts! {
     /// Columns of FP8 (e4m3) weights in one 16-byte GEMV chunk (bf16: 8);
     /// FP8 GEMV inputs are a multiple of it.
     pub const GEMV_FP8_COLS: usize = 16;
+    /// Columns of a GGUF block format's 16-byte GEMV chunk: Q8_0's int8
+    /// codes, and every 4-bit format's nibbles (`cu/gemv_formats.cuh`).
+    pub const GGUF_Q8_COLS: usize = 16;
+    /// See `GGUF_Q8_COLS`.
+    pub const GGUF_NIBBLE_COLS: usize = 32;
+    /// Columns of a ggml block (Q8_0, Q4_0, Q4_1) and of a K super-block.
+    pub const GGUF_BLOCK: usize = 32;
+    /// See `GGUF_BLOCK`.
+    pub const GGUF_SUPER_BLOCK: usize = 256;
+    /// Bytes of one side record (per block or super-block) of each GGUF
+    /// format on the device; the format types in `cu/gemv_formats.cuh`
+    /// state what they hold.
+    pub const GGUF_Q8_0_SIDE: usize = 2;
+    /// See `GGUF_Q8_0_SIDE`.
+    pub const GGUF_Q4_0_SIDE: usize = 2;
+    /// See `GGUF_Q8_0_SIDE`.
+    pub const GGUF_Q4_1_SIDE: usize = 4;
+    /// See `GGUF_Q8_0_SIDE`: d, dmin, scales[12].
+    pub const GGUF_Q4_K_SIDE: usize = 16;
+    /// See `GGUF_Q8_0_SIDE`: Q4_K's 16 bytes, then 4 bytes of fifth bits
+    /// per 32 columns.
+    pub const GGUF_Q5_K_SIDE: usize = 48;
+    /// See `GGUF_Q8_0_SIDE`: 8 bytes of high bits per 32 columns, the 16
+    /// i8 scales at `GGUF_Q6_K_SCALES_AT`, d at `GGUF_Q6_K_D_AT`, padding
+    /// to a multiple of 8.
+    pub const GGUF_Q6_K_SIDE: usize = 88;
+    /// See `GGUF_Q6_K_SIDE`.
+    pub const GGUF_Q6_K_SCALES_AT: usize = 64;
+    /// See `GGUF_Q6_K_SIDE`.
+    pub const GGUF_Q6_K_D_AT: usize = 80;
     /// 16-byte weight chunks per row and lane one GEMV pass holds in
     /// registers ([`gemv_chunks`]): SMALL for row tiles of at most 2 rows,
     /// LARGE for larger tiles, PLAIN_M1 for one row of a variant without the

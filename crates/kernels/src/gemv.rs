@@ -1,5 +1,6 @@
 //! Launcher for `cu/gemv.cu`: projections for steps of at most
-//! [`MAX_ROWS`] token rows, with bf16 or FP8 weights ([`GemvWeights`]), the
+//! [`MAX_ROWS`] token rows, with bf16, FP8 or GGUF block weights
+//! ([`GemvWeights`]), the
 //! RMSNorm before them, the residual add or SiLU·up after them fused in
 //! (see [`GemvOp`]), and their CPU reference.
 //! Contract: `y[m, n] = x[m, k] · W[n, k]ᵀ`, fp32 accumulation, rounding
@@ -16,6 +17,7 @@ use half::bf16;
 use crate::abi::GemvArgs;
 use crate::kv::KvCaches;
 use crate::lora::LoraShape;
+pub use crate::weight_format::{BlockLayout, WeightFormat};
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 
 /// FP8 weights' `k` must be a multiple of this (16 e4m3 bytes a load).
@@ -38,37 +40,6 @@ const ROPE_VARIANT: usize = 5;
 /// Index of `gemv_f32` (the LM head) in [`VARIANTS`]: the one variant
 /// without a LoRA form.
 const F32_VARIANT: usize = 4;
-
-/// The weight formats the GEMVs read, one kernel type each in
-/// `cu/gemv.cu` (`FmtBf16`, `FmtFp8Row`); the index of `Kernels::gemv`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightFormat {
-    /// bf16 values.
-    Bf16 = 0,
-    /// e4m3 bytes with one f32 scale per row.
-    Fp8Row = 1,
-}
-
-impl WeightFormat {
-    /// Every format, in `Kernels::gemv` order.
-    pub const ALL: [WeightFormat; 2] = [WeightFormat::Bf16, WeightFormat::Fp8Row];
-
-    /// The entry points' prefix (`GEMV_FORMAT(prefix, type)` in `cu/gemv.cu`).
-    fn prefix(self) -> &'static str {
-        match self {
-            WeightFormat::Bf16 => "gemv",
-            WeightFormat::Fp8Row => "gemv8",
-        }
-    }
-
-    /// What `k` must be a multiple of: whole 16-byte chunks of a row.
-    pub fn k_multiple(self) -> usize {
-        match self {
-            WeightFormat::Bf16 => 8,
-            WeightFormat::Fp8Row => FP8_K_MULTIPLE,
-        }
-    }
-}
 
 /// The entry point of variant `i` for row tile `m` and weight format `f`,
 /// in its LoRA form (`cu/gemv.cu`'s module doc) when `lora` (the plain one
@@ -94,6 +65,12 @@ pub enum GemvWeights<'a> {
         q: DevSlice<'a, u8>,      // [rows, k]
         scale: DevSlice<'a, f32>, // [rows]
     },
+    /// A GGUF block format in its device layout ([`WeightFormat::layout`]).
+    Blocks {
+        format: WeightFormat,
+        q: DevSlice<'a, u8>,    // [rows, layout.row_bytes(k)]
+        side: DevSlice<'a, u8>, // [rows, layout.side_bytes(k)]
+    },
 }
 
 impl<'a> From<DevSlice<'a, bf16>> for GemvWeights<'a> {
@@ -108,36 +85,50 @@ impl GemvWeights<'_> {
         match self {
             GemvWeights::Bf16(_) => WeightFormat::Bf16,
             GemvWeights::Fp8 { .. } => WeightFormat::Fp8Row,
+            GemvWeights::Blocks { format, .. } => *format,
         }
     }
 
     /// Checks the weights hold `rows` rows of `k`; returns the weight and
-    /// scale pointers (0 for bf16) and the format.
+    /// side pointers (0 for bf16) and the format.
     fn check(
         &self,
         kernel: &'static str,
         rows: usize,
         k: usize,
     ) -> Result<(u64, u64, WeightFormat), KernelError> {
+        let format = self.format();
+        if !width_fits(k, format) {
+            return Err(KernelError::Unsupported {
+                kernel,
+                reason: format!(
+                    "k = {k}: {format:?} weights need k a multiple of {}",
+                    format.k_multiple()
+                ),
+            });
+        }
         match self {
             GemvWeights::Bf16(w) => {
                 need(kernel, "w", w, rows * k)?;
                 aligned(kernel, "w", w.ptr())?;
-                Ok((w.ptr(), 0, self.format()))
+                Ok((w.ptr(), 0, format))
             }
             GemvWeights::Fp8 { q, scale } => {
-                if !width_fits(k, self.format()) {
-                    return Err(KernelError::Unsupported {
-                        kernel,
-                        reason: format!(
-                            "k = {k}: FP8 weights need k a multiple of {FP8_K_MULTIPLE} (16-byte rows)"
-                        ),
-                    });
-                }
                 need(kernel, "w (fp8)", q, rows * k)?;
                 need(kernel, "w scale", scale, rows)?;
                 aligned(kernel, "w (fp8)", q.ptr())?;
-                Ok((q.ptr(), scale.ptr(), self.format()))
+                Ok((q.ptr(), scale.ptr(), format))
+            }
+            GemvWeights::Blocks { q, side, .. } => {
+                let l = format.layout().ok_or_else(|| KernelError::Unsupported {
+                    kernel,
+                    reason: format!("{format:?} is not a block format"),
+                })?;
+                need(kernel, "w (blocks)", q, rows * l.row_bytes(k))?;
+                need(kernel, "w side records", side, rows * l.side_bytes(k))?;
+                aligned(kernel, "w (blocks)", q.ptr())?;
+                aligned(kernel, "w side records", side.ptr())?;
+                Ok((q.ptr(), side.ptr(), format))
             }
         }
     }
@@ -366,7 +357,7 @@ impl Kernels {
             });
         }
         let silu = matches!(op, GemvOp::NormSilu { .. });
-        let (w, w_scale, format) = w.into().check(K, if silu { 2 * n } else { n }, k)?;
+        let (w, w_side, format) = w.into().check(K, if silu { 2 * n } else { n }, k)?;
         let (x, norm_w, y, eps) = match op {
             GemvOp::Bf16 { x, y } => {
                 need(K, "x", &x, m * k)?;
@@ -420,7 +411,7 @@ impl Kernels {
             x,
             norm_w,
             w,
-            w_scale,
+            w_side,
             y,
             m: m as u32,
             n: u32_of(K, "n", n)?,
@@ -494,7 +485,7 @@ impl Kernels {
         }
         need(K, "residual", &residual, m * hidden)?;
         need(K, "norm_w", &norm_w, hidden)?;
-        let (w, w_scale, format) = w.into().check(K, n, hidden)?;
+        let (w, w_side, format) = w.into().check(K, n, hidden)?;
         need(K, "qkv", &qkv, m * n)?;
         need(K, "positions", &rope.positions, m)?;
         need(K, "slots", &rope.slots, m)?;
@@ -529,7 +520,7 @@ impl Kernels {
             x: residual.ptr(),
             norm_w: norm_w.ptr(),
             w,
-            w_scale,
+            w_side,
             y: qkv.ptr(),
             m: m as u32,
             n: u32_of(K, "qkv_width", n)?,
@@ -644,6 +635,17 @@ mod tests {
             "gemv8_f32_m4"
         );
         assert!(width_fits(24, WeightFormat::Bf16) && !width_fits(24, WeightFormat::Fp8Row));
+        assert_eq!(
+            entry(2, WeightFormat::Q4K, true, 8),
+            "gemv_q4_k_norm_lora_m8"
+        );
+        assert!(width_fits(96, WeightFormat::Q8_0) && !width_fits(96, WeightFormat::Q6K));
+        for f in WeightFormat::ALL {
+            // whole chunks and whole side records per block
+            if let Some(l) = f.layout() {
+                assert!(l.group.is_multiple_of(l.cols) && l.side_bytes(l.group) > 0);
+            }
+        }
     }
 
     #[test]

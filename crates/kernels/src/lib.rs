@@ -38,6 +38,7 @@ pub mod embedding;
 pub mod flash_prefill;
 pub mod fp8;
 pub mod gemv;
+pub mod gguf;
 pub mod invariant_gemm;
 pub mod kv;
 pub mod layer_extras;
@@ -46,6 +47,7 @@ pub mod prefill_attention;
 pub mod rmsnorm;
 pub mod rope_kv;
 pub mod sampling;
+pub mod weight_format;
 
 use std::sync::Arc;
 
@@ -206,8 +208,12 @@ pub struct Kernels {
     /// in the fatbin is the sm_90a build) and [`KernelOptions::wgmma`] is set.
     pub(crate) flash_hopper: bool,
     /// `[weight format][plain, LoRA form][variant][row tile]` (see
-    /// `gemv::WeightFormat` and `gemv::VARIANTS`).
-    pub(crate) gemv: [[[[Function; 5]; 6]; 2]; 2],
+    /// `gemv::WeightFormat` and `gemv::VARIANTS`), one entry per
+    /// `WeightFormat::ALL`.
+    pub(crate) gemv: Vec<[[[Function; 5]; 6]; 2]>,
+    /// `gguf_dequant_*`, one per block format of `WeightFormat::ALL` (the
+    /// others `None`).
+    pub(crate) gguf_dequant: Vec<Option<Function>>,
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
@@ -240,7 +246,12 @@ impl Kernels {
         let format = |fmt| -> Result<[[[Function; 5]; 6]; 2], GpuError> {
             Ok([table(fmt, false)?, table(fmt, true)?])
         };
-        let [bf16_w, fp8_w] = gemv::WeightFormat::ALL;
+        let gemv = (gemv::WeightFormat::ALL.iter())
+            .map(|&fmt| format(fmt))
+            .collect::<Result<Vec<_>, _>>()?;
+        let gguf_dequant = (gemv::WeightFormat::ALL.iter())
+            .map(|&fmt| gguf::entry(fmt).map(|name| f(&name)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
         let flash = flash_prefill::load_functions(&module, false)?;
         let flash8 = flash_prefill::load_functions(&module, true)?;
         Ok(Kernels {
@@ -273,7 +284,8 @@ impl Kernels {
             sms: gpu.sm_count()?,
             smem_per_sm: gpu.smem_per_sm()?,
             flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),
-            gemv: [format(bf16_w)?, format(fp8_w)?],
+            gemv,
+            gguf_dequant,
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
             pdl: options.pdl && gpu.supports_pdl()?,

@@ -58,8 +58,15 @@ pub(crate) fn open_backend(
     };
     let backend: Box<dyn Backend> = match device {
         Some(ordinal) => Box::new(
-            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal, cuda_options(opts))
-                .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
+            model::cuda::CudaBackend::with_blocks(
+                cfg.clone(),
+                &weights,
+                cpu_weights.blocks(),
+                kv,
+                ordinal,
+                cuda_options(opts),
+            )
+            .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
         ),
         None => Box::new(
             model::cpu::CpuBackend::with_weights(

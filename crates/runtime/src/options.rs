@@ -98,8 +98,9 @@ impl Default for ReplicaPlan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[allow(non_camel_case_types)]
 pub enum WeightFormat {
-    /// A GGUF model's own Q8_0 / Q4_1 / Q4_K / Q6_K blocks on the CPU's
-    /// fast kernels, an FP8 checkpoint's FP8 weights, else BF16.
+    /// A GGUF model's own blocks (the CPU's fast kernels: Q8_0 / Q4_1 /
+    /// Q4_K / Q6_K; CUDA: those and Q4_0 / Q5_K), an FP8 checkpoint's FP8
+    /// weights, else BF16.
     #[default]
     Auto,
     /// The BF16 weights.

@@ -1,7 +1,9 @@
-//! The weights in the format [`WeightOptions`] asks. On the CPU,
-//! [`WeightFormat::Auto`] keeps the Q8_0 / Q4_1 / Q4_K / Q6_K blocks of the
-//! GGUF the model was imported from (`checkpoint::store::source_gguf`), so
-//! the store's default model runs from its 4-bit weights as llama.cpp does.
+//! The weights in the format [`WeightOptions`] asks. [`WeightFormat::Auto`]
+//! keeps the blocks of the GGUF the model was imported from
+//! (`checkpoint::store::source_gguf`) in the types the backend reads
+//! (`model::cpu::KEPT_GGML_TYPES` on the CPU, `model::cuda::KEPT_GGML_TYPES`
+//! on CUDA), so the store's default model runs from its 4-bit weights as
+//! llama.cpp does.
 //!
 //! Costs: loading reads every weight once (the safetensors files are memory
 //! mapped and converted to BF16; with GGUF blocks the GGUF's kept tensors
@@ -51,8 +53,9 @@ pub(crate) fn load_weights(
 }
 
 /// The CPU backend's weight format for `format` on kernels `path`, with the
-/// GGUF whose blocks it keeps; an error for a quantised format on CUDA or
-/// on the reference kernels.
+/// GGUF whose blocks it keeps (on CUDA, `cuda`: the blocks the CUDA backend
+/// runs, for [`WeightFormat::Auto`]); an error for a quantised format on
+/// CUDA or on the reference kernels.
 pub(crate) fn cpu_weights(
     format: WeightFormat,
     path: CpuPath,
@@ -62,7 +65,7 @@ pub(crate) fn cpu_weights(
 ) -> Result<(CpuWeights, Option<PathBuf>), RuntimeError> {
     let reference = path == CpuPath::Reference;
     let quantize = match format {
-        WeightFormat::Auto if cuda || reference => return Ok((CpuWeights::Bf16, None)),
+        WeightFormat::Auto if reference && !cuda => return Ok((CpuWeights::Bf16, None)),
         // the CPU runs FP8 weights dequantised (see `load_weights`)
         WeightFormat::Bf16 | WeightFormat::Fp8 => return Ok((CpuWeights::Bf16, None)),
         WeightFormat::Auto => None,
@@ -87,7 +90,11 @@ pub(crate) fn cpu_weights(
     let Some(gguf) = checkpoint::store::source_gguf(dir)? else {
         return Ok((CpuWeights::Bf16, None));
     };
-    let q = checkpoint::quantized::load_quantized(&gguf, cfg, &model::cpu::KEPT_GGML_TYPES)
+    let keep: &[_] = match cuda {
+        true => &model::cuda::KEPT_GGML_TYPES,
+        false => &model::cpu::KEPT_GGML_TYPES,
+    };
+    let q = checkpoint::quantized::load_quantized(&gguf, cfg, keep)
         .with_context(|| format!("reading the quantised weights of {}", gguf.display()))?;
     if q.tensors().next().is_none() {
         return Ok((CpuWeights::Bf16, None));

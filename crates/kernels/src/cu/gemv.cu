@@ -1,12 +1,18 @@
 // GEMV-shaped projections for small steps (m <= LAMINA_GEMV_MAX_ROWS token rows):
 // y[m, n] = x[m, K] · W[n, K]ᵀ with bf16 weights (nn.Linear, row-major),
 // fp32 accumulation, every weight row read once for all m rows.
-// FP8 weights (the gemv8_* entries, format FmtFp8Row): W holds e4m3 bytes and w_scale one
+// FP8 weights (the gemv8_* entries, format FmtFp8Row): W holds e4m3 bytes and w_side one
 // f32 scale per weight row; a lane's 16-byte chunk then holds 16 columns
 // instead of 8 (half as many chunks a pass; K % 16 == 0), widened to f32 in
 // registers (hardware cvt on sm_89+), and each row's dot is multiplied by
 // its scale before the epilogue: y = (x · q) * s, with the bf16 path's
 // rounding after.
+// GGUF block weights (gemv_q8_0_*, gemv_q4_0_*, gemv_q4_1_*, gemv_q4_k_*,
+// gemv_q5_k_*, gemv_q6_k_*; cu/gemv_formats.cuh): a chunk holds 16 int8 or
+// 32 4-bit codes, widened with the scales of their block, which w_side
+// holds beside the chunks and which are loaded with them; K a multiple of
+// the block (32, or 256 for the K formats). Every fusion below is the same
+// for every format: only the chunk's widening differs.
 //
 // Grid ceil(pairs / (LAMINA_GEMV_WARPS / ksplit)) blocks of LAMINA_GEMV_WARPS warps. A warp
 // owns a pair of weight rows and one of `ksplit` (1, 2 or 4, from the host)
@@ -54,6 +60,7 @@
 #include <cuda_fp8.h>
 
 #include "common.cuh"
+#include "gemv_formats.cuh"
 #include "hadamard.cuh"
 #include "kv.cuh"
 #include "lamina_args.cuh"
@@ -99,51 +106,26 @@ __device__ __forceinline__ void gemv_rows_of(const GemvArgs& a, uint32_t gw, uin
 
 
 
-// Eight e4m3 weights widened to f32.
-__device__ __forceinline__ void fp8x8(const uint2 raw, float* f) {
-    const __nv_fp8x2_storage_t* p = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
-        f[2 * i] = t.x;
-        f[2 * i + 1] = t.y;
-    }
-}
-
 __device__ __forceinline__ float round_bf(float v) { return bf2f(f2bf(v)); }
 
-// The weight formats (one type each, the `gemv::WeightFormat` of the
-// launcher): a lane's 16-byte chunk of one row holds COLS weights of BYTES
-// bytes each, widened to f32; SCALED formats multiply each row's dot by
-// the row's scale (w_scale[row]) before the epilogue.
-struct FmtBf16 {  // 8 bf16 weights a chunk
-    static constexpr uint32_t BYTES = 2;
-    static constexpr uint32_t COLS = 8;
-    static constexpr bool SCALED = false;
-    static __device__ __forceinline__ void widen(const uint4& raw, float* f) { bf8(raw, f); }
-};
-struct FmtFp8Row {  // 16 e4m3 weights a chunk, one f32 scale a row
-    static constexpr uint32_t BYTES = 1;
-    static constexpr uint32_t COLS = LAMINA_GEMV_FP8_COLS;
-    static constexpr bool SCALED = true;
-    static __device__ __forceinline__ void widen(const uint4& raw, float* f) {
-        fp8x8(make_uint2(raw.x, raw.y), f);
-        fp8x8(make_uint2(raw.z, raw.w), f + 8);
-    }
-};
-
 // One pass of a warp: NW chunks of each of its two rows per lane, columns
-// base + u * 32 * COLS (u < NW) below kend; zeros past kend or for absent rows.
+// base + u * 32 * COLS (u < NW) below kend, with their side records' fields
+// (block formats; s0 / s1 the rows' records); zeros past kend or for absent rows.
 template <int NW, class F>
-__device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigned char* w1, bool ok0, bool ok1,
-                                          uint32_t base, uint32_t kend, uint4* wa, uint4* wb) {
+__device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigned char* w1, const unsigned char* s0,
+                                          const unsigned char* s1, bool ok0, bool ok1, uint32_t base, uint32_t kend,
+                                          uint4* wa, uint4* wb, typename F::Side* sa, typename F::Side* sb) {
     typedef F C;
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < NW; u++) {
         const uint32_t kk = base + u * 32 * C::COLS;
-        wa[u] = ok0 && kk < kend ? ld_before_wait(w0 + (size_t)kk * C::BYTES) : z;
-        wb[u] = ok1 && kk < kend ? ld_before_wait(w1 + (size_t)kk * C::BYTES) : z;
+        const size_t chunk = (size_t)(kk / C::COLS) * 16, rec = (size_t)(kk / C::GROUP) * C::SIDE;
+        const bool in0 = ok0 && kk < kend, in1 = ok1 && kk < kend;
+        wa[u] = in0 ? ld_before_wait(w0 + chunk) : z;
+        wb[u] = in1 ? ld_before_wait(w1 + chunk) : z;
+        sa[u] = in0 ? C::side(s0 + rec, kk) : typename C::Side{};
+        sb[u] = in1 ? C::side(s1 + rec, kk) : typename C::Side{};
     }
 }
 
@@ -192,11 +174,11 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
 template <int MT, int IN, int OUT, class F, bool LORA>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     typedef F C;
-    // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which FP8
-    // weights (16 columns a chunk) load in NW = NC / 2 chunks.
+    // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which wider
+    // formats (16 or 32 columns a chunk) load in NW = NC * 8 / COLS chunks.
     constexpr int NC = lamina_gemv_chunks<MT, IN == IN_NORM>::value;
     constexpr int NW = NC * 8 / C::COLS;
-    static_assert(NW > 0 && NW * C::COLS == NC * 8, "GEMV chunk counts must be even (FP8: 16 columns a chunk)");
+    static_assert(NW > 0 && NW * C::COLS == NC * 8, "GEMV chunk counts must cover whole chunks of every format");
     // IN_NORM: the block's normalised inputs, bf16 [m, K] (dynamic, m * K * 2 bytes).
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     __shared__ float part[LAMINA_GEMV_WARPS][MT];     // inverse-RMS partial sums
@@ -210,14 +192,20 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     const uint32_t span = (K / C::COLS + nsplit - 1) / nsplit * C::COLS;
     const uint32_t kbeg = min(K, ks * span), kend = min(K, kbeg + span);
     const unsigned char* wbase = static_cast<const unsigned char*>(a.w);
-    const unsigned char* w0 = wbase + (size_t)(ok0 ? r0 : 0) * K * C::BYTES;
-    const unsigned char* w1 = wbase + (size_t)(ok1 ? r1 : 0) * K * C::BYTES;
+    const unsigned char* sbase = static_cast<const unsigned char*>(a.w_side);
+    const size_t row_bytes = (size_t)(K / C::COLS) * 16, side_bytes = (size_t)(K / C::GROUP) * C::SIDE;
+    const unsigned char* w0 = wbase + (size_t)(ok0 ? r0 : 0) * row_bytes;
+    const unsigned char* w1 = wbase + (size_t)(ok1 ? r1 : 0) * row_bytes;
+    const unsigned char* sd0 = sbase + (size_t)(ok0 ? r0 : 0) * side_bytes;
+    const unsigned char* sd1 = sbase + (size_t)(ok1 ? r1 : 0) * side_bytes;
     // Weights do not depend on earlier kernels: the first pass's loads are
     // in flight before the PDL wait (and before the norm prologue); so are
-    // the rows' FP8 scales.
+    // the rows' FP8 scales and the chunks' block records.
     uint4 wa[NW], wb[NW];
-    gemv_load<NW, F>(w0, w1, ok0, ok1, kbeg + lane * C::COLS, kend, wa, wb);
-    const float s0 = F::SCALED && ok0 ? a.w_scale[r0] : 1.f, s1 = F::SCALED && ok1 ? a.w_scale[r1] : 1.f;
+    typename C::Side sa[NW], sb[NW];
+    gemv_load<NW, F>(w0, w1, sd0, sd1, ok0, ok1, kbeg + lane * C::COLS, kend, wa, wb, sa, sb);
+    const float* row_scale = static_cast<const float*>(a.w_side);
+    const float s0 = F::SCALED && ok0 ? row_scale[r0] : 1.f, s1 = F::SCALED && ok1 ? row_scale[r1] : 1.f;
     // So are the norm weights: thread t normalises columns t * 8 + j * 1024.
     constexpr int NJ = GEMV_NORM_REGS;
     uint4 nwv[NJ];
@@ -319,15 +307,16 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
 #pragma unroll
     for (int r = 0; r < MT; r++) acc0[r] = acc1[r] = 0.f;
     if (ok0) {
-        for (uint32_t pass = kbeg; pass < kend; pass += 256 * NC) {
-            if (pass != kbeg) gemv_load<NW, F>(w0, w1, ok0, ok1, pass + lane * C::COLS, kend, wa, wb);
+        for (uint32_t pass = kbeg; pass < kend; pass += 32 * NW * C::COLS) {
+            if (pass != kbeg)
+                gemv_load<NW, F>(w0, w1, sd0, sd1, ok0, ok1, pass + lane * C::COLS, kend, wa, wb, sa, sb);
 #pragma unroll
             for (int u = 0; u < NW; u++) {
                 const uint32_t kk = pass + lane * C::COLS + u * 32 * C::COLS;
                 if (kk >= kend) break;
                 float fa[C::COLS], fb[C::COLS];
-                C::widen(wa[u], fa);
-                C::widen(wb[u], fb);
+                C::widen(wa[u], sa[u], kk, fa);
+                C::widen(wb[u], sb[u], kk, fb);
 #pragma unroll
                 for (int r = 0; r < MT; r++) {
                     if (r < (int)m) {
@@ -483,3 +472,9 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     GEMV_TILES(PREFIX##_norm_rope, IN_NORM, OUT_ROPE, F)
 GEMV_FORMAT(gemv, FmtBf16)
 GEMV_FORMAT(gemv8, FmtFp8Row)
+GEMV_FORMAT(gemv_q8_0, FmtQ8_0)
+GEMV_FORMAT(gemv_q4_0, FmtQ4_0)
+GEMV_FORMAT(gemv_q4_1, FmtQ4_1)
+GEMV_FORMAT(gemv_q4_k, FmtQ4K)
+GEMV_FORMAT(gemv_q5_k, FmtQ5K)
+GEMV_FORMAT(gemv_q6_k, FmtQ6K)

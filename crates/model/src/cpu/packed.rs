@@ -75,6 +75,14 @@ pub enum CpuWeights {
 }
 
 impl CpuWeights {
+    /// The GGUF blocks kept, if any (a CUDA backend runs them too).
+    pub fn blocks(&self) -> Option<&QuantWeights> {
+        match self {
+            CpuWeights::Blocks(q) => Some(q),
+            _ => None,
+        }
+    }
+
     /// Short name for the backend's name: `bf16`, `q8_0`, `gguf blocks`.
     pub fn describe(&self) -> String {
         match self {

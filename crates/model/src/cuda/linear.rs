@@ -11,9 +11,10 @@
 //! cuBLAS products here, or deterministic mode's pinned ones in
 //! `invariant`); no call site checks a mode or a format.
 //! Adding a format is a new `Linear` (and a kernel format type where its
-//! GEMV reads it natively); the layers and the plan do not change.
-//! Costs: widening an FP8 projection is one kernel over `n * k` bytes into
-//! the one scratch buffer (the next widening overwrites it).
+//! GEMV reads it natively); the layers and the plan do not change. The
+//! GGUF block formats' `Linear` is `gguf::GgufLinear`.
+//! Costs: widening an FP8 or block projection is one kernel over its bytes
+//! into the one scratch buffer (the next widening overwrites it).
 
 use gpu::{Blas, BlasLt, DevSlice, DeviceBuffer, GemmDims, Gpu};
 use half::bf16;

@@ -39,6 +39,7 @@
 
 mod errors;
 mod forward;
+mod gguf;
 mod graphs;
 mod invariant;
 mod linear;
@@ -60,12 +61,14 @@ use gpu::{Blas, Gpu};
 pub use kernels::KernelOptions;
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
+use checkpoint::quantized::QuantWeights;
 use checkpoint::weights::ModelWeights;
 use contract::backend::{
     Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_idle,
 };
 use contract::config::{KvCacheDtype, ModelConfig};
 pub(crate) use errors::dev_err;
+pub use gguf::KEPT_GGML_TYPES;
 use graphs::DecodeGraphs;
 pub use invariant::DetGemm;
 pub use lora::lora_pool_bytes;
@@ -298,6 +301,21 @@ impl CudaBackend {
         device: usize,
         opts: CudaOptions,
     ) -> Result<CudaBackend, BackendError> {
+        Self::with_blocks(config, weights, None, kv, device, opts)
+    }
+
+    /// [`CudaBackend::new`] with the GGUF blocks of the projections (and
+    /// LM head) that have them in a format of [`KEPT_GGML_TYPES`]: those
+    /// run from their blocks, the rest from `weights`' BF16 copy (see
+    /// `weights::projection_format`). Ignored for a model with FP8 weights.
+    pub fn with_blocks(
+        config: ModelConfig,
+        weights: &ModelWeights,
+        blocks: Option<&QuantWeights>,
+        kv: KvShape,
+        device: usize,
+        opts: CudaOptions,
+    ) -> Result<CudaBackend, BackendError> {
         check_kv_cache_dtype(opts.kv_cache_dtype)?;
         check_spec(&config)?;
         available().map_err(BackendError::Device)?;
@@ -312,7 +330,7 @@ impl CudaBackend {
         let sms = gpu
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
-        let format = weights::projection_format(weights);
+        let format = weights::projection_format(weights, &[]);
         let mut tuning = tuning(&config, kv, &opts, sms, format)?;
         let lora = lora::LoraPool::new(&gpu, &config, opts.max_loras, opts.max_lora_rank)?;
         if opts.max_loras > 0 {
@@ -329,7 +347,7 @@ impl CudaBackend {
                 tuning.lora_wide = lora.slots() * lora.h_width();
             }
         }
-        let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
+        let model = DeviceModel::upload(&gpu, &config, weights, blocks, kv, opts.kv_cache_dtype)?;
         let caps = Caps {
             tokens: 16,
             rows: 1,
@@ -394,17 +412,28 @@ impl CudaBackend {
 
 impl Backend for CudaBackend {
     fn name(&self) -> String {
+        use kernels::gemv::WeightFormat;
         let w = &self.model.w;
         let mut notes: Vec<String> = Vec::new();
         let head_fp8 = w
             .lm_head
             .as_ref()
-            .is_some_and(|p| p.format() == kernels::gemv::WeightFormat::Fp8Row);
+            .is_some_and(|p| p.format() == WeightFormat::Fp8Row);
+        let fp8 = w.projections().any(|p| p.format() == WeightFormat::Fp8Row);
         let note = self.products.note();
-        match (&w.widened, head_fp8) {
-            (Some(_), true) => notes.push(format!("fp8 weights and LM head{note}")),
-            (Some(_), false) => notes.push(format!("fp8 weights{note}")),
-            (None, _) => {}
+        match (fp8, head_fp8) {
+            (true, true) => notes.push(format!("fp8 weights and LM head{note}")),
+            (true, false) => notes.push(format!("fp8 weights{note}")),
+            (false, _) => {}
+        }
+        let mut blocks: Vec<String> = (w.projections())
+            .filter(|p| p.format().layout().is_some())
+            .map(|p| format!("{:?}", p.format()).to_lowercase())
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        if !blocks.is_empty() {
+            notes.push(format!("gguf {} weights", blocks.join("+")));
         }
         if self.model.cache.dtype() != KvCacheDtype::Bf16 {
             notes.push("fp8 KV".into());

@@ -1,23 +1,27 @@
 //! Weights and KV pool on the device.
 //!
 //! Contract: every tensor is uploaded once and checked against the config
-//! first (the error names the tensor): bf16, except the projections of a
-//! model with FP8 weights (`ModelWeights::fp8`), which go up as e4m3 bytes
-//! with one f32 scale per row; each projection is a [`Projection`], the
-//! `linear` implementation of its weight format. Q/K/V are fused into one
+//! first (the error names the tensor). Each fused projection is a
+//! [`Projection`], the `linear` implementation of the format
+//! [`projection_format`] picks: e4m3 bytes with one f32 scale per row for
+//! a model with FP8 weights (`ModelWeights::fp8`), a GGUF's own blocks
+//! (`gguf`) where the backend was given them and every part of the
+//! projection shares one block format, else bf16. Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
-//! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`,
-//! then it has its own e4m3 copy and the embedding stays bf16). With FP8 projections the model also
-//! holds one bf16 buffer of the largest projection (`widened`), where a
-//! GEMM step widens each FP8 matrix before cuBLAS reads it. The KV pool holds one extra block past
+//! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`)
+//! or GGUF blocks, when it has its own copy and the embedding stays bf16.
+//! With any projection not in bf16 the model also holds one bf16 buffer of
+//! the largest such projection (`widened`), where a GEMM step widens each
+//! FP8 or block matrix before cuBLAS reads it. The KV pool holds one extra block past
 //! the engine's `num_blocks`: the scratch block padded rows of a captured
 //! decode graph write to, never read by a real sequence.
 //! The pool stores bf16 or, with `--kv-cache-dtype fp8`, e4m3 bytes at
 //! the checkpoint's per-layer K/V scales (`ModelWeights::kv_scales_or_ones`),
 //! which every kernel that writes or reads K/V takes (`kernels::KvCaches`).
 //! Costs: device memory = weights (2 bytes/param; 1 for FP8 projections,
-//! plus 4 bytes per row and the largest projection in bf16) plus
+//! plus 4 bytes per row; GGUF blocks their size, see `gguf`; and the
+//! largest widened projection in bf16) plus
 //! `2 * layers * (num_blocks + 1) * block_size * kv_dim * e` bytes of KV
 //! pool (`e` = 2 for bf16, 1 for FP8: `KvCacheDtype::bytes`);
 //! host memory during upload = one fused layer at a time.
@@ -27,12 +31,14 @@ use half::bf16;
 use kernels::gemv::{GemvWeights, WeightFormat};
 
 use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
+use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
 use checkpoint::weights::{Extra, LayerWeights, ModelWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
 use contract::config::{KvCacheDtype, KvScales, ModelConfig};
 use kernels::KvCaches;
 
 use super::errors::dev_err;
+use super::gguf::{self, GgufLinear};
 use super::linear::{Bf16Linear, Fp8RowLinear, Linear, check};
 
 /// A projection in whichever weight format it was loaded in.
@@ -107,6 +113,13 @@ pub(super) struct DeviceWeights {
 }
 
 impl DeviceWeights {
+    /// Every projection of the layers, then the LM head's own.
+    pub fn projections(&self) -> impl Iterator<Item = &Projection> {
+        (self.layers.iter())
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .chain(self.lm_head.as_ref())
+    }
+
     /// The LM head as the GEMV kernels take it (the embedding when tied).
     pub fn head_gemv(&self) -> GemvWeights<'_> {
         match &self.lm_head {
@@ -122,53 +135,161 @@ fn upload(gpu: &Gpu, t: &Tensor, shape: &[usize]) -> Result<DeviceBuffer<bf16>, 
         .map_err(|e| dev_err(&format!("uploading {}", t.name), e))
 }
 
-/// The weight format the projections of `w` go up in (see
-/// [`upload_projections`]).
-pub(super) fn projection_format(w: &ModelWeights) -> WeightFormat {
-    match w.fp8 {
-        Some(_) => WeightFormat::Fp8Row,
-        None => WeightFormat::Bf16,
+/// The weight format a fused projection of `w` goes up in: FP8 when the
+/// model has FP8 copies; else the GGUF block format of its parts' `blocks`
+/// when all share one the GEMVs read (`gguf::shared_format`); else bf16
+/// (also for parts of mixed block formats, as Q4_K_M mixes Q4_K and Q6_K:
+/// they run from the store's dequantised copy). With no `blocks`, the
+/// model's dense format (what its input widths must fit).
+pub(super) fn projection_format(w: &ModelWeights, blocks: &[Option<&QuantTensor>]) -> WeightFormat {
+    match (&w.fp8, gguf::shared_format(blocks)) {
+        (Some(_), _) => WeightFormat::Fp8Row,
+        (None, Some(f)) => f,
+        (None, None) => WeightFormat::Bf16,
     }
 }
 
-/// The four fused projections of layer `l`: from its FP8 copy when the
-/// model has one, else bf16.
+/// One part of a fused projection: its bf16 tensor, its FP8 copy and GGUF
+/// blocks where the model has them, and its shape.
+struct Part<'a> {
+    dense: &'a Tensor,
+    fp8: Option<&'a Fp8Tensor>,
+    blocks: Option<&'a QuantTensor>,
+    shape: [usize; 2],
+}
+
+impl<'a> Part<'a> {
+    fn new(
+        dense: &'a Tensor,
+        fp8: Option<&'a Fp8Tensor>,
+        blocks: Option<&'a QuantTensor>,
+        shape: [usize; 2],
+    ) -> Self {
+        Part {
+            dense,
+            fp8,
+            blocks,
+            shape,
+        }
+    }
+}
+
+/// Uploads `parts` stacked into one projection in their
+/// [`projection_format`].
+fn upload_fused(
+    gpu: &Gpu,
+    w: &ModelWeights,
+    parts: &[Part<'_>],
+) -> Result<Projection, BackendError> {
+    let blocks: Vec<_> = parts.iter().map(|p| p.blocks).collect();
+    let format = projection_format(w, &blocks);
+    if format.layout().is_some() {
+        let qs: Vec<(&QuantTensor, &[usize])> = (parts.iter())
+            .filter_map(|p| Some((p.blocks?, &p.shape[..])))
+            .collect();
+        return Ok(Box::new(GgufLinear::upload(gpu, format, &qs)?));
+    }
+    if format == WeightFormat::Fp8Row {
+        let fs = parts
+            .iter()
+            .map(|p| match p.fp8 {
+                Some(f) => Ok((f, &p.shape[..])),
+                None => Err(BackendError::Device(format!(
+                    "cuda: {} has no FP8 copy in an FP8 model",
+                    p.dense.name
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        return Ok(Box::new(Fp8RowLinear::upload(gpu, &fs)?));
+    }
+    let ds: Vec<(&Tensor, &[usize])> = parts.iter().map(|p| (p.dense, &p.shape[..])).collect();
+    Ok(Box::new(Bf16Linear::upload(gpu, &ds)?))
+}
+
+/// The four fused projections of layer `n`: each in its
+/// [`projection_format`].
 fn upload_projections(
     gpu: &Gpu,
     c: &ModelConfig,
-    l: &checkpoint::weights::LayerWeights,
-    f: Option<&Fp8Layer>,
+    w: &ModelWeights,
+    blocks: Option<&QuantWeights>,
+    n: usize,
 ) -> Result<[Projection; 4], BackendError> {
     let (h, i) = (c.hidden_size, c.intermediate_size);
     let (q, kv) = (c.q_dim(), c.kv_dim());
-    if let Some(f) = f {
-        let up = |parts: &[(&Fp8Tensor, &[usize])]| -> Result<Projection, BackendError> {
-            Ok(Box::new(Fp8RowLinear::upload(gpu, parts)?))
-        };
-        return Ok([
-            up(&[
-                (&f.q_proj, &[q, h]),
-                (&f.k_proj, &[kv, h]),
-                (&f.v_proj, &[kv, h]),
-            ])?,
-            up(&[(&f.o_proj, &[h, q])])?,
-            up(&[(&f.gate_proj, &[i, h]), (&f.up_proj, &[i, h])])?,
-            up(&[(&f.down_proj, &[h, i])])?,
-        ]);
-    }
-    let up = |parts: &[(&Tensor, &[usize])]| -> Result<Projection, BackendError> {
-        Ok(Box::new(Bf16Linear::upload(gpu, parts)?))
-    };
+    let l = &w.layers[n];
+    let f = w.fp8.as_ref().map(|f| &f.layers[n]);
+    let b = blocks.and_then(|b| b.layers.get(n));
+    let fp = |g: fn(&Fp8Layer) -> &Fp8Tensor| f.map(g);
+    let bq = |g: fn(&QuantLayer) -> &Option<QuantTensor>| b.and_then(|b| g(b).as_ref());
     Ok([
-        up(&[
-            (&l.q_proj, &[q, h]),
-            (&l.k_proj, &[kv, h]),
-            (&l.v_proj, &[kv, h]),
-        ])?,
-        up(&[(&l.o_proj, &[h, q])])?,
-        up(&[(&l.gate_proj, &[i, h]), (&l.up_proj, &[i, h])])?,
-        up(&[(&l.down_proj, &[h, i])])?,
+        upload_fused(
+            gpu,
+            w,
+            &[
+                Part::new(&l.q_proj, fp(|f| &f.q_proj), bq(|b| &b.q_proj), [q, h]),
+                Part::new(&l.k_proj, fp(|f| &f.k_proj), bq(|b| &b.k_proj), [kv, h]),
+                Part::new(&l.v_proj, fp(|f| &f.v_proj), bq(|b| &b.v_proj), [kv, h]),
+            ],
+        )?,
+        upload_fused(
+            gpu,
+            w,
+            &[Part::new(
+                &l.o_proj,
+                fp(|f| &f.o_proj),
+                bq(|b| &b.o_proj),
+                [h, q],
+            )],
+        )?,
+        upload_fused(
+            gpu,
+            w,
+            &[
+                Part::new(
+                    &l.gate_proj,
+                    fp(|f| &f.gate_proj),
+                    bq(|b| &b.gate_proj),
+                    [i, h],
+                ),
+                Part::new(&l.up_proj, fp(|f| &f.up_proj), bq(|b| &b.up_proj), [i, h]),
+            ],
+        )?,
+        upload_fused(
+            gpu,
+            w,
+            &[Part::new(
+                &l.down_proj,
+                fp(|f| &f.down_proj),
+                bq(|b| &b.down_proj),
+                [h, i],
+            )],
+        )?,
     ])
+}
+
+/// The LM head's own projection: its FP8 copy; else its GGUF blocks (the
+/// embedding's when tied, the embedding staying bf16 for the lookup) in a
+/// format the GEMVs read; else an untied bf16 head; else `None` (tied to
+/// the embedding).
+fn upload_head(
+    gpu: &Gpu,
+    c: &ModelConfig,
+    w: &ModelWeights,
+    blocks: Option<&QuantWeights>,
+) -> Result<Option<Projection>, BackendError> {
+    let shape = [c.vocab_size, c.hidden_size];
+    let head8 = w.fp8.as_ref().and_then(|f| f.lm_head.as_ref());
+    let blocks = (blocks.and_then(|b| b.head.as_ref()))
+        .filter(|_| w.fp8.is_none())
+        .and_then(|b| Some((b, gguf::format_of(b.ty)?)));
+    let p: Projection = match (head8, blocks, &w.lm_head) {
+        (Some(f), _, _) => Box::new(Fp8RowLinear::upload(gpu, &[(f, &shape)])?),
+        (None, Some((b, format)), _) => Box::new(GgufLinear::upload(gpu, format, &[(b, &shape)])?),
+        (None, None, Some(t)) => Box::new(Bf16Linear::upload(gpu, &[(t, &shape)])?),
+        (None, None, None) => return Ok(None),
+    };
+    Ok(Some(p))
 }
 
 /// Uploads `w`, fusing Q/K/V and gate/up, checking every shape against `c`.
@@ -176,14 +297,23 @@ fn upload_weights(
     gpu: &Gpu,
     c: &ModelConfig,
     w: &ModelWeights,
+    blocks: Option<&QuantWeights>,
 ) -> Result<DeviceWeights, BackendError> {
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    if w.layers.len() != c.num_layers {
-        return Err(BackendError::Device(format!(
-            "cuda: weights hold {} layers, config.num_hidden_layers is {}",
-            w.layers.len(),
-            c.num_layers
-        )));
+    let counts = [
+        ("weights", Some(w.layers.len())),
+        ("FP8 weights", w.fp8.as_ref().map(|f| f.layers.len())),
+        ("GGUF blocks", blocks.map(|b| b.layers.len())),
+    ];
+    for (what, n) in counts {
+        if let Some(n) = n
+            && n != c.num_layers
+        {
+            return Err(BackendError::Device(format!(
+                "cuda: {what} hold {n} layers, config.num_hidden_layers is {}",
+                c.num_layers
+            )));
+        }
     }
     let progress = checkpoint::progress::Progress::new(
         "uploading weights to the GPU",
@@ -191,20 +321,10 @@ fn upload_weights(
         c.num_layers as u64 + 1,
         0,
     );
-    let fp8 = w.fp8.as_ref().map(|f| &f.layers);
-    if let Some(f) = fp8
-        && f.len() != c.num_layers
-    {
-        return Err(BackendError::Device(format!(
-            "cuda: FP8 weights hold {} layers, config.num_hidden_layers is {}",
-            f.len(),
-            c.num_layers
-        )));
-    }
     let mut layers = Vec::with_capacity(c.num_layers);
     for (n, l) in w.layers.iter().enumerate() {
         progress.inc(1);
-        let [qkv, o, gate_up, down] = upload_projections(gpu, c, l, fp8.map(|f| &f[n]))?;
+        let [qkv, o, gate_up, down] = upload_projections(gpu, c, w, blocks, n)?;
         layers.push(DeviceLayer {
             input_norm: upload(gpu, &l.input_norm, &[h])?,
             post_norm: upload(gpu, &l.post_norm, &[h])?,
@@ -215,36 +335,31 @@ fn upload_weights(
             extras: upload_extras(gpu, l)?,
         });
     }
-    let head8 = w.fp8.as_ref().and_then(|f| f.lm_head.as_ref());
-    // rows * k of the largest fused projection (the LM head's when in FP8)
+    let lm_head = upload_head(gpu, c, w, blocks)?;
+    let wide = |p: &Projection| p.format() != WeightFormat::Bf16;
+    let any_wide = lm_head.as_ref().is_some_and(wide)
+        || (layers.iter()).any(|l| [&l.qkv, &l.o, &l.gate_up, &l.down].into_iter().any(wide));
+    // rows * k of the largest fused projection (the LM head's when widened)
     let widest = [
         (c.q_dim() + 2 * c.kv_dim()) * h,
         h * c.q_dim(),
         2 * i * h,
         h * i,
-        head8.map_or(0, |_| v * h),
+        lm_head.as_ref().filter(|p| wide(p)).map_or(0, |_| v * h),
     ]
     .into_iter()
     .max()
     .unwrap_or(0);
-    let widened = match fp8 {
-        Some(_) => Some(
+    let widened = match any_wide {
+        true => Some(
             gpu.alloc::<bf16>(widest)
-                .map_err(|e| dev_err("allocating the widened FP8 projection", e))?,
+                .map_err(|e| dev_err("allocating the widened projection", e))?,
         ),
-        None => None,
+        false => None,
     };
     let out = DeviceWeights {
         embed: upload(gpu, &w.embed, &[v, h])?,
-        lm_head: match (head8, &w.lm_head) {
-            (Some(f), _) => {
-                Some(Box::new(Fp8RowLinear::upload(gpu, &[(f, &[v, h])])?) as Projection)
-            }
-            (None, Some(t)) => {
-                Some(Box::new(Bf16Linear::upload(gpu, &[(t, &[v, h])])?) as Projection)
-            }
-            (None, None) => None,
-        },
+        lm_head,
         norm: upload(gpu, &w.norm, &[h])?,
         layers,
         widened,
@@ -366,6 +481,7 @@ impl DeviceModel {
         gpu: &Gpu,
         c: &ModelConfig,
         w: &ModelWeights,
+        blocks: Option<&QuantWeights>,
         kv: KvShape,
         kv_dtype: KvCacheDtype,
     ) -> Result<DeviceModel, BackendError> {
@@ -381,7 +497,7 @@ impl DeviceModel {
         Ok(DeviceModel {
             ropes,
             rope_of: tables.of_layers().to_vec(),
-            w: upload_weights(gpu, c, w)?,
+            w: upload_weights(gpu, c, w, blocks)?,
             cache: KvCache::new(gpu, c, kv, kv_dtype, w.kv_scales_or_ones())?,
             rope_rows,
         })

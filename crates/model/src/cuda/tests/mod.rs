@@ -14,6 +14,7 @@ use super::*;
 
 mod det;
 mod fp8;
+mod gguf_blocks;
 mod kv;
 mod llama;
 mod lora;

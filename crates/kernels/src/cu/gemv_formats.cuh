@@ -1,0 +1,236 @@
+// The weight formats the GEMVs (cu/gemv.cu) and the block widening
+// (cu/gguf.cu) read, one type each: the `gemv::WeightFormat` of the launchers.
+//
+// A row of K weights is K / COLS 16-byte chunks (row r at r * K / COLS * 16
+// bytes of `w`); a lane loads one chunk and widens its COLS weights to f32
+// in column order. SCALED formats multiply each row's dot by its scale
+// (`w_side` as `const float*`, one per row). Block formats keep their
+// scales beside the chunks: `w_side` holds, per row, K / GROUP records of
+// SIDE bytes, record g for columns [g * GROUP, (g + 1) * GROUP); a chunk's
+// record fields are loaded with its chunk (`Side`), before the PDL wait.
+//
+// Each type's device layout is written by the uploader (the model crate's
+// `cuda::gguf::pack`), from ggml's blocks (`ggml-common.h`); the doc of each
+// type states it. 4-bit quants ("nibble chunks") are 32 columns a chunk:
+// byte b holds column b in its low nibble and column b + 16 in its high one
+// (ggml's Q4_0 / Q4_1 `qs` as they are; the K formats' quants reordered).
+// f16 fields are ggml's bits. Arithmetic follows ggml's dequantisers in f32,
+// unfused (__fmul_rn / __fadd_rn), so widened weights equal the CPU's.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "common.cuh"
+#include "lamina_consts.cuh"
+
+// Relaxed loads that stay ahead of the PDL wait (see ld_before_wait in pdl.cuh).
+__device__ __forceinline__ uint32_t ld_side_u16(const unsigned char* p) {
+    unsigned short v;
+    asm volatile("ld.relaxed.gpu.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t ld_side_u32(const unsigned char* p) {
+    uint32_t v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ld_side_u64(const unsigned char* p) {
+    uint2 v;
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_side_u128(const unsigned char* p) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float f16_bits(uint32_t bits) {
+    return __half2float(__ushort_as_half((unsigned short)(bits & 0xFFFFu)));
+}
+
+// Eight e4m3 weights widened to f32.
+__device__ __forceinline__ void fp8x8(const uint2 raw, float* f) {
+    const __nv_fp8x2_storage_t* p = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 t = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(p[i], __NV_E4M3)));
+        f[2 * i] = t.x;
+        f[2 * i + 1] = t.y;
+    }
+}
+
+// The 32 codes of a nibble chunk (module doc), in column order.
+__device__ __forceinline__ void nibbles32(const uint4& raw, uint32_t* q) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const uint32_t byte = (w[i / 4] >> (8 * (i % 4))) & 0xFFu;
+        q[i] = byte & 0xFu;
+        q[i + 16] = byte >> 4;
+    }
+}
+
+// The 6-bit scale and min of sub-block j (0..8) of a Q4_K / Q5_K block from
+// its 12 packed bytes (ggml's get_scale_min_k4), `hdr` the block's first 16
+// bytes: d, dmin, scales[12].
+__device__ __forceinline__ void k4_scale_min(const uint4& hdr, uint32_t j, float& sc, float& mn) {
+    const uint32_t w[3] = {hdr.y, hdr.z, hdr.w};  // scales[0..12]
+    auto s = [&](uint32_t i) { return (w[i / 4] >> (8 * (i % 4))) & 0xFFu; };
+    uint32_t a, b;
+    if (j < 4) {
+        a = s(j) & 63u;
+        b = s(j + 4) & 63u;
+    } else {
+        a = (s(j + 4) & 0xFu) | ((s(j - 4) >> 6) << 4);
+        b = (s(j + 4) >> 4) | ((s(j) >> 6) << 4);
+    }
+    sc = (float)a;
+    mn = (float)b;
+}
+
+struct NoSide {};
+
+struct FmtBf16 {  // 8 bf16 weights a chunk
+    static constexpr uint32_t COLS = 8, GROUP = COLS, SIDE = 0;
+    static constexpr bool SCALED = false;
+    typedef NoSide Side;
+    static __device__ __forceinline__ Side side(const unsigned char*, uint32_t) { return {}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side&, uint32_t, float* f) { bf8(raw, f); }
+};
+struct FmtFp8Row {  // 16 e4m3 weights a chunk, one f32 scale a row
+    static constexpr uint32_t COLS = LAMINA_GEMV_FP8_COLS, GROUP = COLS, SIDE = 0;
+    static constexpr bool SCALED = true;
+    typedef NoSide Side;
+    static __device__ __forceinline__ Side side(const unsigned char*, uint32_t) { return {}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side&, uint32_t, float* f) {
+        fp8x8(make_uint2(raw.x, raw.y), f);
+        fp8x8(make_uint2(raw.z, raw.w), f + 8);
+    }
+};
+// Q8_0: chunks of 16 int8 codes; records (2 bytes per 32 columns): the
+// block's f16 d. w = q * d.
+struct FmtQ8_0 {
+    static constexpr uint32_t COLS = LAMINA_GGUF_Q8_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_GGUF_Q8_0_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint32_t d;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u16(rec)}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
+        const float d = f16_bits(s.d);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int i = 0; i < 16; i++) f[i] = __fmul_rn((float)(int8_t)((w[i / 4] >> (8 * (i % 4))) & 0xFFu), d);
+    }
+};
+// Q4_0: nibble chunks (ggml's qs); records (2 bytes per 32 columns): d.
+// w = (q - 8) * d.
+struct FmtQ4_0 {
+    static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_GGUF_Q4_0_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint32_t d;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u16(rec)}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
+        const float d = f16_bits(s.d);
+        uint32_t q[32];
+        nibbles32(raw, q);
+#pragma unroll
+        for (int i = 0; i < 32; i++) f[i] = __fmul_rn((float)((int)q[i] - 8), d);
+    }
+};
+// Q4_1: nibble chunks (ggml's qs); records (4 bytes per 32 columns): d, m.
+// w = q * d + m.
+struct FmtQ4_1 {
+    static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_GGUF_Q4_1_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint32_t dm;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u32(rec)}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
+        const float d = f16_bits(s.dm), m = f16_bits(s.dm >> 16);
+        uint32_t q[32];
+        nibbles32(raw, q);
+#pragma unroll
+        for (int i = 0; i < 32; i++) f[i] = __fadd_rn(__fmul_rn((float)q[i], d), m);
+    }
+};
+// Q4_K: nibble chunks, sub-block j of a block its chunk j; records (16
+// bytes per 256 columns): the block's d, dmin, scales[12] as ggml stores
+// them. w = d * sc_j * q - dmin * m_j.
+struct FmtQ4K {
+    static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_SUPER_BLOCK, SIDE = LAMINA_GGUF_Q4_K_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint4 hdr;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u128(rec)}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t kk, float* f) {
+        float sc, mn;
+        k4_scale_min(s.hdr, (kk % GROUP) / COLS, sc, mn);
+        const float d1 = __fmul_rn(f16_bits(s.hdr.x), sc), m1 = __fmul_rn(f16_bits(s.hdr.x >> 16), mn);
+        uint32_t q[32];
+        nibbles32(raw, q);
+#pragma unroll
+        for (int i = 0; i < 32; i++) f[i] = __fsub_rn(__fmul_rn(d1, (float)q[i]), m1);
+    }
+};
+// Q5_K: nibble chunks of the low 4 bits; records (48 bytes per 256
+// columns): d, dmin, scales[12] as ggml stores them, then per sub-block j
+// 4 bytes whose bit b is column 32j + b's fifth bit.
+// w = d * sc_j * (q + 16 * bit) - dmin * m_j.
+struct FmtQ5K {
+    static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_SUPER_BLOCK, SIDE = LAMINA_GGUF_Q5_K_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint4 hdr;
+        uint32_t qh;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t kk) {
+        return {ld_side_u128(rec), ld_side_u32(rec + LAMINA_GGUF_Q4_K_SIDE + 4 * ((kk % GROUP) / COLS))};
+    }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t kk, float* f) {
+        float sc, mn;
+        k4_scale_min(s.hdr, (kk % GROUP) / COLS, sc, mn);
+        const float d1 = __fmul_rn(f16_bits(s.hdr.x), sc), m1 = __fmul_rn(f16_bits(s.hdr.x >> 16), mn);
+        uint32_t q[32];
+        nibbles32(raw, q);
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            f[i] = __fsub_rn(__fmul_rn(d1, (float)(q[i] + 16u * ((s.qh >> i) & 1u))), m1);
+    }
+};
+// Q6_K: nibble chunks of the low 4 bits; records (88 bytes per 256
+// columns): per sub-block j of 32 columns 8 bytes of high bits (byte b,
+// bits 2i..2i+1: column 32j + b + 8i), then ggml's scales[16] (i8, one per
+// 16 columns), d, 6 bytes of padding. w = d * sc * (q - 32).
+struct FmtQ6K {
+    static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_SUPER_BLOCK, SIDE = LAMINA_GGUF_Q6_K_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint2 qh;
+        uint32_t sc;  // the chunk's two i8 scales
+        uint32_t d;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t kk) {
+        const uint32_t j = (kk % GROUP) / COLS;
+        return {ld_side_u64(rec + 8 * j), ld_side_u16(rec + LAMINA_GGUF_Q6_K_SCALES_AT + 2 * j), ld_side_u16(rec + LAMINA_GGUF_Q6_K_D_AT)};
+    }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
+        const float d = f16_bits(s.d);
+        const float d0 = __fmul_rn(d, (float)(int8_t)(s.sc & 0xFFu)), d1 = __fmul_rn(d, (float)(int8_t)(s.sc >> 8));
+        uint32_t q[32];
+        nibbles32(raw, q);
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const uint32_t b = i % 8, sh = 2 * (i / 8);
+            const uint32_t hi = (((b < 4 ? s.qh.x : s.qh.y) >> (8 * (b % 4) + sh)) & 3u);
+            f[i] = __fmul_rn(i < 16 ? d0 : d1, (float)((int)(q[i] | (hi << 4)) - 32));
+        }
+    }
+};

@@ -1,0 +1,95 @@
+//! Launcher for `cu/gguf.cu`: a GGUF block format's weights (in the device
+//! layout of [`WeightFormat::layout`]) widened to bf16 for the GEMM path.
+//! Contract: `out[r, c]` = the weight the GEMV of the same format
+//! multiplies by, rounded to bf16; `k` a multiple of the format's block.
+//! Costs: one launch; reads the blocks once and writes `n * k * 2` bytes.
+
+use gpu::{DevSlice, LaunchConfig};
+use half::bf16;
+
+use crate::abi::GgufDequantArgs;
+use crate::consts::{ROW_THREADS, SILU_MAX_BLOCKS};
+use crate::gemv::WeightFormat;
+use crate::{KernelError, Kernels, need, u32_of};
+
+/// The widening entry point of block format `f` (`None` for bf16 and FP8).
+pub(crate) fn entry(f: WeightFormat) -> Option<String> {
+    f.layout()?;
+    let prefix = f.prefix().strip_prefix("gemv_")?;
+    Some(format!("gguf_dequant_{prefix}"))
+}
+
+impl Kernels {
+    /// `out = bf16(w)` for the block-format weights `q` / `side` of `n`
+    /// rows of `k` columns.
+    pub fn gguf_dequant(
+        &self,
+        format: WeightFormat,
+        q: DevSlice<'_, u8>,     // [n, layout.row_bytes(k)]
+        side: DevSlice<'_, u8>,  // [n, layout.side_bytes(k)]
+        out: DevSlice<'_, bf16>, // [n, k]
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gguf_dequant";
+        let (Some(l), Some(Some(func))) = (format.layout(), self.gguf_dequant.get(format as usize))
+        else {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!("{format:?} is not a GGUF block format"),
+            });
+        };
+        if !k.is_multiple_of(l.group)
+            || [q.ptr(), side.ptr(), out.ptr()]
+                .iter()
+                .any(|p| !p.is_multiple_of(16))
+        {
+            return Err(KernelError::Unsupported {
+                kernel: K,
+                reason: format!(
+                    "k = {k} (a multiple of {}), every operand 16-byte aligned",
+                    l.group
+                ),
+            });
+        }
+        need(K, "q", &q, n * l.row_bytes(k))?;
+        need(K, "side", &side, n * l.side_bytes(k))?;
+        need(K, "out", &out, n * k)?;
+        if n == 0 || k == 0 {
+            return Ok(());
+        }
+        let blocks = (n * k / l.cols).div_ceil(ROW_THREADS).min(SILU_MAX_BLOCKS);
+        let args = GgufDequantArgs {
+            q: q.ptr(),
+            side: side.ptr(),
+            out: out.ptr(),
+            n: u32_of(K, "n", n)?,
+            k: u32_of(K, "k", k)?,
+        };
+        let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
+        // SAFETY: views checked for the format's [n, k] chunks, records and
+        // bf16 output and their alignment; the kernel takes `GgufDequantArgs`
+        // and touches only rows < n, columns < k.
+        unsafe { self.gpu.launch_struct(func, cfg, &args)? };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_formats_name_their_widening() {
+        assert_eq!(
+            entry(WeightFormat::Q4K).as_deref(),
+            Some("gguf_dequant_q4_k")
+        );
+        assert_eq!(
+            entry(WeightFormat::Q8_0).as_deref(),
+            Some("gguf_dequant_q8_0")
+        );
+        assert_eq!(entry(WeightFormat::Fp8Row), None);
+        assert_eq!(entry(WeightFormat::Bf16), None);
+    }
+}

@@ -1,0 +1,213 @@
+//! A model in GGUF blocks on CUDA against the CPU backend on the same
+//! blocks, by teacher-forced log-probabilities: three layers mixing every
+//! block format the CUDA backend reads (fused QKV in Q4_K and in Q8_0, a
+//! Q4_K_M-like QKV of Q4_K q/k and a Q6_K v, which runs widened), an LM
+//! head tied to the embedding in Q6_K. Prompts of 7 and 40 tokens run on
+//! the GEMM path (the blocks widened to bf16), decode on the GEMVs (the
+//! blocks read as they are).
+
+use super::*;
+use crate::cpu::{CpuBackend, CpuPath, CpuWeights};
+use checkpoint::gguf::GgmlType;
+use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
+use checkpoint::weights::Tensor;
+use cpu_kernels::quant::{QuantType, quantize_row};
+
+/// Hidden 256, intermediate 512, 4 heads of 64: every projection's rows
+/// are whole super-blocks.
+fn config() -> ModelConfig {
+    let text = r#"{"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 512, "rope_theta": 10000.0,
+        "tie_word_embeddings": true}"#;
+    ModelConfig::from_json(text, "test").unwrap()
+}
+
+fn rows(t: &Tensor) -> impl Iterator<Item = Vec<f32>> + '_ {
+    (t.data.chunks_exact(t.shape[1])).map(|r| r.iter().map(|v| v.to_f32()).collect())
+}
+
+/// Q4_0 blocks of one row: `d = amax / 7`, codes `round(x / d) + 8`.
+fn q4_0_row(row: &[f32], out: &mut Vec<u8>) {
+    for b in row.chunks_exact(32) {
+        let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = half::f16::from_f32(amax / 7.0);
+        let inv = if d.to_f32() == 0.0 {
+            0.0
+        } else {
+            1.0 / d.to_f32()
+        };
+        let code = |x: f32| ((x * inv).round() + 8.0).clamp(0.0, 15.0) as u8;
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend((0..16).map(|i| code(b[i]) | (code(b[i + 16]) << 4)));
+    }
+}
+
+/// A Q5_K block from a Q4_K one: codes `2q + bit` (the bit from `seed`) at
+/// half the scale `d`, so the weights stay near the Q4_K ones.
+fn q5_k_of(q4: &[u8], seed: u64) -> Vec<u8> {
+    let d = half::f16::from_le_bytes([q4[0], q4[1]]).to_f32() / 2.0;
+    let mut out = half::f16::from_f32(d).to_le_bytes().to_vec();
+    out.extend_from_slice(&q4[2..16]);
+    let (mut qh, mut qs) = ([0u8; 32], [0u8; 128]);
+    for (g, q) in q4[16..144].chunks_exact(32).enumerate() {
+        for (l, &byte) in q.iter().enumerate() {
+            for (half, nib) in [(0, byte & 0xF), (1, byte >> 4)] {
+                let bit = (splitmix64(seed ^ (g * 64 + half * 32 + l) as u64) & 1) as u8;
+                let code = 2 * nib + bit;
+                qs[32 * g + l] |= (code & 0xF) << (4 * half);
+                qh[l] |= (code >> 4) << (2 * g + half);
+            }
+        }
+    }
+    out.extend_from_slice(&qh);
+    out.extend_from_slice(&qs);
+    out
+}
+
+/// `t` in ggml type `ty` (from its BF16 values), its BF16 copy replaced by
+/// the blocks' values (as the store's import would hold them).
+fn to_blocks(t: &mut Tensor, ty: GgmlType) -> QuantTensor {
+    let mut data = Vec::new();
+    for (r, row) in rows(t).enumerate() {
+        match ty {
+            GgmlType::Q4_0 => q4_0_row(&row, &mut data),
+            GgmlType::Q5_K => {
+                let mut k4 = Vec::new();
+                quantize_row(QuantType::Q4_K, &row, &mut k4);
+                for (b, block) in k4.chunks_exact(144).enumerate() {
+                    data.extend(q5_k_of(block, (r * 64 + b) as u64));
+                }
+            }
+            _ => {
+                let qt = match ty {
+                    GgmlType::Q8_0 => QuantType::Q8_0,
+                    GgmlType::Q4_1 => QuantType::Q4_1,
+                    GgmlType::Q4_K => QuantType::Q4_K,
+                    _ => QuantType::Q6_K,
+                };
+                quantize_row(qt, &row, &mut data);
+            }
+        }
+    }
+    let (r, c) = (t.shape[0], t.shape[1]);
+    let values = checkpoint::gguf::dequantize(ty, &data, r * c).unwrap();
+    t.data = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    QuantTensor {
+        name: t.name.clone(),
+        rows: r,
+        cols: c,
+        ty,
+        data,
+    }
+}
+
+/// The model's weights with its projections and head in blocks: the
+/// blocks for CUDA, and those the CPU keeps (the others run from the BF16
+/// copy, which holds the blocks' values rounded).
+fn model() -> (ModelConfig, ModelWeights, QuantWeights, QuantWeights) {
+    use GgmlType::*;
+    let c = config();
+    let mut w = crate::cpu::tests::weights(&c, true);
+    // per layer: q, k, v, o, gate, up, down
+    let plan = [
+        [Q4_K, Q4_K, Q4_K, Q5_K, Q6_K, Q6_K, Q4_K],
+        [Q4_K, Q4_K, Q6_K, Q8_0, Q4_0, Q4_0, Q6_K],
+        [Q8_0, Q8_0, Q8_0, Q4_1, Q5_K, Q5_K, Q4_1],
+    ];
+    let mut layers = Vec::new();
+    for (l, tys) in w.layers.iter_mut().zip(plan) {
+        let ts = [
+            &mut l.q_proj,
+            &mut l.k_proj,
+            &mut l.v_proj,
+            &mut l.o_proj,
+            &mut l.gate_proj,
+            &mut l.up_proj,
+            &mut l.down_proj,
+        ];
+        let mut b = ts
+            .into_iter()
+            .zip(tys)
+            .map(|(t, ty)| Some(to_blocks(t, ty)));
+        let mut next = || b.next().flatten();
+        layers.push(QuantLayer {
+            q_proj: next(),
+            k_proj: next(),
+            v_proj: next(),
+            o_proj: next(),
+            gate_proj: next(),
+            up_proj: next(),
+            down_proj: next(),
+        });
+    }
+    let head = Some(to_blocks(&mut w.embed, Q6_K));
+    let gpu = QuantWeights { layers, head };
+    let mut cpu = gpu.clone();
+    let kept = |t: &mut Option<QuantTensor>| {
+        if t.as_ref()
+            .is_some_and(|t| !crate::cpu::KEPT_GGML_TYPES.contains(&t.ty))
+        {
+            *t = None;
+        }
+    };
+    for l in &mut cpu.layers {
+        for t in [
+            &mut l.q_proj,
+            &mut l.k_proj,
+            &mut l.v_proj,
+            &mut l.o_proj,
+            &mut l.gate_proj,
+            &mut l.up_proj,
+            &mut l.down_proj,
+        ] {
+            kept(t);
+        }
+    }
+    (c, w, gpu, cpu)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_gguf_blocks_match_the_cpu_on_the_same_blocks() {
+    let (cfg, w, gpu_blocks, cpu_blocks) = model();
+    let vocab = cfg.vocab_size;
+    let kv = KvShape {
+        num_blocks: 64,
+        block_size: BS,
+    };
+    let opts = CudaOptions::default();
+    let mut gpu =
+        CudaBackend::with_blocks(cfg.clone(), &w, Some(&gpu_blocks), kv, 0, opts).unwrap();
+    let name = gpu.name();
+    assert!(
+        name.contains("gguf") && name.contains("q4k") && name.contains("q5k"),
+        "{name}"
+    );
+    let cpu_weights = CpuWeights::Blocks(cpu_blocks);
+    let mut cpu = CpuBackend::with_weights(cfg, w, kv, CpuPath::Fast, cpu_weights).unwrap();
+    let mut pool = Pool::new(kv.num_blocks);
+    let mut worst = (0.0f64, 0.0f64);
+    for n in [7usize, 40] {
+        let toks = tokens(n as u64 + 3, n, vocab);
+        let blocks = pool.take(n);
+        let (g, c) = (
+            chunk_logits(&mut gpu, &toks, 0, &blocks),
+            chunk_logits(&mut cpu, &toks, 0, &blocks),
+        );
+        let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
+        println!("RESULT gguf blocks prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
+        worst = (worst.0.max(e), worst.1.max(d));
+    }
+    let prompt = tokens(77, 20, vocab);
+    let blocks = pool.take(20 + 24);
+    let (e, d) = generated_vs_cpu(&mut gpu, &mut cpu, &prompt, &blocks, 24, vocab);
+    println!(
+        "RESULT gguf blocks 24 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
+    );
+    worst = (worst.0.max(e), worst.1.max(d));
+    assert!(
+        worst.0 <= 3e-2 && worst.1 <= 0.2,
+        "GGUF blocks on CUDA vs the CPU on the same blocks: {worst:?}"
+    );
+}
