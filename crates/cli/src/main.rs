@@ -29,6 +29,7 @@ mod sampling_args;
 mod serve;
 mod serve_limits;
 mod serve_log;
+mod serve_models;
 mod settings_json;
 mod setup;
 mod spec_args;
@@ -99,7 +100,8 @@ enum Command {
     /// A model's details: architecture, parameters, context, weight format,
     /// chat template, files and sizes.
     Show(model_info::ShowArgs),
-    /// The models a running `lamina serve` has loaded (asks it at --url).
+    /// The models of a running `lamina serve` (asks it at --url): each
+    /// one's state, memory, idle time and running requests.
     Ps(model_info::PsArgs),
     /// Delete a model from the store, with its downloads.
     Rm(models::RmArgs),

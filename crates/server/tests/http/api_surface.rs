@@ -16,7 +16,7 @@ use super::*;
 
 /// Every route the router serves: the test fails when one is added without
 /// being documented, or documented without being served.
-const ROUTES: [(&str, &str); 19] = [
+const ROUTES: [(&str, &str); 22] = [
     ("GET", "/"),
     ("GET", "/health"),
     ("GET", "/version"),
@@ -36,6 +36,9 @@ const ROUTES: [(&str, &str); 19] = [
     ("POST", "/detokenize"),
     ("POST", "/v1/load_lora_adapter"),
     ("POST", "/v1/unload_lora_adapter"),
+    ("GET", "/models"),
+    ("POST", "/models/load"),
+    ("POST", "/models/unload"),
 ];
 
 #[tokio::test]

@@ -133,7 +133,7 @@ impl App {
     pub async fn wait_idle(&self) {
         let start = Instant::now();
         loop {
-            let s = self.state.replicas.stats();
+            let s = self.state.served().unwrap().replicas.stats();
             if s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 {
                 return;
             }
