@@ -12,6 +12,7 @@ mod fake;
 mod fuzz;
 mod limits;
 mod load;
+mod many_models;
 mod peer_clients;
 mod replicas;
 mod responses;
