@@ -20,7 +20,8 @@ fn served() -> Served {
 /// An app of models `names`, the first `preloaded` loaded at start, each
 /// loadable again; the loads counted per model.
 fn app_models(names: &[&str], preloaded: usize, policy: Policy) -> (App, Arc<Vec<AtomicUsize>>) {
-    let loads: Arc<Vec<AtomicUsize>> = Arc::new(names.iter().map(|_| AtomicUsize::new(0)).collect());
+    let loads: Arc<Vec<AtomicUsize>> =
+        Arc::new(names.iter().map(|_| AtomicUsize::new(0)).collect());
     let list = names
         .iter()
         .enumerate()
@@ -52,7 +53,12 @@ fn chat(model: &str) -> Value {
 
 async fn state_of(app: &App, model: &str) -> String {
     let v = app.get("/models").await.json();
-    let m = v["data"].as_array().unwrap().iter().find(|m| m["id"] == model).cloned();
+    let m = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == model)
+        .cloned();
     m.unwrap_or_else(|| panic!("{model} not in {v}"))["status"]["value"]
         .as_str()
         .unwrap()
@@ -62,7 +68,10 @@ async fn state_of(app: &App, model: &str) -> String {
 async fn wait_state(app: &App, model: &str, want: &str) {
     let t0 = Instant::now();
     while state_of(app, model).await != want {
-        assert!(t0.elapsed() < Duration::from_secs(10), "{model} never {want}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{model} never {want}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -87,10 +96,14 @@ async fn requests_go_to_the_model_they_name() {
     let r = app.post_json("/v1/chat/completions", &chat("three")).await;
     let v = r.assert_error(404, Some("model"));
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("`three`") && msg.contains("`one`, `two`"), "{msg}");
+    assert!(
+        msg.contains("`three`") && msg.contains("`one`, `two`"),
+        "{msg}"
+    );
     let text = app.get("/metrics").await.text();
     assert_eq!(
-        text.matches("# HELP lamina_time_to_first_token_seconds ").count(),
+        text.matches("# HELP lamina_time_to_first_token_seconds ")
+            .count(),
         1,
         "{text}"
     );
@@ -100,7 +113,11 @@ async fn requests_go_to_the_model_they_name() {
         assert!(text.contains(&count), "{count} in {text}");
         assert!(text.contains(&format!("lamina_model_loaded{{model_name=\"{m}\"}} 1")));
     }
-    assert_eq!(loads[0].load(Ordering::SeqCst), 0, "preloaded, never loaded again");
+    assert_eq!(
+        loads[0].load(Ordering::SeqCst),
+        0,
+        "preloaded, never loaded again"
+    );
 }
 
 #[tokio::test]
@@ -121,13 +138,19 @@ async fn past_the_cap_the_least_recently_used_idle_model_is_evicted() {
     wait_state(&app, "two", "unloaded").await;
     assert_eq!(loads[0].load(Ordering::SeqCst), 1);
     // an explicit unload, then a load
-    let r = app.post_json("/models/unload", &json!({"model": "one"})).await;
+    let r = app
+        .post_json("/models/unload", &json!({"model": "one"}))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text());
     wait_state(&app, "one", "unloaded").await;
-    let r = app.post_json("/models/load", &json!({"model": "one"})).await;
+    let r = app
+        .post_json("/models/load", &json!({"model": "one"}))
+        .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(state_of(&app, "one").await, "loaded");
-    let r = app.post_json("/models/unload", &json!({"model": "nine"})).await;
+    let r = app
+        .post_json("/models/unload", &json!({"model": "nine"}))
+        .await;
     r.assert_error(404, Some("model"));
 }
 
@@ -170,9 +193,16 @@ async fn a_load_that_does_not_fit_names_the_memory_needed_and_free() {
     );
     assert_eq!(state_of(&app, "huge").await, "unloaded");
     // a model with no loader cannot be unloaded
-    let r = app.post_json("/models/unload", &json!({"model": "small"})).await;
+    let r = app
+        .post_json("/models/unload", &json!({"model": "small"}))
+        .await;
     assert_eq!(r.status.as_u16(), 409, "{}", r.text());
-    assert!(app.post_json("/v1/chat/completions", &chat("small")).await.status == 200);
+    assert!(
+        app.post_json("/v1/chat/completions", &chat("small"))
+            .await
+            .status
+            == 200
+    );
 }
 
 #[test]
