@@ -68,7 +68,7 @@ enum Command {
     /// Chat interactively with the model's chat template.
     Chat(chat::ChatArgs),
     /// Serve an OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Measure decode speed, time to first token and throughput.
     Bench(bench::BenchArgs),
     /// Load-test a running OpenAI-compatible server (Poisson arrivals, streamed).
@@ -139,7 +139,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a, cli.verbose),
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a, cli.verbose),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Bench(a) => bench::run(a),
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),

@@ -30,8 +30,8 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8000, env = "LAMINA_PORT")]
     pub port: u16,
-    /// Require `Authorization: Bearer <KEY>` on /v1/*, /tokenize and
-    /// /detokenize (repeatable: any of the keys is accepted). Prefer the
+    /// Require `Authorization: Bearer <KEY>` on /v1/*, /models*, /tokenize
+    /// and /detokenize (repeatable: any of the keys is accepted). Prefer the
     /// environment variable or `--api-key-file`: a flag shows in `ps`.
     /// Several keys in the variable are separated by commas.
     #[arg(

@@ -71,7 +71,7 @@ pub fn parse(text: &str) -> Result<KeepAlive, String> {
 fn seconds(secs: f64) -> Option<KeepAlive> {
     if secs.is_nan() {
         None
-    } else if secs < 0.0 || secs > MAX_SECONDS {
+    } else if !(0.0..=MAX_SECONDS).contains(&secs) {
         Some(KeepAlive::Forever)
     } else {
         Some(KeepAlive::For(Duration::from_secs_f64(secs)))

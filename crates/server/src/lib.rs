@@ -4,7 +4,9 @@
 //! as SSE or whole), Anthropic's `POST /v1/messages` and
 //! `POST /v1/messages/count_tokens` ([`anthropic`]), OpenAI's Responses API
 //! `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`
-//! ([`oairesponses`]), `GET /v1/models[/{id}]`, `POST /tokenize`,
+//! ([`oairesponses`]), `GET /v1/models[/{id}]`, `GET /models`,
+//! `POST /models/load`, `POST /models/unload` ([`model_admin`]; several
+//! models behind one server, [`models`]), `POST /tokenize`,
 //! `POST /detokenize` (all behind the API keys when some are set), and
 //! `GET /`, `GET /health`, `GET /version`, `GET /metrics` (Prometheus
 //! text), `GET /openapi.json` and `GET /docs` (the generated OpenAPI

@@ -43,7 +43,7 @@ pub struct ServerConfig {
     /// The name clients address the model by (`/v1/models`, `model` fields)
     /// when the state is built over one model ([`AppState::with_replicas`]).
     pub model_id: String,
-    /// When not empty, `/v1/*`, `/tokenize` and `/detokenize` require
+    /// When not empty, `/v1/*`, `/models*`, `/tokenize` and `/detokenize` require
     /// `Authorization: Bearer <key>` with one of these keys (check each with
     /// [`crate::check_api_key`] first: a key no header can carry would lock
     /// its clients out).
