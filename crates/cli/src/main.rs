@@ -29,6 +29,7 @@ mod sampling_args;
 mod serve;
 mod serve_limits;
 mod serve_log;
+mod serve_models;
 mod settings_json;
 mod setup;
 mod spec_args;
@@ -67,7 +68,7 @@ enum Command {
     /// Chat interactively with the model's chat template.
     Chat(chat::ChatArgs),
     /// Serve an OpenAI-compatible HTTP API.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Measure decode speed, time to first token and throughput.
     Bench(bench::BenchArgs),
     /// Load-test a running OpenAI-compatible server (Poisson arrivals, streamed).
@@ -99,7 +100,8 @@ enum Command {
     /// A model's details: architecture, parameters, context, weight format,
     /// chat template, files and sizes.
     Show(model_info::ShowArgs),
-    /// The models a running `lamina serve` has loaded (asks it at --url).
+    /// The models of a running `lamina serve` (asks it at --url): each
+    /// one's state, memory, idle time and running requests.
     Ps(model_info::PsArgs),
     /// Delete a model from the store, with its downloads.
     Rm(models::RmArgs),
@@ -137,7 +139,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a, cli.verbose),
         Command::Generate(a) => generate::run(a),
         Command::Chat(a) => chat::run(a, cli.verbose),
-        Command::Serve(a) => serve::run(a),
+        Command::Serve(a) => serve::run(*a),
         Command::Bench(a) => bench::run(a),
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),

@@ -121,7 +121,7 @@ pub fn ps(args: PsArgs) -> Result<()> {
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(5))
             .build()?;
-        let mut req = http.get(format!("{base}/v1/models"));
+        let mut req = http.get(format!("{base}/models"));
         if let Some(k) = &args.api_key {
             req = req.bearer_auth(k);
         }
@@ -134,21 +134,37 @@ pub fn ps(args: PsArgs) -> Result<()> {
         let body: Value = resp
             .json()
             .await
-            .with_context(|| format!("{base}/v1/models did not answer JSON"))?;
+            .with_context(|| format!("{base}/models did not answer JSON"))?;
         if !status.is_success() {
-            bail!("{base}/v1/models answered {status}: {body}");
+            bail!("{base}/models answered {status}: {body}");
         }
         anyhow::Ok(body)
     })?;
     let models = body["data"].as_array().cloned().unwrap_or_default();
     println!(
-        "{:<32}  {:>8}  {:<24}  SERVER",
-        "MODEL", "CONTEXT", "ADAPTER OF"
+        "{:<28}  {:<9}  {:>9}  {:>9}  {:>7}  {:>8}  {:<20}",
+        "MODEL", "STATE", "MEMORY", "IDLE", "RUNNING", "CONTEXT", "ADAPTER OF"
     );
     for m in models {
+        let bytes = m["weights_bytes"].as_u64().unwrap_or(0) + m["kv_bytes"].as_u64().unwrap_or(0);
+        let state = m["status"]["value"].as_str().unwrap_or("?");
+        let loaded = state == "loaded";
+        let idle = match (loaded, m["running"].as_u64().unwrap_or(0)) {
+            (false, _) => "-".to_string(),
+            (true, 0) => format!("{:.0}s", m["idle_seconds"].as_f64().unwrap_or(0.0)),
+            (true, _) => "busy".to_string(),
+        };
         println!(
-            "{:<32}  {:>8}  {:<24}  {base}",
+            "{:<28}  {:<9}  {:>9}  {:>9}  {:>7}  {:>8}  {:<20}",
             m["id"].as_str().unwrap_or("?"),
+            state,
+            if loaded {
+                human_size(bytes)
+            } else {
+                "-".into()
+            },
+            idle,
+            m["running"].as_u64().unwrap_or(0),
             m["max_model_len"].as_u64().unwrap_or(0),
             m["parent"].as_str().unwrap_or("-"),
         );

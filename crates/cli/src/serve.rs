@@ -30,8 +30,8 @@ pub struct ServeArgs {
     /// Port to listen on.
     #[arg(long, default_value_t = 8000, env = "LAMINA_PORT")]
     pub port: u16,
-    /// Require `Authorization: Bearer <KEY>` on /v1/*, /tokenize and
-    /// /detokenize (repeatable: any of the keys is accepted). Prefer the
+    /// Require `Authorization: Bearer <KEY>` on /v1/*, /models*, /tokenize
+    /// and /detokenize (repeatable: any of the keys is accepted). Prefer the
     /// environment variable or `--api-key-file`: a flag shows in `ps`.
     /// Several keys in the variable are separated by commas.
     #[arg(
@@ -151,9 +151,38 @@ pub struct ServeArgs {
     pub limits: crate::serve_limits::LimitArgs,
     #[command(flatten)]
     pub log: crate::serve_log::LogArgs,
-    /// The model (as `--model`; vLLM's `vllm serve MODEL`).
+    /// A models file (TOML when it ends in `.toml`, else JSON): a list of
+    /// models (`[[models]]` tables), each with `source` and optionally
+    /// `name`, `share` (its part of the KV budget), `device`, `lora`
+    /// (`NAME=PATH` list), `max_model_len` and `preload`; instead of the
+    /// model words.
+    #[arg(long, env = "LAMINA_MODELS_FILE")]
+    pub models_file: Option<std::path::PathBuf>,
+    /// Most models loaded at once (0: no cap; llama-server's
+    /// `--models-max`). A request naming an unloaded model past it first
+    /// unloads the least recently used idle one.
+    #[arg(
+        long,
+        visible_alias = "models-max",
+        default_value_t = 0,
+        env = "LAMINA_MAX_LOADED_MODELS"
+    )]
+    pub max_loaded_models: usize,
+    /// How long a model stays loaded after its last request when the
+    /// request sets no `keep_alive` (ollama's): seconds or a duration like
+    /// `5m`, `0` to unload at once, negative to keep it [default: until
+    /// unloaded].
+    #[arg(long, env = "LAMINA_KEEP_ALIVE", allow_hyphen_values = true)]
+    pub keep_alive: Option<String>,
+    /// Do not load a model a request names when it is not loaded (409
+    /// naming it instead); `POST /models/load` still loads.
+    #[arg(long, env = "LAMINA_NO_MODELS_AUTOLOAD", value_parser = clap::builder::BoolishValueParser::new())]
+    pub no_models_autoload: bool,
+    /// The model (as `--model`; vLLM's `vllm serve MODEL`); more words
+    /// serve more models from one server, each with its own engines and
+    /// KV pool (`--kv-memory-gib` split evenly among them).
     #[arg(value_name = "MODEL")]
-    pub model_word: Option<String>,
+    pub model_word: Vec<String>,
 }
 
 /// The longest any duration flag may be, in seconds (a day): longer is a
@@ -161,7 +190,9 @@ pub struct ServeArgs {
 const MAX_FLAG_SECONDS: f64 = 86_400.0;
 
 pub fn run(mut args: ServeArgs) -> Result<()> {
-    crate::habits::positional_model(&mut args.model, args.model_word.take())?;
+    let mut words = std::mem::take(&mut args.model_word).into_iter();
+    crate::habits::positional_model(&mut args.model, words.next())?;
+    let more: Vec<String> = words.collect();
     if !(args.grace >= 0.0 && args.grace <= MAX_FLAG_SECONDS) {
         bail!(
             "invalid `--grace`: must be a number of seconds from 0 to {MAX_FLAG_SECONDS} (a day), got {}",
@@ -222,24 +253,87 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         .map_err(|e| bind_error(e, &args))?;
     let t0 = std::time::Instant::now();
     let plan = replica_plan(&args)?;
-    let loaded = setup::open_replicas(&args.model, args.max_queue, plan)?;
-    eprintln!(
-        "lamina: started in {:.1}s: {}",
-        t0.elapsed().as_secs_f64(),
-        loaded.sizing
-    );
-    let warmup = args.warmup_secs.unwrap_or(if loaded.cuda {
+    let policy = server::Policy {
+        max_loaded: args.max_loaded_models,
+        autoload: !args.no_models_autoload,
+        keep_alive: match &args.keep_alive {
+            Some(k) => server::keep_alive::parse(k)
+                .map_err(|why| anyhow::anyhow!("invalid `--keep-alive`: {why}"))?,
+            None => server::keep_alive::KeepAlive::Forever,
+        },
+    };
+    let specs = crate::serve_models::specs(&args.model.model, &more, args.models_file.as_ref())?;
+    let shares = crate::serve_models::shares(&specs)?;
+    let several = specs.len() > 1;
+    let mut registrations = Vec::new();
+    let mut started: Vec<engine::Engine> = Vec::new();
+    let (mut cuda, mut first_defaults) = (false, None);
+    for (i, (spec, share)) in specs.iter().zip(shares).enumerate() {
+        let model_args =
+            crate::serve_models::model_args(&args.model, spec, share, (i, specs.len()))?;
+        let name = match (&spec.name, i) {
+            (Some(n), _) => n.clone(),
+            (None, 0) => args
+                .served_model_name
+                .clone()
+                .unwrap_or_else(|| runtime::display_name(&spec.source)),
+            (None, _) => runtime::display_name(&spec.source),
+        };
+        let load_plan = std::sync::Arc::new(crate::serve_models::LoadPlan {
+            name: name.clone(),
+            args: model_args,
+            max_queue: args.max_queue,
+            replicas: plan.clone(),
+            reasoning_parser: args.reasoning_parser,
+            lora_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
+        });
+        let room = policy.max_loaded == 0 || i < policy.max_loaded;
+        let served = if spec.preload.unwrap_or(true) && room {
+            crate::serve_models::check_fits(&name, &load_plan.args)?;
+            let rt = setup::open_replicas(&load_plan.args, args.max_queue, plan.clone())?;
+            eprintln!(
+                "lamina: `{name}` started in {:.1}s: {}",
+                t0.elapsed().as_secs_f64(),
+                rt.sizing
+            );
+            cuda |= rt.cuda;
+            first_defaults.get_or_insert(rt.model.generation.sampling_defaults());
+            let served = crate::serve_models::served(&load_plan, rt)?;
+            (0..served.replicas.len())
+                .filter_map(|r| served.replicas.engine(r).cloned())
+                .for_each(|e| started.push(e));
+            Some(served)
+        } else {
+            None
+        };
+        let loader = several.then(|| crate::serve_models::loader(load_plan));
+        registrations.push(server::Registration {
+            name,
+            owned_by: "lamina".into(),
+            served,
+            loader,
+        });
+    }
+    let warmup = args.warmup_secs.unwrap_or(if cuda {
         CUDA_WARMUP_SECS
     } else {
         CPU_WARMUP_SECS
     });
-    warm_up(
-        std::iter::once(&loaded.engine).chain(&loaded.replicas),
-        Duration::from_secs_f64(warmup),
-    )?;
-    let model_id = args.served_model_name.clone().unwrap_or(loaded.model_id);
+    warm_up(started.iter(), Duration::from_secs_f64(warmup))?;
+    let count = started.len();
+    let det = if !started.is_empty() && started.iter().all(|e| e.deterministic()) {
+        " in deterministic mode (--deterministic)"
+    } else {
+        ""
+    };
+    if !several {
+        args.log.start_stats(started.clone());
+    }
+    drop(started);
+    let models =
+        server::Models::new(policy, registrations).map_err(|why| anyhow::anyhow!("{why}"))?;
+    let names = models.names();
     let mut cfg = server::ServerConfig {
-        model_id: model_id.clone(),
         api_keys,
         allowed_origins: args.allowed_origins.clone(),
         allowed_hosts: args.allowed_hosts.clone(),
@@ -253,48 +347,28 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         responses_store_bytes: args.responses_store_mib.saturating_mul(1 << 20),
         responses_store_ttl: Duration::from_secs_f64(args.responses_store_ttl_secs),
         lora_load_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
-        defaults: loaded.model.generation.clone(),
         default_max_tokens: args.max_tokens_default,
         reasoning_parser: args.reasoning_parser,
-        ..server::ServerConfig::new(model_id.clone())
+        ..server::ServerConfig::new(names.first().cloned().unwrap_or_default())
     };
     args.limits.apply(&mut cfg);
-    let defaults = loaded.model.generation.sampling_defaults();
-    let lora_loader = args.model.lora.loader(
-        loaded.model.config.clone(),
-        Duration::from_secs_f64(args.lora_load_timeout_secs),
-    )?;
-    let mut engines = vec![loaded.engine];
-    engines.extend(loaded.replicas);
-    let count = engines.len();
-    let det = if engines.iter().all(|e| e.deterministic()) {
-        " in deterministic mode (--deterministic)"
-    } else {
-        ""
-    };
-    // each engine's grammar engine (the token trie) built in the background,
-    // so the first constrained request does not build it on an async worker
-    for e in &engines {
-        let e = e.clone();
-        std::thread::spawn(move || {
-            if let Err(why) = e.check_constraint(&engine::Constraint::JsonObject) {
-                tracing::warn!(%why, "constrained decoding is unavailable for this model");
-            }
-        });
-    }
-    args.log.start_stats(engines.clone());
-    let replicas = server::Replicas::new(engines).map_err(anyhow::Error::msg)?;
-    let state = server::AppState::with_replicas(replicas, loaded.tokenizer, cfg);
-    state.set_lora_loader(lora_loader);
+    let state = server::AppState::with_models(models, cfg);
+    let model_id = names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
     runtime.block_on(async move {
         let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
-        let on = if count > 1 {
+        let on = if count > 1 && !several {
             format!(" with {count} replicas")
         } else {
             String::new()
         };
-        eprintln!("lamina: serving `{model_id}`{on}{det} on http://{local} (Ctrl-C to stop)");
-        eprintln!("lamina: requests that set no sampling fields get {defaults}");
+        eprintln!("lamina: serving {model_id}{on}{det} on http://{local} (Ctrl-C to stop)");
+        if let (Some(defaults), false) = (first_defaults, several) {
+            eprintln!("lamina: requests that set no sampling fields get {defaults}");
+        }
         server::serve(state, listener, server::shutdown_signal()).await
     })?;
     eprintln!("lamina: server stopped");

@@ -21,17 +21,12 @@ use crate::error::{ApiError, from_submit};
 use crate::generate::{Job, Kind};
 use crate::messages::{chat_messages, final_message};
 use crate::middleware::RequestId;
+use crate::models::Lease;
 use crate::params;
 use crate::protocol::{self, ChatRequest, CompletionRequest, Prompt};
 use crate::state::AppState;
 use crate::{structured, tools};
 use engine::SubmitError;
-
-/// 404 unless `model` is absent, names the served model or a loaded LoRA
-/// adapter; the adapter's name in the last case.
-pub fn check_model(state: &AppState, model: Option<&str>) -> Result<Option<String>, ApiError> {
-    crate::lora::resolve_model(state, model)
-}
 
 /// The common start of a generation request: refused while draining, the
 /// body within the limit, then parsed.
@@ -66,8 +61,12 @@ pub async fn chat_completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req: ChatRequest = accept(&state, body)?;
+    let model = state
+        .models
+        .acquire(req.model.as_deref(), req.keep_alive)
+        .await?;
     let st = state.clone();
-    let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let job = Job::new(state.clone(), model, Kind::Chat, rid, arrived);
     let (job, handles, stream) = state
         .work
         .run("messages", move || prepare_chat(&st, req, job))
@@ -79,7 +78,7 @@ pub async fn chat_completions(
 /// job): the job, its engine handles and whether it streams. The Anthropic
 /// and Responses APIs run their requests through here too.
 pub(crate) fn prepare_chat(state: &Arc<AppState>, req: ChatRequest, mut job: Job) -> Prepared {
-    let p = chat_prompt(state, req)?;
+    let p = chat_prompt(state, &job.served, req)?;
     job.logprobs = p.logprobs;
     job.parallel_tool_calls = p.plan.as_ref().is_none_or(|p| p.parallel);
     job.call_format = p.format;
@@ -103,12 +102,17 @@ pub(crate) struct ChatPrompt {
     pub prompt: Vec<u32>,
 }
 
-/// Checks a chat request and renders and tokenizes its prompt (every check
-/// a submission makes before the engine's own).
-pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<ChatPrompt, ApiError> {
-    let lora = check_model(state, req.model.as_deref())?;
+/// Checks a chat request for `model` (its lease) and renders and
+/// tokenizes its prompt (every check a submission makes before the
+/// engine's own).
+pub(crate) fn chat_prompt(
+    state: &Arc<AppState>,
+    model: &Lease,
+    req: ChatRequest,
+) -> Result<ChatPrompt, ApiError> {
+    let lora = model.lora();
     for field in req.ignored_fields() {
-        state.metrics.ignored(field);
+        model.metrics().ignored(field);
     }
     crate::limits::check_chat(&req, &state.cfg.limits)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
@@ -131,7 +135,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         &req.common(),
         logprobs.unwrap_or(0),
         req.max_tokens_param(),
-        &state.cfg.defaults,
+        &model.defaults,
     )
     .map_err(|e| match e.param.as_deref() {
         Some("logprobs") => ApiError {
@@ -142,7 +146,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
     })?;
     checked.lora = lora;
     crate::messages::template_kwargs(req.chat_template_kwargs.as_ref())?;
-    let format = tools::CallFormat::of(state.tokenizer.chat_template());
+    let format = tools::CallFormat::of(model.tokenizer.chat_template());
     let plan = tools::plan(
         req.tools.as_deref(),
         req.tool_choice.as_ref(),
@@ -151,8 +155,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
     )?;
     // a reply with log-probabilities keeps its text whole; a forced call
     // is the reply from its first token (nothing to split)
-    let thinking = state
-        .cfg
+    let thinking = model
         .reasoning_parser
         .filter(|_| logprobs.is_none())
         .filter(|_| plan.as_ref().is_none_or(|p| p.constraint.is_none()))
@@ -186,17 +189,17 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
             }
             // `auto` under the request's own constraint: calls are parsed
             // only, but the definitions must still compile
-            None if structured.constraint.is_some() => check_tools(state, p)?,
+            None if structured.constraint.is_some() => check_tools(model, p)?,
             // `auto`: text, or calls held to their schemas once started
             None => {
-                let marker = state.tokenizer.template_renders_tools()
-                    && state.tokenizer.token_to_id(tools::CALL_MARKER).is_some();
+                let marker = model.tokenizer.template_renders_tools()
+                    && model.tokenizer.token_to_id(tools::CALL_MARKER).is_some();
                 structured.constraint = Some(p.auto_grammar(marker));
                 structured.param = "tools";
             }
         }
     }
-    let in_template = state.tokenizer.template_renders_tools();
+    let in_template = model.tokenizer.template_renders_tools();
     let mut messages = chat_messages(&req.messages, in_template)?;
     let prefill = match req.continue_final_message {
         Some(true) => Some(final_message(&req.messages, &mut messages)?),
@@ -217,7 +220,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
         kwargs: req.chat_template_kwargs,
         prefill,
     };
-    let prompt = encode_now(state, input, "messages")?;
+    let prompt = encode_now(model, input, "messages")?;
     Ok(ChatPrompt {
         checked,
         logprobs,
@@ -243,10 +246,11 @@ fn place(
 ) -> Result<Vec<engine::RequestHandle>, ApiError> {
     job.constraint_param = structured.constraint.is_some().then_some(structured.param);
     job.prompt_tokens = prompt.len();
-    let state = &job.state;
-    let mut greq = checked.request(prompt, state.max_context(), state.cfg.default_max_tokens);
+    let model = &job.served;
+    let max_tokens = job.state.cfg.default_max_tokens;
+    let mut greq = checked.request(prompt, model.max_context(), max_tokens);
     greq.constraint = structured.constraint;
-    let placed = state
+    let placed = model
         .replicas
         .submit_n(greq, checked.best_of)
         .map_err(|e| submit_error(e, prompt_param, checked.max_tokens_param, structured.param))?;
@@ -283,8 +287,8 @@ fn submit_error(
 
 /// `tool_choice: auto`: the definitions' schemas compiled once (and
 /// dropped), so a bad `parameters` schema is a 400 naming `tools`.
-fn check_tools(state: &AppState, plan: &tools::ToolPlan) -> Result<(), ApiError> {
-    let Some(engine) = state.replicas.engine(0) else {
+fn check_tools(model: &Lease, plan: &tools::ToolPlan) -> Result<(), ApiError> {
+    let Some(engine) = model.replicas.engine(0) else {
         return Ok(());
     };
     engine
@@ -293,7 +297,7 @@ fn check_tools(state: &AppState, plan: &tools::ToolPlan) -> Result<(), ApiError>
 }
 
 /// The completion prompt as token ids (text gets the tokenizer's special tokens).
-fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+fn completion_prompt(model: &Lease, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
     let one = |n: usize| {
         if n == 1 {
             Ok(())
@@ -309,10 +313,10 @@ fn completion_prompt(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiEr
         add_special: true,
     };
     let ids = match prompt {
-        Prompt::Text(t) => encode_now(state, text(t), "prompt")?,
+        Prompt::Text(t) => encode_now(model, text(t), "prompt")?,
         Prompt::Texts(mut v) => {
             one(v.len())?;
-            encode_now(state, text(v.remove(0)), "prompt")?
+            encode_now(model, text(v.remove(0)), "prompt")?
         }
         Prompt::Tokens(ids) => ids,
         Prompt::TokenLists(mut v) => {
@@ -344,8 +348,12 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let req: CompletionRequest = accept(&state, body)?;
+    let model = state
+        .models
+        .acquire(req.model.as_deref(), req.keep_alive)
+        .await?;
     let st = state.clone();
-    let job = Job::new(state.clone(), Kind::Completion, rid, arrived);
+    let job = Job::new(state.clone(), model, Kind::Completion, rid, arrived);
     let (job, handles, stream) = state
         .work
         .run("prompt", move || prepare_completion(&st, req, job))
@@ -355,7 +363,8 @@ pub async fn completions(
 
 /// A completion request checked, tokenized and submitted (a work-pool job).
 fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest, mut job: Job) -> Prepared {
-    let lora = check_model(state, req.model.as_deref())?;
+    let model = job.served.clone();
+    let lora = model.lora();
     crate::limits::check_completion(&req, &state.cfg.limits)?;
     let echo = req.echo == Some(true);
     if echo && req.logprobs.is_some() {
@@ -384,7 +393,7 @@ fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest, mut job: Jo
         &req.common(),
         logprobs.unwrap_or(0),
         "max_tokens",
-        &state.cfg.defaults,
+        &model.defaults,
     )?;
     checked.lora = lora;
     let echo_text = match (&req.prompt, echo) {
@@ -394,9 +403,9 @@ fn prepare_completion(state: &Arc<AppState>, req: CompletionRequest, mut job: Jo
         // token ids (or a refused shape): the prompt's text is decoded below
         _ => Some(String::new()),
     };
-    let prompt = completion_prompt(state, req.prompt)?;
+    let prompt = completion_prompt(&model, req.prompt)?;
     let echo_text = match echo_text {
-        Some(t) if t.is_empty() => Some(state.tokenizer.decode(&prompt, false).map_err(|e| {
+        Some(t) if t.is_empty() => Some(model.tokenizer.decode(&prompt, false).map_err(|e| {
             ApiError::invalid_param(
                 "prompt",
                 format!("Cannot decode the prompt to echo it: {e}"),

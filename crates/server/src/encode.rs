@@ -17,6 +17,7 @@ use std::sync::Arc;
 use tokenizer::ChatMessage;
 
 use crate::error::ApiError;
+use crate::models::Lease;
 use crate::state::AppState;
 
 /// What to encode.
@@ -52,24 +53,27 @@ impl Input {
     }
 }
 
-/// Encodes `input` on the work pool (see the module doc); errors name `param`.
+/// Encodes `input` for `model` on the work pool (see the module doc);
+/// errors name `param`.
 pub async fn encode(
     state: &Arc<AppState>,
+    model: &Lease,
     input: Input,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
-    let st = state.clone();
+    let model = model.clone();
     state
         .work
-        .run(param, move || encode_now(&st, input, param))
+        .run(param, move || encode_now(&model, input, param))
         .await?
 }
 
-/// Encodes `input` in this thread (a work-pool job); errors name `param`.
-pub fn encode_now(state: &AppState, input: Input, param: &str) -> Result<Vec<u32>, ApiError> {
-    let ctx = state.max_context();
+/// Encodes `input` for `model` in this thread (a work-pool job); errors
+/// name `param`.
+pub fn encode_now(model: &Lease, input: Input, param: &str) -> Result<Vec<u32>, ApiError> {
+    let ctx = model.max_context();
     let bytes = input.text_bytes();
-    if let Some(limit) = state.tokenizer.max_text_bytes(ctx)
+    if let Some(limit) = model.tokenizer.max_text_bytes(ctx)
         && bytes > limit
     {
         return Err(ApiError::invalid_param(
@@ -80,7 +84,7 @@ pub fn encode_now(state: &AppState, input: Input, param: &str) -> Result<Vec<u32
             ),
         ));
     }
-    let tok = &state.tokenizer;
+    let tok = &model.tokenizer;
     match input {
         Input::Text { text, add_special } => tok
             .encode(&text, add_special)

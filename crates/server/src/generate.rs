@@ -35,6 +35,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::logprobs;
+use crate::models::Lease;
 use crate::responses::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatDelta,
     CompletionChoice, TextCompletion, UsageInfo,
@@ -52,6 +53,8 @@ pub enum Kind {
 #[derive(Clone)]
 pub struct Job {
     pub state: Arc<AppState>,
+    /// The model running it, held until the response ends.
+    pub served: Lease,
     pub kind: Kind,
     pub request_id: u64,
     /// The response id (`chatcmpl-…`, `cmpl-…`).
@@ -86,14 +89,21 @@ pub struct Job {
 }
 
 impl Job {
-    pub fn new(state: Arc<AppState>, kind: Kind, request_id: u64, arrived: Instant) -> Self {
+    pub fn new(
+        state: Arc<AppState>,
+        served: Lease,
+        kind: Kind,
+        request_id: u64,
+        arrived: Instant,
+    ) -> Self {
         let prefix = match kind {
             Kind::Chat => "chatcmpl",
             Kind::Completion => "cmpl",
         };
-        let model = state.cfg.model_id.clone();
+        let model = served.name().to_string();
         Job {
             state,
+            served,
             kind,
             request_id,
             id: format!("{prefix}-{request_id}"),
@@ -149,7 +159,7 @@ impl Job {
         let Some(k) = self.logprobs else {
             return Value::Null;
         };
-        let tok = &self.state.tokenizer;
+        let tok = &self.served.tokenizer;
         match self.kind {
             Kind::Chat => logprobs::chat(tok, events, k),
             Kind::Completion => logprobs::completion(tok, events, k, offset),
@@ -325,7 +335,7 @@ impl Active {
             return ev;
         }
         let now = Instant::now();
-        let m = &self.job.state.metrics;
+        let m = &self.job.served.metrics();
         match &ev {
             Some(Event::Token(_)) => {
                 match self.last_token {
@@ -370,7 +380,7 @@ impl Drop for Active {
     fn drop(&mut self) {
         if !self.done && self.index == 0 {
             // dropping `handle` right after this cancels the request in the engine
-            self.job.state.metrics.finished("cancelled");
+            self.job.served.metrics().finished("cancelled");
             tracing::info!(
                 target: REQUEST_LOG,
                 request_id = self.job.request_id,

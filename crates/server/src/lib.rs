@@ -4,7 +4,9 @@
 //! as SSE or whole), Anthropic's `POST /v1/messages` and
 //! `POST /v1/messages/count_tokens` ([`anthropic`]), OpenAI's Responses API
 //! `POST /v1/responses`, `GET` / `DELETE /v1/responses/{id}`
-//! ([`oairesponses`]), `GET /v1/models[/{id}]`, `POST /tokenize`,
+//! ([`oairesponses`]), `GET /v1/models[/{id}]`, `GET /models`,
+//! `POST /models/load`, `POST /models/unload` ([`model_admin`]; several
+//! models behind one server, [`models`]), `POST /tokenize`,
 //! `POST /detokenize` (all behind the API keys when some are set), and
 //! `GET /`, `GET /health`, `GET /version`, `GET /metrics` (Prometheus
 //! text), `GET /openapi.json` and `GET /docs` (the generated OpenAPI
@@ -37,6 +39,7 @@ pub mod encode;
 pub mod error;
 pub mod generate;
 pub mod guard;
+pub mod keep_alive;
 pub mod limits;
 pub mod listen;
 pub mod logprobs;
@@ -45,6 +48,8 @@ pub mod messages;
 pub mod metrics;
 pub mod middleware;
 pub mod misc;
+pub mod model_admin;
+pub mod models;
 pub mod oairesponses;
 pub mod openapi;
 pub mod page;
@@ -70,6 +75,7 @@ use axum::extract::DefaultBodyLimit;
 pub use error::ApiError;
 pub use limits::InputLimits;
 pub use middleware::check_api_key;
+pub use models::{LoadError, Loader, Memory, Models, Policy, Registration, Served};
 pub use replicas::Replicas;
 pub use state::{
     AppState, DEFAULT_BODY_LIMIT, DEFAULT_LORA_LOAD_TIMEOUT, DEFAULT_MAX_CLIENT_REQUESTS,
@@ -198,7 +204,7 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
-    tracing::info!(%addr, model = %state.cfg.model_id, "listening");
+    tracing::info!(%addr, models = ?state.models.names(), "listening");
     note_bind(&state, &listener);
     let limits = listen::Limits {
         max_connections: state.cfg.max_connections,
@@ -255,10 +261,11 @@ fn note_bind(state: &AppState, listener: &tokio::net::TcpListener) {
     }
 }
 
-/// Shuts every replica's engine down (joins their threads) off the async workers.
+/// Shuts every loaded model's engines down (joins their threads) off the
+/// async workers.
 async fn stop_engine(state: &Arc<AppState>) {
     let st = state.clone();
-    if tokio::task::spawn_blocking(move || st.replicas.shutdown())
+    if tokio::task::spawn_blocking(move || st.models.shutdown())
         .await
         .is_err()
     {

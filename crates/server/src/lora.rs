@@ -1,13 +1,16 @@
 //! LoRA adapters over HTTP (vLLM's API): `POST /v1/load_lora_adapter`
 //! `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter`
-//! `{"lora_name"}`, behind the API key; a request's `model` names the
-//! base model or a loaded adapter ([`resolve_model`]); `/v1/models` lists
-//! the adapters with `parent` = the base model's id.
+//! `{"lora_name"}`, behind the API key; a request's `model` names a
+//! model or a loaded adapter ([`crate::models::Models::acquire`]);
+//! `/v1/models` lists the adapters with `parent` = the base model's id.
+//! With several models, `load_lora_adapter` takes the base model in
+//! `model` (default: the first); adapter and model names share one
+//! namespace, so a name taken by either is refused.
 //!
 //! Contract: an adapter is loaded into every replica or none (a replica
 //! that refuses it unloads it from those that took it). Reading the files
-//! is the [`crate::state::LoraLoader`] the binary installs
-//! (`AppState::set_lora_loader`; the server reads no files itself), run on
+//! is the model's [`crate::models::LoraLoader`] the binary gives it
+//! ([`crate::models::Served::lora_loader`]; the server reads no files itself), run on
 //! the blocking pool and given `ServerConfig::lora_load_timeout`
 //! (`--lora-load-timeout-secs`) to answer. A load when `--max-loaded-loras` adapters are loaded is refused
 //! before any file is read, one past `--max-lora-memory-mib` once read. A
@@ -27,6 +30,7 @@ use utoipa::ToSchema;
 
 use crate::body::body_bytes;
 use crate::error::ApiError;
+use crate::models::Served;
 use crate::protocol;
 use crate::state::AppState;
 
@@ -38,6 +42,10 @@ pub struct LoadLoraRequest {
     pub lora_name: String,
     /// A directory in the PEFT layout, or a Hugging Face repo id.
     pub lora_path: String,
+    /// lamina extension: the loaded model the adapter is for (default:
+    /// the first model served).
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 /// `POST /v1/unload_lora_adapter`.
@@ -48,26 +56,6 @@ pub struct UnloadLoraRequest {
     /// Accepted and ignored (vLLM's field).
     #[serde(default)]
     pub lora_int_id: Option<i64>,
-}
-
-/// The adapter a request's `model` names: `None` for the base model (or
-/// no `model`), the adapter's name for a loaded adapter, else a 404.
-pub fn resolve_model(state: &AppState, model: Option<&str>) -> Result<Option<String>, ApiError> {
-    match model {
-        None => Ok(None),
-        Some(m) if m == state.cfg.model_id => Ok(None),
-        Some(m) if loaded(state).iter().any(|n| n == m) => Ok(Some(m.to_string())),
-        Some(m) => Err(ApiError::unknown_model(m)),
-    }
-}
-
-/// The loaded adapters' names (every replica holds the same ones).
-pub fn loaded(state: &AppState) -> Vec<String> {
-    state
-        .replicas
-        .engine(0)
-        .map(|e| e.loras().names())
-        .unwrap_or_default()
 }
 
 fn registry_error(e: LoraRegistryError) -> ApiError {
@@ -100,19 +88,33 @@ pub async fn load_lora_adapter(
     if name.is_empty() {
         return Err(registry_error(LoraRegistryError::EmptyName));
     }
-    if name == state.cfg.model_id {
-        return Err(registry_error(LoraRegistryError::BaseName(name)));
+    let served = base_model(&state, req.model.as_deref())?;
+    match state.models.owner_of(&name) {
+        Some(owner) if owner == name => {
+            return Err(registry_error(LoraRegistryError::BaseName(name)));
+        }
+        Some(_) if served.loras().contains(&name) => {
+            return Err(registry_error(LoraRegistryError::AlreadyLoaded(name)));
+        }
+        Some(owner) => {
+            return Err(ApiError::invalid_param(
+                "lora_name",
+                format!("The name `{name}` is taken by a LoRA adapter of model `{owner}`."),
+            ));
+        }
+        None => {}
     }
-    if state.replicas.engine(0).is_some_and(|e| e.max_loras() == 0) {
+    if served
+        .replicas
+        .engine(0)
+        .is_some_and(|e| e.max_loras() == 0)
+    {
         return Err(registry_error(LoraRegistryError::Disabled));
     }
-    if loaded(&state).contains(&name) {
-        return Err(registry_error(LoraRegistryError::AlreadyLoaded(name)));
-    }
-    if let Some(e) = state.replicas.engine(0) {
+    if let Some(e) = served.replicas.engine(0) {
         e.loras().check_room().map_err(registry_error)?;
     }
-    let Some(loader) = state.lora_loader() else {
+    let Some(loader) = served.lora_loader.clone() else {
         return Err(registry_error(LoraRegistryError::Disabled));
     };
     let path = req.lora_path.clone();
@@ -130,13 +132,14 @@ pub async fn load_lora_adapter(
         })?
         .map_err(|e| ApiError::internal(format!("the adapter loader failed: {e}")))?
         .map_err(|e| ApiError::invalid_param("lora_path", e))?;
-    for i in 0..state.replicas.len() {
-        let Some(e) = state.replicas.engine(i) else {
+    let replicas = &served.replicas;
+    for i in 0..replicas.len() {
+        let Some(e) = replicas.engine(i) else {
             continue;
         };
         if let Err(err) = e.load_lora(&name, adapter.clone()) {
             for j in 0..i {
-                if let Some(e) = state.replicas.engine(j) {
+                if let Some(e) = replicas.engine(j) {
                     let _ = e.unload_lora(&name);
                 }
             }
@@ -165,9 +168,17 @@ pub async fn unload_lora_adapter(
     let body = body_bytes(&state, body)?;
     let req: UnloadLoraRequest = protocol::parse(&body)?;
     let name = req.lora_name;
+    let owner = state
+        .models
+        .owner_of(&name)
+        .filter(|o| *o != name)
+        .and_then(|o| state.models.loaded(Some(&o)));
+    let Some(served) = owner else {
+        return Err(registry_error(LoraRegistryError::NotLoaded(name)));
+    };
     let mut first: Option<LoraRegistryError> = None;
-    for i in 0..state.replicas.len() {
-        if let Some(Err(e)) = state.replicas.engine(i).map(|e| e.unload_lora(&name)) {
+    for i in 0..served.replicas.len() {
+        if let Some(Err(e)) = served.replicas.engine(i).map(|e| e.unload_lora(&name)) {
             first.get_or_insert(e);
         }
     }
@@ -180,17 +191,36 @@ pub async fn unload_lora_adapter(
     ))
 }
 
-/// What `/metrics` shows of the adapters, over every replica; `None` with
-/// LoRA off.
-pub fn metrics_view(state: &AppState) -> Option<crate::metrics::LoraView> {
-    let first = state.replicas.engine(0)?;
+/// The loaded model `model` names (the first with `None`) for an adapter
+/// load: 404 for an unknown one, 409 for one not loaded.
+fn base_model(state: &AppState, model: Option<&str>) -> Result<Arc<Served>, ApiError> {
+    if let Some(m) = model
+        && !state.models.names().iter().any(|n| n == m)
+    {
+        return Err(ApiError::unknown_model(m));
+    }
+    state.models.loaded(model).ok_or_else(|| {
+        ApiError::from_status(
+            axum::http::StatusCode::CONFLICT,
+            format!(
+                "Model `{}` is not loaded: load it before its adapters.",
+                model.unwrap_or("(the first)")
+            ),
+        )
+    })
+}
+
+/// What `/metrics` shows of a model's adapters, over every replica;
+/// `None` with LoRA off.
+pub fn metrics_view(served: &Served) -> Option<crate::metrics::LoraView> {
+    let first = served.replicas.engine(0)?;
     if first.max_loras() == 0 {
         return None;
     }
     let (mut running, mut waiting, mut resident) = (Vec::new(), Vec::new(), 0);
     let mut requests: std::collections::BTreeMap<String, u64> = Default::default();
-    for i in 0..state.replicas.len() {
-        let Some(e) = state.replicas.engine(i) else {
+    for i in 0..served.replicas.len() {
+        let Some(e) = served.replicas.engine(i) else {
             continue;
         };
         let g = e.lora_gauge();

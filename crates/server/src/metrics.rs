@@ -11,7 +11,9 @@
 //! are also written under vLLM's names (`vllm:num_requests_running`,
 //! `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
 //! `vllm:cache_config_info`), so the Kubernetes inference gateway's
-//! endpoint picker and llm-d read them without a mapping. Recording is lock-free (atomics), O(buckets)
+//! endpoint picker and llm-d read them without a mapping. With several
+//! models, each model's exposition is rendered alone and [`merge`]d: one
+//! family, every model's samples (`model_name` tells them apart). Recording is lock-free (atomics), O(buckets)
 //! per observation; a scrape is O(buckets) per histogram.
 
 use std::collections::BTreeMap;
@@ -21,6 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use engine::EngineStats;
+
+mod merge;
+pub use merge::merge;
 
 /// Upper bounds in seconds of the latency buckets (`+Inf` is implicit).
 const TTFT_BUCKETS: &[f64] = &[
@@ -479,7 +484,7 @@ pub fn render_lora(out: &mut String, model: &str, v: &LoraView) {
 }
 
 /// Escapes a Prometheus label value.
-fn escape(v: &str) -> String {
+pub fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

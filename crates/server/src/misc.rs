@@ -11,15 +11,15 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::api::check_model;
 use crate::body::body_bytes;
 use crate::encode::{Input, encode};
 use crate::error::ApiError;
 use crate::messages::chat_messages;
+use crate::models::ModelInfo;
 use crate::protocol::{self, DetokenizeRequest, TokenizeRequest};
 use crate::responses::{
-    DetokenizeResponse, FailedEngine, HealthResponse, ModelCard, ModelList, TokenizeResponse,
-    VersionResponse,
+    DetokenizeResponse, FailedEngine, HealthResponse, ModelCard, ModelList, ModelStatus,
+    TokenizeResponse, VersionResponse,
 };
 use crate::state::AppState;
 
@@ -32,15 +32,23 @@ use crate::state::AppState;
         (status = 503, description = "Shutting down, or every replica failed", body = HealthResponse),
     ))]
 pub async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let failed_engines: Vec<FailedEngine> = state
-        .replicas
-        .failures()
-        .into_iter()
-        .map(|(engine, error)| FailedEngine { engine, error })
-        .collect();
+    let loaded = state.models.all_loaded();
+    let mut failed_engines = Vec::new();
+    let mut engines = 0;
+    for (name, served) in &loaded {
+        engines += served.replicas.len();
+        for (engine, error) in served.replicas.failures() {
+            let error = if loaded.len() > 1 {
+                format!("model `{name}`: {error}")
+            } else {
+                error
+            };
+            failed_engines.push(FailedEngine { engine, error });
+        }
+    }
     let (code, status) = if state.is_draining() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
-    } else if failed_engines.len() == state.replicas.len() {
+    } else if engines > 0 && failed_engines.len() == engines {
         (StatusCode::SERVICE_UNAVAILABLE, "failed")
     } else if !failed_engines.is_empty() {
         (StatusCode::OK, "degraded")
@@ -54,48 +62,52 @@ pub async fn health(State(state): State<Arc<AppState>>) -> Response {
     (code, Json(body)).into_response()
 }
 
-fn model_card(state: &AppState) -> ModelCard {
-    ModelCard {
-        id: state.cfg.model_id.clone(),
-        object: "model",
-        created: state.started,
-        owned_by: "lamina",
-        max_model_len: state.max_context(),
-        root: state.cfg.model_id.clone(),
-        parent: None,
+/// The cards of every model and of each loaded adapter (its `parent` the
+/// model it runs on).
+pub(crate) fn model_cards(state: &AppState) -> Vec<(ModelCard, ModelInfo)> {
+    let mut cards = Vec::new();
+    for info in state.models.info() {
+        let card = ModelCard {
+            id: info.name.clone(),
+            object: "model",
+            created: state.started,
+            owned_by: info.owned_by.clone(),
+            max_model_len: info.max_context,
+            root: info.name.clone(),
+            parent: None,
+            status: ModelStatus {
+                value: info.state.as_str(),
+            },
+        };
+        for lora in &info.loras {
+            let adapter = ModelCard {
+                id: lora.clone(),
+                parent: Some(info.name.clone()),
+                ..card.clone()
+            };
+            cards.push((adapter, info.clone()));
+        }
+        cards.insert(cards.len() - info.loras.len(), (card, info));
     }
+    cards
 }
 
-/// The card of LoRA adapter `name`: its parent is the base model.
-fn lora_card(state: &AppState, name: String) -> ModelCard {
-    ModelCard {
-        id: name,
-        parent: Some(state.cfg.model_id.clone()),
-        ..model_card(state)
-    }
-}
-
-/// The served model, with its `max_model_len`.
+/// The served models (each with its state) and the loaded LoRA adapters,
+/// with their `max_model_len`.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
     security(("api_key" = [])),
     responses(
-        (status = 200, description = "The served model", body = ModelList),
+        (status = 200, description = "The served models", body = ModelList),
         (status = 401, description = "Missing or wrong API key", body = crate::error::ErrorBody),
     ))]
 pub async fn list_models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
-        data: std::iter::once(model_card(&state))
-            .chain(
-                crate::lora::loaded(&state)
-                    .into_iter()
-                    .map(|n| lora_card(&state, n)),
-            )
-            .collect(),
+        data: model_cards(&state).into_iter().map(|(c, _)| c).collect(),
     })
 }
 
-/// One model by id (404 unless it is the served one).
+/// One model or adapter by id (404 unless served here).
 #[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
     security(("api_key" = [])),
     params(("id" = String, Path, description = "The model id")),
@@ -107,10 +119,12 @@ pub async fn get_model(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<ModelCard>, ApiError> {
-    Ok(Json(match check_model(&state, Some(&id))? {
-        Some(lora) => lora_card(&state, lora),
-        None => model_card(&state),
-    }))
+    model_cards(&state)
+        .into_iter()
+        .map(|(c, _)| c)
+        .find(|c| c.id == id)
+        .map(Json)
+        .ok_or_else(|| ApiError::unknown_model(&id))
 }
 
 /// `{"tokens": [...], "count": n, "max_model_len": m}` for a `prompt`
@@ -129,23 +143,23 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let body = body_bytes(&state, body)?;
     let req: TokenizeRequest = protocol::parse(&body)?;
-    check_model(&state, req.model.as_deref())?;
+    let model = state.models.acquire(req.model.as_deref(), None).await?;
     let tokens = match (req.prompt, &req.messages) {
         (Some(text), None) => {
             let add_special = req.add_special_tokens.unwrap_or(true);
-            encode(&state, Input::Text { text, add_special }, "prompt").await?
+            encode(&state, &model, Input::Text { text, add_special }, "prompt").await?
         }
         (None, Some(msgs)) => {
             let lim = &state.cfg.limits;
             crate::limits::check_count("messages", msgs.len(), lim.messages, "max-messages")?;
             let input = Input::Chat {
-                messages: chat_messages(msgs, state.tokenizer.template_renders_tools())?,
+                messages: chat_messages(msgs, model.tokenizer.template_renders_tools())?,
                 tools: None,
                 kwargs: None,
                 trusted: req.parse_special_tokens.unwrap_or(false),
                 prefill: None,
             };
-            encode(&state, input, "messages").await?
+            encode(&state, &model, input, "messages").await?
         }
         _ => {
             return Err(ApiError::invalid_param(
@@ -157,7 +171,7 @@ pub async fn tokenize(
     Ok(Json(TokenizeResponse {
         count: tokens.len(),
         tokens,
-        max_model_len: state.max_context(),
+        max_model_len: model.max_context(),
     }))
 }
 
@@ -176,8 +190,8 @@ pub async fn detokenize(
 ) -> Result<Json<DetokenizeResponse>, ApiError> {
     let body = body_bytes(&state, body)?;
     let req: DetokenizeRequest = protocol::parse(&body)?;
-    check_model(&state, req.model.as_deref())?;
-    let vocab = state.tokenizer.vocab_size();
+    let model = state.models.acquire(req.model.as_deref(), None).await?;
+    let vocab = model.tokenizer.vocab_size();
     if let Some((i, id)) = req
         .tokens
         .iter()
@@ -189,7 +203,7 @@ pub async fn detokenize(
             format!("Token id {id} is outside the vocabulary (size {vocab})."),
         ));
     }
-    let prompt = state
+    let prompt = model
         .tokenizer
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::invalid_param("tokens", format!("Cannot decode `tokens`: {e}")))?;
@@ -209,12 +223,17 @@ pub async fn version() -> Json<VersionResponse> {
 #[utoipa::path(get, path = "/metrics", tag = "lamina",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let mut text = state
-        .metrics
-        .render(&state.replica_views(), &state.cfg.model_id);
-    if let Some(view) = crate::lora::metrics_view(&state) {
-        crate::metrics::render_lora(&mut text, &state.cfg.model_id, &view);
+    let mut parts = Vec::new();
+    for (name, metrics, served) in state.models.metrics() {
+        let views = served.as_deref().map(AppState::replica_views);
+        let mut text = metrics.render(views.as_deref().unwrap_or(&[]), &name);
+        if let Some(view) = served.as_deref().and_then(crate::lora::metrics_view) {
+            crate::metrics::render_lora(&mut text, &name, &view);
+        }
+        parts.push(text);
     }
+    let mut text = crate::metrics::merge(&parts);
+    crate::models::render_state(&mut text, &state.models.info());
     (
         [(
             header::CONTENT_TYPE,

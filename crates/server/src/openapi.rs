@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 
 use crate::responses::{EndpointInfo, IndexResponse};
 use crate::state::AppState;
-use crate::{anthropic, api, lora, misc, oairesponses};
+use crate::{anthropic, api, lora, misc, model_admin, oairesponses};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -77,6 +77,9 @@ pub(crate) fn guarded_routes() -> OpenApiRouter<Arc<AppState>> {
         .routes(routes!(misc::detokenize))
         .routes(routes!(lora::load_lora_adapter))
         .routes(routes!(lora::unload_lora_adapter))
+        .routes(routes!(model_admin::list))
+        .routes(routes!(model_admin::load))
+        .routes(routes!(model_admin::unload))
 }
 
 /// Routes open to anyone (probes, scrapers, documentation).
@@ -132,6 +135,8 @@ fn index(state: &AppState) -> Json<IndexResponse> {
             }
         }
     }
+    let infos = state.models.info();
+    let first = infos.first().cloned();
     Json(IndexResponse {
         name: "lamina",
         version: env!("CARGO_PKG_VERSION"),
@@ -140,8 +145,9 @@ fn index(state: &AppState) -> Json<IndexResponse> {
         } else {
             "running"
         },
-        model: state.cfg.model_id.clone(),
-        max_model_len: state.max_context(),
+        model: first.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
+        max_model_len: first.as_ref().map_or(0, |m| m.max_context),
+        models: infos.into_iter().map(|m| m.name).collect(),
         endpoints,
     })
 }

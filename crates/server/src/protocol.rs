@@ -110,6 +110,12 @@ macro_rules! completion_request_fields {
             $($own)*
             #[serde(default)]
             pub model: Option<String>,
+            /// ollama's extension: how long the model stays loaded after
+            /// this request (seconds, or a duration like `"5m"`; 0 unloads
+            /// it once idle, negative keeps it loaded).
+            #[serde(default)]
+            #[schema(value_type = Option<String>)]
+            pub keep_alive: Option<crate::keep_alive::KeepAlive>,
             #[serde(default)]
             pub max_tokens: Option<u64>,
             $(

@@ -171,14 +171,24 @@ pub struct ModelCard {
     /// `model`
     pub object: &'static str,
     pub created: u64,
-    pub owned_by: &'static str,
-    /// The longest prompt + completion a request may have (tokens).
+    pub owned_by: String,
+    /// The longest prompt + completion a request may have (tokens; 0 for a
+    /// model never loaded yet).
     pub max_model_len: usize,
     /// `root`: the base model's id (vLLM's field; for an adapter, the
     /// base model it runs on).
     pub root: String,
     /// For a LoRA adapter, the base model's id; `null` for the base model.
     pub parent: Option<String>,
+    /// `{"value": "loaded" | "loading" | "unloading" | "unloaded"}`
+    /// (llama-server's router field).
+    pub status: ModelStatus,
+}
+
+/// A model's state (`ModelCard::status`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelStatus {
+    pub value: &'static str,
 }
 
 /// `GET /v1/models`.
@@ -244,7 +254,10 @@ pub struct IndexResponse {
     pub version: &'static str,
     /// `running` or `shutting_down`.
     pub status: &'static str,
+    /// The default (first) model and its context.
     pub model: String,
     pub max_model_len: usize,
+    /// Every model served, loaded or not.
+    pub models: Vec<String>,
     pub endpoints: Vec<EndpointInfo>,
 }

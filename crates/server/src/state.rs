@@ -1,18 +1,21 @@
-//! The state every handler shares: the replicas (engines) and their router, the tokenizer, the
-//! served model's name and defaults, the metrics, the request-id counter and
-//! the draining flag set when shutdown begins.
+//! The state every handler shares: the models ([`Models`]: each one's
+//! engines, tokenizer, defaults and metrics), the configuration, the work
+//! pool, the request-id counter and the draining flag set when shutdown
+//! begins.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use contract::{GenerationConfig, LoraAdapter};
+use contract::GenerationConfig;
 use engine::Engine;
 use tokenizer::Tokenizer;
 use tokio::sync::watch;
 
 use crate::limits::InputLimits;
-use crate::metrics::{Metrics, ReplicaView};
+use crate::metrics::ReplicaView;
+pub use crate::models::LoraLoader;
+use crate::models::{Models, Served};
 use crate::replicas::Replicas;
 use crate::response_store::ResponseStore;
 use crate::work::WorkPool;
@@ -37,9 +40,10 @@ pub const DEFAULT_SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// How the server is set up.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The name clients address the model by (`/v1/models`, `model` fields).
+    /// The name clients address the model by (`/v1/models`, `model` fields)
+    /// when the state is built over one model ([`AppState::with_replicas`]).
     pub model_id: String,
-    /// When not empty, `/v1/*`, `/tokenize` and `/detokenize` require
+    /// When not empty, `/v1/*`, `/models*`, `/tokenize` and `/detokenize` require
     /// `Authorization: Bearer <key>` with one of these keys (check each with
     /// [`crate::check_api_key`] first: a key no header can carry would lock
     /// its clients out).
@@ -75,7 +79,9 @@ pub struct ServerConfig {
     pub min_body_rate: u64,
     /// Time from a request's headers to the end of its body (408 after it).
     pub read_deadline: Duration,
-    /// Sampling defaults (`generation_config.json`) for fields a request leaves out.
+    /// Sampling defaults (`generation_config.json`) for fields a request
+    /// leaves out, of the one model of [`AppState::with_replicas`] (each
+    /// model of [`AppState::with_models`] has its own, [`Served::defaults`]).
     pub defaults: GenerationConfig,
     /// Most tokens a reply gets when the request sets no `max_tokens`
     /// (less when the rest of the context is less).
@@ -97,7 +103,8 @@ pub struct ServerConfig {
     pub lora_load_timeout: Duration,
     /// Splits chat replies' reasoning into `reasoning_content`
     /// (`--reasoning-parser`, [`crate::reasoning`]); `None`: replies are
-    /// returned as the model wrote them.
+    /// returned as the model wrote them. For the one model of
+    /// [`AppState::with_replicas`], like `defaults`.
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
 }
 
@@ -136,11 +143,9 @@ impl ServerConfig {
 
 /// Shared by all handlers behind an `Arc`.
 pub struct AppState {
-    /// The engines behind the server (one unless data parallel) and the router.
-    pub replicas: Replicas,
-    pub tokenizer: Arc<Tokenizer>,
+    /// The models served, loaded or not.
+    pub models: Models,
     pub cfg: ServerConfig,
-    pub metrics: Metrics,
     /// SHA-256 of each of `cfg.api_keys` (what requests are compared against).
     pub api_key_digests: Vec<[u8; 32]>,
     /// Unix time the server started (the model's `created`).
@@ -151,17 +156,10 @@ pub struct AppState {
     pub responses: ResponseStore,
     next_id: AtomicU64,
     draining: watch::Sender<bool>,
-    /// Reads adapters for `load_lora_adapter` (set by the binary).
-    lora_loader: std::sync::OnceLock<LoraLoader>,
     /// The address [`crate::serve`] listens on, when it is one address (not
     /// `0.0.0.0` / `::`): a `Host` naming it is served ([`crate::guard`]).
     pub bind: std::sync::OnceLock<std::net::IpAddr>,
 }
-
-/// Reads an adapter from a `lora_path` (a directory or a Hugging Face repo
-/// id), checked against the model; the error is one line naming the
-/// problem.
-pub type LoraLoader = Arc<dyn Fn(&str) -> Result<Arc<LoraAdapter>, String> + Send + Sync>;
 
 /// SHA-256 of an API key: keys are compared as fixed-length digests, so the
 /// comparison's time says nothing about the key's length either.
@@ -176,21 +174,30 @@ impl AppState {
         Self::with_replicas(Replicas::single(engine), tokenizer, cfg)
     }
 
-    /// The state over several replicas of one model (data parallelism).
+    /// The state over several replicas of one model (data parallelism),
+    /// named `cfg.model_id`, with `cfg.defaults` and `cfg.reasoning_parser`.
     pub fn with_replicas(
         replicas: Replicas,
         tokenizer: Arc<Tokenizer>,
         cfg: ServerConfig,
     ) -> Arc<Self> {
+        let served = Served {
+            defaults: cfg.defaults.clone(),
+            reasoning_parser: cfg.reasoning_parser,
+            ..Served::new(replicas, tokenizer)
+        };
+        Self::with_models(Models::single(cfg.model_id.clone(), served), cfg)
+    }
+
+    /// The state over the models of `models`.
+    pub fn with_models(models: Models, cfg: ServerConfig) -> Arc<Self> {
         let api_key_digests = cfg
             .api_keys
             .iter()
             .map(|k| key_digest(k.as_bytes()))
             .collect();
         Arc::new(AppState {
-            replicas,
-            tokenizer,
-            metrics: Metrics::default(),
+            models,
             api_key_digests,
             started: unix_now(),
             work: WorkPool::new(Self::work_threads(), cfg.work_queue, cfg.work_budget),
@@ -198,7 +205,6 @@ impl AppState {
             cfg,
             next_id: AtomicU64::new(1),
             draining: watch::Sender::new(false),
-            lora_loader: std::sync::OnceLock::new(),
             bind: std::sync::OnceLock::new(),
         })
     }
@@ -212,15 +218,9 @@ impl AppState {
             .max(1)
     }
 
-    /// Installs the adapter reader of `load_lora_adapter` (once; a second
-    /// call is ignored).
-    pub fn set_lora_loader(&self, loader: LoraLoader) {
-        let _ = self.lora_loader.set(loader);
-    }
-
-    /// The adapter reader, when installed.
-    pub fn lora_loader(&self) -> Option<LoraLoader> {
-        self.lora_loader.get().cloned()
+    /// The default (first) model, when loaded.
+    pub fn served(&self) -> Option<Arc<Served>> {
+        self.models.loaded(None)
     }
 
     /// A fresh request id (unique for this server's lifetime).
@@ -245,23 +245,19 @@ impl AppState {
         let _ = rx.wait_for(|d| *d).await;
     }
 
-    /// The longest prompt + completion a request may have (on every replica).
-    pub fn max_context(&self) -> usize {
-        self.replicas.max_sequence()
-    }
-
-    /// What `/metrics` reads from each replica.
-    pub fn replica_views(&self) -> Vec<ReplicaView> {
-        let failed = self.replicas.failures();
-        self.replicas
+    /// What `/metrics` reads from each replica of `served`.
+    pub fn replica_views(served: &Served) -> Vec<ReplicaView> {
+        let replicas = &served.replicas;
+        let failed = replicas.failures();
+        replicas
             .per_engine_stats()
             .into_iter()
             .enumerate()
             .map(|(i, stats)| {
-                let (routed_prefix, routed_load) = self.replicas.routed(i);
+                let (routed_prefix, routed_load) = replicas.routed(i);
                 ReplicaView {
-                    block_size: self.replicas.block_size() as u64,
-                    deterministic: self.replicas.engine(i).is_some_and(|e| e.deterministic()),
+                    block_size: replicas.block_size() as u64,
+                    deterministic: replicas.engine(i).is_some_and(|e| e.deterministic()),
                     stats,
                     failed: failed.iter().any(|(j, _)| *j == i),
                     routed_prefix,

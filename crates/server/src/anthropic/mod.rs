@@ -42,6 +42,7 @@ use crate::error::ApiError;
 use crate::error::anthropic::error_response;
 use crate::generate::{Job, Kind};
 use crate::middleware::RequestId;
+use crate::models::Lease;
 use crate::protocol::ChatRequest;
 use crate::protocol::given;
 use crate::state::AppState;
@@ -108,12 +109,12 @@ fn renamed(e: ApiError) -> ApiError {
 
 /// The chat request of a translated conversation, the ignored fields counted.
 fn chat_request(
-    state: &AppState,
+    model: &Lease,
     chat: Result<Value, ApiError>,
     ignored: &[&'static str],
 ) -> Result<ChatRequest, ApiError> {
     for f in ignored {
-        state.metrics.ignored(f);
+        model.metrics().ignored(f);
     }
     crate::protocol::parse_value(&chat?)
 }
@@ -147,13 +148,14 @@ async fn create(
     let arrived = Instant::now();
     let req: MessagesRequest = accept(&state, body)?;
     let stops = req.stop_sequences.clone().unwrap_or_default();
+    let model = state.models.acquire(Some(&req.model), None).await?;
     let st = state.clone();
-    let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let job = Job::new(state.clone(), model, Kind::Chat, rid, arrived);
     let (mut job, handles, stream) = state
         .work
         .run("messages", move || {
             let mut ignored = Vec::new();
-            let chat = chat_request(&st, req.to_chat(&mut ignored), &ignored)?;
+            let chat = chat_request(&job.served, req.to_chat(&mut ignored), &ignored)?;
             prepare_chat(&st, chat, job)
         })
         .await??;
@@ -177,6 +179,7 @@ pub async fn count_tokens(
 ) -> Response {
     let counted = async {
         let req: CountTokensRequest = accept(&state, body)?;
+        let model = state.models.acquire(Some(&req.model), None).await?;
         let st = state.clone();
         let n = state
             .work
@@ -184,8 +187,8 @@ pub async fn count_tokens(
                 let mut ignored = Vec::new();
                 req.ignored(&mut ignored);
                 let chat = convert::to_chat(&req.conversation(), &mut ignored);
-                let chat = chat_request(&st, chat, &ignored)?;
-                chat_prompt(&st, chat).map(|p| p.prompt.len())
+                let chat = chat_request(&model, chat, &ignored)?;
+                chat_prompt(&st, &model, chat).map(|p| p.prompt.len())
             })
             .await??;
         Ok::<_, ApiError>(n)

@@ -75,7 +75,7 @@ impl Reply {
         if self.stops.is_empty() {
             return None;
         }
-        let full = self.job.state.tokenizer.decode(&self.tokens, false).ok()?;
+        let full = self.job.served.tokenizer.decode(&self.tokens, false).ok()?;
         let rest = full.strip_prefix(self.text.as_str())?;
         self.stops
             .iter()

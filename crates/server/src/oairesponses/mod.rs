@@ -111,7 +111,7 @@ type Prepared = Result<(Job, Vec<RequestHandle>, bool, Meta), ApiError>;
 /// Checks, translates and submits a request (a work-pool job).
 fn prepare(state: &Arc<AppState>, req: ResponsesRequest, job: Job, owner: Owner) -> Prepared {
     for f in req.ignored_fields() {
-        state.metrics.ignored(f);
+        job.served.metrics().ignored(f);
     }
     req.check_metadata()?;
     let mut history = match &req.previous_response_id {
@@ -162,8 +162,9 @@ pub async fn create_response(
     let arrived = Instant::now();
     let req: ResponsesRequest = accept(&state, body)?;
     let id = response_id()?;
+    let model = state.models.acquire(req.model.as_deref(), None).await?;
     let st = state.clone();
-    let job = Job::new(state.clone(), Kind::Chat, rid, arrived);
+    let job = Job::new(state.clone(), model, Kind::Chat, rid, arrived);
     let (mut job, handles, stream, meta) = state
         .work
         .run("input", move || prepare(&st, req, job, owner))

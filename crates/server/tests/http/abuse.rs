@@ -404,7 +404,7 @@ async fn abandoned_requests_are_cancelled(reset: bool) {
             socks.push(s);
         }
         let t0 = Instant::now();
-        while srv.state.replicas.stats().running < clients {
+        while srv.state.served().unwrap().replicas.stats().running < clients {
             assert!(t0.elapsed() < Duration::from_secs(5), "never ran");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -418,7 +418,7 @@ async fn abandoned_requests_are_cancelled(reset: bool) {
         }
         let t0 = Instant::now();
         loop {
-            let st = srv.state.replicas.stats();
+            let st = srv.state.served().unwrap().replicas.stats();
             if st.running == 0 && st.waiting == 0 && st.kv_blocks_used == 0 {
                 break;
             }

@@ -16,7 +16,7 @@ use super::*;
 
 /// Every route the router serves: the test fails when one is added without
 /// being documented, or documented without being served.
-const ROUTES: [(&str, &str); 19] = [
+const ROUTES: [(&str, &str); 22] = [
     ("GET", "/"),
     ("GET", "/health"),
     ("GET", "/version"),
@@ -36,6 +36,9 @@ const ROUTES: [(&str, &str); 19] = [
     ("POST", "/detokenize"),
     ("POST", "/v1/load_lora_adapter"),
     ("POST", "/v1/unload_lora_adapter"),
+    ("GET", "/models"),
+    ("POST", "/models/load"),
+    ("POST", "/models/unload"),
 ];
 
 #[tokio::test]
@@ -83,7 +86,8 @@ async fn openapi_document_lists_every_route_and_is_valid() {
     );
     for (method, path) in &served {
         let op = &v["paths"][path][method.to_lowercase()];
-        let guarded = path.starts_with("/v1/") || path.ends_with("tokenize");
+        let guarded =
+            path.starts_with("/v1/") || path.starts_with("/models") || path.ends_with("tokenize");
         assert_eq!(op.get("security").is_some(), guarded, "{method} {path}");
     }
     // request and response bodies are described from their types

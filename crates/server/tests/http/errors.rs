@@ -272,7 +272,7 @@ async fn full_queue_is_429_with_retry_after() {
     // the first runs (held open by keeping its streaming response alive) ...
     let first = open_stream(&app, &long).await;
     let start = Instant::now();
-    while app.state.replicas.stats().running < 1 {
+    while app.state.served().unwrap().replicas.stats().running < 1 {
         assert!(start.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -309,9 +309,9 @@ async fn open_stream(app: &crate::App, body: &Value) -> axum::response::Response
 #[tokio::test]
 async fn prompts_longer_than_the_context_can_hold_are_refused_untokenized() {
     let app = app();
-    let ctx = app.state.max_context();
-    let limit = app
-        .state
+    let served = app.state.served().unwrap();
+    let ctx = served.max_context();
+    let limit = served
         .tokenizer
         .max_text_bytes(ctx)
         .expect("the fake tokenizer has no normalizer");

@@ -12,6 +12,7 @@ mod fake;
 mod fuzz;
 mod limits;
 mod load;
+mod many_models;
 mod peer_clients;
 mod replicas;
 mod responses;
@@ -133,7 +134,7 @@ impl App {
     pub async fn wait_idle(&self) {
         let start = Instant::now();
         loop {
-            let s = self.state.replicas.stats();
+            let s = self.state.served().unwrap().replicas.stats();
             if s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0 {
                 return;
             }

@@ -131,14 +131,14 @@ async fn a_failed_replica_leaves_the_others_serving() {
     let running = futures::future::join_all((0..4).map(normal));
     let fault = async {
         // once all four run, send the request that faults its replica
-        while app.state.replicas.stats().running < 4 {
+        while app.state.served().unwrap().replicas.stats().running < 4 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let body = json!({"prompt": "boom!a", "max_tokens": 5});
         app.post_json("/v1/completions", &body).await
     };
     let (replies, faulted) = tokio::join!(running, fault);
-    let failed = app.state.replicas.failures();
+    let failed = app.state.served().unwrap().replicas.failures();
     assert_eq!(failed.len(), 1, "exactly one replica failed: {failed:?}");
     assert!(failed[0].1.contains("injected device fault"), "{failed:?}");
     let err = faulted.text();
@@ -221,7 +221,7 @@ async fn disconnect_frees_blocks_on_the_replica_that_ran_it() {
         .expect("a first event")
         .expect("no error");
     assert!(frame.into_data().is_ok());
-    let per = app.state.replicas.per_engine_stats();
+    let per = app.state.served().unwrap().replicas.per_engine_stats();
     let ran = per
         .iter()
         .position(|s| s.running == 1 && s.kv_blocks_used > 0)
@@ -229,7 +229,7 @@ async fn disconnect_frees_blocks_on_the_replica_that_ran_it() {
     assert_eq!(per[1 - ran].kv_blocks_used, 0);
     drop(stream);
     app.wait_idle().await;
-    let after = app.state.replicas.per_engine_stats();
+    let after = app.state.served().unwrap().replicas.per_engine_stats();
     assert_eq!(after[ran].kv_blocks_used, 0);
     assert!(after[ran].generation_tokens_total < 450);
 }

@@ -214,6 +214,8 @@ async fn models_health_tokenize() {
     }
     let eos = app
         .state
+        .served()
+        .unwrap()
         .tokenizer
         .token_to_id("<|end_of_text|>")
         .unwrap_or(u32::MAX);

@@ -130,7 +130,7 @@ async fn disconnect_mid_stream_cancels_and_frees_blocks() {
         assert!(frame.into_data().is_ok());
         streams.push(body);
     }
-    let s = app.state.replicas.stats();
+    let s = app.state.served().unwrap().replicas.stats();
     assert!(s.running > 0 && s.kv_blocks_used > 0, "{s:?}");
     drop(streams);
     app.wait_idle().await;
@@ -142,5 +142,13 @@ async fn disconnect_mid_stream_cancels_and_frees_blocks() {
         "{m}"
     );
     // generation went nowhere near max_tokens
-    assert!(app.state.replicas.stats().generation_tokens_total < 4 * 450);
+    assert!(
+        app.state
+            .served()
+            .unwrap()
+            .replicas
+            .stats()
+            .generation_tokens_total
+            < 4 * 450
+    );
 }
