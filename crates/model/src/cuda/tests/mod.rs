@@ -14,6 +14,7 @@ use super::*;
 
 mod det;
 mod fp8;
+mod hidden;
 mod kv;
 mod llama;
 mod lora;
