@@ -216,6 +216,7 @@ pub(crate) fn chat_prompt(state: &Arc<AppState>, req: ChatRequest) -> Result<Cha
             .map(|p| p.tools.clone()),
         kwargs: req.chat_template_kwargs,
         prefill,
+        generation_prompt: true,
     };
     let prompt = encode_now(state, input, "messages")?;
     Ok(ChatPrompt {

@@ -33,6 +33,7 @@
 pub mod anthropic;
 pub mod api;
 pub mod body;
+pub mod embeddings;
 pub mod encode;
 pub mod error;
 pub mod generate;

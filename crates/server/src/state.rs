@@ -99,6 +99,8 @@ pub struct ServerConfig {
     /// (`--reasoning-parser`, [`crate::reasoning`]); `None`: replies are
     /// returned as the model wrote them.
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
+    /// How `/v1/embeddings` pools a sequence's hidden states (`--pooling`).
+    pub pooling: engine::Pooling,
 }
 
 /// Default `--lora-load-timeout-secs`.
@@ -130,6 +132,7 @@ impl ServerConfig {
             responses_store_ttl: crate::response_store::DEFAULT_STORE_TTL,
             lora_load_timeout: DEFAULT_LORA_LOAD_TIMEOUT,
             reasoning_parser: None,
+            pooling: engine::Pooling::default(),
         }
     }
 }
