@@ -28,7 +28,7 @@
 //! of tokens, `O(rows x hidden)` host work to pool; memory `hidden` floats
 //! per input in progress (mean pooling sums as it goes).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use contract::{Backend, StepBuilder};
 use paged_kv::{KvManager, SeqId};
@@ -311,8 +311,17 @@ impl EmbedQueue {
         if runs.is_empty() {
             return;
         }
+        let hidden = backend.config().hidden_size;
         match backend.hidden(b.finish(), &rows) {
-            Ok(h) => self.land(kv, &runs, &h),
+            Ok(h) if h.len() == rows.len() * hidden => self.land(kv, &runs, &h),
+            Ok(h) => {
+                let why = format!(
+                    "the backend returned {} values for {} rows of {hidden}",
+                    h.len(),
+                    rows.len()
+                );
+                self.fail_planned(kv, runs.len(), EmbedError::Backend(why))
+            }
             Err(e) => self.fail_planned(kv, runs.len(), EmbedError::Backend(e.to_string())),
         }
     }
@@ -362,7 +371,7 @@ impl EmbedQueue {
     fn land(&mut self, kv: &mut KvManager, runs: &[usize], states: &[f32]) {
         let hidden = self.items.front().map_or(1, |it| it.acc.len().max(1));
         let mut rows = states.chunks_exact(hidden);
-        let mut done = Vec::new();
+        let mut done = HashSet::new();
         for (it, &n) in self.items.iter_mut().zip(runs) {
             let Some(job) = self.jobs.get(&it.job) else {
                 continue;
@@ -379,7 +388,7 @@ impl EmbedQueue {
                 Pooling::Last => {}
             }
             if it.done == len {
-                done.push(it.seq);
+                done.insert(it.seq);
             }
         }
         let (finished, running): (Vec<Item>, Vec<Item>) =
