@@ -1,4 +1,4 @@
-//! `lamina`: run, generate, chat, serve, bench, tokenize, synth-model and
+//! `lamina`: run, generate, chat, serve, bench, tokenize, embed, synth-model and
 //! the model store (pull, list / ls, show, rm; ps asks a running server).
 //!
 //! Errors reach the user as one line, `error: <cause>: <detail>`, and a
@@ -13,6 +13,7 @@ mod bench_serve;
 mod bench_spec;
 mod chat;
 mod chat_set;
+mod embed;
 mod files;
 mod generate;
 mod habits;
@@ -75,6 +76,8 @@ enum Command {
     BenchServe(bench_serve::BenchServeArgs),
     /// Print the token ids of a text.
     Tokenize(tokenize::TokenizeArgs),
+    /// Print one embedding per text (arguments, or stdin lines) as JSON lines.
+    Embed(embed::EmbedArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
     SynthModel(synth::SynthArgs),
     /// Write a model as an FP8 checkpoint (compressed-tensors or `fp8` layout).
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(a),
         Command::BenchServe(a) => bench_serve::run(a),
         Command::Tokenize(a) => tokenize::run(a),
+        Command::Embed(a) => embed::run(a),
         Command::SynthModel(a) => synth::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
@@ -200,6 +204,7 @@ impl Command {
             Command::Chat(a) => &a.model,
             Command::Serve(a) => &a.model,
             Command::Bench(a) => &a.model,
+            Command::Embed(a) => &a.model,
             _ => return None,
         };
         model.threads

@@ -147,6 +147,11 @@ pub struct ServeArgs {
     /// are returned as the model wrote them.
     #[arg(long, env = "LAMINA_REASONING_PARSER")]
     pub reasoning_parser: Option<server::reasoning::ReasoningParser>,
+    /// How `/v1/embeddings` pools a text's final hidden states into one
+    /// vector (then L2-normalised): `last` (the last token's state) or
+    /// `mean` (the mean over every token).
+    #[arg(long, default_value = "last", env = "LAMINA_POOLING")]
+    pub pooling: engine::Pooling,
     #[command(flatten)]
     pub limits: crate::serve_limits::LimitArgs,
     #[command(flatten)]
@@ -349,6 +354,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         lora_load_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
         default_max_tokens: args.max_tokens_default,
         reasoning_parser: args.reasoning_parser,
+        pooling: args.pooling,
         ..server::ServerConfig::new(names.first().cloned().unwrap_or_default())
     };
     args.limits.apply(&mut cfg);

@@ -3,7 +3,9 @@
 //! pytest-free scripts in tests/python/ with the official `openai` package:
 //! `openai_client.py` (chat whole and streamed, completion with stop,
 //! logprobs, seed reproducibility, /v1/models, greedy output equal to
-//! `lamina generate`), `sampling_api.py` (`n` / `best_of` with derived
+//! `lamina generate`), `embeddings.py` (`embeddings.create` single and
+//! batched, float and base64, alone vs batched within 1e-3 cosine,
+//! `dimensions`, `lamina embed`), `sampling_api.py` (`n` / `best_of` with derived
 //! seeds, `logit_bias`, presence / frequency penalties, `stop_token_ids`,
 //! `echo`, unknown fields, /detokenize, /version, /openapi.json, /docs),
 //! `structured.py` (`response_format` through `chat.completions.parse`,
@@ -217,6 +219,7 @@ fn lamina_serve_end_to_end() {
     assert_eq!(get_status(server.port, "/metrics"), Some(200));
     let key = [("LAMINA_API_KEY", API_KEY.to_string())];
     server.python("openai_client.py", &key);
+    server.python("embeddings.py", &key);
     server.python("sampling_api.py", &key);
     server.python("structured.py", &key);
     server.python("tool_auto.py", &key);

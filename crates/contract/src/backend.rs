@@ -684,6 +684,16 @@ pub trait Backend: Send {
     /// For tests and reference comparisons; nothing may be in flight.
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError>;
 
+    /// Runs one step like [`Backend::logits`] (its K/V written at the
+    /// batch's slots, nothing sampled, nothing may be in flight) but
+    /// returns the float32 hidden states of the given token rows after the
+    /// final norm, before the LM head: `[rows.len(), hidden]` row-major
+    /// (what embeddings pool). Default: an error naming the backend.
+    fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        let _ = (batch, rows);
+        Err(no_hidden(&self.name()))
+    }
+
     /// The protocol at depth one: launches `batch` and collects it. An error
     /// when steps are in flight (their results would come first).
     fn step(&mut self, batch: &StepBatch) -> Result<Vec<Option<SampledToken>>, BackendError> {
@@ -699,6 +709,37 @@ pub fn no_lora(backend: &str) -> BackendError {
     BackendError::Device(format!(
         "{backend}: LoRA adapters (--lora, --max-loras, load_lora_adapter) are not supported on this backend; run them on the CPU (--device cpu)"
     ))
+}
+
+/// The error of a backend that returns no hidden states ([`Backend::hidden`]).
+pub fn no_hidden(backend: &str) -> BackendError {
+    BackendError::Device(format!(
+        "{backend}: this backend returns no hidden states, so it computes no embeddings"
+    ))
+}
+
+/// The checks of a [`Backend::logits`] or [`Backend::hidden`] call (`what`)
+/// beyond [`StepBatch::check`]: nothing in flight, no carried token, every
+/// row inside the step.
+pub fn check_rows_call(
+    in_flight: usize,
+    batch: &StepBatch,
+    rows: &[usize],
+    what: &str,
+) -> Result<(), BackendError> {
+    check_idle(in_flight, what)?;
+    if !batch.carried.is_empty() {
+        return Err(BackendError::InvalidBatch(format!(
+            "{what} cannot carry tokens from a launched step"
+        )));
+    }
+    let t = batch.num_tokens();
+    match rows.iter().find(|&&r| r >= t) {
+        Some(r) => Err(BackendError::InvalidBatch(format!(
+            "{what}: row {r} is outside the step's {t} tokens"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The error of a call that needs nothing in flight (a plain step, a

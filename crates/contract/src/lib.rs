@@ -27,7 +27,7 @@ pub mod testing;
 
 pub use backend::{
     Backend, BackendError, Carried, KvShape, MAX_IN_FLIGHT, SampleRequest, SampledToken, StepBatch,
-    check_idle, check_release,
+    check_idle, check_release, check_rows_call,
 };
 pub use config::{
     ConfigError, DefaultsSource, GenerationConfig, KvCacheDtype, KvScales, ModelConfig,

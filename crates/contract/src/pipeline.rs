@@ -50,6 +50,10 @@ pub trait HostCompute: Send {
     fn compute(&mut self, batch: &StepBatch) -> Results;
     /// [`Backend::logits`].
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError>;
+    /// [`Backend::hidden`]. Default: the error of no hidden states.
+    fn hidden(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        Err(crate::backend::no_hidden(&self.name()))
+    }
     /// [`Backend::reserve`]. Default: nothing to size.
     fn reserve(&mut self, _max_tokens: usize, _max_seqs: usize) -> Result<(), BackendError> {
         Ok(())
@@ -167,6 +171,10 @@ impl<T: HostCompute> Backend for T {
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         HostCompute::logits(self, batch, rows)
+    }
+
+    fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        HostCompute::hidden(self, batch, rows)
     }
 }
 

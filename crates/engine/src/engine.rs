@@ -28,6 +28,7 @@ use paged_kv::KvConfig;
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use crate::embed::{EmbedError, EmbedHandle, EmbedJob, EmbedRequest};
 use crate::grammar::{Constraint, GrammarCompiler, GrammarError};
 use crate::lora::{LoraRegistry, LoraRegistryError, LoraSlots};
 use crate::scheduler::{Scheduler, VerifyCaps};
@@ -320,6 +321,32 @@ impl Engine {
             });
         }
         Ok(handles)
+    }
+
+    /// Queues an embedding request ([`crate::embed`]): every input is
+    /// checked here (the one check of its limits), then embedded on the
+    /// loop between steps; the handle yields the vectors.
+    pub fn embed(&self, req: EmbedRequest) -> Result<EmbedHandle, EmbedError> {
+        let inner = &*self.inner;
+        if inner.shared.shutting_down.load(Ordering::Acquire) {
+            return Err(EmbedError::ShuttingDown);
+        }
+        if let Some(why) = inner.shared.failure() {
+            return Err(EmbedError::EngineFailed(why));
+        }
+        crate::embed::check(&req.inputs, inner.vocab_size, self.max_sequence())?;
+        let first = (inner.next_id).fetch_add(req.inputs.len() as u64, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = EmbedJob { first, req, tx };
+        match inner.tx.send(Msg::Embed(Box::new(job))) {
+            Ok(()) => Ok(EmbedHandle { rx }),
+            Err(_) => Err(EmbedError::ShuttingDown),
+        }
+    }
+
+    /// The size of the hidden states: the length of every embedding.
+    pub fn hidden_size(&self) -> usize {
+        self.inner.model.hidden_size
     }
 
     /// Compiles `c` as a submit would and drops it: whether the grammar

@@ -12,7 +12,8 @@
 //! from plain threads; dropping it cancels the request.
 //!
 //! Module map: [`types`] (public values and errors), `engine` (handles and
-//! submit validation), `worker` (the loop), `scheduler` (batch planning and KV
+//! submit validation), [`embed`] (embeddings: pooled hidden states, run in
+//! passes between steps), `worker` (the loop), `scheduler` (batch planning and KV
 //! bookkeeping), `output` (detokenizing, stop conditions, events), `stop`
 //! (stop strings across tokens), [`warmup`] (every step shape run once at
 //! start), [`lora`] (LoRA adapters: the registry and
@@ -23,6 +24,7 @@
 //! Costs: per step O(S + T + S * max_blocks) host work for S sequences and T
 //! tokens, with reused buffers; see each module for its own.
 
+pub mod embed;
 mod engine;
 pub mod grammar;
 pub mod lora;
@@ -36,6 +38,7 @@ pub mod types;
 pub mod warmup;
 mod worker;
 
+pub use embed::{EmbedError, EmbedHandle, EmbedRequest, Embeddings, Pooling};
 pub use engine::{Canceller, Completion, Engine, RequestHandle};
 pub use grammar::{Constraint, GrammarError};
 pub use lora::{LoraLimits, LoraRegistry, LoraRegistryError};

@@ -350,6 +350,13 @@ impl Scheduler {
     pub(crate) fn kv(&self) -> &KvManager {
         &self.kv
     }
+
+    /// The KV pool, for sequences the scheduler does not run (an
+    /// embedding pass admits and frees its own between steps), and the
+    /// prompt tokens one pass may run: the step budget under the prefill cap.
+    pub(crate) fn kv_for_pass(&mut self) -> (&mut KvManager, usize) {
+        (&mut self.kv, self.max_batch_tokens.min(self.prefill_cap))
+    }
     /// Empties the prefix cache and zeroes the preemption and speculation
     /// counters (what the warm-up leaves behind).
     pub(crate) fn forget_history(&mut self) {

@@ -14,6 +14,9 @@
 //! a pure function of (context, seed, step), so [`reference_generate`]
 //! predicts what any correct engine must produce, however it batches.
 //!
+//! [`Backend::hidden`] stores the tokens the same way and returns
+//! [`fake_hidden`] of each asked row's context, read back likewise.
+//!
 //! Costs: O(T) writes plus O(context) reads per sampled sequence per step; the
 //! `cheap` variant skips the context read (O(T + S)) for overhead benchmarks.
 
@@ -73,6 +76,19 @@ pub fn fake_next_token(context: &[u32], vocab: usize, req: &SampleRequest) -> u3
         }
         _ => token,
     }
+}
+
+/// The fake model's final hidden state after `context`: `hidden` values
+/// in [-1, 1), a hash of the context and the index (what
+/// `Backend::hidden` returns at that context's last token).
+pub fn fake_hidden(context: &[u32], hidden: usize) -> Vec<f32> {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    for &t in context {
+        h = splitmix64(h ^ u64::from(t));
+    }
+    (0..hidden as u64)
+        .map(|j| (splitmix64(h ^ j) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        .collect()
 }
 
 /// What a correct engine generates for `prompt`: up to `max_tokens` tokens,
@@ -256,6 +272,34 @@ impl contract::HostCompute for FakeBackend {
         self.held_steps.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// [`fake_hidden`] of each row's context, read back through its block
+    /// table after the step's tokens are stored.
+    fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        contract::check_rows_call(self.pipe.in_flight(), batch, rows, "a hidden-state call")?;
+        batch.validate(self.shape.num_blocks, self.shape.block_size)?;
+        if let Some(bad) = self.fail_on_token
+            && batch.tokens.contains(&bad)
+        {
+            return Err(BackendError::Device(format!(
+                "injected failure on token {bad}"
+            )));
+        }
+        if let Ok(mut shapes) = self.shapes.lock() {
+            shapes.push((batch.tokens.len(), batch.num_seqs()));
+        }
+        for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
+            self.kv[slot as usize] = tok;
+        }
+        let hidden = self.config.hidden_size;
+        let mut out = Vec::with_capacity(rows.len() * hidden);
+        for &row in rows {
+            let s = batch.cu_seqlens.partition_point(|&c| c as usize <= row) - 1;
+            self.read_row_context(batch, s, row)?;
+            out.extend(fake_hidden(&self.context, hidden));
+        }
+        Ok(out)
+    }
+
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         // one-hot logits of the tokens `step` would sample at those rows
         let vocab = self.config.vocab_size;
@@ -278,6 +322,30 @@ impl contract::HostCompute for FakeBackend {
 }
 
 impl FakeBackend {
+    /// The context of token row `row` of sequence `s` (its positions up to
+    /// that row's) read back through the block table into `self.context`.
+    fn read_row_context(
+        &mut self,
+        batch: &StepBatch,
+        s: usize,
+        row: usize,
+    ) -> Result<(), BackendError> {
+        let bs = self.shape.block_size;
+        let ctx = batch.positions[row] as usize + 1;
+        let table = batch.block_table(s);
+        self.context.clear();
+        for p in 0..ctx {
+            let v = self.kv[table[p / bs] as usize * bs + p % bs];
+            if v == EMPTY {
+                return Err(BackendError::InvalidBatch(format!(
+                    "sequence {s} reads position {p}, whose slot was never written"
+                )));
+            }
+            self.context.push(v);
+        }
+        Ok(())
+    }
+
     /// The fake's sample at token row `row` of sequence `s` (its context:
     /// the positions up to that row's).
     fn sample_row(
@@ -287,21 +355,10 @@ impl FakeBackend {
         row: usize,
         req: &SampleRequest,
     ) -> Result<SampledToken, BackendError> {
-        let bs = self.shape.block_size;
         let vocab = self.config.vocab_size;
         let ctx = batch.positions[row] as usize + 1;
         let token = if self.read_context {
-            let table = batch.block_table(s);
-            self.context.clear();
-            for p in 0..ctx {
-                let v = self.kv[table[p / bs] as usize * bs + p % bs];
-                if v == EMPTY {
-                    return Err(BackendError::InvalidBatch(format!(
-                        "sequence {s} reads position {p}, whose slot was never written"
-                    )));
-                }
-                self.context.push(v);
-            }
+            self.read_row_context(batch, s, row)?;
             fake_next_token(&self.context, vocab, req)
         } else {
             fake_next_token(&[batch.tokens[row], ctx as u32], vocab, req)

@@ -51,6 +51,10 @@
 //! launch, land, commit) share its state; the request state machine and
 //! the counters are in [`request`] and [`shared`].
 //!
+//! Embedding requests run in passes between steps (`crate::embed`): an
+//! iteration with embedding work lands the step in flight, runs one pass,
+//! then plans its step as usual.
+//!
 //! Costs per iteration: the scheduler's O(batch) plus O(sampled tokens) of
 //! output work and O(messages) of channel work; counters are published to
 //! [`Shared`] with relaxed atomic stores.
@@ -65,6 +69,7 @@ use contract::{Backend, BackendError, SampledToken};
 use tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::embed::{EmbedError, EmbedJob, EmbedQueue};
 use crate::grammar::SeqGrammar;
 use crate::lora::SeqLora;
 use crate::output::{Output, Verdict};
@@ -81,6 +86,8 @@ pub(crate) use shared::Shared;
 /// Messages from handles to the loop.
 pub(crate) enum Msg {
     Submit(Box<NewRequest>),
+    /// An embedding request ([`crate::embed`]).
+    Embed(Box<EmbedJob>),
     Cancel(u64),
     /// A LoRA adapter was unloaded: empty the idle slots holding it.
     LorasChanged,
@@ -127,6 +134,8 @@ pub(crate) struct Worker {
     in_flight: Option<InFlight>,
     /// When the last step landed: the device's start of the next one.
     last_landed: Option<Instant>,
+    /// Embedding work, run in passes between steps.
+    embeds: EmbedQueue,
 }
 
 /// What the loop keeps of a launched step until it lands.
@@ -184,6 +193,7 @@ impl Worker {
             pipelined: false,
             in_flight: None,
             last_landed: None,
+            embeds: EmbedQueue::default(),
         }
     }
 
@@ -191,7 +201,7 @@ impl Worker {
     pub(crate) fn run(mut self) {
         self.publish();
         loop {
-            if self.sched.is_idle() {
+            if self.sched.is_idle() && self.embeds.is_empty() {
                 // every sequence of a step in flight ended: it lands unseen
                 self.land();
                 self.last_landed = None;
@@ -226,6 +236,9 @@ impl Worker {
             if !open {
                 break;
             }
+            if !self.embeds.is_empty() {
+                self.embed_pass();
+            }
             let backend_ns = match self.step() {
                 Ok(ns) => ns,
                 Err(e) => {
@@ -250,13 +263,31 @@ impl Worker {
             }
         }
         self.end_all(FinishReason::Cancelled, None);
+        let (kv, _) = self.sched.kv_for_pass();
+        self.embeds.fail_all(kv, &EmbedError::ShuttingDown);
         self.publish();
+    }
+
+    /// One embedding pass ([`crate::embed`]): the step in flight lands
+    /// first, as the backend's hidden-state call needs it idle.
+    fn embed_pass(&mut self) {
+        self.land();
+        let (kv, budget) = self.sched.kv_for_pass();
+        self.embeds.pass(self.backend.as_mut(), kv, budget);
     }
 
     /// Applies one message; false on shutdown.
     fn handle(&mut self, msg: Msg) -> bool {
         match msg {
             Msg::Submit(r) => self.accept(*r),
+            Msg::Embed(job) => {
+                let hidden = self.backend.config().hidden_size;
+                self.embeds.push(*job, hidden);
+                if let Some(why) = self.halted.clone() {
+                    let (kv, _) = self.sched.kv_for_pass();
+                    self.embeds.fail_all(kv, &EmbedError::EngineFailed(why));
+                }
+            }
             Msg::Cancel(id) => self.end(id, FinishReason::Cancelled, None),
             Msg::LorasChanged => {
                 self.sched.lora_mut().sweep();
@@ -522,6 +553,9 @@ impl Worker {
             tracing::error!("engine halted: every request ends with the failure");
             self.shared.set_failure(why.clone());
             self.halted = Some(why.clone());
+            let (kv, _) = self.sched.kv_for_pass();
+            self.embeds
+                .fail_all(kv, &EmbedError::EngineFailed(why.clone()));
             self.end_all(FinishReason::Error, Some(why));
             return;
         }

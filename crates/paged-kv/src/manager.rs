@@ -253,6 +253,44 @@ impl KvManager {
         Ok(cached)
     }
 
+    /// Exact: whether [`KvManager::admit_fresh`] of `len` tokens would
+    /// succeed (ignoring an id clash). O(1).
+    pub fn can_admit_fresh(&self, len: usize) -> bool {
+        self.blocks_for(len) <= self.pool.num_allocatable()
+    }
+
+    /// Admits `seq` holding `tokens` in newly allocated blocks only: no
+    /// cached block is reused, and while nothing marks its tokens computed
+    /// none of its blocks enters the prefix cache, so [`KvManager::free`]
+    /// returns them all to the free stack (a scratch sequence computed in
+    /// one pass and freed: embeddings). Evicts cached blocks when the free
+    /// stack runs short, like any allocation. O(len + blocks).
+    pub fn admit_fresh(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        if self.seqs.contains_key(&seq) {
+            return Err(KvError::SeqExists(seq));
+        }
+        let needed = self.blocks_for(tokens.len());
+        let free = self.pool.num_allocatable();
+        if needed > free {
+            return Err(KvError::OutOfBlocks { needed, free });
+        }
+        let mut table = Vec::with_capacity(needed);
+        allocate_into(&mut self.pool, &mut table, needed, 0)?;
+        self.seqs.insert(
+            seq,
+            Seq {
+                tokens: tokens.to_vec(),
+                table,
+                computed: 0,
+                hashes: Vec::new(),
+                registered: 0,
+                ns: 0,
+                released: 0,
+            },
+        );
+        Ok(())
+    }
+
     /// Full blocks `fork(parent, _, tokens)` would share: the leading
     /// blocks of `parent` that are computed, lie within `tokens[..len - 1]`
     /// and hold the same token ids. O(shared tokens).

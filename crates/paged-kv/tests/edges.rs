@@ -414,3 +414,32 @@ fn namespaces_never_share_cached_blocks() {
     checked(&m);
     assert_eq!(ok(m.admit_in(7, &prompt, 9)), 12);
 }
+
+#[test]
+fn fresh_admission_reuses_and_caches_nothing() {
+    let mut m = kv(4, 2);
+    let prompt = [1, 2, 3, 4, 5];
+    run_prompt(&mut m, 1, &prompt);
+    ok(m.free(1));
+    // the prompt's two full blocks are cached; a fresh admission takes none
+    assert!(m.num_evictable_blocks() >= 2);
+    assert!(m.can_admit_fresh(prompt.len()));
+    ok(m.admit_fresh(2, &prompt));
+    assert_eq!(m.num_computed(2), Some(0));
+    let table = m.block_table(2).unwrap_or_default().to_vec();
+    assert_eq!(table.len(), 3);
+    assert!(table.iter().all(|&b| !m.is_cached(b)));
+    checked(&m);
+    // out of blocks: refused exactly when can_admit_fresh says so
+    assert!(!m.can_admit_fresh(3));
+    assert!(matches!(
+        m.admit_fresh(3, &[1, 2, 3]),
+        Err(KvError::OutOfBlocks { needed: 2, free: 1 })
+    ));
+    assert!(matches!(m.admit_fresh(2, &[1]), Err(KvError::SeqExists(2))));
+    ok(m.free(2));
+    checked(&m);
+    // nothing of the fresh sequence entered the prefix cache
+    assert_eq!(m.num_free_blocks(), 4);
+    assert!(m.num_evictable_blocks() <= 2);
+}

@@ -219,6 +219,7 @@ pub(crate) fn chat_prompt(
             .map(|p| p.tools.clone()),
         kwargs: req.chat_template_kwargs,
         prefill,
+        generation_prompt: true,
     };
     let prompt = encode_now(model, input, "messages")?;
     Ok(ChatPrompt {

@@ -36,6 +36,9 @@ pub enum Input {
         /// The start of the assistant's reply, continued by the model
         /// (`continue_final_message`): encoded after the rendered prompt.
         prefill: Option<String>,
+        /// Render the template's `add_generation_prompt` (the assistant's
+        /// turn header); false only where a client asks (`/tokenize`).
+        generation_prompt: bool,
     },
 }
 
@@ -95,31 +98,34 @@ pub fn encode_now(model: &Lease, input: Input, param: &str) -> Result<Vec<u32>, 
             tools,
             kwargs,
             prefill,
+            generation_prompt,
         } => {
             let vars = tokenizer::ChatVars {
                 tools: tools.as_ref(),
                 kwargs: kwargs.as_ref(),
             };
-            chat_ids(tok, &messages, trusted, vars, prefill.as_deref())
+            let end = (generation_prompt, prefill.as_deref());
+            chat_ids(tok, &messages, trusted, vars, end)
         }
     }
     .map_err(|msg| ApiError::invalid_param(param, msg))
 }
 
-/// The prompt ids of a conversation: the rendered template, then the
-/// reply's start (`prefill`) as text (special-token texts parsed only when
-/// `trusted`).
+/// The prompt ids of a conversation: the rendered template (with the
+/// generation prompt when `end.0`), then the reply's start (`end.1`,
+/// `prefill`) as text (special-token texts parsed only when `trusted`).
 fn chat_ids(
     tok: &tokenizer::Tokenizer,
     messages: &[ChatMessage],
     trusted: bool,
     vars: tokenizer::ChatVars<'_>,
-    prefill: Option<&str>,
+    end: (bool, Option<&str>),
 ) -> Result<Vec<u32>, String> {
+    let (generation_prompt, prefill) = end;
     let mut ids = if trusted {
-        tok.encode_chat_trusted(messages, vars)
+        tok.encode_chat_trusted_ending(messages, vars, generation_prompt)
     } else {
-        tok.encode_chat_with(messages, vars)
+        tok.encode_chat_ending(messages, vars, generation_prompt)
     }
     .map_err(|e| format!("Cannot apply the chat template: {e}"))?;
     if let Some(text) = prefill {

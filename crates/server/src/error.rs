@@ -249,7 +249,7 @@ pub fn from_submit(err: SubmitError, prompt_param: &str, max_tokens_param: &str)
 }
 
 /// `the prompt is empty` -> `The prompt is empty.`
-fn sentence(s: &str) -> String {
+pub(crate) fn sentence(s: &str) -> String {
     let mut chars = s.chars();
     match chars.next() {
         Some(c) => format!("{}{}.", c.to_uppercase(), chars.as_str()),

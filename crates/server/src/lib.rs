@@ -35,6 +35,7 @@
 pub mod anthropic;
 pub mod api;
 pub mod body;
+pub mod embeddings;
 pub mod encode;
 pub mod error;
 pub mod generate;

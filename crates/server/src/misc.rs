@@ -129,7 +129,9 @@ pub async fn get_model(
 
 /// `{"tokens": [...], "count": n, "max_model_len": m}` for a `prompt`
 /// (special tokens added unless `add_special_tokens` is false) or chat
-/// `messages` (rendered with the template and the generation prompt).
+/// `messages` (rendered with the template as a chat request renders it:
+/// the generation prompt unless `add_generation_prompt` is false, the
+/// `chat_template_kwargs`, BOS once).
 #[utoipa::path(post, path = "/tokenize", tag = "lamina",
     security(("api_key" = [])),
     request_body = TokenizeRequest,
@@ -152,12 +154,15 @@ pub async fn tokenize(
         (None, Some(msgs)) => {
             let lim = &state.cfg.limits;
             crate::limits::check_count("messages", msgs.len(), lim.messages, "max-messages")?;
+            let kwargs = req.chat_template_kwargs.clone();
+            crate::messages::template_kwargs(kwargs.as_ref())?;
             let input = Input::Chat {
                 messages: chat_messages(msgs, model.tokenizer.template_renders_tools())?,
                 tools: None,
-                kwargs: None,
+                kwargs,
                 trusted: req.parse_special_tokens.unwrap_or(false),
                 prefill: None,
+                generation_prompt: req.add_generation_prompt.unwrap_or(true),
             };
             encode(&state, &model, input, "messages").await?
         }

@@ -23,7 +23,7 @@ use utoipa_axum::routes;
 
 use crate::responses::{EndpointInfo, IndexResponse};
 use crate::state::AppState;
-use crate::{anthropic, api, lora, misc, model_admin, oairesponses};
+use crate::{anthropic, api, embeddings, lora, misc, model_admin, oairesponses};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -73,6 +73,7 @@ pub(crate) fn guarded_routes() -> OpenApiRouter<Arc<AppState>> {
         ))
         .routes(routes!(misc::list_models))
         .routes(routes!(misc::get_model))
+        .routes(routes!(embeddings::create_embeddings))
         .routes(routes!(misc::tokenize))
         .routes(routes!(misc::detokenize))
         .routes(routes!(lora::load_lora_adapter))

@@ -477,6 +477,13 @@ pub struct TokenizeRequest {
     /// As [`ChatRequest::parse_special_tokens`], for `messages`.
     #[serde(default)]
     pub parse_special_tokens: Option<bool>,
+    /// For `messages`: end with the assistant's turn header (default true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// For `messages`: the template's extra variables, as in a chat request.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// `POST /detokenize` (vLLM's shape): token ids back to text.

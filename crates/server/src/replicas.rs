@@ -30,7 +30,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use engine::{Engine, EngineStats, GenerateRequest, RequestHandle, SubmitError};
+use engine::{
+    EmbedError, EmbedHandle, EmbedRequest, Engine, EngineStats, GenerateRequest, RequestHandle,
+    SubmitError,
+};
 
 /// Prompt tokens of load an affinity replica may carry beyond twice the
 /// least loaded replica's before requests go by load instead: about one
@@ -161,6 +164,34 @@ impl Replicas {
             .map(Engine::max_sequence)
             .min()
             .unwrap_or(0)
+    }
+
+    /// The model's hidden size (every replica runs the same model).
+    pub fn hidden_size(&self) -> usize {
+        self.engines.first().map_or(0, Engine::hidden_size)
+    }
+
+    /// Queues an embedding request on the least loaded healthy replica
+    /// (no prefix to match: embeddings reuse no cached KV); a replica that
+    /// refuses for its own state (shutting down, failed) passes it on.
+    pub fn embed(&self, req: EmbedRequest) -> Result<EmbedHandle, EmbedError> {
+        let mut order: Vec<(u64, usize)> = (self.engines.iter().enumerate())
+            .filter(|(_, e)| e.failure().is_none())
+            .map(|(i, e)| {
+                let s = e.stats();
+                (s.queued_prompt_tokens + s.running, i)
+            })
+            .collect();
+        order.sort_unstable();
+        let mut refusal = EmbedError::EngineFailed("every replica has failed".into());
+        for (_, i) in order {
+            match self.engines[i].embed(req.clone()) {
+                Ok(h) => return Ok(h),
+                Err(e @ (EmbedError::ShuttingDown | EmbedError::EngineFailed(_))) => refusal = e,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(refusal)
     }
 
     /// Shuts every engine down (cancelling what they run); blocking.

@@ -106,6 +106,8 @@ pub struct ServerConfig {
     /// returned as the model wrote them. For the one model of
     /// [`AppState::with_replicas`], like `defaults`.
     pub reasoning_parser: Option<crate::reasoning::ReasoningParser>,
+    /// How `/v1/embeddings` pools a sequence's hidden states (`--pooling`).
+    pub pooling: engine::Pooling,
 }
 
 /// Default `--lora-load-timeout-secs`.
@@ -137,6 +139,7 @@ impl ServerConfig {
             responses_store_ttl: crate::response_store::DEFAULT_STORE_TTL,
             lora_load_timeout: DEFAULT_LORA_LOAD_TIMEOUT,
             reasoning_parser: None,
+            pooling: engine::Pooling::default(),
         }
     }
 }

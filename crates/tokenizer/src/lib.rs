@@ -443,18 +443,31 @@ impl Tokenizer {
         messages: &[ChatMessage],
         vars: ChatVars<'_>,
     ) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_chat_ending(messages, vars, true)
+    }
+
+    /// [`Tokenizer::encode_chat_with`], the template rendered with
+    /// `add_generation_prompt` as given (false: the conversation ends
+    /// with its last message, no assistant header; what `/tokenize` may ask).
+    pub fn encode_chat_ending(
+        &self,
+        messages: &[ChatMessage],
+        vars: ChatVars<'_>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let gen_prompt = add_generation_prompt;
         let mut lits = Literals::default();
         let Some((shielded, shielded_tools)) =
             self.shield.conversation(messages, vars.tools, &mut lits)
         else {
-            let text = self.apply_chat_template_with(messages, vars, true)?;
+            let text = self.apply_chat_template_with(messages, vars, gen_prompt)?;
             return self.encode_rendered_prompt(&text);
         };
         let vars = ChatVars {
             tools: shielded_tools.as_ref(),
             kwargs: vars.kwargs,
         };
-        let text = self.apply_chat_template_with(&shielded, vars, true)?;
+        let text = self.apply_chat_template_with(&shielded, vars, gen_prompt)?;
         let mut parts = Vec::new();
         for piece in shield::pieces(&text, &lits) {
             let (tok, s) = match piece {
@@ -494,7 +507,18 @@ impl Tokenizer {
         messages: &[ChatMessage],
         vars: ChatVars<'_>,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.apply_chat_template_with(messages, vars, true)?;
+        self.encode_chat_trusted_ending(messages, vars, true)
+    }
+
+    /// [`Tokenizer::encode_chat_trusted`] with `add_generation_prompt` as
+    /// given ([`Tokenizer::encode_chat_ending`]).
+    pub fn encode_chat_trusted_ending(
+        &self,
+        messages: &[ChatMessage],
+        vars: ChatVars<'_>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.apply_chat_template_with(messages, vars, add_generation_prompt)?;
         self.encode_rendered_prompt(&text)
     }
 

@@ -8,8 +8,10 @@
 //! caching and overlapped output processing; [`speculation`] checks that
 //! speculative decoding changes no output; [`lifecycle`] checks how
 //! requests end (cancel, stop, EOS, errors, rejections, queue, shutdown);
-//! [`warmup`] checks the start-up warm-up.
+//! [`warmup`] checks the start-up warm-up; [`embed`] checks embedding
+//! requests.
 
+mod embed;
 mod lifecycle;
 mod scheduling;
 mod speculation;

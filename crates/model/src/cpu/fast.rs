@@ -73,12 +73,12 @@
 //! One file past the usual size on purpose: the packed weights and the step
 //! that reads them change together (a layout and its one reader).
 
-use super::CpuBackend;
 use super::attention::KvPool;
 use super::decode::{DecodeScratch, PoolView, decode_attention, row_of};
 use super::layer::{LayerVecs, qk_norm};
 use super::lora::delta;
 use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
+use super::{CpuBackend, Out};
 use checkpoint::weights::Extra as X;
 use checkpoint::weights::ModelWeights;
 use contract::Activation;
@@ -297,12 +297,14 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 
 impl CpuBackend {
     /// The fast path's forward pass (see the module doc): logits of token
-    /// rows `rows`, `[rows.len(), vocab]` row-major.
+    /// rows `rows`, `[rows.len(), vocab]` row-major (or with [`Out::Hidden`]
+    /// their final-normed hidden states, `[rows.len(), hidden]`).
     pub(super) fn forward_fast(
         &mut self,
         fast: &FastWeights,
         batch: &StepBatch,
         rows: &[usize],
+        out: Out,
     ) -> Vec<f32> {
         let isa = self.isa;
         let fp8a = self.fp8_activations;
@@ -451,6 +453,9 @@ impl CpuBackend {
         }
         let h = sized(&mut ws.h, r * hidden);
         rms_norm(picked, &self.final_norm, eps, h);
+        if out == Out::Hidden {
+            return h.to_vec();
+        }
         let mut logits = vec![0f32; r * c.vocab_size]; // [R, vocab]
         let head = &self.weights.head().data;
         match &fast.head {

@@ -19,9 +19,9 @@
 //! [`ops::attention`]. Scratch memory O(T * max(intermediate, q_dim)).
 //! Every operation is the `ops` crate's (shared with the kernels' tests).
 
-use super::CpuBackend;
 use super::fast::product_input;
 use super::lora::delta;
+use super::{CpuBackend, Out};
 use checkpoint::weights::Extra as X;
 use contract::backend::StepBatch;
 use contract::lora::LoraTarget as L;
@@ -33,8 +33,9 @@ use ops::{AttnDims, ScoreRule};
 
 impl CpuBackend {
     /// Runs `batch` (already validated) and returns the logits of token rows
-    /// `rows`, `[rows.len(), vocab]` row-major.
-    pub(super) fn forward(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
+    /// `rows`, `[rows.len(), vocab]` row-major (or with [`Out::Hidden`]
+    /// their final-normed hidden states, `[rows.len(), hidden]`).
+    pub(super) fn forward(&mut self, batch: &StepBatch, rows: &[usize], out: Out) -> Vec<f32> {
         let c = &self.config;
         let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let dims = AttnDims {
@@ -121,6 +122,9 @@ impl CpuBackend {
         // [R, hidden] only the rows whose logits are wanted
         let picked = gather_rows(&x, rows, hidden);
         let h = rms_norm(&picked, &self.final_norm, eps);
+        if out == Out::Hidden {
+            return h;
+        }
         let mut logits = matmul_bf16(&h, &self.weights.head().data, hidden, c.vocab_size); // [R, vocab]
         if let Some(cap) = spec.final_logit_softcap {
             softcap(&mut logits, cap as f32);

@@ -25,6 +25,7 @@
 //! gate/up products over weights packed once at construction, a blocked
 //! GEMM for prefill and reused activation buffers (see `fast`). Logits are computed only for sampled rows (or the rows
 //! [`Backend::logits`] asks for); sampling is [`ops::sampling::sample`].
+//! [`Backend::hidden`] runs the same pass and stops after the final norm.
 //!
 //! Both paths run the layer the model's spec describes (`layer`: biases,
 //! QK-norm, norm-gain offset, activation, output norms, embedding scale,
@@ -91,6 +92,15 @@ pub enum CpuPath {
     /// The `cpu-kernels` operations: the same arithmetic, reordered sums,
     /// run-time SIMD, fused projections, no per-step buffers.
     Fast,
+}
+
+/// What a forward pass returns for its output rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// `[R, vocab]`: the LM head's logits (soft-capped where the spec says).
+    Logits,
+    /// `[R, hidden]`: the hidden states after the final norm.
+    Hidden,
 }
 
 /// The CPU backend (see the module doc).
@@ -294,17 +304,18 @@ impl CpuBackend {
         }
     }
 
-    /// The step's logits of token rows `rows` on this backend's path.
-    fn run(&mut self, batch: &StepBatch, rows: &[usize]) -> Vec<f32> {
+    /// The step's logits (or hidden states, per `out`) of token rows
+    /// `rows` on this backend's path.
+    fn run(&mut self, batch: &StepBatch, rows: &[usize], out: Out) -> Vec<f32> {
         match self.fast.take() {
             Some(fast) => {
                 // the whole step on a pool thread: the products' parallel
                 // loops then split work without a cold hand-off each
-                let logits = rayon::scope(|_| self.forward_fast(&fast, batch, rows));
+                let logits = rayon::scope(|_| self.forward_fast(&fast, batch, rows, out));
                 self.fast = Some(fast);
                 logits
             }
-            None => self.forward(batch, rows),
+            None => self.forward(batch, rows, out),
         }
     }
 
@@ -370,7 +381,7 @@ impl contract::HostCompute for CpuBackend {
             .flat_map(|s| batch.sampled_rows(s).map(move |r| (s, r)))
             .collect();
         let rows: Vec<usize> = sampled.iter().map(|&(_, r)| r).collect();
-        let logits = self.run(batch, &rows); // [R, vocab]
+        let logits = self.run(batch, &rows, Out::Logits); // [R, vocab]
         let vocab = self.config.vocab_size;
         let tokens: Vec<(usize, SampledToken)> = sampled
             .par_iter()
@@ -422,15 +433,15 @@ impl contract::HostCompute for CpuBackend {
     }
 
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        contract::check_idle(self.pipe.in_flight(), "a logits call")?;
+        contract::check_rows_call(self.pipe.in_flight(), batch, rows, "a logits call")?;
         self.check_batch(batch)?;
-        let t = batch.num_tokens();
-        if let Some(r) = rows.iter().find(|&&r| r >= t) {
-            return Err(BackendError::InvalidBatch(format!(
-                "logits row {r} outside the step's {t} tokens"
-            )));
-        }
-        Ok(self.run(batch, rows))
+        Ok(self.run(batch, rows, Out::Logits))
+    }
+
+    fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        contract::check_rows_call(self.pipe.in_flight(), batch, rows, "a hidden-state call")?;
+        self.check_batch(batch)?;
+        Ok(self.run(batch, rows, Out::Hidden))
     }
 }
 

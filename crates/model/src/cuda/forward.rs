@@ -17,7 +17,9 @@
 //!   6 kernels), the last one on the sampled rows alone when pruned; the
 //!   spec's biases, QK-norm and activation where the layer has them (the
 //!   only layer a spec other than Llama's runs: see `check_spec`);
-//! - then the final norm, the LM head on the sampled rows, and sampling.
+//! - then the final norm, the LM head on the sampled rows, and sampling
+//!   (or, for hidden states, the final norm of every row and nothing after:
+//!   [`Exec::enqueue_hidden`]).
 
 use gpu::{DevSlice, GemmDims};
 use half::bf16;
@@ -573,10 +575,33 @@ impl<'a> Exec<'a> {
         r.map_err(ke("attention"))
     }
 
-    /// The final norm and the LM head on the rows to sample, into `logits`.
-    fn final_norm_and_head(&self, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+    /// Enqueues the forward pass of the step staged at `lay` up to the
+    /// final norm: `xn` then holds the `[T, hidden]` normed hidden states
+    /// (what embeddings pool). `plan` must keep every row (no pruning,
+    /// [`HeadIn::InPlace`]: identity rows, as many as tokens).
+    pub(super) fn enqueue_hidden(&self, lay: &Layout, plan: &StepPlan) -> Result<(), BackendError> {
+        if plan.prune_last || plan.head_in != HeadIn::InPlace || plan.r != plan.t {
+            return Err(BackendError::InvalidBatch(format!(
+                "hidden states need every row of the step: {} rows of {} tokens",
+                plan.r, plan.t
+            )));
+        }
+        let io = self.staged(lay)?;
+        self.embed(&io, plan)?;
+        let last = self.model.w.layers.len().saturating_sub(1);
+        for (l, layer) in self.model.w.layers.iter().enumerate() {
+            match plan.proj {
+                Proj::Gemv => self.gemv_layer(l, layer, &io, plan)?,
+                Proj::Gemm => self.gemm_layer(l, layer, &io, plan, l == last)?,
+            }
+        }
+        self.final_norm(plan)
+    }
+
+    /// The final norm of the rows the last layer kept, into `xn`.
+    fn final_norm(&self, plan: &StepPlan) -> Result<(), BackendError> {
         let (c, ws) = (&self.config, &self.ws);
-        let (h, v, r, t) = (c.hidden_size, c.vocab_size, plan.r, plan.t);
+        let (h, r, t) = (c.hidden_size, plan.r, plan.t);
         let (resid, rows) = match plan.prune_last {
             true => (ws.work.view().sub(0, r * h).map_err(ge("row views"))?, r),
             false => (ws.x.view(), t),
@@ -595,7 +620,14 @@ impl<'a> Exec<'a> {
                 c.rms_norm_eps,
                 c.spec.norm_weight_offset,
             )
-            .map_err(ke("final norm"))?;
+            .map_err(ke("final norm"))
+    }
+
+    /// The final norm and the LM head on the rows to sample, into `logits`.
+    fn final_norm_and_head(&self, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+        let (c, ws) = (&self.config, &self.ws);
+        let (h, v, r, t) = (c.hidden_size, c.vocab_size, plan.r, plan.t);
+        self.final_norm(plan)?;
         let head_in = match plan.head_in {
             HeadIn::InPlace => ws.xn.view(),
             HeadIn::Gather => {

@@ -8,7 +8,8 @@
 //! Weights are uploaded once as bf16 (Q/K/V and gate/up fused, tied head =
 //! embedding); the KV pool is bf16 on the device, or FP8 e4m3 at the
 //! checkpoint's per-layer K/V scales (`CudaOptions::kv_cache_dtype`). Logits are computed only
-//! for the rows that are sampled (gathered before the LM head), and sampling
+//! for the rows that are sampled (gathered before the LM head;
+//! [`Backend::hidden`] stops at the final norm of every row instead), and sampling
 //! runs on the GPU with the procedure of [`contract::sampling`]. A pure-decode
 //! step is replayed from a CUDA graph captured once per bucket of batch size
 //! (powers of two up to [`MAX_GRAPH_BATCH`]) and block-table row length
@@ -64,7 +65,7 @@ use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 use checkpoint::quantized::QuantWeights;
 use checkpoint::weights::ModelWeights;
 use contract::backend::{
-    Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_idle,
+    Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_rows_call,
 };
 use contract::config::{KvCacheDtype, ModelConfig};
 pub(crate) use errors::dev_err;
@@ -519,20 +520,26 @@ impl Backend for CudaBackend {
         self.lora.set(&self.gpu, slot, adapter.as_deref())
     }
 
-    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        check_idle(self.pipe.in_flight(), "a logits call")?;
+    /// Every row runs to the final norm (no pruning; the bf16 `xn` rows
+    /// are read back and the asked ones widened to f32).
+    fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        check_rows_call(self.pipe.in_flight(), batch, rows, "a hidden-state call")?;
         self.check_batch(batch)?;
-        if !batch.carried.is_empty() {
-            return Err(BackendError::InvalidBatch(
-                "a logits call cannot carry tokens from a launched step".into(),
-            ));
+        self.run_hidden(batch)?;
+        let h = self.config.hidden_size;
+        let n = batch.num_tokens() * h;
+        let view = (self.ws.xn.slice(0..n)).map_err(|e| dev_err("reading hidden states", e))?;
+        let all = (self.gpu.to_host(view)).map_err(|e| dev_err("reading hidden states", e))?;
+        let mut out = Vec::with_capacity(rows.len() * h);
+        for &r in rows {
+            out.extend(all[r * h..(r + 1) * h].iter().map(|v| v.to_f32()));
         }
-        let t = batch.num_tokens();
-        if let Some(r) = rows.iter().find(|&&r| r >= t) {
-            return Err(BackendError::InvalidBatch(format!(
-                "logits row {r} is outside the step's {t} tokens"
-            )));
-        }
+        Ok(out)
+    }
+
+    fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        check_rows_call(self.pipe.in_flight(), batch, rows, "a logits call")?;
+        self.check_batch(batch)?;
         let greedy = [SampleParams::greedy()];
         if rows.is_empty() {
             self.run_eager(batch, &[0], &run::Sampling::none(&greedy), &[])?;

@@ -72,6 +72,42 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// Stages and enqueues `batch` up to the final norm of every token
+    /// row, without a graph, the LM head or sampling; the normed rows stay
+    /// in the workspace's `xn` (`[T, hidden]` bf16). The workspace grows
+    /// for the tokens only: no logits rows.
+    pub(super) fn run_hidden(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        let (t, s) = (batch.num_tokens(), batch.num_seqs());
+        let rows: Vec<u32> = (0..t as u32).collect();
+        let params = vec![SampleParams::greedy(); t];
+        let lay = Layout::new(t, s, batch.max_blocks, t, 0);
+        let kind = step_kind(batch);
+        self.ensure(Caps {
+            tokens: t,
+            rows: 1,
+            decode_seqs: match kind {
+                StepKind::Decode => s,
+                _ if self.tuning.deterministic => t,
+                _ => 1,
+            },
+            meta: lay.total,
+        })?;
+        self.stage(&lay, batch, &rows, &params, &[], &[], false)?;
+        let shape = StepShape {
+            t,
+            s,
+            r: t,
+            max_blocks: batch.max_blocks,
+            kind,
+            identity_rows: true,
+            lora: has_lora(batch),
+        };
+        let plan = StepPlan::new(&self.tuning, &self.k, shape);
+        self.exec().enqueue_hidden(&lay, &plan)
+    }
+}
+
 /// What a step samples: the settings of its sampler rows, their history
 /// words, the history capacity to lay out (at least `hist.len()`; a held
 /// step reserves its masks' words) and whether the sampler runs with the

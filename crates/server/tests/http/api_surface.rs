@@ -16,7 +16,7 @@ use super::*;
 
 /// Every route the router serves: the test fails when one is added without
 /// being documented, or documented without being served.
-const ROUTES: [(&str, &str); 22] = [
+const ROUTES: [(&str, &str); 23] = [
     ("GET", "/"),
     ("GET", "/health"),
     ("GET", "/version"),
@@ -32,6 +32,7 @@ const ROUTES: [(&str, &str); 22] = [
     ("DELETE", "/v1/responses/{id}"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{id}"),
+    ("POST", "/v1/embeddings"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("POST", "/v1/load_lora_adapter"),
@@ -98,6 +99,8 @@ async fn openapi_document_lists_every_route_and_is_valid() {
         "ChatCompletion",
         "TextCompletion",
         "DetokenizeRequest",
+        "EmbeddingRequest",
+        "EmbeddingList",
         "ModelList",
         "ErrorBody",
     ] {

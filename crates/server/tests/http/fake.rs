@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use contract::presets::Preset;
 use contract::{BackendError, HostPipeline, KvShape, ModelConfig, SampledToken, StepBatch};
+use engine::testing::fake_hidden;
 use engine::{Engine, EngineConfig};
 use tokenizer::Tokenizer;
 use tokenizer::byte_level::{tokenizer_config_json, tokenizer_json};
@@ -98,6 +99,25 @@ impl contract::HostCompute for LetterBackend {
 
     fn logits(&mut self, _batch: &StepBatch, _rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         Err(BackendError::Device("the letter fake has no logits".into()))
+    }
+
+    /// A row's state is `fake_hidden` of its (token, position): the same
+    /// however the row is batched.
+    fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        contract::check_rows_call(0, batch, rows, "a hidden-state call")?;
+        batch.validate(self.shape.num_blocks, self.shape.block_size)?;
+        if let Some(bad) = self.fail_on
+            && batch.tokens.contains(&bad)
+        {
+            return Err(BackendError::Device(format!(
+                "injected device fault on token {bad}"
+            )));
+        }
+        let h = self.config.hidden_size;
+        Ok(rows
+            .iter()
+            .flat_map(|&r| fake_hidden(&[batch.tokens[r], batch.positions[r]], h))
+            .collect())
     }
 }
 

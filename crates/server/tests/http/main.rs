@@ -7,6 +7,7 @@ mod abuse;
 mod agents;
 mod api_surface;
 mod cross_site;
+mod embeddings;
 mod errors;
 mod fake;
 mod fuzz;

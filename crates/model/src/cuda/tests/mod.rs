@@ -15,6 +15,7 @@ use super::*;
 mod det;
 mod fp8;
 mod gguf_blocks;
+mod hidden;
 mod kv;
 mod llama;
 mod lora;
