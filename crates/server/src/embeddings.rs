@@ -186,7 +186,11 @@ async fn tokenize(
         for (i, text) in texts.into_iter().enumerate() {
             let param = input_param(single, i);
             let add_special = true;
-            out.push(encode_now(&lease, Input::Text { text, add_special }, &param)?);
+            out.push(encode_now(
+                &lease,
+                Input::Text { text, add_special },
+                &param,
+            )?);
         }
         Ok(out)
     };

@@ -500,11 +500,11 @@ impl<'a> Exec<'a> {
         let kv = self.model.cache.layer(l);
         let (q, out) = (ws.qkv.view(), ws.attn.view());
         let (cu, ctx, tables) = (io.cu_seqlens, io.ctx, io.tables);
+        let rule = ScoreRule::of(&self.config.spec.layers[l].attention);
         // SAFETY: (every arm) check_batch verified contexts <= the RoPE table,
         // tables inside the pool (padding points at the scratch block), and
         // every position up to each context was written by this or an earlier
         // step; a decode step's cu_seqlens are 0..=S (staged).
-        let rule = ScoreRule::of(&self.config.spec.layers[l].attention);
         let r = unsafe {
             match plan.attn.for_layer(rule) {
                 AttnPlan::Decode(p) => self.k.decode_attention(
