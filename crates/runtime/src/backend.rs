@@ -67,7 +67,7 @@ pub(crate) fn open_backend(
                 weights.into_owned(),
                 kv,
                 opts.cpu.path,
-                cpu_weights.clone(),
+                *cpu_weights,
             )?
             .with_kv_cache_dtype(opts.kv.dtype)
             .with_max_loras(opts.lora.slots())

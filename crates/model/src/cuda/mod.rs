@@ -301,7 +301,7 @@ impl CudaBackend {
         let sms = gpu
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
-        let format = weights::projection_format(weights);
+        let format = weights::projection_format(weights)?;
         let mut tuning = tuning(&config, kv, &opts, sms, format)?;
         let lora = lora::LoraPool::new(&gpu, &config, opts.max_loras, opts.max_lora_rank)?;
         if opts.max_loras > 0 {

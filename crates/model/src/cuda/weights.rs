@@ -1,10 +1,12 @@
 //! Weights and KV pool on the device.
 //!
 //! Contract: every tensor is uploaded once and checked against the config
-//! first (the error names the tensor): bf16, except the projections of a
-//! model with FP8 weights (`ModelWeights::fp8`), which go up as e4m3 bytes
-//! with one f32 scale per row; each projection is a [`Projection`], the
-//! `linear` implementation of its weight format. Q/K/V are fused into one
+//! first (the error names the tensor): bf16, each projection in its stored
+//! format ([`checkpoint::Projection`]: BF16, or FP8 as e4m3 bytes with one
+//! f32 scale per row) as a [`Projection`], the `linear` implementation of
+//! that format, made in [`linear_of`] (the upload's one match on the
+//! stored formats; a format CUDA does not run, ggml blocks, is refused
+//! naming the tensor). Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
 //! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`,
@@ -26,7 +28,7 @@ use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
 use kernels::gemv::{GemvWeights, WeightFormat};
 
-use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
+use checkpoint::projection::Projection as Stored;
 use checkpoint::weights::{Extra, LayerWeights, ModelWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
 use contract::config::{KvCacheDtype, KvScales, ModelConfig};
@@ -122,52 +124,82 @@ fn upload(gpu: &Gpu, t: &Tensor, shape: &[usize]) -> Result<DeviceBuffer<bf16>, 
         .map_err(|e| dev_err(&format!("uploading {}", t.name), e))
 }
 
-/// The weight format the projections of `w` go up in (see
-/// [`upload_projections`]).
-pub(super) fn projection_format(w: &ModelWeights) -> WeightFormat {
-    match w.fp8 {
-        Some(_) => WeightFormat::Fp8Row,
-        None => WeightFormat::Bf16,
+/// The refusal of a projection stored in a format CUDA does not run.
+fn unsupported(p: &Stored) -> BackendError {
+    let e = p.refuse("the CUDA backend (run ggml blocks with `--device cpu`)");
+    BackendError::Device(format!("cuda: {e}"))
+}
+
+/// The GEMV kernels' format of the layer projections of `w` (the first
+/// one's; [`linear_of`] holds every fused projection to one format), for
+/// the plan's tuning before the upload.
+pub(super) fn projection_format(w: &ModelWeights) -> Result<WeightFormat, BackendError> {
+    match w.layers.first().map(|l| &l.q_proj) {
+        None | Some(Stored::Bf16(_)) => Ok(WeightFormat::Bf16),
+        Some(Stored::Fp8(_)) => Ok(WeightFormat::Fp8Row),
+        Some(p @ Stored::Blocks(_)) => Err(unsupported(p)),
     }
 }
 
-/// The four fused projections of layer `l`: from its FP8 copy when the
-/// model has one, else bf16.
+/// The stored projections `parts`, each checked against its `[out, in]`,
+/// row-stacked into one device projection of their format; parts of
+/// different formats are refused naming them.
+fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, BackendError> {
+    let Some(&(first, _)) = parts.first() else {
+        return Err(BackendError::Device("cuda: an empty projection".into()));
+    };
+    for (p, want) in parts {
+        p.check(*want)
+            .map_err(|e| BackendError::Device(format!("cuda: {e}")))?;
+        if p.format() != first.format() {
+            return Err(BackendError::Device(format!(
+                "cuda: tensor `{}` is stored as {} beside `{}` as {}; a fused projection runs one format",
+                p.name(),
+                p.format(),
+                first.name(),
+                first.format()
+            )));
+        }
+    }
+    // the upload's one match on the stored formats (all parts share one)
+    Ok(match first {
+        Stored::Bf16(_) => {
+            let ts: Vec<&Tensor> = parts.iter().filter_map(|(p, _)| p.as_bf16()).collect();
+            Box::new(Bf16Linear::upload(gpu, &ts)?)
+        }
+        Stored::Fp8(_) => {
+            let fs: Vec<_> = (parts.iter())
+                .filter_map(|(p, _)| match p {
+                    Stored::Fp8(f) => Some(f),
+                    _ => None,
+                })
+                .collect();
+            Box::new(Fp8RowLinear::upload(gpu, &fs)?)
+        }
+        Stored::Blocks(_) => return Err(unsupported(first)),
+    })
+}
+
+/// The four fused projections of layer `l`.
 fn upload_projections(
     gpu: &Gpu,
     c: &ModelConfig,
-    l: &checkpoint::weights::LayerWeights,
-    f: Option<&Fp8Layer>,
+    l: &LayerWeights,
 ) -> Result<[Projection; 4], BackendError> {
     let (h, i) = (c.hidden_size, c.intermediate_size);
     let (q, kv) = (c.q_dim(), c.kv_dim());
-    if let Some(f) = f {
-        let up = |parts: &[(&Fp8Tensor, &[usize])]| -> Result<Projection, BackendError> {
-            Ok(Box::new(Fp8RowLinear::upload(gpu, parts)?))
-        };
-        return Ok([
-            up(&[
-                (&f.q_proj, &[q, h]),
-                (&f.k_proj, &[kv, h]),
-                (&f.v_proj, &[kv, h]),
-            ])?,
-            up(&[(&f.o_proj, &[h, q])])?,
-            up(&[(&f.gate_proj, &[i, h]), (&f.up_proj, &[i, h])])?,
-            up(&[(&f.down_proj, &[h, i])])?,
-        ]);
-    }
-    let up = |parts: &[(&Tensor, &[usize])]| -> Result<Projection, BackendError> {
-        Ok(Box::new(Bf16Linear::upload(gpu, parts)?))
-    };
     Ok([
-        up(&[
-            (&l.q_proj, &[q, h]),
-            (&l.k_proj, &[kv, h]),
-            (&l.v_proj, &[kv, h]),
-        ])?,
-        up(&[(&l.o_proj, &[h, q])])?,
-        up(&[(&l.gate_proj, &[i, h]), (&l.up_proj, &[i, h])])?,
-        up(&[(&l.down_proj, &[h, i])])?,
+        linear_of(
+            gpu,
+            &[
+                (&l.q_proj, [q, h]),
+                (&l.k_proj, [kv, h]),
+                (&l.v_proj, [kv, h]),
+            ],
+        )?,
+        linear_of(gpu, &[(&l.o_proj, [h, q])])?,
+        linear_of(gpu, &[(&l.gate_proj, [i, h]), (&l.up_proj, [i, h])])?,
+        linear_of(gpu, &[(&l.down_proj, [h, i])])?,
     ])
 }
 
@@ -191,20 +223,11 @@ fn upload_weights(
         c.num_layers as u64 + 1,
         0,
     );
-    let fp8 = w.fp8.as_ref().map(|f| &f.layers);
-    if let Some(f) = fp8
-        && f.len() != c.num_layers
-    {
-        return Err(BackendError::Device(format!(
-            "cuda: FP8 weights hold {} layers, config.num_hidden_layers is {}",
-            f.len(),
-            c.num_layers
-        )));
-    }
+    let fp8 = |p: &Stored| matches!(p, Stored::Fp8(_));
     let mut layers = Vec::with_capacity(c.num_layers);
-    for (n, l) in w.layers.iter().enumerate() {
+    for l in &w.layers {
         progress.inc(1);
-        let [qkv, o, gate_up, down] = upload_projections(gpu, c, l, fp8.map(|f| &f[n]))?;
+        let [qkv, o, gate_up, down] = upload_projections(gpu, c, l)?;
         layers.push(DeviceLayer {
             input_norm: upload(gpu, &l.input_norm, &[h])?,
             post_norm: upload(gpu, &l.post_norm, &[h])?,
@@ -215,36 +238,30 @@ fn upload_weights(
             extras: upload_extras(gpu, l)?,
         });
     }
-    let head8 = w.fp8.as_ref().and_then(|f| f.lm_head.as_ref());
+    let head8 = w.lm_head.as_ref().is_some_and(fp8);
     // rows * k of the largest fused projection (the LM head's when in FP8)
     let widest = [
         (c.q_dim() + 2 * c.kv_dim()) * h,
         h * c.q_dim(),
         2 * i * h,
         h * i,
-        head8.map_or(0, |_| v * h),
+        if head8 { v * h } else { 0 },
     ]
     .into_iter()
     .max()
     .unwrap_or(0);
-    let widened = match fp8 {
-        Some(_) => Some(
+    let widened = match w.projections().into_iter().any(fp8) {
+        true => Some(
             gpu.alloc::<bf16>(widest)
                 .map_err(|e| dev_err("allocating the widened FP8 projection", e))?,
         ),
-        None => None,
+        false => None,
     };
     let out = DeviceWeights {
         embed: upload(gpu, &w.embed, &[v, h])?,
-        lm_head: match (head8, &w.lm_head) {
-            (Some(f), _) => {
-                Some(Box::new(Fp8RowLinear::upload(gpu, &[(f, &[v, h])])?) as Projection)
-            }
-            (None, Some(t)) => {
-                Some(Box::new(Bf16Linear::upload(gpu, &[(t, &[v, h])])?) as Projection)
-            }
-            (None, None) => None,
-        },
+        lm_head: (w.lm_head.as_ref())
+            .map(|p| linear_of(gpu, &[(p, [v, h])]))
+            .transpose()?,
         norm: upload(gpu, &w.norm, &[h])?,
         layers,
         widened,
