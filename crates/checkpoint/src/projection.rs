@@ -174,16 +174,12 @@ impl Projection {
     /// BF16, else decoded.
     pub fn dense(&self) -> Result<Cow<'_, Tensor>, FormatError> {
         let [n, k] = self.shape();
-        let data = match self {
-            Projection::Bf16(t) => return Ok(Cow::Borrowed(t)),
-            Projection::Fp8(t) => ops::fp8::dequantize_rows(&t.data, &t.scale, k)
-                .into_par_iter()
-                .map(bf16::from_f32)
-                .collect(),
-            Projection::Blocks(_) => (self.to_f32_rows()?.into_par_iter())
-                .map(bf16::from_f32)
-                .collect(),
-        };
+        if let Projection::Bf16(t) = self {
+            return Ok(Cow::Borrowed(t));
+        }
+        let data = (self.to_f32_rows()?.into_par_iter())
+            .map(bf16::from_f32)
+            .collect();
         Ok(Cow::Owned(Tensor {
             name: self.name().to_string(),
             shape: vec![n, k],

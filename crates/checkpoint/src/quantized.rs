@@ -46,7 +46,8 @@ pub struct QuantTensor {
 
 /// Replaces the projections of `weights` (the model `cfg` the store
 /// imported from the GGUF at `path`) that the GGUF holds in a type of
-/// `keep` by their blocks (see the module doc); returns how many.
+/// `keep` by their blocks (see the module doc); returns how many. On an
+/// error some may be replaced already: the caller drops `weights`.
 pub fn keep_blocks(
     path: &Path,
     cfg: &ModelConfig,

@@ -6,7 +6,8 @@
 //! f32 scale per row) as a [`Projection`], the `linear` implementation of
 //! that format, made in [`linear_of`] (the upload's one match on the
 //! stored formats; a format CUDA does not run, ggml blocks, is refused
-//! naming the tensor). Q/K/V are fused into one
+//! naming the tensor; parts of different formats in one fused projection
+//! go up as their BF16 values). Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
 //! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`,
@@ -131,8 +132,7 @@ fn unsupported(p: &Stored) -> BackendError {
 }
 
 /// The GEMV kernels' format of the layer projections of `w` (the first
-/// one's; [`linear_of`] holds every fused projection to one format), for
-/// the plan's tuning before the upload.
+/// one's), for the plan's tuning before the upload.
 pub(super) fn projection_format(w: &ModelWeights) -> Result<WeightFormat, BackendError> {
     match w.layers.first().map(|l| &l.q_proj) {
         None | Some(Stored::Bf16(_)) => Ok(WeightFormat::Bf16),
@@ -143,23 +143,22 @@ pub(super) fn projection_format(w: &ModelWeights) -> Result<WeightFormat, Backen
 
 /// The stored projections `parts`, each checked against its `[out, in]`,
 /// row-stacked into one device projection of their format; parts of
-/// different formats are refused naming them.
+/// different formats (a Q4_K_M file's Q4_K Q and K beside a Q6_K V) go up
+/// as their BF16 values, widened here one fused projection at a time.
 fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, BackendError> {
     let Some(&(first, _)) = parts.first() else {
         return Err(BackendError::Device("cuda: an empty projection".into()));
     };
+    let err = |e: checkpoint::FormatError| BackendError::Device(format!("cuda: {e}"));
     for (p, want) in parts {
-        p.check(*want)
-            .map_err(|e| BackendError::Device(format!("cuda: {e}")))?;
-        if p.format() != first.format() {
-            return Err(BackendError::Device(format!(
-                "cuda: tensor `{}` is stored as {} beside `{}` as {}; a fused projection runs one format",
-                p.name(),
-                p.format(),
-                first.name(),
-                first.format()
-            )));
-        }
+        p.check(*want).map_err(err)?;
+    }
+    if parts.iter().any(|(p, _)| p.format() != first.format()) {
+        let dense = (parts.iter())
+            .map(|(p, _)| p.dense().map_err(err))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ts: Vec<&Tensor> = dense.iter().map(|t| t.as_ref()).collect();
+        return Ok(Box::new(Bf16Linear::upload(gpu, &ts)?));
     }
     // the upload's one match on the stored formats (all parts share one)
     Ok(match first {
