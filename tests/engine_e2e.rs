@@ -277,14 +277,14 @@ fn collapsed_logits_end_requests_with_an_error_on_every_cpu_path() {
     let dir = model_dir();
     let loaded = checkpoint::loader::load_config(dir).expect("config");
     let formats = [
-        (CpuPath::Reference, CpuWeights::Bf16),
-        (CpuPath::Fast, CpuWeights::Bf16),
+        (CpuPath::Reference, CpuWeights::Stored),
+        (CpuPath::Fast, CpuWeights::Stored),
         (CpuPath::Fast, CpuWeights::Quantize(QuantType::Q8_0)),
         (CpuPath::Fast, CpuWeights::Quantize(QuantType::Q4_1)),
     ];
     for (path, format) in formats {
-        let name = format.describe();
         let mut weights = checkpoint::loader::load_weights(dir, &loaded.config).expect("weights");
+        let name = format.describe(&weights);
         weights.norm.data.fill(half::bf16::ZERO);
         let kv = KvShape {
             num_blocks: 32,

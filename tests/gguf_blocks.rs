@@ -3,7 +3,7 @@
 //! 256) whose layer 0 is a Q4_K_M-like mix (Q4_K Q, K, O, gate and up; Q6_K
 //! V, down and head) and whose layer 1 mixes other types with a Q4_1 down
 //! projection; the store imports it (BF16 copies of the dequantised
-//! tensors), and `load_quantized` keeps the Q4_K, Q6_K and Q4_1 blocks.
+//! tensors), and `keep_blocks` keeps the Q4_K, Q6_K and Q4_1 blocks.
 //!
 //! Contract: the fast path on those blocks (`--dtype auto`) gives
 //! log-probabilities within [`MAX_LOGPROB_DIFF`] of an f64 forward pass over the `gguf` package's
@@ -19,11 +19,10 @@
 //! Needs `python3` with `gguf` importable (`cargo xtask test` installs it).
 
 use checkpoint::loader::load_config;
-use checkpoint::quantized::load_quantized;
 use contract::Backend;
 use lamina_tests::log_softmax;
+use model::cpu::CpuBackend;
 use model::cpu::batch::{SeqChunk, build_step};
-use model::cpu::{CpuBackend, KEPT_GGML_TYPES};
 use model::exact::{ExactWeights, forward};
 use std::path::Path;
 use std::process::Command;
@@ -109,18 +108,14 @@ fn k_type_and_q4_1_blocks_of_a_gguf_match_the_exact_pass() {
     let store = checkpoint::store::Store::new(dir.path().join("store"));
     let (_, model) = store.import_gguf(&gguf).unwrap_or_else(|e| panic!("{e}"));
     let cfg = load_config(&model).unwrap_or_else(|e| panic!("{e}")).config;
-    let blocks = load_quantized(&gguf, &cfg, &KEPT_GGML_TYPES).unwrap_or_else(|e| panic!("{e}"));
-    let kept: Vec<String> = blocks
-        .tensors()
-        .map(|t| format!("{} {}", t.name, t.ty))
-        .collect();
+    let weights = lamina_tests::weights_with_blocks(&model, &gguf, &cfg);
+    let kept = lamina_tests::kept_blocks(&weights);
     // Q4_K: layer 0's Q, K, O, gate, up; Q6_K: its V and down and the
     // head; Q4_1: layer 1's down (layer 1's other types run BF16)
     assert_eq!(kept.len(), 9, "{kept:?}");
     assert_eq!(kept.iter().filter(|k| k.ends_with("Q4_K")).count(), 5);
     assert_eq!(kept.iter().filter(|k| k.ends_with("Q6_K")).count(), 3);
-    let mut fast =
-        lamina_tests::fast_blocks_backend(&model, &cfg, blocks, TOKENS.len(), BLOCK_SIZE);
+    let mut fast = lamina_tests::fast_blocks_backend(&cfg, weights, TOKENS.len(), BLOCK_SIZE);
     // layer 0's Q/K/V is a stack (Q and K Q4_K, V Q6_K); O and gate/up
     // run Q4_K, its down Q6_K, layer 1's down Q4_1, the head Q6_K
     assert!(fast.name().contains("Q4_1+Q4_K+Q6_K"), "{}", fast.name());

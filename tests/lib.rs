@@ -8,17 +8,38 @@ pub fn log_softmax(z: impl IntoIterator<Item = f64>) -> Vec<f64> {
     z.into_iter().map(|v| v - lse).collect()
 }
 
-/// The fast CPU backend over the weights in `dir` with `blocks` kept as
-/// they are, its KV pool sized for one sequence of `tokens` tokens in
-/// blocks of `block_size`.
-pub fn fast_blocks_backend(
+/// The weights in `dir` (the store's import of the GGUF at `gguf`) with
+/// the projections the GGUF holds in blocks the CPU multiplies kept as
+/// those blocks (`checkpoint::quantized::keep_blocks`).
+pub fn weights_with_blocks(
     dir: &std::path::Path,
+    gguf: &std::path::Path,
     cfg: &contract::ModelConfig,
-    blocks: checkpoint::quantized::QuantWeights,
+) -> checkpoint::ModelWeights {
+    let mut w = checkpoint::loader::load_weights(dir, cfg).unwrap_or_else(|e| panic!("{e}"));
+    checkpoint::quantized::keep_blocks(gguf, cfg, &mut w, &model::cpu::KEPT_GGML_TYPES)
+        .unwrap_or_else(|e| panic!("{e}"));
+    w
+}
+
+/// `name type` of every projection of `w` held in ggml blocks.
+pub fn kept_blocks(w: &checkpoint::ModelWeights) -> Vec<String> {
+    (w.projections().into_iter())
+        .filter_map(|p| match p.format() {
+            checkpoint::Format::Ggml(ty) => Some(format!("{} {ty}", p.name())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The fast CPU backend over `weights` as stored, its KV pool sized for one
+/// sequence of `tokens` tokens in blocks of `block_size`.
+pub fn fast_blocks_backend(
+    cfg: &contract::ModelConfig,
+    weights: checkpoint::ModelWeights,
     tokens: usize,
     block_size: usize,
 ) -> model::cpu::CpuBackend {
-    let weights = checkpoint::loader::load_weights(dir, cfg).unwrap_or_else(|e| panic!("{e}"));
     let kv = contract::KvShape {
         num_blocks: tokens.div_ceil(block_size),
         block_size,
@@ -28,7 +49,7 @@ pub fn fast_blocks_backend(
         weights,
         kv,
         model::cpu::CpuPath::Fast,
-        model::cpu::CpuWeights::Blocks(blocks),
+        model::cpu::CpuWeights::Stored,
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }

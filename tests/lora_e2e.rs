@@ -102,6 +102,7 @@ fn check_merged(dir: &Path, prompt: &[u32], ads: &[Arc<LoraAdapter>], slots: &[u
     let v = c.vocab_size;
     let exact_of = |w: &checkpoint::ModelWeights| {
         ExactWeights::from_weights(w, |t| t.data.iter().map(|x| x.to_f32() as f64).collect())
+            .expect("projections decode")
     };
     let base = forward(&c, &exact_of(&weights), prompt);
     for (s, &slot) in slots.iter().enumerate() {

@@ -18,9 +18,7 @@
 //! over ~30 tokens of a 135M model.
 
 use checkpoint::loader::load_config;
-use checkpoint::quantized::load_quantized;
 use contract::Backend;
-use model::cpu::KEPT_GGML_TYPES;
 use model::cpu::batch::{SeqChunk, build_step};
 use serde::Deserialize;
 use std::path::Path;
@@ -69,16 +67,19 @@ fn smollm2_from_its_gguf_blocks_matches_the_oracle_teacher_forced() {
         .unwrap_or_else(|| panic!("{} names no source GGUF", dir.display()));
     let loaded = load_config(&dir).unwrap_or_else(|e| panic!("{e}"));
     let cfg = loaded.config;
-    let blocks = load_quantized(&gguf, &cfg, &KEPT_GGML_TYPES).unwrap_or_else(|e| panic!("{e}"));
+    let weights = lamina_tests::weights_with_blocks(&dir, &gguf, &cfg);
     // every projection kept in its blocks (the file is Q4_1 with a Q8_0 head)
-    assert_eq!(blocks.tensors().count(), 7 * cfg.num_layers + 1);
+    assert_eq!(
+        lamina_tests::kept_blocks(&weights).len(),
+        7 * cfg.num_layers + 1
+    );
     let longest = golden
         .cases
         .iter()
         .map(|c| c.tokens.len())
         .max()
         .unwrap_or(0);
-    let mut backend = lamina_tests::fast_blocks_backend(&dir, &cfg, blocks, longest, BLOCK_SIZE);
+    let mut backend = lamina_tests::fast_blocks_backend(&cfg, weights, longest, BLOCK_SIZE);
     assert!(backend.name().contains("Q4_1"), "{}", backend.name());
     let vocab = cfg.vocab_size;
     let table: Vec<u32> = (0..longest.div_ceil(BLOCK_SIZE) as u32).collect();

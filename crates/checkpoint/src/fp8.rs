@@ -22,18 +22,18 @@
 //! embedding, norms and LM head stay BF16. Scales are held per output row
 //! (`[out]`; a per-tensor scale is repeated).
 //!
-//! Each projection also keeps its dequantised values as the BF16 tensor of
-//! [`ModelWeights`] (`bf16(decode(q) * scale)`), which is what the CPU
-//! backend runs: one FP8 folder works on every backend.
+//! Each projection is held once, as [`Projection::Fp8`]; a consumer that
+//! runs BF16 (the CPU backend) widens it to `bf16(decode(q) * scale)`
+//! ([`Projection::dense`]): one FP8 folder works on every backend.
 //!
 //! A checkpoint may also carry the FP8 KV cache's scales, one per layer
 //! for K and V (`model.layers.N.self_attn.k_scale` / `v_scale`, described
 //! by compressed-tensors' `kv_cache_scheme`, which must then be 8-bit
 //! float): read into [`ModelWeights::kv_scales`], all layers or none.
 //!
-//! Costs: a pre-quantised projection is copied once (one byte per weight)
-//! and dequantised once; quantising at load is two passes over the BF16
-//! weights (`ops::fp8::quantize_rows`).
+//! Costs: a pre-quantised projection is copied once (one byte per weight);
+//! quantising at load is two passes over the BF16 weights
+//! (`ops::fp8::quantize_rows`), whose buffers are then dropped.
 
 mod convert;
 
@@ -52,6 +52,7 @@ use std::path::Path;
 use contract::KvScales;
 
 use crate::loader::LoadError;
+use crate::projection::Projection;
 use crate::weights::{ModelWeights, Tensor};
 
 /// One projection in FP8: `data` `[n, k]` e4m3 bits, `scale` `[n]`.
@@ -94,105 +95,52 @@ impl Fp8Tensor {
     }
 }
 
-/// The seven projections of one layer in FP8.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fp8Layer {
-    pub q_proj: Fp8Tensor,
-    pub k_proj: Fp8Tensor,
-    pub v_proj: Fp8Tensor,
-    pub o_proj: Fp8Tensor,
-    pub gate_proj: Fp8Tensor,
-    pub up_proj: Fp8Tensor,
-    pub down_proj: Fp8Tensor,
-}
-
-impl Fp8Layer {
-    /// The layer's seven projections, in checkpoint order.
-    pub fn projections(&self) -> [&Fp8Tensor; 7] {
-        [
-            &self.q_proj,
-            &self.k_proj,
-            &self.v_proj,
-            &self.o_proj,
-            &self.gate_proj,
-            &self.up_proj,
-            &self.down_proj,
-        ]
-    }
-}
-
-/// Where a model's FP8 weights came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fp8Source {
-    /// Quantised from BF16 at load (`--dtype fp8`).
-    Load,
-    /// A pre-quantised checkpoint.
-    Checkpoint(Fp8Layout),
-    /// Quantised with error compensation over calibration text (GPTQ:
-    /// `model::gptq`), to be written as a checkpoint.
-    Calibrated,
-}
-
-/// A model's projections in FP8.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fp8Weights {
-    pub layers: Vec<Fp8Layer>,
-    pub source: Fp8Source,
-    /// The LM head in FP8 (`--quantize-lm-head`; `[vocab, hidden]`), else
-    /// it stays BF16.
-    pub lm_head: Option<Fp8Tensor>,
-}
-
 impl ModelWeights {
-    /// Quantises every projection to FP8 per output row and replaces the
-    /// BF16 projections by their dequantised values, so every backend runs
-    /// the same weights. A model already in FP8 is left as it is.
+    /// Whether any layer projection is FP8.
+    pub fn is_fp8(&self) -> bool {
+        (self.layers.iter())
+            .flat_map(|l| l.projections())
+            .any(|p| matches!(p, Projection::Fp8(_)))
+    }
+
+    /// Quantises every BF16 projection of the layers to FP8 per output row
+    /// (`--dtype fp8`); projections in another format are left as they are.
     pub fn quantize_fp8(&mut self) {
-        if self.fp8.is_some() {
-            return;
-        }
-        let layers = self
-            .layers
-            .iter_mut()
-            .map(|l| {
-                let q = |t: &mut Tensor| {
-                    let f = Fp8Tensor::quantize(t);
-                    *t = f.dequantize();
-                    f
-                };
-                Fp8Layer {
-                    q_proj: q(&mut l.q_proj),
-                    k_proj: q(&mut l.k_proj),
-                    v_proj: q(&mut l.v_proj),
-                    o_proj: q(&mut l.o_proj),
-                    gate_proj: q(&mut l.gate_proj),
-                    up_proj: q(&mut l.up_proj),
-                    down_proj: q(&mut l.down_proj),
+        for l in &mut self.layers {
+            for p in l.projections_mut() {
+                if let Projection::Bf16(t) = p {
+                    *p = Projection::Fp8(Fp8Tensor::quantize(t));
                 }
-            })
-            .collect();
-        self.fp8 = Some(Fp8Weights {
-            layers,
-            source: Fp8Source::Load,
-            lm_head: None,
-        });
+            }
+        }
     }
 
     /// Quantises the LM head to FP8 per vocabulary row, as
-    /// [`ModelWeights::quantize_fp8`] does the projections: the head's BF16
-    /// values become the dequantised ones, so a head tied to the embedding
-    /// gets its own copy (the embedding stays exact). Needs FP8 projections
-    /// (`None` returned when the model has none); a head already in FP8 is
-    /// left as it is.
+    /// [`ModelWeights::quantize_fp8`] does the projections; a head tied to
+    /// the embedding gets its own FP8 copy (the embedding stays exact).
+    /// Needs FP8 projections (`None` returned when the model has none); a
+    /// head already in FP8 is left as it is. A head in ggml blocks is
+    /// quantised from its values.
     pub fn quantize_lm_head_fp8(&mut self) -> Option<()> {
-        let fp8 = self.fp8.as_mut()?;
-        if fp8.lm_head.is_none() {
-            let mut f = Fp8Tensor::quantize(self.lm_head.as_ref().unwrap_or(&self.embed));
+        if !self.is_fp8() {
+            return None;
+        }
+        if !matches!(self.lm_head, Some(Projection::Fp8(_))) {
+            let mut f = Fp8Tensor::quantize(self.head_dense().ok()?.as_ref());
             f.name = "lm_head.weight".into();
-            self.lm_head = Some(f.dequantize());
-            fp8.lm_head = Some(f);
+            self.lm_head = Some(Projection::Fp8(f));
         }
         Some(())
+    }
+
+    /// Widens every FP8 projection (the LM head too) to its BF16 values
+    /// ([`Projection::dense`]), for a model asked to run in BF16.
+    pub fn widen_fp8(&mut self) {
+        for p in self.projections_mut() {
+            if let Projection::Fp8(f) = p {
+                *p = Projection::Bf16(f.dequantize());
+            }
+        }
     }
 }
 

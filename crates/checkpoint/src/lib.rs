@@ -1,6 +1,7 @@
 //! checkpoint: model files. Reading user-named files safely ([`files`]),
 //! reading and checking safetensors into
-//! [`weights::ModelWeights`] ([`loader`]), GGUF reading and import to the
+//! [`weights::ModelWeights`] ([`loader`]), each projection a
+//! [`projection::Projection`] in its stored format (BF16, FP8, ggml blocks), GGUF reading and import to the
 //! Hugging Face layout ([`gguf`]), the model store with its pip and hub
 //! downloads ([`store`]) and deterministic synthetic models ([`synth`]).
 //!
@@ -13,9 +14,11 @@ pub mod gguf;
 pub mod loader;
 pub mod lora;
 pub mod progress;
+pub mod projection;
 pub mod quantized;
 pub mod store;
 pub mod synth;
 pub mod weights;
 
+pub use projection::{Format, FormatError, Projection};
 pub use weights::{LayerWeights, ModelWeights, Tensor};

@@ -11,7 +11,8 @@
 //! `model.safetensors` or from the shards listed in
 //! `model.safetensors.index.json`; BF16, F16 and F32 on disk are all converted
 //! to BF16; FP8 projections of a pre-quantised checkpoint are read with
-//! their scales ([`crate::fp8`]) and also kept dequantised. Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
+//! their scales ([`crate::fp8`]) and held as [`Projection::Fp8`] (those the
+//! checkpoint left in BF16 are quantised here). Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
 //! except layers past `num_hidden_layers` (a config that undercounts the
 //! file's layers is an error naming both).
 //! `lm_head.weight` is used whenever present; when absent the head is tied to
@@ -27,8 +28,8 @@ mod writer;
 
 pub use writer::{SafetensorsWriter, TensorSpec};
 
-use crate::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
 use crate::progress::{Progress, Unit};
+use crate::projection::Projection;
 use crate::weights::{Extra, LayerWeights, ModelWeights, Tensor, mlp_norm_suffix};
 use contract::config::{ConfigError, GenerationConfig, ModelConfig};
 use half::{bf16, f16};
@@ -119,6 +120,8 @@ pub enum LoadError {
     },
     #[error("tensor `{tensor}` not found in {path}")]
     MissingTensor { path: PathBuf, tensor: String },
+    #[error(transparent)]
+    Format(#[from] crate::projection::FormatError),
     #[error("tensor `{tensor}` in {path} has shape {found:?}, expected {expected:?}")]
     Shape {
         path: PathBuf,
@@ -300,13 +303,13 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
     };
     let scheme = crate::fp8::scheme_of(dir)?;
     // a projection: BF16 (or F16 / F32), or F8_E4M3 with its scales
-    let proj = |name: &str, shape: Vec<usize>| -> Result<(Tensor, Option<Fp8Tensor>), LoadError> {
+    let proj = |name: &str, shape: Vec<usize>| -> Result<Projection, LoadError> {
         let fp8_view = placement.get(name).and_then(|&i| {
             let v = parsed[i].tensor(name).ok()?;
             (v.dtype() == Dtype::F8_E4M3).then_some((i, v))
         });
         let Some((i, view)) = fp8_view else {
-            return Ok((get(name, shape)?, None));
+            return Ok(Projection::Bf16(get(name, shape)?));
         };
         progress.inc(1);
         let path = &shards[i].path;
@@ -330,54 +333,35 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
             parsed[j].tensor(n).ok()
         };
         let f = crate::fp8::read_projection(path, name, &view, scheme, sibling)?;
-        Ok((f.dequantize(), Some(f)))
+        Ok(Projection::Fp8(f))
     };
     let h = cfg.hidden_size;
     let embed = get("model.embed_tokens.weight", vec![cfg.vocab_size, h])?; // [vocab, hidden]
     let norm = get("model.norm.weight", vec![h])?; // [hidden]
     let lm_head = if placement.contains_key("lm_head.weight") || !cfg.tie_word_embeddings {
-        Some(get("lm_head.weight", vec![cfg.vocab_size, h])?) // [vocab, hidden]
+        Some(Projection::Bf16(get(
+            "lm_head.weight",
+            vec![cfg.vocab_size, h],
+        )?)) // [vocab, hidden]
     } else {
         None
     };
     let inter = cfg.intermediate_size;
-    let mut fp8_layers = Vec::new();
     let layers = (cfg.spec.layers.iter().enumerate())
         .map(|(i, ls)| {
             let p = format!("model.layers.{i}.");
             let t = |suffix: &str, shape: Vec<usize>| get(&format!("{p}{suffix}"), shape);
             let pr = |suffix: &str, shape: Vec<usize>| proj(&format!("{p}{suffix}"), shape);
-            let (q, fq) = pr("self_attn.q_proj.weight", vec![cfg.q_dim(), h])?;
-            let (k, fk) = pr("self_attn.k_proj.weight", vec![cfg.kv_dim(), h])?;
-            let (v, fv) = pr("self_attn.v_proj.weight", vec![cfg.kv_dim(), h])?;
-            let (o, fo) = pr("self_attn.o_proj.weight", vec![h, cfg.q_dim()])?;
-            let (g, fg) = pr("mlp.gate_proj.weight", vec![inter, h])?;
-            let (u, fu) = pr("mlp.up_proj.weight", vec![inter, h])?;
-            let (d, fd) = pr("mlp.down_proj.weight", vec![h, inter])?;
-            if scheme.is_some() {
-                // projections the checkpoint left in BF16 are quantised here
-                let f =
-                    |x: Option<Fp8Tensor>, t: &Tensor| x.unwrap_or_else(|| Fp8Tensor::quantize(t));
-                fp8_layers.push(Fp8Layer {
-                    q_proj: f(fq, &q),
-                    k_proj: f(fk, &k),
-                    v_proj: f(fv, &v),
-                    o_proj: f(fo, &o),
-                    gate_proj: f(fg, &g),
-                    up_proj: f(fu, &u),
-                    down_proj: f(fd, &d),
-                });
-            }
             Ok(LayerWeights {
                 input_norm: t("input_layernorm.weight", vec![h])?,
-                q_proj: q,
-                k_proj: k,
-                v_proj: v,
-                o_proj: o,
+                q_proj: pr("self_attn.q_proj.weight", vec![cfg.q_dim(), h])?,
+                k_proj: pr("self_attn.k_proj.weight", vec![cfg.kv_dim(), h])?,
+                v_proj: pr("self_attn.v_proj.weight", vec![cfg.kv_dim(), h])?,
+                o_proj: pr("self_attn.o_proj.weight", vec![h, cfg.q_dim()])?,
                 post_norm: t(mlp_norm_suffix(ls), vec![h])?,
-                gate_proj: g,
-                up_proj: u,
-                down_proj: d,
+                gate_proj: pr("mlp.gate_proj.weight", vec![inter, h])?,
+                up_proj: pr("mlp.up_proj.weight", vec![inter, h])?,
+                down_proj: pr("mlp.down_proj.weight", vec![h, inter])?,
                 extras: Extra::ALL
                     .into_iter()
                     .filter(|e| e.wanted(ls))
@@ -390,22 +374,17 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
         let &j = placement.get(n)?;
         Some((shards[j].path.as_path(), parsed[j].tensor(n).ok()?))
     })?;
-    let weights = ModelWeights {
+    let mut weights = ModelWeights {
         embed,
         layers,
         norm,
         lm_head,
         kv_scales,
-        fp8: scheme.map(|s| Fp8Weights {
-            layers: fp8_layers,
-            source: Fp8Source::Checkpoint(s.layout),
-            lm_head: None,
-        }),
     };
     // NaN, infinite or absurdly large weights give garbage silently:
     // refuse them here
     if let Some((t, index, value)) = weights.first_implausible() {
-        let (path, tensor) = (dir.to_path_buf(), t.name.clone());
+        let (path, tensor) = (dir.to_path_buf(), t.to_string());
         return Err(if value.is_finite() {
             LoadError::Implausible {
                 path,
@@ -422,6 +401,10 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
                 value,
             }
         });
+    }
+    if scheme.is_some() {
+        // the projections an FP8 checkpoint left in BF16 (checked above)
+        weights.quantize_fp8();
     }
     progress.finish();
     Ok(weights)

@@ -2,11 +2,12 @@
 //! backends that multiply with them directly (the CPU's Q8_0 / Q4_1 / Q4_K /
 //! Q6_K path).
 //!
-//! Contract: [`load_quantized`] reads the GGUF at `path` and returns, for
-//! every layer projection (Q, K, V, O, gate, up, down) and the LM head (the
-//! untied `output.weight`, else the tied `token_embd.weight`), the tensor's
-//! raw blocks when its type is one of `keep`, and `None` otherwise (the
-//! caller then uses the BF16 copy the store imported). Shapes are checked
+//! Contract: [`keep_blocks`] reads the GGUF at `path` and, for every layer
+//! projection (Q, K, V, O, gate, up, down) and the LM head (the untied
+//! `output.weight`, else the tied `token_embd.weight`) whose type is one
+//! of `keep`, replaces the model's projection (the BF16 copy the store
+//! imported) by a [`Projection::Blocks`] of the tensor's raw blocks; the
+//! others stay as they were. Shapes are checked
 //! against `cfg` (a tensor missing or of another shape is an error naming
 //! it); the row length must be a whole number of blocks. Blocks are copied
 //! byte for byte; only llama.cpp's Q/K row permutation of Llama is undone (whole
@@ -20,10 +21,12 @@
 //!
 //! Costs: one read of the kept tensors (a memory map of the file, dropped
 //! on return) and one decode of them for the check, spread over the cores;
-//! memory is their quantised size.
+//! memory is their quantised size (the BF16 copies they replace are
+//! dropped).
 
 use crate::gguf::{Arch, GgmlType, Gguf, GgufError, TensorInfo, dequantize};
-use crate::weights::{MAX_ABS_WEIGHT, implausible};
+use crate::projection::Projection;
+use crate::weights::{MAX_ABS_WEIGHT, ModelWeights, implausible};
 use contract::config::ModelConfig;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -41,53 +44,26 @@ pub struct QuantTensor {
     pub data: Vec<u8>,
 }
 
-/// One layer's projections; `None` where the GGUF's type was not kept.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct QuantLayer {
-    pub q_proj: Option<QuantTensor>,
-    pub k_proj: Option<QuantTensor>,
-    pub v_proj: Option<QuantTensor>,
-    pub o_proj: Option<QuantTensor>,
-    pub gate_proj: Option<QuantTensor>,
-    pub up_proj: Option<QuantTensor>,
-    pub down_proj: Option<QuantTensor>,
-}
-
-/// The kept matrices of a whole model.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct QuantWeights {
-    pub layers: Vec<QuantLayer>,
-    /// `[vocab, hidden]` the LM head (tied: the embedding's blocks).
-    pub head: Option<QuantTensor>,
-}
-
-impl QuantWeights {
-    /// Every kept matrix (for summaries).
-    pub fn tensors(&self) -> impl Iterator<Item = &QuantTensor> {
-        self.layers
-            .iter()
-            .flat_map(|l| {
-                [
-                    &l.q_proj,
-                    &l.k_proj,
-                    &l.v_proj,
-                    &l.o_proj,
-                    &l.gate_proj,
-                    &l.up_proj,
-                    &l.down_proj,
-                ]
-            })
-            .chain([&self.head])
-            .flatten()
-    }
-}
-
-/// Reads the kept matrices of the GGUF at `path` (see the module doc).
-pub fn load_quantized(
+/// Replaces the projections of `weights` (the model `cfg` the store
+/// imported from the GGUF at `path`) that the GGUF holds in a type of
+/// `keep` by their blocks (see the module doc); returns how many. On an
+/// error some may be replaced already: the caller drops `weights`.
+pub fn keep_blocks(
     path: &Path,
     cfg: &ModelConfig,
+    weights: &mut ModelWeights,
     keep: &[GgmlType],
-) -> Result<QuantWeights, GgufError> {
+) -> Result<usize, GgufError> {
+    if weights.layers.len() != cfg.num_layers {
+        return Err(GgufError::Tensor {
+            tensor: "model.layers".into(),
+            reason: format!(
+                "the model holds {} layers, the config {}",
+                weights.layers.len(),
+                cfg.num_layers
+            ),
+        });
+    }
     let io = |source| GgufError::Io {
         path: path.display().to_string(),
         source,
@@ -153,36 +129,57 @@ pub fn load_quantized(
         cfg.kv_dim(),
         cfg.intermediate_size,
     );
-    let mut layers = Vec::with_capacity(cfg.num_layers);
-    for l in 0..cfg.num_layers {
+    let mut kept = 0;
+    let mut put = |slot: &mut Projection, t: Option<QuantTensor>| {
+        if let Some(t) = t {
+            *slot = Projection::Blocks(t);
+            kept += 1;
+        }
+    };
+    for (l, lw) in weights.layers.iter_mut().enumerate() {
         let p = format!("model.layers.{l}.");
-        layers.push(QuantLayer {
-            q_proj: get(
-                &format!("{p}self_attn.q_proj.weight"),
-                q,
-                h,
-                Some(cfg.num_heads),
-            )?,
-            k_proj: get(
-                &format!("{p}self_attn.k_proj.weight"),
-                kv,
-                h,
-                Some(cfg.num_kv_heads),
-            )?,
-            v_proj: get(&format!("{p}self_attn.v_proj.weight"), kv, h, None)?,
-            o_proj: get(&format!("{p}self_attn.o_proj.weight"), h, q, None)?,
-            gate_proj: get(&format!("{p}mlp.gate_proj.weight"), i, h, None)?,
-            up_proj: get(&format!("{p}mlp.up_proj.weight"), i, h, None)?,
-            down_proj: get(&format!("{p}mlp.down_proj.weight"), h, i, None)?,
-        });
+        let name = |s: &str| format!("{p}{s}");
+        let heads = (Some(cfg.num_heads), Some(cfg.num_kv_heads));
+        put(
+            &mut lw.q_proj,
+            get(&name("self_attn.q_proj.weight"), q, h, heads.0)?,
+        );
+        put(
+            &mut lw.k_proj,
+            get(&name("self_attn.k_proj.weight"), kv, h, heads.1)?,
+        );
+        put(
+            &mut lw.v_proj,
+            get(&name("self_attn.v_proj.weight"), kv, h, None)?,
+        );
+        put(
+            &mut lw.o_proj,
+            get(&name("self_attn.o_proj.weight"), h, q, None)?,
+        );
+        put(
+            &mut lw.gate_proj,
+            get(&name("mlp.gate_proj.weight"), i, h, None)?,
+        );
+        put(
+            &mut lw.up_proj,
+            get(&name("mlp.up_proj.weight"), i, h, None)?,
+        );
+        put(
+            &mut lw.down_proj,
+            get(&name("mlp.down_proj.weight"), h, i, None)?,
+        );
     }
     let head_name = if by_hf.contains_key("lm_head.weight") {
         "lm_head.weight"
     } else {
         "model.embed_tokens.weight"
     };
-    let head = get(head_name, cfg.vocab_size, h, None)?;
-    Ok(QuantWeights { layers, head })
+    // a tied head in blocks is the head's own copy: the embedding stays BF16
+    if let Some(t) = get(head_name, cfg.vocab_size, h, None)? {
+        weights.lm_head = Some(Projection::Blocks(t));
+        kept += 1;
+    }
+    Ok(kept)
 }
 
 /// Rows decoded per task of the block check.

@@ -1,4 +1,6 @@
-//! Model weights in Hugging Face names and layout, held as BF16.
+//! Model weights in Hugging Face names and layout: embedding, norms and
+//! biases as BF16, each projection (and an untied LM head) a
+//! [`Projection`] in the format it was stored or quantised in.
 //!
 //! Contract: a [`ModelWeights`] exists only after every expected tensor was
 //! found and checked for dtype and shape against the [`contract::ModelConfig`]
@@ -11,7 +13,10 @@
 use contract::ModelConfig;
 use contract::spec::LayerSpec;
 use half::bf16;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+use crate::projection::{FormatError, Projection};
 
 /// The largest magnitude a plausible weight has. Trained Llama-family
 /// checkpoints stay within a few hundred (norm gains and the rare outlier
@@ -159,15 +164,15 @@ pub fn mlp_norm_suffix(l: &LayerSpec) -> &'static str {
 /// One decoder layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerWeights {
-    pub input_norm: Tensor, // [hidden]
-    pub q_proj: Tensor,     // [heads * head_dim, hidden]
-    pub k_proj: Tensor,     // [kv_heads * head_dim, hidden]
-    pub v_proj: Tensor,     // [kv_heads * head_dim, hidden]
-    pub o_proj: Tensor,     // [hidden, heads * head_dim]
-    pub post_norm: Tensor,  // [hidden]
-    pub gate_proj: Tensor,  // [intermediate, hidden]
-    pub up_proj: Tensor,    // [intermediate, hidden]
-    pub down_proj: Tensor,  // [hidden, intermediate]
+    pub input_norm: Tensor,    // [hidden]
+    pub q_proj: Projection,    // [heads * head_dim, hidden]
+    pub k_proj: Projection,    // [kv_heads * head_dim, hidden]
+    pub v_proj: Projection,    // [kv_heads * head_dim, hidden]
+    pub o_proj: Projection,    // [hidden, heads * head_dim]
+    pub post_norm: Tensor,     // [hidden]
+    pub gate_proj: Projection, // [intermediate, hidden]
+    pub up_proj: Projection,   // [intermediate, hidden]
+    pub down_proj: Projection, // [hidden, intermediate]
     /// The layer's [`Extra`] tensors, exactly those its spec asks for.
     pub extras: BTreeMap<Extra, Tensor>,
 }
@@ -177,12 +182,39 @@ impl LayerWeights {
     pub fn extra(&self, e: Extra) -> Option<&Tensor> {
         self.extras.get(&e)
     }
+
+    /// The seven projections, in checkpoint order (Q, K, V, O, gate, up,
+    /// down).
+    pub fn projections(&self) -> [&Projection; 7] {
+        [
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            &self.o_proj,
+            &self.gate_proj,
+            &self.up_proj,
+            &self.down_proj,
+        ]
+    }
+
+    /// [`Self::projections`], mutable.
+    pub fn projections_mut(&mut self) -> [&mut Projection; 7] {
+        [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+            &mut self.gate_proj,
+            &mut self.up_proj,
+            &mut self.down_proj,
+        ]
+    }
 }
 
 /// Index of the first NaN, infinity or value beyond [`MAX_ABS_WEIGHT`] of
 /// `data`: branch-free passes over 4,096-element chunks (vectorised), a
 /// search only inside a bad chunk.
-fn first_bad(data: &[bf16]) -> Option<usize> {
+pub(crate) fn first_bad(data: &[bf16]) -> Option<usize> {
     // magnitudes order like their bit patterns, NaN and the infinities
     // (exponent all ones) above every finite value
     let limit = bf16::from_f32(MAX_ABS_WEIGHT).to_bits();
@@ -202,10 +234,7 @@ pub struct ModelWeights {
     pub layers: Vec<LayerWeights>,
     pub norm: Tensor, // [hidden]
     /// `[vocab, hidden]`; `None` when the head is tied to `embed`.
-    pub lm_head: Option<Tensor>,
-    /// The projections in FP8 (a pre-quantised checkpoint, or quantised at
-    /// load); the BF16 projections above then hold their dequantised values.
-    pub fp8: Option<crate::fp8::Fp8Weights>,
+    pub lm_head: Option<Projection>,
     /// The FP8 KV cache's per-layer K and V scales from the checkpoint
     /// (`None`: it has none, and an FP8 KV cache uses scale 1).
     pub kv_scales: Option<contract::KvScales>,
@@ -220,68 +249,103 @@ impl ModelWeights {
             .unwrap_or_else(|| contract::KvScales::ones(self.layers.len()))
     }
 
-    /// The LM head matrix: `lm_head` or, when tied, the embedding.
-    pub fn head(&self) -> &Tensor {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    /// The LM head's values as BF16 ([`Projection::dense`]): the
+    /// embedding when tied.
+    pub fn head_dense(&self) -> Result<Cow<'_, Tensor>, FormatError> {
+        match &self.lm_head {
+            Some(p) => p.dense(),
+            None => Ok(Cow::Borrowed(&self.embed)),
+        }
     }
 
-    /// Every tensor: embedding, layers in order, final norm, untied head.
+    /// Every BF16 tensor that is not a projection: embedding, each layer's
+    /// norms and extras, final norm.
     pub fn tensors(&self) -> Vec<&Tensor> {
         let mut all = vec![&self.embed];
         for l in &self.layers {
-            all.extend([
-                &l.input_norm,
-                &l.q_proj,
-                &l.k_proj,
-                &l.v_proj,
-                &l.o_proj,
-                &l.post_norm,
-                &l.gate_proj,
-                &l.up_proj,
-                &l.down_proj,
-            ]);
+            all.extend([&l.input_norm, &l.post_norm]);
             all.extend(l.extras.values());
         }
         all.push(&self.norm);
+        all
+    }
+
+    /// Every projection: the layers' in order, then an untied LM head.
+    pub fn projections(&self) -> Vec<&Projection> {
+        let mut all: Vec<&Projection> = self.layers.iter().flat_map(|l| l.projections()).collect();
         all.extend(self.lm_head.as_ref());
         all
     }
 
-    /// The first implausible element (NaN, an infinity, or beyond
-    /// [`MAX_ABS_WEIGHT`]), in [`Self::tensors`] order: `(tensor, flat
-    /// index, value)`. One pass over the bf16 bits, spread over the
-    /// machine's cores (tensors dealt out by size).
-    pub fn first_implausible(&self) -> Option<(&Tensor, usize, f32)> {
-        let all = self.tensors();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        // deal the tensors (largest first) to the least loaded worker
-        let mut order: Vec<usize> = (0..all.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(all[i].data.len()));
-        let mut work: Vec<(usize, Vec<usize>)> =
-            vec![(0, Vec::new()); threads.min(all.len()).max(1)];
-        for i in order {
-            if let Some(w) = work.iter_mut().min_by_key(|w| w.0) {
-                w.0 += all[i].data.len();
-                w.1.push(i);
+    /// [`Self::projections`], mutable.
+    pub fn projections_mut(&mut self) -> Vec<&mut Projection> {
+        let mut all: Vec<&mut Projection> = (self.layers.iter_mut())
+            .flat_map(|l| l.projections_mut())
+            .collect();
+        all.extend(self.lm_head.as_mut());
+        all
+    }
+
+    /// The stored formats of the projections, each once, in order of first
+    /// appearance.
+    pub fn formats(&self) -> Vec<crate::projection::Format> {
+        let mut out = Vec::new();
+        for p in self.projections() {
+            if !out.contains(&p.format()) {
+                out.push(p.format());
             }
         }
-        let found: Vec<(usize, usize)> = std::thread::scope(|s| {
-            let jobs: Vec<_> = work
-                .iter()
-                .map(|(_, mine)| {
-                    let all = &all;
-                    s.spawn(move || {
-                        mine.iter()
-                            .filter_map(|&t| first_bad(&all[t].data).map(|i| (t, i)))
-                            .min()
-                    })
-                })
-                .collect();
-            jobs.into_iter()
-                .filter_map(|j| j.join().ok().flatten())
-                .collect()
-        });
-        let (t, i) = found.into_iter().min()?;
-        Some((all[t], i, all[t].data[i].to_f32()))
+        out
     }
+
+    /// The first implausible element (NaN, an infinity, or beyond
+    /// [`MAX_ABS_WEIGHT`]): `(tensor name, flat index, value)`, in order:
+    /// the [`Self::tensors`], the BF16 projections, then the others
+    /// ([`Projection::first_implausible`], decoded). The BF16 ones in one
+    /// pass over their bits, spread over the machine's cores (tensors dealt
+    /// out by size).
+    pub fn first_implausible(&self) -> Option<(&str, usize, f32)> {
+        let projections = self.projections();
+        let mut all: Vec<&Tensor> = self.tensors();
+        all.extend(projections.iter().filter_map(|p| p.as_bf16()));
+        if let Some((t, i, v)) = first_implausible_of(&all) {
+            return Some((t.name.as_str(), i, v));
+        }
+        (projections.into_iter())
+            .filter(|p| p.as_bf16().is_none())
+            .find_map(|p| p.first_implausible().map(|(i, v)| (p.name(), i, v)))
+    }
+}
+
+/// The first implausible element of `all` (see
+/// [`ModelWeights::first_implausible`]).
+fn first_implausible_of<'a>(all: &[&'a Tensor]) -> Option<(&'a Tensor, usize, f32)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // deal the tensors (largest first) to the least loaded worker
+    let mut order: Vec<usize> = (0..all.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(all[i].data.len()));
+    let mut work: Vec<(usize, Vec<usize>)> = vec![(0, Vec::new()); threads.min(all.len()).max(1)];
+    for i in order {
+        if let Some(w) = work.iter_mut().min_by_key(|w| w.0) {
+            w.0 += all[i].data.len();
+            w.1.push(i);
+        }
+    }
+    let found: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let jobs: Vec<_> = work
+            .iter()
+            .map(|(_, mine)| {
+                s.spawn(move || {
+                    mine.iter()
+                        .filter_map(|&t| first_bad(&all[t].data).map(|i| (t, i)))
+                        .min()
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .filter_map(|j| j.join().ok().flatten())
+            .collect()
+    });
+    let (t, i) = found.into_iter().min()?;
+    Some((all[t], i, all[t].data[i].to_f32()))
 }

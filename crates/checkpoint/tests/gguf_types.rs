@@ -124,9 +124,13 @@ fn a_llama_of_every_type_imports_and_matches() {
     let m = checkpoint::loader::load_config(&model).unwrap();
     assert_eq!((m.config.hidden_size, m.config.num_layers), (256, 2));
     let w = checkpoint::loader::load_weights(&model, &m.config).unwrap();
-    let tensors = w.tensors();
+    let projections = w.projections();
+    let dense = projections.iter().map(|p| p.dense().unwrap());
+    let tensors: Vec<checkpoint::Tensor> = (w.tensors().into_iter().cloned())
+        .chain(dense.map(|t| t.into_owned()))
+        .collect();
     assert_eq!(tensors.len(), 2 + 1 + 2 * 9);
-    for t in tensors {
+    for t in &tensors {
         let reference = read_f32(&dir.path().join("ref").join(format!("{}.f32", t.name)));
         assert_eq!(reference.len(), t.numel(), "{}", t.name);
         for (i, (got, want)) in t.data.iter().zip(&reference).enumerate() {

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use checkpoint::fp8::{
-    Fp8Layout, Fp8Options, Fp8Weights, WeightsOut, scheme_of, write_checkpoint,
-    write_fp8_checkpoint, write_quantized_checkpoint,
+    Fp8Layout, Fp8Options, WeightsOut, scheme_of, write_checkpoint, write_fp8_checkpoint,
+    write_quantized_checkpoint,
 };
 use checkpoint::progress::{Progress, Unit};
 use checkpoint::weights::ModelWeights;
@@ -181,59 +181,36 @@ fn calibrated(
     let tokens = calibration_tokens(dir, file, text, args.calibration_tokens)?;
     let loaded = checkpoint::loader::load_config(dir)?;
     let weights = checkpoint::loader::load_weights(dir, &loaded.config)?;
-    let fp8 = match args.weight_dtype {
-        WeightDtypeArg::Fp8 => Some(gptq(args, &loaded.config, &weights, &tokens, opts)?),
-        WeightDtypeArg::Bf16 => None,
+    let (weights, how) = match args.weight_dtype {
+        WeightDtypeArg::Fp8 => (
+            gptq(args, &loaded.config, weights, &tokens, opts)?,
+            WeightsOut::Fp8(opts),
+        ),
+        WeightDtypeArg::Bf16 => (weights, WeightsOut::Bf16),
     };
     if !args.kv_scales {
-        let fp8 = fp8.as_ref().context("GPTQ wrote no weights")?;
-        write_quantized_checkpoint(dir, &weights, fp8, &args.out, opts)?;
+        write_quantized_checkpoint(dir, &weights, &args.out, opts)?;
         return Ok(());
     }
-    let kv = {
-        // the model as the checkpoint will run it: FP8 weights dequantised
-        let run = match &fp8 {
-            Some(q) => with_projections(&weights, q),
-            None => weights.clone(),
-        };
-        let window = WINDOW.min(loaded.config.max_position_embeddings);
-        eprintln!(
-            "lamina: measuring the KV cache over {} calibration tokens",
-            tokens.len()
-        );
-        kv_amax(&loaded.config, &run, &tokens, window)?.scales()
-    };
-    let how = match &fp8 {
-        Some(q) => WeightsOut::Fp8(q, opts),
-        None => WeightsOut::Bf16,
-    };
+    // the model as the checkpoint will run it: FP8 weights dequantised
+    let window = WINDOW.min(loaded.config.max_position_embeddings);
+    eprintln!(
+        "lamina: measuring the KV cache over {} calibration tokens",
+        tokens.len()
+    );
+    let kv = kv_amax(&loaded.config, &weights, &tokens, window)?.scales();
     write_checkpoint(dir, &weights, how, &kv, &args.out)?;
     Ok(())
 }
 
-/// `weights` with every projection replaced by `fp8`'s dequantised one.
-fn with_projections(weights: &ModelWeights, fp8: &Fp8Weights) -> ModelWeights {
-    let mut run = weights.clone();
-    for (l, q) in run.layers.iter_mut().zip(&fp8.layers) {
-        l.q_proj = q.q_proj.dequantize();
-        l.k_proj = q.k_proj.dequantize();
-        l.v_proj = q.v_proj.dequantize();
-        l.o_proj = q.o_proj.dequantize();
-        l.gate_proj = q.gate_proj.dequantize();
-        l.up_proj = q.up_proj.dequantize();
-        l.down_proj = q.down_proj.dequantize();
-    }
-    run
-}
-
-/// GPTQ over `tokens`: the FP8 projections.
+/// GPTQ over `tokens`: the model with FP8 projections.
 fn gptq(
     args: &QuantizeArgs,
     config: &ModelConfig,
-    weights: &ModelWeights,
+    weights: ModelWeights,
     tokens: &[u32],
     opts: Fp8Options,
-) -> Result<Fp8Weights> {
+) -> Result<ModelWeights> {
     let gptq = GptqOptions {
         damp: args.dampening,
         act_order: args.act_order,
@@ -252,9 +229,9 @@ fn gptq(
         layers,
         0,
     );
-    let fp8 = quantize_model(config, weights, tokens, &gptq, &mut |_, _| bar.inc(1))?;
+    let quantised = quantize_model(config, weights, tokens, &gptq, &mut |_, _| bar.inc(1))?;
     bar.finish();
-    Ok(fp8)
+    Ok(quantised)
 }
 
 /// The first `want` tokens of `text` (no BOS; read no further than

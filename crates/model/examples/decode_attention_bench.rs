@@ -6,6 +6,7 @@
 //! median of 30 decode steps for each of f32, bf16 and fp8 K/V (the
 //! fastest is the figure on a shared machine).
 
+use checkpoint::Projection;
 use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
 use contract::backend::KvShape;
 use contract::{Backend, KvCacheDtype, ModelConfig};
@@ -52,20 +53,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         layers: (0..layers as u64)
             .map(|l| LayerWeights {
                 input_norm: tensor(&[h], 10 * l + 2),
-                q_proj: tensor(&[q, h], 10 * l + 3),
-                k_proj: tensor(&[kv, h], 10 * l + 4),
-                v_proj: tensor(&[kv, h], 10 * l + 5),
-                o_proj: tensor(&[h, q], 10 * l + 6),
+                q_proj: Projection::Bf16(tensor(&[q, h], 10 * l + 3)),
+                k_proj: Projection::Bf16(tensor(&[kv, h], 10 * l + 4)),
+                v_proj: Projection::Bf16(tensor(&[kv, h], 10 * l + 5)),
+                o_proj: Projection::Bf16(tensor(&[h, q], 10 * l + 6)),
                 post_norm: tensor(&[h], 10 * l + 7),
-                gate_proj: tensor(&[i, h], 10 * l + 8),
-                up_proj: tensor(&[i, h], 10 * l + 9),
-                down_proj: tensor(&[h, i], 10 * l + 10),
+                gate_proj: Projection::Bf16(tensor(&[i, h], 10 * l + 8)),
+                up_proj: Projection::Bf16(tensor(&[i, h], 10 * l + 9)),
+                down_proj: Projection::Bf16(tensor(&[h, i], 10 * l + 10)),
                 extras: Default::default(),
             })
             .collect(),
         norm: tensor(&[h], 3),
         lm_head: None,
-        fp8: None,
         kv_scales: None,
     };
     let bs = 16;

@@ -16,6 +16,7 @@
 //! Costs: `O(T² · layers · hidden)` plus `O(T · parameters)`, with a copy
 //! of every weight in f64: for tiny models.
 
+use checkpoint::projection::{FormatError, Projection};
 use checkpoint::weights::{Extra, ModelWeights, Tensor};
 use contract::ModelConfig;
 use contract::lora::{LoraAdapter, LoraTarget};
@@ -46,29 +47,37 @@ pub struct ExactWeights {
 }
 
 impl ExactWeights {
-    /// `w`'s tensors through `values` (e.g. their BF16 values widened).
-    pub fn from_weights(w: &ModelWeights, values: impl Fn(&Tensor) -> Vec<f64>) -> Self {
-        ExactWeights {
+    /// `w`'s tensors through `values` (e.g. their BF16 values widened),
+    /// each projection as its BF16 values ([`Projection::dense`]: an error
+    /// naming it when its blocks do not decode).
+    pub fn from_weights(
+        w: &ModelWeights,
+        values: impl Fn(&Tensor) -> Vec<f64>,
+    ) -> Result<Self, FormatError> {
+        let p = |p: &Projection| p.dense().map(|t| values(&t));
+        Ok(ExactWeights {
             embed: values(&w.embed),
             layers: w
                 .layers
                 .iter()
-                .map(|l| ExactLayer {
-                    input_norm: values(&l.input_norm),
-                    q: values(&l.q_proj),
-                    k: values(&l.k_proj),
-                    v: values(&l.v_proj),
-                    o: values(&l.o_proj),
-                    post_norm: values(&l.post_norm),
-                    gate: values(&l.gate_proj),
-                    up: values(&l.up_proj),
-                    down: values(&l.down_proj),
-                    extras: l.extras.iter().map(|(&e, t)| (e, values(t))).collect(),
+                .map(|l| {
+                    Ok(ExactLayer {
+                        input_norm: values(&l.input_norm),
+                        q: p(&l.q_proj)?,
+                        k: p(&l.k_proj)?,
+                        v: p(&l.v_proj)?,
+                        o: p(&l.o_proj)?,
+                        post_norm: values(&l.post_norm),
+                        gate: p(&l.gate_proj)?,
+                        up: p(&l.up_proj)?,
+                        down: p(&l.down_proj)?,
+                        extras: l.extras.iter().map(|(&e, t)| (e, values(t))).collect(),
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, FormatError>>()?,
             norm: values(&w.norm),
-            head: values(w.head()),
-        }
+            head: values(w.head_dense()?.as_ref()),
+        })
     }
 
     /// The tensors `values` gives for `c`'s Hugging Face names (the head

@@ -1,9 +1,9 @@
 //! Calibrated FP8 KV cache scales: the largest magnitude of each layer's
 //! K (after RoPE) and V over calibration text, per KV head.
 //!
-//! Contract: [`kv_amax`] runs the model as given (its BF16 projections:
-//! a model with FP8 weights passes their dequantised values, which is what
-//! every backend runs; f32 arithmetic, the CPU backend's operations and
+//! Contract: [`kv_amax`] runs the model as given (each projection's BF16
+//! values, `checkpoint::Projection::dense`: an FP8 one's dequantised
+//! values, which is what the CPU backend runs; f32 arithmetic, the CPU backend's operations and
 //! the calibration pass of [`crate::gptq`]) over calibration tokens cut
 //! into windows, each a sequence from position 0, and returns for every
 //! layer and KV head the largest `|k|` and `|v|` the cache would store
@@ -21,7 +21,8 @@
 //! (hidden (q + 2 kv + 2 inter) + q hidden + inter hidden)` flops and
 //! attention); memory: the activations of one layer of all `N` tokens.
 
-use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
+use checkpoint::projection::Projection;
+use checkpoint::weights::{LayerWeights, ModelWeights};
 use contract::KvScales;
 use contract::config::ModelConfig;
 use cpu_kernels::{Isa, Scratch, matmul_bf16};
@@ -124,9 +125,9 @@ impl Pass<'_> {
         let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let (inter, eps) = (c.intermediate_size, c.rms_norm_eps);
         let h = rms_norm(x, &lw.input_norm.to_f32(), eps);
-        let mut q = self.project(&h, &lw.q_proj, hidden, q_dim);
-        let mut k = self.project(&h, &lw.k_proj, hidden, kv_dim);
-        let v = self.project(&h, &lw.v_proj, hidden, kv_dim);
+        let mut q = self.project(&h, &lw.q_proj, hidden, q_dim)?;
+        let mut k = self.project(&h, &lw.k_proj, hidden, kv_dim)?;
+        let v = self.project(&h, &lw.v_proj, hidden, kv_dim)?;
         self.rope.apply_rows(&mut q, q_dim, &self.positions);
         self.rope.apply_rows(&mut k, kv_dim, &self.positions);
         let amax = (self.key_amax(&k, lw)?, self.head_amax(&v, &lw.v_proj)?);
@@ -136,12 +137,12 @@ impl Pass<'_> {
             head_dim: c.head_dim,
         };
         let o = causal_attention(self.isa, &q, &k, &v, &self.cu_seqlens, dims);
-        add_assign(x, &self.project(&o, &lw.o_proj, q_dim, hidden));
+        add_assign(x, &self.project(&o, &lw.o_proj, q_dim, hidden)?);
         let h = rms_norm(x, &lw.post_norm.to_f32(), eps);
-        let mut gate = self.project(&h, &lw.gate_proj, hidden, inter);
-        let up = self.project(&h, &lw.up_proj, hidden, inter);
+        let mut gate = self.project(&h, &lw.gate_proj, hidden, inter)?;
+        let up = self.project(&h, &lw.up_proj, hidden, inter)?;
         silu_mul(&mut gate, &up);
-        add_assign(x, &self.project(&gate, &lw.down_proj, inter, hidden));
+        add_assign(x, &self.project(&gate, &lw.down_proj, inter, hidden)?);
         Ok(amax)
     }
 
@@ -163,7 +164,7 @@ impl Pass<'_> {
 
     /// The largest magnitude of each KV head's columns of `rows`
     /// (`[N, kv_dim]`, the output of `t`); refused when one is not finite.
-    fn head_amax(&self, rows: &[f32], t: &Tensor) -> Result<Vec<f32>, GptqError> {
+    fn head_amax(&self, rows: &[f32], t: &Projection) -> Result<Vec<f32>, GptqError> {
         let (kv_heads, hd) = (self.config.num_kv_heads, self.config.head_dim);
         let mut amax = vec![0f32; kv_heads];
         for row in rows.chunks_exact(kv_heads * hd) {
@@ -171,7 +172,7 @@ impl Pass<'_> {
                 for &x in head {
                     if !x.is_finite() {
                         return Err(GptqError::NonFiniteOutput {
-                            tensor: t.name.clone(),
+                            tensor: t.name().to_string(),
                         });
                     }
                     *m = m.max(x.abs());
@@ -181,8 +182,15 @@ impl Pass<'_> {
         Ok(amax)
     }
 
-    /// `x W^T` (`x` `[N, inp]`, result `[N, out]`).
-    fn project(&self, x: &[f32], w: &Tensor, inp: usize, out: usize) -> Vec<f32> {
+    /// `x W^T` (`x` `[N, inp]`, result `[N, out]`) over `w`'s BF16 values.
+    fn project(
+        &self,
+        x: &[f32],
+        w: &Projection,
+        inp: usize,
+        out: usize,
+    ) -> Result<Vec<f32>, GptqError> {
+        let w = w.dense()?;
         let mut y = vec![0f32; x.len() / inp * out];
         matmul_bf16(
             self.isa,
@@ -193,7 +201,7 @@ impl Pass<'_> {
             &mut y,
             &mut Scratch::default(),
         );
-        y
+        Ok(y)
     }
 }
 

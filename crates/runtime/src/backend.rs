@@ -58,15 +58,8 @@ pub(crate) fn open_backend(
     };
     let backend: Box<dyn Backend> = match device {
         Some(ordinal) => Box::new(
-            model::cuda::CudaBackend::with_blocks(
-                cfg.clone(),
-                &weights,
-                cpu_weights.blocks(),
-                kv,
-                ordinal,
-                cuda_options(opts),
-            )
-            .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
+            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal, cuda_options(opts))
+                .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
         ),
         None => Box::new(
             model::cpu::CpuBackend::with_weights(
@@ -74,7 +67,7 @@ pub(crate) fn open_backend(
                 weights.into_owned(),
                 kv,
                 opts.cpu.path,
-                cpu_weights.clone(),
+                *cpu_weights,
             )?
             .with_kv_cache_dtype(opts.kv.dtype)
             .with_max_loras(opts.lora.slots())

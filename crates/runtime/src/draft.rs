@@ -148,9 +148,9 @@ impl DraftPlan {
             ..opts.clone()
         };
         let (format, path) = (opts.weights.format, opts.cpu.path);
-        let (cpu, _) = cpu_weights(format, path, &self.loaded.dir, &self.loaded.config, cuda)
+        let cpu = cpu_weights(format, path, cuda)
             .with_context(|| format!("`{flag}`: the draft model's weights"))?;
-        let weights = load_weights(&opts.weights, &self.loaded, cuda)
+        let (weights, _) = load_weights(&opts.weights, path, &self.loaded, cuda)
             .with_context(|| format!("`{flag}`: the draft model's weights"))?;
         let opened = open_backend(
             &opts,

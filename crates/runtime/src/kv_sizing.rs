@@ -272,11 +272,13 @@ pub(crate) fn gpu_kv_bytes(
     let Some((_, mem, engines)) = memory.iter().find(|(o, _, _)| *o == ordinal) else {
         return Ok(None);
     };
-    let weights_bytes = weights
-        .tensors()
-        .iter()
-        .map(|t| t.numel() * 2)
+    // every weight counted as BF16: an upper bound of the device's (an FP8
+    // projection holds a byte a weight, plus one widening buffer)
+    let dense = weights.tensors().iter().map(|t| t.numel()).sum::<usize>();
+    let projections = (weights.projections().iter())
+        .map(|p| p.numel())
         .sum::<usize>();
+    let weights_bytes = (dense + projections) * 2;
     let c = companion.copied().unwrap_or_default();
     // the LoRA slot pool is allocated at start, fixed in size
     let lora = model::cuda::lora_pool_bytes(cfg, opts.lora.slots(), opts.lora.max_lora_rank);

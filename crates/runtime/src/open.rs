@@ -169,8 +169,8 @@ fn open_backends(
     let companion = draft.map(|d| d.companion(opts));
     let gpu_memory = gpu_memory_at_start(opts, devices)?;
     let (format, path) = (opts.weights.format, opts.cpu.path);
-    let (cpu, gguf) = cpu_weights(format, path, &r.dir, &r.loaded.config, r.cuda)?;
-    let weights = load_weights(&opts.weights, &r.loaded, r.cuda)?;
+    let cpu = cpu_weights(format, path, r.cuda)?;
+    let (weights, gguf) = load_weights(&opts.weights, path, &r.loaded, r.cuda)?;
     let mut out = Backends {
         each: Vec::with_capacity(devices.len()),
         gguf,
@@ -303,8 +303,8 @@ impl BackendAlone {
     pub fn open(source: &str, opts: &RuntimeOptions) -> Result<BackendAlone, RuntimeError> {
         let r = resolve(source, opts)?;
         let (format, path) = (opts.weights.format, opts.cpu.path);
-        let (cpu, _) = cpu_weights(format, path, &r.dir, &r.loaded.config, r.cuda)?;
-        let weights = load_weights(&opts.weights, &r.loaded, r.cuda)?;
+        let cpu = cpu_weights(format, path, r.cuda)?;
+        let (weights, _) = load_weights(&opts.weights, path, &r.loaded, r.cuda)?;
         let device = r.cuda.then_some(0);
         let gpu_memory = gpu_memory_at_start(opts, &[device])?;
         let opened = open_backend(

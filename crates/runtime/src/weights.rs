@@ -9,7 +9,7 @@
 //! mapped and converted to BF16; with GGUF blocks the GGUF's kept tensors
 //! too).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use checkpoint::loader::LoadedModel;
 use cpu_kernels::quant::QuantType;
@@ -18,20 +18,25 @@ use model::cpu::{CpuPath, CpuWeights};
 use crate::error::{Context, RuntimeError, invalid};
 use crate::options::{WeightFormat, WeightOptions};
 
-/// The weights of `loaded` in the format asked: FP8 quantised at load for
-/// [`WeightFormat::Fp8`]; an FP8 checkpoint keeps its FP8 weights unless a
-/// BF16 or Q format is asked (which starts from the dequantised values).
-/// The CPU keeps only the dequantised values.
+/// The weights of `loaded` in the format asked, each projection a
+/// `checkpoint::Projection` in its stored format: FP8 quantised at load
+/// for [`WeightFormat::Fp8`]; an FP8 checkpoint keeps its FP8 weights
+/// unless a BF16 or Q format is asked (which starts from the dequantised
+/// values); on CUDA and on the CPU's fast kernels, [`WeightFormat::Auto`]
+/// replaces the projections the source GGUF holds in blocks the backend
+/// multiplies by those blocks (returned: the GGUF's path). The CPU backend widens FP8
+/// projections to their BF16 values itself.
 pub(crate) fn load_weights(
     opts: &WeightOptions,
+    path: CpuPath,
     loaded: &LoadedModel,
     cuda: bool,
-) -> Result<checkpoint::ModelWeights, RuntimeError> {
+) -> Result<(checkpoint::ModelWeights, Option<PathBuf>), RuntimeError> {
     let mut w = checkpoint::loader::load_weights(&loaded.dir, &loaded.config)?;
     match opts.format {
         WeightFormat::Fp8 => w.quantize_fp8(),
         WeightFormat::Auto => {}
-        _ => w.fp8 = None,
+        _ => w.widen_fp8(),
     }
     // (quantize_lm_head_fp8 rounds the head: it runs first, when asked)
     let needs_fp8 = [
@@ -39,65 +44,57 @@ pub(crate) fn load_weights(
             "--quantize-lm-head",
             opts.quantize_lm_head && w.quantize_lm_head_fp8().is_none(),
         ),
-        ("--fp8-activations", opts.fp8_activations && w.fp8.is_none()),
+        ("--fp8-activations", opts.fp8_activations && !w.is_fp8()),
     ];
     if let Some((flag, _)) = needs_fp8.iter().find(|(_, missing)| *missing) {
         invalid!(
             "{flag} needs FP8 weights: add --dtype fp8 (or use an FP8 checkpoint with --dtype auto)"
         );
     }
-    if !cuda {
-        w.fp8 = None;
-    }
-    Ok(w)
-}
-
-/// The CPU backend's weight format for `format` on kernels `path`, with the
-/// GGUF whose blocks it keeps (on CUDA, `cuda`: the blocks the CUDA backend
-/// runs, for [`WeightFormat::Auto`]); an error for a quantised format on
-/// CUDA or on the reference kernels.
-pub(crate) fn cpu_weights(
-    format: WeightFormat,
-    path: CpuPath,
-    dir: &Path,
-    cfg: &contract::ModelConfig,
-    cuda: bool,
-) -> Result<(CpuWeights, Option<PathBuf>), RuntimeError> {
-    let reference = path == CpuPath::Reference;
-    let quantize = match format {
-        WeightFormat::Auto if reference && !cuda => return Ok((CpuWeights::Bf16, None)),
-        // the CPU runs FP8 weights dequantised (see `load_weights`)
-        WeightFormat::Bf16 | WeightFormat::Fp8 => return Ok((CpuWeights::Bf16, None)),
-        WeightFormat::Auto => None,
-        WeightFormat::Q8_0 => Some(QuantType::Q8_0),
-        WeightFormat::Q4_1 => Some(QuantType::Q4_1),
-        WeightFormat::Q4_K => Some(QuantType::Q4_K),
+    let blocks = opts.format == WeightFormat::Auto && (cuda || path == CpuPath::Fast);
+    let gguf = match blocks {
+        true => checkpoint::store::source_gguf(&loaded.dir)?,
+        false => None,
     };
-    if let Some(qt) = quantize {
-        let name = qt.name().to_lowercase();
-        if cuda {
-            invalid!(
-                "invalid `--dtype {name}`: the CUDA backend runs BF16 and FP8 weights (use `--dtype bf16`, `fp8` or `auto`, or `--device cpu`)"
-            );
-        }
-        if reference {
-            invalid!(
-                "invalid `--dtype {name}`: the reference CPU kernels run BF16 weights only (use `--cpu-kernels fast`)"
-            );
-        }
-        return Ok((CpuWeights::Quantize(qt), None));
-    }
-    let Some(gguf) = checkpoint::store::source_gguf(dir)? else {
-        return Ok((CpuWeights::Bf16, None));
+    let Some(gguf) = gguf else {
+        return Ok((w, None));
     };
+    let cfg = &loaded.config;
     let keep: &[_] = match cuda {
         true => &model::cuda::KEPT_GGML_TYPES,
         false => &model::cpu::KEPT_GGML_TYPES,
     };
-    let q = checkpoint::quantized::load_quantized(&gguf, cfg, keep)
+    let kept = checkpoint::quantized::keep_blocks(&gguf, cfg, &mut w, keep)
         .with_context(|| format!("reading the quantised weights of {}", gguf.display()))?;
-    if q.tensors().next().is_none() {
-        return Ok((CpuWeights::Bf16, None));
+    Ok((w, (kept > 0).then_some(gguf)))
+}
+
+/// How the CPU backend packs the weights for `format` on kernels `path`;
+/// an error for a quantised format on CUDA or on the reference kernels.
+pub(crate) fn cpu_weights(
+    format: WeightFormat,
+    path: CpuPath,
+    cuda: bool,
+) -> Result<CpuWeights, RuntimeError> {
+    let qt = match format {
+        // the CPU runs FP8 weights widened, GGUF blocks as they are
+        WeightFormat::Auto | WeightFormat::Bf16 | WeightFormat::Fp8 => {
+            return Ok(CpuWeights::Stored);
+        }
+        WeightFormat::Q8_0 => QuantType::Q8_0,
+        WeightFormat::Q4_1 => QuantType::Q4_1,
+        WeightFormat::Q4_K => QuantType::Q4_K,
+    };
+    let name = qt.name().to_lowercase();
+    if cuda {
+        invalid!(
+            "invalid `--dtype {name}`: the CUDA backend runs BF16 and FP8 weights (use `--dtype bf16`, `fp8` or `auto`, or `--device cpu`)"
+        );
     }
-    Ok((CpuWeights::Blocks(q), Some(gguf)))
+    if path == CpuPath::Reference {
+        invalid!(
+            "invalid `--dtype {name}`: the reference CPU kernels run BF16 weights only (use `--cpu-kernels fast`)"
+        );
+    }
+    Ok(CpuWeights::Quantize(qt))
 }

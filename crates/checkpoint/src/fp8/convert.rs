@@ -6,9 +6,10 @@
 //! added to `config.json`, the other files copied (but the store's
 //! `lamina.json` and GGUF files, which describe the BF16 source). The
 //! loader's tests and the FP8 quality checks make their checkpoints with
-//! it. The projections are rounded to nearest ([`write_fp8_checkpoint`]),
-//! or given already quantised ([`write_quantized_checkpoint`]: GPTQ's,
-//! `model::gptq`), checked against the model and the layout first.
+//! it. A projection the model holds in BF16 is rounded to nearest
+//! ([`write_fp8_checkpoint`]); one it holds in FP8 already (GPTQ's,
+//! `model::gptq`: [`write_quantized_checkpoint`]) is written as it is,
+//! checked against the layout first.
 //!
 //! Either may carry calibrated FP8 KV cache scales
 //! ([`write_checkpoint`]: `model.layers.N.self_attn.k_scale` / `v_scale`,
@@ -28,8 +29,9 @@ use serde_json::{Value, json};
 
 use contract::KvScales;
 
-use super::{Fp8Layer, Fp8Tensor, Fp8Weights, kv_scale_names};
+use super::{Fp8Tensor, kv_scale_names};
 use crate::loader::{INDEX_FILE, LoadError, SINGLE_FILE, load_config, load_weights, tensor_specs};
+use crate::projection::Projection;
 use crate::weights::{ModelWeights, Tensor};
 
 /// The on-disk FP8 layouts (see the parent module).
@@ -59,37 +61,37 @@ type Entry = (Dtype, Vec<usize>, Vec<u8>);
 pub fn write_fp8_checkpoint(src: &Path, out: &Path, opts: Fp8Options) -> Result<(), LoadError> {
     let loaded = load_config(src)?;
     let weights = load_weights(src, &loaded.config)?;
-    write(src, &weights, Some((None, opts)), None, out)
+    write(src, &weights, Some(opts), None, out)
 }
 
 /// The weights [`write_checkpoint`] writes.
 #[derive(Debug, Clone, Copy)]
-pub enum WeightsOut<'a> {
-    /// The model's weights in BF16, as they are.
+pub enum WeightsOut {
+    /// Every tensor in BF16 (an FP8 projection as its BF16 values).
     Bf16,
-    /// Every projection from the quantised ones, in a layout (see
-    /// [`write_quantized_checkpoint`]).
-    Fp8(&'a Fp8Weights, Fp8Options),
+    /// Every layer projection in FP8 in a layout: as the model holds it
+    /// when FP8 (see [`write_quantized_checkpoint`]), else rounded to
+    /// nearest.
+    Fp8(Fp8Options),
 }
 
-/// Writes the model of `src` (`weights`, as loaded from it) to `out` with
-/// `how`'s weights and the FP8 KV cache scales `kv` (one per layer for K
-/// and for V, each finite and positive: the error names the tensor).
+/// Writes the model of `src` (`weights`, as loaded from it, its
+/// projections perhaps quantised since) to `out` with `how`'s weights and
+/// the FP8 KV cache scales `kv` (one per layer for K and for V, each
+/// finite and positive: the error names the tensor).
 pub fn write_checkpoint(
     src: &Path,
     weights: &ModelWeights,
-    how: WeightsOut<'_>,
+    how: WeightsOut,
     kv: &KvScales,
     out: &Path,
 ) -> Result<(), LoadError> {
     check_kv_scales(src, weights.layers.len(), kv)?;
-    match how {
-        WeightsOut::Bf16 => write(src, weights, None, Some(kv), out),
-        WeightsOut::Fp8(fp8, opts) => {
-            let given = given_projections(src, weights, fp8, opts)?;
-            write(src, weights, Some((Some(&given), opts)), Some(kv), out)
-        }
-    }
+    let fp8 = match how {
+        WeightsOut::Bf16 => None,
+        WeightsOut::Fp8(opts) => Some(opts),
+    };
+    write(src, weights, fp8, Some(kv), out)
 }
 
 /// `kv` holds a finite positive K and V scale for each of `layers`.
@@ -113,80 +115,56 @@ fn check_kv_scales(src: &Path, layers: usize, kv: &KvScales) -> Result<(), LoadE
 }
 
 /// Writes the model of `src` to `out` as [`write_fp8_checkpoint`] does,
-/// with `weights` (the model as loaded from `src`) but every projection
-/// taken from `fp8` as it is: each must be there with `weights`' shape,
-/// a finite positive scale per row, and one scale for the whole tensor
-/// when `opts` is per tensor (the error names the tensor).
+/// with `weights` (the model as loaded from `src`, its projections
+/// quantised since: GPTQ's) taking every FP8 projection as it is: each
+/// must have a finite positive scale per row, and one scale for the whole
+/// tensor when `opts` is per tensor (the error names the tensor).
 pub fn write_quantized_checkpoint(
     src: &Path,
     weights: &ModelWeights,
-    fp8: &Fp8Weights,
     out: &Path,
     opts: Fp8Options,
 ) -> Result<(), LoadError> {
-    let given = given_projections(src, weights, fp8, opts)?;
-    write(src, weights, Some((Some(&given), opts)), None, out)
+    write(src, weights, Some(opts), None, out)
 }
 
-/// `fp8`'s projections by name, each checked against `weights` and `opts`.
-fn given_projections<'a>(
-    src: &Path,
-    weights: &ModelWeights,
-    fp8: &'a Fp8Weights,
-    opts: Fp8Options,
-) -> Result<HashMap<&'a str, &'a Fp8Tensor>, LoadError> {
-    let given: HashMap<&str, &Fp8Tensor> = fp8
-        .layers
-        .iter()
-        .flat_map(Fp8Layer::projections)
-        .map(|t| (t.name.as_str(), t))
-        .collect();
-    for t in weights
-        .tensors()
-        .into_iter()
-        .filter(|t| is_projection(&t.name))
-    {
-        let bad = |reason: String| LoadError::Scale {
-            path: src.to_path_buf(),
-            tensor: t.name.clone(),
-            reason,
-        };
-        let f = given
-            .get(t.name.as_str())
-            .ok_or_else(|| bad("missing from the quantised projections".into()))?;
-        let n = t.shape[0];
-        if f.shape != t.shape || f.data.len() != t.numel() || f.scale.len() != n {
-            return Err(bad(format!(
-                "quantised as {:?} with {} scales; the model has {:?}",
-                f.shape,
-                f.scale.len(),
-                t.shape
-            )));
-        }
-        if let Some(s) = f.scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-            return Err(bad(format!(
-                "has scale {s}; scales must be finite and positive"
-            )));
-        }
-        if !opts.channel && f.scale.iter().any(|s| *s != f.scale[0]) {
-            return Err(bad(
-                "has a scale per row; this layout has one per tensor".into()
-            ));
-        }
+/// `f` checked against `opts`: finite positive scales, one per row (the
+/// same value in each when `opts` is per tensor).
+fn check_given(src: &Path, f: &Fp8Tensor, opts: Fp8Options) -> Result<(), LoadError> {
+    let bad = |reason: String| LoadError::Scale {
+        path: src.to_path_buf(),
+        tensor: f.name.clone(),
+        reason,
+    };
+    let (n, k) = (f.shape[0], f.shape[1]);
+    if f.data.len() != n * k || f.scale.len() != n {
+        return Err(bad(format!(
+            "quantised as {:?} with {} bytes and {} scales",
+            f.shape,
+            f.data.len(),
+            f.scale.len()
+        )));
     }
-    Ok(given)
+    if let Some(s) = f.scale.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+        return Err(bad(format!(
+            "has scale {s}; scales must be finite and positive"
+        )));
+    }
+    if !opts.channel && f.scale.iter().any(|s| *s != f.scale[0]) {
+        return Err(bad(
+            "has a scale per row; this layout has one per tensor".into()
+        ));
+    }
+    Ok(())
 }
 
-/// The projections `given` (else rounded to nearest) under the options.
-type Fp8Out<'a, 'b> = (Option<&'b HashMap<&'a str, &'a Fp8Tensor>>, Fp8Options);
-
-/// Writes `weights` to `out`: with `fp8`, its projections under its
-/// options, from its map when there, else rounded to nearest (without,
-/// all BF16 and `config.json` as it was); with `kv`, the KV cache scales.
+/// Writes `weights` to `out`: with `fp8`, the layer projections under its
+/// options (FP8 ones as they are, others rounded to nearest; without, all
+/// BF16 and `config.json` as it was); with `kv`, the KV cache scales.
 fn write(
     src: &Path,
     weights: &ModelWeights,
-    fp8: Option<Fp8Out<'_, '_>>,
+    fp8: Option<Fp8Options>,
     kv: Option<&KvScales>,
     out: &Path,
 ) -> Result<(), LoadError> {
@@ -195,38 +173,45 @@ fn write(
         move |source| LoadError::Io { path, source }
     };
     let loaded = load_config(src)?;
-    std::fs::create_dir_all(out).map_err(io(out))?;
     let mut all: HashMap<String, Entry> = HashMap::new();
     let names: Vec<String> = tensor_specs(&loaded.config, weights.lm_head.is_some())
         .into_iter()
         .map(|s| s.name)
         .collect();
-    let by_name: HashMap<&str, &Tensor> = weights
-        .tensors()
-        .into_iter()
+    let tensors: HashMap<&str, &Tensor> = (weights.tensors().into_iter())
         .map(|t| (t.name.as_str(), t))
         .collect();
+    let projections: HashMap<&str, &Projection> = (weights.projections().into_iter())
+        .map(|p| (p.name(), p))
+        .collect();
     for name in &names {
-        let Some(t) = by_name.get(name.as_str()) else {
+        if let Some(t) = tensors.get(name.as_str()) {
+            all.insert(name.clone(), bf16_entry(t));
             continue;
+        }
+        let Some(p) = projections.get(name.as_str()) else {
+            return Err(LoadError::MissingTensor {
+                path: src.to_path_buf(),
+                tensor: name.clone(),
+            });
         };
-        if let Some((given, opts)) = fp8.filter(|_| is_projection(name)) {
-            match given.and_then(|g| g.get(name.as_str())) {
-                Some(f) => insert(&mut all, &f.name, &f.data, &f.scale, f.shape[1], opts),
-                None => quantize_into(&mut all, t, opts),
+        // the one match of the writer on the stored formats
+        match (fp8.filter(|_| is_projection(name)), p) {
+            (Some(opts), Projection::Fp8(f)) => {
+                check_given(src, f, opts)?;
+                insert(&mut all, &f.name, &f.data, &f.scale, f.shape[1], opts);
             }
-        } else {
-            let bytes = t
-                .data
-                .iter()
-                .flat_map(|v| v.to_bits().to_le_bytes())
-                .collect();
-            all.insert(name.clone(), (Dtype::BF16, t.shape.clone(), bytes));
+            (Some(opts), p) => quantize_into(&mut all, p.dense()?.as_ref(), opts),
+            (None, p) => {
+                all.insert(name.clone(), bf16_entry(p.dense()?.as_ref()));
+            }
         }
     }
     if let Some(kv) = kv {
-        insert_kv_scales(&mut all, kv, fp8.map(|(_, o)| o.layout));
+        insert_kv_scales(&mut all, kv, fp8.map(|o| o.layout));
     }
+    // (nothing is written before every tensor passed its checks)
+    std::fs::create_dir_all(out).map_err(io(out))?;
     let views: Vec<(String, TensorView<'_>)> = all
         .iter()
         .map(|(n, (d, s, b))| {
@@ -245,13 +230,23 @@ fn write(
         }
     })?;
     match fp8 {
-        Some((_, opts)) => write_config(src, out, opts, kv.is_some())?,
+        Some(opts) => write_config(src, out, opts, kv.is_some())?,
         None => {
             let cfg = src.join("config.json");
             std::fs::copy(&cfg, out.join("config.json")).map_err(io(&cfg))?;
         }
     }
     copy_other_files(src, out)
+}
+
+/// `t` as a BF16 entry.
+fn bf16_entry(t: &Tensor) -> Entry {
+    let bytes = t
+        .data
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .collect();
+    (Dtype::BF16, t.shape.clone(), bytes)
 }
 
 /// Adds the KV cache scales of every layer to `all`: BF16 `[1]` as

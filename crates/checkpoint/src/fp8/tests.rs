@@ -34,9 +34,28 @@ fn load(dir: &Path) -> Result<ModelWeights, LoadError> {
     load_weights(dir, &cfg)
 }
 
-/// Every layout round-trips: the FP8 bytes and scales come back, the BF16
-/// projections hold the dequantised values (within e4m3's precision of the
-/// source), and the rest is the source unchanged.
+/// `p`'s FP8 tensor (the test's model has FP8 projections).
+fn fp8_of(p: &Projection) -> &Fp8Tensor {
+    match p {
+        Projection::Fp8(f) => f,
+        other => panic!("`{}` is {}, not FP8", other.name(), other.format()),
+    }
+}
+
+fn fp8_mut(p: &mut Projection) -> &mut Fp8Tensor {
+    match p {
+        Projection::Fp8(f) => f,
+        other => panic!("`{}` is {}, not FP8", other.name(), other.format()),
+    }
+}
+
+fn bf16_of(p: &Projection) -> &Tensor {
+    p.as_bf16().expect("a BF16 projection")
+}
+
+/// Every layout round-trips: the FP8 bytes and scales come back, their
+/// dequantised values within e4m3's precision of the source, and the rest
+/// is the source unchanged.
 #[test]
 fn every_layout_loads_back_what_was_written() {
     let (_d, src) = tiny();
@@ -71,17 +90,19 @@ fn every_layout_loads_back_what_was_written() {
     for (name, opts) in layouts {
         let dir = convert(&src, name, opts);
         let w = load(&dir).unwrap();
-        let fp8 = w.fp8.as_ref().expect("fp8 weights");
-        assert_eq!(fp8.source, Fp8Source::Checkpoint(opts.layout), "{name}");
+        assert!(w.is_fp8(), "{name}");
         assert_eq!(w.embed, orig.embed, "{name}");
         assert_eq!(w.norm, orig.norm, "{name}");
-        for (l, (a, b)) in w.layers.iter().zip(&orig.layers).enumerate() {
-            let f = &fp8.layers[l];
+        for (a, b) in w.layers.iter().zip(&orig.layers) {
             assert_eq!(a.input_norm, b.input_norm);
-            for (deq, src, q) in [
-                (&a.q_proj, &b.q_proj, &f.q_proj),
-                (&a.down_proj, &b.down_proj, &f.down_proj),
+            for p in a.projections() {
+                assert_eq!(p.format(), crate::Format::Fp8Row, "{name}");
+            }
+            for (src, q) in [
+                (bf16_of(&b.q_proj), fp8_of(&a.q_proj)),
+                (bf16_of(&b.down_proj), fp8_of(&a.down_proj)),
             ] {
+                let deq = q.dequantize();
                 assert_eq!(q.scale.len(), src.shape[0], "{name}: one scale per row");
                 if !opts.channel {
                     assert!(q.scale.iter().all(|s| *s == q.scale[0]), "{name}");
@@ -91,7 +112,6 @@ fn every_layout_loads_back_what_was_written() {
                     opts.input_scale.is_some(),
                     "{name}"
                 );
-                assert_eq!(deq, &q.dequantize(), "{name}");
                 let amax = src.to_f32().iter().fold(0f32, |m, v| m.max(v.abs()));
                 for (x, y) in src.to_f32().iter().zip(deq.to_f32()) {
                     assert!(
@@ -112,15 +132,11 @@ fn quantising_at_load_matches_the_per_channel_checkpoint() {
     let mut at_load = load(&src).unwrap();
     at_load.quantize_fp8();
     let from_file = load(&convert(&src, "ct", CHANNEL)).unwrap();
-    let (a, b) = (
-        at_load.fp8.as_ref().unwrap(),
-        from_file.fp8.as_ref().unwrap(),
-    );
-    assert_eq!(a.source, Fp8Source::Load);
-    for (x, y) in a.layers.iter().zip(&b.layers) {
-        assert_eq!(x.gate_proj.data, y.gate_proj.data);
+    for (x, y) in at_load.layers.iter().zip(&from_file.layers) {
+        let (x, y) = (fp8_of(&x.gate_proj), fp8_of(&y.gate_proj));
+        assert_eq!(x.data, y.data);
         // the checkpoint stores scales in bf16
-        for (s, t) in x.gate_proj.scale.iter().zip(&y.gate_proj.scale) {
+        for (s, t) in x.scale.iter().zip(&y.scale) {
             assert!((s - t).abs() <= s * 1e-2, "{s} vs {t}");
         }
     }
@@ -135,19 +151,17 @@ fn given_projections_are_written_as_they_are() {
     let (_d, src) = tiny();
     std::fs::write(src.join("lamina.json"), r#"{"gguf": "x.gguf"}"#).unwrap();
     let orig = load(&src).unwrap();
-    let mut q = orig.clone();
-    q.quantize_fp8();
-    let mut fp8 = q.fp8.clone().unwrap();
-    fp8.source = Fp8Source::Calibrated;
+    let mut fp8 = orig.clone();
+    fp8.quantize_fp8();
     // another rounding than the converter's: one bit off, a BF16 scale
-    fp8.layers[1].down_proj.data[3] ^= 1;
-    fp8.layers[1].down_proj.scale[0] = 0.0078125;
+    fp8_mut(&mut fp8.layers[1].down_proj).data[3] ^= 1;
+    fp8_mut(&mut fp8.layers[1].down_proj).scale[0] = 0.0078125;
     let out = src.parent().unwrap().join("given");
-    write_quantized_checkpoint(&src, &orig, &fp8, &out, CHANNEL).unwrap();
+    write_quantized_checkpoint(&src, &fp8, &out, CHANNEL).unwrap();
     assert!(!out.join("lamina.json").exists());
     let back = load(&out).unwrap();
-    let b = &back.fp8.as_ref().unwrap().layers[1].down_proj;
-    assert_eq!(b.data, fp8.layers[1].down_proj.data);
+    let b = fp8_of(&back.layers[1].down_proj);
+    assert_eq!(b.data, fp8_of(&fp8.layers[1].down_proj).data);
     // (stored as BF16, as llm-compressor does)
     assert_eq!(b.scale[0], 0.0078125);
     // one scale per tensor: all rows the same, written once
@@ -157,34 +171,31 @@ fn given_projections_are_written_as_they_are() {
     };
     let mut same = fp8.clone();
     for l in &mut same.layers {
-        for t in [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj, &mut l.o_proj] {
-            t.scale.fill(0.5);
-        }
-        for t in [&mut l.gate_proj, &mut l.up_proj, &mut l.down_proj] {
-            t.scale.fill(0.25);
+        for (i, p) in l.projections_mut().into_iter().enumerate() {
+            fp8_mut(p).scale.fill(if i < 4 { 0.5 } else { 0.25 });
         }
     }
     let out = src.parent().unwrap().join("given-tensor");
-    write_quantized_checkpoint(&src, &orig, &same, &out, per_tensor).unwrap();
+    write_quantized_checkpoint(&src, &same, &out, per_tensor).unwrap();
     let back = load(&out).unwrap();
     assert_eq!(
-        back.fp8.as_ref().unwrap().layers[0].up_proj.data,
-        same.layers[0].up_proj.data
+        fp8_of(&back.layers[0].up_proj).data,
+        fp8_of(&same.layers[0].up_proj).data
     );
     let scratch = src.parent().unwrap().join("refused");
-    let err = write_quantized_checkpoint(&src, &orig, &fp8, &scratch, per_tensor).unwrap_err();
+    let err = write_quantized_checkpoint(&src, &fp8, &scratch, per_tensor).unwrap_err();
     assert!(err.to_string().contains("one per tensor"), "{err}");
     let mut short = fp8.clone();
-    short.layers[0].k_proj.scale.pop();
-    let err = write_quantized_checkpoint(&src, &orig, &short, &scratch, CHANNEL).unwrap_err();
+    fp8_mut(&mut short.layers[0].k_proj).scale.pop();
+    let err = write_quantized_checkpoint(&src, &short, &scratch, CHANNEL).unwrap_err();
     assert!(
         err.to_string().contains("model.layers.0.self_attn.k_proj"),
         "{err}"
     );
     let mut fewer = fp8.clone();
     fewer.layers.pop();
-    let err = write_quantized_checkpoint(&src, &orig, &fewer, &scratch, CHANNEL).unwrap_err();
-    assert!(err.to_string().contains("missing"), "{err}");
+    let err = write_quantized_checkpoint(&src, &fewer, &scratch, CHANNEL).unwrap_err();
+    assert!(err.to_string().contains("not found"), "{err}");
     assert!(
         !scratch.exists(),
         "nothing is written before the checks pass"
@@ -192,8 +203,8 @@ fn given_projections_are_written_as_they_are() {
 }
 
 /// `--quantize-lm-head`: only with FP8 projections; a tied head gets its
-/// own dequantised copy (the embedding stays exact) and an e4m3 copy named
-/// `lm_head.weight`, one scale per vocabulary row.
+/// own e4m3 copy named `lm_head.weight`, one scale per vocabulary row (the
+/// embedding stays exact).
 #[test]
 fn the_lm_head_quantises_only_beside_fp8_projections() {
     let (_d, src) = tiny();
@@ -201,21 +212,22 @@ fn the_lm_head_quantises_only_beside_fp8_projections() {
     w.lm_head = None; // tied to the embedding, as Llama 3.2 1B's
     let embed = w.embed.clone();
     assert!(w.quantize_lm_head_fp8().is_none());
-    assert!(w.lm_head.is_none() && w.fp8.is_none());
+    assert!(w.lm_head.is_none() && !w.is_fp8());
     w.quantize_fp8();
-    assert!(w.fp8.as_ref().unwrap().lm_head.is_none());
+    assert!(w.lm_head.is_none());
     w.quantize_lm_head_fp8().unwrap();
-    let f = w.fp8.as_ref().unwrap().lm_head.clone().unwrap();
+    let head = w.lm_head.clone().unwrap();
+    let f = fp8_of(&head);
     assert_eq!(f.name, "lm_head.weight");
     assert_eq!(f.shape, embed.shape);
     assert_eq!(f.scale.len(), embed.shape[0]);
     assert_eq!(w.embed, embed);
-    let head = w.lm_head.clone().unwrap();
-    assert_eq!(head.data, f.dequantize().data);
-    assert_ne!(head.data, embed.data, "the head holds the rounded values");
+    let dense = head.dense().unwrap();
+    assert_eq!(dense.data, f.dequantize().data);
+    assert_ne!(dense.data, embed.data, "the head holds the rounded values");
     // a second call changes nothing
     w.quantize_lm_head_fp8().unwrap();
-    assert_eq!(w.fp8.as_ref().unwrap().lm_head.as_ref(), Some(&f));
+    assert_eq!(w.lm_head.as_ref(), Some(&head));
 }
 
 /// Rewrites `dir`'s weights through `edit` (name -> dtype, shape, bytes).
@@ -454,13 +466,13 @@ fn kv_cache_scales_are_written_with_fp8_or_bf16_weights() {
         channel: false,
         input_scale: None,
     };
-    for (name, how) in [
-        ("ct", WeightsOut::Fp8(&fp8, CHANNEL)),
-        ("fp8", WeightsOut::Fp8(&fp8_tensor, layout_fp8)),
-        ("bf16", WeightsOut::Bf16),
+    for (name, weights, how) in [
+        ("ct", &fp8, WeightsOut::Fp8(CHANNEL)),
+        ("fp8", &fp8_tensor, WeightsOut::Fp8(layout_fp8)),
+        ("bf16", &orig, WeightsOut::Bf16),
     ] {
         let out = d.path().join(format!("kv-{name}"));
-        write_checkpoint(&src, &orig, how, &kv, &out).unwrap();
+        write_checkpoint(&src, weights, how, &kv, &out).unwrap();
         let w = load(&out).unwrap();
         assert_eq!(w.kv_scales.as_ref(), Some(&kv), "{name}");
         let cfg: serde_json::Value =
@@ -469,9 +481,9 @@ fn kv_cache_scales_are_written_with_fp8_or_bf16_weights() {
         let q = &cfg["quantization_config"];
         match name {
             "ct" => assert_eq!(q["kv_cache_scheme"]["num_bits"], 8, "{cfg}"),
-            "fp8" => assert!(w.fp8.is_some(), "{name}"),
+            "fp8" => assert!(w.is_fp8(), "{name}"),
             _ => {
-                assert!(q.is_null() && w.fp8.is_none(), "{cfg}");
+                assert!(q.is_null() && !w.is_fp8(), "{cfg}");
                 assert_eq!(w.layers, orig.layers, "BF16 weights as they were");
             }
         }
@@ -510,8 +522,8 @@ fn kv_cache_scales_are_written_with_fp8_or_bf16_weights() {
     }
 }
 
-/// `w`'s projections rounded to nearest, per row or per tensor.
-fn rounded(w: &ModelWeights, per_tensor: bool) -> Fp8Weights {
+/// `w` with its projections rounded to nearest, per row or per tensor.
+fn rounded(w: &ModelWeights, per_tensor: bool) -> ModelWeights {
     let q = |t: &Tensor| {
         if !per_tensor {
             return Fp8Tensor::quantize(t);
@@ -526,21 +538,9 @@ fn rounded(w: &ModelWeights, per_tensor: bool) -> Fp8Weights {
             input_scale: None,
         }
     };
-    Fp8Weights {
-        layers: w
-            .layers
-            .iter()
-            .map(|l| Fp8Layer {
-                q_proj: q(&l.q_proj),
-                k_proj: q(&l.k_proj),
-                v_proj: q(&l.v_proj),
-                o_proj: q(&l.o_proj),
-                gate_proj: q(&l.gate_proj),
-                up_proj: q(&l.up_proj),
-                down_proj: q(&l.down_proj),
-            })
-            .collect(),
-        source: Fp8Source::Calibrated,
-        lm_head: None,
+    let mut out = w.clone();
+    for p in out.layers.iter_mut().flat_map(|l| l.projections_mut()) {
+        *p = Projection::Fp8(q(bf16_of(p)));
     }
+    out
 }

@@ -105,7 +105,7 @@ fn tiny_loads_with_plausible_statistics() {
         "norm mean {mean} sd {sd}"
     );
     assert!(norm.iter().all(|&v| v > 0.7 && v < 1.3));
-    assert_ne!(w.layers[0].q_proj.data, w.layers[1].q_proj.data);
+    assert_ne!(w.layers[0].q_proj, w.layers[1].q_proj);
 }
 
 #[test]

@@ -496,7 +496,7 @@ fn special_token_ids_outside_the_vocabulary_are_refused_naming_the_key() {
 #[test]
 fn weights_changed_after_import_are_checked_when_read() {
     use checkpoint::gguf::GgmlType;
-    use checkpoint::quantized::load_quantized;
+    use checkpoint::quantized::keep_blocks;
     // the micro rows are too short for blocks: its float tensors stand in
     // (the check decodes every kept type alike)
     let keep = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
@@ -507,13 +507,9 @@ fn weights_changed_after_import_are_checked_when_read() {
     let cfg = checkpoint::loader::load_config(dir.path()).unwrap().config;
     let path = dir.path().join("model.gguf");
     std::fs::write(&path, &clean).unwrap();
-    assert!(
-        load_quantized(&path, &cfg, &keep)
-            .unwrap()
-            .tensors()
-            .count()
-            > 0
-    );
+    let weights = checkpoint::loader::load_weights(dir.path(), &cfg).unwrap();
+    let kept = keep_blocks(&path, &cfg, &mut weights.clone(), &keep).unwrap();
+    assert!(kept > 0);
     for (name, value) in [
         ("blk.0.attn_q.weight", f32::NAN),
         ("blk.0.attn_output.weight", 1e7),
@@ -530,7 +526,9 @@ fn weights_changed_after_import_are_checked_when_read() {
         };
         t.data[..bytes.len()].copy_from_slice(&bytes);
         std::fs::write(&path, d.bytes()).unwrap();
-        let e = load_quantized(&path, &cfg, &keep).unwrap_err().to_string();
+        let e = keep_blocks(&path, &cfg, &mut weights.clone(), &keep)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(name) && e.contains("damaged"), "{name}: {e}");
     }
 }

@@ -59,11 +59,9 @@ fn run(file: &[u8]) {
             assert_eq!(w.embed.shape, [cfg.vocab_size, cfg.hidden_size]);
             assert_eq!(w.layers.len(), cfg.num_layers);
             for l in &w.layers {
-                assert_eq!(l.q_proj.shape, [cfg.q_dim(), cfg.hidden_size]);
-                assert_eq!(
-                    l.down_proj.data.len(),
-                    cfg.hidden_size * cfg.intermediate_size
-                );
+                assert_eq!(l.q_proj.shape(), [cfg.q_dim(), cfg.hidden_size]);
+                let down = [cfg.hidden_size, cfg.intermediate_size];
+                assert!(l.down_proj.check(down).is_ok());
             }
         }
         Err(e) => {

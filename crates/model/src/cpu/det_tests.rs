@@ -27,7 +27,7 @@ fn backend(format: Format, deterministic: bool) -> CpuBackend {
         block_size: BS,
     };
     let fmt = match format {
-        Format::Bf16 { .. } => CpuWeights::Bf16,
+        Format::Bf16 { .. } => CpuWeights::Stored,
         Format::Q4_1 => CpuWeights::Quantize(cpu_kernels::quant::QuantType::Q4_1),
     };
     CpuBackend::with_weights(c, w, kv, CpuPath::Fast, fmt)

@@ -4,8 +4,9 @@
 //!
 //! Contract: [`FastWeights::pack`] takes each layer's projections once at
 //! construction and concatenates Q/K/V into one `[q_dim + 2 kv_dim, hidden]`
-//! and gate/up into one `[2 intermediate, hidden]` BF16 matrix (the layer's
-//! original tensors are released; on AVX-512 they are packed as `k`-pair
+//! and gate/up into one `[2 intermediate, hidden]` matrix, BF16 or the
+//! stored blocks (see `packed`; the layer's
+//! original buffers are released; on AVX-512 BF16 is packed as `k`-pair
 //! panels, and where the processor has AVX-512 BF16 + VNNI an 8-bit copy
 //! is added, one byte per weight). A BF16 LM head is packed as panels too
 //! on AVX-512 (its row-major buffer released; a tied embedding's lookup
@@ -77,8 +78,9 @@ use super::attention::KvPool;
 use super::decode::{DecodeScratch, PoolView, decode_attention, row_of};
 use super::layer::{LayerVecs, qk_norm};
 use super::lora::delta;
-use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Rows, pack_group, pack_head};
+use super::packed::{CpuWeights, Layout, MatBufs, Matrix, Part, Rows, pack_group, pack_head};
 use super::{CpuBackend, Out};
+use checkpoint::projection::Projection;
 use checkpoint::weights::Extra as X;
 use checkpoint::weights::ModelWeights;
 use contract::Activation;
@@ -103,8 +105,8 @@ struct FastLayer {
     down: Matrix,    // [hidden, intermediate]
 }
 
-/// Every layer's packed projections, and the LM head when it is not the
-/// weights' row-major BF16 one.
+/// Every layer's packed projections, and the LM head unless it is the
+/// tied embedding's row-major BF16 buffer.
 pub(super) struct FastWeights {
     layers: Vec<FastLayer>,
     head: Option<Matrix>, // [vocab, hidden]
@@ -115,65 +117,36 @@ pub(super) struct FastWeights {
 
 impl FastWeights {
     /// Packs every layer of `w` (already shape-checked) in `format`,
-    /// releasing the layer tensors' BF16 buffers as it goes; BF16
-    /// projections in `layout`.
+    /// releasing the projections' stored buffers as it goes; BF16 values
+    /// in `layout`.
     pub(super) fn pack(
         w: &mut ModelWeights,
-        format: &CpuWeights,
+        format: CpuWeights,
         layout: Layout,
     ) -> Result<Self, BackendError> {
-        let (blocks, quantize_to) = match format {
-            CpuWeights::Bf16 => (None, None),
-            CpuWeights::Quantize(qt) => (None, Some(*qt)),
-            CpuWeights::Blocks(q) => (Some(q), None),
+        let quantize_to = match format {
+            CpuWeights::Stored => None,
+            CpuWeights::Quantize(qt) => Some(qt),
         };
         let mut layers = Vec::with_capacity(w.layers.len());
-        for (i, l) in w.layers.iter_mut().enumerate() {
-            let k = blocks.and_then(|b| b.layers.get(i));
-            let kept = |f: fn(&checkpoint::quantized::QuantLayer) -> &Option<_>| {
-                k.and_then(|k| f(k).as_ref())
+        for l in &mut w.layers {
+            let group = |ps: &mut [&mut Projection]| -> Result<Matrix, BackendError> {
+                let rows: Vec<usize> = ps.iter().map(|p| p.shape()[0]).collect();
+                let [_, cols] = ps[0].shape();
+                let name = ps[0].name().to_string();
+                let parts = (ps.iter_mut())
+                    .map(|p| Part::of(p))
+                    .collect::<Result<_, _>>()?;
+                pack_group(parts, &rows, cols, &name, quantize_to, layout)
             };
             layers.push(FastLayer {
-                qkv: pack_group(
-                    &mut [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj],
-                    &[
-                        kept(|k| &k.q_proj),
-                        kept(|k| &k.k_proj),
-                        kept(|k| &k.v_proj),
-                    ],
-                    quantize_to,
-                    layout,
-                )?,
-                o: pack_group(
-                    &mut [&mut l.o_proj],
-                    &[kept(|k| &k.o_proj)],
-                    quantize_to,
-                    layout,
-                )?,
-                gate_up: pack_group(
-                    &mut [&mut l.gate_proj, &mut l.up_proj],
-                    &[kept(|k| &k.gate_proj), kept(|k| &k.up_proj)],
-                    quantize_to,
-                    layout,
-                )?,
-                down: pack_group(
-                    &mut [&mut l.down_proj],
-                    &[kept(|k| &k.down_proj)],
-                    quantize_to,
-                    layout,
-                )?,
+                qkv: group(&mut [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj])?,
+                o: group(&mut [&mut l.o_proj])?,
+                gate_up: group(&mut [&mut l.gate_proj, &mut l.up_proj])?,
+                down: group(&mut [&mut l.down_proj])?,
             });
         }
-        let head = pack_head(w.head(), format, layout)?;
-        // BF16 panels replace the row-major head; a tied one's lookup reads them
-        let panels = matches!(head, Some(Matrix::Panels { .. }));
-        let embed_in_head = panels && w.lm_head.is_none();
-        if panels {
-            match &mut w.lm_head {
-                Some(t) => t.data = Vec::new(),
-                None => w.embed.data = Vec::new(),
-            }
-        }
+        let (head, embed_in_head) = pack_head(w, format, layout)?;
         if let Some(want) = quantize_to {
             let all: Vec<&Matrix> = layers
                 .iter()
@@ -457,7 +430,7 @@ impl CpuBackend {
             return h.to_vec();
         }
         let mut logits = vec![0f32; r * c.vocab_size]; // [R, vocab]
-        let head = &self.weights.head().data;
+        let head = &self.weights.embed.data; // tied, row-major (`fast.head` is `None`)
         match &fast.head {
             Some(m) => m.matmul(
                 isa,

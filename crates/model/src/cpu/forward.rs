@@ -13,6 +13,11 @@
 //! delta after each targeted projection (`lora`, from the unrounded input
 //! where FP8 activations round the projections' inputs).
 //!
+//! The projections it multiplies are [`RefWeights`]: BF16 values taken
+//! from the weights at construction (moved, or widened from FP8 and kept
+//! here, `bf16(decode(q) * scale)`); ggml blocks are refused naming the
+//! tensor (the fast path multiplies them).
+//!
 //! Costs per step of `T` tokens and `R` output rows: one pass over every
 //! layer's weights (each row converted once and applied to all `T` tokens),
 //! `R * vocab * hidden` multiply-adds for the head (not `T`), attention as in
@@ -22,20 +27,91 @@
 use super::fast::product_input;
 use super::lora::delta;
 use super::{CpuBackend, Out};
+use checkpoint::projection::Projection;
 use checkpoint::weights::Extra as X;
+use checkpoint::weights::ModelWeights;
+use contract::backend::BackendError;
 use contract::backend::StepBatch;
 use contract::lora::LoraTarget as L;
+use half::bf16;
 use ops::activation::gate_mul;
 use ops::embedding::{embed, gather_rows};
 use ops::linear::{add_assign, matmul_bf16};
 use ops::norm::{add_rows, rms_norm, rms_norm_in_place, softcap};
 use ops::{AttnDims, ScoreRule};
 
+/// One layer's projections as the reference multiplies them, BF16
+/// `[out, in]` row-major.
+pub(super) struct RefLayer {
+    q: Vec<bf16>,
+    k: Vec<bf16>,
+    v: Vec<bf16>,
+    o: Vec<bf16>,
+    gate: Vec<bf16>,
+    up: Vec<bf16>,
+    down: Vec<bf16>,
+}
+
+/// The reference path's projections (see the module doc).
+pub(super) struct RefWeights {
+    layers: Vec<RefLayer>,
+    /// `[vocab, hidden]`; `None`: tied, the embedding is read.
+    head: Option<Vec<bf16>>,
+}
+
+/// `p`'s BF16 values (the reference's one match on the stored formats),
+/// its stored buffers released.
+fn take_dense(p: &mut Projection) -> Result<Vec<bf16>, BackendError> {
+    let data = match p {
+        Projection::Bf16(t) => std::mem::take(&mut t.data),
+        Projection::Fp8(_) => {
+            p.dense()
+                .map_err(|e| BackendError::Device(format!("cpu: {e}")))?
+                .into_owned()
+                .data
+        }
+        Projection::Blocks(_) => {
+            let e = p.refuse("the reference CPU kernels (use the fast kernels for ggml blocks)");
+            return Err(BackendError::Device(format!("cpu: {e}")));
+        }
+    };
+    p.release();
+    Ok(data)
+}
+
+impl RefWeights {
+    /// Takes every projection of `w` (shape-checked), releasing its stored
+    /// buffers.
+    pub(super) fn take(w: &mut ModelWeights) -> Result<Self, BackendError> {
+        let layers = (w.layers.iter_mut())
+            .map(|l| {
+                Ok(RefLayer {
+                    q: take_dense(&mut l.q_proj)?,
+                    k: take_dense(&mut l.k_proj)?,
+                    v: take_dense(&mut l.v_proj)?,
+                    o: take_dense(&mut l.o_proj)?,
+                    gate: take_dense(&mut l.gate_proj)?,
+                    up: take_dense(&mut l.up_proj)?,
+                    down: take_dense(&mut l.down_proj)?,
+                })
+            })
+            .collect::<Result<_, BackendError>>()?;
+        let head = w.lm_head.as_mut().map(take_dense).transpose()?;
+        Ok(RefWeights { layers, head })
+    }
+}
+
 impl CpuBackend {
-    /// Runs `batch` (already validated) and returns the logits of token rows
-    /// `rows`, `[rows.len(), vocab]` row-major (or with [`Out::Hidden`]
-    /// their final-normed hidden states, `[rows.len(), hidden]`).
-    pub(super) fn forward(&mut self, batch: &StepBatch, rows: &[usize], out: Out) -> Vec<f32> {
+    /// Runs `batch` (already validated) over `rw` and returns the logits of
+    /// token rows `rows`, `[rows.len(), vocab]` row-major (or with
+    /// [`Out::Hidden`] their final-normed hidden states, `[rows.len(), hidden]`).
+    pub(super) fn forward(
+        &mut self,
+        rw: &RefWeights,
+        batch: &StepBatch,
+        rows: &[usize],
+        out: Out,
+    ) -> Vec<f32> {
         let c = &self.config;
         let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let dims = AttnDims {
@@ -56,13 +132,13 @@ impl CpuBackend {
         let lr = lrows.as_deref();
         let fp8a = self.fp8_activations;
         let mut fp8_in = Vec::new(); // a product's input rounded to e4m3
-        for (l, lw) in self.weights.layers.iter().enumerate() {
+        for (l, lw) in rw.layers.iter().enumerate() {
             let norms = &self.norms[l];
             let h = rms_norm(&x, &norms.input, eps); // [T, hidden]
             let hq = product_input(fp8a, &h, hidden, &mut fp8_in);
-            let mut q = matmul_bf16(hq, &lw.q_proj.data, hidden, q_dim); // [T, q_dim]
-            let mut k = matmul_bf16(hq, &lw.k_proj.data, hidden, kv_dim); // [T, kv_dim]
-            let mut v = matmul_bf16(hq, &lw.v_proj.data, hidden, kv_dim); // [T, kv_dim]
+            let mut q = matmul_bf16(hq, &lw.q, hidden, q_dim); // [T, q_dim]
+            let mut k = matmul_bf16(hq, &lw.k, hidden, kv_dim); // [T, kv_dim]
+            let mut v = matmul_bf16(hq, &lw.v, hidden, kv_dim); // [T, kv_dim]
             delta(lr, l, L::Q, &h, hidden, &mut q, q_dim, 0);
             delta(lr, l, L::K, &h, hidden, &mut k, kv_dim, 0);
             delta(lr, l, L::V, &h, hidden, &mut v, kv_dim, 0);
@@ -86,7 +162,7 @@ impl CpuBackend {
             let rule = ScoreRule::of(&spec.layers[l].attention);
             let o = self.pool.attention(&q, l, batch, dims, rule); // [T, q_dim]
             let oq = product_input(fp8a, &o, q_dim, &mut fp8_in);
-            let mut proj = matmul_bf16(oq, &lw.o_proj.data, q_dim, hidden); // [T, hidden]
+            let mut proj = matmul_bf16(oq, &lw.o, q_dim, hidden); // [T, hidden]
             delta(lr, l, L::O, &o, q_dim, &mut proj, hidden, 0);
             if let Some(b) = norms.get(X::OBias) {
                 add_rows(&mut proj, b);
@@ -97,8 +173,8 @@ impl CpuBackend {
             add_assign(&mut x, &proj);
             let h = rms_norm(&x, &norms.post, eps); // [T, hidden]
             let hq = product_input(fp8a, &h, hidden, &mut fp8_in);
-            let mut gate = matmul_bf16(hq, &lw.gate_proj.data, hidden, inter); // [T, inter]
-            let mut up = matmul_bf16(hq, &lw.up_proj.data, hidden, inter); // [T, inter]
+            let mut gate = matmul_bf16(hq, &lw.gate, hidden, inter); // [T, inter]
+            let mut up = matmul_bf16(hq, &lw.up, hidden, inter); // [T, inter]
             delta(lr, l, L::Gate, &h, hidden, &mut gate, inter, 0);
             delta(lr, l, L::Up, &h, hidden, &mut up, inter, 0);
             if let Some(b) = norms.get(X::GateBias) {
@@ -109,7 +185,7 @@ impl CpuBackend {
             }
             gate_mul(spec.layers[l].mlp.activation, &mut gate, &up);
             let gq = product_input(fp8a, &gate, inter, &mut fp8_in);
-            let mut down = matmul_bf16(gq, &lw.down_proj.data, inter, hidden); // [T, hidden]
+            let mut down = matmul_bf16(gq, &lw.down, inter, hidden); // [T, hidden]
             delta(lr, l, L::Down, &gate, inter, &mut down, hidden, 0);
             if let Some(b) = norms.get(X::DownBias) {
                 add_rows(&mut down, b);
@@ -125,7 +201,8 @@ impl CpuBackend {
         if out == Out::Hidden {
             return h;
         }
-        let mut logits = matmul_bf16(&h, &self.weights.head().data, hidden, c.vocab_size); // [R, vocab]
+        let head = rw.head.as_deref().unwrap_or(&self.weights.embed.data);
+        let mut logits = matmul_bf16(&h, head, hidden, c.vocab_size); // [R, vocab]
         if let Some(cap) = spec.final_logit_softcap {
             softcap(&mut logits, cap as f32);
         }

@@ -14,7 +14,7 @@ fn logits(path: CpuPath, fp8: bool) -> Vec<f32> {
         num_blocks: 32,
         block_size: BS,
     };
-    let mut b = CpuBackend::with_weights(c, w, kv, path, CpuWeights::Bf16)
+    let mut b = CpuBackend::with_weights(c, w, kv, path, CpuWeights::Stored)
         .unwrap()
         .with_fp8_activations(fp8);
     let a = &LONG_PROMPT;

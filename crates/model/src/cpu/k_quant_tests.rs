@@ -10,7 +10,8 @@ use super::tests::{
 };
 use super::*;
 use checkpoint::gguf::GgmlType;
-use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
+use checkpoint::projection::Projection;
+use checkpoint::quantized::QuantTensor;
 use checkpoint::synth::splitmix64;
 use contract::Backend;
 use cpu_kernels::quant::{QuantType, dequantize_row};
@@ -105,35 +106,27 @@ fn k_type_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
         (QuantType::Q6_K, GgmlType::Q6_K, false),
     ] {
         let c = wide_config(tied);
-        let mut w = weights(&c, tied);
+        let mut bf = weights(&c, tied);
         // names unique across layers (the exact values are found by name)
-        for (i, l) in w.layers.iter_mut().enumerate() {
-            for t in [&mut l.q_proj, &mut l.k_proj, &mut l.v_proj, &mut l.o_proj] {
-                t.name = format!("{i}.{}", t.name);
-            }
-            for t in [&mut l.gate_proj, &mut l.up_proj, &mut l.down_proj] {
-                t.name = format!("{i}.{}", t.name);
+        for (i, l) in bf.layers.iter_mut().enumerate() {
+            for p in l.projections_mut() {
+                if let Projection::Bf16(t) = p {
+                    t.name = format!("{i}.{}", t.name);
+                }
             }
         }
-        let q = |t: &Tensor| blocks_of(t, qt, ty);
-        let layers: Vec<QuantLayer> = w
-            .layers
-            .iter()
-            .map(|l| QuantLayer {
-                q_proj: Some(q(&l.q_proj)),
-                k_proj: Some(q(&l.k_proj)),
-                v_proj: Some(q(&l.v_proj)),
-                o_proj: Some(q(&l.o_proj)),
-                gate_proj: Some(q(&l.gate_proj)),
-                up_proj: Some(q(&l.up_proj)),
-                down_proj: Some(q(&l.down_proj)),
-            })
-            .collect();
-        let blocks = QuantWeights { layers, head: None };
+        let mut w = bf.clone();
+        for p in w.layers.iter_mut().flat_map(|l| l.projections_mut()) {
+            if let Projection::Bf16(t) = p {
+                *p = Projection::Blocks(blocks_of(t, qt, ty));
+            }
+        }
         // the projections' exact values, the other tensors' BF16 ones
-        let exact: HashMap<String, Vec<f64>> = blocks
-            .tensors()
-            .map(|t| (t.name.clone(), dequantised(qt, t)))
+        let exact: HashMap<String, Vec<f64>> = (w.projections().into_iter())
+            .filter_map(|p| match p {
+                Projection::Blocks(t) => Some((t.name.clone(), dequantised(qt, t))),
+                _ => None,
+            })
             .collect();
         let values = |t: &Tensor| {
             exact
@@ -142,7 +135,7 @@ fn k_type_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
                 .unwrap_or_else(|| t.data.iter().map(|v| v.to_f32() as f64).collect())
         };
         let want = naive_with(&c, &w, &LONG_PROMPT, &values);
-        let mut from_gguf = backend(&c, w.clone(), CpuWeights::Blocks(blocks.clone()));
+        let mut from_gguf = backend(&c, w.clone(), CpuWeights::Stored);
         let name = format!("gguf {}", qt.name());
         assert!(from_gguf.name().contains(&name), "{}", from_gguf.name());
         let mut worst = 0f64;
@@ -163,13 +156,10 @@ fn k_type_logits_track_the_exact_pass_and_gguf_blocks_equal_load_time_ones() {
         }
         eprintln!("{qt:?} tied={tied}: largest relative error {worst:.2e}");
         // quantised at load: the same projections, the head Q8_0
-        let head = blocks_of(w.head(), QuantType::Q8_0, GgmlType::Q8_0);
-        let blocks = QuantWeights {
-            head: Some(head),
-            ..blocks
-        };
-        let mut from_gguf = backend(&c, w.clone(), CpuWeights::Blocks(blocks));
-        let mut at_load = backend(&c, w, CpuWeights::Quantize(qt));
+        let head = blocks_of(&bf.head_dense().unwrap(), QuantType::Q8_0, GgmlType::Q8_0);
+        w.lm_head = Some(Projection::Blocks(head));
+        let mut from_gguf = backend(&c, w, CpuWeights::Stored);
+        let mut at_load = backend(&c, bf, CpuWeights::Quantize(qt));
         let name = qt.name().to_lowercase();
         assert!(at_load.name().contains(&name), "{}", at_load.name());
         for as_prompt in [true, false] {

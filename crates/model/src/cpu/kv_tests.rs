@@ -8,6 +8,7 @@ use super::batch::{build_step, contiguous_blocks};
 use super::decode::{DecodeScratch, KV_SPLIT, PoolView, decode_attention};
 use super::tests::{BS, LONG_PROMPT, backend_on, chunk, config, naive, rel_err, weights};
 use super::*;
+use checkpoint::projection::Projection;
 use contract::Backend;
 use contract::step_builder::StepBuilder;
 use ops::{AttnDims, KvCache, PagedSeqs, ScoreRule};
@@ -154,7 +155,8 @@ fn fp8_at_calibrated_scales_rotates_queries_and_keys_on_every_path() {
 fn calibrated_scales_keep_small_k_and_v_out_of_e4m3s_subnormals() {
     let c = config(false);
     let mut w = weights(&c, false);
-    let times = |t: &mut Tensor, f: f32| {
+    let times = |p: &mut Projection, f: f32| {
+        let t = p.as_bf16_mut().expect("BF16 test weights");
         for x in t.data.iter_mut() {
             *x = half::bf16::from_f32(x.to_f32() * f);
         }

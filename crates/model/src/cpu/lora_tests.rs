@@ -36,7 +36,8 @@ fn merged(c: &ModelConfig, lora: Option<&LoraAdapter>, prompt: &[u32]) -> Vec<Ve
     let w = weights(c, false);
     let mut ex = crate::exact::ExactWeights::from_weights(&w, |t| {
         t.data.iter().map(|v| v.to_f32() as f64).collect()
-    });
+    })
+    .unwrap();
     if let Some(a) = lora {
         ex.merge_lora(c, a);
     }

@@ -34,7 +34,9 @@
 //! A windowed layer's KV rows outside its window stay in the pool (the
 //! scheduler frees blocks by sequence, not by layer).
 //!
-//! Costs: memory = the BF16 weights (+ one byte per projection weight for
+//! Costs: memory = the weights as the path holds them (BF16, FP8
+//! projections widened to BF16, ggml blocks at their size; see `packed`)
+//! (+ one byte per projection weight for
 //! the prompt products' 8-bit copy, on processors with AVX-512 BF16 and
 //! VNNI) + `2 * layers * num_blocks * block_size *
 //! kv_dim * dtype.bytes()` bytes of KV pool + RoPE tables `min(max_position_embeddings,
@@ -72,6 +74,7 @@ pub(crate) mod tests;
 mod variant_tests;
 
 use attention::KvPool;
+use checkpoint::projection::Projection;
 use checkpoint::weights::{ModelWeights, Tensor};
 use contract::HostPipeline;
 use contract::backend::{BackendError, KvShape, SampledToken, StepBatch};
@@ -106,8 +109,8 @@ enum Out {
 /// The CPU backend (see the module doc).
 pub struct CpuBackend {
     config: ModelConfig,
-    /// The layer projections' buffers are empty on the fast path (moved
-    /// into `fast`); embedding, norms and head stay.
+    /// The projections' buffers are empty (moved into `fast` or
+    /// `reference`); embedding and norms stay.
     weights: ModelWeights,
     kv: KvShape,
     /// Each layer's norm gains and biases ([`layer::LayerVecs`]).
@@ -120,6 +123,8 @@ pub struct CpuBackend {
     kv_scales: KvScales,
     /// The packed projections of the fast path (`None`: reference path).
     fast: Option<FastWeights>,
+    /// The reference path's projections (`None`: fast path).
+    reference: Option<forward::RefWeights>,
     ws: Workspace,
     isa: Isa,
     /// Pipelined steps: computed at launch, collected in order.
@@ -144,21 +149,22 @@ impl CpuBackend {
         Self::with_path(config, weights, kv, CpuPath::Reference)
     }
 
-    /// [`Self::with_weights`] with BF16 weights.
+    /// [`Self::with_weights`] with the weights as stored.
     pub fn with_path(
         config: ModelConfig,
         weights: ModelWeights,
         kv: KvShape,
         path: CpuPath,
     ) -> Result<Self, BackendError> {
-        Self::with_weights(config, weights, kv, path, CpuWeights::Bf16)
+        Self::with_weights(config, weights, kv, path, CpuWeights::Stored)
     }
 
     /// Builds the backend on `path`, checking every tensor's shape against
     /// `config` and allocating a zeroed KV pool of `kv.num_blocks *
     /// kv.block_size` slots; the fast path packs the layer projections here
-    /// in `format` (the reference path runs BF16 only: any other format is
-    /// an error).
+    /// in `format`. The reference path runs BF16 values only: FP8
+    /// projections are widened, ggml blocks and a quantised `format` are
+    /// an error naming them.
     pub fn with_weights(
         config: ModelConfig,
         mut weights: ModelWeights,
@@ -167,12 +173,13 @@ impl CpuBackend {
         format: CpuWeights,
     ) -> Result<Self, BackendError> {
         check_weights(&config, &weights)?;
-        if path == CpuPath::Reference && format != CpuWeights::Bf16 {
+        if path == CpuPath::Reference && format != CpuWeights::Stored {
             return Err(BackendError::Device(format!(
                 "cpu: the reference kernels run BF16 weights only, not {}; use the fast kernels for quantised weights",
-                format.describe()
+                format.describe(&weights)
             )));
         }
+        let weights_name = format.describe(&weights);
         if kv.num_blocks == 0 || kv.block_size == 0 {
             return Err(BackendError::Device(format!(
                 "cpu: KV pool needs num_blocks > 0 and block_size > 0, got {kv:?}"
@@ -194,18 +201,17 @@ impl CpuBackend {
             .map(|l| layer::LayerVecs::of(l, offset))
             .collect();
         let final_norm = layer::gain(&weights.norm, offset);
-        let fast = match path {
+        let (fast, reference) = match path {
             CpuPath::Fast => {
                 let panels = Isa::best() == Isa::Avx512;
                 let layout = packed::Layout {
                     panels,
                     split: panels && cpu_kernels::isa::split_products(),
                 };
-                Some(FastWeights::pack(&mut weights, &format, layout)?)
+                (Some(FastWeights::pack(&mut weights, format, layout)?), None)
             }
-            CpuPath::Reference => None,
+            CpuPath::Reference => (None, Some(forward::RefWeights::take(&mut weights)?)),
         };
-        let weights_name = format.describe();
         Ok(CpuBackend {
             config,
             weights,
@@ -216,6 +222,7 @@ impl CpuBackend {
             pool,
             kv_scales,
             fast,
+            reference,
             ws: Workspace::default(),
             isa: Isa::best(),
             pipe: HostPipeline::default(),
@@ -306,17 +313,25 @@ impl CpuBackend {
 
     /// The step's logits (or hidden states, per `out`) of token rows
     /// `rows` on this backend's path.
-    fn run(&mut self, batch: &StepBatch, rows: &[usize], out: Out) -> Vec<f32> {
-        match self.fast.take() {
-            Some(fast) => {
-                // the whole step on a pool thread: the products' parallel
-                // loops then split work without a cold hand-off each
-                let logits = rayon::scope(|_| self.forward_fast(&fast, batch, rows, out));
-                self.fast = Some(fast);
-                logits
-            }
-            None => self.forward(batch, rows, out),
+    fn run(
+        &mut self,
+        batch: &StepBatch,
+        rows: &[usize],
+        out: Out,
+    ) -> Result<Vec<f32>, BackendError> {
+        if let Some(fast) = self.fast.take() {
+            // the whole step on a pool thread: the products' parallel
+            // loops then split work without a cold hand-off each
+            let logits = rayon::scope(|_| self.forward_fast(&fast, batch, rows, out));
+            self.fast = Some(fast);
+            return Ok(logits);
         }
+        let rw = self.reference.take().ok_or_else(|| {
+            BackendError::Device("cpu: the backend holds no packed weights".into())
+        })?;
+        let logits = self.forward(&rw, batch, rows, out);
+        self.reference = Some(rw);
+        Ok(logits)
     }
 
     /// [`StepBatch::check`] with what this backend indexes with: token ids
@@ -381,7 +396,7 @@ impl contract::HostCompute for CpuBackend {
             .flat_map(|s| batch.sampled_rows(s).map(move |r| (s, r)))
             .collect();
         let rows: Vec<usize> = sampled.iter().map(|&(_, r)| r).collect();
-        let logits = self.run(batch, &rows, Out::Logits); // [R, vocab]
+        let logits = self.run(batch, &rows, Out::Logits)?; // [R, vocab]
         let vocab = self.config.vocab_size;
         let tokens: Vec<(usize, SampledToken)> = sampled
             .par_iter()
@@ -435,13 +450,13 @@ impl contract::HostCompute for CpuBackend {
     fn logits(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         contract::check_rows_call(self.pipe.in_flight(), batch, rows, "a logits call")?;
         self.check_batch(batch)?;
-        Ok(self.run(batch, rows, Out::Logits))
+        self.run(batch, rows, Out::Logits)
     }
 
     fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         contract::check_rows_call(self.pipe.in_flight(), batch, rows, "a hidden-state call")?;
         self.check_batch(batch)?;
-        Ok(self.run(batch, rows, Out::Hidden))
+        self.run(batch, rows, Out::Hidden)
     }
 }
 
@@ -470,19 +485,27 @@ pub(crate) fn check_weights(c: &ModelConfig, w: &ModelWeights) -> Result<(), Bac
     }
     shape(&w.embed, &[c.vocab_size, h])?;
     shape(&w.norm, &[h])?;
+    let proj = |p: &Projection, want: [usize; 2]| {
+        p.check(want)
+            .map_err(|e| BackendError::Device(format!("cpu: {e}")))
+    };
     if let Some(head) = &w.lm_head {
-        shape(head, &[c.vocab_size, h])?;
+        proj(head, [c.vocab_size, h])?;
     }
     for l in &w.layers {
         shape(&l.input_norm, &[h])?;
         shape(&l.post_norm, &[h])?;
-        shape(&l.q_proj, &[q, h])?;
-        shape(&l.k_proj, &[kv, h])?;
-        shape(&l.v_proj, &[kv, h])?;
-        shape(&l.o_proj, &[h, q])?;
-        shape(&l.gate_proj, &[i, h])?;
-        shape(&l.up_proj, &[i, h])?;
-        shape(&l.down_proj, &[h, i])?;
+        for (p, want) in l.projections().into_iter().zip([
+            [q, h],
+            [kv, h],
+            [kv, h],
+            [h, q],
+            [i, h],
+            [i, h],
+            [h, i],
+        ]) {
+            proj(p, want)?;
+        }
         for (&e, t) in &l.extras {
             shape(t, &e.shape(c))?;
         }

@@ -1,5 +1,6 @@
 //! The fast path's weight matrices: BF16, or quantised blocks multiplied as
-//! they are ([`CpuWeights`] picks which).
+//! they are (the weights' own blocks, or BF16 quantised at load when
+//! [`CpuWeights`] asks).
 //!
 //! Contract: [`Matrix::matmul`] is `y = x @ W^T` over `[out, inp]` weights
 //! in whichever form the matrix holds: BF16 through
@@ -23,23 +24,26 @@
 //! tokens never happens), blocks on [`matmul_quant`]'s row kernels
 //! (a token tile's bits are a single token's) and 16-row panels on
 //! [`matmul_x16`] (likewise).
-//! [`pack_group`] builds one fused matrix from several row-stacked tensors
-//! (Q/K/V, gate/up): from the GGUF's blocks when every tensor of the group
-//! was kept in one type; as a [`Matrix::Stack`] of parts each in its own
-//! form when the GGUF keeps them in different types or only some of them
-//! (a Q4_K_M file's Q4_K Q/K and Q6_K V); else from the BF16 tensors
-//! (quantised at load when [`CpuWeights::Quantize`] asks for it; Q4_K only where rows are whole
-//! super-blocks of 256, Q4_1 elsewhere, as llama.cpp's quantiser falls
-//! back). The BF16 buffers of packed tensors are released, so memory is the
-//! packed size.
+//! [`pack_group`] builds one fused matrix from several row-stacked
+//! projections (Q/K/V, gate/up), each entering through [`Part::of`], the
+//! fast path's one match on the stored formats: ggml blocks of a type the
+//! kernels multiply ([`KEPT_GGML_TYPES`]) as they are, every other format
+//! as its BF16 values (FP8 widened to `bf16(decode(q) * scale)`, other
+//! block types decoded). From the blocks when every part has them in one
+//! type; as a [`Matrix::Stack`] of parts each in its own form when the
+//! parts differ (a Q4_K_M file's Q4_K Q/K and Q6_K V); else from the BF16
+//! values (quantised at load when [`CpuWeights::Quantize`] asks for it;
+//! Q4_K only where rows are whole super-blocks of 256, Q4_1 elsewhere, as
+//! llama.cpp's quantiser falls back). The projections' stored buffers are
+//! released, so memory is the packed size.
 //!
 //! Costs: at load, quantising a BF16 matrix is one pass over it (the split's
 //! 8-bit copy too: one byte per weight); per call, see the kernels, plus a
 //! gather and scatter of the rows of each kind when a step mixes them.
 
 use checkpoint::gguf::GgmlType;
-use checkpoint::quantized::{QuantTensor, QuantWeights};
-use checkpoint::weights::Tensor;
+use checkpoint::projection::Projection;
+use checkpoint::weights::ModelWeights;
 use contract::backend::BackendError;
 use cpu_kernels::Isa;
 use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
@@ -61,43 +65,38 @@ pub const KEPT_GGML_TYPES: [GgmlType; 4] = [
 ];
 
 /// How the fast path holds the projections and the LM head.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CpuWeights {
-    /// BF16 (f32 arithmetic over exactly widened weights).
+    /// As the weights store them: BF16 as it is (f32 arithmetic over
+    /// exactly widened weights), FP8 widened to its BF16 values, ggml
+    /// blocks multiplied as they are ([`KEPT_GGML_TYPES`]).
     #[default]
-    Bf16,
-    /// Every projection quantised at load from BF16 to this type; the LM
-    /// head to Q8_0 (a 4-bit head costs more accuracy than it saves).
+    Stored,
+    /// Every BF16 projection quantised at load to this type; the LM head
+    /// to Q8_0 (a 4-bit head costs more accuracy than it saves).
     Quantize(QuantType),
-    /// A GGUF's own blocks where the given set holds them (see
-    /// [`checkpoint::quantized::load_quantized`]); BF16 elsewhere.
-    Blocks(QuantWeights),
 }
 
 impl CpuWeights {
-    /// The GGUF blocks kept, if any (a CUDA backend runs them too).
-    pub fn blocks(&self) -> Option<&QuantWeights> {
-        match self {
-            CpuWeights::Blocks(q) => Some(q),
-            _ => None,
+    /// Short name for the backend's name: `bf16`, `bf16 from fp8`, `q8_0`,
+    /// `gguf Q4_K+Q6_K`: how the fast path holds `w`'s projections.
+    pub fn describe(self, w: &ModelWeights) -> String {
+        if let CpuWeights::Quantize(qt) = self {
+            return qt.name().to_lowercase();
         }
-    }
-
-    /// Short name for the backend's name: `bf16`, `q8_0`, `gguf blocks`.
-    pub fn describe(&self) -> String {
-        match self {
-            CpuWeights::Bf16 => "bf16".into(),
-            CpuWeights::Quantize(qt) => qt.name().to_lowercase(),
-            CpuWeights::Blocks(q) => {
-                let mut types: Vec<String> = q.tensors().map(|t| t.ty.name()).collect();
-                types.sort_unstable();
-                types.dedup();
-                if types.is_empty() {
-                    "bf16".into()
-                } else {
-                    format!("gguf {}", types.join("+"))
-                }
-            }
+        let formats = w.formats();
+        let mut blocks: Vec<String> = (formats.iter())
+            .filter_map(|f| match f {
+                checkpoint::Format::Ggml(ty) => Some(ty.name()),
+                _ => None,
+            })
+            .collect();
+        blocks.sort_unstable();
+        let fp8 = formats.contains(&checkpoint::Format::Fp8Row);
+        match (blocks.is_empty(), fp8) {
+            (false, _) => format!("gguf {}", blocks.join("+")),
+            (true, true) => "bf16 from fp8".into(),
+            (true, false) => "bf16".into(),
         }
     }
 }
@@ -390,30 +389,65 @@ pub(super) struct Layout {
     pub(super) split: bool,
 }
 
-/// The fused matrix of `parts` (row-stacked, all `[_, cols]`): the kept
-/// blocks when every part has them in one type, a [`Matrix::Stack`] of the
-/// runs of parts in one form when some are kept but not all in one type,
-/// else BF16 (quantised to `qt` when given) in `layout`. Releases the
-/// parts' BF16 buffers.
+/// One projection as the packer takes it.
+pub(super) enum Part {
+    /// Its values in BF16, `[rows, cols]`.
+    Dense(Vec<bf16>),
+    /// Blocks the kernels multiply as they are.
+    Blocks(QuantType, Vec<u8>),
+}
+
+impl Part {
+    /// `p` as the fast path runs it (the one match on the stored formats,
+    /// see the module doc), its stored buffers released.
+    pub(super) fn of(p: &mut Projection) -> Result<Part, BackendError> {
+        let part = match p {
+            Projection::Bf16(t) => Part::Dense(std::mem::take(&mut t.data)),
+            Projection::Blocks(t) if quant_type(t.ty).is_some() => {
+                let qt = quant_type(t.ty).expect("checked: a kept type");
+                Part::Blocks(qt, std::mem::take(&mut t.data))
+            }
+            // FP8 widened; other block types decoded
+            Projection::Fp8(_) | Projection::Blocks(_) => {
+                let t = p
+                    .dense()
+                    .map_err(|e| BackendError::Device(format!("cpu: {e}")))?;
+                Part::Dense(t.into_owned().data)
+            }
+        };
+        p.release();
+        Ok(part)
+    }
+
+    fn quant_type(&self) -> Option<QuantType> {
+        match self {
+            Part::Blocks(qt, _) => Some(*qt),
+            Part::Dense(_) => None,
+        }
+    }
+}
+
+/// The fused matrix of `parts` (row-stacked, all `[_, cols]`, `rows[i]`
+/// rows each; [`Part::of`]): the blocks when every part has them in one
+/// type, a [`Matrix::Stack`] of the runs of parts in one form when they
+/// differ, else BF16 (quantised to `qt` when given) in `layout`. `name`
+/// (the first part's) names it in errors.
 pub(super) fn pack_group(
-    parts: &mut [&mut Tensor],
-    kept: &[Option<&QuantTensor>],
+    parts: Vec<Part>,
+    rows: &[usize],
+    cols: usize,
+    name: &str,
     quantize_to: Option<QuantType>,
     layout: Layout,
 ) -> Result<Matrix, BackendError> {
-    let cols = parts[0].shape[1];
-    let types: Vec<Option<QuantType>> = kept
-        .iter()
-        .map(|k| k.and_then(|t| quant_type(t.ty)))
-        .collect();
-    if !kept.is_empty() && types.iter().all(|t| t.is_some() && *t == types[0]) {
+    let types: Vec<Option<QuantType>> = parts.iter().map(Part::quant_type).collect();
+    if types.iter().all(|t| t.is_some() && *t == types[0]) {
         let qt = types[0].expect("checked: every part has a type");
         let mut data = Vec::new();
-        for k in kept.iter().flatten() {
-            data.extend_from_slice(&k.data);
-        }
-        for p in parts.iter_mut() {
-            p.data = Vec::new();
+        for p in parts {
+            if let Part::Blocks(_, d) = p {
+                data.extend_from_slice(&d);
+            }
         }
         return Ok(quant_matrix(qt, data, cols, layout));
     }
@@ -421,23 +455,32 @@ pub(super) fn pack_group(
         // each run of parts in one form is one matrix (Q4_K Q and K
         // together beside a Q6_K V)
         let mut stack = Vec::new();
+        let mut parts = parts.into_iter();
         let mut i = 0;
         for run in types.chunk_by(|a, b| a == b) {
             let n = run.len();
-            let rows = parts[i..i + n].iter().map(|p| p.shape[0]).sum();
-            let m = pack_group(&mut parts[i..i + n], &kept[i..i + n], quantize_to, layout)?;
-            stack.push((m, rows));
+            let run_rows = &rows[i..i + n];
+            let m = pack_group(
+                parts.by_ref().take(n).collect(),
+                run_rows,
+                cols,
+                name,
+                quantize_to,
+                layout,
+            )?;
+            stack.push((m, run_rows.iter().sum()));
             i += n;
         }
         return Ok(Matrix::Stack(stack));
     }
-    let mut bf = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
-    for p in parts.iter_mut() {
-        bf.extend_from_slice(&p.data);
-        p.data = Vec::new();
+    let mut bf = Vec::with_capacity(rows.iter().sum::<usize>() * cols);
+    for p in parts {
+        if let Part::Dense(d) = p {
+            bf.extend_from_slice(&d);
+        }
     }
     match quantize_to {
-        Some(qt) => quantize(qt, &bf, cols, &parts[0].name, layout),
+        Some(qt) => quantize(qt, &bf, cols, name, layout),
         None if layout.panels => {
             let rows = bf.len() / cols;
             let lo = layout.split.then(|| LoWeights::new(&bf, cols, rows));
@@ -448,106 +491,54 @@ pub(super) fn pack_group(
     }
 }
 
-/// The LM head as the fast path multiplies it: quantised (Q8_0 when the
-/// layers are, or the GGUF's own blocks), else BF16 panels on AVX-512;
-/// `None` keeps the weights' row-major BF16 head. The caller may then
-/// release the head tensor's BF16 buffer (a tied embedding's lookup reads
-/// the panels' rows, [`PairPanels::row_f32`]).
+/// The LM head as the fast path multiplies it, and whether it holds the
+/// embedding's rows (a tied head in BF16 panels: the embedding's
+/// row-major buffer is released and its lookup reads the panels,
+/// [`PairPanels::row_f32`]). An untied head enters through [`Part::of`]
+/// (its blocks, else BF16: quantised to Q8_0 when the layers are, in
+/// panels on AVX-512, else row-major). A tied head is the embedding:
+/// quantised to Q8_0 when the layers are, in panels on AVX-512, else
+/// `None` (the embedding's row-major buffer read as it is).
 pub(super) fn pack_head(
-    head: &Tensor,
-    format: &CpuWeights,
+    w: &mut ModelWeights,
+    format: CpuWeights,
     layout: Layout,
-) -> Result<Option<Matrix>, BackendError> {
-    let cols = head.shape[1];
-    let packed = match format {
-        CpuWeights::Bf16 => None,
-        CpuWeights::Quantize(_) => Some(quantize(
-            QuantType::Q8_0,
-            &head.data,
-            cols,
-            &head.name,
-            layout,
-        )?),
-        CpuWeights::Blocks(q) => q.head.as_ref().and_then(|t| {
-            quant_type(t.ty).map(|qt| quant_matrix(qt, t.data.clone(), cols, layout))
-        }),
+) -> Result<(Option<Matrix>, bool), BackendError> {
+    let cols = w.embed.shape[1];
+    let q8 = matches!(format, CpuWeights::Quantize(_));
+    let part = match &mut w.lm_head {
+        Some(p) => Part::of(p)?,
+        None if q8 => {
+            let m = quantize(QuantType::Q8_0, &w.embed.data, cols, &w.embed.name, layout)?;
+            return Ok((Some(m), false));
+        }
+        None if layout.panels => {
+            let data = std::mem::take(&mut w.embed.data);
+            let panels = PairPanels::new(&data, cols, data.len() / cols);
+            return Ok((
+                Some(Matrix::Panels {
+                    w: panels,
+                    lo: None,
+                }),
+                true,
+            ));
+        }
+        None => return Ok((None, false)),
     };
-    // a BF16 head in panels: the layers' f32 products, half again the
-    // row-major tiles' bandwidth on one token
-    Ok(packed.or_else(|| {
-        layout.panels.then(|| Matrix::Panels {
-            w: PairPanels::new(&head.data, cols, head.shape[0]),
+    let name = "lm_head.weight";
+    let m = match part {
+        Part::Blocks(qt, data) => quant_matrix(qt, data, cols, layout),
+        Part::Dense(d) if q8 => quantize(QuantType::Q8_0, &d, cols, name, layout)?,
+        // a BF16 head in panels: the layers' f32 products, half again the
+        // row-major tiles' bandwidth on one token
+        Part::Dense(d) if layout.panels => Matrix::Panels {
+            w: PairPanels::new(&d, cols, d.len() / cols),
             lo: None,
-        })
-    }))
+        },
+        Part::Dense(d) => Matrix::Bf16(d),
+    };
+    Ok((Some(m), false))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bf16_rows(rows: usize, cols: usize, seed: u64) -> Vec<bf16> {
-        (0..rows * cols)
-            .map(|i| {
-                let u = checkpoint::synth::splitmix64(i as u64 ^ seed) >> 40;
-                bf16::from_f32(u as f32 / (1u64 << 24) as f32 - 0.5)
-            })
-            .collect()
-    }
-
-    /// A stack of parts gives the fused matrix's bits (each output is its
-    /// weight row's product alone), for prompt, generated and mixed rows:
-    /// on this processor's layout with parts of whole 16-row panels, and
-    /// on the row-major layout with ragged parts.
-    #[test]
-    fn a_stack_of_parts_equals_the_fused_matrix() {
-        let isa = Isa::best();
-        let panels = isa == Isa::Avx512;
-        let best = Layout {
-            panels,
-            split: panels && cpu_kernels::isa::split_products(),
-        };
-        let rows_major = Layout {
-            panels: false,
-            split: false,
-        };
-        for (layout, a, b) in [(best, 48, 16), (rows_major, 40, 24)] {
-            stack_equals_fused(isa, layout, a, b);
-        }
-    }
-
-    fn stack_equals_fused(isa: Isa, layout: Layout, a: usize, b: usize) {
-        let (cols, t) = (64, 7);
-        let (wa, wb) = (bf16_rows(a, cols, 1), bf16_rows(b, cols, 2));
-        let fused_w: Vec<bf16> = wa.iter().chain(&wb).copied().collect();
-        let x: Vec<f32> = (0..t * cols).map(|i| (i as f32 * 0.37).sin()).collect();
-        let pack = |w: &[bf16], qt: Option<QuantType>| {
-            let mut t = Tensor {
-                name: "w".into(),
-                shape: vec![w.len() / cols, cols],
-                data: w.to_vec(),
-            };
-            pack_group(&mut [&mut t], &[None], qt, layout).unwrap()
-        };
-        for qt in [None, Some(QuantType::Q4_1), Some(QuantType::Q8_0)] {
-            let fused = pack(&fused_w, qt);
-            let stack = Matrix::Stack(vec![(pack(&wa, qt), a), (pack(&wb, qt), b)]);
-            let (prompt, generated) = ([0, 3, 4], [1, 2, 5, 6]);
-            for rows in [
-                Rows::Generated,
-                Rows::Prompt,
-                Rows::Mixed {
-                    prompt: &prompt,
-                    generated: &generated,
-                },
-            ] {
-                let run = |m: &Matrix| {
-                    let mut y = vec![f32::NAN; t * (a + b)];
-                    m.matmul(isa, &x, cols, a + b, &mut y, rows, &mut MatBufs::default());
-                    y
-                };
-                assert_eq!(run(&stack), run(&fused), "{qt:?} {a}+{b}");
-            }
-        }
-    }
-}
+mod tests;

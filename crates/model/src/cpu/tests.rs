@@ -63,14 +63,14 @@ pub(crate) fn weights(c: &ModelConfig, tied: bool) -> ModelWeights {
                 .collect();
             LayerWeights {
                 input_norm: tensor("in", &[h], s, 0.2, 1.0),
-                q_proj: tensor("q", &[q, h], s + 1, 0.4, 0.0),
-                k_proj: tensor("k", &[kv, h], s + 2, 0.4, 0.0),
-                v_proj: tensor("v", &[kv, h], s + 3, 0.4, 0.0),
-                o_proj: tensor("o", &[h, q], s + 4, 0.3, 0.0),
+                q_proj: Projection::Bf16(tensor("q", &[q, h], s + 1, 0.4, 0.0)),
+                k_proj: Projection::Bf16(tensor("k", &[kv, h], s + 2, 0.4, 0.0)),
+                v_proj: Projection::Bf16(tensor("v", &[kv, h], s + 3, 0.4, 0.0)),
+                o_proj: Projection::Bf16(tensor("o", &[h, q], s + 4, 0.3, 0.0)),
                 post_norm: tensor("post", &[h], s + 5, 0.2, 1.0),
-                gate_proj: tensor("gate", &[i, h], s + 6, 0.3, 0.0),
-                up_proj: tensor("up", &[i, h], s + 7, 0.3, 0.0),
-                down_proj: tensor("down", &[h, i], s + 8, 0.3, 0.0),
+                gate_proj: Projection::Bf16(tensor("gate", &[i, h], s + 6, 0.3, 0.0)),
+                up_proj: Projection::Bf16(tensor("up", &[i, h], s + 7, 0.3, 0.0)),
+                down_proj: Projection::Bf16(tensor("down", &[h, i], s + 8, 0.3, 0.0)),
                 extras,
             }
         })
@@ -79,8 +79,8 @@ pub(crate) fn weights(c: &ModelConfig, tied: bool) -> ModelWeights {
         embed: tensor("embed", &[c.vocab_size, h], 1, 1.0, 0.0),
         layers,
         norm: tensor("norm", &[h], 2, 0.2, 1.0),
-        lm_head: (!tied).then(|| tensor("lm_head", &[c.vocab_size, h], 3, 0.5, 0.0)),
-        fp8: None,
+        lm_head: (!tied)
+            .then(|| Projection::Bf16(tensor("lm_head", &[c.vocab_size, h], 3, 0.5, 0.0))),
         kv_scales: None,
     }
 }
@@ -121,7 +121,8 @@ pub(super) fn naive_with(
     toks: &[u32],
     f: &dyn Fn(&Tensor) -> Vec<f64>,
 ) -> Vec<Vec<f64>> {
-    crate::exact::forward(c, &crate::exact::ExactWeights::from_weights(w, f), toks)
+    let ex = crate::exact::ExactWeights::from_weights(w, f).expect("projections decode");
+    crate::exact::forward(c, &ex, toks)
 }
 
 /// `t`'s rows quantised to `qt` (GGUF type `ty`), as a GGUF would hold
@@ -380,18 +381,18 @@ fn bad_batches_and_weights_are_errors_naming_the_field() {
         b.logits(&unread, &[1])
             .unwrap_err()
             .to_string()
-            .contains("logits row 1")
+            .contains("row 1 is outside")
     );
     assert!(build_step(&[chunk(&PROMPT, 0, vec![0])], BS).is_err());
     let c = config(true);
     let mut w = weights(&c, true);
-    w.layers[1].k_proj = tensor(
+    w.layers[1].k_proj = Projection::Bf16(tensor(
         "model.layers.1.self_attn.k_proj.weight",
         &[3, 32],
         0,
         1.0,
         0.0,
-    );
+    ));
     let e = CpuBackend::new(
         c.clone(),
         w,
@@ -477,7 +478,9 @@ fn non_finite_weights_give_a_nan_logprob() {
         for prompt in [&PROMPT[..], &LONG_PROMPT[..]] {
             let c = config(true);
             let mut w = weights(&c, true);
-            w.layers[1].down_proj.data[5] = bf16::NAN;
+            if let Projection::Bf16(t) = &mut w.layers[1].down_proj {
+                t.data[5] = bf16::NAN;
+            }
             let kv = KvShape {
                 num_blocks: 8,
                 block_size: BS,
@@ -510,8 +513,29 @@ fn non_finite_weights_give_a_nan_logprob() {
 mod quant {
     use super::*;
     use checkpoint::gguf::GgmlType;
-    use checkpoint::quantized::{QuantLayer, QuantWeights};
     use cpu_kernels::quant::QuantType;
+
+    /// `w` with each layer projection `keep` names replaced by its Q4_1
+    /// blocks, and an untied head by its Q8_0 blocks, as a GGUF holds them.
+    fn in_blocks(w: &ModelWeights, keep: &dyn Fn(&str) -> bool) -> ModelWeights {
+        let mut out = w.clone();
+        for p in out.layers.iter_mut().flat_map(|l| l.projections_mut()) {
+            if let Projection::Bf16(t) = p
+                && keep(&t.name)
+            {
+                *p = Projection::Blocks(blocks(t, QuantType::Q4_1, GgmlType::Q4_1));
+            }
+        }
+        if let Some(Projection::Bf16(t)) = &out.lm_head {
+            let b = blocks(t, QuantType::Q8_0, GgmlType::Q8_0);
+            out.lm_head = Some(Projection::Blocks(b));
+        }
+        out
+    }
+
+    fn stored_backend(c: &ModelConfig, w: ModelWeights) -> CpuBackend {
+        CpuBackend::with_weights(c.clone(), w, kv(8), CpuPath::Fast, CpuWeights::Stored).unwrap()
+    }
 
     fn kv(num_blocks: usize) -> KvShape {
         KvShape {
@@ -601,7 +625,7 @@ mod quant {
     fn quantised_batch_equals_alone_bit_for_bit() {
         let fmt = CpuWeights::Quantize(QuantType::Q4_1);
         let a: &[u32] = &PROMPT;
-        let mut alone = quant_backend(false, fmt.clone());
+        let mut alone = quant_backend(false, fmt);
         let one = build_step(&[chunk(a, 0, contiguous_blocks(0, a.len(), BS))], BS).unwrap();
         let la = alone.logits(&one, &[a.len() - 1]).unwrap();
         let d1 = build_step(
@@ -648,26 +672,7 @@ mod quant {
         let tied = false;
         let c = config_with(tied, 64);
         let w = weights(&c, tied);
-        let q = |t: &Tensor| Some(blocks(t, QuantType::Q4_1, GgmlType::Q4_1));
-        let layers: Vec<QuantLayer> = w
-            .layers
-            .iter()
-            .map(|l| QuantLayer {
-                q_proj: q(&l.q_proj),
-                k_proj: q(&l.k_proj),
-                v_proj: q(&l.v_proj),
-                o_proj: q(&l.o_proj),
-                gate_proj: q(&l.gate_proj),
-                up_proj: q(&l.up_proj),
-                down_proj: q(&l.down_proj),
-            })
-            .collect();
-        let head = w
-            .lm_head
-            .as_ref()
-            .map(|t| blocks(t, QuantType::Q8_0, GgmlType::Q8_0));
-        let gguf = QuantWeights { layers, head };
-        let mut from_gguf = quant_backend(tied, CpuWeights::Blocks(gguf.clone()));
+        let mut from_gguf = stored_backend(&c, in_blocks(&w, &|_| true));
         assert!(
             from_gguf.name().contains("gguf Q4_1+Q8_0"),
             "{}",
@@ -681,13 +686,8 @@ mod quant {
         // one member of gate/up not kept: the kept one keeps its blocks
         // (a stack of parts), the other runs BF16: neither all-BF16 nor
         // all-Q4_1 (the stack's exactness: packed::tests)
-        let (mut mixed, mut neither) = (gguf.clone(), gguf);
-        for (m, n) in mixed.layers.iter_mut().zip(&mut neither.layers) {
-            m.up_proj = None;
-            (n.up_proj, n.gate_proj) = (None, None);
-        }
-        let mut m = quant_backend(tied, CpuWeights::Blocks(mixed));
-        let mut n = quant_backend(tied, CpuWeights::Blocks(neither));
+        let mut m = stored_backend(&c, in_blocks(&w, &|n| n != "up"));
+        let mut n = stored_backend(&c, in_blocks(&w, &|n| n != "up" && n != "gate"));
         let got = logits_of(&mut m, &PROMPT);
         let (bf, q) = (logits_of(&mut n, &PROMPT), logits_of(&mut at_load, &PROMPT));
         assert_ne!(got, bf);
@@ -709,6 +709,21 @@ mod quant {
         .err()
         .expect("reference path with quantised weights");
         assert!(err.to_string().contains("reference"), "{err}");
+        // blocks on the reference path: refused naming the tensor and format
+        let err = CpuBackend::with_weights(
+            c.clone(),
+            in_blocks(&weights(&c, true), &|n| n == "v"),
+            kv(8),
+            CpuPath::Reference,
+            CpuWeights::Stored,
+        )
+        .err()
+        .expect("reference path with blocks");
+        let e = err.to_string();
+        assert!(
+            e.contains("`v`") && e.contains("q4_1") && e.contains("reference"),
+            "{e}"
+        );
         // rows of 48 values are not whole blocks of 32
         let c = config(true);
         let err = CpuBackend::with_weights(

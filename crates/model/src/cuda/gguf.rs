@@ -51,13 +51,6 @@ pub(super) fn format_of(ty: GgmlType) -> Option<WeightFormat> {
     })
 }
 
-/// The one block format all `parts` share, if every part has blocks.
-pub(super) fn shared_format(parts: &[Option<&QuantTensor>]) -> Option<WeightFormat> {
-    let mut formats = parts.iter().map(|p| p.and_then(|t| format_of(t.ty)));
-    let first = formats.next()??;
-    formats.all(|f| f == Some(first)).then_some(first)
-}
-
 /// One projection in a GGUF block format, `[n, k]`: the chunks of codes
 /// and the side records of [`WeightFormat::layout`].
 pub(super) struct GgufLinear {

@@ -51,15 +51,15 @@ pub(super) trait Linear: Send + Sync {
 pub(super) struct Bf16Linear(DeviceBuffer<bf16>);
 
 impl Bf16Linear {
-    /// Uploads `parts` stacked into one matrix (rows of each in order),
-    /// checking each against its expected shape.
-    pub fn upload(gpu: &Gpu, parts: &[(&Tensor, &[usize])]) -> Result<Self, BackendError> {
-        let mut data = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
-        for (t, shape) in parts {
-            check(t, shape)?;
+    /// Uploads `parts` (each checked against its shape,
+    /// `checkpoint::Projection::check`) stacked into one matrix (rows of
+    /// each in order).
+    pub fn upload(gpu: &Gpu, parts: &[&Tensor]) -> Result<Self, BackendError> {
+        let mut data = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
+        for t in parts {
             data.extend_from_slice(&t.data);
         }
-        let what = parts.first().map_or("", |(t, _)| t.name.as_str());
+        let what = parts.first().map_or("", |t| t.name.as_str());
         gpu.upload(&data)
             .map(Bf16Linear)
             .map_err(|e| dev_err(&format!("uploading {what}"), e))
@@ -90,28 +90,16 @@ pub(super) struct Fp8RowLinear {
 }
 
 impl Fp8RowLinear {
-    /// Uploads FP8 projections `parts` stacked into one matrix, checking
-    /// each against its expected shape.
-    pub fn upload(gpu: &Gpu, parts: &[(&Fp8Tensor, &[usize])]) -> Result<Self, BackendError> {
-        let mut q = Vec::with_capacity(parts.iter().map(|(t, _)| t.data.len()).sum());
+    /// Uploads FP8 projections `parts` (each checked against its shape,
+    /// `checkpoint::Projection::check`) stacked into one matrix.
+    pub fn upload(gpu: &Gpu, parts: &[&Fp8Tensor]) -> Result<Self, BackendError> {
+        let mut q = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
         let mut scale = Vec::new();
-        for (t, shape) in parts {
-            if t.shape != *shape
-                || t.data.len() != shape.iter().product::<usize>()
-                || t.scale.len() != shape[0]
-            {
-                return Err(BackendError::Device(format!(
-                    "cuda: FP8 tensor {} has shape {:?} ({} bytes, {} scales), expected {shape:?}",
-                    t.name,
-                    t.shape,
-                    t.data.len(),
-                    t.scale.len()
-                )));
-            }
+        for t in parts {
             q.extend_from_slice(&t.data);
             scale.extend_from_slice(&t.scale);
         }
-        let what = parts.first().map_or("", |(t, _)| t.name.as_str());
+        let what = parts.first().map_or("", |t| t.name.as_str());
         let err = |e| dev_err(&format!("uploading FP8 {what}"), e);
         Ok(Fp8RowLinear {
             q: gpu.upload(&q).map_err(err)?,

@@ -62,7 +62,6 @@ use gpu::{Blas, Gpu};
 pub use kernels::KernelOptions;
 use kernels::{DecodePlan, HeadShape, Kernels, SampleParams};
 
-use checkpoint::quantized::QuantWeights;
 use checkpoint::weights::ModelWeights;
 use contract::backend::{
     Backend, BackendError, KvShape, SampleRequest, SampledToken, StepBatch, check_rows_call,
@@ -293,26 +292,12 @@ fn check_spec(c: &ModelConfig) -> Result<(), BackendError> {
 }
 
 impl CudaBackend {
-    /// Uploads `weights` to device `device` and allocates a KV pool of
+    /// Uploads `weights` to device `device` (each projection in its stored
+    /// format: `weights` module doc) and allocates a KV pool of
     /// `kv.num_blocks` blocks of `kv.block_size` tokens.
     pub fn new(
         config: ModelConfig,
         weights: &ModelWeights,
-        kv: KvShape,
-        device: usize,
-        opts: CudaOptions,
-    ) -> Result<CudaBackend, BackendError> {
-        Self::with_blocks(config, weights, None, kv, device, opts)
-    }
-
-    /// [`CudaBackend::new`] with the GGUF blocks of the projections (and
-    /// LM head) that have them in a format of [`KEPT_GGML_TYPES`]: those
-    /// run from their blocks, the rest from `weights`' BF16 copy (see
-    /// `weights::projection_format`). Ignored for a model with FP8 weights.
-    pub fn with_blocks(
-        config: ModelConfig,
-        weights: &ModelWeights,
-        blocks: Option<&QuantWeights>,
         kv: KvShape,
         device: usize,
         opts: CudaOptions,
@@ -331,7 +316,7 @@ impl CudaBackend {
         let sms = gpu
             .sm_count()
             .map_err(|e| dev_err("querying the SM count", e))?;
-        let format = weights::projection_format(weights, &[]);
+        let format = weights::projection_format(weights);
         let mut tuning = tuning(&config, kv, &opts, sms, format)?;
         let lora = lora::LoraPool::new(&gpu, &config, opts.max_loras, opts.max_lora_rank)?;
         if opts.max_loras > 0 {
@@ -348,7 +333,7 @@ impl CudaBackend {
                 tuning.lora_wide = lora.slots() * lora.h_width();
             }
         }
-        let model = DeviceModel::upload(&gpu, &config, weights, blocks, kv, opts.kv_cache_dtype)?;
+        let model = DeviceModel::upload(&gpu, &config, weights, kv, opts.kv_cache_dtype)?;
         let caps = Caps {
             tokens: 16,
             rows: 1,

@@ -1,12 +1,14 @@
 //! Weights and KV pool on the device.
 //!
 //! Contract: every tensor is uploaded once and checked against the config
-//! first (the error names the tensor). Each fused projection is a
-//! [`Projection`], the `linear` implementation of the format
-//! [`projection_format`] picks: e4m3 bytes with one f32 scale per row for
-//! a model with FP8 weights (`ModelWeights::fp8`), a GGUF's own blocks
-//! (`gguf`) where the backend was given them and every part of the
-//! projection shares one block format, else bf16. Q/K/V are fused into one
+//! first (the error names the tensor): bf16, each projection in its stored
+//! format ([`checkpoint::Projection`]: BF16, or FP8 as e4m3 bytes with one
+//! f32 scale per row, or a GGUF's own blocks in a format the GEMVs read,
+//! `gguf`) as a [`Projection`], the `linear` implementation of that
+//! format, made in [`linear_of`] (the upload's one match on the stored
+//! formats; parts of different formats in one fused projection, as a
+//! Q4_K_M file's Q4_K Q and K beside a Q6_K V, go up as their BF16
+//! values). Q/K/V are fused into one
 //! `[(heads + 2 kv_heads) * head_dim, hidden]` matrix and gate/up into one
 //! `[2 * intermediate, hidden]`, so a layer runs four large GEMMs; a tied LM
 //! head reuses the embedding buffer unless it is in FP8 (`--quantize-lm-head`)
@@ -30,8 +32,8 @@ use gpu::{DeviceBuffer, Gpu};
 use half::bf16;
 use kernels::gemv::{GemvWeights, WeightFormat};
 
-use checkpoint::fp8::{Fp8Layer, Fp8Tensor};
-use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
+use checkpoint::projection::Projection as Stored;
+use checkpoint::quantized::QuantTensor;
 use checkpoint::weights::{Extra, LayerWeights, ModelWeights, Tensor};
 use contract::backend::{BackendError, KvShape};
 use contract::config::{KvCacheDtype, KvScales, ModelConfig};
@@ -135,161 +137,94 @@ fn upload(gpu: &Gpu, t: &Tensor, shape: &[usize]) -> Result<DeviceBuffer<bf16>, 
         .map_err(|e| dev_err(&format!("uploading {}", t.name), e))
 }
 
-/// The weight format a fused projection of `w` goes up in: FP8 when the
-/// model has FP8 copies; else the GGUF block format of its parts' `blocks`
-/// when all share one the GEMVs read (`gguf::shared_format`); else bf16
-/// (also for parts of mixed block formats, as Q4_K_M mixes Q4_K and Q6_K:
-/// they run from the store's dequantised copy). With no `blocks`, the
-/// model's dense format (what its input widths must fit).
-pub(super) fn projection_format(w: &ModelWeights, blocks: &[Option<&QuantTensor>]) -> WeightFormat {
-    match (&w.fp8, gguf::shared_format(blocks)) {
-        (Some(_), _) => WeightFormat::Fp8Row,
-        (None, Some(f)) => f,
-        (None, None) => WeightFormat::Bf16,
+/// The GEMV kernels' format of `p`: its block format where the GEMVs read
+/// it (`gguf::format_of`), else the BF16 it goes up as.
+fn gemv_format(p: &Stored) -> WeightFormat {
+    match p {
+        Stored::Bf16(_) => WeightFormat::Bf16,
+        Stored::Fp8(_) => WeightFormat::Fp8Row,
+        Stored::Blocks(t) => gguf::format_of(t.ty).unwrap_or(WeightFormat::Bf16),
     }
 }
 
-/// One part of a fused projection: its bf16 tensor, its FP8 copy and GGUF
-/// blocks where the model has them, and its shape.
-struct Part<'a> {
-    dense: &'a Tensor,
-    fp8: Option<&'a Fp8Tensor>,
-    blocks: Option<&'a QuantTensor>,
-    shape: [usize; 2],
+/// The GEMV kernels' format of the layer projections of `w` (the first
+/// one's), for the plan's tuning before the upload.
+pub(super) fn projection_format(w: &ModelWeights) -> WeightFormat {
+    w.layers
+        .first()
+        .map_or(WeightFormat::Bf16, |l| gemv_format(&l.q_proj))
 }
 
-impl<'a> Part<'a> {
-    fn new(
-        dense: &'a Tensor,
-        fp8: Option<&'a Fp8Tensor>,
-        blocks: Option<&'a QuantTensor>,
-        shape: [usize; 2],
-    ) -> Self {
-        Part {
-            dense,
-            fp8,
-            blocks,
-            shape,
-        }
+/// The stored projections `parts`, each checked against its `[out, in]`,
+/// row-stacked into one device projection of their format; parts of
+/// different formats (a Q4_K_M file's Q4_K Q and K beside a Q6_K V), and
+/// blocks the GEMVs do not read, go up as their BF16 values, widened here
+/// one fused projection at a time.
+fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, BackendError> {
+    let Some(&(first, _)) = parts.first() else {
+        return Err(BackendError::Device("cuda: an empty projection".into()));
+    };
+    let err = |e: checkpoint::FormatError| BackendError::Device(format!("cuda: {e}"));
+    for (p, want) in parts {
+        p.check(*want).map_err(err)?;
     }
-}
-
-/// Uploads `parts` stacked into one projection in their
-/// [`projection_format`].
-fn upload_fused(
-    gpu: &Gpu,
-    w: &ModelWeights,
-    parts: &[Part<'_>],
-) -> Result<Projection, BackendError> {
-    let blocks: Vec<_> = parts.iter().map(|p| p.blocks).collect();
-    let format = projection_format(w, &blocks);
-    if format.layout().is_some() {
-        let qs: Vec<(&QuantTensor, &[usize])> = (parts.iter())
-            .filter_map(|p| Some((p.blocks?, &p.shape[..])))
-            .collect();
-        return Ok(Box::new(GgufLinear::upload(gpu, format, &qs)?));
-    }
-    if format == WeightFormat::Fp8Row {
-        let fs = parts
-            .iter()
-            .map(|p| match p.fp8 {
-                Some(f) => Ok((f, &p.shape[..])),
-                None => Err(BackendError::Device(format!(
-                    "cuda: {} has no FP8 copy in an FP8 model",
-                    p.dense.name
-                ))),
-            })
+    let format = gemv_format(first);
+    let mixed = parts.iter().any(|(p, _)| p.format() != first.format());
+    if mixed || (matches!(first, Stored::Blocks(_)) && format == WeightFormat::Bf16) {
+        let dense = (parts.iter())
+            .map(|(p, _)| p.dense().map_err(err))
             .collect::<Result<Vec<_>, _>>()?;
-        return Ok(Box::new(Fp8RowLinear::upload(gpu, &fs)?));
+        let ts: Vec<&Tensor> = dense.iter().map(|t| t.as_ref()).collect();
+        return Ok(Box::new(Bf16Linear::upload(gpu, &ts)?));
     }
-    let ds: Vec<(&Tensor, &[usize])> = parts.iter().map(|p| (p.dense, &p.shape[..])).collect();
-    Ok(Box::new(Bf16Linear::upload(gpu, &ds)?))
+    // the upload's one match on the stored formats (all parts share one)
+    Ok(match first {
+        Stored::Bf16(_) => {
+            let ts: Vec<&Tensor> = parts.iter().filter_map(|(p, _)| p.as_bf16()).collect();
+            Box::new(Bf16Linear::upload(gpu, &ts)?)
+        }
+        Stored::Fp8(_) => {
+            let fs: Vec<_> = (parts.iter())
+                .filter_map(|(p, _)| match p {
+                    Stored::Fp8(f) => Some(f),
+                    _ => None,
+                })
+                .collect();
+            Box::new(Fp8RowLinear::upload(gpu, &fs)?)
+        }
+        Stored::Blocks(_) => {
+            let qs: Vec<(&QuantTensor, &[usize])> = (parts.iter())
+                .filter_map(|(p, want)| match p {
+                    Stored::Blocks(t) => Some((t, &want[..])),
+                    _ => None,
+                })
+                .collect();
+            Box::new(GgufLinear::upload(gpu, format, &qs)?)
+        }
+    })
 }
 
-/// The four fused projections of layer `n`: each in its
-/// [`projection_format`].
+/// The four fused projections of layer `l`.
 fn upload_projections(
     gpu: &Gpu,
     c: &ModelConfig,
-    w: &ModelWeights,
-    blocks: Option<&QuantWeights>,
-    n: usize,
+    l: &LayerWeights,
 ) -> Result<[Projection; 4], BackendError> {
     let (h, i) = (c.hidden_size, c.intermediate_size);
     let (q, kv) = (c.q_dim(), c.kv_dim());
-    let l = &w.layers[n];
-    let f = w.fp8.as_ref().map(|f| &f.layers[n]);
-    let b = blocks.and_then(|b| b.layers.get(n));
-    let fp = |g: fn(&Fp8Layer) -> &Fp8Tensor| f.map(g);
-    let bq = |g: fn(&QuantLayer) -> &Option<QuantTensor>| b.and_then(|b| g(b).as_ref());
     Ok([
-        upload_fused(
+        linear_of(
             gpu,
-            w,
             &[
-                Part::new(&l.q_proj, fp(|f| &f.q_proj), bq(|b| &b.q_proj), [q, h]),
-                Part::new(&l.k_proj, fp(|f| &f.k_proj), bq(|b| &b.k_proj), [kv, h]),
-                Part::new(&l.v_proj, fp(|f| &f.v_proj), bq(|b| &b.v_proj), [kv, h]),
+                (&l.q_proj, [q, h]),
+                (&l.k_proj, [kv, h]),
+                (&l.v_proj, [kv, h]),
             ],
         )?,
-        upload_fused(
-            gpu,
-            w,
-            &[Part::new(
-                &l.o_proj,
-                fp(|f| &f.o_proj),
-                bq(|b| &b.o_proj),
-                [h, q],
-            )],
-        )?,
-        upload_fused(
-            gpu,
-            w,
-            &[
-                Part::new(
-                    &l.gate_proj,
-                    fp(|f| &f.gate_proj),
-                    bq(|b| &b.gate_proj),
-                    [i, h],
-                ),
-                Part::new(&l.up_proj, fp(|f| &f.up_proj), bq(|b| &b.up_proj), [i, h]),
-            ],
-        )?,
-        upload_fused(
-            gpu,
-            w,
-            &[Part::new(
-                &l.down_proj,
-                fp(|f| &f.down_proj),
-                bq(|b| &b.down_proj),
-                [h, i],
-            )],
-        )?,
+        linear_of(gpu, &[(&l.o_proj, [h, q])])?,
+        linear_of(gpu, &[(&l.gate_proj, [i, h]), (&l.up_proj, [i, h])])?,
+        linear_of(gpu, &[(&l.down_proj, [h, i])])?,
     ])
-}
-
-/// The LM head's own projection: its FP8 copy; else its GGUF blocks (the
-/// embedding's when tied, the embedding staying bf16 for the lookup) in a
-/// format the GEMVs read; else an untied bf16 head; else `None` (tied to
-/// the embedding).
-fn upload_head(
-    gpu: &Gpu,
-    c: &ModelConfig,
-    w: &ModelWeights,
-    blocks: Option<&QuantWeights>,
-) -> Result<Option<Projection>, BackendError> {
-    let shape = [c.vocab_size, c.hidden_size];
-    let head8 = w.fp8.as_ref().and_then(|f| f.lm_head.as_ref());
-    let blocks = (blocks.and_then(|b| b.head.as_ref()))
-        .filter(|_| w.fp8.is_none())
-        .and_then(|b| Some((b, gguf::format_of(b.ty)?)));
-    let p: Projection = match (head8, blocks, &w.lm_head) {
-        (Some(f), _, _) => Box::new(Fp8RowLinear::upload(gpu, &[(f, &shape)])?),
-        (None, Some((b, format)), _) => Box::new(GgufLinear::upload(gpu, format, &[(b, &shape)])?),
-        (None, None, Some(t)) => Box::new(Bf16Linear::upload(gpu, &[(t, &shape)])?),
-        (None, None, None) => return Ok(None),
-    };
-    Ok(Some(p))
 }
 
 /// Uploads `w`, fusing Q/K/V and gate/up, checking every shape against `c`.
@@ -297,23 +232,14 @@ fn upload_weights(
     gpu: &Gpu,
     c: &ModelConfig,
     w: &ModelWeights,
-    blocks: Option<&QuantWeights>,
 ) -> Result<DeviceWeights, BackendError> {
     let (h, i, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-    let counts = [
-        ("weights", Some(w.layers.len())),
-        ("FP8 weights", w.fp8.as_ref().map(|f| f.layers.len())),
-        ("GGUF blocks", blocks.map(|b| b.layers.len())),
-    ];
-    for (what, n) in counts {
-        if let Some(n) = n
-            && n != c.num_layers
-        {
-            return Err(BackendError::Device(format!(
-                "cuda: {what} hold {n} layers, config.num_hidden_layers is {}",
-                c.num_layers
-            )));
-        }
+    if w.layers.len() != c.num_layers {
+        return Err(BackendError::Device(format!(
+            "cuda: weights hold {} layers, config.num_hidden_layers is {}",
+            w.layers.len(),
+            c.num_layers
+        )));
     }
     let progress = checkpoint::progress::Progress::new(
         "uploading weights to the GPU",
@@ -322,9 +248,9 @@ fn upload_weights(
         0,
     );
     let mut layers = Vec::with_capacity(c.num_layers);
-    for (n, l) in w.layers.iter().enumerate() {
+    for l in &w.layers {
         progress.inc(1);
-        let [qkv, o, gate_up, down] = upload_projections(gpu, c, w, blocks, n)?;
+        let [qkv, o, gate_up, down] = upload_projections(gpu, c, l)?;
         layers.push(DeviceLayer {
             input_norm: upload(gpu, &l.input_norm, &[h])?,
             post_norm: upload(gpu, &l.post_norm, &[h])?,
@@ -335,7 +261,9 @@ fn upload_weights(
             extras: upload_extras(gpu, l)?,
         });
     }
-    let lm_head = upload_head(gpu, c, w, blocks)?;
+    let lm_head = (w.lm_head.as_ref())
+        .map(|p| linear_of(gpu, &[(p, [v, h])]))
+        .transpose()?;
     let wide = |p: &Projection| p.format() != WeightFormat::Bf16;
     let any_wide = lm_head.as_ref().is_some_and(wide)
         || (layers.iter()).any(|l| [&l.qkv, &l.o, &l.gate_up, &l.down].into_iter().any(wide));
@@ -481,7 +409,6 @@ impl DeviceModel {
         gpu: &Gpu,
         c: &ModelConfig,
         w: &ModelWeights,
-        blocks: Option<&QuantWeights>,
         kv: KvShape,
         kv_dtype: KvCacheDtype,
     ) -> Result<DeviceModel, BackendError> {
@@ -497,7 +424,7 @@ impl DeviceModel {
         Ok(DeviceModel {
             ropes,
             rope_of: tables.of_layers().to_vec(),
-            w: upload_weights(gpu, c, w, blocks)?,
+            w: upload_weights(gpu, c, w)?,
             cache: KvCache::new(gpu, c, kv, kv_dtype, w.kv_scales_or_ones())?,
             rope_rows,
         })

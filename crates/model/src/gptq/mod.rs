@@ -17,7 +17,7 @@
 //! sequential, "true sequential" mode). Each matrix is solved by
 //! [`solve::gptq`] (dampening, dead inputs, block updates and optional
 //! activation order as GPTQ does) at the scales of [`solve::scales`], so
-//! the result is an ordinary [`Fp8Weights`] in any layout the converter
+//! the result is the model with [`checkpoint::Projection::Fp8`] projections, in any layout the converter
 //! writes. Bad input (no tokens, a token outside the vocabulary, a window
 //! beyond the model's context, a model already FP8, weights that do not
 //! match the config (the CPU backend's check), calibration activations that overflow, a Hessian
@@ -95,6 +95,8 @@ pub enum GptqError {
     AlreadyFp8,
     #[error("{0}")]
     Weights(String),
+    #[error(transparent)]
+    Format(#[from] checkpoint::FormatError),
     #[error(
         "the inputs of `{tensor}` on the calibration text are not finite (the model overflows on it)"
     )]

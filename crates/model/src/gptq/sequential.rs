@@ -3,7 +3,8 @@
 //! the inputs it sees once the projections before it are quantised (see
 //! the parent module).
 
-use checkpoint::fp8::{Fp8Layer, Fp8Source, Fp8Tensor, Fp8Weights};
+use checkpoint::fp8::Fp8Tensor;
+use checkpoint::projection::Projection;
 use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
 use contract::config::ModelConfig;
 use cpu_kernels::{Isa, Scratch, matmul_bf16};
@@ -17,31 +18,31 @@ use super::attention::causal_attention;
 use super::solve::{self, Factor};
 use super::{GptqError, GptqOptions, Hessian};
 
-/// Quantises every projection of `weights` to FP8 with GPTQ over the
-/// calibration `tokens` (cut into windows of `opts.window`), calling
-/// `on_layer(done, layers)` after each layer. The embedding, norms and LM
-/// head are left as they are (the result holds only the projections).
+/// Quantises every projection of `weights` (BF16) to FP8 with GPTQ over
+/// the calibration `tokens` (cut into windows of `opts.window`), calling
+/// `on_layer(done, layers)` after each layer: the model with its
+/// projections in FP8 (each layer's BF16 buffers dropped once it is
+/// done). The embedding, norms and LM head are left as they are.
 pub fn quantize_model(
     config: &ModelConfig,
-    weights: &ModelWeights,
+    mut weights: ModelWeights,
     tokens: &[u32],
     opts: &GptqOptions,
     on_layer: &mut dyn FnMut(usize, usize),
-) -> Result<Fp8Weights, GptqError> {
-    check(config, weights, tokens, opts)?;
+) -> Result<ModelWeights, GptqError> {
+    check(config, &weights, tokens, opts)?;
     let pass = Pass::new(config, tokens, *opts);
     // [N, hidden] the residual stream of every calibration token
     let mut x = embed(&weights.embed.data, tokens, config.hidden_size);
-    let mut layers = Vec::with_capacity(weights.layers.len());
-    for (l, lw) in weights.layers.iter().enumerate() {
-        layers.push(pass.layer(lw, &mut x)?);
-        on_layer(l + 1, weights.layers.len());
+    let layers = weights.layers.len();
+    for (l, lw) in weights.layers.iter_mut().enumerate() {
+        let quantised = pass.layer(lw, &mut x)?;
+        for (p, f) in lw.projections_mut().into_iter().zip(quantised) {
+            *p = Projection::Fp8(f);
+        }
+        on_layer(l + 1, layers);
     }
-    Ok(Fp8Weights {
-        layers,
-        source: Fp8Source::Calibrated,
-        lm_head: None,
-    })
+    Ok(weights)
 }
 
 /// Everything checked before any work.
@@ -51,8 +52,12 @@ fn check(
     tokens: &[u32],
     opts: &GptqOptions,
 ) -> Result<(), GptqError> {
-    if weights.fp8.is_some() {
-        return Err(GptqError::AlreadyFp8);
+    for p in weights.layers.iter().flat_map(|l| l.projections()) {
+        match p {
+            Projection::Bf16(_) => {}
+            Projection::Fp8(_) => return Err(GptqError::AlreadyFp8),
+            Projection::Blocks(_) => return Err(p.refuse("GPTQ calibration").into()),
+        }
     }
     crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;
     // the calibration pass runs Llama's layer
@@ -110,6 +115,12 @@ pub(crate) fn windows(n: usize, window: usize) -> (Vec<u32>, Vec<u32>) {
     (positions, cu_seqlens)
 }
 
+/// `p`'s BF16 tensor; GPTQ quantises nothing else (refused naming it).
+fn bf16_of(p: &Projection) -> Result<&Tensor, GptqError> {
+    p.as_bf16()
+        .ok_or_else(|| p.refuse("GPTQ calibration").into())
+}
+
 /// The calibration tokens' layout, shared by every layer.
 struct Pass<'a> {
     config: &'a ModelConfig,
@@ -134,41 +145,37 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Quantises layer `lw` against its inputs `x` (`[N, hidden]`) and
-    /// replaces `x` by the quantised layer's output.
-    fn layer(&self, lw: &LayerWeights, x: &mut [f32]) -> Result<Fp8Layer, GptqError> {
+    /// Quantises layer `lw` (BF16 projections) against its inputs `x`
+    /// (`[N, hidden]`) and replaces `x` by the quantised layer's output:
+    /// the seven projections in checkpoint order.
+    fn layer(&self, lw: &LayerWeights, x: &mut [f32]) -> Result<[Fp8Tensor; 7], GptqError> {
+        let [wq, wk, wv, wo, wg, wu, wd] = lw.projections().map(bf16_of);
+        let (wq, wk, wv, wo, wg, wu, wd) = (wq?, wk?, wv?, wo?, wg?, wu?, wd?);
         let c = self.config;
         let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
         let (inter, eps) = (c.intermediate_size, c.rms_norm_eps);
         let h = rms_norm(x, &lw.input_norm.to_f32(), eps); // [N, hidden]
-        let f = self.factor(&h, hidden, &lw.q_proj)?;
-        let [q_proj, k_proj, v_proj] =
-            [&lw.q_proj, &lw.k_proj, &lw.v_proj].map(|t| self.quantize(t, &f));
+        let f = self.factor(&h, hidden, wq)?;
+        let [q_proj, k_proj, v_proj] = [wq, wk, wv].map(|t| self.quantize(t, &f));
         let mut q = self.project(&h, &q_proj, hidden, q_dim); // [N, q_dim]
         let mut k = self.project(&h, &k_proj, hidden, kv_dim); // [N, kv_dim]
         let v = self.project(&h, &v_proj, hidden, kv_dim); // [N, kv_dim]
         self.rope.apply_rows(&mut q, q_dim, &self.positions);
         self.rope.apply_rows(&mut k, kv_dim, &self.positions);
         let o = self.attention(&q, &k, &v); // [N, q_dim]
-        let o_proj = self.quantize(&lw.o_proj, &self.factor(&o, q_dim, &lw.o_proj)?);
+        let o_proj = self.quantize(wo, &self.factor(&o, q_dim, wo)?);
         add_assign(x, &self.project(&o, &o_proj, q_dim, hidden));
         let h = rms_norm(x, &lw.post_norm.to_f32(), eps); // [N, hidden]
-        let f = self.factor(&h, hidden, &lw.gate_proj)?;
-        let [gate_proj, up_proj] = [&lw.gate_proj, &lw.up_proj].map(|t| self.quantize(t, &f));
+        let f = self.factor(&h, hidden, wg)?;
+        let [gate_proj, up_proj] = [wg, wu].map(|t| self.quantize(t, &f));
         let mut gate = self.project(&h, &gate_proj, hidden, inter); // [N, inter]
         let up = self.project(&h, &up_proj, hidden, inter); // [N, inter]
         silu_mul(&mut gate, &up);
-        let down_proj = self.quantize(&lw.down_proj, &self.factor(&gate, inter, &lw.down_proj)?);
+        let down_proj = self.quantize(wd, &self.factor(&gate, inter, wd)?);
         add_assign(x, &self.project(&gate, &down_proj, inter, hidden));
-        Ok(Fp8Layer {
-            q_proj,
-            k_proj,
-            v_proj,
-            o_proj,
-            gate_proj,
-            up_proj,
-            down_proj,
-        })
+        Ok([
+            q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj,
+        ])
     }
 
     /// The factored Hessian of `x` (`[N, k]`), the inputs of `t` (and of

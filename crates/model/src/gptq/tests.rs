@@ -7,7 +7,6 @@ use super::solve::{Factor, ScaleRule, gptq, round_to_nearest, scales};
 use super::*;
 use crate::cpu::tests::{config, weights};
 use crate::exact::{ExactWeights, forward};
-use checkpoint::fp8::Fp8Tensor;
 use checkpoint::weights::ModelWeights;
 use contract::sampling::splitmix64;
 
@@ -137,26 +136,12 @@ fn an_indefinite_hessian_is_an_error_naming_the_column() {
     assert_eq!(Factor::new(&h, 0.01, true).map(|_| ()), Err(2));
 }
 
-/// Logits of `tokens` in f64 with the projections replaced by `fp8`'s
-/// dequantised values.
+/// Logits of `tokens` in f64 (FP8 projections at their dequantised
+/// values).
 fn logits(c: &contract::ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
-    let ex = ExactWeights::from_weights(w, |t| t.data.iter().map(|v| v.to_f64()).collect());
+    let ex =
+        ExactWeights::from_weights(w, |t| t.data.iter().map(|v| v.to_f64()).collect()).unwrap();
     forward(c, &ex, tokens)
-}
-
-fn with_fp8(w: &ModelWeights, layers: &[checkpoint::fp8::Fp8Layer]) -> ModelWeights {
-    let mut out = w.clone();
-    for (l, f) in out.layers.iter_mut().zip(layers) {
-        let d = |t: &Fp8Tensor| t.dequantize();
-        l.q_proj = d(&f.q_proj);
-        l.k_proj = d(&f.k_proj);
-        l.v_proj = d(&f.v_proj);
-        l.o_proj = d(&f.o_proj);
-        l.gate_proj = d(&f.gate_proj);
-        l.up_proj = d(&f.up_proj);
-        l.down_proj = d(&f.down_proj);
-    }
-    out
 }
 
 #[test]
@@ -170,9 +155,22 @@ fn the_sequential_pass_brings_the_logits_closer_to_bf16_than_rounding() {
         ..GptqOptions::default()
     };
     let mut seen = Vec::new();
-    let fp8 = quantize_model(&c, &w, &tokens, &opts, &mut |d, n| seen.push((d, n))).unwrap();
+    let fp8 = quantize_model(&c, w.clone(), &tokens, &opts, &mut |d, n| seen.push((d, n))).unwrap();
     assert_eq!(seen, [(1, 2), (2, 2)]);
-    assert_eq!(fp8.layers[1].down_proj.shape, w.layers[1].down_proj.shape);
+    let layer_formats = fp8
+        .layers
+        .iter()
+        .flat_map(|l| l.projections())
+        .map(|p| p.format());
+    assert!(
+        layer_formats
+            .into_iter()
+            .all(|f| f == checkpoint::Format::Fp8Row)
+    );
+    assert_eq!(
+        fp8.layers[1].down_proj.shape(),
+        w.layers[1].down_proj.shape()
+    );
     let mut rtn = w.clone();
     rtn.quantize_fp8();
     let want = logits(&c, &w, &tokens);
@@ -182,7 +180,7 @@ fn the_sequential_pass_brings_the_logits_closer_to_bf16_than_rounding() {
             |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
         want.iter().zip(&got).map(|(a, b)| sq(a, b)).sum()
     };
-    let (g, r) = (dist(&with_fp8(&w, &fp8.layers)), dist(&rtn));
+    let (g, r) = (dist(&fp8), dist(&rtn));
     assert!(g < 0.8 * r, "gptq {g} vs round-to-nearest {r}");
 }
 
@@ -192,7 +190,7 @@ fn bad_calibration_input_is_an_error_not_a_panic() {
     let w = weights(&c, true);
     let opts = GptqOptions::default();
     let run = |w: &ModelWeights, tokens: &[u32], opts: &GptqOptions| {
-        quantize_model(&c, w, tokens, opts, &mut |_, _| {}).map(|_| ())
+        quantize_model(&c, w.clone(), tokens, opts, &mut |_, _| {}).map(|_| ())
     };
     assert_eq!(run(&w, &[], &opts), Err(GptqError::NoTokens));
     assert_eq!(
@@ -212,7 +210,7 @@ fn bad_calibration_input_is_an_error_not_a_panic() {
     fp8.quantize_fp8();
     assert_eq!(run(&fp8, &[1, 2], &opts), Err(GptqError::AlreadyFp8));
     let mut bad = w.clone();
-    bad.layers[0].up_proj.shape = vec![1, 1];
+    bad.layers[0].up_proj.as_bf16_mut().unwrap().shape = vec![1, 1];
     assert!(matches!(
         run(&bad, &[1, 2], &opts),
         Err(GptqError::Weights(_))

@@ -8,9 +8,9 @@ use crate::cpu::tests::{config, weights};
 const TOKENS: [u32; 12] = [1, 7, 3, 9, 42, 5, 11, 2, 30, 8, 17, 4];
 
 /// `x W^T` in f32 over BF16 `w` (`[out, inp]`), plainly.
-fn plain_project(x: &[f32], w: &Tensor, inp: usize) -> Vec<f32> {
-    let wf = w.to_f32();
-    let out = w.shape[0];
+fn plain_project(x: &[f32], w: &Projection, inp: usize) -> Vec<f32> {
+    let wf = w.to_f32_rows().unwrap();
+    let out = w.shape()[0];
     x.chunks(inp)
         .flat_map(|r| (0..out).map(|o| (0..inp).map(|i| r[i] * wf[o * inp + i]).sum::<f32>()))
         .collect()
@@ -88,7 +88,7 @@ fn bad_input_is_refused_naming_the_cause() {
     let e = kv_amax(&c, &w, &TOKENS, 65).unwrap_err().to_string();
     assert!(e.contains("65") && e.contains("64"), "{e}");
     let mut big = w.clone();
-    for x in big.layers[1].v_proj.data.iter_mut() {
+    for x in big.layers[1].v_proj.as_bf16_mut().unwrap().data.iter_mut() {
         *x = half::bf16::from_f32(3e38);
     }
     assert_eq!(

@@ -187,23 +187,5 @@ fn packed_blocks_read_as_the_gguf_reader_dequantises() {
     assert!(e.to_string().contains("Q8_0"), "{e}");
 }
 
-/// Fused parts share a block format only when every part has blocks of one
-/// readable type: Q4_K_M's Q4_K q/k with a Q6_K v do not.
-#[test]
-fn mixed_parts_share_no_format() {
-    let t = |ty| Some(random_blocks(ty, 1, 256, 3));
-    let (k4, k6) = (t(GgmlType::Q4_K), t(GgmlType::Q6_K));
-    assert_eq!(
-        shared_format(&[k4.as_ref(), k4.as_ref()]),
-        Some(WeightFormat::Q4K)
-    );
-    assert_eq!(
-        shared_format(&[k4.as_ref(), k4.as_ref(), k6.as_ref()]),
-        None
-    );
-    assert_eq!(shared_format(&[k4.as_ref(), None]), None);
-    assert_eq!(shared_format(&[]), None);
-}
-
 #[cfg(test)]
 mod device;

@@ -60,7 +60,7 @@ fn fp8_matches_the_cpu(quantize_head: bool, fp8_activations: bool) {
         "{}",
         gpu.name()
     );
-    w.fp8 = None; // the CPU runs the dequantised values
+    // the CPU runs the dequantised values (widening the FP8 projections)
     let mut cpu = CpuBackend::new(cfg, w, kv).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
     let mut worst = (0.0f64, 0.0f64);

@@ -9,7 +9,8 @@
 use super::*;
 use crate::cpu::{CpuBackend, CpuPath, CpuWeights};
 use checkpoint::gguf::GgmlType;
-use checkpoint::quantized::{QuantLayer, QuantTensor, QuantWeights};
+use checkpoint::projection::Projection;
+use checkpoint::quantized::QuantTensor;
 use checkpoint::weights::Tensor;
 use cpu_kernels::quant::{QuantType, quantize_row};
 
@@ -65,9 +66,9 @@ fn q5_k_of(q4: &[u8], seed: u64) -> Vec<u8> {
     out
 }
 
-/// `t` in ggml type `ty` (from its BF16 values), its BF16 copy replaced by
-/// the blocks' values (as the store's import would hold them).
-fn to_blocks(t: &mut Tensor, ty: GgmlType) -> QuantTensor {
+/// `t` in ggml type `ty` (from its BF16 values), and `t` holding the
+/// blocks' values (as the store's import would hold them).
+fn to_blocks(t: &Tensor, ty: GgmlType) -> (QuantTensor, Tensor) {
     let mut data = Vec::new();
     for (r, row) in rows(t).enumerate() {
         match ty {
@@ -92,100 +93,95 @@ fn to_blocks(t: &mut Tensor, ty: GgmlType) -> QuantTensor {
     }
     let (r, c) = (t.shape[0], t.shape[1]);
     let values = checkpoint::gguf::dequantize(ty, &data, r * c).unwrap();
-    t.data = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
-    QuantTensor {
+    let mut dense = t.clone();
+    dense.data = values.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let q = QuantTensor {
         name: t.name.clone(),
         rows: r,
         cols: c,
         ty,
         data,
-    }
+    };
+    (q, dense)
 }
 
-/// The model's weights with its projections and head in blocks: the
-/// blocks for CUDA, and those the CPU keeps (the others run from the BF16
-/// copy, which holds the blocks' values rounded).
-fn model() -> (ModelConfig, ModelWeights, QuantWeights, QuantWeights) {
+/// `p` (BF16) in blocks of `ty`: as blocks for CUDA; for the CPU as blocks
+/// where it keeps `ty`, else as the blocks' BF16 values.
+fn split(p: &Projection, ty: GgmlType) -> (Projection, Projection) {
+    let t = p.as_bf16().expect("the test model starts in BF16");
+    let (q, dense) = to_blocks(t, ty);
+    let cpu = match crate::cpu::KEPT_GGML_TYPES.contains(&ty) {
+        true => Projection::Blocks(q.clone()),
+        false => Projection::Bf16(dense),
+    };
+    (Projection::Blocks(q), cpu)
+}
+
+/// The model's weights with its projections and head in blocks: CUDA's
+/// (every projection in blocks) and the CPU's (blocks where it keeps the
+/// type, else the blocks' values in BF16).
+fn model() -> (ModelConfig, ModelWeights, ModelWeights) {
     use GgmlType::*;
     let c = config();
-    let mut w = crate::cpu::tests::weights(&c, true);
+    let base = crate::cpu::tests::weights(&c, true);
+    let (mut gpu, mut cpu) = (base.clone(), base);
     // per layer: q, k, v, o, gate, up, down
     let plan = [
         [Q4_K, Q4_K, Q4_K, Q5_K, Q6_K, Q6_K, Q4_K],
         [Q4_K, Q4_K, Q6_K, Q8_0, Q4_0, Q4_0, Q6_K],
         [Q8_0, Q8_0, Q8_0, Q4_1, Q5_K, Q5_K, Q4_1],
     ];
-    let mut layers = Vec::new();
-    for (l, tys) in w.layers.iter_mut().zip(plan) {
-        let ts = [
-            &mut l.q_proj,
-            &mut l.k_proj,
-            &mut l.v_proj,
-            &mut l.o_proj,
-            &mut l.gate_proj,
-            &mut l.up_proj,
-            &mut l.down_proj,
+    for ((g, c), tys) in gpu.layers.iter_mut().zip(&mut cpu.layers).zip(plan) {
+        let gs = [
+            &mut g.q_proj,
+            &mut g.k_proj,
+            &mut g.v_proj,
+            &mut g.o_proj,
+            &mut g.gate_proj,
+            &mut g.up_proj,
+            &mut g.down_proj,
         ];
-        let mut b = ts
-            .into_iter()
-            .zip(tys)
-            .map(|(t, ty)| Some(to_blocks(t, ty)));
-        let mut next = || b.next().flatten();
-        layers.push(QuantLayer {
-            q_proj: next(),
-            k_proj: next(),
-            v_proj: next(),
-            o_proj: next(),
-            gate_proj: next(),
-            up_proj: next(),
-            down_proj: next(),
-        });
-    }
-    let head = Some(to_blocks(&mut w.embed, Q6_K));
-    let gpu = QuantWeights { layers, head };
-    let mut cpu = gpu.clone();
-    let kept = |t: &mut Option<QuantTensor>| {
-        if t.as_ref()
-            .is_some_and(|t| !crate::cpu::KEPT_GGML_TYPES.contains(&t.ty))
-        {
-            *t = None;
-        }
-    };
-    for l in &mut cpu.layers {
-        for t in [
-            &mut l.q_proj,
-            &mut l.k_proj,
-            &mut l.v_proj,
-            &mut l.o_proj,
-            &mut l.gate_proj,
-            &mut l.up_proj,
-            &mut l.down_proj,
-        ] {
-            kept(t);
+        let cs = [
+            &mut c.q_proj,
+            &mut c.k_proj,
+            &mut c.v_proj,
+            &mut c.o_proj,
+            &mut c.gate_proj,
+            &mut c.up_proj,
+            &mut c.down_proj,
+        ];
+        for ((g, c), ty) in gs.into_iter().zip(cs).zip(tys) {
+            (*g, *c) = split(g, ty);
         }
     }
-    (c, w, gpu, cpu)
+    // a tied head in blocks is its own copy; the embedding keeps the
+    // blocks' values
+    let (head, embed) = to_blocks(&gpu.embed, Q6_K);
+    for w in [&mut gpu, &mut cpu] {
+        w.lm_head = Some(Projection::Blocks(head.clone()));
+        w.embed = embed.clone();
+    }
+    (c, gpu, cpu)
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_gguf_blocks_match_the_cpu_on_the_same_blocks() {
-    let (cfg, w, gpu_blocks, cpu_blocks) = model();
+    let (cfg, gpu_w, cpu_w) = model();
     let vocab = cfg.vocab_size;
     let kv = KvShape {
         num_blocks: 64,
         block_size: BS,
     };
     let opts = CudaOptions::default();
-    let mut gpu =
-        CudaBackend::with_blocks(cfg.clone(), &w, Some(&gpu_blocks), kv, 0, opts).unwrap();
+    let mut gpu = CudaBackend::new(cfg.clone(), &gpu_w, kv, 0, opts).unwrap();
     let name = gpu.name();
     assert!(
         name.contains("gguf") && name.contains("q4k") && name.contains("q5k"),
         "{name}"
     );
-    let cpu_weights = CpuWeights::Blocks(cpu_blocks);
-    let mut cpu = CpuBackend::with_weights(cfg, w, kv, CpuPath::Fast, cpu_weights).unwrap();
+    let mut cpu =
+        CpuBackend::with_weights(cfg, cpu_w, kv, CpuPath::Fast, CpuWeights::Stored).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
     let mut worst = (0.0f64, 0.0f64);
     for n in [7usize, 40] {

@@ -63,7 +63,6 @@ fn empty_weights() -> ModelWeights {
         layers: vec![],
         norm: t("n"),
         lm_head: None,
-        fp8: None,
         kv_scales: None,
     }
 }
