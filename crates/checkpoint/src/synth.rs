@@ -68,11 +68,15 @@ pub struct SynthOptions {
 }
 
 impl SynthOptions {
-    /// The `config.json` written: the preset's, with `layers` applied.
+    /// The `config.json` written: the preset's, with `layers` applied
+    /// (a per-layer `layer_types` list cut to the first `layers` too).
     pub fn config_json(&self) -> serde_json::Value {
         let mut c = self.preset.config_json();
         if let Some(n) = self.layers {
             c["num_hidden_layers"] = serde_json::json!(n);
+            if let Some(types) = c.get_mut("layer_types").and_then(|t| t.as_array_mut()) {
+                types.truncate(n);
+            }
         }
         c
     }

@@ -261,3 +261,24 @@ fn qwen_presets_match_the_real_models() {
     };
     assert_eq!(opts.config_json()["num_hidden_layers"], 2);
 }
+
+#[test]
+fn a_layer_cut_cuts_the_per_layer_types_too() {
+    let opts = SynthOptions {
+        preset: Preset::Gemma3_270m,
+        seed: 0,
+        tokenizer_wheel: None,
+        tokenizer_npm: None,
+        layers: Some(6),
+    };
+    let c = opts.config_json();
+    let types = c["layer_types"].as_array().unwrap();
+    assert_eq!(types.len(), 6);
+    assert_eq!(types[5], "full_attention");
+    let cfg = ModelConfig::from_json(&c.to_string(), "cut").unwrap();
+    let windows: Vec<_> = cfg.spec.layers.iter().map(|l| l.attention.window).collect();
+    assert_eq!(
+        windows,
+        [Some(512), Some(512), Some(512), Some(512), Some(512), None]
+    );
+}
