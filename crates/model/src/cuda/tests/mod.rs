@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use super::*;
 
 mod det;
+mod families;
 mod fp8;
 mod gguf_blocks;
 mod hidden;
@@ -187,6 +188,19 @@ pub(super) fn chunk_logits(
     start: usize,
     blocks: &[u32],
 ) -> Vec<f32> {
+    let rows: Vec<usize> = (0..toks.len()).collect();
+    chunk_rows_logits(b, toks, start, blocks, &rows)
+}
+
+/// Logits of the positions `rows` (indices into `toks`) of one prefill
+/// chunk `toks` starting at `start`: `[rows.len(), vocab]`.
+pub(super) fn chunk_rows_logits(
+    b: &mut dyn Backend,
+    toks: &[u32],
+    start: usize,
+    blocks: &[u32],
+    rows: &[usize],
+) -> Vec<f32> {
     let chunk = SeqChunk {
         prompt_len: 0,
         tokens: toks.to_vec(),
@@ -195,8 +209,7 @@ pub(super) fn chunk_logits(
         sample: None,
     };
     let batch = build_step(&[chunk], BS).unwrap();
-    let rows: Vec<usize> = (0..toks.len()).collect();
-    b.logits(&batch, &rows).unwrap()
+    b.logits(&batch, rows).unwrap()
 }
 
 pub(super) fn greedy(step: u64) -> Option<SampleRequest> {

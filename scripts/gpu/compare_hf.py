@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Compares lamina's dump of a model (any family) with transformers in
+float32 on the same weights.
+
+Reads DUMP/dump.json and DUMP/{case}.f32, written by the
+`cuda_family_dump_for_transformers` test (`crates/model/src/cuda/tests/
+families.rs`): per case the input tokens, the positions scored and their
+targets (the next token, teacher-forced), lamina's log-probability and
+argmax at each, and the whole logit rows of a few positions. Runs
+`AutoModelForCausalLM` from MODEL_DIR (local files only, float32, eager
+attention, no TF32) on each case's tokens and prints per case:
+
+  max|dlp| tf    largest |dlog-probability| of the scored targets (every position)
+  max|dlp| rows  largest |dlog-probability| over the whole vocabulary of the kept rows
+  rel err        ||lamina - transformers|| / ||transformers|| of the kept rows' logits
+  <W / >=W       max|dlp| tf before / from the sliding window's length (Gemma 3)
+  argmax=        share of scored positions where both argmaxes agree
+
+Exits 1 when a case's max|dlp| (either) is over 0.2 nats or a value is not
+finite; the relative error is reported, not judged.
+
+  compare_hf.py MODEL_DIR DUMP_DIR [--device cuda|cpu]
+
+Needs torch and transformers; the GPU machine has no network, so nothing
+is downloaded (HF_HUB_OFFLINE).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+LP = 0.2
+
+
+def load(model_dir, device):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    kw = dict(local_files_only=True, attn_implementation="eager")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
+    except TypeError:  # transformers before `dtype`
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **kw)
+    model = model.float().to(device).eval()
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "not float32"
+    return model
+
+
+def window(model_dir):
+    """The sliding window's length where some layers have one, else None."""
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    w = cfg.get("sliding_window")
+    if not w or cfg.get("use_sliding_window") is False:
+        return None
+    return w if w < cfg.get("max_position_embeddings", w + 1) else None
+
+
+@torch.no_grad()
+def compare(model, case, dump, vocab, device, win):
+    ids = torch.tensor([case["tokens"]], device=device)
+    logits = model(ids).logits[0].float()  # [len(tokens), vocab]
+    assert logits.shape[1] == vocab, (logits.shape, vocab)
+    first, targets = case["first"], case["targets"]
+    pos = torch.arange(first, first + len(targets), device=device)
+    scored = torch.log_softmax(logits[pos].double(), -1)  # [scored, vocab]
+    want = scored[torch.arange(len(targets), device=device), torch.tensor(targets, device=device)]
+    got = torch.tensor(case["logprobs"], dtype=torch.float64, device=device)
+    dtf = (got - want).abs()
+    agree = (scored.argmax(-1).cpu() == torch.tensor(case["argmax"])).double().mean().item()
+    split = None
+    if win is not None and int(pos[-1]) >= win:
+        before, after = dtf[pos < win], dtf[pos >= win]
+        split = (before.max().item() if len(before) else 0.0, after.max().item())
+    keep = case["keep"]
+    rows = np.fromfile(os.path.join(dump, case["file"]), dtype="<f4").reshape(len(keep), vocab)
+    mine = torch.from_numpy(rows).to(device).double()
+    ref = logits[torch.tensor(keep, device=device)].double()
+    rel = ((mine - ref).norm() / ref.norm()).item()
+    drows = (torch.log_softmax(mine, -1) - torch.log_softmax(ref, -1)).abs().max().item()
+    finite = bool(torch.isfinite(got).all() and torch.isfinite(mine).all())
+    return dtf.max().item(), drows, rel, split, agree, finite
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("dump")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    a = ap.parse_args()
+    d = json.load(open(os.path.join(a.dump, "dump.json")))
+    vocab, name = d["vocab"], d["model"]
+    t0 = time.time()
+    model = load(a.model_dir, a.device)
+    print(f"{name}: transformers float32 on {a.device} loaded in {time.time() - t0:.1f} s")
+    win = window(a.model_dir)
+    head = f"{'case':16} {'max|dlp| tf':>11} {'max|dlp| rows':>13} {'rel err':>9} {'<W / >=W':>15} {'argmax=':>7} {'s':>5}"
+    print(head)
+    ok = True
+    for case in d["cases"]:
+        t0 = time.time()
+        dtf, drows, rel, split, agree, finite = compare(model, case, a.dump, vocab, a.device, win)
+        good = finite and dtf <= LP and drows <= LP
+        ok &= good
+        sp = f"{split[0]:.3f} / {split[1]:.3f}" if split else "-"
+        verdict = "ok" if good else "FAIL"
+        print(f"{case['name']:16} {dtf:11.4f} {drows:13.4f} {rel:9.2e} {sp:>15} {agree:7.3f} {time.time() - t0:5.1f} {verdict}")
+        print(f"RESULT hf {name} {case['name']} max|dlogp| {max(dtf, drows):.4f} rel {rel:.2e} argmax= {agree:.3f} {verdict}")
+    print(f"limit: max|dlogp| <= {LP} nats; window W = {win}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
