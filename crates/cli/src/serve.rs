@@ -294,7 +294,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         });
         let room = policy.max_loaded == 0 || i < policy.max_loaded;
         let served = if spec.preload.unwrap_or(true) && room {
-            crate::serve_models::check_fits(&name, &load_plan.args)?;
+            crate::serve_models::check_fits(&name, &load_plan.args, &plan)?;
             let rt = setup::open_replicas(&load_plan.args, args.max_queue, plan.clone())?;
             eprintln!(
                 "lamina: `{name}` started in {:.1}s: {}",

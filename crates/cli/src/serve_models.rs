@@ -269,25 +269,77 @@ pub fn host_free_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Refuses a CPU model whose weights and KV pool need more than the
-/// host has free.
-pub fn check_fits(name: &str, args: &ModelArgs) -> Result<(), server::LoadError> {
+/// Refuses a model whose weights and KV pool need more memory than is
+/// free: on the CPU the host's, on CUDA (with the pool sized by
+/// `--kv-memory-gib`) each GPU's its engines go on. A pool sized from
+/// `--gpu-memory-utilization` is checked by the runtime's memory plan.
+pub fn check_fits(
+    name: &str,
+    args: &ModelArgs,
+    replicas: &runtime::ReplicaPlan,
+) -> Result<(), server::LoadError> {
     let cpu = args.device == DeviceArg::Cpu || model::cuda::available().is_err();
-    let Some(free) = host_free_bytes().filter(|_| cpu) else {
+    let weights = weights_bytes(&args.model);
+    let engine = |kv_gib: f64| weights.saturating_add((kv_gib * (1u64 << 30) as f64) as u64);
+    if cpu {
+        let Some(free) = host_free_bytes() else {
+            return Ok(());
+        };
+        let needed = engine(args.kv_memory_gib.unwrap_or(runtime::CPU_KV_MEMORY_GIB));
+        return fits(name, "host", needed, free, HOST_HINT);
+    }
+    let Some(kv) = args.kv_memory_gib.filter(|_| args.kv_blocks.is_none()) else {
         return Ok(());
     };
-    let kv = args.kv_memory_gib.unwrap_or(runtime::CPU_KV_MEMORY_GIB);
-    let needed = weights_bytes(&args.model).saturating_add((kv * (1u64 << 30) as f64) as u64);
-    if needed > free {
-        return Err(server::LoadError::DoesNotFit {
-            model: name.to_string(),
-            where_: "host",
-            needed,
-            free,
-            hint: "; unload another model, lower its `share` or `--kv-memory-gib`".into(),
-        });
+    for (ordinal, engines) in gpu_engines(replicas) {
+        // a device that cannot be read is reported when its engine opens
+        let Ok((free, _)) = model::cuda::memory_info(ordinal) else {
+            continue;
+        };
+        let needed = engine(kv).saturating_mul(engines as u64);
+        fits(name, "GPU", needed, free as u64, GPU_HINT)?;
     }
     Ok(())
+}
+
+const HOST_HINT: &str = "; unload another model, lower its `share` or `--kv-memory-gib`";
+const GPU_HINT: &str =
+    "; unload another model, lower its `share` or `--kv-memory-gib`, or free the GPU";
+
+/// `DoesNotFit` naming `needed` and `free` when `needed` is more.
+fn fits(
+    name: &str,
+    where_: &'static str,
+    needed: u64,
+    free: u64,
+    hint: &str,
+) -> Result<(), server::LoadError> {
+    if needed <= free {
+        return Ok(());
+    }
+    Err(server::LoadError::DoesNotFit {
+        model: name.to_string(),
+        where_,
+        needed,
+        free,
+        hint: hint.into(),
+    })
+}
+
+/// Each CUDA device of `replicas` with the number of engines it hosts.
+fn gpu_engines(replicas: &runtime::ReplicaPlan) -> Vec<(usize, usize)> {
+    let ordinals: Vec<usize> = match replicas {
+        runtime::ReplicaPlan::Gpus(g) => g.clone(),
+        runtime::ReplicaPlan::Count(n) => (0..*n).collect(),
+    };
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for o in ordinals {
+        match out.iter_mut().find(|(d, _)| *d == o) {
+            Some(entry) => entry.1 += 1,
+            None => out.push((o, 1)),
+        }
+    }
+    out
 }
 
 /// Everything a model's (re)load needs, shared by its loader calls.
@@ -311,7 +363,7 @@ pub fn load(plan: &LoadPlan) -> Result<server::Served, server::LoadError> {
         model: plan.name.clone(),
         reason: format!("{e:#}"),
     };
-    check_fits(&plan.name, &plan.args)?;
+    check_fits(&plan.name, &plan.args, &plan.replicas)?;
     let rt = crate::setup::open_replicas(&plan.args, plan.max_queue, plan.replicas.clone())
         .map_err(failed)?;
     served(plan, rt).map_err(failed)
@@ -360,6 +412,24 @@ mod tests {
         a.share = Some(1.5);
         let e = shares(&[a]).unwrap_err().to_string();
         assert!(e.contains("`share` 1.5 of model `a`"), "{e}");
+    }
+
+    #[test]
+    fn a_model_past_the_free_memory_is_refused_naming_both() {
+        assert!(fits("m", "GPU", 10, 10, "").is_ok());
+        let e = fits("big", "GPU", 3 << 30, 1 << 30, GPU_HINT)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("model `big` does not fit"), "{e}");
+        assert!(e.contains("of GPU memory") && e.contains("is free"), "{e}");
+        assert!(e.contains("3072") && e.contains("1024"), "{e}");
+    }
+
+    #[test]
+    fn engines_are_counted_per_gpu() {
+        use runtime::ReplicaPlan;
+        assert_eq!(gpu_engines(&ReplicaPlan::Count(2)), [(0, 1), (1, 1)]);
+        assert_eq!(gpu_engines(&ReplicaPlan::Gpus(vec![0, 0, 1])), [(0, 2), (1, 1)]);
     }
 
     #[test]
