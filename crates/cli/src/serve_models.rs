@@ -12,6 +12,10 @@
 //! (the host's `MemAvailable` on the CPU); a model that does not fit is
 //! refused naming both.
 
+mod gpu_share;
+
+pub use gpu_share::GpuShare;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,37 +64,31 @@ impl ModelSpec {
     }
 }
 
-/// The file's two shapes: `{"models": [...]}` (TOML: `[[models]]`
-/// tables) or, in JSON, the list alone.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum FileShape {
-    Table { models: Vec<ModelSpec> },
-    List(Vec<ModelSpec>),
-}
-
 /// Reads a models file: TOML when its name ends in `.toml`, else JSON.
+/// The models are a `models` list (TOML's `[[models]]` tables) or, in
+/// JSON, the list alone; an error names the model's unknown or wrong field.
 pub fn read_file(path: &Path) -> Result<Vec<ModelSpec>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read `--models-file` {}", path.display()))?;
     let toml = path.extension().is_some_and(|e| e == "toml");
-    let shape: FileShape = if toml {
-        let value = toml_to_json(&text)
-            .with_context(|| format!("`--models-file` {} is not TOML", path.display()))?;
-        serde_json::from_value(value)
+    let mut value = if toml {
+        toml_to_json(&text)
+            .with_context(|| format!("`--models-file` {} is not TOML", path.display()))?
     } else {
         serde_json::from_str(&text)
-    }
-    .with_context(|| {
+            .with_context(|| format!("`--models-file` {} is not JSON", path.display()))?
+    };
+    let list = match value.get_mut("models") {
+        Some(models) => models.take(),
+        None => value,
+    };
+    let specs: Vec<ModelSpec> = serde_json::from_value(list).with_context(|| {
         format!(
             "`--models-file` {}: expected a list of models, each with `source` and optionally \
              `name`, `share`, `device`, `lora`, `max_model_len`, `preload`",
             path.display()
         )
     })?;
-    let specs = match shape {
-        FileShape::Table { models } | FileShape::List(models) => models,
-    };
     if specs.is_empty() {
         bail!("`--models-file` {} lists no model", path.display());
     }
@@ -350,6 +348,46 @@ pub struct LoadPlan {
     pub replicas: runtime::ReplicaPlan,
     pub reasoning_parser: Option<server::reasoning::ReasoningParser>,
     pub lora_timeout: std::time::Duration,
+    /// Its part of a GPU shared with the server's other models, when its
+    /// KV pool is sized from `--gpu-memory-utilization`.
+    pub gpu_share: Option<GpuShare>,
+}
+
+/// The server's GPU budget before any model loads, as a share of 1 (each
+/// model's [`GpuShare`] is this with its own `share`): `None` with one
+/// model, on the CPU, or when a flag sizes the KV pools.
+pub fn gpu_budget_at_start(
+    base: &ModelArgs,
+    replicas: &runtime::ReplicaPlan,
+    several: bool,
+) -> Option<GpuShare> {
+    let sized = base.kv_blocks.is_some() || base.kv_memory_gib.is_some();
+    if !several || sized || base.device == DeviceArg::Cpu {
+        return None;
+    }
+    let (device, _) = *gpu_engines(replicas).first()?;
+    GpuShare::at_start(device, 1.0, base.gpu_memory_utilization)
+}
+
+/// A model's own [`GpuShare`] of the server's `budget` (none on the CPU).
+pub fn gpu_share(budget: Option<GpuShare>, args: &ModelArgs, share: f64) -> Option<GpuShare> {
+    let on_gpu = args.device != DeviceArg::Cpu;
+    budget.filter(|_| on_gpu).map(|b| GpuShare { share, ..b })
+}
+
+/// Opens `plan`'s model: its fit checked; on a GPU shared with the
+/// server's other models, with the utilization that leaves it its share.
+pub fn open(plan: &LoadPlan) -> Result<runtime::Runtime, server::LoadError> {
+    let failed = |e: anyhow::Error| server::LoadError::Failed {
+        model: plan.name.clone(),
+        reason: format!("{e:#}"),
+    };
+    check_fits(&plan.name, &plan.args, &plan.replicas)?;
+    let mut args = plan.args.clone();
+    if let Some(u) = plan.gpu_share.and_then(|s| s.utilization_now()) {
+        args.gpu_memory_utilization = u;
+    }
+    crate::setup::open_replicas(&args, plan.max_queue, plan.replicas.clone()).map_err(failed)
 }
 
 /// The server's loader of `plan`'s model.
@@ -363,9 +401,7 @@ pub fn load(plan: &LoadPlan) -> Result<server::Served, server::LoadError> {
         model: plan.name.clone(),
         reason: format!("{e:#}"),
     };
-    check_fits(&plan.name, &plan.args, &plan.replicas)?;
-    let rt = crate::setup::open_replicas(&plan.args, plan.max_queue, plan.replicas.clone())
-        .map_err(failed)?;
+    let rt = open(plan)?;
     served(plan, rt).map_err(failed)
 }
 
@@ -429,7 +465,10 @@ mod tests {
     fn engines_are_counted_per_gpu() {
         use runtime::ReplicaPlan;
         assert_eq!(gpu_engines(&ReplicaPlan::Count(2)), [(0, 1), (1, 1)]);
-        assert_eq!(gpu_engines(&ReplicaPlan::Gpus(vec![0, 0, 1])), [(0, 2), (1, 1)]);
+        assert_eq!(
+            gpu_engines(&ReplicaPlan::Gpus(vec![0, 0, 1])),
+            [(0, 2), (1, 1)]
+        );
     }
 
     #[test]
