@@ -180,7 +180,11 @@ def cycles(a, base, server, names):
     for t in threads:
         t.start()
     loads, firsts, samples = [], [], []
+    t0 = time.time()
     for i in range(a.cycles):
+        if a.budget_s and time.time() - t0 > a.budget_s:
+            break
+        a.done = i + 1
         # at the same point of every cycle: both models loaded, idle
         samples.append((rss_kib(server.pid), gpu_mib(server.pid)))
         if a.every and i % a.every == 0:
@@ -200,8 +204,9 @@ def cycles(a, base, server, names):
     for t in threads:
         t.join()
     samples.append((rss_kib(server.pid), gpu_mib(server.pid)))
-    w = max(1, min(a.window, (len(samples) - a.settle) // 2))
-    return tally, loads, firsts, median(samples[a.settle:a.settle + w]), median(samples[-w:])
+    settle = min(a.settle, max(len(samples) // 2 - 1, 0))
+    w = max(1, min(a.window, (len(samples) - settle) // 2))
+    return tally, loads, firsts, median(samples[settle:settle + w]), median(samples[-w:])
 
 
 def median(samples):
@@ -231,7 +236,7 @@ def start(a, base):
 def report(a, tally, loads, firsts, before, after):
     pct = lambda b, x: 100.0 * (x - b) / b if b else 0.0
     srt = sorted(loads) or [float("nan")]
-    out = {"cycles": a.cycles, "no_autoload": a.no_autoload, "requests": tally.sent,
+    out = {"cycles": a.done, "cycles_asked": a.cycles, "no_autoload": a.no_autoload, "requests": tally.sent,
            "failed": tally.failed, "refused": tally.refused, "first_failures": tally.reasons,
            "load_s_p50": srt[len(srt) // 2], "load_s_max": srt[-1],
            "first_request_s_p50": sorted(firsts)[len(firsts) // 2] if firsts else None,
@@ -250,6 +255,8 @@ def report(a, tally, loads, firsts, before, after):
          f"{before[0] / 1024:.0f} -> {after[0] / 1024:.0f} MiB ({pct(before[0], after[0]):+.2f}%, "
          f"<= {100 * a.max_growth:.0f}%)"),
     ]
+    if a.done < a.cycles:
+        checks.append(("cycles run", False, f"{a.done} of {a.cycles} within --budget-s {a.budget_s}"))
     if before[1] is not None:
         checks.append(("GPU memory growth", pct(before[1], after[1]) <= 100 * a.max_growth,
                        f"{before[1]} -> {after[1]} MiB ({pct(before[1], after[1]):+.2f}%, "
@@ -278,6 +285,8 @@ def main():
     ap.add_argument("--max-growth", type=float, default=0.02)
     ap.add_argument("--max-load-s", type=float, default=3.0)
     ap.add_argument("--no-autoload", action="store_true")
+    ap.add_argument("--budget-s", type=float, default=0,
+                    help="stop cycling after this many seconds (0: none); fewer cycles than asked is a FAIL")
     ap.add_argument("--every", type=int, default=0, help="print RSS and GPU memory every N cycles")
     ap.add_argument("--port", type=int, default=8031)
     ap.add_argument("--json")
@@ -285,6 +294,7 @@ def main():
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     a.settle = min(a.settle, max(a.cycles // 2 - 1, 0))
+    a.done = 0
     a.log = open(a.server_log, "w") if a.server_log else subprocess.DEVNULL
     base = f"http://127.0.0.1:{a.port}"
     server, names = start(a, base)

@@ -13,7 +13,7 @@
 #               (scripts/bench/model_cycles.py): no request lost or failed,
 #               host RSS and GPU memory growth <= 2%, a reload under 3 s
 #               (median and max of POST /models/load)
-#   noauto      20 cycles with --no-models-autoload: requests naming BIG
+#   noauto      30 cycles with --no-models-autoload: requests naming BIG
 #               while it is unloaded refused with a 409 naming it
 #   embed       embeddings on the CPU vs DEVICE (cosine distance <= 1e-2),
 #               alone vs batched (<= 1e-3)
@@ -52,9 +52,9 @@ CY=(python3 "$here/../bench/model_cycles.py" --lamina "$L" --cycled "$BIG" --oth
 for p in ${PART//,/ }; do
   case $p in
     throughput | default | embed | errors) step "$p" 600 "${MM[@]}" "$p" ;;
-    cycles) step cycles 600 "${CY[@]}" --cycles "$CYCLES" --json "$OUT/many_models_cycles.json" \
+    cycles) step cycles 600 "${CY[@]}" --cycles "$CYCLES" --budget-s 540 --json "$OUT/many_models_cycles.json" \
       --server-log "$OUT/many_models_cycles_serve.log" -- --kv-memory-gib "$KV" ;;
-    noauto) step noauto 300 "${CY[@]}" --cycles 20 --settle 5 --window 5 --no-autoload \
+    noauto) step noauto 300 "${CY[@]}" --cycles 30 --budget-s 240 --settle 15 --window 5 --no-autoload \
       --json "$OUT/many_models_noauto.json" --server-log "$OUT/many_models_noauto_serve.log" \
       -- --kv-memory-gib "$KV" ;;
     *) echo "unknown PART $p: throughput, default, cycles, noauto, embed or errors"; exit 2 ;;
