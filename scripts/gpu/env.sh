@@ -17,5 +17,5 @@ done
 for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer /opt/nvidia/compute-sanitizer; do
   [ -d "$d" ] && export PATH="$PATH:$d"
 done
-echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 echo "compute-sanitizer: $(command -v compute-sanitizer || echo missing)"

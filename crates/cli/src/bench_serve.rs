@@ -81,6 +81,12 @@ pub struct BenchServeArgs {
     /// Seconds a request may take before it counts as failed.
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
+    /// Ask for each token's log-probability (`logprobs: 0`): every token
+    /// then arrives in an event even when it decodes to no text (special
+    /// tokens, a synthetic model's filler tokens), so TTFT and ITL are
+    /// measured for such outputs too. Costs the server the log-softmax.
+    #[arg(long)]
+    pub logprobs: bool,
     /// Write the results as JSON here too.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -225,6 +231,7 @@ async fn run_async(args: BenchServeArgs) -> Result<()> {
         url: format!("{base}/v1/completions"),
         model: model.clone(),
         api_key: args.api_key.clone(),
+        logprobs: args.logprobs,
     });
     if args.warmup > 0 {
         let requests = plan(&args, Rate(f64::INFINITY), args.warmup, !args.seed, 0);
@@ -348,6 +355,7 @@ mod tests {
             seed: rate_seed,
             warmup: 0,
             timeout: 1,
+            logprobs: false,
             json: None,
         }
     }

@@ -45,8 +45,9 @@ pub fn run(args: EmbedArgs) -> Result<()> {
     };
     let done = (loaded.engine.embed(req))
         .and_then(|h| h.blocking_wait())
-        .map_err(|e| match e.input() {
-            Some(i) => anyhow::anyhow!("text {}: {e}", i + 1),
+        .map_err(|e| match e.input().and_then(|i| texts.get(i)) {
+            // the engine counts inputs from 0, as the output's `index`
+            Some(t) => anyhow::anyhow!("{e} (the text starting {:?})", preview(t)),
             None => anyhow::anyhow!("{e}"),
         });
     loaded.engine.shutdown();
@@ -57,6 +58,15 @@ pub fn run(args: EmbedArgs) -> Result<()> {
         writeln!(out, "{line}")?;
     }
     Ok(())
+}
+
+/// The first characters of `text`, to name it in an error.
+fn preview(text: &str) -> String {
+    const CHARS: usize = 40;
+    match text.char_indices().nth(CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
+    }
 }
 
 /// Every non-empty line of stdin (not a terminal).
@@ -73,4 +83,16 @@ fn stdin_lines() -> Result<Vec<String>> {
         }
     }
     Ok(texts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preview;
+
+    #[test]
+    fn a_text_is_named_by_its_first_characters() {
+        assert_eq!(preview("a cat"), "a cat");
+        let long = "é".repeat(50);
+        assert_eq!(preview(&long), format!("{}...", "é".repeat(40)));
+    }
 }

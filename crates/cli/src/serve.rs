@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::setup::{self, ModelArgs};
+use crate::setup::ModelArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -270,12 +270,15 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     let specs = crate::serve_models::specs(&args.model.model, &more, args.models_file.as_ref())?;
     let shares = crate::serve_models::shares(&specs)?;
     let several = specs.len() > 1;
+    // read before any model loads: the models' shares of the GPU
+    let gpu_budget = crate::serve_models::gpu_budget_at_start(&args.model, &plan, several);
     let mut registrations = Vec::new();
     let mut started: Vec<engine::Engine> = Vec::new();
     let (mut cuda, mut first_defaults) = (false, None);
     for (i, (spec, share)) in specs.iter().zip(shares).enumerate() {
         let model_args =
             crate::serve_models::model_args(&args.model, spec, share, (i, specs.len()))?;
+        let gpu_share = crate::serve_models::gpu_share(gpu_budget, &model_args, share);
         let name = match (&spec.name, i) {
             (Some(n), _) => n.clone(),
             (None, 0) => args
@@ -291,11 +294,11 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             replicas: plan.clone(),
             reasoning_parser: args.reasoning_parser,
             lora_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
+            gpu_share,
         });
         let room = policy.max_loaded == 0 || i < policy.max_loaded;
         let served = if spec.preload.unwrap_or(true) && room {
-            crate::serve_models::check_fits(&name, &load_plan.args)?;
-            let rt = setup::open_replicas(&load_plan.args, args.max_queue, plan.clone())?;
+            let rt = crate::serve_models::open(&load_plan)?;
             eprintln!(
                 "lamina: `{name}` started in {:.1}s: {}",
                 t0.elapsed().as_secs_f64(),

@@ -12,6 +12,10 @@
 //! (the host's `MemAvailable` on the CPU); a model that does not fit is
 //! refused naming both.
 
+mod gpu_share;
+
+pub use gpu_share::GpuShare;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -60,37 +64,31 @@ impl ModelSpec {
     }
 }
 
-/// The file's two shapes: `{"models": [...]}` (TOML: `[[models]]`
-/// tables) or, in JSON, the list alone.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum FileShape {
-    Table { models: Vec<ModelSpec> },
-    List(Vec<ModelSpec>),
-}
-
 /// Reads a models file: TOML when its name ends in `.toml`, else JSON.
+/// The models are a `models` list (TOML's `[[models]]` tables) or, in
+/// JSON, the list alone; an error names the model's unknown or wrong field.
 pub fn read_file(path: &Path) -> Result<Vec<ModelSpec>> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read `--models-file` {}", path.display()))?;
     let toml = path.extension().is_some_and(|e| e == "toml");
-    let shape: FileShape = if toml {
-        let value = toml_to_json(&text)
-            .with_context(|| format!("`--models-file` {} is not TOML", path.display()))?;
-        serde_json::from_value(value)
+    let mut value = if toml {
+        toml_to_json(&text)
+            .with_context(|| format!("`--models-file` {} is not TOML", path.display()))?
     } else {
         serde_json::from_str(&text)
-    }
-    .with_context(|| {
+            .with_context(|| format!("`--models-file` {} is not JSON", path.display()))?
+    };
+    let list = match value.get_mut("models") {
+        Some(models) => models.take(),
+        None => value,
+    };
+    let specs: Vec<ModelSpec> = serde_json::from_value(list).with_context(|| {
         format!(
             "`--models-file` {}: expected a list of models, each with `source` and optionally \
              `name`, `share`, `device`, `lora`, `max_model_len`, `preload`",
             path.display()
         )
     })?;
-    let specs = match shape {
-        FileShape::Table { models } | FileShape::List(models) => models,
-    };
     if specs.is_empty() {
         bail!("`--models-file` {} lists no model", path.display());
     }
@@ -269,25 +267,77 @@ pub fn host_free_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Refuses a CPU model whose weights and KV pool need more than the
-/// host has free.
-pub fn check_fits(name: &str, args: &ModelArgs) -> Result<(), server::LoadError> {
+/// Refuses a model whose weights and KV pool need more memory than is
+/// free: on the CPU the host's, on CUDA (with the pool sized by
+/// `--kv-memory-gib`) each GPU's its engines go on. A pool sized from
+/// `--gpu-memory-utilization` is checked by the runtime's memory plan.
+pub fn check_fits(
+    name: &str,
+    args: &ModelArgs,
+    replicas: &runtime::ReplicaPlan,
+) -> Result<(), server::LoadError> {
     let cpu = args.device == DeviceArg::Cpu || model::cuda::available().is_err();
-    let Some(free) = host_free_bytes().filter(|_| cpu) else {
+    let weights = weights_bytes(&args.model);
+    let engine = |kv_gib: f64| weights.saturating_add((kv_gib * (1u64 << 30) as f64) as u64);
+    if cpu {
+        let Some(free) = host_free_bytes() else {
+            return Ok(());
+        };
+        let needed = engine(args.kv_memory_gib.unwrap_or(runtime::CPU_KV_MEMORY_GIB));
+        return fits(name, "host", needed, free, HOST_HINT);
+    }
+    let Some(kv) = args.kv_memory_gib.filter(|_| args.kv_blocks.is_none()) else {
         return Ok(());
     };
-    let kv = args.kv_memory_gib.unwrap_or(runtime::CPU_KV_MEMORY_GIB);
-    let needed = weights_bytes(&args.model).saturating_add((kv * (1u64 << 30) as f64) as u64);
-    if needed > free {
-        return Err(server::LoadError::DoesNotFit {
-            model: name.to_string(),
-            where_: "host",
-            needed,
-            free,
-            hint: "; unload another model, lower its `share` or `--kv-memory-gib`".into(),
-        });
+    for (ordinal, engines) in gpu_engines(replicas) {
+        // a device that cannot be read is reported when its engine opens
+        let Ok((free, _)) = model::cuda::memory_info(ordinal) else {
+            continue;
+        };
+        let needed = engine(kv).saturating_mul(engines as u64);
+        fits(name, "GPU", needed, free as u64, GPU_HINT)?;
     }
     Ok(())
+}
+
+const HOST_HINT: &str = "; unload another model, lower its `share` or `--kv-memory-gib`";
+const GPU_HINT: &str =
+    "; unload another model, lower its `share` or `--kv-memory-gib`, or free the GPU";
+
+/// `DoesNotFit` naming `needed` and `free` when `needed` is more.
+fn fits(
+    name: &str,
+    where_: &'static str,
+    needed: u64,
+    free: u64,
+    hint: &str,
+) -> Result<(), server::LoadError> {
+    if needed <= free {
+        return Ok(());
+    }
+    Err(server::LoadError::DoesNotFit {
+        model: name.to_string(),
+        where_,
+        needed,
+        free,
+        hint: hint.into(),
+    })
+}
+
+/// Each CUDA device of `replicas` with the number of engines it hosts.
+fn gpu_engines(replicas: &runtime::ReplicaPlan) -> Vec<(usize, usize)> {
+    let ordinals: Vec<usize> = match replicas {
+        runtime::ReplicaPlan::Gpus(g) => g.clone(),
+        runtime::ReplicaPlan::Count(n) => (0..*n).collect(),
+    };
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for o in ordinals {
+        match out.iter_mut().find(|(d, _)| *d == o) {
+            Some(entry) => entry.1 += 1,
+            None => out.push((o, 1)),
+        }
+    }
+    out
 }
 
 /// Everything a model's (re)load needs, shared by its loader calls.
@@ -298,6 +348,46 @@ pub struct LoadPlan {
     pub replicas: runtime::ReplicaPlan,
     pub reasoning_parser: Option<server::reasoning::ReasoningParser>,
     pub lora_timeout: std::time::Duration,
+    /// Its part of a GPU shared with the server's other models, when its
+    /// KV pool is sized from `--gpu-memory-utilization`.
+    pub gpu_share: Option<GpuShare>,
+}
+
+/// The server's GPU budget before any model loads, as a share of 1 (each
+/// model's [`GpuShare`] is this with its own `share`): `None` with one
+/// model, on the CPU, or when a flag sizes the KV pools.
+pub fn gpu_budget_at_start(
+    base: &ModelArgs,
+    replicas: &runtime::ReplicaPlan,
+    several: bool,
+) -> Option<GpuShare> {
+    let sized = base.kv_blocks.is_some() || base.kv_memory_gib.is_some();
+    if !several || sized || base.device == DeviceArg::Cpu {
+        return None;
+    }
+    let (device, _) = *gpu_engines(replicas).first()?;
+    GpuShare::at_start(device, 1.0, base.gpu_memory_utilization)
+}
+
+/// A model's own [`GpuShare`] of the server's `budget` (none on the CPU).
+pub fn gpu_share(budget: Option<GpuShare>, args: &ModelArgs, share: f64) -> Option<GpuShare> {
+    let on_gpu = args.device != DeviceArg::Cpu;
+    budget.filter(|_| on_gpu).map(|b| GpuShare { share, ..b })
+}
+
+/// Opens `plan`'s model: its fit checked; on a GPU shared with the
+/// server's other models, with the utilization that leaves it its share.
+pub fn open(plan: &LoadPlan) -> Result<runtime::Runtime, server::LoadError> {
+    let failed = |e: anyhow::Error| server::LoadError::Failed {
+        model: plan.name.clone(),
+        reason: format!("{e:#}"),
+    };
+    check_fits(&plan.name, &plan.args, &plan.replicas)?;
+    let mut args = plan.args.clone();
+    if let Some(u) = plan.gpu_share.and_then(|s| s.utilization_now()) {
+        args.gpu_memory_utilization = u;
+    }
+    crate::setup::open_replicas(&args, plan.max_queue, plan.replicas.clone()).map_err(failed)
 }
 
 /// The server's loader of `plan`'s model.
@@ -311,9 +401,7 @@ pub fn load(plan: &LoadPlan) -> Result<server::Served, server::LoadError> {
         model: plan.name.clone(),
         reason: format!("{e:#}"),
     };
-    check_fits(&plan.name, &plan.args)?;
-    let rt = crate::setup::open_replicas(&plan.args, plan.max_queue, plan.replicas.clone())
-        .map_err(failed)?;
+    let rt = open(plan)?;
     served(plan, rt).map_err(failed)
 }
 
@@ -360,6 +448,27 @@ mod tests {
         a.share = Some(1.5);
         let e = shares(&[a]).unwrap_err().to_string();
         assert!(e.contains("`share` 1.5 of model `a`"), "{e}");
+    }
+
+    #[test]
+    fn a_model_past_the_free_memory_is_refused_naming_both() {
+        assert!(fits("m", "GPU", 10, 10, "").is_ok());
+        let e = fits("big", "GPU", 3 << 30, 1 << 30, GPU_HINT)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("model `big` does not fit"), "{e}");
+        assert!(e.contains("of GPU memory") && e.contains("is free"), "{e}");
+        assert!(e.contains("3072") && e.contains("1024"), "{e}");
+    }
+
+    #[test]
+    fn engines_are_counted_per_gpu() {
+        use runtime::ReplicaPlan;
+        assert_eq!(gpu_engines(&ReplicaPlan::Count(2)), [(0, 1), (1, 1)]);
+        assert_eq!(
+            gpu_engines(&ReplicaPlan::Gpus(vec![0, 0, 1])),
+            [(0, 2), (1, 1)]
+        );
     }
 
     #[test]

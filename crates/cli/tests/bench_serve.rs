@@ -1,7 +1,8 @@
 //! `lamina bench-serve` end to end on the CPU: a tiny synthetic model behind
 //! `lamina serve`, a small sweep (all at once, then Poisson at 40 req/s),
 //! and the JSON report checked against what was asked. Also: an unreachable
-//! server is one clear error line.
+//! server is one clear error line, and `--logprobs` times tokens that have
+//! no text.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -120,6 +121,92 @@ fn bench_serve_reports_every_request_of_a_sweep() {
     }
     // the Poisson run is spread out: it lasts at least most of 10 arrivals at 40/s
     assert!(runs[1]["duration_s"].as_f64() > Some(0.05), "{}", runs[1]);
+}
+
+/// A server whose every token decodes to no text (as a synthetic model's
+/// filler tokens): each completion streams two tokens, with their
+/// log-probabilities when the request asks for them.
+fn textless_server() -> u16 {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("local addr").port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut reader = BufReader::new(conn);
+            let (mut head, mut len) = (String::new(), 0usize);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0u8; len];
+            let _ = reader.read_exact(&mut body);
+            let mut conn = reader.into_inner();
+            if !head.starts_with("POST /v1/completions") {
+                let _ = conn.write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+                continue;
+            }
+            let logprobs = String::from_utf8_lossy(&body).contains("\"logprobs\":0");
+            let lp = if logprobs {
+                r#","logprobs":{"tokens":["<|f|>"]}"#
+            } else {
+                ""
+            };
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n",
+            );
+            for _ in 0..2 {
+                std::thread::sleep(Duration::from_millis(20));
+                let ev = format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"\"{lp}}}]}}\n\n");
+                let _ = conn.write_all(ev.as_bytes());
+            }
+            let _ = conn.write_all(
+                b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+            );
+        }
+    });
+    port
+}
+
+/// Tokens without text stream no text: no TTFT without `--logprobs`; with
+/// it each token arrives with its log-probability and is timed.
+#[test]
+fn bench_serve_logprobs_times_tokens_without_text() {
+    let port = textless_server();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ttft = |extra: &[&str]| {
+        let json = tmp.path().join("bench.json");
+        let out = Command::new(lamina())
+            .args(["bench-serve", "--url", &format!("http://127.0.0.1:{port}")])
+            .args(["--model", "m", "--num-prompts", "3", "--input-len", "4"])
+            .args(["--output-len", "2"])
+            .args(extra)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("run bench-serve");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).expect("json written"))
+                .expect("valid json");
+        let r = doc["runs"][0].clone();
+        assert_eq!(r["completed"], 3, "{r}");
+        r["ttft_ms"]["p50"].as_f64()
+    };
+    assert_eq!(ttft(&[]), Some(0.0));
+    let first = ttft(&["--logprobs"]);
+    assert!(first >= Some(15.0), "{first:?}");
 }
 
 /// Two CPU replicas of a tiny synthetic model (`--data-parallel-size 2`):

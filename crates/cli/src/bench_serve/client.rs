@@ -21,6 +21,8 @@ pub struct Ctx {
     pub url: String,
     pub model: String,
     pub api_key: Option<String>,
+    /// Ask for `logprobs: 0`, so that tokens without text arrive too.
+    pub logprobs: bool,
 }
 
 /// One request to send.
@@ -100,7 +102,7 @@ pub async fn send(ctx: &Ctx, spec: &Spec) -> Outcome {
 }
 
 async fn stream(ctx: &Ctx, spec: &Spec, out: &mut Outcome) -> Result<()> {
-    let body = json!({
+    let mut body = json!({
         "model": ctx.model,
         "prompt": spec.prompt,
         "max_tokens": spec.max_tokens,
@@ -109,6 +111,9 @@ async fn stream(ctx: &Ctx, spec: &Spec, out: &mut Outcome) -> Result<()> {
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if ctx.logprobs {
+        body["logprobs"] = json!(0);
+    }
     let mut req = ctx.http.post(&ctx.url).json(&body);
     if let Some(k) = &ctx.api_key {
         req = req.bearer_auth(k);
@@ -144,8 +149,7 @@ async fn stream(ctx: &Ctx, spec: &Spec, out: &mut Outcome) -> Result<()> {
                 if let Some(err) = v.get("error") {
                     bail!("error event: {err}");
                 }
-                let text = v["choices"][0]["text"].as_str().unwrap_or("");
-                if !text.is_empty() {
+                if carries_tokens(&v) {
                     out.chunks.push(now);
                 }
                 if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
@@ -159,6 +163,17 @@ async fn stream(ctx: &Ctx, spec: &Spec, out: &mut Outcome) -> Result<()> {
     }
     out.output_tokens = usage.unwrap_or(out.chunks.len());
     Ok(())
+}
+
+/// Whether a stream event brings output tokens: text, or (with
+/// `logprobs`) tokens whose text is empty.
+fn carries_tokens(event: &Value) -> bool {
+    let choice = &event["choices"][0];
+    let text = choice["text"].as_str().is_some_and(|t| !t.is_empty());
+    let tokens = choice["logprobs"]["tokens"]
+        .as_array()
+        .is_some_and(|t| !t.is_empty());
+    text || tokens
 }
 
 /// `(end of the event's text, end including its blank-line separator)` of
@@ -180,12 +195,23 @@ fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
 
 #[cfg(test)]
 mod tests {
-    use super::find_event_end;
+    use super::{carries_tokens, find_event_end};
 
     #[test]
     fn events_split_on_blank_lines_of_either_style() {
         assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some((7, 9)));
         assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 11)));
         assert_eq!(find_event_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn tokens_without_text_count_when_their_logprobs_come() {
+        let ev = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert!(carries_tokens(&ev(r#"{"choices":[{"text":"a"}]}"#)));
+        assert!(!carries_tokens(&ev(r#"{"choices":[{"text":""}]}"#)));
+        assert!(carries_tokens(&ev(
+            r#"{"choices":[{"text":"","logprobs":{"tokens":["<|f|>"]}}]}"#
+        )));
+        assert!(!carries_tokens(&ev(r#"{"choices":[],"usage":{}}"#)));
     }
 }
