@@ -61,14 +61,6 @@ const TIPS: &[(&str, &str)] = &[
         "lamina runs the whole model on one device: `--device cuda` or `--device cpu`",
     ),
     (
-        "--keep-alive",
-        "lamina has no daemon: `lamina serve` keeps the model loaded until it stops, and `run` / `generate` / `chat` load it for one command",
-    ),
-    (
-        "--keepalive",
-        "lamina has no daemon: `lamina serve` keeps the model loaded until it stops, and `run` / `generate` / `chat` load it for one command",
-    ),
-    (
         "--tensor-parallel-size",
         "lamina splits work across GPUs by replicas: `--devices 0,1` or `--data-parallel-size N`",
     ),
@@ -186,8 +178,10 @@ mod tests {
         assert!(m.contains("'-ngl'") && m.contains("--device cuda"), "{m}");
         let m = neighbour_flag(&raw(&["lamina", "serve", "--gpu-layers=99"])).unwrap();
         assert!(m.contains("--device cuda"), "{m}");
-        let m = neighbour_flag(&raw(&["lamina", "run", "--keep-alive", "5m"])).unwrap();
-        assert!(m.contains("lamina serve"), "{m}");
+        let m = neighbour_flag(&raw(&["lamina", "run", "--repeat-penalty", "1.1"])).unwrap();
+        assert!(m.contains("--repetition-penalty"), "{m}");
+        // a lamina flag (`serve --keep-alive`) is never a neighbour's
+        assert!(neighbour_flag(&raw(&["lamina", "serve", "--keep-alive", "5m"])).is_none());
         assert!(neighbour_flag(&raw(&["lamina", "run", "-n", "9", "hi"])).is_none());
         assert!(neighbour_flag(&raw(&["lamina", "generate", "--", "-ngl"])).is_none());
     }
