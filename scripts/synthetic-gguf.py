@@ -4,6 +4,12 @@ SmolLM2 cannot hold (its rows of 576 are not whole Q4_K super-blocks).
 
 Usage: synthetic-gguf.py OUT.gguf [--layers 16] [--hidden 2048] [--ffn 8192]
                          [--heads 32] [--kv-heads 8] [--vocab 128256]
+                         [--type f16|q8_0|q4_0|q4_1]
+
+`--type` other than f16 stores the embedding and every projection in that
+block type (the `gguf` package's own quantiser, as llama-quantize --pure
+would; no llama.cpp needed), for the GPU's GGUF kernels on a machine
+without llama.cpp.
 
 Then quantise it with llama.cpp's tool (built by build-llama-bench.sh) and
 run both engines on the result, e.g. for Q4_K everywhere:
@@ -46,6 +52,7 @@ def main():
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=128256)
+    p.add_argument("--type", default="f16", choices=["f16", "q8_0", "q4_0", "q4_1"])
     a = p.parse_args()
     rng = np.random.default_rng(20261201)
     tokens = byte_symbols() + ["\u0120\u0120"]
@@ -68,11 +75,21 @@ def main():
     w.add_bos_token_id(len(tokens) - 2)
     w.add_eos_token_id(len(tokens) - 1)
 
+    qtype = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+             "q4_1": gguf.GGMLQuantizationType.Q4_1}.get(a.type)
+
     def normal(*shape):
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
 
+    def add_matrix(name, *shape):
+        x = normal(*shape)
+        if qtype is None:
+            w.add_tensor(name, x)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), qtype), raw_dtype=qtype)
+
     h, hd = a.hidden, a.hidden // a.heads
-    w.add_tensor("token_embd.weight", normal(a.vocab, h))
+    add_matrix("token_embd.weight", a.vocab, h)
     w.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
     shapes = {
         "attn_q": (h, h), "attn_k": (a.kv_heads * hd, h), "attn_v": (a.kv_heads * hd, h),
@@ -83,7 +100,7 @@ def main():
         for norm in ["attn_norm", "ffn_norm"]:
             w.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(h, dtype=np.float32))
         for kind, shape in shapes.items():
-            w.add_tensor(f"blk.{layer}.{kind}.weight", normal(*shape))
+            add_matrix(f"blk.{layer}.{kind}.weight", *shape)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
