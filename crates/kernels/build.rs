@@ -286,6 +286,10 @@ fn main() {
             "-O3",
             "-lineinfo",
             "-std=c++17",
+            // one thread per target below (bounded by the cores): the
+            // targets compile in parallel instead of one after another
+            "--threads",
+            "0",
             "-gencode=arch=compute_90a,code=sm_90a",
             "-gencode=arch=compute_80,code=sm_80",
             "-gencode=arch=compute_80,code=compute_80",

@@ -4,9 +4,11 @@ it decodes itself), token-id input, the same text alone and in a batch
 within 1e-3 cosine, usage, `dimensions` refused unless the hidden size;
 and `lamina embed` printing the same vectors."""
 
+import base64
 import json
 import math
 import os
+import struct
 import subprocess
 
 import openai
@@ -41,9 +43,13 @@ batch = c.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
 check([d.index for d in batch.data] == [0, 1, 2], "batch indexes")
 check(cosine(batch.data[0].embedding, vec) > 1 - 1e-3, "alone vs batched within 1e-3 cosine")
 check(cosine(batch.data[0].embedding, batch.data[1].embedding) < 0.9999, "different texts differ")
+# asked for explicitly, base64 comes back as the string the server sent
 b64_batch = c.embeddings.create(model=MODEL, input=TEXTS, encoding_format="base64")
 for d, e in zip(b64_batch.data, batch.data):
-    check(cosine(d.embedding, e.embedding) > 1 - 1e-3, f"base64 batch input {d.index}")
+    raw = base64.b64decode(d.embedding)
+    floats = struct.unpack(f"<{len(raw) // 4}f", raw)
+    check(len(floats) == hidden, f"base64 batch input {d.index}: {len(floats)} values")
+    check(cosine(floats, e.embedding) > 1 - 1e-3, f"base64 batch input {d.index}")
 singles = sum(c.embeddings.create(model=MODEL, input=t).usage.prompt_tokens for t in TEXTS)
 check(batch.usage.prompt_tokens == singles, f"batch usage {batch.usage.prompt_tokens} vs {singles}")
 
