@@ -1,5 +1,6 @@
 //! Compiles every `src/cu/*.cu` with nvcc into one fatbin (sm_90a and sm_80
-//! machine code plus compute_80 PTX) that `src/lib.rs` embeds.
+//! machine code plus compute_80 PTX; the two architectures in parallel,
+//! [`compile_fatbin`]) that `src/lib.rs` embeds.
 //!
 //! Before that it writes three headers into `OUT_DIR` from the Rust sources
 //! it `include!`s, so the C++ side cannot drift from the Rust side:
@@ -17,6 +18,7 @@
 //! `kernels_built` cfg, and reports at run time why CUDA is unavailable. When
 //! nvcc is found, a kernel that fails to compile fails the build.
 
+use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -279,44 +281,83 @@ fn main() {
         .collect();
     body.push_str("#include \"lamina_checks.cuh\"\n");
     std::fs::write(&unity, body).expect("write the unity source into OUT_DIR");
-    let fatbin = out.join("kernels.fatbin");
-    let status = Command::new(&nvcc)
-        .args([
-            "-fatbin",
-            "-O3",
-            "-lineinfo",
-            "-std=c++17",
-            // one thread per target below (bounded by the cores): the
-            // targets compile in parallel instead of one after another
-            "--threads",
-            "0",
-            "-gencode=arch=compute_90a,code=sm_90a",
-            "-gencode=arch=compute_80,code=sm_80",
-            "-gencode=arch=compute_80,code=compute_80",
-            "-I",
-        ])
-        .arg(&cu_dir)
-        .arg("-I")
-        .arg(&out)
-        .arg("-o")
-        .arg(&fatbin)
-        .arg(&unity)
-        .status();
-    match status {
-        Ok(s) if s.success() => {
+    match compile_fatbin(&nvcc, &cu_dir, &out, &unity) {
+        Ok(()) => {
             println!("cargo::rustc-cfg=kernels_built");
             println!("cargo::rustc-env=KERNELS_NVCC={}", nvcc.display());
         }
-        Ok(s) => {
+        Err(why) => {
             eprintln!(
-                "nvcc ({}) failed compiling the kernels: {s}",
+                "nvcc ({}) failed compiling the kernels: {why}",
                 nvcc.display()
             );
             std::process::exit(1);
         }
-        Err(e) => {
-            eprintln!("cannot run nvcc at {}: {e}", nvcc.display());
-            std::process::exit(1);
-        }
     }
+}
+
+/// Runs `tool` with `args`, naming it in the error.
+fn run(tool: &Path, args: &[OsString]) -> Result<(), String> {
+    match Command::new(tool).args(args).status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("{} exited with {s}", tool.display())),
+        Err(e) => Err(format!("cannot run {}: {e}", tool.display())),
+    }
+}
+
+/// `OUT_DIR/kernels.fatbin` from `unity`: sm_90a machine code, and sm_80
+/// machine code plus compute_80 PTX (for newer GPUs to JIT). The two
+/// architectures compile in parallel, each front end once (nvcc's own
+/// `-fatbin` of several targets runs them one after another), and
+/// `fatbinary` packs the three images as nvcc would.
+fn compile_fatbin(nvcc: &Path, cu_dir: &Path, out: &Path, unity: &Path) -> Result<(), String> {
+    let flags = |target: &str, code: &str, kind: &str, dst: &Path, src: &Path| {
+        let mut v: Vec<OsString> = ["-O3", "-lineinfo", "-std=c++17", kind]
+            .into_iter()
+            .map(Into::into)
+            .collect();
+        v.push(format!("-gencode=arch={target},code={code}").into());
+        for inc in [cu_dir, out] {
+            v.push("-I".into());
+            v.push(inc.into());
+        }
+        v.push("-o".into());
+        v.push(dst.into());
+        v.push(src.into());
+        v
+    };
+    let (sm90, ptx80, sm80) = (
+        out.join("kernels.sm_90a.cubin"),
+        out.join("kernels.compute_80.ptx"),
+        out.join("kernels.sm_80.cubin"),
+    );
+    let hopper = flags("compute_90a", "sm_90a", "-cubin", &sm90, unity);
+    let ampere_ptx = flags("compute_80", "compute_80", "-ptx", &ptx80, unity);
+    let ampere = flags("compute_80", "sm_80", "-cubin", &sm80, &ptx80);
+    let (a, b) = std::thread::scope(|scope| {
+        let h = scope.spawn(|| run(nvcc, &hopper));
+        let b = run(nvcc, &ampere_ptx).and_then(|()| run(nvcc, &ampere));
+        let a = h
+            .join()
+            .unwrap_or_else(|_| Err("the sm_90a compile panicked".into()));
+        (a, b)
+    });
+    a?;
+    b?;
+    let fatbinary = nvcc.with_file_name("fatbinary");
+    let image = |kind: &str, sm: &str, file: &Path| {
+        OsString::from(format!(
+            "--image3=kind={kind},sm={sm},file={}",
+            file.display()
+        ))
+    };
+    let create = OsString::from(format!("--create={}", out.join("kernels.fatbin").display()));
+    let args = [
+        create,
+        "-64".into(),
+        image("elf", "90a", &sm90),
+        image("ptx", "80", &ptx80),
+        image("elf", "80", &sm80),
+    ];
+    run(&fatbinary, &args)
 }

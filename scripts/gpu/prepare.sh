@@ -10,9 +10,11 @@
 # files synth-model reads (about 2 MB each instead of 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export NVCC=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
-# without nvcc the binaries would build but carry no kernels
-[ -x "$NVCC" ] || { echo "no nvcc at $NVCC: run cargo xtask install-nvcc (or set NVCC)" >&2; exit 1; }
+# without nvcc the binaries would build but carry no kernels (NVCC is only
+# read, not set: the kernels' build reruns when NVCC changes, and the one
+# `cargo xtask test` built found .cache/nvcc without it)
+nvcc=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
+[ -x "$nvcc" ] || { echo "no nvcc at $nvcc: run cargo xtask install-nvcc (or set NVCC)" >&2; exit 1; }
 mkdir -p devrun
 bins=$(cargo test --release -p kernels -p model --no-run --message-format=json 2>/dev/null |
   python3 -c '
