@@ -225,6 +225,7 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(kernels_built)");
     println!("cargo::rerun-if-env-changed=NVCC");
     println!("cargo::rerun-if-env-changed=LAMINA_SKIP_KERNELS");
+    println!("cargo::rerun-if-env-changed=LAMINA_CUDA_ARCHS");
     let manifest =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest.join("../..");
@@ -309,7 +310,8 @@ fn run(tool: &Path, args: &[OsString]) -> Result<(), String> {
 /// machine code plus compute_80 PTX (for newer GPUs to JIT). The two
 /// architectures compile in parallel, each front end once (nvcc's own
 /// `-fatbin` of several targets runs them one after another), and
-/// `fatbinary` packs the three images as nvcc would.
+/// `fatbinary` packs the three images as nvcc would. `LAMINA_CUDA_ARCHS=sm_90a`
+/// builds the sm_90a image alone (binaries a third of the size).
 fn compile_fatbin(nvcc: &Path, cu_dir: &Path, out: &Path, unity: &Path) -> Result<(), String> {
     let flags = |target: &str, code: &str, kind: &str, dst: &Path, src: &Path| {
         let mut v: Vec<OsString> = ["-O3", "-lineinfo", "-std=c++17", kind]
@@ -334,6 +336,29 @@ fn compile_fatbin(nvcc: &Path, cu_dir: &Path, out: &Path, unity: &Path) -> Resul
     let hopper = flags("compute_90a", "sm_90a", "-cubin", &sm90, unity);
     let ampere_ptx = flags("compute_80", "compute_80", "-ptx", &ptx80, unity);
     let ampere = flags("compute_80", "sm_80", "-cubin", &sm80, &ptx80);
+    let fatbinary = nvcc.with_file_name("fatbinary");
+    let image = |kind: &str, sm: &str, file: &Path| {
+        OsString::from(format!(
+            "--image3=kind={kind},sm={sm},file={}",
+            file.display()
+        ))
+    };
+    let create = OsString::from(format!("--create={}", out.join("kernels.fatbin").display()));
+    match std::env::var("LAMINA_CUDA_ARCHS").as_deref() {
+        Err(_) | Ok("") | Ok("all") => {}
+        Ok("sm_90a") => {
+            run(nvcc, &hopper)?;
+            return run(
+                &fatbinary,
+                &[create, "-64".into(), image("elf", "90a", &sm90)],
+            );
+        }
+        Ok(other) => {
+            return Err(format!(
+                "LAMINA_CUDA_ARCHS={other}: expected `sm_90a` or `all` (the default)"
+            ));
+        }
+    }
     let (a, b) = std::thread::scope(|scope| {
         let h = scope.spawn(|| run(nvcc, &hopper));
         let b = run(nvcc, &ampere_ptx).and_then(|()| run(nvcc, &ampere));
@@ -344,14 +369,6 @@ fn compile_fatbin(nvcc: &Path, cu_dir: &Path, out: &Path, unity: &Path) -> Resul
     });
     a?;
     b?;
-    let fatbinary = nvcc.with_file_name("fatbinary");
-    let image = |kind: &str, sm: &str, file: &Path| {
-        OsString::from(format!(
-            "--image3=kind={kind},sm={sm},file={}",
-            file.display()
-        ))
-    };
-    let create = OsString::from(format!("--create={}", out.join("kernels.fatbin").display()));
     let args = [
         create,
         "-64".into(),

@@ -16,6 +16,9 @@ cd "$(dirname "$0")/../.."
 nvcc=${NVCC:-$PWD/.cache/nvcc/nvidia/cu13/bin/nvcc}
 [ -x "$nvcc" ] || { echo "no nvcc at $nvcc: run cargo xtask install-nvcc (or set NVCC)" >&2; exit 1; }
 mkdir -p devrun
+# Hopper machine code only: the binaries at a third of the size, so that
+# lamina and a test binary fit one transfer (LAMINA_CUDA_ARCHS=all: Ampere too)
+export LAMINA_CUDA_ARCHS=${LAMINA_CUDA_ARCHS:-sm_90a}
 bins=$(cargo test --release -p kernels -p model --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys

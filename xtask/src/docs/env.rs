@@ -121,6 +121,11 @@ pub const OTHER_VARS: &[Var] = &[
         "`1`: build without the CUDA kernels",
     ),
     var(
+        "LAMINA_CUDA_ARCHS",
+        "building the `kernels` crate",
+        "`sm_90a`: Hopper machine code only (a third of the binaries' size, one compile; `scripts/gpu/prepare.sh` builds so); default: sm_90a and sm_80 plus compute_80 PTX",
+    ),
+    var(
         "PYTHONPATH",
         "`cargo xtask test`",
         "kept, after `.cache/pydeps`, for the Python the tests run",
