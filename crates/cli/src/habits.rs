@@ -97,10 +97,29 @@ const TIPS: &[(&str, &str)] = &[
     ("--repeat-penalty", "use `--repetition-penalty X`"),
 ];
 
+/// Flags some lamina commands have and others not: a tip only once clap
+/// has refused one ([`explain`]), never before it parses.
+const LATE_TIPS: &[(&str, &str)] = &[
+    (
+        "--keep-alive",
+        "`--keep-alive` is `lamina serve`'s (how long a model stays loaded once idle); `run` / `generate` / `chat` load the model for one command",
+    ),
+    (
+        "--keepalive",
+        "`lamina serve --keep-alive` sets how long a model stays loaded once idle; `run` / `generate` / `chat` load the model for one command",
+    ),
+];
+
 /// The tip for an unknown flag of a neighbouring tool, if there is one.
 pub fn tip(flag: &str) -> Option<&'static str> {
     let name = name_of(flag);
     TIPS.iter().find(|(f, _)| *f == name).map(|(_, t)| *t)
+}
+
+/// [`tip`], or the tip for a flag another lamina command has.
+fn late_tip(flag: &str) -> Option<&'static str> {
+    let name = name_of(flag);
+    tip(flag).or_else(|| LATE_TIPS.iter().find(|(f, _)| *f == name).map(|(_, t)| *t))
 }
 
 /// The message for a neighbour's flag typed anywhere before `--`, looked
@@ -151,7 +170,7 @@ pub fn explain(err: &clap::Error, raw: &[String]) -> Option<String> {
                 .map(String::as_str)
                 .filter(|w| w.starts_with(bad.as_str())),
         )
-        .find_map(|w| Some((w, tip(w)?)))?;
+        .find_map(|w| Some((w, late_tip(w)?)))?;
     Some(message(flag, t))
 }
 
