@@ -120,9 +120,8 @@ pub struct ModelArgs {
     #[arg(long, env = "LAMINA_SYNC_STEPS", value_parser = clap::builder::BoolishValueParser::new())]
     pub sync_steps: bool,
     /// Weight format (`auto`: a GGUF's own Q8_0 / Q4_1 / Q4_K / Q6_K blocks
-    /// on the CPU's fast kernels, and Q4_0 / Q5_K too on CUDA, an FP8
-    /// checkpoint's FP8 weights, else BF16; the Q formats quantise at load
-    /// on the CPU's fast kernels only).
+    /// on the CPU's fast kernels, an FP8 checkpoint's FP8 weights, else
+    /// BF16; the Q formats quantise at load on the CPU's fast kernels only).
     #[arg(long, value_enum, default_value = "auto", env = "LAMINA_DTYPE")]
     pub dtype: DtypeArg,
     /// How the KV cache stores K and V: `auto` (bf16), `bf16`, `f32`, or
