@@ -311,14 +311,7 @@ impl Models {
                         return Err(not_loaded(&e.name, &e.slot));
                     }
                     Slot::Unloading => {}
-                    Slot::Unloaded => {
-                        if let (Some(seen), Some((n, err))) = (seen_load, &e.failed)
-                            && *n == seen
-                        {
-                            return Err(err.to_api());
-                        }
-                        seen_load = self.begin_load(&mut inner, i)?;
-                    }
+                    Slot::Unloaded => seen_load = self.load_unloaded(&mut inner, i, seen_load)?,
                 }
             }
             if rx.changed().await.is_err() {
@@ -370,14 +363,7 @@ impl Models {
                     Slot::Loaded(_) => return Ok(()),
                     Slot::Loading => seen_load = Some(e.loads),
                     Slot::Unloading => {}
-                    Slot::Unloaded => {
-                        if let (Some(seen), Some((n, err))) = (seen_load, &e.failed)
-                            && *n == seen
-                        {
-                            return Err(err.to_api());
-                        }
-                        seen_load = self.begin_load(&mut inner, i)?;
-                    }
+                    Slot::Unloaded => seen_load = self.load_unloaded(&mut inner, i, seen_load)?,
                 }
             }
             if rx.changed().await.is_err() {
@@ -389,6 +375,22 @@ impl Models {
     /// Starts loading entry `i` when a place is free (else starts evicting
     /// the least recently used idle model, or waits for one to idle);
     /// returns the load's number once started.
+    /// For an unloaded entry `i` a waiter has seen loading (load number
+    /// `seen_load`): that load's error if it failed, else a new load begun.
+    fn load_unloaded(
+        &self,
+        inner: &mut [Entry],
+        i: usize,
+        seen_load: Option<u64>,
+    ) -> Result<Option<u64>, ApiError> {
+        if let (Some(seen), Some((n, err))) = (seen_load, &inner[i].failed)
+            && *n == seen
+        {
+            return Err(err.to_api());
+        }
+        self.begin_load(inner, i)
+    }
+
     fn begin_load(&self, inner: &mut [Entry], i: usize) -> Result<Option<u64>, ApiError> {
         let Some(loader) = inner[i].loader.clone() else {
             return Err(not_loaded(&inner[i].name, &inner[i].slot));
