@@ -140,6 +140,25 @@ pub struct FakeBackend {
 }
 
 impl FakeBackend {
+    /// A validated step's bookkeeping: the injected failure, the recorded
+    /// shape, its tokens stored in their KV slots.
+    fn store(&mut self, batch: &StepBatch) -> Result<(), BackendError> {
+        if let Some(bad) = self.fail_on_token
+            && batch.tokens.contains(&bad)
+        {
+            return Err(BackendError::Device(format!(
+                "injected failure on token {bad}"
+            )));
+        }
+        if let Ok(mut shapes) = self.shapes.lock() {
+            shapes.push((batch.tokens.len(), batch.num_seqs()));
+        }
+        for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
+            self.kv[slot as usize] = tok;
+        }
+        Ok(())
+    }
+
     /// A fake that reads each sampled sequence's context back through its block table.
     pub fn new(config: ModelConfig, shape: KvShape) -> Self {
         FakeBackend {
@@ -226,19 +245,7 @@ impl contract::HostCompute for FakeBackend {
         if let Some(d) = self.step_delay {
             std::thread::sleep(d);
         }
-        if let Some(bad) = self.fail_on_token
-            && batch.tokens.contains(&bad)
-        {
-            return Err(BackendError::Device(format!(
-                "injected failure on token {bad}"
-            )));
-        }
-        if let Ok(mut shapes) = self.shapes.lock() {
-            shapes.push((batch.tokens.len(), batch.num_seqs()));
-        }
-        for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
-            self.kv[slot as usize] = tok;
-        }
+        self.store(batch)?;
         let mut out = Vec::with_capacity(batch.num_seqs());
         for (s, sample) in batch.samples.iter().enumerate() {
             let Some(req) = sample else {
@@ -277,19 +284,7 @@ impl contract::HostCompute for FakeBackend {
     fn hidden(&mut self, batch: &StepBatch, rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         contract::check_rows_call(self.pipe.in_flight(), batch, rows, "a hidden-state call")?;
         batch.validate(self.shape.num_blocks, self.shape.block_size)?;
-        if let Some(bad) = self.fail_on_token
-            && batch.tokens.contains(&bad)
-        {
-            return Err(BackendError::Device(format!(
-                "injected failure on token {bad}"
-            )));
-        }
-        if let Ok(mut shapes) = self.shapes.lock() {
-            shapes.push((batch.tokens.len(), batch.num_seqs()));
-        }
-        for (&slot, &tok) in batch.slot_mapping.iter().zip(&batch.tokens) {
-            self.kv[slot as usize] = tok;
-        }
+        self.store(batch)?;
         let hidden = self.config.hidden_size;
         let mut out = Vec::with_capacity(rows.len() * hidden);
         for &row in rows {
