@@ -25,7 +25,8 @@
 //! requests finish.
 //!
 //! With `--llama-bench PATH` (see [`crate::llama_bench`]) llama.cpp's
-//! `llama-bench` runs on the same machine and thread count, on
+//! `llama-bench` runs on the same machine and thread count (on CUDA with
+//! every layer on the GPU: a llama.cpp built with CUDA), on
 //! `--llama-gguf` (default: `--model` when it is a .gguf file, else the GGUF
 //! whose Q8_0 / Q4_1 / Q4_K / Q6_K blocks lamina runs with `--dtype auto`) with b2's
 //! prompt and b1's generated token counts, its decode after b1's prompt of
@@ -102,8 +103,9 @@ pub struct BenchArgs {
     pub json: Option<std::path::PathBuf>,
     /// A llama.cpp `llama-bench` binary to run alternately with lamina's b1
     /// and b2, on the same machine, for a side-by-side comparison (its
-    /// decode after `--b1-prompt` tokens of context, as b1's;
-    /// `scripts/build-llama-bench.sh` builds one).
+    /// decode after `--b1-prompt` tokens of context, as b1's; with
+    /// `--device cuda` every layer on the GPU, so a llama.cpp built with
+    /// CUDA; `scripts/build-llama-bench.sh` builds a CPU one).
     #[arg(long)]
     pub llama_bench: Option<std::path::PathBuf>,
     /// The model as a .gguf file for llama-bench [default: --model when it
@@ -436,7 +438,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
         }
         if let (Some(bin), Some(gguf)) = (&args.llama_bench, &llama_gguf) {
-            let r = run_llama(bin, gguf, &z, args.repeats)?;
+            let r = run_llama(bin, gguf, &z, args.repeats, loaded.cuda)?;
             print_ratios(&tag, b1_rates.last(), b2_ms.last(), &z, &r);
             llama.push(r);
         }
@@ -458,14 +460,20 @@ fn run_llama(
     gguf: &std::path::Path,
     z: &Sizes,
     repeats: usize,
+    gpu: bool,
 ) -> Result<LlamaRates> {
     let threads = rayon::current_num_threads();
-    eprintln!("bench: llama-bench ({threads} threads) ...");
+    let on = match gpu {
+        true => "every layer on the GPU".to_string(),
+        false => format!("{threads} threads"),
+    };
+    eprintln!("bench: llama-bench ({on}) ...");
     let r = llama_bench::run(
         bin,
         gguf,
         LlamaRun {
             threads,
+            gpu,
             prompt: z.b2_prompt,
             generate: z.b1_gen,
             depth: z.b1_prompt,
@@ -473,7 +481,7 @@ fn run_llama(
         },
     )?;
     println!(
-        "llama.cpp ({threads} threads, {}): prompt processing {} tokens {:.1} tok/s, decode {} tokens after {} of context {:.1} tok/s",
+        "llama.cpp ({on}, {}): prompt processing {} tokens {:.1} tok/s, decode {} tokens after {} of context {:.1} tok/s",
         gguf.display(),
         z.b2_prompt,
         r.prompt_tok_s,

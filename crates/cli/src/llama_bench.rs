@@ -1,10 +1,12 @@
 //! `lamina bench --llama-bench PATH`: llama.cpp's `llama-bench` run on the
 //! same machine right after lamina's workloads, for a side-by-side line.
 //!
-//! Contract: [`run`] starts `PATH -m GGUF -t THREADS -p PROMPT -n GEN -d
-//! 0[,DEPTH] -r REPEATS -o json` (prompt processing of `PROMPT` tokens on an
-//! empty context, decode of `GEN` tokens after `DEPTH` tokens of context:
-//! lamina's b2 / b1 sizes, the depth b1's prompt, lamina's thread count),
+//! Contract: [`run`] starts `PATH -m GGUF -t THREADS -ngl LAYERS -p PROMPT
+//! -n GEN -d 0[,DEPTH] -r REPEATS -o json` (prompt processing of `PROMPT`
+//! tokens on an empty context, decode of `GEN` tokens after `DEPTH` tokens
+//! of context: lamina's b2 / b1 sizes, the depth b1's prompt, lamina's
+//! thread count; every layer on the GPU when lamina runs on CUDA, none
+//! when it runs on the CPU, whichever backends the binary was built with),
 //! parses the mean tokens per second of those two tests (a build without
 //! `n_depth` in its output counts as depth 0) and returns them; a missing binary,
 //! a failing run (its stderr's tail is quoted) or output without the two
@@ -30,6 +32,9 @@ pub struct LlamaRates {
 #[derive(Debug, Clone, Copy)]
 pub struct LlamaRun {
     pub threads: usize,
+    /// Every layer offloaded to the GPU (llama.cpp built with CUDA), else
+    /// none.
+    pub gpu: bool,
     pub prompt: usize,
     pub generate: usize,
     /// Context the decode test runs after (lamina's b1 prompt).
@@ -49,6 +54,7 @@ pub fn run(bin: &Path, gguf: &Path, r: LlamaRun) -> Result<LlamaRates> {
         .arg("-m")
         .arg(gguf)
         .args(["-t", &r.threads.to_string()])
+        .args(["-ngl", if r.gpu { "99" } else { "0" }])
         .args(["-p", &r.prompt.to_string()])
         .args(["-n", &r.generate.to_string()])
         .args(["-d", &depths(r.depth)])
@@ -153,6 +159,7 @@ mod tests {
     fn a_missing_binary_or_model_is_an_error_naming_it() {
         let r = LlamaRun {
             threads: 1,
+            gpu: false,
             prompt: 8,
             generate: 8,
             depth: 0,
