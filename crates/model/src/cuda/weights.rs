@@ -144,6 +144,7 @@ fn gemv_format(p: &Stored) -> WeightFormat {
         Stored::Bf16(_) => WeightFormat::Bf16,
         Stored::Fp8(_) => WeightFormat::Fp8Row,
         Stored::Blocks(t) => gguf::format_of(t.ty).unwrap_or(WeightFormat::Bf16),
+        Stored::Int4(_) => WeightFormat::Bf16,
     }
 }
 
@@ -170,7 +171,9 @@ fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, B
     }
     let format = gemv_format(first);
     let mixed = parts.iter().any(|(p, _)| p.format() != first.format());
-    if mixed || (matches!(first, Stored::Blocks(_)) && format == WeightFormat::Bf16) {
+    let widened =
+        matches!(first, Stored::Blocks(_) | Stored::Int4(_)) && format == WeightFormat::Bf16;
+    if mixed || widened {
         let dense = (parts.iter())
             .map(|(p, _)| p.dense().map_err(err))
             .collect::<Result<Vec<_>, _>>()?;
@@ -201,6 +204,7 @@ fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, B
                 .collect();
             Box::new(GgufLinear::upload(gpu, format, &qs)?)
         }
+        Stored::Int4(_) => return Err(err(first.refuse("the CUDA upload (widened above)"))),
     })
 }
 
