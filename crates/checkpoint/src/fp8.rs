@@ -35,7 +35,7 @@
 //! quantising at load is two passes over the BF16 weights
 //! (`ops::fp8::quantize_rows`), whose buffers are then dropped.
 
-mod convert;
+pub(crate) mod convert;
 
 pub use convert::{
     Fp8Layout, Fp8Options, WeightsOut, write_checkpoint, write_fp8_checkpoint,
@@ -51,6 +51,7 @@ use std::path::Path;
 
 use contract::KvScales;
 
+use crate::int4::{Int4Scheme, int4_scheme};
 use crate::loader::LoadError;
 use crate::projection::Projection;
 use crate::weights::{ModelWeights, Tensor};
@@ -154,11 +155,19 @@ pub struct Scheme {
     pub static_input: bool,
 }
 
+/// What a checkpoint's `quantization_config` describes: FP8 projections
+/// (this module) or group-wise 4-bit ones ([`crate::int4`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantScheme {
+    Fp8(Scheme),
+    Int4(Int4Scheme),
+}
+
 /// Reads `quantization_config` from `config.json` of `dir`: `None` when
 /// absent (a BF16 / F16 / F32 checkpoint, or no `config.json`: a config
-/// given another way), the FP8 scheme, or an error
+/// given another way), the FP8 or 4-bit scheme, or an error
 /// naming the field that is not one lamina runs.
-pub fn scheme_of(dir: &Path) -> Result<Option<Scheme>, LoadError> {
+pub fn scheme_of(dir: &Path) -> Result<Option<QuantScheme>, LoadError> {
     let path = dir.join("config.json");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
@@ -171,20 +180,24 @@ pub fn scheme_of(dir: &Path) -> Result<Option<Scheme>, LoadError> {
         field: "quantization_config".into(),
         reason: e.to_string(),
     })?;
-    match v.get("quantization_config") {
-        None | Some(Value::Null) => Ok(None),
-        Some(q) => parse_scheme(q)
-            .map(Some)
-            .map_err(|(field, reason)| LoadError::Quantization {
-                path,
-                field: format!("quantization_config.{field}"),
-                reason,
-            }),
-    }
+    let parsed = match v.get("quantization_config") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(q) => match int4_scheme(q) {
+            Some(int4) => int4.map(QuantScheme::Int4),
+            None => parse_scheme(q).map(QuantScheme::Fp8),
+        },
+    };
+    parsed
+        .map(Some)
+        .map_err(|(field, reason)| LoadError::Quantization {
+            path,
+            field: format!("quantization_config.{field}"),
+            reason,
+        })
 }
 
 /// A refusal: the field (below `quantization_config`) and why.
-type Refusal = (String, String);
+pub(crate) type Refusal = (String, String);
 
 fn parse_scheme(q: &Value) -> Result<Scheme, Refusal> {
     let method = q.get("quant_method").and_then(Value::as_str);
@@ -195,14 +208,20 @@ fn parse_scheme(q: &Value) -> Result<Scheme, Refusal> {
             "quant_method".into(),
             format!(
                 "`{other}` is not supported; lamina loads FP8 checkpoints (`compressed-tensors` \
-                 float-quantized or `fp8`) and BF16 / F16 / F32 ones"
+                 float-quantized or `fp8`), 4-bit ones (`awq`, `gptq`, `compressed-tensors` \
+                 pack-quantized) and BF16 / F16 / F32 ones"
             ),
         )),
         None => Err(("quant_method".into(), "missing or not a string".into())),
     }
 }
 
-fn want(v: &Value, field: &str, ok: impl Fn(&Value) -> bool, allowed: &str) -> Result<(), Refusal> {
+pub(crate) fn want(
+    v: &Value,
+    field: &str,
+    ok: impl Fn(&Value) -> bool,
+    allowed: &str,
+) -> Result<(), Refusal> {
     let got = v.get(field).unwrap_or(&Value::Null);
     if ok(got) {
         Ok(())

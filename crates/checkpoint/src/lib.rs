@@ -1,7 +1,8 @@
 //! checkpoint: model files. Reading user-named files safely ([`files`]),
 //! reading and checking safetensors into
 //! [`weights::ModelWeights`] ([`loader`]), each projection a
-//! [`projection::Projection`] in its stored format (BF16, FP8, ggml blocks), GGUF reading and import to the
+//! [`projection::Projection`] in its stored format (BF16, FP8, ggml blocks,
+//! group-wise int4 of AWQ / GPTQ / compressed-tensors checkpoints: [`int4`]), GGUF reading and import to the
 //! Hugging Face layout ([`gguf`]), the model store with its pip and hub
 //! downloads ([`store`]) and deterministic synthetic models ([`synth`]).
 //!
@@ -11,6 +12,7 @@
 pub mod files;
 pub mod fp8;
 pub mod gguf;
+pub mod int4;
 pub mod loader;
 pub mod lora;
 pub mod progress;

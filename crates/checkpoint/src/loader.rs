@@ -12,7 +12,10 @@
 //! `model.safetensors.index.json`; BF16, F16 and F32 on disk are all converted
 //! to BF16; FP8 projections of a pre-quantised checkpoint are read with
 //! their scales ([`crate::fp8`]) and held as [`Projection::Fp8`] (those the
-//! checkpoint left in BF16 are quantised here). Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
+//! checkpoint left in BF16 are quantised here); the packed projections of
+//! an AWQ, GPTQ or compressed-tensors `pack-quantized` checkpoint are
+//! read into [`Projection::Int4`] ([`crate::int4`]; those it left in BF16
+//! stay BF16, and GPTQ's all-zero biases are dropped). Extra tensors (e.g. old `rotary_emb.inv_freq` buffers) are ignored,
 //! except layers past `num_hidden_layers` (a config that undercounts the
 //! file's layers is an error naming both).
 //! `lm_head.weight` is used whenever present; when absent the head is tied to
@@ -28,6 +31,7 @@ mod writer;
 
 pub use writer::{SafetensorsWriter, TensorSpec};
 
+use crate::fp8::QuantScheme;
 use crate::progress::{Progress, Unit};
 use crate::projection::Projection;
 use crate::weights::{Extra, LayerWeights, ModelWeights, Tensor, mlp_norm_suffix};
@@ -137,6 +141,12 @@ pub enum LoadError {
     },
     #[error("tensor `{tensor}` in {path} {reason}")]
     Scale {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    #[error("tensor `{tensor}` in {path} {reason}")]
+    Quantized {
         path: PathBuf,
         tensor: String,
         reason: String,
@@ -256,9 +266,24 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
         .into_iter()
         .map(|t| t.name)
         .collect();
+    let scheme = crate::fp8::scheme_of(dir)?;
+    let int4 = match scheme {
+        Some(QuantScheme::Int4(s)) => Some(s),
+        _ => None,
+    };
+    // GPTQ's packers save a bias of zeros beside every projection of a
+    // model without biases: no bias at all
+    let zero_bias = |n: &str| {
+        int4.is_some()
+            && n.ends_with(".bias")
+            && placement.get(n).is_some_and(|&i| {
+                (parsed[i].tensor(n)).is_ok_and(|v| v.data().iter().all(|&b| b == 0))
+            })
+    };
     let unwanted = |n: &&String| {
         !wanted.contains(n.as_str())
             && (n.ends_with(".bias") || Extra::ALL.iter().any(|e| n.ends_with(e.hf_suffix())))
+            && !zero_bias(n)
     };
     if let Some(tensor) = placement.keys().filter(unwanted).min() {
         let field = Extra::ALL
@@ -301,9 +326,24 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
         };
         read_tensor(&shards[i].path, &parsed[i], name, shape)
     };
-    let scheme = crate::fp8::scheme_of(dir)?;
-    // a projection: BF16 (or F16 / F32), or F8_E4M3 with its scales
+    let fp8 = match scheme {
+        Some(QuantScheme::Fp8(s)) => Some(s),
+        _ => None,
+    };
+    let find = |n: &str| {
+        let &j = placement.get(n)?;
+        Some((shards[j].path.as_path(), parsed[j].tensor(n).ok()?))
+    };
+    // a projection: BF16 (or F16 / F32), F8_E4M3 with its scales, or the
+    // packed tensors of a 4-bit checkpoint
     let proj = |name: &str, shape: Vec<usize>| -> Result<Projection, LoadError> {
+        if let Some(s) = int4
+            && let Some(t) =
+                crate::int4::read::read_projection(dir, name, [shape[0], shape[1]], s, find)?
+        {
+            progress.inc(1);
+            return Ok(Projection::Int4(t));
+        }
         let fp8_view = placement.get(name).and_then(|&i| {
             let v = parsed[i].tensor(name).ok()?;
             (v.dtype() == Dtype::F8_E4M3).then_some((i, v))
@@ -313,11 +353,18 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
         };
         progress.inc(1);
         let path = &shards[i].path;
-        let Some(scheme) = scheme else {
+        let Some(scheme) = fp8 else {
             return Err(LoadError::Quantization {
                 path: dir.join("config.json"),
                 field: "quantization_config".into(),
-                reason: format!("is missing, yet tensor `{name}` is stored as F8_E4M3"),
+                reason: format!(
+                    "{}, yet tensor `{name}` is stored as F8_E4M3",
+                    if int4.is_some() {
+                        "describes 4-bit weights"
+                    } else {
+                        "is missing"
+                    }
+                ),
             });
         };
         if view.shape() != shape.as_slice() {
@@ -370,10 +417,7 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
             })
         })
         .collect::<Result<Vec<_>, LoadError>>()?;
-    let kv_scales = crate::fp8::read_kv_scales(dir, cfg.num_layers, |n| {
-        let &j = placement.get(n)?;
-        Some((shards[j].path.as_path(), parsed[j].tensor(n).ok()?))
-    })?;
+    let kv_scales = crate::fp8::read_kv_scales(dir, cfg.num_layers, find)?;
     let mut weights = ModelWeights {
         embed,
         layers,
@@ -402,7 +446,7 @@ pub fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<ModelWeights, LoadE
             }
         });
     }
-    if scheme.is_some() {
+    if fp8.is_some() {
         // the projections an FP8 checkpoint left in BF16 (checked above)
         weights.quantize_fp8();
     }

@@ -5,7 +5,9 @@
 //! Contract: a [`Projection`] is `[out, in]` row-major (Hugging Face's
 //! layout and row order) in one of the stored formats: BF16 values
 //! ([`Tensor`]), FP8 e4m3 bytes with one f32 scale per output row
-//! ([`Fp8Tensor`]), or ggml blocks ([`QuantTensor`]). Nothing is kept
+//! ([`Fp8Tensor`]), ggml blocks ([`QuantTensor`]), or group-wise 4-bit
+//! codes with a scale and zero per group of a row ([`Int4Tensor`], whose
+//! stored columns may be a permutation of the input's: its module doc). Nothing is kept
 //! beside a lossy format: a consumer that needs floats asks
 //! [`Projection::dense`] (the BF16 values the CPU runs: BF16 as it is,
 //! `bf16(decode(q) * scale)` for FP8, the blocks' values rounded to BF16)
@@ -28,6 +30,7 @@ use rayon::prelude::*;
 
 use crate::fp8::Fp8Tensor;
 use crate::gguf::{GgmlType, dequantize};
+use crate::int4::Int4Tensor;
 use crate::quantized::QuantTensor;
 use crate::weights::{Tensor, first_bad, implausible};
 
@@ -40,6 +43,8 @@ pub enum Projection {
     Fp8(Fp8Tensor),
     /// ggml blocks, each row a whole number of blocks.
     Blocks(QuantTensor),
+    /// 4-bit codes, a scale and zero per group of a row.
+    Int4(Int4Tensor),
 }
 
 /// A projection's stored format.
@@ -50,6 +55,10 @@ pub enum Format {
     Fp8Row,
     /// ggml blocks of this type.
     Ggml(GgmlType),
+    /// 4-bit codes, a scale and zero per this many columns of a row.
+    Int4 {
+        group: usize,
+    },
 }
 
 impl std::fmt::Display for Format {
@@ -58,6 +67,7 @@ impl std::fmt::Display for Format {
             Format::Bf16 => f.write_str("bf16"),
             Format::Fp8Row => f.write_str("fp8"),
             Format::Ggml(ty) => f.write_str(&ty.name().to_lowercase()),
+            Format::Int4 { group } => write!(f, "int4 (groups of {group})"),
         }
     }
 }
@@ -79,6 +89,7 @@ impl Projection {
             Projection::Bf16(t) => &t.name,
             Projection::Fp8(t) => &t.name,
             Projection::Blocks(t) => &t.name,
+            Projection::Int4(t) => &t.name,
         }
     }
 
@@ -94,6 +105,7 @@ impl Projection {
                 t.shape.get(1).copied().unwrap_or(0),
             ],
             Projection::Blocks(t) => [t.rows, t.cols],
+            Projection::Int4(t) => [t.rows, t.cols],
         }
     }
 
@@ -109,15 +121,20 @@ impl Projection {
             Projection::Bf16(_) => Format::Bf16,
             Projection::Fp8(_) => Format::Fp8Row,
             Projection::Blocks(t) => Format::Ggml(t.ty),
+            Projection::Int4(t) => Format::Int4 { group: t.group },
         }
     }
 
-    /// Bytes held: the values, plus the FP8 row scales.
+    /// Bytes held: the values, plus the FP8 row scales (the int4 groups'
+    /// scales, zeros and column order).
     pub fn bytes(&self) -> usize {
         match self {
             Projection::Bf16(t) => t.data.len() * 2,
             Projection::Fp8(t) => t.data.len() + t.scale.len() * 4,
             Projection::Blocks(t) => t.data.len(),
+            Projection::Int4(t) => {
+                t.data.len() + t.scale.len() * 5 + t.perm.as_ref().map_or(0, |p| p.len() * 4)
+            }
         }
     }
 
@@ -130,6 +147,7 @@ impl Projection {
             Projection::Bf16(t) => t.shape.len() == 2 && t.data.len() == n * k,
             Projection::Fp8(t) => t.shape.len() == 2 && t.data.len() == n * k && t.scale.len() == n,
             Projection::Blocks(t) => t.ty.byte_size(k).is_ok_and(|b| t.data.len() == b * n),
+            Projection::Int4(t) => t.layout_error().is_none(),
         };
         if self.shape() != want || !fills {
             return Err(self.error(format!(
@@ -205,6 +223,10 @@ impl Projection {
             Projection::Blocks(t) => {
                 dequantize(t.ty, &t.data, t.rows * t.cols).map_err(|e| self.error(e))
             }
+            Projection::Int4(t) => match t.layout_error() {
+                Some(why) => Err(self.error(why)),
+                None => Ok(t.to_f32_rows()),
+            },
         }
     }
 
@@ -236,6 +258,12 @@ impl Projection {
                 t.scale = Vec::new();
             }
             Projection::Blocks(t) => t.data = Vec::new(),
+            Projection::Int4(t) => {
+                t.data = Vec::new();
+                t.scale = Vec::new();
+                t.zero = Vec::new();
+                t.perm = None;
+            }
         }
     }
 }

@@ -1,5 +1,7 @@
 //! `lamina quantize`: writes a BF16 (or F16 / F32) model as an FP8
-//! checkpoint in one of the layouts on the Hugging Face hub
+//! checkpoint in one of the layouts on the Hugging Face hub, or with
+//! `--format int4` as a 4-bit GPTQ-layout checkpoint (rounded to nearest,
+//! `--group-size` columns a scale: `checkpoint::int4::write`)
 //! (compressed-tensors `float-quantized`, or `quant_method: "fp8"`), which
 //! lamina, vLLM and SGLang load as they are. The weights are rounded to
 //! nearest, or with `--calibration` quantised by GPTQ against the model's
@@ -43,6 +45,16 @@ pub enum LayoutArg {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FormatArg {
+    /// FP8 e4m3 in `--layout`.
+    Fp8,
+    /// 4-bit integers, symmetric, `--group-size` columns a scale, in
+    /// GPTQ's layout (`quant_method: "gptq"`, `desc_act: false`), rounded
+    /// to nearest.
+    Int4,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightDtypeArg {
     /// FP8 e4m3 projections in `--layout`.
     Fp8,
@@ -59,7 +71,14 @@ pub struct QuantizeArgs {
     /// Output directory (created; must be empty).
     #[arg(long)]
     pub out: PathBuf,
-    /// The checkpoint layout to write.
+    /// The weight format to write.
+    #[arg(long, value_enum, default_value = "fp8")]
+    pub format: FormatArg,
+    /// `--format int4`: input columns per scale (a multiple of 32 that
+    /// divides every projection's input width).
+    #[arg(long, default_value_t = 128)]
+    pub group_size: usize,
+    /// The checkpoint layout to write (FP8).
     #[arg(long, value_enum, default_value = "compressed-tensors")]
     pub layout: LayoutArg,
     /// One scale per tensor instead of one per output channel (the `fp8`
@@ -130,6 +149,9 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     if args.weight_dtype == WeightDtypeArg::Bf16 && !args.kv_scales {
         bail!("--weight-dtype bf16 writes the weights unquantised: it needs --kv-scales");
     }
+    if args.format == FormatArg::Int4 {
+        return int4(&args);
+    }
     // the text is checked before the model is resolved (which may import)
     let text = args.calibration.as_deref().map(open_text).transpose()?;
     let layout = match args.layout {
@@ -149,6 +171,36 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
         }
         _ => write_fp8_checkpoint(&dir, &args.out, opts).with_context(what)?,
     }
+    println!("{}", args.out.display());
+    Ok(())
+}
+
+/// `--format int4`: the model rounded to nearest on GPTQ's 4-bit grid.
+fn int4(args: &QuantizeArgs) -> Result<()> {
+    if args.calibration.is_some() {
+        bail!(
+            "--format int4 rounds to nearest; GPTQ calibration (--calibration) quantises to FP8 only"
+        );
+    }
+    if args.group_size == 0 || !args.group_size.is_multiple_of(checkpoint::int4::BLOCK) {
+        bail!(
+            "--group-size {} is not a positive multiple of {}",
+            args.group_size,
+            checkpoint::int4::BLOCK
+        );
+    }
+    let dir = runtime::model_dir(&args.model)?;
+    let what = || format!("quantising {} to int4", dir.display());
+    if scheme_of(&dir).with_context(what)?.is_some() {
+        bail!(
+            "{} is quantised already; quantise its BF16 checkpoint",
+            dir.display()
+        );
+    }
+    let loaded = checkpoint::loader::load_config(&dir).with_context(what)?;
+    let weights = checkpoint::loader::load_weights(&dir, &loaded.config).with_context(what)?;
+    checkpoint::int4::write::write_int4_checkpoint(&dir, &weights, &args.out, args.group_size)
+        .with_context(what)?;
     println!("{}", args.out.display());
     Ok(())
 }
@@ -174,7 +226,7 @@ fn calibrated(
 ) -> Result<()> {
     if scheme_of(dir)?.is_some() {
         bail!(
-            "--calibration: {} is an FP8 checkpoint already; GPTQ quantises BF16, F16 or F32 weights",
+            "--calibration: {} is a quantised checkpoint already; GPTQ quantises BF16, F16 or F32 weights",
             dir.display()
         );
     }

@@ -18,7 +18,8 @@
 //! axpy, RMSNorm, SwiGLU, residual add: the elementwise operations), [`kv`]
 //! (attention's scores and value sums over K/V rows stored as f32, BF16
 //! or FP8, all query heads of a KV head at once), [`dense`] (f64 products
-//! over strided views, for the GPTQ quantiser),
+//! over strided views, for the GPTQ quantiser), [`int4`] (group-wise 4-bit
+//! weights of AWQ / GPTQ / compressed-tensors checkpoints),
 //! [`threads`] (the rayon pool on the physical cores).
 //!
 //! Costs: see each module. No allocation per call except the growth of a
@@ -27,6 +28,7 @@
 pub mod dense;
 pub mod gemm512;
 pub mod gemm_split;
+pub mod int4;
 pub mod isa;
 pub mod kv;
 pub mod matmul;

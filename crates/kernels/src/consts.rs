@@ -128,6 +128,9 @@ launch_consts! {
     pub const GGUF_Q6_K_SIDE: usize = 88;
     /// See `GGUF_Q6_K_SIDE`.
     pub const GGUF_Q6_K_SCALES_AT: usize = 64;
+    /// Bytes of the int4 format's side record per 32 columns (its group's
+    /// f32 scale and zero, `FmtInt4` in `cu/gemv_formats.cuh`).
+    pub const INT4_SIDE: usize = 8;
     /// See `GGUF_Q6_K_SIDE`.
     pub const GGUF_Q6_K_D_AT: usize = 80;
     /// 16-byte weight chunks per row and lane one GEMV pass holds in

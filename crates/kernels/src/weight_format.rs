@@ -1,5 +1,5 @@
 //! The weight formats the GEMVs (`cu/gemv.cu`) read and the block
-//! formats' widening (`cu/gguf.cu`) takes: one kernel type each in
+//! formats' widening (`cu/gguf.cu`, the int4 format's too) takes: one kernel type each in
 //! `cu/gemv_formats.cuh`, whose doc states every device layout.
 //! Contract: [`WeightFormat`] indexes `Kernels::gemv`, names the entry
 //! points and says which inputs `k` a format takes; a GGUF block format's
@@ -31,6 +31,9 @@ pub enum WeightFormat {
     Q5K = 6,
     /// ggml Q6_K super-blocks (256 6-bit codes, i8 scales per 16).
     Q6K = 7,
+    /// Group-wise 4-bit codes (AWQ / GPTQ / compressed-tensors): nibble
+    /// chunks of 32 columns, each with its group's f32 scale and zero.
+    Int4 = 8,
 }
 
 /// Where a GGUF block format's weights lie on the device: a row of `k`
@@ -56,7 +59,7 @@ impl BlockLayout {
 
 impl WeightFormat {
     /// Every format, in `Kernels::gemv` order.
-    pub const ALL: [WeightFormat; 8] = [
+    pub const ALL: [WeightFormat; 9] = [
         WeightFormat::Bf16,
         WeightFormat::Fp8Row,
         WeightFormat::Q8_0,
@@ -65,6 +68,7 @@ impl WeightFormat {
         WeightFormat::Q4K,
         WeightFormat::Q5K,
         WeightFormat::Q6K,
+        WeightFormat::Int4,
     ];
 
     /// The entry points' prefix (`GEMV_FORMAT(prefix, type)` in `cu/gemv.cu`).
@@ -78,6 +82,7 @@ impl WeightFormat {
             WeightFormat::Q4K => "gemv_q4_k",
             WeightFormat::Q5K => "gemv_q5_k",
             WeightFormat::Q6K => "gemv_q6_k",
+            WeightFormat::Int4 => "gemv_int4",
         }
     }
 
@@ -92,6 +97,7 @@ impl WeightFormat {
             WeightFormat::Q4K => (GGUF_NIBBLE_COLS, GGUF_SUPER_BLOCK, GGUF_Q4_K_SIDE),
             WeightFormat::Q5K => (GGUF_NIBBLE_COLS, GGUF_SUPER_BLOCK, GGUF_Q5_K_SIDE),
             WeightFormat::Q6K => (GGUF_NIBBLE_COLS, GGUF_SUPER_BLOCK, GGUF_Q6_K_SIDE),
+            WeightFormat::Int4 => (GGUF_NIBBLE_COLS, GGUF_BLOCK, INT4_SIDE),
         };
         Some(BlockLayout { cols, group, side })
     }

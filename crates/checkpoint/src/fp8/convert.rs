@@ -54,7 +54,7 @@ pub struct Fp8Options {
 }
 
 /// A tensor to write: dtype, shape, little-endian bytes.
-type Entry = (Dtype, Vec<usize>, Vec<u8>);
+pub(crate) type Entry = (Dtype, Vec<usize>, Vec<u8>);
 
 /// Writes the model of `src` (BF16 / F16 / F32 weights) to `out` as an FP8
 /// checkpoint under `opts`.
@@ -211,7 +211,23 @@ fn write(
         insert_kv_scales(&mut all, kv, fp8.map(|o| o.layout));
     }
     // (nothing is written before every tensor passed its checks)
-    std::fs::create_dir_all(out).map_err(io(out))?;
+    save(&all, out)?;
+    match fp8 {
+        Some(opts) => write_config(src, out, opts, kv.is_some())?,
+        None => {
+            let cfg = src.join("config.json");
+            std::fs::copy(&cfg, out.join("config.json")).map_err(io(&cfg))?;
+        }
+    }
+    copy_other_files(src, out)
+}
+
+/// Writes `all` as `out`'s single safetensors file (`out` created).
+pub(crate) fn save(all: &HashMap<String, Entry>, out: &Path) -> Result<(), LoadError> {
+    std::fs::create_dir_all(out).map_err(|source| LoadError::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
     let views: Vec<(String, TensorView<'_>)> = all
         .iter()
         .map(|(n, (d, s, b))| {
@@ -229,18 +245,25 @@ fn write(
             reason: e.to_string(),
         }
     })?;
-    match fp8 {
-        Some(opts) => write_config(src, out, opts, kv.is_some())?,
-        None => {
-            let cfg = src.join("config.json");
-            std::fs::copy(&cfg, out.join("config.json")).map_err(io(&cfg))?;
-        }
-    }
-    copy_other_files(src, out)
+    Ok(())
+}
+
+/// `config.json` of `src`, parsed.
+pub(crate) fn read_config(src: &Path) -> Result<Value, LoadError> {
+    let path = src.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| LoadError::Quantization {
+        path,
+        field: "config.json".into(),
+        reason: e.to_string(),
+    })
 }
 
 /// `t` as a BF16 entry.
-fn bf16_entry(t: &Tensor) -> Entry {
+pub(crate) fn bf16_entry(t: &Tensor) -> Entry {
     let bytes = t
         .data
         .iter()
@@ -269,7 +292,7 @@ fn insert_kv_scales(all: &mut HashMap<String, Entry>, kv: &KvScales, layout: Opt
 }
 
 /// The seven Linear layers of a decoder layer (the LM head stays BF16).
-fn is_projection(name: &str) -> bool {
+pub(crate) fn is_projection(name: &str) -> bool {
     name.starts_with("model.layers.") && (name.contains(".self_attn.") || name.contains(".mlp."))
 }
 
@@ -405,7 +428,7 @@ fn quantization_config(opts: Fp8Options) -> Value {
 }
 
 /// Copies every file of `src` but the weights and `config.json`.
-fn copy_other_files(src: &Path, out: &Path) -> Result<(), LoadError> {
+pub(crate) fn copy_other_files(src: &Path, out: &Path) -> Result<(), LoadError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| LoadError::Io { path, source }

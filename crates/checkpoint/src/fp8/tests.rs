@@ -344,7 +344,7 @@ fn other_layouts_are_refused_naming_the_field() {
         (
             "method",
             Fp8Layout::Fp8,
-            |q| q["quant_method"] = "gptq".into(),
+            |q| q["quant_method"] = "bitsandbytes".into(),
             "quantization_config.quant_method",
         ),
         (
@@ -374,7 +374,7 @@ fn other_layouts_are_refused_naming_the_field() {
         (
             "format",
             Fp8Layout::CompressedTensors,
-            |q| q["format"] = "pack-quantized".into(),
+            |q| q["format"] = "marlin-24".into(),
             "quantization_config.format",
         ),
     ];

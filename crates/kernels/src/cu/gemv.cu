@@ -8,7 +8,7 @@
 // its scale before the epilogue: y = (x · q) * s, with the bf16 path's
 // rounding after.
 // GGUF block weights (gemv_q8_0_*, gemv_q4_0_*, gemv_q4_1_*, gemv_q4_k_*,
-// gemv_q5_k_*, gemv_q6_k_*; cu/gemv_formats.cuh): a chunk holds 16 int8 or
+// gemv_q5_k_*, gemv_q6_k_*, and the int4 format's gemv_int4_*; cu/gemv_formats.cuh): a chunk holds 16 int8 or
 // 32 4-bit codes, widened with the scales of their block, which w_side
 // holds beside the chunks and which are loaded with them; K a multiple of
 // the block (32, or 256 for the K formats). Every fusion below is the same
@@ -478,3 +478,4 @@ GEMV_FORMAT(gemv_q4_1, FmtQ4_1)
 GEMV_FORMAT(gemv_q4_k, FmtQ4K)
 GEMV_FORMAT(gemv_q5_k, FmtQ5K)
 GEMV_FORMAT(gemv_q6_k, FmtQ6K)
+GEMV_FORMAT(gemv_int4, FmtInt4)

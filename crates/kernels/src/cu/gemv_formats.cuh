@@ -205,6 +205,27 @@ struct FmtQ5K {
             f[i] = __fsub_rn(__fmul_rn(d1, (float)(q[i] + 16u * ((s.qh >> i) & 1u))), m1);
     }
 };
+// Int4 (AWQ / GPTQ / compressed-tensors W4A16, checkpoint::int4): nibble
+// chunks (the stored codes as they are); records (8 bytes per 32 columns):
+// the f32 scale and the zero (as an f32) of the group the chunk lies in,
+// repeated for every chunk of a group. w = (q - zero) * scale, the CPU's
+// arithmetic. Stored columns are input columns (a checkpoint's column
+// order, GPTQ desc_act, goes up widened to bf16 instead).
+struct FmtInt4 {
+    static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_INT4_SIDE;
+    static constexpr bool SCALED = false;
+    struct Side {
+        uint2 sz;
+    };
+    static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u64(rec)}; }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
+        const float sc = __uint_as_float(s.sz.x), z = __uint_as_float(s.sz.y);
+        uint32_t q[32];
+        nibbles32(raw, q);
+#pragma unroll
+        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(__fsub_rn((float)q[i], z), sc);
+    }
+};
 // Q6_K: nibble chunks of the low 4 bits; records (88 bytes per 256
 // columns): per sub-block j of 32 columns 8 bytes of high bits (byte b,
 // bits 2i..2i+1: column 32j + b + 8i), then ggml's scales[16] (i8, one per

@@ -15,7 +15,8 @@
 //!
 //! The projections it multiplies are [`RefWeights`]: BF16 values taken
 //! from the weights at construction (moved, or widened from FP8 and kept
-//! here, `bf16(decode(q) * scale)`); ggml blocks are refused naming the
+//! here, `bf16(decode(q) * scale)`; int4 decoded likewise,
+//! `bf16((q - zero) * scale)`); ggml blocks are refused naming the
 //! tensor (the fast path multiplies them).
 //!
 //! Costs per step of `T` tokens and `R` output rows: one pass over every
@@ -64,7 +65,7 @@ pub(super) struct RefWeights {
 fn take_dense(p: &mut Projection) -> Result<Vec<bf16>, BackendError> {
     let data = match p {
         Projection::Bf16(t) => std::mem::take(&mut t.data),
-        Projection::Fp8(_) => {
+        Projection::Fp8(_) | Projection::Int4(_) => {
             p.dense()
                 .map_err(|e| BackendError::Device(format!("cpu: {e}")))?
                 .into_owned()

@@ -59,6 +59,8 @@ mod det_tests;
 #[cfg(test)]
 mod fp8_tests;
 #[cfg(test)]
+mod int4_tests;
+#[cfg(test)]
 mod k_quant_tests;
 #[cfg(test)]
 mod kv_tests;

@@ -14,7 +14,11 @@
 //! prompt rows through [`cpu_kernels::quant::gemm`] where AVX-512 VNNI
 //! runs; there Q4_1 and Q8_0 matrices are repacked at load into the 16-row
 //! panels of [`cpu_kernels::quant::x16`], whose row product is several
-//! times faster than the block kernels'). [`by_kind`] runs a mixed step's prompt and generated rows apart.
+//! times faster than the block kernels'), or group-wise int4 (AWQ / GPTQ /
+//! compressed-tensors checkpoints, [`Matrix::Int4`]) through
+//! [`cpu_kernels::int4::matmul_int4`] (the dequantised weights' f32
+//! product: a row-count-invariant dot per token below 16 tokens, a GEMM
+//! from 16 on, so prompt rows run apart). [`by_kind`] runs a mixed step's prompt and generated rows apart.
 //! [`Rows::Invariant`] (deterministic mode) runs every row on the products
 //! whose per-row reduction order depends neither on the row count nor on
 //! the thread count: the panels' [`matmul_pairs`] (one FMA chain per output
@@ -29,7 +33,9 @@
 //! fast path's one match on the stored formats: ggml blocks of a type the
 //! kernels multiply ([`KEPT_GGML_TYPES`]) as they are, every other format
 //! as its BF16 values (FP8 widened to `bf16(decode(q) * scale)`, other
-//! block types decoded). From the blocks when every part has them in one
+//! block types decoded), int4 as it is. Int4 parts sharing one group and
+//! one column order make one int4 matrix (their rows stacked); int4
+//! beside another form or order is decoded to BF16. From the blocks when every part has them in one
 //! type; as a [`Matrix::Stack`] of parts each in its own form when the
 //! parts differ (a Q4_K_M file's Q4_K Q/K and Q6_K V); else from the BF16
 //! values (quantised at load when [`CpuWeights::Quantize`] asks for it;
@@ -42,11 +48,13 @@
 //! gather and scatter of the rows of each kind when a step mixes them.
 
 use checkpoint::gguf::GgmlType;
+use checkpoint::int4::Int4Tensor;
 use checkpoint::projection::Projection;
 use checkpoint::weights::ModelWeights;
 use contract::backend::BackendError;
 use cpu_kernels::Isa;
 use cpu_kernels::gemm_split::{LoWeights, SplitActs, matmul_split};
+use cpu_kernels::int4::{Int4Matrix, Int4Scratch, matmul_int4};
 use cpu_kernels::matmul::{Scratch, matmul_bf16, matmul_bf16_tiled};
 use cpu_kernels::pairs::{PairPanels, matmul_pairs};
 use cpu_kernels::quant::gemm::{matmul_panels_gemm, matmul_quant_gemm};
@@ -93,6 +101,13 @@ impl CpuWeights {
             .collect();
         blocks.sort_unstable();
         let fp8 = formats.contains(&checkpoint::Format::Fp8Row);
+        let int4 = formats.iter().find_map(|f| match f {
+            checkpoint::Format::Int4 { group } => Some(*group),
+            _ => None,
+        });
+        if let Some(group) = int4 {
+            return format!("int4 g{group}");
+        }
         match (blocks.is_empty(), fp8) {
             (false, _) => format!("gguf {}", blocks.join("+")),
             (true, true) => "bf16 from fp8".into(),
@@ -129,6 +144,8 @@ pub(super) enum Matrix {
     /// Q4_1 / Q8_0 blocks in 16-row panels (AVX-512 VNNI): generated rows
     /// through [`matmul_x16`], prompt rows through [`matmul_panels_gemm`].
     Quant16(Panels16),
+    /// Group-wise 4-bit codes (rows of fused parts stacked).
+    Int4(Int4Tensor),
     /// Row-stacked parts in different forms, each multiplied on its own
     /// and its outputs copied into its columns: `(part, its rows)`.
     Stack(Vec<(Matrix, usize)>),
@@ -160,6 +177,7 @@ pub(super) struct MatBufs {
     pub(super) scratch: Scratch,
     acts: QuantActs,
     split: SplitActs,
+    int4: Int4Scratch,
     gather: Gather,
     /// `[T, rows]` one [`Matrix::Stack`] part's products.
     part: Vec<f32>,
@@ -241,6 +259,19 @@ impl Matrix {
             }
             Matrix::Quant { qt, data } => {
                 return quant_rows(isa, x, data, *qt, inp, out, y, rows, b);
+            }
+            Matrix::Int4(t) => {
+                let (w, s) = (int4_matrix(t), &mut b.int4);
+                // below the GEMM's token count a row's bits are its own
+                if matches!(rows, Rows::Invariant) {
+                    for (xr, yr) in x.chunks_exact(inp).zip(y.chunks_exact_mut(out)) {
+                        matmul_int4(isa, xr, &w, yr, s);
+                    }
+                    return;
+                }
+                return by_kind(x, inp, out, y, rows, &mut b.gather, |_, x, y| {
+                    matmul_int4(isa, x, &w, y, s)
+                });
             }
             Matrix::Quant16(p) => {
                 let acts = &mut b.acts;
@@ -395,6 +426,8 @@ pub(super) enum Part {
     Dense(Vec<bf16>),
     /// Blocks the kernels multiply as they are.
     Blocks(QuantType, Vec<u8>),
+    /// Group-wise 4-bit codes, as stored.
+    Int4(Int4Tensor),
 }
 
 impl Part {
@@ -407,6 +440,7 @@ impl Part {
                 let qt = quant_type(t.ty).expect("checked: a kept type");
                 Part::Blocks(qt, std::mem::take(&mut t.data))
             }
+            Projection::Int4(t) => Part::Int4(t.clone()),
             // FP8 widened; other block types decoded
             Projection::Fp8(_) | Projection::Blocks(_) => {
                 let t = p
@@ -422,9 +456,67 @@ impl Part {
     fn quant_type(&self) -> Option<QuantType> {
         match self {
             Part::Blocks(qt, _) => Some(*qt),
-            Part::Dense(_) => None,
+            Part::Dense(_) | Part::Int4(_) => None,
         }
     }
+
+    /// The part's BF16 values, for a form the fused matrix does not keep.
+    fn into_dense(self) -> Result<Part, BackendError> {
+        match self {
+            Part::Int4(t) => {
+                let p = Projection::Int4(t);
+                let t = p
+                    .dense()
+                    .map_err(|e| BackendError::Device(format!("cpu: {e}")))?;
+                Ok(Part::Dense(t.into_owned().data))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+/// `t` as the kernel borrows it.
+fn int4_matrix(t: &Int4Tensor) -> Int4Matrix<'_> {
+    Int4Matrix {
+        rows: t.rows,
+        cols: t.cols,
+        group: t.group,
+        data: &t.data,
+        scale: &t.scale,
+        zero: &t.zero,
+        perm: t.perm.as_deref(),
+    }
+}
+
+/// `parts` stacked into one int4 matrix when every part is int4 in one
+/// group and one column order; else `Err(parts)`, int4 ones decoded.
+fn stack_int4(parts: Vec<Part>) -> Result<Result<Matrix, Vec<Part>>, BackendError> {
+    let int4: Vec<&Int4Tensor> = (parts.iter())
+        .filter_map(|p| match p {
+            Part::Int4(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    let Some(first) = int4.first() else {
+        return Ok(Err(parts));
+    };
+    let one = int4.len() == parts.len()
+        && (int4.iter()).all(|t| t.group == first.group && t.perm == first.perm);
+    if !one {
+        let dense = parts
+            .into_iter()
+            .map(Part::into_dense)
+            .collect::<Result<_, _>>()?;
+        return Ok(Err(dense));
+    }
+    let mut all = (*first).clone();
+    for t in &int4[1..] {
+        all.rows += t.rows;
+        all.data.extend_from_slice(&t.data);
+        all.scale.extend_from_slice(&t.scale);
+        all.zero.extend_from_slice(&t.zero);
+    }
+    Ok(Ok(Matrix::Int4(all)))
 }
 
 /// The fused matrix of `parts` (row-stacked, all `[_, cols]`, `rows[i]`
@@ -440,6 +532,10 @@ pub(super) fn pack_group(
     quantize_to: Option<QuantType>,
     layout: Layout,
 ) -> Result<Matrix, BackendError> {
+    let parts = match stack_int4(parts)? {
+        Ok(m) => return Ok(m),
+        Err(parts) => parts,
+    };
     let types: Vec<Option<QuantType>> = parts.iter().map(Part::quant_type).collect();
     if types.iter().all(|t| t.is_some() && *t == types[0]) {
         let qt = types[0].expect("checked: every part has a type");
@@ -526,8 +622,9 @@ pub(super) fn pack_head(
         None => return Ok((None, false)),
     };
     let name = "lm_head.weight";
-    let m = match part {
+    let m = match part.into_dense()? {
         Part::Blocks(qt, data) => quant_matrix(qt, data, cols, layout),
+        Part::Int4(_) => unreachable!("into_dense decodes int4"),
         Part::Dense(d) if q8 => quantize(QuantType::Q8_0, &d, cols, name, layout)?,
         // a BF16 head in panels: the layers' f32 products, half again the
         // row-major tiles' bandwidth on one token

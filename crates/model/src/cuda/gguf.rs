@@ -163,7 +163,7 @@ fn pack_block(format: WeightFormat, b: &[u8], q: &mut Vec<u8>, side: &mut Vec<u8
         }
         WeightFormat::Q4K | WeightFormat::Q5K => pack_k4(format == WeightFormat::Q5K, b, q, side),
         WeightFormat::Q6K => pack_q6_k(b, q, side),
-        WeightFormat::Bf16 | WeightFormat::Fp8Row => {}
+        WeightFormat::Bf16 | WeightFormat::Fp8Row | WeightFormat::Int4 => {}
     }
 }
 

@@ -42,6 +42,7 @@ mod errors;
 mod forward;
 mod gguf;
 mod graphs;
+mod int4;
 mod invariant;
 mod linear;
 mod lora;

@@ -4,7 +4,8 @@
 //! first (the error names the tensor): bf16, each projection in its stored
 //! format ([`checkpoint::Projection`]: BF16, or FP8 as e4m3 bytes with one
 //! f32 scale per row, or a GGUF's own blocks in a format the GEMVs read,
-//! `gguf`) as a [`Projection`], the `linear` implementation of that
+//! `gguf`; int4 codes with their groups' scales and zeros, `int4`, a
+//! checkpoint's column order widened to bf16) as a [`Projection`], the `linear` implementation of that
 //! format, made in [`linear_of`] (the upload's one match on the stored
 //! formats; parts of different formats in one fused projection, as a
 //! Q4_K_M file's Q4_K Q and K beside a Q6_K V, go up as their BF16
@@ -41,6 +42,7 @@ use kernels::KvCaches;
 
 use super::errors::dev_err;
 use super::gguf::{self, GgufLinear};
+use super::int4::Int4Linear;
 use super::linear::{Bf16Linear, Fp8RowLinear, Linear, check};
 
 /// A projection in whichever weight format it was loaded in.
@@ -144,6 +146,9 @@ fn gemv_format(p: &Stored) -> WeightFormat {
         Stored::Bf16(_) => WeightFormat::Bf16,
         Stored::Fp8(_) => WeightFormat::Fp8Row,
         Stored::Blocks(t) => gguf::format_of(t.ty).unwrap_or(WeightFormat::Bf16),
+        // a column order (GPTQ desc_act): widened, the GEMVs read x in input order
+        Stored::Int4(t) if t.perm.is_some() => WeightFormat::Bf16,
+        Stored::Int4(_) => WeightFormat::Int4,
     }
 }
 
@@ -169,8 +174,11 @@ fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, B
         p.check(*want).map_err(err)?;
     }
     let format = gemv_format(first);
-    let mixed = parts.iter().any(|(p, _)| p.format() != first.format());
-    if mixed || (matches!(first, Stored::Blocks(_)) && format == WeightFormat::Bf16) {
+    let mixed =
+        (parts.iter()).any(|(p, _)| p.format() != first.format() || gemv_format(p) != format);
+    let widened =
+        matches!(first, Stored::Blocks(_) | Stored::Int4(_)) && format == WeightFormat::Bf16;
+    if mixed || widened {
         let dense = (parts.iter())
             .map(|(p, _)| p.dense().map_err(err))
             .collect::<Result<Vec<_>, _>>()?;
@@ -200,6 +208,15 @@ fn linear_of(gpu: &Gpu, parts: &[(&Stored, [usize; 2])]) -> Result<Projection, B
                 })
                 .collect();
             Box::new(GgufLinear::upload(gpu, format, &qs)?)
+        }
+        Stored::Int4(_) => {
+            let ts: Vec<_> = (parts.iter())
+                .filter_map(|(p, _)| match p {
+                    Stored::Int4(t) => Some(t),
+                    _ => None,
+                })
+                .collect();
+            Box::new(Int4Linear::upload(gpu, &ts)?)
         }
     })
 }

@@ -56,7 +56,9 @@ fn check(
         match p {
             Projection::Bf16(_) => {}
             Projection::Fp8(_) => return Err(GptqError::AlreadyFp8),
-            Projection::Blocks(_) => return Err(p.refuse("GPTQ calibration").into()),
+            Projection::Blocks(_) | Projection::Int4(_) => {
+                return Err(p.refuse("GPTQ calibration").into());
+            }
         }
     }
     crate::cpu::check_weights(config, weights).map_err(|e| GptqError::Weights(e.to_string()))?;

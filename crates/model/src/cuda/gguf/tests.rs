@@ -130,6 +130,13 @@ fn widen_chunk(f: WeightFormat, q: &[u8], side: &[u8], kk: usize) -> Vec<f32> {
                 })
                 .collect()
         }
+        WeightFormat::Int4 => {
+            let at = |o: usize| f32::from_le_bytes(rec[o..o + 4].try_into().unwrap());
+            nibbles(c)
+                .iter()
+                .map(|&v| (v as f32 - at(4)) * at(0))
+                .collect()
+        }
         WeightFormat::Bf16 | WeightFormat::Fp8Row => unreachable!("not a block format"),
     }
 }
@@ -189,3 +196,41 @@ fn packed_blocks_read_as_the_gguf_reader_dequantises() {
 
 #[cfg(test)]
 mod device;
+
+/// The int4 format (`cuda::int4`): the codes as stored, each chunk's
+/// record its group's scale and zero, read back to the stored values.
+#[test]
+fn packed_int4_reads_as_its_stored_values() {
+    let cols = 256;
+    for (group, sym) in [(32, true), (64, false), (cols, false)] {
+        let data: Vec<half::bf16> = (0..3 * cols)
+            .map(|i| half::bf16::from_f32(((splitmix64(i as u64) % 2001) as f32 - 1000.0) * 1e-4))
+            .collect();
+        let t = checkpoint::weights::Tensor {
+            name: "w".into(),
+            shape: vec![3, cols],
+            data,
+        };
+        let q4 = checkpoint::int4::Int4Tensor::round_to_nearest(&t, group, sym);
+        let (mut q, mut side) = (Vec::new(), Vec::new());
+        crate::cuda::int4::pack(&q4, &mut q, &mut side).unwrap();
+        let f = WeightFormat::Int4;
+        let l = f.layout().unwrap();
+        let want = q4.to_f32_rows();
+        for r in 0..3 {
+            let qr = &q[r * l.row_bytes(cols)..][..l.row_bytes(cols)];
+            let sr = &side[r * l.side_bytes(cols)..][..l.side_bytes(cols)];
+            for kk in (0..cols).step_by(l.cols) {
+                let got = widen_chunk(f, qr, sr, kk);
+                assert_eq!(
+                    got,
+                    want[r * cols + kk..][..l.cols],
+                    "g{group} row {r} columns {kk}.."
+                );
+            }
+        }
+        let mut ordered = q4.clone();
+        ordered.perm = Some((0..cols as u32).rev().collect());
+        assert!(crate::cuda::int4::pack(&ordered, &mut q, &mut side).is_err());
+    }
+}

@@ -22,6 +22,7 @@ mod families;
 mod fp8;
 mod gguf_blocks;
 mod hidden;
+mod int4;
 mod kv;
 mod llama;
 mod lora;
