@@ -38,20 +38,13 @@ pub(crate) const VARIANTS: [&str; 6] = ["bf16", "resid", "norm", "norm_silu", "f
 const ROPE_VARIANT: usize = 5;
 
 /// Index of `gemv_f32` (the LM head) in [`VARIANTS`]: the one variant
-/// without a LoRA form.
+/// without a LoRA delta.
 const F32_VARIANT: usize = 4;
 
-/// The entry point of variant `i` for row tile `m` and weight format `f`,
-/// in its LoRA form (`cu/gemv.cu`'s module doc) when `lora` (the plain one
-/// for the f32 variant, which has none).
-pub(crate) fn entry(i: usize, f: WeightFormat, lora: bool, m: usize) -> String {
-    let lora = if lora && i != F32_VARIANT {
-        "_lora"
-    } else {
-        ""
-    };
-    let rest = VARIANTS[i];
-    format!("{}_{rest}{lora}_m{m}", f.prefix())
+/// The entry point of variant `i` for row tile `m` and weight format `f`
+/// (one for launches with and without LoRA deltas: `cu/gemv.cu`'s module doc).
+pub(crate) fn entry(i: usize, f: WeightFormat, m: usize) -> String {
+    format!("{}_{}_m{m}", f.prefix(), VARIANTS[i])
 }
 
 /// A projection's weights, `[rows, k]` (rows = `n`, or `2n` for
@@ -404,7 +397,7 @@ impl Kernels {
             });
         }
         let tile = tile_of(m);
-        let func = &self.gemv[format as usize][usize::from(lora.is_some())][op.variant()][tile];
+        let func = &self.gemv[format as usize][op.variant()][tile];
         let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
         let (mut cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
         let mut args = GemvArgs {
@@ -513,7 +506,7 @@ impl Kernels {
         }
         let tile = tile_of(m);
         let (mut cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
-        let func = &self.gemv[format as usize][usize::from(lora.is_some())][ROPE_VARIANT][tile];
+        let func = &self.gemv[format as usize][ROPE_VARIANT][tile];
         let (k_cache, v_cache) = rope.kv.ptrs();
         let (k_scale, v_scale) = rope.kv.scales();
         let mut args = GemvArgs {
@@ -624,21 +617,14 @@ mod tests {
         for (i, f) in WeightFormat::ALL.iter().enumerate() {
             assert_eq!(*f as usize, i);
         }
-        assert_eq!(entry(0, WeightFormat::Bf16, false, 1), "gemv_bf16_m1");
+        assert_eq!(entry(0, WeightFormat::Bf16, 1), "gemv_bf16_m1");
         assert_eq!(
-            entry(ROPE_VARIANT, WeightFormat::Fp8Row, true, 16),
-            "gemv8_norm_rope_lora_m16"
+            entry(ROPE_VARIANT, WeightFormat::Fp8Row, 16),
+            "gemv8_norm_rope_m16"
         );
-        // the LM head's variant has no LoRA form
-        assert_eq!(
-            entry(F32_VARIANT, WeightFormat::Fp8Row, true, 4),
-            "gemv8_f32_m4"
-        );
+        assert_eq!(entry(F32_VARIANT, WeightFormat::Fp8Row, 4), "gemv8_f32_m4");
         assert!(width_fits(24, WeightFormat::Bf16) && !width_fits(24, WeightFormat::Fp8Row));
-        assert_eq!(
-            entry(2, WeightFormat::Q4K, true, 8),
-            "gemv_q4_k_norm_lora_m8"
-        );
+        assert_eq!(entry(2, WeightFormat::Q4K, 8), "gemv_q4_k_norm_m8");
         assert!(width_fits(96, WeightFormat::Q8_0) && !width_fits(96, WeightFormat::Q6K));
         for f in WeightFormat::ALL {
             // whole chunks and whole side records per block

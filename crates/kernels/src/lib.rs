@@ -207,10 +207,9 @@ pub struct Kernels {
     /// The device runs `flash_hopper_*` (compute capability 9.0, whose code
     /// in the fatbin is the sm_90a build) and [`KernelOptions::wgmma`] is set.
     pub(crate) flash_hopper: bool,
-    /// `[weight format][plain, LoRA form][variant][row tile]` (see
-    /// `gemv::WeightFormat` and `gemv::VARIANTS`), one entry per
-    /// `WeightFormat::ALL`.
-    pub(crate) gemv: Vec<[[[Function; 5]; 6]; 2]>,
+    /// `[weight format][variant][row tile]` (see `gemv::WeightFormat` and
+    /// `gemv::VARIANTS`), one entry per `WeightFormat::ALL`.
+    pub(crate) gemv: Vec<[[Function; 5]; 6]>,
     /// `gguf_dequant_*`, one per block format of `WeightFormat::ALL` (the
     /// others `None`).
     pub(crate) gguf_dequant: Vec<Option<Function>>,
@@ -228,26 +227,22 @@ impl Kernels {
     pub fn load(gpu: &Arc<Gpu>, options: KernelOptions) -> Result<Kernels, KernelError> {
         let module = gpu.load_module(fatbin()?)?;
         let f = |name: &str| module.function(name);
-        let tiles =
-            |i: usize, fmt: gemv::WeightFormat, lora: bool| -> Result<[Function; 5], GpuError> {
-                let t = |m: usize| -> Result<Function, GpuError> {
-                    let func = f(&gemv::entry(i, fmt, lora, m))?;
-                    if gemv::NORM_VARIANTS.contains(&i) {
-                        func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
-                    }
-                    Ok(func)
-                };
-                Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
+        let tiles = |i: usize, fmt: gemv::WeightFormat| -> Result<[Function; 5], GpuError> {
+            let t = |m: usize| -> Result<Function, GpuError> {
+                let func = f(&gemv::entry(i, fmt, m))?;
+                if gemv::NORM_VARIANTS.contains(&i) {
+                    func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
+                }
+                Ok(func)
             };
-        let table = |fmt: gemv::WeightFormat, lora: bool| -> Result<[[Function; 5]; 6], GpuError> {
-            let t = |i| tiles(i, fmt, lora);
+            Ok([t(1)?, t(2)?, t(4)?, t(8)?, t(16)?])
+        };
+        let table = |fmt: gemv::WeightFormat| -> Result<[[Function; 5]; 6], GpuError> {
+            let t = |i| tiles(i, fmt);
             Ok([t(0)?, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?])
         };
-        let format = |fmt| -> Result<[[[Function; 5]; 6]; 2], GpuError> {
-            Ok([table(fmt, false)?, table(fmt, true)?])
-        };
         let gemv = (gemv::WeightFormat::ALL.iter())
-            .map(|&fmt| format(fmt))
+            .map(|&fmt| table(fmt))
             .collect::<Result<Vec<_>, _>>()?;
         let gguf_dequant = (gemv::WeightFormat::ALL.iter())
             .map(|&fmt| gguf::entry(fmt).map(|name| f(&name)).transpose())

@@ -25,7 +25,7 @@
 // kernel's tail. Requires K % 8 == 0 (16-byte aligned rows; FP8: K % 16 == 0).
 //
 // Variants (template flags, one entry point each per row tile MT; every one
-// but f32 also as NAME_lora_mMT, the LoRA form below):
+// but f32 with the LoRA delta below, taken when the launch has adapter slots):
 //  gemv_bf16_mMT        x bf16 -> y bf16                           (plain)
 //  gemv_resid_mMT       x bf16 -> residual f32 += bf16(x·Wᵀ)       (O, down)
 //  gemv_norm_mMT        RMSNorm(residual f32) -> y bf16            (QKV)
@@ -39,7 +39,7 @@
 //                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale;
 //                       with kv_rotate: q and k heads Hadamard-rotated after
 //                       RoPE by the warp completing each head, below)
-// LoRA (the NAME_lora_mMT forms): each output of a row with an
+// LoRA (lora_slots != 0; gemv_lora.cuh): each output of a row with an
 // adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
 // (c the weight row, seg its segment of a stacked projection), added as
 // lora_expand (cu/lora.cu) adds it after the unfused product: to the
@@ -171,7 +171,7 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
     }
 }
 
-template <int MT, int IN, int OUT, class F, bool LORA>
+template <int MT, int IN, int OUT, class F>
 __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     typedef F C;
     // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which wider
@@ -235,7 +235,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
         rslot = a.slots[er];
     }
     uint32_t lslot = 0;
-    if (LORA && OUT != OUT_F32 && ok0 && ks == 0 && lane < m) {
+    if (OUT != OUT_F32 && a.lora_slots != 0 && ok0 && ks == 0 && lane < m) {
         lslot = a.lora_slot_of[er];
         if (lslot > a.lora_slots) lslot = 0;
     }
@@ -375,10 +375,10 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     }
     const uint32_t r = lane, outs = a.n, o0 = r0;
     float l0 = 0.f, l1 = 0.f;  // LoRA deltas (module doc)
-    if (LORA && lslot != 0) {
-        gemv_lora_wait(a);
-        l0 = gemv_lora_delta(a, r, lslot, r0);
-        if (ok1) l1 = gemv_lora_delta(a, r, lslot, r1);
+    if (OUT != OUT_F32 && lslot != 0) {
+        const float2 l = gemv_lora_deltas(lora_view(a), r, lslot, r0, r1, ok1);
+        l0 = l.x;
+        l1 = l.y;
         if (OUT != OUT_RESID) {
             d0 = round_bf(d0) + l0;
             d1 = round_bf(d1) + l1;
@@ -438,18 +438,19 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     }
 }
 
+// An entry point: the LoRA shrink blocks first (none without adapter
+// slots: the module doc's LoRA paragraph), then the GEMV's.
 #define GEMV_ENTRY(NAME, MT, IN, OUT, F)                                                               \
     extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
-        gemv_impl<MT, IN, OUT, F, false>(a, blockIdx.x);                                               \
-    }
-// The LoRA form (module doc): the shrink blocks first, then the GEMV's.
-#define GEMV_LORA_ENTRY(NAME, MT, IN, OUT, F)                                                          \
-    extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32)                               \
-        NAME##_lora_m##MT(const GemvArgs a) {                                                          \
         if (blockIdx.x < a.lora_shrink_blocks)                                                         \
-            gemv_lora_shrink<IN>(a, blockIdx.x);                                                       \
+            gemv_lora_shrink<IN>(lora_view(a), blockIdx.x);                                            \
         else                                                                                           \
-            gemv_impl<MT, IN, OUT, F, true>(a, blockIdx.x - a.lora_shrink_blocks);                     \
+            gemv_impl<MT, IN, OUT, F>(a, blockIdx.x - a.lora_shrink_blocks);                           \
+    }
+// The LM head's entry point, which has no LoRA delta.
+#define GEMV_HEAD_ENTRY(NAME, MT, IN, OUT, F)                                                          \
+    extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
+        gemv_impl<MT, IN, OUT, F>(a, blockIdx.x);                                                      \
     }
 #define GEMV_TILES_OF(ENTRY, NAME, IN, OUT, F) \
     ENTRY(NAME, 1, IN, OUT, F)                 \
@@ -457,10 +458,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     ENTRY(NAME, 4, IN, OUT, F)                 \
     ENTRY(NAME, 8, IN, OUT, F)                 \
     ENTRY(NAME, 16, IN, OUT, F)
-// Every variant but f32 (the LM head) also in its LoRA form.
-#define GEMV_TILES(NAME, IN, OUT, F)                   \
-    GEMV_TILES_OF(GEMV_ENTRY, NAME, IN, OUT, F)        \
-    GEMV_TILES_OF(GEMV_LORA_ENTRY, NAME, IN, OUT, F)
+#define GEMV_TILES(NAME, IN, OUT, F) GEMV_TILES_OF(GEMV_ENTRY, NAME, IN, OUT, F)
 // Every variant for one weight format, named PREFIX_variant (the prefix is
 // `gemv::WeightFormat::prefix` in the launcher).
 #define GEMV_FORMAT(PREFIX, F)                                \
@@ -468,7 +466,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     GEMV_TILES(PREFIX##_resid, IN_BF16, OUT_RESID, F)         \
     GEMV_TILES(PREFIX##_norm, IN_NORM, OUT_BF16, F)           \
     GEMV_TILES(PREFIX##_norm_silu, IN_NORM, OUT_SILU, F)      \
-    GEMV_TILES_OF(GEMV_ENTRY, PREFIX##_f32, IN_BF16, OUT_F32, F) \
+    GEMV_TILES_OF(GEMV_HEAD_ENTRY, PREFIX##_f32, IN_BF16, OUT_F32, F) \
     GEMV_TILES(PREFIX##_norm_rope, IN_NORM, OUT_ROPE, F)
 GEMV_FORMAT(gemv, FmtBf16)
 GEMV_FORMAT(gemv8, FmtFp8Row)
