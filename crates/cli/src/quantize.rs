@@ -20,7 +20,7 @@ use checkpoint::fp8::{
 use checkpoint::progress::{Progress, Unit};
 use checkpoint::weights::ModelWeights;
 use contract::config::ModelConfig;
-use model::gptq::{GptqOptions, ScaleRule, quantize_model};
+use model::gptq::{GptqOptions, ScaleRule, Target, quantize_model};
 use model::kv_calib::kv_amax;
 use tokenizer::Tokenizer;
 
@@ -235,7 +235,7 @@ fn calibrated(
     let weights = checkpoint::loader::load_weights(dir, &loaded.config)?;
     let (weights, how) = match args.weight_dtype {
         WeightDtypeArg::Fp8 => (
-            gptq(args, &loaded.config, weights, &tokens, opts)?,
+            gptq(args, &loaded.config, weights, &tokens, fp8_target(opts))?,
             WeightsOut::Fp8(opts),
         ),
         WeightDtypeArg::Bf16 => (weights, WeightsOut::Bf16),
@@ -255,22 +255,27 @@ fn calibrated(
     Ok(())
 }
 
-/// GPTQ over `tokens`: the model with FP8 projections.
+/// The FP8 grid GPTQ rounds to for the layout of `opts`.
+fn fp8_target(opts: Fp8Options) -> Target {
+    Target::Fp8(ScaleRule {
+        per_channel: opts.channel,
+        // compressed-tensors stores BF16 scales: chosen exact in BF16
+        bf16: opts.layout == Fp8Layout::CompressedTensors,
+    })
+}
+
+/// GPTQ over `tokens`: the model with its projections on `target`'s grid.
 fn gptq(
     args: &QuantizeArgs,
     config: &ModelConfig,
     weights: ModelWeights,
     tokens: &[u32],
-    opts: Fp8Options,
+    target: Target,
 ) -> Result<ModelWeights> {
     let gptq = GptqOptions {
         damp: args.dampening,
         act_order: args.act_order,
-        scales: ScaleRule {
-            per_channel: opts.channel,
-            // compressed-tensors stores BF16 scales: chosen exact in BF16
-            bf16: opts.layout == Fp8Layout::CompressedTensors,
-        },
+        target,
         window: WINDOW.min(config.max_position_embeddings),
         ..GptqOptions::default()
     };
