@@ -80,7 +80,7 @@ enum Command {
     Embed(embed::EmbedArgs),
     /// Write a model with deterministic random weights in Hugging Face layout.
     SynthModel(synth::SynthArgs),
-    /// Write a model as an FP8 checkpoint (compressed-tensors or `fp8` layout).
+    /// Write a model as an FP8 checkpoint (compressed-tensors or `fp8` layout) or a 4-bit GPTQ one.
     Quantize(quantize::QuantizeArgs),
     /// The model's perplexity on a text file, as llama.cpp's
     /// `llama-perplexity` computes it.

@@ -1,11 +1,12 @@
 //! `lamina quantize`: writes a BF16 (or F16 / F32) model as an FP8
-//! checkpoint in one of the layouts on the Hugging Face hub, or with
-//! `--format int4` as a 4-bit GPTQ-layout checkpoint (rounded to nearest,
-//! `--group-size` columns a scale: `checkpoint::int4::write`)
-//! (compressed-tensors `float-quantized`, or `quant_method: "fp8"`), which
-//! lamina, vLLM and SGLang load as they are. The weights are rounded to
-//! nearest, or with `--calibration` quantised by GPTQ against the model's
-//! activations on that text (`model::gptq`). The model is a directory, a
+//! checkpoint in one of the layouts on the Hugging Face hub
+//! (compressed-tensors `float-quantized`, or `quant_method: "fp8"`), or
+//! with `--format int4` as a symmetric 4-bit GPTQ-layout checkpoint
+//! (`--group-size` columns a scale, `desc_act: false`:
+//! `checkpoint::int4::write`), which lamina, vLLM and SGLang load as they
+//! are. The weights are rounded to nearest, or with `--calibration`
+//! quantised by GPTQ against the model's activations on that text
+//! (`model::gptq`, on the FP8 or the 4-bit grid). The model is a directory, a
 //! store id or a .gguf file (imported into the store once, as `--model`
 //! is). Refuses a non-empty `--out`; every flag and the calibration text
 //! are checked before the weights load.
@@ -20,7 +21,7 @@ use checkpoint::fp8::{
 use checkpoint::progress::{Progress, Unit};
 use checkpoint::weights::ModelWeights;
 use contract::config::ModelConfig;
-use model::gptq::{GptqOptions, ScaleRule, quantize_model};
+use model::gptq::{GptqOptions, ScaleRule, Target, quantize_model};
 use model::kv_calib::kv_amax;
 use tokenizer::Tokenizer;
 
@@ -50,7 +51,7 @@ pub enum FormatArg {
     Fp8,
     /// 4-bit integers, symmetric, `--group-size` columns a scale, in
     /// GPTQ's layout (`quant_method: "gptq"`, `desc_act: false`), rounded
-    /// to nearest.
+    /// to nearest or, with `--calibration`, quantised by GPTQ.
     Int4,
 }
 
@@ -108,7 +109,8 @@ pub struct QuantizeArgs {
     #[arg(long, default_value_t = 0.1, requires = "calibration", value_parser = dampening)]
     pub dampening: f64,
     /// GPTQ's activation order: columns quantised from the largest input
-    /// energy down instead of in order.
+    /// energy down instead of in order (FP8 only: `--format int4` writes
+    /// `desc_act: false`).
     #[arg(long, requires = "calibration")]
     pub act_order: bool,
     /// Also write calibrated FP8 KV cache scales: the model (with the
@@ -175,20 +177,12 @@ pub fn run(args: QuantizeArgs) -> Result<()> {
     Ok(())
 }
 
-/// `--format int4`: the model rounded to nearest on GPTQ's 4-bit grid.
+/// `--format int4`: the model on GPTQ's 4-bit grid, rounded to nearest or,
+/// with `--calibration`, quantised by GPTQ.
 fn int4(args: &QuantizeArgs) -> Result<()> {
-    if args.calibration.is_some() {
-        bail!(
-            "--format int4 rounds to nearest; GPTQ calibration (--calibration) quantises to FP8 only"
-        );
-    }
-    if args.group_size == 0 || !args.group_size.is_multiple_of(checkpoint::int4::BLOCK) {
-        bail!(
-            "--group-size {} is not a positive multiple of {}",
-            args.group_size,
-            checkpoint::int4::BLOCK
-        );
-    }
+    check_int4_flags(args)?;
+    // the text is checked before the model is resolved (which may import)
+    let text = args.calibration.as_deref().map(open_text).transpose()?;
     let dir = runtime::model_dir(&args.model)?;
     let what = || format!("quantising {} to int4", dir.display());
     if scheme_of(&dir).with_context(what)?.is_some() {
@@ -197,11 +191,48 @@ fn int4(args: &QuantizeArgs) -> Result<()> {
             dir.display()
         );
     }
+    let tokens = match (text, &args.calibration) {
+        (Some(mut text), Some(file)) => Some(calibration_tokens(
+            &dir,
+            file,
+            &mut text,
+            args.calibration_tokens,
+        )?),
+        _ => None,
+    };
     let loaded = checkpoint::loader::load_config(&dir).with_context(what)?;
-    let weights = checkpoint::loader::load_weights(&dir, &loaded.config).with_context(what)?;
+    let mut weights = checkpoint::loader::load_weights(&dir, &loaded.config).with_context(what)?;
+    if let Some(tokens) = tokens {
+        let target = Target::Int4 {
+            group: args.group_size,
+        };
+        weights = gptq(args, &loaded.config, weights, &tokens, target).with_context(what)?;
+    }
     checkpoint::int4::write::write_int4_checkpoint(&dir, &weights, &args.out, args.group_size)
         .with_context(what)?;
     println!("{}", args.out.display());
+    Ok(())
+}
+
+/// The flags `--format int4` takes: a group of whole blocks; not the
+/// FP8-only ones that would change what is written.
+fn check_int4_flags(args: &QuantizeArgs) -> Result<()> {
+    if args.group_size == 0 || !args.group_size.is_multiple_of(checkpoint::int4::BLOCK) {
+        bail!(
+            "--group-size {} is not a positive multiple of {}",
+            args.group_size,
+            checkpoint::int4::BLOCK
+        );
+    }
+    if args.act_order {
+        bail!(
+            "--act-order: --format int4 writes GPTQ's layout with desc_act false (groups in \
+             input order); drop --act-order"
+        );
+    }
+    if args.kv_scales {
+        bail!("--kv-scales: FP8 KV cache scales are written with --format fp8 only");
+    }
     Ok(())
 }
 
@@ -235,7 +266,7 @@ fn calibrated(
     let weights = checkpoint::loader::load_weights(dir, &loaded.config)?;
     let (weights, how) = match args.weight_dtype {
         WeightDtypeArg::Fp8 => (
-            gptq(args, &loaded.config, weights, &tokens, opts)?,
+            gptq(args, &loaded.config, weights, &tokens, fp8_target(opts))?,
             WeightsOut::Fp8(opts),
         ),
         WeightDtypeArg::Bf16 => (weights, WeightsOut::Bf16),
@@ -255,22 +286,27 @@ fn calibrated(
     Ok(())
 }
 
-/// GPTQ over `tokens`: the model with FP8 projections.
+/// The FP8 grid GPTQ rounds to for the layout of `opts`.
+fn fp8_target(opts: Fp8Options) -> Target {
+    Target::Fp8(ScaleRule {
+        per_channel: opts.channel,
+        // compressed-tensors stores BF16 scales: chosen exact in BF16
+        bf16: opts.layout == Fp8Layout::CompressedTensors,
+    })
+}
+
+/// GPTQ over `tokens`: the model with its projections on `target`'s grid.
 fn gptq(
     args: &QuantizeArgs,
     config: &ModelConfig,
     weights: ModelWeights,
     tokens: &[u32],
-    opts: Fp8Options,
+    target: Target,
 ) -> Result<ModelWeights> {
     let gptq = GptqOptions {
         damp: args.dampening,
         act_order: args.act_order,
-        scales: ScaleRule {
-            per_channel: opts.channel,
-            // compressed-tensors stores BF16 scales: chosen exact in BF16
-            bf16: opts.layout == Fp8Layout::CompressedTensors,
-        },
+        target,
         window: WINDOW.min(config.max_position_embeddings),
         ..GptqOptions::default()
     };

@@ -52,6 +52,7 @@ mod layer;
 mod lora;
 mod packed;
 
+pub(crate) use packed::int4_matrix;
 pub use packed::{CpuWeights, KEPT_GGML_TYPES};
 
 #[cfg(test)]

@@ -476,7 +476,7 @@ impl Part {
 }
 
 /// `t` as the kernel borrows it.
-fn int4_matrix(t: &Int4Tensor) -> Int4Matrix<'_> {
+pub(crate) fn int4_matrix(t: &Int4Tensor) -> Int4Matrix<'_> {
     Int4Matrix {
         rows: t.rows,
         cols: t.cols,

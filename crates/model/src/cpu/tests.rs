@@ -20,7 +20,7 @@ pub(crate) fn config(tied: bool) -> ModelConfig {
     config_with(tied, 48)
 }
 
-pub(super) fn config_with(tied: bool, intermediate: usize) -> ModelConfig {
+pub(crate) fn config_with(tied: bool, intermediate: usize) -> ModelConfig {
     let text = format!(
         r#"{{"hidden_size": 32, "intermediate_size": {intermediate}, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50,

@@ -1,9 +1,9 @@
-//! Error-compensating (GPTQ) FP8 quantisation: each projection's weights
-//! rounded to e4m3 column by column, the rounding error of each column
-//! spread over the columns not yet rounded so that the projection's output
-//! on real inputs moves as little as it can (Frantar et al., "GPTQ:
-//! Accurate Post-Training Quantization for Generative Pre-trained
-//! Transformers", 2022).
+//! Error-compensating (GPTQ) quantisation to FP8 or to GPTQ's symmetric
+//! 4-bit grid: each projection's weights rounded column by column, the
+//! rounding error of each column spread over the columns not yet rounded
+//! so that the projection's output on real inputs moves as little as it
+//! can (Frantar et al., "GPTQ: Accurate Post-Training Quantization for
+//! Generative Pre-trained Transformers", 2022).
 //!
 //! Contract: [`quantize_model`] runs the model (BF16 weights, f32
 //! arithmetic, the CPU backend's operations) over
@@ -15,11 +15,20 @@
 //! normed residual, down against `silu(gate) * up` of the quantised
 //! gate/up; the next layer's input is the quantised layer's output (GPTQ's
 //! sequential, "true sequential" mode). Each matrix is solved by
-//! [`solve::gptq`] (dampening, dead inputs, block updates and optional
-//! activation order as GPTQ does) at the scales of [`solve::scales`], so
-//! the result is the model with [`checkpoint::Projection::Fp8`] projections, in any layout the converter
-//! writes. Bad input (no tokens, a token outside the vocabulary, a window
-//! beyond the model's context, a model already FP8, weights that do not
+//! [`solve::solve`] (dampening, dead inputs, block updates and optional
+//! activation order as GPTQ does) on the grid of [`GptqOptions::target`]:
+//! FP8 at the scales of [`solve::scales`], giving the model with
+//! [`checkpoint::Projection::Fp8`] projections in any layout the converter
+//! writes; or 4 bits, a scale per group of a row found as the solver
+//! reaches the group ([`grid::Int4Grid`]), giving
+//! [`checkpoint::Projection::Int4`] projections in the GPTQ layout's form
+//! (zero 8, f16 scales, no column order) that
+//! `checkpoint::int4::write` writes as they are. The next layer's
+//! inputs come from the quantised projections as the CPU backend runs
+//! them. Bad input (no tokens, a token outside the vocabulary, a window
+//! beyond the model's context, a model already FP8, a 4-bit group that does
+//! not divide a projection's input width or 4 bits with activation order,
+//! weights that do not
 //! match the config (the CPU backend's check), calibration activations that overflow, a Hessian
 //! that dampening cannot make positive definite) is a [`GptqError`]
 //! naming the cause, never a panic.
@@ -35,11 +44,14 @@
 //! cores, 0.6 GB.
 
 pub(crate) mod attention;
+pub mod grid;
 mod hessian;
 mod linalg;
 pub(crate) mod sequential;
 pub mod solve;
 
+#[cfg(test)]
+mod int4_tests;
 #[cfg(test)]
 mod tests;
 
@@ -61,8 +73,8 @@ pub struct GptqOptions {
     /// Columns quantised in order of decreasing Hessian diagonal (GPTQ's
     /// `act_order`) instead of in order.
     pub act_order: bool,
-    /// How the scales are chosen.
-    pub scales: ScaleRule,
+    /// What the projections become.
+    pub target: Target,
     /// Tokens per calibration window (each window a sequence from position 0).
     pub window: usize,
 }
@@ -73,13 +85,25 @@ impl Default for GptqOptions {
             damp: 0.1,
             block: 128,
             act_order: false,
-            scales: ScaleRule {
+            target: Target::Fp8(ScaleRule {
                 per_channel: true,
                 bf16: true,
-            },
+            }),
             window: 512,
         }
     }
+}
+
+/// The format [`quantize_model`] quantises to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// FP8 e4m3 ([`checkpoint::Projection::Fp8`]) at the scales of the rule.
+    Fp8(ScaleRule),
+    /// GPTQ's symmetric 4-bit grid ([`checkpoint::Projection::Int4`], zero
+    /// 8, f16 scales, no column order), `group` input columns a scale (a
+    /// multiple of [`checkpoint::int4::BLOCK`] dividing every projection's
+    /// input width; not with `act_order`).
+    Int4 { group: usize },
 }
 
 /// Why [`quantize_model`] refused or failed.

@@ -4,9 +4,11 @@
 //! the parent module).
 
 use checkpoint::fp8::Fp8Tensor;
+use checkpoint::int4::{BLOCK, Int4Tensor, SYM_ZERO};
 use checkpoint::projection::Projection;
 use checkpoint::weights::{LayerWeights, ModelWeights, Tensor};
 use contract::config::ModelConfig;
+use cpu_kernels::int4::{Int4Scratch, matmul_int4};
 use cpu_kernels::{Isa, Scratch, matmul_bf16};
 use ops::activation::silu_mul;
 use ops::embedding::embed;
@@ -16,13 +18,14 @@ use ops::{AttnDims, Rope};
 
 use super::attention::causal_attention;
 use super::solve::{self, Factor};
-use super::{GptqError, GptqOptions, Hessian};
+use super::{GptqError, GptqOptions, Hessian, Target};
 
-/// Quantises every projection of `weights` (BF16) to FP8 with GPTQ over
-/// the calibration `tokens` (cut into windows of `opts.window`), calling
-/// `on_layer(done, layers)` after each layer: the model with its
-/// projections in FP8 (each layer's BF16 buffers dropped once it is
-/// done). The embedding, norms and LM head are left as they are.
+/// Quantises every projection of `weights` (BF16) to `opts.target` (FP8
+/// or 4 bits) with GPTQ over the calibration `tokens` (cut into windows of
+/// `opts.window`), calling `on_layer(done, layers)` after each layer: the
+/// model with its projections quantised (each layer's BF16 buffers
+/// dropped once it is done). The embedding, norms and LM head are left as
+/// they are.
 pub fn quantize_model(
     config: &ModelConfig,
     mut weights: ModelWeights,
@@ -37,8 +40,8 @@ pub fn quantize_model(
     let layers = weights.layers.len();
     for (l, lw) in weights.layers.iter_mut().enumerate() {
         let quantised = pass.layer(lw, &mut x)?;
-        for (p, f) in lw.projections_mut().into_iter().zip(quantised) {
-            *p = Projection::Fp8(f);
+        for (p, q) in lw.projections_mut().into_iter().zip(quantised) {
+            *p = q;
         }
         on_layer(l + 1, layers);
     }
@@ -69,10 +72,35 @@ fn check(
         )));
     }
     check_tokens(config, tokens, opts.window)?;
+    check_target(config, opts)?;
     if !(opts.damp.is_finite() && opts.damp >= 0.0) || opts.block == 0 {
         return Err(GptqError::Options(format!(
             "dampening {} and block {}: need a finite dampening >= 0 and a block >= 1",
             opts.damp, opts.block
+        )));
+    }
+    Ok(())
+}
+
+/// A 4-bit target's group fits every projection's input width (hidden,
+/// attention output, intermediate) in whole blocks, without `act_order`.
+fn check_target(config: &ModelConfig, opts: &GptqOptions) -> Result<(), GptqError> {
+    let Target::Int4 { group } = opts.target else {
+        return Ok(());
+    };
+    if opts.act_order {
+        return Err(GptqError::Options(
+            "activation order with 4 bits: the GPTQ layout written has its groups in input order \
+             (desc_act false)"
+                .into(),
+        ));
+    }
+    let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
+    if group == 0 || !group.is_multiple_of(BLOCK) || widths.iter().any(|w| !w.is_multiple_of(group))
+    {
+        return Err(GptqError::Options(format!(
+            "a 4-bit group of {group} columns: it must be a multiple of {BLOCK} dividing every \
+             projection's input width ({widths:?})"
         )));
     }
     Ok(())
@@ -150,7 +178,7 @@ impl<'a> Pass<'a> {
     /// Quantises layer `lw` (BF16 projections) against its inputs `x`
     /// (`[N, hidden]`) and replaces `x` by the quantised layer's output:
     /// the seven projections in checkpoint order.
-    fn layer(&self, lw: &LayerWeights, x: &mut [f32]) -> Result<[Fp8Tensor; 7], GptqError> {
+    fn layer(&self, lw: &LayerWeights, x: &mut [f32]) -> Result<[Projection; 7], GptqError> {
         let [wq, wk, wv, wo, wg, wu, wd] = lw.projections().map(bf16_of);
         let (wq, wk, wv, wo, wg, wu, wd) = (wq?, wk?, wv?, wo?, wg?, wu?, wd?);
         let c = self.config;
@@ -159,22 +187,22 @@ impl<'a> Pass<'a> {
         let h = rms_norm(x, &lw.input_norm.to_f32(), eps); // [N, hidden]
         let f = self.factor(&h, hidden, wq)?;
         let [q_proj, k_proj, v_proj] = [wq, wk, wv].map(|t| self.quantize(t, &f));
-        let mut q = self.project(&h, &q_proj, hidden, q_dim); // [N, q_dim]
-        let mut k = self.project(&h, &k_proj, hidden, kv_dim); // [N, kv_dim]
-        let v = self.project(&h, &v_proj, hidden, kv_dim); // [N, kv_dim]
+        let mut q = self.project(&h, &q_proj, hidden, q_dim)?; // [N, q_dim]
+        let mut k = self.project(&h, &k_proj, hidden, kv_dim)?; // [N, kv_dim]
+        let v = self.project(&h, &v_proj, hidden, kv_dim)?; // [N, kv_dim]
         self.rope.apply_rows(&mut q, q_dim, &self.positions);
         self.rope.apply_rows(&mut k, kv_dim, &self.positions);
         let o = self.attention(&q, &k, &v); // [N, q_dim]
         let o_proj = self.quantize(wo, &self.factor(&o, q_dim, wo)?);
-        add_assign(x, &self.project(&o, &o_proj, q_dim, hidden));
+        add_assign(x, &self.project(&o, &o_proj, q_dim, hidden)?);
         let h = rms_norm(x, &lw.post_norm.to_f32(), eps); // [N, hidden]
         let f = self.factor(&h, hidden, wg)?;
         let [gate_proj, up_proj] = [wg, wu].map(|t| self.quantize(t, &f));
-        let mut gate = self.project(&h, &gate_proj, hidden, inter); // [N, inter]
-        let up = self.project(&h, &up_proj, hidden, inter); // [N, inter]
+        let mut gate = self.project(&h, &gate_proj, hidden, inter)?; // [N, inter]
+        let up = self.project(&h, &up_proj, hidden, inter)?; // [N, inter]
         silu_mul(&mut gate, &up);
         let down_proj = self.quantize(wd, &self.factor(&gate, inter, wd)?);
-        add_assign(x, &self.project(&gate, &down_proj, inter, hidden));
+        add_assign(x, &self.project(&gate, &down_proj, inter, hidden)?);
         Ok([
             q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj,
         ])
@@ -201,35 +229,54 @@ impl<'a> Pass<'a> {
     }
 
     /// `t` (`[n, k]`) quantised by GPTQ against the factored Hessian `f`.
-    fn quantize(&self, t: &Tensor, f: &Factor) -> Fp8Tensor {
+    fn quantize(&self, t: &Tensor, f: &Factor) -> Projection {
         let (n, k) = (t.shape[0], t.shape[1]);
         let w = t.to_f32(); // [n, k]
-        let scale = solve::scales(&w, n, k, self.opts.scales); // [n]
-        let data = solve::gptq(&w, n, k, f, &scale, self.opts.block);
-        Fp8Tensor {
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            data,
-            scale,
-            input_scale: None,
+        let block = self.opts.block;
+        match self.opts.target {
+            Target::Fp8(rule) => {
+                let scale = solve::scales(&w, n, k, rule); // [n]
+                let data = solve::gptq(&w, n, k, f, &scale, block);
+                Projection::Fp8(Fp8Tensor {
+                    name: t.name.clone(),
+                    shape: t.shape.clone(),
+                    data,
+                    scale,
+                    input_scale: None,
+                })
+            }
+            Target::Int4 { group } => {
+                let (codes, scale) = solve::gptq_int4(&w, n, k, f, group, block);
+                let zero = vec![SYM_ZERO; scale.len()];
+                let q = Int4Tensor::from_codes(&t.name, n, k, group, &codes, scale, zero);
+                Projection::Int4(q)
+            }
         }
     }
 
-    /// `x W^T` (`x` `[N, inp]`, result `[N, out]`) over `w`'s dequantised
-    /// BF16 values, the weights the CPU backend runs.
-    fn project(&self, x: &[f32], w: &Fp8Tensor, inp: usize, out: usize) -> Vec<f32> {
-        let wd = w.dequantize(); // [out, inp]
+    /// `x W^T` (`x` `[N, inp]`, result `[N, out]`) over `w`'s weights as
+    /// the CPU backend runs them (4 bits widened to f32, FP8 and the rest
+    /// as BF16 values).
+    fn project(
+        &self,
+        x: &[f32],
+        w: &Projection,
+        inp: usize,
+        out: usize,
+    ) -> Result<Vec<f32>, GptqError> {
         let mut y = vec![0f32; x.len() / inp * out];
-        matmul_bf16(
-            self.isa,
-            x,
-            &wd.data,
-            inp,
-            out,
-            &mut y,
-            &mut Scratch::default(),
-        );
-        y
+        let wd = match w {
+            Projection::Int4(t) => {
+                let m = crate::cpu::int4_matrix(t);
+                matmul_int4(self.isa, x, &m, &mut y, &mut Int4Scratch::default());
+                return Ok(y);
+            }
+            Projection::Fp8(t) => std::borrow::Cow::Owned(t.dequantize()),
+            other => other.dense()?,
+        }; // [out, inp]
+        let mut scratch = Scratch::default();
+        matmul_bf16(self.isa, x, &wd.data, inp, out, &mut y, &mut scratch);
+        Ok(y)
     }
 
     /// Causal attention of every window (`q` `[N, q_dim]`, `k`, `v`

@@ -1,26 +1,35 @@
-//! GPTQ's column-by-column FP8 quantisation of one weight matrix against
-//! the Hessian of its inputs.
+//! GPTQ's column-by-column quantisation of one weight matrix against the
+//! Hessian of its inputs, on a rounding rule given as a [`Grid`]: FP8
+//! e4m3 at row scales ([`gptq`]) or GPTQ's symmetric 4-bit grid with group
+//! scales ([`gptq_int4`]).
 //!
-//! Contract: [`gptq`] quantises `W` (`[n, k]`) column by column; each
-//! column is rounded to the nearest e4m3 value of its row's scale
-//! (`encode(w / scale)`, saturating at 448), and its rounding error,
+//! Contract: [`solve`] quantises `W` (`[n, k]`) column by column; the grid
+//! gives each weight's code and dequantised value from the row's current
+//! weights (FP8: the nearest e4m3 value of the row's scale,
+//! `encode(w / scale)`, saturating at 448; 4-bit: the nearest of the 16
+//! steps of the group's scale, found when the solver reaches the group's
+//! first column, see [`super::grid`]), and its rounding error,
 //! divided by `U[i][i]`, is spread over the columns not yet quantised with
 //! the weights `U[i][j]` of the upper Cholesky factor of `H^-1`
 //! (`linalg::inverse_upper_cholesky`): inside a block of `block` columns
-//! at once, past it in one product per block (GPTQ's lazy batch updates).
+//! (rounded up to whole groups) at once, past it in one product per block
+//! (GPTQ's lazy batch updates).
 //! This minimises `||X W^T - X Q^T||` greedily, column by column. As GPTQ
 //! does: `H` is dampened by `damp` times the mean of its diagonal on the
 //! diagonal; a column whose diagonal is zero (an input that was zero on
 //! every calibration row) gets diagonal 1 and its weights set to zero
 //! before rounding; with `act_order` columns are taken in order of
-//! decreasing diagonal. The Hessian is prepared once per input
-//! ([`Factor`]) and shared by the matrices fed by it. The scales are the
-//! caller's ([`scales`]: each
+//! decreasing diagonal (FP8 only: 4-bit groups are runs of input columns).
+//! The Hessian is prepared once per input
+//! ([`Factor`]) and shared by the matrices fed by it. The FP8 scales are
+//! the caller's ([`scales`]: each
 //! row's or the tensor's largest magnitude over 448, optionally rounded up
 //! to a BF16 value so that a BF16 `weight_scale` is exact).
 //!
 //! With `H` the identity (or any diagonal `H`) no error is spread and
-//! the result is [`round_to_nearest`], column for column.
+//! the result is rounding to nearest, column for column ([`round_to_nearest`]
+//! for FP8; for 4 bits, [`checkpoint::int4::Int4Tensor::round_to_nearest`]'s
+//! codes and scales).
 //!
 //! Costs: `n k^2` multiply-adds for the updates (nearly all in
 //! [`cpu_kernels::dense::gemm_f64`]), `2 k^3 / 3` for the factor; rows in
@@ -28,10 +37,11 @@
 
 use cpu_kernels::dense::{View, gemm_f64};
 use half::bf16;
-use ops::fp8::{E4M3_MAX, decode, encode};
+use ops::fp8::{E4M3_MAX, encode};
 use rayon::prelude::*;
 
 use super::Hessian;
+use super::grid::{Fp8Grid, Grid, Int4Grid};
 use super::linalg::inverse_upper_cholesky;
 
 /// How a matrix's FP8 scales are chosen.
@@ -72,6 +82,12 @@ impl Factor {
         let perm = order(&hm, k, act_order);
         let u = inverse_upper_cholesky(&permute(&hm, k, k, &perm, true), k).map_err(|j| perm[j])?;
         Ok(Factor { k, u, perm, dead })
+    }
+
+    /// Whether the columns are taken in order (no `act_order`, or an
+    /// order that changed nothing).
+    pub fn in_order(&self) -> bool {
+        self.perm.iter().enumerate().all(|(a, &j)| a == j)
     }
 }
 
@@ -120,11 +136,50 @@ pub fn round_to_nearest(w: &[f32], n: usize, k: usize, scales: &[f32]) -> Vec<u8
 /// `f` at `scales` (`[n]`), `block` columns a lazy update: the e4m3 bits,
 /// `[n, k]`.
 pub fn gptq(w: &[f32], n: usize, k: usize, f: &Factor, scales: &[f32], block: usize) -> Vec<u8> {
+    assert_eq!(scales.len(), n, "scales is not [{n}]");
+    solve(w, n, k, f, &Fp8Grid { scales }, block).0
+}
+
+/// The GPTQ quantisation of `w` (`[n, k]`) on the symmetric 4-bit grid,
+/// `group` columns a scale found from the group's weights as the solver
+/// reaches it ([`Int4Grid`]): the codes (`[n, k]`, `0..=15` around zero
+/// 8) and the scales (`[n, k / group]`). Panics unless `group` divides
+/// `k` and `f` takes the columns in order (no `act_order`: the groups are
+/// runs of input columns), both checked by the callers.
+pub fn gptq_int4(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    f: &Factor,
+    group: usize,
+    block: usize,
+) -> (Vec<u8>, Vec<f32>) {
+    assert!(
+        group > 0 && k.is_multiple_of(group),
+        "a group of {group} does not divide {k}"
+    );
+    assert!(f.in_order(), "4-bit groups need the columns in order");
+    let (codes, rows) = solve(w, n, k, f, &Int4Grid { group }, block);
+    (codes, rows.concat())
+}
+
+/// The GPTQ solve of `w` (`[n, k]`) against the factored Hessian `f` on
+/// `grid`, in blocks of `block` columns rounded up to whole
+/// [`Grid::span`]s: the codes (`[n, k]`, input order) and each row's final
+/// state.
+pub fn solve<G: Grid>(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    f: &Factor,
+    grid: &G,
+    block: usize,
+) -> (Vec<u8>, Vec<G::Row>) {
     assert_eq!(w.len(), n * k, "w is not [{n}, {k}]");
     assert_eq!(f.k, k, "the Hessian is not [{k}, {k}]");
-    assert_eq!(scales.len(), n, "scales is not [{n}]");
+    let mut rows: Vec<G::Row> = (0..n).map(|r| grid.start(r)).collect();
     if n == 0 || k == 0 {
-        return Vec::new();
+        return (Vec::new(), rows);
     }
     let mut wd: Vec<f64> = w.iter().map(|&v| v as f64).collect(); // [n, k]
     for &i in &f.dead {
@@ -133,7 +188,8 @@ pub fn gptq(w: &[f32], n: usize, k: usize, f: &Factor, scales: &[f32], block: us
     let (u, perm) = (&f.u, &f.perm);
     let mut wd = permute(&wd, n, k, perm, false); // [n, k] in the order of `perm`
     let mut q = vec![0u8; n * k]; // [n, k] in the order of `perm`
-    let block = block.max(1);
+    let span = grid.span().max(1);
+    let block = block.max(1).div_ceil(span) * span;
     let mut err = vec![0f64; n * block]; // [n, b] each row's scaled errors
     for i1 in (0..k).step_by(block) {
         let i2 = (i1 + block).min(k);
@@ -141,12 +197,12 @@ pub fn gptq(w: &[f32], n: usize, k: usize, f: &Factor, scales: &[f32], block: us
         wd.par_chunks_mut(k)
             .zip(q.par_chunks_mut(k))
             .zip(err.par_chunks_mut(b))
-            .zip(scales)
-            .for_each(|(((wr, qr), er), &s)| {
+            .zip(rows.par_iter_mut())
+            .for_each(|(((wr, qr), er), row)| {
                 for i in i1..i2 {
-                    let x = wr[i];
-                    qr[i] = encode(x as f32 / s);
-                    let e = (x - decode(qr[i]) as f64 * s as f64) / u[i * k + i];
+                    let (code, value) = grid.round(row, wr, i);
+                    qr[i] = code;
+                    let e = (wr[i] - value) / u[i * k + i];
                     er[i - i1] = e;
                     let ui = &u[i * k + i + 1..i * k + i2];
                     wr[i + 1..i2]
@@ -162,7 +218,7 @@ pub fn gptq(w: &[f32], n: usize, k: usize, f: &Factor, scales: &[f32], block: us
             gemm_f64(&mut wd[i2..], k, e, ub, -1.0);
         }
     }
-    unpermute(&q, n, k, perm)
+    (unpermute(&q, n, k, perm), rows)
 }
 
 /// The order columns are taken in: by decreasing diagonal of `h` with

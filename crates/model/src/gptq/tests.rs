@@ -11,7 +11,7 @@ use checkpoint::weights::ModelWeights;
 use contract::sampling::splitmix64;
 
 /// Uniform values in `[-1, 1)` from `seed`.
-fn uniform(len: usize, seed: u64) -> Vec<f32> {
+pub(super) fn uniform(len: usize, seed: u64) -> Vec<f32> {
     (0..len as u64)
         .map(|i| (splitmix64(i ^ (seed << 32)) >> 40) as f32 / (1u32 << 23) as f32 - 1.0)
         .collect()
@@ -19,7 +19,7 @@ fn uniform(len: usize, seed: u64) -> Vec<f32> {
 
 /// Inputs `[t, k]` with correlated columns and uneven magnitudes, as real
 /// activations have: a few shared factors plus noise, some columns large.
-fn inputs(t: usize, k: usize, seed: u64) -> Vec<f32> {
+pub(super) fn inputs(t: usize, k: usize, seed: u64) -> Vec<f32> {
     let f = 4;
     let factors = uniform(t * f, seed); // [t, f]
     let mix = uniform(f * k, seed + 1); // [f, k]
@@ -138,7 +138,7 @@ fn an_indefinite_hessian_is_an_error_naming_the_column() {
 
 /// Logits of `tokens` in f64 (FP8 projections at their dequantised
 /// values).
-fn logits(c: &contract::ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
+pub(super) fn logits(c: &contract::ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let ex =
         ExactWeights::from_weights(w, |t| t.data.iter().map(|v| v.to_f64()).collect()).unwrap();
     forward(c, &ex, tokens)
