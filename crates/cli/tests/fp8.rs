@@ -89,7 +89,7 @@ fn checkpoints_written_by_quantize_run_on_the_cpu() {
     let cfg = std::fs::read_to_string(&cfg_path).unwrap();
     std::fs::write(
         &cfg_path,
-        cfg.replace("\"float-quantized\"", "\"pack-quantized\""),
+        cfg.replace("\"float-quantized\"", "\"marlin-24\""),
     )
     .unwrap();
     let out = support::generate(None, bad.to_str().unwrap(), &["hi"], None);
@@ -370,7 +370,7 @@ fn bad_calibration_input_is_refused_naming_the_flag() {
         ),
         (
             vec![p(&fp8), "--calibration".into(), p(&cal)],
-            vec!["--calibration", "FP8 checkpoint"],
+            vec!["--calibration", "quantised checkpoint already"],
         ),
         (
             vec![src.into(), "--calibration-tokens".into(), "512".into()],
