@@ -123,7 +123,7 @@ pub const OTHER_VARS: &[Var] = &[
     var(
         "LAMINA_CUDA_ARCHS",
         "building the `kernels` crate",
-        "`sm_90a`: Hopper machine code only (a third of the binaries' size, one compile; `scripts/gpu/prepare.sh` builds so); default: sm_90a and sm_80 plus compute_80 PTX",
+        "`sm_90a`: Hopper machine code only (a third of the binaries' size, one compile; `scripts/gpu/prepare.sh` and `.ci/run` build so); default: sm_90a and sm_80 plus compute_80 PTX",
     ),
     var(
         "PYTHONPATH",
