@@ -305,6 +305,24 @@ mod tests {
     }
 
     #[test]
+    fn int4_projections_widen_to_their_decoded_values() {
+        let mut w = model();
+        let q = checkpoint::int4::Int4Tensor::round_to_nearest(&tensor("o", 256, 256, 4), 32, true);
+        w.layers[0].o_proj = Projection::Int4(q);
+        let want = w.layers[0].o_proj.to_f32_rows().unwrap();
+        widen_int4(&mut w).unwrap();
+        let Projection::Bf16(t) = &w.layers[0].o_proj else {
+            panic!("o_proj not widened")
+        };
+        assert_eq!(t.shape, [256, 256]);
+        // the decoded values rounded to bf16, nothing else
+        for (a, b) in t.data.iter().zip(&want) {
+            assert_eq!(*a, bf16::from_f32(*b));
+        }
+        assert!(matches!(w.layers[0].q_proj, Projection::Bf16(_)));
+    }
+
+    #[test]
     fn rows_that_are_not_whole_blocks_are_refused_naming_the_tensor() {
         let mut w = model();
         w.layers[0].down_proj =
