@@ -51,8 +51,9 @@ pub(super) fn format_of(ty: GgmlType) -> Option<WeightFormat> {
     })
 }
 
-/// One projection in a GGUF block format, `[n, k]`: the chunks of codes
-/// and the side records of [`WeightFormat::layout`].
+/// One projection in a block format of [`WeightFormat::layout`] (a GGUF
+/// type, or int4: `super::int4`), `[n, k]`: the chunks of codes and their
+/// side records.
 pub(super) struct GgufLinear {
     format: WeightFormat,
     q: DeviceBuffer<u8>,
@@ -72,11 +73,23 @@ impl GgufLinear {
             pack(t, shape, format, &mut q, &mut side)?;
         }
         let what = parts.first().map_or("", |(t, _)| t.name.as_str());
+        Self::from_packed(gpu, format, what, &q, &side)
+    }
+
+    /// Uploads chunks `q` and records `side` already packed in `format`'s
+    /// layout (`what` names the projection in an error).
+    pub(super) fn from_packed(
+        gpu: &Gpu,
+        format: WeightFormat,
+        what: &str,
+        q: &[u8],
+        side: &[u8],
+    ) -> Result<Self, BackendError> {
         let err = |e| dev_err(&format!("uploading the {format:?} blocks of {what}"), e);
         Ok(GgufLinear {
             format,
-            q: gpu.upload(&q).map_err(err)?,
-            side: gpu.upload(&side).map_err(err)?,
+            q: gpu.upload(q).map_err(err)?,
+            side: gpu.upload(side).map_err(err)?,
         })
     }
 }
@@ -99,7 +112,10 @@ impl Linear for GgufLinear {
         k: usize,
     ) -> Result<DevSlice<'a, bf16>, BackendError> {
         let buf = io.widened.ok_or_else(|| {
-            BackendError::Device("cuda: GGUF block weights without their widening buffer".into())
+            BackendError::Device(format!(
+                "cuda: {:?} block weights without their widening buffer",
+                self.format
+            ))
         })?;
         let wide = buf.sub(0, n * k).map_err(ge("widened view"))?;
         io.k.gguf_dequant(self.format, self.q.view(), self.side.view(), wide, n, k)

@@ -9,33 +9,29 @@
 //! nibble blocks are the GEMV's nibble chunks); each 32-column chunk gets
 //! an 8-byte side record, its group's f32 scale and its zero as an f32
 //! (`FmtInt4` in `cu/gemv_formats.cuh`), so the GEMVs and
-//! [`Linear::bf16`] widen every weight to `(q - zero) * scale`, the CPU's
+//! `Linear::bf16` widen every weight to `(q - zero) * scale`, the CPU's
 //! value. A part whose fields do not make its layout is refused naming it.
 //! Costs: the codes' size (0.5 byte a weight) plus 0.25 byte a weight of
 //! records (a group's record repeated per chunk, the price of a
 //! compile-time record stride).
 
-use gpu::{DevSlice, DeviceBuffer, Gpu};
-use half::bf16;
+use gpu::Gpu;
 use kernels::consts::{GGUF_BLOCK, INT4_SIDE};
-use kernels::gemv::{GemvWeights, WeightFormat};
+use kernels::gemv::WeightFormat;
 
 use checkpoint::int4::Int4Tensor;
 use contract::backend::BackendError;
 
-use super::errors::{dev_err, ge, ke};
-use super::linear::{GemmIo, Linear};
+use super::gguf::GgufLinear;
 
-/// One int4 projection `[n, k]`: nibble chunks and their records.
-pub(super) struct Int4Linear {
-    q: DeviceBuffer<u8>,
-    side: DeviceBuffer<u8>,
-}
+/// The upload of int4 projections: packed here, held and run as the
+/// block formats are ([`GgufLinear`]).
+pub(super) struct Int4Linear;
 
 impl Int4Linear {
     /// Packs `parts` (each `[rows, k]`, no column order) stacked into one
     /// matrix.
-    pub fn upload(gpu: &Gpu, parts: &[&Int4Tensor]) -> Result<Self, BackendError> {
+    pub fn upload(gpu: &Gpu, parts: &[&Int4Tensor]) -> Result<GgufLinear, BackendError> {
         let (mut q, mut side) = (Vec::new(), Vec::new());
         for t in parts {
             pack(t, &mut q, &mut side).map_err(|why| {
@@ -43,11 +39,7 @@ impl Int4Linear {
             })?;
         }
         let what = parts.first().map_or("", |t| t.name.as_str());
-        let err = |e| dev_err(&format!("uploading the int4 codes of {what}"), e);
-        Ok(Int4Linear {
-            q: gpu.upload(&q).map_err(err)?,
-            side: gpu.upload(&side).map_err(err)?,
-        })
+        GgufLinear::from_packed(gpu, WeightFormat::Int4, what, &q, &side)
     }
 }
 
@@ -70,38 +62,4 @@ pub(super) fn pack(t: &Int4Tensor, q: &mut Vec<u8>, side: &mut Vec<u8>) -> Resul
     }
     debug_assert_eq!(side.len() % INT4_SIDE, 0);
     Ok(())
-}
-
-impl Linear for Int4Linear {
-    fn format(&self) -> WeightFormat {
-        WeightFormat::Int4
-    }
-    fn gemv(&self) -> GemvWeights<'_> {
-        GemvWeights::Blocks {
-            format: WeightFormat::Int4,
-            q: self.q.view(),
-            side: self.side.view(),
-        }
-    }
-    fn bf16<'a>(
-        &'a self,
-        io: &GemmIo<'a>,
-        n: usize,
-        k: usize,
-    ) -> Result<DevSlice<'a, bf16>, BackendError> {
-        let buf = io.widened.ok_or_else(|| {
-            BackendError::Device("cuda: int4 weights without their widening buffer".into())
-        })?;
-        let wide = buf.sub(0, n * k).map_err(ge("widened view"))?;
-        (io.k.gguf_dequant(
-            WeightFormat::Int4,
-            self.q.view(),
-            self.side.view(),
-            wide,
-            n,
-            k,
-        ))
-        .map_err(ke("int4 widening"))?;
-        Ok(wide)
-    }
 }
