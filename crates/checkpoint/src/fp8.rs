@@ -216,6 +216,36 @@ fn parse_scheme(q: &Value) -> Result<Scheme, Refusal> {
     }
 }
 
+/// The one scheme of a compressed-tensors `quantization_config`: its
+/// config group, the group's `weights` and the path of a field below the
+/// group (`config_groups.NAME.FIELD`) for refusals.
+pub(crate) struct OneGroup<'a> {
+    pub group: &'a Value,
+    pub weights: &'a Value,
+    pub at: Box<dyn Fn(&str) -> String + 'a>,
+}
+
+/// The single group of `q`'s `config_groups` (every Linear layer in one
+/// scheme, as lamina runs them), refused otherwise or without `weights`.
+pub(crate) fn one_config_group(q: &Value) -> Result<OneGroup<'_>, Refusal> {
+    let (name, group) = (q.get("config_groups").and_then(Value::as_object))
+        .filter(|g| g.len() == 1)
+        .and_then(|g| g.iter().next())
+        .ok_or_else(|| {
+            (
+                "config_groups".to_string(),
+                "must hold exactly one group (one scheme for every Linear layer)".to_string(),
+            )
+        })?;
+    let at = move |f: &str| format!("config_groups.{name}.{f}");
+    let weights = (group.get("weights")).ok_or_else(|| (at("weights"), "missing".to_string()))?;
+    Ok(OneGroup {
+        group,
+        weights,
+        at: Box::new(at),
+    })
+}
+
 pub(crate) fn want(
     v: &Value,
     field: &str,
@@ -237,21 +267,11 @@ fn compressed_tensors(q: &Value) -> Result<Scheme, Refusal> {
         |f| f == "float-quantized",
         "\"float-quantized\" (FP8)",
     )?;
-    let groups = q
-        .get("config_groups")
-        .and_then(Value::as_object)
-        .filter(|g| g.len() == 1)
-        .ok_or_else(|| {
-            (
-                "config_groups".to_string(),
-                "must hold exactly one group (one scheme for every Linear layer)".to_string(),
-            )
-        })?;
-    let (name, group) = groups.iter().next().expect("one group");
-    let at = |f: &str| format!("config_groups.{name}.{f}");
-    let w = group
-        .get("weights")
-        .ok_or_else(|| (at("weights"), "missing".to_string()))?;
+    let OneGroup {
+        group,
+        weights: w,
+        at,
+    } = one_config_group(q)?;
     let sub = |r: Refusal| (at(&format!("weights.{}", r.0)), r.1);
     want(w, "type", |t| t == "float", "\"float\" (FP8)").map_err(sub)?;
     want(w, "num_bits", |b| b == 8, "8").map_err(sub)?;

@@ -44,7 +44,7 @@ use safetensors::tensor::TensorView;
 use serde_json::Value;
 
 use super::{BLOCK, Int4Tensor, MAX_CODE, SYM_ZERO, pack_row};
-use crate::fp8::{Refusal, want};
+use crate::fp8::{OneGroup, Refusal, one_config_group, want};
 use crate::loader::LoadError;
 
 /// AWQ's interleave: nibble `i` of a packed word holds column `8j + AWQ_ORDER[i]`.
@@ -146,16 +146,11 @@ fn is_pack_quantized(q: &Value) -> bool {
 }
 
 fn pack_quantized(q: &Value) -> Result<Int4Scheme, Refusal> {
-    let groups = (q.get("config_groups").and_then(Value::as_object))
-        .filter(|g| g.len() == 1)
-        .ok_or_else(|| {
-            (
-                "config_groups".to_string(),
-                "must hold exactly one group (one scheme for every Linear layer)".to_string(),
-            )
-        })?;
-    let (name, group) = groups.iter().next().expect("one group");
-    let at = |f: &str| format!("config_groups.{name}.{f}");
+    let OneGroup {
+        group,
+        weights: w,
+        at,
+    } = one_config_group(q)?;
     if group.get("input_activations").is_some_and(|a| !a.is_null()) {
         return Err((
             at("input_activations"),
@@ -163,7 +158,6 @@ fn pack_quantized(q: &Value) -> Result<Int4Scheme, Refusal> {
                 .into(),
         ));
     }
-    let w = (group.get("weights")).ok_or_else(|| (at("weights"), "missing".to_string()))?;
     let sub = |r: Refusal| (at(&format!("weights.{}", r.0)), r.1);
     want(w, "type", |t| t == "int", "\"int\"").map_err(sub)?;
     want(w, "num_bits", |b| b == 4, "4").map_err(sub)?;
