@@ -136,6 +136,22 @@ kernel_args! {
         k: u32 as "uint32_t" @ 28,
     }
 
+    /// Arguments of `qgemm_*` (cu/qgemm.cu).
+    pub struct QgemmArgs for "qgemm_*", size 48 {
+        /// [m, n] bf16
+        y: u64 as "bf16*" @ 0,
+        /// [m, k] bf16
+        x: u64 as "const bf16*" @ 8,
+        /// the format's chunks, `[n, k / cols * 16]` bytes
+        q: u64 as "const uint8_t*" @ 16,
+        /// the format's side records, `[n, k / group * side]` bytes
+        side: u64 as "const uint8_t*" @ 24,
+        m: u32 as "uint32_t" @ 32,
+        n: u32 as "uint32_t" @ 36,
+        k: u32 as "uint32_t" @ 40,
+        pad: u32 as "uint32_t" @ 44,
+    }
+
     /// Arguments of `fp8_quant_rows` (cu/fp8.cu).
     pub struct Fp8QuantArgs for "fp8_quant_rows", size 32 {
         /// [m, k] bf16 activations

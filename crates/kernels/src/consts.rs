@@ -192,6 +192,22 @@ launch_consts! {
     /// Row counts from which the batch-invariant GEMM runs its tiled form
     /// (the same bits as the direct form: only speed decides).
     pub const INV_GEMM_TILED_MIN_ROWS: usize = 128;
+
+    /// Warps of one block-format GEMM block (`cu/qgemm.cu`), each over one
+    /// m16 tile of weight rows.
+    pub const QGEMM_WARPS: usize = 4;
+    /// Input rows of one block-format GEMM block (eight n8 tiles).
+    pub const QGEMM_ROWS: usize = 64;
+    /// Columns of `k` one step of the block-format GEMM takes: 32 a lane
+    /// (one nibble chunk, two Q8_0 chunks) for the four lanes of a row.
+    pub const QGEMM_K_STEP: usize = 128;
+    /// Steps of input rows the block-format GEMM has in flight (cp.async
+    /// stages in shared memory).
+    pub const QGEMM_STAGES: usize = 3;
+    /// 16-byte units of one staged input row of the block-format GEMM: the
+    /// step's 16, then 4 of padding (a row 80 words apart: the 8 lanes of a
+    /// 16-byte shared-memory phase land on distinct banks).
+    pub const QGEMM_ROW_UNITS: usize = 20;
 }
 
 /// 16-byte weight chunks per row and lane one pass of a GEMV kernel with a

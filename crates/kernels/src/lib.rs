@@ -44,6 +44,7 @@ pub mod kv;
 pub mod layer_extras;
 pub mod lora;
 pub mod prefill_attention;
+pub mod qgemm;
 pub mod rmsnorm;
 pub mod rope_kv;
 pub mod sampling;
@@ -213,6 +214,9 @@ pub struct Kernels {
     /// `gguf_dequant_*`, one per block format of `WeightFormat::ALL` (the
     /// others `None`).
     pub(crate) gguf_dequant: Vec<Option<Function>>,
+    /// `qgemm_*`, one per block format of `WeightFormat::ALL` (the others
+    /// `None`).
+    pub(crate) qgemm: Vec<Option<Function>>,
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
@@ -246,6 +250,16 @@ impl Kernels {
             .collect::<Result<Vec<_>, _>>()?;
         let gguf_dequant = (gemv::WeightFormat::ALL.iter())
             .map(|&fmt| gguf::entry(fmt).map(|name| f(&name)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        let qgemm = (gemv::WeightFormat::ALL.iter())
+            .map(|&fmt| {
+                let name = qgemm::entry(fmt)?;
+                Some(f(&name).and_then(|func| {
+                    func.set_max_dynamic_shared(qgemm::SMEM_BYTES)?;
+                    Ok(func)
+                }))
+            })
+            .map(Option::transpose)
             .collect::<Result<Vec<_>, _>>()?;
         let flash = flash_prefill::load_functions(&module, false)?;
         let flash8 = flash_prefill::load_functions(&module, true)?;
@@ -281,6 +295,7 @@ impl Kernels {
             flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),
             gemv,
             gguf_dequant,
+            qgemm,
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
             pdl: options.pdl && gpu.supports_pdl()?,

@@ -10,6 +10,7 @@ mod gemv;
 mod invariant_gemm;
 mod layer_extras;
 mod lora;
+mod qgemm;
 
 use common::*;
 use gpu::{Blas, GemmDims, Gpu, Graph};

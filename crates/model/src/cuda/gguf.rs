@@ -122,6 +122,9 @@ impl Linear for GgufLinear {
             .map_err(ke("GGUF block widening"))?;
         Ok(wide)
     }
+    fn blocks(&self) -> Option<(WeightFormat, DevSlice<'_, u8>, DevSlice<'_, u8>)> {
+        Some((self.format, self.q.view(), self.side.view()))
+    }
 }
 
 /// Appends tensor `t`'s blocks in the device layout of `format` to `q`

@@ -45,7 +45,19 @@ pub(super) trait Linear: Send + Sync {
     fn fp8(&self) -> Option<(DevSlice<'_, u8>, DevSlice<'_, f32>)> {
         None
     }
+    /// The format, chunks and side records of block formats (GGUF, int4),
+    /// which `kernels::qgemm` multiplies without widening the matrix.
+    fn blocks(&self) -> Option<(WeightFormat, DevSlice<'_, u8>, DevSlice<'_, u8>)> {
+        None
+    }
 }
+
+/// Rows up to which the fast products multiply a block-format projection
+/// with `kernels::qgemm` (its weights widened in registers) rather than
+/// widening it into the scratch matrix for cuBLAS; measured with
+/// `kernel_timings qgemm` (`docs/performance.md`): below it the widening
+/// pass costs more than the tensor cores gain.
+pub(super) const QGEMM_MAX_ROWS: usize = 256;
 
 /// bf16 weights, as a checkpoint stores them.
 pub(super) struct Bf16Linear(DeviceBuffer<bf16>);
@@ -236,6 +248,14 @@ impl Products for Fast {
             return lt
                 .matmul_fp8_nt(xq, xs, q, scale, y, d)
                 .map_err(ge("FP8 GEMM"));
+        }
+        if let Some((format, q, side)) = w.blocks()
+            && m <= QGEMM_MAX_ROWS
+        {
+            return io
+                .k
+                .qgemm(format, q, side, x, y, m, n, k)
+                .map_err(ke("block-format GEMM"));
         }
         let w = w.bf16(io, n, k)?;
         io.blas.matmul_nt(x, w, y, d).map_err(ge("GEMM"))

@@ -12,10 +12,20 @@ use super::*;
 fn cuda_llama_1b_dump_for_oracle() {
     let out = PathBuf::from(std::env::var("LAMINA_CHECK_OUT").expect("LAMINA_CHECK_OUT"));
     std::fs::create_dir_all(&out).unwrap();
-    // another model directory of the same shape (an FP8 checkpoint of it)
+    // another model directory of the same shape (an FP8 or int4 checkpoint
+    // of it, or a GGUF imported into the store, run on its own blocks)
     let dir = std::env::var_os("LAMINA_CHECK_MODEL")
         .map_or_else(|| synth_dir(Preset::Llama3_2_1b), PathBuf::from);
-    let (cfg, w) = load(&dir);
+    let (cfg, mut w) = load(&dir);
+    if let Some(gguf) = checkpoint::store::source_gguf(&dir).unwrap() {
+        let kept =
+            checkpoint::quantized::keep_blocks(&gguf, &cfg, &mut w, &crate::cuda::KEPT_GGML_TYPES);
+        eprintln!(
+            "{}: {} projections in blocks",
+            gguf.display(),
+            kept.unwrap()
+        );
+    }
     let vocab = cfg.vocab_size;
     let kv = KvShape {
         num_blocks: 1024,
