@@ -23,7 +23,8 @@ layers, `rope_theta` and `rope_scaling` on the global ones, or
 Inputs: a Hugging Face model directory (`config.json` and `*.safetensors` in
 BF16, F16, F32, or FP8 e4m3 projections with their `weight_scale`, which
 are dequantised exactly in float32; rope settings under `rope_theta` / `rope_scaling` or
-`rope_parameters`), or a llama-architecture `.gguf` file, dequantised to
+`rope_parameters`; or a 4-bit GPTQ checkpoint, `lamina quantize --format
+int4`'s layout, likewise dequantised), or a llama-architecture `.gguf` file, dequantised to
 float32 by the `gguf` package (pinned in `xtask/src/ci.rs`) with llama.cpp's
 Q/K row order turned back into Hugging Face's.
 
@@ -174,6 +175,9 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             values = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
         elif info["dtype"] == "F8_E4M3":
             values = E4M3[np.frombuffer(raw, np.uint8)]
+        elif info["dtype"] == "I32":
+            # packed 4-bit codes (GPTQ), kept as integers
+            values = np.frombuffer(raw, np.int32)
         elif info["dtype"] in SAFETENSORS_DTYPES:
             values = np.frombuffer(raw, SAFETENSORS_DTYPES[info["dtype"]]).astype(np.float32)
         else:
@@ -183,11 +187,53 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def load_hf(directory: Path) -> tuple[Config, dict[str, np.ndarray]]:
-    cfg = hf_config(json.loads((directory / "config.json").read_text()))
+    raw = json.loads((directory / "config.json").read_text())
+    cfg = hf_config(raw)
     weights: dict[str, np.ndarray] = {}
     for file in sorted(directory.glob("*.safetensors")):
         weights.update(read_safetensors(file))
+    quant = raw.get("quantization_config") or {}
+    if quant.get("quant_method") == "gptq":
+        weights = dequantize_gptq(weights, quant)
     return cfg, dequantize_fp8(weights)
+
+
+def unpack_nibbles(words: np.ndarray, axis: int) -> np.ndarray:
+    """4-bit codes of int32 words, nibble i of a word at index 8j + i along `axis`."""
+    u = words.astype(np.uint32)
+    nib = np.stack([(u >> (4 * i)) & 0xF for i in range(8)], axis=axis + 1)
+    shape = list(words.shape)
+    shape[axis] *= 8
+    return nib.reshape(shape).astype(np.float32)
+
+
+def dequantize_gptq(weights: dict[str, np.ndarray], quant: dict) -> dict[str, np.ndarray]:
+    """A GPTQ checkpoint's 4-bit projections as float32 `[out, in]`:
+    `qweight` [in / 8, out], `qzeros` [groups, out / 8] (checkpoint format
+    "gptq": a stored zero is the zero minus 1), `scales` [groups, out] and
+    `g_idx` [in] (each input column's group; `i // group_size` without
+    `desc_act`); w = (q - zero) * scale in float32."""
+    if quant.get("bits") != 4:
+        raise SystemExit(f"GPTQ with {quant.get('bits')} bits: only 4 is read")
+    v1 = quant.get("checkpoint_format", "gptq") == "gptq"
+    out = {}
+    for name, w in weights.items():
+        if not name.endswith(".qweight"):
+            if not name.endswith((".qzeros", ".scales", ".g_idx")):
+                out[name] = w
+            continue
+        p = name[: -len("qweight")]
+        q = unpack_nibbles(w, 0)  # [in, out]
+        zeros = unpack_nibbles(weights[p + "qzeros"], 1) + (1.0 if v1 else 0.0)  # [groups, out]
+        scales = weights[p + "scales"].astype(np.float32)
+        k = q.shape[0]
+        group = quant.get("group_size", -1)
+        if quant.get("desc_act") and p + "g_idx" in weights:
+            g = weights[p + "g_idx"].astype(np.int64)
+        else:
+            g = np.arange(k) // (k if group == -1 else group)
+        out[p + "weight"] = ((q - zeros[g]) * scales[g]).astype(np.float32).T.copy()
+    return out
 
 
 def dequantize_fp8(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
