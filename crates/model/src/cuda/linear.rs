@@ -54,9 +54,10 @@ pub(super) trait Linear: Send + Sync {
 
 /// Rows up to which the fast products multiply a block-format projection
 /// with `kernels::qgemm` (its weights widened in registers) rather than
-/// widening it into the scratch matrix for cuBLAS; measured with
-/// `kernel_timings qgemm` (`docs/performance.md`): below it the widening
-/// pass costs more than the tensor cores gain.
+/// widening it into the scratch matrix for cuBLAS: the widening pass reads
+/// the blocks and writes and rereads 2 bytes a weight, which outweighs
+/// cuBLAS's faster tensor-core loop only at a few hundred rows. The
+/// crossing is what `kernel_timings qgemm` measures on a GPU.
 pub(super) const QGEMM_MAX_ROWS: usize = 256;
 
 /// bf16 weights, as a checkpoint stores them.
