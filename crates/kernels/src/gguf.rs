@@ -4,12 +4,13 @@
 //! multiplies by, rounded to bf16; `k` a multiple of the format's block.
 //! Costs: one launch; reads the blocks once and writes `n * k * 2` bytes.
 
-use gpu::{DevSlice, LaunchConfig};
+use gpu::{DevSlice, Function, LaunchConfig};
 use half::bf16;
 
 use crate::abi::GgufDequantArgs;
 use crate::consts::{ROW_THREADS, SILU_MAX_BLOCKS};
 use crate::gemv::WeightFormat;
+use crate::weight_format::BlockLayout;
 use crate::{KernelError, Kernels, need, u32_of};
 
 /// The widening entry point of block format `f` (`None` for bf16 and FP8).
@@ -17,6 +18,51 @@ pub(crate) fn entry(f: WeightFormat) -> Option<String> {
     f.layout()?;
     let prefix = f.prefix().strip_prefix("gemv_")?;
     Some(format!("gguf_dequant_{prefix}"))
+}
+
+/// A launch's block-format weights `q` / `side` (`n` rows of `k`
+/// columns) and the pointers that must be 16-byte aligned.
+pub(crate) struct BlockOperands<'a, 'b> {
+    pub q: &'a DevSlice<'b, u8>,
+    pub side: &'a DevSlice<'b, u8>,
+    pub ptrs: &'a [u64],
+    pub n: usize,
+    pub k: usize,
+    /// What `k` must be a multiple of beside the format's group.
+    pub k_multiple: usize,
+}
+
+impl BlockOperands<'_, '_> {
+    /// The layout of `format` and its entry in `funcs` (one per
+    /// `WeightFormat`), after checking `k`, the alignment and the sizes of
+    /// the chunks and records; `kernel` names the launcher in errors.
+    pub(crate) fn check<'f>(
+        &self,
+        kernel: &'static str,
+        format: WeightFormat,
+        funcs: &'f [Option<Function>],
+    ) -> Result<(BlockLayout, &'f Function), KernelError> {
+        let (Some(l), Some(Some(func))) = (format.layout(), funcs.get(format as usize)) else {
+            return Err(KernelError::Unsupported {
+                kernel,
+                reason: format!("{format:?} is not a block format"),
+            });
+        };
+        let k = self.k;
+        // whole groups and whole multiples: both powers of two, the larger rules
+        let multiple = l.group.max(self.k_multiple);
+        if !k.is_multiple_of(multiple) || self.ptrs.iter().any(|p| !p.is_multiple_of(16)) {
+            return Err(KernelError::Unsupported {
+                kernel,
+                reason: format!(
+                    "k = {k} (a multiple of {multiple}), every operand 16-byte aligned"
+                ),
+            });
+        }
+        need(kernel, "q", self.q, self.n * l.row_bytes(k))?;
+        need(kernel, "side", self.side, self.n * l.side_bytes(k))?;
+        Ok((l, func))
+    }
 }
 
 impl Kernels {
@@ -32,28 +78,16 @@ impl Kernels {
         k: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "gguf_dequant";
-        let (Some(l), Some(Some(func))) = (format.layout(), self.gguf_dequant.get(format as usize))
-        else {
-            return Err(KernelError::Unsupported {
-                kernel: K,
-                reason: format!("{format:?} is not a GGUF block format"),
-            });
+        let ptrs = [q.ptr(), side.ptr(), out.ptr()];
+        let blocks = BlockOperands {
+            q: &q,
+            side: &side,
+            ptrs: &ptrs,
+            n,
+            k,
+            k_multiple: 1,
         };
-        if !k.is_multiple_of(l.group)
-            || [q.ptr(), side.ptr(), out.ptr()]
-                .iter()
-                .any(|p| !p.is_multiple_of(16))
-        {
-            return Err(KernelError::Unsupported {
-                kernel: K,
-                reason: format!(
-                    "k = {k} (a multiple of {}), every operand 16-byte aligned",
-                    l.group
-                ),
-            });
-        }
-        need(K, "q", &q, n * l.row_bytes(k))?;
-        need(K, "side", &side, n * l.side_bytes(k))?;
+        let (l, func) = blocks.check(K, format, &self.gguf_dequant)?;
         need(K, "out", &out, n * k)?;
         if n == 0 || k == 0 {
             return Ok(());

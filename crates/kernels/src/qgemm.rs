@@ -18,6 +18,7 @@ use half::bf16;
 use crate::abi::QgemmArgs;
 use crate::consts::{QGEMM_ROW_UNITS, QGEMM_ROWS, QGEMM_STAGES, QGEMM_WARPS};
 use crate::gemv::WeightFormat;
+use crate::gguf::BlockOperands;
 use crate::{KernelError, Kernels, need, u32_of};
 
 /// Dynamic shared memory of one block: the staged input rows (within the
@@ -55,28 +56,16 @@ impl Kernels {
         k: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "qgemm";
-        let (Some(l), Some(Some(func))) = (format.layout(), self.qgemm.get(format as usize)) else {
-            return Err(KernelError::Unsupported {
-                kernel: K,
-                reason: format!("{format:?} is not a block format"),
-            });
+        let ptrs = [q.ptr(), side.ptr(), x.ptr(), y.ptr()];
+        let blocks = BlockOperands {
+            q: &q,
+            side: &side,
+            ptrs: &ptrs,
+            n,
+            k,
+            k_multiple: K_MULTIPLE,
         };
-        if !k.is_multiple_of(l.group)
-            || !k.is_multiple_of(K_MULTIPLE)
-            || [q.ptr(), side.ptr(), x.ptr(), y.ptr()]
-                .iter()
-                .any(|p| !p.is_multiple_of(16))
-        {
-            return Err(KernelError::Unsupported {
-                kernel: K,
-                reason: format!(
-                    "k = {k} (a multiple of {} and of {K_MULTIPLE}), every operand 16-byte aligned",
-                    l.group
-                ),
-            });
-        }
-        need(K, "q", &q, n * l.row_bytes(k))?;
-        need(K, "side", &side, n * l.side_bytes(k))?;
+        let (_, func) = blocks.check(K, format, &self.qgemm)?;
         need(K, "x", &x, m * k)?;
         need(K, "y", &y, m * n)?;
         if m == 0 || n == 0 || k == 0 {
