@@ -14,9 +14,10 @@
 # sequences for decode at batch 64). Each part fits ten minutes.
 # Expects devrun/ from scripts/gpu/prepare.sh, and for the GGUF steps
 # LLAMACPP, a folder with llama.cpp's `llama-quantize` (any build, its
-# shared libraries beside it), `llama-bench` built with CUDA and, where
-# it fits the transfer, `llama-batched-bench` with CUDA; and PYDEPS, a
-# folder holding the `gguf` Python package.
+# shared libraries beside it: scripts/build-llama-bench.sh), `llama-bench`
+# built with CUDA and, where it fits the transfer, `llama-batched-bench`
+# (scripts/build-llama-cuda.sh); and PYDEPS, a folder holding the `gguf`
+# Python package.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/steps.sh" quantized
