@@ -14,9 +14,8 @@
 # Needs: python3 with pip, a C/C++ compiler; cmake comes from PyPI (pinned).
 set -euo pipefail
 
-VERSION=0.3.36      # llama-cpp-python sdist, pins llama.cpp (commit 0c1e570)
-CMAKE_VERSION=3.31.6
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/llama-source.sh"
 OUT="${1:-$ROOT/.cache/llama-bench}"
 JOBS="${JOBS:-$(nproc)}"
 mkdir -p "$OUT"
@@ -35,20 +34,9 @@ if [[ -x "$BIN" && -x "$BUILD/bin/llama-quantize" && -x "$BUILD/bin/llama-perple
     exit 0
 fi
 
-# cmake from PyPI into a private venv (no system packages touched)
-if [[ ! -x "$OUT/venv/bin/cmake" ]]; then
-    python3 -m venv "$OUT/venv"
-    "$OUT/venv/bin/pip" install --quiet "cmake==$CMAKE_VERSION"
-fi
+llama_source "$OUT"
 
-SRC="$OUT/llama_cpp_python-$VERSION"
-if [[ ! -d "$SRC" ]]; then
-    "$OUT/venv/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python \
-        --dest "$OUT" "llama-cpp-python==$VERSION"
-    tar -xzf "$OUT/llama_cpp_python-$VERSION.tar.gz" -C "$OUT"
-fi
-
-"$OUT/venv/bin/cmake" -S "$SRC/vendor/llama.cpp" -B "$BUILD" \
+"$OUT/venv/bin/cmake" -S "$SRC" -B "$BUILD" \
     -DCMAKE_BUILD_TYPE=Release "${ARCH[@]}" -DGGML_CUDA=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$OUT/cmake.log" 2>&1

