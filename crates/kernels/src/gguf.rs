@@ -15,9 +15,7 @@ use crate::{KernelError, Kernels, need, u32_of};
 
 /// The widening entry point of block format `f` (`None` for bf16 and FP8).
 pub(crate) fn entry(f: WeightFormat) -> Option<String> {
-    f.layout()?;
-    let prefix = f.prefix().strip_prefix("gemv_")?;
-    Some(format!("gguf_dequant_{prefix}"))
+    f.block_entry("gguf_dequant")
 }
 
 /// A launch's block-format weights `q` / `side` (`n` rows of `k`

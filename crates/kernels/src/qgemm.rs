@@ -35,9 +35,7 @@ pub const K_MULTIPLE: usize = 32;
 
 /// The entry point of block format `f` (`None` for bf16 and FP8).
 pub(crate) fn entry(f: WeightFormat) -> Option<String> {
-    f.layout()?;
-    let prefix = f.prefix().strip_prefix("gemv_")?;
-    Some(format!("qgemm_{prefix}"))
+    f.block_entry("qgemm")
 }
 
 impl Kernels {

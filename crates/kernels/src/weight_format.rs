@@ -86,6 +86,15 @@ impl WeightFormat {
         }
     }
 
+    /// The entry point of kernel family `family` (`gguf_dequant`, `qgemm`)
+    /// for a block format, named `FAMILY_<format>` with the GEMVs' format
+    /// suffix (`None` for bf16 and FP8).
+    pub(crate) fn block_entry(self, family: &str) -> Option<String> {
+        self.layout()?;
+        let suffix = self.prefix().strip_prefix("gemv_")?;
+        Some(format!("{family}_{suffix}"))
+    }
+
     /// The device layout of a GGUF block format (`None` for bf16 and FP8).
     pub fn layout(self) -> Option<BlockLayout> {
         use crate::consts::*;
