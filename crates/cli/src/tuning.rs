@@ -63,6 +63,13 @@ pub struct TuningArgs {
         hide = true
     )]
     pub deterministic_gemm: DetGemmArg,
+    /// Run the layers of batch-1 decode steps on CUDA as one persistent
+    /// kernel (ops ordered by counters, not launches) where it covers them
+    /// (bf16 or FP8 weights, bf16 K/V, head size 64 or 128, no LoRA rows,
+    /// not with `--deterministic`); else the per-kernel path.
+    #[arg(long, hide = true, env = "LAMINA_PERSISTENT_DECODE",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub persistent_decode: bool,
 }
 
 /// The `--deterministic-gemm` choice (see `model::cuda::DetGemm`).
@@ -115,6 +122,7 @@ impl TuningArgs {
                 DetGemmArg::Cublaslt => DetGemm::CublasLt,
                 DetGemmArg::Own => DetGemm::Own,
             },
+            persistent_decode: self.persistent_decode,
         }
     }
 }

@@ -404,6 +404,48 @@ impl Gpu {
         })
     }
 
+    /// [`Gpu::launch_struct`] as a cooperative launch: every block of the
+    /// grid is resident at once (the launch fails otherwise), which a
+    /// kernel whose blocks wait for each other needs.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_struct`].
+    pub unsafe fn launch_struct_cooperative<T: Copy>(
+        &self,
+        f: &Function,
+        cfg: LaunchConfig,
+        args: &T,
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        let mut ptrs = [args as *const T as *mut std::ffi::c_void];
+        // SAFETY: an all-zero attribute is a valid value of this plain C union/struct.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attr.value.cooperative = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid.0,
+            gridDimY: cfg.grid.1,
+            gridDimZ: cfg.grid.2,
+            blockDimX: cfg.block.0,
+            blockDimY: cfg.block.1,
+            blockDimZ: cfg.block.2,
+            sharedMemBytes: cfg.shared_bytes,
+            hStream: self.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: delegated to the caller (see above); `config`, `attr` and
+        // `ptrs` live through the call, which copies them and the argument.
+        let r = unsafe {
+            sys::cuLaunchKernelEx(&config, f.func, ptrs.as_mut_ptr(), std::ptr::null_mut())
+        }
+        .result();
+        r.map_err(|source| GpuError::Launch {
+            name: f.name.clone(),
+            source,
+        })
+    }
+
     /// Starts capturing the stream's work into a graph (see [`crate::Graph`]).
     pub fn begin_capture(&self) -> Result<(), GpuError> {
         self.bind()?;

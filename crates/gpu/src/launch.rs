@@ -86,6 +86,25 @@ impl Function {
     }
 }
 
+impl Function {
+    /// How many blocks of `threads` threads with `smem` bytes of dynamic
+    /// shared memory one multiprocessor holds at once.
+    pub fn max_active_blocks_per_sm(&self, threads: u32, smem: u32) -> Result<usize, GpuError> {
+        let mut n = 0i32;
+        // SAFETY: a query on a valid function handle, writing one int.
+        drv("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                self.func,
+                threads as i32,
+                smem as usize,
+            )
+            .result()
+        })?;
+        Ok(n.max(0) as usize)
+    }
+}
+
 /// Grid, block and dynamic shared memory of one launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchConfig {

@@ -36,6 +36,42 @@ pub struct ArgsDesc {
     pub fields: &'static [FieldDesc],
 }
 
+/// An argument struct as the `u32` words the kernel reads (its fields at
+/// their offsets, padding zero): what the persistent decode kernel's op
+/// records carry.
+pub trait ArgWords {
+    /// The struct's size in words.
+    const WORDS: usize;
+    /// Writes the struct into `out[..WORDS]`, which the caller zeroed.
+    fn write_words(&self, out: &mut [u32]);
+}
+
+/// A field type of an argument struct, as words (little-endian, as on the GPU).
+trait Word {
+    fn put(&self, out: &mut [u32]);
+}
+impl Word for u32 {
+    fn put(&self, out: &mut [u32]) {
+        out[0] = *self;
+    }
+}
+impl Word for f32 {
+    fn put(&self, out: &mut [u32]) {
+        out[0] = self.to_bits();
+    }
+}
+impl Word for u64 {
+    fn put(&self, out: &mut [u32]) {
+        out[0] = *self as u32;
+        out[1] = (*self >> 32) as u32;
+    }
+}
+impl<const N: usize> Word for [u32; N] {
+    fn put(&self, out: &mut [u32]) {
+        out[..N].copy_from_slice(self);
+    }
+}
+
 macro_rules! kernel_args {
     ($(
         $(#[$meta:meta])*
@@ -57,6 +93,12 @@ macro_rules! kernel_args {
                 assert!(::std::mem::size_of::<$name>() == $size);
                 $( assert!(::std::mem::offset_of!($name, $field) == $off); )*
             };
+            impl ArgWords for $name {
+                const WORDS: usize = $size / 4;
+                fn write_words(&self, out: &mut [u32]) {
+                    $( Word::put(&self.$field, &mut out[$off / 4..]); )*
+                }
+            }
         )*
         /// Every argument struct, in declaration order (read by `build.rs`).
         pub const ALL_ARGS: &[ArgsDesc] = &[$(
@@ -370,6 +412,34 @@ kernel_args! {
         /// sliding window: a query at `p` sees `window_first(p, window)..=p` (0: none)
         window: u32 as "uint32_t" @ 88,
         pad: u32 as "uint32_t" @ 92,
+    }
+
+    /// One op of the persistent decode kernel (cu/persistent.cu): a launch
+    /// it runs in place of that launch, as `blocks` virtual blocks.
+    pub struct PersistentOp for "persistent_* (an array of them)", size 240 {
+        /// what the op runs: `consts::PERSISTENT_KINDS` indexes it
+        kind: u32 as "uint32_t" @ 0,
+        /// virtual blocks: the launch's grid_x * grid_y * grid_z
+        blocks: u32 as "uint32_t" @ 4,
+        /// the launch's grid: virtual block v is block
+        /// (v % grid_x, v / grid_x % grid_y, v / (grid_x grid_y))
+        grid_x: u32 as "uint32_t" @ 8,
+        grid_y: u32 as "uint32_t" @ 12,
+        /// the launch's argument struct (`ArgWords`), zero past its size
+        args: [u32; 56] as "uint32_t[56]" @ 16,
+    }
+
+    /// Arguments of `persistent_*` (cu/persistent.cu).
+    #[derive(Default)]
+    pub struct PersistentArgs for "persistent_*", size 24 {
+        /// [n_ops] the ops, in stream order
+        ops: u64 as "const PersistentOp*" @ 0,
+        /// [n_ops + 2] each op's arrival count (growing by its blocks every
+        /// launch), the blocks that exited, the launch generation; zeroed
+        /// once, when allocated
+        counters: u64 as "uint32_t*" @ 8,
+        n_ops: u32 as "uint32_t" @ 16,
+        pad: u32 as "uint32_t" @ 20,
     }
 
     /// Arguments of `decode_attention_d{D}_g{G}` (cu/decode_attention.cu).

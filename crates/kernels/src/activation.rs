@@ -57,7 +57,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
         // SAFETY: views checked for [T, inter] and [T, 2 inter]; the kernel
         // takes `GatedArgs`.
-        unsafe { self.gpu.launch_struct(function, cfg, &args)? };
+        unsafe { self.launch(function, cfg, &args)? };
         Ok(())
     }
 }

@@ -91,6 +91,18 @@ launch_consts! {
     pub const SAMPLE_PART_THREADS: usize = 256;
     /// Vocabulary ids one `sample_partials` block owns.
     pub const SAMPLE_SLICE: usize = 4096;
+    /// Threads of a persistent decode block (`cu/persistent.cu`): those of
+    /// the GEMV and decode attention blocks whose bodies it runs.
+    pub const PERSIST_THREADS: usize = 128;
+    /// `PersistentOp::kind` of a `gemv_*_resid` op (its index in
+    /// `gemv::VARIANTS`, as the other GEMV kinds).
+    pub const PERSIST_GEMV_RESID: usize = 1;
+    /// `PersistentOp::kind` of a `gemv_*_norm_silu` op.
+    pub const PERSIST_GEMV_NORM_SILU: usize = 3;
+    /// `PersistentOp::kind` of a `gemv_*_norm_rope` op.
+    pub const PERSIST_GEMV_NORM_ROPE: usize = 5;
+    /// `PersistentOp::kind` of a decode attention op.
+    pub const PERSIST_ATTENTION: usize = 6;
     /// Warps per GEMV block.
     pub const GEMV_WARPS: usize = 4;
     /// Weight rows one GEMV warp computes.

@@ -69,7 +69,7 @@ impl Kernels {
         // (and [T] carry rows; a row reads `prev` only below its length);
         // ids are in range by this function's contract; the kernel takes
         // `EmbeddingGatherArgs` (layout asserted against the C++ struct).
-        unsafe { self.gpu.launch_struct(&self.embedding_gather, cfg, &args)? };
+        unsafe { self.launch(&self.embedding_gather, cfg, &args)? };
         Ok(())
     }
 
@@ -103,7 +103,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(u32_of(K, "rows", num_rows)?, ROW_THREADS as u32);
         // SAFETY: views checked above; row indices in range by contract; the
         // kernel takes `GatherRowsArgs`.
-        unsafe { self.gpu.launch_struct(&self.gather_rows_bf16, cfg, &args)? };
+        unsafe { self.launch(&self.gather_rows_bf16, cfg, &args)? };
         Ok(())
     }
 }

@@ -373,10 +373,7 @@ impl Kernels {
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; `args` mirrors the kernel's
         // `FlashPrefillArgs` (layout asserted on both sides).
-        unsafe {
-            self.gpu
-                .launch_struct(&funcs[tiles.slot(idx)], cfg, &args)?
-        };
+        unsafe { self.launch(&funcs[tiles.slot(idx)], cfg, &args)? };
         Ok(())
     }
 }

@@ -49,7 +49,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
         // SAFETY: views checked for [n, k], [n] and [n, k] and their
         // alignment; the kernel takes `Fp8DequantArgs`.
-        unsafe { self.gpu.launch_struct(&self.fp8_dequant_rows, cfg, &args)? };
+        unsafe { self.launch(&self.fp8_dequant_rows, cfg, &args)? };
         Ok(())
     }
 }
@@ -82,7 +82,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(args.m, ROW_THREADS as u32);
         // SAFETY: views checked for [m, k], [m, k] and [m]; one block per
         // row; the kernel takes `Fp8QuantArgs`.
-        unsafe { self.gpu.launch_struct(&self.fp8_quant_rows, cfg, &args)? };
+        unsafe { self.launch(&self.fp8_quant_rows, cfg, &args)? };
         Ok(())
     }
 }

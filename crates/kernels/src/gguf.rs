@@ -102,7 +102,7 @@ impl Kernels {
         // SAFETY: views checked for the format's [n, k] chunks, records and
         // bf16 output and their alignment; the kernel takes `GgufDequantArgs`
         // and touches only rows < n, columns < k.
-        unsafe { self.gpu.launch_struct(func, cfg, &args)? };
+        unsafe { self.launch(func, cfg, &args)? };
         Ok(())
     }
 }

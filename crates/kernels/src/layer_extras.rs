@@ -53,7 +53,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
         // SAFETY: views checked for [T, width] and [width]; the kernel takes
         // `BiasRowsArgs`.
-        unsafe { self.gpu.launch_struct(&self.bias_rows, cfg, &args)? };
+        unsafe { self.launch(&self.bias_rows, cfg, &args)? };
         Ok(())
     }
 
@@ -102,7 +102,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(blocks, ROW_THREADS as u32);
         // SAFETY: x checked for [T, row] with the heads inside a row, the
         // gains for [head_dim]; the kernel takes `HeadRmsnormArgs`.
-        unsafe { self.gpu.launch_struct(&self.head_rmsnorm, cfg, &args)? };
+        unsafe { self.launch(&self.head_rmsnorm, cfg, &args)? };
         Ok(())
     }
 
@@ -132,7 +132,7 @@ impl Kernels {
         };
         let cfg = LaunchConfig::linear(blocks as u32, ROW_THREADS as u32);
         // SAFETY: y checked for [n]; the kernel takes `SoftcapArgs`.
-        unsafe { self.gpu.launch_struct(&self.softcap_rows, cfg, &args)? };
+        unsafe { self.launch(&self.softcap_rows, cfg, &args)? };
         Ok(())
     }
 }

@@ -43,6 +43,7 @@ pub mod invariant_gemm;
 pub mod kv;
 pub mod layer_extras;
 pub mod lora;
+pub mod persistent;
 pub mod prefill_attention;
 pub mod qgemm;
 pub mod rmsnorm;
@@ -50,7 +51,8 @@ pub mod rope_kv;
 pub mod sampling;
 pub mod weight_format;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use gpu::{Function, Gpu, GpuError, Module};
 use ops::attention::ScoreRule;
@@ -219,6 +221,12 @@ pub struct Kernels {
     pub(crate) qgemm: Vec<Option<Function>>,
     pub(crate) sample_partials: Function,
     pub(crate) sample_rows: Function,
+    /// `persistent_*`, one per weight format and head size of `persistent`.
+    pub(crate) persistent: Vec<persistent::Entry>,
+    /// What each kernel the persistent kernel runs is to it, by name.
+    pub(crate) persist_kinds: HashMap<String, persistent::OpKind>,
+    /// The active recording (`persistent`): launches go here, not to the GPU.
+    pub(crate) recording: Mutex<Option<persistent::Recorded>>,
     /// Launch the kernels that wait on `griddepcontrol` (`cu/pdl.cuh`) with
     /// programmatic dependent launch: sm_90+ with [`KernelOptions::pdl`] (the
     /// GEMVs' weight loads then overlap the previous kernel's tail).
@@ -298,6 +306,9 @@ impl Kernels {
             qgemm,
             sample_partials: f("sample_partials")?,
             sample_rows: f("sample_rows")?,
+            persistent: persistent_entries(&module)?,
+            persist_kinds: persistent::op_kinds().into_iter().collect(),
+            recording: Mutex::new(None),
             pdl: options.pdl && gpu.supports_pdl()?,
             _module: module,
         })
@@ -308,12 +319,15 @@ impl Kernels {
     ///
     /// # Safety
     /// As [`Gpu::launch_struct`]; the kernel waits as `cu/pdl.cuh` says.
-    pub(crate) unsafe fn launch_pdl<T: Copy>(
+    pub(crate) unsafe fn launch_pdl<T: Copy + abi::ArgWords + 'static>(
         &self,
         f: &Function,
         cfg: gpu::LaunchConfig,
         args: &T,
     ) -> Result<(), GpuError> {
+        if self.record(f, &cfg, args) {
+            return Ok(());
+        }
         // SAFETY: delegated to the caller.
         unsafe {
             if self.pdl {
@@ -322,6 +336,24 @@ impl Kernels {
                 self.gpu.launch_struct(f, cfg, args)
             }
         }
+    }
+
+    /// Launches a kernel that does not wait on `griddepcontrol` (plain
+    /// stream order), or records it (`persistent`).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_struct`].
+    pub(crate) unsafe fn launch<T: Copy + abi::ArgWords + 'static>(
+        &self,
+        f: &Function,
+        cfg: gpu::LaunchConfig,
+        args: &T,
+    ) -> Result<(), GpuError> {
+        if self.record(f, &cfg, args) {
+            return Ok(());
+        }
+        // SAFETY: delegated to the caller.
+        unsafe { self.gpu.launch_struct(f, cfg, args) }
     }
 
     /// The device the kernels run on.
@@ -339,6 +371,20 @@ fn per_head_dim(module: &Module, prefix: &str) -> Result<[Function; HEAD_DIMS.le
     // The loop pushed exactly HEAD_DIMS.len() functions.
     fs.try_into()
         .map_err(|_| KernelError::Unavailable(format!("{prefix}*: wrong count")))
+}
+
+/// The persistent kernel's entry points (`persistent::entry`), with room
+/// for the GEMV norm inputs.
+fn persistent_entries(module: &Module) -> Result<Vec<persistent::Entry>, KernelError> {
+    let mut v = Vec::new();
+    for format in persistent::FORMATS {
+        for d in persistent::HEAD_DIMS {
+            let func = module.function(&persistent::entry(format, d, persistent::GROUP_CAP))?;
+            func.set_max_dynamic_shared(gemv::MAX_NORM_SMEM)?;
+            v.push(persistent::Entry { format, d, func });
+        }
+    }
+    Ok(v)
 }
 
 /// `{prefix}_d{D}_g{G}` for each head dim and group cap, in order.

@@ -138,7 +138,7 @@ impl Kernels {
         };
         // SAFETY: views checked for their shapes above; the kernel reads
         // slot entries < `slots` only and takes `LoraShrinkArgs`.
-        unsafe { self.gpu.launch_struct(&self.lora_shrink, cfg, &args)? };
+        unsafe { self.launch(&self.lora_shrink, cfg, &args)? };
         Ok(())
     }
 
@@ -189,7 +189,7 @@ impl Kernels {
         };
         // SAFETY: views checked for their shapes above; the kernel reads
         // slot entries < `slots` only and takes `LoraExpandArgs`.
-        unsafe { self.gpu.launch_struct(&self.lora_expand, cfg, &args)? };
+        unsafe { self.launch(&self.lora_expand, cfg, &args)? };
         Ok(())
     }
 
@@ -232,7 +232,7 @@ impl Kernels {
         };
         // SAFETY: views checked for their shapes above; the kernel reads and
         // writes `tokens x slots x hw` values and takes `LoraSelectArgs`.
-        unsafe { self.gpu.launch_struct(&self.lora_select, cfg, &args)? };
+        unsafe { self.launch(&self.lora_select, cfg, &args)? };
         Ok(())
     }
 }

@@ -113,7 +113,7 @@ impl Kernels {
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; every prefill kernel takes
         // `PrefillAttentionArgs`.
-        unsafe { self.gpu.launch_struct(func, cfg, &args)? };
+        unsafe { self.launch(func, cfg, &args)? };
         Ok(())
     }
 }

@@ -48,7 +48,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROW_THREADS as u32);
         // SAFETY: every view was checked for its [T, hidden] / [hidden] shape;
         // a null delta is handled by the kernel; the kernel takes `AddRmsnormArgs`.
-        unsafe { self.gpu.launch_struct(&self.add_rmsnorm, cfg, &args)? };
+        unsafe { self.launch(&self.add_rmsnorm, cfg, &args)? };
         Ok(())
     }
 }

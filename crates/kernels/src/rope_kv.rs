@@ -69,7 +69,7 @@ impl Kernels {
         let cfg = LaunchConfig::linear(u32_of(K, "tokens", tokens)?, ROPE_THREADS as u32);
         // SAFETY: dense views checked above; slot and position ranges by
         // contract; the kernel takes `RopeKvArgs`.
-        unsafe { self.gpu.launch_struct(&self.rope_kv_write, cfg, &args)? };
+        unsafe { self.launch(&self.rope_kv_write, cfg, &args)? };
         Ok(())
     }
 }

@@ -103,6 +103,7 @@ fn cuda_options(opts: &RuntimeOptions) -> model::cuda::CudaOptions {
         kv_cache_dtype: opts.kv.dtype,
         deterministic: opts.deterministic,
         det_gemm: c.det_gemm,
+        persistent_decode: c.persistent_decode,
         max_loras: opts.lora.slots(),
         max_lora_rank: opts.lora.max_lora_rank,
     }

@@ -234,6 +234,9 @@ pub struct CudaOptions {
     /// Deterministic mode's products (only with
     /// [`RuntimeOptions::deterministic`]).
     pub det_gemm: DetGemm,
+    /// Run the layers of captured batch-1 decode steps on the persistent
+    /// decode kernel where it covers them.
+    pub persistent_decode: bool,
 }
 
 impl Default for CudaOptions {
@@ -244,6 +247,7 @@ impl Default for CudaOptions {
             gemv_rows: DEFAULT_GEMV_ROWS,
             narrow_decode_seqs: None,
             det_gemm: DetGemm::Auto,
+            persistent_decode: false,
         }
     }
 }

@@ -35,6 +35,7 @@
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 #include "pdl.cuh"
+#include "sched.cuh"
 
 // LAMINA_DECODE_THREADS (src/consts.rs) is 128: a block fits beside the QKV
 // GEMV's blocks, so it is resident, its first keys loaded, before that
@@ -76,8 +77,9 @@ __device__ __forceinline__ uint32_t decode_segment(const uint32_t* cu, uint32_t 
 __device__ __forceinline__ float decode_weight(float m, float M) { return m == -INFINITY ? 0.f : exp2f(m - M); }
 
 
+template <class S>
 __device__ __forceinline__ void load8(const bf16* p, float* f) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint4 raw = sched_ld16<S>(p);
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -95,7 +97,10 @@ struct DecodeKv<bf16> {
     typedef uint4 raw;
     __device__ static raw zero() { return make_uint4(0, 0, 0, 0); }
     __device__ static raw before_wait(const bf16* p) { return ld_before_wait(p); }
-    __device__ static raw load(const bf16* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+    template <class S>
+    __device__ static raw load(const bf16* p) {
+        return sched_ld16<S>(p);
+    }
     __device__ static void widen(const raw r, float* f, float) { bf8(r, f); }
 };
 template <>
@@ -103,12 +108,19 @@ struct DecodeKv<uint8_t> {
     typedef uint2 raw;
     __device__ static raw zero() { return make_uint2(0, 0); }
     __device__ static raw before_wait(const uint8_t* p) { return ld_before_wait8(p); }
-    __device__ static raw load(const uint8_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+    template <class S>
+    __device__ static raw load(const uint8_t* p) {
+        const uint2* q = reinterpret_cast<const uint2*>(p);
+        return S::COHERENT ? __ldcg(q) : __ldg(q);
+    }
     __device__ static void widen(const raw r, float* f, float scale) { kv_fp8x8_to_float(r, f, scale); }
 };
 
-template <int D, int C, typename KV>
-__device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
+// The block of (split, query row s, KV head kvh); `sched` how it waits for
+// earlier work and reads its outputs (sched.cuh).
+template <int D, int C, typename KV, class S>
+__device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a, uint32_t split, uint32_t s, uint32_t kvh,
+                                                      const S& sched) {
     typedef DecodeKv<KV> L;
     constexpr bool FP8 = sizeof(KV) == 1;
     const KV* __restrict__ k_cache = static_cast<const KV*>(a.k_cache);
@@ -124,7 +136,6 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
     __shared__ float sm_o[NW][C][D];
 
     // s: the query row (a sequence, or a token row of a segment)
-    const uint32_t split = blockIdx.x, s = blockIdx.y, kvh = blockIdx.z;
     const uint32_t G = a.n_heads / a.n_kv;
     // Context lengths, positions and block tables are staged before the
     // step's first kernel, so the key range and the cache slots are known
@@ -176,13 +187,12 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
             vr[u] = L::before_wait(v_cache + off[u]);
         }
     }
-    pdl_wait();
-    pdl_launch_dependents();
+    sched.wait();
 #pragma unroll
     for (int u = 0; u < U; u++) {
         if (valid[u] && start + u * STEP + warp * KPW + ks >= first_new) {
-            kr[u] = L::load(k_cache + off[u]);
-            vr[u] = L::load(v_cache + off[u]);
+            kr[u] = L::template load<S>(k_cache + off[u]);
+            vr[u] = L::template load<S>(v_cache + off[u]);
         }
     }
 
@@ -192,7 +202,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 #pragma unroll
     for (int g = 0; g < C; g++) {
         if (g < (int)G) {
-            load8(qrow + g * D, q[g]);
+            load8<S>(qrow + g * D, q[g]);
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++) q[g][i] = 0.f;
@@ -241,8 +251,8 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
             kr[u] = vr[u] = L::zero();
             if (valid[u]) {
                 const size_t o = (kv_slot(table, j, a.block_size) * a.n_kv + kvh) * D + part * 8;
-                kr[u] = L::load(k_cache + o);
-                vr[u] = L::load(v_cache + o);
+                kr[u] = L::template load<S>(k_cache + o);
+                vr[u] = L::template load<S>(v_cache + o);
             }
         }
         consume();
@@ -343,11 +353,11 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a) {
 #define DECODE_ATTENTION(D, C)                                                                  \
     extern "C" __global__ void __launch_bounds__(LAMINA_DECODE_THREADS) decode_attention_d##D##_g##C( \
         const DecodeArgs a) {                                                                   \
-        decode_attention_impl<D, C, bf16>(a);                                                   \
+        decode_attention_impl<D, C, bf16>(a, blockIdx.x, blockIdx.y, blockIdx.z, LaunchSched{}); \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(LAMINA_DECODE_THREADS) decode_attention_fp8_d##D##_g##C( \
         const DecodeArgs a) {                                                                   \
-        decode_attention_impl<D, C, uint8_t>(a);                                                \
+        decode_attention_impl<D, C, uint8_t>(a, blockIdx.x, blockIdx.y, blockIdx.z, LaunchSched{}); \
     }
 DECODE_ATTENTION(16, 4)
 DECODE_ATTENTION(16, 8)

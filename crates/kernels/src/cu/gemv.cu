@@ -66,6 +66,7 @@
 #include "lamina_args.cuh"
 #include "lamina_consts.cuh"
 #include "pdl.cuh"
+#include "sched.cuh"
 
 // Warps per block, rows per warp, the most rows and the register chunks per
 // pass (lamina_gemv_chunks<MT, NORM>) come from src/consts.rs.
@@ -171,8 +172,10 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
     }
 }
 
-template <int MT, int IN, int OUT, class F>
-__device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
+// `block` the block index among the launch's GEMV blocks; `sched` how the
+// body waits for earlier work and reads its outputs (sched.cuh).
+template <int MT, int IN, int OUT, class F, class S>
+__device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, const S& sched) {
     typedef F C;
     // NC 16-byte chunks of 8 columns a pass: 256 * NC columns, which wider
     // formats (16 or 32 columns a chunk) load in NW = NC * 8 / COLS chunks.
@@ -216,8 +219,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
             nwv[j] = i < K ? ld_before_wait(a.norm_w + i) : make_uint4(0, 0, 0, 0);
         }
     }
-    pdl_wait();
-    pdl_launch_dependents();
+    sched.wait();
     // Everything the epilogue reads from earlier kernels is requested now, in
     // the shadow of the input loads: the residual (RESID) and the position,
     // slot and rotation of token row `lane` (ROPE).
@@ -227,8 +229,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
     size_t rslot = 0;
     if (OUT == OUT_RESID && ok0 && ks == 0 && lane < m) {
         const float* y = static_cast<const float*>(a.y) + (size_t)er * a.n;
-        res0 = y[r0];
-        if (ok1) res1 = y[r1];
+        res0 = sched_ldf<S>(y + r0);
+        if (ok1) res1 = sched_ldf<S>(y + r1);
     }
     if (OUT == OUT_ROPE && ok0 && ks == 0 && lane < m) {
         rpos = a.positions[er];
@@ -254,7 +256,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
 #pragma unroll
                     for (int j = 0; j < 4; j++) {
                         const uint32_t i = i0 + j * LAMINA_GEMV_WARPS * 128;
-                        v[j] = i < K ? *reinterpret_cast<const float4*>(x + (size_t)r * K + i) : make_float4(0, 0, 0, 0);
+                        v[j] = i < K ? sched_ldf4<S>(x + (size_t)r * K + i) : make_float4(0, 0, 0, 0);
                     }
 #pragma unroll
                     for (int j = 0; j < 4; j++) ss[r] += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
@@ -275,8 +277,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
             uint32_t j = 0;
             for (uint32_t i = threadIdx.x * 8; i < K; i += LAMINA_GEMV_WARPS * 256, j++) {
                 const float* xr = x + (size_t)r * K + i;
-                const float4 p = *reinterpret_cast<const float4*>(xr);
-                const float4 q = *reinterpret_cast<const float4*>(xr + 4);
+                const float4 p = sched_ldf4<S>(xr);
+                const float4 q = sched_ldf4<S>(xr + 4);
                 const float raw[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
                 uint4 nraw = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -326,9 +328,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
                             if (IN == IN_NORM)
                                 bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk + h), xv);
                             else
-                                bf8(__ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(a.x) +
-                                                                         (size_t)r * K + kk + h)),
-                                    xv);
+                                bf8(sched_ld16<S>(static_cast<const bf16*>(a.x) + (size_t)r * K + kk + h), xv);
 #pragma unroll
                             for (int i = 0; i < 8; i++) {
                                 acc0[r] = fmaf(fa[h + i], xv[i], acc0[r]);
@@ -445,12 +445,12 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block) {
         if (blockIdx.x < a.lora_shrink_blocks)                                                         \
             gemv_lora_shrink<IN>(lora_view(a), blockIdx.x);                                            \
         else                                                                                           \
-            gemv_impl<MT, IN, OUT, F>(a, blockIdx.x - a.lora_shrink_blocks);                           \
+            gemv_impl<MT, IN, OUT, F>(a, blockIdx.x - a.lora_shrink_blocks, LaunchSched{});            \
     }
 // The LM head's entry point, which has no LoRA delta.
 #define GEMV_HEAD_ENTRY(NAME, MT, IN, OUT, F)                                                          \
     extern "C" __global__ void __launch_bounds__(LAMINA_GEMV_WARPS * 32) NAME##_m##MT(const GemvArgs a) { \
-        gemv_impl<MT, IN, OUT, F>(a, blockIdx.x);                                                      \
+        gemv_impl<MT, IN, OUT, F>(a, blockIdx.x, LaunchSched{});                                       \
     }
 #define GEMV_TILES_OF(ENTRY, NAME, IN, OUT, F) \
     ENTRY(NAME, 1, IN, OUT, F)                 \

@@ -28,6 +28,7 @@ use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
 use kernels::gemv::{GemvLora, GemvOp, RopeKv};
 use kernels::layer_extras::HeadNorm;
+use kernels::persistent::PersistentProgram;
 use kernels::sampling::{SampleOutputs, SampleScratch};
 use ops::attention::ScoreRule;
 
@@ -111,30 +112,64 @@ impl<'a> Exec<'a> {
 
     /// Enqueues the forward pass of the step staged at `lay` as `plan`
     /// says, then sampling (`sample`) or nothing (the logits stay in the
-    /// workspace).
+    /// workspace). `layers`: the persistent kernel's program of this
+    /// step's layers ([`Exec::record_layers`]), run in their place.
     pub(super) fn enqueue(
         &self,
         lay: &Layout,
         plan: &StepPlan,
         sample: bool,
+        layers: Option<&PersistentProgram>,
     ) -> Result<(), BackendError> {
         let io = self.staged(lay)?;
         if plan.lora && plan.proj == Proj::Gemv {
             self.reset_lora_counters()?;
         }
         self.embed(&io, plan)?;
-        let last = self.model.w.layers.len().saturating_sub(1);
-        for (l, layer) in self.model.w.layers.iter().enumerate() {
-            match plan.proj {
-                Proj::Gemv => self.gemv_layer(l, layer, &io, plan)?,
-                Proj::Gemm => self.gemm_layer(l, layer, &io, plan, l == last)?,
-            }
+        match layers {
+            Some(p) => self
+                .k
+                .launch_persistent(p)
+                .map_err(ke("persistent decode"))?,
+            None => self.layers(&io, plan)?,
         }
         self.final_norm_and_head(&io, plan)?;
         if sample {
             self.enqueue_sampler(lay)?;
         }
         Ok(())
+    }
+
+    /// Every layer of the step, as `plan` says.
+    fn layers(&self, io: &Staged<'_>, plan: &StepPlan) -> Result<(), BackendError> {
+        let last = self.model.w.layers.len().saturating_sub(1);
+        for (l, layer) in self.model.w.layers.iter().enumerate() {
+            match plan.proj {
+                Proj::Gemv => self.gemv_layer(l, layer, io, plan)?,
+                Proj::Gemm => self.gemm_layer(l, layer, io, plan, l == last)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The persistent kernel's program of the layers of the step staged at
+    /// `lay` run as `plan` (one that allows it: `plan.persistent`), or why
+    /// it cannot run them. Records the layers' launches instead of making
+    /// them (the GEMV layer reaches the GPU through kernels alone), then
+    /// uploads, blocking: call it outside a graph capture.
+    pub(super) fn record_layers(
+        &self,
+        lay: &Layout,
+        plan: &StepPlan,
+    ) -> Result<Result<PersistentProgram, String>, BackendError> {
+        if !plan.persistent {
+            return Ok(Err("the step's plan does not allow it".into()));
+        }
+        let io = self.staged(lay)?;
+        let rec = self.k.record_persistent(|| self.layers(&io, plan))?;
+        self.k
+            .persistent_program(rec)
+            .map_err(ke("uploading the persistent decode program"))
     }
 
     /// The residual stream `x` from the token embeddings (carried tokens'

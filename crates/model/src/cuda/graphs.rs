@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 
 use gpu::Graph;
+use kernels::persistent::PersistentProgram;
 
 use contract::backend::{BackendError, StepBatch};
 
@@ -39,9 +40,17 @@ const CAPTURE_AFTER: u32 = 16;
 /// (batch bucket, block-table row bucket, sampler inside, LoRA rows).
 type Key = (usize, usize, bool, bool);
 
+/// A bucket's graph and the persistent kernel's program it launches (the
+/// ops it points at live as long as the graph).
+pub(super) struct Captured {
+    graph: Graph,
+    /// Held as long as the graph, which points at its ops and counters.
+    layers: Option<PersistentProgram>,
+}
+
 /// The captured graphs and how often each bucket was asked for.
 pub(super) struct DecodeGraphs {
-    pub(super) graphs: HashMap<Key, Graph>,
+    pub(super) graphs: HashMap<Key, Captured>,
     uses: HashMap<(usize, usize), u32>,
     enabled: bool,
     /// Longest block-table row of a bucket: `ceil(longest context / block_size)`.
@@ -73,6 +82,11 @@ impl DecodeGraphs {
 
     pub fn len(&self) -> usize {
         self.graphs.len()
+    }
+
+    /// Graphs whose layers run on the persistent kernel.
+    pub fn persistent(&self) -> usize {
+        self.graphs.values().filter(|c| c.layers.is_some()).count()
     }
 
     /// The bucket that runs a pure-decode step of `s` sequences with
@@ -153,32 +167,46 @@ impl CudaBackend {
         let plan = StepPlan::new(&self.tuning, &self.k, shape);
         if !self.graphs.graphs.contains_key(&key) && !self.capture(key, &lay, &plan)? {
             // capture failed: graphs are off, this step runs eagerly
-            self.exec().enqueue(&lay, &plan, sample)?;
+            self.exec().enqueue(&lay, &plan, sample, None)?;
             return Ok(Some(lay));
         }
         match self.graphs.graphs.get(&key) {
-            Some(graph) => graph
+            Some(c) => c
+                .graph
                 .launch(&self.gpu)
                 .map_err(|e| dev_err("replaying a decode graph", e))?,
-            None => self.exec().enqueue(&lay, &plan, sample)?,
+            None => self.exec().enqueue(&lay, &plan, sample, None)?,
         }
         Ok(Some(lay))
     }
 
-    /// Captures the graph of bucket `key` (staged at `lay`, run as `plan`);
-    /// false when capture failed and graphs were turned off.
+    /// Captures the graph of bucket `key` (staged at `lay`, run as `plan`,
+    /// its layers on the persistent kernel where the plan allows and the
+    /// kernel covers them); false when capture failed and graphs were
+    /// turned off.
     fn capture(&mut self, key: Key, lay: &Layout, plan: &StepPlan) -> Result<bool, BackendError> {
         let t0 = std::time::Instant::now();
+        let layers = match self.exec().record_layers(lay, plan)? {
+            Ok(p) => Some(p),
+            Err(why) => {
+                if plan.persistent {
+                    tracing::info!(reason = %why, "decode layers stay on the per-kernel path");
+                }
+                None
+            }
+        };
         let mut inner = None;
         let captured = Graph::capture(&self.gpu, || {
-            self.exec().enqueue(lay, plan, key.2).map_err(|e| {
-                let msg = e.to_string();
-                inner = Some(e);
-                gpu::GpuError::Buffer {
-                    what: "decode graph capture".into(),
-                    reason: msg,
-                }
-            })
+            self.exec()
+                .enqueue(lay, plan, key.2, layers.as_ref())
+                .map_err(|e| {
+                    let msg = e.to_string();
+                    inner = Some(e);
+                    gpu::GpuError::Buffer {
+                        what: "decode graph capture".into(),
+                        reason: msg,
+                    }
+                })
         });
         let graph = match captured {
             Ok(graph) => graph,
@@ -194,9 +222,12 @@ impl CudaBackend {
         graph
             .upload()
             .map_err(|e| dev_err("uploading a decode graph", e))?;
-        self.graphs.graphs.insert(key, graph);
+        let persistent = layers.as_ref().map(|p| (p.ops(), p.blocks()));
+        self.graphs.graphs.insert(key, Captured { graph, layers });
         tracing::info!(
             batch_bucket = key.0,
+            persistent_ops = persistent.map(|p| p.0),
+            persistent_blocks = persistent.map(|p| p.1),
             block_bucket = key.1,
             sampler = key.2,
             lora = key.3,

@@ -129,6 +129,9 @@ pub struct CudaOptions {
     pub max_loras: usize,
     /// Highest LoRA rank a slot holds (`--max-lora-rank`).
     pub max_lora_rank: usize,
+    /// Run the layers of captured one-token decode steps on the persistent
+    /// decode kernel where it covers them (`plan`).
+    pub persistent_decode: bool,
 }
 
 impl Default for CudaOptions {
@@ -144,6 +147,7 @@ impl Default for CudaOptions {
             det_gemm: DetGemm::Auto,
             max_loras: 0,
             max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
+            persistent_decode: false,
         }
     }
 }
@@ -240,6 +244,7 @@ fn tuning(
         lora_h: 0,
         lora_wide: 0,
         deterministic: opts.deterministic,
+        persistent: opts.persistent_decode && !opts.deterministic,
     })
 }
 
@@ -386,6 +391,11 @@ impl CudaBackend {
     /// Number of captured decode graphs (one per bucket seen).
     pub fn num_graphs(&self) -> usize {
         self.graphs.len()
+    }
+
+    /// Captured decode graphs whose layers run on the persistent kernel.
+    pub fn num_persistent_graphs(&self) -> usize {
+        self.graphs.persistent()
     }
 
     /// [`StepBatch::check`] with what this backend indexes with: token ids

@@ -26,6 +26,9 @@
 //!   ones in order;
 //! - LoRA (a step with adapter rows): the deltas of each targeted
 //!   projection, in the GEMV epilogues on the GEMV path;
+//! - persistent decode (when enabled): a one-token decode step on the GEMV
+//!   path and the decode kernel, without adapter rows, may run its layers
+//!   as one persistent launch (`kernels::persistent`);
 //! - deterministic mode: the GEMMs (on pinned, batch-invariant algorithms,
 //!   `invariant`) at every row count, the LM head too, and attention on
 //!   one fixed flash tiling for every row, prompt or decode, up to
@@ -69,6 +72,8 @@ pub(super) struct Tuning {
     /// Deterministic mode: every row's reductions fixed whatever the step
     /// (module doc).
     pub deterministic: bool,
+    /// One-token decode steps may run their layers on the persistent kernel.
+    pub persistent: bool,
 }
 
 /// The kernels' capabilities a plan asks about (the flash kernel's tilings
@@ -200,6 +205,10 @@ pub(super) struct StepPlan {
     /// Some row runs a LoRA adapter: each targeted projection gets its
     /// deltas (`lora`).
     pub lora: bool,
+    /// The layers may run as one launch of the persistent decode kernel,
+    /// which then replaces the GEMV layers' launches where its recording of
+    /// them succeeds (`forward`).
+    pub persistent: bool,
 }
 
 impl StepPlan {
@@ -228,15 +237,22 @@ impl StepPlan {
         } else {
             Proj::Gemm
         };
+        let attn = attention(tu, caps, st);
+        let persistent = tu.persistent
+            && t == 1
+            && proj == Proj::Gemv
+            && !st.lora
+            && matches!(attn, AttnPlan::Decode(_));
         StepPlan {
             t,
             r,
             proj,
-            attn: attention(tu, caps, st),
+            attn,
             prune_last,
             head_in,
             head,
             lora: st.lora,
+            persistent,
         }
     }
 }
@@ -373,7 +389,28 @@ mod tests {
             lora_h: 0,
             lora_wide: 0,
             deterministic: false,
+            persistent: false,
         }
+    }
+
+    /// The persistent kernel is offered one-token decode steps of the GEMV
+    /// path without adapter rows, and only when enabled.
+    #[test]
+    fn persistent_decode_takes_one_token_gemv_decode_steps() {
+        let on = Tuning {
+            persistent: true,
+            ..tuning()
+        };
+        let caps = Caps { flash: true };
+        assert!(!StepPlan::new(&tuning(), &caps, decode(1)).persistent);
+        assert!(StepPlan::new(&on, &caps, decode(1)).persistent);
+        assert!(!StepPlan::new(&on, &caps, decode(2)).persistent);
+        assert!(!StepPlan::new(&on, &caps, prefill(600, 1, 0)).persistent);
+        let lora = StepShape {
+            lora: true,
+            ..decode(1)
+        };
+        assert!(!StepPlan::new(&on, &caps, lora).persistent);
     }
 
     fn decode(s: usize) -> StepShape {

@@ -67,7 +67,7 @@ impl CudaBackend {
             lora: has_lora(batch),
         };
         let plan = StepPlan::new(&self.tuning, &self.k, shape);
-        self.exec().enqueue(&lay, &plan, smp.now)?;
+        self.exec().enqueue(&lay, &plan, smp.now, None)?;
         Ok(lay)
     }
 }

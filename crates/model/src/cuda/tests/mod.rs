@@ -27,6 +27,7 @@ mod kv;
 mod llama;
 mod lora;
 mod mask;
+mod persistent;
 mod small;
 mod spec;
 mod variants;
