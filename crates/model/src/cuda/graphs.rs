@@ -180,13 +180,37 @@ impl CudaBackend {
         Ok(Some(lay))
     }
 
+    /// One capture of the step staged at `lay` run as `plan` (its layers
+    /// as `layers`, `sample`: with the sampler): the graph, or the capture's
+    /// error and the step's own error when enqueueing it failed.
+    fn try_capture(
+        &self,
+        lay: &Layout,
+        plan: &StepPlan,
+        sample: bool,
+        layers: Option<&PersistentProgram>,
+    ) -> (Result<Graph, gpu::GpuError>, Option<BackendError>) {
+        let mut inner = None;
+        let captured = Graph::capture(&self.gpu, || {
+            self.exec().enqueue(lay, plan, sample, layers).map_err(|e| {
+                let msg = e.to_string();
+                inner = Some(e);
+                gpu::GpuError::Buffer {
+                    what: "decode graph capture".into(),
+                    reason: msg,
+                }
+            })
+        });
+        (captured, inner)
+    }
+
     /// Captures the graph of bucket `key` (staged at `lay`, run as `plan`,
-    /// its layers on the persistent kernel where the plan allows and the
-    /// kernel covers them); false when capture failed and graphs were
-    /// turned off.
+    /// its layers on the persistent kernel where the plan allows, the
+    /// kernel covers them and its launch captures; else on the per-kernel
+    /// path); false when capture failed and graphs were turned off.
     fn capture(&mut self, key: Key, lay: &Layout, plan: &StepPlan) -> Result<bool, BackendError> {
         let t0 = std::time::Instant::now();
-        let layers = match self.exec().record_layers(lay, plan)? {
+        let mut layers = match self.exec().record_layers(lay, plan)? {
             Ok(p) => Some(p),
             Err(why) => {
                 if plan.persistent {
@@ -195,19 +219,19 @@ impl CudaBackend {
                 None
             }
         };
-        let mut inner = None;
-        let captured = Graph::capture(&self.gpu, || {
-            self.exec()
-                .enqueue(lay, plan, key.2, layers.as_ref())
-                .map_err(|e| {
-                    let msg = e.to_string();
-                    inner = Some(e);
-                    gpu::GpuError::Buffer {
-                        what: "decode graph capture".into(),
-                        reason: msg,
-                    }
-                })
-        });
+        let (mut captured, mut inner) = self.try_capture(lay, plan, key.2, layers.as_ref());
+        if layers.is_some() && captured.is_err() {
+            let why = inner.as_ref().map_or_else(
+                || captured.as_ref().err().map(|e| e.to_string()),
+                |e| Some(e.to_string()),
+            );
+            tracing::warn!(
+                error = why.unwrap_or_default(),
+                "capturing the persistent decode kernel failed; decode layers stay on the per-kernel path"
+            );
+            layers = None;
+            (captured, inner) = self.try_capture(lay, plan, key.2, None);
+        }
         let graph = match captured {
             Ok(graph) => graph,
             Err(e) => {
