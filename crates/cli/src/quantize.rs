@@ -109,8 +109,9 @@ pub struct QuantizeArgs {
     #[arg(long, default_value_t = 0.1, requires = "calibration", value_parser = dampening)]
     pub dampening: f64,
     /// GPTQ's activation order: columns quantised from the largest input
-    /// energy down instead of in order (FP8 only: `--format int4` writes
-    /// `desc_act: false`).
+    /// energy down instead of in order (with `--format int4` a group is a
+    /// run of that order: the checkpoint has `desc_act: true` and a
+    /// `g_idx` per projection).
     #[arg(long, requires = "calibration")]
     pub act_order: bool,
     /// Also write calibrated FP8 KV cache scales: the model (with the
@@ -222,12 +223,6 @@ fn check_int4_flags(args: &QuantizeArgs) -> Result<()> {
             "--group-size {} is not a positive multiple of {}",
             args.group_size,
             checkpoint::int4::BLOCK
-        );
-    }
-    if args.act_order {
-        bail!(
-            "--act-order: --format int4 writes GPTQ's layout with desc_act false (groups in \
-             input order); drop --act-order"
         );
     }
     if args.kv_scales {

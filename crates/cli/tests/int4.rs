@@ -27,9 +27,10 @@ fn header(dir: &Path) -> String {
     String::from_utf8_lossy(&st[8..8 + len]).into_owned()
 }
 
-/// `lamina quantize --format int4` on the tiny model, rounded and with
-/// `--calibration`: both checkpoints are GPTQ's layout, load and run on
-/// the CPU, and GPTQ moved some codes.
+/// `lamina quantize --format int4` on the tiny model, rounded, with
+/// `--calibration` and with `--act-order` too: every checkpoint is GPTQ's
+/// layout (`desc_act` with the activation order), loads and runs on the
+/// CPU, and GPTQ moved some codes.
 #[test]
 fn calibrated_int4_checkpoints_run_on_the_cpu() {
     let dir = scratch("gptq");
@@ -47,6 +48,16 @@ fn calibrated_int4_checkpoints_run_on_the_cpu() {
                 "300",
             ],
         ),
+        (
+            "gptq-act-order",
+            vec![
+                "--calibration",
+                cal.to_str().unwrap(),
+                "--calibration-tokens",
+                "300",
+                "--act-order",
+            ],
+        ),
     ] {
         let out_dir = dir.join(name);
         let mut args = vec!["quantize", src, "--out", out_dir.to_str().unwrap()];
@@ -56,6 +67,8 @@ fn calibrated_int4_checkpoints_run_on_the_cpu() {
         let cfg = std::fs::read_to_string(out_dir.join("config.json")).unwrap();
         assert!(cfg.contains(r#""quant_method": "gptq""#), "{name}: {cfg}");
         assert!(cfg.contains(r#""group_size": 32"#), "{name}: {cfg}");
+        let desc_act = format!(r#""desc_act": {}"#, name == "gptq-act-order");
+        assert!(cfg.contains(&desc_act), "{name}: {cfg}");
         let h = header(&out_dir);
         assert!(
             h.contains("model.layers.1.mlp.down_proj.qweight") && !h.contains("down_proj.weight"),
@@ -74,32 +87,33 @@ fn calibrated_int4_checkpoints_run_on_the_cpu() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `--act-order` and `--kv-scales` do not apply to the 4-bit layout
-/// written: refused naming the flag, nothing written.
+/// `--kv-scales` does not apply to the 4-bit layout written: refused
+/// naming the flag, nothing written.
 #[test]
-fn fp8_only_flags_are_refused_with_int4() {
+fn kv_scales_are_refused_with_int4() {
     let dir = scratch("flags");
     let src = support::synth_tiny(&dir, "bf16");
     let (src, cal) = (src.to_str().unwrap(), calibration());
     let out = dir.join("out");
-    for (flag, needle) in [("--act-order", "desc_act"), ("--kv-scales", "--format fp8")] {
-        let r = lamina(&[
-            "quantize",
-            src,
-            "--out",
-            out.to_str().unwrap(),
-            "--format",
-            "int4",
-            "--group-size",
-            "32",
-            "--calibration",
-            cal.to_str().unwrap(),
-            flag,
-        ]);
-        let err = stderr(&r);
-        assert!(!r.status.success(), "{flag} succeeded");
-        assert!(err.contains(flag) && err.contains(needle), "{flag}: {err}");
-        assert!(!out.exists(), "{flag} wrote {}", out.display());
-    }
+    let r = lamina(&[
+        "quantize",
+        src,
+        "--out",
+        out.to_str().unwrap(),
+        "--format",
+        "int4",
+        "--group-size",
+        "32",
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--kv-scales",
+    ]);
+    let err = stderr(&r);
+    assert!(!r.status.success(), "--kv-scales succeeded");
+    assert!(
+        err.contains("--kv-scales") && err.contains("--format fp8"),
+        "{err}"
+    );
+    assert!(!out.exists(), "--kv-scales wrote {}", out.display());
     let _ = std::fs::remove_dir_all(&dir);
 }

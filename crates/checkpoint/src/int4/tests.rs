@@ -561,3 +561,51 @@ fn the_gptq_writer_round_trips_through_the_loader() {
     let err = write_int4_checkpoint(&src, &w, &d.path().join("bad"), 64).unwrap_err();
     assert!(err.to_string().contains("160 input columns"), "{err}");
 }
+
+#[test]
+fn a_column_order_is_written_as_desc_act_and_read_back() {
+    let d = TempDir::new().unwrap();
+    let src = d.path().join("bf16");
+    synth_model(Preset::Tiny, 5, &src).unwrap();
+    let mut w = load(&src).unwrap();
+    // layer 0's first projection, its input columns stored in another
+    // order (GPTQ's act_order): stored column c is input column perm[c]
+    let [p, ..] = w.layers[0].projections_mut();
+    let t = Int4Tensor::round_to_nearest(p.as_bf16().unwrap(), G, true);
+    let (n, k) = (t.rows, t.cols);
+    let perm: Vec<u32> = (0..k as u32).map(|c| (c * 7 + 3) % k as u32).collect();
+    let stored: Vec<u8> = (0..n)
+        .flat_map(|r| {
+            perm.iter()
+                .map(|&c| t.code(r, c as usize))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let base = Int4Tensor::from_codes(&t.name, n, k, G, &stored, t.scale.clone(), t.zero.clone());
+    let q = Int4Tensor {
+        perm: Some(perm),
+        ..base
+    };
+    assert_eq!(q.layout_error(), None);
+    let (name, want) = (q.name.clone(), q.to_f32_rows());
+    *p = Projection::Int4(q);
+    let out = d.path().join("int4");
+    write_int4_checkpoint(&src, &w, &out, G).unwrap();
+    let cfg: Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["quantization_config"]["desc_act"], json!(true));
+    let back = load(&out).unwrap();
+    let got = (back.projections().into_iter())
+        .find(|p| p.name() == name)
+        .expect("the projection");
+    assert!(
+        int4_of(got).perm.is_some(),
+        "`{name}` read without its order"
+    );
+    assert_eq!(got.to_f32_rows().unwrap(), want, "`{name}`");
+    // the rest as without an order; written again: the same bytes
+    let again = d.path().join("again");
+    write_int4_checkpoint(&out, &back, &again, G).unwrap();
+    let read = |p: &Path| std::fs::read(p.join("model.safetensors")).unwrap();
+    assert_eq!(read(&out), read(&again));
+}

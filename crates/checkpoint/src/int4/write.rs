@@ -2,7 +2,7 @@
 //! quantize --format int4`).
 //!
 //! Why GPTQ's layout (`quant_method: "gptq"`, `bits: 4`, `sym: true`,
-//! `desc_act: false`, `checkpoint_format: "gptq"`) rather than
+//! `checkpoint_format: "gptq"`) rather than
 //! compressed-tensors `pack-quantized`: its grid is the one the GPTQ solver
 //! rounds to (`(q - 8) * s`, an f16 scale per group of a row), the layout
 //! needs nothing but the four tensors per projection, and it is the one
@@ -13,15 +13,18 @@
 //! (`weights`, as loaded from it and perhaps quantised since) to `out`:
 //! every layer projection as `qweight` I32 `[in / 8, out]`, `qzeros` I32
 //! `[in / g, out / 8]` (every stored zero 7: the zero 8 minus 1, v1),
-//! `scales` F16 `[in / g, out]` and `g_idx` I32 `[in]` (`i / g`), in the
-//! packing [`super::read`] documents; everything else as it was (BF16; the
-//! LM head stays BF16), `quantization_config` added to `config.json`, the
-//! other files copied. A projection held in BF16 is rounded to nearest
+//! `scales` F16 `[in / g, out]` and `g_idx` I32 `[in]` (each input
+//! column's group: `i / g`, or for a tensor with a column order, GPTQ's
+//! `act_order`, the group of its stored column), in the packing
+//! [`super::read`] documents, `desc_act` true when some tensor has a
+//! column order; everything else as it was (BF16; the LM head stays
+//! BF16), `quantization_config` added to `config.json`, the other files
+//! copied. A projection held in BF16 is rounded to nearest
 //! ([`Int4Tensor::round_to_nearest`]); one held in 4 bits already (the
 //! GPTQ solver's) is written as it is, after checking that it has the
-//! layout's group, symmetric zeros, f16 scales and no column order
-//! (refused naming the tensor otherwise). A group that does not divide a
-//! projection's input width is refused naming it.
+//! layout's group, symmetric zeros and f16 scales (refused naming the
+//! tensor otherwise). A group that does not divide a projection's input
+//! width is refused naming it.
 //!
 //! Costs: the projections' codes once in memory beside the model.
 
@@ -58,6 +61,7 @@ pub fn write_int4_checkpoint(
         .map(|p| (p.name(), p))
         .collect();
     let mut all: HashMap<String, Entry> = HashMap::new();
+    let mut desc_act = false;
     for spec in &names {
         let name = spec.name.as_str();
         if let Some(t) = tensors.get(name) {
@@ -84,6 +88,7 @@ pub fn write_int4_checkpoint(
             }
         };
         check_given(src, &t, group)?;
+        desc_act |= t.perm.is_some();
         insert(&mut all, &t);
     }
     save(&all, out)?;
@@ -91,7 +96,7 @@ pub fn write_int4_checkpoint(
     cfg["quantization_config"] = json!({
         "bits": 4,
         "group_size": group,
-        "desc_act": false,
+        "desc_act": desc_act,
         "sym": true,
         "static_groups": false,
         "true_sequential": true,
@@ -120,7 +125,7 @@ fn check_group(src: &Path, name: &str, k: usize, group: usize) -> Result<(), Loa
     Ok(())
 }
 
-/// `t` fits the layout: `group`, symmetric, f16 scales, input order.
+/// `t` fits the layout: `group`, symmetric, f16 scales.
 fn check_given(src: &Path, t: &Int4Tensor, group: usize) -> Result<(), LoadError> {
     let bad = |reason: String| LoadError::Quantized {
         path: src.to_path_buf(),
@@ -137,11 +142,8 @@ fn check_given(src: &Path, t: &Int4Tensor, group: usize) -> Result<(), LoadError
             t.rows, t.cols, t.group
         )));
     }
-    if t.perm.is_some() || t.zero.iter().any(|&z| z != SYM_ZERO) {
-        return Err(bad(
-            "has a column order or asymmetric zeros; the layout is symmetric without desc_act"
-                .into(),
-        ));
+    if t.zero.iter().any(|&z| z != SYM_ZERO) {
+        return Err(bad("has asymmetric zeros; the layout is symmetric".into()));
     }
     if let Some(s) = t.scale.iter().find(|&&s| f16::from_f32(s).to_f32() != s) {
         return Err(bad(format!(
@@ -157,12 +159,19 @@ fn insert(all: &mut HashMap<String, Entry>, t: &Int4Tensor) {
     let groups = k / g;
     let prefix = t.name.strip_suffix(".weight").unwrap_or(&t.name);
     let words = |v: Vec<u32>| -> Vec<u8> { v.into_iter().flat_map(u32::to_le_bytes).collect() };
+    // [k] the stored column of each input column
+    let mut stored: Vec<usize> = (0..k).collect();
+    if let Some(p) = &t.perm {
+        p.iter()
+            .enumerate()
+            .for_each(|(c, &i)| stored[i as usize] = c);
+    }
     // [k / 8, n]: nibble i of word [j, o] is input row 8j + i
     let qweight = (0..k / PER_WORD)
         .flat_map(|j| (0..n).map(move |o| (j, o)))
         .map(|(j, o)| {
             (0..PER_WORD).fold(0u32, |w, i| {
-                w | u32::from(t.code(o, j * PER_WORD + i)) << (4 * i)
+                w | u32::from(t.code(o, stored[j * PER_WORD + i])) << (4 * i)
             })
         })
         .collect();
@@ -180,7 +189,7 @@ fn insert(all: &mut HashMap<String, Entry>, t: &Int4Tensor) {
         .flat_map(|gi| (0..n).map(move |o| t.scale[o * groups + gi]))
         .flat_map(|s| f16::from_f32(s).to_bits().to_le_bytes())
         .collect();
-    let g_idx = (0..k).map(|i| (i / g) as u32).collect();
+    let g_idx = stored.iter().map(|&c| (c / g) as u32).collect();
     all.insert(
         format!("{prefix}.qweight"),
         (Dtype::I32, vec![k / PER_WORD, n], words(qweight)),

@@ -57,8 +57,8 @@ fn gptq_int4_has_a_clearly_lower_output_error_than_rounding_to_nearest() {
     for (group, block) in [(32, 16), (32, 64), (64, 128), (128, 128)] {
         let (rc, rs) = rounded(&w, n, k, group);
         let rtn = output_error(&x, &w, &values(&rc, &rs, k, group), k);
-        let (codes, scale) = gptq_int4(&w, n, k, &f, group, block);
-        assert_eq!(scale.len(), n * k / group);
+        let (codes, scale, perm) = gptq_int4(&w, n, k, &f, group, block);
+        assert_eq!((scale.len(), perm), (n * k / group, None));
         assert!(
             codes.iter().all(|&q| q <= MAX_CODE),
             "a code outside 0..=15"
@@ -87,7 +87,7 @@ fn with_the_identity_hessian_gptq_int4_is_rounding_to_nearest() {
     let mut eye = vec![0f64; k * k];
     (0..k).for_each(|i| eye[i * k + i] = 1.0);
     let f = Factor::new(&Hessian::from_matrix(k, eye), 0.01, false).unwrap();
-    let (codes, scale) = gptq_int4(&w, n, k, &f, group, 64);
+    let (codes, scale, _) = gptq_int4(&w, n, k, &f, group, 64);
     assert_eq!((codes.clone(), scale.clone()), rounded(&w, n, k, group));
     // and that is the writer's rounding, scales included
     let zero = vec![SYM_ZERO; scale.len()];
@@ -150,7 +150,7 @@ fn the_int4_pass_writes_the_gptq_form_and_beats_rounding_on_the_logits() {
 }
 
 #[test]
-fn int4_groups_that_do_not_fit_and_activation_order_are_refused() {
+fn int4_groups_that_do_not_fit_are_refused() {
     let (c, w) = tiny();
     let run = |opts: &GptqOptions| quantize_model(&c, w.clone(), &[1, 2], opts, &mut |_, _| {});
     for group in [0, 48, 128] {
@@ -160,13 +160,43 @@ fn int4_groups_that_do_not_fit_and_activation_order_are_refused() {
             "{err}"
         );
     }
-    let act_order = GptqOptions {
+}
+
+/// With activation order a 4-bit group is a run of the solver's columns:
+/// each projection carries that order (GPTQ's `desc_act`), its groups hold
+/// the columns the solver took together, and it still beats rounding to
+/// nearest on the logits.
+#[test]
+fn int4_with_activation_order_carries_the_column_order() {
+    let (c, w) = tiny();
+    let tokens: Vec<u32> = (0..48u64).map(|i| (splitmix64(i) % 50) as u32).collect();
+    let opts = GptqOptions {
         act_order: true,
         ..int4_opts(32)
     };
-    let err = run(&act_order).map(|_| ()).unwrap_err();
-    assert!(
-        matches!(&err, GptqError::Options(m) if m.contains("activation order")),
-        "{err}"
-    );
+    let q = quantize_model(&c, w.clone(), &tokens, &opts, &mut |_, _| {}).unwrap();
+    let mut ordered = 0;
+    for p in q.layers.iter().flat_map(|l| l.projections()) {
+        let Projection::Int4(t) = p else {
+            panic!("`{}` is {}, not int4", p.name(), p.format());
+        };
+        assert_eq!(t.layout_error(), None, "`{}`", t.name);
+        ordered += usize::from(t.perm.is_some());
+    }
+    assert!(ordered > 0, "no projection was quantised out of order");
+    let mut rtn = w.clone();
+    for (p, b) in (rtn.layers.iter_mut().flat_map(|l| l.projections_mut()))
+        .zip(w.layers.iter().flat_map(|l| l.projections()))
+    {
+        *p = Projection::Int4(Int4Tensor::round_to_nearest(b.as_bf16().unwrap(), 32, true));
+    }
+    let want = logits(&c, &w, &tokens);
+    let dist = |other: &ModelWeights| -> f64 {
+        let got = logits(&c, other, &tokens);
+        let sq =
+            |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
+        want.iter().zip(&got).map(|(a, b)| sq(a, b)).sum()
+    };
+    let (g, r) = (dist(&q), dist(&rtn));
+    assert!(g < 0.8 * r, "gptq {g} vs round-to-nearest {r}");
 }

@@ -100,9 +100,10 @@ pub enum Target {
     /// FP8 e4m3 ([`checkpoint::Projection::Fp8`]) at the scales of the rule.
     Fp8(ScaleRule),
     /// GPTQ's symmetric 4-bit grid ([`checkpoint::Projection::Int4`], zero
-    /// 8, f16 scales, no column order), `group` input columns a scale (a
-    /// multiple of [`checkpoint::int4::BLOCK`] dividing every projection's
-    /// input width; not with `act_order`).
+    /// 8, f16 scales), `group` columns a scale (a multiple of
+    /// [`checkpoint::int4::BLOCK`] dividing every projection's input
+    /// width): runs of input columns, or with `act_order` of the solver's
+    /// order, the tensor then carrying that order (GPTQ's `desc_act`).
     Int4 { group: usize },
 }
 

@@ -83,18 +83,11 @@ fn check(
 }
 
 /// A 4-bit target's group fits every projection's input width (hidden,
-/// attention output, intermediate) in whole blocks, without `act_order`.
+/// attention output, intermediate) in whole blocks.
 fn check_target(config: &ModelConfig, opts: &GptqOptions) -> Result<(), GptqError> {
     let Target::Int4 { group } = opts.target else {
         return Ok(());
     };
-    if opts.act_order {
-        return Err(GptqError::Options(
-            "activation order with 4 bits: the GPTQ layout written has its groups in input order \
-             (desc_act false)"
-                .into(),
-        ));
-    }
     let widths = [config.hidden_size, config.q_dim(), config.intermediate_size];
     if group == 0 || !group.is_multiple_of(BLOCK) || widths.iter().any(|w| !w.is_multiple_of(group))
     {
@@ -246,10 +239,10 @@ impl<'a> Pass<'a> {
                 })
             }
             Target::Int4 { group } => {
-                let (codes, scale) = solve::gptq_int4(&w, n, k, f, group, block);
+                let (codes, scale, perm) = solve::gptq_int4(&w, n, k, f, group, block);
                 let zero = vec![SYM_ZERO; scale.len()];
                 let q = Int4Tensor::from_codes(&t.name, n, k, group, &codes, scale, zero);
-                Projection::Int4(q)
+                Projection::Int4(Int4Tensor { perm, ..q })
             }
         }
     }

@@ -89,6 +89,11 @@ impl Factor {
     pub fn in_order(&self) -> bool {
         self.perm.iter().enumerate().all(|(a, &j)| a == j)
     }
+
+    /// The input column taken at each step, or `None` when in order.
+    pub fn order(&self) -> Option<&[usize]> {
+        (!self.in_order()).then_some(self.perm.as_slice())
+    }
 }
 
 /// Every row's scale (`[n]`) of `w` (`[n, k]`) under `rule`: the largest
@@ -142,10 +147,12 @@ pub fn gptq(w: &[f32], n: usize, k: usize, f: &Factor, scales: &[f32], block: us
 
 /// The GPTQ quantisation of `w` (`[n, k]`) on the symmetric 4-bit grid,
 /// `group` columns a scale found from the group's weights as the solver
-/// reaches it ([`Int4Grid`]): the codes (`[n, k]`, `0..=15` around zero
-/// 8) and the scales (`[n, k / group]`). Panics unless `group` divides
-/// `k` and `f` takes the columns in order (no `act_order`: the groups are
-/// runs of input columns), both checked by the callers.
+/// reaches it ([`Int4Grid`]), so a group is `group` consecutive columns in
+/// the solver's order: the codes (`[n, k]`, `0..=15` around zero 8) in that
+/// order, the scales (`[n, k / group]`) and, when `f` takes the columns out
+/// of order (`act_order`), the input column of each stored one (GPTQ's
+/// `desc_act`: `Int4Tensor::perm`). Panics unless `group` divides `k`
+/// (checked by the callers).
 pub fn gptq_int4(
     w: &[f32],
     n: usize,
@@ -153,14 +160,20 @@ pub fn gptq_int4(
     f: &Factor,
     group: usize,
     block: usize,
-) -> (Vec<u8>, Vec<f32>) {
+) -> (Vec<u8>, Vec<f32>, Option<Vec<u32>>) {
     assert!(
         group > 0 && k.is_multiple_of(group),
         "a group of {group} does not divide {k}"
     );
-    assert!(f.in_order(), "4-bit groups need the columns in order");
-    let (codes, rows) = solve(w, n, k, f, &Int4Grid { group }, block);
-    (codes, rows.concat())
+    let (codes, rows) = solve(w, n, k, f, &Int4Grid { group }, block); // [n, k] input order
+    let Some(order) = f.order() else {
+        return (codes, rows.concat(), None);
+    };
+    let stored = (codes.chunks(k))
+        .flat_map(|row| order.iter().map(move |&c| row[c]))
+        .collect();
+    let perm = order.iter().map(|&c| c as u32).collect();
+    (stored, rows.concat(), Some(perm))
 }
 
 /// The GPTQ solve of `w` (`[n, k]`) against the factored Hessian `f` on
