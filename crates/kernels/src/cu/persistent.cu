@@ -11,8 +11,9 @@
 // Ordering, the job of kernel boundaries and PDL in the layered path, is
 // done by counters: a virtual block issues its weight loads first (as the
 // body does before its PDL wait), then waits until op i - 1's counter
-// holds that op's block count (OpSched, sched.cuh), runs, and counts itself
-// in op i's counter (a release reduction: no round trip). So an SM streams
+// holds that op's block count (OpSched, sched.cuh) and runs; once a block
+// has run its virtual blocks of op i it counts them in op i's counter (one
+// release reduction a block and op: no round trip). So an SM streams
 // the next op's weights while the last blocks of the previous op finish
 // elsewhere, with no launch, no grid drain and no ramp-up between ops. A
 // virtual block that returned before waiting (a decode split with no keys)
@@ -71,10 +72,10 @@ __device__ __forceinline__ void persistent_run(const PersistentOp& op, uint32_t 
     }
 }
 
-// Arrival of one virtual block at `c` (release: the block's writes, ordered
+// Arrival of `n` virtual blocks at `c` (release: the block's writes, ordered
 // before it by the barrier, are visible to whoever acquires the count).
-__device__ __forceinline__ void persist_arrive(uint32_t* c) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory");
+__device__ __forceinline__ void persist_arrive(uint32_t* c, uint32_t n) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(c), "r"(n) : "memory");
 }
 
 template <class F, int D, int C>
@@ -96,15 +97,15 @@ __device__ __forceinline__ void persistent_impl(const PersistentArgs& p) {
         // op i - 1 complete: its counter at (gen + 1) x its blocks (mod 2^32)
         const OpSched s{i == 0 ? nullptr : p.counters + (i - 1), i == 0 ? 0u : (gen + 1) * ops[(i + 1) & 1].blocks,
                         &waited};
-        for (uint32_t v = blockIdx.x; v < op.blocks; v += gridDim.x) {
+        uint32_t mine = 0;
+        for (uint32_t v = blockIdx.x; v < op.blocks; v += gridDim.x, mine++) {
             if (t == 0) waited = 0;
             persistent_run<F, D, C>(op, v, s);
             __syncthreads();
-            if (t == 0) {
-                if (!waited) s.spin();
-                persist_arrive(p.counters + i);
-            }
+            if (t == 0 && !waited) s.spin();
         }
+        // one arrival (and one release) for all of this block's virtual blocks
+        if (t == 0 && mine > 0) persist_arrive(p.counters + i, mine);
         // ops[(i + 1) & 1] held op i - 1, whose block count `s` has read.
         __syncthreads();
         if (t < PERSIST_OP_WORDS) reinterpret_cast<uint32_t*>(&ops[(i + 1) & 1])[t] = next;

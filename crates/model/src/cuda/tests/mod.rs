@@ -373,3 +373,98 @@ pub(super) fn batch_matches_alone(b: &mut dyn Backend, tol: f64, label: &str) {
     println!("RESULT {label} batch-vs-alone worst rel err {worst:.3e} (limit {tol:.0e})");
     assert!(worst <= tol, "{label}: batch vs alone rel err {worst}");
 }
+
+/// The worst (rel err, max |dlogprob|) of `gpu` against `cpu` by
+/// teacher-forced log-probabilities: prompts of 7 and 40 tokens (the GEMM
+/// path) and 24 decoded tokens after a 20-token prompt (the GEMVs), each
+/// printed as a `RESULT {label}` line. Both backends need 64 blocks.
+pub(super) fn worst_vs_cpu(
+    gpu: &mut dyn Backend,
+    cpu: &mut dyn Backend,
+    vocab: usize,
+    label: &str,
+) -> (f64, f64) {
+    let mut pool = Pool::new(64);
+    let mut worst = (0.0f64, 0.0f64);
+    for n in [7usize, 40] {
+        let toks = tokens(n as u64 + 3, n, vocab);
+        let blocks = pool.take(n);
+        let (g, c) = (
+            chunk_logits(gpu, &toks, 0, &blocks),
+            chunk_logits(cpu, &toks, 0, &blocks),
+        );
+        let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
+        println!("RESULT {label} prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
+        worst = (worst.0.max(e), worst.1.max(d));
+    }
+    let prompt = tokens(77, 20, vocab);
+    let blocks = pool.take(20 + 24);
+    let (e, d) = generated_vs_cpu(gpu, cpu, &prompt, &blocks, 24, vocab);
+    println!(
+        "RESULT {label} 24 generated (teacher-forced decode): rel err {e:.3e}, max |dlogprob| {d:.3}"
+    );
+    (worst.0.max(e), worst.1.max(d))
+}
+
+/// `w` with every projection as its values in BF16: the control a
+/// quantised model's CUDA-vs-CPU error is held to (the same model's
+/// error with nothing but BF16 arithmetic on both sides).
+pub(super) fn all_bf16(w: &ModelWeights) -> ModelWeights {
+    let mut w = w.clone();
+    use checkpoint::projection::Projection as P;
+    let dense = |p: &P| P::Bf16(p.dense().expect("dense values").into_owned());
+    for l in &mut w.layers {
+        for p in l.projections_mut() {
+            *p = dense(p);
+        }
+    }
+    if let Some(h) = &w.lm_head {
+        w.lm_head = Some(dense(h));
+    }
+    w
+}
+
+/// The CUDA-vs-CPU error of `quantised` (CUDA's weights `gpu_w`, the
+/// CPU's `cpu_w`) held to the same model in BF16 on both (`control`, the
+/// CPU's weights' values): within 1.5x of the control's error or of
+/// (3e-2, 0.2), whichever is larger. The test models' random weights are
+/// large, so their logits are peaked and BF16 arithmetic alone moves
+/// log-probabilities by far more than on a real model.
+pub(super) fn quantised_vs_cpu_within_bf16(
+    cfg: &ModelConfig,
+    gpu_w: &ModelWeights,
+    cpu_w: ModelWeights,
+    label: &str,
+) -> String {
+    use crate::cpu::{CpuBackend, CpuPath, CpuWeights};
+    let kv = KvShape {
+        num_blocks: 64,
+        block_size: BS,
+    };
+    let opts = CudaOptions::default;
+    let control_w = all_bf16(&cpu_w);
+    let control = {
+        let mut gpu = CudaBackend::new(cfg.clone(), &control_w, kv, 0, opts()).unwrap();
+        let mut cpu = CpuBackend::with_weights(
+            cfg.clone(),
+            control_w,
+            kv,
+            CpuPath::Fast,
+            CpuWeights::Stored,
+        )
+        .unwrap();
+        worst_vs_cpu(&mut gpu, &mut cpu, cfg.vocab_size, "bf16 control")
+    };
+    let mut gpu = CudaBackend::new(cfg.clone(), gpu_w, kv, 0, opts()).unwrap();
+    let name = gpu.name();
+    let mut cpu =
+        CpuBackend::with_weights(cfg.clone(), cpu_w, kv, CpuPath::Fast, CpuWeights::Stored)
+            .unwrap();
+    let got = worst_vs_cpu(&mut gpu, &mut cpu, cfg.vocab_size, label);
+    let bound = ((1.5 * control.0).max(3e-2), (1.5 * control.1).max(0.2));
+    assert!(
+        got.0 <= bound.0 && got.1 <= bound.1,
+        "{label} on CUDA vs the CPU: {got:?}, over {bound:?} (BF16 control {control:?})"
+    );
+    name
+}
