@@ -374,34 +374,12 @@ impl Gpu {
         cfg: LaunchConfig,
         args: &T,
     ) -> Result<(), GpuError> {
-        self.bind()?;
-        let mut ptrs = [args as *const T as *mut std::ffi::c_void];
         // SAFETY: an all-zero attribute is a valid value of this plain C union/struct.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid.0,
-            gridDimY: cfg.grid.1,
-            gridDimZ: cfg.grid.2,
-            blockDimX: cfg.block.0,
-            blockDimY: cfg.block.1,
-            blockDimZ: cfg.block.2,
-            sharedMemBytes: cfg.shared_bytes,
-            hStream: self.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: delegated to the caller (see above); `config`, `attr` and
-        // `ptrs` live through the call, which copies them and the argument.
-        let r = unsafe {
-            sys::cuLaunchKernelEx(&config, f.func, ptrs.as_mut_ptr(), std::ptr::null_mut())
-        }
-        .result();
-        r.map_err(|source| GpuError::Launch {
-            name: f.name.clone(),
-            source,
-        })
+        // SAFETY: delegated to the caller (see above).
+        unsafe { self.launch_with(f, cfg, args, attr) }
     }
 
     /// [`Gpu::launch_struct`] as a cooperative launch: every block of the
@@ -416,12 +394,28 @@ impl Gpu {
         cfg: LaunchConfig,
         args: &T,
     ) -> Result<(), GpuError> {
-        self.bind()?;
-        let mut ptrs = [args as *const T as *mut std::ffi::c_void];
         // SAFETY: an all-zero attribute is a valid value of this plain C union/struct.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
         attr.value.cooperative = 1;
+        // SAFETY: delegated to the caller (see above).
+        unsafe { self.launch_with(f, cfg, args, attr) }
+    }
+
+    /// [`Gpu::launch_struct`] through `cuLaunchKernelEx` with one launch
+    /// attribute.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch_struct`], plus what `attr` asks of the kernel.
+    unsafe fn launch_with<T: Copy>(
+        &self,
+        f: &Function,
+        cfg: LaunchConfig,
+        args: &T,
+        mut attr: sys::CUlaunchAttribute,
+    ) -> Result<(), GpuError> {
+        self.bind()?;
+        let mut ptrs = [args as *const T as *mut std::ffi::c_void];
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid.0,
             gridDimY: cfg.grid.1,

@@ -325,17 +325,15 @@ impl Kernels {
         cfg: gpu::LaunchConfig,
         args: &T,
     ) -> Result<(), GpuError> {
+        if !self.pdl {
+            // SAFETY: delegated to the caller.
+            return unsafe { self.launch(f, cfg, args) };
+        }
         if self.record(f, &cfg, args) {
             return Ok(());
         }
         // SAFETY: delegated to the caller.
-        unsafe {
-            if self.pdl {
-                self.gpu.launch_struct_pdl(f, cfg, args)
-            } else {
-                self.gpu.launch_struct(f, cfg, args)
-            }
-        }
+        unsafe { self.gpu.launch_struct_pdl(f, cfg, args) }
     }
 
     /// Launches a kernel that does not wait on `griddepcontrol` (plain

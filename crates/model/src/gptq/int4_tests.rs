@@ -11,7 +11,7 @@ use contract::sampling::splitmix64;
 use half::bf16;
 
 use super::solve::{Factor, gptq_int4};
-use super::tests::{inputs, logits, uniform};
+use super::tests::{inputs, logit_distance, logits, uniform};
 use super::*;
 use crate::cpu::tests::{config_with, weights};
 
@@ -102,6 +102,21 @@ fn tiny() -> (contract::ModelConfig, ModelWeights) {
     (c, w)
 }
 
+/// `w` with every layer projection rounded to nearest in groups of `group`.
+fn rounded_model(w: &ModelWeights, group: usize) -> ModelWeights {
+    let mut rtn = w.clone();
+    for (p, b) in (rtn.layers.iter_mut().flat_map(|l| l.projections_mut()))
+        .zip(w.layers.iter().flat_map(|l| l.projections()))
+    {
+        *p = Projection::Int4(Int4Tensor::round_to_nearest(
+            b.as_bf16().unwrap(),
+            group,
+            true,
+        ));
+    }
+    rtn
+}
+
 fn int4_opts(group: usize) -> GptqOptions {
     GptqOptions {
         window: 48,
@@ -116,12 +131,7 @@ fn the_int4_pass_writes_the_gptq_form_and_beats_rounding_on_the_logits() {
     let (c, w) = tiny();
     let tokens: Vec<u32> = (0..48u64).map(|i| (splitmix64(i) % 50) as u32).collect();
     let q = quantize_model(&c, w.clone(), &tokens, &int4_opts(32), &mut |_, _| {}).unwrap();
-    let mut rtn = w.clone();
-    for (p, b) in (rtn.layers.iter_mut().flat_map(|l| l.projections_mut()))
-        .zip(w.layers.iter().flat_map(|l| l.projections()))
-    {
-        *p = Projection::Int4(Int4Tensor::round_to_nearest(b.as_bf16().unwrap(), 32, true));
-    }
+    let rtn = rounded_model(&w, 32);
     for (p, b) in (q.layers.iter().flat_map(|l| l.projections()))
         .zip(w.layers.iter().flat_map(|l| l.projections()))
     {
@@ -139,12 +149,7 @@ fn the_int4_pass_writes_the_gptq_form_and_beats_rounding_on_the_logits() {
         );
     }
     let want = logits(&c, &w, &tokens);
-    let dist = |other: &ModelWeights| -> f64 {
-        let got = logits(&c, other, &tokens);
-        let sq =
-            |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
-        want.iter().zip(&got).map(|(a, b)| sq(a, b)).sum()
-    };
+    let dist = |other: &ModelWeights| logit_distance(&c, other, &tokens, &want);
     let (g, r) = (dist(&q), dist(&rtn));
     assert!(g < 0.8 * r, "gptq {g} vs round-to-nearest {r}");
 }
@@ -184,19 +189,9 @@ fn int4_with_activation_order_carries_the_column_order() {
         ordered += usize::from(t.perm.is_some());
     }
     assert!(ordered > 0, "no projection was quantised out of order");
-    let mut rtn = w.clone();
-    for (p, b) in (rtn.layers.iter_mut().flat_map(|l| l.projections_mut()))
-        .zip(w.layers.iter().flat_map(|l| l.projections()))
-    {
-        *p = Projection::Int4(Int4Tensor::round_to_nearest(b.as_bf16().unwrap(), 32, true));
-    }
+    let rtn = rounded_model(&w, 32);
     let want = logits(&c, &w, &tokens);
-    let dist = |other: &ModelWeights| -> f64 {
-        let got = logits(&c, other, &tokens);
-        let sq =
-            |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
-        want.iter().zip(&got).map(|(a, b)| sq(a, b)).sum()
-    };
+    let dist = |other: &ModelWeights| logit_distance(&c, other, &tokens, &want);
     let (g, r) = (dist(&q), dist(&rtn));
     assert!(g < 0.8 * r, "gptq {g} vs round-to-nearest {r}");
 }

@@ -138,6 +138,19 @@ fn an_indefinite_hessian_is_an_error_naming_the_column() {
 
 /// Logits of `tokens` in f64 (FP8 projections at their dequantised
 /// values).
+/// The squared distance of `w`'s logits over `tokens` from `want`.
+pub(super) fn logit_distance(
+    c: &contract::ModelConfig,
+    w: &ModelWeights,
+    tokens: &[u32],
+    want: &[Vec<f64>],
+) -> f64 {
+    let got = logits(c, w, tokens);
+    let sq =
+        |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
+    want.iter().zip(&got).map(|(a, b)| sq(a, b)).sum()
+}
+
 pub(super) fn logits(c: &contract::ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let ex =
         ExactWeights::from_weights(w, |t| t.data.iter().map(|v| v.to_f64()).collect()).unwrap();
@@ -174,12 +187,7 @@ fn the_sequential_pass_brings_the_logits_closer_to_bf16_than_rounding() {
     let mut rtn = w.clone();
     rtn.quantize_fp8();
     let want = logits(&c, &w, &tokens);
-    let dist = |other: &ModelWeights| -> f64 {
-        let got = logits(&c, other, &tokens);
-        let sq =
-            |a: &Vec<f64>, b: &Vec<f64>| a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>();
-        want.iter().zip(&got).map(|(a, b)| sq(a, b)).sum()
-    };
+    let dist = |other: &ModelWeights| logit_distance(&c, other, &tokens, &want);
     let (g, r) = (dist(&fp8), dist(&rtn));
     assert!(g < 0.8 * r, "gptq {g} vs round-to-nearest {r}");
 }

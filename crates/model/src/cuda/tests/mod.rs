@@ -33,7 +33,7 @@ mod spec;
 mod variants;
 use crate::cpu::batch::{SeqChunk, build_step};
 use checkpoint::synth::{Preset, SynthOptions, synth_model_with};
-use contract::backend::SampleRequest;
+use contract::backend::{SampleRequest, SampledToken};
 use contract::sampling::{SamplingParams, splitmix64};
 
 #[test]
@@ -230,6 +230,19 @@ pub(super) fn greedy(step: u64) -> Option<SampleRequest> {
 
 /// Greedy generation of `n` tokens after `prompt` through `step` (graphs when enabled).
 pub(super) fn generate(b: &mut dyn Backend, prompt: &[u32], blocks: &[u32], n: usize) -> Vec<u32> {
+    generate_sampled(b, prompt, blocks, n)
+        .into_iter()
+        .map(|t| t.token)
+        .collect()
+}
+
+/// [`generate`]'s samples, log-probabilities included.
+pub(super) fn generate_sampled(
+    b: &mut dyn Backend,
+    prompt: &[u32],
+    blocks: &[u32],
+    n: usize,
+) -> Vec<SampledToken> {
     let mut c = SeqChunk {
         prompt_len: 0,
         tokens: prompt.to_vec(),
@@ -244,13 +257,14 @@ pub(super) fn generate(b: &mut dyn Backend, prompt: &[u32], blocks: &[u32], n: u
             .unwrap()[0]
             .clone()
             .unwrap();
-        out.push(t.token);
         c.start += c.tokens.len();
         c.tokens = vec![t.token];
         c.sample = greedy(i as u64 + 1);
+        out.push(t);
     }
     out
 }
+
 /// `n` greedy tokens after `prompt` on `gpu`, teacher-forced there and
 /// on `cpu` over the same blocks: (rel err, max |dlogprob|) of the GPU's
 /// rows against the CPU's.

@@ -9,26 +9,9 @@ use super::*;
 /// Greedy tokens after `prompt` and their log-probabilities' bits, one
 /// decode step at a time through `step` (graphs on).
 fn decode_bits(b: &mut dyn Backend, prompt: &[u32], blocks: &[u32], n: usize) -> Vec<(u32, u32)> {
-    let mut c = SeqChunk {
-        prompt_len: 0,
-        tokens: prompt.to_vec(),
-        start: 0,
-        blocks: blocks.to_vec(),
-        sample: greedy(0),
-    };
-    let mut out = Vec::new();
-    for i in 0..n {
-        let t = b
-            .step(&build_step(std::slice::from_ref(&c), BS).unwrap())
-            .unwrap()[0]
-            .clone()
-            .unwrap();
-        out.push((t.token, t.logprob.to_bits()));
-        c.start += c.tokens.len();
-        c.tokens = vec![t.token];
-        c.sample = greedy(i as u64 + 1);
-    }
-    out
+    (generate_sampled(b, prompt, blocks, n).into_iter())
+        .map(|t| (t.token, t.logprob.to_bits()))
+        .collect()
 }
 
 fn same_bits_as_per_kernel(preset: Preset, fp8: bool) {
