@@ -314,10 +314,21 @@ fn run(tool: &Path, args: &[OsString]) -> Result<(), String> {
 /// builds the sm_90a image alone (binaries a third of the size).
 fn compile_fatbin(nvcc: &Path, cu_dir: &Path, out: &Path, unity: &Path) -> Result<(), String> {
     let flags = |target: &str, code: &str, kind: &str, dst: &Path, src: &Path| {
-        let mut v: Vec<OsString> = ["-O3", "-lineinfo", "-std=c++17", kind]
-            .into_iter()
-            .map(Into::into)
-            .collect();
+        // `--split-compile 0`: cicc's optimiser and ptxas over every CPU
+        // (measured: the sm_90a image in 3m12s instead of 5m51s on two
+        // cores; the machine code differs only in register names and
+        // instruction order)
+        let mut v: Vec<OsString> = [
+            "-O3",
+            "-lineinfo",
+            "-std=c++17",
+            "--split-compile",
+            "0",
+            kind,
+        ]
+        .into_iter()
+        .map(Into::into)
+        .collect();
         v.push(format!("-gencode=arch={target},code={code}").into());
         for inc in [cu_dir, out] {
             v.push("-I".into());

@@ -5,7 +5,7 @@
 
 use clap::ValueEnum;
 use cpu_kernels::IsaCap;
-use model::cuda::{DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
+use model::cuda::{DEFAULT_DECODE_MIN_CHUNK, DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
 use runtime::CudaOptions;
 
 /// Tuning flags of the CPU kernels and the CUDA backend.
@@ -43,6 +43,10 @@ pub struct TuningArgs {
     /// the narrow flash tiling; 0: never [default: from the SM count].
     #[arg(long, hide = true, env = "LAMINA_NARROW_DECODE_SEQS")]
     pub narrow_decode_seqs: Option<usize>,
+    /// Fewest keys a CUDA decode attention split takes (a multiple of 16):
+    /// smaller runs short contexts on more blocks.
+    #[arg(long, hide = true, default_value_t = DEFAULT_DECODE_MIN_CHUNK, env = "LAMINA_DECODE_MIN_CHUNK")]
+    pub decode_min_chunk: usize,
     /// With FP8 weights (refused without): on CUDA, prefill and large
     /// batches quantise each projection's input to FP8 per token and run
     /// FP8 tensor cores (W8A8: faster, a little more rounding); without it
@@ -123,6 +127,7 @@ impl TuningArgs {
                 DetGemmArg::Own => DetGemm::Own,
             },
             persistent_decode: self.persistent_decode,
+            decode_min_chunk: self.decode_min_chunk,
         }
     }
 }

@@ -431,7 +431,7 @@ kernel_args! {
 
     /// Arguments of `persistent_*` (cu/persistent.cu).
     #[derive(Default)]
-    pub struct PersistentArgs for "persistent_*", size 24 {
+    pub struct PersistentArgs for "persistent_*", size 32 {
         /// [n_ops] the ops, in stream order
         ops: u64 as "const PersistentOp*" @ 0,
         /// [n_ops + 2] each op's arrival count (growing by its blocks every
@@ -440,6 +440,9 @@ kernel_args! {
         counters: u64 as "uint32_t*" @ 8,
         n_ops: u32 as "uint32_t" @ 16,
         pad: u32 as "uint32_t" @ 20,
+        /// [n_ops, grid, 3] or null: each block's start of each op, the end
+        /// of its wait for the op before, its arrival (globaltimer ns)
+        trace: u64 as "unsigned long long*" @ 24,
     }
 
     /// Arguments of `decode_attention_d{D}_g{G}` (cu/decode_attention.cu).

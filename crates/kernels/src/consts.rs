@@ -94,6 +94,11 @@ launch_consts! {
     /// Threads of a persistent decode block (`cu/persistent.cu`): those of
     /// the GEMV and decode attention blocks whose bodies it runs.
     pub const PERSIST_THREADS: usize = 128;
+    /// Persistent blocks a multiprocessor must hold (the kernel's launch
+    /// bound: its registers capped at 65,536 / (4 x 128) = 128 a thread,
+    /// what the GEMV and attention bodies take on their own, instead of
+    /// the 160 of their union, which held 3).
+    pub const PERSIST_MIN_BLOCKS: usize = 4;
     /// `PersistentOp::kind` of a `gemv_*_resid` op (its index in
     /// `gemv::VARIANTS`, as the other GEMV kinds).
     pub const PERSIST_GEMV_RESID: usize = 1;

@@ -173,11 +173,32 @@ impl Recorded {
 /// Recorded ops on the device, ready to launch (module doc).
 pub struct PersistentProgram {
     entry: usize,
-    ops: DeviceBuffer<u32>,      // [n_ops, PersistentOp words]
-    counters: DeviceBuffer<u32>, // [n_ops + 2] (PersistentArgs)
+    ops: DeviceBuffer<u32>,           // [n_ops, PersistentOp words]
+    counters: DeviceBuffer<u32>,      // [n_ops + 2] (PersistentArgs)
+    trace: Option<DeviceBuffer<u64>>, // [n_ops, grid, 3] (PersistentArgs)
+    kinds: Vec<u32>,
+    virtual_blocks: Vec<u32>,
     n_ops: u32,
     grid: u32,
     smem: u32,
+}
+
+/// One op of a traced launch ([`PersistentProgram::trace`]): microseconds
+/// from the launch's first block start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpTime {
+    /// `consts::PERSIST_*`: which body.
+    pub kind: u32,
+    /// Its virtual blocks.
+    pub blocks: u32,
+    /// When its last block arrived: the op complete.
+    pub done: f64,
+    /// When the first block saw the op before it complete.
+    pub first_ready: f64,
+    /// The median and the longest time of a block from the end of its
+    /// wait to its arrival (its virtual blocks' work).
+    pub work_median: f64,
+    pub work_max: f64,
 }
 
 impl PersistentProgram {
@@ -190,6 +211,49 @@ impl PersistentProgram {
     pub fn blocks(&self) -> usize {
         self.grid as usize
     }
+
+    /// The op timings of its latest launch, when it was built to trace
+    /// them (`persistent_program(.., true)`); blocking (synchronises).
+    pub fn trace(&self, gpu: &gpu::Gpu) -> Result<Option<Vec<OpTime>>, KernelError> {
+        let Some(buf) = &self.trace else {
+            return Ok(None);
+        };
+        gpu.synchronize()?;
+        let t = gpu.to_host(buf.view())?;
+        Ok(Some(op_times(
+            &t,
+            self.grid as usize,
+            &self.kinds,
+            &self.virtual_blocks,
+        )))
+    }
+}
+
+/// [`OpTime`]s from a trace `t` of `[ops, grid, 3]` stamps.
+fn op_times(t: &[u64], grid: usize, kinds: &[u32], virtual_blocks: &[u32]) -> Vec<OpTime> {
+    let per_op: Vec<&[u64]> = t.chunks_exact(grid * 3).collect();
+    let origin = per_op
+        .first()
+        .and_then(|op| op.chunks_exact(3).map(|b| b[0]).min())
+        .unwrap_or(0);
+    let us = |ns: u64| ns.saturating_sub(origin) as f64 / 1e3;
+    let mut out = Vec::with_capacity(per_op.len());
+    for (i, op) in per_op.iter().enumerate() {
+        let blocks: Vec<&[u64]> = op.chunks_exact(3).collect();
+        let mut work: Vec<f64> = (blocks.iter())
+            .map(|b| b[2].saturating_sub(b[1]) as f64 / 1e3)
+            .collect();
+        work.sort_by(f64::total_cmp);
+        out.push(OpTime {
+            kind: kinds.get(i).copied().unwrap_or(u32::MAX),
+            blocks: virtual_blocks.get(i).copied().unwrap_or(0),
+            done: us(blocks.iter().map(|b| b[2]).max().unwrap_or(0)),
+            first_ready: us(blocks.iter().map(|b| b[1]).min().unwrap_or(0)),
+            work_median: work.get(work.len() / 2).copied().unwrap_or(0.0),
+            work_max: work.last().copied().unwrap_or(0.0),
+        });
+    }
+    out
 }
 
 impl Kernels {
@@ -226,10 +290,12 @@ impl Kernels {
 
     /// The program that runs `rec`, or why none can (a refused recording,
     /// no persistent entry for its format and head size, no room for a
-    /// block on a multiprocessor). Uploads, blocking.
+    /// block on a multiprocessor). Uploads, blocking. `trace`: each launch
+    /// stamps its ops' timings ([`PersistentProgram::trace`]).
     pub fn persistent_program(
         &self,
         rec: Recorded,
+        trace: bool,
     ) -> Result<Result<PersistentProgram, String>, KernelError> {
         if let Some(why) = rec.refused {
             return Ok(Err(why));
@@ -260,10 +326,17 @@ impl Kernels {
         for (op, out) in rec.ops.iter().zip(host.chunks_exact_mut(words)) {
             op.write_words(out);
         }
+        let trace = match trace {
+            true => Some(self.gpu.alloc(rec.ops.len() * grid as usize * 3)?),
+            false => None,
+        };
         Ok(Ok(PersistentProgram {
             entry,
             ops: self.gpu.upload(&host)?,
             counters: self.gpu.alloc(rec.ops.len() + 2)?,
+            trace,
+            kinds: rec.ops.iter().map(|o| o.kind).collect(),
+            virtual_blocks: rec.ops.iter().map(|o| o.blocks).collect(),
             n_ops: rec.ops.len() as u32,
             grid,
             smem: rec.smem,
@@ -277,6 +350,7 @@ impl Kernels {
             counters: p.counters.view().ptr(),
             n_ops: p.n_ops,
             pad: 0,
+            trace: p.trace.as_ref().map_or(0, |t| t.view().ptr()),
         };
         let cfg = LaunchConfig {
             grid: (p.grid, 1, 1),
@@ -320,6 +394,24 @@ mod tests {
             entry(WeightFormat::Fp8Row, 128, 4),
             "persistent_gemv8_d128_g4"
         );
+    }
+
+    #[test]
+    fn a_trace_gives_each_op_its_completion_readiness_and_work() {
+        // two ops over a grid of two blocks: [op, block, (start, ready, arrival)] in ns
+        #[rustfmt::skip]
+        let t = [
+            1_000, 1_500, 4_000, 2_000, 2_500, 3_000, // op 0
+            4_100, 6_000, 9_000, 3_100, 5_000, 7_000, // op 1
+        ];
+        let ops = op_times(&t, 2, &[5, 6], &[384, 264]);
+        assert_eq!(ops.len(), 2);
+        assert_eq!((ops[0].kind, ops[0].blocks), (5, 384));
+        assert_eq!(ops[0].done, 3.0); // the last arrival, from the first start
+        assert_eq!(ops[0].first_ready, 0.5);
+        assert_eq!((ops[0].work_median, ops[0].work_max), (2.5, 2.5));
+        assert_eq!((ops[1].done, ops[1].first_ready), (8.0, 4.0));
+        assert_eq!((ops[1].work_median, ops[1].work_max), (3.0, 3.0));
     }
 
     #[test]

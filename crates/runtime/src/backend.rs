@@ -104,6 +104,8 @@ fn cuda_options(opts: &RuntimeOptions) -> model::cuda::CudaOptions {
         deterministic: opts.deterministic,
         det_gemm: c.det_gemm,
         persistent_decode: c.persistent_decode,
+        persistent_trace: false,
+        decode_min_chunk: c.decode_min_chunk,
         max_loras: opts.lora.slots(),
         max_lora_rank: opts.lora.max_lora_rank,
     }

@@ -60,6 +60,10 @@ fn check_settings(opts: &RuntimeOptions) -> Result<(), RuntimeError> {
     if rows > most {
         invalid!("invalid `--gemv-rows`: {rows} is more than the GEMV kernels take ({most})");
     }
+    let (keys, gran) = (opts.cuda.decode_min_chunk, model::cuda::DECODE_CHUNK_GRAN);
+    if keys == 0 || !keys.is_multiple_of(gran) || u32::try_from(keys).is_err() {
+        invalid!("invalid `--decode-min-chunk`: {keys} is not a positive multiple of {gran} keys");
+    }
     if opts.cuda.det_gemm != model::cuda::DetGemm::Auto && !opts.deterministic {
         invalid!(
             "invalid `--deterministic-gemm`: it chooses the products of `--deterministic`, which is off"
@@ -123,4 +127,25 @@ fn use_cuda(device: Device) -> Result<bool, RuntimeError> {
         }
         Device::Auto => model::cuda::available().is_ok(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_split_that_is_not_a_positive_multiple_of_the_granule_is_refused_by_name() {
+        let mut opts = RuntimeOptions::default();
+        assert!(check_settings(&opts).is_ok());
+        for bad in [0, 24, 100] {
+            opts.cuda.decode_min_chunk = bad;
+            let e = check_settings(&opts).unwrap_err().to_string();
+            assert!(
+                e.contains("`--decode-min-chunk`") && e.contains(&bad.to_string()),
+                "{e}"
+            );
+        }
+        opts.cuda.decode_min_chunk = 32;
+        assert!(check_settings(&opts).is_ok());
+    }
 }

@@ -11,9 +11,10 @@
 // Ordering, the job of kernel boundaries and PDL in the layered path, is
 // done by counters: a virtual block issues its weight loads first (as the
 // body does before its PDL wait), then waits until op i - 1's counter
-// holds that op's block count (OpSched, sched.cuh) and runs; once a block
-// has run its virtual blocks of op i it counts them in op i's counter (one
-// release reduction a block and op: no round trip). So an SM streams
+// holds that op's block count (OpSched, sched.cuh; a block waits once an
+// op, its later virtual blocks of the op run at once) and runs; once a
+// block has run its virtual blocks of op i it counts them in op i's
+// counter (one release reduction a block and op: no round trip). So an SM streams
 // the next op's weights while the last blocks of the previous op finish
 // elsewhere, with no launch, no grid drain and no ramp-up between ops. A
 // virtual block that returned before waiting (a decode split with no keys)
@@ -31,6 +32,10 @@
 // GEMVs of one row (tile m1) of the kernel's weight format without LoRA
 // deltas, kinds LAMINA_PERSIST_GEMV_*; decode attention of bf16 caches at
 // head size D and group cap C, LAMINA_PERSIST_ATTENTION.
+// Registers: capped at 128 a thread (LAMINA_PERSIST_MIN_BLOCKS blocks a
+// multiprocessor), what the bodies take alone.
+// Trace (PersistentArgs::trace, when not null): thread 0 of each block
+// stamps each op's start, the end of its wait and its arrival.
 // Shared memory: the bodies' static arrays, the GEMV norm inputs (dynamic,
 // the most any op takes) and the current op (double-buffered: the next
 // op's record is loaded while this one runs).
@@ -82,11 +87,15 @@ template <class F, int D, int C>
 __device__ __forceinline__ void persistent_impl(const PersistentArgs& p) {
     __shared__ __align__(16) PersistentOp ops[2];
     __shared__ uint32_t waited, launch_gen;
+    __shared__ unsigned long long ready_at;
     const uint32_t t = threadIdx.x;
     const uint32_t* src = reinterpret_cast<const uint32_t*>(p.ops);
     uint32_t* exits = p.counters + p.n_ops;  // then the generation
     if (t < PERSIST_OP_WORDS) reinterpret_cast<uint32_t*>(&ops[0])[t] = __ldg(src + t);
-    if (t == 0) launch_gen = ld_relaxed_u32(exits + 1);
+    if (t == 0) {
+        launch_gen = ld_relaxed_u32(exits + 1);
+        waited = 0;
+    }
     __syncthreads();
     const uint32_t gen = launch_gen;
     for (uint32_t i = 0; i < p.n_ops; i++) {
@@ -96,19 +105,31 @@ __device__ __forceinline__ void persistent_impl(const PersistentArgs& p) {
         if (i + 1 < p.n_ops && t < PERSIST_OP_WORDS) next = __ldg(src + (size_t)(i + 1) * PERSIST_OP_WORDS + t);
         // op i - 1 complete: its counter at (gen + 1) x its blocks (mod 2^32)
         const OpSched s{i == 0 ? nullptr : p.counters + (i - 1), i == 0 ? 0u : (gen + 1) * ops[(i + 1) & 1].blocks,
-                        &waited};
+                        &waited, &ready_at};
+        const unsigned long long start = p.trace != nullptr ? globaltimer_ns() : 0;
         uint32_t mine = 0;
         for (uint32_t v = blockIdx.x; v < op.blocks; v += gridDim.x, mine++) {
-            if (t == 0) waited = 0;
             persistent_run<F, D, C>(op, v, s);
             __syncthreads();
-            if (t == 0 && !waited) s.spin();
+        }
+        // (a block that ran nothing, or whose bodies returned before
+        // waiting, still waits before counting itself)
+        if (t == 0 && !waited) {
+            s.spin();
+            ready_at = globaltimer_ns();
         }
         // one arrival (and one release) for all of this block's virtual blocks
         if (t == 0 && mine > 0) persist_arrive(p.counters + i, mine);
+        if (t == 0 && p.trace != nullptr) {
+            unsigned long long* tr = p.trace + ((size_t)i * gridDim.x + blockIdx.x) * 3;  // [n_ops, grid, 3]
+            tr[0] = start;
+            tr[1] = ready_at;
+            tr[2] = globaltimer_ns();
+        }
         // ops[(i + 1) & 1] held op i - 1, whose block count `s` has read.
         __syncthreads();
         if (t < PERSIST_OP_WORDS) reinterpret_cast<uint32_t*>(&ops[(i + 1) & 1])[t] = next;
+        if (t == 0) waited = 0;
         __syncthreads();
     }
     // The last block out moves the generation on (every block read it
@@ -123,7 +144,8 @@ __device__ __forceinline__ void persistent_impl(const PersistentArgs& p) {
 }
 
 #define PERSISTENT_ENTRY(PREFIX, F, D, C)                                                                \
-    extern "C" __global__ void __launch_bounds__(LAMINA_PERSIST_THREADS) persistent_##PREFIX##_d##D##_g##C( \
+    extern "C" __global__ void __launch_bounds__(LAMINA_PERSIST_THREADS, LAMINA_PERSIST_MIN_BLOCKS)     \
+        persistent_##PREFIX##_d##D##_g##C(                                                                \
         const PersistentArgs p) {                                                                         \
         persistent_impl<F, D, C>(p);                                                                      \
     }

@@ -20,6 +20,13 @@ struct LaunchSched {
     }
 };
 
+// The GPU's nanosecond clock, common to every SM.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 __device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
     uint32_t v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -31,7 +38,7 @@ __device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
 // counts growing from launch to launch: persistent.cu; the first
 // op waits for the previous kernel as a launch does, `dep` null), thread 0
 // polling (relaxed loads, then an acquire fence) and the block joining it
-// at a barrier. Outputs of earlier ops were written during this launch by
+// at a barrier, once a block and op. Outputs of earlier ops were written during this launch by
 // other SMs, so inputs are read through L2 (`COHERENT`), never the
 // non-coherent read-only path. `waited` (shared) records the wait, so that
 // a body that returned before waiting still waits before counting itself
@@ -41,6 +48,8 @@ struct OpSched {
     const uint32_t* dep;
     uint32_t target;
     uint32_t* waited;
+    // (shared) when thread 0 saw the wait end, for the trace (persistent.cu)
+    unsigned long long* ready_at;
     // Thread 0's poll (the first op: every thread's PDL wait).
     __device__ __forceinline__ void spin() const {
         if (dep == nullptr) {
@@ -52,10 +61,16 @@ struct OpSched {
             asm volatile("fence.acq_rel.gpu;" ::: "memory");
         }
     }
+    // Once a virtual block of this op has waited, the block's later ones
+    // need not: `waited` is set only after a barrier every thread passed,
+    // and read at the next virtual block, after the loop's barrier, so the
+    // block agrees on it.
     __device__ __forceinline__ void wait() const {
+        if (*waited) return;
         spin();
-        if (threadIdx.x == 0) *waited = 1;
+        if (threadIdx.x == 0) *ready_at = globaltimer_ns();
         __syncthreads();
+        if (threadIdx.x == 0) *waited = 1;
     }
 };
 

@@ -168,7 +168,7 @@ impl<'a> Exec<'a> {
         let io = self.staged(lay)?;
         let rec = self.k.record_persistent(|| self.layers(&io, plan))?;
         self.k
-            .persistent_program(rec)
+            .persistent_program(rec, self.tuning.persistent_trace)
             .map_err(ke("uploading the persistent decode program"))
     }
 

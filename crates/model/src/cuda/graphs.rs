@@ -89,6 +89,13 @@ impl DecodeGraphs {
         self.graphs.values().filter(|c| c.layers.is_some()).count()
     }
 
+    /// The persistent program of a graph of batch bucket `batch`, if any.
+    pub fn persistent_program(&self, batch: usize) -> Option<&PersistentProgram> {
+        (self.graphs.iter())
+            .filter(|(key, _)| key.0 == batch)
+            .find_map(|(_, c)| c.layers.as_ref())
+    }
+
     /// The bucket that runs a pure-decode step of `s` sequences with
     /// block-table rows of `max_blocks` (module doc), or `None` when graphs
     /// cannot serve it.

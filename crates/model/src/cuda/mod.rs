@@ -91,6 +91,11 @@ const GRAPH_HISTORY: usize = 1 << 20;
 /// default: at more rows the GEMVs (which re-read their inputs per warp) lose
 /// to cuBLAS plus the unfused norm / SiLU kernels (H200, Llama-3.2-1B).
 pub const DEFAULT_GEMV_ROWS: usize = 2;
+/// Fewest keys a decode attention split takes unless set
+/// ([`CudaOptions::decode_min_chunk`]), and what it must be a multiple of.
+pub use kernels::decode_attention::{
+    CHUNK_GRAN as DECODE_CHUNK_GRAN, MIN_CHUNK as DEFAULT_DECODE_MIN_CHUNK,
+};
 /// Most tokens a fused GEMV launch takes.
 pub const MAX_GEMV_ROWS: usize = kernels::gemv::MAX_ROWS;
 
@@ -132,6 +137,14 @@ pub struct CudaOptions {
     /// Run the layers of captured one-token decode steps on the persistent
     /// decode kernel where it covers them (`plan`).
     pub persistent_decode: bool,
+    /// Fewest keys a decode attention split takes (a positive multiple of
+    /// [`DECODE_CHUNK_GRAN`]): smaller splits run short contexts on more
+    /// blocks, each with a shorter chain of loads, and more partials to merge.
+    pub decode_min_chunk: usize,
+    /// Its launches stamp each op's timings, read back by
+    /// [`CudaBackend::persistent_trace`]: a profiling aid of the tests,
+    /// with no flag of its own.
+    pub persistent_trace: bool,
 }
 
 impl Default for CudaOptions {
@@ -148,6 +161,8 @@ impl Default for CudaOptions {
             max_loras: 0,
             max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
             persistent_decode: false,
+            decode_min_chunk: DEFAULT_DECODE_MIN_CHUNK,
+            persistent_trace: false,
         }
     }
 }
@@ -213,8 +228,9 @@ fn tuning(
         head_dim: c.head_dim,
     };
     // two waves of blocks: enough to hide the latency of short contexts
-    let mut decode =
-        DecodePlan::new(shape, 2 * sms).map_err(|e| dev_err("planning decode attention", e))?;
+    let mut decode = DecodePlan::new(shape, 2 * sms)
+        .and_then(|p| p.with_min_chunk(opts.decode_min_chunk))
+        .map_err(|e| dev_err("planning decode attention", e))?;
     if opts.deterministic {
         decode = decode.invariant();
     }
@@ -245,6 +261,7 @@ fn tuning(
         lora_wide: 0,
         deterministic: opts.deterministic,
         persistent: opts.persistent_decode && !opts.deterministic,
+        persistent_trace: opts.persistent_trace,
     })
 }
 
@@ -396,6 +413,20 @@ impl CudaBackend {
     /// Captured decode graphs whose layers run on the persistent kernel.
     pub fn num_persistent_graphs(&self) -> usize {
         self.graphs.persistent()
+    }
+
+    /// The op timings of the latest launch of the persistent kernel in
+    /// the one-sequence decode graph, when traced
+    /// ([`CudaOptions::persistent_trace`]); blocking.
+    pub fn persistent_trace(
+        &self,
+    ) -> Result<Option<Vec<kernels::persistent::OpTime>>, BackendError> {
+        let Some(p) = self.graphs.persistent_program(1) else {
+            return Ok(None);
+        };
+        p.trace(self.k.gpu()).map_err(|e| {
+            BackendError::Device(format!("reading the persistent kernel's trace: {e}"))
+        })
     }
 
     /// [`StepBatch::check`] with what this backend indexes with: token ids

@@ -74,6 +74,8 @@ pub(super) struct Tuning {
     pub deterministic: bool,
     /// One-token decode steps may run their layers on the persistent kernel.
     pub persistent: bool,
+    /// Its launches stamp their op timings (`CudaOptions::persistent_trace`).
+    pub persistent_trace: bool,
 }
 
 /// The kernels' capabilities a plan asks about (the flash kernel's tilings
@@ -390,6 +392,7 @@ mod tests {
             lora_wide: 0,
             deterministic: false,
             persistent: false,
+            persistent_trace: false,
         }
     }
 

@@ -85,3 +85,102 @@ fn cuda_persistent_decode_short() {
         "{out:?}"
     );
 }
+
+/// The persistent kernel's op timings on the Llama-3.2-1B shape (bf16, a
+/// 128-token prompt, the trace of the last of 32 decode steps), printed as
+/// a table per op and per kind against each op's weight bytes at the copy
+/// bandwidth `LAMINA_COPY_GBS` (default 3,000 GB/s), decode attention's
+/// splits at least `LAMINA_DECODE_MIN_CHUNK` keys: the profile of the
+/// kernel (docs/performance.md). Checks that every op of the program was
+/// stamped.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_persistent_trace_of_the_1b() {
+    use kernels::consts::{
+        PERSIST_ATTENTION, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID,
+    };
+    let (cfg, w) = load(&synth_dir(Preset::Llama3_2_1b));
+    let kv = KvShape {
+        num_blocks: 64,
+        block_size: BS,
+    };
+    let on = CudaOptions {
+        persistent_decode: true,
+        persistent_trace: true,
+        decode_min_chunk: std::env::var("LAMINA_DECODE_MIN_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(crate::cuda::DEFAULT_DECODE_MIN_CHUNK),
+        ..CudaOptions::default()
+    };
+    let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, on).unwrap();
+    let mut pool = Pool::new(kv.num_blocks);
+    let prompt = tokens(9, 128, cfg.vocab_size);
+    generate_sampled(&mut gpu, &prompt, &pool.take(128 + 32), 32);
+    let ops = gpu
+        .persistent_trace()
+        .unwrap()
+        .expect("a traced persistent graph");
+    assert_eq!(ops.len(), 5 * cfg.num_layers, "ops of the program");
+    let (h, i, kvw) = (
+        cfg.hidden_size as f64,
+        cfg.intermediate_size as f64,
+        (cfg.num_kv_heads * cfg.head_dim) as f64,
+    );
+    let gbs: f64 = std::env::var("LAMINA_COPY_GBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000.0);
+    let bytes = |kind: u32, next: Option<u32>| -> f64 {
+        2.0 * match kind as usize {
+            PERSIST_GEMV_NORM_ROPE => h * (h + 2.0 * kvw),
+            PERSIST_GEMV_NORM_SILU => 2.0 * h * i,
+            // O (before gate/up) or down
+            PERSIST_GEMV_RESID if next == Some(PERSIST_GEMV_NORM_SILU as u32) => h * h,
+            PERSIST_GEMV_RESID => i * h,
+            _ => 0.0,
+        }
+    };
+    let name = |k: u32| match k as usize {
+        PERSIST_GEMV_NORM_ROPE => "norm+QKV+RoPE",
+        PERSIST_GEMV_NORM_SILU => "norm+gate/up",
+        PERSIST_GEMV_RESID => "O / down",
+        PERSIST_ATTENTION => "attention",
+        _ => "?",
+    };
+    eprintln!(
+        "op  kind            vblocks  done_us  span_us  floor_us  ready_lag_us  work_med  work_max"
+    );
+    let mut per_kind: std::collections::BTreeMap<&str, (f64, f64, usize)> = Default::default();
+    let mut prev_done = 0.0;
+    for (n, op) in ops.iter().enumerate() {
+        let next = ops.get(n + 1).map(|o| o.kind);
+        let floor = bytes(op.kind, next) / (gbs * 1e3);
+        let span = op.done - prev_done;
+        let lag = op.first_ready - prev_done;
+        assert!(
+            op.done.is_finite() && op.done > 0.0,
+            "op {n} not stamped: {op:?}"
+        );
+        eprintln!(
+            "{n:3} {:15} {:7} {:8.1} {span:8.2} {floor:9.2} {lag:13.2} {:9.2} {:9.2}",
+            name(op.kind),
+            op.blocks,
+            op.done,
+            op.work_median,
+            op.work_max
+        );
+        let e = per_kind.entry(name(op.kind)).or_default();
+        e.0 += span;
+        e.1 += floor;
+        e.2 += 1;
+        prev_done = op.done;
+    }
+    for (kind, (span, floor, n)) in &per_kind {
+        eprintln!(
+            "kind {kind:15} ops {n:3} span {span:8.1} us  floor {floor:8.1} us  ({:.0}% of floor speed)",
+            100.0 * floor / span.max(1e-9)
+        );
+    }
+    eprintln!("layers: {prev_done:.1} us a step");
+}
