@@ -171,6 +171,11 @@ pub const OTHER_VARS: &[Var] = &[
         "where the whole-model check writes its dumps",
     ),
     var(
+        "LAMINA_COPY_GBS",
+        "the GPU tests (`scripts/gpu/`)",
+        "the copy bandwidth the persistent kernel's op trace holds each op to (GB/s, default 3,000)",
+    ),
+    var(
         "LAMINA_SHORTGEN_PRESET",
         "the GPU tests (`scripts/gpu/`)",
         "the preset of the short generation test",
