@@ -17,9 +17,12 @@ attention, no TF32) on each case's tokens and prints per case:
   argmax=        share of scored positions where both argmaxes agree
 
 Exits 1 when a case's max|dlp| (either) is over 0.2 nats or a value is not
-finite; the relative error is reported, not judged.
+finite; the relative error is reported, not judged. With --bf16-control it
+also runs transformers in bfloat16 on the same tokens and prints, per case,
+that run's max|dlp| tf against float32: how far bfloat16 arithmetic alone
+moves this model (reported, not judged).
 
-  compare_hf.py MODEL_DIR DUMP_DIR [--device cuda|cpu]
+  compare_hf.py MODEL_DIR DUMP_DIR [--device cuda|cpu] [--bf16-control]
 
 Needs torch and transformers; the GPU machine has no network, so nothing
 is downloaded (HF_HUB_OFFLINE).
@@ -40,18 +43,29 @@ from transformers import AutoModelForCausalLM
 LP = 0.2
 
 
-def load(model_dir, device):
+def load(model_dir, device, dtype=torch.float32):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     kw = dict(local_files_only=True, attn_implementation="eager")
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kw)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kw)
     except TypeError:  # transformers before `dtype`
-        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, **kw)
-    model = model.float().to(device).eval()
-    assert all(p.dtype == torch.float32 for p in model.parameters()), "not float32"
+        model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, **kw)
+    model = model.to(dtype=dtype, device=device).eval()
+    assert all(p.dtype == dtype for p in model.parameters()), f"not {dtype}"
     return model
+
+
+@torch.no_grad()
+def target_logprobs(model, case, device):
+    """log-probabilities (float64) of a case's targets, teacher-forced."""
+    ids = torch.tensor([case["tokens"]], device=device)
+    logits = model(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0]
+    first, targets = case["first"], case["targets"]
+    pos = torch.arange(first, first + len(targets), device=device)
+    scored = torch.log_softmax(logits[pos].double(), -1)
+    return scored[torch.arange(len(targets), device=device), torch.tensor(targets, device=device)]
 
 
 def window(model_dir):
@@ -96,6 +110,7 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("dump")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--bf16-control", action="store_true")
     a = ap.parse_args()
     d = json.load(open(os.path.join(a.dump, "dump.json")))
     vocab, name = d["vocab"], d["model"]
@@ -116,6 +131,13 @@ def main():
         print(f"{case['name']:16} {dtf:11.4f} {drows:13.4f} {rel:9.2e} {sp:>15} {agree:7.3f} {time.time() - t0:5.1f} {verdict}")
         print(f"RESULT hf {name} {case['name']} max|dlogp| {max(dtf, drows):.4f} rel {rel:.2e} argmax= {agree:.3f} {verdict}")
     print(f"limit: max|dlogp| <= {LP} nats; window W = {win}")
+    if a.bf16_control:
+        fp32 = [target_logprobs(model, case, a.device) for case in d["cases"]]
+        del model
+        half = load(a.model_dir, a.device, torch.bfloat16)
+        for case, want in zip(d["cases"], fp32):
+            got = target_logprobs(half, case, a.device)
+            print(f"RESULT hf {name} {case['name']} bf16 control max|dlogp| tf {(got - want).abs().max().item():.4f}")
     sys.exit(0 if ok else 1)
 
 
