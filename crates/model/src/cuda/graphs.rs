@@ -55,6 +55,8 @@ pub(super) struct DecodeGraphs {
     enabled: bool,
     /// Longest block-table row of a bucket: `ceil(longest context / block_size)`.
     max_blocks: usize,
+    /// Why the capture that turned graphs off failed.
+    pub(super) failure: Option<String>,
 }
 
 impl DecodeGraphs {
@@ -64,6 +66,7 @@ impl DecodeGraphs {
             uses: HashMap::new(),
             enabled,
             max_blocks: max_blocks.max(MIN_GRAPH_BLOCKS),
+            failure: None,
         }
     }
 
@@ -247,6 +250,7 @@ impl CudaBackend {
                 }
                 tracing::warn!(error = %e, "CUDA graph capture failed; running decode steps eagerly");
                 self.graphs.set_enabled(false);
+                self.graphs.failure = Some(e.to_string());
                 return Ok(false);
             }
         };

@@ -410,6 +410,11 @@ impl CudaBackend {
         self.graphs.len()
     }
 
+    /// Why a failed capture turned decode graphs off, if one did.
+    pub fn graph_failure(&self) -> Option<&str> {
+        self.graphs.failure.as_deref()
+    }
+
     /// Captured decode graphs whose layers run on the persistent kernel.
     pub fn num_persistent_graphs(&self) -> usize {
         self.graphs.persistent()

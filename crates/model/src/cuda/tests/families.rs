@@ -55,6 +55,7 @@ fn cuda_family_dump_for_transformers() {
     let (prompt, generated) = dump(&mut b, &out, &label);
     // the dump decoded with graphs; eager decoding must give the same tokens
     let graphs = b.num_graphs();
+    let failure = b.graph_failure().map(str::to_string);
     b.set_graphs(false);
     let eager = generate(
         &mut b,
@@ -68,7 +69,11 @@ fn cuda_family_dump_for_transformers() {
         eager == generated
     );
     batch_matches_alone(&mut b, 2e-2, &label);
-    assert!(graphs >= 1, "{label}: decode steps captured no graph");
+    assert!(
+        graphs >= 1,
+        "{label}: decode steps captured no graph ({})",
+        failure.as_deref().unwrap_or("no capture failed")
+    );
     assert_eq!(
         eager, generated,
         "{label}: graph replay and eager decode disagree"
