@@ -58,14 +58,17 @@ def load(model_dir, device, dtype=torch.float32):
 
 
 @torch.no_grad()
-def target_logprobs(model, case, device):
-    """log-probabilities (float64) of a case's targets, teacher-forced."""
+def scored_logprobs(model, case, device):
+    """The model's float32 logits of a case's tokens, teacher-forced, and
+    the float64 log-probabilities of its scored positions' targets."""
     ids = torch.tensor([case["tokens"]], device=device)
-    logits = model(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0]
+    # no cache: a hybrid (sliding) cache is no part of one teacher-forced pass
+    logits = model(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()
     first, targets = case["first"], case["targets"]
     pos = torch.arange(first, first + len(targets), device=device)
-    scored = torch.log_softmax(logits[pos].double(), -1)
-    return scored[torch.arange(len(targets), device=device), torch.tensor(targets, device=device)]
+    scored = torch.log_softmax(logits[pos].double(), -1)  # [scored, vocab]
+    want = scored[torch.arange(len(targets), device=device), torch.tensor(targets, device=device)]
+    return logits, pos, scored, want
 
 
 def window(model_dir):
@@ -79,15 +82,8 @@ def window(model_dir):
 
 @torch.no_grad()
 def compare(model, case, dump, vocab, device, win):
-    ids = torch.tensor([case["tokens"]], device=device)
-    # no cache: a hybrid (sliding) cache is no part of one teacher-forced pass
-    out = model(ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    logits = out.logits[0].float()  # [len(tokens), vocab]
+    logits, pos, scored, want = scored_logprobs(model, case, device)  # logits [len(tokens), vocab]
     assert logits.shape[1] == vocab, (logits.shape, vocab)
-    first, targets = case["first"], case["targets"]
-    pos = torch.arange(first, first + len(targets), device=device)
-    scored = torch.log_softmax(logits[pos].double(), -1)  # [scored, vocab]
-    want = scored[torch.arange(len(targets), device=device), torch.tensor(targets, device=device)]
     got = torch.tensor(case["logprobs"], dtype=torch.float64, device=device)
     dtf = (got - want).abs()
     agree = (scored.argmax(-1).cpu() == torch.tensor(case["argmax"])).double().mean().item()
@@ -102,7 +98,7 @@ def compare(model, case, dump, vocab, device, win):
     rel = ((mine - ref).norm() / ref.norm()).item()
     drows = (torch.log_softmax(mine, -1) - torch.log_softmax(ref, -1)).abs().max().item()
     finite = bool(torch.isfinite(got).all() and torch.isfinite(mine).all())
-    return dtf.max().item(), drows, rel, split, agree, finite
+    return dtf.max().item(), drows, rel, split, agree, finite, want
 
 
 def main():
@@ -120,10 +116,11 @@ def main():
     win = window(a.model_dir)
     head = f"{'case':16} {'max|dlp| tf':>11} {'max|dlp| rows':>13} {'rel err':>9} {'<W / >=W':>15} {'argmax=':>7} {'s':>5}"
     print(head)
-    ok = True
+    ok, fp32 = True, []
     for case in d["cases"]:
         t0 = time.time()
-        dtf, drows, rel, split, agree, finite = compare(model, case, a.dump, vocab, a.device, win)
+        dtf, drows, rel, split, agree, finite, want = compare(model, case, a.dump, vocab, a.device, win)
+        fp32.append(want)
         good = finite and dtf <= LP and drows <= LP
         ok &= good
         sp = f"{split[0]:.3f} / {split[1]:.3f}" if split else "-"
@@ -132,11 +129,10 @@ def main():
         print(f"RESULT hf {name} {case['name']} max|dlogp| {max(dtf, drows):.4f} rel {rel:.2e} argmax= {agree:.3f} {verdict}")
     print(f"limit: max|dlogp| <= {LP} nats; window W = {win}")
     if a.bf16_control:
-        fp32 = [target_logprobs(model, case, a.device) for case in d["cases"]]
         del model
         half = load(a.model_dir, a.device, torch.bfloat16)
         for case, want in zip(d["cases"], fp32):
-            got = target_logprobs(half, case, a.device)
+            got = scored_logprobs(half, case, a.device)[3]
             print(f"RESULT hf {name} {case['name']} bf16 control max|dlogp| tf {(got - want).abs().max().item():.4f}")
     sys.exit(0 if ok else 1)
 

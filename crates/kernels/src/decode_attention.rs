@@ -44,6 +44,20 @@ pub fn chunk_of(ctx: usize, splits: usize, min_chunk: usize) -> usize {
         .next_multiple_of(CHUNK_GRAN)
 }
 
+/// `Ok` for a minimum split the kernel takes: a positive multiple of
+/// [`CHUNK_GRAN`] keys that fits its `u32` argument.
+pub fn check_min_chunk(keys: usize) -> Result<(), KernelError> {
+    if keys == 0 || !keys.is_multiple_of(CHUNK_GRAN) || u32::try_from(keys).is_err() {
+        return Err(KernelError::Unsupported {
+            kernel: "decode_attention",
+            reason: format!(
+                "a minimum split of {keys} keys (must be a positive multiple of {CHUNK_GRAN})"
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// How decode attention spreads a step over the GPU: enough blocks of
 /// (split, sequence, KV head) to reach `target_blocks` (two waves of the
 /// SMs is a good target), one split per (sequence, KV head) once the batch
@@ -82,16 +96,9 @@ impl DecodePlan {
         }
     }
 
-    /// The same plan with splits of at least `keys` keys (a positive multiple of [`CHUNK_GRAN`]).
+    /// The same plan with splits of at least `keys` keys ([`check_min_chunk`]).
     pub fn with_min_chunk(self, keys: usize) -> Result<DecodePlan, KernelError> {
-        if keys == 0 || !keys.is_multiple_of(CHUNK_GRAN) || u32::try_from(keys).is_err() {
-            return Err(KernelError::Unsupported {
-                kernel: "decode_attention",
-                reason: format!(
-                    "a minimum split of {keys} keys (must be a positive multiple of {CHUNK_GRAN})"
-                ),
-            });
-        }
+        check_min_chunk(keys)?;
         Ok(DecodePlan {
             min_chunk: keys,
             ..self

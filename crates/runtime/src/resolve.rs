@@ -60,9 +60,8 @@ fn check_settings(opts: &RuntimeOptions) -> Result<(), RuntimeError> {
     if rows > most {
         invalid!("invalid `--gemv-rows`: {rows} is more than the GEMV kernels take ({most})");
     }
-    let (keys, gran) = (opts.cuda.decode_min_chunk, model::cuda::DECODE_CHUNK_GRAN);
-    if keys == 0 || !keys.is_multiple_of(gran) || u32::try_from(keys).is_err() {
-        invalid!("invalid `--decode-min-chunk`: {keys} is not a positive multiple of {gran} keys");
+    if let Err(e) = model::cuda::check_decode_min_chunk(opts.cuda.decode_min_chunk) {
+        invalid!("invalid `--decode-min-chunk`: {e}");
     }
     if opts.cuda.det_gemm != model::cuda::DetGemm::Auto && !opts.deterministic {
         invalid!(

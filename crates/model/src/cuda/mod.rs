@@ -92,9 +92,9 @@ const GRAPH_HISTORY: usize = 1 << 20;
 /// to cuBLAS plus the unfused norm / SiLU kernels (H200, Llama-3.2-1B).
 pub const DEFAULT_GEMV_ROWS: usize = 2;
 /// Fewest keys a decode attention split takes unless set
-/// ([`CudaOptions::decode_min_chunk`]), and what it must be a multiple of.
+/// ([`CudaOptions::decode_min_chunk`]), and the rule a setting must meet.
 pub use kernels::decode_attention::{
-    CHUNK_GRAN as DECODE_CHUNK_GRAN, MIN_CHUNK as DEFAULT_DECODE_MIN_CHUNK,
+    MIN_CHUNK as DEFAULT_DECODE_MIN_CHUNK, check_min_chunk as check_decode_min_chunk,
 };
 /// Most tokens a fused GEMV launch takes.
 pub const MAX_GEMV_ROWS: usize = kernels::gemv::MAX_ROWS;
@@ -138,7 +138,7 @@ pub struct CudaOptions {
     /// decode kernel where it covers them (`plan`).
     pub persistent_decode: bool,
     /// Fewest keys a decode attention split takes (a positive multiple of
-    /// [`DECODE_CHUNK_GRAN`]): smaller splits run short contexts on more
+    /// [`check_decode_min_chunk`]): smaller splits run short contexts on more
     /// blocks, each with a shorter chain of loads, and more partials to merge.
     pub decode_min_chunk: usize,
     /// Its launches stamp each op's timings, read back by

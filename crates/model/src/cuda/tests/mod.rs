@@ -388,6 +388,33 @@ pub(super) fn batch_matches_alone(b: &mut dyn Backend, tol: f64, label: &str) {
     assert!(worst <= tol, "{label}: batch vs alone rel err {worst}");
 }
 
+/// The worst (rel err, max |dlogprob|) of `gpu`'s prompt logits against
+/// `cpu`'s over prompts of each length in `lens` (tokens seeded `n + seed`,
+/// blocks from `pool`), each printed as a `RESULT {label} prompt n` line.
+pub(super) fn prompts_vs_cpu(
+    gpu: &mut dyn Backend,
+    cpu: &mut dyn Backend,
+    pool: &mut Pool,
+    lens: &[usize],
+    seed: u64,
+    label: &str,
+) -> (f64, f64) {
+    let vocab = gpu.config().vocab_size;
+    let mut worst = (0.0f64, 0.0f64);
+    for &n in lens {
+        let toks = tokens(n as u64 + seed, n, vocab);
+        let blocks = pool.take(n);
+        let (g, c) = (
+            chunk_logits(gpu, &toks, 0, &blocks),
+            chunk_logits(cpu, &toks, 0, &blocks),
+        );
+        let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
+        println!("RESULT {label} prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
+        worst = (worst.0.max(e), worst.1.max(d));
+    }
+    worst
+}
+
 /// The worst (rel err, max |dlogprob|) of `gpu` against `cpu` by
 /// teacher-forced log-probabilities: prompts of 7 and 40 tokens (the GEMM
 /// path) and 24 decoded tokens after a 20-token prompt (the GEMVs), each
@@ -399,18 +426,7 @@ pub(super) fn worst_vs_cpu(
     label: &str,
 ) -> (f64, f64) {
     let mut pool = Pool::new(64);
-    let mut worst = (0.0f64, 0.0f64);
-    for n in [7usize, 40] {
-        let toks = tokens(n as u64 + 3, n, vocab);
-        let blocks = pool.take(n);
-        let (g, c) = (
-            chunk_logits(gpu, &toks, 0, &blocks),
-            chunk_logits(cpu, &toks, 0, &blocks),
-        );
-        let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
-        println!("RESULT {label} prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
-        worst = (worst.0.max(e), worst.1.max(d));
-    }
+    let worst = prompts_vs_cpu(gpu, cpu, &mut pool, &[7, 40], 3, label);
     let prompt = tokens(77, 20, vocab);
     let blocks = pool.take(20 + 24);
     let (e, d) = generated_vs_cpu(gpu, cpu, &prompt, &blocks, 24, vocab);

@@ -23,10 +23,7 @@ fn same_bits_as_per_kernel(preset: Preset, fp8: bool) {
         num_blocks: 256,
         block_size: BS,
     };
-    let on = CudaOptions {
-        persistent_decode: true,
-        ..CudaOptions::default()
-    };
+    let on = persistent_on();
     let mut layered = CudaBackend::new(cfg.clone(), &w, kv, 0, CudaOptions::default()).unwrap();
     let mut persistent = CudaBackend::new(cfg.clone(), &w, kv, 0, on).unwrap();
     drop(w);
@@ -71,10 +68,7 @@ fn cuda_persistent_decode_short() {
         num_blocks: 16,
         block_size: BS,
     };
-    let on = CudaOptions {
-        persistent_decode: true,
-        ..CudaOptions::default()
-    };
+    let on = persistent_on();
     let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, on).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
     let prompt = tokens(5, 20, cfg.vocab_size);
@@ -84,6 +78,22 @@ fn cuda_persistent_decode_short() {
         out.iter().all(|&(t, _)| (t as usize) < cfg.vocab_size),
         "{out:?}"
     );
+}
+
+/// The backend options that run batch-1 decode on the persistent kernel.
+fn persistent_on() -> CudaOptions {
+    CudaOptions {
+        persistent_decode: true,
+        ..CudaOptions::default()
+    }
+}
+
+/// The number in environment variable `name`, else `default`.
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The persistent kernel's op timings on the Llama-3.2-1B shape (bf16, a
@@ -96,22 +106,18 @@ fn cuda_persistent_decode_short() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cuda_persistent_trace_of_the_1b() {
-    use kernels::consts::{
-        PERSIST_ATTENTION, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID,
-    };
     let (cfg, w) = load(&synth_dir(Preset::Llama3_2_1b));
     let kv = KvShape {
         num_blocks: 64,
         block_size: BS,
     };
     let on = CudaOptions {
-        persistent_decode: true,
         persistent_trace: true,
-        decode_min_chunk: std::env::var("LAMINA_DECODE_MIN_CHUNK")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(crate::cuda::DEFAULT_DECODE_MIN_CHUNK),
-        ..CudaOptions::default()
+        decode_min_chunk: env_number(
+            "LAMINA_DECODE_MIN_CHUNK",
+            crate::cuda::DEFAULT_DECODE_MIN_CHUNK,
+        ),
+        ..persistent_on()
     };
     let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, on).unwrap();
     let mut pool = Pool::new(kv.num_blocks);
@@ -122,32 +128,46 @@ fn cuda_persistent_trace_of_the_1b() {
         .unwrap()
         .expect("a traced persistent graph");
     assert_eq!(ops.len(), 5 * cfg.num_layers, "ops of the program");
-    let (h, i, kvw) = (
-        cfg.hidden_size as f64,
-        cfg.intermediate_size as f64,
-        (cfg.num_kv_heads * cfg.head_dim) as f64,
-    );
-    let gbs: f64 = std::env::var("LAMINA_COPY_GBS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3000.0);
-    let bytes = |kind: u32, next: Option<u32>| -> f64 {
-        2.0 * match kind as usize {
-            PERSIST_GEMV_NORM_ROPE => h * (h + 2.0 * kvw),
-            PERSIST_GEMV_NORM_SILU => 2.0 * h * i,
-            // O (before gate/up) or down
-            PERSIST_GEMV_RESID if next == Some(PERSIST_GEMV_NORM_SILU as u32) => h * h,
-            PERSIST_GEMV_RESID => i * h,
-            _ => 0.0,
-        }
+    for (n, op) in ops.iter().enumerate() {
+        assert!(
+            op.done.is_finite() && op.done > 0.0,
+            "op {n} not stamped: {op:?}"
+        );
+    }
+    print_trace(&cfg, &ops, env_number("LAMINA_COPY_GBS", 3000.0));
+}
+
+/// An op kind's name in the trace table.
+fn kind_name(kind: u32) -> &'static str {
+    use kernels::consts::{
+        PERSIST_ATTENTION, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID,
     };
-    let name = |k: u32| match k as usize {
+    match kind as usize {
         PERSIST_GEMV_NORM_ROPE => "norm+QKV+RoPE",
         PERSIST_GEMV_NORM_SILU => "norm+gate/up",
         PERSIST_GEMV_RESID => "O / down",
         PERSIST_ATTENTION => "attention",
         _ => "?",
-    };
+    }
+}
+
+/// The weight bytes of an op of `kind` (`next`: the kind after it, which
+/// tells O from down) in a bf16 model shaped `cfg`.
+fn op_bytes(cfg: &ModelConfig, kind: u32, next: Option<u32>) -> f64 {
+    use kernels::consts::{PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID};
+    let (h, i) = (cfg.hidden_size as f64, cfg.intermediate_size as f64);
+    let kvw = (cfg.num_kv_heads * cfg.head_dim) as f64;
+    2.0 * match kind as usize {
+        PERSIST_GEMV_NORM_ROPE => h * (h + 2.0 * kvw),
+        PERSIST_GEMV_NORM_SILU => 2.0 * h * i,
+        PERSIST_GEMV_RESID if next == Some(PERSIST_GEMV_NORM_SILU as u32) => h * h,
+        PERSIST_GEMV_RESID => i * h,
+        _ => 0.0,
+    }
+}
+
+/// The trace as a table per op, then sums per kind, floors at `gbs` GB/s.
+fn print_trace(cfg: &ModelConfig, ops: &[kernels::persistent::OpTime], gbs: f64) {
     eprintln!(
         "op  kind            vblocks  done_us  span_us  floor_us  ready_lag_us  work_med  work_max"
     );
@@ -155,25 +175,18 @@ fn cuda_persistent_trace_of_the_1b() {
     let mut prev_done = 0.0;
     for (n, op) in ops.iter().enumerate() {
         let next = ops.get(n + 1).map(|o| o.kind);
-        let floor = bytes(op.kind, next) / (gbs * 1e3);
-        let span = op.done - prev_done;
-        let lag = op.first_ready - prev_done;
-        assert!(
-            op.done.is_finite() && op.done > 0.0,
-            "op {n} not stamped: {op:?}"
-        );
+        let floor = op_bytes(cfg, op.kind, next) / (gbs * 1e3);
+        let (span, lag) = (op.done - prev_done, op.first_ready - prev_done);
         eprintln!(
             "{n:3} {:15} {:7} {:8.1} {span:8.2} {floor:9.2} {lag:13.2} {:9.2} {:9.2}",
-            name(op.kind),
+            kind_name(op.kind),
             op.blocks,
             op.done,
             op.work_median,
             op.work_max
         );
-        let e = per_kind.entry(name(op.kind)).or_default();
-        e.0 += span;
-        e.1 += floor;
-        e.2 += 1;
+        let e = per_kind.entry(kind_name(op.kind)).or_default();
+        (e.0, e.1, e.2) = (e.0 + span, e.1 + floor, e.2 + 1);
         prev_done = op.done;
     }
     for (kind, (span, floor, n)) in &per_kind {

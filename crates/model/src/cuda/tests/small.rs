@@ -45,18 +45,7 @@ fn forward_error_vs_cpu(
     pool: &mut Pool,
 ) -> (f64, f64) {
     let vocab = gpu.config().vocab_size;
-    let mut worst = (0.0f64, 0.0f64);
-    for n in [7usize, 300] {
-        let toks = tokens(n as u64 + 5, n, vocab);
-        let blocks = pool.take(n);
-        let (g, c) = (
-            chunk_logits(gpu, &toks, 0, &blocks),
-            chunk_logits(cpu, &toks, 0, &blocks),
-        );
-        let (e, d) = (rel_err(&g, &c), max_lp_diff(&g, &c, vocab));
-        println!("RESULT smollm2 prompt {n}: rel err {e:.3e}, max |dlogprob| {d:.3}");
-        worst = (worst.0.max(e), worst.1.max(d));
-    }
+    let worst = prompts_vs_cpu(gpu, cpu, pool, &[7, 300], 5, "smollm2");
     let prompt = tokens(99, 40, vocab);
     let blocks = pool.take(40 + 64);
     let generated = generate(gpu, &prompt, &blocks, 64);
