@@ -89,7 +89,7 @@ fn persistent_on() -> CudaOptions {
 }
 
 /// The number in environment variable `name`, else `default`.
-fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -113,7 +113,7 @@ fn cuda_persistent_trace_of_the_1b() {
     };
     let on = CudaOptions {
         persistent_trace: true,
-        decode_min_chunk: env_number(
+        decode_min_chunk: env(
             "LAMINA_DECODE_MIN_CHUNK",
             crate::cuda::DEFAULT_DECODE_MIN_CHUNK,
         ),
@@ -134,7 +134,7 @@ fn cuda_persistent_trace_of_the_1b() {
             "op {n} not stamped: {op:?}"
         );
     }
-    print_trace(&cfg, &ops, env_number("LAMINA_COPY_GBS", 3000.0));
+    print_trace(&cfg, &ops, env("LAMINA_COPY_GBS", 3000.0));
 }
 
 /// An op kind's name in the trace table.
