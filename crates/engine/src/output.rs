@@ -93,9 +93,13 @@ impl Output {
             }
             Pushed::Continue(delta) => (delta, Verdict::Continue),
         };
+        // a stop (EOS, a stop id or string) adds no text: its entry is held
+        // and dropped when the request ends
+        let stopped = matches!(verdict, Verdict::Finish(FinishReason::Stop, _));
+        let held = stopped || self.detok.holding() || self.stop.holding();
         if self
             .tx
-            .send(Event::Token(TokenEvent::new(t, text)))
+            .send(Event::Token(TokenEvent::new(t, text, held)))
             .is_err()
         {
             return Verdict::Finish(FinishReason::Cancelled, None);

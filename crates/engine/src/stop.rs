@@ -125,6 +125,11 @@ impl StopText {
         Pushed::Continue(self.take_to(self.text.len() - hold))
     }
 
+    /// Whether pushed text is held back (it could still become a stop string).
+    pub(crate) fn holding(&self) -> bool {
+        self.text.len() > self.emitted
+    }
+
     /// Releases the held-back text at the end of generation.
     pub(crate) fn flush(&mut self) -> String {
         self.take_to(self.text.len())
@@ -214,6 +219,17 @@ mod tests {
         assert_eq!(text, "abc");
         assert_eq!(streamed(&r), "abc");
         assert!(matches!(r[2], Pushed::Stop(_)));
+    }
+
+    #[test]
+    fn holding_while_text_could_still_become_a_stop() {
+        let mut st = StopText::new(&["END".to_string()]);
+        st.push("a E");
+        assert!(st.holding());
+        st.push("x");
+        assert!(!st.holding());
+        st.push("");
+        assert!(!st.holding());
     }
 
     #[test]

@@ -120,13 +120,19 @@ pub struct TokenEvent {
     pub logprob: f32,
     /// The requested top alternatives, best first.
     pub top_logprobs: Vec<(u32, f32)>,
+    /// Whether text of this token or an earlier one is still held back (an
+    /// incomplete character, a possible stop string), or the token ended the
+    /// request on a stop (EOS, a stop token id or string) and adds no text. A token that adds
+    /// no text and holds nothing back (a skipped special token) is not held.
+    pub held: bool,
 }
 
 impl TokenEvent {
-    pub(crate) fn new(s: SampledToken, text: String) -> Self {
+    pub(crate) fn new(s: SampledToken, text: String, held: bool) -> Self {
         TokenEvent {
             token: s.token,
             text,
+            held,
             logprob: s.logprob,
             top_logprobs: s.top_logprobs,
         }

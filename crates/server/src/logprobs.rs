@@ -124,11 +124,13 @@ pub struct Aligner {
 
 impl Aligner {
     /// Takes the next token; returns the entries to report with its text
-    /// (the held-back ones first), or None while its text is held back.
+    /// (the held-back ones first), or None while its text is held back. A
+    /// token that adds no text and holds none back (a skipped special
+    /// token) is reported at once, so a stream sends an event per token.
     pub fn push(&mut self, ev: TokenEvent) -> Option<Vec<TokenEvent>> {
-        let empty = ev.text.is_empty();
+        let release = !ev.text.is_empty() || !ev.held;
         self.pending.push(ev);
-        (!empty).then(|| std::mem::take(&mut self.pending))
+        release.then(|| std::mem::take(&mut self.pending))
     }
 
     /// Entries still held when the request ends: none when it ended on a
@@ -147,12 +149,14 @@ impl Aligner {
 mod tests {
     use super::*;
 
+    /// An event whose text is held back when empty (a possible stop string).
     fn ev(token: u32, text: &str) -> TokenEvent {
         TokenEvent {
             token,
             text: text.into(),
             logprob: -1.0,
             top_logprobs: Vec::new(),
+            held: text.is_empty(),
         }
     }
 
@@ -172,6 +176,23 @@ mod tests {
         // at max_tokens, held-back tokens are still reported
         assert_eq!(ids(a.push(ev(6, ""))), None);
         assert_eq!(a.finish(FinishReason::Length).len(), 1);
+    }
+
+    #[test]
+    fn tokens_without_text_that_hold_nothing_back_are_reported_at_once() {
+        let mut a = Aligner::default();
+        let special = TokenEvent {
+            held: false,
+            ..ev(7, "")
+        };
+        assert_eq!(a.push(special).map(|v| v.len()), Some(1));
+        // behind a held-back one, it releases both
+        assert_eq!(a.push(ev(8, "")).map(|v| v.len()), None);
+        let special = TokenEvent {
+            held: false,
+            ..ev(9, "")
+        };
+        assert_eq!(a.push(special).map(|v| v.len()), Some(2));
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct IncrementalDecoder {
     text: String,
     /// Number of ids pushed.
     pushed: usize,
+    /// Whether pushed ids have text not yet emitted (an incomplete character).
+    holding: bool,
 }
 
 impl IncrementalDecoder {
@@ -53,6 +55,7 @@ impl IncrementalDecoder {
             read_offset: 0,
             text: String::new(),
             pushed: 0,
+            holding: false,
         }
     }
 
@@ -62,12 +65,15 @@ impl IncrementalDecoder {
         self.pushed += 1;
         let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
         let new_text = self.decode(self.prefix_offset, self.window.len())?;
+        // ids that add no text (a skipped special token) hold nothing back
+        self.holding = new_text != prefix_text;
         if new_text.len() <= prefix_text.len() || new_text.ends_with('\u{FFFD}') {
             return Ok(String::new());
         }
         let Some(delta) = delta(&prefix_text, &new_text) else {
             return Ok(String::new());
         };
+        self.holding = false;
         let delta = delta.to_string();
         self.text.push_str(&delta);
         // The old read offset becomes the new context start; drop older ids.
@@ -87,6 +93,7 @@ impl IncrementalDecoder {
             .unwrap_or_default()
             .to_string();
         self.text.push_str(&out);
+        self.holding = false;
         self.window.drain(..self.read_offset);
         self.prefix_offset = 0;
         self.read_offset = self.window.len();
@@ -96,6 +103,13 @@ impl IncrementalDecoder {
     /// All text emitted so far.
     pub fn text(&self) -> &str {
         &self.text
+    }
+
+    /// Whether the ids pushed since the last emitted text decode to text
+    /// held back (an incomplete character); false after ids that add no
+    /// text, such as skipped special tokens.
+    pub fn holding(&self) -> bool {
+        self.holding
     }
 
     /// Number of ids pushed so far.

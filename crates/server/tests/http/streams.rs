@@ -89,7 +89,11 @@ async fn completion_stream_with_stop_and_logprobs() {
         assert_eq!(c["object"], "text_completion");
         text.push_str(c["choices"][0]["text"].as_str().unwrap());
         let lp = &c["choices"][0]["logprobs"];
-        assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            lp["token_logprobs"].as_array().unwrap().len(),
+            1,
+            "{chunks:?}"
+        );
         offsets.push(lp["text_offset"][0].as_u64().unwrap());
     }
     // "e" is held back as a possible start of "ef", then dropped with it
@@ -99,6 +103,44 @@ async fn completion_stream_with_stop_and_logprobs() {
         "stop"
     );
     assert_eq!(&offsets[..3], &[0, 1, 2]);
+}
+
+/// A stream with logprobs sends each token as soon as its text is settled:
+/// a special token (no text, nothing held back) in its own chunk at once,
+/// the bytes of an incomplete character with the byte that completes it.
+#[tokio::test]
+async fn completion_stream_sends_textless_tokens_at_once() {
+    let (_, tok) = crate::fake::engine(Setup::default());
+    let filler = tok.token_to_id("<|filler_0|>").expect("a filler token");
+    let mut script = vec![filler, filler, u32::from(b'h')];
+    script.extend("😀".bytes().map(u32::from));
+    script.push(filler);
+    let app = app_with(
+        Setup {
+            script: Some(script),
+            ..Setup::default()
+        },
+        |_| {},
+    );
+    let r = app
+        .post_json(
+            "/v1/completions",
+            &json!({"model": MODEL, "prompt": "a", "stream": true, "logprobs": 0}),
+        )
+        .await;
+    let chunks = sse_chunks(&r.text());
+    let mut sizes = Vec::new();
+    let mut text = String::new();
+    for c in &chunks {
+        let choice = &c["choices"][0];
+        text.push_str(choice["text"].as_str().unwrap_or_default());
+        if let Some(tokens) = choice["logprobs"]["tokens"].as_array() {
+            sizes.push(tokens.len());
+        }
+    }
+    assert_eq!(text, "h😀");
+    // the EOS that ends the script adds no text and is not reported
+    assert_eq!(sizes, [1, 1, 1, 4, 1], "{chunks:?}");
 }
 
 #[tokio::test]

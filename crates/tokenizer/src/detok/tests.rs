@@ -70,6 +70,23 @@ fn emoji_split_across_byte_tokens_is_held_until_complete() {
 }
 
 #[test]
+fn holding_is_true_only_while_a_character_is_incomplete() {
+    let tok = byte_level();
+    let mut ids = vec![1];
+    ids.extend(ok(tok.encode("a😀b", false)));
+    let mut dec = IncrementalDecoder::new(tok, true);
+    let held: Vec<bool> = ids
+        .iter()
+        .map(|&id| {
+            ok(dec.push(id));
+            dec.holding()
+        })
+        .collect();
+    // the skipped special token holds nothing back; the emoji's first three bytes do
+    assert_eq!(held, [false, false, true, true, true, false, false]);
+}
+
+#[test]
 fn sentencepiece_leading_spaces_survive() {
     let tok = sentencepiece();
     let id = |p: &str| tok.token_to_id(p).unwrap_or(u32::MAX);
