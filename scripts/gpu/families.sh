@@ -16,7 +16,9 @@
 #             its K/V, at the device-to-device copy bandwidth of the run
 #   all       the three (over ten minutes for all five presets)
 #   families.sh [checks|memcheck|bench|all]    (default all)
-# PRESETS picks the presets (default all five). Results gather in RES
+# PRESETS picks the presets (default all five); BF16_CONTROL=1 adds
+# compare_hf.py's --bf16-control (transformers bfloat16 against float32 on
+# the same tokens: how far bfloat16 alone moves each model). Results gather in RES
 # (default /tmp/lamina-families, kept between calls on one machine) and
 # every part ends with the table of all results so far.
 # Expects devrun/ from scripts/gpu/prepare.sh (lamina, model_tests, the
@@ -55,7 +57,8 @@ checks() {
     step "dump-$p" 300 env LAMINA_CHECK_MODEL="$M" LAMINA_CHECK_OUT="$DUMP/$p" \
       $T --ignored --exact $TEST --nocapture
     # the dump is written before batch vs alone: compare it whatever that gave
-    [ -f "$DUMP/$p/dump.json" ] && step "hf-$p" 300 python3 "$here/compare_hf.py" "$M" "$DUMP/$p"
+    [ -f "$DUMP/$p/dump.json" ] && step "hf-$p" 300 python3 "$here/compare_hf.py" "$M" "$DUMP/$p" \
+      ${BF16_CONTROL:+--bf16-control}
   done
 }
 

