@@ -20,6 +20,12 @@
 //! (SentencePiece drops the leading space of the first token it decodes; both
 //! decodes of the window drop the same one).
 //!
+//! Ids past the tokenizer's vocabulary (a model's padding rows: Qwen's
+//! embedding has 151,936 rows for 151,669 tokens, and a model may sample
+//! one) have no text: a push of one adds nothing and holds nothing back, as
+//! a skipped special token does, so a request's stream goes on; only
+//! `Tokenizer::decode` of such an id is an error.
+//!
 //! Costs: one push decodes two windows of a few ids: O(new tokens) and
 //! independent of the sequence length. Memory: the ids of the current window
 //! and the accumulated text.
@@ -61,8 +67,11 @@ impl IncrementalDecoder {
 
     /// Adds one id; returns the text it completes (maybe empty).
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
-        self.window.push(id);
         self.pushed += 1;
+        if id as usize >= self.tok.vocab_size() {
+            return Ok(String::new());  // no text (module doc)
+        }
+        self.window.push(id);
         let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
         let new_text = self.decode(self.prefix_offset, self.window.len())?;
         // ids that add no text (a skipped special token) hold nothing back
