@@ -401,8 +401,13 @@ pub fn load(plan: &LoadPlan) -> Result<server::Served, server::LoadError> {
         model: plan.name.clone(),
         reason: format!("{e:#}"),
     };
+    // what an earlier unload freed, and then this load's host buffers, go
+    // back to the system (runtime::trim_host_memory)
+    runtime::trim_host_memory();
     let rt = open(plan)?;
-    served(plan, rt).map_err(failed)
+    let served = served(plan, rt).map_err(failed);
+    runtime::trim_host_memory();
+    served
 }
 
 /// A started runtime as the server's model.

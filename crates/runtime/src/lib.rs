@@ -14,7 +14,7 @@
 //! `checkpoint`, which this crate composes).
 //!
 //! Modules, in dependency order (each imports only those before it):
-//! `options`, `error`; `resolve`, `weights`, `kv_sizing`, `lora`;
+//! `options`, `error`, `memory`; `resolve`, `weights`, `kv_sizing`, `lora`;
 //! `backend`; `draft`; `sizing`; `open`.
 
 mod backend;
@@ -22,6 +22,7 @@ mod draft;
 mod error;
 pub mod kv_sizing;
 mod lora;
+mod memory;
 mod open;
 mod options;
 mod resolve;
@@ -30,6 +31,7 @@ mod weights;
 
 pub use error::RuntimeError;
 pub use lora::{AdapterLoader, adapter_loader};
+pub use memory::trim_host_memory;
 pub use open::{BackendAlone, Runtime};
 pub use options::{
     BLOCK_SIZE, CPU_KV_MEMORY_GIB, CPU_MAX_BATCH_TOKENS, CPU_MAX_STEP_MS, CUDA_MAX_BATCH_TOKENS,
