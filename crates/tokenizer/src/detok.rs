@@ -69,7 +69,7 @@ impl IncrementalDecoder {
     pub fn push(&mut self, id: u32) -> Result<String, TokenizerError> {
         self.pushed += 1;
         if id as usize >= self.tok.vocab_size() {
-            return Ok(String::new());  // no text (module doc)
+            return Ok(String::new()); // no text (module doc)
         }
         self.window.push(id);
         let prefix_text = self.decode(self.prefix_offset, self.read_offset)?;
