@@ -416,7 +416,7 @@ kernel_args! {
 
     /// One op of the persistent decode kernel (cu/persistent.cu): a launch
     /// it runs in place of that launch, as `blocks` virtual blocks.
-    pub struct PersistentOp for "persistent_* (an array of them)", size 240 {
+    pub struct PersistentOp for "persistent_* (an array of them)", size 256 {
         /// what the op runs: `consts::PERSISTENT_KINDS` indexes it
         kind: u32 as "uint32_t" @ 0,
         /// virtual blocks: the launch's grid_x * grid_y * grid_z
@@ -426,7 +426,7 @@ kernel_args! {
         grid_x: u32 as "uint32_t" @ 8,
         grid_y: u32 as "uint32_t" @ 12,
         /// the launch's argument struct (`ArgWords`), zero past its size
-        args: [u32; 56] as "uint32_t[56]" @ 16,
+        args: [u32; 60] as "uint32_t[60]" @ 16,
     }
 
     /// Arguments of `persistent_*` (cu/persistent.cu).
@@ -540,7 +540,7 @@ kernel_args! {
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*, gemv_q*", size 224 {
+    pub struct GemvArgs for "gemv_*, gemv8_*, gemv_q*", size 240 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
@@ -614,7 +614,13 @@ kernel_args! {
         rot_ready: u64 as "uint32_t*" @ 208,
         /// 1: q and k heads Hadamard-rotated after RoPE (norm_rope only)
         kv_rotate: u32 as "uint32_t" @ 216,
-        pad: u32 as "uint32_t" @ 220,
+        /// added to each QK-norm gain (Gemma's `(1+w)`: 1; norm_rope only)
+        qk_offset: f32 as "float" @ 220,
+        /// `[head_dim]` bf16 per-head RMSNorm gain of the q heads before
+        /// RoPE, or 0 for none (with k_norm_w; norm_rope only)
+        q_norm_w: u64 as "const bf16*" @ 224,
+        /// `[head_dim]` bf16 per-head RMSNorm gain of the k heads
+        k_norm_w: u64 as "const bf16*" @ 232,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

@@ -24,7 +24,9 @@ use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
 pub use crate::consts::GEMV_FP8_COLS as FP8_K_MULTIPLE;
 /// Most token rows one launch handles (larger steps use cuBLAS).
 pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
-use crate::consts::{GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS, gemv_chunks};
+use crate::consts::{
+    GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS, HADAMARD_MAX_DIM, gemv_chunks,
+};
 /// Dynamic shared memory the norm variants may take (their `m * k` bf16
 /// normalised inputs); within every sm_80+ GPU's opt-in limit.
 pub const MAX_NORM_SMEM: usize = 96 * 1024;
@@ -188,9 +190,22 @@ pub struct RopeKv<'a> {
     pub shape: HeadShape,
     pub max_pos: usize,
     /// Per-head arrival counters, `[num_heads + num_kv_heads]`, zero at
-    /// launch and left zero: needed when `kv` rotates (the warp completing
-    /// a head rotates it), else unread.
+    /// launch and left zero: needed when `kv` rotates or with `qk_norm`
+    /// (the warp completing a head finishes it), else unread.
     pub ready: Option<DevSlice<'a, u32>>,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3's, Gemma's), as
+    /// `head_rmsnorm` computes it; heads up to `consts::HADAMARD_MAX_DIM`.
+    pub qk_norm: Option<QkNorm<'a>>,
+}
+
+/// The gains of a per-head QK-norm: each head's values times
+/// `rsqrt(mean(x²) + eps)` times `offset + gain`.
+#[derive(Debug, Clone, Copy)]
+pub struct QkNorm<'a> {
+    pub q: DevSlice<'a, bf16>, // [head_dim]
+    pub k: DevSlice<'a, bf16>, // [head_dim]
+    /// Added to each gain: 0, or 1 for Gemma's `(1+w)`.
+    pub offset: f32,
 }
 
 /// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
@@ -437,7 +452,9 @@ impl Kernels {
     /// rotated into `k_cache[slots[t]]`, v into `v_cache[slots[t]]`
     /// (`qkv`'s k and v keep the un-rotated projection). When the caches
     /// rotate, q and k heads are Hadamard-rotated after RoPE, as
-    /// `rope_kv_write` does, by the warp that completes each head
+    /// `rope_kv_write` does, and with `rope.qk_norm` each q and k head is
+    /// RMS-normed before RoPE, as `head_rmsnorm` does (`qkv` keeping the
+    /// normed, un-rotated k), by the warp that completes each head
     /// (`rope.ready` counts a head's warps).
     ///
     /// # Safety
@@ -486,18 +503,36 @@ impl Kernels {
         need(K, "sin", &rope.sin, rope.max_pos * sh.head_dim / 2)?;
         rope.kv.need(K, sh.kv_width())?;
         let kv_rotate = rope.kv.rotate_flag(K, sh.head_dim)?;
-        let rot_ready = match (kv_rotate, rope.ready) {
-            (0, _) => 0,
-            (_, Some(ready)) => {
+        let (q_norm_w, k_norm_w, qk_offset) = match &rope.qk_norm {
+            None => (0, 0, 0.0),
+            Some(qk) => {
+                let d = sh.head_dim;
+                if d > HADAMARD_MAX_DIM || !d.is_power_of_two() {
+                    return Err(KernelError::Unsupported {
+                        kernel: K,
+                        reason: format!(
+                            "QK-norm in the epilogue at head_dim {d} (a power of two up to {})",
+                            HADAMARD_MAX_DIM
+                        ),
+                    });
+                }
+                need(K, "q_norm", &qk.q, d)?;
+                need(K, "k_norm", &qk.k, d)?;
+                (qk.q.ptr(), qk.k.ptr(), qk.offset)
+            }
+        };
+        let whole_heads = kv_rotate != 0 || rope.qk_norm.is_some();
+        let rot_ready = match (whole_heads, rope.ready) {
+            (false, _) => 0,
+            (true, Some(ready)) => {
                 need(K, "ready", &ready, sh.num_heads + sh.num_kv_heads)?;
                 ready.ptr()
             }
-            (_, None) => {
+            (true, None) => {
                 return Err(KernelError::Unsupported {
                     kernel: K,
-                    reason:
-                        "a rotating K cache needs the heads' arrival counters (`RopeKv::ready`)"
-                            .into(),
+                    reason: "a rotating K cache or QK-norm needs the heads' arrival counters (`RopeKv::ready`)"
+                        .into(),
                 });
             }
         };
@@ -535,6 +570,9 @@ impl Kernels {
             v_scale,
             rot_ready,
             kv_rotate,
+            qk_offset,
+            q_norm_w,
+            k_norm_w,
             ..GemvArgs::default()
         };
         if let Some(l) = lora {

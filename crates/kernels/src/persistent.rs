@@ -158,7 +158,7 @@ impl Recorded {
             blocks,
             grid_x: gx,
             grid_y: gy,
-            args: [0; 56],
+            args: [0; 60],
         };
         if T::WORDS > op.args.len() {
             return Err(format!("{} words of arguments", T::WORDS));

@@ -38,7 +38,9 @@
 //                       what rope_kv_write does, without its launch (with
 //                       kv_fp8: k and v stored as e4m3 bytes at k_scale / v_scale;
 //                       with kv_rotate: q and k heads Hadamard-rotated after
-//                       RoPE by the warp completing each head, below)
+//                       RoPE by the warp completing each head, below; with
+//                       q_norm_w / k_norm_w: each q and k head RMS-normed
+//                       before RoPE by that warp, Qwen3's QK-norm)
 // LoRA (lora_slots != 0; gemv_lora.cuh): each output of a row with an
 // adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
 // (c the weight row, seg its segment of a stacked projection), added as
@@ -132,15 +134,17 @@ __device__ __forceinline__ void gemv_load(const unsigned char* w0, const unsigne
 
 #include "gemv_lora.cuh"
 
-// The ROPE epilogue with kv_rotate, for the warp of a q or k pair (r0, r1 =
-// r0 + D/2 of head h; every lane, lane r < m holding token row r's
-// projections d0, d1). A head's D/2 pairs live in warps of different
-// blocks, so each leaves its pair un-roped in qkv (y) and counts itself in
-// rot_ready[h]; the warp that completes the count (the others' pairs
-// released by their fences before it) ropes and rotates the head of every
-// row from qkv in registers (hadamard.cuh): q back into qkv, k into the
-// cache at the row's slot (qkv keeps the un-roped k, as without rotation),
-// and zeroes the counter for the next launch.
+// The ROPE epilogue of whole heads, with kv_rotate or QK-norm (q_norm_w),
+// for the warp of a q or k pair (r0, r1 = r0 + D/2 of head h; every lane,
+// lane r < m holding token row r's projections d0, d1). A head's D/2 pairs
+// live in warps of different blocks, so each leaves its pair un-roped in
+// qkv (y) and counts itself in rot_ready[h]; the warp that completes the
+// count (the others' pairs released by their fences before it) finishes
+// the head of every row from qkv in registers (hadamard.cuh): QK-norm
+// (bf16(x * rsqrt(mean(x²) + eps) * (qk_offset + gain)), as head_rmsnorm
+// writes it; k's normed values back into qkv), RoPE, the rotation when the
+// caches rotate; then q back into qkv, k into the cache at the row's slot
+// (qkv keeps the un-roped k), and zeroes the counter for the next launch.
 __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0, uint32_t r1, float d0, float d1) {
     const uint32_t lane = threadIdx.x & 31, D = a.head_dim, h = r0 / D, n = a.n;
     bf16* y = static_cast<bf16*>(a.y);  // [m, n]
@@ -162,8 +166,21 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
         bf16* head = y + (size_t)r * n + (size_t)h * D;  // [D]
         float v[HADAMARD_SLOTS];
         hadamard_load(head, D, v);
+        if (a.q_norm_w != nullptr) {
+            float ss = 0.f;
+#pragma unroll
+            for (int e = 0; e < HADAMARD_SLOTS; e++) ss += v[e] * v[e];
+            const float inv = rsqrtf(warp_sum(ss) / (float)D + a.eps);
+            const bf16* g = h < a.n_heads ? a.q_norm_w : a.k_norm_w;
+#pragma unroll
+            for (int e = 0; e < HADAMARD_SLOTS; e++) {
+                const uint32_t i = lane + 32u * e;
+                if (i < D) v[e] = round_bf(v[e] * inv * (a.qk_offset + bf2f(g[i])));
+            }
+            if (h >= a.n_heads) hadamard_store(v, D, head, nullptr, 0, false, 1.f);
+        }
         hadamard_rope(v, D, a.cos_t + (size_t)pos * half, a.sin_t + (size_t)pos * half);
-        hadamard_rotate(v, D);
+        if (a.kv_rotate) hadamard_rotate(v, D);
         if (h < a.n_heads)
             hadamard_store(v, D, head, nullptr, 0, false, 1.f);
         else
@@ -384,7 +401,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
             d1 = round_bf(d1) + l1;
         }
     }
-    if (OUT == OUT_ROPE && a.kv_rotate && r0 / a.head_dim < a.n_heads + a.n_kv) {
+    if (OUT == OUT_ROPE && (a.kv_rotate || a.q_norm_w != nullptr) && r0 / a.head_dim < a.n_heads + a.n_kv) {
         gemv_rope_rotated(a, r0, r1, round_bf(d0), round_bf(d1));
         return;
     }

@@ -210,10 +210,30 @@ fn rope_kv_want(
     q
 }
 
+/// Per-head RMSNorm of the q and k heads of `qkv` rows in place, as
+/// `head_rmsnorm` computes it: bf16(x * rsqrt(mean(x²) + 1e-5) * (offset + gain)).
+fn head_norm_ref(qkv: &mut [bf16], shape: kernels::HeadShape, gq: &[f32], gk: &[f32], offset: f32) {
+    let (w, d) = (shape.qkv_width(), shape.head_dim);
+    for row in qkv.chunks_mut(w) {
+        for (h, head) in row[..(shape.num_heads + shape.num_kv_heads) * d]
+            .chunks_mut(d)
+            .enumerate()
+        {
+            let g = if h < shape.num_heads { gq } else { gk };
+            let ss: f32 = head.iter().map(|v| v.to_f32() * v.to_f32()).sum();
+            let inv = 1.0 / (ss / d as f32 + 1e-5).sqrt();
+            for (v, g) in head.iter_mut().zip(g) {
+                *v = bf16::from_f32(v.to_f32() * inv * (offset + g));
+            }
+        }
+    }
+}
+
 /// `gemv_qkv_rope` against `gemv_ref` (Norm) followed by the RoPE + KV-write reference:
 /// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows,
 /// one or two warps per row pair, bf16 and FP8 weights, bf16 and FP8 caches,
-/// FP8 caches with Hadamard-rotated keys (their head counters left zero).
+/// FP8 caches with Hadamard-rotated keys, QK-norm before RoPE (the head
+/// counters left zero).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
@@ -228,15 +248,17 @@ fn gemv_qkv_rope_matches_reference() {
         // 2,056 inputs at 3 rows: column ranges split over two warps per
         // row pair (FP8 weights take the next multiple of 16)
         let cases = [(1usize, 200usize), (3, 2056), (16, 200)];
-        for (m, hidden, fp8, kv8, rot) in cases.iter().flat_map(|&(m, h)| {
+        for (m, hidden, fp8, kv8, rot, qk) in cases.iter().flat_map(|&(m, h)| {
             let h8 = h.next_multiple_of(kernels::gemv::FP8_K_MULTIPLE);
             [
-                (m, h, false, false, false),
-                (m, h8, true, false, false),
-                (m, h, false, true, false),
-                (m, h8, true, true, false),
-                (m, h, false, true, true),
-                (m, h8, true, true, true),
+                (m, h, false, false, false, false),
+                (m, h8, true, false, false, false),
+                (m, h, false, true, false, false),
+                (m, h8, true, true, false, false),
+                (m, h, false, true, true, false),
+                (m, h8, true, true, true, false),
+                (m, h, false, false, false, true),
+                (m, h8, true, true, true, true),
             ]
         }) {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
@@ -264,7 +286,13 @@ fn gemv_qkv_rope_matches_reference() {
                 n,
                 hidden,
             );
-            let qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
+            let mut qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
+            // QK-norm gains (Gemma's offset 1 on the rotating case)
+            let qk_offset = if rot { 1.0 } else { 0.0 };
+            let (gq, gk) = (rand_bf16(&mut rng, d, 1.0), rand_bf16(&mut rng, d, 1.0));
+            if qk {
+                head_norm_ref(&mut qkv_b, shape, &f32s(&gq), &f32s(&gk), qk_offset);
+            }
             let mut kr = vec![0f32; num_slots * shape.kv_width()];
             let mut vr = kr.clone();
             let q_want = rope_kv_want(
@@ -280,6 +308,7 @@ fn gemv_qkv_rope_matches_reference() {
                 .unwrap();
             let qkv = gpu.alloc::<bf16>(m * n).unwrap();
             gpu.fill_bytes(qkv.view(), POISON).unwrap();
+            let (d_gq, d_gk) = (gpu.upload(&gq).unwrap(), gpu.upload(&gk).unwrap());
             let rope = RopeKv {
                 positions: d_pos.view(),
                 slots: d_slots.view(),
@@ -289,6 +318,11 @@ fn gemv_qkv_rope_matches_reference() {
                 shape,
                 max_pos,
                 ready: Some(ready.view()),
+                qk_norm: qk.then(|| kernels::gemv::QkNorm {
+                    q: d_gq.view(),
+                    k: d_gk.view(),
+                    offset: qk_offset,
+                }),
             };
             // SAFETY: slots below num_slots, positions below max_pos.
             unsafe {
@@ -311,7 +345,10 @@ fn gemv_qkv_rope_matches_reference() {
             let qw = shape.num_heads * d;
             let q_got: Vec<f32> = (0..m).flat_map(|t| got[t * n..][..qw].to_vec()).collect();
             let e = rel_err(&q_got, &q_want);
-            assert!(e < 1e-2, "{shape:?} m={m} rotated {rot}: q rel err {e}");
+            assert!(
+                e < 1e-2,
+                "{shape:?} m={m} rotated {rot} qk-norm {qk}: q rel err {e}"
+            );
             let kvw = shape.kv_width();
             let pick = |c: &[f32]| -> Vec<f32> {
                 slots
@@ -323,7 +360,7 @@ fn gemv_qkv_rope_matches_reference() {
             let e = rel_err(&pick(&kg), &kv_rounded(&pick(&kr), kv8, FP8_K_SCALE));
             assert!(
                 e < 1e-2,
-                "{shape:?} m={m} fp8 KV {kv8} rotated {rot}: k rel err {e}"
+                "{shape:?} m={m} fp8 KV {kv8} rotated {rot} qk-norm {qk}: k rel err {e}"
             );
             let e = rel_err(&pick(&vg), &kv_rounded(&pick(&vr), kv8, FP8_V_SCALE));
             assert!(e < 1e-2, "{shape:?} m={m} fp8 KV {kv8}: v rel err {e}");

@@ -26,7 +26,7 @@ use half::bf16;
 use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
-use kernels::gemv::{GemvLora, GemvOp, RopeKv};
+use kernels::gemv::{GemvLora, GemvOp, QkNorm, RopeKv};
 use kernels::layer_extras::HeadNorm;
 use kernels::persistent::PersistentProgram;
 use kernels::sampling::{SampleOutputs, SampleScratch};
@@ -224,6 +224,11 @@ impl<'a> Exec<'a> {
             shape: self.tuning.shape,
             max_pos: self.model.rope_rows,
             ready: Some(ws.rot_ready.view()),
+            qk_norm: layer.extras.qk_norm.as_ref().map(|[q, k]| QkNorm {
+                q: q.view(),
+                k: k.view(),
+                offset: c.spec.norm_weight_offset,
+            }),
         };
         let lq = lora(Group::Qkv)?;
         // SAFETY: check_batch verified slots against the pool (padding uses the

@@ -204,11 +204,17 @@ pub fn memory_info(device: usize) -> Result<(usize, usize), String> {
 
 /// Whether the fused GEMV layer runs model `c`: Llama's layer under any
 /// attention scale and sliding window (attention is its own kernel, which
-/// takes the layer's rule); any other spec runs the GEMM layer.
+/// takes the layer's rule), with QK-norm (Qwen3's) where the QKV GEMV's
+/// epilogue normalises whole heads (a power-of-two head_dim up to
+/// `HADAMARD_MAX_DIM`); any other spec (a norm weight offset, biases,
+/// output norms, another activation) runs the GEMM layer.
 fn gemv_layer_runs(c: &ModelConfig) -> bool {
+    let d = c.head_dim;
+    let qk_norm_fits = d.is_power_of_two() && d <= kernels::consts::HADAMARD_MAX_DIM;
     let mut gemv = c.llama_spec();
     for (r, l) in gemv.layers.iter_mut().zip(&c.spec.layers) {
         (r.attention.scale, r.attention.window) = (l.attention.scale, l.attention.window);
+        r.attention.qk_norm = l.attention.qk_norm && qk_norm_fits;
     }
     gemv.first_difference(&c.spec).is_none()
 }

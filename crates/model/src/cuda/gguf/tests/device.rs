@@ -231,6 +231,7 @@ fn gguf_gemv_qkv_rope_matches_the_widened_weights() {
                     shape,
                     max_pos,
                     ready: None,
+                    qk_norm: None,
                 };
                 // SAFETY: slots below `slots`, positions below max_pos.
                 unsafe {
