@@ -2,7 +2,9 @@
 //! through the engine on random prompt tokens, greedy, EOS ignored.
 //!
 //! - b1: one stream, `--b1-prompt` prompt tokens then `--b1-gen` tokens: decode tok/s
-//!   (first to last token) and TTFT.
+//!   (first to last token) and TTFT; then its floor (`bench_floor`): the
+//!   rate at which a step would only read its weights and K/V at the copy
+//!   bandwidth measured before the model loads, and b1's fraction of it.
 //! - b2: time to first token for a `--b2-prompt`-token prompt (median of `--repeats`).
 //! - b3: `--b3-batch` prompts of `--b3-prompt` tokens, `--b3-gen` new tokens each,
 //!   submitted at once: output tok/s over the whole run, prefill included.
@@ -52,6 +54,7 @@ use contract::sampling::splitmix64;
 use engine::{Constraint, Event, GenerateRequest, RequestHandle};
 use serde_json::json;
 
+use crate::bench_floor::{self, Floor};
 use crate::llama_bench::{self, LlamaRates, LlamaRun};
 use crate::setup::{self, ModelArgs};
 
@@ -199,6 +202,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let slots = (model_args.lora.options()?.slots()).max(crate::bench_lora::ADAPTERS);
         model_args.lora.max_loras = Some(slots);
     }
+    // before the model loads: the copy's buffers never compete with the KV pool
+    let copy = (args.workloads.iter().any(|w| w == "b1"))
+        .then(|| bench_floor::measure_copy(args.model.device.runtime()))
+        .flatten();
     let loaded = setup::open(&model_args, 0)?;
     let llama_gguf = match (&args.llama_bench, &args.llama_gguf) {
         (None, _) => None,
@@ -217,6 +224,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("lamina: {}", loaded.backend_name);
     println!("lamina: {}", loaded.sizing);
     let z = Sizes::resolve(&args, loaded.cuda);
+    let floor = copy.map(|c| {
+        let (w, cfg) = (&loaded.weight_bytes, &loaded.model.config);
+        Floor::new(w, cfg, loaded.sizing.kv_dtype, (z.b1_prompt, z.b1_gen), c)
+    });
     if !loaded.cuda {
         eprintln!(
             "bench: CPU backend: smaller default sizes than the baseline's (b1 {}+{}, b2 {}, b3 {} x {}+{}); give --b1-prompt etc. to change them",
@@ -300,6 +311,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
                         z.b1_gen,
                         1e3 / r
                     );
+                    if let Some(f) = &floor {
+                        println!("{tag}{}", f.line(r));
+                    }
                     b1_rates.push(r);
                 }
                 "b2" => {
@@ -444,6 +458,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     loaded.engine.shutdown();
+    if let Some(f) = floor.filter(|_| !b1_rates.is_empty()) {
+        res.insert("b1_floor".into(), f.json(median(b1_rates.clone())));
+    }
     summarize(&z, &b1_rates, &b2_ms, &llama, &mut res);
     let res = serde_json::Value::Object(res);
     println!("{res}");

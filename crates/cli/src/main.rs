@@ -8,6 +8,7 @@
 //! response), `-vv` debug logs; `RUST_LOG` overrides both.
 
 mod bench;
+mod bench_floor;
 mod bench_lora;
 mod bench_serve;
 mod bench_spec;

@@ -179,11 +179,7 @@ impl ModelArgs {
         };
         Ok(RuntimeOptions {
             max_model_len: self.max_model_len,
-            device: match self.device {
-                DeviceArg::Cpu => Device::Cpu,
-                DeviceArg::Cuda => Device::Cuda,
-                DeviceArg::Auto => Device::Auto,
-            },
+            device: self.device.runtime(),
             replicas,
             deterministic: self.deterministic,
             weights: WeightOptions {
@@ -214,6 +210,17 @@ impl ModelArgs {
             speculative: self.spec.options()?,
             lora: self.lora.options()?,
         })
+    }
+}
+
+impl DeviceArg {
+    /// The runtime's device.
+    pub fn runtime(self) -> Device {
+        match self {
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+            DeviceArg::Auto => Device::Auto,
+        }
     }
 }
 

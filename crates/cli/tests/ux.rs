@@ -2,7 +2,7 @@
 //! that answer a factual question, token ids that paste between commands,
 //! prompts from stdin, prompts files with their line numbers, timings, the
 //! KV pool's sizing advice, `serve` binding first and logging each HTTP response only
-//! with `-v`, `bench` sizes on the CPU, and `synth-model` not overwriting.
+//! with `-v`, `bench` sizes on the CPU and its b1 floor, and `synth-model` not overwriting.
 
 mod support;
 
@@ -339,6 +339,28 @@ fn bench_on_the_cpu_uses_small_sizes_and_shows_progress() {
     let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert_eq!(last["sizes"]["b1_prompt"], 32);
     assert_eq!(last["sizes"]["b2_prompt"], 256);
+    // b1's floor: right after its line, in the JSON too, at 32 + 32 / 2 tokens
+    let lines: Vec<&str> = text.lines().collect();
+    let b1 = lines.iter().position(|l| l.starts_with("b1 single stream"));
+    let floor = b1.and_then(|i| lines.get(i + 1)).copied().unwrap_or("");
+    assert!(
+        floor.starts_with("b1 floor: a step reads")
+            && floor.contains("at 48 tokens of context")
+            && floor.ends_with("% of it"),
+        "{text}"
+    );
+    let f = &last["b1_floor"];
+    let positive = |k: &str| f[k].as_f64().is_some_and(|x| x > 0.0 && x.is_finite());
+    for k in [
+        "weight_bytes",
+        "kv_bytes",
+        "copy_gb_s",
+        "floor_tok_s",
+        "fraction",
+    ] {
+        assert!(positive(k), "{k}: {f}");
+    }
+    assert_eq!(f["context"], 48, "{f}");
 }
 
 #[test]

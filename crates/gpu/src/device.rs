@@ -463,6 +463,31 @@ impl Gpu {
         })
     }
 
+    /// The device-to-device copy rate in bytes a second, counted as read
+    /// plus write (`2 * bytes` a copy), as torch's `y.copy_(x)` times it:
+    /// two buffers of `bytes` allocated here, `warmups` untimed copies,
+    /// then `reps` copies between two events on the stream. The buffers
+    /// are freed on return.
+    pub fn copy_bandwidth(
+        &self,
+        bytes: usize,
+        warmups: usize,
+        reps: usize,
+    ) -> Result<f64, GpuError> {
+        let src = self.alloc::<u8>(bytes)?;
+        let dst = self.alloc::<u8>(bytes)?;
+        for _ in 0..warmups {
+            self.copy_device(src.view(), dst.view())?;
+        }
+        let timer = self.timer()?;
+        timer.start()?;
+        for _ in 0..reps {
+            self.copy_device(src.view(), dst.view())?;
+        }
+        let ms = timer.stop_ms()?;
+        Ok(2.0 * bytes as f64 * reps as f64 / (f64::from(ms) / 1e3).max(1e-9))
+    }
+
     pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
         &self.ctx
     }

@@ -84,6 +84,16 @@ impl GemvWeights<'_> {
         }
     }
 
+    /// Bytes a product reads of the weights: the values, plus the FP8 row
+    /// scales or the blocks' side records.
+    pub fn bytes(&self) -> usize {
+        match self {
+            GemvWeights::Bf16(w) => w.num_bytes(),
+            GemvWeights::Fp8 { q, scale } => q.num_bytes() + scale.num_bytes(),
+            GemvWeights::Blocks { q, side, .. } => q.num_bytes() + side.num_bytes(),
+        }
+    }
+
     /// Checks the weights hold `rows` rows of `k`; returns the weight and
     /// side pointers (0 for bf16) and the format.
     fn check(

@@ -15,11 +15,12 @@ use crate::error::{Context, RuntimeError, invalid};
 use crate::kv_sizing::{Companion, GIB, GpuMemoryPlan, gpu_kv_bytes, kv_pool};
 use crate::options::{BLOCK_SIZE, RuntimeOptions};
 
-/// A backend with its KV pool's blocks and bytes.
+/// A backend with its KV pool's blocks and bytes, and its weights' bytes.
 pub(crate) struct OpenBackend {
     pub backend: Box<dyn Backend>,
     pub kv_blocks: usize,
     pub kv_bytes: usize,
+    pub weights: model::WeightBytes,
 }
 
 /// Puts `weights` on CUDA device `device` or (`None`) the CPU with a KV
@@ -56,13 +57,21 @@ pub(crate) fn open_backend(
         num_blocks,
         block_size: BLOCK_SIZE,
     };
-    let backend: Box<dyn Backend> = match device {
-        Some(ordinal) => Box::new(
-            model::cuda::CudaBackend::new(cfg.clone(), &weights, kv, ordinal, cuda_options(opts))
-                .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?,
-        ),
-        None => Box::new(
-            model::cpu::CpuBackend::with_weights(
+    let (backend, weight_bytes): (Box<dyn Backend>, _) = match device {
+        Some(ordinal) => {
+            let b = model::cuda::CudaBackend::new(
+                cfg.clone(),
+                &weights,
+                kv,
+                ordinal,
+                cuda_options(opts),
+            )
+            .with_context(|| format!("starting the CUDA backend on GPU {ordinal}"))?;
+            let bytes = b.weight_bytes();
+            (Box::new(b), bytes)
+        }
+        None => {
+            let b = model::cpu::CpuBackend::with_weights(
                 cfg.clone(),
                 weights.into_owned(),
                 kv,
@@ -72,8 +81,10 @@ pub(crate) fn open_backend(
             .with_kv_cache_dtype(opts.kv.dtype)
             .with_max_loras(opts.lora.slots())
             .with_deterministic(opts.deterministic)
-            .with_fp8_activations(opts.weights.fp8_activations),
-        ),
+            .with_fp8_activations(opts.weights.fp8_activations);
+            let bytes = b.weight_bytes();
+            (Box::new(b), bytes)
+        }
     };
     tracing::info!(
         backend = %backend.name(),
@@ -88,6 +99,7 @@ pub(crate) fn open_backend(
         backend,
         kv_blocks: num_blocks,
         kv_bytes: per_block.saturating_mul(num_blocks),
+        weights: weight_bytes,
     })
 }
 

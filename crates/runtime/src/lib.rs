@@ -8,6 +8,8 @@
 //! backends (CPU or CUDA, one per replica) and start an engine on each.
 //! The options are plain structs with `Default`, one per concern; the CLI
 //! maps its flags onto them and errors name a setting by its flag.
+//! [`copy_bandwidth`] measures how fast the device a model would run on
+//! copies memory (before it loads), for `lamina bench`'s floor.
 //!
 //! It sits below the binary and beside `server`: the server takes the
 //! started engines and never depends on this crate (nor on `model` or
@@ -15,9 +17,10 @@
 //!
 //! Modules, in dependency order (each imports only those before it):
 //! `options`, `error`, `memory`; `resolve`, `weights`, `kv_sizing`, `lora`;
-//! `backend`; `draft`; `sizing`; `open`.
+//! `bandwidth`, `backend`; `draft`; `sizing`; `open`.
 
 mod backend;
+mod bandwidth;
 mod draft;
 mod error;
 pub mod kv_sizing;
@@ -29,6 +32,7 @@ mod resolve;
 mod sizing;
 mod weights;
 
+pub use bandwidth::copy_bandwidth;
 pub use error::RuntimeError;
 pub use lora::{AdapterLoader, adapter_loader};
 pub use memory::trim_host_memory;

@@ -44,6 +44,8 @@ pub struct Runtime {
     pub backend_name: String,
     /// What was sized at start-up, for the log.
     pub sizing: Sizing,
+    /// The weights' bytes as the (first) backend holds them.
+    pub weight_bytes: model::WeightBytes,
 }
 
 /// The backends of a runtime before their engines start.
@@ -52,10 +54,12 @@ struct Backends {
     each: Vec<(Box<dyn Backend>, Option<SpecConfig>)>,
     /// The GGUF whose quantised blocks the CPU backends multiply, if any.
     gguf: Option<PathBuf>,
-    /// The last one's name and KV pool (every replica is sized alike).
+    /// The last one's name, KV pool and weights' bytes (every replica is
+    /// sized alike).
     name: String,
     kv_blocks: usize,
     kv_bytes: usize,
+    weights: model::WeightBytes,
 }
 
 impl Runtime {
@@ -90,6 +94,7 @@ impl Runtime {
             max_context: r.loaded.config.max_position_embeddings,
         };
         let (backend_name, weights_gguf) = (backends.name, backends.gguf);
+        let weight_bytes = backends.weights;
         let engines = start_engines(&opts, &r, backends.each, max_batch_tokens, &adapters)?;
         let mut engines = engines.into_iter();
         let Some(engine) = engines.next() else {
@@ -106,6 +111,7 @@ impl Runtime {
             weights_gguf,
             backend_name,
             sizing,
+            weight_bytes,
         })
     }
 
@@ -177,12 +183,14 @@ fn open_backends(
         name: String::new(),
         kv_blocks: 0,
         kv_bytes: 0,
+        weights: model::WeightBytes::default(),
     };
     let mut open_on = |device: Option<usize>, w: Cow<'_, checkpoint::ModelWeights>| {
         let OpenBackend {
             backend,
             kv_blocks,
             kv_bytes,
+            weights: weight_bytes,
         } = open_backend(
             opts,
             &r.loaded,
@@ -193,6 +201,7 @@ fn open_backends(
             companion.as_ref(),
         )?;
         (out.name, out.kv_blocks, out.kv_bytes) = (backend.name(), kv_blocks, kv_bytes);
+        out.weights = weight_bytes;
         let spec = draft_spec(
             opts,
             draft,

@@ -113,7 +113,7 @@ pub(crate) fn cap_context(
 
 /// Whether `device` resolves to the CUDA backend (an error when CUDA is
 /// asked for and unavailable).
-fn use_cuda(device: Device) -> Result<bool, RuntimeError> {
+pub(crate) fn use_cuda(device: Device) -> Result<bool, RuntimeError> {
     Ok(match device {
         Device::Cpu => false,
         Device::Cuda => {

@@ -169,6 +169,16 @@ impl FastWeights {
         })
     }
 
+    /// Bytes a generated row reads of the layers' projections, and of the
+    /// LM head's own matrix (`None`: the embedding's row-major buffer).
+    pub(super) fn bytes(&self) -> (usize, Option<usize>) {
+        let layers = (self.layers.iter())
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .map(Matrix::bytes)
+            .sum();
+        (layers, self.head.as_ref().map(Matrix::bytes))
+    }
+
     /// Whether prompt rows run the split products.
     pub(super) fn splits(&self) -> bool {
         self.layers

@@ -81,6 +81,16 @@ fn take_dense(p: &mut Projection) -> Result<Vec<bf16>, BackendError> {
 }
 
 impl RefWeights {
+    /// Bytes of the layers' projections, and of the LM head's own matrix
+    /// (`None`: tied, the embedding is read).
+    pub(super) fn bytes(&self) -> (usize, Option<usize>) {
+        let layers = (self.layers.iter())
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .map(|w| w.len() * 2)
+            .sum();
+        (layers, self.head.as_ref().map(|h| h.len() * 2))
+    }
+
     /// Takes every projection of `w` (shape-checked), releasing its stored
     /// buffers.
     pub(super) fn take(w: &mut ModelWeights) -> Result<Self, BackendError> {

@@ -57,6 +57,13 @@ impl LayerVecs {
         }
     }
 
+    /// Bytes a step reads of these: the norm gains and each extra once
+    /// (the fused biases are copies of the extras).
+    pub fn bytes(&self) -> usize {
+        let extras: usize = self.extras.values().map(Vec::len).sum();
+        (self.input.len() + self.post.len() + extras) * 4
+    }
+
     /// Extra `e`'s vector (a norm's gain with the offset), when the layer has it.
     pub fn get(&self, e: Extra) -> Option<&[f32]> {
         self.extras.get(&e).map(Vec::as_slice)

@@ -305,6 +305,24 @@ impl CpuBackend {
         self
     }
 
+    /// The bytes of the weights as this path holds them, by the part of a
+    /// step that reads them (the split products' 8-bit copies, which only
+    /// prompt rows read, left out).
+    pub fn weight_bytes(&self) -> crate::WeightBytes {
+        let (projections, lm_head) = match (&self.fast, &self.reference) {
+            (Some(f), _) => f.bytes(),
+            (None, Some(r)) => r.bytes(),
+            (None, None) => (0, None),
+        };
+        let norms: usize = self.norms.iter().map(layer::LayerVecs::bytes).sum();
+        crate::WeightBytes {
+            layers: projections + norms,
+            final_norm: self.final_norm.len() * 4,
+            embed: self.weights.embed.data.len() * 2,
+            lm_head,
+        }
+    }
+
     /// The path this backend runs.
     pub fn path(&self) -> CpuPath {
         if self.fast.is_some() {

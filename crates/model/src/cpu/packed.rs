@@ -327,6 +327,22 @@ impl Matrix {
             _ => false,
         }
     }
+
+    /// Bytes a generated row's product reads: the weights with their
+    /// scales and records (not the prompt rows' 8-bit copy).
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Matrix::Bf16(w) => w.len() * 2,
+            Matrix::Panels { w, .. } => w.bytes(),
+            Matrix::Quant { data, .. } => data.len(),
+            Matrix::Quant16(p) => p.bytes(),
+            Matrix::Int4(t) => {
+                let perm = t.perm.as_ref().map_or(0, |p| p.len() * 4);
+                t.data.len() + t.scale.len() * 4 + t.zero.len() + perm
+            }
+            Matrix::Stack(parts) => parts.iter().map(|(m, _)| m.bytes()).sum(),
+        }
+    }
 }
 
 /// [`Matrix::matmul`] over quantised blocks: prompt rows through

@@ -193,6 +193,29 @@ fn prefill_matches_naive_reference_tied_and_untied() {
 }
 
 #[test]
+fn weight_bytes_count_what_each_path_holds_and_a_tied_head_as_the_embedding() {
+    // 2 layers of 7,680 BF16 weights, two f32 norm gains of 32 each
+    let layers = 2 * (7680 * 2 + 2 * 32 * 4);
+    let table = 50 * 32 * 2;
+    for path in PATHS {
+        for tied in [true, false] {
+            let w = backend_on(path, tied, 8).weight_bytes();
+            let at = format!("{path:?} tied={tied}: {w:?}");
+            assert_eq!((w.layers, w.final_norm), (layers, 32 * 4), "{at}");
+            // the head: its own matrix, or the table it reads when tied (the
+            // fast path's panels pad the 50 rows to whole panels)
+            let head = w.lm_head.unwrap_or(w.embed);
+            let padded = path == CpuPath::Fast && head > table && head < 2 * table;
+            assert!(head == table || padded, "{at}");
+            if path == CpuPath::Reference {
+                assert_eq!(w.lm_head.is_none(), tied, "{at}");
+                assert_eq!(w.embed, table, "{at}");
+            }
+        }
+    }
+}
+
+#[test]
 fn prefill_equals_token_by_token_decode_and_chunked_prefill() {
     for path in PATHS {
         prefill_equals_decode_on(path);

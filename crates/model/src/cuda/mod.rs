@@ -202,6 +202,21 @@ pub fn memory_info(device: usize) -> Result<(usize, usize), String> {
         .map_err(|e| format!("reading device {device}'s memory: {e}"))
 }
 
+/// The device-to-device copy rate of CUDA device `device` in bytes a
+/// second, read plus write ([`Gpu::copy_bandwidth`]: two buffers of
+/// `bytes`, freed on return; `warmups` untimed copies, then `reps` timed).
+pub fn copy_bandwidth(
+    device: usize,
+    bytes: usize,
+    warmups: usize,
+    reps: usize,
+) -> Result<f64, String> {
+    available()?;
+    let gpu = Gpu::new(device).map_err(|e| format!("opening device {device}: {e}"))?;
+    gpu.copy_bandwidth(bytes, warmups, reps)
+        .map_err(|e| format!("timing device {device}'s copies: {e}"))
+}
+
 /// Whether the fused GEMV layer runs model `c`: Llama's layer under any
 /// attention scale and sliding window (attention is its own kernel, which
 /// takes the layer's rule), with QK-norm (Qwen3's) where the QKV GEMV's
@@ -404,6 +419,12 @@ impl CudaBackend {
             made.products = Box::new(made.pin_invariant(inv, opts.det_gemm, fp8_acts)?);
         }
         Ok(made)
+    }
+
+    /// The bytes of the weights as uploaded, by the part of a step that
+    /// reads them.
+    pub fn weight_bytes(&self) -> crate::WeightBytes {
+        self.model.w.bytes()
     }
 
     /// Turns graph capture/replay of pure-decode steps on or off (tests compare both).

@@ -124,6 +124,36 @@ impl DeviceWeights {
             .chain(self.lm_head.as_ref())
     }
 
+    /// The bytes of the weights as uploaded (the widening buffer, scratch,
+    /// left out).
+    pub fn bytes(&self) -> crate::WeightBytes {
+        let b = |t: &DeviceBuffer<bf16>| t.view().num_bytes();
+        let layers = (self.layers.iter())
+            .map(|l| {
+                let projections = [&l.qkv, &l.o, &l.gate_up, &l.down];
+                let p: usize = projections.iter().map(|p| p.gemv().bytes()).sum();
+                let e = &l.extras;
+                let vectors = [
+                    &e.qkv_bias,
+                    &e.o_bias,
+                    &e.gate_up_bias,
+                    &e.down_bias,
+                    &e.attn_out_norm,
+                    &e.mlp_out_norm,
+                ];
+                let v: usize = vectors.into_iter().flatten().map(b).sum();
+                let qk: usize = e.qk_norm.iter().flatten().map(b).sum();
+                p + v + qk + b(&l.input_norm) + b(&l.post_norm)
+            })
+            .sum();
+        crate::WeightBytes {
+            layers,
+            final_norm: b(&self.norm),
+            embed: b(&self.embed),
+            lm_head: self.lm_head.as_ref().map(|p| p.gemv().bytes()),
+        }
+    }
+
     /// The LM head as the GEMV kernels take it (the embedding when tied).
     pub fn head_gemv(&self) -> GemvWeights<'_> {
         match &self.lm_head {
