@@ -184,10 +184,11 @@ fn cuda_model_variants_match_the_cpu() {
 }
 
 /// A Llama layer under a sliding window and a scale of its own runs the
-/// fused GEMV layer (attention is its own kernel): only the spec's other
-/// fields send a model to the GEMM layer.
+/// fused GEMV layer (attention is its own kernel), and so does QK-norm at
+/// heads the QKV GEMV's epilogue normalises whole: only the spec's other
+/// fields (or QK-norm of wider heads) send a model to the GEMM layer.
 #[test]
-fn windows_and_scales_keep_the_gemv_layer() {
+fn windows_scales_and_qk_norm_keep_the_gemv_layer() {
     let c = crate::cpu::tests::config(false);
     assert_eq!(c.spec.first_difference(&c.llama_spec()), None);
     let mut w = c.clone();
@@ -196,5 +197,10 @@ fn windows_and_scales_keep_the_gemv_layer() {
     spec.layers[1].attention.scale = 0.3;
     assert!(gemv_layer_runs(&c) && gemv_layer_runs(&w));
     w.spec.layers[1].attention.qk_norm = true;
+    assert!(gemv_layer_runs(&w), "QK-norm at head_dim {}", w.head_dim);
+    let mut wide = w.clone();
+    wide.head_dim = 2 * kernels::consts::HADAMARD_MAX_DIM;
+    assert!(!gemv_layer_runs(&wide));
+    w.spec.layers[1].attention.qkv_bias = true;
     assert!(!gemv_layer_runs(&w));
 }
