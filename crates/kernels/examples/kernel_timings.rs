@@ -154,17 +154,21 @@ fn gemv(gpu: &Arc<Gpu>, k: &Kernels) {
             .into_iter()
             .flat_map(|m| [(m, false), (m, true)])
         {
+            let norm = kernels::gemv::RowNorm {
+                w: g.view(),
+                eps: 1e-5,
+                offset: 0.0,
+            };
             let op = match name {
                 "qkv (norm)" => GemvOp::Norm {
                     residual: xf.view(),
-                    norm_w: g.view(),
-                    eps: 1e-5,
+                    norm,
                     y: yb.view(),
                 },
-                "gate/up (norm+silu)" => GemvOp::NormSilu {
+                "gate/up (norm+silu)" => GemvOp::NormGated {
                     residual: xf.view(),
-                    norm_w: g.view(),
-                    eps: 1e-5,
+                    norm,
+                    act: contract::Activation::Silu,
                     y: yb.view(),
                 },
                 "lm head (f32)" => GemvOp::F32 {

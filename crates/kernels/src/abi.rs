@@ -416,7 +416,7 @@ kernel_args! {
 
     /// One op of the persistent decode kernel (cu/persistent.cu): a launch
     /// it runs in place of that launch, as `blocks` virtual blocks.
-    pub struct PersistentOp for "persistent_* (an array of them)", size 256 {
+    pub struct PersistentOp for "persistent_* (an array of them)", size 296 {
         /// what the op runs: `consts::PERSISTENT_KINDS` indexes it
         kind: u32 as "uint32_t" @ 0,
         /// virtual blocks: the launch's grid_x * grid_y * grid_z
@@ -426,7 +426,7 @@ kernel_args! {
         grid_x: u32 as "uint32_t" @ 8,
         grid_y: u32 as "uint32_t" @ 12,
         /// the launch's argument struct (`ArgWords`), zero past its size
-        args: [u32; 60] as "uint32_t[60]" @ 16,
+        args: [u32; 70] as "uint32_t[70]" @ 16,
     }
 
     /// Arguments of `persistent_*` (cu/persistent.cu).
@@ -540,12 +540,12 @@ kernel_args! {
 
     /// Arguments of every `gemv_*` and `gemv8_*` kernel (cu/gemv.cu).
     #[derive(Default)]
-    pub struct GemvArgs for "gemv_*, gemv8_*, gemv_q*", size 240 {
+    pub struct GemvArgs for "gemv_*, gemv8_*, gemv_q*", size 280 {
         /// [m, k] bf16, or the f32 residual for the norm variants
         x: u64 as "const void*" @ 0,
         /// `[k]` bf16 (norm variants), else unused
         norm_w: u64 as "const bf16*" @ 8,
-        /// [n, k] bf16 ([2n, k] for norm_silu); e4m3 bytes for gemv8_*, a
+        /// [n, k] bf16 ([2n, k] for norm_gated); e4m3 bytes for gemv8_*, a
         /// block format's chunks for gemv_q*
         w: u64 as "const void*" @ 16,
         /// [m, n] bf16 / f32 (resid: the f32 residual, read and written)
@@ -578,7 +578,7 @@ kernel_args! {
         /// 1: the caches hold e4m3 bytes at k_scale / v_scale (norm_rope only)
         kv_fp8: u32 as "uint32_t" @ 116,
         /// the weights' side data (`cu/gemv_formats.cuh`): `[n]` f32 (`[2n]`
-        /// for norm_silu) row scales for gemv8_*, a block format's records,
+        /// for norm_gated) row scales for gemv8_*, a block format's records,
         /// else unused
         w_side: u64 as "const void*" @ 120,
         /// FP8 K scale: k is stored as e4m3(k / k_scale) (norm_rope, kv_fp8 only)
@@ -621,6 +621,24 @@ kernel_args! {
         q_norm_w: u64 as "const bf16*" @ 224,
         /// `[head_dim]` bf16 per-head RMSNorm gain of the k heads
         k_norm_w: u64 as "const bf16*" @ 232,
+        /// added to each gain of the input RMSNorm (norm variants) or of
+        /// the output norm (resid with out_norm_w): Gemma's `(1+w)`: 1
+        norm_offset: f32 as "float" @ 240,
+        /// the gate's activation (norm_gated only): `consts::ACT_SILU` or
+        /// `ACT_GELU_TANH`
+        act: u32 as "uint32_t" @ 244,
+        /// `[n]` bf16 added to each output after its bf16 rounding, or 0
+        /// (norm_rope only: Qwen2's QKV bias)
+        bias: u64 as "const bf16*" @ 248,
+        /// `[n]` bf16 gain of an RMSNorm over each whole output row before
+        /// the residual add, or 0 (resid only: Gemma's post-attention and
+        /// post-MLP norms)
+        out_norm_w: u64 as "const bf16*" @ 256,
+        /// `[m, n]` bf16, the rows before that norm (resid with out_norm_w)
+        out_rows: u64 as "bf16*" @ 264,
+        /// a counter, zero at launch and left zero: the warps that have
+        /// written their `out_rows` (resid with out_norm_w)
+        out_ready: u64 as "uint32_t*" @ 272,
     }
 
     /// Per-row sampling settings as the sampling kernels read them

@@ -57,10 +57,10 @@ launch_consts! {
 
     /// Threads per block of `rope_kv_write` (one block per token).
     pub const ROPE_THREADS: usize = 128;
-    /// Largest head a warp Hadamard-rotates (`cu/hadamard.cuh`: `D / 32`
-    /// values per lane in registers); larger heads of [`HEAD_DIMS`] run on
-    /// unrotated caches only.
-    pub const HADAMARD_MAX_DIM: usize = 128;
+    /// Largest head a warp holds whole in registers (`cu/hadamard.cuh`:
+    /// `D / 32` values per lane) to Hadamard-rotate it or norm it in the
+    /// fused QKV GEMV's epilogue: every head of [`HEAD_DIMS`].
+    pub const HADAMARD_MAX_DIM: usize = 256;
 
     /// Query rows (tokens x query heads of one KV head) one prefill block serves.
     pub const PREFILL_ROWS_PER_BLOCK: usize = 64;
@@ -102,12 +102,16 @@ launch_consts! {
     /// `PersistentOp::kind` of a `gemv_*_resid` op (its index in
     /// `gemv::VARIANTS`, as the other GEMV kinds).
     pub const PERSIST_GEMV_RESID: usize = 1;
-    /// `PersistentOp::kind` of a `gemv_*_norm_silu` op.
-    pub const PERSIST_GEMV_NORM_SILU: usize = 3;
+    /// `PersistentOp::kind` of a `gemv_*_norm_gated` op.
+    pub const PERSIST_GEMV_NORM_GATED: usize = 3;
     /// `PersistentOp::kind` of a `gemv_*_norm_rope` op.
     pub const PERSIST_GEMV_NORM_ROPE: usize = 5;
     /// `PersistentOp::kind` of a decode attention op.
     pub const PERSIST_ATTENTION: usize = 6;
+    /// `GemvArgs::act` of the gate/up GEMV: SiLU (SwiGLU).
+    pub const ACT_SILU: usize = 0;
+    /// `GemvArgs::act`: GELU with the tanh approximation (GeGLU).
+    pub const ACT_GELU_TANH: usize = 1;
     /// Warps per GEMV block.
     pub const GEMV_WARPS: usize = 4;
     /// Weight rows one GEMV warp computes.

@@ -1,10 +1,12 @@
 //! Launcher for `cu/gemv.cu`: projections for steps of at most
 //! [`MAX_ROWS`] token rows, with bf16, FP8 or GGUF block weights
 //! ([`GemvWeights`]), the
-//! RMSNorm before them, the residual add or SiLU·up after them fused in
-//! (see [`GemvOp`]), and their CPU reference.
+//! RMSNorm before them, the residual add (through an output norm or not)
+//! or the gated activation after them fused in (see [`GemvOp`]), and their
+//! CPU reference.
 //! Contract: `y[m, n] = x[m, k] · W[n, k]ᵀ`, fp32 accumulation, rounding
-//! like the unfused path (cuBLAS to bf16, then add_rmsnorm / silu_mul).
+//! like the unfused path (cuBLAS to bf16, then add_rmsnorm / gate_mul /
+//! head_rmsnorm / bias_rows).
 //! `k` must be a multiple of 8 and every operand 16-byte aligned.
 //! Costs: one launch; reads W once (16-byte loads, issued before the PDL
 //! wait) whatever `m`, plus the inputs from L1/L2 once per block; the norm
@@ -19,13 +21,15 @@ use crate::kv::KvCaches;
 use crate::lora::LoraShape;
 pub use crate::weight_format::{BlockLayout, WeightFormat};
 use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
+use contract::Activation;
 
 /// FP8 weights' `k` must be a multiple of this (16 e4m3 bytes a load).
 pub use crate::consts::GEMV_FP8_COLS as FP8_K_MULTIPLE;
 /// Most token rows one launch handles (larger steps use cuBLAS).
 pub use crate::consts::GEMV_MAX_ROWS as MAX_ROWS;
 use crate::consts::{
-    GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS, HADAMARD_MAX_DIM, gemv_chunks,
+    ACT_GELU_TANH, ACT_SILU, GEMV_ROWS_PER_WARP as ROWS_PER_WARP, GEMV_WARPS as WARPS,
+    HADAMARD_MAX_DIM, gemv_chunks,
 };
 /// Dynamic shared memory the norm variants may take (their `m * k` bf16
 /// normalised inputs); within every sm_80+ GPU's opt-in limit.
@@ -35,7 +39,7 @@ pub(crate) const NORM_VARIANTS: [usize; 3] = [2, 3, 5];
 /// Row tiles the kernels are instantiated for (index = entry in `Kernels::gemv[variant]`).
 const TILES: [usize; 5] = [1, 2, 4, 8, 16];
 /// Entry-point names after the format's prefix, in [`GemvOp::variant`] order.
-pub(crate) const VARIANTS: [&str; 6] = ["bf16", "resid", "norm", "norm_silu", "f32", "norm_rope"];
+pub(crate) const VARIANTS: [&str; 6] = ["bf16", "resid", "norm", "norm_gated", "f32", "norm_rope"];
 /// Index of `gemv_norm_rope` in [`VARIANTS`].
 const ROPE_VARIANT: usize = 5;
 
@@ -49,8 +53,36 @@ pub(crate) fn entry(i: usize, f: WeightFormat, m: usize) -> String {
     format!("{}_{}_m{m}", f.prefix(), VARIANTS[i])
 }
 
+/// An RMSNorm's gains: each row's values times `rsqrt(mean(x²) + eps)`
+/// times `offset + w`.
+#[derive(Debug, Clone, Copy)]
+pub struct RowNorm<'a> {
+    pub w: DevSlice<'a, bf16>, // [width]
+    pub eps: f32,
+    /// Added to each gain: 0, or 1 for Gemma's `(1+w)`.
+    pub offset: f32,
+}
+
+impl RowNorm<'_> {
+    fn check(&self, kernel: &'static str, width: usize) -> Result<(), KernelError> {
+        need(kernel, "norm gains", &self.w, width)?;
+        aligned(kernel, "norm gains", self.w.ptr())
+    }
+}
+
+/// The norm over each whole output row of [`GemvOp::ResidNormed`], and
+/// what the launch needs for it: a scratch for the rows before the norm
+/// and a counter.
+#[derive(Debug, Clone, Copy)]
+pub struct OutNorm<'a> {
+    pub norm: RowNorm<'a>,        // [n] gains
+    pub rows: DevSlice<'a, bf16>, // [m, n] scratch
+    /// Zero at launch and left zero; no other launch in flight uses it.
+    pub ready: DevSlice<'a, u32>, // [1]
+}
+
 /// A projection's weights, `[rows, k]` (rows = `n`, or `2n` for
-/// [`GemvOp::NormSilu`]).
+/// [`GemvOp::NormGated`]).
 #[derive(Debug, Clone, Copy)]
 pub enum GemvWeights<'a> {
     /// bf16 values.
@@ -206,6 +238,9 @@ pub struct RopeKv<'a> {
     /// Per-head RMSNorm of q and k before RoPE (Qwen3's, Gemma's), as
     /// `head_rmsnorm` computes it; heads up to `consts::HADAMARD_MAX_DIM`.
     pub qk_norm: Option<QkNorm<'a>>,
+    /// `[qkv_width]` added to the projection before everything else
+    /// (Qwen2's QKV bias), as `bias_rows` adds it.
+    pub bias: Option<DevSlice<'a, bf16>>,
 }
 
 /// The gains of a per-head QK-norm: each head's values times
@@ -221,7 +256,7 @@ pub struct QkNorm<'a> {
 /// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
 /// doc): one layer's A of every slot over the GEMV's input (`shape.k`
 /// columns) and B for this projection's weight rows (`shape.n` = the
-/// weight rows: `2n` for [`GemvOp::NormSilu`], with its segments' first
+/// weight rows: `2n` for [`GemvOp::NormGated`], with its segments' first
 /// rows), each row's slot, `h` for the shrink the launch computes in blocks
 /// of its own, and a counter that must be zero when the launch starts.
 #[derive(Debug, Clone, Copy)]
@@ -296,18 +331,26 @@ pub enum GemvOp<'a> {
         x: DevSlice<'a, bf16>,       // [m, k]
         residual: DevSlice<'a, f32>, // [m, n]
     },
+    /// `residual += bf16(RMSNorm(bf16(x · Wᵀ)))` over whole output rows
+    /// (Gemma's post-attention and post-MLP norms); `norm.rows` and
+    /// `norm.ready` as [`OutNorm`] says.
+    ResidNormed {
+        x: DevSlice<'a, bf16>,       // [m, k]
+        residual: DevSlice<'a, f32>, // [m, n]
+        norm: OutNorm<'a>,
+    },
     /// `y = RMSNorm(residual) · Wᵀ` (the QKV projection).
     Norm {
         residual: DevSlice<'a, f32>, // [m, k]
-        norm_w: DevSlice<'a, bf16>,  // [k]
-        eps: f32,
-        y: DevSlice<'a, bf16>, // [m, n]
+        norm: RowNorm<'a>,           // [k] gains
+        y: DevSlice<'a, bf16>,       // [m, n]
     },
-    /// `y = silu(g) · u` with `[g | u] = RMSNorm(residual) · Wᵀ`, W `[2n, k]` (gate/up).
-    NormSilu {
+    /// `y = act(g) · u` with `[g | u] = RMSNorm(residual) · Wᵀ`, W `[2n, k]`
+    /// (gate/up; SiLU or GELU-tanh).
+    NormGated {
         residual: DevSlice<'a, f32>, // [m, k]
-        norm_w: DevSlice<'a, bf16>,  // [k]
-        eps: f32,
+        norm: RowNorm<'a>,           // [k] gains
+        act: Activation,
         y: DevSlice<'a, bf16>, // [m, n]
     },
     /// `y = x · Wᵀ` in f32 (the LM head's logits).
@@ -321,9 +364,9 @@ impl GemvOp<'_> {
     fn variant(&self) -> usize {
         match self {
             GemvOp::Bf16 { .. } => 0,
-            GemvOp::Resid { .. } => 1,
+            GemvOp::Resid { .. } | GemvOp::ResidNormed { .. } => 1,
             GemvOp::Norm { .. } => 2,
-            GemvOp::NormSilu { .. } => 3,
+            GemvOp::NormGated { .. } => 3,
             GemvOp::F32 { .. } => 4,
         }
     }
@@ -340,7 +383,7 @@ fn aligned(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError
 }
 
 impl Kernels {
-    /// Runs `op` with weights `w` (`[n, k]`, `[2n, k]` for [`GemvOp::NormSilu`];
+    /// Runs `op` with weights `w` (`[n, k]`, `[2n, k]` for [`GemvOp::NormGated`];
     /// bf16 or [`GemvWeights::Fp8`]) for `m` rows in `1..=MAX_ROWS`; `k` a
     /// multiple of 8.
     pub fn gemv<'w>(
@@ -374,44 +417,71 @@ impl Kernels {
                 ),
             });
         }
-        let silu = matches!(op, GemvOp::NormSilu { .. });
-        let (w, w_side, format) = w.into().check(K, if silu { 2 * n } else { n }, k)?;
-        let (x, norm_w, y, eps) = match op {
+        let gated = matches!(op, GemvOp::NormGated { .. });
+        let (w, w_side, format) = w.into().check(K, if gated { 2 * n } else { n }, k)?;
+        let mut args = GemvArgs {
+            w,
+            w_side,
+            m: m as u32,
+            n: u32_of(K, "n", n)?,
+            k: u32_of(K, "k", k)?,
+            ..GemvArgs::default()
+        };
+        let in_norm = |args: &mut GemvArgs, residual: &DevSlice<'_, f32>, norm: &RowNorm<'_>| {
+            need(K, "residual", residual, m * k)?;
+            norm.check(K, k)?;
+            (args.x, args.norm_w) = (residual.ptr(), norm.w.ptr());
+            (args.eps, args.norm_offset) = (norm.eps, norm.offset);
+            Ok::<_, KernelError>(())
+        };
+        match op {
             GemvOp::Bf16 { x, y } => {
                 need(K, "x", &x, m * k)?;
                 need(K, "y", &y, m * n)?;
-                (x.ptr(), 0, y.ptr(), 0.0)
+                (args.x, args.y) = (x.ptr(), y.ptr());
             }
             GemvOp::Resid { x, residual } => {
                 need(K, "x", &x, m * k)?;
                 need(K, "residual", &residual, m * n)?;
-                (x.ptr(), 0, residual.ptr(), 0.0)
+                (args.x, args.y) = (x.ptr(), residual.ptr());
             }
-            GemvOp::Norm {
-                residual,
-                norm_w,
-                eps,
-                y,
+            GemvOp::ResidNormed { x, residual, norm } => {
+                need(K, "x", &x, m * k)?;
+                need(K, "residual", &residual, m * n)?;
+                norm.norm.check(K, n)?;
+                need(K, "output norm rows", &norm.rows, m * n)?;
+                need(K, "output norm counter", &norm.ready, 1)?;
+                (args.x, args.y) = (x.ptr(), residual.ptr());
+                (args.out_norm_w, args.out_rows) = (norm.norm.w.ptr(), norm.rows.ptr());
+                args.out_ready = norm.ready.ptr();
+                (args.eps, args.norm_offset) = (norm.norm.eps, norm.norm.offset);
             }
-            | GemvOp::NormSilu {
+            GemvOp::Norm { residual, norm, y } => {
+                in_norm(&mut args, &residual, &norm)?;
+                need(K, "y", &y, m * n)?;
+                args.y = y.ptr();
+            }
+            GemvOp::NormGated {
                 residual,
-                norm_w,
-                eps,
+                norm,
+                act,
                 y,
             } => {
-                need(K, "residual", &residual, m * k)?;
-                need(K, "norm_w", &norm_w, k)?;
+                in_norm(&mut args, &residual, &norm)?;
                 need(K, "y", &y, m * n)?;
-                aligned(K, "norm_w", norm_w.ptr())?;
-                (residual.ptr(), norm_w.ptr(), y.ptr(), eps)
+                args.y = y.ptr();
+                args.act = match act {
+                    Activation::Silu => ACT_SILU,
+                    Activation::GeluTanh => ACT_GELU_TANH,
+                } as u32;
             }
             GemvOp::F32 { x, y } => {
                 need(K, "x", &x, m * k)?;
                 need(K, "y", &y, m * n)?;
-                (x.ptr(), 0, y.ptr(), 0.0)
+                (args.x, args.y) = (x.ptr(), y.ptr());
             }
-        };
-        aligned(K, "x", x)?;
+        }
+        aligned(K, "x", args.x)?;
         let norm = NORM_VARIANTS.contains(&op.variant());
         if norm && !fits(m, k) {
             return Err(KernelError::Unsupported {
@@ -423,21 +493,9 @@ impl Kernels {
         }
         let tile = tile_of(m);
         let func = &self.gemv[format as usize][op.variant()][tile];
-        let pairs = if silu { n } else { n.div_ceil(ROWS_PER_WARP) };
+        let pairs = if gated { n } else { n.div_ceil(ROWS_PER_WARP) };
         let (mut cfg, ksplit) = launch_config(pairs, tile, m, k, norm)?;
-        let mut args = GemvArgs {
-            x,
-            norm_w,
-            w,
-            w_side,
-            y,
-            m: m as u32,
-            n: u32_of(K, "n", n)?,
-            k: u32_of(K, "k", k)?,
-            eps,
-            ksplit,
-            ..GemvArgs::default()
-        };
+        args.ksplit = ksplit;
         if let Some(l) = lora {
             if op.variant() == F32_VARIANT {
                 return Err(KernelError::Unsupported {
@@ -445,14 +503,21 @@ impl Kernels {
                     reason: "a LoRA delta on the f32 (LM head) variant".into(),
                 });
             }
-            l.fill(K, (m, if silu { 2 * n } else { n }, k), &mut args, &mut cfg)?;
+            l.fill(
+                K,
+                (m, if gated { 2 * n } else { n }, k),
+                &mut args,
+                &mut cfg,
+            )?;
         }
         // SAFETY: every operand was checked for its shape and 16-byte
         // alignment above; GemvArgs mirrors the kernel's struct (asserted on
         // both sides); the kernel touches only rows < m, outputs < n, inputs
         // < k. With LoRA the GEMV blocks wait for the shrink blocks, which
         // come first in the grid and wait for nothing but the PDL wait; the
-        // caller zeroes the counter before the launch.
+        // caller zeroes the counter before the launch (as the output norm's,
+        // which only decides which warp norms the rows: every access stays
+        // inside the checked rows).
         unsafe { self.launch_pdl(func, cfg, &args)? };
         Ok(())
     }
@@ -465,7 +530,8 @@ impl Kernels {
     /// `rope_kv_write` does, and with `rope.qk_norm` each q and k head is
     /// RMS-normed before RoPE, as `head_rmsnorm` does (`qkv` keeping the
     /// normed, un-rotated k), by the warp that completes each head
-    /// (`rope.ready` counts a head's warps).
+    /// (`rope.ready` counts a head's warps). With `rope.bias` each output
+    /// is the rounded projection plus its bias, rounded, before all that.
     ///
     /// # Safety
     /// Every `slots[t]` indexes a slot inside the caches; positions at or past
@@ -474,9 +540,8 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gemv_qkv_rope<'w>(
         &self,
-        residual: DevSlice<'_, f32>, // [m, hidden]
-        norm_w: DevSlice<'_, bf16>,  // [hidden]
-        eps: f32,
+        residual: DevSlice<'_, f32>,   // [m, hidden]
+        norm: RowNorm<'_>,             // [hidden] gains
         w: impl Into<GemvWeights<'w>>, // [qkv_width, hidden]
         qkv: DevSlice<'_, bf16>,       // [m, qkv_width]
         rope: RopeKv<'_>,
@@ -504,7 +569,14 @@ impl Kernels {
             });
         }
         need(K, "residual", &residual, m * hidden)?;
-        need(K, "norm_w", &norm_w, hidden)?;
+        norm.check(K, hidden)?;
+        let bias = match rope.bias {
+            Some(b) => {
+                need(K, "bias", &b, n)?;
+                b.ptr()
+            }
+            None => 0,
+        };
         let (w, w_side, format) = w.into().check(K, n, hidden)?;
         need(K, "qkv", &qkv, m * n)?;
         need(K, "positions", &rope.positions, m)?;
@@ -546,9 +618,7 @@ impl Kernels {
                 });
             }
         };
-        for (what, p) in [("residual", residual.ptr()), ("norm_w", norm_w.ptr())] {
-            aligned(K, what, p)?;
-        }
+        aligned(K, "residual", residual.ptr())?;
         let tile = tile_of(m);
         let (mut cfg, ksplit) = launch_config(n / 2, tile, m, hidden, true)?;
         let func = &self.gemv[format as usize][ROPE_VARIANT][tile];
@@ -556,14 +626,16 @@ impl Kernels {
         let (k_scale, v_scale) = rope.kv.scales();
         let mut args = GemvArgs {
             x: residual.ptr(),
-            norm_w: norm_w.ptr(),
+            norm_w: norm.w.ptr(),
+            norm_offset: norm.offset,
+            bias,
             w,
             w_side,
             y: qkv.ptr(),
             m: m as u32,
             n: u32_of(K, "qkv_width", n)?,
             k: u32_of(K, "hidden", hidden)?,
-            eps,
+            eps: norm.eps,
             positions: rope.positions.ptr(),
             slots: rope.slots.ptr(),
             cos_t: rope.cos.ptr(),
@@ -602,14 +674,17 @@ impl Kernels {
 pub enum GemvKind {
     Bf16,
     Resid,
+    ResidNormed,
     Norm,
-    NormSilu,
+    NormGated(Activation),
     F32,
 }
 
 /// CPU reference: `x` is `[m, k]` (the f32 residual for the norm kinds, bf16
-/// values otherwise), `w` `[n, k]` (`[2n, k]` for NormSilu), `y` `[m, n]`
-/// (read for Resid). Rounds where the kernels round.
+/// values otherwise), `w` `[n, k]` (`[2n, k]` for NormGated), `y` `[m, n]`
+/// (read for Resid and ResidNormed); `norm_w` the gains with their offset
+/// added (`[k]`, or `[n]` for ResidNormed's output norm). Rounds where the
+/// kernels round.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_ref(
     kind: GemvKind,
@@ -622,16 +697,18 @@ pub fn gemv_ref(
     n: usize,
     k: usize,
 ) {
+    // the norms and the gated activation are `ops`' (the CPU backend's own code)
+    let normed = |v: &[f32]| -> Vec<f32> {
+        ops::norm::rms_norm(v, norm_w, eps)
+            .into_iter()
+            .map(round_bf16)
+            .collect()
+    };
     for r in 0..m {
         let row = &x[r * k..(r + 1) * k];
-        // the norm and SiLU·up are `ops`' (the CPU backend's own code)
-        let xin: Vec<f32> = if matches!(kind, GemvKind::Norm | GemvKind::NormSilu) {
-            ops::norm::rms_norm(row, norm_w, eps)
-                .into_iter()
-                .map(round_bf16)
-                .collect()
-        } else {
-            row.to_vec()
+        let xin: Vec<f32> = match kind {
+            GemvKind::Norm | GemvKind::NormGated(_) => normed(row),
+            _ => row.to_vec(),
         };
         let dot = |j: usize| -> f32 {
             let wr = &w[j * k..(j + 1) * k];
@@ -640,16 +717,26 @@ pub fn gemv_ref(
                 .map(|(a, b)| *a as f64 * *b as f64)
                 .sum::<f64>() as f32
         };
-        for j in 0..n {
-            let out = &mut y[r * n + j];
-            match kind {
-                GemvKind::Bf16 | GemvKind::Norm => *out = round_bf16(dot(j)),
-                GemvKind::Resid => *out += round_bf16(dot(j)),
-                GemvKind::F32 => *out = dot(j),
-                GemvKind::NormSilu => {
+        let out = &mut y[r * n..(r + 1) * n];
+        match kind {
+            GemvKind::Bf16 | GemvKind::Norm => out
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, o)| *o = round_bf16(dot(j))),
+            GemvKind::Resid => out
+                .iter_mut()
+                .enumerate()
+                .for_each(|(j, o)| *o += round_bf16(dot(j))),
+            GemvKind::ResidNormed => {
+                let p: Vec<f32> = (0..n).map(|j| round_bf16(dot(j))).collect();
+                out.iter_mut().zip(normed(&p)).for_each(|(o, d)| *o += d);
+            }
+            GemvKind::F32 => out.iter_mut().enumerate().for_each(|(j, o)| *o = dot(j)),
+            GemvKind::NormGated(act) => {
+                for (j, o) in out.iter_mut().enumerate() {
                     let mut g = [round_bf16(dot(j))];
-                    ops::activation::silu_mul(&mut g, &[round_bf16(dot(n + j))]);
-                    *out = round_bf16(g[0]);
+                    ops::activation::gate_mul(act, &mut g, &[round_bf16(dot(n + j))]);
+                    *o = round_bf16(g[0]);
                 }
             }
         }
@@ -704,7 +791,17 @@ mod tests {
         let mut gu = vec![0f32; m * 2 * n];
         gemv_ref(GemvKind::Bf16, &xn, &[], 0.0, &w, &mut gu, m, 2 * n, k);
         let mut fused = vec![0f32; m * n];
-        gemv_ref(GemvKind::NormSilu, &x, &g, 1e-5, &w, &mut fused, m, n, k);
+        gemv_ref(
+            GemvKind::NormGated(Activation::Silu),
+            &x,
+            &g,
+            1e-5,
+            &w,
+            &mut fused,
+            m,
+            n,
+            k,
+        );
         for r in 0..m {
             for j in 0..n {
                 let (a, b) = (gu[r * 2 * n + j], gu[r * 2 * n + n + j]);

@@ -25,7 +25,7 @@ use gpu::{DeviceBuffer, Function, LaunchConfig};
 
 use crate::abi::{ArgWords, DecodeArgs, GemvArgs, PersistentArgs, PersistentOp};
 use crate::consts::{
-    PERSIST_ATTENTION, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID,
+    PERSIST_ATTENTION, PERSIST_GEMV_NORM_GATED, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_RESID,
     PERSIST_THREADS,
 };
 use crate::gemv::{self, WeightFormat};
@@ -40,7 +40,7 @@ pub const GROUP_CAP: usize = 4;
 /// The GEMV kinds the kernel runs (indices into `gemv::VARIANTS`).
 const GEMV_KINDS: [usize; 3] = [
     PERSIST_GEMV_RESID,
-    PERSIST_GEMV_NORM_SILU,
+    PERSIST_GEMV_NORM_GATED,
     PERSIST_GEMV_NORM_ROPE,
 ];
 
@@ -158,7 +158,7 @@ impl Recorded {
             blocks,
             grid_x: gx,
             grid_y: gy,
-            args: [0; 60],
+            args: [0; 70],
         };
         if T::WORDS > op.args.len() {
             return Err(format!("{} words of arguments", T::WORDS));
@@ -384,7 +384,7 @@ mod tests {
     #[test]
     fn kinds_name_the_gemv_variants_they_run() {
         assert_eq!(gemv::VARIANTS[PERSIST_GEMV_RESID], "resid");
-        assert_eq!(gemv::VARIANTS[PERSIST_GEMV_NORM_SILU], "norm_silu");
+        assert_eq!(gemv::VARIANTS[PERSIST_GEMV_NORM_GATED], "norm_gated");
         assert_eq!(gemv::VARIANTS[PERSIST_GEMV_NORM_ROPE], "norm_rope");
         let names: Vec<String> = op_kinds().into_iter().map(|(n, _)| n).collect();
         assert!(names.contains(&"gemv_norm_rope_m1".to_string()));

@@ -7,15 +7,9 @@
 // single elements; 32-bit index arithmetic (the launcher bounds T * inter).
 // Block LAMINA_ROW_THREADS, at most LAMINA_SILU_MAX_BLOCKS blocks.
 // Takes its one argument struct (lamina_args.cuh, from src/abi.rs).
+#include "activation.cuh"
 #include "common.cuh"
 #include "lamina_args.cuh"
-
-__device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
-
-__device__ __forceinline__ float gelu_tanh_f(float g) {
-    const float c = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * g * (1.f + tanhf(c * (g + 0.044715f * g * g * g)));
-}
 
 struct Silu {
     __device__ __forceinline__ float operator()(float g) const { return silu_f(g); }

@@ -27,10 +27,16 @@
 // Variants (template flags, one entry point each per row tile MT; every one
 // but f32 with the LoRA delta below, taken when the launch has adapter slots):
 //  gemv_bf16_mMT        x bf16 -> y bf16                           (plain)
-//  gemv_resid_mMT       x bf16 -> residual f32 += bf16(x·Wᵀ)       (O, down)
+//  gemv_resid_mMT       x bf16 -> residual f32 += bf16(x·Wᵀ)       (O, down);
+//                       with out_norm_w, residual += bf16(RMSNorm(bf16(x·Wᵀ)))
+//                       over whole output rows (Gemma's post-attention and
+//                       post-MLP norms): each warp leaves its outputs in
+//                       out_rows and counts itself in out_ready; the warp
+//                       completing the count norms every row and adds it
 //  gemv_norm_mMT        RMSNorm(residual f32) -> y bf16            (QKV)
-//  gemv_norm_silu_mMT   RMSNorm(residual) -> silu(g)·u, bf16, with W = [gate | up]
-//                       and the warp computing gate row n with up row I + n
+//  gemv_norm_gated_mMT  RMSNorm(residual) -> act(g)·u, bf16, with W = [gate | up],
+//                       the warp computing gate row n with up row I + n; act
+//                       SiLU or GELU-tanh (act, activation.cuh)
 //  gemv_f32_mMT         x bf16 -> y f32                            (LM head logits)
 //  gemv_norm_rope_mMT   RMSNorm(residual) -> qkv bf16, then RoPE (rotate-half,
 //                       the warp owning rows j and j + D/2 of a head) on q in
@@ -40,7 +46,9 @@
 //                       with kv_rotate: q and k heads Hadamard-rotated after
 //                       RoPE by the warp completing each head, below; with
 //                       q_norm_w / k_norm_w: each q and k head RMS-normed
-//                       before RoPE by that warp, Qwen3's QK-norm)
+//                       before RoPE by that warp, Qwen3's QK-norm; with
+//                       bias: each output plus its bias, rounded, before
+//                       all of that, Qwen2's QKV bias)
 // LoRA (lora_slots != 0; gemv_lora.cuh): each output of a row with an
 // adapter slot gets scale[slot] * h[row, seg(c) rank ..] . B[c, slot, seg(c) rank ..]
 // (c the weight row, seg its segment of a stacked projection), added as
@@ -55,12 +63,14 @@
 // behind them in the grid and so scheduled no earlier, wait for the count
 // only in the epilogue, after their product. A warp norming the residual
 // sums its squares in the same pass as its dot.
-// Norm variants stage bf16(x * rsqrt(mean(x²) + eps) * norm_w), exactly what
+// Norm variants stage bf16(x * rsqrt(mean(x²) + eps) * (norm_offset + norm_w)), exactly what
 // add_rmsnorm writes, in dynamic shared memory (m * K * 2 bytes) once per
 // block; the others read x through L1. Epilogues round like the unfused path:
-// projections to bf16 before the residual add, gate and up to bf16 before silu·up.
+// projections to bf16 before the residual add, gate and up to bf16 before act·up,
+// a bias added to the rounded projection and rounded again (bias_rows).
 #include <cuda_fp8.h>
 
+#include "activation.cuh"
 #include "common.cuh"
 #include "gemv_formats.cuh"
 #include "hadamard.cuh"
@@ -76,15 +86,15 @@
 #define GEMV_NORM_REGS 2
 
 enum GemvIn { IN_BF16 = 0, IN_NORM = 1 };
-enum GemvOut { OUT_BF16 = 0, OUT_RESID = 1, OUT_F32 = 2, OUT_SILU = 3, OUT_ROPE = 4 };
+enum GemvOut { OUT_BF16 = 0, OUT_RESID = 1, OUT_F32 = 2, OUT_GATED = 3, OUT_ROPE = 4 };
 
-// The two weight rows of warp `gw` and whether each exists. SILU: gate row gw
+// The two weight rows of warp `gw` and whether each exists. GATED: gate row gw
 // and up row n + gw. ROPE: warps below (n_heads + n_kv) * D/2 own a rotate-half
 // pair (h*D + j, h*D + j + D/2) of a q or k head; the rest own two adjacent v rows.
 template <int OUT>
 __device__ __forceinline__ void gemv_rows_of(const GemvArgs& a, uint32_t gw, uint32_t& r0, uint32_t& r1, bool& ok0,
                                              bool& ok1) {
-    if (OUT == OUT_SILU) {
+    if (OUT == OUT_GATED) {
         r0 = gw;
         r1 = a.n + gw;
         ok0 = ok1 = gw < a.n;
@@ -189,6 +199,47 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
     }
 }
 
+// The RESID epilogue with an output norm (out_norm_w), for the warp of rows
+// r0 and r0 + 1 (every lane; lane r < m holding token row r's outputs v0,
+// v1, rounded as the unfused projection leaves them): each warp leaves its
+// outputs in out_rows and counts itself in out_ready; the warp completing
+// the count (the others' outputs released by their fences before it) norms
+// every whole row as head_rmsnorm does (bf16(v * rsqrt(mean(v²) + eps) *
+// (norm_offset + gain))), adds it to the f32 residual as add_rmsnorm adds a
+// delta, and zeroes the counter for the next launch.
+template <class S>
+__device__ __forceinline__ void gemv_out_norm(const GemvArgs& a, uint32_t r0, bool ok1, float v0, float v1) {
+    const uint32_t lane = threadIdx.x & 31, n = a.n;
+    bf16* rows = a.out_rows;  // [m, n]
+    if (lane < a.m) {
+        rows[(size_t)lane * n + r0] = f2bf(v0);
+        if (ok1) rows[(size_t)lane * n + r0 + 1] = f2bf(v1);
+    }
+    __threadfence();
+    __syncwarp();
+    uint32_t before = 0;
+    if (lane == 0) before = atomicAdd(a.out_ready, 1u);
+    const uint32_t warps = (n + LAMINA_GEMV_ROWS_PER_WARP - 1) / LAMINA_GEMV_ROWS_PER_WARP;
+    if (__shfl_sync(0xffffffffu, before, 0) != warps - 1) return;
+    __threadfence();
+    if (lane == 0) *a.out_ready = 0;
+    float* y = static_cast<float*>(a.y);  // [m, n]
+    for (uint32_t r = 0; r < a.m; r++) {
+        const bf16* row = rows + (size_t)r * n;
+        float ss = 0.f;
+        for (uint32_t i = lane; i < n; i += 32) {
+            const float v = bf2f(__ldcg(row + i));
+            ss += v * v;
+        }
+        const float inv = rsqrtf(warp_sum(ss) / (float)n + a.eps);
+        for (uint32_t i = lane; i < n; i += 32) {
+            const float g = a.norm_offset + bf2f(a.out_norm_w[i]);
+            float* out = y + (size_t)r * n + i;
+            *out = sched_ldf<S>(out) + round_bf(bf2f(__ldcg(row + i)) * inv * g);
+        }
+    }
+}
+
 // `block` the block index among the launch's GEMV blocks; `sched` how the
 // body waits for earlier work and reads its outputs (sched.cuh).
 template <int MT, int IN, int OUT, class F, class S>
@@ -235,6 +286,12 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
             const uint32_t i = threadIdx.x * 8 + j * LAMINA_GEMV_WARPS * 256;
             nwv[j] = i < K ? ld_before_wait(a.norm_w + i) : make_uint4(0, 0, 0, 0);
         }
+    }
+    // ROPE's bias of the warp's rows (a weight too)
+    float b0 = 0.f, b1 = 0.f;
+    if (OUT == OUT_ROPE && a.bias != nullptr) {
+        if (ok0) b0 = bf2f(a.bias[r0]);
+        if (ok1) b1 = bf2f(a.bias[r1]);
     }
     sched.wait();
     // Everything the epilogue reads from earlier kernels is requested now, in
@@ -308,7 +365,8 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
                 __nv_bfloat162* oh = reinterpret_cast<__nv_bfloat162*>(&o);
 #pragma unroll
                 for (int jj = 0; jj < 4; jj++)
-                    oh[jj] = __floats2bfloat162_rn(raw[2 * jj] * inv * nw[2 * jj], raw[2 * jj + 1] * inv * nw[2 * jj + 1]);
+                    oh[jj] = __floats2bfloat162_rn(raw[2 * jj] * inv * (a.norm_offset + nw[2 * jj]),
+                                                   raw[2 * jj + 1] * inv * (a.norm_offset + nw[2 * jj + 1]));
                 *reinterpret_cast<uint4*>(xs + (size_t)r * K + i) = o;
             }
         }
@@ -401,14 +459,22 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
             d1 = round_bf(d1) + l1;
         }
     }
+    if (OUT == OUT_ROPE && a.bias != nullptr) {
+        d0 = round_bf(d0) + b0;
+        d1 = round_bf(d1) + b1;
+    }
     if (OUT == OUT_ROPE && (a.kv_rotate || a.q_norm_w != nullptr) && r0 / a.head_dim < a.n_heads + a.n_kv) {
         gemv_rope_rotated(a, r0, r1, round_bf(d0), round_bf(d1));
         return;
     }
+    if (OUT == OUT_RESID && a.out_norm_w != nullptr) {
+        gemv_out_norm<S>(a, r0, ok1, round_bf(d0) + l0, round_bf(d1) + l1);
+        return;
+    }
     if (lane >= m) return;
-    if (OUT == OUT_SILU) {
+    if (OUT == OUT_GATED) {
         const float g = round_bf(d0), u = round_bf(d1);
-        static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(g / (1.f + __expf(-g)) * u);
+        static_cast<bf16*>(a.y)[(size_t)r * outs + o0] = f2bf(gate_act_f(a.act, g) * u);
     } else if (OUT == OUT_ROPE) {
         // qkv keeps the GEMM output (q roped, as rope_kv_write leaves it);
         // k (roped) and v go to the cache slot of token r.
@@ -482,7 +548,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
     GEMV_TILES(PREFIX##_bf16, IN_BF16, OUT_BF16, F)           \
     GEMV_TILES(PREFIX##_resid, IN_BF16, OUT_RESID, F)         \
     GEMV_TILES(PREFIX##_norm, IN_NORM, OUT_BF16, F)           \
-    GEMV_TILES(PREFIX##_norm_silu, IN_NORM, OUT_SILU, F)      \
+    GEMV_TILES(PREFIX##_norm_gated, IN_NORM, OUT_GATED, F)      \
     GEMV_TILES_OF(GEMV_HEAD_ENTRY, PREFIX##_f32, IN_BF16, OUT_F32, F) \
     GEMV_TILES(PREFIX##_norm_rope, IN_NORM, OUT_ROPE, F)
 GEMV_FORMAT(gemv, FmtBf16)

@@ -24,13 +24,13 @@ struct LoraView {
     const float* scales;     // [slots]
     const uint32_t* slot_of; // [m]
     uint32_t k, rank, hw, seg1, seg2, slots, shrink_blocks;
-    float eps;
+    float eps, norm_offset;
 };
 
 __device__ __forceinline__ LoraView lora_view(const GemvArgs& a) {
     return LoraView{a.x,         a.norm_w,  a.lora_a,    a.lora_b,    a.lora_h,     a.lora_ready,
                     a.lora_scales, a.lora_slot_of, a.k,  a.lora_rank, a.lora_hw,    a.lora_seg1,
-                    a.lora_seg2, a.lora_slots, a.lora_shrink_blocks, a.eps};
+                    a.lora_seg2, a.lora_slots, a.lora_shrink_blocks, a.eps,         a.norm_offset};
 }
 
 // The LoRA delta of weight row c for token row r on slot s >= 1.
@@ -80,7 +80,7 @@ __device__ __forceinline__ void gemv_lora_dot(const LoraView& l, uint32_t t, uin
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             ss = fmaf(xs[e], xs[e], ss);
-            xf[e] = xs[e] * gf[e];
+            xf[e] = xs[e] * (l.norm_offset + gf[e]);
         }
     } else {
         bf8(*reinterpret_cast<const uint4*>(static_cast<const bf16*>(l.x) + (size_t)t * l.k + c), xf);

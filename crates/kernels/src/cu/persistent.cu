@@ -60,8 +60,8 @@ __device__ __forceinline__ void persistent_run(const PersistentOp& op, uint32_t 
         case LAMINA_PERSIST_GEMV_RESID:
             gemv_impl<1, IN_BF16, OUT_RESID, F>(*static_cast<const GemvArgs*>(args), v, s);
             break;
-        case LAMINA_PERSIST_GEMV_NORM_SILU:
-            gemv_impl<1, IN_NORM, OUT_SILU, F>(*static_cast<const GemvArgs*>(args), v, s);
+        case LAMINA_PERSIST_GEMV_NORM_GATED:
+            gemv_impl<1, IN_NORM, OUT_GATED, F>(*static_cast<const GemvArgs*>(args), v, s);
             break;
         case LAMINA_PERSIST_GEMV_NORM_ROPE:
             gemv_impl<1, IN_NORM, OUT_ROPE, F>(*static_cast<const GemvArgs*>(args), v, s);

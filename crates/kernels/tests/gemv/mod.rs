@@ -54,21 +54,28 @@ impl DevWeights {
 /// counts, inputs an odd multiple of 8 (FP8: of 16, and refused at a
 /// multiple of 8 only), 1 to 16 rows, a Llama-1B-sized projection, and
 /// 8,200 / 8,208 inputs (column ranges split over 4 warps, two register
-/// passes each); outputs poisoned. Norm variants whose inputs exceed the
-/// shared memory budget must be refused.
+/// passes each); outputs poisoned. The gated variant with SiLU and with
+/// GELU-tanh, the residual add through an output norm (its counter left
+/// zero), Gemma's norm offset 1 on the GELU and output-norm cases. Norm
+/// variants whose inputs exceed the shared memory budget must be refused.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_matches_reference() {
-    use kernels::gemv::{GemvKind, GemvOp, gemv_ref};
+    use contract::Activation;
+    use kernels::gemv::{GemvKind, GemvOp, OutNorm, RowNorm, gemv_ref};
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(18);
     let kinds = [
         GemvKind::Bf16,
         GemvKind::Resid,
+        GemvKind::ResidNormed,
         GemvKind::Norm,
-        GemvKind::NormSilu,
+        GemvKind::NormGated(Activation::Silu),
+        GemvKind::NormGated(Activation::GeluTanh),
         GemvKind::F32,
     ];
+    let ready = gpu.alloc::<u32>(1).unwrap();
+    gpu.fill_bytes(ready.view(), 0).unwrap();
     let shapes = [
         (37usize, 264usize),
         (37, 272),
@@ -81,39 +88,42 @@ fn gemv_matches_reference() {
     for (n, kk) in shapes {
         for m in [1usize, 3, 16, 5] {
             for (kind, fp8) in kinds.into_iter().flat_map(|k| [(k, false), (k, true)]) {
-                let wrows = if kind == GemvKind::NormSilu { 2 * n } else { n };
+                let gated = matches!(kind, GemvKind::NormGated(_));
+                let wrows = if gated { 2 * n } else { n };
                 let w = rand_bf16(&mut rng, wrows * kk, 0.5);
                 let dw = DevWeights::new(&gpu, &w, wrows, kk, fp8);
-                let norm_w = rand_bf16(&mut rng, kk, 1.0);
+                let out_norm = kind == GemvKind::ResidNormed;
+                let norm_w = rand_bf16(&mut rng, if out_norm { n } else { kk }, 1.0);
+                let offset = match kind {
+                    GemvKind::ResidNormed | GemvKind::NormGated(Activation::GeluTanh) => 1.0,
+                    _ => 0.0,
+                };
+                let gains: Vec<f32> = f32s(&norm_w).iter().map(|g| offset + g).collect();
                 let xb = rand_bf16(&mut rng, m * kk, 1.0);
                 let xf: Vec<f32> = (0..m * kk)
                     .map(|_| rng.random_range(-3.0f32..3.0))
                     .collect();
                 let resid: Vec<f32> = (0..m * n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-                let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormSilu);
+                let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormGated(_));
                 let x_ref = if norm_in { xf.clone() } else { f32s(&xb) };
-                let mut want = if kind == GemvKind::Resid {
+                let mut want = if matches!(kind, GemvKind::Resid | GemvKind::ResidNormed) {
                     resid.clone()
                 } else {
                     vec![0f32; m * n]
                 };
-                gemv_ref(
-                    kind,
-                    &x_ref,
-                    &f32s(&norm_w),
-                    1e-5,
-                    &dw.values,
-                    &mut want,
-                    m,
-                    n,
-                    kk,
-                );
+                gemv_ref(kind, &x_ref, &gains, 1e-5, &dw.values, &mut want, m, n, kk);
                 let d_g = gpu.upload(&norm_w).unwrap();
                 let weights = dw.gemv();
                 let (d_xb, d_xf) = (gpu.upload(&xb).unwrap(), gpu.upload(&xf).unwrap());
                 let d_res = gpu.upload(&resid).unwrap();
                 let yb = gpu.alloc::<bf16>(m * n).unwrap();
                 let yf = gpu.alloc::<f32>(m * n).unwrap();
+                let rows = gpu.alloc::<bf16>(m * n).unwrap();
+                let norm = RowNorm {
+                    w: d_g.view(),
+                    eps: 1e-5,
+                    offset,
+                };
                 gpu.fill_bytes(yb.view(), POISON).unwrap();
                 gpu.fill_bytes(yf.view(), POISON).unwrap();
                 let op = match kind {
@@ -125,16 +135,24 @@ fn gemv_matches_reference() {
                         x: d_xb.view(),
                         residual: d_res.view(),
                     },
+                    GemvKind::ResidNormed => GemvOp::ResidNormed {
+                        x: d_xb.view(),
+                        residual: d_res.view(),
+                        norm: OutNorm {
+                            norm,
+                            rows: rows.view(),
+                            ready: ready.view(),
+                        },
+                    },
                     GemvKind::Norm => GemvOp::Norm {
                         residual: d_xf.view(),
-                        norm_w: d_g.view(),
-                        eps: 1e-5,
+                        norm,
                         y: yb.view(),
                     },
-                    GemvKind::NormSilu => GemvOp::NormSilu {
+                    GemvKind::NormGated(act) => GemvOp::NormGated {
                         residual: d_xf.view(),
-                        norm_w: d_g.view(),
-                        eps: 1e-5,
+                        norm,
+                        act,
                         y: yb.view(),
                     },
                     GemvKind::F32 => GemvOp::F32 {
@@ -149,7 +167,7 @@ fn gemv_matches_reference() {
                 }
                 k.gemv(op, weights, m, n, kk).unwrap();
                 let got = match kind {
-                    GemvKind::Resid => gpu.to_host(d_res.view()).unwrap(),
+                    GemvKind::Resid | GemvKind::ResidNormed => gpu.to_host(d_res.view()).unwrap(),
                     GemvKind::F32 => gpu.to_host(yf.view()).unwrap(),
                     _ => f32s(&gpu.to_host(yb.view()).unwrap()),
                 };
@@ -158,6 +176,8 @@ fn gemv_matches_reference() {
                     e < 1e-2,
                     "gemv {kind:?} (fp8 {fp8}) m={m} n={n} k={kk}: rel err {e}"
                 );
+                let left = gpu.to_host(ready.view()).unwrap();
+                assert_eq!(left, [0], "{kind:?} m={m} n={n}: output norm counter left");
             }
         }
     }
@@ -233,7 +253,8 @@ fn head_norm_ref(qkv: &mut [bf16], shape: kernels::HeadShape, gq: &[f32], gk: &[
 /// q rotated in qkv, k/v in scrambled cache slots, GQA shapes, 1 to 16 rows,
 /// one or two warps per row pair, bf16 and FP8 weights, bf16 and FP8 caches,
 /// FP8 caches with Hadamard-rotated keys, QK-norm before RoPE (the head
-/// counters left zero).
+/// counters left zero), a QKV bias before all of it, Gemma's 256-wide
+/// heads.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gemv_qkv_rope_matches_reference() {
@@ -241,7 +262,7 @@ fn gemv_qkv_rope_matches_reference() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(20);
     let max_pos = 512;
-    for shape in SHAPES {
+    for shape in SHAPES.into_iter().chain([D256]) {
         let (n, d) = (shape.qkv_width(), shape.head_dim);
         let table = rope(max_pos, d);
         let (cos, sin) = (table.cos().to_vec(), table.sin().to_vec());
@@ -263,6 +284,8 @@ fn gemv_qkv_rope_matches_reference() {
         }) {
             let w = rand_bf16(&mut rng, n * hidden, 0.5);
             let dw = DevWeights::new(&gpu, &w, n, hidden, fp8);
+            let bias = kv8 && (qk || !rot);
+            let b = rand_bf16(&mut rng, n, 1.0);
             let g = rand_bf16(&mut rng, hidden, 1.0);
             let x: Vec<f32> = (0..m * hidden)
                 .map(|_| rng.random_range(-3.0f32..3.0))
@@ -287,6 +310,13 @@ fn gemv_qkv_rope_matches_reference() {
                 hidden,
             );
             let mut qkv_b: Vec<bf16> = qkv_want.iter().map(|&v| bf16::from_f32(v)).collect();
+            if bias {
+                for row in qkv_b.chunks_mut(n) {
+                    for (v, b) in row.iter_mut().zip(&b) {
+                        *v = bf16::from_f32(v.to_f32() + b.to_f32());
+                    }
+                }
+            }
             // QK-norm gains (Gemma's offset 1 on the rotating case)
             let qk_offset = if rot { 1.0 } else { 0.0 };
             let (gq, gk) = (rand_bf16(&mut rng, d, 1.0), rand_bf16(&mut rng, d, 1.0));
@@ -309,6 +339,7 @@ fn gemv_qkv_rope_matches_reference() {
             let qkv = gpu.alloc::<bf16>(m * n).unwrap();
             gpu.fill_bytes(qkv.view(), POISON).unwrap();
             let (d_gq, d_gk) = (gpu.upload(&gq).unwrap(), gpu.upload(&gk).unwrap());
+            let d_b = gpu.upload(&b).unwrap();
             let rope = RopeKv {
                 positions: d_pos.view(),
                 slots: d_slots.view(),
@@ -323,20 +354,16 @@ fn gemv_qkv_rope_matches_reference() {
                     k: d_gk.view(),
                     offset: qk_offset,
                 }),
+                bias: bias.then(|| d_b.view()),
+            };
+            let norm = kernels::gemv::RowNorm {
+                w: d_g.view(),
+                eps: 1e-5,
+                offset: 0.0,
             };
             // SAFETY: slots below num_slots, positions below max_pos.
             unsafe {
-                k.gemv_qkv_rope(
-                    d_x.view(),
-                    d_g.view(),
-                    1e-5,
-                    weights,
-                    qkv.view(),
-                    rope,
-                    None,
-                    m,
-                    hidden,
-                )
+                k.gemv_qkv_rope(d_x.view(), norm, weights, qkv.view(), rope, None, m, hidden)
             }
             .unwrap();
             let left = gpu.to_host(ready.view()).unwrap();
@@ -347,7 +374,7 @@ fn gemv_qkv_rope_matches_reference() {
             let e = rel_err(&q_got, &q_want);
             assert!(
                 e < 1e-2,
-                "{shape:?} m={m} rotated {rot} qk-norm {qk}: q rel err {e}"
+                "{shape:?} m={m} rotated {rot} qk-norm {qk} bias {bias}: q rel err {e}"
             );
             let kvw = shape.kv_width();
             let pick = |c: &[f32]| -> Vec<f32> {
@@ -360,7 +387,7 @@ fn gemv_qkv_rope_matches_reference() {
             let e = rel_err(&pick(&kg), &kv_rounded(&pick(&kr), kv8, FP8_K_SCALE));
             assert!(
                 e < 1e-2,
-                "{shape:?} m={m} fp8 KV {kv8} rotated {rot} qk-norm {qk}: k rel err {e}"
+                "{shape:?} m={m} fp8 KV {kv8} rotated {rot} qk-norm {qk} bias {bias}: k rel err {e}"
             );
             let e = rel_err(&pick(&vg), &kv_rounded(&pick(&vr), kv8, FP8_V_SCALE));
             assert!(e < 1e-2, "{shape:?} m={m} fp8 KV {kv8}: v rel err {e}");

@@ -326,10 +326,14 @@ fn gemv_epilogues(
         .collect();
     let (d_res, d_g) = (gpu.upload(&resid).unwrap(), gpu.upload(&g).unwrap());
     zero();
+    let norm = kernels::gemv::RowNorm {
+        w: d_g.view(),
+        eps,
+        offset: 0.0,
+    };
     let op = GemvOp::Norm {
         residual: d_res.view(),
-        norm_w: d_g.view(),
-        eps,
+        norm,
         y: y.view(),
     };
     k.gemv_with(op, dw.gemv(), m, n, kin, Some(&lora)).unwrap();

@@ -10,8 +10,9 @@
 //! what lets a pure-decode step be captured as a CUDA graph and replayed.
 //! Every choice between kernels was made by the plan (`plan`); the
 //! functions here run it:
-//! - a GEMV layer: RMSNorm+QKV+RoPE+KV write, attention, O + residual,
-//!   RMSNorm+gate/up+SiLU·up, down + residual (5 or 6 kernels);
+//! - a GEMV layer: RMSNorm+QKV(+bias, QK-norm)+RoPE+KV write, attention,
+//!   O (+ output norm) + residual, RMSNorm+gate/up+activation, down (+
+//!   output norm) + residual (5 or 6 kernels);
 //! - a GEMM layer: add+RMSNorm, QKV GEMM, RoPE + KV write, attention, O
 //!   GEMM, add+RMSNorm, gate/up GEMM, SiLU·up, down GEMM (4 GEMMs and 5 or
 //!   6 kernels), the last one on the sampled rows alone when pruned; the
@@ -26,7 +27,7 @@ use half::bf16;
 use kernels::decode_attention::DecodeRows;
 use kernels::embedding::Carry;
 use kernels::flash_prefill::FlashTiles;
-use kernels::gemv::{GemvLora, GemvOp, QkNorm, RopeKv};
+use kernels::gemv::{GemvLora, GemvOp, OutNorm, QkNorm, RopeKv, RowNorm};
 use kernels::layer_extras::HeadNorm;
 use kernels::persistent::PersistentProgram;
 use kernels::sampling::{SampleOutputs, SampleScratch};
@@ -208,9 +209,13 @@ impl<'a> Exec<'a> {
         plan: &StepPlan,
     ) -> Result<(), BackendError> {
         let (c, ws, t) = (&self.config, &self.ws, plan.t);
-        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps);
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
         let (attn, act, x) = (ws.attn.view(), ws.act.view(), ws.x.view());
-        let (n1, n2) = (layer.input_norm.view(), layer.post_norm.view());
+        let offset = c.spec.norm_weight_offset;
+        let (n1, n2) = (
+            self.row_norm(&layer.input_norm),
+            self.row_norm(&layer.post_norm),
+        );
         let lora = |g: Group| match plan.lora {
             true => self.gemv_lora(l, g, io.loras, t).map(Some),
             false => Ok(None),
@@ -227,8 +232,9 @@ impl<'a> Exec<'a> {
             qk_norm: layer.extras.qk_norm.as_ref().map(|[q, k]| QkNorm {
                 q: q.view(),
                 k: k.view(),
-                offset: c.spec.norm_weight_offset,
+                offset,
             }),
+            bias: layer.extras.qkv_bias.as_ref().map(|b| b.view()),
         };
         let lq = lora(Group::Qkv)?;
         // SAFETY: check_batch verified slots against the pool (padding uses the
@@ -237,7 +243,6 @@ impl<'a> Exec<'a> {
             self.k.gemv_qkv_rope(
                 x,
                 n1,
-                eps,
                 layer.qkv.gemv(),
                 ws.qkv.view(),
                 rope,
@@ -255,25 +260,51 @@ impl<'a> Exec<'a> {
                     .map_err(ke("GEMV"))
             };
         let lo = lora(Group::O)?;
-        let o = GemvOp::Resid {
-            x: attn,
-            residual: x,
-        };
+        let o = self.resid_op(attn, &layer.extras.attn_out_norm);
         gemv(o, &layer.o, h, c.q_dim(), lo)?;
         let lg = lora(Group::GateUp)?;
-        let norm_silu = GemvOp::NormSilu {
+        let gated = GemvOp::NormGated {
             residual: x,
-            norm_w: n2,
-            eps,
+            norm: n2,
+            act: c.spec.layers[l].mlp.activation,
             y: act,
         };
-        gemv(norm_silu, &layer.gate_up, inter, h, lg)?;
+        gemv(gated, &layer.gate_up, inter, h, lg)?;
         let ld = lora(Group::Down)?;
-        let down = GemvOp::Resid {
-            x: act,
-            residual: x,
-        };
+        let down = self.resid_op(act, &layer.extras.mlp_out_norm);
         gemv(down, &layer.down, h, inter, ld)
+    }
+
+    /// An RMSNorm with gains `w` under the model's epsilon and gain offset.
+    fn row_norm<'w>(&self, w: &'w gpu::DeviceBuffer<bf16>) -> RowNorm<'w> {
+        let c = &self.config;
+        RowNorm {
+            w: w.view(),
+            eps: c.rms_norm_eps,
+            offset: c.spec.norm_weight_offset,
+        }
+    }
+
+    /// A projection of `input` added to the residual, through the layer's
+    /// output norm `gain` where it has one (its rows in `delta`).
+    fn resid_op<'w>(
+        &'w self,
+        input: DevSlice<'w, bf16>,
+        gain: &'w Option<gpu::DeviceBuffer<bf16>>,
+    ) -> GemvOp<'w> {
+        let (ws, residual) = (&self.ws, self.ws.x.view());
+        match gain {
+            None => GemvOp::Resid { x: input, residual },
+            Some(g) => GemvOp::ResidNormed {
+                x: input,
+                residual,
+                norm: OutNorm {
+                    norm: self.row_norm(g),
+                    rows: ws.delta.view(),
+                    ready: ws.rot_ready.view(),
+                },
+            },
+        }
     }
 
     /// `y[m, n] = x[m, k] · w[n, k]ᵀ` on the backend's products (`linear`).

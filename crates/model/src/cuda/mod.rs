@@ -218,18 +218,29 @@ pub fn copy_bandwidth(
 }
 
 /// Whether the fused GEMV layer runs model `c`: Llama's layer under any
-/// attention scale and sliding window (attention is its own kernel, which
-/// takes the layer's rule), with QK-norm (Qwen3's) where the QKV GEMV's
-/// epilogue normalises whole heads (a power-of-two head_dim up to
-/// `HADAMARD_MAX_DIM`); any other spec (a norm weight offset, biases,
-/// output norms, another activation) runs the GEMM layer.
+/// attention rule (scale, soft-cap, sliding window: attention is its own
+/// kernel, which takes the layer's rule) and RoPE, with a norm weight
+/// offset, the QKV bias (Qwen2's) and QK-norm (Qwen3's, Gemma's) where the
+/// QKV GEMV's epilogue normalises whole heads (a power-of-two head_dim up
+/// to `HADAMARD_MAX_DIM`), output norms (Gemma's) and either gated
+/// activation; embedding scale and final soft-cap are outside the layer.
+/// Any other spec (an O or MLP bias, heads too wide to norm in a warp)
+/// runs the GEMM layer.
 fn gemv_layer_runs(c: &ModelConfig) -> bool {
     let d = c.head_dim;
     let qk_norm_fits = d.is_power_of_two() && d <= kernels::consts::HADAMARD_MAX_DIM;
     let mut gemv = c.llama_spec();
+    gemv.norm_weight_offset = c.spec.norm_weight_offset;
+    gemv.embed_scale = c.spec.embed_scale;
+    gemv.final_logit_softcap = c.spec.final_logit_softcap;
     for (r, l) in gemv.layers.iter_mut().zip(&c.spec.layers) {
-        (r.attention.scale, r.attention.window) = (l.attention.scale, l.attention.window);
-        r.attention.qk_norm = l.attention.qk_norm && qk_norm_fits;
+        let (ra, la) = (&mut r.attention, &l.attention);
+        (ra.scale, ra.window, ra.logit_softcap) = (la.scale, la.window, la.logit_softcap);
+        ra.qkv_bias = la.qkv_bias;
+        ra.qk_norm = la.qk_norm && qk_norm_fits;
+        r.rope = l.rope.clone();
+        r.mlp.activation = l.mlp.activation;
+        (r.post_attention_norm, r.post_mlp_norm) = (l.post_attention_norm, l.post_mlp_norm);
     }
     gemv.first_difference(&c.spec).is_none()
 }

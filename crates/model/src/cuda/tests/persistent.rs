@@ -140,11 +140,11 @@ fn cuda_persistent_trace_of_the_1b() {
 /// An op kind's name in the trace table.
 fn kind_name(kind: u32) -> &'static str {
     use kernels::consts::{
-        PERSIST_ATTENTION, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID,
+        PERSIST_ATTENTION, PERSIST_GEMV_NORM_GATED, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_RESID,
     };
     match kind as usize {
         PERSIST_GEMV_NORM_ROPE => "norm+QKV+RoPE",
-        PERSIST_GEMV_NORM_SILU => "norm+gate/up",
+        PERSIST_GEMV_NORM_GATED => "norm+gate/up",
         PERSIST_GEMV_RESID => "O / down",
         PERSIST_ATTENTION => "attention",
         _ => "?",
@@ -154,13 +154,13 @@ fn kind_name(kind: u32) -> &'static str {
 /// The weight bytes of an op of `kind` (`next`: the kind after it, which
 /// tells O from down) in a bf16 model shaped `cfg`.
 fn op_bytes(cfg: &ModelConfig, kind: u32, next: Option<u32>) -> f64 {
-    use kernels::consts::{PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_NORM_SILU, PERSIST_GEMV_RESID};
+    use kernels::consts::{PERSIST_GEMV_NORM_GATED, PERSIST_GEMV_NORM_ROPE, PERSIST_GEMV_RESID};
     let (h, i) = (cfg.hidden_size as f64, cfg.intermediate_size as f64);
     let kvw = (cfg.num_kv_heads * cfg.head_dim) as f64;
     2.0 * match kind as usize {
         PERSIST_GEMV_NORM_ROPE => h * (h + 2.0 * kvw),
-        PERSIST_GEMV_NORM_SILU => 2.0 * h * i,
-        PERSIST_GEMV_RESID if next == Some(PERSIST_GEMV_NORM_SILU as u32) => h * h,
+        PERSIST_GEMV_NORM_GATED => 2.0 * h * i,
+        PERSIST_GEMV_RESID if next == Some(PERSIST_GEMV_NORM_GATED as u32) => h * h,
         PERSIST_GEMV_RESID => i * h,
         _ => 0.0,
     }

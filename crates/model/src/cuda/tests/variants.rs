@@ -184,11 +184,14 @@ fn cuda_model_variants_match_the_cpu() {
 }
 
 /// A Llama layer under a sliding window and a scale of its own runs the
-/// fused GEMV layer (attention is its own kernel), and so does QK-norm at
-/// heads the QKV GEMV's epilogue normalises whole: only the spec's other
-/// fields (or QK-norm of wider heads) send a model to the GEMM layer.
+/// fused GEMV layer (attention is its own kernel), and so do the fields
+/// its epilogues take: QK-norm at heads the QKV GEMV's epilogue
+/// normalises whole, the QKV bias, a norm weight offset, output norms and
+/// GELU; only an O or MLP bias (or QK-norm of wider heads) sends a model
+/// to the GEMM layer.
 #[test]
-fn windows_scales_and_qk_norm_keep_the_gemv_layer() {
+fn family_fields_keep_the_gemv_layer() {
+    use contract::Activation;
     let c = crate::cpu::tests::config(false);
     assert_eq!(c.spec.first_difference(&c.llama_spec()), None);
     let mut w = c.clone();
@@ -202,5 +205,19 @@ fn windows_scales_and_qk_norm_keep_the_gemv_layer() {
     wide.head_dim = 2 * kernels::consts::HADAMARD_MAX_DIM;
     assert!(!gemv_layer_runs(&wide));
     w.spec.layers[1].attention.qkv_bias = true;
-    assert!(!gemv_layer_runs(&w));
+    w.spec.norm_weight_offset = 1.0;
+    w.spec.layers[0].mlp.activation = Activation::GeluTanh;
+    (
+        w.spec.layers[1].post_attention_norm,
+        w.spec.layers[1].post_mlp_norm,
+    ) = (true, true);
+    assert!(gemv_layer_runs(&w));
+    for change in [
+        |s: &mut ModelSpec| s.layers[0].attention.o_bias = true,
+        |s: &mut ModelSpec| s.layers[1].mlp.bias = true,
+    ] {
+        let mut b = w.clone();
+        change(&mut b.spec);
+        assert!(!gemv_layer_runs(&b));
+    }
 }

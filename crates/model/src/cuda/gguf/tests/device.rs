@@ -92,7 +92,7 @@ fn gguf_gemv_matches_reference() {
         GemvKind::Bf16,
         GemvKind::Resid,
         GemvKind::Norm,
-        GemvKind::NormSilu,
+        GemvKind::NormGated(contract::Activation::Silu),
         GemvKind::F32,
     ];
     let mut seed = 100;
@@ -101,9 +101,10 @@ fn gguf_gemv_matches_reference() {
             for m in [1usize, 3, 16] {
                 for kind in kinds {
                     seed += 1;
-                    let wrows = if kind == GemvKind::NormSilu { 2 * n } else { n };
+                    let gated = matches!(kind, GemvKind::NormGated(_));
+                    let wrows = if gated { 2 * n } else { n };
                     let d = dev_blocks(&gpu, f, &random_blocks(ty, wrows, kk, seed));
-                    let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormSilu);
+                    let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormGated(_));
                     if norm_in && !kernels::gemv::fits(m, kk) {
                         continue;
                     }
@@ -127,7 +128,7 @@ fn gemv_case(
     let xb = bf16s(&values(m * kk, seed ^ 2, 1.0));
     let xf = values(m * kk, seed ^ 3, 3.0);
     let resid = values(m * n, seed ^ 4, 2.0);
-    let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormSilu);
+    let norm_in = matches!(kind, GemvKind::Norm | GemvKind::NormGated(_));
     let x_ref = if norm_in { xf.clone() } else { f32s(&xb) };
     let mut want = match kind {
         GemvKind::Resid => resid.clone(),
@@ -151,26 +152,27 @@ fn gemv_case(
     let yf = gpu.alloc::<f32>(m * n).unwrap();
     gpu.fill_bytes(yb.view(), 0xFF).unwrap();
     gpu.fill_bytes(yf.view(), 0xFF).unwrap();
-    let (x, y, residual, norm_w) = (d_xb.view(), yb.view(), d_xf.view(), d_g.view());
+    let (x, y, residual) = (d_xb.view(), yb.view(), d_xf.view());
+    let norm = kernels::gemv::RowNorm {
+        w: d_g.view(),
+        eps: 1e-5,
+        offset: 0.0,
+    };
     let op = match kind {
         GemvKind::Bf16 => GemvOp::Bf16 { x, y },
         GemvKind::Resid => GemvOp::Resid {
             x,
             residual: d_res.view(),
         },
-        GemvKind::Norm => GemvOp::Norm {
+        GemvKind::Norm => GemvOp::Norm { residual, norm, y },
+        GemvKind::NormGated(act) => GemvOp::NormGated {
             residual,
-            norm_w,
-            eps: 1e-5,
-            y,
-        },
-        GemvKind::NormSilu => GemvOp::NormSilu {
-            residual,
-            norm_w,
-            eps: 1e-5,
+            norm,
+            act,
             y,
         },
         GemvKind::F32 => GemvOp::F32 { x, y: yf.view() },
+        GemvKind::ResidNormed => unreachable!("not among the cases"),
     };
     k.gemv(op, d.w.gemv(), m, n, kk).unwrap();
     let got = match kind {
@@ -232,22 +234,16 @@ fn gguf_gemv_qkv_rope_matches_the_widened_weights() {
                     max_pos,
                     ready: None,
                     qk_norm: None,
+                    bias: None,
+                };
+                let norm = kernels::gemv::RowNorm {
+                    w: g.view(),
+                    eps: 1e-5,
+                    offset: 0.0,
                 };
                 // SAFETY: slots below `slots`, positions below max_pos.
-                unsafe {
-                    k.gemv_qkv_rope(
-                        x.view(),
-                        g.view(),
-                        1e-5,
-                        w,
-                        qkv.view(),
-                        rope,
-                        None,
-                        m,
-                        hidden,
-                    )
-                }
-                .unwrap();
+                unsafe { k.gemv_qkv_rope(x.view(), norm, w, qkv.view(), rope, None, m, hidden) }
+                    .unwrap();
                 [qkv, kc, vc]
                     .iter()
                     .map(|b| f32s(&gpu.to_host(b.view()).unwrap()))
