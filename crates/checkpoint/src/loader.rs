@@ -570,6 +570,18 @@ fn first_truncated(buf: &[u8]) -> Option<(String, usize, usize)> {
 }
 
 /// Reads one tensor, checking dtype and shape, converting to BF16.
+/// Little-endian bf16 `bytes` as values, on a little-endian host: a
+/// parallel copy of megabyte chunks into fresh zero pages (the largest
+/// tensors of a model are most of its load).
+fn bf16_le(bytes: &[u8]) -> Vec<bf16> {
+    const CHUNK: usize = 1 << 20;
+    let mut data: Vec<bf16> = bytemuck::zeroed_vec(bytes.len() / 2);
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut data);
+    (dst.par_chunks_mut(CHUNK).zip(bytes.par_chunks(CHUNK)))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    data
+}
+
 fn read_tensor(
     path: &Path,
     st: &SafeTensors<'_>,
@@ -590,6 +602,7 @@ fn read_tensor(
     }
     let bytes = view.data();
     let data: Vec<bf16> = match view.dtype() {
+        Dtype::BF16 if cfg!(target_endian = "little") => bf16_le(bytes),
         Dtype::BF16 => bytes
             .par_chunks_exact(2)
             .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))

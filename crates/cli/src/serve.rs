@@ -195,6 +195,8 @@ pub struct ServeArgs {
 const MAX_FLAG_SECONDS: f64 = 86_400.0;
 
 pub fn run(mut args: ServeArgs) -> Result<()> {
+    // models load and unload here: their host buffers go back when freed
+    runtime::tune_host_allocator();
     let mut words = std::mem::take(&mut args.model_word).into_iter();
     crate::habits::positional_model(&mut args.model, words.next())?;
     let more: Vec<String> = words.collect();

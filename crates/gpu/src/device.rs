@@ -145,6 +145,21 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// Uploads `parts` one after another into one new device buffer: a
+    /// matrix stacked from several (fused projections) without a host copy
+    /// of the stack, each part copied from where it lies.
+    pub fn upload_parts<T: Pod>(&self, parts: &[&[T]]) -> Result<DeviceBuffer<T>, GpuError> {
+        let buf = self.alloc::<T>(parts.iter().map(|p| p.len()).sum())?;
+        let mut at = 0;
+        for p in parts {
+            self.copy_to_device(p, buf.view().sub(at, p.len())?)?;
+            at += p.len();
+        }
+        // ordered after the zero fill on the stream, and done on return
+        self.synchronize()?;
+        Ok(buf)
+    }
+
     /// Allocates `len` elements of page-locked host memory.
     pub fn alloc_pinned<T: Pod>(&self, len: usize) -> Result<PinnedBuffer<T>, GpuError> {
         PinnedBuffer::new(&self.ctx, len)

@@ -68,12 +68,9 @@ impl Bf16Linear {
     /// `checkpoint::Projection::check`) stacked into one matrix (rows of
     /// each in order).
     pub fn upload(gpu: &Gpu, parts: &[&Tensor]) -> Result<Self, BackendError> {
-        let mut data = Vec::with_capacity(parts.iter().map(|t| t.data.len()).sum());
-        for t in parts {
-            data.extend_from_slice(&t.data);
-        }
+        let data: Vec<&[bf16]> = parts.iter().map(|t| &t.data[..]).collect();
         let what = parts.first().map_or("", |t| t.name.as_str());
-        gpu.upload(&data)
+        gpu.upload_parts(&data)
             .map(Bf16Linear)
             .map_err(|e| dev_err(&format!("uploading {what}"), e))
     }
