@@ -16,8 +16,9 @@
 //! - a GEMM layer: add+RMSNorm, QKV GEMM, RoPE + KV write, attention, O
 //!   GEMM, add+RMSNorm, gate/up GEMM, SiLU·up, down GEMM (4 GEMMs and 5 or
 //!   6 kernels), the last one on the sampled rows alone when pruned; the
-//!   spec's biases, QK-norm and activation where the layer has them (the
-//!   only layer a spec other than Llama's runs: see `check_spec`);
+//!   spec's biases, QK-norm, output norms and activation where the layer
+//!   has them (every spec `check_spec` admits; the GEMV layer runs those
+//!   `gemv_layer_runs` admits);
 //! - then the final norm, the LM head on the sampled rows, and sampling
 //!   (or, for hidden states, the final norm of every row and nothing after:
 //!   [`Exec::enqueue_hidden`]).

@@ -318,8 +318,8 @@ pub struct CudaBackend {
 }
 
 /// Refuses a spec with a field the CUDA layers do not run, naming it: the
-/// fused GEMV layer runs Llama's, the GEMM layer adds the Q/K/V, O and MLP
-/// biases, QK-norm, the output norms, each layer's RoPE, one gated
+/// GEMM layer runs Llama's plus the Q/K/V, O and MLP biases, QK-norm, the
+/// output norms, each layer's RoPE, one gated
 /// activation for every layer, the norms' weight offset, the embedding
 /// scale and the final soft-cap; both run each layer's attention scale and
 /// sliding window (the attention kernels take the layer's rule). The
