@@ -8,7 +8,7 @@
 //! first tens of cycles before it levelled off. [`tune_host_allocator`]
 //! fixes the mmap threshold (blocks of 256 KiB and more mapped on their own
 //! and unmapped when freed: a model's tensors go back to the system when it
-//! unloads) and caps the arenas at two; [`trim_host_memory`] returns the
+//! unloads); [`trim_host_memory`] returns the
 //! free pages of every arena to the system (`malloc_trim(0)`). A model
 //! server tunes at start and trims around each load. Elsewhere (other C
 //! libraries) both do nothing. Costs: trimming walks the arenas' free
@@ -22,7 +22,6 @@ pub fn tune_host_allocator() {
     // it touches no memory the program holds.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 
