@@ -15,8 +15,8 @@
 //! The ops' argument structs point where the recorded launches pointed, so
 //! a program is valid while those buffers are, and runs what those
 //! launches would have: the same bodies over the same blocks.
-//! Costs: recording is host work; the upload one blocking copy of 240 bytes
-//! an op; a launch one cooperative launch of as many blocks as are resident.
+//! Costs: recording is host work; the upload one blocking copy of a
+//! `PersistentOp` record an op; a launch one cooperative launch of as many blocks as are resident.
 
 use std::any::Any;
 use std::sync::MutexGuard;
