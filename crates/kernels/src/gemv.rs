@@ -12,16 +12,25 @@
 //! wait) whatever `m`, plus the inputs from L1/L2 once per block; the norm
 //! variants take `m * k * 2` bytes of dynamic shared memory (at most
 //! [`MAX_NORM_SMEM`], see [`fits`]).
+//! Beside the launchers: `weights` (each weight format's operands),
+//! `lora` (the epilogue's adapter operands), `reference` (the CPU
+//! reference).
 
 use gpu::{DevSlice, LaunchConfig};
 use half::bf16;
 
 use crate::abi::GemvArgs;
 use crate::kv::KvCaches;
-use crate::lora::LoraShape;
 pub use crate::weight_format::{BlockLayout, WeightFormat};
-use crate::{HeadShape, KernelError, Kernels, need, round_bf16, u32_of};
+use crate::{HeadShape, KernelError, Kernels, need, u32_of};
 use contract::Activation;
+
+mod lora;
+mod reference;
+mod weights;
+pub use lora::GemvLora;
+pub use reference::{GemvKind, gemv_ref};
+pub use weights::{GemvWeights, width_fits};
 
 /// FP8 weights' `k` must be a multiple of this (16 e4m3 bytes a load).
 pub use crate::consts::GEMV_FP8_COLS as FP8_K_MULTIPLE;
@@ -79,102 +88,6 @@ pub struct OutNorm<'a> {
     pub rows: DevSlice<'a, bf16>, // [m, n] scratch
     /// Zero at launch and left zero; no other launch in flight uses it.
     pub ready: DevSlice<'a, u32>, // [1]
-}
-
-/// A projection's weights, `[rows, k]` (rows = `n`, or `2n` for
-/// [`GemvOp::NormGated`]).
-#[derive(Debug, Clone, Copy)]
-pub enum GemvWeights<'a> {
-    /// bf16 values.
-    Bf16(DevSlice<'a, bf16>),
-    /// e4m3 bytes with one f32 scale per row: `w[r, c] = decode(q[r, c]) * scale[r]`.
-    Fp8 {
-        q: DevSlice<'a, u8>,      // [rows, k]
-        scale: DevSlice<'a, f32>, // [rows]
-    },
-    /// A GGUF block format in its device layout ([`WeightFormat::layout`]).
-    Blocks {
-        format: WeightFormat,
-        q: DevSlice<'a, u8>,    // [rows, layout.row_bytes(k)]
-        side: DevSlice<'a, u8>, // [rows, layout.side_bytes(k)]
-    },
-}
-
-impl<'a> From<DevSlice<'a, bf16>> for GemvWeights<'a> {
-    fn from(w: DevSlice<'a, bf16>) -> Self {
-        GemvWeights::Bf16(w)
-    }
-}
-
-impl GemvWeights<'_> {
-    /// The weights' format.
-    pub fn format(&self) -> WeightFormat {
-        match self {
-            GemvWeights::Bf16(_) => WeightFormat::Bf16,
-            GemvWeights::Fp8 { .. } => WeightFormat::Fp8Row,
-            GemvWeights::Blocks { format, .. } => *format,
-        }
-    }
-
-    /// Bytes a product reads of the weights: the values, plus the FP8 row
-    /// scales or the blocks' side records.
-    pub fn bytes(&self) -> usize {
-        match self {
-            GemvWeights::Bf16(w) => w.num_bytes(),
-            GemvWeights::Fp8 { q, scale } => q.num_bytes() + scale.num_bytes(),
-            GemvWeights::Blocks { q, side, .. } => q.num_bytes() + side.num_bytes(),
-        }
-    }
-
-    /// Checks the weights hold `rows` rows of `k`; returns the weight and
-    /// side pointers (0 for bf16) and the format.
-    fn check(
-        &self,
-        kernel: &'static str,
-        rows: usize,
-        k: usize,
-    ) -> Result<(u64, u64, WeightFormat), KernelError> {
-        let format = self.format();
-        if !width_fits(k, format) {
-            return Err(KernelError::Unsupported {
-                kernel,
-                reason: format!(
-                    "k = {k}: {format:?} weights need k a multiple of {}",
-                    format.k_multiple()
-                ),
-            });
-        }
-        match self {
-            GemvWeights::Bf16(w) => {
-                need(kernel, "w", w, rows * k)?;
-                aligned(kernel, "w", w.ptr())?;
-                Ok((w.ptr(), 0, format))
-            }
-            GemvWeights::Fp8 { q, scale } => {
-                need(kernel, "w (fp8)", q, rows * k)?;
-                need(kernel, "w scale", scale, rows)?;
-                aligned(kernel, "w (fp8)", q.ptr())?;
-                Ok((q.ptr(), scale.ptr(), format))
-            }
-            GemvWeights::Blocks { q, side, .. } => {
-                let l = format.layout().ok_or_else(|| KernelError::Unsupported {
-                    kernel,
-                    reason: format!("{format:?} is not a block format"),
-                })?;
-                need(kernel, "w (blocks)", q, rows * l.row_bytes(k))?;
-                need(kernel, "w side records", side, rows * l.side_bytes(k))?;
-                aligned(kernel, "w (blocks)", q.ptr())?;
-                aligned(kernel, "w side records", side.ptr())?;
-                Ok((q.ptr(), side.ptr(), format))
-            }
-        }
-    }
-}
-
-/// Whether the GEMVs take inputs `k` wide in weight format `f`: whole
-/// 16-byte chunks of a row ([`WeightFormat::k_multiple`]).
-pub fn width_fits(k: usize, f: WeightFormat) -> bool {
-    k.is_multiple_of(f.k_multiple())
 }
 
 /// Whether a norm-variant GEMV of `m` rows over `k` inputs fits its shared
@@ -251,71 +164,6 @@ pub struct QkNorm<'a> {
     pub k: DevSlice<'a, bf16>, // [head_dim]
     /// Added to each gain: 0, or 1 for Gemma's `(1+w)`.
     pub offset: f32,
-}
-
-/// The LoRA deltas a GEMV adds in its epilogue (`cu/gemv.cu`'s module
-/// doc): one layer's A of every slot over the GEMV's input (`shape.k`
-/// columns) and B for this projection's weight rows (`shape.n` = the
-/// weight rows: `2n` for [`GemvOp::NormGated`], with its segments' first
-/// rows), each row's slot, `h` for the shrink the launch computes in blocks
-/// of its own, and a counter that must be zero when the launch starts.
-#[derive(Debug, Clone, Copy)]
-pub struct GemvLora<'a> {
-    pub a: DevSlice<'a, bf16>,      // [slots, segs * rank, k]
-    pub b: DevSlice<'a, bf16>,      // [rows, slots, segs * rank]
-    pub scales: DevSlice<'a, f32>,  // [slots]
-    pub slot_of: DevSlice<'a, u32>, // [m]
-    pub h: DevSlice<'a, f32>,       // [m, segs * rank]
-    pub ready: DevSlice<'a, u32>,   // [1], zero at launch
-    pub shape: LoraShape,
-}
-
-impl GemvLora<'_> {
-    /// Checks the operands for `m` rows of a projection with `rows` weight
-    /// rows and `k` inputs, fills the LoRA fields of `args` and adds the
-    /// shrink blocks in front of the launch's grid.
-    fn fill(
-        &self,
-        kernel: &'static str,
-        (m, rows, k): (usize, usize, usize),
-        args: &mut GemvArgs,
-        cfg: &mut LaunchConfig,
-    ) -> Result<(), KernelError> {
-        let sh = &self.shape;
-        sh.check(kernel)?;
-        if sh.n != rows || sh.tokens < m || sh.k != k {
-            return Err(KernelError::Shape {
-                kernel,
-                reason: format!(
-                    "LoRA over {} x {} of {} tokens for a projection of {rows} x {k} and {m} tokens",
-                    sh.n, sh.k, sh.tokens
-                ),
-            });
-        }
-        need(kernel, "lora a", &self.a, sh.slots * sh.hw() * k)?;
-        need(kernel, "lora h", &self.h, m * sh.hw())?;
-        need(kernel, "lora ready", &self.ready, 1)?;
-        need(kernel, "lora b", &self.b, sh.slots * rows * sh.hw())?;
-        need(kernel, "lora scales", &self.scales, sh.slots)?;
-        need(kernel, "lora slot_of", &self.slot_of, m)?;
-        aligned(kernel, "lora b", self.b.ptr())?;
-        aligned(kernel, "lora a", self.a.ptr())?;
-        let blocks = m * sh.hw().div_ceil(WARPS);
-        args.lora_shrink_blocks = u32_of(kernel, "LoRA shrink blocks", blocks)?;
-        cfg.grid.0 = u32_of(kernel, "blocks", cfg.grid.0 as usize + blocks)?;
-        args.lora_a = self.a.ptr();
-        args.lora_ready = self.ready.ptr();
-        args.lora_h = self.h.ptr();
-        args.lora_b = self.b.ptr();
-        args.lora_scales = self.scales.ptr();
-        args.lora_slot_of = self.slot_of.ptr();
-        args.lora_rank = u32_of(kernel, "rank", sh.rank)?;
-        args.lora_hw = u32_of(kernel, "segs * rank", sh.hw())?;
-        args.lora_seg1 = u32_of(kernel, "segment 1", sh.seg_starts[0])?;
-        args.lora_seg2 = u32_of(kernel, "segment 2", sh.seg_starts[1])?;
-        args.lora_slots = u32_of(kernel, "slots", sh.slots)?;
-        Ok(())
-    }
 }
 
 /// What a GEMV reads and writes (shapes for `m` rows, `n` outputs, `k` inputs).
@@ -669,80 +517,6 @@ impl Kernels {
     }
 }
 
-/// Which [`GemvOp`] [`gemv_ref`] models.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GemvKind {
-    Bf16,
-    Resid,
-    ResidNormed,
-    Norm,
-    NormGated(Activation),
-    F32,
-}
-
-/// CPU reference: `x` is `[m, k]` (the f32 residual for the norm kinds, bf16
-/// values otherwise), `w` `[n, k]` (`[2n, k]` for NormGated), `y` `[m, n]`
-/// (read for Resid and ResidNormed); `norm_w` the gains with their offset
-/// added (`[k]`, or `[n]` for ResidNormed's output norm). Rounds where the
-/// kernels round.
-#[allow(clippy::too_many_arguments)]
-pub fn gemv_ref(
-    kind: GemvKind,
-    x: &[f32],
-    norm_w: &[f32],
-    eps: f32,
-    w: &[f32],
-    y: &mut [f32],
-    m: usize,
-    n: usize,
-    k: usize,
-) {
-    // the norms and the gated activation are `ops`' (the CPU backend's own code)
-    let normed = |v: &[f32]| -> Vec<f32> {
-        ops::norm::rms_norm(v, norm_w, eps)
-            .into_iter()
-            .map(round_bf16)
-            .collect()
-    };
-    for r in 0..m {
-        let row = &x[r * k..(r + 1) * k];
-        let xin: Vec<f32> = match kind {
-            GemvKind::Norm | GemvKind::NormGated(_) => normed(row),
-            _ => row.to_vec(),
-        };
-        let dot = |j: usize| -> f32 {
-            let wr = &w[j * k..(j + 1) * k];
-            wr.iter()
-                .zip(&xin)
-                .map(|(a, b)| *a as f64 * *b as f64)
-                .sum::<f64>() as f32
-        };
-        let out = &mut y[r * n..(r + 1) * n];
-        match kind {
-            GemvKind::Bf16 | GemvKind::Norm => out
-                .iter_mut()
-                .enumerate()
-                .for_each(|(j, o)| *o = round_bf16(dot(j))),
-            GemvKind::Resid => out
-                .iter_mut()
-                .enumerate()
-                .for_each(|(j, o)| *o += round_bf16(dot(j))),
-            GemvKind::ResidNormed => {
-                let p: Vec<f32> = (0..n).map(|j| round_bf16(dot(j))).collect();
-                out.iter_mut().zip(normed(&p)).for_each(|(o, d)| *o += d);
-            }
-            GemvKind::F32 => out.iter_mut().enumerate().for_each(|(j, o)| *o = dot(j)),
-            GemvKind::NormGated(act) => {
-                for (j, o) in out.iter_mut().enumerate() {
-                    let mut g = [round_bf16(dot(j))];
-                    ops::activation::gate_mul(act, &mut g, &[round_bf16(dot(n + j))]);
-                    *o = round_bf16(g[0]);
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -765,48 +539,6 @@ mod tests {
             // whole chunks and whole side records per block
             if let Some(l) = f.layout() {
                 assert!(l.group.is_multiple_of(l.cols) && l.side_bytes(l.group) > 0);
-            }
-        }
-    }
-
-    #[test]
-    fn reference_fuses_norm_and_silu_like_the_unfused_steps() {
-        let (m, n, k) = (3, 5, 16);
-        let x: Vec<f32> = (0..m * k)
-            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0)
-            .collect();
-        let g: Vec<f32> = (0..k).map(|i| 0.5 + i as f32 / 16.0).collect();
-        let w: Vec<f32> = (0..2 * n * k)
-            .map(|i| round_bf16(((i * 5 % 13) as f32 - 6.0) / 8.0))
-            .collect();
-        // unfused: norm, GEMM to bf16 (both halves), silu·up
-        let mut xn = vec![0f32; m * k];
-        for r in 0..m {
-            let row = &x[r * k..(r + 1) * k];
-            let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() / k as f32 + 1e-5).sqrt();
-            for i in 0..k {
-                xn[r * k + i] = round_bf16(row[i] * inv * g[i]);
-            }
-        }
-        let mut gu = vec![0f32; m * 2 * n];
-        gemv_ref(GemvKind::Bf16, &xn, &[], 0.0, &w, &mut gu, m, 2 * n, k);
-        let mut fused = vec![0f32; m * n];
-        gemv_ref(
-            GemvKind::NormGated(Activation::Silu),
-            &x,
-            &g,
-            1e-5,
-            &w,
-            &mut fused,
-            m,
-            n,
-            k,
-        );
-        for r in 0..m {
-            for j in 0..n {
-                let (a, b) = (gu[r * 2 * n + j], gu[r * 2 * n + n + j]);
-                let want = round_bf16(a / (1.0 + (-a).exp()) * b);
-                assert!((fused[r * n + j] - want).abs() <= 1e-2 * want.abs().max(1e-2));
             }
         }
     }
