@@ -569,7 +569,6 @@ fn first_truncated(buf: &[u8]) -> Option<(String, usize, usize)> {
         .map(|(k, (_, end))| (k, end, len))
 }
 
-/// Reads one tensor, checking dtype and shape, converting to BF16.
 /// Little-endian bf16 `bytes` as values, on a little-endian host: a
 /// parallel copy of megabyte chunks into fresh zero pages (the largest
 /// tensors of a model are most of its load).
@@ -582,6 +581,7 @@ fn bf16_le(bytes: &[u8]) -> Vec<bf16> {
     data
 }
 
+/// Reads one tensor, checking dtype and shape, converting to BF16.
 fn read_tensor(
     path: &Path,
     st: &SafeTensors<'_>,

@@ -131,18 +131,7 @@ impl Gpu {
 
     /// Allocates a buffer holding a copy of `host` (blocking).
     pub fn upload<T: Pod>(&self, host: &[T]) -> Result<DeviceBuffer<T>, GpuError> {
-        let buf = self.alloc::<T>(host.len())?;
-        self.bind()?;
-        if !host.is_empty() {
-            // SAFETY: `buf` holds exactly `host.len()` elements of T; `host`
-            // outlives the copy (the stream is synchronised below).
-            drv("cuMemcpyHtoDAsync", unsafe {
-                result::memcpy_htod_async(buf.ptr, host, self.cu_stream())
-            })?;
-        }
-        // ordered after the zero fill on the stream, and done on return
-        self.synchronize()?;
-        Ok(buf)
+        self.upload_parts(&[host])
     }
 
     /// Uploads `parts` one after another into one new device buffer: a
