@@ -297,6 +297,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             reasoning_parser: args.reasoning_parser,
             lora_timeout: Duration::from_secs_f64(args.lora_load_timeout_secs),
             gpu_share,
+            tokenizer: Default::default(),
         });
         let room = policy.max_loaded == 0 || i < policy.max_loaded;
         let served = if spec.preload.unwrap_or(true) && room {

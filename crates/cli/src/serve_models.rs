@@ -351,6 +351,8 @@ pub struct LoadPlan {
     /// Its part of a GPU shared with the server's other models, when its
     /// KV pool is sized from `--gpu-memory-utilization`.
     pub gpu_share: Option<GpuShare>,
+    /// The tokenizer of its first load, kept for every reload.
+    pub tokenizer: std::sync::OnceLock<Arc<tokenizer::Tokenizer>>,
 }
 
 /// The server's GPU budget before any model loads, as a share of 1 (each
@@ -387,7 +389,12 @@ pub fn open(plan: &LoadPlan) -> Result<runtime::Runtime, server::LoadError> {
     if let Some(u) = plan.gpu_share.and_then(|s| s.utilization_now()) {
         args.gpu_memory_utilization = u;
     }
-    crate::setup::open_replicas(&args, plan.max_queue, plan.replicas.clone()).map_err(failed)
+    let opts = (args.runtime_options(plan.max_queue, plan.replicas.clone())).map_err(failed)?;
+    let kept = plan.tokenizer.get().cloned();
+    let rt =
+        runtime::Runtime::open_reusing(&args.model, opts, kept).map_err(|e| failed(e.into()))?;
+    plan.tokenizer.get_or_init(|| rt.tokenizer.clone());
+    Ok(rt)
 }
 
 /// The server's loader of `plan`'s model.

@@ -71,12 +71,26 @@ impl Runtime {
     /// (`EngineConfig::halt_on_backend_error`) so a server takes it out of
     /// rotation.
     pub fn open(source: &str, opts: RuntimeOptions) -> Result<Runtime, RuntimeError> {
-        let r = resolve(source, &opts)?;
+        Self::open_reusing(source, opts, None)
+    }
+
+    /// [`Runtime::open`] with the tokenizer an earlier open of the same
+    /// model returned (a server reloading a model it unloaded), so its
+    /// files are not read and parsed again.
+    pub fn open_reusing(
+        source: &str,
+        opts: RuntimeOptions,
+        tokenizer: Option<Arc<Tokenizer>>,
+    ) -> Result<Runtime, RuntimeError> {
+        let t0 = std::time::Instant::now();
+        let r = resolve(source, &opts, tokenizer)?;
+        let resolved = t0.elapsed();
         let draft = crate::draft::plan(&opts, &r.loaded, &r.tokenizer)?;
         // the adapters are read (and refused) before the weights load
         let adapters = crate::lora::load_all(&opts.lora, &r.loaded.config)?;
         let devices = devices(&opts, &r)?;
         let backends = open_backends(&opts, &r, &devices, draft.as_ref())?;
+        let opened = t0.elapsed();
         let max_batch_tokens = (opts.engine.max_batch_tokens).unwrap_or(if r.cuda {
             CUDA_MAX_BATCH_TOKENS
         } else {
@@ -96,6 +110,13 @@ impl Runtime {
         let (backend_name, weights_gguf) = (backends.name, backends.gguf);
         let weight_bytes = backends.weights;
         let engines = start_engines(&opts, &r, backends.each, max_batch_tokens, &adapters)?;
+        tracing::info!(
+            model = %display_name(source),
+            resolve_s = resolved.as_secs_f64(),
+            backends_s = (opened - resolved).as_secs_f64(),
+            engines_s = (t0.elapsed() - opened).as_secs_f64(),
+            "model opened"
+        );
         let mut engines = engines.into_iter();
         let Some(engine) = engines.next() else {
             invalid!("no engine started: the replica plan lists no device");
@@ -176,7 +197,9 @@ fn open_backends(
     let gpu_memory = gpu_memory_at_start(opts, devices)?;
     let (format, path) = (opts.weights.format, opts.cpu.path);
     let cpu = cpu_weights(format, path, r.cuda)?;
+    let t0 = std::time::Instant::now();
     let (weights, gguf) = load_weights(&opts.weights, path, &r.loaded, r.cuda)?;
+    tracing::info!(secs = t0.elapsed().as_secs_f64(), "weights read");
     let mut out = Backends {
         each: Vec::with_capacity(devices.len()),
         gguf,
@@ -310,7 +333,7 @@ impl BackendAlone {
     /// Opens the model `source` names as [`Runtime::open`] does, with no
     /// engine, replicas, draft model or adapters.
     pub fn open(source: &str, opts: &RuntimeOptions) -> Result<BackendAlone, RuntimeError> {
-        let r = resolve(source, opts)?;
+        let r = resolve(source, opts, None)?;
         let (format, path) = (opts.weights.format, opts.cpu.path);
         let cpu = cpu_weights(format, path, r.cuda)?;
         let (weights, _) = load_weights(&opts.weights, path, &r.loaded, r.cuda)?;

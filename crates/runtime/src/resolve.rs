@@ -25,7 +25,11 @@ pub(crate) struct Resolved {
 
 /// Checks the settings, applies the CPU's instruction-set cap, and reads
 /// the model `source` names.
-pub(crate) fn resolve(source: &str, opts: &RuntimeOptions) -> Result<Resolved, RuntimeError> {
+pub(crate) fn resolve(
+    source: &str,
+    opts: &RuntimeOptions,
+    tokenizer: Option<Arc<Tokenizer>>,
+) -> Result<Resolved, RuntimeError> {
     check_settings(opts)?;
     if let Some(cap) = opts.cpu.isa_cap {
         cpu_kernels::isa::set_cap(cap).context("applying `--cpu-isa`")?;
@@ -33,7 +37,10 @@ pub(crate) fn resolve(source: &str, opts: &RuntimeOptions) -> Result<Resolved, R
     let dir = model_dir(source)?;
     let mut loaded = checkpoint::loader::load_config(&dir)?;
     cap_context(&mut loaded.config, opts.max_model_len)?;
-    let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
+    let tokenizer = match tokenizer {
+        Some(t) => t,
+        None => Arc::new(Tokenizer::from_dir(&dir)?),
+    };
     let cuda = use_cuda(opts.device)?;
     Ok(Resolved {
         dir,
