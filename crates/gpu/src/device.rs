@@ -89,6 +89,17 @@ impl Gpu {
         Ok(n.max(1) as usize)
     }
 
+    /// The most dynamic shared memory one block may opt in to, in bytes.
+    pub fn smem_per_block_optin(&self) -> Result<usize, GpuError> {
+        let n = drv(
+            "cuDeviceGetAttribute",
+            self.ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            ),
+        )?;
+        Ok(n.max(0) as usize)
+    }
+
     /// Shared memory of one streaming multiprocessor, in bytes.
     pub fn smem_per_sm(&self) -> Result<usize, GpuError> {
         let n = drv(

@@ -4,10 +4,12 @@
 //! [`Kernels::prefill_attention`] (causal, GQA, the layer's scale and
 //! sliding window), for the head sizes in [`FLASH_HEAD_DIMS`] and at most
 //! [`FLASH_MAX_GROUP`] query heads per KV head
-//! ([`Kernels::flash_prefill_supports`]). Head size 256 is not among them:
-//! a 128-row CTA would hold `(128 + 4 * 64) * 256 * 2` = 192 KiB of tiles
-//! and 256 f32 accumulators a thread on the mma.sync tilings (spills), so
-//! the plan runs it on the scalar prefill kernel.
+//! ([`Kernels::flash_prefill_supports`]). At head size 256 the wide
+//! mma.sync tiling is not built (a 128-row CTA would hold
+//! `(128 + 4 * 64) * 256 * 2` = 192 KiB of tiles and 256 f32 accumulators a
+//! thread: spills), so prefill there runs the Hopper tiling or, on other
+//! devices, the scalar prefill kernel; an entry whose shared memory exceeds
+//! the device's per-block limit is left out the same way.
 //! Two tilings of the same kernel ([`FlashTiles`]): `Wide` (prefill: 128
 //! query rows = tokens x heads per CTA of 4 warps, two m16 tiles a warp) and
 //! `Narrow` (decode steps at large batch: 16 rows, one warp per CTA, so a
@@ -25,8 +27,9 @@ use crate::kv::KvCaches;
 use crate::prefill_attention::PrefillParams;
 use crate::{KernelError, Kernels, need, rule_args, u32_of};
 
-/// Head sizes the flash kernel is instantiated for (index = entry in `Kernels::flash_prefill`).
-pub const FLASH_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head sizes the flash kernel is instantiated for (the wide tiling: the
+/// first two only; see [`FlashTiles::serves`]).
+pub const FLASH_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 use crate::consts::{
     FLASH_HOPPER_ALIGN, FLASH_HOPPER_KEYS, FLASH_HOPPER_ROWS, FLASH_HOPPER_THREADS, FLASH_KEYS,
     FLASH_NARROW_KEYS, FLASH_NARROW_ROWS, FLASH_NARROW_SMALL_KEYS, FLASH_NARROW_THREADS,
@@ -55,6 +58,21 @@ pub enum FlashTiles {
 }
 
 impl FlashTiles {
+    /// Every tiling, in the order of their entries in `Kernels::flash_prefill`.
+    const ALL: [FlashTiles; 5] = [
+        FlashTiles::Wide,
+        FlashTiles::Narrow,
+        FlashTiles::Hopper,
+        FlashTiles::NarrowSmall,
+        FlashTiles::NarrowTiny,
+    ];
+
+    /// Whether `cu/flash_prefill.cu` builds this tiling for head size `d`
+    /// (of [`FLASH_HEAD_DIMS`]): the wide one up to 128 only.
+    pub const fn serves(self, d: usize) -> bool {
+        !matches!(self, FlashTiles::Wide) || d <= 128
+    }
+
     /// Query rows (tokens x query heads of one KV head) of one CTA.
     pub const fn rows(self) -> usize {
         match self {
@@ -102,54 +120,48 @@ impl FlashTiles {
         };
         (self.rows() + 4 * self.keys()) * head_dim * size_of::<bf16>() + slack
     }
-    /// Index of this tiling's entry points in `Kernels::flash_prefill`.
+    /// Index of this tiling's entry point for head size
+    /// `FLASH_HEAD_DIMS[dim_idx]` in `Kernels::flash_prefill`.
     fn slot(self, dim_idx: usize) -> usize {
-        let n = FLASH_HEAD_DIMS.len();
-        match self {
-            FlashTiles::Wide => dim_idx,
-            FlashTiles::Narrow => n + dim_idx,
-            FlashTiles::Hopper => 2 * n + dim_idx,
-            FlashTiles::NarrowSmall => 3 * n + dim_idx,
-            FlashTiles::NarrowTiny => 4 * n + dim_idx,
-        }
+        let t = Self::ALL
+            .iter()
+            .position(|&t| t == self)
+            .unwrap_or_default();
+        t * FLASH_HEAD_DIMS.len() + dim_idx
     }
 }
 
 /// Most query heads per KV head one (wide) CTA can pack.
 pub const FLASH_MAX_GROUP: usize = FLASH_ROWS;
 
-/// Resolves the flash entry points (wide d64, d128, narrow d64, d128,
-/// Hopper d64, d128, small narrow d64, d128, tiny narrow d64, d128; with
-/// `fp8` their `_fp8` twins over e4m3 caches, which take the same shared
-/// memory) and allows their shared memory; returns each one's dynamic
-/// shared memory too.
+/// The flash entry points, one per tiling and head size
+/// ([`FlashTiles::slot`]), `None` where the tiling is not built for that
+/// size or its shared memory exceeds the device's per-block limit
+/// (`max_smem`), with each one's dynamic shared memory. With `fp8` their
+/// `_fp8` twins over e4m3 caches, which take the same shared memory.
+pub(crate) type FlashEntries = Vec<Option<(Function, u32)>>;
+
+/// Resolves [`FlashEntries`] and allows their shared memory.
 pub(crate) fn load_functions(
     module: &Module,
     fp8: bool,
-) -> Result<([Function; 10], [u32; 10]), KernelError> {
+    max_smem: usize,
+) -> Result<FlashEntries, KernelError> {
     let suffix = if fp8 { "_fp8" } else { "" };
-    let f = |tiles: FlashTiles, d: usize| {
-        let bytes = tiles.shared_bytes(d);
-        let func = module.function(&format!("{}{suffix}_d{d}", tiles.name()))?;
-        func.set_max_dynamic_shared(bytes)?;
-        Ok::<_, KernelError>((func, bytes as u32))
-    };
-    let [d0, d1] = FLASH_HEAD_DIMS;
-    let (w0, w1) = (f(FlashTiles::Wide, d0)?, f(FlashTiles::Wide, d1)?);
-    let (n0, n1) = (f(FlashTiles::Narrow, d0)?, f(FlashTiles::Narrow, d1)?);
-    let (h0, h1) = (f(FlashTiles::Hopper, d0)?, f(FlashTiles::Hopper, d1)?);
-    let (s0, s1) = (
-        f(FlashTiles::NarrowSmall, d0)?,
-        f(FlashTiles::NarrowSmall, d1)?,
-    );
-    let (t0, t1) = (
-        f(FlashTiles::NarrowTiny, d0)?,
-        f(FlashTiles::NarrowTiny, d1)?,
-    );
-    Ok((
-        [w0.0, w1.0, n0.0, n1.0, h0.0, h1.0, s0.0, s1.0, t0.0, t1.0],
-        [w0.1, w1.1, n0.1, n1.1, h0.1, h1.1, s0.1, s1.1, t0.1, t1.1],
-    ))
+    let mut out = Vec::with_capacity(FlashTiles::ALL.len() * FLASH_HEAD_DIMS.len());
+    for tiles in FlashTiles::ALL {
+        for d in FLASH_HEAD_DIMS {
+            let bytes = tiles.shared_bytes(d);
+            if !tiles.serves(d) || bytes > max_smem {
+                out.push(None);
+                continue;
+            }
+            let func = module.function(&format!("{}{suffix}_d{d}", tiles.name()))?;
+            func.set_max_dynamic_shared(bytes)?;
+            out.push(Some((func, bytes as u32)));
+        }
+    }
+    Ok(out)
 }
 
 impl Kernels {
@@ -178,10 +190,22 @@ impl Kernels {
     pub fn flash_supports(&self, tiles: FlashTiles, p: &PrefillParams) -> bool {
         let s = p.shape;
         (tiles != FlashTiles::Hopper || self.flash_hopper)
-            && FLASH_HEAD_DIMS.contains(&s.head_dim)
+            && self.flash_entry(tiles, s.head_dim, false).is_some()
             && s.num_kv_heads > 0
             && s.num_heads.is_multiple_of(s.num_kv_heads)
             && s.group() <= tiles.rows()
+    }
+
+    /// The entry point of `tiles` for head size `d` (over FP8 caches with
+    /// `fp8`) and its dynamic shared memory, where this device has one.
+    fn flash_entry(&self, tiles: FlashTiles, d: usize, fp8: bool) -> Option<&(Function, u32)> {
+        let idx = FLASH_HEAD_DIMS.iter().position(|&x| x == d)?;
+        let entries = if fp8 {
+            &self.flash_prefill8
+        } else {
+            &self.flash_prefill
+        };
+        entries.get(tiles.slot(idx))?.as_ref()
     }
 
     /// `out[t, h*D..] = softmax(q_t·Kᵀ · scale) V` over the cached
@@ -274,10 +298,6 @@ impl Kernels {
             });
         }
         let s = p.shape;
-        let idx = FLASH_HEAD_DIMS
-            .iter()
-            .position(|&d| d == s.head_dim)
-            .unwrap_or_default();
         // Narrow: the largest key tile whose grid fits on the device in one
         // wave (CTAs an SM holds by shared memory, 1 KiB a CTA reserved by
         // the driver, at most 32), else the smallest.
@@ -285,8 +305,11 @@ impl Kernels {
             let tok_per_cta = (tiles.rows() / s.group().max(1)).max(1);
             let ctas = s.num_kv_heads * p.num_seqs * p.max_seqlen.div_ceil(tok_per_cta);
             let fits = |t: FlashTiles| {
-                let per_sm = self.smem_per_sm / (self.flash_smem[t.slot(idx)] as usize + 1024);
-                ctas <= self.sms * per_sm.clamp(1, 32)
+                self.flash_entry(t, s.head_dim, false)
+                    .is_some_and(|(_, smem)| {
+                        let per_sm = self.smem_per_sm / (*smem as usize + 1024);
+                        ctas <= self.sms * per_sm.clamp(1, 32)
+                    })
             };
             [FlashTiles::Narrow, FlashTiles::NarrowSmall]
                 .into_iter()
@@ -301,11 +324,19 @@ impl Kernels {
             return Err(KernelError::Unsupported {
                 kernel: kname,
                 reason: format!(
-                    "{s:?} (head dims {FLASH_HEAD_DIMS:?}, at most {} query heads per KV head)",
+                    "{s:?} (head dims {FLASH_HEAD_DIMS:?} where built for this tiling and device, \
+                     at most {} query heads per KV head)",
                     tiles.rows()
                 ),
             });
         }
+        let Some((func, smem)) = self.flash_entry(tiles, s.head_dim, kv.is_fp8()) else {
+            return Err(KernelError::Unsupported {
+                kernel: kname,
+                reason: format!("head dim {} over this K/V cache dtype", s.head_dim),
+            });
+        };
+        let smem = *smem;
         need(kname, "qkv", &qkv, p.tokens * s.qkv_width())?;
         need(kname, "cu_seqlens", &cu_seqlens, p.num_seqs + 1)?;
         need(kname, "context_lens", &context_lens, p.num_seqs)?;
@@ -340,7 +371,7 @@ impl Kernels {
                 q_tiles as u32,
             ),
             block: (tiles.threads(), 1, 1),
-            shared_bytes: self.flash_smem[tiles.slot(idx)],
+            shared_bytes: smem,
         };
         let (k_cache, v_cache) = kv.ptrs();
         let (k_scale, v_scale) = kv.scales();
@@ -365,15 +396,10 @@ impl Kernels {
             max_ctx,
             window,
         };
-        let funcs = if kv.is_fp8() {
-            &self.flash_prefill8
-        } else {
-            &self.flash_prefill
-        };
         // SAFETY: dense views checked above; the batch metadata indexes inside
         // the caches by this function's contract; `args` mirrors the kernel's
         // `FlashPrefillArgs` (layout asserted on both sides).
-        unsafe { self.launch(&funcs[tiles.slot(idx)], cfg, &args)? };
+        unsafe { self.launch(func, cfg, &args)? };
         Ok(())
     }
 }

@@ -193,16 +193,12 @@ pub struct Kernels {
     pub(crate) decode: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
     /// The same over FP8 caches (`decode_attention_fp8_d{D}_g{G}`).
     pub(crate) decode8: [[Function; decode_attention::GROUP_CAPS.len()]; HEAD_DIMS.len()],
-    /// `flash_prefill_d64`, `flash_prefill_d128`, `flash_narrow_d64`,
-    /// `flash_narrow_d128`, `flash_hopper_d64`, `flash_hopper_d128`,
-    /// `flash_narrow_small_d{64,128}`, `flash_narrow_tiny_d{64,128}` (see
-    /// `flash_prefill::FlashTiles`).
-    pub(crate) flash_prefill: [Function; 10],
-    /// The same entries over FP8 caches (`flash_*_fp8_d*`), with the same
-    /// shared memory.
-    pub(crate) flash_prefill8: [Function; 10],
-    /// Dynamic shared memory of each `flash_prefill` entry.
-    pub(crate) flash_smem: [u32; 10],
+    /// `flash_{prefill,narrow,hopper,narrow_small,narrow_tiny}_d{64,128,256}`
+    /// and their shared memory, where built and where they fit the device
+    /// (`flash_prefill::FlashEntries`).
+    pub(crate) flash_prefill: flash_prefill::FlashEntries,
+    /// The same entries over FP8 caches (`flash_*_fp8_d*`).
+    pub(crate) flash_prefill8: flash_prefill::FlashEntries,
     /// Streaming multiprocessors and the shared memory of one (sizes the
     /// narrow flash tiling's waves).
     pub(crate) sms: usize,
@@ -269,8 +265,9 @@ impl Kernels {
             })
             .map(Option::transpose)
             .collect::<Result<Vec<_>, _>>()?;
-        let flash = flash_prefill::load_functions(&module, false)?;
-        let flash8 = flash_prefill::load_functions(&module, true)?;
+        let max_smem = gpu.smem_per_block_optin()?;
+        let flash = flash_prefill::load_functions(&module, false, max_smem)?;
+        let flash8 = flash_prefill::load_functions(&module, true, max_smem)?;
         Ok(Kernels {
             gpu: gpu.clone(),
             embedding_gather: f("embedding_gather")?,
@@ -295,9 +292,8 @@ impl Kernels {
             prefill8: per_head_dim(&module, "prefill_attention_fp8_d")?,
             decode: decode_kernels(&module, "decode_attention")?,
             decode8: decode_kernels(&module, "decode_attention_fp8")?,
-            flash_prefill: flash.0,
-            flash_prefill8: flash8.0,
-            flash_smem: flash.1,
+            flash_prefill: flash,
+            flash_prefill8: flash8,
             sms: gpu.sm_count()?,
             smem_per_sm: gpu.smem_per_sm()?,
             flash_hopper: options.wgmma && gpu.compute_capability()? == (9, 0),

@@ -411,10 +411,15 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
         }
 }
 
-#define FLASH_PREFILL(D, SUF, KV)                                                                           \
+// The wide tiling serves D = 64 and 128 only: at D = 256 its two m16 tiles a
+// warp would hold 256 f32 accumulators a thread (spills) and 192 KiB of
+// tiles; the narrow tilings (one m16 tile, Q re-read from shared memory)
+// and the Hopper tiling serve 256 too.
+#define FLASH_WIDE(D, SUF, KV)                                                                              \
     extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_THREADS) flash_prefill##SUF##_d##D(const FlashPrefillArgs a) {  \
         flash_prefill_impl<D, LAMINA_FLASH_THREADS / 32, LAMINA_FLASH_M_TILES, LAMINA_FLASH_KEYS, KV>(a);                      \
-    }                                                                                                       \
+    }
+#define FLASH_NARROW(D, SUF, KV)                                                                            \
     extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow##SUF##_d##D(const FlashPrefillArgs a) {   \
         flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_KEYS, KV>(a);                                                          \
     }                                                                                                       \
@@ -424,10 +429,16 @@ __device__ __forceinline__ void flash_prefill_impl(const FlashPrefillArgs& a) {
     extern "C" __global__ void __launch_bounds__(LAMINA_FLASH_NARROW_THREADS) flash_narrow_tiny##SUF##_d##D(const FlashPrefillArgs a) { \
         flash_prefill_impl<D, 1, 1, LAMINA_FLASH_NARROW_TINY_KEYS, KV>(a);                                                     \
     }
-FLASH_PREFILL(64, , bf16)
-FLASH_PREFILL(128, , bf16)
-FLASH_PREFILL(64, _fp8, uint8_t)
-FLASH_PREFILL(128, _fp8, uint8_t)
+FLASH_WIDE(64, , bf16)
+FLASH_WIDE(128, , bf16)
+FLASH_WIDE(64, _fp8, uint8_t)
+FLASH_WIDE(128, _fp8, uint8_t)
+FLASH_NARROW(64, , bf16)
+FLASH_NARROW(128, , bf16)
+FLASH_NARROW(256, , bf16)
+FLASH_NARROW(64, _fp8, uint8_t)
+FLASH_NARROW(128, _fp8, uint8_t)
+FLASH_NARROW(256, _fp8, uint8_t)
 
 // ---------------------------------------------------------------------------
 // Hopper tiling (flash_hopper_dD, sm_90a only): the same contract, grid and
@@ -441,7 +452,9 @@ FLASH_PREFILL(128, _fp8, uint8_t)
 // (1 KiB of slack in the dynamic shared memory). K/V tiles are gathered
 // through the block table with cp.async, double-buffered as in the wide
 // tiling; a proxy fence orders those writes before the wgmma reads.
-// Shared memory: (BM + 4 BN) * D bf16 + 1 KiB (49 KiB at D = 64).
+// Shared memory: (BM + 4 BN) * D bf16 + 1 KiB (49 KiB at D = 64, 193 KiB at 256:
+// Hopper's 227 KiB holds it; the launcher leaves an entry out where the
+// device's per-block limit does not).
 static_assert(64 * (LAMINA_FLASH_HOPPER_THREADS / 128) == LAMINA_FLASH_HOPPER_ROWS,
               "Hopper flash tiling: 64 rows per warpgroup of 128 threads");
 
@@ -465,15 +478,23 @@ template <>
 __device__ __forceinline__ void fh_scores<128>(float (&d)[16][4], uint64_t da, uint64_t db, uint32_t acc) {
     wg_ss_n128(reinterpret_cast<float(&)[64]>(d), da, db, acc);
 }
+// O += P V for keys 16 kc .. 16 kc + 15 of the V tile at shared address v
+// (two 8-row groups 1024 bytes apart; 64-column panels `panel` bytes apart).
 template <int D>
-__device__ __forceinline__ void fh_pv(float (&d)[D / 8][4], const uint32_t (&a)[4], uint64_t db);
+__device__ __forceinline__ void fh_pv(float (&d)[D / 8][4], const uint32_t (&a)[4], uint32_t v, uint32_t panel);
 template <>
-__device__ __forceinline__ void fh_pv<64>(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
-    wg_rs_n64_t(reinterpret_cast<float(&)[32]>(d), a, db);
+__device__ __forceinline__ void fh_pv<64>(float (&d)[8][4], const uint32_t (&a)[4], uint32_t v, uint32_t panel) {
+    wg_rs_n64_t(reinterpret_cast<float(&)[32]>(d), a, wg_desc(v, panel, 1024));
 }
 template <>
-__device__ __forceinline__ void fh_pv<128>(float (&d)[16][4], const uint32_t (&a)[4], uint64_t db) {
-    wg_rs_n128_t(reinterpret_cast<float(&)[64]>(d), a, db);
+__device__ __forceinline__ void fh_pv<128>(float (&d)[16][4], const uint32_t (&a)[4], uint32_t v, uint32_t panel) {
+    wg_rs_n128_t(reinterpret_cast<float(&)[64]>(d), a, wg_desc(v, panel, 1024));
+}
+// D = 256: two n128 products, over panels 0-1 and 2-3
+template <>
+__device__ __forceinline__ void fh_pv<256>(float (&d)[32][4], const uint32_t (&a)[4], uint32_t v, uint32_t panel) {
+    wg_rs_n128_t(reinterpret_cast<float(&)[64]>(d[0]), a, wg_desc(v, panel, 1024));
+    wg_rs_n128_t(reinterpret_cast<float(&)[64]>(d[16]), a, wg_desc(v + 2 * panel, panel, 1024));
 }
 #endif
 
@@ -591,11 +612,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
             for (int e = 0; e < 4; e++) wg_reg_fence(o[j][e]);
         wg_fence();
 #pragma unroll
-        for (int kc = 0; kc < BN / 16; kc++) {
-            // keys 16 kc .. 16 kc + 15: two 8-row groups 1024 bytes apart; panels BN * 128 apart
-            const uint64_t db = wg_desc(V + kc * 16 * 128, BN * 128, 1024);
-            fh_pv<D>(o, pa[kc], db);
-        }
+        for (int kc = 0; kc < BN / 16; kc++) fh_pv<D>(o, pa[kc], V + kc * 16 * 128, BN * 128);
         wg_commit();
         wg_wait<0>();
 #pragma unroll
@@ -631,5 +648,7 @@ __device__ __forceinline__ void flash_hopper_impl(const FlashPrefillArgs& a) {
     }
 FLASH_HOPPER(64, , bf16)
 FLASH_HOPPER(128, , bf16)
+FLASH_HOPPER(256, , bf16)
 FLASH_HOPPER(64, _fp8, uint8_t)
 FLASH_HOPPER(128, _fp8, uint8_t)
+FLASH_HOPPER(256, _fp8, uint8_t)

@@ -13,8 +13,8 @@
 // K/V tiles of BK keys in shared memory as f32; scores use exp2 with the
 // layer's score scale (and log2(e)) folded into q. At D = 256 q and acc
 // (512 floats a thread) exceed the register file and live partly in local
-// memory: correct, slower per key than the flash kernels (which serve 64 and
-// 128 only). K/V tiles hold BK = LAMINA_PREFILL_TILE_ELEMS / D keys;
+// memory: correct, slower per key than the flash kernels (which serve it on
+// Hopper: the wide mma.sync tiling stops at 128). K/V tiles hold BK = LAMINA_PREFILL_TILE_ELEMS / D keys;
 // one kernel per head size of LAMINA_FOR_EACH_HEAD_DIM, each taking the one
 // argument struct PrefillAttentionArgs (lamina_args.cuh, from src/abi.rs).
 // prefill_attention_fp8_dD reads e4m3 caches (kv.cuh): each element widened

@@ -154,11 +154,13 @@ impl Dev {
 
 /// The prefill tilings this device runs: `Wide`, and `Hopper` on compute
 /// capability 9.0 (each is checked on its own).
-fn prefill_tilings(k: &Kernels) -> Vec<FlashTiles> {
+/// The prefill tilings this device runs at head size `d`.
+fn prefill_tilings(k: &Kernels, d: usize) -> Vec<FlashTiles> {
     let mut t = vec![FlashTiles::Wide];
     if k.has_flash_hopper() {
         t.push(FlashTiles::Hopper);
     }
+    t.retain(|t| t.serves(d));
     t
 }
 
@@ -194,7 +196,7 @@ fn check(c: &Case, got: &[f32], what: &str) {
     }
 }
 
-const FLASH_SHAPES: [HeadShape; 4] = [
+const FLASH_SHAPES: [HeadShape; 5] = [
     HeadShape {
         num_heads: 32,
         num_kv_heads: 8,
@@ -214,6 +216,12 @@ const FLASH_SHAPES: [HeadShape; 4] = [
         num_heads: 16,
         num_kv_heads: 2,
         head_dim: 128,
+    },
+    // Gemma 3's heads (Hopper and narrow tilings only)
+    HeadShape {
+        num_heads: 4,
+        num_kv_heads: 1,
+        head_dim: 256,
     },
 ];
 
@@ -246,8 +254,9 @@ fn flash_prefill_matches_reference() {
     for shape in FLASH_SHAPES {
         for seqs in cases {
             let c = Case::new(&mut rng, shape, seqs);
-            assert!(k.flash_prefill_supports(&c.params()));
-            for t in prefill_tilings(&k) {
+            let tilings = prefill_tilings(&k, shape.head_dim);
+            assert_eq!(k.flash_prefill_supports(&c.params()), !tilings.is_empty());
+            for t in tilings {
                 check(&c, &c.run(&gpu, &k, Some(t)), &format!("flash {t:?}"));
             }
         }
@@ -283,10 +292,11 @@ fn flash_narrow_matches_reference() {
     // a mixed step: one-token segments on the narrow tiling, the rest on the
     // wide one, two launches into one output; each leaves the other's rows alone
     let mixed: &[(usize, usize)] = &[(1, 300), (40, 40), (1, 17), (129, 1000), (1, 1), (2, 65)];
-    for (shape, wide) in FLASH_SHAPES
-        .into_iter()
-        .flat_map(|s| prefill_tilings(&k).into_iter().map(move |t| (s, t)))
-    {
+    for (shape, wide) in FLASH_SHAPES.into_iter().flat_map(|s| {
+        prefill_tilings(&k, s.head_dim)
+            .into_iter()
+            .map(move |t| (s, t))
+    }) {
         let c = Case::new(&mut rng, shape, mixed);
         let p = c.params();
         let dev = Dev::new(&gpu, &c);
@@ -315,10 +325,11 @@ fn flash_narrow_matches_reference() {
 fn flash_prefill_chunk_matches_whole_prompt() {
     let (gpu, k) = setup();
     let mut rng = StdRng::seed_from_u64(12);
-    for (shape, tiles) in FLASH_SHAPES
-        .into_iter()
-        .flat_map(|s| prefill_tilings(&k).into_iter().map(move |t| (s, t)))
-    {
+    for (shape, tiles) in FLASH_SHAPES.into_iter().flat_map(|s| {
+        prefill_tilings(&k, s.head_dim)
+            .into_iter()
+            .map(move |t| (s, t))
+    }) {
         let n = 777;
         let whole = Case::new(&mut rng, shape, &[(n, n)]);
         let full = whole.run(&gpu, &k, Some(tiles));
@@ -371,7 +382,7 @@ fn flash_fp8_cache_matches_reference() {
     for shape in FLASH_SHAPES {
         let mut c = Case::new(&mut rng, shape, prefill);
         c.fp8 = true;
-        for t in prefill_tilings(&k) {
+        for t in prefill_tilings(&k, shape.head_dim) {
             check(&c, &c.run(&gpu, &k, Some(t)), &format!("fp8 flash {t:?}"));
         }
         check(&c, &c.run(&gpu, &k, None), "fp8 scalar prefill");
@@ -410,7 +421,7 @@ fn flash_windows_match_reference() {
             let mut c = Case::new(&mut rng, shape, prefill);
             (c.fp8, c.rule) = (fp8, rule);
             let what = |t: &str| format!("{t} {rule:?} fp8 {fp8}");
-            for t in prefill_tilings(&k) {
+            for t in prefill_tilings(&k, shape.head_dim) {
                 check(&c, &c.run(&gpu, &k, Some(t)), &what(&format!("{t:?}")));
             }
             check(&c, &c.run(&gpu, &k, None), &what("scalar prefill"));
