@@ -69,7 +69,7 @@ pub struct TuningArgs {
     pub deterministic_gemm: DetGemmArg,
     /// Run the layers of batch-1 decode steps on CUDA as one persistent
     /// kernel (ops ordered by counters, not launches) where it covers them
-    /// (bf16 or FP8 weights, bf16 K/V, head size 64 or 128, no LoRA rows,
+    /// (bf16 or FP8 weights, bf16 K/V, head size 64, 128 or 256, no LoRA rows,
     /// not with `--deterministic`); else the per-kernel path.
     #[arg(long, hide = true, env = "LAMINA_PERSISTENT_DECODE",
           value_parser = clap::builder::BoolishValueParser::new())]

@@ -34,7 +34,7 @@ use crate::{KernelError, Kernels};
 /// Weight formats the kernel is built for (`persistent_{prefix}_d*`).
 pub const FORMATS: [WeightFormat; 2] = [WeightFormat::Bf16, WeightFormat::Fp8Row];
 /// Head sizes the kernel is built for.
-pub const HEAD_DIMS: [usize; 2] = [64, 128];
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// The decode attention group cap the kernel is built for.
 pub const GROUP_CAP: usize = 4;
 /// The GEMV kinds the kernel runs (indices into `gemv::VARIANTS`).

@@ -151,5 +151,7 @@ __device__ __forceinline__ void persistent_impl(const PersistentArgs& p) {
     }
 PERSISTENT_ENTRY(gemv, FmtBf16, 64, 4)
 PERSISTENT_ENTRY(gemv, FmtBf16, 128, 4)
+PERSISTENT_ENTRY(gemv, FmtBf16, 256, 4)
 PERSISTENT_ENTRY(gemv8, FmtFp8Row, 64, 4)
 PERSISTENT_ENTRY(gemv8, FmtFp8Row, 128, 4)
+PERSISTENT_ENTRY(gemv8, FmtFp8Row, 256, 4)

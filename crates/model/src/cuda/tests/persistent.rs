@@ -56,6 +56,9 @@ fn cuda_persistent_decode_gives_the_per_kernel_bits() {
     same_bits_as_per_kernel(Preset::Smollm2_135m, false);
     same_bits_as_per_kernel(Preset::Llama3_2_1b, false);
     same_bits_as_per_kernel(Preset::Smollm2_135m, true);
+    // head size 256, a sliding window the 700-token prompt passes, Gemma's
+    // norms and GELU in the GEMV epilogues
+    same_bits_as_per_kernel(Preset::Gemma3_270m, false);
 }
 
 /// A short persistent run (smollm2-135m, 4 decode steps): what the
