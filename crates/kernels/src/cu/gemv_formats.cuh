@@ -15,7 +15,11 @@
 // byte b holds column b in its low nibble and column b + 16 in its high one
 // (ggml's Q4_0 / Q4_1 `qs` as they are; the K formats' quants reordered).
 // f16 fields are ggml's bits. Arithmetic follows ggml's dequantisers in f32,
-// unfused (__fmul_rn / __fadd_rn), so widened weights equal the CPU's.
+// unfused (__fmul_rn / __fadd_rn), so widened weights equal the CPU's. Codes
+// become floats through the exponent of 2^23 (`code_f`: one bitwise op and
+// one add, exact), not int-to-float conversions, which Hopper issues at an
+// eighth of the f32 rate: at 32 a chunk they, not the bytes, bounded the
+// 4-bit GEMVs.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -45,6 +49,13 @@ __device__ __forceinline__ uint4 ld_side_u128(const unsigned char* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
+}
+
+// (float)q - bias for 0 <= q < 2^23, exactly: 2^23 + q has q as its low
+// mantissa bits (`bias` is the integer subtracted, at most 2^23).
+template <uint32_t BIAS>
+__device__ __forceinline__ float code_f(uint32_t q) {
+    return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.0f + (float)BIAS);
 }
 
 __device__ __forceinline__ float f16_bits(uint32_t bits) {
@@ -87,8 +98,8 @@ __device__ __forceinline__ void k4_scale_min(const uint4& hdr, uint32_t j, float
         a = (s(j + 4) & 0xFu) | ((s(j - 4) >> 6) << 4);
         b = (s(j + 4) >> 4) | ((s(j) >> 6) << 4);
     }
-    sc = (float)a;
-    mn = (float)b;
+    sc = code_f<0>(a);
+    mn = code_f<0>(b);
 }
 
 struct NoSide {};
@@ -123,7 +134,7 @@ struct FmtQ8_0 {
         const float d = f16_bits(s.d);
         const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-        for (int i = 0; i < 16; i++) f[i] = __fmul_rn((float)(int8_t)((w[i / 4] >> (8 * (i % 4))) & 0xFFu), d);
+        for (int i = 0; i < 16; i++) f[i] = __fmul_rn(code_f<128>(((w[i / 4] >> (8 * (i % 4))) & 0xFFu) ^ 0x80u), d);
     }
 };
 // Q4_0: nibble chunks (ggml's qs); records (2 bytes per 32 columns): d.
@@ -140,7 +151,7 @@ struct FmtQ4_0 {
         uint32_t q[32];
         nibbles32(raw, q);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fmul_rn((float)((int)q[i] - 8), d);
+        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(code_f<8>(q[i]), d);
     }
 };
 // Q4_1: nibble chunks (ggml's qs); records (4 bytes per 32 columns): d, m.
@@ -157,7 +168,7 @@ struct FmtQ4_1 {
         uint32_t q[32];
         nibbles32(raw, q);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fadd_rn(__fmul_rn((float)q[i], d), m);
+        for (int i = 0; i < 32; i++) f[i] = __fadd_rn(__fmul_rn(code_f<0>(q[i]), d), m);
     }
 };
 // Q4_K: nibble chunks, sub-block j of a block its chunk j; records (16
@@ -177,7 +188,7 @@ struct FmtQ4K {
         uint32_t q[32];
         nibbles32(raw, q);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fsub_rn(__fmul_rn(d1, (float)q[i]), m1);
+        for (int i = 0; i < 32; i++) f[i] = __fsub_rn(__fmul_rn(d1, code_f<0>(q[i])), m1);
     }
 };
 // Q5_K: nibble chunks of the low 4 bits; records (48 bytes per 256
@@ -202,7 +213,7 @@ struct FmtQ5K {
         nibbles32(raw, q);
 #pragma unroll
         for (int i = 0; i < 32; i++)
-            f[i] = __fsub_rn(__fmul_rn(d1, (float)(q[i] + 16u * ((s.qh >> i) & 1u))), m1);
+            f[i] = __fsub_rn(__fmul_rn(d1, code_f<0>(q[i] | (((s.qh >> i) & 1u) << 4))), m1);
     }
 };
 // Int4 (AWQ / GPTQ / compressed-tensors W4A16, checkpoint::int4): nibble
@@ -223,7 +234,7 @@ struct FmtInt4 {
         uint32_t q[32];
         nibbles32(raw, q);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(__fsub_rn((float)q[i], z), sc);
+        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(__fsub_rn(code_f<0>(q[i]), z), sc);
     }
 };
 // Q6_K: nibble chunks of the low 4 bits; records (88 bytes per 256
@@ -244,14 +255,15 @@ struct FmtQ6K {
     }
     static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
         const float d = f16_bits(s.d);
-        const float d0 = __fmul_rn(d, (float)(int8_t)(s.sc & 0xFFu)), d1 = __fmul_rn(d, (float)(int8_t)(s.sc >> 8));
+        const float d0 = __fmul_rn(d, code_f<128>((s.sc & 0xFFu) ^ 0x80u));
+        const float d1 = __fmul_rn(d, code_f<128>(((s.sc >> 8) & 0xFFu) ^ 0x80u));
         uint32_t q[32];
         nibbles32(raw, q);
 #pragma unroll
         for (int i = 0; i < 32; i++) {
             const uint32_t b = i % 8, sh = 2 * (i / 8);
             const uint32_t hi = (((b < 4 ? s.qh.x : s.qh.y) >> (8 * (b % 4) + sh)) & 3u);
-            f[i] = __fmul_rn(i < 16 ? d0 : d1, (float)((int)(q[i] | (hi << 4)) - 32));
+            f[i] = __fmul_rn(i < 16 ? d0 : d1, code_f<32>(q[i] | (hi << 4)));
         }
     }
 };
