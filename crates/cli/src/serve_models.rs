@@ -408,13 +408,11 @@ pub fn load(plan: &LoadPlan) -> Result<server::Served, server::LoadError> {
         model: plan.name.clone(),
         reason: format!("{e:#}"),
     };
-    // what an earlier unload freed, and then this load's host buffers, go
-    // back to the system (runtime::trim_host_memory)
-    runtime::trim_host_memory();
+    // (no malloc_trim around it: what an unload frees under the allocator's
+    // mmap threshold stays in its arenas for the next load, which would
+    // fault it in again; `runtime::tune_host_allocator`)
     let rt = open(plan)?;
-    let served = served(plan, rt).map_err(failed);
-    runtime::trim_host_memory();
-    served
+    served(plan, rt).map_err(failed)
 }
 
 /// A started runtime as the server's model.

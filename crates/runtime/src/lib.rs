@@ -35,7 +35,7 @@ mod weights;
 pub use bandwidth::copy_bandwidth;
 pub use error::RuntimeError;
 pub use lora::{AdapterLoader, adapter_loader};
-pub use memory::{trim_host_memory, tune_host_allocator};
+pub use memory::tune_host_allocator;
 pub use open::{BackendAlone, Runtime};
 pub use options::{
     BLOCK_SIZE, CPU_KV_MEMORY_GIB, CPU_MAX_BATCH_TOKENS, CPU_MAX_STEP_MS, CUDA_MAX_BATCH_TOKENS,

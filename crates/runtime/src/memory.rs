@@ -8,11 +8,12 @@
 //! first tens of cycles before it levelled off. [`tune_host_allocator`]
 //! fixes the mmap threshold (blocks of 256 KiB and more mapped on their own
 //! and unmapped when freed: a model's tensors go back to the system when it
-//! unloads); [`trim_host_memory`] returns the
-//! free pages of every arena to the system (`malloc_trim(0)`). A model
-//! server tunes at start and trims around each load. Elsewhere (other C
-//! libraries) both do nothing. Costs: trimming walks the arenas' free
-//! lists, milliseconds.
+//! unloads); smaller freed chunks stay in the arenas, where the next load
+//! reuses them. A model server tunes at start. Trimming the arenas
+//! (`malloc_trim`) around each load was tried: a lower resident size, but
+//! the pages fault in again at the next load (slower reloads) and the
+//! size then alternates with what the last load touched. Elsewhere (other
+//! C libraries) tuning does nothing.
 
 /// Sets the allocator up for loading and unloading models (module doc):
 /// call it first thing (arenas already made are kept).
@@ -22,15 +23,5 @@ pub fn tune_host_allocator() {
     // it touches no memory the program holds.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
-    }
-}
-
-/// Returns the allocator's free memory to the operating system (module doc).
-pub fn trim_host_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim takes each arena's lock and only releases pages of
-    // chunks that are free; no memory the program holds is touched.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
