@@ -81,33 +81,28 @@ impl Gpu {
 
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> Result<usize, GpuError> {
-        let n = drv(
-            "cuDeviceGetAttribute",
-            self.ctx
-                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
-        )?;
-        Ok(n.max(1) as usize)
+        Ok(self
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1))
     }
 
     /// The most dynamic shared memory one block may opt in to, in bytes.
     pub fn smem_per_block_optin(&self) -> Result<usize, GpuError> {
-        let n = drv(
-            "cuDeviceGetAttribute",
-            self.ctx.attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            ),
-        )?;
-        Ok(n.max(0) as usize)
+        self.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )
     }
 
     /// Shared memory of one streaming multiprocessor, in bytes.
     pub fn smem_per_sm(&self) -> Result<usize, GpuError> {
-        let n = drv(
-            "cuDeviceGetAttribute",
-            self.ctx.attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-            ),
-        )?;
+        self.attribute(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )
+    }
+
+    /// A count attribute of the device (negative read as 0).
+    fn attribute(&self, a: sys::CUdevice_attribute) -> Result<usize, GpuError> {
+        let n = drv("cuDeviceGetAttribute", self.ctx.attribute(a))?;
         Ok(n.max(0) as usize)
     }
 
