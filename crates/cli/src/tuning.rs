@@ -5,7 +5,7 @@
 
 use clap::ValueEnum;
 use cpu_kernels::IsaCap;
-use model::cuda::{DEFAULT_DECODE_MIN_CHUNK, DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
+use model::cuda::{DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
 use runtime::CudaOptions;
 
 /// Tuning flags of the CPU kernels and the CUDA backend.
@@ -44,9 +44,10 @@ pub struct TuningArgs {
     #[arg(long, hide = true, env = "LAMINA_NARROW_DECODE_SEQS")]
     pub narrow_decode_seqs: Option<usize>,
     /// Fewest keys a CUDA decode attention split takes (a multiple of 16):
-    /// smaller runs short contexts on more blocks.
-    #[arg(long, hide = true, default_value_t = DEFAULT_DECODE_MIN_CHUNK, env = "LAMINA_DECODE_MIN_CHUNK")]
-    pub decode_min_chunk: usize,
+    /// smaller runs short contexts on more blocks [default: one batch of a
+    /// block's key loads: 64 at head size 64, 32 at 128, 16 at 256].
+    #[arg(long, hide = true, env = "LAMINA_DECODE_MIN_CHUNK")]
+    pub decode_min_chunk: Option<usize>,
     /// With FP8 weights (refused without): on CUDA, prefill and large
     /// batches quantise each projection's input to FP8 per token and run
     /// FP8 tensor cores (W8A8: faster, a little more rounding); without it

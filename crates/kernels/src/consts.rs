@@ -82,9 +82,15 @@ launch_consts! {
     pub const DECODE_THREADS: usize = 128;
     /// Keys per decode split are a multiple of it.
     pub const DECODE_CHUNK_GRAN: usize = 16;
-    /// Default fewest keys one decode split takes (the host may pass another
-    /// multiple of `DECODE_CHUNK_GRAN` in `DecodeArgs::min_chunk`).
-    pub const DECODE_MIN_CHUNK: usize = 64;
+    /// Keys each lane group of a decode attention block loads before using
+    /// them (memory-level parallelism); a split's first batch is loaded
+    /// before the PDL wait.
+    pub const DECODE_UNROLL: usize = 4;
+    /// Most keys the default fewest keys of a decode split
+    /// (`decode_attention::default_min_chunk`) takes: one batch of a block's
+    /// loads, up to this many (the host may pass another multiple of
+    /// `DECODE_CHUNK_GRAN` in `DecodeArgs::min_chunk`).
+    pub const DECODE_MIN_CHUNK_MAX: usize = 64;
     /// Threads of a `sample_rows` block (one block per row).
     pub const SAMPLE_THREADS: usize = 1024;
     /// Threads of a `sample_partials` block.

@@ -4,7 +4,8 @@
 //! ([`DecodePlan::splits`]); each block derives its key range from the
 //! device-side context length ([`chunk_of`]), so a captured graph replayed
 //! at any context does work proportional to that context.
-//! Splits take at least [`MIN_CHUNK`] keys, and the last split block of a
+//! Splits take at least [`DecodePlan::min_chunk`] keys ([`default_min_chunk`]:
+//! one batch of a block's loads), and the last split block of a
 //! (sequence, KV head) to finish merges the partials (a zeroed arrival
 //! counter per (sequence, KV head), [`DecodePlan::counters_len`]).
 //! A row under a sliding window ([`DecodeParams::rule`]) splits only the keys
@@ -26,14 +27,23 @@ use ops::attention::ScoreRule;
 pub use crate::consts::DECODE_CHUNK_GRAN as CHUNK_GRAN;
 /// Query heads per KV head the kernels are instantiated for (index 0: <= 4, 1: <= 8).
 pub use crate::consts::DECODE_GROUP_CAPS as GROUP_CAPS;
-/// Fewest keys one split takes (`DECODE_MIN_CHUNK`).
-pub use crate::consts::DECODE_MIN_CHUNK as MIN_CHUNK;
-use crate::consts::DECODE_THREADS as THREADS;
+use crate::consts::{DECODE_MIN_CHUNK_MAX, DECODE_THREADS as THREADS, DECODE_UNROLL};
 /// Upper bound on splits per (sequence, KV head).
 const MAX_SPLITS: usize = 128;
 /// Splits per row of a batch-invariant plan ([`DecodePlan::invariant`]):
 /// a row's key ranges then depend on its own context alone.
 pub const INVARIANT_SPLITS: usize = 8;
+
+/// Fewest keys a split takes by default at head size `head_dim`: the keys
+/// a block loads in one batch ([`DECODE_UNROLL`] a lane group, `D / 8`
+/// lanes a key), all of a split's first batch issued before the PDL wait,
+/// at most [`DECODE_MIN_CHUNK_MAX`]: 64 at head size 64, 32 at 128, 16 at
+/// 256. Short contexts then run on as many blocks as their keys fill.
+pub fn default_min_chunk(head_dim: usize) -> usize {
+    let lanes_per_key = (head_dim / 8).clamp(1, 32);
+    let batch = DECODE_UNROLL * (THREADS / 32) * (32 / lanes_per_key);
+    batch.clamp(CHUNK_GRAN, DECODE_MIN_CHUNK_MAX)
+}
 
 /// Keys per split for a context of `ctx` keys split `splits` ways
 /// (the kernels' `decode_chunk`): `ceil(ctx / splits)`, at least
@@ -65,7 +75,7 @@ pub fn check_min_chunk(keys: usize) -> Result<(), KernelError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DecodePlan {
     pub target_blocks: usize,
-    /// Fewest keys a split takes ([`MIN_CHUNK`] unless set): larger means
+    /// Fewest keys a split takes ([`default_min_chunk`] unless set): larger means
     /// fewer partials to merge and fewer blocks, smaller more parallelism.
     pub min_chunk: usize,
     /// Splits per row whatever the batch (batch-invariant; 0: follow the batch).
@@ -81,7 +91,7 @@ impl DecodePlan {
         group_index(shape.group())?;
         Ok(DecodePlan {
             target_blocks: target_blocks.max(1),
-            min_chunk: MIN_CHUNK,
+            min_chunk: default_min_chunk(shape.head_dim),
             fixed_splits: 0,
         })
     }
@@ -379,7 +389,7 @@ mod tests {
 
     #[test]
     fn chunks_cover_the_context_in_at_most_splits_pieces() {
-        for min in [MIN_CHUNK, CHUNK_GRAN, 256] {
+        for min in [DECODE_MIN_CHUNK_MAX, CHUNK_GRAN, 256] {
             for ctx in 0..600 {
                 for splits in [1, 2, 3, 7, 33, 128] {
                     let c = chunk_of(ctx, splits, min);
@@ -393,9 +403,22 @@ mod tests {
     }
 
     #[test]
+    fn the_default_split_is_one_batch_of_loads_at_most_64_keys() {
+        let want = [(16, 64), (32, 64), (64, 64), (128, 32), (256, 16)];
+        for (d, keys) in want {
+            assert_eq!(default_min_chunk(d), keys, "head size {d}");
+            check_min_chunk(keys).unwrap();
+        }
+        for d in crate::HEAD_DIMS {
+            let c = default_min_chunk(d);
+            assert!(c.is_multiple_of(CHUNK_GRAN) && c <= DECODE_MIN_CHUNK_MAX);
+        }
+    }
+
+    #[test]
     fn min_chunk_must_be_a_multiple_of_the_granule() {
         let plan = DecodePlan::new(SHAPE, 264).unwrap();
-        assert_eq!(plan.min_chunk, MIN_CHUNK);
+        assert_eq!(plan.min_chunk, default_min_chunk(SHAPE.head_dim));
         assert_eq!(plan.with_min_chunk(256).unwrap().min_chunk, 256);
         for bad in [0, CHUNK_GRAN + 1] {
             let e = plan.with_min_chunk(bad).unwrap_err().to_string();

@@ -12,7 +12,7 @@ use engine::lora::{DEFAULT_MAX_LOADED_LORAS, DEFAULT_MAX_LORA_MEMORY_MIB, LoraLi
 use engine::speculate::{CPU_SPEC_MAX_BATCH, DEFAULT_SPEC_MAX_BATCH, DraftModel};
 use engine::{SpecConfig, SpecMethod};
 use model::cpu::CpuPath;
-use model::cuda::{DEFAULT_DECODE_MIN_CHUNK, DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
+use model::cuda::{DEFAULT_GEMV_ROWS, DetGemm, KernelOptions};
 
 /// Tokens per KV block.
 pub const BLOCK_SIZE: usize = paged_kv::DEFAULT_BLOCK_SIZE;
@@ -237,8 +237,9 @@ pub struct CudaOptions {
     /// Run the layers of captured batch-1 decode steps on the persistent
     /// decode kernel where it covers them.
     pub persistent_decode: bool,
-    /// Fewest keys a decode attention split takes.
-    pub decode_min_chunk: usize,
+    /// Fewest keys a decode attention split takes (`None`: the head size's
+    /// default, `model::cuda::default_decode_min_chunk`).
+    pub decode_min_chunk: Option<usize>,
 }
 
 impl Default for CudaOptions {
@@ -250,7 +251,7 @@ impl Default for CudaOptions {
             narrow_decode_seqs: None,
             det_gemm: DetGemm::Auto,
             persistent_decode: false,
-            decode_min_chunk: DEFAULT_DECODE_MIN_CHUNK,
+            decode_min_chunk: None,
         }
     }
 }

@@ -67,7 +67,11 @@ fn check_settings(opts: &RuntimeOptions) -> Result<(), RuntimeError> {
     if rows > most {
         invalid!("invalid `--gemv-rows`: {rows} is more than the GEMV kernels take ({most})");
     }
-    if let Err(e) = model::cuda::check_decode_min_chunk(opts.cuda.decode_min_chunk) {
+    if let Some(Err(e)) = opts
+        .cuda
+        .decode_min_chunk
+        .map(model::cuda::check_decode_min_chunk)
+    {
         invalid!("invalid `--decode-min-chunk`: {e}");
     }
     if opts.cuda.det_gemm != model::cuda::DetGemm::Auto && !opts.deterministic {
@@ -144,14 +148,14 @@ mod tests {
         let mut opts = RuntimeOptions::default();
         assert!(check_settings(&opts).is_ok());
         for bad in [0, 24, 100] {
-            opts.cuda.decode_min_chunk = bad;
+            opts.cuda.decode_min_chunk = Some(bad);
             let e = check_settings(&opts).unwrap_err().to_string();
             assert!(
                 e.contains("`--decode-min-chunk`") && e.contains(&bad.to_string()),
                 "{e}"
             );
         }
-        opts.cuda.decode_min_chunk = 32;
+        opts.cuda.decode_min_chunk = Some(32);
         assert!(check_settings(&opts).is_ok());
     }
 }

@@ -41,15 +41,17 @@
 // GEMV's blocks, so it is resident, its first keys loaded, before that
 // kernel ends. (256 threads holding 8 keys per lane group ran alone faster,
 // 5.7 vs 8.1 us at batch 1 and 200 keys, but lost 2% of a batch-1 step: 1
-// block per SM no longer overlaps the QKV GEMV.) LAMINA_DECODE_MIN_CHUNK is
-// the default fewest keys a split takes (the host may pass another multiple
-// of LAMINA_DECODE_CHUNK_GRAN in DecodeArgs.min_chunk): short contexts use
-// few splits, so few partials to merge. (128 and 256 were slower at batch 1:
-// every key past the first 64 of a split is loaded after the PDL wait.)
-// Keys each lane group loads before using them (memory-level parallelism);
-// the first DECODE_UNROLL * STEP keys of a split (64 at D = 64) are loaded
-// before the PDL wait.
-#define DECODE_UNROLL 4
+// block per SM no longer overlaps the QKV GEMV.) Each lane group loads
+// LAMINA_DECODE_UNROLL keys before using them (memory-level parallelism), so
+// a block loads U * STEP keys a batch (64 at D = 64, 32 at 128, 16 at 256),
+// its first batch before the PDL wait. The host's default fewest keys a
+// split takes (DecodeArgs.min_chunk, decode_attention.rs
+// `default_min_chunk`) is one such batch, at most 64: short contexts then
+// run on more blocks whose keys are all loaded before the wait. (At D = 64,
+// 128 and 256 were slower at batch 1: every key past the first 64 of a
+// split is loaded after the PDL wait.)
+// Splits whose partials the merging block loads before using them.
+constexpr int DECODE_MERGE_UNROLL = 4;
 
 // Keys per split for a context of `ctx` keys (>= min_chunk, also for ctx 0).
 // decode_attention.rs `chunk_of` mirrors it.
@@ -130,7 +132,7 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a, uint3
     constexpr int KPW = 32 / LPK; // keys per warp per step
     constexpr int NW = LAMINA_DECODE_THREADS / 32;
     constexpr uint32_t STEP = NW * KPW; // keys per block per step
-    constexpr int U = DECODE_UNROLL;
+    constexpr int U = LAMINA_DECODE_UNROLL;
     static_assert(LPK >= 1 && LPK <= 32 && 32 % LPK == 0, "head dim");
     __shared__ float sm_ml[NW][C][2];
     __shared__ float sm_o[NW][C][D];
@@ -333,20 +335,33 @@ __device__ __forceinline__ void decode_attention_impl(const DecodeArgs& a, uint3
     __syncthreads();
     if (!sm_last) return;
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    for (uint32_t e = threadIdx.x; e < G * D; e += LAMINA_DECODE_THREADS) {
+    // Each thread merges four adjacent outputs of one head over the ns
+    // partials in split order (an online softmax of the partial states):
+    // one (max, sum) pair and one float4 of partial outputs a split, loaded
+    // DECODE_MERGE_UNROLL splits at a time.
+    static_assert(D % 4 == 0, "head dim");
+    for (uint32_t e = threadIdx.x * 4; e < G * D; e += LAMINA_DECODE_THREADS * 4) {
         const uint32_t g = e / D, d = e % D;
         const size_t base = ((size_t)s * a.n_heads + kvh * G + g) * a.splits;
-        float M = -INFINITY;
-#pragma unroll 8
-        for (uint32_t i = 0; i < ns; i++) M = fmaxf(M, __ldcg(a.part_ml + (base + i) * 2));
-        float L = 0.f, O = 0.f;
-#pragma unroll 8
+        const float2* ml = reinterpret_cast<const float2*>(a.part_ml) + base;
+        const float4* po = reinterpret_cast<const float4*>(a.part_o + base * D + d);
+        float M = -INFINITY, L = 0.f;
+        float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll DECODE_MERGE_UNROLL
         for (uint32_t i = 0; i < ns; i++) {
-            const float wt = decode_weight(__ldcg(a.part_ml + (base + i) * 2), M);
-            L += __ldcg(a.part_ml + (base + i) * 2 + 1) * wt;
-            O += __ldcg(a.part_o + (base + i) * D + d) * wt;
+            const float2 p = __ldcg(ml + i);
+            const float4 o = __ldcg(po + (size_t)i * (D / 4));
+            const float Mn = fmaxf(M, p.x);
+            const float wa = decode_weight(M, Mn), wb = decode_weight(p.x, Mn);
+            L = L * wa + p.y * wb;
+            O = make_float4(O.x * wa + o.x * wb, O.y * wa + o.y * wb, O.z * wa + o.z * wb, O.w * wa + o.w * wb);
+            M = Mn;
         }
-        a.out[((size_t)s * a.n_heads + kvh * G + g) * D + d] = f2bf(L > 0.f ? O / L : 0.f);
+        bf16* out = a.out + ((size_t)s * a.n_heads + kvh * G + g) * D + d;
+        out[0] = f2bf(L > 0.f ? O.x / L : 0.f);
+        out[1] = f2bf(L > 0.f ? O.y / L : 0.f);
+        out[2] = f2bf(L > 0.f ? O.z / L : 0.f);
+        out[3] = f2bf(L > 0.f ? O.w / L : 0.f);
     }
 }
 

@@ -199,6 +199,9 @@ __device__ __forceinline__ void gemv_rope_rotated(const GemvArgs& a, uint32_t r0
     }
 }
 
+// Columns a lane of the output-norm epilogue loads at once.
+#define GEMV_OUT_NORM_BATCH 8
+
 // The RESID epilogue with an output norm (out_norm_w), for the warp of rows
 // r0 and r0 + 1 (every lane; lane r < m holding token row r's outputs v0,
 // v1, rounded as the unfused projection leaves them): each warp leaves its
@@ -223,19 +226,36 @@ __device__ __forceinline__ void gemv_out_norm(const GemvArgs& a, uint32_t r0, bo
     if (__shfl_sync(0xffffffffu, before, 0) != warps - 1) return;
     __threadfence();
     if (lane == 0) *a.out_ready = 0;
+    // Lane l owns columns l, l + 32, ... (head_rmsnorm's order), taken
+    // GEMV_OUT_NORM_BATCH at a time: each batch's loads are all issued
+    // before its stores, so a row of n costs about 2n / (32 * batch) round
+    // trips, not one a column.
+    constexpr int B = GEMV_OUT_NORM_BATCH;
     float* y = static_cast<float*>(a.y);  // [m, n]
     for (uint32_t r = 0; r < a.m; r++) {
         const bf16* row = rows + (size_t)r * n;
+        float* yr = y + (size_t)r * n;
         float ss = 0.f;
-        for (uint32_t i = lane; i < n; i += 32) {
-            const float v = bf2f(__ldcg(row + i));
-            ss += v * v;
+        for (uint32_t i0 = lane; i0 < n; i0 += 32 * B) {
+            float v[B];
+#pragma unroll
+            for (int j = 0; j < B; j++) v[j] = i0 + 32 * j < n ? bf2f(__ldcg(row + i0 + 32 * j)) : 0.f;
+#pragma unroll
+            for (int j = 0; j < B; j++) ss += v[j] * v[j];
         }
         const float inv = rsqrtf(warp_sum(ss) / (float)n + a.eps);
-        for (uint32_t i = lane; i < n; i += 32) {
-            const float g = a.norm_offset + bf2f(a.out_norm_w[i]);
-            float* out = y + (size_t)r * n + i;
-            *out = sched_ldf<S>(out) + round_bf(bf2f(__ldcg(row + i)) * inv * g);
+        for (uint32_t i0 = lane; i0 < n; i0 += 32 * B) {
+            float v[B], g[B], o[B];
+#pragma unroll
+            for (int j = 0; j < B; j++) {
+                const uint32_t i = min(i0 + 32 * j, n - 1);  // in range; stored only below n
+                v[j] = bf2f(__ldcg(row + i));
+                g[j] = a.norm_offset + bf2f(a.out_norm_w[i]);
+                o[j] = sched_ldf<S>(yr + i);
+            }
+#pragma unroll
+            for (int j = 0; j < B; j++)
+                if (i0 + 32 * j < n) yr[i0 + 32 * j] = o[j] + round_bf(v[j] * inv * g[j]);
         }
     }
 }

@@ -24,6 +24,9 @@ extern "C" __global__ void bias_rows(const BiasRowsArgs a) {
     }
 }
 
+// Columns a lane of head_rmsnorm loads at once.
+#define HEAD_NORM_BATCH 8
+
 extern "C" __global__ void head_rmsnorm(const HeadRmsnormArgs a) {
     const uint32_t heads = a.q_heads + a.k_heads;
     const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
@@ -31,14 +34,33 @@ extern "C" __global__ void head_rmsnorm(const HeadRmsnormArgs a) {
     const uint32_t t = warp / heads, h = warp - t * heads;
     bf16* __restrict__ v = a.x + (size_t)t * a.row + (size_t)h * a.head_dim;  // [head_dim]
     const bf16* __restrict__ gain = h < a.q_heads ? a.q_gain : a.k_gain;    // [head_dim]
+    // Lane l owns columns l, l + 32, ..., taken HEAD_NORM_BATCH at a time:
+    // a batch's loads are all issued before they are used (a 256-wide head
+    // is one batch, a 640-wide row three), not one round trip a column.
+    constexpr int B = HEAD_NORM_BATCH;
+    const uint32_t n = a.head_dim;
     float ss = 0.f;
-    for (uint32_t i = lane; i < a.head_dim; i += 32) {
-        const float x = bf2f(v[i]);
-        ss += x * x;
+    for (uint32_t i0 = lane; i0 < n; i0 += 32 * B) {
+        float x[B];
+#pragma unroll
+        for (int j = 0; j < B; j++) x[j] = i0 + 32 * j < n ? bf2f(v[i0 + 32 * j]) : 0.f;
+#pragma unroll
+        for (int j = 0; j < B; j++) ss += x[j] * x[j];
     }
     ss = warp_sum(ss);
-    const float inv = rsqrtf(ss / (float)a.head_dim + a.eps);
-    for (uint32_t i = lane; i < a.head_dim; i += 32) v[i] = f2bf(bf2f(v[i]) * inv * (a.offset + bf2f(gain[i])));
+    const float inv = rsqrtf(ss / (float)n + a.eps);
+    for (uint32_t i0 = lane; i0 < n; i0 += 32 * B) {
+        float x[B], g[B];
+#pragma unroll
+        for (int j = 0; j < B; j++) {
+            const uint32_t i = min(i0 + 32 * j, n - 1);  // in range; stored only below n
+            x[j] = bf2f(v[i]);
+            g[j] = a.offset + bf2f(gain[i]);
+        }
+#pragma unroll
+        for (int j = 0; j < B; j++)
+            if (i0 + 32 * j < n) v[i0 + 32 * j] = f2bf(x[j] * inv * g[j]);
+    }
 }
 
 extern "C" __global__ void softcap_rows(const SoftcapArgs a) {

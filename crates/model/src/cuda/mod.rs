@@ -94,7 +94,7 @@ pub const DEFAULT_GEMV_ROWS: usize = 2;
 /// Fewest keys a decode attention split takes unless set
 /// ([`CudaOptions::decode_min_chunk`]), and the rule a setting must meet.
 pub use kernels::decode_attention::{
-    MIN_CHUNK as DEFAULT_DECODE_MIN_CHUNK, check_min_chunk as check_decode_min_chunk,
+    check_min_chunk as check_decode_min_chunk, default_min_chunk as default_decode_min_chunk,
 };
 /// Most tokens a fused GEMV launch takes.
 pub const MAX_GEMV_ROWS: usize = kernels::gemv::MAX_ROWS;
@@ -138,9 +138,10 @@ pub struct CudaOptions {
     /// decode kernel where it covers them (`plan`).
     pub persistent_decode: bool,
     /// Fewest keys a decode attention split takes (a positive multiple of
-    /// [`check_decode_min_chunk`]): smaller splits run short contexts on more
-    /// blocks, each with a shorter chain of loads, and more partials to merge.
-    pub decode_min_chunk: usize,
+    /// [`check_decode_min_chunk`]; `None`: [`default_decode_min_chunk`] of
+    /// the head size): smaller splits run short contexts on more blocks,
+    /// each with a shorter chain of loads, and more partials to merge.
+    pub decode_min_chunk: Option<usize>,
     /// Its launches stamp each op's timings, read back by
     /// [`CudaBackend::persistent_trace`]: a profiling aid of the tests,
     /// with no flag of its own.
@@ -161,7 +162,7 @@ impl Default for CudaOptions {
             max_loras: 0,
             max_lora_rank: contract::lora::DEFAULT_MAX_LORA_RANK,
             persistent_decode: false,
-            decode_min_chunk: DEFAULT_DECODE_MIN_CHUNK,
+            decode_min_chunk: None,
             persistent_trace: false,
         }
     }
@@ -261,7 +262,10 @@ fn tuning(
     };
     // two waves of blocks: enough to hide the latency of short contexts
     let mut decode = DecodePlan::new(shape, 2 * sms)
-        .and_then(|p| p.with_min_chunk(opts.decode_min_chunk))
+        .and_then(|p| match opts.decode_min_chunk {
+            Some(keys) => p.with_min_chunk(keys),
+            None => Ok(p),
+        })
         .map_err(|e| dev_err("planning decode attention", e))?;
     if opts.deterministic {
         decode = decode.invariant();

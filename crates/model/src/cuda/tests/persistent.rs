@@ -103,7 +103,7 @@ fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// 128-token prompt, the trace of the last of 32 decode steps), printed as
 /// a table per op and per kind against each op's weight bytes at the copy
 /// bandwidth `LAMINA_COPY_GBS` (default 3,000 GB/s), decode attention's
-/// splits at least `LAMINA_DECODE_MIN_CHUNK` keys: the profile of the
+/// splits at least `LAMINA_DECODE_MIN_CHUNK` keys (default: the head size's): the profile of the
 /// kernel (docs/performance.md). Checks that every op of the program was
 /// stamped.
 #[test]
@@ -116,10 +116,9 @@ fn cuda_persistent_trace_of_the_1b() {
     };
     let on = CudaOptions {
         persistent_trace: true,
-        decode_min_chunk: env(
-            "LAMINA_DECODE_MIN_CHUNK",
-            crate::cuda::DEFAULT_DECODE_MIN_CHUNK,
-        ),
+        decode_min_chunk: std::env::var("LAMINA_DECODE_MIN_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok()),
         ..persistent_on()
     };
     let mut gpu = CudaBackend::new(cfg.clone(), &w, kv, 0, on).unwrap();
