@@ -260,6 +260,43 @@ __device__ __forceinline__ void gemv_out_norm(const GemvArgs& a, uint32_t r0, bo
     }
 }
 
+// One chunk of an AFFINE format (gemv_formats.cuh) for the warp's two rows:
+// its codes' dots with each token row's inputs and the inputs' sum, then
+// scale * dot + offset * sum once a chunk, instead of widening every
+// weight (about half the operations a weight; the same dot but for f32
+// rounding).
+template <int MT, int IN, class F, class S>
+__device__ __forceinline__ void gemv_affine_chunk(const GemvArgs& a, const bf16* xs, uint32_t m, uint32_t K,
+                                                  uint32_t kk, const uint4& wa, const uint4& wb,
+                                                  const typename F::Side& sa, const typename F::Side& sb,
+                                                  float* acc0, float* acc1) {
+    float qa[F::COLS], qb[F::COLS], ca, oa, cb, ob;
+    F::codes(wa, sa, kk, qa, ca, oa);
+    F::codes(wb, sb, kk, qb, cb, ob);
+#pragma unroll
+    for (int r = 0; r < MT; r++) {
+        if (r < (int)m) {
+            float da = 0.f, db = 0.f, sx = 0.f;
+#pragma unroll
+            for (uint32_t h = 0; h < F::COLS; h += 8) {
+                float xv[8];
+                if (IN == IN_NORM)
+                    bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk + h), xv);
+                else
+                    bf8(sched_ld16<S>(static_cast<const bf16*>(a.x) + (size_t)r * K + kk + h), xv);
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    da = fmaf(qa[h + i], xv[i], da);
+                    db = fmaf(qb[h + i], xv[i], db);
+                    sx += xv[i];
+                }
+            }
+            acc0[r] = fmaf(oa, sx, fmaf(ca, da, acc0[r]));
+            acc1[r] = fmaf(ob, sx, fmaf(cb, db, acc1[r]));
+        }
+    }
+}
+
 // `block` the block index among the launch's GEMV blocks; `sched` how the
 // body waits for earlier work and reads its outputs (sched.cuh).
 template <int MT, int IN, int OUT, class F, class S>
@@ -411,6 +448,10 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
             for (int u = 0; u < NW; u++) {
                 const uint32_t kk = pass + lane * C::COLS + u * 32 * C::COLS;
                 if (kk >= kend) break;
+                if constexpr (C::AFFINE) {
+                    gemv_affine_chunk<MT, IN, F, S>(a, xs, m, K, kk, wa[u], wb[u], sa[u], sb[u], acc0, acc1);
+                    continue;
+                }
                 float fa[C::COLS], fb[C::COLS];
                 C::widen(wa[u], sa[u], kk, fa);
                 C::widen(wb[u], sb[u], kk, fb);

@@ -20,6 +20,11 @@
 // one add, exact), not int-to-float conversions, which Hopper issues at an
 // eighth of the f32 rate: at 32 a chunk they, not the bytes, bounded the
 // 4-bit GEMVs.
+// AFFINE formats' chunks are scale * code + offset with one scale and one
+// offset a chunk (`codes`: the codes as exact floats, the scale, the
+// offset): the GEMVs sum code * x and x and apply them once a chunk
+// (gemv.cu gemv_affine_chunk), not per weight; `widen` stays the CPU's
+// arithmetic for the widening kernels.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -84,19 +89,40 @@ __device__ __forceinline__ void nibbles32(const uint4& raw, uint32_t* q) {
     }
 }
 
+// The 32 codes of a nibble chunk (module doc) in column order as floats
+// minus BIAS, exactly as code_f makes them: one byte permute puts a code
+// under the exponent of 2^23 (bytes 0x4B, 0, 0, code), one subtraction.
+template <uint32_t BIAS>
+__device__ __forceinline__ void nibbles32_f(const uint4& raw, float* f) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint32_t lo = w[k] & 0x0F0F0F0Fu, hi = (w[k] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            f[4 * k + b] = __fsub_rn(__uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7650u | b)), 8388608.0f + (float)BIAS);
+            f[4 * k + b + 16] = __fsub_rn(__uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7650u | b)), 8388608.0f + (float)BIAS);
+        }
+    }
+}
+
 // The 6-bit scale and min of sub-block j (0..8) of a Q4_K / Q5_K block from
 // its 12 packed bytes (ggml's get_scale_min_k4), `hdr` the block's first 16
 // bytes: d, dmin, scales[12].
+// (The scales' words are picked by j < 4, not indexed: an array indexed by
+// a lane's j would live in local memory.)
 __device__ __forceinline__ void k4_scale_min(const uint4& hdr, uint32_t j, float& sc, float& mn) {
-    const uint32_t w[3] = {hdr.y, hdr.z, hdr.w};  // scales[0..12]
-    auto s = [&](uint32_t i) { return (w[i / 4] >> (8 * (i % 4))) & 0xFFu; };
+    // byte j % 4 of scales[0..4], [4..8], [8..12]
+    const uint32_t jj = j & 3u;
+    const uint32_t s0 = __byte_perm(hdr.y, 0u, 0x4440u | jj), s1 = __byte_perm(hdr.z, 0u, 0x4440u | jj),
+                   s2 = __byte_perm(hdr.w, 0u, 0x4440u | jj);
     uint32_t a, b;
     if (j < 4) {
-        a = s(j) & 63u;
-        b = s(j + 4) & 63u;
+        a = s0 & 63u;
+        b = s1 & 63u;
     } else {
-        a = (s(j + 4) & 0xFu) | ((s(j - 4) >> 6) << 4);
-        b = (s(j + 4) >> 4) | ((s(j) >> 6) << 4);
+        a = (s2 & 0xFu) | ((s0 >> 6) << 4);
+        b = (s2 >> 4) | ((s1 >> 6) << 4);
     }
     sc = code_f<0>(a);
     mn = code_f<0>(b);
@@ -106,14 +132,14 @@ struct NoSide {};
 
 struct FmtBf16 {  // 8 bf16 weights a chunk
     static constexpr uint32_t COLS = 8, GROUP = COLS, SIDE = 0;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = false;
     typedef NoSide Side;
     static __device__ __forceinline__ Side side(const unsigned char*, uint32_t) { return {}; }
     static __device__ __forceinline__ void widen(const uint4& raw, const Side&, uint32_t, float* f) { bf8(raw, f); }
 };
 struct FmtFp8Row {  // 16 e4m3 weights a chunk, one f32 scale a row
     static constexpr uint32_t COLS = LAMINA_GEMV_FP8_COLS, GROUP = COLS, SIDE = 0;
-    static constexpr bool SCALED = true;
+    static constexpr bool SCALED = true, AFFINE = false;
     typedef NoSide Side;
     static __device__ __forceinline__ Side side(const unsigned char*, uint32_t) { return {}; }
     static __device__ __forceinline__ void widen(const uint4& raw, const Side&, uint32_t, float* f) {
@@ -125,7 +151,7 @@ struct FmtFp8Row {  // 16 e4m3 weights a chunk, one f32 scale a row
 // block's f16 d. w = q * d.
 struct FmtQ8_0 {
     static constexpr uint32_t COLS = LAMINA_GGUF_Q8_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_GGUF_Q8_0_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = false;
     struct Side {
         uint32_t d;
     };
@@ -141,34 +167,45 @@ struct FmtQ8_0 {
 // w = (q - 8) * d.
 struct FmtQ4_0 {
     static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_GGUF_Q4_0_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = true;
     struct Side {
         uint32_t d;
     };
     static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u16(rec)}; }
+    // scale d, offset -8 d (exact)
+    static __device__ __forceinline__ void codes(const uint4& raw, const Side& s, uint32_t, float* q, float& scale,
+                                                 float& offset) {
+        scale = f16_bits(s.d);
+        offset = -8.f * scale;
+        nibbles32_f<0>(raw, q);
+    }
     static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
         const float d = f16_bits(s.d);
-        uint32_t q[32];
-        nibbles32(raw, q);
+        nibbles32_f<8>(raw, f);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(code_f<8>(q[i]), d);
+        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(f[i], d);
     }
 };
 // Q4_1: nibble chunks (ggml's qs); records (4 bytes per 32 columns): d, m.
 // w = q * d + m.
 struct FmtQ4_1 {
     static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_GGUF_Q4_1_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = true;
     struct Side {
         uint32_t dm;
     };
     static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u32(rec)}; }
-    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
-        const float d = f16_bits(s.dm), m = f16_bits(s.dm >> 16);
-        uint32_t q[32];
-        nibbles32(raw, q);
+    static __device__ __forceinline__ void codes(const uint4& raw, const Side& s, uint32_t, float* q, float& scale,
+                                                 float& offset) {
+        scale = f16_bits(s.dm);
+        offset = f16_bits(s.dm >> 16);
+        nibbles32_f<0>(raw, q);
+    }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t kk, float* f) {
+        float d, m;
+        codes(raw, s, kk, f, d, m);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fadd_rn(__fmul_rn(code_f<0>(q[i]), d), m);
+        for (int i = 0; i < 32; i++) f[i] = __fadd_rn(__fmul_rn(f[i], d), m);
     }
 };
 // Q4_K: nibble chunks, sub-block j of a block its chunk j; records (16
@@ -176,19 +213,25 @@ struct FmtQ4_1 {
 // them. w = d * sc_j * q - dmin * m_j.
 struct FmtQ4K {
     static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_SUPER_BLOCK, SIDE = LAMINA_GGUF_Q4_K_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = true;
     struct Side {
         uint4 hdr;
     };
     static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u128(rec)}; }
-    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t kk, float* f) {
+    // scale d * sc_j, offset -(dmin * m_j)
+    static __device__ __forceinline__ void codes(const uint4& raw, const Side& s, uint32_t kk, float* q, float& scale,
+                                                 float& offset) {
         float sc, mn;
         k4_scale_min(s.hdr, (kk % GROUP) / COLS, sc, mn);
-        const float d1 = __fmul_rn(f16_bits(s.hdr.x), sc), m1 = __fmul_rn(f16_bits(s.hdr.x >> 16), mn);
-        uint32_t q[32];
-        nibbles32(raw, q);
+        scale = __fmul_rn(f16_bits(s.hdr.x), sc);
+        offset = -__fmul_rn(f16_bits(s.hdr.x >> 16), mn);
+        nibbles32_f<0>(raw, q);
+    }
+    static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t kk, float* f) {
+        float d1, m1;
+        codes(raw, s, kk, f, d1, m1);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fsub_rn(__fmul_rn(d1, code_f<0>(q[i])), m1);
+        for (int i = 0; i < 32; i++) f[i] = __fadd_rn(__fmul_rn(d1, f[i]), m1);  // d1 q - dmin m_j
     }
 };
 // Q5_K: nibble chunks of the low 4 bits; records (48 bytes per 256
@@ -197,7 +240,7 @@ struct FmtQ4K {
 // w = d * sc_j * (q + 16 * bit) - dmin * m_j.
 struct FmtQ5K {
     static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_SUPER_BLOCK, SIDE = LAMINA_GGUF_Q5_K_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = false;
     struct Side {
         uint4 hdr;
         uint32_t qh;
@@ -224,17 +267,23 @@ struct FmtQ5K {
 // order, GPTQ desc_act, goes up widened to bf16 instead).
 struct FmtInt4 {
     static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_BLOCK, SIDE = LAMINA_INT4_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = true;
     struct Side {
         uint2 sz;
     };
     static __device__ __forceinline__ Side side(const unsigned char* rec, uint32_t) { return {ld_side_u64(rec)}; }
+    // scale sc, offset -(zero * sc)
+    static __device__ __forceinline__ void codes(const uint4& raw, const Side& s, uint32_t, float* q, float& scale,
+                                                 float& offset) {
+        scale = __uint_as_float(s.sz.x);
+        offset = -__fmul_rn(__uint_as_float(s.sz.y), scale);
+        nibbles32_f<0>(raw, q);
+    }
     static __device__ __forceinline__ void widen(const uint4& raw, const Side& s, uint32_t, float* f) {
         const float sc = __uint_as_float(s.sz.x), z = __uint_as_float(s.sz.y);
-        uint32_t q[32];
-        nibbles32(raw, q);
+        nibbles32_f<0>(raw, f);
 #pragma unroll
-        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(__fsub_rn(code_f<0>(q[i]), z), sc);
+        for (int i = 0; i < 32; i++) f[i] = __fmul_rn(__fsub_rn(f[i], z), sc);
     }
 };
 // Q6_K: nibble chunks of the low 4 bits; records (88 bytes per 256
@@ -243,7 +292,7 @@ struct FmtInt4 {
 // 16 columns), d, 6 bytes of padding. w = d * sc * (q - 32).
 struct FmtQ6K {
     static constexpr uint32_t COLS = LAMINA_GGUF_NIBBLE_COLS, GROUP = LAMINA_GGUF_SUPER_BLOCK, SIDE = LAMINA_GGUF_Q6_K_SIDE;
-    static constexpr bool SCALED = false;
+    static constexpr bool SCALED = false, AFFINE = false;
     struct Side {
         uint2 qh;
         uint32_t sc;  // the chunk's two i8 scales
