@@ -260,6 +260,17 @@ __device__ __forceinline__ void gemv_out_norm(const GemvArgs& a, uint32_t r0, bo
     }
 }
 
+// Eight inputs of token row r from column col: the block's normalised rows
+// in shared memory (IN_NORM) or the launch's bf16 input.
+template <int IN, class S>
+__device__ __forceinline__ void gemv_x8(const GemvArgs& a, const bf16* xs, uint32_t r, uint32_t K, uint32_t col,
+                                        float* xv) {
+    if (IN == IN_NORM)
+        bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + col), xv);
+    else
+        bf8(sched_ld16<S>(static_cast<const bf16*>(a.x) + (size_t)r * K + col), xv);
+}
+
 // One chunk of an AFFINE format (gemv_formats.cuh) for the warp's two rows:
 // its codes' dots with each token row's inputs and the inputs' sum, then
 // scale * dot + offset * sum once a chunk, instead of widening every
@@ -280,10 +291,7 @@ __device__ __forceinline__ void gemv_affine_chunk(const GemvArgs& a, const bf16*
 #pragma unroll
             for (uint32_t h = 0; h < F::COLS; h += 8) {
                 float xv[8];
-                if (IN == IN_NORM)
-                    bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk + h), xv);
-                else
-                    bf8(sched_ld16<S>(static_cast<const bf16*>(a.x) + (size_t)r * K + kk + h), xv);
+                gemv_x8<IN, S>(a, xs, r, K, kk + h, xv);
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     da = fmaf(qa[h + i], xv[i], da);
@@ -461,10 +469,7 @@ __device__ __forceinline__ void gemv_impl(const GemvArgs& a, uint32_t block, con
 #pragma unroll
                         for (uint32_t h = 0; h < C::COLS; h += 8) {
                             float xv[8];
-                            if (IN == IN_NORM)
-                                bf8(*reinterpret_cast<const uint4*>(xs + (size_t)r * K + kk + h), xv);
-                            else
-                                bf8(sched_ld16<S>(static_cast<const bf16*>(a.x) + (size_t)r * K + kk + h), xv);
+                            gemv_x8<IN, S>(a, xs, r, K, kk + h, xv);
 #pragma unroll
                             for (int i = 0; i < 8; i++) {
                                 acc0[r] = fmaf(fa[h + i], xv[i], acc0[r]);
